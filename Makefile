@@ -1,0 +1,26 @@
+# normlab: `make demo` and `make test` each create .venv if missing.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+TORCH := torch==2.13.0
+
+.PHONY: demo test install clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)" numpy pytest
+	$(PY) -m pip install -q --no-deps -e .
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(VENV)/bin/normlab layouts
+	$(VENV)/bin/normlab demo
+
+test: install
+	$(PY) -m pytest
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache

@@ -1,0 +1,3 @@
+from normlab.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,46 @@
+"""Normalization layouts as data: sites, the string form, and the named presets."""
+
+from normlab.layout.presets import PRESETS, Preset
+from normlab.layout.sites import (
+    AttentionInnerSites,
+    BlockLayout,
+    LayerRange,
+    LayerRule,
+    Layout,
+    LayoutError,
+    ResolvedLayout,
+    SublayerSites,
+    deepnorm_alpha,
+    deepnorm_beta,
+    resolve,
+)
+from normlab.layout.spec import format_layout, parse_layout
+
+
+def as_layout(layout: "Layout | str") -> Layout:
+    """Accept a `Layout`, a preset name or a string form."""
+    if isinstance(layout, Layout):
+        return layout
+    if isinstance(layout, str):
+        return parse_layout(layout)
+    raise LayoutError(f"a layout is a Layout, a preset name or a string form, not {type(layout).__name__}")
+
+
+__all__ = [
+    "PRESETS",
+    "AttentionInnerSites",
+    "BlockLayout",
+    "LayerRange",
+    "LayerRule",
+    "Layout",
+    "LayoutError",
+    "Preset",
+    "ResolvedLayout",
+    "SublayerSites",
+    "as_layout",
+    "deepnorm_alpha",
+    "deepnorm_beta",
+    "format_layout",
+    "parse_layout",
+    "resolve",
+]

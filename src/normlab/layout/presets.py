@@ -1,0 +1,143 @@
+"""Named layouts from the papers, each built from `Layout` data and citing its equation.
+
+`PRESETS` maps a name to a `Preset` (layout, equation, source). The Zhuo et al. Appendix E family
+is generated from its definition rather than written out 24 times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from normlab.layout.sites import (
+    DEEPNORM,
+    AttentionInnerSites,
+    BlockLayout,
+    LayerRange,
+    LayerRule,
+    Layout,
+    SublayerSites,
+)
+
+KIM = "Kim et al. 2025 (Peri-LN)"
+ZHUO = "Zhuo et al. 2025 (HybridNorm)"
+KAN = "Kan et al. 2025 (Stability under LN)"
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    layout: Layout
+    equation: str
+    source: str
+
+
+# The sublayer patterns every preset is built from.
+NONE = SublayerSites()
+PRE = SublayerSites(input=True)  # A:   x + f(N(x))
+POST = SublayerSites(after_add=True)  # C:   N(x + f(x))
+PERI = SublayerSites(input=True, output=True)  # A+B: x + N(f(N(x)))
+OUT = SublayerSites(output=True)  # B:   x + N(f(x))
+PRE_POST = SublayerSites(input=True, after_add=True)  # A+C: N(x + f(N(x)))
+NORMED_SKIP = SublayerSites(input=True, skip_normed=True)  # N(x) + f(N(x)), Zhuo eq. 9
+
+# Zhuo et al. Appendix E: which of Q, K, V, Context are normalized inside attention.
+ZHUO_INNER = {
+    "qkvc": AttentionInnerSites(q=True, k=True, v=True, context=True),  # eq. 37
+    "qkv": AttentionInnerSites(q=True, k=True, v=True),  # eq. 7
+    "qkc": AttentionInnerSites(q=True, k=True, context=True),  # eq. 38
+    "qk": AttentionInnerSites(q=True, k=True),  # eq. 35
+    "kv": AttentionInnerSites(k=True, v=True),  # eq. 36
+    "kc": AttentionInnerSites(k=True, context=True),  # eq. 39
+}
+QK = ZHUO_INNER["qk"]
+
+
+def _block(attn: SublayerSites, mlp: SublayerSites, inner: AttentionInnerSites = AttentionInnerSites()) -> BlockLayout:
+    return BlockLayout(attn=attn, attn_inner=inner, mlp=mlp)
+
+
+def _preset(name: str, layout: Layout, equation: str, source: str) -> Preset:
+    return Preset(name=name, layout=replace(layout, name=name), equation=equation, source=source)
+
+
+def _zhuo_family() -> list[Preset]:
+    """#-Post, #-Pre, Pre-#-Post, Pre-#-Pre for # in Zhuo's six attention norms (eqs. 41-48)."""
+    out = []
+    for key, inner in ZHUO_INNER.items():
+        hash_ = key.upper()
+        forms = {
+            f"{key}-post": (NONE, NORMED_SKIP, f"Y = MHA_{hash_}(X) + X; X' = FFN(N(Y)) + N(Y)", "41-42"),
+            f"{key}-pre": (NONE, PRE, f"Y = MHA_{hash_}(X) + X; X' = FFN(N(Y)) + Y", "43-44"),
+            f"pre-{key}-post": (PRE, NORMED_SKIP, f"Y = MHA_{hash_}(N(X)) + X; X' = FFN(N(Y)) + N(Y)", "45-46"),
+            f"pre-{key}-pre": (PRE, PRE, f"Y = MHA_{hash_}(N(X)) + X; X' = FFN(N(Y)) + Y", "47-48"),
+        }
+        for name, (attn, mlp, eq, eqno) in forms.items():
+            layout = Layout(block=_block(attn, mlp, inner), final_norm=True)
+            out.append(_preset(name, layout, eq, f"{ZHUO}, App. E eqs. {eqno}"))
+    return out
+
+
+def _build() -> dict[str, Preset]:
+    hybrid = Layout(block=_block(NONE, NORMED_SKIP, ZHUO_INNER["qkv"]), final_norm=True)
+    first_block = LayerRange(0, 1)
+    hybrid_star = replace(
+        hybrid,
+        rules=(
+            LayerRule(first_block, "attn", PRE, ZHUO_INNER["qkv"]),
+            LayerRule(first_block, "mlp", PRE),
+        ),
+    )
+    peri = Layout(block=_block(PERI, PERI), embed_norm=True, final_norm=True)
+    presets = [
+        _preset("post", Layout(block=_block(POST, POST)), "x' = N(x + F(x))", f"{KIM}, eq. 1; Vaswani et al. 2017"),
+        _preset("pre", Layout(block=_block(PRE, PRE), final_norm=True), "x' = x + F(N(x)); final N", f"{KIM}, eq. 2; Llama 3"),
+        _preset("peri", peri, "y0 = N(emb); x' = x + N(F(N(x))); final N", f"{KIM}, eq. 3 with Sec. 3.3 embedding norm"),
+        _preset("peri-noemb", replace(peri, embed_norm=False), "x' = x + N(F(N(x))); final N", f"{KIM}, eq. 3, App. G.5 ablation"),
+        _preset("peri-frozen", replace(peri, freeze_output_gamma=True), "x' = x + N_{gamma=1}(F(N(x)))", f"{KIM}, Fig. 8 / 39d"),
+        _preset("b", Layout(block=_block(OUT, OUT), embed_norm=True, final_norm=True), "x' = x + N(F(x))", f"{KIM}, Table 5 (B only)"),
+        _preset("a+c", Layout(block=_block(PRE_POST, PRE_POST)), "x' = N(x + F(N(x)))", f"{KIM}, Table 5 (A + C)"),
+        _preset(
+            "olmo2",
+            Layout(block=_block(OUT, OUT, QK), final_norm=True, inner_span="full"),
+            "x' = x + N(F(x)), attention with N(Q), N(K) over all heads",
+            f"{KIM}, App. H (OLMo2-style Peri-LN); OLMo et al. 2024",
+        ),
+        _preset(
+            "peri+qk",
+            replace(peri, block=_block(PERI, PERI, QK), norm="layer"),
+            "x' = x + N(F_QK(N(x))), LayerNorm",
+            f"{KIM}, Table 6 (LayerNorm, as in that experiment)",
+        ),
+        _preset(
+            "gemma2",
+            Layout(block=_block(PERI, PERI), final_norm=True, embed_scale=True),
+            "y0 = sqrt(d) emb; x' = x + N(F(N(x))); final N",
+            "Gemma Team 2024 (Gemma 2); Kim et al. 2025 Sec. 3.3",
+        ),
+        _preset("hybrid", hybrid, "Y = MHA_QKV(X) + X; X' = FFN(N(Y)) + N(Y)", f"{ZHUO}, eqs. 8-9"),
+        _preset("hybrid*", hybrid_star, "as hybrid; first block Y = MHA_QKV(N(X)) + X, X' = FFN(N(Y)) + Y", f"{ZHUO}, eqs. 10-11"),
+        *_zhuo_family(),
+        _preset("pre-post", Layout(block=_block(PRE, NORMED_SKIP), final_norm=True), "Y = MHA(N(X)) + X; X' = FFN(N(Y)) + N(Y)", f"{ZHUO}, App. E eqs. 49-50"),
+        _preset("post-pre", Layout(block=_block(NORMED_SKIP, PRE), final_norm=True), "Y = MHA(N(X)) + N(X); X' = FFN(N(Y)) + Y", f"{ZHUO}, App. E eqs. 51-52"),
+        _preset(
+            "mix-ln",
+            Layout(
+                block=_block(PRE, PRE),
+                rules=(LayerRule(LayerRange(None, 0.25), "attn", POST), LayerRule(LayerRange(None, 0.25), "mlp", POST)),
+                final_norm=True,
+            ),
+            "Post-LN in the first floor(0.25 L) layers, Pre-LN after",
+            f"Li et al. 2025 (Mix-LN), baseline in {ZHUO}",
+        ),
+        _preset(
+            "deepnorm",
+            Layout(block=_block(POST, POST), alpha=DEEPNORM, init="deepnorm"),
+            "x' = N(alpha x + F(x)), alpha = (2N)^(1/4), init gain beta = (8N)^(-1/4)",
+            "Wang et al. 2022 (DeepNet), decoder-only constants",
+        ),
+        _preset("none", Layout(), "x' = x + F(x)", f"{KAN}, Table 1 'LN off'"),
+    ]
+    return {p.name: p for p in presets}
+
+
+PRESETS: dict[str, Preset] = _build()

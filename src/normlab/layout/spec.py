@@ -1,0 +1,228 @@
+"""The compact string form of a layout, for command lines and file names.
+
+A layout string is comma-separated tokens, read left to right. It may start with a preset name,
+which the following tokens modify (``peri,h=0.5``), or describe a layout from scratch::
+
+    attn=AB,mlp=AB,emb,final                   Peri-LN (Kim eq. 3)
+    attn=qkv,mlp=AS,final,[0:1]attn=qkvA,[0:1]mlp=A   HybridNorm* (Zhuo eqs. 8-11)
+
+Tokens:
+    attn=LETTERS     sites of attention: q k v c (inner norms on Q, K, V, Context) and
+                     A (input), B (output), C (after the add), S (skip from the normed input);
+                     "-" for none
+    mlp=LETTERS      sites of the MLP: A B C S, or "-"
+    [a:b]attn=...    the same, for layers a..b-1 only (ints, negative from the end, or fractions
+    [a:b]mlp=...     of depth such as [:0.25] or [:25%]; floor, as Mix-LN)
+    emb / -emb       embedding norm on / off
+    final / -final   final norm on / off
+    qk               add QK-norm to every layer
+    norm=rms|layer   RMSNorm or LayerNorm everywhere
+    inner=head|full  q/k/v/c norms per head or across all heads (OLMo 2)
+    h=FLOAT          residual branch scale (Kan et al. Sec. 5)
+    alpha=FLOAT|deepnorm   skip scale (DeepNorm: (2N)^(1/4))
+    frozen-out       output-norm (B) gamma frozen at 1 (Kim Fig. 8); -frozen-out undoes it
+    emb-scale        multiply embeddings by sqrt(d_model) (Gemma); -emb-scale undoes it
+    init=NAME        the init scheme the layout prescribes (DeepNorm)
+
+`format_layout` writes the canonical form; ``parse_layout(format_layout(x)) == x`` for every layout.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import replace
+
+from normlab.layout.sites import (
+    DEEPNORM,
+    INNER_SPANS,
+    NORM_KINDS,
+    AttentionInnerSites,
+    BlockLayout,
+    LayerRange,
+    LayerRule,
+    Layout,
+    LayoutError,
+    SublayerSites,
+)
+
+_SITE_LETTERS = {"A": "input", "B": "output", "C": "after_add", "S": "skip_normed"}
+_INNER_LETTERS = {"q": "q", "k": "k", "v": "v", "c": "context"}
+_FLAGS = {
+    "emb": ("embed_norm", True),
+    "-emb": ("embed_norm", False),
+    "final": ("final_norm", True),
+    "-final": ("final_norm", False),
+    "frozen-out": ("freeze_output_gamma", True),
+    "-frozen-out": ("freeze_output_gamma", False),
+    "emb-scale": ("embed_scale", True),
+    "-emb-scale": ("embed_scale", False),
+}
+TOKEN_HELP = (
+    "attn=<qkvc+ABCS or ->, mlp=<ABCS or ->, [a:b]attn=..., [a:b]mlp=..., emb, -emb, final, "
+    "-final, qk, norm=rms|layer, inner=head|full, h=<float>, alpha=<float>|deepnorm, frozen-out, "
+    "emb-scale, init=<scheme>"
+)
+_RULE = re.compile(r"^\[(?P<start>[^:\]]*):(?P<stop>[^\]]*)\](?P<rest>.+)$")
+
+
+def format_sites(sites: SublayerSites) -> str:
+    return "".join(letter for letter, attr in _SITE_LETTERS.items() if getattr(sites, attr))
+
+
+def format_inner(inner: AttentionInnerSites) -> str:
+    return "".join(letter for letter, attr in _INNER_LETTERS.items() if getattr(inner, attr))
+
+
+def _format_range_end(end: int | float | None) -> str:
+    return "" if end is None else repr(end)
+
+
+def format_layout(layout: Layout) -> str:
+    """The canonical string form of a layout (round-trips through `parse_layout`)."""
+    blk = layout.block
+    tokens = [
+        f"attn={format_inner(blk.attn_inner) + format_sites(blk.attn) or '-'}",
+        f"mlp={format_sites(blk.mlp) or '-'}",
+    ]
+    for rule in layout.rules:
+        rng = f"[{_format_range_end(rule.layers.start)}:{_format_range_end(rule.layers.stop)}]"
+        inner = format_inner(rule.inner) if rule.inner is not None else ""
+        tokens.append(f"{rng}{rule.sublayer}={inner + format_sites(rule.sites) or '-'}")
+    if layout.embed_norm:
+        tokens.append("emb")
+    if layout.final_norm:
+        tokens.append("final")
+    if layout.norm != "rms":
+        tokens.append(f"norm={layout.norm}")
+    if layout.inner_span != "head":
+        tokens.append(f"inner={layout.inner_span}")
+    if layout.h != 1.0:
+        tokens.append(f"h={layout.h!r}")
+    if layout.alpha != 1.0:
+        tokens.append(f"alpha={layout.alpha if isinstance(layout.alpha, str) else repr(layout.alpha)}")
+    if layout.freeze_output_gamma:
+        tokens.append("frozen-out")
+    if layout.embed_scale:
+        tokens.append("emb-scale")
+    if layout.init is not None:
+        tokens.append(f"init={layout.init}")
+    return ",".join(tokens)
+
+
+def _parse_letters(
+    text: str, sublayer: str, token: str
+) -> tuple[SublayerSites, AttentionInnerSites | None]:
+    if text == "-":
+        return SublayerSites(), (AttentionInnerSites() if sublayer == "attn" else None)
+    valid = ("qkvc" if sublayer == "attn" else "") + "ABCS"
+    seen: set[str] = set()
+    for ch in text:
+        if ch not in valid:
+            raise LayoutError(
+                f"in {token!r}: {ch!r} is not a {sublayer} site; valid letters are {valid!r} "
+                "(q k v c: inner Q/K/V/Context norms; A input, B output, C after add, "
+                "S skip from normed input), or '-' for none"
+            )
+        if ch in seen:
+            raise LayoutError(f"in {token!r}: site {ch!r} is given twice; each site holds one norm")
+        seen.add(ch)
+    sites = SublayerSites(**{attr: letter in seen for letter, attr in _SITE_LETTERS.items()})
+    if sublayer != "attn":
+        return sites, None
+    inner = AttentionInnerSites(**{attr: letter in seen for letter, attr in _INNER_LETTERS.items()})
+    return sites, inner
+
+
+def _parse_range_end(text: str, token: str) -> int | float | None:
+    text = text.strip()
+    if text == "":
+        return None
+    try:
+        if text.endswith("%"):
+            return float(text[:-1]) / 100.0
+        if re.fullmatch(r"-?\d+", text):
+            return int(text)
+        return float(text)
+    except ValueError:
+        raise LayoutError(
+            f"in {token!r}: {text!r} is not a layer index (e.g. 2, -1) or fraction (e.g. 0.25, 25%)"
+        ) from None
+
+
+def _parse_float(text: str, token: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise LayoutError(f"in {token!r}: {text!r} is not a number") from None
+
+
+def _apply(layout: Layout, token: str) -> Layout:
+    m = _RULE.match(token)
+    if m:
+        rng = LayerRange(_parse_range_end(m["start"], token), _parse_range_end(m["stop"], token))
+        key, _, value = m["rest"].partition("=")
+        if key not in ("attn", "mlp") or not value:
+            raise LayoutError(f"in {token!r}: a layer rule is [a:b]attn=LETTERS or [a:b]mlp=LETTERS")
+        sites, inner = _parse_letters(value, key, token)
+        rule = LayerRule(layers=rng, sublayer=key, sites=sites, inner=inner)  # type: ignore[arg-type]
+        return replace(layout, rules=layout.rules + (rule,))
+    if token in _FLAGS:
+        attr, value = _FLAGS[token]
+        return replace(layout, **{attr: value})
+    if token == "qk":
+        return layout.with_qk_norm()
+    key, eq, value = token.partition("=")
+    if eq and value:
+        if key in ("attn", "mlp"):
+            sites, inner = _parse_letters(value, key, token)
+            if key == "attn":
+                assert inner is not None
+                block = replace(layout.block, attn=sites, attn_inner=inner)
+            else:
+                block = replace(layout.block, mlp=sites)
+            return replace(layout, block=block)
+        if key == "norm":
+            if value not in NORM_KINDS:
+                raise LayoutError(f"in {token!r}: norm must be one of {', '.join(NORM_KINDS)}")
+            return replace(layout, norm=value)
+        if key == "inner":
+            if value not in INNER_SPANS:
+                raise LayoutError(f"in {token!r}: inner must be one of {', '.join(INNER_SPANS)}")
+            return replace(layout, inner_span=value)
+        if key == "h":
+            return replace(layout, h=_parse_float(value, token))
+        if key == "alpha":
+            return replace(layout, alpha=DEEPNORM if value == DEEPNORM else _parse_float(value, token))
+        if key == "init":
+            return replace(layout, init=value)
+    raise LayoutError(f"unknown layout token {token!r}; valid tokens: {TOKEN_HELP}")
+
+
+def parse_layout(text: str) -> Layout:
+    """Parse a preset name or string form into a `Layout` (see the module docstring)."""
+    from normlab.layout.presets import PRESETS
+
+    if not isinstance(text, str) or not text.strip():
+        raise LayoutError("empty layout; give a preset name (see `normlab layouts`) or a string form")
+    tokens = [t.strip() for t in text.split(",")]
+    if any(not t for t in tokens):
+        raise LayoutError(f"empty token in layout {text!r} (two commas in a row?)")
+    first = tokens[0]
+    if first in PRESETS:
+        layout, tokens = PRESETS[first].layout, tokens[1:]
+        if not tokens:
+            return layout
+    elif "=" not in first and not first.startswith("[") and first not in _FLAGS and first != "qk":
+        close = difflib.get_close_matches(first, PRESETS, n=3)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        raise LayoutError(
+            f"unknown layout preset {first!r}.{hint} Valid presets: {', '.join(PRESETS)}; "
+            f"or a string form of tokens: {TOKEN_HELP}"
+        )
+    else:
+        layout = Layout()
+    for token in tokens:
+        layout = _apply(layout, token)
+    # Re-run validation of the finished layout (cross-field checks such as frozen-out needing B).
+    return replace(layout, name=None)

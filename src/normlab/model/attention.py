@@ -1,0 +1,68 @@
+"""Causal multi-head attention with grouped-query option, RoPE, and Zhuo et al.'s inner norms.
+
+    attn_#(Q, K, V) = N_c( softmax( N_q(Q) N_k(K)^T / sqrt(d_k) ) N_v(V) )     Zhuo eqs. 7, 35-39
+
+Each N_* is on or off per the layout (`AttentionInnerSites`). With ``span="head"`` the norms act
+on each head's d_k features (Zhuo Alg. 1, Gemma 3, Wortsman et al.'s QK-norm); with ``span="full"``
+on all heads together before the split (OLMo 2). Q/K norms act before RoPE, as in OLMo 2 and Gemma 3.
+The products go through `scaled_dot_product_attention` (flash / memory-efficient kernels).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from normlab.layout.sites import AttentionInnerSites, InnerSpan, NormKind
+from normlab.model.config import ModelConfig
+from normlab.model.norms import Tap, maybe_norm
+from normlab.model.rope import Rotary
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, inner: AttentionInnerSites, span: InnerSpan, norm: NormKind) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+        self.span = span
+        d, hd, bias = cfg.d_model, cfg.head_dim, cfg.linear_bias
+        self.q_proj = nn.Linear(d, self.n_heads * hd, bias=bias)
+        self.k_proj = nn.Linear(d, self.n_kv_heads * hd, bias=bias)
+        self.v_proj = nn.Linear(d, self.n_kv_heads * hd, bias=bias)
+        self.o_proj = nn.Linear(self.n_heads * hd, d, bias=bias)
+
+        def dim(heads: int) -> int:
+            return hd if span == "head" else heads * hd
+
+        eps, nb = cfg.norm_eps, cfg.norm_bias
+        self.q_norm = maybe_norm(inner.q, norm, dim(self.n_heads), eps, nb)
+        self.k_norm = maybe_norm(inner.k, norm, dim(self.n_kv_heads), eps, nb)
+        self.v_norm = maybe_norm(inner.v, norm, dim(self.n_kv_heads), eps, nb)
+        self.context_norm = maybe_norm(inner.context, norm, dim(self.n_heads), eps, nb)
+        self.rotary = Rotary(hd, cfg.max_seq_len, cfg.rope_theta)
+        # Capture points: q, k, v as they enter attention, (B, heads, T, head_dim), q and k after
+        # their norms and RoPE; the context after its norm, (B, T, n_heads * head_dim).
+        self.q, self.k, self.v, self.context = Tap(), Tap(), Tap(), Tap()
+
+    def _heads(self, x: torch.Tensor, heads: int, norm: nn.Module) -> torch.Tensor:
+        b, t, _ = x.shape
+        if self.span == "full":
+            x = norm(x)
+        x = x.view(b, t, heads, self.head_dim)
+        if self.span == "head":
+            x = norm(x)
+        return x.transpose(1, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q(self.rotary(self._heads(self.q_proj(x), self.n_heads, self.q_norm)))
+        k = self.k(self.rotary(self._heads(self.k_proj(x), self.n_kv_heads, self.k_norm)))
+        v = self.v(self._heads(self.v_proj(x), self.n_kv_heads, self.v_norm))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
+        y = y.transpose(1, 2)  # (B, T, heads, head_dim)
+        if self.span == "head":
+            y = self.context_norm(y)
+        y = y.reshape(b, t, -1)
+        if self.span == "full":
+            y = self.context_norm(y)
+        return self.o_proj(self.context(y))

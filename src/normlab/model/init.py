@@ -1,0 +1,105 @@
+"""Weight initialization schemes from the papers.
+
+| scheme        | weights of every linear layer (and the embedding)            | source                |
+|---------------|---------------------------------------------------------------|-----------------------|
+| normal        | N(0, init_std^2), init_std = 0.02                             | Kim Table 2           |
+| xavier        | Glorot normal, var 2 / (fan_in + fan_out); embedding N(0, 0.02^2) | Kim Table 8       |
+| he            | N(0, 2/d)                                                     | Kim Table 9           |
+| lecun         | N(0, 1/d)                                                     | Kim Table 9           |
+| 10/d          | N(0, 10/d)                                                    | Kim Table 9           |
+| 1/10d         | N(0, 1/(10 d))                                                | Kim Table 9           |
+| trunc-normal  | N(0, 1/(2.5 d)) truncated at 3 std                            | Zhuo Sec. 4.4 "Normal"|
+| depth-scaled  | trunc-normal; o_proj, down_proj of layer l (1-based) / sqrt(2 l) | Zhuo Sec. 4.4      |
+| megatron      | trunc-normal; o_proj, down_proj / sqrt(2 L)                   | Zhuo Sec. 4.4, Table 7|
+| deepnorm      | Xavier normal, gain beta = (8N)^(-1/4) on v_proj, o_proj and the MLP, 1 on q, k | Wang et al. 2022 |
+
+d is d_model. Norm gammas start at 1 and betas and biases at 0 under every scheme.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from normlab.layout.sites import deepnorm_beta
+from normlab.model.config import ConfigError
+
+INIT_SCHEMES: tuple[str, ...] = (
+    "normal", "xavier", "he", "lecun", "10/d", "1/10d", "trunc-normal", "depth-scaled", "megatron", "deepnorm",
+)
+_XAVIER = ("xavier", "deepnorm")
+_TRUNCATED = ("trunc-normal", "depth-scaled", "megatron")
+_OUTPUT_PROJ = ("attn.o_proj", "mlp.down_proj")
+_DEEPNORM_SCALED = ("attn.v_proj", "attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+
+
+def check_scheme(scheme: str) -> str:
+    if scheme not in INIT_SCHEMES:
+        raise ConfigError(f"unknown init scheme {scheme!r}; valid: {', '.join(INIT_SCHEMES)}")
+    return scheme
+
+
+def base_std(scheme: str, d_model: int, init_std: float) -> float:
+    """The std of the scheme's plain normal draws (the embedding's std for the Xavier schemes)."""
+    return {
+        "normal": init_std,
+        "xavier": init_std,
+        "deepnorm": init_std,
+        "he": math.sqrt(2.0 / d_model),
+        "lecun": math.sqrt(1.0 / d_model),
+        "10/d": math.sqrt(10.0 / d_model),
+        "1/10d": math.sqrt(1.0 / (10.0 * d_model)),
+        "trunc-normal": 1.0 / math.sqrt(2.5 * d_model),
+        "depth-scaled": 1.0 / math.sqrt(2.5 * d_model),
+        "megatron": 1.0 / math.sqrt(2.5 * d_model),
+    }[scheme]
+
+
+def _normal(w: torch.Tensor, std: float, truncated: bool) -> None:
+    if truncated:
+        nn.init.trunc_normal_(w, mean=0.0, std=std, a=-3 * std, b=3 * std)
+    else:
+        nn.init.normal_(w, mean=0.0, std=std)
+
+
+def linear_std(scheme: str, path: str, layer: int, n_layers: int, d_model: int, init_std: float) -> float:
+    """The std for a (non-Xavier) linear weight at ``path`` inside block ``layer`` (0-based)."""
+    std = base_std(scheme, d_model, init_std)
+    if path in _OUTPUT_PROJ:
+        if scheme == "depth-scaled":
+            std /= math.sqrt(2.0 * (layer + 1))
+        elif scheme == "megatron":
+            std /= math.sqrt(2.0 * n_layers)
+    return std
+
+
+@torch.no_grad()
+def init_weights(model: nn.Module, scheme: str) -> None:
+    """Initialize a `NormLM` in place with one of `INIT_SCHEMES`."""
+    check_scheme(scheme)
+    cfg = model.config
+    d, n_layers = cfg.d_model, cfg.n_layers
+    truncated = scheme in _TRUNCATED
+    std0 = base_std(scheme, d, cfg.init_std)
+    _normal(model.embed.weight, std0, truncated)
+    if not cfg.tie_embeddings:
+        if scheme in _XAVIER:
+            nn.init.xavier_normal_(model.lm_head.weight)
+        else:
+            _normal(model.lm_head.weight, std0, truncated)
+    beta = deepnorm_beta(n_layers)
+    for layer, block in enumerate(model.blocks):
+        for path, module in block.named_modules():
+            if isinstance(module, nn.Linear):
+                if scheme in _XAVIER:
+                    gain = beta if scheme == "deepnorm" and path in _DEEPNORM_SCALED else 1.0
+                    nn.init.xavier_normal_(module.weight, gain=gain)
+                else:
+                    _normal(module.weight, linear_std(scheme, path, layer, n_layers, d, cfg.init_std), truncated)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+    for module in model.modules():
+        if isinstance(module, (nn.RMSNorm, nn.LayerNorm)):
+            module.reset_parameters()

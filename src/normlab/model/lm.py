@@ -1,0 +1,75 @@
+"""The decoder-only language model (Llama 3 style, as both Kim and Zhuo use).
+
+    y_0 = N_emb(scale * Embed(tokens))        Kim Sec. 3.3 optional embedding norm; Gemma's sqrt(d) scale
+    x_{l+1} = Block_l(x_l)                     per-layer layout from `resolve(layout, n_layers)`
+    logits = Head(N_final(x_L))                Kim Sec. 3.3 final norm
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from normlab.layout.sites import ResolvedLayout
+from normlab.model.block import Block
+from normlab.model.config import ModelConfig
+from normlab.model.norms import Tap, maybe_norm
+
+
+@dataclass
+class LMOutput:
+    logits: torch.Tensor
+    loss: torch.Tensor | None = None
+    # hidden_states[0]: the stream entering block 0 (after embedding scale and norm);
+    # hidden_states[i + 1]: the output of block i, before the final norm.
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+
+
+class NormLM(nn.Module):
+    def __init__(self, cfg: ModelConfig, resolved: ResolvedLayout) -> None:
+        super().__init__()
+        if resolved.n_layers != cfg.n_layers:
+            raise ValueError(f"layout resolved for {resolved.n_layers} layers, model has {cfg.n_layers}")
+        self.config, self.resolved = cfg, resolved
+        layout = resolved.layout
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.embed_scale = math.sqrt(cfg.d_model) if layout.embed_scale else 1.0
+        self.embed_norm = maybe_norm(layout.embed_norm, layout.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias)
+        self.embed_out = Tap()
+        self.blocks = nn.ModuleList(Block(cfg, blk, layout, resolved.alpha) for blk in resolved.blocks)
+        self.final_norm = maybe_norm(layout.final_norm, layout.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+
+    @property
+    def layout(self):  # noqa: ANN201 - a Layout
+        return self.resolved.layout
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        return_hidden_states: bool = False,
+    ) -> LMOutput:
+        """tokens (B, T) int64 -> logits (B, T, vocab); loss if targets given (ignore_index -100)."""
+        if tokens.dim() != 2:
+            raise ValueError(f"tokens must be (batch, seq), got shape {tuple(tokens.shape)}")
+        x = self.embed(tokens)
+        if self.embed_scale != 1.0:
+            x = x * self.embed_scale
+        x = self.embed_out(self.embed_norm(x))
+        hidden = [x] if return_hidden_states else None
+        for block in self.blocks:
+            x = block(x)
+            if hidden is not None:
+                hidden.append(x)
+        logits = self.lm_head(self.final_norm(x))
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
+        return LMOutput(logits=logits, loss=loss, hidden_states=tuple(hidden) if hidden is not None else None)

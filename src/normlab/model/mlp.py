@@ -1,0 +1,30 @@
+"""The MLP sublayer: SwiGLU (Llama 3, Kim and Zhuo's models), and GELU / ReLU two-layer MLPs
+(the ReLU form is the one Kim et al. Prop. 3.1 analyses: a = ReLU(x W1 + b1) W2 + b2)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from normlab.model.config import ModelConfig
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        d, ff, bias = cfg.d_model, cfg.ffn_dim, cfg.linear_bias
+        self.kind = cfg.mlp
+        self.gate_proj = nn.Linear(d, ff, bias=bias) if cfg.mlp == "swiglu" else None
+        self.up_proj = nn.Linear(d, ff, bias=bias)
+        self.down_proj = nn.Linear(ff, d, bias=bias)
+        self.act = {"swiglu": F.silu, "gelu": F.gelu, "relu": F.relu}[cfg.mlp]
+
+    def hidden(self, x: torch.Tensor) -> torch.Tensor:
+        """The activation h fed to the last projection W2 (Kim Prop. 3.1's h)."""
+        if self.gate_proj is not None:
+            return self.act(self.gate_proj(x)) * self.up_proj(x)
+        return self.act(self.up_proj(x))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.hidden(x))

@@ -1,0 +1,55 @@
+"""Parameter counts, measured and analytic.
+
+The papers report sizes without the vocabulary matrices (Kim Table 4: "excluding the embedding
+parameters"); Zhuo's Table 6 sizes count the tied embedding once. `count_params` gives all three.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from normlab.layout.sites import ResolvedLayout
+from normlab.model.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class ParamCount:
+    total: int  # unique parameters (a tied embedding counts once)
+    embedding: int  # token embedding plus an untied LM head
+    non_embedding: int
+
+    def __str__(self) -> str:
+        return f"{self.non_embedding / 1e6:.2f}M non-embedding, {self.total / 1e6:.2f}M total"
+
+
+def count_params(model: nn.Module) -> ParamCount:
+    seen = {id(p): p for p in model.parameters()}
+    total = sum(p.numel() for p in seen.values())
+    emb_ids = {id(model.embed.weight), id(model.lm_head.weight)}
+    embedding = sum(seen[i].numel() for i in emb_ids if i in seen)
+    return ParamCount(total=total, embedding=embedding, non_embedding=total - embedding)
+
+
+def analytic_params(cfg: ModelConfig, resolved: ResolvedLayout) -> ParamCount:
+    """The same count from the configuration and the layout alone (no model built)."""
+    d, hd, h, kv, ff = cfg.d_model, cfg.head_dim, cfg.n_heads, cfg.kv_heads, cfg.ffn_dim
+    lay = resolved.layout
+    per_norm = (2 if (lay.norm == "layer" and cfg.norm_bias) else 1)  # gamma (+ beta)
+    b = 1 if cfg.linear_bias else 0
+    attn = d * h * hd + 2 * d * kv * hd + h * hd * d + b * (h * hd + 2 * kv * hd + d)
+    n_mats = 3 if cfg.mlp == "swiglu" else 2
+    mlp = n_mats * d * ff + b * ((n_mats - 1) * ff + d)
+    inner_dim = {"q": h, "k": kv, "v": kv, "context": h}
+    blocks = 0
+    for blk in resolved.blocks:
+        norms = d * (blk.attn.n_norms + blk.mlp.n_norms)
+        for site, heads in inner_dim.items():
+            if getattr(blk.attn_inner, site):
+                norms += hd if lay.inner_span == "head" else heads * hd
+        blocks += attn + mlp + per_norm * norms
+    model_norms = per_norm * d * (int(lay.embed_norm) + int(lay.final_norm))
+    embedding = cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2)
+    non_embedding = blocks + model_norms
+    return ParamCount(total=non_embedding + embedding, embedding=embedding, non_embedding=non_embedding)

@@ -1,0 +1,77 @@
+"""Hand-written functional references, independent of normlab's modules: they read the weights
+of a built model and recompute from the papers' formulas, in float64."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def rms_norm(mod, x: torch.Tensor) -> torch.Tensor:
+    """gamma * x / sqrt(mean(x^2) + eps)."""
+    return mod.weight * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + mod.eps)
+
+
+def layer_norm(mod, x: torch.Tensor) -> torch.Tensor:
+    """gamma * (x - mu) / sqrt(var + eps) + beta (biased variance)."""
+    mu = x.mean(-1, keepdim=True)
+    var = (x - mu).pow(2).mean(-1, keepdim=True)
+    y = mod.weight * (x - mu) / torch.sqrt(var + mod.eps)
+    return y + mod.bias if mod.bias is not None else y
+
+
+def N(mod, x: torch.Tensor) -> torch.Tensor:
+    """Apply a norm module's weights by hand. Fails loudly if the site holds no norm."""
+    if isinstance(mod, torch.nn.RMSNorm):
+        return rms_norm(mod, x)
+    if isinstance(mod, torch.nn.LayerNorm):
+        return layer_norm(mod, x)
+    raise AssertionError(f"expected a norm at this site, found {type(mod).__name__}")
+
+
+def rope(x: torch.Tensor, theta: float) -> torch.Tensor:
+    """RoPE, rotate-half convention: pairs (i, i + d/2) rotated by angle pos * theta^(-2i/d)."""
+    t, d = x.shape[-2], x.shape[-1]
+    pos = torch.arange(t, dtype=torch.float64)
+    freq = theta ** (-torch.arange(0, d // 2, dtype=torch.float64) * 2 / d)
+    ang = pos[:, None] * freq[None, :]
+    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def mha(attn, x: torch.Tensor, inner: str, span: str = "head", theta: float = 10_000.0) -> torch.Tensor:
+    """Zhuo eqs. 7, 35-40: Concat_i attn_#(Q_i, K_i, V_i) W_O with # = the letters in ``inner``."""
+    b, t, _ = x.shape
+    h, kv, hd = attn.n_heads, attn.n_kv_heads, attn.head_dim
+
+    def proj(lin, norm, heads, letter):
+        y = x @ lin.weight.T
+        if letter in inner and span == "full":
+            y = N(norm, y)
+        y = y.view(b, t, heads, hd)
+        if letter in inner and span == "head":
+            y = N(norm, y)
+        return y.transpose(1, 2)
+
+    q = rope(proj(attn.q_proj, attn.q_norm, h, "q"), theta)
+    k = rope(proj(attn.k_proj, attn.k_norm, kv, "k"), theta)
+    v = proj(attn.v_proj, attn.v_norm, kv, "v")
+    k = k.repeat_interleave(h // kv, dim=1)
+    v = v.repeat_interleave(h // kv, dim=1)
+    logits = q @ k.transpose(-1, -2) / math.sqrt(hd)
+    mask = torch.ones(t, t, dtype=torch.bool).tril()
+    p = torch.softmax(logits.masked_fill(~mask, float("-inf")), dim=-1)
+    ctx = (p @ v).transpose(1, 2)  # (b, t, h, hd)
+    if "c" in inner and span == "head":
+        ctx = N(attn.context_norm, ctx)
+    ctx = ctx.reshape(b, t, h * hd)
+    if "c" in inner and span == "full":
+        ctx = N(attn.context_norm, ctx)
+    return ctx @ attn.o_proj.weight.T
+
+
+def swiglu(mlp, x: torch.Tensor) -> torch.Tensor:
+    """W_down (silu(W_gate x) * W_up x)."""
+    return (torch.nn.functional.silu(x @ mlp.gate_proj.weight.T) * (x @ mlp.up_proj.weight.T)) @ mlp.down_proj.weight.T

@@ -1,0 +1,198 @@
+"""Every preset's block equals its paper's equation, computed by hand with the same weights (float64).
+
+The references below are written from the equations (Kim et al. eqs. 1-3, Zhuo et al. eqs. 8-11
+and 41-52, DeepNorm, Mix-LN, Kan et al. 'LN off'), not from normlab's layout data.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import normlab
+from normlab.layout import PRESETS
+from tests.reference import N, mha, swiglu
+
+DT = torch.float64
+
+
+def randomize_norms(model: torch.nn.Module, seed: int = 1) -> None:
+    """Move every gamma/beta away from 1/0 so a missing or extra norm cannot go unnoticed."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, (torch.nn.RMSNorm, torch.nn.LayerNorm)):
+                m.weight.copy_(1 + 0.3 * torch.randn(m.weight.shape, generator=g))
+                if getattr(m, "bias", None) is not None:
+                    m.bias.copy_(0.1 * torch.randn(m.bias.shape, generator=g))
+
+
+# --- the equations, one function per form: (block, x, layer index, n_layers) -> block output ---
+
+def A(b, x, inner="", span="head"):
+    return mha(b.attn, x, inner, span)
+
+
+def F(b, x):
+    return swiglu(b.mlp, x)
+
+
+def post(b, x, *_):  # Kim eq. 1: N(x + Module(x)), twice
+    y = N(b.attn_norms.after_add, x + A(b, x))
+    return N(b.mlp_norms.after_add, y + F(b, y))
+
+
+def pre(b, x, *_):  # Kim eq. 2: x + Module(N(x))
+    y = x + A(b, N(b.attn_norms.input, x))
+    return y + F(b, N(b.mlp_norms.input, y))
+
+
+def peri_with(inner="", span="head"):
+    def peri(b, x, *_):  # Kim eq. 3: x + N(Module(N(x)))
+        y = x + N(b.attn_norms.output, A(b, N(b.attn_norms.input, x), inner, span))
+        return y + N(b.mlp_norms.output, F(b, N(b.mlp_norms.input, y)))
+
+    return peri
+
+
+def b_only(b, x, *_):  # Kim Table 5 'B': x + N(Module(x))
+    y = x + N(b.attn_norms.output, A(b, x))
+    return y + N(b.mlp_norms.output, F(b, y))
+
+
+def a_plus_c(b, x, *_):  # Kim Table 5 'A + C': N(x + Module(N(x)))
+    y = N(b.attn_norms.after_add, x + A(b, N(b.attn_norms.input, x)))
+    return N(b.mlp_norms.after_add, y + F(b, N(b.mlp_norms.input, y)))
+
+
+def olmo2(b, x, *_):  # Kim App. H: QK-norm (over all heads, OLMo 2) + output norm B
+    y = x + N(b.attn_norms.output, A(b, x, "qk", "full"))
+    return y + N(b.mlp_norms.output, F(b, y))
+
+
+def zhuo(form: str, inner: str):
+    """Zhuo App. E, eqs. 41-52, with # = ``inner``."""
+
+    def eq(b, x, *_):
+        if form == "#-post":  # eqs. 41-42
+            y = A(b, x, inner) + x
+            ny = N(b.mlp_norms.input, y)
+            return F(b, ny) + ny
+        if form == "#-pre":  # eqs. 43-44
+            y = A(b, x, inner) + x
+            return F(b, N(b.mlp_norms.input, y)) + y
+        if form == "pre-#-post":  # eqs. 45-46
+            y = A(b, N(b.attn_norms.input, x), inner) + x
+            ny = N(b.mlp_norms.input, y)
+            return F(b, ny) + ny
+        if form == "pre-#-pre":  # eqs. 47-48
+            y = A(b, N(b.attn_norms.input, x), inner) + x
+            return F(b, N(b.mlp_norms.input, y)) + y
+        if form == "pre-post":  # eqs. 49-50
+            y = A(b, N(b.attn_norms.input, x)) + x
+            ny = N(b.mlp_norms.input, y)
+            return F(b, ny) + ny
+        if form == "post-pre":  # eqs. 51-52
+            nx = N(b.attn_norms.input, x)
+            y = A(b, nx) + nx
+            return F(b, N(b.mlp_norms.input, y)) + y
+        raise AssertionError(form)
+
+    return eq
+
+
+def hybrid_star(b, x, layer, n_layers):  # Zhuo eqs. 10-11 for the first block, 8-9 after
+    if layer == 0:
+        y = A(b, N(b.attn_norms.input, x), "qkv") + x  # eq. 10
+        return F(b, N(b.mlp_norms.input, y)) + y  # eq. 11
+    return zhuo("#-post", "qkv")(b, x)
+
+
+def mix_ln(b, x, layer, n_layers):  # Li et al. 2025: Post-LN for layer < floor(0.25 L), Pre-LN after
+    return post(b, x) if layer < math.floor(0.25 * n_layers) else pre(b, x)
+
+
+def deepnorm(b, x, layer, n_layers):  # Wang et al. 2022: N(alpha x + G(x)), alpha = (2N)^(1/4)
+    alpha = (2 * n_layers) ** 0.25
+    y = N(b.attn_norms.after_add, alpha * x + A(b, x))
+    return N(b.mlp_norms.after_add, alpha * y + F(b, y))
+
+
+def no_norm(b, x, *_):  # Kan et al. Table 1 'LN off'
+    y = x + A(b, x)
+    return y + F(b, y)
+
+
+EQUATIONS = {
+    "post": post,
+    "pre": pre,
+    "peri": peri_with(),
+    "peri-noemb": peri_with(),
+    "peri-frozen": peri_with(),
+    "b": b_only,
+    "a+c": a_plus_c,
+    "olmo2": olmo2,
+    "peri+qk": peri_with("qk"),
+    "gemma2": peri_with(),
+    "hybrid": zhuo("#-post", "qkv"),  # eqs. 8-9: QKV-Post
+    "hybrid*": hybrid_star,
+    "pre-post": zhuo("pre-post", ""),
+    "post-pre": zhuo("post-pre", ""),
+    "mix-ln": mix_ln,
+    "deepnorm": deepnorm,
+    "none": no_norm,
+}
+for _inner in ("qkvc", "qkv", "qkc", "qk", "kv", "kc"):
+    EQUATIONS[f"{_inner}-post"] = zhuo("#-post", _inner)
+    EQUATIONS[f"{_inner}-pre"] = zhuo("#-pre", _inner)
+    EQUATIONS[f"pre-{_inner}-post"] = zhuo("pre-#-post", _inner)
+    EQUATIONS[f"pre-{_inner}-pre"] = zhuo("pre-#-pre", _inner)
+
+
+def test_every_preset_has_an_equation():
+    assert set(EQUATIONS) == set(PRESETS)
+
+
+@pytest.mark.parametrize("name", list(PRESETS), ids=list(PRESETS))
+def test_block_matches_paper_equation(name):
+    # 8 layers so Mix-LN has floor(0.25 * 8) = 2 Post-LN layers and HybridNorm* a distinct first block.
+    model = normlab.build_model(name, "nano", seed=0, n_layers=8, n_kv_heads=1, d_model=32, n_heads=2)
+    model.double()
+    randomize_norms(model)
+    x = torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(0), dtype=DT)
+    with torch.no_grad():
+        for i, block in enumerate(model.blocks):
+            expected = EQUATIONS[name](block, x, i, len(model.blocks))
+            torch.testing.assert_close(block(x), expected, rtol=1e-6, atol=1e-6, msg=f"{name} block {i}")
+
+
+@pytest.mark.parametrize("name", ["peri", "gemma2", "pre", "post"])
+def test_model_level_norms(name):
+    """logits = W_head N_final(x_L), x_0 = N_emb(scale * E[tokens]) (Kim Sec. 3.3; Gemma's sqrt(d))."""
+    model = normlab.build_model(name, "nano", seed=0)
+    model.double()
+    randomize_norms(model)
+    tokens = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(3))
+    lay = PRESETS[name].layout
+    with torch.no_grad():
+        x = model.embed.weight[tokens] * (math.sqrt(32) if lay.embed_scale else 1.0)
+        if lay.embed_norm:
+            x = N(model.embed_norm, x)
+        for block in model.blocks:
+            x = block(x)
+        if lay.final_norm:
+            x = N(model.final_norm, x)
+        torch.testing.assert_close(model(tokens).logits, x @ model.lm_head.weight.T, rtol=1e-6, atol=1e-6)
+
+
+def test_residual_scale_h():
+    """Kan et al. Sec. 5: X_{l+1/2} = X_l + h Attn(X_l), here on Peri-LN."""
+    model = normlab.build_model("peri,h=0.25", "nano", seed=0).double()
+    randomize_norms(model)
+    b, x = model.blocks[0], torch.randn(1, 5, 32, dtype=DT)
+    with torch.no_grad():
+        y = x + 0.25 * N(b.attn_norms.output, A(b, N(b.attn_norms.input, x)))
+        expected = y + 0.25 * N(b.mlp_norms.output, F(b, N(b.mlp_norms.input, y)))
+        torch.testing.assert_close(b(x), expected, rtol=1e-6, atol=1e-6)
