@@ -1,0 +1,125 @@
+"""Model behaviour: causality, GQA, hidden states, capture points, configuration errors."""
+
+import pytest
+import torch
+
+import normlab
+from normlab.model import ConfigError, ModelConfig
+
+
+@pytest.mark.parametrize("name", ["pre", "peri", "hybrid*", "olmo2", "post"])
+def test_causal(name):
+    """Changing token t never changes logits before t."""
+    model = normlab.build_model(name, "nano", seed=0).double()
+    tokens = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(1))
+    changed = tokens.clone()
+    changed[0, 7] = (changed[0, 7] + 1) % 256
+    with torch.no_grad():
+        a, b = model(tokens).logits, model(changed).logits
+    torch.testing.assert_close(a[:, :7], b[:, :7], rtol=0, atol=1e-12)
+    assert not torch.allclose(a[:, 7:], b[:, 7:])
+
+
+def test_gqa_with_all_kv_heads_is_mha():
+    mha = normlab.build_model("pre", "nano", seed=0)
+    gqa = normlab.build_model("pre", "nano", seed=0, n_kv_heads=2)  # n_heads = 2
+    tokens = torch.randint(0, 256, (2, 10))
+    torch.testing.assert_close(mha(tokens).logits, gqa(tokens).logits, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", ["pre", "hybrid"])
+def test_gqa_equals_mha_with_repeated_kv_weights(name):
+    """GQA with 2 KV heads for 4 query heads = MHA whose K/V heads are copies per group."""
+    gqa = normlab.build_model(name, "nano", seed=0, d_model=32, n_heads=4, n_kv_heads=2).double()
+    mha = normlab.build_model(name, "nano", seed=1, d_model=32, n_heads=4).double()
+    sd = gqa.state_dict()
+    hd = 8
+    for key, value in list(sd.items()):
+        if key.endswith(("k_proj.weight", "v_proj.weight")):
+            sd[key] = value.view(2, hd, 32).repeat_interleave(2, dim=0).reshape(4 * hd, 32)
+    mha.load_state_dict(sd)
+    tokens = torch.randint(0, 256, (2, 10))
+    torch.testing.assert_close(gqa(tokens).logits, mha(tokens).logits)
+
+
+def test_hidden_states():
+    model = normlab.build_model("peri", "nano", seed=0)
+    tokens = torch.randint(0, 256, (2, 6))
+    out = model(tokens, return_hidden_states=True)
+    assert len(out.hidden_states) == model.config.n_layers + 1
+    assert all(h.shape == (2, 6, 32) for h in out.hidden_states)
+    torch.testing.assert_close(model.lm_head(model.final_norm(out.hidden_states[-1])), out.logits)
+    torch.testing.assert_close(model.embed_norm(model.embed(tokens)), out.hidden_states[0])
+    assert model(tokens).hidden_states is None
+
+
+def test_capture_points_see_the_residual_update():
+    """A hook on blocks.i.attn_update sees exactly what is added to the stream."""
+    model = normlab.build_model("peri,h=0.5", "nano", seed=0)
+    seen = {}
+    names = ["blocks.1.attn_update", "blocks.1.resid_mid", "blocks.1.mlp_update", "blocks.1.resid_post",
+             "blocks.0.resid_post", "blocks.1.attn.q", "blocks.1.attn_norms.output"]
+    mods = dict(model.named_modules())
+    for n in names:
+        mods[n].register_forward_hook(lambda m, i, o, n=n: seen.__setitem__(n, o))
+    model(torch.randint(0, 256, (1, 5)))
+    torch.testing.assert_close(seen["blocks.1.resid_mid"], seen["blocks.0.resid_post"] + seen["blocks.1.attn_update"])
+    torch.testing.assert_close(seen["blocks.1.resid_post"], seen["blocks.1.resid_mid"] + seen["blocks.1.mlp_update"])
+    torch.testing.assert_close(seen["blocks.1.attn_update"], 0.5 * seen["blocks.1.attn_norms.output"])
+    assert seen["blocks.1.attn.q"].shape == (1, 2, 5, 16)
+
+
+def test_module_paths_identical_across_layouts():
+    paths = {n: [k for k, _ in normlab.build_model(n, "nano").named_modules()] for n in ("post", "pre", "peri", "hybrid*", "none")}
+    first = next(iter(paths.values()))
+    assert all(p == first for p in paths.values())
+
+
+@pytest.mark.parametrize("mlp", ["gelu", "relu"])
+def test_two_layer_mlps(mlp):
+    model = normlab.build_model("pre", "nano", mlp=mlp)
+    assert model.blocks[0].mlp.gate_proj is None
+    x = torch.randn(1, 3, 32)
+    m = model.blocks[0].mlp
+    act = torch.nn.functional.gelu if mlp == "gelu" else torch.relu
+    torch.testing.assert_close(m(x), act(x @ m.up_proj.weight.T) @ m.down_proj.weight.T)
+
+
+def test_tied_embeddings():
+    model = normlab.build_model("pre", "nano", tie_embeddings=True)
+    assert model.lm_head.weight is model.embed.weight
+
+
+def test_frozen_output_gamma():
+    model = normlab.build_model("peri-frozen", "nano")
+    for b in model.blocks:
+        for norms in (b.attn_norms, b.mlp_norms):
+            assert not norms.output.weight.requires_grad and torch.all(norms.output.weight == 1)
+            assert norms.input.weight.requires_grad
+
+
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        (dict(d_model=30, n_heads=4), "does not divide d_model=30"),
+        (dict(n_heads=4, n_kv_heads=3), "must divide n_heads=4"),
+        (dict(mlp="geglu"), "valid: swiglu, gelu, relu"),
+        (dict(n_layerz=3), "did you mean n_layers"),
+        (dict(init="kaiming"), "valid: normal, xavier"),
+        (dict(norm_eps=0.0), "norm_eps must be > 0"),
+    ],
+)
+def test_bad_config_is_explained(overrides, needle):
+    with pytest.raises(ConfigError, match=needle.replace("(", r"\(")):
+        normlab.build_model("pre", "nano", **overrides)
+
+
+def test_unknown_size():
+    with pytest.raises(ConfigError, match="Did you mean tiny"):
+        normlab.build_model("pre", "tinny")
+
+
+def test_sequence_too_long():
+    model = normlab.build_model("pre", ModelConfig(d_model=16, n_layers=1, n_heads=2, max_seq_len=8))
+    with pytest.raises(ValueError, match="exceeds max_seq_len=8"):
+        model(torch.zeros(1, 9, dtype=torch.long))
