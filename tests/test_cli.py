@@ -22,3 +22,13 @@ def test_bad_layout_exit_code(capsys):
     assert main(["show", "perri"]) == 2
     err = capsys.readouterr().err
     assert "unknown layout preset 'perri'" in err and "Did you mean peri" in err
+
+
+def test_readme_layout_table_is_current(capsys):
+    """The README's layout table is `normlab layouts --markdown`, verbatim."""
+    from pathlib import Path
+
+    assert main(["layouts", "--markdown"]) == 0
+    table = capsys.readouterr().out.strip()
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert table in readme

@@ -19,6 +19,11 @@ def _layouts(args: argparse.Namespace) -> int:
     if args.names:
         print("\n".join(r[0] for r in rows))
         return 0
+    if args.markdown:
+        print("| preset | string form | equation | source |\n|---|---|---|---|")
+        for name, form, eq, src in rows:
+            print(f"| `{name}` | `{form}` | {eq} | {src} |")
+        return 0
     heads = ("preset", "string form", "equation", "source")
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(heads[:3])]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths) + "  {}"
@@ -51,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("layouts", help="list the preset layouts with their equations and sources")
     s.add_argument("--names", action="store_true", help="print the names only")
+    s.add_argument("--markdown", action="store_true", help="print a Markdown table (as in the README)")
     s.set_defaults(func=_layouts)
     s = sub.add_parser("show", help="print a layout resolved per layer, with the parameter count")
     s.add_argument("layout", help="preset name or string form, e.g. peri or 'attn=AB,mlp=AB,final'")
@@ -72,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     except (LayoutError, ConfigError) as err:
         print(f"normlab: error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `normlab layouts | head`
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":
