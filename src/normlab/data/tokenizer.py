@@ -1,0 +1,103 @@
+"""Tokenizers: raw bytes, a byte-level BPE trained with Hugging Face `tokenizers` and cached, or
+any tokenizer saved as ``tokenizer.json`` in a local directory (a Hugging Face checkpoint's).
+
+Spec strings: ``bytes`` | ``bpe:VOCAB`` (e.g. ``bpe:4096``) | a path to a directory or file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Protocol
+
+from normlab.data.corpus import DataError, cache_dir
+
+
+class Tokenizer(Protocol):
+    name: str
+    vocab_size: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as tokens: vocabulary 256, nothing to train (nanoGPT's char-level habit)."""
+
+    name = "bytes"
+    vocab_size = 256
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+class HFTokenizer:
+    """A `tokenizers.Tokenizer` (BPE we trained, or a local tokenizer.json)."""
+
+    def __init__(self, tok, name: str) -> None:  # noqa: ANN001 - tokenizers.Tokenizer
+        self._tok, self.name = tok, name
+        self.vocab_size = tok.get_vocab_size()
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids)
+
+
+def _fingerprint(files: list[Path]) -> str:
+    h = hashlib.sha256()
+    for f in files:
+        st = f.stat()
+        h.update(f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:16]
+
+
+def train_bpe(files: list[Path], vocab_size: int) -> HFTokenizer:
+    """Train (or load from cache) a byte-level BPE on ``files`` with `tokenizers`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    if vocab_size < 257:
+        raise DataError(f"a byte-level BPE needs vocab_size > 256 (the byte alphabet), got {vocab_size}")
+    path = cache_dir() / "tokenizers" / f"bpe-{vocab_size}-{_fingerprint(files)}.json"
+    if path.exists():
+        return HFTokenizer(Tokenizer.from_file(str(path)), f"bpe:{vocab_size}")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    tok.train([str(f) for f in files], trainer)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tok.save(str(tmp))
+    tmp.replace(path)
+    return HFTokenizer(tok, f"bpe:{vocab_size}")
+
+
+def load_tokenizer(spec: str, corpus_files: list[Path] | None = None) -> Tokenizer:
+    if spec == "bytes":
+        return ByteTokenizer()
+    if spec.startswith("bpe:"):
+        try:
+            vocab = int(spec[4:])
+        except ValueError:
+            raise DataError(f"tokenizer {spec!r}: expected bpe:VOCAB_SIZE, e.g. bpe:4096") from None
+        if not corpus_files:
+            raise DataError("a BPE tokenizer is trained on text files; this data source has none")
+        return train_bpe(corpus_files, vocab)
+    path = Path(spec)
+    file = path / "tokenizer.json" if path.is_dir() else path
+    if file.is_file():
+        from tokenizers import Tokenizer
+
+        return HFTokenizer(Tokenizer.from_file(str(file)), str(path))
+    raise DataError(
+        f"unknown tokenizer {spec!r}: valid are 'bytes', 'bpe:VOCAB' (e.g. bpe:4096), or a local "
+        "directory/file with a Hugging Face tokenizer.json"
+    )

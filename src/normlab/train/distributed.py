@@ -1,0 +1,77 @@
+"""Data parallel training on torch's own engine: DDP, or FSDP2 (`fully_shard`) for large models.
+
+Launched with ``torchrun --nproc_per_node N -m normlab train ...``: gloo on CPU, NCCL on GPU. Each rank
+takes its slice of the same global batch (batches are a function of (seed, step)), so N ranks
+train on exactly what one process would.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+
+def pick_device(device: str, local_rank: int = 0) -> torch.device:
+    if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise RuntimeError("device=cuda requested but CUDA is not available")
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def setup(device: str) -> DistInfo:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return DistInfo(device=pick_device(device))
+    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    dev = pick_device(device, local)
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
+    return DistInfo(rank=rank, world=world, local_rank=local, device=dev)
+
+
+def teardown(info: DistInfo) -> None:
+    if info.enabled and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def wrap(model: nn.Module, info: DistInfo, fsdp: bool) -> nn.Module:
+    if not info.enabled:
+        return model
+    if fsdp:
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+        return model
+    return nn.parallel.DistributedDataParallel(model, device_ids=[info.local_rank] if info.device.type == "cuda" else None)
+
+
+def mean_across(value: float, info: DistInfo) -> float:
+    if not info.enabled:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=info.device)
+    dist.all_reduce(t)
+    return t.item() / info.world

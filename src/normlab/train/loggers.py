@@ -1,0 +1,60 @@
+"""Where step metrics go: metrics.jsonl (always), a progress bar (tqdm), TensorBoard and Weights &
+Biases (optional extras; ``WANDB_MODE=offline`` works without a network)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from normlab.model.config import ConfigError
+
+
+class Sinks:
+    def __init__(self, cfg, run: Path, start: int) -> None:  # noqa: ANN001 - TrainConfig
+        self.file = (run / "metrics.jsonl").open("a", buffering=1)
+        self.bar = None
+        if cfg.progress:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=cfg.steps, initial=start, desc=Path(cfg.out).name, unit="step", dynamic_ncols=True)
+        self.tb = self.wandb = None
+        if cfg.tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise ConfigError("--tensorboard needs the tensorboard package: pip install 'normlab[tensorboard]'") from None
+            self.tb = SummaryWriter(log_dir=str(run / "tensorboard"), purge_step=start)
+        if cfg.wandb:
+            try:
+                import wandb
+            except ImportError:
+                raise ConfigError("--wandb needs the wandb package: pip install 'normlab[wandb]'") from None
+            self.wandb = wandb.init(project="normlab", name=Path(cfg.out).name, dir=str(run), config=cfg.to_dict(),
+                                    resume="allow", id=Path(cfg.out).name)
+
+    def log(self, row: dict[str, Any]) -> None:
+        self.file.write(json.dumps(row) + "\n")
+        scalars = {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}
+        if self.tb is not None:
+            for k, v in scalars.items():
+                self.tb.add_scalar(k, v, row["step"])
+        if self.wandb is not None:
+            self.wandb.log(scalars, step=row["step"])
+        if self.bar is not None:
+            post = {"loss": f"{row['loss']:.4f}" if math.isfinite(row["loss"]) else str(row["loss"]),
+                    "lr": f"{row['lr']:.2e}", "tok/s": f"{row['tok_per_s']:.0f}"}
+            if "val_loss" in row:
+                post["val"] = f"{row['val_loss']:.4f}"
+            self.bar.set_postfix(post, refresh=False)
+            self.bar.update(1)
+
+    def close(self) -> None:
+        self.file.close()
+        if self.bar is not None:
+            self.bar.close()
+        if self.tb is not None:
+            self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()

@@ -1,0 +1,139 @@
+"""Divergence and spike detection.
+
+Divergence (the run is marked "diverged" with a step and a reason):
+- a non-finite loss or gradient norm (policy ``stop``; ``skip`` skips the step and counts it);
+- the loss stays above its initial value for ``patience`` consecutive steps: with gradient clipping,
+  small runs often blow up without ever going non-finite;
+- the final loss (mean of the last 10 steps) ends above ``final_loss``.
+
+Spikes (counted and logged, never fatal), the published rules:
+- OLMo-core: a value above mean + 6 std of the previous 128 steps (loss and grad norm separately);
+- Megatron-LM: a loss above 10x the largest loss of the early steps (the first 128).
+
+The monitor is a small dataclass with `state_dict()` so resumed runs keep their history.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+SPIKE_WINDOW = 128
+SPIKE_SIGMAS = 6.0
+MEGATRON_FACTOR = 10.0
+MIN_HISTORY = 16  # the OLMo rule needs some history before mean/std mean anything
+
+
+@dataclass
+class SpikeDetector:
+    """value > mean + 6 std of the previous 128 values (OLMo-core)."""
+
+    history: deque = field(default_factory=lambda: deque(maxlen=SPIKE_WINDOW))
+    count: int = 0
+
+    def update(self, value: float) -> bool:
+        spike = False
+        if len(self.history) >= MIN_HISTORY and math.isfinite(value):
+            mean = statistics.fmean(self.history)
+            std = statistics.pstdev(self.history)
+            spike = value > mean + SPIKE_SIGMAS * std
+        if math.isfinite(value):
+            self.history.append(value)
+        self.count += int(spike)
+        return spike
+
+
+@dataclass
+class DivergenceMonitor:
+    patience: int = 50
+    final_loss: float | None = None
+    initial_loss: float | None = None
+    above_initial: int = 0
+    status: str = "ok"
+    reason: str | None = None
+    diverged_step: int | None = None
+    skipped_steps: list[int] = field(default_factory=list)
+    loss_spikes: SpikeDetector = field(default_factory=SpikeDetector)
+    grad_spikes: SpikeDetector = field(default_factory=SpikeDetector)
+    early_max: float = -math.inf
+    megatron_spikes: int = 0
+    recent: deque = field(default_factory=lambda: deque(maxlen=10))
+
+    @property
+    def diverged(self) -> bool:
+        return self.status == "diverged"
+
+    def _diverge(self, step: int, reason: str) -> None:
+        if not self.diverged:
+            self.status, self.reason, self.diverged_step = "diverged", reason, step
+
+    def check_finite(self, step: int, loss: float, grad_norm: float, policy: str) -> bool:
+        """True if the step may be applied. Non-finite values stop or skip per ``policy``."""
+        if math.isfinite(loss) and math.isfinite(grad_norm):
+            return True
+        what = f"non-finite {'loss' if not math.isfinite(loss) else 'gradient norm'} ({loss if not math.isfinite(loss) else grad_norm}) at step {step}"
+        if policy == "skip":
+            self.skipped_steps.append(step)
+        else:
+            self._diverge(step, what)
+        return False
+
+    def update(self, step: int, loss: float, grad_norm: float) -> dict[str, bool]:
+        """Record a finite step; returns which spike rules fired."""
+        if self.initial_loss is None:
+            self.initial_loss = loss
+        self.recent.append(loss)
+        if self.patience:
+            self.above_initial = self.above_initial + 1 if loss > self.initial_loss else 0
+            if self.above_initial >= self.patience:
+                self._diverge(step, f"loss above its initial value {self.initial_loss:.4f} for {self.patience} steps")
+        megatron = False
+        if step < SPIKE_WINDOW:
+            self.early_max = max(self.early_max, loss)
+        elif loss > MEGATRON_FACTOR * self.early_max:
+            megatron = True
+            self.megatron_spikes += 1
+        return {
+            "loss_spike": self.loss_spikes.update(loss),
+            "grad_spike": self.grad_spikes.update(grad_norm),
+            "megatron_spike": megatron,
+        }
+
+    def finish(self, step: int) -> None:
+        if self.final_loss is not None and self.recent:
+            final = statistics.fmean(self.recent)
+            if final > self.final_loss:
+                self._diverge(step, f"final loss {final:.4f} above the threshold {self.final_loss}")
+
+    def summary(self) -> dict:
+        return {
+            "status": self.status,
+            "reason": self.reason,
+            "diverged_step": self.diverged_step,
+            "skipped_steps": list(self.skipped_steps),
+            "loss_spikes": self.loss_spikes.count,
+            "grad_spikes": self.grad_spikes.count,
+            "megatron_spikes": self.megatron_spikes,
+        }
+
+    def state_dict(self) -> dict:
+        return {
+            "initial_loss": self.initial_loss, "above_initial": self.above_initial, "status": self.status,
+            "reason": self.reason, "diverged_step": self.diverged_step, "skipped_steps": list(self.skipped_steps),
+            "loss_hist": list(self.loss_spikes.history), "loss_count": self.loss_spikes.count,
+            "grad_hist": list(self.grad_spikes.history), "grad_count": self.grad_spikes.count,
+            "early_max": self.early_max, "megatron_spikes": self.megatron_spikes, "recent": list(self.recent),
+        }
+
+    def load_state_dict(self, s: dict) -> None:
+        self.initial_loss, self.above_initial = s["initial_loss"], s["above_initial"]
+        self.status, self.reason, self.diverged_step = s["status"], s["reason"], s["diverged_step"]
+        self.skipped_steps = list(s["skipped_steps"])
+        self.loss_spikes.history.extend(s["loss_hist"])
+        self.loss_spikes.count = s["loss_count"]
+        self.grad_spikes.history.extend(s["grad_hist"])
+        self.grad_spikes.count = s["grad_count"]
+        self.early_max, self.megatron_spikes = s["early_max"], s["megatron_spikes"]
+        self.recent.extend(s["recent"])

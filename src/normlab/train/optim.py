@@ -1,0 +1,58 @@
+"""Optimizers and the learning-rate schedule.
+
+AdamW with parameter groups (no weight decay on the parameters named in ``wd_exclude``: norm
+gammas/betas, biases, embeddings), or SGD with momentum (Kim App. I). Schedule: linear warmup over
+``warmup * steps`` steps, then cosine decay to ``min_lr`` (Kim Table 2, Zhuo Table 7).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from normlab.train.config import TrainConfig
+
+
+def param_groups(model: nn.Module, cfg: TrainConfig) -> list[dict]:
+    exclude = set(cfg.wd_exclusions)
+    norm_params, emb_params = set(), set()
+    for m in model.modules():
+        if isinstance(m, (nn.RMSNorm, nn.LayerNorm)):
+            norm_params.update(id(p) for p in m.parameters(recurse=False))
+        if isinstance(m, nn.Embedding):
+            emb_params.update(id(p) for p in m.parameters(recurse=False))
+    decay, no_decay, seen = [], [], set()
+    for name, p in model.named_parameters():
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        is_excluded = (
+            ("norms" in exclude and id(p) in norm_params)
+            or ("embeddings" in exclude and id(p) in emb_params)
+            or ("biases" in exclude and name.endswith(".bias"))
+        )
+        (no_decay if is_excluded else decay).append(p)
+    return [
+        {"params": decay, "weight_decay": cfg.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    groups = param_groups(model, cfg)
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warmup from lr/warmup_steps to lr, then cosine to the floor at the last step."""
+    warmup_steps = int(cfg.warmup * cfg.steps)
+    if step < warmup_steps:
+        return cfg.lr * (step + 1) / warmup_steps
+    span = max(1, cfg.steps - 1 - warmup_steps)
+    progress = min(1.0, (step - warmup_steps) / span)
+    floor = cfg.lr_floor
+    return floor + 0.5 * (cfg.lr - floor) * (1 + math.cos(math.pi * progress))
