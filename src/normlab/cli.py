@@ -92,8 +92,8 @@ def _add_train_args(s: argparse.ArgumentParser) -> None:
         elif field_type(f.name) is bool:
             s.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
         else:
-            kind = field_type(f.name)
-            conv = (lambda t, k=kind: None if t.lower() == "none" else k(t))
+            kind, nullable = field_type(f.name), f.default is None
+            conv = (lambda t, k=kind, n=nullable: None if n and t.lower() == "none" else k(t))
             s.add_argument(flag, dest=f.name, type=conv, default=argparse.SUPPRESS, metavar=f.name.upper(), help=help_text)
 
 

@@ -1,0 +1,85 @@
+"""Data: sources, tokenizers, deterministic batches, and bad data explained."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from normlab.data import DataError, batch_at, load_data, val_batches
+
+
+def test_text_file_bytes(corpus):
+    d = load_data(str(corpus), "bytes", val_fraction=0.1)
+    raw = corpus.read_bytes()
+    assert d.vocab_size == 256 and len(d.train) + len(d.val) == len(raw)
+    assert bytes(d.train[:20].tolist()) == raw[:20]
+    assert bytes(d.val[-5:].tolist()) == raw[-5:]
+
+
+def test_folder_and_jsonl(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "x.txt").write_text("alpha " * 50)
+    (tmp_path / "b.md").write_text("beta " * 50)
+    d = load_data(str(tmp_path), "bytes")
+    assert bytes(d.train[:6].tolist()) == b"alpha "  # sorted: a/x.txt before b.md
+    j = tmp_path / "d.jsonl"
+    j.write_text("\n".join(json.dumps({"body": f"record {i} " * 10}) for i in range(20)))
+    d = load_data(str(j), "bytes", text_field="body")
+    assert bytes(d.train[:9].tolist()) == b"record 0 "
+
+
+def test_bin_tokens(tmp_path):
+    ids = np.arange(1000, dtype=np.uint16) % 300
+    p = tmp_path / "t.bin"
+    ids.tofile(p)
+    d = load_data(str(p), vocab_size=300, token_dtype="uint16")
+    assert d.vocab_size == 300 and np.array_equal(np.concatenate([d.train, d.val]), ids)
+    with pytest.raises(DataError, match="token id 299 .* beyond the vocabulary of 256"):
+        load_data(str(p), vocab_size=256)
+    with pytest.raises(DataError, match="give --vocab-size"):
+        load_data(str(p))
+
+
+def test_bpe_trained_and_cached(corpus):
+    d = load_data(str(corpus), "bpe:300")
+    assert d.vocab_size == 300 and d.tokenizer.decode(d.train[:30].tolist()) == corpus.read_text()[: len(d.tokenizer.decode(d.train[:30].tolist()))]
+    assert len(d.train) + len(d.val) < len(corpus.read_bytes()) / 1.5  # merges compress
+    again = load_data(str(corpus), "bpe:300")
+    assert np.array_equal(again.train, d.train)
+
+
+@pytest.mark.parametrize(
+    "content, needle",
+    [(b"", "is empty"), (b"   \n", "is empty"), (b"text\x00\x01\x02junk", "looks binary (a NUL byte at offset 4)"),
+     (b"caf\xe9 au lait", "not UTF-8 text (invalid byte at offset 3)")],
+)
+def test_bad_text_is_explained(tmp_path, content, needle):
+    p = tmp_path / "bad.txt"
+    p.write_bytes(content)
+    with pytest.raises(DataError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        load_data(str(p))
+
+
+def test_missing_path_and_bad_options(tmp_path):
+    with pytest.raises(DataError, match="does not exist"):
+        load_data(str(tmp_path / "nope.txt"))
+    (tmp_path / "x.txt").write_text("hello " * 100)
+    with pytest.raises(DataError, match="unknown tokenizer 'gpt9'"):
+        load_data(str(tmp_path / "x.txt"), "gpt9")
+    with pytest.raises(DataError, match="val_fraction must lie in"):
+        load_data(str(tmp_path / "x.txt"), val_fraction=1.5)
+    j = tmp_path / "r.jsonl"
+    j.write_text('{"text": "ok"}\nnot json\n')
+    with pytest.raises(DataError, match="line 2 is not JSON"):
+        load_data(str(j))
+
+
+def test_batches_are_a_function_of_seed_and_step(corpus):
+    d = load_data(str(corpus))
+    a, b = batch_at(d.train, 7, 4, 16, seed=1), batch_at(d.train, 7, 4, 16, seed=1)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[0][:, 1:], a[1][:, :-1])
+    assert not torch.equal(batch_at(d.train, 8, 4, 16, seed=1)[0], a[0])
+    assert not torch.equal(batch_at(d.train, 7, 4, 16, seed=2)[0], a[0])
+    v1, v2 = val_batches(d.val, 2, 3, 16), val_batches(d.val, 2, 3, 16)
+    assert len(v1) == 2 and all(torch.equal(x[0], y[0]) for x, y in zip(v1, v2))

@@ -1,0 +1,240 @@
+"""The trainer: reproducibility, exact resume, crash-safe checkpoints, divergence, config errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from normlab.model.config import ConfigError
+from normlab.train import TrainConfig, TrainingFailed, train
+from normlab.train import trainer as trainer_mod
+from normlab.train.checkpoint import list_checkpoints, load_checkpoint
+from normlab.train.monitor import DivergenceMonitor, SpikeDetector
+from normlab.train.optim import lr_at, param_groups
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def small(corpus, out, **kw) -> TrainConfig:
+    base = dict(data=str(corpus), size="nano", layout="peri", seq_len=32, batch_size=8, steps=12, lr=3e-3,
+                eval_every=6, eval_batches=2, out=str(out), progress=False)
+    return TrainConfig(**{**base, **kw})
+
+
+def losses(run) -> list[float]:
+    return [json.loads(line)["loss"] for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
+
+
+def rows(run) -> list[dict]:
+    return [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_same_seed_same_curve(corpus, tmp_path):
+    train(small(corpus, tmp_path / "a"))
+    train(small(corpus, tmp_path / "b"))
+    train(small(corpus, tmp_path / "c", seed=1))
+    assert losses(tmp_path / "a") == losses(tmp_path / "b")
+    assert losses(tmp_path / "a") != losses(tmp_path / "c")
+    s = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert s["status"] == "ok" and s["steps"] == 12 and s["tokens"] == 12 * 8 * 32
+    assert s["final_val_loss"] is not None and s["final_loss"] < s["initial_loss"]
+
+
+def test_resume_gives_the_identical_remaining_curve(corpus, tmp_path, monkeypatch):
+    full = small(corpus, tmp_path / "full", grad_accum=2)
+    train(full)
+    # Interrupt a second run after its step-6 checkpoint by failing inside step 8.
+    real = trainer_mod.batch_at
+
+    def failing(tokens, step, *a, **k):
+        if step == 8:
+            raise KeyboardInterrupt("simulated interruption")
+        return real(tokens, step, *a, **k)
+
+    cut = small(corpus, tmp_path / "cut", grad_accum=2, ckpt_every=3, keep_last=2)
+    monkeypatch.setattr(trainer_mod, "batch_at", failing)
+    with pytest.raises(KeyboardInterrupt):
+        train(cut)
+    monkeypatch.setattr(trainer_mod, "batch_at", real)
+    assert [p.name for p in list_checkpoints(cut.out)] == ["step_00000003.pt", "step_00000006.pt"]
+    assert len(rows(cut.out)) == 8  # steps 0-7 were logged before the interruption
+    train(cut)  # resumes from step 6; rows 6-7 are replayed, not duplicated
+    a, b = rows(full.out), rows(cut.out)
+    assert [r["step"] for r in b] == list(range(12))
+    for ra, rb in zip(a, b):
+        for key in ("loss", "grad_norm", "lr", "tokens", "val_loss"):
+            assert ra.get(key) == rb.get(key), (ra["step"], key)
+    assert [p.name for p in list_checkpoints(cut.out)] == ["step_00000009.pt", "step_00000012.pt"]
+
+
+def test_kill_during_checkpoint_write_leaves_a_loadable_checkpoint(corpus, tmp_path):
+    """SIGKILL between writing the temp file and renaming it: the old checkpoint stays valid."""
+    run = tmp_path / "run"
+    train(small(corpus, run, steps=3))
+    good = list_checkpoints(run)
+    assert [p.name for p in good] == ["step_00000003.pt"]
+    child = f"""
+import os, time, sys
+import normlab.io as io
+real_fsync = os.fsync
+def slow_fsync(fd):
+    real_fsync(fd)
+    print("written", flush=True)
+    time.sleep(60)
+io.os.fsync = slow_fsync
+from normlab.train.checkpoint import save_checkpoint
+import torch
+save_checkpoint({str(run)!r}, 4, {{"model": {{"w": torch.zeros(1000, 1000)}}}}, keep_last=2)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert proc.stdout.readline().strip() == "written"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert [p.name for p in list_checkpoints(run)] == ["step_00000003.pt"]
+    leftovers = [p.name for p in (run / "checkpoints").iterdir()]
+    assert any(n.startswith(".step_00000004.pt.") and n.endswith(".tmp") for n in leftovers)
+    ckpt = load_checkpoint(list_checkpoints(run)[-1])
+    assert ckpt["step"] == 3 and "model" in ckpt
+    # and the run resumes from it
+    assert train(small(corpus, run, steps=3))["steps"] == 3
+
+
+def test_huge_lr_is_recorded_as_diverged_and_exits_cleanly(corpus, tmp_path):
+    out = tmp_path / "boom"
+    cmd = [sys.executable, "-m", "normlab", "train", "--data", str(corpus), "--size", "nano", "--layout", "none",
+           "--lr", "1e4", "--grad-clip", "0", "--warmup", "0", "--steps", "30", "--seq-len", "32", "--batch-size", "8",
+           "--out", str(out), "--no-progress", "--diverge-patience", "5"]
+    res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert res.returncode == 0, res.stderr
+    s = json.loads((out / "summary.json").read_text())
+    assert s["status"] == "diverged" and isinstance(s["diverged_step"], int) and s["diverged_step"] < 30
+    assert "diverged at step" in res.stdout
+    assert s["steps"] == s["diverged_step"] + 1
+
+
+def test_nonfinite_policies():
+    m = DivergenceMonitor()
+    assert not m.check_finite(4, float("nan"), 1.0, "skip") and m.status == "ok" and m.skipped_steps == [4]
+    assert not m.check_finite(5, 2.0, float("inf"), "stop")
+    assert m.status == "diverged" and m.diverged_step == 5 and "gradient norm" in m.reason
+
+
+def test_loss_rules():
+    m = DivergenceMonitor(patience=3)
+    for step, loss in enumerate([5.0, 5.1, 5.2, 4.0, 5.5, 5.6, 5.7]):
+        m.update(step, loss, 1.0)
+    assert m.diverged_step == 6 and "above its initial value 5.0000 for 3 steps" in m.reason
+    f = DivergenceMonitor(patience=0, final_loss=2.0)
+    for step in range(20):
+        f.update(step, 3.0 - step * 0.01, 1.0)
+    f.finish(20)
+    assert f.diverged and "final loss" in f.reason
+
+
+def test_spike_rules():
+    d = SpikeDetector()
+    vals = [1.0 + 0.01 * (i % 5) for i in range(40)]
+    assert not any(d.update(v) for v in vals)
+    assert d.update(1.5) and d.count == 1  # mean ~1.02, std ~0.014: 1.5 is > 6 std away
+    m = DivergenceMonitor(patience=0)
+    for step in range(128):
+        m.update(step, 5.0, 1.0)
+    flags = m.update(128, 60.0, 1.0)
+    assert flags["megatron_spike"] and m.megatron_spikes == 1  # 60 > 10 x early max 5
+    state = m.state_dict()
+    m2 = DivergenceMonitor(patience=0)
+    m2.load_state_dict(state)
+    assert m2.state_dict() == state
+
+
+def test_schedule_warmup_then_cosine():
+    cfg = TrainConfig(steps=100, lr=1.0, warmup=0.1, min_lr=0.1)
+    assert lr_at(0, cfg) == pytest.approx(0.1) and lr_at(9, cfg) == pytest.approx(1.0)
+    assert lr_at(10, cfg) == pytest.approx(1.0) and lr_at(99, cfg) == pytest.approx(0.1)
+    mid = 10 + (99 - 10) / 2
+    assert lr_at(int(mid), cfg) == pytest.approx(0.1 + 0.45 * (1 + math.cos(math.pi * (int(mid) - 10) / 89)))
+
+
+def test_weight_decay_exclusions():
+    import normlab
+
+    model = normlab.build_model("peri", "nano", linear_bias=True)
+    groups = param_groups(model, TrainConfig())
+    decayed = {id(p) for p in groups[0]["params"]}
+    assert id(model.blocks[0].attn.q_proj.weight) in decayed
+    for p in (model.blocks[0].attn.q_proj.bias, model.blocks[0].attn_norms.output.weight, model.embed.weight):
+        assert id(p) not in decayed
+    all_decay = param_groups(model, TrainConfig(wd_exclude=""))
+    assert len(all_decay[1]["params"]) == 0
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_low_precision_trains(corpus, tmp_path, precision):
+    s = train(small(corpus, tmp_path / precision, precision=precision, steps=6))
+    assert s["status"] == "ok" and s["final_loss"] < s["initial_loss"]
+    if precision == "fp16":
+        assert "loss_scale" in rows(tmp_path / precision)[0]
+
+
+def test_sgd_and_zloss(corpus, tmp_path):
+    s = train(small(corpus, tmp_path / "sgd", optimizer="sgd", lr=0.3, z_loss=1e-4, steps=6))
+    assert s["status"] == "ok" and s["final_loss"] < s["initial_loss"]
+
+
+def test_crash_is_recorded_as_failed(corpus, tmp_path, monkeypatch):
+    def broken(*a, **k):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(trainer_mod, "evaluate", broken)
+    with pytest.raises(TrainingFailed, match="disk on fire"):
+        train(small(corpus, tmp_path / "crash"))
+    s = json.loads((tmp_path / "crash" / "summary.json").read_text())
+    assert s["status"] == "failed" and "disk on fire" in s["reason"]
+
+
+def test_never_overwrites_and_refuses_mismatched_resume(corpus, tmp_path):
+    train(small(corpus, tmp_path / "r", steps=3))
+    with pytest.raises(ConfigError, match="different lr"):
+        train(small(corpus, tmp_path / "r", steps=3, lr=1e-3))
+    with pytest.raises(ConfigError, match="already holds a run"):
+        train(small(corpus, tmp_path / "r", steps=3, resume=False))
+
+
+@pytest.mark.parametrize(
+    "kw, needle",
+    [(dict(lr=-1.0), "lr must be > 0"), (dict(steps=0), "steps must be a positive integer"),
+     (dict(warmup=1.5), "warmup is a fraction"), (dict(precision="fp8"), "precision must be fp32, bf16 or fp16"),
+     (dict(batch_size=10, grad_accum=4), "divisible by grad_accum=4"), (dict(wd_exclude="norms,gains"), "unknown ['gains']"),
+     (dict(model={"d_modle": 3}), "did you mean d_model")],
+)
+def test_bad_config_values(kw, needle):
+    with pytest.raises(ConfigError) as err:
+        TrainConfig(**kw)
+    assert needle in str(err.value)
+
+
+def test_config_round_trips_through_command_line_and_toml(tmp_path):
+    from normlab.cli import build_parser, train_config_from_args
+
+    cfg = TrainConfig(layout="hybrid*", lr=1e-3, min_lr=None, steps=7, compile=True, resume=False,
+                      model={"n_layers": 3, "mlp": "relu"}, diverge_final_loss=4.5)
+    args = build_parser().parse_args(["train", *cfg.to_args()])
+    assert train_config_from_args(args) == cfg
+    toml = tmp_path / "c.toml"
+    toml.write_text('layout = "pre"\nlr = 0.002\nsteps = 50\n[model]\nn_layers = 4\n')
+    args = build_parser().parse_args(["train", "--config", str(toml), "--steps", "9", "--model", "d_model=64"])
+    got = train_config_from_args(args)
+    assert (got.layout, got.lr, got.steps, got.model) == ("pre", 0.002, 9, {"n_layers": 4, "d_model": 64})
+    toml.write_text('layuot = "pre"\n')
+    with pytest.raises(ConfigError, match="did you mean layout"):
+        TrainConfig.from_toml(toml)
