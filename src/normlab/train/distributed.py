@@ -51,8 +51,12 @@ def setup(device: str) -> DistInfo:
     return DistInfo(rank=rank, world=world, local_rank=local, device=dev)
 
 
-def teardown(info: DistInfo) -> None:
+def teardown(info: DistInfo, clean: bool = True) -> None:
     if info.enabled and dist.is_initialized():
+        # Without the barrier a rank can tear gloo down while rank 0 still writes the summary,
+        # and the other aborts ("terminate called without an active exception").
+        if clean:
+            dist.barrier()
         dist.destroy_process_group()
 
 
@@ -75,3 +79,11 @@ def mean_across(value: float, info: DistInfo) -> float:
     t = torch.tensor([value], dtype=torch.float64, device=info.device)
     dist.all_reduce(t)
     return t.item() / info.world
+
+
+def sum_across(values: list[float], info: DistInfo) -> list[float]:
+    if not info.enabled:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=info.device)
+    dist.all_reduce(t)
+    return t.tolist()

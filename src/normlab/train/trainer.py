@@ -65,13 +65,21 @@ def _loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig) 
 
 @torch.no_grad()
 def evaluate(model: nn.Module, batches: list, cfg: TrainConfig, info: distributed.DistInfo) -> float:
+    """Mean validation loss over fixed windows (eval_batches x batch_size of them, whatever the
+    world size or accumulation); each rank scores its share of every batch in micro-batches."""
     model.eval()
     total, n = 0.0, 0
     for x, y in batches:
-        with _autocast(cfg, info.device):
-            total += model(x.to(info.device), targets=y.to(info.device)).loss.item() * len(x)
-        n += len(x)
+        share = slice(info.rank * len(x) // info.world, (info.rank + 1) * len(x) // info.world)
+        x, y = x[share], y[share]
+        micro = max(1, cfg.batch_size // (info.world * cfg.grad_accum))
+        for i in range(0, len(x), micro):
+            xb, yb = x[i : i + micro].to(info.device), y[i : i + micro].to(info.device)
+            with _autocast(cfg, info.device):
+                total += model(xb, targets=yb).loss.item() * len(xb)
+            n += len(xb)
     model.train()
+    total, n = distributed.sum_across([total, float(n)], info)
     return total / n
 
 
@@ -107,9 +115,12 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     cfg.validate()
     info = distributed.setup(cfg.device)
     try:
-        return _train(cfg, info)
-    finally:
-        distributed.teardown(info)
+        summary = _train(cfg, info)
+    except BaseException:
+        distributed.teardown(info, clean=False)  # a barrier could wait forever on a rank that died
+        raise
+    distributed.teardown(info)
+    return summary
 
 
 def _train(cfg: TrainConfig, info: distributed.DistInfo) -> dict[str, Any]:
@@ -152,7 +163,7 @@ def _train(cfg: TrainConfig, info: distributed.DistInfo) -> dict[str, Any]:
 
     per_rank = cfg.batch_size // info.world
     micro = per_rank // cfg.grad_accum
-    val = val_batches(data.val, cfg.eval_batches, micro, cfg.seq_len)
+    val = val_batches(data.val, cfg.eval_batches, cfg.batch_size, cfg.seq_len)
     metrics_path = run / "metrics.jsonl"
     sinks: Sinks | None = None
     if info.is_main:
@@ -219,7 +230,7 @@ def _train(cfg: TrainConfig, info: distributed.DistInfo) -> dict[str, Any]:
                 row.update({k: True for k, v in monitor.update(step, loss_val, grad_norm).items() if v})
             last = step == cfg.steps - 1 or monitor.diverged
             if (cfg.eval_every and (step + 1) % cfg.eval_every == 0) or last:
-                final_val = distributed.mean_across(evaluate(fwd, val, cfg, info), info)
+                final_val = evaluate(fwd, val, cfg, info)
                 row["val_loss"] = final_val
                 row["val_ppl"] = math.exp(min(final_val, 50.0))
             if sinks is not None:

@@ -1,0 +1,71 @@
+"""torchrun on CPU (gloo): DDP and FSDP2 train on exactly what one process would, and resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from normlab.train import TrainConfig, train
+from normlab.train.checkpoint import list_checkpoints
+
+REPO = Path(__file__).resolve().parents[1]
+COMMON = dict(size="nano", seq_len=32, batch_size=8, steps=6, eval_every=3, eval_batches=2, progress=False,
+              ckpt_every=3, keep_last=5)
+
+
+def torchrun(cfg: TrainConfig, nproc: int = 2) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+           "-m", "normlab", "train", *cfg.to_args()]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+
+
+def metrics(run) -> list[dict]:
+    return [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
+
+
+def assert_same_curve(a, b, tol=1e-5):
+    ra, rb = metrics(a), metrics(b)
+    assert [r["step"] for r in ra] == [r["step"] for r in rb]
+    for x, y in zip(ra, rb):
+        assert x["loss"] == pytest.approx(y["loss"], abs=tol), x["step"]
+        assert x["grad_norm"] == pytest.approx(y["grad_norm"], rel=1e-4), x["step"]
+        assert x.get("val_loss", 0.0) == pytest.approx(y.get("val_loss", 0.0), abs=tol), x["step"]
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dist")
+    corpus = root / "c.txt"
+    corpus.write_text("\n".join(["To be, or not to be, that is the question.", "The quick brown fox."] * 400))
+    os.environ.setdefault("NORMLAB_CACHE", str(root / "cache"))
+    cfg = TrainConfig(data=str(corpus), out=str(root / "single"), **COMMON)
+    train(cfg)
+    return cfg, root
+
+
+def test_ddp_matches_single_process(single):
+    cfg, root = single
+    ddp = TrainConfig(**{**cfg.to_dict(), "out": str(root / "ddp"), "grad_accum": 2})
+    torchrun(ddp)
+    assert_same_curve(cfg.out, ddp.out)
+    assert json.loads((root / "ddp" / "config.json").read_text())["world_size"] == 2
+
+
+def test_fsdp2_matches_single_process_and_resumes_exactly(single):
+    cfg, root = single
+    fsdp = TrainConfig(**{**cfg.to_dict(), "out": str(root / "fsdp"), "fsdp": True})
+    torchrun(fsdp)
+    assert_same_curve(cfg.out, fsdp.out)
+    before = metrics(fsdp.out)
+    # Drop the final checkpoint: the next launch resumes from step 3 and replays steps 3-5.
+    list_checkpoints(fsdp.out)[-1].unlink()
+    torchrun(fsdp)
+    after = metrics(fsdp.out)
+    assert [r["loss"] for r in after] == [r["loss"] for r in before]
