@@ -100,6 +100,7 @@ save_checkpoint({str(run)!r}, 4, {{"model": {{"w": torch.zeros(1000, 1000)}}}}, 
     assert proc.stdout.readline().strip() == "written"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    proc.stdout.close()
     assert [p.name for p in list_checkpoints(run)] == ["step_00000003.pt"]
     leftovers = [p.name for p in (run / "checkpoints").iterdir()]
     assert any(n.startswith(".step_00000004.pt.") and n.endswith(".tmp") for n in leftovers)

@@ -13,13 +13,7 @@ from normlab.model.config import ConfigError
 
 class Sinks:
     def __init__(self, cfg, run: Path, start: int) -> None:  # noqa: ANN001 - TrainConfig
-        self.file = (run / "metrics.jsonl").open("a", buffering=1)
-        self.bar = None
-        if cfg.progress:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=cfg.steps, initial=start, desc=Path(cfg.out).name, unit="step", dynamic_ncols=True)
-        self.tb = self.wandb = None
+        self.tb = self.wandb = self.bar = None
         if cfg.tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -33,6 +27,12 @@ class Sinks:
                 raise ConfigError("--wandb needs the wandb package: pip install 'normlab[wandb]'") from None
             self.wandb = wandb.init(project="normlab", name=Path(cfg.out).name, dir=str(run), config=cfg.to_dict(),
                                     resume="allow", id=Path(cfg.out).name)
+        if cfg.progress:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=cfg.steps, initial=start, desc=Path(cfg.out).name, unit="step", dynamic_ncols=True)
+        # Opened last: a sink that fails to start above leaves no file handle behind.
+        self.file = (run / "metrics.jsonl").open("a", buffering=1)
 
     def log(self, row: dict[str, Any]) -> None:
         self.file.write(json.dumps(row) + "\n")
@@ -51,6 +51,8 @@ class Sinks:
             self.bar.update(1)
 
     def close(self) -> None:
+        if self.file.closed:
+            return
         self.file.close()
         if self.bar is not None:
             self.bar.close()

@@ -242,17 +242,18 @@ def _train(cfg: TrainConfig, info: distributed.DistInfo) -> dict[str, Any]:
             step = cfg.steps
         monitor.finish(step)
     except Exception as err:  # a crash is recorded, then raised
+        if sinks is not None:
+            sinks.close()
         if info.is_main:
             _write_summary(run, cfg, monitor, step, tokens_seen, wall_before + time.perf_counter() - t_run,
                            final_val, params, status="failed", error=f"{type(err).__name__}: {err}")
-        if sinks is not None:
-            sinks.close()
         raise TrainingFailed(f"run {run} failed at step {step}: {type(err).__name__}: {err}") from err
+    finally:
+        if sinks is not None:
+            sinks.close()  # also on KeyboardInterrupt; closing twice is harmless
     summary: dict[str, Any] = {}
     if info.is_main:
         summary = _write_summary(run, cfg, monitor, step, tokens_seen, wall_before + time.perf_counter() - t_run, final_val, params)
-        assert sinks is not None
-        sinks.close()
     return summary
 
 
