@@ -106,8 +106,9 @@ save_checkpoint({str(run)!r}, 4, {{"model": {{"w": torch.zeros(1000, 1000)}}}}, 
     assert any(n.startswith(".step_00000004.pt.") and n.endswith(".tmp") for n in leftovers)
     ckpt = load_checkpoint(list_checkpoints(run)[-1])
     assert ckpt["step"] == 3 and "model" in ckpt
-    # and the run resumes from it
+    # and the run resumes from it, clearing the dead write's temp file
     assert train(small(corpus, run, steps=3))["steps"] == 3
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_00000003.pt"]
 
 
 def test_huge_lr_is_recorded_as_diverged_and_exits_cleanly(corpus, tmp_path):

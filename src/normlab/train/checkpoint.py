@@ -33,6 +33,15 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
     return sorted((p for p in d.iterdir() if _NAME.match(p.name)), key=lambda p: p.name)
 
 
+def remove_stale_temp_files(run_dir: str | Path) -> list[str]:
+    """Delete the hidden temp files of checkpoint writes that were killed (see `atomic_write_bytes`)."""
+    d = checkpoint_dir(run_dir)
+    stale = sorted(d.glob(".step_*.pt.*.tmp")) if d.is_dir() else []
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return [p.name for p in stale]
+
+
 def rng_state() -> dict[str, Any]:
     return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
 

@@ -29,7 +29,13 @@ from normlab.io import atomic_write_bytes, atomic_write_json
 from normlab.model import build_model, count_params
 from normlab.model.config import ConfigError
 from normlab.train import distributed
-from normlab.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint, set_rng_state
+from normlab.train.checkpoint import (
+    list_checkpoints,
+    load_checkpoint,
+    remove_stale_temp_files,
+    save_checkpoint,
+    set_rng_state,
+)
 from normlab.train.config import TrainConfig
 from normlab.train.loggers import Sinks
 from normlab.train.monitor import DivergenceMonitor
@@ -168,6 +174,7 @@ def _train(cfg: TrainConfig, info: distributed.DistInfo) -> dict[str, Any]:
     sinks: Sinks | None = None
     if info.is_main:
         run.mkdir(parents=True, exist_ok=True)
+        remove_stale_temp_files(run)
         lay = _unwrap(model).layout if not cfg.fsdp else normlab.parse_layout(cfg.layout)
         atomic_write_json(run / "config.json", {
             "config": cfg.to_dict(),
