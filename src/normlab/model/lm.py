@@ -50,6 +50,24 @@ class NormLM(nn.Module):
     def layout(self):  # noqa: ANN201 - a Layout
         return self.resolved.layout
 
+    def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """y_0: the stream entering block 0 (embedding, Gemma scale, embedding norm)."""
+        if tokens.dim() != 2:
+            raise ValueError(f"tokens must be (batch, seq), got shape {tuple(tokens.shape)}")
+        x = self.embed(tokens)
+        if self.embed_scale != 1.0:
+            x = x * self.embed_scale
+        return self.embed_out(self.embed_norm(x))
+
+    def run_blocks(self, x: torch.Tensor, return_hidden_states: bool = False) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+        """The blocks from a given stream x_0; optionally every block's output."""
+        hidden = [x] if return_hidden_states else None
+        for block in self.blocks:
+            x = block(x)
+            if hidden is not None:
+                hidden.append(x)
+        return x, hidden
+
     def forward(
         self,
         tokens: torch.Tensor,
@@ -57,17 +75,7 @@ class NormLM(nn.Module):
         return_hidden_states: bool = False,
     ) -> LMOutput:
         """tokens (B, T) int64 -> logits (B, T, vocab); loss if targets given (ignore_index -100)."""
-        if tokens.dim() != 2:
-            raise ValueError(f"tokens must be (batch, seq), got shape {tuple(tokens.shape)}")
-        x = self.embed(tokens)
-        if self.embed_scale != 1.0:
-            x = x * self.embed_scale
-        x = self.embed_out(self.embed_norm(x))
-        hidden = [x] if return_hidden_states else None
-        for block in self.blocks:
-            x = block(x)
-            if hidden is not None:
-                hidden.append(x)
+        x, hidden = self.run_blocks(self.embed_tokens(tokens), return_hidden_states)
         logits = self.lm_head(self.final_norm(x))
         loss = None
         if targets is not None:

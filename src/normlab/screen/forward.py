@@ -1,0 +1,101 @@
+"""Step 2: forward stability -- hidden-state growth over depth under a weight stress s.
+
+Stress ``s`` emulates weight growth during training. Mode ``output`` multiplies each module's output
+projection (attention W_O, MLP W_down) by s, so every module output is exactly s times larger
+(the activation scale of Kan Props. 7-8); mode ``all`` multiplies every attention and MLP weight by
+s (sharper attention, and s^2-homogeneous ReLU MLPs). Growth over depth is fit as flat, linear,
+quadratic or exponential, and output-normalized layouts are checked against Theorem 4's linear bound:
+    mean|X_l| <= mean|X_0| + sum over the sublayers before l of h * (max|gamma_B| + max|beta_B|),
+since an update on N_B's ellipsoid has RMS(y - beta) <= max|gamma| (Lemma 1) per token.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+STRESS_MODES = ("output", "all")
+
+
+def stressed(model: nn.Module, s: float, mode: str) -> nn.Module:
+    """A copy of ``model`` with its module weights scaled by ``s``."""
+    if mode not in STRESS_MODES:
+        raise ValueError(f"unknown stress mode {mode!r}; valid: {', '.join(STRESS_MODES)}")
+    m = copy.deepcopy(model)
+    with torch.no_grad():
+        for block in m.blocks:
+            if mode == "output":
+                targets = [block.attn.o_proj, block.mlp.down_proj]
+            else:
+                targets = [mod for mod in (*block.attn.modules(), *block.mlp.modules()) if isinstance(mod, nn.Linear)]
+            for lin in targets:
+                lin.weight.mul_(s)
+                if lin.bias is not None:
+                    lin.bias.mul_(s)
+    return m
+
+
+def with_h(model: nn.Module, h: float) -> nn.Module:
+    m = copy.deepcopy(model)
+    for block in m.blocks:
+        block.h = float(h)
+    return m
+
+
+@torch.no_grad()
+def profile(hidden: list[torch.Tensor]) -> dict[str, list[float]]:
+    """mean |h|, entry-wise variance and RMS of each stream state (embedding, then every block)."""
+    return {
+        "mean_abs": [h.abs().mean().item() for h in hidden],
+        "var": [h.var().item() for h in hidden],
+        "rms": [h.pow(2).mean().sqrt().item() for h in hidden],
+    }
+
+
+def fit_growth(values: list[float]) -> dict:
+    """Classify y_l over depth l = 0..L as flat, linear, quadratic or exponential.
+
+    Least-squares fits of a + b l, a + b l + c l^2, and a r^l (on log y); the relative RMS error of
+    each picks the shape: exponential only when its error is clearly lowest and r > 1.05 per layer,
+    quadratic only when it halves the linear error and its curvature matters over the depth.
+    """
+    y = np.asarray(values, dtype=np.float64)
+    l = np.arange(len(y), dtype=np.float64)
+    scale = max(float(np.abs(y).mean()), 1e-30)
+    if (y.max() - y.min()) / scale < 0.1:
+        return {"shape": "flat", "spread": float((y.max() - y.min()) / scale)}
+
+    def err(pred: np.ndarray) -> float:
+        return float(np.sqrt(np.mean((pred - y) ** 2)) / scale)
+
+    lin = np.polyfit(l, y, 1)
+    quad = np.polyfit(l, y, 2)
+    e_lin, e_quad = err(np.polyval(lin, l)), err(np.polyval(quad, l))
+    out = {"linear_slope": float(lin[0]), "err_linear": e_lin, "err_quadratic": e_quad}
+    if np.all(y > 0):
+        ex = np.polyfit(l, np.log(y), 1)
+        ratio = float(math.exp(ex[0]))
+        e_exp = err(np.exp(np.polyval(ex, l)))
+        out.update(ratio_per_layer=ratio, err_exponential=e_exp)
+        if ratio > 1.05 and e_exp < 0.7 * min(e_lin, e_quad):
+            return {"shape": "exponential", **out}
+    curvature = abs(quad[0]) * (len(y) - 1) ** 2
+    if e_quad < 0.5 * e_lin and curvature > 0.1 * (y.max() - y.min()):
+        return {"shape": "quadratic", **out}
+    return {"shape": "linear", **out}
+
+
+def output_norm_bound(model: nn.Module, mean_abs_x0: float) -> list[float]:
+    """Theorem 4's bound on mean|X_l| for l = 0..L, from the model's output-norm gammas and betas."""
+    bound, out = mean_abs_x0, [mean_abs_x0]
+    for block in model.blocks:
+        for norm in (block.attn_norms.output, block.mlp_norms.output):
+            beta = getattr(norm, "bias", None)
+            step = norm.weight.abs().max().item() + (beta.abs().max().item() if beta is not None else 0.0)
+            bound += block.h * step
+        out.append(bound)
+    return out

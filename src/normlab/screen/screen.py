@@ -1,0 +1,212 @@
+"""`normlab screen`: Kan et al.'s four-step stability workflow (App. B) on any layout, before training.
+
+For each layout: build the model at initialization (float64), then for each stress s
+1. well-posedness from the layout data (`wellposed`),
+2. hidden-state mean|h| and variance over depth, their shape, and Theorem 4's linear bound (`forward`),
+3. each block's Jacobian norm and their product over depth (`backward`),
+4. the W_2 amplification of an input perturbation to the terminal states (`uncertainty`),
+and the same at a smaller residual step h (Kan Sec. 5). The verdicts compare s = min and s = max.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from normlab.layout import Layout, LayoutError, as_layout
+from normlab.model import build_model
+from normlab.model.config import ConfigError
+from normlab.screen.backward import sensitivities
+from normlab.screen.forward import STRESS_MODES, fit_growth, output_norm_bound, profile, stressed, with_h
+from normlab.screen.uncertainty import amplification
+from normlab.screen.wellposed import all_output_normalized, wellposedness
+
+GROWS, INVARIANT = 1.5, 0.05  # sensitivity ratio s_max/s_min above 1.5: grows; within 5%: invariant
+
+
+@dataclass
+class ScreenConfig:
+    size: str = "tiny"
+    model: dict[str, Any] = field(default_factory=dict)  # ModelConfig overrides (n_layers, d_model, ...)
+    stresses: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0)
+    mode: str = "output"  # output: scale W_O and W_down; all: scale every attention/MLP weight
+    h_factor: float = 0.5  # also screen at h * h_factor
+    batch: int = 2
+    seq_len: int = 64
+    noise: float = 0.1  # input perturbation, relative to RMS(x0)
+    iters: int = 10  # power iterations per block
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.stresses:
+            raise ConfigError("give at least one stress value, e.g. 1,2,4,8")
+        for s in self.stresses:
+            if not (isinstance(s, (int, float)) and math.isfinite(s) and s > 0):
+                raise ConfigError(f"invalid stress value {s!r}: stresses are finite numbers > 0, e.g. 1,2,4,8")
+        if self.mode not in STRESS_MODES:
+            raise ConfigError(f"unknown stress mode {self.mode!r}; valid: {', '.join(STRESS_MODES)}")
+        if not 0 < self.h_factor <= 1:
+            raise ConfigError(f"h_factor must lie in (0, 1], got {self.h_factor}")
+        if not self.noise > 0:
+            raise ConfigError(f"noise must be > 0, got {self.noise}")
+
+
+def parse_stresses(text: str) -> tuple[float, ...]:
+    out = []
+    for part in text.split(","):
+        try:
+            value = float(part)
+        except ValueError:
+            raise ConfigError(f"invalid stress value {part.strip()!r}: stresses are numbers > 0, e.g. 1,2,4,8") from None
+        out.append(value)
+    return tuple(out)
+
+
+def load_layout_arg(arg: str) -> tuple[Layout, dict[str, Any]]:
+    """A preset, a string form, or a TOML file with ``layout`` (and optionally ``size``, ``[model]``)."""
+    if arg.endswith(".toml"):
+        path = Path(arg)
+        if not path.is_file():
+            raise LayoutError(f"layout file {path} does not exist")
+        data = tomllib.loads(path.read_text())
+        if "layout" not in data:
+            raise LayoutError(f"{path} has no 'layout' key (a preset name or string form)")
+        return as_layout(data["layout"]), {k: data[k] for k in ("size", "model") if k in data}
+    return as_layout(arg), {}
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else math.inf
+
+
+def screen_layout(layout: Layout | str, cfg: ScreenConfig, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    lay = as_layout(layout)
+    extra = extra or {}
+    size = extra.get("size", cfg.size)
+    model = build_model(lay, size, seed=cfg.seed, **{**cfg.model, **extra.get("model", {})}).double().eval()
+    resolved = model.resolved
+    g = torch.Generator().manual_seed(cfg.seed)
+    tokens = torch.randint(0, model.config.vocab_size, (cfg.batch, cfg.seq_len), generator=g)
+    with torch.no_grad():
+        x0 = model.embed_tokens(tokens)
+    wp = wellposedness(resolved)
+    bounded_premise = all_output_normalized(resolved)
+
+    def measure(m: torch.nn.Module) -> dict[str, Any]:
+        with torch.no_grad():
+            _, hidden = m.run_blocks(x0, return_hidden_states=True)
+        prof = profile(hidden)
+        sens = sensitivities(m, x0, cfg.iters)
+        row: dict[str, Any] = {
+            **prof,
+            # the shape over depth is fit on the block outputs (l = 1..L), as the papers plot them
+            "shape_mean_abs": fit_growth(prof["mean_abs"][1:]),
+            "shape_var": fit_growth(prof["var"][1:]),
+            "sensitivity": sens,
+            "sensitivity_mean": float(np.mean(sens)),
+            "sensitivity_product": float(np.prod(sens)),
+            "uncertainty": amplification(m, x0, cfg.noise, cfg.seed),
+        }
+        if bounded_premise:
+            bound = output_norm_bound(m, prof["mean_abs"][0])
+            row["thm4_bound"] = bound
+            row["thm4_holds"] = all(v <= b * (1 + 1e-9) + 1e-12 for v, b in zip(prof["mean_abs"], bound))
+        return row
+
+    per_stress = {}
+    for s in cfg.stresses:
+        per_stress[repr(float(s))] = {"stress": float(s), **measure(stressed(model, s, cfg.mode))}
+    lo, hi = min(cfg.stresses), max(cfg.stresses)
+    a, b = per_stress[repr(float(lo))], per_stress[repr(float(hi))]
+    h_small = lay.h * cfg.h_factor
+    h_row = measure(with_h(stressed(model, hi, cfg.mode), h_small))
+
+    sens_ratio = _ratio(b["sensitivity_mean"], a["sensitivity_mean"])
+    if sens_ratio > GROWS:
+        backward = f"grows with s (x{sens_ratio:.2f})"
+    elif abs(sens_ratio - 1) <= INVARIANT:
+        backward = "invariant to s"
+    else:
+        backward = f"mild (x{sens_ratio:.2f})"
+    fwd_ratio = _ratio(b["mean_abs"][-1], a["mean_abs"][-1])
+    if bounded_premise and all(r.get("thm4_holds") for r in per_stress.values()):
+        forward = "bounded (Thm 4 holds)"
+    elif all(r["shape_var"]["shape"] == "flat" for r in per_stress.values()):
+        forward = "flat in depth"
+    elif fwd_ratio > GROWS:
+        forward = f"grows with s (x{fwd_ratio:.2f})"
+    else:
+        forward = f"{b['shape_var']['shape']} in depth, ~s-invariant (x{fwd_ratio:.2f})"
+    amp_ratio = _ratio(b["uncertainty"]["ratio"], a["uncertainty"]["ratio"])
+    if wp["worst"] == "bounded" and backward == "invariant to s":
+        overall = "stable"
+    elif wp["worst"] == "unbounded" and sens_ratio > GROWS:
+        overall = "unstable"
+    else:
+        overall = "caution"
+    return {
+        "layout": lay.label,
+        "string": lay.to_string(),
+        "n_layers": model.config.n_layers,
+        "d_model": model.config.d_model,
+        "config": {**asdict(cfg), "size": size},
+        "wellposedness": wp,
+        "stresses": per_stress,
+        "h_effect": {
+            "h": lay.h,
+            "h_small": h_small,
+            "stress": hi,
+            "final_mean_abs": [b["mean_abs"][-1], h_row["mean_abs"][-1]],
+            "final_var": [b["var"][-1], h_row["var"][-1]],
+            "sensitivity_mean": [b["sensitivity_mean"], h_row["sensitivity_mean"]],
+            "uncertainty_ratio": [b["uncertainty"]["ratio"], h_row["uncertainty"]["ratio"]],
+        },
+        "verdict": {
+            "wellposedness": wp["verdict"],
+            "forward": forward,
+            "forward_final_mean_abs_ratio": fwd_ratio,
+            "backward": backward,
+            "sensitivity_ratio": sens_ratio,
+            "uncertainty_ratio_growth": amp_ratio,
+            "overall": overall,
+        },
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def format_table(results: list[dict[str, Any]]) -> str:
+    lo_hi = lambda r, key: (r["stresses"][min(r["stresses"], key=float)], r["stresses"][max(r["stresses"], key=float)])  # noqa: E731
+    heads = ("layout", "well-posedness", "forward", "shape var(l)", "sens mean", "sens prod", "W2 out/in", f"h→h/2 last|h|", "verdict")
+    rows = []
+    for r in results:
+        a, b = lo_hi(r, None)
+        h = r["h_effect"]
+        rows.append((
+            r["layout"],
+            r["wellposedness"]["verdict"],
+            r["verdict"]["forward"],
+            f"{a['shape_var']['shape']}→{b['shape_var']['shape']}",
+            f"{a['sensitivity_mean']:.3g}→{b['sensitivity_mean']:.3g}",
+            f"{a['sensitivity_product']:.3g}→{b['sensitivity_product']:.3g}",
+            f"{a['uncertainty']['ratio']:.3g}→{b['uncertainty']['ratio']:.3g}",
+            f"{h['final_mean_abs'][0]:.3g}→{h['final_mean_abs'][1]:.3g}",
+            r["verdict"]["overall"],
+        ))
+    widths = [max(len(str(x)) for x in col) for col in zip(heads, *rows)]
+    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    first = results[0]["stresses"] if results else {}
+    note = ""
+    if results:
+        s = sorted(float(k) for k in first)
+        note = (f"\n(a→b: stress s={s[0]:g} → s={s[-1]:g}; sens = ||dX_(l+1)/dX_l||_2 per block; W2 out/in = "
+                f"terminal over input Wasserstein-2 of a {results[0]['config']['noise']:g}-RMS perturbation; "
+                f"h→h/2: final mean|h| at s={s[-1]:g})")
+    return "\n".join([line(heads), line(["-" * w for w in widths]), *map(line, rows)]) + note

@@ -1,0 +1,77 @@
+"""Step 1 of Kan et al.'s workflow (App. B): well-posedness, decided from the layout data alone.
+
+Per sublayer, what bounds the residual update u = h * N_B(f(N_A(x))):
+- bounded      an output norm (B) sits on the branch: by Kan's Lemma 1 its output lies on the
+               ellipsoid sum_i ((y_i - beta_i) / gamma_i)^2 = d, so the update has a size fixed by the
+               norm's gamma and beta, whatever the module's weights (Theorem 4; Peri-LN, B-only, OLMo 2).
+- tangential   no B, but a norm after the add (C): the stream stays on the ellipsoid, yet the update
+               before the projection is unnormalized, so the tangential velocity is unbounded and the
+               control problem degenerates (Kan App. J; Post-LN, DeepNorm).
+- unbounded    neither: the update f(.) grows with the module's weights and activations (Kan
+               Theorem 2; Pre-LN, HybridNorm's sublayers, no normalization at all).
+The layout is well-posed only if every sublayer is bounded (the worst sublayer decides).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from normlab.layout.sites import AttentionInnerSites, ResolvedLayout, SublayerSites
+
+ORDER = {"bounded": 0, "tangential": 1, "unbounded": 2}
+VERDICT = {"bounded": "well-posed", "tangential": "degenerate (tangential)", "unbounded": "ill-posed (unbounded)"}
+
+
+@dataclass(frozen=True)
+class SublayerVerdict:
+    layers: str  # e.g. "0-5" or "0"
+    sublayer: str  # attn | mlp
+    kind: str  # bounded | tangential | unbounded
+    why: str
+
+
+def classify(sites: SublayerSites, inner: AttentionInnerSites | None, h: float) -> tuple[str, str]:
+    if sites.output:
+        return "bounded", (
+            f"output norm (B): the update h*N_B(f) lies on N_B's ellipsoid (Kan Lemma 1), so its entries "
+            f"are at most h*(max|gamma|*sqrt(d) + max|beta|) with h={h:g}, whatever the module's weights"
+        )
+    if sites.after_add:
+        return "tangential", (
+            "norm after the add (C) only: the stream is projected back onto the ellipsoid, but the update "
+            "before the projection is unnormalized, so its tangential speed is unbounded (Kan App. J)"
+        )
+    notes = []
+    if inner is not None and inner.context:
+        notes.append("the context norm (c) bounds W_O's input, not W_O's output")
+    if inner is not None and (inner.v or inner.q or inner.k):
+        notes.append("q/k/v norms act inside attention and leave the output projection free")
+    if sites.skip_normed:
+        notes.append("the normalized skip resets the carried stream, but the added update is still free")
+    base = "no norm on the module output: the update f(.) grows with the module's weights and activations (Kan Theorem 2, as Pre-LN)"
+    return "unbounded", base + ("; " + "; ".join(notes) if notes else "")
+
+
+def _span(idx: list[int]) -> str:
+    return str(idx[0]) if len(idx) == 1 else f"{idx[0]}-{idx[-1]}" if idx == list(range(idx[0], idx[-1] + 1)) else ",".join(map(str, idx))
+
+
+def wellposedness(resolved: ResolvedLayout) -> dict:
+    """The per-sublayer verdicts (grouped over layers) and the layout's verdict."""
+    h = resolved.layout.h
+    groups: dict[tuple[str, str, str], list[int]] = {}
+    for i, blk in enumerate(resolved.blocks):
+        for name, sites, inner in (("attn", blk.attn, blk.attn_inner), ("mlp", blk.mlp, None)):
+            kind, why = classify(sites, inner, h)
+            groups.setdefault((name, kind, why), []).append(i)
+    verdicts = [SublayerVerdict(_span(idx), name, kind, why) for (name, kind, why), idx in groups.items()]
+    verdicts.sort(key=lambda v: (int(v.layers.split("-")[0].split(",")[0]), v.sublayer))
+    worst = max((v.kind for v in verdicts), key=ORDER.__getitem__)
+    return {"verdict": VERDICT[worst], "worst": worst, "sublayers": [asdict(v) for v in verdicts]}
+
+
+def all_output_normalized(resolved: ResolvedLayout) -> bool:
+    """Theorem 4's premise: every sublayer adds h * N_B(.) to an unnormalized identity path."""
+    return all(
+        s.output and not s.after_add and not s.skip_normed for blk in resolved.blocks for s in (blk.attn, blk.mlp)
+    )
