@@ -59,6 +59,9 @@ class TrainConfig:
     on_nonfinite: Literal["stop", "skip"] = "stop"  # a NaN/Inf loss or gradient: stop (diverged) or skip the step
     diverge_patience: int = 50  # diverged if the loss stays above its initial value this many steps (0: off)
     diverge_final_loss: float | None = None  # diverged if the final loss ends above this
+    # --- diagnostics ---
+    probe_every: int = 100  # probe pass every N steps, at step 0 and at the end (0: off); see docs/diagnostics.md
+    probe_batch: int = 8  # sequences in the fixed probe batch (the first validation windows)
     # --- evaluation, logging, checkpoints ---
     eval_every: int = 100  # validation every N steps and at the end (0: only at the end)
     eval_batches: int = 8
@@ -74,12 +77,12 @@ class TrainConfig:
         self.validate()
 
     def validate(self) -> None:
-        positive = ("seq_len", "batch_size", "grad_accum", "steps", "eval_batches", "keep_last")
+        positive = ("seq_len", "batch_size", "grad_accum", "steps", "eval_batches", "keep_last", "probe_batch")
         for name in positive:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {v!r}")
-        for name in ("eval_every", "ckpt_every", "diverge_patience"):
+        for name in ("eval_every", "ckpt_every", "diverge_patience", "probe_every"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
                 raise ConfigError(f"{name} must be an integer >= 0, got {v!r}")
@@ -104,6 +107,8 @@ class TrainConfig:
             raise ConfigError(f"wd_exclude: unknown {bad}; valid: {', '.join(WD_EXCLUDABLE)}")
         if self.batch_size % self.grad_accum:
             raise ConfigError(f"batch_size={self.batch_size} must be divisible by grad_accum={self.grad_accum}")
+        if self.fsdp and self.probe_every:
+            raise ConfigError("probes need the whole model on one rank; with --fsdp set --probe-every 0")
         ModelConfig().with_(**self.model)  # unknown model options fail here, with suggestions
 
     @property

@@ -25,6 +25,8 @@ from torch import nn
 
 import normlab
 from normlab.data import batch_at, load_data, val_batches
+from normlab.diagnostics.probes import Probes
+from normlab.diagnostics.store import ProbeWriter
 from normlab.io import atomic_write_bytes, atomic_write_json
 from normlab.model import build_model, count_params
 from normlab.model.config import ConfigError
@@ -188,6 +190,12 @@ def _train(cfg: TrainConfig, info: distributed.DistInfo) -> dict[str, Any]:
         kept = _read_metrics(metrics_path, start)  # drop rows past the checkpoint: the curve is replayed
         atomic_write_bytes(metrics_path, ("\n".join(kept) + "\n").encode() if kept else b"")
         sinks = Sinks(cfg, run, start)
+    probes: Probes | None = None
+    probe_log: ProbeWriter | None = None
+    if info.is_main and cfg.probe_every:
+        px, py = val_batches(data.val, 1, cfg.probe_batch, cfg.seq_len)[0]
+        probes = Probes(_unwrap(model), (px, py))
+        probe_log = ProbeWriter(run / "probes.jsonl", start)
 
     params_list = [p for p in model.parameters() if p.requires_grad]
     final_val = None
@@ -197,6 +205,9 @@ def _train(cfg: TrainConfig, info: distributed.DistInfo) -> dict[str, Any]:
         for step in range(start, cfg.steps):
             if monitor.diverged:
                 break
+            probing = probes is not None and step % cfg.probe_every == 0
+            if probing:
+                probe_log.write(probes.record(step))
             t0 = time.perf_counter()
             lr = lr_at(step, cfg)
             for group in opt.param_groups:
@@ -220,9 +231,13 @@ def _train(cfg: TrainConfig, info: distributed.DistInfo) -> dict[str, Any]:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params_list, max_norm))
             loss_val = distributed.mean_across(loss_sum, info)
             apply = monitor.check_finite(step, loss_val, grad_norm, cfg.on_nonfinite)
+            if probing:
+                probes.snapshot()
             if apply:
                 scaler.step(opt)
             scaler.update()
+            if probing:
+                probe_log.write(probes.updates(step))
             dt = time.perf_counter() - t0
             tokens_seen += cfg.batch_size * cfg.seq_len
             row: dict[str, Any] = {
@@ -247,6 +262,8 @@ def _train(cfg: TrainConfig, info: distributed.DistInfo) -> dict[str, Any]:
                             wall_before + time.perf_counter() - t_run, info)
         else:
             step = cfg.steps
+        if probes is not None:  # the end state (also of a diverged run, at the step it stopped)
+            probe_log.write(probes.record(step))
         monitor.finish(step)
     except Exception as err:  # a crash is recorded, then raised
         if sinks is not None:
@@ -258,6 +275,8 @@ def _train(cfg: TrainConfig, info: distributed.DistInfo) -> dict[str, Any]:
     finally:
         if sinks is not None:
             sinks.close()  # also on KeyboardInterrupt; closing twice is harmless
+        if probe_log is not None:
+            probe_log.close()
     summary: dict[str, Any] = {}
     if info.is_main:
         summary = _write_summary(run, cfg, monitor, step, tokens_seen, wall_before + time.perf_counter() - t_run, final_val, params)

@@ -1,0 +1,186 @@
+"""The probe pass: one eager forward/backward on a fixed batch, recorded as tidy rows.
+
+`Probes(model, batch).record(step)` returns rows ``{"step", "layer", "site", "metric", "value"}``:
+
+| site                            | layer          | metrics |
+|---------------------------------|----------------|---------|
+| stream                          | 0..L (0 = the embedding stream, l = block l-1's output) | mean_abs, var, rms, max_abs, median_abs, max_median_ratio, grad_norm (dL/dX_l), angular_next |
+| resid_mid, attn_update, mlp_update | block      | mean_abs, var, rms, max_abs |
+| attn.q, attn.k, attn.v          | block          | rms, max_abs |
+| attn                            | block          | max_logit, entropy (mean over heads) |
+| attn.head{h}                    | block          | max_logit, entropy |
+| attn.q_proj ... mlp.down_proj   | block          | grad_norm, weight_norm (and update_norm, from `updates`) |
+| attn_norms.output, ...          | block          | gamma_mean, gamma_min, gamma_max (every norm present) |
+| embed_norm, final_norm          | null           | gamma_mean, gamma_min, gamma_max |
+| angular:{j}                     | i              | angular_distance between stream states i and j |
+| global                          | null           | top100_max, top100_min, top100_mean, max_abs, median_abs, max_median_ratio, fp16_headroom |
+| prop31                          | L-1            | grad_max (max |dL/dW2_ij| of the last MLP), h_norm, a_norm, bound (4 gamma sqrt(D) ||h||/||a||, output-normalized last MLP) |
+
+Gradients come from `torch.autograd.grad`, so the probe never touches `.grad`, fires no DDP hooks
+and draws no random numbers: training is unchanged with probes on (tested).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from normlab.diagnostics.stats import (
+    angular_matrix,
+    attention_stats,
+    fp16_headroom,
+    hidden_stats,
+    top_k_abs,
+)
+
+WEIGHTS = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+NORM_SITES = ("attn_norms.input", "attn_norms.output", "attn_norms.after_add", "mlp_norms.input",
+              "mlp_norms.output", "mlp_norms.after_add", "attn.q_norm", "attn.k_norm", "attn.v_norm", "attn.context_norm")
+TAPS = ("resid_mid", "attn_update", "mlp_update", "attn.q", "attn.k", "attn.v")
+
+
+def _is_norm(m: nn.Module) -> bool:
+    return isinstance(m, (nn.RMSNorm, nn.LayerNorm))
+
+
+class Probes:
+    """Probe a `NormLM` on a fixed batch ``(inputs, targets)``; see the module docstring."""
+
+    def __init__(self, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], top_k: int = 100) -> None:
+        self.model, self.batch, self.top_k = model, batch, top_k
+        self._snapshot: dict[str, torch.Tensor] | None = None
+
+    def _row(self, rows: list, step: int, layer: int | None, site: str, metric: str, value: float) -> None:
+        rows.append({"step": step, "layer": layer, "site": site, "metric": metric, "value": float(value)})
+
+    def record(self, step: int) -> list[dict[str, Any]]:
+        model = self.model
+        was_training = model.training
+        model.train()  # the same mode as training (no dropout exists; norms have no running stats)
+        mods = dict(model.named_modules())
+        device = next(model.parameters()).device
+        x, y = (t.to(device) for t in self.batch)
+        captured: dict[str, torch.Tensor] = {}
+        handles = []
+        n_layers = len(model.blocks)
+        for i in range(n_layers):
+            for tap in TAPS:
+                name = f"blocks.{i}.{tap}"
+                handles.append(mods[name].register_forward_hook(lambda m, a, o, name=name: captured.__setitem__(name, o)))
+            handles.append(mods[f"blocks.{i}.mlp.down_proj"].register_forward_hook(
+                lambda m, a, o, i=i: captured.update({f"h{i}": a[0], f"a{i}": o})))
+        try:
+            with torch.enable_grad():
+                x0 = model.embed_tokens(x)
+                _, hidden = model.run_blocks(x0, return_hidden_states=True)
+                logits = model.lm_head(model.final_norm(hidden[-1]))
+                loss = nn.functional.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+                params = [mods[f"blocks.{i}.{w}"].weight for i in range(n_layers) for w in WEIGHTS if f"blocks.{i}.{w}" in mods
+                          and mods[f"blocks.{i}.{w}"] is not None]
+                wanted = [p for p in params if p.requires_grad] + list(hidden)
+                grads = torch.autograd.grad(loss, wanted, allow_unused=True)
+        finally:
+            for h in handles:
+                h.remove()
+            model.train(was_training)
+        n_params = sum(1 for p in params if p.requires_grad)
+        pgrads = dict(zip([id(p) for p in params if p.requires_grad], grads[:n_params]))
+        hgrads = grads[n_params:]
+        rows: list[dict[str, Any]] = []
+        self._row(rows, step, None, "global", "probe_loss", loss.item())
+
+        # the stream: depth profile, gradient by depth, consecutive angular distance
+        for layer, h in enumerate(hidden):
+            for k, v in hidden_stats(h).items():
+                self._row(rows, step, layer, "stream", k, v)
+            g = hgrads[layer]
+            self._row(rows, step, layer, "stream", "grad_norm", g.norm().item() if g is not None else 0.0)
+        ang = angular_matrix(list(hidden))
+        for i in range(len(hidden)):
+            if i + 1 < len(hidden):
+                self._row(rows, step, i, "stream", "angular_next", ang[i][i + 1])
+            for j in range(len(hidden)):
+                self._row(rows, step, i, f"angular:{j}", "angular_distance", ang[i][j])
+
+        # massive activations over the block outputs (Kim Fig. 11; Sun et al.)
+        top = top_k_abs(list(hidden[1:]), self.top_k)
+        allabs = torch.cat([h.detach().float().abs().flatten() for h in hidden[1:]])
+        med = allabs.median().item()
+        mx = top[0].item()
+        for k, v in {"top100_max": mx, "top100_min": top[-1].item(), "top100_mean": top.mean().item(), "max_abs": mx,
+                     "median_abs": med, "max_median_ratio": mx / med if med > 0 else math.inf,
+                     "fp16_headroom": fp16_headroom(mx)}.items():
+            self._row(rows, step, None, "global", k, v)
+
+        for i in range(n_layers):
+            for site in ("resid_mid", "attn_update", "mlp_update"):
+                st = hidden_stats(captured[f"blocks.{i}.{site}"])
+                for k in ("mean_abs", "var", "rms", "max_abs"):
+                    self._row(rows, step, i, site, k, st[k])
+            for site in ("attn.q", "attn.k", "attn.v"):
+                st = hidden_stats(captured[f"blocks.{i}.{site}"])
+                self._row(rows, step, i, site, "rms", st["rms"])
+                self._row(rows, step, i, site, "max_abs", st["max_abs"])
+            max_logit, entropy = attention_stats(captured[f"blocks.{i}.attn.q"], captured[f"blocks.{i}.attn.k"])
+            self._row(rows, step, i, "attn", "max_logit", max(max_logit))
+            self._row(rows, step, i, "attn", "entropy", sum(entropy) / len(entropy))
+            for head, (ml, en) in enumerate(zip(max_logit, entropy)):
+                self._row(rows, step, i, f"attn.head{head}", "max_logit", ml)
+                self._row(rows, step, i, f"attn.head{head}", "entropy", en)
+            for w in WEIGHTS:
+                mod = mods.get(f"blocks.{i}.{w}")
+                if mod is None or not mod.weight.requires_grad:
+                    continue
+                g = pgrads.get(id(mod.weight))
+                self._row(rows, step, i, w, "grad_norm", g.norm().item() if g is not None else 0.0)
+                self._row(rows, step, i, w, "weight_norm", mod.weight.detach().norm().item())
+            for site in NORM_SITES:
+                m = mods.get(f"blocks.{i}.{site}")
+                if m is not None and _is_norm(m):
+                    self._gamma_rows(rows, step, i, site, m)
+        for site in ("embed_norm", "final_norm"):
+            if _is_norm(mods[site]):
+                self._gamma_rows(rows, step, None, site, mods[site])
+
+        # Kim Prop. 3.1 quantities for the last MLP
+        last = n_layers - 1
+        g = pgrads.get(id(mods[f"blocks.{last}.mlp.down_proj"].weight))
+        h_act, a_out = captured[f"h{last}"].detach(), captured[f"a{last}"].detach()
+        h_norm, a_norm = h_act.norm(dim=-1).mean().item(), a_out.norm(dim=-1).mean().item()
+        self._row(rows, step, last, "prop31", "grad_max", g.abs().max().item() if g is not None else 0.0)
+        self._row(rows, step, last, "prop31", "h_norm", h_norm)
+        self._row(rows, step, last, "prop31", "a_norm", a_norm)
+        out_norm = mods[f"blocks.{last}.mlp_norms.output"]
+        if _is_norm(out_norm) and a_norm > 0:
+            gamma = out_norm.weight.detach().abs().max().item()
+            d = a_out.shape[-1]
+            ratio = (h_act.norm(dim=-1) / a_out.norm(dim=-1).clamp_min(1e-30)).mean().item()
+            self._row(rows, step, last, "prop31", "bound", 4.0 * gamma * math.sqrt(d) * ratio)
+        return rows
+
+    def _gamma_rows(self, rows: list, step: int, layer: int | None, site: str, norm: nn.Module) -> None:
+        w = norm.weight.detach().float()
+        self._row(rows, step, layer, site, "gamma_mean", w.mean().item())
+        self._row(rows, step, layer, site, "gamma_min", w.min().item())
+        self._row(rows, step, layer, site, "gamma_max", w.max().item())
+
+    # --- update norms: call `snapshot()` before an optimizer step and `updates(step)` after it ---
+    def snapshot(self) -> None:
+        mods = dict(self.model.named_modules())
+        self._snapshot = {f"{i}:{w}": mods[f"blocks.{i}.{w}"].weight.detach().clone()
+                          for i in range(len(self.model.blocks)) for w in WEIGHTS if mods.get(f"blocks.{i}.{w}") is not None}
+
+    def updates(self, step: int) -> list[dict[str, Any]]:
+        if self._snapshot is None:
+            return []
+        mods = dict(self.model.named_modules())
+        rows: list[dict[str, Any]] = []
+        for key, before in self._snapshot.items():
+            i, w = key.split(":")
+            delta = (mods[f"blocks.{i}.{w}"].weight.detach() - before).norm().item()
+            self._row(rows, step, int(i), w, "update_norm", delta)
+        self._snapshot = None
+        return rows

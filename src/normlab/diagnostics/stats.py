@@ -1,0 +1,74 @@
+"""The statistics the papers plot, as pure functions of tensors.
+
+- hidden-state mean |h|, entry-wise variance and RMS (Kim Figs. 1, 6, 14, 15; Kan Fig. 1);
+- top-k absolute activations, max, median, max/median ratio (Sun et al. 2024 "massive activations")
+  and the headroom to the FP16 maximum 65504 (Kim Fig. 11);
+- angular distance between hidden states, arccos(cos) / pi averaged over tokens (Kim Figs. 9, 39);
+- attention max logit and entropy per head (the QK-norm motivation, Wortsman et al. 2024).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+FP16_MAX = 65504.0
+
+
+def hidden_stats(x: torch.Tensor) -> dict[str, float]:
+    x = x.detach().float()
+    a = x.abs()
+    med = a.flatten().median().item()
+    mx = a.max().item()
+    return {
+        "mean_abs": a.mean().item(),
+        "var": x.var().item(),
+        "rms": x.pow(2).mean().sqrt().item(),
+        "max_abs": mx,
+        "median_abs": med,
+        "max_median_ratio": mx / med if med > 0 else math.inf,
+    }
+
+
+def top_k_abs(tensors: list[torch.Tensor], k: int = 100) -> torch.Tensor:
+    """The k largest absolute values over all the tensors, descending."""
+    flat = torch.cat([t.detach().float().abs().flatten() for t in tensors])
+    return flat.topk(min(k, flat.numel())).values
+
+
+def fp16_headroom(max_abs: float) -> float:
+    """How many times the largest activation fits under FP16's maximum (< 1: it would overflow)."""
+    return FP16_MAX / max_abs if max_abs > 0 else math.inf
+
+
+def angular_distance(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Mean over tokens of arccos(cos(a_t, b_t)) / pi: 0 for identical directions, 0.5 orthogonal, 1 opposite."""
+    a, b = a.detach().double().flatten(0, -2), b.detach().double().flatten(0, -2)
+    cos = torch.nn.functional.cosine_similarity(a, b, dim=-1).clamp(-1.0, 1.0)
+    return (torch.arccos(cos) / math.pi).mean().item()
+
+
+def angular_matrix(states: list[torch.Tensor]) -> list[list[float]]:
+    n = len(states)
+    out = [[0.0] * n for _ in range(n)]
+    for i in range(n):
+        for j in range(i + 1, n):
+            out[i][j] = out[j][i] = angular_distance(states[i], states[j])
+    return out
+
+
+def attention_stats(q: torch.Tensor, k: torch.Tensor) -> tuple[list[float], list[float]]:
+    """Per head: the largest causal attention logit q.k / sqrt(d) and the mean entropy (nats) of the
+    attention rows. q: (B, H, T, d), k: (B, H_kv, T, d)."""
+    q, k = q.detach().float(), k.detach().float()
+    if k.shape[1] != q.shape[1]:
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    t = q.shape[-2]
+    logits = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+    masked = logits.masked_fill(~mask, float("-inf"))
+    p = masked.softmax(-1)
+    ent = -(p * torch.where(p > 0, p.log(), torch.zeros_like(p))).sum(-1)  # (B, H, T)
+    max_logit = logits.masked_fill(~mask, float("-inf")).amax(dim=(0, 2, 3))
+    return max_logit.tolist(), ent.mean(dim=(0, 2)).tolist()
