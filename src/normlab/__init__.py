@@ -12,6 +12,13 @@ from normlab.model import ConfigError, ModelConfig, build_model, count_params
 __version__ = "0.1.0"
 
 
+def load_run(path):  # noqa: ANN001, ANN201 - imported lazily: pandas is slow to import
+    """Read a run directory: config, summary, metrics and probes (pandas DataFrames)."""
+    from normlab.diagnostics.store import load_run as _load_run
+
+    return _load_run(path)
+
+
 def layouts() -> list[str]:
     """The names of the preset layouts (see `normlab.layout.PRESETS` for equations and sources)."""
     return list(PRESETS)
@@ -26,5 +33,6 @@ __all__ = [
     "build_model",
     "count_params",
     "layouts",
+    "load_run",
     "parse_layout",
 ]

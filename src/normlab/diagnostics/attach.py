@@ -1,0 +1,116 @@
+"""Probes for your own training loop, and for models that are not normlab's.
+
+    with normlab.diagnostics.probing(model, (x, y), every=100, path="runs/mine/probes.jsonl") as probe:
+        for step in range(steps):
+            probe.step(step)            # records at step 0, 100, 200, ...
+            ...your forward, backward, optimizer step...
+    rows = probe.rows                   # also written to `path`, readable with load_run / pandas
+
+`probing` takes a `NormLM` and records everything `Probes` does. For any other module (a plain
+PyTorch model, a Hugging Face causal LM) `StreamProbe` finds the residual blocks -- the longest
+`nn.ModuleList` of same-typed modules, e.g. ``model.layers`` or ``transformer.h`` -- hooks their
+outputs, and records the stream statistics, top activations, FP16 headroom and angular distances
+by depth: the capture points such a model exposes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from normlab.diagnostics.probes import Probes
+from normlab.diagnostics.stats import angular_matrix, fp16_headroom, hidden_stats, top_k_abs
+from normlab.diagnostics.store import ProbeWriter
+
+
+class ProbeSession:
+    def __init__(self, probes: Probes, every: int, writer: ProbeWriter | None) -> None:
+        self.probes, self.every, self.writer = probes, every, writer
+        self.rows: list[dict[str, Any]] = []
+
+    def step(self, step: int, force: bool = False) -> list[dict[str, Any]]:
+        """Record if ``step`` is a multiple of ``every`` (or ``force``); returns the new rows."""
+        if not force and step % self.every:
+            return []
+        rows = self.probes.record(step)
+        self.rows.extend(rows)
+        if self.writer is not None:
+            self.writer.write(rows)
+        return rows
+
+
+@contextlib.contextmanager
+def probing(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], every: int = 100,
+            path: str | Path | None = None) -> Iterator[ProbeSession]:
+    if every < 1:
+        raise ValueError(f"every must be >= 1, got {every}")
+    writer = ProbeWriter(Path(path), 0) if path is not None else None
+    try:
+        yield ProbeSession(Probes(model, batch), every, writer)
+    finally:
+        if writer is not None:
+            writer.close()
+
+
+def find_blocks(module: nn.Module) -> tuple[str, nn.ModuleList]:
+    """The longest ModuleList whose children all share one type (the residual blocks)."""
+    best: tuple[str, nn.ModuleList] | None = None
+    for name, m in module.named_modules():
+        if isinstance(m, nn.ModuleList) and len(m) > 0 and len({type(c) for c in m}) == 1:
+            if best is None or len(m) > len(best[1]):
+                best = (name, m)
+    if best is None:
+        raise ValueError(f"{type(module).__name__} has no nn.ModuleList of blocks; pass blocks= explicitly")
+    return best
+
+
+class StreamProbe:
+    """Stream statistics by depth for any module whose blocks can be found (or are given)."""
+
+    def __init__(self, module: nn.Module, blocks: list[nn.Module] | None = None, top_k: int = 100) -> None:
+        self.module = module
+        self.blocks = list(blocks) if blocks is not None else list(find_blocks(module)[1])
+        self.top_k = top_k
+
+    @torch.no_grad()
+    def record(self, step: int, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        """Run ``module(*args, **kwargs)`` and return rows like `Probes`' stream and global rows
+        (layer l = the output of block l-1; layer 0 = the input of the first block)."""
+        states: list[torch.Tensor] = []
+        first_input: list[torch.Tensor] = []
+
+        def out_hook(m, a, o):  # noqa: ANN001, ANN202
+            states.append(o[0] if isinstance(o, tuple) else o)
+
+        def pre_hook(m, a, kw):  # noqa: ANN001, ANN202
+            if not first_input:
+                x = a[0] if a else next(v for v in kw.values() if isinstance(v, torch.Tensor))
+                first_input.append(x)
+
+        handles = [b.register_forward_hook(out_hook) for b in self.blocks]
+        handles.append(self.blocks[0].register_forward_pre_hook(pre_hook, with_kwargs=True))
+        try:
+            self.module(*args, **kwargs)
+        finally:
+            for h in handles:
+                h.remove()
+        hidden = first_input + states
+        rows = []
+        for layer, h in enumerate(hidden):
+            for k, v in hidden_stats(h).items():
+                rows.append({"step": step, "layer": layer, "site": "stream", "metric": k, "value": v})
+        ang = angular_matrix(hidden)
+        for i in range(len(hidden) - 1):
+            rows.append({"step": step, "layer": i, "site": "stream", "metric": "angular_next", "value": ang[i][i + 1]})
+        top = top_k_abs(hidden[1:], self.top_k)
+        mx = top[0].item()
+        med = torch.cat([h.float().abs().flatten() for h in hidden[1:]]).median().item()
+        for k, v in {"top100_max": mx, "top100_min": top[-1].item(), "max_abs": mx, "median_abs": med,
+                     "max_median_ratio": mx / med if med else float("inf"), "fp16_headroom": fp16_headroom(mx)}.items():
+            rows.append({"step": step, "layer": None, "site": "global", "metric": k, "value": v})
+        return rows

@@ -1,0 +1,195 @@
+"""Diagnostics with known answers, the no-effect guarantee, storage, the report and the library API."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from html.parser import HTMLParser
+
+import pytest
+import torch
+
+import normlab
+from normlab.diagnostics import Probes, StreamProbe, find_blocks, probing
+from normlab.diagnostics.prop31 import bound, last_mlp_gradient
+from normlab.diagnostics.report import make_report
+from normlab.diagnostics.stats import FP16_MAX, angular_distance, attention_stats, fp16_headroom, hidden_stats, top_k_abs
+from normlab.train import TrainConfig, train
+
+
+def doubling_model(n_layers=4, d=16):
+    """'none' layout, attention output zeroed, ReLU MLP computing relu(x) - relu(-x) = x: x' = 2x."""
+    model = normlab.build_model("none", "nano", seed=0, mlp="relu", d_model=d, n_heads=2, d_ff=2 * d, n_layers=n_layers).double()
+    eye = torch.eye(d, dtype=torch.float64)
+    with torch.no_grad():
+        for b in model.blocks:
+            b.attn.o_proj.weight.zero_()
+            b.mlp.up_proj.weight.copy_(torch.cat([eye, -eye], 0))
+            b.mlp.down_proj.weight.copy_(torch.cat([eye, -eye], 1))
+    return model
+
+
+def rows_of(rows, site, metric):
+    return {r["layer"]: r["value"] for r in rows if r["site"] == site and r["metric"] == metric}
+
+
+def test_variance_times_four_per_doubling_layer():
+    model = doubling_model()
+    x = torch.randint(0, 256, (2, 8))
+    rows = Probes(model, (x, x)).record(0)
+    var, mean_abs = rows_of(rows, "stream", "var"), rows_of(rows, "stream", "mean_abs")
+    for l in range(1, 5):
+        assert var[l] / var[l - 1] == pytest.approx(4.0, rel=1e-9)
+        assert mean_abs[l] / mean_abs[l - 1] == pytest.approx(2.0, rel=1e-9)
+    # the same stream through the generic probe
+    generic = StreamProbe(model).record(0, x)
+    assert rows_of(generic, "stream", "var") == pytest.approx(var, rel=1e-9)
+    # a doubled stream points the same way: angular distance 0 between layers
+    assert max(rows_of(rows, "stream", "angular_next").values()) < 1e-6
+
+
+def test_top_k_and_fp16_headroom_on_planted_values():
+    x = torch.zeros(4, 10, 32)
+    x[0, 0, 0], x[1, 2, 3], x[3, 9, 31] = 70000.0, -1000.0, 5.0
+    x[2] = 0.5
+    top = top_k_abs([x], k=3)
+    assert top.tolist() == [70000.0, 1000.0, 5.0]
+    st = hidden_stats(x)
+    assert st["max_abs"] == 70000.0 and fp16_headroom(st["max_abs"]) == pytest.approx(FP16_MAX / 70000.0)
+    assert fp16_headroom(st["max_abs"]) < 1  # would overflow FP16
+    y = torch.ones(100)
+    y[7] = 300.0
+    assert hidden_stats(y)["max_median_ratio"] == 300.0
+
+
+def test_angular_distance_identical_orthogonal_opposite():
+    a = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
+    assert angular_distance(a, 3 * a) == pytest.approx(0.0, abs=1e-7)
+    assert angular_distance(a, torch.tensor([[0.0, 5.0], [-1.0, 0.0]])) == pytest.approx(0.5)
+    assert angular_distance(a, -a) == pytest.approx(1.0)
+
+
+def test_attention_stats_by_hand():
+    q = torch.tensor([[[[1.0, 0.0], [0.0, 2.0]]]])  # (1, 1, 2, 2)
+    k = torch.tensor([[[[3.0, 0.0], [1.0, 1.0]]]])
+    max_logit, entropy = attention_stats(q, k)
+    # causal logits: row 0 sees k0: 3/sqrt2; row 1 sees k0: 0, k1: 2/sqrt2
+    assert max_logit[0] == pytest.approx(3 / math.sqrt(2))
+    p = torch.softmax(torch.tensor([0.0, 2 / math.sqrt(2)]), 0)
+    assert entropy[0] == pytest.approx((0.0 - (p * p.log()).sum().item()) / 2)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_prop31_bound_holds_on_random_peri_mlps(seed):
+    g = torch.Generator().manual_seed(seed)
+    d, hdim = 8, 16
+    scale = 10.0 ** (seed % 4)  # up to massive activations
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    x, w1, b1, w2, b2 = r(d) * scale, r(d, hdim) * scale, r(hdim), r(hdim, d), r(d)
+    gamma = 0.5 + torch.rand(d, generator=g, dtype=torch.float64)
+    out = last_mlp_gradient(x, w1, b1, w2, b2, gamma, y=seed % d, layout="peri")
+    measured = out["grad"].abs().max().item()
+    assert measured <= bound(gamma.max().item(), d, out["h"].norm().item(), out["a"].norm().item())
+    post = last_mlp_gradient(x, w1, b1, w2, b2, gamma, y=seed % d, layout="post")
+    assert post["grad"].abs().max().item() <= bound(gamma.max().item(), d, post["h"].norm().item(), post["x_plus_a"].norm().item())
+
+
+def test_prop31_pre_gradient_is_h_times_residual_and_grows_with_h():
+    g = torch.Generator().manual_seed(0)
+    d, hdim = 8, 16
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    x, w1, b1, w2, b2, gamma = r(d), r(d, hdim), torch.zeros(hdim, dtype=torch.float64), r(hdim, d) * 0.01, r(d) * 0.0, torch.ones(d, dtype=torch.float64)
+    out = last_mlp_gradient(x, w1, b1, w2, b2, gamma, y=3, layout="pre")
+    p = torch.softmax(x + out["a"], 0)
+    onehot = torch.zeros(d, dtype=torch.float64)
+    onehot[3] = 1
+    torch.testing.assert_close(out["grad"], torch.outer(out["h"], p - onehot))  # Prop. C.1 eq. 11
+    grads = [last_mlp_gradient(x, w1 * c, b1, w2, b2, gamma, 3, "pre")["grad"].norm().item() for c in (1, 10, 100)]
+    assert grads[0] < grads[1] < grads[2]
+
+
+def test_probes_do_not_change_training(corpus, tmp_path):
+    base = dict(data=str(corpus), size="nano", seq_len=32, batch_size=8, steps=8, eval_every=4, eval_batches=1, progress=False)
+    train(TrainConfig(**base, out=str(tmp_path / "on"), probe_every=2))
+    train(TrainConfig(**base, out=str(tmp_path / "off"), probe_every=0))
+    on, off = (normlab.load_run(tmp_path / n) for n in ("on", "off"))
+    assert on.metrics.loss.tolist() == off.metrics.loss.tolist()
+    assert on.metrics.grad_norm.tolist() == off.metrics.grad_norm.tolist()
+    assert sorted(on.probes.step.unique()) == [0, 2, 4, 6, 8] and off.probes.empty
+    upd = on.probes[on.probes.metric == "update_norm"]
+    assert sorted(upd.step.unique()) == [0, 2, 4, 6] and (upd.value > 0).all()
+    var = on.probe("stream", "var")
+    assert list(var.columns) == [0, 1, 2] and list(var.index) == [0, 2, 4, 6, 8]
+    gam = on.probe("attn_norms.output", "gamma_mean")
+    assert gam.loc[0].tolist() == [1.0, 1.0] and gam.loc[8].tolist() != [1.0, 1.0]
+
+
+def test_report_html_and_figures(corpus, tmp_path):
+    runs = []
+    for layout in ("pre", "peri"):
+        out = tmp_path / layout
+        train(TrainConfig(data=str(corpus), size="nano", layout=layout, seq_len=32, batch_size=8, steps=6,
+                          probe_every=3, eval_every=3, eval_batches=1, progress=False, out=str(out)))
+        runs.append(out)
+    index = make_report(runs, tmp_path / "report")
+    pngs = sorted(p.name for p in (tmp_path / "report").glob("*.png"))
+    assert pngs == sorted(["loss.png", "variance_by_depth.png", "mean_abs_by_depth.png", "grad_by_layer.png",
+                           "top100_fp16.png", "angular_distance.png", "output_gamma.png", "attention_logits.png"])
+
+    class Check(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.images, self.stack, self.cells = [], [], []
+
+        def handle_starttag(self, tag, attrs):
+            if tag == "img":
+                self.images.append(dict(attrs)["src"])
+            elif tag not in ("meta",):
+                self.stack.append(tag)
+
+        def handle_endtag(self, tag):
+            assert self.stack and self.stack.pop() == tag, f"unbalanced </{tag}>"
+
+        def handle_data(self, data):
+            if self.stack and self.stack[-1] == "td":
+                self.cells.append(data)
+
+    parser = Check()
+    parser.feed(index.read_text())
+    assert not parser.stack and len(parser.images) == 8
+    for src in parser.images:
+        assert base64.b64decode(src.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"  # self-contained
+    assert "pre" in parser.cells and "peri" in parser.cells and "ok" in parser.cells
+
+
+def test_probing_context_manager_and_generic_module(tmp_path):
+    model = normlab.build_model("peri", "nano", seed=0)
+    x = torch.randint(0, 256, (2, 8))
+    with probing(model, (x, x), every=5, path=tmp_path / "p.jsonl") as probe:
+        for step in range(11):
+            probe.step(step)
+    assert sorted({r["step"] for r in probe.rows}) == [0, 5, 10]
+    lines = (tmp_path / "p.jsonl").read_text().splitlines()
+    assert len(lines) == len(probe.rows) and json.loads(lines[0])["step"] == 0
+
+    class Plain(torch.nn.Module):  # not normlab: a stack of residual MLPs
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Linear(4, 8)
+            self.layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(3))
+            self.head = torch.nn.ModuleList([torch.nn.Linear(8, 2)])
+
+        def forward(self, x):
+            x = self.embed(x)
+            for layer in self.layers:
+                x = layer(x)
+            return self.head[0](x)
+
+    plain = Plain()
+    name, blocks = find_blocks(plain)
+    assert name == "layers" and len(blocks) == 3
+    rows = StreamProbe(plain).record(0, torch.randn(5, 4))
+    assert sorted(rows_of(rows, "stream", "rms")) == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="no nn.ModuleList"):
+        find_blocks(torch.nn.Linear(2, 2))
