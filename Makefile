@@ -25,6 +25,7 @@ data: install
 
 bench: install
 	$(PY) benchmarks/train_throughput.py
+	$(PY) benchmarks/probe_overhead.py
 
 test: install
 	$(PY) -m pytest

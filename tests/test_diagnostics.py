@@ -193,3 +193,24 @@ def test_probing_context_manager_and_generic_module(tmp_path):
     assert sorted(rows_of(rows, "stream", "rms")) == [0, 1, 2, 3]
     with pytest.raises(ValueError, match="no nn.ModuleList"):
         find_blocks(torch.nn.Linear(2, 2))
+
+
+def _browser():
+    import shutil
+
+    return next((b for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
+
+
+@pytest.mark.skipif(_browser() is None, reason="no headless Chromium on this machine (apt-get install chromium)")
+def test_report_opens_in_headless_browser(corpus, tmp_path):
+    import subprocess
+
+    out = tmp_path / "run"
+    train(TrainConfig(data=str(corpus), size="nano", seq_len=32, batch_size=8, steps=4, probe_every=2, eval_every=2,
+                      eval_batches=1, progress=False, out=str(out)))
+    index = make_report([out], tmp_path / "report")
+    res = subprocess.run([_browser(), "--headless=new", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
+                          "--dump-dom", index.as_uri()], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0
+    assert "<h1>normlab report</h1>" in res.stdout and res.stdout.count("<img") == 8
+    assert "Uncaught" not in res.stderr and "CONSOLE" not in res.stderr

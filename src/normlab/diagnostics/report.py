@@ -103,6 +103,8 @@ def fig_grad_by_layer(runs: list[Run], names: list[str]):  # noqa: ANN201
             continue
         a.plot(g.columns.astype(int), g.iloc[0].to_numpy(dtype=float), "o-", ms=3, label=name)
         b.plot(g.columns.astype(int), g.iloc[-1].to_numpy(dtype=float), "o-", ms=3, label=f"{name} (step {g.index[-1]})")
+    for ax in (a, b):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     a.set(title="Gradient norm by layer at initialization", xlabel="block", ylabel="||dL/dW|| over the block's matrices", yscale="log")
     b.set(title="Gradient norm by layer at the end", xlabel="block", yscale="log")
     a.legend(fontsize=8)
@@ -189,6 +191,7 @@ def fig_attention(runs: list[Run], names: list[str]):  # noqa: ANN201
         b.plot(tab.columns.astype(int), tab.iloc[-1].to_numpy(dtype=float), "o-", ms=3, label=f"{name} (step {tab.index[-1]})")
     a.set(title="Attention: largest logit over layers", xlabel="step", ylabel="max q·k/√d")
     b.set(title="Attention: max logit by layer at the end", xlabel="block", ylabel="max q·k/√d")
+    b.xaxis.set_major_locator(MaxNLocator(integer=True))
     a.legend(fontsize=8)
     b.legend(fontsize=8)
     fig.tight_layout()
