@@ -37,3 +37,12 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+
+def truncate_jsonl(path: str | os.PathLike, before_step: int) -> None:
+    """Keep only the rows with ``step < before_step`` (a resumed run replays the rest)."""
+    path = Path(path)
+    kept = []
+    if path.exists():
+        kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] < before_step]
+    atomic_write_bytes(path, ("\n".join(kept) + "\n").encode() if kept else b"")

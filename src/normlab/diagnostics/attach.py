@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from normlab.diagnostics.probes import Probes
-from normlab.diagnostics.stats import angular_matrix, fp16_headroom, hidden_stats, top_k_abs
+from normlab.diagnostics.stats import angular_matrix, hidden_stats, massive_activations
 from normlab.diagnostics.store import ProbeWriter
 
 
@@ -107,10 +107,6 @@ class StreamProbe:
         ang = angular_matrix(hidden)
         for i in range(len(hidden) - 1):
             rows.append({"step": step, "layer": i, "site": "stream", "metric": "angular_next", "value": ang[i][i + 1]})
-        top = top_k_abs(hidden[1:], self.top_k)
-        mx = top[0].item()
-        med = torch.cat([h.float().abs().flatten() for h in hidden[1:]]).median().item()
-        for k, v in {"top100_max": mx, "top100_min": top[-1].item(), "max_abs": mx, "median_abs": med,
-                     "max_median_ratio": mx / med if med else float("inf"), "fp16_headroom": fp16_headroom(mx)}.items():
+        for k, v in massive_activations(hidden[1:], self.top_k).items():
             rows.append({"step": step, "layer": None, "site": "global", "metric": k, "value": v})
         return rows

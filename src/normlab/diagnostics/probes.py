@@ -28,13 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from normlab.diagnostics.stats import (
-    angular_matrix,
-    attention_stats,
-    fp16_headroom,
-    hidden_stats,
-    top_k_abs,
-)
+from normlab.diagnostics.stats import angular_matrix, attention_stats, hidden_stats, massive_activations
 
 WEIGHTS = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 NORM_SITES = ("attn_norms.input", "attn_norms.output", "attn_norms.after_add", "mlp_norms.input",
@@ -106,13 +100,7 @@ class Probes:
                 self._row(rows, step, i, f"angular:{j}", "angular_distance", ang[i][j])
 
         # massive activations over the block outputs (Kim Fig. 11; Sun et al.)
-        top = top_k_abs(list(hidden[1:]), self.top_k)
-        allabs = torch.cat([h.detach().float().abs().flatten() for h in hidden[1:]])
-        med = allabs.median().item()
-        mx = top[0].item()
-        for k, v in {"top100_max": mx, "top100_min": top[-1].item(), "top100_mean": top.mean().item(), "max_abs": mx,
-                     "median_abs": med, "max_median_ratio": mx / med if med > 0 else math.inf,
-                     "fp16_headroom": fp16_headroom(mx)}.items():
+        for k, v in massive_activations(list(hidden[1:]), self.top_k).items():
             self._row(rows, step, None, "global", k, v)
 
         for i in range(n_layers):

@@ -72,3 +72,12 @@ def attention_stats(q: torch.Tensor, k: torch.Tensor) -> tuple[list[float], list
     ent = -(p * torch.where(p > 0, p.log(), torch.zeros_like(p))).sum(-1)  # (B, H, T)
     max_logit = logits.masked_fill(~mask, float("-inf")).amax(dim=(0, 2, 3))
     return max_logit.tolist(), ent.mean(dim=(0, 2)).tolist()
+
+
+def massive_activations(tensors: list[torch.Tensor], k: int = 100) -> dict[str, float]:
+    """Over all the tensors: the top-k band, max, median, max/median ratio and FP16 headroom."""
+    top = top_k_abs(tensors, k)
+    med = torch.cat([t.detach().float().abs().flatten() for t in tensors]).median().item()
+    mx = top[0].item()
+    return {"top100_max": mx, "top100_min": top[-1].item(), "top100_mean": top.mean().item(), "max_abs": mx,
+            "median_abs": med, "max_median_ratio": mx / med if med > 0 else math.inf, "fp16_headroom": fp16_headroom(mx)}

@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-from normlab.io import atomic_write_bytes
+from normlab.io import truncate_jsonl
 
 
 class ProbeWriter:
@@ -23,10 +23,7 @@ class ProbeWriter:
 
     def __init__(self, path: Path, start_step: int) -> None:
         self.path = path
-        kept = []
-        if path.exists():
-            kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] < start_step]
-        atomic_write_bytes(path, ("\n".join(kept) + "\n").encode() if kept else b"")
+        truncate_jsonl(path, start_step)
         self.file = path.open("a", buffering=1)
 
     def write(self, rows: list[dict[str, Any]]) -> None:

@@ -27,7 +27,7 @@ import normlab
 from normlab.data import batch_at, load_data, val_batches
 from normlab.diagnostics.probes import Probes
 from normlab.diagnostics.store import ProbeWriter
-from normlab.io import atomic_write_bytes, atomic_write_json
+from normlab.io import atomic_write_json, truncate_jsonl
 from normlab.model import build_model, count_params
 from normlab.model.config import ConfigError
 from normlab.train import distributed
@@ -112,12 +112,6 @@ def _load_state(model: nn.Module, opt: torch.optim.Optimizer, ckpt: dict, cfg: T
     opt.load_state_dict(ckpt["optimizer"])
 
 
-def _read_metrics(path: Path, before_step: int) -> list[str]:
-    if not path.exists():
-        return []
-    return [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] < before_step]
-
-
 def train(cfg: TrainConfig) -> dict[str, Any]:
     """Run training as configured; returns the summary (also written to summary.json)."""
     cfg.validate()
@@ -187,8 +181,7 @@ def _train(cfg: TrainConfig, info: distributed.DistInfo) -> dict[str, Any]:
             "world_size": info.world,
             "versions": {"normlab": normlab.__version__, "torch": torch.__version__, "python": platform.python_version()},
         })
-        kept = _read_metrics(metrics_path, start)  # drop rows past the checkpoint: the curve is replayed
-        atomic_write_bytes(metrics_path, ("\n".join(kept) + "\n").encode() if kept else b"")
+        truncate_jsonl(metrics_path, start)  # drop rows past the checkpoint: the curve is replayed
         sinks = Sinks(cfg, run, start)
     probes: Probes | None = None
     probe_log: ProbeWriter | None = None
