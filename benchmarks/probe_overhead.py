@@ -4,7 +4,8 @@
 
 Two measurements in one process: (1) the median time of a training step (forward, backward, AdamW)
 and of a probe pass (plus the update snapshot), giving probe / (every x step); (2) end to end: the
-same `normlab train` run with probes every `every` steps and with probes off.
+same `normlab train` run with probes every `every` steps and with probes off, in ABBA order after a
+warm-up run.
 """
 
 from __future__ import annotations
@@ -53,17 +54,24 @@ def main() -> None:
     print(f"# probe overhead, {datetime.date.today()}, {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}")
     print(f"# size={args.size} layout={args.layout} batch={cfg.batch_size}x{cfg.seq_len} probe batch={cfg.probe_batch}")
     print(f"train step {ts * 1e3:.1f} ms, probe pass {tp * 1e3:.1f} ms -> {tp / (args.every * ts) * 100:.2f}% at every={args.every}")
-    walls = {}
+    # End to end in ABBA order after a warm-up run, so that process warm-up (allocator, thread pools,
+    # corpus cache) and drift do not land on one side.
+    walls: dict[int, list[float]] = {args.every: [], 0: []}
     with tempfile.TemporaryDirectory() as tmp:
-        for every in (args.every, 0):
-            run = TrainConfig(layout=args.layout, size=args.size, data="stdlib", steps=args.steps, probe_every=every,
-                              eval_every=0, progress=False, out=f"{tmp}/{every}")
+        def run(every: int, steps: int, tag: str) -> float:
+            cfg_run = TrainConfig(layout=args.layout, size=args.size, data="stdlib", steps=steps, probe_every=every,
+                                  eval_every=0, progress=False, out=f"{tmp}/{tag}")
             t0 = time.perf_counter()
-            train(run)
-            walls[every] = time.perf_counter() - t0
-    print(f"end to end, {args.steps} steps: probes every {args.every}: {walls[args.every]:.1f}s, off: {walls[0]:.1f}s, "
-          f"ratio {walls[args.every] / walls[0]:.3f}")
+            train(cfg_run)
+            return time.perf_counter() - t0
 
+        run(args.every, 10, "warmup")
+        for i, every in enumerate((args.every, 0, 0, args.every)):
+            walls[every].append(run(every, args.steps, f"{i}-{every}"))
+    on, off = statistics.mean(walls[args.every]), statistics.mean(walls[0])
+    print(f"end to end, {args.steps} steps, ABBA mean of 2: probes every {args.every}: {on:.1f}s, off: {off:.1f}s, "
+          f"ratio {on / off:.3f} (runs: on {', '.join(f'{w:.1f}' for w in walls[args.every])}; "
+          f"off {', '.join(f'{w:.1f}' for w in walls[0])})")
 
 if __name__ == "__main__":
     main()

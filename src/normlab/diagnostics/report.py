@@ -233,33 +233,44 @@ FIGURES = [
 ]
 
 
+def figure_html(fig, out: Path, key: str, title: str) -> str:  # noqa: ANN001 - a matplotlib Figure
+    """Save ``fig`` as ``out/key.png`` and return an HTML section embedding it (base64)."""
+    png = out / f"{key}.png"
+    fig.savefig(png, bbox_inches="tight")
+    plt.close(fig)
+    data = base64.b64encode(png.read_bytes()).decode()
+    return f'<h2 id="{key}">{html.escape(title)}</h2>\n<img alt="{html.escape(title)}" src="data:image/png;base64,{data}">'
+
+
+def table_html(rows: list[dict]) -> str:
+    if not rows:
+        return "<p>(no rows)</p>"
+    head = "".join(f"<th>{html.escape(str(k))}</th>" for k in rows[0])
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(v))}</td>" for v in r.values()) + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def write_page(path: Path, title: str, body: str) -> Path:
+    """One self-contained HTML file (inline CSS, images embedded), written atomically."""
+    page = f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>body{{font-family:sans-serif;max-width:1200px;margin:2em auto;color:#222}}table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}th{{background:#f3f3f3}}img{{max-width:100%}}</style></head>
+<body>
+{body}
+</body></html>
+"""
+    atomic_write_bytes(path, page.encode())
+    return path
+
+
 def make_report(run_dirs: list[str | Path], out: str | Path) -> Path:
     """Render the figures as PNGs into ``out`` and write ``out/index.html``; returns its path."""
     runs = [load_run(p) for p in run_dirs]
     names = _names(runs)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    sections = []
-    for key, title, make in FIGURES:
-        fig = make(runs, names)
-        png = out / f"{key}.png"
-        fig.savefig(png, bbox_inches="tight")
-        plt.close(fig)
-        data = base64.b64encode(png.read_bytes()).decode()
-        sections.append(f'<h2 id="{key}">{html.escape(title)}</h2>\n<img alt="{html.escape(title)}" src="data:image/png;base64,{data}">')
-    rows = summary_rows(runs, names)
-    head = "".join(f"<th>{html.escape(k)}</th>" for k in rows[0]) if rows else ""
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(v))}</td>" for v in r.values()) + "</tr>" for r in rows)
-    page = f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>normlab report: {html.escape(', '.join(names))}</title>
-<style>body{{font-family:sans-serif;max-width:1200px;margin:2em auto;color:#222}}table{{border-collapse:collapse}}
-td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}th{{background:#f3f3f3}}img{{max-width:100%}}</style></head>
-<body><h1>normlab report</h1>
-<p>Runs: {', '.join(f'<code>{html.escape(str(r.path))}</code>' for r in runs)}</p>
-<h2 id="summary">Summary</h2><table><tr>{head}</tr>{body}</table>
-{chr(10).join(sections)}
-</body></html>
-"""
-    index = out / "index.html"
-    atomic_write_bytes(index, page.encode())
-    return index
+    sections = [figure_html(make(runs, names), out, key, title) for key, title, make in FIGURES]
+    body = (f"<h1>normlab report</h1>\n<p>Runs: {', '.join(f'<code>{html.escape(str(r.path))}</code>' for r in runs)}</p>\n"
+            f'<h2 id="summary">Summary</h2>{table_html(summary_rows(runs, names))}\n' + "\n".join(sections))
+    return write_page(out / "index.html", f"normlab report: {', '.join(names)}", body)
