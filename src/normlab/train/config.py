@@ -8,7 +8,6 @@ weight decay 0.1 without decay on norms, biases and embeddings.
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 import types
 import typing
 from dataclasses import dataclass, field, fields
@@ -142,14 +141,9 @@ class TrainConfig:
 
     @classmethod
     def from_toml(cls, path: str | Path, **overrides: Any) -> TrainConfig:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {p} does not exist")
-        try:
-            data = tomllib.loads(p.read_text())
-        except tomllib.TOMLDecodeError as err:
-            raise ConfigError(f"{p} is not valid TOML: {err}") from None
-        return cls.from_dict({**data, **overrides}, source=str(p))
+        from normlab.io import read_toml
+
+        return cls.from_dict({**read_toml(path, "config file"), **overrides}, source=str(path))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "config") -> TrainConfig:

@@ -1,0 +1,265 @@
+"""Run a sweep: every pending run once, in parallel, resumable, never stopped by one bad run.
+
+Layout of a sweep directory:
+
+    SWEEP/
+    ├── sweep.toml        the sweep as given (name, base, grid, source, scale, claim)
+    ├── sweep.db          SQLite: one row per run (see store.py)
+    ├── runs/ID/          each run's directory, as written by `normlab train`
+    └── logs/ID.log       each local run's stdout and stderr
+
+Executors:
+- `local` (default): one spawned process per run, `workers` at a time, torch threads split evenly
+  between them. A process per run (not a pool) so a run that segfaults or is OOM-killed costs that
+  run only; its row says how the process ended.
+- `slurm`: one SLURM job per run through submitit (`pip install submitit`), options from the
+  sweep's `[slurm]` table (e.g. `slurm_partition`, `timeout_min`, `gpus_per_node`, `cpus_per_task`).
+- `submitit-local`: the same through submitit's LocalExecutor, which runs here and tests that path.
+
+Resuming: the workers write each outcome to the store themselves, in a committed transaction, the
+moment a run ends; a killed sweep keeps every row written. On restart, `ok`/`diverged` runs are
+skipped; a `running` row left by a killed sweep is first reconciled with its run's summary.json
+(the run may have finished just before the kill) and otherwise re-run, continuing from the run's
+newest checkpoint when it has one; `failed` runs are re-run. A lock file keeps two sweeps from
+driving the same directory.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import multiprocessing as mp
+import os
+import socket
+import sys
+import threading
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from normlab.experiments.store import DONE, SweepStore
+from normlab.experiments.sweep import RunSpec, SweepConfig
+from normlab.io import atomic_write_bytes
+from normlab.model.config import ConfigError
+
+
+def execute_run(sweep_dir: str, run_id: str, threads: int | None = None, watch_parent: bool = False) -> str:
+    """Train one run of a sweep and record its outcome in the store; returns the status.
+
+    Never raises for a run's own failure: a crash becomes a `failed` row with the reason.
+    """
+    import torch
+
+    from normlab.train import TrainingFailed, train
+
+    if watch_parent:
+        _exit_with_parent()
+    if threads:
+        torch.set_num_threads(threads)
+    root = Path(sweep_dir)
+    store = SweepStore(root / "sweep.db")
+    row = store.row(run_id)
+    spec = RunSpec(run_id, row["idx"], row["axes"], row["config"])
+    out = root / "runs" / run_id
+    worker = os.environ.get("SLURM_JOB_ID") or f"{socket.gethostname()}:{os.getpid()}"
+    store.mark_running(run_id, worker)
+    try:
+        summary = train(spec.train_config(out))
+    except TrainingFailed as err:
+        summary = _read_summary(out) or {"status": "failed", "reason": str(err)}
+    except Exception as err:  # noqa: BLE001 - bad data path, bad config combination, ...: recorded, not raised
+        summary = {"status": "failed", "reason": f"{type(err).__name__}: {err}"}
+    store.record(run_id, summary)
+    return summary.get("status", "failed")
+
+
+def _exit_with_parent() -> None:
+    """End this worker if the sweep that spawned it dies (kill -9 leaves no chance to tell it)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os._exit(3)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def _read_summary(out: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((out / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _lock(root: Path):  # noqa: ANN202 - an open file holding the lock
+    f = open(root / ".lock", "a+")  # noqa: SIM115 - held for the sweep's lifetime
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        raise ConfigError(f"another normlab sweep is running in {root} ({f.read().strip() or 'pid unknown'}); "
+                          "wait for it or stop it first") from None
+    f.truncate(0)
+    f.write(f"pid {os.getpid()} on {socket.gethostname()}")
+    f.flush()
+    return f
+
+
+def prepare(sweep: SweepConfig, out: str | Path) -> tuple[SweepStore, list[RunSpec]]:
+    """Create or reopen the sweep directory; refuse to mix runs of different base settings."""
+    root = Path(out)
+    root.mkdir(parents=True, exist_ok=True)
+    store = SweepStore(root / "sweep.db")
+    specs = sweep.expand()
+    base = json.loads(json.dumps(sweep.base, sort_keys=True))
+    old = store.get_meta("base")
+    if old is not None and old != base:
+        changed = sorted(k for k in set(old) | set(base) if old.get(k) != base.get(k))
+        raise ConfigError(f"{root} holds a sweep with other base settings (changed: {', '.join(changed)}); "
+                          "a sweep directory only grows by grid values; use a new --out for new base settings")
+    store.set_meta("base", base)
+    store.set_meta("name", sweep.name)
+    store.set_meta("sweep", sweep.to_dict())
+    store.add(specs)
+    atomic_write_bytes(root / "sweep.toml", _to_toml(sweep.to_dict()).encode())
+    return store, specs
+
+
+def _reconcile(store: SweepStore, root: Path) -> int:
+    """Rows left `running` by a killed sweep: take the result if the run finished, else re-run."""
+    taken = 0
+    for row in store.rows("running"):
+        summary = _read_summary(root / "runs" / row["run_id"])
+        if summary and summary.get("status") in DONE and summary.get("steps") == row["config"]["steps"]:
+            store.record(row["run_id"], summary)
+            taken += 1
+    return taken
+
+
+def run_sweep(sweep: SweepConfig, out: str | Path, workers: int | None = None, executor: str | None = None,
+              log=print) -> dict[str, int]:  # noqa: ANN001 - log: a print-like callable
+    """Run every run of `sweep` that has no result yet; returns the store's status counts."""
+    root = Path(out)
+    root.mkdir(parents=True, exist_ok=True)
+    lock = _lock(root)
+    try:
+        store, specs = prepare(sweep, root)
+        _reconcile(store, root)
+        ids = {s.run_id for s in specs}
+        todo = [r["run_id"] for r in store.rows() if r["run_id"] in ids and r["status"] not in DONE]
+        done = len(ids) - len(todo)
+        log(f"sweep {sweep.name}: {len(ids)} runs, {done} done, {len(todo)} to run -> {root}")
+        kind = executor or sweep.executor
+        if todo:
+            if kind == "local":
+                _run_local(root, store, todo, workers or sweep.workers, log)
+            else:
+                _run_submitit(root, store, todo, kind, sweep.slurm, log)
+        counts = store.counts()
+        log("sweep {}: {}".format(sweep.name, ", ".join(f"{v} {k}" for k, v in counts.items() if v)))
+        return counts
+    finally:
+        lock.close()
+
+
+def _run_local(root: Path, store: SweepStore, todo: list[str], workers: int | None, log) -> None:  # noqa: ANN001
+    cores = os.cpu_count() or 1
+    workers = max(1, min(workers or cores, len(todo)))
+    threads = max(1, cores // workers)
+    ctx = mp.get_context("spawn")  # a fresh interpreter per run: no forked torch thread pools
+    (root / "logs").mkdir(exist_ok=True)
+    queue, running = list(todo), {}
+    total, finished = len(todo), 0
+    while queue or running:
+        while queue and len(running) < workers:
+            rid = queue.pop(0)
+            proc = ctx.Process(target=_child, args=(str(root), rid, threads), name=f"normlab-sweep-{rid}")
+            proc.start()
+            running[rid] = proc
+        time.sleep(0.2)
+        for rid, proc in list(running.items()):
+            if proc.is_alive():
+                continue
+            proc.join()
+            del running[rid]
+            finished += 1
+            row = store.row(rid)
+            if row["status"] == "running":  # the process died without recording (signal, OOM kill, os._exit)
+                code = proc.exitcode
+                why = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+                store.record(rid, {"status": "failed", "reason": f"worker process ended by {why} without a result; "
+                                   f"see {root / 'logs' / (rid + '.log')}"})
+                row = store.row(rid)
+            log(f"[{finished}/{total}] {rid}: {_describe(row)}")
+
+
+def _child(root: str, run_id: str, threads: int) -> None:
+    log = open(Path(root) / "logs" / f"{run_id}.log", "a")  # noqa: SIM115 - lives as long as the process
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    sys.stdout = sys.stderr = log
+    execute_run(root, run_id, threads=threads, watch_parent=True)
+    log.flush()
+
+
+def _run_submitit(root: Path, store: SweepStore, todo: list[str], kind: str, options: dict, log) -> None:  # noqa: ANN001
+    try:
+        import submitit
+    except ImportError:
+        raise ConfigError(f"executor {kind!r} needs submitit: pip install submitit (or use executor = \"local\")") from None
+    folder = root / "submitit" / "%j"
+    if kind == "slurm":
+        ex = submitit.AutoExecutor(folder=folder, cluster="slurm")
+        ex.update_parameters(name="normlab-sweep", **options)
+    else:
+        ex = submitit.LocalExecutor(folder=folder)
+        ex.update_parameters(timeout_min=int(options.get("timeout_min", 60)))
+    jobs = [(rid, ex.submit(execute_run, str(root), rid)) for rid in todo]
+    for i, (rid, job) in enumerate(jobs, 1):
+        try:
+            job.result()
+        except Exception as err:  # noqa: BLE001 - the job itself died (preempted, timed out, node failure)
+            if store.row(rid)["status"] == "running":
+                store.record(rid, {"status": "failed", "reason": f"job {job.job_id}: {type(err).__name__}: {err}"})
+        log(f"[{i}/{len(jobs)}] {rid}: {_describe(store.row(rid))}")
+
+
+def _describe(row: dict[str, Any]) -> str:
+    if row["status"] == "ok":
+        val = f", val {row['final_val_loss']:.4f}" if row["final_val_loss"] is not None else ""
+        return f"ok, final loss {row['final_loss']:.4f}{val} ({row['wall_time_s']:.0f}s)"
+    if row["status"] == "diverged":
+        return f"diverged at step {row['diverged_step']} ({row['reason']})"
+    return f"{row['status']}: {row['reason']}"
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    return json.dumps(str(v))  # a JSON string is a valid TOML basic string
+
+
+def _to_toml(data: dict[str, Any]) -> str:
+    """TOML for a sweep dict (scalars, lists, and the base/base.model/grid/slurm tables).
+
+    The standard library reads TOML but does not write it; this covers the sweep file's shapes.
+    """
+    lines = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict) and v is not None]
+    for table in ("base", "grid", "slurm"):
+        items = data.get(table) or {}
+        scalars = {k: v for k, v in items.items() if not isinstance(v, dict) and v is not None}
+        lines += ["", f"[{table}]"] + [f"{json.dumps(k)} = {_toml_value(v)}" for k, v in scalars.items()]
+        for sub, inner in items.items():
+            if isinstance(inner, dict):
+                lines += ["", f"[{table}.{sub}]"] + [f"{json.dumps(k)} = {_toml_value(v)}" for k, v in inner.items()
+                                                         if v is not None]
+    text = "\n".join(lines) + "\n"
+    tomllib.loads(text)  # what we write must read back
+    return text

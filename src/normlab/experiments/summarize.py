@@ -1,0 +1,268 @@
+"""`normlab summarize SWEEP`: the papers' tables from a sweep's result store.
+
+- **Cells** (every grid point with the seed axis folded): runs, divergences as "k/n" (Kim Tables
+  10-12, Kan Table 1), and mean +/- sample std (ddof 1) of the final training and validation loss
+  over the seeds that did not diverge (Kim Table 1 practice: diverged runs are excluded and counted).
+  Crashed (`failed`) runs are neither results nor divergences: counted apart.
+- **Learning-rate curves** (when `lr` is an axis): per group (the cell without its lr) the mean final
+  loss at each lr, the U-curve of Kim Fig. 3a, 12, 16-18.
+- **LR sensitivity** (Wortsman et al. 2024, "Small-scale proxies for large-scale Transformer training
+  instabilities", Sec. 3.2): E_lr[min(loss(lr), loss_0)] - min_lr loss(lr), the expectation over the
+  swept (log-spaced) learning rates, each run's final loss capped at its initial loss loss_0 so that a
+  diverged or non-finite run counts as "learned nothing". We also give the expectation itself and the
+  best lr.
+
+Tables go out as Markdown (`summary.md`) and CSV; figures (U-curves, divergence counts, loss by
+cell) and the tables go into `report.html`.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from normlab.experiments.store import OUTCOME, SweepStore
+from normlab.io import atomic_write_bytes
+
+SEED = "seed"
+LR = "lr"
+
+
+def load_sweep(path: str | Path) -> tuple[pd.DataFrame, list[str]]:
+    """The store as a DataFrame (one row per run: axis columns, status, outcomes) and the axis names."""
+    root = Path(path)
+    db = root / "sweep.db" if root.is_dir() else root
+    if not db.is_file():
+        raise FileNotFoundError(f"{path}: no sweep.db here; give a directory written by normlab sweep")
+    store = SweepStore(db)
+    sweep = store.get_meta("sweep") or {}
+    rows = store.rows()
+    axes = list(sweep.get("grid") or {}) or sorted({a for r in rows for a in r["axes"]})
+    records = []
+    for r in rows:
+        rec = {"run_id": r["run_id"], **{a: r["axes"].get(a, _config_value(r["config"], a)) for a in axes},
+               "status": r["status"], "step": r["step"], "reason": r["reason"], "attempts": r["attempts"]}
+        rec.update({k: r[k] for k in OUTCOME})
+        records.append(rec)
+    df = pd.DataFrame.from_records(records, columns=["run_id", *axes, "status", "step", "reason", "attempts", *OUTCOME])
+    return df, axes
+
+
+def _config_value(config: dict[str, Any], axis: str) -> Any:
+    if axis.startswith("model."):
+        return config.get("model", {}).get(axis.removeprefix("model."))
+    return config.get(axis)
+
+
+def _mean_std(values: pd.Series) -> tuple[float, float]:
+    v = values.dropna().astype(float)
+    v = v[np.isfinite(v)]
+    if v.empty:
+        return math.nan, math.nan
+    return float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else math.nan
+
+
+def cells(df: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
+    """One row per grid point with seeds folded: counts, "k/n" divergences, loss mean and std."""
+    keys = [a for a in axes if a != SEED]
+    groups = df.groupby(keys, sort=False, dropna=False) if keys else [((), df)]
+    out = []
+    for key, g in groups:
+        key = key if isinstance(key, tuple) else (key,)
+        ok, div, failed = (g.status == "ok").sum(), (g.status == "diverged").sum(), (g.status == "failed").sum()
+        finished = ok + div
+        fm, fs = _mean_std(g[g.status == "ok"].final_loss)
+        vm, vs = _mean_std(g[g.status == "ok"].final_val_loss)
+        out.append({**dict(zip(keys, key)), "runs": len(g), "ok": int(ok), "diverged": int(div), "failed": int(failed),
+                    "pending": int(len(g) - finished - failed), "divergences": f"{div}/{finished}",
+                    "final_loss_mean": fm, "final_loss_std": fs, "val_loss_mean": vm, "val_loss_std": vs})
+    return pd.DataFrame(out)
+
+
+def _capped(row: pd.Series) -> float:
+    """Final loss capped at the initial loss; a diverged or non-finite run counts as the initial loss."""
+    init = row.initial_loss
+    loss = row.final_loss
+    if init is None or not math.isfinite(init):
+        return math.nan
+    if loss is None or not math.isfinite(loss):
+        return float(init)
+    return float(min(loss, init))
+
+
+def lr_curves(df: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
+    """Per group and lr: mean final loss over non-diverged seeds, divergences k/n, mean capped loss."""
+    if LR not in axes:
+        return pd.DataFrame()
+    keys = [a for a in axes if a not in (SEED, LR)]
+    done = df[df.status.isin(["ok", "diverged"])].copy()
+    done["capped"] = done.apply(_capped, axis=1) if len(done) else []
+    out = []
+    for key, g in done.groupby(keys + [LR], sort=False, dropna=False):
+        key = key if isinstance(key, tuple) else (key,)
+        ok = g[g.status == "ok"]
+        m, s = _mean_std(ok.final_loss)
+        out.append({**dict(zip(keys + [LR], key)), "final_loss_mean": m, "final_loss_std": s,
+                    "divergences": f"{(g.status == 'diverged').sum()}/{len(g)}", "capped_loss": float(g.capped.mean())})
+    return pd.DataFrame(out)
+
+
+def lr_sensitivity(curves: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
+    """Wortsman et al.'s LR sensitivity per group, with the best lr (lowest mean final loss)."""
+    if curves.empty:
+        return pd.DataFrame()
+    keys = [a for a in axes if a not in (SEED, LR)]
+    groups = curves.groupby(keys, sort=False, dropna=False) if keys else [((), curves)]
+    out = []
+    for key, g in groups:
+        key = key if isinstance(key, tuple) else (key,)
+        capped = g.capped_loss.dropna()
+        trained = g.dropna(subset=["final_loss_mean"])
+        best = trained.loc[trained.final_loss_mean.idxmin()] if len(trained) else None
+        out.append({**dict(zip(keys, key)), "lrs": len(g), "lr_range": f"{g[LR].min():g}-{g[LR].max():g}",
+                    "expected_capped_loss": float(capped.mean()) if len(capped) else math.nan,
+                    "lr_sensitivity": float(capped.mean() - capped.min()) if len(capped) else math.nan,
+                    "best_lr": None if best is None else float(best[LR]),
+                    "best_final_loss": math.nan if best is None else float(best.final_loss_mean)})
+    return pd.DataFrame(out)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, (float, np.floating)):
+        return "-" if math.isnan(v) else f"{v:.4g}"
+    return "-" if v is None else str(v)
+
+
+def _pm(m: float, s: float) -> str:
+    if math.isnan(m):
+        return "-"
+    return f"{m:.4f}" if math.isnan(s) else f"{m:.4f} ± {s:.4f}"
+
+
+def to_markdown(df: pd.DataFrame) -> str:
+    if df.empty:
+        return "(none)\n"
+    cols = list(df.columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join(lines) + "\n"
+
+
+def cell_table(c: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
+    """The cells as the papers print them: axes, divergences k/n, loss mean ± std."""
+    keys = [a for a in axes if a != SEED]
+    t = c[keys].copy()
+    t["divergences"] = c.divergences
+    t["failed"] = c.failed
+    t["final loss"] = [_pm(m, s) for m, s in zip(c.final_loss_mean, c.final_loss_std)]
+    t["val loss"] = [_pm(m, s) for m, s in zip(c.val_loss_mean, c.val_loss_std)]
+    return t
+
+
+def lr_table(curves: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
+    """Groups as rows, learning rates as columns: "mean (k/n diverged)"."""
+    if curves.empty:
+        return curves
+    keys = [a for a in axes if a not in (SEED, LR)]
+    cell = [("-" if math.isnan(m) else f"{m:.4f}") + (f" ({d})" if not d.startswith("0/") else "")
+            for m, d in zip(curves.final_loss_mean, curves.divergences)]
+    t = curves.assign(cell=cell)
+    if not keys:
+        t = t.assign(group="all")
+        keys = ["group"]
+    wide = t.pivot_table(index=keys, columns=LR, values="cell", aggfunc="first", sort=False)
+    wide.columns = [f"lr={c:g}" for c in wide.columns]
+    return wide.reset_index()
+
+
+def summarize(path: str | Path, out: str | Path | None = None) -> dict[str, Any]:
+    """Write summary.md, the CSVs and report.html into ``out`` (default: the sweep directory)."""
+    root = Path(path)
+    df, axes = load_sweep(root)
+    out = Path(out) if out else root
+    out.mkdir(parents=True, exist_ok=True)
+    store = SweepStore(root / "sweep.db")
+    sweep = store.get_meta("sweep") or {}
+    c = cells(df, axes)
+    curves = lr_curves(df, axes)
+    sens = lr_sensitivity(curves, axes)
+    counts = df.status.value_counts().to_dict()
+    head = [f"# Sweep `{sweep.get('name', root.name)}`", ""]
+    for k in ("source", "scale", "claim"):
+        if sweep.get(k):
+            head.append(f"- {k}: {sweep[k]}")
+    head.append(f"- runs: {len(df)} (" + ", ".join(f"{v} {k}" for k, v in counts.items()) + ")")
+    head.append(f"- axes: {', '.join(axes)}")
+    md = "\n".join(head) + "\n\n## Cells: divergences and loss over seeds (mean ± std, diverged runs excluded)\n\n"
+    md += to_markdown(cell_table(c, axes))
+    if not curves.empty:
+        md += "\n## Final loss by learning rate (mean over seeds; (k/n) = diverged)\n\n" + to_markdown(lr_table(curves, axes))
+        md += "\n## LR sensitivity (Wortsman et al. 2024) and best learning rate\n\n" + to_markdown(sens)
+    bad = df[df.status.isin(["diverged", "failed"])]
+    if len(bad):
+        md += "\n## Diverged and failed runs\n\n" + to_markdown(bad[["run_id", "status", "step", "reason"]])
+    atomic_write_bytes(out / "summary.md", md.encode())
+    for name, table in (("runs", df), ("cells", c), ("lr_curve", curves), ("lr_sensitivity", sens)):
+        if not table.empty:
+            atomic_write_bytes(out / f"{name}.csv", table.to_csv(index=False).encode())
+    html_path = _report(out, df, axes, c, curves, sens, sweep)
+    return {"markdown": out / "summary.md", "html": html_path, "cells": c, "lr_curve": curves,
+            "lr_sensitivity": sens, "runs": df}
+
+
+def _group_label(row: Any, keys: list[str]) -> str:
+    return ", ".join(f"{getattr(row, k) if k == 'layout' else f'{k}={getattr(row, k)}'}" for k in keys) or "all"
+
+
+def _report(out: Path, df: pd.DataFrame, axes: list[str], c: pd.DataFrame, curves: pd.DataFrame,
+            sens: pd.DataFrame, sweep: dict) -> Path:
+    import matplotlib.pyplot as plt
+
+    from normlab.diagnostics.report import figure_html, table_html, write_page
+
+    sections = []
+    keys = [a for a in axes if a not in (SEED, LR)]
+    if not curves.empty:
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        for _, g in curves.groupby(keys, sort=False, dropna=False) if keys else [((), curves)]:
+            label = _group_label(next(g[keys].itertuples(index=False)), keys) if keys else "all"
+            line, = ax.plot(g[LR], g.final_loss_mean, marker="o", label=label)
+            div = g[~g.divergences.str.startswith("0/")]
+            if len(div):  # a diverged seed counts as its initial loss (the capped loss), as in the sensitivity
+                ax.scatter(div[LR], div.capped_loss, marker="x", s=80, color=line.get_color(), zorder=5)
+        ax.set_xscale("log")
+        ax.set_xlabel("peak learning rate")
+        ax.set_ylabel("final training loss (nats/token)")
+        ax.set_title("Loss vs learning rate (x: a seed diverged; at the mean capped loss)")
+        ax.legend(fontsize=8)
+        sections.append(figure_html(fig, out, "lr_curve", "Final loss vs learning rate (Kim Fig. 3a)"))
+    labels = [_group_label(r, [a for a in axes if a != SEED]) for r in c.itertuples(index=False)]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, max(3.0, 0.35 * len(c) + 1.5)))
+    y = np.arange(len(c))
+    a.errorbar(c.final_loss_mean, y, xerr=c.final_loss_std.fillna(0), fmt="o", color="tab:blue", capsize=3)
+    a.set_yticks(y, labels, fontsize=8)
+    a.set_xlabel("final training loss, mean ± std over seeds")
+    a.set_title("Loss by cell (diverged runs excluded)")
+    a.set_ylim(len(c) - 0.5, -0.5)
+    finished = (c.ok + c.diverged).replace(0, np.nan)
+    b.barh(y, c.diverged / finished, color="tab:red", alpha=0.8)
+    for yi, text in zip(y, c.divergences):
+        b.text(0.01, yi, text, va="center", fontsize=8)
+    b.set_yticks(y, [""] * len(y))
+    b.invert_yaxis()
+    b.set_xlim(0, 1)
+    b.set_xlabel("fraction of seeds diverged")
+    b.set_title("Divergences (k/n)")
+    fig.tight_layout()
+    sections.append(figure_html(fig, out, "cells", "Loss and divergences by cell"))
+    meta = "".join(f"<li>{html.escape(k)}: {html.escape(str(sweep[k]))}</li>" for k in ("source", "scale", "claim") if sweep.get(k))
+    body = (f"<h1>Sweep {html.escape(str(sweep.get('name', out.name)))}</h1><ul>{meta}</ul>"
+            f"<h2>Cells</h2>{table_html(cell_table(c, axes).to_dict('records'))}"
+            + (f"<h2>LR sensitivity</h2>{table_html(sens.to_dict('records'))}" if not sens.empty else "")
+            + "\n".join(sections))
+    return write_page(out / "report.html", f"normlab sweep: {sweep.get('name', '')}", body)
