@@ -23,7 +23,12 @@ demo: install
 data: install
 	$(VENV)/bin/normlab data fetch
 
+# Peers are benchmark-only extras, pinned so the numbers in docs/benchmarks.md can be reproduced.
 bench: install
+	$(PY) -m pip install -q transformers==5.23.0 x-transformers==2.31.10
+	$(PY) benchmarks/peers.py
+	$(PY) benchmarks/layout_cost.py
+	$(PY) benchmarks/norm_kernels.py
 	$(PY) benchmarks/train_throughput.py
 	$(PY) benchmarks/probe_overhead.py
 

@@ -44,6 +44,8 @@ def test_grid_is_the_product_with_stable_ids():
     assert specs[1].config["model"] == {"n_layers": 3} and specs[1].config["lr"] == 1e-3
     assert specs[0].run_id.startswith("pre_lr0.001_n_layers1-")
     assert [s.run_id for s in sweep.expand()] == [s.run_id for s in specs]  # stable: resume finds them
+    h = SweepConfig(name="h", base={"size": "nano"}, grid={"layout.h": [0.5], "layout": ["pre", "peri"]}).expand()
+    assert [s.config["layout"] for s in h] == ["pre,h=0.5", "peri,h=0.5"] and h[0].run_id.startswith("h0.5_pre-")
     changed = SweepConfig(name="g", base={"size": "nano", "steps": 6}, grid=sweep.grid).expand()
     assert not {s.run_id for s in changed} & {s.run_id for s in specs}  # another setting: other runs
 
@@ -54,6 +56,8 @@ def test_grid_is_the_product_with_stable_ids():
     ({"lr": [1e-3, 1e-3]}, "repeats a value"),
     ({"model.n_layer": [2]}, "not a model option"),
     ({"layout": ["pre", "perii"]}, "perii"),
+    ({"layout.hh": [0.5]}, "layout options are"),
+    ({"layout.h": [-1.0]}, "h"),
     ({"lr": [-1.0]}, "lr must be > 0"),
 ])
 def test_bad_grids_fail_before_anything_runs(grid, match):
@@ -107,6 +111,11 @@ def synthetic_store(tmp_path: Path) -> Path:
 def test_summaries_match_hand_computed_values(tmp_path):
     df, axes = load_sweep(synthetic_store(tmp_path))
     assert axes == ["layout", "lr", "seed"] and len(df) == 12
+
+    sweep = SweepConfig(name="order", base={"size": "nano"}, grid={"seed": [0], "lr": [1e-3], "layout": ["pre"]})
+    prepare(sweep, tmp_path / "order")
+    assert load_sweep(tmp_path / "order")[1] == ["seed", "lr", "layout"]  # the grid's order, not sorted
+
     c = cells(df, axes).set_index(["layout", "lr"])
     assert c.loc[("pre", 1e-2), "divergences"] == "1/2"  # failed runs are not results: 1 of 2 finished
     assert c.loc[("pre", 1e-2), "failed"] == 1
@@ -135,6 +144,16 @@ def test_summaries_match_hand_computed_values(tmp_path):
     assert "| pre | 0.01 | 1/2 | 1 | 2.9000 | 3.0000 |" in md
     assert "| pre | 0.001 | 0/3 | 0 | 3.2000 ± 0.2000 |" in md
     assert (tmp_path / "syn" / "cells.csv").exists() and out["html"].exists()
+
+
+def test_summary_of_model_and_layout_axes(tmp_path):
+    sweep = SweepConfig(name="m", base={"size": "nano"}, grid={"layout": ["pre"], "model.init": ["he", "normal"],
+                                                                "layout.h": [0.5]})
+    store, specs = prepare(sweep, tmp_path / "m")
+    for i, s in enumerate(specs):
+        store.record(s.run_id, {"status": "ok", "final_loss": 3.0 + i, "initial_loss": 5.5, "steps": 1})
+    md = summarize(tmp_path / "m")["markdown"].read_text()
+    assert "| layout | model.init | layout.h | divergences |" in md and "| pre | normal | 0.5 | 0/1 | 0 | 4.0000 |" in md
 
 
 # --- running sweeps ------------------------------------------------------------------------------

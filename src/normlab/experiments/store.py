@@ -73,7 +73,7 @@ class SweepStore:
 
     def set_meta(self, key: str, value: Any) -> None:
         with self._connect() as db:
-            db.execute("insert or replace into meta values (?, ?)", (key, json.dumps(value, sort_keys=True)))
+            db.execute("insert or replace into meta values (?, ?)", (key, json.dumps(value)))  # key order kept: the grid axes
 
     # --- rows ---
     def add(self, specs: list[RunSpec]) -> int:

@@ -215,8 +215,9 @@ def summarize(path: str | Path, out: str | Path | None = None) -> dict[str, Any]
             "lr_sensitivity": sens, "runs": df}
 
 
-def _group_label(row: Any, keys: list[str]) -> str:
-    return ", ".join(f"{getattr(row, k) if k == 'layout' else f'{k}={getattr(row, k)}'}" for k in keys) or "all"
+def _group_label(row: dict[str, Any], keys: list[str]) -> str:
+    """"pre, lr=0.01, init=he": the layout bare, other axes named (model./layout. prefixes dropped)."""
+    return ", ".join(str(row[k]) if k == "layout" else f"{k.split('.')[-1]}={row[k]}" for k in keys) or "all"
 
 
 def _report(out: Path, df: pd.DataFrame, axes: list[str], c: pd.DataFrame, curves: pd.DataFrame,
@@ -230,7 +231,7 @@ def _report(out: Path, df: pd.DataFrame, axes: list[str], c: pd.DataFrame, curve
     if not curves.empty:
         fig, ax = plt.subplots(figsize=(7, 4.2))
         for _, g in curves.groupby(keys, sort=False, dropna=False) if keys else [((), curves)]:
-            label = _group_label(next(g[keys].itertuples(index=False)), keys) if keys else "all"
+            label = _group_label(g[keys].iloc[0].to_dict(), keys) if keys else "all"
             line, = ax.plot(g[LR], g.final_loss_mean, marker="o", label=label)
             div = g[~g.divergences.str.startswith("0/")]
             if len(div):  # a diverged seed counts as its initial loss (the capped loss), as in the sensitivity
@@ -241,7 +242,7 @@ def _report(out: Path, df: pd.DataFrame, axes: list[str], c: pd.DataFrame, curve
         ax.set_title("Loss vs learning rate (x: a seed diverged; at the mean capped loss)")
         ax.legend(fontsize=8)
         sections.append(figure_html(fig, out, "lr_curve", "Final loss vs learning rate (Kim Fig. 3a)"))
-    labels = [_group_label(r, [a for a in axes if a != SEED]) for r in c.itertuples(index=False)]
+    labels = [_group_label(r, [a for a in axes if a != SEED]) for r in c.to_dict("records")]
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, max(3.0, 0.35 * len(c) + 1.5)))
     y = np.arange(len(c))
     a.errorbar(c.final_loss_mean, y, xerr=c.final_loss_std.fillna(0), fmt="o", color="tab:blue", capsize=3)

@@ -3,7 +3,9 @@
 A sweep is a base `TrainConfig` (any field, `[base.model]` for model options) and a grid: for each
 axis a list of values; the runs are the Cartesian product. Axes are TrainConfig fields (`layout`,
 `lr`, `seed`, `weight_decay`, `precision`, ...) or model options written `model.NAME`
-(`model.n_layers`, `model.init`, `model.norm`). In TOML:
+(`model.n_layers`, `model.init`, `model.init_std`) or layout options written `layout.NAME` and
+appended to the run's layout string (`layout.h = [1, 0.5]` on layout "peri" gives "peri,h=1" and
+"peri,h=0.5"; also `layout.norm`, `layout.alpha`, `layout.init`). In TOML:
 
     name = "kim-lr"
     source = "Kim et al. 2025, Fig. 3a"
@@ -125,11 +127,18 @@ def _check_model(cfg: TrainConfig) -> None:
     as_layout(cfg.layout).resolve(get_size(cfg.size).with_(**cfg.model).n_layers)
 
 
+LAYOUT_OPTIONS = ("h", "norm", "alpha", "init", "inner")
+
+
 def _check_axis(axis: str) -> None:
     from dataclasses import fields
 
     from normlab.model.config import ModelConfig
 
+    if axis.startswith("layout."):
+        if axis.removeprefix("layout.") not in LAYOUT_OPTIONS:
+            raise ConfigError(f"grid axis {axis!r}: layout options are {', '.join('layout.' + o for o in LAYOUT_OPTIONS)}")
+        return
     if axis.startswith("model."):
         name = axis.removeprefix("model.")
         if name not in {f.name for f in fields(ModelConfig)}:
@@ -148,8 +157,11 @@ def _apply(base: dict[str, Any], point: dict[str, Any]) -> dict[str, Any]:
     for axis, value in point.items():
         if axis.startswith("model."):
             model[axis.removeprefix("model.")] = value
-        else:
+        elif not axis.startswith("layout."):
             cfg[axis] = value
+    for axis, value in point.items():  # after the layout axis, whatever the axes' order
+        if axis.startswith("layout."):
+            cfg["layout"] = f"{cfg.get('layout', TrainConfig.layout)},{axis.removeprefix('layout.')}={value}"
     cfg["model"] = model
     return cfg
 
@@ -162,5 +174,5 @@ def _slug(value: Any) -> str:
 def run_id(point: dict[str, Any], config: dict[str, Any]) -> str:
     """`<axis values>-<hash>`: readable in `ls`, unique per resolved config."""
     digest = hashlib.sha1(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:8]
-    names = "_".join(f"{axis.removeprefix('model.')}{_slug(v)}" if axis != "layout" else _slug(v) for axis, v in point.items())
+    names = "_".join(_slug(v) if axis == "layout" else f"{axis.split('.')[-1]}{_slug(v)}" for axis, v in point.items())
     return f"{names}-{digest}" if names else digest
