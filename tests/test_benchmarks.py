@@ -1,0 +1,48 @@
+"""The benchmark scripts run (tiny arguments) and print the tables docs/benchmarks.md quotes.
+
+Timings are never asserted here (they live in docs/benchmarks.md); these tests keep the commands
+working from a fresh checkout. The peer benchmark needs the optional transformers/x-transformers.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def run(script: str, *args: str) -> str:
+    out = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_layout_cost_prints_time_and_memory_per_layout():
+    text = run("layout_cost.py", "--widths", "32", "--layers", "2", "--seq", "16", "--batch", "2", "--turns", "2")
+    rows = [line for line in text.splitlines() if line.startswith("| 32 |")]
+    assert [r.split("|")[2].strip() for r in rows] == ["pre", "peri", "hybrid"]
+    assert rows[0].split("|")[4].strip() == "1.000"  # pre against itself
+    # peri saves more activations than pre (its extra output norms), never fewer
+    act = {r.split("|")[2].strip(): float(r.split("|")[5]) for r in rows}
+    assert act["peri"] > act["pre"]
+
+
+def test_norm_kernels_compare_ours_with_torch():
+    text = run("norm_kernels.py", "--rows", "64", "--widths", "32", "--reps", "4")
+    assert "| rms | 32 |" in text and "| layer | 32 |" in text
+
+
+@pytest.mark.skipif(not (importlib.util.find_spec("transformers") and importlib.util.find_spec("x_transformers")),
+                    reason="the peer benchmark needs transformers and x-transformers (make bench installs them)")
+def test_peers_build_identical_configurations():
+    text = run("peers.py", "--width", "32", "--layers", "1", "--heads", "2", "--seq", "16", "--batch", "2",
+               "--turns", "1", "--no-compile")
+    counts = {line.split(":")[0][2:]: line.split(":")[1].split()[0] for line in text.splitlines()
+              if line.startswith("# ") and "parameters" in line}
+    assert counts["normlab"] == counts["transformers"]  # the same model, parameter for parameter
+    assert "| normlab |" in text
