@@ -136,7 +136,7 @@ def test_cli_export_of_a_trained_run(corpus, tmp_path, capsys):
 
     train(TrainConfig(data=str(corpus), size="nano", layout="pre", seq_len=32, batch_size=8, steps=3, eval_every=0,
                       eval_batches=1, probe_every=0, progress=False, out=str(tmp_path / "run")))
-    assert main(["export", str(tmp_path / "run"), str(tmp_path / "hf")]) == 0
+    assert main(["export", str(tmp_path / "run"), str(tmp_path / "hf"), "--arch", "llama"]) == 0
     hf = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", local_files_only=True).eval()
     from normlab.train.checkpoint import list_checkpoints, load_checkpoint
 
@@ -146,6 +146,12 @@ def test_cli_export_of_a_trained_run(corpus, tmp_path, capsys):
     torch.testing.assert_close(hf.model.norm.weight, trained["final_norm.weight"], rtol=0, atol=0)
     assert main(["export", str(tmp_path / "run"), str(tmp_path / "o"), "--arch", "olmo2"]) == 2
     assert "does not map exactly onto olmo2" in capsys.readouterr().err
+    assert main(["export", str(tmp_path / "run"), str(tmp_path / "nl")]) == 0  # the normlab class takes any layout
+    nl = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "nl", local_files_only=True).eval()
+    tok = tf.AutoTokenizer.from_pretrained(tmp_path / "nl", local_files_only=True)  # saved beside the weights
+    text = "To be, or not — to bé.\n"
+    assert tok(text)["input_ids"] == list(text.encode()) and tok.decode(list(text.encode())) == text
+    torch.testing.assert_close(hf_logits(nl), hf_logits(hf), rtol=1e-5, atol=2e-5)
 
 
 @pytest.mark.parametrize("layout, tied", [("peri", False), ("hybrid*", False), ("peri,h=0.5", True)])

@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from normlab.data import TokenData
 import torch
 
 from normlab.model.config import ConfigError
@@ -53,18 +55,18 @@ def test_resume_gives_the_identical_remaining_curve(corpus, tmp_path, monkeypatc
     full = small(corpus, tmp_path / "full", grad_accum=2)
     train(full)
     # Interrupt a second run after its step-6 checkpoint by failing inside step 8.
-    real = trainer_mod.batch_at
+    real = TokenData.train_batch
 
-    def failing(tokens, step, *a, **k):
+    def failing(self, step, *a, **k):
         if step == 8:
             raise KeyboardInterrupt("simulated interruption")
-        return real(tokens, step, *a, **k)
+        return real(self, step, *a, **k)
 
     cut = small(corpus, tmp_path / "cut", grad_accum=2, ckpt_every=3, keep_last=2)
-    monkeypatch.setattr(trainer_mod, "batch_at", failing)
+    monkeypatch.setattr(TokenData, "train_batch", failing)
     with pytest.raises(KeyboardInterrupt):
         train(cut)
-    monkeypatch.setattr(trainer_mod, "batch_at", real)
+    monkeypatch.setattr(TokenData, "train_batch", real)
     assert [p.name for p in list_checkpoints(cut.out)] == ["step_00000003.pt", "step_00000006.pt"]
     assert len(rows(cut.out)) == 8  # steps 0-7 were logged before the interruption
     train(cut)  # resumes from step 6; rows 6-7 are replayed, not duplicated

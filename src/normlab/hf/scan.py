@@ -50,6 +50,8 @@ def _tokens(path: Path, model: Any, texts: list[str], max_len: int) -> torch.Ten
 def scan(path: str | Path, out: str | Path, texts: list[str] | None = None, max_len: int = 64) -> dict[str, Any]:
     """Scan the model in ``path``; write table.md, scan.json, figures and index.html into ``out``."""
     tf = _transformers()
+    import normlab.hf.modeling  # noqa: F401 - registers the normlab class, so exported normlab models scan too
+
     path, out = Path(path), Path(out)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} has no config.json: give a local transformers model folder")

@@ -32,6 +32,10 @@ class TrainConfig:
     token_dtype: str = "uint16"  # dtype of a .bin token file
     vocab_size: int | None = None  # required for .bin data; else the tokenizer's
     val_fraction: float = 0.1
+    task: Literal["lm", "sft"] = "lm"  # lm: next-token on all text; sft: JSONL prompt/response, loss on responses only
+    prompt_field: str = "prompt"  # SFT: the JSONL field of the prompt
+    response_field: str = "response"  # SFT: the JSONL field of the response
+    init_from: str | None = None  # start from these weights: a run dir, a checkpoint, or a transformers folder
     seq_len: int = 128
     batch_size: int = 32  # global sequences per optimizer step (all ranks, all micro-batches)
     grad_accum: int = 1  # micro-batches per optimizer step (per rank)
@@ -99,6 +103,8 @@ class TrainConfig:
             raise ConfigError(f"precision must be fp32, bf16 or fp16, got {self.precision!r}")
         if self.on_nonfinite not in ("stop", "skip"):
             raise ConfigError(f"on_nonfinite must be stop or skip, got {self.on_nonfinite!r}")
+        if self.task not in ("lm", "sft"):
+            raise ConfigError(f"task must be lm or sft, got {self.task!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"device must be auto, cpu or cuda, got {self.device!r}")
         bad = [x for x in self.wd_exclusions if x not in WD_EXCLUDABLE]

@@ -24,7 +24,9 @@ import torch
 from torch import nn
 
 import normlab
-from normlab.data import batch_at, load_data, val_batches
+from normlab.data import load_data
+from normlab.data.sft import load_sft_data
+from normlab.train.init_from import load_init_weights
 from normlab.diagnostics.probes import Probes
 from normlab.diagnostics.store import ProbeWriter
 from normlab.io import atomic_write_json, truncate_jsonl
@@ -45,7 +47,8 @@ from normlab.train.optim import lr_at, make_optimizer
 
 # Settings a resumed run must share with the checkpoint's run (the rest only affects reporting).
 TRAJECTORY_FIELDS = ("layout", "size", "model", "data", "tokenizer", "seq_len", "batch_size", "grad_accum",
-                     "optimizer", "lr", "min_lr", "warmup", "weight_decay", "seed", "steps", "precision", "val_fraction")
+                     "optimizer", "lr", "min_lr", "warmup", "weight_decay", "seed", "steps", "precision", "val_fraction",
+                     "task", "init_from")
 
 
 class TrainingFailed(RuntimeError):
@@ -136,10 +139,17 @@ def _train(cfg: TrainConfig, info: distributed.DistInfo) -> dict[str, Any]:
             "choose another --out (nothing there is overwritten)"
         )
     torch.manual_seed(cfg.seed)
-    data = load_data(cfg.data, cfg.tokenizer, cfg.val_fraction, cfg.text_field, cfg.token_dtype, cfg.vocab_size)
+    if cfg.task == "sft":
+        data = load_sft_data(cfg.data, cfg.tokenizer, cfg.seq_len, cfg.val_fraction, cfg.prompt_field,
+                             cfg.response_field, cfg.vocab_size)
+    else:
+        data = load_data(cfg.data, cfg.tokenizer, cfg.val_fraction, cfg.text_field, cfg.token_dtype, cfg.vocab_size)
     overrides = {"vocab_size": data.vocab_size, **cfg.model}
     overrides.setdefault("max_seq_len", max(cfg.seq_len, normlab.model.get_size(cfg.size).max_seq_len))
-    model = build_model(cfg.layout, cfg.size, seed=cfg.seed, **overrides).to(info.device)
+    model = build_model(cfg.layout, cfg.size, seed=cfg.seed, **overrides)
+    if cfg.init_from and not (cfg.resume and ckpts):  # a resumed run's own checkpoint takes precedence
+        load_init_weights(model, cfg.init_from)
+    model = model.to(info.device)
     params = count_params(model)
     model = distributed.wrap(model, info, cfg.fsdp)
     opt = make_optimizer(model, cfg)
@@ -165,7 +175,7 @@ def _train(cfg: TrainConfig, info: distributed.DistInfo) -> dict[str, Any]:
 
     per_rank = cfg.batch_size // info.world
     micro = per_rank // cfg.grad_accum
-    val = val_batches(data.val, cfg.eval_batches, cfg.batch_size, cfg.seq_len)
+    val = data.val_windows(cfg.eval_batches, cfg.batch_size, cfg.seq_len)
     metrics_path = run / "metrics.jsonl"
     sinks: Sinks | None = None
     if info.is_main:
@@ -186,7 +196,7 @@ def _train(cfg: TrainConfig, info: distributed.DistInfo) -> dict[str, Any]:
     probes: Probes | None = None
     probe_log: ProbeWriter | None = None
     if info.is_main and cfg.probe_every:
-        px, py = val_batches(data.val, 1, cfg.probe_batch, cfg.seq_len)[0]
+        px, py = data.val_windows(1, cfg.probe_batch, cfg.seq_len)[0]
         probes = Probes(_unwrap(model), (px, py))
         probe_log = ProbeWriter(run / "probes.jsonl", start)
 
@@ -205,7 +215,7 @@ def _train(cfg: TrainConfig, info: distributed.DistInfo) -> dict[str, Any]:
             lr = lr_at(step, cfg)
             for group in opt.param_groups:
                 group["lr"] = lr
-            x, y = batch_at(data.train, step, cfg.batch_size, cfg.seq_len, cfg.seed)
+            x, y = data.train_batch(step, cfg.batch_size, cfg.seq_len, cfg.seed)
             x, y = x[info.rank * per_rank : (info.rank + 1) * per_rank], y[info.rank * per_rank : (info.rank + 1) * per_rank]
             opt.zero_grad(set_to_none=True)
             loss_sum = 0.0
