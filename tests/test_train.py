@@ -8,14 +8,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from normlab.data import TokenData
-import torch
-
 from normlab.model.config import ConfigError
 from normlab.train import TrainConfig, TrainingFailed, train
 from normlab.train import trainer as trainer_mod
