@@ -83,12 +83,36 @@ def test_layouts_that_do_not_map_are_refused(layout, arch, match):
         to_native(normlab.build_model(layout, "nano", seed=0), arch)
     with pytest.raises(NativeExportError, match="mlp=gelu"):
         to_native(normlab.build_model("pre", "nano", seed=0, mlp="gelu"), "llama")
+    with pytest.raises(NativeExportError, match="position=learned"):
+        to_native(normlab.build_model("pre", "nano", seed=0, position="learned"), "llama")
+
+
+@pytest.mark.parametrize("act", ["gelu_new", "gelu"])
+def test_gpt2_imports_with_identical_logits(act, tmp_path):
+    torch.manual_seed(0)
+    gpt2 = tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=96, n_positions=32,
+                                            activation_function=act)).eval()
+    with torch.no_grad():
+        for name, p in gpt2.named_parameters():
+            if "ln_" in name:
+                p.uniform_(0.5, 1.5)
+    model = from_native(gpt2)
+    assert model.layout.to_string() == "attn=A,mlp=A,final,norm=layer"
+    assert model.config.position == "learned" and model.config.mlp == ("gelu-tanh" if act == "gelu_new" else "gelu")
+    torch.testing.assert_close(ours(model), hf_logits(gpt2), atol=2e-5, rtol=1e-5)
+    gpt2.save_pretrained(tmp_path / "g")
+    torch.testing.assert_close(ours(from_native(tmp_path / "g")), hf_logits(gpt2), atol=2e-5, rtol=1e-5)
+    odd = tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=32, n_layer=1, n_head=4, vocab_size=96, n_positions=32,
+                                           scale_attn_by_inverse_layer_idx=True))
+    with pytest.raises(NativeExportError, match="scale_attn_by_inverse_layer_idx"):
+        from_native(odd)
 
 
 def test_checkpoints_that_do_not_map_are_refused():
-    gpt2 = tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=64, n_positions=32))
-    with pytest.raises(NativeExportError, match="learned absolute position"):
-        from_native(gpt2)
+    gemma = tf.Gemma2ForCausalLM(tf.Gemma2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                                 num_attention_heads=2, num_key_value_heads=1, head_dim=16, vocab_size=64))
+    with pytest.raises(NativeExportError, match="soft-caps"):
+        from_native(gemma)
     scaled = tf.LlamaForCausalLM(tf.LlamaConfig(**{**SMALL, "rope_parameters": {"rope_type": "linear", "factor": 2.0,
                                                                                  "rope_theta": 5000.0}}))
     with pytest.raises(NativeExportError, match="rope_type"):

@@ -103,7 +103,7 @@ def test_frozen_output_gamma():
     [
         (dict(d_model=30, n_heads=4), "does not divide d_model=30"),
         (dict(n_heads=4, n_kv_heads=3), "must divide n_heads=4"),
-        (dict(mlp="geglu"), "valid: swiglu, gelu, relu"),
+        (dict(mlp="geglu"), "valid: swiglu, gelu, gelu-tanh, relu"),
         (dict(n_layerz=3), "did you mean n_layers"),
         (dict(init="kaiming"), "valid: normal, xavier"),
         (dict(norm_eps=0.0), "norm_eps must be > 0"),
@@ -123,3 +123,24 @@ def test_sequence_too_long():
     model = normlab.build_model("pre", ModelConfig(d_model=16, n_layers=1, n_heads=2, max_seq_len=8))
     with pytest.raises(ValueError, match="exceeds max_seq_len=8"):
         model(torch.zeros(1, 9, dtype=torch.long))
+
+
+def test_learned_positions_and_tanh_gelu_by_hand():
+    """GPT-2's pieces: y0 = E[tok] + P[pos] (no RoPE), and GELU's tanh form
+    0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    import math
+
+    model = normlab.build_model("pre,norm=layer", "nano", seed=0, position="learned", mlp="gelu-tanh", linear_bias=True)
+    tokens = torch.randint(0, 256, (2, 9))
+    y0 = model.embed_tokens(tokens)
+    torch.testing.assert_close(y0, model.embed.weight[tokens] + model.pos_embed.weight[:9][None])
+    assert isinstance(model.blocks[0].attn.rotary, torch.nn.Identity)
+    mlp = model.blocks[0].mlp
+    x = torch.randn(3, model.config.d_model)
+    u = mlp.up_proj(x)
+    gelu = 0.5 * u * (1 + torch.tanh(math.sqrt(2 / math.pi) * (u + 0.044715 * u**3)))
+    torch.testing.assert_close(mlp(x), mlp.down_proj(gelu))
+    with pytest.raises(ValueError, match="exceeds max_seq_len"):
+        model(torch.zeros(1, model.config.max_seq_len + 1, dtype=torch.long))
+    with pytest.raises(ConfigError, match="valid: rope, learned"):
+        normlab.build_model("pre", "nano", position="alibi")

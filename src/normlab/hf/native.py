@@ -6,11 +6,13 @@ A normlab layout maps onto a transformers class only when the two compute the sa
   RMSNorm, SwiGLU, RoPE, no biases.
 - `olmo2` (Olmo2ForCausalLM) <-> layout `olmo2` (`attn=qkB,mlp=B,final,inner=full`): x' = x + N(F(x))
   with RMSNorm on the full Q and K projections (OLMo 2, Sec. 3.3 of its report).
+- `gpt2` (GPT2LMHeadModel) -> layout `pre,norm=layer` with learned absolute positions, a tanh-GELU
+  MLP and biases (import only: the checkpoints people want to look at).
 
-Anything else is refused with `NativeExportError` naming the first difference. Gemma 2 and GPT-2
+Anything else is refused with `NativeExportError` naming the first difference. Gemma 2 and Gemma 2
 checkpoints are refused on import for the same reason: normlab does not model Gemma 2's logit
-soft-capping, sliding-window layers, (1 + w) norm scale and GeGLU-tanh, nor GPT-2's learned absolute
-positions and GELU-tanh MLP; a conversion that silently changed the function would be worse than none.
+soft-capping, sliding-window layers, (1 + w) norm scale and GeGLU-tanh; a conversion that silently
+changed the function would be worse than none.
 
 transformers is an optional dependency (`pip install normlab[hf]`), imported only here.
 """
@@ -28,11 +30,12 @@ from normlab.model.config import ConfigError, ModelConfig
 from normlab.model.lm import NormLM
 
 ARCHS = {"llama": "pre", "olmo2": "olmo2"}  # transformers model_type -> the normlab preset it equals
+GPT2_LAYOUT = "pre,norm=layer"  # x' = x + F(LN(x)), final LN: GPT-2 is Pre-LN with LayerNorm (Radford et al. 2019)
 REFUSED = {
     "gemma2": "Gemma 2 soft-caps attention and final logits, alternates sliding-window layers, scales norms by "
               "(1 + w) and uses GeGLU with tanh GELU; normlab's gemma2 preset models only its norm placement",
-    "gpt2": "GPT-2 uses learned absolute position embeddings and a tanh-GELU MLP with biases; normlab uses RoPE",
 }
+GPT2_ACTS = {"gelu_new": "gelu-tanh", "gelu_pytorch_tanh": "gelu-tanh", "gelu": "gelu", "relu": "relu"}
 
 
 class NativeExportError(ConfigError):
@@ -62,6 +65,8 @@ def _check_native(model: NormLM, arch: str) -> None:
         problems.append(f"mlp={cfg.mlp} (needs swiglu)")
     if cfg.linear_bias:
         problems.append("linear_bias=True (needs no biases)")
+    if cfg.position != "rope":
+        problems.append(f"position={cfg.position} (needs rope)")
     if problems:
         raise NativeExportError(f"model options do not map onto {arch}: {'; '.join(problems)}")
 
@@ -144,6 +149,8 @@ def from_native(source: str | Path | Any) -> NormLM:
         hf, config = source, source.config
         _check_importable(config)
     arch = config.model_type
+    if arch == "gpt2":
+        return _from_gpt2(hf, config)
     rope = (getattr(config, "rope_parameters", None) or {}).get("rope_theta", getattr(config, "rope_theta", 10_000.0))
     model = build_model(ARCHS[arch], ModelConfig(
         vocab_size=config.vocab_size, d_model=config.hidden_size, n_layers=config.num_hidden_layers,
@@ -159,12 +166,52 @@ def from_native(source: str | Path | Any) -> NormLM:
     return model.eval()
 
 
+def _from_gpt2(hf: Any, config: Any) -> NormLM:
+    """GPT-2: Conv1D weights are (in, out), so they are transposed; c_attn holds Q, K, V side by side."""
+    d, n = config.n_embd, config.n_layer
+    model = build_model(GPT2_LAYOUT, ModelConfig(
+        vocab_size=config.vocab_size, d_model=d, n_layers=n, n_heads=config.n_head, d_ff=config.n_inner or 4 * d,
+        mlp=GPT2_ACTS[config.activation_function], max_seq_len=config.n_positions, position="learned",
+        norm_eps=config.layer_norm_epsilon, linear_bias=True, norm_bias=True, tie_embeddings=True), seed=0)
+    t = {k: v.float() for k, v in hf.state_dict().items()}
+    state = {"embed.weight": t["transformer.wte.weight"], "lm_head.weight": t["transformer.wte.weight"],
+             "pos_embed.weight": t["transformer.wpe.weight"],
+             "final_norm.weight": t["transformer.ln_f.weight"], "final_norm.bias": t["transformer.ln_f.bias"]}
+    for i in range(n):
+        h, b = f"transformer.h.{i}.", f"blocks.{i}."
+        for ln, site in (("ln_1", "attn_norms"), ("ln_2", "mlp_norms")):
+            state[f"{b}{site}.input.weight"], state[f"{b}{site}.input.bias"] = t[f"{h}{ln}.weight"], t[f"{h}{ln}.bias"]
+        w, bias = t[f"{h}attn.c_attn.weight"].T, t[f"{h}attn.c_attn.bias"]
+        for j, p in enumerate("qkv"):
+            state[f"{b}attn.{p}_proj.weight"], state[f"{b}attn.{p}_proj.bias"] = w[j * d:(j + 1) * d], bias[j * d:(j + 1) * d]
+        for ours, theirs in (("attn.o_proj", "attn.c_proj"), ("mlp.up_proj", "mlp.c_fc"), ("mlp.down_proj", "mlp.c_proj")):
+            state[f"{b}{ours}.weight"], state[f"{b}{ours}.bias"] = t[f"{h}{theirs}.weight"].T, t[f"{h}{theirs}.bias"]
+    model.load_state_dict(state, strict=True)
+    return model.eval()
+
+
+def _check_gpt2(config: Any) -> None:
+    problems = []
+    if config.activation_function not in GPT2_ACTS:
+        problems.append(f"activation {config.activation_function!r} (importable: {', '.join(GPT2_ACTS)})")
+    if getattr(config, "scale_attn_by_inverse_layer_idx", False):
+        problems.append("scale_attn_by_inverse_layer_idx (normlab scales attention by 1/sqrt(head_dim) only)")
+    if not getattr(config, "scale_attn_weights", True):
+        problems.append("scale_attn_weights=False")
+    if config.n_embd % config.n_head:
+        problems.append("n_embd not divisible by n_head")
+    if problems:
+        raise NativeExportError(f"gpt2 config does not map exactly onto normlab: {'; '.join(problems)}")
+
+
 def _check_importable(config: Any) -> None:
     kind = getattr(config, "model_type", "?")
     if kind in REFUSED:
         raise NativeExportError(f"cannot import {kind} exactly: {REFUSED[kind]}")
+    if kind == "gpt2":
+        return _check_gpt2(config)
     if kind not in ARCHS:
-        raise NativeExportError(f"no exact normlab layout for model_type {kind!r}; importable: {', '.join(ARCHS)}")
+        raise NativeExportError(f"no exact normlab layout for model_type {kind!r}; importable: {', '.join(ARCHS)}, gpt2")
     rope = getattr(config, "rope_parameters", None) or {}
     problems = []
     if rope.get("rope_type", "default") != "default":

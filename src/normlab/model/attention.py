@@ -39,7 +39,8 @@ class Attention(nn.Module):
         self.k_norm = maybe_norm(inner.k, norm, dim(self.n_kv_heads), eps, nb)
         self.v_norm = maybe_norm(inner.v, norm, dim(self.n_kv_heads), eps, nb)
         self.context_norm = maybe_norm(inner.context, norm, dim(self.n_heads), eps, nb)
-        self.rotary = Rotary(hd, cfg.max_seq_len, cfg.rope_theta)
+        # learned absolute positions (GPT-2) are added to the embedding instead: no rotation here
+        self.rotary = Rotary(hd, cfg.max_seq_len, cfg.rope_theta) if cfg.position == "rope" else nn.Identity()
         # Capture points: q, k, v as they enter attention, (B, heads, T, head_dim), q and k after
         # their norms and RoPE; the context after its norm, (B, T, n_heads * head_dim).
         self.q, self.k, self.v, self.context = Tap(), Tap(), Tap(), Tap()

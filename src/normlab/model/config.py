@@ -13,8 +13,9 @@ import difflib
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal
 
-MlpKind = Literal["swiglu", "gelu", "relu"]
-MLP_KINDS: tuple[str, ...] = ("swiglu", "gelu", "relu")
+MlpKind = Literal["swiglu", "gelu", "gelu-tanh", "relu"]
+MLP_KINDS: tuple[str, ...] = ("swiglu", "gelu", "gelu-tanh", "relu")
+POSITIONS: tuple[str, ...] = ("rope", "learned")
 
 
 class ConfigError(ValueError):
@@ -32,6 +33,7 @@ class ModelConfig:
     mlp: MlpKind = "swiglu"
     max_seq_len: int = 256
     rope_theta: float = 10_000.0
+    position: str = "rope"  # rope (Llama, Kim, Zhuo) | learned absolute embeddings added to the tokens (GPT-2)
     norm_eps: float = 1e-6
     norm_bias: bool = True  # LayerNorm's beta (RMSNorm has none)
     linear_bias: bool = False  # biases on the attention and MLP projections (Llama: none)
@@ -60,6 +62,8 @@ class ModelConfig:
             raise ConfigError(f"RoPE needs an even head dimension, got d_model/n_heads={self.head_dim}")
         if self.d_ff is not None and (not isinstance(self.d_ff, int) or self.d_ff < 1):
             raise ConfigError(f"d_ff must be a positive integer or None, got {self.d_ff!r}")
+        if self.position not in POSITIONS:
+            raise ConfigError(f"unknown position {self.position!r}; valid: {', '.join(POSITIONS)}")
         if self.mlp not in MLP_KINDS:
             raise ConfigError(f"unknown mlp {self.mlp!r}; valid: {', '.join(MLP_KINDS)}")
         if not self.norm_eps > 0:

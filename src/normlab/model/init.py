@@ -84,6 +84,8 @@ def init_weights(model: nn.Module, scheme: str) -> None:
     truncated = scheme in _TRUNCATED
     std0 = base_std(scheme, d, cfg.init_std)
     _normal(model.embed.weight, std0, truncated)
+    if model.pos_embed is not None:
+        _normal(model.pos_embed.weight, std0, truncated)
     if not cfg.tie_embeddings:
         if scheme in _XAVIER:
             nn.init.xavier_normal_(model.lm_head.weight)

@@ -37,6 +37,7 @@ class NormLM(nn.Module):
         self.config, self.resolved = cfg, resolved
         layout = resolved.layout
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_embed = nn.Embedding(cfg.max_seq_len, cfg.d_model) if cfg.position == "learned" else None
         self.embed_scale = math.sqrt(cfg.d_model) if layout.embed_scale else 1.0
         self.embed_norm = maybe_norm(layout.embed_norm, layout.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias)
         self.embed_out = Tap()
@@ -57,6 +58,10 @@ class NormLM(nn.Module):
         x = self.embed(tokens)
         if self.embed_scale != 1.0:
             x = x * self.embed_scale
+        if self.pos_embed is not None:
+            if tokens.shape[1] > self.config.max_seq_len:
+                raise ValueError(f"sequence length {tokens.shape[1]} exceeds max_seq_len={self.config.max_seq_len}")
+            x = x + self.pos_embed(torch.arange(tokens.shape[1], device=tokens.device))
         return self.embed_out(self.embed_norm(x))
 
     def run_blocks(self, x: torch.Tensor, return_hidden_states: bool = False) -> tuple[torch.Tensor, list[torch.Tensor] | None]:

@@ -10,6 +10,11 @@ from torch import nn
 from normlab.model.config import ModelConfig
 
 
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GELU with the tanh approximation (GPT-2's "gelu_new")."""
+    return F.gelu(x, approximate="tanh")
+
+
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -18,7 +23,7 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(d, ff, bias=bias) if cfg.mlp == "swiglu" else None
         self.up_proj = nn.Linear(d, ff, bias=bias)
         self.down_proj = nn.Linear(ff, d, bias=bias)
-        self.act = {"swiglu": F.silu, "gelu": F.gelu, "relu": F.relu}[cfg.mlp]
+        self.act = {"swiglu": F.silu, "gelu": F.gelu, "gelu-tanh": _gelu_tanh, "relu": F.relu}[cfg.mlp]
 
     def hidden(self, x: torch.Tensor) -> torch.Tensor:
         """The activation h fed to the last projection W2 (Kim Prop. 3.1's h)."""

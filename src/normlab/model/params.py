@@ -28,6 +28,8 @@ def count_params(model: nn.Module) -> ParamCount:
     seen = {id(p): p for p in model.parameters()}
     total = sum(p.numel() for p in seen.values())
     emb_ids = {id(model.embed.weight), id(model.lm_head.weight)}
+    if getattr(model, "pos_embed", None) is not None:
+        emb_ids.add(id(model.pos_embed.weight))
     embedding = sum(seen[i].numel() for i in emb_ids if i in seen)
     return ParamCount(total=total, embedding=embedding, non_embedding=total - embedding)
 
@@ -51,5 +53,6 @@ def analytic_params(cfg: ModelConfig, resolved: ResolvedLayout) -> ParamCount:
         blocks += attn + mlp + per_norm * norms
     model_norms = per_norm * d * (int(lay.embed_norm) + int(lay.final_norm))
     embedding = cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2)
+    embedding += cfg.max_seq_len * d if cfg.position == "learned" else 0
     non_embedding = blocks + model_norms
     return ParamCount(total=non_embedding + embedding, embedding=embedding, non_embedding=non_embedding)
