@@ -53,18 +53,23 @@ def test_import_matches_transformers_logits(arch, cls, config, tied, tmp_path):
     torch.testing.assert_close(ours(from_native(tmp_path / "ckpt")), hf_logits(hf), atol=2e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("layout, arch", [("pre", "llama"), ("olmo2", "olmo2")])
-def test_export_reloads_through_auto_classes_with_identical_logits(layout, arch, tmp_path):
-    model = normlab.build_model(layout, "nano", seed=0, n_kv_heads=1, vocab_size=96).eval()
+GEMMA_OPTS = dict(mlp="geglu-tanh", attn_scale=12.0, attn_softcap=50.0, logit_softcap=30.0)  # Gemma 2 9B values
+
+
+@pytest.mark.parametrize("layout, arch, opts", [("pre", "llama", {}), ("olmo2", "olmo2", {}),
+                                                ("gemma2", "gemma2", GEMMA_OPTS)])
+def test_export_reloads_through_auto_classes_with_identical_logits(layout, arch, opts, tmp_path):
+    model = normlab.build_model(layout, "nano", seed=0, n_kv_heads=1, vocab_size=96, **opts).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.uniform_(0.5, 1.5)
     save_native(model, tmp_path / "out", arch)
     hf = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "out", local_files_only=True).eval()
-    assert type(hf).__name__ == {"llama": "LlamaForCausalLM", "olmo2": "Olmo2ForCausalLM"}[arch]
+    assert type(hf).__name__ == {"llama": "LlamaForCausalLM", "olmo2": "Olmo2ForCausalLM", "gemma2": "Gemma2ForCausalLM"}[arch]
     torch.testing.assert_close(hf_logits(hf), ours(model), atol=2e-5, rtol=1e-5)
-    out = hf.generate(TOKENS[:1, :4], max_new_tokens=5, do_sample=False)  # generate() works
+    prompt = TOKENS[:1, :4]  # (an explicit mask: token 0 is Gemma's pad id, which generate() would mask out)
+    out = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=5, do_sample=False)
     greedy = TOKENS[:1, :4]
     for _ in range(5):  # the same greedy continuation from normlab itself
         greedy = torch.cat([greedy, ours(model, greedy)[:, -1:].argmax(-1)], 1)
@@ -76,13 +81,16 @@ def test_export_reloads_through_auto_classes_with_identical_logits(layout, arch,
     ("pre,h=0.5", "llama", "does not map exactly"),
     ("pre,norm=layer", "llama", "does not map exactly"),
     ("pre", "olmo2", "does not map exactly onto olmo2"),
-    ("pre", "gemma2", "no native transformers class"),
+    ("pre", "gemma2", "does not map exactly onto gemma2"),
+    ("peri", "gpt2", "no native transformers class"),
 ])
 def test_layouts_that_do_not_map_are_refused(layout, arch, match):
     with pytest.raises(NativeExportError, match=match):
         to_native(normlab.build_model(layout, "nano", seed=0), arch)
     with pytest.raises(NativeExportError, match="mlp=gelu"):
         to_native(normlab.build_model("pre", "nano", seed=0, mlp="gelu"), "llama")
+    with pytest.raises(NativeExportError, match="mlp=swiglu .needs geglu-tanh"):
+        to_native(normlab.build_model("gemma2", "nano", seed=0), "gemma2")
     with pytest.raises(NativeExportError, match="position=learned"):
         to_native(normlab.build_model("pre", "nano", seed=0, position="learned"), "llama")
 
@@ -108,10 +116,33 @@ def test_gpt2_imports_with_identical_logits(act, tmp_path):
         from_native(odd)
 
 
+def test_gemma2_imports_with_identical_logits(tmp_path):
+    """Peri-LN with sqrt(d) embedding scale, (1 + w) norms, GeGLU-tanh, query_pre_attn_scalar and both
+    soft-caps; small caps so that the tanh actually bends the scores and logits."""
+    torch.manual_seed(0)
+    cfg = tf.Gemma2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+                          num_key_value_heads=2, head_dim=8, vocab_size=96, max_position_embeddings=64, sliding_window=16,
+                          query_pre_attn_scalar=12, attn_logit_softcapping=0.5, final_logit_softcapping=2.0)
+    gemma = tf.Gemma2ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in gemma.named_parameters():
+            if "norm" in name:
+                p.uniform_(-0.5, 0.5)
+    model = from_native(gemma)
+    assert model.layout.to_string() == normlab.PRESETS["gemma2"].layout.to_string()
+    assert model.config.max_seq_len == 16  # up to the sliding window, global attention is the same function
+    torch.testing.assert_close(ours(model), hf_logits(gemma), atol=2e-5, rtol=1e-5)
+    assert hf_logits(gemma).abs().max() <= 2.0  # the final soft-cap is in force
+    with pytest.raises(ValueError, match="exceeds max_seq_len"):
+        ours(model, torch.zeros(1, 17, dtype=torch.long))
+    gemma.save_pretrained(tmp_path / "g")
+    torch.testing.assert_close(ours(from_native(tmp_path / "g")), hf_logits(gemma), atol=2e-5, rtol=1e-5)
+
+
 def test_checkpoints_that_do_not_map_are_refused():
     gemma = tf.Gemma2ForCausalLM(tf.Gemma2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                                 num_attention_heads=2, num_key_value_heads=1, head_dim=16, vocab_size=64))
-    with pytest.raises(NativeExportError, match="soft-caps"):
+                                                 num_attention_heads=2, num_key_value_heads=1, head_dim=8, vocab_size=64))
+    with pytest.raises(NativeExportError, match="head_dim 8 x heads != hidden_size"):
         from_native(gemma)
     scaled = tf.LlamaForCausalLM(tf.LlamaConfig(**{**SMALL, "rope_parameters": {"rope_type": "linear", "factor": 2.0,
                                                                                  "rope_theta": 5000.0}}))

@@ -103,7 +103,7 @@ def test_frozen_output_gamma():
     [
         (dict(d_model=30, n_heads=4), "does not divide d_model=30"),
         (dict(n_heads=4, n_kv_heads=3), "must divide n_heads=4"),
-        (dict(mlp="geglu"), "valid: swiglu, gelu, gelu-tanh, relu"),
+        (dict(mlp="geglu"), "valid: swiglu, geglu-tanh, gelu, gelu-tanh, relu"),
         (dict(n_layerz=3), "did you mean n_layers"),
         (dict(init="kaiming"), "valid: normal, xavier"),
         (dict(norm_eps=0.0), "norm_eps must be > 0"),
@@ -144,3 +144,25 @@ def test_learned_positions_and_tanh_gelu_by_hand():
         model(torch.zeros(1, model.config.max_seq_len + 1, dtype=torch.long))
     with pytest.raises(ConfigError, match="valid: rope, learned"):
         normlab.build_model("pre", "nano", position="alibi")
+
+
+def test_gemma_softcaps_and_attention_scale_by_hand():
+    """Gemma 2: logits = c tanh(z / c); a huge attention cap is the plain (SDPA) path; attn_scale s
+    scales scores by s^-1/2 (equal to head_dim: the default)."""
+    tokens = torch.randint(0, 256, (2, 10))
+    plain = normlab.build_model("gemma2", "nano", seed=0, mlp="geglu-tanh").eval()
+    capped = normlab.build_model("gemma2", "nano", seed=0, mlp="geglu-tanh", logit_softcap=0.3).eval()
+    capped.load_state_dict(plain.state_dict())
+    with torch.no_grad():
+        z = plain(tokens).logits
+        torch.testing.assert_close(capped(tokens).logits, 0.3 * torch.tanh(z / 0.3))
+        wide = normlab.build_model("gemma2", "nano", seed=0, mlp="geglu-tanh", attn_softcap=1e6).eval()
+        wide.load_state_dict(plain.state_dict())
+        torch.testing.assert_close(wide(tokens).logits, z, atol=1e-5, rtol=1e-5)  # manual path = SDPA path
+        same = normlab.build_model("gemma2", "nano", seed=0, mlp="geglu-tanh",
+                                   attn_scale=float(plain.config.head_dim)).eval()
+        same.load_state_dict(plain.state_dict())
+        torch.testing.assert_close(same(tokens).logits, z, atol=1e-6, rtol=1e-6)
+        other = normlab.build_model("gemma2", "nano", seed=0, mlp="geglu-tanh", attn_scale=1.0).eval()
+        other.load_state_dict(plain.state_dict())
+        assert not torch.allclose(other(tokens).logits, z, atol=1e-4)

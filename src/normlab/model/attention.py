@@ -44,6 +44,8 @@ class Attention(nn.Module):
         # Capture points: q, k, v as they enter attention, (B, heads, T, head_dim), q and k after
         # their norms and RoPE; the context after its norm, (B, T, n_heads * head_dim).
         self.q, self.k, self.v, self.context = Tap(), Tap(), Tap(), Tap()
+        self.scale = cfg.attn_scale**-0.5 if cfg.attn_scale is not None else None  # None: SDPA's 1/sqrt(head_dim)
+        self.softcap = cfg.attn_softcap
 
     def _heads(self, x: torch.Tensor, heads: int, norm: nn.Module) -> torch.Tensor:
         b, t, _ = x.shape
@@ -54,12 +56,28 @@ class Attention(nn.Module):
             x = norm(x)
         return x.transpose(1, 2)
 
+    def _softcapped(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Gemma 2's attention: c tanh(q k^T s / c), causal mask, softmax. Written out because SDPA has
+        no soft-capping; used only when attn_softcap is set."""
+        rep = self.n_heads // self.n_kv_heads
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        scores = (q @ k.transpose(-2, -1)) * (self.scale if self.scale is not None else self.head_dim**-0.5)
+        scores = self.softcap * torch.tanh(scores / self.softcap)
+        t = q.shape[-2]
+        causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~causal, float("-inf"))
+        return torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
         q = self.q(self.rotary(self._heads(self.q_proj(x), self.n_heads, self.q_norm)))
         k = self.k(self.rotary(self._heads(self.k_proj(x), self.n_kv_heads, self.k_norm)))
         v = self.v(self._heads(self.v_proj(x), self.n_kv_heads, self.v_norm))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
+        if self.softcap is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale,
+                                               enable_gqa=self.n_kv_heads != self.n_heads)
+        else:
+            y = self._softcapped(q, k, v)
         y = y.transpose(1, 2)  # (B, T, heads, head_dim)
         if self.span == "head":
             y = self.context_norm(y)

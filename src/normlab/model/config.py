@@ -13,8 +13,8 @@ import difflib
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal
 
-MlpKind = Literal["swiglu", "gelu", "gelu-tanh", "relu"]
-MLP_KINDS: tuple[str, ...] = ("swiglu", "gelu", "gelu-tanh", "relu")
+MlpKind = Literal["swiglu", "geglu-tanh", "gelu", "gelu-tanh", "relu"]
+MLP_KINDS: tuple[str, ...] = ("swiglu", "geglu-tanh", "gelu", "gelu-tanh", "relu")
 POSITIONS: tuple[str, ...] = ("rope", "learned")
 
 
@@ -34,6 +34,9 @@ class ModelConfig:
     max_seq_len: int = 256
     rope_theta: float = 10_000.0
     position: str = "rope"  # rope (Llama, Kim, Zhuo) | learned absolute embeddings added to the tokens (GPT-2)
+    attn_scale: float | None = None  # scores scaled by attn_scale^-1/2 (Gemma 2's query_pre_attn_scalar); None: head_dim
+    attn_softcap: float | None = None  # Gemma 2: scores -> c tanh(scores / c) before the mask; None: off
+    logit_softcap: float | None = None  # Gemma 2: logits -> c tanh(logits / c); None: off
     norm_eps: float = 1e-6
     norm_bias: bool = True  # LayerNorm's beta (RMSNorm has none)
     linear_bias: bool = False  # biases on the attention and MLP projections (Llama: none)
@@ -62,6 +65,10 @@ class ModelConfig:
             raise ConfigError(f"RoPE needs an even head dimension, got d_model/n_heads={self.head_dim}")
         if self.d_ff is not None and (not isinstance(self.d_ff, int) or self.d_ff < 1):
             raise ConfigError(f"d_ff must be a positive integer or None, got {self.d_ff!r}")
+        for name in ("attn_scale", "attn_softcap", "logit_softcap"):
+            v = getattr(self, name)
+            if v is not None and not v > 0:
+                raise ConfigError(f"{name} must be > 0 or None, got {v!r}")
         if self.position not in POSITIONS:
             raise ConfigError(f"unknown position {self.position!r}; valid: {', '.join(POSITIONS)}")
         if self.mlp not in MLP_KINDS:

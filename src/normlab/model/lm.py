@@ -82,6 +82,8 @@ class NormLM(nn.Module):
         """tokens (B, T) int64 -> logits (B, T, vocab); loss if targets given (ignore_index -100)."""
         x, hidden = self.run_blocks(self.embed_tokens(tokens), return_hidden_states)
         logits = self.lm_head(self.final_norm(x))
+        if self.config.logit_softcap is not None:  # Gemma 2
+            logits = self.config.logit_softcap * torch.tanh(logits / self.config.logit_softcap)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)

@@ -10,6 +10,9 @@ from torch import nn
 from normlab.model.config import ModelConfig
 
 
+GATED = ("swiglu", "geglu-tanh")  # act(x W_gate) * (x W_up); geglu-tanh is Gemma's
+
+
 def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     """GELU with the tanh approximation (GPT-2's "gelu_new")."""
     return F.gelu(x, approximate="tanh")
@@ -20,10 +23,11 @@ class MLP(nn.Module):
         super().__init__()
         d, ff, bias = cfg.d_model, cfg.ffn_dim, cfg.linear_bias
         self.kind = cfg.mlp
-        self.gate_proj = nn.Linear(d, ff, bias=bias) if cfg.mlp == "swiglu" else None
+        self.gate_proj = nn.Linear(d, ff, bias=bias) if cfg.mlp in GATED else None
         self.up_proj = nn.Linear(d, ff, bias=bias)
         self.down_proj = nn.Linear(ff, d, bias=bias)
-        self.act = {"swiglu": F.silu, "gelu": F.gelu, "gelu-tanh": _gelu_tanh, "relu": F.relu}[cfg.mlp]
+        self.act = {"swiglu": F.silu, "geglu-tanh": _gelu_tanh, "gelu": F.gelu, "gelu-tanh": _gelu_tanh,
+                    "relu": F.relu}[cfg.mlp]
 
     def hidden(self, x: torch.Tensor) -> torch.Tensor:
         """The activation h fed to the last projection W2 (Kim Prop. 3.1's h)."""

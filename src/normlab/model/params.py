@@ -41,7 +41,7 @@ def analytic_params(cfg: ModelConfig, resolved: ResolvedLayout) -> ParamCount:
     per_norm = (2 if (lay.norm == "layer" and cfg.norm_bias) else 1)  # gamma (+ beta)
     b = 1 if cfg.linear_bias else 0
     attn = d * h * hd + 2 * d * kv * hd + h * hd * d + b * (h * hd + 2 * kv * hd + d)
-    n_mats = 3 if cfg.mlp == "swiglu" else 2
+    n_mats = 3 if cfg.mlp in ("swiglu", "geglu-tanh") else 2
     mlp = n_mats * d * ff + b * ((n_mats - 1) * ff + d)
     inner_dim = {"q": h, "k": kv, "v": kv, "context": h}
     blocks = 0
