@@ -46,6 +46,8 @@ def test_grid_is_the_product_with_stable_ids():
     assert [s.run_id for s in sweep.expand()] == [s.run_id for s in specs]  # stable: resume finds them
     h = SweepConfig(name="h", base={"size": "nano"}, grid={"layout.h": [0.5], "layout": ["pre", "peri"]}).expand()
     assert [s.config["layout"] for s in h] == ["pre,h=0.5", "peri,h=0.5"] and h[0].run_id.startswith("h0.5_pre-")
+    explicit = SweepConfig(name="g", base={"size": "nano", "steps": 5, "lr": 3e-3, "wandb": False}, grid=sweep.grid)
+    assert [s.run_id for s in explicit.expand()] == [s.run_id for s in specs]  # a default spelled out: same run
     changed = SweepConfig(name="g", base={"size": "nano", "steps": 6}, grid=sweep.grid).expand()
     assert not {s.run_id for s in changed} & {s.run_id for s in specs}  # another setting: other runs
 
@@ -259,3 +261,16 @@ def test_cli_sweep_from_flags_and_errors(corpus, tmp_path, capsys):
     assert code == 0 and "| peri,h=0.5 | 0/1 |" in out and "report:" in out
     rows = SweepStore(tmp_path / "cli" / "sweep.db").rows()
     assert rows[0]["config"]["model"] == {"n_layers": 1}
+
+
+def test_a_grid_point_with_two_ids_counts_once(tmp_path):
+    from normlab.experiments.sweep import RunSpec
+
+    sweep = SweepConfig(name="d", base={"size": "nano"}, grid={"layout": ["pre"], "seed": [0]})
+    store, (spec,) = prepare(sweep, tmp_path / "d")
+    old = RunSpec("pre_seed0-oldhash0", spec.index, spec.axes, spec.config)  # e.g. recorded by an older normlab
+    store.add([old])
+    store.record(old.run_id, {"status": "ok", "final_loss": 2.0, "initial_loss": 5.5, "steps": 1})
+    df, axes = load_sweep(tmp_path / "d")
+    assert len(df) == 1 and df.iloc[0].final_loss == 2.0  # the finished row, not the pending one
+    assert cells(df, axes).loc[0, "divergences"] == "0/1"

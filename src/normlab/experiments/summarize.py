@@ -50,6 +50,12 @@ def load_sweep(path: str | Path) -> tuple[pd.DataFrame, list[str]]:
         rec.update({k: r[k] for k in OUTCOME})
         records.append(rec)
     df = pd.DataFrame.from_records(records, columns=["run_id", *axes, "status", "step", "reason", "attempts", *OUTCOME])
+    # One row per grid point: a store can hold two ids for one point (runs recorded by a normlab
+    # whose ids hashed other settings); the finished one, else the newest, is the result.
+    if axes and len(df):
+        df["_rank"] = [(s in ("ok", "diverged"), r["finished_at"] or 0) for s, r in zip(df.status, rows)]
+        df = df.sort_values("_rank", kind="stable").drop_duplicates(subset=axes, keep="last")
+        df = df.drop(columns="_rank").sort_index()
     return df, axes
 
 

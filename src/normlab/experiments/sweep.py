@@ -172,7 +172,15 @@ def _slug(value: Any) -> str:
 
 
 def run_id(point: dict[str, Any], config: dict[str, Any]) -> str:
-    """`<axis values>-<hash>`: readable in `ls`, unique per resolved config."""
-    digest = hashlib.sha1(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    """`<axis values>-<hash>`: readable in `ls`, unique per resolved config.
+
+    The hash covers the settings that differ from TrainConfig's defaults, so a normlab version that
+    adds a setting (with a default that keeps the old behaviour) keeps every id, and resumes work
+    across upgrades; the cost is that changing a default would reuse old results, which normlab
+    does not do silently (defaults are part of the documented protocol).
+    """
+    defaults = TrainConfig().to_dict()
+    changed = {k: v for k, v in config.items() if k not in defaults or v != defaults[k]}
+    digest = hashlib.sha1(json.dumps(changed, sort_keys=True, default=str).encode()).hexdigest()[:8]
     names = "_".join(_slug(v) if axis == "layout" else f"{axis.split('.')[-1]}{_slug(v)}" for axis, v in point.items())
     return f"{names}-{digest}" if names else digest
