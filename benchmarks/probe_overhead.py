@@ -59,7 +59,7 @@ def main() -> None:
     walls: dict[int, list[float]] = {args.every: [], 0: []}
     with tempfile.TemporaryDirectory() as tmp:
         def run(every: int, steps: int, tag: str) -> float:
-            cfg_run = TrainConfig(layout=args.layout, size=args.size, data="stdlib", steps=steps, probe_every=every,
+            cfg_run = TrainConfig.of(layout=args.layout, size=args.size, data="stdlib", steps=steps, probe_every=every,
                                   eval_every=0, progress=False, out=f"{tmp}/{tag}")
             t0 = time.perf_counter()
             train(cfg_run)

@@ -111,8 +111,8 @@ def test_prop31_pre_gradient_is_h_times_residual_and_grows_with_h():
 
 def test_probes_do_not_change_training(corpus, tmp_path):
     base = dict(data=str(corpus), size="nano", seq_len=32, batch_size=8, steps=8, eval_every=4, eval_batches=1, progress=False)
-    train(TrainConfig(**base, out=str(tmp_path / "on"), probe_every=2))
-    train(TrainConfig(**base, out=str(tmp_path / "off"), probe_every=0))
+    train(TrainConfig.of(**base, out=str(tmp_path / "on"), probe_every=2))
+    train(TrainConfig.of(**base, out=str(tmp_path / "off"), probe_every=0))
     on, off = (normlab.load_run(tmp_path / n) for n in ("on", "off"))
     assert on.metrics.loss.tolist() == off.metrics.loss.tolist()
     assert on.metrics.grad_norm.tolist() == off.metrics.grad_norm.tolist()
@@ -129,7 +129,7 @@ def test_report_html_and_figures(corpus, tmp_path):
     runs = []
     for layout in ("pre", "peri"):
         out = tmp_path / layout
-        train(TrainConfig(data=str(corpus), size="nano", layout=layout, seq_len=32, batch_size=8, steps=6,
+        train(TrainConfig.of(data=str(corpus), size="nano", layout=layout, seq_len=32, batch_size=8, steps=6,
                           probe_every=3, eval_every=3, eval_batches=1, progress=False, out=str(out)))
         runs.append(out)
     index = make_report(runs, tmp_path / "report")
@@ -206,7 +206,7 @@ def test_report_opens_in_headless_browser(corpus, tmp_path):
     import subprocess
 
     out = tmp_path / "run"
-    train(TrainConfig(data=str(corpus), size="nano", seq_len=32, batch_size=8, steps=4, probe_every=2, eval_every=2,
+    train(TrainConfig.of(data=str(corpus), size="nano", seq_len=32, batch_size=8, steps=4, probe_every=2, eval_every=2,
                       eval_batches=1, progress=False, out=str(out)))
     index = make_report([out], tmp_path / "report")
     res = subprocess.run([_browser(), "--headless=new", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",

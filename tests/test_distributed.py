@@ -45,14 +45,14 @@ def single(tmp_path_factory):
     corpus = root / "c.txt"
     corpus.write_text("\n".join(["To be, or not to be, that is the question.", "The quick brown fox."] * 400))
     os.environ.setdefault("NORMLAB_CACHE", str(root / "cache"))
-    cfg = TrainConfig(data=str(corpus), out=str(root / "single"), **COMMON)
+    cfg = TrainConfig.of(data=str(corpus), out=str(root / "single"), **COMMON)
     train(cfg)
     return cfg, root
 
 
 def test_ddp_matches_single_process(single):
     cfg, root = single
-    ddp = TrainConfig(**{**cfg.to_dict(), "out": str(root / "ddp"), "grad_accum": 2})
+    ddp = TrainConfig.of(**{**cfg.to_dict(), "out": str(root / "ddp"), "grad_accum": 2})
     torchrun(ddp)
     assert_same_curve(cfg.out, ddp.out)
     assert json.loads((root / "ddp" / "config.json").read_text())["world_size"] == 2
@@ -60,7 +60,7 @@ def test_ddp_matches_single_process(single):
 
 def test_fsdp2_matches_single_process_and_resumes_exactly(single):
     cfg, root = single
-    fsdp = TrainConfig(**{**cfg.to_dict(), "out": str(root / "fsdp"), "fsdp": True, "probe_every": 0})
+    fsdp = TrainConfig.of(**{**cfg.to_dict(), "out": str(root / "fsdp"), "fsdp": True, "probe_every": 0})
     torchrun(fsdp)
     assert_same_curve(cfg.out, fsdp.out)
     before = metrics(fsdp.out)

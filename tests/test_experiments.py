@@ -53,7 +53,11 @@ def test_grid_is_the_product_with_stable_ids():
 
 
 @pytest.mark.parametrize("grid, match", [
-    ({"lrr": [1e-3]}, "not a training setting"),
+    ({"lrr": [1e-3]}, "unknown setting 'lrr'; did you mean lr"),
+    ({"out": ["a", "b"]}, "does not change what a run computes"),
+    ({"probe_every": [0, 10]}, "cannot be an axis"),
+    ({"lr": ["fast"]}, "expected a number"),
+    ({"steps": [True]}, "expected an integer"),
     ({"lr": []}, "non-empty list"),
     ({"lr": [1e-3, 1e-3]}, "repeats a value"),
     ({"model.n_layer": [2]}, "not a model option"),

@@ -189,7 +189,7 @@ def test_cli_export_of_a_trained_run(corpus, tmp_path, capsys):
     from normlab.cli import main
     from normlab.train import TrainConfig, train
 
-    train(TrainConfig(data=str(corpus), size="nano", layout="pre", seq_len=32, batch_size=8, steps=3, eval_every=0,
+    train(TrainConfig.of(data=str(corpus), size="nano", layout="pre", seq_len=32, batch_size=8, steps=3, eval_every=0,
                       eval_batches=1, probe_every=0, progress=False, out=str(tmp_path / "run")))
     assert main(["export", str(tmp_path / "run"), str(tmp_path / "hf"), "--arch", "llama"]) == 0
     hf = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", local_files_only=True).eval()

@@ -9,7 +9,7 @@ from normlab.train import TrainConfig, train
 
 
 def cfg(corpus, out, **kw):
-    return TrainConfig(data=str(corpus), size="nano", seq_len=32, batch_size=8, steps=4, eval_every=2,
+    return TrainConfig.of(data=str(corpus), size="nano", seq_len=32, batch_size=8, steps=4, eval_every=2,
                        eval_batches=1, out=str(out), progress=False, **kw)
 
 

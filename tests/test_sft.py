@@ -64,18 +64,18 @@ def test_sft_data_errors_name_the_line(tmp_path):
 def test_pretrain_then_sft_from_the_checkpoint(corpus, tmp_path):
     common = dict(size="nano", layout="peri", seq_len=48, batch_size=8, eval_every=0, eval_batches=1, probe_every=0,
                   progress=False)
-    train(TrainConfig(data=str(corpus), steps=4, out=str(tmp_path / "pre"), **common))
+    train(TrainConfig.of(data=str(corpus), steps=4, out=str(tmp_path / "pre"), **common))
     pretrained = load_checkpoint(list_checkpoints(tmp_path / "pre")[-1])["model"]
     fresh = normlab.build_model("peri", "nano", seed=5)
     load_init_weights(fresh, tmp_path / "pre")
     for k, v in fresh.state_dict().items():
         assert torch.equal(v, pretrained[k]), k
     data = write_jsonl(tmp_path / "sft.jsonl", PAIRS)
-    s = train(TrainConfig(data=str(data), task="sft", init_from=str(tmp_path / "pre"), steps=6, lr=1e-3,
+    s = train(TrainConfig.of(data=str(data), task="sft", init_from=str(tmp_path / "pre"), steps=6, lr=1e-3,
                           out=str(tmp_path / "sft"), **common))
     assert s["status"] == "ok" and s["final_val_loss"] is not None
     cfg = json.loads((tmp_path / "sft" / "config.json").read_text())
     assert "(SFT)" in cfg["data"] and cfg["config"]["init_from"] == str(tmp_path / "pre")
     with pytest.raises(ConfigError, match="do not fit the model built from this run"):
-        train(TrainConfig(data=str(data), task="sft", init_from=str(tmp_path / "pre"), steps=2,
+        train(TrainConfig.of(data=str(data), task="sft", init_from=str(tmp_path / "pre"), steps=2,
                           out=str(tmp_path / "bad"), **{**common, "layout": "pre"}))

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 def small(corpus, out, **kw) -> TrainConfig:
     base = dict(data=str(corpus), size="nano", layout="peri", seq_len=32, batch_size=8, steps=12, lr=3e-3,
                 eval_every=6, eval_batches=2, out=str(out), progress=False)
-    return TrainConfig(**{**base, **kw})
+    return TrainConfig.of(**{**base, **kw})
 
 
 def losses(run) -> list[float]:
@@ -159,7 +159,7 @@ def test_spike_rules():
 
 
 def test_schedule_warmup_then_cosine():
-    cfg = TrainConfig(steps=100, lr=1.0, warmup=0.1, min_lr=0.1)
+    cfg = TrainConfig.of(steps=100, lr=1.0, warmup=0.1, min_lr=0.1)
     assert lr_at(0, cfg) == pytest.approx(0.1) and lr_at(9, cfg) == pytest.approx(1.0)
     assert lr_at(10, cfg) == pytest.approx(1.0) and lr_at(99, cfg) == pytest.approx(0.1)
     mid = 10 + (99 - 10) / 2
@@ -175,7 +175,7 @@ def test_weight_decay_exclusions():
     assert id(model.blocks[0].attn.q_proj.weight) in decayed
     for p in (model.blocks[0].attn.q_proj.bias, model.blocks[0].attn_norms.output.weight, model.embed.weight):
         assert id(p) not in decayed
-    all_decay = param_groups(model, TrainConfig(wd_exclude=""))
+    all_decay = param_groups(model, TrainConfig.of(wd_exclude=""))
     assert len(all_decay[1]["params"]) == 0
 
 
@@ -205,7 +205,7 @@ def test_crash_is_recorded_as_failed(corpus, tmp_path, monkeypatch):
 
 def test_never_overwrites_and_refuses_mismatched_resume(corpus, tmp_path):
     train(small(corpus, tmp_path / "r", steps=3))
-    with pytest.raises(ConfigError, match="different lr"):
+    with pytest.raises(ConfigError, match=r"different settings \(lr: 0.003 -> 0.001\)"):
         train(small(corpus, tmp_path / "r", steps=3, lr=1e-3))
     with pytest.raises(ConfigError, match="already holds a run"):
         train(small(corpus, tmp_path / "r", steps=3, resume=False))
@@ -213,21 +213,26 @@ def test_never_overwrites_and_refuses_mismatched_resume(corpus, tmp_path):
 
 @pytest.mark.parametrize(
     "kw, needle",
-    [(dict(lr=-1.0), "lr must be > 0"), (dict(steps=0), "steps must be a positive integer"),
-     (dict(warmup=1.5), "warmup is a fraction"), (dict(precision="fp8"), "precision must be fp32, bf16 or fp16"),
+    [(dict(lr=-1.0), "lr must be > 0"), (dict(steps=0), "steps must be > 0, got 0"),
+     (dict(warmup=1.5), "warmup must lie in [0, 1)"), (dict(precision="fp8"), "precision: 'fp8' is not valid; valid: fp32, bf16, fp16"),
      (dict(batch_size=10, grad_accum=4), "divisible by grad_accum=4"), (dict(wd_exclude="norms,gains"), "unknown ['gains']"),
-     (dict(model={"d_modle": 3}), "did you mean d_model")],
+     (dict(model={"d_modle": 3}), "did you mean model.d_model"), (dict(lr=float("nan")), "lr: expected a finite number"),
+     (dict(grad_clip=float("inf")), "grad_clip: expected a finite number"), (dict(beta1=1.5), "beta1 must lie in [0, 1)"),
+     (dict(eps=-1.0), "eps must be > 0"), (dict(seed=2**70), "seed must lie in [0, 2^32)"),
+     (dict(steps=True), "steps: expected an integer, got True"), (dict(compile="no"), "compile: expected true or false"),
+     (dict(weight_decay="x"), "weight_decay: expected a number, got 'x'"), (dict(steps=8.0), "steps: expected an integer"),
+     (dict(layout="perri"), "Did you mean peri"), (dict(layout="attn=A,[9:10]mlp=C", size="nano"), "does not fit 2 layers")],
 )
 def test_bad_config_values(kw, needle):
     with pytest.raises(ConfigError) as err:
-        TrainConfig(**kw)
+        TrainConfig.of(**kw)
     assert needle in str(err.value)
 
 
 def test_config_round_trips_through_command_line_and_toml(tmp_path):
     from normlab.cli import build_parser, train_config_from_args
 
-    cfg = TrainConfig(layout="hybrid*", lr=1e-3, min_lr=None, steps=7, compile=True, resume=False,
+    cfg = TrainConfig.of(layout="hybrid*", lr=1e-3, min_lr=None, steps=7, compile=True, resume=False,
                       model={"n_layers": 3, "mlp": "relu"}, diverge_final_loss=4.5)
     args = build_parser().parse_args(["train", *cfg.to_args()])
     assert train_config_from_args(args) == cfg
@@ -235,7 +240,10 @@ def test_config_round_trips_through_command_line_and_toml(tmp_path):
     toml.write_text('layout = "pre"\nlr = 0.002\nsteps = 50\n[model]\nn_layers = 4\n')
     args = build_parser().parse_args(["train", "--config", str(toml), "--steps", "9", "--model", "d_model=64"])
     got = train_config_from_args(args)
-    assert (got.layout, got.lr, got.steps, got.model) == ("pre", 0.002, 9, {"n_layers": 4, "d_model": 64})
+    assert (got.model.layout_label, got.lr, got.steps, got.model.options) == ("pre", 0.002, 9, {"n_layers": 4, "d_model": 64})
+    from normlab.layout import parse_layout
+
+    assert got.model.layout == parse_layout("pre")
     toml.write_text('layuot = "pre"\n')
     with pytest.raises(ConfigError, match="did you mean layout"):
         TrainConfig.from_toml(toml)

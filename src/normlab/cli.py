@@ -24,6 +24,7 @@ from pathlib import Path
 from normlab.data.corpus import DataError
 from normlab.layout import PRESETS, LayoutError
 from normlab.model.config import SIZES, ConfigError
+from normlab.train.checkpoint import CheckpointError
 
 
 def _layouts(args: argparse.Namespace) -> int:
@@ -56,96 +57,74 @@ def _show(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from normlab.demo import run_demo
 
-    run_demo(args.layouts.split(","), size=args.size, seed=args.seed)
+    layouts = [x.strip() for x in args.layouts.split(";" if ";" in args.layouts else ",") if x.strip()]
+    if not layouts:
+        raise ConfigError("--layouts needs at least one layout, e.g. post,pre,peri")
+    run_demo(layouts, size=args.size, seed=args.seed)
     return 0
 
 
-def _scalar(text: str):  # noqa: ANN202 - int | float | bool | None | str
-    low = text.lower()
-    if low in ("none", "null"):
-        return None
-    if low in ("true", "false"):
-        return low == "true"
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
-def _model_overrides(items: list[str]) -> dict:
-    out = {}
-    for item in items:
+def _pairs(items: list[str] | None, flag: str, example: str) -> dict[str, str]:
+    """KEY=VALUE arguments as a dict of strings (parsed later by each setting's type)."""
+    out: dict[str, str] = {}
+    for item in items or []:
         key, eq, value = item.partition("=")
-        if not eq:
-            raise ConfigError(f"--model takes KEY=VALUE (e.g. --model n_layers=8), got {item!r}")
-        out[key.strip()] = _scalar(value.strip())
+        if not eq or not key.strip():
+            raise ConfigError(f"{flag} takes KEY=VALUE (e.g. {flag} {example}), got {item!r}")
+        out[key.strip()] = value.strip()
     return out
 
 
+def _settings(items: list[str] | None) -> dict:
+    """--set KEY=VALUE pairs, typed by each key's setting (model.NAME, layout.NAME too)."""
+    from normlab.train.config import typed_settings
+
+    return typed_settings(_pairs(items, "--set", "steps=500"), "--set", from_text=True)
+
+
 def _add_train_args(s: argparse.ArgumentParser) -> None:
-    import dataclasses
+    """One flag per setting of TrainConfig, generated from its declaration (doc, choices, type)."""
+    from normlab.train.config import LEAVES
 
-    from normlab.train.config import TrainConfig, field_type
-
-    s.add_argument("--config", help="a TOML file of settings (field = value; [model] table); flags override it")
-    doc = _field_docs()
-    for f in dataclasses.fields(TrainConfig):
-        flag = "--" + f.name.replace("_", "-")
-        default = f.default if f.default is not dataclasses.MISSING else None
-        help_text = f"{doc.get(f.name, '')} (default: {default})"
-        if f.name == "model":
-            s.add_argument("--model", action="append", default=argparse.SUPPRESS, metavar="KEY=VALUE",
-                           help="a model option, repeatable: --model n_layers=8 --model mlp=relu (see ModelConfig)")
-        elif field_type(f.name) is bool:
-            s.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
+    s.add_argument("--config", help="a TOML file of settings (key = value; [model] table for model options); "
+                   "flags and --set override it")
+    s.add_argument("--set", action="append", metavar="KEY=VALUE", default=argparse.SUPPRESS,
+                   help="any setting by its key: lr=1e-3, model.n_layers=8, layout.h=0.5 (repeatable)")
+    s.add_argument("--model", action="append", default=argparse.SUPPRESS, metavar="KEY=VALUE",
+                   help="a model option, repeatable: --model n_layers=8 --model mlp=relu (= --set model.KEY=VALUE)")
+    for name, leaf in LEAVES.items():
+        if name == "options":
+            continue
+        flag = "--" + name.replace("_", "-")
+        help_text = f"{leaf.doc} (default: {leaf.default if name != 'layout' else 'peri'})".replace("%", "%%")
+        if leaf.type is bool:
+            s.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
+                           help=help_text)
         else:
-            kind, nullable = field_type(f.name), f.default is None
-            conv = (lambda t, k=kind, n=nullable: None if n and t.lower() == "none" else k(t))
-            s.add_argument(flag, dest=f.name, type=conv, default=argparse.SUPPRESS, metavar=f.name.upper(), help=help_text)
-
-
-def _field_docs() -> dict[str, str]:
-    """The trailing comment of each TrainConfig field, for --help."""
-    import inspect
-    import re
-
-    from normlab.train import config as train_config
-
-    docs = {}
-    for line in inspect.getsource(train_config.TrainConfig).splitlines():
-        m = re.match(r"\s+(\w+): .*?#\s*(.+)$", line)
-        if m:
-            docs[m[1]] = m[2].replace("%", "%%")
-    return docs
+            s.add_argument(flag, dest=name, default=argparse.SUPPRESS, metavar=name.upper(), help=help_text,
+                           choices=leaf.choices)
 
 
 def train_config_from_args(args: argparse.Namespace):  # noqa: ANN201 - TrainConfig
-    from normlab.train.config import TrainConfig
+    """Defaults, then --config FILE (typed TOML), then flags and --set (text): one override function."""
+    from normlab.io import read_toml
+    from normlab.train.config import LEAVES, TrainConfig, flatten_settings
 
-    given = {k: v for k, v in vars(args).items() if k not in ("command", "func", "config")}
-    if "model" in given:
-        given["model"] = _model_overrides(given["model"])
+    cfg = TrainConfig()
     if args.config:
-        base = TrainConfig.from_toml(args.config)
-        merged = {**base.to_dict(), **given}
-        if "model" in given:
-            merged["model"] = {**base.model, **given["model"]}
-        return TrainConfig.from_dict(merged)
-    return TrainConfig.from_dict(given)
+        cfg = cfg.with_(flatten_settings(read_toml(args.config, "config file"), args.config), args.config)
+    given: dict = {k: v for k, v in vars(args).items() if k in LEAVES}
+    given.update({f"model.{k}": v for k, v in _pairs(getattr(args, "model", None), "--model", "n_layers=8").items()})
+    given.update(_pairs(getattr(args, "set", None), "--set", "steps=500"))
+    return cfg.with_(given, "command line", from_text=True) if given else cfg
 
 
 def _train(args: argparse.Namespace) -> int:
-    from normlab.data import DataError
     from normlab.train import TrainingFailed, train
 
     cfg = train_config_from_args(args)
     try:
         summary = train(cfg)
-    except DataError as err:
-        print(f"normlab: data error: {err}", file=sys.stderr)
-        return 2
     except TrainingFailed as err:
         print(f"normlab: {err}", file=sys.stderr)
         return 1
@@ -167,18 +146,22 @@ def _screen(args: argparse.Namespace) -> int:
     from normlab.io import atomic_write_json
     from normlab.screen import ScreenConfig, format_table, load_layout_arg, parse_stresses, screen_layout
 
-    overrides = {}
-    if args.layers:
-        overrides["n_layers"] = args.layers
-    if args.width:
-        overrides["d_model"] = args.width
-    if args.heads:
-        overrides["n_heads"] = args.heads
-    cfg = ScreenConfig(size=args.size, model=overrides, stresses=parse_stresses(args.stress), mode=args.mode,
+    from tqdm import tqdm
+
+    from normlab.train.config import TrainConfig
+
+    # the size flags through the run configuration's one override function: same keys, same checks
+    flags = {"size": args.size, "model.n_layers": args.layers, "model.d_model": args.width, "model.n_heads": args.heads}
+    given = {k: v for k, v in flags.items() if v is not None}
+    given.update(_pairs(args.set, "--set", "model.n_layers=12"))
+    model = TrainConfig().with_(given, "screen", from_text=True).model
+    cfg = ScreenConfig(size=model.size, model=dict(model.options), stresses=parse_stresses(args.stress), mode=args.mode,
                        h_factor=args.h_factor, batch=args.batch, seq_len=args.seq_len, seed=args.seed)
     layouts = [load_layout_arg(a) for a in args.layouts]  # all parsed before any work: typos fail fast
     results = []
-    for layout, extra in layouts:
+    bar = tqdm(layouts, desc="screen", unit="layout", disable=None, leave=False)
+    for layout, extra in bar:
+        bar.set_postfix_str(layout.name or layout.to_string())
         results.append(screen_layout(layout, cfg, extra))
     print(format_table(results))
     if args.json:
@@ -196,47 +179,40 @@ def _screen(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from normlab.diagnostics.report import make_report
 
+    from normlab.io import read_jsonl
+
     out = args.out or str(Path(args.runs[0]).parent / "report")
     for r in args.runs:
-        if not (Path(r) / "metrics.jsonl").exists():
-            raise ConfigError(f"{r} is not a normlab run directory (no metrics.jsonl)")
+        if not (Path(r) / "metrics.jsonl").is_file():
+            raise ConfigError(f"{r} is not a normlab run directory (no metrics.jsonl); give directories written "
+                              "by normlab train")
+        if not read_jsonl(Path(r) / "metrics.jsonl"):
+            raise ConfigError(f"{r}/metrics.jsonl has no readable rows (the run has not logged a step yet)")
     index = make_report(args.runs, out)
     print(f"report: {index}")
     return 0
 
 
-def _settings(items: list[str]) -> dict:
-    """--set KEY=VALUE pairs as a base dict; model.NAME keys go into base["model"]."""
-    out: dict = {}
-    for item in items:
-        key, eq, value = item.partition("=")
-        if not eq:
-            raise ConfigError(f"--set takes KEY=VALUE (e.g. --set steps=500, --set model.n_layers=8), got {item!r}")
-        key = key.strip()
-        if key.startswith("model."):
-            out.setdefault("model", {})[key.removeprefix("model.")] = _scalar(value.strip())
-        else:
-            out[key] = _scalar(value.strip())
-    return out
+def _grid_args(items: list[str] | None) -> dict:
+    """--grid AXIS=V1,V2 (or V1;V2 when a value has commas, as layout strings may), typed per axis."""
+    from normlab.train.config import typed_settings
 
-
-def _grid_args(items: list[str]) -> dict:
-    """--grid AXIS=V1,V2 (or V1;V2 when a value has commas, as layout strings may)."""
     grid = {}
-    for item in items:
+    for item in items or []:
         axis, eq, values = item.partition("=")
-        if not eq or not values:
+        if not eq or not values.strip() or not axis.strip():
             raise ConfigError(f"--grid takes AXIS=V1,V2,... (e.g. --grid lr=1e-3,3e-3), got {item!r}")
         sep = ";" if ";" in values else ","
-        grid[axis.strip()] = [_scalar(v.strip()) for v in values.split(sep) if v.strip()]
+        texts = [v.strip() for v in values.split(sep) if v.strip()]
+        grid[axis.strip()] = [typed_settings({axis.strip(): v}, f"--grid {axis.strip()}", from_text=True)[axis.strip()]
+                              for v in texts]
     return grid
 
 
 def _merge_base(base: dict, extra: dict) -> dict:
-    merged = {**base, **{k: v for k, v in extra.items() if k != "model"}}
-    if "model" in extra or "model" in base:
-        merged["model"] = {**base.get("model", {}), **extra.get("model", {})}
-    return merged
+    from normlab.train.config import flatten_settings
+
+    return {**flatten_settings(base), **flatten_settings(extra)}
 
 
 def _sweep(args: argparse.Namespace) -> int:
@@ -264,6 +240,8 @@ def _sweep(args: argparse.Namespace) -> int:
 def _summarize(args: argparse.Namespace) -> int:
     from normlab.experiments import summarize
 
+    if not (Path(args.sweep) / "sweep.db").is_file():
+        raise ConfigError(f"{args.sweep} holds no sweep.db; give a folder written by normlab sweep or compare")
     result = summarize(args.sweep, args.out)
     print(result["markdown"].read_text())
     print(f"summary: {result['markdown']}\nreport: {result['html']}")
@@ -299,9 +277,14 @@ def _recipes(args: argparse.Namespace) -> int:
 def _scan(args: argparse.Namespace) -> int:
     from normlab.hf.scan import scan
 
+    if not (Path(args.model) / "config.json").is_file():
+        raise ConfigError(f"{args.model} is not a local transformers model folder (no config.json); give a folder "
+                          "written by save_pretrained or normlab export")
     texts = None
     if args.text_file:
-        texts = [t for t in Path(args.text_file).read_text().split("\n\n") if t.strip()]
+        if not Path(args.text_file).is_file():
+            raise ConfigError(f"--text-file {args.text_file} does not exist")
+        texts = [t for t in Path(args.text_file).read_text(errors="replace").split("\n\n") if t.strip()]
         if not texts:
             raise ConfigError(f"{args.text_file} has no text (texts are separated by blank lines)")
     result = scan(args.model, args.out or str(Path(args.model) / "scan"), texts, args.max_len)
@@ -328,11 +311,16 @@ def _export(args: argparse.Namespace) -> int:
     from normlab.model.config import get_size
     from normlab.train.checkpoint import list_checkpoints, load_checkpoint
 
-    src = Path(args.source)
+    src, dest = Path(args.source), Path(args.out)
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise ConfigError(f"export destination {dest} {'is a file' if not dest.is_dir() else 'is not empty'}; "
+                          "nothing there is overwritten: give a new or empty folder")
     ckpt = (list_checkpoints(src) or [None])[-1] if src.is_dir() else src
     if ckpt is None or not Path(ckpt).is_file():
         raise ConfigError(f"{src}: no checkpoint found (give a run directory or a checkpoint file)")
     state = load_checkpoint(ckpt)
+    if not isinstance(state.get("config"), dict):
+        raise ConfigError(f"{ckpt} holds no run configuration; give a checkpoint written by normlab train")
     cfg, weights = state["config"], state["model"]
     overrides = {"vocab_size": weights["embed.weight"].shape[0], **cfg.get("model", {})}  # as the trainer built it
     overrides.setdefault("max_seq_len", max(cfg["seq_len"], get_size(cfg["size"]).max_seq_len))
@@ -356,10 +344,14 @@ def _data(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import normlab
+
     p = argparse.ArgumentParser(
         prog="normlab",
         description="Normalization placement in Transformer LMs: build, compare and inspect layouts.",
     )
+    p.add_argument("--version", action="version", version=f"normlab {normlab.__version__}")
+    p.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("layouts", help="list the preset layouts with their equations and sources")
     s.add_argument("--names", action="store_true", help="print the names only")
@@ -367,12 +359,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_layouts)
     s = sub.add_parser("show", help="print a layout resolved per layer, with the parameter count")
     s.add_argument("layout", help="preset name or string form, e.g. peri or 'attn=AB,mlp=AB,final'")
-    s.add_argument("--size", default="tiny", help=f"size preset ({', '.join(SIZES)})")
+    s.add_argument("--size", default="tiny", choices=list(SIZES), metavar="SIZE", help=f"size preset ({', '.join(SIZES)})")
     s.add_argument("--layers", type=int, default=None, help="override the number of layers")
     s.set_defaults(func=_show)
     s = sub.add_parser("demo", help="compare layouts at initialization on real text: loss, RMS and grad norm by depth")
     s.add_argument("--layouts", default="post,pre,peri,hybrid", help="comma-separated preset names")
-    s.add_argument("--size", default="tiny", help=f"size preset ({', '.join(SIZES)})")
+    s.add_argument("--size", default="tiny", choices=list(SIZES), metavar="SIZE", help=f"size preset ({', '.join(SIZES)})")
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(func=_demo)
     s = sub.add_parser(
@@ -393,10 +385,12 @@ def build_parser() -> argparse.ArgumentParser:
         "Example: normlab screen post pre peri hybrid --json screen.json",
     )
     s.add_argument("layouts", nargs="+", help="preset names, string forms, or .toml files with a 'layout' key")
-    s.add_argument("--size", default="tiny", help=f"size preset ({', '.join(SIZES)}); default tiny")
-    s.add_argument("--layers", type=int, help="number of layers (depth)")
-    s.add_argument("--width", type=int, help="d_model")
-    s.add_argument("--heads", type=int, help="attention heads (must divide the width)")
+    s.add_argument("--size", default="tiny", choices=list(SIZES), metavar="SIZE",
+                   help=f"size preset ({', '.join(SIZES)}); default tiny")
+    s.add_argument("--layers", help="number of layers (depth; = --set model.n_layers=N)")
+    s.add_argument("--width", help="d_model (= --set model.d_model=N)")
+    s.add_argument("--heads", help="attention heads, must divide the width (= --set model.n_heads=N)")
+    s.add_argument("--set", action="append", metavar="model.NAME=VALUE", help="any model option (repeatable)")
     s.add_argument("--stress", default="1,2,4,8", help="weight stress factors s > 0, comma-separated (default 1,2,4,8)")
     s.add_argument("--mode", default="output", choices=["output", "all"],
                    help="output: scale W_O and W_down by s (module outputs x s); all: scale every attention/MLP weight")
@@ -417,7 +411,8 @@ def build_parser() -> argparse.ArgumentParser:
         "default corpus, in parallel, with probes; then one HTML report. Resumable: run it again and finished "
         "layouts are not retrained.")
     s.add_argument("--layouts", default="post,pre,peri,hybrid", help="comma-separated (or ;-separated) layouts")
-    s.add_argument("--size", default="tiny", help=f"size preset ({', '.join(SIZES)}); default tiny")
+    s.add_argument("--size", default="tiny", choices=list(SIZES), metavar="SIZE",
+                   help=f"size preset ({', '.join(SIZES)}); default tiny")
     s.add_argument("--steps", type=int, default=300, help="training steps per layout (default 300)")
     s.add_argument("--set", action="append", metavar="KEY=VALUE", help="any training setting, e.g. --set lr=1e-3")
     s.add_argument("--workers", type=int, help="parallel runs (default: one per CPU core)")
@@ -469,16 +464,43 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+USER_ERRORS = (LayoutError, ConfigError, DataError, CheckpointError)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. Bad input ends with one line on stderr that names the problem and what is
+    valid, exit status 2; an unexpected error with one line and exit status 1; `--debug` (or
+    NORMLAB_DEBUG=1) shows the traceback instead."""
+    import os
+
     args = build_parser().parse_args(argv)
+    debug = args.debug or os.environ.get("NORMLAB_DEBUG", "") not in ("", "0")
     try:
         return args.func(args)
-    except (LayoutError, ConfigError, DataError) as err:
-        print(f"normlab: error: {err}", file=sys.stderr)
+    except USER_ERRORS as err:
+        if debug:
+            raise
+        print(f"normlab: error: {_one_line(err)}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `normlab layouts | head`
         sys.stderr.close()
         return 0
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print("normlab: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # noqa: BLE001 - the last line of defence: one line, not a traceback
+        if debug:
+            raise
+        print(f"normlab: error: {type(err).__name__}: {_one_line(err)} (run with --debug for the traceback)",
+              file=sys.stderr)
+        return 1
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return text if len(text) <= 2000 else text[:2000] + " ..."
 
 
 if __name__ == "__main__":

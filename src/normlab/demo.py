@@ -29,6 +29,12 @@ def _row(values: list[float]) -> str:
 
 
 def run_demo(layouts: list[str], size: str = "tiny", seed: int = 0, steps: int = 30, lr: float = 3e-3) -> None:
+    from normlab.layout import as_layout
+    from normlab.model.config import get_size
+
+    depth = get_size(size).n_layers
+    for name in layouts:  # every layout and the size checked before any work: a typo fails at once
+        as_layout(name).resolve(depth)
     torch.manual_seed(seed)
     batch = demo_tokens(128, 16, seed)
     x, y = batch[:, :-1], batch[:, 1:]

@@ -54,10 +54,41 @@ def read_toml(path: str | os.PathLike, what: str = "file") -> dict[str, Any]:
         raise ConfigError(f"{p} is not valid TOML: {err}") from None
 
 
-def truncate_jsonl(path: str | os.PathLike, before_step: int) -> None:
-    """Keep only the rows with ``step < before_step`` (a resumed run replays the rest)."""
+def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The rows of a JSONL file; a line that does not parse (a torn last line, left by a kill or a full
+    disk mid-write) is skipped, so a reader never fails on what a crash left behind."""
     path = Path(path)
-    kept = []
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_bytes().decode("utf-8", errors="replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def truncate_jsonl(path: str | os.PathLike, before_step: int) -> int:
+    """Keep only the rows with ``step < before_step`` (a resumed run replays the rest); torn lines are
+    dropped too. Returns how many lines were dropped because they did not parse."""
+    path = Path(path)
+    kept, torn = [], 0
     if path.exists():
-        kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] < before_step]
+        for line in path.read_bytes().decode("utf-8", errors="replace").splitlines():
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                step = row["step"]
+            except (ValueError, KeyError, TypeError):
+                torn += 1
+                continue
+            if isinstance(step, int) and step < before_step:
+                kept.append(line)
     atomic_write_bytes(path, ("\n".join(kept) + "\n").encode() if kept else b"")
+    return torn

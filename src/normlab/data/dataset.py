@@ -79,6 +79,9 @@ def _jsonl_texts(path: Path, field: str) -> list[str]:
                 record = json.loads(line)
             except json.JSONDecodeError as err:
                 raise DataError(f"{path} line {n} is not JSON: {err.msg}") from None
+            except UnicodeDecodeError as err:
+                raise DataError(f"{path} line {n} is not UTF-8 (invalid byte at offset {err.start}); "
+                                "JSONL must be UTF-8 text") from None
             if not isinstance(record, dict) or not isinstance(record.get(field), str):
                 raise DataError(f"{path} line {n} has no string field {field!r} (use --text-field to pick another)")
             texts.append(record[field])
@@ -137,6 +140,9 @@ def load_data(
         src = Path(path)
         if not src.exists():
             raise DataError(f"data path {src} does not exist; give a text file, folder, .jsonl, .bin, or 'shakespeare'")
+        if not (src.is_file() or src.is_dir()):
+            raise DataError(f"data path {src} is not a regular file or folder (a device, pipe or socket is never "
+                            "read as a corpus); give a text file, folder, .jsonl or .bin")
     if src.suffix == ".bin":
         if vocab_size is None:
             raise DataError(f"{src} holds token ids; give --vocab-size so ids can be checked against it")

@@ -52,14 +52,23 @@ def encode_pair(tok: Tokenizer, prompt: str, response: str, seq_len: int, pad_id
 def load_sft(path: Path, tok: Tokenizer, seq_len: int, val_fraction: float, prompt_field: str = "prompt",
              response_field: str = "response") -> tuple[Examples, Examples]:
     """Train and validation examples (the last ``val_fraction`` of the records are validation)."""
+    if not path.is_file():
+        raise DataError(f"SFT data {path} is not a regular file; give a .jsonl file of prompt/response records")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path} is not UTF-8 (invalid byte at offset {err.start}); JSONL must be UTF-8 text") from None
     rows = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as err:
             raise DataError(f"{path}:{n}: not JSON ({err.msg})") from None
+        if not isinstance(rec, dict):
+            raise DataError(f"{path}:{n}: an SFT record is a JSON object with string fields {prompt_field!r} and "
+                            f"{response_field!r}; found a {type(rec).__name__}")
         if not isinstance(rec.get(prompt_field), str) or not isinstance(rec.get(response_field), str):
             raise DataError(f"{path}:{n}: an SFT record needs string fields {prompt_field!r} and {response_field!r}; "
                             f"found {sorted(rec)}")

@@ -68,10 +68,9 @@ class Probes:
                 lambda m, a, o, i=i: captured.update({f"h{i}": a[0], f"a{i}": o})))
         try:
             with torch.enable_grad():
-                x0 = model.embed_tokens(x)
-                _, hidden = model.run_blocks(x0, return_hidden_states=True)
-                logits = model.lm_head(model.final_norm(hidden[-1]))
-                loss = nn.functional.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+                # the model's own forward (soft-caps, embedding scale, ... included): probe_loss is the training loss
+                out = model(x, targets=y, return_hidden_states=True)
+                loss, hidden = out.loss, list(out.hidden_states)
                 params = [mods[f"blocks.{i}.{w}"].weight for i in range(n_layers) for w in WEIGHTS if f"blocks.{i}.{w}" in mods
                           and mods[f"blocks.{i}.{w}"] is not None]
                 wanted = [p for p in params if p.requires_grad] + list(hidden)

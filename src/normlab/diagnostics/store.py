@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-from normlab.io import truncate_jsonl
+from normlab.io import read_jsonl, truncate_jsonl
 
 
 class ProbeWriter:
@@ -52,19 +52,13 @@ class Run:
         return df.pivot_table(index="step", columns="layer", values="value", dropna=False) if len(df) else df
 
 
-def _jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def load_run(path: str | Path) -> Run:
     p = Path(path)
     if not (p / "metrics.jsonl").exists():
         raise FileNotFoundError(f"{p} is not a normlab run directory (no metrics.jsonl)")
     config = json.loads((p / "config.json").read_text()) if (p / "config.json").exists() else {}
     summary = json.loads((p / "summary.json").read_text()) if (p / "summary.json").exists() else {}
-    metrics = pd.DataFrame(_jsonl(p / "metrics.jsonl"))
-    probes = pd.DataFrame(_jsonl(p / "probes.jsonl"), columns=["step", "layer", "site", "metric", "value"])
+    metrics = pd.DataFrame(read_jsonl(p / "metrics.jsonl"))
+    probes = pd.DataFrame(read_jsonl(p / "probes.jsonl"), columns=["step", "layer", "site", "metric", "value"])
     probes["layer"] = probes["layer"].astype("Int64")
     return Run(path=p, config=config, summary=summary, metrics=metrics, probes=probes)

@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import fcntl
 import json
-import multiprocessing as mp
 import os
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -38,10 +38,12 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from normlab.experiments.progress import SweepProgress
 from normlab.experiments.store import DONE, SweepStore
 from normlab.experiments.sweep import RunSpec, SweepConfig
 from normlab.io import atomic_write_bytes
 from normlab.model.config import ConfigError
+from normlab.train.config import typed_settings
 
 
 def execute_run(sweep_dir: str, run_id: str, threads: int | None = None, watch_parent: bool = False) -> str:
@@ -116,6 +118,11 @@ def prepare(sweep: SweepConfig, out: str | Path) -> tuple[SweepStore, list[RunSp
     specs = sweep.expand()
     base = json.loads(json.dumps(sweep.base, sort_keys=True))
     old = store.get_meta("base")
+    if old is not None:
+        try:
+            old = json.loads(json.dumps(typed_settings(old), sort_keys=True))  # an older normlab's nested form
+        except ConfigError:
+            pass
     if old is not None and old != base:
         changed = sorted(k for k in set(old) | set(base) if old.get(k) != base.get(k))
         raise ConfigError(f"{root} holds a sweep with other base settings (changed: {', '.join(changed)}); "
@@ -155,7 +162,12 @@ def run_sweep(sweep: SweepConfig, out: str | Path, workers: int | None = None, e
         kind = executor or sweep.executor
         if todo:
             if kind == "local":
-                _run_local(root, store, todo, workers or sweep.workers, log)
+                steps = {s.run_id: s.config["steps"] for s in specs if s.run_id in todo}
+                bar = SweepProgress(root, steps, sweep.name, log=log)
+                try:
+                    _run_local(root, store, todo, workers or sweep.workers, log, bar)
+                finally:
+                    bar.close()
             else:
                 _run_submitit(root, store, todo, kind, sweep.slurm, log)
         counts = store.counts()
@@ -165,44 +177,67 @@ def run_sweep(sweep: SweepConfig, out: str | Path, workers: int | None = None, e
         lock.close()
 
 
-def _run_local(root: Path, store: SweepStore, todo: list[str], workers: int | None, log) -> None:  # noqa: ANN001
+# The worker's first lines, run before anything else is imported: from here on the kernel kills the
+# worker when the coordinator dies (PR_SET_PDEATHSIG, Linux), and a worker whose coordinator died
+# before that took effect exits at once. Importing normlab and torch takes seconds; a worker started
+# just before a `kill -9` of the sweep would otherwise live on and race the restarted sweep.
+_BOOT = """\
+import ctypes, os, signal, sys
+parent = int(sys.argv[1])
+try:
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+except (AttributeError, OSError):
+    pass  # not Linux: execute_run's watcher thread ends the worker within a second instead
+if os.getppid() != parent:
+    os._exit(3)
+from normlab.experiments.runner import execute_run
+execute_run(sys.argv[2], sys.argv[3], threads=int(sys.argv[4]), watch_parent=True)
+"""
+
+
+def _spawn(root: Path, run_id: str, threads: int) -> subprocess.Popen:
+    with open(root / "logs" / f"{run_id}.log", "ab") as log:  # the child keeps its own descriptor
+        return subprocess.Popen([sys.executable, "-c", _BOOT, str(os.getpid()), str(root), run_id, str(threads)],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _run_local(root: Path, store: SweepStore, todo: list[str], workers: int | None, log,  # noqa: ANN001
+               bar: SweepProgress | None = None) -> None:
     cores = os.cpu_count() or 1
     workers = max(1, min(workers or cores, len(todo)))
     threads = max(1, cores // workers)
-    ctx = mp.get_context("spawn")  # a fresh interpreter per run: no forked torch thread pools
     (root / "logs").mkdir(exist_ok=True)
     queue, running = list(todo), {}
     total, finished = len(todo), 0
-    while queue or running:
-        while queue and len(running) < workers:
-            rid = queue.pop(0)
-            proc = ctx.Process(target=_child, args=(str(root), rid, threads), name=f"normlab-sweep-{rid}")
-            proc.start()
-            running[rid] = proc
-        time.sleep(0.2)
-        for rid, proc in list(running.items()):
-            if proc.is_alive():
-                continue
-            proc.join()
-            del running[rid]
-            finished += 1
-            row = store.row(rid)
-            if row["status"] == "running":  # the process died without recording (signal, OOM kill, os._exit)
-                code = proc.exitcode
-                why = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-                store.record(rid, {"status": "failed", "reason": f"worker process ended by {why} without a result; "
-                                   f"see {root / 'logs' / (rid + '.log')}"})
+    try:
+        while queue or running:
+            while queue and len(running) < workers:
+                rid = queue.pop(0)
+                running[rid] = _spawn(root, rid, threads)
+                if bar is not None:
+                    bar.started(rid)
+            time.sleep(0.2)
+            if bar is not None:
+                bar.poll()
+            for rid, proc in list(running.items()):
+                if proc.poll() is None:
+                    continue
+                del running[rid]
+                finished += 1
                 row = store.row(rid)
-            log(f"[{finished}/{total}] {rid}: {_describe(row)}")
-
-
-def _child(root: str, run_id: str, threads: int) -> None:
-    log = open(Path(root) / "logs" / f"{run_id}.log", "a")  # noqa: SIM115 - lives as long as the process
-    os.dup2(log.fileno(), 1)
-    os.dup2(log.fileno(), 2)
-    sys.stdout = sys.stderr = log
-    execute_run(root, run_id, threads=threads, watch_parent=True)
-    log.flush()
+                if row["status"] == "running":  # the process died without recording (signal, OOM kill, os._exit)
+                    code = proc.returncode
+                    why = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+                    store.record(rid, {"status": "failed", "reason": f"worker process ended by {why} without a "
+                                       f"result; see {root / 'logs' / (rid + '.log')}"})
+                    row = store.row(rid)
+                if bar is not None:
+                    bar.finished(rid, row)
+                (bar.write if bar is not None else log)(f"[{finished}/{total}] {rid}: {_describe(row)}")
+    finally:  # Ctrl-C or an error here: the workers go too (a kill -9 is handled by PR_SET_PDEATHSIG)
+        for proc in running.values():
+            proc.kill()
+            proc.wait()
 
 
 def _run_submitit(root: Path, store: SweepStore, todo: list[str], kind: str, options: dict, log) -> None:  # noqa: ANN001

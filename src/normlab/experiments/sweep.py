@@ -1,11 +1,12 @@
 """`SweepConfig`: a grid of training runs as data, and its expansion into named runs.
 
-A sweep is a base `TrainConfig` (any field, `[base.model]` for model options) and a grid: for each
-axis a list of values; the runs are the Cartesian product. Axes are TrainConfig fields (`layout`,
-`lr`, `seed`, `weight_decay`, `precision`, ...) or model options written `model.NAME`
-(`model.n_layers`, `model.init`, `model.init_std`) or layout options written `layout.NAME` and
-appended to the run's layout string (`layout.h = [1, 0.5]` on layout "peri" gives "peri,h=1" and
-"peri,h=0.5"; also `layout.norm`, `layout.alpha`, `layout.init`). In TOML:
+A sweep is a base (any setting of `TrainConfig`, `[base.model]` for model options) and a grid: for
+each axis a list of values; the runs are the Cartesian product. Keys are those of
+`normlab.train.config` everywhere: settings (`layout`, `lr`, `seed`, `weight_decay`, `precision`,
+...; only those that are part of a run's identity can be axes), model options `model.NAME`
+(`model.n_layers`, `model.init`, `model.init_std`) and layout options `layout.NAME`, which edit the
+run's Layout (`layout.h = [1, 0.5]` on layout "peri" gives the layouts labelled "peri,h=1" and
+"peri,h=0.5"; also `layout.norm`, `layout.alpha`, `layout.init`, `layout.inner`). In TOML:
 
     name = "kim-lr"
     source = "Kim et al. 2025, Fig. 3a"
@@ -35,11 +36,11 @@ from typing import Any
 from normlab.io import read_toml
 from normlab.layout import LayoutError
 from normlab.model.config import ConfigError
-from normlab.train.config import TrainConfig
+from normlab.train.config import LEAVES, TrainConfig, resolve_key, typed_settings
 
-# Fields that say where and how a run reports, not what it computes: not part of a run's identity.
-NON_IDENTITY = ("out", "progress", "tensorboard", "wandb", "resume")
 EXECUTORS = ("local", "slurm", "submitit-local")
+# what a sweep sets for every run itself; a base or grid may not
+SET_BY_SWEEP = ("out", "progress")
 
 
 @dataclass
@@ -49,16 +50,16 @@ class RunSpec:
     run_id: str
     index: int
     axes: dict[str, Any]
-    config: dict[str, Any]  # TrainConfig.to_dict() without `out`
+    config: dict[str, Any]  # TrainConfig.to_dict() without `out` and `progress`
 
     def train_config(self, out: str | Path) -> TrainConfig:
-        return TrainConfig.from_dict({**self.config, "out": str(out), "progress": False})
+        return TrainConfig.from_dict({**self.config, "out": str(out), "progress": False}, source=f"run {self.run_id}")
 
 
 @dataclass
 class SweepConfig:
     name: str = "sweep"
-    base: dict[str, Any] = field(default_factory=dict)  # TrainConfig fields shared by every run
+    base: dict[str, Any] = field(default_factory=dict)  # settings shared by every run (any key of TrainConfig)
     grid: dict[str, list[Any]] = field(default_factory=dict)  # axis -> values; runs = product
     source: str = ""  # the paper, table or figure the sweep reproduces
     scale: str = ""  # model size, steps, data: what "small scale" means here
@@ -68,20 +69,35 @@ class SweepConfig:
     slurm: dict[str, Any] = field(default_factory=dict)  # submitit options: slurm_partition, timeout_min, ...
 
     def __post_init__(self) -> None:
+        for key in ("name", "source", "scale", "claim", "executor"):
+            if not isinstance(getattr(self, key), str):
+                raise ConfigError(f"sweep {key} must be a string, got {getattr(self, key)!r}")
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}", self.name):
+            raise ConfigError(f"sweep name {self.name!r}: use letters, digits and . _ + - (it names a folder "
+                              "under runs/sweeps)")
         if not isinstance(self.grid, dict):
             raise ConfigError("grid must be a table of axis = [values]")
+        if not isinstance(self.base, dict) or not isinstance(self.slurm, dict):
+            raise ConfigError("base and slurm must be tables")
         if self.executor not in EXECUTORS:
             raise ConfigError(f"executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}")
-        if self.workers is not None and (not isinstance(self.workers, int) or self.workers < 1):
+        if self.workers is not None and (isinstance(self.workers, bool) or not isinstance(self.workers, int)
+                                         or self.workers < 1):
             raise ConfigError(f"workers must be a positive integer, got {self.workers!r}")
+        self.base = typed_settings(self.base, "sweep base")
+        for key in self.base:
+            if key.split(".")[-1] in SET_BY_SWEEP and resolve_key(key)[0] == "leaf":
+                raise ConfigError(f"base.{key} is set by the sweep (runs go to SWEEP_DIR/runs/ID); remove it")
+        grid = {}
         for axis, values in self.grid.items():
             if not isinstance(values, list) or not values:
                 raise ConfigError(f"grid axis {axis!r} needs a non-empty list of values, got {values!r}")
-            if len({json.dumps(v, sort_keys=True) for v in values}) != len(values):
-                raise ConfigError(f"grid axis {axis!r} repeats a value: {values}")
             _check_axis(axis)
-        if "out" in self.base:
-            raise ConfigError("base.out is set by the sweep (runs go to SWEEP_DIR/runs/ID); remove it")
+            values = [typed_settings({axis: v}, f"grid axis {axis!r}")[axis] for v in values]
+            if len({json.dumps(v, sort_keys=True, default=str) for v in values}) != len(values):
+                raise ConfigError(f"grid axis {axis!r} repeats a value: {values}")
+            grid[axis] = values
+        self.grid = grid
         self.expand()  # every run's config validated now, before anything runs
 
     def expand(self) -> list[RunSpec]:
@@ -89,14 +105,12 @@ class SweepConfig:
         specs, seen = [], set()
         for i, combo in enumerate(itertools.product(*(self.grid[a] for a in axes))):
             point = dict(zip(axes, combo))
-            cfg = _apply(self.base, point)
             try:
-                train = TrainConfig.from_dict({**cfg, "progress": False})
-                _check_model(train)
+                train = TrainConfig().with_({**self.base, **point, "progress": False})
             except (ConfigError, LayoutError) as err:
                 raise ConfigError(f"sweep {self.name!r}, run {point}: {err}") from None
-            config = {k: v for k, v in train.to_dict().items() if k not in NON_IDENTITY}
-            rid = run_id(point, config)
+            config = {k: v for k, v in train.to_dict().items() if k not in SET_BY_SWEEP}
+            rid = run_id(point, train)
             if rid in seen:
                 raise ConfigError(f"sweep {self.name!r}: two grid points give the same run {point}")
             seen.add(rid)
@@ -113,57 +127,23 @@ class SweepConfig:
         unknown = sorted(set(data) - valid)
         if unknown:
             raise ConfigError(f"{source_file}: unknown key(s) {', '.join(unknown)}; valid: {', '.join(sorted(valid))}")
-        return cls(**data)
+        try:
+            return cls(**data)
+        except ConfigError as err:
+            raise ConfigError(f"{source_file}: {err}" if source_file != "sweep" else str(err)) from None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
-def _check_model(cfg: TrainConfig) -> None:
-    """The layout parses and the size exists (TrainConfig leaves these to build time)."""
-    from normlab.layout import as_layout
-    from normlab.model.config import get_size
-
-    as_layout(cfg.layout).resolve(get_size(cfg.size).with_(**cfg.model).n_layers)
-
-
-LAYOUT_OPTIONS = ("h", "norm", "alpha", "init", "inner")
-
-
 def _check_axis(axis: str) -> None:
-    from dataclasses import fields
-
-    from normlab.model.config import ModelConfig
-
-    if axis.startswith("layout."):
-        if axis.removeprefix("layout.") not in LAYOUT_OPTIONS:
-            raise ConfigError(f"grid axis {axis!r}: layout options are {', '.join('layout.' + o for o in LAYOUT_OPTIONS)}")
-        return
-    if axis.startswith("model."):
-        name = axis.removeprefix("model.")
-        if name not in {f.name for f in fields(ModelConfig)}:
-            raise ConfigError(f"grid axis {axis!r}: {name!r} is not a model option "
-                              f"(valid: {', '.join(f.name for f in fields(ModelConfig))})")
-        return
-    valid = {f.name for f in fields(TrainConfig)} - set(NON_IDENTITY) - {"model"}
-    if axis not in valid:
-        raise ConfigError(f"grid axis {axis!r} is not a training setting; valid: {', '.join(sorted(valid))}, "
-                          "or model.NAME for a model option")
-
-
-def _apply(base: dict[str, Any], point: dict[str, Any]) -> dict[str, Any]:
-    cfg = {k: v for k, v in base.items() if k != "model"}
-    model = dict(base.get("model", {}))
-    for axis, value in point.items():
-        if axis.startswith("model."):
-            model[axis.removeprefix("model.")] = value
-        elif not axis.startswith("layout."):
-            cfg[axis] = value
-    for axis, value in point.items():  # after the layout axis, whatever the axes' order
-        if axis.startswith("layout."):
-            cfg["layout"] = f"{cfg.get('layout', TrainConfig.layout)},{axis.removeprefix('layout.')}={value}"
-    cfg["model"] = model
-    return cfg
+    """A grid axis is a setting that is part of a run's identity (a grid over `out` or `progress`
+    would give runs that compute the same thing)."""
+    kind, name = resolve_key(axis)
+    if kind == "leaf" and not LEAVES[name].identity:
+        valid = sorted(k for k, leaf in LEAVES.items() if leaf.identity and k != "options")
+        raise ConfigError(f"grid axis {axis!r} does not change what a run computes, so it cannot be an axis; "
+                          f"valid: {', '.join(valid)}, model.NAME or layout.NAME")
 
 
 def _slug(value: Any) -> str:
@@ -171,16 +151,16 @@ def _slug(value: Any) -> str:
     return re.sub(r"[^A-Za-z0-9.+-]+", "-", text).strip("-")[:40] or "x"
 
 
-def run_id(point: dict[str, Any], config: dict[str, Any]) -> str:
+def run_id(point: dict[str, Any], config: TrainConfig) -> str:
     """`<axis values>-<hash>`: readable in `ls`, unique per resolved config.
 
-    The hash covers the settings that differ from TrainConfig's defaults, so a normlab version that
-    adds a setting (with a default that keeps the old behaviour) keeps every id, and resumes work
-    across upgrades; the cost is that changing a default would reuse old results, which normlab
-    does not do silently (defaults are part of the documented protocol).
+    The hash covers the identity settings (see `normlab.train.config`) that differ from their
+    defaults, so a normlab version that adds a setting (with a default that keeps the old behaviour)
+    keeps every id, and resumes work across upgrades; settings that only say where and how a run
+    reports (probes, evaluation cadence, checkpoints, device) never change an id.
     """
-    defaults = TrainConfig().to_dict()
-    changed = {k: v for k, v in config.items() if k not in defaults or v != defaults[k]}
+    defaults = TrainConfig().identity()
+    changed = {k: v for k, v in config.identity().items() if v != defaults[k]}
     digest = hashlib.sha1(json.dumps(changed, sort_keys=True, default=str).encode()).hexdigest()[:8]
     names = "_".join(_slug(v) if axis == "layout" else f"{axis.split('.')[-1]}{_slug(v)}" for axis, v in point.items())
     return f"{names}-{digest}" if names else digest

@@ -1,175 +1,568 @@
-"""`TrainConfig`: every setting of a run, typed and documented, with a command-line round trip.
+"""The run configuration: one typed declaration behind train, sweep, compare, resume and the screen.
 
-Defaults follow the papers' protocol where it applies at small scale: AdamW (beta2 0.95, Zhuo
-Table 7), warmup 10% then cosine (Kim Table 2) to lr/10 (Zhuo's min LR ratio), clipping at 1.0,
-weight decay 0.1 without decay on norms, biases and embeddings.
+`TrainConfig` is four frozen sections, each leaf a typed field whose metadata holds its doc, its
+valid values and whether it is part of the run's *identity* (what the run computes or reports as
+its result; the rest says where and how it runs and reports):
+
+    TrainConfig
+    ├── model: ModelSettings   layout (a Layout), size, options (ModelConfig overrides), init_from
+    ├── data:  DataSettings    corpus, tokenizer, task, seq_len, batch_size, grad_accum, ...
+    ├── optim: OptimSettings   optimizer, lr schedule, betas, clipping, z-loss, steps, seed
+    └── run:   RunSettings     precision, divergence rules, probes, evaluation, checkpoints, output
+
+Every setting is addressed by one key, the same everywhere (`train --set`, flags, TOML, `sweep
+--grid/--set`, `compare --set`, the screen):
+- a leaf's name, `lr`, `seq_len`, or with its section, `optim.lr`;
+- `model.NAME` for a model option (a `ModelConfig` field overriding the size preset);
+- `layout.NAME` for a layout option (h, norm, alpha, init, inner): it edits the `Layout` itself.
+`apply_settings` is the one function that applies such keys: it type-checks each value (strings
+from a command line are parsed; TOML/JSON values must already have the right type), rejects
+NaN/inf, checks ranges and choices, and validates the layout against the model's depth.
+
+The edge form (`to_dict`, `from_dict`) is a flat dict with the keys of normlab 0.1.0: config.json,
+checkpoints and sweep.db hold it, so old runs resume and old sweep ids are kept. Defaults follow the
+papers' protocol where it applies at small scale: AdamW (beta2 0.95, Zhuo Table 7), warmup 10% then
+cosine (Kim Table 2) to lr/10 (Zhuo's min LR ratio), clipping at 1.0, weight decay 0.1 without decay
+on norms, biases and embeddings.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import math
 import types
 import typing
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal, Mapping
 
-from normlab.model.config import ConfigError, ModelConfig
+from normlab.layout import Layout, LayoutError, parse_layout
+from normlab.model.config import SIZES, ConfigError, ModelConfig, get_size
 
 WD_EXCLUDABLE = ("norms", "biases", "embeddings")
+# layout.NAME keys: the option's name -> the Layout field it sets
+LAYOUT_OPTIONS = {"h": "h", "norm": "norm", "alpha": "alpha", "init": "init", "inner": "inner_span"}
+SEED_LIMIT = 2**32  # numpy's generators take seeds below 2^32
 
 
-@dataclass
+# --- field declarations ---------------------------------------------------------------------------
+
+def setting(default: Any, doc: str, *, identity: bool = True, choices: tuple | None = None,
+            check: Callable[[Any], str | None] | None = None) -> Any:
+    """A leaf of the run configuration: its default, doc, identity mark, choices and range check."""
+    meta = {"doc": doc, "identity": identity, "choices": choices, "check": check}
+    if isinstance(default, (dict, list, Layout)) or callable(default):
+        factory = default if callable(default) else (lambda d=default: d)
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _positive(v: Any) -> str | None:
+    return None if v > 0 else "must be > 0"
+
+
+def _nonneg(v: Any) -> str | None:
+    return None if v >= 0 else "must be >= 0"
+
+
+def _unit(v: Any) -> str | None:
+    return None if 0 <= v < 1 else "must lie in [0, 1)"
+
+
+def _open_unit(v: Any) -> str | None:
+    return None if 0 < v < 1 else "must lie in (0, 1)"
+
+
+def _seed(v: Any) -> str | None:
+    return None if 0 <= v < SEED_LIMIT else f"must lie in [0, 2^32) (numpy's generators), got {v}"
+
+
+def _wd_exclude(v: str) -> str | None:
+    bad = [x.strip() for x in v.split(",") if x.strip() and x.strip() not in WD_EXCLUDABLE]
+    return f"unknown {bad}; valid: a comma list of {', '.join(WD_EXCLUDABLE)}, or \"\"" if bad else None
+
+
+def _default_layout() -> Layout:
+    return parse_layout("peri")
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    layout: Layout = setting(_default_layout, "preset name or string form (see `normlab layouts`)")
+    size: str = setting("tiny", "size preset", choices=tuple(SIZES))
+    options: dict[str, Any] = setting(dict, "ModelConfig overrides of the size preset, e.g. model.n_layers=8")
+    init_from: str | None = setting(None, "start from these weights: a run dir, a checkpoint, or a transformers folder")
+
+    @property
+    def layout_label(self) -> str:
+        """The layout as the user spelled it (a preset name, or a string form)."""
+        return self.layout.name or self.layout.to_string()
+
+    def model_config(self, **extra: Any) -> ModelConfig:
+        return get_size(self.size).with_(**{**self.options, **extra})
+
+
+@dataclass(frozen=True)
+class DataSettings:
+    data: str = setting("shakespeare", 'text file/folder, .jsonl, .bin, "shakespeare" or "stdlib"')
+    tokenizer: str = setting("bytes", "bytes | bpe:VOCAB | path to a tokenizer.json (or its folder)")
+    text_field: str = setting("text", "JSONL field holding the text")
+    token_dtype: str = setting("uint16", "dtype of a .bin token file", choices=("uint16", "uint32"))
+    vocab_size: int | None = setting(None, "required for .bin data; else the tokenizer's", check=_positive)
+    val_fraction: float = setting(0.1, "fraction of the data held out for validation", check=_open_unit)
+    task: Literal["lm", "sft"] = setting("lm", "lm: next-token on all text; sft: JSONL prompt/response, loss on responses only",
+                                         choices=("lm", "sft"))
+    prompt_field: str = setting("prompt", "SFT: the JSONL field of the prompt")
+    response_field: str = setting("response", "SFT: the JSONL field of the response")
+    seq_len: int = setting(128, "tokens per training sequence", check=_positive)
+    batch_size: int = setting(32, "global sequences per optimizer step (all ranks, all micro-batches)", check=_positive)
+    grad_accum: int = setting(1, "micro-batches per optimizer step (per rank)", check=_positive)
+
+
+@dataclass(frozen=True)
+class OptimSettings:
+    optimizer: Literal["adamw", "sgd"] = setting("adamw", "adamw | sgd", choices=("adamw", "sgd"))
+    lr: float = setting(3e-3, "peak learning rate", check=_positive)
+    min_lr: float | None = setting(None, "cosine floor; none: lr / 10", check=_nonneg)
+    warmup: float = setting(0.1, "fraction of steps with linear warmup", check=_unit)
+    beta1: float = setting(0.9, "AdamW beta1", check=_unit)
+    beta2: float = setting(0.95, "AdamW beta2", check=_unit)
+    eps: float = setting(1e-8, "AdamW epsilon", check=_positive)
+    momentum: float = setting(0.9, "SGD momentum", check=_unit)
+    weight_decay: float = setting(0.1, "decoupled weight decay", check=_nonneg)
+    wd_exclude: str = setting("norms,biases,embeddings", 'comma list from: norms, biases, embeddings ("" decays all)',
+                              check=_wd_exclude)
+    grad_clip: float = setting(1.0, "max global grad norm; 0 disables clipping (the norm is still logged)", check=_nonneg)
+    z_loss: float = setting(0.0, "coefficient of the z-loss log(Z)^2 (PaLM); 0 disables", check=_nonneg)
+    steps: int = setting(300, "optimizer steps", check=_positive)
+    seed: int = setting(0, "seed of the init, the batches and the probes", check=_seed)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    precision: Literal["fp32", "bf16", "fp16"] = setting("fp32", "fp16 uses dynamic loss scaling",
+                                                         choices=("fp32", "bf16", "fp16"))
+    compile: bool = setting(False, "torch.compile the model", identity=False)
+    device: Literal["auto", "cpu", "cuda"] = setting("auto", "auto | cpu | cuda", identity=False,
+                                                     choices=("auto", "cpu", "cuda"))
+    fsdp: bool = setting(False, "under torchrun: FSDP2 sharding instead of DDP", identity=False)
+    on_nonfinite: Literal["stop", "skip"] = setting(
+        "stop", "a NaN/Inf loss or gradient: stop (diverged) or skip the step", choices=("stop", "skip"))
+    max_skipped: float = setting(0.1, "with on_nonfinite=skip: diverged once more than this fraction of the steps "
+                                 "so far (after 10) were skipped", check=_open_unit)
+    diverge_patience: int = setting(50, "diverged if the loss stays above its initial value this many steps (0: off)",
+                                    check=_nonneg)
+    diverge_final_loss: float | None = setting(None, "diverged if the final loss ends above this", check=_positive)
+    probe_every: int = setting(100, "probe pass every N steps, at step 0 and at the end (0: off); see docs/diagnostics.md",
+                               identity=False, check=_nonneg)
+    probe_batch: int = setting(8, "sequences in the fixed probe batch (the first validation windows)", identity=False,
+                               check=_positive)
+    eval_every: int = setting(100, "validation every N steps and at the end (0: only at the end)", identity=False,
+                              check=_nonneg)
+    eval_batches: int = setting(8, "validation batches (of batch_size windows) per evaluation", check=_positive)
+    out: str = setting("runs/run", "the run directory", identity=False)
+    ckpt_every: int = setting(0, "checkpoint every N steps (0: every 10%% of the run, 10 to 100 steps apart); "
+                              "a checkpoint always ends the run", identity=False, check=_nonneg)
+    keep_last: int = setting(2, "checkpoints kept", identity=False, check=_positive)
+    resume: bool = setting(True, "continue from the newest checkpoint in `out` if one exists", identity=False)
+    progress: bool = setting(True, "progress bar", identity=False)
+    tensorboard: bool = setting(False, "needs the tensorboard extra", identity=False)
+    wandb: bool = setting(False, "needs the wandb extra; WANDB_MODE=offline works without a network", identity=False)
+
+
+SECTIONS: dict[str, type] = {"model": ModelSettings, "data": DataSettings, "optim": OptimSettings, "run": RunSettings}
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One addressable setting: its key, section, type and metadata."""
+
+    name: str
+    section: str
+    type: Any
+    default: Any
+    doc: str
+    identity: bool
+    choices: tuple | None
+    check: Callable[[Any], str | None] | None
+
+
+def _leaves() -> dict[str, Leaf]:
+    out = {}
+    for sec, cls in SECTIONS.items():
+        hints = typing.get_type_hints(cls)
+        for f in fields(cls):
+            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+            out[f.name] = Leaf(f.name, sec, hints[f.name], default, f.metadata["doc"], f.metadata["identity"],
+                               f.metadata["choices"], f.metadata["check"])
+    return out
+
+
+LEAVES: dict[str, Leaf] = _leaves()
+IDENTITY: tuple[str, ...] = tuple(k for k, leaf in LEAVES.items() if leaf.identity and k != "options") + ("model",)
+_MODEL_HINTS = typing.get_type_hints(ModelConfig)
+MODEL_OPTIONS: tuple[str, ...] = tuple(f.name for f in fields(ModelConfig))
+
+
+# --- value checking ---------------------------------------------------------------------------------
+
+def _scalar_type(t: Any) -> tuple[Any, bool, tuple | None]:
+    """(base type, nullable, literal choices) of an annotation."""
+    nullable, choices = False, None
+    if typing.get_origin(t) in (typing.Union, types.UnionType):
+        args = typing.get_args(t)
+        nullable = type(None) in args
+        t = next(a for a in args if a is not type(None))
+    if typing.get_origin(t) is Literal:
+        choices = typing.get_args(t)
+        t = type(choices[0])
+    return t, nullable, choices
+
+
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
+def coerce(key: str, value: Any, annotation: Any, choices: tuple | None = None,
+           check: Callable[[Any], str | None] | None = None, from_text: bool = False) -> Any:
+    """`value` as the annotated type. With `from_text` (a command line) strings are parsed; otherwise
+    values must have the type already (TOML's `steps = true` or `compile = "no"` is refused, not
+    read as 1 or False). NaN and inf are refused."""
+    base, nullable, literal = _scalar_type(annotation)
+    choices = choices or literal
+    if from_text and isinstance(value, str) and (base is not str or (nullable and value.lower() in ("none", "null"))):
+        text = value.strip()
+        if nullable and text.lower() in ("none", "null"):
+            return None
+        if base is bool:
+            if text.lower() not in _TRUE + _FALSE:
+                raise ConfigError(f"{key}: expected true or false, got {value!r}")
+            value = text.lower() in _TRUE
+        elif base is int:
+            try:
+                value = int(text, 0) if text.lower().startswith(("0x", "0b", "0o")) else int(text)
+            except ValueError:
+                raise ConfigError(f"{key}: expected an integer, got {value!r}") from None
+        elif base is float:
+            try:
+                value = float(text)
+            except ValueError:
+                raise ConfigError(f"{key}: expected a number, got {value!r}") from None
+    if value is None:
+        if not nullable:
+            raise ConfigError(f"{key}: a value is required (none is not valid here)")
+        return None
+    if base is bool and not isinstance(value, bool):
+        raise ConfigError(f"{key}: expected true or false, got {value!r} ({type(value).__name__})")
+    if base is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(f"{key}: expected an integer, got {value!r} ({type(value).__name__})")
+    if base is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}: expected a number, got {value!r} ({type(value).__name__})")
+        if not math.isfinite(value):
+            raise ConfigError(f"{key}: expected a finite number, got {value!r}")
+        value = float(value)
+    if base is str and not isinstance(value, str):
+        raise ConfigError(f"{key}: expected a string, got {value!r} ({type(value).__name__})")
+    if choices and value not in choices:
+        raise ConfigError(f"{key}: {value!r} is not valid; valid: {', '.join(map(str, choices))}")
+    if check is not None:
+        problem = check(value)
+        if problem:
+            raise ConfigError(f"{key} {problem}, got {value!r}" if "got" not in problem else f"{key} {problem}")
+    return value
+
+
+def _model_option(key: str, name: str, value: Any, from_text: bool = False) -> Any:
+    if name not in MODEL_OPTIONS:
+        close = difflib.get_close_matches(name, MODEL_OPTIONS, n=1)
+        hint = f" (did you mean model.{close[0]}?)" if close else ""
+        raise ConfigError(f"{key}: {name!r} is not a model option{hint}; valid: {', '.join(MODEL_OPTIONS)}")
+    t = _MODEL_HINTS[name]
+    if name == "mlp":
+        from normlab.model.config import MLP_KINDS
+
+        return coerce(key, value, str, choices=MLP_KINDS, from_text=from_text)
+    if name == "position":
+        from normlab.model.config import POSITIONS
+
+        return coerce(key, value, str, choices=POSITIONS, from_text=from_text)
+    return coerce(key, value, t, from_text=from_text)
+
+
+# --- keys -------------------------------------------------------------------------------------------
+
+def resolve_key(key: str) -> tuple[str, str]:
+    """A setting key -> (kind, name): ("leaf", "lr"), ("model", "n_layers") or ("layout", "h")."""
+    if not isinstance(key, str) or not key:
+        raise ConfigError(f"a setting key must be a non-empty string, got {key!r}")
+    head, dot, rest = key.partition(".")
+    if dot:
+        if head == "layout":
+            if rest not in LAYOUT_OPTIONS:
+                raise ConfigError(f"{key}: layout options are {', '.join('layout.' + o for o in LAYOUT_OPTIONS)}")
+            return "layout", rest
+        if head == "model":
+            if rest in LEAVES and LEAVES[rest].section == "model" and rest != "options":
+                return "leaf", rest  # model.layout, model.size, model.init_from
+            if rest not in MODEL_OPTIONS:
+                _model_option(key, rest, None)  # raises, naming the closest option
+            return "model", rest
+        if head in SECTIONS and rest in LEAVES and LEAVES[rest].section == head and rest != "options":
+            return "leaf", rest
+        raise ConfigError(f"unknown setting {key!r}; " + _suggest(key))
+    if key in LEAVES and key != "options":
+        return "leaf", key
+    raise ConfigError(f"unknown setting {key!r}; " + _suggest(key))
+
+
+def _suggest(key: str) -> str:
+    names = [k for k in LEAVES if k != "options"]
+    close = difflib.get_close_matches(key.split(".")[-1], names + list(MODEL_OPTIONS), n=1)
+    hint = ""
+    if close:
+        hint = f"did you mean {'model.' if close[0] in MODEL_OPTIONS and close[0] not in LEAVES else ''}{close[0]}? "
+    return hint + "valid: the settings in `normlab train --help`, model.NAME (model options) or layout.NAME"
+
+
+def flatten_settings(data: Mapping[str, Any], source: str = "settings") -> dict[str, Any]:
+    """Tables ({"model": {...}}, {"optim": {...}}) as dotted keys; the "model" table holds model options."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{source}: expected a table of settings, got {type(data).__name__}")
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, Mapping):
+            if key not in SECTIONS and key != "layout":
+                raise ConfigError(f"{source}: [{key}] is not a table of settings; tables: model (model options), "
+                                  f"{', '.join(s for s in SECTIONS if s != 'model')}, layout")
+            for sub, inner in value.items():
+                if isinstance(inner, Mapping):
+                    raise ConfigError(f"{source}: {key}.{sub} is a table; settings are single values")
+                out[f"{key}.{sub}"] = inner
+        else:
+            out[key] = value
+    return out
+
+
+# --- the configuration --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
 class TrainConfig:
-    # --- model ---
-    layout: str = "peri"  # preset name or string form (see `normlab layouts`)
-    size: str = "tiny"  # size preset
-    model: dict[str, Any] = field(default_factory=dict)  # ModelConfig overrides, e.g. {"n_layers": 8}
-    # --- data ---
-    data: str = "shakespeare"  # text file/folder, .jsonl, .bin, "shakespeare" or "stdlib"
-    tokenizer: str = "bytes"  # bytes | bpe:VOCAB | path to a tokenizer.json (or its folder)
-    text_field: str = "text"  # JSONL field holding the text
-    token_dtype: str = "uint16"  # dtype of a .bin token file
-    vocab_size: int | None = None  # required for .bin data; else the tokenizer's
-    val_fraction: float = 0.1
-    task: Literal["lm", "sft"] = "lm"  # lm: next-token on all text; sft: JSONL prompt/response, loss on responses only
-    prompt_field: str = "prompt"  # SFT: the JSONL field of the prompt
-    response_field: str = "response"  # SFT: the JSONL field of the response
-    init_from: str | None = None  # start from these weights: a run dir, a checkpoint, or a transformers folder
-    seq_len: int = 128
-    batch_size: int = 32  # global sequences per optimizer step (all ranks, all micro-batches)
-    grad_accum: int = 1  # micro-batches per optimizer step (per rank)
-    # --- optimization ---
-    optimizer: Literal["adamw", "sgd"] = "adamw"
-    lr: float = 3e-3
-    min_lr: float | None = None  # cosine floor; None: lr / 10
-    warmup: float = 0.1  # fraction of steps with linear warmup
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    momentum: float = 0.9  # SGD
-    weight_decay: float = 0.1
-    wd_exclude: str = "norms,biases,embeddings"  # comma list from: norms, biases, embeddings ("" decays all)
-    grad_clip: float = 1.0  # max global grad norm; 0 disables clipping (the norm is still logged)
-    z_loss: float = 0.0  # coefficient of the z-loss log(Z)^2 (PaLM); 0 disables
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # fp16 uses dynamic loss scaling
-    compile: bool = False  # torch.compile the model
-    steps: int = 300
-    seed: int = 0
-    device: str = "auto"  # auto | cpu | cuda
-    fsdp: bool = False  # under torchrun: FSDP2 sharding instead of DDP
-    # --- divergence ---
-    on_nonfinite: Literal["stop", "skip"] = "stop"  # a NaN/Inf loss or gradient: stop (diverged) or skip the step
-    diverge_patience: int = 50  # diverged if the loss stays above its initial value this many steps (0: off)
-    diverge_final_loss: float | None = None  # diverged if the final loss ends above this
-    # --- diagnostics ---
-    probe_every: int = 100  # probe pass every N steps, at step 0 and at the end (0: off); see docs/diagnostics.md
-    probe_batch: int = 8  # sequences in the fixed probe batch (the first validation windows)
-    # --- evaluation, logging, checkpoints ---
-    eval_every: int = 100  # validation every N steps and at the end (0: only at the end)
-    eval_batches: int = 8
-    out: str = "runs/run"
-    ckpt_every: int = 0  # checkpoint every N steps (0: only at the end)
-    keep_last: int = 2
-    resume: bool = True  # continue from the newest checkpoint in `out` if one exists
-    progress: bool = True  # progress bar
-    tensorboard: bool = False  # needs the tensorboard extra
-    wandb: bool = False  # needs the wandb extra; WANDB_MODE=offline works without a network
+    """Every setting of a run, in four typed sections; build it with `TrainConfig.of(...)`."""
+
+    model: ModelSettings = field(default_factory=ModelSettings)
+    data: DataSettings = field(default_factory=DataSettings)
+    optim: OptimSettings = field(default_factory=OptimSettings)
+    run: RunSettings = field(default_factory=RunSettings)
 
     def __post_init__(self) -> None:
         self.validate()
 
-    def validate(self) -> None:
-        positive = ("seq_len", "batch_size", "grad_accum", "steps", "eval_batches", "keep_last", "probe_batch")
-        for name in positive:
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {v!r}")
-        for name in ("eval_every", "ckpt_every", "diverge_patience", "probe_every"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 0:
-                raise ConfigError(f"{name} must be an integer >= 0, got {v!r}")
-        if not (isinstance(self.lr, (int, float)) and self.lr > 0):
-            raise ConfigError(f"lr must be > 0, got {self.lr!r}")
-        if self.min_lr is not None and not 0 <= self.min_lr <= self.lr:
-            raise ConfigError(f"min_lr must lie in [0, lr={self.lr}], got {self.min_lr}")
-        if not 0 <= self.warmup < 1:
-            raise ConfigError(f"warmup is a fraction of the steps in [0, 1), got {self.warmup}")
-        if self.weight_decay < 0 or self.grad_clip < 0 or self.z_loss < 0:
-            raise ConfigError("weight_decay, grad_clip and z_loss must be >= 0")
-        if self.optimizer not in ("adamw", "sgd"):
-            raise ConfigError(f"optimizer must be adamw or sgd, got {self.optimizer!r}")
-        if self.precision not in ("fp32", "bf16", "fp16"):
-            raise ConfigError(f"precision must be fp32, bf16 or fp16, got {self.precision!r}")
-        if self.on_nonfinite not in ("stop", "skip"):
-            raise ConfigError(f"on_nonfinite must be stop or skip, got {self.on_nonfinite!r}")
-        if self.task not in ("lm", "sft"):
-            raise ConfigError(f"task must be lm or sft, got {self.task!r}")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ConfigError(f"device must be auto, cpu or cuda, got {self.device!r}")
-        bad = [x for x in self.wd_exclusions if x not in WD_EXCLUDABLE]
-        if bad:
-            raise ConfigError(f"wd_exclude: unknown {bad}; valid: {', '.join(WD_EXCLUDABLE)}")
-        if self.batch_size % self.grad_accum:
-            raise ConfigError(f"batch_size={self.batch_size} must be divisible by grad_accum={self.grad_accum}")
-        if self.fsdp and self.probe_every:
-            raise ConfigError("probes need the whole model on one rank; with --fsdp set --probe-every 0")
-        ModelConfig().with_(**self.model)  # unknown model options fail here, with suggestions
+    def __getattr__(self, name: str) -> Any:
+        """Every leaf reads as `cfg.NAME` too (`cfg.lr` is `cfg.optim.lr`)."""
+        leaf = LEAVES.get(name)
+        if leaf is None or name == "options" or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(object.__getattribute__(self, leaf.section), name)
 
-    @property
-    def wd_exclusions(self) -> list[str]:
-        return [x.strip() for x in self.wd_exclude.split(",") if x.strip()]
+    # -- construction --
+    @classmethod
+    def of(cls, **settings: Any) -> TrainConfig:
+        """The defaults with these settings applied (keys as in `apply_settings`)."""
+        return apply_settings(cls(), settings, "arguments")
 
-    @property
-    def lr_floor(self) -> float:
-        return self.lr / 10 if self.min_lr is None else self.min_lr
+    def with_(self, settings: Mapping[str, Any], source: str = "settings", from_text: bool = False) -> TrainConfig:
+        return apply_settings(self, settings, source, from_text)
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def to_args(self) -> list[str]:
-        """The command line that reproduces this config: `normlab train <to_args()>`."""
-        args: list[str] = []
-        default = TrainConfig()
-        for f in fields(self):
-            value, dflt = getattr(self, f.name), getattr(default, f.name)
-            flag = "--" + f.name.replace("_", "-")
-            if f.name == "model":
-                for k, v in sorted(value.items()):
-                    args += ["--model", f"{k}={v}"]
-            elif value == dflt:
-                continue
-            elif isinstance(value, bool):
-                args.append(flag if value else "--no-" + f.name.replace("_", "-"))
-            else:
-                args += [flag, "none" if value is None else repr(value) if isinstance(value, float) else str(value)]
-        return args
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], source: str = "config") -> TrainConfig:
+        """Read the edge form (config.json's "config", a checkpoint's, a sweep row's, a TOML file's)."""
+        return apply_settings(cls(), flatten_settings(data, source), source)
 
     @classmethod
     def from_toml(cls, path: str | Path, **overrides: Any) -> TrainConfig:
         from normlab.io import read_toml
 
-        return cls.from_dict({**read_toml(path, "config file"), **overrides}, source=str(path))
+        cfg = cls.from_dict(read_toml(path, "config file"), source=str(path))
+        return apply_settings(cfg, overrides, "arguments") if overrides else cfg
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str = "config") -> TrainConfig:
-        valid = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - valid)
-        if unknown:
-            import difflib
+    # -- checks --
+    def validate(self) -> None:
+        """The checks that span fields (each field checked its own value when it was set)."""
+        o, d, r, m = self.optim, self.data, self.run, self.model
+        if o.min_lr is not None and o.min_lr > o.lr:
+            raise ConfigError(f"min_lr must lie in [0, lr={o.lr}], got {o.min_lr}")
+        if d.batch_size % d.grad_accum:
+            raise ConfigError(f"batch_size={d.batch_size} must be divisible by grad_accum={d.grad_accum}")
+        if r.fsdp and r.probe_every:
+            raise ConfigError("probes need the whole model on one rank; with --fsdp set --probe-every 0")
+        if not isinstance(m.layout, Layout):
+            raise ConfigError(f"layout must be a Layout, a preset name or a string form, not {type(m.layout).__name__}")
+        model = m.model_config()  # unknown options and bad combinations fail here, with suggestions
+        try:
+            m.layout.resolve(model.n_layers)
+        except LayoutError as err:
+            raise ConfigError(f"layout {m.layout_label!r} does not fit {model.n_layers} layers: {err}") from None
 
-            hints = [f"{k} (did you mean {difflib.get_close_matches(k, valid, n=1)[0]}?)"
-                     if difflib.get_close_matches(k, valid, n=1) else k for k in unknown]
-            raise ConfigError(f"{source}: unknown setting(s) {', '.join(hints)}")
-        return cls(**data)
+    # -- views --
+    @property
+    def wd_exclusions(self) -> list[str]:
+        return [x.strip() for x in self.optim.wd_exclude.split(",") if x.strip()]
+
+    @property
+    def lr_floor(self) -> float:
+        return self.optim.lr / 10 if self.optim.min_lr is None else self.optim.min_lr
+
+    @property
+    def checkpoint_every(self) -> int:
+        """ckpt_every, or (0) every 10% of the run, at least 10 and at most 100 steps apart: a killed run
+        loses a bounded amount of work (and one killed before its first checkpoint restarts cleanly)."""
+        return self.run.ckpt_every or min(100, max(10, self.optim.steps // 10))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The flat edge form: every leaf by its name, `layout` as its label, `model` the options dict."""
+        out: dict[str, Any] = {}
+        for name, leaf in LEAVES.items():
+            value = getattr(getattr(self, leaf.section), name)
+            if name == "layout":
+                value = self.model.layout_label
+            elif name == "options":
+                out["model"] = dict(value)
+                continue
+            out[name] = value
+        return out
+
+    def identity(self) -> dict[str, Any]:
+        """The settings that make up what the run computes and reports (the resume check, sweep ids)."""
+        flat = self.to_dict()
+        return {k: flat[k] for k in IDENTITY}
+
+    def identity_diff(self, other: TrainConfig) -> list[str]:
+        """Identity settings that differ; the layout by structure (a preset equals its string form)."""
+        a, b = self.identity(), other.identity()
+        diff = [k for k in IDENTITY if k != "layout" and a[k] != b[k]]
+        if self.model.layout != other.model.layout:
+            diff.insert(0, "layout")
+        return diff
+
+    def to_args(self) -> list[str]:
+        """The command line that reproduces this config: `normlab train <to_args()>`."""
+        args: list[str] = []
+        flat, default = self.to_dict(), TrainConfig().to_dict()
+        for name, value in flat.items():
+            if name == "model":
+                args += [x for k, v in sorted(value.items()) for x in ("--model", f"{k}={_text(v)}")]
+            elif value == default[name]:
+                continue
+            elif isinstance(value, bool):
+                args.append(("--" if value else "--no-") + name.replace("_", "-"))
+            else:
+                args += ["--" + name.replace("_", "-"), _text(value)]
+        return args
 
 
-def field_type(name: str) -> type:
-    """The scalar type of a TrainConfig field (Optional and Literal unwrapped)."""
-    hints = typing.get_type_hints(TrainConfig)
-    t = hints[name]
-    if typing.get_origin(t) in (typing.Union, types.UnionType):
-        t = next(a for a in typing.get_args(t) if a is not type(None))
-    if typing.get_origin(t) is Literal:
-        return str
-    return t
+def _text(value: Any) -> str:
+    return "none" if value is None else repr(value) if isinstance(value, float) else str(value)
+
+
+def apply_settings(cfg: TrainConfig, settings: Mapping[str, Any], source: str = "settings",
+                   from_text: bool = False) -> TrainConfig:
+    """`cfg` with `settings` applied: the one override function (see the module docstring).
+
+    `from_text`: the values are command-line strings, parsed by each setting's type; otherwise
+    (TOML, JSON, Python) each value must already have its setting's type.
+
+    The `layout` key is applied before `layout.NAME` edits, whatever their order. Each value is
+    type-checked and range-checked; the result is validated as a whole (the layout against the
+    model's depth included) before anything else runs.
+    """
+    flat = flatten_settings(settings, source)
+    sections = {name: {} for name in SECTIONS}
+    options = dict(cfg.model.options)
+    layout_edits: dict[str, Any] = {}
+    layout = cfg.model.layout
+    prefix = "" if source in ("arguments", "settings") else f"{source}: "
+    try:
+        for key, value in flat.items():
+            kind, name = resolve_key(key)
+            if kind == "model":
+                options[name] = _model_option(key, name, value, from_text)
+            elif kind == "layout":
+                layout_edits[name] = value
+            elif name == "layout":
+                layout = _layout_value(value)
+            else:
+                leaf = LEAVES[name]
+                sections[leaf.section][name] = coerce(key, value, leaf.type, leaf.choices, leaf.check, from_text)
+        if layout_edits:
+            layout = edit_layout(layout, layout_edits)
+        sections["model"].update(layout=layout, options=options)
+        new = {name: replace(getattr(cfg, name), **vals) for name, vals in sections.items()}
+        return TrainConfig(**new)
+    except (ConfigError, LayoutError) as err:
+        raise ConfigError(f"{prefix}{err}") from None
+
+
+def _layout_value(value: Any) -> Layout:
+    if isinstance(value, Layout):
+        return value
+    if not isinstance(value, str):
+        raise ConfigError(f"layout: expected a preset name or string form, got {value!r} ({type(value).__name__})")
+    layout = parse_layout(value)
+    return layout if layout.name else replace(layout, name=value)
+
+
+def edit_layout(layout: Layout, edits: Mapping[str, Any]) -> Layout:
+    """Set layout options on the Layout (h, norm, alpha, init, inner); the label records the edit so that
+    it reads back as the same Layout (`peri` with h=0.5 is labelled `peri,h=0.5`)."""
+    label = layout.name or layout.to_string()
+    changes = {}
+    for name, value in edits.items():
+        target = LAYOUT_OPTIONS[name]
+        value = typed_value(f"layout.{name}", value)  # numbers given as text are read as numbers
+        if target in ("h",) or (target == "alpha" and not (isinstance(value, str) and value == "deepnorm")):
+            value = coerce(f"layout.{name}", value, float)
+        elif isinstance(value, str):
+            value = None if target == "init" and value.lower() in ("none", "null") else value
+        elif value is not None:
+            raise ConfigError(f"layout.{name}: expected a string, got {value!r}")
+        changes[target] = value
+        original = edits[name]
+        label += f",{name}={'none' if value is None else original if isinstance(original, str) else repr(original)}"
+    edited = replace(layout, **changes, name=None)
+    if parse_layout(label) != edited:  # the label must describe the edited layout exactly
+        label = edited.to_string()
+    return replace(edited, name=label)
+
+
+def typed_value(key: str, value: Any, from_text: bool = False) -> Any:
+    """One setting's value, type-checked (and parsed, if a string) for its key; a layout and the
+    values of layout options keep their spelling, since a layout's label is made of them."""
+    kind, name = resolve_key(key)
+    if kind == "model":
+        return _model_option(key, name, value, from_text)
+    if kind == "layout":
+        if isinstance(value, str) and value != "deepnorm" and name in ("h", "alpha"):
+            for parse in (int, float):
+                try:
+                    value = parse(value)
+                    break
+                except ValueError:
+                    pass
+        if name in ("h", "alpha") and value != "deepnorm":
+            coerce(key, value, float)  # checked; the number keeps its spelling (1, not 1.0)
+        return value
+    if name == "layout":
+        if not isinstance(value, (str, Layout)):
+            raise ConfigError(f"layout: expected a preset name or string form, got {value!r} ({type(value).__name__})")
+        return value
+    leaf = LEAVES[name]
+    return coerce(key, value, leaf.type, leaf.choices, leaf.check, from_text)
+
+
+def typed_settings(settings: Mapping[str, Any], source: str = "settings", from_text: bool = False) -> dict[str, Any]:
+    """Settings as flat keys with checked, typed values (a sweep's base and grid values, `--set`)."""
+    try:
+        return {k: typed_value(k, v, from_text) for k, v in flatten_settings(settings, source).items()}
+    except (ConfigError, LayoutError) as err:
+        raise ConfigError(f"{source}: {err}" if source not in ("settings", "arguments") else str(err)) from None

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from normlab.model.config import ConfigError
 
 
 @dataclass(frozen=True)
@@ -34,7 +37,11 @@ class DistInfo:
 def pick_device(device: str, local_rank: int = 0) -> torch.device:
     if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
-            raise RuntimeError("device=cuda requested but CUDA is not available")
+            raise ConfigError(f"device=cuda, but CUDA is not available here (torch {torch.__version__}); "
+                              "use --device cpu or auto")
+        if local_rank >= torch.cuda.device_count():
+            raise ConfigError(f"local rank {local_rank} needs cuda:{local_rank}, but this machine has "
+                              f"{torch.cuda.device_count()} GPU(s); start at most that many ranks per node")
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
@@ -71,6 +78,15 @@ def wrap(model: nn.Module, info: DistInfo, fsdp: bool) -> nn.Module:
         fully_shard(model)
         return model
     return nn.parallel.DistributedDataParallel(model, device_ids=[info.local_rank] if info.device.type == "cuda" else None)
+
+
+def broadcast_object(obj: Any, info: DistInfo) -> Any:
+    """The main rank's `obj` on every rank (pickled; for small decisions, not tensors)."""
+    if not info.enabled:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def mean_across(value: float, info: DistInfo) -> float:

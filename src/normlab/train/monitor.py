@@ -1,7 +1,9 @@
 """Divergence and spike detection.
 
 Divergence (the run is marked "diverged" with a step and a reason):
-- a non-finite loss or gradient norm (policy ``stop``; ``skip`` skips the step and counts it);
+- a non-finite loss or gradient norm (policy ``stop``; ``skip`` skips the step and counts it, and
+  the run diverges once more than ``max_skipped`` of its steps so far were skipped, from step 10 on:
+  a run that skips most of its steps has not trained, whatever its last finite loss says);
 - the loss stays above its initial value for ``patience`` consecutive steps: with gradient clipping,
   small runs often blow up without ever going non-finite;
 - the final loss (mean of the last 10 steps) ends above ``final_loss``.
@@ -23,7 +25,8 @@ from dataclasses import dataclass, field
 SPIKE_WINDOW = 128
 SPIKE_SIGMAS = 6.0
 MEGATRON_FACTOR = 10.0
-MIN_HISTORY = 16  # the OLMo rule needs some history before mean/std mean anything
+MIN_HISTORY = 16
+MIN_SKIP_STEPS = 10  # the skipped-fraction rule applies from this many steps on  # the OLMo rule needs some history before mean/std mean anything
 
 
 @dataclass
@@ -49,6 +52,7 @@ class SpikeDetector:
 class DivergenceMonitor:
     patience: int = 50
     final_loss: float | None = None
+    max_skipped: float = 0.1
     initial_loss: float | None = None
     above_initial: int = 0
     status: str = "ok"
@@ -76,9 +80,15 @@ class DivergenceMonitor:
         what = f"non-finite {'loss' if not math.isfinite(loss) else 'gradient norm'} ({loss if not math.isfinite(loss) else grad_norm}) at step {step}"
         if policy == "skip":
             self.skipped_steps.append(step)
+            self._check_skipped(step + 1)
         else:
             self._diverge(step, what)
         return False
+
+    def _check_skipped(self, seen: int) -> None:
+        if seen >= MIN_SKIP_STEPS and len(self.skipped_steps) > self.max_skipped * seen:
+            self._diverge(seen - 1, f"{len(self.skipped_steps)} of {seen} steps skipped for non-finite values "
+                          f"(more than {self.max_skipped:.0%})")
 
     def update(self, step: int, loss: float, grad_norm: float) -> dict[str, bool]:
         """Record a finite step; returns which spike rules fired."""
@@ -102,6 +112,8 @@ class DivergenceMonitor:
         }
 
     def finish(self, step: int) -> None:
+        if self.skipped_steps:
+            self._check_skipped(step)
         if self.final_loss is not None and self.recent:
             final = statistics.fmean(self.recent)
             if final > self.final_loss:

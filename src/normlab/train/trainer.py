@@ -4,19 +4,22 @@
     ├── config.json      resolved TrainConfig, the command line that reproduces it, model/layout/data facts
     ├── metrics.jsonl    one row per optimizer step (loss, lr, pre-clip grad_norm, tokens, tok/s; val rows)
     ├── summary.json     status ok | diverged | failed, reason and step, final losses, steps, tokens, time
+    ├── probes.jsonl     probe rows (see normlab.diagnostics.probes)
     └── checkpoints/     step_XXXXXXXX.pt, the last `keep_last`, written atomically
 
 A run resumes from its newest checkpoint when started again with the same settings, and then
 reproduces the uninterrupted loss curve exactly on CPU (batches are a function of (seed, step)).
+`rundir` decides where a run starts and refuses to overwrite anything; this module builds the
+run's state (`RunState`) and steps it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import platform
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,29 +29,19 @@ from torch import nn
 import normlab
 from normlab.data import load_data
 from normlab.data.sft import load_sft_data
-from normlab.train.init_from import load_init_weights
 from normlab.diagnostics.probes import Probes
 from normlab.diagnostics.store import ProbeWriter
-from normlab.io import atomic_write_json, truncate_jsonl
+from normlab.io import atomic_write_json, read_jsonl, truncate_jsonl
 from normlab.model import build_model, count_params
 from normlab.model.config import ConfigError
 from normlab.train import distributed
-from normlab.train.checkpoint import (
-    list_checkpoints,
-    load_checkpoint,
-    remove_stale_temp_files,
-    save_checkpoint,
-    set_rng_state,
-)
+from normlab.train.checkpoint import load_checkpoint, remove_stale_temp_files, save_checkpoint, set_rng_state
 from normlab.train.config import TrainConfig
+from normlab.train.init_from import load_init_weights
 from normlab.train.loggers import Sinks
 from normlab.train.monitor import DivergenceMonitor
 from normlab.train.optim import lr_at, make_optimizer
-
-# Settings a resumed run must share with the checkpoint's run (the rest only affects reporting).
-TRAJECTORY_FIELDS = ("layout", "size", "model", "data", "tokenizer", "seq_len", "batch_size", "grad_accum",
-                     "optimizer", "lr", "min_lr", "warmup", "weight_decay", "seed", "steps", "precision", "val_fraction",
-                     "task", "init_from")
+from normlab.train.rundir import RunLock, Start, check_out, plan_start
 
 
 class TrainingFailed(RuntimeError):
@@ -115,206 +108,253 @@ def _load_state(model: nn.Module, opt: torch.optim.Optimizer, ckpt: dict, cfg: T
     opt.load_state_dict(ckpt["optimizer"])
 
 
-def train(cfg: TrainConfig) -> dict[str, Any]:
-    """Run training as configured; returns the summary (also written to summary.json)."""
+def train(cfg: TrainConfig, log=print) -> dict[str, Any]:  # noqa: ANN001 - log: print-like
+    """Run training as configured; returns the summary (also written to summary.json).
+
+    The main rank checks `--out`, takes the run's lock and decides where the run starts (`rundir`);
+    the other ranks follow its decision and load the same checkpoint.
+    """
     cfg.validate()
     info = distributed.setup(cfg.device)
+    lock, start = None, None
     try:
-        summary = _train(cfg, info)
+        if info.is_main:
+            check_out(Path(cfg.out))
+            lock = RunLock(Path(cfg.out))
+            remove_stale_temp_files(cfg.out)  # of checkpoint writes that were killed
+            start = plan_start(cfg, warn=log)
+            if start.note:
+                log(start.note)
+        plan = distributed.broadcast_object(None if start is None else (start.step, start.path, start.finished), info)
+        if start is None:  # another rank: the main rank's decision, the checkpoint read from disk
+            step, path, finished = plan
+            start = Start(step=step, path=path, finished=finished,
+                          checkpoint=load_checkpoint(path) if path is not None else None)
+        summary = start.finished if start.finished is not None else _train(cfg, info, start)
     except BaseException:
         distributed.teardown(info, clean=False)  # a barrier could wait forever on a rank that died
         raise
+    finally:
+        if lock is not None:
+            lock.release()
     distributed.teardown(info)
-    return summary
+    return summary if info.is_main else {}
 
 
-def _train(cfg: TrainConfig, info: distributed.DistInfo) -> dict[str, Any]:
-    run = Path(cfg.out)
+@dataclass
+class RunState:
+    """Everything a training run holds between steps; `step` is the next step to run."""
+
+    cfg: TrainConfig
+    info: distributed.DistInfo
+    run: Path
+    data: Any
+    model: nn.Module  # wrapped (DDP/FSDP) when distributed
+    fwd: nn.Module  # what the step calls: the model, compiled or not
+    opt: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    monitor: DivergenceMonitor
+    params: Any  # count_params of the unwrapped model
+    val: list
+    step: int = 0
+    tokens: int = 0
+    wall_before: float = 0.0  # wall time of earlier sessions of this run (from the checkpoint)
+    t_start: float = field(default_factory=time.perf_counter)
+    final_val: float | None = None
+    sinks: Sinks | None = None
+    probes: Probes | None = None
+    probe_log: ProbeWriter | None = None
+
+    @property
+    def wall(self) -> float:
+        return self.wall_before + time.perf_counter() - self.t_start
+
+    @property
+    def trainable(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def close(self) -> None:
+        if self.sinks is not None:
+            self.sinks.close()  # closing twice is harmless
+        if self.probe_log is not None:
+            self.probe_log.close()
+
+
+def _load_data(cfg: TrainConfig):  # noqa: ANN202 - TokenData | SFTData
+    if cfg.task == "sft":
+        return load_sft_data(cfg.data.data, cfg.tokenizer, cfg.seq_len, cfg.val_fraction, cfg.prompt_field,
+                             cfg.response_field, cfg.data.vocab_size)
+    return load_data(cfg.data.data, cfg.tokenizer, cfg.val_fraction, cfg.text_field, cfg.token_dtype, cfg.data.vocab_size)
+
+
+def build_state(cfg: TrainConfig, info: distributed.DistInfo, start: Start) -> RunState:
+    """Data, model, optimizer, scaler and monitor, restored from the start's checkpoint if it has one."""
     if cfg.batch_size % (info.world * cfg.grad_accum):
         raise ConfigError(f"batch_size={cfg.batch_size} must divide into {info.world} ranks x grad_accum={cfg.grad_accum}")
-    ckpts = list_checkpoints(run)
-    if (run / "metrics.jsonl").exists() and not (cfg.resume and ckpts):
-        raise ConfigError(
-            f"{run} already holds a run{' with no checkpoint to resume from' if cfg.resume else ''}; "
-            "choose another --out (nothing there is overwritten)"
-        )
     torch.manual_seed(cfg.seed)
-    if cfg.task == "sft":
-        data = load_sft_data(cfg.data, cfg.tokenizer, cfg.seq_len, cfg.val_fraction, cfg.prompt_field,
-                             cfg.response_field, cfg.vocab_size)
-    else:
-        data = load_data(cfg.data, cfg.tokenizer, cfg.val_fraction, cfg.text_field, cfg.token_dtype, cfg.vocab_size)
-    overrides = {"vocab_size": data.vocab_size, **cfg.model}
+    data = _load_data(cfg)
+    overrides = {"vocab_size": data.vocab_size, **cfg.model.options}
     overrides.setdefault("max_seq_len", max(cfg.seq_len, normlab.model.get_size(cfg.size).max_seq_len))
-    model = build_model(cfg.layout, cfg.size, seed=cfg.seed, **overrides)
-    if cfg.init_from and not (cfg.resume and ckpts):  # a resumed run's own checkpoint takes precedence
+    model = build_model(cfg.model.layout, cfg.size, seed=cfg.seed, **overrides)
+    if cfg.init_from and start.checkpoint is None:  # a resumed run's own checkpoint takes precedence
         load_init_weights(model, cfg.init_from)
     model = model.to(info.device)
     params = count_params(model)
     model = distributed.wrap(model, info, cfg.fsdp)
     opt = make_optimizer(model, cfg)
-    scaler = torch.amp.GradScaler(info.device.type, enabled=cfg.precision == "fp16")
-    monitor = DivergenceMonitor(patience=cfg.diverge_patience, final_loss=cfg.diverge_final_loss)
-    fwd = torch.compile(model) if cfg.compile else model
-
-    start, tokens_seen, wall_before = 0, 0, 0.0
-    if cfg.resume and ckpts:
-        ckpt = load_checkpoint(ckpts[-1])
-        saved = ckpt["config"]
-        diff = [k for k in TRAJECTORY_FIELDS if saved.get(k) != getattr(cfg, k)]
-        if diff:
-            raise ConfigError(
-                f"{run} holds a checkpoint of a run with different {', '.join(diff)}; "
-                "resume with the same settings or choose another --out"
-            )
+    state = RunState(
+        cfg=cfg, info=info, run=Path(cfg.out), data=data, model=model,
+        fwd=torch.compile(model) if cfg.compile else model, opt=opt,
+        scaler=torch.amp.GradScaler(info.device.type, enabled=cfg.precision == "fp16"),
+        monitor=DivergenceMonitor(patience=cfg.diverge_patience, final_loss=cfg.diverge_final_loss,
+                                  max_skipped=cfg.max_skipped),
+        params=params, val=data.val_windows(cfg.eval_batches, cfg.batch_size, cfg.seq_len),
+    )
+    if start.checkpoint is not None:
+        ckpt = start.checkpoint
         _load_state(model, opt, ckpt, cfg)
-        scaler.load_state_dict(ckpt["scaler"])
-        monitor.load_state_dict(ckpt["monitor"])
+        state.scaler.load_state_dict(ckpt["scaler"])
+        state.monitor.load_state_dict(ckpt["monitor"])
         set_rng_state(ckpt["rng"])
-        start, tokens_seen, wall_before = ckpt["step"], ckpt["tokens"], ckpt["wall_time"]
+        state.step, state.tokens, state.wall_before = ckpt["step"], ckpt["tokens"], ckpt["wall_time"]
+    return state
 
+
+def open_records(state: RunState) -> None:
+    """config.json, the metrics/probe files cut back to the start step, the loggers (main rank only)."""
+    cfg, run = state.cfg, state.run
+    if not state.info.is_main:
+        return
+    run.mkdir(parents=True, exist_ok=True)
+    remove_stale_temp_files(run)
+    lay = _unwrap(state.model).layout if not cfg.fsdp else cfg.model.layout
+    atomic_write_json(run / "config.json", {
+        "config": cfg.to_dict(),
+        "command": "normlab train " + " ".join(cfg.to_args()),
+        "layout": lay.to_string(),
+        "params": {"total": state.params.total, "non_embedding": state.params.non_embedding},
+        "data": state.data.describe(),
+        "world_size": state.info.world,
+        "versions": {"normlab": normlab.__version__, "torch": torch.__version__, "python": platform.python_version()},
+    })
+    truncate_jsonl(run / "metrics.jsonl", state.step)  # drop rows past the checkpoint (and torn lines): replayed
+    state.sinks = Sinks(cfg, run, state.step)
+    if cfg.probe_every:
+        px, py = state.data.val_windows(1, cfg.probe_batch, cfg.seq_len)[0]
+        state.probes = Probes(_unwrap(state.model), (px, py))
+        state.probe_log = ProbeWriter(run / "probes.jsonl", state.step)
+
+
+def train_step(state: RunState) -> dict[str, Any]:
+    """One optimizer step (all micro-batches); returns its metrics row."""
+    cfg, info, model, opt, scaler, step = state.cfg, state.info, state.model, state.opt, state.scaler, state.step
+    probing = state.probes is not None and step % cfg.probe_every == 0
+    if probing:
+        state.probe_log.write(state.probes.record(step))
+    t0 = time.perf_counter()
+    lr = lr_at(step, cfg)
+    for group in opt.param_groups:
+        group["lr"] = lr
     per_rank = cfg.batch_size // info.world
     micro = per_rank // cfg.grad_accum
-    val = data.val_windows(cfg.eval_batches, cfg.batch_size, cfg.seq_len)
-    metrics_path = run / "metrics.jsonl"
-    sinks: Sinks | None = None
-    if info.is_main:
-        run.mkdir(parents=True, exist_ok=True)
-        remove_stale_temp_files(run)
-        lay = _unwrap(model).layout if not cfg.fsdp else normlab.parse_layout(cfg.layout)
-        atomic_write_json(run / "config.json", {
-            "config": cfg.to_dict(),
-            "command": "normlab train " + " ".join(cfg.to_args()),
-            "layout": lay.to_string(),
-            "params": {"total": params.total, "non_embedding": params.non_embedding},
-            "data": data.describe(),
-            "world_size": info.world,
-            "versions": {"normlab": normlab.__version__, "torch": torch.__version__, "python": platform.python_version()},
-        })
-        truncate_jsonl(metrics_path, start)  # drop rows past the checkpoint: the curve is replayed
-        sinks = Sinks(cfg, run, start)
-    probes: Probes | None = None
-    probe_log: ProbeWriter | None = None
-    if info.is_main and cfg.probe_every:
-        px, py = data.val_windows(1, cfg.probe_batch, cfg.seq_len)[0]
-        probes = Probes(_unwrap(model), (px, py))
-        probe_log = ProbeWriter(run / "probes.jsonl", start)
+    x, y = state.data.train_batch(step, cfg.batch_size, cfg.seq_len, cfg.seed)
+    x, y = x[info.rank * per_rank : (info.rank + 1) * per_rank], y[info.rank * per_rank : (info.rank + 1) * per_rank]
+    opt.zero_grad(set_to_none=True)
+    loss_sum = 0.0
+    for i in range(cfg.grad_accum):
+        xb, yb = x[i * micro : (i + 1) * micro].to(info.device), y[i * micro : (i + 1) * micro].to(info.device)
+        sync = contextlib.nullcontext()
+        if isinstance(model, nn.parallel.DistributedDataParallel) and i < cfg.grad_accum - 1:
+            sync = model.no_sync()
+        with sync:
+            with _autocast(cfg, info.device):
+                loss = _loss(state.fwd, xb, yb, cfg) / cfg.grad_accum
+            scaler.scale(loss).backward()
+        loss_sum += loss.item()
+    scaler.unscale_(opt)
+    max_norm = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(state.trainable, max_norm))
+    loss_val = distributed.mean_across(loss_sum, info)
+    apply = state.monitor.check_finite(step, loss_val, grad_norm, cfg.on_nonfinite)
+    if probing:
+        state.probes.snapshot()
+    if apply:
+        scaler.step(opt)
+    scaler.update()
+    if probing:
+        state.probe_log.write(state.probes.updates(step))
+    dt = time.perf_counter() - t0
+    state.tokens += cfg.batch_size * cfg.seq_len
+    row: dict[str, Any] = {
+        "step": step, "loss": loss_val, "lr": lr, "grad_norm": grad_norm, "tokens": state.tokens,
+        "tok_per_s": cfg.batch_size * cfg.seq_len / dt, "time": state.wall,
+    }
+    if cfg.precision == "fp16":
+        row["loss_scale"] = scaler.get_scale()
+    if not apply:
+        row["skipped"] = True
+    else:
+        row.update({k: True for k, v in state.monitor.update(step, loss_val, grad_norm).items() if v})
+    return row
 
-    params_list = [p for p in model.parameters() if p.requires_grad]
-    final_val = None
-    t_run = time.perf_counter()
-    step = start
+
+def _train(cfg: TrainConfig, info: distributed.DistInfo, start: Start) -> dict[str, Any]:
+    state = build_state(cfg, info, start)
+    open_records(state)
     try:
-        for step in range(start, cfg.steps):
-            if monitor.diverged:
-                break
-            probing = probes is not None and step % cfg.probe_every == 0
-            if probing:
-                probe_log.write(probes.record(step))
-            t0 = time.perf_counter()
-            lr = lr_at(step, cfg)
-            for group in opt.param_groups:
-                group["lr"] = lr
-            x, y = data.train_batch(step, cfg.batch_size, cfg.seq_len, cfg.seed)
-            x, y = x[info.rank * per_rank : (info.rank + 1) * per_rank], y[info.rank * per_rank : (info.rank + 1) * per_rank]
-            opt.zero_grad(set_to_none=True)
-            loss_sum = 0.0
-            for i in range(cfg.grad_accum):
-                xb, yb = x[i * micro : (i + 1) * micro].to(info.device), y[i * micro : (i + 1) * micro].to(info.device)
-                sync = contextlib.nullcontext()
-                if isinstance(model, nn.parallel.DistributedDataParallel) and i < cfg.grad_accum - 1:
-                    sync = model.no_sync()
-                with sync:
-                    with _autocast(cfg, info.device):
-                        loss = _loss(fwd, xb, yb, cfg) / cfg.grad_accum
-                    scaler.scale(loss).backward()
-                loss_sum += loss.item()
-            scaler.unscale_(opt)
-            max_norm = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params_list, max_norm))
-            loss_val = distributed.mean_across(loss_sum, info)
-            apply = monitor.check_finite(step, loss_val, grad_norm, cfg.on_nonfinite)
-            if probing:
-                probes.snapshot()
-            if apply:
-                scaler.step(opt)
-            scaler.update()
-            if probing:
-                probe_log.write(probes.updates(step))
-            dt = time.perf_counter() - t0
-            tokens_seen += cfg.batch_size * cfg.seq_len
-            row: dict[str, Any] = {
-                "step": step, "loss": loss_val, "lr": lr, "grad_norm": grad_norm, "tokens": tokens_seen,
-                "tok_per_s": cfg.batch_size * cfg.seq_len / dt, "time": wall_before + time.perf_counter() - t_run,
-            }
-            if cfg.precision == "fp16":
-                row["loss_scale"] = scaler.get_scale()
-            if not apply:
-                row["skipped"] = True
-            else:
-                row.update({k: True for k, v in monitor.update(step, loss_val, grad_norm).items() if v})
-            last = step == cfg.steps - 1 or monitor.diverged
-            if (cfg.eval_every and (step + 1) % cfg.eval_every == 0) or last:
-                final_val = evaluate(fwd, val, cfg, info)
-                row["val_loss"] = final_val
-                row["val_ppl"] = math.exp(min(final_val, 50.0))
-            if sinks is not None:
-                sinks.log(row)
-            if (cfg.ckpt_every and (step + 1) % cfg.ckpt_every == 0) or (last and not monitor.diverged):
-                _checkpoint(run, model, opt, scaler, monitor, cfg, step + 1, tokens_seen,
-                            wall_before + time.perf_counter() - t_run, info)
-        else:
-            step = cfg.steps
-        if probes is not None:  # the end state (also of a diverged run, at the step it stopped)
-            probe_log.write(probes.record(step))
-        monitor.finish(step)
+        while state.step < cfg.steps and not state.monitor.diverged:
+            row = train_step(state)
+            last = state.step == cfg.steps - 1 or state.monitor.diverged
+            if (cfg.eval_every and (state.step + 1) % cfg.eval_every == 0) or last:
+                state.final_val = evaluate(state.fwd, state.val, cfg, info)
+                row["val_loss"] = state.final_val
+                row["val_ppl"] = math.exp(min(state.final_val, 50.0))
+            if state.sinks is not None:
+                state.sinks.log(row)
+            state.step += 1
+            if state.step % cfg.checkpoint_every == 0 or (last and not state.monitor.diverged):
+                _checkpoint(state)
+        if state.probes is not None:  # the end state (also of a diverged run, at the step it stopped)
+            state.probe_log.write(state.probes.record(state.step))
+        state.monitor.finish(state.step)
     except Exception as err:  # a crash is recorded, then raised
-        if sinks is not None:
-            sinks.close()
+        state.close()
         if info.is_main:
-            _write_summary(run, cfg, monitor, step, tokens_seen, wall_before + time.perf_counter() - t_run,
-                           final_val, params, status="failed", error=f"{type(err).__name__}: {err}")
-        raise TrainingFailed(f"run {run} failed at step {step}: {type(err).__name__}: {err}") from err
+            _write_summary(state, status="failed", error=f"{type(err).__name__}: {err}")
+        raise TrainingFailed(f"run {state.run} failed at step {state.step}: {type(err).__name__}: {err}") from err
     finally:
-        if sinks is not None:
-            sinks.close()  # also on KeyboardInterrupt; closing twice is harmless
-        if probe_log is not None:
-            probe_log.close()
-    summary: dict[str, Any] = {}
-    if info.is_main:
-        summary = _write_summary(run, cfg, monitor, step, tokens_seen, wall_before + time.perf_counter() - t_run, final_val, params)
-    return summary
+        state.close()  # also on KeyboardInterrupt
+    return _write_summary(state) if info.is_main else {}
 
 
-def _checkpoint(run, model, opt, scaler, monitor, cfg, step, tokens, wall, info) -> None:  # noqa: ANN001
-    model_sd, opt_sd = _state(model, opt, cfg)
-    if info.is_main:
-        save_checkpoint(run, step, {
-            "model": model_sd, "optimizer": opt_sd, "scaler": scaler.state_dict(), "monitor": monitor.state_dict(),
-            "config": cfg.to_dict(), "tokens": tokens, "wall_time": wall,
-        }, cfg.keep_last)
+def _checkpoint(state: RunState) -> None:
+    model_sd, opt_sd = _state(state.model, state.opt, state.cfg)
+    if state.info.is_main:
+        save_checkpoint(state.run, state.step, {
+            "model": model_sd, "optimizer": opt_sd, "scaler": state.scaler.state_dict(),
+            "monitor": state.monitor.state_dict(), "config": state.cfg.to_dict(), "tokens": state.tokens,
+            "wall_time": state.wall,
+        }, state.cfg.keep_last)
 
 
-def _write_summary(run: Path, cfg: TrainConfig, monitor: DivergenceMonitor, step: int, tokens: int, wall: float,
-                   final_val: float | None, params, status: str | None = None, error: str | None = None) -> dict:  # noqa: ANN001
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()] \
-        if (run / "metrics.jsonl").exists() else []
-    finite = [r["loss"] for r in rows if math.isfinite(r["loss"])]
+def _write_summary(state: RunState, status: str | None = None, error: str | None = None) -> dict:
+    rows = read_jsonl(state.run / "metrics.jsonl")
+    finite = [r["loss"] for r in rows if isinstance(r.get("loss"), (int, float)) and math.isfinite(r["loss"])]
     summary = {
-        **monitor.summary(),
-        "layout": cfg.layout,
+        **state.monitor.summary(),
+        "layout": state.cfg.model.layout_label,
         "steps": len(rows),
-        "tokens": tokens,
-        "wall_time_s": wall,
+        "tokens": state.tokens,
+        "wall_time_s": state.wall,
         "initial_loss": finite[0] if finite else None,
         "final_loss": sum(finite[-10:]) / len(finite[-10:]) if finite else None,
-        "final_val_loss": final_val,
-        "params_non_embedding": params.non_embedding,
+        "final_val_loss": state.final_val,
+        "params_non_embedding": state.params.non_embedding,
     }
     if status is not None:
         summary["status"] = status
     if error is not None:
         summary["reason"] = error
-        summary["failed_step"] = step
-    atomic_write_json(run / "summary.json", summary)
+        summary["failed_step"] = state.step
+    atomic_write_json(state.run / "summary.json", summary)
     return summary

@@ -1,0 +1,140 @@
+"""The run directory's guard rails: what `--out` may be, and what a restarted run continues from.
+
+Nothing already written is lost:
+- `--out` must be a missing or empty directory, or a normlab run directory (its config.json says so);
+  a file, or a folder holding anything else (an export, a dataset, `.`), is refused before anything
+  is written.
+- A run directory whose identity settings differ from this run's is refused, naming the settings.
+- A finished run (summary.json ok/diverged for the same settings) is not trained again: its summary
+  is returned as it is.
+- A run that was killed continues from its newest checkpoint that loads (a corrupt newer one is
+  skipped with a warning); one killed before its first checkpoint restarts cleanly from step 0.
+- One process at a time: an exclusive lock (`.lock`, flock) held while training, so a run can never
+  execute twice at once (a sweep restarted while a killed coordinator's worker still runs, two shells).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from normlab.model.config import ConfigError
+from normlab.train.checkpoint import load_latest_checkpoint
+from normlab.train.config import TrainConfig
+
+DONE = ("ok", "diverged")
+OWN_FILES = (".lock",)  # what a run writes before its config.json (a run killed that early left only this)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def saved_config(run: Path) -> TrainConfig | None:
+    """The TrainConfig a run directory was written with (None if it holds no readable one)."""
+    data = read_json(run / "config.json")
+    if not data or not isinstance(data.get("config"), dict):
+        return None
+    try:
+        return TrainConfig.from_dict(data["config"], source=str(run / "config.json"))
+    except ConfigError:
+        return None
+
+
+def is_run_dir(path: Path) -> bool:
+    data = read_json(path / "config.json")
+    return bool(data) and isinstance(data.get("config"), dict) and "normlab" in (data.get("versions") or {})
+
+
+def check_out(run: Path) -> None:
+    """Refuse an --out that is a file, or a non-empty folder that is not a normlab run."""
+    if run.exists() and not run.is_dir():
+        raise ConfigError(f"--out {run} is a file; give a directory for the run (it is created if missing)")
+    held = sorted(p.name for p in run.iterdir() if p.name not in OWN_FILES) if run.is_dir() else []
+    if held and not is_run_dir(run):
+        raise ConfigError(f"--out {run} is a folder that is not a normlab run (it holds {', '.join(held[:5])}"
+                          f"{', ...' if len(held) > 5 else ''}); nothing there is overwritten: "
+                          "choose a new or empty directory")
+
+
+@dataclass
+class Start:
+    """Where a run starts: from scratch, from a checkpoint, or not at all (already finished)."""
+
+    step: int = 0
+    path: Path | None = None  # the checkpoint file
+    checkpoint: dict[str, Any] | None = None
+    finished: dict[str, Any] | None = None  # the summary of a run that already ended
+    note: str | None = None  # what happened, for the user (a restart, a skipped checkpoint)
+
+
+def plan_start(cfg: TrainConfig, warn=print) -> Start:  # noqa: ANN001 - warn: print-like
+    """Decide how the run in `cfg.out` starts (see the module docstring); raises ConfigError to refuse."""
+    run = Path(cfg.out)
+    check_out(run)
+    if not is_run_dir(run):
+        return Start()
+    saved = saved_config(run)
+    if saved is None:
+        raise ConfigError(f"{run}/config.json is not readable by this normlab; choose another --out")
+    diff = saved.identity_diff(cfg)
+    if diff:
+        changes = ", ".join(f"{k}: {_show(saved, k)} -> {_show(cfg, k)}" for k in diff[:6])
+        raise ConfigError(f"{run} holds a run with different settings ({changes}); "
+                          "resume with the same settings or choose another --out")
+    if not cfg.resume:
+        raise ConfigError(f"{run} already holds a run and --no-resume was given; choose another --out "
+                          "(nothing there is overwritten)")
+    summary = read_json(run / "summary.json")
+    status = (summary or {}).get("status")
+    if status == "diverged" or (status == "ok" and summary.get("steps") == cfg.steps):
+        return Start(finished=summary, note=f"{run} already finished ({summary['status']}); nothing to do")
+    found = load_latest_checkpoint(run, warn=lambda m: warn(f"normlab: warning: {m}"))
+    if found is None:
+        return Start(note=f"{run}: no checkpoint to resume from; restarting from step 0")
+    path, ckpt = found
+    return Start(step=int(ckpt["step"]), path=path, checkpoint=ckpt, note=f"{run}: resuming from {path.name}")
+
+
+def _show(cfg: TrainConfig, key: str) -> str:
+    value = cfg.identity()[key]
+    return repr(value)
+
+
+class RunLock:
+    """An exclusive flock on RUN/.lock for the life of the training process (released by the kernel
+    when the process dies, kill -9 included). Waits up to `wait` seconds for a dying holder."""
+
+    def __init__(self, run: Path, wait: float = 10.0) -> None:
+        run.mkdir(parents=True, exist_ok=True)
+        self.file = open(run / ".lock", "a+")  # noqa: SIM115 - held until release()
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    self.file.seek(0)
+                    holder = self.file.read().strip() or "another process"
+                    self.file.close()
+                    raise ConfigError(f"{run} is being trained by {holder}; a run never executes twice at once: "
+                                      "wait for it or stop it") from None
+                time.sleep(0.2)
+        self.file.seek(0)
+        self.file.truncate(0)
+        self.file.write(f"pid {os.getpid()} on {socket.gethostname()}")
+        self.file.flush()
+
+    def release(self) -> None:
+        self.file.close()
