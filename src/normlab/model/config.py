@@ -16,6 +16,8 @@ from typing import Any, Literal
 MlpKind = Literal["swiglu", "geglu-tanh", "gelu", "gelu-tanh", "relu"]
 MLP_KINDS: tuple[str, ...] = ("swiglu", "geglu-tanh", "gelu", "gelu-tanh", "relu")
 POSITIONS: tuple[str, ...] = ("rope", "learned")
+# Sanity bounds: far above any published model, low enough that a typo fails here, not in an allocation.
+MAX_DIM = {"vocab_size": 2**24, "d_model": 2**17, "n_layers": 10_000, "n_heads": 2**12, "max_seq_len": 2**22}
 
 
 class ConfigError(ValueError):
@@ -47,8 +49,10 @@ class ModelConfig:
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+            if value > MAX_DIM[name]:
+                raise ConfigError(f"{name}={value} is beyond any model normlab builds (at most {MAX_DIM[name]:,})")
         if self.d_model % self.n_heads:
             divisors = [h for h in range(1, self.d_model + 1) if self.d_model % h == 0 and h <= 64]
             raise ConfigError(

@@ -103,10 +103,12 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         with torch.serialization.safe_globals(_legacy_numpy_globals()):
             state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        # torch's message goes on to suggest weights_only=False: exactly what must not be done here
+        lines = [x.strip() for x in str(err).splitlines() if "GLOBAL" in x or "Unsupported" in x]
+        what = lines[0].removeprefix("WeightsUnpickler error: ")[:200] if lines else type(err).__name__
         raise CheckpointError(
             f"{path} is not a checkpoint normlab will load: it holds objects other than tensors and plain "
-            f"values ({first[:200]}); loading it could run code, so it was refused"
+            f"values ({what}); loading it could run code, so it was refused"
         ) from None
     except (RuntimeError, EOFError, OSError, ValueError) as err:
         raise CheckpointError(f"{path} is unreadable (truncated or corrupt): {type(err).__name__}: "

@@ -1,0 +1,405 @@
+"""Trustworthy runs: safe loading, nothing lost, one config declaration, one-line errors, fuzzing."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from normlab.cli import main
+from normlab.experiments import SweepConfig
+from normlab.layout import LayoutError, parse_layout
+from normlab.model.config import ConfigError
+from normlab.train import TrainConfig, train
+from normlab.train import trainer as trainer_mod
+from normlab.train.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
+from normlab.train.monitor import DivergenceMonitor
+from normlab.train.rundir import RunLock
+from tests.test_train import REPO, losses, rows, small
+
+
+class Evil:
+    """Unpickling this runs `touch MARKER`: what a malicious .pt does."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def evil_checkpoint(path: Path, marker: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": {"w": torch.zeros(2)}, "payload": Evil(marker), "step": 1}, path)
+    return path
+
+
+# --- safe loading -----------------------------------------------------------------------------
+
+def test_a_malicious_checkpoint_is_refused_and_never_executes(corpus, tmp_path, capsys):
+    marker = tmp_path / "pwned"
+    bad = evil_checkpoint(tmp_path / "evil.pt", marker)
+    with pytest.raises(CheckpointError, match="could run code"):
+        load_checkpoint(bad)
+    # through every door: export, --init-from, and resume of a run whose newest checkpoint is evil
+    assert main(["export", str(bad), str(tmp_path / "exp")]) == 2
+    assert main(["train", "--data", str(corpus), "--size", "nano", "--steps", "2", "--seq-len", "16",
+                 "--batch-size", "4", "--init-from", str(bad), "--out", str(tmp_path / "ft"), "--no-progress"]) == 2
+    run = tmp_path / "run"
+    train(small(corpus, run, steps=3))
+    evil_checkpoint(run / "checkpoints" / "step_00000009.pt", marker)
+    (run / "summary.json").unlink()  # as if the run had been killed
+    with pytest.raises(CheckpointError, match="could run code"):
+        train(small(corpus, run, steps=3))
+    assert not marker.exists()
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "could run code" in err and "posix.system" in err
+    assert "weights_only` set to `False" not in err
+
+
+def test_checkpoints_hold_only_safe_types(corpus, tmp_path):
+    train(small(corpus, tmp_path / "r", steps=2))
+    ckpt = torch.load(list_checkpoints(tmp_path / "r")[-1], weights_only=True)  # plain torch, no allowlist
+    assert isinstance(ckpt["rng"]["numpy"]["keys"], torch.Tensor) and ckpt["config"]["steps"] == 2
+
+
+# --- nothing lost -----------------------------------------------------------------------------
+
+def test_out_refuses_folders_that_are_not_runs(corpus, tmp_path):
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "config.json").write_text('{"model_type": "llama"}')
+    with pytest.raises(ConfigError, match="not a normlab run"):
+        train(small(corpus, export, steps=2))
+    assert json.loads((export / "config.json").read_text()) == {"model_type": "llama"}
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "notes.txt").write_text("keep me")
+    with pytest.raises(ConfigError, match="not a normlab run"):
+        train(small(corpus, plain, steps=2))
+    assert sorted(p.name for p in plain.iterdir()) == ["notes.txt"]
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(ConfigError, match="is a file"):
+        train(small(corpus, afile, steps=2))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert train(small(corpus, empty, steps=2))["status"] == "ok"
+
+
+def _interrupt_at(monkeypatch, step):
+    from normlab.data import TokenData
+
+    real = TokenData.train_batch
+
+    def failing(self, s, *a, **k):
+        if s == step:
+            raise KeyboardInterrupt("simulated kill")
+        return real(self, s, *a, **k)
+
+    monkeypatch.setattr(TokenData, "train_batch", failing)
+    return lambda: monkeypatch.setattr(TokenData, "train_batch", real)
+
+
+def test_a_run_killed_before_its_first_checkpoint_restarts_cleanly(corpus, tmp_path, monkeypatch):
+    full = small(corpus, tmp_path / "full", steps=12, eval_every=4, probe_every=4)
+    train(full)
+    cut = small(corpus, tmp_path / "cut", steps=12, eval_every=4, probe_every=4)
+    restore = _interrupt_at(monkeypatch, 5)  # the first checkpoint (auto: every 10 steps) is never reached
+    with pytest.raises(KeyboardInterrupt):
+        train(cut)
+    restore()
+    assert not list_checkpoints(cut.out) and len(rows(cut.out)) == 5
+    s = train(cut)
+    assert s["status"] == "ok" and [r["step"] for r in rows(cut.out)] == list(range(12))
+    assert losses(cut.out) == losses(full.out)
+
+
+def test_corrupt_newest_checkpoint_falls_back_and_torn_jsonl_is_cut(corpus, tmp_path, monkeypatch, capsys):
+    full = small(corpus, tmp_path / "full", steps=12, probe_every=3)
+    train(full)
+    cut = small(corpus, tmp_path / "cut", steps=12, ckpt_every=3, keep_last=3, probe_every=3)
+    restore = _interrupt_at(monkeypatch, 10)
+    with pytest.raises(KeyboardInterrupt):
+        train(cut)
+    restore()
+    newest = list_checkpoints(cut.out)[-1]
+    assert newest.name == "step_00000009.pt"
+    newest.write_bytes(newest.read_bytes()[:1000])  # torn by a full disk
+    for name in ("metrics.jsonl", "probes.jsonl"):
+        with open(Path(cut.out) / name, "a") as f:
+            f.write('{"step": 10, "loss": 1.2')  # a torn last line
+    s = train(cut, log=print)
+    assert "skipping checkpoint step_00000009.pt" in capsys.readouterr().out
+    assert s["status"] == "ok" and losses(cut.out) == losses(full.out)
+    assert [r["step"] for r in rows(cut.out)] == list(range(12))
+
+
+def test_resume_refuses_any_identity_change(corpus, tmp_path, monkeypatch):
+    cut = small(corpus, tmp_path / "r", steps=12, ckpt_every=3)
+    restore = _interrupt_at(monkeypatch, 7)
+    with pytest.raises(KeyboardInterrupt):
+        train(cut)
+    restore()
+    for change, name in ((dict(grad_clip=0.01), "grad_clip"), (dict(beta2=0.5), "beta2"), (dict(eps=1e-6), "eps"),
+                         (dict(z_loss=1e-4), "z_loss"), (dict(wd_exclude="norms"), "wd_exclude"), (dict(beta1=0.8), "beta1")):
+        with pytest.raises(ConfigError, match=f"different settings \\({name}:"):
+            train(small(corpus, tmp_path / "r", steps=12, ckpt_every=3, **change))
+    # reporting settings are not identity: a resume may change them
+    assert train(small(corpus, tmp_path / "r", steps=12, ckpt_every=4, eval_every=3))["status"] == "ok"
+
+
+def test_a_finished_run_is_not_rewritten(corpus, tmp_path):
+    cfg = small(corpus, tmp_path / "r", steps=3)
+    first = train(cfg)
+    before = (tmp_path / "r" / "summary.json").read_bytes()
+    again = train(cfg)
+    assert again == first and again["final_val_loss"] is not None
+    assert (tmp_path / "r" / "summary.json").read_bytes() == before
+
+
+def test_a_run_never_executes_twice_at_once(tmp_path):
+    held = RunLock(tmp_path / "r")
+    try:
+        with pytest.raises(ConfigError, match="being trained by pid"):
+            RunLock(tmp_path / "r", wait=0.3)
+    finally:
+        held.release()
+    RunLock(tmp_path / "r", wait=0.3).release()  # free again once released
+
+
+def test_skipping_most_steps_is_divergence(corpus, tmp_path, monkeypatch):
+    real = trainer_mod._loss
+    monkeypatch.setattr(trainer_mod, "_loss", lambda *a: real(*a) * float("nan"))
+    s = train(small(corpus, tmp_path / "nan", steps=15, on_nonfinite="skip"))
+    assert s["status"] == "diverged" and "10 of 10 steps skipped" in s["reason"]
+    m = DivergenceMonitor(max_skipped=0.1)
+    for step in range(20):  # one skip in 20 steps is within the 10% allowed
+        if step == 3:
+            assert not m.check_finite(step, float("nan"), 1.0, "skip")
+        else:
+            m.update(step, 2.0, 1.0)
+    m.finish(20)
+    assert m.status == "ok" and m.skipped_steps == [3]
+
+
+def test_probe_loss_is_the_model_loss_with_softcaps():
+    from normlab.diagnostics.probes import Probes
+    from normlab.model import build_model
+
+    model = build_model("peri", "nano", seed=0, logit_softcap=2.0, attn_softcap=5.0)
+    x = torch.randint(0, 256, (2, 16))
+    y = torch.randint(0, 256, (2, 16))
+    rows_ = Probes(model, (x, y)).record(0)
+    probe_loss = next(r["value"] for r in rows_ if r["metric"] == "probe_loss")
+    assert probe_loss == pytest.approx(model(x, targets=y).loss.item(), rel=1e-6)
+
+
+# --- one declaration ----------------------------------------------------------------------------
+
+def test_one_override_function_behind_every_entry_point(corpus, tmp_path):
+    from normlab.cli import build_parser, train_config_from_args
+
+    want = TrainConfig.of(layout="peri", lr=1e-3, **{"model.n_layers": 3, "layout.h": 0.5})
+    assert want.model.layout.h == 0.5 and want.model.layout_label == "peri,h=0.5"
+    assert parse_layout(want.model.layout_label) == want.model.layout  # the label reads back as the Layout
+    args = build_parser().parse_args(["train", "--set", "optim.lr=1e-3", "--set", "layout.h=0.5", "--model", "n_layers=3"])
+    assert train_config_from_args(args) == want
+    toml = tmp_path / "c.toml"
+    toml.write_text('lr = 0.001\n[model]\nn_layers = 3\n[layout]\nh = 0.5\n')
+    assert TrainConfig.from_toml(toml) == want
+    sweep = SweepConfig(name="one", base={"model.n_layers": 3, "layout": "peri"}, grid={"layout.h": [0.5], "lr": [1e-3]})
+    spec = sweep.expand()[0]
+    assert spec.train_config("x").identity() == want.identity()
+    assert TrainConfig.from_dict(want.to_dict()) == want  # the edge form round-trips
+
+
+def test_grid_values_are_typed_by_their_setting():
+    from normlab.cli import _grid_args
+
+    grid = _grid_args(["layout=pre,none", "lr=1e-3,3e-3", "min_lr=none,1e-4", "model.n_layers=2,3"])
+    assert grid == {"layout": ["pre", "none"], "lr": [1e-3, 3e-3], "min_lr": [None, 1e-4], "model.n_layers": [2, 3]}
+    specs = SweepConfig(name="g", base={"size": "nano"}, grid={"layout": grid["layout"]}).expand()
+    assert [s.config["layout"] for s in specs] == ["pre", "none"]
+    for name in ("../escape", "a/b", ""):
+        with pytest.raises(ConfigError, match="sweep name"):
+            SweepConfig(name=name, grid={"lr": [1e-3]})
+
+
+def test_toml_values_must_have_their_types(tmp_path):
+    for text, needle in (('weight_decay = "x"', "weight_decay: expected a number"),
+                         ("steps = true", "steps: expected an integer, got True"),
+                         ('compile = "no"', "compile: expected true or false"),
+                         ("lr = nan", "lr: expected a finite number"),
+                         ("[model]\nn_layers = 2.5", "model.n_layers: expected an integer"),
+                         ("[optim]\nlrr = 1.0", "unknown setting 'optim.lrr'")):
+        p = tmp_path / "c.toml"
+        p.write_text(text + "\n")
+        with pytest.raises(ConfigError, match=needle.replace("(", "\\(").replace(")", "\\)")):
+            TrainConfig.from_toml(p)
+
+
+# --- one-line errors ----------------------------------------------------------------------------
+
+@pytest.fixture
+def bad_inputs(corpus, tmp_path):
+    toml = tmp_path / "bad.toml"
+    toml.write_text('steps = true\n')
+    garbage = tmp_path / "garbage"
+    garbage.mkdir()
+    (garbage / "metrics.jsonl").write_text("not json\n")
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    sft = tmp_path / "sft.jsonl"
+    sft.write_text('["a", "b"]\n' * 20)
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes(b'{"text": "caf\xe9"}\n')
+    common = ["--data", str(corpus), "--size", "nano", "--steps", "2", "--no-progress", "--out", str(tmp_path / "o")]
+    return [
+        ["train", *common, "--beta1", "1.5"],
+        ["train", *common, "--eps", "-1"],
+        ["train", *common, "--seed", str(2**70)],
+        ["train", *common, "--grad-clip", "nan"],
+        ["train", *common, "--lr", "inf"],
+        ["train", *common, "--z-loss", "nan"],
+        ["train", *common, "--weight-decay", "nan"],
+        ["train", *common, "--config", str(toml)],
+        ["train", *common, "--config", str(tmp_path / "missing.toml")],
+        ["train", *common, "--layout", "perri"],
+        ["train", *common, "--model", "d_modle=3"],
+        ["train", *common, "--set", "nope=1"],
+        ["train", "--data", "/dev/zero", "--size", "nano", "--steps", "2", "--no-progress", "--out", str(tmp_path / "z")],
+        ["train", "--data", str(corpus), "--size", "nano", "--steps", "2", "--out", str(afile)],
+        ["train", "--data", str(sft), "--task", "sft", "--size", "nano", "--steps", "2", "--out", str(tmp_path / "s")],
+        ["train", "--data", str(latin), "--size", "nano", "--steps", "2", "--out", str(tmp_path / "l")],
+        ["summarize", str(tmp_path / "nowhere")],
+        ["report", str(garbage)],
+        ["report", str(tmp_path / "nowhere")],
+        ["scan", str(tmp_path / "nowhere")],
+        ["demo", "--layouts", "pre,perri"],
+        ["screen", "peri", "--layers", "two"],
+        ["screen", "perri"],
+        ["sweep", "--name", "../escape", "--grid", "lr=1e-3"],
+        ["sweep", "--grid", "out=a,b"],
+        ["sweep", "--grid", "lr=fast"],
+        ["compare", "--set", "lr=-1", "--out", str(tmp_path / "cmp")],
+        ["export", str(tmp_path / "nowhere"), str(tmp_path / "e")],
+        *([] if torch.cuda.is_available() else [["train", *common, "--device", "cuda"]]),
+    ]
+
+
+def test_bad_input_is_one_line_with_exit_status_2(bad_inputs, capsys):
+    for argv in bad_inputs:
+        code = main(argv)
+        out, err = capsys.readouterr()
+        lines = [x for x in err.splitlines() if x.strip() and not x.startswith("normlab: warning")]
+        assert code == 2, (argv, code, err)
+        assert len(lines) == 1 and lines[0].startswith("normlab: error: "), (argv, err)
+        assert "Traceback" not in err + out
+
+
+def test_argparse_choices_and_version(capsys):
+    with pytest.raises(SystemExit) as ex:
+        main(["train", "--precision", "fp8"])
+    assert ex.value.code == 2 and "invalid choice: 'fp8'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as ex:
+        main(["--version"])
+    assert ex.value.code == 0 and capsys.readouterr().out.startswith("normlab 0.")
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    cmd = [sys.executable, "-m", "normlab", "summarize", str(tmp_path / "nowhere")]
+    plain = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    debug = subprocess.run([*cmd[:3], "--debug", *cmd[3:]], capture_output=True, text=True, env=env)
+    assert plain.returncode == 2 and "Traceback" not in plain.stderr
+    assert "Traceback" in debug.stderr and "ConfigError" in debug.stderr
+
+
+# --- fuzzing ------------------------------------------------------------------------------------
+
+def test_fuzz_layout_grammar_and_config_loader():
+    rng = random.Random(1234)
+    alphabet = "attnmlp=ABCSqkvc-,[]:0123456789.%emb final norm=rms layer inner=head full h=alpha deepnorm frozen-out"
+    tokens = ["attn=", "mlp=", "A", "B", "C", "S", "q", "k", "v", "c", "-", ",", "[", "]", ":", "0", "1", "-1",
+              "0.5", "25%", "emb", "final", "-emb", "qk", "norm=", "rms", "layer", "inner=", "h=", "alpha=",
+              "deepnorm", "frozen-out", "init=", "peri", "pre", "post", "hybrid*", "none", "nan", "inf", "1e309"]
+    for _ in range(600):
+        text = "".join(rng.choice(tokens) for _ in range(rng.randint(0, 8)))
+        if rng.random() < 0.2:
+            text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 20)))
+        try:
+            layout = parse_layout(text)
+        except LayoutError:
+            continue
+        assert parse_layout(layout.to_string()) == layout
+    keys = ["lr", "steps", "seed", "layout", "model.n_layers", "model.d_model", "layout.h", "beta1", "precision",
+            "optim.lr", "run.out", "grad_clip", "min_lr", "model.mlp", "compile", "wd_exclude", "nope", "model.nope"]
+    values = [0, 1, -1, 0.5, 1e300, float("nan"), float("inf"), True, False, None, "", "x", "peri", "1e-3", [1],
+              {"a": 1}, 2**70, "none", "fp16"]
+    for _ in range(1500):
+        settings = {rng.choice(keys): rng.choice(values) for _ in range(rng.randint(1, 4))}
+        for from_text in (False, True):
+            vals = {k: (str(v) if from_text and not isinstance(v, (list, dict)) else v) for k, v in settings.items()}
+            try:
+                TrainConfig().with_(vals, "fuzz", from_text=from_text)
+            except ConfigError:
+                pass
+
+
+# --- sweeps: kill -9 of the coordinator ------------------------------------------------------------
+
+def _workers_of(root: Path) -> list[int]:
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmd = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if str(root).encode() in cmd and any(b"PR_SET_PDEATHSIG" in c for c in cmd):
+                pids.append(int(proc.name))
+    return pids
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc to find the worker processes")
+def test_kill_9_of_the_sweep_coordinator_takes_its_workers_and_nothing_runs_twice(corpus, tmp_path):
+    root = tmp_path / "sw"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    cmd = [sys.executable, "-m", "normlab", "sweep", "--grid", "seed=0,1", "--set", "size=nano", "--set", "steps=400",
+           "--set", f"data={corpus}", "--set", "seq_len=32", "--set", "batch_size=8", "--set", "eval_every=0",
+           "--set", "probe_every=0", "--set", "ckpt_every=20", "--workers", "2", "--out", str(root)]
+    def start_then_kill(ready) -> list[int]:  # noqa: ANN001
+        coord = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 60
+        while time.time() < deadline and not (len(_workers_of(root)) == 2 and ready()):
+            time.sleep(0.05)
+        workers = _workers_of(root)
+        assert len(workers) == 2
+        coord.send_signal(signal.SIGKILL)
+        coord.wait()
+        return workers
+
+    def alive(pids: list[int]) -> list[int]:
+        return [p for p in pids if Path(f"/proc/{p}").exists() and Path(f"/proc/{p}/stat").read_text().split()[2] != "Z"]
+
+    # 1. killed while its workers are still importing torch: they must not live on
+    workers = start_then_kill(lambda: True)
+    time.sleep(4.0)  # longer than a worker's imports
+    assert alive(workers) == []
+    # 2. killed mid-training, after a checkpoint: the workers go with it, the rerun resumes
+    workers = start_then_kill(lambda: bool(list((root / "runs").glob("*/checkpoints/step_*.pt"))))
+    time.sleep(1.0)
+    assert alive(workers) == []
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    for run in (root / "runs").iterdir():
+        assert [r["step"] for r in rows(run)] == list(range(400))  # resumed, each step once
