@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-# The main job: post, pre, peri and hybrid trained side by side (about 9 minutes on 2 cores), then the report.
+# The main job: post, pre, peri and hybrid trained side by side (about 11 minutes on 2 cores), then the report.
 demo: install
 	$(VENV)/bin/normlab compare
 
