@@ -54,41 +54,31 @@ def read_toml(path: str | os.PathLike, what: str = "file") -> dict[str, Any]:
         raise ConfigError(f"{p} is not valid TOML: {err}") from None
 
 
-def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The rows of a JSONL file; a line that does not parse (a torn last line, left by a kill or a full
-    disk mid-write) is skipped, so a reader never fails on what a crash left behind."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    rows = []
+def _jsonl_lines(path: Path):  # noqa: ANN202 - iterator of (line, row or None)
+    """Each non-blank line with its parsed row; None for a line that does not parse to an object (a torn
+    last line, left by a kill or a full disk mid-write)."""
     for line in path.read_bytes().decode("utf-8", errors="replace").splitlines():
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except ValueError:
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
+            row = None
+        yield line, row if isinstance(row, dict) else None
 
 
-def truncate_jsonl(path: str | os.PathLike, before_step: int) -> int:
-    """Keep only the rows with ``step < before_step`` (a resumed run replays the rest); torn lines are
-    dropped too. Returns how many lines were dropped because they did not parse."""
+def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The rows of a JSONL file; torn lines are skipped, so a reader never fails on what a crash left."""
     path = Path(path)
-    kept, torn = [], 0
+    return [row for _, row in _jsonl_lines(path) if row is not None] if path.exists() else []
+
+
+def truncate_jsonl(path: str | os.PathLike, before_step: int) -> None:
+    """Keep only the rows with ``step < before_step`` (a resumed run replays the rest); torn lines are
+    dropped too."""
+    path = Path(path)
+    kept = []
     if path.exists():
-        for line in path.read_bytes().decode("utf-8", errors="replace").splitlines():
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                step = row["step"]
-            except (ValueError, KeyError, TypeError):
-                torn += 1
-                continue
-            if isinstance(step, int) and step < before_step:
-                kept.append(line)
+        kept = [line for line, row in _jsonl_lines(path)
+                if row is not None and isinstance(row.get("step"), int) and row["step"] < before_step]
     atomic_write_bytes(path, ("\n".join(kept) + "\n").encode() if kept else b"")
-    return torn

@@ -46,8 +46,9 @@ from normlab.model.config import ConfigError
 from normlab.train.config import typed_settings
 
 
-def execute_run(sweep_dir: str, run_id: str, threads: int | None = None, watch_parent: bool = False) -> str:
+def execute_run(sweep_dir: str, run_id: str, threads: int | None = None, watch_parent: int | None = None) -> str:
     """Train one run of a sweep and record its outcome in the store; returns the status.
+    `watch_parent`: the pid of the sweep process that spawned this worker, which it must not outlive.
 
     Never raises for a run's own failure: a crash becomes a `failed` row with the reason.
     """
@@ -56,7 +57,7 @@ def execute_run(sweep_dir: str, run_id: str, threads: int | None = None, watch_p
     from normlab.train import TrainingFailed, train
 
     if watch_parent:
-        _exit_with_parent()
+        _exit_with_parent(watch_parent)
     if threads:
         torch.set_num_threads(threads)
     root = Path(sweep_dir)
@@ -76,9 +77,12 @@ def execute_run(sweep_dir: str, run_id: str, threads: int | None = None, watch_p
     return summary.get("status", "failed")
 
 
-def _exit_with_parent() -> None:
-    """End this worker if the sweep that spawned it dies (kill -9 leaves no chance to tell it)."""
-    parent = os.getppid()
+def _exit_with_parent(parent: int) -> None:
+    """End this worker once its parent is no longer the sweep process `parent` that spawned it (kill -9
+    leaves no chance to tell it). The pid comes from the spawner: taking getppid() here would read the
+    reaper's pid if the sweep had already died, and the worker would never exit."""
+    if os.getppid() != parent:
+        os._exit(3)
 
     def watch() -> None:
         while True:
@@ -191,7 +195,7 @@ except (AttributeError, OSError):
 if os.getppid() != parent:
     os._exit(3)
 from normlab.experiments.runner import execute_run
-execute_run(sys.argv[2], sys.argv[3], threads=int(sys.argv[4]), watch_parent=True)
+execute_run(sys.argv[2], sys.argv[3], threads=int(sys.argv[4]), watch_parent=parent)
 """
 
 

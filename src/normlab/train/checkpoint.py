@@ -34,6 +34,10 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be (safely) loaded; the message names the file and why."""
 
 
+class UnsafeCheckpointError(CheckpointError):
+    """A checkpoint whose pickle holds more than tensors and plain values: refused, never skipped."""
+
+
 def checkpoint_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
@@ -106,7 +110,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         # torch's message goes on to suggest weights_only=False: exactly what must not be done here
         lines = [x.strip() for x in str(err).splitlines() if "GLOBAL" in x or "Unsupported" in x]
         what = lines[0].removeprefix("WeightsUnpickler error: ")[:200] if lines else type(err).__name__
-        raise CheckpointError(
+        raise UnsafeCheckpointError(
             f"{path} is not a checkpoint normlab will load: it holds objects other than tensors and plain "
             f"values ({what}); loading it could run code, so it was refused"
         ) from None
@@ -129,9 +133,9 @@ def load_latest_checkpoint(run_dir: str | Path, warn=None) -> tuple[Path, dict[s
     for path in reversed(found):
         try:
             return path, load_checkpoint(path)
+        except UnsafeCheckpointError:
+            raise
         except CheckpointError as err:
-            if "could run code" in str(err):
-                raise
             errors.append(str(err))
             message = f"skipping checkpoint {path.name}: {err}; trying the previous one"
             (warn or (lambda m: warnings.warn(m, stacklevel=3)))(message)

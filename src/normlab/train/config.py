@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 
 from normlab.layout import Layout, LayoutError, parse_layout
-from normlab.model.config import SIZES, ConfigError, ModelConfig, get_size
+from normlab.model.config import POSITIONS, SIZES, ConfigError, ModelConfig, get_size
 
 WD_EXCLUDABLE = ("norms", "biases", "embeddings")
 # layout.NAME keys: the option's name -> the Layout field it sets
@@ -278,16 +278,9 @@ def _model_option(key: str, name: str, value: Any, from_text: bool = False) -> A
         close = difflib.get_close_matches(name, MODEL_OPTIONS, n=1)
         hint = f" (did you mean model.{close[0]}?)" if close else ""
         raise ConfigError(f"{key}: {name!r} is not a model option{hint}; valid: {', '.join(MODEL_OPTIONS)}")
-    t = _MODEL_HINTS[name]
-    if name == "mlp":
-        from normlab.model.config import MLP_KINDS
-
-        return coerce(key, value, str, choices=MLP_KINDS, from_text=from_text)
-    if name == "position":
-        from normlab.model.config import POSITIONS
-
-        return coerce(key, value, str, choices=POSITIONS, from_text=from_text)
-    return coerce(key, value, t, from_text=from_text)
+    # mlp's choices come from its Literal annotation; position is a plain str with a list of values
+    choices = POSITIONS if name == "position" else None
+    return coerce(key, value, _MODEL_HINTS[name], choices=choices, from_text=from_text)
 
 
 # --- keys -------------------------------------------------------------------------------------------

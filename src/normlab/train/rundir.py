@@ -79,9 +79,9 @@ class Start:
 
 
 def plan_start(cfg: TrainConfig, warn=print) -> Start:  # noqa: ANN001 - warn: print-like
-    """Decide how the run in `cfg.out` starts (see the module docstring); raises ConfigError to refuse."""
+    """Decide how the run in `cfg.out` starts (see the module docstring); raises ConfigError to refuse.
+    Called after `check_out` and under the run's lock (as `train` does)."""
     run = Path(cfg.out)
-    check_out(run)
     if not is_run_dir(run):
         return Start()
     saved = saved_config(run)
@@ -89,7 +89,8 @@ def plan_start(cfg: TrainConfig, warn=print) -> Start:  # noqa: ANN001 - warn: p
         raise ConfigError(f"{run}/config.json is not readable by this normlab; choose another --out")
     diff = saved.identity_diff(cfg)
     if diff:
-        changes = ", ".join(f"{k}: {_show(saved, k)} -> {_show(cfg, k)}" for k in diff[:6])
+        was, now = saved.identity(), cfg.identity()
+        changes = ", ".join(f"{k}: {was[k]!r} -> {now[k]!r}" for k in diff[:6])
         raise ConfigError(f"{run} holds a run with different settings ({changes}); "
                           "resume with the same settings or choose another --out")
     if not cfg.resume:
@@ -104,11 +105,6 @@ def plan_start(cfg: TrainConfig, warn=print) -> Start:  # noqa: ANN001 - warn: p
         return Start(note=f"{run}: no checkpoint to resume from; restarting from step 0")
     path, ckpt = found
     return Start(step=int(ckpt["step"]), path=path, checkpoint=ckpt, note=f"{run}: resuming from {path.name}")
-
-
-def _show(cfg: TrainConfig, key: str) -> str:
-    value = cfg.identity()[key]
-    return repr(value)
 
 
 class RunLock:

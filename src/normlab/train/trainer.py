@@ -156,6 +156,7 @@ class RunState:
     monitor: DivergenceMonitor
     params: Any  # count_params of the unwrapped model
     val: list
+    trainable: list  # the parameters the clip and the optimizer see (frozen gammas excluded)
     step: int = 0
     tokens: int = 0
     wall_before: float = 0.0  # wall time of earlier sessions of this run (from the checkpoint)
@@ -168,10 +169,6 @@ class RunState:
     @property
     def wall(self) -> float:
         return self.wall_before + time.perf_counter() - self.t_start
-
-    @property
-    def trainable(self) -> list[torch.nn.Parameter]:
-        return [p for p in self.model.parameters() if p.requires_grad]
 
     def close(self) -> None:
         if self.sinks is not None:
@@ -209,6 +206,7 @@ def build_state(cfg: TrainConfig, info: distributed.DistInfo, start: Start) -> R
         monitor=DivergenceMonitor(patience=cfg.diverge_patience, final_loss=cfg.diverge_final_loss,
                                   max_skipped=cfg.max_skipped),
         params=params, val=data.val_windows(cfg.eval_batches, cfg.batch_size, cfg.seq_len),
+        trainable=[p for p in model.parameters() if p.requires_grad],
     )
     if start.checkpoint is not None:
         ckpt = start.checkpoint
@@ -226,7 +224,6 @@ def open_records(state: RunState) -> None:
     if not state.info.is_main:
         return
     run.mkdir(parents=True, exist_ok=True)
-    remove_stale_temp_files(run)
     lay = _unwrap(state.model).layout if not cfg.fsdp else cfg.model.layout
     atomic_write_json(run / "config.json", {
         "config": cfg.to_dict(),
