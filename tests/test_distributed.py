@@ -15,7 +15,7 @@ from normlab.train.checkpoint import list_checkpoints
 
 REPO = Path(__file__).resolve().parents[1]
 COMMON = dict(size="nano", seq_len=32, batch_size=8, steps=6, eval_every=3, eval_batches=2, progress=False,
-              ckpt_every=3, keep_last=5)
+              ckpt_every=3, keep_last=5, device="cpu")
 
 
 def torchrun(cfg: TrainConfig, nproc: int = 2) -> None:

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def small(corpus, out, **kw) -> TrainConfig:
     base = dict(data=str(corpus), size="nano", layout="peri", seq_len=32, batch_size=8, steps=12, lr=3e-3,
-                eval_every=6, eval_batches=2, out=str(out), progress=False)
+                eval_every=6, eval_batches=2, out=str(out), progress=False, device="cpu")
     return TrainConfig.of(**{**base, **kw})
 
 

@@ -136,6 +136,12 @@ def _train(args: argparse.Namespace) -> int:
         line += f"; final loss {summary['final_loss']:.4f}" if summary["final_loss"] is not None else ""
         if summary["final_val_loss"] is not None:
             line += f", val loss {summary['final_val_loss']:.4f}"
+        for key, what in (("overflow_steps", "fp16 overflow steps skipped"), ("skipped_steps", "non-finite steps skipped")):
+            if summary.get(key):
+                line += f"; {len(summary[key])} {what}"
+        if summary.get("tok_per_s"):
+            mfu = summary["mfu"]
+            line += f"; {summary['tok_per_s']:,.0f} tok/s" + (f", MFU {mfu:.1%}" if isinstance(mfu, float) else "")
         print(line)
     return 0
 
@@ -309,19 +315,19 @@ def _export(args: argparse.Namespace) -> int:
     from normlab.hf.tokenizer import to_hf_tokenizer
     from normlab.model.build import build_model
     from normlab.model.config import get_size
-    from normlab.train.checkpoint import list_checkpoints, load_checkpoint
+    from normlab.train.checkpoint import is_sharded, list_checkpoints, load_checkpoint, load_model_state
 
     src, dest = Path(args.source), Path(args.out)
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise ConfigError(f"export destination {dest} {'is a file' if not dest.is_dir() else 'is not empty'}; "
                           "nothing there is overwritten: give a new or empty folder")
-    ckpt = (list_checkpoints(src) or [None])[-1] if src.is_dir() else src
-    if ckpt is None or not Path(ckpt).is_file():
+    ckpt = (list_checkpoints(src) or [None])[-1] if src.is_dir() and not is_sharded(src) else src
+    if ckpt is None or not Path(ckpt).exists():
         raise ConfigError(f"{src}: no checkpoint found (give a run directory or a checkpoint file)")
     state = load_checkpoint(ckpt)
     if not isinstance(state.get("config"), dict):
         raise ConfigError(f"{ckpt} holds no run configuration; give a checkpoint written by normlab train")
-    cfg, weights = state["config"], state["model"]
+    cfg, weights = state["config"], state["model"] if "model" in state else load_model_state(ckpt)
     overrides = {"vocab_size": weights["embed.weight"].shape[0], **cfg.get("model", {})}  # as the trainer built it
     overrides.setdefault("max_seq_len", max(cfg["seq_len"], get_size(cfg["size"]).max_seq_len))
     model = build_model(cfg["layout"], cfg["size"], seed=0, **overrides)

@@ -34,11 +34,11 @@ class Attention(nn.Module):
         def dim(heads: int) -> int:
             return hd if span == "head" else heads * hd
 
-        eps, nb = cfg.norm_eps, cfg.norm_bias
-        self.q_norm = maybe_norm(inner.q, norm, dim(self.n_heads), eps, nb)
-        self.k_norm = maybe_norm(inner.k, norm, dim(self.n_kv_heads), eps, nb)
-        self.v_norm = maybe_norm(inner.v, norm, dim(self.n_kv_heads), eps, nb)
-        self.context_norm = maybe_norm(inner.context, norm, dim(self.n_heads), eps, nb)
+        eps, nb, c = cfg.norm_eps, cfg.norm_bias, cfg.norm_compute
+        self.q_norm = maybe_norm(inner.q, norm, dim(self.n_heads), eps, nb, compute=c)
+        self.k_norm = maybe_norm(inner.k, norm, dim(self.n_kv_heads), eps, nb, compute=c)
+        self.v_norm = maybe_norm(inner.v, norm, dim(self.n_kv_heads), eps, nb, compute=c)
+        self.context_norm = maybe_norm(inner.context, norm, dim(self.n_heads), eps, nb, compute=c)
         # learned absolute positions (GPT-2) are added to the embedding instead: no rotation here
         self.rotary = Rotary(hd, cfg.max_seq_len, cfg.rope_theta) if cfg.position == "rope" else nn.Identity()
         # Capture points: q, k, v as they enter attention, (B, heads, T, head_dim), q and k after

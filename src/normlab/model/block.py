@@ -37,10 +37,10 @@ class SiteNorms(nn.Module):
 
     def __init__(self, sites: SublayerSites, layout: Layout, cfg: ModelConfig) -> None:
         super().__init__()
-        kind, d, eps, bias = layout.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias
-        self.input = maybe_norm(sites.input, kind, d, eps, bias)
-        self.output = maybe_norm(sites.output, kind, d, eps, bias, frozen_gamma=layout.freeze_output_gamma)
-        self.after_add = maybe_norm(sites.after_add, kind, d, eps, bias)
+        kind, d, eps, bias, c = layout.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias, cfg.norm_compute
+        self.input = maybe_norm(sites.input, kind, d, eps, bias, compute=c)
+        self.output = maybe_norm(sites.output, kind, d, eps, bias, frozen_gamma=layout.freeze_output_gamma, compute=c)
+        self.after_add = maybe_norm(sites.after_add, kind, d, eps, bias, compute=c)
         self.skip_normed = sites.skip_normed
 
 

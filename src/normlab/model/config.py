@@ -16,6 +16,7 @@ from typing import Any, Literal
 MlpKind = Literal["swiglu", "geglu-tanh", "gelu", "gelu-tanh", "relu"]
 MLP_KINDS: tuple[str, ...] = ("swiglu", "geglu-tanh", "gelu", "gelu-tanh", "relu")
 POSITIONS: tuple[str, ...] = ("rope", "learned")
+NORM_COMPUTE: tuple[str, ...] = ("input", "fp32")  # see normlab.model.norms
 # Sanity bounds: far above any published model, low enough that a typo fails here, not in an allocation.
 MAX_DIM = {"vocab_size": 2**24, "d_model": 2**17, "n_layers": 10_000, "n_heads": 2**12, "max_seq_len": 2**22}
 
@@ -41,6 +42,7 @@ class ModelConfig:
     logit_softcap: float | None = None  # Gemma 2: logits -> c tanh(logits / c); None: off
     norm_eps: float = 1e-6
     norm_bias: bool = True  # LayerNorm's beta (RMSNorm has none)
+    norm_compute: str = "input"  # under autocast: "input" (weights cast to bf16/fp16, fused) | "fp32" (HF Llama's upcast)
     linear_bias: bool = False  # biases on the attention and MLP projections (Llama: none)
     tie_embeddings: bool = False  # Kim: untied; Zhuo: tied
     init: str = "auto"  # "auto": the layout's prescribed scheme, else "normal"
@@ -77,6 +79,8 @@ class ModelConfig:
             raise ConfigError(f"unknown position {self.position!r}; valid: {', '.join(POSITIONS)}")
         if self.mlp not in MLP_KINDS:
             raise ConfigError(f"unknown mlp {self.mlp!r}; valid: {', '.join(MLP_KINDS)}")
+        if self.norm_compute not in NORM_COMPUTE:
+            raise ConfigError(f"unknown norm_compute {self.norm_compute!r}; valid: {', '.join(NORM_COMPUTE)}")
         if not self.norm_eps > 0:
             raise ConfigError(f"norm_eps must be > 0, got {self.norm_eps!r}")
         if not self.rope_theta > 0:

@@ -3,6 +3,10 @@
     y_0 = N_emb(scale * Embed(tokens))        Kim Sec. 3.3 optional embedding norm; Gemma's sqrt(d) scale
     x_{l+1} = Block_l(x_l)                     per-layer layout from `resolve(layout, n_layers)`
     logits = Head(N_final(x_L))                Kim Sec. 3.3 final norm
+
+For large models: ``activation_checkpointing`` keeps only each block's input for the backward and
+recomputes the block (`torch.utils.checkpoint`, non-reentrant), and the loss can be chunked over
+tokens (`normlab.model.loss`).
 """
 
 from __future__ import annotations
@@ -11,18 +15,19 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from normlab.layout.sites import ResolvedLayout
 from normlab.model.block import Block
 from normlab.model.config import ModelConfig
+from normlab.model.loss import lm_loss, logits_of
 from normlab.model.norms import Tap, maybe_norm
 
 
 @dataclass
 class LMOutput:
-    logits: torch.Tensor
+    logits: torch.Tensor | None  # None when the loss was chunked (the logits were never whole)
     loss: torch.Tensor | None = None
     # hidden_states[0]: the stream entering block 0 (after embedding scale and norm);
     # hidden_states[i + 1]: the output of block i, before the final norm.
@@ -39,13 +44,16 @@ class NormLM(nn.Module):
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos_embed = nn.Embedding(cfg.max_seq_len, cfg.d_model) if cfg.position == "learned" else None
         self.embed_scale = math.sqrt(cfg.d_model) if layout.embed_scale else 1.0
-        self.embed_norm = maybe_norm(layout.embed_norm, layout.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias)
+        self.embed_norm = maybe_norm(layout.embed_norm, layout.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias,
+                                     compute=cfg.norm_compute)
         self.embed_out = Tap()
         self.blocks = nn.ModuleList(Block(cfg, blk, layout, resolved.alpha) for blk in resolved.blocks)
-        self.final_norm = maybe_norm(layout.final_norm, layout.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias)
+        self.final_norm = maybe_norm(layout.final_norm, layout.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias,
+                                     compute=cfg.norm_compute)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
+        self.activation_checkpointing = False  # set by the trainer (--activation-checkpointing)
 
     @property
     def layout(self):  # noqa: ANN201 - a Layout
@@ -67,8 +75,10 @@ class NormLM(nn.Module):
     def run_blocks(self, x: torch.Tensor, return_hidden_states: bool = False) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
         """The blocks from a given stream x_0; optionally every block's output."""
         hidden = [x] if return_hidden_states else None
+        # not while hidden states are returned: the probes take gradients with respect to them
+        recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled() and hidden is None
         for block in self.blocks:
-            x = block(x)
+            x = checkpoint(block, x, use_reentrant=False) if recompute else block(x)
             if hidden is not None:
                 hidden.append(x)
         return x, hidden
@@ -78,13 +88,15 @@ class NormLM(nn.Module):
         tokens: torch.Tensor,
         targets: torch.Tensor | None = None,
         return_hidden_states: bool = False,
+        z_loss: float = 0.0,
+        loss_chunk: int = 0,
     ) -> LMOutput:
-        """tokens (B, T) int64 -> logits (B, T, vocab); loss if targets given (ignore_index -100)."""
+        """tokens (B, T) int64 -> logits (B, T, vocab); loss if targets given (ignore_index -100),
+        plus ``z_loss`` times the z-loss; ``loss_chunk`` tokens at a time if set (logits then None)."""
         x, hidden = self.run_blocks(self.embed_tokens(tokens), return_hidden_states)
-        logits = self.lm_head(self.final_norm(x))
-        if self.config.logit_softcap is not None:  # Gemma 2
-            logits = self.config.logit_softcap * torch.tanh(logits / self.config.logit_softcap)
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
+        h, softcap = self.final_norm(x), self.config.logit_softcap  # Gemma 2's logit soft-cap
+        if targets is None:
+            logits, loss = logits_of(self.lm_head, h, softcap), None
+        else:
+            loss, logits = lm_loss(self.lm_head, h, targets, softcap, z_loss, loss_chunk)
         return LMOutput(logits=logits, loss=loss, hidden_states=tuple(hidden) if hidden is not None else None)

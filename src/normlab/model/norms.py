@@ -1,24 +1,90 @@
-"""RMSNorm and LayerNorm, and the capture point `Tap`.
+"""RMSNorm and LayerNorm as they run under mixed precision, and the capture point `Tap`.
 
-Both norms are torch's own modules (fused kernels, `torch.nn.functional.rms_norm/layer_norm`):
     RMSNorm(x)   = gamma * x / sqrt(mean(x^2) + eps)                  Zhang & Sennrich 2019
     LayerNorm(x) = gamma * (x - mean(x)) / sqrt(var(x) + eps) + beta  Ba et al. 2016
-A site that is off holds `nn.Identity()`, so module paths are the same under every layout.
+
+Both are torch's modules (`nn.RMSNorm`, `nn.LayerNorm`: the same parameters and state-dict keys)
+with one change, the dtype they compute in. Under autocast the weights stay float32 while the
+activations are bf16/fp16, and torch's fused kernels refuse mixed dtypes: `rms_norm` falls back
+to an unfused composite ("Mismatch dtype between input and weight ... Cannot dispatch to fused
+implementation") and CUDA autocast runs `layer_norm` in float32. ``compute`` picks one of two
+documented paths, both fused, for every norm site:
+
+- ``"input"`` (default): gamma and beta are cast to the input's dtype and the fused kernel runs
+  in it (the kernels accumulate the mean and variance in float32 internally), output in the
+  input's dtype. One read and one write of the activation in bf16.
+- ``"fp32"``: the input is upcast, normalized and scaled in float32, and cast back, the
+  float32-compute-then-cast of Hugging Face's LlamaRMSNorm. Costs the two casts' traffic.
+
+Without autocast (float32 activations and weights) both are exactly torch's modules. Autocast is
+switched off inside the norm so the dtype is the one chosen here on every device (CUDA autocast
+would otherwise promote LayerNorm to float32, CPU autocast would not). `benchmarks/norm_kernels.py`
+measures both paths. A site that is off holds `nn.Identity()`, so module paths are the same under
+every layout.
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
 from torch import nn
 
 from normlab.layout.sites import NormKind
+from normlab.model.config import NORM_COMPUTE
+
+NormCompute = Literal["input", "fp32"]
 
 
-def make_norm(kind: NormKind, dim: int, eps: float, bias: bool = True, frozen_gamma: bool = False) -> nn.Module:
+def _cast(p: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    return None if p is None else p.to(dtype)
+
+
+class RMSNorm(nn.RMSNorm):
+    """`nn.RMSNorm` computed in the input's dtype (fused) or in float32; see the module docstring."""
+
+    def __init__(self, dim: int, eps: float, compute: NormCompute = "input") -> None:
+        super().__init__(dim, eps=eps)
+        self.compute = compute
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = torch.float32 if self.compute == "fp32" else x.dtype
+        with torch.autocast(x.device.type, enabled=False):
+            y = F.rms_norm(x.to(dtype), self.normalized_shape, _cast(self.weight, dtype), self.eps)
+        return y.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, compute={self.compute}"
+
+
+class LayerNorm(nn.LayerNorm):
+    """`nn.LayerNorm` computed in the input's dtype (fused) or in float32; see the module docstring."""
+
+    def __init__(self, dim: int, eps: float, bias: bool = True, compute: NormCompute = "input") -> None:
+        super().__init__(dim, eps=eps, bias=bias)
+        self.compute = compute
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = torch.float32 if self.compute == "fp32" else x.dtype
+        with torch.autocast(x.device.type, enabled=False):
+            y = F.layer_norm(x.to(dtype), self.normalized_shape, _cast(self.weight, dtype),
+                             _cast(self.bias, dtype), self.eps)
+        return y.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, compute={self.compute}"
+
+
+def make_norm(kind: NormKind, dim: int, eps: float, bias: bool = True, frozen_gamma: bool = False,
+              compute: NormCompute = "input") -> nn.Module:
     """A norm over the last dimension; ``frozen_gamma`` fixes gamma at 1 (Kim et al. Fig. 8)."""
+    if compute not in NORM_COMPUTE:
+        raise ValueError(f"unknown norm compute {compute!r}; valid: {', '.join(NORM_COMPUTE)}")
     if kind == "rms":
-        norm: nn.Module = nn.RMSNorm(dim, eps=eps)
+        norm: nn.Module = RMSNorm(dim, eps, compute)
     elif kind == "layer":
-        norm = nn.LayerNorm(dim, eps=eps, bias=bias)
+        norm = LayerNorm(dim, eps, bias, compute)
     else:
         raise ValueError(f"unknown norm kind {kind!r}; valid: rms, layer")
     if frozen_gamma:
@@ -26,8 +92,9 @@ def make_norm(kind: NormKind, dim: int, eps: float, bias: bool = True, frozen_ga
     return norm
 
 
-def maybe_norm(on: bool, kind: NormKind, dim: int, eps: float, bias: bool = True, frozen_gamma: bool = False) -> nn.Module:
-    return make_norm(kind, dim, eps, bias, frozen_gamma) if on else nn.Identity()
+def maybe_norm(on: bool, kind: NormKind, dim: int, eps: float, bias: bool = True, frozen_gamma: bool = False,
+               compute: NormCompute = "input") -> nn.Module:
+    return make_norm(kind, dim, eps, bias, frozen_gamma, compute) if on else nn.Identity()
 
 
 class Tap(nn.Identity):

@@ -10,14 +10,27 @@ unpickled, so a `.pt` whose pickle would call `os.system` (or anything else) is 
 Everything we store is of those types (the numpy RNG state is stored as a tensor); checkpoints
 written by normlab 0.1.0, which held the numpy state as an ndarray, load through an allowlist of
 exactly the numpy globals that rebuild an array.
+
+Two forms, one per way of training:
+- ``step_XXXXXXXX.pt``: one file (one process, DDP);
+- ``step_XXXXXXXX.dcp/``: FSDP2's sharded form, torch.distributed.checkpoint (DCP): every rank
+  writes its own shards of the model and optimizer, no rank gathers the whole model, and the
+  checkpoint loads on any world size, one process included (DCP reshards on load). The scaler,
+  monitor, RNG and counters go in ``extra.pt`` beside the shards. All ranks write into a hidden
+  ``.step_XXXXXXXX.dcp.tmp/`` and the main rank renames it once every rank is done, so a killed
+  write never leaves a folder under a checkpoint name. DCP reads its ``.metadata`` with plain
+  `pickle`; normlab first unpickles it with an allowlist of DCP's own metadata classes, so a planted
+  folder cannot run code either.
 """
 
 from __future__ import annotations
 
 import io
+import os
 import pickle
 import random
 import re
+import shutil
 import warnings
 from pathlib import Path
 from typing import Any
@@ -27,7 +40,8 @@ import torch
 
 from normlab.io import atomic_write_bytes
 
-_NAME = re.compile(r"^step_(\d{8})\.pt$")
+_NAME = re.compile(r"^step_(\d{8})\.(pt|dcp)$")
+EXTRA = "extra.pt"  # in a sharded checkpoint: everything but the model and optimizer shards
 
 
 class CheckpointError(ValueError):
@@ -52,10 +66,21 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
 def remove_stale_temp_files(run_dir: str | Path) -> list[str]:
     """Delete the hidden temp files of checkpoint writes that were killed (see `atomic_write_bytes`)."""
     d = checkpoint_dir(run_dir)
-    stale = sorted(d.glob(".step_*.pt.*.tmp")) if d.is_dir() else []
+    stale = sorted([*d.glob(".step_*.pt.*.tmp"), *d.glob(".step_*.dcp.tmp")]) if d.is_dir() else []
     for p in stale:
-        p.unlink(missing_ok=True)
+        _remove(p)
     return [p.name for p in stale]
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def is_sharded(path: str | Path) -> bool:
+    return Path(path).suffix == ".dcp"
 
 
 def rng_state() -> dict[str, Any]:
@@ -85,9 +110,39 @@ def save_checkpoint(run_dir: str | Path, step: int, state: dict[str, Any], keep_
     torch.save({**state, "step": step, "rng": rng_state()}, buf)
     path = checkpoint_dir(run_dir) / f"step_{step:08d}.pt"
     atomic_write_bytes(path, buf.getvalue())
-    for old in list_checkpoints(run_dir)[:-keep_last]:
-        old.unlink(missing_ok=True)
+    prune(run_dir, keep_last)
     return path
+
+
+def prune(run_dir: str | Path, keep_last: int) -> None:
+    for old in list_checkpoints(run_dir)[:-keep_last]:
+        _remove(old)
+
+
+def save_sharded_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module, opt: torch.optim.Optimizer,
+                            state: dict[str, Any], keep_last: int, is_main: bool) -> Path:
+    """FSDP2: called on every rank; each writes its shards, the main rank ``extra.pt`` and the rename."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    final = checkpoint_dir(run_dir) / f"step_{step:08d}.dcp"
+    tmp = final.with_name(f".{final.name}.tmp")
+    if is_main:
+        _remove(tmp)
+        tmp.mkdir(parents=True)
+    dist.barrier()
+    model_sd, optim_sd = get_state_dict(model, opt)  # sharded (DTensor) state dicts, keyed by parameter name
+    dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=tmp)
+    if is_main:
+        buf = io.BytesIO()
+        torch.save({**state, "step": step, "rng": rng_state()}, buf)
+        atomic_write_bytes(tmp / EXTRA, buf.getvalue())
+        _remove(final)  # a checkpoint of the same step from a run replayed after a crash
+        os.replace(tmp, final)
+        prune(run_dir, keep_last)
+    dist.barrier()
+    return final
 
 
 def _legacy_numpy_globals() -> list:
@@ -98,11 +153,55 @@ def _legacy_numpy_globals() -> list:
     return [core.multiarray._reconstruct, np.ndarray, np.dtype, UInt32DType]
 
 
+# What DCP's .metadata pickle may reference (torch 2.13 writes exactly these, plus torch dtypes).
+_DCP_GLOBALS = {
+    ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("torch", "Size"), ("torch.serialization", "_get_layout"),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    *(("torch.distributed.checkpoint.metadata", n) for n in (
+        "BytesStorageMetadata", "ChunkStorageMetadata", "Metadata", "MetadataIndex", "StorageMeta",
+        "TensorProperties", "TensorStorageMetadata", "_MEM_FORMAT_ENCODING")),
+}
+
+
+class _DCPMetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _DCP_GLOBALS or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"global '{module}.{name}' is not allowed")
+
+
+def _check_sharded(path: Path) -> None:
+    """Refuse a DCP folder that is incomplete, or whose metadata pickle references anything but DCP's classes."""
+    meta = path / ".metadata"
+    if not meta.is_file() or not (path / EXTRA).is_file():
+        raise CheckpointError(f"{path} is an incomplete sharded checkpoint (no .metadata or {EXTRA})")
+    try:
+        with meta.open("rb") as f:
+            _DCPMetadataUnpickler(f).load()
+    except pickle.UnpicklingError as err:
+        raise UnsafeCheckpointError(
+            f"{path / '.metadata'} is not DCP metadata normlab will load ({str(err)[:200]}); loading it could "
+            "run code, so it was refused") from None
+    except (EOFError, OSError, ValueError, AttributeError, ImportError) as err:
+        raise CheckpointError(f"{meta} is unreadable (truncated or corrupt): {type(err).__name__}") from None
+
+
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Load a checkpoint with `weights_only=True`; refuse (CheckpointError) anything else in it."""
+    """Load a checkpoint with `weights_only=True`; refuse (CheckpointError) anything else in it.
+
+    A sharded checkpoint gives its ``extra.pt`` with ``"sharded"`` set to its folder; the model and
+    optimizer shards are read by `load_sharded_state` (training) or `load_model_state` (weights).
+    """
     path = Path(path)
+    if is_sharded(path) and path.is_dir():
+        _check_sharded(path)
+        return {**_load_file(path / EXTRA, require_model=False), "sharded": str(path)}
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
+    return _load_file(path, require_model=True)
+
+
+def _load_file(path: Path, require_model: bool) -> dict[str, Any]:
     try:
         with torch.serialization.safe_globals(_legacy_numpy_globals()):
             state = torch.load(path, map_location="cpu", weights_only=True)
@@ -117,9 +216,43 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     except (RuntimeError, EOFError, OSError, ValueError) as err:
         raise CheckpointError(f"{path} is unreadable (truncated or corrupt): {type(err).__name__}: "
                               f"{str(err).splitlines()[0][:200] if str(err) else ''}") from None
-    if not isinstance(state, dict) or "model" not in state:
+    if not isinstance(state, dict) or (require_model and "model" not in state):
         raise CheckpointError(f"{path} is not a normlab checkpoint (no model state in it)")
     return state
+
+
+def _no_dist() -> bool:
+    import torch.distributed as dist
+
+    return not (dist.is_available() and dist.is_initialized())
+
+
+def load_sharded_state(path: str | Path, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    """Model and optimizer from a sharded checkpoint, on any world size (FSDP2, DDP or one process)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    _check_sharded(Path(path))
+    model_sd, optim_sd = get_state_dict(model, opt)  # this run's layout of the same keys: DCP fills it
+    dcp.load({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=path, no_dist=_no_dist())
+    set_state_dict(model, opt, model_state_dict=model_sd, optim_state_dict=optim_sd)
+
+
+def load_model_state(path: str | Path) -> dict[str, torch.Tensor]:
+    """The whole model's weights from either form of checkpoint, in one process (export, --init-from)."""
+    path = Path(path)
+    if not is_sharded(path):
+        return load_checkpoint(path)["model"]
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    load_checkpoint(path)  # checks the folder and its metadata
+    meta = dcp.FileSystemReader(str(path)).read_metadata()
+    model = {k.removeprefix("model."): torch.empty(m.size, dtype=m.properties.dtype)
+             for k, m in meta.state_dict_metadata.items()
+             if k.startswith("model.") and isinstance(m, TensorStorageMetadata)}
+    dcp.load({"model": model}, checkpoint_id=path, no_dist=True)
+    return model
 
 
 def load_latest_checkpoint(run_dir: str | Path, warn=None) -> tuple[Path, dict[str, Any]] | None:  # noqa: ANN001

@@ -146,7 +146,20 @@ class RunSettings:
     compile: bool = setting(False, "torch.compile the model", identity=False)
     device: Literal["auto", "cpu", "cuda"] = setting("auto", "auto | cpu | cuda", identity=False,
                                                      choices=("auto", "cpu", "cuda"))
-    fsdp: bool = setting(False, "under torchrun: FSDP2 sharding instead of DDP", identity=False)
+    fsdp: bool = setting(False, "under torchrun: FSDP2 sharding instead of DDP (checkpoints sharded with "
+                         "torch.distributed.checkpoint)", identity=False)
+    activation_checkpointing: bool = setting(
+        False, "keep only each block's input for the backward and recompute the block (memory of one block's "
+        "activations instead of all; about a third more compute)", identity=False)
+    loss_chunk: int = setting(4096, "compute the loss over chunks of this many tokens, so the float32 logits of "
+                              "the whole micro-batch never exist at once (0: one pass)", identity=False, check=_nonneg)
+    tf32: bool = setting(True, "precision fp32 on CUDA: TF32 tensor-core matmuls", identity=False)
+    loss_scale_init: float = setting(65536.0, "fp16: the loss scaler's initial scale (torch's default, 2^16)",
+                                     check=_positive)
+    max_overflow_streak: int = setting(20, "fp16: diverged after this many consecutive steps whose gradients "
+                                       "overflowed (each halves the loss scale)", check=_positive)
+    min_loss_scale: float = setting(1.0, "fp16: diverged once the loss scale falls below this (the gradients "
+                                    "overflow FP16 even unscaled)", check=_positive)
     on_nonfinite: Literal["stop", "skip"] = setting(
         "stop", "a NaN/Inf loss or gradient: stop (diverged) or skip the step", choices=("stop", "skip"))
     max_skipped: float = setting(0.1, "with on_nonfinite=skip: diverged once more than this fraction of the steps "

@@ -89,12 +89,13 @@ def broadcast_object(obj: Any, info: DistInfo) -> Any:
     return box[0]
 
 
-def mean_across(value: float, info: DistInfo) -> float:
+def mean_across_tensor(value: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    """The mean of a device tensor over ranks, on the device (no host sync)."""
     if not info.enabled:
         return value
-    t = torch.tensor([value], dtype=torch.float64, device=info.device)
-    dist.all_reduce(t)
-    return t.item() / info.world
+    value = value.detach().clone()
+    dist.all_reduce(value)
+    return value / info.world
 
 
 def sum_across(values: list[float], info: DistInfo) -> list[float]:

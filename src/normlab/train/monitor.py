@@ -8,6 +8,13 @@ Divergence (the run is marked "diverged" with a step and a reason):
   small runs often blow up without ever going non-finite;
 - the final loss (mean of the last 10 steps) ends above ``final_loss``.
 
+fp16 with dynamic loss scaling (torch's `GradScaler`): a step whose loss is finite but whose
+gradients overflowed is the scaler calibrating, not divergence: the step is skipped, counted in
+``overflow_steps`` and the scale halves. The run diverges in fp16 when the loss itself is non-finite
+(the forward overflowed: activations past 65504, Kim et al.'s failure), when more than
+``max_overflow_streak`` consecutive steps overflow, or when the scale falls below ``min_loss_scale``
+(below 1 the gradients overflow FP16 even unscaled). bf16 and fp32 have no scaler and keep the rule above.
+
 Spikes (counted and logged, never fatal), the published rules:
 - OLMo-core: a value above mean + 6 std of the previous 128 steps (loss and grad norm separately);
 - Megatron-LM: a loss above 10x the largest loss of the early steps (the first 128).
@@ -25,8 +32,8 @@ from dataclasses import dataclass, field
 SPIKE_WINDOW = 128
 SPIKE_SIGMAS = 6.0
 MEGATRON_FACTOR = 10.0
-MIN_HISTORY = 16
-MIN_SKIP_STEPS = 10  # the skipped-fraction rule applies from this many steps on  # the OLMo rule needs some history before mean/std mean anything
+MIN_HISTORY = 16  # the OLMo rule needs some history before mean/std mean anything
+MIN_SKIP_STEPS = 10  # the skipped-fraction rule applies from this many steps on
 
 
 @dataclass
@@ -53,12 +60,16 @@ class DivergenceMonitor:
     patience: int = 50
     final_loss: float | None = None
     max_skipped: float = 0.1
+    max_overflow_streak: int = 20
+    min_loss_scale: float = 1.0
     initial_loss: float | None = None
     above_initial: int = 0
     status: str = "ok"
     reason: str | None = None
     diverged_step: int | None = None
     skipped_steps: list[int] = field(default_factory=list)
+    overflow_steps: list[int] = field(default_factory=list)
+    overflow_streak: int = 0
     loss_spikes: SpikeDetector = field(default_factory=SpikeDetector)
     grad_spikes: SpikeDetector = field(default_factory=SpikeDetector)
     early_max: float = -math.inf
@@ -73,10 +84,19 @@ class DivergenceMonitor:
         if not self.diverged:
             self.status, self.reason, self.diverged_step = "diverged", reason, step
 
-    def check_finite(self, step: int, loss: float, grad_norm: float, policy: str) -> bool:
-        """True if the step may be applied. Non-finite values stop or skip per ``policy``."""
+    def check_finite(self, step: int, loss: float, grad_norm: float, policy: str, scaled: bool = False) -> bool:
+        """True if the step may be applied. Non-finite values stop or skip per ``policy``; with
+        ``scaled`` (fp16's loss scaler), finite loss and non-finite gradients are an overflow."""
         if math.isfinite(loss) and math.isfinite(grad_norm):
+            self.overflow_streak = 0
             return True
+        if scaled and math.isfinite(loss):
+            self.overflow_steps.append(step)
+            self.overflow_streak += 1
+            if self.overflow_streak > self.max_overflow_streak:
+                self._diverge(step, f"fp16 gradients overflowed on {self.overflow_streak} consecutive steps "
+                              f"(more than {self.max_overflow_streak})")
+            return False
         what = f"non-finite {'loss' if not math.isfinite(loss) else 'gradient norm'} ({loss if not math.isfinite(loss) else grad_norm}) at step {step}"
         if policy == "skip":
             self.skipped_steps.append(step)
@@ -84,6 +104,12 @@ class DivergenceMonitor:
         else:
             self._diverge(step, what)
         return False
+
+    def check_scale(self, step: int, scale: float) -> None:
+        """fp16: the loss scale after this step's update; below ``min_loss_scale`` the run diverged."""
+        if scale < self.min_loss_scale:
+            self._diverge(step, f"fp16 loss scale collapsed to {scale:g}, below min_loss_scale={self.min_loss_scale:g}: "
+                          "the gradients keep overflowing")
 
     def _check_skipped(self, seen: int) -> None:
         if seen >= MIN_SKIP_STEPS and len(self.skipped_steps) > self.max_skipped * seen:
@@ -125,6 +151,7 @@ class DivergenceMonitor:
             "reason": self.reason,
             "diverged_step": self.diverged_step,
             "skipped_steps": list(self.skipped_steps),
+            "overflow_steps": list(self.overflow_steps),
             "loss_spikes": self.loss_spikes.count,
             "grad_spikes": self.grad_spikes.count,
             "megatron_spikes": self.megatron_spikes,
@@ -137,6 +164,7 @@ class DivergenceMonitor:
             "loss_hist": list(self.loss_spikes.history), "loss_count": self.loss_spikes.count,
             "grad_hist": list(self.grad_spikes.history), "grad_count": self.grad_spikes.count,
             "early_max": self.early_max, "megatron_spikes": self.megatron_spikes, "recent": list(self.recent),
+            "overflow_steps": list(self.overflow_steps), "overflow_streak": self.overflow_streak,
         }
 
     def load_state_dict(self, s: dict) -> None:
@@ -149,3 +177,5 @@ class DivergenceMonitor:
         self.grad_spikes.count = s["grad_count"]
         self.early_max, self.megatron_spikes = s["early_max"], s["megatron_spikes"]
         self.recent.extend(s["recent"])
+        self.overflow_steps = list(s.get("overflow_steps", []))  # absent in older checkpoints
+        self.overflow_streak = s.get("overflow_streak", 0)

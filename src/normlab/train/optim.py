@@ -40,11 +40,12 @@ def param_groups(model: nn.Module, cfg: TrainConfig) -> list[dict]:
     ]
 
 
-def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+def make_optimizer(model: nn.Module, cfg: TrainConfig, fused: bool = False) -> torch.optim.Optimizer:
+    """AdamW or SGD; ``fused`` (CUDA): torch's fused kernels, one launch for all parameters."""
     groups = param_groups(model, cfg)
     if cfg.optimizer == "sgd":
-        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum)
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, fused=fused or None)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=fused or None)
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:

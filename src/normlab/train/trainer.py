@@ -2,8 +2,8 @@
 
     runs/NAME/
     ├── config.json      resolved TrainConfig, the command line that reproduces it, model/layout/data facts
-    ├── metrics.jsonl    one row per optimizer step (loss, lr, pre-clip grad_norm, tokens, tok/s; val rows)
-    ├── summary.json     status ok | diverged | failed, reason and step, final losses, steps, tokens, time
+    ├── metrics.jsonl    one row per optimizer step (loss, lr, pre-clip grad_norm, tokens, tok/s, MFU; val rows)
+    ├── summary.json     status ok | diverged | failed, reason and step, final losses, steps, tokens, time, speed
     ├── probes.jsonl     probe rows (see normlab.diagnostics.probes)
     └── checkpoints/     step_XXXXXXXX.pt, the last `keep_last`, written atomically
 
@@ -11,6 +11,16 @@ A run resumes from its newest checkpoint when started again with the same settin
 reproduces the uninterrupted loss curve exactly on CPU (batches are a function of (seed, step)).
 `rundir` decides where a run starts and refuses to overwrite anything; this module builds the
 run's state (`RunState`) and steps it.
+
+Host syncs: a GPU step is queued by the CPU ahead of its execution, and every value read back to
+Python (`.item()`, `float(tensor)`) makes the CPU wait for the GPU to drain, so the next step's
+kernels are not queued while the GPU finishes this one. A step here reads back one pair, the loss
+and the gradient norm, after the backward: the divergence monitor must decide before the
+optimizer step whether it may be applied (non-finite values are skipped or stop the run), and the
+metrics row needs both. The loss of each micro-batch stays on the device until then. fp16 reads
+the loss scale once more after the scaler's update (the monitor's collapse rule). Evaluation
+reads one value per evaluation; probes, every `probe_every` steps, read many (they are for insight,
+not speed). On CPU a sync costs nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import math
 import platform
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,10 +46,12 @@ from normlab.io import atomic_write_json, read_jsonl, truncate_jsonl
 from normlab.model import build_model, count_params
 from normlab.model.config import ConfigError
 from normlab.train import distributed
-from normlab.train.checkpoint import load_checkpoint, remove_stale_temp_files, save_checkpoint, set_rng_state
+from normlab.train.checkpoint import (load_checkpoint, load_sharded_state, remove_stale_temp_files, save_checkpoint,
+                                      save_sharded_checkpoint, set_rng_state)
 from normlab.train.config import TrainConfig
 from normlab.train.init_from import load_init_weights
 from normlab.train.loggers import Sinks
+from normlab.train.mfu import flops_per_token, peak_flops
 from normlab.train.monitor import DivergenceMonitor
 from normlab.train.optim import lr_at, make_optimizer
 from normlab.train.rundir import RunLock, Start, check_out, plan_start
@@ -60,11 +73,14 @@ def _unwrap(model: nn.Module) -> nn.Module:
 
 
 def _loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig) -> torch.Tensor:
-    out = model(x, targets=y)
-    loss = out.loss
-    if cfg.z_loss:
-        loss = loss + cfg.z_loss * out.logits.float().logsumexp(-1).pow(2).mean()
-    return loss
+    return model(x, targets=y, z_loss=cfg.z_loss, loss_chunk=cfg.loss_chunk).loss
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A CPU batch on the device: pinned and copied asynchronously on CUDA (the copy overlaps compute)."""
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
 
 
 @torch.no_grad()
@@ -72,32 +88,26 @@ def evaluate(model: nn.Module, batches: list, cfg: TrainConfig, info: distribute
     """Mean validation loss over fixed windows (eval_batches x batch_size of them, whatever the
     world size or accumulation); each rank scores its share of every batch in micro-batches."""
     model.eval()
-    total, n = 0.0, 0
+    total, n = torch.zeros((), dtype=torch.float64, device=info.device), 0
     for x, y in batches:
         share = slice(info.rank * len(x) // info.world, (info.rank + 1) * len(x) // info.world)
-        x, y = x[share], y[share]
+        x, y = to_device(x[share], info.device), to_device(y[share], info.device)
         micro = max(1, cfg.batch_size // (info.world * cfg.grad_accum))
         for i in range(0, len(x), micro):
-            xb, yb = x[i : i + micro].to(info.device), y[i : i + micro].to(info.device)
+            xb, yb = x[i : i + micro], y[i : i + micro]
             with _autocast(cfg, info.device):
-                total += model(xb, targets=yb).loss.item() * len(xb)
+                total += model(xb, targets=yb, loss_chunk=cfg.loss_chunk).loss.double() * len(xb)
             n += len(xb)
     model.train()
-    total, n = distributed.sum_across([total, float(n)], info)
+    total, n = distributed.sum_across([total.item(), float(n)], info)  # the one sync of an evaluation
     return total / n
 
 
-def _state(model: nn.Module, opt: torch.optim.Optimizer, cfg: TrainConfig) -> tuple[dict, dict]:
-    if cfg.fsdp and torch.distributed.is_initialized():
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
-
-        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return get_model_state_dict(model, options=opts), get_optimizer_state_dict(model, opt, options=opts)
-    return _unwrap(model).state_dict(), opt.state_dict()
-
-
 def _load_state(model: nn.Module, opt: torch.optim.Optimizer, ckpt: dict, cfg: TrainConfig) -> None:
-    if cfg.fsdp and torch.distributed.is_initialized():
+    if "sharded" in ckpt:  # FSDP2's DCP folder: resharded onto this run's world size, whatever it is
+        load_sharded_state(ckpt["sharded"], model, opt)
+        return
+    if cfg.fsdp and torch.distributed.is_initialized():  # a whole-model file (an FSDP run of normlab 0.1.0)
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 
         opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=False)
@@ -165,6 +175,8 @@ class RunState:
     sinks: Sinks | None = None
     probes: Probes | None = None
     probe_log: ProbeWriter | None = None
+    flops_per_token: int = 0  # 6N + 12 L H Q T (normlab.train.mfu)
+    peak_flops: float | None = None  # the device's dense peak for the run's precision; None: unknown
 
     @property
     def wall(self) -> float:
@@ -196,17 +208,25 @@ def build_state(cfg: TrainConfig, info: distributed.DistInfo, start: Start) -> R
     if cfg.init_from and start.checkpoint is None:  # a resumed run's own checkpoint takes precedence
         load_init_weights(model, cfg.init_from)
     model = model.to(info.device)
+    model.activation_checkpointing = cfg.activation_checkpointing
+    if info.device.type == "cuda" and cfg.precision == "fp32":
+        # TF32 products, float32 accumulation: about 7x the fp32 peak on an H100 (normlab.train.mfu)
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = cfg.tf32
     params = count_params(model)
+    fpt = flops_per_token(model, cfg.seq_len)
     model = distributed.wrap(model, info, cfg.fsdp)
-    opt = make_optimizer(model, cfg)
+    opt = make_optimizer(model, cfg, fused=info.device.type == "cuda")
     state = RunState(
         cfg=cfg, info=info, run=Path(cfg.out), data=data, model=model,
         fwd=torch.compile(model) if cfg.compile else model, opt=opt,
-        scaler=torch.amp.GradScaler(info.device.type, enabled=cfg.precision == "fp16"),
+        scaler=torch.amp.GradScaler(info.device.type, init_scale=cfg.loss_scale_init,
+                                    enabled=cfg.precision == "fp16"),
         monitor=DivergenceMonitor(patience=cfg.diverge_patience, final_loss=cfg.diverge_final_loss,
-                                  max_skipped=cfg.max_skipped),
+                                  max_skipped=cfg.max_skipped, max_overflow_streak=cfg.max_overflow_streak,
+                                  min_loss_scale=cfg.min_loss_scale),
         params=params, val=data.val_windows(cfg.eval_batches, cfg.batch_size, cfg.seq_len),
         trainable=[p for p in model.parameters() if p.requires_grad],
+        flops_per_token=fpt, peak_flops=peak_flops(info.device, cfg.precision, cfg.tf32),
     )
     if start.checkpoint is not None:
         ckpt = start.checkpoint
@@ -255,11 +275,12 @@ def train_step(state: RunState) -> dict[str, Any]:
     per_rank = cfg.batch_size // info.world
     micro = per_rank // cfg.grad_accum
     x, y = state.data.train_batch(step, cfg.batch_size, cfg.seq_len, cfg.seed)
-    x, y = x[info.rank * per_rank : (info.rank + 1) * per_rank], y[info.rank * per_rank : (info.rank + 1) * per_rank]
+    mine = slice(info.rank * per_rank, (info.rank + 1) * per_rank)
+    x, y = to_device(x[mine], info.device), to_device(y[mine], info.device)
     opt.zero_grad(set_to_none=True)
-    loss_sum = 0.0
+    loss_sum = torch.zeros((), device=info.device)  # on the device: no sync per micro-batch
     for i in range(cfg.grad_accum):
-        xb, yb = x[i * micro : (i + 1) * micro].to(info.device), y[i * micro : (i + 1) * micro].to(info.device)
+        xb, yb = x[i * micro : (i + 1) * micro], y[i * micro : (i + 1) * micro]
         sync = contextlib.nullcontext()
         if isinstance(model, nn.parallel.DistributedDataParallel) and i < cfg.grad_accum - 1:
             sync = model.no_sync()
@@ -267,29 +288,38 @@ def train_step(state: RunState) -> dict[str, Any]:
             with _autocast(cfg, info.device):
                 loss = _loss(state.fwd, xb, yb, cfg) / cfg.grad_accum
             scaler.scale(loss).backward()
-        loss_sum += loss.item()
-    scaler.unscale_(opt)
+        loss_sum += loss.detach().float()
+    scaler.unscale_(opt)  # fp16: the gradients unscaled, an overflow recorded on the device (no sync)
     max_norm = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(state.trainable, max_norm))
-    loss_val = distributed.mean_across(loss_sum, info)
-    apply = state.monitor.check_finite(step, loss_val, grad_norm, cfg.on_nonfinite)
+    grad_norm_t = torch.nn.utils.clip_grad_norm_(state.trainable, max_norm)
+    if hasattr(grad_norm_t, "full_tensor"):  # FSDP2: a DTensor; the norm over every rank's shards
+        grad_norm_t = grad_norm_t.full_tensor()
+    # The step's one read-back (see the module docstring): the monitor decides before the update.
+    loss_val, grad_norm = torch.stack([distributed.mean_across_tensor(loss_sum, info),
+                                       grad_norm_t.float().to(loss_sum.device)]).tolist()
+    scaled = scaler.is_enabled()
+    apply = state.monitor.check_finite(step, loss_val, grad_norm, cfg.on_nonfinite, scaled=scaled)
     if probing:
         state.probes.snapshot()
     if apply:
-        scaler.step(opt)
-    scaler.update()
+        opt.step()  # the gradients are unscaled and finite: what scaler.step would do, without its sync
+    scaler.update()  # fp16: halves the scale after an overflow, doubles it after 2000 clean steps
     if probing:
         state.probe_log.write(state.probes.updates(step))
     dt = time.perf_counter() - t0
     state.tokens += cfg.batch_size * cfg.seq_len
+    tok_per_s = cfg.batch_size * cfg.seq_len / dt
     row: dict[str, Any] = {
         "step": step, "loss": loss_val, "lr": lr, "grad_norm": grad_norm, "tokens": state.tokens,
-        "tok_per_s": cfg.batch_size * cfg.seq_len / dt, "time": state.wall,
+        "tok_per_s": tok_per_s, "tok_per_s_per_device": tok_per_s / info.world, "time": state.wall,
     }
-    if cfg.precision == "fp16":
-        row["loss_scale"] = scaler.get_scale()
+    if state.peak_flops:
+        row["mfu"] = tok_per_s / info.world * state.flops_per_token / state.peak_flops
+    if scaled:
+        row["loss_scale"] = scaler.get_scale()  # fp16's second read-back
+        state.monitor.check_scale(step, row["loss_scale"])
     if not apply:
-        row["skipped"] = True
+        row["overflow" if scaled and math.isfinite(loss_val) else "skipped"] = True
     else:
         row.update({k: True for k, v in state.monitor.update(step, loss_val, grad_norm).items() if v})
     return row
@@ -325,13 +355,30 @@ def _train(cfg: TrainConfig, info: distributed.DistInfo, start: Start) -> dict[s
 
 
 def _checkpoint(state: RunState) -> None:
-    model_sd, opt_sd = _state(state.model, state.opt, state.cfg)
-    if state.info.is_main:
-        save_checkpoint(state.run, state.step, {
-            "model": model_sd, "optimizer": opt_sd, "scaler": state.scaler.state_dict(),
-            "monitor": state.monitor.state_dict(), "config": state.cfg.to_dict(), "tokens": state.tokens,
-            "wall_time": state.wall,
-        }, state.cfg.keep_last)
+    extra = {"scaler": state.scaler.state_dict(), "monitor": state.monitor.state_dict(),
+             "config": state.cfg.to_dict(), "tokens": state.tokens, "wall_time": state.wall}
+    if state.cfg.fsdp and state.info.enabled:  # every rank writes its shards; nothing is gathered
+        save_sharded_checkpoint(state.run, state.step, state.model, state.opt, extra, state.cfg.keep_last,
+                                state.info.is_main)
+    elif state.info.is_main:
+        save_checkpoint(state.run, state.step, {"model": _unwrap(state.model).state_dict(),
+                                                "optimizer": state.opt.state_dict(), **extra}, state.cfg.keep_last)
+
+
+def speed_summary(rows: list[dict], state: RunState) -> dict[str, Any]:
+    """Median throughput and MFU over the steps after warm-up (the first 10%, at least one step:
+    compilation, allocator growth), per run and per device; MFU "unknown" without a known peak."""
+    steps = [r for r in rows if isinstance(r.get("tok_per_s"), (int, float))]
+    steady = steps[max(1, len(steps) // 10):] or steps
+    if not steady:
+        return {}
+    tok_s = statistics.median(r["tok_per_s"] for r in steady)
+    per_device = tok_s / state.info.world
+    return {
+        "tok_per_s": tok_s, "tok_per_s_per_device": per_device, "devices": state.info.world,
+        "device": str(state.info.device), "flops_per_token": state.flops_per_token,
+        "mfu": per_device * state.flops_per_token / state.peak_flops if state.peak_flops else "unknown",
+    }
 
 
 def _write_summary(state: RunState, status: str | None = None, error: str | None = None) -> dict:
@@ -343,6 +390,7 @@ def _write_summary(state: RunState, status: str | None = None, error: str | None
         "steps": len(rows),
         "tokens": state.tokens,
         "wall_time_s": state.wall,
+        **speed_summary(rows, state),
         "initial_loss": finite[0] if finite else None,
         "final_loss": sum(finite[-10:]) / len(finite[-10:]) if finite else None,
         "final_val_loss": state.final_val,

@@ -1,0 +1,59 @@
+"""Model FLOPs utilization: the FLOPs a step needs from the model's shape, over the GPU's peak.
+
+    FLOPs per token = 6 N + 12 L H Q T                         PaLM (Chowdhery et al. 2022), App. B
+
+N is the number of weights in matrix products (every `nn.Linear`, the LM head included; the
+embedding lookup is not a product), L layers, H query heads of width Q, T the sequence length:
+6 N for the forward and backward of the weights, 12 L H Q T for the attention scores and their
+weighted sum. It counts causal attention in full, as PaLM, nanoGPT and torchtitan do, so the figures
+compare with theirs; recomputation under activation checkpointing is not counted (that would be
+hardware FLOPs utilization). MFU = tokens/s per device x FLOPs per token / the device's dense peak.
+
+The peaks are NVIDIA's datasheet figures for dense (not 2:4 sparse) tensor-core math; a device
+not in the table, or the CPU, has no peak and its MFU is "unknown".
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+# TFLOP/s, dense: (bf16, fp16, tf32, fp32 without tensor cores)
+PEAK_TFLOPS: dict[str, tuple[float, float, float, float]] = {
+    "H100 SXM": (989.4, 989.4, 494.7, 66.9),
+    "H100 PCIe": (756.5, 756.5, 378.0, 51.2),
+    "H200": (989.4, 989.4, 494.7, 66.9),
+    "A100": (312.0, 312.0, 156.0, 19.5),  # SXM and PCIe, 40 and 80 GB
+}
+
+
+def flops_per_token(model: nn.Module, seq_len: int) -> int:
+    """6 N + 12 L H Q T for a `NormLM` (see the module docstring)."""
+    weights = {id(m.weight): m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear)}
+    cfg = model.config
+    return 6 * sum(weights.values()) + 12 * cfg.n_layers * cfg.n_heads * cfg.head_dim * seq_len
+
+
+def device_model(name: str) -> str | None:
+    """The `PEAK_TFLOPS` key for a CUDA device name ("NVIDIA H100 80GB HBM3" -> "H100 SXM"), or None."""
+    if "H200" in name:
+        return "H200"
+    if "H100" in name:
+        if "PCIe" in name or "PCIE" in name:
+            return "H100 PCIe"
+        return None if "NVL" in name else "H100 SXM"
+    if "A100" in name:
+        return "A100"
+    return None
+
+
+def peak_flops(device: torch.device, precision: str, tf32: bool = True) -> float | None:
+    """The device's dense peak in FLOP/s for the run's precision; None where unknown (CPU, other GPUs)."""
+    if device.type != "cuda":
+        return None
+    key = device_model(torch.cuda.get_device_name(device))
+    if key is None:
+        return None
+    bf16, fp16, tf32_peak, fp32 = PEAK_TFLOPS[key]
+    tflops = {"bf16": bf16, "fp16": fp16}.get(precision, tf32_peak if tf32 else fp32)
+    return tflops * 1e12

@@ -1,0 +1,114 @@
+"""Memory for large models: the chunked loss and activation checkpointing compute the same numbers
+while keeping far fewer bytes for the backward (measured with autograd's saved-tensor hooks)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from normlab.model import build_model
+from normlab.model.loss import lm_loss
+from normlab.train import train
+from tests.test_train import rows, small
+
+
+def saved_bytes(fn) -> int:
+    """Bytes of the tensors autograd keeps for the backward while ``fn()`` runs its forward."""
+    total = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        total += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return total, out
+
+
+def _head_case(vocab=512, d=16, n=(3, 40), seed=0):
+    g = torch.Generator().manual_seed(seed)
+    head = torch.nn.Linear(d, vocab, bias=False)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(vocab, d, generator=g) * 0.3)
+    h = torch.randn(*n, d, generator=g, requires_grad=True)
+    y = torch.randint(0, vocab, n, generator=g)
+    y[0, :7] = -100  # ignored positions (SFT prompts)
+    return head, h, y
+
+
+@pytest.mark.parametrize("softcap,z", [(None, 0.0), (30.0, 1e-3)])
+def test_chunked_loss_equals_the_formula_and_its_gradients(softcap, z):
+    head, h, y = _head_case()
+    # the formula, written out: CE over non-ignored targets + z * mean over all positions of logsumexp^2
+    logits = head(h)
+    if softcap:
+        logits = softcap * torch.tanh(logits / softcap)
+    flat = logits.flatten(0, 1).double()
+    keep = y.flatten() != -100
+    ce = -(flat.log_softmax(-1)[keep, y.flatten()[keep]]).mean()
+    want = ce + z * flat.logsumexp(-1).pow(2).mean()
+    g_want = torch.autograd.grad(want, [h, head.weight])
+    for chunk in (0, 7, 40, 1000):  # one pass, chunks that do not divide 120 tokens, exact, larger than all
+        loss, out_logits = lm_loss(head, h, y, softcap, z, chunk)
+        assert (out_logits is None) == (0 < chunk < 120)
+        assert loss.item() == pytest.approx(want.item(), rel=1e-6)
+        for a, b in zip(torch.autograd.grad(loss, [h, head.weight]), g_want):
+            torch.testing.assert_close(a.double(), b.double(), rtol=1e-5, atol=1e-7)
+
+
+def test_chunked_loss_keeps_no_float32_logits_for_the_backward():
+    head, h, y = _head_case(vocab=4096, n=(4, 128))
+    whole, _ = saved_bytes(lambda: lm_loss(head, h, y, chunk=0))
+    chunked, _ = saved_bytes(lambda: lm_loss(head, h, y, chunk=64))
+    logits_bytes = 4 * 128 * 4096 * 4
+    assert whole >= logits_bytes  # the unchunked loss keeps the whole batch's float32 logits (softmax)
+    assert chunked < logits_bytes / 10  # chunked: each chunk's input only; the logits are recomputed
+
+
+def test_activation_checkpointing_same_numbers_far_less_saved():
+    x = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(1))
+    plain = build_model("peri", "nano", seed=0, n_layers=6)
+    ckpt = build_model("peri", "nano", seed=0, n_layers=6)
+    ckpt.activation_checkpointing = True
+    b_plain, out_plain = saved_bytes(lambda: plain(x, targets=x).loss)
+    b_ckpt, out_ckpt = saved_bytes(lambda: ckpt(x, targets=x).loss)
+    assert out_ckpt.item() == out_plain.item()
+    out_plain.backward()
+    out_ckpt.backward()
+    for (name, p), q in zip(plain.named_parameters(), ckpt.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-8, msg=name)
+    # the checkpointed forward keeps each block's input only (and the head); the plain one every activation
+    assert b_ckpt < b_plain / 4, (b_ckpt, b_plain)
+
+
+def test_activation_checkpointing_is_off_for_probes_and_evaluation():
+    m = build_model("peri", "nano", seed=0)
+    m.activation_checkpointing = True
+    x = torch.randint(0, 256, (1, 16))
+    out = m(x, targets=x, return_hidden_states=True)  # probes take gradients w.r.t. the hidden states
+    grads = torch.autograd.grad(out.loss, list(out.hidden_states))
+    assert all(g is not None for g in grads)
+    with torch.no_grad():
+        assert m(x, targets=x).loss.item() == pytest.approx(out.loss.item())
+
+
+def test_training_with_checkpointing_and_a_chunked_loss_follows_the_same_curve(corpus, tmp_path):
+    base = dict(steps=6, eval_every=3, probe_every=3, z_loss=1e-4, grad_accum=2)
+    train(small(corpus, tmp_path / "plain", loss_chunk=0, **base))
+    train(small(corpus, tmp_path / "lean", activation_checkpointing=True, loss_chunk=48, **base))
+    a, b = rows(tmp_path / "plain"), rows(tmp_path / "lean")
+    for x, y in zip(a, b):
+        assert y["loss"] == pytest.approx(x["loss"], rel=1e-5)
+        assert y["grad_norm"] == pytest.approx(x["grad_norm"], rel=1e-4)
+        assert y.get("val_loss", 0) == pytest.approx(x.get("val_loss", 0), rel=1e-5)
+
+
+def test_reference_cross_entropy_is_what_F_computes():
+    # guards the hand formula above against a sign or indexing slip
+    head, h, y = _head_case()
+    logits = head(h).flatten(0, 1)
+    keep = y.flatten() != -100
+    manual = -(logits.log_softmax(-1)[keep, y.flatten()[keep]]).mean()
+    assert manual.item() == pytest.approx(F.cross_entropy(logits, y.flatten(), ignore_index=-100).item(), rel=1e-6)
