@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
+from normlab.cli import main
 from normlab.train import TrainConfig, train
-from normlab.train.checkpoint import list_checkpoints
+from normlab.train.checkpoint import list_checkpoints, load_checkpoint, load_model_state
 
 REPO = Path(__file__).resolve().parents[1]
 COMMON = dict(size="nano", seq_len=32, batch_size=8, steps=6, eval_every=3, eval_batches=2, progress=False,
@@ -64,8 +67,31 @@ def test_fsdp2_matches_single_process_and_resumes_exactly(single):
     torchrun(fsdp)
     assert_same_curve(cfg.out, fsdp.out)
     before = metrics(fsdp.out)
-    # Drop the final checkpoint: the next launch resumes from step 3 and replays steps 3-5.
-    list_checkpoints(fsdp.out)[-1].unlink()
+    # sharded checkpoints (torch.distributed.checkpoint): one folder a step, a shard file per rank
+    ckpts = list_checkpoints(fsdp.out)
+    assert [p.name for p in ckpts] == ["step_00000003.dcp", "step_00000006.dcp"]
+    assert sorted(p.name for p in ckpts[-1].iterdir() if p.suffix == ".distcp") == ["__0_0.distcp", "__1_0.distcp"]
+    assert not list((Path(fsdp.out) / "checkpoints").glob(".*"))  # no temp folders left
+    # A run killed after its step-3 checkpoint (the final checkpoint and the summary never written):
+    # the next launch resumes from step 3 and replays steps 3-5.
+    shutil.rmtree(ckpts[-1])
+    (Path(fsdp.out) / "summary.json").unlink()
+    shutil.copytree(fsdp.out, root / "fsdp-copy")
     torchrun(fsdp)
     after = metrics(fsdp.out)
     assert [r["loss"] for r in after] == [r["loss"] for r in before]
+    assert [p.name for p in list_checkpoints(fsdp.out)] == ["step_00000003.dcp", "step_00000006.dcp"]
+
+    # A different world size: the 2-rank checkpoint of step 3 resumed by one process (DCP reshards).
+    one = TrainConfig.of(**{**fsdp.to_dict(), "out": str(root / "fsdp-copy")})
+    assert train(one)["status"] == "ok"
+    assert_same_curve(cfg.out, one.out)
+
+    # The weights of a sharded checkpoint, whole, in one process (export, --init-from)
+    weights = load_model_state(list_checkpoints(fsdp.out)[-1])
+    single_final = load_checkpoint(list_checkpoints(cfg.out)[-1])["model"]
+    assert set(weights) == set(single_final)
+    for k, v in single_final.items():
+        torch.testing.assert_close(weights[k], v, rtol=1e-4, atol=1e-6, msg=k)
+    assert main(["export", fsdp.out, str(root / "export")]) == 0
+    assert (root / "export" / "model.safetensors").is_file()

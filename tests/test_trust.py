@@ -65,6 +65,32 @@ def test_a_malicious_checkpoint_is_refused_and_never_executes(corpus, tmp_path, 
     assert "weights_only` set to `False" not in err
 
 
+def test_a_malicious_sharded_checkpoint_is_refused_and_never_executes(corpus, tmp_path, capsys):
+    """DCP reads a sharded checkpoint's .metadata with plain pickle: normlab checks it first."""
+    import pickle
+
+    marker = tmp_path / "pwned"
+    run = tmp_path / "run"
+    train(small(corpus, run, steps=3))
+    bad = run / "checkpoints" / "step_00000009.dcp"
+    bad.mkdir()
+    (bad / ".metadata").write_bytes(pickle.dumps(Evil(marker)))
+    torch.save({"step": 9}, bad / "extra.pt")
+    with pytest.raises(CheckpointError, match="could run code"):
+        load_checkpoint(bad)
+    assert main(["export", str(bad), str(tmp_path / "exp")]) == 2
+    assert main(["export", str(run), str(tmp_path / "exp2")]) == 2
+    (run / "summary.json").unlink()
+    with pytest.raises(CheckpointError, match="could run code"):
+        train(small(corpus, run, steps=3))
+    assert not marker.exists()
+    assert "posix.system" in capsys.readouterr().err
+    # an incomplete folder (killed before its metadata) is corrupt, not unsafe: the previous one is used
+    (bad / ".metadata").unlink()
+    with pytest.raises(CheckpointError, match="incomplete sharded checkpoint"):
+        load_checkpoint(bad)
+
+
 def test_checkpoints_hold_only_safe_types(corpus, tmp_path):
     train(small(corpus, tmp_path / "r", steps=2))
     ckpt = torch.load(list_checkpoints(tmp_path / "r")[-1], weights_only=True)  # plain torch, no allowlist

@@ -25,6 +25,7 @@ Two forms, one per way of training:
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import pickle
@@ -32,6 +33,7 @@ import random
 import re
 import shutil
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -221,6 +223,14 @@ def _load_file(path: Path, require_model: bool) -> dict[str, Any]:
     return state
 
 
+@contextlib.contextmanager
+def _quiet_single_process() -> Iterator[None]:
+    """DCP warns that it "assumes the intent is to load in a single process": here that is the intent."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
 def _no_dist() -> bool:
     import torch.distributed as dist
 
@@ -234,7 +244,8 @@ def load_sharded_state(path: str | Path, model: torch.nn.Module, opt: torch.opti
 
     _check_sharded(Path(path))
     model_sd, optim_sd = get_state_dict(model, opt)  # this run's layout of the same keys: DCP fills it
-    dcp.load({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=path, no_dist=_no_dist())
+    with _quiet_single_process():
+        dcp.load({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=path, no_dist=_no_dist())
     set_state_dict(model, opt, model_state_dict=model_sd, optim_state_dict=optim_sd)
 
 
@@ -251,7 +262,8 @@ def load_model_state(path: str | Path) -> dict[str, torch.Tensor]:
     model = {k.removeprefix("model."): torch.empty(m.size, dtype=m.properties.dtype)
              for k, m in meta.state_dict_metadata.items()
              if k.startswith("model.") and isinstance(m, TensorStorageMetadata)}
-    dcp.load({"model": model}, checkpoint_id=path, no_dist=True)
+    with _quiet_single_process():
+        dcp.load({"model": model}, checkpoint_id=path, no_dist=True)
     return model
 
 
