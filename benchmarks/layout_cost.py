@@ -2,28 +2,31 @@
 memory each layout needs for one training step.
 
     python benchmarks/layout_cost.py [--widths 256,512,1024] [--layers 4] [--seq 128] [--batch 8]
+                                     [--heads H] [--vocab V] [--compile] [--device cuda] [--precision bf16]
 
-Step time: forward + backward + AdamW, eager, the layouts measured in turns (pre, peri, hybrid, pre,
-...) so machine drift lands on all of them; median over the turns. Memory, measured rather than
-estimated: the bytes autograd saves for backward in one forward pass (every tensor passed to
-`saved_tensors_hooks`, each storage counted once), plus parameters, gradients and AdamW state.
+    # the GPU figures of docs/benchmarks.md (Kim et al.'s 400M shape):
+    python benchmarks/layout_cost.py --device cuda --precision bf16 --compile --widths 1024 --layers 24 \
+        --heads 8 --seq 2048 --batch 8 --vocab 32768 --turns 10
+
+Step time: forward + backward + AdamW (fused on CUDA), eager and with --compile also torch.compile,
+the layouts measured in turns (pre, peri, hybrid, pre, ...) so machine drift lands on all of them;
+median over the turns. Memory, measured rather than estimated: the bytes autograd saves for backward
+in one forward pass (every tensor passed to `saved_tensors_hooks`, each storage counted once), plus
+parameters, gradients and AdamW state; on CUDA also the peak allocated memory of a step.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
-import platform
 import statistics
-import time
 
 import torch
+from bench_device import Bench, add_args, setup
 
 import normlab
 
 
-def saved_activation_bytes(model: torch.nn.Module, x: torch.Tensor) -> int:
+def saved_activation_bytes(b: Bench, model: torch.nn.Module, x: torch.Tensor) -> int:
     """Bytes of the distinct storages autograd keeps for backward after one forward."""
     seen: dict[int, int] = {}
 
@@ -32,7 +35,7 @@ def saved_activation_bytes(model: torch.nn.Module, x: torch.Tensor) -> int:
         seen[s.data_ptr()] = s.nbytes()
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), b.autocast():
         loss = model(x, targets=x).loss
     loss.backward()
     model.zero_grad(set_to_none=True)
@@ -47,43 +50,60 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--turns", type=int, default=15)
+    p.add_argument("--heads", type=int, default=0, help="attention heads (0: d/64)")
+    p.add_argument("--vocab", type=int, default=256)
+    p.add_argument("--compile", action="store_true", help="also measure torch.compile step times")
+    add_args(p)
     args = p.parse_args()
+    b = setup(args)
     layouts = args.layouts.split(",")
-    print(f"# layout cost, {datetime.date.today()}, {platform.machine()}, {os.cpu_count()} cores, "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print(f"# layers={args.layers} heads=d/64 seq={args.seq} batch={args.batch} fp32 AdamW eager, {args.turns} turns\n")
-    print("| d | layout | step ms | vs pre | activations MB | params+grads+AdamW MB | total vs pre |")
-    print("|---|---|---|---|---|---|---|")
+    modes = ["eager"] + (["compiled"] if args.compile else [])
+    print(b.header("layout cost"))
+    print(f"# layers={args.layers} heads={args.heads or 'd/64'} seq={args.seq} batch={args.batch} vocab={args.vocab} "
+          f"AdamW, {args.turns} turns\n")
+    peak_col = " | peak GB" if b.cuda else ""
+    print(f"| d | layout | mode | step ms | vs pre | activations MB | params+grads+AdamW MB | total vs pre{peak_col} |")
+    print("|---|---|---|---|---|---|---|---|" + ("---|" if b.cuda else ""))
     g = torch.Generator().manual_seed(0)
-    x = torch.randint(0, 256, (args.batch, args.seq), generator=g)
+    x = torch.randint(0, args.vocab, (args.batch, args.seq), generator=g).to(b.device)
     for d in (int(w) for w in args.widths.split(",")):
-        runs = {}
-        for name in layouts:
-            model = normlab.build_model(name, "tiny", seed=0, d_model=d, n_layers=args.layers, n_heads=max(1, d // 64),
-                                        max_seq_len=args.seq)
-            act = saved_activation_bytes(model, x)
-            state = 4 * sum(q.numel() for q in model.parameters()) * 4  # fp32 weights, grads, exp_avg, exp_avg_sq
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-            runs[name] = (model, opt, [], act, state)
-            for _ in range(2):
-                _step(model, opt, x)
-        for _ in range(args.turns):
-            for model, opt, times, _, _ in runs.values():
-                times.append(_step(model, opt, x))
-        base_t = statistics.median(runs[layouts[0]][2])
-        base_m = runs[layouts[0]][3] + runs[layouts[0]][4]
-        for name, (_, _, times, act, state) in runs.items():
-            t = statistics.median(times)
-            print(f"| {d} | {name} | {t * 1e3:.1f} | {t / base_t:.3f} | {act / 2**20:.1f} | {state / 2**20:.1f} | "
-                  f"{(act + state) / base_m:.3f} |")
+        for mode in modes:
+            runs = {}
+            for name in layouts:
+                model = normlab.build_model(name, "tiny", seed=0, d_model=d, n_layers=args.layers,
+                                            n_heads=args.heads or max(1, d // 64), max_seq_len=args.seq,
+                                            vocab_size=args.vocab).to(b.device)
+                act = saved_activation_bytes(b, model, x)
+                state = 4 * sum(q.numel() for q in model.parameters()) * 4  # fp32 weights, grads, exp_avg, exp_avg_sq
+                opt = b.adamw(model.parameters())
+                fwd = torch.compile(model) if mode == "compiled" else model
+                if b.cuda:
+                    torch.cuda.reset_peak_memory_stats(b.device)
+                for _ in range(3):  # warm-up (and compilation)
+                    _step(b, fwd, opt, x)
+                peak = torch.cuda.max_memory_allocated(b.device) if b.cuda else 0
+                runs[name] = (fwd, opt, [], act, state, peak)
+            for _ in range(args.turns):
+                for fwd, opt, times, *_ in runs.values():
+                    times.append(_step(b, fwd, opt, x))
+            base_t = statistics.median(runs[layouts[0]][2])
+            base_m = runs[layouts[0]][3] + runs[layouts[0]][4]
+            for name, (_, _, times, act, state, peak) in runs.items():
+                t = statistics.median(times)
+                print(f"| {d} | {name} | {mode} | {t * 1e3:.1f} | {t / base_t:.3f} | {act / 2**20:.1f} | "
+                      f"{state / 2**20:.1f} | {(act + state) / base_m:.3f}" + (f" | {peak / 1e9:.1f}" if b.cuda else "")
+                      + " |", flush=True)
+            del runs
 
 
-def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> float:
-    t0 = time.perf_counter()
+def _step(b: Bench, model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> float:
+    t0 = b.clock()
     opt.zero_grad(set_to_none=True)
-    model(x, targets=x).loss.backward()
+    with b.autocast():
+        loss = model(x, targets=x).loss
+    loss.backward()
     opt.step()
-    return time.perf_counter() - t0
+    return b.clock() - t0
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 
@@ -26,15 +27,33 @@ def test_layout_cost_prints_time_and_memory_per_layout():
     text = run("layout_cost.py", "--widths", "32", "--layers", "2", "--seq", "16", "--batch", "2", "--turns", "2")
     rows = [line for line in text.splitlines() if line.startswith("| 32 |")]
     assert [r.split("|")[2].strip() for r in rows] == ["pre", "peri", "hybrid"]
-    assert rows[0].split("|")[4].strip() == "1.000"  # pre against itself
+    assert rows[0].split("|")[5].strip() == "1.000"  # pre against itself
     # peri saves more activations than pre (its extra output norms), never fewer
-    act = {r.split("|")[2].strip(): float(r.split("|")[5]) for r in rows}
+    act = {r.split("|")[2].strip(): float(r.split("|")[6]) for r in rows}
     assert act["peri"] > act["pre"]
+
+
+def test_layout_cost_under_bf16_autocast_and_compile():
+    text = run("layout_cost.py", "--widths", "32", "--layers", "1", "--seq", "16", "--batch", "2", "--turns", "1",
+               "--layouts", "pre,peri", "--precision", "bf16", "--compile")
+    modes = [(r.split("|")[2].strip(), r.split("|")[3].strip()) for r in text.splitlines() if r.startswith("| 32 |")]
+    assert modes == [("pre", "eager"), ("peri", "eager"), ("pre", "compiled"), ("peri", "compiled")]
+    assert "bf16" in text.splitlines()[0]
 
 
 def test_norm_kernels_compare_ours_with_torch():
     text = run("norm_kernels.py", "--rows", "64", "--widths", "32", "--reps", "4")
-    assert "| rms | 32 |" in text and "| layer | 32 |" in text
+    assert "| rms | 32 | normlab |" in text and "| layer | 32 | functional |" in text
+    low = run("norm_kernels.py", "--rows", "64", "--widths", "32", "--reps", "4", "--precision", "bf16")
+    paths = [r.split("|")[3].strip() for r in low.splitlines() if r.startswith("| rms | 32 |")]
+    assert paths == ["normlab (input)", "normlab (fp32)", "torch module, fp32 weight", "functional"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message where there is no GPU")
+def test_benchmarks_refuse_cuda_without_a_gpu():
+    out = subprocess.run([sys.executable, str(BENCH / "norm_kernels.py"), "--device", "cuda"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode != 0 and "CUDA is not available" in out.stderr
 
 
 @pytest.mark.skipif(not (importlib.util.find_spec("transformers") and importlib.util.find_spec("x_transformers")),

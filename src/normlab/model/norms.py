@@ -41,6 +41,14 @@ def _cast(p: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     return None if p is None else p.to(dtype)
 
 
+def _outside_autocast(norm, x: torch.Tensor) -> torch.Tensor:  # noqa: ANN001 - a bound _norm
+    """``norm(x)`` with autocast off, entered only where autocast is on (eager overhead elsewhere: none)."""
+    if torch.is_autocast_enabled(x.device.type):
+        with torch.autocast(x.device.type, enabled=False):
+            return norm(x)
+    return norm(x)
+
+
 class RMSNorm(nn.RMSNorm):
     """`nn.RMSNorm` computed in the input's dtype (fused) or in float32; see the module docstring."""
 
@@ -49,10 +57,11 @@ class RMSNorm(nn.RMSNorm):
         self.compute = compute
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _outside_autocast(self._norm, x)
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
         dtype = torch.float32 if self.compute == "fp32" else x.dtype
-        with torch.autocast(x.device.type, enabled=False):
-            y = F.rms_norm(x.to(dtype), self.normalized_shape, _cast(self.weight, dtype), self.eps)
-        return y.to(x.dtype)
+        return F.rms_norm(x.to(dtype), self.normalized_shape, _cast(self.weight, dtype), self.eps).to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, compute={self.compute}"
@@ -66,11 +75,12 @@ class LayerNorm(nn.LayerNorm):
         self.compute = compute
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _outside_autocast(self._norm, x)
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
         dtype = torch.float32 if self.compute == "fp32" else x.dtype
-        with torch.autocast(x.device.type, enabled=False):
-            y = F.layer_norm(x.to(dtype), self.normalized_shape, _cast(self.weight, dtype),
-                             _cast(self.bias, dtype), self.eps)
-        return y.to(x.dtype)
+        return F.layer_norm(x.to(dtype), self.normalized_shape, _cast(self.weight, dtype), _cast(self.bias, dtype),
+                            self.eps).to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, compute={self.compute}"

@@ -23,8 +23,11 @@ PEAK_TFLOPS: dict[str, tuple[float, float, float, float]] = {
     "H100 SXM": (989.4, 989.4, 494.7, 66.9),
     "H100 PCIe": (756.5, 756.5, 378.0, 51.2),
     "H200": (989.4, 989.4, 494.7, 66.9),
-    "A100": (312.0, 312.0, 156.0, 19.5),  # SXM and PCIe, 40 and 80 GB
+    "A100": (312.0, 312.0, 156.0, 19.5),  # SXM and PCIe, 40 and 80 GB (HBM below: the 80 GB parts)
 }
+
+# HBM bandwidth, TB/s (datasheet), for the memory-bound kernels' benchmarks (norms)
+HBM_TBPS: dict[str, float] = {"H100 SXM": 3.35, "H100 PCIe": 2.0, "H200": 4.8, "A100": 2.0}
 
 
 def flops_per_token(model: nn.Module, seq_len: int) -> int:
@@ -45,6 +48,12 @@ def device_model(name: str) -> str | None:
     if "A100" in name:
         return "A100"
     return None
+
+
+def hbm_bandwidth(device: torch.device) -> float | None:
+    """The device's memory bandwidth in bytes/s; None where unknown."""
+    key = device_model(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+    return HBM_TBPS[key] * 1e12 if key else None
 
 
 def peak_flops(device: torch.device, precision: str, tf32: bool = True) -> float | None:

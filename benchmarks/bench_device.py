@@ -1,0 +1,83 @@
+"""What every benchmark shares: --device and --precision, a clock that waits for the GPU, the header.
+
+    --device cpu | cuda      where the models run (cuda: the first GPU)
+    --precision fp32 | bf16 | fp16
+                             fp32: float32 (TF32 matmuls on CUDA, as `normlab train` uses by default);
+                             bf16/fp16: autocast with float32 weights, as `normlab train` trains
+                             (timing only: no loss scaler in the benchmark loops)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import os
+import platform
+import time
+from dataclasses import dataclass
+
+import torch
+
+from normlab.train.mfu import hbm_bandwidth, peak_flops
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32")
+
+
+@dataclass
+class Bench:
+    device: torch.device
+    precision: str
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.precision]
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def autocast(self):  # noqa: ANN201 - a context manager
+        if self.precision == "fp32":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def clock(self) -> float:
+        """perf_counter after the device has finished what was queued (CUDA runs asynchronously)."""
+        self.sync()
+        return time.perf_counter()
+
+    def adamw(self, params) -> torch.optim.Optimizer:  # noqa: ANN001
+        """AdamW as `normlab train` makes it: fused on CUDA."""
+        return torch.optim.AdamW(params, lr=1e-3, fused=self.cuda or None)
+
+    @property
+    def peak_flops(self) -> float | None:
+        return peak_flops(self.device, self.precision)
+
+    @property
+    def hbm(self) -> float | None:
+        return hbm_bandwidth(self.device)
+
+    def header(self, name: str) -> str:
+        if self.cuda:
+            where = f"{torch.cuda.get_device_name(self.device)}, CUDA {torch.version.cuda}"
+        else:
+            where = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads"
+        return f"# {name}, {datetime.date.today()}, {where}, torch {torch.__version__}, {self.precision}"
+
+
+def setup(args: argparse.Namespace) -> Bench:
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit(f"--device cuda, but CUDA is not available here (torch {torch.__version__})")
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        return Bench(torch.device("cuda", 0), args.precision)
+    return Bench(torch.device("cpu"), args.precision)

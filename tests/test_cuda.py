@@ -1,0 +1,69 @@
+"""On a CUDA machine: the same behaviour on the GPU (skipped cleanly on CPU-only machines).
+
+These run where the suite runs on a GPU (the device tool's H100); the CPU tests above cover the
+same behaviour on every machine.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from normlab.model import build_model
+from normlab.model.loss import lm_loss
+from normlab.train import train
+from tests.test_train import rows, small
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+REPO = Path(__file__).resolve().parents[1]
+
+CHECK = r"""
+import warnings, torch
+warnings.simplefilter("error")
+from normlab.model import build_model
+for layout in ["peri", "hybrid*", "peri+qk", "olmo2", "post"]:
+    for dtype in (torch.bfloat16, torch.float16):
+        m = build_model(layout, "nano", seed=0).cuda()
+        x = torch.randint(0, 256, (2, 16), device="cuda")
+        with torch.autocast("cuda", dtype=dtype):
+            loss = m(x, targets=x).loss
+        loss.backward()
+print("clean")
+"""
+
+
+def test_no_dtype_mismatch_warning_on_cuda():
+    res = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=300,
+                         env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"})
+    assert res.returncode == 0 and "clean" in res.stdout, res.stderr[-2000:]
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16", "fp32"])
+def test_trains_on_cuda_with_mfu(corpus, tmp_path, precision):
+    s = train(small(corpus, tmp_path / precision, device="cuda", precision=precision, steps=12, probe_every=6))
+    assert s["status"] == "ok" and s["device"].startswith("cuda") and s["final_loss"] < s["initial_loss"]
+    name = torch.cuda.get_device_name()
+    if any(k in name for k in ("H100", "H200", "A100")) and "NVL" not in name:
+        assert isinstance(s["mfu"], float) and 0 < s["mfu"] < 1 and "mfu" in rows(tmp_path / precision)[-1]
+
+
+def test_fp16_overflows_are_skipped_on_cuda(corpus, tmp_path):
+    s = train(small(corpus, tmp_path / "o", device="cuda", precision="fp16", loss_scale_init=2.0**24, steps=24))
+    assert s["status"] == "ok" and s["overflow_steps"]
+
+
+def test_chunked_loss_and_checkpointing_on_cuda():
+    m = build_model("peri", "nano", seed=0).cuda()
+    x = torch.randint(0, 256, (4, 64), device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        whole = m(x, targets=x).loss
+        m.activation_checkpointing = True
+        lean = m(x, targets=x, loss_chunk=32).loss
+    assert lean.item() == pytest.approx(whole.item(), rel=1e-3)
+    h = torch.randn(2, 8, 32, device="cuda")
+    loss, logits = lm_loss(m.lm_head, h, x[:2, :8], chunk=4)
+    assert logits is None and torch.isfinite(loss)
