@@ -31,6 +31,7 @@ bench: install
 	$(PY) benchmarks/norm_kernels.py
 	$(PY) benchmarks/train_throughput.py
 	$(PY) benchmarks/probe_overhead.py
+	$(PY) benchmarks/memory.py
 
 # Every recipe (the papers' studies at micro scale) into runs/recipes/NAME; see docs/results.md.
 recipes: install

@@ -65,3 +65,9 @@ def test_peers_build_identical_configurations():
               if line.startswith("# ") and "parameters" in line}
     assert counts["normlab"] == counts["transformers"]  # the same model, parameter for parameter
     assert "| normlab |" in text
+
+
+def test_memory_benchmark_shows_what_checkpointing_and_chunking_save():
+    text = run("memory.py", "--size", "nano", "--seq", "32", "--batch", "4", "--vocab", "512", "--chunk", "32")
+    saved = [float(r.split("|")[4]) for r in text.splitlines() if r.startswith("| o")]  # vs neither
+    assert len(saved) == 4 and saved[3] < saved[1] < saved[0] and saved[2] < saved[0]
