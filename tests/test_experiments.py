@@ -196,9 +196,12 @@ def test_sweep_killed_with_sigkill_resumes_without_redoing_or_losing_runs(corpus
     done_before: list[tuple] = []
     while time.time() < deadline and proc.poll() is None:
         if db.exists():
-            with sqlite3.connect(db) as con:
-                done_before = con.execute("select run_id, status, final_loss, finished_at, attempts from runs "
-                                          "where status in ('ok', 'diverged')").fetchall()
+            try:
+                with sqlite3.connect(db) as con:
+                    done_before = con.execute("select run_id, status, final_loss, finished_at, attempts from runs "
+                                              "where status in ('ok', 'diverged')").fetchall()
+            except sqlite3.OperationalError:  # the file exists a moment before its table does
+                done_before = []
             if done_before:
                 break
         time.sleep(0.2)
