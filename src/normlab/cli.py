@@ -49,8 +49,11 @@ def _layouts(args: argparse.Namespace) -> int:
 def _show(args: argparse.Namespace) -> int:
     from normlab.model.build import build_model
 
+    import torch
+
     overrides = {"n_layers": args.layers} if args.layers else {}
-    build_model(args.layout, args.size, verbose=True, **overrides)
+    with torch.device("meta"):  # shapes and counts only: a 7B model needs no memory here
+        build_model(args.layout, args.size, verbose=True, **overrides)
     return 0
 
 

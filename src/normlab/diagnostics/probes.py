@@ -14,6 +14,8 @@
 | embed_norm, final_norm          | null           | gamma_mean, gamma_min, gamma_max |
 | angular:{j}                     | i              | angular_distance between stream states i and j |
 | global                          | null           | top100_max, top100_min, top100_mean, max_abs, median_abs, max_median_ratio, fp16_headroom |
+| moe.expert{e}                   | block (MoE)    | load (share of the token-expert assignments) |
+| moe                             | block (MoE)    | load_max_ratio (max load x E: 1 is balanced), router_entropy, aux_loss |
 | prop31                          | L-1            | grad_max (max |dL/dW2_ij| of the last MLP), h_norm, a_norm, bound (4 gamma sqrt(D) ||h||/||a||, output-normalized last MLP) |
 
 Gradients come from `torch.autograd.grad`, so the probe never touches `.grad`, fires no DDP hooks
@@ -64,8 +66,9 @@ class Probes:
             for tap in TAPS:
                 name = f"blocks.{i}.{tap}"
                 handles.append(mods[name].register_forward_hook(lambda m, a, o, name=name: captured.__setitem__(name, o)))
-            handles.append(mods[f"blocks.{i}.mlp.down_proj"].register_forward_hook(
-                lambda m, a, o, i=i: captured.update({f"h{i}": a[0], f"a{i}": o})))
+            if f"blocks.{i}.mlp.down_proj" in mods:  # a dense MLP (Prop. 3.1's h and a)
+                handles.append(mods[f"blocks.{i}.mlp.down_proj"].register_forward_hook(
+                    lambda m, a, o, i=i: captured.update({f"h{i}": a[0], f"a{i}": o})))
         try:
             with torch.enable_grad():
                 # the model's own forward (soft-caps, embedding scale, ... included): probe_loss is the training loss
@@ -132,8 +135,20 @@ class Probes:
             if _is_norm(mods[site]):
                 self._gamma_rows(rows, step, None, site, mods[site])
 
-        # Kim Prop. 3.1 quantities for the last MLP
+        # routing (MoE layers): the share of assignments per expert, its max over the uniform share, entropy
+        for i in range(n_layers):
+            moe = mods[f"blocks.{i}.mlp"]
+            if getattr(moe, "load", None) is not None:
+                for e, share in enumerate(moe.load.tolist()):
+                    self._row(rows, step, i, f"moe.expert{e}", "load", share)
+                self._row(rows, step, i, "moe", "load_max_ratio", moe.load.max().item() * len(moe.load))
+                self._row(rows, step, i, "moe", "router_entropy", moe.entropy.item())
+                self._row(rows, step, i, "moe", "aux_loss", moe.aux.item())
+
+        # Kim Prop. 3.1 quantities for the last MLP (a dense, two-matrix MLP's quantities; not for MoE)
         last = n_layers - 1
+        if f"h{last}" not in captured:
+            return rows
         g = pgrads.get(id(mods[f"blocks.{last}.mlp.down_proj"].weight))
         h_act, a_out = captured[f"h{last}"].detach(), captured[f"a{last}"].detach()
         h_norm, a_norm = h_act.norm(dim=-1).mean().item(), a_out.norm(dim=-1).mean().item()

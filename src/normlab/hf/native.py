@@ -61,6 +61,11 @@ def _check_native(model: NormLM, arch: str) -> None:
     if arch not in ARCHS:
         raise NativeExportError(f"no native transformers class for {arch!r}; valid: {', '.join(ARCHS)} "
                                 "(or save with the normlab class)")
+    if model.config.n_experts:
+        raise NativeExportError(
+            f"a mixture-of-experts model has no exact {arch} counterpart ({arch} has dense MLPs; OLMoE's class, the "
+            "nearest MoE architecture, is not mapped: its routing renormalization and weight layout would need an "
+            "exact match); export with --arch normlab, which keeps every layout and the experts")
     want = PRESETS[ARCHS[arch]].layout.to_string()
     have = model.layout.to_string()
     if have != want:

@@ -29,6 +29,7 @@ from normlab.layout.sites import BlockLayout, Layout, SublayerSites
 from normlab.model.attention import Attention
 from normlab.model.config import ModelConfig
 from normlab.model.mlp import MLP
+from normlab.model.moe import MoE
 from normlab.model.norms import Tap, maybe_norm
 
 
@@ -52,7 +53,7 @@ class Block(nn.Module):
         self.attn = Attention(cfg, block.attn_inner, layout.inner_span, layout.norm)
         self.attn_update, self.resid_mid = Tap(), Tap()
         self.mlp_norms = SiteNorms(block.mlp, layout, cfg)
-        self.mlp = MLP(cfg)
+        self.mlp = MoE(cfg) if cfg.n_experts else MLP(cfg)
         self.mlp_update, self.resid_post = Tap(), Tap()
 
     def _sublayer(

@@ -48,6 +48,10 @@ def build_model(
     init_weights(model, scheme)
     model.init_scheme = scheme
     report = f"{resolved.table()}\n  init={scheme}; {count_params(model)}"
+    if cfg.n_experts:
+        report += (f"\n  feed-forward: MoE in layers 0-{cfg.n_layers - 1} ({cfg.n_experts} SwiGLU experts of width "
+                   f"{cfg.expert_ffn_dim}, top {cfg.moe_top_k} of softmax, {'a shared expert, ' if cfg.moe_shared_expert else ''}"
+                   f"load-balancing {cfg.moe_aux_coef:g}, router z-loss {cfg.moe_z_coef:g}, no token dropping)")
     log.info(report)
     if verbose:
         print(report)

@@ -17,6 +17,7 @@ MlpKind = Literal["swiglu", "geglu-tanh", "gelu", "gelu-tanh", "relu"]
 MLP_KINDS: tuple[str, ...] = ("swiglu", "geglu-tanh", "gelu", "gelu-tanh", "relu")
 POSITIONS: tuple[str, ...] = ("rope", "learned")
 NORM_COMPUTE: tuple[str, ...] = ("input", "fp32")  # see normlab.model.norms
+MOE_DISPATCH: tuple[str, ...] = ("auto", "sorted", "loop")  # see normlab.model.moe
 # Sanity bounds: far above any published model, low enough that a typo fails here, not in an allocation.
 MAX_DIM = {"vocab_size": 2**24, "d_model": 2**17, "n_layers": 10_000, "n_heads": 2**12, "max_seq_len": 2**22}
 
@@ -45,6 +46,14 @@ class ModelConfig:
     norm_compute: str = "input"  # under autocast: "input" (weights cast to bf16/fp16, fused) | "fp32" (HF Llama's upcast)
     linear_bias: bool = False  # biases on the attention and MLP projections (Llama: none)
     tie_embeddings: bool = False  # Kim: untied; Zhuo: tied
+    # Mixture of experts (normlab.model.moe; OLMoE / Zhuo Sec. 4.3): n_experts 0 is the dense MLP
+    n_experts: int = 0
+    moe_top_k: int = 2  # experts per token
+    expert_d_ff: int | None = None  # an expert's SwiGLU width; None: the dense ffn_dim
+    moe_shared_expert: bool = False  # one expert every token also passes through (DeepSeekMoE)
+    moe_aux_coef: float = 0.01  # load-balancing loss coefficient (OLMoE)
+    moe_z_coef: float = 0.001  # router z-loss coefficient (OLMoE)
+    moe_dispatch: str = "auto"  # auto | sorted | loop
     init: str = "auto"  # "auto": the layout's prescribed scheme, else "normal"
     init_std: float = 0.02  # std of the "normal" scheme (Kim Table 2)
 
@@ -79,6 +88,21 @@ class ModelConfig:
             raise ConfigError(f"unknown position {self.position!r}; valid: {', '.join(POSITIONS)}")
         if self.mlp not in MLP_KINDS:
             raise ConfigError(f"unknown mlp {self.mlp!r}; valid: {', '.join(MLP_KINDS)}")
+        if self.n_experts:
+            if not isinstance(self.n_experts, int) or self.n_experts < 1:
+                raise ConfigError(f"n_experts must be 0 (dense) or a positive integer, got {self.n_experts!r}")
+            if not isinstance(self.moe_top_k, int) or not 1 <= self.moe_top_k <= self.n_experts:
+                raise ConfigError(f"moe_top_k must lie in [1, n_experts={self.n_experts}], got {self.moe_top_k!r}")
+            if self.moe_dispatch not in MOE_DISPATCH:
+                raise ConfigError(f"unknown moe_dispatch {self.moe_dispatch!r}; valid: {', '.join(MOE_DISPATCH)}")
+            if self.expert_d_ff is not None and (not isinstance(self.expert_d_ff, int) or self.expert_d_ff < 1):
+                raise ConfigError(f"expert_d_ff must be a positive integer or None, got {self.expert_d_ff!r}")
+            if self.moe_aux_coef < 0 or self.moe_z_coef < 0:
+                raise ConfigError("moe_aux_coef and moe_z_coef must be >= 0")
+            if self.mlp != "swiglu":
+                raise ConfigError(f"MoE experts are SwiGLU MLPs (as OLMoE's); mlp={self.mlp!r} is for the dense MLP")
+        elif self.n_experts != 0:
+            raise ConfigError(f"n_experts must be 0 (dense) or a positive integer, got {self.n_experts!r}")
         if self.norm_compute not in NORM_COMPUTE:
             raise ConfigError(f"unknown norm_compute {self.norm_compute!r}; valid: {', '.join(NORM_COMPUTE)}")
         if not self.norm_eps > 0:
@@ -99,6 +123,10 @@ class ModelConfig:
     @property
     def ffn_dim(self) -> int:
         return 4 * self.d_model if self.d_ff is None else self.d_ff
+
+    @property
+    def expert_ffn_dim(self) -> int:
+        return self.ffn_dim if self.expert_d_ff is None else self.expert_d_ff
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -135,6 +163,14 @@ SIZES: dict[str, ModelConfig] = {
     "zhuo-550m": ModelConfig(d_model=1536, n_layers=16, n_heads=16, n_kv_heads=4, d_ff=4096, **_ZHUO),
     "zhuo-543m-29l": ModelConfig(d_model=1024, n_layers=29, n_heads=16, n_kv_heads=4, d_ff=4096, **_ZHUO),
     "zhuo-1.2b": ModelConfig(d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8, d_ff=9192, **_ZHUO),
+    # Mixture of experts. CPU: micro's shape, 8 experts of half width, 2 per token. Zhuo et al. Table 6's
+    # MoE-1B-7B (OLMoE's structure): 64 experts of width 1024, 8 per token, vocabulary 50,280, untied,
+    # context 4096, RoPE theta 10,000 (their Table 7).
+    "moe-micro": ModelConfig(d_model=64, n_layers=6, n_heads=4, max_seq_len=128, n_experts=8, moe_top_k=2,
+                             expert_d_ff=128),
+    "zhuo-moe-1b-7b": ModelConfig(d_model=2048, n_layers=16, n_heads=16, vocab_size=50_280, max_seq_len=4096,
+                                  rope_theta=10_000.0, tie_embeddings=False, n_experts=64, moe_top_k=8,
+                                  expert_d_ff=1024),
 }
 
 # The papers' nominal sizes, and whether that number counts the (tied) embedding.
@@ -147,6 +183,7 @@ NOMINAL_PARAMS: dict[str, tuple[float, bool]] = {
     "zhuo-550m": (550e6, True),
     "zhuo-543m-29l": (543e6, True),
     "zhuo-1.2b": (1.2e9, True),
+    "zhuo-moe-1b-7b": (6.9e9, True),  # total; 1.3B active (count_params reports both)
 }
 
 

@@ -13,7 +13,9 @@
 | megatron      | trunc-normal; o_proj, down_proj / sqrt(2 L)                   | Zhuo Sec. 4.4, Table 7|
 | deepnorm      | Xavier normal, gain beta = (8N)^(-1/4) on v_proj, o_proj and the MLP, 1 on q, k | Wang et al. 2022 |
 
-d is d_model. Norm gammas start at 1 and betas and biases at 0 under every scheme.
+d is d_model. Norm gammas start at 1 and betas and biases at 0 under every scheme. MoE experts are
+initialized as the dense MLP's matrices, each expert on its own (its down projection as down_proj);
+the router as any linear layer.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ INIT_SCHEMES: tuple[str, ...] = (
 )
 _XAVIER = ("xavier", "deepnorm")
 _TRUNCATED = ("trunc-normal", "depth-scaled", "megatron")
-_OUTPUT_PROJ = ("attn.o_proj", "mlp.down_proj")
+_OUTPUT_PROJ = ("o_proj", "down_proj")  # path endings: attention, MLP, MoE experts and shared expert
 _DEEPNORM_SCALED = ("attn.v_proj", "attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 
 
@@ -67,7 +69,7 @@ def _normal(w: torch.Tensor, std: float, truncated: bool) -> None:
 def linear_std(scheme: str, path: str, layer: int, n_layers: int, d_model: int, init_std: float) -> float:
     """The std for a (non-Xavier) linear weight at ``path`` inside block ``layer`` (0-based)."""
     std = base_std(scheme, d_model, init_std)
-    if path in _OUTPUT_PROJ:
+    if path.endswith(_OUTPUT_PROJ):
         if scheme == "depth-scaled":
             std /= math.sqrt(2.0 * (layer + 1))
         elif scheme == "megatron":
@@ -102,6 +104,16 @@ def init_weights(model: nn.Module, scheme: str) -> None:
                     _normal(module.weight, linear_std(scheme, path, layer, n_layers, d, cfg.init_std), truncated)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
+        experts = getattr(block.mlp, "experts", None)  # MoE: each expert as the dense MLP's matrices
+        if experts is not None:
+            for name in ("gate_proj", "up_proj", "down_proj"):
+                w = getattr(experts, name)
+                for e in range(w.shape[0]):
+                    if scheme in _XAVIER:
+                        gain = beta if scheme == "deepnorm" else 1.0
+                        nn.init.xavier_normal_(w[e], gain=gain)
+                    else:
+                        _normal(w[e], linear_std(scheme, f"mlp.{name}", layer, n_layers, d, cfg.init_std), truncated)
     for module in model.modules():
         if isinstance(module, (nn.RMSNorm, nn.LayerNorm)):
             module.reset_parameters()

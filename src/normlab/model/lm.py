@@ -22,6 +22,7 @@ from normlab.layout.sites import ResolvedLayout
 from normlab.model.block import Block
 from normlab.model.config import ModelConfig
 from normlab.model.loss import lm_loss, logits_of
+from normlab.model.moe import MoE
 from normlab.model.norms import Tap, maybe_norm
 
 
@@ -32,6 +33,9 @@ class LMOutput:
     # hidden_states[0]: the stream entering block 0 (after embedding scale and norm);
     # hidden_states[i + 1]: the output of block i, before the final norm.
     hidden_states: tuple[torch.Tensor, ...] | None = None
+    # MoE models: the routers' weighted auxiliary losses (load balancing + z-loss), summed over layers;
+    # the trainer adds it to `loss`, which stays the language-model loss (validation, probes).
+    aux_loss: torch.Tensor | None = None
 
 
 class NormLM(nn.Module):
@@ -99,4 +103,6 @@ class NormLM(nn.Module):
             logits, loss = logits_of(self.lm_head, h, softcap), None
         else:
             loss, logits = lm_loss(self.lm_head, h, targets, softcap, z_loss, loss_chunk)
-        return LMOutput(logits=logits, loss=loss, hidden_states=tuple(hidden) if hidden is not None else None)
+        moe = [b.mlp.aux for b in self.blocks if isinstance(b.mlp, MoE) and b.mlp.aux is not None]
+        return LMOutput(logits=logits, loss=loss, hidden_states=tuple(hidden) if hidden is not None else None,
+                        aux_loss=torch.stack(moe).sum() if moe else None)

@@ -19,9 +19,16 @@ class ParamCount:
     total: int  # unique parameters (a tied embedding counts once)
     embedding: int  # token embedding plus an untied LM head
     non_embedding: int
+    active: int | None = None  # MoE: the parameters one token uses (k of E experts); None for dense models
 
     def __str__(self) -> str:
-        return f"{self.non_embedding / 1e6:.2f}M non-embedding, {self.total / 1e6:.2f}M total"
+        text = f"{self.non_embedding / 1e6:.2f}M non-embedding, {self.total / 1e6:.2f}M total"
+        return text + (f", {self.active / 1e6:.2f}M active" if self.active is not None else "")
+
+
+def _inactive(cfg: ModelConfig) -> int:
+    """Expert weights a token does not use, summed over the MoE layers (0 for a dense model)."""
+    return cfg.n_layers * (cfg.n_experts - cfg.moe_top_k) * 3 * cfg.d_model * cfg.expert_ffn_dim if cfg.n_experts else 0
 
 
 def count_params(model: nn.Module) -> ParamCount:
@@ -31,7 +38,9 @@ def count_params(model: nn.Module) -> ParamCount:
     if getattr(model, "pos_embed", None) is not None:
         emb_ids.add(id(model.pos_embed.weight))
     embedding = sum(seen[i].numel() for i in emb_ids if i in seen)
-    return ParamCount(total=total, embedding=embedding, non_embedding=total - embedding)
+    cfg = getattr(model, "config", None)
+    active = total - _inactive(cfg) if cfg is not None and cfg.n_experts else None
+    return ParamCount(total=total, embedding=embedding, non_embedding=total - embedding, active=active)
 
 
 def analytic_params(cfg: ModelConfig, resolved: ResolvedLayout) -> ParamCount:
@@ -43,6 +52,10 @@ def analytic_params(cfg: ModelConfig, resolved: ResolvedLayout) -> ParamCount:
     attn = d * h * hd + 2 * d * kv * hd + h * hd * d + b * (h * hd + 2 * kv * hd + d)
     n_mats = 3 if cfg.mlp in ("swiglu", "geglu-tanh") else 2
     mlp = n_mats * d * ff + b * ((n_mats - 1) * ff + d)
+    if cfg.n_experts:  # routed SwiGLU experts, the router, an optional shared expert (normlab.model.moe)
+        per = 3 * d * cfg.expert_ffn_dim
+        mlp = cfg.n_experts * per + d * cfg.n_experts + (per + b * (2 * cfg.expert_ffn_dim + d)
+                                                         if cfg.moe_shared_expert else 0)
     inner_dim = {"q": h, "k": kv, "v": kv, "context": h}
     blocks = 0
     for blk in resolved.blocks:
@@ -55,4 +68,6 @@ def analytic_params(cfg: ModelConfig, resolved: ResolvedLayout) -> ParamCount:
     embedding = cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2)
     embedding += cfg.max_seq_len * d if cfg.position == "learned" else 0
     non_embedding = blocks + model_norms
-    return ParamCount(total=non_embedding + embedding, embedding=embedding, non_embedding=non_embedding)
+    total = non_embedding + embedding
+    return ParamCount(total=total, embedding=embedding, non_embedding=non_embedding,
+                      active=total - _inactive(cfg) if cfg.n_experts else None)

@@ -2,8 +2,8 @@
 
     FLOPs per token = 6 N + 12 L H Q T                         PaLM (Chowdhery et al. 2022), App. B
 
-N is the number of weights in matrix products (every `nn.Linear`, the LM head included; the
-embedding lookup is not a product), L layers, H query heads of width Q, T the sequence length:
+N is the number of weights in matrix products (every `nn.Linear`, the LM head included, and in a
+MoE model the router and the k experts a token uses; the embedding lookup is not a product), L layers, H query heads of width Q, T the sequence length:
 6 N for the forward and backward of the weights, 12 L H Q T for the attention scores and their
 weighted sum. It counts causal attention in full, as PaLM, nanoGPT and torchtitan do, so the figures
 compare with theirs; recomputation under activation checkpointing is not counted (that would be
@@ -34,7 +34,8 @@ def flops_per_token(model: nn.Module, seq_len: int) -> int:
     """6 N + 12 L H Q T for a `NormLM` (see the module docstring)."""
     weights = {id(m.weight): m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear)}
     cfg = model.config
-    return 6 * sum(weights.values()) + 12 * cfg.n_layers * cfg.n_heads * cfg.head_dim * seq_len
+    experts = cfg.n_layers * cfg.moe_top_k * 3 * cfg.d_model * cfg.expert_ffn_dim if cfg.n_experts else 0
+    return 6 * (sum(weights.values()) + experts) + 12 * cfg.n_layers * cfg.n_heads * cfg.head_dim * seq_len
 
 
 def device_model(name: str) -> str | None:

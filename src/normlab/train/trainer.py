@@ -72,8 +72,10 @@ def _unwrap(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 
-def _loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig) -> torch.Tensor:
-    return model(x, targets=y, z_loss=cfg.z_loss, loss_chunk=cfg.loss_chunk).loss
+def _loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(the language-model loss, a MoE model's router auxiliary loss or None); the step minimizes their sum."""
+    out = model(x, targets=y, z_loss=cfg.z_loss, loss_chunk=cfg.loss_chunk)
+    return out.loss, out.aux_loss
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -279,6 +281,7 @@ def train_step(state: RunState) -> dict[str, Any]:
     x, y = to_device(x[mine], info.device), to_device(y[mine], info.device)
     opt.zero_grad(set_to_none=True)
     loss_sum = torch.zeros((), device=info.device)  # on the device: no sync per micro-batch
+    aux_sum = torch.zeros((), device=info.device)
     for i in range(cfg.grad_accum):
         xb, yb = x[i * micro : (i + 1) * micro], y[i * micro : (i + 1) * micro]
         sync = contextlib.nullcontext()
@@ -286,17 +289,22 @@ def train_step(state: RunState) -> dict[str, Any]:
             sync = model.no_sync()
         with sync:
             with _autocast(cfg, info.device):
-                loss = _loss(state.fwd, xb, yb, cfg) / cfg.grad_accum
-            scaler.scale(loss).backward()
+                loss, aux = _loss(state.fwd, xb, yb, cfg)
+                loss = loss / cfg.grad_accum
+                aux = aux / cfg.grad_accum if aux is not None else None
+            scaler.scale(loss if aux is None else loss + aux).backward()
         loss_sum += loss.detach().float()
+        if aux is not None:
+            aux_sum += aux.detach().float()
     scaler.unscale_(opt)  # fp16: the gradients unscaled, an overflow recorded on the device (no sync)
     max_norm = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
     grad_norm_t = torch.nn.utils.clip_grad_norm_(state.trainable, max_norm)
     if hasattr(grad_norm_t, "full_tensor"):  # FSDP2: a DTensor; the norm over every rank's shards
         grad_norm_t = grad_norm_t.full_tensor()
     # The step's one read-back (see the module docstring): the monitor decides before the update.
-    loss_val, grad_norm = torch.stack([distributed.mean_across_tensor(loss_sum, info),
-                                       grad_norm_t.float().to(loss_sum.device)]).tolist()
+    loss_val, grad_norm, aux_val = torch.stack([distributed.mean_across_tensor(loss_sum, info),
+                                                grad_norm_t.float().to(loss_sum.device),
+                                                distributed.mean_across_tensor(aux_sum, info)]).tolist()
     scaled = scaler.is_enabled()
     apply = state.monitor.check_finite(step, loss_val, grad_norm, cfg.on_nonfinite, scaled=scaled)
     if probing:
@@ -313,6 +321,8 @@ def train_step(state: RunState) -> dict[str, Any]:
         "step": step, "loss": loss_val, "lr": lr, "grad_norm": grad_norm, "tokens": state.tokens,
         "tok_per_s": tok_per_s, "tok_per_s_per_device": tok_per_s / info.world, "time": state.wall,
     }
+    if aux is not None:
+        row["moe_aux_loss"] = aux_val  # the routers' load-balancing + z-losses, weighted; not in "loss"
     if state.peak_flops:
         row["mfu"] = tok_per_s / info.world * state.flops_per_token / state.peak_flops
     if scaled:
