@@ -32,6 +32,7 @@ bench: install
 	$(PY) benchmarks/train_throughput.py
 	$(PY) benchmarks/probe_overhead.py
 	$(PY) benchmarks/memory.py
+	$(PY) benchmarks/moe.py
 
 # Every recipe (the papers' studies at micro scale) into runs/recipes/NAME; see docs/results.md.
 recipes: install

@@ -71,3 +71,9 @@ def test_memory_benchmark_shows_what_checkpointing_and_chunking_save():
     text = run("memory.py", "--size", "nano", "--seq", "32", "--batch", "4", "--vocab", "512", "--chunk", "32")
     saved = [float(r.split("|")[4]) for r in text.splitlines() if r.startswith("| o")]  # vs neither
     assert len(saved) == 4 and saved[3] < saved[1] < saved[0] and saved[2] < saved[0]
+
+
+def test_moe_benchmark_compares_with_the_dense_model_of_equal_active_params():
+    text = run("moe.py", "--batch", "2", "--seq", "16", "--turns", "1")
+    rows = [r for r in text.splitlines() if r.startswith("| dense") or r.startswith("| moe")]
+    assert len(rows) == 3 and "0.43M / 0.43M" in rows[0] and "1.31M / 0.43M" in rows[1]

@@ -67,3 +67,18 @@ def test_chunked_loss_and_checkpointing_on_cuda():
     h = torch.randn(2, 8, 32, device="cuda")
     loss, logits = lm_loss(m.lm_head, h, x[:2, :8], chunk=4)
     assert logits is None and torch.isfinite(loss)
+
+
+def test_grouped_and_looped_moe_dispatch_agree_on_cuda():
+    from normlab.model.config import ModelConfig
+    from normlab.model.moe import MoE
+
+    cfg = ModelConfig(d_model=64, n_layers=1, n_heads=2, n_experts=8, moe_top_k=2, expert_d_ff=128)
+    torch.manual_seed(0)
+    a = MoE(cfg.with_(moe_dispatch="sorted")).cuda()
+    b = MoE(cfg.with_(moe_dispatch="loop")).cuda()
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(4, 32, 64, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):  # the grouped product's path on compute capability 9+
+        ya, yb = a(x), b(x)
+    torch.testing.assert_close(ya.float(), yb.float(), rtol=2e-2, atol=2e-2)

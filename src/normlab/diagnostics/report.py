@@ -221,6 +221,28 @@ def _fmt(v: object) -> str:
     return "-" if v is None else str(v)
 
 
+def fig_expert_load(runs: list[Run], names: list[str]):  # noqa: ANN201
+    """MoE routing over training: the busiest expert's load over the uniform share, per layer (1 is balanced)."""
+    fig, axes = _grid(len(runs))
+    for ax, run, name in zip(axes, runs, names):
+        tab = run.probe("moe", "load_max_ratio")
+        if tab.empty:
+            ax.text(0.5, 0.5, "dense model: no experts", ha="center", va="center", transform=ax.transAxes)
+        else:
+            colors = plt.cm.viridis(np.linspace(0, 0.9, tab.shape[1]))
+            for c, layer in zip(colors, tab.columns):
+                ax.plot(tab.index, tab[layer].to_numpy(dtype=float), "o-", ms=3, color=c, lw=1, label=f"L{layer}")
+            ax.axhline(1.0, color="gray", lw=0.8, ls=":")
+            ax.legend(fontsize=7, ncol=2)
+        ax.set(title=f"{name}: expert load", xlabel="step", ylabel="max expert load x E (1 = balanced)")
+    fig.tight_layout()
+    return fig
+
+
+def _has_experts(runs: list[Run]) -> bool:
+    return any(not run.probe("moe", "load_max_ratio").empty for run in runs)
+
+
 FIGURES = [
     ("loss", "Loss and gradient norm", fig_loss),
     ("variance_by_depth", "Hidden-state variance by depth (Kim Fig. 1, 6)", lambda r, n: fig_depth(r, n, "var", "variance")),
@@ -270,7 +292,9 @@ def make_report(run_dirs: list[str | Path], out: str | Path) -> Path:
     names = _names(runs)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    sections = [figure_html(make(runs, names), out, key, title) for key, title, make in FIGURES]
+    figures = FIGURES + ([("expert_load", "Expert load over training (MoE; Zhuo Sec. 4.3, OLMoE)", fig_expert_load)]
+                         if _has_experts(runs) else [])
+    sections = [figure_html(make(runs, names), out, key, title) for key, title, make in figures]
     body = (f"<h1>normlab report</h1>\n<p>Runs: {', '.join(f'<code>{html.escape(str(r.path))}</code>' for r in runs)}</p>\n"
             f'<h2 id="summary">Summary</h2>{table_html(summary_rows(runs, names))}\n' + "\n".join(sections))
     return write_page(out / "index.html", f"normlab report: {', '.join(names)}", body)
