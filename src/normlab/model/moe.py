@@ -36,6 +36,12 @@ class Experts(nn.Module):
         self.gate_proj = nn.Parameter(torch.empty(n, d, f))
         self.up_proj = nn.Parameter(torch.empty(n, d, f))
         self.down_proj = nn.Parameter(torch.empty(n, f, d))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """N(0, 0.02^2), a usable default; `normlab.model.init.init_weights` applies the model's scheme."""
+        for w in (self.gate_proj, self.up_proj, self.down_proj):
+            nn.init.normal_(w, std=0.02)
 
     def one(self, e: int, x: torch.Tensor) -> torch.Tensor:
         """Expert e on tokens x (n, d); under autocast the products run in its dtype."""
