@@ -148,3 +148,16 @@ def test_export_keeps_a_moe_model_in_the_normlab_class_and_refuses_native(tmp_pa
     save_hf(m, tmp_path / "h")
     x = torch.randint(0, 256, (1, 12))
     torch.testing.assert_close(from_hf(tmp_path / "h")(x).logits, m(x).logits)
+
+
+def test_the_screen_stresses_the_experts_output_projections():
+    from normlab.screen.forward import stressed
+
+    m = normlab.build_model("pre", "moe-micro", seed=0, moe_shared_expert=True)
+    out, all_ = stressed(m, 8.0, "output"), stressed(m, 8.0, "all")
+    b, bo, ba = m.blocks[0].mlp, out.blocks[0].mlp, all_.blocks[0].mlp
+    torch.testing.assert_close(bo.experts.down_proj, 8 * b.experts.down_proj)
+    torch.testing.assert_close(bo.shared.down_proj.weight, 8 * b.shared.down_proj.weight)
+    assert torch.equal(bo.experts.up_proj, b.experts.up_proj) and torch.equal(bo.router.weight, b.router.weight)
+    torch.testing.assert_close(ba.experts.gate_proj, 8 * b.experts.gate_proj)
+    torch.testing.assert_close(ba.router.weight, 8 * b.router.weight)

@@ -44,7 +44,9 @@ def run_demo(layouts: list[str], size: str = "tiny", seed: int = 0, steps: int =
         out = model(x, targets=y, return_hidden_states=True)
         out.loss.backward()
         rms = [h.pow(2).mean().sqrt().item() for h in out.hidden_states]
-        grads = [b.mlp.down_proj.weight.grad.norm().item() for b in model.blocks]
+        # the MLP's output projection (a MoE sublayer's: every expert's, stacked)
+        grads = [(b.mlp.experts.down_proj if hasattr(b.mlp, "experts") else b.mlp.down_proj.weight).grad.norm().item()
+                 for b in model.blocks]
         opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
         t0 = time.perf_counter()
         losses = [out.loss.item()]

@@ -28,14 +28,22 @@ def stressed(model: nn.Module, s: float, mode: str) -> nn.Module:
     m = copy.deepcopy(model)
     with torch.no_grad():
         for block in m.blocks:
+            experts = getattr(block.mlp, "experts", None)  # a MoE sublayer: its stacked expert matrices
             if mode == "output":
-                targets = [block.attn.o_proj, block.mlp.down_proj]
+                if experts is None:
+                    targets, tensors = [block.attn.o_proj, block.mlp.down_proj], []
+                else:  # every expert's output projection, the shared expert's too
+                    shared = [block.mlp.shared.down_proj] if block.mlp.shared is not None else []
+                    targets, tensors = [block.attn.o_proj, *shared], [experts.down_proj]
             else:
                 targets = [mod for mod in (*block.attn.modules(), *block.mlp.modules()) if isinstance(mod, nn.Linear)]
+                tensors = [] if experts is None else [experts.gate_proj, experts.up_proj, experts.down_proj]
             for lin in targets:
                 lin.weight.mul_(s)
                 if lin.bias is not None:
                     lin.bias.mul_(s)
+            for w in tensors:
+                w.mul_(s)
     return m
 
 
