@@ -204,7 +204,7 @@ def test_a_run_never_executes_twice_at_once(tmp_path):
 
 def test_skipping_most_steps_is_divergence(corpus, tmp_path, monkeypatch):
     real = trainer_mod._loss
-    monkeypatch.setattr(trainer_mod, "_loss", lambda *a: real(*a) * float("nan"))
+    monkeypatch.setattr(trainer_mod, "_loss", lambda *a: (real(*a)[0] * float("nan"), None))
     s = train(small(corpus, tmp_path / "nan", steps=15, on_nonfinite="skip"))
     assert s["status"] == "diverged" and "10 of 10 steps skipped" in s["reason"]
     m = DivergenceMonitor(max_skipped=0.1)
