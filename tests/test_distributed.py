@@ -116,3 +116,16 @@ def test_moe_under_fsdp2_matches_single_process(single):
         for x, y in zip(a, b):
             assert y["loss"] == pytest.approx(x["loss"], abs=5e-3)
             assert y["moe_aux_loss"] == pytest.approx(x["moe_aux_loss"], rel=0.05)
+
+
+def test_fsdp2_with_activation_checkpointing_chunked_loss_and_bf16(single):
+    """The large-model settings together under FSDP2 follow the plain one-process bf16 curve."""
+    cfg, root = single
+    base = {**cfg.to_dict(), "precision": "bf16", "probe_every": 0}
+    one = TrainConfig.of(**{**base, "out": str(root / "bf16-single")})
+    train(one)
+    lean = TrainConfig.of(**{**base, "out": str(root / "bf16-fsdp-lean"), "fsdp": True,
+                             "activation_checkpointing": True, "loss_chunk": 32})
+    torchrun(lean)
+    for x, y in zip(metrics(one.out), metrics(lean.out)):
+        assert y["loss"] == pytest.approx(x["loss"], abs=2e-3)
