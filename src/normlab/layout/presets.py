@@ -93,7 +93,9 @@ def _build() -> dict[str, Preset]:
         _preset("pre", Layout(block=_block(PRE, PRE), final_norm=True), "x' = x + F(N(x)); final N", f"{KIM}, eq. 2; Llama 3"),
         _preset("peri", peri, "y0 = N(emb); x' = x + N(F(N(x))); final N", f"{KIM}, eq. 3 with Sec. 3.3 embedding norm"),
         _preset("peri-noemb", replace(peri, embed_norm=False), "x' = x + N(F(N(x))); final N", f"{KIM}, eq. 3, App. G.5 ablation"),
-        _preset("peri-frozen", replace(peri, freeze_output_gamma=True), "x' = x + N_{gamma=1}(F(N(x)))", f"{KIM}, Fig. 8 / 39d"),
+        _preset("peri-frozen", replace(peri, embed_norm=False, freeze_output_gamma=True),
+                "x' = x + N_{gamma=1}(F(N(x))); final N; no embedding norm",
+                f"{KIM}, Sec. 5.3 / Fig. 8 (embedding norm omitted there)"),
         _preset("b", Layout(block=_block(OUT, OUT), embed_norm=True, final_norm=True), "x' = x + N(F(x))", f"{KIM}, Table 5 (B only)"),
         _preset("a+c", Layout(block=_block(PRE_POST, PRE_POST)), "x' = N(x + F(N(x)))", f"{KIM}, Table 5 (A + C)"),
         _preset(
