@@ -214,3 +214,13 @@ def test_report_opens_in_headless_browser(corpus, tmp_path):
     assert res.returncode == 0
     assert "<h1>normlab report</h1>" in res.stdout and res.stdout.count("<img") == 8
     assert "Uncaught" not in res.stderr and "CONSOLE" not in res.stderr
+
+
+def test_angular_distance_at_the_last_token_by_default():
+    """Gromov et al. (cited by Kim Fig. 9) measure at the last token; 'all' averages every token."""
+    a = torch.tensor([[[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]]])  # (B=1, T=3, d=2)
+    b = torch.tensor([[[0.0, 1.0], [0.0, 1.0], [0.0, 2.0]]])  # orthogonal except at the last token
+    assert angular_distance(a, b) == pytest.approx(0.0, abs=1e-7)
+    assert angular_distance(a, b, tokens="all") == pytest.approx((0.5 + 0.5 + 0.0) / 3)
+    with pytest.raises(ValueError, match="valid: last, all"):
+        angular_distance(a, b, tokens="first")

@@ -4,7 +4,7 @@
 
 | site                            | layer          | metrics |
 |---------------------------------|----------------|---------|
-| stream                          | 0..L (0 = the embedding stream, l = block l-1's output) | mean_abs, var, rms, max_abs, median_abs, max_median_ratio, grad_norm (dL/dX_l), angular_next |
+| stream                          | 0..L (0 = the embedding stream, l = block l-1's output) | mean_abs, var, rms, max_abs, median_abs, max_median_ratio, grad_norm (dL/dX_l), angular_next (last token) |
 | resid_mid, attn_update, mlp_update | block      | mean_abs, var, rms, max_abs |
 | attn.q, attn.k, attn.v          | block          | rms, max_abs |
 | attn                            | block          | max_logit, entropy (mean over heads) |
@@ -12,7 +12,7 @@
 | attn.q_proj ... mlp.down_proj   | block          | grad_norm, weight_norm (and update_norm, from `updates`) |
 | attn_norms.output, ...          | block          | gamma_mean, gamma_min, gamma_max (every norm present) |
 | embed_norm, final_norm          | null           | gamma_mean, gamma_min, gamma_max |
-| angular:{j}                     | i              | angular_distance between stream states i and j |
+| angular:{j}                     | i              | angular_distance between stream states i and j at the last token (Gromov et al., Kim Fig. 9); angular_distance_all over every token |
 | global                          | null           | top100_max, top100_min, top100_mean, max_abs, median_abs, max_median_ratio, fp16_headroom |
 | moe.expert{e}                   | block (MoE)    | load (share of the token-expert assignments) |
 | moe                             | block (MoE)    | load_max_ratio (max load x E: 1 is balanced), router_entropy, aux_loss |
@@ -94,12 +94,14 @@ class Probes:
                 self._row(rows, step, layer, "stream", k, v)
             g = hgrads[layer]
             self._row(rows, step, layer, "stream", "grad_norm", g.norm().item() if g is not None else 0.0)
-        ang = angular_matrix(list(hidden))
+        ang = angular_matrix(list(hidden))  # at the last token (Gromov et al.; Kim Fig. 9)
+        ang_all = angular_matrix(list(hidden), tokens="all")
         for i in range(len(hidden)):
             if i + 1 < len(hidden):
                 self._row(rows, step, i, "stream", "angular_next", ang[i][i + 1])
             for j in range(len(hidden)):
                 self._row(rows, step, i, f"angular:{j}", "angular_distance", ang[i][j])
+                self._row(rows, step, i, f"angular:{j}", "angular_distance_all", ang_all[i][j])
 
         # massive activations over the block outputs (Kim Fig. 11; Sun et al.)
         for k, v in massive_activations(list(hidden[1:]), self.top_k).items():

@@ -132,7 +132,7 @@ def fig_top100(runs: list[Run], names: list[str]):  # noqa: ANN201
 def fig_angular(runs: list[Run], names: list[str]):  # noqa: ANN201
     fig, axes = _grid(len(runs), 4.0, 3.6)
     for ax, run, name in zip(axes, runs, names):
-        df = run.probes[run.probes.site.str.startswith("angular:")]
+        df = run.probes[run.probes.site.str.startswith("angular:") & (run.probes.metric == "angular_distance")]
         if df.empty:
             ax.set_title(f"{name}: no probes")
             continue
@@ -142,7 +142,7 @@ def fig_angular(runs: list[Run], names: list[str]):  # noqa: ANN201
         for _, r in last.iterrows():
             mat[int(r.layer), int(r.site.split(":")[1])] = r.value
         im = ax.imshow(mat, vmin=0, vmax=0.5, cmap="magma_r", origin="lower")
-        ax.set(title=f"{name}: angular distance (step {int(last.step.max())})", xlabel="layer", ylabel="layer")
+        ax.set(title=f"{name}: angular distance, last token (step {int(last.step.max())})", xlabel="layer", ylabel="layer")
         ax.grid(False)
         fig.colorbar(im, ax=ax, fraction=0.046, label="arccos(cos)/π")
     fig.tight_layout()
@@ -249,7 +249,7 @@ FIGURES = [
     ("mean_abs_by_depth", "Mean |h| by depth (Kan Fig. 1)", lambda r, n: fig_depth(r, n, "mean_abs", "mean |h|")),
     ("grad_by_layer", "Gradient norm by layer (Kim Fig. 7, Zhuo Fig. 5)", fig_grad_by_layer),
     ("top100_fp16", "Massive activations against the FP16 limit (Kim Fig. 11)", fig_top100),
-    ("angular_distance", "Angular distance between layers (Kim Fig. 9, 39)", fig_angular),
+    ("angular_distance", "Angular distance between layers at the last token (Gromov et al.; Kim Fig. 9, 39)", fig_angular),
     ("output_gamma", "Norm γ over training: output norms where the layout has them (Kim Fig. 39b)", fig_gamma),
     ("attention_logits", "Attention logits (QK-norm motivation)", fig_attention),
 ]

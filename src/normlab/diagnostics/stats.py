@@ -42,19 +42,29 @@ def fp16_headroom(max_abs: float) -> float:
     return FP16_MAX / max_abs if max_abs > 0 else math.inf
 
 
-def angular_distance(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Mean over tokens of arccos(cos(a_t, b_t)) / pi: 0 for identical directions, 0.5 orthogonal, 1 opposite."""
-    a, b = a.detach().double().flatten(0, -2), b.detach().double().flatten(0, -2)
+ANGULAR_TOKENS = ("last", "all")
+
+
+def angular_distance(a: torch.Tensor, b: torch.Tensor, tokens: str = "last") -> float:
+    """arccos(cos(a, b)) / pi between two stream states of shape (..., T, d): 0 for identical
+    directions, 0.5 orthogonal, 1 opposite. ``tokens="last"``: at the last token of each sequence,
+    the definition of Gromov et al. 2024 that Kim et al. Fig. 9 cites (the mean over the batch);
+    ``"all"``: the mean over every token."""
+    if tokens not in ANGULAR_TOKENS:
+        raise ValueError(f"unknown tokens {tokens!r}; valid: {', '.join(ANGULAR_TOKENS)}")
+    if tokens == "last":
+        a, b = a[..., -1, :], b[..., -1, :]
+    a, b = a.detach().double().reshape(-1, a.shape[-1]), b.detach().double().reshape(-1, b.shape[-1])
     cos = torch.nn.functional.cosine_similarity(a, b, dim=-1).clamp(-1.0, 1.0)
     return (torch.arccos(cos) / math.pi).mean().item()
 
 
-def angular_matrix(states: list[torch.Tensor]) -> list[list[float]]:
+def angular_matrix(states: list[torch.Tensor], tokens: str = "last") -> list[list[float]]:
     n = len(states)
     out = [[0.0] * n for _ in range(n)]
     for i in range(n):
         for j in range(i + 1, n):
-            out[i][j] = out[j][i] = angular_distance(states[i], states[j])
+            out[i][j] = out[j][i] = angular_distance(states[i], states[j], tokens)
     return out
 
 

@@ -129,7 +129,7 @@ def _page(out: Path, r: dict[str, Any], table: str) -> Path:
     ax.set_ylabel("layer")
     ax.set_title("Angular distance between layers")
     fig.colorbar(im, ax=ax, label="arccos(cos)/π")
-    sections.append(figure_html(fig, out, "angular_distance", "Angular distance (Kim Fig. 9)"))
+    sections.append(figure_html(fig, out, "angular_distance", "Angular distance at the last token (Gromov et al.; Kim Fig. 9)"))
     body = (f"<h1>normlab scan</h1><pre>{html.escape(table)}</pre>" + "\n".join(sections)
             + f"<script type='application/json' id='scan'>{html.escape(json.dumps(r['flags']))}</script>")
     return write_page(out / "index.html", f"normlab scan: {r['model']}", body)
