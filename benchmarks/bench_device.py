@@ -54,6 +54,16 @@ class Bench:
         self.sync()
         return time.perf_counter()
 
+    def timed_step(self, opt: torch.optim.Optimizer, loss_fn) -> float:  # noqa: ANN001 - () -> loss
+        """Seconds of one training step: zero the gradients, ``loss_fn()`` under autocast, backward, step."""
+        t0 = self.clock()
+        opt.zero_grad(set_to_none=True)
+        with self.autocast():
+            loss = loss_fn()
+        loss.backward()
+        opt.step()
+        return self.clock() - t0
+
     def adamw(self, params) -> torch.optim.Optimizer:  # noqa: ANN001
         """AdamW as `normlab train` makes it: fused on CUDA."""
         return torch.optim.AdamW(params, lr=1e-3, fused=self.cuda or None)

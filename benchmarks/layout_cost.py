@@ -97,13 +97,7 @@ def main() -> None:
 
 
 def _step(b: Bench, model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> float:
-    t0 = b.clock()
-    opt.zero_grad(set_to_none=True)
-    with b.autocast():
-        loss = model(x, targets=x).loss
-    loss.backward()
-    opt.step()
-    return b.clock() - t0
+    return b.timed_step(opt, lambda: model(x, targets=x).loss)
 
 
 if __name__ == "__main__":

@@ -22,14 +22,11 @@ from normlab.model import count_params
 
 
 def step(b: Bench, model, opt, x) -> float:  # noqa: ANN001
-    t0 = b.clock()
-    opt.zero_grad(set_to_none=True)
-    with b.autocast():
+    def loss():  # noqa: ANN202 - the language-model loss plus the routers' auxiliary losses, as normlab train
         out = model(x, targets=x)
-        loss = out.loss if out.aux_loss is None else out.loss + out.aux_loss
-    loss.backward()
-    opt.step()
-    return b.clock() - t0
+        return out.loss if out.aux_loss is None else out.loss + out.aux_loss
+
+    return b.timed_step(opt, loss)
 
 
 def main() -> None:

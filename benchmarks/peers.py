@@ -72,14 +72,7 @@ def build(name: str, d: int, layers: int, heads: int, seq: int, vocab: int = 256
 
 
 def one_step(b: Bench, model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> float:
-    t0 = b.clock()
-    opt.zero_grad(set_to_none=True)
-    with b.autocast():
-        logits = model(x)
-        loss = nn.functional.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
-    loss.backward()
-    opt.step()
-    return b.clock() - t0
+    return b.timed_step(opt, lambda: nn.functional.cross_entropy(model(x).flatten(0, 1).float(), y.flatten()))
 
 
 def main() -> None:

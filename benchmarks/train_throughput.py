@@ -19,16 +19,7 @@ import normlab
 
 
 def step_time(b: Bench, model, opt, x, y, steps: int) -> float:  # noqa: ANN001
-    times = []
-    for _ in range(steps):
-        t0 = b.clock()
-        opt.zero_grad(set_to_none=True)
-        with b.autocast():
-            loss = model(x, targets=y).loss
-        loss.backward()
-        opt.step()
-        times.append(b.clock() - t0)
-    return statistics.median(times)
+    return statistics.median(b.timed_step(opt, lambda: model(x, targets=y).loss) for _ in range(steps))
 
 
 def measure(b: Bench, layout: str, size: str, batch: int, seq: int, steps: int, compiled: bool) -> float:
