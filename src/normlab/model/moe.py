@@ -77,26 +77,25 @@ class MoE(nn.Module):
         self.load: torch.Tensor | None = None
         self.entropy: torch.Tensor | None = None  # mean router entropy over the tokens (nats)
 
-    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(logits (T, E), top-k weights (T, k), top-k expert ids (T, k)) for tokens x (T, d)."""
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(logits (T, E), probabilities (T, E), top-k weights (T, k), top-k expert ids (T, k)) for tokens x (T, d)."""
         logits = self.router(x).float()
         probs = logits.softmax(-1)
         weights, ids = probs.topk(self.top_k, dim=-1)
-        return logits, weights, ids
+        return logits, probs, weights, ids
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
-        logits, weights, ids = self.route(flat)
+        logits, probs, weights, ids = self.route(flat)
         mode = "sorted" if self.dispatch == "auto" else self.dispatch
         y = (self._sorted if mode == "sorted" else self._loop)(flat, weights, ids)
         if self.shared is not None:
             y = y + self.shared(flat)
-        counts = torch.bincount(ids.flatten(), minlength=self.n_experts).float()
-        self.load = (counts / ids.numel()).detach()
-        probs = logits.softmax(-1)
+        load = torch.bincount(ids.flatten(), minlength=self.n_experts).float() / ids.numel()  # f_e
+        self.load = load.detach()
         self.entropy = -(probs * probs.clamp_min(1e-30).log()).sum(-1).mean().detach()
-        lb = self.n_experts * (counts / ids.numel() * probs.mean(0)).sum()
+        lb = self.n_experts * (load * probs.mean(0)).sum()
         z = logits.logsumexp(-1).pow(2).mean()
         self.aux = self.aux_coef * lb + self.z_coef * z
         return y.reshape(shape).to(x.dtype)

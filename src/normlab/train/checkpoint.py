@@ -257,7 +257,7 @@ def load_model_state(path: str | Path) -> dict[str, torch.Tensor]:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    load_checkpoint(path)  # checks the folder and its metadata
+    _check_sharded(path)  # complete, and its metadata pickle references only DCP's classes
     meta = dcp.FileSystemReader(str(path)).read_metadata()
     model = {k.removeprefix("model."): torch.empty(m.size, dtype=m.properties.dtype)
              for k, m in meta.state_dict_metadata.items()

@@ -302,9 +302,8 @@ def train_step(state: RunState) -> dict[str, Any]:
     if hasattr(grad_norm_t, "full_tensor"):  # FSDP2: a DTensor; the norm over every rank's shards
         grad_norm_t = grad_norm_t.full_tensor()
     # The step's one read-back (see the module docstring): the monitor decides before the update.
-    loss_val, grad_norm, aux_val = torch.stack([distributed.mean_across_tensor(loss_sum, info),
-                                                grad_norm_t.float().to(loss_sum.device),
-                                                distributed.mean_across_tensor(aux_sum, info)]).tolist()
+    losses = distributed.mean_across_tensor(torch.stack([loss_sum, aux_sum]), info)  # one collective for both
+    loss_val, aux_val, grad_norm = torch.cat([losses, grad_norm_t.float().to(losses.device).reshape(1)]).tolist()
     scaled = scaler.is_enabled()
     apply = state.monitor.check_finite(step, loss_val, grad_norm, cfg.on_nonfinite, scaled=scaled)
     if probing:
