@@ -128,6 +128,11 @@ class ModelConfig:
     def expert_ffn_dim(self) -> int:
         return self.ffn_dim if self.expert_d_ff is None else self.expert_d_ff
 
+    @property
+    def expert_weights(self) -> int:
+        """The weights of one routed SwiGLU expert: gate, up (d x f) and down (f x d)."""
+        return 3 * self.d_model * self.expert_ffn_dim
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -131,11 +131,3 @@ class MoE(nn.Module):
         ys = ys * weights.flatten()[order, None]
         return torch.zeros(x.shape[0], x.shape[1], device=x.device, dtype=torch.float32).index_add_(0, token, ys)
 
-
-def expert_params(cfg: ModelConfig) -> tuple[int, int]:
-    """(all expert weights of one MoE sublayer, the ones a token uses): routed experts + shared + router."""
-    per = 3 * cfg.d_model * cfg.expert_ffn_dim
-    shared = per if cfg.moe_shared_expert else 0
-    router = cfg.d_model * cfg.n_experts
-    return cfg.n_experts * per + shared + router, cfg.moe_top_k * per + shared + router
-

@@ -28,7 +28,7 @@ class ParamCount:
 
 def _inactive(cfg: ModelConfig) -> int:
     """Expert weights a token does not use, summed over the MoE layers (0 for a dense model)."""
-    return cfg.n_layers * (cfg.n_experts - cfg.moe_top_k) * 3 * cfg.d_model * cfg.expert_ffn_dim if cfg.n_experts else 0
+    return cfg.n_layers * (cfg.n_experts - cfg.moe_top_k) * cfg.expert_weights if cfg.n_experts else 0
 
 
 def count_params(model: nn.Module) -> ParamCount:
@@ -53,7 +53,7 @@ def analytic_params(cfg: ModelConfig, resolved: ResolvedLayout) -> ParamCount:
     n_mats = 3 if cfg.mlp in ("swiglu", "geglu-tanh") else 2
     mlp = n_mats * d * ff + b * ((n_mats - 1) * ff + d)
     if cfg.n_experts:  # routed SwiGLU experts, the router, an optional shared expert (normlab.model.moe)
-        per = 3 * d * cfg.expert_ffn_dim
+        per = cfg.expert_weights
         mlp = cfg.n_experts * per + d * cfg.n_experts + (per + b * (2 * cfg.expert_ffn_dim + d)
                                                          if cfg.moe_shared_expert else 0)
     inner_dim = {"q": h, "k": kv, "v": kv, "context": h}

@@ -34,7 +34,7 @@ def flops_per_token(model: nn.Module, seq_len: int) -> int:
     """6 N + 12 L H Q T for a `NormLM` (see the module docstring)."""
     weights = {id(m.weight): m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear)}
     cfg = model.config
-    experts = cfg.n_layers * cfg.moe_top_k * 3 * cfg.d_model * cfg.expert_ffn_dim if cfg.n_experts else 0
+    experts = cfg.n_layers * cfg.moe_top_k * cfg.expert_weights if cfg.n_experts else 0
     return 6 * (sum(weights.values()) + experts) + 12 * cfg.n_layers * cfg.n_heads * cfg.head_dim * seq_len
 
 
