@@ -238,5 +238,7 @@ def test_any_layout_exports_as_the_normlab_class(layout, tied, tmp_path):
     labels = TOKENS.clone()
     loss = hf(input_ids=TOKENS, labels=labels).loss  # transformers' label convention: shifted inside
     assert loss.item() == pytest.approx(model(TOKENS[:, :-1], targets=TOKENS[:, 1:]).loss.item(), rel=1e-5)
-    with pytest.raises(ValueError, match="pad on the right"):
-        hf(input_ids=TOKENS, attention_mask=torch.tensor([[0] * 2 + [1] * 10, [1] * 12]))
+    # left padding: the real tokens' logits are those of the unpadded sequence (positions from the mask)
+    padded = torch.cat([torch.zeros(1, 2, dtype=torch.long), TOKENS[:1, :10]], 1)
+    left = hf(input_ids=padded, attention_mask=torch.tensor([[0] * 2 + [1] * 10])).logits[:, 2:]
+    torch.testing.assert_close(left, ours(model, TOKENS[:1, :10]), rtol=1e-5, atol=1e-5)

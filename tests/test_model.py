@@ -134,7 +134,7 @@ def test_learned_positions_and_tanh_gelu_by_hand():
     tokens = torch.randint(0, 256, (2, 9))
     y0 = model.embed_tokens(tokens)
     torch.testing.assert_close(y0, model.embed.weight[tokens] + model.pos_embed.weight[:9][None])
-    assert isinstance(model.blocks[0].attn.rotary, torch.nn.Identity)
+    assert model.blocks[0].attn.rotary is None
     mlp = model.blocks[0].mlp
     x = torch.randn(3, model.config.d_model)
     u = mlp.up_proj(x)

@@ -27,8 +27,10 @@ def write_jsonl(path, rows):  # noqa: ANN001, ANN201
 def test_encode_pair_masks_prompt_and_padding():
     x, y = encode_pair(ByteTokenizer(), "ab", "cd", seq_len=6)
     a, b, c, d = (ord(ch) for ch in "abcd")
-    assert x.tolist() == [a, b, c, d, 0, 0]
-    assert y.tolist() == [IGNORE, c, d, IGNORE, IGNORE, IGNORE]  # targets: only the response tokens c, d
+    eos = ByteTokenizer().eos_id
+    assert x.tolist() == [a, b, c, d, eos, eos]
+    # targets: the response tokens c, d and the end-of-text after them (so generation learns to stop)
+    assert y.tolist() == [IGNORE, c, d, eos, IGNORE, IGNORE]
     x, y = encode_pair(ByteTokenizer(), "abcdef", "gh", seq_len=4)  # the response truncated away
     assert (y == IGNORE).all()
 
@@ -42,7 +44,7 @@ def test_prompt_tokens_contribute_nothing_to_the_loss_or_gradient():
     loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=IGNORE)
     loss.backward()
     resp = y[0] != IGNORE
-    assert resp.sum() == len("four")
+    assert resp.sum() == len("four") + 1  # and the end-of-text token
     assert logits.grad[0, ~resp].abs().max() == 0  # prompt and padding positions: no gradient at all
     assert logits.grad[0, resp].abs().min() > 0
     by_hand = -torch.log_softmax(logits[0, resp], -1).gather(1, y[0, resp][:, None]).mean()

@@ -302,46 +302,24 @@ def _scan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_tokenizer(cfg: dict):  # noqa: ANN202 - a normlab Tokenizer
-    """The tokenizer a run trained with: bytes, a tokenizer.json, or its (cached) trained BPE."""
-    from normlab.data import ByteTokenizer, load_data, load_tokenizer
-
-    if cfg["tokenizer"] == "bytes":
-        return ByteTokenizer()
-    if cfg["tokenizer"].startswith("bpe:"):
-        return load_data(cfg["data"], cfg["tokenizer"], cfg["val_fraction"], cfg["text_field"]).tokenizer
-    return load_tokenizer(cfg["tokenizer"])
-
-
 def _export(args: argparse.Namespace) -> int:
     from normlab.hf import save_hf, save_native
+    from normlab.hf.runs import load_run_model, run_tokenizer
     from normlab.hf.tokenizer import to_hf_tokenizer
-    from normlab.model.build import build_model
-    from normlab.model.config import get_size
-    from normlab.train.checkpoint import is_sharded, list_checkpoints, load_checkpoint, load_model_state
 
-    src, dest = Path(args.source), Path(args.out)
+    dest = Path(args.out)
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise ConfigError(f"export destination {dest} {'is a file' if not dest.is_dir() else 'is not empty'}; "
                           "nothing there is overwritten: give a new or empty folder")
-    ckpt = (list_checkpoints(src) or [None])[-1] if src.is_dir() and not is_sharded(src) else src
-    if ckpt is None or not Path(ckpt).exists():
-        raise ConfigError(f"{src}: no checkpoint found (give a run directory or a checkpoint file)")
-    state = load_checkpoint(ckpt)
-    if not isinstance(state.get("config"), dict):
-        raise ConfigError(f"{ckpt} holds no run configuration; give a checkpoint written by normlab train")
-    cfg, weights = state["config"], state["model"] if "model" in state else load_model_state(ckpt)
-    overrides = {"vocab_size": weights["embed.weight"].shape[0], **cfg.get("model", {})}  # as the trainer built it
-    overrides.setdefault("max_seq_len", max(cfg["seq_len"], get_size(cfg["size"]).max_seq_len))
-    model = build_model(cfg["layout"], cfg["size"], seed=0, **overrides)
-    model.load_state_dict(weights)
-    tokenizer = to_hf_tokenizer(_run_tokenizer(cfg))
+    run = load_run_model(args.source)
+    tok = run_tokenizer(run.config, run.run_dir)
+    tokenizer = to_hf_tokenizer(tok, run.model.config.max_seq_len) if tok is not None else None
     if args.arch == "normlab":
-        out = save_hf(model, args.out, tokenizer)
+        out = save_hf(run.model, args.out, tokenizer)
     else:
-        out = save_native(model, args.out, args.arch, tokenizer)
+        out = save_native(run.model, args.out, args.arch, tokenizer)
     remote = ", trust_remote_code=True" if args.arch == "normlab" else ""
-    print(f"{ckpt} -> {out} ({args.arch}); load with AutoModelForCausalLM.from_pretrained({str(out)!r}{remote})")
+    print(f"{run.checkpoint} -> {out} ({args.arch}); load with AutoModelForCausalLM.from_pretrained({str(out)!r}{remote})")
     return 0
 
 

@@ -6,6 +6,9 @@ Sources (`DataConfig.path`):
     a .bin file of pre-tokenized ids (nanoGPT convention: uint16 or uint32, memory-mapped)
     "shakespeare" (the default corpus) or "stdlib" (Python's own sources)
 
+Documents (each text file, each JSONL record) are tokenized one by one and joined with the
+tokenizer's end-of-text id between them, as in GPT-2's data and as `normlab data prepare` writes.
+
 Batches are a pure function of (seed, step): the windows of step s are drawn from a generator
 seeded with (seed, s). The data position of a run is therefore its step, so resuming from a
 checkpoint replays the same batches, and data-parallel ranks slice the same global batch.
@@ -112,6 +115,17 @@ def load_bin(path: Path, dtype: str, vocab_size: int | None) -> np.ndarray:
     return arr
 
 
+def join_documents(tok: Tokenizer, docs) -> list[int]:  # noqa: ANN001 - an iterable of str
+    """The documents' tokens with ``tok.eos_id`` between consecutive documents (not after the last:
+    a one-document corpus tokenizes exactly as its text does)."""
+    ids: list[int] = []
+    for n, doc in enumerate(docs):
+        if n:
+            ids.append(tok.eos_id)
+        ids.extend(tok.encode(doc))
+    return ids
+
+
 def _cached_tokens(key: str, make) -> np.ndarray:  # noqa: ANN001 - () -> list[int]
     path = cache_dir() / "tokens" / f"{key}.bin"
     if path.exists():
@@ -151,16 +165,17 @@ def load_data(
     else:
         if src.suffix == ".jsonl":
             files = [src]
-            read = lambda: "\n\n".join(_jsonl_texts(src, text_field))  # noqa: E731
+            docs = lambda: _jsonl_texts(src, text_field)  # noqa: E731
         else:
             files = _text_files(src)
-            read = lambda: "\n\n".join(_read_text(f) for f in files)  # noqa: E731
+            docs = lambda: (_read_text(f) for f in files)  # noqa: E731
         tok = load_tokenizer(tokenizer, files)
-        h = hashlib.sha256(tok.name.encode() + text_field.encode())
+        # "eos-between": documents joined by the end-of-text id (before: by a blank line)
+        h = hashlib.sha256(b"eos-between:" + tok.name.encode() + text_field.encode())
         for f in files:
             st = f.stat()
             h.update(f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode())
-        tokens = _cached_tokens(h.hexdigest()[:20], lambda: tok.encode(read()))
+        tokens = _cached_tokens(h.hexdigest()[:20], lambda: join_documents(tok, docs()))
         vocab = tok.vocab_size
         if vocab_size is not None and vocab_size < vocab:
             raise DataError(f"--vocab-size {vocab_size} is smaller than the tokenizer's {vocab}")

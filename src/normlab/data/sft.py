@@ -37,9 +37,12 @@ class Examples:
         return int((self.targets != IGNORE).sum())
 
 
-def encode_pair(tok: Tokenizer, prompt: str, response: str, seq_len: int, pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """(inputs, targets) of length seq_len; targets are -100 where the next token is prompt or padding."""
-    p, r = tok.encode(prompt), tok.encode(response)
+def encode_pair(tok: Tokenizer, prompt: str, response: str, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """(inputs, targets) of length seq_len; targets are -100 where the next token is prompt or padding.
+    The response ends with the end-of-text token (learned, so that generation stops there); padding
+    is the same token, never a target."""
+    p, r = tok.encode(prompt), tok.encode(response) + [tok.eos_id]
+    pad_id = tok.eos_id
     ids = (p + r)[: seq_len + 1]
     is_response = ([False] * len(p) + [True] * len(r))[: seq_len + 1]
     pad = seq_len + 1 - len(ids)

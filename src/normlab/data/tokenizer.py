@@ -2,6 +2,15 @@
 any tokenizer saved as ``tokenizer.json`` in a local directory (a Hugging Face checkpoint's).
 
 Spec strings: ``bytes`` | ``bpe:VOCAB`` (e.g. ``bpe:4096``) | a path to a directory or file.
+
+Every tokenizer has an end-of-text token (``eos_id``), written between documents in the token data
+and set as bos/eos/pad in exports, so that generation stops and evaluation harnesses have a prefix:
+
+- bytes: byte 0 (NUL) is reserved as end-of-text, so the vocabulary stays 256 and every other byte
+  is its own id; text with a NUL byte is refused (text files never hold one);
+- a BPE we train: ``<|endoftext|>`` is the trainer's first special token, id 0;
+- a local tokenizer.json: its own end-of-text token if it has one (GPT-2's ``<|endoftext|>``,
+  Llama's ``</s>`` / ``<|end_of_text|>``, ...), else ``<|endoftext|>`` is added after its vocabulary.
 """
 
 from __future__ import annotations
@@ -13,9 +22,16 @@ from typing import Protocol
 from normlab.data.corpus import DataError, cache_dir
 
 
+EOT = "<|endoftext|>"
+# end-of-text tokens of well-known tokenizers, in the order they are looked for
+KNOWN_EOS = (EOT, "<|end_of_text|>", "</s>", "<eos>", "<|im_end|>", "<|eot_id|>")
+
+
 class Tokenizer(Protocol):
     name: str
     vocab_size: int
+    eos_id: int  # the end-of-text token: between documents, bos/eos/pad in exports
+    eos_token: str
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -27,12 +43,20 @@ class ByteTokenizer:
 
     name = "bytes"
     vocab_size = 256
+    eos_id = 0  # NUL, reserved as end-of-text
+    eos_token = EOT
 
     def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
+        data = text.encode("utf-8")
+        nul = data.find(0)
+        if nul >= 0:
+            raise DataError(f"text has a NUL byte at offset {nul}: the byte tokenizer reserves byte 0 as end-of-text")
+        return list(data)
 
     def decode(self, ids: list[int]) -> str:
-        return bytes(ids).decode("utf-8", errors="replace")
+        """Bytes as UTF-8; the end-of-text id as ``<|endoftext|>``."""
+        parts = bytes(ids).split(b"\x00")
+        return self.eos_token.join(p.decode("utf-8", errors="replace") for p in parts)
 
 
 class HFTokenizer:
@@ -40,13 +64,29 @@ class HFTokenizer:
 
     def __init__(self, tok, name: str) -> None:  # noqa: ANN001 - tokenizers.Tokenizer
         self._tok, self.name = tok, name
-        self.vocab_size = tok.get_vocab_size()
+        self.eos_token = _find_or_add_eos(tok)
+        self.eos_id = tok.token_to_id(self.eos_token)
+        self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
+
+    def to_json(self) -> str:
+        return self._tok.to_str()
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text).ids
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids)
+
+
+def _find_or_add_eos(tok) -> str:  # noqa: ANN001 - tokenizers.Tokenizer
+    """The tokenizer's end-of-text token; ``<|endoftext|>`` added as a special token if it has none."""
+    from tokenizers import AddedToken
+
+    for name in KNOWN_EOS:
+        if tok.token_to_id(name) is not None:
+            return name
+    tok.add_special_tokens([AddedToken(EOT, special=True)])
+    return EOT
 
 
 def _fingerprint(files: list[Path]) -> str:
@@ -63,14 +103,16 @@ def train_bpe(files: list[Path], vocab_size: int) -> HFTokenizer:
 
     if vocab_size < 257:
         raise DataError(f"a byte-level BPE needs vocab_size > 256 (the byte alphabet), got {vocab_size}")
-    path = cache_dir() / "tokenizers" / f"bpe-{vocab_size}-{_fingerprint(files)}.json"
+    # "eot": the end-of-text token is id 0 (tokenizers trained before it existed had no special token)
+    path = cache_dir() / "tokenizers" / f"bpe-eot-{vocab_size}-{_fingerprint(files)}.json"
     if path.exists():
         return HFTokenizer(Tokenizer.from_file(str(path)), f"bpe:{vocab_size}")
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+        vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        special_tokens=[EOT],
     )
     tok.train([str(f) for f in files], trainer)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -159,7 +159,10 @@ def to_native(model: NormLM, arch: str) -> Any:
 
 def save_native(model: NormLM, out: str | Path, arch: str, tokenizer: Any = None) -> Path:
     """Save ``model`` as a transformers `arch` checkpoint (config.json + model.safetensors)."""
+    from normlab.hf.export import set_special_tokens
+
     hf = to_native(model, arch)
+    set_special_tokens(hf, tokenizer)
     out = Path(out)
     hf.save_pretrained(out, safe_serialization=True)
     if tokenizer is not None:

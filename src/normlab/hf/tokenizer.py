@@ -1,9 +1,14 @@
 """normlab tokenizers as transformers tokenizers, saved beside exported models.
 
-- bytes: a byte-level BPE with the 256 single bytes as its vocabulary and no merges, so token id =
+- bytes: a byte-level BPE with the single bytes as its vocabulary and no merges, so token id =
   byte value exactly as `ByteTokenizer` does (the GPT-2 byte-to-unicode map from transformers lets
-  every byte be a vocabulary symbol);
+  every byte be a vocabulary symbol); id 0 is ``<|endoftext|>`` (normlab reserves byte 0, NUL, as
+  end-of-text), a special token;
 - a trained BPE or a local tokenizer.json: wrapped as it is.
+
+Either way the end-of-text token is set as bos, eos and pad (GPT-2's convention): evaluation
+harnesses prefix it to a context (a document start, as in training data), ``generate()`` stops on
+it, and padding uses it (real tokens are marked by the attention mask, which normlab models honour).
 """
 
 from __future__ import annotations
@@ -13,18 +18,33 @@ from typing import Any
 from normlab.data.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 
 
-def to_hf_tokenizer(tok: Tokenizer) -> Any:
+def to_hf_tokenizer(tok: Tokenizer, model_max_length: int | None = None) -> Any:
+    from tokenizers import AddedToken
     from tokenizers import Tokenizer as RawTokenizer
     from tokenizers import decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     if isinstance(tok, HFTokenizer):
-        return PreTrainedTokenizerFast(tokenizer_object=tok._tok)
-    if isinstance(tok, ByteTokenizer):
+        raw = RawTokenizer.from_str(tok.to_json())
+    elif isinstance(tok, ByteTokenizer):
         symbol = bytes_to_unicode()
-        raw = RawTokenizer(models.BPE(vocab={symbol[b]: b for b in range(256)}, merges=[]))
+        vocab = {symbol[b]: b for b in range(256) if b != tok.eos_id} | {tok.eos_token: tok.eos_id}
+        raw = RawTokenizer(models.BPE(vocab=vocab, merges=[]))
         raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
         raw.decoder = decoders.ByteLevel()
-        return PreTrainedTokenizerFast(tokenizer_object=raw)
-    raise TypeError(f"no transformers form for tokenizer {type(tok).__name__}")
+        raw.add_special_tokens([AddedToken(tok.eos_token, special=True)])
+    else:
+        raise TypeError(f"no transformers form for tokenizer {type(tok).__name__}")
+    extra = {"model_max_length": model_max_length} if model_max_length else {}
+    hf = PreTrainedTokenizerFast(tokenizer_object=raw, bos_token=tok.eos_token, eos_token=tok.eos_token,
+                                 pad_token=tok.eos_token, **extra)
+    if hf.eos_token_id != tok.eos_id:  # cannot happen unless the vocabulary disagrees with the tokenizer
+        raise ValueError(f"end-of-text {tok.eos_token!r} is id {hf.eos_token_id} in transformers, {tok.eos_id} in normlab")
+    return hf
+
+
+def special_token_ids(hf_tokenizer: Any) -> dict[str, int]:
+    """bos/eos/pad ids of a transformers tokenizer, for a model config and its generation config."""
+    return {f"{k}_token_id": getattr(hf_tokenizer, f"{k}_token_id") for k in ("bos", "eos", "pad")
+            if getattr(hf_tokenizer, f"{k}_token_id", None) is not None}

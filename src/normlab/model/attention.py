@@ -6,6 +6,7 @@ Each N_* is on or off per the layout (`AttentionInnerSites`). With ``span="head"
 on each head's d_k features (Zhuo Alg. 1, Gemma 3, Wortsman et al.'s QK-norm); with ``span="full"``
 on all heads together before the split (OLMo 2). Q/K norms act before RoPE, as in OLMo 2 and Gemma 3.
 The products go through `scaled_dot_product_attention` (flash / memory-efficient kernels).
+Generation and padded batches pass a `Decoding` (positions, mask, KV cache; `normlab.model.decoding`).
 """
 
 from __future__ import annotations
@@ -16,13 +17,16 @@ from torch import nn
 
 from normlab.layout.sites import AttentionInnerSites, InnerSpan, NormKind
 from normlab.model.config import ModelConfig
+from normlab.model.decoding import Decoding
 from normlab.model.norms import Tap, maybe_norm
 from normlab.model.rope import Rotary
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, inner: AttentionInnerSites, span: InnerSpan, norm: NormKind) -> None:
+    def __init__(self, cfg: ModelConfig, inner: AttentionInnerSites, span: InnerSpan, norm: NormKind,
+                 layer_idx: int = 0) -> None:
         super().__init__()
+        self.layer_idx = layer_idx  # this layer's slot in a KV cache
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
         self.span = span
         d, hd, bias = cfg.d_model, cfg.head_dim, cfg.linear_bias
@@ -40,7 +44,7 @@ class Attention(nn.Module):
         self.v_norm = maybe_norm(inner.v, norm, dim(self.n_kv_heads), eps, nb, compute=c)
         self.context_norm = maybe_norm(inner.context, norm, dim(self.n_heads), eps, nb, compute=c)
         # learned absolute positions (GPT-2) are added to the embedding instead: no rotation here
-        self.rotary = Rotary(hd, cfg.max_seq_len, cfg.rope_theta) if cfg.position == "rope" else nn.Identity()
+        self.rotary = Rotary(hd, cfg.max_seq_len, cfg.rope_theta) if cfg.position == "rope" else None
         # Capture points: q, k, v as they enter attention, (B, heads, T, head_dim), q and k after
         # their norms and RoPE; the context after its norm, (B, T, n_heads * head_dim).
         self.q, self.k, self.v, self.context = Tap(), Tap(), Tap(), Tap()
@@ -56,28 +60,40 @@ class Attention(nn.Module):
             x = norm(x)
         return x.transpose(1, 2)
 
-    def _softcapped(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Gemma 2's attention: c tanh(q k^T s / c), causal mask, softmax. Written out because SDPA has
-        no soft-capping; used only when attn_softcap is set."""
+    def _rotate(self, x: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
+        return x if self.rotary is None else self.rotary(x, positions)
+
+    def _softcapped(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """Gemma 2's attention: c tanh(q k^T s / c), causal (or the given) mask, softmax. Written out
+        because SDPA has no soft-capping; used only when attn_softcap is set."""
         rep = self.n_heads // self.n_kv_heads
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         scores = (q @ k.transpose(-2, -1)) * (self.scale if self.scale is not None else self.head_dim**-0.5)
         scores = self.softcap * torch.tanh(scores / self.softcap)
-        t = q.shape[-2]
-        causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
-        scores = scores.masked_fill(~causal, float("-inf"))
+        if mask is None:  # queries are the last t of the keys
+            t, n = q.shape[-2], k.shape[-2]
+            mask = torch.ones(t, n, dtype=torch.bool, device=q.device).tril(n - t)
+        scores = scores.masked_fill(~mask, float("-inf"))
         return torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, dec: Decoding | None = None) -> torch.Tensor:
         b, t, _ = x.shape
-        q = self.q(self.rotary(self._heads(self.q_proj(x), self.n_heads, self.q_norm)))
-        k = self.k(self.rotary(self._heads(self.k_proj(x), self.n_kv_heads, self.k_norm)))
+        pos = dec.positions if dec is not None else None
+        q = self.q(self._rotate(self._heads(self.q_proj(x), self.n_heads, self.q_norm), pos))
+        k = self.k(self._rotate(self._heads(self.k_proj(x), self.n_kv_heads, self.k_norm), pos))
         v = self.v(self._heads(self.v_proj(x), self.n_kv_heads, self.v_norm))
+        mask = None
+        if dec is not None:
+            if dec.cache is not None:
+                k, v = dec.cache.update(k, v, self.layer_idx)
+            mask = dec.mask
         if self.softcap is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale,
+            # no mask: causal over the new tokens when nothing is cached, else one query that sees every key
+            causal = mask is None and k.shape[-2] == t
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale,
                                                enable_gqa=self.n_kv_heads != self.n_heads)
         else:
-            y = self._softcapped(q, k, v)
+            y = self._softcapped(q, k, v, mask)
         y = y.transpose(1, 2)  # (B, T, heads, head_dim)
         if self.span == "head":
             y = self.context_norm(y)

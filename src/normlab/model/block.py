@@ -28,6 +28,7 @@ from torch import nn
 from normlab.layout.sites import BlockLayout, Layout, SublayerSites
 from normlab.model.attention import Attention
 from normlab.model.config import ModelConfig
+from normlab.model.decoding import Decoding
 from normlab.model.mlp import MLP
 from normlab.model.moe import MoE
 from normlab.model.norms import Tap, maybe_norm
@@ -46,11 +47,11 @@ class SiteNorms(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, block: BlockLayout, layout: Layout, alpha: float) -> None:
+    def __init__(self, cfg: ModelConfig, block: BlockLayout, layout: Layout, alpha: float, index: int = 0) -> None:
         super().__init__()
         self.h, self.alpha = float(layout.h), float(alpha)
         self.attn_norms = SiteNorms(block.attn, layout, cfg)
-        self.attn = Attention(cfg, block.attn_inner, layout.inner_span, layout.norm)
+        self.attn = Attention(cfg, block.attn_inner, layout.inner_span, layout.norm, layer_idx=index)
         self.attn_update, self.resid_mid = Tap(), Tap()
         self.mlp_norms = SiteNorms(block.mlp, layout, cfg)
         self.mlp = MoE(cfg) if cfg.n_experts else MLP(cfg)
@@ -69,6 +70,7 @@ class Block(nn.Module):
             skip = self.alpha * skip
         return norms.after_add(skip + update_tap(update))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.resid_mid(self._sublayer(x, self.attn_norms, self.attn, self.attn_update))
+    def forward(self, x: torch.Tensor, dec: Decoding | None = None) -> torch.Tensor:
+        attn = self.attn if dec is None else (lambda u: self.attn(u, dec))
+        x = self.resid_mid(self._sublayer(x, self.attn_norms, attn, self.attn_update))
         return self.resid_post(self._sublayer(x, self.mlp_norms, self.mlp, self.mlp_update))

@@ -6,7 +6,7 @@
 
 For large models: ``activation_checkpointing`` keeps only each block's input for the backward and
 recomputes the block (`torch.utils.checkpoint`, non-reentrant), and the loss can be chunked over
-tokens (`normlab.model.loss`).
+tokens (`normlab.model.loss`). Generation passes a `Decoding` (positions, padding mask, KV cache).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from torch.utils.checkpoint import checkpoint
 from normlab.layout.sites import ResolvedLayout
 from normlab.model.block import Block
 from normlab.model.config import ModelConfig
+from normlab.model.decoding import Decoding
 from normlab.model.loss import lm_loss, logits_of
 from normlab.model.moe import MoE
 from normlab.model.norms import Tap, maybe_norm
@@ -51,7 +52,7 @@ class NormLM(nn.Module):
         self.embed_norm = maybe_norm(layout.embed_norm, layout.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias,
                                      compute=cfg.norm_compute)
         self.embed_out = Tap()
-        self.blocks = nn.ModuleList(Block(cfg, blk, layout, resolved.alpha) for blk in resolved.blocks)
+        self.blocks = nn.ModuleList(Block(cfg, blk, layout, resolved.alpha, i) for i, blk in enumerate(resolved.blocks))
         self.final_norm = maybe_norm(layout.final_norm, layout.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias,
                                      compute=cfg.norm_compute)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
@@ -63,26 +64,34 @@ class NormLM(nn.Module):
     def layout(self):  # noqa: ANN201 - a Layout
         return self.resolved.layout
 
-    def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
-        """y_0: the stream entering block 0 (embedding, Gemma scale, embedding norm)."""
+    def embed_tokens(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """y_0: the stream entering block 0 (embedding, Gemma scale, embedding norm); learned absolute
+        positions 0..T-1 or ``positions`` (B, T)."""
         if tokens.dim() != 2:
             raise ValueError(f"tokens must be (batch, seq), got shape {tuple(tokens.shape)}")
         x = self.embed(tokens)
         if self.embed_scale != 1.0:
             x = x * self.embed_scale
         if self.pos_embed is not None:
-            if tokens.shape[1] > self.config.max_seq_len:
-                raise ValueError(f"sequence length {tokens.shape[1]} exceeds max_seq_len={self.config.max_seq_len}")
-            x = x + self.pos_embed(torch.arange(tokens.shape[1], device=tokens.device))
+            if positions is None:
+                if tokens.shape[1] > self.config.max_seq_len:
+                    raise ValueError(f"sequence length {tokens.shape[1]} exceeds max_seq_len={self.config.max_seq_len}")
+                positions = torch.arange(tokens.shape[1], device=tokens.device)
+            elif positions.numel() and int(positions.max()) >= self.config.max_seq_len:
+                raise ValueError(f"position {int(positions.max())} is beyond max_seq_len={self.config.max_seq_len}")
+            x = x + self.pos_embed(positions)
         return self.embed_out(self.embed_norm(x))
 
-    def run_blocks(self, x: torch.Tensor, return_hidden_states: bool = False) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+    def run_blocks(self, x: torch.Tensor, return_hidden_states: bool = False,
+                   decoding: Decoding | None = None) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
         """The blocks from a given stream x_0; optionally every block's output."""
         hidden = [x] if return_hidden_states else None
-        # not while hidden states are returned: the probes take gradients with respect to them
-        recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled() and hidden is None
+        # not while hidden states are returned (the probes take gradients with respect to them), nor
+        # with a KV cache (the recompute would append the keys twice)
+        recompute = (self.activation_checkpointing and self.training and torch.is_grad_enabled() and hidden is None
+                     and (decoding is None or decoding.cache is None))
         for block in self.blocks:
-            x = checkpoint(block, x, use_reentrant=False) if recompute else block(x)
+            x = checkpoint(block, x, decoding, use_reentrant=False) if recompute else block(x, decoding)
             if hidden is not None:
                 hidden.append(x)
         return x, hidden
@@ -94,11 +103,18 @@ class NormLM(nn.Module):
         return_hidden_states: bool = False,
         z_loss: float = 0.0,
         loss_chunk: int = 0,
+        decoding: Decoding | None = None,
+        logits_to_keep: int = 0,
     ) -> LMOutput:
         """tokens (B, T) int64 -> logits (B, T, vocab); loss if targets given (ignore_index -100),
-        plus ``z_loss`` times the z-loss; ``loss_chunk`` tokens at a time if set (logits then None)."""
-        x, hidden = self.run_blocks(self.embed_tokens(tokens), return_hidden_states)
+        plus ``z_loss`` times the z-loss; ``loss_chunk`` tokens at a time if set (logits then None).
+        ``decoding``: positions, padding mask and KV cache of a generation step; ``logits_to_keep``:
+        the logits of the last k positions only (generation needs one)."""
+        positions = decoding.positions if decoding is not None else None
+        x, hidden = self.run_blocks(self.embed_tokens(tokens, positions), return_hidden_states, decoding)
         h, softcap = self.final_norm(x), self.config.logit_softcap  # Gemma 2's logit soft-cap
+        if logits_to_keep and targets is None:
+            h = h[:, -logits_to_keep:]
         if targets is None:
             logits, loss = logits_of(self.lm_head, h, softcap), None
         else:

@@ -29,12 +29,17 @@ class Rotary(nn.Module):
         """Recompute the (non-persistent) tables, e.g. after a model was built on the meta device."""
         self.cos, self.sin = self._tables(self.cos.device if self.cos.device.type != "meta" else torch.device("cpu"))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Rotate x of shape (B, H, T, head_dim)."""
-        t = x.shape[-2]
-        if t > self.max_seq_len:
-            raise ValueError(f"sequence length {t} exceeds max_seq_len={self.max_seq_len}")
-        cos, sin = self.cos[:t].to(x.dtype), self.sin[:t].to(x.dtype)
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Rotate x of shape (B, H, T, head_dim), at positions 0..T-1 or at ``positions`` (B, T)."""
+        if positions is None:
+            t = x.shape[-2]
+            if t > self.max_seq_len:
+                raise ValueError(f"sequence length {t} exceeds max_seq_len={self.max_seq_len}")
+            cos, sin = self.cos[:t].to(x.dtype), self.sin[:t].to(x.dtype)
+        else:
+            if positions.numel() and int(positions.max()) >= self.max_seq_len:
+                raise ValueError(f"position {int(positions.max())} is beyond max_seq_len={self.max_seq_len}")
+            cos, sin = self.cos[positions][:, None].to(x.dtype), self.sin[positions][:, None].to(x.dtype)
         half = x.shape[-1] // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated * sin

@@ -2,6 +2,7 @@
 
     runs/NAME/
     ├── config.json      resolved TrainConfig, the command line that reproduces it, model/layout/data facts
+    ├── tokenizer.json   the trained or loaded BPE (byte runs need none), for export and evaluation
     ├── metrics.jsonl    one row per optimizer step (loss, lr, pre-clip grad_norm, tokens, tok/s, MFU; val rows)
     ├── summary.json     status ok | diverged | failed, reason and step, final losses, steps, tokens, time, speed
     ├── probes.jsonl     probe rows (see normlab.diagnostics.probes)
@@ -42,7 +43,7 @@ from normlab.data import load_data
 from normlab.data.sft import load_sft_data
 from normlab.diagnostics.probes import Probes
 from normlab.diagnostics.store import ProbeWriter
-from normlab.io import atomic_write_json, read_jsonl, truncate_jsonl
+from normlab.io import atomic_write_bytes, atomic_write_json, read_jsonl, truncate_jsonl
 from normlab.model import build_model, count_params
 from normlab.model.config import ConfigError
 from normlab.train import distributed
@@ -240,6 +241,12 @@ def build_state(cfg: TrainConfig, info: distributed.DistInfo, start: Start) -> R
     return state
 
 
+def _tokenizer_facts(tok: Any) -> dict[str, Any] | None:
+    if tok is None:  # pre-tokenized .bin data
+        return None
+    return {"name": tok.name, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id, "eos_token": tok.eos_token}
+
+
 def open_records(state: RunState) -> None:
     """config.json, the metrics/probe files cut back to the start step, the loggers (main rank only)."""
     cfg, run = state.cfg, state.run
@@ -253,9 +260,12 @@ def open_records(state: RunState) -> None:
         "layout": lay.to_string(),
         "params": {"total": state.params.total, "non_embedding": state.params.non_embedding},
         "data": state.data.describe(),
+        "tokenizer": _tokenizer_facts(state.data.tokenizer),
         "world_size": state.info.world,
         "versions": {"normlab": normlab.__version__, "torch": torch.__version__, "python": platform.python_version()},
     })
+    if hasattr(state.data.tokenizer, "to_json"):
+        atomic_write_bytes(run / "tokenizer.json", state.data.tokenizer.to_json().encode())
     truncate_jsonl(run / "metrics.jsonl", state.step)  # drop rows past the checkpoint (and torn lines): replayed
     state.sinks = Sinks(cfg, run, state.step)
     if cfg.probe_every:
