@@ -3,13 +3,16 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 TORCH := torch==2.13.0
+# lm-evaluation-harness for `normlab eval` (its [hf] extra brings accelerate); pinned: task versions and
+# metric definitions change between releases
+LM_EVAL := lm_eval[hf]==0.4.13
 
 .PHONY: demo test install data bench recipes clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH)" numpy scipy pandas matplotlib tokenizers tqdm pytest tensorboard wandb submitit transformers safetensors
+	$(PY) -m pip install -q "$(TORCH)" numpy scipy pandas matplotlib tokenizers tqdm pytest tensorboard wandb submitit transformers safetensors "$(LM_EVAL)"
 	$(PY) -m pip install -q --no-deps -e .
 	touch $@
 

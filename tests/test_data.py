@@ -29,6 +29,50 @@ def test_folder_and_jsonl(tmp_path):
     assert bytes(d.train[:9].tolist()) == b"record 0 "
 
 
+def test_documents_are_joined_by_the_end_of_text_id(tmp_path):
+    """Each file of a folder and each JSONL record is a document: eos between them, none after the last."""
+    from normlab.data import ByteTokenizer
+
+    (tmp_path / "docs").mkdir()
+    for name, text in (("1.txt", "first doc. " * 20), ("2.txt", "second. " * 20), ("3.txt", "third! " * 20)):
+        (tmp_path / "docs" / name).write_text(text)
+    d = load_data(str(tmp_path / "docs"), "bytes")
+    ids = np.concatenate([d.train, d.val]).tolist()
+    eos = ByteTokenizer().eos_id
+    want = list(b"first doc. " * 20) + [eos] + list(b"second. " * 20) + [eos] + list(b"third! " * 20)
+    assert ids == want
+    j = tmp_path / "r.jsonl"
+    j.write_text("\n".join(json.dumps({"text": t}) for t in ("ab " * 10, "cd " * 10)))
+    d = load_data(str(j), "bytes")
+    assert np.concatenate([d.train, d.val]).tolist() == list(b"ab " * 10) + [eos] + list(b"cd " * 10)
+
+
+def test_every_tokenizer_has_an_end_of_text_token(corpus, tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from normlab.data import ByteTokenizer, load_tokenizer
+
+    b = ByteTokenizer()
+    assert (b.eos_id, b.eos_token, b.vocab_size) == (0, "<|endoftext|>", 256)
+    assert b.decode(list(b"ab") + [0] + list(b"c")) == "ab<|endoftext|>c"
+    with pytest.raises(DataError, match="NUL byte at offset 2: the byte tokenizer reserves byte 0 as end-of-text"):
+        b.encode("ab\x00c")
+    bpe = load_data(str(corpus), "bpe:300").tokenizer
+    assert (bpe.eos_id, bpe.eos_token, bpe.vocab_size) == (0, "<|endoftext|>", 300)
+    assert bpe.encode("The fox<|endoftext|>") [-1] == 0
+    # a local tokenizer.json: its own end-of-text if it has one, else <|endoftext|> appended
+    for special, want_id in (["</s>"], 0), ([], 4):
+        raw = Tokenizer(models.WordLevel({"a": len(special), "b": len(special) + 1, "c": len(special) + 2,
+                                          "d": len(special) + 3} | {t: i for i, t in enumerate(special)}, unk_token="a"))
+        raw.pre_tokenizer = pre_tokenizers.Whitespace()
+        if special:
+            raw.add_special_tokens(special)
+        raw.save(str(tmp_path / "tok.json"))
+        tok = load_tokenizer(str(tmp_path / "tok.json"))
+        assert tok.eos_id == want_id and tok.eos_token == (special[0] if special else "<|endoftext|>")
+        assert tok.vocab_size == 4 + 1
+
+
 def test_bin_tokens(tmp_path):
     ids = np.arange(1000, dtype=np.uint16) % 300
     p = tmp_path / "t.bin"

@@ -218,3 +218,27 @@ def test_export_loads_and_generates_in_a_venv_without_normlab(layout, size, opts
         torch.testing.assert_close(torch.tensor(got["logits"]), model(ids).logits[0, -1], rtol=1e-5, atol=1e-5)
     assert got["generated"] == greedy_by_hand(model, ids, 8).tolist()
     assert got["eos"] == [0, 0, 0]
+
+
+def test_exported_tokenizers_and_configs_name_the_end_of_text(corpus, tmp_path):
+    from normlab.data import ByteTokenizer, load_data
+    from normlab.hf import save_native
+    from normlab.hf.tokenizer import to_hf_tokenizer
+
+    byte = to_hf_tokenizer(ByteTokenizer(), 64)
+    text = "To be, or not — to bé.\n"
+    assert byte(text)["input_ids"] == list(text.encode()) and byte.decode(list(text.encode())) == text
+    assert byte("a<|endoftext|>b")["input_ids"] == [97, 0, 98]
+    assert (byte.bos_token_id, byte.eos_token_id, byte.pad_token_id, byte.model_max_length) == (0, 0, 0, 64)
+    assert byte(["ab", "abcd"], padding=True)["attention_mask"] == [[1, 1, 0, 0], [1, 1, 1, 1]]
+    bpe_tok = load_data(str(corpus), "bpe:300").tokenizer
+    bpe = to_hf_tokenizer(bpe_tok)
+    assert bpe.eos_token == "<|endoftext|>" and bpe.eos_token_id == 0
+    assert bpe("The quick brown fox")["input_ids"] == bpe_tok.encode("The quick brown fox")
+    # the llama export: the tokenizer's ids, not LlamaConfig's defaults (bos 1, eos 2 are bytes here)
+    model = normlab.build_model("pre", "nano", seed=0)
+    save_native(model, tmp_path / "llama", "llama", byte)
+    cfg = json.loads((tmp_path / "llama" / "config.json").read_text())
+    gen = json.loads((tmp_path / "llama" / "generation_config.json").read_text())
+    assert [cfg["bos_token_id"], cfg["eos_token_id"], cfg["pad_token_id"]] == [0, 0, 0]
+    assert [gen["bos_token_id"], gen["eos_token_id"], gen["pad_token_id"]] == [0, 0, 0]

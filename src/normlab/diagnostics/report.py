@@ -24,6 +24,7 @@ import numpy as np  # noqa: E402
 
 from normlab.diagnostics.stats import FP16_MAX  # noqa: E402
 from normlab.diagnostics.store import Run, load_run  # noqa: E402
+from normlab.evaluation.results import headline_scores  # noqa: E402
 from normlab.io import atomic_write_bytes  # noqa: E402
 
 plt.rcParams.update({"figure.dpi": 110, "font.size": 10, "axes.titlesize": 11, "axes.grid": True, "grid.alpha": 0.3})
@@ -211,7 +212,21 @@ def summary_rows(runs: list[Run], names: list[str]) -> list[dict]:
             "max |h|": get("max_abs"), "FP16 headroom": get("fp16_headroom"),
             "max/median": get("max_median_ratio"),
             "spikes (loss/grad)": f"{s.get('loss_spikes', 0)}/{s.get('grad_spikes', 0)}",
+            **headline_scores(run.evals),
         })
+    keys = list(dict.fromkeys(k for r in rows for k in r))  # runs evaluated on different tasks: one column set
+    return [{k: r.get(k) for k in keys} for r in rows]
+
+
+def eval_rows(runs: list[Run], names: list[str]) -> list[dict]:
+    """Every lm-evaluation-harness metric of every run (normlab eval), with its stderr and sample count."""
+    rows = []
+    for run, name in zip(runs, names):
+        for task, entry in run.evals.items():
+            for metric, value in (entry.get("metrics") or {}).items():
+                rows.append({"run": name, "task": task, "metric": metric, "value": value,
+                             "stderr": (entry.get("stderr") or {}).get(metric), "n": entry.get("n"),
+                             "shots": entry.get("num_fewshot"), "step": entry.get("step")})
     return rows
 
 
@@ -295,6 +310,10 @@ def make_report(run_dirs: list[str | Path], out: str | Path) -> Path:
     figures = FIGURES + ([("expert_load", "Expert load over training (MoE; Zhuo Sec. 4.3, OLMoE)", fig_expert_load)]
                          if _has_experts(runs) else [])
     sections = [figure_html(make(runs, names), out, key, title) for key, title, make in figures]
+    evals = eval_rows(runs, names)
+    if evals:
+        sections.insert(0, '<h2 id="evaluation">Downstream evaluation (lm-evaluation-harness; normlab eval)</h2>'
+                        + table_html(evals))
     body = (f"<h1>normlab report</h1>\n<p>Runs: {', '.join(f'<code>{html.escape(str(r.path))}</code>' for r in runs)}</p>\n"
             f'<h2 id="summary">Summary</h2>{table_html(summary_rows(runs, names))}\n' + "\n".join(sections))
     return write_page(out / "index.html", f"normlab report: {', '.join(names)}", body)

@@ -9,12 +9,13 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from normlab.evaluation.results import load_evals
 from normlab.io import read_jsonl, truncate_jsonl
 
 
@@ -40,6 +41,7 @@ class Run:
     summary: dict[str, Any]
     metrics: pd.DataFrame
     probes: pd.DataFrame
+    evals: dict[str, dict] = field(default_factory=dict)  # eval.json (normlab eval), {} if not evaluated
 
     @property
     def name(self) -> str:
@@ -61,4 +63,4 @@ def load_run(path: str | Path) -> Run:
     metrics = pd.DataFrame(read_jsonl(p / "metrics.jsonl"))
     probes = pd.DataFrame(read_jsonl(p / "probes.jsonl"), columns=["step", "layer", "site", "metric", "value"])
     probes["layer"] = probes["layer"].astype("Int64")
-    return Run(path=p, config=config, summary=summary, metrics=metrics, probes=probes)
+    return Run(path=p, config=config, summary=summary, metrics=metrics, probes=probes, evals=load_evals(p))

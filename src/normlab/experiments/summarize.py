@@ -26,11 +26,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from normlab.evaluation.results import headline_scores, load_evals
 from normlab.experiments.store import OUTCOME, SweepStore
 from normlab.io import atomic_write_bytes
 
 SEED = "seed"
 LR = "lr"
+EVAL_PREFIX = "eval: "  # columns of lm-eval scores (normlab eval SWEEP), one per task's headline metric
 
 
 def load_sweep(path: str | Path) -> tuple[pd.DataFrame, list[str]]:
@@ -48,8 +50,11 @@ def load_sweep(path: str | Path) -> tuple[pd.DataFrame, list[str]]:
         rec = {"run_id": r["run_id"], **{a: r["axes"].get(a, _config_value(r["config"], a)) for a in axes},
                "status": r["status"], "step": r["step"], "reason": r["reason"], "attempts": r["attempts"]}
         rec.update({k: r[k] for k in OUTCOME})
+        rec.update({EVAL_PREFIX + k: v for k, v in headline_scores(load_evals(root / "runs" / r["run_id"])).items()})
         records.append(rec)
-    df = pd.DataFrame.from_records(records, columns=["run_id", *axes, "status", "step", "reason", "attempts", *OUTCOME])
+    scores = list(dict.fromkeys(k for rec in records for k in rec if k.startswith(EVAL_PREFIX)))
+    df = pd.DataFrame.from_records(records, columns=["run_id", *axes, "status", "step", "reason", "attempts", *OUTCOME,
+                                                     *scores])
     # One row per grid point: a store can hold two ids for one point (runs recorded by a normlab
     # whose ids hashed other settings); the finished one, else the newest, is the result.
     if axes and len(df):
@@ -84,9 +89,12 @@ def cells(df: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
         finished = ok + div
         fm, fs = _mean_std(g[g.status == "ok"].final_loss)
         vm, vs = _mean_std(g[g.status == "ok"].final_val_loss)
+        scores = {}
+        for col in (x for x in g.columns if x.startswith(EVAL_PREFIX)):
+            scores[col + " mean"], scores[col + " std"] = _mean_std(g[g.status == "ok"][col])
         out.append({**dict(zip(keys, key)), "runs": len(g), "ok": int(ok), "diverged": int(div), "failed": int(failed),
                     "pending": int(len(g) - finished - failed), "divergences": f"{div}/{finished}",
-                    "final_loss_mean": fm, "final_loss_std": fs, "val_loss_mean": vm, "val_loss_std": vs})
+                    "final_loss_mean": fm, "final_loss_std": fs, "val_loss_mean": vm, "val_loss_std": vs, **scores})
     return pd.DataFrame(out)
 
 
@@ -167,6 +175,9 @@ def cell_table(c: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
     t["failed"] = c.failed
     t["final loss"] = [_pm(m, s) for m, s in zip(c.final_loss_mean, c.final_loss_std)]
     t["val loss"] = [_pm(m, s) for m, s in zip(c.val_loss_mean, c.val_loss_std)]
+    for col in (x for x in c.columns if x.startswith(EVAL_PREFIX) and x.endswith(" mean")):
+        base = col.removesuffix(" mean")
+        t[base.removeprefix(EVAL_PREFIX)] = [_pm(m, s) for m, s in zip(c[col], c[base + " std"])]
     return t
 
 

@@ -1,0 +1,162 @@
+"""`normlab eval`: lm-evaluation-harness on a run, an export or every finished run of a sweep.
+
+Kim et al. 2025 (Table 1) and Zhuo et al. 2025 (Tables 1-2) compare layouts on zero-shot benchmarks
+through lm-evaluation-harness; this runs the same harness (the optional extra ``normlab[eval]``,
+pinned) on normlab models:
+
+- a run directory (or one checkpoint): its newest checkpoint as `NormLabForCausalLM` in memory, with
+  the run's tokenizer (special tokens set); results go to ``RUN/eval.json``;
+- an export folder (``normlab export``, or any transformers causal LM folder): loaded as lm-eval's
+  own ``--model hf`` would (``trust_remote_code=True``); results go to ``FOLDER/eval.json``;
+- a sweep folder: every run that finished ``ok`` (diverged runs are excluded, as Kim et al. do);
+  `normlab summarize` then shows the scores per cell (mean ± std over seeds).
+
+Tasks: any lm-eval task or group name. normlab ships its own (``normlab/evaluation/tasks``, added
+with lm-eval's ``include_path``): three offline tasks on held-out Shakespeare (group
+``normlab_local``) and the papers' task lists as groups (``normlab_kim2025``,
+``normlab_zhuo2025_dense``, ``normlab_zhuo2025_moe``; their datasets come from the Hub, so they run
+where the user's lm-eval can reach it).
+
+``eval.json`` holds one entry per task, merged over invocations (a later evaluation of other tasks
+adds to it; of the same task, replaces it), written atomically.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from normlab.data.corpus import DataError
+from normlab.evaluation.local_tasks import TASKS_DIR
+from normlab.evaluation.results import EVAL_FILE, load_evals
+from normlab.io import atomic_write_bytes, atomic_write_json
+
+LM_EVAL_PIN = "lm_eval[hf]==0.4.13"
+LOCAL_TASKS = ("normlab_shakespeare_next_line", "normlab_shakespeare_speaker", "normlab_shakespeare_ppl")
+GROUPS = {
+    "normlab_local": LOCAL_TASKS,
+    "normlab_kim2025": ("arc_easy", "hellaswag", "piqa", "social_iqa", "winogrande"),
+    "normlab_zhuo2025_dense": ("hellaswag", "sciq", "arc_challenge", "arc_easy", "piqa", "openbookqa", "copa"),
+    "normlab_zhuo2025_moe": ("hellaswag", "arc_challenge", "arc_easy", "piqa", "winogrande", "openbookqa", "boolq", "copa"),
+}
+
+
+class EvalError(DataError):
+    """An evaluation that cannot run; the message says what was wrong and what is valid."""
+
+
+def _lm_eval() -> Any:
+    try:
+        import lm_eval
+        import lm_eval.models.huggingface  # noqa: F401 - needs accelerate (the [hf] extra)
+    except ImportError as err:
+        raise EvalError(f"normlab eval needs lm-evaluation-harness: pip install '{LM_EVAL_PIN}' "
+                        f"(or pip install 'normlab[eval]'); import failed: {err}") from None
+    return lm_eval
+
+
+def kind_of(source: Path) -> str:
+    """'sweep' | 'run' | 'checkpoint' | 'export', or an error naming what is valid."""
+    if source.is_dir() and (source / "sweep.db").is_file():
+        return "sweep"
+    if source.is_dir() and (source / "checkpoints").is_dir():
+        return "run"
+    if source.is_dir() and (source / "config.json").is_file() and not (source / "metrics.jsonl").exists():
+        return "export"
+    if source.is_file() or source.name.endswith(".dcp"):
+        return "checkpoint"
+    raise EvalError(f"{source}: not a run directory (with checkpoints/), a checkpoint, an export folder (with "
+                    "config.json) or a sweep folder (with sweep.db)")
+
+
+def _model_for(source: Path, kind: str, device: str, batch_size: int | str, max_length: int | None) -> tuple[Any, dict, Path]:
+    """lm-eval's HFLM for the source, facts about it, and the folder results go to."""
+    from lm_eval.models.huggingface import HFLM
+
+    if kind == "export":
+        lm = HFLM(pretrained=str(source), trust_remote_code=True, device=device, batch_size=batch_size,
+                  max_length=max_length)
+        return lm, {"source": str(source)}, source
+    from normlab.hf import to_hf
+    from normlab.hf.runs import load_run_model, run_tokenizer
+    from normlab.hf.tokenizer import to_hf_tokenizer
+
+    run = load_run_model(source)
+    tok = run_tokenizer(run.config, run.run_dir)
+    if tok is None:
+        raise EvalError(f"{source} was trained on pre-tokenized .bin data, whose tokenizer normlab does not know: "
+                        "export the model, save the tokenizer beside it, and evaluate the export folder")
+    hf_tok = to_hf_tokenizer(tok, run.model.config.max_seq_len)
+    model = to_hf(run.model, hf_tok)
+    lm = HFLM(pretrained=model, tokenizer=hf_tok, device=device, batch_size=batch_size,
+              max_length=max_length or run.model.config.max_seq_len)
+    step = int(run.checkpoint.name.split("_")[-1].split(".")[0]) if run.checkpoint.name.startswith("step_") else None
+    facts = {"source": str(source), "checkpoint": str(run.checkpoint), "step": step, "layout": run.model.layout.to_string()}
+    return lm, facts, run.run_dir or run.checkpoint.parent
+
+
+def evaluate(source: str | Path, tasks: list[str], limit: float | None = None, batch_size: int | str = 1,
+             device: str = "cpu", num_fewshot: int | None = None, max_length: int | None = None,
+             seed: int = 1234, samples: bool = False) -> dict[str, Any]:
+    """Evaluate one run, checkpoint or export on ``tasks``; write and return its ``eval.json`` entries
+    (``{"tasks": {task: {...}}, "table": str, "path": Path}``). ``samples``: also write every
+    request and response to ``eval_samples/TASK.jsonl`` (what the model generated, per item)."""
+    lm_eval = _lm_eval()
+    from lm_eval.tasks import TaskManager
+    from lm_eval.utils import make_table
+
+    source = Path(source)
+    kind = kind_of(source)
+    if kind == "sweep":
+        raise EvalError(f"{source} is a sweep: use evaluate_sweep")
+    manager = TaskManager(include_path=str(TASKS_DIR))
+    unknown = [t for t in tasks if t not in manager.all_tasks]
+    if unknown:
+        raise EvalError(f"unknown task(s) {', '.join(unknown)}: give lm-eval task or group names (`lm_eval ls tasks`), "
+                        f"or normlab's: {', '.join(GROUPS)}, {', '.join(LOCAL_TASKS)}")
+    lm, facts, out_dir = _model_for(source, kind, device, batch_size, max_length)
+    res = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, limit=limit,
+                                  num_fewshot=num_fewshot, log_samples=samples, random_seed=seed,
+                                  numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed)
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    entries = {}
+    for name, values in {**res.get("results", {}), **res.get("groups", {})}.items():
+        metrics, stderr = {}, {}
+        for key, v in values.items():
+            if key == "alias" or not isinstance(v, (int, float)) or "," not in key:
+                continue
+            metric, _filter = key.split(",", 1)
+            if metric.endswith("_stderr"):
+                stderr[metric.removesuffix("_stderr")] = float(v) if math.isfinite(float(v)) else None
+            else:
+                metrics[metric] = float(v)
+        if not metrics:  # a group without aggregate metrics: its tasks carry the numbers
+            continue
+        entries[name] = {"metrics": metrics, "stderr": stderr, "n": res.get("n-samples", {}).get(name, {}).get("effective"),
+                         "num_fewshot": res.get("n-shot", {}).get(name), "limit": limit,
+                         "lm_eval": lm_eval.__version__ if hasattr(lm_eval, "__version__") else None,
+                         "evaluated_at": now, **facts}
+    for task, items in (res.get("samples") or {}).items():
+        lines = "".join(json.dumps(item, default=str) + "\n" for item in items)
+        atomic_write_bytes(out_dir / "eval_samples" / f"{task}.jsonl", lines.encode())
+    path = out_dir / EVAL_FILE
+    merged = load_evals(out_dir)
+    merged.update(entries)
+    atomic_write_json(path, merged)
+    return {"tasks": entries, "table": make_table(res) + (make_table(res, "groups") if res.get("groups") else ""),
+            "path": path}
+
+
+def evaluate_sweep(sweep: str | Path, tasks: list[str], **kwargs: Any) -> list[dict[str, Any]]:
+    """Evaluate every run of a sweep that finished ok (diverged ones are excluded, Kim Table 1)."""
+    from normlab.experiments.summarize import load_sweep
+
+    sweep = Path(sweep)
+    df, _ = load_sweep(sweep)
+    done = [r for r in df.itertuples() if r.status == "ok"]
+    if not done:
+        raise EvalError(f"{sweep}: no run finished ok yet (statuses: {dict(df.status.value_counts())})")
+    return [evaluate(sweep / "runs" / r.run_id, tasks, **kwargs) for r in done]
