@@ -106,11 +106,16 @@ def test_lm_eval_command_line_on_an_export_agrees(export, tmp_path):
     res = subprocess.run(
         [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args", f"pretrained={out},trust_remote_code=True",
          "--tasks", "normlab_shakespeare_next_line,normlab_shakespeare_speaker", "--include_path", str(TASKS_DIR),
-         "--limit", str(N), "--device", "cpu", "--output_path", str(tmp_path / "lm_eval")],
+         "--limit", str(N), "--device", "cpu", "--output_path", str(tmp_path / "lm_eval"),
+         "--batch_size", str(N), "--log_samples"],  # one batch: right padding for scores, left for generation
         capture_output=True, text=True, cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     results = json.loads(next((tmp_path / "lm_eval").rglob("results_*.json")).read_text())["results"]
     want = scores_by_hand(model)
+    samples = [json.loads(line) for line in
+               next((tmp_path / "lm_eval").rglob("samples_normlab_shakespeare_speaker_*.jsonl")).read_text().splitlines()]
+    generated = [s["filtered_resps"][0] for s in sorted(samples, key=lambda s: s["doc_id"])]
+    assert [g.split("\n")[0] for g in generated] == want["gens"]  # a left-padded batch generates what one prompt does
     assert results["normlab_shakespeare_next_line"]["acc,none"] == pytest.approx(want["acc"])
     assert results["normlab_shakespeare_next_line"]["acc_norm,none"] == pytest.approx(want["acc_norm"])
     assert results["normlab_shakespeare_speaker"]["exact_match,none"] == pytest.approx(want["exact_match"])

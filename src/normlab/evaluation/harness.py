@@ -78,7 +78,7 @@ def _model_for(source: Path, kind: str, device: str, batch_size: int | str, max_
 
     if kind == "export":
         lm = HFLM(pretrained=str(source), trust_remote_code=True, device=device, batch_size=batch_size,
-                  max_length=max_length)
+                  max_length=max_length, backend="causal")
         return lm, {"source": str(source)}, source
     from normlab.hf import to_hf
     from normlab.hf.runs import load_run_model, run_tokenizer
@@ -91,7 +91,7 @@ def _model_for(source: Path, kind: str, device: str, batch_size: int | str, max_
                         "export the model, save the tokenizer beside it, and evaluate the export folder")
     hf_tok = to_hf_tokenizer(tok, run.model.config.max_seq_len)
     model = to_hf(run.model, hf_tok)
-    lm = HFLM(pretrained=model, tokenizer=hf_tok, device=device, batch_size=batch_size,
+    lm = HFLM(pretrained=model, tokenizer=hf_tok, device=device, batch_size=batch_size, backend="causal",
               max_length=max_length or run.model.config.max_seq_len)
     step = int(run.checkpoint.name.split("_")[-1].split(".")[0]) if run.checkpoint.name.startswith("step_") else None
     facts = {"source": str(source), "checkpoint": str(run.checkpoint), "step": step, "layout": run.model.layout.to_string()}
