@@ -139,7 +139,7 @@ def test_a_run_is_evaluated_in_memory_merged_and_reported(corpus, tmp_path):
     assert load_evals(tmp_path / "exp")["normlab_shakespeare_next_line"]["metrics"] == evals["normlab_shakespeare_next_line"]["metrics"]
     page = make_report([run], tmp_path / "report").read_text()
     assert "Downstream evaluation" in page and "normlab_shakespeare_ppl" in page and "bits_per_byte" in page
-    assert list(headline_scores(evals)) == ["normlab_shakespeare_next_line acc_norm", "normlab_shakespeare_ppl bits_per_byte"]
+    assert list(headline_scores(evals)) == ["normlab_shakespeare_next_line acc", "normlab_shakespeare_ppl bits_per_byte"]
 
 
 def test_bad_eval_input_is_explained(tmp_path, capsys):
@@ -168,9 +168,9 @@ def test_sweep_summary_shows_eval_scores_per_cell(tmp_path):
             score = 0.3 + 0.1 * r.seed if (r.layout, r.lr) == ("pre", 1e-3) else 0.9
             (root / "runs" / r.run_id).mkdir(parents=True, exist_ok=True)
             (root / "runs" / r.run_id / "eval.json").write_text(json.dumps(
-                {"normlab_shakespeare_next_line": {"metrics": {"acc": 0.25, "acc_norm": score}}}))
+                {"normlab_shakespeare_next_line": {"metrics": {"acc": score, "acc_norm": 0.25}}}))
     md = summarize(root)["markdown"].read_text()
-    assert "| layout | lr | divergences | failed | final loss | val loss | normlab_shakespeare_next_line acc_norm |" in md
+    assert "| layout | lr | divergences | failed | final loss | val loss | normlab_shakespeare_next_line acc |" in md
     assert "| pre | 0.001 | 0/3 | 0 | 3.2000 ± 0.2000 | 3.3000 ± 0.2000 | 0.4000 ± 0.1000 |" in md
     df, _ = load_sweep(root)
-    assert "eval: normlab_shakespeare_next_line acc_norm" in df.columns
+    assert "eval: normlab_shakespeare_next_line acc" in df.columns
