@@ -36,6 +36,7 @@ bench: install
 	$(PY) benchmarks/probe_overhead.py
 	$(PY) benchmarks/memory.py
 	$(PY) benchmarks/moe.py
+	$(PY) benchmarks/generation.py
 
 # Every recipe (the papers' studies at micro scale) into runs/recipes/NAME; see docs/results.md.
 recipes: install

@@ -77,3 +77,9 @@ def test_moe_benchmark_compares_with_the_dense_model_of_equal_active_params():
     text = run("moe.py", "--batch", "2", "--seq", "16", "--turns", "1")
     rows = [r for r in text.splitlines() if r.startswith("| dense") or r.startswith("| moe")]
     assert len(rows) == 3 and "0.43M / 0.43M" in rows[0] and "1.31M / 0.43M" in rows[1]
+
+
+def test_generation_benchmark_compares_cache_and_recompute():
+    pytest.importorskip("transformers")
+    text = run("generation.py", "--size", "nano", "--prompt", "8", "--new", "8", "--turns", "1")
+    assert "| KV cache |" in text and "| re-run prefix |" in text and "same tokens: True" in text

@@ -320,6 +320,11 @@ def _export(args: argparse.Namespace) -> int:
         out = save_native(run.model, args.out, args.arch, tokenizer)
     remote = ", trust_remote_code=True" if args.arch == "normlab" else ""
     print(f"{run.checkpoint} -> {out} ({args.arch}); load with AutoModelForCausalLM.from_pretrained({str(out)!r}{remote})")
+    from normlab.evaluation.local_tasks import TASKS_DIR
+
+    model_args = f"pretrained={out}" + (",trust_remote_code=True" if args.arch == "normlab" else "")
+    print(f"evaluate: lm_eval --model hf --model_args {model_args} --tasks normlab_local --include_path {TASKS_DIR}"
+          f"  (or: normlab eval {out})")
     return 0
 
 
