@@ -174,3 +174,19 @@ def test_sweep_summary_shows_eval_scores_per_cell(tmp_path):
     assert "| pre | 0.001 | 0/3 | 0 | 3.2000 ± 0.2000 | 3.3000 ± 0.2000 | 0.4000 ± 0.1000 |" in md
     df, _ = load_sweep(root)
     assert "eval: normlab_shakespeare_next_line acc" in df.columns
+
+
+def test_normlab_eval_on_a_sweep_scores_the_ok_runs_and_skips_the_diverged(corpus, tmp_path):
+    from normlab.cli import main
+    from normlab.experiments import SweepConfig, load_sweep, run_sweep, summarize
+
+    base = dict(data=str(corpus), size="nano", seq_len=32, batch_size=4, steps=3, eval_every=0, eval_batches=1,
+                probe_every=0, layout="peri", diverge_patience=1)
+    sweep = SweepConfig(name="ev", base=base, grid={"lr": [1e-3, 1e4]})  # lr 1e4 diverges
+    counts = run_sweep(sweep, tmp_path / "sw", workers=1, log=lambda *a, **k: None)
+    assert counts["ok"] == 1 and counts["diverged"] == 1
+    assert main(["eval", str(tmp_path / "sw"), "--tasks", "normlab_shakespeare_next_line", "--limit", "2"]) == 0
+    df, _ = load_sweep(tmp_path / "sw")
+    scored = {r.status: load_evals(tmp_path / "sw" / "runs" / r.run_id) for r in df.itertuples()}
+    assert set(scored["ok"]) == {"normlab_shakespeare_next_line"} and scored["diverged"] == {}
+    assert "normlab_shakespeare_next_line acc" in summarize(tmp_path / "sw")["markdown"].read_text()

@@ -242,3 +242,13 @@ def test_exported_tokenizers_and_configs_name_the_end_of_text(corpus, tmp_path):
     gen = json.loads((tmp_path / "llama" / "generation_config.json").read_text())
     assert [cfg["bos_token_id"], cfg["eos_token_id"], cfg["pad_token_id"]] == [0, 0, 0]
     assert [gen["bos_token_id"], gen["eos_token_id"], gen["pad_token_id"]] == [0, 0, 0]
+
+
+def test_a_bpe_run_from_before_end_of_text_is_not_silently_retokenized(tmp_path):
+    from normlab.data import DataError
+    from normlab.hf.runs import run_tokenizer
+
+    (tmp_path / "config.json").write_text(json.dumps({"config": {}, "layout": "pre"}))  # no "tokenizer" facts
+    cfg = {"tokenizer": "bpe:300", "data": "x.txt", "val_fraction": 0.1, "text_field": "text"}
+    with pytest.raises(DataError, match="from before normlab's tokenizers had an end-of-text token"):
+        run_tokenizer(cfg, tmp_path)

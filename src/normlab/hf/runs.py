@@ -30,8 +30,23 @@ def run_tokenizer(cfg: dict[str, Any], run_dir: Path | None = None) -> Any:
             return None
         return ByteTokenizer()
     if cfg["tokenizer"].startswith("bpe:"):
+        if run_dir is not None and _predates_end_of_text(run_dir):
+            raise DataError(
+                f"{run_dir} was trained with a BPE from before normlab's tokenizers had an end-of-text token; "
+                "today's BPE reserves id 0 for it, so rebuilding it would not give the ids this model learned. "
+                "Retrain the run, or export it with the normlab version that trained it")
         return load_data(cfg["data"], cfg["tokenizer"], cfg["val_fraction"], cfg["text_field"]).tokenizer
     return load_tokenizer(cfg["tokenizer"])
+
+
+def _predates_end_of_text(run_dir: Path) -> bool:
+    """Runs record their tokenizer's facts (end-of-text id included) in config.json since it existed."""
+    import json
+
+    try:
+        return "tokenizer" not in json.loads((run_dir / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
 
 
 def load_run_model(source: str | Path) -> RunModel:
