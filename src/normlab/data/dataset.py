@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,15 +118,26 @@ def load_bin(path: Path, dtype: str, vocab_size: int | None) -> np.ndarray:
     return arr
 
 
-def join_documents(tok: Tokenizer, docs) -> list[int]:  # noqa: ANN001 - an iterable of str
-    """The documents' tokens with ``tok.eos_id`` between consecutive documents (not after the last:
-    a one-document corpus tokenizes exactly as its text does)."""
-    ids: list[int] = []
+def document_source(src: Path, text_field: str) -> tuple[list[Path], Callable[[], Iterable[str]]]:
+    """(the files a BPE may be trained on, a function giving the documents in order): each JSONL
+    record, or each text file of a file or folder. The documents are read only when asked for."""
+    if src.suffix == ".jsonl":
+        return [src], lambda: _jsonl_texts(src, text_field)
+    files = _text_files(src)
+    return files, lambda: (_read_text(f) for f in files)
+
+
+def document_ids(tok: Tokenizer, docs: Iterable[str]) -> Iterator[list[int]]:
+    """Each document's tokens, preceded by ``tok.eos_id`` from the second document on: end-of-text
+    between consecutive documents, not after the last (a one-document corpus tokenizes exactly as
+    its text does)."""
     for n, doc in enumerate(docs):
-        if n:
-            ids.append(tok.eos_id)
-        ids.extend(tok.encode(doc))
-    return ids
+        yield ([tok.eos_id] if n else []) + tok.encode(doc)
+
+
+def join_documents(tok: Tokenizer, docs: Iterable[str]) -> list[int]:
+    """The whole document stream as one list of ids (`document_ids`, concatenated)."""
+    return [i for ids in document_ids(tok, docs) for i in ids]
 
 
 def _cached_tokens(key: str, make) -> np.ndarray:  # noqa: ANN001 - () -> list[int]
@@ -170,12 +182,7 @@ def load_data(
         tokens = np.asarray(load_bin(src, token_dtype, vocab_size))
         tok, vocab = None, vocab_size
     else:
-        if src.suffix == ".jsonl":
-            files = [src]
-            docs = lambda: _jsonl_texts(src, text_field)  # noqa: E731
-        else:
-            files = _text_files(src)
-            docs = lambda: (_read_text(f) for f in files)  # noqa: E731
+        files, docs = document_source(src, text_field)
         tok = load_tokenizer(tokenizer, files)
         # "eos-between": documents joined by the end-of-text id (before: by a blank line)
         h = hashlib.sha256(b"eos-between:" + tok.name.encode() + text_field.encode())

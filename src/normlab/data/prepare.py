@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,17 +35,16 @@ def is_prepared(path: Path) -> bool:
     return path.is_dir() and (path / META).is_file() and (path / "train.bin").is_file()
 
 
-def _documents(src: Path, text_field: str) -> tuple[list[Path], Iterator[str]]:
-    """(files a BPE may be trained on, the documents in order)."""
-    from normlab.data.dataset import _jsonl_texts, _read_text, _text_files
+def _documents(src: Path, text_field: str) -> tuple[list[Path], Iterable[str]]:
+    """(files a BPE may be trained on, the documents in order): a datasets folder's rows, else what
+    `load_data` reads (`document_source`)."""
+    from normlab.data.dataset import document_source
 
     if src.is_dir() and ((src / "dataset_info.json").is_file() or (src / "dataset_dict.json").is_file()
                          or (src / "state.json").is_file()):
         return [], _hf_dataset_texts(src, text_field)
-    if src.suffix == ".jsonl":
-        return [src], iter(_jsonl_texts(src, text_field))
-    files = _text_files(src)
-    return files, (_read_text(f) for f in files)
+    files, docs = document_source(src, text_field)
+    return files, docs()
 
 
 def _hf_dataset_texts(src: Path, field: str) -> Iterator[str]:
@@ -103,11 +102,12 @@ def prepare(source: str, out: str | Path, tokenizer: str = "bytes", text_field: 
 
 def _write_tokens(path: Path, tok: Tokenizer, texts: list[str], dtype: type) -> tuple[int, str]:
     """Stream the documents' tokens (end-of-text between documents) into ``path``, atomically."""
+    from normlab.data.dataset import document_ids
+
     tmp = path.with_suffix(".bin.tmp")
     h, n = hashlib.sha256(), 0
     with tmp.open("wb") as f:
-        for i, text in enumerate(texts):
-            ids = ([tok.eos_id] if i else []) + tok.encode(text)
+        for ids in document_ids(tok, texts):
             data = np.asarray(ids, dtype=dtype).tobytes()
             f.write(data)
             h.update(data)

@@ -24,8 +24,10 @@ adds to it; of the same task, replaces it), written atomically.
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -35,13 +37,24 @@ from normlab.evaluation.results import EVAL_FILE, load_evals
 from normlab.io import atomic_write_bytes, atomic_write_json
 
 LM_EVAL_PIN = "lm_eval[hf]==0.4.13"
-LOCAL_TASKS = ("normlab_shakespeare_next_line", "normlab_shakespeare_speaker", "normlab_shakespeare_ppl")
-GROUPS = {
-    "normlab_local": LOCAL_TASKS,
-    "normlab_kim2025": ("arc_easy", "hellaswag", "piqa", "social_iqa", "winogrande"),
-    "normlab_zhuo2025_dense": ("hellaswag", "sciq", "arc_challenge", "arc_easy", "piqa", "openbookqa", "copa"),
-    "normlab_zhuo2025_moe": ("hellaswag", "arc_challenge", "arc_easy", "piqa", "winogrande", "openbookqa", "boolq", "copa"),
-}
+
+
+def task_groups() -> dict[str, tuple[str, ...]]:
+    """normlab's lm-eval groups, read from their YAML files in `TASKS_DIR` (the one place they are
+    defined; lm-eval reads the same files)."""
+    import yaml  # PyYAML: a dependency of transformers and of lm-eval
+
+    groups = {}
+    for path in sorted(TASKS_DIR.glob("*.yaml")):
+        text = path.read_text(encoding="utf-8")
+        if re.search(r"^group:", text, re.MULTILINE):  # task files hold `!function` tags; group files do not
+            spec = yaml.safe_load(text)
+            groups[spec["group"]] = tuple(spec["task"])
+    return groups
+
+
+GROUPS = task_groups()
+LOCAL_TASKS = GROUPS["normlab_local"]
 
 
 class EvalError(DataError):
@@ -56,6 +69,15 @@ def _lm_eval() -> Any:
         raise EvalError(f"normlab eval needs lm-evaluation-harness: pip install '{LM_EVAL_PIN}' "
                         f"(or pip install 'normlab[eval]'); import failed: {err}") from None
     return lm_eval
+
+
+@functools.lru_cache(maxsize=1)
+def _task_manager() -> Any:
+    """lm-eval's task index with normlab's folder on its include path; built once per process (it
+    reads every task YAML lm-eval ships: seconds), so a sweep's runs share it."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=str(TASKS_DIR))
 
 
 def kind_of(source: Path) -> str:
@@ -93,8 +115,8 @@ def _model_for(source: Path, kind: str, device: str, batch_size: int | str, max_
     model = to_hf(run.model, hf_tok)
     lm = HFLM(pretrained=model, tokenizer=hf_tok, device=device, batch_size=batch_size, backend="causal",
               max_length=max_length or run.model.config.max_seq_len)
-    step = int(run.checkpoint.name.split("_")[-1].split(".")[0]) if run.checkpoint.name.startswith("step_") else None
-    facts = {"source": str(source), "checkpoint": str(run.checkpoint), "step": step, "layout": run.model.layout.to_string()}
+    facts = {"source": str(source), "checkpoint": str(run.checkpoint), "step": run.step,
+             "layout": run.model.layout.to_string()}
     return lm, facts, run.run_dir or run.checkpoint.parent
 
 
@@ -105,14 +127,13 @@ def evaluate(source: str | Path, tasks: list[str], limit: float | None = None, b
     (``{"tasks": {task: {...}}, "table": str, "path": Path}``). ``samples``: also write every
     request and response to ``eval_samples/TASK.jsonl`` (what the model generated, per item)."""
     lm_eval = _lm_eval()
-    from lm_eval.tasks import TaskManager
     from lm_eval.utils import make_table
 
     source = Path(source)
     kind = kind_of(source)
     if kind == "sweep":
         raise EvalError(f"{source} is a sweep: use evaluate_sweep")
-    manager = TaskManager(include_path=str(TASKS_DIR))
+    manager = _task_manager()
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:
         raise EvalError(f"unknown task(s) {', '.join(unknown)}: give lm-eval task or group names (`lm_eval ls tasks`), "

@@ -16,6 +16,7 @@ class RunModel:
     config: dict[str, Any]  # the run's TrainConfig, edge form
     checkpoint: Path
     run_dir: Path | None  # the run directory, when the source was one (or held the checkpoint)
+    step: int | None  # the optimizer steps the checkpoint had taken
 
 
 def run_tokenizer(cfg: dict[str, Any], run_dir: Path | None = None) -> Any:
@@ -53,15 +54,14 @@ def load_run_model(source: str | Path) -> RunModel:
     """The model of a run directory's newest checkpoint, or of a checkpoint file / sharded folder."""
     from normlab.model.build import build_model
     from normlab.model.config import get_size
-    from normlab.train.checkpoint import CheckpointError, is_sharded, list_checkpoints, load_checkpoint, load_model_state
+    from normlab.train.checkpoint import CheckpointError, is_sharded, load_checkpoint, load_model_state, newest_checkpoint
 
     src = Path(source)
     if not src.exists():
         raise DataError(f"{src} does not exist; give a run directory or a checkpoint file")
-    ckpt = (list_checkpoints(src) or [None])[-1] if src.is_dir() and not is_sharded(src) else src
-    if ckpt is None or not Path(ckpt).exists():
+    ckpt = newest_checkpoint(src)
+    if ckpt is None or not ckpt.exists():
         raise CheckpointError(f"{src}: no checkpoint found (give a run directory or a checkpoint file)")
-    ckpt = Path(ckpt)
     state = load_checkpoint(ckpt)
     if not isinstance(state.get("config"), dict):
         raise CheckpointError(f"{ckpt} holds no run configuration; give a checkpoint written by normlab train")
@@ -73,4 +73,4 @@ def load_run_model(source: str | Path) -> RunModel:
     run_dir = src if src.is_dir() and not is_sharded(src) else None
     if run_dir is None and ckpt.parent.name == "checkpoints":
         run_dir = ckpt.parent.parent
-    return RunModel(model.eval(), cfg, ckpt, run_dir)
+    return RunModel(model.eval(), cfg, ckpt, run_dir, state.get("step"))

@@ -65,6 +65,15 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
     return sorted((p for p in d.iterdir() if _NAME.match(p.name)), key=lambda p: p.name)
 
 
+def newest_checkpoint(source: str | Path) -> Path | None:
+    """A run directory's newest checkpoint (None if it has none); a checkpoint file or sharded
+    folder is its own answer."""
+    src = Path(source)
+    if src.is_dir() and not is_sharded(src):
+        return (list_checkpoints(src) or [None])[-1]
+    return src
+
+
 def remove_stale_temp_files(run_dir: str | Path) -> list[str]:
     """Delete the hidden temp files of checkpoint writes that were killed (see `atomic_write_bytes`)."""
     d = checkpoint_dir(run_dir)

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from normlab.model.config import ConfigError
-from normlab.train.checkpoint import is_sharded, list_checkpoints, load_model_state
+from normlab.train.checkpoint import load_model_state, newest_checkpoint
 
 
 def init_state(source: str | Path) -> dict[str, torch.Tensor]:
@@ -29,8 +29,8 @@ def init_state(source: str | Path) -> dict[str, torch.Tensor]:
         from normlab.hf import from_native
 
         return from_native(src).state_dict()
-    ckpt = (list_checkpoints(src) or [None])[-1] if src.is_dir() and not is_sharded(src) else src
-    if ckpt is None or not Path(ckpt).exists():
+    ckpt = newest_checkpoint(src)
+    if ckpt is None or not ckpt.exists():
         raise ConfigError(f"init_from {source}: no checkpoint there; give a run directory, a checkpoint file "
                           "or a transformers model folder")
     return load_model_state(ckpt)
