@@ -109,6 +109,69 @@ def test_prop31_pre_gradient_is_h_times_residual_and_grows_with_h():
     assert grads[0] < grads[1] < grads[2]
 
 
+@pytest.mark.parametrize("layout", ["pre", "peri"])
+def test_prop31_per_token_probe_equals_each_tokens_own_gradient(layout):
+    """The probe's per-token numbers equal a loop that back-propagates each token's loss alone to
+    the last down projection: max_ij |dl_t/dW2_ij|, the bound 4 gamma sqrt(D) ||h_t|| / ||a_t|| (Peri),
+    and the log-log slope of ||dl_t/dW2|| on ||h_t|| fitted by hand."""
+    torch.manual_seed(0)
+    model = normlab.build_model(layout, "nano", seed=0, mlp="relu").double()
+    x = torch.randint(0, 256, (2, 6))
+    y = torch.randint(0, 256, (2, 6))
+    y[1, :2] = -100  # ignored targets (SFT prompts) are not tokens of the loss
+    rows = Probes(model, (x, y)).record(0)
+    got = {r["metric"]: r["value"] for r in rows if r["site"] == "prop31"}
+
+    down = model.blocks[-1].mlp.down_proj
+    captured = {}
+    hook = down.register_forward_hook(lambda m, a, o: captured.update(h=a[0].detach(), a=o.detach()))
+    entry_max, g_norms, h_norms, bounds = [], [], [], []
+    gamma = model.blocks[-1].mlp_norms.output.weight.abs().max().item() if layout == "peri" else None
+    for b in range(2):
+        for t in range(6):
+            if y[b, t] == -100:
+                continue
+            logits = model(x).logits
+            loss_t = torch.nn.functional.cross_entropy(logits[b, t][None], y[b, t][None])
+            (g,) = torch.autograd.grad(loss_t, down.weight)
+            entry_max.append(g.abs().max().item())
+            g_norms.append(g.norm().item())
+            h_t, a_t = captured["h"][b, t], captured["a"][b, t]
+            h_norms.append(h_t.norm().item())
+            if gamma is not None:
+                bounds.append(4 * gamma * math.sqrt(a_t.numel()) * h_t.norm().item() / a_t.norm().item())
+    hook.remove()
+    assert got["tok_grad_max"] == pytest.approx(max(entry_max), rel=1e-6)  # the loss is taken in float32
+    assert got["tok_grad_mean"] == pytest.approx(sum(entry_max) / len(entry_max), rel=1e-6)
+    lx = [math.log(v) for v in h_norms]
+    ly = [math.log(v) for v in g_norms]
+    mx, my = sum(lx) / len(lx), sum(ly) / len(ly)
+    slope = sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx)
+    assert got["grad_h_slope"] == pytest.approx(slope, rel=1e-6)
+    if layout == "peri":
+        assert got["tok_bound"] == pytest.approx(sum(bounds) / len(bounds), rel=1e-6)
+        within = sum(e <= bd for e, bd in zip(entry_max, bounds)) / len(bounds)
+        assert got["tok_within_bound"] == pytest.approx(within)
+    else:
+        assert "tok_bound" not in got
+    # the batch gradient is not any token's: its largest entry differs from the per-token maximum
+    assert got["grad_max"] != pytest.approx(got["tok_grad_max"], rel=1e-3)
+
+
+def test_prop31_regimes_in_the_propositions_setting():
+    """Scaling W1 by c scales h by c. Pre-LN: dl/dW2 = h (p - y) grows with ||h||; Peri-LN: the output
+    norm cancels the scale, the gradient is unchanged (ReLU, no biases)."""
+    g = torch.Generator().manual_seed(1)
+    d, hdim = 8, 16
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    x, w1, w2 = r(d), r(d, hdim), r(hdim, d)
+    zeros_h, zeros_d, gamma = torch.zeros(hdim, dtype=torch.float64), torch.zeros(d, dtype=torch.float64), torch.ones(d, dtype=torch.float64)
+    peri = [last_mlp_gradient(x, w1 * c, zeros_h, w2, zeros_d, gamma, 3, "peri")["grad"].norm().item() for c in (1, 10, 100)]
+    assert peri == pytest.approx([peri[0]] * 3, rel=1e-9)
+    pre = [last_mlp_gradient(x, w1 * c, zeros_h, w2 * 1e-3, zeros_d, gamma, 3, "pre")["grad"].norm().item() for c in (1, 10)]
+    assert pre[1] / pre[0] == pytest.approx(10.0, rel=0.05)  # ~ ||h||: p barely moves with a tiny W2
+
+
 def test_probes_do_not_change_training(corpus, tmp_path):
     base = dict(data=str(corpus), size="nano", seq_len=32, batch_size=8, steps=8, eval_every=4, eval_batches=1, progress=False)
     train(TrainConfig.of(**base, out=str(tmp_path / "on"), probe_every=2))

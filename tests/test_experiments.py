@@ -103,7 +103,7 @@ def synthetic_store(tmp_path: Path) -> Path:
     outcome = {  # (layout, lr) -> per seed (status, final, val)
         ("pre", 1e-3): [("ok", 3.0, 3.1), ("ok", 3.2, 3.3), ("ok", 3.4, 3.5)],
         ("pre", 1e-2): [("diverged", math.nan, None), ("ok", 2.9, 3.0), ("failed", None, None)],
-        ("peri", 1e-3): [("ok", 3.1, 3.2), ("ok", 3.1, 3.2), ("ok", 3.3, 3.4)],
+        ("peri", 1e-3): [("ok", 3.1, 3.2), ("ok", 3.1, 3.2), ("stalled", 3.3, 3.4)],
         ("peri", 1e-2): [("ok", 2.6, 2.7), ("ok", 2.8, 2.9), ("ok", 2.7, 2.8)],
     }
     for s in specs:
@@ -130,12 +130,15 @@ def test_summaries_match_hand_computed_values(tmp_path):
     assert c.loc[("pre", 1e-3), "final_loss_std"] == pytest.approx(statistics.stdev([3.0, 3.2, 3.4]))  # ddof 1
     assert c.loc[("pre", 1e-2), "final_loss_mean"] == pytest.approx(2.9)  # the diverged seed excluded
     assert math.isnan(c.loc[("pre", 1e-2), "final_loss_std"])  # one value: no spread
-    assert c.loc[("peri", 1e-3), "val_loss_mean"] == pytest.approx((3.2 + 3.2 + 3.4) / 3)
+    assert c.loc[("peri", 1e-3), "val_loss_mean"] == pytest.approx((3.2 + 3.2 + 3.4) / 3)  # the stalled seed counts
+    assert c.loc[("peri", 1e-3), "stalls"] == "1/3" and c.loc[("peri", 1e-3), "divergences"] == "0/3"
+    assert c.loc[("peri", 1e-3), "stalled"] == 1 and c.loc[("peri", 1e-3), "ok"] == 2
 
     curves = lr_curves(df, axes).set_index(["layout", "lr"])
     # capped loss: min(final, initial); a diverged (non-finite) run counts as the initial loss 5.5
     assert curves.loc[("pre", 1e-2), "capped_loss"] == pytest.approx((5.5 + 2.9) / 2)
     assert curves.loc[("peri", 1e-2), "capped_loss"] == pytest.approx((2.6 + 2.8 + 2.7) / 3)
+    assert curves.loc[("peri", 1e-3), "stalls"] == "1/3" and curves.loc[("pre", 1e-2), "stalls"] == "0/2"
     sens = lr_sensitivity(lr_curves(df, axes), axes).set_index("layout")
     pre = [(3.0 + 3.2 + 3.4) / 3, (5.5 + 2.9) / 2]
     peri = [(3.1 + 3.1 + 3.3) / 3, (2.6 + 2.8 + 2.7) / 3]
@@ -147,8 +150,11 @@ def test_summaries_match_hand_computed_values(tmp_path):
 
     out = summarize(tmp_path / "syn")
     md = out["markdown"].read_text()
-    assert "| pre | 0.01 | 1/2 | 1 | 2.9000 | 3.0000 |" in md
-    assert "| pre | 0.001 | 0/3 | 0 | 3.2000 ± 0.2000 |" in md
+    assert "| pre | 0.01 | 1/2 | 0/2 | 1 | 2.9000 | 3.0000 |" in md
+    assert "| pre | 0.001 | 0/3 | 0/3 | 0 | 3.2000 ± 0.2000 |" in md
+    assert "| peri | 0.001 | 0/3 | 1/3 | 0 | 3.1667 ± 0.1155 |" in md
+    assert "| peri | 3.1667 (1/3 stalled) | 2.7000 |" in md  # the lr table
+    assert "| pre | 3.2000 | 2.9000 (1/2 diverged) |" in md
     assert (tmp_path / "syn" / "cells.csv").exists() and out["html"].exists()
 
 
@@ -159,7 +165,7 @@ def test_summary_of_model_and_layout_axes(tmp_path):
     for i, s in enumerate(specs):
         store.record(s.run_id, {"status": "ok", "final_loss": 3.0 + i, "initial_loss": 5.5, "steps": 1})
     md = summarize(tmp_path / "m")["markdown"].read_text()
-    assert "| layout | model.init | layout.h | divergences |" in md and "| pre | normal | 0.5 | 0/1 | 0 | 4.0000 |" in md
+    assert "| layout | model.init | layout.h | divergences |" in md and "| pre | normal | 0.5 | 0/1 | 0/1 | 0 | 4.0000 |" in md
 
 
 # --- running sweeps ------------------------------------------------------------------------------
@@ -175,7 +181,7 @@ def test_diverged_and_crashed_runs_never_stop_the_sweep(corpus, tmp_path):
     assert rows[("corpus.txt", 100.0)]["status"] == "diverged" and rows[("corpus.txt", 100.0)]["step"] is not None
     assert "missing.txt" in rows[("missing.txt", 1e-3)]["reason"]
     md = summarize(tmp_path / "sw")["markdown"].read_text()
-    assert "| 100 | 1/1 | 0 |" in md and "| 0.001 | 0/0 | 1 |" in md
+    assert "| 100 | 1/1 | 0/1 | 0 |" in md and "| 0.001 | 0/0 | 0/0 | 1 |" in md
     # re-running retries the failed runs only; results already recorded stay as they were
     ok_before = rows[("corpus.txt", 1e-3)]
     run_sweep(sweep, tmp_path / "sw", workers=2, log=QUIET)

@@ -142,6 +142,95 @@ def test_loss_rules():
     assert f.diverged and "final loss" in f.reason
 
 
+def _run_monitor(curve: list[float], unigram: float | None = 3.3, margin: float = 0.05) -> DivergenceMonitor:
+    m = DivergenceMonitor(patience=0, unigram_loss=unigram, stall_margin=margin)
+    for step, loss in enumerate(curve):
+        m.update(step, loss, 1.0)
+    m.finish(len(curve))
+    return m
+
+
+def test_stalled_rule():
+    """Stalled: ends within 5% of the unigram loss U = 3.3 (0.165 nats) or above, and moved less than
+    that over the last quarter. 100 steps: the last quarter starts at step 75, judged on steps 65-74."""
+    flat = [5.5 - 0.2 * i for i in range(11)] + [3.32 + 0.01 * (i % 3) for i in range(89)]  # 3.3 from step 11
+    m = _run_monitor(flat)
+    assert m.status == "stalled" and not m.diverged and "unigram loss 3.3000" in m.reason
+    assert "last 25 steps" in m.reason and m.summary()["unigram_loss"] == 3.3
+    # learned (2.5 by step 50), then fell back to U and sat there: stalled too
+    relapse = [5.5 - 0.06 * i for i in range(50)] + [3.3] * 50
+    assert _run_monitor(relapse).status == "stalled"
+    # a slow run still descending towards U at the end (0.3 over the last quarter): short of budget, ok
+    slow = [5.5 - 0.021 * i for i in range(100)]  # 3.42 at the end, 3.95 at step 75
+    assert _run_monitor(slow).status == "ok" and _run_monitor(slow).reason is None
+    # learned past U: ok whatever the slope
+    assert _run_monitor([5.5 - 0.03 * i for i in range(60)] + [2.2] * 40).status == "ok"
+    # ends just beyond the margin (U - 0.165 - 0.01): ok
+    assert _run_monitor([3.3 - 0.175] * 100).status == "ok"
+    assert _run_monitor([3.3 - 0.155] * 100).status == "stalled"
+    # the rule is off without a unigram loss, with margin 0, and for runs too short to judge
+    assert _run_monitor(flat, unigram=None).status == "ok"
+    assert _run_monitor(flat, margin=0).status == "ok"
+    assert _run_monitor(flat[:19]).status == "ok"
+    # a diverged run stays diverged
+    d = DivergenceMonitor(patience=0, unigram_loss=3.3)
+    for step, loss in enumerate(flat):
+        d.update(step, loss, 1.0)
+    d.check_finite(100, float("nan"), 1.0, "stop")
+    d.finish(101)
+    assert d.status == "diverged"
+    # a resumed monitor judges the whole curve
+    half = DivergenceMonitor(patience=0, unigram_loss=3.3)
+    for step, loss in enumerate(flat[:50]):
+        half.update(step, loss, 1.0)
+    resumed = DivergenceMonitor(patience=0, unigram_loss=3.3)
+    resumed.load_state_dict(half.state_dict())
+    for step, loss in enumerate(flat[50:], start=50):
+        resumed.update(step, loss, 1.0)
+    resumed.finish(100)
+    assert resumed.status == "stalled" and resumed.losses == flat
+
+
+def test_unigram_entropy_by_hand():
+    import numpy as np
+
+    from normlab.data.dataset import unigram_entropy
+
+    tokens = np.array([0, 1, 1, 2, 2, 2, 2, 5], dtype=np.uint16)
+    p = [1 / 8, 2 / 8, 4 / 8, 1 / 8]
+    expected = -sum(q * math.log(q) for q in p)
+    assert unigram_entropy(tokens, 8) == pytest.approx(expected)
+    assert unigram_entropy(tokens, 8, chunk=3) == pytest.approx(expected)  # counted across chunk edges
+    assert unigram_entropy(np.zeros(10, dtype=np.uint16), 4) == 0.0
+
+
+def test_a_run_that_only_learns_frequencies_is_stalled(tmp_path):
+    """I.i.d. bytes have no context to learn: the best any model can do is the unigram loss, so the run
+    ends there and is stalled, with the corpus's unigram entropy (computed here by hand) in its summary."""
+    import random
+    from collections import Counter
+
+    rng = random.Random(0)
+    text = "".join(rng.choices("abcdefgh", weights=[30, 20, 15, 10, 10, 8, 5, 2], k=20_000))
+    corpus = tmp_path / "iid.txt"
+    corpus.write_text(text)
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "normlab", "train", "--data", str(corpus), "--size", "nano", "--layout", "pre",
+           "--lr", "3e-2", "--steps", "80", "--seq-len", "32", "--batch-size", "8", "--out", str(out),
+           "--no-progress", "--eval-every", "0", "--probe-every", "0", "--device", "cpu"]
+    res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert res.returncode == 0, res.stderr
+    s = json.loads((out / "summary.json").read_text())
+    train_text = text[: int(len(text) * 0.9)]  # the default split: the first 90% trains
+    counts = Counter(train_text.encode())
+    n = sum(counts.values())
+    entropy = -sum(c / n * math.log(c / n) for c in counts.values())
+    assert s["unigram_loss"] == pytest.approx(entropy, abs=1e-3)
+    assert s["status"] == "stalled", s
+    assert abs(s["final_loss"] - entropy) < 0.05 * entropy
+    assert "stalled" in res.stdout and "unigram loss" in res.stdout
+
+
 def test_spike_rules():
     d = SpikeDetector()
     vals = [1.0 + 0.01 * (i % 5) for i in range(40)]
@@ -209,6 +298,13 @@ def test_never_overwrites_and_refuses_mismatched_resume(corpus, tmp_path):
         train(small(corpus, tmp_path / "r", steps=3, lr=1e-3))
     with pytest.raises(ConfigError, match="already holds a run"):
         train(small(corpus, tmp_path / "r", steps=3, resume=False))
+    # a preset whose definition changed under its name (as hybrid gained Zhuo's Megatron init) is refused
+    cfg_path = tmp_path / "r" / "config.json"
+    saved = json.loads(cfg_path.read_text())
+    cfg_path.write_text(json.dumps({**saved, "layout": "attn=AB,mlp=AB,final"}))
+    with pytest.raises(ConfigError, match=r"layout 'peri' = 'attn=AB,mlp=AB,final'; this normlab defines it as "
+                                          r"'attn=AB,mlp=AB,emb,final'"):
+        train(small(corpus, tmp_path / "r", steps=3))
 
 
 @pytest.mark.parametrize(

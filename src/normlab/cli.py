@@ -136,6 +136,8 @@ def _train(args: argparse.Namespace) -> int:
         line = f"{cfg.out}: {status}"
         if status == "diverged":
             line += f" at step {summary['diverged_step']} ({summary['reason']})"
+        elif status == "stalled":
+            line += f" ({summary['reason']})"
         line += f"; final loss {summary['final_loss']:.4f}" if summary["final_loss"] is not None else ""
         if summary["final_val_loss"] is not None:
             line += f", val loss {summary['final_val_loss']:.4f}"

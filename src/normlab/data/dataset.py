@@ -52,6 +52,21 @@ class TokenData:
     def val_windows(self, n_batches: int, batch_size: int, seq_len: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return val_batches(self.val, n_batches, batch_size, seq_len)
 
+    def unigram_loss(self) -> float:
+        """The training tokens' unigram entropy in nats: the stalled rule's reference."""
+        return unigram_entropy(self.train, self.vocab_size)
+
+
+def unigram_entropy(tokens: np.ndarray, vocab_size: int, chunk: int = 1 << 24) -> float:
+    """Entropy (nats/token) of the tokens' frequencies: the cross-entropy of the best model that
+    ignores context, H = -sum_v p_v ln p_v. Counted in chunks, so a memory-mapped token file of
+    billions of tokens is never widened to int64 at once."""
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for i in range(0, len(tokens), chunk):
+        counts += np.bincount(np.asarray(tokens[i:i + chunk], dtype=np.int64), minlength=vocab_size)[:vocab_size]
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log(p)).sum())
+
 
 def _read_text(path: Path) -> str:
     data = path.read_bytes()

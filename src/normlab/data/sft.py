@@ -107,6 +107,10 @@ class SFTData:
     def val_windows(self, n_batches: int, batch_size: int, seq_len: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return sft_val_batches(self.val, n_batches, batch_size)
 
+    def unigram_loss(self) -> None:
+        """No stalled rule for SFT: it starts from a trained model, far below any unigram loss."""
+        return None
+
 
 def load_sft_data(path: str, tokenizer: str, seq_len: int, val_fraction: float, prompt_field: str,
                   response_field: str, vocab_size: int | None = None) -> SFTData:

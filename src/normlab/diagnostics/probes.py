@@ -16,7 +16,7 @@
 | global                          | null           | top100_max, top100_min, top100_mean, max_abs, median_abs, max_median_ratio, fp16_headroom |
 | moe.expert{e}                   | block (MoE)    | load (share of the token-expert assignments) |
 | moe                             | block (MoE)    | load_max_ratio (max load x E: 1 is balanced), router_entropy, aux_loss |
-| prop31                          | L-1            | grad_max (max |dL/dW2_ij| of the last MLP), h_norm, a_norm, bound (4 gamma sqrt(D) ||h||/||a||, output-normalized last MLP) |
+| prop31                          | L-1            | per token (Prop. 3.1's setting, `prop31.per_token`): tok_grad_max, tok_grad_mean (largest |dl_t/dW2_ij| of the last MLP), tok_h_norm, tok_a_norm, grad_h_slope, grad_h_corr, and for an output-normalized last MLP tok_bound, tok_within_bound; for the batch: grad_max (max |dL/dW2_ij|), h_norm, a_norm, bound |
 
 Gradients come from `torch.autograd.grad`, so the probe never touches `.grad`, fires no DDP hooks
 and draws no random numbers: training is unchanged with probes on (tested).
@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from normlab.diagnostics.prop31 import per_token
 from normlab.diagnostics.stats import angular_matrix, attention_stats, hidden_stats, massive_activations
 
 WEIGHTS = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
@@ -76,7 +77,8 @@ class Probes:
                 loss, hidden = out.loss, list(out.hidden_states)
                 params = [mods[f"blocks.{i}.{w}"].weight for i in range(n_layers) for w in WEIGHTS if f"blocks.{i}.{w}" in mods
                           and mods[f"blocks.{i}.{w}"] is not None]
-                wanted = [p for p in params if p.requires_grad] + list(hidden)
+                last_a = [captured[f"a{n_layers - 1}"]] if f"a{n_layers - 1}" in captured else []
+                wanted = [p for p in params if p.requires_grad] + list(hidden) + last_a
                 grads = torch.autograd.grad(loss, wanted, allow_unused=True)
         finally:
             for h in handles:
@@ -84,7 +86,8 @@ class Probes:
             model.train(was_training)
         n_params = sum(1 for p in params if p.requires_grad)
         pgrads = dict(zip([id(p) for p in params if p.requires_grad], grads[:n_params]))
-        hgrads = grads[n_params:]
+        hgrads = grads[n_params:n_params + len(hidden)]
+        a_grad = grads[-1] if last_a else None
         rows: list[dict[str, Any]] = []
         self._row(rows, step, None, "global", "probe_loss", loss.item())
 
@@ -163,6 +166,10 @@ class Probes:
             d = a_out.shape[-1]
             ratio = (h_act.norm(dim=-1) / a_out.norm(dim=-1).clamp_min(1e-30)).mean().item()
             self._row(rows, step, last, "prop31", "bound", 4.0 * gamma * math.sqrt(d) * ratio)
+        if a_grad is not None:
+            gamma_max = out_norm.weight.detach().abs().max().item() if _is_norm(out_norm) else None
+            for k, v in per_token(h_act, a_out, a_grad, y != -100, gamma_max).items():
+                self._row(rows, step, last, "prop31", k, v)
         return rows
 
     def _gamma_rows(self, rows: list, step: int, layer: int | None, site: str, norm: nn.Module) -> None:

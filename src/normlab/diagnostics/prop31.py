@@ -9,6 +9,16 @@ a cross-entropy loss L(o) = CE(softmax(o), y):
 
 with h = ReLU(x~ W1 + b1), RMSNorm, gamma the (positive) norm scale. `last_mlp_gradient` measures
 it per token; `bound` evaluates the right-hand side.
+
+The proposition is per token: one token's loss, one token's h. `per_token` records it that way
+inside a trained model. The last block's MLP output at position t reaches only the logits at t (no
+attention follows it), so with the batch loss L = (1/n) sum_t l_t, dl_t/da_t = n dL/da_t exactly and
+the token's own gradient is the outer product dl_t/dW2 = (n dL/da_t) h_t^T: its largest entry is
+max|h_t| max|n dL/da_t| and its norm ||h_t|| ||n dL/da_t||. One backward gives every token's. A
+batch gradient (the sum over tokens) mixes tokens of different ||h|| and signs, and cannot show the
+regime the proposition is about: under Pre-LN ||dl_t/dW2|| = ||h_t|| ||p_t - y_t|| grows with ||h_t||
+(slope 1 of log ||dl_t/dW2|| on log ||h_t|| across tokens), under an output norm it is bounded by
+||h_t|| / ||a_t|| (scale-free: slope near 0).
 """
 
 from __future__ import annotations
@@ -46,3 +56,49 @@ def last_mlp_gradient(x, w1, b1, w2, b2, gamma, y: int, layout: str) -> dict:  #
 def bound(gamma_max: float, d: int, h_norm: float, denom_norm: float) -> float:
     """4 gamma sqrt(D) ||h|| / ||a|| (Peri-LN) or / ||x + a|| (Post-LN)."""
     return 4.0 * gamma_max * math.sqrt(d) * h_norm / denom_norm
+
+
+def _slope_corr(x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+    """Least-squares slope of y on x and Pearson's r (nan with fewer than 3 points or no spread)."""
+    if x.numel() < 3:
+        return math.nan, math.nan
+    xc, yc = x - x.mean(), y - y.mean()
+    sxx, syy = (xc * xc).sum(), (yc * yc).sum()
+    if sxx <= 0:
+        return math.nan, math.nan
+    slope = ((xc * yc).sum() / sxx).item()
+    corr = ((xc * yc).sum() / (sxx * syy).sqrt()).item() if syy > 0 else math.nan
+    return slope, corr
+
+
+@torch.no_grad()
+def per_token(h: torch.Tensor, a: torch.Tensor, a_grad: torch.Tensor, valid: torch.Tensor,
+              gamma_max: float | None = None) -> dict[str, float]:
+    """Prop. 3.1 per token for the last MLP of a model (see the module docstring).
+
+    h: (..., H) the input of the last down projection; a: (..., D) its output (before any output
+    norm); a_grad: dL/da for the batch-mean loss; valid: (...) bool, the tokens counted in the loss;
+    gamma_max: the output norm's largest |gamma| if the MLP is output-normalized (then the bound is
+    recorded), else None. Returns, over the valid tokens: ``tok_grad_max`` (the largest entry of any
+    token's dl_t/dW2) and ``tok_grad_mean`` (its mean over tokens), ``tok_h_norm``, ``tok_a_norm``
+    (means), ``grad_h_slope`` and ``grad_h_corr`` (log ||dl_t/dW2|| on log ||h_t||), and with an output
+    norm ``tok_bound`` (mean of 4 gamma sqrt(D) ||h_t|| / ||a_t||) and ``tok_within_bound`` (the fraction
+    of tokens whose largest entry is within their own bound).
+    """
+    h, a = h.detach().double()[valid], a.detach().double()[valid]
+    g = a_grad.detach().double()[valid] * int(valid.sum())  # dl_t/da_t
+    entry_max = h.abs().amax(-1) * g.abs().amax(-1)
+    h_norm, a_norm = h.norm(dim=-1), a.norm(dim=-1)
+    g_norm = h_norm * g.norm(dim=-1)
+    keep = (h_norm > 0) & (g_norm > 0)
+    slope, corr = _slope_corr(h_norm[keep].log(), g_norm[keep].log())
+    out = {"tok_grad_max": entry_max.max().item() if entry_max.numel() else math.nan,
+           "tok_grad_mean": entry_max.mean().item() if entry_max.numel() else math.nan,
+           "tok_h_norm": h_norm.mean().item() if h_norm.numel() else math.nan,
+           "tok_a_norm": a_norm.mean().item() if a_norm.numel() else math.nan,
+           "grad_h_slope": slope, "grad_h_corr": corr}
+    if gamma_max is not None and entry_max.numel():
+        tok_bound = 4.0 * gamma_max * math.sqrt(a.shape[-1]) * h_norm / a_norm.clamp_min(1e-30)
+        out["tok_bound"] = tok_bound.mean().item()
+        out["tok_within_bound"] = (entry_max <= tok_bound).double().mean().item()
+    return out

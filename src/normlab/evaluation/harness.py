@@ -35,6 +35,7 @@ from normlab.data.corpus import DataError
 from normlab.evaluation.local_tasks import TASKS_DIR
 from normlab.evaluation.results import EVAL_FILE, load_evals
 from normlab.io import atomic_write_bytes, atomic_write_json
+from normlab.train.monitor import TRAINED
 
 LM_EVAL_PIN = "lm_eval[hf]==0.4.13"
 
@@ -172,12 +173,12 @@ def evaluate(source: str | Path, tasks: list[str], limit: float | None = None, b
 
 
 def evaluate_sweep(sweep: str | Path, tasks: list[str], **kwargs: Any) -> list[dict[str, Any]]:
-    """Evaluate every run of a sweep that finished ok (diverged ones are excluded, Kim Table 1)."""
+    """Evaluate every run of a sweep that finished ok or stalled (diverged ones are excluded, Kim Table 1)."""
     from normlab.experiments.summarize import load_sweep
 
     sweep = Path(sweep)
     df, _ = load_sweep(sweep)
-    done = [r for r in df.itertuples() if r.status == "ok"]
+    done = [r for r in df.itertuples() if r.status in TRAINED]
     if not done:
-        raise EvalError(f"{sweep}: no run finished ok yet (statuses: {dict(df.status.value_counts())})")
+        raise EvalError(f"{sweep}: no run finished (ok or stalled) yet (statuses: {dict(df.status.value_counts())})")
     return [evaluate(sweep / "runs" / r.run_id, tasks, **kwargs) for r in done]

@@ -41,7 +41,7 @@ class SweepProgress:
         self.root, self.steps, self.log, self.every = root, steps, log, every
         self.done: dict[str, int] = {}
         self.running: dict[str, int] = {}
-        self.counts = {"ok": 0, "diverged": 0, "failed": 0}
+        self.counts = {"ok": 0, "stalled": 0, "diverged": 0, "failed": 0}
         self.t0 = self.last_line = time.monotonic()
         tty = sys.stderr.isatty() if tty is None else tty
         self.bar = tqdm(total=sum(steps.values()), desc=f"sweep {name}", unit="step", dynamic_ncols=True,

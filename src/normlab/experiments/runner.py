@@ -270,6 +270,8 @@ def _describe(row: dict[str, Any]) -> str:
     if row["status"] == "ok":
         val = f", val {row['final_val_loss']:.4f}" if row["final_val_loss"] is not None else ""
         return f"ok, final loss {row['final_loss']:.4f}{val} ({row['wall_time_s']:.0f}s)"
+    if row["status"] == "stalled":
+        return f"stalled, final loss {row['final_loss']:.4f} ({row['reason']})"
     if row["status"] == "diverged":
         return f"diverged at step {row['diverged_step']} ({row['reason']})"
     return f"{row['status']}: {row['reason']}"

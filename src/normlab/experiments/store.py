@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from normlab.experiments.sweep import RunSpec
+from normlab.train.monitor import FINISHED as DONE
 
-DONE = ("ok", "diverged")
-STATUSES = ("pending", "running", "ok", "diverged", "failed")
+STATUSES = ("pending", "running", *DONE, "failed")
 # Outcome columns copied from a run's summary.json.
 OUTCOME = ("initial_loss", "final_loss", "final_val_loss", "diverged_step", "loss_spikes", "grad_spikes",
            "megatron_spikes", "wall_time_s", "tokens")
@@ -112,7 +112,7 @@ class SweepStore:
     def record(self, run_id: str, summary: dict[str, Any]) -> None:
         """Store a run's outcome from its summary.json (or a failure dict with status and reason)."""
         status = summary.get("status", "failed")
-        if status not in ("ok", "diverged", "failed"):
+        if status not in (*DONE, "failed"):
             status = "failed"
         step = summary.get("failed_step", summary.get("diverged_step") or summary.get("steps"))
         values = {k: summary.get(k) for k in OUTCOME}

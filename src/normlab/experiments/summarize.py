@@ -3,6 +3,8 @@
 - **Cells** (every grid point with the seed axis folded): runs, divergences as "k/n" (Kim Tables
   10-12, Kan Table 1), and mean +/- sample std (ddof 1) of the final training and validation loss
   over the seeds that did not diverge (Kim Table 1 practice: diverged runs are excluded and counted).
+  Stalled runs (finished at the corpus's unigram loss; `normlab.train.monitor`) are counted as "k/n
+  stalled" beside the divergences and stay in the loss means: their loss is finite and is the result.
   Crashed (`failed`) runs are neither results nor divergences: counted apart.
 - **Learning-rate curves** (when `lr` is an axis): per group (the cell without its lr) the mean final
   loss at each lr, the U-curve of Kim Fig. 3a, 12, 16-18.
@@ -29,6 +31,7 @@ import pandas as pd
 from normlab.evaluation.results import headline_scores, load_evals
 from normlab.experiments.store import OUTCOME, SweepStore
 from normlab.io import atomic_write_bytes
+from normlab.train.monitor import FINISHED, TRAINED
 
 SEED = "seed"
 LR = "lr"
@@ -58,7 +61,7 @@ def load_sweep(path: str | Path) -> tuple[pd.DataFrame, list[str]]:
     # One row per grid point: a store can hold two ids for one point (runs recorded by a normlab
     # whose ids hashed other settings); the finished one, else the newest, is the result.
     if axes and len(df):
-        df["_rank"] = [(s in ("ok", "diverged"), r["finished_at"] or 0) for s, r in zip(df.status, rows)]
+        df["_rank"] = [(s in FINISHED, r["finished_at"] or 0) for s, r in zip(df.status, rows)]
         df = df.sort_values("_rank", kind="stable").drop_duplicates(subset=axes, keep="last")
         df = df.drop(columns="_rank").sort_index()
     return df, axes
@@ -85,15 +88,17 @@ def cells(df: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
     out = []
     for key, g in groups:
         key = key if isinstance(key, tuple) else (key,)
-        ok, div, failed = (g.status == "ok").sum(), (g.status == "diverged").sum(), (g.status == "failed").sum()
-        finished = ok + div
-        fm, fs = _mean_std(g[g.status == "ok"].final_loss)
-        vm, vs = _mean_std(g[g.status == "ok"].final_val_loss)
+        n = {s: int((g.status == s).sum()) for s in (*FINISHED, "failed")}
+        finished = sum(n[s] for s in FINISHED)
+        trained = g[g.status.isin(TRAINED)]
+        fm, fs = _mean_std(trained.final_loss)
+        vm, vs = _mean_std(trained.final_val_loss)
         scores = {}
         for col in (x for x in g.columns if x.startswith(EVAL_PREFIX)):
-            scores[col + " mean"], scores[col + " std"] = _mean_std(g[g.status == "ok"][col])
-        out.append({**dict(zip(keys, key)), "runs": len(g), "ok": int(ok), "diverged": int(div), "failed": int(failed),
-                    "pending": int(len(g) - finished - failed), "divergences": f"{div}/{finished}",
+            scores[col + " mean"], scores[col + " std"] = _mean_std(trained[col])
+        out.append({**dict(zip(keys, key)), "runs": len(g), **n,
+                    "pending": int(len(g) - finished - n["failed"]), "divergences": f"{n['diverged']}/{finished}",
+                    "stalls": f"{n['stalled']}/{finished}",
                     "final_loss_mean": fm, "final_loss_std": fs, "val_loss_mean": vm, "val_loss_std": vs, **scores})
     return pd.DataFrame(out)
 
@@ -110,19 +115,19 @@ def _capped(row: pd.Series) -> float:
 
 
 def lr_curves(df: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
-    """Per group and lr: mean final loss over non-diverged seeds, divergences k/n, mean capped loss."""
+    """Per group and lr: mean final loss over non-diverged seeds, divergences and stalls k/n, mean capped loss."""
     if LR not in axes:
         return pd.DataFrame()
     keys = [a for a in axes if a not in (SEED, LR)]
-    done = df[df.status.isin(["ok", "diverged"])].copy()
+    done = df[df.status.isin(FINISHED)].copy()
     done["capped"] = done.apply(_capped, axis=1) if len(done) else []
     out = []
     for key, g in done.groupby(keys + [LR], sort=False, dropna=False):
         key = key if isinstance(key, tuple) else (key,)
-        ok = g[g.status == "ok"]
-        m, s = _mean_std(ok.final_loss)
+        m, s = _mean_std(g[g.status.isin(TRAINED)].final_loss)
         out.append({**dict(zip(keys + [LR], key)), "final_loss_mean": m, "final_loss_std": s,
-                    "divergences": f"{(g.status == 'diverged').sum()}/{len(g)}", "capped_loss": float(g.capped.mean())})
+                    "divergences": f"{(g.status == 'diverged').sum()}/{len(g)}",
+                    "stalls": f"{(g.status == 'stalled').sum()}/{len(g)}", "capped_loss": float(g.capped.mean())})
     return pd.DataFrame(out)
 
 
@@ -172,6 +177,7 @@ def cell_table(c: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
     keys = [a for a in axes if a != SEED]
     t = c[keys].copy()
     t["divergences"] = c.divergences
+    t["stalled"] = c.stalls
     t["failed"] = c.failed
     t["final loss"] = [_pm(m, s) for m, s in zip(c.final_loss_mean, c.final_loss_std)]
     t["val loss"] = [_pm(m, s) for m, s in zip(c.val_loss_mean, c.val_loss_std)]
@@ -182,12 +188,14 @@ def cell_table(c: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
 
 
 def lr_table(curves: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
-    """Groups as rows, learning rates as columns: "mean (k/n diverged)"."""
+    """Groups as rows, learning rates as columns: "mean (k/n diverged, j/n stalled)"."""
     if curves.empty:
         return curves
     keys = [a for a in axes if a not in (SEED, LR)]
-    cell = [("-" if math.isnan(m) else f"{m:.4f}") + (f" ({d})" if not d.startswith("0/") else "")
-            for m, d in zip(curves.final_loss_mean, curves.divergences)]
+    cell = []
+    for m, d, st in zip(curves.final_loss_mean, curves.divergences, curves.stalls):
+        notes = [f"{x} {what}" for x, what in ((d, "diverged"), (st, "stalled")) if not x.startswith("0/")]
+        cell.append(("-" if math.isnan(m) else f"{m:.4f}") + (f" ({', '.join(notes)})" if notes else ""))
     t = curves.assign(cell=cell)
     if not keys:
         t = t.assign(group="all")
@@ -215,14 +223,14 @@ def summarize(path: str | Path, out: str | Path | None = None) -> dict[str, Any]
             head.append(f"- {k}: {sweep[k]}")
     head.append(f"- runs: {len(df)} (" + ", ".join(f"{v} {k}" for k, v in counts.items()) + ")")
     head.append(f"- axes: {', '.join(axes)}")
-    md = "\n".join(head) + "\n\n## Cells: divergences and loss over seeds (mean ± std, diverged runs excluded)\n\n"
+    md = "\n".join(head) + "\n\n## Cells: divergences, stalls and loss over seeds (mean ± std, diverged runs excluded)\n\n"
     md += to_markdown(cell_table(c, axes))
     if not curves.empty:
-        md += "\n## Final loss by learning rate (mean over seeds; (k/n) = diverged)\n\n" + to_markdown(lr_table(curves, axes))
+        md += "\n## Final loss by learning rate (mean over seeds that did not diverge; k/n diverged or stalled)\n\n" + to_markdown(lr_table(curves, axes))
         md += "\n## LR sensitivity (Wortsman et al. 2024) and best learning rate\n\n" + to_markdown(sens)
-    bad = df[df.status.isin(["diverged", "failed"])]
+    bad = df[df.status.isin(["diverged", "stalled", "failed"])]
     if len(bad):
-        md += "\n## Diverged and failed runs\n\n" + to_markdown(bad[["run_id", "status", "step", "reason"]])
+        md += "\n## Diverged, stalled and failed runs\n\n" + to_markdown(bad[["run_id", "status", "step", "reason"]])
     atomic_write_bytes(out / "summary.md", md.encode())
     for name, table in (("runs", df), ("cells", c), ("lr_curve", curves), ("lr_sensitivity", sens)):
         if not table.empty:
@@ -267,15 +275,18 @@ def _report(out: Path, df: pd.DataFrame, axes: list[str], c: pd.DataFrame, curve
     a.set_xlabel("final training loss, mean ± std over seeds")
     a.set_title("Loss by cell (diverged runs excluded)")
     a.set_ylim(len(c) - 0.5, -0.5)
-    finished = (c.ok + c.diverged).replace(0, np.nan)
-    b.barh(y, c.diverged / finished, color="tab:red", alpha=0.8)
-    for yi, text in zip(y, c.divergences):
-        b.text(0.01, yi, text, va="center", fontsize=8)
+    finished = sum(c[s] for s in FINISHED).replace(0, np.nan)
+    b.barh(y, c.diverged / finished, color="tab:red", alpha=0.8, label="diverged")
+    b.barh(y, c.stalled / finished, left=(c.diverged / finished).fillna(0), color="tab:orange", alpha=0.8,
+           label="stalled (unigram loss)")
+    for yi, d, st in zip(y, c.divergences, c.stalls):
+        b.text(0.01, yi, f"{d} diverged" + ("" if st.startswith("0/") else f", {st} stalled"), va="center", fontsize=8)
     b.set_yticks(y, [""] * len(y))
     b.invert_yaxis()
     b.set_xlim(0, 1)
-    b.set_xlabel("fraction of seeds diverged")
-    b.set_title("Divergences (k/n)")
+    b.set_xlabel("fraction of seeds diverged or stalled")
+    b.set_title("Divergences and stalls (k/n)")
+    b.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     sections.append(figure_html(fig, out, "cells", "Loss and divergences by cell"))
     meta = "".join(f"<li>{html.escape(k)}: {html.escape(str(sweep[k]))}</li>" for k in ("source", "scale", "claim") if sweep.get(k))

@@ -2,6 +2,13 @@
 
 `PRESETS` maps a name to a `Preset` (layout, equation, source). The Zhuo et al. Appendix E family
 is generated from its definition rather than written out 24 times.
+
+Inits that are part of a paper's recipe travel with the layout (`Layout.init`, used when the model's
+``init`` is "auto"): DeepNorm's beta-scaled Xavier (Wang et al. 2022), and Megatron init for every
+HybridNorm-family layout, since Zhuo et al. Sec. 4.4 set "the default initialization method ... for
+HybridNorm to Megatron initialization in all experiments" (Table 7: truncated normal, std
+1/sqrt(2.5 d), output projections / sqrt(2L)). Their Pre-Norm baseline uses their "Normal" init
+(``pre,init=trunc-normal``); the plain ``pre`` preset keeps Kim et al.'s N(0, 0.02) (Table 2).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from normlab.layout.sites import (
 
 KIM = "Kim et al. 2025 (Peri-LN)"
 ZHUO = "Zhuo et al. 2025 (HybridNorm)"
+ZHUO_INIT = "megatron"  # Zhuo et al. Sec. 4.4 and Table 7: HybridNorm's init in all experiments
 KAN = "Kan et al. 2025 (Stability under LN)"
 
 
@@ -72,13 +80,13 @@ def _zhuo_family() -> list[Preset]:
             f"pre-{key}-pre": (PRE, PRE, f"Y = MHA_{hash_}(N(X)) + X; X' = FFN(N(Y)) + Y", "47-48"),
         }
         for name, (attn, mlp, eq, eqno) in forms.items():
-            layout = Layout(block=_block(attn, mlp, inner), final_norm=True)
+            layout = Layout(block=_block(attn, mlp, inner), final_norm=True, init=ZHUO_INIT)
             out.append(_preset(name, layout, eq, f"{ZHUO}, App. E eqs. {eqno}"))
     return out
 
 
 def _build() -> dict[str, Preset]:
-    hybrid = Layout(block=_block(NONE, NORMED_SKIP, ZHUO_INNER["qkv"]), final_norm=True)
+    hybrid = Layout(block=_block(NONE, NORMED_SKIP, ZHUO_INNER["qkv"]), final_norm=True, init=ZHUO_INIT)
     first_block = LayerRange(0, 1)
     hybrid_star = replace(
         hybrid,
@@ -119,8 +127,8 @@ def _build() -> dict[str, Preset]:
         _preset("hybrid", hybrid, "Y = MHA_QKV(X) + X; X' = FFN(N(Y)) + N(Y)", f"{ZHUO}, eqs. 8-9"),
         _preset("hybrid*", hybrid_star, "as hybrid; first block Y = MHA_QKV(N(X)) + X, X' = FFN(N(Y)) + Y", f"{ZHUO}, eqs. 10-11"),
         *_zhuo_family(),
-        _preset("pre-post", Layout(block=_block(PRE, NORMED_SKIP), final_norm=True), "Y = MHA(N(X)) + X; X' = FFN(N(Y)) + N(Y)", f"{ZHUO}, App. E eqs. 49-50"),
-        _preset("post-pre", Layout(block=_block(NORMED_SKIP, PRE), final_norm=True), "Y = MHA(N(X)) + N(X); X' = FFN(N(Y)) + Y", f"{ZHUO}, App. E eqs. 51-52"),
+        _preset("pre-post", Layout(block=_block(PRE, NORMED_SKIP), final_norm=True, init=ZHUO_INIT), "Y = MHA(N(X)) + X; X' = FFN(N(Y)) + N(Y)", f"{ZHUO}, App. E eqs. 49-50"),
+        _preset("post-pre", Layout(block=_block(NORMED_SKIP, PRE), final_norm=True, init=ZHUO_INIT), "Y = MHA(N(X)) + N(X); X' = FFN(N(Y)) + Y", f"{ZHUO}, App. E eqs. 51-52"),
         _preset(
             "mix-ln",
             Layout(

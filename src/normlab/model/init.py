@@ -59,6 +59,30 @@ def base_std(scheme: str, d_model: int, init_std: float) -> float:
     }[scheme]
 
 
+_SOURCES = {
+    "normal": "Kim Table 2", "xavier": "Kim Table 8", "he": "Kim Table 9", "lecun": "Kim Table 9",
+    "10/d": "Kim Table 9", "1/10d": "Kim Table 9", "trunc-normal": "Zhuo Sec. 4.4 Normal",
+    "depth-scaled": "Zhuo Sec. 4.4", "megatron": "Zhuo Sec. 4.4, Table 7", "deepnorm": "Wang et al. 2022",
+}
+
+
+def describe_init(scheme: str, d_model: int, n_layers: int, init_std: float) -> str:
+    """The scheme's numbers at this size and its source, e.g. for `normlab show`."""
+    check_scheme(scheme)
+    std = base_std(scheme, d_model, init_std)
+    if scheme in _XAVIER:
+        what = "Xavier normal on linear layers, embedding N(0, %.3g^2)" % std
+        if scheme == "deepnorm":
+            what += f", gain {deepnorm_beta(n_layers):.4g} on v/o/MLP"
+    else:
+        what = f"{'truncated at 3 std, ' if scheme in _TRUNCATED else ''}std {std:.4g}"
+        if scheme == "megatron":
+            what += f"; o_proj, down_proj std {std / math.sqrt(2.0 * n_layers):.4g} (/ sqrt(2L), L = {n_layers})"
+        elif scheme == "depth-scaled":
+            what += f"; o_proj, down_proj of layer l / sqrt(2l): {std / math.sqrt(2.0):.4g} ... {std / math.sqrt(2.0 * n_layers):.4g}"
+    return f"{what} ({_SOURCES[scheme]})"
+
+
 def _normal(w: torch.Tensor, std: float, truncated: bool) -> None:
     if truncated:
         nn.init.trunc_normal_(w, mean=0.0, std=std, a=-3 * std, b=3 * std)

@@ -15,6 +15,14 @@ gradients overflowed is the scaler calibrating, not divergence: the step is skip
 ``max_overflow_streak`` consecutive steps overflow, or when the scale falls below ``min_loss_scale``
 (below 1 the gradients overflow FP16 even unscaled). bf16 and fp32 have no scaler and keep the rule above.
 
+Stalled (the run finished, but learned nothing beyond token frequencies; distinct from diverged):
+- its final loss (mean of the last 10 steps) ends within ``stall_margin`` x U of the corpus's unigram
+  loss U (the entropy of the training tokens' frequencies: the loss of the best model that ignores
+  context) or above it, **and** it improved by less than that margin over the last quarter of the run.
+  Post-LN at a high learning rate sits at U for hundreds of steps without ever exceeding its initial
+  loss, which the rules above call ok. The second condition keeps a slow run (a low learning rate,
+  still descending towards U at the end) from being called stalled: it is short of budget, not stuck.
+
 Spikes (counted and logged, never fatal), the published rules:
 - OLMo-core: a value above mean + 6 std of the previous 128 steps (loss and grad norm separately);
 - Megatron-LM: a loss above 10x the largest loss of the early steps (the first 128).
@@ -34,6 +42,9 @@ SPIKE_SIGMAS = 6.0
 MEGATRON_FACTOR = 10.0
 MIN_HISTORY = 16  # the OLMo rule needs some history before mean/std mean anything
 MIN_SKIP_STEPS = 10  # the skipped-fraction rule applies from this many steps on
+FINISHED = ("ok", "stalled", "diverged")  # the outcomes of a run that ran to its end (or its divergence)
+TRAINED = ("ok", "stalled")  # finished with a finite final loss: seed means and evaluations use these
+MIN_STALL_STEPS = 20  # the stalled rule needs this many steps (a last quarter of at least 5)
 
 
 @dataclass
@@ -62,6 +73,8 @@ class DivergenceMonitor:
     max_skipped: float = 0.1
     max_overflow_streak: int = 20
     min_loss_scale: float = 1.0
+    unigram_loss: float | None = None  # the corpus's unigram entropy (nats/token); None: no stalled rule
+    stall_margin: float = 0.05  # fraction of unigram_loss; 0: no stalled rule
     initial_loss: float | None = None
     above_initial: int = 0
     status: str = "ok"
@@ -75,6 +88,7 @@ class DivergenceMonitor:
     early_max: float = -math.inf
     megatron_spikes: int = 0
     recent: deque = field(default_factory=lambda: deque(maxlen=10))
+    losses: list[float] = field(default_factory=list)  # every finite step's loss, for the stalled rule
 
     @property
     def diverged(self) -> bool:
@@ -121,6 +135,7 @@ class DivergenceMonitor:
         if self.initial_loss is None:
             self.initial_loss = loss
         self.recent.append(loss)
+        self.losses.append(loss)
         if self.patience:
             self.above_initial = self.above_initial + 1 if loss > self.initial_loss else 0
             if self.above_initial >= self.patience:
@@ -144,6 +159,22 @@ class DivergenceMonitor:
             final = statistics.fmean(self.recent)
             if final > self.final_loss:
                 self._diverge(step, f"final loss {final:.4f} above the threshold {self.final_loss}")
+        self._check_stalled()
+
+    def _check_stalled(self) -> None:
+        """The stalled rule (module docstring), for a run that finished ok."""
+        n = len(self.losses)
+        if self.status != "ok" or not self.unigram_loss or not self.stall_margin or n < MIN_STALL_STEPS:
+            return
+        margin = self.stall_margin * self.unigram_loss
+        final = statistics.fmean(self.losses[-10:])
+        quarter = n // 4
+        start = statistics.fmean(self.losses[max(0, n - quarter - 10):n - quarter])
+        if final > self.unigram_loss - margin and start - final < margin:
+            self.status = "stalled"
+            self.reason = (f"final loss {final:.4f} within {margin:.3f} of the unigram loss {self.unigram_loss:.4f} "
+                           f"(or above it), {start - final:+.4f} over the last {quarter} steps: it learned token "
+                           "frequencies and nothing more")
 
     def summary(self) -> dict:
         return {
@@ -155,6 +186,7 @@ class DivergenceMonitor:
             "loss_spikes": self.loss_spikes.count,
             "grad_spikes": self.grad_spikes.count,
             "megatron_spikes": self.megatron_spikes,
+            "unigram_loss": self.unigram_loss,
         }
 
     def state_dict(self) -> dict:
@@ -165,6 +197,7 @@ class DivergenceMonitor:
             "grad_hist": list(self.grad_spikes.history), "grad_count": self.grad_spikes.count,
             "early_max": self.early_max, "megatron_spikes": self.megatron_spikes, "recent": list(self.recent),
             "overflow_steps": list(self.overflow_steps), "overflow_streak": self.overflow_streak,
+            "losses": list(self.losses),
         }
 
     def load_state_dict(self, s: dict) -> None:
@@ -178,4 +211,5 @@ class DivergenceMonitor:
         self.early_max, self.megatron_spikes = s["early_max"], s["megatron_spikes"]
         self.recent.extend(s["recent"])
         self.overflow_steps = list(s.get("overflow_steps", []))  # absent in older checkpoints
+        self.losses = list(s.get("losses", []))  # absent before the stalled rule: judged on what follows
         self.overflow_streak = s.get("overflow_streak", 0)

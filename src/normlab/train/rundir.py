@@ -27,8 +27,7 @@ from typing import Any
 from normlab.model.config import ConfigError
 from normlab.train.checkpoint import load_latest_checkpoint
 from normlab.train.config import TrainConfig
-
-DONE = ("ok", "diverged")
+from normlab.train.monitor import TRAINED
 OWN_FILES = (".lock",)  # what a run writes before its config.json (a run killed that early left only this)
 
 
@@ -93,12 +92,17 @@ def plan_start(cfg: TrainConfig, warn=print) -> Start:  # noqa: ANN001 - warn: p
         changes = ", ".join(f"{k}: {was[k]!r} -> {now[k]!r}" for k in diff[:6])
         raise ConfigError(f"{run} holds a run with different settings ({changes}); "
                           "resume with the same settings or choose another --out")
+    was_layout, now_layout = (read_json(run / "config.json") or {}).get("layout"), cfg.model.layout.to_string()
+    if was_layout is not None and was_layout != now_layout:  # a preset's definition changed under its name
+        raise ConfigError(f"{run} was trained with layout {cfg.model.layout_label!r} = {was_layout!r}; this normlab "
+                          f"defines it as {now_layout!r}. Choose another --out to train the new definition, or "
+                          f"give --layout {was_layout!r} to resume the old one")
     if not cfg.resume:
         raise ConfigError(f"{run} already holds a run and --no-resume was given; choose another --out "
                           "(nothing there is overwritten)")
     summary = read_json(run / "summary.json")
     status = (summary or {}).get("status")
-    if status == "diverged" or (status == "ok" and summary.get("steps") == cfg.steps):
+    if status == "diverged" or (status in TRAINED and summary.get("steps") == cfg.steps):
         return Start(finished=summary, note=f"{run} already finished ({summary['status']}); nothing to do")
     found = load_latest_checkpoint(run, warn=lambda m: warn(f"normlab: warning: {m}"))
     if found is None:
