@@ -151,8 +151,9 @@ def _run_monitor(curve: list[float], unigram: float | None = 3.3, margin: float 
 
 
 def test_stalled_rule():
-    """Stalled: ends within 5% of the unigram loss U = 3.3 (0.165 nats) or above, and moved less than
-    that over the last quarter. 100 steps: the last quarter starts at step 75, judged on steps 65-74."""
+    """Stalled: ends within 5% of the unigram loss U = 3.3 (0.165 nats) or above, and improved by less
+    than a fifth of that (0.033) over the last quarter. 100 steps: the last quarter starts at step 75,
+    judged on the mean of steps 65-74 against the mean of the last 10."""
     flat = [5.5 - 0.2 * i for i in range(11)] + [3.32 + 0.01 * (i % 3) for i in range(89)]  # 3.3 from step 11
     m = _run_monitor(flat)
     assert m.status == "stalled" and not m.diverged and "unigram loss 3.3000" in m.reason
@@ -163,6 +164,9 @@ def test_stalled_rule():
     # a slow run still descending towards U at the end (0.3 over the last quarter): short of budget, ok
     slow = [5.5 - 0.021 * i for i in range(100)]  # 3.42 at the end, 3.95 at step 75
     assert _run_monitor(slow).status == "ok" and _run_monitor(slow).reason is None
+    # at U, improving 0.05 over the last quarter (more than 0.033): ok; 0.02: stalled
+    assert _run_monitor([3.35] * 70 + [3.35 - 0.05 * i / 29 for i in range(30)]).status == "ok"
+    assert _run_monitor([3.35] * 70 + [3.35 - 0.02 * i / 29 for i in range(30)]).status == "stalled"
     # learned past U: ok whatever the slope
     assert _run_monitor([5.5 - 0.03 * i for i in range(60)] + [2.2] * 40).status == "ok"
     # ends just beyond the margin (U - 0.165 - 0.01): ok

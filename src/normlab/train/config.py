@@ -168,8 +168,8 @@ class RunSettings:
                                     check=_nonneg)
     diverge_final_loss: float | None = setting(None, "diverged if the final loss ends above this", check=_positive)
     stall_margin: float = setting(0.05, "stalled if the final loss ends within this fraction of the corpus's unigram "
-                                  "loss (or above it) and improved by less than that over the last quarter of the "
-                                  "run (0: off); see normlab.train.monitor", identity=False, check=_nonneg)
+                                  "loss (or above it) and improved by less than a fifth of that over the last "
+                                  "quarter of the run (0: off); see normlab.train.monitor", identity=False, check=_nonneg)
     probe_every: int = setting(100, "probe pass every N steps, at step 0 and at the end (0: off); see docs/diagnostics.md",
                                identity=False, check=_nonneg)
     probe_batch: int = setting(8, "sequences in the fixed probe batch (the first validation windows)", identity=False,
