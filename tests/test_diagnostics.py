@@ -224,6 +224,13 @@ def test_report_html_and_figures(corpus, tmp_path):
     for src in parser.images:
         assert base64.b64decode(src.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"  # self-contained
     assert "pre" in parser.cells and "peri" in parser.cells and "ok" in parser.cells
+    # the Prop. 3.1 per-token table: each run at its first and last probe (steps 0 and 6)
+    from normlab.diagnostics.report import prop31_rows
+
+    rows = prop31_rows([normlab.load_run(r) for r in runs], ["pre", "peri"])
+    assert [(r["run"], r["step"]) for r in rows] == [("pre", 0), ("pre", 6), ("peri", 0), ("peri", 6)]
+    assert rows[0]["tok_within_bound"] is None and 0 <= rows[2]["tok_within_bound"] <= 1  # peri has the bound
+    assert 'id="prop31"' in index.read_text()
 
 
 def test_probing_context_manager_and_generic_module(tmp_path):

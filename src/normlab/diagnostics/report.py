@@ -218,6 +218,24 @@ def summary_rows(runs: list[Run], names: list[str]) -> list[dict]:
     return [{k: r.get(k) for k in keys} for r in rows]
 
 
+PROP31_METRICS = ("tok_h_norm", "tok_grad_max", "tok_grad_mean", "grad_h_slope", "grad_h_corr", "tok_within_bound")
+
+
+def prop31_rows(runs: list[Run], names: list[str]) -> list[dict]:
+    """Kim Prop. 3.1 per token (`prop31.per_token`) at each run's first and last probe."""
+    rows = []
+    for run, name in zip(runs, names):
+        p = run.probes
+        p = p[p.site == "prop31"] if len(p) else p
+        if not len(p) or "grad_h_slope" not in set(p.metric):
+            continue
+        for step in sorted({int(p.step.min()), int(p.step.max())}):
+            at = p[p.step == step]
+            vals = {m: at[at.metric == m].value.iloc[0] if (at.metric == m).any() else None for m in PROP31_METRICS}
+            rows.append({"run": name, "step": step, **vals})
+    return rows
+
+
 def eval_rows(runs: list[Run], names: list[str]) -> list[dict]:
     """Every lm-evaluation-harness metric of every run (normlab eval), with its stderr and sample count."""
     rows = []
@@ -310,6 +328,14 @@ def make_report(run_dirs: list[str | Path], out: str | Path) -> Path:
     figures = FIGURES + ([("expert_load", "Expert load over training (MoE; Zhuo Sec. 4.3, OLMoE)", fig_expert_load)]
                          if _has_experts(runs) else [])
     sections = [figure_html(make(runs, names), out, key, title) for key, title, make in figures]
+    prop31 = prop31_rows(runs, names)
+    if prop31:
+        sections.insert(0, '<h2 id="prop31">Kim Prop. 3.1, per token (last MLP): does the gradient grow with ||h||?</h2>'
+                        "<p>tok_grad_max / tok_grad_mean: the largest entry of one token's own dl/dW2 (max, mean over "
+                        "tokens); grad_h_slope: slope of log ||dl_t/dW2|| on log ||h_t|| across tokens (1: grows with "
+                        "||h||, Pre-LN's regime; near 0: bounded by ||h||/||a||, an output norm's); tok_within_bound: "
+                        "fraction of tokens within 4 gamma sqrt(D) ||h_t||/||a_t|| (output-normalized MLPs only)</p>"
+                        + table_html(prop31))
     evals = eval_rows(runs, names)
     if evals:
         sections.insert(0, '<h2 id="evaluation">Downstream evaluation (lm-evaluation-harness; normlab eval)</h2>'
