@@ -170,8 +170,8 @@ def test_sweep_summary_shows_eval_scores_per_cell(tmp_path):
             (root / "runs" / r.run_id / "eval.json").write_text(json.dumps(
                 {"normlab_shakespeare_next_line": {"metrics": {"acc": score, "acc_norm": 0.25}}}))
     md = summarize(root)["markdown"].read_text()
-    assert "| layout | lr | divergences | failed | final loss | val loss | normlab_shakespeare_next_line acc |" in md
-    assert "| pre | 0.001 | 0/3 | 0 | 3.2000 ± 0.2000 | 3.3000 ± 0.2000 | 0.4000 ± 0.1000 |" in md
+    assert "| layout | lr | divergences | stalled | failed | final loss | val loss | normlab_shakespeare_next_line acc |" in md
+    assert "| pre | 0.001 | 0/3 | 0/3 | 0 | 3.2000 ± 0.2000 | 3.3000 ± 0.2000 | 0.4000 ± 0.1000 |" in md
     df, _ = load_sweep(root)
     assert "eval: normlab_shakespeare_next_line acc" in df.columns
 
