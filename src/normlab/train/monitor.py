@@ -90,8 +90,7 @@ class DivergenceMonitor:
     grad_spikes: SpikeDetector = field(default_factory=SpikeDetector)
     early_max: float = -math.inf
     megatron_spikes: int = 0
-    recent: deque = field(default_factory=lambda: deque(maxlen=10))
-    losses: list[float] = field(default_factory=list)  # every finite step's loss, for the stalled rule
+    losses: list[float] = field(default_factory=list)  # every finite step's loss (final loss, stalled rule)
 
     @property
     def diverged(self) -> bool:
@@ -137,7 +136,6 @@ class DivergenceMonitor:
         """Record a finite step; returns which spike rules fired."""
         if self.initial_loss is None:
             self.initial_loss = loss
-        self.recent.append(loss)
         self.losses.append(loss)
         if self.patience:
             self.above_initial = self.above_initial + 1 if loss > self.initial_loss else 0
@@ -158,8 +156,8 @@ class DivergenceMonitor:
     def finish(self, step: int) -> None:
         if self.skipped_steps:
             self._check_skipped(step)
-        if self.final_loss is not None and self.recent:
-            final = statistics.fmean(self.recent)
+        if self.final_loss is not None and self.losses:
+            final = statistics.fmean(self.losses[-10:])
             if final > self.final_loss:
                 self._diverge(step, f"final loss {final:.4f} above the threshold {self.final_loss}")
         self._check_stalled()
@@ -198,7 +196,7 @@ class DivergenceMonitor:
             "reason": self.reason, "diverged_step": self.diverged_step, "skipped_steps": list(self.skipped_steps),
             "loss_hist": list(self.loss_spikes.history), "loss_count": self.loss_spikes.count,
             "grad_hist": list(self.grad_spikes.history), "grad_count": self.grad_spikes.count,
-            "early_max": self.early_max, "megatron_spikes": self.megatron_spikes, "recent": list(self.recent),
+            "early_max": self.early_max, "megatron_spikes": self.megatron_spikes,
             "overflow_steps": list(self.overflow_steps), "overflow_streak": self.overflow_streak,
             "losses": list(self.losses),
         }
@@ -212,7 +210,7 @@ class DivergenceMonitor:
         self.grad_spikes.history.extend(s["grad_hist"])
         self.grad_spikes.count = s["grad_count"]
         self.early_max, self.megatron_spikes = s["early_max"], s["megatron_spikes"]
-        self.recent.extend(s["recent"])
         self.overflow_steps = list(s.get("overflow_steps", []))  # absent in older checkpoints
-        self.losses = list(s.get("losses", []))  # absent before the stalled rule: judged on what follows
+        # older checkpoints kept only the last 10 losses ("recent"): the stalled rule judges what follows
+        self.losses = list(s.get("losses", s.get("recent", [])))
         self.overflow_streak = s.get("overflow_streak", 0)

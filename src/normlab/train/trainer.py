@@ -227,7 +227,7 @@ def build_state(cfg: TrainConfig, info: distributed.DistInfo, start: Start) -> R
         monitor=DivergenceMonitor(patience=cfg.diverge_patience, final_loss=cfg.diverge_final_loss,
                                   max_skipped=cfg.max_skipped, max_overflow_streak=cfg.max_overflow_streak,
                                   min_loss_scale=cfg.min_loss_scale, stall_margin=cfg.stall_margin,
-                                  unigram_loss=data.unigram_loss()),
+                                  unigram_loss=data.unigram_loss() if cfg.stall_margin else None),
         params=params, val=data.val_windows(cfg.eval_batches, cfg.batch_size, cfg.seq_len),
         trainable=[p for p in model.parameters() if p.requires_grad],
         flops_per_token=fpt, peak_flops=peak_flops(info.device, cfg.precision, cfg.tf32),
