@@ -43,10 +43,12 @@ def _ema(y: np.ndarray, alpha: float = 0.1) -> np.ndarray:
     return out
 
 
-def _grid(n: int, width: float = 4.2, height: float = 3.2):  # noqa: ANN202
-    cols = min(n, 3)
+def _grid(n: int, width: float = 4.2, height: float = 3.2, share: bool = False):  # noqa: ANN202
+    """One panel per run; ``share``: the same x and y axes on every panel, so layouts compare at a glance."""
+    cols = min(n, 4 if n == 4 else 3)
     rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False,
+                             sharex=share, sharey=share)
     for ax in axes.flat[n:]:
         ax.set_visible(False)
     return fig, list(axes.flat[:n])
@@ -70,7 +72,7 @@ def fig_loss(runs: list[Run], names: list[str]):  # noqa: ANN201
 
 
 def fig_depth(runs: list[Run], names: list[str], metric: str, label: str):  # noqa: ANN201
-    fig, axes = _grid(len(runs))
+    fig, axes = _grid(len(runs), share=True)
     for ax, run, name in zip(axes, runs, names):
         tab = run.probe("stream", metric)
         if tab.empty:
@@ -83,6 +85,8 @@ def fig_depth(runs: list[Run], names: list[str], metric: str, label: str):  # no
             ax.plot(tab.columns.astype(int), tab.loc[st].to_numpy(dtype=float), "o-", ms=3, color=c, label=f"step {st}")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set(title=f"{name}: {label} by depth", xlabel="layer (0 = embedding output)", ylabel=label, yscale="log")
+        if metric == "max_abs":
+            ax.axhline(FP16_MAX, ls="--", color="tab:orange", label="FP16 max 65504")
         ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
@@ -123,6 +127,10 @@ def fig_top100(runs: list[Run], names: list[str]):  # noqa: ANN201
         x = lo.index.to_numpy()
         line, = ax.plot(x, hi.iloc[:, 0].to_numpy(dtype=float), label=f"{name} (top-100 band)")
         ax.fill_between(x, lo.iloc[:, 0].to_numpy(dtype=float), hi.iloc[:, 0].to_numpy(dtype=float), color=line.get_color(), alpha=0.25)
+        brk = run.summary.get("forensics") or {}
+        if (brk.get("forward") or {}).get("kind") == "overflow":  # where the stored activations overflowed
+            ax.scatter([brk["step"]], [brk.get("limit") or FP16_MAX], marker="X", s=120, color=line.get_color(),
+                       zorder=5, label=f"{name} overflowed (step {brk['step']})")
     ax.axhline(FP16_MAX, ls="--", color="tab:orange", label="FP16 max 65504")
     ax.set(title="Largest 100 |activations| in the residual stream", xlabel="step", ylabel="|hidden state|", yscale="log")
     ax.legend(fontsize=8)
@@ -163,7 +171,7 @@ def _gamma_sites(run: Run) -> tuple[str, list[str]]:
 
 
 def fig_gamma(runs: list[Run], names: list[str]):  # noqa: ANN201
-    fig, axes = _grid(len(runs))
+    fig, axes = _grid(len(runs), share=True)
     for ax, run, name in zip(axes, runs, names):
         kind, sites = _gamma_sites(run)
         for site in sites:
@@ -209,13 +217,70 @@ def summary_rows(runs: list[Run], names: list[str]) -> list[dict]:
             "run": name, "layout": run.config.get("layout", ""), "status": s.get("status", "?"),
             "diverged at": s.get("diverged_step"), "steps": s.get("steps"),
             "final loss": s.get("final_loss"), "val loss": s.get("final_val_loss"),
-            "max |h|": get("max_abs"), "FP16 headroom": get("fp16_headroom"),
+            "first break": s.get("first_break") or "-", "activations": s.get("activation_dtype", "fp32"),
+            "max |x| in run": s.get("max_activation"),
+            "max |h| (last probe)": get("max_abs"), "FP16 headroom": get("fp16_headroom"),
             "max/median": get("max_median_ratio"),
             "spikes (loss/grad)": f"{s.get('loss_spikes', 0)}/{s.get('grad_spikes', 0)}",
             **headline_scores(run.evals),
         })
     keys = list(dict.fromkeys(k for r in rows for k in r))  # runs evaluated on different tasks: one column set
     return [{k: r.get(k) for k in keys} for r in rows]
+
+
+def _last_layer_variance(runs: list[Run]) -> tuple[int, list[float]] | None:
+    """The last layer's hidden-state variance of every run at the latest probe step where all runs'
+    streams were finite (Kim Figs. 1, 6 compare layouts at one step): (step, variances)."""
+    tabs = [r.probe("stream", "var") for r in runs]
+    if any(t.empty for t in tabs):
+        return None
+    finite = [{int(st) for st in t.index if np.all(np.isfinite(t.loc[st].to_numpy(dtype=float)))} for t in tabs]
+    common = set.intersection(*finite)
+    if not common:
+        return None
+    step = max(common)
+    return step, [float(t.loc[step].to_numpy(dtype=float)[-1]) for t in tabs]
+
+
+def reading_lines(runs: list[Run], names: list[str]) -> list[str]:
+    """The report's opening: what the runs show, computed from them (which diverged and where, stream
+    growth, largest activation against the FP16 limit, loss)."""
+    lines = []
+    broke = [(n, r) for n, r in zip(names, runs) if r.summary.get("status") == "diverged"]
+    fine = [n for n, r in zip(names, runs) if r.summary.get("status") in ("ok", "stalled")]
+    for n, r in broke:
+        s = r.summary
+        where = (s.get("forensics") or {}).get("text") or s.get("reason") or "reason not recorded"
+        lines.append(f"{n} diverged at step {s.get('diverged_step')} ({s.get('activation_dtype', 'fp32')} activations): {where}.")
+    if broke and fine:
+        lines.append(f"Trained to the end: {', '.join(fine)}.")
+    elif not broke and fine:
+        lines.append(f"No run diverged ({', '.join(fine)}).")
+    stalled = [n for n, r in zip(names, runs) if r.summary.get("status") == "stalled"]
+    if stalled:
+        lines.append(f"Stalled at the corpus's unigram loss (learned token frequencies only): {', '.join(stalled)}.")
+    peaks = [(n, r.summary.get("max_activation"), ((r.summary.get("forensics") or {}).get("forward") or {}).get("kind"))
+             for n, r in zip(names, runs)]
+    peaks = [(n, v, k) for n, v, k in peaks if isinstance(v, (int, float))]
+    if peaks:
+        def said(v: float, kind: str | None) -> str:
+            if kind == "overflow":
+                return "then overflowed"
+            return "past 65504" if v > FP16_MAX else f"{FP16_MAX / v:,.3g}x below 65504" if v > 0 else "zero"
+        parts = [f"{n} {v:,.4g} ({said(v, k)})" for n, v, k in sorted(peaks, key=lambda p: -p[1])]
+        lines.append("Largest |activation| seen (top-100 probes; a diverged run's last finite value): " + "; ".join(parts) + ".")
+    var = _last_layer_variance(runs)
+    if var is not None:
+        step, values = var
+        lines.append(f"Hidden-state variance at the last layer, step {step} (the last probe where every run was "
+                     "finite): " + "; ".join(f"{n} {v:,.4g}" for n, v in sorted(zip(names, values), key=lambda p: -p[1])) + ".")
+    losses = [(n, r.summary.get("final_loss")) for n, r in zip(names, runs) if r.summary.get("status") in ("ok", "stalled")]
+    losses = [(n, v) for n, v in losses if isinstance(v, (int, float))]
+    if losses:
+        best = min(losses, key=lambda p: p[1])
+        lines.append("Final training loss (runs that finished): " + "; ".join(f"{n} {v:.4f}" for n, v in sorted(losses, key=lambda p: p[1]))
+                     + f" (best: {best[0]}).")
+    return lines
 
 
 PROP31_METRICS = ("tok_h_norm", "tok_grad_max", "tok_grad_mean", "grad_h_slope", "grad_h_corr", "tok_within_bound")
@@ -340,6 +405,8 @@ def make_report(run_dirs: list[str | Path], out: str | Path) -> Path:
     if evals:
         sections.insert(0, '<h2 id="evaluation">Downstream evaluation (lm-evaluation-harness; normlab eval)</h2>'
                         + table_html(evals))
+    reading = "".join(f"<li>{html.escape(line)}</li>" for line in reading_lines(runs, names))
     body = (f"<h1>normlab report</h1>\n<p>Runs: {', '.join(f'<code>{html.escape(str(r.path))}</code>' for r in runs)}</p>\n"
+            f'<h2 id="reading">Reading</h2><ul>{reading}</ul>\n'
             f'<h2 id="summary">Summary</h2>{table_html(summary_rows(runs, names))}\n' + "\n".join(sections))
     return write_page(out / "index.html", f"normlab report: {', '.join(names)}", body)

@@ -1,10 +1,14 @@
-"""`normlab compare`: the main job. Post-LN, Pre-LN, Peri-LN and HybridNorm trained side by side on
-the default corpus with probes on, then one HTML report (loss curves, variance by depth, gradient
-norms by layer, top activations, ...) and the sweep summary.
+"""`normlab compare`: the main job, and the README's first command. Post-LN, Pre-LN, Peri-LN and
+HybridNorm trained side by side with activations stored in fp16 (as the papers' Megatron runs did;
+`normlab.model.storage`), probes on, then one HTML report that opens with a reading of the runs.
+
+The defaults provoke Kim et al.'s failure (Sec. 7.2, Fig. 11) on a CPU in minutes: a 12-layer model
+at a high learning rate (0.1) without weight decay (Kan et al. Table 1's setting), where Pre-LN's residual stream grows past fp16's 65504 and the run
+diverges at a named site, while Peri-LN's activations stay in the tens. `--set` changes any of it
+(`--set activation_dtype=fp32` shows the same Pre-LN run surviving in float32).
 
 It is a sweep with one axis (layout), so it runs in parallel and resumes like any sweep: run it
-again and finished layouts are not retrained. Defaults are sized to finish in about ten minutes on
-two CPU cores (docs/results.md has the measured time).
+again and finished layouts are not retrained. docs/results.md has the measured time and output.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ from normlab.experiments.summarize import summarize
 from normlab.experiments.sweep import SweepConfig
 
 COMPARE_LAYOUTS = ("post", "pre", "peri", "hybrid")
-COMPARE_BASE: dict[str, Any] = {"size": "tiny", "steps": 300, "probe_every": 50, "eval_every": 50}
+COMPARE_BASE: dict[str, Any] = {"size": "micro", "model.n_layers": 12, "lr": 0.1, "steps": 150, "batch_size": 16,
+                                 "seq_len": 128, "weight_decay": 0.0, "activation_dtype": "fp16", "probe_every": 10,
+                                 "eval_every": 50}
 
 
 def compare(layouts: list[str] | tuple[str, ...] = COMPARE_LAYOUTS, out: str | Path = "runs/compare",
@@ -25,11 +31,19 @@ def compare(layouts: list[str] | tuple[str, ...] = COMPARE_LAYOUTS, out: str | P
     """Train ``layouts`` with the same settings and write the report; returns the report's index.html."""
     from normlab.diagnostics.report import make_report
 
-    sweep = SweepConfig(name="compare", base={**COMPARE_BASE, **base}, grid={"layout": list(layouts)},
-                        source="Kim et al. 2025 Figs. 1, 6, 7, 11; Zhuo et al. 2025 Fig. 5",
-                        scale=f"{base.get('size', COMPARE_BASE['size'])}, {base.get('steps', COMPARE_BASE['steps'])} steps")
+    from normlab.diagnostics.report import reading_lines
+    from normlab.diagnostics.store import load_run
+
+    merged = {**COMPARE_BASE, **base}
+    sweep = SweepConfig(name="compare", base=merged, grid={"layout": list(layouts)},
+                        source="Kim et al. 2025 Sec. 7.2, Figs. 1, 6, 7, 11; Zhuo et al. 2025 Fig. 5",
+                        scale=", ".join(f"{k} {merged[k]}" for k in ("size", "model.n_layers", "lr", "steps",
+                                                                     "activation_dtype") if k in merged))
     root = Path(out)
     run_sweep(sweep, root, workers=workers, log=log)
     summarize(root)
     finished = [root / "runs" / s.run_id for s in sweep.expand() if (root / "runs" / s.run_id / "metrics.jsonl").exists()]
-    return make_report(finished, root / "report")
+    index = make_report(finished, root / "report")
+    runs = [load_run(p) for p in finished]
+    log("\n".join(["reading:"] + [f"  {line}" for line in reading_lines(runs, [r.name for r in runs])]))
+    return index

@@ -24,7 +24,9 @@ from normlab.train.monitor import FINISHED as DONE
 STATUSES = ("pending", "running", *DONE, "failed")
 # Outcome columns copied from a run's summary.json.
 OUTCOME = ("initial_loss", "final_loss", "final_val_loss", "diverged_step", "loss_spikes", "grad_spikes",
-           "megatron_spikes", "wall_time_s", "tokens")
+           "megatron_spikes", "wall_time_s", "tokens", "max_activation", "first_break")
+# Columns added after the first release, with their SQL types: an older sweep.db gains them when opened.
+ADDED_COLUMNS = {"max_activation": "real", "first_break": "text"}
 
 SCHEMA = """
 create table if not exists runs (
@@ -37,6 +39,8 @@ create table if not exists runs (
     reason text,                   -- why it diverged or failed
     initial_loss real, final_loss real, final_val_loss real, diverged_step integer,
     loss_spikes integer, grad_spikes integer, megatron_spikes integer, wall_time_s real, tokens integer,
+    max_activation real,           -- the largest finite |activation| the run's probes and forensics saw
+    first_break text,              -- a diverged run: where its forward first broke (normlab.diagnostics.forensics)
     attempts integer not null default 0,
     worker text,                   -- host:pid or scheduler job id of the last attempt
     started_at real, finished_at real
@@ -53,6 +57,10 @@ class SweepStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._connect() as db:
             db.executescript(SCHEMA)
+            have = {row[1] for row in db.execute("pragma table_info(runs)")}
+            for name, kind in ADDED_COLUMNS.items():
+                if name not in have:
+                    db.execute(f"alter table runs add column {name} {kind}")
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from normlab.diagnostics.forensics import tally
 from normlab.evaluation.results import headline_scores, load_evals
 from normlab.experiments.store import OUTCOME, SweepStore
 from normlab.io import atomic_write_bytes
@@ -96,9 +97,12 @@ def cells(df: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
         scores = {}
         for col in (x for x in g.columns if x.startswith(EVAL_PREFIX)):
             scores[col + " mean"], scores[col + " std"] = _mean_std(trained[col])
+        peak = pd.to_numeric(g.max_activation, errors="coerce").dropna()
         out.append({**dict(zip(keys, key)), "runs": len(g), **n,
                     "pending": int(len(g) - finished - n["failed"]), "divergences": f"{n['diverged']}/{finished}",
                     "stalls": f"{n['stalled']}/{finished}",
+                    "max_activation": float(peak.max()) if len(peak) else math.nan,
+                    "first_breaks": tally(list(g[g.status == "diverged"].first_break)),
                     "final_loss_mean": fm, "final_loss_std": fs, "val_loss_mean": vm, "val_loss_std": vs, **scores})
     return pd.DataFrame(out)
 
@@ -179,6 +183,10 @@ def cell_table(c: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
     t["divergences"] = c.divergences
     t["stalled"] = c.stalls
     t["failed"] = c.failed
+    if "max_activation" in c and c.max_activation.notna().any():  # runs with probes: Kim Fig. 11's quantity against the FP16 limit
+        t["max |x|"] = [_fmt(v) for v in c.max_activation]
+    if "first_breaks" in c and (c.first_breaks != "").any():
+        t["first overflow (diverged runs)"] = [b or "-" for b in c.first_breaks]
     t["final loss"] = [_pm(m, s) for m, s in zip(c.final_loss_mean, c.final_loss_std)]
     t["val loss"] = [_pm(m, s) for m, s in zip(c.val_loss_mean, c.val_loss_std)]
     for col in (x for x in c.columns if x.startswith(EVAL_PREFIX) and x.endswith(" mean")):
@@ -230,7 +238,7 @@ def summarize(path: str | Path, out: str | Path | None = None) -> dict[str, Any]
         md += "\n## LR sensitivity (Wortsman et al. 2024) and best learning rate\n\n" + to_markdown(sens)
     bad = df[df.status.isin(["diverged", "stalled", "failed"])]
     if len(bad):
-        md += "\n## Diverged, stalled and failed runs\n\n" + to_markdown(bad[["run_id", "status", "step", "reason"]])
+        md += "\n## Diverged, stalled and failed runs\n\n" + to_markdown(bad[["run_id", "status", "step", "reason", "first_break"]])
     atomic_write_bytes(out / "summary.md", md.encode())
     for name, table in (("runs", df), ("cells", c), ("lr_curve", curves), ("lr_sensitivity", sens)):
         if not table.empty:

@@ -4,7 +4,7 @@
 normlab is not installed (an uploaded model, a colleague's machine), that file must hold every line
 of model code it needs. Rather than keep a second copy of the model by hand, this module writes one
 at export time from normlab's own sources: the layout data (`normlab.layout`), the model
-(`normlab.model`: config, norms, RoPE, decoding, attention, MLP, MoE, block, loss, LM) and the
+(`normlab.model`: config, activation storage, norms, RoPE, decoding, attention, MLP, MoE, block, loss, LM) and the
 transformers classes (`normlab.hf.modeling`), concatenated in dependency order with their
 ``from normlab ...`` imports removed. The result imports only the standard library, torch and
 transformers (checked here, and by the tests in a virtual environment without normlab).
@@ -24,7 +24,7 @@ import normlab
 # Dependency order: a module comes after every module whose names it uses at import time.
 MODULES = (
     "layout/sites.py", "layout/presets.py", "layout/spec.py", "layout/__init__.py",
-    "model/config.py", "model/norms.py", "model/rope.py", "model/decoding.py", "model/attention.py",
+    "model/config.py", "model/storage.py", "model/norms.py", "model/rope.py", "model/decoding.py", "model/attention.py",
     "model/mlp.py", "model/moe.py", "model/block.py", "model/loss.py", "model/lm.py",
     "hf/modeling.py",
 )

@@ -20,9 +20,12 @@ from normlab.model.config import ModelConfig
 from normlab.model.decoding import Decoding
 from normlab.model.norms import Tap, maybe_norm
 from normlab.model.rope import Rotary
+from normlab.model.storage import NO_STORAGE, Storage
 
 
 class Attention(nn.Module):
+    store: Storage = NO_STORAGE  # the activation dtype of q, k, v and the context (normlab.model.storage)
+
     def __init__(self, cfg: ModelConfig, inner: AttentionInnerSites, span: InnerSpan, norm: NormKind,
                  layer_idx: int = 0) -> None:
         super().__init__()
@@ -79,9 +82,10 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, dec: Decoding | None = None) -> torch.Tensor:
         b, t, _ = x.shape
         pos = dec.positions if dec is not None else None
-        q = self.q(self._rotate(self._heads(self.q_proj(x), self.n_heads, self.q_norm), pos))
-        k = self.k(self._rotate(self._heads(self.k_proj(x), self.n_kv_heads, self.k_norm), pos))
-        v = self.v(self._heads(self.v_proj(x), self.n_kv_heads, self.v_norm))
+        store = self.store
+        q = self.q(store(self._rotate(self._heads(self.q_proj(x), self.n_heads, self.q_norm), pos)))
+        k = self.k(store(self._rotate(self._heads(self.k_proj(x), self.n_kv_heads, self.k_norm), pos)))
+        v = self.v(store(self._heads(self.v_proj(x), self.n_kv_heads, self.v_norm)))
         mask = None
         if dec is not None:
             if dec.cache is not None:
@@ -100,4 +104,4 @@ class Attention(nn.Module):
         y = y.reshape(b, t, -1)
         if self.span == "full":
             y = self.context_norm(y)
-        return self.o_proj(self.context(y))
+        return self.o_proj(self.context(store(y)))

@@ -32,6 +32,7 @@ from normlab.model.decoding import Decoding
 from normlab.model.mlp import MLP
 from normlab.model.moe import MoE
 from normlab.model.norms import Tap, maybe_norm
+from normlab.model.storage import NO_STORAGE, Storage
 
 
 class SiteNorms(nn.Module):
@@ -47,6 +48,8 @@ class SiteNorms(nn.Module):
 
 
 class Block(nn.Module):
+    store: Storage = NO_STORAGE  # the activation dtype (normlab.model.storage); set by NormLM.set_storage
+
     def __init__(self, cfg: ModelConfig, block: BlockLayout, layout: Layout, alpha: float, index: int = 0) -> None:
         super().__init__()
         self.h, self.alpha = float(layout.h), float(alpha)
@@ -60,15 +63,16 @@ class Block(nn.Module):
     def _sublayer(
         self, x: torch.Tensor, norms: SiteNorms, f: Callable[[torch.Tensor], torch.Tensor], update_tap: Tap
     ) -> torch.Tensor:
-        u = norms.input(x)
+        store = self.store  # every tensor a real fp16 run writes to memory is rounded where it is made
+        u = store(norms.input(x))
         skip = u if norms.skip_normed else x
-        update = norms.output(f(u))
+        update = store(norms.output(store(f(u))))
         # h and alpha are 1 in most layouts; skipping the multiply then saves two elementwise passes.
         if self.h != 1.0:
-            update = self.h * update
+            update = store(self.h * update)
         if self.alpha != 1.0:
-            skip = self.alpha * skip
-        return norms.after_add(skip + update_tap(update))
+            skip = store(self.alpha * skip)
+        return store(norms.after_add(store(skip + update_tap(update))))
 
     def forward(self, x: torch.Tensor, dec: Decoding | None = None) -> torch.Tensor:
         attn = self.attn if dec is None else (lambda u: self.attn(u, dec))

@@ -25,6 +25,7 @@ from normlab.model.decoding import Decoding
 from normlab.model.loss import lm_loss, logits_of
 from normlab.model.moe import MoE
 from normlab.model.norms import Tap, maybe_norm
+from normlab.model.storage import NO_STORAGE, Storage
 
 
 @dataclass
@@ -40,6 +41,8 @@ class LMOutput:
 
 
 class NormLM(nn.Module):
+    store: Storage = NO_STORAGE  # the activation dtype (normlab.model.storage); set_storage sets every module's
+
     def __init__(self, cfg: ModelConfig, resolved: ResolvedLayout) -> None:
         super().__init__()
         if resolved.n_layers != cfg.n_layers:
@@ -59,6 +62,13 @@ class NormLM(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
         self.activation_checkpointing = False  # set by the trainer (--activation-checkpointing)
+
+    def set_storage(self, storage: Storage) -> None:
+        """Store activations and the residual stream in ``storage``'s dtype from now on (fp16: a value
+        past 65504 is inf, as in the papers' fp16 training; see normlab.model.storage)."""
+        for m in self.modules():
+            if hasattr(type(m), "store"):
+                m.store = storage
 
     @property
     def layout(self):  # noqa: ANN201 - a Layout
@@ -80,7 +90,7 @@ class NormLM(nn.Module):
             elif positions.numel() and int(positions.max()) >= self.config.max_seq_len:
                 raise ValueError(f"position {int(positions.max())} is beyond max_seq_len={self.config.max_seq_len}")
             x = x + self.pos_embed(positions)
-        return self.embed_out(self.embed_norm(x))
+        return self.embed_out(self.store(self.embed_norm(self.store(x))))
 
     def run_blocks(self, x: torch.Tensor, return_hidden_states: bool = False,
                    decoding: Decoding | None = None) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
@@ -112,13 +122,13 @@ class NormLM(nn.Module):
         the logits of the last k positions only (generation needs one)."""
         positions = decoding.positions if decoding is not None else None
         x, hidden = self.run_blocks(self.embed_tokens(tokens, positions), return_hidden_states, decoding)
-        h, softcap = self.final_norm(x), self.config.logit_softcap  # Gemma 2's logit soft-cap
+        h, softcap = self.store(self.final_norm(x)), self.config.logit_softcap  # Gemma 2's logit soft-cap
         if logits_to_keep and targets is None:
             h = h[:, -logits_to_keep:]
         if targets is None:
-            logits, loss = logits_of(self.lm_head, h, softcap), None
+            logits, loss = logits_of(self.lm_head, h, softcap, self.store), None
         else:
-            loss, logits = lm_loss(self.lm_head, h, targets, softcap, z_loss, loss_chunk)
+            loss, logits = lm_loss(self.lm_head, h, targets, softcap, z_loss, loss_chunk, self.store)
         moe = [b.mlp.aux for b in self.blocks if isinstance(b.mlp, MoE) and b.mlp.aux is not None]
         return LMOutput(logits=logits, loss=loss, hidden_states=tuple(hidden) if hidden is not None else None,
                         aux_loss=torch.stack(moe).sum() if moe else None)

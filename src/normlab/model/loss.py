@@ -13,37 +13,44 @@ chunk's logits are computed, reduced to three sums and dropped; the backward rec
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from normlab.model.storage import NO_STORAGE
 
-def logits_of(head: nn.Module, h: torch.Tensor, softcap: float | None) -> torch.Tensor:
-    """Head(h), soft-capped as in Gemma 2 when ``softcap`` is set."""
-    logits = head(h)
+
+def logits_of(head: nn.Module, h: torch.Tensor, softcap: float | None,
+              store: Callable[[torch.Tensor], torch.Tensor] = NO_STORAGE) -> torch.Tensor:
+    """Head(h), soft-capped as in Gemma 2 when ``softcap`` is set, stored in the activation dtype
+    (fp16 logits past 65504 are inf: a site where fp16 training overflows)."""
+    logits = store(head(h))
     if softcap is not None:
         logits = softcap * torch.tanh(logits / softcap)
     return logits
 
 
 def _chunk_sums(head: nn.Module, h: torch.Tensor, y: torch.Tensor, softcap: float | None,
-                with_z: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    logits = logits_of(head, h, softcap).float()
+                with_z: bool, store: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = logits_of(head, h, softcap, store).float()
     ce = F.cross_entropy(logits, y, ignore_index=-100, reduction="sum")
     z = logits.logsumexp(-1).pow(2).sum() if with_z else torch.zeros((), device=h.device)
     return ce, z
 
 
 def lm_loss(head: nn.Module, h: torch.Tensor, targets: torch.Tensor, softcap: float | None = None,
-            z_loss: float = 0.0, chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+            z_loss: float = 0.0, chunk: int = 0,
+            store: Callable[[torch.Tensor], torch.Tensor] = NO_STORAGE) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(loss, logits) from the final normed stream ``h`` (B, T, d); logits is None when chunked.
 
     ``chunk`` > 0 and fewer than B*T tokens: chunked as in the module docstring; else one pass.
     """
     n = h.shape[0] * h.shape[1]
     if chunk <= 0 or n <= chunk:
-        logits = logits_of(head, h, softcap)
+        logits = logits_of(head, h, softcap, store)
         flat = logits.flatten(0, 1).float()
         loss = F.cross_entropy(flat, targets.flatten(), ignore_index=-100)
         if z_loss:
@@ -53,7 +60,7 @@ def lm_loss(head: nn.Module, h: torch.Tensor, targets: torch.Tensor, softcap: fl
     ce = z = torch.zeros((), device=h.device)
     for i in range(0, n, chunk):
         c, zc = checkpoint(_chunk_sums, head, hs[i:i + chunk], ys[i:i + chunk], softcap, bool(z_loss),
-                           use_reentrant=False)
+                           store, use_reentrant=False)
         ce, z = ce + c, z + zc
     loss = ce / (ys != -100).sum()  # F.cross_entropy's mean: NaN when every target is ignored, as there
     if z_loss:

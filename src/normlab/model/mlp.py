@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from normlab.model.config import ModelConfig
+from normlab.model.storage import NO_STORAGE, Storage
 
 
 GATED = ("swiglu", "geglu-tanh")  # act(x W_gate) * (x W_up); geglu-tanh is Gemma's
@@ -19,6 +20,8 @@ def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
 
 
 class MLP(nn.Module):
+    store: Storage = NO_STORAGE  # the activation dtype of the hidden (normlab.model.storage)
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         d, ff, bias = cfg.d_model, cfg.ffn_dim, cfg.linear_bias
@@ -32,8 +35,8 @@ class MLP(nn.Module):
     def hidden(self, x: torch.Tensor) -> torch.Tensor:
         """The activation h fed to the last projection W2 (Kim Prop. 3.1's h)."""
         if self.gate_proj is not None:
-            return self.act(self.gate_proj(x)) * self.up_proj(x)
-        return self.act(self.up_proj(x))
+            return self.store(self.act(self.gate_proj(x)) * self.up_proj(x))
+        return self.store(self.act(self.up_proj(x)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.hidden(x))

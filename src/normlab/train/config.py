@@ -141,8 +141,12 @@ class OptimSettings:
 
 @dataclass(frozen=True)
 class RunSettings:
-    precision: Literal["fp32", "bf16", "fp16"] = setting("fp32", "fp16 uses dynamic loss scaling",
-                                                         choices=("fp32", "bf16", "fp16"))
+    precision: Literal["fp32", "bf16", "fp16"] = setting("fp32", "the dtype the products compute in (autocast); "
+                                                         "fp16 uses dynamic loss scaling", choices=("fp32", "bf16", "fp16"))
+    activation_dtype: Literal["auto", "fp32", "bf16", "fp16"] = setting(
+        "auto", "the dtype activations and the residual stream are stored in (auto: the precision's, as Megatron's "
+        "fp16/bf16 that the papers trained with); fp16 with precision fp32 emulates fp16 storage on a CPU: "
+        "values past 65504 become inf (normlab.model.storage, docs/training.md)", choices=("auto", "fp32", "bf16", "fp16"))
     compile: bool = setting(False, "torch.compile the model", identity=False)
     device: Literal["auto", "cpu", "cuda"] = setting("auto", "auto | cpu | cuda", identity=False,
                                                      choices=("auto", "cpu", "cuda"))
@@ -414,6 +418,17 @@ class TrainConfig:
             raise ConfigError(f"layout {m.layout_label!r} does not fit {model.n_layers} layers: {err}") from None
 
     # -- views --
+    @property
+    def stored_dtype(self) -> str:
+        """The activation dtype with ``auto`` resolved: fp32, bf16 or fp16."""
+        return "fp32" if self.run.activation_dtype == "fp32" else (
+            self.run.precision if self.run.activation_dtype == "auto" else self.run.activation_dtype)
+
+    @property
+    def loss_scaled(self) -> bool:
+        """fp16 anywhere (the products or the stored activations): gradients need dynamic loss scaling."""
+        return "fp16" in (self.run.precision, self.stored_dtype)
+
     @property
     def wd_exclusions(self) -> list[str]:
         return [x.strip() for x in self.optim.wd_exclude.split(",") if x.strip()]

@@ -89,6 +89,15 @@ def broadcast_object(obj: Any, info: DistInfo) -> Any:
     return box[0]
 
 
+def gather_object(obj: Any, info: DistInfo) -> list[Any]:
+    """Every rank's ``obj``, in rank order, on every rank (pickled; small records only)."""
+    if not info.enabled:
+        return [obj]
+    out: list[Any] = [None] * info.world
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def mean_across_tensor(value: torch.Tensor, info: DistInfo) -> torch.Tensor:
     """The mean of a device tensor over ranks, on the device (no host sync)."""
     if not info.enabled:

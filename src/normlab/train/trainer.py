@@ -41,10 +41,13 @@ from torch import nn
 import normlab
 from normlab.data import load_data
 from normlab.data.sft import load_sft_data
+from normlab.diagnostics.forensics import describe as describe_break
+from normlab.diagnostics.forensics import first_break, gradient_break, site_of
 from normlab.diagnostics.probes import Probes
 from normlab.diagnostics.store import ProbeWriter
 from normlab.io import atomic_write_bytes, atomic_write_json, read_jsonl, truncate_jsonl
 from normlab.model import build_model, count_params
+from normlab.model import storage
 from normlab.model.config import ConfigError
 from normlab.train import distributed
 from normlab.train.checkpoint import (load_checkpoint, load_sharded_state, remove_stale_temp_files, save_checkpoint,
@@ -178,6 +181,7 @@ class RunState:
     sinks: Sinks | None = None
     probes: Probes | None = None
     probe_log: ProbeWriter | None = None
+    forensics: dict[str, Any] | None = None  # where a diverged run first broke (normlab.diagnostics.forensics)
     flops_per_token: int = 0  # 6N + 12 L H Q T (normlab.train.mfu)
     peak_flops: float | None = None  # the device's dense peak for the run's precision; None: unknown
 
@@ -212,6 +216,7 @@ def build_state(cfg: TrainConfig, info: distributed.DistInfo, start: Start) -> R
         load_init_weights(model, cfg.init_from)
     model = model.to(info.device)
     model.activation_checkpointing = cfg.activation_checkpointing
+    model.set_storage(storage.for_run(cfg.precision, cfg.stored_dtype))
     if info.device.type == "cuda" and cfg.precision == "fp32":
         # TF32 products, float32 accumulation: about 7x the fp32 peak on an H100 (normlab.train.mfu)
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = cfg.tf32
@@ -223,7 +228,7 @@ def build_state(cfg: TrainConfig, info: distributed.DistInfo, start: Start) -> R
         cfg=cfg, info=info, run=Path(cfg.out), data=data, model=model,
         fwd=torch.compile(model) if cfg.compile else model, opt=opt,
         scaler=torch.amp.GradScaler(info.device.type, init_scale=cfg.loss_scale_init,
-                                    enabled=cfg.precision == "fp16"),
+                                    enabled=cfg.loss_scaled),
         monitor=DivergenceMonitor(patience=cfg.diverge_patience, final_loss=cfg.diverge_final_loss,
                                   max_skipped=cfg.max_skipped, max_overflow_streak=cfg.max_overflow_streak,
                                   min_loss_scale=cfg.min_loss_scale, stall_margin=cfg.stall_margin,
@@ -275,6 +280,33 @@ def open_records(state: RunState) -> None:
         state.probe_log = ProbeWriter(run / "probes.jsonl", state.step)
 
 
+def micro_batches(state: RunState, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """This rank's micro-batches of ``step`` (batches are a function of (seed, step)), on the device."""
+    cfg, info = state.cfg, state.info
+    per_rank = cfg.batch_size // info.world
+    micro = per_rank // cfg.grad_accum
+    x, y = state.data.train_batch(step, cfg.batch_size, cfg.seq_len, cfg.seed)
+    mine = slice(info.rank * per_rank, (info.rank + 1) * per_rank)
+    x, y = to_device(x[mine], info.device), to_device(y[mine], info.device)
+    return [(x[i * micro:(i + 1) * micro], y[i * micro:(i + 1) * micro]) for i in range(cfg.grad_accum)]
+
+
+def find_break(state: RunState) -> dict[str, Any]:
+    """Where the diverged run first broke: its failing step's batch re-run, hooked, through the weights
+    in memory (the failing update was never applied), on every rank; the first rank that broke."""
+    step = state.monitor.diverged_step
+    model = _unwrap(state.model)  # DDP: each rank alone (no collective in a forward); FSDP2: all ranks together
+    found = first_break(model, micro_batches(state, step), autocast=lambda: _autocast(state.cfg, state.info.device))
+    found["gradients"] = gradient_break(model)
+    ranks = distributed.gather_object(found, state.info)
+    broke = [(r, f) for r, f in enumerate(ranks) if f["forward"] is not None]
+    rank, chosen = broke[0] if broke else (0, ranks[0])
+    others = [g for f in ranks for g in f["gradients"] if g not in chosen["gradients"]]
+    chosen = {"step": step, **chosen, "rank": rank, "gradients": chosen["gradients"] + list(dict.fromkeys(others))}
+    chosen["text"] = describe_break(chosen)
+    return chosen
+
+
 def train_step(state: RunState) -> dict[str, Any]:
     """One optimizer step (all micro-batches); returns its metrics row."""
     cfg, info, model, opt, scaler, step = state.cfg, state.info, state.model, state.opt, state.scaler, state.step
@@ -285,16 +317,10 @@ def train_step(state: RunState) -> dict[str, Any]:
     lr = lr_at(step, cfg)
     for group in opt.param_groups:
         group["lr"] = lr
-    per_rank = cfg.batch_size // info.world
-    micro = per_rank // cfg.grad_accum
-    x, y = state.data.train_batch(step, cfg.batch_size, cfg.seq_len, cfg.seed)
-    mine = slice(info.rank * per_rank, (info.rank + 1) * per_rank)
-    x, y = to_device(x[mine], info.device), to_device(y[mine], info.device)
     opt.zero_grad(set_to_none=True)
     loss_sum = torch.zeros((), device=info.device)  # on the device: no sync per micro-batch
     aux_sum = torch.zeros((), device=info.device)
-    for i in range(cfg.grad_accum):
-        xb, yb = x[i * micro : (i + 1) * micro], y[i * micro : (i + 1) * micro]
+    for i, (xb, yb) in enumerate(micro_batches(state, step)):
         sync = contextlib.nullcontext()
         if isinstance(model, nn.parallel.DistributedDataParallel) and i < cfg.grad_accum - 1:
             sync = model.no_sync()
@@ -361,6 +387,8 @@ def _train(cfg: TrainConfig, info: distributed.DistInfo, start: Start) -> dict[s
             state.step += 1
             if state.step % cfg.checkpoint_every == 0 or (last and not state.monitor.diverged):
                 _checkpoint(state)
+        if state.monitor.diverged:
+            state.forensics = find_break(state)
         if state.probes is not None:  # the end state (also of a diverged run, at the step it stopped)
             state.probe_log.write(state.probes.record(state.step))
         state.monitor.finish(state.step)
@@ -401,6 +429,16 @@ def speed_summary(rows: list[dict], state: RunState) -> dict[str, Any]:
     }
 
 
+def max_activation(probes: Path, forensics: dict[str, Any] | None) -> float | None:
+    """The largest finite |activation| of the run: the probes' global top-100 maximum over their steps,
+    and for a diverged run the largest finite value the forensic re-run saw (Kim Fig. 11's quantity)."""
+    seen = [r["value"] for r in read_jsonl(probes) if r.get("site") == "global" and r.get("metric") == "top100_max"]
+    if forensics:
+        seen += [(forensics.get("forward") or {}).get("before"), (forensics.get("largest") or {}).get("value")]
+    finite = [float(v) for v in seen if isinstance(v, (int, float)) and math.isfinite(v)]
+    return max(finite) if finite else None
+
+
 def _write_summary(state: RunState, status: str | None = None, error: str | None = None) -> dict:
     rows = read_jsonl(state.run / "metrics.jsonl")
     finite = [r["loss"] for r in rows if isinstance(r.get("loss"), (int, float)) and math.isfinite(r["loss"])]
@@ -415,6 +453,10 @@ def _write_summary(state: RunState, status: str | None = None, error: str | None
         "final_loss": sum(finite[-10:]) / len(finite[-10:]) if finite else None,
         "final_val_loss": state.final_val,
         "params_non_embedding": state.params.non_embedding,
+        "activation_dtype": state.cfg.stored_dtype,
+        "max_activation": max_activation(state.run / "probes.jsonl", state.forensics),
+        "forensics": state.forensics,
+        "first_break": site_of(state.forensics),
     }
     if status is not None:
         summary["status"] = status
