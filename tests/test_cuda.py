@@ -82,3 +82,34 @@ def test_grouped_and_looped_moe_dispatch_agree_on_cuda():
     with torch.autocast("cuda", dtype=torch.bfloat16):  # the grouped product's path on compute capability 9+
         ya, yb = a(x), b(x)
     torch.testing.assert_close(ya.float(), yb.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_true_fp16_on_cuda_stores_the_stream_in_fp16_and_overflows_past_65504():
+    """precision fp16 with fp16 storage on CUDA is exact: the residual add itself runs in fp16."""
+    from normlab.model.storage import Storage, for_run
+    from tests.test_fp16_storage import _planted
+
+    model = _planted().cuda()
+    model.set_storage(for_run("fp16", "fp16"))
+    tokens = torch.randint(0, 256, (2, 8), device="cuda")
+    with torch.autocast("cuda", dtype=torch.float16):
+        out = model(tokens, targets=tokens, return_hidden_states=True)
+    assert out.hidden_states[0].dtype == torch.float16 and out.hidden_states[0].abs().max() == 4e4
+    assert torch.isinf(out.hidden_states[1]).all() and torch.isnan(out.loss)
+    # a trained-looking model: the GPU's fp16 and the CPU's emulation agree to fp16 resolution
+    peri = build_model("peri", "nano", seed=0)
+    x = torch.randint(0, 256, (2, 16))
+    peri.set_storage(Storage(torch.float16))
+    cpu = float(peri(x, targets=x).loss)
+    peri = peri.cuda()
+    peri.set_storage(for_run("fp16", "fp16"))
+    with torch.autocast("cuda", dtype=torch.float16):
+        gpu = float(peri(x.cuda(), targets=x.cuda()).loss)
+    assert abs(cpu - gpu) < 5e-3
+
+
+def test_fp16_run_on_cuda_diverges_with_its_first_overflow(corpus, tmp_path):
+    s = train(small(corpus, tmp_path / "f", device="cuda", precision="fp16", layout="pre", steps=4, probe_every=2,
+                    **{"model.init_std": 3000.0, "model.init": "normal"}))
+    assert s["status"] == "diverged" and s["activation_dtype"] == "fp16"
+    assert s["forensics"]["forward"]["kind"] == "overflow" and s["first_break"].startswith(("block", "embedding"))

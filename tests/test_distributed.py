@@ -129,3 +129,19 @@ def test_fsdp2_with_activation_checkpointing_chunked_loss_and_bf16(single):
     torchrun(lean)
     for x, y in zip(metrics(one.out), metrics(lean.out)):
         assert y["loss"] == pytest.approx(x["loss"], abs=2e-3)
+
+
+def test_ddp_run_that_overflows_fp16_records_where_it_broke(single):
+    """Each rank re-runs its share of the failing batch; the first rank that broke is reported, and the
+    site is the one a single process finds on the same data."""
+    cfg, root = single
+    base = {**cfg.to_dict(), "layout": "pre", "activation_dtype": "fp16", "probe_every": 0,
+            "model.init_std": 3000.0, "model.init": "normal"}
+    one = TrainConfig.of(**{**base, "out": str(root / "fp16-single")})
+    two = TrainConfig.of(**{**base, "out": str(root / "fp16-ddp")})
+    s1 = train(one)
+    torchrun(two)
+    s2 = json.loads((Path(two.out) / "summary.json").read_text())
+    assert s1["status"] == s2["status"] == "diverged" and s1["diverged_step"] == s2["diverged_step"] == 0
+    assert s2["forensics"]["rank"] in (0, 1) and s2["forensics"]["forward"]["kind"] == "overflow"
+    assert s2["first_break"] == s1["first_break"]

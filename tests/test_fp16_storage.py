@@ -247,6 +247,8 @@ def test_summaries_count_first_breaks_and_old_stores_gain_the_columns(corpus, tm
     out = summarize(tmp_path / "sw")
     md = Path(out["markdown"]).read_text()
     assert "max |x|" in md and "first overflow (diverged runs)" in md
+    assert (tmp_path / "sw" / "top100_fp16.png").stat().st_size > 0  # Kim Fig. 11 per cell, every seed
+    assert "top100_fp16" in (tmp_path / "sw" / "report.html").read_text()
     pre_big = out["cells"][(out["cells"].layout == "pre") & (out["cells"]["model.init_std"] == 3000.0)].iloc[0]
     assert pre_big.divergences == "1/1" and pre_big.first_breaks.endswith(")") and " x1 (blocks " in pre_big.first_breaks
     assert pre_big.max_activation > 1000

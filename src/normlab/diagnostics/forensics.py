@@ -174,7 +174,10 @@ def gradient_break(model: nn.Module) -> list[str]:
         layer = _layer(name)
         return layer if layer is not None else (10**9 if name.startswith(("lm_head", "final_norm")) else -1)
 
-    bad = [n for n, p in model.named_parameters() if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
+    def local(g: torch.Tensor) -> torch.Tensor:  # FSDP2: a DTensor; this rank's shard (ranks are gathered after)
+        return g.to_local() if hasattr(g, "to_local") else g
+
+    bad = [n for n, p in model.named_parameters() if p.grad is not None and not bool(torch.isfinite(local(p.grad)).all())]
     return sorted(bad, key=lambda n: -depth(n))
 
 

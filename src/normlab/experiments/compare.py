@@ -21,7 +21,7 @@ from normlab.experiments.summarize import summarize
 from normlab.experiments.sweep import SweepConfig
 
 COMPARE_LAYOUTS = ("post", "pre", "peri", "hybrid")
-COMPARE_BASE: dict[str, Any] = {"size": "micro", "model.n_layers": 12, "lr": 0.1, "steps": 150, "batch_size": 16,
+COMPARE_BASE: dict[str, Any] = {"size": "micro-deep", "lr": 0.1, "steps": 150, "batch_size": 16,
                                  "seq_len": 128, "weight_decay": 0.0, "activation_dtype": "fp16", "probe_every": 10,
                                  "eval_every": 50}
 
@@ -37,7 +37,7 @@ def compare(layouts: list[str] | tuple[str, ...] = COMPARE_LAYOUTS, out: str | P
     merged = {**COMPARE_BASE, **base}
     sweep = SweepConfig(name="compare", base=merged, grid={"layout": list(layouts)},
                         source="Kim et al. 2025 Sec. 7.2, Figs. 1, 6, 7, 11; Zhuo et al. 2025 Fig. 5",
-                        scale=", ".join(f"{k} {merged[k]}" for k in ("size", "model.n_layers", "lr", "steps",
+                        scale=", ".join(f"{k} {merged[k]}" for k in ("size", "lr", "weight_decay", "steps",
                                                                      "activation_dtype") if k in merged))
     root = Path(out)
     run_sweep(sweep, root, workers=workers, log=log)

@@ -273,7 +273,8 @@ def _describe(row: dict[str, Any]) -> str:
     if row["status"] == "stalled":
         return f"stalled, final loss {row['final_loss']:.4f} ({row['reason']})"
     if row["status"] == "diverged":
-        return f"diverged at step {row['diverged_step']} ({row['reason']})"
+        broke = f"; first overflow: {row['first_break']}" if row.get("first_break") else ""
+        return f"diverged at step {row['diverged_step']} ({row['reason']}){broke}"
     return f"{row['status']}: {row['reason']}"
 
 

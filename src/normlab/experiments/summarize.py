@@ -243,7 +243,7 @@ def summarize(path: str | Path, out: str | Path | None = None) -> dict[str, Any]
     for name, table in (("runs", df), ("cells", c), ("lr_curve", curves), ("lr_sensitivity", sens)):
         if not table.empty:
             atomic_write_bytes(out / f"{name}.csv", table.to_csv(index=False).encode())
-    html_path = _report(out, df, axes, c, curves, sens, sweep)
+    html_path = _report(out, df, axes, c, curves, sens, sweep, root)
     return {"markdown": out / "summary.md", "html": html_path, "cells": c, "lr_curve": curves,
             "lr_sensitivity": sens, "runs": df}
 
@@ -253,8 +253,52 @@ def _group_label(row: dict[str, Any], keys: list[str]) -> str:
     return ", ".join(str(row[k]) if k == "layout" else f"{k.split('.')[-1]}={row[k]}" for k in keys) or "all"
 
 
+def _top100_figure(root: Path, df: pd.DataFrame, axes: list[str]):  # noqa: ANN202 - a Figure or None
+    """Kim Fig. 11 per cell: each seed's global top-100 maximum over its probe steps, one panel per cell
+    on shared axes, the FP16 maximum dashed and an X where a run's stored activations overflowed."""
+    import json
+
+    import matplotlib.pyplot as plt
+
+    from normlab.diagnostics.stats import FP16_MAX
+    from normlab.io import read_jsonl
+
+    keys = [a for a in axes if a != SEED]
+    curves = []
+    for row in df.to_dict("records"):
+        run = root / "runs" / str(row["run_id"])
+        pts = [(r["step"], r["value"]) for r in read_jsonl(run / "probes.jsonl")
+               if r.get("site") == "global" and r.get("metric") == "top100_max"]
+        summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").is_file() else {}
+        if pts:
+            curves.append((_group_label(row, keys), row.get(SEED), pts, summary.get("forensics")))
+    if not curves:
+        return None
+    labels = list(dict.fromkeys(c[0] for c in curves))
+    cols = min(len(labels), 5)
+    rows = -(-len(labels) // cols)
+    fig, panels = plt.subplots(rows, cols, figsize=(3.4 * cols, 2.9 * rows), squeeze=False, sharex=True, sharey=True)
+    for ax in panels.flat[len(labels):]:
+        ax.set_visible(False)
+    for ax, label in zip(panels.flat, labels):
+        for _, seed, pts, forensics in (c for c in curves if c[0] == label):
+            steps, values = zip(*pts)
+            line, = ax.plot(steps, [v if math.isfinite(v) else np.nan for v in values], lw=1, label=f"seed {seed}")
+            fwd = (forensics or {}).get("forward") or {}
+            if fwd.get("kind") == "overflow":
+                ax.scatter([forensics["step"]], [forensics.get("limit") or FP16_MAX], marker="X", s=60,
+                           color=line.get_color(), zorder=5)
+        ax.axhline(FP16_MAX, ls="--", color="tab:orange", lw=1)
+        ax.set(title=label, yscale="log", xlabel="step")
+    panels.flat[0].set_ylabel("largest |hidden state| (top-100 max)")
+    panels.flat[0].legend(fontsize=7)
+    fig.suptitle("Top-100 |activations| per seed; dashed: FP16 max 65504; X: overflowed", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 def _report(out: Path, df: pd.DataFrame, axes: list[str], c: pd.DataFrame, curves: pd.DataFrame,
-            sens: pd.DataFrame, sweep: dict) -> Path:
+            sens: pd.DataFrame, sweep: dict, root: Path | None = None) -> Path:
     import matplotlib.pyplot as plt
 
     from normlab.diagnostics.report import figure_html, table_html, write_page
@@ -297,6 +341,10 @@ def _report(out: Path, df: pd.DataFrame, axes: list[str], c: pd.DataFrame, curve
     b.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     sections.append(figure_html(fig, out, "cells", "Loss and divergences by cell"))
+    top = _top100_figure(root or out, df, axes)
+    if top is not None:
+        sections.append(figure_html(top, out, "top100_fp16", "Largest activations over training against the FP16 "
+                                    "limit, every seed (Kim Fig. 11)"))
     meta = "".join(f"<li>{html.escape(k)}: {html.escape(str(sweep[k]))}</li>" for k in ("source", "scale", "claim") if sweep.get(k))
     body = (f"<h1>Sweep {html.escape(str(sweep.get('name', out.name)))}</h1><ul>{meta}</ul>"
             f"<h2>Cells</h2>{table_html(cell_table(c, axes).to_dict('records'))}"

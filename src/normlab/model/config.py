@@ -150,10 +150,13 @@ _KIM = dict(vocab_size=100_277, max_seq_len=8192, rope_theta=500_000.0, tie_embe
 _ZHUO = dict(vocab_size=100_278, max_seq_len=4096, rope_theta=500_000.0, tie_embeddings=True)
 
 SIZES: dict[str, ModelConfig] = {
-    # CPU sizes: nano for unit tests, micro for sweeps and recipes (many runs), tiny for demos and
+    # CPU sizes: nano for unit tests, micro for sweeps and recipes (many runs), micro-deep for the fp16 demo, tiny for
     # screens, small/medium for longer CPU runs.
     "nano": ModelConfig(d_model=32, n_layers=2, n_heads=2, max_seq_len=64),
     "micro": ModelConfig(d_model=64, n_layers=6, n_heads=4, max_seq_len=128),
+    # micro's width, twice its depth: at lr 0.1 Pre-LN's stream passes fp16's 65504 within tens of
+    # steps (the demo, `normlab compare`); 0.8M parameters
+    "micro-deep": ModelConfig(d_model=64, n_layers=12, n_heads=4, max_seq_len=128),
     "tiny": ModelConfig(d_model=128, n_layers=6, n_heads=4, max_seq_len=256),
     "small": ModelConfig(d_model=256, n_layers=8, n_heads=4, max_seq_len=256),
     "medium": ModelConfig(d_model=512, n_layers=12, n_heads=8, max_seq_len=512),
