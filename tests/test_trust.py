@@ -91,6 +91,37 @@ def test_a_malicious_sharded_checkpoint_is_refused_and_never_executes(corpus, tm
         load_checkpoint(bad)
 
 
+def test_a_sharded_checkpoint_whose_optimizer_entry_is_a_pickle_payload_is_refused(corpus, tmp_path, capsys):
+    """DCP stores non-tensor entries (an optimizer's param_groups) as torch.save blobs and torch's
+    default planner reads them with weights_only=False: normlab's planner reads them weights-only."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from normlab.train.checkpoint import load_sharded_state
+    from normlab.train.optim import make_optimizer
+
+    marker = tmp_path / "pwned"
+    run = tmp_path / "run"
+    cfg = small(corpus, run, steps=3)
+    train(cfg)
+    model = trainer_mod.build_model(cfg.model.layout, cfg.size, seed=0, vocab_size=256, max_seq_len=64)
+    opt = make_optimizer(model, cfg, fused=False)
+    model_sd, optim_sd = get_state_dict(model, opt)
+    optim_sd["param_groups"][0]["lr"] = Evil(marker)  # a float in a real checkpoint
+    bad = run / "checkpoints" / "step_00000009.dcp"
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=bad, no_dist=True)
+    torch.save({"step": 9, "tokens": 0, "wall_time": 0.0}, bad / "extra.pt")
+    with pytest.raises(CheckpointError, match="could run code"):
+        load_sharded_state(bad, model, opt)
+    (run / "summary.json").unlink()  # resume picks the crafted folder: refused, never run
+    with pytest.raises(CheckpointError, match="could run code"):
+        train(small(corpus, run, steps=3))
+    assert not marker.exists()
+
+
 def test_checkpoints_hold_only_safe_types(corpus, tmp_path):
     train(small(corpus, tmp_path / "r", steps=2))
     ckpt = torch.load(list_checkpoints(tmp_path / "r")[-1], weights_only=True)  # plain torch, no allowlist

@@ -181,6 +181,35 @@ class _DCPMetadataUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"global '{module}.{name}' is not allowed")
 
 
+def _safe_planner():  # noqa: ANN202 - a DefaultLoadPlanner
+    """DCP's load planner with its byte entries read weights-only.
+
+    DCP stores every non-tensor entry of a state dict (an optimizer's ``param_groups``: floats, bools,
+    tuples) as a `torch.save` blob, and torch's `DefaultLoadPlanner.load_bytes` reads it back with
+    ``torch.load(weights_only=False)``: a crafted shard runs code on resume. normlab's own entries are
+    plain values, so they load under ``weights_only=True``; anything else is refused."""
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    class SafeLoadPlanner(DefaultLoadPlanner):
+        def load_bytes(self, read_item, value: io.BytesIO) -> None:  # noqa: ANN001 - a ReadItem
+            try:
+                obj = torch.load(value, weights_only=True)
+            except pickle.UnpicklingError as err:
+                lines = [x.strip() for x in str(err).splitlines() if "GLOBAL" in x or "Unsupported" in x]
+                what = lines[0].removeprefix("WeightsUnpickler error: ")[:200] if lines else type(err).__name__
+                raise UnsafeCheckpointError(
+                    f"entry {read_item.dest_index.fqn!r} of a sharded checkpoint holds objects other than "
+                    f"tensors and plain values ({what}); loading it could run code, so it was refused") from None
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+            else:
+                self.state_dict[read_item.dest_index.fqn] = obj
+
+    from torch.distributed.checkpoint._traverse import set_element
+
+    return SafeLoadPlanner()
+
+
 def _check_sharded(path: Path) -> None:
     """Refuse a DCP folder that is incomplete, or whose metadata pickle references anything but DCP's classes."""
     meta = path / ".metadata"
@@ -240,6 +269,23 @@ def _quiet_single_process() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def _dcp_errors(path: str | Path) -> Iterator[None]:
+    """DCP wraps what a rank raised in a CheckpointException (a BaseException): an unsafe entry is
+    raised as itself, anything else as a CheckpointError naming the folder."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        yield
+    except CheckpointException as err:
+        raised = [exc for exc, _ in err.failures.values()]
+        unsafe = [e for e in raised if isinstance(e, UnsafeCheckpointError)]
+        if unsafe:
+            raise UnsafeCheckpointError(f"{path}: {unsafe[0]}") from None
+        first = raised[0] if raised else err
+        raise CheckpointError(f"{path} is unreadable: {type(first).__name__}: {str(first)[:200]}") from None
+
+
 def _no_dist() -> bool:
     import torch.distributed as dist
 
@@ -253,8 +299,9 @@ def load_sharded_state(path: str | Path, model: torch.nn.Module, opt: torch.opti
 
     _check_sharded(Path(path))
     model_sd, optim_sd = get_state_dict(model, opt)  # this run's layout of the same keys: DCP fills it
-    with _quiet_single_process():
-        dcp.load({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=path, no_dist=_no_dist())
+    with _quiet_single_process(), _dcp_errors(path):
+        dcp.load({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=path, no_dist=_no_dist(),
+                 planner=_safe_planner())
     set_state_dict(model, opt, model_state_dict=model_sd, optim_state_dict=optim_sd)
 
 
@@ -271,8 +318,8 @@ def load_model_state(path: str | Path) -> dict[str, torch.Tensor]:
     model = {k.removeprefix("model."): torch.empty(m.size, dtype=m.properties.dtype)
              for k, m in meta.state_dict_metadata.items()
              if k.startswith("model.") and isinstance(m, TensorStorageMetadata)}
-    with _quiet_single_process():
-        dcp.load({"model": model}, checkpoint_id=path, no_dist=True)
+    with _quiet_single_process(), _dcp_errors(path):
+        dcp.load({"model": model}, checkpoint_id=path, no_dist=True, planner=_safe_planner())
     return model
 
 
