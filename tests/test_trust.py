@@ -128,6 +128,74 @@ def test_checkpoints_hold_only_safe_types(corpus, tmp_path):
     assert isinstance(ckpt["rng"]["numpy"]["keys"], torch.Tensor) and ckpt["config"]["steps"] == 2
 
 
+# --- foreign code and foreign paths -----------------------------------------------------------
+
+def _export(tmp_path: Path) -> Path:
+    import normlab
+    from normlab.hf import save_hf
+
+    return save_hf(normlab.build_model("peri", "nano", seed=0), tmp_path / "export")
+
+
+def test_eval_runs_only_the_model_code_normlab_wrote(tmp_path, capsys):
+    """An export's modeling_normlab.py runs on load (trust_remote_code): only if it is what this normlab
+    writes. An edited one, or a foreign folder whose auto_map names its own module, is refused."""
+    from normlab.evaluation.harness import remote_code
+
+    export = _export(tmp_path)
+    assert remote_code(export) is True  # normlab's own bundle, verified byte for byte
+    marker = tmp_path / "pwned"
+    bundled = export / "modeling_normlab.py"
+    bundled.write_text(bundled.read_text() + f"\nimport os; os.system('touch {marker}')\n")
+    assert main(["eval", str(export), "--limit", "2"]) == 2
+    assert "differs from what this normlab writes" in capsys.readouterr().err and not marker.exists()
+    assert remote_code(export, trust=True) is True  # the user's explicit decision
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "config.json").write_text(json.dumps({"model_type": "llama", "auto_map": {
+        "AutoModelForCausalLM": "evil.EvilForCausalLM"}}))
+    (foreign / "evil.py").write_text(f"import os; os.system('touch {marker}')\n")
+    assert main(["eval", str(foreign), "--limit", "2"]) == 2
+    assert "normlab did not write it (evil.py)" in capsys.readouterr().err and not marker.exists()
+    tok_only = tmp_path / "tok"
+    tok_only.mkdir()
+    (tok_only / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (tok_only / "tokenizer_config.json").write_text(json.dumps({"auto_map": {"AutoTokenizer": ["evil.Tok", None]}}))
+    with pytest.raises(Exception, match="normlab did not write it"):
+        remote_code(tok_only)
+    native = tmp_path / "native"
+    native.mkdir()
+    (native / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    assert remote_code(native) is False  # no code in the folder: nothing to trust
+
+
+def test_run_ids_from_a_store_never_leave_the_sweep(corpus, tmp_path, capsys):
+    import sqlite3
+
+    from normlab.experiments.runner import run_sweep
+
+    sweep = SweepConfig(name="t", base={"data": str(corpus), "size": "nano", "seq_len": 16, "batch_size": 4,
+                                        "steps": 2, "eval_every": 0, "eval_batches": 1, "probe_every": 0,
+                                        "device": "cpu"}, grid={"layout": ["pre"]})
+    root = tmp_path / "sw"
+    run_sweep(sweep, root, workers=1, log=lambda *a: None)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    with sqlite3.connect(root / "sweep.db") as con:
+        con.execute("update runs set run_id = '../../elsewhere'")
+    for argv in (["summarize", str(root)], ["eval", str(root), "--limit", "2"], ["sweep", str(root / "sweep.toml"),
+                                                                              "--out", str(root)]):
+        assert main(argv) == 2, argv
+        assert "invalid run id '../../elsewhere'" in capsys.readouterr().err
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_eval_limit_is_checked(tmp_path, capsys):
+    for bad in ("abc", "-1", "0", "1.5"):
+        assert main(["eval", str(tmp_path), "--limit", bad]) == 2
+        assert "--limit" in capsys.readouterr().err
+
+
 # --- nothing lost -----------------------------------------------------------------------------
 
 def test_out_refuses_folders_that_are_not_runs(corpus, tmp_path):

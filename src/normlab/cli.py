@@ -332,10 +332,26 @@ def _export(args: argparse.Namespace) -> int:
     print(f"{run.checkpoint} -> {out} ({args.arch}); load with AutoModelForCausalLM.from_pretrained({str(out)!r}{remote})")
     from normlab.evaluation.local_tasks import TASKS_DIR
 
+    import shlex
+
     model_args = f"pretrained={out}" + (",trust_remote_code=True" if args.arch == "normlab" else "")
-    print(f"evaluate: lm_eval --model hf --model_args {model_args} --tasks normlab_local --include_path {TASKS_DIR}"
-          f"  (or: normlab eval {out})")
+    print(f"evaluate: lm_eval --model hf --model_args {shlex.quote(model_args)} --tasks normlab_local "
+          f"--include_path {shlex.quote(str(TASKS_DIR))}  (or: normlab eval {shlex.quote(str(out))})")
     return 0
+
+
+def _eval_limit(text: str | None) -> int | float | None:
+    """--limit: a count (a positive integer) or a fraction in (0, 1]."""
+    if text is None:
+        return None
+    try:
+        value = float(text) if "." in text or "e" in text.lower() else int(text)
+    except ValueError:
+        raise ConfigError(f"--limit {text!r} is not a number; give examples per task (an integer, e.g. 50) "
+                          "or a fraction (e.g. 0.1)") from None
+    if isinstance(value, int) and value < 1 or isinstance(value, float) and not 0 < value <= 1:
+        raise ConfigError(f"--limit {text} is out of range; give a positive integer or a fraction in (0, 1]")
+    return value
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -356,9 +372,8 @@ def _eval(args: argparse.Namespace) -> int:
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if not tasks:
         raise ConfigError("--tasks is empty; give lm-eval task or group names, e.g. --tasks normlab_local")
-    limit = float(args.limit) if args.limit is not None and "." in args.limit else (int(args.limit) if args.limit else None)
-    kw = dict(limit=limit, batch_size=args.batch_size, device=args.device, num_fewshot=args.num_fewshot,
-              samples=args.samples)
+    kw = dict(limit=_eval_limit(args.limit), batch_size=args.batch_size, device=args.device,
+              num_fewshot=args.num_fewshot, samples=args.samples, trust_remote_code=args.trust_remote_code)
     source = Path(args.source)
     results = evaluate_sweep(source, tasks, **kw) if kind_of(source) == "sweep" else [evaluate(source, tasks, **kw)]
     for r in results:
@@ -524,6 +539,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default="cpu", help="cpu, cuda, cuda:0, ... (default cpu)")
     s.add_argument("--num-fewshot", type=int, help="few-shot examples (default: each task's own, zero for normlab's)")
     s.add_argument("--samples", action="store_true", help="also write each item's request and response to eval_samples/TASK.jsonl")
+    s.add_argument("--trust-remote-code", action="store_true",
+                   help="let an export folder's own model code run (needed only where normlab did not write it: "
+                   "a normlab export's modeling_normlab.py is verified against this version's and runs without it)")
     s.add_argument("--list", action="store_true", help="list normlab's tasks and the papers' task groups")
     s.add_argument("--tasks-dir", action="store_true",
                    help="print the folder of normlab's task YAMLs (for lm_eval --include_path) and exit")

@@ -7,7 +7,8 @@ pinned) on normlab models:
 - a run directory (or one checkpoint): its newest checkpoint as `NormLabForCausalLM` in memory, with
   the run's tokenizer (special tokens set); results go to ``RUN/eval.json``;
 - an export folder (``normlab export``, or any transformers causal LM folder): loaded as lm-eval's
-  own ``--model hf`` would (``trust_remote_code=True``); results go to ``FOLDER/eval.json``;
+  own ``--model hf`` would; code in the folder runs only if it is the ``modeling_normlab.py`` this
+  normlab writes, or with ``--trust-remote-code`` (`remote_code`); results go to ``FOLDER/eval.json``;
 - a sweep folder: every run that finished ``ok`` (diverged runs are excluded, as Kim et al. do);
   `normlab summarize` then shows the scores per cell (mean ± std over seeds).
 
@@ -95,13 +96,52 @@ def kind_of(source: Path) -> str:
                     "config.json) or a sweep folder (with sweep.db)")
 
 
-def _model_for(source: Path, kind: str, device: str, batch_size: int | str, max_length: int | None) -> tuple[Any, dict, Path]:
+def _auto_map_modules(folder: Path, name: str) -> set[str]:
+    """The modules a folder's ``auto_map`` in ``name`` (config.json, tokenizer_config.json) points at."""
+    path = folder / name
+    if not path.is_file():
+        return set()
+    try:
+        auto_map = json.loads(path.read_text()).get("auto_map") or {}
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as err:
+        raise EvalError(f"{path} is not a JSON object ({type(err).__name__}); an export folder has a transformers "
+                        "config.json") from None
+    refs = [r for v in (auto_map.values() if isinstance(auto_map, dict) else [auto_map])
+            for r in (v if isinstance(v, (list, tuple)) else [v]) if r]
+    return {str(r).rsplit(".", 1)[0] for r in refs}
+
+
+def remote_code(folder: Path, trust: bool = False) -> bool:
+    """Whether loading the export ``folder`` runs code from it (``trust_remote_code``), and whether that
+    is allowed: a native architecture (no ``auto_map``) runs none; normlab's own class runs the
+    folder's ``modeling_normlab.py`` only if it is byte for byte what this normlab writes
+    (`normlab.hf.bundle`); any other code only with ``trust`` (``--trust-remote-code``)."""
+    from normlab.hf.bundle import bundle_source
+
+    modules = _auto_map_modules(folder, "config.json") | _auto_map_modules(folder, "tokenizer_config.json")
+    if not modules:
+        return False
+    if trust:
+        return True
+    bundled = folder / "modeling_normlab.py"
+    if modules == {"modeling_normlab"} and bundled.is_file() and bundled.read_bytes() == bundle_source().encode():
+        return True
+    which = ", ".join(f"{m}.py" for m in sorted(modules))
+    why = ("its modeling_normlab.py differs from what this normlab writes (edited, or exported by another "
+           "version: re-export it)" if modules == {"modeling_normlab"} and bundled.is_file()
+           else f"normlab did not write it ({which})")
+    raise EvalError(f"{folder} carries model code that would run when it loads, and {why}; pass "
+                    "--trust-remote-code only if you trust that code")
+
+
+def _model_for(source: Path, kind: str, device: str, batch_size: int | str, max_length: int | None,
+               trust_remote_code: bool = False) -> tuple[Any, dict, Path]:
     """lm-eval's HFLM for the source, facts about it, and the folder results go to."""
     from lm_eval.models.huggingface import HFLM
 
     if kind == "export":
-        lm = HFLM(pretrained=str(source), trust_remote_code=True, device=device, batch_size=batch_size,
-                  max_length=max_length, backend="causal")
+        lm = HFLM(pretrained=str(source), trust_remote_code=remote_code(source, trust_remote_code), device=device,
+                  batch_size=batch_size, max_length=max_length, backend="causal")
         return lm, {"source": str(source)}, source
     from normlab.hf import to_hf
     from normlab.hf.runs import load_run_model, run_tokenizer
@@ -123,10 +163,12 @@ def _model_for(source: Path, kind: str, device: str, batch_size: int | str, max_
 
 def evaluate(source: str | Path, tasks: list[str], limit: float | None = None, batch_size: int | str = 1,
              device: str = "cpu", num_fewshot: int | None = None, max_length: int | None = None,
-             seed: int = 1234, samples: bool = False) -> dict[str, Any]:
+             seed: int = 1234, samples: bool = False, trust_remote_code: bool = False) -> dict[str, Any]:
     """Evaluate one run, checkpoint or export on ``tasks``; write and return its ``eval.json`` entries
     (``{"tasks": {task: {...}}, "table": str, "path": Path}``). ``samples``: also write every
-    request and response to ``eval_samples/TASK.jsonl`` (what the model generated, per item)."""
+    request and response to ``eval_samples/TASK.jsonl`` (what the model generated, per item).
+    ``trust_remote_code``: run an export's own model code even where normlab did not write it
+    (`remote_code`)."""
     lm_eval = _lm_eval()
     from lm_eval.utils import make_table
 
@@ -139,7 +181,7 @@ def evaluate(source: str | Path, tasks: list[str], limit: float | None = None, b
     if unknown:
         raise EvalError(f"unknown task(s) {', '.join(unknown)}: give lm-eval task or group names (`lm_eval ls tasks`), "
                         f"or normlab's: {', '.join(GROUPS)}, {', '.join(LOCAL_TASKS)}")
-    lm, facts, out_dir = _model_for(source, kind, device, batch_size, max_length)
+    lm, facts, out_dir = _model_for(source, kind, device, batch_size, max_length, trust_remote_code)
     res = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, limit=limit,
                                   num_fewshot=num_fewshot, log_samples=samples, random_seed=seed,
                                   numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed)
@@ -181,4 +223,6 @@ def evaluate_sweep(sweep: str | Path, tasks: list[str], **kwargs: Any) -> list[d
     done = [r for r in df.itertuples() if r.status in TRAINED]
     if not done:
         raise EvalError(f"{sweep}: no run finished (ok or stalled) yet (statuses: {dict(df.status.value_counts())})")
-    return [evaluate(sweep / "runs" / r.run_id, tasks, **kwargs) for r in done]
+    from normlab.experiments.store import run_dir
+
+    return [evaluate(run_dir(sweep, r.run_id), tasks, **kwargs) for r in done]

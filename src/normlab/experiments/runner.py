@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from normlab.experiments.progress import SweepProgress
-from normlab.experiments.store import DONE, SweepStore
+from normlab.experiments.store import DONE, SweepStore, run_dir
 from normlab.experiments.sweep import RunSpec, SweepConfig
 from normlab.io import atomic_write_bytes
 from normlab.model.config import ConfigError
@@ -64,7 +64,7 @@ def execute_run(sweep_dir: str, run_id: str, threads: int | None = None, watch_p
     store = SweepStore(root / "sweep.db")
     row = store.row(run_id)
     spec = RunSpec(run_id, row["idx"], row["axes"], row["config"])
-    out = root / "runs" / run_id
+    out = run_dir(root, run_id)
     worker = os.environ.get("SLURM_JOB_ID") or f"{socket.gethostname()}:{os.getpid()}"
     store.mark_running(run_id, worker)
     try:
@@ -143,7 +143,7 @@ def _reconcile(store: SweepStore, root: Path) -> int:
     """Rows left `running` by a killed sweep: take the result if the run finished, else re-run."""
     taken = 0
     for row in store.rows("running"):
-        summary = _read_summary(root / "runs" / row["run_id"])
+        summary = _read_summary(run_dir(root, row["run_id"]))
         if summary and summary.get("status") in DONE and summary.get("steps") == row["config"]["steps"]:
             store.record(row["run_id"], summary)
             taken += 1

@@ -12,6 +12,7 @@ the sweep is started again.
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import time
 from contextlib import contextmanager
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from normlab.experiments.sweep import RunSpec
+from normlab.model.config import ConfigError
 from normlab.train.monitor import FINISHED as DONE
 
 STATUSES = ("pending", "running", *DONE, "failed")
@@ -47,6 +49,23 @@ create table if not exists runs (
 );
 create table if not exists meta (key text primary key, value text not null);
 """
+
+
+# What `sweep.run_id` makes: axis slugs and a hash. An id read back from a store is used as a folder
+# name under SWEEP/runs, so anything else (a path separator, "..") is refused, not followed.
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]{0,199}")
+
+
+def check_run_id(run_id: Any) -> str:
+    if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id) or ".." in run_id:
+        raise ConfigError(f"sweep store holds an invalid run id {str(run_id)[:80]!r}: ids are letters, digits and "
+                          "._+=- (what normlab sweep writes); the store was edited or is not normlab's")
+    return run_id
+
+
+def run_dir(root: str | Path, run_id: Any) -> Path:
+    """SWEEP/runs/RUN_ID for a checked id: never a folder outside the sweep."""
+    return Path(root) / "runs" / check_run_id(run_id)
 
 
 class SweepStore:
@@ -102,6 +121,8 @@ class SweepStore:
             args = statuses
         with self._connect() as db:
             rows = [dict(r) for r in db.execute(query + " order by idx", args)]
+        for r in rows:
+            check_run_id(r["run_id"])
         for r in rows:
             r["axes"], r["config"] = json.loads(r["axes"]), json.loads(r["config"])
         return rows

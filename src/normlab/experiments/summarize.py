@@ -30,7 +30,7 @@ import pandas as pd
 
 from normlab.diagnostics.forensics import tally
 from normlab.evaluation.results import headline_scores, load_evals
-from normlab.experiments.store import OUTCOME, SweepStore
+from normlab.experiments.store import OUTCOME, SweepStore, run_dir
 from normlab.io import atomic_write_bytes
 from normlab.train.monitor import FINISHED, TRAINED
 
@@ -54,7 +54,7 @@ def load_sweep(path: str | Path) -> tuple[pd.DataFrame, list[str]]:
         rec = {"run_id": r["run_id"], **{a: r["axes"].get(a, _config_value(r["config"], a)) for a in axes},
                "status": r["status"], "step": r["step"], "reason": r["reason"], "attempts": r["attempts"]}
         rec.update({k: r[k] for k in OUTCOME})
-        rec.update({EVAL_PREFIX + k: v for k, v in headline_scores(load_evals(root / "runs" / r["run_id"])).items()})
+        rec.update({EVAL_PREFIX + k: v for k, v in headline_scores(load_evals(run_dir(root, r["run_id"]))).items()})
         records.append(rec)
     scores = list(dict.fromkeys(k for rec in records for k in rec if k.startswith(EVAL_PREFIX)))
     df = pd.DataFrame.from_records(records, columns=["run_id", *axes, "status", "step", "reason", "attempts", *OUTCOME,
@@ -266,7 +266,7 @@ def _top100_figure(root: Path, df: pd.DataFrame, axes: list[str]):  # noqa: ANN2
     keys = [a for a in axes if a != SEED]
     curves = []
     for row in df.to_dict("records"):
-        run = root / "runs" / str(row["run_id"])
+        run = run_dir(root, row["run_id"])
         pts = [(r["step"], r["value"]) for r in read_jsonl(run / "probes.jsonl")
                if r.get("site") == "global" and r.get("metric") == "top100_max"]
         summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").is_file() else {}
