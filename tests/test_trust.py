@@ -190,6 +190,47 @@ def test_run_ids_from_a_store_never_leave_the_sweep(corpus, tmp_path, capsys):
     assert list(elsewhere.iterdir()) == []
 
 
+def test_no_command_writes_over_files_it_did_not_write(corpus, tmp_path, capsys, monkeypatch):
+    """sweep, report, summarize and scan write only into folders normlab made (or new, empty ones)."""
+    from normlab.io import MARKER
+
+    mine = tmp_path / "project"
+    mine.mkdir()
+    user_files = {"sweep.toml": "# my sweep, with comments\nname = 'mine'\n[grid]\nlayout = ['pre']\n",
+                  "summary.md": "my notes", "report.html": "<p>mine</p>", "runs.csv": "a,b\n"}
+    for name, text in user_files.items():
+        (mine / name).write_text(text)
+    monkeypatch.chdir(mine)
+    base = ["--set", f"data={corpus}", "--set", "size=nano", "--set", "steps=2", "--set", "seq_len=16",
+            "--set", "batch_size=4", "--set", "probe_every=0", "--set", "device=cpu"]
+    assert main(["sweep", "sweep.toml", "--out", ".", *base]) == 2
+    assert "holds files normlab did not write" in capsys.readouterr().err
+    assert main(["sweep", "sweep.toml", "--out", str(tmp_path / "sw"), *base]) == 0  # a new folder: fine
+    assert (tmp_path / "sw" / MARKER).is_file()
+    assert main(["sweep", "sweep.toml", "--out", str(tmp_path / "sw"), *base]) == 0  # its own folder: reused
+    assert main(["summarize", str(tmp_path / "sw"), "--out", "."]) == 2
+    run = next((tmp_path / "sw" / "runs").iterdir())
+    report_dir = tmp_path / "rep"
+    report_dir.mkdir()
+    (report_dir / "index.html").write_text("<p>the user's page</p>")
+    assert main(["report", str(run), "--out", str(report_dir)]) == 2
+    assert (report_dir / "index.html").read_text() == "<p>the user's page</p>"
+    assert main(["report", str(run), "--out", str(tmp_path / "rep2")]) == 0
+    assert main(["report", str(run), "--out", str(tmp_path / "rep2")]) == 0  # its own report: rewritten
+    (tmp_path / "rep2" / MARKER).unlink()  # a report an older normlab wrote (no marker): recognized
+    assert main(["report", str(run), "--out", str(tmp_path / "rep2")]) == 0
+    export = _export(tmp_path)
+    (export / "scan").mkdir()
+    (export / "scan" / "table.md").write_text("the user's table")
+    assert main(["scan", str(export)]) == 2
+    assert (export / "scan" / "table.md").read_text() == "the user's table"
+    assert main(["scan", str(run)]) == 2  # a run folder is not a transformers folder: one line
+    assert "normlab run directory" in capsys.readouterr().err
+    for name, text in user_files.items():
+        assert (mine / name).read_text() == text
+    assert sorted(p.name for p in mine.iterdir()) == sorted(user_files)
+
+
 def test_eval_limit_is_checked(tmp_path, capsys):
     for bad in ("abc", "-1", "0", "1.5"):
         assert main(["eval", str(tmp_path), "--limit", bad]) == 2

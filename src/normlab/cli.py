@@ -24,6 +24,7 @@ from pathlib import Path
 from normlab.data.corpus import DataError
 from normlab.layout import PRESETS, LayoutError
 from normlab.model.config import SIZES, ConfigError
+from normlab.io import ForeignFolderError
 from normlab.train.checkpoint import CheckpointError
 
 
@@ -566,7 +567,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-USER_ERRORS = (LayoutError, ConfigError, DataError, CheckpointError)
+USER_ERRORS = (LayoutError, ConfigError, DataError, CheckpointError, ForeignFolderError)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -82,3 +82,37 @@ def truncate_jsonl(path: str | os.PathLike, before_step: int) -> None:
         kept = [line for line, row in _jsonl_lines(path)
                 if row is not None and isinstance(row.get("step"), int) and row["step"] < before_step]
     atomic_write_bytes(path, ("\n".join(kept) + "\n").encode() if kept else b"")
+
+
+MARKER = ".normlab"  # in every output folder normlab made: what kind of folder it is
+
+
+class ForeignFolderError(ValueError):
+    """An output folder holds files normlab did not write; nothing there is overwritten."""
+
+
+def own_folder(path: str | os.PathLike, kind: str, legacy: Any = None) -> Path:
+    """Make ``path`` an output folder of ``kind`` (sweep, report, scan, summary) that normlab may write
+    into, or refuse: a new or empty folder is claimed (a ``.normlab`` marker is written), a folder
+    normlab made for the same kind is reused, and ``legacy(path)`` recognizes one an older normlab made
+    before markers existed. Anything else holds someone's files: ForeignFolderError, nothing written."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ForeignFolderError(f"{path} is a file; give a folder for the {kind} (it is created if missing)")
+    marker = path / MARKER
+    if marker.is_file():
+        try:
+            made = json.loads(marker.read_text()).get("kind")
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+            made = None
+        if made == kind:
+            return path
+        raise ForeignFolderError(f"{path} is a normlab {made or 'unknown'} folder, not a {kind} folder; "
+                                 f"give a new or empty folder for the {kind}")
+    held = sorted(p.name for p in path.iterdir()) if path.is_dir() else []
+    if held and not (legacy is not None and legacy(path)):
+        raise ForeignFolderError(
+            f"{path} holds files normlab did not write ({', '.join(held[:5])}{', ...' if len(held) > 5 else ''}); "
+            f"nothing there is overwritten: give a new or empty folder for the {kind}")
+    atomic_write_json(marker, {"kind": kind})
+    return path

@@ -25,7 +25,7 @@ import numpy as np  # noqa: E402
 from normlab.diagnostics.stats import FP16_MAX  # noqa: E402
 from normlab.diagnostics.store import Run, load_run  # noqa: E402
 from normlab.evaluation.results import headline_scores  # noqa: E402
-from normlab.io import atomic_write_bytes  # noqa: E402
+from normlab.io import atomic_write_bytes, own_folder  # noqa: E402
 
 plt.rcParams.update({"figure.dpi": 110, "font.size": 10, "axes.titlesize": 11, "axes.grid": True, "grid.alpha": 0.3})
 
@@ -384,11 +384,20 @@ td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}th{{background:#f
     return path
 
 
+def _is_report(folder: Path) -> bool:
+    """A report folder an older normlab wrote (before the .normlab marker): its index.html is ours."""
+    index = folder / "index.html"
+    try:
+        return index.is_file() and "<title>normlab report" in index.read_text(errors="replace")[:2000]
+    except OSError:
+        return False
+
+
 def make_report(run_dirs: list[str | Path], out: str | Path) -> Path:
     """Render the figures as PNGs into ``out`` and write ``out/index.html``; returns its path."""
     runs = [load_run(p) for p in run_dirs]
     names = _names(runs)
-    out = Path(out)
+    out = own_folder(out, "report", legacy=_is_report)  # a new folder, or one a normlab report made
     out.mkdir(parents=True, exist_ok=True)
     figures = FIGURES + ([("expert_load", "Expert load over training (MoE; Zhuo Sec. 4.3, OLMoE)", fig_expert_load)]
                          if _has_experts(runs) else [])

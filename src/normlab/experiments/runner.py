@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import re
 import os
 import socket
 import subprocess
@@ -40,6 +41,7 @@ from typing import Any
 
 from normlab.experiments.progress import SweepProgress
 from normlab.experiments.store import DONE, SweepStore, run_dir
+from normlab.io import own_folder
 from normlab.experiments.sweep import RunSpec, SweepConfig
 from normlab.io import atomic_write_bytes
 from normlab.model.config import ConfigError
@@ -100,6 +102,18 @@ def _read_summary(out: Path) -> dict[str, Any] | None:
         return None
 
 
+# Everything a sweep folder holds (runner, summarize, compare's report): what an older normlab's
+# sweep folder, made before the .normlab marker, may contain.
+SWEEP_FILES = re.compile(r"(sweep\.db(-wal|-shm|-journal)?|sweep\.toml|\.lock|summary\.md|report\.html|"
+                         r"(runs|cells|lr_curve|lr_sensitivity)\.csv|[a-z0-9_]+\.png|runs|logs|report)")
+
+
+def is_sweep_dir(folder: Path) -> bool:
+    """A sweep folder an older normlab made: a store and nothing but what normlab writes beside it
+    (a user's own files there, such as the sweep file given as input, make it someone else's)."""
+    return (folder / "sweep.db").is_file() and all(SWEEP_FILES.fullmatch(p.name) for p in folder.iterdir())
+
+
 def _lock(root: Path):  # noqa: ANN202 - an open file holding the lock
     f = open(root / ".lock", "a+")  # noqa: SIM115 - held for the sweep's lifetime
     try:
@@ -153,7 +167,7 @@ def _reconcile(store: SweepStore, root: Path) -> int:
 def run_sweep(sweep: SweepConfig, out: str | Path, workers: int | None = None, executor: str | None = None,
               log=print) -> dict[str, int]:  # noqa: ANN001 - log: a print-like callable
     """Run every run of `sweep` that has no result yet; returns the store's status counts."""
-    root = Path(out)
+    root = own_folder(out, "sweep", legacy=is_sweep_dir)  # never a folder of the user's
     root.mkdir(parents=True, exist_ok=True)
     lock = _lock(root)
     try:

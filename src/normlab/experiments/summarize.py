@@ -31,7 +31,7 @@ import pandas as pd
 from normlab.diagnostics.forensics import tally
 from normlab.evaluation.results import headline_scores, load_evals
 from normlab.experiments.store import OUTCOME, SweepStore, run_dir
-from normlab.io import atomic_write_bytes
+from normlab.io import atomic_write_bytes, own_folder
 from normlab.train.monitor import FINISHED, TRAINED
 
 SEED = "seed"
@@ -217,6 +217,8 @@ def summarize(path: str | Path, out: str | Path | None = None) -> dict[str, Any]
     """Write summary.md, the CSVs and report.html into ``out`` (default: the sweep directory)."""
     root = Path(path)
     df, axes = load_sweep(root)
+    if out and Path(out).resolve() != root.resolve():  # another folder: only one normlab made for summaries
+        own_folder(out, "summary", legacy=lambda p: (p / "summary.md").is_file() and (p / "cells.csv").is_file())
     out = Path(out) if out else root
     out.mkdir(parents=True, exist_ok=True)
     store = SweepStore(root / "sweep.db")

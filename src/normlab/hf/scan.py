@@ -24,7 +24,8 @@ import torch
 from normlab.diagnostics.attach import StreamProbe, find_blocks
 from normlab.diagnostics.stats import FP16_MAX, angular_matrix, hidden_stats, massive_activations
 from normlab.hf.native import _transformers
-from normlab.io import atomic_write_bytes, atomic_write_json
+from normlab.data.corpus import DataError
+from normlab.io import atomic_write_bytes, atomic_write_json, own_folder
 
 TEXTS = (
     "The quick brown fox jumps over the lazy dog.",
@@ -48,14 +49,23 @@ def _tokens(path: Path, model: Any, texts: list[str], max_len: int) -> torch.Ten
 
 
 def scan(path: str | Path, out: str | Path, texts: list[str] | None = None, max_len: int = 64) -> dict[str, Any]:
-    """Scan the model in ``path``; write table.md, scan.json, figures and index.html into ``out``."""
+    """Scan the model in ``path``; write table.md, scan.json, figures and index.html into ``out`` (a new
+    folder, or one a scan made: never over files normlab did not write)."""
     tf = _transformers()
     import normlab.hf.modeling  # noqa: F401 - registers the normlab class, so exported normlab models scan too
 
     path, out = Path(path), Path(out)
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{path} has no config.json: give a local transformers model folder")
-    model = tf.AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32).eval()
+        raise DataError(f"{path} has no config.json: give a local transformers model folder")
+    if (path / "metrics.jsonl").is_file() or (path / "checkpoints").is_dir():
+        raise DataError(f"{path} is a normlab run directory, not a transformers folder: export it first "
+                        f"(normlab export {path} DIR) and scan DIR")
+    out = own_folder(out, "scan", legacy=lambda p: (p / "scan.json").is_file() and (p / "table.md").is_file())
+    try:
+        model = tf.AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32).eval()
+    except (OSError, ValueError, KeyError, TypeError) as err:  # unreadable config.json, unknown model type, ...
+        raise DataError(f"{path} does not load as a transformers causal LM: {type(err).__name__}: "
+                        f"{' '.join(str(err).split())[:300]}") from None
     x = _tokens(path, model, list(texts or TEXTS), max_len)
     blocks_path, blocks = find_blocks(model)
     hidden = StreamProbe(model, list(blocks)).capture(input_ids=x)
