@@ -309,6 +309,46 @@ def test_corrupt_newest_checkpoint_falls_back_and_torn_jsonl_is_cut(corpus, tmp_
     assert [r["step"] for r in rows(cut.out)] == list(range(12))
 
 
+def test_a_bit_flipped_checkpoint_is_caught_by_its_checksum_and_skipped(corpus, tmp_path, monkeypatch, capsys):
+    full = small(corpus, tmp_path / "full", steps=12, probe_every=0)
+    train(full)
+    cut = small(corpus, tmp_path / "cut", steps=12, ckpt_every=3, keep_last=3, probe_every=0)
+    restore = _interrupt_at(monkeypatch, 10)
+    with pytest.raises(KeyboardInterrupt):
+        train(cut)
+    restore()
+    newest = list_checkpoints(cut.out)[-1]
+    assert (newest.parent / (newest.name + ".sha256")).is_file()
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2] ^= 0x10  # one bit, inside a tensor's bytes: torch.load alone would not notice
+    newest.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="SHA-256 differs"):
+        load_checkpoint(newest)
+    s = train(cut, log=print)
+    assert "skipping checkpoint step_00000009.pt" in capsys.readouterr().out
+    assert s["status"] == "ok" and losses(cut.out) == losses(full.out)
+    assert sorted(p.name for p in (Path(cut.out) / "checkpoints").iterdir() if p.name.endswith(".sha256")) == \
+        sorted(p.name + ".sha256" for p in list_checkpoints(cut.out))  # pruned together
+
+
+def test_a_kill_during_the_first_config_write_does_not_block_the_run(corpus, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / ".lock").write_text("")
+    (run / ".config.json.k2x9abcd.tmp").write_text('{"config": {"ste')  # killed mid-write
+    s = train(small(corpus, run, steps=3))
+    assert s["status"] == "ok" and not list(run.glob("*.tmp"))
+
+
+def test_a_kill_after_the_last_checkpoint_keeps_the_final_validation_loss(corpus, tmp_path):
+    run = tmp_path / "run"
+    s = train(small(corpus, run, steps=6, probe_every=0))
+    (run / "summary.json").unlink()  # killed after the final checkpoint, before the summary
+    again = train(small(corpus, run, steps=6, probe_every=0))
+    assert again["final_val_loss"] == s["final_val_loss"] is not None
+    assert again["final_loss"] == s["final_loss"] and again["steps"] == s["steps"]
+
+
 def test_resume_refuses_any_identity_change(corpus, tmp_path, monkeypatch):
     cut = small(corpus, tmp_path / "r", steps=12, ckpt_every=3)
     restore = _interrupt_at(monkeypatch, 7)

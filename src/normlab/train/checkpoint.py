@@ -26,7 +26,9 @@ Two forms, one per way of training:
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
+import json
 import os
 import pickle
 import random
@@ -74,13 +76,38 @@ def newest_checkpoint(source: str | Path) -> Path | None:
     return src
 
 
+# The hidden temp file of an atomic write (`atomic_write_bytes`) that was killed: ".NAME.XXXXXXXX.tmp".
+TEMP_FILE = re.compile(r"\.[^/]+\.[A-Za-z0-9_]{4,}\.tmp")
+
+
 def remove_stale_temp_files(run_dir: str | Path) -> list[str]:
-    """Delete the hidden temp files of checkpoint writes that were killed (see `atomic_write_bytes`)."""
-    d = checkpoint_dir(run_dir)
-    stale = sorted([*d.glob(".step_*.pt.*.tmp"), *d.glob(".step_*.dcp.tmp")]) if d.is_dir() else []
+    """Delete the hidden temp files of writes that were killed (see `atomic_write_bytes`): checkpoints,
+    and the run's own files (config.json, summary.json, tokenizer.json). Called under the run's lock."""
+    d, run = checkpoint_dir(run_dir), Path(run_dir)
+    stale = sorted([*d.glob(".step_*.pt.*.tmp"), *d.glob(".step_*.pt.sha256.*.tmp"), *d.glob(".step_*.dcp.tmp")]
+                   if d.is_dir() else [])
+    stale += sorted(p for p in run.iterdir() if p.is_file() and TEMP_FILE.fullmatch(p.name)) if run.is_dir() else []
     for p in stale:
         _remove(p)
     return [p.name for p in stale]
+
+
+SUM_SUFFIX = ".sha256"  # step_X.pt's SHA-256, written after it: a flipped bit is caught, not trained on
+CHECKSUMS = "checksums.json"  # in a sharded folder: every file's SHA-256
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _verify(path: Path, expected: str) -> None:
+    if _sha256_file(path) != expected.strip():
+        raise CheckpointError(f"{path} is corrupt: its SHA-256 differs from the one written with it "
+                              "(a flipped bit or a partial copy)")
 
 
 def _remove(path: Path) -> None:
@@ -120,7 +147,11 @@ def save_checkpoint(run_dir: str | Path, step: int, state: dict[str, Any], keep_
     buf = io.BytesIO()
     torch.save({**state, "step": step, "rng": rng_state()}, buf)
     path = checkpoint_dir(run_dir) / f"step_{step:08d}.pt"
-    atomic_write_bytes(path, buf.getvalue())
+    data = buf.getvalue()
+    atomic_write_bytes(path, data)
+    # after the file: a kill between the two leaves a complete checkpoint without its sum (loaded as
+    # checkpoints of earlier normlab versions are: unverified)
+    atomic_write_bytes(path.with_name(path.name + SUM_SUFFIX), hashlib.sha256(data).hexdigest().encode())
     prune(run_dir, keep_last)
     return path
 
@@ -128,6 +159,7 @@ def save_checkpoint(run_dir: str | Path, step: int, state: dict[str, Any], keep_
 def prune(run_dir: str | Path, keep_last: int) -> None:
     for old in list_checkpoints(run_dir)[:-keep_last]:
         _remove(old)
+        _remove(old.with_name(old.name + SUM_SUFFIX))
 
 
 def save_sharded_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module, opt: torch.optim.Optimizer,
@@ -149,6 +181,8 @@ def save_sharded_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Modu
         buf = io.BytesIO()
         torch.save({**state, "step": step, "rng": rng_state()}, buf)
         atomic_write_bytes(tmp / EXTRA, buf.getvalue())
+        sums = {p.name: _sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}  # every rank has written
+        atomic_write_bytes(tmp / CHECKSUMS, json.dumps(sums, indent=1).encode())
         _remove(final)  # a checkpoint of the same step from a run replayed after a crash
         os.replace(tmp, final)
         prune(run_dir, keep_last)
@@ -215,6 +249,16 @@ def _check_sharded(path: Path) -> None:
     meta = path / ".metadata"
     if not meta.is_file() or not (path / EXTRA).is_file():
         raise CheckpointError(f"{path} is an incomplete sharded checkpoint (no .metadata or {EXTRA})")
+    sums = path / CHECKSUMS
+    if sums.is_file():  # written by normlab since 2026-11-23, after every shard
+        try:
+            expected = json.loads(sums.read_text())
+        except (ValueError, UnicodeDecodeError):
+            raise CheckpointError(f"{sums} is unreadable (truncated or corrupt)") from None
+        for name, digest in expected.items():
+            if Path(name).name != name or not (path / name).is_file():
+                raise CheckpointError(f"{path} is incomplete or corrupt: {name!r} is listed in {CHECKSUMS} but absent")
+            _verify(path / name, str(digest))
     try:
         with meta.open("rb") as f:
             _DCPMetadataUnpickler(f).load()
@@ -238,6 +282,9 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         return {**_load_file(path / EXTRA, require_model=False), "sharded": str(path)}
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
+    checksum = path.with_name(path.name + SUM_SUFFIX)
+    if checksum.is_file():
+        _verify(path, checksum.read_text(errors="replace"))
     return _load_file(path, require_model=True)
 
 

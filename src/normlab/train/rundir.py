@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from normlab.model.config import ConfigError
-from normlab.train.checkpoint import load_latest_checkpoint
+from normlab.train.checkpoint import TEMP_FILE, load_latest_checkpoint
 from normlab.train.config import TrainConfig
 from normlab.train.monitor import TRAINED
 OWN_FILES = (".lock",)  # what a run writes before its config.json (a run killed that early left only this)
@@ -59,7 +59,8 @@ def check_out(run: Path) -> None:
     """Refuse an --out that is a file, or a non-empty folder that is not a normlab run."""
     if run.exists() and not run.is_dir():
         raise ConfigError(f"--out {run} is a file; give a directory for the run (it is created if missing)")
-    held = sorted(p.name for p in run.iterdir() if p.name not in OWN_FILES) if run.is_dir() else []
+    held = sorted(p.name for p in run.iterdir() if p.name not in OWN_FILES and not TEMP_FILE.fullmatch(p.name)) \
+        if run.is_dir() else []
     if held and not is_run_dir(run):
         raise ConfigError(f"--out {run} is a folder that is not a normlab run (it holds {', '.join(held[:5])}"
                           f"{', ...' if len(held) > 5 else ''}); nothing there is overwritten: "

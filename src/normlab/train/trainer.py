@@ -387,6 +387,9 @@ def _train(cfg: TrainConfig, info: distributed.DistInfo, start: Start) -> dict[s
             state.step += 1
             if state.step % cfg.checkpoint_every == 0 or (last and not state.monitor.diverged):
                 _checkpoint(state)
+        if state.final_val is None and state.step >= cfg.steps and not state.monitor.diverged:
+            # resumed from the final checkpoint of a run killed before its summary: the last evaluation
+            state.final_val = evaluate(state.fwd, state.val, cfg, info)
         if state.monitor.diverged:
             state.forensics = find_break(state)
         if state.probes is not None:  # the end state (also of a diverged run, at the step it stopped)
