@@ -231,6 +231,15 @@ def test_no_command_writes_over_files_it_did_not_write(corpus, tmp_path, capsys,
     assert sorted(p.name for p in mine.iterdir()) == sorted(user_files)
 
 
+def test_a_refused_model_option_leaves_nothing_that_blocks_the_corrected_command(corpus, tmp_path):
+    run = tmp_path / "run"
+    assert main(["train", "--data", str(corpus), "--size", "nano", "--steps", "2", "--seq-len", "32",
+                 "--no-progress", "--model", "max_seq_len=8", "--out", str(run)]) == 2
+    assert sorted(p.name for p in run.iterdir()) == [".lock"]
+    assert main(["train", "--data", str(corpus), "--size", "nano", "--steps", "2", "--seq-len", "32",
+                 "--no-progress", "--out", str(run)]) == 0
+
+
 def test_eval_limit_is_checked(tmp_path, capsys):
     for bad in ("abc", "-1", "0", "1.5"):
         assert main(["eval", str(tmp_path), "--limit", bad]) == 2
@@ -469,6 +478,14 @@ def bad_inputs(corpus, tmp_path):
     latin = tmp_path / "latin.jsonl"
     latin.write_bytes(b'{"text": "caf\xe9"}\n')
     common = ["--data", str(corpus), "--size", "nano", "--steps", "2", "--no-progress", "--out", str(tmp_path / "o")]
+    binary = tmp_path / "binary"
+    binary.write_bytes(bytes(range(256)) * 8)
+    typed_garbage = tmp_path / "typed"
+    typed_garbage.mkdir()
+    (typed_garbage / "metrics.jsonl").write_text('{"step": "x", "loss": [1]}\n')
+    bad_store = tmp_path / "store"
+    bad_store.mkdir()
+    (bad_store / "sweep.db").write_bytes(bytes(range(256)) * 20)
     return [
         ["train", *common, "--beta1", "1.5"],
         ["train", *common, "--eps", "-1"],
@@ -499,6 +516,21 @@ def bad_inputs(corpus, tmp_path):
         ["compare", "--set", "lr=-1", "--out", str(tmp_path / "cmp")],
         ["export", str(tmp_path / "nowhere"), str(tmp_path / "e")],
         *([] if torch.cuda.is_available() else [["train", *common, "--device", "cuda"]]),
+        # the second adversarial pass (issue 23): binary files, garbage stores, out-of-range counts
+        ["train", *common, "--config", str(binary)],
+        ["train", *common, "--tokenizer", str(binary)],
+        ["report", str(typed_garbage)],
+        ["summarize", str(bad_store)],
+        ["eval", str(bad_store)],
+        ["screen", "pre", "--batch", "0"],
+        ["train", *common, "--model", "vocab_size=10"],
+        ["train", *common, "--seq-len", "32", "--model", "max_seq_len=8"],
+        ["sweep", "--grid", "layout=pre", "--workers", "0", "--out", str(tmp_path / "w0")],
+        ["sweep", "--grid", "layout=pre", "--workers", "-1", "--out", str(tmp_path / "w1")],
+        ["compare", "--workers", "0", "--out", str(tmp_path / "cw")],
+        ["show", "pre", "--layers", "0"],
+        ["eval", str(tmp_path), "--limit", "abc"],
+        ["eval", str(tmp_path), "--limit", "-1"],
     ]
 
 
@@ -515,7 +547,9 @@ def test_bad_input_is_one_line_with_exit_status_2(bad_inputs, capsys):
 def test_argparse_choices_and_version(capsys):
     with pytest.raises(SystemExit) as ex:
         main(["train", "--precision", "fp8"])
-    assert ex.value.code == 2 and "invalid choice: 'fp8'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert ex.value.code == 2 and "invalid choice: 'fp8'" in err
+    assert len(err.strip().splitlines()) == 1 and "usage:" not in err  # one line, not argparse's whole usage
     with pytest.raises(SystemExit) as ex:
         main(["--version"])
     assert ex.value.code == 0 and capsys.readouterr().out.startswith("normlab 0.")

@@ -52,6 +52,8 @@ def _show(args: argparse.Namespace) -> int:
 
     import torch
 
+    if args.layers is not None and args.layers < 1:
+        raise ConfigError(f"--layers {args.layers}: the number of layers is a positive integer")
     overrides = {"n_layers": args.layers} if args.layers else {}
     with torch.device("meta"):  # shapes and counts only: a 7B model needs no memory here
         build_model(args.layout, args.size, verbose=True, **overrides)
@@ -200,8 +202,14 @@ def _report(args: argparse.Namespace) -> int:
         if not (Path(r) / "metrics.jsonl").is_file():
             raise ConfigError(f"{r} is not a normlab run directory (no metrics.jsonl); give directories written "
                               "by normlab train")
-        if not read_jsonl(Path(r) / "metrics.jsonl"):
+        rows = read_jsonl(Path(r) / "metrics.jsonl")
+        if not rows:
             raise ConfigError(f"{r}/metrics.jsonl has no readable rows (the run has not logged a step yet)")
+        for i, row in enumerate(rows):
+            step, loss = row.get("step"), row.get("loss")
+            if not isinstance(step, int) or isinstance(step, bool) or not isinstance(loss, (int, float, type(None))):
+                raise ConfigError(f"{r}/metrics.jsonl row {i + 1} is not a normlab metrics row (step {step!r}, "
+                                  f"loss {str(loss)[:40]!r}); give directories written by normlab train")
     index = make_report(args.runs, out)
     print(f"report: {index}")
     return 0
@@ -221,6 +229,11 @@ def _grid_args(items: list[str] | None) -> dict:
         grid[axis.strip()] = [typed_settings({axis.strip(): v}, f"--grid {axis.strip()}", from_text=True)[axis.strip()]
                               for v in texts]
     return grid
+
+
+def _check_workers(workers: int | None) -> None:
+    if workers is not None and workers < 1:
+        raise ConfigError(f"--workers {workers}: give a positive number of parallel runs (default: one per CPU core)")
 
 
 def _merge_base(base: dict, extra: dict) -> dict:
@@ -244,6 +257,7 @@ def _sweep(args: argparse.Namespace) -> int:
         data["name"] = args.name
     sweep = SweepConfig.from_dict(data)
     out = args.out or f"runs/sweeps/{sweep.name}"
+    _check_workers(args.workers)
     counts = run_sweep(sweep, out, workers=args.workers, executor=args.executor)
     result = summarize(out)
     print(result["markdown"].read_text())
@@ -268,6 +282,7 @@ def _compare(args: argparse.Namespace) -> int:
     from normlab.experiments import compare
 
     t0 = time.perf_counter()
+    _check_workers(args.workers)
     given = {k: v for k, v in (("size", args.size), ("steps", args.steps)) if v is not None}
     base = _merge_base(given, _settings(args.set or []))
     md = []
@@ -407,10 +422,17 @@ def _data(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with normlab's rule for bad input: one line and exit status 2 (not the whole usage)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     import normlab
 
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="normlab",
         description="Normalization placement in Transformer LMs: build, compare and inspect layouts.",
     )

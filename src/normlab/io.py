@@ -52,6 +52,8 @@ def read_toml(path: str | os.PathLike, what: str = "file") -> dict[str, Any]:
         return tomllib.loads(p.read_text())
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{p} is not valid TOML: {err}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{what} {p} is not a text file (not UTF-8); give a TOML file") from None
 
 
 def _jsonl_lines(path: Path):  # noqa: ANN202 - iterator of (line, row or None)

@@ -138,7 +138,12 @@ def load_tokenizer(spec: str, corpus_files: list[Path] | None = None) -> Tokeniz
     if file.is_file():
         from tokenizers import Tokenizer
 
-        return HFTokenizer(Tokenizer.from_file(str(file)), str(path))
+        try:
+            loaded = Tokenizer.from_file(str(file))
+        except Exception as err:  # noqa: BLE001 - the tokenizers library raises a bare Exception
+            raise DataError(f"{file} is not a Hugging Face tokenizer.json ({' '.join(str(err).split())[:200]}); "
+                            "give bytes, bpe:VOCAB, or a tokenizer.json written by tokenizers/transformers") from None
+        return HFTokenizer(loaded, str(path))
     raise DataError(
         f"unknown tokenizer {spec!r}: valid are 'bytes', 'bpe:VOCAB' (e.g. bpe:4096), or a local "
         "directory/file with a Hugging Face tokenizer.json"

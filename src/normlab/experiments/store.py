@@ -89,6 +89,11 @@ class SweepStore:
             db.execute("pragma journal_mode=wal")
             with db:  # commit on success, roll back on error
                 yield db
+        except sqlite3.DatabaseError as err:
+            if isinstance(err, sqlite3.OperationalError) and "locked" in str(err):
+                raise
+            raise ConfigError(f"{self.path} is not a normlab sweep store ({err}); give a folder written by "
+                              "normlab sweep or compare") from None
         finally:
             db.close()
 

@@ -56,6 +56,10 @@ class ScreenConfig:
             raise ConfigError(f"h_factor must lie in (0, 1], got {self.h_factor}")
         if not self.noise > 0:
             raise ConfigError(f"noise must be > 0, got {self.noise}")
+        for name in ("batch", "seq_len", "iters"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
 
 
 def parse_stresses(text: str) -> tuple[float, ...]:

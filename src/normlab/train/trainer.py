@@ -211,6 +211,13 @@ def build_state(cfg: TrainConfig, info: distributed.DistInfo, start: Start) -> R
     data = _load_data(cfg)
     overrides = {"vocab_size": data.vocab_size, **cfg.model.options}
     overrides.setdefault("max_seq_len", max(cfg.seq_len, normlab.model.get_size(cfg.size).max_seq_len))
+    # refused before the run directory holds anything but its lock: the corrected command then runs
+    if overrides["vocab_size"] < data.vocab_size:
+        raise ConfigError(f"vocab_size={overrides['vocab_size']} is below the tokenizer's {data.vocab_size} ids; "
+                          f"give at least {data.vocab_size} (or leave it out: the tokenizer's size is used)")
+    if overrides["max_seq_len"] < cfg.seq_len:
+        raise ConfigError(f"max_seq_len={overrides['max_seq_len']} is below seq_len={cfg.seq_len}; give "
+                          f"max_seq_len >= {cfg.seq_len} or a shorter --seq-len")
     model = build_model(cfg.model.layout, cfg.size, seed=cfg.seed, **overrides)
     if cfg.init_from and start.checkpoint is None:  # a resumed run's own checkpoint takes precedence
         load_init_weights(model, cfg.init_from)
