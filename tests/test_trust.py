@@ -298,14 +298,20 @@ def test_a_run_killed_before_its_first_checkpoint_restarts_cleanly(corpus, tmp_p
     assert losses(cut.out) == losses(full.out)
 
 
-def test_corrupt_newest_checkpoint_falls_back_and_torn_jsonl_is_cut(corpus, tmp_path, monkeypatch, capsys):
-    full = small(corpus, tmp_path / "full", steps=12, probe_every=3)
+def _interrupted(corpus, tmp_path, monkeypatch, probe_every: int):  # noqa: ANN202 - (full, cut) configs
+    """A 12-step run trained whole, and the same run interrupted at step 10 (checkpoints at 3, 6, 9)."""
+    full = small(corpus, tmp_path / "full", steps=12, probe_every=probe_every)
     train(full)
-    cut = small(corpus, tmp_path / "cut", steps=12, ckpt_every=3, keep_last=3, probe_every=3)
+    cut = small(corpus, tmp_path / "cut", steps=12, ckpt_every=3, keep_last=3, probe_every=probe_every)
     restore = _interrupt_at(monkeypatch, 10)
     with pytest.raises(KeyboardInterrupt):
         train(cut)
     restore()
+    return full, cut
+
+
+def test_corrupt_newest_checkpoint_falls_back_and_torn_jsonl_is_cut(corpus, tmp_path, monkeypatch, capsys):
+    full, cut = _interrupted(corpus, tmp_path, monkeypatch, probe_every=3)
     newest = list_checkpoints(cut.out)[-1]
     assert newest.name == "step_00000009.pt"
     newest.write_bytes(newest.read_bytes()[:1000])  # torn by a full disk
@@ -319,13 +325,7 @@ def test_corrupt_newest_checkpoint_falls_back_and_torn_jsonl_is_cut(corpus, tmp_
 
 
 def test_a_bit_flipped_checkpoint_is_caught_by_its_checksum_and_skipped(corpus, tmp_path, monkeypatch, capsys):
-    full = small(corpus, tmp_path / "full", steps=12, probe_every=0)
-    train(full)
-    cut = small(corpus, tmp_path / "cut", steps=12, ckpt_every=3, keep_last=3, probe_every=0)
-    restore = _interrupt_at(monkeypatch, 10)
-    with pytest.raises(KeyboardInterrupt):
-        train(cut)
-    restore()
+    full, cut = _interrupted(corpus, tmp_path, monkeypatch, probe_every=0)
     newest = list_checkpoints(cut.out)[-1]
     assert (newest.parent / (newest.name + ".sha256")).is_file()
     data = bytearray(newest.read_bytes())
