@@ -9,16 +9,16 @@ LM_EVAL := lm_eval[hf]==0.4.13
 
 .PHONY: demo test install data bench recipes gpu-recipes clean
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH)" numpy scipy pandas matplotlib tokenizers tqdm pytest tensorboard wandb submitit transformers safetensors "$(LM_EVAL)"
+	$(PY) -m pip install -q "$(TORCH)" numpy scipy pandas matplotlib tokenizers tqdm pytest pytest-xdist tensorboard wandb submitit transformers safetensors "$(LM_EVAL)"
 	$(PY) -m pip install -q --no-deps -e .
 	touch $@
 
 install: $(VENV)/.installed
 
-# The main job: post, pre, peri and hybrid trained side by side (about 11 minutes on 2 cores), then the report.
+# The main job: post, pre, peri and hybrid trained side by side in fp16 (about 90 s on 2 cores), then the report.
 demo: install
 	$(VENV)/bin/normlab compare
 
@@ -47,8 +47,9 @@ gpu-recipes: install
 	$(PY) -c "from normlab.data.english import english_prepared; english_prepared('bpe:8192')"
 	for r in $$($(VENV)/bin/normlab recipes --names --machine gpu); do $(VENV)/bin/normlab sweep --recipe $$r --out runs/recipes/$$r || exit 1; done
 
+# Two workers (one torch thread each, tests/conftest.py): about 4 minutes on 2 cores.
 test: install
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs two workers on two cores: one thread each
+    import torch
+
+    torch.set_num_threads(1)
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",

@@ -111,7 +111,7 @@ def own_folder(path: str | os.PathLike, kind: str, legacy: Any = None) -> Path:
             return path
         raise ForeignFolderError(f"{path} is a normlab {made or 'unknown'} folder, not a {kind} folder; "
                                  f"give a new or empty folder for the {kind}")
-    held = sorted(p.name for p in path.iterdir()) if path.is_dir() else []
+    held = sorted(p.name for p in path.iterdir() if p.name != ".lock") if path.is_dir() else []  # .lock: normlab's
     if held and not (legacy is not None and legacy(path)):
         raise ForeignFolderError(
             f"{path} holds files normlab did not write ({', '.join(held[:5])}{', ...' if len(held) > 5 else ''}); "
