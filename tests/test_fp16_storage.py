@@ -171,8 +171,8 @@ def test_gradient_break_lists_parameters_deepest_first():
 
 
 def test_tally_groups_breaks_by_site():
-    sites = ["block 11: MLP residual add", "block 9: MLP residual add", None, "logits"]
-    assert tally(sites) == "MLP residual add x2 (blocks 9, 11); logits x1"
+    sites = ["block 11: MLP residual add", "block 9: MLP residual add", None, "logits", "block 3: MLP hidden"]
+    assert tally(sites) == "MLP residual add x2 (blocks 9, 11); logits x1; MLP hidden x1 (block 3)"
 
 
 def _run(corpus, out, **kw):
@@ -259,7 +259,7 @@ def test_summaries_count_first_breaks_and_old_stores_gain_the_columns(corpus, tm
     assert (tmp_path / "sw" / "top100_fp16.png").stat().st_size > 0  # Kim Fig. 11 per cell, every seed
     assert "top100_fp16" in (tmp_path / "sw" / "report.html").read_text()
     pre_big = out["cells"][(out["cells"].layout == "pre") & (out["cells"]["model.init_std"] == 3000.0)].iloc[0]
-    assert pre_big.divergences == "1/1" and pre_big.first_breaks.endswith(")") and " x1 (blocks " in pre_big.first_breaks
+    assert pre_big.divergences == "1/1" and pre_big.first_breaks.endswith(")") and " x1 (block " in pre_big.first_breaks
     assert pre_big.max_activation > 1000
     pre_small = out["cells"][(out["cells"].layout == "pre") & (out["cells"]["model.init_std"] == 0.02)].iloc[0]
     assert pre_small.divergences == "0/1" and pre_small.first_breaks == "" and pre_small.max_activation < 100

@@ -200,7 +200,8 @@ def tally(sites: list[str | None]) -> str:
     parts = []
     for site, blocks in sorted(by_site.items(), key=lambda kv: -len(kv[1])):
         nums = [b for b in blocks if b]
-        parts.append(f"{site} x{len(blocks)}" + (f" (blocks {', '.join(sorted(nums, key=int))})" if nums else ""))
+        where = f" ({'blocks' if len(nums) > 1 else 'block'} {', '.join(sorted(nums, key=int))})" if nums else ""
+        parts.append(f"{site} x{len(blocks)}{where}")
     return "; ".join(parts)
 
 
