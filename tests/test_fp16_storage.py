@@ -263,3 +263,19 @@ def test_summaries_count_first_breaks_and_old_stores_gain_the_columns(corpus, tm
     assert pre_big.max_activation > 1000
     pre_small = out["cells"][(out["cells"].layout == "pre") & (out["cells"]["model.init_std"] == 0.02)].iloc[0]
     assert pre_small.divergences == "0/1" and pre_small.first_breaks == "" and pre_small.max_activation < 100
+
+
+def test_forensics_names_the_micro_batch_that_broke_first():
+    """Only token 255's embedding is past 65504: the first micro-batch holding it breaks, at the embedding."""
+    torch.manual_seed(0)
+    model = normlab.build_model("pre", size="nano")
+    with torch.no_grad():
+        model.embed.weight[255].fill_(7e4)
+    model.set_storage(FP16)
+    clean = torch.randint(0, 255, (2, 8))
+    hot = clean.clone()
+    hot[1, 3] = 255
+    found = first_break(model, [(clean, clean), (hot, hot), (hot, hot)])
+    assert found["micro_batch"] == 1 and site_of(found) == "embedding"
+    assert found["forward"]["nonfinite"] == 32  # one token's 32 coordinates
+    assert first_break(model, [(clean, clean)])["forward"] is None

@@ -148,18 +148,20 @@ def first_break(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor
     model.eval()
     result: dict[str, Any] = {"forward": None, "micro_batch": None, "dtype": storage.name, "limit": storage.max}
     try:
+        # every micro-batch, with no early exit: under FSDP2 the forward is collective, and every rank
+        # must run as many as the others
         for i, (x, y) in enumerate(batches):
             with autocast() if autocast is not None else torch.autocast("cpu", enabled=False):
-                loss = model(x, targets=y).loss
-            result.setdefault("loss", float(loss))
+                loss = float(model(x, targets=y).loss)
+            result.setdefault("loss", loss)
+            if result["forward"] is not None:
+                continue
             if rec.first is not None:
-                result.update(forward=rec.first, micro_batch=i, loss=float(loss))
-                break
-            if not math.isfinite(float(loss)):  # non-finite from the loss itself (every site finite)
+                result.update(forward=rec.first, micro_batch=i, loss=loss)
+            elif not math.isfinite(loss):  # non-finite from the loss itself (every site finite)
                 result.update(forward={"module": "loss", "layer": None, "site": "loss", "nonfinite": 1, "of": 1,
                                        "kind": "nan", "value": math.nan, "before": rec.largest["value"]},
-                              micro_batch=i, loss=float(loss))
-                break
+                              micro_batch=i, loss=loss)
     finally:
         rec.close()
         model.train(was_training)
