@@ -294,3 +294,25 @@ def test_angular_distance_at_the_last_token_by_default():
     assert angular_distance(a, b, tokens="all") == pytest.approx((0.5 + 0.5 + 0.0) / 3)
     with pytest.raises(ValueError, match="valid: last, all"):
         angular_distance(a, b, tokens="first")
+
+
+def test_report_of_a_sweep_and_of_runs_without_probes(corpus, tmp_path, capsys):
+    """`normlab report SWEEP` reports its runs; runs without probes get the loss only, no empty axes
+    and no matplotlib warnings."""
+    import warnings
+
+    from normlab.cli import main
+    from normlab.experiments.runner import run_sweep
+    from normlab.experiments.sweep import SweepConfig
+
+    sweep = SweepConfig(name="r", base={"data": str(corpus), "size": "nano", "seq_len": 16, "batch_size": 4,
+                                        "steps": 3, "eval_every": 0, "eval_batches": 1, "probe_every": 0,
+                                        "device": "cpu"}, grid={"layout": ["pre", "peri"]})
+    run_sweep(sweep, tmp_path / "sw", workers=1, log=lambda *a: None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert main(["report", str(tmp_path / "sw")]) == 0
+    page = (tmp_path / "sw" / "report" / "index.html").read_text()
+    assert "No run recorded probes" in page and 'id="loss"' in page and 'id="top100_fp16"' not in page
+    assert page.count("<tr>") == 3  # the summary table: a header and the two runs
+    assert "report: " + str(tmp_path / "sw" / "report" / "index.html") in capsys.readouterr().out

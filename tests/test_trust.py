@@ -347,6 +347,7 @@ def test_a_kill_during_the_first_config_write_does_not_block_the_run(corpus, tmp
     (run / ".config.json.k2x9abcd.tmp").write_text('{"config": {"ste')  # killed mid-write
     s = train(small(corpus, run, steps=3))
     assert s["status"] == "ok" and not list(run.glob("*.tmp"))
+    assert (run / ".lock").read_text() == ""  # a finished run's lock names no process
 
 
 def test_a_kill_after_the_last_checkpoint_keeps_the_final_validation_loss(corpus, tmp_path):

@@ -197,8 +197,20 @@ def _report(args: argparse.Namespace) -> int:
 
     from normlab.io import read_jsonl
 
-    out = args.out or str(Path(args.runs[0]).parent / "report")
-    for r in args.runs:
+    runs = []
+    for r in args.runs:  # a sweep folder stands for its runs (those that logged a step)
+        if (Path(r) / "sweep.db").is_file():
+            from normlab.experiments.store import SweepStore, run_dir
+
+            found = [run_dir(r, row["run_id"]) for row in SweepStore(Path(r) / "sweep.db").rows()]
+            runs += [str(p) for p in found if (p / "metrics.jsonl").is_file()]
+            if not any((p / "metrics.jsonl").is_file() for p in found):
+                raise ConfigError(f"sweep {r} has no run that logged a step yet")
+        else:
+            runs.append(r)
+    sweep_given = len(args.runs) == 1 and (Path(args.runs[0]) / "sweep.db").is_file()
+    out = args.out or str(Path(args.runs[0]) / "report" if sweep_given else Path(args.runs[0]).parent / "report")
+    for r in runs:
         if not (Path(r) / "metrics.jsonl").is_file():
             raise ConfigError(f"{r} is not a normlab run directory (no metrics.jsonl); give directories written "
                               "by normlab train")
@@ -210,7 +222,7 @@ def _report(args: argparse.Namespace) -> int:
             if not isinstance(step, int) or isinstance(step, bool) or not isinstance(loss, (int, float, type(None))):
                 raise ConfigError(f"{r}/metrics.jsonl row {i + 1} is not a normlab metrics row (step {step!r}, "
                                   f"loss {str(loss)[:40]!r}); give directories written by normlab train")
-    index = make_report(args.runs, out)
+    index = make_report(runs, out)
     print(f"report: {index}")
     return 0
 
@@ -488,7 +500,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-v", "--verbose", action="store_true", help="explain the well-posedness verdict per sublayer")
     s.set_defaults(func=_screen)
     s = sub.add_parser("report", help="figures and one HTML page comparing run directories")
-    s.add_argument("runs", nargs="+", help="run directories written by normlab train")
+    s.add_argument("runs", nargs="+", help="run directories written by normlab train, or a sweep folder (its runs)")
     s.add_argument("--out", help="output folder (default: report/ beside the first run)")
     s.set_defaults(func=_report)
     s = sub.add_parser(

@@ -35,6 +35,12 @@ def _names(runs: list[Run]) -> list[str]:
     return [f"{n} ({r.path.name})" if names.count(n) > 1 else n for n, r in zip(names, runs)]
 
 
+def _legend(ax, **kw) -> None:  # noqa: ANN001 - an Axes
+    """A legend where the axes have labelled artists (a run without probes draws none)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**kw)
+
+
 def _ema(y: np.ndarray, alpha: float = 0.1) -> np.ndarray:
     out, acc = np.empty_like(y, dtype=float), None
     for i, v in enumerate(y):
@@ -65,8 +71,8 @@ def fig_loss(runs: list[Run], names: list[str]):  # noqa: ANN201
         b.plot(m.step, m.grad_norm, lw=0.8, label=name)
     a.set(title="Loss", xlabel="step", ylabel="cross-entropy (nats/token)")
     b.set(title="Gradient norm (pre-clip)", xlabel="step", ylabel="global L2 norm", yscale="log")
-    a.legend(fontsize=8)
-    b.legend(fontsize=8)
+    _legend(a, fontsize=8)
+    _legend(b, fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -87,7 +93,7 @@ def fig_depth(runs: list[Run], names: list[str], metric: str, label: str):  # no
         ax.set(title=f"{name}: {label} by depth", xlabel="layer (0 = embedding output)", ylabel=label, yscale="log")
         if metric == "max_abs":
             ax.axhline(FP16_MAX, ls="--", color="tab:orange", label="FP16 max 65504")
-        ax.legend(fontsize=8)
+        _legend(ax, fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -112,8 +118,8 @@ def fig_grad_by_layer(runs: list[Run], names: list[str]):  # noqa: ANN201
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     a.set(title="Gradient norm by layer at initialization", xlabel="block", ylabel="||dL/dW|| over the block's matrices", yscale="log")
     b.set(title="Gradient norm by layer at the end", xlabel="block", yscale="log")
-    a.legend(fontsize=8)
-    b.legend(fontsize=8)
+    _legend(a, fontsize=8)
+    _legend(b, fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -133,7 +139,7 @@ def fig_top100(runs: list[Run], names: list[str]):  # noqa: ANN201
                        zorder=5, label=f"{name} overflowed (step {brk['step']})")
     ax.axhline(FP16_MAX, ls="--", color="tab:orange", label="FP16 max 65504")
     ax.set(title="Largest 100 |activations| in the residual stream", xlabel="step", ylabel="|hidden state|", yscale="log")
-    ax.legend(fontsize=8)
+    _legend(ax, fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -201,8 +207,8 @@ def fig_attention(runs: list[Run], names: list[str]):  # noqa: ANN201
     a.set(title="Attention: largest logit over layers", xlabel="step", ylabel="max q·k/√d")
     b.set(title="Attention: max logit by layer at the end", xlabel="block", ylabel="max q·k/√d")
     b.xaxis.set_major_locator(MaxNLocator(integer=True))
-    a.legend(fontsize=8)
-    b.legend(fontsize=8)
+    _legend(a, fontsize=8)
+    _legend(b, fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -353,6 +359,9 @@ FIGURES = [
 ]
 
 
+PROBE_FIGURES = {key for key, _, _ in FIGURES if key != "loss"} | {"expert_load"}  # need probes.jsonl
+
+
 def figure_html(fig, out: Path, key: str, title: str) -> str:  # noqa: ANN001 - a matplotlib Figure
     """Save ``fig`` as ``out/key.png`` and return an HTML section embedding it (base64)."""
     png = out / f"{key}.png"
@@ -401,7 +410,21 @@ def make_report(run_dirs: list[str | Path], out: str | Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     figures = FIGURES + ([("expert_load", "Expert load over training (MoE; Zhuo Sec. 4.3, OLMoE)", fig_expert_load)]
                          if _has_experts(runs) else [])
-    sections = [figure_html(make(runs, names), out, key, title) for key, title, make in figures]
+    probed = [(r, n) for r, n in zip(runs, names) if len(r.probes)]
+    sections = []
+    for key, title, make in figures:
+        if key in PROBE_FIGURES:  # drawn for the runs that recorded probes; left out when none did
+            if not probed:
+                continue
+            fig = make([r for r, _ in probed], [n for _, n in probed])
+        else:
+            fig = make(runs, names)
+        sections.append(figure_html(fig, out, key, title))
+    if len(probed) < len(runs):
+        missing = ", ".join(n for r, n in zip(runs, names) if not len(r.probes))
+        sections.insert(0, f"<p>No probes recorded for {html.escape(missing)} (probe_every 0): the figures below "
+                        "the loss show the other runs only.</p>" if probed else
+                        "<p>No run recorded probes (probe_every 0): only the loss is drawn.</p>")
     prop31 = prop31_rows(runs, names)
     if prop31:
         sections.insert(0, '<h2 id="prop31">Kim Prop. 3.1, per token (last MLP): does the gradient grow with ||h||?</h2>'

@@ -176,7 +176,7 @@ def run_sweep(sweep: SweepConfig, out: str | Path, workers: int | None = None, e
         ids = {s.run_id for s in specs}
         todo = [r["run_id"] for r in store.rows() if r["run_id"] in ids and r["status"] not in DONE]
         done = len(ids) - len(todo)
-        log(f"sweep {sweep.name}: {len(ids)} runs, {done} done, {len(todo)} to run -> {root}")
+        log(f"{_label(sweep)}: {len(ids)} runs, {done} done, {len(todo)} to run -> {root}")
         kind = executor or sweep.executor
         if todo:
             if kind == "local":
@@ -189,7 +189,7 @@ def run_sweep(sweep: SweepConfig, out: str | Path, workers: int | None = None, e
             else:
                 _run_submitit(root, store, todo, kind, sweep.slurm, log)
         counts = store.counts()
-        log("sweep {}: {}".format(sweep.name, ", ".join(f"{v} {k}" for k, v in counts.items() if v)))
+        log("{}: {}".format(_label(sweep), ", ".join(f"{v} {k}" for k, v in counts.items() if v)))
         return counts
     finally:
         lock.close()
@@ -278,6 +278,11 @@ def _run_submitit(root: Path, store: SweepStore, todo: list[str], kind: str, opt
             if store.row(rid)["status"] == "running":
                 store.record(rid, {"status": "failed", "reason": f"job {job.job_id}: {type(err).__name__}: {err}"})
         log(f"[{i}/{len(jobs)}] {rid}: {_describe(store.row(rid))}")
+
+
+def _label(sweep: SweepConfig) -> str:
+    """"sweep kim-lr"; an unnamed sweep (the default name) is just "sweep"."""
+    return "sweep" if sweep.name == "sweep" else f"sweep {sweep.name}"
 
 
 def _describe(row: dict[str, Any]) -> str:

@@ -138,4 +138,5 @@ class RunLock:
         self.file.flush()
 
     def release(self) -> None:
+        self.file.truncate(0)  # a finished run's .lock names no process: nothing reads as still running
         self.file.close()
