@@ -169,6 +169,26 @@ def test_eval_runs_only_the_model_code_normlab_wrote(tmp_path, capsys):
     assert remote_code(native) is False  # no code in the folder: nothing to trust
 
 
+def test_scan_and_init_from_never_offer_to_run_a_folders_code(corpus, tmp_path):
+    """transformers asks "Do you wish to run the custom code? [y/N]" when trust_remote_code is unset:
+    a user answering y (here: stdin says y) would run it. normlab never asks: it refuses."""
+    marker = tmp_path / "pwned"
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "config.json").write_text(json.dumps({"model_type": "evilarch", "auto_map": {
+        "AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilModel"}}))
+    (foreign / "tokenizer_config.json").write_text(json.dumps({"auto_map": {"AutoTokenizer": ["evil.Tok", None]}}))
+    (foreign / "evil.py").write_text(f"import os; os.system('touch {marker}')\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    for argv in (["scan", str(foreign)], ["train", "--data", str(corpus), "--size", "nano", "--steps", "1",
+                                          "--init-from", str(foreign), "--out", str(tmp_path / "o"), "--no-progress"]):
+        res = subprocess.run([sys.executable, "-m", "normlab", *argv], input="y\ny\n", capture_output=True, text=True,
+                             env=env, timeout=120)
+        assert res.returncode == 2 and "Do you wish" not in res.stdout + res.stderr, res.stderr[-500:]
+        assert len(res.stderr.strip().splitlines()) == 1
+    assert not marker.exists()
+
+
 def test_run_ids_from_a_store_never_leave_the_sweep(corpus, tmp_path, capsys):
     import sqlite3
 
@@ -238,6 +258,26 @@ def test_a_refused_model_option_leaves_nothing_that_blocks_the_corrected_command
     assert sorted(p.name for p in run.iterdir()) == [".lock"]
     assert main(["train", "--data", str(corpus), "--size", "nano", "--steps", "2", "--seq-len", "32",
                  "--no-progress", "--out", str(run)]) == 0
+
+
+def test_crafted_store_rows_are_one_line_errors(corpus, tmp_path, capsys):
+    import shutil
+    import sqlite3
+
+    from normlab.experiments.runner import run_sweep
+
+    sweep = SweepConfig(name="t", base={"data": str(corpus), "size": "nano", "seq_len": 16, "batch_size": 4,
+                                        "steps": 2, "eval_every": 0, "eval_batches": 1, "probe_every": 0,
+                                        "device": "cpu"}, grid={"layout": ["pre"]})
+    run_sweep(sweep, tmp_path / "sw", workers=1, log=lambda *a: None)
+    for i, change in enumerate(("axes = '\"x\"'", "config = '[1]'", "axes = '{bad'", "status = 'weird'")):
+        root = tmp_path / f"c{i}"
+        shutil.copytree(tmp_path / "sw", root)
+        with sqlite3.connect(root / "sweep.db") as con:
+            con.execute(f"update runs set {change}")
+        for argv in (["summarize", str(root)], ["report", str(root)]):
+            assert main(argv) == 2, (change, argv)
+            assert "has an unreadable row" in capsys.readouterr().err
 
 
 def test_eval_limit_is_checked(tmp_path, capsys):

@@ -128,8 +128,14 @@ class SweepStore:
             rows = [dict(r) for r in db.execute(query + " order by idx", args)]
         for r in rows:
             check_run_id(r["run_id"])
-        for r in rows:
-            r["axes"], r["config"] = json.loads(r["axes"]), json.loads(r["config"])
+            try:
+                r["axes"], r["config"] = json.loads(r["axes"]), json.loads(r["config"])
+            except (TypeError, ValueError):
+                r["axes"] = None
+            if not isinstance(r["axes"], dict) or not isinstance(r["config"], dict) or r["status"] not in STATUSES:
+                raise ConfigError(f"{self.path}: run {r['run_id']} has an unreadable row (axes and config are JSON "
+                                  f"objects, status one of {', '.join(STATUSES)}); the store was edited or is not "
+                                  "normlab's")
         return rows
 
     def row(self, run_id: str) -> dict[str, Any]:

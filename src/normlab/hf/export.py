@@ -58,4 +58,5 @@ def from_hf(path: str | Path) -> NormLM:
 
     import normlab.hf.modeling  # noqa: F401 - registers the classes
 
-    return AutoModelForCausalLM.from_pretrained(path, local_files_only=True).normlab
+    # trust_remote_code=False: normlab's registered class loads; code in the folder never runs (nor is asked about)
+    return AutoModelForCausalLM.from_pretrained(path, local_files_only=True, trust_remote_code=False).normlab

@@ -174,9 +174,10 @@ def from_native(source: str | Path | Any) -> NormLM:
     """A normlab model from a transformers Llama or OLMo 2 model, or a local checkpoint folder of one."""
     tf = _transformers()
     if isinstance(source, (str, Path)):
-        config = tf.AutoConfig.from_pretrained(source, local_files_only=True)
+        config = tf.AutoConfig.from_pretrained(source, local_files_only=True, trust_remote_code=False)
         _check_importable(config)
-        hf = tf.AutoModelForCausalLM.from_pretrained(source, local_files_only=True, dtype=torch.float32)
+        hf = tf.AutoModelForCausalLM.from_pretrained(source, local_files_only=True, dtype=torch.float32,
+                                                     trust_remote_code=False)
     else:
         hf, config = source, source.config
         _check_importable(config)

@@ -40,7 +40,7 @@ def _tokens(path: Path, model: Any, texts: list[str], max_len: int) -> torch.Ten
     tf = _transformers()
     vocab = model.config.vocab_size
     try:
-        tok = tf.AutoTokenizer.from_pretrained(path, local_files_only=True)
+        tok = tf.AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
         ids = [tok(t)["input_ids"][:max_len] for t in texts]
     except (OSError, ValueError, TypeError):
         ids = [[b % vocab for b in t.encode()][:max_len] for t in texts]
@@ -62,7 +62,8 @@ def scan(path: str | Path, out: str | Path, texts: list[str] | None = None, max_
                         f"(normlab export {path} DIR) and scan DIR")
     out = own_folder(out, "scan", legacy=lambda p: (p / "scan.json").is_file() and (p / "table.md").is_file())
     try:
-        model = tf.AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32).eval()
+        model = tf.AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32,
+                                                        trust_remote_code=False).eval()
     except (OSError, ValueError, KeyError, TypeError) as err:  # unreadable config.json, unknown model type, ...
         raise DataError(f"{path} does not load as a transformers causal LM: {type(err).__name__}: "
                         f"{' '.join(str(err).split())[:300]}") from None

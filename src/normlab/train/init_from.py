@@ -21,14 +21,19 @@ from normlab.train.checkpoint import load_model_state, newest_checkpoint
 def init_state(source: str | Path) -> dict[str, torch.Tensor]:
     src = Path(source)
     if (src / "config.json").is_file() and not (src / "checkpoints").is_dir():
-        model_type = json.loads((src / "config.json").read_text()).get("model_type")
-        if model_type == "normlab":
-            from normlab.hf import from_hf
+        try:
+            model_type = json.loads((src / "config.json").read_text()).get("model_type")
+            if model_type == "normlab":
+                from normlab.hf import from_hf
 
-            return from_hf(src).state_dict()
-        from normlab.hf import from_native
+                return from_hf(src).state_dict()
+            from normlab.hf import from_native
 
-        return from_native(src).state_dict()
+            return from_native(src).state_dict()
+        except (ValueError, OSError, KeyError, AttributeError, UnicodeDecodeError) as err:
+            # a foreign folder: custom code (never run: trust_remote_code=False), an unknown type, bad JSON
+            raise ConfigError(f"init_from {source}: not a transformers folder normlab can import "
+                              f"({type(err).__name__}: {' '.join(str(err).split())[:240]})") from None
     ckpt = newest_checkpoint(src)
     if ckpt is None or not ckpt.exists():
         raise ConfigError(f"init_from {source}: no checkpoint there; give a run directory, a checkpoint file "
