@@ -1,5 +1,8 @@
 """The command line: preset table, layout printout, errors with exit code 2."""
 
+import pytest
+
+import normlab
 from normlab.cli import main
 from normlab.layout import PRESETS
 
@@ -32,3 +35,28 @@ def test_readme_layout_table_is_current(capsys):
     table = capsys.readouterr().out.strip()
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert table in readme
+
+
+def test_help_layouts_and_show_do_not_import_torch():
+    """The quick commands answer without torch (about 1.5 s to import here): import structure, not timing."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys, contextlib, io\nfrom normlab.cli import main\n"
+            "for argv in (['layouts'], ['show', 'hybrid*', '--size', 'kim-3.2b'], ['show', 'peri', '--set', 'layout.h=0.5']):\n"
+            "    with contextlib.redirect_stdout(io.StringIO()):\n        assert main(argv) == 0, argv\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\nprint('ok')")
+    src = Path(__file__).resolve().parents[1] / "src"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={"PYTHONPATH": str(src)})
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-1500:]
+
+
+@pytest.mark.parametrize("layout,size,opts", [("hybrid*", "tiny", {}), ("peri,h=0.5", "moe-micro", {}),
+                                              ("deepnorm", "micro", {"n_layers": 4, "mlp": "relu"})])
+def test_show_prints_what_build_model_reports(layout, size, opts, capsys):
+    from normlab.model.describe import describe
+
+    normlab.build_model(layout, size, verbose=True, **opts)
+    built = capsys.readouterr().out.strip()
+    assert describe(layout, size, **opts) == built  # analytic counts equal the measured ones

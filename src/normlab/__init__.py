@@ -6,10 +6,15 @@
     out = model(tokens, return_hidden_states=True)
 """
 
+from normlab._lazy import lazy_exports
 from normlab.layout import PRESETS, Layout, LayoutError, parse_layout
-from normlab.model import ConfigError, ModelConfig, build_model, count_params
 
 __version__ = "0.1.0"
+
+# torch is imported when one of these is first used, not by `import normlab` (the CLI starts fast)
+__getattr__ = lazy_exports(__name__, {"ConfigError": "normlab.model.config", "ModelConfig": "normlab.model.config",
+                                      "build_model": "normlab.model.build", "count_params": "normlab.model.params"},
+                           globals())
 
 
 def load_run(path):  # noqa: ANN001, ANN201 - imported lazily: pandas is slow to import

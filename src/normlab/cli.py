@@ -25,7 +25,7 @@ from normlab.data.corpus import DataError
 from normlab.layout import PRESETS, LayoutError
 from normlab.model.config import SIZES, ConfigError
 from normlab.io import ForeignFolderError
-from normlab.train.checkpoint import CheckpointError
+from normlab.train.errors import CheckpointError
 
 
 def _layouts(args: argparse.Namespace) -> int:
@@ -48,15 +48,19 @@ def _layouts(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from normlab.model.build import build_model
-
-    import torch
+    from normlab.model.describe import describe
+    from normlab.train.config import TrainConfig
 
     if args.layers is not None and args.layers < 1:
         raise ConfigError(f"--layers {args.layers}: the number of layers is a positive integer")
-    overrides = {"n_layers": args.layers} if args.layers else {}
-    with torch.device("meta"):  # shapes and counts only: a 7B model needs no memory here
-        build_model(args.layout, args.size, verbose=True, **overrides)
+    pairs = _pairs(args.set, "--set", "model.n_layers=12")
+    other = [k for k in pairs if not k.startswith(("model.", "layout."))]
+    if other:
+        raise ConfigError(f"show takes model.* and layout.* settings (the model's shape and placement), not "
+                          f"{', '.join(other)}")
+    given = {"layout": args.layout, "size": args.size, **({"model.n_layers": args.layers} if args.layers else {}), **pairs}
+    cfg = TrainConfig().with_(given, "command line", from_text=True)  # the keys train takes (layout.h, model.*)
+    print(describe(cfg.model.layout, cfg.size, **cfg.model.options))  # no model built, no torch: instant
     return 0
 
 
@@ -459,6 +463,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("layout", help="preset name or string form, e.g. peri or 'attn=AB,mlp=AB,final'")
     s.add_argument("--size", default="tiny", choices=list(SIZES), metavar="SIZE", help=f"size preset ({', '.join(SIZES)})")
     s.add_argument("--layers", type=int, default=None, help="override the number of layers")
+    s.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="a model or layout setting as train takes it: model.n_layers=12, model.mlp=relu, layout.h=0.5")
     s.set_defaults(func=_show)
     s = sub.add_parser("demo", help="compare layouts at initialization on real text: loss, RMS and grad norm by depth")
     s.add_argument("--layouts", default="post,pre,peri,hybrid", help="comma-separated preset names")

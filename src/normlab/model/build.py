@@ -9,16 +9,13 @@ import torch
 
 from normlab.layout import Layout, as_layout
 from normlab.model.config import ModelConfig, get_size
-from normlab.model.init import check_scheme, describe_init, init_weights
+from normlab.model.describe import model_report
+from normlab.model.init import init_weights
+from normlab.model.init_schemes import resolve_init
 from normlab.model.lm import NormLM
 from normlab.model.params import count_params
 
 log = logging.getLogger("normlab")
-
-
-def resolve_init(cfg: ModelConfig, layout: Layout) -> str:
-    """``init="auto"`` takes the layout's prescribed scheme (DeepNorm's, HybridNorm's), else "normal"."""
-    return check_scheme(layout.init or "normal") if cfg.init == "auto" else check_scheme(cfg.init)
 
 
 def build_model(
@@ -47,13 +44,7 @@ def build_model(
     model = NormLM(cfg, resolved)
     init_weights(model, scheme)
     model.init_scheme = scheme
-    init_line = describe_init(scheme, cfg.d_model, cfg.n_layers, cfg.init_std)
-    source = ", the layout's" if cfg.init == "auto" and lay.init else ""
-    report = f"{resolved.table()}\n  init={scheme}{source}: {init_line}\n  {count_params(model)}"
-    if cfg.n_experts:
-        report += (f"\n  feed-forward: MoE in layers 0-{cfg.n_layers - 1} ({cfg.n_experts} SwiGLU experts of width "
-                   f"{cfg.expert_ffn_dim}, top {cfg.moe_top_k} of softmax, {'a shared expert, ' if cfg.moe_shared_expert else ''}"
-                   f"load-balancing {cfg.moe_aux_coef:g}, router z-loss {cfg.moe_z_coef:g}, no token dropping)")
+    report = model_report(cfg, lay, resolved, scheme, count_params(model))
     log.info(report)
     if verbose:
         print(report)

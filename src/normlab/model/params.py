@@ -7,11 +7,13 @@ parameters"); Zhuo's Table 6 sizes count the tied embedding once. `count_params`
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from torch import nn
+from typing import TYPE_CHECKING
 
 from normlab.layout.sites import ResolvedLayout
 from normlab.model.config import ModelConfig
+
+if TYPE_CHECKING:  # no torch at import: `normlab show` counts analytically
+    from torch import nn
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,8 @@
 """Training: config, optimizer and schedule, divergence monitor, checkpoints, distributed, the loop."""
 
-from normlab.train.config import TrainConfig
-from normlab.train.trainer import TrainingFailed, train
+from normlab._lazy import lazy_exports
+
+__getattr__ = lazy_exports(__name__, {"TrainConfig": "normlab.train.config", "TrainingFailed": "normlab.train.trainer",
+                                      "train": "normlab.train.trainer"}, globals())
 
 __all__ = ["TrainConfig", "TrainingFailed", "train"]

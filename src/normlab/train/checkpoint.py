@@ -48,12 +48,7 @@ _NAME = re.compile(r"^step_(\d{8})\.(pt|dcp)$")
 EXTRA = "extra.pt"  # in a sharded checkpoint: everything but the model and optimizer shards
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be (safely) loaded; the message names the file and why."""
-
-
-class UnsafeCheckpointError(CheckpointError):
-    """A checkpoint whose pickle holds more than tensors and plain values: refused, never skipped."""
+from normlab.train.errors import CheckpointError, UnsafeCheckpointError  # noqa: E402 - torch-free, for the CLI
 
 
 def checkpoint_dir(run_dir: str | Path) -> Path:
