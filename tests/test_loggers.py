@@ -37,3 +37,18 @@ def test_missing_extra_is_explained(corpus, tmp_path, monkeypatch, extra, module
     monkeypatch.setitem(sys.modules, module, None)  # import now raises ImportError
     with pytest.raises(ConfigError, match=f"needs the {extra} package"):
         train(cfg(corpus, tmp_path / extra, **{extra: True}))
+
+
+def test_progress_in_a_pipe_is_a_line_a_minute_not_carriage_returns(corpus, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "src"
+    res = subprocess.run([sys.executable, "-m", "normlab", "train", "--data", str(corpus), "--size", "nano", "--steps",
+                          "12", "--seq-len", "16", "--batch-size", "4", "--probe-every", "0", "--device", "cpu",
+                          "--out", str(tmp_path / "r")], capture_output=True, text=True, env={"PYTHONPATH": str(src)})
+    assert res.returncode == 0, res.stderr[-1000:]
+    assert "\r" not in res.stderr  # tqdm's per-step redraws would fill a log
+    lines = [x for x in res.stderr.splitlines() if x.startswith("r: step ")]
+    assert lines == [lines[-1]] and lines[-1].startswith("r: step 12/12") and "loss " in lines[-1]

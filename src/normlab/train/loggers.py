@@ -1,14 +1,46 @@
-"""Where step metrics go: metrics.jsonl (always), a progress bar (tqdm), TensorBoard and Weights &
-Biases (optional extras; ``WANDB_MODE=offline`` works without a network)."""
+"""Where step metrics go: metrics.jsonl (always), a progress bar (tqdm on a terminal, a line a minute
+in a log or pipe), TensorBoard and Weights & Biases (optional extras; ``WANDB_MODE=offline`` works
+without a network)."""
 
 from __future__ import annotations
 
 import json
 import math
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from normlab.model.config import ConfigError
+
+
+class LineProgress:
+    """Progress where no terminal is attached: one line on stderr every ``every`` seconds (and at the
+    end), as sweeps log theirs; the same calls as the tqdm bar it replaces."""
+
+    def __init__(self, total: int, start: int, name: str, every: float = 60.0) -> None:
+        self.total, self.n, self.name, self.every = total, start, name, every
+        self.t0 = self.last = time.monotonic()
+        self.start, self.post = start, ""
+
+    def set_postfix(self, post: dict[str, str], refresh: bool = False) -> None:  # noqa: ARG002 - tqdm's signature
+        self.post = ", ".join(f"{k} {v}" for k, v in post.items())
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if time.monotonic() - self.last >= self.every:
+            self._line()
+
+    def _line(self) -> None:
+        self.last = time.monotonic()
+        done = self.n - self.start
+        eta = (self.last - self.t0) / done * (self.total - self.n) if done else None
+        print(f"{self.name}: step {self.n}/{self.total}" + (f", ETA {eta / 60:.1f} min" if eta is not None else "")
+              + (f"; {self.post}" if self.post else ""), file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.n > self.start:
+            self._line()
 
 
 class Sinks:
@@ -28,9 +60,12 @@ class Sinks:
             self.wandb = wandb.init(project="normlab", name=Path(cfg.out).name, dir=str(run), config=cfg.to_dict(),
                                     resume="allow", id=Path(cfg.out).name)
         if cfg.progress:
-            from tqdm import tqdm
+            if sys.stderr.isatty():
+                from tqdm import tqdm
 
-            self.bar = tqdm(total=cfg.steps, initial=start, desc=Path(cfg.out).name, unit="step", dynamic_ncols=True)
+                self.bar = tqdm(total=cfg.steps, initial=start, desc=Path(cfg.out).name, unit="step", dynamic_ncols=True)
+            else:  # a log file or a pipe: a line a minute, not a carriage return per step
+                self.bar = LineProgress(cfg.steps, start, Path(cfg.out).name)
         # Opened last: a sink that fails to start above leaves no file handle behind.
         self.file = (run / "metrics.jsonl").open("a", buffering=1)
 
