@@ -121,16 +121,25 @@ def test_lm_eval_command_line_on_an_export_agrees(export, tmp_path):
     assert results["normlab_shakespeare_speaker"]["exact_match,none"] == pytest.approx(want["exact_match"])
 
 
-def test_a_run_is_evaluated_in_memory_merged_and_reported(corpus, tmp_path):
+def test_a_run_is_evaluated_in_memory_merged_and_reported(corpus, tmp_path, capsys):
     from normlab.cli import main
     from normlab.diagnostics.report import make_report
 
     run = tmp_path / "run"
     assert main(["train", "--data", str(corpus), "--size", "nano", "--seq-len", "32", "--batch-size", "4",
                  "--steps", "2", "--probe-every", "0", "--eval-every", "0", "--no-progress", "--out", str(run)]) == 0
+    capsys.readouterr()
     assert main(["eval", str(run), "--tasks", "normlab_shakespeare_next_line", "--limit", "2"]) == 0
+    out, err = capsys.readouterr()
+    # quiet: the table, the items scored and what was truncated; lm-eval's bars and notices in eval_log.txt
+    assert "items scored: normlab_shakespeare_next_line 2 (--limit 2)" in out
+    assert "requests were longer than the model's 64 tokens" in out  # seq 32 -> max_seq_len 64: contexts cut
+    assert "Running loglikelihood" not in out + err and "Truncating" not in out + err and len(out.splitlines()) < 15
+    assert "Running loglikelihood requests" in (run / "eval_log.txt").read_text()
     assert main(["eval", str(run), "--tasks", "normlab_shakespeare_ppl", "--limit", "1"]) == 0
     evals = load_evals(run)
+    trunc = evals["normlab_shakespeare_next_line"]["truncation"]
+    assert trunc["requests"] == 2 * 4 and trunc["max_length"] == 64  # 2 items x 4 choices, every one cut
     assert set(evals) == {"normlab_shakespeare_next_line", "normlab_shakespeare_ppl"}  # merged, not replaced
     assert evals["normlab_shakespeare_next_line"]["step"] == 2 and evals["normlab_shakespeare_ppl"]["limit"] == 1
     # the export of the same run scores the same
@@ -139,7 +148,9 @@ def test_a_run_is_evaluated_in_memory_merged_and_reported(corpus, tmp_path):
     assert load_evals(tmp_path / "exp")["normlab_shakespeare_next_line"]["metrics"] == evals["normlab_shakespeare_next_line"]["metrics"]
     page = make_report([run], tmp_path / "report").read_text()
     assert "Downstream evaluation" in page and "normlab_shakespeare_ppl" in page and "bits_per_byte" in page
-    assert list(headline_scores(evals)) == ["normlab_shakespeare_next_line acc", "normlab_shakespeare_ppl bits_per_byte"]
+    # every score says how many items it rests on
+    assert list(headline_scores(evals)) == ["normlab_shakespeare_next_line acc (n=2)",
+                                            "normlab_shakespeare_ppl bits_per_byte (n=1)"]
 
 
 def test_bad_eval_input_is_explained(tmp_path, capsys):

@@ -405,8 +405,12 @@ def _eval(args: argparse.Namespace) -> int:
     if not tasks:
         raise ConfigError("--tasks is empty; give lm-eval task or group names, e.g. --tasks normlab_local")
     kw = dict(limit=_eval_limit(args.limit), batch_size=args.batch_size, device=args.device,
-              num_fewshot=args.num_fewshot, samples=args.samples, trust_remote_code=args.trust_remote_code)
+              num_fewshot=args.num_fewshot, samples=args.samples, trust_remote_code=args.trust_remote_code,
+              verbose=args.verbose)
     source = Path(args.source)
+    if not args.verbose:
+        print(f"evaluating {source} on {', '.join(tasks)} (lm-eval's own output goes to eval_log.txt beside the "
+              "results; --verbose shows it)", flush=True)
     results = evaluate_sweep(source, tasks, **kw) if kind_of(source) == "sweep" else [evaluate(source, tasks, **kw)]
     for r in results:
         print(r["table"])
@@ -580,6 +584,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default="cpu", help="cpu, cuda, cuda:0, ... (default cpu)")
     s.add_argument("--num-fewshot", type=int, help="few-shot examples (default: each task's own, zero for normlab's)")
     s.add_argument("--samples", action="store_true", help="also write each item's request and response to eval_samples/TASK.jsonl")
+    s.add_argument("--verbose", action="store_true",
+                   help="show lm-eval's and transformers' log and progress bars (default: the results, the items scored "
+                   "and what was truncated)")
     s.add_argument("--trust-remote-code", action="store_true",
                    help="let an export folder's own model code run (needed only where normlab did not write it: "
                    "a normlab export's modeling_normlab.py is verified against this version's and runs without it)")

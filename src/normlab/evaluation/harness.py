@@ -24,11 +24,17 @@ adds to it; of the same task, replaces it), written atomically.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import json
+import logging
 import math
+import os
 import re
+import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -161,9 +167,101 @@ def _model_for(source: Path, kind: str, device: str, batch_size: int | str, max_
     return lm, facts, run.run_dir or run.checkpoint.parent
 
 
+_TRUNCATED = re.compile(r"Combined length of context \((\d+)\) and continuation \((\d+)\) exceeds model's maximum "
+                        r"length \((\d+)\)\. Truncating (\d+) tokens")
+
+
+class _Truncations(logging.Handler):
+    """Counts lm-eval's "Truncating N tokens from the left" warnings (one per request whose context and
+    continuation exceed the model's length): what the evaluation cut, measured rather than scrolled past."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.requests, self.cut, self.length, self.max_length = 0, 0, 0, None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        m = _TRUNCATED.search(record.getMessage())
+        if m:
+            ctx, cont, max_len, cut = map(int, m.groups())
+            self.requests += 1
+            self.cut += cut
+            self.length += ctx + cont
+            self.max_length = max_len
+
+    def summary(self) -> dict[str, Any] | None:
+        if not self.requests:
+            return None
+        return {"requests": self.requests, "max_length": self.max_length,
+                "mean_tokens_cut": self.cut / self.requests, "mean_request_tokens": self.length / self.requests}
+
+
+class _Captured:
+    """What lm-eval and transformers wrote to stderr (fd 2: progress bars, notices, a git subprocess's
+    complaint) while they ran quietly; kept as ``eval_log.txt`` beside the results."""
+
+    def __init__(self) -> None:
+        self.file = tempfile.TemporaryFile()
+
+    def text(self) -> str:
+        self.file.seek(0)
+        return self.file.read().decode(errors="replace")
+
+
+@contextlib.contextmanager
+def _lm_eval_output(verbose: bool) -> Iterator[tuple[_Truncations, _Captured | None]]:
+    """Quiet by default: everything lm-eval and transformers write to stderr goes to a capture (kept as
+    eval_log.txt; its tail is shown if the evaluation fails); ``verbose`` lets it through. lm-eval's
+    truncation warnings are counted either way."""
+    counter = _Truncations()
+    hf_log = logging.getLogger("lm_eval.models.huggingface")
+    saved_level = hf_log.level
+    hf_log.addHandler(counter)
+    hf_log.setLevel(logging.WARNING)
+    captured, saved_fd, redirect = None, None, contextlib.nullcontext()
+    if not verbose:
+        captured = _Captured()
+        sys.stderr.flush()
+        saved_fd = os.dup(2)
+        os.dup2(captured.file.fileno(), 2)  # subprocesses and C code
+        stream = open(captured.file.fileno(), "w", closefd=False, buffering=1, errors="replace")  # noqa: SIM115
+        redirect = contextlib.redirect_stderr(stream)  # Python code, whatever sys.stderr is now (a test's capture)
+
+    def restore() -> None:
+        nonlocal saved_fd
+        if saved_fd is not None:
+            sys.stderr.flush()
+            os.dup2(saved_fd, 2)
+            os.close(saved_fd)
+            saved_fd = None
+
+    try:
+        with redirect:
+            yield counter, captured
+    except BaseException:
+        restore()
+        if captured is not None:
+            tail = captured.text().strip().splitlines()[-15:]
+            if tail:
+                print("lm-eval's log (last lines):\n  " + "\n  ".join(tail), file=sys.stderr)
+        raise
+    finally:
+        restore()
+        hf_log.removeHandler(counter)
+        hf_log.setLevel(saved_level)
+
+
+def describe_truncation(trunc: dict[str, Any] | None) -> str:
+    if not trunc:
+        return "no request was truncated"
+    return (f"{trunc['requests']} requests were longer than the model's {trunc['max_length']} tokens and lost "
+            f"{trunc['mean_tokens_cut']:.0f} of their {trunc['mean_request_tokens']:.0f} tokens on average, "
+            "cut from the left of the context (lm-eval's rule); their scores rest on what was left")
+
+
 def evaluate(source: str | Path, tasks: list[str], limit: float | None = None, batch_size: int | str = 1,
              device: str = "cpu", num_fewshot: int | None = None, max_length: int | None = None,
-             seed: int = 1234, samples: bool = False, trust_remote_code: bool = False) -> dict[str, Any]:
+             seed: int = 1234, samples: bool = False, trust_remote_code: bool = False,
+             verbose: bool = False) -> dict[str, Any]:
     """Evaluate one run, checkpoint or export on ``tasks``; write and return its ``eval.json`` entries
     (``{"tasks": {task: {...}}, "table": str, "path": Path}``). ``samples``: also write every
     request and response to ``eval_samples/TASK.jsonl`` (what the model generated, per item).
@@ -181,10 +279,14 @@ def evaluate(source: str | Path, tasks: list[str], limit: float | None = None, b
     if unknown:
         raise EvalError(f"unknown task(s) {', '.join(unknown)}: give lm-eval task or group names (`lm_eval ls tasks`), "
                         f"or normlab's: {', '.join(GROUPS)}, {', '.join(LOCAL_TASKS)}")
-    lm, facts, out_dir = _model_for(source, kind, device, batch_size, max_length, trust_remote_code)
-    res = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, limit=limit,
-                                  num_fewshot=num_fewshot, log_samples=samples, random_seed=seed,
-                                  numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed)
+    with _lm_eval_output(verbose) as (truncations, captured):
+        lm, facts, out_dir = _model_for(source, kind, device, batch_size, max_length, trust_remote_code)
+        res = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, limit=limit,
+                                      num_fewshot=num_fewshot, log_samples=samples, random_seed=seed,
+                                      numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed)
+    trunc = truncations.summary()
+    if captured is not None:
+        atomic_write_bytes(out_dir / "eval_log.txt", captured.text().encode())
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     entries = {}
     for name, values in {**res.get("results", {}), **res.get("groups", {})}.items():
@@ -202,7 +304,7 @@ def evaluate(source: str | Path, tasks: list[str], limit: float | None = None, b
         entries[name] = {"metrics": metrics, "stderr": stderr, "n": res.get("n-samples", {}).get(name, {}).get("effective"),
                          "num_fewshot": res.get("n-shot", {}).get(name), "limit": limit,
                          "lm_eval": lm_eval.__version__ if hasattr(lm_eval, "__version__") else None,
-                         "evaluated_at": now, **facts}
+                         "evaluated_at": now, "truncation": trunc, **facts}
     for task, items in (res.get("samples") or {}).items():
         lines = "".join(json.dumps(item, default=str) + "\n" for item in items)
         atomic_write_bytes(out_dir / "eval_samples" / f"{task}.jsonl", lines.encode())
@@ -210,8 +312,10 @@ def evaluate(source: str | Path, tasks: list[str], limit: float | None = None, b
     merged = load_evals(out_dir)
     merged.update(entries)
     atomic_write_json(path, merged)
-    return {"tasks": entries, "table": make_table(res) + (make_table(res, "groups") if res.get("groups") else ""),
-            "path": path}
+    items = ", ".join(f"{t} {e['n']}" for t, e in entries.items() if isinstance(e.get("n"), int))
+    note = f"items scored: {items}" + (f" (--limit {limit:g})" if limit is not None else "")
+    return {"tasks": entries, "table": make_table(res) + (make_table(res, "groups") if res.get("groups") else "")
+            + f"{note}\ntruncation: {describe_truncation(trunc)}\n", "path": path, "truncation": trunc}
 
 
 def evaluate_sweep(sweep: str | Path, tasks: list[str], **kwargs: Any) -> list[dict[str, Any]]:

@@ -38,11 +38,13 @@ def headline(metrics: dict[str, float]) -> str | None:
 
 
 def headline_scores(evals: dict[str, dict]) -> dict[str, float]:
-    """{"task metric": value} with each task's headline metric, in task order."""
+    """{"task metric (n=N)": value} with each task's headline metric and the items it rests on, in task
+    order (a score from ``--limit 20`` says so wherever it is shown)."""
     out = {}
     for task, entry in evals.items():
         metrics = entry.get("metrics") or {}
         name = headline(metrics)
         if name is not None:
-            out[f"{task} {name}"] = float(metrics[name])
+            n = entry.get("n")
+            out[f"{task} {name}" + (f" (n={n})" if isinstance(n, int) else "")] = float(metrics[name])
     return out
