@@ -133,6 +133,8 @@ def test_fit_growth_shapes():
     assert fit_growth(list(1 + 0.001 * l))["shape"] == "flat"
     assert fit_growth(list(1 + 2 * l))["shape"] == "linear"
     assert fit_growth(list(1 + 0.5 * l**2))["shape"] == "quadratic"
+    # Peri-LN's variance over depth at init: linear, a little under its line; not "quadratic"
+    assert fit_growth([0.997, 2.958, 5.144, 7.069, 9.078, 10.723, 12.506])["shape"] == "linear"
     assert fit_growth(list(2.0**l))["shape"] == "exponential"
 
 

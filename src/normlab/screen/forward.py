@@ -69,7 +69,8 @@ def fit_growth(values: list[float]) -> dict:
 
     Least-squares fits of a + b l, a + b l + c l^2, and a r^l (on log y); the relative RMS error of
     each picks the shape: exponential only when its error is clearly lowest and r > 1.05 per layer,
-    quadratic only when it halves the linear error and its curvature matters over the depth.
+    quadratic only when it halves the linear error and its curvature is upward (accelerating) and
+    matters over the depth.
     """
     y = np.asarray(values, dtype=np.float64)
     l = np.arange(len(y), dtype=np.float64)
@@ -91,7 +92,9 @@ def fit_growth(values: list[float]) -> dict:
         out.update(ratio_per_layer=ratio, err_exponential=e_exp)
         if ratio > 1.05 and e_exp < 0.7 * min(e_lin, e_quad):
             return {"shape": "exponential", **out}
-    curvature = abs(quad[0]) * (len(y) - 1) ** 2
+    curvature = quad[0] * (len(y) - 1) ** 2
+    # quadratic growth accelerates: a fit that bends down (Peri-LN's variance, 1, 3.0, 5.1, ..., 12.5,
+    # a little under its line) is linear growth, not quadratic
     if e_quad < 0.5 * e_lin and curvature > 0.1 * (y.max() - y.min()):
         return {"shape": "quadratic", **out}
     return {"shape": "linear", **out}
