@@ -53,6 +53,9 @@ def _show(args: argparse.Namespace) -> int:
 
     if args.layers is not None and args.layers < 1:
         raise ConfigError(f"--layers {args.layers}: the number of layers is a positive integer")
+    from normlab.layout import parse_layout
+
+    parse_layout(args.layout)  # a bad layout is named in the layout grammar's own words
     pairs = _pairs(args.set, "--set", "model.n_layers=12")
     other = [k for k in pairs if not k.startswith(("model.", "layout."))]
     if other:
