@@ -7,7 +7,7 @@ TORCH := torch==2.13.0
 # metric definitions change between releases
 LM_EVAL := lm_eval[hf]==0.4.13
 
-.PHONY: demo test install data bench recipes gpu-recipes clean
+.PHONY: demo test install data bench recipes gpu-recipes quotes clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	@echo "normlab: creating $(VENV) and installing $(TORCH) (CPU), numpy, pandas, matplotlib, tokenizers, transformers, lm-eval and the test tools (1-3 minutes)"
@@ -49,6 +49,10 @@ gpu-recipes: install
 	for r in $$($(VENV)/bin/normlab recipes --names --machine gpu); do $(VENV)/bin/normlab sweep --recipe $$r --out runs/recipes/$$r || exit 1; done
 
 # Two workers (one torch thread each, tests/conftest.py): about 4 minutes on 2 cores.
+# Re-run every output the README and docs quote (between <!-- quote: CMD --> markers) and rewrite it.
+quotes: install
+	$(PY) scripts/quotes.py
+
 test: install
 	$(PY) -m pytest -n 2
 
