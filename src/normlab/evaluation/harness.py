@@ -234,8 +234,9 @@ def _lm_eval_output(verbose: bool) -> Iterator[tuple[_Truncations, _Captured | N
             os.close(saved_fd)
             saved_fd = None
 
+    bar = _one_bar(saved_fd) if saved_fd is not None else contextlib.nullcontext()
     try:
-        with redirect:
+        with redirect, bar:
             yield counter, captured
     except BaseException:
         restore()
@@ -248,6 +249,35 @@ def _lm_eval_output(verbose: bool) -> Iterator[tuple[_Truncations, _Captured | N
         restore()
         hf_log.removeHandler(counter)
         hf_log.setLevel(saved_level)
+
+
+@contextlib.contextmanager
+def _one_bar(fd: int) -> Iterator[None]:
+    """While lm-eval's own bars are captured: one bar on the terminal (none in a log or pipe) counting
+    the model's forward batches, the unit of its work."""
+    if not os.isatty(fd):
+        yield
+        return
+    from lm_eval.models.huggingface import HFLM
+    from tqdm import tqdm
+
+    stream = open(os.dup(fd), "w")  # noqa: SIM115 - closed below
+    progress = tqdm(desc="lm-eval", unit=" batches", file=stream)
+    call, generate = HFLM._model_call, HFLM._model_generate
+
+    def counted(method):  # noqa: ANN001, ANN202 - wraps an HFLM method
+        def wrapper(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+            progress.update(1)
+            return method(self, *args, **kwargs)
+        return wrapper
+
+    HFLM._model_call, HFLM._model_generate = counted(call), counted(generate)
+    try:
+        yield
+    finally:
+        HFLM._model_call, HFLM._model_generate = call, generate
+        progress.close()
+        stream.close()
 
 
 def describe_truncation(trunc: dict[str, Any] | None) -> str:
