@@ -14,7 +14,7 @@ import torch
 
 from normlab.cli import main
 from normlab.train import TrainConfig, train
-from normlab.train.checkpoint import list_checkpoints, load_checkpoint, load_model_state
+from normlab.train.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, load_model_state
 
 REPO = Path(__file__).resolve().parents[1]
 COMMON = dict(size="nano", seq_len=32, batch_size=8, steps=6, eval_every=3, eval_batches=2, progress=False,
@@ -72,6 +72,16 @@ def test_fsdp2_matches_single_process_and_resumes_exactly(single):
     assert [p.name for p in ckpts] == ["step_00000003.dcp", "step_00000006.dcp"]
     assert sorted(p.name for p in ckpts[-1].iterdir() if p.suffix == ".distcp") == ["__0_0.distcp", "__1_0.distcp"]
     assert not list((Path(fsdp.out) / "checkpoints").glob(".*"))  # no temp folders left
+    # every file of a sharded checkpoint has its SHA-256 in checksums.json: a flipped bit is caught
+    sums = json.loads((ckpts[-1] / "checksums.json").read_text())
+    assert {"__0_0.distcp", "__1_0.distcp", ".metadata", "extra.pt"} <= set(sums)
+    flipped = root / "flipped" / ckpts[-1].name
+    shutil.copytree(ckpts[-1], flipped)
+    data = bytearray((flipped / "__1_0.distcp").read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (flipped / "__1_0.distcp").write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="SHA-256 differs"):
+        load_checkpoint(flipped)
     # A run killed after its step-3 checkpoint (the final checkpoint and the summary never written):
     # the next launch resumes from step 3 and replays steps 3-5.
     shutil.rmtree(ckpts[-1])
