@@ -16,7 +16,7 @@ import torch
 from normlab.model import build_model
 from normlab.model.loss import lm_loss
 from normlab.train import train
-from tests.test_train import rows, small
+from tests.helpers import rows, small
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 REPO = Path(__file__).resolve().parents[1]
@@ -87,7 +87,7 @@ def test_grouped_and_looped_moe_dispatch_agree_on_cuda():
 def test_true_fp16_on_cuda_stores_the_stream_in_fp16_and_overflows_past_65504():
     """precision fp16 with fp16 storage on CUDA is exact: the residual add itself runs in fp16."""
     from normlab.model.storage import Storage, for_run
-    from tests.test_fp16_storage import _planted
+    from tests.helpers import planted_overflow as _planted
 
     model = _planted().cuda()
     model.set_storage(for_run("fp16", "fp16"))

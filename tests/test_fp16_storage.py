@@ -15,6 +15,7 @@ from normlab.diagnostics.forensics import describe, first_break, gradient_break,
 from normlab.model.storage import NO_STORAGE, Storage, for_run
 from normlab.train import train
 from normlab.train.config import TrainConfig
+from tests.helpers import planted_overflow as _planted
 
 FP16 = Storage(torch.float16)
 
@@ -51,21 +52,6 @@ def test_for_run_picks_exact_only_where_autocast_computes_in_the_storage_dtype()
     assert not TrainConfig.of(precision="bf16").loss_scaled
     with pytest.raises(Exception, match="activation_dtype"):
         TrainConfig.of(activation_dtype="fp8")
-
-
-def _planted(layout: str = "pre") -> torch.nn.Module:
-    """A nano model whose stream is 4e4 after the embedding and whose MLP adds 4e4: the MLP's residual
-    add is 8e4, past fp16's maximum, while every earlier tensor is representable."""
-    torch.manual_seed(0)
-    model = normlab.build_model(layout, size="nano", linear_bias=True)
-    with torch.no_grad():
-        model.embed.weight.fill_(4e4)
-        for block in model.blocks:
-            block.attn.o_proj.weight.zero_()
-            block.attn.o_proj.bias.zero_()
-            block.mlp.down_proj.weight.zero_()
-            block.mlp.down_proj.bias.fill_(4e4)
-    return model
 
 
 def test_a_stream_value_past_65504_is_inf_under_fp16_storage_and_harmless_in_fp32():

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from normlab.train import train
-from tests.test_train import rows, small
+from tests.helpers import rows, small
 
 GOLDEN = Path(__file__).parent / "golden" / "train_nano.json"
 KEYS = ("loss", "grad_norm", "lr", "val_loss")

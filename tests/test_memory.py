@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from normlab.model import build_model
 from normlab.model.loss import lm_loss
 from normlab.train import train
-from tests.test_train import rows, small
+from tests.helpers import rows, small
 
 
 def saved_bytes(fn) -> int:

@@ -15,7 +15,7 @@ from normlab.model import build_model
 from normlab.model.norms import make_norm
 from normlab.train import train
 from normlab.train.monitor import DivergenceMonitor
-from tests.test_train import rows, small
+from tests.helpers import rows, small
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -14,7 +14,7 @@ from normlab.model.config import ConfigError, ModelConfig
 from normlab.model.moe import MoE
 from normlab.train import train
 from normlab.train.mfu import flops_per_token
-from tests.test_train import rows, small
+from tests.helpers import rows, small
 
 CFG = ModelConfig(d_model=16, n_layers=1, n_heads=2, n_experts=4, moe_top_k=2, expert_d_ff=24)
 

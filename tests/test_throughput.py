@@ -16,7 +16,7 @@ from normlab.train.mfu import PEAK_TFLOPS, device_model, flops_per_token, peak_f
 from normlab.train.optim import make_optimizer
 from normlab.train.rundir import Start
 from normlab.train.trainer import build_state, speed_summary, train_step
-from tests.test_train import rows, small
+from tests.helpers import rows, small
 
 
 def count_readbacks(monkeypatch) -> list[str]:

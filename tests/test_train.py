@@ -19,23 +19,7 @@ from normlab.train import trainer as trainer_mod
 from normlab.train.checkpoint import list_checkpoints, load_checkpoint
 from normlab.train.monitor import DivergenceMonitor, SpikeDetector
 from normlab.train.optim import lr_at, param_groups
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def small(corpus, out, **kw) -> TrainConfig:
-    base = dict(data=str(corpus), size="nano", layout="peri", seq_len=32, batch_size=8, steps=12, lr=3e-3,
-                eval_every=6, eval_batches=2, out=str(out), progress=False, device="cpu")
-    return TrainConfig.of(**{**base, **kw})
-
-
-def losses(run) -> list[float]:
-    return [json.loads(line)["loss"] for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
-
-
-def rows(run) -> list[dict]:
-    return [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
-
+from tests.helpers import REPO, losses, rows, small
 
 def test_same_seed_same_curve(corpus, tmp_path):
     train(small(corpus, tmp_path / "a"))

@@ -23,7 +23,7 @@ from normlab.train import trainer as trainer_mod
 from normlab.train.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
 from normlab.train.monitor import DivergenceMonitor
 from normlab.train.rundir import RunLock
-from tests.test_train import REPO, losses, rows, small
+from tests.helpers import REPO, losses, rows, small
 
 
 class Evil:
