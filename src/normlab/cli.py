@@ -210,9 +210,10 @@ def _report(args: argparse.Namespace) -> int:
             from normlab.experiments.store import SweepStore, run_dir
 
             found = [run_dir(r, row["run_id"]) for row in SweepStore(Path(r) / "sweep.db").rows()]
-            runs += [str(p) for p in found if (p / "metrics.jsonl").is_file()]
-            if not any((p / "metrics.jsonl").is_file() for p in found):
+            logged = [str(p) for p in found if (p / "metrics.jsonl").is_file()]
+            if not logged:
                 raise ConfigError(f"sweep {r} has no run that logged a step yet")
+            runs += logged
         else:
             runs.append(r)
     sweep_given = len(args.runs) == 1 and (Path(args.runs[0]) / "sweep.db").is_file()
@@ -304,13 +305,8 @@ def _compare(args: argparse.Namespace) -> int:
     _check_workers(args.workers)
     given = {k: v for k, v in (("size", args.size), ("steps", args.steps)) if v is not None}
     base = _merge_base(given, _settings(args.set or []))
-    md = []
     index = compare([x.strip() for x in args.layouts.split(";" if ";" in args.layouts else ",") if x.strip()],
-                    out=args.out, workers=args.workers, log=lambda text: md.append(text) if text.startswith("reading:")
-                    else print(text), **base)
-    summary = (Path(args.out) / "summary.md").read_text()
-    print(summary[summary.index("## Cells"):].split("\n## ", 1)[0].strip())  # the table, not the run list
-    print("\n".join(md))
+                    out=args.out, workers=args.workers, **base)  # logs the runs, the cell table, the reading
     print(f"done in {time.perf_counter() - t0:.0f}s\nreport: {index}")
     return 0
 

@@ -34,6 +34,12 @@ class ProbeWriter:
         self.file.close()
 
 
+def probe_series(path: Path, site: str, metric: str, layer: int | None = None) -> list[tuple[int, float]]:
+    """(step, value) of one site and metric from a probes.jsonl, without pandas (summaries of many runs)."""
+    return [(r["step"], r["value"]) for r in read_jsonl(path)
+            if r.get("site") == site and r.get("metric") == metric and r.get("layer") == layer]
+
+
 @dataclass
 class Run:
     path: Path

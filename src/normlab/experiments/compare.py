@@ -41,7 +41,8 @@ def compare(layouts: list[str] | tuple[str, ...] = COMPARE_LAYOUTS, out: str | P
                                                                      "activation_dtype") if k in merged))
     root = Path(out)
     run_sweep(sweep, root, workers=workers, log=log)
-    summarize(root)
+    md = summarize(root)["markdown"].read_text()
+    log(md[md.index("## Cells"):].split("\n## ", 1)[0].strip())  # the cell table, not the list of runs
     finished = [root / "runs" / s.run_id for s in sweep.expand() if (root / "runs" / s.run_id / "metrics.jsonl").exists()]
     index = make_report(finished, root / "report")
     runs = [load_run(p) for p in finished]

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import fcntl
 import json
-import re
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -41,9 +41,8 @@ from typing import Any
 
 from normlab.experiments.progress import SweepProgress
 from normlab.experiments.store import DONE, SweepStore, run_dir
-from normlab.io import own_folder
 from normlab.experiments.sweep import RunSpec, SweepConfig
-from normlab.io import atomic_write_bytes
+from normlab.io import atomic_write_bytes, own_folder
 from normlab.model.config import ConfigError
 from normlab.train.config import typed_settings
 

@@ -263,14 +263,13 @@ def _top100_figure(root: Path, df: pd.DataFrame, axes: list[str]):  # noqa: ANN2
     import matplotlib.pyplot as plt
 
     from normlab.diagnostics.stats import FP16_MAX
-    from normlab.io import read_jsonl
+    from normlab.diagnostics.store import probe_series
 
     keys = [a for a in axes if a != SEED]
     curves = []
     for row in df.to_dict("records"):
         run = run_dir(root, row["run_id"])
-        pts = [(r["step"], r["value"]) for r in read_jsonl(run / "probes.jsonl")
-               if r.get("site") == "global" and r.get("metric") == "top100_max"]
+        pts = probe_series(run / "probes.jsonl", "global", "top100_max")
         summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").is_file() else {}
         if pts:
             curves.append((_group_label(row, keys), row.get(SEED), pts, summary.get("forensics")))

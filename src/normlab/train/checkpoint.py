@@ -43,12 +43,10 @@ import numpy as np
 import torch
 
 from normlab.io import atomic_write_bytes
+from normlab.train.errors import CheckpointError, UnsafeCheckpointError  # defined without torch, for the CLI
 
 _NAME = re.compile(r"^step_(\d{8})\.(pt|dcp)$")
 EXTRA = "extra.pt"  # in a sharded checkpoint: everything but the model and optimizer shards
-
-
-from normlab.train.errors import CheckpointError, UnsafeCheckpointError  # noqa: E402 - torch-free, for the CLI
 
 
 def checkpoint_dir(run_dir: str | Path) -> Path:
@@ -92,11 +90,8 @@ CHECKSUMS = "checksums.json"  # in a sharded folder: every file's SHA-256
 
 
 def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
     with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _verify(path: Path, expected: str) -> None:
@@ -224,11 +219,10 @@ def _safe_planner():  # noqa: ANN202 - a DefaultLoadPlanner
             try:
                 obj = torch.load(value, weights_only=True)
             except pickle.UnpicklingError as err:
-                lines = [x.strip() for x in str(err).splitlines() if "GLOBAL" in x or "Unsupported" in x]
-                what = lines[0].removeprefix("WeightsUnpickler error: ")[:200] if lines else type(err).__name__
                 raise UnsafeCheckpointError(
                     f"entry {read_item.dest_index.fqn!r} of a sharded checkpoint holds objects other than "
-                    f"tensors and plain values ({what}); loading it could run code, so it was refused") from None
+                    f"tensors and plain values ({_refused_global(err)}); loading it could run code, so it was "
+                    "refused") from None
             if self.flatten_state_dict:
                 set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
             else:
@@ -239,13 +233,21 @@ def _safe_planner():  # noqa: ANN202 - a DefaultLoadPlanner
     return SafeLoadPlanner()
 
 
-def _check_sharded(path: Path) -> None:
-    """Refuse a DCP folder that is incomplete, or whose metadata pickle references anything but DCP's classes."""
+def _refused_global(err: pickle.UnpicklingError) -> str:
+    """The global a weights-only load refused, from torch's message (whose advice to retry with
+    weights_only=False is exactly what must not be done here)."""
+    lines = [x.strip() for x in str(err).splitlines() if "GLOBAL" in x or "Unsupported" in x]
+    return lines[0].removeprefix("WeightsUnpickler error: ")[:200] if lines else type(err).__name__
+
+
+def _check_sharded(path: Path, verify: bool = True) -> None:
+    """Refuse a DCP folder that is incomplete, corrupt (``verify``: every file against its SHA-256 in
+    checksums.json), or whose metadata pickle references anything but DCP's classes."""
     meta = path / ".metadata"
     if not meta.is_file() or not (path / EXTRA).is_file():
         raise CheckpointError(f"{path} is an incomplete sharded checkpoint (no .metadata or {EXTRA})")
     sums = path / CHECKSUMS
-    if sums.is_file():  # written by normlab since 2026-11-23, after every shard
+    if verify and sums.is_file():  # written by normlab since 2026-11-23, after every shard
         try:
             expected = json.loads(sums.read_text())
         except (ValueError, UnicodeDecodeError):
@@ -265,20 +267,22 @@ def _check_sharded(path: Path) -> None:
         raise CheckpointError(f"{meta} is unreadable (truncated or corrupt): {type(err).__name__}") from None
 
 
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
+def load_checkpoint(path: str | Path, verify: bool = True) -> dict[str, Any]:
     """Load a checkpoint with `weights_only=True`; refuse (CheckpointError) anything else in it.
 
-    A sharded checkpoint gives its ``extra.pt`` with ``"sharded"`` set to its folder; the model and
-    optimizer shards are read by `load_sharded_state` (training) or `load_model_state` (weights).
+    ``verify``: check its SHA-256 first (the other ranks of a resume skip it: the main rank chose this
+    checkpoint after verifying it). A sharded checkpoint gives its ``extra.pt`` with ``"sharded"`` set
+    to its folder; the model and optimizer shards are read by `load_sharded_state` (training) or
+    `load_model_state` (weights).
     """
     path = Path(path)
     if is_sharded(path) and path.is_dir():
-        _check_sharded(path)
+        _check_sharded(path, verify)
         return {**_load_file(path / EXTRA, require_model=False), "sharded": str(path)}
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
     checksum = path.with_name(path.name + SUM_SUFFIX)
-    if checksum.is_file():
+    if verify and checksum.is_file():
         _verify(path, checksum.read_text(errors="replace"))
     return _load_file(path, require_model=True)
 
@@ -288,12 +292,9 @@ def _load_file(path: Path, require_model: bool) -> dict[str, Any]:
         with torch.serialization.safe_globals(_legacy_numpy_globals()):
             state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
-        # torch's message goes on to suggest weights_only=False: exactly what must not be done here
-        lines = [x.strip() for x in str(err).splitlines() if "GLOBAL" in x or "Unsupported" in x]
-        what = lines[0].removeprefix("WeightsUnpickler error: ")[:200] if lines else type(err).__name__
         raise UnsafeCheckpointError(
             f"{path} is not a checkpoint normlab will load: it holds objects other than tensors and plain "
-            f"values ({what}); loading it could run code, so it was refused"
+            f"values ({_refused_global(err)}); loading it could run code, so it was refused"
         ) from None
     except (RuntimeError, EOFError, OSError, ValueError) as err:
         raise CheckpointError(f"{path} is unreadable (truncated or corrupt): {type(err).__name__}: "
@@ -335,11 +336,12 @@ def _no_dist() -> bool:
 
 
 def load_sharded_state(path: str | Path, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
-    """Model and optimizer from a sharded checkpoint, on any world size (FSDP2, DDP or one process)."""
+    """Model and optimizer from a sharded checkpoint, on any world size (FSDP2, DDP or one process).
+    Its files' checksums were verified when `load_checkpoint` chose it; they are not hashed again."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    _check_sharded(Path(path))
+    _check_sharded(Path(path), verify=False)
     model_sd, optim_sd = get_state_dict(model, opt)  # this run's layout of the same keys: DCP fills it
     with _quiet_single_process(), _dcp_errors(path):
         dcp.load({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=path, no_dist=_no_dist(),

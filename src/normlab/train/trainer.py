@@ -44,7 +44,7 @@ from normlab.data.sft import load_sft_data
 from normlab.diagnostics.forensics import describe as describe_break
 from normlab.diagnostics.forensics import first_break, gradient_break, site_of
 from normlab.diagnostics.probes import Probes
-from normlab.diagnostics.store import ProbeWriter
+from normlab.diagnostics.store import ProbeWriter, probe_series
 from normlab.io import atomic_write_bytes, atomic_write_json, read_jsonl, truncate_jsonl
 from normlab.model import build_model, count_params
 from normlab.model import storage
@@ -145,7 +145,7 @@ def train(cfg: TrainConfig, log=print) -> dict[str, Any]:  # noqa: ANN001 - log:
         if start is None:  # another rank: the main rank's decision, the checkpoint read from disk
             step, path, finished = plan
             start = Start(step=step, path=path, finished=finished,
-                          checkpoint=load_checkpoint(path) if path is not None else None)
+                          checkpoint=load_checkpoint(path, verify=False) if path is not None else None)
         summary = start.finished if start.finished is not None else _train(cfg, info, start)
     except BaseException:
         distributed.teardown(info, clean=False)  # a barrier could wait forever on a rank that died
@@ -442,7 +442,7 @@ def speed_summary(rows: list[dict], state: RunState) -> dict[str, Any]:
 def max_activation(probes: Path, forensics: dict[str, Any] | None) -> float | None:
     """The largest finite |activation| of the run: the probes' global top-100 maximum over their steps,
     and for a diverged run the largest finite value the forensic re-run saw (Kim Fig. 11's quantity)."""
-    seen = [r["value"] for r in read_jsonl(probes) if r.get("site") == "global" and r.get("metric") == "top100_max"]
+    seen = [v for _, v in probe_series(probes, "global", "top100_max")]
     if forensics:
         seen += [(forensics.get("forward") or {}).get("before"), (forensics.get("largest") or {}).get("value")]
     finite = [float(v) for v in seen if isinstance(v, (int, float)) and math.isfinite(v)]
