@@ -48,7 +48,7 @@ gpu-recipes: install
 	$(PY) -c "from normlab.data.english import english_prepared; english_prepared('bpe:8192')"
 	for r in $$($(VENV)/bin/normlab recipes --names --machine gpu); do $(VENV)/bin/normlab sweep --recipe $$r --out runs/recipes/$$r || exit 1; done
 
-# Two workers (one torch thread each, tests/conftest.py): 4 min 35 s on 2 cores (2026-11-23, clean clone).
+# Two workers (one torch thread each, tests/conftest.py): 4:00-4:44 on 2 cores in five clean clones, once 5:15 (2026-11-23).
 # Re-run every output the README and docs quote (between <!-- quote: CMD --> markers) and rewrite it.
 quotes: install
 	$(PY) scripts/quotes.py
