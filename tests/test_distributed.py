@@ -14,7 +14,7 @@ import torch
 
 from normlab.cli import main
 from normlab.train import TrainConfig, train
-from normlab.train.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, load_model_state
+from normlab.runs.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, load_model_state
 
 REPO = Path(__file__).resolve().parents[1]
 COMMON = dict(size="nano", seq_len=32, batch_size=8, steps=6, eval_every=3, eval_batches=2, progress=False,

@@ -23,7 +23,8 @@ pytest.importorskip("accelerate")
 
 from normlab.data import ByteTokenizer  # noqa: E402
 from normlab.evaluation.harness import LOCAL_TASKS, TASKS_DIR, EvalError, evaluate  # noqa: E402
-from normlab.evaluation.results import headline_scores, load_evals  # noqa: E402
+from normlab.runs.evals import headline_scores  # noqa: E402
+from normlab.runs.files import RunDir  # noqa: E402
 from normlab.hf import save_hf  # noqa: E402
 from normlab.hf.tokenizer import to_hf_tokenizer  # noqa: E402
 
@@ -86,7 +87,7 @@ def test_local_tasks_through_normlab_eval_match_hand_computation(export):
     model, out = export
     res = evaluate(out, list(LOCAL_TASKS), limit=N, samples=True)
     want = scores_by_hand(model)
-    got = load_evals(out)
+    got = RunDir(out).evals()
     mc, gen, ppl = (got[f"normlab_shakespeare_{t}"]["metrics"] for t in ("next_line", "speaker", "ppl"))
     assert mc["acc"] == pytest.approx(want["acc"]) and mc["acc_norm"] == pytest.approx(want["acc_norm"])
     assert ppl["bits_per_byte"] == pytest.approx(want["bits_per_byte"], rel=1e-4)
@@ -137,7 +138,7 @@ def test_a_run_is_evaluated_in_memory_merged_and_reported(corpus, tmp_path, caps
     assert "Running loglikelihood" not in out + err and "Truncating" not in out + err and len(out.splitlines()) < 15
     assert "Running loglikelihood requests" in (run / "eval_log.txt").read_text()
     assert main(["eval", str(run), "--tasks", "normlab_shakespeare_ppl", "--limit", "1"]) == 0
-    evals = load_evals(run)
+    evals = RunDir(run).evals()
     trunc = evals["normlab_shakespeare_next_line"]["truncation"]
     assert trunc["requests"] == 2 * 4 and trunc["max_length"] == 64  # 2 items x 4 choices, every one cut
     assert set(evals) == {"normlab_shakespeare_next_line", "normlab_shakespeare_ppl"}  # merged, not replaced
@@ -145,7 +146,7 @@ def test_a_run_is_evaluated_in_memory_merged_and_reported(corpus, tmp_path, caps
     # the export of the same run scores the same
     assert main(["export", str(run), str(tmp_path / "exp")]) == 0
     evaluate(tmp_path / "exp", ["normlab_shakespeare_next_line"], limit=2)
-    assert load_evals(tmp_path / "exp")["normlab_shakespeare_next_line"]["metrics"] == evals["normlab_shakespeare_next_line"]["metrics"]
+    assert RunDir(tmp_path / "exp").evals()["normlab_shakespeare_next_line"]["metrics"] == evals["normlab_shakespeare_next_line"]["metrics"]
     page = make_report([run], tmp_path / "report").read_text()
     assert "Downstream evaluation" in page and "normlab_shakespeare_ppl" in page and "bits_per_byte" in page
     # every score says how many items it rests on
@@ -198,6 +199,6 @@ def test_normlab_eval_on_a_sweep_scores_the_ok_runs_and_skips_the_diverged(corpu
     assert counts["ok"] == 1 and counts["diverged"] == 1
     assert main(["eval", str(tmp_path / "sw"), "--tasks", "normlab_shakespeare_next_line", "--limit", "2"]) == 0
     df, _ = load_sweep(tmp_path / "sw")
-    scored = {r.status: load_evals(tmp_path / "sw" / "runs" / r.run_id) for r in df.itertuples()}
+    scored = {r.status: RunDir(tmp_path / "sw" / "runs" / r.run_id).evals() for r in df.itertuples()}
     assert set(scored["ok"]) == {"normlab_shakespeare_next_line"} and scored["diverged"] == {}
     assert "normlab_shakespeare_next_line acc" in summarize(tmp_path / "sw")["markdown"].read_text()

@@ -19,8 +19,10 @@ from pathlib import Path
 import pytest
 
 from normlab.experiments import RECIPES, SweepConfig, compare, load_recipe, load_sweep, run_sweep, summarize
-from normlab.experiments.runner import _lock, _to_toml, prepare
-from normlab.experiments.store import SweepStore
+from normlab.experiments.runner import _to_toml, prepare
+from normlab.runs.files import SweepDir
+from normlab.runs.start import FolderLock
+from normlab.runs.store import SweepStore
 from normlab.experiments.summarize import cells, lr_curves, lr_sensitivity
 from normlab.model.config import ConfigError
 
@@ -233,12 +235,12 @@ def test_sweep_killed_with_sigkill_resumes_without_redoing_or_losing_runs(corpus
 
 def test_a_second_sweep_on_the_same_folder_is_refused(tmp_path):
     (tmp_path / "sw").mkdir()
-    held = _lock(tmp_path / "sw")
+    held = FolderLock(SweepDir(tmp_path / "sw").lock_file, wait=0, busy=str)
     try:
         with pytest.raises(ConfigError, match="another normlab sweep is running"):
             run_sweep(SweepConfig(name="x", base={"size": "nano"}, grid={"seed": [0]}), tmp_path / "sw", log=QUIET)
     finally:
-        held.close()
+        held.release()
 
 
 def test_changed_base_settings_need_a_new_folder(tmp_path):

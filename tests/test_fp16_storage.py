@@ -14,7 +14,7 @@ import normlab
 from normlab.diagnostics.forensics import describe, first_break, gradient_break, site_of, tally
 from normlab.model.storage import NO_STORAGE, Storage, for_run
 from normlab.train import train
-from normlab.train.config import TrainConfig
+from normlab.config.train import TrainConfig
 from tests.helpers import planted_overflow as _planted
 
 FP16 = Storage(torch.float16)
@@ -215,7 +215,7 @@ def test_the_report_opens_with_a_reading_of_the_runs(corpus, tmp_path):
 def test_summaries_count_first_breaks_and_old_stores_gain_the_columns(corpus, tmp_path):
     import sqlite3
 
-    from normlab.experiments.store import SweepStore
+    from normlab.runs.store import SweepStore
     from normlab.experiments.summarize import summarize
 
     db = tmp_path / "old" / "sweep.db"

@@ -246,7 +246,7 @@ def test_exported_tokenizers_and_configs_name_the_end_of_text(corpus, tmp_path):
 
 def test_a_bpe_run_from_before_end_of_text_is_not_silently_retokenized(tmp_path):
     from normlab.data import DataError
-    from normlab.hf.runs import run_tokenizer
+    from normlab.runs.model import run_tokenizer
 
     (tmp_path / "config.json").write_text(json.dumps({"config": {}, "layout": "pre"}))  # no "tokenizer" facts
     cfg = {"tokenizer": "bpe:300", "data": "x.txt", "val_fraction": 0.1, "text_field": "text"}

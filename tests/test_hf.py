@@ -193,7 +193,7 @@ def test_cli_export_of_a_trained_run(corpus, tmp_path, capsys):
                       eval_batches=1, probe_every=0, progress=False, out=str(tmp_path / "run")))
     assert main(["export", str(tmp_path / "run"), str(tmp_path / "hf"), "--arch", "llama"]) == 0
     hf = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", local_files_only=True).eval()
-    from normlab.train.checkpoint import list_checkpoints, load_checkpoint
+    from normlab.runs.checkpoint import list_checkpoints, load_checkpoint
 
     trained = load_checkpoint(list_checkpoints(tmp_path / "run")[-1])["model"]  # the trained weights, exported
     torch.testing.assert_close(hf.model.embed_tokens.weight, trained["embed.weight"], rtol=0, atol=0)

@@ -138,7 +138,7 @@ def test_fp16_trains_through_scaler_overflows(corpus, tmp_path):
 
 def test_overflowed_step_leaves_the_weights_untouched(corpus, tmp_path):
     from normlab.train import distributed
-    from normlab.train.rundir import Start
+    from normlab.runs.start import Start
     from normlab.train.trainer import build_state, train_step
 
     cfg = small(corpus, tmp_path / "w", precision="fp16", loss_scale_init=2.0**40, probe_every=0)

@@ -13,7 +13,7 @@ from normlab.data import ByteTokenizer, DataError
 from normlab.data.sft import IGNORE, encode_pair, load_sft
 from normlab.model.config import ConfigError
 from normlab.train import TrainConfig, train
-from normlab.train.checkpoint import list_checkpoints, load_checkpoint
+from normlab.runs.checkpoint import list_checkpoints, load_checkpoint
 from normlab.train.init_from import load_init_weights
 
 PAIRS = [{"prompt": f"Q: what is {i} plus {i}?\nA: ", "response": f"{2 * i}.\n"} for i in range(40)]

@@ -14,7 +14,7 @@ from normlab.model.config import ConfigError
 from normlab.train import distributed, train
 from normlab.train.mfu import PEAK_TFLOPS, device_model, flops_per_token, peak_flops
 from normlab.train.optim import make_optimizer
-from normlab.train.rundir import Start
+from normlab.runs.start import Start
 from normlab.train.trainer import build_state, speed_summary, train_step
 from tests.helpers import rows, small
 

@@ -16,7 +16,7 @@ from normlab.data import TokenData
 from normlab.model.config import ConfigError
 from normlab.train import TrainConfig, TrainingFailed, train
 from normlab.train import trainer as trainer_mod
-from normlab.train.checkpoint import list_checkpoints, load_checkpoint
+from normlab.runs.checkpoint import list_checkpoints, load_checkpoint
 from normlab.train.monitor import DivergenceMonitor, SpikeDetector
 from normlab.train.optim import lr_at, param_groups
 from tests.helpers import REPO, losses, rows, small
@@ -74,7 +74,7 @@ def slow_fsync(fd):
     print("written", flush=True)
     time.sleep(60)
 io.os.fsync = slow_fsync
-from normlab.train.checkpoint import save_checkpoint
+from normlab.runs.checkpoint import save_checkpoint
 import torch
 save_checkpoint({str(run)!r}, 4, {{"model": {{"w": torch.zeros(1000, 1000)}}}}, keep_last=2)
 """

@@ -17,12 +17,13 @@ import torch
 from normlab.cli import main
 from normlab.experiments import SweepConfig
 from normlab.layout import LayoutError, parse_layout
+from normlab.model import build_model
 from normlab.model.config import ConfigError
 from normlab.train import TrainConfig, train
 from normlab.train import trainer as trainer_mod
-from normlab.train.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
+from normlab.runs.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
 from normlab.train.monitor import DivergenceMonitor
-from normlab.train.rundir import RunLock
+from normlab.runs.start import RunLock
 from tests.helpers import REPO, losses, rows, small
 
 
@@ -97,14 +98,14 @@ def test_a_sharded_checkpoint_whose_optimizer_entry_is_a_pickle_payload_is_refus
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    from normlab.train.checkpoint import load_sharded_state
+    from normlab.runs.checkpoint import load_sharded_state
     from normlab.train.optim import make_optimizer
 
     marker = tmp_path / "pwned"
     run = tmp_path / "run"
     cfg = small(corpus, run, steps=3)
     train(cfg)
-    model = trainer_mod.build_model(cfg.model.layout, cfg.size, seed=0, vocab_size=256, max_seq_len=64)
+    model = build_model(cfg.model.layout, cfg.size, seed=0, vocab_size=256, max_seq_len=64)
     opt = make_optimizer(model, cfg, fused=False)
     model_sd, optim_sd = get_state_dict(model, opt)
     optim_sd["param_groups"][0]["lr"] = Evil(marker)  # a float in a real checkpoint

@@ -21,11 +21,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from normlab.data.corpus import DataError
-from normlab.layout import PRESETS, LayoutError
-from normlab.model.config import SIZES, ConfigError
-from normlab.io import ForeignFolderError
-from normlab.train.errors import CheckpointError
+from normlab.errors import USER_ERRORS, ConfigError
+from normlab.layout import PRESETS
+from normlab.model.config import SIZES
 
 
 def _layouts(args: argparse.Namespace) -> int:
@@ -49,7 +47,7 @@ def _layouts(args: argparse.Namespace) -> int:
 
 def _show(args: argparse.Namespace) -> int:
     from normlab.model.describe import describe
-    from normlab.train.config import TrainConfig
+    from normlab.config.train import TrainConfig
 
     if args.layers is not None and args.layers < 1:
         raise ConfigError(f"--layers {args.layers}: the number of layers is a positive integer")
@@ -90,14 +88,14 @@ def _pairs(items: list[str] | None, flag: str, example: str) -> dict[str, str]:
 
 def _settings(items: list[str] | None) -> dict:
     """--set KEY=VALUE pairs, typed by each key's setting (model.NAME, layout.NAME too)."""
-    from normlab.train.config import typed_settings
+    from normlab.config.train import typed_settings
 
     return typed_settings(_pairs(items, "--set", "steps=500"), "--set", from_text=True)
 
 
 def _add_train_args(s: argparse.ArgumentParser) -> None:
     """One flag per setting of TrainConfig, generated from its declaration (doc, choices, type)."""
-    from normlab.train.config import LEAVES
+    from normlab.config.train import LEAVES
 
     s.add_argument("--config", help="a TOML file of settings (key = value; [model] table for model options); "
                    "flags and --set override it")
@@ -121,7 +119,7 @@ def _add_train_args(s: argparse.ArgumentParser) -> None:
 def train_config_from_args(args: argparse.Namespace):  # noqa: ANN201 - TrainConfig
     """Defaults, then --config FILE (typed TOML), then flags and --set (text): one override function."""
     from normlab.io import read_toml
-    from normlab.train.config import LEAVES, TrainConfig, flatten_settings
+    from normlab.config.train import LEAVES, TrainConfig, flatten_settings
 
     cfg = TrainConfig()
     if args.config:
@@ -142,24 +140,9 @@ def _train(args: argparse.Namespace) -> int:
         print(f"normlab: {err}", file=sys.stderr)
         return 1
     if summary:
-        status = summary["status"]
-        line = f"{cfg.out}: {status}"
-        if status == "diverged":
-            line += f" at step {summary['diverged_step']} ({summary['reason']})"
-        elif status == "stalled":
-            line += f" ({summary['reason']})"
-        line += f"; final loss {summary['final_loss']:.4f}" if summary["final_loss"] is not None else ""
-        if summary["final_val_loss"] is not None:
-            line += f", val loss {summary['final_val_loss']:.4f}"
-        for key, what in (("overflow_steps", "fp16 overflow steps skipped"), ("skipped_steps", "non-finite steps skipped")):
-            if summary.get(key):
-                line += f"; {len(summary[key])} {what}"
-        if summary.get("tok_per_s"):
-            mfu = summary["mfu"]
-            line += f"; {summary['tok_per_s']:,.0f} tok/s" + (f", MFU {mfu:.1%}" if isinstance(mfu, float) else "")
-        if summary.get("forensics"):  # last: where a diverged run first broke
-            line += f"; {summary['forensics']['text']}"
-        print(line)
+        from normlab.runs.outcome import describe
+
+        print(f"{cfg.out}: {describe(summary)}")
     return 0
 
 
@@ -171,7 +154,7 @@ def _screen(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from normlab.train.config import TrainConfig
+    from normlab.config.train import TrainConfig
 
     # the size flags through the run configuration's one override function: same keys, same checks
     flags = {"size": args.size, "model.n_layers": args.layers, "model.d_model": args.width, "model.n_heads": args.heads}
@@ -201,35 +184,17 @@ def _screen(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     from normlab.diagnostics.report import make_report
+    from normlab.runs.files import REPORT_DIR, RunDir, SweepDir
 
-    from normlab.io import read_jsonl
-
-    runs = []
+    runs: list[Path] = []
     for r in args.runs:  # a sweep folder stands for its runs (those that logged a step)
-        if (Path(r) / "sweep.db").is_file():
-            from normlab.experiments.store import SweepStore, run_dir
-
-            found = [run_dir(r, row["run_id"]) for row in SweepStore(Path(r) / "sweep.db").rows()]
-            logged = [str(p) for p in found if (p / "metrics.jsonl").is_file()]
-            if not logged:
-                raise ConfigError(f"sweep {r} has no run that logged a step yet")
-            runs += logged
-        else:
-            runs.append(r)
-    sweep_given = len(args.runs) == 1 and (Path(args.runs[0]) / "sweep.db").is_file()
-    out = args.out or str(Path(args.runs[0]) / "report" if sweep_given else Path(args.runs[0]).parent / "report")
+        folder = SweepDir(r)
+        runs += [run.path for run in folder.logged_runs()] if folder.is_sweep() else [Path(r)]
     for r in runs:
-        if not (Path(r) / "metrics.jsonl").is_file():
-            raise ConfigError(f"{r} is not a normlab run directory (no metrics.jsonl); give directories written "
-                              "by normlab train")
-        rows = read_jsonl(Path(r) / "metrics.jsonl")
-        if not rows:
-            raise ConfigError(f"{r}/metrics.jsonl has no readable rows (the run has not logged a step yet)")
-        for i, row in enumerate(rows):
-            step, loss = row.get("step"), row.get("loss")
-            if not isinstance(step, int) or isinstance(step, bool) or not isinstance(loss, (int, float, type(None))):
-                raise ConfigError(f"{r}/metrics.jsonl row {i + 1} is not a normlab metrics row (step {step!r}, "
-                                  f"loss {str(loss)[:40]!r}); give directories written by normlab train")
+        RunDir(r).check_logged()
+    first = Path(args.runs[0])
+    sweep_given = len(args.runs) == 1 and SweepDir(first).is_sweep()
+    out = args.out or (SweepDir(first).report_dir if sweep_given else first.parent / REPORT_DIR)
     index = make_report(runs, out)
     print(f"report: {index}")
     return 0
@@ -237,7 +202,7 @@ def _report(args: argparse.Namespace) -> int:
 
 def _grid_args(items: list[str] | None) -> dict:
     """--grid AXIS=V1,V2 (or V1;V2 when a value has commas, as layout strings may), typed per axis."""
-    from normlab.train.config import typed_settings
+    from normlab.config.train import typed_settings
 
     grid = {}
     for item in items or []:
@@ -257,7 +222,7 @@ def _check_workers(workers: int | None) -> None:
 
 
 def _merge_base(base: dict, extra: dict) -> dict:
-    from normlab.train.config import flatten_settings
+    from normlab.config.train import flatten_settings
 
     return {**flatten_settings(base), **flatten_settings(extra)}
 
@@ -288,8 +253,10 @@ def _sweep(args: argparse.Namespace) -> int:
 def _summarize(args: argparse.Namespace) -> int:
     from normlab.experiments import summarize
 
-    if not (Path(args.sweep) / "sweep.db").is_file():
-        raise ConfigError(f"{args.sweep} holds no sweep.db; give a folder written by normlab sweep or compare")
+    from normlab.runs.files import STORE, SweepDir
+
+    if not SweepDir(args.sweep).is_sweep():
+        raise ConfigError(f"{args.sweep} holds no {STORE}; give a folder written by normlab sweep or compare")
     result = summarize(args.sweep, args.out)
     print(result["markdown"].read_text())
     print(f"summary: {result['markdown']}\nreport: {result['html']}")
@@ -345,7 +312,7 @@ def _scan(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     from normlab.hf import save_hf, save_native
-    from normlab.hf.runs import load_run_model, run_tokenizer
+    from normlab.runs.model import load_run_model, run_tokenizer
     from normlab.hf.tokenizer import to_hf_tokenizer
 
     dest = Path(args.out)
@@ -611,9 +578,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tail: the last documents; hash: a fixed sample of documents by the SHA-256 of their text")
     s.set_defaults(func=_data)
     return p
-
-
-USER_ERRORS = (LayoutError, ConfigError, DataError, CheckpointError, ForeignFolderError)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from normlab.errors import ConfigError, ForeignFolderError
+
 
 def _umask() -> int:
     mask = os.umask(0)
@@ -42,8 +44,6 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
 def read_toml(path: str | os.PathLike, what: str = "file") -> dict[str, Any]:
     """Parse a TOML file; a missing or malformed file is a ConfigError naming it."""
     import tomllib
-
-    from normlab.model.config import ConfigError
 
     p = Path(path)
     if not p.is_file():
@@ -87,10 +87,6 @@ def truncate_jsonl(path: str | os.PathLike, before_step: int) -> None:
 
 
 MARKER = ".normlab"  # in every output folder normlab made: what kind of folder it is
-
-
-class ForeignFolderError(ValueError):
-    """An output folder holds files normlab did not write; nothing there is overwritten."""
 
 
 def own_folder(path: str | os.PathLike, kind: str, legacy: Any = None) -> Path:

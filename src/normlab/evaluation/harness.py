@@ -40,9 +40,9 @@ from typing import Any
 
 from normlab.data.corpus import DataError
 from normlab.evaluation.local_tasks import TASKS_DIR
-from normlab.evaluation.results import EVAL_FILE, load_evals
-from normlab.io import atomic_write_bytes, atomic_write_json
-from normlab.train.monitor import TRAINED
+from normlab.runs.files import RunDir, SweepDir
+from normlab.io import atomic_write_bytes
+from normlab.runs.outcome import TRAINED
 
 LM_EVAL_PIN = "lm_eval[hf]==0.4.13"
 
@@ -90,11 +90,11 @@ def _task_manager() -> Any:
 
 def kind_of(source: Path) -> str:
     """'sweep' | 'run' | 'checkpoint' | 'export', or an error naming what is valid."""
-    if source.is_dir() and (source / "sweep.db").is_file():
+    if source.is_dir() and SweepDir(source).is_sweep():
         return "sweep"
-    if source.is_dir() and (source / "checkpoints").is_dir():
+    if source.is_dir() and RunDir(source).has_checkpoints():
         return "run"
-    if source.is_dir() and (source / "config.json").is_file() and not (source / "metrics.jsonl").exists():
+    if source.is_dir() and RunDir(source).is_export_like():
         return "export"
     if source.is_file() or source.name.endswith(".dcp"):
         return "checkpoint"
@@ -150,7 +150,7 @@ def _model_for(source: Path, kind: str, device: str, batch_size: int | str, max_
                   batch_size=batch_size, max_length=max_length, backend="causal")
         return lm, {"source": str(source)}, source
     from normlab.hf import to_hf
-    from normlab.hf.runs import load_run_model, run_tokenizer
+    from normlab.runs.model import load_run_model, run_tokenizer
     from normlab.hf.tokenizer import to_hf_tokenizer
 
     run = load_run_model(source)
@@ -316,7 +316,7 @@ def evaluate(source: str | Path, tasks: list[str], limit: float | None = None, b
                                       numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed)
     trunc = truncations.summary()
     if captured is not None:
-        atomic_write_bytes(out_dir / "eval_log.txt", captured.text().encode())
+        atomic_write_bytes(RunDir(out_dir).eval_log_file, captured.text().encode())
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     entries = {}
     for name, values in {**res.get("results", {}), **res.get("groups", {})}.items():
@@ -337,11 +337,12 @@ def evaluate(source: str | Path, tasks: list[str], limit: float | None = None, b
                          "evaluated_at": now, "truncation": trunc, **facts}
     for task, items in (res.get("samples") or {}).items():
         lines = "".join(json.dumps(item, default=str) + "\n" for item in items)
-        atomic_write_bytes(out_dir / "eval_samples" / f"{task}.jsonl", lines.encode())
-    path = out_dir / EVAL_FILE
-    merged = load_evals(out_dir)
+        atomic_write_bytes(RunDir(out_dir).eval_samples_file(task), lines.encode())
+    target = RunDir(out_dir)
+    merged = target.evals()
     merged.update(entries)
-    atomic_write_json(path, merged)
+    target.write_evals(merged)
+    path = target.evals_file
     items = ", ".join(f"{t} {e['n']}" for t, e in entries.items() if isinstance(e.get("n"), int))
     note = f"items scored: {items}" + (f" (--limit {limit:g})" if limit is not None else "")
     return {"tasks": entries, "table": make_table(res) + (make_table(res, "groups") if res.get("groups") else "")
@@ -357,6 +358,4 @@ def evaluate_sweep(sweep: str | Path, tasks: list[str], **kwargs: Any) -> list[d
     done = [r for r in df.itertuples() if r.status in TRAINED]
     if not done:
         raise EvalError(f"{sweep}: no run finished (ok or stalled) yet (statuses: {dict(df.status.value_counts())})")
-    from normlab.experiments.store import run_dir
-
-    return [evaluate(run_dir(sweep, r.run_id), tasks, **kwargs) for r in done]
+    return [evaluate(SweepDir(sweep).run(r.run_id).path, tasks, **kwargs) for r in done]

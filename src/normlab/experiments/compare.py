@@ -19,6 +19,7 @@ from typing import Any
 from normlab.experiments.runner import run_sweep
 from normlab.experiments.summarize import summarize
 from normlab.experiments.sweep import SweepConfig
+from normlab.runs.files import SweepDir
 
 COMPARE_LAYOUTS = ("post", "pre", "peri", "hybrid")
 COMPARE_BASE: dict[str, Any] = {"size": "micro-deep", "lr": 0.1, "steps": 150, "batch_size": 16,
@@ -43,8 +44,9 @@ def compare(layouts: list[str] | tuple[str, ...] = COMPARE_LAYOUTS, out: str | P
     run_sweep(sweep, root, workers=workers, log=log)
     md = summarize(root)["markdown"].read_text()
     log(md[md.index("## Cells"):].split("\n## ", 1)[0].strip())  # the cell table, not the list of runs
-    finished = [root / "runs" / s.run_id for s in sweep.expand() if (root / "runs" / s.run_id / "metrics.jsonl").exists()]
-    index = make_report(finished, root / "report")
+    folder = SweepDir(root)
+    finished = [run.path for run in (folder.run(s.run_id) for s in sweep.expand()) if run.has_metrics()]
+    index = make_report(finished, folder.report_dir)
     runs = [load_run(p) for p in finished]
     log("\n".join(["reading:"] + [f"  {line}" for line in reading_lines(runs, [r.name for r in runs])]))
     return index

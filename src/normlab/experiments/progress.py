@@ -16,6 +16,8 @@ from typing import Any, Callable
 
 from tqdm import tqdm
 
+from normlab.runs.files import SweepDir
+
 
 def last_step(metrics: Path) -> int:
     """Steps completed by a run, from the last complete line of its metrics.jsonl (0 if none)."""
@@ -59,7 +61,7 @@ class SweepProgress:
 
     def poll(self) -> None:
         for rid in self.running:
-            self.running[rid] = min(last_step(self.root / "runs" / rid / "metrics.jsonl"), self.steps.get(rid, 0))
+            self.running[rid] = min(last_step(SweepDir(self.root).run(rid).metrics_file), self.steps.get(rid, 0))
         self.refresh()
 
     @property

@@ -1,12 +1,7 @@
 """Run a sweep: every pending run once, in parallel, resumable, never stopped by one bad run.
 
-Layout of a sweep directory:
-
-    SWEEP/
-    ├── sweep.toml        the sweep as given (name, base, grid, source, scale, claim)
-    ├── sweep.db          SQLite: one row per run (see store.py)
-    ├── runs/ID/          each run's directory, as written by `normlab train`
-    └── logs/ID.log       each local run's stdout and stderr
+The sweep folder (sweep.toml, sweep.db, runs/ID/, logs/ID.log) is `normlab.runs.files.SweepDir`;
+its store is `normlab.runs.store.SweepStore`.
 
 Executors:
 - `local` (default): one spawned process per run, `workers` at a time, torch threads split evenly
@@ -26,10 +21,8 @@ driving the same directory.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -40,11 +33,14 @@ from pathlib import Path
 from typing import Any
 
 from normlab.experiments.progress import SweepProgress
-from normlab.experiments.store import DONE, SweepStore, run_dir
 from normlab.experiments.sweep import RunSpec, SweepConfig
+from normlab.config.train import typed_settings
+from normlab.errors import ConfigError
 from normlab.io import atomic_write_bytes, own_folder
-from normlab.model.config import ConfigError
-from normlab.train.config import typed_settings
+from normlab.runs.files import SweepDir
+from normlab.runs.outcome import FINISHED, describe
+from normlab.runs.start import FolderLock
+from normlab.runs.store import SweepStore
 
 
 def execute_run(sweep_dir: str, run_id: str, threads: int | None = None, watch_parent: int | None = None) -> str:
@@ -61,17 +57,18 @@ def execute_run(sweep_dir: str, run_id: str, threads: int | None = None, watch_p
         _exit_with_parent(watch_parent)
     if threads:
         torch.set_num_threads(threads)
-    root = Path(sweep_dir)
-    store = SweepStore(root / "sweep.db")
+    folder = SweepDir(sweep_dir)
+    store = folder.store()
     row = store.row(run_id)
     spec = RunSpec(run_id, row["idx"], row["axes"], row["config"])
-    out = run_dir(root, run_id)
+    run = folder.run(run_id)
+    out = run.path
     worker = os.environ.get("SLURM_JOB_ID") or f"{socket.gethostname()}:{os.getpid()}"
     store.mark_running(run_id, worker)
     try:
         summary = train(spec.train_config(out))
     except TrainingFailed as err:
-        summary = _read_summary(out) or {"status": "failed", "reason": str(err)}
+        summary = run.summary() or {"status": "failed", "reason": str(err)}
     except Exception as err:  # noqa: BLE001 - bad data path, bad config combination, ...: recorded, not raised
         summary = {"status": "failed", "reason": f"{type(err).__name__}: {err}"}
     store.record(run_id, summary)
@@ -94,44 +91,12 @@ def _exit_with_parent(parent: int) -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
-def _read_summary(out: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads((out / "summary.json").read_text())
-    except (OSError, ValueError):
-        return None
-
-
-# Everything a sweep folder holds (runner, summarize, compare's report): what an older normlab's
-# sweep folder, made before the .normlab marker, may contain.
-SWEEP_FILES = re.compile(r"(sweep\.db(-wal|-shm|-journal)?|sweep\.toml|\.lock|summary\.md|report\.html|"
-                         r"(runs|cells|lr_curve|lr_sensitivity)\.csv|[a-z0-9_]+\.png|runs|logs|report)")
-
-
-def is_sweep_dir(folder: Path) -> bool:
-    """A sweep folder an older normlab made: a store and nothing but what normlab writes beside it
-    (a user's own files there, such as the sweep file given as input, make it someone else's)."""
-    return (folder / "sweep.db").is_file() and all(SWEEP_FILES.fullmatch(p.name) for p in folder.iterdir())
-
-
-def _lock(root: Path):  # noqa: ANN202 - an open file holding the lock
-    f = open(root / ".lock", "a+")  # noqa: SIM115 - held for the sweep's lifetime
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
-        raise ConfigError(f"another normlab sweep is running in {root} ({f.read().strip() or 'pid unknown'}); "
-                          "wait for it or stop it first") from None
-    f.truncate(0)
-    f.write(f"pid {os.getpid()} on {socket.gethostname()}")
-    f.flush()
-    return f
-
-
 def prepare(sweep: SweepConfig, out: str | Path) -> tuple[SweepStore, list[RunSpec]]:
     """Create or reopen the sweep directory; refuse to mix runs of different base settings."""
-    root = Path(out)
+    folder = SweepDir(out)
+    root = folder.path
     root.mkdir(parents=True, exist_ok=True)
-    store = SweepStore(root / "sweep.db")
+    store = folder.store()
     specs = sweep.expand()
     base = json.loads(json.dumps(sweep.base, sort_keys=True))
     old = store.get_meta("base")
@@ -148,7 +113,7 @@ def prepare(sweep: SweepConfig, out: str | Path) -> tuple[SweepStore, list[RunSp
     store.set_meta("name", sweep.name)
     store.set_meta("sweep", sweep.to_dict())
     store.add(specs)
-    atomic_write_bytes(root / "sweep.toml", _to_toml(sweep.to_dict()).encode())
+    atomic_write_bytes(folder.sweep_file, _to_toml(sweep.to_dict()).encode())
     return store, specs
 
 
@@ -156,8 +121,8 @@ def _reconcile(store: SweepStore, root: Path) -> int:
     """Rows left `running` by a killed sweep: take the result if the run finished, else re-run."""
     taken = 0
     for row in store.rows("running"):
-        summary = _read_summary(run_dir(root, row["run_id"]))
-        if summary and summary.get("status") in DONE and summary.get("steps") == row["config"]["steps"]:
+        summary = SweepDir(root).run(row["run_id"]).summary()
+        if summary and summary.get("status") in FINISHED and summary.get("steps") == row["config"]["steps"]:
             store.record(row["run_id"], summary)
             taken += 1
     return taken
@@ -166,14 +131,15 @@ def _reconcile(store: SweepStore, root: Path) -> int:
 def run_sweep(sweep: SweepConfig, out: str | Path, workers: int | None = None, executor: str | None = None,
               log=print) -> dict[str, int]:  # noqa: ANN001 - log: a print-like callable
     """Run every run of `sweep` that has no result yet; returns the store's status counts."""
-    root = own_folder(out, "sweep", legacy=is_sweep_dir)  # never a folder of the user's
+    root = own_folder(out, "sweep", legacy=lambda p: SweepDir(p).is_legacy())  # never a folder of the user's
     root.mkdir(parents=True, exist_ok=True)
-    lock = _lock(root)
+    lock = FolderLock(SweepDir(root).lock_file, wait=0, busy=lambda holder: (
+        f"another normlab sweep is running in {root} ({holder}); wait for it or stop it first"))
     try:
         store, specs = prepare(sweep, root)
         _reconcile(store, root)
         ids = {s.run_id for s in specs}
-        todo = [r["run_id"] for r in store.rows() if r["run_id"] in ids and r["status"] not in DONE]
+        todo = [r["run_id"] for r in store.rows() if r["run_id"] in ids and r["status"] not in FINISHED]
         done = len(ids) - len(todo)
         log(f"{_label(sweep)}: {len(ids)} runs, {done} done, {len(todo)} to run -> {root}")
         kind = executor or sweep.executor
@@ -191,7 +157,7 @@ def run_sweep(sweep: SweepConfig, out: str | Path, workers: int | None = None, e
         log("{}: {}".format(_label(sweep), ", ".join(f"{v} {k}" for k, v in counts.items() if v)))
         return counts
     finally:
-        lock.close()
+        lock.release()
 
 
 # The worker's first lines, run before anything else is imported: from here on the kernel kills the
@@ -213,7 +179,7 @@ execute_run(sys.argv[2], sys.argv[3], threads=int(sys.argv[4]), watch_parent=par
 
 
 def _spawn(root: Path, run_id: str, threads: int) -> subprocess.Popen:
-    with open(root / "logs" / f"{run_id}.log", "ab") as log:  # the child keeps its own descriptor
+    with open(SweepDir(root).log_file(run_id), "ab") as log:  # the child keeps its own descriptor
         return subprocess.Popen([sys.executable, "-c", _BOOT, str(os.getpid()), str(root), run_id, str(threads)],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
 
@@ -223,7 +189,7 @@ def _run_local(root: Path, store: SweepStore, todo: list[str], workers: int | No
     cores = os.cpu_count() or 1
     workers = max(1, min(workers or cores, len(todo)))
     threads = max(1, cores // workers)
-    (root / "logs").mkdir(exist_ok=True)
+    SweepDir(root).logs_dir.mkdir(exist_ok=True)
     queue, running = list(todo), {}
     total, finished = len(todo), 0
     try:
@@ -246,11 +212,11 @@ def _run_local(root: Path, store: SweepStore, todo: list[str], workers: int | No
                     code = proc.returncode
                     why = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
                     store.record(rid, {"status": "failed", "reason": f"worker process ended by {why} without a "
-                                       f"result; see {root / 'logs' / (rid + '.log')}"})
+                                       f"result; see {SweepDir(root).log_file(rid)}"})
                     row = store.row(rid)
                 if bar is not None:
                     bar.finished(rid, row)
-                (bar.write if bar is not None else log)(f"[{finished}/{total}] {rid}: {_describe(row)}")
+                (bar.write if bar is not None else log)(f"[{finished}/{total}] {rid}: {describe(row)}")
     finally:  # Ctrl-C or an error here: the workers go too (a kill -9 is handled by PR_SET_PDEATHSIG)
         for proc in running.values():
             proc.kill()
@@ -262,7 +228,7 @@ def _run_submitit(root: Path, store: SweepStore, todo: list[str], kind: str, opt
         import submitit
     except ImportError:
         raise ConfigError(f"executor {kind!r} needs submitit: pip install submitit (or use executor = \"local\")") from None
-    folder = root / "submitit" / "%j"
+    folder = SweepDir(root).submitit_dir / "%j"
     if kind == "slurm":
         ex = submitit.AutoExecutor(folder=folder, cluster="slurm")
         ex.update_parameters(name="normlab-sweep", **options)
@@ -276,24 +242,12 @@ def _run_submitit(root: Path, store: SweepStore, todo: list[str], kind: str, opt
         except Exception as err:  # noqa: BLE001 - the job itself died (preempted, timed out, node failure)
             if store.row(rid)["status"] == "running":
                 store.record(rid, {"status": "failed", "reason": f"job {job.job_id}: {type(err).__name__}: {err}"})
-        log(f"[{i}/{len(jobs)}] {rid}: {_describe(store.row(rid))}")
+        log(f"[{i}/{len(jobs)}] {rid}: {describe(store.row(rid))}")
 
 
 def _label(sweep: SweepConfig) -> str:
     """"sweep kim-lr"; an unnamed sweep (the default name) is just "sweep"."""
     return "sweep" if sweep.name == "sweep" else f"sweep {sweep.name}"
-
-
-def _describe(row: dict[str, Any]) -> str:
-    if row["status"] == "ok":
-        val = f", val {row['final_val_loss']:.4f}" if row["final_val_loss"] is not None else ""
-        return f"ok, final loss {row['final_loss']:.4f}{val} ({row['wall_time_s']:.0f}s)"
-    if row["status"] == "stalled":
-        return f"stalled, final loss {row['final_loss']:.4f} ({row['reason']})"
-    if row["status"] == "diverged":
-        broke = f"; first overflow: {row['first_break']}" if row.get("first_break") else ""
-        return f"diverged at step {row['diverged_step']} ({row['reason']}){broke}"
-    return f"{row['status']}: {row['reason']}"
 
 
 def _toml_value(v: Any) -> str:

@@ -29,10 +29,10 @@ import numpy as np
 import pandas as pd
 
 from normlab.diagnostics.forensics import tally
-from normlab.evaluation.results import headline_scores, load_evals
-from normlab.experiments.store import OUTCOME, SweepStore, run_dir
 from normlab.io import atomic_write_bytes, own_folder
-from normlab.train.monitor import FINISHED, TRAINED
+from normlab.runs.evals import headline_scores
+from normlab.runs.files import STORE, SWEEP_REPORT, SWEEP_SUMMARY, SweepDir
+from normlab.runs.outcome import FINISHED, OUTCOME, TRAINED
 
 SEED = "seed"
 LR = "lr"
@@ -42,10 +42,11 @@ EVAL_PREFIX = "eval: "  # columns of lm-eval scores (normlab eval SWEEP), one pe
 def load_sweep(path: str | Path) -> tuple[pd.DataFrame, list[str]]:
     """The store as a DataFrame (one row per run: axis columns, status, outcomes) and the axis names."""
     root = Path(path)
-    db = root / "sweep.db" if root.is_dir() else root
+    db = SweepDir(root).store_file if root.is_dir() else root
     if not db.is_file():
-        raise FileNotFoundError(f"{path}: no sweep.db here; give a directory written by normlab sweep")
-    store = SweepStore(db)
+        raise FileNotFoundError(f"{path}: no {STORE} here; give a directory written by normlab sweep")
+    folder = SweepDir(db.parent)
+    store = folder.store()
     sweep = store.get_meta("sweep") or {}
     rows = store.rows()
     axes = list(sweep.get("grid") or {}) or sorted({a for r in rows for a in r["axes"]})
@@ -54,7 +55,7 @@ def load_sweep(path: str | Path) -> tuple[pd.DataFrame, list[str]]:
         rec = {"run_id": r["run_id"], **{a: r["axes"].get(a, _config_value(r["config"], a)) for a in axes},
                "status": r["status"], "step": r["step"], "reason": r["reason"], "attempts": r["attempts"]}
         rec.update({k: r[k] for k in OUTCOME})
-        rec.update({EVAL_PREFIX + k: v for k, v in headline_scores(load_evals(run_dir(root, r["run_id"]))).items()})
+        rec.update({EVAL_PREFIX + k: v for k, v in headline_scores(folder.run(r["run_id"]).evals()).items()})
         records.append(rec)
     scores = list(dict.fromkeys(k for rec in records for k in rec if k.startswith(EVAL_PREFIX)))
     df = pd.DataFrame.from_records(records, columns=["run_id", *axes, "status", "step", "reason", "attempts", *OUTCOME,
@@ -218,11 +219,10 @@ def summarize(path: str | Path, out: str | Path | None = None) -> dict[str, Any]
     root = Path(path)
     df, axes = load_sweep(root)
     if out and Path(out).resolve() != root.resolve():  # another folder: only one normlab made for summaries
-        own_folder(out, "summary", legacy=lambda p: (p / "summary.md").is_file() and (p / "cells.csv").is_file())
+        own_folder(out, "summary", legacy=lambda p: (p / SWEEP_SUMMARY).is_file() and (p / "cells.csv").is_file())
     out = Path(out) if out else root
     out.mkdir(parents=True, exist_ok=True)
-    store = SweepStore(root / "sweep.db")
-    sweep = store.get_meta("sweep") or {}
+    sweep = SweepDir(root).store().get_meta("sweep") or {}
     c = cells(df, axes)
     curves = lr_curves(df, axes)
     sens = lr_sensitivity(curves, axes)
@@ -241,12 +241,12 @@ def summarize(path: str | Path, out: str | Path | None = None) -> dict[str, Any]
     bad = df[df.status.isin(["diverged", "stalled", "failed"])]
     if len(bad):
         md += "\n## Diverged, stalled and failed runs\n\n" + to_markdown(bad[["run_id", "status", "step", "reason", "first_break"]])
-    atomic_write_bytes(out / "summary.md", md.encode())
+    atomic_write_bytes(out / SWEEP_SUMMARY, md.encode())
     for name, table in (("runs", df), ("cells", c), ("lr_curve", curves), ("lr_sensitivity", sens)):
         if not table.empty:
             atomic_write_bytes(out / f"{name}.csv", table.to_csv(index=False).encode())
     html_path = _report(out, df, axes, c, curves, sens, sweep, root)
-    return {"markdown": out / "summary.md", "html": html_path, "cells": c, "lr_curve": curves,
+    return {"markdown": out / SWEEP_SUMMARY, "html": html_path, "cells": c, "lr_curve": curves,
             "lr_sensitivity": sens, "runs": df}
 
 
@@ -258,19 +258,16 @@ def _group_label(row: dict[str, Any], keys: list[str]) -> str:
 def _top100_figure(root: Path, df: pd.DataFrame, axes: list[str]):  # noqa: ANN202 - a Figure or None
     """Kim Fig. 11 per cell: each seed's global top-100 maximum over its probe steps, one panel per cell
     on shared axes, the FP16 maximum dashed and an X where a run's stored activations overflowed."""
-    import json
-
     import matplotlib.pyplot as plt
 
     from normlab.diagnostics.stats import FP16_MAX
-    from normlab.diagnostics.store import probe_series
 
     keys = [a for a in axes if a != SEED]
     curves = []
     for row in df.to_dict("records"):
-        run = run_dir(root, row["run_id"])
-        pts = probe_series(run / "probes.jsonl", "global", "top100_max")
-        summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").is_file() else {}
+        run = SweepDir(root).run(row["run_id"])
+        pts = run.probe_series("global", "top100_max")
+        summary = run.summary() or {}
         if pts:
             curves.append((_group_label(row, keys), row.get(SEED), pts, summary.get("forensics")))
     if not curves:
@@ -351,4 +348,4 @@ def _report(out: Path, df: pd.DataFrame, axes: list[str], c: pd.DataFrame, curve
             f"<h2>Cells</h2>{table_html(cell_table(c, axes).to_dict('records'))}"
             + (f"<h2>LR sensitivity</h2>{table_html(sens.to_dict('records'))}" if not sens.empty else "")
             + "\n".join(sections))
-    return write_page(out / "report.html", f"normlab sweep: {sweep.get('name', '')}", body)
+    return write_page(out / SWEEP_REPORT, f"normlab sweep: {sweep.get('name', '')}", body)

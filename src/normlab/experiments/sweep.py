@@ -2,7 +2,7 @@
 
 A sweep is a base (any setting of `TrainConfig`, `[base.model]` for model options) and a grid: for
 each axis a list of values; the runs are the Cartesian product. Keys are those of
-`normlab.train.config` everywhere: settings (`layout`, `lr`, `seed`, `weight_decay`, `precision`,
+`normlab.config.train` everywhere: settings (`layout`, `lr`, `seed`, `weight_decay`, `precision`,
 ...; only those that are part of a run's identity can be axes), model options `model.NAME`
 (`model.n_layers`, `model.init`, `model.init_std`) and layout options `layout.NAME`, which edit the
 run's Layout (`layout.h = [1, 0.5]` on layout "peri" gives the layouts labelled "peri,h=1" and
@@ -36,7 +36,7 @@ from typing import Any
 from normlab.io import read_toml
 from normlab.layout import LayoutError
 from normlab.model.config import ConfigError
-from normlab.train.config import LEAVES, TrainConfig, resolve_key, typed_settings
+from normlab.config.train import LEAVES, TrainConfig, resolve_key, typed_settings
 
 EXECUTORS = ("local", "slurm", "submitit-local")
 # what a sweep sets for every run itself; a base or grid may not
@@ -160,7 +160,7 @@ def _slug(value: Any) -> str:
 def run_id(point: dict[str, Any], config: TrainConfig) -> str:
     """`<axis values>-<hash>`: readable in `ls`, unique per resolved config.
 
-    The hash covers the identity settings (see `normlab.train.config`) that differ from their
+    The hash covers the identity settings (see `normlab.config.train`) that differ from their
     defaults, so a normlab version that adds a setting (with a default that keeps the old behaviour)
     keeps every id, and resumes work across upgrades; settings that only say where and how a run
     reports (probes, evaluation cadence, checkpoints, device) never change an id.

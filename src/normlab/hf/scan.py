@@ -26,6 +26,7 @@ from normlab.diagnostics.stats import FP16_MAX, angular_matrix, hidden_stats, ma
 from normlab.hf.native import _transformers
 from normlab.data.corpus import DataError
 from normlab.io import atomic_write_bytes, atomic_write_json, own_folder
+from normlab.runs.files import RunDir
 
 TEXTS = (
     "The quick brown fox jumps over the lazy dog.",
@@ -57,7 +58,7 @@ def scan(path: str | Path, out: str | Path, texts: list[str] | None = None, max_
     path, out = Path(path), Path(out)
     if not (path / "config.json").is_file():
         raise DataError(f"{path} has no config.json: give a local transformers model folder")
-    if (path / "metrics.jsonl").is_file() or (path / "checkpoints").is_dir():
+    if RunDir(path).has_metrics() or RunDir(path).has_checkpoints():
         raise DataError(f"{path} is a normlab run directory, not a transformers folder: export it first "
                         f"(normlab export {path} DIR) and scan DIR")
     out = own_folder(out, "scan", legacy=lambda p: (p / "scan.json").is_file() and (p / "table.md").is_file())

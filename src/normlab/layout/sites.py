@@ -29,16 +29,14 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from normlab.errors import LayoutError
+
 NormKind = Literal["rms", "layer"]
 InnerSpan = Literal["head", "full"]
 
 NORM_KINDS: tuple[str, ...] = ("rms", "layer")
 INNER_SPANS: tuple[str, ...] = ("head", "full")
 DEEPNORM = "deepnorm"
-
-
-class LayoutError(ValueError):
-    """A layout (object or string form) that cannot be built; the message names the fix."""
 
 
 @dataclass(frozen=True)

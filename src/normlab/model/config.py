@@ -13,6 +13,8 @@ import difflib
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal
 
+from normlab.errors import ConfigError
+
 MlpKind = Literal["swiglu", "geglu-tanh", "gelu", "gelu-tanh", "relu"]
 MLP_KINDS: tuple[str, ...] = ("swiglu", "geglu-tanh", "gelu", "gelu-tanh", "relu")
 POSITIONS: tuple[str, ...] = ("rope", "learned")
@@ -20,10 +22,6 @@ NORM_COMPUTE: tuple[str, ...] = ("input", "fp32")  # see normlab.model.norms
 MOE_DISPATCH: tuple[str, ...] = ("auto", "sorted", "loop")  # see normlab.model.moe
 # Sanity bounds: far above any published model, low enough that a typo fails here, not in an allocation.
 MAX_DIM = {"vocab_size": 2**24, "d_model": 2**17, "n_layers": 10_000, "n_heads": 2**12, "max_seq_len": 2**22}
-
-
-class ConfigError(ValueError):
-    """An invalid model configuration; the message says what is wrong and what is valid."""
 
 
 @dataclass(frozen=True)

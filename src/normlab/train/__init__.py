@@ -2,7 +2,7 @@
 
 from normlab._lazy import lazy_exports
 
-__getattr__ = lazy_exports(__name__, {"TrainConfig": "normlab.train.config", "TrainingFailed": "normlab.train.trainer",
+__getattr__ = lazy_exports(__name__, {"TrainConfig": "normlab.config.train", "TrainingFailed": "normlab.train.trainer",
                                       "train": "normlab.train.trainer"}, globals())
 
 __all__ = ["TrainConfig", "TrainingFailed", "train"]

@@ -14,15 +14,17 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from normlab.model.config import ConfigError
-from normlab.train.checkpoint import load_model_state, newest_checkpoint
+from normlab.errors import ConfigError
+from normlab.runs.files import RunDir
+from normlab.runs.checkpoint import load_model_state, newest_checkpoint
 
 
 def init_state(source: str | Path) -> dict[str, torch.Tensor]:
     src = Path(source)
-    if (src / "config.json").is_file() and not (src / "checkpoints").is_dir():
+    folder = RunDir(src)
+    if folder.config_file.is_file() and not folder.has_checkpoints():  # a transformers folder, not a run
         try:
-            model_type = json.loads((src / "config.json").read_text()).get("model_type")
+            model_type = json.loads(folder.config_file.read_text()).get("model_type")
             if model_type == "normlab":
                 from normlab.hf import from_hf
 

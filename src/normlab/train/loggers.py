@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from normlab.model.config import ConfigError
+from normlab.errors import ConfigError
+from normlab.runs.files import RunDir
 
 
 class LineProgress:
@@ -44,20 +45,20 @@ class LineProgress:
 
 
 class Sinks:
-    def __init__(self, cfg, run: Path, start: int) -> None:  # noqa: ANN001 - TrainConfig
+    def __init__(self, cfg, run: RunDir, start: int) -> None:  # noqa: ANN001 - TrainConfig
         self.tb = self.wandb = self.bar = None
         if cfg.tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
                 raise ConfigError("--tensorboard needs the tensorboard package: pip install 'normlab[tensorboard]'") from None
-            self.tb = SummaryWriter(log_dir=str(run / "tensorboard"), purge_step=start)
+            self.tb = SummaryWriter(log_dir=str(run.tensorboard_dir), purge_step=start)
         if cfg.wandb:
             try:
                 import wandb
             except ImportError:
                 raise ConfigError("--wandb needs the wandb package: pip install 'normlab[wandb]'") from None
-            self.wandb = wandb.init(project="normlab", name=Path(cfg.out).name, dir=str(run), config=cfg.to_dict(),
+            self.wandb = wandb.init(project="normlab", name=Path(cfg.out).name, dir=str(run.path), config=cfg.to_dict(),
                                     resume="allow", id=Path(cfg.out).name)
         if cfg.progress:
             if sys.stderr.isatty():
@@ -67,7 +68,7 @@ class Sinks:
             else:  # a log file or a pipe: a line a minute, not a carriage return per step
                 self.bar = LineProgress(cfg.steps, start, Path(cfg.out).name)
         # Opened last: a sink that fails to start above leaves no file handle behind.
-        self.file = (run / "metrics.jsonl").open("a", buffering=1)
+        self.file = run.metrics_file.open("a", buffering=1)
 
     def log(self, row: dict[str, Any]) -> None:
         self.file.write(json.dumps(row) + "\n")

@@ -44,8 +44,6 @@ SPIKE_SIGMAS = 6.0
 MEGATRON_FACTOR = 10.0
 MIN_HISTORY = 16  # the OLMo rule needs some history before mean/std mean anything
 MIN_SKIP_STEPS = 10  # the skipped-fraction rule applies from this many steps on
-FINISHED = ("ok", "stalled", "diverged")  # the outcomes of a run that ran to its end (or its divergence)
-TRAINED = ("ok", "stalled")  # finished with a finite final loss: seed means and evaluations use these
 MIN_STALL_STEPS = 20  # the stalled rule needs this many steps (a last quarter of at least 5)
 STALL_FLAT = 0.2  # "flat": improved by less than this fraction of the stall margin over the last quarter
 

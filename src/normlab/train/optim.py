@@ -12,7 +12,7 @@ import math
 import torch
 from torch import nn
 
-from normlab.train.config import TrainConfig
+from normlab.config.train import TrainConfig
 
 
 def param_groups(model: nn.Module, cfg: TrainConfig) -> list[dict]:

@@ -1,17 +1,12 @@
-"""The training loop and its run directory.
+"""The training loop: a run's state built from its config, stepped, checkpointed and summarized.
 
-    runs/NAME/
-    ├── config.json      resolved TrainConfig, the command line that reproduces it, model/layout/data facts
-    ├── tokenizer.json   the trained or loaded BPE (byte runs need none), for export and evaluation
-    ├── metrics.jsonl    one row per optimizer step (loss, lr, pre-clip grad_norm, tokens, tok/s, MFU; val rows)
-    ├── summary.json     status ok | diverged | failed, reason and step, final losses, steps, tokens, time, speed
-    ├── probes.jsonl     probe rows (see normlab.diagnostics.probes)
-    └── checkpoints/     step_XXXXXXXX.pt, the last `keep_last`, written atomically
+The run directory it writes (config.json, tokenizer.json, metrics.jsonl, probes.jsonl, summary.json,
+checkpoints/) is `normlab.runs.files.RunDir`; where a run starts (resume, clean restart, finished)
+and its lock are `normlab.runs.start`; its model is `normlab.runs.model.build_run_model`.
 
 A run resumes from its newest checkpoint when started again with the same settings, and then
 reproduces the uninterrupted loss curve exactly on CPU (batches are a function of (seed, step)).
-`rundir` decides where a run starts and refuses to overwrite anything; this module builds the
-run's state (`RunState`) and steps it.
+This module builds the run's state (`RunState`) and steps it.
 
 Host syncs: a GPU step is queued by the CPU ahead of its execution, and every value read back to
 Python (`.item()`, `float(tensor)`) makes the CPU wait for the GPU to drain, so the next step's
@@ -39,26 +34,27 @@ import torch
 from torch import nn
 
 import normlab
+from normlab.config.train import TrainConfig
 from normlab.data import load_data
 from normlab.data.sft import load_sft_data
 from normlab.diagnostics.forensics import describe as describe_break
 from normlab.diagnostics.forensics import first_break, gradient_break, site_of
 from normlab.diagnostics.probes import Probes
-from normlab.diagnostics.store import ProbeWriter, probe_series
-from normlab.io import atomic_write_bytes, atomic_write_json, read_jsonl, truncate_jsonl
-from normlab.model import build_model, count_params
-from normlab.model import storage
-from normlab.model.config import ConfigError
+from normlab.diagnostics.store import ProbeWriter
+from normlab.io import truncate_jsonl
+from normlab.errors import ConfigError
+from normlab.model import count_params, storage
+from normlab.runs.checkpoint import (load_checkpoint, load_sharded_state, remove_stale_temp_files, save_checkpoint,
+                                     save_sharded_checkpoint, set_rng_state)
+from normlab.runs.files import RunDir
+from normlab.runs.model import build_run_model
+from normlab.runs.start import RunLock, Start, check_out, plan_start
 from normlab.train import distributed
-from normlab.train.checkpoint import (load_checkpoint, load_sharded_state, remove_stale_temp_files, save_checkpoint,
-                                      save_sharded_checkpoint, set_rng_state)
-from normlab.train.config import TrainConfig
 from normlab.train.init_from import load_init_weights
 from normlab.train.loggers import Sinks
 from normlab.train.mfu import flops_per_token, peak_flops
 from normlab.train.monitor import DivergenceMonitor
 from normlab.train.optim import lr_at, make_optimizer
-from normlab.train.rundir import RunLock, Start, check_out, plan_start
 
 
 class TrainingFailed(RuntimeError):
@@ -209,16 +205,8 @@ def build_state(cfg: TrainConfig, info: distributed.DistInfo, start: Start) -> R
         raise ConfigError(f"batch_size={cfg.batch_size} must divide into {info.world} ranks x grad_accum={cfg.grad_accum}")
     torch.manual_seed(cfg.seed)
     data = _load_data(cfg)
-    overrides = {"vocab_size": data.vocab_size, **cfg.model.options}
-    overrides.setdefault("max_seq_len", max(cfg.seq_len, normlab.model.get_size(cfg.size).max_seq_len))
-    # refused before the run directory holds anything but its lock: the corrected command then runs
-    if overrides["vocab_size"] < data.vocab_size:
-        raise ConfigError(f"vocab_size={overrides['vocab_size']} is below the tokenizer's {data.vocab_size} ids; "
-                          f"give at least {data.vocab_size} (or leave it out: the tokenizer's size is used)")
-    if overrides["max_seq_len"] < cfg.seq_len:
-        raise ConfigError(f"max_seq_len={overrides['max_seq_len']} is below seq_len={cfg.seq_len}; give "
-                          f"max_seq_len >= {cfg.seq_len} or a shorter --seq-len")
-    model = build_model(cfg.model.layout, cfg.size, seed=cfg.seed, **overrides)
+    # a bad vocabulary or context is refused before the run directory holds anything but its lock
+    model = build_run_model(cfg.model.layout, cfg.size, cfg.model.options, cfg.seq_len, data.vocab_size, cfg.seed)
     if cfg.init_from and start.checkpoint is None:  # a resumed run's own checkpoint takes precedence
         load_init_weights(model, cfg.init_from)
     model = model.to(info.device)
@@ -262,12 +250,12 @@ def _tokenizer_facts(tok: Any) -> dict[str, Any] | None:
 
 def open_records(state: RunState) -> None:
     """config.json, the metrics/probe files cut back to the start step, the loggers (main rank only)."""
-    cfg, run = state.cfg, state.run
+    cfg, run = state.cfg, RunDir(state.run)
     if not state.info.is_main:
         return
-    run.mkdir(parents=True, exist_ok=True)
+    run.path.mkdir(parents=True, exist_ok=True)
     lay = _unwrap(state.model).layout if not cfg.fsdp else cfg.model.layout
-    atomic_write_json(run / "config.json", {
+    run.write_record({
         "config": cfg.to_dict(),
         "command": "normlab train " + " ".join(cfg.to_args()),
         "layout": lay.to_string(),
@@ -278,13 +266,13 @@ def open_records(state: RunState) -> None:
         "versions": {"normlab": normlab.__version__, "torch": torch.__version__, "python": platform.python_version()},
     })
     if hasattr(state.data.tokenizer, "to_json"):
-        atomic_write_bytes(run / "tokenizer.json", state.data.tokenizer.to_json().encode())
-    truncate_jsonl(run / "metrics.jsonl", state.step)  # drop rows past the checkpoint (and torn lines): replayed
+        run.write_tokenizer(state.data.tokenizer.to_json())
+    truncate_jsonl(run.metrics_file, state.step)  # drop rows past the checkpoint (and torn lines): replayed
     state.sinks = Sinks(cfg, run, state.step)
     if cfg.probe_every:
         px, py = state.data.val_windows(1, cfg.probe_batch, cfg.seq_len)[0]
         state.probes = Probes(_unwrap(state.model), (px, py))
-        state.probe_log = ProbeWriter(run / "probes.jsonl", state.step)
+        state.probe_log = ProbeWriter(run.probes_file, state.step)
 
 
 def micro_batches(state: RunState, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -439,10 +427,10 @@ def speed_summary(rows: list[dict], state: RunState) -> dict[str, Any]:
     }
 
 
-def max_activation(probes: Path, forensics: dict[str, Any] | None) -> float | None:
+def max_activation(run: RunDir, forensics: dict[str, Any] | None) -> float | None:
     """The largest finite |activation| of the run: the probes' global top-100 maximum over their steps,
     and for a diverged run the largest finite value the forensic re-run saw (Kim Fig. 11's quantity)."""
-    seen = [v for _, v in probe_series(probes, "global", "top100_max")]
+    seen = [v for _, v in run.probe_series("global", "top100_max")]
     if forensics:
         seen += [(forensics.get("forward") or {}).get("before"), (forensics.get("largest") or {}).get("value")]
     finite = [float(v) for v in seen if isinstance(v, (int, float)) and math.isfinite(v)]
@@ -450,7 +438,8 @@ def max_activation(probes: Path, forensics: dict[str, Any] | None) -> float | No
 
 
 def _write_summary(state: RunState, status: str | None = None, error: str | None = None) -> dict:
-    rows = read_jsonl(state.run / "metrics.jsonl")
+    run = RunDir(state.run)
+    rows = run.metrics()
     finite = [r["loss"] for r in rows if isinstance(r.get("loss"), (int, float)) and math.isfinite(r["loss"])]
     summary = {
         **state.monitor.summary(),
@@ -464,7 +453,7 @@ def _write_summary(state: RunState, status: str | None = None, error: str | None
         "final_val_loss": state.final_val,
         "params_non_embedding": state.params.non_embedding,
         "activation_dtype": state.cfg.stored_dtype,
-        "max_activation": max_activation(state.run / "probes.jsonl", state.forensics),
+        "max_activation": max_activation(run, state.forensics),
         "forensics": state.forensics,
         "first_break": site_of(state.forensics),
     }
@@ -473,5 +462,5 @@ def _write_summary(state: RunState, status: str | None = None, error: str | None
     if error is not None:
         summary["reason"] = error
         summary["failed_step"] = state.step
-    atomic_write_json(state.run / "summary.json", summary)
+    run.write_summary(summary)
     return summary

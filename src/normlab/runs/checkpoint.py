@@ -42,15 +42,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from normlab.errors import CheckpointError, UnsafeCheckpointError
 from normlab.io import atomic_write_bytes
-from normlab.train.errors import CheckpointError, UnsafeCheckpointError  # defined without torch, for the CLI
+from normlab.runs.files import RunDir
 
 _NAME = re.compile(r"^step_(\d{8})\.(pt|dcp)$")
 EXTRA = "extra.pt"  # in a sharded checkpoint: everything but the model and optimizer shards
 
 
 def checkpoint_dir(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "checkpoints"
+    return RunDir(run_dir).checkpoints
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:

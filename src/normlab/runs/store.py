@@ -12,23 +12,28 @@ the sweep is started again.
 from __future__ import annotations
 
 import json
-import re
 import sqlite3
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Protocol
 
-from normlab.experiments.sweep import RunSpec
-from normlab.model.config import ConfigError
-from normlab.train.monitor import FINISHED as DONE
+from normlab.errors import ConfigError
+from normlab.runs.files import check_run_id
+from normlab.runs.outcome import FINISHED, OUTCOME, STATUSES
 
-STATUSES = ("pending", "running", *DONE, "failed")
-# Outcome columns copied from a run's summary.json.
-OUTCOME = ("initial_loss", "final_loss", "final_val_loss", "diverged_step", "loss_spikes", "grad_spikes",
-           "megatron_spikes", "wall_time_s", "tokens", "max_activation", "first_break")
 # Columns added after the first release, with their SQL types: an older sweep.db gains them when opened.
 ADDED_COLUMNS = {"max_activation": "real", "first_break": "text"}
+
+
+class Spec(Protocol):
+    """A run of a sweep as the store keeps it (normlab.experiments.sweep.RunSpec)."""
+
+    run_id: str
+    index: int
+    axes: dict[str, Any]
+    config: dict[str, Any]
+
 
 SCHEMA = """
 create table if not exists runs (
@@ -49,23 +54,6 @@ create table if not exists runs (
 );
 create table if not exists meta (key text primary key, value text not null);
 """
-
-
-# What `sweep.run_id` makes: axis slugs and a hash. An id read back from a store is used as a folder
-# name under SWEEP/runs, so anything else (a path separator, "..") is refused, not followed.
-RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]{0,199}")
-
-
-def check_run_id(run_id: Any) -> str:
-    if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id) or ".." in run_id:
-        raise ConfigError(f"sweep store holds an invalid run id {str(run_id)[:80]!r}: ids are letters, digits and "
-                          "._+=- (what normlab sweep writes); the store was edited or is not normlab's")
-    return run_id
-
-
-def run_dir(root: str | Path, run_id: Any) -> Path:
-    """SWEEP/runs/RUN_ID for a checked id: never a folder outside the sweep."""
-    return Path(root) / "runs" / check_run_id(run_id)
 
 
 class SweepStore:
@@ -108,7 +96,7 @@ class SweepStore:
             db.execute("insert or replace into meta values (?, ?)", (key, json.dumps(value)))  # key order kept: the grid axes
 
     # --- rows ---
-    def add(self, specs: list[RunSpec]) -> int:
+    def add(self, specs: list[Spec]) -> int:
         """Insert runs not yet in the store; returns how many were new."""
         with self._connect() as db:
             before = db.total_changes
@@ -152,7 +140,7 @@ class SweepStore:
     def record(self, run_id: str, summary: dict[str, Any]) -> None:
         """Store a run's outcome from its summary.json (or a failure dict with status and reason)."""
         status = summary.get("status", "failed")
-        if status not in (*DONE, "failed"):
+        if status not in (*FINISHED, "failed"):
             status = "failed"
         step = summary.get("failed_step", summary.get("diverged_step") or summary.get("steps"))
         values = {k: summary.get(k) for k in OUTCOME}

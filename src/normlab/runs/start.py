@@ -16,43 +16,20 @@ Nothing already written is lost:
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from normlab.model.config import ConfigError
-from normlab.train.checkpoint import TEMP_FILE, load_latest_checkpoint
-from normlab.train.config import TrainConfig
-from normlab.train.monitor import TRAINED
-OWN_FILES = (".lock",)  # what a run writes before its config.json (a run killed that early left only this)
+from normlab.config.train import TrainConfig
+from normlab.errors import ConfigError
+from normlab.runs.checkpoint import TEMP_FILE, load_latest_checkpoint
+from normlab.runs.files import LOCK, RunDir
+from normlab.runs.outcome import TRAINED
 
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def saved_config(run: Path) -> TrainConfig | None:
-    """The TrainConfig a run directory was written with (None if it holds no readable one)."""
-    data = read_json(run / "config.json")
-    if not data or not isinstance(data.get("config"), dict):
-        return None
-    try:
-        return TrainConfig.from_dict(data["config"], source=str(run / "config.json"))
-    except ConfigError:
-        return None
-
-
-def is_run_dir(path: Path) -> bool:
-    data = read_json(path / "config.json")
-    return bool(data) and isinstance(data.get("config"), dict) and "normlab" in (data.get("versions") or {})
+OWN_FILES = (LOCK,)  # what a run writes before its config.json (a run killed that early left only this)
 
 
 def check_out(run: Path) -> None:
@@ -61,7 +38,7 @@ def check_out(run: Path) -> None:
         raise ConfigError(f"--out {run} is a file; give a directory for the run (it is created if missing)")
     held = sorted(p.name for p in run.iterdir() if p.name not in OWN_FILES and not TEMP_FILE.fullmatch(p.name)) \
         if run.is_dir() else []
-    if held and not is_run_dir(run):
+    if held and not RunDir(run).is_run():
         raise ConfigError(f"--out {run} is a folder that is not a normlab run (it holds {', '.join(held[:5])}"
                           f"{', ...' if len(held) > 5 else ''}); nothing there is overwritten: "
                           "choose a new or empty directory")
@@ -81,19 +58,19 @@ class Start:
 def plan_start(cfg: TrainConfig, warn=print) -> Start:  # noqa: ANN001 - warn: print-like
     """Decide how the run in `cfg.out` starts (see the module docstring); raises ConfigError to refuse.
     Called after `check_out` and under the run's lock (as `train` does)."""
-    run = Path(cfg.out)
-    if not is_run_dir(run):
+    run, rd = Path(cfg.out), RunDir(cfg.out)
+    if not rd.is_run():
         return Start()
-    saved = saved_config(run)
+    saved = rd.train_config()
     if saved is None:
-        raise ConfigError(f"{run}/config.json is not readable by this normlab; choose another --out")
+        raise ConfigError(f"{rd.config_file} is not readable by this normlab; choose another --out")
     diff = saved.identity_diff(cfg)
     if diff:
         was, now = saved.identity(), cfg.identity()
         changes = ", ".join(f"{k}: {was[k]!r} -> {now[k]!r}" for k in diff[:6])
         raise ConfigError(f"{run} holds a run with different settings ({changes}); "
                           "resume with the same settings or choose another --out")
-    was_layout, now_layout = (read_json(run / "config.json") or {}).get("layout"), cfg.model.layout.to_string()
+    was_layout, now_layout = (rd.record() or {}).get("layout"), cfg.model.layout.to_string()
     if was_layout is not None and was_layout != now_layout:  # a preset's definition changed under its name
         raise ConfigError(f"{run} was trained with layout {cfg.model.layout_label!r} = {was_layout!r}; this normlab "
                           f"defines it as {now_layout!r}. Choose another --out to train the new definition, or "
@@ -101,7 +78,7 @@ def plan_start(cfg: TrainConfig, warn=print) -> Start:  # noqa: ANN001 - warn: p
     if not cfg.resume:
         raise ConfigError(f"{run} already holds a run and --no-resume was given; choose another --out "
                           "(nothing there is overwritten)")
-    summary = read_json(run / "summary.json")
+    summary = rd.summary()
     status = (summary or {}).get("status")
     if status == "diverged" or (status in TRAINED and summary.get("steps") == cfg.steps):
         return Start(finished=summary, note=f"{run} already finished ({summary['status']}); nothing to do")
@@ -112,25 +89,25 @@ def plan_start(cfg: TrainConfig, warn=print) -> Start:  # noqa: ANN001 - warn: p
     return Start(step=int(ckpt["step"]), path=path, checkpoint=ckpt, note=f"{run}: resuming from {path.name}")
 
 
-class RunLock:
-    """An exclusive flock on RUN/.lock for the life of the training process (released by the kernel
-    when the process dies, kill -9 included). Waits up to `wait` seconds for a dying holder."""
+class FolderLock:
+    """An exclusive flock on a folder's lock file for the life of the process that holds it (released by
+    the kernel when the process dies, kill -9 included). Waits up to `wait` seconds for a dying holder,
+    then refuses with `busy(holder)`. The file names its holder while held and nothing once released."""
 
-    def __init__(self, run: Path, wait: float = 10.0) -> None:
-        run.mkdir(parents=True, exist_ok=True)
-        self.file = open(run / ".lock", "a+")  # noqa: SIM115 - held until release()
+    def __init__(self, lock_file: Path, wait: float, busy: Callable[[str], str]) -> None:
+        lock_file.parent.mkdir(parents=True, exist_ok=True)
+        self.file = open(lock_file, "a+")  # noqa: SIM115 - held until release()
         deadline = time.monotonic() + wait
         while True:
             try:
                 fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                if time.monotonic() > deadline:
+                if time.monotonic() >= deadline:
                     self.file.seek(0)
                     holder = self.file.read().strip() or "another process"
                     self.file.close()
-                    raise ConfigError(f"{run} is being trained by {holder}; a run never executes twice at once: "
-                                      "wait for it or stop it") from None
+                    raise ConfigError(busy(holder)) from None
                 time.sleep(0.2)
         self.file.seek(0)
         self.file.truncate(0)
@@ -138,5 +115,14 @@ class RunLock:
         self.file.flush()
 
     def release(self) -> None:
-        self.file.truncate(0)  # a finished run's .lock names no process: nothing reads as still running
+        self.file.truncate(0)  # a finished run's lock names no process: nothing reads as still running
         self.file.close()
+
+
+class RunLock(FolderLock):
+    """The run's lock: one process trains a run at a time (a sweep restarted while a killed coordinator's
+    worker still runs, two shells)."""
+
+    def __init__(self, run: Path, wait: float = 10.0) -> None:
+        super().__init__(RunDir(run).lock_file, wait, lambda holder: (
+            f"{run} is being trained by {holder}; a run never executes twice at once: wait for it or stop it"))

@@ -1,13 +1,41 @@
-"""A run directory (or one checkpoint) as a model and a tokenizer: what export and evaluation start from."""
+"""A run's model: built once, the same way, for the trainer, export and evaluation.
+
+`build_run_model` is the one place that turns a run's settings into a `NormLM` (the size preset with
+the run's model options, the vocabulary of its data, a context long enough for its sequences);
+`load_run_model` rebuilds a finished run's model from a checkpoint with it, and `run_tokenizer`
+gives back the tokenizer the run trained with.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from normlab.data.corpus import DataError
+from normlab.errors import CheckpointError, ConfigError, DataError
+from normlab.layout import Layout
 from normlab.model.lm import NormLM
+from normlab.runs.files import RunDir
+
+
+def build_run_model(layout: Layout | str, size: str, options: Mapping[str, Any], seq_len: int, vocab_size: int,
+                    seed: int = 0) -> NormLM:
+    """The model a run trains: `size` with the run's model `options`, ``vocab_size`` the data's unless the
+    options set a larger one, and ``max_seq_len`` at least the run's `seq_len`. Refuses, before anything
+    is built, a vocabulary below the data's or a context shorter than the run's sequences."""
+    from normlab.model.build import build_model
+    from normlab.model.config import get_size
+
+    overrides = {"vocab_size": vocab_size, **options}
+    overrides.setdefault("max_seq_len", max(seq_len, get_size(size).max_seq_len))
+    if overrides["vocab_size"] < vocab_size:
+        raise ConfigError(f"vocab_size={overrides['vocab_size']} is below the tokenizer's {vocab_size} ids; "
+                          f"give at least {vocab_size} (or leave it out: the tokenizer's size is used)")
+    if overrides["max_seq_len"] < seq_len:
+        raise ConfigError(f"max_seq_len={overrides['max_seq_len']} is below seq_len={seq_len}; give "
+                          f"max_seq_len >= {seq_len} or a shorter --seq-len")
+    return build_model(layout, size, seed=seed, **overrides)
 
 
 @dataclass
@@ -24,14 +52,15 @@ def run_tokenizer(cfg: dict[str, Any], run_dir: Path | None = None) -> Any:
     path, or its (cached) trained BPE. None for pre-tokenized .bin data."""
     from normlab.data import ByteTokenizer, load_data, load_tokenizer
 
-    if run_dir is not None and (run_dir / "tokenizer.json").is_file():
-        return load_tokenizer(str(run_dir / "tokenizer.json"))
+    run = RunDir(run_dir) if run_dir is not None else None
+    if run is not None and run.tokenizer_file.is_file():
+        return load_tokenizer(str(run.tokenizer_file))
     if cfg["tokenizer"] == "bytes":
         if str(cfg.get("data", "")).endswith(".bin"):
             return None
         return ByteTokenizer()
     if cfg["tokenizer"].startswith("bpe:"):
-        if run_dir is not None and _predates_end_of_text(run_dir):
+        if run is not None and run.predates_end_of_text():
             raise DataError(
                 f"{run_dir} was trained with a BPE from before normlab's tokenizers had an end-of-text token; "
                 "today's BPE reserves id 0 for it, so rebuilding it would not give the ids this model learned. "
@@ -40,21 +69,9 @@ def run_tokenizer(cfg: dict[str, Any], run_dir: Path | None = None) -> Any:
     return load_tokenizer(cfg["tokenizer"])
 
 
-def _predates_end_of_text(run_dir: Path) -> bool:
-    """Runs record their tokenizer's facts (end-of-text id included) in config.json since it existed."""
-    import json
-
-    try:
-        return "tokenizer" not in json.loads((run_dir / "config.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return False
-
-
 def load_run_model(source: str | Path) -> RunModel:
     """The model of a run directory's newest checkpoint, or of a checkpoint file / sharded folder."""
-    from normlab.model.build import build_model
-    from normlab.model.config import get_size
-    from normlab.train.checkpoint import CheckpointError, is_sharded, load_checkpoint, load_model_state, newest_checkpoint
+    from normlab.runs.checkpoint import is_sharded, load_checkpoint, load_model_state, newest_checkpoint
 
     src = Path(source)
     if not src.exists():
@@ -66,11 +83,10 @@ def load_run_model(source: str | Path) -> RunModel:
     if not isinstance(state.get("config"), dict):
         raise CheckpointError(f"{ckpt} holds no run configuration; give a checkpoint written by normlab train")
     cfg, weights = state["config"], state["model"] if "model" in state else load_model_state(ckpt)
-    overrides = {"vocab_size": weights["embed.weight"].shape[0], **cfg.get("model", {})}  # as the trainer built it
-    overrides.setdefault("max_seq_len", max(cfg["seq_len"], get_size(cfg["size"]).max_seq_len))
-    model = build_model(cfg["layout"], cfg["size"], seed=0, **overrides)
+    model = build_run_model(cfg["layout"], cfg["size"], cfg.get("model", {}), cfg["seq_len"],
+                            weights["embed.weight"].shape[0])
     model.load_state_dict(weights)
     run_dir = src if src.is_dir() and not is_sharded(src) else None
-    if run_dir is None and ckpt.parent.name == "checkpoints":
+    if run_dir is None and ckpt.parent == RunDir(ckpt.parent.parent).checkpoints:
         run_dir = ckpt.parent.parent
     return RunModel(model.eval(), cfg, ckpt, run_dir, state.get("step"))

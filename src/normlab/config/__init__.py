@@ -1,0 +1,8 @@
+"""Configuration: the typed settings engine and the configurations built on it (train, sweep, screen,
+compare), one declaration per setting from which every command's flags, checks and docs come."""
+
+from normlab._lazy import lazy_exports
+
+__getattr__ = lazy_exports(__name__, {"TrainConfig": "normlab.config.train"}, globals())
+
+__all__ = ["TrainConfig"]

@@ -1,0 +1,33 @@
+"""The errors a user can cause, in one module without dependencies.
+
+Each is raised with a message that says what was wrong and what is valid; the command line prints it
+as one line and exits with status 2 (`normlab.cli.USER_ERRORS`). They live here, at the bottom of
+the package, so that any layer can raise them and the CLI can name them before importing torch.
+"""
+
+
+class LayoutError(ValueError):
+    """A layout (object or string form) that cannot be built; the message names the fix."""
+
+
+class ConfigError(ValueError):
+    """An invalid setting or combination of settings; the message says what is wrong and what is valid."""
+
+
+class DataError(ValueError):
+    """Data that cannot be used; the message says what is wrong with which file."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be (safely) loaded; the message names the file and why."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A checkpoint whose pickle holds more than tensors and plain values: refused, never skipped."""
+
+
+class ForeignFolderError(ValueError):
+    """An output folder holds files normlab did not write; nothing there is overwritten."""
+
+
+USER_ERRORS = (LayoutError, ConfigError, DataError, CheckpointError, ForeignFolderError)
