@@ -299,7 +299,7 @@ def _report(out: Path, df: pd.DataFrame, axes: list[str], c: pd.DataFrame, curve
             sens: pd.DataFrame, sweep: dict, root: Path | None = None) -> Path:
     import matplotlib.pyplot as plt
 
-    from normlab.diagnostics.report import figure_html, table_html, write_page
+    from normlab.pages import figure_html, table_html, write_page
 
     sections = []
     keys = [a for a in axes if a not in (SEED, LR)]

@@ -114,7 +114,7 @@ def _page(out: Path, r: dict[str, Any], table: str) -> Path:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from normlab.diagnostics.report import figure_html, write_page
+    from normlab.pages import figure_html, write_page
 
     depth = [row["layer"] for row in r["layers"]]
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))

@@ -38,7 +38,6 @@ from normlab.layout.sites import (
     INNER_SPANS,
     NORM_KINDS,
     AttentionInnerSites,
-    BlockLayout,
     LayerRange,
     LayerRule,
     Layout,

@@ -25,7 +25,7 @@ from torch import nn
 
 from normlab.layout.sites import deepnorm_beta
 
-from normlab.model.init_schemes import _DEEPNORM_SCALED, _TRUNCATED, _XAVIER, INIT_SCHEMES, base_std, check_scheme, linear_std
+from normlab.model.init_schemes import _DEEPNORM_SCALED, _TRUNCATED, _XAVIER, base_std, check_scheme, linear_std
 
 
 def _normal(w: torch.Tensor, std: float, truncated: bool) -> None:

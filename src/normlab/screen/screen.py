@@ -188,7 +188,7 @@ def screen_layout(layout: Layout | str, cfg: ScreenConfig, extra: dict[str, Any]
 
 def format_table(results: list[dict[str, Any]]) -> str:
     lo_hi = lambda r, key: (r["stresses"][min(r["stresses"], key=float)], r["stresses"][max(r["stresses"], key=float)])  # noqa: E731
-    heads = ("layout", "well-posedness", "forward", "shape var(l)", "sens mean", "sens prod", "W2 out/in", f"h→h/2 last|h|", "verdict")
+    heads = ("layout", "well-posedness", "forward", "shape var(l)", "sens mean", "sens prod", "W2 out/in", "h→h/2 last|h|", "verdict")
     rows = []
     for r in results:
         a, b = lo_hi(r, None)

@@ -1,0 +1,232 @@
+"""The figures of a run report, as a registry: each entry draws one figure from a list of runs.
+
+Each figure is titled, with axes, units and a legend of layout names, readable without the text:
+loss and validation loss; pre-clip gradient norm; variance and mean |h| by depth at several points
+of training (Kim Figs. 1, 6); gradient norm by layer at init and at the end (Kim Fig. 7, Zhuo Fig.
+5); the top-100 activation band against the FP16 maximum (Kim Fig. 11); angular distance heatmaps
+(Kim Figs. 9, 39); output-norm gamma by layer over training (Kim Fig. 39b); attention max logit;
+expert load for MoE models. A new figure is one `Figure` entry in `FIGURES`; `normlab report` draws
+every entry whose data the runs have.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from normlab.diagnostics.stats import FP16_MAX
+from normlab.diagnostics.store import Run
+from normlab.pages import legend as _legend
+from normlab.pages import panels as _grid
+from normlab.pages import plt
+from matplotlib.ticker import MaxNLocator
+
+
+def _ema(y: np.ndarray, alpha: float = 0.1) -> np.ndarray:
+    out, acc = np.empty_like(y, dtype=float), None
+    for i, v in enumerate(y):
+        acc = v if acc is None or not math.isfinite(acc) else alpha * v + (1 - alpha) * acc
+        out[i] = acc
+    return out
+
+
+def fig_loss(runs: list[Run], names: list[str]):  # noqa: ANN201
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for run, name in zip(runs, names):
+        m = run.metrics
+        line, = a.plot(m.step, _ema(m.loss.to_numpy()), label=f"{name} train (EMA)")
+        if "val_loss" in m:
+            v = m.dropna(subset=["val_loss"])
+            a.plot(v.step, v.val_loss, "o--", color=line.get_color(), ms=4, label=f"{name} val")
+        b.plot(m.step, m.grad_norm, lw=0.8, label=name)
+    a.set(title="Loss", xlabel="step", ylabel="cross-entropy (nats/token)")
+    b.set(title="Gradient norm (pre-clip)", xlabel="step", ylabel="global L2 norm", yscale="log")
+    _legend(a, fontsize=8)
+    _legend(b, fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def fig_depth(runs: list[Run], names: list[str], metric: str, label: str):  # noqa: ANN201
+    fig, axes = _grid(len(runs), share=True)
+    for ax, run, name in zip(axes, runs, names):
+        tab = run.probe("stream", metric)
+        if tab.empty:
+            ax.set_title(f"{name}: no probes")
+            continue
+        steps = tab.index.to_list()
+        pick = sorted({steps[0], steps[len(steps) // 2], steps[-1]} | ({steps[len(steps) // 4]} if len(steps) > 4 else set()))
+        colors = plt.cm.viridis(np.linspace(0, 0.9, len(pick)))
+        for c, st in zip(colors, pick):
+            ax.plot(tab.columns.astype(int), tab.loc[st].to_numpy(dtype=float), "o-", ms=3, color=c, label=f"step {st}")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set(title=f"{name}: {label} by depth", xlabel="layer (0 = embedding output)", ylabel=label, yscale="log")
+        if metric == "max_abs":
+            ax.axhline(FP16_MAX, ls="--", color="tab:orange", label="FP16 max 65504")
+        _legend(ax, fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def _layer_grad(run: Run) -> "object":
+    df = run.probes[(run.probes.metric == "grad_norm") & run.probes.site.str.contains("_proj")]
+    if df.empty:
+        return None
+    g = df.assign(sq=df.value**2).groupby(["step", "layer"]).sq.sum().pow(0.5)
+    return g.unstack("layer")
+
+
+def fig_grad_by_layer(runs: list[Run], names: list[str]):  # noqa: ANN201
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
+    for run, name in zip(runs, names):
+        g = _layer_grad(run)
+        if g is None:
+            continue
+        a.plot(g.columns.astype(int), g.iloc[0].to_numpy(dtype=float), "o-", ms=3, label=name)
+        b.plot(g.columns.astype(int), g.iloc[-1].to_numpy(dtype=float), "o-", ms=3, label=f"{name} (step {g.index[-1]})")
+    for ax in (a, b):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    a.set(title="Gradient norm by layer at initialization", xlabel="block", ylabel="||dL/dW|| over the block's matrices", yscale="log")
+    b.set(title="Gradient norm by layer at the end", xlabel="block", yscale="log")
+    _legend(a, fontsize=8)
+    _legend(b, fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def fig_top100(runs: list[Run], names: list[str]):  # noqa: ANN201
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    for run, name in zip(runs, names):
+        lo, hi = run.probe("global", "top100_min"), run.probe("global", "top100_max")
+        if lo.empty:
+            continue
+        x = lo.index.to_numpy()
+        line, = ax.plot(x, hi.iloc[:, 0].to_numpy(dtype=float), label=f"{name} (top-100 band)")
+        ax.fill_between(x, lo.iloc[:, 0].to_numpy(dtype=float), hi.iloc[:, 0].to_numpy(dtype=float), color=line.get_color(), alpha=0.25)
+        brk = run.summary.get("forensics") or {}
+        if (brk.get("forward") or {}).get("kind") == "overflow":  # where the stored activations overflowed
+            ax.scatter([brk["step"]], [brk.get("limit") or FP16_MAX], marker="X", s=120, color=line.get_color(),
+                       zorder=5, label=f"{name} overflowed (step {brk['step']})")
+    ax.axhline(FP16_MAX, ls="--", color="tab:orange", label="FP16 max 65504")
+    ax.set(title="Largest 100 |activations| in the residual stream", xlabel="step", ylabel="|hidden state|", yscale="log")
+    _legend(ax, fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def fig_angular(runs: list[Run], names: list[str]):  # noqa: ANN201
+    fig, axes = _grid(len(runs), 4.0, 3.6)
+    for ax, run, name in zip(axes, runs, names):
+        df = run.probes[run.probes.site.str.startswith("angular:") & (run.probes.metric == "angular_distance")]
+        if df.empty:
+            ax.set_title(f"{name}: no probes")
+            continue
+        last = df[df.step == df.step.max()]
+        n = int(last.layer.max()) + 1
+        mat = np.zeros((n, n))
+        for _, r in last.iterrows():
+            mat[int(r.layer), int(r.site.split(":")[1])] = r.value
+        im = ax.imshow(mat, vmin=0, vmax=0.5, cmap="magma_r", origin="lower")
+        ax.set(title=f"{name}: angular distance, last token (step {int(last.step.max())})", xlabel="layer", ylabel="layer")
+        ax.grid(False)
+        fig.colorbar(im, ax=ax, fraction=0.046, label="arccos(cos)/π")
+    fig.tight_layout()
+    return fig
+
+
+def _gamma_sites(run: Run) -> tuple[str, list[str]]:
+    """The output norms (B) if the layout has them, else its after-add (C), else its input (A) norms."""
+    sites = set(run.probes.site[run.probes.metric == "gamma_mean"])
+    for kind, pair in (("output", ("attn_norms.output", "mlp_norms.output")),
+                       ("after-add", ("attn_norms.after_add", "mlp_norms.after_add")),
+                       ("input", ("attn_norms.input", "mlp_norms.input"))):
+        found = [s for s in pair if s in sites]
+        if found:
+            return kind, found
+    return "", []
+
+
+def fig_gamma(runs: list[Run], names: list[str]):  # noqa: ANN201
+    fig, axes = _grid(len(runs), share=True)
+    for ax, run, name in zip(axes, runs, names):
+        kind, sites = _gamma_sites(run)
+        for site in sites:
+            tab = run.probe(site, "gamma_mean")
+            colors = plt.cm.plasma(np.linspace(0, 0.9, tab.shape[1]))
+            style = "-" if site.startswith("attn") else "--"
+            for c, layer in zip(colors, tab.columns):
+                ax.plot(tab.index, tab[layer].to_numpy(dtype=float), style, color=c, lw=1,
+                        label=f"{site.split('_')[0]} L{layer}" if tab.shape[1] <= 8 else None)
+        if not sites:
+            ax.text(0.5, 0.5, "no norms in this layout", ha="center", va="center", transform=ax.transAxes)
+        ax.set(title=f"{name}: {kind or 'no'} norm γ (mean) over training", xlabel="step", ylabel="mean γ")
+        if sites and ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, ncol=2, title="solid attn, dashed mlp", title_fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def fig_attention(runs: list[Run], names: list[str]):  # noqa: ANN201
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for run, name in zip(runs, names):
+        tab = run.probe("attn", "max_logit")
+        if tab.empty:
+            continue
+        a.plot(tab.index, tab.max(axis=1).to_numpy(dtype=float), "o-", ms=3, label=name)
+        b.plot(tab.columns.astype(int), tab.iloc[-1].to_numpy(dtype=float), "o-", ms=3, label=f"{name} (step {tab.index[-1]})")
+    a.set(title="Attention: largest logit over layers", xlabel="step", ylabel="max q·k/√d")
+    b.set(title="Attention: max logit by layer at the end", xlabel="block", ylabel="max q·k/√d")
+    b.xaxis.set_major_locator(MaxNLocator(integer=True))
+    _legend(a, fontsize=8)
+    _legend(b, fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def fig_expert_load(runs: list[Run], names: list[str]):  # noqa: ANN201
+    """MoE routing over training: the busiest expert's load over the uniform share, per layer (1 is balanced)."""
+    fig, axes = _grid(len(runs))
+    for ax, run, name in zip(axes, runs, names):
+        tab = run.probe("moe", "load_max_ratio")
+        if tab.empty:
+            ax.text(0.5, 0.5, "dense model: no experts", ha="center", va="center", transform=ax.transAxes)
+        else:
+            colors = plt.cm.viridis(np.linspace(0, 0.9, tab.shape[1]))
+            for c, layer in zip(colors, tab.columns):
+                ax.plot(tab.index, tab[layer].to_numpy(dtype=float), "o-", ms=3, color=c, lw=1, label=f"L{layer}")
+            ax.axhline(1.0, color="gray", lw=0.8, ls=":")
+            ax.legend(fontsize=7, ncol=2)
+        ax.set(title=f"{name}: expert load", xlabel="step", ylabel="max expert load x E (1 = balanced)")
+    fig.tight_layout()
+    return fig
+
+
+def _has_experts(runs: list[Run]) -> bool:
+    return any(not run.probe("moe", "load_max_ratio").empty for run in runs)
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One figure of the run report: its key (the PNG's name and the page anchor), title and drawing."""
+
+    key: str
+    title: str
+    draw: Callable  # (runs, names) -> a matplotlib Figure
+    needs_probes: bool = True  # drawn for the runs that recorded probes; left out when none did
+    shown: Callable[[list[Run]], bool] = lambda runs: True  # whether the runs have what it draws
+
+
+FIGURES: tuple[Figure, ...] = (
+    Figure("loss", "Loss and gradient norm", fig_loss, needs_probes=False),
+    Figure("variance_by_depth", "Hidden-state variance by depth (Kim Fig. 1, 6)", lambda r, n: fig_depth(r, n, "var", "variance")),
+    Figure("mean_abs_by_depth", "Mean |h| by depth (Kan Fig. 1)", lambda r, n: fig_depth(r, n, "mean_abs", "mean |h|")),
+    Figure("grad_by_layer", "Gradient norm by layer (Kim Fig. 7, Zhuo Fig. 5)", fig_grad_by_layer),
+    Figure("top100_fp16", "Massive activations against the FP16 limit (Kim Fig. 11)", fig_top100),
+    Figure("angular_distance", "Angular distance between layers at the last token (Gromov et al.; Kim Fig. 9, 39)", fig_angular),
+    Figure("output_gamma", "Norm γ over training: output norms where the layout has them (Kim Fig. 39b)", fig_gamma),
+    Figure("attention_logits", "Attention logits (QK-norm motivation)", fig_attention),
+    Figure("expert_load", "Expert load over training (MoE; Zhuo Sec. 4.3, OLMoE)", fig_expert_load, shown=_has_experts),
+)

@@ -1,0 +1,77 @@
+"""Self-contained HTML pages: the kit behind run reports, sweep reports and scans.
+
+A page is one HTML file with inline CSS and its figures embedded as base64 PNGs (each PNG is also
+kept beside it), so it can be mailed or attached to a paper's supplement as one file. matplotlib
+runs headless (Agg) with one style for every figure normlab draws.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from normlab.io import atomic_write_bytes  # noqa: E402
+
+plt.rcParams.update({"figure.dpi": 110, "font.size": 10, "axes.titlesize": 11, "axes.grid": True, "grid.alpha": 0.3})
+
+
+def legend(ax, **kw) -> None:  # noqa: ANN001 - an Axes
+    """A legend where the axes have labelled artists (a run without probes draws none)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**kw)
+
+
+def panels(n: int, width: float = 4.2, height: float = 3.2, share: bool = False):  # noqa: ANN201
+    """One panel per run; ``share``: the same x and y axes on every panel, so layouts compare at a glance."""
+    cols = min(n, 4 if n == 4 else 3)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False,
+                             sharex=share, sharey=share)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    return fig, list(axes.flat[:n])
+
+
+def fmt(v: object) -> str:
+    """A table cell: 4 significant digits, "-" for a missing or NaN value."""
+    if isinstance(v, float):
+        return "-" if math.isnan(v) else f"{v:.4g}"
+    return "-" if v is None else str(v)
+
+
+def figure_html(fig, out: Path, key: str, title: str) -> str:  # noqa: ANN001 - a matplotlib Figure
+    """Save ``fig`` as ``out/key.png`` and return an HTML section embedding it (base64)."""
+    png = out / f"{key}.png"
+    fig.savefig(png, bbox_inches="tight")
+    plt.close(fig)
+    data = base64.b64encode(png.read_bytes()).decode()
+    return f'<h2 id="{key}">{html.escape(title)}</h2>\n<img alt="{html.escape(title)}" src="data:image/png;base64,{data}">'
+
+
+def table_html(rows: list[dict]) -> str:
+    if not rows:
+        return "<p>(no rows)</p>"
+    head = "".join(f"<th>{html.escape(str(k))}</th>" for k in rows[0])
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(fmt(v))}</td>" for v in r.values()) + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def write_page(path: Path, title: str, body: str) -> Path:
+    """One self-contained HTML file (inline CSS, images embedded), written atomically."""
+    page = f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>body{{font-family:sans-serif;max-width:1200px;margin:2em auto;color:#222}}table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}th{{background:#f3f3f3}}img{{max-width:100%}}</style></head>
+<body>
+{body}
+</body></html>
+"""
+    atomic_write_bytes(path, page.encode())
+    return path
