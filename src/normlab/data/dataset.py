@@ -26,7 +26,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from normlab.data.corpus import DataError, cache_dir, default_corpus, stdlib_corpus_path
+from normlab.data.corpora import CORPORA
+from normlab.data.corpus import cache_dir
+from normlab.errors import DataError
 from normlab.data.prepare import is_prepared, load_prepared
 from normlab.data.tokenizer import Tokenizer, load_tokenizer
 from normlab.io import atomic_write_bytes
@@ -175,18 +177,13 @@ def load_data(
     """Load a source into train/validation token arrays (the last ``val_fraction`` is validation)."""
     if not 0.0 < val_fraction < 1.0:
         raise DataError(f"val_fraction must lie in (0, 1), got {val_fraction}")
-    if path == "shakespeare":
-        src = default_corpus()
-    elif path == "english":  # the registry corpus for GPU studies, prepared once per tokenizer
-        from normlab.data.english import english_prepared
-
-        src = english_prepared(tokenizer)
-    elif path == "stdlib":
-        src = stdlib_corpus_path()
+    if path in CORPORA:
+        src = CORPORA[path].for_training(tokenizer)
     else:
         src = Path(path)
         if not src.exists():
-            raise DataError(f"data path {src} does not exist; give a text file, folder, .jsonl, .bin, 'shakespeare' or 'english'")
+            raise DataError(f"data path {src} does not exist; give a text file, folder, .jsonl, .bin or a corpus "
+                            f"name ({', '.join(CORPORA)})")
         if not (src.is_file() or src.is_dir()):
             raise DataError(f"data path {src} is not a regular file or folder (a device, pipe or socket is never "
                             "read as a corpus); give a text file, folder, .jsonl or .bin")

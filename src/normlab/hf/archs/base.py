@@ -1,0 +1,115 @@
+"""What one transformers architecture must say to be converted exactly: the adapter every entry of
+`normlab.hf.archs.ARCHITECTURES` is.
+
+An adapter names the normlab preset its class computes, builds the transformers config for a normlab
+model (export) and the normlab `ModelConfig` for a transformers config (import), maps parameter
+names both ways, transforms weights where the two parametrize a norm differently, and lists every
+config or model option that would make the two compute different functions (a conversion that
+silently changed the function would be worse than none).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from normlab.model.config import ModelConfig
+
+if TYPE_CHECKING:
+    import torch
+
+
+class Arch:
+    """The adapter of one transformers architecture (subclasses fill in the class attributes and maps)."""
+
+    model_type: str = ""  # transformers' config.model_type
+    preset: str = ""  # the normlab layout preset it computes
+    mlp: str = "swiglu"  # the MLP it computes
+    exports: bool = True  # normlab -> transformers too (False: import only)
+    activation: str = "silu"  # the config's activation name for `mlp`
+    activation_key: str = "hidden_act"
+
+    # -- export: normlab -> transformers --
+    def model_problems(self, cfg: ModelConfig) -> list[str]:
+        """Model options this class does not compute (beyond the layout, which the caller checks)."""
+        problems = []
+        if cfg.mlp != self.mlp:
+            problems.append(f"mlp={cfg.mlp} (needs {self.mlp})")
+        if cfg.linear_bias:
+            problems.append("linear_bias=True (needs no biases)")
+        if cfg.position != "rope":
+            problems.append(f"position={cfg.position} (needs rope)")
+        for name in ("attn_scale", "attn_softcap", "logit_softcap"):
+            if getattr(cfg, name) is not None:
+                problems.append(f"{name}={getattr(cfg, name)} (needs None)")
+        return problems
+
+    def hf_config(self, tf: Any, cfg: ModelConfig) -> Any:
+        raise NotImplementedError
+
+    def hf_class(self, tf: Any) -> Any:
+        raise NotImplementedError
+
+    @staticmethod
+    def common_config(cfg: ModelConfig) -> dict[str, Any]:
+        """The config fields Llama-family classes share."""
+        return dict(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.ffn_dim,
+                    num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.kv_heads,
+                    head_dim=cfg.head_dim, max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.norm_eps,
+                    rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
+                    tie_word_embeddings=cfg.tie_embeddings, attention_bias=False, hidden_act="silu")
+
+    def layer_map(self, i: int) -> dict[str, str]:
+        """normlab parameter name -> transformers parameter name, for block i."""
+        raise NotImplementedError
+
+    def name_map(self, n_layers: int, tied: bool) -> dict[str, str]:
+        m = {"embed.weight": "model.embed_tokens.weight", "final_norm.weight": "model.norm.weight"}
+        if not tied:
+            m["lm_head.weight"] = "lm_head.weight"
+        for i in range(n_layers):
+            m.update(self.layer_map(i))
+        return m
+
+    def export_weight(self, name: str, value: torch.Tensor) -> torch.Tensor:
+        """A normlab weight as this class stores it (under its transformers name)."""
+        return value
+
+    # -- import: transformers -> normlab --
+    def config_problems(self, config: Any) -> list[str]:
+        """Config fields that ask for something normlab does not compute."""
+        rope = getattr(config, "rope_parameters", None) or {}
+        problems = []
+        if rope.get("rope_type", "default") != "default":
+            problems.append(f"rope_type {rope.get('rope_type')!r} (normlab implements default RoPE)")
+        act = getattr(config, self.activation_key, None)
+        if act != self.activation:
+            problems.append(f"activation {act!r} (needs {self.activation})")
+        if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
+            problems.append("biases on projections")
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        if head_dim * config.num_attention_heads != config.hidden_size:
+            problems.append(f"head_dim {head_dim} x heads != hidden_size (normlab ties head_dim to d_model / heads)")
+        return problems
+
+    @staticmethod
+    def rope_theta(config: Any) -> float:
+        return float((getattr(config, "rope_parameters", None) or {}).get("rope_theta",
+                                                                          getattr(config, "rope_theta", 10_000.0)))
+
+    def model_config(self, config: Any) -> ModelConfig:
+        return ModelConfig(
+            vocab_size=config.vocab_size, d_model=config.hidden_size, n_layers=config.num_hidden_layers,
+            n_heads=config.num_attention_heads, n_kv_heads=config.num_key_value_heads, d_ff=config.intermediate_size,
+            mlp=self.mlp, max_seq_len=config.max_position_embeddings, rope_theta=self.rope_theta(config),
+            norm_eps=config.rms_norm_eps, tie_embeddings=bool(config.tie_word_embeddings))
+
+    def import_state(self, theirs: dict[str, torch.Tensor], config: Any) -> dict[str, torch.Tensor]:
+        """Their state dict as normlab's (float32), through the name map and `import_weight`."""
+        mapping = self.name_map(config.num_hidden_layers, bool(config.tie_word_embeddings))
+        state = {k: self.import_weight(v, theirs[v].float()) for k, v in mapping.items()}
+        if config.tie_word_embeddings:
+            state["lm_head.weight"] = state["embed.weight"]
+        return state
+
+    def import_weight(self, their_name: str, value: torch.Tensor) -> torch.Tensor:
+        return value

@@ -1,0 +1,74 @@
+"""Gemma 2 (`Gemma2ForCausalLM`) <-> layout `gemma2` (`attn=AB,mlp=AB,final,emb-scale`: Peri-LN with the
+sqrt(d) embedding scale), with Gemma 2's other pieces as model options: GeGLU-tanh MLP, attention scale
+query_pre_attn_scalar^-1/2, attention and final-logit soft-capping (Gemma Team 2024).
+
+Gemma's RMSNorm multiplies by (1 + w): the 1 is folded into normlab's weights on import and taken
+out on export. Gemma 2 alternates sliding-window (4096) and global layers; normlab attends globally,
+which is the same function for sequences up to the window, so the import sets max_seq_len =
+min(max_position_embeddings, sliding_window) and longer inputs are refused; the export sets the
+window to the whole context.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from normlab.hf.archs.base import Arch
+from normlab.model.config import ModelConfig
+
+if TYPE_CHECKING:
+    import torch
+
+
+class Gemma2(Arch):
+    model_type = "gemma2"
+    preset = "gemma2"
+    mlp = "geglu-tanh"
+    activation = "gelu_pytorch_tanh"
+    activation_key = "hidden_activation"
+
+    def model_problems(self, cfg: ModelConfig) -> list[str]:
+        problems = [p for p in super().model_problems(cfg) if not p.startswith(("attn_scale", "attn_softcap",
+                                                                                "logit_softcap"))]
+        if cfg.attn_scale is not None and cfg.attn_scale != int(cfg.attn_scale):
+            problems.append(f"attn_scale={cfg.attn_scale} (Gemma 2's query_pre_attn_scalar is an integer)")
+        return problems
+
+    def hf_class(self, tf: Any) -> Any:
+        return tf.Gemma2ForCausalLM
+
+    def hf_config(self, tf: Any, cfg: ModelConfig) -> Any:
+        common = self.common_config(cfg)
+        common.pop("hidden_act")  # sliding window = the whole context: every layer attends globally, as normlab does
+        return tf.Gemma2Config(hidden_activation=self.activation, query_pre_attn_scalar=int(cfg.attn_scale or cfg.head_dim),
+                               attn_logit_softcapping=cfg.attn_softcap, final_logit_softcapping=cfg.logit_softcap,
+                               sliding_window=cfg.max_seq_len, **common)
+
+    def layer_map(self, i: int) -> dict[str, str]:
+        n, h = f"blocks.{i}.", f"model.layers.{i}."
+        m = {f"{n}attn.{p}_proj.weight": f"{h}self_attn.{p}_proj.weight" for p in "qkvo"}
+        m.update({f"{n}mlp.{p}_proj.weight": f"{h}mlp.{p}_proj.weight" for p in ("gate", "up", "down")})
+        m[f"{n}attn_norms.input.weight"] = f"{h}input_layernorm.weight"
+        m[f"{n}attn_norms.output.weight"] = f"{h}post_attention_layernorm.weight"
+        m[f"{n}mlp_norms.input.weight"] = f"{h}pre_feedforward_layernorm.weight"
+        m[f"{n}mlp_norms.output.weight"] = f"{h}post_feedforward_layernorm.weight"
+        return m
+
+    def export_weight(self, name: str, value: torch.Tensor) -> torch.Tensor:
+        return value - 1.0 if "norm" in name else value  # Gemma's RMSNorm multiplies by (1 + w)
+
+    def import_weight(self, their_name: str, value: torch.Tensor) -> torch.Tensor:
+        return value + 1.0 if "norm" in their_name else value
+
+    def model_config(self, config: Any) -> ModelConfig:
+        window = getattr(config, "sliding_window", None) or config.max_position_embeddings
+        return ModelConfig(
+            vocab_size=config.vocab_size, d_model=config.hidden_size, n_layers=config.num_hidden_layers,
+            n_heads=config.num_attention_heads, n_kv_heads=config.num_key_value_heads, d_ff=config.intermediate_size,
+            mlp=self.mlp, max_seq_len=min(config.max_position_embeddings, window), rope_theta=self.rope_theta(config),
+            norm_eps=config.rms_norm_eps, tie_embeddings=bool(config.tie_word_embeddings),
+            attn_scale=float(config.query_pre_attn_scalar), attn_softcap=config.attn_logit_softcapping,
+            logit_softcap=config.final_logit_softcapping)
+
+
+GEMMA2 = Gemma2()
