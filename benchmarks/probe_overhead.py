@@ -36,8 +36,8 @@ def main() -> None:
     model = normlab.build_model(args.layout, args.size, seed=0)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(0)
-    x = torch.randint(0, 256, (cfg.batch_size, cfg.seq_len), generator=g)
-    probes = Probes(model, (x[: cfg.probe_batch], x[: cfg.probe_batch]))
+    x = torch.randint(0, 256, (cfg.data.batch_size, cfg.data.seq_len), generator=g)
+    probes = Probes(model, (x[: cfg.run.probe_batch], x[: cfg.run.probe_batch]))
     step_t, probe_t = [], []
     for i in range(13):
         t0 = time.perf_counter()
@@ -52,7 +52,7 @@ def main() -> None:
         probe_t.append(time.perf_counter() - t0)
     ts, tp = statistics.median(step_t[3:]), statistics.median(probe_t[3:])
     print(f"# probe overhead, {datetime.date.today()}, {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}")
-    print(f"# size={args.size} layout={args.layout} batch={cfg.batch_size}x{cfg.seq_len} probe batch={cfg.probe_batch}")
+    print(f"# size={args.size} layout={args.layout} batch={cfg.data.batch_size}x{cfg.data.seq_len} probe batch={cfg.run.probe_batch}")
     print(f"train step {ts * 1e3:.1f} ms, probe pass {tp * 1e3:.1f} ms -> {tp / (args.every * ts) * 100:.2f}% at every={args.every}")
     # End to end in ABBA order after a warm-up run, so that process warm-up (allocator, thread pools,
     # corpus cache) and drift do not land on one side.

@@ -57,7 +57,7 @@ def test_ddp_matches_single_process(single):
     cfg, root = single
     ddp = TrainConfig.of(**{**cfg.to_dict(), "out": str(root / "ddp"), "grad_accum": 2})
     torchrun(ddp)
-    assert_same_curve(cfg.out, ddp.out)
+    assert_same_curve(cfg.run.out, ddp.run.out)
     assert json.loads((root / "ddp" / "config.json").read_text())["world_size"] == 2
 
 
@@ -65,13 +65,13 @@ def test_fsdp2_matches_single_process_and_resumes_exactly(single):
     cfg, root = single
     fsdp = TrainConfig.of(**{**cfg.to_dict(), "out": str(root / "fsdp"), "fsdp": True, "probe_every": 0})
     torchrun(fsdp)
-    assert_same_curve(cfg.out, fsdp.out)
-    before = metrics(fsdp.out)
+    assert_same_curve(cfg.run.out, fsdp.run.out)
+    before = metrics(fsdp.run.out)
     # sharded checkpoints (torch.distributed.checkpoint): one folder a step, a shard file per rank
-    ckpts = list_checkpoints(fsdp.out)
+    ckpts = list_checkpoints(fsdp.run.out)
     assert [p.name for p in ckpts] == ["step_00000003.dcp", "step_00000006.dcp"]
     assert sorted(p.name for p in ckpts[-1].iterdir() if p.suffix == ".distcp") == ["__0_0.distcp", "__1_0.distcp"]
-    assert not list((Path(fsdp.out) / "checkpoints").glob(".*"))  # no temp folders left
+    assert not list((Path(fsdp.run.out) / "checkpoints").glob(".*"))  # no temp folders left
     # every file of a sharded checkpoint has its SHA-256 in checksums.json: a flipped bit is caught
     sums = json.loads((ckpts[-1] / "checksums.json").read_text())
     assert {"__0_0.distcp", "__1_0.distcp", ".metadata", "extra.pt"} <= set(sums)
@@ -85,25 +85,25 @@ def test_fsdp2_matches_single_process_and_resumes_exactly(single):
     # A run killed after its step-3 checkpoint (the final checkpoint and the summary never written):
     # the next launch resumes from step 3 and replays steps 3-5.
     shutil.rmtree(ckpts[-1])
-    (Path(fsdp.out) / "summary.json").unlink()
-    shutil.copytree(fsdp.out, root / "fsdp-copy")
+    (Path(fsdp.run.out) / "summary.json").unlink()
+    shutil.copytree(fsdp.run.out, root / "fsdp-copy")
     torchrun(fsdp)
-    after = metrics(fsdp.out)
+    after = metrics(fsdp.run.out)
     assert [r["loss"] for r in after] == [r["loss"] for r in before]
-    assert [p.name for p in list_checkpoints(fsdp.out)] == ["step_00000003.dcp", "step_00000006.dcp"]
+    assert [p.name for p in list_checkpoints(fsdp.run.out)] == ["step_00000003.dcp", "step_00000006.dcp"]
 
     # A different world size: the 2-rank checkpoint of step 3 resumed by one process (DCP reshards).
     one = TrainConfig.of(**{**fsdp.to_dict(), "out": str(root / "fsdp-copy")})
     assert train(one)["status"] == "ok"
-    assert_same_curve(cfg.out, one.out)
+    assert_same_curve(cfg.run.out, one.run.out)
 
     # The weights of a sharded checkpoint, whole, in one process (export, --init-from)
-    weights = load_model_state(list_checkpoints(fsdp.out)[-1])
-    single_final = load_checkpoint(list_checkpoints(cfg.out)[-1])["model"]
+    weights = load_model_state(list_checkpoints(fsdp.run.out)[-1])
+    single_final = load_checkpoint(list_checkpoints(cfg.run.out)[-1])["model"]
     assert set(weights) == set(single_final)
     for k, v in single_final.items():
         torch.testing.assert_close(weights[k], v, rtol=1e-4, atol=1e-6, msg=k)
-    assert main(["export", fsdp.out, str(root / "export")]) == 0
+    assert main(["export", fsdp.run.out, str(root / "export")]) == 0
     assert (root / "export" / "model.safetensors").is_file()
 
 
@@ -117,7 +117,7 @@ def test_moe_under_fsdp2_matches_single_process(single):
     for name, extra in (("moe-fsdp", {"fsdp": True}), ("moe-ddp", {})):
         run = TrainConfig.of(**{**base, **extra, "out": str(root / name)})
         torchrun(run)
-        a, b = metrics(one.out), metrics(run.out)
+        a, b = metrics(one.run.out), metrics(run.run.out)
         assert [r["step"] for r in a] == [r["step"] for r in b]
         # The balance loss E sum_e f_e P_e is computed on each rank's tokens (as OLMoE computes it per
         # micro-batch), and a product of means is not the mean of products: the curves agree closely,
@@ -137,7 +137,7 @@ def test_fsdp2_with_activation_checkpointing_chunked_loss_and_bf16(single):
     lean = TrainConfig.of(**{**base, "out": str(root / "bf16-fsdp-lean"), "fsdp": True,
                              "activation_checkpointing": True, "loss_chunk": 32})
     torchrun(lean)
-    for x, y in zip(metrics(one.out), metrics(lean.out)):
+    for x, y in zip(metrics(one.run.out), metrics(lean.run.out)):
         assert y["loss"] == pytest.approx(x["loss"], abs=2e-3)
 
 
@@ -151,7 +151,7 @@ def test_ddp_run_that_overflows_fp16_records_where_it_broke(single):
     two = TrainConfig.of(**{**base, "out": str(root / "fp16-ddp")})
     s1 = train(one)
     torchrun(two)
-    s2 = json.loads((Path(two.out) / "summary.json").read_text())
+    s2 = json.loads((Path(two.run.out) / "summary.json").read_text())
     assert s1["status"] == s2["status"] == "diverged" and s1["diverged_step"] == s2["diverged_step"] == 0
     assert s2["forensics"]["rank"] in (0, 1) and s2["forensics"]["forward"]["kind"] == "overflow"
     assert s2["first_break"] == s1["first_break"]

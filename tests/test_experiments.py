@@ -23,7 +23,7 @@ from normlab.experiments.runner import _to_toml, prepare
 from normlab.runs.files import SweepDir
 from normlab.runs.start import FolderLock
 from normlab.runs.store import SweepStore
-from normlab.experiments.summarize import cells, lr_curves, lr_sensitivity
+from normlab.experiments.summary import cells, lr_curves, lr_sensitivity
 from normlab.model.config import ConfigError
 
 QUIET = lambda *a, **k: None  # noqa: E731
@@ -97,7 +97,7 @@ def test_every_recipe_expands_and_names_its_source():
         for spec in r.expand():
             cfg = spec.train_config("/tmp/unused")
             if r.machine == "gpu":
-                assert cfg.data.data == "english" and cfg.size == "gpu-126m" and cfg.seq_len == 1024, name
+                assert cfg.data.data == "english" and cfg.model.size == "gpu-126m" and cfg.data.seq_len == 1024, name
     with pytest.raises(ConfigError, match="did you mean kim-lr"):
         load_recipe("kim-lrr")
 

@@ -216,7 +216,7 @@ def test_summaries_count_first_breaks_and_old_stores_gain_the_columns(corpus, tm
     import sqlite3
 
     from normlab.runs.store import SweepStore
-    from normlab.experiments.summarize import summarize
+    from normlab.experiments.summary import summarize
 
     db = tmp_path / "old" / "sweep.db"
     db.parent.mkdir()

@@ -47,15 +47,15 @@ def test_resume_gives_the_identical_remaining_curve(corpus, tmp_path, monkeypatc
     with pytest.raises(KeyboardInterrupt):
         train(cut)
     monkeypatch.setattr(TokenData, "train_batch", real)
-    assert [p.name for p in list_checkpoints(cut.out)] == ["step_00000003.pt", "step_00000006.pt"]
-    assert len(rows(cut.out)) == 8  # steps 0-7 were logged before the interruption
+    assert [p.name for p in list_checkpoints(cut.run.out)] == ["step_00000003.pt", "step_00000006.pt"]
+    assert len(rows(cut.run.out)) == 8  # steps 0-7 were logged before the interruption
     train(cut)  # resumes from step 6; rows 6-7 are replayed, not duplicated
-    a, b = rows(full.out), rows(cut.out)
+    a, b = rows(full.run.out), rows(cut.run.out)
     assert [r["step"] for r in b] == list(range(12))
     for ra, rb in zip(a, b):
         for key in ("loss", "grad_norm", "lr", "tokens", "val_loss"):
             assert ra.get(key) == rb.get(key), (ra["step"], key)
-    assert [p.name for p in list_checkpoints(cut.out)] == ["step_00000009.pt", "step_00000012.pt"]
+    assert [p.name for p in list_checkpoints(cut.run.out)] == ["step_00000009.pt", "step_00000012.pt"]
 
 
 def test_kill_during_checkpoint_write_leaves_a_loadable_checkpoint(corpus, tmp_path):
@@ -323,7 +323,7 @@ def test_config_round_trips_through_command_line_and_toml(tmp_path):
     toml.write_text('layout = "pre"\nlr = 0.002\nsteps = 50\n[model]\nn_layers = 4\n')
     args = build_parser().parse_args(["train", "--config", str(toml), "--steps", "9", "--model", "d_model=64"])
     got = train_config_from_args(args)
-    assert (got.model.layout_label, got.lr, got.steps, got.model.options) == ("pre", 0.002, 9, {"n_layers": 4, "d_model": 64})
+    assert (got.model.layout_label, got.optim.lr, got.optim.steps, got.model.options) == ("pre", 0.002, 9, {"n_layers": 4, "d_model": 64})
     from normlab.layout import parse_layout
 
     assert got.model.layout == parse_layout("pre")

@@ -105,7 +105,7 @@ def test_a_sharded_checkpoint_whose_optimizer_entry_is_a_pickle_payload_is_refus
     run = tmp_path / "run"
     cfg = small(corpus, run, steps=3)
     train(cfg)
-    model = build_model(cfg.model.layout, cfg.size, seed=0, vocab_size=256, max_seq_len=64)
+    model = build_model(cfg.model.layout, cfg.model.size, seed=0, vocab_size=256, max_seq_len=64)
     opt = make_optimizer(model, cfg, fused=False)
     model_sd, optim_sd = get_state_dict(model, opt)
     optim_sd["param_groups"][0]["lr"] = Evil(marker)  # a float in a real checkpoint
@@ -333,10 +333,10 @@ def test_a_run_killed_before_its_first_checkpoint_restarts_cleanly(corpus, tmp_p
     with pytest.raises(KeyboardInterrupt):
         train(cut)
     restore()
-    assert not list_checkpoints(cut.out) and len(rows(cut.out)) == 5
+    assert not list_checkpoints(cut.run.out) and len(rows(cut.run.out)) == 5
     s = train(cut)
-    assert s["status"] == "ok" and [r["step"] for r in rows(cut.out)] == list(range(12))
-    assert losses(cut.out) == losses(full.out)
+    assert s["status"] == "ok" and [r["step"] for r in rows(cut.run.out)] == list(range(12))
+    assert losses(cut.run.out) == losses(full.run.out)
 
 
 def _interrupted(corpus, tmp_path, monkeypatch, probe_every: int):  # noqa: ANN202 - (full, cut) configs
@@ -353,21 +353,21 @@ def _interrupted(corpus, tmp_path, monkeypatch, probe_every: int):  # noqa: ANN2
 
 def test_corrupt_newest_checkpoint_falls_back_and_torn_jsonl_is_cut(corpus, tmp_path, monkeypatch, capsys):
     full, cut = _interrupted(corpus, tmp_path, monkeypatch, probe_every=3)
-    newest = list_checkpoints(cut.out)[-1]
+    newest = list_checkpoints(cut.run.out)[-1]
     assert newest.name == "step_00000009.pt"
     newest.write_bytes(newest.read_bytes()[:1000])  # torn by a full disk
     for name in ("metrics.jsonl", "probes.jsonl"):
-        with open(Path(cut.out) / name, "a") as f:
+        with open(Path(cut.run.out) / name, "a") as f:
             f.write('{"step": 10, "loss": 1.2')  # a torn last line
     s = train(cut, log=print)
     assert "skipping checkpoint step_00000009.pt" in capsys.readouterr().out
-    assert s["status"] == "ok" and losses(cut.out) == losses(full.out)
-    assert [r["step"] for r in rows(cut.out)] == list(range(12))
+    assert s["status"] == "ok" and losses(cut.run.out) == losses(full.run.out)
+    assert [r["step"] for r in rows(cut.run.out)] == list(range(12))
 
 
 def test_a_bit_flipped_checkpoint_is_caught_by_its_checksum_and_skipped(corpus, tmp_path, monkeypatch, capsys):
     full, cut = _interrupted(corpus, tmp_path, monkeypatch, probe_every=0)
-    newest = list_checkpoints(cut.out)[-1]
+    newest = list_checkpoints(cut.run.out)[-1]
     assert (newest.parent / (newest.name + ".sha256")).is_file()
     data = bytearray(newest.read_bytes())
     data[len(data) // 2] ^= 0x10  # one bit, inside a tensor's bytes: torch.load alone would not notice
@@ -376,9 +376,9 @@ def test_a_bit_flipped_checkpoint_is_caught_by_its_checksum_and_skipped(corpus, 
         load_checkpoint(newest)
     s = train(cut, log=print)
     assert "skipping checkpoint step_00000009.pt" in capsys.readouterr().out
-    assert s["status"] == "ok" and losses(cut.out) == losses(full.out)
-    assert sorted(p.name for p in (Path(cut.out) / "checkpoints").iterdir() if p.name.endswith(".sha256")) == \
-        sorted(p.name + ".sha256" for p in list_checkpoints(cut.out))  # pruned together
+    assert s["status"] == "ok" and losses(cut.run.out) == losses(full.run.out)
+    assert sorted(p.name for p in (Path(cut.run.out) / "checkpoints").iterdir() if p.name.endswith(".sha256")) == \
+        sorted(p.name + ".sha256" for p in list_checkpoints(cut.run.out))  # pruned together
 
 
 def test_a_kill_during_the_first_config_write_does_not_block_the_run(corpus, tmp_path):

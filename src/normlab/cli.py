@@ -23,7 +23,6 @@ from pathlib import Path
 
 from normlab.errors import USER_ERRORS, ConfigError
 from normlab.layout import PRESETS
-from normlab.model.config import SIZES
 
 
 def _layouts(args: argparse.Namespace) -> int:
@@ -46,32 +45,28 @@ def _layouts(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from normlab.model.describe import describe
     from normlab.config.train import TrainConfig
-
-    if args.layers is not None and args.layers < 1:
-        raise ConfigError(f"--layers {args.layers}: the number of layers is a positive integer")
     from normlab.layout import parse_layout
+    from normlab.model.describe import describe
 
     parse_layout(args.layout)  # a bad layout is named in the layout grammar's own words
-    pairs = _pairs(args.set, "--set", "model.n_layers=12")
+    pairs = {**_shortcuts(args), **_pairs(args.set, "--set", "model.n_layers=12")}
     other = [k for k in pairs if not k.startswith(("model.", "layout."))]
     if other:
         raise ConfigError(f"show takes model.* and layout.* settings (the model's shape and placement), not "
                           f"{', '.join(other)}")
-    given = {"layout": args.layout, "size": args.size, **({"model.n_layers": args.layers} if args.layers else {}), **pairs}
+    given = {"layout": args.layout, **_declared_settings(args, ("size",)), **pairs}
     cfg = TrainConfig().with_(given, "command line", from_text=True)  # the keys train takes (layout.h, model.*)
-    print(describe(cfg.model.layout, cfg.size, **cfg.model.options))  # no model built, no torch: instant
+    print(describe(cfg.model.layout, cfg.model.size, **cfg.model.options))  # no model built, no torch: instant
     return 0
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from normlab.config.commands import DemoConfig
     from normlab.demo import run_demo
 
-    layouts = [x.strip() for x in args.layouts.split(";" if ";" in args.layouts else ",") if x.strip()]
-    if not layouts:
-        raise ConfigError("--layouts needs at least one layout, e.g. post,pre,peri")
-    run_demo(layouts, size=args.size, seed=args.seed)
+    cfg = _declared(DemoConfig, args, "demo")
+    run_demo(list(cfg.layouts), size=cfg.size, seed=cfg.seed)
     return 0
 
 
@@ -93,8 +88,51 @@ def _settings(items: list[str] | None) -> dict:
     return typed_settings(_pairs(items, "--set", "steps=500"), "--set", from_text=True)
 
 
+# Flags that stand for a model option (the model's shape), for the commands that take one.
+MODEL_SHORTCUTS = {"layers": ("model.n_layers", "number of layers (depth)"),
+                   "width": ("model.d_model", "d_model, the width of the residual stream"),
+                   "heads": ("model.n_heads", "attention heads, must divide the width")}
+
+
+def _add_shortcuts(s: argparse.ArgumentParser, names: tuple[str, ...]) -> None:
+    for name in names:
+        key, doc = MODEL_SHORTCUTS[name]
+        s.add_argument(f"--{name}", metavar="N", default=argparse.SUPPRESS, help=f"{doc} (= --set {key}=N)")
+
+
+def _shortcuts(args: argparse.Namespace) -> dict[str, str]:
+    return {MODEL_SHORTCUTS[k][0]: v for k, v in vars(args).items() if k in MODEL_SHORTCUTS}
+
+
+def _add_declared(s: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
+    """A command's flags from its configuration's declarations (normlab.config.engine)."""
+    from normlab.config.engine import add_flags, leaves
+
+    add_flags(s, leaves(cls), skip)
+
+
+def _declared(cls: type, args: argparse.Namespace, source: str, **fixed: object):  # noqa: ANN202 - a cls
+    """The command's configuration from the flags it was given (text, parsed by each setting's type)."""
+    from normlab.config.engine import build, given, leaves
+
+    return build(cls, given(args, leaves(cls)), source, from_text=True, as_flags=True, **fixed)
+
+
+def _add_run_settings(s: argparse.ArgumentParser, names: tuple[str, ...], defaults: dict | None = None) -> None:
+    """Flags for some of the run settings (TrainConfig's declarations), with this command's defaults."""
+    from normlab.config.engine import add_flags
+    from normlab.config.train import LEAVES
+
+    add_flags(s, {k: LEAVES[k] for k in names}, defaults=defaults)
+
+
+def _declared_settings(args: argparse.Namespace, names: tuple[str, ...]) -> dict:
+    return {k: v for k, v in vars(args).items() if k in names}
+
+
 def _add_train_args(s: argparse.ArgumentParser) -> None:
     """One flag per setting of TrainConfig, generated from its declaration (doc, choices, type)."""
+    from normlab.config.engine import add_flags
     from normlab.config.train import LEAVES
 
     s.add_argument("--config", help="a TOML file of settings (key = value; [model] table for model options); "
@@ -103,17 +141,7 @@ def _add_train_args(s: argparse.ArgumentParser) -> None:
                    help="any setting by its key: lr=1e-3, model.n_layers=8, layout.h=0.5 (repeatable)")
     s.add_argument("--model", action="append", default=argparse.SUPPRESS, metavar="KEY=VALUE",
                    help="a model option, repeatable: --model n_layers=8 --model mlp=relu (= --set model.KEY=VALUE)")
-    for name, leaf in LEAVES.items():
-        if name == "options":
-            continue
-        flag = "--" + name.replace("_", "-")
-        help_text = f"{leaf.doc} (default: {leaf.default if name != 'layout' else 'peri'})".replace("%", "%%")
-        if leaf.type is bool:
-            s.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
-                           help=help_text)
-        else:
-            s.add_argument(flag, dest=name, default=argparse.SUPPRESS, metavar=name.upper(), help=help_text,
-                           choices=leaf.choices)
+    add_flags(s, {k: v for k, v in LEAVES.items() if k != "options"})
 
 
 def train_config_from_args(args: argparse.Namespace):  # noqa: ANN201 - TrainConfig
@@ -142,27 +170,25 @@ def _train(args: argparse.Namespace) -> int:
     if summary:
         from normlab.runs.outcome import describe
 
-        print(f"{cfg.out}: {describe(summary)}")
+        print(f"{cfg.run.out}: {describe(summary)}")
     return 0
 
 
 def _screen(args: argparse.Namespace) -> int:
     import json
 
-    from normlab.io import atomic_write_json
-    from normlab.screen import ScreenConfig, format_table, load_layout_arg, parse_stresses, screen_layout
-
     from tqdm import tqdm
 
+    from normlab.config.commands import ScreenConfig
     from normlab.config.train import TrainConfig
+    from normlab.io import atomic_write_json
+    from normlab.screen import format_table, load_layout_arg, screen_layout
 
-    # the size flags through the run configuration's one override function: same keys, same checks
-    flags = {"size": args.size, "model.n_layers": args.layers, "model.d_model": args.width, "model.n_heads": args.heads}
-    given = {k: v for k, v in flags.items() if v is not None}
-    given.update(_pairs(args.set, "--set", "model.n_layers=12"))
+    # the model's shape through the run configuration's one override function: same keys, same checks
+    given = {**_declared_settings(args, ("size",)), **_shortcuts(args), **_pairs(args.set, "--set", "model.n_layers=12")}
     model = TrainConfig().with_(given, "screen", from_text=True).model
-    cfg = ScreenConfig(size=model.size, model=dict(model.options), stresses=parse_stresses(args.stress), mode=args.mode,
-                       h_factor=args.h_factor, batch=args.batch, seq_len=args.seq_len, seed=args.seed)
+    cfg = _declared(ScreenConfig, argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "size"}), "screen",
+                    size=model.size, model=dict(model.options))
     layouts = [load_layout_arg(a) for a in args.layouts]  # all parsed before any work: typos fail fast
     results = []
     bar = tqdm(layouts, desc="screen", unit="layout", disable=None, leave=False)
@@ -216,18 +242,8 @@ def _grid_args(items: list[str] | None) -> dict:
     return grid
 
 
-def _check_workers(workers: int | None) -> None:
-    if workers is not None and workers < 1:
-        raise ConfigError(f"--workers {workers}: give a positive number of parallel runs (default: one per CPU core)")
-
-
-def _merge_base(base: dict, extra: dict) -> dict:
-    from normlab.config.train import flatten_settings
-
-    return {**flatten_settings(base), **flatten_settings(extra)}
-
-
 def _sweep(args: argparse.Namespace) -> int:
+    from normlab.config.engine import given, leaves
     from normlab.experiments import SweepConfig, load_recipe, run_sweep, summarize
 
     if args.file and args.recipe:
@@ -235,15 +251,10 @@ def _sweep(args: argparse.Namespace) -> int:
     if not (args.file or args.recipe or args.grid):
         raise ConfigError("give a sweep file, --recipe NAME (see `normlab recipes`) or --grid AXIS=VALUES")
     sweep = SweepConfig.from_toml(args.file) if args.file else load_recipe(args.recipe) if args.recipe else SweepConfig()
-    data = sweep.to_dict()
-    data["base"] = _merge_base(data["base"], _settings(args.set or []))
-    data["grid"] = {**data["grid"], **_grid_args(args.grid or [])}
-    if args.name:
-        data["name"] = args.name
-    sweep = SweepConfig.from_dict(data)
+    sweep = sweep.with_(given(args, leaves(SweepConfig)), base=_settings(args.set or []),
+                        grid=_grid_args(args.grid or []), from_text=True)
     out = args.out or f"runs/sweeps/{sweep.name}"
-    _check_workers(args.workers)
-    counts = run_sweep(sweep, out, workers=args.workers, executor=args.executor)
+    counts = run_sweep(sweep, out, workers=sweep.workers, executor=sweep.executor)
     result = summarize(out)
     print(result["markdown"].read_text())
     print(f"summary: {result['markdown']}\nreport: {result['html']}")
@@ -266,14 +277,16 @@ def _summarize(args: argparse.Namespace) -> int:
 def _compare(args: argparse.Namespace) -> int:
     import time
 
+    from normlab.config.commands import CompareConfig
     from normlab.experiments import compare
 
     t0 = time.perf_counter()
-    _check_workers(args.workers)
-    given = {k: v for k, v in (("size", args.size), ("steps", args.steps)) if v is not None}
-    base = _merge_base(given, _settings(args.set or []))
-    index = compare([x.strip() for x in args.layouts.split(";" if ";" in args.layouts else ",") if x.strip()],
-                    out=args.out, workers=args.workers, **base)  # logs the runs, the cell table, the reading
+    cfg = _declared(CompareConfig, args, "compare")
+    base = {**_declared_settings(args, ("size", "steps")), **_pairs(args.set, "--set", "lr=1e-3")}
+    from normlab.config.train import typed_settings
+
+    index = compare(list(cfg.layouts), out=cfg.out, workers=cfg.workers,
+                    **typed_settings(base, "compare", from_text=True))  # logs the runs, the cell table, the reading
     print(f"done in {time.perf_counter() - t0:.0f}s\nreport: {index}")
     return 0
 
@@ -292,19 +305,21 @@ def _recipes(args: argparse.Namespace) -> int:
 
 
 def _scan(args: argparse.Namespace) -> int:
+    from normlab.config.commands import ScanConfig
     from normlab.hf.scan import scan
 
+    cfg = _declared(ScanConfig, args, "scan")
     if not (Path(args.model) / "config.json").is_file():
         raise ConfigError(f"{args.model} is not a local transformers model folder (no config.json); give a folder "
                           "written by save_pretrained or normlab export")
     texts = None
-    if args.text_file:
-        if not Path(args.text_file).is_file():
-            raise ConfigError(f"--text-file {args.text_file} does not exist")
-        texts = [t for t in Path(args.text_file).read_text(errors="replace").split("\n\n") if t.strip()]
+    if cfg.text_file:
+        if not Path(cfg.text_file).is_file():
+            raise ConfigError(f"--text-file {cfg.text_file} does not exist")
+        texts = [t for t in Path(cfg.text_file).read_text(errors="replace").split("\n\n") if t.strip()]
         if not texts:
-            raise ConfigError(f"{args.text_file} has no text (texts are separated by blank lines)")
-    result = scan(args.model, args.out or str(Path(args.model) / "scan"), texts, args.max_len)
+            raise ConfigError(f"{cfg.text_file} has no text (texts are separated by blank lines)")
+    result = scan(args.model, cfg.out or str(Path(args.model) / "scan"), texts, cfg.max_len)
     print(result["table"])
     print(f"report: {result['html']}")
     return 0
@@ -338,21 +353,8 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _eval_limit(text: str | None) -> int | float | None:
-    """--limit: a count (a positive integer) or a fraction in (0, 1]."""
-    if text is None:
-        return None
-    try:
-        value = float(text) if "." in text or "e" in text.lower() else int(text)
-    except ValueError:
-        raise ConfigError(f"--limit {text!r} is not a number; give examples per task (an integer, e.g. 50) "
-                          "or a fraction (e.g. 0.1)") from None
-    if isinstance(value, int) and value < 1 or isinstance(value, float) and not 0 < value <= 1:
-        raise ConfigError(f"--limit {text} is out of range; give a positive integer or a fraction in (0, 1]")
-    return value
-
-
 def _eval(args: argparse.Namespace) -> int:
+    from normlab.config.commands import EvalConfig
     from normlab.evaluation.harness import GROUPS, LOCAL_TASKS, TASKS_DIR, evaluate, evaluate_sweep, kind_of
 
     if args.tasks_dir:
@@ -367,14 +369,10 @@ def _eval(args: argparse.Namespace) -> int:
         return 0
     if not args.source:
         raise ConfigError("normlab eval needs a run directory, checkpoint, export folder or sweep folder (or --list)")
-    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    if not tasks:
-        raise ConfigError("--tasks is empty; give lm-eval task or group names, e.g. --tasks normlab_local")
-    kw = dict(limit=_eval_limit(args.limit), batch_size=args.batch_size, device=args.device,
-              num_fewshot=args.num_fewshot, samples=args.samples, trust_remote_code=args.trust_remote_code,
-              verbose=args.verbose)
+    cfg = _declared(EvalConfig, args, "eval")
+    tasks, kw = list(cfg.tasks), cfg.options()
     source = Path(args.source)
-    if not args.verbose:
+    if not cfg.verbose:
         print(f"evaluating {source} on {', '.join(tasks)} (lm-eval's own output goes to eval_log.txt beside the "
               "results; --verbose shows it)", flush=True)
     results = evaluate_sweep(source, tasks, **kw) if kind_of(source) == "sweep" else [evaluate(source, tasks, **kw)]
@@ -385,19 +383,21 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _data(args: argparse.Namespace) -> int:
+    from normlab.config.commands import PrepareConfig
     from normlab.data.corpora import get_corpus
 
+    cfg = _declared(PrepareConfig, args, "data prepare")
     if args.action == "fetch":
         print(get_corpus(args.source or "shakespeare").fetch(False))
         return 0
     from normlab.data.prepare import prepare
 
-    if not args.source or not args.out:
+    if not args.source or not cfg.out:
         raise ConfigError("normlab data prepare SOURCE --out DIR: give the text/JSONL/datasets source and a new folder")
-    meta = prepare(args.source, args.out, args.tokenizer, args.text_field, args.val_fraction, args.val_split)
-    print(f"{meta['source']} -> {args.out}: {meta['train']['documents']:,} + {meta['val']['documents']:,} documents, "
+    meta = prepare(args.source, cfg.out, cfg.tokenizer, cfg.text_field, cfg.val_fraction, cfg.val_split)
+    print(f"{meta['source']} -> {cfg.out}: {meta['train']['documents']:,} + {meta['val']['documents']:,} documents, "
           f"{meta['train']['tokens']:,} train + {meta['val']['tokens']:,} val tokens ({meta['dtype']}), tokenizer "
-          f"{meta['tokenizer']} (vocab {meta['vocab_size']}, end-of-text id {meta['eos_id']}); train with --data {args.out}")
+          f"{meta['tokenizer']} (vocab {meta['vocab_size']}, end-of-text id {meta['eos_id']}); train with --data {cfg.out}")
     return 0
 
 
@@ -409,7 +409,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """Every command's flags: from its configuration's declarations (normlab.config), display switches
+    (--names, --json, --list, ...) and positional inputs aside."""
     import normlab
+    from normlab.config.commands import (COMPARE_BASE, CompareConfig, DemoConfig, EvalConfig, PrepareConfig,
+                                         ScanConfig, ScreenConfig)
+    from normlab.experiments.sweep import SweepConfig
     from normlab.data.corpora import CORPORA
     from normlab.hf.archs import EXPORTABLE
 
@@ -426,15 +431,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_layouts)
     s = sub.add_parser("show", help="print a layout resolved per layer, with the parameter count")
     s.add_argument("layout", help="preset name or string form, e.g. peri or 'attn=AB,mlp=AB,final'")
-    s.add_argument("--size", default="tiny", choices=list(SIZES), metavar="SIZE", help=f"size preset ({', '.join(SIZES)})")
-    s.add_argument("--layers", type=int, default=None, help="override the number of layers")
+    _add_run_settings(s, ("size",))
+    _add_shortcuts(s, ("layers",))
     s.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="a model or layout setting as train takes it: model.n_layers=12, model.mlp=relu, layout.h=0.5")
     s.set_defaults(func=_show)
     s = sub.add_parser("demo", help="compare layouts at initialization on real text: loss, RMS and grad norm by depth")
-    s.add_argument("--layouts", default="post,pre,peri,hybrid", help="comma-separated preset names")
-    s.add_argument("--size", default="tiny", choices=list(SIZES), metavar="SIZE", help=f"size preset ({', '.join(SIZES)})")
-    s.add_argument("--seed", type=int, default=0)
+    _add_declared(s, DemoConfig)
     s.set_defaults(func=_demo)
     s = sub.add_parser(
         "train",
@@ -454,19 +457,11 @@ def build_parser() -> argparse.ArgumentParser:
         "Example: normlab screen post pre peri hybrid --json screen.json",
     )
     s.add_argument("layouts", nargs="+", help="preset names, string forms, or .toml files with a 'layout' key")
-    s.add_argument("--size", default="tiny", choices=list(SIZES), metavar="SIZE",
-                   help=f"size preset ({', '.join(SIZES)}); default tiny")
-    s.add_argument("--layers", help="number of layers (depth; = --set model.n_layers=N)")
-    s.add_argument("--width", help="d_model (= --set model.d_model=N)")
-    s.add_argument("--heads", help="attention heads, must divide the width (= --set model.n_heads=N)")
+    _add_declared(s, ScreenConfig)
+    s.add_argument("--stress", dest="stresses", default=argparse.SUPPRESS, metavar="S1,S2,...",
+                   help="= --stresses")
+    _add_shortcuts(s, ("layers", "width", "heads"))
     s.add_argument("--set", action="append", metavar="model.NAME=VALUE", help="any model option (repeatable)")
-    s.add_argument("--stress", default="1,2,4,8", help="weight stress factors s > 0, comma-separated (default 1,2,4,8)")
-    s.add_argument("--mode", default="output", choices=["output", "all"],
-                   help="output: scale W_O and W_down by s (module outputs x s); all: scale every attention/MLP weight")
-    s.add_argument("--h-factor", type=float, default=0.5, help="also screen at h times this (default 0.5)")
-    s.add_argument("--batch", type=int, default=2)
-    s.add_argument("--seq-len", type=int, default=64)
-    s.add_argument("--seed", type=int, default=0)
     s.add_argument("--json", help="write every measurement to this JSON file")
     s.add_argument("-v", "--verbose", action="store_true", help="explain the well-posedness verdict per sublayer")
     s.set_defaults(func=_screen)
@@ -482,13 +477,9 @@ def build_parser() -> argparse.ArgumentParser:
         "steps, fp16 activations) "
         "provoke Pre-LN's fp16 overflow in about two minutes on 2 cores. Resumable: run it again and finished "
         "layouts are not retrained.")
-    s.add_argument("--layouts", default="post,pre,peri,hybrid", help="comma-separated (or ;-separated) layouts")
-    s.add_argument("--size", choices=list(SIZES), metavar="SIZE",
-                   help=f"size preset ({', '.join(SIZES)}); default micro-deep (micro with 12 layers)")
-    s.add_argument("--steps", type=int, help="training steps per layout (default 150)")
+    _add_declared(s, CompareConfig)
+    _add_run_settings(s, ("size", "steps"), defaults=COMPARE_BASE)
     s.add_argument("--set", action="append", metavar="KEY=VALUE", help="any training setting, e.g. --set lr=1e-3")
-    s.add_argument("--workers", type=int, help="parallel runs (default: one per CPU core)")
-    s.add_argument("--out", default="runs/compare", help="output folder (default runs/compare)")
     s.set_defaults(func=_compare)
     s = sub.add_parser(
         "sweep", help="run a grid of trainings in parallel into one SQLite store (resumable)",
@@ -499,10 +490,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--recipe", help="a ready-made sweep (see `normlab recipes`)")
     s.add_argument("--grid", action="append", metavar="AXIS=V1,V2", help="add or replace a grid axis (repeatable)")
     s.add_argument("--set", action="append", metavar="KEY=VALUE", help="a base setting (repeatable; model.NAME for model options)")
-    s.add_argument("--name", help="sweep name (default: the file's or recipe's)")
     s.add_argument("--out", help="sweep folder (default runs/sweeps/NAME)")
-    s.add_argument("--workers", type=int, help="parallel runs on this machine (default: one per CPU core)")
-    s.add_argument("--executor", choices=["local", "slurm", "submitit-local"], help="where runs execute (default: the file's, else local)")
+    _add_declared(s, SweepConfig)  # --name, --workers, --executor, ...: over the file's or recipe's
     s.set_defaults(func=_sweep)
     s = sub.add_parser("summarize", help="tables and figures from a sweep: U-curves, divergences k/n, mean ± std, LR sensitivity")
     s.add_argument("sweep", help="a sweep folder (holding sweep.db)")
@@ -518,9 +507,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "RMS, variance, mean |h|, max |h|, median, max/median; top-100 and FP16 headroom; angular "
                        "distance. Writes table.md, scan.json, PNGs and index.html.")
     s.add_argument("model", help="a local folder with config.json and weights (and a tokenizer, optionally)")
-    s.add_argument("--out", help="output folder (default MODEL/scan)")
-    s.add_argument("--text-file", help="texts to run, separated by blank lines (default: four built-in texts)")
-    s.add_argument("--max-len", type=int, default=64, help="tokens per text (default 64)")
+    _add_declared(s, ScanConfig)
     s.set_defaults(func=_scan)
     s = sub.add_parser("export", help="save a trained normlab model as a transformers checkpoint",
                        description="Export a run's newest checkpoint: --arch normlab (default) writes the normlab "
@@ -539,19 +526,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "lm-eval's --model hf loads it; a sweep folder: every run that finished ok. Results go to "
                        "eval.json beside the model and show in normlab report and normlab summarize.")
     s.add_argument("source", nargs="?", help="run directory, checkpoint, export folder or sweep folder")
-    s.add_argument("--tasks", default="normlab_local",
-                   help="comma-separated lm-eval task/group names (default normlab_local: three offline tasks)")
-    s.add_argument("--limit", help="examples per task (an integer, or a fraction like 0.1)")
-    s.add_argument("--batch-size", default="1", help="lm-eval batch size (an integer, or auto)")
-    s.add_argument("--device", default="cpu", help="cpu, cuda, cuda:0, ... (default cpu)")
-    s.add_argument("--num-fewshot", type=int, help="few-shot examples (default: each task's own, zero for normlab's)")
-    s.add_argument("--samples", action="store_true", help="also write each item's request and response to eval_samples/TASK.jsonl")
-    s.add_argument("--verbose", action="store_true",
-                   help="show lm-eval's and transformers' log and progress bars (default: the results, the items scored "
-                   "and what was truncated)")
-    s.add_argument("--trust-remote-code", action="store_true",
-                   help="let an export folder's own model code run (needed only where normlab did not write it: "
-                   "a normlab export's modeling_normlab.py is verified against this version's and runs without it)")
+    _add_declared(s, EvalConfig)
     s.add_argument("--list", action="store_true", help="list normlab's tasks and the papers' task groups")
     s.add_argument("--tasks-dir", action="store_true",
                    help="print the folder of normlab's task YAMLs (for lm_eval --include_path) and exit")
@@ -565,12 +540,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("action", choices=["fetch", "prepare"])
     s.add_argument("source", nargs="?", help=f"fetch: a corpus name ({', '.join(CORPORA)}; default shakespeare); "
                    "prepare: text file, folder, .jsonl, datasets folder or a corpus name")
-    s.add_argument("--out", help="prepare: a new or empty folder")
-    s.add_argument("--tokenizer", default="bytes", help="bytes | bpe:VOCAB (trained on the source) | a tokenizer.json")
-    s.add_argument("--text-field", default="text", help="the text field of JSONL records / dataset rows (default text)")
-    s.add_argument("--val-fraction", type=float, default=0.1, help="fraction of documents held out (default 0.1)")
-    s.add_argument("--val-split", choices=["tail", "hash"], default="tail",
-                   help="tail: the last documents; hash: a fixed sample of documents by the SHA-256 of their text")
+    _add_declared(s, PrepareConfig)
     s.set_defaults(func=_data)
     return p
 

@@ -28,17 +28,16 @@ on norms, biases and embeddings.
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
-import math
-import types
 import typing
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Literal, Mapping
 
-from normlab.layout import Layout, LayoutError, parse_layout
-from normlab.model.config import POSITIONS, SIZES, ConfigError, ModelConfig, get_size
+from normlab.config.engine import Leaf, coerce, leaves, nonneg, open_unit, positive, setting, unit
+from normlab.errors import ConfigError, LayoutError
+from normlab.layout import Layout, parse_layout
+from normlab.model.config import POSITIONS, SIZES, ModelConfig, get_size
 
 WD_EXCLUDABLE = ("norms", "biases", "embeddings")
 # layout.NAME keys: the option's name -> the Layout field it sets
@@ -47,32 +46,6 @@ SEED_LIMIT = 2**32  # numpy's generators take seeds below 2^32
 
 
 # --- field declarations ---------------------------------------------------------------------------
-
-def setting(default: Any, doc: str, *, identity: bool = True, choices: tuple | None = None,
-            check: Callable[[Any], str | None] | None = None) -> Any:
-    """A leaf of the run configuration: its default, doc, identity mark, choices and range check."""
-    meta = {"doc": doc, "identity": identity, "choices": choices, "check": check}
-    if isinstance(default, (dict, list, Layout)) or callable(default):
-        factory = default if callable(default) else (lambda d=default: d)
-        return field(default_factory=factory, metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-def _positive(v: Any) -> str | None:
-    return None if v > 0 else "must be > 0"
-
-
-def _nonneg(v: Any) -> str | None:
-    return None if v >= 0 else "must be >= 0"
-
-
-def _unit(v: Any) -> str | None:
-    return None if 0 <= v < 1 else "must lie in [0, 1)"
-
-
-def _open_unit(v: Any) -> str | None:
-    return None if 0 < v < 1 else "must lie in (0, 1)"
-
 
 def _seed(v: Any) -> str | None:
     return None if 0 <= v < SEED_LIMIT else f"must lie in [0, 2^32) (numpy's generators), got {v}"
@@ -110,33 +83,33 @@ class DataSettings:
     tokenizer: str = setting("bytes", "bytes | bpe:VOCAB | path to a tokenizer.json (or its folder)")
     text_field: str = setting("text", "JSONL field holding the text")
     token_dtype: str = setting("uint16", "dtype of a .bin token file", choices=("uint16", "uint32"))
-    vocab_size: int | None = setting(None, "required for .bin data; else the tokenizer's", check=_positive)
-    val_fraction: float = setting(0.1, "fraction of the data held out for validation", check=_open_unit)
+    vocab_size: int | None = setting(None, "required for .bin data; else the tokenizer's", check=positive)
+    val_fraction: float = setting(0.1, "fraction of the data held out for validation", check=open_unit)
     task: Literal["lm", "sft"] = setting("lm", "lm: next-token on all text; sft: JSONL prompt/response, loss on responses only",
                                          choices=("lm", "sft"))
     prompt_field: str = setting("prompt", "SFT: the JSONL field of the prompt")
     response_field: str = setting("response", "SFT: the JSONL field of the response")
-    seq_len: int = setting(128, "tokens per training sequence", check=_positive)
-    batch_size: int = setting(32, "global sequences per optimizer step (all ranks, all micro-batches)", check=_positive)
-    grad_accum: int = setting(1, "micro-batches per optimizer step (per rank)", check=_positive)
+    seq_len: int = setting(128, "tokens per training sequence", check=positive)
+    batch_size: int = setting(32, "global sequences per optimizer step (all ranks, all micro-batches)", check=positive)
+    grad_accum: int = setting(1, "micro-batches per optimizer step (per rank)", check=positive)
 
 
 @dataclass(frozen=True)
 class OptimSettings:
     optimizer: Literal["adamw", "sgd"] = setting("adamw", "adamw | sgd", choices=("adamw", "sgd"))
-    lr: float = setting(3e-3, "peak learning rate", check=_positive)
-    min_lr: float | None = setting(None, "cosine floor; none: lr / 10", check=_nonneg)
-    warmup: float = setting(0.1, "fraction of steps with linear warmup", check=_unit)
-    beta1: float = setting(0.9, "AdamW beta1", check=_unit)
-    beta2: float = setting(0.95, "AdamW beta2", check=_unit)
-    eps: float = setting(1e-8, "AdamW epsilon", check=_positive)
-    momentum: float = setting(0.9, "SGD momentum", check=_unit)
-    weight_decay: float = setting(0.1, "decoupled weight decay", check=_nonneg)
+    lr: float = setting(3e-3, "peak learning rate", check=positive)
+    min_lr: float | None = setting(None, "cosine floor; none: lr / 10", check=nonneg)
+    warmup: float = setting(0.1, "fraction of steps with linear warmup", check=unit)
+    beta1: float = setting(0.9, "AdamW beta1", check=unit)
+    beta2: float = setting(0.95, "AdamW beta2", check=unit)
+    eps: float = setting(1e-8, "AdamW epsilon", check=positive)
+    momentum: float = setting(0.9, "SGD momentum", check=unit)
+    weight_decay: float = setting(0.1, "decoupled weight decay", check=nonneg)
     wd_exclude: str = setting("norms,biases,embeddings", 'comma list from: norms, biases, embeddings ("" decays all)',
                               check=_wd_exclude)
-    grad_clip: float = setting(1.0, "max global grad norm; 0 disables clipping (the norm is still logged)", check=_nonneg)
-    z_loss: float = setting(0.0, "coefficient of the z-loss log(Z)^2 (PaLM); 0 disables", check=_nonneg)
-    steps: int = setting(300, "optimizer steps", check=_positive)
+    grad_clip: float = setting(1.0, "max global grad norm; 0 disables clipping (the norm is still logged)", check=nonneg)
+    z_loss: float = setting(0.0, "coefficient of the z-loss log(Z)^2 (PaLM); 0 disables", check=nonneg)
+    steps: int = setting(300, "optimizer steps", check=positive)
     seed: int = setting(0, "seed of the init, the batches and the probes", check=_seed)
 
 
@@ -157,35 +130,35 @@ class RunSettings:
         False, "keep only each block's input for the backward and recompute the block (memory of one block's "
         "activations instead of all; about a third more compute)", identity=False)
     loss_chunk: int = setting(4096, "compute the loss over chunks of this many tokens, so the float32 logits of "
-                              "the whole micro-batch never exist at once (0: one pass)", identity=False, check=_nonneg)
+                              "the whole micro-batch never exist at once (0: one pass)", identity=False, check=nonneg)
     tf32: bool = setting(True, "precision fp32 on CUDA: TF32 tensor-core matmuls", identity=False)
     loss_scale_init: float = setting(65536.0, "fp16: the loss scaler's initial scale (torch's default, 2^16)",
-                                     check=_positive)
+                                     check=positive)
     max_overflow_streak: int = setting(20, "fp16: diverged after this many consecutive steps whose gradients "
-                                       "overflowed (each halves the loss scale)", check=_positive)
+                                       "overflowed (each halves the loss scale)", check=positive)
     min_loss_scale: float = setting(1.0, "fp16: diverged once the loss scale falls below this (the gradients "
-                                    "overflow FP16 even unscaled)", check=_positive)
+                                    "overflow FP16 even unscaled)", check=positive)
     on_nonfinite: Literal["stop", "skip"] = setting(
         "stop", "a NaN/Inf loss or gradient: stop (diverged) or skip the step", choices=("stop", "skip"))
     max_skipped: float = setting(0.1, "with on_nonfinite=skip: diverged once more than this fraction of the steps "
-                                 "so far (after 10) were skipped", check=_open_unit)
+                                 "so far (after 10) were skipped", check=open_unit)
     diverge_patience: int = setting(50, "diverged if the loss stays above its initial value this many steps (0: off)",
-                                    check=_nonneg)
-    diverge_final_loss: float | None = setting(None, "diverged if the final loss ends above this", check=_positive)
+                                    check=nonneg)
+    diverge_final_loss: float | None = setting(None, "diverged if the final loss ends above this", check=positive)
     stall_margin: float = setting(0.05, "stalled if the final loss ends within this fraction of the corpus's unigram "
                                   "loss (or above it) and improved by less than a fifth of that over the last "
-                                  "quarter of the run (0: off); see normlab.train.monitor", identity=False, check=_nonneg)
+                                  "quarter of the run (0: off); see normlab.train.monitor", identity=False, check=nonneg)
     probe_every: int = setting(100, "probe pass every N steps, at step 0 and at the end (0: off); see docs/diagnostics.md",
-                               identity=False, check=_nonneg)
+                               identity=False, check=nonneg)
     probe_batch: int = setting(8, "sequences in the fixed probe batch (the first validation windows)", identity=False,
-                               check=_positive)
+                               check=positive)
     eval_every: int = setting(100, "validation every N steps and at the end (0: only at the end)", identity=False,
-                              check=_nonneg)
-    eval_batches: int = setting(8, "validation batches (of batch_size windows) per evaluation", check=_positive)
+                              check=nonneg)
+    eval_batches: int = setting(8, "validation batches (of batch_size windows) per evaluation", check=positive)
     out: str = setting("runs/run", "the run directory", identity=False)
     ckpt_every: int = setting(0, "checkpoint every N steps (0: every 10%% of the run, 10 to 100 steps apart); "
-                              "a checkpoint always ends the run", identity=False, check=_nonneg)
-    keep_last: int = setting(2, "checkpoints kept", identity=False, check=_positive)
+                              "a checkpoint always ends the run", identity=False, check=nonneg)
+    keep_last: int = setting(2, "checkpoints kept", identity=False, check=positive)
     resume: bool = setting(True, "continue from the newest checkpoint in `out` if one exists", identity=False)
     progress: bool = setting(True, "progress bar", identity=False)
     tensorboard: bool = setting(False, "needs the tensorboard extra", identity=False)
@@ -195,29 +168,8 @@ class RunSettings:
 SECTIONS: dict[str, type] = {"model": ModelSettings, "data": DataSettings, "optim": OptimSettings, "run": RunSettings}
 
 
-@dataclass(frozen=True)
-class Leaf:
-    """One addressable setting: its key, section, type and metadata."""
-
-    name: str
-    section: str
-    type: Any
-    default: Any
-    doc: str
-    identity: bool
-    choices: tuple | None
-    check: Callable[[Any], str | None] | None
-
-
 def _leaves() -> dict[str, Leaf]:
-    out = {}
-    for sec, cls in SECTIONS.items():
-        hints = typing.get_type_hints(cls)
-        for f in fields(cls):
-            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
-            out[f.name] = Leaf(f.name, sec, hints[f.name], default, f.metadata["doc"], f.metadata["identity"],
-                               f.metadata["choices"], f.metadata["check"])
-    return out
+    return {name: leaf for sec, cls in SECTIONS.items() for name, leaf in leaves(cls, sec).items()}
 
 
 LEAVES: dict[str, Leaf] = _leaves()
@@ -227,72 +179,6 @@ MODEL_OPTIONS: tuple[str, ...] = tuple(f.name for f in fields(ModelConfig))
 
 
 # --- value checking ---------------------------------------------------------------------------------
-
-def _scalar_type(t: Any) -> tuple[Any, bool, tuple | None]:
-    """(base type, nullable, literal choices) of an annotation."""
-    nullable, choices = False, None
-    if typing.get_origin(t) in (typing.Union, types.UnionType):
-        args = typing.get_args(t)
-        nullable = type(None) in args
-        t = next(a for a in args if a is not type(None))
-    if typing.get_origin(t) is Literal:
-        choices = typing.get_args(t)
-        t = type(choices[0])
-    return t, nullable, choices
-
-
-_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
-
-
-def coerce(key: str, value: Any, annotation: Any, choices: tuple | None = None,
-           check: Callable[[Any], str | None] | None = None, from_text: bool = False) -> Any:
-    """`value` as the annotated type. With `from_text` (a command line) strings are parsed; otherwise
-    values must have the type already (TOML's `steps = true` or `compile = "no"` is refused, not
-    read as 1 or False). NaN and inf are refused."""
-    base, nullable, literal = _scalar_type(annotation)
-    choices = choices or literal
-    if from_text and isinstance(value, str) and (base is not str or (nullable and value.lower() in ("none", "null"))):
-        text = value.strip()
-        if nullable and text.lower() in ("none", "null"):
-            return None
-        if base is bool:
-            if text.lower() not in _TRUE + _FALSE:
-                raise ConfigError(f"{key}: expected true or false, got {value!r}")
-            value = text.lower() in _TRUE
-        elif base is int:
-            try:
-                value = int(text, 0) if text.lower().startswith(("0x", "0b", "0o")) else int(text)
-            except ValueError:
-                raise ConfigError(f"{key}: expected an integer, got {value!r}") from None
-        elif base is float:
-            try:
-                value = float(text)
-            except ValueError:
-                raise ConfigError(f"{key}: expected a number, got {value!r}") from None
-    if value is None:
-        if not nullable:
-            raise ConfigError(f"{key}: a value is required (none is not valid here)")
-        return None
-    if base is bool and not isinstance(value, bool):
-        raise ConfigError(f"{key}: expected true or false, got {value!r} ({type(value).__name__})")
-    if base is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise ConfigError(f"{key}: expected an integer, got {value!r} ({type(value).__name__})")
-    if base is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key}: expected a number, got {value!r} ({type(value).__name__})")
-        if not math.isfinite(value):
-            raise ConfigError(f"{key}: expected a finite number, got {value!r}")
-        value = float(value)
-    if base is str and not isinstance(value, str):
-        raise ConfigError(f"{key}: expected a string, got {value!r} ({type(value).__name__})")
-    if choices and value not in choices:
-        raise ConfigError(f"{key}: {value!r} is not valid; valid: {', '.join(map(str, choices))}")
-    if check is not None:
-        problem = check(value)
-        if problem:
-            raise ConfigError(f"{key} {problem}, got {value!r}" if "got" not in problem else f"{key} {problem}")
-    return value
-
 
 def _model_option(key: str, name: str, value: Any, from_text: bool = False) -> Any:
     if name not in MODEL_OPTIONS:
@@ -371,13 +257,6 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         self.validate()
-
-    def __getattr__(self, name: str) -> Any:
-        """Every leaf reads as `cfg.NAME` too (`cfg.lr` is `cfg.optim.lr`)."""
-        leaf = LEAVES.get(name)
-        if leaf is None or name == "options" or name.startswith("__"):
-            raise AttributeError(name)
-        return getattr(object.__getattribute__(self, leaf.section), name)
 
     # -- construction --
     @classmethod

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from normlab.config.commands import VAL_SPLITS
 from normlab.data.corpora import CORPORA
 from normlab.errors import DataError
 from normlab.data.tokenizer import Tokenizer, load_tokenizer
@@ -67,7 +68,6 @@ def _hf_dataset_texts(src: Path, field: str) -> Iterator[str]:
                 yield text
 
 
-VAL_SPLITS = ("tail", "hash")
 
 
 def hashed_to_val(text: str, val_fraction: float) -> bool:

@@ -351,7 +351,7 @@ def evaluate(source: str | Path, tasks: list[str], limit: float | None = None, b
 
 def evaluate_sweep(sweep: str | Path, tasks: list[str], **kwargs: Any) -> list[dict[str, Any]]:
     """Evaluate every run of a sweep that finished ok or stalled (diverged ones are excluded, Kim Table 1)."""
-    from normlab.experiments.summarize import load_sweep
+    from normlab.experiments.summary import load_sweep
 
     sweep = Path(sweep)
     df, _ = load_sweep(sweep)

@@ -33,10 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from normlab.config.engine import build, check_fields, check_leaf, leaves, positive, setting, unknown_key
+from normlab.config.train import LEAVES, TrainConfig, flatten_settings, resolve_key, typed_settings
+from normlab.errors import ConfigError, LayoutError
 from normlab.io import read_toml
-from normlab.layout import LayoutError
-from normlab.model.config import ConfigError
-from normlab.config.train import LEAVES, TrainConfig, resolve_key, typed_settings
 
 EXECUTORS = ("local", "slurm", "submitit-local")
 # what a sweep sets for every run itself; a base or grid may not
@@ -56,16 +56,26 @@ class RunSpec:
         return TrainConfig.from_dict({**self.config, "out": str(out), "progress": False}, source=f"run {self.run_id}")
 
 
+def _sweep_name(name: str) -> str | None:
+    return None if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}", name) else \
+        "is not a valid sweep name: use letters, digits and . _ + - (it names a folder under runs/sweeps)"
+
+
 @dataclass
 class SweepConfig:
-    name: str = "sweep"
+    """A sweep: its declared settings (name, provenance, where runs execute), a base of run settings
+    shared by every run, and a grid of axes whose product gives the runs."""
+
+    name: str = setting("sweep", "sweep name (names the folder runs/sweeps/NAME)", check=_sweep_name)
     base: dict[str, Any] = field(default_factory=dict)  # settings shared by every run (any key of TrainConfig)
     grid: dict[str, list[Any]] = field(default_factory=dict)  # axis -> values; runs = product
-    source: str = ""  # the paper, table or figure the sweep reproduces
-    scale: str = ""  # model size, steps, data: what "small scale" means here
-    claim: str = ""  # what the paper found, to check against the summary
-    workers: int | None = None  # parallel runs on this machine (None: one per CPU core, at most the runs)
-    executor: str = "local"  # local (worker processes) | slurm | submitit-local (submitit, for tests)
+    source: str = setting("", "the paper, table or figure the sweep reproduces")
+    scale: str = setting("", "model size, steps, data: what small scale means here")
+    claim: str = setting("", "what the paper found, to check against the summary")
+    workers: int | None = setting(None, "parallel runs on this machine (none: one per CPU core, at most the runs)",
+                                  check=positive)
+    executor: str = setting("local", "where runs execute: local worker processes, slurm (submitit) or "
+                            "submitit-local (submitit here, for tests)", choices=EXECUTORS)
     slurm: dict[str, Any] = field(default_factory=dict)  # submitit options: slurm_partition, timeout_min, ...
 
     @property
@@ -75,21 +85,11 @@ class SweepConfig:
         return "gpu" if any(isinstance(d, str) and d.startswith("cuda") for d in devices) else "cpu"
 
     def __post_init__(self) -> None:
-        for key in ("name", "source", "scale", "claim", "executor"):
-            if not isinstance(getattr(self, key), str):
-                raise ConfigError(f"sweep {key} must be a string, got {getattr(self, key)!r}")
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}", self.name):
-            raise ConfigError(f"sweep name {self.name!r}: use letters, digits and . _ + - (it names a folder "
-                              "under runs/sweeps)")
+        check_fields(self)
         if not isinstance(self.grid, dict):
             raise ConfigError("grid must be a table of axis = [values]")
         if not isinstance(self.base, dict) or not isinstance(self.slurm, dict):
             raise ConfigError("base and slurm must be tables")
-        if self.executor not in EXECUTORS:
-            raise ConfigError(f"executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}")
-        if self.workers is not None and (isinstance(self.workers, bool) or not isinstance(self.workers, int)
-                                         or self.workers < 1):
-            raise ConfigError(f"workers must be a positive integer, got {self.workers!r}")
         self.base = typed_settings(self.base, "sweep base")
         for key in self.base:
             if key.split(".")[-1] in SET_BY_SWEEP and resolve_key(key)[0] == "leaf":
@@ -105,6 +105,19 @@ class SweepConfig:
             grid[axis] = values
         self.grid = grid
         self.expand()  # every run's config validated now, before anything runs
+
+    def with_(self, settings: dict[str, Any] | None = None, base: dict[str, Any] | None = None,
+              grid: dict[str, list[Any]] | None = None, from_text: bool = False) -> SweepConfig:
+        """This sweep with declared settings replaced (`settings`, e.g. from flags), run settings added to
+        its base and axes added to (or replacing) its grid; the result is validated as a whole."""
+        values = {k: v for k, v in self.to_dict().items() if k in leaves(SweepConfig)}
+        decl = leaves(SweepConfig)
+        for key, value in (settings or {}).items():
+            if key not in decl:
+                raise unknown_key(key, list(decl), "the sweep's settings")
+            values[key] = check_leaf(decl[key], value, from_text=from_text)
+        merged_base = {**flatten_settings(self.base), **flatten_settings(base or {})}
+        return SweepConfig(**values, base=merged_base, grid={**self.grid, **(grid or {})}, slurm=dict(self.slurm))
 
     def expand(self) -> list[RunSpec]:
         axes = list(self.grid)
@@ -129,14 +142,15 @@ class SweepConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source_file: str = "sweep") -> SweepConfig:
-        valid = set(cls.__dataclass_fields__)
-        unknown = sorted(set(data) - valid)
-        if unknown:
-            raise ConfigError(f"{source_file}: unknown key(s) {', '.join(unknown)}; valid: {', '.join(sorted(valid))}")
+        """A sweep from its TOML/JSON form: the declared settings, and the base, grid and slurm tables."""
+        tables = {k: data[k] for k in ("base", "grid", "slurm") if k in data}
         try:
-            return cls(**data)
+            return build(cls, {k: v for k, v in data.items() if k not in tables}, source_file,
+                         base=tables.get("base", {}), grid=tables.get("grid", {}), slurm=tables.get("slurm", {}))
         except ConfigError as err:
-            raise ConfigError(f"{source_file}: {err}" if source_file != "sweep" else str(err)) from None
+            text = str(err)
+            raise ConfigError(text if text.startswith(source_file) or source_file == "sweep" else
+                              f"{source_file}: {text}") from None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}

@@ -56,9 +56,9 @@ class Start:
 
 
 def plan_start(cfg: TrainConfig, warn=print) -> Start:  # noqa: ANN001 - warn: print-like
-    """Decide how the run in `cfg.out` starts (see the module docstring); raises ConfigError to refuse.
+    """Decide how the run in `cfg.run.out` starts (see the module docstring); raises ConfigError to refuse.
     Called after `check_out` and under the run's lock (as `train` does)."""
-    run, rd = Path(cfg.out), RunDir(cfg.out)
+    run, rd = Path(cfg.run.out), RunDir(cfg.run.out)
     if not rd.is_run():
         return Start()
     saved = rd.train_config()
@@ -75,12 +75,12 @@ def plan_start(cfg: TrainConfig, warn=print) -> Start:  # noqa: ANN001 - warn: p
         raise ConfigError(f"{run} was trained with layout {cfg.model.layout_label!r} = {was_layout!r}; this normlab "
                           f"defines it as {now_layout!r}. Choose another --out to train the new definition, or "
                           f"give --layout {was_layout!r} to resume the old one")
-    if not cfg.resume:
+    if not cfg.run.resume:
         raise ConfigError(f"{run} already holds a run and --no-resume was given; choose another --out "
                           "(nothing there is overwritten)")
     summary = rd.summary()
     status = (summary or {}).get("status")
-    if status == "diverged" or (status in TRAINED and summary.get("steps") == cfg.steps):
+    if status == "diverged" or (status in TRAINED and summary.get("steps") == cfg.optim.steps):
         return Start(finished=summary, note=f"{run} already finished ({summary['status']}); nothing to do")
     found = load_latest_checkpoint(run, warn=lambda m: warn(f"normlab: warning: {m}"))
     if found is None:

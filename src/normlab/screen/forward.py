@@ -16,9 +16,9 @@ import math
 
 import numpy as np
 import torch
+from normlab.config.commands import STRESS_MODES
 from torch import nn
 
-STRESS_MODES = ("output", "all")
 
 
 def stressed(model: nn.Module, s: float, mode: str) -> nn.Module:

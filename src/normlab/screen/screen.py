@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import time
 import tomllib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -22,55 +22,19 @@ import torch
 
 from normlab.layout import Layout, LayoutError, as_layout
 from normlab.model import build_model
-from normlab.model.config import ConfigError
+from normlab.config.commands import ScreenConfig
+from normlab.config.engine import check_leaf, leaves
 from normlab.screen.backward import sensitivities
-from normlab.screen.forward import STRESS_MODES, fit_growth, output_norm_bound, profile, stressed, with_h
+from normlab.screen.forward import fit_growth, output_norm_bound, profile, stressed, with_h
 from normlab.screen.uncertainty import amplification
 from normlab.screen.wellposed import all_output_normalized, wellposedness
 
 GROWS, INVARIANT = 1.5, 0.05  # sensitivity ratio s_max/s_min above 1.5: grows; within 5%: invariant
 
 
-@dataclass
-class ScreenConfig:
-    size: str = "tiny"
-    model: dict[str, Any] = field(default_factory=dict)  # ModelConfig overrides (n_layers, d_model, ...)
-    stresses: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0)
-    mode: str = "output"  # output: scale W_O and W_down; all: scale every attention/MLP weight
-    h_factor: float = 0.5  # also screen at h * h_factor
-    batch: int = 2
-    seq_len: int = 64
-    noise: float = 0.1  # input perturbation, relative to RMS(x0)
-    iters: int = 10  # power iterations per block
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if not self.stresses:
-            raise ConfigError("give at least one stress value, e.g. 1,2,4,8")
-        for s in self.stresses:
-            if not (isinstance(s, (int, float)) and math.isfinite(s) and s > 0):
-                raise ConfigError(f"invalid stress value {s!r}: stresses are finite numbers > 0, e.g. 1,2,4,8")
-        if self.mode not in STRESS_MODES:
-            raise ConfigError(f"unknown stress mode {self.mode!r}; valid: {', '.join(STRESS_MODES)}")
-        if not 0 < self.h_factor <= 1:
-            raise ConfigError(f"h_factor must lie in (0, 1], got {self.h_factor}")
-        if not self.noise > 0:
-            raise ConfigError(f"noise must be > 0, got {self.noise}")
-        for name in ("batch", "seq_len", "iters"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-
-
 def parse_stresses(text: str) -> tuple[float, ...]:
-    out = []
-    for part in text.split(","):
-        try:
-            value = float(part)
-        except ValueError:
-            raise ConfigError(f"invalid stress value {part.strip()!r}: stresses are numbers > 0, e.g. 1,2,4,8") from None
-        out.append(value)
-    return tuple(out)
+    """Comma-separated stress factors, checked as the `stresses` setting."""
+    return check_leaf(leaves(ScreenConfig)["stresses"], text, key="stress", from_text=True)
 
 
 def load_layout_arg(arg: str) -> tuple[Layout, dict[str, Any]]:

@@ -47,26 +47,26 @@ class LineProgress:
 class Sinks:
     def __init__(self, cfg, run: RunDir, start: int) -> None:  # noqa: ANN001 - TrainConfig
         self.tb = self.wandb = self.bar = None
-        if cfg.tensorboard:
+        if cfg.run.tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
                 raise ConfigError("--tensorboard needs the tensorboard package: pip install 'normlab[tensorboard]'") from None
             self.tb = SummaryWriter(log_dir=str(run.tensorboard_dir), purge_step=start)
-        if cfg.wandb:
+        if cfg.run.wandb:
             try:
                 import wandb
             except ImportError:
                 raise ConfigError("--wandb needs the wandb package: pip install 'normlab[wandb]'") from None
-            self.wandb = wandb.init(project="normlab", name=Path(cfg.out).name, dir=str(run.path), config=cfg.to_dict(),
-                                    resume="allow", id=Path(cfg.out).name)
-        if cfg.progress:
+            self.wandb = wandb.init(project="normlab", name=Path(cfg.run.out).name, dir=str(run.path), config=cfg.to_dict(),
+                                    resume="allow", id=Path(cfg.run.out).name)
+        if cfg.run.progress:
             if sys.stderr.isatty():
                 from tqdm import tqdm
 
-                self.bar = tqdm(total=cfg.steps, initial=start, desc=Path(cfg.out).name, unit="step", dynamic_ncols=True)
+                self.bar = tqdm(total=cfg.optim.steps, initial=start, desc=Path(cfg.run.out).name, unit="step", dynamic_ncols=True)
             else:  # a log file or a pipe: a line a minute, not a carriage return per step
-                self.bar = LineProgress(cfg.steps, start, Path(cfg.out).name)
+                self.bar = LineProgress(cfg.optim.steps, start, Path(cfg.run.out).name)
         # Opened last: a sink that fails to start above leaves no file handle behind.
         self.file = run.metrics_file.open("a", buffering=1)
 

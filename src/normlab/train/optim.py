@@ -35,7 +35,7 @@ def param_groups(model: nn.Module, cfg: TrainConfig) -> list[dict]:
         )
         (no_decay if is_excluded else decay).append(p)
     return [
-        {"params": decay, "weight_decay": cfg.weight_decay},
+        {"params": decay, "weight_decay": cfg.optim.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
 
@@ -43,17 +43,17 @@ def param_groups(model: nn.Module, cfg: TrainConfig) -> list[dict]:
 def make_optimizer(model: nn.Module, cfg: TrainConfig, fused: bool = False) -> torch.optim.Optimizer:
     """AdamW or SGD; ``fused`` (CUDA): torch's fused kernels, one launch for all parameters."""
     groups = param_groups(model, cfg)
-    if cfg.optimizer == "sgd":
-        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, fused=fused or None)
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=fused or None)
+    if cfg.optim.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=cfg.optim.lr, momentum=cfg.optim.momentum, fused=fused or None)
+    return torch.optim.AdamW(groups, lr=cfg.optim.lr, betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps, fused=fused or None)
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
     """Linear warmup from lr/warmup_steps to lr, then cosine to the floor at the last step."""
-    warmup_steps = int(cfg.warmup * cfg.steps)
+    warmup_steps = int(cfg.optim.warmup * cfg.optim.steps)
     if step < warmup_steps:
-        return cfg.lr * (step + 1) / warmup_steps
-    span = max(1, cfg.steps - 1 - warmup_steps)
+        return cfg.optim.lr * (step + 1) / warmup_steps
+    span = max(1, cfg.optim.steps - 1 - warmup_steps)
     progress = min(1.0, (step - warmup_steps) / span)
     floor = cfg.lr_floor
-    return floor + 0.5 * (cfg.lr - floor) * (1 + math.cos(math.pi * progress))
+    return floor + 0.5 * (cfg.optim.lr - floor) * (1 + math.cos(math.pi * progress))

@@ -62,9 +62,9 @@ class TrainingFailed(RuntimeError):
 
 
 def _autocast(cfg: TrainConfig, device: torch.device):
-    if cfg.precision == "fp32":
+    if cfg.run.precision == "fp32":
         return contextlib.nullcontext()
-    dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float16
+    dtype = torch.bfloat16 if cfg.run.precision == "bf16" else torch.float16
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
@@ -74,7 +74,7 @@ def _unwrap(model: nn.Module) -> nn.Module:
 
 def _loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(the language-model loss, a MoE model's router auxiliary loss or None); the step minimizes their sum."""
-    out = model(x, targets=y, z_loss=cfg.z_loss, loss_chunk=cfg.loss_chunk)
+    out = model(x, targets=y, z_loss=cfg.optim.z_loss, loss_chunk=cfg.run.loss_chunk)
     return out.loss, out.aux_loss
 
 
@@ -94,11 +94,11 @@ def evaluate(model: nn.Module, batches: list, cfg: TrainConfig, info: distribute
     for x, y in batches:
         share = slice(info.rank * len(x) // info.world, (info.rank + 1) * len(x) // info.world)
         x, y = to_device(x[share], info.device), to_device(y[share], info.device)
-        micro = max(1, cfg.batch_size // (info.world * cfg.grad_accum))
+        micro = max(1, cfg.data.batch_size // (info.world * cfg.data.grad_accum))
         for i in range(0, len(x), micro):
             xb, yb = x[i : i + micro], y[i : i + micro]
             with _autocast(cfg, info.device):
-                total += model(xb, targets=yb, loss_chunk=cfg.loss_chunk).loss.double() * len(xb)
+                total += model(xb, targets=yb, loss_chunk=cfg.run.loss_chunk).loss.double() * len(xb)
             n += len(xb)
     model.train()
     total, n = distributed.sum_across([total.item(), float(n)], info)  # the one sync of an evaluation
@@ -109,7 +109,7 @@ def _load_state(model: nn.Module, opt: torch.optim.Optimizer, ckpt: dict, cfg: T
     if "sharded" in ckpt:  # FSDP2's DCP folder: resharded onto this run's world size, whatever it is
         load_sharded_state(ckpt["sharded"], model, opt)
         return
-    if cfg.fsdp and torch.distributed.is_initialized():  # a whole-model file (an FSDP run of normlab 0.1.0)
+    if cfg.run.fsdp and torch.distributed.is_initialized():  # a whole-model file (an FSDP run of normlab 0.1.0)
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 
         opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=False)
@@ -127,13 +127,13 @@ def train(cfg: TrainConfig, log=print) -> dict[str, Any]:  # noqa: ANN001 - log:
     the other ranks follow its decision and load the same checkpoint.
     """
     cfg.validate()
-    info = distributed.setup(cfg.device)
+    info = distributed.setup(cfg.run.device)
     lock, start = None, None
     try:
         if info.is_main:
-            check_out(Path(cfg.out))
-            lock = RunLock(Path(cfg.out))
-            remove_stale_temp_files(cfg.out)  # of checkpoint writes that were killed
+            check_out(Path(cfg.run.out))
+            lock = RunLock(Path(cfg.run.out))
+            remove_stale_temp_files(cfg.run.out)  # of checkpoint writes that were killed
             start = plan_start(cfg, warn=log)
             if start.note:
                 log(start.note)
@@ -193,44 +193,44 @@ class RunState:
 
 
 def _load_data(cfg: TrainConfig):  # noqa: ANN202 - TokenData | SFTData
-    if cfg.task == "sft":
-        return load_sft_data(cfg.data.data, cfg.tokenizer, cfg.seq_len, cfg.val_fraction, cfg.prompt_field,
-                             cfg.response_field, cfg.data.vocab_size)
-    return load_data(cfg.data.data, cfg.tokenizer, cfg.val_fraction, cfg.text_field, cfg.token_dtype, cfg.data.vocab_size)
+    if cfg.data.task == "sft":
+        return load_sft_data(cfg.data.data, cfg.data.tokenizer, cfg.data.seq_len, cfg.data.val_fraction, cfg.data.prompt_field,
+                             cfg.data.response_field, cfg.data.vocab_size)
+    return load_data(cfg.data.data, cfg.data.tokenizer, cfg.data.val_fraction, cfg.data.text_field, cfg.data.token_dtype, cfg.data.vocab_size)
 
 
 def build_state(cfg: TrainConfig, info: distributed.DistInfo, start: Start) -> RunState:
     """Data, model, optimizer, scaler and monitor, restored from the start's checkpoint if it has one."""
-    if cfg.batch_size % (info.world * cfg.grad_accum):
-        raise ConfigError(f"batch_size={cfg.batch_size} must divide into {info.world} ranks x grad_accum={cfg.grad_accum}")
-    torch.manual_seed(cfg.seed)
+    if cfg.data.batch_size % (info.world * cfg.data.grad_accum):
+        raise ConfigError(f"batch_size={cfg.data.batch_size} must divide into {info.world} ranks x grad_accum={cfg.data.grad_accum}")
+    torch.manual_seed(cfg.optim.seed)
     data = _load_data(cfg)
     # a bad vocabulary or context is refused before the run directory holds anything but its lock
-    model = build_run_model(cfg.model.layout, cfg.size, cfg.model.options, cfg.seq_len, data.vocab_size, cfg.seed)
-    if cfg.init_from and start.checkpoint is None:  # a resumed run's own checkpoint takes precedence
-        load_init_weights(model, cfg.init_from)
+    model = build_run_model(cfg.model.layout, cfg.model.size, cfg.model.options, cfg.data.seq_len, data.vocab_size, cfg.optim.seed)
+    if cfg.model.init_from and start.checkpoint is None:  # a resumed run's own checkpoint takes precedence
+        load_init_weights(model, cfg.model.init_from)
     model = model.to(info.device)
-    model.activation_checkpointing = cfg.activation_checkpointing
-    model.set_storage(storage.for_run(cfg.precision, cfg.stored_dtype))
-    if info.device.type == "cuda" and cfg.precision == "fp32":
+    model.activation_checkpointing = cfg.run.activation_checkpointing
+    model.set_storage(storage.for_run(cfg.run.precision, cfg.stored_dtype))
+    if info.device.type == "cuda" and cfg.run.precision == "fp32":
         # TF32 products, float32 accumulation: about 7x the fp32 peak on an H100 (normlab.train.mfu)
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = cfg.tf32
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = cfg.run.tf32
     params = count_params(model)
-    fpt = flops_per_token(model, cfg.seq_len)
-    model = distributed.wrap(model, info, cfg.fsdp)
+    fpt = flops_per_token(model, cfg.data.seq_len)
+    model = distributed.wrap(model, info, cfg.run.fsdp)
     opt = make_optimizer(model, cfg, fused=info.device.type == "cuda")
     state = RunState(
-        cfg=cfg, info=info, run=Path(cfg.out), data=data, model=model,
-        fwd=torch.compile(model) if cfg.compile else model, opt=opt,
-        scaler=torch.amp.GradScaler(info.device.type, init_scale=cfg.loss_scale_init,
+        cfg=cfg, info=info, run=Path(cfg.run.out), data=data, model=model,
+        fwd=torch.compile(model) if cfg.run.compile else model, opt=opt,
+        scaler=torch.amp.GradScaler(info.device.type, init_scale=cfg.run.loss_scale_init,
                                     enabled=cfg.loss_scaled),
-        monitor=DivergenceMonitor(patience=cfg.diverge_patience, final_loss=cfg.diverge_final_loss,
-                                  max_skipped=cfg.max_skipped, max_overflow_streak=cfg.max_overflow_streak,
-                                  min_loss_scale=cfg.min_loss_scale, stall_margin=cfg.stall_margin,
-                                  unigram_loss=data.unigram_loss() if cfg.stall_margin else None),
-        params=params, val=data.val_windows(cfg.eval_batches, cfg.batch_size, cfg.seq_len),
+        monitor=DivergenceMonitor(patience=cfg.run.diverge_patience, final_loss=cfg.run.diverge_final_loss,
+                                  max_skipped=cfg.run.max_skipped, max_overflow_streak=cfg.run.max_overflow_streak,
+                                  min_loss_scale=cfg.run.min_loss_scale, stall_margin=cfg.run.stall_margin,
+                                  unigram_loss=data.unigram_loss() if cfg.run.stall_margin else None),
+        params=params, val=data.val_windows(cfg.run.eval_batches, cfg.data.batch_size, cfg.data.seq_len),
         trainable=[p for p in model.parameters() if p.requires_grad],
-        flops_per_token=fpt, peak_flops=peak_flops(info.device, cfg.precision, cfg.tf32),
+        flops_per_token=fpt, peak_flops=peak_flops(info.device, cfg.run.precision, cfg.run.tf32),
     )
     if start.checkpoint is not None:
         ckpt = start.checkpoint
@@ -254,7 +254,7 @@ def open_records(state: RunState) -> None:
     if not state.info.is_main:
         return
     run.path.mkdir(parents=True, exist_ok=True)
-    lay = _unwrap(state.model).layout if not cfg.fsdp else cfg.model.layout
+    lay = _unwrap(state.model).layout if not cfg.run.fsdp else cfg.model.layout
     run.write_record({
         "config": cfg.to_dict(),
         "command": "normlab train " + " ".join(cfg.to_args()),
@@ -269,8 +269,8 @@ def open_records(state: RunState) -> None:
         run.write_tokenizer(state.data.tokenizer.to_json())
     truncate_jsonl(run.metrics_file, state.step)  # drop rows past the checkpoint (and torn lines): replayed
     state.sinks = Sinks(cfg, run, state.step)
-    if cfg.probe_every:
-        px, py = state.data.val_windows(1, cfg.probe_batch, cfg.seq_len)[0]
+    if cfg.run.probe_every:
+        px, py = state.data.val_windows(1, cfg.run.probe_batch, cfg.data.seq_len)[0]
         state.probes = Probes(_unwrap(state.model), (px, py))
         state.probe_log = ProbeWriter(run.probes_file, state.step)
 
@@ -278,12 +278,12 @@ def open_records(state: RunState) -> None:
 def micro_batches(state: RunState, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """This rank's micro-batches of ``step`` (batches are a function of (seed, step)), on the device."""
     cfg, info = state.cfg, state.info
-    per_rank = cfg.batch_size // info.world
-    micro = per_rank // cfg.grad_accum
-    x, y = state.data.train_batch(step, cfg.batch_size, cfg.seq_len, cfg.seed)
+    per_rank = cfg.data.batch_size // info.world
+    micro = per_rank // cfg.data.grad_accum
+    x, y = state.data.train_batch(step, cfg.data.batch_size, cfg.data.seq_len, cfg.optim.seed)
     mine = slice(info.rank * per_rank, (info.rank + 1) * per_rank)
     x, y = to_device(x[mine], info.device), to_device(y[mine], info.device)
-    return [(x[i * micro:(i + 1) * micro], y[i * micro:(i + 1) * micro]) for i in range(cfg.grad_accum)]
+    return [(x[i * micro:(i + 1) * micro], y[i * micro:(i + 1) * micro]) for i in range(cfg.data.grad_accum)]
 
 
 def find_break(state: RunState) -> dict[str, Any]:
@@ -305,7 +305,7 @@ def find_break(state: RunState) -> dict[str, Any]:
 def train_step(state: RunState) -> dict[str, Any]:
     """One optimizer step (all micro-batches); returns its metrics row."""
     cfg, info, model, opt, scaler, step = state.cfg, state.info, state.model, state.opt, state.scaler, state.step
-    probing = state.probes is not None and step % cfg.probe_every == 0
+    probing = state.probes is not None and step % cfg.run.probe_every == 0
     if probing:
         state.probe_log.write(state.probes.record(step))
     t0 = time.perf_counter()
@@ -317,19 +317,19 @@ def train_step(state: RunState) -> dict[str, Any]:
     aux_sum = torch.zeros((), device=info.device)
     for i, (xb, yb) in enumerate(micro_batches(state, step)):
         sync = contextlib.nullcontext()
-        if isinstance(model, nn.parallel.DistributedDataParallel) and i < cfg.grad_accum - 1:
+        if isinstance(model, nn.parallel.DistributedDataParallel) and i < cfg.data.grad_accum - 1:
             sync = model.no_sync()
         with sync:
             with _autocast(cfg, info.device):
                 loss, aux = _loss(state.fwd, xb, yb, cfg)
-                loss = loss / cfg.grad_accum
-                aux = aux / cfg.grad_accum if aux is not None else None
+                loss = loss / cfg.data.grad_accum
+                aux = aux / cfg.data.grad_accum if aux is not None else None
             scaler.scale(loss if aux is None else loss + aux).backward()
         loss_sum += loss.detach().float()
         if aux is not None:
             aux_sum += aux.detach().float()
     scaler.unscale_(opt)  # fp16: the gradients unscaled, an overflow recorded on the device (no sync)
-    max_norm = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
+    max_norm = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf
     grad_norm_t = torch.nn.utils.clip_grad_norm_(state.trainable, max_norm)
     if hasattr(grad_norm_t, "full_tensor"):  # FSDP2: a DTensor; the norm over every rank's shards
         grad_norm_t = grad_norm_t.full_tensor()
@@ -337,7 +337,7 @@ def train_step(state: RunState) -> dict[str, Any]:
     losses = distributed.mean_across_tensor(torch.stack([loss_sum, aux_sum]), info)  # one collective for both
     loss_val, aux_val, grad_norm = torch.cat([losses, grad_norm_t.float().to(losses.device).reshape(1)]).tolist()
     scaled = scaler.is_enabled()
-    apply = state.monitor.check_finite(step, loss_val, grad_norm, cfg.on_nonfinite, scaled=scaled)
+    apply = state.monitor.check_finite(step, loss_val, grad_norm, cfg.run.on_nonfinite, scaled=scaled)
     if probing:
         state.probes.snapshot()
     if apply:
@@ -346,8 +346,8 @@ def train_step(state: RunState) -> dict[str, Any]:
     if probing:
         state.probe_log.write(state.probes.updates(step))
     dt = time.perf_counter() - t0
-    state.tokens += cfg.batch_size * cfg.seq_len
-    tok_per_s = cfg.batch_size * cfg.seq_len / dt
+    state.tokens += cfg.data.batch_size * cfg.data.seq_len
+    tok_per_s = cfg.data.batch_size * cfg.data.seq_len / dt
     row: dict[str, Any] = {
         "step": step, "loss": loss_val, "lr": lr, "grad_norm": grad_norm, "tokens": state.tokens,
         "tok_per_s": tok_per_s, "tok_per_s_per_device": tok_per_s / info.world, "time": state.wall,
@@ -370,10 +370,10 @@ def _train(cfg: TrainConfig, info: distributed.DistInfo, start: Start) -> dict[s
     state = build_state(cfg, info, start)
     open_records(state)
     try:
-        while state.step < cfg.steps and not state.monitor.diverged:
+        while state.step < cfg.optim.steps and not state.monitor.diverged:
             row = train_step(state)
-            last = state.step == cfg.steps - 1 or state.monitor.diverged
-            if (cfg.eval_every and (state.step + 1) % cfg.eval_every == 0) or last:
+            last = state.step == cfg.optim.steps - 1 or state.monitor.diverged
+            if (cfg.run.eval_every and (state.step + 1) % cfg.run.eval_every == 0) or last:
                 state.final_val = evaluate(state.fwd, state.val, cfg, info)
                 row["val_loss"] = state.final_val
                 row["val_ppl"] = math.exp(min(state.final_val, 50.0))
@@ -382,7 +382,7 @@ def _train(cfg: TrainConfig, info: distributed.DistInfo, start: Start) -> dict[s
             state.step += 1
             if state.step % cfg.checkpoint_every == 0 or (last and not state.monitor.diverged):
                 _checkpoint(state)
-        if state.final_val is None and state.step >= cfg.steps and not state.monitor.diverged:
+        if state.final_val is None and state.step >= cfg.optim.steps and not state.monitor.diverged:
             # resumed from the final checkpoint of a run killed before its summary: the last evaluation
             state.final_val = evaluate(state.fwd, state.val, cfg, info)
         if state.monitor.diverged:
@@ -403,12 +403,12 @@ def _train(cfg: TrainConfig, info: distributed.DistInfo, start: Start) -> dict[s
 def _checkpoint(state: RunState) -> None:
     extra = {"scaler": state.scaler.state_dict(), "monitor": state.monitor.state_dict(),
              "config": state.cfg.to_dict(), "tokens": state.tokens, "wall_time": state.wall}
-    if state.cfg.fsdp and state.info.enabled:  # every rank writes its shards; nothing is gathered
-        save_sharded_checkpoint(state.run, state.step, state.model, state.opt, extra, state.cfg.keep_last,
+    if state.cfg.run.fsdp and state.info.enabled:  # every rank writes its shards; nothing is gathered
+        save_sharded_checkpoint(state.run, state.step, state.model, state.opt, extra, state.cfg.run.keep_last,
                                 state.info.is_main)
     elif state.info.is_main:
         save_checkpoint(state.run, state.step, {"model": _unwrap(state.model).state_dict(),
-                                                "optimizer": state.opt.state_dict(), **extra}, state.cfg.keep_last)
+                                                "optimizer": state.opt.state_dict(), **extra}, state.cfg.run.keep_last)
 
 
 def speed_summary(rows: list[dict], state: RunState) -> dict[str, Any]:

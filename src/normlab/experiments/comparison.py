@@ -16,16 +16,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from normlab.config.commands import COMPARE_BASE, COMPARE_LAYOUTS
 from normlab.experiments.runner import run_sweep
-from normlab.experiments.summarize import summarize
+from normlab.experiments.summary import summarize
 from normlab.experiments.sweep import SweepConfig
 from normlab.runs.files import SweepDir
-
-COMPARE_LAYOUTS = ("post", "pre", "peri", "hybrid")
-COMPARE_BASE: dict[str, Any] = {"size": "micro-deep", "lr": 0.1, "steps": 150, "batch_size": 16,
-                                 "seq_len": 128, "weight_decay": 0.0, "activation_dtype": "fp16", "probe_every": 10,
-                                 "eval_every": 50}
-
 
 def compare(layouts: list[str] | tuple[str, ...] = COMPARE_LAYOUTS, out: str | Path = "runs/compare",
             workers: int | None = None, log=print, **base: Any) -> Path:  # noqa: ANN001 - log: print-like

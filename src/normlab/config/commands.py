@@ -1,0 +1,166 @@
+"""The settings of each command besides `train` (whose settings are `TrainConfig`), declared once
+with the engine: `normlab <command> --help`, the checks and the docs come from here. No torch is
+imported: the command line builds every parser from these declarations before any work starts.
+
+- `ScreenConfig`: the stability screen (Kan et al. App. B);
+- `CompareConfig`: `normlab compare` (the runs' own settings are `COMPARE_BASE` plus the user's);
+- `DemoConfig`, `ScanConfig`, `PrepareConfig`, `EvalConfig`: demo, scan, data prepare and eval.
+`SweepConfig` (normlab.experiments.sweep) is declared the same way.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from normlab.config.engine import check_fields, nonneg, open_unit, positive, setting
+from normlab.model.config import SIZES
+
+STRESS_MODES = ("output", "all")  # output: scale W_O and W_down; all: every attention/MLP weight
+VAL_SPLITS = ("tail", "hash")
+COMPARE_LAYOUTS = ("post", "pre", "peri", "hybrid")
+# normlab compare's run settings: Kim et al.'s failure on a CPU in minutes (normlab.experiments.comparison)
+COMPARE_BASE: dict[str, Any] = {"size": "micro-deep", "lr": 0.1, "steps": 150, "batch_size": 16,
+                                "seq_len": 128, "weight_decay": 0.0, "activation_dtype": "fp16", "probe_every": 10,
+                                "eval_every": 50}
+
+
+def _some(values: tuple) -> str | None:
+    return None if values else "needs at least one value"
+
+
+def _stresses(values: tuple[float, ...]) -> str | None:
+    if not values:
+        return "needs at least one stress value, e.g. 1,2,4,8"
+    bad = [v for v in values if not (math.isfinite(v) and v > 0)]
+    return f"must be finite numbers > 0, e.g. 1,2,4,8 (invalid stress value {bad[0]})" if bad else None
+
+
+def _h_factor(v: float) -> str | None:
+    return None if 0 < v <= 1 else "must lie in (0, 1]"
+
+
+def _limit(text: str) -> str | None:
+    """--limit: a count (a positive integer) or a fraction in (0, 1]."""
+    try:
+        value = float(text) if "." in text or "e" in text.lower() else int(text)
+    except ValueError:
+        return "is not a number; give examples per task (an integer, e.g. 50) or a fraction (e.g. 0.1)"
+    if isinstance(value, int) and value < 1 or isinstance(value, float) and not 0 < value <= 1:
+        return "is out of range; give a positive integer or a fraction in (0, 1]"
+    return None
+
+
+def _batch_size(text: str) -> str | None:
+    return None if text == "auto" or (text.isdigit() and int(text) > 0) else "must be a positive integer or auto"
+
+
+@dataclass(frozen=True)
+class ScreenConfig:
+    """The screen's settings (the model's shape comes from a size preset and model options, checked by
+    the run configuration's engine: the same keys as `normlab train`)."""
+
+    size: str = setting("tiny", "size preset", choices=tuple(SIZES), metavar="SIZE")
+    model: dict[str, Any] = field(default_factory=dict)  # ModelConfig overrides (n_layers, d_model, ...)
+    stresses: tuple[float, ...] = setting((1.0, 2.0, 4.0, 8.0), "weight stress factors s > 0, comma-separated",
+                                          check=_stresses, metavar="S1,S2,...")
+    mode: str = setting("output", "output: scale W_O and W_down by s (module outputs x s); all: scale every "
+                        "attention/MLP weight", choices=STRESS_MODES)
+    h_factor: float = setting(0.5, "also screen at h times this", check=_h_factor)
+    batch: int = setting(2, "sequences in the screen's batch", check=positive)
+    seq_len: int = setting(64, "tokens per sequence", check=positive)
+    noise: float = setting(0.1, "input perturbation for the W2 step, relative to RMS(x0)", check=positive)
+    iters: int = setting(10, "power iterations per block (Jacobian spectral norm)", check=positive)
+    seed: int = setting(0, "seed of the init, the tokens and the perturbation", check=nonneg)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(frozen=True)
+class CompareConfig:
+    """`normlab compare`'s own settings; the runs' settings are COMPARE_BASE with the user's on top."""
+
+    layouts: tuple[str, ...] = setting(COMPARE_LAYOUTS, "the layouts trained side by side, comma-separated "
+                                       "(;-separated when a layout string holds commas)", check=_some,
+                                       metavar="L1,L2,...")
+    workers: int | None = setting(None, "parallel runs (none: one per CPU core)", check=positive)
+    out: str = setting("runs/compare", "output folder (a sweep folder: run it again and finished layouts are kept)")
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """`normlab demo`'s settings."""
+
+    layouts: tuple[str, ...] = setting(COMPARE_LAYOUTS, "layouts to compare, comma-separated (;-separated when a "
+                                       "layout string holds commas)", check=_some, metavar="L1,L2,...")
+    size: str = setting("tiny", "size preset", choices=tuple(SIZES), metavar="SIZE")
+    seed: int = setting(0, "seed of the init and the batch", check=nonneg)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(frozen=True)
+class ScanConfig:
+    """`normlab scan`'s settings."""
+
+    out: str | None = setting(None, "output folder (default MODEL/scan)")
+    text_file: str | None = setting(None, "texts to run, separated by blank lines (default: four built-in texts)")
+    max_len: int = setting(64, "tokens per text", check=positive)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(frozen=True)
+class PrepareConfig:
+    """`normlab data prepare`'s settings."""
+
+    out: str | None = setting(None, "prepare: a new or empty folder for train.bin, val.bin, tokenizer.json, meta.json")
+    tokenizer: str = setting("bytes", "bytes | bpe:VOCAB (trained on the source) | a tokenizer.json")
+    text_field: str = setting("text", "the text field of JSONL records / dataset rows")
+    val_fraction: float = setting(0.1, "fraction of documents held out", check=open_unit)
+    val_split: str = setting("tail", "tail: the last documents; hash: a fixed sample of documents by the SHA-256 "
+                             "of their text", choices=VAL_SPLITS)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """`normlab eval`'s settings (lm-evaluation-harness)."""
+
+    tasks: tuple[str, ...] = setting(("normlab_local",), "lm-eval task or group names, comma-separated (default "
+                                     "normlab_local: three offline tasks)", check=_some, metavar="T1,T2,...")
+    limit: str | None = setting(None, "examples per task (an integer, or a fraction like 0.1)", check=_limit)
+    batch_size: str = setting("1", "lm-eval batch size (an integer, or auto)", check=_batch_size)
+    device: str = setting("cpu", "cpu, cuda, cuda:0, ...")
+    num_fewshot: int | None = setting(None, "few-shot examples (none: each task's own, zero for normlab's)",
+                                      check=nonneg)
+    samples: bool = setting(False, "also write each item's request and response to eval_samples/TASK.jsonl")
+    verbose: bool = setting(False, "show lm-eval's and transformers' log and progress bars (default: the results, "
+                            "the items scored and what was truncated)")
+    trust_remote_code: bool = setting(False, "let an export folder's own model code run (needed only where normlab "
+                                      "did not write it: a normlab export's modeling_normlab.py is verified against "
+                                      "this version's and runs without it)")
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+    @property
+    def limit_value(self) -> int | float | None:
+        if self.limit is None:
+            return None
+        return float(self.limit) if "." in self.limit or "e" in self.limit.lower() else int(self.limit)
+
+    def options(self) -> dict[str, Any]:
+        """The keyword arguments of `normlab.evaluation.harness.evaluate`."""
+        return dict(limit=self.limit_value, batch_size=self.batch_size, device=self.device,
+                    num_fewshot=self.num_fewshot, samples=self.samples, trust_remote_code=self.trust_remote_code,
+                    verbose=self.verbose)
