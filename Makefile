@@ -7,7 +7,7 @@ TORCH := torch==2.13.0
 # metric definitions change between releases
 LM_EVAL := lm_eval[hf]==0.4.13
 
-.PHONY: demo test install data bench recipes gpu-recipes quotes clean
+.PHONY: demo test test-all install data bench recipes gpu-recipes quotes clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	@echo "normlab: creating $(VENV) and installing $(TORCH) (CPU), numpy, pandas, matplotlib, tokenizers, transformers, lm-eval and the test tools (1-3 minutes)"
@@ -48,13 +48,17 @@ gpu-recipes: install
 	$(PY) -c "from normlab.data.english import english_prepared; english_prepared('bpe:8192')"
 	for r in $$($(VENV)/bin/normlab recipes --names --machine gpu); do $(VENV)/bin/normlab sweep --recipe $$r --out runs/recipes/$$r || exit 1; done
 
-# Two workers (one torch thread each, tests/conftest.py): 4:00-4:44 on 2 cores in five clean clones, once 5:15 (2026-11-23).
 # Re-run every output the README and docs quote (between <!-- quote: CMD --> markers) and rewrite it.
 quotes: install
 	$(PY) scripts/quotes.py
 
+# Two workers (one torch thread each, tests/conftest.py); tests/unit, tests/integration and tests/gpu (skips
+# without CUDA); tests marked slow (another test covers each quickly) run with `make test-all`.
 test: install
 	$(PY) -m pytest -n 2
+
+test-all: install
+	$(PY) -m pytest -n 2 -m ""
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

@@ -3,7 +3,7 @@
     python benchmarks/generation.py [--size tiny] [--layout peri] [--prompt 64] [--new 192] [--batch 1] [--device cuda]
 
 The model is `NormLabForCausalLM` (what an export loads); both paths produce the same tokens (checked
-here, and in tests/test_generation.py). Without the cache each new token runs the whole prefix again
+here, and in tests/integration/test_generation.py). Without the cache each new token runs the whole prefix again
 (quadratic in the length); with it, one token per step attends over the cached keys.
 """
 

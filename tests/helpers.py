@@ -1,15 +1,20 @@
 """Helpers shared by the test modules: a small training config on the test corpus, a run's metrics rows
-and losses, the planted fp16 overflow model. (Fixtures are in conftest.py.)"""
+and losses, the planted fp16 overflow model, a nano export, a run interrupted mid-way, a synthetic
+sweep store. (Fixtures are in conftest.py.)"""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
+import pytest
 import torch
 
 import normlab
-from normlab.train import TrainConfig
+from normlab.experiments.runner import prepare
+from normlab.experiments.sweep import SweepConfig
+from normlab.train import TrainConfig, train
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,3 +46,55 @@ def planted_overflow(layout: str = "pre") -> torch.nn.Module:
             block.mlp.down_proj.weight.zero_()
             block.mlp.down_proj.bias.fill_(4e4)
     return model
+
+
+def export_nano(tmp_path: Path) -> Path:
+    import normlab
+    from normlab.hf import save_hf
+
+    return save_hf(normlab.build_model("peri", "nano", seed=0), tmp_path / "export")
+
+
+def interrupt_at(monkeypatch, step):
+    from normlab.data import TokenData
+
+    real = TokenData.train_batch
+
+    def failing(self, s, *a, **k):
+        if s == step:
+            raise KeyboardInterrupt("simulated kill")
+        return real(self, s, *a, **k)
+
+    monkeypatch.setattr(TokenData, "train_batch", failing)
+    return lambda: monkeypatch.setattr(TokenData, "train_batch", real)
+
+
+def interrupted(corpus, tmp_path, monkeypatch, probe_every: int):  # noqa: ANN202 - (full, cut) configs
+    """A 12-step run trained whole, and the same run interrupted at step 10 (checkpoints at 3, 6, 9)."""
+    full = small(corpus, tmp_path / "full", steps=12, probe_every=probe_every)
+    train(full)
+    cut = small(corpus, tmp_path / "cut", steps=12, ckpt_every=3, keep_last=3, probe_every=probe_every)
+    restore = interrupt_at(monkeypatch, 10)
+    with pytest.raises(KeyboardInterrupt):
+        train(cut)
+    restore()
+    return full, cut
+
+
+def synthetic_store(tmp_path: Path) -> Path:
+    """pre/peri x lr {1e-3, 1e-2} x seeds {0, 1, 2}, with chosen outcomes."""
+    sweep = SweepConfig(name="syn", base={"size": "nano"},
+                        grid={"layout": ["pre", "peri"], "lr": [1e-3, 1e-2], "seed": [0, 1, 2]})
+    store, specs = prepare(sweep, tmp_path / "syn")
+    outcome = {  # (layout, lr) -> per seed (status, final, val)
+        ("pre", 1e-3): [("ok", 3.0, 3.1), ("ok", 3.2, 3.3), ("ok", 3.4, 3.5)],
+        ("pre", 1e-2): [("diverged", math.nan, None), ("ok", 2.9, 3.0), ("failed", None, None)],
+        ("peri", 1e-3): [("ok", 3.1, 3.2), ("ok", 3.1, 3.2), ("stalled", 3.3, 3.4)],
+        ("peri", 1e-2): [("ok", 2.6, 2.7), ("ok", 2.8, 2.9), ("ok", 2.7, 2.8)],
+    }
+    for s in specs:
+        status, final, val = outcome[(s.axes["layout"], s.axes["lr"])][s.axes["seed"]]
+        store.mark_running(s.run_id, "test")
+        store.record(s.run_id, {"status": status, "final_loss": final, "final_val_loss": val, "initial_loss": 5.5,
+                                "reason": None if status == "ok" else status, "steps": 10})
+    return tmp_path / "syn"

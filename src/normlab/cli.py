@@ -309,9 +309,6 @@ def _scan(args: argparse.Namespace) -> int:
     from normlab.hf.scan import scan
 
     cfg = _declared(ScanConfig, args, "scan")
-    if not (Path(args.model) / "config.json").is_file():
-        raise ConfigError(f"{args.model} is not a local transformers model folder (no config.json); give a folder "
-                          "written by save_pretrained or normlab export")
     texts = None
     if cfg.text_file:
         if not Path(cfg.text_file).is_file():

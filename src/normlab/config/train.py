@@ -34,7 +34,16 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-from normlab.config.engine import Leaf, coerce, leaves, nonneg, open_unit, positive, setting, unit
+from normlab.config.engine import (
+    Leaf,
+    coerce,
+    leaves,
+    nonneg,
+    open_unit,
+    positive,
+    setting,
+    unit,
+)
 from normlab.errors import ConfigError, LayoutError
 from normlab.layout import Layout, parse_layout
 from normlab.model.config import POSITIONS, SIZES, ModelConfig, get_size

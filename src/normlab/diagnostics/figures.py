@@ -16,13 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+from matplotlib.ticker import MaxNLocator
 
 from normlab.diagnostics.stats import FP16_MAX
 from normlab.diagnostics.store import Run
 from normlab.pages import legend as _legend
 from normlab.pages import panels as _grid
 from normlab.pages import plt
-from matplotlib.ticker import MaxNLocator
 
 
 def _ema(y: np.ndarray, alpha: float = 0.1) -> np.ndarray:

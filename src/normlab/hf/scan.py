@@ -57,7 +57,8 @@ def scan(path: str | Path, out: str | Path, texts: list[str] | None = None, max_
 
     path, out = Path(path), Path(out)
     if not (path / "config.json").is_file():
-        raise DataError(f"{path} has no config.json: give a local transformers model folder")
+        raise DataError(f"{path} is not a local transformers model folder (no config.json); give a folder written "
+                        "by save_pretrained or normlab export")
     if RunDir(path).has_metrics() or RunDir(path).has_checkpoints():
         raise DataError(f"{path} is a normlab run directory, not a transformers folder: export it first "
                         f"(normlab export {path} DIR) and scan DIR")

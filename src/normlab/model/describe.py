@@ -1,6 +1,6 @@
 """What `normlab show` prints and `build_model` logs: a model's resolved layout per layer, its init
 scheme with the numbers at this size, and its parameter counts. No torch: the counts are analytic
-(`params.analytic_params`, equal to the measured count for every preset, tests/test_params.py), so
+(`params.analytic_params`, equal to the measured count for every preset, tests/unit/test_params.py), so
 `show` answers in a fraction of a second, even for a 7B shape."""
 
 from __future__ import annotations

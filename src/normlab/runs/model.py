@@ -71,7 +71,12 @@ def run_tokenizer(cfg: dict[str, Any], run_dir: Path | None = None) -> Any:
 
 def load_run_model(source: str | Path) -> RunModel:
     """The model of a run directory's newest checkpoint, or of a checkpoint file / sharded folder."""
-    from normlab.runs.checkpoint import is_sharded, load_checkpoint, load_model_state, newest_checkpoint
+    from normlab.runs.checkpoint import (
+        is_sharded,
+        load_checkpoint,
+        load_model_state,
+        newest_checkpoint,
+    )
 
     src = Path(source)
     if not src.exists():

@@ -33,7 +33,7 @@ def test_readme_layout_table_is_current(capsys):
 
     assert main(["layouts", "--markdown"]) == 0
     table = capsys.readouterr().out.strip()
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert table in readme
 
 
@@ -47,7 +47,7 @@ def test_help_layouts_and_show_do_not_import_torch():
             "for argv in (['layouts'], ['show', 'hybrid*', '--size', 'kim-3.2b'], ['show', 'peri', '--set', 'layout.h=0.5']):\n"
             "    with contextlib.redirect_stdout(io.StringIO()):\n        assert main(argv) == 0, argv\n"
             "assert 'torch' not in sys.modules, 'torch was imported'\nprint('ok')")
-    src = Path(__file__).resolve().parents[1] / "src"
+    src = Path(__file__).resolve().parents[2] / "src"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={"PYTHONPATH": str(src)})
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-1500:]
 

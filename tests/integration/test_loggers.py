@@ -44,7 +44,7 @@ def test_progress_in_a_pipe_is_a_line_a_minute_not_carriage_returns(corpus, tmp_
     import sys
     from pathlib import Path
 
-    src = Path(__file__).resolve().parents[1] / "src"
+    src = Path(__file__).resolve().parents[2] / "src"
     res = subprocess.run([sys.executable, "-m", "normlab", "train", "--data", str(corpus), "--size", "nano", "--steps",
                           "12", "--seq-len", "16", "--batch-size", "4", "--probe-every", "0", "--device", "cpu",
                           "--out", str(tmp_path / "r")], capture_output=True, text=True, env={"PYTHONPATH": str(src)})

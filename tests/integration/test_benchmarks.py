@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def run(script: str, *args: str) -> str:
@@ -33,6 +33,7 @@ def test_layout_cost_prints_time_and_memory_per_layout():
     assert act["peri"] > act["pre"]
 
 
+@pytest.mark.slow  # compile and bf16 autocast of every layout: tests/integration/test_memory.py and test_train.py
 def test_layout_cost_under_bf16_autocast_and_compile():
     text = run("layout_cost.py", "--widths", "32", "--layers", "1", "--seq", "16", "--batch", "2", "--turns", "1",
                "--layouts", "pre,peri", "--precision", "bf16", "--compile")

@@ -100,6 +100,7 @@ def test_local_tasks_through_normlab_eval_match_hand_computation(export):
     assert "normlab_shakespeare_ppl" in res["table"]
 
 
+@pytest.mark.slow  # normlab eval on the same export and tasks (test_local_tasks_through_normlab_eval_...) is fast
 def test_lm_eval_command_line_on_an_export_agrees(export, tmp_path):
     """The user's route: lm-eval's own CLI on the export, loglikelihood and generate_until tasks,
     with no model arguments beyond the folder and trust_remote_code."""
@@ -169,7 +170,7 @@ def test_bad_eval_input_is_explained(tmp_path, capsys):
 
 
 def test_sweep_summary_shows_eval_scores_per_cell(tmp_path):
-    from tests.test_experiments import synthetic_store
+    from tests.helpers import synthetic_store
 
     from normlab.experiments import load_sweep, summarize
 

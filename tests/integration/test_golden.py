@@ -3,7 +3,7 @@
 Any change to the training loop that changes what it computes (step order, accumulation, clipping,
 z-loss, schedule, evaluation, what the probes touch) moves these numbers far beyond the tolerance,
 which only absorbs last-bit differences between CPUs. Regenerate deliberately, after checking why
-the numbers moved: `NORMLAB_REGEN_GOLDEN=1 pytest tests/test_golden.py`.
+the numbers moved: `NORMLAB_REGEN_GOLDEN=1 pytest tests/integration/test_golden.py`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 from normlab.train import train
 from tests.helpers import rows, small
 
-GOLDEN = Path(__file__).parent / "golden" / "train_nano.json"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "train_nano.json"
 KEYS = ("loss", "grad_norm", "lr", "val_loss")
 CASES = {
     # accumulation, clipping below the norm, z-loss, probes and evaluation all inside the 16 steps

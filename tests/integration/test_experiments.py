@@ -27,6 +27,7 @@ from normlab.experiments.summary import cells, lr_curves, lr_sensitivity
 from normlab.model.config import ConfigError
 
 QUIET = lambda *a, **k: None  # noqa: E731
+from tests.helpers import synthetic_store
 
 
 def nano_base(corpus: Path, **kw) -> dict:
@@ -103,25 +104,6 @@ def test_every_recipe_expands_and_names_its_source():
 
 
 # --- summaries against hand-computed values ------------------------------------------------------
-
-def synthetic_store(tmp_path: Path) -> Path:
-    """pre/peri x lr {1e-3, 1e-2} x seeds {0, 1, 2}, with chosen outcomes."""
-    sweep = SweepConfig(name="syn", base={"size": "nano"},
-                        grid={"layout": ["pre", "peri"], "lr": [1e-3, 1e-2], "seed": [0, 1, 2]})
-    store, specs = prepare(sweep, tmp_path / "syn")
-    outcome = {  # (layout, lr) -> per seed (status, final, val)
-        ("pre", 1e-3): [("ok", 3.0, 3.1), ("ok", 3.2, 3.3), ("ok", 3.4, 3.5)],
-        ("pre", 1e-2): [("diverged", math.nan, None), ("ok", 2.9, 3.0), ("failed", None, None)],
-        ("peri", 1e-3): [("ok", 3.1, 3.2), ("ok", 3.1, 3.2), ("stalled", 3.3, 3.4)],
-        ("peri", 1e-2): [("ok", 2.6, 2.7), ("ok", 2.8, 2.9), ("ok", 2.7, 2.8)],
-    }
-    for s in specs:
-        status, final, val = outcome[(s.axes["layout"], s.axes["lr"])][s.axes["seed"]]
-        store.mark_running(s.run_id, "test")
-        store.record(s.run_id, {"status": status, "final_loss": final, "final_val_loss": val, "initial_loss": 5.5,
-                                "reason": None if status == "ok" else status, "steps": 10})
-    return tmp_path / "syn"
-
 
 def test_summaries_match_hand_computed_values(tmp_path):
     df, axes = load_sweep(synthetic_store(tmp_path))

@@ -9,7 +9,7 @@ from pathlib import Path
 from normlab.experiments import RECIPES
 from normlab.layout import PRESETS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_cheap_quoted_outputs_have_not_drifted():

@@ -19,7 +19,7 @@ from normlab.train import train
 from tests.helpers import rows, small
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 CHECK = r"""
 import warnings, torch

@@ -17,7 +17,7 @@ from normlab.train import train
 from normlab.train.monitor import DivergenceMonitor
 from tests.helpers import rows, small
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def rms_formula(x: torch.Tensor, gamma: torch.Tensor, eps: float) -> torch.Tensor:

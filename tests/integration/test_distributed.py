@@ -16,7 +16,7 @@ from normlab.cli import main
 from normlab.train import TrainConfig, train
 from normlab.runs.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, load_model_state
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 COMMON = dict(size="nano", seq_len=32, batch_size=8, steps=6, eval_every=3, eval_batches=2, progress=False,
               ckpt_every=3, keep_last=5, device="cpu")
 

@@ -1,0 +1,208 @@
+"""Bad input is one clear line: every entry point checks settings through one declaration, typed
+TOML and grid values, argparse's own errors, --debug, and a fuzz of the layout grammar and config loader."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from normlab.cli import main
+from normlab.experiments import SweepConfig
+from normlab.layout import LayoutError, parse_layout
+from normlab.model import build_model
+from normlab.model.config import ConfigError
+from normlab.train import TrainConfig
+from tests.helpers import REPO
+
+
+def test_eval_limit_is_checked(tmp_path, capsys):
+    for bad in ("abc", "-1", "0", "1.5"):
+        assert main(["eval", str(tmp_path), "--limit", bad]) == 2
+        assert "--limit" in capsys.readouterr().err
+
+
+def test_probe_loss_is_the_model_loss_with_softcaps():
+    from normlab.diagnostics.probes import Probes
+
+    model = build_model("peri", "nano", seed=0, logit_softcap=2.0, attn_softcap=5.0)
+    x = torch.randint(0, 256, (2, 16))
+    y = torch.randint(0, 256, (2, 16))
+    rows_ = Probes(model, (x, y)).record(0)
+    probe_loss = next(r["value"] for r in rows_ if r["metric"] == "probe_loss")
+    assert probe_loss == pytest.approx(model(x, targets=y).loss.item(), rel=1e-6)
+
+
+def test_one_override_function_behind_every_entry_point(corpus, tmp_path):
+    from normlab.cli import build_parser, train_config_from_args
+
+    want = TrainConfig.of(layout="peri", lr=1e-3, **{"model.n_layers": 3, "layout.h": 0.5})
+    assert want.model.layout.h == 0.5 and want.model.layout_label == "peri,h=0.5"
+    assert parse_layout(want.model.layout_label) == want.model.layout  # the label reads back as the Layout
+    args = build_parser().parse_args(["train", "--set", "optim.lr=1e-3", "--set", "layout.h=0.5", "--model", "n_layers=3"])
+    assert train_config_from_args(args) == want
+    toml = tmp_path / "c.toml"
+    toml.write_text('lr = 0.001\n[model]\nn_layers = 3\n[layout]\nh = 0.5\n')
+    assert TrainConfig.from_toml(toml) == want
+    sweep = SweepConfig(name="one", base={"model.n_layers": 3, "layout": "peri"}, grid={"layout.h": [0.5], "lr": [1e-3]})
+    spec = sweep.expand()[0]
+    assert spec.train_config("x").identity() == want.identity()
+    assert TrainConfig.from_dict(want.to_dict()) == want  # the edge form round-trips
+
+
+def test_grid_values_are_typed_by_their_setting():
+    from normlab.cli import _grid_args
+
+    grid = _grid_args(["layout=pre,none", "lr=1e-3,3e-3", "min_lr=none,1e-4", "model.n_layers=2,3"])
+    assert grid == {"layout": ["pre", "none"], "lr": [1e-3, 3e-3], "min_lr": [None, 1e-4], "model.n_layers": [2, 3]}
+    specs = SweepConfig(name="g", base={"size": "nano"}, grid={"layout": grid["layout"]}).expand()
+    assert [s.config["layout"] for s in specs] == ["pre", "none"]
+    for name in ("../escape", "a/b", ""):
+        with pytest.raises(ConfigError, match="sweep name"):
+            SweepConfig(name=name, grid={"lr": [1e-3]})
+
+
+def test_toml_values_must_have_their_types(tmp_path):
+    for text, needle in (('weight_decay = "x"', "weight_decay: expected a number"),
+                         ("steps = true", "steps: expected an integer, got True"),
+                         ('compile = "no"', "compile: expected true or false"),
+                         ("lr = nan", "lr: expected a finite number"),
+                         ("[model]\nn_layers = 2.5", "model.n_layers: expected an integer"),
+                         ("[optim]\nlrr = 1.0", "unknown setting 'optim.lrr'")):
+        p = tmp_path / "c.toml"
+        p.write_text(text + "\n")
+        with pytest.raises(ConfigError, match=needle.replace("(", "\\(").replace(")", "\\)")):
+            TrainConfig.from_toml(p)
+
+
+@pytest.fixture
+def bad_inputs(corpus, tmp_path):
+    toml = tmp_path / "bad.toml"
+    toml.write_text('steps = true\n')
+    garbage = tmp_path / "garbage"
+    garbage.mkdir()
+    (garbage / "metrics.jsonl").write_text("not json\n")
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    sft = tmp_path / "sft.jsonl"
+    sft.write_text('["a", "b"]\n' * 20)
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes(b'{"text": "caf\xe9"}\n')
+    common = ["--data", str(corpus), "--size", "nano", "--steps", "2", "--no-progress", "--out", str(tmp_path / "o")]
+    binary = tmp_path / "binary"
+    binary.write_bytes(bytes(range(256)) * 8)
+    typed_garbage = tmp_path / "typed"
+    typed_garbage.mkdir()
+    (typed_garbage / "metrics.jsonl").write_text('{"step": "x", "loss": [1]}\n')
+    bad_store = tmp_path / "store"
+    bad_store.mkdir()
+    (bad_store / "sweep.db").write_bytes(bytes(range(256)) * 20)
+    return [
+        ["train", *common, "--beta1", "1.5"],
+        ["train", *common, "--eps", "-1"],
+        ["train", *common, "--seed", str(2**70)],
+        ["train", *common, "--grad-clip", "nan"],
+        ["train", *common, "--lr", "inf"],
+        ["train", *common, "--z-loss", "nan"],
+        ["train", *common, "--weight-decay", "nan"],
+        ["train", *common, "--config", str(toml)],
+        ["train", *common, "--config", str(tmp_path / "missing.toml")],
+        ["train", *common, "--layout", "perri"],
+        ["train", *common, "--model", "d_modle=3"],
+        ["train", *common, "--set", "nope=1"],
+        ["train", "--data", "/dev/zero", "--size", "nano", "--steps", "2", "--no-progress", "--out", str(tmp_path / "z")],
+        ["train", "--data", str(corpus), "--size", "nano", "--steps", "2", "--out", str(afile)],
+        ["train", "--data", str(sft), "--task", "sft", "--size", "nano", "--steps", "2", "--out", str(tmp_path / "s")],
+        ["train", "--data", str(latin), "--size", "nano", "--steps", "2", "--out", str(tmp_path / "l")],
+        ["summarize", str(tmp_path / "nowhere")],
+        ["report", str(garbage)],
+        ["report", str(tmp_path / "nowhere")],
+        ["scan", str(tmp_path / "nowhere")],
+        ["demo", "--layouts", "pre,perri"],
+        ["screen", "peri", "--layers", "two"],
+        ["screen", "perri"],
+        ["sweep", "--name", "../escape", "--grid", "lr=1e-3"],
+        ["sweep", "--grid", "out=a,b"],
+        ["sweep", "--grid", "lr=fast"],
+        ["compare", "--set", "lr=-1", "--out", str(tmp_path / "cmp")],
+        ["export", str(tmp_path / "nowhere"), str(tmp_path / "e")],
+        *([] if torch.cuda.is_available() else [["train", *common, "--device", "cuda"]]),
+        # the second adversarial pass (issue 23): binary files, garbage stores, out-of-range counts
+        ["train", *common, "--config", str(binary)],
+        ["train", *common, "--tokenizer", str(binary)],
+        ["report", str(typed_garbage)],
+        ["summarize", str(bad_store)],
+        ["eval", str(bad_store)],
+        ["screen", "pre", "--batch", "0"],
+        ["train", *common, "--model", "vocab_size=10"],
+        ["train", *common, "--seq-len", "32", "--model", "max_seq_len=8"],
+        ["sweep", "--grid", "layout=pre", "--workers", "0", "--out", str(tmp_path / "w0")],
+        ["sweep", "--grid", "layout=pre", "--workers", "-1", "--out", str(tmp_path / "w1")],
+        ["compare", "--workers", "0", "--out", str(tmp_path / "cw")],
+        ["show", "pre", "--layers", "0"],
+        ["eval", str(tmp_path), "--limit", "abc"],
+        ["eval", str(tmp_path), "--limit", "-1"],
+    ]
+
+
+def test_bad_input_is_one_line_with_exit_status_2(bad_inputs, capsys):
+    for argv in bad_inputs:
+        code = main(argv)
+        out, err = capsys.readouterr()
+        lines = [x for x in err.splitlines() if x.strip() and not x.startswith("normlab: warning")]
+        assert code == 2, (argv, code, err)
+        assert len(lines) == 1 and lines[0].startswith("normlab: error: "), (argv, err)
+        assert "Traceback" not in err + out
+
+
+def test_argparse_choices_and_version(capsys):
+    with pytest.raises(SystemExit) as ex:
+        main(["train", "--precision", "fp8"])
+    err = capsys.readouterr().err
+    assert ex.value.code == 2 and "invalid choice: 'fp8'" in err
+    assert len(err.strip().splitlines()) == 1 and "usage:" not in err  # one line, not argparse's whole usage
+    with pytest.raises(SystemExit) as ex:
+        main(["--version"])
+    assert ex.value.code == 0 and capsys.readouterr().out.startswith("normlab 0.")
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    cmd = [sys.executable, "-m", "normlab", "summarize", str(tmp_path / "nowhere")]
+    plain = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    debug = subprocess.run([*cmd[:3], "--debug", *cmd[3:]], capture_output=True, text=True, env=env)
+    assert plain.returncode == 2 and "Traceback" not in plain.stderr
+    assert "Traceback" in debug.stderr and "ConfigError" in debug.stderr
+
+
+def test_fuzz_layout_grammar_and_config_loader():
+    rng = random.Random(1234)
+    alphabet = "attnmlp=ABCSqkvc-,[]:0123456789.%emb final norm=rms layer inner=head full h=alpha deepnorm frozen-out"
+    tokens = ["attn=", "mlp=", "A", "B", "C", "S", "q", "k", "v", "c", "-", ",", "[", "]", ":", "0", "1", "-1",
+              "0.5", "25%", "emb", "final", "-emb", "qk", "norm=", "rms", "layer", "inner=", "h=", "alpha=",
+              "deepnorm", "frozen-out", "init=", "peri", "pre", "post", "hybrid*", "none", "nan", "inf", "1e309"]
+    for _ in range(600):
+        text = "".join(rng.choice(tokens) for _ in range(rng.randint(0, 8)))
+        if rng.random() < 0.2:
+            text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 20)))
+        try:
+            layout = parse_layout(text)
+        except LayoutError:
+            continue
+        assert parse_layout(layout.to_string()) == layout
+    keys = ["lr", "steps", "seed", "layout", "model.n_layers", "model.d_model", "layout.h", "beta1", "precision",
+            "optim.lr", "run.out", "grad_clip", "min_lr", "model.mlp", "compile", "wd_exclude", "nope", "model.nope"]
+    values = [0, 1, -1, 0.5, 1e300, float("nan"), float("inf"), True, False, None, "", "x", "peri", "1e-3", [1],
+              {"a": 1}, 2**70, "none", "fp16"]
+    for _ in range(1500):
+        settings = {rng.choice(keys): rng.choice(values) for _ in range(rng.randint(1, 4))}
+        for from_text in (False, True):
+            vals = {k: (str(v) if from_text and not isinstance(v, (list, dict)) else v) for k, v in settings.items()}
+            try:
+                TrainConfig().with_(vals, "fuzz", from_text=from_text)
+            except ConfigError:
+                pass

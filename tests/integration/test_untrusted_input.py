@@ -1,0 +1,213 @@
+"""Foreign code and crafted files are refused, never run: pickled checkpoints (one file and DCP),
+remote model code, crafted sweep stores."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from normlab.cli import main
+from normlab.experiments import SweepConfig
+from normlab.model import build_model
+from normlab.runs.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
+from normlab.train import train
+from tests.helpers import REPO, export_nano, small
+
+
+class Evil:
+    """Unpickling this runs `touch MARKER`: what a malicious .pt does."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def evil_checkpoint(path: Path, marker: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": {"w": torch.zeros(2)}, "payload": Evil(marker), "step": 1}, path)
+    return path
+
+
+def test_a_malicious_checkpoint_is_refused_and_never_executes(corpus, tmp_path, capsys):
+    marker = tmp_path / "pwned"
+    bad = evil_checkpoint(tmp_path / "evil.pt", marker)
+    with pytest.raises(CheckpointError, match="could run code"):
+        load_checkpoint(bad)
+    # through every door: export, --init-from, and resume of a run whose newest checkpoint is evil
+    assert main(["export", str(bad), str(tmp_path / "exp")]) == 2
+    assert main(["train", "--data", str(corpus), "--size", "nano", "--steps", "2", "--seq-len", "16",
+                 "--batch-size", "4", "--init-from", str(bad), "--out", str(tmp_path / "ft"), "--no-progress"]) == 2
+    run = tmp_path / "run"
+    train(small(corpus, run, steps=3))
+    evil_checkpoint(run / "checkpoints" / "step_00000009.pt", marker)
+    (run / "summary.json").unlink()  # as if the run had been killed
+    with pytest.raises(CheckpointError, match="could run code"):
+        train(small(corpus, run, steps=3))
+    assert not marker.exists()
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "could run code" in err and "posix.system" in err
+    assert "weights_only` set to `False" not in err
+
+
+def test_a_malicious_sharded_checkpoint_is_refused_and_never_executes(corpus, tmp_path, capsys):
+    """DCP reads a sharded checkpoint's .metadata with plain pickle: normlab checks it first."""
+    import pickle
+
+    marker = tmp_path / "pwned"
+    run = tmp_path / "run"
+    train(small(corpus, run, steps=3))
+    bad = run / "checkpoints" / "step_00000009.dcp"
+    bad.mkdir()
+    (bad / ".metadata").write_bytes(pickle.dumps(Evil(marker)))
+    torch.save({"step": 9}, bad / "extra.pt")
+    with pytest.raises(CheckpointError, match="could run code"):
+        load_checkpoint(bad)
+    assert main(["export", str(bad), str(tmp_path / "exp")]) == 2
+    assert main(["export", str(run), str(tmp_path / "exp2")]) == 2
+    (run / "summary.json").unlink()
+    with pytest.raises(CheckpointError, match="could run code"):
+        train(small(corpus, run, steps=3))
+    assert not marker.exists()
+    assert "posix.system" in capsys.readouterr().err
+    # an incomplete folder (killed before its metadata) is corrupt, not unsafe: the previous one is used
+    (bad / ".metadata").unlink()
+    with pytest.raises(CheckpointError, match="incomplete sharded checkpoint"):
+        load_checkpoint(bad)
+
+
+def test_a_sharded_checkpoint_whose_optimizer_entry_is_a_pickle_payload_is_refused(corpus, tmp_path, capsys):
+    """DCP stores non-tensor entries (an optimizer's param_groups) as torch.save blobs and torch's
+    default planner reads them with weights_only=False: normlab's planner reads them weights-only."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from normlab.runs.checkpoint import load_sharded_state
+    from normlab.train.optim import make_optimizer
+
+    marker = tmp_path / "pwned"
+    run = tmp_path / "run"
+    cfg = small(corpus, run, steps=3)
+    train(cfg)
+    model = build_model(cfg.model.layout, cfg.model.size, seed=0, vocab_size=256, max_seq_len=64)
+    opt = make_optimizer(model, cfg, fused=False)
+    model_sd, optim_sd = get_state_dict(model, opt)
+    optim_sd["param_groups"][0]["lr"] = Evil(marker)  # a float in a real checkpoint
+    bad = run / "checkpoints" / "step_00000009.dcp"
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=bad, no_dist=True)
+    torch.save({"step": 9, "tokens": 0, "wall_time": 0.0}, bad / "extra.pt")
+    with pytest.raises(CheckpointError, match="could run code"):
+        load_sharded_state(bad, model, opt)
+    (run / "summary.json").unlink()  # resume picks the crafted folder: refused, never run
+    with pytest.raises(CheckpointError, match="could run code"):
+        train(small(corpus, run, steps=3))
+    assert not marker.exists()
+
+
+def test_checkpoints_hold_only_safe_types(corpus, tmp_path):
+    train(small(corpus, tmp_path / "r", steps=2))
+    ckpt = torch.load(list_checkpoints(tmp_path / "r")[-1], weights_only=True)  # plain torch, no allowlist
+    assert isinstance(ckpt["rng"]["numpy"]["keys"], torch.Tensor) and ckpt["config"]["steps"] == 2
+
+
+def test_eval_runs_only_the_model_code_normlab_wrote(tmp_path, capsys):
+    """An export's modeling_normlab.py runs on load (trust_remote_code): only if it is what this normlab
+    writes. An edited one, or a foreign folder whose auto_map names its own module, is refused."""
+    from normlab.evaluation.harness import remote_code
+
+    export = export_nano(tmp_path)
+    assert remote_code(export) is True  # normlab's own bundle, verified byte for byte
+    marker = tmp_path / "pwned"
+    bundled = export / "modeling_normlab.py"
+    bundled.write_text(bundled.read_text() + f"\nimport os; os.system('touch {marker}')\n")
+    assert main(["eval", str(export), "--limit", "2"]) == 2
+    assert "differs from what this normlab writes" in capsys.readouterr().err and not marker.exists()
+    assert remote_code(export, trust=True) is True  # the user's explicit decision
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "config.json").write_text(json.dumps({"model_type": "llama", "auto_map": {
+        "AutoModelForCausalLM": "evil.EvilForCausalLM"}}))
+    (foreign / "evil.py").write_text(f"import os; os.system('touch {marker}')\n")
+    assert main(["eval", str(foreign), "--limit", "2"]) == 2
+    assert "normlab did not write it (evil.py)" in capsys.readouterr().err and not marker.exists()
+    tok_only = tmp_path / "tok"
+    tok_only.mkdir()
+    (tok_only / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (tok_only / "tokenizer_config.json").write_text(json.dumps({"auto_map": {"AutoTokenizer": ["evil.Tok", None]}}))
+    with pytest.raises(Exception, match="normlab did not write it"):
+        remote_code(tok_only)
+    native = tmp_path / "native"
+    native.mkdir()
+    (native / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    assert remote_code(native) is False  # no code in the folder: nothing to trust
+
+
+def test_scan_and_init_from_never_offer_to_run_a_folders_code(corpus, tmp_path):
+    """transformers asks "Do you wish to run the custom code? [y/N]" when trust_remote_code is unset:
+    a user answering y (here: stdin says y) would run it. normlab never asks: it refuses."""
+    marker = tmp_path / "pwned"
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "config.json").write_text(json.dumps({"model_type": "evilarch", "auto_map": {
+        "AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilModel"}}))
+    (foreign / "tokenizer_config.json").write_text(json.dumps({"auto_map": {"AutoTokenizer": ["evil.Tok", None]}}))
+    (foreign / "evil.py").write_text(f"import os; os.system('touch {marker}')\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    for argv in (["scan", str(foreign)], ["train", "--data", str(corpus), "--size", "nano", "--steps", "1",
+                                          "--init-from", str(foreign), "--out", str(tmp_path / "o"), "--no-progress"]):
+        res = subprocess.run([sys.executable, "-m", "normlab", *argv], input="y\ny\n", capture_output=True, text=True,
+                             env=env, timeout=120)
+        assert res.returncode == 2 and "Do you wish" not in res.stdout + res.stderr, res.stderr[-500:]
+        assert len(res.stderr.strip().splitlines()) == 1
+    assert not marker.exists()
+
+
+def test_run_ids_from_a_store_never_leave_the_sweep(corpus, tmp_path, capsys):
+    import sqlite3
+
+    from normlab.experiments.runner import run_sweep
+
+    sweep = SweepConfig(name="t", base={"data": str(corpus), "size": "nano", "seq_len": 16, "batch_size": 4,
+                                        "steps": 2, "eval_every": 0, "eval_batches": 1, "probe_every": 0,
+                                        "device": "cpu"}, grid={"layout": ["pre"]})
+    root = tmp_path / "sw"
+    run_sweep(sweep, root, workers=1, log=lambda *a: None)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    with sqlite3.connect(root / "sweep.db") as con:
+        con.execute("update runs set run_id = '../../elsewhere'")
+    for argv in (["summarize", str(root)], ["eval", str(root), "--limit", "2"], ["sweep", str(root / "sweep.toml"),
+                                                                              "--out", str(root)]):
+        assert main(argv) == 2, argv
+        assert "invalid run id '../../elsewhere'" in capsys.readouterr().err
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_crafted_store_rows_are_one_line_errors(corpus, tmp_path, capsys):
+    import shutil
+    import sqlite3
+
+    from normlab.experiments.runner import run_sweep
+
+    sweep = SweepConfig(name="t", base={"data": str(corpus), "size": "nano", "seq_len": 16, "batch_size": 4,
+                                        "steps": 2, "eval_every": 0, "eval_batches": 1, "probe_every": 0,
+                                        "device": "cpu"}, grid={"layout": ["pre"]})
+    run_sweep(sweep, tmp_path / "sw", workers=1, log=lambda *a: None)
+    for i, change in enumerate(("axes = '\"x\"'", "config = '[1]'", "axes = '{bad'", "status = 'weird'")):
+        root = tmp_path / f"c{i}"
+        shutil.copytree(tmp_path / "sw", root)
+        with sqlite3.connect(root / "sweep.db") as con:
+            con.execute(f"update runs set {change}")
+        for argv in (["summarize", str(root)], ["report", str(root)]):
+            assert main(argv) == 2, (change, argv)
+            assert "has an unreadable row" in capsys.readouterr().err
