@@ -242,3 +242,15 @@ def test_any_layout_exports_as_the_normlab_class(layout, tied, tmp_path):
     padded = torch.cat([torch.zeros(1, 2, dtype=torch.long), TOKENS[:1, :10]], 1)
     left = hf(input_ids=padded, attention_mask=torch.tensor([[0] * 2 + [1] * 10])).logits[:, 2:]
     torch.testing.assert_close(left, ours(model, TOKENS[:1, :10]), rtol=1e-5, atol=1e-5)
+
+
+def test_the_bundle_defines_every_name_its_modules_import(monkeypatch):
+    """The export's modeling_normlab.py strips normlab imports, so each imported name must be bundled:
+    leaving a module out (here the errors the layout raises) is refused at export time, not at load."""
+    from normlab.hf import bundle
+
+    text = bundle.bundle_source()
+    assert "class LayoutError" in text and "class ConfigError" in text
+    monkeypatch.setattr(bundle, "MODULES", tuple(m for m in bundle.MODULES if m != "errors.py"))
+    with pytest.raises(bundle.BundleError, match="LayoutError"):
+        bundle.bundle_source()

@@ -23,6 +23,7 @@ import normlab
 
 # Dependency order: a module comes after every module whose names it uses at import time.
 MODULES = (
+    "errors.py",
     "layout/sites.py", "layout/presets.py", "layout/spec.py", "layout/__init__.py",
     "model/config.py", "model/storage.py", "model/norms.py", "model/rope.py", "model/decoding.py", "model/attention.py",
     "model/mlp.py", "model/moe.py", "model/block.py", "model/loss.py", "model/lm.py",
@@ -106,8 +107,12 @@ def bundle_source() -> str:
     root = Path(normlab.__file__).parent
     seen: dict[str, str] = {}
     parts = [HEADER.format(version=normlab.__version__, sources=", ".join(f"normlab/{m}" for m in MODULES))]
+    imported: dict[str, str] = {}  # every name a bundled module imports from normlab: it must be bundled too
     for rel in MODULES:
         src = (root / rel).read_text(encoding="utf-8")
+        for node in ast.walk(ast.parse(src)):
+            if isinstance(node, ast.ImportFrom) and _is_normlab(node) and node.module != "__future__":
+                imported.update({a.asname or a.name: rel for a in node.names})
         for name in _top_level_names(ast.parse(src)):
             if name in seen:
                 raise BundleError(f"{name!r} is defined in both normlab/{seen[name]} and normlab/{rel}; "
@@ -115,6 +120,9 @@ def bundle_source() -> str:
             seen[name] = rel
         parts.append(f"\n# {'=' * 20} normlab/{rel} {'=' * 20}\n")
         parts.append(_strip(src, rel))
+    missing = sorted(f"{name} (imported by normlab/{rel})" for name, rel in imported.items() if name not in seen)
+    if missing:
+        raise BundleError(f"the bundle would not define {', '.join(missing)}: add the module defining it to MODULES")
     text = "".join(parts)
     compile(text, "modeling_normlab.py", "exec")  # a syntax error here is a bug in this module
     return text
