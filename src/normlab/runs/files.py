@@ -1,0 +1,302 @@
+"""A run directory and a sweep folder on disk: the one module that knows their file names.
+
+    RUN/                          (RunDir)
+    ├── config.json               the resolved TrainConfig, the command that reproduces it, model/data facts
+    ├── tokenizer.json            the trained or loaded BPE (byte runs need none)
+    ├── metrics.jsonl             one row per optimizer step (and validation rows)
+    ├── probes.jsonl              probe rows (normlab.diagnostics.probes)
+    ├── summary.json              status, reason and step, final losses, speed, forensics
+    ├── eval.json                 lm-eval results (normlab eval), with eval_log.txt and eval_samples/
+    ├── tensorboard/              with --tensorboard
+    ├── checkpoints/              step_XXXXXXXX.pt (+ .sha256) or step_XXXXXXXX.dcp/ (normlab.runs.checkpoint)
+    └── .lock                     held while a process trains the run (normlab.runs.start)
+
+    SWEEP/                        (SweepDir)
+    ├── sweep.db                  the store: one row per run (normlab.runs.store)
+    ├── sweep.toml                the resolved sweep
+    ├── runs/RUN_ID/              one RunDir per grid point
+    ├── logs/RUN_ID.log           a local worker's output (submitit/: a scheduler's)
+    ├── summary.md, *.csv, *.png  normlab summarize
+    └── report.html, report/      the sweep's and the runs' reports
+
+Every reader and writer of these files goes through `RunDir` and `SweepDir`; nothing else in the
+package spells a file name. Reads are tolerant where a run may be mid-write or from an older normlab
+(a missing or torn JSON file reads as None); writes are atomic (`normlab.io`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from normlab.errors import ConfigError, DataError
+from normlab.io import atomic_write_bytes, atomic_write_json, read_jsonl
+
+CONFIG = "config.json"
+TOKENIZER = "tokenizer.json"
+METRICS = "metrics.jsonl"
+PROBES = "probes.jsonl"
+SUMMARY = "summary.json"
+EVALS = "eval.json"
+EVAL_LOG = "eval_log.txt"
+EVAL_SAMPLES = "eval_samples"
+CHECKPOINTS = "checkpoints"
+TENSORBOARD = "tensorboard"
+LOCK = ".lock"
+
+STORE = "sweep.db"
+SWEEP_FILE = "sweep.toml"
+SWEEP_RUNS = "runs"
+SWEEP_LOGS = "logs"
+SUBMITIT = "submitit"
+SWEEP_SUMMARY = "summary.md"
+SWEEP_REPORT = "report.html"
+REPORT_DIR = "report"
+# Everything a sweep folder holds: what an older normlab's sweep folder, made before the .normlab
+# marker (normlab.io.own_folder), may contain.
+SWEEP_FILES = re.compile(r"(sweep\.db(-wal|-shm|-journal)?|sweep\.toml|\.lock|summary\.md|report\.html|"
+                         r"(runs|cells|lr_curve|lr_sensitivity)\.csv|[a-z0-9_]+\.png|runs|logs|report)")
+# What `sweep.run_id` makes: axis slugs and a hash. An id read back from a store is used as a folder
+# name under SWEEP/runs, so anything else (a path separator, "..") is refused, not followed.
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]{0,199}")
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object from disk; None when the file is missing, torn or not an object."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """One run's folder (`normlab train --out`, or SWEEP/runs/ID)."""
+
+    path: Path
+
+    def __init__(self, path: str | Path) -> None:
+        object.__setattr__(self, "path", Path(path))
+
+    # -- where each file lives --
+    @property
+    def config_file(self) -> Path:
+        return self.path / CONFIG
+
+    @property
+    def tokenizer_file(self) -> Path:
+        return self.path / TOKENIZER
+
+    @property
+    def metrics_file(self) -> Path:
+        return self.path / METRICS
+
+    @property
+    def probes_file(self) -> Path:
+        return self.path / PROBES
+
+    @property
+    def summary_file(self) -> Path:
+        return self.path / SUMMARY
+
+    @property
+    def evals_file(self) -> Path:
+        return self.path / EVALS
+
+    @property
+    def eval_log_file(self) -> Path:
+        return self.path / EVAL_LOG
+
+    def eval_samples_file(self, task: str) -> Path:
+        return self.path / EVAL_SAMPLES / f"{task}.jsonl"
+
+    @property
+    def tensorboard_dir(self) -> Path:
+        return self.path / TENSORBOARD
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / CHECKPOINTS
+
+    @property
+    def lock_file(self) -> Path:
+        return self.path / LOCK
+
+    # -- what it is --
+    def is_run(self) -> bool:
+        """A normlab run: its config.json was written by normlab train (whether or not it logged a step)."""
+        data = self.record()
+        return bool(data) and isinstance(data.get("config"), dict) and "normlab" in (data.get("versions") or {})
+
+    def has_metrics(self) -> bool:
+        return self.metrics_file.is_file()
+
+    def has_checkpoints(self) -> bool:
+        return self.checkpoints.is_dir()
+
+    def is_export_like(self) -> bool:
+        """A folder with a config.json but no run's metrics: a transformers model folder (or an export)."""
+        return self.config_file.is_file() and not self.metrics_file.exists()
+
+    # -- reading --
+    def record(self) -> dict[str, Any] | None:
+        """config.json as written: {"config": edge form, "command", "layout", "params", "data", "tokenizer", ...}."""
+        return read_json(self.config_file)
+
+    def config_dict(self) -> dict[str, Any]:
+        """The run's TrainConfig in its edge form ({} when config.json is missing or unreadable)."""
+        cfg = (self.record() or {}).get("config")
+        return cfg if isinstance(cfg, dict) else {}
+
+    def train_config(self):  # noqa: ANN201 - TrainConfig | None
+        """The TrainConfig the run was written with (None if it holds no readable one)."""
+        from normlab.config import TrainConfig
+
+        cfg = (self.record() or {}).get("config")
+        if not isinstance(cfg, dict):
+            return None
+        try:
+            return TrainConfig.from_dict(cfg, source=str(self.config_file))
+        except ConfigError:
+            return None
+
+    def summary(self) -> dict[str, Any] | None:
+        return read_json(self.summary_file)
+
+    def metrics(self) -> list[dict[str, Any]]:
+        return read_jsonl(self.metrics_file)
+
+    def probes(self) -> list[dict[str, Any]]:
+        return read_jsonl(self.probes_file)
+
+    def probe_series(self, site: str, metric: str, layer: int | None = None) -> list[tuple[int, float]]:
+        """(step, value) of one site and metric, without pandas (summaries of many runs)."""
+        return [(r["step"], r["value"]) for r in self.probes()
+                if r.get("site") == site and r.get("metric") == metric and r.get("layer") == layer]
+
+    def evals(self) -> dict[str, dict]:
+        """eval.json ({} if the run was never evaluated); a torn file is named, not ignored."""
+        if not self.evals_file.is_file():
+            return {}
+        try:
+            data = json.loads(self.evals_file.read_text())
+        except json.JSONDecodeError as err:
+            raise DataError(f"{self.evals_file} is not valid JSON ({err.msg}); delete it and evaluate again") from None
+        return data if isinstance(data, dict) else {}
+
+    def predates_end_of_text(self) -> bool:
+        """Runs record their tokenizer's facts (end-of-text id included) in config.json since it existed."""
+        data = self.record()
+        return data is not None and "tokenizer" not in data
+
+    def check_logged(self) -> list[dict[str, Any]]:
+        """The metrics rows of a run that has logged steps; a ConfigError naming the folder otherwise."""
+        if not self.has_metrics():
+            raise ConfigError(f"{self.path} is not a normlab run directory (no {METRICS}); give directories written "
+                              "by normlab train")
+        rows = self.metrics()
+        if not rows:
+            raise ConfigError(f"{self.metrics_file} has no readable rows (the run has not logged a step yet)")
+        for i, row in enumerate(rows):
+            step, loss = row.get("step"), row.get("loss")
+            if not isinstance(step, int) or isinstance(step, bool) or not isinstance(loss, (int, float, type(None))):
+                raise ConfigError(f"{self.metrics_file} row {i + 1} is not a normlab metrics row (step {step!r}, "
+                                  f"loss {str(loss)[:40]!r}); give directories written by normlab train")
+        return rows
+
+    # -- writing (atomic) --
+    def write_record(self, record: dict[str, Any]) -> None:
+        atomic_write_json(self.config_file, record)
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        atomic_write_json(self.summary_file, summary)
+
+    def write_tokenizer(self, text: str) -> None:
+        atomic_write_bytes(self.tokenizer_file, text.encode())
+
+    def write_evals(self, evals: dict[str, dict]) -> None:
+        atomic_write_json(self.evals_file, evals)
+
+
+def check_run_id(run_id: Any) -> str:
+    if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id) or ".." in run_id:
+        raise ConfigError(f"sweep store holds an invalid run id {str(run_id)[:80]!r}: ids are letters, digits and "
+                          "._+=- (what normlab sweep writes); the store was edited or is not normlab's")
+    return run_id
+
+
+@dataclass(frozen=True)
+class SweepDir:
+    """A sweep's folder (`normlab sweep`, `normlab compare`): its store, its resolved file, its runs."""
+
+    path: Path
+
+    def __init__(self, path: str | Path) -> None:
+        object.__setattr__(self, "path", Path(path))
+
+    @property
+    def store_file(self) -> Path:
+        return self.path / STORE
+
+    @property
+    def sweep_file(self) -> Path:
+        return self.path / SWEEP_FILE
+
+    @property
+    def lock_file(self) -> Path:
+        return self.path / LOCK
+
+    @property
+    def summary_file(self) -> Path:
+        return self.path / SWEEP_SUMMARY
+
+    @property
+    def report_file(self) -> Path:
+        return self.path / SWEEP_REPORT
+
+    @property
+    def report_dir(self) -> Path:
+        return self.path / REPORT_DIR
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.path / SWEEP_LOGS
+
+    def log_file(self, run_id: Any) -> Path:
+        """Where a local worker's stdout and stderr go."""
+        return self.logs_dir / f"{check_run_id(run_id)}.log"
+
+    @property
+    def submitit_dir(self) -> Path:
+        return self.path / SUBMITIT
+
+    def is_sweep(self) -> bool:
+        return self.store_file.is_file()
+
+    def is_legacy(self) -> bool:
+        """A sweep folder an older normlab made: a store and nothing but what normlab writes beside it
+        (a user's own files there, such as the sweep file given as input, make it someone else's)."""
+        return self.is_sweep() and all(SWEEP_FILES.fullmatch(p.name) for p in self.path.iterdir())
+
+    def run(self, run_id: Any) -> RunDir:
+        """SWEEP/runs/RUN_ID for a checked id: never a folder outside the sweep."""
+        return RunDir(self.path / SWEEP_RUNS / check_run_id(run_id))
+
+    def store(self):  # noqa: ANN201 - SweepStore
+        from normlab.runs.store import SweepStore
+
+        return SweepStore(self.store_file)
+
+    def logged_runs(self) -> list[RunDir]:
+        """The runs of the store that logged a step, in grid order (a ConfigError if none has yet)."""
+        if not self.is_sweep():
+            raise ConfigError(f"{self.path} holds no {STORE}; give a folder written by normlab sweep or compare")
+        found = [self.run(row["run_id"]) for row in self.store().rows()]
+        logged = [r for r in found if r.has_metrics()]
+        if not logged:
+            raise ConfigError(f"sweep {self.path} has no run that logged a step yet")
+        return logged
