@@ -23,8 +23,8 @@ OUTCOME = ("initial_loss", "final_loss", "final_val_loss", "diverged_step", "los
 
 def describe(result: Mapping[str, Any]) -> str:
     """One line for an ended run, from its summary.json or its sweep-store row (they share the keys):
-    the status (with the step and the reason of a divergence or a stall), the final losses, steps
-    skipped, the speed, and where a diverged run first broke."""
+    the status (with the step and the reason of a divergence or a stall), the final losses of a run
+    that trained, steps skipped, the speed, and where a diverged run first broke."""
     status, reason = result.get("status", "failed"), result.get("reason")
     if status not in FINISHED:
         return f"{status}: {reason}"
@@ -33,7 +33,8 @@ def describe(result: Mapping[str, Any]) -> str:
         text += f" at step {result.get('diverged_step')} ({reason})"
     elif status == "stalled":
         text += f" ({reason})"
-    if result.get("final_loss") is not None:
+    trained = status in TRAINED  # a diverged run's losses are not results (Kim et al. exclude them)
+    if trained and result.get("final_loss") is not None:
         text += f"; final loss {result['final_loss']:.4f}"
         if result.get("final_val_loss") is not None:
             text += f", val loss {result['final_val_loss']:.4f}"
@@ -43,7 +44,7 @@ def describe(result: Mapping[str, Any]) -> str:
     if result.get("tok_per_s"):
         mfu = result.get("mfu")
         text += f"; {result['tok_per_s']:,.0f} tok/s" + (f", MFU {mfu:.1%}" if isinstance(mfu, float) else "")
-    elif result.get("wall_time_s") is not None:
+    elif trained and result.get("wall_time_s") is not None:
         text += f" ({result['wall_time_s']:.0f}s)"
     if isinstance(result.get("forensics"), Mapping) and result["forensics"].get("text"):
         text += f"; {result['forensics']['text']}"  # last: where a diverged run first broke

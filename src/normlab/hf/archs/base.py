@@ -58,9 +58,17 @@ class Arch:
                     rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
                     tie_word_embeddings=cfg.tie_embeddings, attention_bias=False, hidden_act="silu")
 
+    # normlab's norm sites in a block -> the transformers modules that hold the same weights
+    norm_names: dict[str, str] = {}
+
     def layer_map(self, i: int) -> dict[str, str]:
-        """normlab parameter name -> transformers parameter name, for block i."""
-        raise NotImplementedError
+        """normlab parameter name -> transformers parameter name, for block i: the Llama-family projection
+        names and the architecture's norms (`norm_names`)."""
+        n, h = f"blocks.{i}.", f"model.layers.{i}."
+        m = {f"{n}attn.{p}_proj.weight": f"{h}self_attn.{p}_proj.weight" for p in "qkvo"}
+        m.update({f"{n}mlp.{p}_proj.weight": f"{h}mlp.{p}_proj.weight" for p in ("gate", "up", "down")})
+        m.update({f"{n}{ours}.weight": f"{h}{theirs}.weight" for ours, theirs in self.norm_names.items()})
+        return m
 
     def name_map(self, n_layers: int, tied: bool) -> dict[str, str]:
         m = {"embed.weight": "model.embed_tokens.weight", "final_norm.weight": "model.norm.weight"}

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 class Gemma2(Arch):
     model_type = "gemma2"
     preset = "gemma2"
+    norm_names = {"attn_norms.input": "input_layernorm", "attn_norms.output": "post_attention_layernorm",
+                  "mlp_norms.input": "pre_feedforward_layernorm", "mlp_norms.output": "post_feedforward_layernorm"}
     mlp = "geglu-tanh"
     activation = "gelu_pytorch_tanh"
     activation_key = "hidden_activation"
@@ -43,16 +45,6 @@ class Gemma2(Arch):
         return tf.Gemma2Config(hidden_activation=self.activation, query_pre_attn_scalar=int(cfg.attn_scale or cfg.head_dim),
                                attn_logit_softcapping=cfg.attn_softcap, final_logit_softcapping=cfg.logit_softcap,
                                sliding_window=cfg.max_seq_len, **common)
-
-    def layer_map(self, i: int) -> dict[str, str]:
-        n, h = f"blocks.{i}.", f"model.layers.{i}."
-        m = {f"{n}attn.{p}_proj.weight": f"{h}self_attn.{p}_proj.weight" for p in "qkvo"}
-        m.update({f"{n}mlp.{p}_proj.weight": f"{h}mlp.{p}_proj.weight" for p in ("gate", "up", "down")})
-        m[f"{n}attn_norms.input.weight"] = f"{h}input_layernorm.weight"
-        m[f"{n}attn_norms.output.weight"] = f"{h}post_attention_layernorm.weight"
-        m[f"{n}mlp_norms.input.weight"] = f"{h}pre_feedforward_layernorm.weight"
-        m[f"{n}mlp_norms.output.weight"] = f"{h}post_feedforward_layernorm.weight"
-        return m
 
     def export_weight(self, name: str, value: torch.Tensor) -> torch.Tensor:
         return value - 1.0 if "norm" in name else value  # Gemma's RMSNorm multiplies by (1 + w)

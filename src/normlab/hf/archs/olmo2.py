@@ -12,22 +12,14 @@ from normlab.model.config import ModelConfig
 class Olmo2(Arch):
     model_type = "olmo2"
     preset = "olmo2"
+    norm_names = {"attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm",
+                  "attn_norms.output": "post_attention_layernorm", "mlp_norms.output": "post_feedforward_layernorm"}
 
     def hf_class(self, tf: Any) -> Any:
         return tf.Olmo2ForCausalLM
 
     def hf_config(self, tf: Any, cfg: ModelConfig) -> Any:
         return tf.Olmo2Config(**self.common_config(cfg))
-
-    def layer_map(self, i: int) -> dict[str, str]:
-        n, h = f"blocks.{i}.", f"model.layers.{i}."
-        m = {f"{n}attn.{p}_proj.weight": f"{h}self_attn.{p}_proj.weight" for p in "qkvo"}
-        m.update({f"{n}mlp.{p}_proj.weight": f"{h}mlp.{p}_proj.weight" for p in ("gate", "up", "down")})
-        m[f"{n}attn.q_norm.weight"] = f"{h}self_attn.q_norm.weight"
-        m[f"{n}attn.k_norm.weight"] = f"{h}self_attn.k_norm.weight"
-        m[f"{n}attn_norms.output.weight"] = f"{h}post_attention_layernorm.weight"
-        m[f"{n}mlp_norms.output.weight"] = f"{h}post_feedforward_layernorm.weight"
-        return m
 
 
 OLMO2 = Olmo2()
