@@ -58,15 +58,15 @@ def export_nano(tmp_path: Path) -> Path:
 def interrupt_at(monkeypatch, step):
     from normlab.data import TokenData
 
-    real = TokenData.train_batch
+    real = TokenData.train_window
 
     def failing(self, s, *a, **k):
         if s == step:
             raise KeyboardInterrupt("simulated kill")
         return real(self, s, *a, **k)
 
-    monkeypatch.setattr(TokenData, "train_batch", failing)
-    return lambda: monkeypatch.setattr(TokenData, "train_batch", real)
+    monkeypatch.setattr(TokenData, "train_window", failing)
+    return lambda: monkeypatch.setattr(TokenData, "train_window", real)
 
 
 def interrupted(corpus, tmp_path, monkeypatch, probe_every: int):  # noqa: ANN202 - (full, cut) configs

@@ -50,6 +50,41 @@ def test_one_readback_per_step(corpus, tmp_path, monkeypatch, precision, expecte
     assert len(calls) == expected, calls
 
 
+@pytest.mark.parametrize("size", ["nano", "tiny"])
+def test_a_generated_token_reads_back_once_whatever_the_depth(monkeypatch, size):
+    """A decoding step with given positions (what generate() runs per token): the positions are checked
+    once per forward (on a GPU asynchronously, with no read at all), not in every layer's RoPE, which
+    read the maximum back once per layer (2 reads at nano's 2 layers, 4 at tiny's, 25 per token at 12)."""
+    from normlab.model.decoding import Decoding
+
+    model = build_model("peri", size, seed=0).eval()
+    tokens, positions = torch.tensor([[7, 8]]), torch.tensor([[5, 6]])
+    calls = count_readbacks(monkeypatch)
+    with torch.no_grad():
+        model(tokens, decoding=Decoding(positions, None))
+    assert len(calls) == 1 and "decoding.py" in calls[0], calls  # the CPU check; on CUDA _assert_async
+    top = model.config.max_seq_len
+    with pytest.raises(ValueError, match=f"position {top} is beyond max_seq_len={top}"):
+        model(tokens, decoding=Decoding(torch.tensor([[5, top]]), None))
+
+
+def test_moe_counts_experts_on_the_device_without_bincount(monkeypatch):
+    """torch.bincount sizes its output from the data, so on CUDA it reads the maximum back (two syncs per
+    call) and breaks torch.compile's graph: the router's counts are a scatter-add into fixed bins."""
+    from normlab.model.moe import expert_counts
+
+    ids = torch.tensor([[0, 3], [3, 1], [1, 3]])
+    assert expert_counts(ids, 5).tolist() == torch.bincount(ids.flatten(), minlength=5).tolist() == [1, 2, 0, 3, 0]
+    used = []
+    real = torch.bincount
+    monkeypatch.setattr(torch, "bincount", lambda *a, **k: used.append(1) or real(*a, **k))
+    model = build_model("pre", "moe-micro", seed=0)
+    model(torch.randint(0, 256, (2, 16))).logits.sum().backward()
+    assert not used
+    torch.bincount(ids.flatten())  # the spy itself works
+    assert used == [1]
+
+
 def test_fused_optimizers_when_asked():
     m = build_model("peri", "nano", seed=0)
     cfg = small("x", "y")

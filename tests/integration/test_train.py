@@ -35,7 +35,7 @@ def test_resume_gives_the_identical_remaining_curve(corpus, tmp_path, monkeypatc
     full = small(corpus, tmp_path / "full", grad_accum=2)
     train(full)
     # Interrupt a second run after its step-6 checkpoint by failing inside step 8.
-    real = TokenData.train_batch
+    real = TokenData.train_window
 
     def failing(self, step, *a, **k):
         if step == 8:
@@ -43,10 +43,10 @@ def test_resume_gives_the_identical_remaining_curve(corpus, tmp_path, monkeypatc
         return real(self, step, *a, **k)
 
     cut = small(corpus, tmp_path / "cut", grad_accum=2, ckpt_every=3, keep_last=2)
-    monkeypatch.setattr(TokenData, "train_batch", failing)
+    monkeypatch.setattr(TokenData, "train_window", failing)
     with pytest.raises(KeyboardInterrupt):
         train(cut)
-    monkeypatch.setattr(TokenData, "train_batch", real)
+    monkeypatch.setattr(TokenData, "train_window", real)
     assert [p.name for p in list_checkpoints(cut.run.out)] == ["step_00000003.pt", "step_00000006.pt"]
     assert len(rows(cut.run.out)) == 8  # steps 0-7 were logged before the interruption
     train(cut)  # resumes from step 6; rows 6-7 are replayed, not duplicated

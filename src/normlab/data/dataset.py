@@ -51,6 +51,9 @@ class TokenData:
     def train_batch(self, step: int, batch_size: int, seq_len: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         return batch_at(self.train, step, batch_size, seq_len, seed)
 
+    def train_window(self, step: int, batch_size: int, seq_len: int, seed: int) -> torch.Tensor:
+        return window_at(self.train, step, batch_size, seq_len, seed)
+
     def val_windows(self, n_batches: int, batch_size: int, seq_len: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return val_batches(self.val, n_batches, batch_size, seq_len)
 
@@ -218,13 +221,20 @@ def load_data(
 
 def batch_at(tokens: np.ndarray, step: int, batch_size: int, seq_len: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The (inputs, targets) windows of ``step``: a pure function of (seed, step)."""
+    w = window_at(tokens, step, batch_size, seq_len, seed)
+    return w[:, :-1], w[:, 1:]
+
+
+def window_at(tokens: np.ndarray, step: int, batch_size: int, seq_len: int, seed: int) -> torch.Tensor:
+    """The contiguous (batch, seq_len + 1) token windows of ``step``: inputs are ``[:, :-1]``, targets
+    ``[:, 1:]``. The trainer copies this one tensor to the device (pinned, asynchronously) and splits
+    it there: the two strided halves would each be an extra host copy."""
     if len(tokens) <= seq_len + 1:
         raise DataError(f"{len(tokens)} tokens cannot fill a window of seq_len={seq_len}; lower --seq-len")
     g = torch.Generator().manual_seed(seed * 1_000_003 + step)
     starts = torch.randint(0, len(tokens) - seq_len - 1, (batch_size,), generator=g).tolist()
     win = np.stack([np.asarray(tokens[s : s + seq_len + 1], dtype=np.int64) for s in starts])
-    w = torch.from_numpy(win)
-    return w[:, :-1], w[:, 1:]
+    return torch.from_numpy(win)
 
 
 def val_batches(tokens: np.ndarray, n_batches: int, batch_size: int, seq_len: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -26,6 +26,23 @@ from typing import Any
 import torch
 
 
+def check_positions(positions: torch.Tensor, max_seq_len: int) -> None:
+    """Refuse positions at or past ``max_seq_len`` (the RoPE tables and learned positions end there).
+
+    Checked once per forward, by the model, not in every layer. On a GPU the check is asserted on the
+    device (`torch._assert_async`): reading the maximum back would make the host wait for the GPU at
+    every generated token. On a CPU, where a read costs nothing, the error names the position.
+    """
+    if not positions.numel():
+        return
+    if positions.device.type == "cpu":
+        top = int(positions.max())
+        if top >= max_seq_len:
+            raise ValueError(f"position {top} is beyond max_seq_len={max_seq_len}")
+    else:
+        torch._assert_async(positions.max() < max_seq_len, f"a position is beyond max_seq_len={max_seq_len}")
+
+
 @dataclass
 class Decoding:
     positions: torch.Tensor  # (B, T) int64

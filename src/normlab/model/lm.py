@@ -21,7 +21,7 @@ from torch.utils.checkpoint import checkpoint
 from normlab.layout.sites import ResolvedLayout
 from normlab.model.block import Block
 from normlab.model.config import ModelConfig
-from normlab.model.decoding import Decoding
+from normlab.model.decoding import Decoding, check_positions
 from normlab.model.loss import lm_loss, logits_of
 from normlab.model.moe import MoE
 from normlab.model.norms import Tap, maybe_norm
@@ -87,8 +87,6 @@ class NormLM(nn.Module):
                 if tokens.shape[1] > self.config.max_seq_len:
                     raise ValueError(f"sequence length {tokens.shape[1]} exceeds max_seq_len={self.config.max_seq_len}")
                 positions = torch.arange(tokens.shape[1], device=tokens.device)
-            elif positions.numel() and int(positions.max()) >= self.config.max_seq_len:
-                raise ValueError(f"position {int(positions.max())} is beyond max_seq_len={self.config.max_seq_len}")
             x = x + self.pos_embed(positions)
         return self.embed_out(self.store(self.embed_norm(self.store(x))))
 
@@ -121,6 +119,8 @@ class NormLM(nn.Module):
         ``decoding``: positions, padding mask and KV cache of a generation step; ``logits_to_keep``:
         the logits of the last k positions only (generation needs one)."""
         positions = decoding.positions if decoding is not None else None
+        if positions is not None:
+            check_positions(positions, self.config.max_seq_len)  # once here, not in every layer's RoPE
         x, hidden = self.run_blocks(self.embed_tokens(tokens, positions), return_hidden_states, decoding)
         h, softcap = self.store(self.final_norm(x)), self.config.logit_softcap  # Gemma 2's logit soft-cap
         if logits_to_keep and targets is None:

@@ -28,6 +28,14 @@ from torch import nn
 from normlab.model.config import ModelConfig
 
 
+
+def expert_counts(ids: torch.Tensor, n_experts: int) -> torch.Tensor:
+    """Assignments per expert, on the device. `torch.bincount` would size its output from the data and so
+    read the maximum back to the host (two syncs per call on CUDA) and break `torch.compile`'s graph;
+    a scatter-add into a fixed number of bins does neither."""
+    flat = ids.flatten()
+    return torch.zeros(n_experts, dtype=torch.int64, device=ids.device).scatter_add_(0, flat, torch.ones_like(flat))
+
 class Experts(nn.Module):
     """E SwiGLU MLPs with their weights stacked: gate/up (E, d, f), down (E, f, d)."""
 
@@ -92,7 +100,7 @@ class MoE(nn.Module):
         y = (self._sorted if mode == "sorted" else self._loop)(flat, weights, ids)
         if self.shared is not None:
             y = y + self.shared(flat)
-        load = torch.bincount(ids.flatten(), minlength=self.n_experts).float() / ids.numel()  # f_e
+        load = expert_counts(ids, self.n_experts).float() / ids.numel()  # f_e
         self.load = load.detach()
         self.entropy = -(probs * probs.clamp_min(1e-30).log()).sum(-1).mean().detach()
         lb = self.n_experts * (load * probs.mean(0)).sum()
@@ -114,7 +122,7 @@ class MoE(nn.Module):
         order = flat_ids.argsort(stable=True)
         token = order // self.top_k  # the token of each assignment, grouped by expert
         xs = x[token]
-        counts = torch.bincount(flat_ids, minlength=self.n_experts)
+        counts = expert_counts(flat_ids, self.n_experts)
         dtype = _grouped_dtype(xs)
         if dtype is not None:  # one kernel per product for all experts, no host sync
             offs = counts.cumsum(0).to(torch.int32)

@@ -36,9 +36,7 @@ class Rotary(nn.Module):
             if t > self.max_seq_len:
                 raise ValueError(f"sequence length {t} exceeds max_seq_len={self.max_seq_len}")
             cos, sin = self.cos[:t].to(x.dtype), self.sin[:t].to(x.dtype)
-        else:
-            if positions.numel() and int(positions.max()) >= self.max_seq_len:
-                raise ValueError(f"position {int(positions.max())} is beyond max_seq_len={self.max_seq_len}")
+        else:  # the model checked the positions once (normlab.model.decoding.check_positions)
             cos, sin = self.cos[positions][:, None].to(x.dtype), self.sin[positions][:, None].to(x.dtype)
         half = x.shape[-1] // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)

@@ -280,9 +280,14 @@ def micro_batches(state: RunState, step: int) -> list[tuple[torch.Tensor, torch.
     cfg, info = state.cfg, state.info
     per_rank = cfg.data.batch_size // info.world
     micro = per_rank // cfg.data.grad_accum
-    x, y = state.data.train_batch(step, cfg.data.batch_size, cfg.data.seq_len, cfg.optim.seed)
     mine = slice(info.rank * per_rank, (info.rank + 1) * per_rank)
-    x, y = to_device(x[mine], info.device), to_device(y[mine], info.device)
+    window = getattr(state.data, "train_window", None)
+    if window is not None:  # one contiguous window, pinned and copied once, split into inputs and targets here
+        w = to_device(window(step, cfg.data.batch_size, cfg.data.seq_len, cfg.optim.seed)[mine], info.device)
+        x, y = w[:, :-1], w[:, 1:]
+    else:  # SFT: targets are masked, not a shifted window
+        x, y = state.data.train_batch(step, cfg.data.batch_size, cfg.data.seq_len, cfg.optim.seed)
+        x, y = to_device(x[mine], info.device), to_device(y[mine], info.device)
     return [(x[i * micro:(i + 1) * micro], y[i * micro:(i + 1) * micro]) for i in range(cfg.data.grad_accum)]
 
 
