@@ -110,7 +110,9 @@ def test_peak_table_and_device_names():
     assert device_model("NVIDIA H100 PCIe") == "H100 PCIe"
     assert device_model("NVIDIA H200") == "H200"
     assert device_model("NVIDIA A100-SXM4-80GB") == "A100"
-    assert device_model("NVIDIA H100 NVL") is None and device_model("NVIDIA GeForce RTX 4090") is None
+    assert device_model("NVIDIA H100 NVL") == "H100 NVL" and device_model("NVIDIA H200 NVL") == "H200 NVL"
+    assert PEAK_TFLOPS["H200 NVL"][0] < PEAK_TFLOPS["H200"][0]  # not the SXM part's peak
+    assert device_model("NVIDIA GeForce RTX 4090") is None
     assert PEAK_TFLOPS["H100 SXM"][0] == 989.4
     assert peak_flops(torch.device("cpu"), "bf16") is None
 
@@ -150,3 +152,53 @@ def test_device_auto_under_torchrun_picks_local_rank(monkeypatch):
     with pytest.raises(ConfigError, match="local rank 2 needs cuda:2, but this machine has 2 GPU"):
         distributed.pick_device("auto", local_rank=2)
     assert distributed.pick_device("cpu", local_rank=5) == torch.device("cpu")
+
+
+def test_tf32_through_fp32_precision():
+    """The deprecated allow_tf32 flags are not used; fp32_precision is set both ways."""
+    from normlab.train.trainer import set_tf32
+
+    before = (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision)
+    try:
+        set_tf32(False)
+        assert (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision) == ("ieee", "ieee")
+        set_tf32(True)
+        assert (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision) == ("tf32", "tf32")
+    finally:
+        torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = before
+
+
+class _FakeCuda:
+    """A CPU tensor that reports itself as CUDA, for the kernel-choice rules (no arithmetic is done)."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.is_cuda, self.dtype, self.device = True, dtype, "cuda:0"
+
+
+def test_gqa_repeats_kv_heads_where_sdpa_would_fall_to_its_math_kernel():
+    from normlab.model.attention import expand_kv_heads
+
+    mask = torch.ones(1, 1, 2, 2, dtype=torch.bool)
+    assert expand_kv_heads(_FakeCuda(torch.float32), None)  # flash runs no float32
+    assert expand_kv_heads(_FakeCuda(torch.bfloat16), mask)  # nor an explicit mask
+    assert not expand_kv_heads(_FakeCuda(torch.bfloat16), None)  # flash with enable_gqa: nothing to repeat
+    assert not expand_kv_heads(torch.zeros(1), mask)  # CPU: enable_gqa costs nothing
+    # the repeated heads compute what enable_gqa computes
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
+    fused = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    repeated = torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1),
+                                                                is_causal=True)
+    torch.testing.assert_close(fused, repeated)
+
+
+def test_grouped_product_only_where_it_is_one_kernel(monkeypatch):
+    """torch's grouped product is one CUTLASS kernel on sm_90 and sm_100 only; on sm_120 (and older parts)
+    it loops with the offsets read back to the host, so the dispatch does not choose it there."""
+    from normlab.model import moe
+
+    x = _FakeCuda(torch.bfloat16)
+    for major, chosen in ((8, None), (9, torch.bfloat16), (10, torch.bfloat16), (12, None)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, m=major: (m, 0))
+        assert moe._grouped_dtype(x) == chosen, major
+

@@ -23,6 +23,15 @@ from normlab.model.rope import Rotary
 from normlab.model.storage import NO_STORAGE, Storage
 
 
+
+def expand_kv_heads(q: torch.Tensor, mask: torch.Tensor | None) -> bool:
+    """Whether grouped-query attention should repeat its KV heads before SDPA instead of passing
+    ``enable_gqa``: on CUDA only the flash kernel takes ``enable_gqa``, and flash runs neither float32 nor
+    an explicit mask, so either would drop SDPA to its unfused math kernel (the whole T x T score matrix
+    in memory); with the heads repeated the memory-efficient kernel runs. Elsewhere (CPU) ``enable_gqa``
+    costs nothing."""
+    return q.is_cuda and (q.dtype == torch.float32 or mask is not None)
+
 class Attention(nn.Module):
     store: Storage = NO_STORAGE  # the activation dtype of q, k, v and the context (normlab.model.storage)
 
@@ -94,8 +103,12 @@ class Attention(nn.Module):
         if self.softcap is None:
             # no mask: causal over the new tokens when nothing is cached, else one query that sees every key
             causal = mask is None and k.shape[-2] == t
+            gqa = self.n_kv_heads != self.n_heads
+            if gqa and expand_kv_heads(q, mask):
+                rep = self.n_heads // self.n_kv_heads
+                k, v, gqa = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1), False
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale,
-                                               enable_gqa=self.n_kv_heads != self.n_heads)
+                                               enable_gqa=gqa)
         else:
             y = self._softcapped(q, k, v, mask)
         y = y.transpose(1, 2)  # (B, T, heads, head_dim)

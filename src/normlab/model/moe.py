@@ -57,8 +57,10 @@ class Experts(nn.Module):
 
 
 def _grouped_dtype(x: torch.Tensor) -> torch.dtype | None:
-    """bf16 where torch's grouped product runs (CUDA, compute capability 9+, bf16), else None."""
-    if not (x.is_cuda and hasattr(torch, "_grouped_mm") and torch.cuda.get_device_capability(x.device)[0] >= 9):
+    """bf16 where torch's grouped product runs as one kernel (CUDA sm_90 or sm_100, bf16), else None. Its
+    CUTLASS kernels are built for those two only: elsewhere (sm_120 included) torch falls back to a loop
+    that reads the offsets back to the host, and the looped dispatch here is as good."""
+    if not (x.is_cuda and hasattr(torch, "_grouped_mm") and torch.cuda.get_device_capability(x.device)[0] in (9, 10)):
         return None
     bf16 = x.dtype == torch.bfloat16 or (torch.is_autocast_enabled("cuda")
                                          and torch.get_autocast_dtype("cuda") == torch.bfloat16)

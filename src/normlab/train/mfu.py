@@ -23,11 +23,14 @@ PEAK_TFLOPS: dict[str, tuple[float, float, float, float]] = {
     "H100 SXM": (989.4, 989.4, 494.7, 66.9),
     "H100 PCIe": (756.5, 756.5, 378.0, 51.2),
     "H200": (989.4, 989.4, 494.7, 66.9),
+    "H100 NVL": (835.5, 835.5, 417.5, 60.0),  # the PCIe dual-card parts: lower clocks and power than SXM
+    "H200 NVL": (835.5, 835.5, 417.5, 60.0),
     "A100": (312.0, 312.0, 156.0, 19.5),  # SXM and PCIe, 40 and 80 GB (HBM below: the 80 GB parts)
 }
 
 # HBM bandwidth, TB/s (datasheet), for the memory-bound kernels' benchmarks (norms)
-HBM_TBPS: dict[str, float] = {"H100 SXM": 3.35, "H100 PCIe": 2.0, "H200": 4.8, "A100": 2.0}
+HBM_TBPS: dict[str, float] = {"H100 SXM": 3.35, "H100 PCIe": 2.0, "H100 NVL": 3.9, "H200": 4.8, "H200 NVL": 4.8,
+                              "A100": 2.0}
 
 
 def flops_per_token(model: nn.Module, seq_len: int) -> int:
@@ -41,11 +44,13 @@ def flops_per_token(model: nn.Module, seq_len: int) -> int:
 def device_model(name: str) -> str | None:
     """The `PEAK_TFLOPS` key for a CUDA device name ("NVIDIA H100 80GB HBM3" -> "H100 SXM"), or None."""
     if "H200" in name:
-        return "H200"
+        return "H200 NVL" if "NVL" in name else "H200"
     if "H100" in name:
+        if "NVL" in name:
+            return "H100 NVL"
         if "PCIe" in name or "PCIE" in name:
             return "H100 PCIe"
-        return None if "NVL" in name else "H100 SXM"
+        return "H100 SXM"
     if "A100" in name:
         return "A100"
     return None

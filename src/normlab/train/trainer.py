@@ -78,6 +78,14 @@ def _loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig) 
     return out.loss, out.aux_loss
 
 
+def set_tf32(enabled: bool) -> None:
+    """float32 products on CUDA in TF32 (tensor cores, float32 accumulation) or in full IEEE float32,
+    through torch's `fp32_precision` settings (the `allow_tf32` flags they replace are deprecated)."""
+    mode = "tf32" if enabled else "ieee"
+    torch.backends.cuda.matmul.fp32_precision = mode
+    torch.backends.cudnn.conv.fp32_precision = mode
+
+
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A CPU batch on the device: pinned and copied asynchronously on CUDA (the copy overlaps compute)."""
     if device.type == "cuda":
@@ -214,7 +222,7 @@ def build_state(cfg: TrainConfig, info: distributed.DistInfo, start: Start) -> R
     model.set_storage(storage.for_run(cfg.run.precision, cfg.stored_dtype))
     if info.device.type == "cuda" and cfg.run.precision == "fp32":
         # TF32 products, float32 accumulation: about 7x the fp32 peak on an H100 (normlab.train.mfu)
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = cfg.run.tf32
+        set_tf32(cfg.run.tf32)
     params = count_params(model)
     fpt = flops_per_token(model, cfg.data.seq_len)
     model = distributed.wrap(model, info, cfg.run.fsdp)
