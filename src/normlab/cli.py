@@ -174,6 +174,29 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan(args: argparse.Namespace) -> int:
+    from normlab.train.memory import GIB, fitting_options, plan_memory
+
+    cfg = train_config_from_args(args)
+    if args.world < 1 or (args.gpu_memory is not None and args.gpu_memory <= 0):
+        raise ConfigError("--world is a positive number of ranks and --gpu-memory a positive number of GiB")
+    plan = plan_memory(cfg, args.world)
+    print(f"{cfg.model.layout_label} at {cfg.model.size}{' ' + str(cfg.model.options) if cfg.model.options else ''}: "
+          f"{plan.params / 1e6:.1f}M parameters; micro-batch {plan.micro_batch} x {plan.seq_len} on each of "
+          f"{args.world} rank(s), {cfg.run.precision}, activations stored in {cfg.stored_dtype}"
+          + (", activation checkpointing" if cfg.run.activation_checkpointing else ""))
+    print(plan.table())
+    if args.gpu_memory is not None:
+        capacity = int(args.gpu_memory * GIB)
+        if plan.total <= capacity:
+            print(f"fits {args.gpu_memory:g} GiB ({int(0.9 * capacity // plan.total)} such runs side by side)")
+        else:
+            options = fitting_options(cfg, capacity, args.world)
+            print(f"does not fit {args.gpu_memory:g} GiB; " + ("these fit: " + "; ".join(options) if options else
+                                                                "nothing tried fits: FSDP over more devices, or a smaller model"))
+    return 0
+
+
 def _screen(args: argparse.Namespace) -> int:
     import json
 
@@ -445,6 +468,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_train_args(s)
     s.set_defaults(func=_train)
+    s = sub.add_parser(
+        "plan", help="device memory a run needs: weights, gradients, optimizer state, activations (measured), logits",
+        description="Estimate the memory of `normlab train` with these settings on one device (rank), before "
+        "renting one: weights, gradients and optimizer state from the parameter count, activations measured on "
+        "this CPU for the run's own layout, width, precision and storage (scaled to its micro-batch and depth), "
+        "the loss's logits. Example: normlab plan --size gpu-126m --layout peri --precision bf16 --seq-len 1024 "
+        "--batch-size 32 --vocab-size 8192 --gpu-memory 80. On CUDA, train refuses a run that does not fit and "
+        "a sweep runs as many runs side by side as fit.")
+    _add_train_args(s)
+    s.add_argument("--gpu-memory", type=float, metavar="GIB", help="the device's memory: say whether the run fits, "
+                   "and which settings would")
+    s.add_argument("--world", type=int, default=1, help="ranks the run is split over (DDP; with --fsdp the "
+                   "weights, gradients and optimizer state are sharded over them)")
+    s.set_defaults(func=_plan)
     s = sub.add_parser(
         "screen",
         help="screen layouts for stability before training (Kan et al.'s four steps)",

@@ -121,3 +121,74 @@ def test_compiled_bf16_with_checkpointing_and_chunks_follows_eager(corpus, tmp_p
     train(small(corpus, tmp_path / "compiled", compile=True, activation_checkpointing=True, loss_chunk=48, **base))
     for x, y in zip(rows(tmp_path / "eager"), rows(tmp_path / "compiled")):
         assert y["loss"] == pytest.approx(x["loss"], rel=2e-2)
+
+
+@pytest.mark.parametrize("layout,size,dtype,seq", [("pre", "micro-deep", "fp32", 128), ("peri", "micro-deep", "fp16", 128),
+                                                   ("olmo2", "nano", "fp32", 48), ("hybrid", "nano", "fp16", 48)])
+def test_the_memory_plan_matches_a_whole_model_measurement(layout, size, dtype, seq):
+    """The plan measures one and two layers on short sequences and scales to the run; here the whole
+    model, at the run's depth, batch and length, is measured directly: the activations agree to 5%."""
+    from normlab.config.train import TrainConfig
+    from normlab.model import build_model
+    from normlab.model import storage as storage_mod
+    from normlab.train.memory import plan_memory
+
+    cfg = TrainConfig.of(layout=layout, size=size, batch_size=4, seq_len=seq, activation_dtype=dtype, vocab_size=256)
+    plan = plan_memory(cfg)
+    model = build_model(layout, size, seed=0, vocab_size=256).train()
+    model.set_storage(storage_mod.for_run(cfg.run.precision, cfg.stored_dtype))
+    params = {p.untyped_storage().data_ptr() for p in [*model.parameters(), *model.buffers()]}  # resident already
+    seen = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        if s.data_ptr() not in params:
+            seen[s.data_ptr()] = max(seen.get(s.data_ptr(), 0), s.nbytes())
+        return t
+
+    x = torch.randint(0, 256, (4, seq))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x, targets=x, loss_chunk=cfg.run.loss_chunk)
+    measured = sum(seen.values())
+    assert abs(plan.activations - measured) <= 0.05 * measured, (plan.activations, measured)
+    assert plan.weights == 4 * plan.params and plan.optimizer == 8 * plan.params  # AdamW, float32 masters
+
+
+def test_a_run_that_cannot_fit_is_refused_before_it_starts_with_options_that_fit():
+    from normlab.config.train import TrainConfig
+    from normlab.train.memory import GIB, fitting_options, plan_memory, plan_workers
+
+    cfg = TrainConfig.of(layout="peri", size="micro-deep", batch_size=64, seq_len=128)
+    need = plan_memory(cfg).total
+    capacity = int(need - 0.5 * (need - plan_memory(cfg.with_({"activation_checkpointing": True})).total))
+    options = fitting_options(cfg, capacity)
+    assert options and all(float(o.rsplit(": ", 1)[1].split()[0]) * GIB <= capacity for o in options), options
+    # a sweep on GPUs: as many workers as fit by memory, one per device at least, never more than runs
+    assert plan_workers([10 * GIB] * 8, [80 * GIB], None, 16) == 7
+    assert plan_workers([100 * GIB] * 8, [80 * GIB], None, 16) == 1
+    assert plan_workers([10 * GIB] * 8, [80 * GIB, 80 * GIB], None, 16) == 8
+    assert plan_workers([10 * GIB] * 3, [], None, 16) == 3  # CPU: one per core, at most the runs
+
+
+def test_a_sweep_on_cuda_plans_its_workers_by_memory(monkeypatch):
+    """What the runner does when its runs ask for CUDA (a CPU stand-in for the device's memory): the
+    largest run's plan and the device's memory decide how many run side by side, not the CPU count."""
+    from types import SimpleNamespace
+
+    from normlab.experiments.runner import _gpu_plan
+    from normlab.experiments.sweep import SweepConfig
+    from normlab.train.memory import plan_memory
+
+    sweep = SweepConfig(name="g", base={"size": "micro-deep", "batch_size": 64, "seq_len": 128, "device": "cuda"},
+                        grid={"layout": ["pre", "peri"], "seed": [0, 1, 2]})
+    specs = sweep.expand()
+    need = max(plan_memory(s.train_config("x")).total for s in specs)
+    lines = []
+    for capacity, expected in ((int(need * 3.5), 3), (int(need * 0.5), 1)):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i, c=capacity: SimpleNamespace(total_memory=c))
+        assert _gpu_plan(specs, None, lines.append) == (expected, 1)
+    assert "side by side" in lines[0]
+    cpu = SweepConfig(name="c", base={"size": "nano", "device": "cpu"}, grid={"seed": [0, 1]}).expand()
+    assert _gpu_plan(cpu, None, lines.append) is None  # CPU runs: one per core, as before

@@ -148,7 +148,8 @@ def run_sweep(sweep: SweepConfig, out: str | Path, workers: int | None = None, e
                 steps = {s.run_id: s.config["steps"] for s in specs if s.run_id in todo}
                 bar = SweepProgress(root, steps, sweep.name, log=log)
                 try:
-                    _run_local(root, store, todo, workers or sweep.workers, log, bar)
+                    gpus = _gpu_plan([s for s in specs if s.run_id in todo], workers or sweep.workers, log)
+                    _run_local(root, store, todo, workers or sweep.workers, log, bar, gpus)
                 finally:
                     bar.close()
             else:
@@ -178,17 +179,48 @@ execute_run(sys.argv[2], sys.argv[3], threads=int(sys.argv[4]), watch_parent=par
 """
 
 
-def _spawn(root: Path, run_id: str, threads: int) -> subprocess.Popen:
+def _spawn(root: Path, run_id: str, threads: int, gpu: int | None = None) -> subprocess.Popen:
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)} if gpu is not None else None
     with open(SweepDir(root).log_file(run_id), "ab") as log:  # the child keeps its own descriptor
         return subprocess.Popen([sys.executable, "-c", _BOOT, str(os.getpid()), str(root), run_id, str(threads)],
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+def _gpu_plan(specs: list[RunSpec], requested: int | None, log) -> tuple[int, int] | None:  # noqa: ANN001
+    """(workers, devices) for runs that train on CUDA: as many side by side as fit by memory on each device
+    (normlab.train.memory), or None when the runs train on the CPU. Runs that differ only in what does
+    not change their memory (learning rate, seed, ...) are planned once."""
+    import torch
+
+    from normlab.train.memory import GIB, plan_memory, plan_workers
+
+    cfgs = [s.train_config("unused") for s in specs]
+    if not cfgs or not torch.cuda.is_available() or not any(c.run.device in ("cuda", "auto") for c in cfgs):
+        return None
+    devices = [torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())]
+    shape = ("layout", "size", "model", "batch_size", "grad_accum", "seq_len", "precision", "activation_dtype",
+             "activation_checkpointing", "loss_chunk", "vocab_size", "tokenizer", "optimizer", "fsdp")
+    plans: dict[str, int] = {}
+    for c in cfgs:
+        key = repr([c.to_dict()[k] for k in shape])
+        if key not in plans:
+            plans[key] = plan_memory(c).total
+    workers = plan_workers([plans[repr([c.to_dict()[k] for k in shape])] for c in cfgs], devices, requested,
+                           os.cpu_count() or 1)
+    log(f"GPU memory plan: up to {max(plans.values()) / GIB:.1f} GiB per run, {len(devices)} device(s) of "
+        f"{min(devices) / GIB:.0f} GiB -> {workers} run(s) side by side")
+    return workers, len(devices)
 
 
 def _run_local(root: Path, store: SweepStore, todo: list[str], workers: int | None, log,  # noqa: ANN001
-               bar: SweepProgress | None = None) -> None:
+               bar: SweepProgress | None = None, gpus: tuple[int, int] | None = None) -> None:
+    """Run `todo` in worker processes: on the CPU one per core (torch threads split between them); on
+    GPUs (`gpus` = (workers, devices) from the memory plan) each worker is given the device with the
+    fewest runs in flight (CUDA_VISIBLE_DEVICES)."""
     cores = os.cpu_count() or 1
-    workers = max(1, min(workers or cores, len(todo)))
+    workers = gpus[0] if gpus is not None else max(1, min(workers or cores, len(todo)))
     threads = max(1, cores // workers)
+    device_of: dict[str, int] = {}
     SweepDir(root).logs_dir.mkdir(exist_ok=True)
     queue, running = list(todo), {}
     total, finished = len(todo), 0
@@ -196,7 +228,11 @@ def _run_local(root: Path, store: SweepStore, todo: list[str], workers: int | No
         while queue or running:
             while queue and len(running) < workers:
                 rid = queue.pop(0)
-                running[rid] = _spawn(root, rid, threads)
+                gpu = None
+                if gpus is not None and gpus[1] > 1:
+                    load = [sum(1 for r in running if device_of.get(r) == d) for d in range(gpus[1])]
+                    gpu = device_of[rid] = load.index(min(load))
+                running[rid] = _spawn(root, rid, threads, gpu)
                 if bar is not None:
                     bar.started(rid)
             time.sleep(0.2)

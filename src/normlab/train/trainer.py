@@ -52,6 +52,7 @@ from normlab.runs.start import RunLock, Start, check_out, plan_start
 from normlab.train import distributed
 from normlab.train.init_from import load_init_weights
 from normlab.train.loggers import Sinks
+from normlab.train.memory import check_fits, device_capacity
 from normlab.train.mfu import flops_per_token, peak_flops
 from normlab.train.monitor import DivergenceMonitor
 from normlab.train.optim import lr_at, make_optimizer
@@ -213,6 +214,8 @@ def build_state(cfg: TrainConfig, info: distributed.DistInfo, start: Start) -> R
         raise ConfigError(f"batch_size={cfg.data.batch_size} must divide into {info.world} ranks x grad_accum={cfg.data.grad_accum}")
     torch.manual_seed(cfg.optim.seed)
     data = _load_data(cfg)
+    # a run that cannot fit the device is refused before its model is built, with settings that fit
+    check_fits(cfg, device_capacity(info.device), info.world, data.vocab_size)
     # a bad vocabulary or context is refused before the run directory holds anything but its lock
     model = build_run_model(cfg.model.layout, cfg.model.size, cfg.model.options, cfg.data.seq_len, data.vocab_size, cfg.optim.seed)
     if cfg.model.init_from and start.checkpoint is None:  # a resumed run's own checkpoint takes precedence

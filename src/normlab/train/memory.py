@@ -1,0 +1,200 @@
+"""How much device memory a run needs, before it runs: `normlab plan`, the trainer's check on CUDA, and
+the sweep's worker count on a GPU.
+
+    weights     4 N bytes (float32 masters; FSDP2: / world size)
+    gradients   4 N
+    optimizer   8 N for AdamW (two float32 moments), 4 N for SGD with momentum
+    autocast    2 N: the bf16/fp16 copy of each weight autocast keeps for the step
+    activations what the backward keeps, per micro-batch (measured, below)
+    logits      the loss's transient: chunk x V x 10 bytes (float32 logits, their gradient, a 16-bit copy);
+                without chunking the whole micro-batch's logits are kept for the backward instead
+    overhead    1 GiB: the CUDA context, cuBLAS workspaces and allocator slack
+
+Activations are *measured*, not modelled: every layout keeps different tensors (each norm site keeps
+its input, Peri-LN's output norms keep f(u), QK-norm keeps q and k, ...), and the dtype each is kept
+in follows the precision and the activation storage. The plan runs the run's own model on the CPU at
+the run's width under the run's autocast and storage, at one and two layers and at two lengths, with
+`torch.autograd.graph.saved_tensors_hooks` counting the bytes kept for the backward (each storage
+once); the differences give the bytes per token per block and per token outside the blocks. That is
+exact for fused attention (flash / memory-efficient SDPA keep O(T) per head, not the T x T scores);
+the total is scaled to the run's micro-batch and depth. With activation checkpointing a block keeps its input only, and the backward recomputes one
+block at a time: that block's full activations are added once. tests/integration/test_memory.py
+checks the plan against the same measurement on whole models.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+
+from normlab.config.train import TrainConfig
+from normlab.model import storage
+from normlab.model.config import get_size
+
+GIB = 2**30
+OVERHEAD = 1 * GIB
+PROBE_TOKENS = 64  # the measurement's sequence length (activations scale linearly in tokens)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes per device for one run (one rank), by what holds them."""
+
+    params: int
+    weights: int
+    gradients: int
+    optimizer: int
+    autocast_copies: int
+    activations: int
+    logits: int
+    overhead: int
+    micro_batch: int  # sequences per micro-batch on this rank
+    seq_len: int
+
+    @property
+    def total(self) -> int:
+        return (self.weights + self.gradients + self.optimizer + self.autocast_copies + self.activations
+                + self.logits + self.overhead)
+
+    def table(self) -> str:
+        rows = [(k, v) for k, v in asdict(self).items() if k not in ("params", "micro_batch", "seq_len")]
+        lines = [f"{k:16s} {v / GIB:8.2f} GiB" for k, v in rows] + [f"{'total':16s} {self.total / GIB:8.2f} GiB"]
+        return "\n".join(lines)
+
+
+def _saved_bytes(cfg: TrainConfig, n_layers: int, tokens: int, recompute: bool, vocab: int) -> int:
+    """Bytes the backward keeps after one forward + loss of the run's model at ``n_layers`` on ``tokens``
+    tokens (one sequence), measured on the CPU."""
+    from normlab.model.build import build_model
+
+    options = {**cfg.model.options, "n_layers": n_layers, "vocab_size": vocab,
+               "max_seq_len": max(tokens, get_size(cfg.model.size).max_seq_len)}
+    model = build_model(cfg.model.layout, cfg.model.size, seed=0, **options).train()
+    model.activation_checkpointing = recompute
+    model.set_storage(storage.for_run(cfg.run.precision, cfg.stored_dtype))
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if isinstance(t, torch.Tensor) and not isinstance(t, torch.nn.Parameter) and t.device.type != "meta":
+            s = t.untyped_storage()
+            seen[s.data_ptr()] = max(seen.get(s.data_ptr(), 0), s.nbytes())
+        return t
+
+    x = torch.randint(0, vocab, (1, tokens))
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.run.precision)
+    params = {p.untyped_storage().data_ptr() for p in [*model.parameters(), *model.buffers()]}  # resident already
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+            torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+        model(x, targets=x, z_loss=cfg.optim.z_loss, loss_chunk=cfg.run.loss_chunk)  # as the trainer's step
+    return sum(n for ptr, n in seen.items() if ptr not in params)
+
+
+def _slopes(cfg: TrainConfig, recompute: bool, vocab: int) -> tuple[float, float]:
+    """Bytes kept per token outside the blocks (embedding, final norm, loss) and per token per block.
+    Measured at two depths and two lengths: the differences leave out what does not grow with tokens
+    (autocast's weight copies, counted once in the plan) and what does not grow with depth."""
+    short, long = PROBE_TOKENS // 2, PROBE_TOKENS
+    m = {(n, t): _saved_bytes(cfg, n, t, recompute, vocab) for n in (1, 2) for t in (short, long)}
+    block = ((m[2, long] - m[1, long]) - (m[2, short] - m[1, short])) / (long - short)
+    model = (m[1, long] - m[1, short]) / (long - short) - block
+    return max(0.0, model), max(0.0, block)
+
+
+def vocab_of(cfg: TrainConfig) -> int:
+    """The vocabulary a run will have, from its settings alone (before its data is read): the model option
+    or --vocab-size, else bytes' 256 + end-of-text or a BPE's size; a tokenizer file's is read at the start."""
+    given = cfg.model.options.get("vocab_size") or cfg.data.vocab_size
+    if given:
+        return int(given)
+    tok = cfg.data.tokenizer
+    if tok == "bytes":
+        return 257
+    if tok.startswith("bpe:") and tok[4:].isdigit():
+        return int(tok[4:])
+    return cfg.model.model_config().vocab_size
+
+
+def plan_memory(cfg: TrainConfig, world: int = 1, vocab: int | None = None) -> MemoryPlan:
+    """The memory plan of ``cfg`` on one of ``world`` ranks (see the module docstring); ``vocab``: the
+    data's, once known (else from the settings, `vocab_of`)."""
+    from normlab.layout import Layout
+    from normlab.model.params import analytic_params
+
+    model_cfg = cfg.model.model_config()
+    vocab = max(vocab or 0, vocab_of(cfg))
+    layout: Layout = cfg.model.layout
+    n = analytic_params(model_cfg.with_(vocab_size=vocab), layout.resolve(model_cfg.n_layers)).total
+    shard = world if cfg.run.fsdp else 1
+    micro = cfg.data.batch_size // world // cfg.data.grad_accum
+    tokens = micro * cfg.data.seq_len
+    per_token, per_block = _slopes(cfg, recompute=False, vocab=vocab)
+    if cfg.run.activation_checkpointing:
+        kept_token, kept_block = _slopes(cfg, recompute=True, vocab=vocab)  # each block keeps its input; one is recomputed
+        activations = (kept_token + model_cfg.n_layers * kept_block + per_block) * tokens
+    else:
+        activations = (per_token + model_cfg.n_layers * per_block) * tokens
+    chunk = cfg.run.loss_chunk
+    logits = (min(tokens, chunk) * vocab * 10) if chunk else tokens * vocab * (4 + 2 + 4)
+    optim = 8 * n if cfg.optim.optimizer == "adamw" else (4 * n if cfg.optim.momentum else 0)
+    autocast = 2 * n if cfg.run.precision in ("bf16", "fp16") else 0
+    return MemoryPlan(params=n, weights=4 * n // shard, gradients=4 * n // shard, optimizer=optim // shard,
+                      autocast_copies=autocast, activations=int(math.ceil(activations)), logits=int(logits),
+                      overhead=OVERHEAD, micro_batch=micro, seq_len=cfg.data.seq_len)
+
+
+def device_capacity(device: torch.device) -> int | None:
+    """A CUDA device's memory in bytes (None elsewhere: a CPU run is not planned)."""
+    return torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+
+
+def check_fits(cfg: TrainConfig, capacity: int | None, world: int = 1, vocab: int | None = None) -> MemoryPlan | None:
+    """Refuse, before the model is built, a run whose plan exceeds ``capacity``, naming what would fit."""
+    if capacity is None:
+        return None
+    plan = plan_memory(cfg, world, vocab)
+    if plan.total > capacity:
+        from normlab.errors import ConfigError
+
+        options = fitting_options(cfg, capacity, world)
+        raise ConfigError(f"this run needs about {plan.total / GIB:.1f} GiB per device (activations "
+                          f"{plan.activations / GIB:.1f} GiB for a micro-batch of {plan.micro_batch} x {plan.seq_len}) "
+                          f"and the device has {capacity / GIB:.1f} GiB; "
+                          + ("these fit: " + "; ".join(options) if options else
+                             "no accumulation or checkpointing fits: use FSDP over more devices or a smaller model")
+                          + " (normlab plan shows the whole estimate)")
+    return plan
+
+
+def fitting_options(cfg: TrainConfig, capacity: int, world: int = 1) -> list[str]:
+    """Settings that bring ``cfg`` under ``capacity`` bytes, each with its planned total."""
+    tried = []
+    candidates = []
+    if not cfg.run.activation_checkpointing:
+        candidates.append(({"activation_checkpointing": True}, "--activation-checkpointing"))
+    accum = cfg.data.grad_accum
+    while cfg.data.batch_size % (world * accum * 2) == 0 and accum < cfg.data.batch_size // world:
+        accum *= 2
+        candidates.append(({"grad_accum": accum}, f"--grad-accum {accum} (micro-batch {cfg.data.batch_size // world // accum})"))
+        if not cfg.run.activation_checkpointing:
+            candidates.append(({"grad_accum": accum, "activation_checkpointing": True},
+                               f"--grad-accum {accum} --activation-checkpointing"))
+    for change, text in candidates:
+        total = plan_memory(cfg.with_(change), world).total
+        if total <= capacity:
+            tried.append(f"{text}: {total / GIB:.1f} GiB")
+        if len(tried) >= 3:
+            break
+    return tried
+
+
+def plan_workers(plans: list[int], device_bytes: list[int], requested: int | None, cores: int) -> int:
+    """Parallel runs for a sweep on GPUs: as many as fit by memory on each device (the largest run's plan
+    decides, with 10% kept free), at least one per device, never more than asked or than there are runs."""
+    if not device_bytes:
+        return max(1, min(requested or cores, len(plans)))
+    largest = max(plans) if plans else 1
+    per_device = max(1, int(0.9 * min(device_bytes) // largest))
+    fit = per_device * len(device_bytes)
+    return max(1, min(requested or fit, fit, len(plans)))
