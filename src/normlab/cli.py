@@ -314,6 +314,10 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
 def _recipes(args: argparse.Namespace) -> int:
     from normlab.experiments import RECIPES, load_recipe
 
@@ -323,7 +327,9 @@ def _recipes(args: argparse.Namespace) -> int:
         print("\n".join(recipes))
         return 0
     for name, r in recipes.items():
-        print(f"{name}  ({len(r.expand())} runs, {r.machine})\n  source: {r.source}\n  scale:  {r.scale}\n  claim:  {r.claim}\n")
+        final, flight = r.disk_budget()
+        print(f"{name}  ({len(r.expand())} runs, {r.machine})\n  source: {r.source}\n  scale:  {r.scale}\n  claim:  {r.claim}\n"
+              f"  disk:   checkpoints {_size(final)} once finished ({_size(flight)} per run in flight)\n")
     return 0
 
 

@@ -339,3 +339,23 @@ def test_compiled_training_matches_eager(corpus, tmp_path):
     for a, b in zip(losses(tmp_path / "eager"), losses(tmp_path / "compiled")):
         assert a == pytest.approx(b, abs=1e-4)
     assert comp["final_val_loss"] == pytest.approx(eager["final_val_loss"], abs=1e-4)
+
+
+def test_final_checkpoint_without_optimizer_state_and_sweeps_keep_one(corpus, tmp_path):
+    """keep_optimizer off: the last checkpoint holds the model only (the disk budget of a sweep), earlier
+    ones keep the optimizer for resuming; a run killed after its final checkpoint still finishes."""
+    from normlab.experiments.sweep import SweepConfig
+    from normlab.runs.checkpoint import list_checkpoints, load_checkpoint
+    from normlab.runs.files import RunDir
+
+    cfg = small(corpus, tmp_path / "lean", steps=6, ckpt_every=3, keep_last=2, keep_optimizer=False)
+    train(cfg)
+    mid, last = list_checkpoints(cfg.run.out)
+    assert "optimizer" in load_checkpoint(mid) and "optimizer" not in load_checkpoint(last)
+    assert last.stat().st_size < 0.6 * mid.stat().st_size  # AdamW's two moments were two thirds of it
+    RunDir(cfg.run.out).summary_file.unlink()  # killed between the final checkpoint and the summary
+    assert train(cfg)["status"] == "ok"
+    runs = SweepConfig(name="s", base={"size": "nano"}, grid={"seed": [0]}).expand()
+    assert (runs[0].config["keep_last"], runs[0].config["keep_optimizer"]) == (1, False)
+    kept = SweepConfig(name="s", base={"size": "nano", "keep_optimizer": True}, grid={"seed": [0]}).expand()
+    assert kept[0].config["keep_optimizer"] is True and kept[0].run_id == runs[0].run_id  # not part of the id

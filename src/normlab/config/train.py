@@ -168,6 +168,9 @@ class RunSettings:
     ckpt_every: int = setting(0, "checkpoint every N steps (0: every 10%% of the run, 10 to 100 steps apart); "
                               "a checkpoint always ends the run", identity=False, check=nonneg)
     keep_last: int = setting(2, "checkpoints kept", identity=False, check=positive)
+    keep_optimizer: bool = setting(True, "the run's final checkpoint keeps the optimizer state (to train it further "
+                                   "with --init-from or a longer schedule); off: the model only, a third of the "
+                                   "size with AdamW (sweeps default to off)", identity=False)
     resume: bool = setting(True, "continue from the newest checkpoint in `out` if one exists", identity=False)
     progress: bool = setting(True, "progress bar", identity=False)
     tensorboard: bool = setting(False, "needs the tensorboard extra", identity=False)

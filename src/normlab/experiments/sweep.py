@@ -39,6 +39,11 @@ from normlab.errors import ConfigError, LayoutError
 from normlab.io import read_toml
 
 EXECUTORS = ("local", "slurm", "submitit-local")
+# A sweep's disk budget: each run keeps its newest checkpoint only (the one a killed run resumes from),
+# and a finished run's final checkpoint holds the model without the optimizer state (a third of the size
+# with AdamW). 70 runs at 126M kept 2 checkpoints with optimizer state each: about 225 GB; this: about 35 GB.
+# A base (or a recipe) that sets keep_last or keep_optimizer decides for itself.
+SWEEP_RUN_DEFAULTS = {"keep_last": 1, "keep_optimizer": False}
 # what a sweep sets for every run itself; a base or grid may not
 SET_BY_SWEEP = ("out", "progress")
 
@@ -125,7 +130,7 @@ class SweepConfig:
         for i, combo in enumerate(itertools.product(*(self.grid[a] for a in axes))):
             point = dict(zip(axes, combo))
             try:
-                train = TrainConfig().with_({**self.base, **point, "progress": False})
+                train = TrainConfig().with_({**SWEEP_RUN_DEFAULTS, **self.base, **point, "progress": False})
             except (ConfigError, LayoutError) as err:
                 raise ConfigError(f"sweep {self.name!r}, run {point}: {err}") from None
             config = {k: v for k, v in train.to_dict().items() if k not in SET_BY_SWEEP}
@@ -135,6 +140,24 @@ class SweepConfig:
             seen.add(rid)
             specs.append(RunSpec(rid, i, point, config))
         return specs
+
+    def disk_budget(self) -> tuple[int, int]:
+        """(bytes its runs' checkpoints hold once all finished, bytes one run holds while in flight), from
+        the analytic parameter counts: float32 weights (4 N) and AdamW's two moments (8 N more)."""
+        from normlab.model.params import analytic_params
+
+        final, flight = 0, 0
+        for spec in self.expand():
+            cfg = spec.train_config("unused")
+            model = cfg.model.model_config()
+            vocab = cfg.data.vocab_size or (int(cfg.data.tokenizer[4:]) if cfg.data.tokenizer.startswith("bpe:")
+                                            and cfg.data.tokenizer[4:].isdigit() else model.vocab_size)
+            n = analytic_params(model.with_(vocab_size=vocab), cfg.model.layout.resolve(model.n_layers)).total
+            whole = 12 * n if cfg.optim.optimizer == "adamw" else 8 * n
+            last = whole if cfg.run.keep_optimizer else 4 * n
+            final += last + (cfg.run.keep_last - 1) * whole
+            flight = max(flight, cfg.run.keep_last * whole)
+        return final, flight
 
     @classmethod
     def from_toml(cls, path: str | Path) -> SweepConfig:

@@ -42,7 +42,7 @@ from normlab.diagnostics.forensics import first_break, gradient_break, site_of
 from normlab.diagnostics.probes import Probes
 from normlab.diagnostics.store import ProbeWriter
 from normlab.io import truncate_jsonl
-from normlab.errors import ConfigError
+from normlab.errors import CheckpointError, ConfigError
 from normlab.model import count_params, storage
 from normlab.runs.checkpoint import (load_checkpoint, load_sharded_state, remove_stale_temp_files, save_checkpoint,
                                      save_sharded_checkpoint, set_rng_state)
@@ -126,7 +126,12 @@ def _load_state(model: nn.Module, opt: torch.optim.Optimizer, ckpt: dict, cfg: T
         set_optimizer_state_dict(model, opt, ckpt["optimizer"], options=opts)
         return
     _unwrap(model).load_state_dict(ckpt["model"])
-    opt.load_state_dict(ckpt["optimizer"])
+    if "optimizer" in ckpt:
+        opt.load_state_dict(ckpt["optimizer"])
+    elif ckpt["step"] < cfg.optim.steps:  # a final checkpoint saved without it (keep_optimizer off)
+        raise CheckpointError(f"the checkpoint at step {ckpt['step']} holds no optimizer state (keep_optimizer was "
+                              f"off), so the run cannot continue to step {cfg.optim.steps}; start a new run with "
+                              "--init-from to train these weights further")
 
 
 def train(cfg: TrainConfig, log=print) -> dict[str, Any]:  # noqa: ANN001 - log: print-like
@@ -423,8 +428,10 @@ def _checkpoint(state: RunState) -> None:
         save_sharded_checkpoint(state.run, state.step, state.model, state.opt, extra, state.cfg.run.keep_last,
                                 state.info.is_main)
     elif state.info.is_main:
-        save_checkpoint(state.run, state.step, {"model": _unwrap(state.model).state_dict(),
-                                                "optimizer": state.opt.state_dict(), **extra}, state.cfg.run.keep_last)
+        final = state.step >= state.cfg.optim.steps
+        optimizer = {} if final and not state.cfg.run.keep_optimizer else {"optimizer": state.opt.state_dict()}
+        save_checkpoint(state.run, state.step, {"model": _unwrap(state.model).state_dict(), **optimizer, **extra},
+                        state.cfg.run.keep_last)
 
 
 def speed_summary(rows: list[dict], state: RunState) -> dict[str, Any]:
