@@ -183,7 +183,8 @@ def _plan(args: argparse.Namespace) -> int:
     plan = plan_memory(cfg, args.world)
     print(f"{cfg.model.layout_label} at {cfg.model.size}{' ' + str(cfg.model.options) if cfg.model.options else ''}: "
           f"{plan.params / 1e6:.1f}M parameters; micro-batch {plan.micro_batch} x {plan.seq_len} on each of "
-          f"{args.world} rank(s), {cfg.run.precision}, activations stored in {cfg.stored_dtype}"
+          f"{args.world} rank(s), {cfg.for_device('cuda').precision}, activations stored in "
+          f"{cfg.for_device('cuda').stored_dtype}"
           + (", activation checkpointing" if cfg.run.activation_checkpointing else ""))
     print(plan.table())
     if args.gpu_memory is not None:

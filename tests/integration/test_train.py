@@ -297,7 +297,7 @@ def test_never_overwrites_and_refuses_mismatched_resume(corpus, tmp_path):
 @pytest.mark.parametrize(
     "kw, needle",
     [(dict(lr=-1.0), "lr must be > 0"), (dict(steps=0), "steps must be > 0, got 0"),
-     (dict(warmup=1.5), "warmup must lie in [0, 1)"), (dict(precision="fp8"), "precision: 'fp8' is not valid; valid: fp32, bf16, fp16"),
+     (dict(warmup=1.5), "warmup must lie in [0, 1)"), (dict(precision="fp8"), "precision: 'fp8' is not valid; valid: auto, fp32, bf16, fp16"),
      (dict(batch_size=10, grad_accum=4), "divisible by grad_accum=4"), (dict(wd_exclude="norms,gains"), "unknown ['gains']"),
      (dict(model={"d_modle": 3}), "did you mean model.d_model"), (dict(lr=float("nan")), "lr: expected a finite number"),
      (dict(grad_clip=float("inf")), "grad_clip: expected a finite number"), (dict(beta1=1.5), "beta1 must lie in [0, 1)"),
@@ -359,3 +359,22 @@ def test_final_checkpoint_without_optimizer_state_and_sweeps_keep_one(corpus, tm
     assert (runs[0].config["keep_last"], runs[0].config["keep_optimizer"]) == (1, False)
     kept = SweepConfig(name="s", base={"size": "nano", "keep_optimizer": True}, grid={"seed": [0]}).expand()
     assert kept[0].config["keep_optimizer"] is True and kept[0].run_id == runs[0].run_id  # not part of the id
+
+
+def test_device_decides_precision_and_compile_where_left_to_it(corpus, tmp_path):
+    """precision auto and compile none: bf16 and compiled on CUDA, fp32 and eager on the CPU (as before);
+    what the run chose is in its summary and its config.json."""
+    from normlab.runs.files import RunDir
+
+    cfg = TrainConfig()
+    assert (cfg.run.precision, cfg.run.compile) == ("auto", None)
+    cuda = cfg.for_device("cuda")
+    assert (cuda.run.precision, cuda.run.compile) == ("bf16", True)
+    assert cfg.for_device("cuda", bf16=False).run.precision == "fp32"  # a GPU without bf16
+    cpu = cfg.for_device("cpu")
+    assert (cpu.run.precision, cpu.run.compile) == ("fp32", False)
+    mine = TrainConfig.of(precision="fp16", compile=False).for_device("cuda")
+    assert (mine.run.precision, mine.run.compile) == ("fp16", False)  # what the user said stands
+    s = train(small(corpus, tmp_path / "auto", steps=3))
+    assert (s["precision"], s["compiled"]) == ("fp32", False)
+    assert RunDir(tmp_path / "auto").config_dict()["precision"] == "fp32"

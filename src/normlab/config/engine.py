@@ -221,7 +221,7 @@ def add_flags(parser: argparse.ArgumentParser, decl: Mapping[str, Leaf], skip: t
             shown = ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in shown)
         valid = f"; one of {', '.join(map(str, leaf.choices))}" if leaf.choices and len(leaf.choices) <= 24 else ""
         help_text = f"{leaf.doc} (default: {shown}{valid})".replace("%", "%%")
-        if leaf.type is bool:
+        if _scalar_type(leaf.type)[0] is bool:  # --name / --no-name (an optional one stays unset if neither)
             parser.add_argument(flag_name(name), dest=name, action=argparse.BooleanOptionalAction,
                                 default=argparse.SUPPRESS, help=help_text)
         else:

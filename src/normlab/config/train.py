@@ -124,13 +124,14 @@ class OptimSettings:
 
 @dataclass(frozen=True)
 class RunSettings:
-    precision: Literal["fp32", "bf16", "fp16"] = setting("fp32", "the dtype the products compute in (autocast); "
-                                                         "fp16 uses dynamic loss scaling", choices=("fp32", "bf16", "fp16"))
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = setting(
+        "auto", "the dtype the products compute in (autocast; fp16 uses dynamic loss scaling); auto: bf16 on a "
+        "GPU that has it (twice TF32's peak on an H100), fp32 on the CPU", choices=("auto", "fp32", "bf16", "fp16"))
     activation_dtype: Literal["auto", "fp32", "bf16", "fp16"] = setting(
         "auto", "the dtype activations and the residual stream are stored in (auto: the precision's, as Megatron's "
         "fp16/bf16 that the papers trained with); fp16 with precision fp32 emulates fp16 storage on a CPU: "
         "values past 65504 become inf (normlab.model.storage, docs/training.md)", choices=("auto", "fp32", "bf16", "fp16"))
-    compile: bool = setting(False, "torch.compile the model", identity=False)
+    compile: bool | None = setting(None, "torch.compile the model (none: on CUDA, off on the CPU)", identity=False)
     device: Literal["auto", "cpu", "cuda"] = setting("auto", "auto | cpu | cuda", identity=False,
                                                      choices=("auto", "cpu", "cuda"))
     fsdp: bool = setting(False, "under torchrun: FSDP2 sharding instead of DDP (checkpoints sharded with "
@@ -309,17 +310,34 @@ class TrainConfig:
         except LayoutError as err:
             raise ConfigError(f"layout {m.layout_label!r} does not fit {model.n_layers} layers: {err}") from None
 
+    def for_device(self, device: str, bf16: bool = True) -> TrainConfig:
+        """The settings with their device-dependent defaults decided: precision auto (bf16 on CUDA where the
+        GPU has it, else fp32) and compile none (on for CUDA). A run resolves them once, at its start; its
+        config.json holds the result, so a resume on another kind of device is a different run."""
+        cuda = device.startswith("cuda")
+        run = self.run
+        precision = run.precision if run.precision != "auto" else ("bf16" if cuda and bf16 else "fp32")
+        compile_ = run.compile if run.compile is not None else cuda
+        if (precision, compile_) == (run.precision, run.compile):
+            return self
+        return replace(self, run=replace(run, precision=precision, compile=compile_))
+
     # -- views --
+    @property
+    def precision(self) -> str:
+        """The precision with ``auto`` read as the CPU's (fp32) until `for_device` decides it."""
+        return "fp32" if self.run.precision == "auto" else self.run.precision
+
     @property
     def stored_dtype(self) -> str:
         """The activation dtype with ``auto`` resolved: fp32, bf16 or fp16."""
         return "fp32" if self.run.activation_dtype == "fp32" else (
-            self.run.precision if self.run.activation_dtype == "auto" else self.run.activation_dtype)
+            self.precision if self.run.activation_dtype == "auto" else self.run.activation_dtype)
 
     @property
     def loss_scaled(self) -> bool:
         """fp16 anywhere (the products or the stored activations): gradients need dynamic loss scaling."""
-        return "fp16" in (self.run.precision, self.stored_dtype)
+        return "fp16" in (self.precision, self.stored_dtype)
 
     @property
     def wd_exclusions(self) -> list[str]:

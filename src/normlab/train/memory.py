@@ -73,7 +73,7 @@ def _saved_bytes(cfg: TrainConfig, n_layers: int, tokens: int, recompute: bool, 
                "max_seq_len": max(tokens, get_size(cfg.model.size).max_seq_len)}
     model = build_model(cfg.model.layout, cfg.model.size, seed=0, **options).train()
     model.activation_checkpointing = recompute
-    model.set_storage(storage.for_run(cfg.run.precision, cfg.stored_dtype))
+    model.set_storage(storage.for_run(cfg.precision, cfg.stored_dtype))
     seen: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -83,7 +83,7 @@ def _saved_bytes(cfg: TrainConfig, n_layers: int, tokens: int, recompute: bool, 
         return t
 
     x = torch.randint(0, vocab, (1, tokens))
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.run.precision)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
     params = {p.untyped_storage().data_ptr() for p in [*model.parameters(), *model.buffers()]}  # resident already
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
             torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
@@ -122,6 +122,7 @@ def plan_memory(cfg: TrainConfig, world: int = 1, vocab: int | None = None) -> M
     from normlab.layout import Layout
     from normlab.model.params import analytic_params
 
+    cfg = cfg.for_device("cuda")  # the plan is for a GPU: precision auto is bf16 there
     model_cfg = cfg.model.model_config()
     vocab = max(vocab or 0, vocab_of(cfg))
     layout: Layout = cfg.model.layout
@@ -138,7 +139,7 @@ def plan_memory(cfg: TrainConfig, world: int = 1, vocab: int | None = None) -> M
     chunk = cfg.run.loss_chunk
     logits = (min(tokens, chunk) * vocab * 10) if chunk else tokens * vocab * (4 + 2 + 4)
     optim = 8 * n if cfg.optim.optimizer == "adamw" else (4 * n if cfg.optim.momentum else 0)
-    autocast = 2 * n if cfg.run.precision in ("bf16", "fp16") else 0
+    autocast = 2 * n if cfg.precision in ("bf16", "fp16") else 0
     return MemoryPlan(params=n, weights=4 * n // shard, gradients=4 * n // shard, optimizer=optim // shard,
                       autocast_copies=autocast, activations=int(math.ceil(activations)), logits=int(logits),
                       overhead=OVERHEAD, micro_batch=micro, seq_len=cfg.data.seq_len)

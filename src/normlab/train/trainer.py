@@ -63,9 +63,9 @@ class TrainingFailed(RuntimeError):
 
 
 def _autocast(cfg: TrainConfig, device: torch.device):
-    if cfg.run.precision == "fp32":
+    if cfg.precision == "fp32":
         return contextlib.nullcontext()
-    dtype = torch.bfloat16 if cfg.run.precision == "bf16" else torch.float16
+    dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float16
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
@@ -142,6 +142,7 @@ def train(cfg: TrainConfig, log=print) -> dict[str, Any]:  # noqa: ANN001 - log:
     """
     cfg.validate()
     info = distributed.setup(cfg.run.device)
+    cfg = cfg.for_device(info.device.type, bf16=info.device.type != "cuda" or torch.cuda.is_bf16_supported())
     lock, start = None, None
     try:
         if info.is_main:
@@ -227,8 +228,8 @@ def build_state(cfg: TrainConfig, info: distributed.DistInfo, start: Start) -> R
         load_init_weights(model, cfg.model.init_from)
     model = model.to(info.device)
     model.activation_checkpointing = cfg.run.activation_checkpointing
-    model.set_storage(storage.for_run(cfg.run.precision, cfg.stored_dtype))
-    if info.device.type == "cuda" and cfg.run.precision == "fp32":
+    model.set_storage(storage.for_run(cfg.precision, cfg.stored_dtype))
+    if info.device.type == "cuda" and cfg.precision == "fp32":
         # TF32 products, float32 accumulation: about 7x the fp32 peak on an H100 (normlab.train.mfu)
         set_tf32(cfg.run.tf32)
     params = count_params(model)
@@ -246,7 +247,7 @@ def build_state(cfg: TrainConfig, info: distributed.DistInfo, start: Start) -> R
                                   unigram_loss=data.unigram_loss() if cfg.run.stall_margin else None),
         params=params, val=data.val_windows(cfg.run.eval_batches, cfg.data.batch_size, cfg.data.seq_len),
         trainable=[p for p in model.parameters() if p.requires_grad],
-        flops_per_token=fpt, peak_flops=peak_flops(info.device, cfg.run.precision, cfg.run.tf32),
+        flops_per_token=fpt, peak_flops=peak_flops(info.device, cfg.precision, cfg.run.tf32),
     )
     if start.checkpoint is not None:
         ckpt = start.checkpoint
@@ -476,6 +477,8 @@ def _write_summary(state: RunState, status: str | None = None, error: str | None
         "final_val_loss": state.final_val,
         "params_non_embedding": state.params.non_embedding,
         "activation_dtype": state.cfg.stored_dtype,
+        "precision": state.cfg.precision,  # auto decided by the device (config.json holds the resolved settings)
+        "compiled": bool(state.cfg.run.compile),
         "max_activation": max_activation(run, state.forensics),
         "forensics": state.forensics,
         "first_break": site_of(state.forensics),
