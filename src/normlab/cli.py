@@ -4,6 +4,7 @@
     normlab show LAYOUT [--size S]   the resolved per-layer layout and parameter count
     normlab demo                     forward/backward of a few layouts at init, side by side
     normlab train --layout peri ...  train one model into a run directory
+    normlab plan --size gpu-126m ... the device memory a run needs (weights, optimizer, activations)
     normlab screen LAYOUT...         stability screen before training (Kan et al. App. B)
     normlab report RUN_DIR...        figures and an HTML page comparing runs
     normlab compare                  post, pre, peri, hybrid trained side by side, then the report
