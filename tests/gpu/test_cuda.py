@@ -185,3 +185,15 @@ def test_fp16_run_on_cuda_diverges_with_its_first_overflow(corpus, tmp_path):
                     **{"model.init_std": 3000.0, "model.init": "normal"}))
     assert s["status"] == "diverged" and s["activation_dtype"] == "fp16"
     assert s["forensics"]["forward"]["kind"] == "overflow" and s["first_break"].startswith(("block", "embedding"))
+
+
+@cuda_only
+def test_the_memory_plan_bounds_what_the_allocator_held(corpus, tmp_path):
+    """The plan (activations measured on the CPU, scaled) against the GPU's own peak: the peak stays under
+    the planned total and above the plan without its overhead allowance by no more than half."""
+    s = train(small(corpus, tmp_path / "m", device="cuda", size="micro-deep", precision="bf16", batch_size=16,
+                    seq_len=128, steps=4, probe_every=0))
+    mem = s["memory"]
+    assert mem["max_allocated_gib"] <= mem["planned_gib"], mem
+    assert mem["max_allocated_gib"] >= 0.5 * (mem["planned_gib"] - 1.0), mem  # 1 GiB: the plan's overhead
+

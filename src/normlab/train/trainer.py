@@ -194,6 +194,7 @@ class RunState:
     probe_log: ProbeWriter | None = None
     forensics: dict[str, Any] | None = None  # where a diverged run first broke (normlab.diagnostics.forensics)
     flops_per_token: int = 0  # 6N + 12 L H Q T (normlab.train.mfu)
+    memory_plan: Any = None  # normlab.train.memory.MemoryPlan on CUDA (checked against the device before the start)
     peak_flops: float | None = None  # the device's dense peak for the run's precision; None: unknown
 
     @property
@@ -221,7 +222,7 @@ def build_state(cfg: TrainConfig, info: distributed.DistInfo, start: Start) -> R
     torch.manual_seed(cfg.optim.seed)
     data = _load_data(cfg)
     # a run that cannot fit the device is refused before its model is built, with settings that fit
-    check_fits(cfg, device_capacity(info.device), info.world, data.vocab_size)
+    memory_plan = check_fits(cfg, device_capacity(info.device), info.world, data.vocab_size)
     # a bad vocabulary or context is refused before the run directory holds anything but its lock
     model = build_run_model(cfg.model.layout, cfg.model.size, cfg.model.options, cfg.data.seq_len, data.vocab_size, cfg.optim.seed)
     if cfg.model.init_from and start.checkpoint is None:  # a resumed run's own checkpoint takes precedence
@@ -247,7 +248,7 @@ def build_state(cfg: TrainConfig, info: distributed.DistInfo, start: Start) -> R
                                   unigram_loss=data.unigram_loss() if cfg.run.stall_margin else None),
         params=params, val=data.val_windows(cfg.run.eval_batches, cfg.data.batch_size, cfg.data.seq_len),
         trainable=[p for p in model.parameters() if p.requires_grad],
-        flops_per_token=fpt, peak_flops=peak_flops(info.device, cfg.precision, cfg.run.tf32),
+        flops_per_token=fpt, peak_flops=peak_flops(info.device, cfg.precision, cfg.run.tf32), memory_plan=memory_plan,
     )
     if start.checkpoint is not None:
         ckpt = start.checkpoint
@@ -461,6 +462,15 @@ def max_activation(run: RunDir, forensics: dict[str, Any] | None) -> float | Non
     return max(finite) if finite else None
 
 
+def _memory_summary(state: RunState) -> dict[str, float] | None:
+    """On CUDA: the plan's total and activations against what the allocator held at most (GiB)."""
+    if state.info.device.type != "cuda" or state.memory_plan is None:
+        return None
+    plan, gib = state.memory_plan, 2**30
+    return {"planned_gib": round(plan.total / gib, 3), "planned_activations_gib": round(plan.activations / gib, 3),
+            "max_allocated_gib": round(torch.cuda.max_memory_allocated(state.info.device) / gib, 3)}
+
+
 def _write_summary(state: RunState, status: str | None = None, error: str | None = None) -> dict:
     run = RunDir(state.run)
     rows = run.metrics()
@@ -477,6 +487,7 @@ def _write_summary(state: RunState, status: str | None = None, error: str | None
         "final_val_loss": state.final_val,
         "params_non_embedding": state.params.non_embedding,
         "activation_dtype": state.cfg.stored_dtype,
+        "memory": _memory_summary(state),
         "precision": state.cfg.precision,  # auto decided by the device (config.json holds the resolved settings)
         "compiled": bool(state.cfg.run.compile),
         "max_activation": max_activation(run, state.forensics),
