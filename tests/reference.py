@@ -27,6 +27,13 @@ def N(mod, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(mod, x)
     if isinstance(mod, torch.nn.LayerNorm):
         return layer_norm(mod, x)
+    name = type(mod).__name__
+    if name == "DyT":  # Zhu et al. 2025, eq. 1: gamma * tanh(alpha * x) + beta
+        return mod.weight * torch.tanh(mod.alpha * x) + (mod.bias if mod.bias is not None else 0.0)
+    if name == "ScaleNorm":  # Nguyen & Salazar 2019, eq. 3: g * x / ||x||
+        return mod.weight * x / torch.sqrt((x * x).sum(-1, keepdim=True) + mod.eps)
+    if name == "L2Norm":  # x / ||x||, no gain
+        return x / torch.sqrt((x * x).sum(-1, keepdim=True) + mod.eps)
     raise AssertionError(f"expected a norm at this site, found {type(mod).__name__}")
 
 

@@ -13,6 +13,7 @@ import torch
 
 import normlab
 from normlab.layout import PRESETS
+from normlab.model.norms import is_norm
 from tests.reference import N, mha, swiglu
 
 DT = torch.float64
@@ -23,10 +24,12 @@ def randomize_norms(model: torch.nn.Module, seed: int = 1) -> None:
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for m in model.modules():
-            if isinstance(m, (torch.nn.RMSNorm, torch.nn.LayerNorm)):
-                m.weight.copy_(1 + 0.3 * torch.randn(m.weight.shape, generator=g))
+            if is_norm(m) and getattr(m, "weight", None) is not None:
+                m.weight.copy_(m.weight * (1 + 0.3 * torch.randn(m.weight.shape, generator=g)))
                 if getattr(m, "bias", None) is not None:
                     m.bias.copy_(0.1 * torch.randn(m.bias.shape, generator=g))
+                if getattr(m, "alpha", None) is not None:  # DyT's scalar, away from its initial 0.5
+                    m.alpha.copy_(0.5 + 0.5 * torch.rand(m.alpha.shape, generator=g))
 
 
 # --- the equations, one function per form: (block, x, layer index, n_layers) -> block output ---
@@ -143,6 +146,8 @@ EQUATIONS = {
     "mix-ln": mix_ln,
     "deepnorm": deepnorm,
     "none": no_norm,
+    "pre-dyt": pre,  # Zhu et al. 2025: Kim eq. 2 with N = DyT (tests/reference.py writes DyT out)
+    "pre-scale": pre,  # Nguyen & Salazar 2019: Kim eq. 2 with N = ScaleNorm
 }
 for _inner in ("qkvc", "qkv", "qkc", "qk", "kv", "kc"):
     EQUATIONS[f"{_inner}-post"] = zhuo("#-post", _inner)
@@ -168,7 +173,7 @@ def test_block_matches_paper_equation(name):
             torch.testing.assert_close(block(x), expected, rtol=1e-6, atol=1e-6, msg=f"{name} block {i}")
 
 
-@pytest.mark.parametrize("name", ["peri", "gemma2", "pre", "post"])
+@pytest.mark.parametrize("name", ["peri", "gemma2", "pre", "post", "pre-dyt", "pre-scale"])
 def test_model_level_norms(name):
     """logits = W_head N_final(x_L), x_0 = N_emb(scale * E[tokens]) (Kim Sec. 3.3; Gemma's sqrt(d))."""
     model = normlab.build_model(name, "nano", seed=0)
@@ -196,3 +201,31 @@ def test_residual_scale_h():
         y = x + 0.25 * N(b.attn_norms.output, A(b, N(b.attn_norms.input, x)))
         expected = y + 0.25 * N(b.mlp_norms.output, F(b, N(b.mlp_norms.input, y)))
         torch.testing.assert_close(b(x), expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["dyt", "scale", "l2"])
+def test_every_norm_kind_at_every_site_matches_its_formula(kind):
+    """A kind applies at every site a layout turns on: Peri-LN with QK-norm in that kind, block and
+    model-level norms, each against the kind's formula written out in tests/reference.py."""
+    model = normlab.build_model(f"peri+qk,norm={kind}", "nano", seed=0, n_kv_heads=1, d_model=32, n_heads=2).double()
+    randomize_norms(model)
+    x = torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(0), dtype=DT)
+    with torch.no_grad():
+        for i, block in enumerate(model.blocks):
+            torch.testing.assert_close(block(x), peri_with("qk")(block, x, i, 2), rtol=1e-6, atol=1e-6)
+    sizes = {"dyt": 2 * 32 + 1, "scale": 1, "l2": 0}  # gamma, beta, alpha / g / nothing
+    assert sum(p.numel() for p in model.blocks[0].attn_norms.input.parameters()) == sizes[kind]
+
+
+def test_dyt_bounds_its_output_whatever_the_input_scale():
+    """DyT squashes (|y| <= |gamma| + |beta| per entry) where RMSNorm rescales: a 1e4 input stays bounded."""
+    from normlab.model.norms import DyT
+
+    d = DyT(16, alpha0=0.5).double()
+    with torch.no_grad():
+        d.weight.uniform_(-2, 2)
+        d.bias.uniform_(-1, 1)
+    x = 1e4 * torch.randn(3, 16, dtype=DT)
+    assert (d(x).abs() <= d.weight.abs() + d.bias.abs() + 1e-12).all()
+    assert d.alpha.item() == 0.5 and normlab.build_model("pre-dyt", "nano", dyt_alpha=2.0).final_norm.alpha.item() == 2.0
+

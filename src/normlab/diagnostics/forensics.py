@@ -27,13 +27,10 @@ import torch
 from torch import nn
 
 from normlab.model.storage import NO_STORAGE, Storage
+from normlab.model.norms import is_norm
 
 _SUBLAYER = {"attn": "attention", "mlp": "MLP"}
 _NORM_SITE = {"input": "input norm (A)", "output": "output norm (B)", "after_add": "after-add norm (C)"}
-
-
-def _is_norm(m: nn.Module) -> bool:
-    return isinstance(m, (nn.LayerNorm, nn.RMSNorm))
 
 
 def _max_finite(t: torch.Tensor) -> float:
@@ -68,7 +65,7 @@ class _Recorder:
         if path == "embed_out":
             return "embedding"
         if path == "final_norm":
-            return "final norm" if _is_norm(mod) else None
+            return "final norm" if is_norm(mod) else None
         if path == "lm_head":
             return "logits"
         if len(parts) == 3 and parts[0] == "blocks":
@@ -100,9 +97,9 @@ class _Recorder:
             if path.endswith("norms.after_add") and x is not None:  # its input is the residual sum
                 before = max(self.stream.get(key, math.nan), self.update.get(key, math.nan))
                 self._check(path, site.replace("after-add norm (C)", "residual add"), x, before, what="input")
-                if not _is_norm(mod):
+                if not is_norm(mod):
                     return
-            if not isinstance(out, torch.Tensor) or (not _is_norm(mod) and "norm" in site):
+            if not isinstance(out, torch.Tensor) or (not is_norm(mod) and "norm" in site):
                 return  # an Identity norm site: its output is its input, already seen
             if path.endswith("_update"):
                 self.update[key] = _max_finite(out)

@@ -32,15 +32,12 @@ from torch import nn
 
 from normlab.diagnostics.prop31 import per_token
 from normlab.diagnostics.stats import angular_matrix, attention_stats, hidden_stats, massive_activations
+from normlab.model.norms import is_norm
 
 WEIGHTS = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 NORM_SITES = ("attn_norms.input", "attn_norms.output", "attn_norms.after_add", "mlp_norms.input",
               "mlp_norms.output", "mlp_norms.after_add", "attn.q_norm", "attn.k_norm", "attn.v_norm", "attn.context_norm")
 TAPS = ("resid_mid", "attn_update", "mlp_update", "attn.q", "attn.k", "attn.v")
-
-
-def _is_norm(m: nn.Module) -> bool:
-    return isinstance(m, (nn.RMSNorm, nn.LayerNorm))
 
 
 class Probes:
@@ -134,10 +131,10 @@ class Probes:
                 self._row(rows, step, i, w, "weight_norm", mod.weight.detach().norm().item())
             for site in NORM_SITES:
                 m = mods.get(f"blocks.{i}.{site}")
-                if m is not None and _is_norm(m):
+                if m is not None and is_norm(m):
                     self._gamma_rows(rows, step, i, site, m)
         for site in ("embed_norm", "final_norm"):
-            if _is_norm(mods[site]):
+            if is_norm(mods[site]):
                 self._gamma_rows(rows, step, None, site, mods[site])
 
         # routing (MoE layers): the share of assignments per expert, its max over the uniform share, entropy
@@ -161,7 +158,9 @@ class Probes:
         self._row(rows, step, last, "prop31", "h_norm", h_norm)
         self._row(rows, step, last, "prop31", "a_norm", a_norm)
         out_norm = mods[f"blocks.{last}.mlp_norms.output"]
-        gamma_max = out_norm.weight.detach().abs().max().item() if _is_norm(out_norm) else None
+        # Kim Prop. 3.1's bound is for a normalizing output norm (RMS/Layer), not DyT's squashing or ScaleNorm
+        normalizing = isinstance(out_norm, (nn.RMSNorm, nn.LayerNorm))
+        gamma_max = out_norm.weight.detach().abs().max().item() if normalizing else None
         if gamma_max is not None and a_norm > 0:
             d = a_out.shape[-1]
             ratio = (h_act.norm(dim=-1) / a_out.norm(dim=-1).clamp_min(1e-30)).mean().item()
@@ -172,6 +171,11 @@ class Probes:
         return rows
 
     def _gamma_rows(self, rows: list, step: int, layer: int | None, site: str, norm: nn.Module) -> None:
+        """gamma's mean, min and max (ScaleNorm's g: one value); DyT's alpha too; nothing for a gain-free norm."""
+        if getattr(norm, "alpha", None) is not None:
+            self._row(rows, step, layer, site, "alpha", norm.alpha.detach().float().item())
+        if getattr(norm, "weight", None) is None:
+            return
         w = norm.weight.detach().float()
         self._row(rows, step, layer, site, "gamma_mean", w.mean().item())
         self._row(rows, step, layer, site, "gamma_min", w.min().item())

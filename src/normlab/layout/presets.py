@@ -145,6 +145,12 @@ def _build() -> dict[str, Preset]:
             "x' = N(alpha x + F(x)), alpha = (2N)^(1/4), init gain beta = (8N)^(-1/4)",
             "Wang et al. 2022 (DeepNet), decoder-only constants",
         ),
+        _preset("pre-dyt", Layout(block=_block(PRE, PRE), final_norm=True, norm="dyt"),
+                "x' = x + F(DyT(x)), final DyT; DyT(x) = gamma tanh(alpha x) + beta, alpha a learned scalar",
+                "Zhu et al. 2025 (Transformers without Normalization), eq. 1: every norm of a Pre-LN model replaced"),
+        _preset("pre-scale", Layout(block=_block(PRE, PRE), final_norm=True, norm="scale"),
+                "x' = x + F(ScaleNorm(x)), final ScaleNorm; ScaleNorm(x) = g x / ‖x‖, g a learned scalar (sqrt(d))",
+                "Nguyen & Salazar 2019 (Transformers without Tears), eq. 3: PreNorm with ScaleNorm"),
         _preset("none", Layout(), "x' = x + F(x)", f"{KAN}, Table 1 'LN off'"),
     ]
     return {p.name: p for p in presets}

@@ -31,10 +31,12 @@ from typing import Literal
 
 from normlab.errors import LayoutError
 
-NormKind = Literal["rms", "layer"]
+NormKind = Literal["rms", "layer", "dyt", "scale", "l2"]
 InnerSpan = Literal["head", "full"]
 
-NORM_KINDS: tuple[str, ...] = ("rms", "layer")
+# rms: Zhang & Sennrich 2019; layer: Ba et al. 2016; dyt: Dynamic Tanh, Zhu et al. 2025; scale: ScaleNorm,
+# Nguyen & Salazar 2019; l2: x / ||x||, no gain (normlab.model.norms)
+NORM_KINDS: tuple[str, ...] = ("rms", "layer", "dyt", "scale", "l2")
 INNER_SPANS: tuple[str, ...] = ("head", "full")
 DEEPNORM = "deepnorm"
 

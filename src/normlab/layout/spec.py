@@ -16,7 +16,8 @@ Tokens:
     emb / -emb       embedding norm on / off
     final / -final   final norm on / off
     qk               add QK-norm to every layer
-    norm=rms|layer   RMSNorm or LayerNorm everywhere
+    norm=KIND        one kind everywhere: rms (RMSNorm), layer (LayerNorm), dyt (Dynamic Tanh),
+                     scale (ScaleNorm), l2 (gain-free x / ||x||)
     inner=head|full  q/k/v/c norms per head or across all heads (OLMo 2)
     h=FLOAT          residual branch scale (Kan et al. Sec. 5)
     alpha=FLOAT|deepnorm   skip scale (DeepNorm: (2N)^(1/4))
@@ -59,7 +60,7 @@ _FLAGS = {
 }
 TOKEN_HELP = (
     "attn=<qkvc+ABCS or ->, mlp=<ABCS or ->, [a:b]attn=..., [a:b]mlp=..., emb, -emb, final, "
-    "-final, qk, norm=rms|layer, inner=head|full, h=<float>, alpha=<float>|deepnorm, frozen-out, "
+    "-final, qk, norm=rms|layer|dyt|scale|l2, inner=head|full, h=<float>, alpha=<float>|deepnorm, frozen-out, "
     "emb-scale, init=<scheme>"
 )
 _RULE = re.compile(r"^\[(?P<start>[^:\]]*):(?P<stop>[^\]]*)\](?P<rest>.+)$")

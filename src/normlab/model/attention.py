@@ -51,10 +51,11 @@ class Attention(nn.Module):
             return hd if span == "head" else heads * hd
 
         eps, nb, c = cfg.norm_eps, cfg.norm_bias, cfg.norm_compute
-        self.q_norm = maybe_norm(inner.q, norm, dim(self.n_heads), eps, nb, compute=c)
-        self.k_norm = maybe_norm(inner.k, norm, dim(self.n_kv_heads), eps, nb, compute=c)
-        self.v_norm = maybe_norm(inner.v, norm, dim(self.n_kv_heads), eps, nb, compute=c)
-        self.context_norm = maybe_norm(inner.context, norm, dim(self.n_heads), eps, nb, compute=c)
+        self.q_norm = maybe_norm(inner.q, norm, dim(self.n_heads), eps, nb, compute=c, dyt_alpha=cfg.dyt_alpha)
+        self.k_norm = maybe_norm(inner.k, norm, dim(self.n_kv_heads), eps, nb, compute=c, dyt_alpha=cfg.dyt_alpha)
+        self.v_norm = maybe_norm(inner.v, norm, dim(self.n_kv_heads), eps, nb, compute=c, dyt_alpha=cfg.dyt_alpha)
+        self.context_norm = maybe_norm(inner.context, norm, dim(self.n_heads), eps, nb, compute=c,
+                                       dyt_alpha=cfg.dyt_alpha)
         # learned absolute positions (GPT-2) are added to the embedding instead: no rotation here
         self.rotary = Rotary(hd, cfg.max_seq_len, cfg.rope_theta) if cfg.position == "rope" else None
         # Capture points: q, k, v as they enter attention, (B, heads, T, head_dim), q and k after

@@ -41,9 +41,10 @@ class SiteNorms(nn.Module):
     def __init__(self, sites: SublayerSites, layout: Layout, cfg: ModelConfig) -> None:
         super().__init__()
         kind, d, eps, bias, c = layout.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias, cfg.norm_compute
-        self.input = maybe_norm(sites.input, kind, d, eps, bias, compute=c)
-        self.output = maybe_norm(sites.output, kind, d, eps, bias, frozen_gamma=layout.freeze_output_gamma, compute=c)
-        self.after_add = maybe_norm(sites.after_add, kind, d, eps, bias, compute=c)
+        self.input = maybe_norm(sites.input, kind, d, eps, bias, compute=c, dyt_alpha=cfg.dyt_alpha)
+        self.output = maybe_norm(sites.output, kind, d, eps, bias, frozen_gamma=layout.freeze_output_gamma, compute=c,
+                                 dyt_alpha=cfg.dyt_alpha)
+        self.after_add = maybe_norm(sites.after_add, kind, d, eps, bias, compute=c, dyt_alpha=cfg.dyt_alpha)
         self.skip_normed = sites.skip_normed
 
 

@@ -42,6 +42,7 @@ class ModelConfig:
     norm_eps: float = 1e-6
     norm_bias: bool = True  # LayerNorm's beta (RMSNorm has none)
     norm_compute: str = "input"  # under autocast: "input" (weights cast to bf16/fp16, fused) | "fp32" (HF Llama's upcast)
+    dyt_alpha: float = 0.5  # DyT's initial alpha (Zhu et al. 2025: 0.5 by default; LLMs want it tuned)
     linear_bias: bool = False  # biases on the attention and MLP projections (Llama: none)
     tie_embeddings: bool = False  # Kim: untied; Zhuo: tied
     # Mixture of experts (normlab.model.moe; OLMoE / Zhuo Sec. 4.3): n_experts 0 is the dense MLP
@@ -103,6 +104,8 @@ class ModelConfig:
             raise ConfigError(f"n_experts must be 0 (dense) or a positive integer, got {self.n_experts!r}")
         if self.norm_compute not in NORM_COMPUTE:
             raise ConfigError(f"unknown norm_compute {self.norm_compute!r}; valid: {', '.join(NORM_COMPUTE)}")
+        if not (isinstance(self.dyt_alpha, (int, float)) and self.dyt_alpha > 0):
+            raise ConfigError(f"dyt_alpha must be > 0 (DyT's initial alpha), got {self.dyt_alpha!r}")
         if not self.norm_eps > 0:
             raise ConfigError(f"norm_eps must be > 0, got {self.norm_eps!r}")
         if not self.rope_theta > 0:

@@ -26,6 +26,7 @@ from torch import nn
 from normlab.layout.sites import deepnorm_beta
 
 from normlab.model.init_schemes import _DEEPNORM_SCALED, _TRUNCATED, _XAVIER, base_std, check_scheme, linear_std
+from normlab.model.norms import is_norm
 
 
 def _normal(w: torch.Tensor, std: float, truncated: bool) -> None:
@@ -73,5 +74,5 @@ def init_weights(model: nn.Module, scheme: str) -> None:
                     else:
                         _normal(w[e], linear_std(scheme, f"mlp.{name}", layer, n_layers, d, cfg.init_std), truncated)
     for module in model.modules():
-        if isinstance(module, (nn.RMSNorm, nn.LayerNorm)):
+        if is_norm(module) and hasattr(module, "reset_parameters"):
             module.reset_parameters()

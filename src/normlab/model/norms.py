@@ -1,7 +1,14 @@
-"""RMSNorm and LayerNorm as they run under mixed precision, and the capture point `Tap`.
+"""The norms a site can hold, as they run under mixed precision, and the capture point `Tap`.
 
     RMSNorm(x)   = gamma * x / sqrt(mean(x^2) + eps)                  Zhang & Sennrich 2019
     LayerNorm(x) = gamma * (x - mean(x)) / sqrt(var(x) + eps) + beta  Ba et al. 2016
+    DyT(x)       = gamma * tanh(alpha * x) + beta, alpha a learned scalar   Zhu et al. 2025, eq. (1)
+    ScaleNorm(x) = g * x / sqrt(sum(x^2) + eps), g a learned scalar (sqrt(d) at init)  Nguyen & Salazar 2019
+    L2Norm(x)    = x / sqrt(sum(x^2) + eps), no parameters
+
+DyT is not a normalization (no statistic of x): it squashes each entry, so its output is bounded by
+|gamma| + |beta| entry by entry whatever the input's scale, where RMSNorm's output has RMS |gamma|.
+ScaleNorm and L2 fix the output's norm (g, 1) with one scalar or none instead of a gain per channel.
 
 Both are torch's modules (`nn.RMSNorm`, `nn.LayerNorm`: the same parameters and state-dict keys)
 with one change, the dtype they compute in. Under autocast the weights stay float32 while the
@@ -25,6 +32,7 @@ every layout.
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -86,8 +94,88 @@ class LayerNorm(nn.LayerNorm):
         return f"{super().extra_repr()}, compute={self.compute}"
 
 
+class _Elementwise(nn.Module):
+    """Shared by the norms written here: autocast off inside, computed in the input's dtype or float32."""
+
+    compute: NormCompute = "input"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _outside_autocast(self._norm, x)
+
+    def _dtype(self, x: torch.Tensor) -> torch.dtype:
+        return torch.float32 if self.compute == "fp32" else x.dtype
+
+
+class DyT(_Elementwise):
+    """Dynamic Tanh (Zhu et al. 2025, "Transformers without Normalization", eq. 1):
+    gamma * tanh(alpha * x) + beta, alpha one learned scalar (``alpha0`` at init), gamma and beta per
+    channel (ones and zeros)."""
+
+    def __init__(self, dim: int, alpha0: float = 0.5, bias: bool = True, compute: NormCompute = "input") -> None:
+        super().__init__()
+        self.alpha0, self.compute = float(alpha0), compute
+        self.alpha = nn.Parameter(torch.full((1,), self.alpha0))
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            self.alpha.fill_(self.alpha0)
+            self.weight.fill_(1.0)
+            if self.bias is not None:
+                self.bias.zero_()
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = self._dtype(x)
+        y = torch.tanh(self.alpha.to(dtype) * x.to(dtype)) * self.weight.to(dtype)
+        return (y + self.bias.to(dtype) if self.bias is not None else y).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, alpha0={self.alpha0}, bias={self.bias is not None}, compute={self.compute}"
+
+
+class ScaleNorm(_Elementwise):
+    """ScaleNorm (Nguyen & Salazar 2019, eq. 3): g * x / ||x||, g one learned scalar, sqrt(d) at init."""
+
+    def __init__(self, dim: int, eps: float, compute: NormCompute = "input") -> None:
+        super().__init__()
+        self.dim, self.eps, self.compute = dim, eps, compute
+        self.weight = nn.Parameter(torch.full((1,), math.sqrt(dim)))
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            self.weight.fill_(math.sqrt(self.dim))
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = self._dtype(x)
+        xd = x.to(dtype)
+        inv = torch.rsqrt(xd.float().pow(2).sum(-1, keepdim=True) + self.eps).to(dtype)
+        return (xd * inv * self.weight.to(dtype)).to(x.dtype)
+
+
+class L2Norm(_Elementwise):
+    """x / ||x|| over the last dimension, with no gain (a gain-free norm; QK-norm after RoPE in Llama 4)."""
+
+    def __init__(self, eps: float, compute: NormCompute = "input") -> None:
+        super().__init__()
+        self.eps, self.compute = eps, compute
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = self._dtype(x)
+        xd = x.to(dtype)
+        return (xd * torch.rsqrt(xd.float().pow(2).sum(-1, keepdim=True) + self.eps).to(dtype)).to(x.dtype)
+
+
+NORM_TYPES = (nn.RMSNorm, nn.LayerNorm, DyT, ScaleNorm, L2Norm)
+
+
+def is_norm(m: nn.Module) -> bool:
+    """A norm module of any kind (what weight decay exclusion, probes, forensics and init look for)."""
+    return isinstance(m, NORM_TYPES)
+
+
 def make_norm(kind: NormKind, dim: int, eps: float, bias: bool = True, frozen_gamma: bool = False,
-              compute: NormCompute = "input") -> nn.Module:
+              compute: NormCompute = "input", dyt_alpha: float = 0.5) -> nn.Module:
     """A norm over the last dimension; ``frozen_gamma`` fixes gamma at 1 (Kim et al. Fig. 8)."""
     if compute not in NORM_COMPUTE:
         raise ValueError(f"unknown norm compute {compute!r}; valid: {', '.join(NORM_COMPUTE)}")
@@ -95,16 +183,22 @@ def make_norm(kind: NormKind, dim: int, eps: float, bias: bool = True, frozen_ga
         norm: nn.Module = RMSNorm(dim, eps, compute)
     elif kind == "layer":
         norm = LayerNorm(dim, eps, bias, compute)
+    elif kind == "dyt":
+        norm = DyT(dim, dyt_alpha, bias, compute)
+    elif kind == "scale":
+        norm = ScaleNorm(dim, eps, compute)
+    elif kind == "l2":
+        norm = L2Norm(eps, compute)
     else:
-        raise ValueError(f"unknown norm kind {kind!r}; valid: rms, layer")
-    if frozen_gamma:
+        raise ValueError(f"unknown norm kind {kind!r}; valid: rms, layer, dyt, scale, l2")
+    if frozen_gamma and getattr(norm, "weight", None) is not None:
         norm.weight.requires_grad_(False)
     return norm
 
 
 def maybe_norm(on: bool, kind: NormKind, dim: int, eps: float, bias: bool = True, frozen_gamma: bool = False,
-               compute: NormCompute = "input") -> nn.Module:
-    return make_norm(kind, dim, eps, bias, frozen_gamma, compute) if on else nn.Identity()
+               compute: NormCompute = "input", dyt_alpha: float = 0.5) -> nn.Module:
+    return make_norm(kind, dim, eps, bias, frozen_gamma, compute, dyt_alpha) if on else nn.Identity()
 
 
 class Tap(nn.Identity):

@@ -49,7 +49,18 @@ def analytic_params(cfg: ModelConfig, resolved: ResolvedLayout) -> ParamCount:
     """The same count from the configuration and the layout alone (no model built)."""
     d, hd, h, kv, ff = cfg.d_model, cfg.head_dim, cfg.n_heads, cfg.kv_heads, cfg.ffn_dim
     lay = resolved.layout
-    per_norm = (2 if (lay.norm == "layer" and cfg.norm_bias) else 1)  # gamma (+ beta)
+    kind = lay.norm
+
+    def site(width: int) -> int:
+        """Parameters of one norm over ``width`` channels (normlab.model.norms)."""
+        if kind == "dyt":
+            return width * (2 if cfg.norm_bias else 1) + 1  # gamma, beta, alpha
+        if kind == "scale":
+            return 1  # g
+        if kind == "l2":
+            return 0
+        return width * (2 if (kind == "layer" and cfg.norm_bias) else 1)  # gamma (+ beta)
+
     b = 1 if cfg.linear_bias else 0
     attn = d * h * hd + 2 * d * kv * hd + h * hd * d + b * (h * hd + 2 * kv * hd + d)
     n_mats = 3 if cfg.mlp in ("swiglu", "geglu-tanh") else 2
@@ -61,12 +72,12 @@ def analytic_params(cfg: ModelConfig, resolved: ResolvedLayout) -> ParamCount:
     inner_dim = {"q": h, "k": kv, "v": kv, "context": h}
     blocks = 0
     for blk in resolved.blocks:
-        norms = d * (blk.attn.n_norms + blk.mlp.n_norms)
-        for site, heads in inner_dim.items():
-            if getattr(blk.attn_inner, site):
-                norms += hd if lay.inner_span == "head" else heads * hd
-        blocks += attn + mlp + per_norm * norms
-    model_norms = per_norm * d * (int(lay.embed_norm) + int(lay.final_norm))
+        norms = site(d) * (blk.attn.n_norms + blk.mlp.n_norms)
+        for name, heads in inner_dim.items():
+            if getattr(blk.attn_inner, name):
+                norms += site(hd if lay.inner_span == "head" else heads * hd)
+        blocks += attn + mlp + norms
+    model_norms = site(d) * (int(lay.embed_norm) + int(lay.final_norm))
     embedding = cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2)
     embedding += cfg.max_seq_len * d if cfg.position == "learned" else 0
     non_embedding = blocks + model_norms

@@ -13,13 +13,14 @@ import torch
 from torch import nn
 
 from normlab.config.train import TrainConfig
+from normlab.model.norms import is_norm
 
 
 def param_groups(model: nn.Module, cfg: TrainConfig) -> list[dict]:
     exclude = set(cfg.wd_exclusions)
     norm_params, emb_params = set(), set()
     for m in model.modules():
-        if isinstance(m, (nn.RMSNorm, nn.LayerNorm)):
+        if is_norm(m):  # every kind: RMS, Layer, DyT (its alpha too), ScaleNorm
             norm_params.update(id(p) for p in m.parameters(recurse=False))
         if isinstance(m, nn.Embedding):
             emb_params.update(id(p) for p in m.parameters(recurse=False))
