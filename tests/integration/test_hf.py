@@ -209,7 +209,7 @@ def test_cli_export_of_a_trained_run(corpus, tmp_path, capsys):
     torch.testing.assert_close(hf_logits(nl), hf_logits(hf), rtol=1e-5, atol=2e-5)
 
 
-@pytest.mark.parametrize("layout, tied", [("peri", False), ("hybrid*", False), ("peri,h=0.5", True)])
+@pytest.mark.parametrize("layout, tied", [("peri", False), ("hybrid*", False), ("peri,h=0.5", True), ("pre-dyt", True)])
 def test_any_layout_exports_as_the_normlab_class(layout, tied, tmp_path):
     from normlab.hf import from_hf, save_hf
 
