@@ -30,6 +30,9 @@ def randomize_norms(model: torch.nn.Module, seed: int = 1) -> None:
                     m.bias.copy_(0.1 * torch.randn(m.bias.shape, generator=g))
                 if getattr(m, "alpha", None) is not None:  # DyT's scalar, away from its initial 0.5
                     m.alpha.copy_(0.5 + 0.5 * torch.rand(m.alpha.shape, generator=g))
+            for step in (getattr(m, "attn_h", None), getattr(m, "mlp_h", None)):  # learned residual steps, off 0
+                if step is not None:
+                    step.copy_(0.5 + torch.rand(step.shape, generator=g))
 
 
 # --- the equations, one function per form: (block, x, layer index, n_layers) -> block output ---
@@ -128,6 +131,22 @@ def no_norm(b, x, *_):  # Kan et al. Table 1 'LN off'
     return y + F(b, y)
 
 
+def rezero(b, x):  # Bachlechner et al. 2021, eq. 5: x + a F(x), a one learned scalar per residual branch
+    y = x + b.attn_h * A(b, x)
+    return y + b.mlp_h * F(b, y)
+
+
+def layerscale(b, x):  # Touvron et al. 2021, eq. 3 on Pre-LN: x + diag(lambda) F(N(x))
+    y = x + b.attn_h * A(b, N(b.attn_norms.input, x))
+    return y + b.mlp_h * F(b, N(b.mlp_norms.input, y))
+
+
+def lns(b, x, i):  # Sun et al. 2025, eq. 6: x + F(N(x) / sqrt(l)), l = i + 1
+    s = 1 / math.sqrt(i + 1)
+    y = x + A(b, s * N(b.attn_norms.input, x))
+    return y + F(b, s * N(b.mlp_norms.input, y))
+
+
 EQUATIONS = {
     "post": post,
     "pre": pre,
@@ -148,6 +167,9 @@ EQUATIONS = {
     "none": no_norm,
     "pre-dyt": pre,  # Zhu et al. 2025: Kim eq. 2 with N = DyT (tests/reference.py writes DyT out)
     "pre-scale": pre,  # Nguyen & Salazar 2019: Kim eq. 2 with N = ScaleNorm
+    "rezero": lambda b, x, *_: rezero(b, x),
+    "pre-layerscale": lambda b, x, *_: layerscale(b, x),
+    "pre-lns": lambda b, x, i, n: lns(b, x, i),
 }
 for _inner in ("qkvc", "qkv", "qkc", "qk", "kv", "kc"):
     EQUATIONS[f"{_inner}-post"] = zhuo("#-post", _inner)

@@ -77,7 +77,7 @@ def test_deepnorm_alpha():
         ("attn=AA,mlp=A", "site 'A' is given twice"),
         ("attn=A,mlp=q", "'q' is not a mlp site"),
         ("attn=S,mlp=A", "needs the input norm (A) too"),
-        ("pre,h=0", "h must be a finite number > 0"),
+        ("pre,h=-1", "h must be a finite number > 0"),
         ("pre,h=abc", "'abc' is not a number"),
         ("pre,alpha=-1", "alpha must be a finite number > 0"),
         ("pre,norm=batch", "norm must be one of rms, layer"),
@@ -124,3 +124,14 @@ def test_layouts_lists_presets():
                  "hybrid", "hybrid*", "qkvc-post", "pre-kc-pre", "pre-post", "post-pre", "mix-ln", "deepnorm", "none"]:
         assert must in names
     assert len([n for n in names if n.endswith(("-post", "-pre")) and n not in ("pre-post", "post-pre")]) == 24
+
+
+def test_a_fixed_zero_step_is_refused_and_a_learned_one_round_trips():
+    """h=0 removes every update unless h is learned from 0 (ReZero); the flags round-trip in either order."""
+    with pytest.raises(LayoutError, match="h-scalar"):
+        parse_layout("pre,h=0").resolve(2)
+    for text in ("attn=-,mlp=-,h=0,h-scalar", "attn=-,mlp=-,h-scalar,h=0", "pre,h=0.1,h-channel", "pre,lns"):
+        layout = parse_layout(text)
+        layout.resolve(2)
+        assert parse_layout(layout.to_string()) == layout
+    assert parse_layout("rezero") == parse_layout("attn=-,mlp=-,h=0,h-scalar")

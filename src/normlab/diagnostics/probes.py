@@ -133,6 +133,11 @@ class Probes:
                 m = mods.get(f"blocks.{i}.{site}")
                 if m is not None and is_norm(m):
                     self._gamma_rows(rows, step, i, site, m)
+            for sub in ("attn_h", "mlp_h"):  # a learned residual step (ReZero's a, LayerScale's lambda)
+                h = getattr(mods[f"blocks.{i}"], sub, None)
+                if h is not None:
+                    self._row(rows, step, i, sub, "h_mean", h.detach().float().mean().item())
+                    self._row(rows, step, i, sub, "h_abs_max", h.detach().float().abs().max().item())
         for site in ("embed_norm", "final_norm"):
             if is_norm(mods[site]):
                 self._gamma_rows(rows, step, None, site, mods[site])

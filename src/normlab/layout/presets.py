@@ -151,6 +151,15 @@ def _build() -> dict[str, Preset]:
         _preset("pre-scale", Layout(block=_block(PRE, PRE), final_norm=True, norm="scale"),
                 "x' = x + F(ScaleNorm(x)), final ScaleNorm; ScaleNorm(x) = g x / ‖x‖, g a learned scalar (sqrt(d))",
                 "Nguyen & Salazar 2019 (Transformers without Tears), eq. 3: PreNorm with ScaleNorm"),
+        _preset("rezero", Layout(h=0.0, h_learned="scalar"),
+                "x' = x + a F(x), a a learned scalar per sublayer starting at 0, no norms",
+                "Bachlechner et al. 2021 (ReZero is All You Need), eq. 5"),
+        _preset("pre-layerscale", Layout(block=_block(PRE, PRE), final_norm=True, h=0.1, h_learned="channel"),
+                "x' = x + diag(lambda) F(N(x)), lambda learned per channel starting at 0.1, final N",
+                "Touvron et al. 2021 (CaiT), eq. 3, on Pre-LN (epsilon 0.1 for models up to 18 layers)"),
+        _preset("pre-lns", Layout(block=_block(PRE, PRE), final_norm=True, ln_scaling=True),
+                "x' = x + F(N(x) / sqrt(l)), l the layer's index from 1, final N",
+                "Sun et al. 2025 (The Curse of Depth), eq. 6: LayerNorm Scaling on Pre-LN"),
         _preset("none", Layout(), "x' = x + F(x)", f"{KAN}, Table 1 'LN off'"),
     ]
     return {p.name: p for p in presets}

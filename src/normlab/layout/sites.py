@@ -37,6 +37,7 @@ InnerSpan = Literal["head", "full"]
 # rms: Zhang & Sennrich 2019; layer: Ba et al. 2016; dyt: Dynamic Tanh, Zhu et al. 2025; scale: ScaleNorm,
 # Nguyen & Salazar 2019; l2: x / ||x||, no gain (normlab.model.norms)
 NORM_KINDS: tuple[str, ...] = ("rms", "layer", "dyt", "scale", "l2")
+H_LEARNED: tuple[str, ...] = ("scalar", "channel")
 INNER_SPANS: tuple[str, ...] = ("head", "full")
 DEEPNORM = "deepnorm"
 
@@ -157,7 +158,11 @@ class Layout:
     final_norm: bool = False  # y_L = N(x_L) before the LM head
     norm: NormKind = "rms"
     inner_span: InnerSpan = "head"  # q/k/v/context norms per head (Zhuo, Gemma 3) or over all heads (OLMo 2)
-    h: float = 1.0  # residual branch scale, Kan et al. Sec. 5 (h = 1: standard Transformer)
+    h: float = 1.0  # residual branch scale, Kan et al. Sec. 5 (h = 1: standard Transformer); learned: its start
+    # h as a learned parameter per sublayer: "scalar" (ReZero, Bachlechner et al. 2021: starts at 0) or
+    # "channel" (LayerScale, Touvron et al. 2021: one per channel, starts small); None: the fixed number h
+    h_learned: str | None = None
+    ln_scaling: bool = False  # LayerNorm Scaling (Sun et al. 2025): the input norm's output times 1/sqrt(layer)
     alpha: float | str = 1.0  # skip scale; "deepnorm" = (2N)^(1/4), Wang et al. 2022
     freeze_output_gamma: bool = False  # Output-LN (B) gamma fixed at 1, Kim Fig. 8
     embed_scale: bool = False  # multiply embeddings by sqrt(d_model) (Gemma)
@@ -171,8 +176,12 @@ class Layout:
             raise LayoutError(
                 f"unknown inner-norm span {self.inner_span!r}; valid: {', '.join(INNER_SPANS)}"
             )
-        if not (isinstance(self.h, (int, float)) and math.isfinite(self.h) and self.h > 0):
-            raise LayoutError(f"residual scale h must be a finite number > 0, got {self.h!r}")
+        if self.h_learned not in (None, *H_LEARNED):
+            raise LayoutError(f"h_learned must be one of {', '.join(H_LEARNED)} (or None), got {self.h_learned!r}")
+        # h may be 0 only where it is learned (ReZero starts there); `resolve` refuses a fixed 0, which would
+        # remove every update (checked there: the string form sets h before h-scalar)
+        if not (isinstance(self.h, (int, float)) and math.isfinite(self.h) and self.h >= 0):
+            raise LayoutError(f"residual scale h must be a finite number > 0 (>= 0 when learned), got {self.h!r}")
         if isinstance(self.alpha, str):
             if self.alpha != DEEPNORM:
                 raise LayoutError(f"alpha must be a number > 0 or {DEEPNORM!r}, got {self.alpha!r}")
@@ -210,6 +219,9 @@ class Layout:
         return self.with_(block=block, rules=rules)
 
     def resolve(self, n_layers: int) -> ResolvedLayout:
+        if self.h == 0 and self.h_learned is None:
+            raise LayoutError("h=0 with a fixed h removes every update; learn it from 0 with h-scalar (ReZero) "
+                              "or h-channel, or give h > 0")
         return resolve(self, n_layers)
 
     def to_string(self) -> str:

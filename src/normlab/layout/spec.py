@@ -23,6 +23,9 @@ Tokens:
     alpha=FLOAT|deepnorm   skip scale (DeepNorm: (2N)^(1/4))
     frozen-out       output-norm (B) gamma frozen at 1 (Kim Fig. 8); -frozen-out undoes it
     emb-scale        multiply embeddings by sqrt(d_model) (Gemma); -emb-scale undoes it
+    h-scalar         h learned, one scalar per sublayer starting at h (ReZero: h=0); -h-learned undoes it
+    h-channel        h learned, one per channel starting at h (LayerScale: h=0.1 or smaller)
+    lns              LayerNorm Scaling: the input norm's output times 1/sqrt(layer index from 1); -lns undoes it
     init=NAME        the init scheme the layout prescribes (DeepNorm)
 
 `format_layout` writes the canonical form; ``parse_layout(format_layout(x)) == x`` for every layout.
@@ -57,11 +60,16 @@ _FLAGS = {
     "-frozen-out": ("freeze_output_gamma", False),
     "emb-scale": ("embed_scale", True),
     "-emb-scale": ("embed_scale", False),
+    "h-scalar": ("h_learned", "scalar"),
+    "h-channel": ("h_learned", "channel"),
+    "-h-learned": ("h_learned", None),
+    "lns": ("ln_scaling", True),
+    "-lns": ("ln_scaling", False),
 }
 TOKEN_HELP = (
     "attn=<qkvc+ABCS or ->, mlp=<ABCS or ->, [a:b]attn=..., [a:b]mlp=..., emb, -emb, final, "
     "-final, qk, norm=rms|layer|dyt|scale|l2, inner=head|full, h=<float>, alpha=<float>|deepnorm, frozen-out, "
-    "emb-scale, init=<scheme>"
+    "emb-scale, h-scalar, h-channel, lns, init=<scheme>"
 )
 _RULE = re.compile(r"^\[(?P<start>[^:\]]*):(?P<stop>[^\]]*)\](?P<rest>.+)$")
 
@@ -105,6 +113,10 @@ def format_layout(layout: Layout) -> str:
         tokens.append("frozen-out")
     if layout.embed_scale:
         tokens.append("emb-scale")
+    if layout.h_learned is not None:
+        tokens.append(f"h-{layout.h_learned}")
+    if layout.ln_scaling:
+        tokens.append("lns")
     if layout.init is not None:
         tokens.append(f"init={layout.init}")
     return ",".join(tokens)

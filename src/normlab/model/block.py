@@ -20,6 +20,8 @@ Capture points (`Tap`), the same paths under every layout:
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable
 
 import torch
@@ -54,6 +56,16 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, block: BlockLayout, layout: Layout, alpha: float, index: int = 0) -> None:
         super().__init__()
         self.h, self.alpha = float(layout.h), float(alpha)
+        # LayerNorm Scaling (Sun et al. 2025, "The Curse of Depth", eq. 6): the input norm's output times
+        # 1/sqrt(l), l = the layer's index counted from 1, so deep layers' updates grow no faster than shallow ones
+        self.ln_scale = 1.0 / math.sqrt(index + 1) if layout.ln_scaling else 1.0
+        # a learned residual step: ReZero (Bachlechner et al. 2021, x + a F(x), a a scalar from 0) or LayerScale
+        # (Touvron et al. 2021, x + diag(lambda) F(x), lambda per channel from a small h); else the number h
+        self.attn_h = self.mlp_h = None
+        if layout.h_learned is not None:
+            shape = (1,) if layout.h_learned == "scalar" else (cfg.d_model,)
+            self.attn_h = nn.Parameter(torch.full(shape, float(layout.h)))
+            self.mlp_h = nn.Parameter(torch.full(shape, float(layout.h)))
         self.attn_norms = SiteNorms(block.attn, layout, cfg)
         self.attn = Attention(cfg, block.attn_inner, layout.inner_span, layout.norm, layer_idx=index)
         self.attn_update, self.resid_mid = Tap(), Tap()
@@ -62,14 +74,19 @@ class Block(nn.Module):
         self.mlp_update, self.resid_post = Tap(), Tap()
 
     def _sublayer(
-        self, x: torch.Tensor, norms: SiteNorms, f: Callable[[torch.Tensor], torch.Tensor], update_tap: Tap
+        self, x: torch.Tensor, norms: SiteNorms, f: Callable[[torch.Tensor], torch.Tensor], update_tap: Tap,
+        h: nn.Parameter | None = None,
     ) -> torch.Tensor:
         store = self.store  # every tensor a real fp16 run writes to memory is rounded where it is made
         u = store(norms.input(x))
         skip = u if norms.skip_normed else x
+        if self.ln_scale != 1.0:
+            u = store(u * self.ln_scale)
         update = store(norms.output(store(f(u))))
         # h and alpha are 1 in most layouts; skipping the multiply then saves two elementwise passes.
-        if self.h != 1.0:
+        if h is not None:
+            update = store(h.to(update.dtype) * update)
+        elif self.h != 1.0:
             update = store(self.h * update)
         if self.alpha != 1.0:
             skip = store(self.alpha * skip)
@@ -77,5 +94,5 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, dec: Decoding | None = None) -> torch.Tensor:
         attn = self.attn if dec is None else (lambda u: self.attn(u, dec))
-        x = self.resid_mid(self._sublayer(x, self.attn_norms, attn, self.attn_update))
-        return self.resid_post(self._sublayer(x, self.mlp_norms, self.mlp, self.mlp_update))
+        x = self.resid_mid(self._sublayer(x, self.attn_norms, attn, self.attn_update, self.attn_h))
+        return self.resid_post(self._sublayer(x, self.mlp_norms, self.mlp, self.mlp_update, self.mlp_h))

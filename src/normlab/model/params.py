@@ -76,7 +76,7 @@ def analytic_params(cfg: ModelConfig, resolved: ResolvedLayout) -> ParamCount:
         for name, heads in inner_dim.items():
             if getattr(blk.attn_inner, name):
                 norms += site(hd if lay.inner_span == "head" else heads * hd)
-        blocks += attn + mlp + norms
+        blocks += attn + mlp + norms + (2 * (1 if lay.h_learned == "scalar" else d) if lay.h_learned else 0)
     model_norms = site(d) * (int(lay.embed_norm) + int(lay.final_norm))
     embedding = cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2)
     embedding += cfg.max_seq_len * d if cfg.position == "learned" else 0

@@ -22,6 +22,9 @@ def param_groups(model: nn.Module, cfg: TrainConfig) -> list[dict]:
     for m in model.modules():
         if is_norm(m):  # every kind: RMS, Layer, DyT (its alpha too), ScaleNorm
             norm_params.update(id(p) for p in m.parameters(recurse=False))
+        for step in (getattr(m, "attn_h", None), getattr(m, "mlp_h", None)):  # learned residual steps: scales too
+            if isinstance(step, nn.Parameter):
+                norm_params.add(id(step))
         if isinstance(m, nn.Embedding):
             emb_params.update(id(p) for p in m.parameters(recurse=False))
     decay, no_decay, seen = [], [], set()
