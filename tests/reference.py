@@ -8,16 +8,23 @@ import math
 import torch
 
 
+def gain(mod):
+    """gamma; 1 + w for a centered gain (stored w, from 0); 1 without a gain."""
+    if mod.weight is None:
+        return 1.0
+    return 1.0 + mod.weight if getattr(mod, "gain", "gamma") == "centered" else mod.weight
+
+
 def rms_norm(mod, x: torch.Tensor) -> torch.Tensor:
     """gamma * x / sqrt(mean(x^2) + eps)."""
-    return mod.weight * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + mod.eps)
+    return gain(mod) * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + mod.eps)
 
 
 def layer_norm(mod, x: torch.Tensor) -> torch.Tensor:
     """gamma * (x - mu) / sqrt(var + eps) + beta (biased variance)."""
     mu = x.mean(-1, keepdim=True)
     var = (x - mu).pow(2).mean(-1, keepdim=True)
-    y = mod.weight * (x - mu) / torch.sqrt(var + mod.eps)
+    y = gain(mod) * (x - mu) / torch.sqrt(var + mod.eps)
     return y + mod.bias if mod.bias is not None else y
 
 
@@ -29,7 +36,7 @@ def N(mod, x: torch.Tensor) -> torch.Tensor:
         return layer_norm(mod, x)
     name = type(mod).__name__
     if name == "DyT":  # Zhu et al. 2025, eq. 1: gamma * tanh(alpha * x) + beta
-        return mod.weight * torch.tanh(mod.alpha * x) + (mod.bias if mod.bias is not None else 0.0)
+        return gain(mod) * torch.tanh(mod.alpha * x) + (mod.bias if mod.bias is not None else 0.0)
     if name == "ScaleNorm":  # Nguyen & Salazar 2019, eq. 3: g * x / ||x||
         return mod.weight * x / torch.sqrt((x * x).sum(-1, keepdim=True) + mod.eps)
     if name == "L2Norm":  # x / ||x||, no gain

@@ -25,7 +25,9 @@ def randomize_norms(model: torch.nn.Module, seed: int = 1) -> None:
     with torch.no_grad():
         for m in model.modules():
             if is_norm(m) and getattr(m, "weight", None) is not None:
-                m.weight.copy_(m.weight * (1 + 0.3 * torch.randn(m.weight.shape, generator=g)))
+                noise = 0.3 * torch.randn(m.weight.shape, generator=g)
+                # a centered gain stores w (from 0) and applies 1 + w: move w itself off 0
+                m.weight.copy_(noise if getattr(m, "gain", "gamma") == "centered" else m.weight * (1 + noise))
                 if getattr(m, "bias", None) is not None:
                     m.bias.copy_(0.1 * torch.randn(m.bias.shape, generator=g))
                 if getattr(m, "alpha", None) is not None:  # DyT's scalar, away from its initial 0.5
@@ -250,4 +252,20 @@ def test_dyt_bounds_its_output_whatever_the_input_scale():
     x = 1e4 * torch.randn(3, 16, dtype=DT)
     assert (d(x).abs() <= d.weight.abs() + d.bias.abs() + 1e-12).all()
     assert d.alpha.item() == 0.5 and normlab.build_model("pre-dyt", "nano", dyt_alpha=2.0).final_norm.alpha.item() == 2.0
+
+
+@pytest.mark.parametrize("kind,gain", [("rms", "centered"), ("rms", "none"), ("layer", "centered"), ("layer", "none"),
+                                       ("dyt", "centered"), ("dyt", "none")])
+def test_gains_at_every_site_match_their_formula(kind, gain):
+    """gain=none drops gamma (LayerNorm its beta too); gain=centered stores w from 0 and applies 1 + w
+    (weight decay then pulls the gain toward 1): Peri-LN with QK-norm against the formulas by hand."""
+    model = normlab.build_model(f"peri+qk,norm={kind},gain={gain}", "nano", seed=0, n_kv_heads=1, d_model=32,
+                                n_heads=2).double()
+    norm = model.blocks[0].attn_norms.input
+    assert (norm.weight is None) if gain == "none" else bool((norm.weight == 0).all())  # centered: w starts at 0
+    randomize_norms(model)
+    x = torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(0), dtype=DT)
+    with torch.no_grad():
+        for i, block in enumerate(model.blocks):
+            torch.testing.assert_close(block(x), peri_with("qk")(block, x, i, 2), rtol=1e-6, atol=1e-6)
 

@@ -32,7 +32,7 @@ from torch import nn
 
 from normlab.diagnostics.prop31 import per_token
 from normlab.diagnostics.stats import angular_matrix, attention_stats, hidden_stats, massive_activations
-from normlab.model.norms import is_norm
+from normlab.model.norms import gain_of, is_norm
 
 WEIGHTS = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 NORM_SITES = ("attn_norms.input", "attn_norms.output", "attn_norms.after_add", "mlp_norms.input",
@@ -165,7 +165,8 @@ class Probes:
         out_norm = mods[f"blocks.{last}.mlp_norms.output"]
         # Kim Prop. 3.1's bound is for a normalizing output norm (RMS/Layer), not DyT's squashing or ScaleNorm
         normalizing = isinstance(out_norm, (nn.RMSNorm, nn.LayerNorm))
-        gamma_max = out_norm.weight.detach().abs().max().item() if normalizing else None
+        gain = gain_of(out_norm) if normalizing else None
+        gamma_max = (gain.detach().abs().max().item() if gain is not None else 1.0) if normalizing else None
         if gamma_max is not None and a_norm > 0:
             d = a_out.shape[-1]
             ratio = (h_act.norm(dim=-1) / a_out.norm(dim=-1).clamp_min(1e-30)).mean().item()
@@ -179,9 +180,10 @@ class Probes:
         """gamma's mean, min and max (ScaleNorm's g: one value); DyT's alpha too; nothing for a gain-free norm."""
         if getattr(norm, "alpha", None) is not None:
             self._row(rows, step, layer, site, "alpha", norm.alpha.detach().float().item())
-        if getattr(norm, "weight", None) is None:
+        g = gain_of(norm)  # a centered gain's 1 + w
+        if g is None:
             return
-        w = norm.weight.detach().float()
+        w = g.detach().float()
         self._row(rows, step, layer, site, "gamma_mean", w.mean().item())
         self._row(rows, step, layer, site, "gamma_min", w.min().item())
         self._row(rows, step, layer, site, "gamma_max", w.max().item())

@@ -38,6 +38,9 @@ InnerSpan = Literal["head", "full"]
 # Nguyen & Salazar 2019; l2: x / ||x||, no gain (normlab.model.norms)
 NORM_KINDS: tuple[str, ...] = ("rms", "layer", "dyt", "scale", "l2")
 H_LEARNED: tuple[str, ...] = ("scalar", "channel")
+# A norm's per-channel gain: gamma (the usual, 1 at init), none (no gain), or centered: stored as w from 0
+# and applied as 1 + w, so weight decay pulls the gain toward 1, not 0 (Gemma's RMSNorm; Qwen3-Next)
+GAINS: tuple[str, ...] = ("gamma", "none", "centered")
 INNER_SPANS: tuple[str, ...] = ("head", "full")
 DEEPNORM = "deepnorm"
 
@@ -163,6 +166,7 @@ class Layout:
     # "channel" (LayerScale, Touvron et al. 2021: one per channel, starts small); None: the fixed number h
     h_learned: str | None = None
     ln_scaling: bool = False  # LayerNorm Scaling (Sun et al. 2025): the input norm's output times 1/sqrt(layer)
+    gain: str = "gamma"  # the norms' gain: gamma | none | centered (1 + w); rms, layer and dyt have one
     alpha: float | str = 1.0  # skip scale; "deepnorm" = (2N)^(1/4), Wang et al. 2022
     freeze_output_gamma: bool = False  # Output-LN (B) gamma fixed at 1, Kim Fig. 8
     embed_scale: bool = False  # multiply embeddings by sqrt(d_model) (Gemma)
@@ -176,6 +180,11 @@ class Layout:
             raise LayoutError(
                 f"unknown inner-norm span {self.inner_span!r}; valid: {', '.join(INNER_SPANS)}"
             )
+        if self.gain not in GAINS:
+            raise LayoutError(f"unknown gain {self.gain!r}; valid: {', '.join(GAINS)}")
+        if self.gain != "gamma" and self.norm in ("scale", "l2"):
+            raise LayoutError(f"norm={self.norm} has no per-channel gain to change (ScaleNorm's is one scalar g, "
+                              "L2's none); gain= applies to rms, layer and dyt")
         if self.h_learned not in (None, *H_LEARNED):
             raise LayoutError(f"h_learned must be one of {', '.join(H_LEARNED)} (or None), got {self.h_learned!r}")
         # h may be 0 only where it is learned (ReZero starts there); `resolve` refuses a fixed 0, which would

@@ -25,6 +25,7 @@ Tokens:
     emb-scale        multiply embeddings by sqrt(d_model) (Gemma); -emb-scale undoes it
     h-scalar         h learned, one scalar per sublayer starting at h (ReZero: h=0); -h-learned undoes it
     h-channel        h learned, one per channel starting at h (LayerScale: h=0.1 or smaller)
+    gain=G           the norms' gain: gamma (default), none, or centered (1 + w, w from 0)
     lns              LayerNorm Scaling: the input norm's output times 1/sqrt(layer index from 1); -lns undoes it
     init=NAME        the init scheme the layout prescribes (DeepNorm)
 
@@ -40,6 +41,7 @@ from dataclasses import replace
 from normlab.layout.sites import (
     DEEPNORM,
     INNER_SPANS,
+    GAINS,
     NORM_KINDS,
     AttentionInnerSites,
     LayerRange,
@@ -69,7 +71,7 @@ _FLAGS = {
 TOKEN_HELP = (
     "attn=<qkvc+ABCS or ->, mlp=<ABCS or ->, [a:b]attn=..., [a:b]mlp=..., emb, -emb, final, "
     "-final, qk, norm=rms|layer|dyt|scale|l2, inner=head|full, h=<float>, alpha=<float>|deepnorm, frozen-out, "
-    "emb-scale, h-scalar, h-channel, lns, init=<scheme>"
+    "emb-scale, h-scalar, h-channel, lns, gain=gamma|none|centered, init=<scheme>"
 )
 _RULE = re.compile(r"^\[(?P<start>[^:\]]*):(?P<stop>[^\]]*)\](?P<rest>.+)$")
 
@@ -103,6 +105,8 @@ def format_layout(layout: Layout) -> str:
         tokens.append("final")
     if layout.norm != "rms":
         tokens.append(f"norm={layout.norm}")
+    if layout.gain != "gamma":
+        tokens.append(f"gain={layout.gain}")
     if layout.inner_span != "head":
         tokens.append(f"inner={layout.inner_span}")
     if layout.h != 1.0:
@@ -194,6 +198,10 @@ def _apply(layout: Layout, token: str) -> Layout:
             else:
                 block = replace(layout.block, mlp=sites)
             return replace(layout, block=block)
+        if key == "gain":
+            if value not in GAINS:
+                raise LayoutError(f"in {token!r}: gain must be one of {', '.join(GAINS)}")
+            return replace(layout, gain=value)
         if key == "norm":
             if value not in NORM_KINDS:
                 raise LayoutError(f"in {token!r}: norm must be one of {', '.join(NORM_KINDS)}")

@@ -36,7 +36,7 @@ class Attention(nn.Module):
     store: Storage = NO_STORAGE  # the activation dtype of q, k, v and the context (normlab.model.storage)
 
     def __init__(self, cfg: ModelConfig, inner: AttentionInnerSites, span: InnerSpan, norm: NormKind,
-                 layer_idx: int = 0) -> None:
+                 layer_idx: int = 0, gain: str = "gamma") -> None:
         super().__init__()
         self.layer_idx = layer_idx  # this layer's slot in a KV cache
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
@@ -51,11 +51,14 @@ class Attention(nn.Module):
             return hd if span == "head" else heads * hd
 
         eps, nb, c = cfg.norm_eps, cfg.norm_bias, cfg.norm_compute
-        self.q_norm = maybe_norm(inner.q, norm, dim(self.n_heads), eps, nb, compute=c, dyt_alpha=cfg.dyt_alpha)
-        self.k_norm = maybe_norm(inner.k, norm, dim(self.n_kv_heads), eps, nb, compute=c, dyt_alpha=cfg.dyt_alpha)
-        self.v_norm = maybe_norm(inner.v, norm, dim(self.n_kv_heads), eps, nb, compute=c, dyt_alpha=cfg.dyt_alpha)
+        self.q_norm = maybe_norm(inner.q, norm, dim(self.n_heads), eps, nb, compute=c,
+                                 dyt_alpha=cfg.dyt_alpha, gain=gain)
+        self.k_norm = maybe_norm(inner.k, norm, dim(self.n_kv_heads), eps, nb, compute=c,
+                                 dyt_alpha=cfg.dyt_alpha, gain=gain)
+        self.v_norm = maybe_norm(inner.v, norm, dim(self.n_kv_heads), eps, nb, compute=c,
+                                 dyt_alpha=cfg.dyt_alpha, gain=gain)
         self.context_norm = maybe_norm(inner.context, norm, dim(self.n_heads), eps, nb, compute=c,
-                                       dyt_alpha=cfg.dyt_alpha)
+                                       dyt_alpha=cfg.dyt_alpha, gain=gain)
         # learned absolute positions (GPT-2) are added to the embedding instead: no rotation here
         self.rotary = Rotary(hd, cfg.max_seq_len, cfg.rope_theta) if cfg.position == "rope" else None
         # Capture points: q, k, v as they enter attention, (B, heads, T, head_dim), q and k after

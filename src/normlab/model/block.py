@@ -43,10 +43,12 @@ class SiteNorms(nn.Module):
     def __init__(self, sites: SublayerSites, layout: Layout, cfg: ModelConfig) -> None:
         super().__init__()
         kind, d, eps, bias, c = layout.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias, cfg.norm_compute
-        self.input = maybe_norm(sites.input, kind, d, eps, bias, compute=c, dyt_alpha=cfg.dyt_alpha)
+        self.input = maybe_norm(sites.input, kind, d, eps, bias, compute=c,
+                                 dyt_alpha=cfg.dyt_alpha, gain=layout.gain)
         self.output = maybe_norm(sites.output, kind, d, eps, bias, frozen_gamma=layout.freeze_output_gamma, compute=c,
-                                 dyt_alpha=cfg.dyt_alpha)
-        self.after_add = maybe_norm(sites.after_add, kind, d, eps, bias, compute=c, dyt_alpha=cfg.dyt_alpha)
+                                 dyt_alpha=cfg.dyt_alpha, gain=layout.gain)
+        self.after_add = maybe_norm(sites.after_add, kind, d, eps, bias, compute=c,
+                                 dyt_alpha=cfg.dyt_alpha, gain=layout.gain)
         self.skip_normed = sites.skip_normed
 
 
@@ -67,7 +69,7 @@ class Block(nn.Module):
             self.attn_h = nn.Parameter(torch.full(shape, float(layout.h)))
             self.mlp_h = nn.Parameter(torch.full(shape, float(layout.h)))
         self.attn_norms = SiteNorms(block.attn, layout, cfg)
-        self.attn = Attention(cfg, block.attn_inner, layout.inner_span, layout.norm, layer_idx=index)
+        self.attn = Attention(cfg, block.attn_inner, layout.inner_span, layout.norm, layer_idx=index, gain=layout.gain)
         self.attn_update, self.resid_mid = Tap(), Tap()
         self.mlp_norms = SiteNorms(block.mlp, layout, cfg)
         self.mlp = MoE(cfg) if cfg.n_experts else MLP(cfg)

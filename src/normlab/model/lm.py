@@ -53,11 +53,13 @@ class NormLM(nn.Module):
         self.pos_embed = nn.Embedding(cfg.max_seq_len, cfg.d_model) if cfg.position == "learned" else None
         self.embed_scale = math.sqrt(cfg.d_model) if layout.embed_scale else 1.0
         self.embed_norm = maybe_norm(layout.embed_norm, layout.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias,
-                                     compute=cfg.norm_compute, dyt_alpha=cfg.dyt_alpha)
+                                     compute=cfg.norm_compute, dyt_alpha=cfg.dyt_alpha,
+                                     gain=layout.gain)
         self.embed_out = Tap()
         self.blocks = nn.ModuleList(Block(cfg, blk, layout, resolved.alpha, i) for i, blk in enumerate(resolved.blocks))
         self.final_norm = maybe_norm(layout.final_norm, layout.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias,
-                                     compute=cfg.norm_compute, dyt_alpha=cfg.dyt_alpha)
+                                     compute=cfg.norm_compute, dyt_alpha=cfg.dyt_alpha,
+                                     gain=layout.gain)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight

@@ -57,37 +57,68 @@ def _outside_autocast(norm, x: torch.Tensor) -> torch.Tensor:  # noqa: ANN001 - 
     return norm(x)
 
 
-class RMSNorm(nn.RMSNorm):
+def gain_of(norm: nn.Module) -> torch.Tensor | None:
+    """The gain a norm applies: its weight, plus 1 for a centered gain; None without one."""
+    w = getattr(norm, "weight", None)
+    return None if w is None else (w + 1.0 if getattr(norm, "offset", 0.0) else w)
+
+
+class _Gain:
+    """gain "gamma" (a weight from 1), "none" (no weight) or "centered" (a weight w from 0, applied as 1 + w)."""
+
+    offset = 0.0
+
+    def _set_gain(self, gain: str) -> None:
+        if gain not in ("gamma", "none", "centered"):
+            raise ValueError(f"unknown gain {gain!r}; valid: gamma, none, centered")
+        self.gain = gain
+        self.offset = 1.0 if gain == "centered" else 0.0
+        if gain == "centered":
+            with torch.no_grad():
+                self.weight.zero_()
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()  # type: ignore[misc]
+        if getattr(self, "offset", 0.0) and self.weight is not None:
+            with torch.no_grad():
+                self.weight.zero_()
+
+
+class RMSNorm(_Gain, nn.RMSNorm):
     """`nn.RMSNorm` computed in the input's dtype (fused) or in float32; see the module docstring."""
 
-    def __init__(self, dim: int, eps: float, compute: NormCompute = "input") -> None:
-        super().__init__(dim, eps=eps)
+    def __init__(self, dim: int, eps: float, compute: NormCompute = "input", gain: str = "gamma") -> None:
+        super().__init__(dim, eps=eps, elementwise_affine=gain != "none")
         self.compute = compute
+        self._set_gain(gain)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _outside_autocast(self._norm, x)
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         dtype = torch.float32 if self.compute == "fp32" else x.dtype
-        return F.rms_norm(x.to(dtype), self.normalized_shape, _cast(self.weight, dtype), self.eps).to(x.dtype)
+        return F.rms_norm(x.to(dtype), self.normalized_shape, _cast(gain_of(self), dtype), self.eps).to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, compute={self.compute}"
 
 
-class LayerNorm(nn.LayerNorm):
-    """`nn.LayerNorm` computed in the input's dtype (fused) or in float32; see the module docstring."""
+class LayerNorm(_Gain, nn.LayerNorm):
+    """`nn.LayerNorm` computed in the input's dtype (fused) or in float32; see the module docstring.
+    Gain "none" has neither gamma nor beta (torch's elementwise_affine=False)."""
 
-    def __init__(self, dim: int, eps: float, bias: bool = True, compute: NormCompute = "input") -> None:
-        super().__init__(dim, eps=eps, bias=bias)
+    def __init__(self, dim: int, eps: float, bias: bool = True, compute: NormCompute = "input",
+                 gain: str = "gamma") -> None:
+        super().__init__(dim, eps=eps, elementwise_affine=gain != "none", bias=bias)
         self.compute = compute
+        self._set_gain(gain)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _outside_autocast(self._norm, x)
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         dtype = torch.float32 if self.compute == "fp32" else x.dtype
-        return F.layer_norm(x.to(dtype), self.normalized_shape, _cast(self.weight, dtype), _cast(self.bias, dtype),
+        return F.layer_norm(x.to(dtype), self.normalized_shape, _cast(gain_of(self), dtype), _cast(self.bias, dtype),
                             self.eps).to(x.dtype)
 
     def extra_repr(self) -> str:
@@ -111,27 +142,32 @@ class DyT(_Elementwise):
     gamma * tanh(alpha * x) + beta, alpha one learned scalar (``alpha0`` at init), gamma and beta per
     channel (ones and zeros)."""
 
-    def __init__(self, dim: int, alpha0: float = 0.5, bias: bool = True, compute: NormCompute = "input") -> None:
+    def __init__(self, dim: int, alpha0: float = 0.5, bias: bool = True, compute: NormCompute = "input",
+                 gain: str = "gamma") -> None:
         super().__init__()
-        self.alpha0, self.compute = float(alpha0), compute
+        self.alpha0, self.compute, self.gain = float(alpha0), compute, gain
+        self.offset = 1.0 if gain == "centered" else 0.0
         self.alpha = nn.Parameter(torch.full((1,), self.alpha0))
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.weight = nn.Parameter(torch.full((dim,), 1.0 - self.offset)) if gain != "none" else None
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
 
     def reset_parameters(self) -> None:
         with torch.no_grad():
             self.alpha.fill_(self.alpha0)
-            self.weight.fill_(1.0)
+            if self.weight is not None:
+                self.weight.fill_(1.0 - self.offset)
             if self.bias is not None:
                 self.bias.zero_()
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         dtype = self._dtype(x)
-        y = torch.tanh(self.alpha.to(dtype) * x.to(dtype)) * self.weight.to(dtype)
+        y = torch.tanh(self.alpha.to(dtype) * x.to(dtype))
+        g = gain_of(self)
+        y = y * g.to(dtype) if g is not None else y
         return (y + self.bias.to(dtype) if self.bias is not None else y).to(x.dtype)
 
     def extra_repr(self) -> str:
-        return f"{self.weight.shape[0]}, alpha0={self.alpha0}, bias={self.bias is not None}, compute={self.compute}"
+        return f"alpha0={self.alpha0}, gain={self.gain}, bias={self.bias is not None}, compute={self.compute}"
 
 
 class ScaleNorm(_Elementwise):
@@ -175,16 +211,16 @@ def is_norm(m: nn.Module) -> bool:
 
 
 def make_norm(kind: NormKind, dim: int, eps: float, bias: bool = True, frozen_gamma: bool = False,
-              compute: NormCompute = "input", dyt_alpha: float = 0.5) -> nn.Module:
+              compute: NormCompute = "input", dyt_alpha: float = 0.5, gain: str = "gamma") -> nn.Module:
     """A norm over the last dimension; ``frozen_gamma`` fixes gamma at 1 (Kim et al. Fig. 8)."""
     if compute not in NORM_COMPUTE:
         raise ValueError(f"unknown norm compute {compute!r}; valid: {', '.join(NORM_COMPUTE)}")
     if kind == "rms":
-        norm: nn.Module = RMSNorm(dim, eps, compute)
+        norm: nn.Module = RMSNorm(dim, eps, compute, gain)
     elif kind == "layer":
-        norm = LayerNorm(dim, eps, bias, compute)
+        norm = LayerNorm(dim, eps, bias, compute, gain)
     elif kind == "dyt":
-        norm = DyT(dim, dyt_alpha, bias, compute)
+        norm = DyT(dim, dyt_alpha, bias, compute, gain)
     elif kind == "scale":
         norm = ScaleNorm(dim, eps, compute)
     elif kind == "l2":
@@ -197,8 +233,8 @@ def make_norm(kind: NormKind, dim: int, eps: float, bias: bool = True, frozen_ga
 
 
 def maybe_norm(on: bool, kind: NormKind, dim: int, eps: float, bias: bool = True, frozen_gamma: bool = False,
-               compute: NormCompute = "input", dyt_alpha: float = 0.5) -> nn.Module:
-    return make_norm(kind, dim, eps, bias, frozen_gamma, compute, dyt_alpha) if on else nn.Identity()
+               compute: NormCompute = "input", dyt_alpha: float = 0.5, gain: str = "gamma") -> nn.Module:
+    return make_norm(kind, dim, eps, bias, frozen_gamma, compute, dyt_alpha, gain) if on else nn.Identity()
 
 
 class Tap(nn.Identity):

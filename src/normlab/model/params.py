@@ -53,13 +53,16 @@ def analytic_params(cfg: ModelConfig, resolved: ResolvedLayout) -> ParamCount:
 
     def site(width: int) -> int:
         """Parameters of one norm over ``width`` channels (normlab.model.norms)."""
+        gamma = 0 if lay.gain == "none" else width  # a centered gain is a weight too (1 + w)
         if kind == "dyt":
-            return width * (2 if cfg.norm_bias else 1) + 1  # gamma, beta, alpha
+            return gamma + (width if cfg.norm_bias else 0) + 1  # gamma, beta, alpha
         if kind == "scale":
             return 1  # g
         if kind == "l2":
             return 0
-        return width * (2 if (kind == "layer" and cfg.norm_bias) else 1)  # gamma (+ beta)
+        if kind == "layer":  # without a gain torch's LayerNorm has no beta either (elementwise_affine=False)
+            return 0 if lay.gain == "none" else width * (2 if cfg.norm_bias else 1)
+        return gamma
 
     b = 1 if cfg.linear_bias else 0
     attn = d * h * hd + 2 * d * kv * hd + h * hd * d + b * (h * hd + 2 * kv * hd + d)
