@@ -22,6 +22,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from normlab.config.engine import given as settings_given
 from normlab.errors import USER_ERRORS, ConfigError
 from normlab.layout import PRESETS
 
@@ -56,7 +57,7 @@ def _show(args: argparse.Namespace) -> int:
     if other:
         raise ConfigError(f"show takes model.* and layout.* settings (the model's shape and placement), not "
                           f"{', '.join(other)}")
-    given = {"layout": args.layout, **_declared_settings(args, ("size",)), **pairs}
+    given = {"layout": args.layout, **settings_given(args, ("size",)), **pairs}
     cfg = TrainConfig().with_(given, "command line", from_text=True)  # the keys train takes (layout.h, model.*)
     print(describe(cfg.model.layout, cfg.model.size, **cfg.model.options))  # no model built, no torch: instant
     return 0
@@ -105,18 +106,21 @@ def _shortcuts(args: argparse.Namespace) -> dict[str, str]:
     return {MODEL_SHORTCUTS[k][0]: v for k, v in vars(args).items() if k in MODEL_SHORTCUTS}
 
 
-def _add_declared(s: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
+def _add_declared(s: argparse.ArgumentParser, cls: type) -> None:
     """A command's flags from its configuration's declarations (normlab.config.engine)."""
     from normlab.config.engine import add_flags, leaves
 
-    add_flags(s, leaves(cls), skip)
+    add_flags(s, leaves(cls))
 
 
-def _declared(cls: type, args: argparse.Namespace, source: str, **fixed: object):  # noqa: ANN202 - a cls
-    """The command's configuration from the flags it was given (text, parsed by each setting's type)."""
+def _declared(cls: type, args: argparse.Namespace, source: str, skip: tuple[str, ...] = (),  # noqa: ANN202 - a cls
+              **fixed: object):
+    """The command's configuration from the flags it was given (text, parsed by each setting's type);
+    ``skip``: declared settings the command decides itself (passed in ``fixed``)."""
     from normlab.config.engine import build, given, leaves
 
-    return build(cls, given(args, leaves(cls)), source, from_text=True, as_flags=True, **fixed)
+    values = {k: v for k, v in given(args, leaves(cls)).items() if k not in skip}
+    return build(cls, values, source, from_text=True, as_flags=True, **fixed)
 
 
 def _add_run_settings(s: argparse.ArgumentParser, names: tuple[str, ...], defaults: dict | None = None) -> None:
@@ -125,10 +129,6 @@ def _add_run_settings(s: argparse.ArgumentParser, names: tuple[str, ...], defaul
     from normlab.config.train import LEAVES
 
     add_flags(s, {k: LEAVES[k] for k in names}, defaults=defaults)
-
-
-def _declared_settings(args: argparse.Namespace, names: tuple[str, ...]) -> dict:
-    return {k: v for k, v in vars(args).items() if k in names}
 
 
 def _add_train_args(s: argparse.ArgumentParser) -> None:
@@ -210,10 +210,9 @@ def _screen(args: argparse.Namespace) -> int:
     from normlab.screen import format_table, load_layout_arg, screen_layout
 
     # the model's shape through the run configuration's one override function: same keys, same checks
-    given = {**_declared_settings(args, ("size",)), **_shortcuts(args), **_pairs(args.set, "--set", "model.n_layers=12")}
+    given = {**settings_given(args, ("size",)), **_shortcuts(args), **_pairs(args.set, "--set", "model.n_layers=12")}
     model = TrainConfig().with_(given, "screen", from_text=True).model
-    cfg = _declared(ScreenConfig, argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "size"}), "screen",
-                    size=model.size, model=dict(model.options))
+    cfg = _declared(ScreenConfig, args, "screen", skip=("size",), size=model.size, model=dict(model.options))
     layouts = [load_layout_arg(a) for a in args.layouts]  # all parsed before any work: typos fail fast
     results = []
     bar = tqdm(layouts, desc="screen", unit="layout", disable=None, leave=False)
@@ -307,7 +306,7 @@ def _compare(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     cfg = _declared(CompareConfig, args, "compare")
-    base = {**_declared_settings(args, ("size", "steps")), **_pairs(args.set, "--set", "lr=1e-3")}
+    base = {**settings_given(args, ("size", "steps")), **_pairs(args.set, "--set", "lr=1e-3")}
     from normlab.config.train import typed_settings
 
     index = compare(list(cfg.layouts), out=cfg.out, workers=cfg.workers,

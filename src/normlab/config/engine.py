@@ -19,7 +19,7 @@ import difflib
 import math
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Literal, TypeVar
 
@@ -229,6 +229,6 @@ def add_flags(parser: argparse.ArgumentParser, decl: Mapping[str, Leaf], skip: t
                                 metavar=leaf.metavar or name.upper(), choices=leaf.choices)
 
 
-def given(args: argparse.Namespace, decl: Mapping[str, Leaf]) -> dict[str, Any]:
-    """The declared settings the command line gave (as text)."""
+def given(args: argparse.Namespace, decl: Collection[str]) -> dict[str, Any]:
+    """The settings named in ``decl`` (declarations or names) that the command line gave (as text)."""
     return {k: v for k, v in vars(args).items() if k in decl}

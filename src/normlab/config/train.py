@@ -340,6 +340,21 @@ class TrainConfig:
         return "fp16" in (self.precision, self.stored_dtype)
 
     @property
+    def expected_vocab(self) -> int:
+        """The vocabulary the run will have, from its settings alone (before its data is read): the model
+        option or --vocab-size, else bytes' 256 + end-of-text or a BPE's size; a tokenizer file's is only
+        known once it is read, so the size preset's stands in."""
+        given = self.model.options.get("vocab_size") or self.data.vocab_size
+        if given:
+            return int(given)
+        tok = self.data.tokenizer
+        if tok == "bytes":
+            return 257
+        if tok.startswith("bpe:") and tok[4:].isdigit():
+            return int(tok[4:])
+        return self.model.model_config().vocab_size
+
+    @property
     def wd_exclusions(self) -> list[str]:
         return [x.strip() for x in self.optim.wd_exclude.split(",") if x.strip()]
 

@@ -200,13 +200,12 @@ def _gpu_plan(specs: list[RunSpec], requested: int | None, log) -> tuple[int, in
     devices = [torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())]
     shape = ("layout", "size", "model", "batch_size", "grad_accum", "seq_len", "precision", "activation_dtype",
              "activation_checkpointing", "loss_chunk", "vocab_size", "tokenizer", "optimizer", "fsdp")
+    keys = [repr([c.to_dict()[k] for k in shape]) for c in cfgs]
     plans: dict[str, int] = {}
-    for c in cfgs:
-        key = repr([c.to_dict()[k] for k in shape])
+    for key, c in zip(keys, cfgs):
         if key not in plans:
             plans[key] = plan_memory(c).total
-    workers = plan_workers([plans[repr([c.to_dict()[k] for k in shape])] for c in cfgs], devices, requested,
-                           os.cpu_count() or 1)
+    workers = plan_workers([plans[key] for key in keys], devices, requested, os.cpu_count() or 1)
     log(f"GPU memory plan: up to {max(plans.values()) / GIB:.1f} GiB per run, {len(devices)} device(s) of "
         f"{min(devices) / GIB:.0f} GiB -> {workers} run(s) side by side")
     return workers, len(devices)

@@ -115,8 +115,8 @@ class SweepConfig:
               grid: dict[str, list[Any]] | None = None, from_text: bool = False) -> SweepConfig:
         """This sweep with declared settings replaced (`settings`, e.g. from flags), run settings added to
         its base and axes added to (or replacing) its grid; the result is validated as a whole."""
-        values = {k: v for k, v in self.to_dict().items() if k in leaves(SweepConfig)}
         decl = leaves(SweepConfig)
+        values = {k: v for k, v in self.to_dict().items() if k in decl}
         for key, value in (settings or {}).items():
             if key not in decl:
                 raise unknown_key(key, list(decl), "the sweep's settings")
@@ -150,9 +150,7 @@ class SweepConfig:
         for spec in self.expand():
             cfg = spec.train_config("unused")
             model = cfg.model.model_config()
-            vocab = cfg.data.vocab_size or (int(cfg.data.tokenizer[4:]) if cfg.data.tokenizer.startswith("bpe:")
-                                            and cfg.data.tokenizer[4:].isdigit() else model.vocab_size)
-            n = analytic_params(model.with_(vocab_size=vocab), cfg.model.layout.resolve(model.n_layers)).total
+            n = analytic_params(model.with_(vocab_size=cfg.expected_vocab), cfg.model.layout.resolve(model.n_layers)).total
             whole = 12 * n if cfg.optim.optimizer == "adamw" else 8 * n
             last = whole if cfg.run.keep_optimizer else 4 * n
             final += last + (cfg.run.keep_last - 1) * whole

@@ -251,14 +251,6 @@ class SweepDir:
         return self.path / LOCK
 
     @property
-    def summary_file(self) -> Path:
-        return self.path / SWEEP_SUMMARY
-
-    @property
-    def report_file(self) -> Path:
-        return self.path / SWEEP_REPORT
-
-    @property
     def report_dir(self) -> Path:
         return self.path / REPORT_DIR
 

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from normlab.config.train import TrainConfig
+from normlab.errors import ConfigError
 from normlab.model import storage
 from normlab.model.config import get_size
 
@@ -77,7 +78,7 @@ def _saved_bytes(cfg: TrainConfig, n_layers: int, tokens: int, recompute: bool, 
     seen: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        if isinstance(t, torch.Tensor) and not isinstance(t, torch.nn.Parameter) and t.device.type != "meta":
+        if isinstance(t, torch.Tensor) and t.device.type != "meta":  # parameters are left out below, by storage
             s = t.untyped_storage()
             seen[s.data_ptr()] = max(seen.get(s.data_ptr(), 0), s.nbytes())
         return t
@@ -102,31 +103,15 @@ def _slopes(cfg: TrainConfig, recompute: bool, vocab: int) -> tuple[float, float
     return max(0.0, model), max(0.0, block)
 
 
-def vocab_of(cfg: TrainConfig) -> int:
-    """The vocabulary a run will have, from its settings alone (before its data is read): the model option
-    or --vocab-size, else bytes' 256 + end-of-text or a BPE's size; a tokenizer file's is read at the start."""
-    given = cfg.model.options.get("vocab_size") or cfg.data.vocab_size
-    if given:
-        return int(given)
-    tok = cfg.data.tokenizer
-    if tok == "bytes":
-        return 257
-    if tok.startswith("bpe:") and tok[4:].isdigit():
-        return int(tok[4:])
-    return cfg.model.model_config().vocab_size
-
-
 def plan_memory(cfg: TrainConfig, world: int = 1, vocab: int | None = None) -> MemoryPlan:
     """The memory plan of ``cfg`` on one of ``world`` ranks (see the module docstring); ``vocab``: the
-    data's, once known (else from the settings, `vocab_of`)."""
-    from normlab.layout import Layout
+    data's, once known (else from the settings, `TrainConfig.expected_vocab`)."""
     from normlab.model.params import analytic_params
 
     cfg = cfg.for_device("cuda")  # the plan is for a GPU: precision auto is bf16 there
     model_cfg = cfg.model.model_config()
-    vocab = max(vocab or 0, vocab_of(cfg))
-    layout: Layout = cfg.model.layout
-    n = analytic_params(model_cfg.with_(vocab_size=vocab), layout.resolve(model_cfg.n_layers)).total
+    vocab = max(vocab or 0, cfg.expected_vocab)
+    n = analytic_params(model_cfg.with_(vocab_size=vocab), cfg.model.layout.resolve(model_cfg.n_layers)).total
     shard = world if cfg.run.fsdp else 1
     micro = cfg.data.batch_size // world // cfg.data.grad_accum
     tokens = micro * cfg.data.seq_len
@@ -156,8 +141,6 @@ def check_fits(cfg: TrainConfig, capacity: int | None, world: int = 1, vocab: in
         return None
     plan = plan_memory(cfg, world, vocab)
     if plan.total > capacity:
-        from normlab.errors import ConfigError
-
         options = fitting_options(cfg, capacity, world)
         raise ConfigError(f"this run needs about {plan.total / GIB:.1f} GiB per device (activations "
                           f"{plan.activations / GIB:.1f} GiB for a micro-batch of {plan.micro_batch} x {plan.seq_len}) "

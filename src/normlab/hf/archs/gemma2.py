@@ -54,13 +54,9 @@ class Gemma2(Arch):
 
     def model_config(self, config: Any) -> ModelConfig:
         window = getattr(config, "sliding_window", None) or config.max_position_embeddings
-        return ModelConfig(
-            vocab_size=config.vocab_size, d_model=config.hidden_size, n_layers=config.num_hidden_layers,
-            n_heads=config.num_attention_heads, n_kv_heads=config.num_key_value_heads, d_ff=config.intermediate_size,
-            mlp=self.mlp, max_seq_len=min(config.max_position_embeddings, window), rope_theta=self.rope_theta(config),
-            norm_eps=config.rms_norm_eps, tie_embeddings=bool(config.tie_word_embeddings),
-            attn_scale=float(config.query_pre_attn_scalar), attn_softcap=config.attn_logit_softcapping,
-            logit_softcap=config.final_logit_softcapping)
+        return super().model_config(config).with_(
+            max_seq_len=min(config.max_position_embeddings, window), attn_scale=float(config.query_pre_attn_scalar),
+            attn_softcap=config.attn_logit_softcapping, logit_softcap=config.final_logit_softcapping)
 
 
 GEMMA2 = Gemma2()
