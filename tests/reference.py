@@ -55,8 +55,11 @@ def rope(x: torch.Tensor, theta: float) -> torch.Tensor:
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
-def mha(attn, x: torch.Tensor, inner: str, span: str = "head", theta: float = 10_000.0) -> torch.Tensor:
-    """Zhuo eqs. 7, 35-40: Concat_i attn_#(Q_i, K_i, V_i) W_O with # = the letters in ``inner``."""
+def mha(attn, x: torch.Tensor, inner: str, span: str = "head", theta: float = 10_000.0,
+        qk_after_rope: bool = False) -> torch.Tensor:
+    """Zhuo eqs. 7, 35-40: Concat_i attn_#(Q_i, K_i, V_i) W_O with # = the letters in ``inner`` (q k v c);
+    ``g``: the context times sigmoid(x W_theta) (Qiu et al. 2025 eq. 5, G1, elementwise); ``s``: head i's
+    context times gamma_i (NormFormer eq. 3); ``qk_after_rope``: N(RoPE(q)), N(RoPE(k)) (Llama 4)."""
     b, t, _ = x.shape
     h, kv, hd = attn.n_heads, attn.n_kv_heads, attn.head_dim
 
@@ -69,8 +72,12 @@ def mha(attn, x: torch.Tensor, inner: str, span: str = "head", theta: float = 10
             y = N(norm, y)
         return y.transpose(1, 2)
 
-    q = rope(proj(attn.q_proj, attn.q_norm, h, "q"), theta)
-    k = rope(proj(attn.k_proj, attn.k_norm, kv, "k"), theta)
+    if qk_after_rope:
+        q = N(attn.q_norm, rope(proj(attn.q_proj, None, h, "-"), theta))
+        k = N(attn.k_norm, rope(proj(attn.k_proj, None, kv, "-"), theta))
+    else:
+        q = rope(proj(attn.q_proj, attn.q_norm, h, "q"), theta)
+        k = rope(proj(attn.k_proj, attn.k_norm, kv, "k"), theta)
     v = proj(attn.v_proj, attn.v_norm, kv, "v")
     k = k.repeat_interleave(h // kv, dim=1)
     v = v.repeat_interleave(h // kv, dim=1)
@@ -78,14 +85,19 @@ def mha(attn, x: torch.Tensor, inner: str, span: str = "head", theta: float = 10
     mask = torch.ones(t, t, dtype=torch.bool).tril()
     p = torch.softmax(logits.masked_fill(~mask, float("-inf")), dim=-1)
     ctx = (p @ v).transpose(1, 2)  # (b, t, h, hd)
+    if "g" in inner:
+        ctx = ctx * torch.sigmoid(x @ attn.gate_proj.weight.T).view(b, t, h, hd)
     if "c" in inner and span == "head":
         ctx = N(attn.context_norm, ctx)
     ctx = ctx.reshape(b, t, h * hd)
     if "c" in inner and span == "full":
         ctx = N(attn.context_norm, ctx)
+    if "s" in inner:
+        ctx = (ctx.view(b, t, h, hd) * attn.head_scale[:, None]).reshape(b, t, h * hd)
     return ctx @ attn.o_proj.weight.T
 
 
-def swiglu(mlp, x: torch.Tensor) -> torch.Tensor:
-    """W_down (silu(W_gate x) * W_up x)."""
-    return (torch.nn.functional.silu(x @ mlp.gate_proj.weight.T) * (x @ mlp.up_proj.weight.T)) @ mlp.down_proj.weight.T
+def swiglu(mlp, x: torch.Tensor, hidden_norm: bool = False) -> torch.Tensor:
+    """W_down (silu(W_gate x) * W_up x); with ``hidden_norm``, W_down N(silu(W_gate x) * W_up x) (NormFormer)."""
+    hid = torch.nn.functional.silu(x @ mlp.gate_proj.weight.T) * (x @ mlp.up_proj.weight.T)
+    return (N(mlp.hidden_norm, hid) if hidden_norm else hid) @ mlp.down_proj.weight.T

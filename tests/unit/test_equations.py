@@ -32,19 +32,21 @@ def randomize_norms(model: torch.nn.Module, seed: int = 1) -> None:
                     m.bias.copy_(0.1 * torch.randn(m.bias.shape, generator=g))
                 if getattr(m, "alpha", None) is not None:  # DyT's scalar, away from its initial 0.5
                     m.alpha.copy_(0.5 + 0.5 * torch.rand(m.alpha.shape, generator=g))
-            for step in (getattr(m, "attn_h", None), getattr(m, "mlp_h", None)):  # learned residual steps, off 0
-                if step is not None:
+            # learned residual steps (off 0), Admin's omegas and head scales (off 1)
+            for name in ("attn_h", "mlp_h", "attn_omega", "mlp_omega", "head_scale"):
+                step = getattr(m, name, None)
+                if isinstance(step, torch.nn.Parameter):
                     step.copy_(0.5 + torch.rand(step.shape, generator=g))
 
 
 # --- the equations, one function per form: (block, x, layer index, n_layers) -> block output ---
 
-def A(b, x, inner="", span="head"):
-    return mha(b.attn, x, inner, span)
+def A(b, x, inner="", span="head", qk_after_rope=False):
+    return mha(b.attn, x, inner, span, qk_after_rope=qk_after_rope)
 
 
-def F(b, x):
-    return swiglu(b.mlp, x)
+def F(b, x, hidden_norm=False):
+    return swiglu(b.mlp, x, hidden_norm)
 
 
 def post(b, x, *_):  # Kim eq. 1: N(x + Module(x)), twice
@@ -149,7 +151,37 @@ def lns(b, x, i):  # Sun et al. 2025, eq. 6: x + F(N(x) / sqrt(l)), l = i + 1
     return y + F(b, s * N(b.mlp_norms.input, y))
 
 
+def admin(b, x):  # Liu et al. 2020, eq. 7: x_i = N(x_{i-1} * omega_i + f_i(x_{i-1})), Post-LN
+    y = N(b.attn_norms.after_add, b.attn_omega * x + A(b, x))
+    return N(b.mlp_norms.after_add, b.mlp_omega * y + F(b, y))
+
+
+def normformer(b, x):  # Shleifer et al. 2021: x + N(HeadScale-MHA(N(x))), x + W2 N(act(W1 N(x)))
+    y = x + N(b.attn_norms.output, A(b, N(b.attn_norms.input, x), "s"))
+    return y + F(b, N(b.mlp_norms.input, y), hidden_norm=True)
+
+
+def sub_ln(b, x):  # Wang et al. 2022 (Magneto): x + W_O N(Attn(N(x))), x + W2 N(act(W1 N(x)))
+    y = x + A(b, N(b.attn_norms.input, x), "c", "full")
+    return y + F(b, N(b.mlp_norms.input, y), hidden_norm=True)
+
+
+def pre_gate(b, x):  # Qiu et al. 2025, eq. 5 (G1): Y * sigmoid(X W_theta), X = N(x) the attention's input
+    y = x + A(b, N(b.attn_norms.input, x), "g")
+    return y + F(b, N(b.mlp_norms.input, y))
+
+
+def llama4_qk(b, x):  # Llama 4: q, k normalized per head after RoPE
+    y = x + A(b, N(b.attn_norms.input, x), "qk", qk_after_rope=True)
+    return y + F(b, N(b.mlp_norms.input, y))
+
+
 EQUATIONS = {
+    "admin": lambda b, x, *_: admin(b, x),
+    "normformer": lambda b, x, *_: normformer(b, x),
+    "sub-ln": lambda b, x, *_: sub_ln(b, x),
+    "pre-gate": lambda b, x, *_: pre_gate(b, x),
+    "llama4-qk": lambda b, x, *_: llama4_qk(b, x),
     "post": post,
     "pre": pre,
     "peri": peri_with(),
@@ -269,3 +301,64 @@ def test_gains_at_every_site_match_their_formula(kind, gain):
         for i, block in enumerate(model.blocks):
             torch.testing.assert_close(block(x), peri_with("qk")(block, x, i, 2), rtol=1e-6, atol=1e-6)
 
+
+
+def test_per_site_kinds_hold_their_own_norm_and_match_the_equation():
+    """norm./gain./alpha0. per site: each site holds the module of its kind (DyT at B with its own alpha0,
+    L2 on q and k, a centered final gain), and the block is still Kim eq. 3 with those norms by hand."""
+    from normlab.model.norms import DyT, L2Norm
+
+    text = "peri+qk,norm.B=dyt,alpha0.attn.B=0.9,alpha0.mlp.B=0.2,norm.q+k=l2,gain.final=centered"
+    model = normlab.build_model(text, "nano", seed=0, n_kv_heads=1, d_model=32, n_heads=2).double()
+    b = model.blocks[0]
+    assert isinstance(b.attn_norms.output, DyT) and b.attn_norms.output.alpha.item() == pytest.approx(0.9)
+    assert isinstance(b.mlp_norms.output, DyT) and b.mlp_norms.output.alpha.item() == pytest.approx(0.2)
+    assert isinstance(b.attn_norms.input, torch.nn.LayerNorm) and isinstance(b.attn.q_norm, L2Norm)
+    assert isinstance(b.attn.k_norm, L2Norm) and bool((model.final_norm.weight == 0).all())  # centered: w from 0
+    randomize_norms(model)
+    x = torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(0), dtype=DT)
+    with torch.no_grad():
+        for i, block in enumerate(model.blocks):
+            torch.testing.assert_close(block(x), peri_with("qk")(block, x, i, 2), rtol=1e-6, atol=1e-6)
+
+
+def test_qk_norm_after_rope_is_its_own_site_only_with_a_gain():
+    """N(RoPE(q)) with a per-channel gain differs from RoPE(N(q)); without a gain the two are equal, because
+    RoPE rotates pairs of channels and so keeps each head's RMS (why Llama 4's gain-free norm can go after it)."""
+    x = torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(0), dtype=DT)
+    gained = normlab.build_model("pre,qk,qk-rope", "nano", seed=0, d_model=32, n_heads=2).double()
+    randomize_norms(gained)
+    b = gained.blocks[0]
+    with torch.no_grad():
+        after = b.attn(x)
+        torch.testing.assert_close(after, A(b, x, "qk", qk_after_rope=True), rtol=1e-6, atol=1e-6)
+        assert (after - A(b, x, "qk")).abs().max() > 1e-3  # the gain makes the order matter
+    free = normlab.build_model("llama4-qk", "nano", seed=0, d_model=32, n_heads=2).double()
+    b = free.blocks[0]
+    with torch.no_grad():
+        torch.testing.assert_close(b.attn(x), A(b, x, "qk"), rtol=1e-9, atol=1e-9)
+
+
+def test_admin_profiles_omega_as_liu_et_al():
+    """omega_1 = 1, omega_{i+1} = sqrt(Var[omega_i * x_i] + Var[f_i(x_i)]) over the sublayers in order (Liu et
+    al. 2020 eq. 7 / Sec. 4.3 with the embedding as the first variance), recomputed here from the same tokens."""
+    from normlab.model.admin import profile_admin
+
+    model = normlab.build_model("admin", "nano", seed=0, n_layers=3, d_model=32, n_heads=2).double()
+    omegas = profile_admin(model)  # the same pass build_model ran: deterministic tokens
+    # after the first, each omega adds one update's variance: they grow with depth
+    assert len(omegas) == 6 and omegas[0] == 1.0 and all(b > a for a, b in zip(omegas[1:], omegas[2:]))
+    tokens = torch.randint(0, model.config.vocab_size, (4, 64), generator=torch.Generator().manual_seed(0))
+    ratio, expected = 1.0, []
+    with torch.no_grad():
+        x = model.embed.weight[tokens]
+        for b in model.blocks:
+            for f, norm, omega in ((lambda u: A(b, u), b.attn_norms.after_add, b.attn_omega),
+                                   (lambda u: F(b, u), b.mlp_norms.after_add, b.mlp_omega)):
+                expected.append(ratio)
+                torch.testing.assert_close(omega, torch.full_like(omega, ratio), rtol=1e-9, atol=0)  # a learned vector
+                update = f(x)
+                ratio = math.sqrt(float((ratio * x).var()) + float(update.var()))
+                x = N(norm, omega * x + update)
+    assert omegas == pytest.approx(expected, rel=1e-9)
+    assert model.blocks[0].attn_omega.requires_grad

@@ -11,6 +11,7 @@ from normlab.layout import (
     LayerRule,
     Layout,
     LayoutError,
+    NormSpec,
     SublayerSites,
     parse_layout,
     resolve,
@@ -73,7 +74,7 @@ def test_deepnorm_alpha():
     "text, needle",
     [
         ("perii", "unknown layout preset 'perii'. Did you mean peri"),
-        ("attn=AX,mlp=A", "'X' is not a attn site; valid letters are 'qkvcABCS'"),
+        ("attn=AX,mlp=A", "'X' is not a attn site; valid letters are 'qkvcgsABCS'"),
         ("attn=AA,mlp=A", "site 'A' is given twice"),
         ("attn=A,mlp=q", "'q' is not a mlp site"),
         ("attn=S,mlp=A", "needs the input norm (A) too"),
@@ -87,6 +88,16 @@ def test_deepnorm_alpha():
         ("", "empty layout"),
         ("attn=A,[0:x]mlp=C", "'x' is not a layer index"),
         ("attn=A,[0:1]ffn=C", "a layer rule is [a:b]attn=LETTERS"),
+        ("pre,norm.X=dyt", "'X' is not a norm site; valid: attn.A"),
+        ("pre,norm.A=batch", "norm must be one of rms"),
+        ("pre,gain.A=half", "gain must be one of gamma"),
+        ("pre,alpha0.A=-1", "alpha0 must be a finite number > 0"),
+        ("pre,alpha0.A=0.5", "site attn.A: alpha0 is DyT's initial alpha, and this site holds norm=rms"),
+        ("pre,norm.A=scale,gain.A=none", "site attn.A: norm=scale has no per-channel gain"),
+        ("pre,norm.B=dyt", "attn.B, mlp.B, which no layer of this layout turns on (on: attn.A, mlp.A, final)"),
+        ("attn=HA,mlp=A", "'H' is not a attn site"),
+        ("attn=A,mlp=gA", "'g' is not a mlp site"),
+        ("pre,alpha=adm", "'adm' is not a number"),
     ],
 )
 def test_bad_layout_strings_are_explained(text, needle):
@@ -135,3 +146,34 @@ def test_a_fixed_zero_step_is_refused_and_a_learned_one_round_trips():
         layout.resolve(2)
         assert parse_layout(layout.to_string()) == layout
     assert parse_layout("rezero") == parse_layout("attn=-,mlp=-,h=0,h-scalar")
+
+
+def test_per_site_kinds_gains_and_alpha0_round_trip_in_any_token_order():
+    """norm./gain./alpha0. name sites (A/B/C/H for both sublayers); the canonical form groups equal values."""
+    text = "peri+qk,norm.B=dyt,alpha0.attn.B=0.9,alpha0.mlp.B=0.2,norm.q+k=l2,gain.final=centered"
+    lay = parse_layout(text)
+    assert lay.norm_at("attn.B") == NormSpec("dyt", "gamma", 0.9) and lay.norm_at("mlp.B").alpha0 == 0.2
+    assert lay.norm_at("q").kind == lay.norm_at("k").kind == "l2" and lay.norm_at("attn.A") == NormSpec("layer", "gamma")
+    assert lay.norm_at("final") == NormSpec("layer", "centered")
+    assert parse_layout(lay.to_string()) == lay
+    assert "norm.B=dyt" in lay.to_string() and "norm.q+k=l2" in lay.to_string()
+    # a kind set after its alpha0 is the same layout; a later token overrides an earlier one per field
+    assert parse_layout("peri,alpha0.B=0.3,norm.B=dyt") == parse_layout("peri,norm.B=dyt,alpha0.B=0.3")
+    assert parse_layout("peri,norm.B=dyt,norm.B=rms").norm_at("mlp.B") == NormSpec("rms", "gamma")
+    # an explicit site kind stays when the layout-wide kind changes after it
+    assert parse_layout("peri,norm.B=rms,norm=dyt").norm_at("attn.B").kind == "rms"
+    # the layout-wide gain applies to the kinds that have one, not to a ScaleNorm site
+    assert parse_layout("peri,gain=centered,norm.B=scale").norm_at("attn.B") == NormSpec("scale", "gamma")
+
+
+def test_new_sites_round_trip_and_resolve():
+    """H (MLP hidden norm), g (gate), s (head scale), qk-rope and alpha=admin, per layer too."""
+    for text in ("attn=gsAB,mlp=AH,final,norm=layer", "pre,qk,qk-rope,gain.q+k=none", "post,alpha=admin",
+                 "pre,[0:1]attn=gA,[-1:]mlp=AH,norm.H=dyt"):
+        lay = parse_layout(text)
+        lay.resolve(3)
+        assert parse_layout(lay.to_string()) == lay, text
+    blocks = parse_layout("pre,[0:1]attn=gA,[-1:]mlp=AH").resolve(3).blocks
+    assert [b.attn_inner.gate for b in blocks] == [True, False, False]
+    assert [b.mlp.hidden for b in blocks] == [False, False, True]
+    assert "mlp.H" in parse_layout("pre,[-1:]mlp=AH").sites_on()

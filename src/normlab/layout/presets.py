@@ -16,7 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from normlab.layout.sites import (
+    ADMIN,
     DEEPNORM,
+    SiteNorm,
     AttentionInnerSites,
     BlockLayout,
     LayerRange,
@@ -47,6 +49,8 @@ PERI = SublayerSites(input=True, output=True)  # A+B: x + N(f(N(x)))
 OUT = SublayerSites(output=True)  # B:   x + N(f(x))
 PRE_POST = SublayerSites(input=True, after_add=True)  # A+C: N(x + f(N(x)))
 NORMED_SKIP = SublayerSites(input=True, skip_normed=True)  # N(x) + f(N(x)), Zhuo eq. 9
+PERI_ATTN = PERI  # NormFormer's attention: x + N(MHA(N(x))) (its "post-attention LN" is Peri-LN's B)
+PRE_HIDDEN = SublayerSites(input=True, hidden=True)  # x + W2 N(act(W1 N(x))), NormFormer / Sub-LN FFN
 
 # Zhuo et al. Appendix E: which of Q, K, V, Context are normalized inside attention.
 ZHUO_INNER = {
@@ -58,6 +62,9 @@ ZHUO_INNER = {
     "kc": AttentionInnerSites(k=True, context=True),  # eq. 39
 }
 QK = ZHUO_INNER["qk"]
+HEAD_SCALE = AttentionInnerSites(head_scale=True)  # NormFormer eq. 3
+SUB_LN_ATTN = AttentionInnerSites(context=True)  # Sub-LN: N on the context before W_O
+GATE = AttentionInnerSites(gate=True)  # Qiu et al. 2025, G1
 
 
 def _block(attn: SublayerSites, mlp: SublayerSites, inner: AttentionInnerSites = AttentionInnerSites()) -> BlockLayout:
@@ -160,6 +167,23 @@ def _build() -> dict[str, Preset]:
         _preset("pre-lns", Layout(block=_block(PRE, PRE), final_norm=True, ln_scaling=True),
                 "x' = x + F(N(x) / sqrt(l)), l the layer's index from 1, final N",
                 "Sun et al. 2025 (The Curse of Depth), eq. 6: LayerNorm Scaling on Pre-LN"),
+        _preset("admin", Layout(block=_block(POST, POST), alpha=ADMIN),
+                "x' = N(omega * x + F(x)), omega a learned vector per sublayer, at init sqrt(sum_{j<i} Var f_j)",
+                "Liu et al. 2020 (Understanding the Difficulty of Training Transformers), eq. 7 and Sec. 4.3 (Admin)"),
+        _preset("normformer", Layout(block=_block(PERI_ATTN, PRE_HIDDEN, HEAD_SCALE), final_norm=True, norm="layer"),
+                "x' = x + N(HeadScale-MHA(N(x))); x' = x + W2 N(act(W1 N(x))); LayerNorm",
+                "Shleifer et al. 2021 (NormFormer), Fig. 1 and eqs. 1-3 (residual scaling lambda_resid off)"),
+        _preset("sub-ln", Layout(block=_block(PRE, PRE_HIDDEN, SUB_LN_ATTN), final_norm=True, norm="layer",
+                                 inner_span="full"),
+                "x' = x + W_O N(Attn(N(x))); x' = x + W2 N(act(W1 N(x))); LayerNorm",
+                "Wang et al. 2022 (Foundation Transformers / Magneto), Sub-LN (its init scaling not included)"),
+        _preset("pre-gate", Layout(block=_block(PRE, PRE, GATE), final_norm=True),
+                "x' = x + W_O (Attn(N(x)) * sigmoid(N(x) W_theta)); final N",
+                "Qiu et al. 2025 (Gated Attention for LLMs), eq. 5 at G1, elementwise, on Pre-LN"),
+        _preset("llama4-qk", Layout(block=_block(PRE, PRE, QK), final_norm=True, qk_after_rope=True,
+                                    site_norms=(("q", SiteNorm(gain="none")), ("k", SiteNorm(gain="none")))),
+                "x' = x + F(N(x)), attention with N(RoPE(Q)), N(RoPE(K)), N without a gain; final N",
+                "Meta 2025 (Llama 4): QK-norm after RoPE, x / sqrt(mean(x^2) + eps) per head (its NoPE layers aside)"),
         _preset("none", Layout(), "x' = x + F(x)", f"{KAN}, Table 1 'LN off'"),
     ]
     return {p.name: p for p in presets}

@@ -17,7 +17,8 @@ One sublayer therefore computes (Kan et al. 2025, Sec. 5, with DeepNorm's skip s
     skip = u if skip_normed else x
     x'   = N_C(alpha * skip + h * N_B(f(u)))
 
-Model-level norms (embedding norm, final norm) and the scales h and alpha complete a `Layout`.
+Model-level norms (embedding norm, final norm) and the scales h and alpha complete a `Layout`. Each
+site's norm is the layout's kind and gain unless `site_norms` names another (`SiteNorm`, `norm_at`).
 Per-layer differences (HybridNorm*'s first block, Mix-LN's Post-LN prefix) are `LayerRule`s,
 and `resolve(layout, n_layers)` turns everything into one concrete `BlockLayout` per layer.
 """
@@ -43,6 +44,51 @@ H_LEARNED: tuple[str, ...] = ("scalar", "channel")
 GAINS: tuple[str, ...] = ("gamma", "none", "centered")
 INNER_SPANS: tuple[str, ...] = ("head", "full")
 DEEPNORM = "deepnorm"
+ADMIN = "admin"  # Liu et al. 2020: a learned skip scale per sublayer and channel, set by a profiling pass
+
+# Every norm site by name, for per-site kinds and gains (`SiteNorm`): a sublayer's A/B/C (and the MLP's
+# hidden H), the inner q/k/v/c, and the model's embedding and final norms. A, B, C name both sublayers.
+NORM_SITES: tuple[str, ...] = ("attn.A", "attn.B", "attn.C", "mlp.A", "mlp.B", "mlp.C", "mlp.H",
+                               "q", "k", "v", "c", "emb", "final")
+SITE_GROUPS: dict[str, tuple[str, ...]] = {"A": ("attn.A", "mlp.A"), "B": ("attn.B", "mlp.B"),
+                                           "C": ("attn.C", "mlp.C"), "H": ("mlp.H",)}
+_GAINED = ("rms", "layer", "dyt")  # the kinds with a per-channel gain
+
+
+@dataclass(frozen=True)
+class SiteNorm:
+    """What one norm site holds where it differs from the layout's defaults (None: the default).
+
+    kind: the norm at this site (``Layout.norm`` otherwise); gain: its gain (``Layout.gain`` otherwise);
+    alpha0: DyT's initial alpha at this site (the model's ``dyt_alpha`` otherwise): Zhu et al. 2025 Sec. 7
+    give language models a larger alpha0 in attention blocks than in FFN blocks and the final norm.
+    """
+
+    kind: str | None = None
+    gain: str | None = None
+    alpha0: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind is not None and self.kind not in NORM_KINDS:
+            raise LayoutError(f"unknown norm kind {self.kind!r}; valid: {', '.join(NORM_KINDS)}")
+        if self.gain is not None and self.gain not in GAINS:
+            raise LayoutError(f"unknown gain {self.gain!r}; valid: {', '.join(GAINS)}")
+        if self.alpha0 is not None and not (math.isfinite(self.alpha0) and self.alpha0 > 0):
+            raise LayoutError(f"DyT's alpha0 must be a finite number > 0, got {self.alpha0!r}")
+
+    def merged(self, other: SiteNorm) -> SiteNorm:
+        """This with ``other``'s set fields on top."""
+        return SiteNorm(*(b if b is not None else a for a, b in
+                          ((self.kind, other.kind), (self.gain, other.gain), (self.alpha0, other.alpha0))))
+
+
+@dataclass(frozen=True)
+class NormSpec:
+    """The norm one site holds, resolved: kind, gain, and DyT's alpha0 (None: the model's dyt_alpha)."""
+
+    kind: str
+    gain: str
+    alpha0: float | None = None
 
 
 @dataclass(frozen=True)
@@ -53,6 +99,9 @@ class SublayerSites:
     output: bool = False  # B: x + N(f(.))
     after_add: bool = False  # C: N(x + f(.))
     skip_normed: bool = False  # skip = N_A(x) instead of x (HybridNorm FFN, Zhuo eq. 9)
+    # H: a norm on the MLP's hidden activation, before its last projection: W2 N(act(x W1)) (NormFormer,
+    # Shleifer et al. 2021 Fig. 1 "FFN LN"; Sub-LN / Magneto, Wang et al. 2022). MLP only.
+    hidden: bool = False
 
     def __post_init__(self) -> None:
         if self.skip_normed and not self.input:
@@ -63,18 +112,27 @@ class SublayerSites:
 
     @property
     def n_norms(self) -> int:
+        """The d_model-wide norms (A, B, C); the hidden norm H is over the MLP's width."""
         return int(self.input) + int(self.output) + int(self.after_add)
 
 
 @dataclass(frozen=True)
 class AttentionInnerSites:
     """Norms inside attention (Zhuo eqs. 7, 35-39): on Q and K before the logits (QK-norm),
-    on V, and on the per-head context softmax(QK^T/sqrt(d_k))V before W_O."""
+    on V, and on the per-head context softmax(QK^T/sqrt(d_k))V before W_O; and two sites that scale the
+    context instead of normalizing it: a sigmoid gate from the sublayer's input (gated attention, Qiu et
+    al. 2025 eq. 5 at position G1: Y' = Y * sigmoid(X W_theta), elementwise) and a learned scale per head
+    (NormFormer's HeadScale, Shleifer et al. 2021 eq. 3). Their order on the context Y::
+
+        Y -> gate -> N_c -> head scale -> W_O
+    """
 
     q: bool = False
     k: bool = False
     v: bool = False
     context: bool = False
+    gate: bool = False
+    head_scale: bool = False
 
     @property
     def n_norms(self) -> int:
@@ -88,6 +146,10 @@ class BlockLayout:
     attn: SublayerSites = field(default_factory=SublayerSites)
     attn_inner: AttentionInnerSites = field(default_factory=AttentionInnerSites)
     mlp: SublayerSites = field(default_factory=SublayerSites)
+
+    def __post_init__(self) -> None:
+        if self.attn.hidden:
+            raise LayoutError("the hidden norm (H) sits inside the MLP, after its activation; attention has none")
 
 
 @dataclass(frozen=True)
@@ -146,6 +208,8 @@ class LayerRule:
             raise LayoutError(f"a layer rule overrides 'attn' or 'mlp', not {self.sublayer!r}")
         if self.sublayer == "mlp" and self.inner is not None:
             raise LayoutError("q/k/v/context norms live inside attention; an mlp rule cannot set them")
+        if self.sublayer == "attn" and self.sites.hidden:
+            raise LayoutError("the hidden norm (H) sits inside the MLP, after its activation; attention has none")
 
 
 @dataclass(frozen=True)
@@ -167,7 +231,15 @@ class Layout:
     h_learned: str | None = None
     ln_scaling: bool = False  # LayerNorm Scaling (Sun et al. 2025): the input norm's output times 1/sqrt(layer)
     gain: str = "gamma"  # the norms' gain: gamma | none | centered (1 + w); rms, layer and dyt have one
-    alpha: float | str = 1.0  # skip scale; "deepnorm" = (2N)^(1/4), Wang et al. 2022
+    # per-site kinds, gains and DyT alpha0 where they differ from norm/gain above: (site, SiteNorm) pairs in
+    # NORM_SITES order, one per site
+    site_norms: tuple[tuple[str, SiteNorm], ...] = ()
+    # Q/K norms after RoPE instead of before it (Llama 4's gain-free QK-norm). Without a gain it equals the
+    # norm before RoPE (RoPE rotates pairs of channels, which keeps the head's norm); with one it does not.
+    qk_after_rope: bool = False
+    # skip scale; "deepnorm" = (2N)^(1/4), Wang et al. 2022; "admin": Liu et al. 2020's learned omega per
+    # sublayer and channel, set at init by a profiling pass (normlab.model.admin)
+    alpha: float | str = 1.0
     freeze_output_gamma: bool = False  # Output-LN (B) gamma fixed at 1, Kim Fig. 8
     embed_scale: bool = False  # multiply embeddings by sqrt(d_model) (Gemma)
     init: str | None = None  # the init scheme the layout prescribes (DeepNorm's beta), else None
@@ -192,8 +264,8 @@ class Layout:
         if not (isinstance(self.h, (int, float)) and math.isfinite(self.h) and self.h >= 0):
             raise LayoutError(f"residual scale h must be a finite number > 0 (>= 0 when learned), got {self.h!r}")
         if isinstance(self.alpha, str):
-            if self.alpha != DEEPNORM:
-                raise LayoutError(f"alpha must be a number > 0 or {DEEPNORM!r}, got {self.alpha!r}")
+            if self.alpha not in (DEEPNORM, ADMIN):
+                raise LayoutError(f"alpha must be a number > 0, {DEEPNORM!r} or {ADMIN!r}, got {self.alpha!r}")
         elif not (math.isfinite(self.alpha) and self.alpha > 0):
             raise LayoutError(f"skip scale alpha must be a finite number > 0, got {self.alpha!r}")
         # An attention rule without its own inner norms keeps the base block's: store that
@@ -203,10 +275,37 @@ class Layout:
             for r in self.rules
         )
         object.__setattr__(self, "rules", rules)
+        object.__setattr__(self, "site_norms", _canonical_site_norms(self.site_norms))
         if self.freeze_output_gamma and not self._any_output_site():
             raise LayoutError(
                 "freeze_output_gamma freezes the output norm (B), but this layout has no B site"
             )
+
+    def norm_at(self, site: str) -> NormSpec:
+        """The norm site ``site`` (one of NORM_SITES) holds: its kind, gain and DyT alpha0."""
+        if site not in NORM_SITES:
+            raise LayoutError(f"unknown norm site {site!r}; valid: {', '.join(NORM_SITES)}")
+        own = dict(self.site_norms).get(site, SiteNorm())
+        kind = own.kind or self.norm
+        # the layout's gain applies where the kind has one; a site's own gain always
+        gain = own.gain or (self.gain if kind in _GAINED else "gamma")
+        return NormSpec(kind=kind, gain=gain, alpha0=own.alpha0)
+
+    def sites_on(self) -> set[str]:
+        """The norm sites some layer turns on (base block or a rule)."""
+        on = {"emb"} if self.embed_norm else set()
+        on |= {"final"} if self.final_norm else set()
+        attn = [self.block.attn] + [r.sites for r in self.rules if r.sublayer == "attn"]
+        mlp = [self.block.mlp] + [r.sites for r in self.rules if r.sublayer == "mlp"]
+        inner = [self.block.attn_inner] + [r.inner for r in self.rules if r.inner is not None]
+        for name, group in (("attn", attn), ("mlp", mlp)):
+            for letter, attr in (("A", "input"), ("B", "output"), ("C", "after_add"), ("H", "hidden")):
+                if any(getattr(s, attr) for s in group):
+                    on.add(f"{name}.{letter}")
+        for letter, attr in (("q", "q"), ("k", "k"), ("v", "v"), ("c", "context")):
+            if any(getattr(i, attr) for i in inner):
+                on.add(letter)
+        return on
 
     def _any_output_site(self) -> bool:
         if self.block.attn.output or self.block.mlp.output:
@@ -227,10 +326,26 @@ class Layout:
         )
         return self.with_(block=block, rules=rules)
 
-    def resolve(self, n_layers: int) -> ResolvedLayout:
+    def check_complete(self) -> None:
+        """Checks of the finished layout that a half-built one (mid-parse) may fail: a fixed h of 0, a
+        per-site gain or alpha0 its site's kind lacks, a per-site setting for a site no layer turns on."""
         if self.h == 0 and self.h_learned is None:
             raise LayoutError("h=0 with a fixed h removes every update; learn it from 0 with h-scalar (ReZero) "
                               "or h-channel, or give h > 0")
+        for site, _ in self.site_norms:
+            spec = self.norm_at(site)
+            if spec.gain != "gamma" and spec.kind not in _GAINED:
+                raise LayoutError(f"site {site}: norm={spec.kind} has no per-channel gain to change (ScaleNorm's "
+                                  "is one scalar g, L2's none); gain applies to rms, layer and dyt")
+            if spec.alpha0 is not None and spec.kind != "dyt":
+                raise LayoutError(f"site {site}: alpha0 is DyT's initial alpha, and this site holds norm={spec.kind}")
+        off = [site for site, _ in self.site_norms if site not in self.sites_on()]
+        if off:
+            raise LayoutError(f"per-site norm settings for {', '.join(off)}, which no layer of this layout turns "
+                              f"on (on: {', '.join(s for s in NORM_SITES if s in self.sites_on()) or 'none'})")
+
+    def resolve(self, n_layers: int) -> ResolvedLayout:
+        self.check_complete()
         return resolve(self, n_layers)
 
     def to_string(self) -> str:
@@ -266,10 +381,15 @@ class ResolvedLayout:
         from normlab.layout.spec import format_inner, format_sites
 
         lay = self.layout
+        alpha = "admin (profiled)" if lay.alpha == ADMIN else f"{self.alpha:.4g}"
         head = (
             f"layout {lay.label}: norm={lay.norm}, embed_norm={'on' if lay.embed_norm else 'off'}, "
-            f"final_norm={'on' if lay.final_norm else 'off'}, h={lay.h:g}, alpha={self.alpha:.4g}"
+            f"final_norm={'on' if lay.final_norm else 'off'}, h={lay.h:g}, alpha={alpha}"
         )
+        if lay.site_norms:
+            head += "\n  per site: " + "; ".join(f"{site} {lay.norm_at(site).kind}/{lay.norm_at(site).gain}"
+                                                 + (f"/alpha0 {sn.alpha0:g}" if sn.alpha0 is not None else "")
+                                                 for site, sn in lay.site_norms)
         lines = [head, "  layer  attn(inner)  attn   mlp"]
         for i, blk in enumerate(self.blocks):
             inner = format_inner(blk.attn_inner) or "-"
@@ -277,6 +397,19 @@ class ResolvedLayout:
                 f"  {i:>5}  {inner:<11}  {format_sites(blk.attn) or '-':<5}  {format_sites(blk.mlp) or '-'}"
             )
         return "\n".join(lines)
+
+
+def _canonical_site_norms(pairs: tuple[tuple[str, SiteNorm], ...]) -> tuple[tuple[str, SiteNorm], ...]:
+    """One entry per site in NORM_SITES order, later entries' fields over earlier ones, empty ones dropped."""
+    merged: dict[str, SiteNorm] = {}
+    for site, spec in pairs:
+        if site not in NORM_SITES:
+            raise LayoutError(f"unknown norm site {site!r}; valid: {', '.join(NORM_SITES)} "
+                              f"(or the groups {', '.join(SITE_GROUPS)} in the string form)")
+        if not isinstance(spec, SiteNorm):
+            raise LayoutError(f"site {site}: expected a SiteNorm, got {type(spec).__name__}")
+        merged[site] = merged.get(site, SiteNorm()).merged(spec)
+    return tuple((s, merged[s]) for s in NORM_SITES if s in merged and merged[s] != SiteNorm())
 
 
 def deepnorm_alpha(n_layers: int) -> float:
@@ -310,5 +443,6 @@ def resolve(layout: Layout, n_layers: int) -> ResolvedLayout:
                 blocks[i] = replace(blk, attn=rule.sites, attn_inner=inner)
             else:
                 blocks[i] = replace(blk, mlp=rule.sites)
-    alpha = deepnorm_alpha(n_layers) if layout.alpha == DEEPNORM else float(layout.alpha)
+    # Admin's omega is learned and set by profiling at init (normlab.model.admin); the fixed part is 1
+    alpha = deepnorm_alpha(n_layers) if layout.alpha == DEEPNORM else 1.0 if layout.alpha == ADMIN else float(layout.alpha)
     return ResolvedLayout(layout=layout, blocks=tuple(blocks), alpha=alpha)

@@ -7,10 +7,11 @@ which the following tokens modify (``peri,h=0.5``), or describe a layout from sc
     attn=qkv,mlp=AS,final,[0:1]attn=qkvA,[0:1]mlp=A   HybridNorm* (Zhuo eqs. 8-11)
 
 Tokens:
-    attn=LETTERS     sites of attention: q k v c (inner norms on Q, K, V, Context) and
+    attn=LETTERS     sites of attention: q k v c (inner norms on Q, K, V, Context), g (sigmoid gate
+                     on the context, Qiu et al. 2025), s (a learned scale per head, NormFormer) and
                      A (input), B (output), C (after the add), S (skip from the normed input);
                      "-" for none
-    mlp=LETTERS      sites of the MLP: A B C S, or "-"
+    mlp=LETTERS      sites of the MLP: A B C S, H (a norm on the hidden activation, NormFormer), or "-"
     [a:b]attn=...    the same, for layers a..b-1 only (ints, negative from the end, or fractions
     [a:b]mlp=...     of depth such as [:0.25] or [:25%]; floor, as Mix-LN)
     emb / -emb       embedding norm on / off
@@ -20,13 +21,19 @@ Tokens:
                      scale (ScaleNorm), l2 (gain-free x / ||x||)
     inner=head|full  q/k/v/c norms per head or across all heads (OLMo 2)
     h=FLOAT          residual branch scale (Kan et al. Sec. 5)
-    alpha=FLOAT|deepnorm   skip scale (DeepNorm: (2N)^(1/4))
+    alpha=FLOAT|deepnorm|admin   skip scale (DeepNorm: (2N)^(1/4); Admin: learned, profiled at init)
     frozen-out       output-norm (B) gamma frozen at 1 (Kim Fig. 8); -frozen-out undoes it
     emb-scale        multiply embeddings by sqrt(d_model) (Gemma); -emb-scale undoes it
     h-scalar         h learned, one scalar per sublayer starting at h (ReZero: h=0); -h-learned undoes it
     h-channel        h learned, one per channel starting at h (LayerScale: h=0.1 or smaller)
     gain=G           the norms' gain: gamma (default), none, or centered (1 + w, w from 0)
     lns              LayerNorm Scaling: the input norm's output times 1/sqrt(layer index from 1); -lns undoes it
+    qk-rope          Q/K norms after RoPE instead of before (Llama 4); -qk-rope undoes it
+    norm.SITES=KIND  a kind at some sites only; SITES joins site names with "+": attn.A attn.B attn.C
+                     mlp.A mlp.B mlp.C mlp.H q k v c emb final, or A B C H for both sublayers
+                     (e.g. norm.B=dyt, norm.q+k=l2)
+    gain.SITES=G     a gain at some sites only (e.g. gain.q+k=none)
+    alpha0.SITES=F   DyT's initial alpha at some sites (e.g. alpha0.attn.A=0.8,alpha0.mlp.A+final=0.2)
     init=NAME        the init scheme the layout prescribes (DeepNorm)
 
 `format_layout` writes the canonical form; ``parse_layout(format_layout(x)) == x`` for every layout.
@@ -39,7 +46,11 @@ import re
 from dataclasses import replace
 
 from normlab.layout.sites import (
+    ADMIN,
     DEEPNORM,
+    NORM_SITES,
+    SITE_GROUPS,
+    SiteNorm,
     INNER_SPANS,
     GAINS,
     NORM_KINDS,
@@ -52,7 +63,8 @@ from normlab.layout.sites import (
 )
 
 _SITE_LETTERS = {"A": "input", "B": "output", "C": "after_add", "S": "skip_normed"}
-_INNER_LETTERS = {"q": "q", "k": "k", "v": "v", "c": "context"}
+_MLP_LETTERS = {"H": "hidden"}
+_INNER_LETTERS = {"q": "q", "k": "k", "v": "v", "c": "context", "g": "gate", "s": "head_scale"}
 _FLAGS = {
     "emb": ("embed_norm", True),
     "-emb": ("embed_norm", False),
@@ -67,17 +79,22 @@ _FLAGS = {
     "-h-learned": ("h_learned", None),
     "lns": ("ln_scaling", True),
     "-lns": ("ln_scaling", False),
+    "qk-rope": ("qk_after_rope", True),
+    "-qk-rope": ("qk_after_rope", False),
 }
+_SITE_FIELDS = {"norm": "kind", "gain": "gain", "alpha0": "alpha0"}
 TOKEN_HELP = (
     "attn=<qkvc+ABCS or ->, mlp=<ABCS or ->, [a:b]attn=..., [a:b]mlp=..., emb, -emb, final, "
-    "-final, qk, norm=rms|layer|dyt|scale|l2, inner=head|full, h=<float>, alpha=<float>|deepnorm, frozen-out, "
-    "emb-scale, h-scalar, h-channel, lns, gain=gamma|none|centered, init=<scheme>"
+    "-final, qk, norm=rms|layer|dyt|scale|l2, inner=head|full, h=<float>, alpha=<float>|deepnorm|admin, frozen-out, "
+    "emb-scale, h-scalar, h-channel, lns, qk-rope, gain=gamma|none|centered, norm.SITES=KIND, gain.SITES=G, "
+    "alpha0.SITES=<float>, init=<scheme>"
 )
 _RULE = re.compile(r"^\[(?P<start>[^:\]]*):(?P<stop>[^\]]*)\](?P<rest>.+)$")
 
 
 def format_sites(sites: SublayerSites) -> str:
-    return "".join(letter for letter, attr in _SITE_LETTERS.items() if getattr(sites, attr))
+    letters = {**_SITE_LETTERS, **_MLP_LETTERS}
+    return "".join(letter for letter, attr in letters.items() if getattr(sites, attr))
 
 
 def format_inner(inner: AttentionInnerSites) -> str:
@@ -86,6 +103,37 @@ def format_inner(inner: AttentionInnerSites) -> str:
 
 def _format_range_end(end: int | float | None) -> str:
     return "" if end is None else repr(end)
+
+
+def _format_site_norms(layout: Layout) -> list[str]:
+    """norm./gain./alpha0. tokens, sites with one value joined by "+", both sublayers' X written as X."""
+    tokens = []
+    for key, attr in _SITE_FIELDS.items():
+        by_value: dict[object, list[str]] = {}
+        for site, spec in layout.site_norms:
+            value = getattr(spec, attr)
+            if value is not None:
+                by_value.setdefault(value, []).append(site)
+        for value, sites in by_value.items():
+            for group, members in SITE_GROUPS.items():
+                if len(members) > 1 and all(m in sites for m in members):
+                    sites = [group if s == members[0] else s for s in sites if s not in members[1:]]
+            text = repr(value) if isinstance(value, float) else str(value)
+            tokens.append(f"{key}.{'+'.join(sites)}={text}")
+    return tokens
+
+
+def _parse_site_names(text: str, token: str) -> list[str]:
+    sites: list[str] = []
+    for name in text.split("+"):
+        if name in SITE_GROUPS:
+            sites.extend(SITE_GROUPS[name])
+        elif name in NORM_SITES:
+            sites.append(name)
+        else:
+            raise LayoutError(f"in {token!r}: {name!r} is not a norm site; valid: {', '.join(NORM_SITES)}, or "
+                              f"{', '.join(SITE_GROUPS)} for both sublayers' site; join several with '+'")
+    return sites
 
 
 def format_layout(layout: Layout) -> str:
@@ -121,6 +169,9 @@ def format_layout(layout: Layout) -> str:
         tokens.append(f"h-{layout.h_learned}")
     if layout.ln_scaling:
         tokens.append("lns")
+    if layout.qk_after_rope:
+        tokens.append("qk-rope")
+    tokens.extend(_format_site_norms(layout))
     if layout.init is not None:
         tokens.append(f"init={layout.init}")
     return ",".join(tokens)
@@ -131,19 +182,19 @@ def _parse_letters(
 ) -> tuple[SublayerSites, AttentionInnerSites | None]:
     if text == "-":
         return SublayerSites(), (AttentionInnerSites() if sublayer == "attn" else None)
-    valid = ("qkvc" if sublayer == "attn" else "") + "ABCS"
+    valid = ("qkvcgs" if sublayer == "attn" else "") + "ABCS" + ("H" if sublayer == "mlp" else "")
     seen: set[str] = set()
     for ch in text:
         if ch not in valid:
             raise LayoutError(
                 f"in {token!r}: {ch!r} is not a {sublayer} site; valid letters are {valid!r} "
-                "(q k v c: inner Q/K/V/Context norms; A input, B output, C after add, "
-                "S skip from normed input), or '-' for none"
+                "(q k v c: inner Q/K/V/Context norms, g: gate, s: head scale; A input, B output, C after add, "
+                "S skip from normed input, H: MLP hidden norm), or '-' for none"
             )
         if ch in seen:
             raise LayoutError(f"in {token!r}: site {ch!r} is given twice; each site holds one norm")
         seen.add(ch)
-    sites = SublayerSites(**{attr: letter in seen for letter, attr in _SITE_LETTERS.items()})
+    sites = SublayerSites(**{attr: letter in seen for letter, attr in {**_SITE_LETTERS, **_MLP_LETTERS}.items()})
     if sublayer != "attn":
         return sites, None
     inner = AttentionInnerSites(**{attr: letter in seen for letter, attr in _INNER_LETTERS.items()})
@@ -189,6 +240,20 @@ def _apply(layout: Layout, token: str) -> Layout:
     if token == "qk":
         return layout.with_qk_norm()
     key, eq, value = token.partition("=")
+    field, dot, where = key.partition(".")
+    if eq and value and dot and field in _SITE_FIELDS:
+        sites = _parse_site_names(where, token)
+        if field == "alpha0":
+            spec = SiteNorm(alpha0=_parse_float(value, token))
+        elif field == "norm":
+            if value not in NORM_KINDS:
+                raise LayoutError(f"in {token!r}: norm must be one of {', '.join(NORM_KINDS)}")
+            spec = SiteNorm(kind=value)
+        else:
+            if value not in GAINS:
+                raise LayoutError(f"in {token!r}: gain must be one of {', '.join(GAINS)}")
+            spec = SiteNorm(gain=value)
+        return replace(layout, site_norms=layout.site_norms + tuple((site, spec) for site in sites))
     if eq and value:
         if key in ("attn", "mlp"):
             sites, inner = _parse_letters(value, key, token)
@@ -213,7 +278,7 @@ def _apply(layout: Layout, token: str) -> Layout:
         if key == "h":
             return replace(layout, h=_parse_float(value, token))
         if key == "alpha":
-            return replace(layout, alpha=DEEPNORM if value == DEEPNORM else _parse_float(value, token))
+            return replace(layout, alpha=value if value in (DEEPNORM, ADMIN) else _parse_float(value, token))
         if key == "init":
             return replace(layout, init=value)
     raise LayoutError(f"unknown layout token {token!r}; valid tokens: {TOKEN_HELP}")
@@ -245,4 +310,6 @@ def parse_layout(text: str) -> Layout:
     for token in tokens:
         layout = _apply(layout, token)
     # Re-run validation of the finished layout (cross-field checks such as frozen-out needing B).
-    return replace(layout, name=None)
+    layout = replace(layout, name=None)
+    layout.check_complete()
+    return layout

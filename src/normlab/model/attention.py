@@ -4,7 +4,9 @@
 
 Each N_* is on or off per the layout (`AttentionInnerSites`). With ``span="head"`` the norms act
 on each head's d_k features (Zhuo Alg. 1, Gemma 3, Wortsman et al.'s QK-norm); with ``span="full"``
-on all heads together before the split (OLMo 2). Q/K norms act before RoPE, as in OLMo 2 and Gemma 3.
+on all heads together before the split (OLMo 2). Q/K norms act before RoPE, as in OLMo 2 and Gemma 3,
+or after it with ``qk-rope`` (Llama 4). The context can also be gated from the sublayer's input (Qiu et
+al. 2025) and scaled per head (NormFormer); see `AttentionInnerSites` for the order.
 The products go through `scaled_dot_product_attention` (flash / memory-efficient kernels).
 Generation and padded batches pass a `Decoding` (positions, mask, KV cache; `normlab.model.decoding`).
 """
@@ -15,10 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from normlab.layout.sites import AttentionInnerSites, InnerSpan, NormKind
+from normlab.layout.sites import AttentionInnerSites, Layout
 from normlab.model.config import ModelConfig
 from normlab.model.decoding import Decoding
-from normlab.model.norms import Tap, maybe_norm
+from normlab.model.norms import Tap, site_norm
 from normlab.model.rope import Rotary
 from normlab.model.storage import NO_STORAGE, Storage
 
@@ -32,15 +34,18 @@ def expand_kv_heads(q: torch.Tensor, mask: torch.Tensor | None) -> bool:
     costs nothing."""
     return q.is_cuda and (q.dtype == torch.float32 or mask is not None)
 
+_ID = nn.Identity()
+
+
 class Attention(nn.Module):
     store: Storage = NO_STORAGE  # the activation dtype of q, k, v and the context (normlab.model.storage)
 
-    def __init__(self, cfg: ModelConfig, inner: AttentionInnerSites, span: InnerSpan, norm: NormKind,
-                 layer_idx: int = 0, gain: str = "gamma") -> None:
+    def __init__(self, cfg: ModelConfig, inner: AttentionInnerSites, layout: Layout, layer_idx: int = 0) -> None:
         super().__init__()
         self.layer_idx = layer_idx  # this layer's slot in a KV cache
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
-        self.span = span
+        self.span = span = layout.inner_span
+        self.qk_after_rope = layout.qk_after_rope
         d, hd, bias = cfg.d_model, cfg.head_dim, cfg.linear_bias
         self.q_proj = nn.Linear(d, self.n_heads * hd, bias=bias)
         self.k_proj = nn.Linear(d, self.n_kv_heads * hd, bias=bias)
@@ -50,15 +55,16 @@ class Attention(nn.Module):
         def dim(heads: int) -> int:
             return hd if span == "head" else heads * hd
 
-        eps, nb, c = cfg.norm_eps, cfg.norm_bias, cfg.norm_compute
-        self.q_norm = maybe_norm(inner.q, norm, dim(self.n_heads), eps, nb, compute=c,
-                                 dyt_alpha=cfg.dyt_alpha, gain=gain)
-        self.k_norm = maybe_norm(inner.k, norm, dim(self.n_kv_heads), eps, nb, compute=c,
-                                 dyt_alpha=cfg.dyt_alpha, gain=gain)
-        self.v_norm = maybe_norm(inner.v, norm, dim(self.n_kv_heads), eps, nb, compute=c,
-                                 dyt_alpha=cfg.dyt_alpha, gain=gain)
-        self.context_norm = maybe_norm(inner.context, norm, dim(self.n_heads), eps, nb, compute=c,
-                                       dyt_alpha=cfg.dyt_alpha, gain=gain)
+        if layout.qk_after_rope and span == "full" and (inner.q or inner.k):
+            raise ValueError("qk-rope normalizes each head's rotated q and k; it needs inner=head, not full")
+        self.q_norm = site_norm(inner.q, layout.norm_at("q"), dim(self.n_heads), cfg)
+        self.k_norm = site_norm(inner.k, layout.norm_at("k"), dim(self.n_kv_heads), cfg)
+        self.v_norm = site_norm(inner.v, layout.norm_at("v"), dim(self.n_kv_heads), cfg)
+        self.context_norm = site_norm(inner.context, layout.norm_at("c"), dim(self.n_heads), cfg)
+        # gated attention (Qiu et al. 2025 eq. 5, G1, elementwise): Y * sigmoid(X W_theta), X the sublayer's input
+        self.gate_proj = nn.Linear(d, self.n_heads * hd, bias=bias) if inner.gate else None
+        # NormFormer's HeadScale (Shleifer et al. 2021 eq. 3): head i's context times a learned gamma_i from 1
+        self.head_scale = nn.Parameter(torch.ones(self.n_heads)) if inner.head_scale else None
         # learned absolute positions (GPT-2) are added to the embedding instead: no rotation here
         self.rotary = Rotary(hd, cfg.max_seq_len, cfg.rope_theta) if cfg.position == "rope" else None
         # Capture points: q, k, v as they enter attention, (B, heads, T, head_dim), q and k after
@@ -96,8 +102,12 @@ class Attention(nn.Module):
         b, t, _ = x.shape
         pos = dec.positions if dec is not None else None
         store = self.store
-        q = self.q(store(self._rotate(self._heads(self.q_proj(x), self.n_heads, self.q_norm), pos)))
-        k = self.k(store(self._rotate(self._heads(self.k_proj(x), self.n_kv_heads, self.k_norm), pos)))
+        if self.qk_after_rope:  # Llama 4: RoPE first, then each head's q and k normalized
+            q = self.q(store(self.q_norm(self._rotate(self._heads(self.q_proj(x), self.n_heads, _ID), pos))))
+            k = self.k(store(self.k_norm(self._rotate(self._heads(self.k_proj(x), self.n_kv_heads, _ID), pos))))
+        else:
+            q = self.q(store(self._rotate(self._heads(self.q_proj(x), self.n_heads, self.q_norm), pos)))
+            k = self.k(store(self._rotate(self._heads(self.k_proj(x), self.n_kv_heads, self.k_norm), pos)))
         v = self.v(store(self._heads(self.v_proj(x), self.n_kv_heads, self.v_norm)))
         mask = None
         if dec is not None:
@@ -116,9 +126,13 @@ class Attention(nn.Module):
         else:
             y = self._softcapped(q, k, v, mask)
         y = y.transpose(1, 2)  # (B, T, heads, head_dim)
+        if self.gate_proj is not None:
+            y = store(y * torch.sigmoid(self.gate_proj(x)).view(b, t, self.n_heads, self.head_dim))
         if self.span == "head":
             y = self.context_norm(y)
         y = y.reshape(b, t, -1)
         if self.span == "full":
             y = self.context_norm(y)
+        if self.head_scale is not None:
+            y = store((y.view(b, t, self.n_heads, self.head_dim) * self.head_scale.to(y.dtype)[:, None]).reshape(b, t, -1))
         return self.o_proj(self.context(store(y)))

@@ -5,7 +5,7 @@ Sec. 5 step h; DeepNorm skip scale alpha; Zhuo et al. 2025 eq. 9 skip from the n
 
         x ──┬──> N_A ──> f ──> N_B ──> * h ──┐          (N_* is nn.Identity where a site is off)
             │     │                          v
-            │     └─(skip_normed)──> * alpha ─> (+) ──> N_C ──> x'
+            │     └─(skip_normed)──> * alpha ─> (+) ──> N_C ──> x'      (Admin: alpha a learned omega)
             └───────(otherwise)────> * alpha ──^
 
 so Post-LN is C alone, Pre-LN A alone, Peri-LN A+B, HybridNorm's FFN A with skip_normed.
@@ -27,28 +27,28 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from normlab.layout.sites import BlockLayout, Layout, SublayerSites
+from normlab.errors import LayoutError
+from normlab.layout.sites import ADMIN, BlockLayout, Layout, SublayerSites
+from normlab.model.admin import AdminProfile
 from normlab.model.attention import Attention
 from normlab.model.config import ModelConfig
 from normlab.model.decoding import Decoding
 from normlab.model.mlp import MLP
 from normlab.model.moe import MoE
-from normlab.model.norms import Tap, maybe_norm
+from normlab.model.norms import Tap, site_norm
 from normlab.model.storage import NO_STORAGE, Storage
 
 
 class SiteNorms(nn.Module):
     """The three norm sites of one sublayer: ``input`` (A), ``output`` (B), ``after_add`` (C)."""
 
-    def __init__(self, sites: SublayerSites, layout: Layout, cfg: ModelConfig) -> None:
+    def __init__(self, sites: SublayerSites, layout: Layout, cfg: ModelConfig, sublayer: str) -> None:
         super().__init__()
-        kind, d, eps, bias, c = layout.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias, cfg.norm_compute
-        self.input = maybe_norm(sites.input, kind, d, eps, bias, compute=c,
-                                 dyt_alpha=cfg.dyt_alpha, gain=layout.gain)
-        self.output = maybe_norm(sites.output, kind, d, eps, bias, frozen_gamma=layout.freeze_output_gamma, compute=c,
-                                 dyt_alpha=cfg.dyt_alpha, gain=layout.gain)
-        self.after_add = maybe_norm(sites.after_add, kind, d, eps, bias, compute=c,
-                                 dyt_alpha=cfg.dyt_alpha, gain=layout.gain)
+        d = cfg.d_model
+        self.input = site_norm(sites.input, layout.norm_at(f"{sublayer}.A"), d, cfg)
+        self.output = site_norm(sites.output, layout.norm_at(f"{sublayer}.B"), d, cfg,
+                                frozen_gamma=layout.freeze_output_gamma)
+        self.after_add = site_norm(sites.after_add, layout.norm_at(f"{sublayer}.C"), d, cfg)
         self.skip_normed = sites.skip_normed
 
 
@@ -68,16 +68,26 @@ class Block(nn.Module):
             shape = (1,) if layout.h_learned == "scalar" else (cfg.d_model,)
             self.attn_h = nn.Parameter(torch.full(shape, float(layout.h)))
             self.mlp_h = nn.Parameter(torch.full(shape, float(layout.h)))
-        self.attn_norms = SiteNorms(block.attn, layout, cfg)
-        self.attn = Attention(cfg, block.attn_inner, layout.inner_span, layout.norm, layer_idx=index, gain=layout.gain)
+        # Admin (Liu et al. 2020, eq. 7): x_i = LN(x_{i-1} * omega_i + f_i(x_{i-1})), omega_i a learned vector per
+        # sublayer, its start set by the profiling pass of normlab.model.admin (ones until then)
+        self.attn_omega = self.mlp_omega = None
+        if layout.alpha == ADMIN:
+            self.attn_omega = nn.Parameter(torch.ones(cfg.d_model))
+            self.mlp_omega = nn.Parameter(torch.ones(cfg.d_model))
+        self.admin: AdminProfile | None = None  # set only during the profiling pass
+        self.attn_norms = SiteNorms(block.attn, layout, cfg, "attn")
+        self.attn = Attention(cfg, block.attn_inner, layout, layer_idx=index)
         self.attn_update, self.resid_mid = Tap(), Tap()
-        self.mlp_norms = SiteNorms(block.mlp, layout, cfg)
-        self.mlp = MoE(cfg) if cfg.n_experts else MLP(cfg)
+        self.mlp_norms = SiteNorms(block.mlp, layout, cfg, "mlp")
+        if cfg.n_experts and block.mlp.hidden:
+            raise LayoutError("the MLP hidden norm (H) is not built for MoE experts; use a dense MLP or drop H")
+        self.mlp = MoE(cfg) if cfg.n_experts else MLP(cfg, site_norm(block.mlp.hidden, layout.norm_at("mlp.H"),
+                                                                     cfg.ffn_dim, cfg))
         self.mlp_update, self.resid_post = Tap(), Tap()
 
     def _sublayer(
         self, x: torch.Tensor, norms: SiteNorms, f: Callable[[torch.Tensor], torch.Tensor], update_tap: Tap,
-        h: nn.Parameter | None = None,
+        h: nn.Parameter | None = None, omega: nn.Parameter | None = None,
     ) -> torch.Tensor:
         store = self.store  # every tensor a real fp16 run writes to memory is rounded where it is made
         u = store(norms.input(x))
@@ -92,9 +102,14 @@ class Block(nn.Module):
             update = store(self.h * update)
         if self.alpha != 1.0:
             skip = store(self.alpha * skip)
+        if omega is not None:
+            if self.admin is not None:
+                self.admin.set(omega, skip, update)
+            skip = store(omega.to(skip.dtype) * skip)
         return store(norms.after_add(store(skip + update_tap(update))))
 
     def forward(self, x: torch.Tensor, dec: Decoding | None = None) -> torch.Tensor:
         attn = self.attn if dec is None else (lambda u: self.attn(u, dec))
-        x = self.resid_mid(self._sublayer(x, self.attn_norms, attn, self.attn_update, self.attn_h))
-        return self.resid_post(self._sublayer(x, self.mlp_norms, self.mlp, self.mlp_update, self.mlp_h))
+        x = self.resid_mid(self._sublayer(x, self.attn_norms, attn, self.attn_update, self.attn_h, self.attn_omega))
+        return self.resid_post(self._sublayer(x, self.mlp_norms, self.mlp, self.mlp_update, self.mlp_h,
+                                              self.mlp_omega))

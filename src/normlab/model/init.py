@@ -13,7 +13,8 @@
 | megatron      | trunc-normal; o_proj, down_proj / sqrt(2 L)                   | Zhuo Sec. 4.4, Table 7|
 | deepnorm      | Xavier normal, gain beta = (8N)^(-1/4) on v_proj, o_proj and the MLP, 1 on q, k | Wang et al. 2022 |
 
-d is d_model. Norm gammas start at 1 and betas and biases at 0 under every scheme. MoE experts are
+d is d_model. Norm gammas start at 1 and betas and biases at 0 under every scheme; learned residual
+steps at the layout's h, head scales at 1, and Admin's omegas at their profiled values. MoE experts are
 initialized as the dense MLP's matrices, each expert on its own (its down projection as down_proj);
 the router as any linear layer.
 """
@@ -25,6 +26,7 @@ from torch import nn
 
 from normlab.layout.sites import deepnorm_beta
 
+from normlab.model.admin import profile_admin
 from normlab.model.init_schemes import _DEEPNORM_SCALED, _TRUNCATED, _XAVIER, base_std, check_scheme, linear_std
 from normlab.model.norms import is_norm
 
@@ -76,3 +78,12 @@ def init_weights(model: nn.Module, scheme: str) -> None:
     for module in model.modules():
         if is_norm(module) and hasattr(module, "reset_parameters"):
             module.reset_parameters()
+    for block in model.blocks:  # learned steps and scales back to their starts
+        for name in ("attn_h", "mlp_h"):
+            p = getattr(block, name, None)
+            if p is not None:
+                p.fill_(float(model.layout.h))
+        head_scale = getattr(block.attn, "head_scale", None)
+        if head_scale is not None:
+            head_scale.fill_(1.0)
+    profile_admin(model)  # Admin's omegas, from a forward with the weights just drawn (normlab.model.admin)

@@ -24,7 +24,7 @@ from normlab.model.config import ModelConfig
 from normlab.model.decoding import Decoding, check_positions
 from normlab.model.loss import lm_loss, logits_of
 from normlab.model.moe import MoE
-from normlab.model.norms import Tap, maybe_norm
+from normlab.model.norms import Tap, site_norm
 from normlab.model.storage import NO_STORAGE, Storage
 
 
@@ -52,14 +52,10 @@ class NormLM(nn.Module):
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos_embed = nn.Embedding(cfg.max_seq_len, cfg.d_model) if cfg.position == "learned" else None
         self.embed_scale = math.sqrt(cfg.d_model) if layout.embed_scale else 1.0
-        self.embed_norm = maybe_norm(layout.embed_norm, layout.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias,
-                                     compute=cfg.norm_compute, dyt_alpha=cfg.dyt_alpha,
-                                     gain=layout.gain)
+        self.embed_norm = site_norm(layout.embed_norm, layout.norm_at("emb"), cfg.d_model, cfg)
         self.embed_out = Tap()
         self.blocks = nn.ModuleList(Block(cfg, blk, layout, resolved.alpha, i) for i, blk in enumerate(resolved.blocks))
-        self.final_norm = maybe_norm(layout.final_norm, layout.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias,
-                                     compute=cfg.norm_compute, dyt_alpha=cfg.dyt_alpha,
-                                     gain=layout.gain)
+        self.final_norm = site_norm(layout.final_norm, layout.norm_at("final"), cfg.d_model, cfg)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight

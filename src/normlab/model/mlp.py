@@ -1,5 +1,6 @@
 """The MLP sublayer: SwiGLU (Llama 3, Kim and Zhuo's models), and GELU / ReLU two-layer MLPs
-(the ReLU form is the one Kim et al. Prop. 3.1 analyses: a = ReLU(x W1 + b1) W2 + b2)."""
+(the ReLU form is the one Kim et al. Prop. 3.1 analyses: a = ReLU(x W1 + b1) W2 + b2), with an
+optional norm on the hidden activation before W2 (NormFormer's FFN LN, layout site H)."""
 
 from __future__ import annotations
 
@@ -22,8 +23,10 @@ def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
 class MLP(nn.Module):
     store: Storage = NO_STORAGE  # the activation dtype of the hidden (normlab.model.storage)
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, hidden_norm: nn.Module | None = None) -> None:
         super().__init__()
+        # NormFormer's norm on the hidden activation (layout site H), nn.Identity where off
+        self.hidden_norm = hidden_norm if hidden_norm is not None else nn.Identity()
         d, ff, bias = cfg.d_model, cfg.ffn_dim, cfg.linear_bias
         self.kind = cfg.mlp
         self.gate_proj = nn.Linear(d, ff, bias=bias) if cfg.mlp in GATED else None
@@ -33,10 +36,13 @@ class MLP(nn.Module):
                     "relu": F.relu}[cfg.mlp]
 
     def hidden(self, x: torch.Tensor) -> torch.Tensor:
-        """The activation h fed to the last projection W2 (Kim Prop. 3.1's h)."""
+        """The activation h fed to the last projection W2 (Kim Prop. 3.1's h), after the hidden norm H
+        where the layout has one (NormFormer: W2 N(act(x W1)))."""
         if self.gate_proj is not None:
-            return self.store(self.act(self.gate_proj(x)) * self.up_proj(x))
-        return self.store(self.act(self.up_proj(x)))
+            h = self.store(self.act(self.gate_proj(x)) * self.up_proj(x))
+        else:
+            h = self.store(self.act(self.up_proj(x)))
+        return h if isinstance(self.hidden_norm, nn.Identity) else self.store(self.hidden_norm(h))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.hidden(x))

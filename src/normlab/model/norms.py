@@ -39,8 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from normlab.layout.sites import NormKind
-from normlab.model.config import NORM_COMPUTE
+from normlab.layout.sites import NormKind, NormSpec
+from normlab.model.config import NORM_COMPUTE, ModelConfig
 
 NormCompute = Literal["input", "fp32"]
 
@@ -232,9 +232,14 @@ def make_norm(kind: NormKind, dim: int, eps: float, bias: bool = True, frozen_ga
     return norm
 
 
-def maybe_norm(on: bool, kind: NormKind, dim: int, eps: float, bias: bool = True, frozen_gamma: bool = False,
-               compute: NormCompute = "input", dyt_alpha: float = 0.5, gain: str = "gamma") -> nn.Module:
-    return make_norm(kind, dim, eps, bias, frozen_gamma, compute, dyt_alpha, gain) if on else nn.Identity()
+def site_norm(on: bool, spec: NormSpec, dim: int, cfg: ModelConfig, frozen_gamma: bool = False) -> nn.Module:
+    """The module at one norm site: ``spec``'s norm over ``dim`` channels with the model's eps, bias and
+    compute (DyT's alpha0 the site's own, else the model's ``dyt_alpha``), or `nn.Identity` where it is off."""
+    if not on:
+        return nn.Identity()
+    alpha0 = spec.alpha0 if spec.alpha0 is not None else cfg.dyt_alpha
+    return make_norm(spec.kind, dim, cfg.norm_eps, cfg.norm_bias, frozen_gamma, cfg.norm_compute, alpha0,  # type: ignore[arg-type]
+                     spec.gain)
 
 
 class Tap(nn.Identity):

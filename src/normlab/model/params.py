@@ -49,19 +49,19 @@ def analytic_params(cfg: ModelConfig, resolved: ResolvedLayout) -> ParamCount:
     """The same count from the configuration and the layout alone (no model built)."""
     d, hd, h, kv, ff = cfg.d_model, cfg.head_dim, cfg.n_heads, cfg.kv_heads, cfg.ffn_dim
     lay = resolved.layout
-    kind = lay.norm
 
-    def site(width: int) -> int:
-        """Parameters of one norm over ``width`` channels (normlab.model.norms)."""
-        gamma = 0 if lay.gain == "none" else width  # a centered gain is a weight too (1 + w)
-        if kind == "dyt":
+    def site(name: str, width: int) -> int:
+        """Parameters of the norm at site ``name`` over ``width`` channels (normlab.model.norms)."""
+        spec = lay.norm_at(name)
+        gamma = 0 if spec.gain == "none" else width  # a centered gain is a weight too (1 + w)
+        if spec.kind == "dyt":
             return gamma + (width if cfg.norm_bias else 0) + 1  # gamma, beta, alpha
-        if kind == "scale":
+        if spec.kind == "scale":
             return 1  # g
-        if kind == "l2":
+        if spec.kind == "l2":
             return 0
-        if kind == "layer":  # without a gain torch's LayerNorm has no beta either (elementwise_affine=False)
-            return 0 if lay.gain == "none" else width * (2 if cfg.norm_bias else 1)
+        if spec.kind == "layer":  # without a gain torch's LayerNorm has no beta either (elementwise_affine=False)
+            return 0 if spec.gain == "none" else width * (2 if cfg.norm_bias else 1)
         return gamma
 
     b = 1 if cfg.linear_bias else 0
@@ -72,15 +72,22 @@ def analytic_params(cfg: ModelConfig, resolved: ResolvedLayout) -> ParamCount:
         per = cfg.expert_weights
         mlp = cfg.n_experts * per + d * cfg.n_experts + (per + b * (2 * cfg.expert_ffn_dim + d)
                                                          if cfg.moe_shared_expert else 0)
-    inner_dim = {"q": h, "k": kv, "v": kv, "context": h}
+    inner_dim = {"q": (h, "q"), "k": (kv, "k"), "v": (kv, "v"), "context": (h, "c")}
+    per_block_scales = 2 * (1 if lay.h_learned == "scalar" else d) if lay.h_learned else 0
+    per_block_scales += 2 * d if lay.alpha == "admin" else 0  # Admin's omega per sublayer and channel
     blocks = 0
     for blk in resolved.blocks:
-        norms = site(d) * (blk.attn.n_norms + blk.mlp.n_norms)
-        for name, heads in inner_dim.items():
-            if getattr(blk.attn_inner, name):
-                norms += site(hd if lay.inner_span == "head" else heads * hd)
-        blocks += attn + mlp + norms + (2 * (1 if lay.h_learned == "scalar" else d) if lay.h_learned else 0)
-    model_norms = site(d) * (int(lay.embed_norm) + int(lay.final_norm))
+        norms = 0
+        for name, sites in (("attn", blk.attn), ("mlp", blk.mlp)):
+            for letter, attr in (("A", "input"), ("B", "output"), ("C", "after_add")):
+                norms += site(f"{name}.{letter}", d) if getattr(sites, attr) else 0
+        norms += site("mlp.H", ff) if blk.mlp.hidden else 0
+        for attr, (heads, name) in inner_dim.items():
+            if getattr(blk.attn_inner, attr):
+                norms += site(name, hd if lay.inner_span == "head" else heads * hd)
+        extra = (d * h * hd + b * h * hd if blk.attn_inner.gate else 0) + (h if blk.attn_inner.head_scale else 0)
+        blocks += attn + mlp + norms + extra + per_block_scales
+    model_norms = (site("emb", d) if lay.embed_norm else 0) + (site("final", d) if lay.final_norm else 0)
     embedding = cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2)
     embedding += cfg.max_seq_len * d if cfg.position == "learned" else 0
     non_embedding = blocks + model_norms
