@@ -316,3 +316,36 @@ def test_report_of_a_sweep_and_of_runs_without_probes(corpus, tmp_path, capsys):
     assert "No run recorded probes" in page and 'id="loss"' in page and 'id="top100_fp16"' not in page
     assert page.count("<tr>") == 3  # the summary table: a header and the two runs
     assert "report: " + str(tmp_path / "sw" / "report" / "index.html") in capsys.readouterr().out
+
+
+def test_probes_record_the_learnable_scalars_and_the_report_plots_them(corpus, tmp_path):
+    """DyT's alpha (per site, final norm included), a learned h, Admin's omega and NormFormer's head scales are
+    recorded at their parameters' values; the report draws them only for runs that have them."""
+    from normlab.diagnostics.probes import Probes
+
+    model = normlab.build_model("normformer,norm.A=dyt,alpha0.mlp.A=0.3,alpha=admin,h-scalar", "nano", seed=0)
+    with torch.no_grad():
+        model.blocks[1].attn.head_scale.copy_(torch.tensor([0.5, -3.0]))  # nano: 2 heads
+    x = torch.randint(0, 256, (2, 8))
+    rows = {(r["layer"], r["site"], r["metric"]): r["value"] for r in Probes(model, (x, x)).record(0)}
+    b = model.blocks[1]
+    assert rows[(1, "mlp_norms.input", "alpha")] == pytest.approx(0.3)
+    assert rows[(1, "attn_norms.input", "alpha")] == pytest.approx(model.config.dyt_alpha)
+    assert rows[(1, "attn.head_scale", "head_scale_mean")] == pytest.approx(-1.25)
+    assert rows[(1, "attn.head_scale", "head_scale_abs_max")] == pytest.approx(3.0)
+    assert rows[(1, "mlp_omega", "omega_mean")] == pytest.approx(b.mlp_omega.mean().item())
+    assert rows[(0, "attn_h", "h_mean")] == pytest.approx(1.0)
+    assert (1, "mlp.hidden_norm", "gamma_mean") in rows  # the hidden norm H is a probed norm site
+
+    runs = []
+    for layout in ("pre", "rezero"):
+        out = tmp_path / layout
+        train(TrainConfig.of(data=str(corpus), size="nano", layout=layout, seq_len=32, batch_size=8, steps=4,
+                          probe_every=2, eval_every=0, progress=False, out=str(out)))
+        runs.append(out)
+    make_report(runs, tmp_path / "both")
+    make_report(runs[:1], tmp_path / "pre-only")
+    assert (tmp_path / "both" / "learned_scalars.png").exists()
+    assert not (tmp_path / "pre-only" / "learned_scalars.png").exists()
+    h = normlab.load_run(runs[1]).probe("mlp_h", "h_mean")
+    assert h.loc[0].tolist() == [0.0, 0.0] and (h.loc[4].abs() > 0).all()  # ReZero: from 0, then learned

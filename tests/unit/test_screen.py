@@ -163,3 +163,27 @@ def test_cli_writes_table_and_json(tmp_path, capsys):
         from normlab.screen import load_layout_arg
 
         load_layout_arg(str(tmp_path / "empty.toml"))
+
+
+def test_wellposedness_names_each_kinds_bound():
+    """B of every kind bounds the update (RMS: ellipsoid; DyT: a box; ScaleNorm/L2: a sphere); C of DyT keeps
+    the stream in a box and stays tangential; a learned step is named as moving the bound."""
+    def why(text, sublayer="attn"):
+        v = wellposedness(parse_layout(text).resolve(2))
+        return v["verdict"], next(s["why"] for s in v["sublayers"] if s["sublayer"] == sublayer)
+
+    assert why("peri,norm=dyt")[0] == "well-posed" and "|u_i| <= h*(|gamma_i| + |beta_i|)" in why("peri,norm=dyt")[1]
+    assert "||u|| = h*|g| exactly" in why("peri,norm=scale")[1] and "||u|| = h exactly" in why("peri,norm=l2")[1]
+    assert "(B, dyt)" in why("peri,norm.mlp.B=dyt", "mlp")[1] and "(B, rms)" in why("peri,norm.mlp.B=dyt")[1]
+    assert why("post,norm=dyt") == ("degenerate (tangential)", why("post,norm=dyt")[1])
+    assert "box |x_i| <= |gamma_i| + |beta_i|" in why("post,norm=dyt")[1]
+    assert "h learned (scalar, from 1)" in why("peri,h-scalar")[1]
+    assert why("rezero")[0] == "ill-posed (unbounded)" and "hidden norm (H)" in why("normformer", "mlp")[1]
+
+
+@pytest.mark.parametrize("text", ["peri,norm=l2", "peri,norm=scale", "peri,gain=none", "peri,norm=dyt", "peri,h-channel"])
+def test_theorem4_bound_holds_for_every_kind_of_output_norm(text):
+    """The linear bound uses each kind's own per-entry bound (and a learned h's value) and holds under stress."""
+    r = screen_layout(text, FAST)
+    for row in r["stresses"].values():
+        assert row["thm4_holds"], (text, row["mean_abs"], row["thm4_bound"])

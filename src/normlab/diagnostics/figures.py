@@ -5,7 +5,8 @@ loss and validation loss; pre-clip gradient norm; variance and mean |h| by depth
 of training (Kim Figs. 1, 6); gradient norm by layer at init and at the end (Kim Fig. 7, Zhuo Fig.
 5); the top-100 activation band against the FP16 maximum (Kim Fig. 11); angular distance heatmaps
 (Kim Figs. 9, 39); output-norm gamma by layer over training (Kim Fig. 39b); attention max logit;
-expert load for MoE models. A new figure is one `Figure` entry in `FIGURES`; `normlab report` draws
+the learnable scalars (DyT's alpha, learned residual steps, Admin's omega, head scales) where a layout
+has them; expert load for MoE models. A new figure is one `Figure` entry in `FIGURES`; `normlab report` draws
 every entry whose data the runs have.
 """
 
@@ -204,6 +205,57 @@ def fig_expert_load(runs: list[Run], names: list[str]):  # noqa: ANN201
     return fig
 
 
+# The learnable scalars a layout may add, as (metric, site filter, label): one panel row per run
+LEARNED = (("alpha", None, "DyT α"), ("h_mean", None, "residual step h (mean)"),
+           ("omega_mean", None, "Admin ω (mean)"), ("head_scale_mean", None, "head scale (mean)"))
+
+
+def _learned_series(run: Run) -> list[tuple[str, str]]:
+    """(metric, site) pairs of the learnable scalars this run's probes recorded."""
+    p = run.probes
+    if p.empty:
+        return []
+    have = p[p.metric.isin([m for m, _, _ in LEARNED])][["metric", "site"]].drop_duplicates()
+    return sorted(map(tuple, have.to_numpy().tolist()))
+
+
+def _has_learned(runs: list[Run]) -> bool:
+    return any(_learned_series(run) for run in runs)
+
+
+def fig_learned(runs: list[Run], names: list[str]):  # noqa: ANN201
+    """The learnable scalars over training, one line per layer: DyT's alpha (Zhu et al.: it tracks 1/std of its
+    input), ReZero's / LayerScale's h, Admin's omega, NormFormer's head scales."""
+    labels = {m: lab for m, _, lab in LEARNED}
+    fig, axes = _grid(len(runs))
+    for ax, run, name in zip(axes, runs, names):
+        series, values = _learned_series(run), []
+        for metric, site in series:
+            rows = run.probes[(run.probes.site == site) & (run.probes.metric == metric)]
+            layers = sorted(rows.layer.dropna().unique().tolist()) or [None]  # None: a model-level norm
+            colors = plt.cm.viridis(np.linspace(0, 0.9, len(layers)))
+            style = "-" if site.startswith("attn") else "--" if site.startswith("mlp") else ":"
+            for c, layer in zip(colors, layers):
+                one = rows[rows.layer.isna()] if layer is None else rows[rows.layer == layer]
+                y = one.value.to_numpy(dtype=float)
+                values.extend(y.tolist())
+                where = site if layer is None else f"{site} L{layer}"
+                ax.plot(one.step, y, style, color=c, lw=1,
+                        label=f"{labels[metric]} {where}" if len(layers) * len(series) <= 10 else None)
+        finite = [v for v in values if math.isfinite(v)]
+        if finite and min(finite) > 0 and max(finite) / min(finite) > 20:  # e.g. Admin's omegas: 1 then ~0.02
+            ax.set_yscale("log")
+        if not series:
+            ax.text(0.5, 0.5, "no learnable scalars in this layout", ha="center", va="center", transform=ax.transAxes)
+        title = ", ".join(sorted({labels[m] for m, _ in series})) or "learnable scalars"
+        ax.set(title=f"{name}: {title}", xlabel="step", ylabel="value (viridis: shallow → deep)")
+        if ax.get_legend_handles_labels()[0]:  # below the panel: the lines start together and a legend inside hides them
+            ax.legend(fontsize=6, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.22),
+                      title="solid attn, dashed mlp, dotted other", title_fontsize=6)
+    fig.tight_layout()
+    return fig
+
+
 def _has_experts(runs: list[Run]) -> bool:
     return any(not run.probe("moe", "load_max_ratio").empty for run in runs)
 
@@ -228,5 +280,7 @@ FIGURES: tuple[Figure, ...] = (
     Figure("angular_distance", "Angular distance between layers at the last token (Gromov et al.; Kim Fig. 9, 39)", fig_angular),
     Figure("output_gamma", "Norm γ over training: output norms where the layout has them (Kim Fig. 39b)", fig_gamma),
     Figure("attention_logits", "Attention logits (QK-norm motivation)", fig_attention),
+    Figure("learned_scalars", "Learnable scalars over training: DyT α, ReZero/LayerScale h, Admin ω, head scales",
+           fig_learned, shown=_has_learned),
     Figure("expert_load", "Expert load over training (MoE; Zhuo Sec. 4.3, OLMoE)", fig_expert_load, shown=_has_experts),
 )

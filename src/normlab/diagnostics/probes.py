@@ -12,6 +12,10 @@
 | attn.q_proj ... mlp.down_proj   | block          | grad_norm, weight_norm (and update_norm, from `updates`) |
 | attn_norms.output, ...          | block          | gamma_mean, gamma_min, gamma_max (every norm present) |
 | embed_norm, final_norm          | null           | gamma_mean, gamma_min, gamma_max |
+| (any norm site), DyT            | as the site    | alpha (DyT's learned scalar, Zhu et al. eq. 1) |
+| attn_h, mlp_h                   | block          | h_mean, h_abs_max (a learned residual step: ReZero, LayerScale) |
+| attn_omega, mlp_omega           | block          | omega_mean, omega_abs_max (Admin's skip scale, Liu et al. 2020) |
+| attn.head_scale                 | block          | head_scale_mean, head_scale_abs_max (NormFormer's HeadScale) |
 | angular:{j}                     | i              | angular_distance between stream states i and j at the last token (Gromov et al., Kim Fig. 9); angular_distance_all over every token |
 | global                          | null           | top100_max, top100_min, top100_mean, max_abs, median_abs, max_median_ratio, fp16_headroom |
 | moe.expert{e}                   | block (MoE)    | load (share of the token-expert assignments) |
@@ -36,7 +40,12 @@ from normlab.model.norms import gain_of, is_norm
 
 WEIGHTS = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 NORM_SITES = ("attn_norms.input", "attn_norms.output", "attn_norms.after_add", "mlp_norms.input",
-              "mlp_norms.output", "mlp_norms.after_add", "attn.q_norm", "attn.k_norm", "attn.v_norm", "attn.context_norm")
+              "mlp_norms.output", "mlp_norms.after_add", "mlp.hidden_norm", "attn.q_norm", "attn.k_norm", "attn.v_norm",
+              "attn.context_norm")
+# learned scales that are not norms: (module path in a block, site name in probes.jsonl, metric prefix)
+LEARNED_SCALES = (("attn_h", "attn_h", "h"), ("mlp_h", "mlp_h", "h"),  # ReZero's a, LayerScale's lambda
+                  ("attn_omega", "attn_omega", "omega"), ("mlp_omega", "mlp_omega", "omega"),  # Admin (Liu et al. 2020)
+                  ("attn.head_scale", "attn.head_scale", "head_scale"))  # NormFormer's HeadScale
 TAPS = ("resid_mid", "attn_update", "mlp_update", "attn.q", "attn.k", "attn.v")
 
 
@@ -133,11 +142,14 @@ class Probes:
                 m = mods.get(f"blocks.{i}.{site}")
                 if m is not None and is_norm(m):
                     self._gamma_rows(rows, step, i, site, m)
-            for sub in ("attn_h", "mlp_h"):  # a learned residual step (ReZero's a, LayerScale's lambda)
-                h = getattr(mods[f"blocks.{i}"], sub, None)
-                if h is not None:
-                    self._row(rows, step, i, sub, "h_mean", h.detach().float().mean().item())
-                    self._row(rows, step, i, sub, "h_abs_max", h.detach().float().abs().max().item())
+            block = mods[f"blocks.{i}"]
+            for path, site, prefix in LEARNED_SCALES:
+                owner, _, attr = path.rpartition(".")
+                p = getattr(block.get_submodule(owner) if owner else block, attr, None)
+                if isinstance(p, nn.Parameter):
+                    v = p.detach().float()
+                    self._row(rows, step, i, site, f"{prefix}_mean", v.mean().item())
+                    self._row(rows, step, i, site, f"{prefix}_abs_max", v.abs().max().item())
         for site in ("embed_norm", "final_norm"):
             if is_norm(mods[site]):
                 self._gamma_rows(rows, step, None, site, mods[site])

@@ -6,7 +6,9 @@ projection (attention W_O, MLP W_down) by s, so every module output is exactly s
 s (sharper attention, and s^2-homogeneous ReLU MLPs). Growth over depth is fit as flat, linear,
 quadratic or exponential, and output-normalized layouts are checked against Theorem 4's linear bound:
     mean|X_l| <= mean|X_0| + sum over the sublayers before l of h * (max|gamma_B| + max|beta_B|),
-since an update on N_B's ellipsoid has RMS(y - beta) <= max|gamma| (Lemma 1) per token.
+since an update on N_B's ellipsoid has RMS(y - beta) <= max|gamma| (Lemma 1) per token; for the other
+kinds of B the per-sublayer term is the kind's own bound (`_mean_abs_bound`: DyT's box, ScaleNorm's and
+L2's spheres).
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ import math
 
 import numpy as np
 import torch
-from normlab.config.commands import STRESS_MODES
 from torch import nn
+
+from normlab.config.commands import STRESS_MODES
+from normlab.model.norms import L2Norm, ScaleNorm, gain_of
 
 
 
@@ -101,12 +105,23 @@ def fit_growth(values: list[float]) -> dict:
 
 
 def output_norm_bound(model: nn.Module, mean_abs_x0: float) -> list[float]:
-    """Theorem 4's bound on mean|X_l| for l = 0..L, from the model's output-norm gammas and betas."""
+    """Theorem 4's bound on mean|X_l| for l = 0..L, from each output norm's bound on mean|u_i| (times h):
+    max|gamma| + max|beta| for RMSNorm, LayerNorm and DyT (an RMS-1 vector has mean |entry| <= 1; DyT's
+    entries are at most |gamma_i| + |beta_i|), |g| / sqrt(d) for ScaleNorm and 1 / sqrt(d) for L2 (norm |g|
+    or 1 spread over d entries); a learned h counts with its current largest value."""
     bound, out = mean_abs_x0, [mean_abs_x0]
     for block in model.blocks:
-        for norm in (block.attn_norms.output, block.mlp_norms.output):
-            beta = getattr(norm, "bias", None)
-            step = norm.weight.abs().max().item() + (beta.abs().max().item() if beta is not None else 0.0)
-            bound += block.h * step
+        for norm, h in ((block.attn_norms.output, block.attn_h), (block.mlp_norms.output, block.mlp_h)):
+            step = h.abs().max().item() if h is not None else block.h
+            bound += step * _mean_abs_bound(norm, model.config.d_model)
         out.append(bound)
     return out
+
+
+def _mean_abs_bound(norm: nn.Module, d: int) -> float:
+    """The largest mean |entry| the norm's output over ``d`` channels can have, whatever its input."""
+    if isinstance(norm, (ScaleNorm, L2Norm)):
+        g = norm.weight.abs().item() if isinstance(norm, ScaleNorm) else 1.0
+        return g / math.sqrt(d)
+    gain, beta = gain_of(norm), getattr(norm, "bias", None)
+    return (gain.abs().max().item() if gain is not None else 1.0) + (beta.abs().max().item() if beta is not None else 0.0)

@@ -10,13 +10,18 @@ Per sublayer, what bounds the residual update u = h * N_B(f(N_A(x))):
 - unbounded    neither: the update f(.) grows with the module's weights and activations (Kan
                Theorem 2; Pre-LN, HybridNorm's sublayers, no normalization at all).
 The layout is well-posed only if every sublayer is bounded (the worst sublayer decides).
+
+How a norm bounds depends on its kind: RMSNorm/LayerNorm fix the update on an ellipsoid, ScaleNorm and
+L2 on a sphere (of radius |g| or 1), DyT squashes it entry by entry into a box (|u_i| <= |gamma_i| + |beta_i|)
+that bounds it from above without fixing its size. A learned step h (ReZero, LayerScale) scales every
+bound by its current value, which training can grow: the verdict says so.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from normlab.layout.sites import AttentionInnerSites, ResolvedLayout, SublayerSites
+from normlab.layout.sites import AttentionInnerSites, NormSpec, ResolvedLayout, SublayerSites
 
 ORDER = {"bounded": 0, "tangential": 1, "unbounded": 2}
 VERDICT = {"bounded": "well-posed", "tangential": "degenerate (tangential)", "unbounded": "ill-posed (unbounded)"}
@@ -30,22 +35,51 @@ class SublayerVerdict:
     why: str
 
 
-def classify(sites: SublayerSites, inner: AttentionInnerSites | None, h: float) -> tuple[str, str]:
+# What an output norm (B) of each kind bounds: the update u = h * N_B(.) whatever the module's weights
+_B_BOUND = {
+    "rms": "u lies on N_B's ellipsoid (Kan Lemma 1): its entries are at most h*(max|gamma|*sqrt(d) + max|beta|)",
+    "layer": "u lies on N_B's ellipsoid (Kan Lemma 1): its entries are at most h*(max|gamma|*sqrt(d) + max|beta|)",
+    "dyt": ("DyT squashes u entry by entry: |u_i| <= h*(|gamma_i| + |beta_i|) whatever its input (Zhu et al. eq. 1); "
+            "bounded above but not fixed in size as on RMSNorm's ellipsoid (a small input passes as gamma*alpha*x)"),
+    "scale": "ScaleNorm puts u on a sphere: ||u|| = h*|g| exactly (Nguyen & Salazar eq. 3)",
+    "l2": "u is h times a unit vector: ||u|| = h exactly",
+}
+# What a norm after the add (C) does to the stream
+_C_KEEPS = {
+    "rms": "the stream is projected back onto the ellipsoid",
+    "layer": "the stream is projected back onto the ellipsoid",
+    "dyt": "DyT squashes the stream into the box |x_i| <= |gamma_i| + |beta_i| (a large update saturates tanh, "
+           "where its gradient vanishes, instead of being projected)",
+    "scale": "the stream is projected back onto a sphere of radius |g|",
+    "l2": "the stream is projected back onto the unit sphere",
+}
+
+
+def classify(sites: SublayerSites, inner: AttentionInnerSites | None, h: float,
+             out: NormSpec | None = None, after: NormSpec | None = None, h_learned: str | None = None,
+             hidden: bool = False) -> tuple[str, str]:
+    """One sublayer's verdict and why, by the kinds of its B and C norms (RMSNorm when not given)."""
+    step = (f"h={h:g}" if h_learned is None else
+            f"h learned ({h_learned}, from {h:g}): the bound moves with h, which training can grow")
     if sites.output:
-        return "bounded", (
-            f"output norm (B): the update h*N_B(f) lies on N_B's ellipsoid (Kan Lemma 1), so its entries "
-            f"are at most h*(max|gamma|*sqrt(d) + max|beta|) with h={h:g}, whatever the module's weights"
-        )
+        kind = out.kind if out is not None else "rms"
+        gain = " (no gain: gamma = 1, beta = 0)" if out is not None and out.gain == "none" else ""
+        return "bounded", f"output norm (B, {kind}{gain}): {_B_BOUND[kind]}, with {step}, whatever the module's weights"
     if sites.after_add:
+        kind = after.kind if after is not None else "rms"
         return "tangential", (
-            "norm after the add (C) only: the stream is projected back onto the ellipsoid, but the update "
-            "before the projection is unnormalized, so its tangential speed is unbounded (Kan App. J)"
+            f"norm after the add (C, {kind}) only: {_C_KEEPS[kind]}, but the update before it is unnormalized, "
+            "so its tangential speed is unbounded (Kan App. J)"
         )
     notes = []
     if inner is not None and inner.context:
         notes.append("the context norm (c) bounds W_O's input, not W_O's output")
     if inner is not None and (inner.v or inner.q or inner.k):
         notes.append("q/k/v norms act inside attention and leave the output projection free")
+    if inner is not None and (inner.gate or inner.head_scale):
+        notes.append("the gate (in (0, 1)) and head scales rescale W_O's input, not its output")
+    if hidden:
+        notes.append("the hidden norm (H) bounds W2's input, not its output")
     if sites.skip_normed:
         notes.append("the normalized skip resets the carried stream, but the added update is still free")
     base = "no norm on the module output: the update f(.) grows with the module's weights and activations (Kan Theorem 2, as Pre-LN)"
@@ -58,11 +92,12 @@ def _span(idx: list[int]) -> str:
 
 def wellposedness(resolved: ResolvedLayout) -> dict:
     """The per-sublayer verdicts (grouped over layers) and the layout's verdict."""
-    h = resolved.layout.h
+    lay = resolved.layout
     groups: dict[tuple[str, str, str], list[int]] = {}
     for i, blk in enumerate(resolved.blocks):
         for name, sites, inner in (("attn", blk.attn, blk.attn_inner), ("mlp", blk.mlp, None)):
-            kind, why = classify(sites, inner, h)
+            kind, why = classify(sites, inner, lay.h, lay.norm_at(f"{name}.B"), lay.norm_at(f"{name}.C"),
+                                 lay.h_learned, hidden=sites.hidden)
             groups.setdefault((name, kind, why), []).append(i)
     verdicts = [SublayerVerdict(_span(idx), name, kind, why) for (name, kind, why), idx in groups.items()]
     verdicts.sort(key=lambda v: (int(v.layers.split("-")[0].split(",")[0]), v.sublayer))
