@@ -378,3 +378,16 @@ def test_device_decides_precision_and_compile_where_left_to_it(corpus, tmp_path)
     s = train(small(corpus, tmp_path / "auto", steps=3))
     assert (s["precision"], s["compiled"]) == ("fp32", False)
     assert RunDir(tmp_path / "auto").config_dict()["precision"] == "fp32"
+
+
+def test_learned_scales_are_not_weight_decayed():
+    """ReZero's h, Admin's omega and NormFormer's head scales start away from 0 or must be free to: weight decay
+    toward 0 would fight them, so they go with the norms' gains; the gate's projection is a weight and decays."""
+    import normlab
+
+    model = normlab.build_model("normformer,attn=gsAB,alpha=admin,h-channel", "nano")
+    decayed = {id(p) for p in param_groups(model, TrainConfig())[0]["params"]}
+    b = model.blocks[1]
+    for p in (b.attn_h, b.mlp_h, b.attn_omega, b.mlp_omega, b.attn.head_scale, b.mlp.hidden_norm.weight):
+        assert id(p) not in decayed
+    assert id(b.attn.gate_proj.weight) in decayed

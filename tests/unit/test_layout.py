@@ -98,6 +98,7 @@ def test_deepnorm_alpha():
         ("attn=HA,mlp=A", "'H' is not a attn site"),
         ("attn=A,mlp=gA", "'g' is not a mlp site"),
         ("pre,alpha=adm", "'adm' is not a number"),
+        ("olmo2,qk-rope", "qk-rope normalizes each head's rotated q and k; it needs inner=head"),
     ],
 )
 def test_bad_layout_strings_are_explained(text, needle):

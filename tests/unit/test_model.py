@@ -166,3 +166,11 @@ def test_gemma_softcaps_and_attention_scale_by_hand():
         other = normlab.build_model("gemma2", "nano", seed=0, mlp="geglu-tanh", attn_scale=1.0).eval()
         other.load_state_dict(plain.state_dict())
         assert not torch.allclose(other(tokens).logits, z, atol=1e-4)
+
+
+def test_the_mlp_hidden_norm_is_refused_for_moe_experts():
+    """H sits inside a dense MLP; a MoE layer has one per expert, which is not built: refused by name."""
+    from normlab.layout import LayoutError
+
+    with pytest.raises(LayoutError, match="hidden norm \\(H\\) is not built for MoE experts"):
+        normlab.build_model("pre,mlp=AH", "moe-micro")

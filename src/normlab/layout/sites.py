@@ -339,6 +339,8 @@ class Layout:
                                   "is one scalar g, L2's none); gain applies to rms, layer and dyt")
             if spec.alpha0 is not None and spec.kind != "dyt":
                 raise LayoutError(f"site {site}: alpha0 is DyT's initial alpha, and this site holds norm={spec.kind}")
+        if self.qk_after_rope and self.inner_span == "full":
+            raise LayoutError("qk-rope normalizes each head's rotated q and k; it needs inner=head, not inner=full")
         off = [site for site, _ in self.site_norms if site not in self.sites_on()]
         if off:
             raise LayoutError(f"per-site norm settings for {', '.join(off)}, which no layer of this layout turns "

@@ -55,8 +55,6 @@ class Attention(nn.Module):
         def dim(heads: int) -> int:
             return hd if span == "head" else heads * hd
 
-        if layout.qk_after_rope and span == "full" and (inner.q or inner.k):
-            raise ValueError("qk-rope normalizes each head's rotated q and k; it needs inner=head, not full")
         self.q_norm = site_norm(inner.q, layout.norm_at("q"), dim(self.n_heads), cfg)
         self.k_norm = site_norm(inner.k, layout.norm_at("k"), dim(self.n_kv_heads), cfg)
         self.v_norm = site_norm(inner.v, layout.norm_at("v"), dim(self.n_kv_heads), cfg)

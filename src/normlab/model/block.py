@@ -39,6 +39,17 @@ from normlab.model.norms import Tap, site_norm
 from normlab.model.storage import NO_STORAGE, Storage
 
 
+# Learned scales that are not norms: residual steps (ReZero, LayerScale), Admin's omegas, NormFormer's head
+# scales. Like norm gains they are left out of weight decay (which would pull them to 0) and probed.
+SCALE_PARAMS = ("attn_h", "mlp_h", "attn_omega", "mlp_omega", "head_scale")
+
+
+def scale_params(model: nn.Module) -> list[nn.Parameter]:
+    """Every learned scale parameter of ``model`` (see SCALE_PARAMS)."""
+    found = [getattr(m, name, None) for m in model.modules() for name in SCALE_PARAMS]
+    return [p for p in found if isinstance(p, nn.Parameter)]
+
+
 class SiteNorms(nn.Module):
     """The three norm sites of one sublayer: ``input`` (A), ``output`` (B), ``after_add`` (C)."""
 

@@ -1,7 +1,7 @@
 """Optimizers and the learning-rate schedule.
 
 AdamW with parameter groups (no weight decay on the parameters named in ``wd_exclude``: norm
-gammas/betas, biases, embeddings), or SGD with momentum (Kim App. I). Schedule: linear warmup over
+gammas/betas and the learned scales with them, biases, embeddings), or SGD with momentum (Kim App. I). Schedule: linear warmup over
 ``warmup * steps`` steps, then cosine decay to ``min_lr`` (Kim Table 2, Zhuo Table 7).
 """
 
@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from normlab.config.train import TrainConfig
+from normlab.model.block import scale_params
 from normlab.model.norms import is_norm
 
 
@@ -22,11 +23,10 @@ def param_groups(model: nn.Module, cfg: TrainConfig) -> list[dict]:
     for m in model.modules():
         if is_norm(m):  # every kind: RMS, Layer, DyT (its alpha too), ScaleNorm
             norm_params.update(id(p) for p in m.parameters(recurse=False))
-        for step in (getattr(m, "attn_h", None), getattr(m, "mlp_h", None)):  # learned residual steps: scales too
-            if isinstance(step, nn.Parameter):
-                norm_params.add(id(step))
         if isinstance(m, nn.Embedding):
             emb_params.update(id(p) for p in m.parameters(recurse=False))
+    # learned residual steps, Admin's omegas and head scales are scales too (normlab.model.block.SCALE_PARAMS)
+    norm_params.update(id(p) for p in scale_params(model))
     decay, no_decay, seen = [], [], set()
     for name, p in model.named_parameters():
         if not p.requires_grad or id(p) in seen:
