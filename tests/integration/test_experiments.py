@@ -278,3 +278,20 @@ def test_a_grid_point_with_two_ids_counts_once(tmp_path):
     df, axes = load_sweep(tmp_path / "d")
     assert len(df) == 1 and df.iloc[0].final_loss == 2.0  # the finished row, not the pending one
     assert cells(df, axes).loc[0, "divergences"] == "0/1"
+
+
+def test_angular_halves_reads_the_last_probe_of_the_stream():
+    """Sun et al.'s depth test: mean angular step over the first and the second half of depth, last probe only."""
+    from normlab.experiments.summary import angular_halves
+
+    class Run:
+        def probes(self):
+            old = [{"step": 0, "layer": i, "site": "stream", "metric": "angular_next", "value": 9.0} for i in range(4)]
+            new = [{"step": 10, "layer": i, "site": "stream", "metric": "angular_next", "value": v}
+                   for i, v in enumerate([0.4, 0.2, 0.1, 0.05])]
+            other = [{"step": 10, "layer": 0, "site": "stream", "metric": "var", "value": 7.0}]
+            return old + new + other
+
+    assert angular_halves(Run()) == {"angular_shallow": pytest.approx(0.3), "angular_deep": pytest.approx(0.075)}
+    Run.probes = lambda self: []
+    assert angular_halves(Run()) == {}

@@ -8,6 +8,8 @@
   Crashed (`failed`) runs are neither results nor divergences: counted apart.
 - **Learning-rate curves** (when `lr` is an axis): per group (the cell without its lr) the mean final
   loss at each lr, the U-curve of Kim Fig. 3a, 12, 16-18.
+- **Depth use** (runs with probes): the mean angular distance between consecutive layers at the last
+  probe over the first and second half of depth (`angular_halves`; Sun et al. 2025's deep-layer test).
 - **LR sensitivity** (Wortsman et al. 2024, "Small-scale proxies for large-scale Transformer training
   instabilities", Sec. 3.2): E_lr[min(loss(lr), loss_0)] - min_lr loss(lr), the expectation over the
   swept (log-spaced) learning rates, each run's final loss capped at its initial loss loss_0 so that a
@@ -56,10 +58,12 @@ def load_sweep(path: str | Path) -> tuple[pd.DataFrame, list[str]]:
                "status": r["status"], "step": r["step"], "reason": r["reason"], "attempts": r["attempts"]}
         rec.update({k: r[k] for k in OUTCOME})
         rec.update({EVAL_PREFIX + k: v for k, v in headline_scores(folder.run(r["run_id"]).evals()).items()})
+        rec.update(angular_halves(folder.run(r["run_id"])) if r["status"] in TRAINED else {})
         records.append(rec)
     scores = list(dict.fromkeys(k for rec in records for k in rec if k.startswith(EVAL_PREFIX)))
+    depth = [k for k in ANGULAR if any(k in rec for rec in records)]
     df = pd.DataFrame.from_records(records, columns=["run_id", *axes, "status", "step", "reason", "attempts", *OUTCOME,
-                                                     *scores])
+                                                     *scores, *depth])
     # One row per grid point: a store can hold two ids for one point (runs recorded by a normlab
     # whose ids hashed other settings); the finished one, else the newest, is the result.
     if axes and len(df):
@@ -67,6 +71,25 @@ def load_sweep(path: str | Path) -> tuple[pd.DataFrame, list[str]]:
         df = df.sort_values("_rank", kind="stable").drop_duplicates(subset=axes, keep="last")
         df = df.drop(columns="_rank").sort_index()
     return df, axes
+
+
+ANGULAR = ("angular_shallow", "angular_deep")
+
+
+def angular_halves(run: Any) -> dict[str, float]:
+    """How much the layers still change the stream at the run's last probe: the mean angular distance between
+    consecutive layers' streams at the last token (Gromov et al. 2024; `angular_next` probes) over the first
+    and the second half of depth. Sun et al. 2025 ("The Curse of Depth") read a small second-half value as
+    deep layers close to the identity. Empty without probes."""
+    rows = [r for r in run.probes() if r.get("site") == "stream" and r.get("metric") == "angular_next"]
+    if not rows:
+        return {}
+    last = max(r["step"] for r in rows)
+    values = [v for _, v in sorted((r["layer"], r["value"]) for r in rows if r["step"] == last)]
+    half = len(values) // 2
+    if not half:
+        return {}
+    return {"angular_shallow": float(np.mean(values[:half])), "angular_deep": float(np.mean(values[half:]))}
 
 
 def _config_value(config: dict[str, Any], axis: str) -> Any:
@@ -98,6 +121,8 @@ def cells(df: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
         scores = {}
         for col in (x for x in g.columns if x.startswith(EVAL_PREFIX)):
             scores[col + " mean"], scores[col + " std"] = _mean_std(trained[col])
+        for col in (x for x in ANGULAR if x in g.columns):
+            scores[col], _ = _mean_std(trained[col])
         peak = pd.to_numeric(g.max_activation, errors="coerce").dropna()
         out.append({**dict(zip(keys, key)), "runs": len(g), **n,
                     "pending": int(len(g) - finished - n["failed"]), "divergences": f"{n['diverged']}/{finished}",
@@ -188,6 +213,9 @@ def cell_table(c: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
         t["max |x|"] = [_fmt(v) for v in c.max_activation]
     if "first_breaks" in c and (c.first_breaks != "").any():
         t["first overflow (diverged runs)"] = [b or "-" for b in c.first_breaks]
+    if "angular_deep" in c and c.angular_deep.notna().any():  # probes with angular distance (Sun et al. 2025)
+        t["angular step, 1st / 2nd half"] = [f"{a:.3f} / {b:.3f}" if math.isfinite(b) else "-"
+                                             for a, b in zip(c.angular_shallow, c.angular_deep)]
     t["final loss"] = [_pm(m, s) for m, s in zip(c.final_loss_mean, c.final_loss_std)]
     t["val loss"] = [_pm(m, s) for m, s in zip(c.val_loss_mean, c.val_loss_std)]
     for col in (x for x in c.columns if x.startswith(EVAL_PREFIX) and x.endswith(" mean")):
