@@ -174,3 +174,15 @@ def test_the_mlp_hidden_norm_is_refused_for_moe_experts():
 
     with pytest.raises(LayoutError, match="hidden norm \\(H\\) is not built for MoE experts"):
         normlab.build_model("pre,mlp=AH", "moe-micro")
+
+
+@pytest.mark.parametrize("name", list(normlab.PRESETS))
+def test_every_preset_wires_every_parameter_into_the_loss(name):
+    """One forward and backward per preset: every parameter (gates, head scales, omegas, steps, every norm
+    kind's) gets a finite gradient, so none is built and then left out of the forward."""
+    model = normlab.build_model(name, "nano", seed=0, n_layers=2)
+    tokens = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0))
+    model(tokens[:, :-1], targets=tokens[:, 1:]).loss.backward()
+    missing = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    assert not missing, missing
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)

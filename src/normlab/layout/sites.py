@@ -388,6 +388,8 @@ class ResolvedLayout:
             f"layout {lay.label}: norm={lay.norm}, embed_norm={'on' if lay.embed_norm else 'off'}, "
             f"final_norm={'on' if lay.final_norm else 'off'}, h={lay.h:g}, alpha={alpha}"
         )
+        if lay.qk_after_rope:
+            head += ", q/k norms after RoPE"
         if lay.site_norms:
             head += "\n  per site: " + "; ".join(f"{site} {lay.norm_at(site).kind}/{lay.norm_at(site).gain}"
                                                  + (f"/alpha0 {sn.alpha0:g}" if sn.alpha0 is not None else "")
