@@ -24,13 +24,15 @@ tf = pytest.importorskip("transformers")
 from normlab.hf import save_hf, to_hf  # noqa: E402
 from normlab.hf.bundle import BundleError, bundle_source  # noqa: E402
 
-CASES = [  # layout, size, overrides: RoPE and learned positions, inner norms, GQA, soft-capping, MoE
+CASES = [  # layout, size, overrides: RoPE and learned positions, inner norms, GQA, soft-capping, windows, MoE
     ("peri", "nano", {}),
     ("hybrid", "nano", {"n_kv_heads": 2}),
     ("pre,norm=layer", "nano", {"position": "learned"}),
     ("gemma2", "nano", {"attn_softcap": 20.0}),
+    ("qwen3", "nano", {"d_head": 16, "sliding_window": 4, "full_attention_every": 2}),  # windows shorter than the text
     ("pre", "moe-micro", {}),
 ]
+DENSE = CASES[:-1]
 
 
 def greedy_by_hand(model, prompt, n):  # noqa: ANN001, ANN201
@@ -57,7 +59,7 @@ def test_cached_generation_equals_rerunning_the_prefix(layout, size, opts):
     torch.testing.assert_close(uncached, cached, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("layout, size, opts", CASES[:4])
+@pytest.mark.parametrize("layout, size, opts", DENSE)
 def test_prefill_in_chunks_with_the_cache_gives_the_full_forward_logits(layout, size, opts):
     """Past > 0 and several new tokens: the explicit causal mask over cached + new keys."""
     model = normlab.build_model(layout, size, seed=0, **opts).eval()
@@ -73,7 +75,7 @@ def test_prefill_in_chunks_with_the_cache_gives_the_full_forward_logits(layout, 
     assert cache.get_seq_length() == 11
 
 
-@pytest.mark.parametrize("layout, size, opts", CASES[:4])
+@pytest.mark.parametrize("layout, size, opts", DENSE)
 def test_a_left_padded_batch_computes_each_sequence_alone(layout, size, opts):
     model = normlab.build_model(layout, size, seed=0, **opts).eval()
     hf = to_hf(model)

@@ -256,3 +256,50 @@ def test_the_bundle_defines_every_name_its_modules_import(monkeypatch):
     monkeypatch.setattr(bundle, "MODULES", tuple(m for m in bundle.MODULES if m != "errors.py"))
     with pytest.raises(bundle.BundleError, match="LayoutError"):
         bundle.bundle_source()
+
+
+@pytest.mark.parametrize("arch, window", [("qwen3", None), ("qwen3", 4), ("mistral", 4), ("llama", None)])
+def test_head_dim_and_sliding_window_round_trip_with_equal_logits(arch, window, tmp_path):
+    """A head width apart from d_model / heads (Qwen 3: 128 in every size) and a sliding window shorter than
+    the sequence (12 tokens, window 4): import from a random transformers model and export back, logits equal."""
+    cls, config = {"qwen3": ("Qwen3ForCausalLM", "Qwen3Config"), "mistral": ("MistralForCausalLM", "MistralConfig"),
+                   "llama": ("LlamaForCausalLM", "LlamaConfig")}[arch]
+    opts = dict(SMALL, head_dim=16)  # 4 heads x 16 = 64 != hidden 32
+    if arch == "qwen3":
+        opts.update(use_sliding_window=window is not None, sliding_window=window, max_window_layers=0)
+    elif arch == "mistral":
+        opts.update(sliding_window=window)
+    torch.manual_seed(0)
+    hf = getattr(tf, cls)(getattr(tf, config)(**opts)).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    model = from_native(hf)
+    assert model.config.head_dim == 16 and model.config.d_head == 16 and model.config.sliding_window == window
+    torch.testing.assert_close(ours(model), hf_logits(hf), atol=2e-5, rtol=1e-5)
+    if window is not None:  # the window matters here: without it the logits differ
+        full = normlab.build_model(model.layout, model.config.with_(sliding_window=None)).eval()
+        full.load_state_dict(model.state_dict())
+        assert (ours(full) - hf_logits(hf)).abs().max() > 1e-3
+    save_native(model, tmp_path / "out", arch)
+    back = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "out", local_files_only=True).eval()
+    assert type(back).__name__ == cls
+    torch.testing.assert_close(hf_logits(back), ours(model), atol=2e-5, rtol=1e-5)
+
+
+def test_window_patterns_map_or_are_refused():
+    """transformers' layer_types as normlab's (sliding_window, full_attention_every), or refused by name."""
+    from types import SimpleNamespace as NS
+
+    from normlab.hf.archs.base import window_of
+
+    s, f = "sliding_attention", "full_attention"
+    assert window_of(NS(sliding_window=8, layer_types=[s, s, s, f, s, s, s, f])) == (8, 4)  # OLMo 3's 3:1
+    assert window_of(NS(sliding_window=8, layer_types=[s] * 5 + [f])) == (8, 6)  # Gemma 3's 5:1
+    assert window_of(NS(sliding_window=8, layer_types=[f, f])) == (None, 0)
+    assert window_of(NS(sliding_window=8, layer_types=None)) == (8, 0)  # Mistral: every layer
+    with pytest.raises(ValueError, match="not 'every k-th layer full'"):
+        window_of(NS(sliding_window=8, layer_types=[f, s, s, s]))  # Qwen 3's max_window_layers pattern
+    cfg = normlab.ModelConfig(sliding_window=8, full_attention_every=4, n_layers=8)
+    assert [cfg.window_of(i) for i in range(8)] == [8, 8, 8, None, 8, 8, 8, None]

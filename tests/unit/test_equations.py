@@ -176,12 +176,18 @@ def llama4_qk(b, x):  # Llama 4: q, k normalized per head after RoPE
     return y + F(b, N(b.mlp_norms.input, y))
 
 
+def qwen3(b, x):  # Qwen3: Pre-LN, N(Q) and N(K) per head before RoPE
+    y = x + A(b, N(b.attn_norms.input, x), "qk")
+    return y + F(b, N(b.mlp_norms.input, y))
+
+
 EQUATIONS = {
     "admin": lambda b, x, *_: admin(b, x),
     "normformer": lambda b, x, *_: normformer(b, x),
     "sub-ln": lambda b, x, *_: sub_ln(b, x),
     "pre-gate": lambda b, x, *_: pre_gate(b, x),
     "llama4-qk": lambda b, x, *_: llama4_qk(b, x),
+    "qwen3": lambda b, x, *_: qwen3(b, x),
     "post": post,
     "pre": pre,
     "peri": peri_with(),

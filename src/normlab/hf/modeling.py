@@ -46,7 +46,7 @@ class NormLabConfig(PretrainedConfig):
         self.num_hidden_layers = self.model["n_layers"]
         self.num_attention_heads = self.model["n_heads"]
         self.num_key_value_heads = self.model["n_kv_heads"] or self.model["n_heads"]
-        self.head_dim = self.model["d_model"] // self.model["n_heads"]
+        self.head_dim = ModelConfig(**self.model).head_dim
         self.max_position_embeddings = self.model["max_seq_len"]
 
 

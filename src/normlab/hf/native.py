@@ -10,12 +10,15 @@ Both ways:
   with RMSNorm on the full Q and K projections.
 - `gemma2` (Gemma2ForCausalLM) <-> layout `gemma2` (Peri-LN with the sqrt(d) embedding scale) with
   Gemma 2's GeGLU-tanh MLP, attention scale and soft-capping as model options.
+- `qwen3` (Qwen3ForCausalLM) <-> layout `qwen3` (`attn=qkA,mlp=A,final`): Pre-LN with per-head QK-norm
+  before RoPE, its own head width (`d_head`).
+- `mistral` (MistralForCausalLM) <-> layout `pre` with `sliding_window` on every layer.
 Import only:
 - `gpt2` (GPT2LMHeadModel) -> layout `pre,norm=layer` with learned absolute positions and biases.
 
 Anything else is refused with `NativeExportError` naming the first difference; so is a config that
-asks for something normlab does not compute (scaled RoPE, other activations, biases, a head_dim
-apart from d_model / heads): a conversion that silently changed the function would be worse than none.
+asks for something normlab does not compute (scaled RoPE, other activations, biases, a pattern of
+local and global layers other than "every k-th layer global"): a conversion that silently changed the function would be worse than none.
 
 transformers is an optional dependency (`pip install normlab[hf]`), imported only here.
 """

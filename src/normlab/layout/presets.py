@@ -184,6 +184,9 @@ def _build() -> dict[str, Preset]:
                                     site_norms=(("q", SiteNorm(gain="none")), ("k", SiteNorm(gain="none")))),
                 "x' = x + F(N(x)), attention with N(RoPE(Q)), N(RoPE(K)), N without a gain; final N",
                 "Meta 2025 (Llama 4): QK-norm after RoPE, x / sqrt(mean(x^2) + eps) per head (its NoPE layers aside)"),
+        _preset("qwen3", Layout(block=_block(PRE, PRE, QK), final_norm=True),
+                "x' = x + F(N(x)), attention with N(Q), N(K) per head before RoPE; final N",
+                "Qwen Team 2025 (Qwen3 Technical Report), Sec. 2: QK-Norm on Pre-LN"),
         _preset("none", Layout(), "x' = x + F(x)", f"{KAN}, Table 1 'LN off'"),
     ]
     return {p.name: p for p in presets}

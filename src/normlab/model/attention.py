@@ -6,7 +6,9 @@ Each N_* is on or off per the layout (`AttentionInnerSites`). With ``span="head"
 on each head's d_k features (Zhuo Alg. 1, Gemma 3, Wortsman et al.'s QK-norm); with ``span="full"``
 on all heads together before the split (OLMo 2). Q/K norms act before RoPE, as in OLMo 2 and Gemma 3,
 or after it with ``qk-rope`` (Llama 4). The context can also be gated from the sublayer's input (Qiu et
-al. 2025) and scaled per head (NormFormer); see `AttentionInnerSites` for the order.
+al. 2025) and scaled per head (NormFormer); see `AttentionInnerSites` for the order. A layer with a
+sliding window (`ModelConfig.sliding_window`, Mistral; Gemma 3 / OLMo 3 on their local layers) masks
+keys older than the window once the keys outnumber it.
 The products go through `scaled_dot_product_attention` (flash / memory-efficient kernels).
 Generation and padded batches pass a `Decoding` (positions, mask, KV cache; `normlab.model.decoding`).
 """
@@ -35,6 +37,14 @@ def expand_kv_heads(q: torch.Tensor, mask: torch.Tensor | None) -> bool:
     return q.is_cuda and (q.dtype == torch.float32 or mask is not None)
 
 _ID = nn.Identity()
+
+
+def window_mask(t: int, n: int, window: int, device: torch.device) -> torch.Tensor:
+    """(1, 1, t, n) bool: the last ``t`` of ``n`` positions as queries, True where key j is visible to query
+    i: i - window < j <= i (causal, the last ``window`` keys, itself included; transformers' sliding window)."""
+    query = torch.arange(n - t, n, device=device)[:, None]
+    key = torch.arange(n, device=device)[None, :]
+    return ((key <= query) & (key > query - window))[None, None]
 
 
 class Attention(nn.Module):
@@ -69,6 +79,7 @@ class Attention(nn.Module):
         # their norms and RoPE; the context after its norm, (B, T, n_heads * head_dim).
         self.q, self.k, self.v, self.context = Tap(), Tap(), Tap(), Tap()
         self.scale = cfg.attn_scale**-0.5 if cfg.attn_scale is not None else None  # None: SDPA's 1/sqrt(head_dim)
+        self.window = cfg.window_of(layer_idx)  # sliding-window attention on this layer (None: full)
         self.softcap = cfg.attn_softcap
 
     def _heads(self, x: torch.Tensor, heads: int, norm: nn.Module) -> torch.Tensor:
@@ -112,6 +123,9 @@ class Attention(nn.Module):
             if dec.cache is not None:
                 k, v = dec.cache.update(k, v, self.layer_idx)
             mask = dec.mask
+        if self.window is not None and k.shape[-2] > self.window:  # shorter: the window hides nothing
+            band = window_mask(t, k.shape[-2], self.window, q.device)
+            mask = band if mask is None else mask & band
         if self.softcap is None:
             # no mask: causal over the new tokens when nothing is cached, else one query that sees every key
             causal = mask is None and k.shape[-2] == t

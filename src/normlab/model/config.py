@@ -31,6 +31,13 @@ class ModelConfig:
     n_layers: int = 6
     n_heads: int = 4
     n_kv_heads: int | None = None  # None: equal to n_heads (multi-head attention); fewer: GQA
+    d_head: int | None = None  # one head's width; None: d_model / n_heads (Qwen 3 and Gemma 3 set their own)
+    # local attention (Mistral; Gemma 3 and OLMo 3 on some layers): a query sees the last `sliding_window` keys,
+    # itself included, as transformers' sliding-window mask; None: every key before it
+    sliding_window: int | None = None
+    # with a window, every k-th layer (k-1, 2k-1, ...) attends to all keys: Gemma 3 6 (5 local : 1 global),
+    # OLMo 3 4 (3 : 1); 0: every layer windowed (Mistral)
+    full_attention_every: int = 0
     d_ff: int | None = None  # None: 4 * d_model
     mlp: MlpKind = "swiglu"
     max_seq_len: int = 256
@@ -63,11 +70,14 @@ class ModelConfig:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
             if value > MAX_DIM[name]:
                 raise ConfigError(f"{name}={value} is beyond any model normlab builds (at most {MAX_DIM[name]:,})")
-        if self.d_model % self.n_heads:
+        if self.d_head is not None and (not isinstance(self.d_head, int) or isinstance(self.d_head, bool)
+                                        or self.d_head < 1):
+            raise ConfigError(f"d_head must be a positive integer or None (d_model / n_heads), got {self.d_head!r}")
+        if self.d_head is None and self.d_model % self.n_heads:
             divisors = [h for h in range(1, self.d_model + 1) if self.d_model % h == 0 and h <= 64]
             raise ConfigError(
                 f"n_heads={self.n_heads} does not divide d_model={self.d_model}; "
-                f"valid head counts for this width: {divisors}"
+                f"valid head counts for this width: {divisors}; or set d_head to decouple the heads' width"
             )
         kv = self.kv_heads
         if not isinstance(kv, int) or kv < 1 or self.n_heads % kv:
@@ -76,7 +86,15 @@ class ModelConfig:
                 f"n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}; valid: {valid}"
             )
         if self.head_dim % 2:
-            raise ConfigError(f"RoPE needs an even head dimension, got d_model/n_heads={self.head_dim}")
+            raise ConfigError(f"RoPE needs an even head dimension, got {self.head_dim} "
+                              f"({'d_head' if self.d_head is not None else 'd_model / n_heads'})")
+        if self.sliding_window is not None and (not isinstance(self.sliding_window, int)
+                                                or isinstance(self.sliding_window, bool) or self.sliding_window < 1):
+            raise ConfigError(f"sliding_window must be a positive number of keys or None, got {self.sliding_window!r}")
+        if not isinstance(self.full_attention_every, int) or self.full_attention_every < 0:
+            raise ConfigError(f"full_attention_every must be an integer >= 0, got {self.full_attention_every!r}")
+        if self.full_attention_every and self.sliding_window is None:
+            raise ConfigError("full_attention_every picks the layers without a window; set sliding_window too")
         if self.d_ff is not None and (not isinstance(self.d_ff, int) or self.d_ff < 1):
             raise ConfigError(f"d_ff must be a positive integer or None, got {self.d_ff!r}")
         for name in ("attn_scale", "attn_softcap", "logit_softcap"):
@@ -115,7 +133,14 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+        return self.d_head if self.d_head is not None else self.d_model // self.n_heads
+
+    def window_of(self, layer: int) -> int | None:
+        """The attention window of ``layer`` (None: full attention)."""
+        if self.sliding_window is None:
+            return None
+        k = self.full_attention_every
+        return None if k and (layer + 1) % k == 0 else self.sliding_window
 
     @property
     def kv_heads(self) -> int:

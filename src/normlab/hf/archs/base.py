@@ -18,6 +18,31 @@ if TYPE_CHECKING:
     import torch
 
 
+def window_of(config: Any) -> tuple[int | None, int]:
+    """A transformers config's attention windows as normlab's (sliding_window, full_attention_every).
+
+    ``layer_types`` (transformers 5: "sliding_attention" / "full_attention" per layer) decides where it
+    is given; else a set ``sliding_window`` windows every layer (Mistral). A pattern other than "every
+    layer", "none" or "every k-th layer full" (Gemma 3, OLMo 3) is refused by name.
+    """
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if types is None:
+        return (window, 0) if window else (None, 0)
+    sliding = [t == "sliding_attention" for t in types]
+    if not any(sliding):
+        return None, 0
+    if not window:
+        raise ValueError("layer_types has sliding layers but sliding_window is not set")
+    if all(sliding):
+        return window, 0
+    full = [i for i, s in enumerate(sliding) if not s]
+    k = full[0] + 1
+    if all(s == ((i + 1) % k != 0) for i, s in enumerate(sliding)):
+        return window, k
+    raise ValueError(f"layer_types {types} is not 'every k-th layer full' (normlab's full_attention_every)")
+
+
 class Arch:
     """The adapter of one transformers architecture (subclasses fill in the class attributes and maps)."""
 
@@ -27,6 +52,7 @@ class Arch:
     exports: bool = True  # normlab -> transformers too (False: import only)
     activation: str = "silu"  # the config's activation name for `mlp`
     activation_key: str = "hidden_act"
+    windows: bool = False  # whether the class has sliding-window attention (its config's sliding_window)
 
     # -- export: normlab -> transformers --
     def model_problems(self, cfg: ModelConfig) -> list[str]:
@@ -41,10 +67,19 @@ class Arch:
         for name in ("attn_scale", "attn_softcap", "logit_softcap"):
             if getattr(cfg, name) is not None:
                 problems.append(f"{name}={getattr(cfg, name)} (needs None)")
+        if cfg.sliding_window is not None and not self.windows:
+            problems.append(f"sliding_window={cfg.sliding_window} (this class has no sliding-window attention)")
+        if cfg.full_attention_every and self.windows:
+            problems.append(f"full_attention_every={cfg.full_attention_every} (this class windows every layer)")
         return problems
 
     def hf_config(self, tf: Any, cfg: ModelConfig) -> Any:
         raise NotImplementedError
+
+    @staticmethod
+    def layer_types(cfg: ModelConfig) -> list[str]:
+        """transformers' per-layer attention kinds for a normlab config."""
+        return ["full_attention" if cfg.window_of(i) is None else "sliding_attention" for i in range(cfg.n_layers)]
 
     def hf_class(self, tf: Any) -> Any:
         raise NotImplementedError
@@ -94,9 +129,10 @@ class Arch:
             problems.append(f"activation {act!r} (needs {self.activation})")
         if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
             problems.append("biases on projections")
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        if head_dim * config.num_attention_heads != config.hidden_size:
-            problems.append(f"head_dim {head_dim} x heads != hidden_size (normlab ties head_dim to d_model / heads)")
+        try:
+            window_of(config)
+        except ValueError as err:
+            problems.append(str(err))
         return problems
 
     @staticmethod
@@ -105,9 +141,13 @@ class Arch:
                                                                           getattr(config, "rope_theta", 10_000.0)))
 
     def model_config(self, config: Any) -> ModelConfig:
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        window, every = window_of(config)
         return ModelConfig(
             vocab_size=config.vocab_size, d_model=config.hidden_size, n_layers=config.num_hidden_layers,
             n_heads=config.num_attention_heads, n_kv_heads=config.num_key_value_heads, d_ff=config.intermediate_size,
+            d_head=None if head_dim * config.num_attention_heads == config.hidden_size else head_dim,
+            sliding_window=window, full_attention_every=every,
             mlp=self.mlp, max_seq_len=config.max_position_embeddings, rope_theta=self.rope_theta(config),
             norm_eps=config.rms_norm_eps, tie_embeddings=bool(config.tie_word_embeddings))
 
