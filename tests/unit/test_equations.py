@@ -188,6 +188,7 @@ EQUATIONS = {
     "pre-gate": lambda b, x, *_: pre_gate(b, x),
     "llama4-qk": lambda b, x, *_: llama4_qk(b, x),
     "qwen3": lambda b, x, *_: qwen3(b, x),
+    "gemma3": peri_with("qk"),  # Kim eq. 3 with QK-norm; N's gain is 1 + w (tests/reference.py gain())
     "post": post,
     "pre": pre,
     "peri": peri_with(),

@@ -13,6 +13,9 @@ Both ways:
 - `qwen3` (Qwen3ForCausalLM) <-> layout `qwen3` (`attn=qkA,mlp=A,final`): Pre-LN with per-head QK-norm
   before RoPE, its own head width (`d_head`).
 - `mistral` (MistralForCausalLM) <-> layout `pre` with `sliding_window` on every layer.
+- `gemma3` (Gemma3ForCausalLM, model_type gemma3_text) <-> layout `gemma3` (Peri-LN, QK-norm, (1 + w) gains as
+  normlab's centered gain) with its local layers (`sliding_window`, `full_attention_every`, `rope_local_theta`).
+- `olmo3` (Olmo3ForCausalLM) <-> layout `olmo2` with OLMo 3's local layers (three of four windowed).
 Import only:
 - `gpt2` (GPT2LMHeadModel) -> layout `pre,norm=layer` with learned absolute positions and biases.
 
@@ -31,12 +34,12 @@ from typing import Any
 import torch
 
 from normlab.errors import ConfigError
-from normlab.hf.archs import ARCHITECTURES, EXPORTABLE, Arch
+from normlab.hf.archs import ARCHITECTURES, BY_NAME, EXPORTABLE, Arch
 from normlab.layout import PRESETS
 from normlab.model.build import build_model
 from normlab.model.lm import NormLM
 
-ARCHS = EXPORTABLE  # transformers model_type -> the normlab preset it equals (both ways)
+ARCHS = EXPORTABLE  # export name (a transformers model_type, or gemma3) -> the normlab preset it equals
 REFUSED: dict[str, str] = {}  # model_type -> why it cannot be imported exactly
 
 
@@ -57,7 +60,7 @@ def _export_arch(model: NormLM, arch: str) -> Arch:
     if arch not in ARCHS:
         raise NativeExportError(f"no native transformers class for {arch!r}; valid: {', '.join(ARCHS)} "
                                 "(or save with the normlab class)")
-    adapter = ARCHITECTURES[arch]
+    adapter = BY_NAME[arch]
     if model.config.n_experts:
         raise NativeExportError(
             f"a mixture-of-experts model has no exact {arch} counterpart ({arch} has dense MLPs; OLMoE's class, the "
@@ -76,7 +79,7 @@ def _export_arch(model: NormLM, arch: str) -> Arch:
 
 def name_map(arch: str, n_layers: int, tied: bool) -> dict[str, str]:
     """normlab parameter name -> transformers parameter name for ``arch``."""
-    return ARCHITECTURES[arch].name_map(n_layers, tied)
+    return BY_NAME[arch].name_map(n_layers, tied)
 
 
 def to_native(model: NormLM, arch: str) -> Any:
@@ -87,7 +90,8 @@ def to_native(model: NormLM, arch: str) -> Any:
     hf = adapter.hf_class(tf)(adapter.hf_config(tf, cfg))
     ours = model.state_dict()
     mapping = adapter.name_map(cfg.n_layers, cfg.tie_embeddings)
-    missing = sorted(set(ours) - set(mapping) - {k for k in ours if not k.endswith("weight")})
+    tied = {"lm_head.weight"} if cfg.tie_embeddings else set()  # the embedding under its second name
+    missing = sorted(set(ours) - set(mapping) - tied - {k for k in ours if not k.endswith("weight")})
     if missing:
         raise NativeExportError(f"parameters with no {arch} counterpart: {missing[:5]}")
     state = {mapping[k]: adapter.export_weight(mapping[k], v) for k, v in ours.items() if k in mapping}

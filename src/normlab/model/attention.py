@@ -74,7 +74,7 @@ class Attention(nn.Module):
         # NormFormer's HeadScale (Shleifer et al. 2021 eq. 3): head i's context times a learned gamma_i from 1
         self.head_scale = nn.Parameter(torch.ones(self.n_heads)) if inner.head_scale else None
         # learned absolute positions (GPT-2) are added to the embedding instead: no rotation here
-        self.rotary = Rotary(hd, cfg.max_seq_len, cfg.rope_theta) if cfg.position == "rope" else None
+        self.rotary = Rotary(hd, cfg.max_seq_len, cfg.rope_theta_of(layer_idx)) if cfg.position == "rope" else None
         # Capture points: q, k, v as they enter attention, (B, heads, T, head_dim), q and k after
         # their norms and RoPE; the context after its norm, (B, T, n_heads * head_dim).
         self.q, self.k, self.v, self.context = Tap(), Tap(), Tap(), Tap()

@@ -38,6 +38,7 @@ class ModelConfig:
     # with a window, every k-th layer (k-1, 2k-1, ...) attends to all keys: Gemma 3 6 (5 local : 1 global),
     # OLMo 3 4 (3 : 1); 0: every layer windowed (Mistral)
     full_attention_every: int = 0
+    rope_local_theta: float | None = None  # RoPE base on the windowed layers (Gemma 3: 10,000 local, 1M global); None: rope_theta
     d_ff: int | None = None  # None: 4 * d_model
     mlp: MlpKind = "swiglu"
     max_seq_len: int = 256
@@ -128,12 +129,19 @@ class ModelConfig:
             raise ConfigError(f"norm_eps must be > 0, got {self.norm_eps!r}")
         if not self.rope_theta > 0:
             raise ConfigError(f"rope_theta must be > 0, got {self.rope_theta!r}")
+        if self.rope_local_theta is not None and not self.rope_local_theta > 0:
+            raise ConfigError(f"rope_local_theta must be > 0 or None, got {self.rope_local_theta!r}")
         if not self.init_std > 0:
             raise ConfigError(f"init_std must be > 0, got {self.init_std!r}")
 
     @property
     def head_dim(self) -> int:
         return self.d_head if self.d_head is not None else self.d_model // self.n_heads
+
+    def rope_theta_of(self, layer: int) -> float:
+        """The RoPE base of ``layer``: rope_local_theta on a windowed layer where set, else rope_theta."""
+        local = self.window_of(layer) is not None and self.rope_local_theta is not None
+        return float(self.rope_local_theta) if local else self.rope_theta
 
     def window_of(self, layer: int) -> int | None:
         """The attention window of ``layer`` (None: full attention)."""

@@ -18,6 +18,15 @@ if TYPE_CHECKING:
     import torch
 
 
+def rope_parameters(config: Any) -> dict[str, dict]:
+    """transformers' RoPE settings by layer type: {"": {...}} for one setting for all layers, or
+    {"full_attention": {...}, "sliding_attention": {...}} where the config gives one per type (Gemma 3, OLMo 3)."""
+    rope = getattr(config, "rope_parameters", None) or {}
+    if rope and all(isinstance(v, dict) for v in rope.values()):
+        return dict(rope)
+    return {"": dict(rope)}
+
+
 def window_of(config: Any) -> tuple[int | None, int]:
     """A transformers config's attention windows as normlab's (sliding_window, full_attention_every).
 
@@ -47,12 +56,14 @@ class Arch:
     """The adapter of one transformers architecture (subclasses fill in the class attributes and maps)."""
 
     model_type: str = ""  # transformers' config.model_type
+    name: str = ""  # the name `--arch` takes, where it is not model_type (gemma3 for gemma3_text)
     preset: str = ""  # the normlab layout preset it computes
     mlp: str = "swiglu"  # the MLP it computes
     exports: bool = True  # normlab -> transformers too (False: import only)
     activation: str = "silu"  # the config's activation name for `mlp`
     activation_key: str = "hidden_act"
     windows: bool = False  # whether the class has sliding-window attention (its config's sliding_window)
+    window_patterns: bool = False  # whether it mixes windowed and global layers (layer_types), each with a RoPE base
 
     # -- export: normlab -> transformers --
     def model_problems(self, cfg: ModelConfig) -> list[str]:
@@ -69,12 +80,21 @@ class Arch:
                 problems.append(f"{name}={getattr(cfg, name)} (needs None)")
         if cfg.sliding_window is not None and not self.windows:
             problems.append(f"sliding_window={cfg.sliding_window} (this class has no sliding-window attention)")
-        if cfg.full_attention_every and self.windows:
+        if cfg.full_attention_every and self.windows and not self.window_patterns:
             problems.append(f"full_attention_every={cfg.full_attention_every} (this class windows every layer)")
+        if cfg.rope_local_theta is not None and not self.window_patterns:
+            problems.append(f"rope_local_theta={cfg.rope_local_theta} (this class has one RoPE base)")
         return problems
 
     def hf_config(self, tf: Any, cfg: ModelConfig) -> Any:
         raise NotImplementedError
+
+    @staticmethod
+    def rope_by_layer_type(cfg: ModelConfig) -> dict[str, dict]:
+        """transformers 5's per-layer-type RoPE settings for a normlab config."""
+        local = cfg.rope_local_theta if cfg.rope_local_theta is not None else cfg.rope_theta
+        return {"full_attention": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+                "sliding_attention": {"rope_type": "default", "rope_theta": local}}
 
     @staticmethod
     def layer_types(cfg: ModelConfig) -> list[str]:
@@ -120,10 +140,11 @@ class Arch:
     # -- import: transformers -> normlab --
     def config_problems(self, config: Any) -> list[str]:
         """Config fields that ask for something normlab does not compute."""
-        rope = getattr(config, "rope_parameters", None) or {}
         problems = []
-        if rope.get("rope_type", "default") != "default":
-            problems.append(f"rope_type {rope.get('rope_type')!r} (normlab implements default RoPE)")
+        for kind, rope in rope_parameters(config).items():
+            if rope.get("rope_type", "default") != "default":
+                problems.append(f"rope_type {rope.get('rope_type')!r}{f' on {kind} layers' if kind else ''} "
+                                "(normlab implements default RoPE)")
         act = getattr(config, self.activation_key, None)
         if act != self.activation:
             problems.append(f"activation {act!r} (needs {self.activation})")
@@ -136,19 +157,23 @@ class Arch:
         return problems
 
     @staticmethod
-    def rope_theta(config: Any) -> float:
-        return float((getattr(config, "rope_parameters", None) or {}).get("rope_theta",
-                                                                          getattr(config, "rope_theta", 10_000.0)))
+    def rope_theta(config: Any, kind: str = "full_attention") -> float:
+        """The RoPE base of ``kind`` layers (transformers 5 may give one per layer type)."""
+        ropes = rope_parameters(config)
+        rope = ropes.get(kind) or ropes.get("full_attention") or ropes.get("") or {}
+        return float(rope.get("rope_theta", getattr(config, "rope_theta", 10_000.0)))
 
     def model_config(self, config: Any) -> ModelConfig:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         window, every = window_of(config)
+        theta, local = self.rope_theta(config), self.rope_theta(config, "sliding_attention")
         return ModelConfig(
             vocab_size=config.vocab_size, d_model=config.hidden_size, n_layers=config.num_hidden_layers,
             n_heads=config.num_attention_heads, n_kv_heads=config.num_key_value_heads, d_ff=config.intermediate_size,
             d_head=None if head_dim * config.num_attention_heads == config.hidden_size else head_dim,
             sliding_window=window, full_attention_every=every,
-            mlp=self.mlp, max_seq_len=config.max_position_embeddings, rope_theta=self.rope_theta(config),
+            mlp=self.mlp, max_seq_len=config.max_position_embeddings, rope_theta=theta,
+            rope_local_theta=local if window is not None and local != theta else None,
             norm_eps=config.rms_norm_eps, tie_embeddings=bool(config.tie_word_embeddings))
 
     def import_state(self, theirs: dict[str, torch.Tensor], config: Any) -> dict[str, torch.Tensor]:
