@@ -117,11 +117,11 @@ def test_gpt2_imports_with_identical_logits(act, tmp_path):
 
 
 def test_gemma2_imports_with_identical_logits(tmp_path):
-    """Peri-LN with sqrt(d) embedding scale, (1 + w) norms, GeGLU-tanh, query_pre_attn_scalar and both
-    soft-caps; small caps so that the tanh actually bends the scores and logits."""
+    """Peri-LN with sqrt(d) embedding scale, (1 + w) norms, GeGLU-tanh, query_pre_attn_scalar, both
+    soft-caps (small, so that the tanh actually bends the scores and logits) and the local layers."""
     torch.manual_seed(0)
     cfg = tf.Gemma2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-                          num_key_value_heads=2, head_dim=8, vocab_size=96, max_position_embeddings=64, sliding_window=16,
+                          num_key_value_heads=2, head_dim=8, vocab_size=96, max_position_embeddings=64, sliding_window=4,
                           query_pre_attn_scalar=12, attn_logit_softcapping=0.5, final_logit_softcapping=2.0)
     gemma = tf.Gemma2ForCausalLM(cfg).eval()
     with torch.no_grad():
@@ -130,11 +130,10 @@ def test_gemma2_imports_with_identical_logits(tmp_path):
                 p.uniform_(-0.5, 0.5)
     model = from_native(gemma)
     assert model.layout.to_string() == normlab.PRESETS["gemma2"].layout.to_string()
-    assert model.config.max_seq_len == 16  # up to the sliding window, global attention is the same function
+    # Gemma 2 alternates local (window 4 here, on 12 tokens) and global layers
+    assert (model.config.sliding_window, model.config.full_attention_every, model.config.max_seq_len) == (4, 2, 64)
     torch.testing.assert_close(ours(model), hf_logits(gemma), atol=2e-5, rtol=1e-5)
     assert hf_logits(gemma).abs().max() <= 2.0  # the final soft-cap is in force
-    with pytest.raises(ValueError, match="exceeds max_seq_len"):
-        ours(model, torch.zeros(1, 17, dtype=torch.long))
     gemma.save_pretrained(tmp_path / "g")
     torch.testing.assert_close(ours(from_native(tmp_path / "g")), hf_logits(gemma), atol=2e-5, rtol=1e-5)
 

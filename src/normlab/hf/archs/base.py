@@ -63,7 +63,8 @@ class Arch:
     activation: str = "silu"  # the config's activation name for `mlp`
     activation_key: str = "hidden_act"
     windows: bool = False  # whether the class has sliding-window attention (its config's sliding_window)
-    window_patterns: bool = False  # whether it mixes windowed and global layers (layer_types), each with a RoPE base
+    window_patterns: bool = False  # whether it mixes windowed and global layers (layer_types)
+    local_rope: bool = False  # whether its windowed layers may have a RoPE base of their own
 
     # -- export: normlab -> transformers --
     def model_problems(self, cfg: ModelConfig) -> list[str]:
@@ -82,7 +83,7 @@ class Arch:
             problems.append(f"sliding_window={cfg.sliding_window} (this class has no sliding-window attention)")
         if cfg.full_attention_every and self.windows and not self.window_patterns:
             problems.append(f"full_attention_every={cfg.full_attention_every} (this class windows every layer)")
-        if cfg.rope_local_theta is not None and not self.window_patterns:
+        if cfg.rope_local_theta is not None and not self.local_rope:
             problems.append(f"rope_local_theta={cfg.rope_local_theta} (this class has one RoPE base)")
         return problems
 

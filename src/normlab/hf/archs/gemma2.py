@@ -3,10 +3,9 @@ sqrt(d) embedding scale), with Gemma 2's other pieces as model options: GeGLU-ta
 query_pre_attn_scalar^-1/2, attention and final-logit soft-capping (Gemma Team 2024).
 
 Gemma's RMSNorm multiplies by (1 + w): the 1 is folded into normlab's weights on import and taken
-out on export. Gemma 2 alternates sliding-window (4096) and global layers; normlab attends globally,
-which is the same function for sequences up to the window, so the import sets max_seq_len =
-min(max_position_embeddings, sliding_window) and longer inputs are refused; the export sets the
-window to the whole context.
+out on export. Gemma 2 alternates sliding-window (4096) and global layers: `sliding_window` with
+`full_attention_every=2` (until 2026-11-24 normlab had no windows and imported Gemma 2 with max_seq_len
+cut to the window).
 """
 
 from __future__ import annotations
@@ -28,6 +27,8 @@ class Gemma2(Arch):
     mlp = "geglu-tanh"
     activation = "gelu_pytorch_tanh"
     activation_key = "hidden_activation"
+    windows = True
+    window_patterns = True
 
     def model_problems(self, cfg: ModelConfig) -> list[str]:
         problems = [p for p in super().model_problems(cfg) if not p.startswith(("attn_scale", "attn_softcap",
@@ -41,10 +42,12 @@ class Gemma2(Arch):
 
     def hf_config(self, tf: Any, cfg: ModelConfig) -> Any:
         common = self.common_config(cfg)
-        common.pop("hidden_act")  # sliding window = the whole context: every layer attends globally, as normlab does
+        common.pop("hidden_act")
+        # without a window every layer is global (transformers requires a nominal window in the config)
         return tf.Gemma2Config(hidden_activation=self.activation, query_pre_attn_scalar=int(cfg.attn_scale or cfg.head_dim),
                                attn_logit_softcapping=cfg.attn_softcap, final_logit_softcapping=cfg.logit_softcap,
-                               sliding_window=cfg.max_seq_len, **common)
+                               sliding_window=cfg.sliding_window or cfg.max_seq_len, layer_types=self.layer_types(cfg),
+                               **common)
 
     def export_weight(self, name: str, value: torch.Tensor) -> torch.Tensor:
         return value - 1.0 if "norm" in name else value  # Gemma's RMSNorm multiplies by (1 + w)
@@ -53,10 +56,9 @@ class Gemma2(Arch):
         return value + 1.0 if "norm" in their_name else value
 
     def model_config(self, config: Any) -> ModelConfig:
-        window = getattr(config, "sliding_window", None) or config.max_position_embeddings
         return super().model_config(config).with_(
-            max_seq_len=min(config.max_position_embeddings, window), attn_scale=float(config.query_pre_attn_scalar),
-            attn_softcap=config.attn_logit_softcapping, logit_softcap=config.final_logit_softcapping)
+            attn_scale=float(config.query_pre_attn_scalar), attn_softcap=config.attn_logit_softcapping,
+            logit_softcap=config.final_logit_softcapping)
 
 
 GEMMA2 = Gemma2()

@@ -29,6 +29,7 @@ class Gemma3(Arch):
     activation_key = "hidden_activation"
     windows = True
     window_patterns = True
+    local_rope = True
 
     def model_problems(self, cfg: ModelConfig) -> list[str]:
         problems = [p for p in super().model_problems(cfg) if not p.startswith("attn_scale")]

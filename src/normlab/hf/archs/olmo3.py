@@ -14,6 +14,7 @@ class Olmo3(Olmo2):
     model_type = "olmo3"
     windows = True
     window_patterns = True
+    local_rope = True
 
     def hf_class(self, tf: Any) -> Any:
         return tf.Olmo3ForCausalLM
