@@ -323,7 +323,7 @@ def test_probes_record_the_learnable_scalars_and_the_report_plots_them(corpus, t
     recorded at their parameters' values; the report draws them only for runs that have them."""
     from normlab.diagnostics.probes import Probes
 
-    model = normlab.build_model("normformer,norm.A=dyt,alpha0.mlp.A=0.3,alpha=admin,h-scalar", "nano", seed=0)
+    model = normlab.build_model("normformer,attn=gsAB,norm.A=dyt,alpha0.mlp.A=0.3,alpha=admin,h-scalar", "nano", seed=0)
     with torch.no_grad():
         model.blocks[1].attn.head_scale.copy_(torch.tensor([0.5, -3.0]))  # nano: 2 heads
     x = torch.randint(0, 256, (2, 8))
@@ -336,6 +336,11 @@ def test_probes_record_the_learnable_scalars_and_the_report_plots_them(corpus, t
     assert rows[(1, "mlp_omega", "omega_mean")] == pytest.approx(b.mlp_omega.mean().item())
     assert rows[(0, "attn_h", "h_mean")] == pytest.approx(1.0)
     assert (1, "mlp.hidden_norm", "gamma_mean") in rows  # the hidden norm H is a probed norm site
+    with torch.no_grad():  # the gate's scores, sigmoid(N(x) W_theta), by hand
+        u = b.attn_norms.input(model.blocks[0](model.embed_tokens(x)))  # block 1 reads block 0's output
+        scores = torch.sigmoid(b.attn.gate_proj(u))
+    assert rows[(1, "attn.gate", "gate_mean")] == pytest.approx(scores.mean().item(), rel=1e-5)
+    assert rows[(1, "attn.gate", "gate_below_0.1")] == pytest.approx((scores < 0.1).float().mean().item())
 
     runs = []
     for layout in ("pre", "rezero"):

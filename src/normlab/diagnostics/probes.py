@@ -16,6 +16,7 @@
 | attn_h, mlp_h                   | block          | h_mean, h_abs_max (a learned residual step: ReZero, LayerScale) |
 | attn_omega, mlp_omega           | block          | omega_mean, omega_abs_max (Admin's skip scale, Liu et al. 2020) |
 | attn.head_scale                 | block          | head_scale_mean, head_scale_abs_max (NormFormer's HeadScale) |
+| attn.gate                       | block          | gate_mean, gate_below_0.1 (gated attention's scores, Qiu et al. 2025) |
 | angular:{j}                     | i              | angular_distance between stream states i and j at the last token (Gromov et al., Kim Fig. 9); angular_distance_all over every token |
 | global                          | null           | top100_max, top100_min, top100_mean, max_abs, median_abs, max_median_ratio, fp16_headroom |
 | moe.expert{e}                   | block (MoE)    | load (share of the token-expert assignments) |
@@ -72,6 +73,9 @@ class Probes:
         for i in range(n_layers):
             for tap in TAPS:
                 name = f"blocks.{i}.{tap}"
+                handles.append(mods[name].register_forward_hook(lambda m, a, o, name=name: captured.__setitem__(name, o)))
+            if getattr(mods[f"blocks.{i}.attn"], "gate_proj", None) is not None:  # gated attention's scores
+                name = f"blocks.{i}.attn.gate"
                 handles.append(mods[name].register_forward_hook(lambda m, a, o, name=name: captured.__setitem__(name, o)))
             if f"blocks.{i}.mlp.down_proj" in mods:  # a dense MLP (Prop. 3.1's h and a)
                 handles.append(mods[f"blocks.{i}.mlp.down_proj"].register_forward_hook(
@@ -131,6 +135,11 @@ class Probes:
             for head, (ml, en) in enumerate(zip(max_logit, entropy)):
                 self._row(rows, step, i, f"attn.head{head}", "max_logit", ml)
                 self._row(rows, step, i, f"attn.head{head}", "entropy", en)
+            gate = captured.get(f"blocks.{i}.attn.gate")
+            if gate is not None:  # Qiu et al. 2025 Sec. 4.2: the scores are sparse (mean 0.116 in their model)
+                g = gate.detach().float()
+                self._row(rows, step, i, "attn.gate", "gate_mean", g.mean().item())
+                self._row(rows, step, i, "attn.gate", "gate_below_0.1", (g < 0.1).float().mean().item())
             for w in WEIGHTS:
                 mod = mods.get(f"blocks.{i}.{w}")
                 if mod is None or not mod.weight.requires_grad:

@@ -73,6 +73,7 @@ class Attention(nn.Module):
         self.gate_proj = nn.Linear(d, self.n_heads * hd, bias=bias) if inner.gate else None
         # NormFormer's HeadScale (Shleifer et al. 2021 eq. 3): head i's context times a learned gamma_i from 1
         self.head_scale = nn.Parameter(torch.ones(self.n_heads)) if inner.head_scale else None
+        self.gate = Tap()  # the gate's scores sigmoid(X W_theta) (Qiu et al. report them sparse: mean ~0.1)
         # learned absolute positions (GPT-2) are added to the embedding instead: no rotation here
         self.rotary = Rotary(hd, cfg.max_seq_len, cfg.rope_theta_of(layer_idx)) if cfg.position == "rope" else None
         # Capture points: q, k, v as they enter attention, (B, heads, T, head_dim), q and k after
@@ -139,7 +140,7 @@ class Attention(nn.Module):
             y = self._softcapped(q, k, v, mask)
         y = y.transpose(1, 2)  # (B, T, heads, head_dim)
         if self.gate_proj is not None:
-            y = store(y * torch.sigmoid(self.gate_proj(x)).view(b, t, self.n_heads, self.head_dim))
+            y = store(y * self.gate(torch.sigmoid(self.gate_proj(x))).view(b, t, self.n_heads, self.head_dim))
         if self.span == "head":
             y = self.context_norm(y)
         y = y.reshape(b, t, -1)
