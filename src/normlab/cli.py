@@ -552,7 +552,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_scan)
     s = sub.add_parser("export", help="save a trained normlab model as a transformers checkpoint",
                        description="Export a run's newest checkpoint: --arch normlab (default) writes the normlab "
-                       "class, for any layout (load with trust_remote_code=True); --arch llama (layout pre), olmo2 "
+                       "class, for any layout (load with trust_remote_code=True); --arch llama (layout pre), mistral (pre with a window), qwen3, gemma3, olmo3, olmo2 "
                        "(layout olmo2) or gemma2 (layout gemma2 with mlp=geglu-tanh) writes transformers' own class, and other layouts are refused there because "
                        "no transformers class computes them.")
     s.add_argument("source", help="a run directory (its newest checkpoint) or a checkpoint file")

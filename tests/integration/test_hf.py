@@ -338,3 +338,15 @@ def test_local_global_layers_round_trip_with_equal_logits(arch, tmp_path):
     save_native(model, tmp_path / "out", arch)
     back = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "out", local_files_only=True).eval()
     torch.testing.assert_close(hf_logits(back), ours(model), atol=2e-5, rtol=1e-5)
+
+
+def test_scan_of_a_native_export_without_a_tokenizer_reads_bytes(tmp_path):
+    """A folder save_native wrote without a tokenizer: the scan feeds the texts as bytes (transformers would
+    otherwise guess a tokenizer from the model type and return a token or none); Qwen 3 and Gemma 3 both scan."""
+    from normlab.hf.scan import scan
+
+    for arch, layout, opts in (("qwen3", "qwen3", {"d_head": 16}),
+                               ("gemma3", "gemma3", {"mlp": "geglu-tanh", "sliding_window": 8, "full_attention_every": 2})):
+        save_native(normlab.build_model(layout, "nano", seed=0, **opts), tmp_path / arch, arch)
+        r = scan(tmp_path / arch, tmp_path / arch / "scan", max_len=32)
+        assert r["tokens"] == [4, 32] and len(r["layers"]) == 3, arch

@@ -37,15 +37,26 @@ TEXTS = (
 MASSIVE_MIN, MASSIVE_RATIO, HEADROOM_WARN = 100.0, 1000.0, 10.0
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+
+
 def _tokens(path: Path, model: Any, texts: list[str], max_len: int) -> torch.Tensor:
     tf = _transformers()
     vocab = model.config.vocab_size
-    try:
-        tok = tf.AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
-        ids = [tok(t)["input_ids"][:max_len] for t in texts]
-    except (OSError, ValueError, TypeError):
+    ids = None
+    # only a folder that holds a tokenizer: transformers would otherwise guess one from the model type and
+    # return an empty vocabulary's few ids (a folder written by save_native without a tokenizer)
+    if any((path / f).is_file() for f in TOKENIZER_FILES):
+        try:
+            tok = tf.AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+            ids = [tok(t)["input_ids"][:max_len] for t in texts]
+        except (OSError, ValueError, TypeError):
+            ids = None
+    if ids is None:
         ids = [[b % vocab for b in t.encode()][:max_len] for t in texts]
     n = min(len(i) for i in ids)
+    if n < 2:
+        raise DataError(f"the sample texts gave {n} token(s) with {path}'s tokenizer; give longer texts (--text-file)")
     return torch.tensor([i[:n] for i in ids])
 
 
