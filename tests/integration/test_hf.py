@@ -6,6 +6,7 @@ only if the function is the same.
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 
@@ -350,3 +351,54 @@ def test_scan_of_a_native_export_without_a_tokenizer_reads_bytes(tmp_path):
         save_native(normlab.build_model(layout, "nano", seed=0, **opts), tmp_path / arch, arch)
         r = scan(tmp_path / arch, tmp_path / arch / "scan", max_len=32)
         assert r["tokens"] == [4, 32] and len(r["layers"]) == 3, arch
+
+
+def test_trainer_callback_writes_a_run_the_report_reads(tmp_path):
+    """HF Trainer on a tiny local Llama with NormlabCallback: metrics every step, probes every 4 (the stream by
+    depth, gradient norm per block and matrix, norm gains under normlab's site names), and `normlab report`
+    draws the run like a normlab run's."""
+    from normlab.diagnostics.report import make_report
+    from normlab.hf.callback import NormlabCallback
+
+    torch.manual_seed(0)
+    model = tf.LlamaForCausalLM(tf.LlamaConfig(**SMALL))
+    data = [{"input_ids": t, "labels": t} for t in torch.randint(0, 96, (32, 16), generator=torch.Generator().manual_seed(1))]
+    args = tf.TrainingArguments(output_dir=str(tmp_path / "hf"), max_steps=9, per_device_train_batch_size=4,
+                                gradient_accumulation_steps=2, learning_rate=3e-3, report_to=[], save_strategy="no",
+                                logging_steps=100, use_cpu=True, disable_tqdm=True)
+    tf.Trainer(model=model, args=args, train_dataset=data, callbacks=[NormlabCallback(every=4)]).train()
+    run = normlab.load_run(tmp_path / "hf" / "normlab")
+    assert run.metrics.step.tolist() == list(range(9)) and run.metrics.loss.notna().all()
+    assert run.metrics.loss.iloc[0] == pytest.approx(math.log(96), abs=0.3)  # a random model's loss at init
+    assert sorted(run.probes.step.unique().tolist()) == [0, 4, 8]
+    assert len(run.probe("stream", "var").columns) == SMALL["num_hidden_layers"] + 1
+    assert set(run.probe("self_attn.q_proj", "grad_norm").columns) == {0, 1}
+    assert not run.probe("mlp_norms.input", "gamma_mean").empty  # Llama's post_attention_layernorm
+    assert run.summary["status"] == "ok" and run.summary["spikes"] == 0
+    make_report([tmp_path / "hf" / "normlab"], tmp_path / "report")
+    assert {"loss.png", "variance_by_depth.png", "grad_by_layer.png", "top100_fp16.png"} <= {
+        p.name for p in (tmp_path / "report").glob("*.png")}
+
+
+def test_a_loss_spike_saves_its_batch_and_probes_it(tmp_path):
+    """OLMo's rule (6 sigma over the window): a planted spike at step 30 saves the batch that caused it, with
+    its loss, and probes that batch; steady losses before it do not trigger."""
+    from normlab.diagnostics.monitor import SpikeRule, TrainingMonitor
+
+    model = tf.LlamaForCausalLM(tf.LlamaConfig(**SMALL))
+    monitor = TrainingMonitor(model, tmp_path / "m", every=1000, spike=SpikeRule(window=16, min_history=8))
+    gen = torch.Generator().manual_seed(0)
+    for step in range(32):
+        x = torch.randint(0, 96, (2, 12), generator=gen)
+        model(input_ids=x, labels=x).loss.backward()
+        planted = 50.0 if step == 30 else 4.5 + 0.01 * (step % 3)
+        monitor.step(step, loss=planted)
+        model.zero_grad()
+    summary = monitor.close()
+    assert summary["spikes"] == 1 and [s["step"] for s in monitor.spikes] == [30]
+    saved = torch.load(tmp_path / "m" / "spikes" / "step_30.pt")
+    assert saved["loss"] == 50.0 and saved["threshold"] < 5 and saved["batch"]["input_ids"].shape == (2, 12)
+    run = normlab.load_run(tmp_path / "m")
+    assert not run.probe("spike:stream", "var").empty and run.probe("spike:stream", "var").index.tolist() == [30]
+    with pytest.raises(ValueError, match="min_history"):
+        SpikeRule(window=4, min_history=8)

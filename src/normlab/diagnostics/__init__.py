@@ -1,7 +1,9 @@
 """Diagnostics: the papers' measurements of hidden states and gradients, recorded during training."""
 
 from normlab.diagnostics.attach import ProbeSession, StreamProbe, find_blocks, probing
+from normlab.diagnostics.monitor import SpikeRule, TrainingMonitor
 from normlab.diagnostics.probes import Probes
 from normlab.diagnostics.store import Run, load_run
 
-__all__ = ["ProbeSession", "Probes", "Run", "StreamProbe", "find_blocks", "load_run", "probing"]
+__all__ = ["ProbeSession", "Probes", "Run", "SpikeRule", "StreamProbe", "TrainingMonitor", "find_blocks", "load_run",
+           "probing"]
