@@ -39,6 +39,15 @@ def randomize_norms(model: torch.nn.Module, seed: int = 1) -> None:
                     step.copy_(0.5 + torch.rand(step.shape, generator=g))
 
 
+def assert_blocks_follow(model: torch.nn.Module, equation) -> None:  # noqa: ANN001
+    """Norms moved off their init, then every block equals ``equation`` by hand on one input (float64)."""
+    randomize_norms(model)
+    x = torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(0), dtype=DT)
+    with torch.no_grad():
+        for i, block in enumerate(model.blocks):
+            torch.testing.assert_close(block(x), equation(block, x, i, len(model.blocks)), rtol=1e-6, atol=1e-6)
+
+
 # --- the equations, one function per form: (block, x, layer index, n_layers) -> block output ---
 
 def A(b, x, inner="", span="head", qk_after_rope=False):
@@ -271,11 +280,7 @@ def test_every_norm_kind_at_every_site_matches_its_formula(kind):
     """A kind applies at every site a layout turns on: Peri-LN with QK-norm in that kind, block and
     model-level norms, each against the kind's formula written out in tests/reference.py."""
     model = normlab.build_model(f"peri+qk,norm={kind}", "nano", seed=0, n_kv_heads=1, d_model=32, n_heads=2).double()
-    randomize_norms(model)
-    x = torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(0), dtype=DT)
-    with torch.no_grad():
-        for i, block in enumerate(model.blocks):
-            torch.testing.assert_close(block(x), peri_with("qk")(block, x, i, 2), rtol=1e-6, atol=1e-6)
+    assert_blocks_follow(model, peri_with("qk"))
     sizes = {"dyt": 2 * 32 + 1, "scale": 1, "l2": 0}  # gamma, beta, alpha / g / nothing
     assert sum(p.numel() for p in model.blocks[0].attn_norms.input.parameters()) == sizes[kind]
 
@@ -302,11 +307,7 @@ def test_gains_at_every_site_match_their_formula(kind, gain):
                                 n_heads=2).double()
     norm = model.blocks[0].attn_norms.input
     assert (norm.weight is None) if gain == "none" else bool((norm.weight == 0).all())  # centered: w starts at 0
-    randomize_norms(model)
-    x = torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(0), dtype=DT)
-    with torch.no_grad():
-        for i, block in enumerate(model.blocks):
-            torch.testing.assert_close(block(x), peri_with("qk")(block, x, i, 2), rtol=1e-6, atol=1e-6)
+    assert_blocks_follow(model, peri_with("qk"))
 
 
 
@@ -322,11 +323,7 @@ def test_per_site_kinds_hold_their_own_norm_and_match_the_equation():
     assert isinstance(b.mlp_norms.output, DyT) and b.mlp_norms.output.alpha.item() == pytest.approx(0.2)
     assert isinstance(b.attn_norms.input, torch.nn.LayerNorm) and isinstance(b.attn.q_norm, L2Norm)
     assert isinstance(b.attn.k_norm, L2Norm) and bool((model.final_norm.weight == 0).all())  # centered: w from 0
-    randomize_norms(model)
-    x = torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(0), dtype=DT)
-    with torch.no_grad():
-        for i, block in enumerate(model.blocks):
-            torch.testing.assert_close(block(x), peri_with("qk")(block, x, i, 2), rtol=1e-6, atol=1e-6)
+    assert_blocks_follow(model, peri_with("qk"))
 
 
 def test_qk_norm_after_rope_is_its_own_site_only_with_a_gain():

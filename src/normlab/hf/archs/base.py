@@ -62,6 +62,7 @@ class Arch:
     exports: bool = True  # normlab -> transformers too (False: import only)
     activation: str = "silu"  # the config's activation name for `mlp`
     activation_key: str = "hidden_act"
+    options: tuple[str, ...] = ()  # of attn_scale, attn_softcap, logit_softcap: the ones the class computes (Gemma)
     windows: bool = False  # whether the class has sliding-window attention (its config's sliding_window)
     window_patterns: bool = False  # whether it mixes windowed and global layers (layer_types)
     local_rope: bool = False  # whether its windowed layers may have a RoPE base of their own
@@ -77,8 +78,10 @@ class Arch:
         if cfg.position != "rope":
             problems.append(f"position={cfg.position} (needs rope)")
         for name in ("attn_scale", "attn_softcap", "logit_softcap"):
-            if getattr(cfg, name) is not None:
+            if getattr(cfg, name) is not None and name not in self.options:
                 problems.append(f"{name}={getattr(cfg, name)} (needs None)")
+        if "attn_scale" in self.options and cfg.attn_scale is not None and cfg.attn_scale != int(cfg.attn_scale):
+            problems.append(f"attn_scale={cfg.attn_scale} (the config's query_pre_attn_scalar is an integer)")
         if cfg.sliding_window is not None and not self.windows:
             problems.append(f"sliding_window={cfg.sliding_window} (this class has no sliding-window attention)")
         if cfg.full_attention_every and self.windows and not self.window_patterns:

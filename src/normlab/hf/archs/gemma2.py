@@ -27,15 +27,10 @@ class Gemma2(Arch):
     mlp = "geglu-tanh"
     activation = "gelu_pytorch_tanh"
     activation_key = "hidden_activation"
+    options = ("attn_scale", "attn_softcap", "logit_softcap")
     windows = True
     window_patterns = True
 
-    def model_problems(self, cfg: ModelConfig) -> list[str]:
-        problems = [p for p in super().model_problems(cfg) if not p.startswith(("attn_scale", "attn_softcap",
-                                                                                "logit_softcap"))]
-        if cfg.attn_scale is not None and cfg.attn_scale != int(cfg.attn_scale):
-            problems.append(f"attn_scale={cfg.attn_scale} (Gemma 2's query_pre_attn_scalar is an integer)")
-        return problems
 
     def hf_class(self, tf: Any) -> Any:
         return tf.Gemma2ForCausalLM

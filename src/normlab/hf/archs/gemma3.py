@@ -27,15 +27,11 @@ class Gemma3(Arch):
     mlp = "geglu-tanh"
     activation = "gelu_pytorch_tanh"
     activation_key = "hidden_activation"
+    options = ("attn_scale",)
     windows = True
     window_patterns = True
     local_rope = True
 
-    def model_problems(self, cfg: ModelConfig) -> list[str]:
-        problems = [p for p in super().model_problems(cfg) if not p.startswith("attn_scale")]
-        if cfg.attn_scale is not None and cfg.attn_scale != int(cfg.attn_scale):
-            problems.append(f"attn_scale={cfg.attn_scale} (Gemma 3's query_pre_attn_scalar is an integer)")
-        return problems
 
     def hf_class(self, tf: Any) -> Any:
         return tf.Gemma3ForCausalLM
