@@ -334,6 +334,13 @@ def _recipes(args: argparse.Namespace) -> int:
     return 0
 
 
+def _convert(args: argparse.Namespace) -> int:
+    from normlab.runs.convert import convert
+
+    print("\n".join(convert(args.source, args.layout, args.out, seed=args.seed, match_scale=not args.unit_gamma).lines()))
+    return 0
+
+
 def _scan(args: argparse.Namespace) -> int:
     from normlab.config.commands import ScanConfig
     from normlab.hf.scan import scan
@@ -550,6 +557,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("model", help="a local folder with config.json and weights (and a tokenizer, optionally)")
     _add_declared(s, ScanConfig)
     s.set_defaults(func=_scan)
+    s = sub.add_parser("convert", help="move a trained run to another layout, the change of function measured",
+                       description="Copy a run's newest weights into a model of another layout (same size and "
+                       "options): weights the new layout shares are kept, new sites start at their stated init, "
+                       "gamma <-> centered gains are rewritten exactly; reports KL(old || new) of the next-token "
+                       "distributions on held-out text and writes a checkpoint folder for --init-from.")
+    s.add_argument("source", help="a run directory (its newest checkpoint) or a checkpoint file")
+    s.add_argument("--layout", required=True, help="the new layout (preset or string form), e.g. peri")
+    s.add_argument("--out", required=True, help="output folder (new or empty)")
+    s.add_argument("--seed", type=int, default=0, help="seed of the new sites' init (default 0)")
+    s.add_argument("--unit-gamma", action="store_true", help="new output/embedding norms start at gamma 1 instead "
+                   "of the RMS of what they normalize in the old model")
+    s.set_defaults(func=_convert)
     s = sub.add_parser("export", help="save a trained normlab model as a transformers checkpoint",
                        description="Export a run's newest checkpoint: --arch normlab (default) writes the normlab "
                        "class, for any layout (load with trust_remote_code=True); --arch llama (layout pre), mistral (pre with a window), qwen3, gemma3, olmo3, olmo2 "

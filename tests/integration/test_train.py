@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from normlab.data import TokenData
 from normlab.model.config import ConfigError
@@ -391,3 +392,31 @@ def test_learned_scales_are_not_weight_decayed():
     for p in (b.attn_h, b.mlp_h, b.attn_omega, b.mlp_omega, b.attn.head_scale, b.mlp.hidden_norm.weight):
         assert id(p) not in decayed
     assert id(b.attn.gate_proj.weight) in decayed
+
+
+def test_convert_a_pre_run_to_peri_then_train_from_it(corpus, tmp_path, capsys):
+    """The seeds' migration: keep every weight, add output norms (gamma 1) and the embedding norm; the KL of the
+    next-token distributions is reported (> 0: the function changed); training continues with --init-from.
+    A gamma -> centered gain change is exact (KL 0)."""
+    from normlab.cli import main
+    from normlab.runs.checkpoint import list_checkpoints, load_checkpoint
+    from normlab.runs.convert import convert
+
+    train(small(corpus, tmp_path / "pre", steps=8, layout="pre"))
+    conv = convert(tmp_path / "pre", "peri", tmp_path / "peri0")
+    assert conv.new and all("the mean RMS of what it normalizes" in v for v in conv.new.values())  # only norms
+    assert {".".join(k.split(".")[2:4]) for k in conv.new if k.startswith("blocks.")} == {
+        "attn_norms.output", "mlp_norms.output"} and "embed_norm.weight" in conv.new and not conv.dropped
+    assert conv.kl > 0 and math.isfinite(conv.kl) and 0 <= conv.top1_agreement <= 1 and conv.tokens > 0
+    unit = convert(tmp_path / "pre", "peri", tmp_path / "unit", match_scale=False)
+    assert all("gamma = 1" in v for v in unit.new.values()) and unit.kl > conv.kl  # matched scales change less
+    old = load_checkpoint(list_checkpoints(tmp_path / "pre")[-1])["model"]
+    new = load_checkpoint(conv.checkpoint)["model"]
+    assert torch.equal(new["blocks.1.mlp.down_proj.weight"], old["blocks.1.mlp.down_proj.weight"])
+    s = train(small(corpus, tmp_path / "peri", steps=4, layout="peri", init_from=str(tmp_path / "peri0")))
+    assert s["status"] == "ok" and s["initial_loss"] < math.log(256) - 0.3  # from the trained weights, not ln 256
+    exact = convert(tmp_path / "pre", "pre,gain=centered", tmp_path / "centered")
+    assert exact.kl == pytest.approx(0.0, abs=1e-12) and exact.top1_agreement == 1.0 and not exact.new
+    assert exact.rewritten and set(exact.rewritten.values()) == {"gamma -> centered: w = gamma - 1"}
+    assert main(["convert", str(tmp_path / "pre"), "--layout", "peri", "--out", str(tmp_path / "cli")]) == 0
+    assert "KL(old || new)" in capsys.readouterr().out
