@@ -334,6 +334,34 @@ def _recipes(args: argparse.Namespace) -> int:
     return 0
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    import json
+    from normlab.doctor import checkup, load_model, rescalable, rescale_for_fp16, sample_tokens, write_copy
+    from normlab.doctor.checkup import findings_json
+
+    if args.headroom < 1:
+        raise ConfigError(f"--headroom is 65504 / the largest activation wanted, at least 1; got {args.headroom}")
+    model, tok, kind = load_model(args.model)
+    x = sample_tokens(model, tok)
+    findings, _ = checkup(model, x)
+    if args.json:
+        print(json.dumps(findings_json(findings), indent=1))
+    else:
+        print(f"# doctor: {args.model} ({kind}; layout {model.layout.label}), {x.shape[0]} x {x.shape[1]} tokens")
+        print("\n".join(f.line() for f in findings))
+    why = rescalable(model)
+    if args.fp16_copy:
+        if why is not None:
+            raise ConfigError(f"no exact fp16-safe copy for this layout: {why}")
+        r = rescale_for_fp16(model, x[:, :-1], args.headroom)
+        out = write_copy(r.model, args.model, kind, args.fp16_copy)
+        print(f"fp16-safe copy: stream x {r.factor:.4g}, largest activation {r.max_before:.4g} -> {r.max_after:.4g}; "
+              f"logits changed by at most {r.max_logit_change:.3g} (KL {r.kl:.3g} nats/token) -> {out}")
+    elif not args.json:
+        print("an exact fp16-safe rescaled copy: " + ("available (--fp16-copy OUT)" if why is None else f"not exact here ({why})"))
+    return 0
+
+
 def _convert(args: argparse.Namespace) -> int:
     from normlab.runs.convert import convert
 
@@ -557,6 +585,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("model", help="a local folder with config.json and weights (and a tokenizer, optionally)")
     _add_declared(s, ScanConfig)
     s.set_defaults(func=_scan)
+    s = sub.add_parser("doctor", help="a stability check of trained weights (and an fp16-safe copy where exact)",
+                       description="One forward and backward on sample text through a run, a checkpoint or a "
+                       "transformers folder: fp16 headroom and the first module that would overflow, massive "
+                       "activations, per-layer gradient spread, attention logits, norm gains, per-block Jacobians; "
+                       "each finding with its threshold. --fp16-copy writes a rescaled copy whose logits are "
+                       "unchanged, where the layout makes the stream's scale irrelevant.")
+    s.add_argument("model", help="a run directory, a checkpoint file or a local transformers folder")
+    s.add_argument("--fp16-copy", metavar="OUT", help="write the rescaled copy here (refused, with the reason, where "
+                   "not exact)")
+    s.add_argument("--headroom", type=float, default=16.0, help="the copy's target: 65504 / largest activation "
+                   "(default 16)")
+    s.add_argument("--json", action="store_true", help="print the findings as JSON")
+    s.set_defaults(func=_doctor)
     s = sub.add_parser("convert", help="move a trained run to another layout, the change of function measured",
                        description="Copy a run's newest weights into a model of another layout (same size and "
                        "options): weights the new layout shares are kept, new sites start at their stated init, "

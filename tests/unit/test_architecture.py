@@ -19,7 +19,7 @@ LEVELS = [
     {"runs"},
     {"diagnostics", "hf", "screen"},
     {"train"},
-    {"experiments"},
+    {"experiments", "doctor"},
     {"evaluation"},
     {"cli", "demo", "__main__", "__init__"},
 ]

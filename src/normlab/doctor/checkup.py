@@ -1,0 +1,226 @@
+"""The checkup: one forward and backward of trained weights on sample text, read as findings.
+
+The model is a normlab run or checkpoint, or a transformers folder (the normlab class, or an architecture
+normlab converts exactly: Llama, Mistral, Qwen 3, OLMo 2/3, Gemma 2/3, GPT-2), loaded as the `NormLM`
+that computes the same function, so every measurement of `normlab.diagnostics.probes` applies. Each
+finding states its value, the threshold it was judged by and where:
+
+| finding | measured | warn / fail |
+|---|---|---|
+| fp16 headroom | 65504 / the largest activation anywhere (every module's output) | < 10 / < 1 |
+| first fp16 overflow | the first site, in execution order, that would be inf with activations stored in fp16 (`forensics.first_break`) | any |
+| massive activations | max / median of the block outputs' magnitudes (Sun et al. 2024) | > 1000 |
+| gradient spread | largest / smallest per-layer gradient norm (all of a block's matrices) | > 100 |
+| attention logits | the largest q.k/sqrt(d) of any head (Wortsman et al. 2024: logit growth precedes divergence) | > 50 |
+| norm gains | the largest and smallest |gain| of any norm | > 10 or < 0.05 |
+| block Jacobians | max ||dX_(l+1)/dX_l||_2 on the sample (Kan et al. Sec. 4, `screen.backward`) | > 10 |
+
+The thresholds are normlab's, chosen to flag what the papers describe, and printed with each finding.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from normlab.diagnostics.forensics import first_break
+from normlab.diagnostics.probes import Probes
+from normlab.diagnostics.stats import FP16_MAX
+from normlab.errors import DataError
+from normlab.model.storage import NO_STORAGE, for_run
+from normlab.runs.files import RunDir
+from normlab.runs.model import load_run_model, run_tokenizer
+from normlab.screen.backward import sensitivities
+
+TEXTS = (
+    "The quick brown fox jumps over the lazy dog, and the dog, being lazy, does not mind at all.",
+    "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer the slings.",
+    "In 1905, Albert Einstein published four papers that changed physics and the way we think of time.",
+    "def add(a, b):\n    return a + b\n\nprint(add(2, 3))\n",
+)
+HEADROOM_WARN, HEADROOM_FAIL = 10.0, 1.0
+MASSIVE_RATIO = 1000.0
+GRAD_SPREAD = 100.0
+MAX_LOGIT = 50.0
+GAIN_HIGH, GAIN_LOW = 10.0, 0.05
+JACOBIAN = 10.0
+
+
+@dataclass
+class Finding:
+    name: str
+    value: float
+    threshold: str
+    verdict: str  # ok | warn | fail
+    where: str = ""
+
+    def line(self) -> str:
+        if self.where == "none":
+            return f"{self.verdict.upper():5s} {self.name}: none ({self.threshold})"
+        v = f"{self.value:.4g}" if isinstance(self.value, float) else str(self.value)
+        return f"{self.verdict.upper():5s} {self.name}: {v}{f' at {self.where}' if self.where else ''} ({self.threshold})"
+
+
+def load_model(source: str | Path) -> tuple[nn.Module, Any, str]:
+    """A NormLM for a run, a checkpoint or a transformers folder, its tokenizer (None: bytes mod the
+    vocabulary) and what it was."""
+    src = Path(source)
+    folder = RunDir(src)
+    if src.is_dir() and folder.config_file.is_file() and not folder.has_checkpoints():
+        model_type = json.loads(folder.config_file.read_text()).get("model_type")
+        if model_type == "normlab":
+            from normlab.hf import from_hf
+
+            model = from_hf(src)
+        else:
+            from normlab.hf import from_native
+
+            model = from_native(src)
+        tok = None
+        if any((src / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+            from normlab.hf.native import _transformers
+
+            tok = _transformers().AutoTokenizer.from_pretrained(src, local_files_only=True, trust_remote_code=False)
+        return model.eval(), tok, f"transformers folder ({model_type})"
+    run = load_run_model(src)
+    return run.model.eval(), run_tokenizer(run.config, run.run_dir), f"normlab run ({run.config.get('layout')})"
+
+
+def sample_tokens(model: nn.Module, tok: Any, texts: tuple[str, ...] = TEXTS, max_len: int = 64) -> torch.Tensor:
+    vocab = model.config.vocab_size
+    if tok is None:
+        ids = [[b % vocab for b in t.encode()] for t in texts]
+    elif hasattr(tok, "encode") and not hasattr(tok, "pad_token"):  # a normlab tokenizer
+        ids = [list(tok.encode(t)) for t in texts]
+    else:  # a transformers tokenizer
+        ids = [tok(t)["input_ids"] for t in texts]
+    n = min(min(len(i) for i in ids), max_len, model.config.max_seq_len)
+    if n < 3:
+        raise DataError(f"the sample texts gave {n} tokens; give longer texts")
+    return torch.tensor([i[:n] for i in ids], dtype=torch.long)
+
+
+@torch.no_grad()
+def module_maxima(model: nn.Module, x: torch.Tensor) -> dict[str, float]:
+    """The largest |output| of every leaf module and capture point, by path, in execution order."""
+    found: dict[str, float] = {}
+    handles = []
+    for path, mod in model.named_modules():
+        # leaves, but not an off site's plain nn.Identity (its "output" is the stream under a misleading name);
+        # the capture points (Tap: resid_mid, resid_post, ...) are kept
+        if path and not list(mod.children()) and type(mod) is not nn.Identity:
+            def hook(m, a, o, path=path):  # noqa: ANN001, ANN202
+                if isinstance(o, torch.Tensor) and o.is_floating_point():
+                    found[path] = max(found.get(path, 0.0), float(o.detach().abs().max()))
+            handles.append(mod.register_forward_hook(hook))
+    try:
+        model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    return found
+
+
+def _judge(name: str, value: float, warn: bool, fail: bool, threshold: str, where: str = "") -> Finding:
+    return Finding(name, value, threshold, "fail" if fail else "warn" if warn else "ok", where)
+
+
+def checkup(model: nn.Module, x: torch.Tensor, jacobian_iters: int = 10) -> tuple[list[Finding], dict[str, Any]]:
+    """Findings for ``model`` (a NormLM) on tokens ``x`` (B, T); and the raw measurements."""
+    model = model.eval()
+    rows = Probes(model, (x[:, :-1], x[:, 1:])).record(0)
+
+    def get(site: str, metric: str) -> dict[Any, float]:
+        return {r["layer"]: r["value"] for r in rows if r["site"] == site and r["metric"] == metric}
+
+    findings: list[Finding] = []
+    maxima = module_maxima(model, x[:, :-1])
+    top_path, top = max(maxima.items(), key=lambda kv: kv[1]) if maxima else ("", 0.0)
+    headroom = FP16_MAX / top if top > 0 else math.inf
+    findings.append(_judge("fp16 headroom", headroom, headroom < HEADROOM_WARN, headroom < HEADROOM_FAIL,
+                           f"65504 / largest activation {top:.4g}; warn < {HEADROOM_WARN:g}, fail < {HEADROOM_FAIL:g}",
+                           top_path))
+    fp16 = for_run("fp32", "fp16")
+    model.set_storage(fp16)
+    try:
+        brk = first_break(model, [(x[:, :-1], x[:, 1:])])
+    finally:
+        model.set_storage(NO_STORAGE)
+    first = brk.get("forward")
+    where = f"block {first.get('layer')}: {first.get('site')}" if first else ""
+    findings.append(_judge("first fp16 overflow", float(first.get("before") or math.nan) if first else 0.0, False,
+                           first is not None, "the first site whose value would be inf stored in fp16 (value: the "
+                           "largest finite one flowing in)", f"{where} ({first['module']})" if first else "none"))
+    ratio = get("global", "max_median_ratio").get(None, math.nan)
+    findings.append(_judge("massive activations", ratio, ratio > MASSIVE_RATIO, False,
+                           f"max / median |h| over the block outputs; warn > {MASSIVE_RATIO:g}"))
+    per_layer: dict[int, float] = {}
+    for r in rows:
+        if r["metric"] == "grad_norm" and "_proj" in r["site"] and r["layer"] is not None:
+            per_layer[r["layer"]] = per_layer.get(r["layer"], 0.0) + r["value"] ** 2
+    norms = {k: math.sqrt(v) for k, v in per_layer.items()}
+    if norms:
+        lo, hi = min(norms, key=norms.get), max(norms, key=norms.get)
+        spread = norms[hi] / max(norms[lo], 1e-30)
+        findings.append(_judge("gradient spread", spread, spread > GRAD_SPREAD, False,
+                               f"largest / smallest per-layer gradient norm; warn > {GRAD_SPREAD:g}",
+                               f"blocks {hi} (largest) and {lo} (smallest)"))
+    heads = [(r["value"], r["layer"], r["site"]) for r in rows if r["metric"] == "max_logit" and r["site"].startswith("attn.head")]
+    if heads:
+        v, layer, site = max(heads)
+        findings.append(_judge("attention logits", v, v > MAX_LOGIT, False,
+                               f"largest q.k/sqrt(d) of any head; warn > {MAX_LOGIT:g}", f"block {layer} {site}"))
+    gains = [(r["value"], r["layer"], r["site"], r["metric"]) for r in rows if r["metric"] in ("gamma_max", "gamma_min")]
+    if gains:
+        big = max(gains, key=lambda g: abs(g[0]))
+        small = min(gains, key=lambda g: abs(g[0]))
+        findings.append(_judge("norm gain, largest |gamma|", abs(big[0]), abs(big[0]) > GAIN_HIGH, False,
+                               f"warn > {GAIN_HIGH:g}", f"{big[2]} (block {big[1]})"))
+        findings.append(_judge("norm gain, smallest |gamma|", abs(small[0]), abs(small[0]) < GAIN_LOW, False,
+                               f"warn < {GAIN_LOW:g}", f"{small[2]} (block {small[1]})"))
+    with torch.no_grad():
+        x0 = model.embed_tokens(x[:1, :-1]).double()
+    sens = sensitivities(model.double(), x0, jacobian_iters)
+    model.float()
+    worst = max(range(len(sens)), key=sens.__getitem__)
+    findings.append(_judge("block Jacobian", sens[worst], sens[worst] > JACOBIAN, False,
+                           f"max ||dX_(l+1)/dX_l||_2 (Kan et al.); warn > {JACOBIAN:g}", f"block {worst}"))
+    raw = {"module_max": maxima, "first_fp16_break": first, "grad_norm_by_layer": norms,
+           "jacobian_by_block": sens, "probe_rows": len(rows)}
+    return findings, raw
+
+
+def findings_json(findings: list[Finding]) -> list[dict[str, Any]]:
+    return [asdict(f) for f in findings]
+
+
+def write_copy(model: nn.Module, source: str | Path, kind: str, out: str | Path) -> Path:
+    """Save a doctored copy as its source was: a transformers folder again (its own class where normlab
+    exports it exactly, else the normlab class), or a checkpoint folder for `--init-from` / `load_run_model`."""
+    out = Path(out)
+    if kind.startswith("transformers"):
+        from normlab.hf import save_hf, save_native
+        from normlab.hf.archs import EXPORTABLE
+
+        model_type = kind.split("(")[-1].rstrip(")")
+        name = next((n for n in EXPORTABLE if n == model_type or model_type.startswith(n)), None)
+        if name is not None:
+            try:
+                return save_native(model, out, name)
+            except ValueError:
+                pass  # the rescaled model's options no longer map (they do today): the normlab class keeps any
+        return save_hf(model, out)
+    from normlab.io import own_folder
+    from normlab.runs.checkpoint import save_checkpoint
+
+    run = load_run_model(source)
+    own_folder(out, "doctored")
+    RunDir(out).write_record({"config": run.config, "doctored_from": str(source)})
+    save_checkpoint(out, run.step or 0, {"model": model.state_dict(), "config": run.config}, keep_last=1)
+    return out
