@@ -258,14 +258,14 @@ def test_the_bundle_defines_every_name_its_modules_import(monkeypatch):
         bundle.bundle_source()
 
 
-@pytest.mark.parametrize("arch, window", [("qwen3", None), ("qwen3", 4), ("mistral", 4), ("llama", None)])
+@pytest.mark.parametrize("arch, window", [("qwen3", None), ("qwen3", 4), ("mistral", 4), ("llama", None), ("qwen2", 4)])
 def test_head_dim_and_sliding_window_round_trip_with_equal_logits(arch, window, tmp_path):
     """A head width apart from d_model / heads (Qwen 3: 128 in every size) and a sliding window shorter than
     the sequence (12 tokens, window 4): import from a random transformers model and export back, logits equal."""
     cls, config = {"qwen3": ("Qwen3ForCausalLM", "Qwen3Config"), "mistral": ("MistralForCausalLM", "MistralConfig"),
-                   "llama": ("LlamaForCausalLM", "LlamaConfig")}[arch]
+                   "llama": ("LlamaForCausalLM", "LlamaConfig"), "qwen2": ("Qwen2ForCausalLM", "Qwen2Config")}[arch]
     opts = dict(SMALL, head_dim=16)  # 4 heads x 16 = 64 != hidden 32
-    if arch == "qwen3":
+    if arch in ("qwen2", "qwen3"):
         opts.update(use_sliding_window=window is not None, sliding_window=window, max_window_layers=0)
     elif arch == "mistral":
         opts.update(sliding_window=window)
@@ -275,8 +275,11 @@ def test_head_dim_and_sliding_window_round_trip_with_equal_logits(arch, window, 
         for name, p in hf.named_parameters():
             if "norm" in name:
                 p.uniform_(0.5, 1.5)
+            elif name.endswith("bias"):  # Qwen 2's q/k/v biases, away from their zero init
+                p.uniform_(-0.5, 0.5)
     model = from_native(hf)
     assert model.config.head_dim == 16 and model.config.d_head == 16 and model.config.sliding_window == window
+    assert model.config.qkv_bias == (arch == "qwen2")
     torch.testing.assert_close(ours(model), hf_logits(hf), atol=2e-5, rtol=1e-5)
     if window is not None:  # the window matters here: without it the logits differ
         full = normlab.build_model(model.layout, model.config.with_(sliding_window=None)).eval()

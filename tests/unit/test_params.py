@@ -10,7 +10,8 @@ from normlab.model.config import NOMINAL_PARAMS, SIZES
 
 
 @pytest.mark.parametrize("name", list(PRESETS), ids=list(PRESETS))
-@pytest.mark.parametrize("variant", [{}, {"tie_embeddings": True, "n_kv_heads": 1, "mlp": "gelu", "linear_bias": True}])
+@pytest.mark.parametrize("variant", [{}, {"tie_embeddings": True, "n_kv_heads": 1, "mlp": "gelu", "linear_bias": True},
+                                     {"qkv_bias": True, "d_head": 8, "n_kv_heads": 2}])
 def test_measured_equals_analytic(name, variant):
     model = normlab.build_model(name, "nano", n_layers=4, **variant)
     assert count_params(model) == analytic_params(model.config, model.resolved)

@@ -57,9 +57,10 @@ class Attention(nn.Module):
         self.span = span = layout.inner_span
         self.qk_after_rope = layout.qk_after_rope
         d, hd, bias = cfg.d_model, cfg.head_dim, cfg.linear_bias
-        self.q_proj = nn.Linear(d, self.n_heads * hd, bias=bias)
-        self.k_proj = nn.Linear(d, self.n_kv_heads * hd, bias=bias)
-        self.v_proj = nn.Linear(d, self.n_kv_heads * hd, bias=bias)
+        qkv_bias = bias or cfg.qkv_bias  # Qwen 2: biases on q, k, v and not on W_O
+        self.q_proj = nn.Linear(d, self.n_heads * hd, bias=qkv_bias)
+        self.k_proj = nn.Linear(d, self.n_kv_heads * hd, bias=qkv_bias)
+        self.v_proj = nn.Linear(d, self.n_kv_heads * hd, bias=qkv_bias)
         self.o_proj = nn.Linear(self.n_heads * hd, d, bias=bias)
 
         def dim(heads: int) -> int:

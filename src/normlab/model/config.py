@@ -52,6 +52,7 @@ class ModelConfig:
     norm_compute: str = "input"  # under autocast: "input" (weights cast to bf16/fp16, fused) | "fp32" (HF Llama's upcast)
     dyt_alpha: float = 0.5  # DyT's initial alpha (Zhu et al. 2025: 0.5 by default; LLMs want it tuned)
     linear_bias: bool = False  # biases on the attention and MLP projections (Llama: none)
+    qkv_bias: bool = False  # biases on the query, key and value projections only (Qwen 2)
     tie_embeddings: bool = False  # Kim: untied; Zhuo: tied
     # Mixture of experts (normlab.model.moe; OLMoE / Zhuo Sec. 4.3): n_experts 0 is the dense MLP
     n_experts: int = 0

@@ -65,7 +65,8 @@ def analytic_params(cfg: ModelConfig, resolved: ResolvedLayout) -> ParamCount:
         return gamma
 
     b = 1 if cfg.linear_bias else 0
-    attn = d * h * hd + 2 * d * kv * hd + h * hd * d + b * (h * hd + 2 * kv * hd + d)
+    qkv_b = 1 if (cfg.linear_bias or cfg.qkv_bias) else 0
+    attn = d * h * hd + 2 * d * kv * hd + h * hd * d + qkv_b * (h * hd + 2 * kv * hd) + b * d
     n_mats = 3 if cfg.mlp in ("swiglu", "geglu-tanh") else 2
     mlp = n_mats * d * ff + b * ((n_mats - 1) * ff + d)
     if cfg.n_experts:  # routed SwiGLU experts, the router, an optional shared expert (normlab.model.moe)

@@ -64,6 +64,7 @@ class Arch:
     activation_key: str = "hidden_act"
     options: tuple[str, ...] = ()  # of attn_scale, attn_softcap, logit_softcap: the ones the class computes (Gemma)
     windows: bool = False  # whether the class has sliding-window attention (its config's sliding_window)
+    qkv_bias: bool = False  # whether its q, k, v projections have biases (Qwen 2)
     window_patterns: bool = False  # whether it mixes windowed and global layers (layer_types)
     local_rope: bool = False  # whether its windowed layers may have a RoPE base of their own
 
@@ -75,6 +76,10 @@ class Arch:
             problems.append(f"mlp={cfg.mlp} (needs {self.mlp})")
         if cfg.linear_bias:
             problems.append("linear_bias=True (needs no biases)")
+        if cfg.qkv_bias and not self.qkv_bias:
+            problems.append("qkv_bias=True (this class has no q/k/v biases)")
+        if self.qkv_bias and not cfg.qkv_bias:
+            problems.append("qkv_bias=False (this class has q/k/v biases)")
         if cfg.position != "rope":
             problems.append(f"position={cfg.position} (needs rope)")
         for name in ("attn_scale", "attn_softcap", "logit_softcap"):
@@ -125,6 +130,8 @@ class Arch:
         names and the architecture's norms (`norm_names`)."""
         n, h = f"blocks.{i}.", f"model.layers.{i}."
         m = {f"{n}attn.{p}_proj.weight": f"{h}self_attn.{p}_proj.weight" for p in "qkvo"}
+        if self.qkv_bias:
+            m.update({f"{n}attn.{p}_proj.bias": f"{h}self_attn.{p}_proj.bias" for p in "qkv"})
         m.update({f"{n}mlp.{p}_proj.weight": f"{h}mlp.{p}_proj.weight" for p in ("gate", "up", "down")})
         m.update({f"{n}{ours}.weight": f"{h}{theirs}.weight" for ours, theirs in self.norm_names.items()})
         return m
@@ -152,7 +159,7 @@ class Arch:
         act = getattr(config, self.activation_key, None)
         if act != self.activation:
             problems.append(f"activation {act!r} (needs {self.activation})")
-        if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
+        if (getattr(config, "attention_bias", False) and not self.qkv_bias) or getattr(config, "mlp_bias", False):
             problems.append("biases on projections")
         try:
             window_of(config)
@@ -175,6 +182,7 @@ class Arch:
             vocab_size=config.vocab_size, d_model=config.hidden_size, n_layers=config.num_hidden_layers,
             n_heads=config.num_attention_heads, n_kv_heads=config.num_key_value_heads, d_ff=config.intermediate_size,
             d_head=None if head_dim * config.num_attention_heads == config.hidden_size else head_dim,
+            qkv_bias=self.qkv_bias,
             sliding_window=window, full_attention_every=every,
             mlp=self.mlp, max_seq_len=config.max_position_embeddings, rope_theta=theta,
             rope_local_theta=local if window is not None and local != theta else None,
