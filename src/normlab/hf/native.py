@@ -13,6 +13,7 @@ Both ways:
 - `qwen3` (Qwen3ForCausalLM) <-> layout `qwen3` (`attn=qkA,mlp=A,final`): Pre-LN with per-head QK-norm
   before RoPE, its own head width (`d_head`).
 - `mistral` (MistralForCausalLM) <-> layout `pre` with `sliding_window` on every layer.
+- `qwen2` (Qwen2ForCausalLM) <-> layout `pre` with `qkv_bias` (biases on Q, K, V only).
 - `gemma3` (Gemma3ForCausalLM, model_type gemma3_text) <-> layout `gemma3` (Peri-LN, QK-norm, (1 + w) gains as
   normlab's centered gain) with its local layers (`sliding_window`, `full_attention_every`, `rope_local_theta`).
 - `olmo3` (Olmo3ForCausalLM) <-> layout `olmo2` with OLMo 3's local layers (three of four windowed).
