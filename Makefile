@@ -13,7 +13,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	@echo "normlab: creating $(VENV) and installing $(TORCH) (CPU), numpy, pandas, matplotlib, tokenizers, transformers, lm-eval and the test tools (1-3 minutes)"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH)" numpy scipy pandas matplotlib tokenizers tqdm pytest pytest-xdist tensorboard wandb submitit transformers safetensors "$(LM_EVAL)"
+	$(PY) -m pip install -q "$(TORCH)" numpy scipy pandas matplotlib tokenizers tqdm pytest pytest-xdist tensorboard wandb submitit transformers safetensors lightning "$(LM_EVAL)"
 	$(PY) -m pip install -q --no-deps -e .
 	touch $@
 

@@ -405,3 +405,35 @@ def test_a_loss_spike_saves_its_batch_and_probes_it(tmp_path):
     assert not run.probe("spike:stream", "var").empty and run.probe("spike:stream", "var").index.tolist() == [30]
     with pytest.raises(ValueError, match="min_history"):
         SpikeRule(window=4, min_history=8)
+
+
+def test_lightning_callback_writes_a_run_the_report_reads(tmp_path):
+    """A LightningModule around a tiny local Llama: metrics every step, probes every 3, the report draws it."""
+    L = pytest.importorskip("lightning.pytorch")
+    from normlab.diagnostics.lightning import NormlabLightningCallback
+    from normlab.diagnostics.report import make_report
+    from normlab.hf.callback import site_names
+
+    class Lit(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = tf.LlamaForCausalLM(tf.LlamaConfig(**SMALL))
+
+        def training_step(self, batch, i):
+            return self.model(input_ids=batch, labels=batch).loss
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=3e-3)
+
+    torch.manual_seed(0)
+    lit = Lit()
+    loader = torch.utils.data.DataLoader(torch.randint(0, 96, (24, 16), generator=torch.Generator().manual_seed(1)),
+                                         batch_size=4)
+    callback = NormlabLightningCallback(tmp_path / "lit", every=3, site_names=site_names(lit.model))
+    L.Trainer(max_steps=6, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+              enable_model_summary=False, callbacks=[callback], default_root_dir=str(tmp_path)).fit(lit, loader)
+    run = normlab.load_run(tmp_path / "lit")
+    assert run.metrics.step.tolist() == list(range(6)) and run.metrics.grad_norm.gt(0).all()
+    assert sorted(run.probes.step.unique().tolist()) == [0, 3] and not run.probe("mlp_norms.input", "gamma_mean").empty
+    make_report([tmp_path / "lit"], tmp_path / "report")
+    assert (tmp_path / "report" / "variance_by_depth.png").exists()
