@@ -344,16 +344,24 @@ def test_local_global_layers_round_trip_with_equal_logits(arch, tmp_path):
     torch.testing.assert_close(hf_logits(back), ours(model), atol=2e-5, rtol=1e-5)
 
 
-def test_scan_of_a_native_export_without_a_tokenizer_reads_bytes(tmp_path):
-    """A folder save_native wrote without a tokenizer: the scan feeds the texts as bytes (transformers would
-    otherwise guess a tokenizer from the model type and return a token or none); Qwen 3 and Gemma 3 both scan."""
+def test_scan_and_doctor_read_every_exportable_architecture(tmp_path):
+    """Each class normlab exports to (folders written without a tokenizer: the texts are read as bytes) scans,
+    and loads in `normlab doctor` as a normlab model computing the same logits."""
+    from normlab.doctor import load_model, sample_tokens
+    from normlab.hf.archs import EXPORTABLE
     from normlab.hf.scan import scan
 
-    for arch, layout, opts in (("qwen3", "qwen3", {"d_head": 16}),
-                               ("gemma3", "gemma3", {"mlp": "geglu-tanh", "sliding_window": 8, "full_attention_every": 2})):
-        save_native(normlab.build_model(layout, "nano", seed=0, **opts), tmp_path / arch, arch)
-        r = scan(tmp_path / arch, tmp_path / arch / "scan", max_len=32)
-        assert r["tokens"] == [4, 32] and len(r["layers"]) == 3, arch
+    gemma = {"mlp": "geglu-tanh", "sliding_window": 8, "full_attention_every": 2}
+    opts = {"gemma2": gemma, "gemma3": gemma, "qwen2": {"qkv_bias": True}, "qwen3": {"d_head": 16},
+            "mistral": {"sliding_window": 8}, "olmo3": {"sliding_window": 8, "full_attention_every": 4, "n_layers": 4}}
+    for arch, preset in EXPORTABLE.items():
+        model = normlab.build_model(preset, "nano", seed=0, **opts.get(arch, {})).eval()
+        save_native(model, tmp_path / arch, arch)
+        r = scan(tmp_path / arch, tmp_path / arch / "scan", max_len=16)
+        assert r["tokens"] == [4, 16] and len(r["layers"]) == model.config.n_layers + 1, arch
+        back, _, kind = load_model(tmp_path / arch)
+        x = sample_tokens(back, None, max_len=16)
+        torch.testing.assert_close(ours(back, x), ours(model, x), atol=2e-5, rtol=1e-5, msg=arch)
 
 
 def test_trainer_callback_writes_a_run_the_report_reads(tmp_path):
