@@ -78,6 +78,7 @@ def test_attention_stats_by_hand():
     assert max_logit[0] == pytest.approx(3 / math.sqrt(2))
     p = torch.softmax(torch.tensor([0.0, 2 / math.sqrt(2)]), 0)
     assert entropy[0] == pytest.approx((0.0 - (p * p.log()).sum().item()) / 2)
+    assert attention_stats(q, k, scale=0.25)[0][0] == pytest.approx(0.75)  # the model's own scale (Gemma's)
 
 
 @pytest.mark.parametrize("seed", range(20))

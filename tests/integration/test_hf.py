@@ -386,6 +386,20 @@ def test_trainer_callback_writes_a_run_the_report_reads(tmp_path):
     assert set(run.probe("self_attn.q_proj", "grad_norm").columns) == {0, 1}
     assert not run.probe("mlp_norms.input", "gamma_mean").empty  # Llama's post_attention_layernorm
     assert run.summary["status"] == "ok" and run.summary["spikes"] == 0
+    # attention logits per head, recomputed from the attention's inputs: equal to normlab's own probe on the
+    # same weights (the model at the end, on the probe batch)
+    from normlab.diagnostics.monitor import TrainingMonitor
+    from normlab.diagnostics.probes import Probes
+
+    probe_x = torch.stack([data[0]["input_ids"], data[1]["input_ids"], data[2]["input_ids"], data[3]["input_ids"]])
+    mon = TrainingMonitor(model, tmp_path / "again", every=1, probe_batch={"input_ids": probe_x})
+    rows = {(r["layer"], r["site"]): r["value"] for r in mon._probe_rows(0) if r["metric"] == "max_logit"}
+    mon.close()
+    ref = {(r["layer"], r["site"]): r["value"] for r in Probes(from_native(model), (probe_x, probe_x)).record(0)
+           if r["metric"] == "max_logit"}
+    assert set(rows) == set(ref) and len(rows) == 2 * (1 + SMALL["num_attention_heads"])
+    for key, v in ref.items():
+        assert rows[key] == pytest.approx(v, rel=1e-4), key
     make_report([tmp_path / "hf" / "normlab"], tmp_path / "report")
     assert {"loss.png", "variance_by_depth.png", "grad_by_layer.png", "top100_fp16.png"} <= {
         p.name for p in (tmp_path / "report").glob("*.png")}
@@ -445,3 +459,31 @@ def test_lightning_callback_writes_a_run_the_report_reads(tmp_path):
     assert sorted(run.probes.step.unique().tolist()) == [0, 3] and not run.probe("mlp_norms.input", "gamma_mean").empty
     make_report([tmp_path / "lit"], tmp_path / "report")
     assert (tmp_path / "report" / "variance_by_depth.png").exists()
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "olmo2", "gemma3"])
+def test_monitor_attention_logits_match_normlabs_own_probe(arch):
+    """Per-head QK-norm before RoPE (Qwen 3, Gemma 3 with its (1 + w) gains and query_pre_attn_scalar), over
+    the full projection (OLMo 2): the monitor's recomputed logits equal normlab's probe of the same weights."""
+    from normlab.diagnostics.monitor import TrainingMonitor
+    from normlab.diagnostics.probes import Probes
+    from normlab.hf import save_native
+
+    opts = {"qwen3": {"d_head": 16}, "olmo2": {}, "gemma3": {"mlp": "geglu-tanh", "attn_scale": 12.0}}[arch]
+    ours_model = normlab.build_model(arch, "nano", seed=0, **opts)
+    with torch.no_grad():
+        for name, p in ours_model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    hf = to_native(ours_model, arch).eval()
+    x = torch.randint(0, 256, (2, 10), generator=torch.Generator().manual_seed(0))
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        mon = TrainingMonitor(hf, d, every=1, probe_batch={"input_ids": x})
+        rows = {(r["layer"], r["site"]): r["value"] for r in mon._probe_rows(0) if r["metric"] == "max_logit"}
+        mon.close()
+    ref = {(r["layer"], r["site"]): r["value"] for r in Probes(ours_model, (x, x)).record(0) if r["metric"] == "max_logit"}
+    assert set(rows) == set(ref)
+    for key, v in ref.items():
+        assert rows[key] == pytest.approx(v, rel=1e-4, abs=1e-5), (arch, key)

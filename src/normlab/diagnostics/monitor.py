@@ -31,8 +31,12 @@ What it records (the names of `normlab.diagnostics.probes`, so the report reads 
   it (the micro-batch with the largest loss since the last step), saved to ``spikes/step_N.pt`` with its
   loss, and a row in ``spikes.jsonl``.
 
-Attention logits per head are not recorded for foreign models: their attention computes the scores
-inside one function a hook cannot see (normlab's own models record them, `Probes`).
+- attention logits per head (``attn.head{h}`` / ``attn``: ``max_logit``, the largest causal q.k scaled as the
+  model scales it) where a block's attention module follows transformers' convention (``q_proj``,
+  ``k_proj``, optional ``q_norm``/``k_norm`` per head or over the full projection, RoPE from the
+  ``position_embeddings`` (cos, sin) its layer passes, ``scaling``): Llama, Mistral, Qwen 2/3, OLMo 2/3,
+  Gemma 2/3. The scores are recomputed from the module's own inputs during the probe pass, since the
+  attention function that makes them is not a module a hook can see.
 """
 
 from __future__ import annotations
@@ -77,6 +81,64 @@ class SpikeRule:
         return float(values.mean() + self.sigmas * values.std(unbiased=False))
 
 
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """RoPE's rotate-half (transformers' Llama convention, shared by the classes listed in the docstring)."""
+    a, b = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-b, a), dim=-1)
+
+
+class _AttentionLogits:
+    """Pre-hooks on transformers-style attention modules: each head's largest causal logit, recomputed."""
+
+    def __init__(self, blocks: list[nn.Module]) -> None:
+        self.modules = {}
+        for i, block in enumerate(blocks):
+            attn = next((m for m in block.modules() if hasattr(m, "q_proj") and hasattr(m, "k_proj")
+                         and isinstance(getattr(m, "q_proj"), nn.Linear)), None)
+            if attn is not None:
+                self.modules[i] = attn
+        self.found: dict[int, list[float]] = {}
+
+    def attach(self) -> list:
+        return [m.register_forward_pre_hook(lambda mod, a, kw, i=i: self._record(i, mod, a, kw), with_kwargs=True)
+                for i, m in self.modules.items()]
+
+    @torch.no_grad()
+    def _record(self, layer: int, attn: nn.Module, args: tuple, kwargs: dict) -> None:
+        h = kwargs.get("hidden_states", args[0] if args else None)
+        rope = kwargs.get("position_embeddings")
+        if h is None or rope is None:
+            return
+        cos, sin = rope
+        b, t, _ = h.shape
+        q, k = attn.q_proj(h), attn.k_proj(h)
+        hd = getattr(attn, "head_dim", None) or cos.shape[-1]
+        for name in ("q", "k"):
+            norm = getattr(attn, f"{name}_norm", None)
+            x = q if name == "q" else k
+            if norm is not None and getattr(norm, "weight", None) is not None and norm.weight.shape[-1] != hd:
+                x = norm(x)  # over the full projection (OLMo 2/3), before the head split
+            x = x.view(b, t, -1, hd).transpose(1, 2)
+            if norm is not None and (getattr(norm, "weight", None) is None or norm.weight.shape[-1] == hd):
+                x = norm(x)  # per head (Qwen 3, Gemma 3)
+            x = x * cos[:, None] + _rotate_half(x) * sin[:, None]
+            q, k = (x, k) if name == "q" else (q, x)
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        scale = getattr(attn, "scaling", hd ** -0.5)
+        scores = (q.float() @ k.float().transpose(-2, -1)) * scale
+        mask = torch.ones(t, t, dtype=torch.bool, device=h.device).tril()
+        self.found[layer] = scores.masked_fill(~mask, float("-inf")).amax(dim=(0, 2, 3)).tolist()
+
+    def rows(self, step: int) -> list[dict[str, Any]]:
+        out = []
+        for layer, heads in sorted(self.found.items()):
+            out.append({"step": step, "layer": layer, "site": "attn", "metric": "max_logit", "value": max(heads)})
+            out += [{"step": step, "layer": layer, "site": f"attn.head{h}", "metric": "max_logit", "value": v}
+                    for h, v in enumerate(heads)]
+        self.found = {}
+        return out
+
+
 def _norm_modules(block: nn.Module) -> dict[str, nn.Module]:
     """The norms inside one block (any module named like a norm that holds a weight), by relative path."""
     return {path: m for path, m in block.named_modules()
@@ -101,6 +163,7 @@ class TrainingMonitor:
         self.block_path, blocks = find_blocks(model)
         self.blocks = list(blocks)
         self.stream = StreamProbe(model, self.blocks, top_k)
+        self.logits = _AttentionLogits(self.blocks)
         self.sites = dict(site_names or {})
         self.probe_batch = probe_batch
         self.history: deque = deque(maxlen=spike.window if spike else 2)
@@ -186,12 +249,16 @@ class TrainingMonitor:
             inputs = {k: v for k, v in batch.items() if k in ("input_ids", "attention_mask")}
             was = self.model.training
             self._probing = True
+            handles = self.logits.attach()
             try:
                 self.model.eval()
                 rows += self.stream.record(step, **inputs)
             finally:
+                for h in handles:
+                    h.remove()
                 self._probing = False
                 self.model.train(was)
+            rows += self.logits.rows(step)
         for i, block in enumerate(self.blocks):
             for path, norm in _norm_modules(block).items():
                 w = norm.weight.detach().float()

@@ -129,7 +129,8 @@ class Probes:
                 st = hidden_stats(captured[f"blocks.{i}.{site}"])
                 self._row(rows, step, i, site, "rms", st["rms"])
                 self._row(rows, step, i, site, "max_abs", st["max_abs"])
-            max_logit, entropy = attention_stats(captured[f"blocks.{i}.attn.q"], captured[f"blocks.{i}.attn.k"])
+            max_logit, entropy = attention_stats(captured[f"blocks.{i}.attn.q"], captured[f"blocks.{i}.attn.k"],
+                                                 getattr(mods[f"blocks.{i}.attn"], "scale", None))
             self._row(rows, step, i, "attn", "max_logit", max(max_logit))
             self._row(rows, step, i, "attn", "entropy", sum(entropy) / len(entropy))
             for head, (ml, en) in enumerate(zip(max_logit, entropy)):

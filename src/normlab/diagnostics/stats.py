@@ -68,14 +68,15 @@ def angular_matrix(states: list[torch.Tensor], tokens: str = "last") -> list[lis
     return out
 
 
-def attention_stats(q: torch.Tensor, k: torch.Tensor) -> tuple[list[float], list[float]]:
-    """Per head: the largest causal attention logit q.k / sqrt(d) and the mean entropy (nats) of the
-    attention rows. q: (B, H, T, d), k: (B, H_kv, T, d)."""
+def attention_stats(q: torch.Tensor, k: torch.Tensor, scale: float | None = None) -> tuple[list[float], list[float]]:
+    """Per head: the largest causal attention logit q.k * scale (1/sqrt(d) unless the model sets its own, as
+    Gemma's query_pre_attn_scalar^-1/2) and the mean entropy (nats) of the attention rows (before any
+    soft-cap). q: (B, H, T, d), k: (B, H_kv, T, d)."""
     q, k = q.detach().float(), k.detach().float()
     if k.shape[1] != q.shape[1]:
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
     t = q.shape[-2]
-    logits = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    logits = (q @ k.transpose(-1, -2)) * (scale if scale is not None else q.shape[-1] ** -0.5)
     mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
     masked = logits.masked_fill(~mask, float("-inf"))
     p = masked.softmax(-1)
