@@ -467,7 +467,6 @@ def test_monitor_attention_logits_match_normlabs_own_probe(arch):
     the full projection (OLMo 2): the monitor's recomputed logits equal normlab's probe of the same weights."""
     from normlab.diagnostics.monitor import TrainingMonitor
     from normlab.diagnostics.probes import Probes
-    from normlab.hf import save_native
 
     opts = {"qwen3": {"d_head": 16}, "olmo2": {}, "gemma3": {"mlp": "geglu-tanh", "attn_scale": 12.0}}[arch]
     ours_model = normlab.build_model(arch, "nano", seed=0, **opts)
