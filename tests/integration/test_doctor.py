@@ -76,3 +76,15 @@ def test_doctor_cli_on_a_run_and_on_a_transformers_folder(corpus, tmp_path, caps
     save_native(normlab.build_model("qwen3", "nano", seed=0, d_head=16), tmp_path / "q3", "qwen3")
     assert main(["doctor", str(tmp_path / "q3"), "--json"]) == 0
     assert '"name": "block Jacobian"' in capsys.readouterr().out
+
+
+def test_a_saturated_final_dyt_is_found_as_no_gradient():
+    """DyT as the final norm on a stream of scale 200: tanh' = 0 for every entry, nothing trains (dyt-lr's stall)."""
+    model = normlab.build_model("pre-dyt", "nano", seed=0)
+    with torch.no_grad():
+        model.embed.weight.mul_(1e4)
+    f = by_name(checkup(model, sample_tokens(model, None), jacobian_iters=2)[0])
+    assert f["gradient reaching the blocks"].verdict == "fail" and "gradient spread" not in f
+    fine = by_name(checkup(normlab.build_model("pre-dyt,norm.final=rms", "nano", seed=0),
+                           sample_tokens(model, None), jacobian_iters=2)[0])
+    assert "gradient reaching the blocks" not in fine and fine["gradient spread"].verdict in ("ok", "warn")

@@ -11,6 +11,7 @@ finding states its value, the threshold it was judged by and where:
 | first fp16 overflow | the first site, in execution order, that would be inf with activations stored in fp16 (`forensics.first_break`) | any |
 | massive activations | max / median of the block outputs' magnitudes (Sun et al. 2024) | > 1000 |
 | gradient spread | largest / smallest per-layer gradient norm (all of a block's matrices) | > 100 |
+| gradient reaching the blocks | the largest per-layer gradient norm | fail < 1e-8 |
 | attention logits | the largest q.k/sqrt(d) of any head (Wortsman et al. 2024: logit growth precedes divergence) | > 50 |
 | norm gains | the largest and smallest |gain| of any norm | > 10 or < 0.05 |
 | block Jacobians | max ||dX_(l+1)/dX_l||_2 on the sample (Kan et al. Sec. 4, `screen.backward`) | > 10 |
@@ -50,6 +51,7 @@ GRAD_SPREAD = 100.0
 MAX_LOGIT = 50.0
 GAIN_HIGH, GAIN_LOW = 10.0, 0.05
 JACOBIAN = 10.0
+VANISHED = 1e-8
 
 
 @dataclass
@@ -165,7 +167,10 @@ def checkup(model: nn.Module, x: torch.Tensor, jacobian_iters: int = 10) -> tupl
         if r["metric"] == "grad_norm" and "_proj" in r["site"] and r["layer"] is not None:
             per_layer[r["layer"]] = per_layer.get(r["layer"], 0.0) + r["value"] ** 2
     norms = {k: math.sqrt(v) for k, v in per_layer.items()}
-    if norms:
+    if norms and max(norms.values()) < VANISHED:  # e.g. a saturated final DyT: tanh' = 0 for every entry
+        findings.append(_judge("gradient reaching the blocks", max(norms.values()), False, True,
+                               f"the largest per-layer gradient norm; fail < {VANISHED:g} (nothing trains)"))
+    elif norms:
         lo, hi = min(norms, key=norms.get), max(norms, key=norms.get)
         spread = norms[hi] / max(norms[lo], 1e-30)
         findings.append(_judge("gradient spread", spread, spread > GRAD_SPREAD, False,
