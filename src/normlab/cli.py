@@ -339,8 +339,9 @@ def _doctor(args: argparse.Namespace) -> int:
     from normlab.doctor import checkup, load_model, rescalable, rescale_for_fp16, sample_tokens, write_copy
     from normlab.doctor.checkup import findings_json
 
-    if args.headroom < 1:
-        raise ConfigError(f"--headroom is 65504 / the largest activation wanted, at least 1; got {args.headroom}")
+    from normlab.config.commands import DoctorConfig
+
+    cfg = _declared(DoctorConfig, args, "doctor")
     model, tok, kind = load_model(args.model)
     x = sample_tokens(model, tok)
     findings, _ = checkup(model, x)
@@ -350,11 +351,11 @@ def _doctor(args: argparse.Namespace) -> int:
         print(f"# doctor: {args.model} ({kind}; layout {model.layout.label}), {x.shape[0]} x {x.shape[1]} tokens")
         print("\n".join(f.line() for f in findings))
     why = rescalable(model)
-    if args.fp16_copy:
+    if cfg.fp16_copy:
         if why is not None:
             raise ConfigError(f"no exact fp16-safe copy for this layout: {why}")
-        r = rescale_for_fp16(model, x[:, :-1], args.headroom)
-        out = write_copy(r.model, args.model, kind, args.fp16_copy)
+        r = rescale_for_fp16(model, x[:, :-1], cfg.headroom)
+        out = write_copy(r.model, args.model, kind, cfg.fp16_copy)
         print(f"fp16-safe copy: stream x {r.factor:.4g}, largest activation {r.max_before:.4g} -> {r.max_after:.4g}; "
               f"logits changed by at most {r.max_logit_change:.3g} (KL {r.kl:.3g} nats/token) -> {out}")
     elif not args.json:
@@ -363,9 +364,14 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _convert(args: argparse.Namespace) -> int:
+    from normlab.config.commands import ConvertConfig
     from normlab.runs.convert import convert
 
-    print("\n".join(convert(args.source, args.layout, args.out, seed=args.seed, match_scale=not args.unit_gamma).lines()))
+    cfg = _declared(ConvertConfig, args, "convert")
+    missing = [flag for flag, v in (("--layout", cfg.layout), ("--out", cfg.out)) if not v]
+    if missing:
+        raise ConfigError(f"convert needs {' and '.join(missing)} (e.g. --layout peri --out runs/pre-to-peri)")
+    print("\n".join(convert(args.source, cfg.layout, cfg.out, seed=cfg.seed, match_scale=not cfg.unit_gamma).lines()))
     return 0
 
 
@@ -474,8 +480,8 @@ def build_parser() -> argparse.ArgumentParser:
     """Every command's flags: from its configuration's declarations (normlab.config), display switches
     (--names, --json, --list, ...) and positional inputs aside."""
     import normlab
-    from normlab.config.commands import (COMPARE_BASE, CompareConfig, DemoConfig, EvalConfig, PrepareConfig,
-                                         ScanConfig, ScreenConfig)
+    from normlab.config.commands import (COMPARE_BASE, CompareConfig, ConvertConfig, DemoConfig, DoctorConfig,
+                                         EvalConfig, PrepareConfig, ScanConfig, ScreenConfig)
     from normlab.experiments.sweep import SweepConfig
     from normlab.data.corpora import CORPORA
     from normlab.hf.archs import EXPORTABLE
@@ -592,10 +598,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "each finding with its threshold. --fp16-copy writes a rescaled copy whose logits are "
                        "unchanged, where the layout makes the stream's scale irrelevant.")
     s.add_argument("model", help="a run directory, a checkpoint file or a local transformers folder")
-    s.add_argument("--fp16-copy", metavar="OUT", help="write the rescaled copy here (refused, with the reason, where "
-                   "not exact)")
-    s.add_argument("--headroom", type=float, default=16.0, help="the copy's target: 65504 / largest activation "
-                   "(default 16)")
+    _add_declared(s, DoctorConfig)
     s.add_argument("--json", action="store_true", help="print the findings as JSON")
     s.set_defaults(func=_doctor)
     s = sub.add_parser("convert", help="move a trained run to another layout, the change of function measured",
@@ -604,11 +607,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "gamma <-> centered gains are rewritten exactly; reports KL(old || new) of the next-token "
                        "distributions on held-out text and writes a checkpoint folder for --init-from.")
     s.add_argument("source", help="a run directory (its newest checkpoint) or a checkpoint file")
-    s.add_argument("--layout", required=True, help="the new layout (preset or string form), e.g. peri")
-    s.add_argument("--out", required=True, help="output folder (new or empty)")
-    s.add_argument("--seed", type=int, default=0, help="seed of the new sites' init (default 0)")
-    s.add_argument("--unit-gamma", action="store_true", help="new output/embedding norms start at gamma 1 instead "
-                   "of the RMS of what they normalize in the old model")
+    _add_declared(s, ConvertConfig)
     s.set_defaults(func=_convert)
     s = sub.add_parser("export", help="save a trained normlab model as a transformers checkpoint",
                        description="Export a run's newest checkpoint: --arch normlab (default) writes the normlab "

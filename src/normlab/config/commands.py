@@ -105,6 +105,36 @@ class DemoConfig:
         check_fields(self)
 
 
+def _at_least_one(v: Any) -> str | None:
+    return None if v >= 1 else "must be >= 1 (65504 / the largest activation wanted)"
+
+
+@dataclass(frozen=True)
+class DoctorConfig:
+    """`normlab doctor`'s settings."""
+
+    fp16_copy: str | None = setting(None, "write an fp16-safe rescaled copy here (refused, with the reason, where "
+                                    "not exact)", metavar="OUT")
+    headroom: float = setting(16.0, "the copy's target: 65504 / largest activation", check=_at_least_one)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(frozen=True)
+class ConvertConfig:
+    """`normlab convert`'s settings."""
+
+    layout: str | None = setting(None, "the new layout (preset or string form), e.g. peri; required")
+    out: str | None = setting(None, "output folder (new or empty); required")
+    seed: int = setting(0, "seed of the new sites' init", check=nonneg)
+    unit_gamma: bool = setting(False, "new output and embedding norms start at gamma 1 instead of the RMS of what "
+                               "they normalize in the old model")
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
 @dataclass(frozen=True)
 class ScanConfig:
     """`normlab scan`'s settings."""
