@@ -420,3 +420,21 @@ def test_convert_a_pre_run_to_peri_then_train_from_it(corpus, tmp_path, capsys):
     assert exact.rewritten and set(exact.rewritten.values()) == {"gamma -> centered: w = gamma - 1"}
     assert main(["convert", str(tmp_path / "pre"), "--layout", "peri", "--out", str(tmp_path / "cli")]) == 0
     assert "KL(old || new)" in capsys.readouterr().out
+
+
+def test_convert_layernorm_pre_ln_to_rmsnorm_exactly(corpus, tmp_path):
+    """Jiang et al. 2023: a Pre-LN LayerNorm run becomes Pre-LN with RMSNorm input norms with the same function
+    once the stream is re-centred and each beta moves into the next projections' biases (KL ~ 0, top-1 100%);
+    without biases to take beta it is refused with the reason."""
+    from normlab.errors import ConfigError as UserConfigError
+    from normlab.runs.convert import convert
+
+    train(small(corpus, tmp_path / "ln", steps=6, layout="pre,norm=layer", **{"model.linear_bias": True}))
+    conv = convert(tmp_path / "ln", "pre,norm=layer,norm.A=rms", tmp_path / "rms")
+    assert conv.kl < 1e-9 and conv.top1_agreement == 1.0 and not conv.new
+    assert "blocks.0.attn.q_proj.bias" in conv.rewritten and "blocks.1.mlp_norms.input.bias" in conv.dropped
+    unit = convert(tmp_path / "ln", "pre", tmp_path / "plain")  # the same kinds swapped without the rewrite
+    assert unit.kl > 1e3 * max(conv.kl, 1e-12)  # swapping the kinds without the rewrite changes the function
+    train(small(corpus, tmp_path / "nobias", steps=2, layout="pre,norm=layer"))
+    with pytest.raises(UserConfigError, match="no exact LayerNorm -> RMSNorm rewrite.*biases"):
+        convert(tmp_path / "nobias", "pre,norm=layer,norm.A=rms", tmp_path / "refused")

@@ -10,7 +10,9 @@ to the mean RMS of what it normalizes in the old model (``match_scale``): it the
 update it replaces on average instead of forcing every update to RMS 1. On a trained Pre-LN micro run
 (6 layers, 200 steps) to Peri-LN: KL 0.091 nats/token and top-1 unchanged on 76% of tokens with matched
 gammas, against KL 0.728 and 35% with gamma = 1 (docs/training.md). Where a kept norm changes only how its gain is stored, the conversion is
-exact: gamma <-> centered (w = gamma - 1). The seeds' migration (Kim et al.: Pre-LN -> Peri-LN keeps the
+exact: gamma <-> centered (w = gamma - 1). Pre-LN with LayerNorm to RMSNorm input norms
+(``--layout 'RUN_LAYOUT,norm.A=rms'``) is rewritten exactly as Jiang et al. 2023 do (`_rms_rewrite`: the stream
+re-centred, each beta moved into the next projections' biases), or refused with the reason. The seeds' migration (Kim et al.: Pre-LN -> Peri-LN keeps the
 input norms and adds output norms) is ``--layout peri`` on a ``pre`` run.
 
 How much the function changed: the KL divergence KL(p_old || p_new) of the next-token distributions, mean
@@ -168,6 +170,67 @@ def _matched_gains(old: torch.nn.Module, new: torch.nn.Module, seqs: list[torch.
     return {k: sum(v) / len(v) for k, v in sums.items() if v}
 
 
+def _rms_rewrite_refusal(old: torch.nn.Module, new_layout: Any) -> str | None:
+    """None if ``new_layout`` is ``old``'s Pre-LN with LayerNorm and the input norms (A) turned RMSNorm, and
+    the rewrite below is exact for this model; else why not (or "" when the conversion is another one)."""
+    lay = old.layout
+    if lay.norm != "layer" or new_layout != as_layout(lay.to_string() + ",norm.A=rms"):
+        return ""
+    for i, blk in enumerate(old.resolved.blocks):
+        for name, sites in (("attn", blk.attn), ("mlp", blk.mlp)):
+            if not sites.input or sites.output or sites.after_add or sites.skip_normed:
+                return f"block {i} {name} is not Pre-LN (A only): the stream's mean is read elsewhere"
+    if lay.ln_scaling or lay.h_learned or lay.alpha != 1.0 or lay.embed_norm:
+        return "LayerNorm Scaling, learned steps, skip scales or an embedding norm: not the plain Pre-LN rewrite"
+    if old.config.tie_embeddings:
+        return "tied embeddings: re-centring the embedding would change the head's logits too"
+    if old.config.n_experts:
+        return "mixture-of-experts layers: each expert's W_down would be re-centred (not built)"
+    for i, block in enumerate(old.blocks):
+        for norm, consumers in ((block.attn_norms.input, (block.attn.q_proj, block.attn.k_proj, block.attn.v_proj)),
+                                (block.mlp_norms.input, (block.mlp.gate_proj, block.mlp.up_proj))):
+            if getattr(norm, "bias", None) is not None and any(c is not None and c.bias is None for c in consumers):
+                return (f"block {i}: LayerNorm's beta must move into the next projections' biases, and they have none "
+                        "(linear_bias / qkv_bias); exact only with them or with norm_bias=False")
+    return None
+
+
+@torch.no_grad()
+def _rms_rewrite(old: torch.nn.Module, conv: Conversion) -> dict[str, torch.Tensor]:
+    """Pre-LN with LayerNorm as Pre-LN with RMSNorm input norms, exactly (Jiang et al. 2023, "Pre-RMSNorm and
+    Pre-CRMSNorm Transformers", Sec. 3): make the residual stream zero-mean by re-centring everything added to
+    it (each embedding row, each W_O / W_down column and its bias), so LN(x) = gamma x / RMS(x) + beta; beta
+    moves into the following projections' biases (W (z + beta) = W z + W beta). The final LayerNorm stays (it
+    is mean-invariant: the head keeps reading the same vector)."""
+    state = {k: v.clone() for k, v in old.state_dict().items()}
+
+    def centre(name: str, dim: int) -> None:
+        state[name] = state[name] - state[name].mean(dim, keepdim=True)
+        conv.rewritten[name] = "re-centred: zero mean over the model's channels"
+
+    centre("embed.weight", -1)
+    if old.pos_embed is not None:
+        centre("pos_embed.weight", -1)
+    for i, block in enumerate(old.blocks):
+        for proj in ("attn.o_proj", "mlp.down_proj"):
+            centre(f"blocks.{i}.{proj}.weight", 0)
+            if f"blocks.{i}.{proj}.bias" in state:
+                centre(f"blocks.{i}.{proj}.bias", 0)
+        for sub, consumers in (("attn", ("attn.q_proj", "attn.k_proj", "attn.v_proj")),
+                               ("mlp", ("mlp.gate_proj", "mlp.up_proj"))):
+            beta = state.pop(f"blocks.{i}.{sub}_norms.input.bias", None)
+            conv.rewritten[f"blocks.{i}.{sub}_norms.input.weight"] = "LayerNorm gamma -> RMSNorm gamma (the stream is zero-mean)"
+            if beta is None:
+                continue
+            conv.dropped.append(f"blocks.{i}.{sub}_norms.input.bias")
+            for c in consumers:
+                key = f"blocks.{i}.{c}"
+                if f"{key}.weight" in state:
+                    state[f"{key}.bias"] = state[f"{key}.bias"] + state[f"{key}.weight"] @ beta
+                    conv.rewritten[f"{key}.bias"] = "+ W beta (the input LayerNorm's beta, moved)"
+    return state
+
+
 def convert(source: str | Path, layout: str, out: str | Path, seed: int = 0, match_scale: bool = True) -> Conversion:
     """Move ``source``'s newest checkpoint to ``layout``; write OUT/checkpoints and OUT/convert.json.
 
@@ -183,11 +246,17 @@ def convert(source: str | Path, layout: str, out: str | Path, seed: int = 0, mat
     if new.config.to_dict() != old.config.to_dict():
         raise ConfigError("the converted model's options differ from the run's; convert changes the layout only")
     conv = Conversion(source=str(source), old_layout=old.layout.to_string(), new_layout=new_layout.to_string())
-    ours, theirs = new.state_dict(), old.state_dict()
+    refusal = _rms_rewrite_refusal(old, new_layout)
+    if refusal:
+        raise ConfigError(f"no exact LayerNorm -> RMSNorm rewrite for this run: {refusal}")
+    ours, theirs = new.state_dict(), (_rms_rewrite(old, conv) if refusal is None else old.state_dict())
     state = {}
     for name, value in ours.items():
         if name in theirs and theirs[name].shape == value.shape:
             how = _gain_rewrite(_owner(old, name)[0], _owner(new, name)[0]) if name.endswith(".weight") else None
+            if name in conv.rewritten:  # the LayerNorm -> RMSNorm rewrite already made it
+                state[name] = theirs[name]
+                continue
             if how is None:
                 state[name] = theirs[name].clone()
                 conv.kept.append(name)
@@ -197,7 +266,7 @@ def convert(source: str | Path, layout: str, out: str | Path, seed: int = 0, mat
         else:
             state[name] = value
             conv.new[name] = _stated_init(new, name, value)
-    conv.dropped = sorted(set(theirs) - set(ours))
+    conv.dropped = sorted(set(conv.dropped) | (set(theirs) - set(ours)))
     seqs, where = _held_out(cfg, run.run_dir, min(128, new.config.max_seq_len))
     if match_scale:
         for name, rms in _matched_gains(old, new, seqs).items():
