@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from normlab.diagnostics.prop31 import per_token
+from normlab.model.block import SCALE_PARAMS
 from normlab.diagnostics.stats import angular_matrix, attention_stats, hidden_stats, massive_activations
 from normlab.model.norms import gain_of, is_norm
 
@@ -43,10 +44,7 @@ WEIGHTS = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp.gate
 NORM_SITES = ("attn_norms.input", "attn_norms.output", "attn_norms.after_add", "mlp_norms.input",
               "mlp_norms.output", "mlp_norms.after_add", "mlp.hidden_norm", "attn.q_norm", "attn.k_norm", "attn.v_norm",
               "attn.context_norm")
-# learned scales that are not norms: (module path in a block, site name in probes.jsonl, metric prefix)
-LEARNED_SCALES = (("attn_h", "attn_h", "h"), ("mlp_h", "mlp_h", "h"),  # ReZero's a, LayerScale's lambda
-                  ("attn_omega", "attn_omega", "omega"), ("mlp_omega", "mlp_omega", "omega"),  # Admin (Liu et al. 2020)
-                  ("attn.head_scale", "attn.head_scale", "head_scale"))  # NormFormer's HeadScale
+
 TAPS = ("resid_mid", "attn_update", "mlp_update", "attn.q", "attn.k", "attn.v")
 
 
@@ -152,11 +150,11 @@ class Probes:
                 m = mods.get(f"blocks.{i}.{site}")
                 if m is not None and is_norm(m):
                     self._gamma_rows(rows, step, i, site, m)
-            block = mods[f"blocks.{i}"]
-            for path, site, prefix in LEARNED_SCALES:
-                owner, _, attr = path.rpartition(".")
-                p = getattr(block.get_submodule(owner) if owner else block, attr, None)
-                if isinstance(p, nn.Parameter):
+            # learned scales that are not norms (ReZero's a, LayerScale's lambda, Admin's omega, NormFormer's
+            # head scales: normlab.model.block.SCALE_PARAMS), each at its path in the block as the site
+            for site, p in mods[f"blocks.{i}"].named_parameters():
+                prefix = SCALE_PARAMS.get(site.rpartition(".")[2])
+                if prefix is not None:
                     v = p.detach().float()
                     self._row(rows, step, i, site, f"{prefix}_mean", v.mean().item())
                     self._row(rows, step, i, site, f"{prefix}_abs_max", v.abs().max().item())

@@ -36,15 +36,10 @@ from normlab.diagnostics.stats import FP16_MAX
 from normlab.errors import DataError
 from normlab.model.storage import NO_STORAGE, for_run
 from normlab.runs.files import RunDir
+from normlab.runs.convert import SAMPLE_TEXTS as TEXTS
 from normlab.runs.model import load_run_model, run_tokenizer
 from normlab.screen.backward import sensitivities
 
-TEXTS = (
-    "The quick brown fox jumps over the lazy dog, and the dog, being lazy, does not mind at all.",
-    "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer the slings.",
-    "In 1905, Albert Einstein published four papers that changed physics and the way we think of time.",
-    "def add(a, b):\n    return a + b\n\nprint(add(2, 3))\n",
-)
 HEADROOM_WARN, HEADROOM_FAIL = 10.0, 1.0
 MASSIVE_RATIO = 1000.0
 GRAD_SPREAD = 100.0
@@ -85,7 +80,9 @@ def load_model(source: str | Path) -> tuple[nn.Module, Any, str]:
 
             model = from_native(src)
         tok = None
-        if any((src / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+        from normlab.hf.scan import TOKENIZER_FILES
+
+        if any((src / f).is_file() for f in TOKENIZER_FILES):
             from normlab.hf.native import _transformers
 
             tok = _transformers().AutoTokenizer.from_pretrained(src, local_files_only=True, trust_remote_code=False)

@@ -98,6 +98,15 @@ class Arch:
     def hf_config(self, tf: Any, cfg: ModelConfig) -> Any:
         raise NotImplementedError
 
+    def window_fields(self, cfg: ModelConfig) -> dict[str, Any]:
+        """The config fields of a class that mixes windowed and global layers (`window_patterns`): the window
+        (without one every layer is global, with the nominal window transformers requires), the layer types,
+        and per-type RoPE where the class has it (`local_rope`)."""
+        fields = {"sliding_window": cfg.sliding_window or cfg.max_seq_len, "layer_types": self.layer_types(cfg)}
+        if self.local_rope:
+            fields["rope_parameters"] = self.rope_by_layer_type(cfg)
+        return fields
+
     @staticmethod
     def rope_by_layer_type(cfg: ModelConfig) -> dict[str, dict]:
         """transformers 5's per-layer-type RoPE settings for a normlab config."""

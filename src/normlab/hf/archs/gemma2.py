@@ -38,11 +38,9 @@ class Gemma2(Arch):
     def hf_config(self, tf: Any, cfg: ModelConfig) -> Any:
         common = self.common_config(cfg)
         common.pop("hidden_act")
-        # without a window every layer is global (transformers requires a nominal window in the config)
         return tf.Gemma2Config(hidden_activation=self.activation, query_pre_attn_scalar=int(cfg.attn_scale or cfg.head_dim),
                                attn_logit_softcapping=cfg.attn_softcap, final_logit_softcapping=cfg.logit_softcap,
-                               sliding_window=cfg.sliding_window or cfg.max_seq_len, layer_types=self.layer_types(cfg),
-                               **common)
+                               **{**common, **self.window_fields(cfg)})
 
     def export_weight(self, name: str, value: torch.Tensor) -> torch.Tensor:
         return value - 1.0 if "norm" in name else value  # Gemma's RMSNorm multiplies by (1 + w)

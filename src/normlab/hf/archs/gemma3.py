@@ -39,10 +39,8 @@ class Gemma3(Arch):
     def hf_config(self, tf: Any, cfg: ModelConfig) -> Any:
         common = self.common_config(cfg)
         common.pop("hidden_act")
-        common["rope_parameters"] = self.rope_by_layer_type(cfg)
         return tf.Gemma3TextConfig(hidden_activation=self.activation, query_pre_attn_scalar=int(cfg.attn_scale or cfg.head_dim),
-                                   sliding_window=cfg.sliding_window or cfg.max_seq_len,
-                                   layer_types=self.layer_types(cfg), **common)
+                                   **{**common, **self.window_fields(cfg)})
 
     def config_problems(self, config: Any) -> list[str]:
         problems = super().config_problems(config)

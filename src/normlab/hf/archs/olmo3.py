@@ -20,11 +20,7 @@ class Olmo3(Olmo2):
         return tf.Olmo3ForCausalLM
 
     def hf_config(self, tf: Any, cfg: ModelConfig) -> Any:
-        common = self.common_config(cfg)
-        common["rope_parameters"] = self.rope_by_layer_type(cfg)
-        # no window: every layer full, with a nominal window transformers requires for the config
-        return tf.Olmo3Config(sliding_window=cfg.sliding_window or cfg.max_seq_len, layer_types=self.layer_types(cfg),
-                              **common)
+        return tf.Olmo3Config(**{**self.common_config(cfg), **self.window_fields(cfg)})
 
 
 OLMO3 = Olmo3()
