@@ -11,6 +11,7 @@
     normlab sweep FILE | --recipe R  a grid of runs in parallel, resumable, into one SQLite store
     normlab summarize SWEEP_DIR      U-curves, divergences k/n, mean +/- std, LR sensitivity
     normlab recipes                  the papers' studies as ready-made sweeps
+    normlab recommend MODEL          a placement for your model (size, TOML or config.json), with the evidence
     normlab scan MODEL_DIR           hidden states by depth of a local transformers causal LM
     normlab export RUN_OR_CKPT DIR   a trained model as a transformers checkpoint (normlab class or native)
     normlab data fetch               fetch and cache the default corpus
@@ -315,6 +316,21 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _recommend(args: argparse.Namespace) -> int:
+    from normlab.config.commands import RecommendConfig
+    from normlab.config.train import typed_settings
+    from normlab.recommend import read_user_model, recommend
+
+    cfg = _declared(RecommendConfig, args, "recommend")
+    extra = {**settings_given(args, ("steps",)), **_pairs(args.set, "--set", "steps=100")}
+    for key in ("layout", "lr", "seed", "out", "progress"):
+        if key in extra:
+            raise ConfigError(f"--set {key}=... is decided by recommend (candidates, learning rates and seeds are its "
+                              "own flags: --candidates, --lrs, --seeds; the folder is --out)")
+    recommend(read_user_model(args.model), cfg, typed_settings(extra, "recommend", from_text=True))
+    return 0
+
+
 def _size(n: int) -> str:
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
@@ -481,7 +497,8 @@ def build_parser() -> argparse.ArgumentParser:
     (--names, --json, --list, ...) and positional inputs aside."""
     import normlab
     from normlab.config.commands import (COMPARE_BASE, CompareConfig, ConvertConfig, DemoConfig, DoctorConfig,
-                                         EvalConfig, PrepareConfig, ScanConfig, ScreenConfig)
+                                         EvalConfig, PrepareConfig, RECOMMEND_BASE, RecommendConfig,
+                                         ScanConfig, ScreenConfig)
     from normlab.experiments.sweep import SweepConfig
     from normlab.data.corpora import CORPORA
     from normlab.hf.archs import EXPORTABLE
@@ -584,6 +601,22 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--machine", choices=["cpu", "gpu"], help="only the recipes that run on this machine kind "
                    "(gpu: the gpu-* recipes, CUDA at the gpu-126m size on the English corpus)")
     s.set_defaults(func=_recipes)
+    s = sub.add_parser(
+        "recommend", help="a placement for your model: screen, proxy grid under stress, ranking with its evidence",
+        description="Which placement should your model use? Screens every candidate at your depth (and width "
+        "where the budget allows), trains proxies at your depth where possible under stress (the stress "
+        "learning rate, your precision stored), the best over learning rates x seeds, and ranks them by "
+        "divergences and stalls, best loss, the screen's verdict and LR sensitivity, each with its numbers; "
+        "states what the proxy cannot predict, checks the ranking against the recipes, and writes the winner's "
+        "settings for normlab, transformers, OLMo-core, torchtitan and litgpt. Within --budget minutes; run the "
+        "same command again to resume. docs/experiments.md#recommend.")
+    s.add_argument("model", help="a size preset (e.g. kim-400m), a .toml (size, layout, [model] options) or a "
+                   "transformers config.json (or its folder)")
+    _add_declared(s, RecommendConfig)
+    _add_run_settings(s, ("steps",), defaults=RECOMMEND_BASE)
+    s.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="a proxy run setting, e.g. --set data=PATH (repeatable)")
+    s.set_defaults(func=_recommend)
     s = sub.add_parser("scan", help="hidden states, massive activations and angular distance by depth of a local causal LM",
                        description="Scan a local transformers causal LM (offline; needs transformers): per layer "
                        "RMS, variance, mean |h|, max |h|, median, max/median; top-100 and FP16 headroom; angular "

@@ -20,7 +20,7 @@ LEVELS = [
     {"diagnostics", "hf", "screen"},
     {"train"},
     {"experiments", "doctor"},
-    {"evaluation"},
+    {"evaluation", "recommend"},
     {"cli", "demo", "__main__", "__init__"},
 ]
 RANK = {name: i for i, level in enumerate(LEVELS) for name in level}
@@ -28,7 +28,7 @@ RANK = {name: i for i, level in enumerate(LEVELS) for name in level}
 RUN_FILES = ("metrics.jsonl", "probes.jsonl", "summary.json", "eval.json", "eval_log.txt", "sweep.db", "sweep.toml",
              "checkpoints", "summary.md", "report.html")
 # config.json is also a transformers folder's file: the Hugging Face side may name that one.
-HF_SIDE = ("hf/", "evaluation/harness.py")
+HF_SIDE = ("hf/", "evaluation/harness.py", "recommend/shape.py")
 
 
 def _unit(path: Path) -> str:

@@ -4,7 +4,8 @@ imported: the command line builds every parser from these declarations before an
 
 - `ScreenConfig`: the stability screen (Kan et al. App. B);
 - `CompareConfig`: `normlab compare` (the runs' own settings are `COMPARE_BASE` plus the user's);
-- `DemoConfig`, `ScanConfig`, `PrepareConfig`, `EvalConfig`: demo, scan, data prepare and eval.
+- `DemoConfig`, `ScanConfig`, `PrepareConfig`, `EvalConfig`: demo, scan, data prepare and eval;
+- `RecommendConfig`: `normlab recommend` (its proxy runs' settings are `RECOMMEND_BASE` plus the user's).
 `SweepConfig` (normlab.experiments.sweep) is declared the same way.
 """
 
@@ -194,3 +195,45 @@ class EvalConfig:
         return dict(limit=self.limit_value, batch_size=self.batch_size, device=self.device,
                     num_fewshot=self.num_fewshot, samples=self.samples, trust_remote_code=self.trust_remote_code,
                     verbose=self.verbose)
+
+
+# normlab recommend's default candidates: the families of the papers (Post-, Pre-, Peri-LN and OLMo 2's
+# reordered Peri-LN; HybridNorm; DeepNorm; Mix-LN; QK-norm) and the newer methods (gated attention, LayerNorm
+# Scaling, LayerScale, ReZero, Admin, NormFormer, DyT)
+RECOMMEND_CANDIDATES = ("pre", "peri", "post", "olmo2", "hybrid", "deepnorm", "mix-ln", "qwen3", "pre-gate", "pre-lns",
+                        "pre-layerscale", "rezero", "admin", "normformer", "pre-dyt")
+# the proxy runs' settings (normlab.recommend): the recipes' stress settings (stress-kim-fp16), probes every
+# 25 steps for the largest activation, no weight decay (Kan et al. Table 1's divergence setting)
+RECOMMEND_BASE: dict[str, Any] = {"size": "micro-deep", "steps": 150, "batch_size": 16, "seq_len": 128,
+                                  "weight_decay": 0.0, "probe_every": 25, "eval_every": 0, "eval_batches": 4}
+PRECISIONS = ("bf16", "fp16")
+
+
+def _lrs(values: tuple) -> str | None:
+    bad = [v for v in values if not (math.isfinite(v) and v > 0)]
+    return f"must be learning rates > 0 (invalid: {bad[0]})" if bad else None
+
+
+def _seeds(values: tuple) -> str | None:
+    return "must be integers >= 0" if any(v < 0 for v in values) else None
+
+
+@dataclass(frozen=True)
+class RecommendConfig:
+    """`normlab recommend`'s settings."""
+
+    precision: str | None = setting(None, "the precision you train in: bf16 or fp16 (none: the config's torch_dtype, "
+                                    "else bf16); fp16 stores the proxies' activations in fp16", choices=PRECISIONS)
+    budget: float = setting(15.0, "minutes for all of it: screen, proxy runs, report", check=positive, metavar="MIN")
+    candidates: tuple[str, ...] = setting(RECOMMEND_CANDIDATES, "layouts to consider, comma-separated (;-separated "
+                                          "when a layout string holds commas); your current placement is added",
+                                          check=_some, metavar="L1,L2,...")
+    out: str = setting("runs/recommend", "output folder (run the same command again to resume)")
+    workers: int | None = setting(None, "parallel proxy runs (none: one per CPU core)", check=positive)
+    lrs: tuple[float, ...] = setting((), "the final round's learning rates (empty: planned from the budget, "
+                                     "1e-2 ... 1e-1); the largest is the stress round's", check=_lrs, metavar="LR1,LR2,...")
+    seeds: tuple[int, ...] = setting((), "the final round's seeds (empty: planned, 2 or 3)", check=_seeds,
+                                     metavar="S1,S2,...")
+
+    def __post_init__(self) -> None:
+        check_fields(self)

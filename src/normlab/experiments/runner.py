@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -128,9 +129,20 @@ def _reconcile(store: SweepStore, root: Path) -> int:
     return taken
 
 
+@dataclass(frozen=True)
+class Deadline:
+    """Wall-clock limits (time.time()) for a sweep under a time budget (local executor): no run starts
+    after `start_by`; a run still going at `stop_at` is stopped and recorded `failed` with the reason, and
+    is run again (from its newest checkpoint) by the next run of the same sweep, as any failed run."""
+
+    start_by: float
+    stop_at: float
+
+
 def run_sweep(sweep: SweepConfig, out: str | Path, workers: int | None = None, executor: str | None = None,
-              log=print) -> dict[str, int]:  # noqa: ANN001 - log: a print-like callable
-    """Run every run of `sweep` that has no result yet; returns the store's status counts."""
+              log=print, deadline: Deadline | None = None) -> dict[str, int]:  # noqa: ANN001 - log: print-like
+    """Run every run of `sweep` that has no result yet; returns the store's status counts. With a
+    `deadline` (local executor only) runs not started by then stay pending."""
     root = own_folder(out, "sweep", legacy=lambda p: SweepDir(p).is_legacy())  # never a folder of the user's
     root.mkdir(parents=True, exist_ok=True)
     lock = FolderLock(SweepDir(root).lock_file, wait=0, busy=lambda holder: (
@@ -149,7 +161,7 @@ def run_sweep(sweep: SweepConfig, out: str | Path, workers: int | None = None, e
                 bar = SweepProgress(root, steps, sweep.name, log=log)
                 try:
                     gpus = _gpu_plan([s for s in specs if s.run_id in todo], workers or sweep.workers, log)
-                    _run_local(root, store, todo, workers or sweep.workers, log, bar, gpus)
+                    _run_local(root, store, todo, workers or sweep.workers, log, bar, gpus, deadline)
                 finally:
                     bar.close()
             else:
@@ -212,10 +224,11 @@ def _gpu_plan(specs: list[RunSpec], requested: int | None, log) -> tuple[int, in
 
 
 def _run_local(root: Path, store: SweepStore, todo: list[str], workers: int | None, log,  # noqa: ANN001
-               bar: SweepProgress | None = None, gpus: tuple[int, int] | None = None) -> None:
+               bar: SweepProgress | None = None, gpus: tuple[int, int] | None = None,
+               deadline: Deadline | None = None) -> None:
     """Run `todo` in worker processes: on the CPU one per core (torch threads split between them); on
     GPUs (`gpus` = (workers, devices) from the memory plan) each worker is given the device with the
-    fewest runs in flight (CUDA_VISIBLE_DEVICES)."""
+    fewest runs in flight (CUDA_VISIBLE_DEVICES). `deadline`: see `Deadline`."""
     cores = os.cpu_count() or 1
     workers = gpus[0] if gpus is not None else max(1, min(workers or cores, len(todo)))
     threads = max(1, cores // workers)
@@ -225,6 +238,21 @@ def _run_local(root: Path, store: SweepStore, todo: list[str], workers: int | No
     total, finished = len(todo), 0
     try:
         while queue or running:
+            if deadline is not None and queue and time.time() >= deadline.start_by:
+                log(f"time budget: {len(queue)} run(s) not started, left pending (run the same command again to add them)")
+                queue.clear()
+            if deadline is not None and running and time.time() >= deadline.stop_at:
+                for rid, proc in list(running.items()):
+                    proc.kill()
+                    proc.wait()
+                    if store.row(rid)["status"] == "running":
+                        store.record(rid, {"status": "failed", "reason": "stopped at the end of the time budget; the "
+                                           "next run of this sweep continues it"})
+                    if bar is not None:
+                        bar.finished(rid, store.row(rid))
+                    del running[rid]
+                    log(f"time budget: stopped {rid}")
+                continue
             while queue and len(running) < workers:
                 rid = queue.pop(0)
                 gpu = None

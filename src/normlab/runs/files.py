@@ -19,7 +19,14 @@
     ├── summary.md, *.csv, *.png  normlab summarize
     └── report.html, report/      the sweep's and the runs' reports
 
-Every reader and writer of these files goes through `RunDir` and `SweepDir`; nothing else in the
+    RECOMMENDATION/               (RecommendDir, normlab recommend)
+    ├── plan.json                 its inputs and both rounds' plans (a resumed recommendation reuses them)
+    ├── screen.json               the screen's width and each candidate's verdict
+    ├── grid/                     one SweepDir for the stress round and the final round
+    ├── recommendation.md, .json  the ranking, the evidence, the checks, the settings, the limits
+    └── report.html, ranking.png  the same as a page
+
+Every reader and writer of these files goes through `RunDir`, `SweepDir` and `RecommendDir`; nothing else in the
 package spells a file name. Reads are tolerant where a run may be mid-write or from an older normlab
 (a missing or torn JSON file reads as None); writes are atomic (`normlab.io`).
 """
@@ -54,6 +61,10 @@ SWEEP_LOGS = "logs"
 SUBMITIT = "submitit"
 SWEEP_SUMMARY = "summary.md"
 SWEEP_REPORT = "report.html"
+RECOMMEND_PLAN = "plan.json"
+RECOMMEND_SCREEN = "screen.json"
+RECOMMEND_GRID = "grid"
+RECOMMENDATION = "recommendation"  # .md and .json
 REPORT_DIR = "report"
 # Everything a sweep folder holds: what an older normlab's sweep folder, made before the .normlab
 # marker (normlab.io.own_folder), may contain.
@@ -292,3 +303,49 @@ class SweepDir:
         if not logged:
             raise ConfigError(f"sweep {self.path} has no run that logged a step yet")
         return logged
+
+
+@dataclass(frozen=True)
+class RecommendDir:
+    """A recommendation's folder (`normlab recommend`): its plan, its screen, its grid, its conclusions."""
+
+    path: Path
+
+    def __init__(self, path: str | Path) -> None:
+        object.__setattr__(self, "path", Path(path))
+
+    @property
+    def plan_file(self) -> Path:
+        return self.path / RECOMMEND_PLAN
+
+    @property
+    def screen_file(self) -> Path:
+        return self.path / RECOMMEND_SCREEN
+
+    @property
+    def grid(self) -> SweepDir:
+        return SweepDir(self.path / RECOMMEND_GRID)
+
+    @property
+    def markdown_file(self) -> Path:
+        return self.path / f"{RECOMMENDATION}.md"
+
+    @property
+    def json_file(self) -> Path:
+        return self.path / f"{RECOMMENDATION}.json"
+
+    @property
+    def report_file(self) -> Path:
+        return self.path / SWEEP_REPORT
+
+    @staticmethod
+    def read(path: Path) -> dict[str, Any]:
+        """A JSON file of the folder ({} while it does not exist yet)."""
+        try:
+            return json.loads(path.read_text())
+        except FileNotFoundError:
+            return {}
+
+    def grid_files(self) -> str:
+        """The grid's summary and report, as the recommendation names them."""
+        return f"{RECOMMEND_GRID}/{SWEEP_SUMMARY} and {RECOMMEND_GRID}/{SWEEP_REPORT}"

@@ -86,7 +86,7 @@ def fit_growth(values: list[float]) -> dict:
         return float(np.sqrt(np.mean((pred - y) ** 2)) / scale)
 
     lin = np.polyfit(l, y, 1)
-    quad = np.polyfit(l, y, 2)
+    quad = np.polyfit(l, y, 2) if len(y) > 3 else np.concatenate([[0.0], lin])  # too few layers to tell a curve
     e_lin, e_quad = err(np.polyval(lin, l)), err(np.polyval(quad, l))
     out = {"linear_slope": float(lin[0]), "err_linear": e_lin, "err_quadratic": e_quad}
     if np.all(y > 0):

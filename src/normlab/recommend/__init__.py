@@ -1,0 +1,18 @@
+"""`normlab recommend`: a placement for the user's own model, with the evidence behind it.
+
+- `shape`: the user's model (size preset, TOML, transformers config.json) and the shapes derived from it;
+- `plan`: how the time budget is spent (screen width, proxy depth, rounds, learning rates, seeds);
+- `rank`: the evidence table and the ranking rule;
+- `agreement`: the recipes' verdicts a ranking is checked against;
+- `frameworks`: the winner's settings in normlab, transformers, OLMo-core, torchtitan and litgpt;
+- `stages`: the command itself (screen, stress round, final round, report), resumable.
+"""
+
+from normlab._lazy import lazy_exports
+
+__getattr__ = lazy_exports(__name__, {
+    "recommend": "normlab.recommend.stages", "read_user_model": "normlab.recommend.shape",
+    "UserModel": "normlab.recommend.shape", "settings_for": "normlab.recommend.frameworks",
+}, globals())
+
+__all__ = ["UserModel", "read_user_model", "recommend", "settings_for"]

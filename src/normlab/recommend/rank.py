@@ -1,0 +1,157 @@
+"""The evidence behind a recommendation and the ranking rule, one row per candidate.
+
+Each candidate's row holds its screen verdict (Kan et al.'s four steps at the user's depth) and what
+its proxy runs showed: divergences and stalls over every run (learning rates x seeds), the largest
+activation the probes saw, where the first overflow was, the best learning rate with its loss (mean
+± std over seeds), and Wortsman et al.'s LR sensitivity over the learning rates swept.
+
+The rule, in this order (`rank`):
+1. fewer failures: diverged + stalled runs over finished runs (what the user came to avoid);
+2. lower best loss; two losses closer than the larger of their seed std and `NOISE_FLOOR` are a tie,
+   and within a tie
+3. the screen's verdict (stable, caution, unstable) and then lower LR sensitivity decide.
+Candidates whose runs did not all finish (the budget ran out) are ranked on what finished, marked.
+
+What the screen rules out before training (`ruled_out`), at the user's depth with the weights as
+initialized (stress s = 1): non-finite hidden states or Jacobians, a stream already past the FP16
+maximum under fp16, or a hidden-state variance that grows exponentially with depth. Its other
+findings (ill-posed, growth with the weight scale) are predictions the proxy runs test: they order
+the candidates, and break ties. (The Jacobians' product over depth is not a criterion: each norm's
+Jacobian scales as 1 / RMS of its input, so at init, with a stream of RMS 0.02, the product is large
+for every layout: 2e6 to 9e6 at 12 layers for Peri- and Pre-LN alike.)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from normlab.diagnostics.stats import FP16_MAX
+
+NOISE_FLOOR = 0.01  # nats: below this two proxy losses are not told apart (a single seed has no std)
+VERDICT_ORDER = {"stable": 0, "caution": 1, "unstable": 2}
+
+
+def screen_summary(result: dict[str, Any]) -> dict[str, Any]:
+    """The part of a `screen_layout` result that the recommendation keeps (screen.json)."""
+    low = result["stresses"][min(result["stresses"], key=float)]
+    values = [*low["mean_abs"], *low["var"], low["sensitivity_product"], result["verdict"]["sensitivity_ratio"]]
+    return {"verdict": result["verdict"]["overall"], "wellposedness": result["wellposedness"]["verdict"],
+            "forward": result["verdict"]["forward"], "backward": result["verdict"]["backward"],
+            "final_rms": low["rms"][-1], "sensitivity_product": low["sensitivity_product"],
+            "shape_var": low["shape_var"]["shape"],
+            "finite": all(math.isfinite(v) for v in values), "seconds": result["seconds"],
+            "n_layers": result["n_layers"], "d_model": result["d_model"]}
+
+
+def ruled_out(screen: dict[str, Any], precision: str) -> str | None:
+    """Why the screen alone rules a candidate out, or None."""
+    if not screen["finite"]:
+        return "non-finite hidden states or Jacobians at initialization"
+    if precision == "fp16" and screen["final_rms"] > FP16_MAX:
+        return f"its stream's RMS at initialization ({screen['final_rms']:.3g}) is already past the FP16 maximum"
+    if screen.get("shape_var") == "exponential":
+        return "its hidden-state variance grows exponentially with depth at initialization, before any training"
+    return None
+
+
+@dataclass
+class Evidence:
+    """One candidate's row of the evidence table."""
+
+    layout: str
+    screen: str  # the screen's overall verdict
+    screen_detail: str
+    runs: int = 0  # planned
+    finished: int = 0
+    diverged: int = 0
+    stalled: int = 0
+    unfinished: int = 0  # crashed or stopped at the budget
+    max_activation: float = math.nan
+    first_break: str = ""
+    best_lr: float | None = None
+    best_loss: float = math.nan
+    best_loss_std: float = math.nan
+    lr_sensitivity: float = math.nan
+    loss_by_lr: dict[str, str] = field(default_factory=dict)
+    rank: int | None = None
+    tie: bool = False  # within noise of the candidate ranked above
+    status: str = "ranked"  # ranked | ruled out | not trained
+    why: str = ""  # for ruled out / not trained
+
+    @property
+    def failures(self) -> float:
+        return (self.diverged + self.stalled) / self.finished if self.finished else math.inf
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
+
+
+def evidence_from_grid(runs: pd.DataFrame, planned: dict[str, int]) -> dict[str, dict[str, Any]]:
+    """Per layout, the grid's numbers (runs: `load_sweep`'s table with layout, lr and seed axes)."""
+    from normlab.experiments.summary import lr_curves, lr_sensitivity
+    from normlab.diagnostics.forensics import tally
+
+    axes = ["layout", "lr", "seed"]
+    curves = lr_curves(runs, axes)
+    sens = lr_sensitivity(curves, axes)
+    out: dict[str, dict[str, Any]] = {}
+    for layout, n in planned.items():
+        g = runs[runs.layout == layout]
+        finished = g[g.status.isin(("ok", "stalled", "diverged"))]
+        peak = pd.to_numeric(g.max_activation, errors="coerce").dropna()
+        row: dict[str, Any] = {"runs": n, "finished": len(finished), "diverged": int((g.status == "diverged").sum()),
+                               "stalled": int((g.status == "stalled").sum()),
+                               "unfinished": n - len(finished),
+                               "max_activation": float(peak.max()) if len(peak) else math.nan,
+                               "first_break": tally(list(g[g.status == "diverged"].first_break))}
+        c = curves[curves.layout == layout] if len(curves) else curves
+        s = sens[sens.layout == layout] if len(sens) else sens
+        if len(s):
+            best = s.iloc[0]
+            row.update(best_lr=None if best.best_lr is None or pd.isna(best.best_lr) else float(best.best_lr),
+                       best_loss=float(best.best_final_loss), lr_sensitivity=float(best.lr_sensitivity))
+            at_best = c[c.lr == row["best_lr"]]
+            if len(at_best):
+                row["best_loss_std"] = float(at_best.final_loss_std.iloc[0])
+        for r in c.sort_values("lr").itertuples() if len(c) else ():
+            notes = [f"{x} {what}" for x, what in ((r.divergences, "diverged"), (r.stalls, "stalled"))
+                     if not x.startswith("0/")]
+            value = "-" if math.isnan(r.final_loss_mean) else f"{r.final_loss_mean:.3f}"
+            row.setdefault("loss_by_lr", {})[f"{r.lr:g}"] = value + (f" ({', '.join(notes)})" if notes else "")
+        out[layout] = row
+    return out
+
+
+def _noise(a: Evidence, b: Evidence) -> float:
+    stds = [s for s in (a.best_loss_std, b.best_loss_std) if math.isfinite(s)]
+    return max([NOISE_FLOOR, *stds])
+
+
+def rank(rows: list[Evidence]) -> list[Evidence]:
+    """The ranked candidates first (rule in the module doc), then those ruled out or not trained."""
+    ranked = [r for r in rows if r.status == "ranked"]
+    loss = lambda r: r.best_loss if math.isfinite(r.best_loss) else math.inf  # noqa: E731
+    ranked.sort(key=lambda r: (r.failures, loss(r)))
+    out: list[Evidence] = []
+    i = 0
+    while i < len(ranked):  # groups: same failures, losses within noise of the group's best
+        group = [ranked[i]]
+        j = i + 1
+        while j < len(ranked) and ranked[j].failures == ranked[i].failures and \
+                abs(loss(ranked[j]) - loss(ranked[i])) <= _noise(ranked[i], ranked[j]):
+            group.append(ranked[j])
+            j += 1
+        group.sort(key=lambda r: (VERDICT_ORDER.get(r.screen, 3),
+                                  r.lr_sensitivity if math.isfinite(r.lr_sensitivity) else math.inf, loss(r)))
+        for k, r in enumerate(group):
+            r.tie = k > 0
+        out += group
+        i = j
+    for n, r in enumerate(out, 1):
+        r.rank = n
+    return out + [r for r in rows if r.status != "ranked"]

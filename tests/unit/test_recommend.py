@@ -1,0 +1,214 @@
+"""`normlab recommend`'s parts: reading the user's model, the proxy shapes, the budget plan, the ranking
+rule, the recipe checks and the winner's settings in other code bases."""
+
+import json
+import math
+
+import pytest
+
+from normlab.errors import ConfigError
+from normlab.experiments.runner import prepare
+from normlab.experiments.summary import load_sweep
+from normlab.experiments.sweep import SweepConfig
+from normlab.model.config import SIZES, ModelConfig
+from normlab.recommend import agreement, plan
+from normlab.recommend.frameworks import settings_for
+from normlab.recommend.rank import Evidence, evidence_from_grid, rank, ruled_out
+from normlab.recommend.shape import proxy_shape, read_user_model, screen_shape
+
+LLAMA = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 12,
+         "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 32000, "hidden_act": "silu",
+         "rms_norm_eps": 1e-5, "max_position_embeddings": 2048, "tie_word_embeddings": False, "torch_dtype": "float16"}
+
+
+# --- the user's model -----------------------------------------------------------------------------
+
+def test_reads_a_llama_config_json_through_its_adapter(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA))
+    user = read_user_model(str(tmp_path))  # the folder, or the file
+    c = user.config
+    assert (c.n_layers, c.d_model, c.n_heads, c.kv_heads, c.ffn_dim, c.vocab_size) == (12, 256, 8, 2, 688, 32000)
+    assert c.mlp == "swiglu" and not c.tie_embeddings
+    assert user.layout == "pre" and user.precision == "fp16"  # Llama is Pre-LN; torch_dtype float16
+    assert read_user_model(str(tmp_path / "config.json")).config == c
+
+
+def test_reads_the_language_model_of_a_multimodal_config_and_unknown_types_by_field_names(tmp_path):
+    nested = {"model_type": "llava", "torch_dtype": "bfloat16", "text_config": {**LLAMA, "torch_dtype": None}}
+    (tmp_path / "config.json").write_text(json.dumps(nested))
+    user = read_user_model(str(tmp_path / "config.json"))
+    assert user.config.n_layers == 12 and user.layout == "pre" and user.precision == "bf16"
+    assert any("text_config" in n for n in user.notes)
+    neox = {"model_type": "gpt_neox", "num_hidden_layers": 6, "hidden_size": 128, "num_attention_heads": 4,
+            "intermediate_size": 512, "vocab_size": 50432, "hidden_act": "gelu", "tie_word_embeddings": False}
+    (tmp_path / "neox.json").write_text(json.dumps(neox))
+    user = read_user_model(str(tmp_path / "neox.json"))
+    assert (user.config.n_layers, user.config.d_model, user.config.ffn_dim, user.config.mlp) == (6, 128, 512, "gelu")
+    assert user.layout is None and any("placement unknown" in n for n in user.notes)
+
+
+def test_reads_size_presets_and_toml(tmp_path):
+    assert read_user_model("kim-400m").config == SIZES["kim-400m"]
+    (tmp_path / "m.toml").write_text('size = "micro"\nlayout = "peri"\n[model]\nn_layers = 24\n')
+    user = read_user_model(str(tmp_path / "m.toml"))
+    assert user.config.n_layers == 24 and user.config.d_model == 64 and user.layout == "peri"
+
+
+@pytest.mark.parametrize("content,name,match", [
+    ('{"model_type": "x", "hidden_size": 64}', "config.json", "no n_layers, n_heads found"),
+    ("not json", "config.json", "not a JSON file"),
+    ('size = "micro"\nlayout = "perri"\n', "m.toml", "perri"),
+    ('size = "micro"\nwidth = 3\n', "m.toml", "unknown key"),
+])
+def test_bad_model_files_say_what_is_wrong(tmp_path, content, name, match):
+    (tmp_path / name).write_text(content)
+    with pytest.raises((ConfigError, ValueError), match=match):
+        read_user_model(str(tmp_path / name))
+
+
+def test_unknown_model_names_the_valid_forms():
+    with pytest.raises(ConfigError, match="size preset, a .toml file or a config.json; valid size presets: nano"):
+        read_user_model("llama-7b")
+
+
+def test_proxy_keeps_the_users_ratios_and_the_screen_their_shape():
+    user = ModelConfig(d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8, d_ff=8192, vocab_size=128256,
+                       mlp="geglu-tanh", logit_softcap=30.0, tie_embeddings=True)
+    p = ModelConfig(**proxy_shape(user, 12))
+    assert (p.d_model, p.n_layers, p.n_heads, p.head_dim) == (64, 12, 4, 16)
+    assert p.ffn_dim / p.d_model == user.ffn_dim / user.d_model  # 4.0 kept
+    assert p.n_heads // p.kv_heads == user.n_heads // user.kv_heads  # the GQA ratio 4 kept
+    assert p.mlp == "geglu-tanh" and p.logit_softcap == 30.0 and p.tie_embeddings and p.vocab_size == 256
+    s = ModelConfig(**screen_shape(user, 2048, 64))
+    assert s.with_(vocab_size=user.vocab_size, max_seq_len=user.max_seq_len) == user  # the user's own shape
+    s = ModelConfig(**screen_shape(user, 256, 64))
+    assert (s.n_layers, s.d_model, s.head_dim, s.ffn_dim) == (16, 256, 64, 1024)  # scaled: depth, head width kept
+
+
+# --- the plan ---------------------------------------------------------------------------------------
+
+def test_stress_round_keeps_the_users_depth_when_the_budget_allows_else_cuts_it():
+    steps = {"peri": 0.3, "pre": 0.25, "post": 0.25}
+    # one run at depth 12: 8 + 150 * 0.3 * 1.25 = 64.25 s; the estimate is the formula of the module doc
+    runs = [plan.run_seconds(0.3, 150), plan.run_seconds(0.25, 150), plan.run_seconds(0.25, 150)]
+    assert runs[0] == pytest.approx(8 + 150 * 0.3 * 1.25)
+    at12 = plan.round_seconds(runs, 2) + plan.round_seconds(sorted(runs)[-3:] * 3, 2)
+    p = plan.plan_stress(steps, 12, 12, 150, at12 + 1, workers=2)
+    assert p.depth == 12 and p.candidates == ["peri", "pre", "post"] and p.seconds == pytest.approx(at12)
+    p = plan.plan_stress(steps, 12, 32, 150, at12 + 1, workers=2)  # the user's 32 does not fit: 12 does
+    assert p.depth == 12 and plan.depths_for(32) == [32, 24, 16, 12]
+    assert plan.plan_stress(steps, 12, 32, 150, 1e9, workers=2).depth == 32
+
+
+def test_stress_round_leaves_out_the_least_liked_but_never_the_current_placement():
+    steps = {n: 0.3 for n in ("peri", "hybrid", "post", "pre", "none")}
+    tight = plan.round_seconds([plan.run_seconds(0.3, 150)] * 4, 2) + plan.round_seconds(
+        [plan.run_seconds(0.3, 150)] * 9, 2)
+    p = plan.plan_stress(steps, 12, 12, 150, tight + 1, workers=2, keep="none")
+    assert p.candidates == ["peri", "hybrid", "post", "none"] and list(p.dropped) == ["pre"]
+    with pytest.raises(plan.BudgetTooSmall) as err:
+        plan.plan_stress(steps, 12, 12, 150, 60, workers=2)
+    assert err.value.need_s > 60 and "3 candidates at 12 layers" in str(err.value)
+
+
+def test_final_round_takes_as_many_finalists_as_fit_then_more_learning_rates():
+    run_s = {n: 10.0 for n in "abcde"}
+    # k finalists x (2 lrs x 2 seeds - 1) runs of 10 s over 2 workers, + one run: 15 k + 10
+    f = plan.plan_finals(list("abcde"), run_s, 15 * 3 + 10, 2, 0.1, 0, keep="e")
+    assert f.finalists == ["a", "b", "e"] and f.lrs == [0.01, 0.1] and f.seeds == [0, 1]
+    f = plan.plan_finals(list("abcde"), run_s, 1e6, 2, 0.1, 0)
+    assert f.finalists == list("abcde") and f.lrs == [3e-3, 1e-2, 3e-2, 1e-1] and f.seeds == [0, 1, 2]
+    assert plan.plan_finals(list("abcde"), run_s, 5, 2, 0.1, 0).finalists == []
+    f = plan.plan_finals(list("ab"), run_s, 1e6, 2, 0.5, 3, lrs=(0.05, 0.5), seeds=(3,))
+    assert f.lrs == [0.05, 0.5] and f.seeds == [3]
+
+
+def test_screen_width_is_the_widest_that_fits_time_and_memory():
+    t = plan.quadratic(1.0, 64, 2.0, 128)  # a + b w^2 through both points
+    assert t(64) == pytest.approx(1.0) and t(128) == pytest.approx(2.0)
+    small = lambda w: 12 * w * w  # noqa: E731 - parameters: far below SCREEN_MEMORY
+    assert plan.screen_width(2048, t, 10, 1e9, small) == 2048
+    assert plan.screen_width(2048, t, 10, 10 * t(512) + 1e-6, small) == 512
+    assert plan.screen_width(2048, t, 10, 1e9, lambda w: plan.SCREEN_MEMORY // 8 + 1 if w > 1024 else 1) == 1024
+
+
+# --- the ranking --------------------------------------------------------------------------------------
+
+def _row(name, screen="caution", diverged=0, stalled=0, finished=4, loss=2.5, std=0.005, sens=0.1):
+    return Evidence(layout=name, screen=screen, screen_detail="", finished=finished, diverged=diverged,
+                    stalled=stalled, best_loss=loss, best_loss_std=std, lr_sensitivity=sens)
+
+
+def test_rank_failures_first_then_loss_ties_within_noise_by_screen_then_sensitivity():
+    rows = [_row("pre", "unstable", diverged=2, loss=2.2),  # the lowest loss, but 2/4 failed
+            _row("hybrid", "unstable", loss=2.300, std=0.02),
+            _row("peri", "stable", loss=2.310),  # within hybrid's 0.02 std: a tie, the screen prefers peri
+            _row("qk", "caution", loss=2.35, std=0.001),  # 0.05 behind: not a tie
+            _row("rezero", "caution", stalled=1, loss=2.1),
+            _row("none", "caution")]
+    rows[-1].status, rows[-1].why = "ruled out", "x"
+    ranked = rank(rows)
+    assert [r.layout for r in ranked] == ["peri", "hybrid", "qk", "rezero", "pre", "none"]
+    assert [r.rank for r in ranked] == [1, 2, 3, 4, 5, None]
+    assert ranked[1].tie and not ranked[0].tie and not ranked[2].tie
+    a, b = _row("a", loss=2.300, sens=0.3), _row("b", loss=2.305, sens=0.1)  # same verdict: LR sensitivity decides
+    assert [r.layout for r in rank([a, b])] == ["b", "a"]
+    c, d = _row("c", loss=2.300, std=0.001), _row("d", loss=2.3101, std=0.001)  # 0.0101 > the 0.01 floor
+    assert [r.layout for r in rank([d, c])] == ["c", "d"] and not rank([d, c])[1].tie
+
+
+def test_ruled_out_by_the_screen():
+    ok = {"finite": True, "final_rms": 3.0, "shape_var": "linear", "sensitivity_product": 5e6}
+    assert ruled_out(ok, "fp16") is None  # a large Jacobian product at init is not a criterion
+    assert "non-finite" in ruled_out({**ok, "finite": False}, "bf16")
+    assert "FP16 maximum" in ruled_out({**ok, "final_rms": 7e4}, "fp16") and ruled_out({**ok, "final_rms": 7e4}, "bf16") is None
+    assert "exponentially" in ruled_out({**ok, "shape_var": "exponential"}, "bf16")
+
+
+def test_evidence_from_a_grid_counts_and_best_lr(tmp_path):
+    sweep = SweepConfig(name="g", base={"size": "nano"}, grid={"layout": ["pre", "peri"], "lr": [0.01, 0.1],
+                                                                 "seed": [0, 1]})
+    store, specs = prepare(sweep, tmp_path / "g")
+    losses = {("pre", 0.01): [2.5, 2.7], ("pre", 0.1): [None, 3.0], ("peri", 0.01): [2.4, 2.6], ("peri", 0.1): [2.3, 2.5]}
+    for s in specs:
+        loss = losses[(s.axes["layout"], s.axes["lr"])][s.axes["seed"]]
+        status = "diverged" if loss is None else ("stalled" if loss == 3.0 else "ok")
+        store.record(s.run_id, {"status": status, "final_loss": loss, "initial_loss": 5.5, "steps": 10,
+                                "max_activation": 70000.0 if loss is None else 50.0})
+    df, _ = load_sweep(tmp_path / "g")
+    ev = evidence_from_grid(df, {"pre": 4, "peri": 4})
+    assert (ev["pre"]["diverged"], ev["pre"]["stalled"], ev["pre"]["finished"]) == (1, 1, 4)
+    assert ev["pre"]["best_lr"] == 0.01 and ev["pre"]["best_loss"] == pytest.approx(2.6)
+    assert ev["pre"]["best_loss_std"] == pytest.approx(math.sqrt(0.02))  # (2.5, 2.7), ddof 1
+    assert ev["pre"]["max_activation"] == 70000.0 and ev["peri"]["best_lr"] == 0.1
+    # Wortsman: E_lr[min(loss, loss_0)] - min_lr; a diverged run counts as loss_0 = 5.5
+    assert ev["pre"]["lr_sensitivity"] == pytest.approx(((2.6 + (5.5 + 3.0) / 2) / 2) - 2.6)
+    assert list(ev["pre"]["loss_by_lr"]) == ["0.01", "0.1"] and "1/2 diverged, 1/2 stalled" in ev["pre"]["loss_by_lr"]["0.1"]
+
+
+def test_recipe_checks_agree_or_say_not():
+    checks = agreement.check({"peri": 1, "pre": 2, "pre-dyt": 3, "hybrid": 4}, "fp16")
+    by = {(c["recipe"], c["claim"]): c["agrees"] for c in checks}
+    assert by[("stress-kim-fp16", "peri ahead of pre")] and by[("dyt-lr", "pre ahead of pre-dyt")]
+    assert by[("stress-kim-fp16", "peri ahead of hybrid")]
+    assert ("kim-lr", "peri ahead of pre") not in by  # a bf16 verdict, not checked under fp16
+    assert not agreement.check({"peri": 2, "pre": 1}, "fp16")[0]["agrees"]
+
+
+# --- the winner's settings elsewhere --------------------------------------------------------------
+
+def test_settings_in_other_code_bases_or_the_nearest_with_the_difference():
+    cfg = SIZES["micro"]
+    peri = settings_for("peri", cfg)
+    assert "peri_norm" in peri["OLMo-core"]["settings"] and "embedding_norm" in peri["OLMo-core"]["settings"]
+    assert not peri["litgpt"]["expressible"] and "nearest: gemma2 (lacks emb" in peri["litgpt"]["settings"]
+    assert not peri["transformers"]["expressible"] and "--arch normlab" in peri["transformers"]["settings"]
+    pre = settings_for("attn=A,mlp=A,final", cfg)  # the string form is matched too
+    assert pre["transformers"]["expressible"] and "LlamaForCausalLM" in pre["transformers"]["settings"]
+    assert "Qwen2" not in pre["transformers"]["settings"]  # its q/k/v biases are not this model's
+    assert pre["torchtitan"]["expressible"] and pre["normlab"]["settings"].startswith("--layout pre")
+    olmo2 = settings_for("olmo2", cfg)
+    assert 'norm_1=False' in olmo2["litgpt"]["settings"] and "reordered_norm" in olmo2["OLMo-core"]["settings"]
+    gate = settings_for("pre-gate", cfg)
+    assert "elementwise" in gate["OLMo-core"]["settings"] and "nearest: pre (lacks gate)" in gate["litgpt"]["settings"]
+    assert not any(v["expressible"] for k, v in settings_for("hybrid", cfg).items() if k != "normlab")
