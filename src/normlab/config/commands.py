@@ -203,9 +203,11 @@ class EvalConfig:
 RECOMMEND_CANDIDATES = ("pre", "peri", "post", "olmo2", "hybrid", "deepnorm", "mix-ln", "qwen3", "pre-gate", "pre-lns",
                         "pre-layerscale", "rezero", "admin", "normformer", "pre-dyt")
 # the proxy runs' settings (normlab.recommend): the recipes' stress settings (stress-kim-fp16), probes every
-# 25 steps for the largest activation, no weight decay (Kan et al. Table 1's divergence setting)
+# 25 steps for the largest activation, no weight decay (Kan et al. Table 1's divergence setting); never
+# compiled (on CUDA torch.compile would cost each 150-step proxy more than its training)
 RECOMMEND_BASE: dict[str, Any] = {"size": "micro-deep", "steps": 150, "batch_size": 16, "seq_len": 128,
-                                  "weight_decay": 0.0, "probe_every": 25, "eval_every": 0, "eval_batches": 4}
+                                  "weight_decay": 0.0, "probe_every": 25, "eval_every": 0, "eval_batches": 4,
+                                  "compile": False}
 PRECISIONS = ("bf16", "fp16")
 
 

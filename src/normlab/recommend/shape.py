@@ -119,6 +119,10 @@ def _from_config_json(path: Path) -> UserModel:
         layout = None
         notes.append(f"model_type {kind!r} has no exact normlab adapter: shape read from the config's fields, "
                      "its placement unknown")
+    experts = data.get("num_experts") or data.get("num_local_experts") or data.get("n_routed_experts")
+    if experts:
+        notes.append(f"{experts} experts per layer: screened and proxied as a dense MLP of the same width "
+                     "(the router's own instabilities are not tested)")
     dtype = data.get("torch_dtype") or data.get("dtype")
     return UserModel(config, f"{path.name} ({kind})", layout=layout, precision=_DTYPES.get(str(dtype)),
                      notes=tuple(notes))
@@ -147,9 +151,6 @@ def _via_adapter(kind: str, data: dict[str, Any], notes: list[str]) -> tuple[Mod
     except (ConfigError, ValueError, AttributeError, TypeError) as err:
         notes.append(f"{kind}'s adapter could not read it ({err})")
         return None, None
-    experts = data.get("num_experts") or data.get("num_local_experts")
-    if experts:
-        notes.append(f"{experts} experts per layer: screened and proxied as a dense MLP of the same width")
     return model, adapter.preset
 
 

@@ -59,7 +59,7 @@ def _candidates(cfg: RecommendConfig, user: UserModel) -> tuple[list[str], str |
 def _inputs(user: UserModel, cfg: RecommendConfig, precision: str, base: dict[str, Any],
             candidates: list[str]) -> dict[str, Any]:
     return {"model": user.config.to_dict(), "precision": precision, "candidates": candidates,
-            "lrs": list(cfg.lrs), "seeds": list(cfg.seeds), "base": base}
+            "lrs": list(cfg.lrs), "seeds": list(cfg.seeds), "base": base, "proxy": RECOMMEND_BASE}
 
 
 def _screen(folder: RecommendDir, user: UserModel, candidates: list[str], seconds: float, log: Callable) -> dict[str, Any]:
@@ -451,6 +451,8 @@ def _page(folder: RecommendDir, result: dict[str, Any], ranked: list[Evidence]) 
         fig, (a, b) = plt.subplots(1, 2, figsize=(12, 0.4 * len(live) + 1.8))
         y = list(range(len(live)))
         a.barh(y, [(r.diverged + r.stalled) / r.finished if r.finished else 0 for r in live], color="tab:red", alpha=0.8)
+        for yi, r in zip(y, live):
+            a.text(0.01, yi, f"{r.diverged} diverged, {r.stalled} stalled of {r.finished}", va="center", fontsize=8)
         a.set_yticks(y, [f"#{r.rank} {r.layout}" for r in live], fontsize=8)
         a.invert_yaxis()
         a.set_xlim(0, 1)
