@@ -173,7 +173,7 @@ def _generic(data: dict[str, Any], path: Path, notes: list[str]) -> ModelConfig:
     opts: dict[str, Any] = {k: v for k, v in values.items() if v is not None and k != "d_head"}
     if values["d_head"] and values["d_head"] * values["n_heads"] != values["d_model"]:
         opts["d_head"] = values["d_head"]
-    opts.update(mlp=mlp, tie_embeddings=bool(data.get("tie_word_embeddings", True)))
+    opts.update(mlp=mlp, tie_embeddings=bool(data.get("tie_word_embeddings", False)))  # absent: untied, as most LMs
     if "n_positions" in data and "rotary" not in json.dumps(data):
         opts["position"] = "learned"
     try:
