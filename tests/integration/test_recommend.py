@@ -51,7 +51,7 @@ def test_recommend_ranks_with_evidence_resumes_and_refuses_changed_inputs(corpus
 
 
 def test_a_budget_too_small_is_refused_with_the_budget_that_would_do(corpus, tmp_path, capsys):
-    assert main(_args(corpus, tmp_path / "r", "--budget", "0.05")) == 2
+    assert main(_args(corpus, tmp_path / "r", "--budget", "0.5")) == 2  # the screen fits, the proxy runs do not
     err = capsys.readouterr().err
     assert "give --budget" in err and "what is done so far is kept" in err
     assert main(["recommend", "nano", "--candidates", "pre,perri", "--out", str(tmp_path / "x")]) == 2
@@ -76,3 +76,14 @@ def test_sweep_deadline_leaves_unstarted_runs_pending_and_stops_running_ones(cor
 def test_settings_recommend_decides_are_refused(tmp_path, capsys, flag):
     assert main(["recommend", "nano", "--set", flag, "--out", str(tmp_path / "x")]) == 2
     assert "decided by recommend" in capsys.readouterr().err
+
+
+def test_a_screen_that_cannot_fit_is_refused_before_it_runs(tmp_path, capsys):
+    """The calibration screen takes a second; 15 candidates' screens take far more than a fifth of a
+    0.02-minute budget: refused at once with the budget that would do, before any screen or run."""
+    model = tmp_path / "deep.toml"
+    model.write_text('size = "micro"\n[model]\nn_layers = 8\n')
+    assert main(["recommend", str(model), "--budget", "0.02", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "screening 15 candidates at your depth 8 needs about" in err and "give --budget" in err
+    assert not (tmp_path / "r" / "grid").exists()

@@ -76,7 +76,8 @@ def _screen(folder: RecommendDir, user: UserModel, candidates: list[str], second
     width = saved.get("width")
     if width is None:
         widths = sorted({min(user.config.d_model, 64), min(user.config.d_model, 128)})
-        times = {}
+        screen_layout("pre", ScreenConfig(size="nano", model={"n_layers": 1}, stresses=SCREEN_STRESSES, iters=1))  # warm-up:
+        times = {}  # the first screen pays for imports and first calls, which would inflate the prediction
         for w in widths:
             t = time.perf_counter()
             screen_layout("pre", cfg_of(w))
@@ -91,6 +92,12 @@ def _screen(folder: RecommendDir, user: UserModel, candidates: list[str], second
                 user.config.n_layers)).total
 
         width = plan.screen_width(user.config.d_model, per_width, len(candidates), seconds, params_at)
+        need = per_width(width) * len(candidates)
+        if need > 1.5 * seconds:  # even the narrowest screen would take the proxy runs' time: say so now, not later
+            raise ConfigError(f"screening {len(candidates)} candidates at your depth {user.config.n_layers} needs about "
+                              f"{need / 60:.1f} min even at width {width}, and the screen has a fifth of the budget "
+                              f"({seconds / 60:.1f} min): give --budget {math.ceil(need / plan.SCREEN_SHARE / 60)} or "
+                              "more, or fewer --candidates")
         saved = {"width": width, "n_layers": user.config.n_layers, "results": {},
                  "predicted_seconds_each": per_width(width)}
         atomic_write_json(folder.screen_file, saved)
