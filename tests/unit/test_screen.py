@@ -136,6 +136,8 @@ def test_fit_growth_shapes():
     # Peri-LN's variance over depth at init: linear, a little under its line; not "quadratic"
     assert fit_growth([0.997, 2.958, 5.144, 7.069, 9.078, 10.723, 12.506])["shape"] == "linear"
     assert fit_growth(list(2.0**l))["shape"] == "exponential"
+    # one to three layers fit every curve exactly: no shape beyond linear is claimed (2^l over 3 layers)
+    assert fit_growth([1.0, 2.0, 4.0])["shape"] == "linear" and fit_growth([1.0, 3.0])["shape"] == "linear"
 
 
 @pytest.mark.parametrize("text", ["1,0", "-2", "abc", "nan", "1,inf"])

@@ -38,7 +38,7 @@ SCREEN_STRESSES = (1.0, 8.0)  # the screen's verdicts compare the lowest and hig
 
 def _clock(t0: float, budget_s: float) -> str:
     used = time.time() - t0
-    return f"[{used / 60:.1f} of {budget_s / 60:.0f} min]"
+    return f"[{used / 60:.1f} of {budget_s / 60:g} min]"
 
 
 def _candidates(cfg: RecommendConfig, user: UserModel) -> tuple[list[str], str | None]:

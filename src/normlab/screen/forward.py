@@ -74,19 +74,22 @@ def fit_growth(values: list[float]) -> dict:
     Least-squares fits of a + b l, a + b l + c l^2, and a r^l (on log y); the relative RMS error of
     each picks the shape: exponential only when its error is clearly lowest and r > 1.05 per layer,
     quadratic only when it halves the linear error and its curvature is upward (accelerating) and
-    matters over the depth.
+    matters over the depth. Fewer than four values (a model of one to three layers) fit every curve
+    exactly, so they are called flat or linear only.
     """
     y = np.asarray(values, dtype=np.float64)
     l = np.arange(len(y), dtype=np.float64)
     scale = max(float(np.abs(y).mean()), 1e-30)
     if (y.max() - y.min()) / scale < 0.1:
         return {"shape": "flat", "spread": float((y.max() - y.min()) / scale)}
+    if len(y) < 4:
+        return {"shape": "linear", "linear_slope": float(np.polyfit(l, y, 1)[0]) if len(y) > 1 else 0.0}
 
     def err(pred: np.ndarray) -> float:
         return float(np.sqrt(np.mean((pred - y) ** 2)) / scale)
 
     lin = np.polyfit(l, y, 1)
-    quad = np.polyfit(l, y, 2) if len(y) > 3 else np.concatenate([[0.0], lin])  # too few layers to tell a curve
+    quad = np.polyfit(l, y, 2)
     e_lin, e_quad = err(np.polyval(lin, l)), err(np.polyval(quad, l))
     out = {"linear_slope": float(lin[0]), "err_linear": e_lin, "err_quadratic": e_quad}
     if np.all(y > 0):
