@@ -35,6 +35,7 @@ def test_recommend_ranks_with_evidence_resumes_and_refuses_changed_inputs(corpus
     assert rec["winner"] == rec["ranking"][0]["layout"] and set(rec["settings"]) == {
         "normlab", "transformers", "OLMo-core", "torchtitan", "litgpt"}
     assert any("Width: the proxies are 64 wide" in x for x in rec["limits"])
+    assert any("8 steps of 4 x 32 byte tokens" in x for x in rec["limits"])  # the runs' own settings, stated
     md = (out / "recommendation.md").read_text()
     assert "## Evidence (ranked)" in md and "## What the proxy can and cannot tell" in md and "Recommended: **" in md
     assert (out / "report.html").is_file() and (out / "grid" / "summary.md").is_file()

@@ -331,6 +331,7 @@ def _limits(user: UserModel, precision: str, stress: dict[str, Any], final: dict
             extra: dict[str, Any]) -> list[str]:
     """What the proxy scaled down, and what that can and cannot predict, in plain words."""
     c = user.config
+    setting = lambda key: extra.get(key, RECOMMEND_BASE.get(key))  # noqa: E731 - the proxy runs' value
     out = [f"Width: the proxies are {PROXY_WIDTH} wide in heads of 16 (yours: {c.d_model}, heads of {c.head_dim}); "
            f"the FFN ratio ({c.ffn_dim / c.d_model:.2f}), query-to-kv ratio, MLP kind and soft-capping are yours. "
            "Width changes the size of activations and the learning rate that is stable (muP): the proxies rank "
@@ -341,7 +342,7 @@ def _limits(user: UserModel, precision: str, stress: dict[str, Any], final: dict
                                                  "not later."),
            f"Screen: at your depth and width {screen['width']}"
            + (" (yours)." if screen["width"] >= c.d_model else f" (yours: {c.d_model}; scaled down for time)."),
-           f"Training: {extra.get('steps', RECOMMEND_BASE['steps'])} steps of 16 x 128 byte tokens "
+           f"Training: {setting('steps')} steps of {setting('batch_size')} x {setting('seq_len')} byte tokens "
            f"(vocabulary 256; yours {c.vocab_size:,}) on {extra.get('data', 'the default corpus (Shakespeare)')}, "
            "no weight decay, learning rates far above a large model's: stress settings chosen to make the papers' "
            "failures happen in minutes. They predict which placements fail under a large learning rate and "
