@@ -98,6 +98,10 @@ def test_stress_round_keeps_the_users_depth_when_the_budget_allows_else_cuts_it(
     p = plan.plan_stress(steps, 12, 32, 150, at12 + 1, workers=2)  # the user's 32 does not fit: 12 does
     assert p.depth == 12 and plan.depths_for(32) == [32, 24, 16, 12]
     assert plan.plan_stress(steps, 12, 32, 150, 1e9, workers=2).depth == 32
+    fixed = plan.plan_stress(steps, 12, 32, 150, at12 * 24 / 12, workers=2, depth=24)  # --depth 24: candidates go
+    assert fixed.depth == 24 and fixed.candidates == ["peri", "pre", "post"]
+    fixed = plan.plan_stress({**steps, "hybrid": 0.3}, 12, 32, 150, at12 * 24 / 12 - 1, workers=2, depth=24)
+    assert fixed.depth == 24 and list(fixed.dropped) == ["hybrid"]
 
 
 def test_stress_round_leaves_out_the_least_liked_but_never_the_current_placement():

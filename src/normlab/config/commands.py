@@ -236,6 +236,9 @@ class RecommendConfig:
                                      "1e-2 ... 1e-1); the largest is the stress round's", check=_lrs, metavar="LR1,LR2,...")
     seeds: tuple[int, ...] = setting((), "the final round's seeds (empty: planned, 2 or 3)", check=_seeds,
                                      metavar="S1,S2,...")
+    depth: int | None = setting(None, "the proxies' depth (none: yours where the budget allows, else the deepest "
+                                "that fits down to 12); fixed, the budget leaves out candidates instead",
+                                check=positive, metavar="LAYERS")
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -77,10 +77,12 @@ class StressPlan:
 
 
 def plan_stress(step_s: dict[str, float], calib_depth: int, user_depth: int, steps: int, seconds: float,
-                workers: int, keep: str | None = None, final_runs: int = 3) -> StressPlan:
+                workers: int, keep: str | None = None, final_runs: int = 3, depth: int | None = None) -> StressPlan:
     """The stress round for candidates in the screen's order (best first; `step_s`: each one's measured
     training step at `calib_depth` layers), such that it and a final round of MIN_FINALISTS candidates
-    with `final_runs` more runs each fit `seconds`."""
+    with `final_runs` more runs each fit `seconds`. `depth`: the proxy depth the user fixed (candidates
+    are left out instead of layers)."""
+    depths = [depth] if depth else depths_for(user_depth)
     def cost(names: list[str], depth: int) -> float:
         runs = {n: run_seconds(step_s[n] * depth / calib_depth, steps) for n in names}
         finals = sorted(runs.values())[-min(MIN_FINALISTS, len(names)):] * final_runs  # the dearest finalists
@@ -88,15 +90,15 @@ def plan_stress(step_s: dict[str, float], calib_depth: int, user_depth: int, ste
 
     names = list(step_s)
     while True:
-        for depth in depths_for(user_depth):
-            if cost(names, depth) <= seconds:
+        for d in depths:
+            if cost(names, d) <= seconds:
                 dropped = {n: "the budget (the screen liked it least)" for n in step_s if n not in names}
-                return StressPlan(names, depth, cost(names, depth), dropped)
+                return StressPlan(names, d, cost(names, d), dropped)
         droppable = [n for n in reversed(names) if n != keep]
         if len(names) <= min(MIN_CANDIDATES, len(step_s)) or not droppable:
             break
         names.remove(droppable[0])
-    floor = depths_for(user_depth)[-1]
+    floor = depths[-1]
     need = cost(names, floor)
     raise BudgetTooSmall(f"the budget leaves {seconds / 60:.1f} min for the proxy runs; the smallest grid ({len(names)} "
                          f"candidates at {floor} layers, {steps} steps, {MIN_FINALISTS} finalists) needs about "

@@ -59,7 +59,7 @@ def _candidates(cfg: RecommendConfig, user: UserModel) -> tuple[list[str], str |
 def _inputs(user: UserModel, cfg: RecommendConfig, precision: str, base: dict[str, Any],
             candidates: list[str]) -> dict[str, Any]:
     return {"model": user.config.to_dict(), "precision": precision, "candidates": candidates,
-            "lrs": list(cfg.lrs), "seeds": list(cfg.seeds), "base": base, "proxy": RECOMMEND_BASE}
+            "lrs": list(cfg.lrs), "seeds": list(cfg.seeds), "depth": cfg.depth, "base": base, "proxy": RECOMMEND_BASE}
 
 
 def _screen(folder: RecommendDir, user: UserModel, candidates: list[str], seconds: float, log: Callable) -> dict[str, Any]:
@@ -219,17 +219,18 @@ def recommend(user: UserModel, cfg: RecommendConfig, extra: dict[str, Any] | Non
             step_s[n] = plan.time_train_step(n, proxy_shape(user.config, calib_depth))
         try:
             stress = plan.plan_stress(step_s, calib_depth, user.config.n_layers, steps, end - time.time(), workers,
-                                      keep=current)
+                                      keep=current, depth=cfg.depth)
         except plan.BudgetTooSmall as err:
             need = time.time() - t0 + err.need_s + plan.REPORT_RESERVE_S
             raise ConfigError(f"{err}: give --budget {math.ceil(need / 60)} or more, fewer --candidates, or fewer "
                               "steps (--set steps=N); what is done so far is kept") from None
         saved["stress"] = {**stress.to_dict(), "calib_depth": calib_depth, "step_seconds": step_s, "lr": stress_lr,
-                           "seed": seed0}
+                           "seed": seed0, "depth_fixed": cfg.depth is not None}
         atomic_write_json(folder.plan_file, saved)
     stress = saved["stress"]
     base = _base(user, stress["depth"], precision, extra)
-    depth_note = "your depth" if stress["depth"] == user.config.n_layers else f"your {user.config.n_layers} cut to fit the budget"
+    depth_note = ("your depth" if stress["depth"] == user.config.n_layers else "as given by --depth" if cfg.depth
+                  else f"your {user.config.n_layers} cut to fit the budget")
     log(f"  {len(stress['candidates'])} runs at lr {stress_lr:g}, seed {seed0}, {stress['depth']} layers ({depth_note}), "
         f"{steps} steps, {precision} storage; about {stress['seconds'] / 60:.1f} min with the final round")
     for n, why in stress["dropped"].items():
@@ -337,7 +338,9 @@ def _limits(user: UserModel, precision: str, stress: dict[str, Any], final: dict
            "Width changes the size of activations and the learning rate that is stable (muP): the proxies rank "
            "placements by how they fail, not at your learning rate; take the best lr as a relative signal only.",
            f"Depth: {stress['depth']} layers" + (" (yours)." if stress["depth"] == c.n_layers else
-                                                 f" (yours: {c.n_layers}; cut to fit the budget). Pre-LN's growth "
+                                                 f" (yours: {c.n_layers}; "
+                                                 f"{'set by --depth' if stress.get('depth_fixed') else 'cut to fit the budget'}"
+                                                 "). Pre-LN's growth "
                                                  "compounds with depth, so at your depth its failure comes sooner, "
                                                  "not later."),
            f"Screen: at your depth and width {screen['width']}"
