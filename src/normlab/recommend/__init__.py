@@ -5,7 +5,8 @@
 - `rank`: the evidence table and the ranking rule;
 - `agreement`: the recipes' verdicts a ranking is checked against;
 - `frameworks`: the winner's settings in normlab, transformers, OLMo-core, torchtitan and litgpt;
-- `stages`: the command itself (screen, stress round, final round, report), resumable.
+- `report`: the recommendation in words and as a page (reason, evidence table, checks, settings, limits);
+- `stages`: the command itself (screen, stress round, final round, conclusions), resumable.
 """
 
 from normlab._lazy import lazy_exports

@@ -27,7 +27,7 @@ from typing import Any, Callable
 from normlab.config.commands import RECOMMEND_BASE, RecommendConfig
 from normlab.errors import ConfigError
 from normlab.io import atomic_write_bytes, atomic_write_json, own_folder
-from normlab.recommend import agreement, plan
+from normlab.recommend import agreement, plan, report
 from normlab.recommend.frameworks import settings_for
 from normlab.recommend.rank import Evidence, evidence_from_grid, rank, ruled_out, screen_summary
 from normlab.recommend.shape import PROXY_WIDTH, UserModel, proxy_shape, screen_shape
@@ -312,7 +312,7 @@ def _conclude(folder: RecommendDir, user: UserModel, precision: str, candidates:
     checks = agreement.check(ranks, precision)
     winner = ranked[0] if ranked and ranked[0].rank is not None else None
     settings = settings_for(winner.layout, user.config) if winner else {}
-    limits = _limits(user, precision, stress, final, screen, extra)
+    limits = report.limits(user, precision, stress, screen, extra)
     result = {"model": user.describe(), "notes": list(user.notes), "precision": precision, "current": current,
               "winner": winner.layout if winner else None, "ranking": [r.to_dict() for r in ranked],
               "recipe_checks": checks, "settings": settings, "limits": limits,
@@ -320,179 +320,12 @@ def _conclude(folder: RecommendDir, user: UserModel, precision: str, candidates:
               "minutes": (time.time() - t0) / 60, "budget_minutes": budget_s / 60,
               "files": {"grid": folder.grid_files(), "screen": folder.screen_file.name, "plan": folder.plan_file.name,
                         "json": folder.json_file.name}}
-    text = _markdown(result, ranked)
+    text = report.markdown(result, ranked)
     result["text"] = text
     atomic_write_bytes(folder.markdown_file, text.encode())
     atomic_write_json(folder.json_file, {k: v for k, v in result.items() if k != "text"})
-    _page(folder, result, ranked)
+    report.write_page(folder, result, ranked)
     return result
-
-
-def _limits(user: UserModel, precision: str, stress: dict[str, Any], final: dict[str, Any], screen: dict[str, Any],
-            extra: dict[str, Any]) -> list[str]:
-    """What the proxy scaled down, and what that can and cannot predict, in plain words."""
-    c = user.config
-    setting = lambda key: extra.get(key, RECOMMEND_BASE.get(key))  # noqa: E731 - the proxy runs' value
-    out = [f"Width: the proxies are {PROXY_WIDTH} wide in heads of 16 (yours: {c.d_model}, heads of {c.head_dim}); "
-           f"the FFN ratio ({c.ffn_dim / c.d_model:.2f}), query-to-kv ratio, MLP kind and soft-capping are yours. "
-           "Width changes the size of activations and the learning rate that is stable (muP): the proxies rank "
-           "placements by how they fail, not at your learning rate; take the best lr as a relative signal only.",
-           f"Depth: {stress['depth']} layers" + (" (yours)." if stress["depth"] == c.n_layers else
-                                                 f" (yours: {c.n_layers}; "
-                                                 f"{'set by --depth' if stress.get('depth_fixed') else 'cut to fit the budget'}"
-                                                 "). Pre-LN's growth "
-                                                 "compounds with depth, so at your depth its failure comes sooner, "
-                                                 "not later."),
-           f"Screen: at your depth and width {screen['width']}"
-           + (" (yours)." if screen["width"] >= c.d_model else f" (yours: {c.d_model}; scaled down for time)."),
-           f"Training: {setting('steps')} steps of {setting('batch_size')} x {setting('seq_len')} byte tokens "
-           f"(vocabulary 256; yours {c.vocab_size:,}) on {extra.get('data', 'the default corpus (Shakespeare)')}, "
-           "no weight decay, learning rates far above a large model's: stress settings chosen to make the papers' "
-           "failures happen in minutes. They predict which placements fail under a large learning rate and "
-           + ("fp16 storage (the stream passing 65504), " if precision == "fp16" else "bf16 storage, ")
-           + "and which train to a lower loss early; they cannot predict the loss gap after billions of tokens, "
-           "nor failures that take days to build (slow logit growth, rare loss spikes).",
-           "Divergence counts over a few runs are small samples: 0/4 against 2/4 is evidence, not proof."]
-    if precision == "bf16":
-        out.append("bf16 keeps fp32's exponent range: the fp16 overflow cannot happen; the stress is the learning "
-                   "rate (and bf16's 8-bit mantissa in the stored activations).")
-    if user.config.n_experts:
-        out.append("Mixture of experts: proxied as a dense MLP; the router's own instabilities are not tested.")
-    return out
-
-
-def _fmt_loss(r: Evidence) -> str:
-    if not math.isfinite(r.best_loss):
-        return "-"
-    return f"{r.best_loss:.4f}" + (f" ± {r.best_loss_std:.4f}" if math.isfinite(r.best_loss_std) else "")
-
-
-def _table(ranked: list[Evidence]) -> str:
-    head = ("rank", "layout", "screen", "diverged", "stalled", "largest activation", "first overflow", "best lr",
-            "best loss", "LR sensitivity", "loss by lr")
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in ranked:
-        if r.status in ("ruled out", "not trained"):
-            lines.append(f"| - | {r.layout} | {r.screen} | {r.status}: {r.why} |" + " |" * 7)
-            continue
-        rank_cell = f"{r.rank}" + (" (tie)" if r.tie else "") + ("*" if r.status == "stress round only" else "")
-        act = "-" if not math.isfinite(r.max_activation) else f"{r.max_activation:,.4g}"
-        sens = "-" if not math.isfinite(r.lr_sensitivity) or len(r.loss_by_lr) < 2 else f"{r.lr_sensitivity:.3f}"
-        by_lr = "; ".join(f"{lr}: {v}" for lr, v in r.loss_by_lr.items()) or "-"
-        lines.append(f"| {rank_cell} | {r.layout} | {r.screen} | {r.diverged}/{r.finished} | {r.stalled}/{r.finished} | "
-                     f"{act} | {r.first_break or '-'} | {'-' if r.best_lr is None else f'{r.best_lr:g}'} | "
-                     f"{_fmt_loss(r)} | {sens} | {by_lr} |")
-    return "\n".join(lines) + "\n"
-
-
-def _reason(result: dict[str, Any], ranked: list[Evidence]) -> str:
-    """The winner and why, in one paragraph with its numbers."""
-    live = [r for r in ranked if r.rank is not None]
-    if not live:
-        return "No candidate trained: nothing to recommend."
-    w = live[0]
-    parts = [f"**{w.layout}**: {w.diverged + w.stalled}/{w.finished} runs diverged or stalled, best loss "
-             f"{_fmt_loss(w)} at lr {w.best_lr:g}" if w.best_lr is not None else f"**{w.layout}**"]
-    if math.isfinite(w.max_activation):
-        parts.append(f"largest activation {w.max_activation:,.4g} " + (
-            f"({65504 / w.max_activation:,.0f}x below the FP16 maximum)" if w.max_activation < 65504 else
-            "(past the FP16 maximum 65,504)"))
-    parts.append(f"screen: {w.screen}")
-    text = "Recommended: " + "; ".join(parts) + "."
-    if w.diverged + w.stalled:
-        text += (" Even the best candidate failed on some runs: the stress is beyond what any of these placements "
-                 "holds at every learning rate; read the learning rates at which it trained.")
-    if len(live) > 1:
-        r2 = live[1]
-        how = "tied on loss within seed noise; ahead on " + ("the screen's verdict" if r2.screen != w.screen else
-                                                              "LR sensitivity") if r2.tie else \
-            ("fewer failures" if r2.failures > w.failures else "a lower best loss")
-        text += (f" Next: {r2.layout} ({r2.diverged + r2.stalled}/{r2.finished} failed, best loss {_fmt_loss(r2)}); "
-                 f"{w.layout} ranks above it on {how}.")
-    cur = result.get("current")
-    if cur and cur != w.layout:
-        c = next((r for r in ranked if r.layout == cur), None)
-        if c is not None and c.rank is not None:
-            text += (f" Your current placement {cur} ranks #{c.rank}: {c.diverged + c.stalled}/{c.finished} failed, "
-                     f"best loss {_fmt_loss(c)}" + (f", first overflow at {c.first_break}" if c.first_break else "") + ".")
-    elif cur == w.layout:
-        text += " That is your current placement: the evidence does not ask you to change it."
-    return text
-
-
-def _markdown(result: dict[str, Any], ranked: list[Evidence]) -> str:
-    p = result["plan"]
-    lines = ["# normlab recommend", "", f"- model: {result['model']}", f"- precision: {result['precision']}",
-             f"- time: {result['minutes']:.1f} of {result['budget_minutes']:.0f} min",
-             f"- proxy: {p['depth']} layers x d {PROXY_WIDTH}; stress round {len(p['stress']['candidates'])} runs; final "
-             f"round: {', '.join(p['final']['finalists']) or 'none'}"
-             + (f" x lr {', '.join(f'{x:g}' for x in p['final']['lrs'])} x {len(p['final']['seeds'])} seeds"
-                if p["final"]["finalists"] else "")]
-    lines += [f"- note: {n}" for n in result["notes"]]
-    lines += ["", _reason(result, ranked), "", "## Evidence (ranked)", "",
-              "Rank: fewer diverged + stalled runs first; then lower best loss, losses within seed noise (or 0.01) "
-              "tied and ordered by the screen's verdict, then LR sensitivity. * = trained in the stress round only "
-              "(one run at the stress lr), ranked after the finalists in that round's order.", "", _table(ranked)]
-    if result["recipe_checks"]:
-        lines += ["## Against the recipes' verdicts", "", "| recipe | verdict there | its setting | here | agrees |",
-                  "|---|---|---|---|---|"]
-        lines += [f"| {c['recipe']} | {c['claim']}: {c['evidence']} | {c['setting']} | {c['ranks']} | "
-                  f"{'yes' if c['agrees'] else '**no**'} |" for c in result["recipe_checks"]]
-        lines.append("")
-    if result["settings"]:
-        lines += [f"## {result['winner']} in your code base", ""]
-        lines += [f"- **{k}**: {v['settings']}" for k, v in result["settings"].items()]
-        lines.append("")
-    lines += ["## What the proxy can and cannot tell", ""] + [f"- {x}" for x in result["limits"]]
-    lines += ["", f"Files: {result['files']['grid']} (every run, the U-curves, activations against FP16), "
-              f"{result['files']['screen']}, {result['files']['plan']}, {result['files']['json']}."]
-    return "\n".join(lines) + "\n"
-
-
-def _page(folder: RecommendDir, result: dict[str, Any], ranked: list[Evidence]) -> None:
-    import html as h
-
-    import matplotlib.pyplot as plt
-
-    from normlab.pages import figure_html, table_html, write_page
-
-    live = [r for r in ranked if r.rank is not None]
-    sections = []
-    if live:
-        fig, (a, b) = plt.subplots(1, 2, figsize=(12, 0.4 * len(live) + 1.8))
-        y = list(range(len(live)))
-        a.barh(y, [(r.diverged + r.stalled) / r.finished if r.finished else 0 for r in live], color="tab:red", alpha=0.8)
-        for yi, r in zip(y, live):
-            a.text(0.01, yi, f"{r.diverged} diverged, {r.stalled} stalled of {r.finished}", va="center", fontsize=8)
-        a.set_yticks(y, [f"#{r.rank} {r.layout}" for r in live], fontsize=8)
-        a.invert_yaxis()
-        a.set_xlim(0, 1)
-        a.set_xlabel("fraction of runs diverged or stalled")
-        acts = [r.max_activation if math.isfinite(r.max_activation) else float("nan") for r in live]
-        b.barh(y, acts, color="tab:blue", alpha=0.8)
-        b.axvline(65504, ls="--", color="tab:orange", lw=1)
-        b.set_xscale("log")
-        b.set_yticks(y, [""] * len(y))
-        b.invert_yaxis()
-        b.set_xlabel("largest activation (probes; dashed: FP16 max 65504)")
-        fig.tight_layout()
-        sections.append(figure_html(fig, folder.path, "ranking", "Failures and largest activations by rank"))
-    rows = [{"rank": r.rank if r.rank is not None else "-", "layout": r.layout, "screen": r.screen,
-             "diverged": f"{r.diverged}/{r.finished}", "stalled": f"{r.stalled}/{r.finished}",
-             "largest activation": r.max_activation, "best lr": r.best_lr, "best loss": _fmt_loss(r),
-             "LR sensitivity": r.lr_sensitivity, "status": r.status if r.status == "ranked" else f"{r.status}: {r.why}"}
-            for r in ranked]
-    body = (f"<h1>normlab recommend</h1><p>{h.escape(result['model'])}; precision {h.escape(result['precision'])}</p>"
-            f"<p>{h.escape(_reason(result, ranked)).replace('**', '')}</p><h2>Evidence</h2>{table_html(rows)}"
-            + "".join(sections)
-            + (f"<h2>Against the recipes</h2>{table_html(result['recipe_checks'])}" if result["recipe_checks"] else "")
-            + (f"<h2>{h.escape(str(result['winner']))} in your code base</h2>"
-               + table_html([{"code base": k, "expressible": v["expressible"], "settings": v["settings"]}
-                             for k, v in result["settings"].items()]) if result["settings"] else "")
-            + "<h2>What the proxy can and cannot tell</h2><ul>"
-            + "".join(f"<li>{h.escape(x)}</li>" for x in result["limits"]) + "</ul>"
-            + f"<p>Every run: {h.escape(result['files']['grid'])}</p>")
-    write_page(folder.report_file, "normlab recommend", body)
 
 
 __all__ = ["recommend"]
