@@ -6,6 +6,10 @@ TORCH := torch==2.13.0
 # lm-evaluation-harness for `normlab eval` (its [hf] extra brings accelerate); pinned: task versions and
 # metric definitions change between releases
 LM_EVAL := lm_eval[hf]==0.4.13
+# transformers pinned for the suite: 5.24 renamed the KV cache argument (past_key_values -> cache) and a
+# new release can change what the conversions and generation tests check; normlab's model class takes
+# both names (tested on 5.23.0 and 5.24.0)
+TRANSFORMERS := transformers==5.24.0
 
 .PHONY: demo test test-all install data bench recipes gpu-recipes quotes clean
 
@@ -13,7 +17,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	@echo "normlab: creating $(VENV) and installing $(TORCH) (CPU), numpy, pandas, matplotlib, tokenizers, transformers, lm-eval and the test tools (1-3 minutes)"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH)" numpy scipy pandas matplotlib tokenizers tqdm pytest pytest-xdist tensorboard wandb submitit transformers safetensors lightning "$(LM_EVAL)"
+	$(PY) -m pip install -q "$(TORCH)" numpy scipy pandas matplotlib tokenizers tqdm pytest pytest-xdist tensorboard wandb submitit "$(TRANSFORMERS)" safetensors lightning "$(LM_EVAL)"
 	$(PY) -m pip install -q --no-deps -e .
 	touch $@
 

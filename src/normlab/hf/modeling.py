@@ -23,6 +23,11 @@ from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, Pret
 from transformers.cache_utils import DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+# transformers 5.24 renamed the KV cache `past_key_values` -> `cache` (argument and output field); the
+# model takes either name and fills the output field the installed version has, so an export runs
+# under transformers before and after the rename
+CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
 from normlab.layout import as_layout
 from normlab.model.config import ModelConfig
 from normlab.model.decoding import make_decoding
@@ -87,27 +92,29 @@ class NormLabForCausalLM(PreTrainedModel, GenerationMixin):
         return self.normlab.lm_head
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None, past_key_values: Any = None,
+                position_ids: torch.Tensor | None = None, cache: Any = None,
                 use_cache: bool | None = None, labels: torch.Tensor | None = None,
                 output_hidden_states: bool | None = None, return_dict: bool | None = None,
-                logits_to_keep: int = 0, **_: Any) -> CausalLMOutputWithPast:
+                logits_to_keep: int = 0, past_key_values: Any = None, **_: Any) -> CausalLMOutputWithPast:
         """``attention_mask`` (B, past + T): 1 for tokens, 0 for padding (left or right); positions
-        count real tokens only, as in transformers' Llama. ``past_key_values``: a transformers Cache
-        (one is made when ``use_cache`` and none is given)."""
+        count real tokens only, as in transformers' Llama. ``cache`` (``past_key_values`` before
+        transformers 5.24): a transformers Cache (one is made when ``use_cache`` and none is given)."""
+        if cache is not None and past_key_values is not None and cache is not past_key_values:
+            raise ValueError("give the KV cache as `cache` or as `past_key_values`, not both")
+        cache = cache if cache is not None else past_key_values
         if use_cache is None:
             use_cache = bool(self.config.use_cache) and not self.training
-        if use_cache and past_key_values is None:
-            past_key_values = DynamicCache()
+        if use_cache and cache is None:
+            cache = DynamicCache()
         b, t = input_ids.shape
-        dec = make_decoding(b, t, input_ids.device, attention_mask, past_key_values if use_cache else None,
-                            position_ids)
+        dec = make_decoding(b, t, input_ids.device, attention_mask, cache if use_cache else None, position_ids)
         out = self.normlab(input_ids, return_hidden_states=bool(output_hidden_states), decoding=dec,
                            logits_to_keep=logits_to_keep)
         loss = None
         if labels is not None:  # transformers convention: labels are the inputs, shifted here
             loss = F.cross_entropy(out.logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
         return CausalLMOutputWithPast(loss=loss, logits=out.logits, hidden_states=out.hidden_states,
-                                      past_key_values=past_key_values if use_cache else None)
+                                      **{CACHE_FIELD: cache if use_cache else None})
 
 
 AutoConfig.register("normlab", NormLabConfig, exist_ok=True)
