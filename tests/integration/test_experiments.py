@@ -126,7 +126,8 @@ def test_summaries_match_hand_computed_values(tmp_path):
     assert c.loc[("peri", 1e-3), "stalled"] == 1 and c.loc[("peri", 1e-3), "ok"] == 2
 
     curves = lr_curves(df, axes).set_index(["layout", "lr"])
-    # capped loss: min(final, initial); a diverged (non-finite) run counts as the initial loss 5.5
+    # capped loss: min(final, initial); a diverged run counts as the initial loss 5.5, whatever finite loss it
+    # logged last (Wortsman et al. 2024, LR sensitivity: a run that diverged reached no loss below the initial)
     assert curves.loc[("pre", 1e-2), "capped_loss"] == pytest.approx((5.5 + 2.9) / 2)
     assert curves.loc[("peri", 1e-2), "capped_loss"] == pytest.approx((2.6 + 2.8 + 2.7) / 3)
     assert curves.loc[("peri", 1e-3), "stalls"] == "1/3" and curves.loc[("pre", 1e-2), "stalls"] == "0/2"

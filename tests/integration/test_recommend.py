@@ -36,8 +36,11 @@ def test_recommend_ranks_with_evidence_resumes_and_refuses_changed_inputs(corpus
         "normlab", "transformers", "OLMo-core", "torchtitan", "litgpt"}
     assert any("Width: the proxies are 64 wide" in x for x in rec["limits"])
     assert any("8 steps of 4 x 32 byte tokens" in x for x in rec["limits"])  # the runs' own settings, stated
+    (check,) = rec["recipe_checks"]  # stress-kim-fp16's peri ahead of pre, compared at its lr 0.1 where both ran
+    assert check["claim"] == "peri ahead of pre" and check["at_setting"].startswith("lr 0.1: peri ")
+    assert check["agrees_at_setting"] in (True, False) and check["agrees"] == (ranking["peri"]["rank"] == 1)
     md = (out / "recommendation.md").read_text()
-    assert "## Evidence (ranked)" in md and "## What the proxy can and cannot tell" in md and "Recommended: **" in md
+    assert "## Evidence (ranked)" in md and "where the settings overlap" in md and "## What the proxy can and cannot tell" in md and "Recommended: **" in md
     assert (out / "report.html").is_file() and (out / "grid" / "summary.md").is_file()
     plan = json.loads((out / "plan.json").read_text())
     assert plan["stress"]["depth"] == 2 and plan["final"]["lrs"] == [0.01, 0.1] and plan["final"]["seeds"] == [0]
@@ -46,6 +49,9 @@ def test_recommend_ranks_with_evidence_resumes_and_refuses_changed_inputs(corpus
     again = capsys.readouterr().out
     assert "4 runs, 4 done, 0 to run" in again and json.loads((out / "recommendation.json").read_text())["ranking"] == \
         rec["ranking"]
+    calls = json.loads((out / "plan.json").read_text())["call_minutes"]  # both calls' time, the first's kept
+    assert len(calls) == 2 and calls[0] == pytest.approx(rec["minutes"], abs=0.1) and calls[1] < calls[0]
+    assert f"min over 2 calls ({calls[0]:.1f}, " in (out / "recommendation.md").read_text()
 
     assert main(_args(corpus, out, "--steps", "9")) == 2  # another input: refused, nothing touched
     assert "other inputs (changed: base)" in capsys.readouterr().err

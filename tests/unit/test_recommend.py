@@ -140,10 +140,10 @@ def test_screen_width_is_the_widest_that_fits_time_and_memory():
 
 def _row(name, screen="caution", diverged=0, stalled=0, finished=4, loss=2.5, std=0.005, sens=0.1):
     return Evidence(layout=name, screen=screen, screen_detail="", finished=finished, diverged=diverged,
-                    stalled=stalled, best_loss=loss, best_loss_std=std, lr_sensitivity=sens)
+                    stalled=stalled, best_loss=loss, best_loss_std=std, lr_sensitivity=sens, expected_loss=loss + sens)
 
 
-def test_rank_failures_first_then_loss_ties_within_noise_by_screen_then_sensitivity():
+def test_rank_failures_first_then_loss_ties_within_noise_by_screen_then_expected_loss():
     rows = [_row("pre", "unstable", diverged=2, loss=2.2),  # the lowest loss, but 2/4 failed
             _row("hybrid", "unstable", loss=2.300, std=0.02),
             _row("peri", "stable", loss=2.310),  # within hybrid's 0.02 std: a tie, the screen prefers peri
@@ -155,8 +155,12 @@ def test_rank_failures_first_then_loss_ties_within_noise_by_screen_then_sensitiv
     assert [r.layout for r in ranked] == ["peri", "hybrid", "qk", "rezero", "pre", "none"]
     assert [r.rank for r in ranked] == [1, 2, 3, 4, 5, None]
     assert ranked[1].tie and not ranked[0].tie and not ranked[2].tie
-    a, b = _row("a", loss=2.300, sens=0.3), _row("b", loss=2.305, sens=0.1)  # same verdict: LR sensitivity decides
-    assert [r.layout for r in rank([a, b])] == ["b", "a"]
+    a, b = _row("a", loss=2.300, sens=0.3), _row("b", loss=2.305, sens=0.1)  # same verdict: the expected loss
+    assert [r.layout for r in rank([a, b])] == ["b", "a"]  # over the lrs decides: 2.405 against 2.6
+    # tied within b's 0.39 seed std; a barely learns at any lr (flat: the smaller sensitivity, 0.01 against
+    # 0.15), b trains lower at every lr: the expected loss puts b first (2.99 against 3.12)
+    flat, noisy = _row("a", loss=3.11, std=0.04, sens=0.01), _row("b", loss=2.84, std=0.39, sens=0.15)
+    assert [r.layout for r in rank([flat, noisy])] == ["b", "a"] and rank([flat, noisy])[1].tie
     c, d = _row("c", loss=2.300, std=0.001), _row("d", loss=2.3101, std=0.001)  # 0.0101 > the 0.01 floor
     assert [r.layout for r in rank([d, c])] == ["c", "d"] and not rank([d, c])[1].tie
 
@@ -197,6 +201,34 @@ def test_recipe_checks_agree_or_say_not():
     assert by[("stress-kim-fp16", "peri ahead of hybrid")]
     assert ("kim-lr", "peri ahead of pre") not in by  # a bf16 verdict, not checked under fp16
     assert not agreement.check({"peri": 2, "pre": 1}, "fp16")[0]["agrees"]
+
+
+def test_recipe_checks_compare_at_the_recipes_learning_rates_or_say_the_settings_do_not_overlap():
+    """bf16 verdicts: hybrid ahead of pre (zhuo-placement, lr 3e-3), pre-gate ahead of pre (gate-lr,
+    3e-3 ... 3e-2). Hybrid stalled at 0.1 and ran nowhere else: not comparable; the gate is ahead at
+    1e-2 (where both ran) but not at 3e-2, where it diverged once: does not hold."""
+    import pandas as pd
+
+    rows = [("pre", 0.01, 0, "ok", 2.50), ("pre", 0.01, 1, "ok", 2.70), ("pre", 0.03, 0, "ok", 2.60),
+            ("pre", 0.1, 0, "ok", 3.0), ("pre-gate", 0.01, 0, "ok", 2.40), ("pre-gate", 0.01, 1, "stalled", 3.32),
+            ("pre-gate", 0.03, 0, "diverged", None), ("pre-gate", 0.1, 0, "ok", 2.9),
+            ("hybrid", 0.1, 0, "stalled", 3.32), ("peri", 0.1, 0, "pending", None)]
+    runs = pd.DataFrame(rows, columns=["layout", "lr", "seed", "status", "final_loss"])
+    cells = agreement.cells(runs)
+    assert cells["pre"][0.01] == {"runs": 2, "failed": 0, "loss": pytest.approx(2.6)}
+    assert cells["pre-gate"][0.01] == {"runs": 2, "failed": 1, "loss": pytest.approx(2.86)}  # the stall's loss counts
+    assert "peri" not in cells  # nothing finished
+    checks = {c["recipe"]: c for c in agreement.check({"pre-gate": 1, "pre": 2, "hybrid": 3}, "bf16", cells)}
+    zhuo = checks["zhuo-placement"]
+    assert not zhuo["agrees"] and zhuo["agrees_at_setting"] is None
+    assert zhuo["at_setting"] == "not comparable: no run of both at the recipe's lr (hybrid at lr 0.1; pre at lr 0.01, 0.03, 0.1)"
+    gate = checks["gate-lr"]  # ranked ahead, but at 1e-2 one of its two runs stalled (1/2 failed vs 0/2): behind
+    assert gate["agrees"] and gate["agrees_at_setting"] is False
+    assert gate["at_setting"] == "lr 0.01: pre-gate 2.860, 1/2 failed vs pre 2.600; lr 0.03: pre-gate 1/1 failed vs pre 2.600"
+    line = agreement.summary(list(checks.values()))
+    assert line.startswith("The ranking agrees with 1 of 2") and "0 of 1 hold, 1 not comparable" in line
+    ok = pd.DataFrame([("pre-gate", 0.01, 0, "ok", 2.4), ("pre", 0.01, 0, "ok", 2.5)], columns=runs.columns)
+    assert agreement.check({"pre-gate": 1, "pre": 2}, "bf16", agreement.cells(ok))[0]["agrees_at_setting"] is True
 
 
 # --- the winner's settings elsewhere --------------------------------------------------------------

@@ -134,12 +134,14 @@ def cells(df: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
 
 
 def _capped(row: pd.Series) -> float:
-    """Final loss capped at the initial loss; a diverged or non-finite run counts as the initial loss."""
+    """Final loss capped at the initial loss; a diverged or non-finite run counts as the initial loss
+    (Wortsman et al. 2024's min(loss, L_0)): a diverged run's final_loss is the last finite loss it
+    logged before the non-finite one, not a loss it trained to."""
     init = row.initial_loss
     loss = row.final_loss
     if init is None or not math.isfinite(init):
         return math.nan
-    if loss is None or not math.isfinite(loss):
+    if row.status == "diverged" or loss is None or not math.isfinite(loss):
         return float(init)
     return float(min(loss, init))
 

@@ -9,7 +9,11 @@ The rule, in this order (`rank`):
 1. fewer failures: diverged + stalled runs over finished runs (what the user came to avoid);
 2. lower best loss; two losses closer than the larger of their seed std and `NOISE_FLOOR` are a tie,
    and within a tie
-3. the screen's verdict (stable, caution, unstable) and then lower LR sensitivity decide.
+3. the screen's verdict (stable, caution, unstable) decides, then the lower expected loss over the
+   learning rates swept (Wortsman et al. 2024: E_lr[min(L, L_0)], the best loss plus the LR
+   sensitivity; a diverged run counts as the initial loss L_0). The sensitivity alone would not do: a
+   placement that barely learns at any rate is flat, and its small sensitivity would put it ahead of
+   a tied one that trains far lower at most rates.
 Candidates whose runs did not all finish (the budget ran out) are ranked on what finished, marked.
 
 What the screen rules out before training (`ruled_out`), at the user's depth with the weights as
@@ -76,6 +80,7 @@ class Evidence:
     best_loss: float = math.nan
     best_loss_std: float = math.nan
     lr_sensitivity: float = math.nan
+    expected_loss: float = math.nan  # Wortsman's E_lr[min(L, L_0)] over the swept lrs = best (capped) + sensitivity
     loss_by_lr: dict[str, str] = field(default_factory=dict)
     rank: int | None = None
     tie: bool = False  # within noise of the candidate ranked above
@@ -114,7 +119,8 @@ def evidence_from_grid(runs: pd.DataFrame, planned: dict[str, int]) -> dict[str,
         if len(s):
             best = s.iloc[0]
             row.update(best_lr=None if best.best_lr is None or pd.isna(best.best_lr) else float(best.best_lr),
-                       best_loss=float(best.best_final_loss), lr_sensitivity=float(best.lr_sensitivity))
+                       best_loss=float(best.best_final_loss), lr_sensitivity=float(best.lr_sensitivity),
+                       expected_loss=float(best.expected_capped_loss))
             at_best = c[c.lr == row["best_lr"]]
             if len(at_best):
                 row["best_loss_std"] = float(at_best.final_loss_std.iloc[0])
@@ -147,7 +153,7 @@ def rank(rows: list[Evidence]) -> list[Evidence]:
             group.append(ranked[j])
             j += 1
         group.sort(key=lambda r: (VERDICT_ORDER.get(r.screen, 3),
-                                  r.lr_sensitivity if math.isfinite(r.lr_sensitivity) else math.inf, loss(r)))
+                                  r.expected_loss if math.isfinite(r.expected_loss) else math.inf, loss(r)))
         for k, r in enumerate(group):
             r.tie = k > 0
         out += group

@@ -9,6 +9,7 @@ import math
 from typing import Any
 
 from normlab.config.commands import RECOMMEND_BASE
+from normlab.recommend import agreement
 from normlab.recommend.rank import Evidence
 from normlab.recommend.shape import PROXY_WIDTH, UserModel
 from normlab.runs.files import RecommendDir
@@ -90,8 +91,10 @@ def reason(result: dict[str, Any], ranked: list[Evidence]) -> str:
                  "holds at every learning rate; read the learning rates at which it trained.")
     if len(live) > 1:
         r2 = live[1]
-        how = "tied on loss within seed noise; ahead on " + ("the screen's verdict" if r2.screen != w.screen else
-                                                              "LR sensitivity") if r2.tie else \
+        how = "tied on loss within seed noise; ahead on " + (
+            "the screen's verdict" if r2.screen != w.screen else
+            f"the expected loss over the learning rates ({w.expected_loss:.3f} vs {r2.expected_loss:.3f}: best loss + "
+            "LR sensitivity)") if r2.tie else \
             ("fewer failures" if r2.failures > w.failures else "a lower best loss")
         text += (f" Next: {r2.layout} ({r2.diverged + r2.stalled}/{r2.finished} failed, best loss {_fmt_loss(r2)}); "
                  f"{w.layout} ranks above it on {how}.")
@@ -106,10 +109,20 @@ def reason(result: dict[str, Any], ranked: list[Evidence]) -> str:
     return text
 
 
+def _time(result: dict[str, Any]) -> str:
+    """This call's minutes against the budget; for a resumed recommendation, every call's too."""
+    budget = f"{result['budget_minutes']:g}"
+    calls = result.get("call_minutes") or [result["minutes"]]
+    if len(calls) == 1:
+        return f"{result['minutes']:.1f} of {budget} min"
+    return (f"{sum(calls):.1f} min over {len(calls)} calls ({', '.join(f'{m:.1f}' for m in calls)}; the budget is "
+            f"{budget} min a call)")
+
+
 def markdown(result: dict[str, Any], ranked: list[Evidence]) -> str:
     p = result["plan"]
     lines = ["# normlab recommend", "", f"- model: {result['model']}", f"- precision: {result['precision']}",
-             f"- time: {result['minutes']:.1f} of {result['budget_minutes']:.0f} min",
+             f"- time: {_time(result)}",
              f"- proxy: {p['depth']} layers x d {PROXY_WIDTH}; stress round {len(p['stress']['candidates'])} runs; final "
              f"round: {', '.join(p['final']['finalists']) or 'none'}"
              + (f" x lr {', '.join(f'{x:g}' for x in p['final']['lrs'])} x {len(p['final']['seeds'])} seeds"
@@ -117,13 +130,17 @@ def markdown(result: dict[str, Any], ranked: list[Evidence]) -> str:
     lines += [f"- note: {n}" for n in result["notes"]]
     lines += ["", reason(result, ranked), "", "## Evidence (ranked)", "",
               "Rank: fewer diverged + stalled runs first; then lower best loss, losses within seed noise (or 0.01) "
-              "tied and ordered by the screen's verdict, then LR sensitivity. * = trained in the stress round only "
+              "tied and ordered by the screen's verdict, then the expected loss over the learning rates (best loss + LR "
+              "sensitivity, Wortsman et al.). * = trained in the stress round only "
               "(one run at the stress lr), ranked after the finalists in that round's order.", "", _table(ranked)]
     if result["recipe_checks"]:
-        lines += ["## Against the recipes' verdicts", "", "| recipe | verdict there | its setting | here | agrees |",
-                  "|---|---|---|---|---|"]
+        yes_no = lambda x: "-" if x is None else "yes" if x else "**no**"  # noqa: E731
+        lines += ["## Against the recipes' verdicts", "", agreement.summary(result["recipe_checks"]), "",
+                  "| recipe | verdict there | its setting | ranked here | ranking agrees | at its setting, here | holds |",
+                  "|---|---|---|---|---|---|---|"]
         lines += [f"| {c['recipe']} | {c['claim']}: {c['evidence']} | {c['setting']} | {c['ranks']} | "
-                  f"{'yes' if c['agrees'] else '**no**'} |" for c in result["recipe_checks"]]
+                  f"{yes_no(c['agrees'])} | {c.get('at_setting', '-')} | {yes_no(c.get('agrees_at_setting'))} |"
+                  for c in result["recipe_checks"]]
         lines.append("")
     if result["settings"]:
         lines += [f"## {result['winner']} in your code base", ""]
@@ -172,7 +189,8 @@ def write_page(folder: RecommendDir, result: dict[str, Any], ranked: list[Eviden
     body = (f"<h1>normlab recommend</h1><p>{h.escape(result['model'])}; precision {h.escape(result['precision'])}</p>"
             f"<p>{h.escape(reason(result, ranked)).replace('**', '')}</p><h2>Evidence</h2>{table_html(rows)}"
             + "".join(sections)
-            + (f"<h2>Against the recipes</h2>{table_html(result['recipe_checks'])}" if result["recipe_checks"] else "")
+            + (f"<h2>Against the recipes</h2><p>{h.escape(agreement.summary(result['recipe_checks']))}</p>"
+               f"{table_html(result['recipe_checks'])}" if result["recipe_checks"] else "")
             + (f"<h2>{h.escape(str(result['winner']))} in your code base</h2>"
                + table_html([{"code base": k, "expressible": v["expressible"], "settings": v["settings"]}
                              for k, v in result["settings"].items()]) if result["settings"] else "")

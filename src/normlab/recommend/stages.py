@@ -187,7 +187,14 @@ def recommend(user: UserModel, cfg: RecommendConfig, extra: dict[str, Any] | Non
         raise ConfigError(f"{root} holds a recommendation for other inputs (changed: {', '.join(changed)}); "
                           "give a new --out")
     saved = saved or {"inputs": inputs}
-    atomic_write_json(folder.plan_file, saved)
+    calls = saved.setdefault("call_minutes", [])  # each call's time, kept at every stage: a resumed one adds to it
+    calls.append(0.0)
+
+    def mark() -> None:
+        calls[-1] = (time.time() - t0) / 60
+        atomic_write_json(folder.plan_file, saved)
+
+    mark()
     log(f"recommend: {user.describe()}")
     for note in user.notes:
         log(f"  note: {note}")
@@ -196,6 +203,7 @@ def recommend(user: UserModel, cfg: RecommendConfig, extra: dict[str, Any] | Non
     # 1. the screen
     log(f"\n1/3 screen {_clock(t0, budget_s)}")
     screen = _screen(folder, user, candidates, budget_s * plan.SCREEN_SHARE, log)
+    mark()
     out_by_screen = {n: why for n in candidates if (why := ruled_out(screen["results"][n], precision))}
     for n, why in out_by_screen.items():
         log(f"  ruled out: {n}: {why}")
@@ -241,6 +249,7 @@ def recommend(user: UserModel, cfg: RecommendConfig, extra: dict[str, Any] | Non
     run_sweep(_sweep(base, stress["candidates"], [stress_lr], [seed0]), folder.grid.path, workers=workers, log=log,
               deadline=Deadline(start_by=end - last_run, stop_at=end))
     runs, _ = load_sweep(folder.grid.path)
+    mark()
 
     # 3. the final round
     log(f"\n3/3 final round {_clock(t0, budget_s)}")
@@ -265,10 +274,12 @@ def recommend(user: UserModel, cfg: RecommendConfig, extra: dict[str, Any] | Non
         log("  no time left for a final round: the ranking rests on the stress round")
     runs, _ = load_sweep(folder.grid.path)
     summarize(folder.grid.path)
+    mark()
 
     # the ranking, the checks, the settings, the report
     result = _conclude(folder, user, precision, candidates, current, screen, out_by_screen, stress, final, order, runs,
-                       extra, t0, budget_s)
+                       extra, t0, budget_s, calls)
+    mark()
     log("\n" + result["text"])
     log(f"done in {(time.time() - t0) / 60:.1f} min (budget {cfg.budget:g})\nrecommendation: {folder.markdown_file}\n"
         f"report: {folder.report_file}")
@@ -277,7 +288,8 @@ def recommend(user: UserModel, cfg: RecommendConfig, extra: dict[str, Any] | Non
 
 def _conclude(folder: RecommendDir, user: UserModel, precision: str, candidates: list[str], current: str | None,
               screen: dict[str, Any], out_by_screen: dict[str, str], stress: dict[str, Any], final: dict[str, Any],
-              order: list[str], runs, extra: dict[str, Any], t0: float, budget_s: float) -> dict[str, Any]:  # noqa: ANN001
+              order: list[str], runs, extra: dict[str, Any], t0: float, budget_s: float,  # noqa: ANN001
+              calls: list[float]) -> dict[str, Any]:
     finalists = final["finalists"] or order
     planned = {n: len(final["lrs"]) * len(final["seeds"]) if n in final["finalists"] else 1 for n in stress["candidates"]}
     grid = evidence_from_grid(runs[runs.layout.isin(finalists)], {n: planned[n] for n in finalists})
@@ -309,7 +321,7 @@ def _conclude(folder: RecommendDir, user: UserModel, precision: str, candidates:
         r.rank = i
     ranked = head + tail + [r for r in ranked if r.status in ("ruled out", "not trained")]
     ranks = {r.layout: r.rank for r in ranked if r.rank is not None}
-    checks = agreement.check(ranks, precision)
+    checks = agreement.check(ranks, precision, agreement.cells(runs))
     winner = ranked[0] if ranked and ranked[0].rank is not None else None
     settings = settings_for(winner.layout, user.config) if winner else {}
     limits = report.limits(user, precision, stress, screen, extra)
@@ -318,6 +330,7 @@ def _conclude(folder: RecommendDir, user: UserModel, precision: str, candidates:
               "recipe_checks": checks, "settings": settings, "limits": limits,
               "plan": {"screen_width": screen["width"], "depth": stress["depth"], "stress": stress, "final": final},
               "minutes": (time.time() - t0) / 60, "budget_minutes": budget_s / 60,
+              "call_minutes": [*calls[:-1], (time.time() - t0) / 60],
               "files": {"grid": folder.grid_files(), "screen": folder.screen_file.name, "plan": folder.plan_file.name,
                         "json": folder.json_file.name}}
     text = report.markdown(result, ranked)
