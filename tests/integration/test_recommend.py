@@ -25,6 +25,7 @@ def test_recommend_ranks_with_evidence_resumes_and_refuses_changed_inputs(corpus
     assert main(_args(corpus, out)) == 0
     text = capsys.readouterr().out
     assert "1/3 screen" in text and "2/3 stress round" in text and "3/3 final round" in text  # the stages, with the clock
+    assert "; 1 left, ETA " in text  # the screen's progress in a log, where no bar is drawn
     assert "of 15 min]" in text and "2 runs at lr 0.1, seed 0, 2 layers (your depth)" in text
     rec = json.loads((out / "recommendation.json").read_text())
     ranking = {r["layout"]: r for r in rec["ranking"]}

@@ -54,6 +54,15 @@ def _fmt_loss(r: Evidence) -> str:
     return f"{r.best_loss:.4f}" + (f" ± {r.best_loss_std:.4f}" if math.isfinite(r.best_loss_std) else "")
 
 
+def _sensitivity(r: Evidence) -> str:
+    """LR sensitivity, where more than one learning rate was swept."""
+    return "-" if not math.isfinite(r.lr_sensitivity) or len(r.loss_by_lr) < 2 else f"{r.lr_sensitivity:.3f}"
+
+
+def _yes_no(x: bool | None) -> str:
+    return "-" if x is None else "yes" if x else "**no**"
+
+
 def _table(ranked: list[Evidence]) -> str:
     head = ("rank", "layout", "screen", "diverged", "stalled", "largest activation", "first overflow", "best lr",
             "best loss", "LR sensitivity", "loss by lr")
@@ -64,7 +73,7 @@ def _table(ranked: list[Evidence]) -> str:
             continue
         rank_cell = f"{r.rank}" + (" (tie)" if r.tie else "") + ("*" if r.status == "stress round only" else "")
         act = "-" if not math.isfinite(r.max_activation) else f"{r.max_activation:,.4g}"
-        sens = "-" if not math.isfinite(r.lr_sensitivity) or len(r.loss_by_lr) < 2 else f"{r.lr_sensitivity:.3f}"
+        sens = _sensitivity(r)
         by_lr = "; ".join(f"{lr}: {v}" for lr, v in r.loss_by_lr.items()) or "-"
         lines.append(f"| {rank_cell} | {r.layout} | {r.screen} | {r.diverged}/{r.finished} | {r.stalled}/{r.finished} | "
                      f"{act} | {r.first_break or '-'} | {'-' if r.best_lr is None else f'{r.best_lr:g}'} | "
@@ -134,12 +143,11 @@ def markdown(result: dict[str, Any], ranked: list[Evidence]) -> str:
               "sensitivity, Wortsman et al.). * = trained in the stress round only "
               "(one run at the stress lr), ranked after the finalists in that round's order.", "", _table(ranked)]
     if result["recipe_checks"]:
-        yes_no = lambda x: "-" if x is None else "yes" if x else "**no**"  # noqa: E731
         lines += ["## Against the recipes' verdicts", "", agreement.summary(result["recipe_checks"]), "",
                   "| recipe | verdict there | its setting | ranked here | ranking agrees | at its setting, here | holds |",
                   "|---|---|---|---|---|---|---|"]
         lines += [f"| {c['recipe']} | {c['claim']}: {c['evidence']} | {c['setting']} | {c['ranks']} | "
-                  f"{yes_no(c['agrees'])} | {c.get('at_setting', '-')} | {yes_no(c.get('agrees_at_setting'))} |"
+                  f"{_yes_no(c['agrees'])} | {c.get('at_setting', '-')} | {_yes_no(c.get('agrees_at_setting'))} |"
                   for c in result["recipe_checks"]]
         lines.append("")
     if result["settings"]:
@@ -184,13 +192,17 @@ def write_page(folder: RecommendDir, result: dict[str, Any], ranked: list[Eviden
     rows = [{"rank": r.rank if r.rank is not None else "-", "layout": r.layout, "screen": r.screen,
              "diverged": f"{r.diverged}/{r.finished}", "stalled": f"{r.stalled}/{r.finished}",
              "largest activation": r.max_activation, "best lr": r.best_lr, "best loss": _fmt_loss(r),
-             "LR sensitivity": r.lr_sensitivity, "status": r.status if r.status == "ranked" else f"{r.status}: {r.why}"}
+             "LR sensitivity": _sensitivity(r), "status": r.status if r.status == "ranked" else f"{r.status}: {r.why}"}
             for r in ranked]
+    checks = [{"recipe": c["recipe"], "verdict there": f"{c['claim']}: {c['evidence']}", "its setting": c["setting"],
+               "ranked here": c["ranks"], "ranking agrees": _yes_no(c["agrees"]).strip("*"),
+               "at its setting, here": c.get("at_setting", "-"), "holds": _yes_no(c.get("agrees_at_setting")).strip("*")}
+              for c in result["recipe_checks"]]
     body = (f"<h1>normlab recommend</h1><p>{h.escape(result['model'])}; precision {h.escape(result['precision'])}</p>"
             f"<p>{h.escape(reason(result, ranked)).replace('**', '')}</p><h2>Evidence</h2>{table_html(rows)}"
             + "".join(sections)
             + (f"<h2>Against the recipes</h2><p>{h.escape(agreement.summary(result['recipe_checks']))}</p>"
-               f"{table_html(result['recipe_checks'])}" if result["recipe_checks"] else "")
+               f"{table_html(checks)}" if checks else "")
             + (f"<h2>{h.escape(str(result['winner']))} in your code base</h2>"
                + table_html([{"code base": k, "expressible": v["expressible"], "settings": v["settings"]}
                              for k, v in result["settings"].items()]) if result["settings"] else "")

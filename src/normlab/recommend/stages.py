@@ -107,15 +107,18 @@ def _screen(folder: RecommendDir, user: UserModel, candidates: list[str], second
     todo = [c for c in candidates if c not in saved["results"]]
     bar = tqdm(total=len(candidates), initial=len(candidates) - len(todo), desc="screen", unit="layout",
                dynamic_ncols=True, disable=None)
+    started = time.perf_counter()
     try:
-        for name in todo:
+        for i, name in enumerate(todo, 1):
             bar.set_postfix_str(name)
             result = screen_summary(screen_layout(name, cfg_of(width)))
             saved["results"][name] = result
             atomic_write_json(folder.screen_file, saved)  # each result kept the moment it exists
             bar.update(1)
-            if bar.disable:
-                log(f"  screen {name}: {result['verdict']} ({result['seconds']:.1f} s)")
+            if bar.disable:  # a log, not a terminal: the bar's ETA as words
+                left = len(todo) - i
+                eta = (f"; {left} left, ETA {left * (time.perf_counter() - started) / i / 60:.1f} min" if left else "")
+                log(f"  screen {name}: {result['verdict']} ({result['seconds']:.1f} s{eta})")
     finally:
         bar.close()
     return saved
@@ -308,7 +311,7 @@ def _conclude(folder: RecommendDir, user: UserModel, precision: str, candidates:
                 setattr(row, k, v)
             row.status = "stress round only"
             status = runs[runs.layout == n].status
-            row.why = f"stress round: {status.iloc[0] if len(status) else 'not run'} at lr {stress.get('lr', 0.1):g}"
+            row.why = f"{status.iloc[0] if len(status) else 'not run'} at lr {stress.get('lr', 0.1):g}"
         else:
             for k, v in grid[n].items():
                 setattr(row, k, v)
