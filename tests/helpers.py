@@ -5,7 +5,6 @@ sweep store. (Fixtures are in conftest.py.)"""
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import pytest

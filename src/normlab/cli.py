@@ -358,7 +358,7 @@ def _doctor(args: argparse.Namespace) -> int:
     from normlab.config.commands import DoctorConfig
 
     cfg = _declared(DoctorConfig, args, "doctor")
-    model, tok, kind = load_model(args.model)
+    model, tok, kind, run = load_model(args.model)
     x = sample_tokens(model, tok)
     findings, _ = checkup(model, x)
     if args.json:
@@ -371,7 +371,7 @@ def _doctor(args: argparse.Namespace) -> int:
         if why is not None:
             raise ConfigError(f"no exact fp16-safe copy for this layout: {why}")
         r = rescale_for_fp16(model, x[:, :-1], cfg.headroom)
-        out = write_copy(r.model, args.model, kind, cfg.fp16_copy)
+        out = write_copy(r.model, args.model, kind, cfg.fp16_copy, run)
         print(f"fp16-safe copy: stream x {r.factor:.4g}, largest activation {r.max_before:.4g} -> {r.max_after:.4g}; "
               f"logits changed by at most {r.max_logit_change:.3g} (KL {r.kl:.3g} nats/token) -> {out}")
     elif not args.json:

@@ -359,7 +359,8 @@ def test_scan_and_doctor_read_every_exportable_architecture(tmp_path):
         save_native(model, tmp_path / arch, arch)
         r = scan(tmp_path / arch, tmp_path / arch / "scan", max_len=16)
         assert r["tokens"] == [4, 16] and len(r["layers"]) == model.config.n_layers + 1, arch
-        back, _, kind = load_model(tmp_path / arch)
+        back, _, kind, run = load_model(tmp_path / arch)
+        assert run is None  # a transformers folder, not a run
         x = sample_tokens(back, None, max_len=16)
         torch.testing.assert_close(ours(back, x), ours(model, x), atol=2e-5, rtol=1e-5, msg=arch)
 

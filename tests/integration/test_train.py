@@ -32,6 +32,18 @@ def test_same_seed_same_curve(corpus, tmp_path):
     assert s["final_val_loss"] is not None and s["final_loss"] < s["initial_loss"]
 
 
+def test_a_cpu_run_flushes_subnormal_floats(corpus, tmp_path):
+    """Subnormals take the CPU's slow path (a stalled bf16 Post-LN run: 3.6x): a CPU run flushes them to 0."""
+    subnormal = lambda: torch.tensor([1e-39]).mul(1.0).item()  # noqa: E731 - below float32's smallest normal
+    torch.set_flush_denormal(False)
+    try:
+        assert subnormal() != 0.0
+        train(small(corpus, tmp_path / "a", steps=2))
+        assert subnormal() == 0.0
+    finally:
+        torch.set_flush_denormal(False)
+
+
 def test_resume_gives_the_identical_remaining_curve(corpus, tmp_path, monkeypatch):
     full = small(corpus, tmp_path / "full", grad_accum=2)
     train(full)

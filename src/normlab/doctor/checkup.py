@@ -25,7 +25,7 @@ import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -33,11 +33,10 @@ from torch import nn
 from normlab.diagnostics.forensics import first_break
 from normlab.diagnostics.probes import Probes
 from normlab.diagnostics.stats import FP16_MAX
-from normlab.errors import DataError
 from normlab.model.storage import NO_STORAGE, for_run
 from normlab.runs.files import RunDir
 from normlab.runs.convert import SAMPLE_TEXTS as TEXTS
-from normlab.runs.model import load_run_model, run_tokenizer
+from normlab.runs.model import RunModel, load_run_model, run_tokenizer
 from normlab.screen.backward import sensitivities
 
 HEADROOM_WARN, HEADROOM_FAIL = 10.0, 1.0
@@ -64,9 +63,18 @@ class Finding:
         return f"{self.verdict.upper():5s} {self.name}: {v}{f' at {self.where}' if self.where else ''} ({self.threshold})"
 
 
-def load_model(source: str | Path) -> tuple[nn.Module, Any, str]:
-    """A NormLM for a run, a checkpoint or a transformers folder, its tokenizer (None: bytes mod the
-    vocabulary) and what it was."""
+class Loaded(NamedTuple):
+    """What `load_model` read: the NormLM, its tokenizer (None: bytes mod the vocabulary), what it was in
+    words, and for a run or checkpoint the loaded run (its config and step, for a copy written back)."""
+
+    model: nn.Module
+    tok: Any
+    kind: str
+    run: RunModel | None = None
+
+
+def load_model(source: str | Path) -> Loaded:
+    """A NormLM for a run, a checkpoint or a transformers folder, with its tokenizer and what it was."""
     src = Path(source)
     folder = RunDir(src)
     if src.is_dir() and folder.config_file.is_file() and not folder.has_checkpoints():
@@ -86,23 +94,17 @@ def load_model(source: str | Path) -> tuple[nn.Module, Any, str]:
             from normlab.hf.native import _transformers
 
             tok = _transformers().AutoTokenizer.from_pretrained(src, local_files_only=True, trust_remote_code=False)
-        return model.eval(), tok, f"transformers folder ({model_type})"
+        return Loaded(model.eval(), tok, f"transformers folder ({model_type})")
     run = load_run_model(src)
-    return run.model.eval(), run_tokenizer(run.config, run.run_dir), f"normlab run ({run.config.get('layout')})"
+    return Loaded(run.model.eval(), run_tokenizer(run.config, run.run_dir), f"normlab run ({run.config.get('layout')})",
+                  run)
 
 
 def sample_tokens(model: nn.Module, tok: Any, texts: tuple[str, ...] = TEXTS, max_len: int = 64) -> torch.Tensor:
-    vocab = model.config.vocab_size
-    if tok is None:
-        ids = [[b % vocab for b in t.encode()] for t in texts]
-    elif hasattr(tok, "encode") and not hasattr(tok, "pad_token"):  # a normlab tokenizer
-        ids = [list(tok.encode(t)) for t in texts]
-    else:  # a transformers tokenizer
-        ids = [tok(t)["input_ids"] for t in texts]
-    n = min(min(len(i) for i in ids), max_len, model.config.max_seq_len)
-    if n < 3:
-        raise DataError(f"the sample texts gave {n} tokens; give longer texts")
-    return torch.tensor([i[:n] for i in ids], dtype=torch.long)
+    """The sample texts as ids for ``model`` (its tokenizer ``tok``, else bytes), at most its context long."""
+    from normlab.hf.scan import encode_samples
+
+    return encode_samples(texts, model.config.vocab_size, tok, min(max_len, model.config.max_seq_len), min_len=3)
 
 
 @torch.no_grad()
@@ -202,9 +204,10 @@ def findings_json(findings: list[Finding]) -> list[dict[str, Any]]:
     return [asdict(f) for f in findings]
 
 
-def write_copy(model: nn.Module, source: str | Path, kind: str, out: str | Path) -> Path:
+def write_copy(model: nn.Module, source: str | Path, kind: str, out: str | Path, run: RunModel | None = None) -> Path:
     """Save a doctored copy as its source was: a transformers folder again (its own class where normlab
-    exports it exactly, else the normlab class), or a checkpoint folder for `--init-from` / `load_run_model`."""
+    exports it exactly, else the normlab class), or a checkpoint folder for `--init-from` / `load_run_model`
+    (``run``: the run `load_model` read, for its config and step; read again when not given)."""
     out = Path(out)
     if kind.startswith("transformers"):
         from normlab.hf import save_hf, save_native
@@ -221,7 +224,7 @@ def write_copy(model: nn.Module, source: str | Path, kind: str, out: str | Path)
     from normlab.io import own_folder
     from normlab.runs.checkpoint import save_checkpoint
 
-    run = load_run_model(source)
+    run = run or load_run_model(source)
     own_folder(out, "doctored")
     RunDir(out).write_record({"config": run.config, "doctored_from": str(source)})
     save_checkpoint(out, run.step or 0, {"model": model.state_dict(), "config": run.config}, keep_last=1)

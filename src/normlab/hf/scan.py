@@ -40,24 +40,33 @@ MASSIVE_MIN, MASSIVE_RATIO, HEADROOM_WARN = 100.0, 1000.0, 10.0
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
 
 
+def encode_samples(texts: list[str] | tuple[str, ...], vocab: int, tok: Any = None, max_len: int = 64,
+                   min_len: int = 2, where: str = "") -> torch.Tensor:
+    """The sample texts as a (texts, n) batch of ids, cut to the shortest and to ``max_len``: with ``tok``
+    (a transformers tokenizer, or a normlab one: `encode`, no `pad_token`), else bytes mod ``vocab``."""
+    if tok is None:
+        ids = [[b % vocab for b in t.encode()] for t in texts]
+    elif hasattr(tok, "encode") and not hasattr(tok, "pad_token"):  # a normlab tokenizer
+        ids = [list(tok.encode(t)) for t in texts]
+    else:  # a transformers tokenizer
+        ids = [tok(t)["input_ids"] for t in texts]
+    n = min(min(len(i) for i in ids), max_len)
+    if n < min_len:
+        raise DataError(f"the sample texts gave {n} token(s){where}; give longer texts (--text-file)")
+    return torch.tensor([i[:n] for i in ids], dtype=torch.long)
+
+
 def _tokens(path: Path, model: Any, texts: list[str], max_len: int) -> torch.Tensor:
-    tf = _transformers()
-    vocab = model.config.vocab_size
-    ids = None
+    tok = None
     # only a folder that holds a tokenizer: transformers would otherwise guess one from the model type and
     # return an empty vocabulary's few ids (a folder written by save_native without a tokenizer)
     if any((path / f).is_file() for f in TOKENIZER_FILES):
         try:
-            tok = tf.AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
-            ids = [tok(t)["input_ids"][:max_len] for t in texts]
+            tok = _transformers().AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+            tok(texts[0])  # a tokenizer that loads but cannot encode: bytes instead
         except (OSError, ValueError, TypeError):
-            ids = None
-    if ids is None:
-        ids = [[b % vocab for b in t.encode()][:max_len] for t in texts]
-    n = min(len(i) for i in ids)
-    if n < 2:
-        raise DataError(f"the sample texts gave {n} token(s) with {path}'s tokenizer; give longer texts (--text-file)")
-    return torch.tensor([i[:n] for i in ids])
+            tok = None
+    return encode_samples(texts, model.config.vocab_size, tok, max_len, where=f" with {path}'s tokenizer")
 
 
 def scan(path: str | Path, out: str | Path, texts: list[str] | None = None, max_len: int = 64) -> dict[str, Any]:

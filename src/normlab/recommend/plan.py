@@ -180,6 +180,7 @@ def time_train_step(layout: str, model_options: dict[str, Any], steps: int = 3) 
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    torch.set_flush_denormal(True)  # as the trainer runs on a CPU
     try:
         model = build_model(layout, "micro-deep", seed=0, **model_options)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)

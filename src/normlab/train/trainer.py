@@ -143,6 +143,11 @@ def train(cfg: TrainConfig, log=print) -> dict[str, Any]:  # noqa: ANN001 - log:
     cfg.validate()
     info = distributed.setup(cfg.run.device)
     cfg = cfg.for_device(info.device.type, bf16=info.device.type != "cuda" or torch.cuda.is_bf16_supported())
+    if info.device.type == "cpu":
+        # subnormal floats (|x| < 1.2e-38) take the x86 FPU's slow path: a stalled Post-LN run with bf16 storage
+        # (its tiny gradients and optimizer moments) trained 3.6x slower with them (135.8 s against 37.5 s, the same
+        # loss 3.3220). GPUs compute them at full speed; on the CPU they are flushed to zero, for the whole process
+        torch.set_flush_denormal(True)
     lock, start = None, None
     try:
         if info.is_main:
