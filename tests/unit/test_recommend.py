@@ -248,3 +248,28 @@ def test_settings_in_other_code_bases_or_the_nearest_with_the_difference():
     gate = settings_for("pre-gate", cfg)
     assert "elementwise" in gate["OLMo-core"]["settings"] and "nearest: pre (lacks gate)" in gate["litgpt"]["settings"]
     assert not any(v["expressible"] for k, v in settings_for("hybrid", cfg).items() if k != "normlab")
+
+
+def test_the_current_placement_is_a_baseline_only_where_the_stress_round_left_it_out():
+    from normlab.recommend.rank import baseline_of
+
+    order = ["peri", "olmo2", "pre-gate", "pre"]
+    assert baseline_of("pre", ["peri", "pre"], order) == "pre"  # it displaced olmo2: ranked by its stress run
+    assert baseline_of("olmo2", ["peri", "olmo2"], order) is None  # among the best on its own
+    assert baseline_of("pre", ["peri", "olmo2", "pre-gate", "pre"], order) is None  # everyone is a finalist
+    assert baseline_of(None, ["peri"], order) is None and baseline_of("pre", [], order) is None
+
+
+def test_stress_order_reads_the_stress_runs_only_and_ranks_later_divergence_higher():
+    import pandas as pd
+
+    from normlab.recommend.stages import _stress_order
+
+    rows = [("pre", 0.01, 0, "ok", 2.3, 150), ("pre", 0.1, 0, "diverged", 2.9, 20),  # its final-round run first
+            ("pre-lns", 0.1, 0, "diverged", 3.4, 79), ("post", 0.1, 0, "stalled", 3.32, 150),
+            ("peri", 0.1, 0, "ok", 2.45, 150), ("peri", 0.1, 1, "ok", 2.40, 150), ("hybrid", 0.1, 0, "ok", 2.6, 150)]
+    runs = pd.DataFrame(rows, columns=["layout", "lr", "seed", "status", "final_loss", "step"])
+    screen = {n: {"verdict": "stable"} for n in ("pre", "pre-lns", "post", "peri", "hybrid")}
+    # ok by loss, then stalled, then diverged by how long they held (pre-lns to step 79, pre to 20), whatever
+    # their last finite losses (2.9 against 3.4) and the final round's runs (pre at 0.01: 2.3)
+    assert _stress_order(runs, screen, list(screen), 0.1, 0) == ["peri", "hybrid", "post", "pre-lns", "pre"]

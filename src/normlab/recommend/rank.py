@@ -84,7 +84,7 @@ class Evidence:
     loss_by_lr: dict[str, str] = field(default_factory=dict)
     rank: int | None = None
     tie: bool = False  # within noise of the candidate ranked above
-    status: str = "ranked"  # ranked | ruled out | not trained
+    status: str = "ranked"  # ranked | stress round only | baseline (see `normlab.recommend.stages`) | ruled out | not trained
     why: str = ""  # for ruled out / not trained
 
     @property
@@ -131,6 +131,15 @@ def evidence_from_grid(runs: pd.DataFrame, planned: dict[str, int]) -> dict[str,
             row.setdefault("loss_by_lr", {})[f"{r.lr:g}"] = value + (f" ({', '.join(notes)})" if notes else "")
         out[layout] = row
     return out
+
+
+def baseline_of(current: str | None, finalists: list[str], order: list[str]) -> str | None:
+    """The user's placement where it is a finalist only as the baseline: the final round takes the best
+    len(finalists) of the stress round's `order` with the current placement swapped in for the last of
+    them. Such a finalist is ranked with those it displaced, by its stress run (`normlab.recommend.stages`)."""
+    if current is None or current not in finalists or current not in order:
+        return None
+    return current if order.index(current) >= len(finalists) else None
 
 
 def _noise(a: Evidence, b: Evidence) -> float:

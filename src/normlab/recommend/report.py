@@ -71,7 +71,7 @@ def _table(ranked: list[Evidence]) -> str:
         if r.status in ("ruled out", "not trained"):
             lines.append(f"| - | {r.layout} | {r.screen} | {r.status}: {r.why} |" + " |" * 7)
             continue
-        rank_cell = f"{r.rank}" + (" (tie)" if r.tie else "") + ("*" if r.status == "stress round only" else "")
+        rank_cell = f"{r.rank}" + (" (tie)" if r.tie else "") + {"stress round only": "*", "baseline": "†"}.get(r.status, "")
         act = "-" if not math.isfinite(r.max_activation) else f"{r.max_activation:,.4g}"
         sens = _sensitivity(r)
         by_lr = "; ".join(f"{lr}: {v}" for lr, v in r.loss_by_lr.items()) or "-"
@@ -105,13 +105,17 @@ def reason(result: dict[str, Any], ranked: list[Evidence]) -> str:
             f"the expected loss over the learning rates ({w.expected_loss:.3f} vs {r2.expected_loss:.3f}: best loss + "
             "LR sensitivity)") if r2.tie else \
             ("fewer failures" if r2.failures > w.failures else "a lower best loss")
+        if r2.status in ("stress round only", "baseline"):  # ranked by the stress round, not the rule
+            how = "the stress round, where it did better at the stress lr" if w.status != "ranked" else \
+                "the final round's evidence; the stress round put it ahead"
         text += (f" Next: {r2.layout} ({r2.diverged + r2.stalled}/{r2.finished} failed, best loss {_fmt_loss(r2)}); "
                  f"{w.layout} ranks above it on {how}.")
     cur = result.get("current")
     if cur and cur != w.layout:
         c = next((r for r in ranked if r.layout == cur), None)
         if c is not None and c.rank is not None:
-            text += (f" Your current placement {cur} ranks #{c.rank}: {c.diverged + c.stalled}/{c.finished} failed, "
+            how = f" ({c.why})" if c.status == "baseline" else ""
+            text += (f" Your current placement {cur} ranks #{c.rank}{how}: {c.diverged + c.stalled}/{c.finished} failed, "
                      f"best loss {_fmt_loss(c)}" + (f", first overflow at {c.first_break}" if c.first_break else "") + ".")
     elif cur == w.layout:
         text += " That is your current placement: the evidence does not ask you to change it."
@@ -141,7 +145,11 @@ def markdown(result: dict[str, Any], ranked: list[Evidence]) -> str:
               "Rank: fewer diverged + stalled runs first; then lower best loss, losses within seed noise (or 0.01) "
               "tied and ordered by the screen's verdict, then the expected loss over the learning rates (best loss + LR "
               "sensitivity, Wortsman et al.). * = trained in the stress round only "
-              "(one run at the stress lr), ranked after the finalists in that round's order.", "", _table(ranked)]
+              "(one run at the stress lr), ranked after the finalists in that round's order (trained to the end by loss, "
+              "then stalled, then diverged by the step it diverged at: a few steps apart is noise, read these as three "
+              "groups); † = your current placement, in the final round as the baseline though the stress round did not "
+              "put it among the best: ranked with those it displaced, by its stress run, its final runs shown.", "",
+              _table(ranked)]
     if result["recipe_checks"]:
         lines += ["## Against the recipes' verdicts", "", agreement.summary(result["recipe_checks"]), "",
                   "| recipe | verdict there | its setting | ranked here | ranking agrees | at its setting, here | holds |",

@@ -29,7 +29,7 @@ from normlab.errors import ConfigError
 from normlab.io import atomic_write_bytes, atomic_write_json, own_folder
 from normlab.recommend import agreement, plan, report
 from normlab.recommend.frameworks import settings_for
-from normlab.recommend.rank import Evidence, evidence_from_grid, rank, ruled_out, screen_summary
+from normlab.recommend.rank import Evidence, baseline_of, evidence_from_grid, rank, ruled_out, screen_summary
 from normlab.recommend.shape import PROXY_WIDTH, UserModel, proxy_shape, screen_shape
 from normlab.runs.files import RecommendDir
 
@@ -153,17 +153,24 @@ def _measured_run_seconds(runs, candidates: list[str], fallback: dict[str, float
     return {n: measured.get(n, fallback[n] * scale) for n in candidates}
 
 
-def _stress_order(runs, screen: dict[str, Any], candidates: list[str]) -> list[str]:  # noqa: ANN001
-    """The stress round's candidates, best first: trained to the end before diverged or stalled, then
-    lower final loss, then the screen's verdict."""
+def _stress_order(runs, screen: dict[str, Any], candidates: list[str], lr: float, seed: int) -> list[str]:  # noqa: ANN001
+    """The stress round's candidates, best first, from their stress runs only (`runs` may hold the final
+    round's too): trained to the end before stalled before diverged; then the lower final loss, or for a
+    diverged run the later step it diverged at (its last finite loss says nothing); then the screen's verdict."""
     from normlab.recommend.rank import VERDICT_ORDER
 
+    stress = runs[(runs.lr - lr).abs() <= 1e-9 * lr] if len(runs) else runs
+    stress = stress[stress.seed == seed] if len(stress) else stress
+
     def key(name: str) -> tuple:
-        row = runs[runs.layout == name]
+        row = stress[stress.layout == name]
         status = row.status.iloc[0] if len(row) else "pending"
-        loss = float(row.final_loss.iloc[0]) if len(row) and row.final_loss.iloc[0] is not None else math.inf
-        return ({"ok": 0, "stalled": 1, "diverged": 2}.get(status, 3), loss if math.isfinite(loss) else math.inf,
-                VERDICT_ORDER.get(screen[name]["verdict"], 3))
+        if status == "diverged":
+            value = -float(row.step.iloc[0]) if row.step.iloc[0] is not None else 0.0
+        else:
+            loss = row.final_loss.iloc[0] if len(row) else None
+            value = float(loss) if loss is not None and math.isfinite(float(loss)) else math.inf
+        return {"ok": 0, "stalled": 1, "diverged": 2}.get(status, 3), value, VERDICT_ORDER.get(screen[name]["verdict"], 3)
 
     return sorted(candidates, key=key)
 
@@ -256,7 +263,7 @@ def recommend(user: UserModel, cfg: RecommendConfig, extra: dict[str, Any] | Non
 
     # 3. the final round
     log(f"\n3/3 final round {_clock(t0, budget_s)}")
-    order = _stress_order(runs, screen["results"], stress["candidates"])
+    order = _stress_order(runs, screen["results"], stress["candidates"], stress_lr, seed0)
     if "final" not in saved:
         run_s = _measured_run_seconds(runs, stress["candidates"], fallback)
         final = plan.plan_finals(order, run_s, end - time.time(), workers, stress_lr, seed0, keep=current,
@@ -296,6 +303,9 @@ def _conclude(folder: RecommendDir, user: UserModel, precision: str, candidates:
     finalists = final["finalists"] or order
     planned = {n: len(final["lrs"]) * len(final["seeds"]) if n in final["finalists"] else 1 for n in stress["candidates"]}
     grid = evidence_from_grid(runs[runs.layout.isin(finalists)], {n: planned[n] for n in finalists})
+    # the user's placement runs in the final round as the baseline even where the stress round did not put it
+    # among the best; then it is ranked as those it displaced are, by its stress run, its final runs shown
+    baseline = baseline_of(current, final["finalists"], order)
     rows = []
     for n in candidates:
         s = screen["results"][n]
@@ -315,10 +325,15 @@ def _conclude(folder: RecommendDir, user: UserModel, precision: str, candidates:
         else:
             for k, v in grid[n].items():
                 setattr(row, k, v)
+            if n == baseline:
+                row.status = "baseline"
+                row.why = (f"ranked by its stress run (#{order.index(n) + 1} of {len(order)} there); in the final "
+                           "round as your current placement")
         rows.append(row)
     ranked = rank(rows)
-    # the candidates the final round did not take follow the finalists, in the stress round's order
-    tail = sorted((r for r in ranked if r.status == "stress round only"), key=lambda r: order.index(r.layout))
+    # the candidates the final round did not take (and a baseline finalist) follow, in the stress round's order
+    tail = sorted((r for r in ranked if r.status in ("stress round only", "baseline")),
+                  key=lambda r: order.index(r.layout))
     head = [r for r in ranked if r.status == "ranked"]
     for i, r in enumerate(tail, len(head) + 1):
         r.rank = i
