@@ -273,3 +273,23 @@ def test_stress_order_reads_the_stress_runs_only_and_ranks_later_divergence_high
     # ok by loss, then stalled, then diverged by how long they held (pre-lns to step 79, pre to 20), whatever
     # their last finite losses (2.9 against 3.4) and the final round's runs (pre at 0.01: 2.3)
     assert _stress_order(runs, screen, list(screen), 0.1, 0) == ["peri", "hybrid", "post", "pre-lns", "pre"]
+
+
+def test_the_reason_names_what_put_the_winner_first_and_where_the_current_placement_stands():
+    from normlab.recommend.report import reason
+
+    peri, gate = _row("peri", "stable", loss=2.400, std=0.03), _row("pre-gate", "unstable", loss=2.410, std=0.014)
+    pre = _row("pre", "unstable", loss=2.775, std=0.12)
+    tail = _row("pre-layerscale", "unstable", finished=1, loss=3.099)
+    tail.status = "stress round only"
+    pre.status, pre.why = "baseline", "ranked by its stress run, #7 of 15 there; in the final round as your current placement"
+    ranked = rank([peri, gate, tail, pre])  # the two ranked by the rule; the tail is ordered by the caller
+    for i, r in enumerate([tail, pre], 3):
+        r.rank = i
+    ranked = [r for r in ranked if r.status == "ranked"] + [tail, pre]
+    text = reason({"current": "pre"}, ranked)
+    assert text.startswith("Recommended: **peri**; screen: stable.")
+    assert "Next: pre-gate (0/4 failed, best loss 2.4100 ± 0.0140); peri ranks above it in a tie on loss within seed " \
+           "noise, broken by the screen's verdict." in text
+    assert "Your current placement pre ranks #4 (ranked by its stress run, #7 of 15 there; in the final round as " \
+           "your current placement): 0/4 failed, best loss 2.7750 ± 0.1200." in text

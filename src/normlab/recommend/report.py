@@ -100,16 +100,18 @@ def reason(result: dict[str, Any], ranked: list[Evidence]) -> str:
                  "holds at every learning rate; read the learning rates at which it trained.")
     if len(live) > 1:
         r2 = live[1]
-        how = "tied on loss within seed noise; ahead on " + (
-            "the screen's verdict" if r2.screen != w.screen else
-            f"the expected loss over the learning rates ({w.expected_loss:.3f} vs {r2.expected_loss:.3f}: best loss + "
-            "LR sensitivity)") if r2.tie else \
-            ("fewer failures" if r2.failures > w.failures else "a lower best loss")
         if r2.status in ("stress round only", "baseline"):  # ranked by the stress round, not the rule
-            how = "the stress round, where it did better at the stress lr" if w.status != "ranked" else \
-                "the final round's evidence; the stress round put it ahead"
+            how = "on the stress round, where it did better at the stress lr" if w.status != "ranked" else \
+                "on the final round's evidence; the stress round put it ahead"
+        elif r2.tie:
+            how = "in a tie on loss within seed noise, broken by " + (
+                "the screen's verdict" if r2.screen != w.screen else
+                f"the expected loss over the learning rates ({w.expected_loss:.3f} vs {r2.expected_loss:.3f}: best "
+                "loss + LR sensitivity)")
+        else:
+            how = "on fewer failures" if r2.failures > w.failures else "on a lower best loss"
         text += (f" Next: {r2.layout} ({r2.diverged + r2.stalled}/{r2.finished} failed, best loss {_fmt_loss(r2)}); "
-                 f"{w.layout} ranks above it on {how}.")
+                 f"{w.layout} ranks above it {how}.")
     cur = result.get("current")
     if cur and cur != w.layout:
         c = next((r for r in ranked if r.layout == cur), None)

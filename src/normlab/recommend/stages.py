@@ -327,7 +327,7 @@ def _conclude(folder: RecommendDir, user: UserModel, precision: str, candidates:
                 setattr(row, k, v)
             if n == baseline:
                 row.status = "baseline"
-                row.why = (f"ranked by its stress run (#{order.index(n) + 1} of {len(order)} there); in the final "
+                row.why = (f"ranked by its stress run, #{order.index(n) + 1} of {len(order)} there; in the final "
                            "round as your current placement")
         rows.append(row)
     ranked = rank(rows)
