@@ -213,7 +213,8 @@ def test_recipe_checks_compare_at_the_recipes_learning_rates_or_say_the_settings
             ("pre", 0.1, 0, "ok", 3.0), ("pre-gate", 0.01, 0, "ok", 2.40), ("pre-gate", 0.01, 1, "stalled", 3.32),
             ("pre-gate", 0.03, 0, "diverged", None), ("pre-gate", 0.1, 0, "ok", 2.9),
             ("hybrid", 0.1, 0, "stalled", 3.32), ("peri", 0.1, 0, "pending", None)]
-    runs = pd.DataFrame(rows, columns=["layout", "lr", "seed", "status", "final_loss"])
+    runs = pd.DataFrame(rows, columns=["layout", "lr", "seed", "status", "final_loss"]).assign(
+        final_val_loss=None, max_activation=None, first_break=None)  # the other columns of a sweep table
     cells = agreement.cells(runs)
     assert cells["pre"][0.01] == {"runs": 2, "failed": 0, "loss": pytest.approx(2.6)}
     assert cells["pre-gate"][0.01] == {"runs": 2, "failed": 1, "loss": pytest.approx(2.86)}  # the stall's loss counts
@@ -227,7 +228,8 @@ def test_recipe_checks_compare_at_the_recipes_learning_rates_or_say_the_settings
     assert gate["at_setting"] == "lr 0.01: pre-gate 2.860, 1/2 failed vs pre 2.600; lr 0.03: pre-gate 1/1 failed vs pre 2.600"
     line = agreement.summary(list(checks.values()))
     assert line.startswith("The ranking agrees with 1 of 2") and "0 of 1 hold, 1 not comparable" in line
-    ok = pd.DataFrame([("pre-gate", 0.01, 0, "ok", 2.4), ("pre", 0.01, 0, "ok", 2.5)], columns=runs.columns)
+    ok = pd.DataFrame([("pre-gate", 0.01, 0, "ok", 2.4, None, None, None), ("pre", 0.01, 0, "ok", 2.5, None, None, None)],
+                      columns=runs.columns)
     assert agreement.check({"pre-gate": 1, "pre": 2}, "bf16", agreement.cells(ok))[0]["agrees_at_setting"] is True
 
 

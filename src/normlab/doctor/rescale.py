@@ -122,9 +122,9 @@ def rescale_for_fp16(model: nn.Module, x: torch.Tensor, headroom: float = 16.0) 
     before = _max_stream(model, x)
     c = min(1.0, FP16_MAX / headroom / before) if before > 0 else 1.0
     new = scale_stream(model, c)
-    from normlab.runs.convert import function_change  # the KL per token, as convert reports a change of layout
+    from normlab.runs.convert import token_kl  # the KL per token, as convert reports a change of layout
 
-    kl, _, _ = function_change(model, new, list(x))
-    change = (new(x).logits.double() - model(x).logits.double()).abs().max()
-    return Rescale(factor=c, max_before=before, max_after=_max_stream(new, x), max_logit_change=float(change), kl=kl,
-                   model=new)
+    old_logits, new_logits = model(x).logits.double(), new(x).logits.double()
+    return Rescale(factor=c, max_before=before, max_after=_max_stream(new, x),
+                   max_logit_change=float((new_logits - old_logits).abs().max()),
+                   kl=float(token_kl(old_logits, new_logits).mean()), model=new)

@@ -23,16 +23,16 @@ from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, Pret
 from transformers.cache_utils import DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-# transformers 5.24 renamed the KV cache `past_key_values` -> `cache` (argument and output field); the
-# model takes either name and fills the output field the installed version has, so an export runs
-# under transformers before and after the rename
-CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
-
 from normlab.layout import as_layout
 from normlab.model.config import ModelConfig
 from normlab.model.decoding import make_decoding
 from normlab.model.lm import NormLM
 from normlab.model.rope import Rotary
+
+# transformers 5.24 renamed the KV cache `past_key_values` -> `cache` (argument and output field); the
+# model takes either name and fills the output field the installed version has, so an export runs
+# under transformers before and after the rename
+CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
 class NormLabConfig(PretrainedConfig):

@@ -54,15 +54,17 @@ VERDICTS: tuple[Verdict, ...] = (
 
 
 def cells(runs: pd.DataFrame) -> dict[str, dict[float, dict[str, Any]]]:
-    """Per layout and learning rate, from a sweep table (`load_sweep`: layout, lr, status, final_loss):
-    finished runs, how many diverged or stalled, and the mean final loss of those that trained."""
+    """Per layout and learning rate, from a sweep table (`load_sweep`) folded over seeds by the sweep
+    summary's own `cells`: finished runs, how many diverged or stalled, and the mean final loss of those
+    that trained."""
+    from normlab.experiments.summary import cells as grid_cells
+
     out: dict[str, dict[float, dict[str, Any]]] = {}
-    done = runs[runs.status.isin(("ok", "stalled", "diverged"))]
-    for (layout, lr), g in done.groupby(["layout", "lr"], sort=False):
-        trained = pd.to_numeric(g[g.status.isin(("ok", "stalled"))].final_loss, errors="coerce").dropna()
-        out.setdefault(layout, {})[float(lr)] = {
-            "runs": len(g), "failed": int(g.status.isin(("diverged", "stalled")).sum()),
-            "loss": float(trained.mean()) if len(trained) else math.nan}
+    for c in grid_cells(runs, ["layout", "lr", "seed"]).itertuples():
+        finished = c.ok + c.stalled + c.diverged
+        if finished:
+            out.setdefault(c.layout, {})[float(c.lr)] = {"runs": finished, "failed": c.diverged + c.stalled,
+                                                         "loss": c.final_loss_mean}
     return out
 
 

@@ -130,16 +130,21 @@ def _held_out(cfg: dict[str, Any], run_dir: Path | None, max_len: int) -> tuple[
     return [s for s in seqs if len(s) >= 2], "built-in sample texts"
 
 
+def token_kl(old_logits: torch.Tensor, new_logits: torch.Tensor) -> torch.Tensor:
+    """KL(p_old || p_new) of the next-token distributions, per token (float64, the vocabulary summed)."""
+    lp_old, lp_new = F.log_softmax(old_logits.double(), -1), F.log_softmax(new_logits.double(), -1)
+    return (lp_old.exp() * (lp_old - lp_new)).sum(-1)
+
+
 @torch.no_grad()
 def function_change(old: torch.nn.Module, new: torch.nn.Module, seqs: list[torch.Tensor]) -> tuple[float, float, int]:
     """Mean KL(p_old || p_new) per token over ``seqs``, the share of tokens whose argmax agrees, the token count."""
     kl_sum, agree, n = 0.0, 0, 0
     for s in seqs:
         x = s[None]
-        lp_old = F.log_softmax(old(x).logits.double(), -1)
-        lp_new = F.log_softmax(new(x).logits.double(), -1)
-        kl_sum += float((lp_old.exp() * (lp_old - lp_new)).sum())
-        agree += int((lp_old.argmax(-1) == lp_new.argmax(-1)).sum())
+        old_logits, new_logits = old(x).logits, new(x).logits
+        kl_sum += float(token_kl(old_logits, new_logits).sum())
+        agree += int((old_logits.argmax(-1) == new_logits.argmax(-1)).sum())
         n += x.shape[1]
     return kl_sum / max(n, 1), agree / max(n, 1), n
 
