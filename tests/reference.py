@@ -9,7 +9,8 @@ import torch
 
 
 def gain(mod):
-    """gamma; 1 + w for a centered gain (stored w, from 0); 1 without a gain."""
+    """gamma; 1 + w for a centered gain (stored w, from 0); 1 without a gain; a scalar gain's one number
+    broadcasts over the channels."""
     if mod.weight is None:
         return 1.0
     return 1.0 + mod.weight if getattr(mod, "gain", "gamma") == "centered" else mod.weight
@@ -37,6 +38,8 @@ def N(mod, x: torch.Tensor) -> torch.Tensor:
     name = type(mod).__name__
     if name == "DyT":  # Zhu et al. 2025, eq. 1: gamma * tanh(alpha * x) + beta
         return gain(mod) * torch.tanh(mod.alpha * x) + (mod.bias if mod.bias is not None else 0.0)
+    if name == "Derf":  # Chen et al. 2025: gamma * erf(alpha * x + s) + beta
+        return gain(mod) * torch.erf(mod.alpha * x + mod.shift) + (mod.bias if mod.bias is not None else 0.0)
     if name == "ScaleNorm":  # Nguyen & Salazar 2019, eq. 3: g * x / ||x||
         return mod.weight * x / torch.sqrt((x * x).sum(-1, keepdim=True) + mod.eps)
     if name == "L2Norm":  # x / ||x||, no gain

@@ -209,7 +209,8 @@ def test_cli_export_of_a_trained_run(corpus, tmp_path, capsys):
     torch.testing.assert_close(hf_logits(nl), hf_logits(hf), rtol=1e-5, atol=2e-5)
 
 
-@pytest.mark.parametrize("layout, tied", [("peri", False), ("hybrid*", False), ("peri,h=0.5", True), ("pre-dyt", True),
+@pytest.mark.parametrize("layout, tied", [("peri", False), ("hybrid*", False), ("peri,h=0.5", True),
+                                         ("pre-dyt,norm.final=derf,gain.attn.A=scalar", True),
                                          ("admin", False),
                                          ("normformer,attn=qkgsAB,qk-rope,norm.mlp.A=dyt,alpha0.mlp.A=0.3,gain.final=centered", True)])
 def test_any_layout_exports_as_the_normlab_class(layout, tied, tmp_path):

@@ -217,6 +217,9 @@ EQUATIONS = {
     "none": no_norm,
     "pre-dyt": pre,  # Zhu et al. 2025: Kim eq. 2 with N = DyT (tests/reference.py writes DyT out)
     "pre-scale": pre,  # Nguyen & Salazar 2019: Kim eq. 2 with N = ScaleNorm
+    "pre-derf": pre,  # Chen et al. 2025: Kim eq. 2 with N = Derf (tests/reference.py writes Derf out)
+    "peri-derf": peri_with(),  # Kim eq. 3 with N = Derf
+    "pre-ssrms": pre,  # Park et al. 2025: Kim eq. 2 with N = s x / RMS(x), one s (reference.py's gain broadcasts)
     "rezero": lambda b, x, *_: rezero(b, x),
     "pre-layerscale": lambda b, x, *_: layerscale(b, x),
     "pre-lns": lambda b, x, i, n: lns(b, x, i),
@@ -275,13 +278,13 @@ def test_residual_scale_h():
         torch.testing.assert_close(b(x), expected, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("kind", ["dyt", "scale", "l2"])
+@pytest.mark.parametrize("kind", ["dyt", "derf", "scale", "l2"])
 def test_every_norm_kind_at_every_site_matches_its_formula(kind):
     """A kind applies at every site a layout turns on: Peri-LN with QK-norm in that kind, block and
     model-level norms, each against the kind's formula written out in tests/reference.py."""
     model = normlab.build_model(f"peri+qk,norm={kind}", "nano", seed=0, n_kv_heads=1, d_model=32, n_heads=2).double()
     assert_blocks_follow(model, peri_with("qk"))
-    sizes = {"dyt": 2 * 32 + 1, "scale": 1, "l2": 0}  # gamma, beta, alpha / g / nothing
+    sizes = {"dyt": 2 * 32 + 1, "derf": 2 * 32 + 2, "scale": 1, "l2": 0}  # gamma, beta, alpha (Derf: + s) / g / -
     assert sum(p.numel() for p in model.blocks[0].attn_norms.input.parameters()) == sizes[kind]
 
 
@@ -299,15 +302,53 @@ def test_dyt_bounds_its_output_whatever_the_input_scale():
 
 
 @pytest.mark.parametrize("kind,gain", [("rms", "centered"), ("rms", "none"), ("layer", "centered"), ("layer", "none"),
-                                       ("dyt", "centered"), ("dyt", "none")])
+                                       ("dyt", "centered"), ("dyt", "none"), ("derf", "centered"), ("rms", "scalar"),
+                                       ("layer", "scalar"), ("dyt", "scalar"), ("derf", "scalar")])
 def test_gains_at_every_site_match_their_formula(kind, gain):
     """gain=none drops gamma (LayerNorm its beta too); gain=centered stores w from 0 and applies 1 + w
-    (weight decay then pulls the gain toward 1): Peri-LN with QK-norm against the formulas by hand."""
+    (weight decay then pulls the gain toward 1); gain=scalar is one learned number from 1 for every channel
+    (single-scale RMSNorm; LayerNorm without beta): Peri-LN with QK-norm against the formulas by hand."""
     model = normlab.build_model(f"peri+qk,norm={kind},gain={gain}", "nano", seed=0, n_kv_heads=1, d_model=32,
                                 n_heads=2).double()
     norm = model.blocks[0].attn_norms.input
-    assert (norm.weight is None) if gain == "none" else bool((norm.weight == 0).all())  # centered: w starts at 0
+    start = {"centered": 0.0, "scalar": 1.0}.get(gain)  # centered: w starts at 0; scalar: s at 1
+    assert (norm.weight is None) if gain == "none" else bool((norm.weight == start).all())
+    if gain == "scalar":
+        assert norm.weight.shape == (1,) and (kind != "layer" or norm.bias is None)
     assert_blocks_follow(model, peri_with("qk"))
+
+
+def test_single_scale_rmsnorm_is_one_number_times_x_over_rms():
+    """pre-ssrms (Outlier-Safe Pre-Training's single-scale RMSNorm): s * x / sqrt(mean(x^2) + eps) with one
+    learned s per norm, written out here with a planted s; a per-channel gain with every entry s is the same."""
+    model = normlab.build_model("pre-ssrms", "nano", seed=0).double()
+    norm = model.blocks[0].attn_norms.input
+    with torch.no_grad():
+        norm.weight.fill_(1.7)
+    x = torch.randn(2, 3, model.config.d_model, dtype=DT)
+    by_hand = 1.7 * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + norm.eps)
+    torch.testing.assert_close(norm(x), by_hand, rtol=1e-12, atol=1e-12)
+    assert sum(p.numel() for p in norm.parameters()) == 1
+
+
+def test_derf_is_gamma_erf_of_alpha_x_plus_s_plus_beta():
+    """Derf (Chen et al. 2025) with planted alpha, s, gamma, beta against math.erf entry by entry (no torch.erf),
+    and its output in DyT's box |y| <= |gamma| + |beta| for a 1e4 input."""
+    from normlab.model.norms import Derf
+
+    d = Derf(4, alpha0=0.5).double()
+    assert d.alpha.item() == 0.5 and d.shift.item() == 0.0  # the authors' init: alpha0, s = 0
+    with torch.no_grad():
+        d.alpha.fill_(0.8)
+        d.shift.fill_(-0.3)
+        d.weight.copy_(torch.tensor([1.5, -0.5, 2.0, 1.0], dtype=DT))
+        d.bias.copy_(torch.tensor([0.1, 0.0, -0.2, 0.3], dtype=DT))
+    x = torch.tensor([[0.0, 1.0, -2.0, 0.5]], dtype=DT)
+    expected = [[g * math.erf(0.8 * v - 0.3) + b for v, g, b in zip(row, (1.5, -0.5, 2.0, 1.0), (0.1, 0.0, -0.2, 0.3))]
+                for row in x.tolist()]
+    torch.testing.assert_close(d(x), torch.tensor(expected, dtype=DT), rtol=1e-12, atol=1e-12)
+    big = 1e4 * torch.randn(3, 4, dtype=DT)
+    assert (d(big).abs() <= d.weight.abs() + d.bias.abs() + 1e-12).all()
 
 
 

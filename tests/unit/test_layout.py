@@ -92,7 +92,7 @@ def test_deepnorm_alpha():
         ("pre,norm.A=batch", "norm must be one of rms"),
         ("pre,gain.A=half", "gain must be one of gamma"),
         ("pre,alpha0.A=-1", "alpha0 must be a finite number > 0"),
-        ("pre,alpha0.A=0.5", "site attn.A: alpha0 is DyT's initial alpha, and this site holds norm=rms"),
+        ("pre,alpha0.A=0.5", "site attn.A: alpha0 is DyT's or Derf's initial alpha, and this site holds norm=rms"),
         ("pre,norm.A=scale,gain.A=none", "site attn.A: norm=scale has no per-channel gain"),
         ("pre,norm.B=dyt", "attn.B, mlp.B, which no layer of this layout turns on (on: attn.A, mlp.A, final)"),
         ("attn=HA,mlp=A", "'H' is not a attn site"),

@@ -180,10 +180,13 @@ def test_wellposedness_names_each_kinds_bound():
     assert why("post,norm=dyt") == ("degenerate (tangential)", why("post,norm=dyt")[1])
     assert "box |x_i| <= |gamma_i| + |beta_i|" in why("post,norm=dyt")[1]
     assert "h learned (scalar, from 1)" in why("peri,h-scalar")[1]
+    assert why("peri-derf")[0] == "well-posed" and "Derf squashes u" in why("peri-derf")[1]
+    assert "box |x_i| <= |gamma_i| + |beta_i|" in why("post,norm=derf")[1] and "(one scalar gain)" in why("peri,gain=scalar")[1]
     assert why("rezero")[0] == "ill-posed (unbounded)" and "hidden norm (H)" in why("normformer", "mlp")[1]
 
 
-@pytest.mark.parametrize("text", ["peri,norm=l2", "peri,norm=scale", "peri,gain=none", "peri,norm=dyt", "peri,h-channel"])
+@pytest.mark.parametrize("text", ["peri,norm=l2", "peri,norm=scale", "peri,gain=none", "peri,norm=dyt", "peri,h-channel",
+                                  "peri-derf", "peri,gain=scalar"])
 def test_theorem4_bound_holds_for_every_kind_of_output_norm(text):
     """The linear bound uses each kind's own per-entry bound (and a learned h's value) and holds under stress."""
     r = screen_layout(text, FAST)

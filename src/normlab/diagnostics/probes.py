@@ -200,6 +200,8 @@ class Probes:
         """gamma's mean, min and max (ScaleNorm's g: one value); DyT's alpha too; nothing for a gain-free norm."""
         if getattr(norm, "alpha", None) is not None:
             self._row(rows, step, layer, site, "alpha", norm.alpha.detach().float().item())
+        if getattr(norm, "shift", None) is not None:  # Derf's s
+            self._row(rows, step, layer, site, "shift", norm.shift.detach().float().item())
         g = gain_of(norm)  # a centered gain's 1 + w
         if g is None:
             return

@@ -155,6 +155,18 @@ def _build() -> dict[str, Preset]:
         _preset("pre-dyt", Layout(block=_block(PRE, PRE), final_norm=True, norm="dyt"),
                 "x' = x + F(DyT(x)), final DyT; DyT(x) = gamma tanh(alpha x) + beta, alpha a learned scalar",
                 "Zhu et al. 2025 (Transformers without Normalization), eq. 1: every norm of a Pre-LN model replaced"),
+        _preset("pre-derf", Layout(block=_block(PRE, PRE), final_norm=True, norm="derf"),
+                "x' = x + F(Derf(x)), final Derf; Derf(x) = gamma erf(alpha x + s) + beta, alpha and s learned scalars",
+                "Chen et al. 2025 (Stronger Normalization-Free Transformers, arXiv 2512.10938): every norm of a "
+                "Pre-LN model replaced (the authors' Dynamic_erf: alpha0, s from 0; their LM recipe's learned "
+                "embedding scale is not part of this preset)"),
+        _preset("peri-derf", Layout(block=_block(PERI, PERI), embed_norm=True, final_norm=True, norm="derf"),
+                "x' = x + Derf(F(Derf(x))), y0 = Derf(emb), final Derf",
+                f"Peri-LN ({KIM}) with Derf (Chen et al. 2025) at every site"),
+        _preset("pre-ssrms", Layout(block=_block(PRE, PRE), final_norm=True, gain="scalar"),
+                "x' = x + F(s x / RMS(x)), s one learned scalar per norm (from 1); final norm the same",
+                "Park et al. 2025 (Outlier-Safe Pre-Training, arXiv 2506.19697): single-scale RMSNorm on Pre-LN "
+                "(flax RMSNorm with feature_axes=(); their Muon optimizer and embedding projection not included)"),
         _preset("pre-scale", Layout(block=_block(PRE, PRE), final_norm=True, norm="scale"),
                 "x' = x + F(ScaleNorm(x)), final ScaleNorm; ScaleNorm(x) = g x / ‖x‖, g a learned scalar (sqrt(d))",
                 "Nguyen & Salazar 2019 (Transformers without Tears), eq. 3: PreNorm with ScaleNorm"),

@@ -32,16 +32,20 @@ from typing import Literal
 
 from normlab.errors import LayoutError
 
-NormKind = Literal["rms", "layer", "dyt", "scale", "l2"]
+NormKind = Literal["rms", "layer", "dyt", "derf", "scale", "l2"]
 InnerSpan = Literal["head", "full"]
 
-# rms: Zhang & Sennrich 2019; layer: Ba et al. 2016; dyt: Dynamic Tanh, Zhu et al. 2025; scale: ScaleNorm,
-# Nguyen & Salazar 2019; l2: x / ||x||, no gain (normlab.model.norms)
-NORM_KINDS: tuple[str, ...] = ("rms", "layer", "dyt", "scale", "l2")
+# rms: Zhang & Sennrich 2019; layer: Ba et al. 2016; dyt: Dynamic Tanh, Zhu et al. 2025; derf: Dynamic erf,
+# Chen et al. 2025; scale: ScaleNorm, Nguyen & Salazar 2019; l2: x / ||x||, no gain (normlab.model.norms)
+NORM_KINDS: tuple[str, ...] = ("rms", "layer", "dyt", "derf", "scale", "l2")
+# the point-wise kinds with a learned input scale alpha started at alpha0 (DyT, Derf)
+ALPHA_KINDS: tuple[str, ...] = ("dyt", "derf")
 H_LEARNED: tuple[str, ...] = ("scalar", "channel")
-# A norm's per-channel gain: gamma (the usual, 1 at init), none (no gain), or centered: stored as w from 0
-# and applied as 1 + w, so weight decay pulls the gain toward 1, not 0 (Gemma's RMSNorm; Qwen3-Next)
-GAINS: tuple[str, ...] = ("gamma", "none", "centered")
+# A norm's gain: gamma (per channel, the usual, 1 at init), none (no gain), centered: stored as w from 0
+# and applied as 1 + w, so weight decay pulls the gain toward 1, not 0 (Gemma's RMSNorm; Qwen3-Next), or
+# scalar: one learned number from 1 for all channels (the single-scale RMSNorm of Outlier-Safe
+# Pre-Training, Park et al. 2025, arXiv 2506.19697: no per-channel scale for outliers to grow in)
+GAINS: tuple[str, ...] = ("gamma", "none", "centered", "scalar")
 INNER_SPANS: tuple[str, ...] = ("head", "full")
 DEEPNORM = "deepnorm"
 ADMIN = "admin"  # Liu et al. 2020: a learned skip scale per sublayer and channel, set by a profiling pass
@@ -52,7 +56,7 @@ NORM_SITES: tuple[str, ...] = ("attn.A", "attn.B", "attn.C", "mlp.A", "mlp.B", "
                                "q", "k", "v", "c", "emb", "final")
 SITE_GROUPS: dict[str, tuple[str, ...]] = {"A": ("attn.A", "mlp.A"), "B": ("attn.B", "mlp.B"),
                                            "C": ("attn.C", "mlp.C"), "H": ("mlp.H",)}
-_GAINED = ("rms", "layer", "dyt")  # the kinds with a per-channel gain
+_GAINED = ("rms", "layer", "dyt", "derf")  # the kinds with a gain to choose
 
 
 @dataclass(frozen=True)
@@ -60,8 +64,8 @@ class SiteNorm:
     """What one norm site holds where it differs from the layout's defaults (None: the default).
 
     kind: the norm at this site (``Layout.norm`` otherwise); gain: its gain (``Layout.gain`` otherwise);
-    alpha0: DyT's initial alpha at this site (the model's ``dyt_alpha`` otherwise): Zhu et al. 2025 Sec. 7
-    give language models a larger alpha0 in attention blocks than in FFN blocks and the final norm.
+    alpha0: DyT's or Derf's initial alpha at this site (the model's ``dyt_alpha`` otherwise): Zhu et al. 2025
+    Sec. 7 give language models a larger alpha0 in attention blocks than in FFN blocks and the final norm.
     """
 
     kind: str | None = None
@@ -74,7 +78,7 @@ class SiteNorm:
         if self.gain is not None and self.gain not in GAINS:
             raise LayoutError(f"unknown gain {self.gain!r}; valid: {', '.join(GAINS)}")
         if self.alpha0 is not None and not (math.isfinite(self.alpha0) and self.alpha0 > 0):
-            raise LayoutError(f"DyT's alpha0 must be a finite number > 0, got {self.alpha0!r}")
+            raise LayoutError(f"alpha0 must be a finite number > 0 (DyT's or Derf's initial alpha), got {self.alpha0!r}")
 
     def merged(self, other: SiteNorm) -> SiteNorm:
         """This with ``other``'s set fields on top."""
@@ -84,7 +88,7 @@ class SiteNorm:
 
 @dataclass(frozen=True)
 class NormSpec:
-    """The norm one site holds, resolved: kind, gain, and DyT's alpha0 (None: the model's dyt_alpha)."""
+    """The norm one site holds, resolved: kind, gain, and DyT's/Derf's alpha0 (None: the model's dyt_alpha)."""
 
     kind: str
     gain: str
@@ -230,7 +234,7 @@ class Layout:
     # "channel" (LayerScale, Touvron et al. 2021: one per channel, starts small); None: the fixed number h
     h_learned: str | None = None
     ln_scaling: bool = False  # LayerNorm Scaling (Sun et al. 2025): the input norm's output times 1/sqrt(layer)
-    gain: str = "gamma"  # the norms' gain: gamma | none | centered (1 + w); rms, layer and dyt have one
+    gain: str = "gamma"  # the norms' gain: gamma | none | centered (1 + w) | scalar; rms, layer, dyt, derf have one
     # per-site kinds, gains and DyT alpha0 where they differ from norm/gain above: (site, SiteNorm) pairs in
     # NORM_SITES order, one per site
     site_norms: tuple[tuple[str, SiteNorm], ...] = ()
@@ -256,7 +260,7 @@ class Layout:
             raise LayoutError(f"unknown gain {self.gain!r}; valid: {', '.join(GAINS)}")
         if self.gain != "gamma" and self.norm in ("scale", "l2"):
             raise LayoutError(f"norm={self.norm} has no per-channel gain to change (ScaleNorm's is one scalar g, "
-                              "L2's none); gain= applies to rms, layer and dyt")
+                              "L2's none); gain= applies to rms, layer, dyt and derf")
         if self.h_learned not in (None, *H_LEARNED):
             raise LayoutError(f"h_learned must be one of {', '.join(H_LEARNED)} (or None), got {self.h_learned!r}")
         # h may be 0 only where it is learned (ReZero starts there); `resolve` refuses a fixed 0, which would
@@ -336,9 +340,10 @@ class Layout:
             spec = self.norm_at(site)
             if spec.gain != "gamma" and spec.kind not in _GAINED:
                 raise LayoutError(f"site {site}: norm={spec.kind} has no per-channel gain to change (ScaleNorm's "
-                                  "is one scalar g, L2's none); gain applies to rms, layer and dyt")
-            if spec.alpha0 is not None and spec.kind != "dyt":
-                raise LayoutError(f"site {site}: alpha0 is DyT's initial alpha, and this site holds norm={spec.kind}")
+                                  "is one scalar g, L2's none); gain applies to rms, layer, dyt and derf")
+            if spec.alpha0 is not None and spec.kind not in ALPHA_KINDS:
+                raise LayoutError(f"site {site}: alpha0 is DyT's or Derf's initial alpha, and this site holds "
+                                  f"norm={spec.kind}")
         if self.qk_after_rope and self.inner_span == "full":
             raise LayoutError("qk-rope normalizes each head's rotated q and k; it needs inner=head, not inner=full")
         off = [site for site, _ in self.site_norms if site not in self.sites_on()]

@@ -18,7 +18,7 @@ Tokens:
     final / -final   final norm on / off
     qk               add QK-norm to every layer
     norm=KIND        one kind everywhere: rms (RMSNorm), layer (LayerNorm), dyt (Dynamic Tanh),
-                     scale (ScaleNorm), l2 (gain-free x / ||x||)
+                     derf (Dynamic erf), scale (ScaleNorm), l2 (gain-free x / ||x||)
     inner=head|full  q/k/v/c norms per head or across all heads (OLMo 2)
     h=FLOAT          residual branch scale (Kan et al. Sec. 5)
     alpha=FLOAT|deepnorm|admin   skip scale (DeepNorm: (2N)^(1/4); Admin: learned, profiled at init)
@@ -26,14 +26,15 @@ Tokens:
     emb-scale        multiply embeddings by sqrt(d_model) (Gemma); -emb-scale undoes it
     h-scalar         h learned, one scalar per sublayer starting at h (ReZero: h=0); -h-learned undoes it
     h-channel        h learned, one per channel starting at h (LayerScale: h=0.1 or smaller)
-    gain=G           the norms' gain: gamma (default), none, or centered (1 + w, w from 0)
+    gain=G           the norms' gain: gamma (default), none, centered (1 + w, w from 0), or scalar
+                     (one learned number from 1: single-scale RMSNorm)
     lns              LayerNorm Scaling: the input norm's output times 1/sqrt(layer index from 1); -lns undoes it
     qk-rope          Q/K norms after RoPE instead of before (Llama 4); -qk-rope undoes it
     norm.SITES=KIND  a kind at some sites only; SITES joins site names with "+": attn.A attn.B attn.C
                      mlp.A mlp.B mlp.C mlp.H q k v c emb final, or A B C H for both sublayers
                      (e.g. norm.B=dyt, norm.q+k=l2)
     gain.SITES=G     a gain at some sites only (e.g. gain.q+k=none)
-    alpha0.SITES=F   DyT's initial alpha at some sites (e.g. alpha0.attn.A=0.8,alpha0.mlp.A+final=0.2)
+    alpha0.SITES=F   DyT's or Derf's initial alpha at some sites (e.g. alpha0.attn.A=0.8,alpha0.mlp.A+final=0.2)
     init=NAME        the init scheme the layout prescribes (DeepNorm)
 
 `format_layout` writes the canonical form; ``parse_layout(format_layout(x)) == x`` for every layout.
@@ -85,8 +86,8 @@ _FLAGS = {
 _SITE_FIELDS = {"norm": "kind", "gain": "gain", "alpha0": "alpha0"}
 TOKEN_HELP = (
     "attn=<qkvc+ABCS or ->, mlp=<ABCS or ->, [a:b]attn=..., [a:b]mlp=..., emb, -emb, final, "
-    "-final, qk, norm=rms|layer|dyt|scale|l2, inner=head|full, h=<float>, alpha=<float>|deepnorm|admin, frozen-out, "
-    "emb-scale, h-scalar, h-channel, lns, qk-rope, gain=gamma|none|centered, norm.SITES=KIND, gain.SITES=G, "
+    "-final, qk, norm=rms|layer|dyt|derf|scale|l2, inner=head|full, h=<float>, alpha=<float>|deepnorm|admin, frozen-out, "
+    "emb-scale, h-scalar, h-channel, lns, qk-rope, gain=gamma|none|centered|scalar, norm.SITES=KIND, gain.SITES=G, "
     "alpha0.SITES=<float>, init=<scheme>"
 )
 _RULE = re.compile(r"^\[(?P<start>[^:\]]*):(?P<stop>[^\]]*)\](?P<rest>.+)$")

@@ -3,12 +3,20 @@
     RMSNorm(x)   = gamma * x / sqrt(mean(x^2) + eps)                  Zhang & Sennrich 2019
     LayerNorm(x) = gamma * (x - mean(x)) / sqrt(var(x) + eps) + beta  Ba et al. 2016
     DyT(x)       = gamma * tanh(alpha * x) + beta, alpha a learned scalar   Zhu et al. 2025, eq. (1)
+    Derf(x)      = gamma * erf(alpha * x + s) + beta, alpha and s learned scalars   Chen et al. 2025
+                   ("Stronger Normalization-Free Transformers", arXiv 2512.10938; the authors' Dynamic_erf)
     ScaleNorm(x) = g * x / sqrt(sum(x^2) + eps), g a learned scalar (sqrt(d) at init)  Nguyen & Salazar 2019
     L2Norm(x)    = x / sqrt(sum(x^2) + eps), no parameters
 
 DyT is not a normalization (no statistic of x): it squashes each entry, so its output is bounded by
-|gamma| + |beta| entry by entry whatever the input's scale, where RMSNorm's output has RMS |gamma|.
-ScaleNorm and L2 fix the output's norm (g, 1) with one scalar or none instead of a gain per channel.
+|gamma| + |beta| entry by entry whatever the input's scale, where RMSNorm's output has RMS |gamma|; Derf
+squashes with erf after a learned shift, bounded the same way. ScaleNorm and L2 fix the output's norm
+(g, 1) with one scalar or none instead of a gain per channel.
+
+Gains (``gain=``): gamma (one per channel, from 1), none, centered (w from 0 applied as 1 + w), or scalar
+(one learned number from 1 for every channel: Outlier-Safe Pre-Training's single-scale RMSNorm, Park et
+al. 2025, arXiv 2506.19697). A LayerNorm without a per-channel gain has no beta either (torch's
+elementwise_affine=False), for none and scalar alike.
 
 Both are torch's modules (`nn.RMSNorm`, `nn.LayerNorm`: the same parameters and state-dict keys)
 with one change, the dtype they compute in. Under autocast the weights stay float32 while the
@@ -63,22 +71,40 @@ def gain_of(norm: nn.Module) -> torch.Tensor | None:
     return None if w is None else (w + 1.0 if getattr(norm, "offset", 0.0) else w)
 
 
+def _per_channel(gain: str) -> bool:
+    """Whether torch's module keeps its own per-channel weight (elementwise_affine) for this gain."""
+    return gain in ("gamma", "centered")
+
+
 class _Gain:
-    """gain "gamma" (a weight from 1), "none" (no weight) or "centered" (a weight w from 0, applied as 1 + w)."""
+    """gain "gamma" (a weight from 1), "none" (no weight), "centered" (a weight w from 0, applied as 1 + w)
+    or "scalar" (one weight from 1, broadcast over the channels)."""
 
     offset = 0.0
 
     def _set_gain(self, gain: str) -> None:
-        if gain not in ("gamma", "none", "centered"):
-            raise ValueError(f"unknown gain {gain!r}; valid: gamma, none, centered")
+        if gain not in ("gamma", "none", "centered", "scalar"):
+            raise ValueError(f"unknown gain {gain!r}; valid: gamma, none, centered, scalar")
         self.gain = gain
         self.offset = 1.0 if gain == "centered" else 0.0
+        if gain == "scalar":
+            self.weight = nn.Parameter(torch.ones(1))
         if gain == "centered":
             with torch.no_grad():
                 self.weight.zero_()
 
+    def _affine(self, y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The scalar gain applied after torch's kernel normalized without one (other gains go into the kernel)."""
+        return y * self.weight.to(dtype) if self.gain == "scalar" else y
+
+    def _kernel_weight(self, dtype: torch.dtype) -> torch.Tensor | None:
+        return None if self.gain == "scalar" else _cast(gain_of(self), dtype)  # type: ignore[arg-type]
+
     def reset_parameters(self) -> None:
         super().reset_parameters()  # type: ignore[misc]
+        if getattr(self, "gain", None) == "scalar":
+            with torch.no_grad():
+                self.weight.fill_(1.0)
         if getattr(self, "offset", 0.0) and self.weight is not None:
             with torch.no_grad():
                 self.weight.zero_()
@@ -88,7 +114,7 @@ class RMSNorm(_Gain, nn.RMSNorm):
     """`nn.RMSNorm` computed in the input's dtype (fused) or in float32; see the module docstring."""
 
     def __init__(self, dim: int, eps: float, compute: NormCompute = "input", gain: str = "gamma") -> None:
-        super().__init__(dim, eps=eps, elementwise_affine=gain != "none")
+        super().__init__(dim, eps=eps, elementwise_affine=_per_channel(gain))
         self.compute = compute
         self._set_gain(gain)
 
@@ -97,7 +123,8 @@ class RMSNorm(_Gain, nn.RMSNorm):
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         dtype = torch.float32 if self.compute == "fp32" else x.dtype
-        return F.rms_norm(x.to(dtype), self.normalized_shape, _cast(gain_of(self), dtype), self.eps).to(x.dtype)
+        y = F.rms_norm(x.to(dtype), self.normalized_shape, self._kernel_weight(dtype), self.eps)
+        return self._affine(y, dtype).to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, compute={self.compute}"
@@ -109,7 +136,7 @@ class LayerNorm(_Gain, nn.LayerNorm):
 
     def __init__(self, dim: int, eps: float, bias: bool = True, compute: NormCompute = "input",
                  gain: str = "gamma") -> None:
-        super().__init__(dim, eps=eps, elementwise_affine=gain != "none", bias=bias)
+        super().__init__(dim, eps=eps, elementwise_affine=_per_channel(gain), bias=bias)
         self.compute = compute
         self._set_gain(gain)
 
@@ -118,8 +145,9 @@ class LayerNorm(_Gain, nn.LayerNorm):
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         dtype = torch.float32 if self.compute == "fp32" else x.dtype
-        return F.layer_norm(x.to(dtype), self.normalized_shape, _cast(gain_of(self), dtype), _cast(self.bias, dtype),
-                            self.eps).to(x.dtype)
+        y = F.layer_norm(x.to(dtype), self.normalized_shape, self._kernel_weight(dtype), _cast(self.bias, dtype),
+                         self.eps)
+        return self._affine(y, dtype).to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, compute={self.compute}"
@@ -140,7 +168,7 @@ class _Elementwise(nn.Module):
 class DyT(_Elementwise):
     """Dynamic Tanh (Zhu et al. 2025, "Transformers without Normalization", eq. 1):
     gamma * tanh(alpha * x) + beta, alpha one learned scalar (``alpha0`` at init), gamma and beta per
-    channel (ones and zeros)."""
+    channel (ones and zeros; gain "scalar": one gamma)."""
 
     def __init__(self, dim: int, alpha0: float = 0.5, bias: bool = True, compute: NormCompute = "input",
                  gain: str = "gamma") -> None:
@@ -148,7 +176,8 @@ class DyT(_Elementwise):
         self.alpha0, self.compute, self.gain = float(alpha0), compute, gain
         self.offset = 1.0 if gain == "centered" else 0.0
         self.alpha = nn.Parameter(torch.full((1,), self.alpha0))
-        self.weight = nn.Parameter(torch.full((dim,), 1.0 - self.offset)) if gain != "none" else None
+        width = 1 if gain == "scalar" else dim
+        self.weight = nn.Parameter(torch.full((width,), 1.0 - self.offset)) if gain != "none" else None
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
 
     def reset_parameters(self) -> None:
@@ -159,15 +188,38 @@ class DyT(_Elementwise):
             if self.bias is not None:
                 self.bias.zero_()
 
+    def _squash(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.alpha.to(x.dtype) * x)
+
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         dtype = self._dtype(x)
-        y = torch.tanh(self.alpha.to(dtype) * x.to(dtype))
+        y = self._squash(x.to(dtype))
         g = gain_of(self)
         y = y * g.to(dtype) if g is not None else y
         return (y + self.bias.to(dtype) if self.bias is not None else y).to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"alpha0={self.alpha0}, gain={self.gain}, bias={self.bias is not None}, compute={self.compute}"
+
+
+class Derf(DyT):
+    """Dynamic erf (Chen et al. 2025, "Stronger Normalization-Free Transformers", arXiv 2512.10938):
+    gamma * erf(alpha * x + s) + beta, alpha and the shift s learned scalars (``alpha0`` and 0 at init, as
+    the authors' Dynamic_erf), gamma and beta per channel as DyT's. erf's range is (-1, 1), as tanh's: the
+    output lies in the same box |y_i| <= |gamma_i| + |beta_i|."""
+
+    def __init__(self, dim: int, alpha0: float = 0.5, bias: bool = True, compute: NormCompute = "input",
+                 gain: str = "gamma") -> None:
+        super().__init__(dim, alpha0, bias, compute, gain)
+        self.shift = nn.Parameter(torch.zeros(1))
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        with torch.no_grad():
+            self.shift.zero_()
+
+    def _squash(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.erf(self.alpha.to(x.dtype) * x + self.shift.to(x.dtype))
 
 
 class ScaleNorm(_Elementwise):
@@ -202,7 +254,7 @@ class L2Norm(_Elementwise):
         return (xd * torch.rsqrt(xd.float().pow(2).sum(-1, keepdim=True) + self.eps).to(dtype)).to(x.dtype)
 
 
-NORM_TYPES = (nn.RMSNorm, nn.LayerNorm, DyT, ScaleNorm, L2Norm)
+NORM_TYPES = (nn.RMSNorm, nn.LayerNorm, DyT, ScaleNorm, L2Norm)  # Derf is a DyT
 
 
 def is_norm(m: nn.Module) -> bool:
@@ -221,12 +273,14 @@ def make_norm(kind: NormKind, dim: int, eps: float, bias: bool = True, frozen_ga
         norm = LayerNorm(dim, eps, bias, compute, gain)
     elif kind == "dyt":
         norm = DyT(dim, dyt_alpha, bias, compute, gain)
+    elif kind == "derf":
+        norm = Derf(dim, dyt_alpha, bias, compute, gain)
     elif kind == "scale":
         norm = ScaleNorm(dim, eps, compute)
     elif kind == "l2":
         norm = L2Norm(eps, compute)
     else:
-        raise ValueError(f"unknown norm kind {kind!r}; valid: rms, layer, dyt, scale, l2")
+        raise ValueError(f"unknown norm kind {kind!r}; valid: rms, layer, dyt, derf, scale, l2")
     if frozen_gamma and getattr(norm, "weight", None) is not None:
         norm.weight.requires_grad_(False)
     return norm
@@ -234,7 +288,7 @@ def make_norm(kind: NormKind, dim: int, eps: float, bias: bool = True, frozen_ga
 
 def site_norm(on: bool, spec: NormSpec, dim: int, cfg: ModelConfig, frozen_gamma: bool = False) -> nn.Module:
     """The module at one norm site: ``spec``'s norm over ``dim`` channels with the model's eps, bias and
-    compute (DyT's alpha0 the site's own, else the model's ``dyt_alpha``), or `nn.Identity` where it is off."""
+    compute (DyT's or Derf's alpha0 the site's own, else the model's ``dyt_alpha``), or `nn.Identity` where it is off."""
     if not on:
         return nn.Identity()
     alpha0 = spec.alpha0 if spec.alpha0 is not None else cfg.dyt_alpha

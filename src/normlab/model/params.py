@@ -53,15 +53,17 @@ def analytic_params(cfg: ModelConfig, resolved: ResolvedLayout) -> ParamCount:
     def site(name: str, width: int) -> int:
         """Parameters of the norm at site ``name`` over ``width`` channels (normlab.model.norms)."""
         spec = lay.norm_at(name)
-        gamma = 0 if spec.gain == "none" else width  # a centered gain is a weight too (1 + w)
-        if spec.kind == "dyt":
-            return gamma + (width if cfg.norm_bias else 0) + 1  # gamma, beta, alpha
+        # a centered gain is a weight too (1 + w); a scalar gain one number
+        gamma = {"none": 0, "scalar": 1}.get(spec.gain, width)
+        if spec.kind in ("dyt", "derf"):  # gamma, beta, alpha (and Derf's shift s)
+            return gamma + (width if cfg.norm_bias else 0) + 1 + (spec.kind == "derf")
         if spec.kind == "scale":
             return 1  # g
         if spec.kind == "l2":
             return 0
-        if spec.kind == "layer":  # without a gain torch's LayerNorm has no beta either (elementwise_affine=False)
-            return 0 if spec.gain == "none" else width * (2 if cfg.norm_bias else 1)
+        # without a per-channel gain torch's LayerNorm has no beta either (elementwise_affine=False)
+        if spec.kind == "layer" and spec.gain in ("gamma", "centered"):
+            return width * (2 if cfg.norm_bias else 1)
         return gamma
 
     b = 1 if cfg.linear_bias else 0

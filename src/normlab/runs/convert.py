@@ -89,7 +89,11 @@ def _stated_init(model: torch.nn.Module, name: str, value: torch.Tensor) -> str:
         if attr == "weight" and getattr(mod, "offset", 0.0):
             return f"{kind} centered gain w = 0 (applied 1 + w = 1)"
         if attr == "alpha":
-            return f"DyT alpha = {float(value.flatten()[0]):g} (its alpha0)"
+            return f"{kind} alpha = {float(value.flatten()[0]):g} (its alpha0)"
+        if attr == "shift":
+            return f"Derf shift s = {float(value.flatten()[0]):g}"
+        if attr == "weight" and getattr(mod, "gain", None) == "scalar":
+            return f"{kind} scalar gain = {float(value.flatten()[0]):g}"
         return f"{kind} {'gamma' if attr == 'weight' else 'beta'} = {float(value.flatten()[0]):g}"
     if attr in ("attn_h", "mlp_h"):
         return f"learned residual step = {float(value.flatten()[0]):g} (the layout's h)"

@@ -12,7 +12,7 @@ Per sublayer, what bounds the residual update u = h * N_B(f(N_A(x))):
 The layout is well-posed only if every sublayer is bounded (the worst sublayer decides).
 
 How a norm bounds depends on its kind: RMSNorm/LayerNorm fix the update on an ellipsoid, ScaleNorm and
-L2 on a sphere (of radius |g| or 1), DyT squashes it entry by entry into a box (|u_i| <= |gamma_i| + |beta_i|)
+L2 on a sphere (of radius |g| or 1), DyT and Derf squash it entry by entry into a box (|u_i| <= |gamma_i| + |beta_i|)
 that bounds it from above without fixing its size. A learned step h (ReZero, LayerScale) scales every
 bound by its current value, which training can grow: the verdict says so.
 """
@@ -41,6 +41,9 @@ _B_BOUND = {
     "layer": "u lies on N_B's ellipsoid (Kan Lemma 1): its entries are at most h*(max|gamma|*sqrt(d) + max|beta|)",
     "dyt": ("DyT squashes u entry by entry: |u_i| <= h*(|gamma_i| + |beta_i|) whatever its input (Zhu et al. eq. 1); "
             "bounded above but not fixed in size as on RMSNorm's ellipsoid (a small input passes as gamma*alpha*x)"),
+    "derf": ("Derf squashes u entry by entry: |u_i| <= h*(|gamma_i| + |beta_i|) whatever its input (erf's range is "
+             "(-1, 1); Chen et al. 2025); bounded above but not fixed in size (a small input passes as "
+             "gamma*(2/sqrt(pi))*alpha*x around the shift)"),
     "scale": "ScaleNorm puts u on a sphere: ||u|| = h*|g| exactly (Nguyen & Salazar eq. 3)",
     "l2": "u is h times a unit vector: ||u|| = h exactly",
 }
@@ -50,6 +53,8 @@ _C_KEEPS = {
     "layer": "the stream is projected back onto the ellipsoid",
     "dyt": "DyT squashes the stream into the box |x_i| <= |gamma_i| + |beta_i| (a large update saturates tanh, "
            "where its gradient vanishes, instead of being projected)",
+    "derf": "Derf squashes the stream into the box |x_i| <= |gamma_i| + |beta_i| (a large update saturates erf, "
+            "where its gradient vanishes, instead of being projected)",
     "scale": "the stream is projected back onto a sphere of radius |g|",
     "l2": "the stream is projected back onto the unit sphere",
 }
@@ -63,7 +68,8 @@ def classify(sites: SublayerSites, inner: AttentionInnerSites | None, h: float,
             f"h learned ({h_learned}, from {h:g}): the bound moves with h, which training can grow")
     if sites.output:
         kind = out.kind if out is not None else "rms"
-        gain = " (no gain: gamma = 1, beta = 0)" if out is not None and out.gain == "none" else ""
+        gain = {"none": " (no gain: gamma = 1, beta = 0)", "scalar": " (one scalar gain)"}.get(
+            out.gain if out is not None else "gamma", "")
         return "bounded", f"output norm (B, {kind}{gain}): {_B_BOUND[kind]}, with {step}, whatever the module's weights"
     if sites.after_add:
         kind = after.kind if after is not None else "rms"
