@@ -361,7 +361,7 @@ def _doctor(args: argparse.Namespace) -> int:
     if cfg.fp16_copy:
         from normlab.io import own_folder
 
-        own_folder(cfg.fp16_copy, "doctored")  # a folder holding someone's files fails before any work
+        own_folder(cfg.fp16_copy, "doctored", claim=False)  # a folder holding someone's files fails before any work
     model, tok, kind, run = load_model(args.model)
     x = sample_tokens(model, tok)
     findings, _ = checkup(model, x)

@@ -174,11 +174,12 @@ def truncate_jsonl(path: str | os.PathLike, before_step: int) -> None:
 MARKER = ".normlab"  # in every output folder normlab made: what kind of folder it is
 
 
-def own_folder(path: str | os.PathLike, kind: str, legacy: Any = None) -> Path:
+def own_folder(path: str | os.PathLike, kind: str, legacy: Any = None, claim: bool = True) -> Path:
     """Make ``path`` an output folder of ``kind`` (sweep, report, scan, summary) that normlab may write
     into, or refuse: a new or empty folder is claimed (a ``.normlab`` marker is written), a folder
     normlab made for the same kind is reused, and ``legacy(path)`` recognizes one an older normlab made
-    before markers existed. Anything else holds someone's files: ForeignFolderError, nothing written."""
+    before markers existed. Anything else holds someone's files: ForeignFolderError, nothing written.
+    ``claim=False``: the same check, writing nothing (a refusal before any work, the folder made later)."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise ForeignFolderError(f"{path} is a file; give a folder for the {kind} (it is created if missing)")
@@ -197,7 +198,8 @@ def own_folder(path: str | os.PathLike, kind: str, legacy: Any = None) -> Path:
         raise ForeignFolderError(
             f"{path} holds files normlab did not write ({', '.join(held[:5])}{', ...' if len(held) > 5 else ''}); "
             f"nothing there is overwritten: give a new or empty folder for the {kind}")
-    atomic_write_json(marker, {"kind": kind})
+    if claim:
+        atomic_write_json(marker, {"kind": kind})
     return path
 
 
