@@ -48,7 +48,7 @@ def encode_samples(texts: list[str] | tuple[str, ...], vocab: int, tok: Any = No
     elif hasattr(tok, "encode") and not hasattr(tok, "pad_token"):  # a normlab tokenizer
         ids = [list(tok.encode(t)) for t in texts]
     else:  # a transformers tokenizer
-        ids = [tok(t)["input_ids"] for t in texts]
+        ids = [tok(t, verbose=False)["input_ids"] for t in texts]  # cut to max_len below: no length warning
     n = min(min(len(i) for i in ids), max_len)
     if n < min_len:
         raise DataError(f"the sample texts gave {n} token(s){where}; give longer texts (--text-file)")
