@@ -7,9 +7,8 @@
 """
 
 from normlab._lazy import lazy_exports
+from normlab._version import __version__
 from normlab.layout import PRESETS, Layout, LayoutError, parse_layout
-
-__version__ = "0.1.0"
 
 # torch is imported when one of these is first used, not by `import normlab` (the CLI starts fast)
 __getattr__ = lazy_exports(__name__, {"ConfigError": "normlab.model.config", "ModelConfig": "normlab.model.config",

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from normlab.config.engine import given as settings_given
-from normlab.errors import USER_ERRORS, ConfigError
+from normlab.errors import USER_ERRORS, ConfigError, without_unsafe_advice
 from normlab.layout import PRESETS
 
 
@@ -358,6 +358,10 @@ def _doctor(args: argparse.Namespace) -> int:
     from normlab.config.commands import DoctorConfig
 
     cfg = _declared(DoctorConfig, args, "doctor")
+    if cfg.fp16_copy:
+        from normlab.io import own_folder
+
+        own_folder(cfg.fp16_copy, "doctored", claim=False)  # a folder holding someone's files fails before any work
     model, tok, kind, run = load_model(args.model)
     x = sample_tokens(model, tok)
     findings, _ = checkup(model, x)
@@ -710,7 +714,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _one_line(err: BaseException) -> str:
-    text = " ".join(str(err).split())
+    text = without_unsafe_advice(" ".join(str(err).split()))
     return text if len(text) <= 2000 else text[:2000] + " ..."
 
 

@@ -30,4 +30,20 @@ class ForeignFolderError(ValueError):
     """An output folder holds files normlab did not write; nothing there is overwritten."""
 
 
-USER_ERRORS = (LayoutError, ConfigError, DataError, CheckpointError, ForeignFolderError)
+class OutputError(ValueError):
+    """An output that could not be written (a full disk, a read-only file system); nothing half-written is left."""
+
+
+# torch's advice on a pickle its weights-only loader refused ("Re-running `torch.load` with `weights_only` set to
+# `False` will likely succeed, but it can result in arbitrary code execution"): exactly what must not be done
+UNSAFE_ADVICE = ("weights_only", "arbitrary code execution", "trusted source")
+
+
+def without_unsafe_advice(text: str) -> str:
+    """``text`` without any sentence that advises loading a file unsafely: nothing normlab prints passes it on."""
+    if not any(a in text for a in UNSAFE_ADVICE):
+        return text
+    return ". ".join(s for s in text.split(". ") if not any(a in s for a in UNSAFE_ADVICE))
+
+
+USER_ERRORS = (LayoutError, ConfigError, DataError, CheckpointError, ForeignFolderError, OutputError)

@@ -6,13 +6,16 @@ target (atomic on POSIX and Windows); a crash leaves either the old file or the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from normlab.errors import ConfigError, ForeignFolderError
+from normlab.errors import USER_ERRORS, ConfigError, DataError, ForeignFolderError, OutputError
 
 
 def _umask() -> int:
@@ -56,6 +59,88 @@ def read_toml(path: str | os.PathLike, what: str = "file") -> dict[str, Any]:
         raise ConfigError(f"{what} {p} is not a text file (not UTF-8); give a TOML file") from None
 
 
+MAX_JSON_DEPTH = 64  # a transformers config.json nests 3 or 4 levels, a tokenizer.json 5; JSONL records fewer
+MAX_JSON_BYTES = 1 << 30  # a model folder's largest JSON (a tokenizer.json) is tens of MB
+MAX_RECORD_BYTES = 64 << 20  # one JSONL record (one document); a longer one is refused, never loaded whole
+
+
+def loads_json(data: bytes | str, what: str) -> Any:
+    """JSON from a file normlab did not write (``what`` names it in the error): text that is not UTF-8,
+    not JSON, or nested deeper than MAX_JSON_DEPTH is a DataError, never a RecursionError."""
+    try:
+        obj = json.loads(data.decode("utf-8") if isinstance(data, bytes) else data)
+    except UnicodeDecodeError as err:
+        raise DataError(f"{what} is not UTF-8 text (invalid byte at offset {err.start}); JSON is UTF-8 text") from None
+    except json.JSONDecodeError as err:
+        raise DataError(f"{what} is not JSON ({err.msg} at character {err.pos})") from None
+    except RecursionError:  # Python's parser gives up near 1000 levels, far past the limit below
+        raise DataError(_too_deep(what)) from None
+    depth, stack = 0, [(obj, 1)]
+    while stack and depth <= MAX_JSON_DEPTH:  # without recursion: a deep value must not fail the check itself
+        node, d = stack.pop()
+        if isinstance(node, (dict, list)):
+            depth = max(depth, d)
+            stack.extend((v, d + 1) for v in (node.values() if isinstance(node, dict) else node))
+    if depth > MAX_JSON_DEPTH:
+        raise DataError(_too_deep(what))
+    return obj
+
+
+def _too_deep(what: str) -> str:
+    return (f"{what} nests its JSON deeper than {MAX_JSON_DEPTH} levels; a model's configuration or tokenizer "
+            "file nests a few levels")
+
+
+def read_json(path: str | os.PathLike, what: str | None = None, max_bytes: int = MAX_JSON_BYTES) -> Any:
+    """`loads_json` of a file, refused unread when it is larger than ``max_bytes``."""
+    path = Path(path)
+    what = what or str(path)
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise DataError(f"{what} is {size / 2**20:.0f} MiB; a JSON file normlab reads may hold at most "
+                        f"{max_bytes / 2**20:.0f} MiB")
+    return loads_json(path.read_bytes(), what)
+
+
+def read_utf8(path: str | os.PathLike) -> str:
+    """A text file's text; an empty, binary (a NUL byte) or non-UTF-8 file is a DataError naming the offset."""
+    path = Path(path)
+    data = path.read_bytes()
+    if not data.strip():
+        raise DataError(f"{path} is empty; give a file with text in it")
+    nul = data.find(b"\x00")
+    if nul >= 0:
+        raise DataError(f"{path} looks binary (a NUL byte at offset {nul}); expected UTF-8 text")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path} is not UTF-8 text (invalid byte at offset {err.start}); give UTF-8 text") from None
+
+
+def jsonl_records(path: str | os.PathLike, max_bytes: int | None = None):  # noqa: ANN201 - iterator of (line, value)
+    """(line number, value) of each non-blank line of a user's JSONL file, streamed: a line longer than
+    ``max_bytes`` (default MAX_RECORD_BYTES) is refused as soon as that many bytes are read, and a line that
+    is not UTF-8 or not JSON is a DataError naming its number."""
+    limit = MAX_RECORD_BYTES if max_bytes is None else max_bytes
+    path = Path(path)
+    with path.open("rb") as f:
+        n = 0
+        while True:
+            line = f.readline(limit + 1)
+            if not line:
+                return
+            n += 1
+            if len(line) > limit and not (len(line) == limit + 1 and line.endswith(b"\n")):
+                raise DataError(f"{path} line {n} is longer than {_mib(limit)}, the most one record may hold; "
+                                f"split the document into records of at most {_mib(limit)}")
+            if line.strip():
+                yield n, loads_json(line, f"{path} line {n}")
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:g} MiB" if n >= 2**20 else f"{n:,} bytes"
+
+
 def _jsonl_lines(path: Path):  # noqa: ANN202 - iterator of (line, row or None)
     """Each non-blank line with its parsed row; None for a line that does not parse to an object (a torn
     last line, left by a kill or a full disk mid-write)."""
@@ -89,11 +174,12 @@ def truncate_jsonl(path: str | os.PathLike, before_step: int) -> None:
 MARKER = ".normlab"  # in every output folder normlab made: what kind of folder it is
 
 
-def own_folder(path: str | os.PathLike, kind: str, legacy: Any = None) -> Path:
+def own_folder(path: str | os.PathLike, kind: str, legacy: Any = None, claim: bool = True) -> Path:
     """Make ``path`` an output folder of ``kind`` (sweep, report, scan, summary) that normlab may write
     into, or refuse: a new or empty folder is claimed (a ``.normlab`` marker is written), a folder
     normlab made for the same kind is reused, and ``legacy(path)`` recognizes one an older normlab made
-    before markers existed. Anything else holds someone's files: ForeignFolderError, nothing written."""
+    before markers existed. Anything else holds someone's files: ForeignFolderError, nothing written.
+    ``claim=False``: the same check, writing nothing (a refusal before any work, the folder made later)."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise ForeignFolderError(f"{path} is a file; give a folder for the {kind} (it is created if missing)")
@@ -112,5 +198,59 @@ def own_folder(path: str | os.PathLike, kind: str, legacy: Any = None) -> Path:
         raise ForeignFolderError(
             f"{path} holds files normlab did not write ({', '.join(held[:5])}{', ...' if len(held) > 5 else ''}); "
             f"nothing there is overwritten: give a new or empty folder for the {kind}")
-    atomic_write_json(marker, {"kind": kind})
+    if claim:
+        atomic_write_json(marker, {"kind": kind})
     return path
+
+
+FULL = 1 << 20  # a file system with less free space than this after a failed write: the write failed for want of it
+
+
+@contextlib.contextmanager
+def staged_folder(out: str | os.PathLike, kind: str) -> Iterator[Path]:
+    """Write the output folder ``out`` whole or not at all. ``out`` is claimed with `own_folder` (a folder
+    holding someone's files is refused before anything is written); the body writes into a hidden sibling
+    folder, which replaces ``out`` only once complete. A write that fails (an OSError; or any error of a
+    writing library when the disk is full, e.g. safetensors' or torch's) removes the sibling, leaves ``out``
+    as it was (a folder it made is removed again) and is one OutputError line; other errors pass unchanged."""
+    out = Path(out)
+    made = not out.exists()
+    tmp: Path | None = None
+    try:
+        own_folder(out, kind)
+        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
+        yield tmp
+        atomic_write_json(tmp / MARKER, {"kind": kind})
+        old = out.with_name(f".{out.name}.{os.getpid()}.old")
+        os.replace(out, old)  # ``out`` is a folder normlab made for this kind: its previous copy goes
+        try:
+            os.replace(tmp, out)
+        except OSError:
+            os.replace(old, out)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+    except Exception as err:
+        if isinstance(err, USER_ERRORS) or not _write_failed(err, tmp or out.parent):
+            raise
+        if made:
+            shutil.rmtree(out, ignore_errors=True)
+        raise OutputError(f"could not write the {kind} folder {out} ({_why(err)}); nothing was left half-written: "
+                          "free space or give a folder on another disk") from None
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _write_failed(err: Exception, where: Path) -> bool:
+    if isinstance(err, OSError):
+        return True
+    try:
+        return "No space left on device" in str(err) or shutil.disk_usage(where).free < FULL
+    except OSError:
+        return False
+
+
+def _why(err: Exception) -> str:
+    if isinstance(err, OSError):
+        return err.strerror or type(err).__name__
+    return "No space left on device"  # a library's error, on a full disk (`_write_failed`)

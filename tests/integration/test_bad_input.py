@@ -206,3 +206,138 @@ def test_fuzz_layout_grammar_and_config_loader():
                 TrainConfig().with_(vals, "fuzz", from_text=from_text)
             except ConfigError:
                 pass
+
+
+# the third adversarial pass (issue 35): crafted transformers folders, non-UTF-8 text, an over-long record
+
+def _edit_json(name: str, **changes):  # noqa: ANN202 - a folder -> None edit
+    import json
+
+    def edit(folder):  # noqa: ANN001, ANN202
+        data = json.loads((folder / name).read_text())
+        data.update(changes)
+        (folder / name).write_text(json.dumps(data))
+    return edit
+
+
+def _safetensors_header(header: bytes):  # noqa: ANN202
+    def edit(folder):  # noqa: ANN001, ANN202
+        body = (folder / "model.safetensors").read_bytes()
+        (folder / "model.safetensors").write_bytes(header + body[len(header):])
+    return edit
+
+
+def _no_unknown_token(folder):  # noqa: ANN001, ANN202 - a WordLevel tokenizer whose unk_token is not in its vocabulary
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({"the": 0, "a": 1}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(folder / "tokenizer.json"))
+
+
+DEEP = "nests its JSON deeper than 64 levels"
+CRAFTED = {  # name: (edit of a good folder, what the one line says, which commands read that part)
+    "config nested 100,000 deep": (lambda d: (d / "config.json").write_text('{"a":' * 100_000 + "1" + "}" * 100_000),
+                                   DEEP, "doctor scan init recommend"),
+    "generation config nested deep": (lambda d: (d / "generation_config.json").write_text("[" * 100_000 + "]" * 100_000),
+                                      DEEP, "doctor scan init"),
+    "model_type a list": (_edit_json("config.json", model_type=["llama"]), '"model_type" must be a string such as "llama"',
+                          "doctor scan init recommend"),
+    "hidden_size a string": (_edit_json("config.json", hidden_size="64"), "'hidden_size' expected int, got str",
+                             "doctor scan init"),
+    "safetensors header not JSON": (_safetensors_header(b"\x10\x00\x00\x00\x00\x00\x00\x00{garbage"),
+                                    "not a readable safetensors file", "doctor scan init"),
+    "safetensors header past the file": (_safetensors_header((2**62).to_bytes(8, "little")),
+                                         "not a readable safetensors file", "doctor scan init"),
+    "binary tokenizer.json": (lambda d: (d / "tokenizer.json").write_bytes(bytes(range(256)) * 4),
+                              "tokenizer.json is not UTF-8 text", "doctor scan"),
+    "tokenizer.json of no known model": (lambda d: (d / "tokenizer.json").write_text('{"model": {"type": "Nope"}}'),
+                                         "is not a Hugging Face tokenizer.json", "doctor scan"),
+    "tokenizer.json without its unknown token": (_no_unknown_token, "Missing [UNK] token from the vocabulary",
+                                                 "doctor scan"),
+}
+
+
+@pytest.fixture(scope="module")
+def llama_folder(tmp_path_factory):
+    """A nano Llama folder with a tokenizer, as save_pretrained writes it: the base of the crafted ones."""
+    from normlab.data.tokenizer import ByteTokenizer
+    from normlab.hf import save_native
+    from normlab.hf.tokenizer import to_hf_tokenizer
+
+    return save_native(build_model("pre", "nano", seed=0), tmp_path_factory.mktemp("hf") / "llama", "llama",
+                       to_hf_tokenizer(ByteTokenizer(), 64))
+
+
+def refused(argv, needle, capsys) -> str:
+    """``argv`` ends with exit status 2 and exactly one line on stderr that says ``needle``; no traceback."""
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert code == 2, (argv, code, err[-800:])
+    assert len(lines) == 1 and lines[0].startswith("normlab: error: ") and needle in lines[0], (argv, err[-800:])
+    assert "Traceback" not in out + err and "weights_only" not in out + err
+    return lines[0]
+
+
+@pytest.mark.parametrize("case", list(CRAFTED))
+def test_a_crafted_transformers_folder_is_one_line_in_every_reader(case, llama_folder, corpus, tmp_path, capsys):
+    """One check of a transformers folder (`normlab.hf.folder`) before transformers reads it: doctor, scan,
+    train --init-from and recommend refuse the same folder in the same words."""
+    import shutil
+
+    edit, needle, readers = CRAFTED[case]
+    folder = tmp_path / "model"
+    shutil.copytree(llama_folder, folder)
+    edit(folder)
+    argvs = {"doctor": ["doctor", folder], "scan": ["scan", folder, "--out", tmp_path / "scan"],
+             "init": ["train", "--data", corpus, "--size", "nano", "--steps", "1", "--no-progress",
+                      "--init-from", folder, "--out", tmp_path / "ft"],
+             "recommend": ["recommend", folder / "config.json", "--out", tmp_path / "rec"]}
+    for reader in readers.split():
+        refused(argvs[reader], needle, capsys)
+    assert not (tmp_path / "scan").exists()  # the folder is checked before scan claims its output
+
+
+def test_the_same_tokenizer_rule_in_doctor_scan_and_train(llama_folder, corpus, tmp_path, capsys):
+    """`data.tokenizer.read_tokenizer_json` is the one rule: --tokenizer refuses what doctor and scan refuse."""
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(llama_folder, folder)
+    _no_unknown_token(folder)
+    for argv in (["doctor", folder], ["scan", folder, "--out", tmp_path / "scan"],
+                 ["train", "--data", corpus, "--size", "nano", "--steps", "1", "--no-progress", "--tokenizer",
+                  folder / "tokenizer.json", "--out", tmp_path / "t"]):
+        refused(argv, "Missing [UNK] token from the vocabulary", capsys)
+
+
+def test_non_utf8_text_is_one_line_in_data_prepare_with_a_bpe(tmp_path, capsys):
+    latin = tmp_path / "latin"
+    latin.mkdir()
+    (latin / "a.txt").write_text("hello world\n" * 20)
+    (latin / "b.txt").write_bytes(b"caf\xe9 au lait\n" * 20)
+    for tok in ("bytes", "bpe:300"):
+        refused(["data", "prepare", latin, "--tokenizer", tok, "--out", tmp_path / f"prep-{tok[:3]}"],
+                "b.txt is not UTF-8 text (invalid byte at offset 3)", capsys)
+        assert not (tmp_path / f"prep-{tok[:3]}").exists()
+
+
+def test_a_record_longer_than_the_limit_is_refused_unread(corpus, tmp_path, capsys, monkeypatch):
+    """A JSONL file is streamed: a record over io.MAX_RECORD_BYTES (here 1 KiB) is refused with its line number
+    and the limit, as soon as that many bytes are read (a 300 MB line is never loaded whole)."""
+    import json
+
+    import normlab.io
+
+    monkeypatch.setattr(normlab.io, "MAX_RECORD_BYTES", 1024)
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"text": "ok " * 100}) + "\n" for _ in range(5))
+                    + json.dumps({"text": "x" * 2000}) + "\n")
+    sft = tmp_path / "s.jsonl"
+    sft.write_text(json.dumps({"prompt": "a", "response": "b"}) + "\n" + json.dumps({"prompt": "a" * 2000, "response": "b"}))
+    common = ["--size", "nano", "--steps", "1", "--no-progress", "--seq-len", "16"]
+    refused(["train", "--data", data, *common, "--out", tmp_path / "o"],
+            "d.jsonl line 6 is longer than 1,024 bytes, the most one record may hold", capsys)
+    refused(["train", "--data", sft, "--task", "sft", *common, "--out", tmp_path / "s"],
+            "s.jsonl line 2 is longer than 1,024 bytes", capsys)

@@ -59,7 +59,7 @@ def test_sft_data_errors_name_the_line(tmp_path):
     with pytest.raises(DataError, match=r"bad.jsonl:2: an SFT record needs string fields 'prompt' and 'response'"):
         load_sft(bad, ByteTokenizer(), 16, 0.1)
     (tmp_path / "x.jsonl").write_text('{"prompt": "a", "response": "b"}\nnot json\n')
-    with pytest.raises(DataError, match="x.jsonl:2: not JSON"):
+    with pytest.raises(DataError, match="x.jsonl line 2 is not JSON"):
         load_sft(tmp_path / "x.jsonl", ByteTokenizer(), 16, 0.1)
 
 

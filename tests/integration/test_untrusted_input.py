@@ -211,3 +211,122 @@ def test_crafted_store_rows_are_one_line_errors(corpus, tmp_path, capsys):
         for argv in (["summarize", str(root)], ["report", str(root)]):
             assert main(argv) == 2, (change, argv)
             assert "has an unreadable row" in capsys.readouterr().err
+
+
+# the third adversarial pass (issue 35)
+
+@pytest.fixture(scope="module")
+def llama_folder(tmp_path_factory):
+    """A nano Llama folder with a tokenizer, as save_pretrained writes it."""
+    from normlab.data.tokenizer import ByteTokenizer
+    from normlab.hf import save_native
+    from normlab.hf.tokenizer import to_hf_tokenizer
+
+    return save_native(build_model("pre", "nano", seed=0), tmp_path_factory.mktemp("hf") / "llama", "llama",
+                       to_hf_tokenizer(ByteTokenizer(), 64))
+
+
+def one_line_refusal(argv, needle, capsys, after_work: bool = False) -> None:
+    """Exit status 2 and one line that says ``needle``; ``after_work``: a refusal after the model was loaded and
+    checked, whose progress bars and findings came first, so the line is the last and the only error."""
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    lines = [x for x in err.splitlines() if x.strip()]
+    lines = lines[-1:] if after_work and sum(x.startswith("normlab: error:") for x in lines) == 1 else lines
+    assert code == 2 and len(lines) == 1 and needle in lines[0], (argv, code, err[-800:])
+    assert "Traceback" not in out + err and "weights_only" not in out + err and "arbitrary code" not in out + err
+
+
+def test_a_pickled_weight_file_is_refused_without_torchs_advice(llama_folder, corpus, tmp_path, capsys):
+    """transformers reads a pytorch_model.bin weights-only; the refusal is normlab's one line, naming the
+    refused global, never torch's advice to re-run with weights_only=False; the payload never runs."""
+    import shutil
+
+    marker = tmp_path / "pwned"
+    folder = tmp_path / "evil"
+    shutil.copytree(llama_folder, folder)
+    (folder / "model.safetensors").unlink()
+    torch.save({"model.embed_tokens.weight": torch.zeros(2), "x": Evil(marker)}, folder / "pytorch_model.bin")
+    for argv in (["doctor", folder], ["scan", folder, "--out", tmp_path / "scan"],
+                 ["train", "--data", corpus, "--size", "nano", "--steps", "1", "--no-progress", "--init-from", folder,
+                  "--out", tmp_path / "ft"]):
+        one_line_refusal(argv, "posix.system", capsys)
+    assert not marker.exists()
+
+
+def test_the_unsafe_advice_never_reaches_the_last_line_of_defence(monkeypatch, capsys):
+    """Even an error nobody mapped is printed without torch's advice (cli._one_line)."""
+    import argparse
+
+    import normlab.cli as cli
+
+    def boom(args):  # noqa: ANN001, ANN202
+        raise RuntimeError("Weights only load failed. Re-running `torch.load` with `weights_only` set to `False` will "
+                           "likely succeed, but it can result in arbitrary code execution. Do it only if you got the "
+                           "file from a trusted source. Unsupported global: GLOBAL posix.system")
+
+    monkeypatch.setattr(cli, "build_parser", lambda: type("P", (), {"parse_args": lambda self, a: argparse.Namespace(
+        func=boom, debug=False)})())
+    assert cli.main([]) == 1
+    err = capsys.readouterr().err
+    assert "posix.system" in err and "weights_only" not in err and "arbitrary code" not in err
+
+
+def test_a_tokenizer_naming_its_own_code_is_refused_by_doctor_and_scan(llama_folder, tmp_path, capsys):
+    import shutil
+
+    marker = tmp_path / "pwned"
+    folder = tmp_path / "evil"
+    shutil.copytree(llama_folder, folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["auto_map"] = {"AutoTokenizer": ["evil.EvilTokenizer", None]}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    (folder / "evil.py").write_text(f"import os; os.system('touch {marker}')\n")
+    for argv in (["doctor", folder], ["scan", folder, "--out", tmp_path / "scan"]):
+        one_line_refusal(argv, "names tokenizer code of its own (auto_map", capsys)
+    assert not marker.exists() and not (tmp_path / "scan").exists()
+
+
+def test_doctor_never_writes_its_copy_into_a_users_folder(llama_folder, tmp_path, capsys):
+    """--fp16-copy into a folder holding someone's config.json and model.safetensors is refused, as the run
+    source's copy is: nothing there changes."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "config.json").write_text('{"model_type": "llama", "mine": true}')
+    (mine / "model.safetensors").write_bytes(b"my weights")
+    before = {p.name: p.read_bytes() for p in mine.iterdir()}
+    one_line_refusal(["doctor", llama_folder, "--fp16-copy", mine], "holds files normlab did not write", capsys)
+    assert {p.name: p.read_bytes() for p in mine.iterdir()} == before
+
+
+@pytest.mark.parametrize("failure", ["safetensors", "oserror"])
+def test_a_full_disk_during_the_fp16_copy_leaves_nothing_half_written(failure, llama_folder, tmp_path, capsys,
+                                                                       monkeypatch):
+    """The copy is written into a hidden sibling and moved into place once whole (io.staged_folder): a disk
+    that fills while model.safetensors is half written is one line, exit 2; a new folder is not left behind,
+    and an earlier complete copy stays as it was."""
+    import errno
+
+    import transformers.modeling_utils
+    from safetensors import SafetensorError
+
+    copy = tmp_path / "copy"
+    assert main(["doctor", str(llama_folder), "--fp16-copy", str(copy)]) == 0
+    first = {p.name: p.read_bytes() for p in copy.iterdir()}
+    assert {"config.json", "model.safetensors", ".normlab"} <= set(first)
+    capsys.readouterr()
+    real = transformers.modeling_utils.safe_save_file
+
+    def full_disk(tensors, filename, *a, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
+        real(tensors, filename, *a, **k)
+        Path(filename).write_bytes(Path(filename).read_bytes()[:100])  # the disk filled mid-file
+        if failure == "oserror":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), filename)
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", full_disk)
+    for out in (tmp_path / "new", copy):
+        one_line_refusal(["doctor", llama_folder, "--fp16-copy", out], "No space left on device", capsys, after_work=True)
+    assert not (tmp_path / "new").exists()
+    assert {p.name: p.read_bytes() for p in copy.iterdir()} == first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["copy"]  # no staging folder left beside it

@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "src" / "normlab"
 # Bottom to top: a module may import its own level and the levels below it. Foundation modules
 # (errors, io, pages, _lazy) depend on nothing above them; the layers follow docs/architecture.md.
 LEVELS = [
-    {"errors", "_lazy"},
+    {"errors", "_lazy", "_version"},
     {"io", "pages"},
     {"layout"},
     {"model"},
@@ -48,14 +48,19 @@ def _imports(path: Path, root: Path = PACKAGE) -> list[tuple[str, int]]:
             module = node.module or ""
             if node.level:
                 module = ".".join(package[: len(package) - node.level + 1] + ([module] if module else []))
-            if module == "normlab":
-                names = [f"normlab.{a.name}" for a in node.names]
+            if module == "normlab":  # `from normlab import X`: the subpackage X, else the package's top
+                names = [f"normlab.{a.name}" if _is_unit(a.name) else "normlab.__init__" for a in node.names]
             elif module.startswith("normlab."):
                 names = [module]
-        elif isinstance(node, ast.Import):
-            names = [a.name for a in node.names if a.name.startswith("normlab.")]
+        elif isinstance(node, ast.Import):  # a bare `import normlab` runs the package's top, the highest level
+            names = [a.name if a.name != "normlab" else "normlab.__init__" for a in node.names
+                     if a.name == "normlab" or a.name.startswith("normlab.")]
         found += [(name.split(".")[1], node.lineno) for name in names]
     return found
+
+
+def _is_unit(name: str) -> bool:
+    return (PACKAGE / name).is_dir() or (PACKAGE / f"{name}.py").is_file()
 
 
 def _edges() -> dict[tuple[str, str], list[str]]:
@@ -127,3 +132,7 @@ def test_the_checks_above_can_fail(tmp_path, monkeypatch):
     assert _imports(tmp_path / "model" / "bad.py", tmp_path) == [("train", 1)]
     assert ("metrics.jsonl", 2) in _literals(tmp_path / "model" / "bad.py")
     assert RANK["train"] > RANK["model"]
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "bare.py").write_text("import normlab\nfrom normlab import build_model\n")
+    assert _imports(tmp_path / "train" / "bare.py", tmp_path) == [("__init__", 1), ("__init__", 2)]
+    assert RANK["__init__"] > RANK["train"]

@@ -56,7 +56,7 @@ def test_reads_size_presets_and_toml(tmp_path):
 
 @pytest.mark.parametrize("content,name,match", [
     ('{"model_type": "x", "hidden_size": 64}', "config.json", "no n_layers, n_heads found"),
-    ("not json", "config.json", "not a JSON file"),
+    ("not json", "config.json", "config.json is not JSON"),
     ('size = "micro"\nlayout = "perri"\n', "m.toml", "perri"),
     ('size = "micro"\nwidth = 3\n', "m.toml", "unknown key"),
 ])

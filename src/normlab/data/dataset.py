@@ -18,7 +18,6 @@ checkpoint replays the same batches, and data-parallel ranks slice the same glob
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +30,7 @@ from normlab.data.corpus import cache_dir
 from normlab.errors import DataError
 from normlab.data.prepare import is_prepared, load_prepared
 from normlab.data.tokenizer import Tokenizer, load_tokenizer
-from normlab.io import atomic_write_bytes
+from normlab.io import atomic_write_bytes, jsonl_records, read_utf8
 
 TEXT_SUFFIXES = (".txt", ".md", ".text")
 
@@ -74,16 +73,7 @@ def unigram_entropy(tokens: np.ndarray, vocab_size: int, chunk: int = 1 << 24) -
 
 
 def _read_text(path: Path) -> str:
-    data = path.read_bytes()
-    if not data.strip():
-        raise DataError(f"{path} is empty; give a file with text in it")
-    nul = data.find(b"\x00")
-    if nul >= 0:
-        raise DataError(f"{path} looks binary (a NUL byte at offset {nul}); expected UTF-8 text")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise DataError(f"{path} is not UTF-8 text (invalid byte at offset {err.start})") from None
+    return read_utf8(path)
 
 
 def _text_files(path: Path) -> list[Path]:
@@ -97,20 +87,10 @@ def _text_files(path: Path) -> list[Path]:
 
 def _jsonl_texts(path: Path, field: str) -> list[str]:
     texts = []
-    with path.open("rb") as f:
-        for n, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DataError(f"{path} line {n} is not JSON: {err.msg}") from None
-            except UnicodeDecodeError as err:
-                raise DataError(f"{path} line {n} is not UTF-8 (invalid byte at offset {err.start}); "
-                                "JSONL must be UTF-8 text") from None
-            if not isinstance(record, dict) or not isinstance(record.get(field), str):
-                raise DataError(f"{path} line {n} has no string field {field!r} (use --text-field to pick another)")
-            texts.append(record[field])
+    for n, record in jsonl_records(path):  # streamed; a record over io.MAX_RECORD_BYTES is refused unread
+        if not isinstance(record, dict) or not isinstance(record.get(field), str):
+            raise DataError(f"{path} line {n} has no string field {field!r} (use --text-field to pick another)")
+        texts.append(record[field])
     if not any(t.strip() for t in texts):
         raise DataError(f"{path} has no text in field {field!r}")
     return texts

@@ -9,7 +9,6 @@ as in pre-training: a pure function of (seed, step), so SFT runs resume exactly.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import torch
 
 from normlab.data.corpus import DataError
 from normlab.data.tokenizer import Tokenizer
+from normlab.io import jsonl_records
 
 IGNORE = -100
 
@@ -57,18 +57,8 @@ def load_sft(path: Path, tok: Tokenizer, seq_len: int, val_fraction: float, prom
     """Train and validation examples (the last ``val_fraction`` of the records are validation)."""
     if not path.is_file():
         raise DataError(f"SFT data {path} is not a regular file; give a .jsonl file of prompt/response records")
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise DataError(f"{path} is not UTF-8 (invalid byte at offset {err.start}); JSONL must be UTF-8 text") from None
     rows = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise DataError(f"{path}:{n}: not JSON ({err.msg})") from None
+    for n, rec in jsonl_records(path):  # streamed; a record over io.MAX_RECORD_BYTES is refused unread
         if not isinstance(rec, dict):
             raise DataError(f"{path}:{n}: an SFT record is a JSON object with string fields {prompt_field!r} and "
                             f"{response_field!r}; found a {type(rec).__name__}")

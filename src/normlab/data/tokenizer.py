@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Protocol
 
 from normlab.data.corpus import DataError, cache_dir
+from normlab.io import read_json, read_utf8
 
 
 EOT = "<|endoftext|>"
@@ -114,12 +115,43 @@ def train_bpe(files: list[Path], vocab_size: int) -> HFTokenizer:
         vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
         special_tokens=[EOT],
     )
-    tok.train([str(f) for f in files], trainer)
+    try:
+        tok.train([str(f) for f in files], trainer)
+    except Exception as err:  # noqa: BLE001 - the tokenizers library raises a bare Exception (e.g. not UTF-8)
+        for f in files:
+            read_utf8(f)  # the file it could not read, named with the offset
+        raise DataError(f"training a BPE on {len(files)} file(s) failed: {' '.join(str(err).split())[:200]}; "
+                        "give UTF-8 text files") from None
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tok.save(str(tmp))
     tmp.replace(path)
     return HFTokenizer(tok, f"bpe:{vocab_size}")
+
+
+# text with what trips a tokenizer: letters beyond its vocabulary, digits, accents, CJK, an emoji, tabs
+PROBE_TEXT = "The quick brown fox, 1905: na\u00efve \u00fcber \u6f22\u5b57 \U0001F642\n\tdef f(x): return x"
+
+
+def read_tokenizer_json(file: Path):  # noqa: ANN201 - tokenizers.Tokenizer
+    """A tokenizer.json as a `tokenizers.Tokenizer`, or a DataError: the one rule for a tokenizer file
+    normlab did not write (`--tokenizer`, `doctor`, `scan`). It must be UTF-8 JSON nested a few levels,
+    a tokenizer the library reads, and encode text (a vocabulary without its own unknown token cannot)."""
+    from tokenizers import Tokenizer
+
+    read_json(file)
+    valid = "give bytes, bpe:VOCAB, or a tokenizer.json written by tokenizers/transformers"
+    try:
+        loaded = Tokenizer.from_file(str(file))
+    except Exception as err:  # noqa: BLE001 - the tokenizers library raises a bare Exception
+        raise DataError(f"{file} is not a Hugging Face tokenizer.json ({' '.join(str(err).split())[:200]}); "
+                        f"{valid}") from None
+    try:
+        loaded.encode(PROBE_TEXT)
+    except Exception as err:  # noqa: BLE001 - e.g. "WordLevel error: Missing [UNK] token from the vocabulary"
+        raise DataError(f"{file} cannot encode text ({' '.join(str(err).split())[:200]}); a tokenizer's vocabulary "
+                        f"holds the unknown token it names; {valid}") from None
+    return loaded
 
 
 def load_tokenizer(spec: str, corpus_files: list[Path] | None = None) -> Tokenizer:
@@ -136,14 +168,7 @@ def load_tokenizer(spec: str, corpus_files: list[Path] | None = None) -> Tokeniz
     path = Path(spec)
     file = path / "tokenizer.json" if path.is_dir() else path
     if file.is_file():
-        from tokenizers import Tokenizer
-
-        try:
-            loaded = Tokenizer.from_file(str(file))
-        except Exception as err:  # noqa: BLE001 - the tokenizers library raises a bare Exception
-            raise DataError(f"{file} is not a Hugging Face tokenizer.json ({' '.join(str(err).split())[:200]}); "
-                            "give bytes, bpe:VOCAB, or a tokenizer.json written by tokenizers/transformers") from None
-        return HFTokenizer(loaded, str(path))
+        return HFTokenizer(read_tokenizer_json(file), str(path))
     raise DataError(
         f"unknown tokenizer {spec!r}: valid are 'bytes', 'bpe:VOCAB' (e.g. bpe:4096), or a local "
         "directory/file with a Hugging Face tokenizer.json"

@@ -21,7 +21,6 @@ The thresholds are normlab's, chosen to flag what the papers describe, and print
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -78,7 +77,10 @@ def load_model(source: str | Path) -> Loaded:
     src = Path(source)
     folder = RunDir(src)
     if src.is_dir() and folder.config_file.is_file() and not folder.has_checkpoints():
-        model_type = json.loads(folder.config_file.read_text()).get("model_type")
+        from normlab.hf.folder import check_folder, load_tokenizer
+
+        model_type = check_folder(src).get("model_type")
+        tok = load_tokenizer(src)  # before the weights: a tokenizer it refuses costs no load
         if model_type == "normlab":
             from normlab.hf import from_hf
 
@@ -87,13 +89,6 @@ def load_model(source: str | Path) -> Loaded:
             from normlab.hf import from_native
 
             model = from_native(src)
-        tok = None
-        from normlab.hf.scan import TOKENIZER_FILES
-
-        if any((src / f).is_file() for f in TOKENIZER_FILES):
-            from normlab.hf.native import _transformers
-
-            tok = _transformers().AutoTokenizer.from_pretrained(src, local_files_only=True, trust_remote_code=False)
         return Loaded(model.eval(), tok, f"transformers folder ({model_type})")
     run = load_run_model(src)
     return Loaded(run.model.eval(), run_tokenizer(run.config, run.run_dir), f"normlab run ({run.config.get('layout')})",
@@ -207,25 +202,33 @@ def findings_json(findings: list[Finding]) -> list[dict[str, Any]]:
 def write_copy(model: nn.Module, source: str | Path, kind: str, out: str | Path, run: RunModel | None = None) -> Path:
     """Save a doctored copy as its source was: a transformers folder again (its own class where normlab
     exports it exactly, else the normlab class), or a checkpoint folder for `--init-from` / `load_run_model`
-    (``run``: the run `load_model` read, for its config and step; read again when not given)."""
+    (``run``: the run `load_model` read, for its config and step; read again when not given). ``out`` is a
+    new folder or one a doctor copy made (`io.staged_folder`: never someone's files, never half-written)."""
+    from normlab.io import staged_folder
+
     out = Path(out)
-    if kind.startswith("transformers"):
-        from normlab.hf import save_hf, save_native
-        from normlab.hf.archs import EXPORTABLE
+    run = run if run is not None or kind.startswith("transformers") else load_run_model(source)
+    with staged_folder(out, "doctored") as tmp:
+        if kind.startswith("transformers"):
+            _save_transformers(model, tmp, kind)
+        else:
+            from normlab.runs.checkpoint import save_checkpoint
 
-        model_type = kind.split("(")[-1].rstrip(")")
-        name = next((n for n in EXPORTABLE if n == model_type or model_type.startswith(n)), None)
-        if name is not None:
-            try:
-                return save_native(model, out, name)
-            except ValueError:
-                pass  # the rescaled model's options no longer map (they do today): the normlab class keeps any
-        return save_hf(model, out)
-    from normlab.io import own_folder
-    from normlab.runs.checkpoint import save_checkpoint
-
-    run = run or load_run_model(source)
-    own_folder(out, "doctored")
-    RunDir(out).write_record({"config": run.config, "doctored_from": str(source)})
-    save_checkpoint(out, run.step or 0, {"model": model.state_dict(), "config": run.config}, keep_last=1)
+            RunDir(tmp).write_record({"config": run.config, "doctored_from": str(source)})
+            save_checkpoint(tmp, run.step or 0, {"model": model.state_dict(), "config": run.config}, keep_last=1)
     return out
+
+
+def _save_transformers(model: nn.Module, out: Path, kind: str) -> None:
+    from normlab.hf import save_hf, save_native
+    from normlab.hf.archs import EXPORTABLE
+
+    model_type = kind.split("(")[-1].rstrip(")")
+    name = next((n for n in EXPORTABLE if n == model_type or model_type.startswith(n)), None)
+    if name is not None:
+        try:
+            save_native(model, out, name)
+            return
+        except ValueError:
+            pass  # the rescaled model's options no longer map (they do today): the normlab class keeps any
+    save_hf(model, out)

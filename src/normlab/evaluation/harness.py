@@ -41,7 +41,7 @@ from typing import Any
 from normlab.data.corpus import DataError
 from normlab.evaluation.local_tasks import TASKS_DIR
 from normlab.runs.files import RunDir, SweepDir
-from normlab.io import atomic_write_bytes
+from normlab.io import atomic_write_bytes, read_json
 from normlab.runs.outcome import TRAINED
 
 LM_EVAL_PIN = "lm_eval[hf]==0.4.13"
@@ -108,8 +108,8 @@ def _auto_map_modules(folder: Path, name: str) -> set[str]:
     if not path.is_file():
         return set()
     try:
-        auto_map = json.loads(path.read_text()).get("auto_map") or {}
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as err:
+        auto_map = read_json(path).get("auto_map") or {}
+    except (DataError, AttributeError) as err:
         raise EvalError(f"{path} is not a JSON object ({type(err).__name__}); an export folder has a transformers "
                         "config.json") from None
     refs = [r for v in (auto_map.values() if isinstance(auto_map, dict) else [auto_map])
@@ -146,6 +146,9 @@ def _model_for(source: Path, kind: str, device: str, batch_size: int | str, max_
     from lm_eval.models.huggingface import HFLM
 
     if kind == "export":
+        from normlab.hf.folder import check_folder
+
+        check_folder(source)  # bounded JSON, readable safetensors headers, before lm-eval opens it
         lm = HFLM(pretrained=str(source), trust_remote_code=remote_code(source, trust_remote_code), device=device,
                   batch_size=batch_size, max_length=max_length, backend="causal")
         return lm, {"source": str(source)}, source

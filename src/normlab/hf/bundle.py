@@ -19,7 +19,7 @@ import ast
 import sys
 from pathlib import Path
 
-import normlab
+from normlab._version import __version__
 
 # Dependency order: a module comes after every module whose names it uses at import time.
 MODULES = (
@@ -104,9 +104,9 @@ def _strip(src: str, rel: str) -> str:
 
 def bundle_source() -> str:
     """The text of the self-contained modeling file."""
-    root = Path(normlab.__file__).parent
+    root = Path(__file__).resolve().parents[1]  # the normlab package folder
     seen: dict[str, str] = {}
-    parts = [HEADER.format(version=normlab.__version__, sources=", ".join(f"normlab/{m}" for m in MODULES))]
+    parts = [HEADER.format(version=__version__, sources=", ".join(f"normlab/{m}" for m in MODULES))]
     imported: dict[str, str] = {}  # every name a bundled module imports from normlab: it must be bundled too
     for rel in MODULES:
         src = (root / rel).read_text(encoding="utf-8")

@@ -57,6 +57,9 @@ def from_hf(path: str | Path) -> NormLM:
     from transformers import AutoModelForCausalLM
 
     import normlab.hf.modeling  # noqa: F401 - registers the classes
+    from normlab.hf.folder import check_folder, reading
 
+    check_folder(path)
     # trust_remote_code=False: normlab's registered class loads; code in the folder never runs (nor is asked about)
-    return AutoModelForCausalLM.from_pretrained(path, local_files_only=True, trust_remote_code=False).normlab
+    with reading(path):
+        return AutoModelForCausalLM.from_pretrained(path, local_files_only=True, trust_remote_code=False).normlab

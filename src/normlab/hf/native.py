@@ -120,10 +120,14 @@ def from_native(source: str | Path | Any) -> NormLM:
     """A normlab model from a transformers model of a registered architecture, or a local folder of one."""
     tf = _transformers()
     if isinstance(source, (str, Path)):
-        config = tf.AutoConfig.from_pretrained(source, local_files_only=True, trust_remote_code=False)
-        adapter = _import_arch(config)
-        hf = tf.AutoModelForCausalLM.from_pretrained(source, local_files_only=True, dtype=torch.float32,
-                                                     trust_remote_code=False)
+        from normlab.hf.folder import check_folder, reading
+
+        check_folder(source)
+        with reading(source):
+            config = tf.AutoConfig.from_pretrained(source, local_files_only=True, trust_remote_code=False)
+            adapter = _import_arch(config)
+            hf = tf.AutoModelForCausalLM.from_pretrained(source, local_files_only=True, dtype=torch.float32,
+                                                         trust_remote_code=False)
     else:
         hf, config = source, source.config
         adapter = _import_arch(config)

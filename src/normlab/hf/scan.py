@@ -23,6 +23,7 @@ import torch
 
 from normlab.diagnostics.attach import StreamProbe, find_blocks
 from normlab.diagnostics.stats import FP16_MAX, angular_matrix, hidden_stats, massive_activations
+from normlab.hf.folder import check_folder, load_tokenizer, reading
 from normlab.hf.native import _transformers
 from normlab.data.corpus import DataError
 from normlab.io import atomic_write_bytes, atomic_write_json, own_folder
@@ -37,8 +38,6 @@ TEXTS = (
 MASSIVE_MIN, MASSIVE_RATIO, HEADROOM_WARN = 100.0, 1000.0, 10.0
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
-
 
 def encode_samples(texts: list[str] | tuple[str, ...], vocab: int, tok: Any = None, max_len: int = 64,
                    min_len: int = 2, where: str = "") -> torch.Tensor:
@@ -49,23 +48,14 @@ def encode_samples(texts: list[str] | tuple[str, ...], vocab: int, tok: Any = No
     elif hasattr(tok, "encode") and not hasattr(tok, "pad_token"):  # a normlab tokenizer
         ids = [list(tok.encode(t)) for t in texts]
     else:  # a transformers tokenizer
-        ids = [tok(t)["input_ids"] for t in texts]
+        ids = [tok(t, verbose=False)["input_ids"] for t in texts]  # cut to max_len below: no length warning
     n = min(min(len(i) for i in ids), max_len)
     if n < min_len:
         raise DataError(f"the sample texts gave {n} token(s){where}; give longer texts (--text-file)")
     return torch.tensor([i[:n] for i in ids], dtype=torch.long)
 
 
-def _tokens(path: Path, model: Any, texts: list[str], max_len: int) -> torch.Tensor:
-    tok = None
-    # only a folder that holds a tokenizer: transformers would otherwise guess one from the model type and
-    # return an empty vocabulary's few ids (a folder written by save_native without a tokenizer)
-    if any((path / f).is_file() for f in TOKENIZER_FILES):
-        try:
-            tok = _transformers().AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
-            tok(texts[0])  # a tokenizer that loads but cannot encode: bytes instead
-        except (OSError, ValueError, TypeError):
-            tok = None
+def _tokens(path: Path, model: Any, texts: list[str], max_len: int, tok: Any = None) -> torch.Tensor:
     return encode_samples(texts, model.config.vocab_size, tok, max_len, where=f" with {path}'s tokenizer")
 
 
@@ -82,14 +72,13 @@ def scan(path: str | Path, out: str | Path, texts: list[str] | None = None, max_
     if RunDir(path).has_metrics() or RunDir(path).has_checkpoints():
         raise DataError(f"{path} is a normlab run directory, not a transformers folder: export it first "
                         f"(normlab export {path} DIR) and scan DIR")
+    check_folder(path)  # bounded JSON, readable weights: before anything is written or loaded
+    tok = load_tokenizer(path)  # the one rule doctor keeps too
     out = own_folder(out, "scan", legacy=lambda p: (p / "scan.json").is_file() and (p / "table.md").is_file())
-    try:
+    with reading(path, "a transformers causal LM"):  # unknown model type, a field of the wrong type, ...
         model = tf.AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32,
                                                         trust_remote_code=False).eval()
-    except (OSError, ValueError, KeyError, TypeError) as err:  # unreadable config.json, unknown model type, ...
-        raise DataError(f"{path} does not load as a transformers causal LM: {type(err).__name__}: "
-                        f"{' '.join(str(err).split())[:300]}") from None
-    x = _tokens(path, model, list(texts or TEXTS), max_len)
+    x = _tokens(path, model, list(texts or TEXTS), max_len, tok)
     blocks_path, blocks = find_blocks(model)
     hidden = StreamProbe(model, list(blocks)).capture(input_ids=x)
     layers = []

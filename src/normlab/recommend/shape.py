@@ -99,14 +99,9 @@ def _from_toml(path: Path) -> UserModel:
 
 
 def _from_config_json(path: Path) -> UserModel:
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{path} is not a JSON file ({err}); give a transformers config.json") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path} holds no JSON object; give a transformers config.json")
+    from normlab.hf.folder import read_config
+
+    data = read_config(path)  # bounded JSON, an object, model_type a string
     notes = []
     kind = data.get("model_type", "?")
     if isinstance(data.get("text_config"), dict):  # a multimodal config (Gemma 3, Llava): its language model

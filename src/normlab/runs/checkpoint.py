@@ -222,7 +222,7 @@ def _safe_planner():  # noqa: ANN202 - a DefaultLoadPlanner
             except pickle.UnpicklingError as err:
                 raise UnsafeCheckpointError(
                     f"entry {read_item.dest_index.fqn!r} of a sharded checkpoint holds objects other than "
-                    f"tensors and plain values ({_refused_global(err)}); loading it could run code, so it was "
+                    f"tensors and plain values ({refused_global(err)}); loading it could run code, so it was "
                     "refused") from None
             if self.flatten_state_dict:
                 set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
@@ -234,7 +234,7 @@ def _safe_planner():  # noqa: ANN202 - a DefaultLoadPlanner
     return SafeLoadPlanner()
 
 
-def _refused_global(err: pickle.UnpicklingError) -> str:
+def refused_global(err: pickle.UnpicklingError) -> str:
     """The global a weights-only load refused, from torch's message (whose advice to retry with
     weights_only=False is exactly what must not be done here)."""
     lines = [x.strip() for x in str(err).splitlines() if "GLOBAL" in x or "Unsupported" in x]
@@ -295,7 +295,7 @@ def _load_file(path: Path, require_model: bool) -> dict[str, Any]:
     except pickle.UnpicklingError as err:
         raise UnsafeCheckpointError(
             f"{path} is not a checkpoint normlab will load: it holds objects other than tensors and plain "
-            f"values ({_refused_global(err)}); loading it could run code, so it was refused"
+            f"values ({refused_global(err)}); loading it could run code, so it was refused"
         ) from None
     except (RuntimeError, EOFError, OSError, ValueError) as err:
         raise CheckpointError(f"{path} is unreadable (truncated or corrupt): {type(err).__name__}: "

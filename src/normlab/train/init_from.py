@@ -8,7 +8,6 @@ is built from this run's --layout/--size/--model, and the weights must fit it ex
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -23,19 +22,17 @@ def init_state(source: str | Path) -> dict[str, torch.Tensor]:
     src = Path(source)
     folder = RunDir(src)
     if folder.config_file.is_file() and not folder.has_checkpoints():  # a transformers folder, not a run
-        try:
-            model_type = json.loads(folder.config_file.read_text()).get("model_type")
-            if model_type == "normlab":
-                from normlab.hf import from_hf
+        # a foreign folder (custom code: never run, an unknown type, bad JSON or weights) fails in the loaders
+        # with one line (`normlab.hf.folder`)
+        from normlab.hf.folder import read_config
 
-                return from_hf(src).state_dict()
-            from normlab.hf import from_native
+        if read_config(folder.config_file).get("model_type") == "normlab":
+            from normlab.hf import from_hf
 
-            return from_native(src).state_dict()
-        except (ValueError, OSError, KeyError, AttributeError, UnicodeDecodeError) as err:
-            # a foreign folder: custom code (never run: trust_remote_code=False), an unknown type, bad JSON
-            raise ConfigError(f"init_from {source}: not a transformers folder normlab can import "
-                              f"({type(err).__name__}: {' '.join(str(err).split())[:240]})") from None
+            return from_hf(src).state_dict()
+        from normlab.hf import from_native
+
+        return from_native(src).state_dict()
     ckpt = newest_checkpoint(src)
     if ckpt is None or not ckpt.exists():
         raise ConfigError(f"init_from {source}: no checkpoint there; give a run directory, a checkpoint file "

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
-import normlab
+from normlab._version import __version__
 from normlab.config.train import TrainConfig
 from normlab.data import load_data
 from normlab.data.sft import load_sft_data
@@ -286,7 +286,7 @@ def open_records(state: RunState) -> None:
         "data": state.data.describe(),
         "tokenizer": _tokenizer_facts(state.data.tokenizer),
         "world_size": state.info.world,
-        "versions": {"normlab": normlab.__version__, "torch": torch.__version__, "python": platform.python_version()},
+        "versions": {"normlab": __version__, "torch": torch.__version__, "python": platform.python_version()},
     })
     if hasattr(state.data.tokenizer, "to_json"):
         run.write_tokenizer(state.data.tokenizer.to_json())

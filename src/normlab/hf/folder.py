@@ -1,0 +1,134 @@
+"""A local transformers folder, checked before transformers reads any of it: the one rule for every
+command that reads one (`doctor`, `scan`, `train --init-from`, `eval`; `recommend` reads a config.json
+through `read_config`).
+
+- config.json: a JSON object (UTF-8, nested at most `io.MAX_JSON_DEPTH` levels: `io.read_json`) whose
+  ``model_type`` is a string, and whose fields have the types transformers' config class checks;
+- every other JSON file there (generation_config.json, tokenizer_config.json, the weights' index, ...):
+  the same bounds, since transformers reads them with Python's recursive parser;
+- every ``*.safetensors``: a header the safetensors library reads (`safe_open` reads only the header);
+- the tokenizer (`load_tokenizer`): tokenizer_config.json names no code of its own (``auto_map``: never
+  run), its tokenizer.json passes `normlab.data.tokenizer.read_tokenizer_json`, and it encodes text;
+- pickled weights (pytorch_model.bin): transformers reads them weights-only; a refused one is an
+  `UnsafeCheckpointError` naming the refused global, never torch's advice to load it unsafely.
+
+`reading(folder)` turns what transformers raises on a folder's content (a field of the wrong type, an
+unknown model type, a weight file it cannot read) into one `DataError` line; it wraps only transformers'
+own loading calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from normlab.errors import USER_ERRORS, DataError, UnsafeCheckpointError, without_unsafe_advice
+from normlab.io import read_json
+
+CONFIG = "config.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+STRING_FIELDS = ("model_type",)  # read before transformers: a list there fails inside it as "unhashable type"
+
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    """A transformers config.json's object: bounded JSON (`io.read_json`), its string fields strings."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path} does not exist; give a transformers config.json (or the folder that holds one)")
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise DataError(f"{path} holds a JSON {_JSON_TYPES.get(type(data), 'value')}, not an object; a transformers config.json is "
+                        'an object such as {"model_type": "llama", "hidden_size": 2048, ...}')
+    text = data.get("text_config")  # a multimodal config's language model
+    for part, prefix in ((data, ""), (text if isinstance(text, dict) else {}, "text_config.")):
+        for key in STRING_FIELDS:
+            if key in part and not isinstance(part[key], str):
+                raise DataError(f'{path}: "{prefix}{key}" must be a string such as "llama", not a JSON '
+                                f"{_JSON_TYPES.get(type(part[key]), type(part[key]).__name__)}")
+    return data
+
+
+_JSON_TYPES = {list: "array", dict: "object", int: "number", float: "number", bool: "boolean", type(None): "null"}
+
+
+def check_folder(folder: str | Path) -> dict[str, Any]:
+    """Check ``folder`` as the module docstring says, before transformers opens it; its config.json."""
+    folder = Path(folder)
+    config = read_config(folder / CONFIG)
+    for f in sorted(folder.glob("*.json")):
+        if f.name != CONFIG and f.is_file():
+            read_json(f)
+    for f in sorted(folder.glob("*.safetensors")):
+        _check_safetensors(f)
+    from normlab.hf.native import _transformers
+
+    import normlab.hf.modeling  # noqa: F401 - registers the normlab class: an export's config reads too
+
+    with reading(folder):  # the fields' types as transformers checks them (hidden_size "64", ...)
+        _transformers().AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+    return config
+
+
+def _check_safetensors(path: Path) -> None:
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            f.keys()
+    except (SafetensorError, OSError) as err:
+        raise DataError(f"{path} is not a readable safetensors file ({_words(err)}); give the weights as "
+                        "save_pretrained wrote them") from None
+
+
+def load_tokenizer(folder: str | Path) -> Any:
+    """The folder's tokenizer as transformers loads it, or None where it holds none (the texts are then
+    fed as bytes); a tokenizer that names its own code, fails `read_tokenizer_json`, or cannot encode
+    text is a DataError. The one rule of `doctor` and `scan`."""
+    from normlab.data.tokenizer import PROBE_TEXT, read_tokenizer_json
+    from normlab.hf.native import _transformers
+
+    folder = Path(folder)
+    # only a folder that holds a tokenizer: transformers would otherwise guess one from the model type
+    if not any((folder / f).is_file() for f in TOKENIZER_FILES):
+        return None
+    if (folder / "tokenizer_config.json").is_file():
+        config = read_json(folder / "tokenizer_config.json")
+        if isinstance(config, dict) and config.get("auto_map"):
+            raise DataError(f"{folder / 'tokenizer_config.json'} names tokenizer code of its own (auto_map "
+                            f"{config['auto_map']!r:.120}); normlab never runs a folder's code: remove auto_map to "
+                            "use its tokenizer.json, or the tokenizer files to feed bytes")
+    if (folder / "tokenizer.json").is_file():
+        read_tokenizer_json(folder / "tokenizer.json")
+    with reading(folder, "its tokenizer"):
+        tok = _transformers().AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+        tok(PROBE_TEXT, verbose=False)
+    return tok
+
+
+@contextlib.contextmanager
+def reading(folder: str | Path, what: str = "a transformers model") -> Iterator[None]:
+    """Around transformers' loading of ``folder``: what its content makes transformers raise becomes one
+    DataError line (an unsafe pickle an UnsafeCheckpointError); normlab's own errors pass unchanged."""
+    from huggingface_hub.errors import StrictDataclassError
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except USER_ERRORS:
+        raise
+    except pickle.UnpicklingError as err:
+        from normlab.runs.checkpoint import refused_global
+
+        raise UnsafeCheckpointError(
+            f"{folder}: a weight file holds objects other than tensors and plain values ({refused_global(err)}); "
+            "loading it could run code, so it was refused; give the weights as safetensors") from None
+    except (StrictDataclassError, SafetensorError, ValueError, TypeError, KeyError, OSError) as err:
+        raise DataError(f"{folder} does not load as {what}: {type(err).__name__}: {_words(err)}") from None
+
+
+def _words(err: BaseException) -> str:
+    """The error's message on one line, at most 300 characters, without torch's advice to load unsafely."""
+    return without_unsafe_advice(" ".join(str(err).split()))[:300]
