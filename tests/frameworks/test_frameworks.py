@@ -102,13 +102,27 @@ def test_model_options(layout, framework, options):
     check(layout, framework, BASE.with_(**options))
 
 
-def test_a_wrong_default_is_caught():
-    """The comparison can fail: litgpt's default rotary fraction (0.25) in place of the stated 1.0."""
-    _need("litgpt")
-    entry = settings_for("pre", BASE)["litgpt"]
+# one default each code base would put back if the snippet left it out: the comparison must see it
+WRONG = [
+    ("pre", "litgpt", "rotary_percentage=1.0", "rotary_percentage=0.25"),
+    ("gemma3", "litgpt", "name='Gemma-normlab-gemma3'", "name='normlab-gemma3'"),  # gains w, not 1 + w
+    ("olmo2", "OLMo-core", "eps=0.001, ", ""),  # eps 1e-5
+    ("qwen3", "OLMo-core", "use_head_qk_norm=True", "use_head_qk_norm=False"),  # over all heads
+    ("qwen3", "torchtitan", "eps=0.001, ", ""),
+]
+
+
+@pytest.mark.parametrize(("layout", "framework", "stated", "default"), WRONG, ids=[f"{w[1]}-{w[0]}" for w in WRONG])
+def test_a_wrong_default_is_caught(layout, framework, stated, default):
+    _need(framework)
+    code = settings_for(layout, BASE)[framework]["code"]
+    assert stated in code
     space: dict = {}
-    exec(entry["code"].replace("rotary_percentage=1.0", "rotary_percentage=0.25"), space)
-    ours = _normlab("pre", BASE)
-    load(space["model"], WEIGHTS["litgpt"](ours.state_dict(), "pre"))
-    diff = (_logits("litgpt", space["model"], TOKENS) - ours(TOKENS).logits).abs().max().item()
+    exec(code.replace(stated, default), space)
+    ours = _normlab(layout, BASE)
+    try:
+        load(space["model"], WEIGHTS[framework](ours.state_dict(), layout))
+    except (AssertionError, RuntimeError):
+        return  # another set of parameters: caught already (OLMo-core's full-width QK-norm has wider gains)
+    diff = (_logits(framework, space["model"], TOKENS) - ours(TOKENS).logits).abs().max().item()
     assert diff > 100 * ATOL
