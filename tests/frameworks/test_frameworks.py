@@ -93,6 +93,8 @@ OPTIONS = [
     ("pre", "litgpt", dict(linear_bias=True, mlp="gelu")),
     ("qwen3", "OLMo-core", dict(linear_bias=True, mlp="geglu-tanh")),
     ("peri+qk", "OLMo-core", dict(norm_bias=False)),
+    # heads wider than d_model / n_heads (Qwen 3: 16 x 128 on a width of 1024)
+    ("qwen3", "litgpt", dict(d_head=24)), ("qwen3", "OLMo-core", dict(d_head=24)), ("qwen3", "torchtitan", dict(d_head=24)),
 ]
 
 

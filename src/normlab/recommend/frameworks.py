@@ -121,7 +121,8 @@ def _litgpt(layout: str, opts: dict[str, Any], cfg: ModelConfig) -> str:
         ("rope_base", _num(cfg.rope_theta), None),
         ("rope_condense_ratio", 1, None),
         ("rope_interleave", False, "rotate-half pairs, as normlab"),
-        ("attention_scores_scalar", None if cfg.attn_scale is None else int(cfg.attn_scale), "None: head_size"),
+        ("attention_scores_scalar", None if cfg.attn_scale is None or not float(cfg.attn_scale).is_integer()
+                                    else int(cfg.attn_scale), "None: head_size"),
         ("attention_logit_softcapping", cfg.attn_softcap, None),
         ("final_logit_softcapping", cfg.logit_softcap, None),
         ("sliding_window_size", cfg.sliding_window, None),
