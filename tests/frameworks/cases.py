@@ -9,4 +9,6 @@ TESTED: tuple[tuple[str, str], ...] = (
     ("pre", "torchtitan"), ("qwen3", "torchtitan"),
     ("pre", "litgpt"), ("peri-noemb", "litgpt"), ("gemma2", "litgpt"), ("gemma3", "litgpt"), ("qwen3", "litgpt"),
     ("olmo2", "litgpt"),
+    # qwen3's function with Zhuo et al.'s Megatron init: the same snippets
+    ("pre-qk-pre", "OLMo-core"), ("pre-qk-pre", "torchtitan"), ("pre-qk-pre", "litgpt"),
 )

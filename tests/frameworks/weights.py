@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from normlab.recommend.frameworks import FRAMEWORKS
+from normlab.recommend.frameworks import FRAMEWORKS, placement
 
 
 def _blocks(sd: dict[str, torch.Tensor]) -> int:
@@ -34,7 +34,7 @@ def litgpt(sd: dict[str, torch.Tensor], layout: str) -> dict[str, torch.Tensor]:
 
 
 def olmo_core(sd: dict[str, torch.Tensor], layout: str) -> dict[str, torch.Tensor]:
-    block = FRAMEWORKS["OLMo-core"].placements[layout]["block"]
+    block = FRAMEWORKS["OLMo-core"].placements[placement("OLMo-core", layout)]["block"]
     # reordered_norm keeps its output norms under the input norms' names (x + attention_norm(attention(x)))
     site = "output" if block == "reordered_norm" else "input"
     rename = {f"attn_norms.{site}": "attention_norm", f"mlp_norms.{site}": "feed_forward_norm",

@@ -286,6 +286,8 @@ def test_snippets_state_the_defaults_that_change_the_function():
     titan = settings_for("qwen3", cfg)["torchtitan"]["code"]
     assert "Qwen3Model.Config(" in titan and "qk_norm=norm(16)" in titan and "enable_weight_tying=True" in titan
     assert "Llama3Model.Config(" in settings_for("pre", cfg)["torchtitan"]["code"]
+    zhuo = settings_for("pre-qk-pre", cfg)["litgpt"]["code"]  # qwen3's function, Zhuo et al.'s init
+    assert zhuo.startswith('# pre-qk-pre: the function of "qwen3"; its init (megatron) is not among these settings')
     odd = settings_for("pre", cfg.with_(mlp="relu"))
     assert "NOT stated here (litgpt has no setting for it): mlp=relu" in odd["litgpt"]["code"]
     assert "options it cannot state: mlp=relu" in odd["litgpt"]["settings"]

@@ -22,7 +22,7 @@ goes through normlab's exact adapters (`normlab.hf.archs`). Nothing here imports
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from normlab.layout import PRESETS, as_layout
@@ -307,10 +307,6 @@ TORCHTITAN = Framework("torchtitan", {
 }, _titan_problems, _torchtitan)
 
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (OLMO_CORE, TORCHTITAN, LITGPT)}
-# placement (a preset) -> the code bases that compute it; a placement absent from one is not expressible there
-PLACEMENTS: dict[str, tuple[str, ...]] = {
-    name: tuple(f.name for f in FRAMEWORKS.values() if name in f.placements) for name in PRESETS
-    if any(name in f.placements for f in FRAMEWORKS.values())}
 
 
 # the layout settings besides its norm sites that change what a block computes
@@ -319,6 +315,11 @@ _SETTINGS = ("norm", "gain", "h", "h_learned", "ln_scaling", "alpha", "embed_sca
 
 def _canonical(layout: str) -> str:
     return as_layout(layout).to_string()
+
+
+def _function(layout: str) -> str:
+    """The layout's string form without its init: what the model computes (the snippets leave init to the library)."""
+    return replace(as_layout(layout), init=None, name=None).to_string()
 
 
 def _sites(layout: str) -> set[str]:
@@ -330,8 +331,8 @@ def _sites(layout: str) -> set[str]:
 
 
 def _match(layout: str, table: dict[str, Any]) -> str | None:
-    want = _canonical(layout)
-    return next((name for name in table if _canonical(name) == want), None)
+    want = _function(layout)
+    return next((name for name in table if _function(name) == want), None)
 
 
 def _nearest(layout: str, table: dict[str, Any]) -> str:
@@ -346,12 +347,28 @@ def _nearest(layout: str, table: dict[str, Any]) -> str:
     return f"{best} ({'; '.join(parts) or 'same norm sites, other settings'})"
 
 
+# placement (a preset) -> the code bases that compute it (init aside); a placement absent is not expressible there
+PLACEMENTS: dict[str, tuple[str, ...]] = {
+    name: fws for name in PRESETS
+    if (fws := tuple(f.name for f in FRAMEWORKS.values() if _match(name, f.placements) is not None))}
+
+
+def placement(framework: str, layout: str) -> str | None:
+    """The placement of `framework`'s table that computes `layout` (init aside), or None."""
+    return _match(layout, FRAMEWORKS[framework].placements)
+
+
 def snippet(framework: str, layout: str, config: ModelConfig) -> str | None:
     """The Python that builds `layout` at `config`'s shape in `framework` (its model in `model`), or None where
     none of that code base's settings gives the placement."""
-    fw = FRAMEWORKS[framework]
-    hit = _match(layout, fw.placements)
-    return None if hit is None else fw.write(hit, fw.placements[hit], config)
+    fw, hit = FRAMEWORKS[framework], placement(framework, layout)
+    if hit is None:
+        return None
+    code = fw.write(hit, fw.placements[hit], config)
+    init = as_layout(layout).init
+    if init != as_layout(hit).init:  # e.g. pre-qk-pre: qwen3's function with Zhuo et al.'s Megatron init
+        code = f'# {layout}: the function of "{hit}"; its init ({init}) is not among these settings\n' + code
+    return code
 
 
 def _entry(layout: str, fw: Framework, config: ModelConfig) -> dict[str, Any]:
@@ -401,4 +418,4 @@ def settings_for(layout: str, config: ModelConfig) -> dict[str, dict[str, Any]]:
     }
 
 
-__all__ = ["FRAMEWORKS", "PINS", "PLACEMENTS", "Framework", "settings_for", "snippet"]
+__all__ = ["FRAMEWORKS", "PINS", "PLACEMENTS", "Framework", "placement", "settings_for", "snippet"]
