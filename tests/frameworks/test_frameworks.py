@@ -25,7 +25,7 @@ MODULES = {"litgpt": "litgpt", "OLMo-core": "olmo_core", "torchtitan": "torchtit
 BASE = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=48, max_seq_len=32,
                    rope_theta=1000.0, norm_eps=1e-3)
 TOKENS = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
-ATOL = RTOL = 1e-5  # float32; the largest difference measured is 3.9e-7 (docs/frameworks.md), logits of std ~0.28
+ATOL = RTOL = 1e-5  # float32; the largest difference measured is 9.5e-7 (docs/frameworks.md), logits of std ~0.28
 
 
 def _need(framework: str) -> None:
