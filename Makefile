@@ -10,8 +10,14 @@ LM_EVAL := lm_eval[hf]==0.4.13
 # new release can change what the conversions and generation tests check; normlab's model class takes
 # both names (tested on 5.23.0 and 5.24.0)
 TRANSFORMERS := transformers==5.24.0
+# `make test-frameworks`: the snippets `normlab recommend` prints for OLMo-core, torchtitan and litgpt,
+# built in those libraries (tests/frameworks), in a venv of their own so the main one keeps its pins;
+# pinned: the snippets name these releases' classes and defaults. torchtitan imports triton even on CPU.
+FW_VENV := .venv-frameworks
+FW_PY := $(FW_VENV)/bin/python
+FRAMEWORKS := litgpt==0.5.13 ai2-olmo-core==3.0.0 torchtitan==0.3.0 triton==3.9.0
 
-.PHONY: demo test test-all install data bench recipes gpu-recipes quotes clean
+.PHONY: demo test test-all test-frameworks install data bench recipes gpu-recipes quotes clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	@echo "normlab: creating $(VENV) and installing $(TORCH) (CPU), numpy, pandas, matplotlib, tokenizers, transformers, lm-eval and the test tools (1-3 minutes)"
@@ -64,5 +70,19 @@ test: install
 test-all: install
 	$(PY) -m pytest -n 2 -m ""
 
+$(FW_VENV)/.installed: pyproject.toml Makefile
+	@echo "normlab: creating $(FW_VENV) with $(TORCH) (CPU), $(FRAMEWORKS) and pytest (3-10 minutes)"
+	test -x $(FW_PY) || $(PYTHON) -m venv $(FW_VENV)
+	$(FW_PY) -m pip install -q --upgrade pip
+	$(FW_PY) -m pip install -q "$(TORCH)" $(FRAMEWORKS) numpy scipy pandas matplotlib tokenizers tqdm pytest
+	$(FW_PY) -m pip install -q --no-deps -e .
+	$(FW_PY) -m pip freeze > $(FW_VENV)/versions.txt
+	touch $@
+
+# Each placement's snippet for each code base executed in the real library, normlab's weights copied in,
+# logits compared (docs/frameworks.md); one torch thread, as the main suite's workers.
+test-frameworks: $(FW_VENV)/.installed
+	OMP_NUM_THREADS=1 $(FW_PY) -m pytest -o addopts="-q" tests/frameworks
+
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(FW_VENV) build src/*.egg-info .pytest_cache

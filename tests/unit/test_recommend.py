@@ -252,6 +252,47 @@ def test_settings_in_other_code_bases_or_the_nearest_with_the_difference():
     assert not any(v["expressible"] for k, v in settings_for("hybrid", cfg).items() if k != "normlab")
 
 
+def test_every_snippet_that_can_be_emitted_is_built_by_a_test():
+    """A (placement, code base) pair with a snippet is shipped only if tests/frameworks builds it in the library."""
+    from normlab.recommend.frameworks import PLACEMENTS, snippet
+    from tests.frameworks.cases import TESTED
+
+    emitted = {(layout, fw) for layout, fws in PLACEMENTS.items() for fw in fws}
+    assert emitted == set(TESTED) and len(TESTED) == len(set(TESTED))
+    cfg = SIZES["micro"]
+    for layout, fw in emitted:
+        code = snippet(fw, layout, cfg)
+        compile(code, f"<{fw} {layout}>", "exec")  # Python as printed
+        assert "model = " in code and f"{cfg.norm_eps!r}" in code  # the eps stated, never the library's default
+    for fw in ("OLMo-core", "torchtitan", "litgpt"):  # placements with no snippet say so and give no code
+        entry = settings_for("hybrid", cfg)[fw]
+        assert not entry["expressible"] and entry["code"] is None
+
+
+def test_snippets_state_the_defaults_that_change_the_function():
+    cfg = SIZES["micro"].with_(n_kv_heads=2, rope_theta=500_000.0, tie_embeddings=True)
+    lit = settings_for("gemma3", cfg)["litgpt"]["code"]
+    for stated in ("rotary_percentage=1.0", "bias=False", "norm_eps=1e-06", "name='Gemma-", "norm_qk_type='default'",
+                   "scale_embeddings=True", "n_query_groups=2", "rope_base=500000", "padded_vocab_size=256",
+                   "model.lm_head.weight = model.transformer.wte.weight", "m.weight.data.zero_()"):
+        assert stated in lit, stated
+    assert "name='normlab-pre'" in settings_for("pre", cfg)["litgpt"]["code"]  # no 1 + w gain
+    olmo = settings_for("olmo2", cfg)["OLMo-core"]
+    assert "LayerNormType.rms, eps=1e-06, bias=False" in olmo["code"] and "use_head_qk_norm=False" in olmo["code"]
+    assert "```python\n" + olmo["code"] in olmo["settings"]
+    for layout in ("qwen3", "pre-gate"):  # every OLMo-core block states its layer_norm
+        assert "layer_norm=norm" in settings_for(layout, cfg)["OLMo-core"]["code"]
+    assert "embed_scale=64 ** 0.5" in settings_for("gemma2", cfg)["OLMo-core"]["code"]
+    titan = settings_for("qwen3", cfg)["torchtitan"]["code"]
+    assert "Qwen3Model.Config(" in titan and "qk_norm=norm(16)" in titan and "enable_weight_tying=True" in titan
+    assert "Llama3Model.Config(" in settings_for("pre", cfg)["torchtitan"]["code"]
+    zhuo = settings_for("pre-qk-pre", cfg)["litgpt"]["code"]  # qwen3's function, Zhuo et al.'s init
+    assert zhuo.startswith('# pre-qk-pre: the function of "qwen3"; its init (megatron) is not among these settings')
+    odd = settings_for("pre", cfg.with_(mlp="relu"))
+    assert "NOT stated here (litgpt has no setting for it): mlp=relu" in odd["litgpt"]["code"]
+    assert "options it cannot state: mlp=relu" in odd["litgpt"]["settings"]
+
+
 def test_the_current_placement_is_a_baseline_only_where_the_stress_round_left_it_out():
     from normlab.recommend.rank import baseline_of
 

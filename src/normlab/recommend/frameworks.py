@@ -2,51 +2,311 @@
 and litgpt; or, where none of a code base's settings gives that placement, that plainly, with the
 nearest placement it has and the norm sites in which the two differ.
 
-What each can express was read from their sources (2026-11): transformers through normlab's exact
-adapters (`normlab.hf.archs`: a class computes a placement exactly or is not named); OLMo-core's
-`TransformerBlockType` (default: Pre-LN; default_scaled: LayerNorm Scaling; reordered_norm: OLMo 2's
-x + N(F(x)); peri_norm: Peri-LN) with `AttentionConfig(qk_norm, use_head_qk_norm, gate)` and
-`TransformerConfig.embedding_norm`; torchtitan's llama3 model (Pre-LN) and qwen3 model
-(`Qwen3ModelArgs.qk_norm`); litgpt's `Config` (norm_1 / norm_2 input norms, post_attention_norm /
-post_mlp_norm output norms, norm_qk with norm_qk_type "default" (per head) or "olmo2" (full width),
-scale_embeddings). Nothing here imports those libraries.
+For OLMo-core, torchtitan and litgpt the settings are a complete Python snippet for the pinned release
+(`PINS`) that builds the model config at the user's shape and then the model (`model`), stating every
+default that changes the function: norm type, eps and bias, the rotary fraction, QK-norm's width (per
+head or over all heads), the embedding scale, the gain offset (1 + w), tied embeddings, the MLP,
+the key/value heads, RoPE's base. `tests/frameworks` (`make test-frameworks`) executes each snippet that
+`PLACEMENTS` can emit in the real library, copies a normlab model's weights into the model it builds and
+compares logits in float32; a placement is listed here only with such a test.
+
+What each computes was read from the installed sources (litgpt 0.5.13 `Config` / `Block`: norm_1, norm_2
+input norms, post_attention_norm / post_mlp_norm output norms, norm_qk with norm_qk_type "default" (per
+head) or "olmo2" (full width), scale_embeddings, and an RMSNorm gain of 1 + w when the config's name
+contains "Gemma"; OLMo-core 3.0.0 `TransformerBlockType` default (Pre-LN), default_scaled (LayerNorm
+Scaling), reordered_norm (x + N(F(x))), peri_norm (Peri-LN), `AttentionConfig(qk_norm, use_head_qk_norm,
+gate)`, `TransformerConfig(embedding_norm, embed_scale)`; torchtitan 0.3.0 `Llama3Model.Config` and
+`Qwen3Model.Config` built from per-layer block configs with `make_gqa_config(qk_norm=...)`). transformers
+goes through normlab's exact adapters (`normlab.hf.archs`). Nothing here imports those libraries.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Callable
 
 from normlab.layout import PRESETS, as_layout
 from normlab.model.config import ModelConfig
 
-_OLMO_RMS = 'LayerNormConfig(name=LayerNormType.rms)'
-# placement (a preset) -> how each code base writes it; a placement absent from a table is not expressible there
-OLMO_CORE: dict[str, str] = {
-    "pre": 'TransformerBlockConfig(name=TransformerBlockType.default, layer_norm=' + _OLMO_RMS + ', ...)',
-    "pre-lns": 'TransformerBlockConfig(name=TransformerBlockType.default_scaled, layer_norm=' + _OLMO_RMS + ', ...)',
-    "olmo2": ('TransformerBlockConfig(name=TransformerBlockType.reordered_norm, layer_norm=' + _OLMO_RMS
-              + ', attention=AttentionConfig(qk_norm=' + _OLMO_RMS + ', use_head_qk_norm=False, ...), ...)'),
-    "peri": ('TransformerConfig(embedding_norm=' + _OLMO_RMS + ', block=TransformerBlockConfig('
-             'name=TransformerBlockType.peri_norm, layer_norm=' + _OLMO_RMS + ', ...), ...)'),
-    "peri-noemb": 'TransformerBlockConfig(name=TransformerBlockType.peri_norm, layer_norm=' + _OLMO_RMS + ', ...)',
-    "qwen3": ('TransformerBlockConfig(name=TransformerBlockType.default, attention=AttentionConfig(qk_norm='
-              + _OLMO_RMS + ', use_head_qk_norm=True, ...), ...)'),
-    "pre-gate": ('TransformerBlockConfig(name=TransformerBlockType.default, attention=AttentionConfig('
-                 'gate=GateConfig(granularity=GateGranularity.elementwise), ...), ...)'),
-}
-TORCHTITAN: dict[str, str] = {
-    "pre": "the llama3 model (TransformerModelArgs; RMSNorm before attention and FFN, final norm)",
-    "qwen3": "the qwen3 model, Qwen3ModelArgs(qk_norm=True, ...)",
-}
-_LIT = 'Config(norm_class_name="RMSNorm", parallel_residual=False, mlp_class_name="LLaMAMLP", '
-LITGPT: dict[str, str] = {
-    "pre": _LIT + '...)',
-    "peri-noemb": _LIT + 'post_attention_norm=True, post_mlp_norm=True, ...)',
-    "gemma2": _LIT + 'post_attention_norm=True, post_mlp_norm=True, scale_embeddings=True, ...)',
-    "qwen3": _LIT + 'norm_qk=True, norm_qk_type="default", ...)',
-    "olmo2": _LIT + 'norm_1=False, norm_2=False, post_attention_norm=True, post_mlp_norm=True, norm_qk=True, '
-                    'norm_qk_type="olmo2", ...)',
-}
+# the releases the snippets are written for and tested against (`make test-frameworks`)
+PINS: dict[str, str] = {"OLMo-core": "ai2-olmo-core==3.0.0", "torchtitan": "torchtitan==0.3.0", "litgpt": "litgpt==0.5.13"}
+
+
+@dataclass(frozen=True)
+class Framework:
+    """One code base: the placements it computes (preset -> its own settings for it, as data), the model
+    options it cannot state, and the snippet's writer."""
+
+    name: str
+    placements: dict[str, dict[str, Any]]
+    problems: Callable[[ModelConfig], list[str]]
+    write: Callable[[str, dict[str, Any], ModelConfig], str]
+
+
+def _num(x: float) -> str:
+    """A number as Python source: an integral value without a fraction (litgpt and OLMo-core type RoPE's base int)."""
+    return str(int(x)) if float(x).is_integer() else repr(float(x))
+
+
+def _header(framework: str, layout: str, cfg: ModelConfig, problems: list[str]) -> list[str]:
+    preset = PRESETS.get(layout)
+    lines = [f'# normlab layout "{layout}"' + (f": {preset.equation}" if preset else ""),
+             f"# in {PINS[framework].replace('==', ' ')} (pip install {PINS[framework]}); the function only: "
+             "initialize and train it as that library does"]
+    if problems:
+        lines.append(f"# NOT stated here ({framework} has no setting for it): {'; '.join(problems)}")
+    return lines
+
+
+def _common_problems(cfg: ModelConfig) -> list[str]:
+    problems = []
+    if cfg.position != "rope":
+        problems.append(f"position={cfg.position} (learned absolute positions)")
+    if cfg.n_experts:
+        problems.append(f"n_experts={cfg.n_experts} (normlab's MoE)")
+    return problems
+
+
+# --- litgpt ---------------------------------------------------------------------------------------
+
+_LITGPT_MLP = {"swiglu": ("LLaMAMLP", "none"), "geglu-tanh": ("GemmaMLP", "tanh"),
+               "gelu": ("GptNeoxMLP", "none"), "gelu-tanh": ("GptNeoxMLP", "tanh")}
+
+
+def _litgpt_problems(cfg: ModelConfig) -> list[str]:
+    problems = _common_problems(cfg)
+    if cfg.mlp not in _LITGPT_MLP:
+        problems.append(f"mlp={cfg.mlp}")
+    if cfg.attn_scale is not None and not float(cfg.attn_scale).is_integer():
+        problems.append(f"attn_scale={cfg.attn_scale} (attention_scores_scalar is an integer)")
+    return problems
+
+
+def _litgpt(layout: str, opts: dict[str, Any], cfg: ModelConfig) -> str:
+    mlp, approx = _LITGPT_MLP.get(cfg.mlp, _LITGPT_MLP["swiglu"])
+    gemma = opts.get("unit_offset", False)
+    windows = [0 if cfg.window_of(i) is None else 1 for i in range(cfg.n_layers)]
+    local = cfg.sliding_window is not None and cfg.rope_local_theta is not None
+    fields = [
+        ("name", repr(f"Gemma-normlab-{layout}" if gemma else f"normlab-{layout}"),
+         "contains 'Gemma': every RMSNorm gain is 1 + w" if gemma
+         else "a name with 'Gemma' in it would make every RMSNorm gain 1 + w"),
+        ("block_size", cfg.max_seq_len, None),
+        ("vocab_size", cfg.vocab_size, None),
+        ("padded_vocab_size", cfg.vocab_size, "else padded to a multiple of 512"),
+        ("n_layer", cfg.n_layers, None),
+        ("n_embd", cfg.d_model, None),
+        ("n_head", cfg.n_heads, None),
+        ("n_query_groups", cfg.kv_heads, "key/value heads"),
+        ("head_size", cfg.head_dim, None),
+        ("intermediate_size", cfg.ffn_dim, None),
+        ("mlp_class_name", repr(mlp), None),
+        ("gelu_approximate", repr(approx), None),
+        ("bias", cfg.linear_bias, "default True: biases on qkv, proj and the MLP"),
+        ("attn_bias", cfg.qkv_bias, None),
+        ("lm_head_bias", False, None),
+        ("parallel_residual", False, "default True: GPT-NeoX's parallel attention and MLP"),
+        ("shared_attention_norm", False, None),
+        ("norm_class_name", repr("RMSNorm"), "default LayerNorm"),
+        ("norm_eps", cfg.norm_eps, "default 1e-5"),
+        ("norm_1", opts.get("norm_1", True), "RMSNorm on the attention's input"),
+        ("norm_2", opts.get("norm_2", True), "RMSNorm on the MLP's input"),
+        ("post_attention_norm", opts.get("post_attention_norm", False), "RMSNorm on the attention's output"),
+        ("post_mlp_norm", opts.get("post_mlp_norm", False), "RMSNorm on the MLP's output"),
+        ("norm_qk", opts.get("norm_qk", False), None),
+        ("norm_qk_type", repr(opts.get("norm_qk_type", "default")),
+         "'default': per head (head_size wide); 'olmo2': over all heads"),
+        ("scale_embeddings", opts.get("scale_embeddings", False), "embeddings times sqrt(n_embd)"),
+        ("rotary_percentage", 1.0, "default 0.25: RoPE on a quarter of each head"),
+        ("rope_base", _num(cfg.rope_theta), None),
+        ("rope_condense_ratio", 1, None),
+        ("rope_interleave", False, "rotate-half pairs, as normlab"),
+        ("attention_scores_scalar", None if cfg.attn_scale is None or not float(cfg.attn_scale).is_integer()
+                                    else int(cfg.attn_scale), "None: head_size"),
+        ("attention_logit_softcapping", cfg.attn_softcap, None),
+        ("final_logit_softcapping", cfg.logit_softcap, None),
+        ("sliding_window_size", cfg.sliding_window, None),
+        ("sliding_window_indices", windows if cfg.sliding_window is not None else None, "1: windowed layer"),
+        ("rope_local_base_freq", _num(cfg.rope_local_theta) if local else None, None),
+        ("rope_indices", windows if local else None, "1: the local base"),
+    ]
+    lines = _header("litgpt", layout, cfg, _litgpt_problems(cfg))
+    lines += ["from litgpt.config import Config", "from litgpt.model import GPT", "", "config = Config("]
+    lines += [f"    {k}={v},{f'  # {c}' if c else ''}" for k, v, c in fields]
+    lines += [")", "model = GPT(config)"]
+    if gemma:
+        lines += ["# litgpt initializes w at 1 (a gain of 2); normlab's 1 + w starts at w = 0",
+                  "for m in model.modules():",
+                  "    if type(m).__name__ == 'RMSNorm':",
+                  "        m.weight.data.zero_()"]
+    if cfg.tie_embeddings:
+        lines += ["model.lm_head.weight = model.transformer.wte.weight  # tied (litgpt's Config has no such field)"]
+    return "\n".join(lines) + "\n"
+
+
+LITGPT = Framework("litgpt", {
+    "pre": {},
+    "peri-noemb": {"post_attention_norm": True, "post_mlp_norm": True},
+    "gemma2": {"post_attention_norm": True, "post_mlp_norm": True, "scale_embeddings": True},
+    "gemma3": {"post_attention_norm": True, "post_mlp_norm": True, "scale_embeddings": True, "norm_qk": True,
+               "norm_qk_type": "default", "unit_offset": True},
+    "qwen3": {"norm_qk": True, "norm_qk_type": "default"},
+    "olmo2": {"norm_1": False, "norm_2": False, "post_attention_norm": True, "post_mlp_norm": True,
+              "norm_qk": True, "norm_qk_type": "olmo2"},
+}, _litgpt_problems, _litgpt)
+
+
+# --- OLMo-core ------------------------------------------------------------------------------------
+
+_OLMO_ACT = {"swiglu": "silu", "geglu-tanh": "gelu_tanh"}
+
+
+def _olmo_problems(cfg: ModelConfig) -> list[str]:
+    problems = _common_problems(cfg)
+    if cfg.mlp not in _OLMO_ACT:
+        problems.append(f"mlp={cfg.mlp} (OLMo-core's feed-forward is gated: silu or gelu_tanh)")
+    if cfg.qkv_bias and not cfg.linear_bias:
+        problems.append("qkv_bias=True (OLMo-core's bias is on every projection or none)")
+    for name in ("attn_scale", "attn_softcap", "logit_softcap", "sliding_window", "rope_local_theta"):
+        if getattr(cfg, name) is not None:
+            problems.append(f"{name}={getattr(cfg, name)}")
+    return problems
+
+
+def _olmo_core(layout: str, opts: dict[str, Any], cfg: ModelConfig) -> str:
+    layer = opts.get("norm", "rms") == "layer"
+    norm = (f"LayerNormConfig(name=LayerNormType.default, eps={cfg.norm_eps!r}, bias={cfg.norm_bias})" if layer
+            else f"LayerNormConfig(name=LayerNormType.rms, eps={cfg.norm_eps!r}, bias=False)")
+    qk = opts.get("qk")  # None, "head" or "full"
+    lines = _header("OLMo-core", layout, cfg, _olmo_problems(cfg))
+    lines += [
+        "from olmo_core.nn.attention import AttentionConfig, GateConfig, GateGranularity",
+        "from olmo_core.nn.feed_forward import ActivationFunction, FeedForwardConfig",
+        "from olmo_core.nn.layer_norm import LayerNormConfig, LayerNormType",
+        "from olmo_core.nn.lm_head import LMHeadConfig",
+        "from olmo_core.nn.rope import RoPEConfig, RoPEType",
+        "from olmo_core.nn.transformer import TransformerBlockConfig, TransformerBlockType, TransformerConfig",
+        "",
+        ("# LayerNorm (with its bias where normlab's has one)" if layer else
+         "# RMSNorm without a bias: LayerNormConfig's defaults (bias=True, eps=1e-5) are another function"),
+        f"norm = {norm}",
+        "config = TransformerConfig(",
+        f"    d_model={cfg.d_model},",
+        f"    vocab_size={cfg.vocab_size},",
+        f"    n_layers={cfg.n_layers},",
+        "    block=TransformerBlockConfig(",
+        f"        name=TransformerBlockType.{opts['block']},",
+        "        sequence_mixer=AttentionConfig(",
+        f"            n_heads={cfg.n_heads},",
+        f"            n_kv_heads={cfg.kv_heads},",
+        f"            head_dim={cfg.head_dim},",
+        f"            bias={cfg.linear_bias},  # default True",
+        f"            rope=RoPEConfig(name=RoPEType.default, theta={_num(cfg.rope_theta)}, full_precision=True),"
+        "  # theta's default is 500,000",
+        f"            qk_norm={'norm' if qk else 'None'},",
+        f"            use_head_qk_norm={qk == 'head'},  # True: per head; False: over all heads",
+        ("            gate=GateConfig(granularity=GateGranularity.elementwise, full_precision=True),"
+         if opts.get("gate") else "            gate=None,"),
+        "        ),",
+        f"        feed_forward=FeedForwardConfig(hidden_size={cfg.ffn_dim}, bias={cfg.linear_bias}, "
+        f"activation=ActivationFunction.{_OLMO_ACT.get(cfg.mlp, 'silu')}),",
+        "        layer_norm=norm,",
+        "    ),",
+        "    lm_head=LMHeadConfig(layer_norm=norm, bias=False),  # layer_norm: the final norm",
+        f"    embedding_norm={'norm' if opts.get('embedding_norm') else 'None'},",
+        f"    embed_scale={f'{cfg.d_model} ** 0.5' if opts.get('embed_scale') else 'None'},",
+        f"    tie_word_embeddings={cfg.tie_embeddings},",
+        ")",
+        'model = config.build(init_device="cpu")',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+OLMO_CORE = Framework("OLMo-core", {
+    "pre": {"block": "default"},
+    "pre-lns": {"block": "default_scaled"},
+    "qwen3": {"block": "default", "qk": "head"},
+    "pre-gate": {"block": "default", "gate": True},
+    "olmo2": {"block": "reordered_norm", "qk": "full"},
+    "b": {"block": "reordered_norm", "embedding_norm": True},
+    "peri": {"block": "peri_norm", "embedding_norm": True},
+    "peri-noemb": {"block": "peri_norm"},
+    "peri+qk": {"block": "peri_norm", "embedding_norm": True, "qk": "head", "norm": "layer"},
+    "gemma2": {"block": "peri_norm", "embed_scale": True},
+}, _olmo_problems, _olmo_core)
+
+
+# --- torchtitan -----------------------------------------------------------------------------------
+
+def _titan_problems(cfg: ModelConfig) -> list[str]:
+    problems = _common_problems(cfg)
+    if cfg.mlp != "swiglu":
+        problems.append(f"mlp={cfg.mlp} (torchtitan's FeedForward is SwiGLU)")
+    for name in ("linear_bias", "qkv_bias"):
+        if getattr(cfg, name):
+            problems.append(f"{name}=True")
+    for name in ("attn_scale", "attn_softcap", "logit_softcap", "sliding_window", "rope_local_theta"):
+        if getattr(cfg, name) is not None:
+            problems.append(f"{name}={getattr(cfg, name)}")
+    return problems
+
+
+def _torchtitan(layout: str, opts: dict[str, Any], cfg: ModelConfig) -> str:
+    model, module = opts["model"], opts["model"].lower().removesuffix("model")
+    d, hd = cfg.d_model, cfg.head_dim
+    lines = _header("torchtitan", layout, cfg, _titan_problems(cfg))
+    lines += [
+        "from functools import partial",
+        "",
+        "import torch.nn as nn",
+        "from torchtitan.models.common import CosSinRoPE, Embedding, Linear, RMSNorm",
+        "from torchtitan.models.common.config_utils import get_attention_config, make_ffn_config, make_gqa_config",
+        f"from torchtitan.models.{module} import {model}, {model.removesuffix('Model')}TransformerBlock",
+        "",
+        "init = {'weight': partial(nn.init.normal_, std=0.02), 'bias': nn.init.zeros_}",
+        "",
+        "",
+        "def norm(width):  # RMSNorm.Config's eps defaults to 1e-5",
+        f"    return RMSNorm.Config(normalized_shape=width, eps={cfg.norm_eps!r}, param_init={{'weight': nn.init.ones_}})",
+        "",
+        "",
+        f"config = {model}.Config(",
+        f"    dim={d},",
+        f"    vocab_size={cfg.vocab_size},",
+        f"    enable_weight_tying={cfg.tie_embeddings},",
+        f"    tok_embeddings=Embedding.Config(num_embeddings={cfg.vocab_size}, embedding_dim={d}, param_init=init),",
+        f"    lm_head=Linear.Config(in_features={d}, out_features={cfg.vocab_size}, param_init=init),",
+        f"    norm=norm({d}),  # the final norm",
+        "    layers=[",
+        f"        {model.removesuffix('Model')}TransformerBlock.Config(",
+        f"            attention_norm=norm({d}),",
+        f"            ffn_norm=norm({d}),",
+        "            attention=make_gqa_config(",
+        f"                dim={d}, n_heads={cfg.n_heads}, n_kv_heads={cfg.kv_heads}, head_dim={hd},",
+        "                wqkv_param_init=init, wo_param_init=init,",
+        '                inner_attention=get_attention_config("flex"),  # or "varlen"',
+        "                # rotate-half RoPE, as normlab (ComplexRoPE pairs adjacent features)",
+        f"                rope=CosSinRoPE.Config(dim={hd}, max_seq_len={cfg.max_seq_len}, theta={float(cfg.rope_theta)!r}),",
+        f"                qk_norm={f'norm({hd}),  # per head, before RoPE' if opts.get('qk') else 'None,'}",
+        "            ),",
+        f"            feed_forward=make_ffn_config(dim={d}, hidden_dim={cfg.ffn_dim}, w1_param_init=init, "
+        "w2w3_param_init=init),",
+        "        )",
+        f"        for _ in range({cfg.n_layers})",
+        "    ],",
+        ")",
+        "model = config.build()",
+        "model.init_states()",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+TORCHTITAN = Framework("torchtitan", {
+    "pre": {"model": "Llama3Model"},
+    "qwen3": {"model": "Qwen3Model", "qk": True},
+}, _titan_problems, _torchtitan)
+
+FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (OLMO_CORE, TORCHTITAN, LITGPT)}
 
 
 # the layout settings besides its norm sites that change what a block computes
@@ -55,6 +315,11 @@ _SETTINGS = ("norm", "gain", "h", "h_learned", "ln_scaling", "alpha", "embed_sca
 
 def _canonical(layout: str) -> str:
     return as_layout(layout).to_string()
+
+
+def _function(layout: str) -> str:
+    """The layout's string form without its init: what the model computes (the snippets leave init to the library)."""
+    return replace(as_layout(layout), init=None, name=None).to_string()
 
 
 def _sites(layout: str) -> set[str]:
@@ -66,8 +331,8 @@ def _sites(layout: str) -> set[str]:
 
 
 def _match(layout: str, table: dict[str, Any]) -> str | None:
-    want = _canonical(layout)
-    return next((name for name in table if _canonical(name) == want), None)
+    want = _function(layout)
+    return next((name for name in table if _function(name) == want), None)
 
 
 def _nearest(layout: str, table: dict[str, Any]) -> str:
@@ -82,12 +347,39 @@ def _nearest(layout: str, table: dict[str, Any]) -> str:
     return f"{best} ({'; '.join(parts) or 'same norm sites, other settings'})"
 
 
-def _entry(layout: str, table: dict[str, str], name: str) -> dict[str, Any]:
-    hit = _match(layout, table)
-    if hit is not None:
-        return {"expressible": True, "settings": table[hit]}
-    return {"expressible": False,
-            "settings": f"none of {name}'s settings gives {layout}; nearest: {_nearest(layout, table)}. "
+# placement (a preset) -> the code bases that compute it (init aside); a placement absent is not expressible there
+PLACEMENTS: dict[str, tuple[str, ...]] = {
+    name: fws for name in PRESETS
+    if (fws := tuple(f.name for f in FRAMEWORKS.values() if _match(name, f.placements) is not None))}
+
+
+def placement(framework: str, layout: str) -> str | None:
+    """The placement of `framework`'s table that computes `layout` (init aside), or None."""
+    return _match(layout, FRAMEWORKS[framework].placements)
+
+
+def snippet(framework: str, layout: str, config: ModelConfig) -> str | None:
+    """The Python that builds `layout` at `config`'s shape in `framework` (its model in `model`), or None where
+    none of that code base's settings gives the placement."""
+    fw, hit = FRAMEWORKS[framework], placement(framework, layout)
+    if hit is None:
+        return None
+    code = fw.write(hit, fw.placements[hit], config)
+    init = as_layout(layout).init
+    if init != as_layout(hit).init:  # e.g. pre-qk-pre: qwen3's function with Zhuo et al.'s Megatron init
+        code = f'# {layout}: the function of "{hit}"; its init ({init}) is not among these settings\n' + code
+    return code
+
+
+def _entry(layout: str, fw: Framework, config: ModelConfig) -> dict[str, Any]:
+    code = snippet(fw.name, layout, config)
+    if code is not None:
+        problems = fw.problems(config)
+        said = f" (your model's options it cannot state: {'; '.join(problems)})" if problems else ""
+        return {"expressible": True, "code": code,
+                "settings": f"{PINS[fw.name]}{said}; builds it with:\n\n```python\n{code}```"}
+    return {"expressible": False, "code": None,
+            "settings": f"none of {fw.name}'s settings gives {layout}; nearest: {_nearest(layout, fw.placements)}. "
                         "It needs its block's forward changed (the equation in `normlab layouts`)."}
 
 
@@ -99,7 +391,7 @@ def _transformers(layout: str, config: ModelConfig) -> dict[str, Any]:
                    "(AutoModelForCausalLM with trust_remote_code=True)")
     if not exact:
         presets = {a.preset: n for n, a in BY_NAME.items() if a.exports}
-        return {"expressible": False,
+        return {"expressible": False, "code": None,
                 "settings": f"no transformers class computes {layout}; nearest: {_nearest(layout, presets)}. "
                             + via_normlab}
     problems = {name: a.model_problems(config) for name, a in exact.items()}
@@ -108,20 +400,22 @@ def _transformers(layout: str, config: ModelConfig) -> dict[str, Any]:
     for name in clean:
         how = f"{type(exact[name]).__name__}ForCausalLM via `normlab export RUN OUT --arch {name}`"
         lines.append(how + (f" (your model's options differ: {'; '.join(problems[name])})" if problems[name] else ""))
-    return {"expressible": True, "settings": "; or ".join(lines) + ". " + via_normlab}
+    return {"expressible": True, "code": None, "settings": "; or ".join(lines) + ". " + via_normlab}
 
 
 def settings_for(layout: str, config: ModelConfig) -> dict[str, dict[str, Any]]:
-    """The winner's settings per code base: {"expressible": bool, "settings": text}."""
+    """The winner's settings per code base: {"expressible": bool, "settings": text, "code": a runnable snippet
+    (OLMo-core, torchtitan, litgpt; also inside "settings" as a fenced block) or None}."""
     lay = as_layout(layout)
     string = lay.to_string()
     preset = next((name for name, p in PRESETS.items() if p.layout.to_string() == string), None)
     toml = f'layout = "{preset or string}"'
     return {
-        "normlab": {"expressible": True,
+        "normlab": {"expressible": True, "code": None,
                     "settings": f"--layout {preset or repr(string)} (string form {string}); in a TOML: {toml}"},
         "transformers": _transformers(layout, config),
-        "OLMo-core": _entry(layout, OLMO_CORE, "OLMo-core"),
-        "torchtitan": _entry(layout, TORCHTITAN, "torchtitan"),
-        "litgpt": _entry(layout, LITGPT, "litgpt"),
+        **{name: _entry(layout, fw, config) for name, fw in FRAMEWORKS.items()},
     }
+
+
+__all__ = ["FRAMEWORKS", "PINS", "PLACEMENTS", "Framework", "placement", "settings_for", "snippet"]

@@ -1,0 +1,130 @@
+"""Every snippet `normlab.recommend.frameworks` emits, executed as printed in the real library (litgpt
+0.5.13, ai2-olmo-core 3.0.0, torchtitan 0.3.0: `make test-frameworks`), loaded with a normlab model's
+weights (strict: the same parameters, no more, no fewer) and compared on logits in float32.
+
+The models are tiny but every setting bites: GQA, a head width and an MLP width of their own, RoPE base
+1000 (no library's default), norm eps 1e-3 (against weights of std ~0.02, where 1e-5 or 1e-6 would
+differ) and every weight perturbed from its init, so that a gain of 1 + w, a swapped or missing norm, a
+bias, a rotary fraction or an embedding scale would each change the logits far beyond the tolerance.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from normlab.model.build import build_model
+from normlab.model.config import ModelConfig
+from normlab.recommend.frameworks import settings_for
+from tests.frameworks.cases import TESTED
+from tests.frameworks.weights import WEIGHTS
+
+MODULES = {"litgpt": "litgpt", "OLMo-core": "olmo_core", "torchtitan": "torchtitan"}
+BASE = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=48, max_seq_len=32,
+                   rope_theta=1000.0, norm_eps=1e-3)
+TOKENS = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
+ATOL = RTOL = 1e-5  # float32; the largest difference measured is 9.5e-7 (docs/frameworks.md), logits of std ~0.28
+
+
+def _need(framework: str) -> None:
+    if importlib.util.find_spec(MODULES[framework]) is None:
+        pytest.skip(f"{MODULES[framework]} is not installed (make test-frameworks installs it)")
+
+
+def _normlab(layout: str, cfg: ModelConfig) -> torch.nn.Module:
+    model = build_model(layout, cfg, seed=0).eval()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():  # tied weights are perturbed twice: still one tensor
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    return model
+
+
+def _logits(framework: str, model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        if framework == "torchtitan":  # its attention takes the positions' mask (flex: no backward on CPU)
+            positions = torch.arange(x.shape[1]).repeat(x.shape[0], 1)
+            return model(x, positions, model.get_attention_masks(positions))
+        out = model(x)
+        return getattr(out, "logits", out)
+
+
+def load(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Every parameter from normlab's, none left over (buffers the library computes, OLMo-core's
+    LayerNorm-Scaling factor, stay as built)."""
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    params = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+    assert not unexpected and not set(missing) & params, (unexpected, missing)
+
+
+def check(layout: str, framework: str, cfg: ModelConfig) -> float:
+    """Build the printed snippet in its library, copy normlab's weights, compare logits; the max |diff|."""
+    _need(framework)
+    entry = settings_for(layout, cfg)[framework]
+    assert entry["expressible"] and entry["code"] in entry["settings"]  # the code is what the user reads
+    assert "NOT stated" not in entry["code"]
+    space: dict = {}
+    exec(compile(entry["code"], f"<{framework} snippet for {layout}>", "exec"), space)  # our own generated text
+    theirs = space["model"].float().eval()
+    ours = _normlab(layout, cfg)
+    load(theirs, WEIGHTS[framework](ours.state_dict(), layout))
+    want, got = ours(TOKENS).logits.detach(), _logits(framework, theirs, TOKENS)
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)
+    return (got - want).abs().max().item()
+
+
+@pytest.mark.parametrize(("layout", "framework"), TESTED, ids=[f"{f}-{p}" for p, f in TESTED])
+def test_snippet_builds_normlabs_function(layout, framework):
+    check(layout, framework, BASE)
+
+
+@pytest.mark.parametrize("framework", ["litgpt", "OLMo-core", "torchtitan"])
+def test_tied_embeddings(framework):
+    check("pre", framework, BASE.with_(tie_embeddings=True))
+
+
+# the model options each code base states besides the placement
+OPTIONS = [
+    ("gemma2", "litgpt", dict(mlp="geglu-tanh", attn_scale=24.0, attn_softcap=5.0, logit_softcap=3.0,
+                              sliding_window=4, full_attention_every=2, rope_local_theta=100.0)),
+    ("qwen3", "litgpt", dict(qkv_bias=True, mlp="gelu-tanh")),
+    ("pre", "litgpt", dict(linear_bias=True, mlp="gelu")),
+    ("qwen3", "OLMo-core", dict(linear_bias=True, mlp="geglu-tanh")),
+    ("peri+qk", "OLMo-core", dict(norm_bias=False)),
+    # heads wider than d_model / n_heads (Qwen 3: 16 x 128 on a width of 1024)
+    ("qwen3", "litgpt", dict(d_head=24)), ("qwen3", "OLMo-core", dict(d_head=24)), ("qwen3", "torchtitan", dict(d_head=24)),
+]
+
+
+@pytest.mark.parametrize(("layout", "framework", "options"), OPTIONS,
+                         ids=[f"{f}-{p}-{'-'.join(o)}" for p, f, o in OPTIONS])
+def test_model_options(layout, framework, options):
+    check(layout, framework, BASE.with_(**options))
+
+
+# one default each code base would put back if the snippet left it out: the comparison must see it
+WRONG = [
+    ("pre", "litgpt", "rotary_percentage=1.0", "rotary_percentage=0.25"),
+    ("gemma3", "litgpt", "name='Gemma-normlab-gemma3'", "name='normlab-gemma3'"),  # gains w, not 1 + w
+    ("olmo2", "OLMo-core", "eps=0.001, ", ""),  # eps 1e-5
+    ("qwen3", "OLMo-core", "use_head_qk_norm=True", "use_head_qk_norm=False"),  # over all heads
+    ("qwen3", "torchtitan", "eps=0.001, ", ""),
+]
+
+
+@pytest.mark.parametrize(("layout", "framework", "stated", "default"), WRONG, ids=[f"{w[1]}-{w[0]}" for w in WRONG])
+def test_a_wrong_default_is_caught(layout, framework, stated, default):
+    _need(framework)
+    code = settings_for(layout, BASE)[framework]["code"]
+    assert stated in code
+    space: dict = {}
+    exec(code.replace(stated, default), space)
+    ours = _normlab(layout, BASE)
+    try:
+        load(space["model"], WEIGHTS[framework](ours.state_dict(), layout))
+    except (AssertionError, RuntimeError):
+        return  # another set of parameters: caught already (OLMo-core's full-width QK-norm has wider gains)
+    diff = (_logits(framework, space["model"], TOKENS) - ours(TOKENS).logits).abs().max().item()
+    assert diff > 100 * ATOL
