@@ -406,6 +406,40 @@ def test_trainer_callback_writes_a_run_the_report_reads(tmp_path):
         p.name for p in (tmp_path / "report").glob("*.png")}
 
 
+def test_a_monitor_folder_reads_fully_in_the_report(tmp_path):
+    """A TrainingMonitor folder (what NormlabCallback writes): a final probe after the last step when the last
+    step was not a probe step; the report's table has its layout and steps, and its angular distances are drawn
+    (the monitor records layer l to l+1, not the layer x layer matrix)."""
+    from normlab.diagnostics.figures import fig_angular
+    from normlab.diagnostics.monitor import TrainingMonitor
+    from normlab.diagnostics.report import make_report, summary_rows
+
+    torch.manual_seed(0)
+    model = tf.LlamaForCausalLM(tf.LlamaConfig(**SMALL))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    monitor = TrainingMonitor(model, tmp_path / "m", every=4, name="llama")
+    gen = torch.Generator().manual_seed(0)
+    for step in range(6):
+        x = torch.randint(0, 96, (2, 12), generator=gen)
+        model(input_ids=x, labels=x).loss.backward()
+        monitor.step(step)
+        opt.step()
+        opt.zero_grad()
+    monitor.close()
+    run = normlab.load_run(tmp_path / "m")
+    assert sorted(run.probes.step.unique().tolist()) == [0, 4, 6]  # 6: the weights after the last update
+    final = run.probes[run.probes.step == 6]
+    assert not final[final.metric == "angular_next"].empty and final[final.metric == "grad_norm"].empty
+    row = summary_rows([run], ["llama"])[0]
+    assert (row["layout"], row["steps"], row["status"]) == ("llama", 6, "ok")
+    assert row["final loss"] == run.metrics.loss.iloc[-1]
+    ax = fig_angular([run], ["llama"]).axes[0]
+    assert ax.get_title() == "llama: angular distance, layer l to l+1"
+    assert [ln.get_label() for ln in ax.get_lines()] == ["step 0", "step 4", "step 6"]
+    page = make_report([tmp_path / "m"], tmp_path / "report").read_text()
+    assert "no probes" not in page and "no angular probes" not in page
+
+
 def test_a_loss_spike_saves_its_batch_and_probes_it(tmp_path):
     """OLMo's rule (6 sigma over the window): a planted spike at step 30 saves the batch that caused it, with
     its loss, and probes that batch; steady losses before it do not trigger."""
