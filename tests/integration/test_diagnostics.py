@@ -211,7 +211,7 @@ def test_report_html_and_figures(corpus, tmp_path):
         def handle_starttag(self, tag, attrs):
             if tag == "img":
                 self.images.append(dict(attrs)["src"])
-            elif tag not in ("meta",):
+            elif tag not in ("meta", "wbr"):  # void elements
                 self.stack.append(tag)
 
         def handle_endtag(self, tag):

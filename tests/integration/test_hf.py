@@ -404,6 +404,11 @@ def test_trainer_callback_writes_a_run_the_report_reads(tmp_path):
     make_report([tmp_path / "hf" / "normlab"], tmp_path / "report")
     assert {"loss.png", "variance_by_depth.png", "grad_by_layer.png", "top100_fp16.png"} <= {
         p.name for p in (tmp_path / "report").glob("*.png")}
+    # `normlab report` on the Trainer's output_dir finds the normlab folder one level down
+    from normlab.cli import main
+
+    assert main(["report", str(tmp_path / "hf")]) == 0
+    assert (tmp_path / "hf" / "report" / "index.html").is_file()
 
 
 def test_a_monitor_folder_reads_fully_in_the_report(tmp_path):
