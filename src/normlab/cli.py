@@ -468,9 +468,12 @@ def _scan(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from normlab.hf import save_hf, save_native
-    from normlab.runs.model import load_run_model, run_tokenizer
+    import shlex
+
+    from normlab.evaluation.local_tasks import TASKS_DIR
+    from normlab.hf.export import export
     from normlab.hf.tokenizer import to_hf_tokenizer
+    from normlab.runs.model import load_run_model, run_tokenizer
 
     dest = Path(args.out)
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
@@ -479,17 +482,14 @@ def _export(args: argparse.Namespace) -> int:
     run = load_run_model(args.source)
     tok = run_tokenizer(run.config, run.run_dir)
     tokenizer = to_hf_tokenizer(tok, run.model.config.max_seq_len) if tok is not None else None
-    if args.arch == "normlab":
-        out = save_hf(run.model, args.out, tokenizer)
-    else:
-        out = save_native(run.model, args.out, args.arch, tokenizer)
-    remote = ", trust_remote_code=True" if args.arch == "normlab" else ""
-    print(f"{run.checkpoint} -> {out} ({args.arch}); load with AutoModelForCausalLM.from_pretrained({str(out)!r}{remote})")
-    from normlab.evaluation.local_tasks import TASKS_DIR
-
-    import shlex
-
-    model_args = f"pretrained={out}" + (",trust_remote_code=True" if args.arch == "normlab" else "")
+    out, arch, why = export(run.model, args.out, args.arch, tokenizer)
+    remote = arch == "normlab"
+    print(f"{run.checkpoint} -> {out} ({arch}: {why})")
+    print(f"load: AutoModelForCausalLM.from_pretrained({str(out)!r}{', trust_remote_code=True' if remote else ''})")
+    if tokenizer is not None:  # stock files; AutoTokenizer on a normlab-class folder would first ask about its code
+        print(f"tokenizer: {'PreTrainedTokenizerFast' if remote else 'AutoTokenizer'}.from_pretrained({str(out)!r})"
+              + (" (stock; no custom code)" if remote else ""))
+    model_args = f"pretrained={out}" + (",trust_remote_code=True" if remote else "")
     print(f"evaluate: lm_eval --model hf --model_args {shlex.quote(model_args)} --tasks normlab_local "
           f"--include_path {shlex.quote(str(TASKS_DIR))}  (or: normlab eval {shlex.quote(str(out))})")
     return 0
@@ -738,14 +738,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_declared(s, ConvertConfig)
     s.set_defaults(func=_convert)
     s = sub.add_parser("export", help="save a trained normlab model as a transformers checkpoint",
-                       description="Export a run's newest checkpoint: --arch normlab (default) writes the normlab "
-                       "class, for any layout (load with trust_remote_code=True); --arch llama (layout pre), mistral (pre with a window), qwen3, gemma3, olmo3, olmo2 "
-                       "(layout olmo2) or gemma2 (layout gemma2 with mlp=geglu-tanh) writes transformers' own class, and other layouts are refused there because "
-                       "no transformers class computes them.")
+                       description="Export a run's newest checkpoint. By default (--arch auto) transformers' own "
+                       "class where one computes the layout exactly (llama for pre, olmo2, gemma2 with "
+                       "mlp=geglu-tanh, qwen3, gemma3, ...: no custom code), else the normlab class, for any "
+                       "layout (load with trust_remote_code=True). --arch normlab or an architecture forces one; an "
+                       "architecture that does not compute the layout is refused with the difference. The "
+                       "tokenizer is stock transformers files either way.")
     s.add_argument("source", help="a run directory (its newest checkpoint) or a checkpoint file")
     s.add_argument("out", help="output folder")
-    s.add_argument("--arch", default="normlab", choices=["normlab", *EXPORTABLE],
-                   help=f"normlab (any layout; default), or transformers' own class for the layout it computes: "
+    s.add_argument("--arch", default="auto", choices=["auto", "normlab", *EXPORTABLE],
+                   help=f"auto (default: transformers' own class where exact, else normlab), normlab (any layout), or "
+                   f"transformers' own class for the layout it computes: "
                    f"{', '.join(f'{a} ({p})' for a, p in EXPORTABLE.items())}")
     s.set_defaults(func=_export)
     s = sub.add_parser("eval", help="lm-evaluation-harness on a run, checkpoint, export or sweep (results into eval.json)",
