@@ -80,7 +80,8 @@ def fig_loss(runs: list[Run], names: list[str]):  # noqa: ANN201
                       label=f"{name} diverged at step {at}")
             if gok.any():
                 b.scatter([steps[gok][-1]], [g[gok][-1]], marker="X", s=90, color=color, zorder=5)
-    a.set(title="Loss (X: the last finite step of a run that diverged)", xlabel="step",
+    broke = any(run.summary.get("status") == "diverged" for run in runs)
+    a.set(title="Loss (X: the last finite step of a run that diverged)" if broke else "Loss", xlabel="step",
           ylabel="cross-entropy (nats/token)")
     b.set(title="Gradient norm (pre-clip)", xlabel="step", ylabel="global L2 norm", yscale="log")
     _legend(a, fontsize=8)
@@ -158,6 +159,8 @@ def fig_grad_by_layer(runs: list[Run], names: list[str]):  # noqa: ANN201
         line = _layer_line(a, x, g.loc[finite[0]].to_numpy(dtype=float),
                            name if finite[0] == g.index[0] else f"{name} (step {finite[0]})")
         when = _when(finite[-1], int(g.index[-1]), run.summary.get("diverged_step"))
+        if finite[-1] == g.index[-1] and g.index[-1] < run.probes.step.max():  # a monitor's final probe: no gradients
+            when += f", the last probe with gradients (step {int(run.probes.step.max())} has none)"
         _layer_line(b, x, g.loc[finite[-1]].to_numpy(dtype=float), f"{name} ({when})", line.get_color())
     for ax in (a, b):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -99,7 +99,7 @@ def summary_rows(runs: list[Run], names: list[str]) -> list[dict]:
         rows.append({
             "run": name, "layout": _layout(run), "status": _status(run), "steps": _steps(run),
             "final loss": s.get("final_loss"), "val loss": s.get("final_val_loss"),
-            "activations": s.get("activation_dtype", "fp32"), **activation_facts(run),
+            "activations": s.get("activation_dtype") or "-", **activation_facts(run),
             "spikes (loss/grad)": f"{s.get('loss_spikes', s.get('spikes', 0))}/{s.get('grad_spikes', 0)}",
             "first break": s.get("first_break") or "-",
             **headline_scores(run.evals),
