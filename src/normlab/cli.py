@@ -185,7 +185,7 @@ def _train(args: argparse.Namespace) -> int:
 
     cfg = train_config_from_args(args)
     given = _settings_keys(args)
-    if cfg.model.init_from and not given & {"size", "layout"} and not any(k.startswith("model.") for k in given):
+    if cfg.model.init_from:
         cfg = _recorded_shape(cfg, given)
     if "out" not in given:
         cfg = cfg.with_({"out": default_out(cfg.model.layout_label, cfg.model.size)}, "command line")
@@ -203,8 +203,8 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _recorded_shape(cfg, given: set[str]):  # noqa: ANN001, ANN202 - a TrainConfig
-    """--init-from a run or a converted folder, with no --size, --layout or model option given: the source's
-    recorded size, model options and layout (its config.json), so its weights fit the model built here."""
+    """--init-from a run or a converted folder: the source's recorded size, model options and layout (its
+    config.json) where the command gave none of them, so its weights fit the model built here."""
     from normlab.runs.files import RunDir
 
     source = Path(cfg.model.init_from)
@@ -213,9 +213,13 @@ def _recorded_shape(cfg, given: set[str]):  # noqa: ANN001, ANN202 - a TrainConf
     recorded = (record or {}).get("config") if isinstance(record, dict) else None
     if not isinstance(recorded, dict) or "size" not in recorded:
         return cfg  # a transformers folder: its shape is read with its weights, or the mismatch is named
-    shape = {"size": recorded["size"], **{f"model.{k}": v for k, v in (recorded.get("model") or {}).items()}}
-    if recorded.get("layout"):
+    shape: dict = {} if "size" in given else {"size": recorded["size"]}
+    if not any(k.startswith("model.") for k in given):
+        shape.update({f"model.{k}": v for k, v in (recorded.get("model") or {}).items()})
+    if recorded.get("layout") and "layout" not in given and not any(k.startswith("layout.") for k in given):
         shape["layout"] = recorded["layout"]
+    if not shape:
+        return cfg
     print(f"normlab train: --init-from {source}: its recorded shape ({', '.join(f'{k}={v}' for k, v in shape.items())})",
           flush=True)
     return cfg.with_(shape, f"{source} (recorded shape)")
