@@ -334,6 +334,8 @@ def test_the_report_tells_the_truth_of_a_run_that_overflowed(overflowed):
     assert list(lines["post train (EMA)"].get_xdata()) == finite_steps and finite_steps[-1] < post["diverged_step"] + 1
     marks = {c.get_label(): c.get_offsets() for c in loss_ax.collections}
     assert marks[f"post diverged at step {post['diverged_step']}"][0][0] == finite_steps[-1]
+    raw = next(ln for ln in loss_ax.get_lines() if ln.get_label().startswith("_") and list(ln.get_xdata()) == finite_steps)
+    assert np.mean(raw.get_ydata()[-10:]) == pytest.approx(post["final_loss"])  # the summary's final loss, drawn
     assert list(lines["peri train (EMA)"].get_xdata()) == list(range(peri["steps"]))
     # the gradient norm by layer at the end: both runs drawn, the diverged one at its last finite probe, said so
     end = fig_grad_by_layer(runs, ["post", "peri"]).axes[1]

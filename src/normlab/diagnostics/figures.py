@@ -67,6 +67,7 @@ def fig_loss(runs: list[Run], names: list[str]):  # noqa: ANN201
         ema = _ema(loss[ok])
         line, = a.plot(steps[ok], ema, label=f"{name} train (EMA)")
         color = line.get_color()
+        a.plot(steps[ok], loss[ok], lw=0.6, alpha=0.35, color=color)  # the raw losses the summary averages
         if "val_loss" in m:
             v = m[np.isfinite(m.val_loss.to_numpy(dtype=float))]
             if len(v):
@@ -76,12 +77,13 @@ def fig_loss(runs: list[Run], names: list[str]):  # noqa: ANN201
         b.plot(steps[gok], g[gok], lw=0.8, color=color, label=name)
         if diverged:
             at = run.summary.get("diverged_step")
-            a.scatter([steps[ok][-1]], [ema[-1]], marker="X", s=90, color=color, zorder=5,
+            a.scatter([steps[ok][-1]], [loss[ok][-1]], marker="X", s=90, color=color, zorder=5,
                       label=f"{name} diverged at step {at}")
             if gok.any():
                 b.scatter([steps[gok][-1]], [g[gok][-1]], marker="X", s=90, color=color, zorder=5)
     broke = any(run.summary.get("status") == "diverged" for run in runs)
-    a.set(title="Loss (X: the last finite step of a run that diverged)" if broke else "Loss", xlabel="step",
+    a.set(title="Loss (faint: each step; X: a diverged run's last finite step)" if broke else "Loss (faint: each step)",
+          xlabel="step",
           ylabel="cross-entropy (nats/token)")
     b.set(title="Gradient norm (pre-clip)", xlabel="step", ylabel="global L2 norm", yscale="log")
     _legend(a, fontsize=8)
