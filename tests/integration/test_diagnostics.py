@@ -331,12 +331,14 @@ def test_the_report_tells_the_truth_of_a_run_that_overflowed(overflowed):
     loss_ax = fig.axes[0]
     lines = {ln.get_label(): ln for ln in loss_ax.get_lines()}
     finite_steps = runs[0].metrics.step[np.isfinite(runs[0].metrics.loss.to_numpy(dtype=float))].tolist()
-    assert list(lines["post train (EMA)"].get_xdata()) == finite_steps and finite_steps[-1] < post["diverged_step"] + 1
+    assert list(lines["post train (mean of 10 steps)"].get_xdata()) == finite_steps and finite_steps[-1] <= post["diverged_step"]
+    assert lines["post train (mean of 10 steps)"].get_ydata()[-1] == pytest.approx(post["final_loss"])
     marks = {c.get_label(): c.get_offsets() for c in loss_ax.collections}
     assert marks[f"post diverged at step {post['diverged_step']}"][0][0] == finite_steps[-1]
     raw = next(ln for ln in loss_ax.get_lines() if ln.get_label().startswith("_") and list(ln.get_xdata()) == finite_steps)
     assert np.mean(raw.get_ydata()[-10:]) == pytest.approx(post["final_loss"])  # the summary's final loss, drawn
-    assert list(lines["peri train (EMA)"].get_xdata()) == list(range(peri["steps"]))
+    assert list(lines["peri train (mean of 10 steps)"].get_xdata()) == list(range(peri["steps"]))
+    assert lines["peri train (mean of 10 steps)"].get_ydata()[-1] == pytest.approx(peri["final_loss"])
     # the gradient norm by layer at the end: both runs drawn, the diverged one at its last finite probe, said so
     end = fig_grad_by_layer(runs, ["post", "peri"]).axes[1]
     labels = [ln.get_label() for ln in end.get_lines() if not ln.get_label().startswith("_")]

@@ -26,12 +26,13 @@ from normlab.pages import panels as _grid
 from normlab.pages import plt
 
 
-def _ema(y: np.ndarray, alpha: float = 0.1) -> np.ndarray:
-    out, acc = np.empty_like(y, dtype=float), None
-    for i, v in enumerate(y):
-        acc = v if acc is None or not math.isfinite(acc) else alpha * v + (1 - alpha) * acc
-        out[i] = acc
-    return out
+def _trailing_mean(y: np.ndarray, window: int = 10) -> np.ndarray:
+    """The mean of the last ``window`` values at each point: the curve ends at the summary's final loss (the
+    trainer's mean of the last 10 finite losses)."""
+    c = np.concatenate([[0.0], np.cumsum(y, dtype=float)])
+    i = np.arange(1, len(y) + 1)
+    lo = np.maximum(0, i - window)
+    return (c[i] - c[lo]) / (i - lo)
 
 
 def finite_steps(tab) -> list[int]:  # noqa: ANN001 - a step x layer DataFrame
@@ -64,8 +65,7 @@ def fig_loss(runs: list[Run], names: list[str]):  # noqa: ANN201
             _not_drawn(a, name, f"no finite loss; diverged at step {run.summary.get('diverged_step')}" if diverged
                        else "no finite loss")
             continue
-        ema = _ema(loss[ok])
-        line, = a.plot(steps[ok], ema, label=f"{name} train (EMA)")
+        line, = a.plot(steps[ok], _trailing_mean(loss[ok]), label=f"{name} train (mean of 10 steps)")
         color = line.get_color()
         a.plot(steps[ok], loss[ok], lw=0.6, alpha=0.35, color=color)  # the raw losses the summary averages
         if "val_loss" in m:
