@@ -143,7 +143,27 @@ def _add_train_args(s: argparse.ArgumentParser) -> None:
                    help="any setting by its key: lr=1e-3, model.n_layers=8, layout.h=0.5 (repeatable)")
     s.add_argument("--model", action="append", default=argparse.SUPPRESS, metavar="KEY=VALUE",
                    help="a model option, repeatable: --model n_layers=8 --model mlp=relu (= --set model.KEY=VALUE)")
-    add_flags(s, {k: v for k, v in LEAVES.items() if k != "options"})
+    add_flags(s, {k: v for k, v in LEAVES.items() if k != "options"}, defaults={"out": "runs/LAYOUT-SIZE"})
+
+
+def default_out(*parts: str) -> str:
+    """An output folder named after what the command makes (train: runs/LAYOUT-SIZE; convert:
+    runs/SOURCE-LAYOUT), for a command given no --out: every command that writes has a default, printed."""
+    import re
+
+    return "runs/" + "-".join(re.sub(r"[^A-Za-z0-9._+-]+", "_", p).strip("_") or "run" for p in parts)
+
+
+def _settings_keys(args: argparse.Namespace) -> set[str]:
+    """The names of the run settings the user gave (flags, --set, --model, the --config file), e.g. {"lr", "out"}."""
+    from normlab.io import read_toml
+    from normlab.config.train import LEAVES, flatten_settings, resolve_key
+
+    keys = [k for k in vars(args) if k in LEAVES] + list(_pairs(getattr(args, "set", None), "--set", "steps=500"))
+    keys += [f"model.{k}" for k in _pairs(getattr(args, "model", None), "--model", "n_layers=8")]
+    if getattr(args, "config", None):
+        keys += list(flatten_settings(read_toml(args.config, "config file"), args.config))
+    return {resolve_key(k)[1] if resolve_key(k)[0] == "leaf" else k for k in keys}
 
 
 def train_config_from_args(args: argparse.Namespace):  # noqa: ANN201 - TrainConfig
@@ -164,6 +184,12 @@ def _train(args: argparse.Namespace) -> int:
     from normlab.train import TrainingFailed, train
 
     cfg = train_config_from_args(args)
+    given = _settings_keys(args)
+    if cfg.model.init_from:
+        cfg = _recorded_shape(cfg, given)
+    if "out" not in given:
+        cfg = cfg.with_({"out": default_out(cfg.model.layout_label, cfg.model.size)}, "command line")
+        print(f"normlab train: no --out given: the run goes to {cfg.run.out}", flush=True)
     try:
         summary = train(cfg)
     except TrainingFailed as err:
@@ -174,6 +200,29 @@ def _train(args: argparse.Namespace) -> int:
 
         print(f"{cfg.run.out}: {describe(summary)}")
     return 0
+
+
+def _recorded_shape(cfg, given: set[str]):  # noqa: ANN001, ANN202 - a TrainConfig
+    """--init-from a run or a converted folder: the source's recorded size, model options and layout (its
+    config.json) where the command gave none of them, so its weights fit the model built here."""
+    from normlab.runs.files import RunDir
+
+    source = Path(cfg.model.init_from)
+    folder = source.parent.parent if source.is_file() else source  # a checkpoint file: its run folder
+    record = RunDir(folder).record() if RunDir(folder).config_file.is_file() else None
+    recorded = (record or {}).get("config") if isinstance(record, dict) else None
+    if not isinstance(recorded, dict) or "size" not in recorded:
+        return cfg  # a transformers folder: its shape is read with its weights, or the mismatch is named
+    shape: dict = {} if "size" in given else {"size": recorded["size"]}
+    if not any(k.startswith("model.") for k in given):
+        shape.update({f"model.{k}": v for k, v in (recorded.get("model") or {}).items()})
+    if recorded.get("layout") and "layout" not in given and not any(k.startswith("layout.") for k in given):
+        shape["layout"] = recorded["layout"]
+    if not shape:
+        return cfg
+    print(f"normlab train: --init-from {source}: its recorded shape ({', '.join(f'{k}={v}' for k, v in shape.items())})",
+          flush=True)
+    return cfg.with_(shape, f"{source} (recorded shape)")
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -240,12 +289,21 @@ def _report(args: argparse.Namespace) -> int:
     runs: list[Path] = []
     for r in args.runs:  # a sweep folder stands for its runs (those that logged a step)
         folder = SweepDir(r)
-        runs += [run.path for run in folder.logged_runs()] if folder.is_sweep() else [Path(r)]
+        if folder.is_sweep():
+            runs += [run.path for run in folder.logged_runs()]
+            continue
+        path = Path(r)
+        # a folder holding run folders one level down (a transformers Trainer's output_dir: its normlab/ folder)
+        inner = ([c for c in sorted(path.iterdir()) if c.is_dir() and RunDir(c).has_metrics()]
+                 if path.is_dir() and not RunDir(path).has_metrics() else [])
+        if inner:
+            print(f"reading {', '.join(str(c) for c in inner)} (the run folder{'s' if len(inner) > 1 else ''} in {path})")
+        runs += inner or [path]
     for r in runs:
         RunDir(r).check_logged()
     first = Path(args.runs[0])
     sweep_given = len(args.runs) == 1 and SweepDir(first).is_sweep()
-    out = args.out or (SweepDir(first).report_dir if sweep_given else first.parent / REPORT_DIR)
+    out = args.out or (SweepDir(first).report_dir if sweep_given else runs[0].parent / REPORT_DIR)
     index = make_report(runs, out)
     print(f"report: {index}")
     return 0
@@ -388,10 +446,14 @@ def _convert(args: argparse.Namespace) -> int:
     from normlab.runs.convert import convert
 
     cfg = _declared(ConvertConfig, args, "convert")
-    missing = [flag for flag, v in (("--layout", cfg.layout), ("--out", cfg.out)) if not v]
-    if missing:
-        raise ConfigError(f"convert needs {' and '.join(missing)} (e.g. --layout peri --out runs/pre-to-peri)")
-    print("\n".join(convert(args.source, cfg.layout, cfg.out, seed=cfg.seed, match_scale=not cfg.unit_gamma).lines()))
+    if not cfg.layout:
+        raise ConfigError("convert needs --layout, the new layout (e.g. --layout peri)")
+    out = cfg.out
+    if not out:
+        source = Path(args.source)
+        out = default_out((source.parent.parent if source.is_file() else source).name, cfg.layout)
+        print(f"normlab convert: no --out given: the converted weights go to {out}", flush=True)
+    print("\n".join(convert(args.source, cfg.layout, out, seed=cfg.seed, match_scale=not cfg.unit_gamma).lines()))
     return 0
 
 
@@ -414,9 +476,12 @@ def _scan(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from normlab.hf import save_hf, save_native
-    from normlab.runs.model import load_run_model, run_tokenizer
+    import shlex
+
+    from normlab.evaluation.local_tasks import TASKS_DIR
+    from normlab.hf.export import export
     from normlab.hf.tokenizer import to_hf_tokenizer
+    from normlab.runs.model import load_run_model, run_tokenizer
 
     dest = Path(args.out)
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
@@ -425,17 +490,14 @@ def _export(args: argparse.Namespace) -> int:
     run = load_run_model(args.source)
     tok = run_tokenizer(run.config, run.run_dir)
     tokenizer = to_hf_tokenizer(tok, run.model.config.max_seq_len) if tok is not None else None
-    if args.arch == "normlab":
-        out = save_hf(run.model, args.out, tokenizer)
-    else:
-        out = save_native(run.model, args.out, args.arch, tokenizer)
-    remote = ", trust_remote_code=True" if args.arch == "normlab" else ""
-    print(f"{run.checkpoint} -> {out} ({args.arch}); load with AutoModelForCausalLM.from_pretrained({str(out)!r}{remote})")
-    from normlab.evaluation.local_tasks import TASKS_DIR
-
-    import shlex
-
-    model_args = f"pretrained={out}" + (",trust_remote_code=True" if args.arch == "normlab" else "")
+    out, arch, why = export(run.model, args.out, args.arch, tokenizer)
+    remote = arch == "normlab"
+    print(f"{run.checkpoint} -> {out} ({arch}: {why})")
+    print(f"load: AutoModelForCausalLM.from_pretrained({str(out)!r}{', trust_remote_code=True' if remote else ''})")
+    if tokenizer is not None:  # stock files; AutoTokenizer on a normlab-class folder would first ask about its code
+        print(f"tokenizer: {'PreTrainedTokenizerFast' if remote else 'AutoTokenizer'}.from_pretrained({str(out)!r})"
+              + (" (stock; no custom code)" if remote else ""))
+    model_args = f"pretrained={out}" + (",trust_remote_code=True" if remote else "")
     print(f"evaluate: lm_eval --model hf --model_args {shlex.quote(model_args)} --tasks normlab_local "
           f"--include_path {shlex.quote(str(TASKS_DIR))}  (or: normlab eval {shlex.quote(str(out))})")
     return 0
@@ -490,10 +552,47 @@ def _data(args: argparse.Namespace) -> int:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with normlab's rule for bad input: one line and exit status 2 (not the whole usage)."""
+    """argparse with normlab's rule for bad input: one line and exit status 2 (not the whole usage); an unknown
+    flag is named by the command it was given to, with the closest of that command's own flags."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def parse_args(self, args=None, namespace=None):  # noqa: ANN001, ANN201 - argparse's signature
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = self._commands().get(getattr(ns, "command", None) or "", self)
+            command.error("unrecognized arguments: " + " ".join(extras) + _did_you_mean(command, extras))
+        return ns
+
+    def _commands(self) -> dict[str, argparse.ArgumentParser]:
+        subs = [a for a in self._actions if isinstance(a, argparse._SubParsersAction)]
+        return dict(subs[0].choices) if subs else {}
+
+
+def _did_you_mean(parser: argparse.ArgumentParser, extras: list[str]) -> str:
+    """The closest of ``parser``'s own flags to each unknown one (difflib over the flags and over the words of
+    their help: --learning-rate is close to lr's "peak learning rate")."""
+    import difflib
+
+    names: dict[str, str] = {}
+    for action in parser._actions:
+        for flag in action.option_strings:
+            if flag.startswith("--"):
+                names.setdefault(flag, flag)
+                words = (action.help or "").split(";")[0].split("(")[0].split(",")[0].split(":")[0].split()
+                if 0 < len(words) <= 4:
+                    names.setdefault("--" + "-".join(w.lower() for w in words), flag)
+    bare = {name[2:]: flag for name, flag in names.items()}  # compared without the "--" every flag shares
+    said = []
+    for extra in extras:
+        flag = extra.split("=")[0]
+        close = difflib.get_close_matches(flag[2:], list(bare), n=1, cutoff=0.6) if flag.startswith("--") else []
+        if close:
+            said.append((flag, bare[close[0]]))
+    if len(said) == 1:
+        return f" (did you mean {said[0][1]}?)"
+    return f" (did you mean {', '.join(f'{b} for {a}' for a, b in said)}?)" if said else ""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -647,14 +746,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_declared(s, ConvertConfig)
     s.set_defaults(func=_convert)
     s = sub.add_parser("export", help="save a trained normlab model as a transformers checkpoint",
-                       description="Export a run's newest checkpoint: --arch normlab (default) writes the normlab "
-                       "class, for any layout (load with trust_remote_code=True); --arch llama (layout pre), mistral (pre with a window), qwen3, gemma3, olmo3, olmo2 "
-                       "(layout olmo2) or gemma2 (layout gemma2 with mlp=geglu-tanh) writes transformers' own class, and other layouts are refused there because "
-                       "no transformers class computes them.")
+                       description="Export a run's newest checkpoint. By default (--arch auto) transformers' own "
+                       "class where one computes the layout exactly (llama for pre, olmo2, gemma2 with "
+                       "mlp=geglu-tanh, qwen3, gemma3, ...: no custom code), else the normlab class, for any "
+                       "layout (load with trust_remote_code=True). --arch normlab or an architecture forces one; an "
+                       "architecture that does not compute the layout is refused with the difference. The "
+                       "tokenizer is stock transformers files either way.")
     s.add_argument("source", help="a run directory (its newest checkpoint) or a checkpoint file")
     s.add_argument("out", help="output folder")
-    s.add_argument("--arch", default="normlab", choices=["normlab", *EXPORTABLE],
-                   help=f"normlab (any layout; default), or transformers' own class for the layout it computes: "
+    s.add_argument("--arch", default="auto", choices=["auto", "normlab", *EXPORTABLE],
+                   help=f"auto (default: transformers' own class where exact, else normlab), normlab (any layout), or "
+                   f"transformers' own class for the layout it computes: "
                    f"{', '.join(f'{a} ({p})' for a, p in EXPORTABLE.items())}")
     s.set_defaults(func=_export)
     s = sub.add_parser("eval", help="lm-evaluation-harness on a run, checkpoint, export or sweep (results into eval.json)",

@@ -55,20 +55,35 @@ def figure_html(fig, out: Path, key: str, title: str) -> str:  # noqa: ANN001 - 
     return f'<h2 id="{key}">{html.escape(title)}</h2>\n<img alt="{html.escape(title)}" src="data:image/png;base64,{data}">'
 
 
+def _numeric(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _breakable(text: str) -> str:
+    """Escaped text that may wrap after a comma, slash or equals sign (layout strings, paths have no spaces)."""
+    return "".join(html.escape(c) + ("<wbr>" if c in ",/=" else "") for c in text)
+
+
 def table_html(rows: list[dict]) -> str:
+    """A table that fits its page: numbers right-aligned, text left-aligned and wrapped (long names and
+    layout strings break rather than widen the table), in a container that scrolls sideways as a last resort."""
     if not rows:
         return "<p>(no rows)</p>"
     head = "".join(f"<th>{html.escape(str(k))}</th>" for k in rows[0])
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(fmt(v))}</td>" for v in r.values()) + "</tr>" for r in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
+    body = "".join("<tr>" + "".join(f'<td class="n">{html.escape(fmt(v))}</td>' if _numeric(v) else
+                                    f'<td class="t">{_breakable(fmt(v))}</td>' for v in r.values()) + "</tr>"
+                   for r in rows)
+    return f'<div class="table"><table><tr>{head}</tr>{body}</table></div>'
 
 
 def write_page(path: Path, title: str, body: str) -> Path:
     """One self-contained HTML file (inline CSS, images embedded), written atomically."""
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
-<style>body{{font-family:sans-serif;max-width:1200px;margin:2em auto;color:#222}}table{{border-collapse:collapse}}
-td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}th{{background:#f3f3f3}}img{{max-width:100%}}</style></head>
+<style>body{{font-family:sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}}
+div.table{{max-width:100%;overflow-x:auto}}table{{border-collapse:collapse;max-width:100%}}
+td,th{{border:1px solid #ccc;padding:4px 6px;vertical-align:top;overflow-wrap:break-word}}th{{background:#f3f3f3;text-align:left}}
+td.n{{text-align:right;white-space:nowrap}}td.t{{text-align:left}}p.note{{font-size:85%;color:#555}}img{{max-width:100%}}</style></head>
 <body>
 {body}
 </body></html>

@@ -65,7 +65,7 @@ def test_grid_is_the_product_with_stable_ids():
     ({"lr": [1e-3, 1e-3]}, "repeats a value"),
     ({"model.n_layer": [2]}, "not a model option"),
     ({"layout": ["pre", "perii"]}, "perii"),
-    ({"layout.hh": [0.5]}, "layout options are"),
+    ({"layout.hh": [0.5]}, "unknown layout token .hh=0.5."),
     ({"layout.h": [-1.0]}, "h"),
     ({"lr": [-1.0]}, "lr must be > 0"),
 ])

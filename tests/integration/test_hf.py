@@ -405,6 +405,45 @@ def test_trainer_callback_writes_a_run_the_report_reads(tmp_path):
     make_report([tmp_path / "hf" / "normlab"], tmp_path / "report")
     assert {"loss.png", "variance_by_depth.png", "grad_by_layer.png", "top100_fp16.png"} <= {
         p.name for p in (tmp_path / "report").glob("*.png")}
+    # `normlab report` on the Trainer's output_dir finds the normlab folder one level down
+    from normlab.cli import main
+
+    assert main(["report", str(tmp_path / "hf")]) == 0
+    assert (tmp_path / "hf" / "report" / "index.html").is_file()
+
+
+def test_a_monitor_folder_reads_fully_in_the_report(tmp_path):
+    """A TrainingMonitor folder (what NormlabCallback writes): a final probe after the last step when the last
+    step was not a probe step; the report's table has its layout and steps, and its angular distances are drawn
+    (the monitor records layer l to l+1, not the layer x layer matrix)."""
+    from normlab.diagnostics.figures import fig_angular
+    from normlab.diagnostics.monitor import TrainingMonitor
+    from normlab.diagnostics.report import make_report, summary_rows
+
+    torch.manual_seed(0)
+    model = tf.LlamaForCausalLM(tf.LlamaConfig(**SMALL))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    monitor = TrainingMonitor(model, tmp_path / "m", every=4, name="llama")
+    gen = torch.Generator().manual_seed(0)
+    for step in range(6):
+        x = torch.randint(0, 96, (2, 12), generator=gen)
+        model(input_ids=x, labels=x).loss.backward()
+        monitor.step(step)
+        opt.step()
+        opt.zero_grad()
+    monitor.close()
+    run = normlab.load_run(tmp_path / "m")
+    assert sorted(run.probes.step.unique().tolist()) == [0, 4, 6]  # 6: the weights after the last update
+    final = run.probes[run.probes.step == 6]
+    assert not final[final.metric == "angular_next"].empty and final[final.metric == "grad_norm"].empty
+    row = summary_rows([run], ["llama"])[0]
+    assert (row["layout"], row["steps"], row["status"]) == ("llama", 6, "ok")
+    assert row["final loss"] == run.metrics.loss.iloc[-1]
+    ax = fig_angular([run], ["llama"]).axes[0]
+    assert ax.get_title() == "llama: angular distance, layer l to l+1"
+    assert [ln.get_label() for ln in ax.get_lines()] == ["step 0", "step 4", "step 6"]
+    page = make_report([tmp_path / "m"], tmp_path / "report").read_text()
+    assert "no probes" not in page and "no angular probes" not in page
 
 
 def test_a_loss_spike_saves_its_batch_and_probes_it(tmp_path):
@@ -458,7 +497,8 @@ def test_lightning_callback_writes_a_run_the_report_reads(tmp_path):
               enable_model_summary=False, callbacks=[callback], default_root_dir=str(tmp_path)).fit(lit, loader)
     run = normlab.load_run(tmp_path / "lit")
     assert run.metrics.step.tolist() == list(range(6)) and run.metrics.grad_norm.gt(0).all()
-    assert sorted(run.probes.step.unique().tolist()) == [0, 3] and not run.probe("mlp_norms.input", "gamma_mean").empty
+    # probes every 3 steps, and at the end on the final weights (the monitor's close: step 5 was not a probe step)
+    assert sorted(run.probes.step.unique().tolist()) == [0, 3, 6] and not run.probe("mlp_norms.input", "gamma_mean").empty
     make_report([tmp_path / "lit"], tmp_path / "report")
     assert (tmp_path / "report" / "variance_by_depth.png").exists()
 
@@ -488,3 +528,64 @@ def test_monitor_attention_logits_match_normlabs_own_probe(arch):
     assert set(rows) == set(ref)
     for key, v in ref.items():
         assert rows[key] == pytest.approx(v, rel=1e-4, abs=1e-5), (arch, key)
+
+
+TOKENIZER_CHECK = r"""
+import json, sys
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+native, ours = sys.argv[1], sys.argv[2]
+a = AutoTokenizer.from_pretrained(native, local_files_only=True)         # a native export: the Auto class
+b = PreTrainedTokenizerFast.from_pretrained(ours, local_files_only=True)  # a normlab-class export: the stock class
+c = AutoTokenizer.from_pretrained(ours, local_files_only=True, trust_remote_code=False)
+print(json.dumps({"classes": [type(t).__name__ for t in (a, b, c)], "ids": [t("To bé")["input_ids"] for t in (a, b, c)]}))
+"""
+
+
+def test_export_writes_the_stock_class_where_exact_and_a_tokenizer_that_asks_no_trust(corpus, tmp_path, capsys):
+    """`normlab export` (auto): a pre run as transformers' LlamaForCausalLM (no code in the folder), a peri run as the
+    normlab class (no stock class computes it); --arch normlab on pre says llama is exact. Both tokenizers are stock
+    files that load without a trust question, byte-exact with normlab's byte tokenizer on any bytes."""
+    import json
+    import random
+
+    from normlab.cli import main
+    from normlab.data import ByteTokenizer
+    from normlab.hf.tokenizer import to_hf_tokenizer
+    from normlab.train import train
+    from tests.helpers import small
+
+    for layout in ("pre", "peri"):
+        train(small(corpus, tmp_path / layout, layout=layout, steps=2, eval_every=0, probe_every=0))
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "pre"), str(tmp_path / "e-pre")]) == 0
+    out = capsys.readouterr().out
+    assert "(llama: transformers' own llama class computes layout pre exactly: no custom code)" in out
+    assert f"load: AutoModelForCausalLM.from_pretrained({str(tmp_path / 'e-pre')!r})" in out
+    assert json.loads((tmp_path / "e-pre" / "config.json").read_text())["model_type"] == "llama"
+    assert not (tmp_path / "e-pre" / "modeling_normlab.py").exists()
+    assert main(["export", str(tmp_path / "peri"), str(tmp_path / "e-peri")]) == 0
+    out = capsys.readouterr().out
+    assert "(normlab: no transformers class computes layout peri" in out and "trust_remote_code=True" in out
+    assert "tokenizer: PreTrainedTokenizerFast.from_pretrained(" in out
+    assert main(["export", str(tmp_path / "pre"), str(tmp_path / "e-forced"), "--arch", "normlab"]) == 0
+    assert "--arch llama needs no custom code" in capsys.readouterr().out
+    for folder in ("e-pre", "e-peri"):
+        config = json.loads((tmp_path / folder / "tokenizer_config.json").read_text())
+        assert config["tokenizer_class"] == "PreTrainedTokenizerFast" and "auto_map" not in config
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRUST_REMOTE_CODE"} | {"HF_HUB_OFFLINE": "1"}
+    res = subprocess.run([sys.executable, "-c", TOKENIZER_CHECK, str(tmp_path / "e-pre"), str(tmp_path / "e-peri")],
+                         capture_output=True, text=True, stdin=subprocess.DEVNULL, env=env, timeout=300)
+    assert res.returncode == 0 and "Do you wish to run the custom code" not in res.stdout + res.stderr, res.stderr[-2000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got["ids"] == [list("To bé".encode())] * 3
+    # byte-exact: any byte sequence (invalid UTF-8 included) decodes as normlab decodes it; any text encodes alike
+    ours, hf = ByteTokenizer(), to_hf_tokenizer(ByteTokenizer(), 64)
+    rng = random.Random(0)
+    pool = [0x41, 0x80, 0xBF, 0xC0, 0xC2, 0xE0, 0xED, 0xF0, 0xF4, 0xFF, 0x00]
+    samples = [[rng.choice(pool) for _ in range(rng.randint(0, 10))] for _ in range(500)]
+    samples += [[rng.randint(0, 255) for _ in range(rng.randint(0, 10))] for _ in range(500)]
+    samples += [list(b"\xed\xa0\x80"), list(b"\xf4\x90\x80\x80"), list(b"a\xe2\x82"), list(b"\xc0\xaf")]
+    for ids in samples:
+        assert hf.decode(ids) == ours.decode(ids), bytes(ids)
+        text = bytes(i for i in ids if i).decode("utf-8", errors="replace") + " é€😀\t\n"
+        assert hf(text)["input_ids"] == ours.encode(text), text

@@ -406,7 +406,7 @@ def test_learned_scales_are_not_weight_decayed():
     assert id(b.attn.gate_proj.weight) in decayed
 
 
-def test_convert_a_pre_run_to_peri_then_train_from_it(corpus, tmp_path, capsys):
+def test_convert_a_pre_run_to_peri_then_train_from_it(corpus, tmp_path, capsys, monkeypatch):
     """The seeds' migration: keep every weight, add output norms (gamma 1) and the embedding norm; the KL of the
     next-token distributions is reported (> 0: the function changed); training continues with --init-from.
     A gamma -> centered gain change is exact (KL 0)."""
@@ -432,6 +432,23 @@ def test_convert_a_pre_run_to_peri_then_train_from_it(corpus, tmp_path, capsys):
     assert exact.rewritten and set(exact.rewritten.values()) == {"gamma -> centered: w = gamma - 1"}
     assert main(["convert", str(tmp_path / "pre"), "--layout", "peri", "--out", str(tmp_path / "cli")]) == 0
     assert "KL(old || new)" in capsys.readouterr().out
+    # no --out: a printed default, as train's; the "continue with" line is a whole command that runs as printed
+    import shlex
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["convert", "pre", "--layout", "peri"]) == 0
+    out = capsys.readouterr().out
+    assert "normlab convert: no --out given: the converted weights go to runs/pre-peri" in out
+    command = shlex.split(out.split("continue with: ")[1].splitlines()[0])
+    assert command[:2] == ["normlab", "train"] and "..." not in command
+    assert command[command.index("--size") + 1] == "nano" and command[command.index("--out") + 1] == "runs/pre-peri-train"
+    assert main(command[1:]) == 0 and "runs/pre-peri-train: ok" in capsys.readouterr().out
+    # --init-from without --size: the source's recorded size and layout, not a tiny model's missing keys
+    assert main(["train", "--init-from", "runs/pre-peri", "--data", str(corpus), "--steps", "2", "--seq-len", "32",
+                 "--batch-size", "8", "--eval-every", "0", "--no-progress", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "--init-from runs/pre-peri: its recorded shape (size=nano, layout=attn=AB,mlp=AB,emb,final)" in out
+    assert "normlab train: no --out given: the run goes to runs/attn_AB_mlp_AB_emb_final-nano" in out
 
 
 def test_convert_layernorm_pre_ln_to_rmsnorm_exactly(corpus, tmp_path):

@@ -60,3 +60,16 @@ def test_show_prints_what_build_model_reports(layout, size, opts, capsys):
     normlab.build_model(layout, size, verbose=True, **opts)
     built = capsys.readouterr().out.strip()
     assert describe(layout, size, **opts) == built  # analytic counts equal the measured ones
+
+
+def test_an_unknown_flag_names_the_closest_of_the_commands_own_flags(capsys):
+    """difflib over the command's flags and the words of their help (--learning-rate: lr's "peak learning rate"),
+    and the command's own help, not the top level's; exit status 2."""
+    for argv, said in ((["train", "--learning-rate", "3e-3"], "unrecognized arguments: --learning-rate 3e-3 (did you mean --lr?)"),
+                       (["convert", "run", "--layot", "peri"], "unrecognized arguments: --layot peri (did you mean --layout?)"),
+                       (["report", "r", "--bogus"], "unrecognized arguments: --bogus (see normlab report --help)")):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and err.startswith(f"normlab {argv[0]}: error: ") and said in err, err
+        assert f"(see normlab {argv[0]} --help)" in err and len(err.strip().splitlines()) == 1

@@ -178,3 +178,35 @@ def test_new_sites_round_trip_and_resolve():
     assert [b.attn_inner.gate for b in blocks] == [True, False, False]
     assert [b.mlp.hidden for b in blocks] == [False, False, True]
     assert "mlp.H" in parse_layout("pre,[-1:]mlp=AH").sites_on()
+
+
+# every layout option, as a key and a value: the grammar's KEY=VALUE tokens and its on/off tokens
+LAYOUT_OPTIONS_GIVEN = [("alpha", "admin"), ("alpha", "deepnorm"), ("alpha", "0.5"), ("h", "0.5"), ("h", "1"),
+                        ("norm", "dyt"), ("norm", "layer"), ("init", "deepnorm"), ("init", "none"), ("inner", "full"),
+                        ("gain", "centered"), ("norm.B", "dyt"), ("norm.q+k", "l2"), ("gain.q+k", "none"),
+                        ("alpha0.mlp.A", "0.3"), ("attn", "AC"), ("mlp", "B"), ("[0:1]mlp", "A"), ("emb", "true"),
+                        ("final", "false"), ("qk", "true"), ("lns", "true"), ("h-scalar", "true"),
+                        ("h-channel", "true"), ("frozen-out", "true"), ("emb-scale", "true"), ("qk-rope", "true")]
+
+
+@pytest.mark.parametrize("key,value", LAYOUT_OPTIONS_GIVEN, ids=[f"{k}={v}" for k, v in LAYOUT_OPTIONS_GIVEN])
+def test_a_layout_option_has_one_answer_through_every_entry_point(key, value, tmp_path):
+    """--layout 'peri,TOKEN', --set layout.KEY=VALUE, a TOML [layout] table and a sweep grid axis layout.KEY all
+    read the option with the layout grammar: one Layout, one label (issue 37: layout.alpha=admin was refused)."""
+    from normlab.cli import build_parser, train_config_from_args
+    from normlab.experiments.sweep import SweepConfig
+
+    base = "peri,norm=dyt" if key.startswith("alpha0") else "peri,qk" if ".q+k" in key else "peri"
+    token = {"true": key, "false": "-final"}.get(value, f"{key}={value}")  # the string form, written by hand
+    parse = build_parser().parse_args
+    by_string = train_config_from_args(parse(["train", "--layout", f"{base},{token}"])).model.layout
+    by_set = train_config_from_args(parse(["train", "--layout", base, "--set", f"layout.{key}={value}"])).model.layout
+    toml = tmp_path / "run.toml"
+    literal = value if value in ("true", "false") or value.replace(".", "").isdigit() else f'"{value}"'
+    toml.write_text(f'[model]\nlayout = "{base}"\n[layout]\n"{key}" = {literal}\n')
+    by_toml = train_config_from_args(parse(["train", "--config", str(toml)])).model.layout
+    grid = {"layout": [base], f"layout.{key}": [{"true": True, "false": False}.get(value, value)]}
+    spec = SweepConfig(name="one", base={"size": "nano"}, grid=grid).expand()[0]
+    by_grid = spec.train_config("unused").model.layout
+    assert by_string == by_set == by_toml == by_grid
+    assert by_set.name == by_toml.name == f"{base},{token}"

@@ -127,7 +127,7 @@ class ConvertConfig:
     """`normlab convert`'s settings."""
 
     layout: str | None = setting(None, "the new layout (preset or string form), e.g. peri; required")
-    out: str | None = setting(None, "output folder (new or empty); required")
+    out: str | None = setting(None, "output folder, new or empty (none: runs/SOURCE-LAYOUT, printed)")
     seed: int = setting(0, "seed of the new sites' init", check=nonneg)
     unit_gamma: bool = setting(False, "new output and embedding norms start at gamma 1 instead of the RMS of what "
                                "they normalize in the old model")

@@ -46,11 +46,11 @@ from normlab.config.engine import (
 )
 from normlab.errors import ConfigError, LayoutError
 from normlab.layout import Layout, parse_layout
+from normlab.layout.spec import check_option
+from normlab.layout.spec import edit_layout as spec_edit_layout
 from normlab.model.config import POSITIONS, SIZES, ModelConfig, get_size
 
 WD_EXCLUDABLE = ("norms", "biases", "embeddings")
-# layout.NAME keys: the option's name -> the Layout field it sets
-LAYOUT_OPTIONS = {"h": "h", "norm": "norm", "alpha": "alpha", "init": "init", "inner": "inner_span"}
 SEED_LIMIT = 2**32  # numpy's generators take seeds below 2^32
 
 
@@ -211,9 +211,7 @@ def resolve_key(key: str) -> tuple[str, str]:
         raise ConfigError(f"a setting key must be a non-empty string, got {key!r}")
     head, dot, rest = key.partition(".")
     if dot:
-        if head == "layout":
-            if rest not in LAYOUT_OPTIONS:
-                raise ConfigError(f"{key}: layout options are {', '.join('layout.' + o for o in LAYOUT_OPTIONS)}")
+        if head == "layout":  # any token of the layout grammar (layout/spec.py), checked by it
             return "layout", rest
         if head == "model":
             if rest in LEAVES and LEAVES[rest].section == "model" and rest != "options":
@@ -462,26 +460,11 @@ def _layout_value(value: Any) -> Layout:
 
 
 def edit_layout(layout: Layout, edits: Mapping[str, Any]) -> Layout:
-    """Set layout options on the Layout (h, norm, alpha, init, inner); the label records the edit so that
-    it reads back as the same Layout (`peri` with h=0.5 is labelled `peri,h=0.5`)."""
-    label = layout.name or layout.to_string()
-    changes = {}
-    for name, value in edits.items():
-        target = LAYOUT_OPTIONS[name]
-        value = typed_value(f"layout.{name}", value)  # numbers given as text are read as numbers
-        if target in ("h",) or (target == "alpha" and not (isinstance(value, str) and value == "deepnorm")):
-            value = coerce(f"layout.{name}", value, float)
-        elif isinstance(value, str):
-            value = None if target == "init" and value.lower() in ("none", "null") else value
-        elif value is not None:
-            raise ConfigError(f"layout.{name}: expected a string, got {value!r}")
-        changes[target] = value
-        original = edits[name]
-        label += f",{name}={'none' if value is None else original if isinstance(original, str) else repr(original)}"
-    edited = replace(layout, **changes, name=None)
-    if parse_layout(label) != edited:  # the label must describe the edited layout exactly
-        label = edited.to_string()
-    return replace(edited, name=label)
+    """Layout options (``layout.h``, ``layout.alpha``, ``layout.norm.B``, ...) appended to the layout's string as
+    tokens of the layout grammar and parsed with it (`normlab.layout.spec.edit_layout`): one parser for
+    ``--layout``, ``--set layout.X``, a TOML ``[layout]`` table and a sweep axis. Labelled by that string
+    (``peri`` with h=0.5 is ``peri,h=0.5``)."""
+    return spec_edit_layout(layout.name or layout.to_string(), {k: typed_value(f"layout.{k}", v) for k, v in edits.items()})
 
 
 def typed_value(key: str, value: Any, from_text: bool = False) -> Any:
@@ -490,16 +473,15 @@ def typed_value(key: str, value: Any, from_text: bool = False) -> Any:
     kind, name = resolve_key(key)
     if kind == "model":
         return _model_option(key, name, value, from_text)
-    if kind == "layout":
-        if isinstance(value, str) and value != "deepnorm" and name in ("h", "alpha"):
+    if kind == "layout":  # numbers given as text read as numbers (a sweep id spells 0.5 one way); the grammar checks
+        if isinstance(value, str):
             for parse in (int, float):
                 try:
                     value = parse(value)
                     break
                 except ValueError:
                     pass
-        if name in ("h", "alpha") and value != "deepnorm":
-            coerce(key, value, float)  # checked; the number keeps its spelling (1, not 1.0)
+        check_option(name, value)
         return value
     if name == "layout":
         if not isinstance(value, (str, Layout)):

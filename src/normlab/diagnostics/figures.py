@@ -26,24 +26,65 @@ from normlab.pages import panels as _grid
 from normlab.pages import plt
 
 
-def _ema(y: np.ndarray, alpha: float = 0.1) -> np.ndarray:
-    out, acc = np.empty_like(y, dtype=float), None
-    for i, v in enumerate(y):
-        acc = v if acc is None or not math.isfinite(acc) else alpha * v + (1 - alpha) * acc
-        out[i] = acc
-    return out
+def _trailing_mean(y: np.ndarray, window: int = 10) -> np.ndarray:
+    """The mean of the last ``window`` values at each point: the curve ends at the summary's final loss (the
+    trainer's mean of the last 10 finite losses)."""
+    c = np.concatenate([[0.0], np.cumsum(y, dtype=float)])
+    i = np.arange(1, len(y) + 1)
+    lo = np.maximum(0, i - window)
+    return (c[i] - c[lo]) / (i - lo)
+
+
+def finite_steps(tab) -> list[int]:  # noqa: ANN001 - a step x layer DataFrame
+    """The steps of a step x layer table whose every value is finite (a diverged run's last probes are not)."""
+    return [int(st) for st in tab.index if np.all(np.isfinite(tab.loc[st].to_numpy(dtype=float)))]
+
+
+def _when(step: int, last: int, diverged: int | None) -> str:
+    """A legend's or title's note on the step a panel shows: the last probe's, or the last finite one's."""
+    if step == last:
+        return f"step {step}"
+    why = f"diverged at step {diverged}" if diverged is not None else f"non-finite at step {last}"
+    return f"step {step}, the last finite probe; {why}"
+
+
+def _not_drawn(ax, name: str, why: str) -> None:  # noqa: ANN001 - an Axes
+    """A legend entry for a run with nothing finite to draw, saying so (a legend never lists an invisible line)."""
+    ax.plot([], [], ls="none", label=f"{name}: not drawn ({why})")
 
 
 def fig_loss(runs: list[Run], names: list[str]):  # noqa: ANN201
+    """Every run's loss and gradient norm to its last finite step; a diverged run's end marked with an X."""
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
     for run, name in zip(runs, names):
         m = run.metrics
-        line, = a.plot(m.step, _ema(m.loss.to_numpy()), label=f"{name} train (EMA)")
+        steps, loss = m.step.to_numpy(), m.loss.to_numpy(dtype=float)
+        ok = np.isfinite(loss)
+        diverged = run.summary.get("status") == "diverged"
+        if not ok.any():
+            _not_drawn(a, name, f"no finite loss; diverged at step {run.summary.get('diverged_step')}" if diverged
+                       else "no finite loss")
+            continue
+        line, = a.plot(steps[ok], _trailing_mean(loss[ok]), label=f"{name} train (mean of 10 steps)")
+        color = line.get_color()
+        a.plot(steps[ok], loss[ok], lw=0.6, alpha=0.35, color=color)  # the raw losses the summary averages
         if "val_loss" in m:
-            v = m.dropna(subset=["val_loss"])
-            a.plot(v.step, v.val_loss, "o--", color=line.get_color(), ms=4, label=f"{name} val")
-        b.plot(m.step, m.grad_norm, lw=0.8, label=name)
-    a.set(title="Loss", xlabel="step", ylabel="cross-entropy (nats/token)")
+            v = m[np.isfinite(m.val_loss.to_numpy(dtype=float))]
+            if len(v):
+                a.plot(v.step, v.val_loss, "o--", color=color, ms=4, label=f"{name} val")
+        g = m.grad_norm.to_numpy(dtype=float)
+        gok = np.isfinite(g) & (g > 0)
+        b.plot(steps[gok], g[gok], lw=0.8, color=color, label=name)
+        if diverged:
+            at = run.summary.get("diverged_step")
+            a.scatter([steps[ok][-1]], [loss[ok][-1]], marker="X", s=90, color=color, zorder=5,
+                      label=f"{name} diverged at step {at}")
+            if gok.any():
+                b.scatter([steps[gok][-1]], [g[gok][-1]], marker="X", s=90, color=color, zorder=5)
+    broke = any(run.summary.get("status") == "diverged" for run in runs)
+    a.set(title="Loss (faint: each step; X: a diverged run's last finite step)" if broke else "Loss (faint: each step)",
+          xlabel="step",
+          ylabel="cross-entropy (nats/token)")
     b.set(title="Gradient norm (pre-clip)", xlabel="step", ylabel="global L2 norm", yscale="log")
     _legend(a, fontsize=8)
     _legend(b, fontsize=8)
@@ -58,11 +99,21 @@ def fig_depth(runs: list[Run], names: list[str], metric: str, label: str):  # no
         if tab.empty:
             ax.set_title(f"{name}: no probes")
             continue
-        steps = tab.index.to_list()
+        # the probes with something finite to draw; a line that turns non-finite stops where it did (an X)
+        steps = [int(st) for st in tab.index if np.isfinite(tab.loc[st].to_numpy(dtype=float)).any()]
+        if not steps:
+            ax.set_title(f"{name}: no finite probe")
+            continue
         pick = sorted({steps[0], steps[len(steps) // 2], steps[-1]} | ({steps[len(steps) // 4]} if len(steps) > 4 else set()))
         colors = plt.cm.viridis(np.linspace(0, 0.9, len(pick)))
+        layers = tab.columns.astype(int).to_numpy()
         for c, st in zip(colors, pick):
-            ax.plot(tab.columns.astype(int), tab.loc[st].to_numpy(dtype=float), "o-", ms=3, color=c, label=f"step {st}")
+            y = tab.loc[st].to_numpy(dtype=float)
+            ok = np.isfinite(y)
+            note = "" if ok.all() else f" (non-finite from layer {int(layers[~ok][0])})"
+            ax.plot(layers[ok], y[ok], "o-", ms=3, color=c, label=f"step {st}{note}")
+            if not ok.all():
+                ax.scatter([layers[ok][-1]], [y[ok][-1]], marker="X", s=60, color=c, zorder=5)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set(title=f"{name}: {label} by depth", xlabel="layer (0 = embedding output)", ylabel=label, yscale="log")
         if metric == "max_abs":
@@ -76,24 +127,49 @@ def _layer_grad(run: Run) -> "object":
     df = run.probes[(run.probes.metric == "grad_norm") & run.probes.site.str.contains("_proj")]
     if df.empty:
         return None
-    g = df.assign(sq=df.value**2).groupby(["step", "layer"]).sq.sum().pow(0.5)
+    # a non-finite matrix gradient makes its block's norm non-finite (pandas' sum would skip it: a 0 on a log axis)
+    g = df.assign(sq=df.value**2).groupby(["step", "layer"]).sq.agg(lambda v: float(np.sum(v.to_numpy()))).pow(0.5)
     return g.unstack("layer")
 
 
+def _layer_line(ax, x: np.ndarray, y: np.ndarray, label: str, color: object = None):  # noqa: ANN001, ANN202
+    """One run's values by block on a log axis; a block whose value is 0 (an fp16 gradient that underflowed)
+    is drawn as a triangle at the bottom of the axes and counted in the label, never dropped unseen."""
+    zero = y <= 0
+    note = f"; 0 in {int(zero.sum())} of {len(y)} blocks (▼ at the bottom)" if zero.any() else ""
+    line, = ax.plot(x[~zero], y[~zero], "o-", ms=3, color=color, label=label + note)
+    if zero.any():
+        ax.plot(x[zero], np.full(int(zero.sum()), 0.01), "v", ms=6, color=line.get_color(),
+                transform=ax.get_xaxis_transform(), clip_on=False)
+    return line
+
+
 def fig_grad_by_layer(runs: list[Run], names: list[str]):  # noqa: ANN201
+    """At the first and the last probe whose every block's gradient was finite: a run that diverged before
+    its last probe is drawn at its last finite one, and its legend entry says so."""
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
     for run, name in zip(runs, names):
         g = _layer_grad(run)
         if g is None:
             continue
-        a.plot(g.columns.astype(int), g.iloc[0].to_numpy(dtype=float), "o-", ms=3, label=name)
-        b.plot(g.columns.astype(int), g.iloc[-1].to_numpy(dtype=float), "o-", ms=3, label=f"{name} (step {g.index[-1]})")
+        finite = finite_steps(g)
+        if not finite:
+            for ax in (a, b):
+                _not_drawn(ax, name, "no probe with finite gradients")
+            continue
+        x = g.columns.astype(int).to_numpy()
+        line = _layer_line(a, x, g.loc[finite[0]].to_numpy(dtype=float),
+                           name if finite[0] == g.index[0] else f"{name} (step {finite[0]})")
+        when = _when(finite[-1], int(g.index[-1]), run.summary.get("diverged_step"))
+        if finite[-1] == g.index[-1] and g.index[-1] < run.probes.step.max():  # a monitor's final probe: no gradients
+            when += f", the last probe with gradients (step {int(run.probes.step.max())} has none)"
+        _layer_line(b, x, g.loc[finite[-1]].to_numpy(dtype=float), f"{name} ({when})", line.get_color())
     for ax in (a, b):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     a.set(title="Gradient norm by layer at initialization", xlabel="block", ylabel="||dL/dW|| over the block's matrices", yscale="log")
     b.set(title="Gradient norm by layer at the end", xlabel="block", yscale="log")
-    _legend(a, fontsize=8)
-    _legend(b, fontsize=8)
+    for ax in (a, b):  # below the panels: the notes on the steps shown are long
+        _legend(ax, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2))
     fig.tight_layout()
     return fig
 
@@ -104,9 +180,13 @@ def fig_top100(runs: list[Run], names: list[str]):  # noqa: ANN201
         lo, hi = run.probe("global", "top100_min"), run.probe("global", "top100_max")
         if lo.empty:
             continue
-        x = lo.index.to_numpy()
-        line, = ax.plot(x, hi.iloc[:, 0].to_numpy(dtype=float), label=f"{name} (top-100 band)")
-        ax.fill_between(x, lo.iloc[:, 0].to_numpy(dtype=float), hi.iloc[:, 0].to_numpy(dtype=float), color=line.get_color(), alpha=0.25)
+        x, top, low = lo.index.to_numpy(), hi.iloc[:, 0].to_numpy(dtype=float), lo.iloc[:, 0].to_numpy(dtype=float)
+        ok = np.isfinite(top) & np.isfinite(low)
+        if not ok.any():
+            _not_drawn(ax, name, "no finite probe")
+            continue
+        line, = ax.plot(x[ok], top[ok], label=f"{name} (top-100 band)")
+        ax.fill_between(x[ok], low[ok], top[ok], color=line.get_color(), alpha=0.25)
         brk = run.summary.get("forensics") or {}
         if (brk.get("forward") or {}).get("kind") == "overflow":  # where the stored activations overflowed
             ax.scatter([brk["step"]], [brk.get("limit") or FP16_MAX], marker="X", s=120, color=line.get_color(),
@@ -119,19 +199,41 @@ def fig_top100(runs: list[Run], names: list[str]):  # noqa: ANN201
 
 
 def fig_angular(runs: list[Run], names: list[str]):  # noqa: ANN201
+    """The layer x layer matrix at the last probe where it is finite; for a run that recorded only the
+    distance to the next layer (`TrainingMonitor`, `StreamProbe`), that distance by depth."""
     fig, axes = _grid(len(runs), 4.0, 3.6)
     for ax, run, name in zip(axes, runs, names):
         df = run.probes[run.probes.site.str.startswith("angular:") & (run.probes.metric == "angular_distance")]
         if df.empty:
-            ax.set_title(f"{name}: no probes")
+            nxt = run.probe("stream", "angular_next")
+            finite = finite_steps(nxt) if not nxt.empty else []
+            if not finite:
+                ax.set_title(f"{name}: no angular probes")
+                ax.set_axis_off()
+                continue
+            colors = plt.cm.viridis(np.linspace(0, 0.9, min(3, len(finite))))
+            for c, st in zip(colors, sorted({finite[0], finite[len(finite) // 2], finite[-1]})):
+                ax.plot(nxt.columns.astype(int), nxt.loc[st].to_numpy(dtype=float), "o-", ms=3, color=c, label=f"step {st}")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.set(title=f"{name}: angular distance, layer l to l+1", xlabel="layer l", ylabel="arccos(cos)/π", ylim=(0, None))
+            _legend(ax, fontsize=8)
             continue
-        last = df[df.step == df.step.max()]
+        steps = sorted(int(st) for st in df.step.unique())
+        finite = [st for st in steps if np.isfinite(df[df.step == st].value.to_numpy(dtype=float)).all()]
+        if not finite:
+            ax.set_title(f"{name}: no finite angular probe")
+            ax.set_axis_off()
+            continue
+        last = df[df.step == finite[-1]]
         n = int(last.layer.max()) + 1
         mat = np.zeros((n, n))
         for _, r in last.iterrows():
             mat[int(r.layer), int(r.site.split(":")[1])] = r.value
         im = ax.imshow(mat, vmin=0, vmax=0.5, cmap="magma_r", origin="lower")
-        ax.set(title=f"{name}: angular distance, last token (step {int(last.step.max())})", xlabel="layer", ylabel="layer")
+        when = _when(finite[-1], steps[-1], run.summary.get("diverged_step"))
+        ax.set(title=f"{name}: angular distance, last token\n({when})", xlabel="layer", ylabel="layer")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(False)
         fig.colorbar(im, ax=ax, fraction=0.046, label="arccos(cos)/π")
     fig.tight_layout()
@@ -176,8 +278,16 @@ def fig_attention(runs: list[Run], names: list[str]):  # noqa: ANN201
         tab = run.probe("attn", "max_logit")
         if tab.empty:
             continue
-        a.plot(tab.index, tab.max(axis=1).to_numpy(dtype=float), "o-", ms=3, label=name)
-        b.plot(tab.columns.astype(int), tab.iloc[-1].to_numpy(dtype=float), "o-", ms=3, label=f"{name} (step {tab.index[-1]})")
+        top = tab.max(axis=1).to_numpy(dtype=float)
+        ok = np.isfinite(top)
+        line, = a.plot(tab.index[ok], top[ok], "o-", ms=3, label=name)
+        finite = finite_steps(tab)
+        if not finite:
+            _not_drawn(b, name, "no probe with finite logits")
+            continue
+        when = _when(finite[-1], int(tab.index[-1]), run.summary.get("diverged_step"))
+        b.plot(tab.columns.astype(int), tab.loc[finite[-1]].to_numpy(dtype=float), "o-", ms=3, color=line.get_color(),
+               label=f"{name} ({when})")
     a.set(title="Attention: largest logit over layers", xlabel="step", ylabel="max q·k/√d")
     b.set(title="Attention: max logit by layer at the end", xlabel="block", ylabel="max q·k/√d")
     b.xaxis.set_major_locator(MaxNLocator(integer=True))

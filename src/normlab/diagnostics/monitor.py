@@ -173,6 +173,8 @@ class TrainingMonitor:
         self._shares = False
         self.spikes: list[dict[str, Any]] = []
         self.last_loss = math.nan
+        self.last_step: int | None = None  # the last step recorded, and whether close() still owes it a probe
+        self._probed_last = False
         label = name or type(model).__name__
         self.run.write_record({"config": {"layout": label, "source": "normlab.diagnostics.monitor"},
                                "blocks": f"{self.block_path} ({len(self.blocks)})", "every": every,
@@ -216,6 +218,7 @@ class TrainingMonitor:
         self.metrics_file.write(json.dumps(row) + "\n")
         threshold = self.spike.threshold(self.history) if self.spike else None
         spiked = threshold is not None and math.isfinite(loss) and loss > threshold
+        self.last_step, self._probed_last = step, step % self.every == 0
         if spiked or step % self.every == 0:
             self.writer.write(grads + self._probe_rows(step))
         if spiked:
@@ -284,8 +287,12 @@ class TrainingMonitor:
             f.write(json.dumps(record) + "\n")
 
     def close(self) -> dict[str, Any]:
-        """Stop hooking the model; write summary.json (status ok, final loss, spikes) and close the files."""
+        """Stop hooking the model; probe the final weights (at the last step + 1, as normlab's trainer probes after
+        its last update) unless the last step was probed; write summary.json (status ok, final loss, spikes) and
+        close the files."""
         self._hook.remove()
+        if self.last_step is not None and not self._probed_last:
+            self.writer.write(self._probe_rows(self.last_step + 1))
         self.metrics_file.close()
         self.writer.close()
         summary = {"status": "ok" if math.isfinite(self.last_loss) else "diverged", "final_loss": self.last_loss,

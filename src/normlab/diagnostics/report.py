@@ -9,6 +9,7 @@ file (`normlab.pages`).
 from __future__ import annotations
 
 import html
+import math
 from pathlib import Path
 
 import numpy as np
@@ -22,29 +23,96 @@ from normlab.runs.evals import headline_scores
 
 
 def _names(runs: list[Run]) -> list[str]:
+    """Each run's layout name; where two runs share one, the shortest tail of their paths that tells them apart."""
     names = [r.name for r in runs]
-    return [f"{n} ({r.path.name})" if names.count(n) > 1 else n for n, r in zip(names, runs)]
+    out = []
+    for n, r in zip(names, runs):
+        if names.count(n) == 1:
+            out.append(n)
+            continue
+        twins = [o.path.parts for m, o in zip(names, runs) if m == n and o is not r]
+        parts = r.path.parts
+        k = next((k for k in range(1, len(parts) + 1) if all(t[-k:] != parts[-k:] for t in twins)), len(parts))
+        tail = "/".join(parts[-k:])
+        out.append(n if tail == n else f"{n} ({tail})")
+    return out
+
+
+def _layout(run: Run) -> str:
+    """The run's layout string (a normlab run's config.json), or the label its summary or monitor recorded."""
+    return run.config.get("layout") or run.summary.get("layout") or (run.config.get("config") or {}).get("layout") or ""
+
+
+def _steps(run: Run) -> int | None:
+    """Optimizer steps logged: the summary's count, else (a TrainingMonitor folder) the metrics' rows."""
+    return run.summary.get("steps") if run.summary.get("steps") is not None else (len(run.metrics) or None)
+
+
+def _status(run: Run) -> str:
+    s = run.summary
+    status = s.get("status") or ("unfinished" if not s else "?")
+    return f"diverged at step {s['diverged_step']}" if status == "diverged" and s.get("diverged_step") is not None else status
+
+
+def _global(run: Run, metric: str) -> dict[int, float]:
+    """A model-level probe (the residual stream's top-100 band, max/median, ...) by step."""
+    p = run.probes
+    at = p[(p.site == "global") & (p.metric == metric)] if len(p) else p
+    return {int(st): float(v) for st, v in zip(at.step, at.value)} if len(at) else {}
+
+
+def activation_facts(run: Run) -> dict:
+    """The largest activation of a run against the FP16 limit, as the summary table shows it: the run's
+    largest |x| (its summary's, or the probes' for a monitor folder), and the headroom 65504 / max |x|;
+    a run whose activations overflowed (the forensic re-run found an overflow, or a probe was not finite)
+    says so, with the last finite probe's max instead of a headroom."""
+    s = run.summary
+    tops = _global(run, "max_abs")
+    finite = {st: v for st, v in tops.items() if math.isfinite(v)}
+    largest = s.get("max_activation")
+    if not isinstance(largest, (int, float)) and finite:
+        largest = max(finite.values())
+    forward = (s.get("forensics") or {}).get("forward") or {}
+    broken = [st for st, v in tops.items() if not math.isfinite(v)]
+    last = max(finite) if finite else None
+    before = f"; last finite max {finite[last]:.4g} (step {last})" if last is not None else ""
+    if forward.get("kind") == "overflow":
+        headroom = f"overflowed (step {s['forensics'].get('step')}){before}"
+    elif broken:
+        headroom = f"non-finite (step {min(broken)}){before}"
+    elif isinstance(largest, (int, float)) and largest > 0:
+        headroom = FP16_MAX / largest
+    else:
+        headroom = None
+    ratio = _global(run, "max_median_ratio")
+    ratio = {st: v for st, v in ratio.items() if math.isfinite(v)}
+    return {"max |x| in run": largest, "FP16 headroom": headroom,
+            "max/median": ratio[max(ratio)] if ratio else None}
 
 
 def summary_rows(runs: list[Run], names: list[str]) -> list[dict]:
+    """One row per run, from its summary (status, steps, losses, spikes, first break) and its probes where the
+    summary has no entry (a TrainingMonitor folder); the columns are explained under the table."""
     rows = []
     for run, name in zip(runs, names):
-        s, p = run.summary, run.probes
-        last = p[(p.site == "global") & (p.step == p.step.max())] if len(p) else p
-        get = lambda metric: (last[last.metric == metric].value.iloc[0] if len(last[last.metric == metric]) else float("nan"))  # noqa: E731
+        s = run.summary
         rows.append({
-            "run": name, "layout": run.config.get("layout", ""), "status": s.get("status", "?"),
-            "diverged at": s.get("diverged_step"), "steps": s.get("steps"),
+            "run": name, "layout": _layout(run), "status": _status(run), "steps": _steps(run),
             "final loss": s.get("final_loss"), "val loss": s.get("final_val_loss"),
-            "first break": s.get("first_break") or "-", "activations": s.get("activation_dtype", "fp32"),
-            "max |x| in run": s.get("max_activation"),
-            "max |h| (last probe)": get("max_abs"), "FP16 headroom": get("fp16_headroom"),
-            "max/median": get("max_median_ratio"),
-            "spikes (loss/grad)": f"{s.get('loss_spikes', 0)}/{s.get('grad_spikes', 0)}",
+            "activations": s.get("activation_dtype") or "-", **activation_facts(run),
+            "spikes (loss/grad)": f"{s.get('loss_spikes', s.get('spikes', 0))}/{s.get('grad_spikes', 0)}",
+            "first break": s.get("first_break") or "-",
             **headline_scores(run.evals),
         })
     keys = list(dict.fromkeys(k for r in rows for k in r))  # runs evaluated on different tasks: one column set
     return [{k: r.get(k) for k in keys} for r in rows]
+
+
+SUMMARY_NOTE = ("final loss: the mean of the last 10 finite training losses (a diverged run's, before it broke; a "
+                "TrainingMonitor folder's: its last loss); "
+                "max |x| in run: the largest finite |activation| the probes (and a diverged run's forensic re-run) saw; "
+                "FP16 headroom: 65504 / max |x|, or where the activations overflowed, the last finite probe's max; "
+                "max/median: the residual stream's largest |activation| over its median at the last finite probe.")
 
 
 def _last_layer_variance(runs: list[Run]) -> tuple[int, list[float]] | None:
@@ -179,5 +247,6 @@ def make_report(run_dirs: list[str | Path], out: str | Path) -> Path:
     reading = "".join(f"<li>{html.escape(line)}</li>" for line in reading_lines(runs, names))
     body = (f"<h1>normlab report</h1>\n<p>Runs: {', '.join(f'<code>{html.escape(str(r.path))}</code>' for r in runs)}</p>\n"
             f'<h2 id="reading">Reading</h2><ul>{reading}</ul>\n'
-            f'<h2 id="summary">Summary</h2>{table_html(summary_rows(runs, names))}\n' + "\n".join(sections))
+            f'<h2 id="summary">Summary</h2>{table_html(summary_rows(runs, names))}\n'
+            f'<p class="note">{html.escape(SUMMARY_NOTE)}</p>\n' + "\n".join(sections))
     return write_page(out / "index.html", f"normlab report: {', '.join(names)}", body)

@@ -1,10 +1,14 @@
-"""Save any normlab model as a transformers checkpoint of the normlab class, and load it back.
+"""Save any normlab model as a transformers checkpoint of the normlab class, and load it back; `export`
+chooses between that class and transformers' own.
 
 The folder holds `config.json` (model_type "normlab", the layout string, the ModelConfig and the
 special token ids), `generation_config.json` (bos/eos/pad: `generate()` stops at end-of-text),
 `model.safetensors`, a self-contained `modeling_normlab.py` (`normlab.hf.bundle`: loads with only
-torch and transformers, what `trust_remote_code=True` runs), and the tokenizer when one is given.
-For layouts that equal a transformers architecture, `normlab.hf.save_native` writes that class instead.
+torch and transformers, what `trust_remote_code=True` runs), and the tokenizer when one is given:
+stock files (tokenizer.json, tokenizer_config.json naming `PreTrainedTokenizerFast`) that load with
+no custom code. For layouts that a transformers architecture computes exactly, `normlab.hf.save_native`
+writes that class instead, and `export(..., arch="auto")` (what `normlab export` does by default) picks it:
+custom code only where no stock class computes the placement.
 """
 
 from __future__ import annotations
@@ -48,8 +52,61 @@ def save_hf(model: NormLM, out: str | Path, tokenizer: Any = None) -> Path:
     hf.save_pretrained(out, safe_serialization=True)
     atomic_write_bytes(out / "modeling_normlab.py", bundle_source().encode())
     if tokenizer is not None:
-        tokenizer.save_pretrained(out)
+        save_tokenizer(tokenizer, out)
     return out
+
+
+def save_tokenizer(tokenizer: Any, out: Path) -> None:
+    """The tokenizer as stock transformers files: tokenizer.json and a tokenizer_config.json whose class is
+    `PreTrainedTokenizerFast` (the name every transformers version reads; 5.x writes its alias
+    TokenizersBackend, which 4.x does not know). No tokenizer code is ever needed to load it."""
+    import json
+
+    tokenizer.save_pretrained(out)
+    path = Path(out) / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    atomic_write_bytes(path, (json.dumps(config, indent=2) + "\n").encode())
+
+
+def exact_native(model: NormLM) -> list[str]:
+    """The transformers classes that compute ``model`` exactly (`normlab.hf.native`'s adapters), in registry order."""
+    from normlab.hf.native import ARCHS, NativeExportError, _export_arch
+
+    found = []
+    for arch in ARCHS:
+        try:
+            _export_arch(model, arch)
+        except NativeExportError:
+            continue
+        found.append(arch)
+    return found
+
+
+def export(model: NormLM, out: str | Path, arch: str = "auto", tokenizer: Any = None) -> tuple[Path, str, str]:
+    """Write ``model`` as a transformers folder: ``arch`` "auto" takes transformers' own class where one computes
+    the layout exactly (no trust_remote_code anywhere), else the normlab class; "normlab" or an architecture name
+    (refused with the reason where it is not exact) forces one. Returns (folder, class written, why, in words)."""
+    from normlab.hf.native import ARCHS, save_native
+
+    exact = exact_native(model)
+    layout = model.layout.label
+    if arch == "auto":
+        arch = exact[0] if exact else "normlab"
+        why = (f"transformers' own {arch} class computes layout {layout} exactly: no custom code" if exact else
+               f"no transformers class computes layout {layout} (exact: "
+               + ", ".join(f"{p} -> {a}" for a, p in ARCHS.items()) + "): the normlab class, with its code")
+    elif arch == "normlab":
+        why = "the normlab class, as asked" + (f" (transformers' {exact[0]} class computes this layout exactly: "
+                                                f"--arch {exact[0]} needs no custom code)" if exact else "")
+    else:
+        why = f"transformers' {arch} class, as asked"
+    if arch == "normlab":
+        return save_hf(model, out, tokenizer), arch, why
+    path = save_native(model, out, arch, tokenizer)
+    if tokenizer is not None:
+        save_tokenizer(tokenizer, path)
+    return path, arch, why
 
 
 def from_hf(path: str | Path) -> NormLM:

@@ -281,8 +281,46 @@ def _apply(layout: Layout, token: str) -> Layout:
         if key == "alpha":
             return replace(layout, alpha=value if value in (DEEPNORM, ADMIN) else _parse_float(value, token))
         if key == "init":
-            return replace(layout, init=value)
+            return replace(layout, init=None if value == "none" else value)
     raise LayoutError(f"unknown layout token {token!r}; valid tokens: {TOKEN_HELP}")
+
+
+def option_token(key: str, value: object) -> str:
+    """One layout option given as a key and a value (``--set layout.KEY=VALUE``, a TOML ``[layout]`` table, a
+    sweep axis ``layout.KEY``) as this grammar's token, so that every entry point reads it with one parser:
+    ``KEY=VALUE`` (``h=0.5``, ``alpha=admin``, ``norm.B=dyt``, ``init=none``), or for an on/off token (``emb``,
+    ``final``, ``qk``, ``lns``, ``h-scalar``, ...) the token itself for true and its negation for false."""
+    if not isinstance(key, str) or not key:
+        raise LayoutError(f"a layout option needs a name, got {key!r}")
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        value = value.lower() == "true"
+    if isinstance(value, bool):
+        if key not in _FLAGS and key != "qk":
+            raise LayoutError(f"layout.{key}: true/false is for the on/off tokens "
+                              f"({', '.join(t for t in (*_FLAGS, 'qk') if not t.startswith('-'))}); {key} takes a value")
+        if value:
+            return key
+        off = "-h-learned" if key.startswith("h-") else f"-{key}"
+        if off not in _FLAGS:
+            raise LayoutError(f"layout.{key}=false: {key} has no negation in the grammar; leave it out instead")
+        return off
+    text = "none" if value is None else repr(value) if isinstance(value, float) else str(value)
+    return f"{key}={text}"
+
+
+def check_option(key: str, value: object) -> str:
+    """The token of one layout option (its name and value are checked with the layout they edit, by the grammar)."""
+    token = option_token(key, value)
+    if "," in token:
+        raise LayoutError(f"layout.{key}: one option per key, got {value!r} (a comma starts another token)")
+    return token
+
+
+def edit_layout(text: str, options: dict) -> Layout:
+    """The layout ``text`` (a preset name or string form) with ``options`` appended as tokens and parsed as one
+    string: ``--set layout.alpha=admin`` on ``post`` is ``post,alpha=admin``. Named by that string."""
+    label = text + "".join("," + check_option(k, v) for k, v in options.items())
+    return replace(parse_layout(label), name=label)
 
 
 def parse_layout(text: str) -> Layout:

@@ -61,6 +61,7 @@ class Conversion:
     tokens: int = 0
     text: str = ""  # where the held-out tokens came from
     checkpoint: str = ""
+    command: str = ""  # the complete `normlab train` command that continues from the converted weights
 
     def lines(self) -> list[str]:
         out = [f"converted {self.source}: {self.old_layout} -> {self.new_layout}",
@@ -71,9 +72,28 @@ class Conversion:
         out += [f"  dropped {k}" for k in self.dropped]
         out.append(f"  change of function on {self.tokens} held-out tokens ({self.text}): KL(old || new) = "
                    f"{self.kl:.4g} nats/token, top-1 unchanged on {100 * self.top1_agreement:.1f}%")
-        out.append(f"  checkpoint: {self.checkpoint} (continue with: normlab train --init-from "
-                   f"{Path(self.checkpoint).parent.parent} --layout '{self.new_layout}' ...)")
+        out.append(f"  checkpoint: {self.checkpoint}")
+        out.append(f"  continue with: {self.command}")
         return out
+
+
+def _continue_command(cfg: dict[str, Any], folder: Path) -> str:
+    """`normlab train` from the converted weights with the source run's settings (its size, model options, data,
+    tokenizer, sequence length, optimizer) and the new layout, into FOLDER-train: the whole command, nothing elided."""
+    import shlex
+
+    from normlab.config.train import TrainConfig
+
+    settings = {k: v for k, v in cfg.items() if k not in ("init_from", "out", "resume")}
+    try:
+        train = TrainConfig.from_dict(settings, "the source run's config").with_(
+            {"init_from": str(folder), "out": f"{folder}-train"})
+    except ConfigError:  # a run written by another version: the settings that make the weights fit, at least
+        model = [x for k, v in sorted((cfg.get("model") or {}).items()) for x in ("--model", f"{k}={v}")]
+        args = ["--init-from", str(folder), "--layout", cfg["layout"], "--size", cfg["size"], *model,
+                "--out", f"{folder}-train"]
+        return "normlab train " + " ".join(shlex.quote(str(a)) for a in args)
+    return "normlab train " + " ".join(shlex.quote(a) for a in train.to_args())
 
 
 def _owner(model: torch.nn.Module, name: str) -> tuple[torch.nn.Module, str]:
@@ -299,5 +319,6 @@ def convert(source: str | Path, layout: str, out: str | Path, seed: int = 0, mat
     RunDir(folder).write_record({"config": new_cfg, "converted_from": str(source)})
     ckpt = save_checkpoint(folder, 0, {"model": new.state_dict(), "config": new_cfg}, keep_last=1)
     conv.checkpoint = str(ckpt)
+    conv.command = _continue_command(new_cfg, folder)
     atomic_write_json(folder / "convert.json", {k: v for k, v in vars(conv).items()})
     return conv
