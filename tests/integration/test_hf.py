@@ -431,7 +431,8 @@ def test_a_loss_spike_saves_its_batch_and_probes_it(tmp_path):
 
 
 def test_lightning_callback_writes_a_run_the_report_reads(tmp_path):
-    """A LightningModule around a tiny local Llama: metrics every step, probes every 3, the report draws it."""
+    """A LightningModule around a tiny local Llama: metrics every step, probes every 3 and at the end (step 6, the
+    final weights), the report draws it."""
     L = pytest.importorskip("lightning.pytorch")
     from normlab.diagnostics.lightning import NormlabLightningCallback
     from normlab.diagnostics.report import make_report
@@ -457,7 +458,7 @@ def test_lightning_callback_writes_a_run_the_report_reads(tmp_path):
               enable_model_summary=False, callbacks=[callback], default_root_dir=str(tmp_path)).fit(lit, loader)
     run = normlab.load_run(tmp_path / "lit")
     assert run.metrics.step.tolist() == list(range(6)) and run.metrics.grad_norm.gt(0).all()
-    assert sorted(run.probes.step.unique().tolist()) == [0, 3] and not run.probe("mlp_norms.input", "gamma_mean").empty
+    assert sorted(run.probes.step.unique().tolist()) == [0, 3, 6] and not run.probe("mlp_norms.input", "gamma_mean").empty
     make_report([tmp_path / "lit"], tmp_path / "report")
     assert (tmp_path / "report" / "variance_by_depth.png").exists()
 
@@ -487,3 +488,79 @@ def test_monitor_attention_logits_match_normlabs_own_probe(arch):
     assert set(rows) == set(ref)
     for key, v in ref.items():
         assert rows[key] == pytest.approx(v, rel=1e-4, abs=1e-5), (arch, key)
+
+
+def _normlm_loop(monitor, model, steps, start=0, outside=False, losses=None):  # noqa: ANN001, ANN202
+    """A nanoGPT-style loop on a NormLM called positionally; ``outside``: the loss computed outside the model."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for step in range(start, start + steps):
+        x = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(step))
+        if outside:
+            logits = model(x[:, :-1]).logits
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
+        else:
+            loss = model(x[:, :-1], targets=x[:, 1:]).loss
+        loss.backward()
+        monitor.step(step, loss=None if losses is None else losses[step])
+        opt.step()
+        opt.zero_grad()
+
+
+def test_monitor_replays_positional_calls_and_probes_the_end(tmp_path):
+    """NormLM called positionally (model(x, targets=y)): the probe replays the call as made; with every=3 over
+    steps 0..4 the probes are at 0 and 3 and at 5, the final weights."""
+    from normlab.diagnostics.monitor import TrainingMonitor
+
+    model = normlab.build_model("pre", "nano", seed=0)
+    monitor = TrainingMonitor(model, tmp_path / "m", every=3)
+    _normlm_loop(monitor, model, 5)
+    assert monitor.close()["status"] == "ok"
+    run = normlab.load_run(tmp_path / "m")
+    assert sorted(run.probes.step.unique().tolist()) == [0, 3, 5]
+    assert len(run.probe("stream", "max_abs").columns) == model.config.n_layers + 1
+    assert run.probe("stream", "max_abs").index.tolist() == [0, 3, 5]
+    grads = run.probes[run.probes.metric == "grad_norm"]
+    assert sorted(grads.step.unique().tolist()) == [0, 3]  # at the end the gradients were cleared: none recorded
+
+
+def test_monitor_without_a_loss_is_ok_and_bad_top_k_is_refused(tmp_path):
+    """A loss computed outside the model and step() without loss=: the run is ok, its losses null (not NaN);
+    top_k=-1 is refused at construction with one clear error."""
+    from normlab.diagnostics.monitor import TrainingMonitor
+
+    model = normlab.build_model("pre", "nano", seed=0)
+    monitor = TrainingMonitor(model, tmp_path / "m", every=2)
+    _normlm_loop(monitor, model, 4, outside=True)
+    summary = monitor.close()
+    assert summary["status"] == "ok" and summary["final_loss"] is None
+    rows = normlab.load_run(tmp_path / "m").metrics
+    assert rows.loss.isna().all() and rows.grad_norm.gt(0).all()
+    for bad in (-1, 0, 2.5, True):
+        with pytest.raises(ValueError, match=r"top_k must be a positive number .* got"):
+            TrainingMonitor(model, tmp_path / "bad", top_k=bad)
+
+
+def test_a_second_monitor_on_the_folder_resumes_its_history(tmp_path):
+    """Trainer's resume_from_checkpoint: a second monitor on the same folder keeps metrics, probes and spikes
+    before its first step, replaces (and says so, in a warning and in config.json) the steps logged at or
+    after it, and continues the spike rule from the kept losses."""
+    from normlab.diagnostics.monitor import SpikeRule, TrainingMonitor
+
+    rule = SpikeRule(window=8, min_history=3)
+    losses = [2.0, 2.01, 2.0, 9.0, 2.01, 2.0, 2.0, 2.01, 2.0, 2.0]  # a spike at step 3
+    model = normlab.build_model("pre", "nano", seed=0)
+    first = TrainingMonitor(model, tmp_path / "m", every=2, spike=rule)
+    _normlm_loop(first, model, 6, losses=losses)
+    assert first.close()["spikes"] == 1
+    second = TrainingMonitor(model, tmp_path / "m", every=2, spike=rule)
+    with pytest.warns(UserWarning, match=r"resumes at step 4; the 2 steps logged at or after it \(4..5\)"):
+        _normlm_loop(second, model, 6, start=4, losses=losses)
+    summary = second.close()
+    run = normlab.load_run(tmp_path / "m")
+    assert run.metrics.step.tolist() == list(range(10)) and run.metrics.loss.tolist() == losses
+    assert sorted(run.probes.step.unique().tolist()) == [0, 2, 3, 4, 6, 8, 10]  # 3: the spike's probe
+    assert summary["spikes"] == 1 and [s["step"] for s in normlab.runs.files.RunDir(tmp_path / "m").spikes()] == [3]
+    assert (tmp_path / "m" / "spikes" / "step_3.pt").exists()
+    assert run.config["resumes"] == [{"step": 4, "kept": 4, "replaced": [4, 5]}]
+    # the rule's window continued from the kept losses: 2.0 at step 4 is no spike, a 9.0 there would have been
+    assert len(second.history) == 8
