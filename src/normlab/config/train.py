@@ -300,8 +300,6 @@ class TrainConfig:
             raise ConfigError(f"min_lr must lie in [0, lr={o.lr}], got {o.min_lr}")
         if d.batch_size % d.grad_accum:
             raise ConfigError(f"batch_size={d.batch_size} must be divisible by grad_accum={d.grad_accum}")
-        if r.fsdp and r.probe_every:
-            raise ConfigError("probes need the whole model on one rank; with --fsdp set --probe-every 0")
         if not isinstance(m.layout, Layout):
             raise ConfigError(f"layout must be a Layout, a preset name or a string form, not {type(m.layout).__name__}")
         model = m.model_config()  # unknown options and bad combinations fail here, with suggestions

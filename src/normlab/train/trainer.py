@@ -274,6 +274,9 @@ def _tokenizer_facts(tok: Any) -> dict[str, Any] | None:
 def open_records(state: RunState) -> None:
     """config.json, the metrics/probe files cut back to the start step, the loggers (main rank only)."""
     cfg, run = state.cfg, RunDir(state.run)
+    if cfg.run.probe_every and (state.info.is_main or cfg.run.fsdp):  # FSDP2: every rank runs the sharded probe
+        px, py = state.data.val_windows(1, cfg.run.probe_batch, cfg.data.seq_len)[0]
+        state.probes = Probes(_unwrap(state.model), (px, py), optimizer=state.opt)
     if not state.info.is_main:
         return
     run.path.mkdir(parents=True, exist_ok=True)
@@ -293,8 +296,6 @@ def open_records(state: RunState) -> None:
     truncate_jsonl(run.metrics_file, state.step)  # drop rows past the checkpoint (and torn lines): replayed
     state.sinks = Sinks(cfg, run, state.step)
     if cfg.run.probe_every:
-        px, py = state.data.val_windows(1, cfg.run.probe_batch, cfg.data.seq_len)[0]
-        state.probes = Probes(_unwrap(state.model), (px, py))
         state.probe_log = ProbeWriter(run.probes_file, state.step)
 
 
@@ -330,12 +331,18 @@ def find_break(state: RunState) -> dict[str, Any]:
     return chosen
 
 
+def _write_probes(state: RunState, rows: list[dict[str, Any]]) -> None:
+    """Probe rows to probes.jsonl (the main rank's; under FSDP2 every rank computed the same rows)."""
+    if state.probe_log is not None:
+        state.probe_log.write(rows)
+
+
 def train_step(state: RunState) -> dict[str, Any]:
     """One optimizer step (all micro-batches); returns its metrics row."""
     cfg, info, model, opt, scaler, step = state.cfg, state.info, state.model, state.opt, state.scaler, state.step
     probing = state.probes is not None and step % cfg.run.probe_every == 0
     if probing:
-        state.probe_log.write(state.probes.record(step))
+        _write_probes(state, state.probes.record(step))
     t0 = time.perf_counter()
     lr = lr_at(step, cfg)
     for group in opt.param_groups:
@@ -372,7 +379,7 @@ def train_step(state: RunState) -> dict[str, Any]:
         opt.step()  # the gradients are unscaled and finite: what scaler.step would do, without its sync
     scaler.update()  # fp16: halves the scale after an overflow, doubles it after 2000 clean steps
     if probing:
-        state.probe_log.write(state.probes.updates(step))
+        _write_probes(state, state.probes.updates(step))
     dt = time.perf_counter() - t0
     state.tokens += cfg.data.batch_size * cfg.data.seq_len
     tok_per_s = cfg.data.batch_size * cfg.data.seq_len / dt
@@ -416,7 +423,7 @@ def _train(cfg: TrainConfig, info: distributed.DistInfo, start: Start) -> dict[s
         if state.monitor.diverged:
             state.forensics = find_break(state)
         if state.probes is not None:  # the end state (also of a diverged run, at the step it stopped)
-            state.probe_log.write(state.probes.record(state.step))
+            _write_probes(state, state.probes.record(state.step))
         state.monitor.finish(state.step)
     except Exception as err:  # a crash is recorded, then raised
         state.close()
