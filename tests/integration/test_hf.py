@@ -564,3 +564,33 @@ def test_a_second_monitor_on_the_folder_resumes_its_history(tmp_path):
     assert run.config["resumes"] == [{"step": 4, "kept": 4, "replaced": [4, 5]}]
     # the rule's window continued from the kept losses: 2.0 at step 4 is no spike, a 9.0 there would have been
     assert len(second.history) == 8
+
+
+def test_monitor_under_fsdp2_equals_one_process_and_the_trainer_callback_reads_shards(tmp_path):
+    """TrainingMonitor on a tiny Llama sharded by FSDP2 over 2 processes (gloo), each rank its share of the
+    batch: every metrics and probe row equals one process's on the whole batch (gradients, gains and the
+    stream from DTensor shards; only scalars cross ranks). NormlabCallback in a Trainer whose model is
+    FSDP2-sharded (accelerate shards on GPUs only; here fully_shard in one process) writes a run the report
+    draws."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.integration.test_distributed import assert_same_curve, assert_same_probes
+
+    script = Path(__file__).with_name("sharded_monitor.py")
+    env = {**os.environ, "PYTHONPATH": str(Path(normlab.__file__).parents[1]), "OMP_NUM_THREADS": "1"}
+    for cmd in ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script),
+                 "monitor", str(tmp_path / "two")],
+                [sys.executable, str(script), "reference", str(tmp_path)]):  # "one" and "hf"
+        res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+        assert res.returncode == 0, res.stderr[-3000:]
+    assert_same_curve(tmp_path / "one", tmp_path / "two")
+    n, worst = assert_same_probes(tmp_path / "one", tmp_path / "two")
+    assert n > 150 and worst < 1e-5, worst
+    run = normlab.load_run(tmp_path / "hf" / "normlab")
+    assert run.metrics.step.tolist() == [0, 1, 2, 3] and run.metrics.grad_norm.gt(0).all()
+    assert sorted(run.probes.step.unique().tolist()) == [0, 2, 4]
+    assert not run.probe("self_attn.q_proj", "grad_norm").empty and not run.probe("mlp_norms.input", "gamma_mean").empty
+    assert (tmp_path / "hf" / "report" / "index.html").exists()

@@ -71,7 +71,7 @@ from torch import nn
 
 from normlab.diagnostics.attach import StreamProbe, find_blocks
 from normlab.diagnostics.store import ProbeWriter
-from normlab.diagnostics.shards import moments, norms
+from normlab.diagnostics.shards import moments, norms, reshard
 from normlab.io import atomic_write_bytes, own_folder, truncate_jsonl
 from normlab.runs.files import RunDir
 
@@ -382,6 +382,7 @@ class TrainingMonitor:
                     h.remove()
                 self._probing = False
                 self.model.train(was)
+                reshard(self.model)
             rows += self.logits.rows(step)
         norms_ = [(i, path, norm) for i, block in enumerate(self.blocks) for path, norm in _norm_modules(block).items()]
         for (i, path, _), m in zip(norms_, moments([n.weight for _, _, n in norms_])):

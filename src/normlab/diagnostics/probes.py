@@ -48,7 +48,7 @@ import torch
 from torch import nn
 
 from normlab.diagnostics.prop31 import per_token
-from normlab.diagnostics.shards import is_sharded, moments, norms
+from normlab.diagnostics.shards import is_sharded, moments, norms, reshard
 from normlab.model.block import SCALE_PARAMS
 from normlab.diagnostics.stats import (SINK_THRESHOLD, angular_matrix, attention_stats, hidden_stats, kurtosis,
                                       massive_activations, sink_mass)
@@ -120,6 +120,7 @@ class Probes:
             for h in handles:
                 h.remove()
             model.train(was_training)
+            reshard(model)
         n_params = len(outs) if sharded else sum(1 for p in params if p.requires_grad)
         if sharded:
             keys = [k for k in (f"blocks.{i}.{w}" for i in range(n_layers) for w in WEIGHTS) if k in io]
