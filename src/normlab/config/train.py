@@ -152,6 +152,16 @@ class RunSettings:
         "stop", "a NaN/Inf loss or gradient: stop (diverged) or skip the step", choices=("stop", "skip"))
     max_skipped: float = setting(0.1, "with on_nonfinite=skip: diverged once more than this fraction of the steps "
                                  "so far (after 10) were skipped", check=open_unit)
+    on_spike: Literal["count", "skip"] = setting(
+        "count", "a loss or gradient-norm spike (OLMo-core's skip rule: more than spike_sigmas sample std from the "
+        "mean of the previous spike_window steps): count it, or skip the step (rerun on the pre-step weights, "
+        "attributed, its batch saved; bounded by max_skipped with the non-finite skips)", choices=("count", "skip"))
+    spike_window: int = setting(128, "steps in the spike rule's window (it applies once max(20, window/2) are known)",
+                                check=positive)
+    spike_sigmas: float = setting(6.0, "standard deviations from the window's mean that make a spike", check=positive)
+    layer_stats: bool = setting(True, "the per-step tier: per layer, the stream's largest |x|, gradient norm, update "
+                                "RMS and update/weight ratio, the largest attention logit per head (layers.jsonl; "
+                                "docs/diagnostics.md)", identity=False)
     diverge_patience: int = setting(50, "diverged if the loss stays above its initial value this many steps (0: off)",
                                     check=nonneg)
     diverge_final_loss: float | None = setting(None, "diverged if the final loss ends above this", check=positive)
