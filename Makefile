@@ -11,7 +11,7 @@ LM_EVAL := lm_eval[hf]==0.4.13
 # both names (tested on 5.23.0 and 5.24.0)
 TRANSFORMERS := transformers==5.24.0
 
-.PHONY: demo test test-all install data bench recipes gpu-recipes quotes clean
+.PHONY: demo test test-all install data bench recipes gpu-recipes gpu-check quotes clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	@echo "normlab: creating $(VENV) and installing $(TORCH) (CPU), numpy, pandas, matplotlib, tokenizers, transformers, lm-eval and the test tools (1-3 minutes)"
@@ -51,6 +51,14 @@ recipes: install
 gpu-recipes: install
 	$(PY) -c "from normlab.data.english import english_prepared; english_prepared('bpe:8192')"
 	for r in $$($(VENV)/bin/normlab recipes --names --machine gpu); do $(VENV)/bin/normlab sweep --recipe $$r --out runs/recipes/$$r || exit 1; done
+
+# Every GPU check, at most 25 minutes on one H100: tests/gpu, the GPU benchmarks with MFU, a short gpu-126m run per
+# key layout in bf16 and fp16, FSDP2 on one GPU; the figures go into docs/benchmarks.md and docs/results.md
+# between <!-- gpu-check --> markers, with the device named (scripts/gpu_check.py; --dry-run: the CPU plumbing).
+# No install step: the device machine reaches no network (GPU_PYTHON: a Python with CUDA torch and normlab's deps).
+GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+gpu-check:
+	$(GPU_PYTHON) scripts/gpu_check.py
 
 # Re-run every output the README and docs quote (between <!-- quote: CMD --> markers) and rewrite it.
 quotes: install

@@ -34,6 +34,7 @@ layer's gradient norm and stream maximum: a spike there triggers the full probe 
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from typing import Any
 
@@ -63,11 +64,15 @@ class StepTier:
         self._qk: dict[int, torch.Tensor] = {}
         self.reset()
         if hooks:
-            self._handles.append(self.blocks[0].register_forward_pre_hook(self._entering))
-            for i, block in enumerate(self.blocks):
-                self._handles.append(block.register_forward_hook(lambda m, a, o, i=i: self._leaving(i, o)))
-                self._handles.append(block.attn.q.register_forward_hook(lambda m, a, o, i=i: self._tap(i, "q", o)))
-                self._handles.append(block.attn.k.register_forward_hook(lambda m, a, o, i=i: self._tap(i, "k", o)))
+            self.attach()
+
+    def attach(self) -> None:
+        """Install the forward hooks (stream maxima, sampled logits); `remove` takes them off."""
+        self._handles.append(self.blocks[0].register_forward_pre_hook(self._entering))
+        for i, block in enumerate(self.blocks):
+            self._handles.append(block.register_forward_hook(lambda m, a, o, i=i: self._leaving(i, o)))
+            self._handles.append(block.attn.q.register_forward_hook(lambda m, a, o, i=i: self._tap(i, "q", o)))
+            self._handles.append(block.attn.k.register_forward_hook(lambda m, a, o, i=i: self._tap(i, "k", o)))
 
     def reset(self) -> None:
         """Before a step's forward: the maxima start again."""
@@ -209,8 +214,7 @@ class TierSpikes:
                 name = f"{key}[{layer}]"
                 h = self.history.setdefault(name, deque(maxlen=self.window))
                 if len(h) >= self.min_history and math.isfinite(v):
-                    t = torch.tensor(list(h), dtype=torch.float64)
-                    if v > float(t.mean() + self.sigmas * t.std(unbiased=False)):
+                    if v > statistics.fmean(h) + self.sigmas * statistics.pstdev(h):
                         fired.append(name)
                 if math.isfinite(v):
                     h.append(v)
