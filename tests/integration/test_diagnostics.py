@@ -462,6 +462,7 @@ def test_a_planted_loss_spike_is_skipped_attributed_and_its_batch_saved(corpus, 
     out = tmp_path / "spike"
     s = train(small(corpus, out, steps=40, on_spike="skip", spike_window=40, probe_every=20, eval_every=40))
     assert s["status"] == "ok" and s["spike_skipped_steps"] == [30] and s["skipped_steps"] == []
+    assert s["layer_stats"]["stream_max"]["value"] > 0 and s["layer_stats"]["update_rms"]["step"] != 30
     spikes = [json.loads(line) for line in (out / "spikes.jsonl").read_text().splitlines()]
     assert [r["step"] for r in spikes] == [30] and spikes[0]["action"] == "skipped"
     assert spikes[0]["rerun"]["reproduced"] and spikes[0]["rerun"]["loss"] == spikes[0]["loss"]

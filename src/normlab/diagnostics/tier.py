@@ -198,6 +198,21 @@ def sampled_logits(q: torch.Tensor, k: torch.Tensor, scale: float, queries: int 
     return exact, bound
 
 
+def tier_summary(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """For summary.json: each tier metric's largest value over the run, with its step and layer (and head)."""
+    best: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        for key, values in r.items():
+            if key == "step" or not isinstance(values, list):
+                continue
+            for layer, v in enumerate(values):
+                for head, x in (enumerate(v) if isinstance(v, list) else [(None, v)]):
+                    if isinstance(x, (int, float)) and math.isfinite(x) and (key not in best or x > best[key]["value"]):
+                        best[key] = {"value": x, "step": r.get("step"), "layer": layer,
+                                     **({"head": head} if head is not None else {})}
+    return best or None
+
+
 class TierSpikes:
     """OLMo's count rule on each layer's gradient norm and stream maximum: value > mean + sigmas * std of the
     previous ``window`` values (population std), once ``min_history`` are known."""

@@ -41,7 +41,7 @@ from normlab.data.sft import load_sft_data
 from normlab.diagnostics.forensics import describe as describe_break
 from normlab.diagnostics.forensics import first_break, gradient_break, site_of
 from normlab.diagnostics.probes import Probes
-from normlab.diagnostics.tier import StepTier, TierSpikes
+from normlab.diagnostics.tier import StepTier, TierSpikes, tier_summary
 from normlab.diagnostics.store import ProbeWriter
 from normlab.io import truncate_jsonl
 from normlab.errors import CheckpointError, ConfigError
@@ -616,6 +616,7 @@ def _write_summary(state: RunState, status: str | None = None, error: str | None
         "first_break": site_of(state.forensics),
         "spikes": [{"step": r["step"], "verdict": r["verdict"], "action": r["action"]} for r in run.spikes()
                    if "verdict" in r],  # normlab.train.spikes: each spike's attribution
+        "layer_stats": tier_summary(run.layers()),  # the per-step tier's largest values (normlab.diagnostics.tier)
     }
     if status is not None:
         summary["status"] = status
