@@ -60,6 +60,10 @@ def _seed(v: Any) -> str | None:
     return None if 0 <= v < SEED_LIMIT else f"must lie in [0, 2^32) (numpy's generators), got {v}"
 
 
+def _spike_window(v: int) -> str | None:
+    return None if v >= 20 else f"must be >= 20 (the skip rule needs max(20, window/2) values in its window), got {v}"
+
+
 def _wd_exclude(v: str) -> str | None:
     bad = [x.strip() for x in v.split(",") if x.strip() and x.strip() not in WD_EXCLUDABLE]
     return f"unknown {bad}; valid: a comma list of {', '.join(WD_EXCLUDABLE)}, or \"\"" if bad else None
@@ -157,7 +161,7 @@ class RunSettings:
         "mean of the previous spike_window steps): count it, or skip the step (rerun on the pre-step weights, "
         "attributed, its batch saved; bounded by max_skipped with the non-finite skips)", choices=("count", "skip"))
     spike_window: int = setting(128, "steps in the spike rule's window (it applies once max(20, window/2) are known)",
-                                check=positive)
+                                check=_spike_window)
     spike_sigmas: float = setting(6.0, "standard deviations from the window's mean that make a spike", check=positive)
     layer_stats: bool = setting(True, "the per-step tier: per layer, the stream's largest |x|, gradient norm, update "
                                 "RMS and update/weight ratio, the largest attention logit per head (layers.jsonl; "
