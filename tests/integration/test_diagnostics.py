@@ -199,7 +199,8 @@ def test_report_html_and_figures(corpus, tmp_path):
     index = make_report(runs, tmp_path / "report")
     pngs = sorted(p.name for p in (tmp_path / "report").glob("*.png"))
     assert pngs == sorted(["loss.png", "variance_by_depth.png", "mean_abs_by_depth.png", "grad_by_layer.png",
-                           "top100_fp16.png", "angular_distance.png", "output_gamma.png", "attention_logits.png"])
+                           "top100_fp16.png", "angular_distance.png", "output_gamma.png", "attention_logits.png",
+                           "layers_per_step.png"])
 
     class Check(HTMLParser):
         def __init__(self):
