@@ -222,7 +222,7 @@ def test_report_html_and_figures(corpus, tmp_path):
 
     parser = Check()
     parser.feed(index.read_text())
-    assert not parser.stack and len(parser.images) == 8
+    assert not parser.stack and len(parser.images) == 9  # eight probe figures and the per-step tier
     for src in parser.images:
         assert base64.b64decode(src.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"  # self-contained
     assert "pre" in parser.cells and "peri" in parser.cells and "ok" in parser.cells
@@ -284,7 +284,7 @@ def test_report_opens_in_headless_browser(corpus, tmp_path):
     res = subprocess.run([_browser(), "--headless=new", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
                           "--dump-dom", index.as_uri()], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0
-    assert "<h1>normlab report</h1>" in res.stdout and res.stdout.count("<img") == 8
+    assert "<h1>normlab report</h1>" in res.stdout and res.stdout.count("<img") == 9
     assert "Uncaught" not in res.stderr and "CONSOLE" not in res.stderr
 
 
