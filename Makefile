@@ -17,7 +17,7 @@ FW_VENV := .venv-frameworks
 FW_PY := $(FW_VENV)/bin/python
 FRAMEWORKS := litgpt==0.5.13 ai2-olmo-core==3.0.0 torchtitan==0.3.0 triton==3.9.0
 
-.PHONY: demo test test-all test-frameworks install data bench recipes gpu-recipes quotes clean
+.PHONY: demo test test-all test-frameworks install data bench recipes gpu-recipes gpu-check quotes clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	@echo "normlab: creating $(VENV) and installing $(TORCH) (CPU), numpy, pandas, matplotlib, tokenizers, transformers, lm-eval and the test tools (1-3 minutes)"
@@ -57,6 +57,14 @@ recipes: install
 gpu-recipes: install
 	$(PY) -c "from normlab.data.english import english_prepared; english_prepared('bpe:8192')"
 	for r in $$($(VENV)/bin/normlab recipes --names --machine gpu); do $(VENV)/bin/normlab sweep --recipe $$r --out runs/recipes/$$r || exit 1; done
+
+# Every GPU check, at most 25 minutes on one H100: tests/gpu, the GPU benchmarks with MFU, a short gpu-126m run per
+# key layout in bf16 and fp16, FSDP2 on one GPU; the figures go into docs/benchmarks.md and docs/results.md
+# between <!-- gpu-check --> markers, with the device named (scripts/gpu_check.py; --dry-run: the CPU plumbing).
+# No install step: the device machine reaches no network (GPU_PYTHON: a Python with CUDA torch and normlab's deps).
+GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+gpu-check:
+	$(GPU_PYTHON) scripts/gpu_check.py
 
 # Re-run every output the README and docs quote (between <!-- quote: CMD --> markers) and rewrite it.
 quotes: install

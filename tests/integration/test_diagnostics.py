@@ -201,7 +201,8 @@ def test_report_html_and_figures(corpus, tmp_path):
     index = make_report(runs, tmp_path / "report")
     pngs = sorted(p.name for p in (tmp_path / "report").glob("*.png"))
     assert pngs == sorted(["loss.png", "variance_by_depth.png", "mean_abs_by_depth.png", "grad_by_layer.png",
-                           "top100_fp16.png", "angular_distance.png", "output_gamma.png", "attention_logits.png"])
+                           "top100_fp16.png", "angular_distance.png", "output_gamma.png", "attention_logits.png",
+                           "layers_per_step.png"])
 
     class Check(HTMLParser):
         def __init__(self):
@@ -223,7 +224,7 @@ def test_report_html_and_figures(corpus, tmp_path):
 
     parser = Check()
     parser.feed(index.read_text())
-    assert not parser.stack and len(parser.images) == 8
+    assert not parser.stack and len(parser.images) == 9  # eight probe figures and the per-step tier
     for src in parser.images:
         assert base64.b64decode(src.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"  # self-contained
     assert "pre" in parser.cells and "peri" in parser.cells and "ok" in parser.cells
@@ -372,7 +373,7 @@ def test_report_in_headless_chromium_fits_a_1400px_window(overflowed, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and int.from_bytes(png.read_bytes()[16:20], "big") == 1400
     res = subprocess.run([shot.find_browser(), *shot.FLAGS, "--enable-logging=stderr", "--dump-dom", index.as_uri()],
                          capture_output=True, text=True, timeout=120)
-    assert "<h1>normlab report</h1>" in res.stdout and res.stdout.count("<img") == 8
+    assert "<h1>normlab report</h1>" in res.stdout and res.stdout.count("<img") == 9
     assert "Uncaught" not in res.stderr
 
 
@@ -444,3 +445,127 @@ def test_probes_record_the_learnable_scalars_and_the_report_plots_them(corpus, t
     assert not (tmp_path / "pre-only" / "learned_scalars.png").exists()
     h = normlab.load_run(runs[1]).probe("mlp_h", "h_mean")
     assert h.loc[0].tolist() == [0.0, 0.0] and (h.loc[4].abs() > 0).all()  # ReZero: from 0, then learned
+
+
+def test_sink_mass_kurtosis_and_adam_moments_on_planted_cases():
+    """Numbers computed by hand. Sink: q = 0 makes every causal row uniform, so the mass on the first token is
+    the mean of 1/(t+1) over t = 1..T-1; a key 0 with a large logit draws all of it (1.0). Kurtosis of
+    [1, -1, 1, -1] (mean 0, var 1, fourth moment 1) is 1; of [0, 0, 0, 4]: mean 1, var 3, m4 = (81 + 3) / 4 = 21,
+    21 / 9. Adam after one step on gradient g: exp_avg = (1 - b1) g, exp_avg_sq = (1 - b2) g^2."""
+    from normlab.diagnostics.stats import kurtosis, sink_mass
+
+    t = 5
+    q, k = torch.zeros(1, 2, t, 4), torch.randn(1, 2, t, 4)
+    uniform = sum(1 / (i + 1) for i in range(1, t)) / (t - 1)
+    assert sink_mass(q, k) == pytest.approx([uniform, uniform], rel=1e-6)
+    q2 = torch.ones(1, 1, t, 4)
+    k2 = torch.zeros(1, 1, t, 4)
+    k2[0, 0, 0] = 100.0  # logit 400 * 0.5 = 200 on the first key, 0 elsewhere
+    assert sink_mass(q2, k2) == pytest.approx([1.0])
+    assert kurtosis(torch.tensor([1.0, -1.0, 1.0, -1.0])) == pytest.approx(1.0)
+    assert kurtosis(torch.tensor([0.0, 0.0, 0.0, 4.0])) == pytest.approx(21 / 9)
+
+    model = normlab.build_model("pre", "nano", seed=0)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, betas=(0.9, 0.95))
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 2.0)
+    opt.step()
+    x = torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(0))
+    rows = Probes(model, (x, x), optimizer=opt).record(0)
+    got = {(r["layer"], r["metric"]): r["value"] for r in rows if r["site"] == "adam"}
+    for i, block in enumerate(model.blocks):
+        n = sum(p.numel() for p in block.parameters())
+        assert got[(i, "exp_avg_norm")] == pytest.approx(0.1 * 2.0 * math.sqrt(n), rel=1e-5)
+        assert got[(i, "exp_avg_sq_norm")] == pytest.approx(0.05 * 4.0 * math.sqrt(n), rel=1e-5)
+    sinks = {(r["layer"], r["site"]): r["value"] for r in rows if r["metric"] in ("sink_mass", "sink_rate")}
+    heads = model.config.n_heads
+    for i in range(model.config.n_layers):
+        masses = [sinks[(i, f"attn.head{h}")] for h in range(heads)]
+        assert all(0 < m <= 1 for m in masses)
+        assert sinks[(i, "attn")] == sum(m > 0.3 for m in masses) / heads
+    kurt = [r for r in rows if r["site"] == "stream" and r["metric"] == "kurtosis"]
+    assert len(kurt) == model.config.n_layers + 1 and all(v["value"] > 0 for v in kurt)
+
+
+def test_step_tier_by_hand():
+    """The per-step tier on a nano model: per block the gradient norm (the block's gradients together), the
+    stream maximum (the hidden states' largest |x|), the sampled logits (exact when every query is sampled:
+    attention_stats' maximum; fewer queries give at most that, the bound at least), the update RMS and
+    update/weight ratio of an SGD step (dW = -lr g)."""
+    from normlab.diagnostics.tier import StepTier
+
+    model = normlab.build_model("pre", "nano", seed=0)
+    x = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
+    full = StepTier(model, queries=16)
+    few = StepTier(model, queries=3)
+    caught = {}
+    hooks = [model.blocks[i].attn.q.register_forward_hook(lambda m, a, o, i=i: caught.__setitem__(("q", i), o))
+             for i in range(2)] + [model.blocks[i].attn.k.register_forward_hook(
+                 lambda m, a, o, i=i: caught.__setitem__(("k", i), o)) for i in range(2)]
+    out = model(x, targets=x, return_hidden_states=True)
+    out.loss.backward()
+    for h in hooks:
+        h.remove()
+    before = [torch.cat([p.detach().flatten() for p in b.parameters()]) for b in model.blocks]
+    full.before_step()
+    few.before_step()
+    row, sample = full.read(), few.read()
+    for i, block in enumerate(model.blocks):
+        g = torch.cat([p.grad.flatten() for p in block.parameters()])
+        assert row["grad_norm"][i] == pytest.approx(g.norm().item(), rel=1e-5)
+        exact, _ = attention_stats(caught[("q", i)], caught[("k", i)], model.blocks[i].attn.scale)
+        assert row["max_logit"][i] == pytest.approx(exact, rel=1e-5)
+        assert all(s <= e + 1e-6 for s, e in zip(sample["max_logit"][i], exact))
+        assert all(b >= e - 1e-6 for b, e in zip(row["max_logit_bound"][i], exact))
+    assert row["stream_max"] == pytest.approx([h.abs().max().item() for h in out.hidden_states], rel=1e-6)
+    lr = 0.1
+    torch.optim.SGD(model.parameters(), lr=lr).step()
+    after = full.after_step(applied=True)
+    for i, block in enumerate(model.blocks):
+        g = torch.cat([p.grad.flatten() for p in block.parameters()])
+        assert after["update_rms"][i] == pytest.approx((lr * g).pow(2).mean().sqrt().item(), rel=1e-4)
+        assert after["update_ratio"][i] == pytest.approx((lr * g).norm().item() / before[i].norm().item(), rel=1e-4)
+    full.remove()
+    few.remove()
+
+
+def test_a_planted_loss_spike_is_skipped_attributed_and_its_batch_saved(corpus, tmp_path, monkeypatch):
+    """A batch of garbage tokens at step 30: on_spike=skip does not apply it (spike_skipped_steps), reruns it
+    on the pre-step weights (bitwise the same on CPU: reproduced), attributes it to the data (the previous
+    step's batch on the same weights is within the rule), saves that batch, and probes it; the per-step
+    tier's row of the step has no update. normlab report reads the tier."""
+    from normlab.data.dataset import TokenData
+
+    from tests.helpers import small
+
+    original = TokenData.train_window
+    garbage = {}
+
+    def planted(self, step, batch, seq, seed):  # noqa: ANN001, ANN202
+        w = original(self, step, batch, seq, seed)
+        if step == 30:
+            garbage["w"] = torch.randint(0, self.vocab_size, w.shape, generator=torch.Generator().manual_seed(9))
+            return garbage["w"]
+        return w
+
+    monkeypatch.setattr(TokenData, "train_window", planted)
+    out = tmp_path / "spike"
+    s = train(small(corpus, out, steps=40, on_spike="skip", spike_window=40, probe_every=20, eval_every=40))
+    assert s["status"] == "ok" and s["spike_skipped_steps"] == [30] and s["skipped_steps"] == []
+    assert s["layer_stats"]["stream_max"]["value"] > 0 and s["layer_stats"]["update_rms"]["step"] != 30
+    spikes = [json.loads(line) for line in (out / "spikes.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in spikes] == [30] and spikes[0]["action"] == "skipped"
+    assert spikes[0]["rerun"]["reproduced"] and spikes[0]["rerun"]["loss"] == spikes[0]["loss"]
+    assert spikes[0]["verdict"] == "data" and not spikes[0]["previous_batch"]["spikes"]
+    assert s["spikes"] == [{"step": 30, "verdict": "data", "action": "skipped"}]
+    saved = torch.load(out / "spikes" / "step_30.pt")
+    assert torch.equal(saved["batch"]["tokens"], garbage["w"])
+    run = normlab.load_run(out)
+    assert run.metrics.set_index("step").loc[30, "skipped"] == True  # noqa: E712 - a pandas cell
+    assert not run.probe("spike:stream", "max_abs").empty and run.probe("spike:stream", "max_abs").index.tolist() == [30]
+    tier = run.layers
+    assert sorted(tier.step.unique().tolist()) == list(range(40))
+    upd = tier[(tier.metric == "update_rms")].set_index(["step", "layer"]).value
+    assert upd.loc[30].eq(0).all() and upd.loc[29].gt(0).all()
+    make_report([out], tmp_path / "report")
+    assert (tmp_path / "report" / "layers_per_step.png").exists()

@@ -471,7 +471,8 @@ def test_a_loss_spike_saves_its_batch_and_probes_it(tmp_path):
 
 
 def test_lightning_callback_writes_a_run_the_report_reads(tmp_path):
-    """A LightningModule around a tiny local Llama: metrics every step, probes every 3, the report draws it."""
+    """A LightningModule around a tiny local Llama: metrics every step, probes every 3 and at the end (step 6, the
+    final weights), the report draws it."""
     L = pytest.importorskip("lightning.pytorch")
     from normlab.diagnostics.lightning import NormlabLightningCallback
     from normlab.diagnostics.report import make_report
@@ -589,3 +590,109 @@ def test_export_writes_the_stock_class_where_exact_and_a_tokenizer_that_asks_no_
         assert hf.decode(ids) == ours.decode(ids), bytes(ids)
         text = bytes(i for i in ids if i).decode("utf-8", errors="replace") + " é€😀\t\n"
         assert hf(text)["input_ids"] == ours.encode(text), text
+
+
+def _normlm_loop(monitor, model, steps, start=0, outside=False, losses=None):  # noqa: ANN001, ANN202
+    """A nanoGPT-style loop on a NormLM called positionally; ``outside``: the loss computed outside the model."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for step in range(start, start + steps):
+        x = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(step))
+        if outside:
+            logits = model(x[:, :-1]).logits
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
+        else:
+            loss = model(x[:, :-1], targets=x[:, 1:]).loss
+        loss.backward()
+        monitor.step(step, loss=None if losses is None else losses[step])
+        opt.step()
+        opt.zero_grad()
+
+
+def test_monitor_replays_positional_calls_and_probes_the_end(tmp_path):
+    """NormLM called positionally (model(x, targets=y)): the probe replays the call as made; with every=3 over
+    steps 0..4 the probes are at 0 and 3 and at 5, the final weights."""
+    from normlab.diagnostics.monitor import TrainingMonitor
+
+    model = normlab.build_model("pre", "nano", seed=0)
+    monitor = TrainingMonitor(model, tmp_path / "m", every=3)
+    _normlm_loop(monitor, model, 5)
+    assert monitor.close()["status"] == "ok"
+    run = normlab.load_run(tmp_path / "m")
+    assert sorted(run.probes.step.unique().tolist()) == [0, 3, 5]
+    assert len(run.probe("stream", "max_abs").columns) == model.config.n_layers + 1
+    assert run.probe("stream", "max_abs").index.tolist() == [0, 3, 5]
+    grads = run.probes[run.probes.metric == "grad_norm"]
+    assert sorted(grads.step.unique().tolist()) == [0, 3]  # at the end the gradients were cleared: none recorded
+
+
+def test_monitor_without_a_loss_is_ok_and_bad_top_k_is_refused(tmp_path):
+    """A loss computed outside the model and step() without loss=: the run is ok, its losses null (not NaN);
+    top_k=-1 is refused at construction with one clear error."""
+    from normlab.diagnostics.monitor import TrainingMonitor
+
+    model = normlab.build_model("pre", "nano", seed=0)
+    monitor = TrainingMonitor(model, tmp_path / "m", every=2)
+    _normlm_loop(monitor, model, 4, outside=True)
+    summary = monitor.close()
+    assert summary["status"] == "ok" and summary["final_loss"] is None
+    rows = normlab.load_run(tmp_path / "m").metrics
+    assert rows.loss.isna().all() and rows.grad_norm.gt(0).all()
+    for bad in (-1, 0, 2.5, True):
+        with pytest.raises(ValueError, match=r"top_k must be a positive number .* got"):
+            TrainingMonitor(model, tmp_path / "bad", top_k=bad)
+
+
+def test_a_second_monitor_on_the_folder_resumes_its_history(tmp_path):
+    """Trainer's resume_from_checkpoint: a second monitor on the same folder keeps metrics, probes and spikes
+    before its first step, replaces (and says so, in a warning and in config.json) the steps logged at or
+    after it, and continues the spike rule from the kept losses."""
+    from normlab.diagnostics.monitor import SpikeRule, TrainingMonitor
+
+    rule = SpikeRule(window=8, min_history=3)
+    losses = [2.0, 2.01, 2.0, 9.0, 2.01, 2.0, 2.0, 2.01, 2.0, 2.0]  # a spike at step 3
+    model = normlab.build_model("pre", "nano", seed=0)
+    first = TrainingMonitor(model, tmp_path / "m", every=2, spike=rule)
+    _normlm_loop(first, model, 6, losses=losses)
+    assert first.close()["spikes"] == 1
+    second = TrainingMonitor(model, tmp_path / "m", every=2, spike=rule)
+    with pytest.warns(UserWarning, match=r"resumes at step 4; the 2 steps logged at or after it \(4..5\)"):
+        _normlm_loop(second, model, 6, start=4, losses=losses)
+    summary = second.close()
+    run = normlab.load_run(tmp_path / "m")
+    assert run.metrics.step.tolist() == list(range(10)) and run.metrics.loss.tolist() == losses
+    assert sorted(run.probes.step.unique().tolist()) == [0, 2, 3, 4, 6, 8, 10]  # 3: the spike's probe
+    assert summary["spikes"] == 1 and [s["step"] for s in normlab.runs.files.RunDir(tmp_path / "m").spikes()] == [3]
+    assert (tmp_path / "m" / "spikes" / "step_3.pt").exists()
+    assert run.config["resumes"] == [{"step": 4, "kept": 4, "replaced": [4, 5]}]
+    # the rule's window continued from the kept losses: 2.0 at step 4 is no spike, a 9.0 there would have been
+    assert len(second.history) == 8
+
+
+def test_monitor_under_fsdp2_equals_one_process_and_the_trainer_callback_reads_shards(tmp_path):
+    """TrainingMonitor on a tiny Llama sharded by FSDP2 over 2 processes (gloo), each rank its share of the
+    batch: every metrics and probe row equals one process's on the whole batch (gradients, gains and the
+    stream from DTensor shards; only scalars cross ranks). NormlabCallback in a Trainer whose model is
+    FSDP2-sharded (accelerate shards on GPUs only; here fully_shard in one process) writes a run the report
+    draws."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.integration.test_distributed import assert_same_curve, assert_same_probes
+
+    script = Path(__file__).with_name("sharded_monitor.py")
+    env = {**os.environ, "PYTHONPATH": str(Path(normlab.__file__).parents[1]), "OMP_NUM_THREADS": "1"}
+    for cmd in ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script),
+                 "monitor", str(tmp_path / "two")],
+                [sys.executable, str(script), "reference", str(tmp_path)]):  # "one" and "hf"
+        res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+        assert res.returncode == 0, res.stderr[-3000:]
+    assert_same_curve(tmp_path / "one", tmp_path / "two")
+    n, worst = assert_same_probes(tmp_path / "one", tmp_path / "two")
+    assert n > 150 and worst < 1e-5, worst
+    run = normlab.load_run(tmp_path / "hf" / "normlab")
+    assert run.metrics.step.tolist() == [0, 1, 2, 3] and run.metrics.grad_norm.gt(0).all()
+    assert sorted(run.probes.step.unique().tolist()) == [0, 2, 4]
+    assert not run.probe("self_attn.q_proj", "grad_norm").empty and not run.probe("mlp_norms.input", "gamma_mean").empty
+    assert (tmp_path / "hf" / "report" / "index.html").exists()

@@ -247,6 +247,39 @@ def test_spike_rules():
     assert m2.state_dict() == state
 
 
+def test_olmo_skip_rule_its_window_and_its_bound():
+    """OLMo-core's SkipStepOptimizer rule by hand: |x - mean| > 6 sample std of the previous values, once
+    max(20, window // 2) are known (this one included), either way; skipped spikes count with the non-finite
+    skips against max_skipped; the window survives a checkpoint. The tier's per-layer rule fires on one layer."""
+    import statistics
+
+    from normlab.diagnostics.tier import TierSpikes
+    from normlab.train.monitor import SkipRule
+
+    m = DivergenceMonitor(patience=0, max_skipped=0.05, skip_rule=SkipRule(window=24, sigmas=6.0))
+    losses = [2.0 + 0.01 * (i % 3) for i in range(19)]
+    for step, loss in enumerate(losses):  # 19 values: below max(20, 12), never a spike
+        assert m.check_spike(step, loss, 1.0, skip=True) is None
+    window = losses  # all 19 (the window holds 24)
+    mean, std = statistics.fmean(window), statistics.stdev(window)
+    low = mean - 6.5 * std  # a drop counts too (|z|)
+    got = m.check_spike(19, low, 1.0, skip=True)
+    assert got["kinds"] == ["loss"] and got["z_loss"] == pytest.approx(6.5, rel=1e-9)
+    assert m.spike_skipped_steps == [19] and m.status == "ok"  # 1 of 20 skipped: not more than 5%
+    assert m.check_spike(20, 2.0, 50.0, skip=True)["kinds"] == ["grad_norm"]  # the gradient norm's own window
+    assert m.status == "diverged" and "2 of 21 steps skipped for spikes (more than 5%)" in m.reason
+    with pytest.raises(ConfigError, match="spike_window.*must be >= 20"):
+        TrainConfig.of(spike_window=8)
+    m2 = DivergenceMonitor(patience=0)
+    m2.load_state_dict(m.state_dict())
+    assert list(m2.skip_rule.losses) == list(m.skip_rule.losses) and m2.spike_skipped_steps == [19, 20]
+    tier = TierSpikes(sigmas=6.0, window=16, min_history=4)
+    rows = [{"grad_norm": [1.0 + 0.01 * (i % 2), 3.0]} for i in range(6)]
+    assert not any(tier.check(r) for r in rows)
+    h = [1.0 + 0.01 * (i % 2) for i in range(6)]
+    assert tier.check({"grad_norm": [statistics.fmean(h) + 6.1 * statistics.pstdev(h), 3.0]}) == ["grad_norm[0]"]
+
+
 def test_schedule_warmup_then_cosine():
     cfg = TrainConfig.of(steps=100, lr=1.0, warmup=0.1, min_lr=0.1)
     assert lr_at(0, cfg) == pytest.approx(0.1) and lr_at(9, cfg) == pytest.approx(1.0)

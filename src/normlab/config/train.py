@@ -60,6 +60,10 @@ def _seed(v: Any) -> str | None:
     return None if 0 <= v < SEED_LIMIT else f"must lie in [0, 2^32) (numpy's generators), got {v}"
 
 
+def _spike_window(v: int) -> str | None:
+    return None if v >= 20 else f"must be >= 20 (the skip rule needs max(20, window/2) values in its window), got {v}"
+
+
 def _wd_exclude(v: str) -> str | None:
     bad = [x.strip() for x in v.split(",") if x.strip() and x.strip() not in WD_EXCLUDABLE]
     return f"unknown {bad}; valid: a comma list of {', '.join(WD_EXCLUDABLE)}, or \"\"" if bad else None
@@ -152,6 +156,16 @@ class RunSettings:
         "stop", "a NaN/Inf loss or gradient: stop (diverged) or skip the step", choices=("stop", "skip"))
     max_skipped: float = setting(0.1, "with on_nonfinite=skip: diverged once more than this fraction of the steps "
                                  "so far (after 10) were skipped", check=open_unit)
+    on_spike: Literal["count", "skip"] = setting(
+        "count", "a loss or gradient-norm spike (OLMo-core's skip rule: more than spike_sigmas sample std from the "
+        "mean of the previous spike_window steps): count it, or skip the step (rerun on the pre-step weights, "
+        "attributed, its batch saved; bounded by max_skipped with the non-finite skips)", choices=("count", "skip"))
+    spike_window: int = setting(128, "steps in the spike rule's window (it applies once max(20, window/2) are known)",
+                                check=_spike_window)
+    spike_sigmas: float = setting(6.0, "standard deviations from the window's mean that make a spike", check=positive)
+    layer_stats: bool = setting(True, "the per-step tier: per layer, the stream's largest |x|, gradient norm, update "
+                                "RMS and update/weight ratio, the largest attention logit per head (layers.jsonl; "
+                                "docs/diagnostics.md)", identity=False)
     diverge_patience: int = setting(50, "diverged if the loss stays above its initial value this many steps (0: off)",
                                     check=nonneg)
     diverge_final_loss: float | None = setting(None, "diverged if the final loss ends above this", check=positive)
@@ -298,8 +312,6 @@ class TrainConfig:
             raise ConfigError(f"min_lr must lie in [0, lr={o.lr}], got {o.min_lr}")
         if d.batch_size % d.grad_accum:
             raise ConfigError(f"batch_size={d.batch_size} must be divisible by grad_accum={d.grad_accum}")
-        if r.fsdp and r.probe_every:
-            raise ConfigError("probes need the whole model on one rank; with --fsdp set --probe-every 0")
         if not isinstance(m.layout, Layout):
             raise ConfigError(f"layout must be a Layout, a preset name or a string form, not {type(m.layout).__name__}")
         model = m.model_config()  # unknown options and bad combinations fail here, with suggestions

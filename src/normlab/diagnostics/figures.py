@@ -366,6 +366,33 @@ def fig_learned(runs: list[Run], names: list[str]):  # noqa: ANN201
     return fig
 
 
+TIER_PANELS = (("stream_max", "stream's largest |x|", "log"), ("grad_norm", "gradient norm", "log"),
+               ("update_ratio", "update / weight norm", "log"), ("max_logit", "largest attention logit (sampled)", "linear"))
+
+
+def fig_layers_per_step(runs: list[Run], names: list[str]):  # noqa: ANN201
+    """The per-step tier (layers.jsonl): each panel one metric, a line per layer (viridis: shallow to deep)."""
+    fig, axes = plt.subplots(len(runs), len(TIER_PANELS), figsize=(4.2 * len(TIER_PANELS), 3.2 * len(runs)),
+                             squeeze=False)
+    for row, run, name in zip(axes, runs, names):
+        for ax, (metric, label, scale) in zip(row, TIER_PANELS):
+            tab = run.layer_series(metric)
+            if tab.empty:
+                ax.set_title(f"{name}: no {metric}")
+                continue
+            colors = plt.cm.viridis(np.linspace(0, 1, max(len(tab.columns), 2)))
+            for color, layer in zip(colors, tab.columns):
+                ax.plot(tab.index, tab[layer], lw=0.8, color=color)
+            positive = bool((tab.to_numpy() > 0).all())
+            ax.set(title=f"{name}: {label}", xlabel="step", ylabel=label, yscale=scale if positive else "linear")
+    fig.tight_layout()
+    return fig
+
+
+def _has_layers(runs: list[Run]) -> bool:
+    return any(not run.layers.empty for run in runs)
+
+
 def _has_experts(runs: list[Run]) -> bool:
     return any(not run.probe("moe", "load_max_ratio").empty for run in runs)
 
@@ -393,4 +420,6 @@ FIGURES: tuple[Figure, ...] = (
     Figure("learned_scalars", "Learnable scalars over training: DyT α, ReZero/LayerScale h, Admin ω, head scales",
            fig_learned, shown=_has_learned),
     Figure("expert_load", "Expert load over training (MoE; Zhuo Sec. 4.3, OLMoE)", fig_expert_load, shown=_has_experts),
+    Figure("layers_per_step", "Every step, per layer: stream maximum, gradient norm, update/weight ratio, attention "
+           "logit (the per-step tier)", fig_layers_per_step, needs_probes=False, shown=_has_layers),
 )

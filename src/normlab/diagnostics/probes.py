@@ -8,7 +8,10 @@
 | resid_mid, attn_update, mlp_update | block      | mean_abs, var, rms, max_abs |
 | attn.q, attn.k, attn.v          | block          | rms, max_abs |
 | attn                            | block          | max_logit, entropy (mean over heads) |
-| attn.head{h}                    | block          | max_logit, entropy |
+| attn.head{h}                    | block          | max_logit, entropy, sink_mass (attention on the first token, queries t >= 1) |
+| attn                            | block          | sink_rate (share of heads whose sink_mass > 0.3, Gu et al. 2025) |
+| stream                          | 0..L           | kurtosis (E[(x-mu)^4]/Var^2 over the layer's entries) |
+| adam                            | block          | exp_avg_norm, exp_avg_sq_norm (Adam's moments over the block's parameters; with `optimizer=`) |
 | attn.q_proj ... mlp.down_proj   | block          | grad_norm, weight_norm (and update_norm, from `updates`) |
 | attn_norms.output, ...          | block          | gamma_mean, gamma_min, gamma_max (every norm present) |
 | embed_norm, final_norm          | null           | gamma_mean, gamma_min, gamma_max |
@@ -25,6 +28,15 @@
 
 Gradients come from `torch.autograd.grad`, so the probe never touches `.grad`, fires no DDP hooks
 and draws no random numbers: training is unchanged with probes on (tested).
+
+Under FSDP2 (`fully_shard`: DTensor parameters) every rank runs the probe on the same batch, so the
+activations, and every statistic of them, are each rank's own and the whole batch's. What depends on the
+weights is reduced per shard (`normlab.diagnostics.shards`: local sums, sums of squares, extremes and
+counts, all-reduced as scalars; nothing is gathered): weight norms, gains, learned scales, update norms,
+Adam's moments. A weight matrix's gradient is not a tensor autograd can return for a sharded parameter, so
+there it is formed from the matrix's input X and output gradient G (dL/dW = G^T X over the batch's
+tokens), a block of rows at a time: one matrix's gradient at most, never the model's. The numbers equal
+the single process's on the same weights (tests/integration/test_distributed.py).
 """
 
 from __future__ import annotations
@@ -36,8 +48,10 @@ import torch
 from torch import nn
 
 from normlab.diagnostics.prop31 import per_token
+from normlab.diagnostics.shards import is_sharded, moments, norms, reshard
 from normlab.model.block import SCALE_PARAMS
-from normlab.diagnostics.stats import angular_matrix, attention_stats, hidden_stats, massive_activations
+from normlab.diagnostics.stats import (SINK_THRESHOLD, angular_matrix, attention_stats, hidden_stats, kurtosis,
+                                      massive_activations, sink_mass)
 from normlab.model.norms import gain_of, is_norm
 
 WEIGHTS = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
@@ -51,8 +65,10 @@ TAPS = ("resid_mid", "attn_update", "mlp_update", "attn.q", "attn.k", "attn.v")
 class Probes:
     """Probe a `NormLM` on a fixed batch ``(inputs, targets)``; see the module docstring."""
 
-    def __init__(self, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], top_k: int = 100) -> None:
-        self.model, self.batch, self.top_k = model, batch, top_k
+    def __init__(self, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], top_k: int = 100,
+                 optimizer: torch.optim.Optimizer | None = None) -> None:
+        """``optimizer``: an Adam-family optimizer whose moments (exp_avg, exp_avg_sq) are recorded per block."""
+        self.model, self.batch, self.top_k, self.optimizer = model, batch, top_k, optimizer
         self._snapshot: dict[str, torch.Tensor] | None = None
 
     def _row(self, rows: list, step: int, layer: int | None, site: str, metric: str, value: float) -> None:
@@ -68,7 +84,15 @@ class Probes:
         captured: dict[str, torch.Tensor] = {}
         handles = []
         n_layers = len(model.blocks)
+        sharded = any(is_sharded(p) for p in model.parameters())
+        io: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # sharded: each weight matrix's input and output
         for i in range(n_layers):
+            if sharded:
+                for w in WEIGHTS:
+                    name = f"blocks.{i}.{w}"
+                    if name in mods and mods[name] is not None and mods[name].weight.requires_grad:
+                        handles.append(mods[name].register_forward_hook(
+                            lambda m, a, o, name=name: io.__setitem__(name, (a[0], o))))
             for tap in TAPS:
                 name = f"blocks.{i}.{tap}"
                 handles.append(mods[name].register_forward_hook(lambda m, a, o, name=name: captured.__setitem__(name, o)))
@@ -86,14 +110,26 @@ class Probes:
                 params = [mods[f"blocks.{i}.{w}"].weight for i in range(n_layers) for w in WEIGHTS if f"blocks.{i}.{w}" in mods
                           and mods[f"blocks.{i}.{w}"] is not None]
                 last_a = [captured[f"a{n_layers - 1}"]] if f"a{n_layers - 1}" in captured else []
-                wanted = [p for p in params if p.requires_grad] + list(hidden) + last_a
+                if sharded:  # the matrices' output gradients: dL/dW = G^T X (module docstring)
+                    outs = [io[f"blocks.{i}.{w}"][1] for i in range(n_layers) for w in WEIGHTS if f"blocks.{i}.{w}" in io]
+                    wanted = outs + list(hidden) + last_a
+                else:
+                    wanted = [p for p in params if p.requires_grad] + list(hidden) + last_a
                 grads = torch.autograd.grad(loss, wanted, allow_unused=True)
         finally:
             for h in handles:
                 h.remove()
             model.train(was_training)
-        n_params = sum(1 for p in params if p.requires_grad)
-        pgrads = dict(zip([id(p) for p in params if p.requires_grad], grads[:n_params]))
+            reshard(model)
+        n_params = len(outs) if sharded else sum(1 for p in params if p.requires_grad)
+        if sharded:
+            keys = [k for k in (f"blocks.{i}.{w}" for i in range(n_layers) for w in WEIGHTS) if k in io]
+            wstats = {id(mods[k].weight): _grad_from_io(io[k][0], g) for k, g in zip(keys, grads[:n_params])}
+        else:
+            pgrads = dict(zip([id(p) for p in params if p.requires_grad], grads[:n_params]))
+            wstats = {k: (g.norm().item(), g.abs().max().item()) if g is not None else (0.0, 0.0)
+                      for k, g in pgrads.items()}
+        weight_norms = dict(zip([id(p) for p in params], norms([p.detach() for p in params])))
         hgrads = grads[n_params:n_params + len(hidden)]
         a_grad = grads[-1] if last_a else None
         rows: list[dict[str, Any]] = []
@@ -105,6 +141,7 @@ class Probes:
                 self._row(rows, step, layer, "stream", k, v)
             g = hgrads[layer]
             self._row(rows, step, layer, "stream", "grad_norm", g.norm().item() if g is not None else 0.0)
+            self._row(rows, step, layer, "stream", "kurtosis", kurtosis(h))
         ang = angular_matrix(list(hidden))  # at the last token (Gromov et al.; Kim Fig. 9)
         ang_all = angular_matrix(list(hidden), tokens="all")
         for i in range(len(hidden)):
@@ -131,9 +168,13 @@ class Probes:
                                                  getattr(mods[f"blocks.{i}.attn"], "scale", None))
             self._row(rows, step, i, "attn", "max_logit", max(max_logit))
             self._row(rows, step, i, "attn", "entropy", sum(entropy) / len(entropy))
-            for head, (ml, en) in enumerate(zip(max_logit, entropy)):
+            sinks = sink_mass(captured[f"blocks.{i}.attn.q"], captured[f"blocks.{i}.attn.k"],
+                              getattr(mods[f"blocks.{i}.attn"], "scale", None))
+            self._row(rows, step, i, "attn", "sink_rate", sum(m > SINK_THRESHOLD for m in sinks) / len(sinks))
+            for head, (ml, en, sm) in enumerate(zip(max_logit, entropy, sinks)):
                 self._row(rows, step, i, f"attn.head{head}", "max_logit", ml)
                 self._row(rows, step, i, f"attn.head{head}", "entropy", en)
+                self._row(rows, step, i, f"attn.head{head}", "sink_mass", sm)
             gate = captured.get(f"blocks.{i}.attn.gate")
             if gate is not None:  # Qiu et al. 2025 Sec. 4.2: the scores are sparse (mean 0.116 in their model)
                 g = gate.detach().float()
@@ -143,24 +184,25 @@ class Probes:
                 mod = mods.get(f"blocks.{i}.{w}")
                 if mod is None or not mod.weight.requires_grad:
                     continue
-                g = pgrads.get(id(mod.weight))
-                self._row(rows, step, i, w, "grad_norm", g.norm().item() if g is not None else 0.0)
-                self._row(rows, step, i, w, "weight_norm", mod.weight.detach().norm().item())
+                self._row(rows, step, i, w, "grad_norm", wstats.get(id(mod.weight), (0.0, 0.0))[0])
+                self._row(rows, step, i, w, "weight_norm", weight_norms[id(mod.weight)])
             for site in NORM_SITES:
                 m = mods.get(f"blocks.{i}.{site}")
                 if m is not None and is_norm(m):
                     self._gamma_rows(rows, step, i, site, m)
             # learned scales that are not norms (ReZero's a, LayerScale's lambda, Admin's omega, NormFormer's
             # head scales: normlab.model.block.SCALE_PARAMS), each at its path in the block as the site
-            for site, p in mods[f"blocks.{i}"].named_parameters():
-                prefix = SCALE_PARAMS.get(site.rpartition(".")[2])
-                if prefix is not None:
-                    v = p.detach().float()
-                    self._row(rows, step, i, site, f"{prefix}_mean", v.mean().item())
-                    self._row(rows, step, i, site, f"{prefix}_abs_max", v.abs().max().item())
+            scales = [(site, p) for site, p in mods[f"blocks.{i}"].named_parameters()
+                      if SCALE_PARAMS.get(site.rpartition(".")[2]) is not None]
+            for (site, _), m in zip(scales, moments([p.detach() for _, p in scales])):
+                prefix = SCALE_PARAMS[site.rpartition(".")[2]]
+                self._row(rows, step, i, site, f"{prefix}_mean", m.mean)
+                self._row(rows, step, i, site, f"{prefix}_abs_max", m.max_abs)
         for site in ("embed_norm", "final_norm"):
             if is_norm(mods[site]):
                 self._gamma_rows(rows, step, None, site, mods[site])
+
+        rows += self.adam_rows(step)
 
         # routing (MoE layers): the share of assignments per expert, its max over the uniform share, entropy
         for i in range(n_layers):
@@ -176,17 +218,17 @@ class Probes:
         last = n_layers - 1
         if f"h{last}" not in captured:
             return rows
-        g = pgrads.get(id(mods[f"blocks.{last}.mlp.down_proj"].weight))
         h_act, a_out = captured[f"h{last}"].detach(), captured[f"a{last}"].detach()
         h_norm, a_norm = h_act.norm(dim=-1).mean().item(), a_out.norm(dim=-1).mean().item()
-        self._row(rows, step, last, "prop31", "grad_max", g.abs().max().item() if g is not None else 0.0)
+        self._row(rows, step, last, "prop31", "grad_max",
+                  wstats.get(id(mods[f"blocks.{last}.mlp.down_proj"].weight), (0.0, 0.0))[1])
         self._row(rows, step, last, "prop31", "h_norm", h_norm)
         self._row(rows, step, last, "prop31", "a_norm", a_norm)
         out_norm = mods[f"blocks.{last}.mlp_norms.output"]
         # Kim Prop. 3.1's bound is for a normalizing output norm (RMS/Layer), not DyT's squashing or ScaleNorm
         normalizing = isinstance(out_norm, (nn.RMSNorm, nn.LayerNorm))
         gain = gain_of(out_norm) if normalizing else None
-        gamma_max = (gain.detach().abs().max().item() if gain is not None else 1.0) if normalizing else None
+        gamma_max = (moments([gain.detach()])[0].max_abs if gain is not None else 1.0) if normalizing else None
         if gamma_max is not None and a_norm > 0:
             d = a_out.shape[-1]
             ratio = (h_act.norm(dim=-1) / a_out.norm(dim=-1).clamp_min(1e-30)).mean().item()
@@ -196,19 +238,37 @@ class Probes:
                 self._row(rows, step, last, "prop31", k, v)
         return rows
 
+    def adam_rows(self, step: int) -> list[dict[str, Any]]:
+        """Per block: the norms of Adam's first and second moments over the block's parameters
+        (sqrt of the sum of squares of exp_avg, of exp_avg_sq), from the optimizer's state; none before its
+        first step or without an Adam-family optimizer."""
+        if self.optimizer is None:
+            return []
+        rows: list[dict[str, Any]] = []
+        for i, block in enumerate(self.model.blocks):
+            states = [self.optimizer.state.get(p, {}) for p in block.parameters()]
+            pairs = [(s["exp_avg"], s["exp_avg_sq"]) for s in states if "exp_avg" in s and "exp_avg_sq" in s]
+            if not pairs:
+                continue
+            found = norms([m for m, _ in pairs] + [v for _, v in pairs])
+            n = len(pairs)
+            self._row(rows, step, i, "adam", "exp_avg_norm", math.sqrt(sum(x * x for x in found[:n])))
+            self._row(rows, step, i, "adam", "exp_avg_sq_norm", math.sqrt(sum(x * x for x in found[n:])))
+        return rows
+
     def _gamma_rows(self, rows: list, step: int, layer: int | None, site: str, norm: nn.Module) -> None:
         """gamma's mean, min and max (ScaleNorm's g: one value); DyT's alpha too; nothing for a gain-free norm."""
         if getattr(norm, "alpha", None) is not None:
-            self._row(rows, step, layer, site, "alpha", norm.alpha.detach().float().item())
+            self._row(rows, step, layer, site, "alpha", moments([norm.alpha.detach()])[0].mean)
         if getattr(norm, "shift", None) is not None:  # Derf's s
-            self._row(rows, step, layer, site, "shift", norm.shift.detach().float().item())
+            self._row(rows, step, layer, site, "shift", moments([norm.shift.detach()])[0].mean)
         g = gain_of(norm)  # a centered gain's 1 + w
         if g is None:
             return
-        w = g.detach().float()
-        self._row(rows, step, layer, site, "gamma_mean", w.mean().item())
-        self._row(rows, step, layer, site, "gamma_min", w.min().item())
-        self._row(rows, step, layer, site, "gamma_max", w.max().item())
+        m = moments([g.detach()])[0]
+        self._row(rows, step, layer, site, "gamma_mean", m.mean)
+        self._row(rows, step, layer, site, "gamma_min", m.minimum)
+        self._row(rows, step, layer, site, "gamma_max", m.maximum)
 
     # --- update norms: call `snapshot()` before an optimizer step and `updates(step)` after it ---
     def snapshot(self) -> None:
@@ -221,9 +281,26 @@ class Probes:
             return []
         mods = dict(self.model.named_modules())
         rows: list[dict[str, Any]] = []
-        for key, before in self._snapshot.items():
+        keys = list(self._snapshot)
+        deltas = norms([mods[f"blocks.{k.split(':')[0]}.{k.split(':')[1]}"].weight.detach() - self._snapshot[k]
+                        for k in keys])
+        for key, delta in zip(keys, deltas):
             i, w = key.split(":")
-            delta = (mods[f"blocks.{i}.{w}"].weight.detach() - before).norm().item()
             self._row(rows, step, int(i), w, "update_norm", delta)
         self._snapshot = None
         return rows
+
+
+def _grad_from_io(x: torch.Tensor, g: torch.Tensor | None, rows: int = 1024) -> tuple[float, float]:
+    """(||dL/dW||_F, max |dL/dW_ij|) of a linear map y = x W^T from its input ``x`` and output gradient ``g``:
+    dL/dW = g^T x summed over the tokens, formed ``rows`` output rows at a time (the norm and the maximum
+    accumulate in float64; the matrix itself is never held whole)."""
+    if g is None:
+        return 0.0, 0.0
+    x, g = x.detach().reshape(-1, x.shape[-1]), g.detach().reshape(-1, g.shape[-1])
+    sumsq, largest = 0.0, 0.0
+    for r in range(0, g.shape[1], rows):
+        part = g[:, r:r + rows].transpose(0, 1) @ x.to(g.dtype)
+        sumsq += part.double().pow(2).sum().item()
+        largest = max(largest, part.abs().max().item())
+    return math.sqrt(sumsq), largest

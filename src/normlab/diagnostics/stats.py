@@ -4,7 +4,11 @@
 - top-k absolute activations, max, median, max/median ratio (Sun et al. 2024 "massive activations")
   and the headroom to the FP16 maximum 65504 (Kim Fig. 11);
 - angular distance between hidden states, arccos(cos) / pi averaged over tokens (Kim Figs. 9, 39);
-- attention max logit and entropy per head (the QK-norm motivation, Wortsman et al. 2024).
+- attention max logit and entropy per head (the QK-norm motivation, Wortsman et al. 2024);
+- the attention-sink mass per head, the mean attention on the first token (Xiao et al. 2024; Gu et al. 2025,
+  "When Attention Sink Emerges": a head is a sink head when that mass exceeds 0.3, their epsilon);
+- activation kurtosis, E[(x - mu)^4] / Var(x)^2 over a tensor's entries (3 for a Gaussian; massive
+  activations make it large: Bondarenko et al. 2023, He et al. 2024 "outlier features").
 """
 
 from __future__ import annotations
@@ -83,6 +87,33 @@ def attention_stats(q: torch.Tensor, k: torch.Tensor, scale: float | None = None
     ent = -(p * torch.where(p > 0, p.log(), torch.zeros_like(p))).sum(-1)  # (B, H, T)
     max_logit = logits.masked_fill(~mask, float("-inf")).amax(dim=(0, 2, 3))
     return max_logit.tolist(), ent.mean(dim=(0, 2)).tolist()
+
+
+SINK_THRESHOLD = 0.3  # Gu et al. 2025's epsilon: a head whose mean attention on the first token exceeds it
+
+
+def sink_mass(q: torch.Tensor, k: torch.Tensor, scale: float | None = None) -> list[float]:
+    """Per head: the attention probability on the first token, averaged over the batch and the queries
+    t >= 1 (query 0 sees only the first token), under plain causal softmax of q.k * scale (the logits of
+    `attention_stats`). q: (B, H, T, d), k: (B, H_kv, T, d)."""
+    q, k = q.detach().float(), k.detach().float()
+    if k.shape[1] != q.shape[1]:
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    t = q.shape[-2]
+    if t < 2:
+        return [1.0] * q.shape[1]
+    logits = (q @ k.transpose(-1, -2)) * (scale if scale is not None else q.shape[-1] ** -0.5)
+    mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+    p = logits.masked_fill(~mask, float("-inf")).softmax(-1)
+    return p[:, :, 1:, 0].mean(dim=(0, 2)).tolist()
+
+
+def kurtosis(x: torch.Tensor) -> float:
+    """E[(x - mu)^4] / Var(x)^2 over every entry (population moments, float64); 0 for a constant tensor."""
+    x = x.detach().double().flatten()
+    c = x - x.mean()
+    var = c.pow(2).mean()
+    return (c.pow(4).mean() / var.pow(2)).item() if var > 0 else 0.0
 
 
 def massive_activations(tensors: list[torch.Tensor], k: int = 100) -> dict[str, float]:

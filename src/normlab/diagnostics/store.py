@@ -4,7 +4,8 @@
 ``probes.jsonl`` holds one JSON object per row: ``{"step", "layer", "site", "metric", "value"}``
 (layer is null for model-level rows; see `normlab.diagnostics.probes` for every site and metric).
 `load_run(path)` returns a `Run` with pandas DataFrames: ``metrics`` (one row per optimizer step),
-``probes`` (the tidy rows) and the ``config`` and ``summary`` dictionaries.
+``probes`` (the tidy rows), ``layers`` (the per-step tier, ``layers.jsonl``, as tidy rows step, layer, head,
+metric, value) and the ``config`` and ``summary`` dictionaries.
 """
 
 from __future__ import annotations
@@ -43,6 +44,12 @@ class Run:
     metrics: pd.DataFrame
     probes: pd.DataFrame
     evals: dict[str, dict] = field(default_factory=dict)  # eval.json (normlab eval), {} if not evaluated
+    layers: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=["step", "layer", "head", "metric", "value"]))
+
+    def layer_series(self, metric: str) -> pd.DataFrame:
+        """One metric of the per-step tier as a step x layer table (a per-head metric: its maximum over heads)."""
+        df = self.layers[self.layers.metric == metric]
+        return df.pivot_table(index="step", columns="layer", values="value", aggfunc="max") if len(df) else df
 
     @property
     def name(self) -> str:
@@ -63,4 +70,21 @@ def load_run(path: str | Path) -> Run:
     probes = pd.DataFrame(run.probes(), columns=["step", "layer", "site", "metric", "value"])
     probes["layer"] = probes["layer"].astype("Int64")
     return Run(path=run.path, config=run.record() or {}, summary=run.summary() or {}, metrics=metrics, probes=probes,
-               evals=run.evals())
+               evals=run.evals(), layers=tier_rows(run.layers()))
+
+
+def tier_rows(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """layers.jsonl (one row per step, each metric a list by layer; per-head metrics a list of lists) as tidy
+    rows step, layer, head (None for a per-layer metric), metric, value: the form `Run.layers` holds."""
+    out = []
+    for r in rows:
+        step = r.get("step")
+        for metric, values in r.items():
+            if metric == "step" or not isinstance(values, list):
+                continue
+            for layer, v in enumerate(values):
+                if isinstance(v, list):
+                    out += [(step, layer, h, metric, x) for h, x in enumerate(v) if isinstance(x, (int, float))]
+                elif isinstance(v, (int, float)):
+                    out.append((step, layer, None, metric, v))
+    return pd.DataFrame(out, columns=["step", "layer", "head", "metric", "value"])

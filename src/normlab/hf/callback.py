@@ -7,7 +7,9 @@
 The monitor hooks the model's forward for the loss and the batch; the callback calls it at
 ``on_pre_optimizer_step`` (the gradients of the whole accumulated step are there, not yet clipped or
 cleared) and closes it at the end of training. Norm sites are named as normlab's where the model is a
-registered architecture (`site_names`).
+registered architecture (`site_names`). Under torchrun (DDP, or an FSDP2-sharded model) the Trainer calls the
+callback on every rank: the monitor reduces the loss and the sharded gradients and gains across the ranks,
+and rank 0 writes (`normlab.diagnostics.monitor`).
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@
     ├── tokenizer.json            the trained or loaded BPE (byte runs need none)
     ├── metrics.jsonl             one row per optimizer step (and validation rows)
     ├── probes.jsonl              probe rows (normlab.diagnostics.probes)
+    ├── layers.jsonl              the per-step tier: one row per step, per-layer lists (normlab.diagnostics.tier)
+    ├── spikes.jsonl, spikes/     each loss or gradient spike: its verdict, rerun and saved batch (step_N.pt)
     ├── summary.json              status, reason and step, final losses, speed, forensics
     ├── eval.json                 lm-eval results (normlab eval), with eval_log.txt and eval_samples/
     ├── tensorboard/              with --tensorboard
@@ -46,6 +48,9 @@ CONFIG = "config.json"
 TOKENIZER = "tokenizer.json"
 METRICS = "metrics.jsonl"
 PROBES = "probes.jsonl"
+LAYERS = "layers.jsonl"
+SPIKES = "spikes.jsonl"
+SPIKE_BATCHES = "spikes"
 SUMMARY = "summary.json"
 EVALS = "eval.json"
 EVAL_LOG = "eval_log.txt"
@@ -109,6 +114,17 @@ class RunDir:
     @property
     def probes_file(self) -> Path:
         return self.path / PROBES
+
+    @property
+    def layers_file(self) -> Path:
+        return self.path / LAYERS
+
+    @property
+    def spikes_file(self) -> Path:
+        return self.path / SPIKES
+
+    def spike_batch_file(self, step: int) -> Path:
+        return self.path / SPIKE_BATCHES / f"step_{step}.pt"
 
     @property
     def summary_file(self) -> Path:
@@ -183,6 +199,13 @@ class RunDir:
 
     def probes(self) -> list[dict[str, Any]]:
         return read_jsonl(self.probes_file)
+
+    def layers(self) -> list[dict[str, Any]]:
+        """The per-step tier's rows (``layers.jsonl``): one per step, each metric a list by layer."""
+        return read_jsonl(self.layers_file)
+
+    def spikes(self) -> list[dict[str, Any]]:
+        return read_jsonl(self.spikes_file)
 
     def probe_series(self, site: str, metric: str, layer: int | None = None) -> list[tuple[int, float]]:
         """(step, value) of one site and metric, without pandas (summaries of many runs)."""

@@ -29,6 +29,12 @@ Spikes (counted and logged, never fatal), the published rules:
 - OLMo-core: a value above mean + 6 std of the previous 128 steps (loss and grad norm separately);
 - Megatron-LM: a loss above 10x the largest loss of the early steps (the first 128).
 
+Spike skipping (``on_spike=skip``, `SkipRule`), OLMo-core's SkipStepOptimizer rule: a step whose loss or
+gradient norm lies more than ``sigmas`` (6) sample standard deviations from the mean of the previous
+``window`` (128) steps' values, either way, once max(20, window // 2) values are known, is not applied. Every
+step's values enter the window, skipped or not (OLMo's). Skipped spikes are listed in
+``spike_skipped_steps`` and count with the non-finite skips against ``max_skipped``.
+
 The monitor is a small dataclass with `state_dict()` so resumed runs keep their history.
 """
 
@@ -68,6 +74,41 @@ class SpikeDetector:
 
 
 @dataclass
+class SkipRule:
+    """OLMo-core's skip rule (module docstring): |x - mean| > sigmas * std (sample std) over the previous
+    ``window`` values of the loss, or of the gradient norm, once max(20, window // 2) values are known."""
+
+    window: int = SPIKE_WINDOW
+    sigmas: float = SPIKE_SIGMAS
+    losses: deque = field(default_factory=deque)
+    grad_norms: deque = field(default_factory=deque)
+
+    @property
+    def min_history(self) -> int:
+        return max(20, self.window // 2)
+
+    def z_scores(self, loss: float, grad_norm: float) -> tuple[float | None, float | None]:
+        """This step's |z| of the loss and of the gradient norm against the previous values (None while
+        fewer than `min_history` values, this one included, are known); then both enter the window."""
+        out: list[float | None] = []
+        for values, x in ((self.losses, loss), (self.grad_norms, grad_norm)):
+            z = None
+            if len(values) + 1 >= self.min_history and len(values) >= 2 and math.isfinite(x):
+                mean, std = statistics.fmean(values), statistics.stdev(values)
+                z = abs(x - mean) / std if std > 0 else (0.0 if x == mean else math.inf)
+            if math.isfinite(x):
+                values.append(x)
+                while len(values) > self.window:
+                    values.popleft()
+            out.append(z)
+        return out[0], out[1]
+
+    def threshold(self, values: deque) -> tuple[float, float]:
+        """(mean, std) of the window as it stands: a value farther than sigmas * std from mean is a spike."""
+        return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+@dataclass
 class DivergenceMonitor:
     patience: int = 50
     final_loss: float | None = None
@@ -89,6 +130,8 @@ class DivergenceMonitor:
     early_max: float = -math.inf
     megatron_spikes: int = 0
     losses: list[float] = field(default_factory=list)  # every finite step's loss (final loss, stalled rule)
+    skip_rule: SkipRule = field(default_factory=SkipRule)
+    spike_skipped_steps: list[int] = field(default_factory=list)
 
     @property
     def diverged(self) -> bool:
@@ -126,9 +169,23 @@ class DivergenceMonitor:
                           "the gradients keep overflowing")
 
     def _check_skipped(self, seen: int) -> None:
-        if seen >= MIN_SKIP_STEPS and len(self.skipped_steps) > self.max_skipped * seen:
-            self._diverge(seen - 1, f"{len(self.skipped_steps)} of {seen} steps skipped for non-finite values "
-                          f"(more than {self.max_skipped:.0%})")
+        skipped = len(self.skipped_steps) + len(self.spike_skipped_steps)
+        if seen >= MIN_SKIP_STEPS and skipped > self.max_skipped * seen:
+            why = " and ".join(w for w, n in (("non-finite values", self.skipped_steps),
+                                              ("spikes", self.spike_skipped_steps)) if n)
+            self._diverge(seen - 1, f"{skipped} of {seen} steps skipped for {why} (more than {self.max_skipped:.0%})")
+
+    def check_spike(self, step: int, loss: float, grad_norm: float, skip: bool) -> dict | None:
+        """OLMo's skip rule on a finite step (`SkipRule`): None if neither value spiked, else what spiked
+        with its z-scores; with ``skip`` the step is recorded as skipped (and counted against max_skipped)."""
+        z_loss, z_grad = self.skip_rule.z_scores(loss, grad_norm)
+        kinds = [k for k, z in (("loss", z_loss), ("grad_norm", z_grad)) if z is not None and z > self.skip_rule.sigmas]
+        if not kinds:
+            return None
+        if skip:
+            self.spike_skipped_steps.append(step)
+            self._check_skipped(step + 1)
+        return {"kinds": kinds, "z_loss": z_loss, "z_grad_norm": z_grad}
 
     def update(self, step: int, loss: float, grad_norm: float) -> dict[str, bool]:
         """Record a finite step; returns which spike rules fired."""
@@ -181,6 +238,7 @@ class DivergenceMonitor:
             "reason": self.reason,
             "diverged_step": self.diverged_step,
             "skipped_steps": list(self.skipped_steps),
+            "spike_skipped_steps": list(self.spike_skipped_steps),
             "overflow_steps": list(self.overflow_steps),
             "loss_spikes": self.loss_spikes.count,
             "grad_spikes": self.grad_spikes.count,
@@ -197,6 +255,8 @@ class DivergenceMonitor:
             "early_max": self.early_max, "megatron_spikes": self.megatron_spikes,
             "overflow_steps": list(self.overflow_steps), "overflow_streak": self.overflow_streak,
             "losses": list(self.losses),
+            "skip_losses": list(self.skip_rule.losses), "skip_grad_norms": list(self.skip_rule.grad_norms),
+            "spike_skipped_steps": list(self.spike_skipped_steps),
         }
 
     def load_state_dict(self, s: dict) -> None:
@@ -212,3 +272,6 @@ class DivergenceMonitor:
         # older checkpoints kept only the last 10 losses ("recent"): the stalled rule judges what follows
         self.losses = list(s.get("losses", s.get("recent", [])))
         self.overflow_streak = s.get("overflow_streak", 0)
+        self.skip_rule.losses.extend(s.get("skip_losses", []))  # absent before the skip rule existed
+        self.skip_rule.grad_norms.extend(s.get("skip_grad_norms", []))
+        self.spike_skipped_steps = list(s.get("spike_skipped_steps", []))

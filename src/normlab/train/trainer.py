@@ -22,6 +22,7 @@ not speed). On CPU a sync costs nothing.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import platform
 import statistics
@@ -40,6 +41,7 @@ from normlab.data.sft import load_sft_data
 from normlab.diagnostics.forensics import describe as describe_break
 from normlab.diagnostics.forensics import first_break, gradient_break, site_of
 from normlab.diagnostics.probes import Probes
+from normlab.diagnostics.tier import StepTier, TierSpikes, tier_summary
 from normlab.diagnostics.store import ProbeWriter
 from normlab.io import truncate_jsonl
 from normlab.errors import CheckpointError, ConfigError
@@ -54,8 +56,9 @@ from normlab.train.init_from import load_init_weights
 from normlab.train.loggers import Sinks
 from normlab.train.memory import check_fits, device_capacity
 from normlab.train.mfu import flops_per_token, peak_flops
-from normlab.train.monitor import DivergenceMonitor
+from normlab.train.monitor import DivergenceMonitor, SkipRule
 from normlab.train.optim import lr_at, make_optimizer
+from normlab.train.spikes import SpikeHandler
 
 
 class TrainingFailed(RuntimeError):
@@ -201,6 +204,10 @@ class RunState:
     flops_per_token: int = 0  # 6N + 12 L H Q T (normlab.train.mfu)
     memory_plan: Any = None  # normlab.train.memory.MemoryPlan on CUDA (checked against the device before the start)
     peak_flops: float | None = None  # the device's dense peak for the run's precision; None: unknown
+    tier: StepTier | None = None  # the per-step tier (normlab.diagnostics.tier), layers.jsonl
+    tier_spikes: TierSpikes | None = None
+    spikes: SpikeHandler | None = None  # the spike policy, rerun and records (normlab.train.spikes)
+    layers_log: Any = None  # layers.jsonl, open for appending (main rank)
 
     @property
     def wall(self) -> float:
@@ -211,6 +218,10 @@ class RunState:
             self.sinks.close()  # closing twice is harmless
         if self.probe_log is not None:
             self.probe_log.close()
+        if self.layers_log is not None:
+            self.layers_log.close()
+        if self.tier is not None:
+            self.tier.remove()
 
 
 def _load_data(cfg: TrainConfig):  # noqa: ANN202 - TokenData | SFTData
@@ -250,7 +261,8 @@ def build_state(cfg: TrainConfig, info: distributed.DistInfo, start: Start) -> R
         monitor=DivergenceMonitor(patience=cfg.run.diverge_patience, final_loss=cfg.run.diverge_final_loss,
                                   max_skipped=cfg.run.max_skipped, max_overflow_streak=cfg.run.max_overflow_streak,
                                   min_loss_scale=cfg.run.min_loss_scale, stall_margin=cfg.run.stall_margin,
-                                  unigram_loss=data.unigram_loss() if cfg.run.stall_margin else None),
+                                  unigram_loss=data.unigram_loss() if cfg.run.stall_margin else None,
+                                  skip_rule=SkipRule(window=cfg.run.spike_window, sigmas=cfg.run.spike_sigmas)),
         params=params, val=data.val_windows(cfg.run.eval_batches, cfg.data.batch_size, cfg.data.seq_len),
         trainable=[p for p in model.parameters() if p.requires_grad],
         flops_per_token=fpt, peak_flops=peak_flops(info.device, cfg.precision, cfg.run.tf32), memory_plan=memory_plan,
@@ -274,6 +286,13 @@ def _tokenizer_facts(tok: Any) -> dict[str, Any] | None:
 def open_records(state: RunState) -> None:
     """config.json, the metrics/probe files cut back to the start step, the loggers (main rank only)."""
     cfg, run = state.cfg, RunDir(state.run)
+    if cfg.run.probe_every and (state.info.is_main or cfg.run.fsdp):  # FSDP2: every rank runs the sharded probe
+        px, py = state.data.val_windows(1, cfg.run.probe_batch, cfg.data.seq_len)[0]
+        state.probes = Probes(_unwrap(state.model), (px, py), optimizer=state.opt)
+    if cfg.run.layer_stats:
+        state.tier = StepTier(_unwrap(state.model), hooks=not cfg.run.compile)
+        state.tier_spikes = TierSpikes()
+    state.spikes = SpikeHandler(state.monitor, cfg.run.on_spike, run if state.info.is_main else None)
     if not state.info.is_main:
         return
     run.path.mkdir(parents=True, exist_ok=True)
@@ -291,10 +310,13 @@ def open_records(state: RunState) -> None:
     if hasattr(state.data.tokenizer, "to_json"):
         run.write_tokenizer(state.data.tokenizer.to_json())
     truncate_jsonl(run.metrics_file, state.step)  # drop rows past the checkpoint (and torn lines): replayed
+    for path in (run.layers_file, run.spikes_file):
+        if path.exists() or (path == run.layers_file and cfg.run.layer_stats):
+            truncate_jsonl(path, state.step)
+    if cfg.run.layer_stats:
+        state.layers_log = run.layers_file.open("a", buffering=1)
     state.sinks = Sinks(cfg, run, state.step)
     if cfg.run.probe_every:
-        px, py = state.data.val_windows(1, cfg.run.probe_batch, cfg.data.seq_len)[0]
-        state.probes = Probes(_unwrap(state.model), (px, py))
         state.probe_log = ProbeWriter(run.probes_file, state.step)
 
 
@@ -330,19 +352,13 @@ def find_break(state: RunState) -> dict[str, Any]:
     return chosen
 
 
-def train_step(state: RunState) -> dict[str, Any]:
-    """One optimizer step (all micro-batches); returns its metrics row."""
-    cfg, info, model, opt, scaler, step = state.cfg, state.info, state.model, state.opt, state.scaler, state.step
-    probing = state.probes is not None and step % cfg.run.probe_every == 0
-    if probing:
-        state.probe_log.write(state.probes.record(step))
-    t0 = time.perf_counter()
-    lr = lr_at(step, cfg)
-    for group in opt.param_groups:
-        group["lr"] = lr
-    opt.zero_grad(set_to_none=True)
+def _forward_backward(state: RunState, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The step's micro-batches forward and backward into .grad (scaled under fp16): (the loss summed over
+    them, the auxiliary loss summed, the last auxiliary loss or None), on the device."""
+    cfg, info, model, scaler = state.cfg, state.info, state.model, state.scaler
     loss_sum = torch.zeros((), device=info.device)  # on the device: no sync per micro-batch
     aux_sum = torch.zeros((), device=info.device)
+    aux = None
     for i, (xb, yb) in enumerate(micro_batches(state, step)):
         sync = contextlib.nullcontext()
         if isinstance(model, nn.parallel.DistributedDataParallel) and i < cfg.data.grad_accum - 1:
@@ -356,7 +372,99 @@ def train_step(state: RunState) -> dict[str, Any]:
         loss_sum += loss.detach().float()
         if aux is not None:
             aux_sum += aux.detach().float()
+    return loss_sum, aux_sum, aux
+
+
+# --- the per-step tier and spikes (normlab.diagnostics.tier, normlab.train.spikes) ---
+
+def _spike_start(state: RunState) -> None:
+    if state.tier is not None:
+        state.tier.reset()
+    if state.spikes is not None:
+        state.spikes.start(state.info.device)
+
+
+def _replay(state: RunState, step: int, same_rng: bool) -> tuple[float, float]:
+    """Step ``step``'s forward and backward again on the weights as they are (its gradients kept aside and
+    put back): its (loss, gradient norm), reduced over the ranks as the step's own."""
+    kept = [p.grad for p in state.trainable]
+    for p in state.trainable:
+        p.grad = None
+    try:
+        if same_rng:
+            state.spikes.restore_rng(state.info.device)
+        loss_sum, aux_sum, _ = _forward_backward(state, step)
+        norm = torch.nn.utils.clip_grad_norm_(state.trainable, math.inf)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        scale = state.scaler.get_scale() if state.scaler.is_enabled() else 1.0
+        loss = distributed.mean_across_tensor(loss_sum.reshape(1), state.info).item()
+        return loss, norm.item() / scale
+    finally:
+        for p, g in zip(state.trainable, kept):
+            p.grad = g
+
+
+def _global_batch(state: RunState, step: int) -> dict[str, torch.Tensor]:
+    """The whole batch of ``step`` (every rank's share), recomputed from (seed, step)."""
+    cfg = state.cfg
+    window = getattr(state.data, "train_window", None)
+    if window is not None:
+        return {"tokens": window(step, cfg.data.batch_size, cfg.data.seq_len, cfg.optim.seed)}
+    x, y = state.data.train_batch(step, cfg.data.batch_size, cfg.data.seq_len, cfg.optim.seed)
+    return {"inputs": x, "targets": y}
+
+
+def _spike_check(state: RunState, step: int, loss: float, grad_norm: float) -> dict[str, Any] | None:
+    """Before the update of a finite step: the tier's values read (and its per-layer spike rule), the loss and
+    gradient-norm rule with its rerun (normlab.train.spikes); on a spike of either, the full probe pass on
+    this step's batch with the pre-step weights (sites prefixed spike:). Returns the spike's record or None."""
+    fired = []
+    if state.tier is not None:
+        fired = state.tier_spikes.check(state.tier.read())
+    record = state.spikes.check(step, loss, grad_norm, lambda s, same: _replay(state, s, same),
+                                lambda s: _global_batch(state, s))
+    if (record is not None or fired) and state.probes is not None:
+        x, y = micro_batches(state, step)[0]
+        rows = Probes(state.probes.model, (x, y), optimizer=state.opt).record(step)
+        why = (record["kinds"] if record else []) + fired
+        _write_probes(state, [{**r, "site": f"spike:{r['site']}"} for r in rows]
+                      + [{"step": step, "layer": None, "site": "spike", "metric": f"fired:{w}", "value": 1.0}
+                         for w in why])
+    return record
+
+
+def _tier_row(state: RunState, step: int, applied: bool) -> None:
+    """After the update: the tier's row (update RMS and ratio added) to layers.jsonl."""
+    if state.tier is None:
+        return
+    row = state.tier.after_step(applied)
+    if state.layers_log is not None:
+        state.layers_log.write(json.dumps({"step": step, **row}) + "\n")
+
+
+def _write_probes(state: RunState, rows: list[dict[str, Any]]) -> None:
+    """Probe rows to probes.jsonl (the main rank's; under FSDP2 every rank computed the same rows)."""
+    if state.probe_log is not None:
+        state.probe_log.write(rows)
+
+
+def train_step(state: RunState) -> dict[str, Any]:
+    """One optimizer step (all micro-batches); returns its metrics row."""
+    cfg, info, model, opt, scaler, step = state.cfg, state.info, state.model, state.opt, state.scaler, state.step
+    probing = state.probes is not None and step % cfg.run.probe_every == 0
+    if probing:
+        _write_probes(state, state.probes.record(step))
+    t0 = time.perf_counter()
+    lr = lr_at(step, cfg)
+    for group in opt.param_groups:
+        group["lr"] = lr
+    opt.zero_grad(set_to_none=True)
+    _spike_start(state)
+    loss_sum, aux_sum, aux = _forward_backward(state, step)
     scaler.unscale_(opt)  # fp16: the gradients unscaled, an overflow recorded on the device (no sync)
+    if state.tier is not None:
+        state.tier.before_step()  # per-block gradient and weight norms, before the clip
     max_norm = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf
     grad_norm_t = torch.nn.utils.clip_grad_norm_(state.trainable, max_norm)
     if hasattr(grad_norm_t, "full_tensor"):  # FSDP2: a DTensor; the norm over every rank's shards
@@ -366,13 +474,17 @@ def train_step(state: RunState) -> dict[str, Any]:
     loss_val, aux_val, grad_norm = torch.cat([losses, grad_norm_t.float().to(losses.device).reshape(1)]).tolist()
     scaled = scaler.is_enabled()
     apply = state.monitor.check_finite(step, loss_val, grad_norm, cfg.run.on_nonfinite, scaled=scaled)
+    spike = _spike_check(state, step, loss_val, grad_norm) if apply else None
+    spike_skip = spike is not None and spike["action"] == "skipped"
+    apply = apply and not spike_skip
     if probing:
         state.probes.snapshot()
     if apply:
         opt.step()  # the gradients are unscaled and finite: what scaler.step would do, without its sync
     scaler.update()  # fp16: halves the scale after an overflow, doubles it after 2000 clean steps
+    _tier_row(state, step, apply)
     if probing:
-        state.probe_log.write(state.probes.updates(step))
+        _write_probes(state, state.probes.updates(step))
     dt = time.perf_counter() - t0
     state.tokens += cfg.data.batch_size * cfg.data.seq_len
     tok_per_s = cfg.data.batch_size * cfg.data.seq_len / dt
@@ -387,7 +499,11 @@ def train_step(state: RunState) -> dict[str, Any]:
     if scaled:
         row["loss_scale"] = scaler.get_scale()  # fp16's second read-back
         state.monitor.check_scale(step, row["loss_scale"])
-    if not apply:
+    if spike is not None:
+        row["spike"] = spike["verdict"]  # data | dynamics | hardware (normlab.train.spikes)
+    if spike_skip:
+        row["skipped"] = True
+    elif not apply:
         row["overflow" if scaled and math.isfinite(loss_val) else "skipped"] = True
     else:
         row.update({k: True for k, v in state.monitor.update(step, loss_val, grad_norm).items() if v})
@@ -416,7 +532,7 @@ def _train(cfg: TrainConfig, info: distributed.DistInfo, start: Start) -> dict[s
         if state.monitor.diverged:
             state.forensics = find_break(state)
         if state.probes is not None:  # the end state (also of a diverged run, at the step it stopped)
-            state.probe_log.write(state.probes.record(state.step))
+            _write_probes(state, state.probes.record(state.step))
         state.monitor.finish(state.step)
     except Exception as err:  # a crash is recorded, then raised
         state.close()
@@ -498,6 +614,9 @@ def _write_summary(state: RunState, status: str | None = None, error: str | None
         "max_activation": max_activation(run, state.forensics),
         "forensics": state.forensics,
         "first_break": site_of(state.forensics),
+        "spikes": [{"step": r["step"], "verdict": r["verdict"], "action": r["action"]} for r in run.spikes()
+                   if "verdict" in r],  # normlab.train.spikes: each spike's attribution
+        "layer_stats": tier_summary(run.layers()),  # the per-step tier's largest values (normlab.diagnostics.tier)
     }
     if status is not None:
         summary["status"] = status
