@@ -297,7 +297,7 @@ def _summarize(args: argparse.Namespace) -> int:
 
     from normlab.runs.files import STORE, SweepDir
 
-    if not SweepDir(args.sweep).is_sweep():
+    if not (SweepDir(args.sweep).is_sweep() or SweepDir(args.sweep).sweep_file.is_file()):  # (a lost store: rebuilt)
         raise ConfigError(f"{args.sweep} holds no {STORE}; give a folder written by normlab sweep or compare")
     result = summarize(args.sweep, args.out)
     print(result["markdown"].read_text())

@@ -26,9 +26,14 @@ QUIET = lambda *a, **k: None  # noqa: E731
 
 
 @pytest.fixture(scope="module")
-def trained_sweep(corpus, tmp_path_factory):
+def trained_sweep(tmp_path_factory):
     """Two nano runs, summarized: the folder every test here copies."""
-    out = tmp_path_factory.mktemp("store") / "sw"
+    from tests.conftest import SENTENCES
+
+    root = tmp_path_factory.mktemp("store")
+    corpus = root / "corpus.txt"
+    corpus.write_text("\n".join(SENTENCES[(i * 7) % len(SENTENCES)] for i in range(800)))
+    out = root / "sw"
     base = dict(data=str(corpus), size="nano", seq_len=32, batch_size=8, steps=4, eval_every=0, eval_batches=1,
                 probe_every=0, layout="pre")
     run_sweep(SweepConfig(name="st", base=base, grid={"seed": [0, 1]}), out, workers=1, log=QUIET)

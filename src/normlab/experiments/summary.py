@@ -48,11 +48,12 @@ def load_sweep(path: str | Path) -> tuple[pd.DataFrame, list[str]]:
     """The store as a DataFrame (one row per run: axis columns, status, outcomes) and the axis names."""
     root = Path(path)
     db = SweepDir(root).store_file if root.is_dir() else root
-    if not db.is_file():
-        raise FileNotFoundError(f"{path}: no {STORE} here; give a directory written by normlab sweep")
     folder = SweepDir(db.parent)
-    store = open_store(folder, readonly=True)  # a sweep on read-only storage is summarized elsewhere (--out)
-    rows = store.rows()
+    lost = not db.is_file() and folder.sweep_file.is_file() and folder.run_folders()  # moved aside as corrupt
+    if not db.is_file() and not lost:
+        raise FileNotFoundError(f"{path}: no {STORE} here; give a directory written by normlab sweep")
+    store = None if lost else open_store(folder, readonly=True)  # read-only storage is summarized elsewhere (--out)
+    rows = [] if store is None else store.rows()
     if not rows and folder.run_folders():  # a lost store (0 bytes, moved aside): rebuilt from the run folders
         if not writable(folder.path):
             raise ConfigError(f"{db} holds no runs but {folder.path} holds run folders, and the folder is read-only, "
