@@ -11,7 +11,7 @@ LM_EVAL := lm_eval[hf]==0.4.13
 # both names (tested on 5.23.0 and 5.24.0)
 TRANSFORMERS := transformers==5.24.0
 
-.PHONY: demo test test-all install data bench recipes gpu-recipes quotes clean
+.PHONY: demo test test-all test-slurm install data bench recipes gpu-recipes quotes clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	@echo "normlab: creating $(VENV) and installing $(TORCH) (CPU), numpy, pandas, matplotlib, tokenizers, transformers, lm-eval and the test tools (1-3 minutes)"
@@ -63,6 +63,13 @@ test: install
 
 test-all: install
 	$(PY) -m pytest -n 2 -m ""
+
+# The cluster tests (tests/slurm/: kill and rerun, time limit, preemption, a QOS submit limit, cancel) against a
+# one-node SLURM on this machine: scripts/slurm_up.sh (root) installs Debian's slurm-wlm, munge, mariadb-server and
+# slurmdbd if missing and starts them without systemd. `make test` skips these tests.
+test-slurm: install
+	scripts/slurm_up.sh
+	NORMLAB_TEST_SLURM=1 $(PY) -m pytest -p no:xdist tests/slurm -v
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

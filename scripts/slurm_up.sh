@@ -2,17 +2,25 @@
 # A one-node SLURM on this machine for the cluster tests (tests/slurm/, `make test-slurm`), without systemd:
 # munged, MariaDB, slurmdbd (sacct accounting), slurmctld and slurmd, configured for this host.
 # Idempotent: a daemon already running is left as it is; run it again after a reboot.
-# Needs root and Debian's packages: apt-get install -y slurm-wlm munge mariadb-server slurmdbd
+# Needs root; installs Debian's slurm-wlm, munge, mariadb-server and slurmdbd with apt-get if they are missing.
 #
 # The cluster: one node (`hostname -s`) with CPUs=2 and RealMemory from /proc/meminfo, partition `debug`,
-# jobs requeueable (JobRequeue=1, PreemptMode=REQUEUE), finished jobs leave squeue after MinJobAge=10 s
+# jobs requeueable (JobRequeue=1, PreemptMode=REQUEUE; a requeued job may start again after 30 s,
+# AuthInfo=cred_expire=30, not 120), finished jobs leave squeue after MinJobAge=10 s
 # (sacct keeps them), and a QOS `normlab-limited` with MaxSubmitJobsPerUser=3 for the submit-limit test.
 set -euo pipefail
 
 [ "$(id -u)" = 0 ] || { echo "slurm_up.sh: run as root (it writes /etc/slurm and starts daemons)" >&2; exit 2; }
-for bin in munged mariadbd slurmdbd slurmctld slurmd sacctmgr; do
-    command -v "$bin" >/dev/null || { echo "slurm_up.sh: $bin missing; apt-get install -y slurm-wlm munge mariadb-server slurmdbd" >&2; exit 2; }
-done
+PACKAGES="slurm-wlm munge mariadb-server slurmdbd"
+missing() { for bin in munged mariadbd slurmdbd slurmctld slurmd sacctmgr; do command -v "$bin" >/dev/null || return 0; done; return 1; }
+if missing && command -v apt-get >/dev/null; then
+    echo "slurm_up.sh: installing $PACKAGES"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -q $PACKAGES >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q $PACKAGES >/dev/null; }
+fi
+if missing; then
+    echo "slurm_up.sh: SLURM's daemons are missing; install Debian's $PACKAGES" >&2; exit 2
+fi
 
 HOST=$(hostname -s)
 CPUS=${SLURM_UP_CPUS:-2}
@@ -62,10 +70,12 @@ LogFile=$LOG/slurmdbd.log
 EOF
 chmod 0600 /etc/slurm/slurmdbd.conf
 
+OLD_CONF=$(cat /etc/slurm/slurm.conf 2>/dev/null || true)
 cat > /etc/slurm/slurm.conf <<EOF
 ClusterName=normlab
 SlurmctldHost=$HOST
 AuthType=auth/munge
+AuthInfo=cred_expire=30
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation=/var/spool/slurmctld
@@ -96,7 +106,12 @@ MpiDefault=none
 NodeName=$HOST CPUs=$CPUS RealMemory=$MEM_MB State=UNKNOWN
 PartitionName=debug Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
 EOF
-cp /etc/slurm/slurm.conf /etc/slurm/slurm.conf.normlab  # what this script wrote (slurm_down.sh reads nothing else)
+
+if [ "$OLD_CONF" != "$(cat /etc/slurm/slurm.conf)" ] && running /run/slurmctld.pid; then
+    echo "slurm_up.sh: slurm.conf changed; restarting slurmctld and slurmd"
+    scontrol shutdown >/dev/null 2>&1 || true
+    for _ in $(seq 40); do running /run/slurmctld.pid || running /run/slurmd.pid || break; sleep 0.5; done
+fi
 
 # --- slurmdbd, then the cluster, account, user and QOS it holds ---
 if ! running /run/slurmdbd.pid; then

@@ -102,17 +102,16 @@ def test_killed_coordinator_rerun_reattaches_to_live_jobs(corpus, tmp_path):
 
 
 def test_time_limit_checkpoints_requeues_and_ends_ok(corpus, tmp_path):
-    """A run longer than its --time (1 min): SLURM's USR2 30 s before the limit saves it and requeues the job,
+    """A run longer than its --time (2 min): SLURM's USR2 30 s before the limit saves it and requeues the job,
     which continues from that save; the row and sacct agree: ok, COMPLETED, one job."""
-    path = write_sweep(tmp_path, corpus, "timelimit", seeds=1, steps=2000, timeout_min=1, slurm_max_num_timeout=10)
+    path = write_sweep(tmp_path, corpus, "timelimit", seeds=1, steps=1200, timeout_min=2, slurm_max_num_timeout=10)
     out = tmp_path / "sw"
     done = finish(path, out, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     (row,) = check_ok_once(out, "timelimit", 1)
     assert row["attempts"] >= 2  # trained in two jobs' lives at least
-    log = "".join(p.read_text() for p in (out / "logs" / "jobs").rglob("*_log.out"))
-    assert "Job has timed out" in (out / "logs" / "jobs").joinpath(f"{row['job']}_0_log.err").read_text() + log
-    assert "resuming from step_" in log
+    logs = "".join(p.read_text() for p in (out / "logs" / "jobs").rglob("*_log.*"))
+    assert "Job has timed out" in logs and "resuming from step_" in logs
 
 
 def test_preemption_signal_checkpoints_requeues_and_ends_ok(corpus, tmp_path):

@@ -296,7 +296,7 @@ def _ended(root: Path, store: SweepStore, rid: str, job: Any, state: str, kind: 
         why = f"job {job.job_id} was cancelled" + (f" by uid {by}" if by else "") + \
             "; the next run of this sweep submits it again"
     else:
-        why = f"job {job.job_id} ended {word}; see {SweepDir(root).jobs_dir}/{job.job_id}_0_log.err"
+        why = f"job {job.job_id} ended {word}; see {job.paths.stderr}"
     store.record(rid, {"status": "failed", "reason": why}, worker=str(job.job_id), unless_finished=True)
 
 
