@@ -216,3 +216,16 @@ def test_a_slurm_typo_is_refused_before_anything_is_written(tmp_path, capsys):
     assert main(["sweep", str(tmp_path / "s.toml"), "--out", str(tmp_path / "out")]) == 2
     assert "did you mean slurm_partition?" in _one_line(capsys)
     assert not (tmp_path / "out").exists()
+
+
+def test_threads_come_from_the_allocation(monkeypatch):
+    from normlab.experiments.cluster import allocation_threads
+
+    for key in ("SLURM_CPUS_PER_TASK", "SLURM_CPUS_ON_NODE", "SLURM_NTASKS_PER_NODE"):
+        monkeypatch.delenv(key, raising=False)
+    assert allocation_threads() is None  # outside a job: torch's own default
+    monkeypatch.setenv("SLURM_CPUS_ON_NODE", "8")
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "2")
+    assert allocation_threads() == 4  # the node's CPUs over its tasks
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "3")
+    assert allocation_threads() == 3  # srun -c 3 / cpus_per_task = 3

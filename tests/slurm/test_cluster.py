@@ -12,6 +12,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -25,14 +26,16 @@ pytest.importorskip("submitit")
 ENV = {**os.environ, "PYTHONPATH": str(REPO / "src"), "NORMLAB_SLURM_POLL_S": "2", "OMP_NUM_THREADS": "1"}
 
 
-def write_sweep(tmp_path: Path, corpus: Path, name: str, seeds: int, steps: int, **slurm) -> Path:  # noqa: ANN003
+def write_sweep(tmp_path: Path, corpus: Path, name: str, seeds: int, steps: int, **slurm) -> tuple[Path, str]:  # noqa: ANN003
+    """The sweep file, and its name made unique (jobs are named normlab-NAME: sacct then finds this test's only)."""
+    name = f"{name}-{uuid.uuid4().hex[:6]}"
     base = dict(data=str(corpus), size="nano", seq_len=32, batch_size=8, steps=steps, eval_every=0, eval_batches=1,
                 probe_every=0, layout="pre", ckpt_every=max(1, steps // 4))
     opts = {"timeout_min": 10, "cpus_per_task": 1, "slurm_partition": "debug", "slurm_signal_delay_s": 30, **slurm}
     sweep = SweepConfig(name=name, base=base, grid={"seed": list(range(seeds))}, executor="slurm", slurm=opts)
     path = tmp_path / f"{name}.toml"
     path.write_text(_to_toml(sweep.to_dict()))
-    return path
+    return path, name
 
 
 def sweep_cmd(path: Path, out: Path) -> list[str]:
@@ -84,7 +87,7 @@ def check_ok_once(out: Path, name: str, runs: int) -> list[dict]:
 def test_killed_coordinator_rerun_reattaches_to_live_jobs(corpus, tmp_path):
     """kill -9 of the coordinator while its jobs train, then the same command: no job submitted twice, no live run
     marked failed, every run ok once (attempts 1) with its first job."""
-    path = write_sweep(tmp_path, corpus, "reattach", seeds=3, steps=600, slurm_array_parallelism=2)
+    path, name = write_sweep(tmp_path, corpus, "reattach", seeds=3, steps=600, slurm_array_parallelism=2)
     out = tmp_path / "sw"
     proc = subprocess.Popen(sweep_cmd(path, out), env=ENV, start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
@@ -96,19 +99,21 @@ def test_killed_coordinator_rerun_reattaches_to_live_jobs(corpus, tmp_path):
     done = finish(path, out)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "not submitted again" in done.stdout
-    got = check_ok_once(out, "reattach", 3)
+    got = check_ok_once(out, name, 3)
     assert {r["run_id"]: r["job"] for r in got} == jobs_before
     assert all(r["attempts"] == 1 for r in got)
+    logs = "".join(p.read_text() for p in (out / "logs" / "jobs").rglob("*_log.out"))
+    assert logs.count("1 torch thread(s), from the allocation") == 3  # cpus_per_task = 1, on a 2-CPU node
 
 
 def test_time_limit_checkpoints_requeues_and_ends_ok(corpus, tmp_path):
     """A run longer than its --time (2 min): SLURM's USR2 30 s before the limit saves it and requeues the job,
     which continues from that save; the row and sacct agree: ok, COMPLETED, one job."""
-    path = write_sweep(tmp_path, corpus, "timelimit", seeds=1, steps=1200, timeout_min=2, slurm_max_num_timeout=10)
+    path, name = write_sweep(tmp_path, corpus, "timelimit", seeds=1, steps=1200, timeout_min=2, slurm_max_num_timeout=10)
     out = tmp_path / "sw"
     done = finish(path, out, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
-    (row,) = check_ok_once(out, "timelimit", 1)
+    (row,) = check_ok_once(out, name, 1)
     assert row["attempts"] >= 2  # trained in two jobs' lives at least
     logs = "".join(p.read_text() for p in (out / "logs" / "jobs").rglob("*_log.*"))
     assert "Job has timed out" in logs and "resuming from step_" in logs
@@ -116,7 +121,7 @@ def test_time_limit_checkpoints_requeues_and_ends_ok(corpus, tmp_path):
 
 def test_preemption_signal_checkpoints_requeues_and_ends_ok(corpus, tmp_path):
     """scancel --signal=USR2 (what a preempting scheduler sends): saved now, requeued, resumed, ok once."""
-    path = write_sweep(tmp_path, corpus, "preempt", seeds=1, steps=800)
+    path, name = write_sweep(tmp_path, corpus, "preempt", seeds=1, steps=800)
     out = tmp_path / "sw"
     proc = subprocess.Popen(sweep_cmd(path, out), env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     run_dir = wait_for("the run", lambda: next((out / "runs").glob("*"), None) if (out / "runs").is_dir() else None)
@@ -129,25 +134,25 @@ def test_preemption_signal_checkpoints_requeues_and_ends_ok(corpus, tmp_path):
     assert "saved at step" in rows(out)[0]["reason"]
     text, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, text
-    (row,) = check_ok_once(out, "preempt", 1)
+    (row,) = check_ok_once(out, name, 1)
     assert row["attempts"] == 2
 
 
 def test_a_qos_submit_limit_is_waited_out_never_orphaning_jobs(corpus, tmp_path):
     """QOS normlab-limited lets 3 jobs wait or run; 5 runs: the refused part is retried with smaller arrays and a
     growing wait while the submitted jobs run; all 5 end ok, each in one job."""
-    path = write_sweep(tmp_path, corpus, "qos", seeds=5, steps=40, slurm_qos="normlab-limited",
+    path, name = write_sweep(tmp_path, corpus, "qos", seeds=5, steps=40, slurm_qos="normlab-limited",
                        slurm_array_parallelism=2)
     out = tmp_path / "sw"
     done = finish(path, out, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "submission refused (" in done.stdout and "QOSMaxSubmitJobPerUserLimit" in done.stdout
-    check_ok_once(out, "qos", 5)
+    check_ok_once(out, name, 5)
 
 
 def test_cancel_is_one_line_and_the_rerun_submits_again(corpus, tmp_path):
     """`normlab sweep --cancel DIR` cancels the live jobs; the row says so in one line; the rerun trains it."""
-    path = write_sweep(tmp_path, corpus, "cancel", seeds=1, steps=600)
+    path, name = write_sweep(tmp_path, corpus, "cancel", seeds=1, steps=600)
     out = tmp_path / "sw"
     proc = subprocess.Popen(sweep_cmd(path, out), env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wait_for("the job", lambda: any(r["job"] for r in rows(out)))

@@ -122,6 +122,7 @@ class RunJob(Checkpointable):
         threads = allocation_threads()
         if threads:
             os.environ["OMP_NUM_THREADS"] = str(threads)
+            print(f"normlab: {self.run_id} in job {job_id()}: {threads} torch thread(s), from the allocation", flush=True)
         self._stop = threading.Event()
 
         def work() -> None:
@@ -161,11 +162,11 @@ def _executor(root: Path, kind: str, options: dict[str, Any], name: str) -> Any:
     return ex
 
 
-def _one_line(text: str) -> str:
-    """The line of a scheduler's message that says what happened (sbatch: its last 'error:' line)."""
+def _one_line(text: Any) -> str:  # noqa: ANN401 - a message or an exception
+    """A scheduler's message as one line: its error lines joined ("sbatch: error: " dropped), else its last line."""
     lines = [x.strip() for x in str(text).splitlines() if x.strip()]
-    errors = [x for x in lines if "error" in x.lower()]
-    return (errors or lines or ["no message"])[-1][:300]
+    errors = [x.split("error:", 1)[1].strip() if "error:" in x else x for x in lines if "error" in x.lower()]
+    return ("; ".join(errors) if errors else (lines or ["no message"])[-1])[:400]
 
 
 class Watcher:
