@@ -150,18 +150,26 @@ def test_a_qos_submit_limit_is_waited_out_never_orphaning_jobs(corpus, tmp_path)
     check_ok_once(out, name, 5)
 
 
-def test_cancel_is_one_line_and_the_rerun_submits_again(corpus, tmp_path):
-    """`normlab sweep --cancel DIR` cancels the live jobs; the row says so in one line; the rerun trains it."""
+def test_ctrl_c_leaves_the_jobs_and_cancel_is_one_line(corpus, tmp_path):
+    """Ctrl-C without a terminal leaves the job running and says how to cancel it; `normlab sweep --cancel DIR`
+    cancels it, the row says so in one line, and the rerun trains the run in a new job."""
     path, name = write_sweep(tmp_path, corpus, "cancel", seeds=1, steps=600)
     out = tmp_path / "sw"
-    proc = subprocess.Popen(sweep_cmd(path, out), env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(sweep_cmd(path, out), env=ENV, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
     wait_for("the job", lambda: any(r["job"] for r in rows(out)))
+    time.sleep(3)  # the coordinator back in its watch loop
+    proc.send_signal(signal.SIGINT)
+    text, _ = proc.communicate(timeout=120)
+    assert proc.returncode != 0 and "left 1 job(s) running" in text and f"normlab sweep --cancel {out}" in text, text
+    (job,) = [r["job"] for r in rows(out)]
+    assert subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout.strip()  # still there
     cancel = subprocess.run([sys.executable, "-m", "normlab", "sweep", "--cancel", str(out)], capture_output=True,
                             text=True, env=ENV, timeout=120)
-    assert cancel.returncode == 0 and "cancelled 1 job(s)" in cancel.stdout, cancel.stdout + cancel.stderr
-    text, _ = proc.communicate(timeout=300)
+    assert cancel.returncode == 0 and f"cancelled 1 job(s) of {out}: {job}" in cancel.stdout, cancel.stdout + cancel.stderr
     (row,) = rows(out)
-    assert row["status"] == "failed" and "\n" not in row["reason"] and "cancelled" in row["reason"], row
+    assert row["status"] == "failed" and "\n" not in row["reason"] and "cancelled by normlab sweep --cancel" in \
+        row["reason"], row
     done = finish(path, out)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert rows(out)[0]["status"] == "ok" and rows(out)[0]["job"] != row["job"]
+    assert rows(out)[0]["status"] == "ok" and rows(out)[0]["job"] != job and rows(out)[0]["worker"] == rows(out)[0]["job"]
