@@ -173,3 +173,30 @@ def test_ctrl_c_leaves_the_jobs_and_cancel_is_one_line(corpus, tmp_path):
     done = finish(path, out)
     assert done.returncode == 0, done.stdout + done.stderr
     assert rows(out)[0]["status"] == "ok" and rows(out)[0]["job"] != job and rows(out)[0]["worker"] == rows(out)[0]["job"]
+
+
+def test_ctrl_c_on_a_terminal_asks_and_cancels(corpus, tmp_path):
+    """On a terminal, Ctrl-C asks whether to cancel the sweep's jobs; "y" cancels them."""
+    import pty
+
+    path, name = write_sweep(tmp_path, corpus, "ask", seeds=1, steps=600)
+    out = tmp_path / "sw"
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(sweep_cmd(path, out), env=ENV, stdin=follower, stdout=follower, stderr=follower,
+                            start_new_session=True)
+    os.close(follower)
+    wait_for("the job", lambda: any(r["job"] for r in rows(out)))
+    time.sleep(3)
+    proc.send_signal(signal.SIGINT)
+    seen = b""
+    deadline = time.time() + 60
+    while b"[y/N]" not in seen and time.time() < deadline:
+        seen += os.read(leader, 4096)
+    assert b"cancel this sweep's 1 job(s)" in seen, seen
+    os.write(leader, b"y\n")
+    proc.wait(timeout=120)
+    os.close(leader)
+    (row,) = rows(out)
+    assert row["status"] == "failed" and "cancelled at Ctrl-C" in row["reason"], row
+    wait_for("the job gone", lambda: not subprocess.run(["squeue", "-h", "-j", row["job"]], capture_output=True,
+                                                         text=True).stdout.strip(), timeout=60)
