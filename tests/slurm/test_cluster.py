@@ -109,9 +109,11 @@ def test_killed_coordinator_rerun_reattaches_to_live_jobs(corpus, tmp_path):
 def test_time_limit_checkpoints_requeues_and_ends_ok(corpus, tmp_path):
     """A run longer than its --time (2 min): SLURM's USR2 30 s before the limit saves it and requeues the job,
     which continues from that save; the row and sacct agree: ok, COMPLETED, one job."""
-    path, name = write_sweep(tmp_path, corpus, "timelimit", seeds=1, steps=1200, timeout_min=2, slurm_max_num_timeout=10)
+    # 5000 nano steps (256 tokens each): 240 s of training at the 5,300 tok/s one nano run gets on this machine under
+    # load, and more than one job's life even at twice that speed: a life of 2 minutes trains at most about 90 s
+    path, name = write_sweep(tmp_path, corpus, "timelimit", seeds=1, steps=5000, timeout_min=2, slurm_max_num_timeout=10)
     out = tmp_path / "sw"
-    done = finish(path, out, timeout=900)
+    done = finish(path, out, timeout=1500)
     assert done.returncode == 0, done.stdout + done.stderr
     (row,) = check_ok_once(out, name, 1)
     assert row["attempts"] >= 2  # trained in two jobs' lives at least
