@@ -10,7 +10,7 @@
 - **Re-attaching.** A rerun of the same command asks the scheduler (sacct through submitit, squeue
   when sacct has no record yet) about every unfinished row's job: a pending or running job is watched
   again, never submitted twice; only runs with no live job are submitted.
-- **Checkpoint and requeue.** `RunJob` is a `submitit.helpers.Checkpointable`: SLURM signals USR2
+- **Checkpoint and requeue.** `normlab.experiments.job.RunJob` is a `submitit.helpers.Checkpointable`: SLURM signals USR2
   `slurm_signal_delay_s` before the time limit, or on preemption (`scancel --signal=USR2`); the run
   then stops after its current step with a checkpoint (`normlab.train.trainer.Stopped`), its row goes
   back to `pending`, and submitit requeues the job (`scontrol requeue`), which continues from that
@@ -31,21 +31,15 @@ import difflib
 import os
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from normlab.errors import ConfigError
 from normlab.runs.files import SweepDir
-from normlab.runs.lock import job_alive, job_id
+from normlab.runs.lock import job_alive
 from normlab.runs.outcome import FINISHED, describe
 from normlab.runs.store import SweepStore, open_store
-
-try:  # submitit is optional (pip install normlab[slurm]); RunJob is Checkpointable when it is there
-    from submitit.helpers import Checkpointable
-except ImportError:  # pragma: no cover - the class is then never submitted
-    Checkpointable = object  # type: ignore[assignment,misc]
 
 # submitit's generic options, and the SLURM ones (slurm_*), as [slurm] table keys; slurm_max_num_timeout is
 # submitit's executor argument: how many time limits a run is requeued after.
@@ -59,6 +53,14 @@ TRANSIENT = ("MaxSubmit", "limit", "QOSMax", "AssocMax", "temporarily", "try aga
              "Socket timed out", "busy")
 POLL_S = float(os.environ.get("NORMLAB_SLURM_POLL_S", "10"))  # seconds between scheduler queries (one sacct call)
 UNKNOWN_GRACE_S = 120.0  # a job neither sacct nor squeue knows for this long has ended
+
+
+def __getattr__(name: str) -> Any:  # noqa: ANN401 - RunJob, imported with submitit only when a job needs it
+    if name == "RunJob":
+        from normlab.experiments.job import RunJob
+
+        return RunJob
+    raise AttributeError(name)
 
 
 def valid_options() -> list[str]:
@@ -98,52 +100,6 @@ def allocation_threads() -> int | None:
     if on_node and on_node.isdigit():
         return max(1, int(on_node) // (int(tasks) if tasks.isdigit() and int(tasks) else 1))
     return None
-
-
-class RunJob(Checkpointable):
-    """One run of a sweep as a scheduler job: trains in a thread, so that submitit's signal handler (USR2, in
-    the main thread) can ask the run to stop at its next step and wait for its checkpoint (`checkpoint`)."""
-
-    def __init__(self, sweep_dir: str, run_id: str) -> None:
-        self.sweep_dir, self.run_id = sweep_dir, run_id
-        self._stop: threading.Event | None = None
-        self._thread: threading.Thread | None = None
-        self._result: dict[str, Any] = {}
-
-    def __getstate__(self) -> dict[str, Any]:  # pickled for submission: no thread, no event
-        return {"sweep_dir": self.sweep_dir, "run_id": self.run_id}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["sweep_dir"], state["run_id"])
-
-    def __call__(self) -> dict[str, Any]:
-        from normlab.experiments.runner import execute_run
-
-        threads = allocation_threads()
-        if threads:
-            os.environ["OMP_NUM_THREADS"] = str(threads)
-            print(f"normlab: {self.run_id} in job {job_id()}: {threads} torch thread(s), from the allocation", flush=True)
-        self._stop = threading.Event()
-
-        def work() -> None:
-            self._result = execute_run(self.sweep_dir, self.run_id, threads=threads, stop=self._stop,
-                                       worker=job_id())
-
-        self._thread = threading.Thread(target=work, name=f"normlab-{self.run_id}")
-        self._thread.start()
-        while self._thread.is_alive():
-            self._thread.join(0.5)  # short joins: the USR2 handler runs here, between them
-        return self._result
-
-    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
-        """submitit's hook on USR2 (time limit or preemption): the run saves at its next step, then the job is
-        requeued with a fresh RunJob, which continues from that checkpoint."""
-        from submitit.helpers import DelayedSubmission
-
-        if self._stop is not None and self._thread is not None:
-            self._stop.set()
-            self._thread.join()
-        return DelayedSubmission(RunJob(self.sweep_dir, self.run_id))
 
 
 def _executor(root: Path, kind: str, options: dict[str, Any], name: str) -> Any:  # noqa: ANN401 - a submitit executor
@@ -207,6 +163,8 @@ def live(state: str) -> bool:
 def run_cluster(root: Path, store: SweepStore, todo: list[str], kind: str, options: dict[str, Any], name: str,
                 log) -> None:  # noqa: ANN001 - log: print-like
     """Run `todo` as scheduler jobs and watch them to the end (see the module docstring)."""
+    from normlab.experiments.job import RunJob as job_class
+
     ex = _executor(root, kind, options, name)
     watch = Watcher(root, kind)
     jobs: dict[str, Any] = {}  # run id -> the submitit job that holds it
@@ -226,7 +184,7 @@ def run_cluster(root: Path, store: SweepStore, todo: list[str], kind: str, optio
                 batch = queue[:chunk]
                 try:
                     with ex.batch():
-                        submitted = [ex.submit(RunJob(str(root), rid)) for rid in batch]
+                        submitted = [ex.submit(job_class(str(root), rid)) for rid in batch]
                 except Exception as err:  # noqa: BLE001 - sbatch refused: its message decides what follows
                     why = _one_line(getattr(err, "stderr", None) or err)
                     if not any(word.lower() in why.lower() for word in TRANSIENT):
