@@ -17,7 +17,7 @@ FW_VENV := .venv-frameworks
 FW_PY := $(FW_VENV)/bin/python
 FRAMEWORKS := litgpt==0.5.13 ai2-olmo-core==3.0.0 torchtitan==0.3.0 triton==3.9.0
 
-.PHONY: demo test test-all test-frameworks install data bench recipes gpu-recipes gpu-check quotes clean
+.PHONY: demo test test-all test-frameworks test-slurm install data bench recipes gpu-recipes gpu-check quotes clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	@echo "normlab: creating $(VENV) and installing $(TORCH) (CPU), numpy, pandas, matplotlib, tokenizers, transformers, lm-eval and the test tools (1-3 minutes)"
@@ -91,6 +91,13 @@ $(FW_VENV)/.installed: pyproject.toml Makefile
 # logits compared (docs/frameworks.md); one torch thread, as the main suite's workers.
 test-frameworks: $(FW_VENV)/.installed
 	OMP_NUM_THREADS=1 $(FW_PY) -m pytest -o addopts="-q" tests/frameworks
+
+# The cluster tests (tests/slurm/: kill and rerun, time limit, preemption, a QOS submit limit, cancel) against a
+# one-node SLURM on this machine: scripts/slurm_up.sh (root) installs Debian's slurm-wlm, munge, mariadb-server and
+# slurmdbd if missing and starts them without systemd. `make test` skips these tests.
+test-slurm: install
+	scripts/slurm_up.sh
+	NORMLAB_TEST_SLURM=1 $(PY) -m pytest -p no:xdist tests/slurm -v
 
 clean:
 	rm -rf $(VENV) $(FW_VENV) build src/*.egg-info .pytest_cache

@@ -285,12 +285,13 @@ def _screen(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from normlab.diagnostics.report import make_report
     from normlab.runs.files import REPORT_DIR, RunDir, SweepDir
+    from normlab.runs.store import logged_runs
 
     runs: list[Path] = []
     for r in args.runs:  # a sweep folder stands for its runs (those that logged a step)
         folder = SweepDir(r)
         if folder.is_sweep():
-            runs += [run.path for run in folder.logged_runs()]
+            runs += [run.path for run in logged_runs(folder)]
             continue
         path = Path(r)
         # a folder holding run folders one level down (a transformers Trainer's output_dir: its normlab/ folder)
@@ -329,6 +330,11 @@ def _sweep(args: argparse.Namespace) -> int:
     from normlab.config.engine import given, leaves
     from normlab.experiments import SweepConfig, load_recipe, run_sweep, summarize
 
+    if args.cancel:
+        from normlab.experiments.cluster import cancel_sweep
+
+        cancel_sweep(args.cancel)
+        return 0
     if args.file and args.recipe:
         raise ConfigError("give a sweep file or --recipe, not both")
     if not (args.file or args.recipe or args.grid):
@@ -349,7 +355,7 @@ def _summarize(args: argparse.Namespace) -> int:
 
     from normlab.runs.files import STORE, SweepDir
 
-    if not SweepDir(args.sweep).is_sweep():
+    if not (SweepDir(args.sweep).is_sweep() or SweepDir(args.sweep).sweep_file.is_file()):  # (a lost store: rebuilt)
         raise ConfigError(f"{args.sweep} holds no {STORE}; give a folder written by normlab sweep or compare")
     result = summarize(args.sweep, args.out)
     print(result["markdown"].read_text())
@@ -693,6 +699,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--grid", action="append", metavar="AXIS=V1,V2", help="add or replace a grid axis (repeatable)")
     s.add_argument("--set", action="append", metavar="KEY=VALUE", help="a base setting (repeatable; model.NAME for model options)")
     s.add_argument("--out", help="sweep folder (default runs/sweeps/NAME)")
+    s.add_argument("--cancel", metavar="DIR", help="cancel the scheduler jobs of the sweep in DIR (executor slurm)")
     _add_declared(s, SweepConfig)  # --name, --workers, --executor, ...: over the file's or recipe's
     s.set_defaults(func=_sweep)
     s = sub.add_parser("summarize", help="tables and figures from a sweep: U-curves, divergences k/n, mean ± std, LR sensitivity")

@@ -171,6 +171,54 @@ def truncate_jsonl(path: str | os.PathLike, before_step: int) -> None:
     atomic_write_bytes(path, ("\n".join(kept) + "\n").encode() if kept else b"")
 
 
+# Filesystems shared between machines, by their /proc/mounts type: SQLite's WAL journal needs shared memory
+# between its readers and writers, which these cannot give across nodes (sqlite.org/wal.html), and flock
+# there is missing (Lustre without -o flock), node-local (-o localflock) or emulated. NORMLAB_SHARED_FS=1
+# marks any folder as shared (a filesystem this list does not know); =0 marks none.
+SHARED_FS = ("nfs", "nfs4", "lustre", "gpfs", "beegfs", "cifs", "smb3", "smbfs", "ceph", "glusterfs", "panfs",
+             "orangefs", "pvfs2", "afs", "9p", "virtiofs", "wekafs", "vast")
+
+
+def filesystem_type(path: str | os.PathLike) -> str:
+    """The type of the filesystem holding `path` (its deepest existing folder), from /proc/mounts; "" if unknown."""
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    path = path.resolve()
+    best, kind = -1, ""
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return ""
+    for line in mounts:
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        point = parts[1].replace("\\040", " ")
+        if (path == Path(point) or Path(point) in path.parents) and len(point) > best:
+            best, kind = len(point), parts[2]
+    return kind
+
+
+def shared_filesystem(path: str | os.PathLike) -> bool:
+    """Whether `path` is on a filesystem other machines share (NFS, Lustre, GPFS, ...; see SHARED_FS)."""
+    forced = os.environ.get("NORMLAB_SHARED_FS", "")
+    if forced in ("0", "1"):
+        return forced == "1"
+    kind = filesystem_type(path)
+    return kind in SHARED_FS or kind.startswith("fuse.")
+
+
+def writable(folder: str | os.PathLike) -> bool:
+    """Whether files can be created in `folder`: not on a read-only mount, and permitted (root included)."""
+    try:
+        if os.statvfs(folder).f_flag & os.ST_RDONLY:
+            return False
+    except OSError:
+        return False
+    return os.access(folder, os.W_OK)
+
+
 MARKER = ".normlab"  # in every output folder normlab made: what kind of folder it is
 
 

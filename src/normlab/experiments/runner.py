@@ -7,8 +7,10 @@ Executors:
 - `local` (default): one spawned process per run, `workers` at a time, torch threads split evenly
   between them. A process per run (not a pool) so a run that segfaults or is OOM-killed costs that
   run only; its row says how the process ended.
-- `slurm`: one SLURM job per run through submitit (`pip install submitit`), options from the
-  sweep's `[slurm]` table (e.g. `slurm_partition`, `timeout_min`, `gpus_per_node`, `cpus_per_task`).
+- `slurm`: job arrays through submitit (`pip install submitit`), options from the sweep's `[slurm]`
+  table (e.g. `slurm_partition`, `timeout_min`, `cpus_per_task`, `slurm_array_parallelism`):
+  re-attached on a rerun, checkpointed and requeued on preemption or a time limit
+  (`normlab.experiments.cluster`).
 - `submitit-local`: the same through submitit's LocalExecutor, which runs here and tests that path.
 
 Resuming: the workers write each outcome to the store themselves, in a committed transaction, the
@@ -16,7 +18,8 @@ moment a run ends; a killed sweep keeps every row written. On restart, `ok`/`div
 skipped; a `running` row left by a killed sweep is first reconciled with its run's summary.json
 (the run may have finished just before the kill) and otherwise re-run, continuing from the run's
 newest checkpoint when it has one; `failed` runs are re-run. A lock file keeps two sweeps from
-driving the same directory.
+driving the same directory. A lost store (0 bytes, or a corrupt one moved aside) is rebuilt from
+sweep.toml and the run folders (`rebuild_store`).
 """
 
 from __future__ import annotations
@@ -34,46 +37,58 @@ from pathlib import Path
 from typing import Any
 
 from normlab.experiments.progress import SweepProgress
-from normlab.experiments.sweep import RunSpec, SweepConfig
+from normlab.experiments.cluster import check_options, run_cluster
+from normlab.experiments.sweep import SET_BY_SWEEP, RunSpec, SweepConfig
 from normlab.config.train import typed_settings
 from normlab.errors import ConfigError
 from normlab.io import atomic_write_bytes, own_folder
 from normlab.runs.files import SweepDir
+from normlab.runs.lock import FolderLock, LockBusy
 from normlab.runs.outcome import FINISHED, describe
-from normlab.runs.start import FolderLock
-from normlab.runs.store import SweepStore
+from normlab.runs.store import SweepStore, open_store
 
 
-def execute_run(sweep_dir: str, run_id: str, threads: int | None = None, watch_parent: int | None = None) -> str:
-    """Train one run of a sweep and record its outcome in the store; returns the status.
+def execute_run(sweep_dir: str, run_id: str, threads: int | None = None, watch_parent: int | None = None,
+                stop: threading.Event | None = None, worker: str | None = None) -> dict[str, Any]:
+    """Train one run of a sweep and record its outcome in the store; returns the run's summary.
     `watch_parent`: the pid of the sweep process that spawned this worker, which it must not outlive.
+    `stop` (a scheduler job): set, the run saves a checkpoint after its step, its row goes back to `pending`
+    and `Stopped` is raised (the job is requeued). `worker`: the name the row gives this attempt.
 
-    Never raises for a run's own failure: a crash becomes a `failed` row with the reason.
+    Never raises for a run's own failure: a crash becomes a `failed` row with the reason. A run whose row
+    already holds a result, or that another process is training (its lock), is left as it is.
     """
     import torch
 
     from normlab.train import TrainingFailed, train
+    from normlab.train.trainer import Stopped
 
     if watch_parent:
         _exit_with_parent(watch_parent)
     if threads:
         torch.set_num_threads(threads)
     folder = SweepDir(sweep_dir)
-    store = folder.store()
+    store = open_store(folder)
     row = store.row(run_id)
+    if row["status"] in FINISHED:  # a duplicate attempt (a job requeued after its run ended): nothing to do
+        return {**row, "status": row["status"]}
     spec = RunSpec(run_id, row["idx"], row["axes"], row["config"])
     run = folder.run(run_id)
-    out = run.path
-    worker = os.environ.get("SLURM_JOB_ID") or f"{socket.gethostname()}:{os.getpid()}"
+    worker = worker or f"{socket.gethostname()}:{os.getpid()}"
     store.mark_running(run_id, worker)
     try:
-        summary = train(spec.train_config(out))
+        summary = train(spec.train_config(run.path), stop=stop)
+    except Stopped as err:
+        store.requeued(run_id, f"saved at step {err.step} by {worker} and requeued (preempted or at its time limit)")
+        return {"status": "pending", "reason": "requeued", "step": err.step}
+    except LockBusy as err:  # another process trains it (a job still running): its own row is its to write
+        return {"status": "running", "reason": str(err)}
     except TrainingFailed as err:
         summary = run.summary() or {"status": "failed", "reason": str(err)}
     except Exception as err:  # noqa: BLE001 - bad data path, bad config combination, ...: recorded, not raised
         summary = {"status": "failed", "reason": f"{type(err).__name__}: {err}"}
-    store.record(run_id, summary)
-    return summary.get("status", "failed")
+    store.record(run_id, summary, worker=worker)
+    return summary
 
 
 def _exit_with_parent(parent: int) -> None:
@@ -97,7 +112,9 @@ def prepare(sweep: SweepConfig, out: str | Path) -> tuple[SweepStore, list[RunSp
     folder = SweepDir(out)
     root = folder.path
     root.mkdir(parents=True, exist_ok=True)
-    store = folder.store()
+    store = open_store(folder)
+    if folder.sweep_file.is_file():
+        rebuild_store(root, store)  # a lost store: the runs already trained are found again
     specs = sweep.expand()
     base = json.loads(json.dumps(sweep.base, sort_keys=True))
     old = store.get_meta("base")
@@ -116,6 +133,40 @@ def prepare(sweep: SweepConfig, out: str | Path) -> tuple[SweepStore, list[RunSp
     store.add(specs)
     atomic_write_bytes(folder.sweep_file, _to_toml(sweep.to_dict()).encode())
     return store, specs
+
+
+def rebuild_store(root: str | Path, store: SweepStore | None = None) -> int:
+    """Rows for a store that holds none while the folder holds runs (a 0-byte sweep.db, or a corrupt one moved
+    aside): the runs of sweep.toml's grid, then any other run folder from its config.json, each with the
+    outcome its summary.json records (as a resumed sweep would find it). Returns how many rows were made."""
+    folder = SweepDir(root)
+    store = store or open_store(folder)
+    runs = folder.run_folders()
+    if not runs or store.rows():
+        return 0
+    specs: list[RunSpec] = []
+    if folder.sweep_file.is_file():
+        sweep = SweepConfig.from_toml(folder.sweep_file)
+        specs = sweep.expand()
+        store.set_meta("base", json.loads(json.dumps(sweep.base, sort_keys=True)))
+        store.set_meta("name", sweep.name)
+        store.set_meta("sweep", sweep.to_dict())
+    axes = list(specs[0].axes) if specs else []
+    known = {s.run_id for s in specs}
+    for run in runs:
+        if run.path.name in known:
+            continue
+        config = {k: v for k, v in run.config_dict().items() if k not in SET_BY_SWEEP}
+        point = {a: config.get(a, (config.get("model") or {}).get(a.removeprefix("model."))) for a in axes}
+        specs.append(RunSpec(run.path.name, len(specs), point, config))
+    store.add(specs)
+    steps = {s.run_id: s.config.get("steps") for s in specs}
+    for run in runs:
+        summary = run.summary()
+        status = (summary or {}).get("status")
+        if status == "failed" or (status in FINISHED and summary.get("steps") == steps.get(run.path.name)):
+            store.record(run.path.name, summary)
+    return len(specs)
 
 
 def _reconcile(store: SweepStore, root: Path) -> int:
@@ -143,6 +194,7 @@ def run_sweep(sweep: SweepConfig, out: str | Path, workers: int | None = None, e
               log=print, deadline: Deadline | None = None) -> dict[str, int]:  # noqa: ANN001 - log: print-like
     """Run every run of `sweep` that has no result yet; returns the store's status counts. With a
     `deadline` (local executor only) runs not started by then stay pending."""
+    check_options(sweep.slurm, executor or sweep.executor)  # before anything is written
     root = own_folder(out, "sweep", legacy=lambda p: SweepDir(p).is_legacy())  # never a folder of the user's
     root.mkdir(parents=True, exist_ok=True)
     lock = FolderLock(SweepDir(root).lock_file, wait=0, busy=lambda holder: (
@@ -165,7 +217,7 @@ def run_sweep(sweep: SweepConfig, out: str | Path, workers: int | None = None, e
                 finally:
                     bar.close()
             else:
-                _run_submitit(root, store, todo, kind, sweep.slurm, log)
+                run_cluster(root, store, todo, kind, sweep.slurm, sweep.name, log)
         counts = store.counts()
         log("{}: {}".format(_label(sweep), ", ".join(f"{v} {k}" for k, v in counts.items() if v)))
         return counts
@@ -284,28 +336,6 @@ def _run_local(root: Path, store: SweepStore, todo: list[str], workers: int | No
         for proc in running.values():
             proc.kill()
             proc.wait()
-
-
-def _run_submitit(root: Path, store: SweepStore, todo: list[str], kind: str, options: dict, log) -> None:  # noqa: ANN001
-    try:
-        import submitit
-    except ImportError:
-        raise ConfigError(f"executor {kind!r} needs submitit: pip install submitit (or use executor = \"local\")") from None
-    folder = SweepDir(root).submitit_dir / "%j"
-    if kind == "slurm":
-        ex = submitit.AutoExecutor(folder=folder, cluster="slurm")
-        ex.update_parameters(name="normlab-sweep", **options)
-    else:
-        ex = submitit.LocalExecutor(folder=folder)
-        ex.update_parameters(timeout_min=int(options.get("timeout_min", 60)))
-    jobs = [(rid, ex.submit(execute_run, str(root), rid)) for rid in todo]
-    for i, (rid, job) in enumerate(jobs, 1):
-        try:
-            job.result()
-        except Exception as err:  # noqa: BLE001 - the job itself died (preempted, timed out, node failure)
-            if store.row(rid)["status"] == "running":
-                store.record(rid, {"status": "failed", "reason": f"job {job.job_id}: {type(err).__name__}: {err}"})
-        log(f"[{i}/{len(jobs)}] {rid}: {describe(store.row(rid))}")
 
 
 def _label(sweep: SweepConfig) -> str:

@@ -31,9 +31,12 @@ import numpy as np
 import pandas as pd
 
 from normlab.diagnostics.forensics import tally
-from normlab.io import atomic_write_bytes, own_folder
+from normlab.errors import ConfigError
+from normlab.experiments.runner import rebuild_store
+from normlab.io import atomic_write_bytes, own_folder, writable
 from normlab.runs.evals import headline_scores
 from normlab.runs.files import STORE, SWEEP_REPORT, SWEEP_SUMMARY, SweepDir
+from normlab.runs.store import open_store
 from normlab.runs.outcome import FINISHED, OUTCOME, TRAINED
 
 SEED = "seed"
@@ -45,12 +48,20 @@ def load_sweep(path: str | Path) -> tuple[pd.DataFrame, list[str]]:
     """The store as a DataFrame (one row per run: axis columns, status, outcomes) and the axis names."""
     root = Path(path)
     db = SweepDir(root).store_file if root.is_dir() else root
-    if not db.is_file():
-        raise FileNotFoundError(f"{path}: no {STORE} here; give a directory written by normlab sweep")
     folder = SweepDir(db.parent)
-    store = folder.store()
+    lost = not db.is_file() and folder.sweep_file.is_file() and folder.run_folders()  # moved aside as corrupt
+    if not db.is_file() and not lost:
+        raise FileNotFoundError(f"{path}: no {STORE} here; give a directory written by normlab sweep")
+    store = None if lost else open_store(folder, readonly=True)  # read-only storage is summarized elsewhere (--out)
+    rows = [] if store is None else store.rows()
+    if not rows and folder.run_folders():  # a lost store (0 bytes, moved aside): rebuilt from the run folders
+        if not writable(folder.path):
+            raise ConfigError(f"{db} holds no runs but {folder.path} holds run folders, and the folder is read-only, "
+                              "so the store cannot be rebuilt there; copy the sweep folder somewhere writable")
+        rebuild_store(folder.path)
+        store = open_store(folder, readonly=True)
+        rows = store.rows()
     sweep = store.get_meta("sweep") or {}
-    rows = store.rows()
     axes = list(sweep.get("grid") or {}) or sorted({a for r in rows for a in r["axes"]})
     records = []
     for r in rows:
@@ -250,9 +261,11 @@ def summarize(path: str | Path, out: str | Path | None = None) -> dict[str, Any]
     df, axes = load_sweep(root)
     if out and Path(out).resolve() != root.resolve():  # another folder: only one normlab made for summaries
         own_folder(out, "summary", legacy=lambda p: (p / SWEEP_SUMMARY).is_file() and (p / "cells.csv").is_file())
+    elif not writable(root if root.is_dir() else root.parent):
+        raise ConfigError(f"{root} is on read-only storage; give --out DIR for the summary and the report")
     out = Path(out) if out else root
     out.mkdir(parents=True, exist_ok=True)
-    sweep = SweepDir(root).store().get_meta("sweep") or {}
+    sweep = open_store(SweepDir(root), readonly=True).get_meta("sweep") or {}
     c = cells(df, axes)
     curves = lr_curves(df, axes)
     sens = lr_sensitivity(curves, axes)

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from normlab.experiments.cluster import check_options
 from normlab.config.engine import build, check_fields, check_leaf, leaves, positive, setting, unknown_key
 from normlab.config.train import LEAVES, TrainConfig, flatten_settings, resolve_key, typed_settings
 from normlab.errors import ConfigError, LayoutError
@@ -95,6 +96,7 @@ class SweepConfig:
             raise ConfigError("grid must be a table of axis = [values]")
         if not isinstance(self.base, dict) or not isinstance(self.slurm, dict):
             raise ConfigError("base and slurm must be tables")
+        check_options(self.slurm, self.executor)  # a typo in [slurm] is refused before any folder is made
         self.base = typed_settings(self.base, "sweep base")
         for key in self.base:
             if key.split(".")[-1] in SET_BY_SWEEP and resolve_key(key)[0] == "leaf":

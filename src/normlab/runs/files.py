@@ -17,7 +17,7 @@
     ├── sweep.db                  the store: one row per run (normlab.runs.store)
     ├── sweep.toml                the resolved sweep
     ├── runs/RUN_ID/              one RunDir per grid point
-    ├── logs/RUN_ID.log           a local worker's output (submitit/: a scheduler's)
+    ├── logs/RUN_ID.log           a local worker's output (logs/jobs/: a scheduler's jobs, submitit's files)
     ├── summary.md, *.csv, *.png  normlab summarize
     └── report.html, report/      the sweep's and the runs' reports
 
@@ -63,7 +63,7 @@ STORE = "sweep.db"
 SWEEP_FILE = "sweep.toml"
 SWEEP_RUNS = "runs"
 SWEEP_LOGS = "logs"
-SUBMITIT = "submitit"
+JOBS = "jobs"  # under logs/: submitit's folder (job scripts, logs, pickles)
 SWEEP_SUMMARY = "summary.md"
 SWEEP_REPORT = "report.html"
 RECOMMEND_PLAN = "plan.json"
@@ -297,8 +297,9 @@ class SweepDir:
         return self.logs_dir / f"{check_run_id(run_id)}.log"
 
     @property
-    def submitit_dir(self) -> Path:
-        return self.path / SUBMITIT
+    def jobs_dir(self) -> Path:
+        """submitit's folder for a scheduler's jobs: their scripts, output and result files (logs/jobs/JOB_ID_*)."""
+        return self.logs_dir / JOBS
 
     def is_sweep(self) -> bool:
         return self.store_file.is_file()
@@ -312,20 +313,11 @@ class SweepDir:
         """SWEEP/runs/RUN_ID for a checked id: never a folder outside the sweep."""
         return RunDir(self.path / SWEEP_RUNS / check_run_id(run_id))
 
-    def store(self):  # noqa: ANN201 - SweepStore
-        from normlab.runs.store import SweepStore
-
-        return SweepStore(self.store_file)
-
-    def logged_runs(self) -> list[RunDir]:
-        """The runs of the store that logged a step, in grid order (a ConfigError if none has yet)."""
-        if not self.is_sweep():
-            raise ConfigError(f"{self.path} holds no {STORE}; give a folder written by normlab sweep or compare")
-        found = [self.run(row["run_id"]) for row in self.store().rows()]
-        logged = [r for r in found if r.has_metrics()]
-        if not logged:
-            raise ConfigError(f"sweep {self.path} has no run that logged a step yet")
-        return logged
+    def run_folders(self) -> list[RunDir]:
+        """The run folders under SWEEP/runs that hold a normlab run (what a lost store is rebuilt from), by name."""
+        root = self.path / SWEEP_RUNS
+        found = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+        return [RunDir(root / name) for name in found if RUN_ID.fullmatch(name) and RunDir(root / name).is_run()]
 
 
 @dataclass(frozen=True)

@@ -9,24 +9,22 @@ Nothing already written is lost:
   is returned as it is.
 - A run that was killed continues from its newest checkpoint that loads (a corrupt newer one is
   skipped with a warning); one killed before its first checkpoint restarts cleanly from step 0.
-- One process at a time: an exclusive lock (`.lock`, flock) held while training, so a run can never
-  execute twice at once (a sweep restarted while a killed coordinator's worker still runs, two shells).
+- One process at a time: an exclusive lock (`.lock`; `normlab.runs.lock`: flock on a local disk, an
+  O_EXCL lock file on a shared filesystem) held while training, so a run can never execute twice at
+  once (a sweep restarted while a killed coordinator's worker still runs, two shells, a duplicate job).
 """
 
 from __future__ import annotations
 
-import fcntl
-import os
-import socket
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from normlab.config.train import TrainConfig
 from normlab.errors import ConfigError
 from normlab.runs.checkpoint import TEMP_FILE, load_latest_checkpoint
 from normlab.runs.files import LOCK, RunDir
+from normlab.runs.lock import FolderLock, RunLock  # noqa: F401 - the run's guard rails, in one import
 from normlab.runs.outcome import TRAINED
 
 OWN_FILES = (LOCK,)  # what a run writes before its config.json (a run killed that early left only this)
@@ -87,42 +85,3 @@ def plan_start(cfg: TrainConfig, warn=print) -> Start:  # noqa: ANN001 - warn: p
         return Start(note=f"{run}: no checkpoint to resume from; restarting from step 0")
     path, ckpt = found
     return Start(step=int(ckpt["step"]), path=path, checkpoint=ckpt, note=f"{run}: resuming from {path.name}")
-
-
-class FolderLock:
-    """An exclusive flock on a folder's lock file for the life of the process that holds it (released by
-    the kernel when the process dies, kill -9 included). Waits up to `wait` seconds for a dying holder,
-    then refuses with `busy(holder)`. The file names its holder while held and nothing once released."""
-
-    def __init__(self, lock_file: Path, wait: float, busy: Callable[[str], str]) -> None:
-        lock_file.parent.mkdir(parents=True, exist_ok=True)
-        self.file = open(lock_file, "a+")  # noqa: SIM115 - held until release()
-        deadline = time.monotonic() + wait
-        while True:
-            try:
-                fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    self.file.seek(0)
-                    holder = self.file.read().strip() or "another process"
-                    self.file.close()
-                    raise ConfigError(busy(holder)) from None
-                time.sleep(0.2)
-        self.file.seek(0)
-        self.file.truncate(0)
-        self.file.write(f"pid {os.getpid()} on {socket.gethostname()}")
-        self.file.flush()
-
-    def release(self) -> None:
-        self.file.truncate(0)  # a finished run's lock names no process: nothing reads as still running
-        self.file.close()
-
-
-class RunLock(FolderLock):
-    """The run's lock: one process trains a run at a time (a sweep restarted while a killed coordinator's
-    worker still runs, two shells)."""
-
-    def __init__(self, run: Path, wait: float = 10.0) -> None:
-        super().__init__(RunDir(run).lock_file, wait, lambda holder: (
-            f"{run} is being trained by {holder}; a run never executes twice at once: wait for it or stop it"))

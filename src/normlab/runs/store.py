@@ -1,12 +1,22 @@
 """The sweep's result store: one SQLite file, one row per run with its config and outcome.
 
 SQLite (standard library) because a sweep's workers write from separate processes, a killed sweep
-must keep every row already written (each write is a committed transaction, WAL journal), and the
-result must be queryable without normlab: `sqlite3 SWEEP/sweep.db "select * from runs"`.
+must keep every row already written (each write is a committed transaction), and the result must be
+queryable without normlab: `sqlite3 SWEEP/sweep.db "select * from runs"`.
 
-Row life cycle: `pending` -> `running` (attempts + 1) -> `ok` | `diverged` | `failed`. `ok` and
-`diverged` are results and are never re-run; `failed` and interrupted `running` rows are re-run when
-the sweep is started again.
+Journal: WAL on a local disk (readers never wait for a writer). On a filesystem shared between
+machines (NFS, Lustre, GPFS, ...; `normlab.io.shared_filesystem`) the rollback journal instead: WAL
+keeps its index in shared memory, which other nodes cannot see (sqlite.org/wal.html, "WAL does not
+work over a network filesystem"); the rollback journal relies on the filesystem's POSIX locks (NFSv4,
+Lustre mounted with -o flock). A transaction that waits on another writer for `timeout` seconds
+ends with one line naming the store (no raw sqlite error).
+
+Readers (`summarize`, `report`) open the store read-only (`readonly=True`): on a read-only mount as
+an immutable file, so a sweep on read-only storage is summarized into another folder.
+
+Row life cycle: `pending` (a scheduler's job id in `job` once submitted) -> `running` (attempts + 1)
+-> `ok` | `stalled` | `diverged` | `failed`. Results are never re-run; `failed` and interrupted
+`running` rows are re-run when the sweep is started again; a requeued job's row goes back to `pending`.
 """
 
 from __future__ import annotations
@@ -17,13 +27,15 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Protocol
+from urllib.parse import quote
 
 from normlab.errors import ConfigError
-from normlab.runs.files import check_run_id
+from normlab.io import shared_filesystem, writable
+from normlab.runs.files import SWEEP_FILE, SWEEP_RUNS, RunDir, SweepDir, check_run_id
 from normlab.runs.outcome import FINISHED, OUTCOME, STATUSES
 
 # Columns added after the first release, with their SQL types: an older sweep.db gains them when opened.
-ADDED_COLUMNS = {"max_activation": "real", "first_break": "text"}
+ADDED_COLUMNS = {"max_activation": "real", "first_break": "text", "job": "text"}
 
 
 class Spec(Protocol):
@@ -49,7 +61,8 @@ create table if not exists runs (
     max_activation real,           -- the largest finite |activation| the run's probes and forensics saw
     first_break text,              -- a diverged run: where its forward first broke (normlab.diagnostics.forensics)
     attempts integer not null default 0,
-    worker text,                   -- host:pid or scheduler job id of the last attempt
+    worker text,                   -- host:pid or scheduler job id of the attempt that wrote the row
+    job text,                      -- the scheduler job that holds the run, stored at submission (SLURM: 123_4)
     started_at real, finished_at real
 );
 create table if not exists meta (key text primary key, value text not null);
@@ -59,34 +72,74 @@ create table if not exists meta (key text primary key, value text not null);
 class SweepStore:
     """A thin wrapper over the SQLite file; every method is one short transaction."""
 
-    def __init__(self, path: str | Path) -> None:
+    timeout = 60.0  # seconds a transaction waits for another writer before it gives up with one line
+
+    def __init__(self, path: str | Path, readonly: bool = False) -> None:
         self.path = Path(path)
+        self.readonly = readonly
+        self.tables: set[str] = set()
+        if readonly:
+            if not self.path.is_file():
+                raise ConfigError(f"{self.path} does not exist; give a folder written by normlab sweep or compare")
+            with self._connect() as db:
+                self.tables = self._tables(db)
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.wal = not shared_filesystem(self.path.parent)
         with self._connect() as db:
+            self._tables(db)
             db.executescript(SCHEMA)
             have = {row[1] for row in db.execute("pragma table_info(runs)")}
             for name, kind in ADDED_COLUMNS.items():
                 if name not in have:
                     db.execute(f"alter table runs add column {name} {kind}")
+        self.tables = {"runs", "meta"}
+
+    def _tables(self, db: sqlite3.Connection) -> set[str]:
+        """The store's tables; a SQLite file of someone else's (tables, none of them ours) is refused untouched."""
+        tables = {r[0] for r in db.execute("select name from sqlite_master where type = 'table'")}
+        if tables and "runs" not in tables:
+            raise ConfigError(f"{self.path} is a SQLite file that is not a normlab sweep store (its tables: "
+                              f"{', '.join(sorted(tables)[:5])}); give a folder written by normlab sweep or compare")
+        return tables
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
-        db = sqlite3.connect(self.path, timeout=60)
+        if self.readonly:  # read-only storage: immutable (no lock, no -shm file to create)
+            mode = "mode=ro" if writable(self.path.parent) else "immutable=1"
+            db = sqlite3.connect(f"file:{quote(str(self.path.absolute()))}?{mode}", uri=True, timeout=self.timeout)
+        else:
+            db = sqlite3.connect(self.path, timeout=self.timeout)
         db.row_factory = sqlite3.Row
         try:
-            db.execute("pragma journal_mode=wal")
+            if not self.readonly:
+                db.execute(f"pragma journal_mode={'wal' if self.wal else 'delete'}")
             with db:  # commit on success, roll back on error
                 yield db
         except sqlite3.DatabaseError as err:
-            if isinstance(err, sqlite3.OperationalError) and "locked" in str(err):
-                raise
-            raise ConfigError(f"{self.path} is not a normlab sweep store ({err}); give a folder written by "
-                              "normlab sweep or compare") from None
+            raise ConfigError(self._explain(err)) from None
         finally:
             db.close()
 
+    def _explain(self, err: sqlite3.DatabaseError) -> str:
+        """One line for what sqlite raised: busy, read-only, or a corrupt file and how to rebuild it."""
+        text = str(err)
+        folder = self.path.parent
+        if "locked" in text or "busy" in text:
+            return (f"{self.path} is locked by another writer (waited {self.timeout:g} s): a sweep or one of its runs "
+                    "holds it; wait for it to end, or stop it, then run this again")
+        if "readonly" in text or "read-only" in text:
+            return f"{self.path} is on read-only storage; give --out DIR to write elsewhere"
+        if "unable to open" in text:
+            return f"{self.path} cannot be opened ({text}); check the folder's permissions"
+        return (f"{self.path} is corrupt ({text}); nothing was changed. Move it aside (mv {self.path} "
+                f"{self.path}.corrupt), then run `normlab summarize {folder}` or the same sweep command: the store "
+                f"is rebuilt from {folder / SWEEP_FILE} and the run folders in {folder / SWEEP_RUNS}")
+
     # --- metadata ---
     def get_meta(self, key: str) -> Any:
+        if "meta" not in self.tables:
+            return None
         with self._connect() as db:
             row = db.execute("select value from meta where key = ?", (key,)).fetchone()
         return None if row is None else json.loads(row["value"])
@@ -107,6 +160,8 @@ class SweepStore:
             return db.total_changes - before
 
     def rows(self, status: str | tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+        if "runs" not in self.tables:  # a read-only 0-byte store: nothing recorded
+            return []
         query, args = "select * from runs", ()
         if status is not None:
             statuses = (status,) if isinstance(status, str) else status
@@ -137,21 +192,56 @@ class SweepStore:
             db.execute("update runs set status = 'running', attempts = attempts + 1, worker = ?, started_at = ?, "
                        "finished_at = null, reason = null where run_id = ?", (worker, time.time(), run_id))
 
-    def record(self, run_id: str, summary: dict[str, Any]) -> None:
-        """Store a run's outcome from its summary.json (or a failure dict with status and reason)."""
+    def set_job(self, run_ids: list[str], jobs: list[str]) -> None:
+        """The scheduler's job ids, stored the moment they are submitted (a rerun re-attaches to them)."""
+        with self._connect() as db:
+            db.executemany("update runs set job = ?, reason = null where run_id = ?", list(zip(jobs, run_ids)))
+
+    def requeued(self, run_id: str, reason: str) -> None:
+        """A job that saved its run and went back to the scheduler's queue: pending again, the reason kept."""
+        with self._connect() as db:
+            db.execute("update runs set status = 'pending', reason = ? where run_id = ? and status = 'running'",
+                       (reason, run_id))
+
+    def record(self, run_id: str, summary: dict[str, Any], worker: str | None = None,
+               unless_finished: bool = False) -> bool:
+        """Store a run's outcome from its summary.json (or a failure dict with status and reason), and the
+        worker that wrote it; `unless_finished`: leave a row that already holds a result as it is. Returns
+        whether the row was written."""
         status = summary.get("status", "failed")
         if status not in (*FINISHED, "failed"):
             status = "failed"
         step = summary.get("failed_step", summary.get("diverged_step") or summary.get("steps"))
         values = {k: summary.get(k) for k in OUTCOME}
         sets = ", ".join(f"{k} = :{k}" for k in values)
+        guard = f" and status not in ({', '.join(repr(s) for s in FINISHED)})" if unless_finished else ""
         with self._connect() as db:
-            db.execute(f"update runs set status = :status, step = :step, reason = :reason, {sets}, "
-                       "finished_at = :now where run_id = :run_id",
-                       {**values, "status": status, "step": step, "reason": summary.get("reason"),
-                        "now": time.time(), "run_id": run_id})
+            cur = db.execute(f"update runs set status = :status, step = :step, reason = :reason, {sets}, "
+                             "worker = coalesce(:worker, worker), finished_at = :now where run_id = :run_id" + guard,
+                             {**values, "status": status, "step": step, "reason": summary.get("reason"),
+                              "worker": worker, "now": time.time(), "run_id": run_id})
+            return cur.rowcount > 0
 
     def counts(self) -> dict[str, int]:
-        with self._connect() as db:
-            found = dict(db.execute("select status, count(*) from runs group by status").fetchall())
+        found = {}
+        if "runs" in self.tables:
+            with self._connect() as db:
+                found = dict(db.execute("select status, count(*) from runs group by status").fetchall())
         return {s: found.get(s, 0) for s in STATUSES}
+
+
+def open_store(folder: SweepDir, readonly: bool = False) -> SweepStore:
+    """The store of a sweep folder (readers: `readonly=True`)."""
+    return SweepStore(folder.store_file, readonly=readonly)
+
+
+def logged_runs(folder: SweepDir) -> list[RunDir]:
+    """The runs of a sweep's store that logged a step, in grid order (a ConfigError if none has yet)."""
+    if not folder.is_sweep():
+        raise ConfigError(f"{folder.path} holds no {folder.store_file.name}; give a folder written by normlab sweep "
+                          "or compare")
+    found = [folder.run(row["run_id"]) for row in open_store(folder, readonly=True).rows()]
+    logged = [r for r in found if r.has_metrics()]
+    if not logged:
+        raise ConfigError(f"sweep {folder.path} has no run that logged a step yet")
+    return logged

@@ -26,6 +26,7 @@ import json
 import math
 import platform
 import statistics
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +64,15 @@ from normlab.train.spikes import SpikeHandler
 
 class TrainingFailed(RuntimeError):
     """The run crashed; its summary.json says why (status "failed")."""
+
+
+class Stopped(BaseException):  # noqa: N818 - like KeyboardInterrupt: not a failure, nothing recorded as one
+    """The run was asked to stop (`train(stop=...)`: a scheduler's preemption or time-limit signal) and saved a
+    checkpoint at step `step` first; the same command continues from it."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(f"stopped at step {step}, checkpoint saved")
+        self.step = step
 
 
 def _autocast(cfg: TrainConfig, device: torch.device):
@@ -137,8 +147,9 @@ def _load_state(model: nn.Module, opt: torch.optim.Optimizer, ckpt: dict, cfg: T
                               "--init-from to train these weights further")
 
 
-def train(cfg: TrainConfig, log=print) -> dict[str, Any]:  # noqa: ANN001 - log: print-like
-    """Run training as configured; returns the summary (also written to summary.json).
+def train(cfg: TrainConfig, log=print, stop: threading.Event | None = None) -> dict[str, Any]:  # noqa: ANN001
+    """Run training as configured; returns the summary (also written to summary.json). `stop`, once set (from
+    another thread), ends the run after its current step with a checkpoint: `Stopped` is raised.
 
     The main rank checks `--out`, takes the run's lock and decides where the run starts (`rundir`);
     the other ranks follow its decision and load the same checkpoint.
@@ -165,7 +176,7 @@ def train(cfg: TrainConfig, log=print) -> dict[str, Any]:  # noqa: ANN001 - log:
             step, path, finished = plan
             start = Start(step=step, path=path, finished=finished,
                           checkpoint=load_checkpoint(path, verify=False) if path is not None else None)
-        summary = start.finished if start.finished is not None else _train(cfg, info, start)
+        summary = start.finished if start.finished is not None else _train(cfg, info, start, stop)
     except BaseException:
         distributed.teardown(info, clean=False)  # a barrier could wait forever on a rank that died
         raise
@@ -510,7 +521,8 @@ def train_step(state: RunState) -> dict[str, Any]:
     return row
 
 
-def _train(cfg: TrainConfig, info: distributed.DistInfo, start: Start) -> dict[str, Any]:
+def _train(cfg: TrainConfig, info: distributed.DistInfo, start: Start,
+           stop: threading.Event | None = None) -> dict[str, Any]:
     state = build_state(cfg, info, start)
     open_records(state)
     try:
@@ -526,6 +538,10 @@ def _train(cfg: TrainConfig, info: distributed.DistInfo, start: Start) -> dict[s
             state.step += 1
             if state.step % cfg.checkpoint_every == 0 or (last and not state.monitor.diverged):
                 _checkpoint(state)
+            elif stop is not None and stop.is_set() and not last:
+                _checkpoint(state)  # saved now: the scheduler's signal gives seconds, not another interval
+            if stop is not None and stop.is_set() and not last:
+                raise Stopped(state.step)
         if state.final_val is None and state.step >= cfg.optim.steps and not state.monitor.diverged:
             # resumed from the final checkpoint of a run killed before its summary: the last evaluation
             state.final_val = evaluate(state.fwd, state.val, cfg, info)

@@ -1,0 +1,306 @@
+"""A sweep on SLURM through submitit: job arrays, re-attaching on a rerun, checkpoint and requeue, cancel.
+
+- **Arrays.** The runs to do go to the scheduler as job arrays (submitit's `executor.batch()`), at most
+  `slurm_array_parallelism` of an array running at once. Each job id (`123_4`) is stored in the run's
+  row the moment sbatch accepts it.
+- **Refusals.** A submission the scheduler refuses for a limit (a QOS's MaxSubmitJobs, an association's
+  limits, a busy controller) is tried again with smaller arrays, then after a growing wait (10 s to 5
+  min) while the jobs already submitted run; any other refusal (an unknown partition) is reported in
+  one line and the coordinator keeps watching what it submitted before it exits. Nothing is orphaned.
+- **Re-attaching.** A rerun of the same command asks the scheduler (sacct through submitit, squeue
+  when sacct has no record yet) about every unfinished row's job: a pending or running job is watched
+  again, never submitted twice; only runs with no live job are submitted.
+- **Checkpoint and requeue.** `normlab.experiments.job.RunJob` is a `submitit.helpers.Checkpointable`: SLURM signals USR2
+  `slurm_signal_delay_s` before the time limit, or on preemption (`scancel --signal=USR2`); the run
+  then stops after its current step with a checkpoint (`normlab.train.trainer.Stopped`), its row goes
+  back to `pending`, and submitit requeues the job (`scontrol requeue`), which continues from that
+  checkpoint. After a time limit that is retried `slurm_max_num_timeout` times (submitit's default 3).
+- **Threads** come from the allocation: SLURM_CPUS_PER_TASK (else the CPUs SLURM gave the node's
+  task), into torch.set_num_threads and OMP_NUM_THREADS.
+- **Ctrl-C** asks, on a terminal, whether to cancel the sweep's jobs; elsewhere it leaves them running
+  and says how to cancel them (`normlab sweep --cancel DIR`). A cancelled job's row says so in one line.
+- Job scripts, logs and submitit's pickles go to SWEEP/logs/jobs/.
+
+Only the job that trains a run writes its row while it trains (`running`, then its outcome, as the local
+workers do); the coordinator writes a row when a job ended without one (cancelled, killed, node failure).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from normlab.errors import ConfigError
+from normlab.runs.files import SweepDir
+from normlab.runs.lock import job_alive
+from normlab.runs.outcome import FINISHED, describe
+from normlab.runs.store import SweepStore, open_store
+
+# submitit's generic options, and the SLURM ones (slurm_*), as [slurm] table keys; slurm_max_num_timeout is
+# submitit's executor argument: how many time limits a run is requeued after.
+GENERIC_OPTIONS = ("cpus_per_task", "gpus_per_node", "mem_gb", "name", "nodes", "stderr_to_stdout", "tasks_per_node",
+                   "timeout_min")
+EXTRA_OPTIONS = ("slurm_max_num_timeout",)
+LIVE = ("PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "COMPLETING", "SUSPENDED",
+        "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD")
+# sbatch's words for a refusal that passes: a limit on how many jobs may wait, or a controller too busy to answer
+TRANSIENT = ("MaxSubmit", "limit", "QOSMax", "AssocMax", "temporarily", "try again", "timed out", "Unable to contact",
+             "Socket timed out", "busy")
+POLL_S = float(os.environ.get("NORMLAB_SLURM_POLL_S", "10"))  # seconds between scheduler queries (one sacct call)
+UNKNOWN_GRACE_S = 120.0  # a job neither sacct nor squeue knows for this long has ended
+
+
+def __getattr__(name: str) -> Any:  # noqa: ANN401 - RunJob, imported with submitit only when a job needs it
+    if name == "RunJob":
+        from normlab.experiments.job import RunJob
+
+        return RunJob
+    raise AttributeError(name)
+
+
+def valid_options() -> list[str]:
+    """The [slurm] table's keys (submitit's parameters); [] when submitit is not installed."""
+    try:
+        import submitit
+    except ImportError:
+        return []
+    return sorted({*submitit.AutoExecutor._valid_parameters(), *(f"slurm_{k}" for k in
+                   submitit.SlurmExecutor._valid_parameters()), *EXTRA_OPTIONS})
+
+
+def check_options(options: dict[str, Any], executor: str) -> None:
+    """Refuse an unknown [slurm] key (did you mean ...) or a missing submitit, before anything is written."""
+    if not options and executor == "local":
+        return
+    valid = valid_options()
+    if not valid:
+        if executor != "local":
+            raise ConfigError(f"executor {executor!r} needs submitit: pip install submitit (or use executor = \"local\")")
+        return
+    for key in options:
+        if key not in valid:
+            close = difflib.get_close_matches(key, valid, n=1) or difflib.get_close_matches(f"slurm_{key}", valid, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise ConfigError(f"unknown key {key!r} in the [slurm] table{hint}; valid: submitit's options "
+                              f"({', '.join(GENERIC_OPTIONS)}, slurm_partition, slurm_qos, slurm_array_parallelism, "
+                              "slurm_signal_delay_s, ... as in submitit's SlurmExecutor) and slurm_max_num_timeout")
+
+
+def allocation_threads() -> int | None:
+    """The CPUs SLURM gave this task: SLURM_CPUS_PER_TASK, else the node's CPUs over its tasks; None outside a job."""
+    per_task = os.environ.get("SLURM_CPUS_PER_TASK")
+    if per_task and per_task.isdigit():
+        return max(1, int(per_task))
+    on_node, tasks = os.environ.get("SLURM_CPUS_ON_NODE"), os.environ.get("SLURM_NTASKS_PER_NODE", "1")
+    if on_node and on_node.isdigit():
+        return max(1, int(on_node) // (int(tasks) if tasks.isdigit() and int(tasks) else 1))
+    return None
+
+
+def _executor(root: Path, kind: str, options: dict[str, Any], name: str) -> Any:  # noqa: ANN401 - a submitit executor
+    import submitit
+
+    folder = SweepDir(root).jobs_dir / "%j"
+    if kind == "slurm":
+        opts = dict(options)
+        ex = submitit.AutoExecutor(folder=folder, cluster="slurm",
+                                   slurm_max_num_timeout=int(opts.pop("slurm_max_num_timeout", 3)))
+        opts.setdefault("name", f"normlab-{name}")
+        ex.update_parameters(**opts)
+    else:
+        ex = submitit.LocalExecutor(folder=folder)
+        ex.update_parameters(timeout_min=int(options.get("timeout_min", 60)))
+    return ex
+
+
+def _one_line(text: Any) -> str:  # noqa: ANN401 - a message or an exception
+    """A scheduler's message as one line: its error lines joined ("sbatch: error: " dropped), else its last line."""
+    lines = [x.strip() for x in str(text).splitlines() if x.strip()]
+    errors = [x.split("error:", 1)[1].strip() if "error:" in x else x for x in lines if "error" in x.lower()]
+    return ("; ".join(errors) if errors else (lines or ["no message"])[-1])[:400]
+
+
+class Watcher:
+    """The states of submitted jobs, one scheduler query per poll (sacct through submitit; squeue for a job sacct
+    does not know yet)."""
+
+    def __init__(self, root: Path, kind: str) -> None:
+        self.kind, self.folder = kind, SweepDir(root).jobs_dir / "%j"
+        self.seen: dict[str, float] = {}  # job id -> when it was first watched
+
+    def job(self, job: str) -> Any:  # noqa: ANN401 - a submitit Job
+        import submitit
+
+        self.seen.setdefault(job, time.time())
+        return submitit.SlurmJob(self.folder, job)
+
+    def states(self, jobs: dict[str, Any]) -> dict[str, str]:
+        """run id -> the job's state word (PENDING, RUNNING, COMPLETED, CANCELLED by 0, ..., or UNKNOWN)."""
+        if not jobs:
+            return {}
+        if self.kind != "slurm":
+            return {rid: ("COMPLETED" if job.done() else "RUNNING") for rid, job in jobs.items()}
+        watcher = next(iter(jobs.values())).watcher
+        watcher.update()
+        found = {rid: watcher.get_state(job.job_id, mode="cache") for rid, job in jobs.items()}
+        for rid, state in found.items():
+            if state == "UNKNOWN":  # sacct has no record: just submitted, or squeue still holds it
+                jid = jobs[rid].job_id
+                if job_alive(jid) or time.time() - self.seen.get(jid, time.time()) < UNKNOWN_GRACE_S:
+                    found[rid] = "PENDING"
+        return found
+
+
+def live(state: str) -> bool:
+    return state.split()[0] in LIVE if state else False
+
+
+def run_cluster(root: Path, store: SweepStore, todo: list[str], kind: str, options: dict[str, Any], name: str,
+                log) -> None:  # noqa: ANN001 - log: print-like
+    """Run `todo` as scheduler jobs and watch them to the end (see the module docstring)."""
+    from normlab.experiments.job import RunJob as job_class
+
+    ex = _executor(root, kind, options, name)
+    watch = Watcher(root, kind)
+    jobs: dict[str, Any] = {}  # run id -> the submitit job that holds it
+    if kind == "slurm":
+        rows = {r["run_id"]: r for r in store.rows()}
+        held = {rid: watch.job(rows[rid]["job"]) for rid in todo if rows[rid].get("job")}
+        for rid, state in watch.states(held).items():
+            if live(state):
+                jobs[rid] = held[rid]
+                log(f"{rid}: job {held[rid].job_id} is {state.split()[0].lower()}; watching it (not submitted again)")
+    queue = [rid for rid in todo if rid not in jobs]
+    total, finished, chunk, wait, next_try, refusals = len(todo), 0, max(1, len(queue)), 10.0, 0.0, 0
+    fatal = None
+    try:
+        while (queue and fatal is None) or jobs:
+            if queue and fatal is None and time.time() >= next_try:
+                batch = queue[:chunk]
+                try:
+                    with ex.batch():
+                        submitted = [ex.submit(job_class(str(root), rid)) for rid in batch]
+                except Exception as err:  # noqa: BLE001 - sbatch refused: its message decides what follows
+                    why = _one_line(getattr(err, "stderr", None) or err)
+                    if not any(word.lower() in why.lower() for word in TRANSIENT):
+                        fatal = f"the scheduler refused the jobs: {why}"
+                        log(f"{fatal}; {len(queue)} run(s) not submitted" + (
+                            f"; watching the {len(jobs)} submitted job(s) to their end" if jobs else ""))
+                        continue
+                    if chunk > 1:
+                        chunk = max(1, chunk // 2)
+                        continue
+                    refusals += 1
+                    if not jobs and refusals > 6:
+                        fatal = f"the scheduler refused the jobs 7 times with none of this sweep's running: {why}"
+                        continue
+                    log(f"submission refused ({why}); {len(queue)} run(s) wait, retrying in {wait:.0f}s"
+                        + (f" while {len(jobs)} job(s) run" if jobs else ""))
+                    next_try, wait = time.time() + wait, min(wait * 2, 300.0)
+                    continue
+                ids = [str(job.job_id) for job in submitted]
+                if kind == "slurm":
+                    store.set_job(batch, ids)
+                for rid, job in zip(batch, submitted):
+                    jobs[rid] = job
+                    watch.seen.setdefault(str(job.job_id), time.time())
+                queue, wait, refusals = queue[len(batch):], 10.0, 0
+                log(f"submitted {len(batch)} run(s) as " + (f"job array {ids[0].split('_')[0]}" if '_' in ids[0]
+                                                              else f"job(s) {', '.join(ids)}")
+                    + (f" ({len(queue)} to submit)" if queue else ""))
+            for rid, state in watch.states(jobs).items():
+                if live(state):
+                    continue
+                job = jobs.pop(rid)
+                finished += 1
+                _ended(root, store, rid, job, state, kind)
+                log(f"[{finished}/{total}] {rid}: {describe(store.row(rid))}")
+            if jobs or queue:
+                time.sleep(POLL_S if kind == "slurm" else 0.5)
+    except KeyboardInterrupt:
+        _interrupted(root, store, jobs, kind, log)
+        raise
+    if fatal:
+        raise ConfigError(f"{fatal}; {len(queue)} run(s) left pending: fix the [slurm] options and run the same "
+                          "command again")
+
+
+def _ended(root: Path, store: SweepStore, rid: str, job: Any, state: str, kind: str) -> None:  # noqa: ANN401
+    """A job left the scheduler: its row is final if the job wrote it; else the run's summary.json or the job's
+    result decides, else one line says how the job ended."""
+    row = store.row(rid)
+    if row["status"] in FINISHED:
+        return
+    summary = SweepDir(root).run(rid).summary()
+    if summary and summary.get("status") in FINISHED and summary.get("steps") == row["config"].get("steps"):
+        store.record(rid, summary, worker=str(job.job_id), unless_finished=True)
+        return
+    word = state.split()[0] if state else "UNKNOWN"
+    if (word == "COMPLETED" or kind != "slurm") and job.paths.result_pickle.exists():
+        try:
+            result = job.result()
+            if isinstance(result, dict) and result.get("status"):
+                store.record(rid, result, worker=str(job.job_id), unless_finished=True)
+                return
+            why = f"job {job.job_id} ended without a result"
+        except Exception as err:  # noqa: BLE001 - the job raised or died: its first line, not submitit's dump
+            why = f"job {job.job_id} failed: {_one_line(err)}"
+    elif word == "CANCELLED":
+        by = state.split(" by ")[-1] if " by " in state else None
+        why = f"job {job.job_id} was cancelled" + (f" by uid {by}" if by else "") + \
+            "; the next run of this sweep submits it again"
+    else:
+        why = f"job {job.job_id} ended {word}; see {job.paths.stderr}"
+    store.record(rid, {"status": "failed", "reason": why}, worker=str(job.job_id), unless_finished=True)
+
+
+def _interrupted(root: Path, store: SweepStore, jobs: dict[str, Any], kind: str, log) -> None:  # noqa: ANN001
+    """Ctrl-C in the coordinator: on a terminal, ask whether to cancel the jobs; elsewhere leave them and say how."""
+    if not jobs or kind != "slurm":
+        return
+    ids = " ".join(str(job.job_id) for job in jobs.values())
+    answer = ""
+    if sys.stdin is not None and sys.stdin.isatty():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            answer = input(f"\ncancel this sweep's {len(jobs)} job(s) ({ids})? [y/N] ").strip().lower()
+        except (EOFError, KeyboardInterrupt):
+            answer = ""
+    if answer in ("y", "yes"):
+        cancelled = cancel_jobs(root, store, jobs, "cancelled at Ctrl-C")
+        log(f"cancelled {cancelled} job(s); the same command submits their runs again")
+    else:
+        log(f"left {len(jobs)} job(s) running ({ids}): the same command watches them again; cancel them with "
+            f"`normlab sweep --cancel {root}` (or scancel {ids})")
+
+
+def cancel_jobs(root: Path, store: SweepStore, jobs: dict[str, Any], why: str) -> int:
+    for rid, job in jobs.items():
+        job.cancel(check=False)
+        store.record(rid, {"status": "failed", "reason": f"job {job.job_id} {why}; the next run of this sweep submits "
+                           "it again"}, worker=str(job.job_id), unless_finished=True)
+    return len(jobs)
+
+
+def cancel_sweep(root: str | Path, log=print) -> int:  # noqa: ANN001 - log: print-like
+    """`normlab sweep --cancel DIR`: cancel the live jobs of a sweep's unfinished runs; returns how many."""
+    folder = SweepDir(root)
+    if not folder.is_sweep():
+        raise ConfigError(f"{root} holds no sweep store; give a folder written by normlab sweep")
+    store = open_store(folder)
+    watch = Watcher(folder.path, "slurm")
+    held = {r["run_id"]: watch.job(r["job"]) for r in store.rows() if r.get("job") and r["status"] not in FINISHED}
+    try:
+        states = watch.states(held)
+    except Exception as err:  # noqa: BLE001 - no sacct here
+        raise ConfigError(f"cannot ask the scheduler about {len(held)} job(s): {_one_line(err)}") from None
+    alive = {rid: held[rid] for rid, state in states.items() if live(state)}
+    n = cancel_jobs(folder.path, store, alive, "cancelled by normlab sweep --cancel")
+    log(f"cancelled {n} job(s) of {root}" + (f": {' '.join(str(j.job_id) for j in alive.values())}" if n else
+                                            " (none was pending or running)"))
+    return n

@@ -1,0 +1,58 @@
+"""One run of a sweep as a scheduler job (`normlab.experiments.cluster`): a submitit Checkpointable, so that SLURM's
+USR2 (a time limit near, a preemption) saves the run and requeues the job. Its own module: submitit is imported
+only where a job is submitted or runs."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+from submitit.helpers import Checkpointable, DelayedSubmission
+
+from normlab.experiments.cluster import allocation_threads
+from normlab.runs.lock import job_id
+
+
+class RunJob(Checkpointable):
+    """One run of a sweep as a scheduler job: trains in a thread, so that submitit's signal handler (USR2, in
+    the main thread) can ask the run to stop at its next step and wait for its checkpoint (`checkpoint`)."""
+
+    def __init__(self, sweep_dir: str, run_id: str) -> None:
+        self.sweep_dir, self.run_id = sweep_dir, run_id
+        self._stop: threading.Event | None = None
+        self._thread: threading.Thread | None = None
+        self._result: dict[str, Any] = {}
+
+    def __getstate__(self) -> dict[str, Any]:  # pickled for submission: no thread, no event
+        return {"sweep_dir": self.sweep_dir, "run_id": self.run_id}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["sweep_dir"], state["run_id"])
+
+    def __call__(self) -> dict[str, Any]:
+        from normlab.experiments.runner import execute_run
+
+        threads = allocation_threads()
+        if threads:
+            os.environ["OMP_NUM_THREADS"] = str(threads)
+            print(f"normlab: {self.run_id} in job {job_id()}: {threads} torch thread(s), from the allocation", flush=True)
+        self._stop = threading.Event()
+
+        def work() -> None:
+            self._result = execute_run(self.sweep_dir, self.run_id, threads=threads, stop=self._stop,
+                                       worker=job_id())
+
+        self._thread = threading.Thread(target=work, name=f"normlab-{self.run_id}")
+        self._thread.start()
+        while self._thread.is_alive():
+            self._thread.join(0.5)  # short joins: the USR2 handler runs here, between them
+        return self._result
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        """submitit's hook on USR2 (time limit or preemption): the run saves at its next step, then the job is
+        requeued with a fresh RunJob, which continues from that checkpoint."""
+        if self._stop is not None and self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+        return DelayedSubmission(RunJob(self.sweep_dir, self.run_id))

@@ -1,0 +1,231 @@
+"""The sweep store under adversity (issue 35 item 6, issue 40): a 0-byte, corrupt, locked or read-only store,
+8 concurrent writers in both journal modes, the O_EXCL lock of shared filesystems, and [slurm] typos."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from normlab.cli import main
+from normlab.experiments import SweepConfig, run_sweep, summarize
+from normlab.experiments.runner import _to_toml
+from normlab.runs.lock import FolderLock, LockBusy
+from normlab.runs.store import SweepStore
+from tests.helpers import REPO
+
+QUIET = lambda *a, **k: None  # noqa: E731
+
+
+@pytest.fixture(scope="module")
+def trained_sweep(tmp_path_factory):
+    """Two nano runs, summarized: the folder every test here copies."""
+    from tests.conftest import SENTENCES
+
+    root = tmp_path_factory.mktemp("store")
+    corpus = root / "corpus.txt"
+    corpus.write_text("\n".join(SENTENCES[(i * 7) % len(SENTENCES)] for i in range(800)))
+    out = root / "sw"
+    base = dict(data=str(corpus), size="nano", seq_len=32, batch_size=8, steps=4, eval_every=0, eval_batches=1,
+                probe_every=0, layout="pre")
+    run_sweep(SweepConfig(name="st", base=base, grid={"seed": [0, 1]}), out, workers=1, log=QUIET)
+    summarize(out)
+    return out
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _one_line(capsys) -> str:  # noqa: ANN001
+    err = capsys.readouterr().err
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("normlab: error: ") and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_a_zero_byte_store_is_rebuilt_from_the_run_folders(trained_sweep, tmp_path, capsys):
+    sw = _copy(trained_sweep, tmp_path / "sw")
+    want = (sw / "runs.csv").read_text()
+    (sw / "sweep.db").write_bytes(b"")
+    for side in ("sweep.db-wal", "sweep.db-shm"):
+        (sw / side).unlink(missing_ok=True)
+    assert main(["summarize", str(sw)]) == 0
+    capsys.readouterr()
+    rows = SweepStore(sw / "sweep.db").rows()
+    assert sorted(r["status"] for r in rows) == ["ok", "ok"]
+    got = (sw / "runs.csv").read_text()
+    assert got.splitlines()[0] == want.splitlines()[0] and len(got.splitlines()) == 3
+    # the same final losses as the store the runs wrote, read back from their summary.json
+    for line_want, line_got in zip(sorted(want.splitlines()[1:]), sorted(got.splitlines()[1:])):
+        assert line_want.split(",")[:4] == line_got.split(",")[:4]
+    # a rerun of the sweep on a 0-byte store finds both runs finished: nothing is trained again
+    (sw / "sweep.db").write_bytes(b"")
+    counts = run_sweep(SweepConfig.from_toml(sw / "sweep.toml"), sw, log=QUIET)
+    assert counts["ok"] == 2 and all(r["attempts"] == 0 for r in SweepStore(sw / "sweep.db").rows())
+
+
+def test_a_corrupt_store_is_named_corrupt_with_the_way_to_rebuild_it(trained_sweep, tmp_path, capsys):
+    sw = _copy(trained_sweep, tmp_path / "sw")
+    garbage = b"SQLite format 3\x00" + bytes(range(256)) * 16
+    (sw / "sweep.db").write_bytes(garbage)
+    before = (sw / "summary.md").read_bytes()
+    assert main(["summarize", str(sw)]) == 2
+    line = _one_line(capsys)
+    assert "is corrupt" in line and f"mv {sw / 'sweep.db'}" in line and "rebuilt from" in line
+    assert (sw / "sweep.db").read_bytes() == garbage and (sw / "summary.md").read_bytes() == before  # nothing touched
+    # following the advice rebuilds it
+    (sw / "sweep.db").rename(sw / "sweep.db.corrupt")
+    assert main(["summarize", str(sw)]) == 0
+    assert sorted(r["status"] for r in SweepStore(sw / "sweep.db").rows()) == ["ok", "ok"]
+
+
+def test_someone_elses_sqlite_file_is_refused_untouched(tmp_path, capsys):
+    (tmp_path / "d").mkdir()
+    with sqlite3.connect(tmp_path / "d" / "sweep.db") as con:
+        con.execute("create table users (name text)")
+    before = (tmp_path / "d" / "sweep.db").read_bytes()
+    assert main(["summarize", str(tmp_path / "d")]) == 2
+    assert "not a normlab sweep store" in _one_line(capsys)
+    assert (tmp_path / "d" / "sweep.db").read_bytes() == before
+
+
+def test_a_store_locked_by_another_writer_is_one_line(trained_sweep, tmp_path, capsys, monkeypatch):
+    sw = _copy(trained_sweep, tmp_path / "sw")
+    monkeypatch.setattr(SweepStore, "timeout", 0.3)
+    with sqlite3.connect(sw / "sweep.db", isolation_level=None) as holder:
+        holder.execute("pragma journal_mode=delete")
+        holder.execute("begin exclusive")
+        try:
+            t0 = time.monotonic()
+            assert main(["summarize", str(sw)]) == 2
+            assert time.monotonic() - t0 < 10
+        finally:
+            holder.execute("rollback")
+    assert "locked by another writer (waited 0.3 s)" in _one_line(capsys)
+
+
+@pytest.mark.skipif(not shutil.which("unshare") or os.geteuid() != 0, reason="needs root to mount read-only")
+def test_a_sweep_on_read_only_storage_is_summarized_elsewhere(trained_sweep, tmp_path):
+    sw = _copy(trained_sweep, tmp_path / "sw")
+    for f in ("summary.md", "runs.csv", "cells.csv", "report.html"):
+        (sw / f).unlink()
+    listing = sorted(p.name for p in sw.iterdir())
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    script = (f"mount --bind {sw} {sw} && mount -o remount,bind,ro {sw} && "
+              f"{sys.executable} -m normlab summarize {sw} --out {tmp_path / 'out'}; a=$?; "
+              f"{sys.executable} -m normlab summarize {sw}; echo codes $a $?")
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert "codes 0 2" in proc.stdout, proc.stdout + proc.stderr
+    assert "read-only storage; give --out DIR" in proc.stderr
+    assert "| 2 (2 ok)" in (tmp_path / "out" / "summary.md").read_text() or "runs: 2 (2 ok)" in \
+        (tmp_path / "out" / "summary.md").read_text()
+    assert sorted(p.name for p in sw.iterdir()) == listing  # nothing written into the sweep
+
+
+WRITER = """
+import sys, time
+from normlab.runs.store import SweepStore
+store, k = SweepStore(sys.argv[1]), int(sys.argv[2])
+for i in range(k, 64, 8):
+    store.mark_running(f"r{i}", f"writer{k}")
+    store.record(f"r{i}", {"status": "ok", "final_loss": i / 7, "steps": i, "tokens": 1000 + i}, worker=f"writer{k}")
+"""
+
+
+@pytest.mark.parametrize("shared", ["0", "1"], ids=["wal", "rollback-journal"])
+def test_eight_concurrent_writers_keep_every_row(tmp_path, shared, monkeypatch):
+    """8 processes record 64 runs at once (each 8, interleaved): every row present, with its own numbers."""
+    from normlab.experiments.sweep import RunSpec
+
+    monkeypatch.setenv("NORMLAB_SHARED_FS", shared)
+    db = tmp_path / "sweep.db"
+    store = SweepStore(db)
+    store.add([RunSpec(f"r{i}", i, {"i": i}, {"steps": i}) for i in range(64)])
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "NORMLAB_SHARED_FS": shared}
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(db), str(k)], env=env) for k in range(8)]
+    assert [p.wait(timeout=300) for p in procs] == [0] * 8
+    with sqlite3.connect(db) as con:
+        mode = con.execute("pragma journal_mode").fetchone()[0]
+    assert mode == ("delete" if shared == "1" else "wal")
+    rows = SweepStore(db).rows()
+    assert len(rows) == 64
+    for r in rows:
+        i = r["idx"]
+        assert (r["run_id"], r["status"], r["step"], r["tokens"], r["attempts"], r["worker"]) == \
+            (f"r{i}", "ok", i, 1000 + i, 1, f"writer{i % 8}")
+        assert r["final_loss"] == pytest.approx(i / 7)
+
+
+HOLDER = """
+import sys, time
+from pathlib import Path
+from normlab.runs.lock import FolderLock
+FolderLock(Path(sys.argv[1]), wait=0, busy=str)
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def test_shared_filesystem_lock_is_an_exclusive_file_judged_stale_by_its_holder(tmp_path, monkeypatch):
+    """NFS/Lustre (forced here): an O_EXCL lock file naming host, pid and job; a holder killed with -9 leaves it,
+    and the next process finds it stale and takes it; a live holder is named in the refusal."""
+    monkeypatch.setenv("NORMLAB_SHARED_FS", "1")
+    lock = tmp_path / ".lock"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(lock)], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        info = json.loads(lock.read_text())
+        assert info["pid"] == proc.pid and info["host"] and info["start"]
+        with pytest.raises(LockBusy, match=f"pid {proc.pid} on .*if that process is gone, delete {lock}"):
+            FolderLock(lock, wait=0.3, busy=str)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert lock.exists()  # nobody released it ...
+    taken = FolderLock(lock, wait=0, busy=str)  # ... and it is stale: its pid is gone
+    assert json.loads(lock.read_text())["pid"] == os.getpid()
+    taken.release()
+    assert not lock.exists()
+    # a requeued job finds its own earlier life's lock stale, whatever host it ran on
+    lock.write_text(json.dumps({"host": "elsewhere", "pid": 1, "start": "1", "job": "77_3"}))
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
+    FolderLock(lock, wait=0, busy=str).release()
+    # another host's holder outside any job cannot be checked: refused, naming the file
+    lock.write_text(json.dumps({"host": "elsewhere", "pid": 1, "start": "1", "job": None}))
+    with pytest.raises(LockBusy, match="pid 1 on elsewhere"):
+        FolderLock(lock, wait=0, busy=str)
+
+
+def test_a_slurm_typo_is_refused_before_anything_is_written(tmp_path, capsys):
+    pytest.importorskip("submitit")
+    sweep = SweepConfig(name="t", base={"size": "nano"}, grid={"seed": [0]}).to_dict()
+    text = _to_toml({**sweep, "executor": "slurm", "slurm": {"slurm_partiton": "debug"}})
+    (tmp_path / "s.toml").write_text(text)
+    assert main(["sweep", str(tmp_path / "s.toml"), "--out", str(tmp_path / "out")]) == 2
+    assert "did you mean slurm_partition?" in _one_line(capsys)
+    assert not (tmp_path / "out").exists()
+
+
+def test_threads_come_from_the_allocation(monkeypatch):
+    from normlab.experiments.cluster import allocation_threads
+
+    for key in ("SLURM_CPUS_PER_TASK", "SLURM_CPUS_ON_NODE", "SLURM_NTASKS_PER_NODE"):
+        monkeypatch.delenv(key, raising=False)
+    assert allocation_threads() is None  # outside a job: torch's own default
+    monkeypatch.setenv("SLURM_CPUS_ON_NODE", "8")
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "2")
+    assert allocation_threads() == 4  # the node's CPUs over its tasks
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "3")
+    assert allocation_threads() == 3  # srun -c 3 / cpus_per_task = 3

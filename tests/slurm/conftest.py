@@ -1,0 +1,26 @@
+"""The cluster tests run against a real SLURM (`make test-slurm` brings up a one-node one with
+scripts/slurm_up.sh and sets NORMLAB_TEST_SLURM=1); `make test` skips them."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+
+def _slurm_up() -> str | None:
+    if os.environ.get("NORMLAB_TEST_SLURM") != "1":
+        return "cluster tests: run `make test-slurm` (a one-node SLURM on this machine)"
+    if not shutil.which("sbatch") or subprocess.run(["scontrol", "ping"], capture_output=True).returncode != 0:
+        return "no SLURM controller answers here: run scripts/slurm_up.sh (root) first"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):  # noqa: ANN001, ARG001
+    why = _slurm_up()
+    if why:
+        for item in items:
+            if "tests/slurm/" in str(item.fspath):
+                item.add_marker(pytest.mark.skip(reason=why))

@@ -1,0 +1,204 @@
+"""Sweeps on a real one-node SLURM (scripts/slurm_up.sh): a killed coordinator re-attached, a time limit and a
+preemption checkpointed and requeued, a QOS submit limit, cancelling. Nano runs, one CPU per job.
+
+Every test checks what a cluster user is promised: every run ends `ok` once, its row names the job that
+trained it, sacct agrees (COMPLETED), no job is submitted twice, no live run is ever marked failed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from normlab.experiments import SweepConfig
+from normlab.experiments.runner import _to_toml
+from tests.helpers import REPO
+
+pytest.importorskip("submitit")
+
+ENV = {**os.environ, "PYTHONPATH": str(REPO / "src"), "NORMLAB_SLURM_POLL_S": "2", "OMP_NUM_THREADS": "1"}
+
+
+def write_sweep(tmp_path: Path, corpus: Path, name: str, seeds: int, steps: int, **slurm) -> tuple[Path, str]:  # noqa: ANN003
+    """The sweep file, and its name made unique (jobs are named normlab-NAME: sacct then finds this test's only)."""
+    name = f"{name}-{uuid.uuid4().hex[:6]}"
+    base = dict(data=str(corpus), size="nano", seq_len=32, batch_size=8, steps=steps, eval_every=0, eval_batches=1,
+                probe_every=0, layout="pre", ckpt_every=max(1, steps // 4))
+    opts = {"timeout_min": 10, "cpus_per_task": 1, "slurm_partition": "debug", "slurm_signal_delay_s": 30, **slurm}
+    sweep = SweepConfig(name=name, base=base, grid={"seed": list(range(seeds))}, executor="slurm", slurm=opts)
+    path = tmp_path / f"{name}.toml"
+    path.write_text(_to_toml(sweep.to_dict()))
+    return path, name
+
+
+def sweep_cmd(path: Path, out: Path) -> list[str]:
+    return [sys.executable, "-m", "normlab", "sweep", str(path), "--out", str(out)]
+
+
+def rows(out: Path) -> list[dict]:
+    try:
+        with sqlite3.connect(out / "sweep.db", timeout=30) as con:
+            con.row_factory = sqlite3.Row
+            return [dict(r) for r in con.execute("select * from runs order by idx")]
+    except sqlite3.OperationalError:
+        return []
+
+
+def wait_for(what: str, check, timeout: float = 300):  # noqa: ANN001, ANN201
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def sacct(job_name: str) -> dict[str, str]:
+    """job id -> final state of every job (array task) of that name; requeued incarnations counted once."""
+    out = subprocess.run(["sacct", "-n", "-X", "-P", "--name", job_name, "-S", "now-2hours", "-o", "JobID,State"],
+                         capture_output=True, text=True, check=True).stdout
+    return dict(line.split("|", 1) for line in out.splitlines() if line.strip())
+
+
+def finish(path: Path, out: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(sweep_cmd(path, out), capture_output=True, text=True, env=ENV, timeout=timeout)
+
+
+def check_ok_once(out: Path, name: str, runs: int) -> list[dict]:
+    """Every run ok, recorded by the job the store holds for it, and sacct says that job COMPLETED; no other job."""
+    got = rows(out)
+    assert len(got) == runs and all(r["status"] == "ok" for r in got), [(r["run_id"], r["status"], r["reason"])
+                                                                        for r in got]
+    jobs = sacct(f"normlab-{name}")
+    assert sorted(jobs) == sorted(r["job"] for r in got), (jobs, [r["job"] for r in got])  # one job per run
+    for r in got:
+        assert r["worker"] == r["job"] and jobs[r["job"]] == "COMPLETED", (r, jobs)
+    return got
+
+
+def test_killed_coordinator_rerun_reattaches_to_live_jobs(corpus, tmp_path):
+    """kill -9 of the coordinator while its jobs train, then the same command: no job submitted twice, no live run
+    marked failed, every run ok once (attempts 1) with its first job."""
+    path, name = write_sweep(tmp_path, corpus, "reattach", seeds=3, steps=600, slurm_array_parallelism=2)
+    out = tmp_path / "sw"
+    proc = subprocess.Popen(sweep_cmd(path, out), env=ENV, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    wait_for("a run training", lambda: any(r["status"] == "running" for r in rows(out)))
+    jobs_before = {r["run_id"]: r["job"] for r in rows(out)}
+    assert all(jobs_before.values())  # every job id stored at submission
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done = finish(path, out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "not submitted again" in done.stdout
+    got = check_ok_once(out, name, 3)
+    assert {r["run_id"]: r["job"] for r in got} == jobs_before
+    assert all(r["attempts"] == 1 for r in got)
+    logs = "".join(p.read_text() for p in (out / "logs" / "jobs").rglob("*_log.out"))
+    assert logs.count("1 torch thread(s), from the allocation") == 3  # cpus_per_task = 1, on a 2-CPU node
+
+
+def test_time_limit_checkpoints_requeues_and_ends_ok(corpus, tmp_path):
+    """A run longer than its --time (2 min): SLURM's USR2 30 s before the limit saves it and requeues the job,
+    which continues from that save; the row and sacct agree: ok, COMPLETED, one job."""
+    # 5000 nano steps (256 tokens each): 240 s of training at the 5,300 tok/s one nano run gets on this machine under
+    # load, and more than one job's life even at twice that speed: a life of 2 minutes trains at most about 90 s
+    path, name = write_sweep(tmp_path, corpus, "timelimit", seeds=1, steps=5000, timeout_min=2, slurm_max_num_timeout=10)
+    out = tmp_path / "sw"
+    done = finish(path, out, timeout=1500)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (row,) = check_ok_once(out, name, 1)
+    assert row["attempts"] >= 2  # trained in two jobs' lives at least
+    logs = "".join(p.read_text() for p in (out / "logs" / "jobs").rglob("*_log.*"))
+    assert "Job has timed out" in logs and "resuming from step_" in logs
+
+
+def test_preemption_signal_checkpoints_requeues_and_ends_ok(corpus, tmp_path):
+    """scancel --signal=USR2 (what a preempting scheduler sends): saved now, requeued, resumed, ok once."""
+    path, name = write_sweep(tmp_path, corpus, "preempt", seeds=1, steps=800)
+    out = tmp_path / "sw"
+    proc = subprocess.Popen(sweep_cmd(path, out), env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run_dir = wait_for("the run", lambda: next((out / "runs").glob("*"), None) if (out / "runs").is_dir() else None)
+    wait_for("steps logged", lambda: (run_dir / "metrics.jsonl").is_file() and
+             len((run_dir / "metrics.jsonl").read_text().splitlines()) > 50)
+    (job,) = [r["job"] for r in rows(out)]
+    subprocess.run(["scancel", "--signal=USR2", job], check=True)
+    wait_for("the run back in the queue", lambda: any(r["status"] == "pending" and r["reason"] for r in rows(out)),
+             timeout=120)
+    assert "saved at step" in rows(out)[0]["reason"]
+    text, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, text
+    (row,) = check_ok_once(out, name, 1)
+    assert row["attempts"] == 2
+
+
+def test_a_qos_submit_limit_is_waited_out_never_orphaning_jobs(corpus, tmp_path):
+    """QOS normlab-limited lets 3 jobs wait or run; 5 runs: the refused part is retried with smaller arrays and a
+    growing wait while the submitted jobs run; all 5 end ok, each in one job."""
+    path, name = write_sweep(tmp_path, corpus, "qos", seeds=5, steps=40, slurm_qos="normlab-limited",
+                       slurm_array_parallelism=2)
+    out = tmp_path / "sw"
+    done = finish(path, out, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "submission refused (" in done.stdout and "QOSMaxSubmitJobPerUserLimit" in done.stdout
+    check_ok_once(out, name, 5)
+
+
+def test_ctrl_c_leaves_the_jobs_and_cancel_is_one_line(corpus, tmp_path):
+    """Ctrl-C without a terminal leaves the job running and says how to cancel it; `normlab sweep --cancel DIR`
+    cancels it, the row says so in one line, and the rerun trains the run in a new job."""
+    path, name = write_sweep(tmp_path, corpus, "cancel", seeds=1, steps=600)
+    out = tmp_path / "sw"
+    proc = subprocess.Popen(sweep_cmd(path, out), env=ENV, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    wait_for("the job", lambda: any(r["job"] for r in rows(out)))
+    time.sleep(3)  # the coordinator back in its watch loop
+    proc.send_signal(signal.SIGINT)
+    text, _ = proc.communicate(timeout=120)
+    assert proc.returncode != 0 and "left 1 job(s) running" in text and f"normlab sweep --cancel {out}" in text, text
+    (job,) = [r["job"] for r in rows(out)]
+    assert subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout.strip()  # still there
+    cancel = subprocess.run([sys.executable, "-m", "normlab", "sweep", "--cancel", str(out)], capture_output=True,
+                            text=True, env=ENV, timeout=120)
+    assert cancel.returncode == 0 and f"cancelled 1 job(s) of {out}: {job}" in cancel.stdout, cancel.stdout + cancel.stderr
+    (row,) = rows(out)
+    assert row["status"] == "failed" and "\n" not in row["reason"] and "cancelled by normlab sweep --cancel" in \
+        row["reason"], row
+    done = finish(path, out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert rows(out)[0]["status"] == "ok" and rows(out)[0]["job"] != job and rows(out)[0]["worker"] == rows(out)[0]["job"]
+
+
+def test_ctrl_c_on_a_terminal_asks_and_cancels(corpus, tmp_path):
+    """On a terminal, Ctrl-C asks whether to cancel the sweep's jobs; "y" cancels them."""
+    import pty
+
+    path, name = write_sweep(tmp_path, corpus, "ask", seeds=1, steps=600)
+    out = tmp_path / "sw"
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(sweep_cmd(path, out), env=ENV, stdin=follower, stdout=follower, stderr=follower,
+                            start_new_session=True)
+    os.close(follower)
+    wait_for("the job", lambda: any(r["job"] for r in rows(out)))
+    time.sleep(3)
+    proc.send_signal(signal.SIGINT)
+    seen = b""
+    deadline = time.time() + 60
+    while b"[y/N]" not in seen and time.time() < deadline:
+        seen += os.read(leader, 4096)
+    assert b"cancel this sweep's 1 job(s)" in seen, seen
+    os.write(leader, b"y\n")
+    proc.wait(timeout=120)
+    os.close(leader)
+    (row,) = rows(out)
+    assert row["status"] == "failed" and "cancelled at Ctrl-C" in row["reason"], row
+    wait_for("the job gone", lambda: not subprocess.run(["squeue", "-h", "-j", row["job"]], capture_output=True,
+                                                         text=True).stdout.strip(), timeout=60)
