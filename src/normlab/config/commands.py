@@ -220,6 +220,25 @@ def _seeds(values: tuple) -> str | None:
     return "must be integers >= 0" if any(v < 0 for v in values) else None
 
 
+# --set keys recommend decides itself, and where they come from instead (the proxies' shape is the user's model's)
+RECOMMEND_DECIDES = {"layout": "--candidates", "lr": "--lrs", "seed": "--seeds", "out": "--out",
+                     "progress": "the command", "size": "your model file",
+                     "tokenizer": "nothing: the proxies read bytes (vocabulary 256)",
+                     "vocab_size": "nothing: the proxies read bytes (vocabulary 256)"}
+
+
+def check_recommend_settings(extra: dict[str, Any]) -> None:
+    """Refuse --set keys recommend decides: the proxies' shape, tokenizer, layouts, lrs, seeds, folder."""
+    from normlab.errors import ConfigError
+    from normlab.model.config import ModelConfig
+
+    shape = set(ModelConfig.__dataclass_fields__)
+    for key in extra:
+        if key in RECOMMEND_DECIDES or key in shape or key.startswith("model."):
+            how = RECOMMEND_DECIDES.get(key, "your model file (and --depth for the proxies' depth)")
+            raise ConfigError(f"--set {key}=... is decided by recommend: give it through {how}")
+
+
 @dataclass(frozen=True)
 class RecommendConfig:
     """`normlab recommend`'s settings."""
