@@ -129,9 +129,10 @@ def fit(t_pre2: float, t_pre6: float, t_peri6: float, t_s1: float, t_s3: float, 
     f2, e2 = step_work(shape.with_(n_layers=2), "pre")
     f6, e6 = step_work(shape.with_(n_layers=6), "pre")
     fp, ep = step_work(shape.with_(n_layers=6), "peri")
-    c_flop = max(0.0, (t_pre6 - t_pre2) / (f6 - f2))  # Pre-LN's norm elements grow with depth too: folded in
-    c0 = max(0.0, t_pre2 - c_flop * f2)
-    c_norm = max(0.0, (t_peri6 - (c0 + c_flop * fp)) / (ep - e6))
+    import numpy as np
+
+    c0, c_flop, c_norm = (max(0.0, float(x)) for x in np.linalg.solve(
+        np.array([[1.0, f2, e2], [1.0, f6, e6], [1.0, fp, ep]]), np.array([t_pre2, t_pre6, t_peri6])))
     narrow, wide = _screen_shape(64, 1), _screen_shape(256, 1)
     per_layer = max(0.0, (t_s3 - t_s1) / 2)
     s_flop = max(0.0, (t_s1_wide - t_s1) / (block_work(wide) - block_work(narrow)))
