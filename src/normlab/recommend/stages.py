@@ -105,6 +105,10 @@ def _screen(folder: RecommendDir, user: UserModel, names: list[str], width: int,
                                                  "predicted_seconds_each": predicted_each}
     cfg = ScreenConfig(size="nano", model=screen_shape(user.config, width, 64), stresses=SCREEN_STRESSES)
     todo = [c for c in names if c not in saved["results"]]
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as calibrated; more threads on small tensors only spin, worst on a loaded machine
     bar = tqdm(total=len(names), initial=len(names) - len(todo), desc="screen", unit="layout",
                dynamic_ncols=True, disable=None)
     started = time.perf_counter()
@@ -121,6 +125,7 @@ def _screen(folder: RecommendDir, user: UserModel, names: list[str], width: int,
                 log(f"  screen {name}: {result['verdict']} ({result['seconds']:.1f} s{eta})")
     finally:
         bar.close()
+        torch.set_num_threads(threads)
     return saved
 
 

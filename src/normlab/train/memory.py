@@ -134,15 +134,14 @@ def _slopes(cfg: TrainConfig, recompute: bool, vocab: int) -> tuple[float, float
 
     if params(model_cfg) <= PROBE_PARAMS:
         return _slopes_at(cfg, recompute, vocab, None)
-    scale = 2
-    while model_cfg.head_dim // (2 * scale) >= PROBE_HEAD_DIM and model_cfg.d_model % (2 * scale) == 0 \
-            and params(model_cfg.with_(**narrow_widths(model_cfg, scale))) > PROBE_PARAMS:
+    scale = 1
+    while scale == 1 or params(model_cfg.with_(**narrow_widths(model_cfg, scale))) > PROBE_PARAMS:
+        if model_cfg.head_dim // (4 * scale) < PROBE_HEAD_DIM or model_cfg.d_model % (4 * scale):
+            raise ConfigError(f"cannot plan d_model {model_cfg.d_model} with {model_cfg.n_heads} heads of "
+                              f"{model_cfg.head_dim}: even a copy narrow enough to measure has more than "
+                              f"{PROBE_PARAMS / 1e6:.1f}M parameters in two layers (the plan never builds what it "
+                              "plans)")
         scale *= 2
-    if model_cfg.head_dim // (2 * scale) < PROBE_HEAD_DIM or model_cfg.d_model % (2 * scale) or \
-            params(model_cfg.with_(**narrow_widths(model_cfg, scale))) > PROBE_PARAMS:
-        raise ConfigError(f"cannot plan d_model {model_cfg.d_model} with {model_cfg.n_heads} heads of "
-                          f"{model_cfg.head_dim}: even a copy narrow enough to measure has more than "
-                          f"{PROBE_PARAMS / 1e6:.0f}M parameters in two layers (the plan never builds what it plans)")
     wide = _slopes_at(cfg, recompute, vocab, narrow_widths(model_cfg, scale))
     narrow = _slopes_at(cfg, recompute, vocab, narrow_widths(model_cfg, 2 * scale))
     # bytes = a + b / s over the scale s: through s and 2s, at s = 1
