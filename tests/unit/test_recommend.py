@@ -389,3 +389,46 @@ def test_the_reason_names_what_put_the_winner_first_and_where_the_current_placem
            "noise, broken by the screen's verdict." in text
     assert "Your current placement pre ranks #4 (ranked by its stress run, #7 of 15 there; in the final round as " \
            "your current placement): 0/4 failed, best loss 2.7750 ± 0.1200." in text
+
+
+def test_a_verdict_short_of_stable_gives_its_reason():
+    from normlab.recommend.rank import screen_reason
+
+    row = {"verdict": "caution", "wellposedness": "well-posed", "backward": "mild (x1.15)"}
+    assert screen_reason(row) == ("well-posed, but its block Jacobians are not invariant to the weight stress "
+                                  "(backward: mild (x1.15))")
+    assert screen_reason({**row, "wellposedness": "degenerate (tangential)", "backward": "grows with s (x1.40)"}) == \
+        "degenerate (tangential), and its block Jacobians grows with s (x1.40)"
+    from normlab.recommend.report import reason
+
+    w = _row("peri", "caution", loss=2.4)
+    w.screen_why = screen_reason(row)
+    assert "screen: caution (well-posed, but its block Jacobians" in reason({"current": None}, rank([w]))
+
+
+def test_the_small_sample_caveat_quotes_the_runs_at_hand():
+    from normlab.recommend.report import small_samples
+
+    ranked = rank([_row("peri", finished=4), _row("pre", diverged=2, finished=4, loss=2.3),
+                   _row("post", stalled=1, finished=4, loss=2.9)])
+    assert small_samples(ranked) == ("Failure counts over a few runs are small samples: peri's 0/4 failed against "
+                                     "pre's 2/4 here is evidence, not proof.")
+    same = rank([_row("a", finished=1), _row("b", finished=1, loss=2.9)])
+    assert "both failed 0/1 here" in small_samples(same)
+
+
+def test_what_ran_and_how_far_the_answer_could_move():
+    from normlab.recommend.report import movement
+
+    peri, gate = _row("peri", "stable", loss=2.400, std=0.03), _row("pre-gate", "unstable", loss=2.410, std=0.014)
+    ranked = rank([peri, gate, _row("pre", diverged=2, loss=2.7)])
+    p = {"finalists": 3, "seeds": [0], "order": ["pre", "peri", "pre-gate", "post"], "screened": ["pre", "peri", "pre-gate"]}
+    rounds = [{"stage": "stress", "predicted_s": 120, "actual_s": 150, "planned": 3, "finished": 3},
+              {"stage": "final", "predicted_s": 60, "actual_s": 240, "planned": 6, "finished": 4}]
+    text = movement(ranked, p, {"lrs": [0.01, 0.1], "edges": {"peri": 3e-3}, "extended": {}}, rounds)
+    assert text[0] == "The stress round ran in full: 3 of 3 runs (predicted 2.0 min, took 2.5)."
+    assert text[1].startswith("The final round was cut by the budget: 4 of 6 runs finished")
+    assert "peri is tied on loss within seed noise with pre-gate" in text[2]
+    assert any(x.startswith("One seed") for x in text) and any("1 candidate(s) not tried (post)" in x for x in text)
+    assert text[-1] == ("peri's best learning rate was the lowest tried (0.01): its optimum may lie beyond; 0.003 would "
+                        "be next (no room in this budget).")

@@ -94,8 +94,9 @@ def _check_run_settings(base: dict[str, Any], name: str, lr: float, seed: int, l
 
 
 def _screen(folder: RecommendDir, user: UserModel, names: list[str], width: int, predicted_each: float,
-            log: Callable) -> dict[str, Any]:
-    """Screen `names` at the user's depth and `width`; resumable (each result kept as it exists)."""
+            log: Callable, stop_by: float = math.inf) -> dict[str, Any]:
+    """Screen `names` at the user's depth and `width`; resumable (each result kept as it exists). No
+    screen starts after `stop_by` (time.time()): the screen keeps to its share of the budget."""
     from tqdm import tqdm
 
     from normlab.config.commands import ScreenConfig
@@ -114,6 +115,10 @@ def _screen(folder: RecommendDir, user: UserModel, names: list[str], width: int,
     started = time.perf_counter()
     try:
         for i, name in enumerate(todo, 1):
+            if time.time() > stop_by:
+                log(f"  time budget: {len(todo) - i + 1} screen(s) not started ({', '.join(todo[i - 1:])}); run the "
+                    "same command again to screen them")
+                break
             bar.set_postfix_str(name)
             result = screen_summary(screen_layout(name, cfg))
             saved["results"][name] = result
@@ -293,17 +298,24 @@ def _stages(folder: RecommendDir, saved: dict[str, Any], user: UserModel, cfg: R
     log(f"\n1/3 screen {_clock(t0, budget_s)}: {len(p['screened'])} candidates at your depth {user.config.n_layers}, "
         f"width {p['screen_width']}; predicted {_m(pred['screen'])}")
     began = time.time()
-    screen = _screen(folder, user, p["screened"], p["screen_width"], pred["screen"] / max(1, len(p["screened"])), log)
+    screen = _screen(folder, user, p["screened"], p["screen_width"], pred["screen"] / max(1, len(p["screened"])), log,
+                     stop_by=stop_at - pred["stress"])
+    done = [n for n in p["screened"] if n in screen["results"]]
     rounds.append({"stage": "screen", "predicted_s": pred["screen"], "actual_s": time.time() - began,
-                   "planned": len(p["screened"]), "finished": len(p["screened"])})
+                   "planned": len(p["screened"]), "finished": len(done)})
     log(f"  screen done in {_m(time.time() - began)} (predicted {_m(pred['screen'])})")
     mark()
-    out_by_screen = {n: why for n in p["screened"] if (why := ruled_out(screen["results"][n], precision))}
+    slow = (time.time() - began) / pred["screen"] if pred["screen"] > 0 else 1.0
+    if not done:
+        raise ConfigError(f"the budget ran out before the screen finished one candidate (this machine ran {slow:.0f}x "
+                          "slower than its calibration: loaded?); nothing recommended; run the same command again to "
+                          "continue, or give a larger --budget")
+    out_by_screen = {n: why for n in done if (why := ruled_out(screen["results"][n], precision))}
     for n, why in out_by_screen.items():
         log(f"  ruled out: {n}: {why}")
     from normlab.recommend.rank import VERDICT_ORDER
 
-    alive = sorted((n for n in p["screened"] if n not in out_by_screen),
+    alive = sorted((n for n in done if n not in out_by_screen),
                    key=lambda n: (n != current, VERDICT_ORDER.get(screen["results"][n]["verdict"], 3)))
     if not alive:
         raise ConfigError("the screen rules out every candidate screened (see screen.json); give other --candidates")
@@ -323,10 +335,16 @@ def _stages(folder: RecommendDir, saved: dict[str, Any], user: UserModel, cfg: R
         f"{rounds[-1]['finished']} of {len(alive)} runs finished")
     mark()
     if not rounds[-1]["finished"]:
-        failed = runs[runs.status == "failed"]
-        why = failed.reason.iloc[0] if len(failed) and failed.reason.iloc[0] else "no run finished"
-        raise ConfigError(f"no candidate finished a run, so there is nothing to recommend (first reason: {why}); "
-                          "no recommendation written: fix that, or run the same command again to continue")
+        stress_runs = runs[runs.layout.isin(alive)]
+        failed = stress_runs[stress_runs.status == "failed"]
+        if len(failed) and failed.reason.iloc[0] and "time budget" not in str(failed.reason.iloc[0]):
+            why = f"every run failed; the first: {failed.reason.iloc[0]}"
+        else:
+            why = (f"the budget ran out before any run finished; the screen took {_m(rounds[0]['actual_s'])}, predicted "
+                   f"{_m(rounds[0]['predicted_s'])}: this machine ran slower than its calibration (loaded?)")
+        raise ConfigError(f"no candidate finished a run, so there is nothing to recommend ({why}); no recommendation "
+                          "written: run the same command again to continue (the plan and what finished are kept), or "
+                          "give a larger --budget")
 
     # 3. the final round (and one learning rate beyond an edge)
     order = _stress_order(runs, screen["results"], alive, lr, seed0)
