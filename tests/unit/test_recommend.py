@@ -160,22 +160,22 @@ SIX = ["pre", "peri", "post", "olmo2", "deepnorm", "qwen3", "hybrid", "pre-gate"
 
 
 def test_the_plan_from_numbers_a_small_budget_buys_a_smaller_answer():
-    """Each run 8 + 1.25 x 150 x 0.275 = 59.5625 s, each screen 5 s, 2 workers, reserves 30 s: a budget
-    of B s leaves (B - 30) x 0.85. At 6 min (280.5 s): 6 candidates (30 s of screens, a stress round of 3
-    waves, 178.7 s) and a final round of 2 finalists at a second lr (59.6 s): 268.3 s; a third finalist
-    (+59.6) does not fit."""
-    run = 8 + 1.25 * 150 * 0.275
+    """Each run 8 + 150 x 0.275 = 49.25 s, each screen 5 s, 2 workers, reserves 30 s: a budget of B s
+    leaves (B - 30) x 0.85 to fill. At 6 min (280.5 s): 6 candidates (30 s of screens, a stress round of 3
+    waves, 147.75 s) and a final round of 3 finalists at a second lr (2 waves, 98.5 s): 276.25 s; a second
+    seed (9 more runs, 5 waves) does not fit."""
+    run = 8 + 150 * 0.275
     p = plan.make_plan(SIX, "pre", LLAMA_1B, _flat(), 6 * 60, 2, 150)
     assert p.screened == ["pre", "peri", "post", "qwen3", "olmo2", "deepnorm"]  # the cheap screen's order
-    assert (p.depth, p.steps, p.finalists, p.lrs, p.seeds, p.extend, p.screen_width) == (12, 150, 2, [0.01, 0.1], [0], False, 64)
-    assert p.predicted["stress"] == pytest.approx(3 * run) and p.predicted["final"] == pytest.approx(run)
-    assert p.predicted["total"] == pytest.approx(30 + 3 * run + run + 30)
+    assert (p.depth, p.steps, p.finalists, p.lrs, p.seeds, p.extend, p.screen_width) == (12, 150, 3, [0.01, 0.1], [0], False, 64)
+    assert p.predicted["stress"] == pytest.approx(3 * run) and p.predicted["final"] == pytest.approx(2 * run)
+    assert p.predicted["total"] == pytest.approx(30 + 3 * run + 2 * run + 30)
     assert any("6 of 8 candidates" in c and "hybrid, pre-gate" in c for c in p.cut)
     assert "one seed: no seed noise measured" in p.cut and "proxies 12 layers deep (yours: 16)" in p.cut
     # the same inputs, the same plan (nothing reads the clock)
     assert plan.make_plan(SIX, "pre", LLAMA_1B, _flat(), 6 * 60, 2, 150) == p
-    # 200 s (144.5 s to fill): a final round does not fit (15 + 2 x 59.6 + 59.6 = 193.7 s), a fourth candidate
-    # does (20 + 2 x 59.6 = 139.1 s)
+    # 200 s (144.5 s to fill): a final round does not fit (15 + 2 x 49.25 + 49.25 = 162.75 s), a fourth
+    # candidate does (20 + 2 x 49.25 = 118.5 s), a fifth does not (25 + 3 x 49.25)
     small = plan.make_plan(SIX, "pre", LLAMA_1B, _flat(), 200, 2, 150)
     assert (small.screened, small.finalists, small.lrs) == (["pre", "peri", "post", "qwen3"], 0, [0.1])
     assert "no final round: one run per candidate, at the stress learning rate only" in small.cut
