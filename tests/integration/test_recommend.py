@@ -101,7 +101,7 @@ def _nothing_written(path):
 @pytest.mark.parametrize("more,needle", [
     (["--budget", "1e-9"], "cannot hold the smallest answer"),
     (["--candidates", "pre,peri,pre"], "'pre' is given twice; give each placement once"),
-    (["--candidates", "pre,attn=A,mlp=A,final"], "'pre' and 'attn=A,mlp=A,final' are the same placement"),
+    (["--candidates", "pre;attn=A,mlp=A,final"], "'pre' and 'attn=A,mlp=A,final' are the same placement"),
     (["--depth", "100000"], "--depth 100000 is deeper than your model (2 layers)"),
     (["--set", "model.n_layers=1000000"], "--set model.n_layers=... is decided by recommend"),
     (["--set", "tokenizer=bpe:1000000000"], "--set tokenizer=... is decided by recommend"),

@@ -245,7 +245,8 @@ class RecommendConfig:
 
     precision: str | None = setting(None, "the precision you train in: bf16 or fp16 (none: the config's torch_dtype, "
                                     "else bf16); fp16 stores the proxies' activations in fp16", choices=PRECISIONS)
-    budget: float = setting(15.0, "minutes for all of it: screen, proxy runs, report", check=positive, metavar="MIN")
+    budget: float = setting(15.0, "minutes for all of it: screen, proxy runs, report; a small budget buys a smaller "
+                            "answer (fewer candidates, rounds, seeds), stated as such", check=positive, metavar="MIN")
     candidates: tuple[str, ...] = setting(RECOMMEND_CANDIDATES, "layouts to consider, comma-separated (;-separated "
                                           "when a layout string holds commas); your current placement is added",
                                           check=_some, metavar="L1,L2,...")
@@ -255,9 +256,8 @@ class RecommendConfig:
                                      "1e-2 ... 1e-1); the largest is the stress round's", check=_lrs, metavar="LR1,LR2,...")
     seeds: tuple[int, ...] = setting((), "the final round's seeds (empty: planned, 2 or 3)", check=_seeds,
                                      metavar="S1,S2,...")
-    depth: int | None = setting(None, "the proxies' depth (none: yours where the budget allows, else the deepest "
-                                "that fits down to 12); fixed, the budget leaves out candidates instead",
-                                check=positive, metavar="LAYERS")
+    depth: int | None = setting(None, "the proxies' depth, at most yours (none: planned: 12, deeper up to yours as the "
+                                "budget allows, 8 or 6 only where 12 does not fit)", check=positive, metavar="LAYERS")
 
     def __post_init__(self) -> None:
         check_fields(self)
