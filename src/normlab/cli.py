@@ -381,17 +381,19 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _recommend(args: argparse.Namespace) -> int:
-    from normlab.config.commands import RecommendConfig
+    import time
+
+    started = time.time()  # the budget counts from here
+    from normlab.config.commands import RecommendConfig, check_recommend_settings
     from normlab.config.train import typed_settings
-    from normlab.recommend import read_user_model, recommend
 
     cfg = _declared(RecommendConfig, args, "recommend")
     extra = {**settings_given(args, ("steps",)), **_pairs(args.set, "--set", "steps=100")}
-    for key in ("layout", "lr", "seed", "out", "progress"):
-        if key in extra:
-            raise ConfigError(f"--set {key}=... is decided by recommend (candidates, learning rates and seeds are its "
-                              "own flags: --candidates, --lrs, --seeds; the folder is --out)")
-    recommend(read_user_model(args.model), cfg, typed_settings(extra, "recommend", from_text=True))
+    check_recommend_settings(extra)
+    print(f"recommend: reading {args.model} (budget {cfg.budget:g} min)", flush=True)  # a line in the first second
+    from normlab.recommend import read_user_model, recommend
+
+    recommend(read_user_model(args.model), cfg, typed_settings(extra, "recommend", from_text=True), started=started)
     return 0
 
 

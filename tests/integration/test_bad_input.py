@@ -341,3 +341,23 @@ def test_a_record_longer_than_the_limit_is_refused_unread(corpus, tmp_path, caps
             "d.jsonl line 6 is longer than 1,024 bytes, the most one record may hold", capsys)
     refused(["train", "--data", sft, "--task", "sft", *common, "--out", tmp_path / "s"],
             "s.jsonl line 2 is longer than 1,024 bytes", capsys)
+
+
+def test_plan_never_builds_what_it_plans(capsys, monkeypatch):
+    """`normlab plan` on a 10,000-layer model of width 131,072 answers from the shape: the activations
+    are measured on two narrower copies and extrapolated (linear in the widths, so exact: the same bytes
+    as measured on the model itself where that fits)."""
+    import time
+
+    from normlab.train import memory
+
+    t0 = time.time()
+    assert main(["plan", "--set", "model.n_layers=10000", "--set", "model.d_model=131072"]) == 0
+    out = capsys.readouterr().out
+    assert "total" in out and "GiB" in out and time.time() - t0 < 120
+    for layout in ("pre", "peri"):
+        cfg = TrainConfig.of(size="tiny", layout=layout, **{"model.d_model": 512, "model.n_heads": 8})
+        direct = memory.plan_memory(cfg).activations
+        monkeypatch.setattr(memory, "PROBE_PARAMS", 600_000)  # its two-layer copy (1.6M) is now too large
+        assert memory.plan_memory(cfg).activations == direct
+        monkeypatch.setattr(memory, "PROBE_PARAMS", 64 * 2**20)

@@ -14,6 +14,19 @@ from normlab.runs.store import SweepStore
 QUIET = lambda *a, **k: None  # noqa: E731
 
 
+@pytest.fixture(autouse=True)
+def planted_calibration():
+    """This machine's calibration, planted in the (per-test) cache: a step 2 ms plus 20 ps a FLOP, a
+    screen 50 ms a layer. The plans below follow from these numbers, never from the clock."""
+    from normlab.recommend import cost
+
+    cal = cost.Calibration(c0=0.002, c_flop=2e-11, c_norm=0.0, s0=0.05, s_layer=0.05, s_flop=0.0, seconds=1.0)
+    path = cost.cache_file(cost.machine_key(1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(cal.to_dict()))
+    return cal
+
+
 def _args(corpus, out, *more):
     return ["recommend", "nano", "--candidates", "pre,peri", "--precision", "fp16", "--steps", "8", "--lrs", "0.01,0.1",
             "--seeds", "0", "--set", f"data={corpus}", "--set", "seq_len=32", "--set", "batch_size=4", "--workers", "2",
@@ -24,32 +37,44 @@ def test_recommend_ranks_with_evidence_resumes_and_refuses_changed_inputs(corpus
     out = tmp_path / "rec"
     assert main(_args(corpus, out)) == 0
     text = capsys.readouterr().out
-    assert "1/3 screen" in text and "2/3 stress round" in text and "3/3 final round" in text  # the stages, with the clock
-    assert "; 1 left, ETA " in text  # the screen's progress in a log, where no bar is drawn
+    assert "0/3 plan" in text and "1/3 screen" in text and "2/3 stress round" in text and "3/3 final round" in text
+    assert "(cached calibration)" in text and "; 1 left, ETA " in text  # the planted one: nothing timed
     assert "of 15 min]" in text and "2 runs at lr 0.1, seed 0, 2 layers (your depth)" in text
+    assert "screen done in" in text and "(predicted 0.0 min)" in text  # each stage: predicted and actual
     rec = json.loads((out / "recommendation.json").read_text())
     ranking = {r["layout"]: r for r in rec["ranking"]}
     assert set(ranking) == {"pre", "peri"} and sorted(r["rank"] for r in rec["ranking"]) == [1, 2]
-    for r in rec["ranking"]:  # both finalists: the stress run and the second lr
+    for r in rec["ranking"]:  # both finalists: the stress run and the second lr (--lrs fixed: no extension)
         assert r["status"] == "ranked" and r["runs"] == 2 and r["finished"] + r["unfinished"] == 2
         assert r["screen"] in ("stable", "caution", "unstable") and set(r["loss_by_lr"]) <= {"0.01", "0.1"}
     assert rec["winner"] == rec["ranking"][0]["layout"] and set(rec["settings"]) == {
         "normlab", "transformers", "OLMo-core", "torchtitan", "litgpt"}
     assert any("Width: the proxies are 64 wide" in x for x in rec["limits"])
     assert any("8 steps of 4 x 32 byte tokens" in x for x in rec["limits"])  # the runs' own settings, stated
+    a, b = rec["ranking"]  # the caveat counts the runs at hand, not a fixed sentence
+    counts = [f"{r['diverged'] + r['stalled']}/{r['finished']}" for r in (a, b)]
+    assert any(f"{a['layout']}" in x and counts[0] in x and "small samples" in x for x in rec["limits"])
+    assert [r["stage"] for r in rec["rounds"]] == ["screen", "stress", "final"]
+    assert all(r["finished"] == r["planned"] for r in rec["rounds"])
+    assert any(x.startswith("The final round ran in full: 4 of 4 runs") for x in rec["movement"])
     (check,) = rec["recipe_checks"]  # stress-kim-fp16's peri ahead of pre, compared at its lr 0.1 where both ran
     assert check["claim"] == "peri ahead of pre" and check["at_setting"].startswith("lr 0.1: peri ")
     assert check["agrees_at_setting"] in (True, False) and check["agrees"] == (ranking["peri"]["rank"] == 1)
     md = (out / "recommendation.md").read_text()
-    assert "## Evidence (ranked)" in md and "where the settings overlap" in md and "## What the proxy can and cannot tell" in md and "Recommended: **" in md
+    assert "## Evidence (ranked)" in md and "where the settings overlap" in md and "## What the proxy can and cannot tell" in md
+    assert "## What ran, and how far the answer could move" in md and "Recommended: **" in md
+    if a["screen"] != "stable":  # a verdict short of stable says why
+        assert f"screen: {a['screen']} (" in md
     assert (out / "report.html").is_file() and (out / "grid" / "summary.md").is_file()
-    plan = json.loads((out / "plan.json").read_text())
-    assert plan["stress"]["depth"] == 2 and plan["final"]["lrs"] == [0.01, 0.1] and plan["final"]["seeds"] == [0]
+    plan = json.loads((out / "plan.json").read_text())["plan"]
+    assert plan["depth"] == 2 and plan["lrs"] == [0.01, 0.1] and plan["seeds"] == [0] and plan["finalists"] == 2
+    assert plan["screened"] == ["peri", "pre"] and plan["predicted"]["total"] > 0  # the cheap order: bounded first
 
     assert main(_args(corpus, out)) == 0  # the same command again: nothing is retrained
     again = capsys.readouterr().out
     assert "4 runs, 4 done, 0 to run" in again and json.loads((out / "recommendation.json").read_text())["ranking"] == \
         rec["ranking"]
+    assert json.loads((out / "plan.json").read_text())["plan"] == plan  # the first call's plan, reused
     calls = json.loads((out / "plan.json").read_text())["call_minutes"]  # both calls' time, the first's kept
     assert len(calls) == 2 and calls[0] == pytest.approx(rec["minutes"], abs=0.1) and calls[1] < calls[0]
     assert f"min over 2 calls ({calls[0]:.1f}, " in (out / "recommendation.md").read_text()
@@ -58,12 +83,92 @@ def test_recommend_ranks_with_evidence_resumes_and_refuses_changed_inputs(corpus
     assert "other inputs (changed: base)" in capsys.readouterr().err
 
 
-def test_a_budget_too_small_is_refused_with_the_budget_that_would_do(corpus, tmp_path, capsys):
-    assert main(_args(corpus, tmp_path / "r", "--budget", "0.5")) == 2  # the screen fits, the proxy runs do not
+def test_a_second_fresh_call_plans_the_same_grid(corpus, tmp_path, capsys):
+    """Planned from counted work and the cached calibration: two folders, the same plan."""
+    from normlab.recommend import cost, plan
+    from normlab.recommend.shape import read_user_model
+
+    cal, _ = cost.calibration(1, log=QUIET)
+    user = read_user_model("micro")
+    plans = [plan.make_plan(["pre", "peri", "post", "olmo2"], None, user.config, cal, 240, 2, 150) for _ in range(2)]
+    assert plans[0] == plans[1] and plans[0].finalists >= 2
+
+
+def _nothing_written(path):
+    return not path.exists() or not any(path.iterdir())
+
+
+@pytest.mark.parametrize("more,needle", [
+    (["--budget", "1e-9"], "cannot hold the smallest answer"),
+    (["--candidates", "pre,peri,pre"], "'pre' is given twice; give each placement once"),
+    (["--candidates", "pre;attn=A,mlp=A,final"], "'pre' and 'attn=A,mlp=A,final' are the same placement"),
+    (["--depth", "100000"], "--depth 100000 is deeper than your model (2 layers)"),
+    (["--set", "model.n_layers=1000000"], "--set model.n_layers=... is decided by recommend"),
+    (["--set", "tokenizer=bpe:1000000000"], "--set tokenizer=... is decided by recommend"),
+    (["--set", "data=/no/such/file.txt"], "data path /no/such/file.txt does not exist"),
+    (["--set", "lr=0.1"], "--set lr=... is decided by recommend"),
+])
+def test_bad_input_is_one_line_and_exit_2_before_anything_is_screened_or_written(corpus, tmp_path, capsys, more,
+                                                                                  needle):
+    out = tmp_path / "r"
+    args = ["recommend", "nano", "--candidates", "pre,peri", "--set", f"data={corpus}", "--out", str(out)]
+    if "--candidates" in more:
+        args = args[:2] + args[4:]
+    assert main(args + more) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1
+    assert _nothing_written(out)
+
+
+def test_absurd_shapes_and_counts_are_refused_at_once_with_the_budget_that_would_do(tmp_path, capsys):
+    deep, wide = tmp_path / "deep.toml", tmp_path / "wide.toml"
+    deep.write_text('size = "tiny"\n[model]\nn_layers = 10000\n')
+    wide.write_text('size = "tiny"\n[model]\nd_ff = 10000000\n')
+    t0 = time.time()
+    for model, needle in ((deep, "screen's model at your depth 10000 needs"), (wide, "GiB")):
+        assert main(["recommend", str(model), "--budget", "2", "--out", str(tmp_path / "r")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert needle in err and len(err.splitlines()) == 1
+    many = ";".join(f"peri,h={0.001 * (i + 1):.3f}" for i in range(300))  # 300 distinct placements
+    assert main(["recommend", "micro", "--candidates", many, "--budget", "0.2", "--out", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
-    assert "give --budget" in err and "what is done so far is kept" in err
-    assert main(["recommend", "nano", "--candidates", "pre,perri", "--out", str(tmp_path / "x")]) == 2
-    assert "perri" in capsys.readouterr().err
+    assert "--budget 0.2 min cannot hold the smallest answer" in err and "give --budget" in err
+    assert "fewer --candidates" not in err  # advice that can be followed
+    assert time.time() - t0 < 60 and _nothing_written(tmp_path / "r")
+
+
+def test_no_recommendation_from_nothing(corpus, tmp_path, capsys, monkeypatch):
+    """Every proxy run fails (here: each run's process is refused at once): exit 2, one line, no
+    recommendation written."""
+    from normlab.experiments import runner
+
+    def refuse(root, run_id, threads, gpu=None):  # noqa: ANN001
+        import subprocess
+        import sys
+        return subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"])
+
+    monkeypatch.setattr(runner, "_spawn", refuse)
+    out = tmp_path / "rec"
+    assert main(_args(corpus, out)) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no candidate finished a run" in err and len(err.splitlines()) == 1
+    assert not (out / "recommendation.md").exists() and not (out / "recommendation.json").exists()
+
+
+def test_two_recommends_on_one_folder_the_second_is_refused_and_the_records_kept(corpus, tmp_path, capsys):
+    from normlab.io import own_folder
+    from normlab.runs.files import RecommendDir
+    from normlab.runs.start import FolderLock
+
+    out = tmp_path / "rec"
+    own_folder(out, "recommend")
+    held = FolderLock(RecommendDir(out).lock_file, wait=0, busy=str)  # another call, running
+    try:
+        assert main(_args(corpus, out)) == 2
+        assert "another normlab recommend is running" in capsys.readouterr().err
+        assert not (out / "plan.json").exists()
+    finally:
+        held.release()
 
 
 def test_sweep_deadline_leaves_unstarted_runs_pending_and_stops_running_ones(corpus, tmp_path):
@@ -84,14 +189,3 @@ def test_sweep_deadline_leaves_unstarted_runs_pending_and_stops_running_ones(cor
 def test_settings_recommend_decides_are_refused(tmp_path, capsys, flag):
     assert main(["recommend", "nano", "--set", flag, "--out", str(tmp_path / "x")]) == 2
     assert "decided by recommend" in capsys.readouterr().err
-
-
-def test_a_screen_that_cannot_fit_is_refused_before_it_runs(tmp_path, capsys):
-    """The calibration screen takes a second; 15 candidates' screens take far more than a fifth of a
-    0.02-minute budget: refused at once with the budget that would do, before any screen or run."""
-    model = tmp_path / "deep.toml"
-    model.write_text('size = "micro"\n[model]\nn_layers = 8\n')
-    assert main(["recommend", str(model), "--budget", "0.02", "--out", str(tmp_path / "r")]) == 2
-    err = capsys.readouterr().err
-    assert "screening 15 candidates at your depth 8 needs about" in err and "give --budget" in err
-    assert not (tmp_path / "r" / "grid").exists()

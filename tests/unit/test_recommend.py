@@ -85,55 +85,149 @@ def test_proxy_keeps_the_users_ratios_and_the_screen_their_shape():
     assert (s.n_layers, s.d_model, s.head_dim, s.ffn_dim) == (16, 256, 64, 1024)  # scaled: depth, head width kept
 
 
-# --- the plan ---------------------------------------------------------------------------------------
+# --- the cost model and the plan ------------------------------------------------------------------
 
-def test_stress_round_keeps_the_users_depth_when_the_budget_allows_else_cuts_it():
-    steps = {"peri": 0.3, "pre": 0.25, "post": 0.25}
-    # one run at depth 12: 8 + 150 * 0.3 * 1.25 = 64.25 s; the estimate is the formula of the module doc
-    runs = [plan.run_seconds(0.3, 150), plan.run_seconds(0.25, 150), plan.run_seconds(0.25, 150)]
-    assert runs[0] == pytest.approx(8 + 150 * 0.3 * 1.25)
-    at12 = plan.round_seconds(runs, 2) + plan.round_seconds(sorted(runs)[-3:] * 3, 2)
-    p = plan.plan_stress(steps, 12, 12, 150, at12 + 1, workers=2)
-    assert p.depth == 12 and p.candidates == ["peri", "pre", "post"] and p.seconds == pytest.approx(at12)
-    p = plan.plan_stress(steps, 12, 32, 150, at12 + 1, workers=2)  # the user's 32 does not fit: 12 does
-    assert p.depth == 12 and plan.depths_for(32) == [32, 24, 16, 12]
-    assert plan.plan_stress(steps, 12, 32, 150, 1e9, workers=2).depth == 32
-    fixed = plan.plan_stress(steps, 12, 32, 150, at12 * 24 / 12, workers=2, depth=24)  # --depth 24: candidates go
-    assert fixed.depth == 24 and fixed.candidates == ["peri", "pre", "post"]
-    fixed = plan.plan_stress({**steps, "hybrid": 0.3}, 12, 32, 150, at12 * 24 / 12 - 1, workers=2, depth=24)
-    assert fixed.depth == 24 and list(fixed.dropped) == ["hybrid"]
+def test_counted_work_is_the_palm_count_of_the_built_model_and_the_norm_sites():
+    """F = tokens x (6 N + 12 L H Q T) with N the model's own matrix weights (mfu.flops_per_token on the
+    built model); E: Peri-LN's norm elements per token exceed Pre-LN's by its two output norms per layer
+    and the embedding norm (d each)."""
+    from normlab.model import build_model
+    from normlab.recommend import cost
+    from normlab.train.mfu import flops_per_token
+
+    cfg = ModelConfig(**proxy_shape(ModelConfig(d_model=256, n_layers=4, n_heads=4, n_kv_heads=2, d_ff=688), 4))
+    for layout in ("pre", "peri", "pre-gate"):
+        model = build_model(layout, "micro", seed=0, **cfg.to_dict())
+        f, _ = cost.step_work(cfg, layout, tokens=10, seq=128)
+        assert f == 10 * flops_per_token(model, 128)
+    _, e_pre = cost.step_work(cfg, "pre", tokens=1)
+    _, e_peri = cost.step_work(cfg, "peri", tokens=1)
+    assert e_pre == cfg.d_model * (2 * 4 + 1) and e_peri - e_pre == cfg.d_model * (2 * 4 + 1)
 
 
-def test_stress_round_leaves_out_the_least_liked_but_never_the_current_placement():
-    steps = {n: 0.3 for n in ("peri", "hybrid", "post", "pre", "none")}
-    tight = plan.round_seconds([plan.run_seconds(0.3, 150)] * 4, 2) + plan.round_seconds(
-        [plan.run_seconds(0.3, 150)] * 9, 2)
-    p = plan.plan_stress(steps, 12, 12, 150, tight + 1, workers=2, keep="none")
-    assert p.candidates == ["peri", "hybrid", "post", "none"] and list(p.dropped) == ["pre"]
+def test_calibration_fit_recovers_planted_rates_and_predicts_runs_and_screens():
+    from normlab.recommend import cost
+
+    c0, c_flop, c_norm, s0, s_layer, s_flop = 0.01, 2e-11, 3e-9, 0.1, 0.3, 4e-9
+    ref = cost.REFERENCE_SHAPE
+    step = lambda n, lay: c0 + c_flop * cost.step_work(ref.with_(n_layers=n), lay)[0] + c_norm * cost.step_work(  # noqa: E731
+        ref.with_(n_layers=n), lay)[1]
+    scr = lambda w, n: s0 + n * (s_layer + s_flop * cost.block_work(cost._screen_shape(w, n)))  # noqa: E731
+    cal = cost.fit(step(2, "pre"), step(6, "pre"), step(6, "peri"), scr(64, 1), scr(64, 3), scr(256, 1))
+    for got, want in zip((cal.c0, cal.c_flop, cal.c_norm, cal.s0, cal.s_layer, cal.s_flop),
+                         (c0, c_flop, c_norm, s0, s_layer, s_flop)):
+        assert got == pytest.approx(want, rel=1e-6)
+    user = ModelConfig(**proxy_shape(ModelConfig(d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8, d_ff=8192), 12))
+    f, e = cost.step_work(user, "peri")
+    assert cal.run_seconds(user, "peri", 150) == pytest.approx(
+        cost.RUN_OVERHEAD_S * cal.speed + cost.STEP_FACTOR * 150 * (c0 + c_flop * f + c_norm * e))
+    assert cal.speed == pytest.approx(step(12, "peri") / cost.REFERENCE_STEP_S)
+    noisy = cost.fit(0.2, 0.1, 0.1, 1.0, 0.5, 0.5)  # a slower short model: rates clamped at zero, never negative
+    assert min(noisy.c_flop, noisy.c_norm, noisy.s_layer, noisy.s_flop) == 0.0
+
+
+def test_calibration_is_measured_once_per_machine_and_read_from_the_cache(monkeypatch):
+    from normlab.recommend import cost
+
+    planted = cost.Calibration(0.01, 1e-11, 0.0, 0.1, 0.2, 0.0, seconds=3.0)
+    calls = []
+    monkeypatch.setattr(cost, "measure", lambda threads=1: calls.append(threads) or planted)
+    first, cached = cost.calibration(1, log=lambda *a: None)
+    assert first == planted and not cached and calls == [1]
+    assert cost.cache_file(cost.machine_key(1)).is_file()
+    again, cached = cost.calibration(1, log=lambda *a: None)
+    assert again == planted and cached and calls == [1]  # not measured again
+    assert cost.machine_key(1) != cost.machine_key(2)  # the thread count is part of the key
+
+
+def test_makespan_deals_the_longest_runs_first():
+    from normlab.recommend.cost import makespan
+
+    assert makespan([2, 3, 2, 3, 2], 2) == 7  # 3 | 3, then 2 to each (5 | 5), then the last 2: 7
+    assert makespan([5, 1, 1, 1, 1, 1], 2) == 5 and makespan([4], 3) == 4 and makespan([], 2) == 0.0
+
+
+def _flat(step_s=0.275, screen_s=5.0):
+    """A planted calibration: every training step `step_s`, every screen `screen_s` (speed 1 at 0.275)."""
+    from normlab.recommend.cost import Calibration
+
+    return Calibration(c0=step_s, c_flop=0.0, c_norm=0.0, s0=screen_s, s_layer=0.0, s_flop=0.0, seconds=1.0)
+
+
+LLAMA_1B = ModelConfig(d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8, d_ff=8192, vocab_size=128256,
+                       tie_embeddings=True)
+SIX = ["pre", "peri", "post", "olmo2", "deepnorm", "qwen3", "hybrid", "pre-gate"]
+
+
+def test_the_plan_from_numbers_a_small_budget_buys_a_smaller_answer():
+    """Each run 8 + 150 x 0.275 = 49.25 s, each screen 5 s, 2 workers, reserves 30 s: a budget of B s
+    leaves (B - 30) x 0.85 to fill. At 6 min (280.5 s): 6 candidates (30 s of screens, a stress round of 3
+    waves, 147.75 s) and a final round of 3 finalists at a second lr (2 waves, 98.5 s): 276.25 s; a second
+    seed (9 more runs, 5 waves) does not fit."""
+    run = 8 + 150 * 0.275
+    p = plan.make_plan(SIX, "pre", LLAMA_1B, _flat(), 6 * 60, 2, 150)
+    assert p.screened == ["pre", "peri", "post", "qwen3", "olmo2", "deepnorm"]  # the cheap screen's order
+    assert (p.depth, p.steps, p.finalists, p.lrs, p.seeds, p.extend, p.screen_width) == (12, 150, 3, [0.01, 0.1], [0], False, 64)
+    assert p.predicted["stress"] == pytest.approx(3 * run) and p.predicted["final"] == pytest.approx(2 * run)
+    assert p.predicted["total"] == pytest.approx(30 + 3 * run + 2 * run + 30)
+    assert any("6 of 8 candidates" in c and "hybrid, pre-gate" in c for c in p.cut)
+    assert "one seed: no seed noise measured" in p.cut and "proxies 12 layers deep (yours: 16)" in p.cut
+    # the same inputs, the same plan (nothing reads the clock)
+    assert plan.make_plan(SIX, "pre", LLAMA_1B, _flat(), 6 * 60, 2, 150) == p
+    # 200 s (144.5 s to fill): a final round does not fit (15 + 2 x 49.25 + 49.25 = 162.75 s), a fourth
+    # candidate does (20 + 2 x 49.25 = 118.5 s), a fifth does not (25 + 3 x 49.25)
+    small = plan.make_plan(SIX, "pre", LLAMA_1B, _flat(), 200, 2, 150)
+    assert (small.screened, small.finalists, small.lrs) == (["pre", "peri", "post", "qwen3"], 0, [0.1])
+    assert "no final round: one run per candidate, at the stress learning rate only" in small.cut
+    # a large budget: every candidate, every finalist, the edge lrs, the user's depth, 4 lrs, 3 seeds
+    big = plan.make_plan(SIX, "pre", LLAMA_1B, _flat(), 600 * 60, 2, 150)
+    assert (len(big.screened), big.finalists, big.depth, big.lrs, big.seeds, big.extend) == (
+        8, 8, 16, [3e-3, 1e-2, 3e-2, 1e-1], [0, 1, 2], True)
+    assert big.screen_width == 1024 and big.cut == ["the screen at width 1024 (yours: 2048)"]  # 2048: 8 GiB in float64
+
+
+def test_a_tight_budget_buys_shallower_then_shorter_proxies_and_below_that_is_refused_with_the_least_budget():
+    """Steps cost c_flop x F only; the smallest answer at depth d and s steps needs (3 s of screens + two
+    runs back to back) / 0.85 + 30 s of reserves; a budget just above each need buys that floor."""
+    from normlab.recommend.cost import REFERENCE_SHAPE, Calibration, step_work
+
+    cal = Calibration(c0=0.0, c_flop=0.275 / step_work(REFERENCE_SHAPE, "pre")[0], c_norm=0.0, s0=1.0, s_layer=0.0,
+                      s_flop=0.0, seconds=1.0)
+    user = REFERENCE_SHAPE.with_(n_layers=16)
+    need = lambda d, st: (3 + 2 * cal.run_seconds(ModelConfig(**proxy_shape(user, d)), "pre", st)) / 0.85 + 30  # noqa: E731
+    for d, st in ((12, 150), (8, 150), (6, 150), (6, 100)):
+        p = plan.make_plan(["pre", "peri", "post"], "pre", user, cal, need(d, st) + 0.5, 2, 150)
+        assert (p.depth, p.steps, p.finalists) == (d, st, 0)
+    assert any("proxies of 100 steps (asked: 150)" == c for c in p.cut)
     with pytest.raises(plan.BudgetTooSmall) as err:
-        plan.plan_stress(steps, 12, 12, 150, 60, workers=2)
-    assert err.value.need_s > 60 and "3 candidates at 12 layers" in str(err.value)
+        plan.make_plan(["pre", "peri", "post"], "pre", user, cal, need(6, 100) - 0.5, 2, 150)
+    assert err.value.minutes == math.ceil(need(6, 100) / 60 * 10) / 10
+    assert f"give --budget {err.value.minutes:g} or more" in str(err.value) and "fewer --candidates" not in str(err.value)
+    with pytest.raises(plan.BudgetTooSmall, match="fewer --steps"):  # --steps given: it is the user's to cut
+        plan.make_plan(["pre", "peri", "post"], "pre", user, cal, 60, 2, 150, steps_fixed=True)
 
 
-def test_final_round_takes_as_many_finalists_as_fit_then_more_learning_rates():
-    run_s = {n: 10.0 for n in "abcde"}
-    # k finalists x (2 lrs x 2 seeds - 1) runs of 10 s over 2 workers, + one run: 15 k + 10
-    f = plan.plan_finals(list("abcde"), run_s, 15 * 3 + 10, 2, 0.1, 0, keep="e")
-    assert f.finalists == ["a", "b", "e"] and f.lrs == [0.01, 0.1] and f.seeds == [0, 1]
-    f = plan.plan_finals(list("abcde"), run_s, 1e6, 2, 0.1, 0)
-    assert f.finalists == list("abcde") and f.lrs == [3e-3, 1e-2, 3e-2, 1e-1] and f.seeds == [0, 1, 2]
-    assert plan.plan_finals(list("abcde"), run_s, 5, 2, 0.1, 0).finalists == []
-    f = plan.plan_finals(list("ab"), run_s, 1e6, 2, 0.5, 3, lrs=(0.05, 0.5), seeds=(3,))
-    assert f.lrs == [0.05, 0.5] and f.seeds == [3]
+def test_fixed_lrs_seeds_and_depth_are_kept():
+    p = plan.make_plan(SIX, "pre", LLAMA_1B, _flat(), 60 * 60, 2, 150, stress_lr=0.5, lrs=(0.05, 0.5), seeds=(3,),
+                       depth=12)
+    assert p.lrs == [0.05, 0.5] and p.seeds == [3] and p.depth == 12 and not p.extend
 
 
-def test_screen_width_is_the_widest_that_fits_time_and_memory():
-    t = plan.quadratic(1.0, 64, 2.0, 128)  # a + b w^2 through both points
-    assert t(64) == pytest.approx(1.0) and t(128) == pytest.approx(2.0)
-    small = lambda w: 12 * w * w  # noqa: E731 - parameters: far below SCREEN_MEMORY
-    assert plan.screen_width(2048, t, 10, 1e9, small) == 2048
-    assert plan.screen_width(2048, t, 10, 10 * t(512) + 1e-6, small) == 512
-    assert plan.screen_width(2048, t, 10, 1e9, lambda w: plan.SCREEN_MEMORY // 8 + 1 if w > 1024 else 1) == 1024
+def test_shapes_too_large_to_screen_or_train_are_refused_from_counted_memory():
+    deep = LLAMA_1B.with_(n_layers=10_000)
+    with pytest.raises(ConfigError, match="screen's model at your depth 10000 needs .* GiB even at width 64"):
+        plan.make_plan(SIX, "pre", deep, _flat(), 120, 2, 150)
+    wide = LLAMA_1B.with_(d_ff=10_000_000)
+    with pytest.raises(ConfigError, match="GiB"):
+        plan.make_plan(SIX, "pre", wide, _flat(), 120, 2, 150)
+
+
+def test_cheap_screen_order_and_the_learning_rate_ladder():
+    order, family = plan.cheap_order(["pre", "peri", "post", "olmo2", "deepnorm", "qwen3", "hybrid"], "pre")
+    assert order == ["pre", "peri", "post", "qwen3", "olmo2", "deepnorm", "hybrid"]
+    assert (family["peri"], family["post"], family["pre"]) == ("bounded", "tangential", "unbounded")
+    assert plan.next_lr(0.01, up=False) == 3e-3 and plan.next_lr(0.1, up=True) == 0.3 and plan.next_lr(1.0, up=True) is None
+    assert plan.finalists_from(["a", "b", "c", "d"], 2, "d") == ["a", "d"] and plan.finalists_from(["a", "b"], 2, None) == ["a", "b"]
 
 
 # --- the ranking --------------------------------------------------------------------------------------
@@ -336,3 +430,46 @@ def test_the_reason_names_what_put_the_winner_first_and_where_the_current_placem
            "noise, broken by the screen's verdict." in text
     assert "Your current placement pre ranks #4 (ranked by its stress run, #7 of 15 there; in the final round as " \
            "your current placement): 0/4 failed, best loss 2.7750 ± 0.1200." in text
+
+
+def test_a_verdict_short_of_stable_gives_its_reason():
+    from normlab.recommend.rank import screen_reason
+
+    row = {"verdict": "caution", "wellposedness": "well-posed", "backward": "mild (x1.15)"}
+    assert screen_reason(row) == ("well-posed, but its block Jacobians are not invariant to the weight stress "
+                                  "(backward: mild (x1.15))")
+    assert screen_reason({**row, "wellposedness": "degenerate (tangential)", "backward": "grows with s (x1.40)"}) == \
+        "degenerate (tangential), and its block Jacobians grows with s (x1.40)"
+    from normlab.recommend.report import reason
+
+    w = _row("peri", "caution", loss=2.4)
+    w.screen_why = screen_reason(row)
+    assert "screen: caution (well-posed, but its block Jacobians" in reason({"current": None}, rank([w]))
+
+
+def test_the_small_sample_caveat_quotes_the_runs_at_hand():
+    from normlab.recommend.report import small_samples
+
+    ranked = rank([_row("peri", finished=4), _row("pre", diverged=2, finished=4, loss=2.3),
+                   _row("post", stalled=1, finished=4, loss=2.9)])
+    assert small_samples(ranked) == ("Failure counts over a few runs are small samples: peri's 0/4 failed against "
+                                     "pre's 2/4 here is evidence, not proof.")
+    same = rank([_row("a", finished=1), _row("b", finished=1, loss=2.9)])
+    assert "both failed 0/1 here" in small_samples(same)
+
+
+def test_what_ran_and_how_far_the_answer_could_move():
+    from normlab.recommend.report import movement
+
+    peri, gate = _row("peri", "stable", loss=2.400, std=0.03), _row("pre-gate", "unstable", loss=2.410, std=0.014)
+    ranked = rank([peri, gate, _row("pre", diverged=2, loss=2.7)])
+    p = {"finalists": 3, "seeds": [0], "order": ["pre", "peri", "pre-gate", "post"], "screened": ["pre", "peri", "pre-gate"]}
+    rounds = [{"stage": "stress", "predicted_s": 120, "actual_s": 150, "planned": 3, "finished": 3},
+              {"stage": "final", "predicted_s": 60, "actual_s": 240, "planned": 6, "finished": 4}]
+    text = movement(ranked, p, {"lrs": [0.01, 0.1], "edges": {"peri": 3e-3}, "extended": {}}, rounds)
+    assert text[0] == "The stress round ran in full: 3 of 3 runs (predicted 2.0 min, took 2.5)."
+    assert text[1].startswith("The final round was cut by the budget: 4 of 6 runs finished")
+    assert "peri is tied on loss within seed noise with pre-gate" in text[2]
+    assert any(x.startswith("One seed") for x in text) and any("1 candidate(s) not tried (post)" in x for x in text)
+    assert text[-1] == ("peri's best learning rate was the lowest tried (0.01): its optimum may lie beyond; 0.003 would "
+                        "be next (no room in this budget).")

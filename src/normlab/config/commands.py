@@ -220,13 +220,33 @@ def _seeds(values: tuple) -> str | None:
     return "must be integers >= 0" if any(v < 0 for v in values) else None
 
 
+# --set keys recommend decides itself, and where they come from instead (the proxies' shape is the user's model's)
+RECOMMEND_DECIDES = {"layout": "--candidates", "lr": "--lrs", "seed": "--seeds", "out": "--out",
+                     "progress": "the command", "size": "your model file",
+                     "tokenizer": "nothing: the proxies read bytes (vocabulary 256)",
+                     "vocab_size": "nothing: the proxies read bytes (vocabulary 256)"}
+
+
+def check_recommend_settings(extra: dict[str, Any]) -> None:
+    """Refuse --set keys recommend decides: the proxies' shape, tokenizer, layouts, lrs, seeds, folder."""
+    from normlab.errors import ConfigError
+    from normlab.model.config import ModelConfig
+
+    shape = set(ModelConfig.__dataclass_fields__)
+    for key in extra:
+        if key in RECOMMEND_DECIDES or key in shape or key.startswith("model."):
+            how = RECOMMEND_DECIDES.get(key, "your model file (and --depth for the proxies' depth)")
+            raise ConfigError(f"--set {key}=... is decided by recommend: give it through {how}")
+
+
 @dataclass(frozen=True)
 class RecommendConfig:
     """`normlab recommend`'s settings."""
 
     precision: str | None = setting(None, "the precision you train in: bf16 or fp16 (none: the config's torch_dtype, "
                                     "else bf16); fp16 stores the proxies' activations in fp16", choices=PRECISIONS)
-    budget: float = setting(15.0, "minutes for all of it: screen, proxy runs, report", check=positive, metavar="MIN")
+    budget: float = setting(15.0, "minutes for all of it: screen, proxy runs, report; a small budget buys a smaller "
+                            "answer (fewer candidates, rounds, seeds), stated as such", check=positive, metavar="MIN")
     candidates: tuple[str, ...] = setting(RECOMMEND_CANDIDATES, "layouts to consider, comma-separated (;-separated "
                                           "when a layout string holds commas); your current placement is added",
                                           check=_some, metavar="L1,L2,...")
@@ -236,9 +256,8 @@ class RecommendConfig:
                                      "1e-2 ... 1e-1); the largest is the stress round's", check=_lrs, metavar="LR1,LR2,...")
     seeds: tuple[int, ...] = setting((), "the final round's seeds (empty: planned, 2 or 3)", check=_seeds,
                                      metavar="S1,S2,...")
-    depth: int | None = setting(None, "the proxies' depth (none: yours where the budget allows, else the deepest "
-                                "that fits down to 12); fixed, the budget leaves out candidates instead",
-                                check=positive, metavar="LAYERS")
+    depth: int | None = setting(None, "the proxies' depth, at most yours (none: planned: 12, deeper up to yours as the "
+                                "budget allows, 8 or 6 only where 12 does not fit)", check=positive, metavar="LAYERS")
 
     def __post_init__(self) -> None:
         check_fields(self)

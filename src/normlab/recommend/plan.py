@@ -1,199 +1,324 @@
-"""How `normlab recommend` spends its budget: the screen's width, then the proxy grid in two rounds
-(successive halving), from costs measured on this machine before anything long starts.
+"""How `normlab recommend` spends its budget: the whole plan, made once before anything is screened or
+trained, from counted work and this machine's cached calibration (`normlab.recommend.cost`), kept in
+the output folder and reused on a resume. The same inputs on the same machine give the same plan:
+nothing in it reads the clock.
 
-1. The screen gets `SCREEN_SHARE` of the budget; its width is the user's own where that fits, else the
-   largest power of two that does (screen time grows as a + b d^2, fit on two measured widths), its
-   float64 model within SCREEN_MEMORY.
-2. The stress round trains every candidate once at the stress learning rate (the top of `LRS`: 0.1,
-   where Pre-LN's fp16 failure appears at proxy scale), seed 0. Its depth is the user's where the
-   budget allows both rounds (this one, and a final round for `MIN_FINALISTS`), else the deepest of
-   `DEPTHS` that does, never below `MIN_DEPTH` (or the user's own, when shallower). Where even that
-   does not fit, the candidates the screen likes least are left out (never the user's current
-   placement); a budget too small for three is refused with the budget that would do.
-3. The final round (`plan_finals`, after the stress round, on its measured run times): the best
-   candidates of the stress round (the user's current placement always among them) get the learning
-   rates x seeds grid, two by two at least; as many finalists as the time left holds, then more
-   learning rates, then a third seed.
+A small budget buys a smaller answer, never a refusal while the smallest one fits:
 
-A run's time is `RUN_OVERHEAD_S + steps * step_s * STEP_FACTOR` (start-up, probes, evaluation and
-checkpoints measured on the 2-core VM: a 12-layer Peri-LN proxy of 150 steps takes 49 s, its bare
-training step 0.275 s); a round's time is its runs' total over the workers plus one run (the tail).
+    smallest    MIN_CANDIDATES candidates (your current placement and the cheap screen's first picks),
+                each screened at your depth and trained once at the stress learning rate (one seed), at
+                min(your depth, MIN_DEPTH) layers
+    then, each step taken while the whole plan still fits FILL of the time left after the reserves:
+      1. a final round: the best of the stress round and your current placement at a second learning rate
+      2. more candidates, up to FEW_CANDIDATES
+      3. a third finalist
+      4. a second seed
+      5. one more learning rate beyond the edge, for the finalists whose best is the lowest or highest tried
+      6. every candidate
+      7. the final round for more finalists, up to all
+      8. deeper proxies, up to your depth (`DEPTHS`)
+      9. three, then four learning rates (`LRS`), a third seed
+     10. a wider screen, up to your width, within SCREEN_SHARE of the budget
+Where candidates are fewer than given, a cheap screen chose them: Kan et al.'s step 1 (well-posedness,
+from the layout data alone: bounded, tangential, unbounded), one family in turn, in the order given.
+`--lrs`, `--seeds` and `--depth` fix their dimension. Where not even the smallest answer fits, the
+refusal (`BudgetTooSmall`) names the least budget that would do.
+
+Round times are counted, not measured: each run's predicted seconds dealt to the workers longest first
+(`cost.makespan`); the finalists' runs are priced at the dearest candidates (who they are is known only
+after the stress round).
 """
 
 from __future__ import annotations
 
-import time
+import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
+
+from normlab.errors import ConfigError
+from normlab.model.config import ModelConfig
+from normlab.recommend.cost import Calibration, makespan
 
 LRS = {2: (1e-2, 1e-1), 3: (1e-2, 3e-2, 1e-1), 4: (3e-3, 1e-2, 3e-2, 1e-1)}  # log-spaced, up to the stress lr
+LADDER = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0)  # where an edge learning rate extends to
 DEPTHS = (64, 48, 32, 24, 16, 12)
-MIN_DEPTH = 12
+MIN_DEPTH = 12  # the standard proxy's depth (the stress recipes': Pre-LN's fp16 overflow shows by step 20)
+SHALLOW_DEPTHS = (8, 6)  # a budget too small for MIN_DEPTH buys shallower proxies (then 2/3 of the steps)
 MIN_CANDIDATES = 3
-MIN_FINALISTS = 3
-RUN_OVERHEAD_S = 8.0
-STEP_FACTOR = 1.25
-SCREEN_SHARE = 0.2
-REPORT_RESERVE_S = 20.0  # the summaries, the figures and the report
+FEW_CANDIDATES = 6
+SCREEN_SHARE = 0.2  # the screen may widen up to this share of the budget
+FILL = 0.85  # the plan fills this share of the time left: room for a machine slower than calibrated
+STARTUP_RESERVE_S = 10.0  # imports and reading the model, before the plan (x the machine's speed)
+REPORT_RESERVE_S = 20.0  # the summaries, the figures and the report (x the machine's speed)
 SCREEN_MEMORY = 4 * 2**30  # the screen's float64 model at most this large
-CALIBRATION_BATCH, CALIBRATION_SEQ = 16, 128
+WELLPOSED_ORDER = ("bounded", "tangential", "unbounded")
 
 
 class BudgetTooSmall(ValueError):
-    """The budget cannot hold the smallest grid; `need_s`: the proxy runs' seconds that would do."""
+    """Not even the smallest answer fits; `minutes`: the least budget that would do."""
 
-    def __init__(self, message: str, need_s: float) -> None:
+    def __init__(self, message: str, minutes: int) -> None:
         super().__init__(message)
-        self.need_s = need_s
-
-
-def run_seconds(step_s: float, steps: int) -> float:
-    return RUN_OVERHEAD_S + steps * step_s * STEP_FACTOR
-
-
-def round_seconds(run_s: list[float], workers: int) -> float:
-    """A round's wall time: its runs over the workers, plus the longest run (the last one's tail)."""
-    return sum(run_s) / workers + max(run_s, default=0.0)
+        self.minutes = minutes
 
 
 def depths_for(user_depth: int) -> list[int]:
-    """The proxy depths to try, deepest first: the user's, then the shallower of `DEPTHS`, down to
-    MIN_DEPTH (or the user's own, when shallower)."""
+    """The proxy depths, shallowest first: min(user, MIN_DEPTH), the deeper of `DEPTHS`, the user's."""
     floor = min(user_depth, MIN_DEPTH)
-    return [user_depth] + [d for d in DEPTHS if floor <= d < user_depth]
+    return sorted({floor, user_depth, *(d for d in DEPTHS if floor < d < user_depth)})
+
+
+def cheap_order(candidates: list[str], current: str | None) -> tuple[list[str], dict[str, str]]:
+    """The candidates in the cheap screen's order (the current placement first, then one family of Kan's
+    step 1 in turn: bounded, tangential, unbounded, each in the order given) and each one's family."""
+    from normlab.layout import as_layout
+    from normlab.screen.wellposed import wellposedness
+
+    family = {n: wellposedness(as_layout(n).resolve(2))["worst"] for n in candidates}
+    queues = {f: [n for n in candidates if family[n] == f and n != current] for f in WELLPOSED_ORDER}
+    order = [current] if current in candidates else []
+    while any(queues.values()):
+        for f in WELLPOSED_ORDER:
+            if queues[f]:
+                order.append(queues[f].pop(0))
+    return order, family
+
+
+def next_lr(lr: float, up: bool) -> float | None:
+    """The next learning rate of `LADDER` above or below `lr` (None past its end)."""
+    ladder = [x for x in LADDER if (x > lr * (1 + 1e-9) if up else x < lr * (1 - 1e-9))]
+    return (min(ladder) if up else max(ladder)) if ladder else None
 
 
 @dataclass
-class StressPlan:
-    """The stress round: who, at what depth, and the estimate behind it."""
+class Plan:
+    """Every number of a recommendation's work, fixed before it starts (plan.json)."""
 
-    candidates: list[str]
+    order: list[str]  # every candidate, in the cheap screen's order
+    screened: list[str]  # the first len(screened) of `order`: screened, then trained in the stress round
+    screen_width: int
     depth: int
-    seconds: float  # both rounds' estimate at the smallest final round
-    dropped: dict[str, str] = field(default_factory=dict)  # candidate -> why it is not trained
+    steps: int
+    stress_lr: float
+    seed0: int
+    finalists: int  # how many the final round takes (0: none)
+    lrs: list[float]  # the final round's learning rates (the stress lr among them)
+    seeds: list[int]
+    extend: bool  # one learning rate beyond the edge for finalists whose best is at one
+    predicted: dict[str, float]  # seconds by stage: screen, stress, final, extend, reserves, total
+    budget_s: float
+    workers: int
+    cut: list[str] = field(default_factory=list)  # what the budget left out of the fullest answer, in words
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def plan_stress(step_s: dict[str, float], calib_depth: int, user_depth: int, steps: int, seconds: float,
-                workers: int, keep: str | None = None, final_runs: int = 3, depth: int | None = None) -> StressPlan:
-    """The stress round for candidates in the screen's order (best first; `step_s`: each one's measured
-    training step at `calib_depth` layers), such that it and a final round of MIN_FINALISTS candidates
-    with `final_runs` more runs each fit `seconds`. `depth`: the proxy depth the user fixed (candidates
-    are left out instead of layers)."""
-    depths = [depth] if depth else depths_for(user_depth)
-    def cost(names: list[str], depth: int) -> float:
-        runs = {n: run_seconds(step_s[n] * depth / calib_depth, steps) for n in names}
-        finals = sorted(runs.values())[-min(MIN_FINALISTS, len(names)):] * final_runs  # the dearest finalists
-        return round_seconds(list(runs.values()), workers) + round_seconds(finals, workers)
-
-    names = list(step_s)
-    while True:
-        for d in depths:
-            if cost(names, d) <= seconds:
-                dropped = {n: "the budget (the screen liked it least)" for n in step_s if n not in names}
-                return StressPlan(names, d, cost(names, d), dropped)
-        droppable = [n for n in reversed(names) if n != keep]
-        if len(names) <= min(MIN_CANDIDATES, len(step_s)) or not droppable:
-            break
-        names.remove(droppable[0])
-    floor = depths[-1]
-    need = cost(names, floor)
-    raise BudgetTooSmall(f"the budget leaves {seconds / 60:.1f} min for the proxy runs; the smallest grid ({len(names)} "
-                         f"candidates at {floor} layers, {steps} steps, {MIN_FINALISTS} finalists) needs about "
-                         f"{need / 60:.1f} min", need)
 
 
 @dataclass
-class FinalPlan:
-    finalists: list[str]
-    lrs: list[float]
-    seeds: list[int]
-    seconds: float
+class _State:
+    n: int
+    depth: int
+    steps: int
+    finalists: int
+    n_lrs: int
+    n_seeds: int
+    extend: bool
+    width: int
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
+def make_plan(candidates: list[str], current: str | None, user: ModelConfig, cal: Calibration, budget_s: float,
+              workers: int, steps: int, stress_lr: float = 0.1, seed0: int = 0, lrs: tuple[float, ...] = (),
+              seeds: tuple[int, ...] = (), depth: int | None = None, steps_fixed: bool = False) -> Plan:
+    """The plan (module doc) for `candidates` (the current placement among them) on `user`'s shape."""
+    from normlab.recommend.shape import proxy_shape, screen_shape
 
-def plan_finals(order: list[str], run_s: dict[str, float], seconds: float, workers: int, stress_lr: float,
-                seed0: int, keep: str | None = None, lrs: tuple[float, ...] = (), seeds: tuple[int, ...] = ()
-                ) -> FinalPlan:
-    """The final round: finalists from the stress round's `order` (best first; `keep` always in), each with
-    the learning rates x seeds grid minus the run it has; `run_s`: each candidate's run time as measured."""
-    def cost(names: list[str], n_lrs: int, n_seeds: int) -> float:
-        return round_seconds([run_s[n] for n in names] * (n_lrs * n_seeds - 1), workers) if names else 0.0
+    order, _ = cheap_order(candidates, current)
+    speed = cal.speed
+    reserve = (STARTUP_RESERVE_S + REPORT_RESERVE_S) * speed
+    usable = (budget_s - reserve) * FILL
+    standard = depth or min(user.n_layers, MIN_DEPTH)
+    depths = [depth] if depth else sorted({*(d for d in SHALLOW_DEPTHS if d < standard), *depths_for(user.n_layers)})
+    widths = [w for w in [*(2**k for k in range(6, 17)), user.d_model] if w <= user.d_model] or [user.d_model]
+    widths = _fitting_widths(user, sorted(set(widths)))
+    _check_proxy_memory(user, depths[0], workers)
+    run_cache: dict[tuple[str, int, int], float] = {}
 
-    def pick(k: int) -> list[str]:
-        names = order[:k]
-        if keep in order and keep not in names:
-            names = names[:-1] + [keep] if names else [keep]
-        return names
+    def run_s(name: str, d: int, n_steps: int) -> float:
+        if (name, d, n_steps) not in run_cache:
+            run_cache[name, d, n_steps] = cal.run_seconds(ModelConfig(**proxy_shape(user, d)), name, n_steps)
+        return run_cache[name, d, n_steps]
 
-    lr_options = [len(lrs)] if lrs else sorted(LRS)
-    seed_options = [len(seeds)] if seeds else [2, 3]
-    n_lrs, n_seeds = lr_options[0], seed_options[0]
-    k = len(order)
-    while k > 1 and cost(pick(k), n_lrs, n_seeds) > seconds:
-        k -= 1
-    if cost(pick(k), n_lrs, n_seeds) > seconds:
-        if not seeds:
-            n_seeds = 1
-        if cost(pick(k), n_lrs, n_seeds) > seconds:
-            return FinalPlan([], [], [], 0.0)  # no time for a final round: the stress round is the evidence
-    if k == len(order):  # everyone is in: more learning rates, then a third seed
-        while n_lrs < lr_options[-1] and cost(pick(k), n_lrs + 1, n_seeds) <= seconds:
-            n_lrs += 1
-        if n_seeds < seed_options[-1] and cost(pick(k), n_lrs, n_seeds + 1) <= seconds:
-            n_seeds += 1
-    chosen_lrs = sorted(lrs) if lrs else list(LRS[n_lrs])
+    def screen_s(w: int) -> float:
+        return cal.screen_seconds(ModelConfig(**screen_shape(user, w, 64)))
+
+    def n_lr_of(s: _State) -> int:
+        return len(lrs) if lrs else s.n_lrs
+
+    def n_seed_of(s: _State) -> int:
+        return len(seeds) if seeds else s.n_seeds
+
+    def stages(s: _State) -> dict[str, float]:
+        runs = [run_s(n, s.depth, s.steps) for n in order[:s.n]]
+        dear = sorted(runs)[-s.finalists:] if s.finalists else []
+        per = n_lr_of(s) * n_seed_of(s) - 1
+        return {"screen": s.n * screen_s(s.width), "stress": makespan(runs, workers),
+                "final": makespan(dear * per, workers),
+                "extend": makespan(dear * n_seed_of(s), workers) if s.extend else 0.0}
+
+    def fits(s: _State) -> bool:
+        return sum(stages(s).values()) <= usable
+
+    # the smallest answers, largest first: the standard proxy, then shallower, then shorter ones
+    short = [steps] if steps_fixed else [steps, max(1, steps * 2 // 3)]
+    floors = [_State(n=min(MIN_CANDIDATES, len(order)), depth=d, steps=st, finalists=0, n_lrs=2, n_seeds=1,
+                     extend=False, width=widths[0])
+              for st in short for d in sorted((d for d in depths if d <= standard), reverse=True)]
+    state = next((f for f in floors if fits(f)), None)
+    if state is None:
+        least = floors[-1]
+        need = (sum(stages(least).values()) / FILL + reserve) / 60
+        minutes = math.ceil(need * 10) / 10 if need < 10 else math.ceil(need)
+        more = [f"--budget {minutes:g} or more"]
+        if steps_fixed:
+            more.append("fewer --steps")
+        if depth and depth > min(user.n_layers, SHALLOW_DEPTHS[0]):
+            more.append(f"a shallower --depth (at least {min(user.n_layers, SHALLOW_DEPTHS[0])})")
+        raise BudgetTooSmall(
+            f"--budget {budget_s / 60:g} min cannot hold the smallest answer ({least.n} candidates screened at your "
+            f"depth {user.n_layers} and trained once at {least.depth} layers, {least.steps} steps: about {need:.1f} min "
+            f"on this machine, {stages(least)['screen'] / 60:.1f} of them the screen); give " + ", or ".join(more),
+            minutes)
+
+    def grown(s: _State, **change: Any) -> _State:
+        return _State(**{**asdict(s), **change})
+
+    def essential(s: _State) -> list[_State]:
+        """The small budget's steps, in order: the standard proxy, a final round, up to FEW_CANDIDATES
+        candidates, a third finalist, a second seed."""
+        out = []
+        if s.steps < steps:
+            out.append(grown(s, steps=steps))
+        if s.depth < standard:
+            out.append(grown(s, depth=depths[depths.index(s.depth) + 1]))
+        if s.finalists == 0 and s.n >= 2:
+            out.append(grown(s, finalists=2))
+        if s.n < min(FEW_CANDIDATES, len(order)):
+            out.append(grown(s, n=s.n + 1))
+        if s.finalists and s.finalists < min(3, s.n):
+            out.append(grown(s, finalists=s.finalists + 1))
+        if s.finalists and not seeds and s.n_seeds < 2:
+            out.append(grown(s, n_seeds=2))
+        return out
+
+    def rest(s: _State) -> list[_State]:
+        """Then: every candidate, more finalists, the edge learning rates, deeper proxies, more learning
+        rates, a third seed, a wider screen."""
+        out = []
+        if s.n < len(order):
+            out.append(grown(s, n=s.n + 1))
+        if s.finalists and s.finalists < s.n:
+            out.append(grown(s, finalists=s.finalists + 1))
+        if s.finalists and not s.extend and not lrs:
+            out.append(grown(s, extend=True))
+        if s.depth != depths[-1]:
+            out.append(grown(s, depth=depths[depths.index(s.depth) + 1]))
+        if s.finalists and not lrs and s.n_lrs < 4:
+            out.append(grown(s, n_lrs=s.n_lrs + 1))
+        if s.finalists and not seeds and s.n_seeds < 3:
+            out.append(grown(s, n_seeds=s.n_seeds + 1))
+        if s.width != widths[-1]:
+            wider = grown(s, width=widths[widths.index(s.width) + 1])
+            if stages(wider)["screen"] <= SCREEN_SHARE * budget_s:
+                out.append(wider)
+        return out
+
+    while (nxt := next((u for u in essential(state) if fits(u)), None)) is not None:
+        state = nxt
+    if not essential(state):  # every small-budget step taken: the rest, each while it fits
+        while (nxt := next((u for u in rest(state) if fits(u)), None)) is not None:
+            state = nxt
+    chosen_lrs = sorted(lrs) if lrs else list(LRS[state.n_lrs])
     if stress_lr not in chosen_lrs:
         chosen_lrs = sorted(chosen_lrs[1:] + [stress_lr])
-    chosen_seeds = list(seeds) if seeds else [seed0 + i for i in range(n_seeds)]
-    return FinalPlan(pick(k), chosen_lrs, chosen_seeds, cost(pick(k), n_lrs, n_seeds))
+    chosen_seeds = list(seeds) if seeds else [seed0 + i for i in range(state.n_seeds)]
+    if not state.finalists:
+        chosen_lrs, chosen_seeds = [stress_lr], [seed0]
+    predicted = stages(state)
+    predicted["reserves"] = reserve
+    predicted["total"] = sum(predicted.values())
+    plan = Plan(order=order, screened=order[:state.n], screen_width=state.width, depth=state.depth,
+                steps=state.steps, stress_lr=stress_lr, seed0=seed0, finalists=state.finalists, lrs=chosen_lrs,
+                seeds=chosen_seeds, extend=state.extend, predicted=predicted, budget_s=budget_s, workers=workers)
+    plan.cut = _cuts(plan, user, bool(lrs), bool(seeds), depth is not None, steps)
+    return plan
 
 
-def screen_width(user_width: int, per_width: Callable[[int], float], n_candidates: int, seconds: float,
-                 params_at: Callable[[int], int]) -> int:
-    """The widest screen (the user's own width, else a power of two below it, at least 64) whose
-    predicted time for all candidates fits `seconds` and whose float64 model fits SCREEN_MEMORY."""
-    widths = [user_width] + [2**k for k in range(16, 5, -1) if 2**k < user_width]
-    for w in widths:
-        if n_candidates * per_width(w) <= seconds and 8 * params_at(w) <= SCREEN_MEMORY:
-            return w
-    return min(widths[-1], user_width)
+def _fitting_widths(user: ModelConfig, widths: list[int]) -> list[int]:
+    """The screen widths whose float64 model fits SCREEN_MEMORY (counted, nothing built); none: refused."""
+    from normlab.layout import as_layout
+    from normlab.model.params import analytic_params
+    from normlab.recommend.shape import screen_shape
+
+    resolved = as_layout("peri").resolve(user.n_layers)
+    size = {w: 8 * analytic_params(ModelConfig(**screen_shape(user, w, 64)), resolved).total for w in widths[:1]}
+    if size[widths[0]] > SCREEN_MEMORY:
+        raise ConfigError(f"the screen's model at your depth {user.n_layers} needs {size[widths[0]] / 2**30:.1f} GiB even "
+                          f"at width {widths[0]} (at most {SCREEN_MEMORY / 2**30:.0f} GiB): a model this deep or this "
+                          f"wide (FFN {user.ffn_dim}) is beyond what recommend screens on this machine")
+    return [w for w in widths if 8 * analytic_params(ModelConfig(**screen_shape(user, w, 64)), resolved).total
+            <= SCREEN_MEMORY]
 
 
-def quadratic(t1: float, w1: int, t2: float, w2: int) -> Callable[[int], float]:
-    """t(w) = a + b w^2 through two measured points (b floored at 0)."""
-    b = max((t2 - t1) / (w2 * w2 - w1 * w1), 0.0)
-    a = t1 - b * w1 * w1
-    return lambda w: a + b * w * w
+def _check_proxy_memory(user: ModelConfig, depth: int, workers: int) -> None:
+    """Refuse proxies whose AdamW training (16 bytes a parameter, twice for activations and slack) would
+    not fit this machine's memory with `workers` side by side."""
+    import os
 
+    from normlab.layout import as_layout
+    from normlab.model.params import analytic_params
+    from normlab.recommend.shape import proxy_shape
 
-def time_train_step(layout: str, model_options: dict[str, Any], steps: int = 3) -> float:
-    """Seconds per AdamW training step of `layout` at `model_options` (batch 16 x 128 bytes, one
-    thread, as one sweep worker): the median of `steps` after one warm-up step."""
-    import torch
-
-    from normlab.model import build_model
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    torch.set_flush_denormal(True)  # as the trainer runs on a CPU
+    params = analytic_params(ModelConfig(**proxy_shape(user, depth)), as_layout("peri").resolve(depth)).total
     try:
-        model = build_model(layout, "micro-deep", seed=0, **model_options)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        tokens = torch.randint(0, model.config.vocab_size, (CALIBRATION_BATCH, CALIBRATION_SEQ),
-                               generator=torch.Generator().manual_seed(0))
-        times = []
-        for _ in range(steps + 1):
-            t0 = time.perf_counter()
-            loss = model(tokens[:, :-1], targets=tokens[:, 1:]).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            times.append(time.perf_counter() - t0)
-        return sorted(times[1:])[len(times[1:]) // 2]
-    finally:
-        torch.set_num_threads(threads)
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return
+    need = 32 * params * workers
+    if need > ram:
+        raise ConfigError(f"the proxies of your model ({params / 1e6:,.0f}M parameters at width 64: FFN {user.ffn_dim} "
+                          f"is {user.ffn_dim / user.d_model:,.0f}x your width {user.d_model}) need about "
+                          f"{need / 2**30:.0f} GiB for {workers} run(s) side by side; this machine has "
+                          f"{ram / 2**30:.0f} GiB")
+
+
+def _cuts(p: Plan, user: ModelConfig, lrs_fixed: bool, seeds_fixed: bool, depth_fixed: bool, steps: int) -> list[str]:
+    """What the budget left out of the fullest answer, in words (the recommendation states them)."""
+    out = []
+    if p.steps < steps:
+        out.append(f"proxies of {p.steps} steps (asked: {steps})")
+    if len(p.screened) < len(p.order):
+        out.append(f"{len(p.screened)} of {len(p.order)} candidates, chosen by a cheap screen (Kan's step 1 from the "
+                   f"layout data: one family in turn, bounded / tangential / unbounded); not tried: "
+                   + ", ".join(p.order[len(p.screened):]))
+    if not p.finalists:
+        out.append("no final round: one run per candidate, at the stress learning rate only")
+    elif p.finalists < len(p.screened):
+        out.append(f"a final round for {p.finalists} of {len(p.screened)} candidates")
+    if p.finalists and not seeds_fixed and len(p.seeds) < 2:
+        out.append("one seed: no seed noise measured")
+    if p.finalists and not lrs_fixed and len(p.lrs) < 4:
+        out.append(f"{len(p.lrs)} learning rates ({', '.join(f'{x:g}' for x in p.lrs)})")
+    if p.depth < user.n_layers and not depth_fixed:
+        out.append(f"proxies {p.depth} layers deep (yours: {user.n_layers})")
+    if p.screen_width < user.d_model:
+        out.append(f"the screen at width {p.screen_width} (yours: {user.d_model})")
+    return out
+
+
+def finalists_from(order: list[str], k: int, keep: str | None) -> list[str]:
+    """The final round's `k` candidates: the best of the stress round's `order`, `keep` (the current
+    placement) always in, in place of the last."""
+    names = order[:k]
+    if keep in order and keep not in names and names:
+        names = names[:-1] + [keep]
+    return names

@@ -62,6 +62,22 @@ def ruled_out(screen: dict[str, Any], precision: str) -> str | None:
     return None
 
 
+def screen_reason(screen: dict[str, Any]) -> str:
+    """Why the screen's verdict is what it is, from the two findings that decide it
+    (`normlab.screen.screen`): stable needs every sublayer bounded and block Jacobians invariant to the
+    weight stress s; unstable is ill-posed with Jacobians that grow with s; anything else is caution."""
+    wp, back, verdict = screen["wellposedness"], screen["backward"], screen["verdict"]
+    if verdict == "stable":
+        return f"{wp}, and its block Jacobians are {back}"
+    if verdict == "unstable":
+        return f"{wp}, and its block Jacobians {back}"
+    if wp.startswith("well-posed"):
+        return f"well-posed, but its block Jacobians are not invariant to the weight stress (backward: {back})"
+    if back.startswith("grows"):
+        return f"{wp}, and its block Jacobians {back}"
+    return f"{wp}, though its block Jacobians do not grow with the weight stress (backward: {back})"
+
+
 @dataclass
 class Evidence:
     """One candidate's row of the evidence table."""
@@ -84,6 +100,7 @@ class Evidence:
     loss_by_lr: dict[str, str] = field(default_factory=dict)
     rank: int | None = None
     tie: bool = False  # within noise of the candidate ranked above
+    screen_why: str = ""  # why the screen gave its verdict (`screen_reason`)
     status: str = "ranked"  # ranked | stress round only | baseline (see `normlab.recommend.stages`) | ruled out | not trained
     why: str = ""  # for ruled out / not trained
 

@@ -16,7 +16,7 @@ from normlab.runs.files import RecommendDir
 
 
 def limits(user: UserModel, precision: str, stress: dict[str, Any], screen: dict[str, Any],
-           extra: dict[str, Any]) -> list[str]:
+           extra: dict[str, Any], ranked: list[Evidence] | None = None) -> list[str]:
     """What the proxy scaled down, and what that can and cannot predict, in plain words."""
     c = user.config
     setting = lambda key: extra.get(key, RECOMMEND_BASE.get(key))  # noqa: E731 - the proxy runs' value
@@ -39,12 +39,73 @@ def limits(user: UserModel, precision: str, stress: dict[str, Any], screen: dict
            + ("fp16 storage (the stream passing 65504), " if precision == "fp16" else "bf16 storage, ")
            + "and which train to a lower loss early; they cannot predict the loss gap after billions of tokens, "
            "nor failures that take days to build (slow logit growth, rare loss spikes).",
-           "Divergence counts over a few runs are small samples: 0/4 against 2/4 is evidence, not proof."]
+           small_samples(ranked or [])]
     if precision == "bf16":
         out.append("bf16 keeps fp32's exponent range: the fp16 overflow cannot happen; the stress is the learning "
                    "rate (and bf16's 8-bit mantissa in the stored activations).")
     if user.config.n_experts:
         out.append("Mixture of experts: proxied as a dense MLP; the router's own instabilities are not tested.")
+    return out
+
+
+def small_samples(ranked: list[Evidence]) -> str:
+    """The caveat on failure counts, with the counts of the runs at hand: the winner against the candidate
+    that failed most often among those ranked."""
+    live = [r for r in ranked if r.rank is not None and r.finished]
+    if len(live) < 2:
+        return "Failure counts need more than one candidate trained to compare."
+    w = live[0]
+    worst = max(live[1:], key=lambda r: ((r.diverged + r.stalled) / r.finished, r.finished))
+    a, b = f"{w.diverged + w.stalled}/{w.finished}", f"{worst.diverged + worst.stalled}/{worst.finished}"
+    if a == b:
+        return (f"Failure counts over a few runs are small samples: {w.layout} and {worst.layout} both failed {a} "
+                "here; they do not separate on failures.")
+    return (f"Failure counts over a few runs are small samples: {w.layout}'s {a} failed against {worst.layout}'s {b} "
+            f"here is evidence, not proof" + (" (one run each: a single outcome)." if max(w.finished, worst.finished)
+                                               == 1 else "."))
+
+
+def movement(ranked: list[Evidence], p: dict[str, Any], final: dict[str, Any], rounds: list[dict[str, Any]]) -> list[str]:
+    """Which rounds ran, and how far the answer could move where the budget cut or a tie decided."""
+    out = []
+    for r in rounds:
+        if r["stage"] == "screen":
+            continue
+        what = {"stress": "stress round", "final": "final round", "extend": "edge learning rates"}[r["stage"]]
+        if r["finished"] < r["planned"]:
+            out.append(f"The {what} was cut by the budget: {r['finished']} of {r['planned']} runs finished (predicted "
+                       f"{r['predicted_s'] / 60:.1f} min, took {r['actual_s'] / 60:.1f}: the machine was slower than "
+                       "calibrated). Run the same command again to finish it: the ranking may change.")
+        else:
+            out.append(f"The {what} ran in full: {r['finished']} of {r['planned']} runs (predicted "
+                       f"{r['predicted_s'] / 60:.1f} min, took {r['actual_s'] / 60:.1f}).")
+    if not p["finalists"]:
+        out.append("No final round in this budget: the order rests on one run per candidate at the stress learning "
+                   "rate; a candidate that fails there may train at a lower rate.")
+    live = [r for r in ranked if r.rank is not None]
+    if live:
+        tied = []
+        for r in live[1:]:
+            if not r.tie or r.status != "ranked":
+                break
+            tied.append(r.layout)
+        if tied:
+            out.append(f"{live[0].layout} is tied on loss within seed noise with {', '.join(tied)}: the screen's verdict "
+                       "or the expected loss over the learning rates broke the tie, and more seeds could reorder them.")
+        if len(p["seeds"]) < 2 and p["finalists"]:
+            out.append("One seed: no seed noise was measured, so losses within 0.01 count as tied and larger gaps may "
+                       "still be noise.")
+    unseen = len(p["order"]) - len(p["screened"])
+    if unseen:
+        out.append(f"{unseen} candidate(s) not tried ({', '.join(p['order'][len(p['screened']):])}): any of them could "
+                   "rank first; a larger --budget tries them.")
+    for n, x in (final.get("edges") or {}).items():
+        lrs = final["lrs"]
+        side = "lowest" if x < min(lrs) else "highest"
+        done = n in (final.get("extended") or {})
+        out.append(f"{n}'s best learning rate was the {side} tried ({min(lrs) if side == 'lowest' else max(lrs):g}): "
+                   + (f"the range was extended to {x:g} for it." if done else
+                      f"its optimum may lie beyond; {x:g} would be next (no room in this budget)."))
     return out
 
 
@@ -93,7 +154,7 @@ def reason(result: dict[str, Any], ranked: list[Evidence]) -> str:
         parts.append(f"largest activation {w.max_activation:,.4g} " + (
             f"({65504 / w.max_activation:,.0f}x below the FP16 maximum)" if w.max_activation < 65504 else
             "(past the FP16 maximum 65,504)"))
-    parts.append(f"screen: {w.screen}")
+    parts.append(f"screen: {w.screen}" + (f" ({w.screen_why})" if w.screen_why and w.screen != "stable" else ""))
     text = "Recommended: " + "; ".join(parts) + "."
     if w.diverged + w.stalled:
         text += (" Even the best candidate failed on some runs: the stress is beyond what any of these placements "
@@ -142,6 +203,7 @@ def markdown(result: dict[str, Any], ranked: list[Evidence]) -> str:
              f"round: {', '.join(p['final']['finalists']) or 'none'}"
              + (f" x lr {', '.join(f'{x:g}' for x in p['final']['lrs'])} x {len(p['final']['seeds'])} seeds"
                 if p["final"]["finalists"] else "")]
+    lines += [f"- the budget bought: {c}" for c in p.get("cut", [])]
     lines += [f"- note: {n}" for n in result["notes"]]
     lines += ["", reason(result, ranked), "", "## Evidence (ranked)", "",
               "Rank: fewer diverged + stalled runs first; then lower best loss, losses within seed noise (or 0.01) "
@@ -164,6 +226,8 @@ def markdown(result: dict[str, Any], ranked: list[Evidence]) -> str:
         lines += [f"## {result['winner']} in your code base", ""]
         lines += [f"- **{k}**: {v['settings']}" for k, v in result["settings"].items()]
         lines.append("")
+    if result.get("movement"):
+        lines += ["## What ran, and how far the answer could move", ""] + [f"- {x}" for x in result["movement"]] + [""]
     lines += ["## What the proxy can and cannot tell", ""] + [f"- {x}" for x in result["limits"]]
     lines += ["", f"Files: {result['files']['grid']} (every run, the U-curves, activations against FP16), "
               f"{result['files']['screen']}, {result['files']['plan']}, {result['files']['json']}."]
@@ -216,6 +280,8 @@ def write_page(folder: RecommendDir, result: dict[str, Any], ranked: list[Eviden
             + (f"<h2>{h.escape(str(result['winner']))} in your code base</h2>"
                + table_html([{"code base": k, "expressible": v["expressible"], "settings": v["settings"]}
                              for k, v in result["settings"].items()]) if result["settings"] else "")
+            + ("<h2>What ran, and how far the answer could move</h2><ul>"
+               + "".join(f"<li>{h.escape(x)}</li>" for x in result["movement"]) + "</ul>" if result.get("movement") else "")
             + "<h2>What the proxy can and cannot tell</h2><ul>"
             + "".join(f"<li>{h.escape(x)}</li>" for x in result["limits"]) + "</ul>"
             + f"<p>Every run: {h.escape(result['files']['grid'])}</p>")

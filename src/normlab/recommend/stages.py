@@ -22,14 +22,16 @@ import json
 import math
 import os
 import time
+from pathlib import Path
 from typing import Any, Callable
 
-from normlab.config.commands import RECOMMEND_BASE, RecommendConfig
+from normlab.config.commands import RECOMMEND_BASE, RecommendConfig, check_recommend_settings
 from normlab.errors import ConfigError
 from normlab.io import atomic_write_bytes, atomic_write_json, own_folder
 from normlab.recommend import agreement, plan, report
 from normlab.recommend.frameworks import settings_for
-from normlab.recommend.rank import Evidence, baseline_of, evidence_from_grid, rank, ruled_out, screen_summary
+from normlab.recommend.rank import (Evidence, baseline_of, evidence_from_grid, rank, ruled_out, screen_reason,
+                                    screen_summary)
 from normlab.recommend.shape import PROXY_WIDTH, UserModel, proxy_shape, screen_shape
 from normlab.runs.files import RecommendDir
 
@@ -41,17 +43,28 @@ def _clock(t0: float, budget_s: float) -> str:
     return f"[{used / 60:.1f} of {budget_s / 60:g} min]"
 
 
+def _m(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min"
+
+
 def _candidates(cfg: RecommendConfig, user: UserModel) -> tuple[list[str], str | None]:
-    """The candidates (the user's current placement first, under its own name) and that placement's name."""
+    """The candidates (the user's current placement first, under its own name) and that placement's name;
+    the same placement given twice (by two names, or one name twice) is refused."""
     from normlab.layout import as_layout
 
-    names = list(dict.fromkeys(cfg.candidates))
-    for name in names:
-        as_layout(name)  # a typo fails here, with the valid names
+    seen: dict[str, str] = {}
+    for name in cfg.candidates:
+        form = as_layout(name).to_string()  # a typo fails here, with the valid names
+        if form in seen:
+            same = f"{name!r} is given twice" if seen[form] == name else \
+                f"{seen[form]!r} and {name!r} are the same placement ({form})"
+            raise ConfigError(f"--candidates: {same}; give each placement once")
+        seen[form] = name
+    names = list(seen.values())
     current = None
     if user.layout is not None:
         want = as_layout(user.layout).to_string()
-        current = next((n for n in names if as_layout(n).to_string() == want), user.layout)
+        current = seen.get(want, user.layout)
         names = [current] + [n for n in names if n != current]
     return names, current
 
@@ -62,56 +75,52 @@ def _inputs(user: UserModel, cfg: RecommendConfig, precision: str, base: dict[st
             "lrs": list(cfg.lrs), "seeds": list(cfg.seeds), "depth": cfg.depth, "base": base, "proxy": RECOMMEND_BASE}
 
 
-def _screen(folder: RecommendDir, user: UserModel, candidates: list[str], seconds: float, log: Callable) -> dict[str, Any]:
-    """Screen every candidate at the user's depth and the widest width `seconds` affords; resumable."""
+def _check_run_settings(base: dict[str, Any], name: str, lr: float, seed: int, log: Callable) -> None:
+    """Every proxy run's settings and data, checked before anything is screened: a bad --set value, a
+    data path that does not exist, a tokenizer that cannot be read fail here, as one line."""
+    from normlab.data import load_data
+
+    spec = _sweep(base, [name], [lr], [seed]).expand()[0]
+    cfg = spec.train_config("unused")
+    if cfg.data.task != "lm":
+        raise ConfigError(f"--set task={cfg.data.task}: the proxies train a language model on text (task lm)")
+    data = load_data(cfg.data.data, cfg.data.tokenizer, cfg.data.val_fraction, cfg.data.text_field,
+                     cfg.data.token_dtype, cfg.data.vocab_size)  # tokens cached: the runs read them from there
+    need = cfg.data.seq_len + 1
+    if len(data.train) < need * 2 or len(data.val) < need:
+        raise ConfigError(f"data {cfg.data.data} holds {len(data.train) + len(data.val):,} tokens: too few for "
+                          f"sequences of {cfg.data.seq_len}; give more text or --set seq_len=N")
+    log(f"  proxy runs' settings and data checked ({cfg.data.data}: {len(data.train):,} training tokens)")
+
+
+def _screen(folder: RecommendDir, user: UserModel, names: list[str], width: int, predicted_each: float,
+            log: Callable, stop_by: float = math.inf) -> dict[str, Any]:
+    """Screen `names` at the user's depth and `width`; resumable (each result kept as it exists). No
+    screen starts after `stop_by` (time.time()): the screen keeps to its share of the budget."""
     from tqdm import tqdm
 
     from normlab.config.commands import ScreenConfig
-    from normlab.model.params import analytic_params
-    from normlab.layout import as_layout
     from normlab.screen.screen import screen_layout
 
-    saved = folder.read(folder.screen_file)
-    cfg_of = lambda w: ScreenConfig(size="nano", model=screen_shape(user.config, w, 64), stresses=SCREEN_STRESSES)  # noqa: E731
-    width = saved.get("width")
-    if width is None:
-        widths = sorted({min(user.config.d_model, 64), min(user.config.d_model, 128)})
-        screen_layout("pre", ScreenConfig(size="nano", model={"n_layers": 1}, stresses=SCREEN_STRESSES, iters=1))  # warm-up:
-        times = {}  # the first screen pays for imports and first calls, which would inflate the prediction
-        for w in widths:
-            t = time.perf_counter()
-            screen_layout("pre", cfg_of(w))
-            times[w] = time.perf_counter() - t
-        per_width = plan.quadratic(times[widths[0]], widths[0], times[widths[-1]], widths[-1]) \
-            if len(widths) > 1 else (lambda w: times[widths[0]])
+    saved = folder.read(folder.screen_file) or {"width": width, "n_layers": user.config.n_layers, "results": {},
+                                                 "predicted_seconds_each": predicted_each}
+    cfg = ScreenConfig(size="nano", model=screen_shape(user.config, width, 64), stresses=SCREEN_STRESSES)
+    todo = [c for c in names if c not in saved["results"]]
+    import torch
 
-        def params_at(w: int) -> int:
-            from normlab.model.config import ModelConfig
-
-            return analytic_params(ModelConfig(**screen_shape(user.config, w, 64)), as_layout("peri").resolve(
-                user.config.n_layers)).total
-
-        width = plan.screen_width(user.config.d_model, per_width, len(candidates), seconds, params_at)
-        need = per_width(width) * len(candidates)
-        if need > 1.5 * seconds:  # even the narrowest screen would take the proxy runs' time: say so now, not later
-            raise ConfigError(f"screening {len(candidates)} candidates at your depth {user.config.n_layers} needs about "
-                              f"{need / 60:.1f} min even at width {width}, and the screen has a fifth of the budget "
-                              f"({seconds / 60:.1f} min): give --budget {math.ceil(need / plan.SCREEN_SHARE / 60)} or "
-                              "more, or fewer --candidates")
-        saved = {"width": width, "n_layers": user.config.n_layers, "results": {},
-                 "predicted_seconds_each": per_width(width)}
-        atomic_write_json(folder.screen_file, saved)
-    scaled = "" if width >= user.config.d_model else f" (your {user.config.d_model} scaled down: the screen's time)"
-    log(f"screen: {len(candidates)} candidates at your depth {user.config.n_layers} and width {width}{scaled}, "
-        f"about {saved['predicted_seconds_each'] * len(candidates) / 60:.1f} min")
-    todo = [c for c in candidates if c not in saved["results"]]
-    bar = tqdm(total=len(candidates), initial=len(candidates) - len(todo), desc="screen", unit="layout",
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as calibrated; more threads on small tensors only spin, worst on a loaded machine
+    bar = tqdm(total=len(names), initial=len(names) - len(todo), desc="screen", unit="layout",
                dynamic_ncols=True, disable=None)
     started = time.perf_counter()
     try:
         for i, name in enumerate(todo, 1):
+            if time.time() > stop_by:
+                log(f"  time budget: {len(todo) - i + 1} screen(s) not started ({', '.join(todo[i - 1:])}); run the "
+                    "same command again to screen them")
+                break
             bar.set_postfix_str(name)
-            result = screen_summary(screen_layout(name, cfg_of(width)))
+            result = screen_summary(screen_layout(name, cfg))
             saved["results"][name] = result
             atomic_write_json(folder.screen_file, saved)  # each result kept the moment it exists
             bar.update(1)
@@ -121,6 +130,7 @@ def _screen(folder: RecommendDir, user: UserModel, candidates: list[str], second
                 log(f"  screen {name}: {result['verdict']} ({result['seconds']:.1f} s{eta})")
     finally:
         bar.close()
+        torch.set_num_threads(threads)
     return saved
 
 
@@ -141,16 +151,6 @@ def _sweep(base: dict[str, Any], layouts: list[str], lrs: list[float], seeds: li
                        source="normlab recommend: the proxy grid",
                        scale=f"proxy d {PROXY_WIDTH}, {base.get('model.n_layers', 12)} layers, {base['steps']} steps, "
                              f"{base['activation_dtype']} storage")
-
-
-def _measured_run_seconds(runs, candidates: list[str], fallback: dict[str, float]) -> dict[str, float]:  # noqa: ANN001
-    """Each candidate's run time in the stress round where it trained to the end; else its calibrated
-    estimate scaled by how the estimates compared with the measured times."""
-    done = runs[runs.status.isin(("ok", "stalled"))]
-    measured = {r.layout: float(r.wall_time_s) for r in done.itertuples() if r.wall_time_s and r.layout in fallback}
-    ratios = [measured[n] / fallback[n] for n in measured if fallback[n]]
-    scale = sorted(ratios)[len(ratios) // 2] if ratios else 1.0
-    return {n: measured.get(n, fallback[n] * scale) for n in candidates}
 
 
 def _stress_order(runs, screen: dict[str, Any], candidates: list[str], lr: float, seed: int) -> list[str]:  # noqa: ANN001
@@ -175,153 +175,258 @@ def _stress_order(runs, screen: dict[str, Any], candidates: list[str], lr: float
     return sorted(candidates, key=key)
 
 
+def _round(name: str, predicted: float, started: float, runs, layouts: list[str], planned: int) -> dict[str, Any]:  # noqa: ANN001
+    """A stage's record: predicted and actual seconds, runs planned and finished."""
+    mine = runs[runs.layout.isin(layouts)] if len(runs) else runs
+    finished = int(mine.status.isin(("ok", "stalled", "diverged")).sum()) if len(mine) else 0
+    return {"stage": name, "predicted_s": predicted, "actual_s": time.time() - started, "planned": planned,
+            "finished": min(finished, planned)}
+
+
+def _edges(runs, finalists: list[str], lrs: list[float]) -> dict[str, float]:  # noqa: ANN001
+    """Finalists whose best learning rate is the lowest or highest tried -> the next one beyond it."""
+    grid = evidence_from_grid(runs[runs.layout.isin(finalists)], {n: 1 for n in finalists})
+    out = {}
+    for n in finalists:
+        best = grid[n].get("best_lr")
+        if best is None or len(lrs) < 2:
+            continue
+        if best <= min(lrs) * (1 + 1e-9) and (beyond := plan.next_lr(min(lrs), up=False)):
+            out[n] = beyond
+        elif best >= max(lrs) * (1 - 1e-9) and (beyond := plan.next_lr(max(lrs), up=True)):
+            out[n] = beyond
+    return out
+
+
 def recommend(user: UserModel, cfg: RecommendConfig, extra: dict[str, Any] | None = None,
-              log: Callable[[str], Any] = print) -> dict[str, Any]:
-    """Run the stages within `cfg.budget` minutes; returns the recommendation (also written to the folder)."""
+              log: Callable[[str], Any] = print, started: float | None = None) -> dict[str, Any]:
+    """Run the stages within `cfg.budget` minutes from `started` (the command's start; default now);
+    returns the recommendation (also written to the folder)."""
     from normlab.experiments.runner import Deadline, run_sweep
     from normlab.experiments.summary import load_sweep, summarize
+    from normlab.recommend import cost
+    from normlab.runs.start import FolderLock
 
-    t0 = time.time()
+    t0 = started or time.time()
     budget_s = cfg.budget * 60
-    end = t0 + budget_s - plan.REPORT_RESERVE_S
+    stop_at = t0 + budget_s - plan.REPORT_RESERVE_S
     workers = cfg.workers or os.cpu_count() or 1
     precision = cfg.precision or user.precision or "bf16"
     extra = dict(extra or {})
+    check_recommend_settings(extra)
     candidates, current = _candidates(cfg, user)
-    root = own_folder(cfg.out, "recommend")
-    folder = RecommendDir(root)
+    if cfg.depth is not None and cfg.depth > user.config.n_layers:
+        raise ConfigError(f"--depth {cfg.depth} is deeper than your model ({user.config.n_layers} layers): the proxies "
+                          f"are at most your depth; give --depth {min(user.config.n_layers, plan.MIN_DEPTH)} ... "
+                          f"{user.config.n_layers}")
+    steps = int(extra.get("steps", RECOMMEND_BASE["steps"]))
+    stress_lr = max(cfg.lrs) if cfg.lrs else max(plan.LRS[2])
+    seed0 = min(cfg.seeds) if cfg.seeds else 0
+    log(f"recommend: {user.describe()}")
+    for note in user.notes:
+        log(f"  note: {note}")
+    log(f"  precision {precision}; {len(candidates)} candidates; budget {cfg.budget:g} min on {workers} worker(s) "
+        f"-> {cfg.out}")
+
+    # 0. the plan: settings checked, costs counted, nothing screened or trained yet
+    log(f"\n0/3 plan {_clock(t0, budget_s)}")
+    folder = RecommendDir(Path(cfg.out))
+    saved = folder.read(folder.plan_file) if folder.plan_file.is_file() else {}
+    inputs = None
+    if not saved.get("plan"):
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        cal, cached = cost.calibration(threads, log=log)
+        log(f"  this machine: {cal.speed:.2f}x the reference VM's step time "
+            + ("(cached calibration)" if cached else f"(calibrated in {cal.seconds:.1f} s)"))
+        try:
+            the_plan = plan.make_plan(candidates, current, user.config, cal, budget_s, workers, steps, stress_lr,
+                                      seed0, tuple(cfg.lrs), tuple(cfg.seeds), cfg.depth, steps_fixed="steps" in extra)
+        except plan.BudgetTooSmall as err:
+            raise ConfigError(str(err)) from None
+        depth = the_plan.depth
+    else:
+        depth = saved["plan"]["depth"]
+    base = _base(user, depth, precision, extra)
     inputs = _inputs(user, cfg, precision, extra, candidates)
-    saved = folder.read(folder.plan_file)
     if saved and json.loads(json.dumps(saved.get("inputs"))) != json.loads(json.dumps(inputs)):
         changed = sorted(k for k in inputs if saved["inputs"].get(k) != json.loads(json.dumps(inputs[k])))
-        raise ConfigError(f"{root} holds a recommendation for other inputs (changed: {', '.join(changed)}); "
+        raise ConfigError(f"{folder.path} holds a recommendation for other inputs (changed: {', '.join(changed)}); "
                           "give a new --out")
-    saved = saved or {"inputs": inputs}
+    if not saved.get("plan"):
+        _check_run_settings(base, candidates[0], stress_lr, seed0, log)
+    root = own_folder(cfg.out, "recommend")  # nothing written before this line: a refusal leaves no trace
+    lock = FolderLock(folder.lock_file, wait=0, busy=lambda holder: (
+        f"another normlab recommend is running in {root} ({holder}); wait for it, or give another --out"))
+    try:
+        saved = folder.read(folder.plan_file) or {"inputs": inputs}  # read again under the lock
+        if not saved.get("plan"):
+            saved["plan"] = the_plan.to_dict()
+        return _stages(folder, saved, user, cfg, precision, extra, candidates, current, base, t0, budget_s,
+                       stop_at, workers, log, run_sweep, Deadline, load_sweep, summarize)
+    finally:
+        lock.release()
+
+
+def _stages(folder: RecommendDir, saved: dict[str, Any], user: UserModel, cfg: RecommendConfig, precision: str,
+            extra: dict[str, Any], candidates: list[str], current: str | None, base: dict[str, Any], t0: float,
+            budget_s: float, stop_at: float, workers: int, log: Callable, run_sweep, Deadline, load_sweep,  # noqa: ANN001, N803
+            summarize) -> dict[str, Any]:  # noqa: ANN001
+    p = saved["plan"]
     calls = saved.setdefault("call_minutes", [])  # each call's time, kept at every stage: a resumed one adds to it
     calls.append(0.0)
+    rounds: list[dict[str, Any]] = []
+    saved["rounds"] = rounds  # this call's stages (a resumed call counts only what it ran)
 
     def mark() -> None:
         calls[-1] = (time.time() - t0) / 60
         atomic_write_json(folder.plan_file, saved)
 
     mark()
-    log(f"recommend: {user.describe()}")
-    for note in user.notes:
-        log(f"  note: {note}")
-    log(f"  precision {precision}; {len(candidates)} candidates; budget {cfg.budget:g} min on {workers} worker(s) -> {root}")
+    pred = p["predicted"]
+    final_lrs = ", ".join(f"{x:g}" for x in p["lrs"])
+    log(f"  plan (kept in {folder.plan_file.name}; the same command resumes it): screen {len(p['screened'])} of "
+        f"{len(p['order'])} candidates at width {p['screen_width']}; stress round at {p['depth']} layers, {p['steps']} "
+        f"steps, lr {p['stress_lr']:g}; "
+        + (f"final round {p['finalists']} finalists x lr {final_lrs} x {len(p['seeds'])} seed(s)"
+           if p["finalists"] else "no final round")
+        + ("; an edge learning rate extended where needed" if p["extend"] else "")
+        + f"; predicted {_m(pred['total'])} of {budget_s / 60:g}")
+    for cut in p["cut"]:
+        log(f"  the budget buys: {cut}")
 
     # 1. the screen
-    log(f"\n1/3 screen {_clock(t0, budget_s)}")
-    screen = _screen(folder, user, candidates, budget_s * plan.SCREEN_SHARE, log)
+    log(f"\n1/3 screen {_clock(t0, budget_s)}: {len(p['screened'])} candidates at your depth {user.config.n_layers}, "
+        f"width {p['screen_width']}; predicted {_m(pred['screen'])}")
+    began = time.time()
+    screen = _screen(folder, user, p["screened"], p["screen_width"], pred["screen"] / max(1, len(p["screened"])), log,
+                     stop_by=stop_at - pred["stress"])
+    done = [n for n in p["screened"] if n in screen["results"]]
+    rounds.append({"stage": "screen", "predicted_s": pred["screen"], "actual_s": time.time() - began,
+                   "planned": len(p["screened"]), "finished": len(done)})
+    log(f"  screen done in {_m(time.time() - began)} (predicted {_m(pred['screen'])})")
     mark()
-    out_by_screen = {n: why for n in candidates if (why := ruled_out(screen["results"][n], precision))}
+    slow = (time.time() - began) / pred["screen"] if pred["screen"] > 0 else 1.0
+    if not done:
+        raise ConfigError(f"the budget ran out before the screen finished one candidate (this machine ran {slow:.0f}x "
+                          "slower than its calibration: loaded?); nothing recommended; run the same command again to "
+                          "continue, or give a larger --budget")
+    out_by_screen = {n: why for n in done if (why := ruled_out(screen["results"][n], precision))}
     for n, why in out_by_screen.items():
         log(f"  ruled out: {n}: {why}")
     from normlab.recommend.rank import VERDICT_ORDER
 
-    alive = sorted((n for n in candidates if n not in out_by_screen),
+    alive = sorted((n for n in done if n not in out_by_screen),
                    key=lambda n: (n != current, VERDICT_ORDER.get(screen["results"][n]["verdict"], 3)))
     if not alive:
-        raise ConfigError("the screen rules out every candidate (see screen.json); give other --candidates")
+        raise ConfigError("the screen rules out every candidate screened (see screen.json); give other --candidates")
 
     # 2. the stress round
-    log(f"\n2/3 stress round {_clock(t0, budget_s)}")
-    steps = int(extra.get("steps", RECOMMEND_BASE["steps"]))
-    stress_lr = max(cfg.lrs) if cfg.lrs else max(plan.LRS[2])
-    seed0 = min(cfg.seeds) if cfg.seeds else 0
-    if "stress" not in saved:
-        calib_depth = min(user.config.n_layers, plan.MIN_DEPTH)
-        log(f"  timing a training step of each candidate at {calib_depth} layers (the plan's costs)")
-        step_s = {}
-        for n in alive:
-            step_s[n] = plan.time_train_step(n, proxy_shape(user.config, calib_depth))
-        try:
-            stress = plan.plan_stress(step_s, calib_depth, user.config.n_layers, steps, end - time.time(), workers,
-                                      keep=current, depth=cfg.depth)
-        except plan.BudgetTooSmall as err:
-            need = time.time() - t0 + err.need_s + plan.REPORT_RESERVE_S
-            raise ConfigError(f"{err}: give --budget {math.ceil(need / 60)} or more, fewer --candidates, or fewer "
-                              "steps (--set steps=N); what is done so far is kept") from None
-        saved["stress"] = {**stress.to_dict(), "calib_depth": calib_depth, "step_seconds": step_s, "lr": stress_lr,
-                           "seed": seed0, "depth_fixed": cfg.depth is not None}
-        atomic_write_json(folder.plan_file, saved)
-    stress = saved["stress"]
-    base = _base(user, stress["depth"], precision, extra)
-    depth_note = ("your depth" if stress["depth"] == user.config.n_layers else "as given by --depth" if cfg.depth
-                  else f"your {user.config.n_layers} cut to fit the budget")
-    log(f"  {len(stress['candidates'])} runs at lr {stress_lr:g}, seed {seed0}, {stress['depth']} layers ({depth_note}), "
-        f"{steps} steps, {precision} storage; about {stress['seconds'] / 60:.1f} min with the final round")
-    for n, why in stress["dropped"].items():
-        log(f"  not trained: {n}: {why}")
-    fallback = {n: plan.run_seconds(s * stress["depth"] / stress["calib_depth"], steps)
-                for n, s in stress["step_seconds"].items()}
-    last_run = max((fallback[n] for n in stress["candidates"]), default=0.0)
-    run_sweep(_sweep(base, stress["candidates"], [stress_lr], [seed0]), folder.grid.path, workers=workers, log=log,
-              deadline=Deadline(start_by=end - last_run, stop_at=end))
+    lr, seed0 = p["stress_lr"], p["seed0"]
+    log(f"\n2/3 stress round {_clock(t0, budget_s)}: {len(alive)} runs at lr {lr:g}, seed {seed0}, {p['depth']} layers"
+        f" ({'your depth' if p['depth'] == user.config.n_layers else f'yours: {user.config.n_layers}'}), {p['steps']} "
+        f"steps, {precision} storage; predicted {_m(pred['stress'])}")
+    began = time.time()
+    longest = pred["stress"] / max(1, math.ceil(len(alive) / workers))  # about one run
+    run_sweep(_sweep(base, alive, [lr], [seed0]), folder.grid.path, workers=workers, log=log,
+              deadline=Deadline(start_by=stop_at - longest, stop_at=stop_at))
     runs, _ = load_sweep(folder.grid.path)
+    rounds.append(_round("stress", pred["stress"], began, runs[(runs.lr - lr).abs() <= 1e-9 * lr], alive, len(alive)))
+    log(f"  stress round done in {_m(time.time() - began)} (predicted {_m(pred['stress'])}); "
+        f"{rounds[-1]['finished']} of {len(alive)} runs finished")
     mark()
+    if not rounds[-1]["finished"]:
+        stress_runs = runs[runs.layout.isin(alive)]
+        failed = stress_runs[stress_runs.status == "failed"]
+        if len(failed) and failed.reason.iloc[0] and "time budget" not in str(failed.reason.iloc[0]):
+            why = f"every run failed; the first: {failed.reason.iloc[0]}"
+        else:
+            why = (f"the budget ran out before any run finished; the screen took {_m(rounds[0]['actual_s'])}, predicted "
+                   f"{_m(rounds[0]['predicted_s'])}: this machine ran slower than its calibration (loaded?)")
+        raise ConfigError(f"no candidate finished a run, so there is nothing to recommend ({why}); no recommendation "
+                          "written: run the same command again to continue (the plan and what finished are kept), or "
+                          "give a larger --budget")
 
-    # 3. the final round
-    log(f"\n3/3 final round {_clock(t0, budget_s)}")
-    order = _stress_order(runs, screen["results"], stress["candidates"], stress_lr, seed0)
-    if "final" not in saved:
-        run_s = _measured_run_seconds(runs, stress["candidates"], fallback)
-        final = plan.plan_finals(order, run_s, end - time.time(), workers, stress_lr, seed0, keep=current,
-                                 lrs=tuple(cfg.lrs), seeds=tuple(cfg.seeds))
-        final = {**final.to_dict(), "run_seconds": run_s}
-        if final["finalists"]:  # an empty plan is not kept: a resumed recommendation plans its final round anew
-            saved["final"] = final
-            atomic_write_json(folder.plan_file, saved)
+    # 3. the final round (and one learning rate beyond an edge)
+    order = _stress_order(runs, screen["results"], alive, lr, seed0)
+    finalists = plan.finalists_from(order, p["finalists"], current) if p["finalists"] else []
+    final = {"finalists": finalists, "lrs": p["lrs"], "seeds": p["seeds"], "extended": {}}
+    if finalists:
+        log(f"\n3/3 final round {_clock(t0, budget_s)}: {', '.join(finalists)} x lr "
+            f"{', '.join(f'{x:g}' for x in p['lrs'])} x seed(s) {', '.join(map(str, p['seeds']))}; predicted "
+            f"{_m(pred['final'])}")
+        began = time.time()
+        run_sweep(_sweep(base, finalists, p["lrs"], p["seeds"]), folder.grid.path, workers=workers, log=log,
+                  deadline=Deadline(start_by=stop_at - longest, stop_at=stop_at))
+        runs, _ = load_sweep(folder.grid.path)
+        in_grid = runs[runs.lr.isin(p["lrs"]) & runs.seed.isin(p["seeds"])]
+        rounds.append(_round("final", pred["final"], began, in_grid, finalists, len(finalists) * len(p["lrs"])
+                             * len(p["seeds"])))
+        log(f"  final round done in {_m(time.time() - began)} (predicted {_m(pred['final'])}); "
+            f"{rounds[-1]['finished']} of {rounds[-1]['planned']} runs finished")
+        edges = _edges(in_grid, finalists, p["lrs"])
+        final["edges"] = {n: lr_ for n, lr_ in edges.items()}
+        if edges and p["extend"]:
+            began = time.time()
+            log(f"  best learning rate at an edge of those tried: "
+                + "; ".join(f"{n} -> also {x:g}" for n, x in edges.items()) + f"; predicted {_m(pred['extend'])}")
+            for x in sorted(set(edges.values())):
+                run_sweep(_sweep(base, [n for n, v in edges.items() if v == x], [x], p["seeds"]), folder.grid.path,
+                          workers=workers, log=log, deadline=Deadline(start_by=stop_at - longest, stop_at=stop_at))
+            runs, _ = load_sweep(folder.grid.path)
+            final["extended"] = edges
+            rounds.append(_round("extend", pred["extend"], began, runs[runs.lr.isin(sorted(set(edges.values())))],
+                                 list(edges), len(edges) * len(p["seeds"])))
+        elif edges:
+            log("  best learning rate at an edge of those tried: " + ", ".join(
+                f"{n} (next: {x:g})" for n, x in edges.items()) + "; the budget has no room to extend the range")
+        mark()
     else:
-        final = saved["final"]
-    if final["finalists"]:
-        log(f"  finalists {', '.join(final['finalists'])} x lr {', '.join(f'{x:g}' for x in final['lrs'])} x seeds "
-            f"{', '.join(map(str, final['seeds']))}; about {final['seconds'] / 60:.1f} min")
-        longest = max(final["run_seconds"][n] for n in final["finalists"])
-        run_sweep(_sweep(base, final["finalists"], final["lrs"], final["seeds"]), folder.grid.path, workers=workers,
-                  log=log, deadline=Deadline(start_by=end - longest, stop_at=end))
-    else:
-        log("  no time left for a final round: the ranking rests on the stress round")
-    runs, _ = load_sweep(folder.grid.path)
+        log(f"\n3/3 final round {_clock(t0, budget_s)}: none in this budget; the ranking rests on the stress round")
     summarize(folder.grid.path)
     mark()
 
     # the ranking, the checks, the settings, the report
-    result = _conclude(folder, user, precision, candidates, current, screen, out_by_screen, stress, final, order, runs,
-                       extra, t0, budget_s, calls)
+    result = _conclude(folder, user, precision, candidates, current, screen, out_by_screen, p, final, order, runs,
+                       extra, t0, budget_s, calls, rounds, cfg.depth is not None)
     mark()
     log("\n" + result["text"])
-    log(f"done in {(time.time() - t0) / 60:.1f} min (budget {cfg.budget:g})\nrecommendation: {folder.markdown_file}\n"
-        f"report: {folder.report_file}")
+    log(f"done in {(time.time() - t0) / 60:.1f} min (budget {cfg.budget:g}; predicted {_m(pred['total'])})\n"
+        f"recommendation: {folder.markdown_file}\nreport: {folder.report_file}")
     return result
 
 
 def _conclude(folder: RecommendDir, user: UserModel, precision: str, candidates: list[str], current: str | None,
-              screen: dict[str, Any], out_by_screen: dict[str, str], stress: dict[str, Any], final: dict[str, Any],
+              screen: dict[str, Any], out_by_screen: dict[str, str], p: dict[str, Any], final: dict[str, Any],
               order: list[str], runs, extra: dict[str, Any], t0: float, budget_s: float,  # noqa: ANN001
-              calls: list[float]) -> dict[str, Any]:
+              calls: list[float], rounds: list[dict[str, Any]], depth_fixed: bool) -> dict[str, Any]:
     finalists = final["finalists"] or order
-    planned = {n: len(final["lrs"]) * len(final["seeds"]) if n in final["finalists"] else 1 for n in stress["candidates"]}
+    per_final = len(final["lrs"]) * len(final["seeds"])
+    extended = final.get("extended") or {}
+    planned = {n: (per_final + (len(final["seeds"]) if n in extended else 0)) if n in final["finalists"] else 1
+               for n in order}
     grid = evidence_from_grid(runs[runs.layout.isin(finalists)], {n: planned[n] for n in finalists})
     # the user's placement runs in the final round as the baseline even where the stress round did not put it
     # among the best; then it is ranked as those it displaced are, by its stress run, its final runs shown
     baseline = baseline_of(current, final["finalists"], order)
     rows = []
     for n in candidates:
+        if n not in screen["results"]:
+            rows.append(Evidence(layout=n, screen="not screened", screen_detail="", status="not trained",
+                                 why="not tried in this budget (the cheap screen put it after the "
+                                     f"{len(p['screened'])} chosen)"))
+            continue
         s = screen["results"][n]
         detail = f"{s['wellposedness']}; forward {s['forward']}; backward {s['backward']}"
-        row = Evidence(layout=n, screen=s["verdict"], screen_detail=detail)
+        row = Evidence(layout=n, screen=s["verdict"], screen_detail=detail, screen_why=screen_reason(s))
         if n in out_by_screen:
             row.status, row.why = "ruled out", f"by the screen: {out_by_screen[n]}"
-        elif n in stress["dropped"]:
-            row.status, row.why = "not trained", stress["dropped"][n]
         elif n not in finalists:
             one = evidence_from_grid(runs[runs.layout == n], {n: 1})[n]
             for k, v in one.items():
                 setattr(row, k, v)
             row.status = "stress round only"
             status = runs[runs.layout == n].status
-            row.why = f"{status.iloc[0] if len(status) else 'not run'} at lr {stress.get('lr', 0.1):g}"
+            row.why = f"{status.iloc[0] if len(status) else 'not run'} at lr {p['stress_lr']:g}"
         else:
             for k, v in grid[n].items():
                 setattr(row, k, v)
@@ -342,11 +447,14 @@ def _conclude(folder: RecommendDir, user: UserModel, precision: str, candidates:
     checks = agreement.check(ranks, precision, agreement.cells(runs))
     winner = ranked[0] if ranked and ranked[0].rank is not None else None
     settings = settings_for(winner.layout, user.config) if winner else {}
-    limits = report.limits(user, precision, stress, screen, extra)
+    stress = {"depth": p["depth"], "depth_fixed": depth_fixed, "candidates": order, "lr": p["stress_lr"]}
+    limits = report.limits(user, precision, stress, screen, extra, ranked)
     result = {"model": user.describe(), "notes": list(user.notes), "precision": precision, "current": current,
               "winner": winner.layout if winner else None, "ranking": [r.to_dict() for r in ranked],
               "recipe_checks": checks, "settings": settings, "limits": limits,
-              "plan": {"screen_width": screen["width"], "depth": stress["depth"], "stress": stress, "final": final},
+              "plan": {"screen_width": screen["width"], "depth": p["depth"], "stress": stress, "final": final,
+                       "cut": p["cut"], "predicted": p["predicted"], "screened": p["screened"], "order": p["order"]},
+              "rounds": rounds, "movement": report.movement(ranked, p, final, rounds),
               "minutes": (time.time() - t0) / 60, "budget_minutes": budget_s / 60,
               "call_minutes": [*calls[:-1], (time.time() - t0) / 60],
               "files": {"grid": folder.grid_files(), "screen": folder.screen_file.name, "plan": folder.plan_file.name,

@@ -353,6 +353,11 @@ class RecommendDir:
     def report_file(self) -> Path:
         return self.path / SWEEP_REPORT
 
+    @property
+    def lock_file(self) -> Path:
+        """Held for a whole recommend call: a second call on the folder is refused, its records intact."""
+        return self.path / LOCK
+
     @staticmethod
     def read(path: Path) -> dict[str, Any]:
         """A JSON file of the folder ({} while it does not exist yet)."""

@@ -17,7 +17,8 @@ the run's width under the run's autocast and storage, at one and two layers and 
 `torch.autograd.graph.saved_tensors_hooks` counting the bytes kept for the backward (each storage
 once); the differences give the bytes per token per block and per token outside the blocks. That is
 exact for fused attention (flash / memory-efficient SDPA keep O(T) per head, not the T x T scores);
-the total is scaled to the run's micro-batch and depth. With activation checkpointing a block keeps its input only, and the backward recomputes one
+the total is scaled to the run's micro-batch and depth; a model too wide to build is measured on two
+narrower copies and extrapolated (`_slopes`): the plan never builds what it plans. With activation checkpointing a block keeps its input only, and the backward recomputes one
 block at a time: that block's full activations are added once. tests/integration/test_memory.py
 checks the plan against the same measurement on whole models.
 """
@@ -37,6 +38,8 @@ from normlab.model.config import get_size
 GIB = 2**30
 OVERHEAD = 1 * GIB
 PROBE_TOKENS = 64  # the measurement's sequence length (activations scale linearly in tokens)
+PROBE_PARAMS = 64 * 2**20  # the measurement's two-layer models at most this large; wider ones are scaled
+PROBE_HEAD_DIM = 8  # the narrowest head a scaled measurement uses
 
 
 @dataclass(frozen=True)
@@ -65,13 +68,14 @@ class MemoryPlan:
         return "\n".join(lines)
 
 
-def _saved_bytes(cfg: TrainConfig, n_layers: int, tokens: int, recompute: bool, vocab: int) -> int:
+def _saved_bytes(cfg: TrainConfig, n_layers: int, tokens: int, recompute: bool, vocab: int,
+                 widths: dict[str, int] | None = None) -> int:
     """Bytes the backward keeps after one forward + loss of the run's model at ``n_layers`` on ``tokens``
-    tokens (one sequence), measured on the CPU."""
+    tokens (one sequence), measured on the CPU; ``widths``: the model options of a narrower copy."""
     from normlab.model.build import build_model
 
     options = {**cfg.model.options, "n_layers": n_layers, "vocab_size": vocab,
-               "max_seq_len": max(tokens, get_size(cfg.model.size).max_seq_len)}
+               "max_seq_len": max(tokens, get_size(cfg.model.size).max_seq_len), **(widths or {})}
     model = build_model(cfg.model.layout, cfg.model.size, seed=0, **options).train()
     model.activation_checkpointing = recompute
     model.set_storage(storage.for_run(cfg.precision, cfg.stored_dtype))
@@ -92,15 +96,56 @@ def _saved_bytes(cfg: TrainConfig, n_layers: int, tokens: int, recompute: bool, 
     return sum(n for ptr, n in seen.items() if ptr not in params)
 
 
-def _slopes(cfg: TrainConfig, recompute: bool, vocab: int) -> tuple[float, float]:
-    """Bytes kept per token outside the blocks (embedding, final norm, loss) and per token per block.
-    Measured at two depths and two lengths: the differences leave out what does not grow with tokens
-    (autocast's weight copies, counted once in the plan) and what does not grow with depth."""
+def _slopes_at(cfg: TrainConfig, recompute: bool, vocab: int, widths: dict[str, int] | None) -> tuple[float, float]:
     short, long = PROBE_TOKENS // 2, PROBE_TOKENS
-    m = {(n, t): _saved_bytes(cfg, n, t, recompute, vocab) for n in (1, 2) for t in (short, long)}
+    m = {(n, t): _saved_bytes(cfg, n, t, recompute, vocab, widths) for n in (1, 2) for t in (short, long)}
     block = ((m[2, long] - m[1, long]) - (m[2, short] - m[1, short])) / (long - short)
     model = (m[1, long] - m[1, short]) / (long - short) - block
     return max(0.0, model), max(0.0, block)
+
+
+def narrow_widths(model_cfg, scale: int) -> dict[str, int]:  # noqa: ANN001 - a ModelConfig
+    """Model options of a copy 1/`scale` as wide: the width, each head's width and the FFN (and the
+    experts') divided, the head counts kept; everything a token keeps per block is linear in those."""
+    hd = model_cfg.head_dim // scale
+    out = {"d_model": model_cfg.d_model // scale, "d_head": hd, "d_ff": max(1, model_cfg.ffn_dim // scale)}
+    if model_cfg.n_experts:
+        out["expert_d_ff"] = max(1, model_cfg.expert_ffn_dim // scale)
+    return out
+
+
+def _slopes(cfg: TrainConfig, recompute: bool, vocab: int) -> tuple[float, float]:
+    """Bytes kept per token outside the blocks (embedding, final norm, loss) and per token per block.
+    Measured at two depths and two lengths: the differences leave out what does not grow with tokens
+    (autocast's weight copies, counted once in the plan) and what does not grow with depth.
+
+    A model whose two-layer copy is larger than PROBE_PARAMS is never built: the same measurement runs
+    on two copies 1/s and 1/2s as wide (`narrow_widths`; heads of at least PROBE_HEAD_DIM) and the bytes,
+    linear in the widths, are extrapolated to the run's (the difference of the two measurements is
+    what grows with width); a shape whose narrowest copy is still too large is refused."""
+    from normlab.layout import as_layout
+    from normlab.model.params import analytic_params
+
+    model_cfg = cfg.model.model_config()
+
+    def params(c) -> int:  # noqa: ANN001 - a ModelConfig
+        c = c.with_(n_layers=2, vocab_size=min(vocab, 512))
+        return analytic_params(c, as_layout(cfg.model.layout).resolve(2)).total
+
+    if params(model_cfg) <= PROBE_PARAMS:
+        return _slopes_at(cfg, recompute, vocab, None)
+    scale = 1
+    while scale == 1 or params(model_cfg.with_(**narrow_widths(model_cfg, scale))) > PROBE_PARAMS:
+        if model_cfg.head_dim // (4 * scale) < PROBE_HEAD_DIM or model_cfg.d_model % (4 * scale):
+            raise ConfigError(f"cannot plan d_model {model_cfg.d_model} with {model_cfg.n_heads} heads of "
+                              f"{model_cfg.head_dim}: even a copy narrow enough to measure has more than "
+                              f"{PROBE_PARAMS / 1e6:.1f}M parameters in two layers (the plan never builds what it "
+                              "plans)")
+        scale *= 2
+    wide = _slopes_at(cfg, recompute, vocab, narrow_widths(model_cfg, scale))
+    narrow = _slopes_at(cfg, recompute, vocab, narrow_widths(model_cfg, 2 * scale))
+    # bytes = a + b / s over the scale s: through s and 2s, at s = 1
+    return tuple(max(0.0, n + (w - n) * (2 * scale - 1)) for w, n in zip(wide, narrow))  # type: ignore[return-value]
 
 
 def plan_memory(cfg: TrainConfig, world: int = 1, vocab: int | None = None) -> MemoryPlan:
