@@ -55,7 +55,8 @@ from normlab.train.loggers import Sinks
 from normlab.train.memory import check_fits, device_capacity
 from normlab.train.mfu import flops_per_token, peak_flops
 from normlab.train.monitor import DivergenceMonitor
-from normlab.train.optim import lr_at, make_optimizer
+from normlab.train.optim import lr_at, make_optimizer, set_lr
+from normlab.train.qk_clip import QKClip
 
 
 class TrainingFailed(RuntimeError):
@@ -201,6 +202,7 @@ class RunState:
     flops_per_token: int = 0  # 6N + 12 L H Q T (normlab.train.mfu)
     memory_plan: Any = None  # normlab.train.memory.MemoryPlan on CUDA (checked against the device before the start)
     peak_flops: float | None = None  # the device's dense peak for the run's precision; None: unknown
+    qk_clip: QKClip | None = None  # MuonClip's rescale after each step (normlab.train.qk_clip); None: off
 
     @property
     def wall(self) -> float:
@@ -255,9 +257,13 @@ def build_state(cfg: TrainConfig, info: distributed.DistInfo, start: Start) -> R
         trainable=[p for p in model.parameters() if p.requires_grad],
         flops_per_token=fpt, peak_flops=peak_flops(info.device, cfg.precision, cfg.run.tf32), memory_plan=memory_plan,
     )
+    if cfg.optim.qk_clip is not None:
+        state.qk_clip = QKClip(_unwrap(model), cfg.optim.qk_clip)
     if start.checkpoint is not None:
         ckpt = start.checkpoint
         _load_state(model, opt, ckpt, cfg)
+        if state.qk_clip is not None and "qk_clip" in ckpt:
+            state.qk_clip.load_state_dict(ckpt["qk_clip"])
         state.scaler.load_state_dict(ckpt["scaler"])
         state.monitor.load_state_dict(ckpt["monitor"])
         set_rng_state(ckpt["rng"])
@@ -338,9 +344,10 @@ def train_step(state: RunState) -> dict[str, Any]:
         state.probe_log.write(state.probes.record(step))
     t0 = time.perf_counter()
     lr = lr_at(step, cfg)
-    for group in opt.param_groups:
-        group["lr"] = lr
+    set_lr(opt, lr)
     opt.zero_grad(set_to_none=True)
+    if state.qk_clip is not None:
+        state.qk_clip.reset()  # the max logits of this step's micro-batches only
     loss_sum = torch.zeros((), device=info.device)  # on the device: no sync per micro-batch
     aux_sum = torch.zeros((), device=info.device)
     for i, (xb, yb) in enumerate(micro_batches(state, step)):
@@ -370,6 +377,8 @@ def train_step(state: RunState) -> dict[str, Any]:
         state.probes.snapshot()
     if apply:
         opt.step()  # the gradients are unscaled and finite: what scaler.step would do, without its sync
+        if state.qk_clip is not None:
+            state.qk_clip.apply()
     scaler.update()  # fp16: halves the scale after an overflow, doubles it after 2000 clean steps
     if probing:
         state.probe_log.write(state.probes.updates(step))
@@ -431,6 +440,8 @@ def _train(cfg: TrainConfig, info: distributed.DistInfo, start: Start) -> dict[s
 def _checkpoint(state: RunState) -> None:
     extra = {"scaler": state.scaler.state_dict(), "monitor": state.monitor.state_dict(),
              "config": state.cfg.to_dict(), "tokens": state.tokens, "wall_time": state.wall}
+    if state.qk_clip is not None:
+        extra["qk_clip"] = state.qk_clip.state_dict()
     if state.cfg.run.fsdp and state.info.enabled:  # every rank writes its shards; nothing is gathered
         save_sharded_checkpoint(state.run, state.step, state.model, state.opt, extra, state.cfg.run.keep_last,
                                 state.info.is_main)
@@ -499,6 +510,8 @@ def _write_summary(state: RunState, status: str | None = None, error: str | None
         "forensics": state.forensics,
         "first_break": site_of(state.forensics),
     }
+    if state.qk_clip is not None:
+        summary["qk_clip"] = state.qk_clip.summary()
     if status is not None:
         summary["status"] = status
     if error is not None:
