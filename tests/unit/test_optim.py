@@ -10,7 +10,8 @@ import torch
 import normlab
 from normlab.config.train import TrainConfig
 from normlab.errors import ConfigError
-from normlab.train.optim import make_optimizer, muon_matrices, set_lr, update_ratio
+from normlab.diagnostics.stats import update_ratio
+from normlab.train.optim import make_optimizer, muon_matrices, set_lr
 from normlab.train.qk_clip import QKClip
 
 
@@ -192,3 +193,31 @@ def test_qk_clip_with_qk_norm_scales_the_gains_and_with_gqa_the_group():
     torch.testing.assert_close(attn.q_proj.weight[2 * hd:], w_q[2 * hd:] * root)
     torch.testing.assert_close(attn.k_proj.weight[hd:], w_k[hd:] * root)
     assert torch.equal(attn.q_proj.weight[:2 * hd], w_q[:2 * hd]) and torch.equal(attn.k_proj.weight[:hd], w_k[:hd])
+
+
+@pytest.mark.parametrize("layout, size, kw", [("peri", "nano", {}), ("attn=gAB,mlp=AB,final", "nano", {"n_kv_heads": 1}),
+                                              ("pre", "moe-micro", {"n_layers": 2, "moe_shared_expert": True})],
+                         ids=["peri", "gate+gqa", "moe"])
+def test_muon_cost_in_memory_and_flops(layout, size, kw):
+    from torch.optim._muon import _zeropower_via_newtonschulz
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from normlab.model.params import analytic_matrices
+    from normlab.train.memory import plan_memory
+    from normlab.train.mfu import newton_schulz_flops, optimizer_flops
+
+    model = normlab.build_model(layout, size, **kw)
+    measured = sum(p.numel() for p in muon_matrices(model))
+    assert analytic_matrices(model.config, model.resolved) == measured
+    cfg = TrainConfig.of(layout=layout, size=size, model=kw, optimizer="muon", vocab_size=256)
+    n = sum(p.numel() for p in model.parameters())
+    assert plan_memory(cfg).optimizer == 4 * measured + 8 * (n - measured)  # momentum; AdamW's two moments
+    # Newton-Schulz's FLOPs as torch's own counter sees torch's iteration, against k (4 m^2 n + 2 m^3)
+    for shape in ((64, 24), (24, 64)):
+        with FlopCounterMode(display=False) as counter:
+            _zeropower_via_newtonschulz(torch.randn(shape), (3.4445, -4.7750, 2.0315), 3, 1e-7)
+        assert counter.get_total_flops() == newton_schulz_flops(shape, 3) == 3 * (4 * 24 * 24 * 64 + 2 * 24**3)
+    per_matrix = [tuple(p.shape[-2:]) for p in muon_matrices(model) for _ in range(p.shape[0] if p.ndim > 2 else 1)]
+    assert optimizer_flops(model, "muon", 5) == sum(newton_schulz_flops(s, 5) for s in per_matrix) > 0
+    assert optimizer_flops(model, "adamw", 5) == 0
+

@@ -9,7 +9,7 @@
 | attn.q, attn.k, attn.v          | block          | rms, max_abs |
 | attn                            | block          | max_logit, entropy (mean over heads) |
 | attn.head{h}                    | block          | max_logit, entropy |
-| attn.q_proj ... mlp.down_proj   | block          | grad_norm, weight_norm (and update_norm, from `updates`) |
+| attn.q_proj ... mlp.down_proj   | block          | grad_norm, weight_norm (and update_norm, update_ratio = update_norm / the weight's norm before the step, from `updates`) |
 | attn_norms.output, ...          | block          | gamma_mean, gamma_min, gamma_max (every norm present) |
 | embed_norm, final_norm          | null           | gamma_mean, gamma_min, gamma_max |
 | (any norm site), DyT            | as the site    | alpha (DyT's learned scalar, Zhu et al. eq. 1) |
@@ -37,7 +37,7 @@ from torch import nn
 
 from normlab.diagnostics.prop31 import per_token
 from normlab.model.block import SCALE_PARAMS
-from normlab.diagnostics.stats import angular_matrix, attention_stats, hidden_stats, massive_activations
+from normlab.diagnostics.stats import angular_matrix, attention_stats, hidden_stats, massive_activations, update_ratio
 from normlab.model.norms import gain_of, is_norm
 
 WEIGHTS = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
@@ -221,7 +221,8 @@ class Probes:
         rows: list[dict[str, Any]] = []
         for key, before in self._snapshot.items():
             i, w = key.split(":")
-            delta = (mods[f"blocks.{i}.{w}"].weight.detach() - before).norm().item()
-            self._row(rows, step, int(i), w, "update_norm", delta)
+            after = mods[f"blocks.{i}.{w}"].weight.detach()
+            self._row(rows, step, int(i), w, "update_norm", (after - before).norm().item())
+            self._row(rows, step, int(i), w, "update_ratio", update_ratio(before, after))
         self._snapshot = None
         return rows

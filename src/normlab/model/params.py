@@ -95,3 +95,17 @@ def analytic_params(cfg: ModelConfig, resolved: ResolvedLayout) -> ParamCount:
     total = non_embedding + embedding
     return ParamCount(total=total, embedding=embedding, non_embedding=non_embedding,
                       active=total - _inactive(cfg) if cfg.n_experts else None)
+
+
+def analytic_matrices(cfg: ModelConfig, resolved: ResolvedLayout) -> int:
+    """The blocks' matrix weights, from the configuration: attention's q/k/v/o (and gate), the MLP's or the
+    experts' (and a shared expert's) matrices, routers excluded: what Muon optimizes
+    (`normlab.train.optim.muon_matrices` measures the same)."""
+    d, hd, h, kv, ff = cfg.d_model, cfg.head_dim, cfg.n_heads, cfg.kv_heads, cfg.ffn_dim
+    attn = 2 * d * h * hd + 2 * d * kv * hd
+    n_mats = 3 if cfg.mlp in ("swiglu", "geglu-tanh") else 2
+    mlp = n_mats * d * ff
+    if cfg.n_experts:
+        mlp = cfg.n_experts * cfg.expert_weights + (cfg.expert_weights if cfg.moe_shared_expert else 0)
+    gates = sum(d * h * hd for blk in resolved.blocks if blk.attn_inner.gate)
+    return cfg.n_layers * (attn + mlp) + gates

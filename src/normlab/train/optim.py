@@ -10,8 +10,9 @@ embedding, should be optimized by a standard method such as AdamW"). Muon's lr' 
 ``adjust_lr_fn`` (``muon_adjust_lr``). Schedule: linear warmup over ``warmup * steps`` steps, then cosine
 decay to ``min_lr`` (Kim Table 2, Zhuo Table 7); each group follows it at its own peak (``lr_ratio``).
 
-`update_ratio` is the optimizer-agnostic update/parameter ratio ||W_after - W_before|| / ||W_before|| the
-probes record per matrix (for Muon about lr' sqrt(min(A, B)) / ||W||: its update's singular values are near 1).
+The probes record each matrix's update/parameter ratio, whatever the optimizer
+(`normlab.diagnostics.stats.update_ratio`; for Muon about lr' sqrt(min(A, B)) / ||W||: its update's singular
+values are near 1).
 """
 
 from __future__ import annotations
@@ -159,10 +160,3 @@ def set_lr(opt: torch.optim.Optimizer | MuonAdamW, lr: float) -> None:
     AdamW groups: muon_adamw_lr / lr)."""
     for group in opt.param_groups:
         group["lr"] = lr * group.get("lr_ratio", 1.0)
-
-
-def update_ratio(before: torch.Tensor, after: torch.Tensor) -> float:
-    """||after - before|| / ||before|| (Frobenius): the relative size of one optimizer step on a weight,
-    whatever the optimizer (AdamW's is about lr sqrt(numel) / ||W||, Muon's lr' sqrt(min(A, B)) / ||W||)."""
-    norm = before.float().norm().item()
-    return (after.float() - before.float()).norm().item() / norm if norm > 0 else math.inf

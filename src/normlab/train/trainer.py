@@ -53,7 +53,7 @@ from normlab.train import distributed
 from normlab.train.init_from import load_init_weights
 from normlab.train.loggers import Sinks
 from normlab.train.memory import check_fits, device_capacity
-from normlab.train.mfu import flops_per_token, peak_flops
+from normlab.train.mfu import flops_per_token, optimizer_flops, peak_flops
 from normlab.train.monitor import DivergenceMonitor
 from normlab.train.optim import lr_at, make_optimizer, set_lr
 from normlab.train.qk_clip import QKClip
@@ -241,7 +241,8 @@ def build_state(cfg: TrainConfig, info: distributed.DistInfo, start: Start) -> R
         # TF32 products, float32 accumulation: about 7x the fp32 peak on an H100 (normlab.train.mfu)
         set_tf32(cfg.run.tf32)
     params = count_params(model)
-    fpt = flops_per_token(model, cfg.data.seq_len)
+    fpt = flops_per_token(model, cfg.data.seq_len) + optimizer_flops(
+        model, cfg.optim.optimizer, cfg.optim.muon_ns_steps) // (cfg.data.batch_size * cfg.data.seq_len)
     model = distributed.wrap(model, info, cfg.run.fsdp)
     opt = make_optimizer(model, cfg, fused=info.device.type == "cuda")
     state = RunState(
