@@ -50,7 +50,7 @@ from normlab.model.config import POSITIONS, SIZES, ModelConfig, get_size
 
 WD_EXCLUDABLE = ("norms", "biases", "embeddings")
 # layout.NAME keys: the option's name -> the Layout field it sets
-LAYOUT_OPTIONS = {"h": "h", "norm": "norm", "alpha": "alpha", "init": "init", "inner": "inner_span"}
+LAYOUT_OPTIONS = {"h": "h", "norm": "norm", "alpha": "alpha", "init": "init", "inner": "inner_span", "softmax": "softmax"}
 SEED_LIMIT = 2**32  # numpy's generators take seeds below 2^32
 
 

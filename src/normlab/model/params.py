@@ -87,6 +87,7 @@ def analytic_params(cfg: ModelConfig, resolved: ResolvedLayout) -> ParamCount:
             if getattr(blk.attn_inner, attr):
                 norms += site(name, hd if lay.inner_span == "head" else heads * hd)
         extra = (d * h * hd + b * h * hd if blk.attn_inner.gate else 0) + (h if blk.attn_inner.head_scale else 0)
+        extra += h if lay.softmax == "sink" else 0  # GPT-OSS's sink logit per query head
         blocks += attn + mlp + norms + extra + per_block_scales
     model_norms = (site("emb", d) if lay.embed_norm else 0) + (site("final", d) if lay.final_norm else 0)
     embedding = cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2)
