@@ -26,7 +26,9 @@ logit is bounded by construction (|q.k| s <= s ||q|| ||k||) and nothing is done.
 The per-head max comes from the training forward itself: forward hooks on the capture taps
 ``blocks.i.attn.q`` / ``.k`` compute it under no_grad, one query head at a time (one (B, T, T) block of logits
 in memory), over every micro-batch of the step (and across DDP ranks). Its cost is one more QK^T product:
-2 B H T^2 d_k FLOPs per layer, a third of attention's forward score-and-sum (4 B H T^2 d_k).
+2 B H T^2 d_k FLOPs per layer, a third of attention's forward score-and-sum (4 B H T^2 d_k). Under
+torch.compile the hooks run eagerly (`torch.compiler.disable`: two graph breaks per layer); with a sliding
+window the max is taken over the causal logits, the window's included (an upper bound).
 """
 
 from __future__ import annotations
@@ -91,12 +93,14 @@ class QKClip:
             self.handles.append(attn.k.register_forward_hook(self._hook_k(i)))
 
     def _hook_q(self, i: int):  # noqa: ANN202
+        @torch.compiler.disable  # a compiled model runs the hooks eagerly (a graph break per tap), not traced
         def hook(module: nn.Module, args: Any, out: torch.Tensor) -> None:
             if module.training:
                 self._q[i] = out.detach()
         return hook
 
     def _hook_k(self, i: int):  # noqa: ANN202
+        @torch.compiler.disable
         def hook(module: nn.Module, args: Any, out: torch.Tensor) -> None:
             q = self._q.pop(i, None)
             if q is None or not module.training:
