@@ -221,3 +221,15 @@ def test_muon_cost_in_memory_and_flops(layout, size, kw):
     assert optimizer_flops(model, "muon", 5) == sum(newton_schulz_flops(s, 5) for s in per_matrix) > 0
     assert optimizer_flops(model, "adamw", 5) == 0
 
+
+
+def test_the_optimizer_and_the_softmax_are_sweep_axes():
+    from normlab.experiments.sweep import SweepConfig
+
+    sweep = SweepConfig(name="s", base={"size": "nano", "layout": "pre"},
+                        grid={"optimizer": ["adamw", "muon"], "layout.softmax": ["softmax", "sink"]})
+    cfgs = [s.train_config("x") for s in sweep.expand()]
+    assert sorted((c.optim.optimizer, c.model.layout.softmax) for c in cfgs) == [
+        ("adamw", "sink"), ("adamw", "softmax"), ("muon", "sink"), ("muon", "softmax")]
+    assert len({s.run_id for s in sweep.expand()}) == 4
+    assert {c.model.layout_label for c in cfgs} == {"pre,softmax=softmax", "pre,softmax=sink"}
