@@ -95,6 +95,7 @@ def test_one_muon_step_is_the_formula():
     ({"optimizer": "muon", "muon_momentum": 1.5}, "muon_momentum"),
     ({"optimizer": "muon", "fsdp": True, "probe_every": 0}, "FSDP2 shards"),
     ({"qk_clip": 0.0}, "qk_clip"),
+    ({"qk_clip": 100.0, "fsdp": True, "probe_every": 0}, "FSDP2 shards"),
 ])
 def test_bad_muon_settings(kw, needle):
     with pytest.raises(ConfigError, match=needle):

@@ -324,6 +324,9 @@ class TrainConfig:
         if r.fsdp and o.optimizer == "muon":
             raise ConfigError("muon orthogonalizes whole matrices and FSDP2 shards them across ranks; with "
                               "--optimizer muon leave --fsdp off (DDP is fine)")
+        if r.fsdp and o.qk_clip is not None:
+            raise ConfigError("qk_clip rescales each head's rows of W_q and W_k in place, which FSDP2 shards across "
+                              "ranks; with --qk-clip leave --fsdp off (DDP is fine)")
         if r.fsdp and r.probe_every:
             raise ConfigError("probes need the whole model on one rank; with --fsdp set --probe-every 0")
         if not isinstance(m.layout, Layout):
