@@ -163,6 +163,10 @@ def test_qk_clip_rescales_the_planted_head_by_the_formula():
                                                               "q_proj.weight")]
     q2, k2 = _capture(model, x)  # the same batch's max logit is now tau exactly (RoPE is linear)
     assert _logits(q2, k2, hd ** -0.5)[2].item() == pytest.approx(tau, rel=1e-5)
+    # a head whose largest logit is negative (tau / S < 0) is below tau: untouched (a stress run once got NaN here)
+    clip.max = [None, torch.tensor([-0.5, 0.1, 0.2, 0.3])]
+    w = attn.q_proj.weight.detach().clone()
+    assert clip.apply() == 0 and torch.equal(attn.q_proj.weight, w)
 
 
 def test_qk_clip_with_qk_norm_scales_the_gains_and_with_gqa_the_group():

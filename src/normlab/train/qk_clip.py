@@ -130,7 +130,8 @@ class QKClip:
                 continue
             self.largest = max(self.largest, s.max().item())
             groups = s.view(attn.n_kv_heads, -1).amax(dim=1)  # MHA: one head per group
-            gamma = (self.tau / groups).clamp(max=1.0)
+            # only a group above tau (a head whose logits are all negative has tau / S < 0: untouched)
+            gamma = torch.where(groups > self.tau, self.tau / groups, torch.ones_like(groups))
             if bool((gamma >= 1.0).all()):
                 continue
             rep = attn.n_heads // attn.n_kv_heads
