@@ -59,10 +59,11 @@ def rope(x: torch.Tensor, theta: float) -> torch.Tensor:
 
 
 def mha(attn, x: torch.Tensor, inner: str, span: str = "head", theta: float = 10_000.0,
-        qk_after_rope: bool = False) -> torch.Tensor:
+        qk_after_rope: bool = False, weights=None) -> torch.Tensor:  # noqa: ANN001 - (logits, mask) -> weights
     """Zhuo eqs. 7, 35-40: Concat_i attn_#(Q_i, K_i, V_i) W_O with # = the letters in ``inner`` (q k v c);
     ``g``: the context times sigmoid(x W_theta) (Qiu et al. 2025 eq. 5, G1, elementwise); ``s``: head i's
-    context times gamma_i (NormFormer eq. 3); ``qk_after_rope``: N(RoPE(q)), N(RoPE(k)) (Llama 4)."""
+    context times gamma_i (NormFormer eq. 3); ``qk_after_rope``: N(RoPE(q)), N(RoPE(k)) (Llama 4); ``weights``:
+    the logits' normalization in place of the softmax, given the logits and the causal mask."""
     b, t, _ = x.shape
     h, kv, hd = attn.n_heads, attn.n_kv_heads, attn.head_dim
 
@@ -86,7 +87,7 @@ def mha(attn, x: torch.Tensor, inner: str, span: str = "head", theta: float = 10
     v = v.repeat_interleave(h // kv, dim=1)
     logits = q @ k.transpose(-1, -2) / math.sqrt(hd)
     mask = torch.ones(t, t, dtype=torch.bool).tril()
-    p = torch.softmax(logits.masked_fill(~mask, float("-inf")), dim=-1)
+    p = weights(logits, mask) if weights else torch.softmax(logits.masked_fill(~mask, float("-inf")), dim=-1)
     ctx = (p @ v).transpose(1, 2)  # (b, t, h, hd)
     if "g" in inner:
         ctx = ctx * torch.sigmoid(x @ attn.gate_proj.weight.T).view(b, t, h, hd)

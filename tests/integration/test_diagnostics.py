@@ -191,6 +191,20 @@ def test_probes_do_not_change_training(corpus, tmp_path):
     assert gam.loc[0].tolist() == [1.0, 1.0] and gam.loc[8].tolist() != [1.0, 1.0]
 
 
+def test_probes_record_the_update_ratio_of_a_muon_run(corpus, tmp_path):
+    from normlab.train.optim import lr_at
+    from tests.helpers import small
+
+    train(small(corpus, tmp_path / "m", optimizer="muon", lr=0.02, steps=3, probe_every=1, eval_every=0))
+    p = normlab.load_run(tmp_path / "m").probes
+    at = p[(p.step == 1) & (p.layer == 0) & (p.site == "mlp.up_proj")].set_index("metric").value
+    assert at["update_ratio"] == pytest.approx(at["update_norm"] / at["weight_norm"], rel=1e-6)
+    # Muon's step on a (128, 32) matrix is lr' ||O||_F, O's 32 singular values in Newton-Schulz's band
+    # (0.5, 1.5) around 1 (Jordan et al.), lr' = lr_t 0.2 sqrt(128) (match_rms_adamw); weight decay adds ~1%
+    lr = lr_at(1, small(corpus, tmp_path / "m", optimizer="muon", lr=0.02, steps=3)) * 0.2 * math.sqrt(128)
+    assert 0.5 * lr * math.sqrt(32) * 0.95 < at["update_norm"] < 1.5 * lr * math.sqrt(32) * 1.05
+
+
 def test_report_html_and_figures(corpus, tmp_path):
     runs = []
     for layout in ("pre", "peri"):

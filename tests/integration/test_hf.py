@@ -84,6 +84,7 @@ def test_export_reloads_through_auto_classes_with_identical_logits(layout, arch,
     ("pre", "olmo2", "does not map exactly onto olmo2"),
     ("pre", "gemma2", "does not map exactly onto gemma2"),
     ("peri", "gpt2", "no native transformers class"),
+    ("pre,softmax=sink", "llama", "softmax=sink has no exact llama counterpart"),
 ])
 def test_layouts_that_do_not_map_are_refused(layout, arch, match):
     with pytest.raises(NativeExportError, match=match):
@@ -211,7 +212,7 @@ def test_cli_export_of_a_trained_run(corpus, tmp_path, capsys):
 
 @pytest.mark.parametrize("layout, tied", [("peri", False), ("hybrid*", False), ("peri,h=0.5", True),
                                          ("pre-dyt,norm.final=derf,gain.attn.A=scalar", True),
-                                         ("admin", False),
+                                         ("admin", False), ("pre,softmax=sink", False),
                                          ("normformer,attn=qkgsAB,qk-rope,norm.mlp.A=dyt,alpha0.mlp.A=0.3,gain.final=centered", True)])
 def test_any_layout_exports_as_the_normlab_class(layout, tied, tmp_path):
     from normlab.hf import from_hf, save_hf

@@ -44,8 +44,10 @@ def test_a_cpu_run_flushes_subnormal_floats(corpus, tmp_path):
         torch.set_flush_denormal(False)
 
 
-def test_resume_gives_the_identical_remaining_curve(corpus, tmp_path, monkeypatch):
-    full = small(corpus, tmp_path / "full", grad_accum=2)
+@pytest.mark.parametrize("opt", [{}, {"optimizer": "muon", "lr": 0.02, "qk_clip": 0.05}],
+                         ids=["adamw", "muon+qk_clip"])
+def test_resume_gives_the_identical_remaining_curve(corpus, tmp_path, monkeypatch, opt):
+    full = small(corpus, tmp_path / "full", grad_accum=2, **opt)
     train(full)
     # Interrupt a second run after its step-6 checkpoint by failing inside step 8.
     real = TokenData.train_window
@@ -55,7 +57,7 @@ def test_resume_gives_the_identical_remaining_curve(corpus, tmp_path, monkeypatc
             raise KeyboardInterrupt("simulated interruption")
         return real(self, step, *a, **k)
 
-    cut = small(corpus, tmp_path / "cut", grad_accum=2, ckpt_every=3, keep_last=2)
+    cut = small(corpus, tmp_path / "cut", grad_accum=2, ckpt_every=3, keep_last=2, **opt)
     monkeypatch.setattr(TokenData, "train_window", failing)
     with pytest.raises(KeyboardInterrupt):
         train(cut)
@@ -69,6 +71,14 @@ def test_resume_gives_the_identical_remaining_curve(corpus, tmp_path, monkeypatc
         for key in ("loss", "grad_norm", "lr", "tokens", "val_loss"):
             assert ra.get(key) == rb.get(key), (ra["step"], key)
     assert [p.name for p in list_checkpoints(cut.run.out)] == ["step_00000009.pt", "step_00000012.pt"]
+    params = [load_checkpoint(run / "checkpoints" / "step_00000012.pt")["model"] for run in (tmp_path / "full", tmp_path / "cut")]
+    assert all(torch.equal(params[0][k], params[1][k]) for k in params[0])  # the weights bit for bit
+    if opt:
+        assert load_checkpoint(tmp_path / "cut" / "checkpoints" / "step_00000012.pt")["optimizer"]["muon"]["state"]
+    if "qk_clip" in opt:
+        s = json.loads((tmp_path / "cut" / "summary.json").read_text())
+        assert s["qk_clip"]["interventions"] == json.loads((tmp_path / "full" / "summary.json").read_text())["qk_clip"]["interventions"]
+        assert s["qk_clip"]["interventions"] > 0  # tau 0.05 is below this model's logits (about 0.1): the clip acted
 
 
 def test_kill_during_checkpoint_write_leaves_a_loadable_checkpoint(corpus, tmp_path):

@@ -33,7 +33,7 @@ def randomize_norms(model: torch.nn.Module, seed: int = 1) -> None:
                 if getattr(m, "alpha", None) is not None:  # DyT's scalar, away from its initial 0.5
                     m.alpha.copy_(0.5 + 0.5 * torch.rand(m.alpha.shape, generator=g))
             # learned residual steps (off 0), Admin's omegas and head scales (off 1)
-            for name in ("attn_h", "mlp_h", "attn_omega", "mlp_omega", "head_scale"):
+            for name in ("attn_h", "mlp_h", "attn_omega", "mlp_omega", "head_scale", "sinks"):
                 step = getattr(m, name, None)
                 if isinstance(step, torch.nn.Parameter):
                     step.copy_(0.5 + torch.rand(step.shape, generator=g))
@@ -50,8 +50,8 @@ def assert_blocks_follow(model: torch.nn.Module, equation) -> None:  # noqa: ANN
 
 # --- the equations, one function per form: (block, x, layer index, n_layers) -> block output ---
 
-def A(b, x, inner="", span="head", qk_after_rope=False):
-    return mha(b.attn, x, inner, span, qk_after_rope=qk_after_rope)
+def A(b, x, inner="", span="head", qk_after_rope=False, weights=None):
+    return mha(b.attn, x, inner, span, qk_after_rope=qk_after_rope, weights=weights)
 
 
 def F(b, x, hidden_norm=False):
@@ -407,3 +407,31 @@ def test_admin_profiles_omega_as_liu_et_al():
                 x = N(norm, omega * x + update)
     assert omegas == pytest.approx(expected, rel=1e-9)
     assert model.blocks[0].attn_omega.requires_grad
+
+
+def _sink(a):  # noqa: ANN001, ANN202 - a sink logit per head (H,) or 0
+    def weights(logits, mask):  # noqa: ANN001, ANN202
+        """exp(l_ij) / (exp(a_h) + sum_{j <= i} exp(l_ij))  (GPT-OSS; a = 0: Miller's softmax_1)"""
+        e = torch.exp(logits) * mask
+        return e / (torch.exp(torch.as_tensor(a, dtype=DT)).reshape(-1, 1, 1) + e.sum(-1, keepdim=True))
+    return weights
+
+
+def _softpick(logits, mask):  # noqa: ANN001, ANN202
+    """ReLU(e^l - 1) / sum_{j <= i} |e^l - 1|  (Zuhri et al. 2025, eq. 2)"""
+    e = (torch.exp(logits) - 1) * mask
+    return torch.relu(e) / e.abs().sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("kind", ["sink", "off-by-one", "softpick"])
+def test_attention_softmax_variants_follow_their_formulas(kind):
+    model = normlab.build_model(f"pre,qk,softmax={kind}", "nano", seed=0, d_model=32, n_heads=4, n_kv_heads=2).double()
+    randomize_norms(model)  # QK-norm gains off 1 (logits of both signs and sizes), the sinks off 0
+    b = model.blocks[0]
+    x = torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(0), dtype=DT)
+    weights = {"sink": lambda: _sink(b.attn.sinks), "off-by-one": lambda: _sink(0.0), "softpick": lambda: _softpick}[kind]()
+    with torch.no_grad():
+        torch.testing.assert_close(b.attn(x), A(b, x, "qk", weights=weights), rtol=1e-6, atol=1e-8)
+        assert (b.attn(x) - A(b, x, "qk")).abs().max() > 1e-3  # not the softmax
+    if kind == "sink":
+        assert b.attn.sinks.shape == (4,) and b.attn.sinks.requires_grad

@@ -17,6 +17,21 @@ def test_measured_equals_analytic(name, variant):
     assert count_params(model) == analytic_params(model.config, model.resolved)
 
 
+def test_sinks_count_one_logit_per_query_head_and_are_not_decayed():
+    from normlab.config.train import TrainConfig
+    from normlab.train.optim import param_groups
+
+    sink = normlab.build_model("peri,softmax=sink", "nano", n_layers=3, n_heads=4, n_kv_heads=2)
+    assert count_params(sink) == analytic_params(sink.config, sink.resolved)
+    assert count_params(sink).total - count_params(normlab.build_model("peri", "nano", n_layers=3, n_heads=4,
+                                                                       n_kv_heads=2)).total == 3 * 4
+    for kind in ("off-by-one", "softpick"):  # no parameter
+        m = normlab.build_model(f"peri,softmax={kind}", "nano")
+        assert count_params(m) == count_params(normlab.build_model("peri", "nano"))
+    decayed = {id(p) for p in param_groups(sink, TrainConfig())[0]["params"]}
+    assert all(id(b.attn.sinks) not in decayed for b in sink.blocks)
+
+
 def test_layernorm_counts_beta():
     ln = normlab.build_model("peri,norm=layer", "nano")
     rms = normlab.build_model("peri", "nano")

@@ -7,7 +7,7 @@ its result; the rest says where and how it runs and reports):
     TrainConfig
     ├── model: ModelSettings   layout (a Layout), size, options (ModelConfig overrides), init_from
     ├── data:  DataSettings    corpus, tokenizer, task, seq_len, batch_size, grad_accum, ...
-    ├── optim: OptimSettings   optimizer, lr schedule, betas, clipping, z-loss, steps, seed
+    ├── optim: OptimSettings   optimizer (AdamW, SGD, Muon), lr schedule, betas, clipping, QK-clip, z-loss, steps, seed
     └── run:   RunSettings     precision, divergence rules, probes, evaluation, checkpoints, output
 
 Every setting is addressed by one key, the same everywhere (`train --set`, flags, TOML, `sweep
@@ -69,6 +69,10 @@ def _wd_exclude(v: str) -> str | None:
     return f"unknown {bad}; valid: a comma list of {', '.join(WD_EXCLUDABLE)}, or \"\"" if bad else None
 
 
+def _ns_steps(v: int) -> str | None:
+    return None if 1 <= v < 100 else f"must lie in [1, 100) (torch.optim.Muon's limit), got {v}"
+
+
 def _default_layout() -> Layout:
     return parse_layout("peri")
 
@@ -109,7 +113,9 @@ class DataSettings:
 
 @dataclass(frozen=True)
 class OptimSettings:
-    optimizer: Literal["adamw", "sgd"] = setting("adamw", "adamw | sgd", choices=("adamw", "sgd"))
+    optimizer: Literal["adamw", "sgd", "muon"] = setting(
+        "adamw", "adamw | sgd | muon (torch.optim.Muon on the blocks' 2-D matrices, AdamW on the rest: "
+        "normlab.train.optim)", choices=("adamw", "sgd", "muon"))
     lr: float = setting(3e-3, "peak learning rate", check=positive)
     min_lr: float | None = setting(None, "cosine floor; none: lr / 10", check=nonneg)
     warmup: float = setting(0.1, "fraction of steps with linear warmup", check=unit)
@@ -117,6 +123,21 @@ class OptimSettings:
     beta2: float = setting(0.95, "AdamW beta2", check=unit)
     eps: float = setting(1e-8, "AdamW epsilon", check=positive)
     momentum: float = setting(0.9, "SGD momentum", check=unit)
+    muon_momentum: float = setting(0.95, "Muon's momentum (torch's and Keller Jordan's default)", check=unit)
+    muon_nesterov: bool = setting(True, "Muon: Nesterov momentum (torch's default)")
+    muon_ns_steps: int = setting(5, "Muon: Newton-Schulz iterations per matrix per step (torch's default)",
+                                 check=_ns_steps)
+    muon_adjust_lr: Literal["match_rms_adamw", "original"] = setting(
+        "match_rms_adamw", "Muon's lr per matrix shape (A, B): match_rms_adamw, lr * 0.2 sqrt(max(A, B)) (Moonshot, "
+        "arXiv 2502.16982: AdamW's lr and weight decay carry over), or original, lr * sqrt(max(1, A/B)) (Keller "
+        "Jordan)", choices=("match_rms_adamw", "original"))
+    muon_adamw_lr: float | None = setting(None, "Muon runs: the peak lr of the AdamW groups (embeddings, head, "
+                                          "norms, scales, biases); none: lr", check=positive)
+    muon_weight_decay: float | None = setting(None, "Muon runs: the Muon matrices' decoupled weight decay; none: "
+                                              "weight_decay", check=nonneg)
+    qk_clip: float | None = setting(None, "QK-clip's tau (Kimi K2's MuonClip, arXiv 2507.20534; they used 100): "
+                                    "after each step, a head whose max attention logit exceeded tau has W_q, W_k "
+                                    "(or its QK-norm gains) scaled back to tau; none: off", check=positive)
     weight_decay: float = setting(0.1, "decoupled weight decay", check=nonneg)
     wd_exclude: str = setting("norms,biases,embeddings", 'comma list from: norms, biases, embeddings ("" decays all)',
                               check=_wd_exclude)
@@ -312,6 +333,12 @@ class TrainConfig:
             raise ConfigError(f"min_lr must lie in [0, lr={o.lr}], got {o.min_lr}")
         if d.batch_size % d.grad_accum:
             raise ConfigError(f"batch_size={d.batch_size} must be divisible by grad_accum={d.grad_accum}")
+        if r.fsdp and o.optimizer == "muon":
+            raise ConfigError("muon orthogonalizes whole matrices and FSDP2 shards them across ranks; with "
+                              "--optimizer muon leave --fsdp off (DDP is fine)")
+        if r.fsdp and o.qk_clip is not None:
+            raise ConfigError("qk_clip rescales each head's rows of W_q and W_k in place, which FSDP2 shards across "
+                              "ranks; with --qk-clip leave --fsdp off (DDP is fine)")
         if not isinstance(m.layout, Layout):
             raise ConfigError(f"layout must be a Layout, a preset name or a string form, not {type(m.layout).__name__}")
         model = m.model_config()  # unknown options and bad combinations fail here, with suggestions

@@ -12,7 +12,7 @@
 | attn                            | block          | sink_rate (share of heads whose sink_mass > 0.3, Gu et al. 2025) |
 | stream                          | 0..L           | kurtosis (E[(x-mu)^4]/Var^2 over the layer's entries) |
 | adam                            | block          | exp_avg_norm, exp_avg_sq_norm (Adam's moments over the block's parameters; with `optimizer=`) |
-| attn.q_proj ... mlp.down_proj   | block          | grad_norm, weight_norm (and update_norm, from `updates`) |
+| attn.q_proj ... mlp.down_proj   | block          | grad_norm, weight_norm (and update_norm, update_ratio = update_norm / the weight's norm before the step, from `updates`) |
 | attn_norms.output, ...          | block          | gamma_mean, gamma_min, gamma_max (every norm present) |
 | embed_norm, final_norm          | null           | gamma_mean, gamma_min, gamma_max |
 | (any norm site), DyT            | as the site    | alpha (DyT's learned scalar, Zhu et al. eq. 1) |
@@ -284,9 +284,12 @@ class Probes:
         keys = list(self._snapshot)
         deltas = norms([mods[f"blocks.{k.split(':')[0]}.{k.split(':')[1]}"].weight.detach() - self._snapshot[k]
                         for k in keys])
-        for key, delta in zip(keys, deltas):
+        befores = norms([self._snapshot[k] for k in keys])  # reduced over shards as the deltas are
+        for key, delta, before in zip(keys, deltas, befores):
             i, w = key.split(":")
             self._row(rows, step, int(i), w, "update_norm", delta)
+            # update_ratio's ||W' - W|| / ||W|| (normlab.diagnostics.stats), from the shard-reduced norms
+            self._row(rows, step, int(i), w, "update_ratio", delta / before if before > 0 else math.inf)
         self._snapshot = None
         return rows
 

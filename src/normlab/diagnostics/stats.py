@@ -35,6 +35,14 @@ def hidden_stats(x: torch.Tensor) -> dict[str, float]:
     }
 
 
+def update_ratio(before: torch.Tensor, after: torch.Tensor) -> float:
+    """||after - before|| / ||before|| (Frobenius): the relative size of one optimizer step on a weight, whatever
+    the optimizer (AdamW's is about lr sqrt(numel) / ||W|| once its moments settle; Muon's lr' sqrt(min(A, B)) /
+    ||W||, its orthogonalized update having singular values near 1); inf for a zero weight."""
+    norm = before.float().norm().item()
+    return (after.float() - before.float()).norm().item() / norm if norm > 0 else math.inf
+
+
 def top_k_abs(tensors: list[torch.Tensor], k: int = 100) -> torch.Tensor:
     """The k largest absolute values over all the tensors, descending."""
     flat = torch.cat([t.detach().float().abs().flatten() for t in tensors])

@@ -67,6 +67,11 @@ def _export_arch(model: NormLM, arch: str) -> Arch:
             f"a mixture-of-experts model has no exact {arch} counterpart ({arch} has dense MLPs; OLMoE's class, the "
             "nearest MoE architecture, is not mapped: its routing renormalization and weight layout would need an "
             "exact match); export with --arch normlab, which keeps every layout and the experts")
+    if model.layout.softmax != "softmax":
+        raise NativeExportError(
+            f"attention softmax={model.layout.softmax} has no exact {arch} counterpart: {arch} normalizes its logits "
+            "with a plain softmax (GPT-OSS's class computes learned sinks, but around its clamped-SwiGLU experts "
+            "and biased router, which normlab does not compute); export with --arch normlab, which keeps it")
     want = PRESETS[adapter.preset].layout.to_string()
     have = model.layout.to_string()
     if have != want:

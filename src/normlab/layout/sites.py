@@ -47,6 +47,10 @@ H_LEARNED: tuple[str, ...] = ("scalar", "channel")
 # Pre-Training, Park et al. 2025, arXiv 2506.19697: no per-channel scale for outliers to grow in)
 GAINS: tuple[str, ...] = ("gamma", "none", "centered", "scalar")
 INNER_SPANS: tuple[str, ...] = ("head", "full")
+# How attention turns its logits into weights (normlab.model.attention): softmax; a learned logit per head in
+# the denominator (GPT-OSS's sinks); a fixed sink logit 0 (Evan Miller's off-by-one softmax_1); softpick
+# (Zuhri et al. 2025, arXiv 2504.20966: ReLU(e^x - 1) / sum |e^x - 1|, weights that need not sum to 1)
+ATTN_SOFTMAX: tuple[str, ...] = ("softmax", "sink", "off-by-one", "softpick")
 DEEPNORM = "deepnorm"
 ADMIN = "admin"  # Liu et al. 2020: a learned skip scale per sublayer and channel, set by a profiling pass
 
@@ -241,6 +245,7 @@ class Layout:
     # Q/K norms after RoPE instead of before it (Llama 4's gain-free QK-norm). Without a gain it equals the
     # norm before RoPE (RoPE rotates pairs of channels, which keeps the head's norm); with one it does not.
     qk_after_rope: bool = False
+    softmax: str = "softmax"  # attention's normalization of its logits: one of ATTN_SOFTMAX
     # skip scale; "deepnorm" = (2N)^(1/4), Wang et al. 2022; "admin": Liu et al. 2020's learned omega per
     # sublayer and channel, set at init by a profiling pass (normlab.model.admin)
     alpha: float | str = 1.0
@@ -258,6 +263,8 @@ class Layout:
             )
         if self.gain not in GAINS:
             raise LayoutError(f"unknown gain {self.gain!r}; valid: {', '.join(GAINS)}")
+        if self.softmax not in ATTN_SOFTMAX:
+            raise LayoutError(f"unknown attention softmax {self.softmax!r}; valid: {', '.join(ATTN_SOFTMAX)}")
         if self.gain != "gamma" and self.norm in ("scale", "l2"):
             raise LayoutError(f"norm={self.norm} has no per-channel gain to change (ScaleNorm's is one scalar g, "
                               "L2's none); gain= applies to rms, layer, dyt and derf")

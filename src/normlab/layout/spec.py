@@ -30,6 +30,9 @@ Tokens:
                      (one learned number from 1: single-scale RMSNorm)
     lns              LayerNorm Scaling: the input norm's output times 1/sqrt(layer index from 1); -lns undoes it
     qk-rope          Q/K norms after RoPE instead of before (Llama 4); -qk-rope undoes it
+    softmax=KIND     attention's weights: softmax (default), sink (a learned logit per head in the softmax's
+                     denominator, GPT-OSS), off-by-one (a sink fixed at logit 0, Miller's softmax_1),
+                     softpick (ReLU(e^x - 1) / sum |e^x - 1|, Zuhri et al. 2025)
     norm.SITES=KIND  a kind at some sites only; SITES joins site names with "+": attn.A attn.B attn.C
                      mlp.A mlp.B mlp.C mlp.H q k v c emb final, or A B C H for both sublayers
                      (e.g. norm.B=dyt, norm.q+k=l2)
@@ -48,6 +51,7 @@ from dataclasses import replace
 
 from normlab.layout.sites import (
     ADMIN,
+    ATTN_SOFTMAX,
     DEEPNORM,
     NORM_SITES,
     SITE_GROUPS,
@@ -87,7 +91,8 @@ _SITE_FIELDS = {"norm": "kind", "gain": "gain", "alpha0": "alpha0"}
 TOKEN_HELP = (
     "attn=<qkvc+ABCS or ->, mlp=<ABCS or ->, [a:b]attn=..., [a:b]mlp=..., emb, -emb, final, "
     "-final, qk, norm=rms|layer|dyt|derf|scale|l2, inner=head|full, h=<float>, alpha=<float>|deepnorm|admin, frozen-out, "
-    "emb-scale, h-scalar, h-channel, lns, qk-rope, gain=gamma|none|centered|scalar, norm.SITES=KIND, gain.SITES=G, "
+    "emb-scale, h-scalar, h-channel, lns, qk-rope, softmax=softmax|sink|off-by-one|softpick, "
+    "gain=gamma|none|centered|scalar, norm.SITES=KIND, gain.SITES=G, "
     "alpha0.SITES=<float>, init=<scheme>"
 )
 _RULE = re.compile(r"^\[(?P<start>[^:\]]*):(?P<stop>[^\]]*)\](?P<rest>.+)$")
@@ -172,6 +177,8 @@ def format_layout(layout: Layout) -> str:
         tokens.append("lns")
     if layout.qk_after_rope:
         tokens.append("qk-rope")
+    if layout.softmax != "softmax":
+        tokens.append(f"softmax={layout.softmax}")
     tokens.extend(_format_site_norms(layout))
     if layout.init is not None:
         tokens.append(f"init={layout.init}")
@@ -272,6 +279,10 @@ def _apply(layout: Layout, token: str) -> Layout:
             if value not in NORM_KINDS:
                 raise LayoutError(f"in {token!r}: norm must be one of {', '.join(NORM_KINDS)}")
             return replace(layout, norm=value)
+        if key == "softmax":
+            if value not in ATTN_SOFTMAX:
+                raise LayoutError(f"in {token!r}: softmax must be one of {', '.join(ATTN_SOFTMAX)}")
+            return replace(layout, softmax=value)
         if key == "inner":
             if value not in INNER_SPANS:
                 raise LayoutError(f"in {token!r}: inner must be one of {', '.join(INNER_SPANS)}")

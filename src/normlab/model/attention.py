@@ -10,6 +10,21 @@ al. 2025) and scaled per head (NormFormer); see `AttentionInnerSites` for the or
 sliding window (`ModelConfig.sliding_window`, Mistral; Gemma 3 / OLMo 3 on their local layers) masks
 keys older than the window once the keys outnumber it.
 The products go through `scaled_dot_product_attention` (flash / memory-efficient kernels).
+
+The layout's ``softmax`` decides how logits l_ij = s q_i . k_j become weights (`attention_weights`):
+
+    softmax      exp(l_ij) / sum_j exp(l_ij)
+    sink         exp(l_ij) / (exp(a_h) + sum_j exp(l_ij)),  a_h learned per head, from 0   (GPT-OSS, 2025)
+    off-by-one   exp(l_ij) / (1 + sum_j exp(l_ij))          (a sink fixed at 0: Evan Miller's softmax_1, 2023)
+    softpick     ReLU(exp(l_ij) - 1) / (sum_j |exp(l_ij) - 1| + eps)   (Zuhri et al. 2025, arXiv 2504.20966)
+
+With a sink, a query may give attention to nothing: the weights sum to 1 - p_sink. SDPA has no sink or
+softpick, so these (like Gemma 2's soft-capping) are written out: the (B, H, T, N) logits exist in memory, as in
+SDPA's unfused math kernel, instead of the flash kernel's O(T) per head; a sink is one more logit column, the
+softmax then drops it (transformers' GPT-OSS eager attention).
+Softpick follows its authors' stable form (zaydzuhri/softpick-attention): with m the row max over visible keys
+(here at least 0, so e^(-m) cannot overflow), ReLU(e^(l-m) - e^(-m)) / (sum_visible |e^(l-m) - e^(-m)| + eps),
+eps = 1e-8 as theirs; masked keys count in neither sum.
 Generation and padded batches pass a `Decoding` (positions, mask, KV cache; `normlab.model.decoding`).
 """
 
@@ -37,6 +52,25 @@ def expand_kv_heads(q: torch.Tensor, mask: torch.Tensor | None) -> bool:
     return q.is_cuda and (q.dtype == torch.float32 or mask is not None)
 
 _ID = nn.Identity()
+SOFTPICK_EPS = 1e-8  # the authors' code (zaydzuhri/softpick-attention)
+
+
+def attention_weights(scores: torch.Tensor, visible: torch.Tensor, kind: str,
+                      sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """The weights of the logits ``scores`` (B, H, T, N) over the ``visible`` keys (bool, broadcast), computed
+    in float32 (see the module docstring): softmax, a sink logit per head (``sinks`` (H,); off-by-one: 0), or
+    softpick."""
+    x = scores.float().masked_fill(~visible, float("-inf"))
+    if kind == "softpick":
+        # m >= 0 keeps e^(-m) <= 1 (a row of negative logits: m = 0, the formula as written)
+        m = x.amax(dim=-1, keepdim=True).clamp_min(0.0)
+        e = (torch.exp(x - m) - torch.exp(-m)).masked_fill(~visible, 0.0)
+        return torch.relu(e) / (e.abs().sum(dim=-1, keepdim=True) + SOFTPICK_EPS)
+    if kind in ("sink", "off-by-one"):
+        b, h, t, _ = x.shape
+        sink = (sinks.float() if sinks is not None else x.new_zeros(h)).view(1, h, 1, 1).expand(b, h, t, 1)
+        return torch.softmax(torch.cat([x, sink], dim=-1), dim=-1)[..., :-1]  # the sink's column dropped
+    return torch.softmax(x, dim=-1)
 
 
 def window_mask(t: int, n: int, window: int, device: torch.device) -> torch.Tensor:
@@ -83,6 +117,9 @@ class Attention(nn.Module):
         self.scale = cfg.attn_scale**-0.5 if cfg.attn_scale is not None else None  # None: SDPA's 1/sqrt(head_dim)
         self.window = cfg.window_of(layer_idx)  # sliding-window attention on this layer (None: full)
         self.softcap = cfg.attn_softcap
+        self.softmax = layout.softmax
+        # GPT-OSS's learned sink logit per query head (from 0: the off-by-one softmax at init)
+        self.sinks = nn.Parameter(torch.zeros(self.n_heads)) if layout.softmax == "sink" else None
 
     def _heads(self, x: torch.Tensor, heads: int, norm: nn.Module) -> torch.Tensor:
         b, t, _ = x.shape
@@ -96,18 +133,18 @@ class Attention(nn.Module):
     def _rotate(self, x: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
         return x if self.rotary is None else self.rotary(x, positions)
 
-    def _softcapped(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """Gemma 2's attention: c tanh(q k^T s / c), causal (or the given) mask, softmax. Written out
-        because SDPA has no soft-capping; used only when attn_softcap is set."""
+    def _written_out(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """Attention with its logits in memory, for what SDPA cannot compute: Gemma 2's soft-capping
+        c tanh(q k^T s / c), sinks and softpick (`attention_weights`); causal or the given mask."""
         rep = self.n_heads // self.n_kv_heads
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         scores = (q @ k.transpose(-2, -1)) * (self.scale if self.scale is not None else self.head_dim**-0.5)
-        scores = self.softcap * torch.tanh(scores / self.softcap)
+        if self.softcap is not None:
+            scores = self.softcap * torch.tanh(scores / self.softcap)
         if mask is None:  # queries are the last t of the keys
             t, n = q.shape[-2], k.shape[-2]
             mask = torch.ones(t, n, dtype=torch.bool, device=q.device).tril(n - t)
-        scores = scores.masked_fill(~mask, float("-inf"))
-        return torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v
+        return attention_weights(scores, mask, self.softmax, self.sinks).to(q.dtype) @ v
 
     def forward(self, x: torch.Tensor, dec: Decoding | None = None) -> torch.Tensor:
         b, t, _ = x.shape
@@ -128,7 +165,7 @@ class Attention(nn.Module):
         if self.window is not None and k.shape[-2] > self.window:  # shorter: the window hides nothing
             band = window_mask(t, k.shape[-2], self.window, q.device)
             mask = band if mask is None else mask & band
-        if self.softcap is None:
+        if self.softcap is None and self.softmax == "softmax":
             # no mask: causal over the new tokens when nothing is cached, else one query that sees every key
             causal = mask is None and k.shape[-2] == t
             gqa = self.n_kv_heads != self.n_heads
@@ -138,7 +175,7 @@ class Attention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale,
                                                enable_gqa=gqa)
         else:
-            y = self._softcapped(q, k, v, mask)
+            y = self._written_out(q, k, v, mask)
         y = y.transpose(1, 2)  # (B, T, heads, head_dim)
         if self.gate_proj is not None:
             y = store(y * self.gate(torch.sigmoid(self.gate_proj(x))).view(b, t, self.n_heads, self.head_dim))

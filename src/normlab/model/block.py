@@ -42,7 +42,8 @@ from normlab.model.storage import NO_STORAGE, Storage
 # Learned scales that are not norms: residual steps (ReZero, LayerScale), Admin's omegas, NormFormer's head
 # scales. Like norm gains they are left out of weight decay (which would pull them to 0) and probed.
 # Each name maps to the prefix of its probe metrics (h_mean, omega_mean, head_scale_mean).
-SCALE_PARAMS = {"attn_h": "h", "mlp_h": "h", "attn_omega": "omega", "mlp_omega": "omega", "head_scale": "head_scale"}
+SCALE_PARAMS = {"attn_h": "h", "mlp_h": "h", "attn_omega": "omega", "mlp_omega": "omega", "head_scale": "head_scale",
+                "sinks": "sink"}
 
 
 def scale_params(model: nn.Module) -> list[nn.Parameter]:

@@ -89,6 +89,7 @@ def analytic_params(cfg: ModelConfig, resolved: ResolvedLayout) -> ParamCount:
             if getattr(blk.attn_inner, attr):
                 norms += site(name, hd if lay.inner_span == "head" else heads * hd)
         extra = (d * h * hd + b * h * hd if blk.attn_inner.gate else 0) + (h if blk.attn_inner.head_scale else 0)
+        extra += h if lay.softmax == "sink" else 0  # GPT-OSS's sink logit per query head
         blocks += attn + mlp + norms + extra + per_block_scales
     model_norms = (site("emb", d) if lay.embed_norm else 0) + (site("final", d) if lay.final_norm else 0)
     embedding = cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2)
@@ -97,3 +98,17 @@ def analytic_params(cfg: ModelConfig, resolved: ResolvedLayout) -> ParamCount:
     total = non_embedding + embedding
     return ParamCount(total=total, embedding=embedding, non_embedding=non_embedding,
                       active=total - _inactive(cfg) if cfg.n_experts else None)
+
+
+def analytic_matrices(cfg: ModelConfig, resolved: ResolvedLayout) -> int:
+    """The blocks' matrix weights, from the configuration: attention's q/k/v/o (and gate), the MLP's or the
+    experts' (and a shared expert's) matrices, routers excluded: what Muon optimizes
+    (`normlab.train.optim.muon_matrices` measures the same)."""
+    d, hd, h, kv, ff = cfg.d_model, cfg.head_dim, cfg.n_heads, cfg.kv_heads, cfg.ffn_dim
+    attn = 2 * d * h * hd + 2 * d * kv * hd
+    n_mats = 3 if cfg.mlp in ("swiglu", "geglu-tanh") else 2
+    mlp = n_mats * d * ff
+    if cfg.n_experts:
+        mlp = cfg.n_experts * cfg.expert_weights + (cfg.expert_weights if cfg.moe_shared_expert else 0)
+    gates = sum(d * h * hd for blk in resolved.blocks if blk.attn_inner.gate)
+    return cfg.n_layers * (attn + mlp) + gates

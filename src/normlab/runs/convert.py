@@ -121,6 +121,8 @@ def _stated_init(model: torch.nn.Module, name: str, value: torch.Tensor) -> str:
         return f"Admin omega = {float(value.flatten()[0]):.4g} (profiled on the converted weights)"
     if attr == "head_scale":
         return "head scale = 1"
+    if attr == "sinks":
+        return "sink logit = 0 per head (the off-by-one softmax until it trains)"
     return f"{kind}.{attr} drawn as the run's init draws it (std {float(value.float().std()):.3g})"
 
 

@@ -3,7 +3,10 @@ the sweep's worker count on a GPU.
 
     weights     4 N bytes (float32 masters; FSDP2: / world size)
     gradients   4 N
-    optimizer   8 N for AdamW (two float32 moments), 4 N for SGD with momentum
+    optimizer   8 N for AdamW (two float32 moments), 4 N for SGD with momentum; Muon: 4 M for the momentum of
+                the M matrix weights it takes (normlab.model.params.analytic_matrices) + 8 (N - M) for AdamW's
+                moments on the rest (its Newton-Schulz temporaries, a bf16 matrix and two Gram matrices of
+                the largest matrix, are transient and inside the overhead)
     autocast    2 N: the bf16/fp16 copy of each weight autocast keeps for the step
     activations what the backward keeps, per micro-batch (measured, below)
     logits      the loss's transient: chunk x V x 10 bytes (float32 logits, their gradient, a 16-bit copy);
@@ -151,12 +154,13 @@ def _slopes(cfg: TrainConfig, recompute: bool, vocab: int) -> tuple[float, float
 def plan_memory(cfg: TrainConfig, world: int = 1, vocab: int | None = None) -> MemoryPlan:
     """The memory plan of ``cfg`` on one of ``world`` ranks (see the module docstring); ``vocab``: the
     data's, once known (else from the settings, `TrainConfig.expected_vocab`)."""
-    from normlab.model.params import analytic_params
+    from normlab.model.params import analytic_matrices, analytic_params
 
     cfg = cfg.for_device("cuda")  # the plan is for a GPU: precision auto is bf16 there
     model_cfg = cfg.model.model_config()
     vocab = max(vocab or 0, cfg.expected_vocab)
-    n = analytic_params(model_cfg.with_(vocab_size=vocab), cfg.model.layout.resolve(model_cfg.n_layers)).total
+    resolved = cfg.model.layout.resolve(model_cfg.n_layers)
+    n = analytic_params(model_cfg.with_(vocab_size=vocab), resolved).total
     shard = world if cfg.run.fsdp else 1
     micro = cfg.data.batch_size // world // cfg.data.grad_accum
     tokens = micro * cfg.data.seq_len
@@ -168,7 +172,8 @@ def plan_memory(cfg: TrainConfig, world: int = 1, vocab: int | None = None) -> M
         activations = (per_token + model_cfg.n_layers * per_block) * tokens
     chunk = cfg.run.loss_chunk
     logits = (min(tokens, chunk) * vocab * 10) if chunk else tokens * vocab * (4 + 2 + 4)
-    optim = 8 * n if cfg.optim.optimizer == "adamw" else (4 * n if cfg.optim.momentum else 0)
+    optim = {"adamw": lambda: 8 * n, "sgd": lambda: 4 * n if cfg.optim.momentum else 0,
+             "muon": lambda: 4 * (m := analytic_matrices(model_cfg, resolved)) + 8 * (n - m)}[cfg.optim.optimizer]()
     autocast = 2 * n if cfg.precision in ("bf16", "fp16") else 0
     return MemoryPlan(params=n, weights=4 * n // shard, gradients=4 * n // shard, optimizer=optim // shard,
                       autocast_copies=autocast, activations=int(math.ceil(activations)), logits=int(logits),

@@ -9,6 +9,13 @@ weighted sum. It counts causal attention in full, as PaLM, nanoGPT and torchtita
 compare with theirs; recomputation under activation checkpointing is not counted (that would be
 hardware FLOPs utilization). MFU = tokens/s per device x FLOPs per token / the device's dense peak.
 
+Muon adds its Newton-Schulz iterations, per step, not per token (`optimizer_flops`): on a matrix of
+m x n (m <= n: torch runs it on the wide orientation), each iteration is X X^T (2 m^2 n FLOPs), b A + c A A
+(2 m^3) and a X + B X (2 m^2 n), so k steps cost k (4 m^2 n + 2 m^3) (Jordan et al. 2024's quintic
+iteration, as torch.optim.Muon's `_zeropower_via_newtonschulz` computes it with two addmm); the step's total
+over its tokens joins the FLOPs per token of a Muon run. AdamW's and SGD's elementwise updates are not counted
+(O(N) per step against 6 N per token).
+
 The peaks are NVIDIA's datasheet figures for dense (not 2:4 sparse) tensor-core math; a device
 not in the table, or the CPU, has no peak and its MFU is "unknown".
 """
@@ -17,6 +24,8 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+
+from normlab.train.optim import muon_matrices
 
 # TFLOP/s, dense: (bf16, fp16, tf32, fp32 without tensor cores)
 PEAK_TFLOPS: dict[str, tuple[float, float, float, float]] = {
@@ -39,6 +48,21 @@ def flops_per_token(model: nn.Module, seq_len: int) -> int:
     cfg = model.config
     experts = cfg.n_layers * cfg.moe_top_k * cfg.expert_weights if cfg.n_experts else 0
     return 6 * (sum(weights.values()) + experts) + 12 * cfg.n_layers * cfg.n_heads * cfg.head_dim * seq_len
+
+
+def newton_schulz_flops(shape: tuple[int, int], steps: int) -> int:
+    """k (4 m^2 n + 2 m^3) for an m x n matrix with m <= n (see the module docstring)."""
+    m, n = sorted(shape)
+    return steps * (4 * m * m * n + 2 * m**3)
+
+
+def optimizer_flops(model: nn.Module, optimizer: str, ns_steps: int) -> int:
+    """The FLOPs an optimizer step adds beyond the elementwise update: Muon's Newton-Schulz on each matrix it
+    takes (each expert's matrix on its own); 0 for AdamW and SGD."""
+    if optimizer != "muon":
+        return 0
+    shapes = [tuple(p.shape[-2:]) for p in muon_matrices(model) for _ in range(p.shape[0] if p.ndim > 2 else 1)]
+    return sum(newton_schulz_flops(s, ns_steps) for s in shapes)
 
 
 def device_model(name: str) -> str | None:

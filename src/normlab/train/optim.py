@@ -1,8 +1,18 @@
 """Optimizers and the learning-rate schedule.
 
 AdamW with parameter groups (no weight decay on the parameters named in ``wd_exclude``: norm
-gammas/betas and the learned scales with them, biases, embeddings), or SGD with momentum (Kim App. I). Schedule: linear warmup over
-``warmup * steps`` steps, then cosine decay to ``min_lr`` (Kim Table 2, Zhuo Table 7).
+gammas/betas and the learned scales with them, biases, embeddings), or SGD with momentum (Kim App. I), or
+Muon: ``torch.optim.Muon`` (orthogonalized momentum, Jordan et al. 2024; ``W <- W (1 - lr wd) - lr' NS_k(M)``)
+on the blocks' 2-D hidden matrices (attention's q/k/v/o and gate, the MLP's matrices, each MoE expert's
+matrices one by one), with AdamW on the rest (embeddings, the head, norms, learned scalars, gains, biases,
+MoE routers), as Jordan's post and torch's docstring prescribe ("Other parameters, such as bias, and
+embedding, should be optimized by a standard method such as AdamW"). Muon's lr' per matrix follows its
+``adjust_lr_fn`` (``muon_adjust_lr``). Schedule: linear warmup over ``warmup * steps`` steps, then cosine
+decay to ``min_lr`` (Kim Table 2, Zhuo Table 7); each group follows it at its own peak (``lr_ratio``).
+
+The probes record each matrix's update/parameter ratio, whatever the optimizer
+(`normlab.diagnostics.stats.update_ratio`; for Muon about lr' sqrt(min(A, B)) / ||W||: its update's singular
+values are near 1).
 """
 
 from __future__ import annotations
@@ -44,8 +54,90 @@ def param_groups(model: nn.Module, cfg: TrainConfig) -> list[dict]:
     ]
 
 
-def make_optimizer(model: nn.Module, cfg: TrainConfig, fused: bool = False) -> torch.optim.Optimizer:
-    """AdamW or SGD; ``fused`` (CUDA): torch's fused kernels, one launch for all parameters."""
+def muon_matrices(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters Muon takes: those inside the blocks with two or more dimensions (nn.Linear weights,
+    (out, in); stacked MoE experts, (E, in, out), taken per expert), except MoE routers (a router's rows are
+    per-expert logits, read like a head: AdamW)."""
+    blocks = getattr(model, "module", model).blocks  # DDP wraps the model
+    routers = {id(m.router.weight) for m in blocks.modules() if isinstance(getattr(m, "router", None), nn.Linear)}
+    return [p for p in blocks.parameters() if p.requires_grad and p.ndim >= 2 and id(p) not in routers]
+
+
+class MuonAdamW:
+    """torch.optim.Muon on `muon_matrices`, torch.optim.AdamW on the rest, stepped as one optimizer.
+
+    ``param_groups`` lists AdamW's groups, then Muon's, then one group per stacked expert tensor (E, in, out)
+    that stands for its E matrices: Muon holds each expert's matrix as a transposed view (out, in) of the
+    tensor's storage (the orientation of an nn.Linear weight, which the "original" lr rule reads), and the
+    step hands it the matching view of the gradient. The trainer's schedule, the loss scaler's unscale and
+    checkpoints see one object; ``state_dict`` holds both optimizers' states (the momentum buffers, AdamW's
+    moments) so a resumed run continues bit for bit.
+    """
+
+    def __init__(self, model: nn.Module, cfg: TrainConfig, fused: bool = False) -> None:
+        o = cfg.optim
+        matrices = muon_matrices(model)
+        taken = {id(p) for p in matrices}
+        adamw_lr = o.muon_adamw_lr if o.muon_adamw_lr is not None else o.lr
+        groups = [{**g, "params": [p for p in g["params"] if id(p) not in taken], "lr_ratio": adamw_lr / o.lr}
+                  for g in param_groups(model, cfg)]
+        groups = [g for g in groups if g["params"]]
+        self.adamw = torch.optim.AdamW(groups, lr=adamw_lr, betas=(o.beta1, o.beta2), eps=o.eps, fused=fused or None)
+        wd = o.weight_decay if o.muon_weight_decay is None else o.muon_weight_decay
+        flat = [p for p in matrices if p.ndim == 2]
+        self.stacked = [p for p in matrices if p.ndim > 2]
+        self.views = [[p.detach()[e].T for e in range(p.shape[0])] for p in self.stacked]
+        settings = dict(lr=o.lr, weight_decay=wd, momentum=o.muon_momentum, nesterov=o.muon_nesterov,
+                        ns_steps=o.muon_ns_steps, adjust_lr_fn=o.muon_adjust_lr)
+        muon_groups = ([{"params": flat, "lr_ratio": 1.0}] if flat else []) + [
+            {"params": views, "lr_ratio": 1.0} for views in self.views]
+        self.muon = torch.optim.Muon(muon_groups, **settings)
+        self._n_flat = 1 if flat else 0  # (load_state_dict replaces the group dicts: read them through the optimizer)
+        # the stacked tensors' own groups (unscaled and scheduled through them); their views follow them
+        self.expert_groups = [{"params": [p], "lr": o.lr, "lr_ratio": 1.0} for p in self.stacked]
+
+    @property
+    def _flat_muon(self) -> list[dict]:
+        return self.muon.param_groups[:self._n_flat]
+
+    @property
+    def _expert_muon(self) -> list[dict]:
+        return self.muon.param_groups[self._n_flat:]
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return self.adamw.param_groups + self._flat_muon + self.expert_groups
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.adamw.zero_grad(set_to_none)
+        self.muon.zero_grad(set_to_none)
+        for g in self.expert_groups:
+            for p in g["params"]:
+                p.grad = None if set_to_none else (p.grad.zero_() if p.grad is not None else None)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for p, views, group, shadow in zip(self.stacked, self.views, self._expert_muon, self.expert_groups):
+            group["lr"] = shadow["lr"]
+            for e, v in enumerate(views):
+                v.grad = None if p.grad is None else p.grad[e].T
+        self.adamw.step()
+        self.muon.step()
+
+    def state_dict(self) -> dict:
+        return {"adamw": self.adamw.state_dict(), "muon": self.muon.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.adamw.load_state_dict(state["adamw"])
+        self.muon.load_state_dict(state["muon"])
+        for group, shadow in zip(self._expert_muon, self.expert_groups):
+            shadow["lr"] = group["lr"]
+
+
+def make_optimizer(model: nn.Module, cfg: TrainConfig, fused: bool = False) -> torch.optim.Optimizer | MuonAdamW:
+    """AdamW, SGD or Muon with AdamW; ``fused`` (CUDA): torch's fused kernels (AdamW, SGD), one launch for all."""
+    if cfg.optim.optimizer == "muon":
+        return MuonAdamW(model, cfg, fused)
     groups = param_groups(model, cfg)
     if cfg.optim.optimizer == "sgd":
         return torch.optim.SGD(groups, lr=cfg.optim.lr, momentum=cfg.optim.momentum, fused=fused or None)
@@ -61,3 +153,10 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     progress = min(1.0, (step - warmup_steps) / span)
     floor = cfg.lr_floor
     return floor + 0.5 * (cfg.optim.lr - floor) * (1 + math.cos(math.pi * progress))
+
+
+def set_lr(opt: torch.optim.Optimizer | MuonAdamW, lr: float) -> None:
+    """The schedule's lr at this step on every group, times the group's ratio to the peak ``lr`` (Muon's
+    AdamW groups: muon_adamw_lr / lr)."""
+    for group in opt.param_groups:
+        group["lr"] = lr * group.get("lr_ratio", 1.0)

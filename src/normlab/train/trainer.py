@@ -56,9 +56,10 @@ from normlab.train import distributed
 from normlab.train.init_from import load_init_weights
 from normlab.train.loggers import Sinks
 from normlab.train.memory import check_fits, device_capacity
-from normlab.train.mfu import flops_per_token, peak_flops
+from normlab.train.mfu import flops_per_token, optimizer_flops, peak_flops
 from normlab.train.monitor import DivergenceMonitor, SkipRule
-from normlab.train.optim import lr_at, make_optimizer
+from normlab.train.optim import lr_at, make_optimizer, set_lr
+from normlab.train.qk_clip import QKClip
 from normlab.train.spikes import SpikeHandler
 
 
@@ -219,6 +220,7 @@ class RunState:
     tier_spikes: TierSpikes | None = None
     spikes: SpikeHandler | None = None  # the spike policy, rerun and records (normlab.train.spikes)
     layers_log: Any = None  # layers.jsonl, open for appending (main rank)
+    qk_clip: QKClip | None = None  # MuonClip's rescale after each step (normlab.train.qk_clip); None: off
 
     @property
     def wall(self) -> float:
@@ -261,7 +263,8 @@ def build_state(cfg: TrainConfig, info: distributed.DistInfo, start: Start) -> R
         # TF32 products, float32 accumulation: about 7x the fp32 peak on an H100 (normlab.train.mfu)
         set_tf32(cfg.run.tf32)
     params = count_params(model)
-    fpt = flops_per_token(model, cfg.data.seq_len)
+    fpt = flops_per_token(model, cfg.data.seq_len) + optimizer_flops(
+        model, cfg.optim.optimizer, cfg.optim.muon_ns_steps) // (cfg.data.batch_size * cfg.data.seq_len)
     model = distributed.wrap(model, info, cfg.run.fsdp)
     opt = make_optimizer(model, cfg, fused=info.device.type == "cuda")
     state = RunState(
@@ -278,9 +281,13 @@ def build_state(cfg: TrainConfig, info: distributed.DistInfo, start: Start) -> R
         trainable=[p for p in model.parameters() if p.requires_grad],
         flops_per_token=fpt, peak_flops=peak_flops(info.device, cfg.precision, cfg.run.tf32), memory_plan=memory_plan,
     )
+    if cfg.optim.qk_clip is not None:
+        state.qk_clip = QKClip(_unwrap(model), cfg.optim.qk_clip)
     if start.checkpoint is not None:
         ckpt = start.checkpoint
         _load_state(model, opt, ckpt, cfg)
+        if state.qk_clip is not None and "qk_clip" in ckpt:
+            state.qk_clip.load_state_dict(ckpt["qk_clip"])
         state.scaler.load_state_dict(ckpt["scaler"])
         state.monitor.load_state_dict(ckpt["monitor"])
         set_rng_state(ckpt["rng"])
@@ -468,9 +475,10 @@ def train_step(state: RunState) -> dict[str, Any]:
         _write_probes(state, state.probes.record(step))
     t0 = time.perf_counter()
     lr = lr_at(step, cfg)
-    for group in opt.param_groups:
-        group["lr"] = lr
+    set_lr(opt, lr)
     opt.zero_grad(set_to_none=True)
+    if state.qk_clip is not None:
+        state.qk_clip.reset()  # the max logits of this step's micro-batches only
     _spike_start(state)
     loss_sum, aux_sum, aux = _forward_backward(state, step)
     scaler.unscale_(opt)  # fp16: the gradients unscaled, an overflow recorded on the device (no sync)
@@ -492,6 +500,8 @@ def train_step(state: RunState) -> dict[str, Any]:
         state.probes.snapshot()
     if apply:
         opt.step()  # the gradients are unscaled and finite: what scaler.step would do, without its sync
+        if state.qk_clip is not None:
+            state.qk_clip.apply()
     scaler.update()  # fp16: halves the scale after an overflow, doubles it after 2000 clean steps
     _tier_row(state, step, apply)
     if probing:
@@ -563,6 +573,8 @@ def _train(cfg: TrainConfig, info: distributed.DistInfo, start: Start,
 def _checkpoint(state: RunState) -> None:
     extra = {"scaler": state.scaler.state_dict(), "monitor": state.monitor.state_dict(),
              "config": state.cfg.to_dict(), "tokens": state.tokens, "wall_time": state.wall}
+    if state.qk_clip is not None:
+        extra["qk_clip"] = state.qk_clip.state_dict()
     if state.cfg.run.fsdp and state.info.enabled:  # every rank writes its shards; nothing is gathered
         save_sharded_checkpoint(state.run, state.step, state.model, state.opt, extra, state.cfg.run.keep_last,
                                 state.info.is_main)
@@ -634,6 +646,8 @@ def _write_summary(state: RunState, status: str | None = None, error: str | None
                    if "verdict" in r],  # normlab.train.spikes: each spike's attribution
         "layer_stats": tier_summary(run.layers()),  # the per-step tier's largest values (normlab.diagnostics.tier)
     }
+    if state.qk_clip is not None:
+        summary["qk_clip"] = state.qk_clip.summary()
     if status is not None:
         summary["status"] = status
     if error is not None:
