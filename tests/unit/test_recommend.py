@@ -160,22 +160,22 @@ SIX = ["pre", "peri", "post", "olmo2", "deepnorm", "qwen3", "hybrid", "pre-gate"
 
 
 def test_the_plan_from_numbers_a_small_budget_buys_a_smaller_answer():
-    """Each run 8 + 150 x 0.275 = 49.25 s, each screen 5 s, 2 workers, reserves 30 s: a budget of B s
-    leaves (B - 30) x 0.85 to fill. At 6 min (280.5 s): 6 candidates (30 s of screens, a stress round of 3
-    waves, 147.75 s) and a final round of 3 finalists at a second lr (2 waves, 98.5 s): 276.25 s; a second
-    seed (9 more runs, 5 waves) does not fit."""
+    """Each run 8 + 150 x 0.275 = 49.25 s, each screen 5 s, each training round 20 s beyond its runs, 2 workers,
+    reserves 30 s: a budget of B s leaves (B - 30) x 0.85 to fill. At 6 min (280.5 s): 6 candidates (30 s of
+    screens, a stress round of 3 waves, 147.75 + 20 s) and a final round of 2 finalists at a second lr (1 wave,
+    49.25 + 20 s): 267 s; a third finalist (2 waves: 98.5 + 20 s, 316.25 s in all) does not fit."""
     run = 8 + 150 * 0.275
     p = plan.make_plan(SIX, "pre", LLAMA_1B, _flat(), 6 * 60, 2, 150)
     assert p.screened == ["pre", "peri", "post", "qwen3", "olmo2", "deepnorm"]  # the cheap screen's order
-    assert (p.depth, p.steps, p.finalists, p.lrs, p.seeds, p.extend, p.screen_width) == (12, 150, 3, [0.01, 0.1], [0], False, 64)
-    assert p.predicted["stress"] == pytest.approx(3 * run) and p.predicted["final"] == pytest.approx(2 * run)
-    assert p.predicted["total"] == pytest.approx(30 + 3 * run + 2 * run + 30)
+    assert (p.depth, p.steps, p.finalists, p.lrs, p.seeds, p.extend, p.screen_width) == (12, 150, 2, [0.01, 0.1], [0], False, 64)
+    assert p.predicted["stress"] == pytest.approx(3 * run + 20) and p.predicted["final"] == pytest.approx(run + 20)
+    assert p.predicted["total"] == pytest.approx(30 + 3 * run + 20 + run + 20 + 30)
     assert any("6 of 8 candidates" in c and "hybrid, pre-gate" in c for c in p.cut)
     assert "one seed: no seed noise measured" in p.cut and "proxies 12 layers deep (yours: 16)" in p.cut
     # the same inputs, the same plan (nothing reads the clock)
     assert plan.make_plan(SIX, "pre", LLAMA_1B, _flat(), 6 * 60, 2, 150) == p
-    # 200 s (144.5 s to fill): a final round does not fit (15 + 2 x 49.25 + 49.25 = 162.75 s), a fourth
-    # candidate does (20 + 2 x 49.25 = 118.5 s), a fifth does not (25 + 3 x 49.25)
+    # 200 s (144.5 s to fill): a final round does not fit (15 + 2 x 49.25 + 20 + 49.25 + 20 = 202.75 s), a
+    # fourth candidate does (20 + 2 x 49.25 + 20 = 138.5 s), a fifth does not (25 + 3 x 49.25 + 20)
     small = plan.make_plan(SIX, "pre", LLAMA_1B, _flat(), 200, 2, 150)
     assert (small.screened, small.finalists, small.lrs) == (["pre", "peri", "post", "qwen3"], 0, [0.1])
     assert "no final round: one run per candidate, at the stress learning rate only" in small.cut
@@ -188,13 +188,13 @@ def test_the_plan_from_numbers_a_small_budget_buys_a_smaller_answer():
 
 def test_a_tight_budget_buys_shallower_then_shorter_proxies_and_below_that_is_refused_with_the_least_budget():
     """Steps cost c_flop x F only; the smallest answer at depth d and s steps needs (3 s of screens + two
-    runs back to back) / 0.85 + 30 s of reserves; a budget just above each need buys that floor."""
+    runs back to back + the round's 20 s) / 0.85 + 30 s of reserves; a budget just above each need buys that floor."""
     from normlab.recommend.cost import REFERENCE_SHAPE, Calibration, step_work
 
     cal = Calibration(c0=0.0, c_flop=0.275 / step_work(REFERENCE_SHAPE, "pre")[0], c_norm=0.0, s0=1.0, s_layer=0.0,
                       s_flop=0.0, seconds=1.0)
     user = REFERENCE_SHAPE.with_(n_layers=16)
-    need = lambda d, st: (3 + 2 * cal.run_seconds(ModelConfig(**proxy_shape(user, d)), "pre", st)) / 0.85 + 30  # noqa: E731
+    need = lambda d, st: (3 + 2 * cal.run_seconds(ModelConfig(**proxy_shape(user, d)), "pre", st) + 20) / 0.85 + 30  # noqa: E731
     for d, st in ((12, 150), (8, 150), (6, 150), (6, 100)):
         p = plan.make_plan(["pre", "peri", "post"], "pre", user, cal, need(d, st) + 0.5, 2, 150)
         assert (p.depth, p.steps, p.finalists) == (d, st, 0)

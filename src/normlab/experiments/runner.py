@@ -297,7 +297,8 @@ def _run_local(root: Path, store: SweepStore, todo: list[str], workers: int | No
                 for rid, proc in list(running.items()):
                     proc.kill()
                     proc.wait()
-                    if store.row(rid)["status"] == "running":
+                    # spawned by this sweep: stopped by the budget whether or not its worker had marked it running
+                    if store.row(rid)["status"] in ("running", "pending"):
                         store.record(rid, {"status": "failed", "reason": "stopped at the end of the time budget; the "
                                            "next run of this sweep continues it"})
                     if bar is not None:

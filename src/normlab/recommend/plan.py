@@ -48,6 +48,10 @@ MIN_CANDIDATES = 3
 FEW_CANDIDATES = 6
 SCREEN_SHARE = 0.2  # the screen may widen up to this share of the budget
 FILL = 0.85  # the plan fills this share of the time left: room for a machine slower than calibrated
+# a training round's own cost beyond its runs (x the machine's speed): the sweep's start, its worker processes'
+# imports, its summary and the report's figures after it. Measured 2026-11-25 on the 2-core VM: the Llama 3.2
+# 1B-shaped --budget 6 final round of 2 runs took 78-90 s against 60 s of runs
+ROUND_OVERHEAD_S = 20.0
 STARTUP_RESERVE_S = 10.0  # imports and reading the model, before the plan (x the machine's speed)
 REPORT_RESERVE_S = 20.0  # the summaries, the figures and the report (x the machine's speed)
 SCREEN_MEMORY = 4 * 2**30  # the screen's float64 model at most this large
@@ -161,9 +165,11 @@ def make_plan(candidates: list[str], current: str | None, user: ModelConfig, cal
         runs = [run_s(n, s.depth, s.steps) for n in order[:s.n]]
         dear = sorted(runs)[-s.finalists:] if s.finalists else []
         per = n_lr_of(s) * n_seed_of(s) - 1
-        return {"screen": s.n * screen_s(s.width), "stress": makespan(runs, workers),
-                "final": makespan(dear * per, workers),
-                "extend": makespan(dear * n_seed_of(s), workers) if s.extend else 0.0}
+        def round_s(seconds: list[float]) -> float:
+            return makespan(seconds, workers) + ROUND_OVERHEAD_S * speed if seconds else 0.0
+
+        return {"screen": s.n * screen_s(s.width), "stress": round_s(runs), "final": round_s(dear * per),
+                "extend": round_s(dear * n_seed_of(s)) if s.extend else 0.0}
 
     def fits(s: _State) -> bool:
         return sum(stages(s).values()) <= usable
