@@ -234,7 +234,8 @@ def report(proxy_dir: str | Path, others: list[str | Path], lrs: str = "common")
     for name, other, agree in results:
         a = rank_sweep(proxy, agree.lrs).set_index("layout")
         b = rank_sweep(other, agree.lrs).set_index("layout")
-        lr_words = ", ".join(f"{x:g}" for x in agree.lrs) if agree.lrs is not None else "each its own"
+        lr_words = ("each its own" if agree.lrs is None else ", ".join(f"{x:g}" for x in agree.lrs) or
+                    "none shared: give --lrs all to rank each on its own")
         lines += [f"## proxy vs {name} (lrs {lr_words})", "",
                   "| placement | proxy rank | proxy failed | proxy best loss | rank | failed | best loss |",
                   "|---|---|---|---|---|---|---|"]
