@@ -118,8 +118,7 @@ def _decided(a: pd.Series, b: pd.Series) -> bool:
 class Agreement:
     """How the other sweep's ranking agrees with the proxy's, over the placements ranked in both."""
 
-    layouts: list[str]  # in the proxy's order
-    proxy_order: list[str]
+    proxy_order: list[str]  # the placements ranked in both sweeps, in each one's order
     other_order: list[str]
     lrs: list[float] | None  # the learning rates ranked (None: each sweep's own)
     tau: float = math.nan
@@ -131,6 +130,10 @@ class Agreement:
     discordant_beyond_noise: list[tuple[str, str]] = field(default_factory=list)  # ... and separated beyond noise in both
     failures: dict[str, int] = field(default_factory=dict)  # predicted_and_seen, predicted_only, seen_only, neither
     cells_disagreeing: list[str] = field(default_factory=list)  # "layout @ lr: proxy k/n, other k/n"
+
+    @property
+    def layouts(self) -> list[str]:
+        return self.proxy_order
 
     @property
     def pairs(self) -> int:
@@ -152,7 +155,7 @@ def compare(proxy: pd.DataFrame, other: pd.DataFrame, lrs: str = "common") -> Ag
     b_sub = b[b.layout.isin(both)].reset_index(drop=True)
     pa = list(a_sub.layout)
     pb = list(b_sub.layout)
-    out = Agreement(layouts=pa, proxy_order=pa, other_order=pb, lrs=chosen)
+    out = Agreement(proxy_order=pa, other_order=pb, lrs=chosen)
     if len(both) >= 2:
         pos_b = {x: i for i, x in enumerate(pb)}
         result = kendalltau(list(range(len(pa))), [pos_b[x] for x in pa])
