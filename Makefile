@@ -17,7 +17,7 @@ FW_VENV := .venv-frameworks
 FW_PY := $(FW_VENV)/bin/python
 FRAMEWORKS := litgpt==0.5.13 ai2-olmo-core==3.0.0 torchtitan==0.3.0 triton==3.9.0
 
-.PHONY: demo test test-all test-frameworks test-slurm install data bench recipes gpu-recipes gpu-check quotes clean
+.PHONY: demo test test-all test-frameworks test-slurm install data bench recipes gpu-recipes gpu-check transfer gpu-transfer quotes clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	@echo "normlab: creating $(VENV) and installing $(TORCH) (CPU), numpy, pandas, matplotlib, tokenizers, transformers, lm-eval and the test tools (1-3 minutes)"
@@ -50,13 +50,26 @@ bench: install
 	$(PY) benchmarks/generation.py
 
 # Every recipe (the papers' studies at micro scale) into runs/recipes/NAME; see docs/results.md.
+# The transfer study's recipes (about 6 CPU-hours) run apart: make transfer / make gpu-transfer.
 recipes: install
-	for r in $$($(VENV)/bin/normlab recipes --names --machine cpu); do $(VENV)/bin/normlab sweep --recipe $$r --out runs/recipes/$$r || exit 1; done
+	for r in $$($(VENV)/bin/normlab recipes --names --machine cpu | grep -v '^transfer-'); do $(VENV)/bin/normlab sweep --recipe $$r --out runs/recipes/$$r || exit 1; done
 
 # The gpu-* recipes (CUDA, gpu-126m on the English corpus, fetched and tokenized first); see docs/results.md.
 gpu-recipes: install
 	$(PY) -c "from normlab.data.english import english_prepared; english_prepared('bpe:8192')"
-	for r in $$($(VENV)/bin/normlab recipes --names --machine gpu); do $(VENV)/bin/normlab sweep --recipe $$r --out runs/recipes/$$r || exit 1; done
+	for r in $$($(VENV)/bin/normlab recipes --names --machine gpu | grep -v '^gpu-transfer-'); do $(VENV)/bin/normlab sweep --recipe $$r --out runs/recipes/$$r || exit 1; done
+
+# The transfer study (issue 38; docs/results.md "Transfer study"): does recommend's proxy ranking hold at 2x
+# width and 4x tokens? Its CPU recipes one after another, one worker (about 6 CPU-hours; resumable: run it
+# again), then the tables. gpu-transfer: the same at the user's depth and 4x/16x width on CUDA.
+TRANSFER_CPU = transfer-llama1b-w64 transfer-qwen3-w64 transfer-llama1b-stress transfer-qwen3-stress transfer-llama1b-w128 transfer-qwen3-w128
+transfer: install
+	for r in $(TRANSFER_CPU); do $(VENV)/bin/normlab sweep --recipe $$r --workers 1 --out runs/recipes/$$r || exit 1; done
+	for s in llama1b qwen3; do $(VENV)/bin/normlab transfer runs/recipes/transfer-$$s-w64 runs/recipes/transfer-$$s-w128 || exit 1; done
+
+gpu-transfer: install
+	for s in llama1b qwen3; do for w in 64 256 1024; do $(VENV)/bin/normlab sweep --recipe gpu-transfer-$$s-w$$w --out runs/recipes/gpu-transfer-$$s-w$$w || exit 1; done; done
+	for s in llama1b qwen3; do $(VENV)/bin/normlab transfer runs/recipes/gpu-transfer-$$s-w64 runs/recipes/gpu-transfer-$$s-w256 runs/recipes/gpu-transfer-$$s-w1024 || exit 1; done
 
 # Every GPU check, at most 25 minutes on one H100: tests/gpu, the GPU benchmarks with MFU, a short gpu-126m run per
 # key layout in bf16 and fp16, FSDP2 on one GPU; the figures go into docs/benchmarks.md and docs/results.md

@@ -11,6 +11,7 @@
     normlab sweep FILE | --recipe R  a grid of runs in parallel, resumable, into one SQLite store
     normlab summarize SWEEP_DIR      U-curves, divergences k/n, mean +/- std, LR sensitivity
     normlab recipes                  the papers' studies as ready-made sweeps
+    normlab transfer PROXY OTHER...  does a proxy sweep's ranking hold in wider/longer sweeps (Kendall's tau, top-k)
     normlab recommend MODEL          a placement for your model (size, TOML or config.json), with the evidence
     normlab scan MODEL_DIR           hidden states by depth of a local transformers causal LM
     normlab export RUN_OR_CKPT DIR   a trained model as a transformers checkpoint (normlab class or native)
@@ -348,6 +349,17 @@ def _sweep(args: argparse.Namespace) -> int:
     print(result["markdown"].read_text())
     print(f"summary: {result['markdown']}\nreport: {result['html']}")
     return 0 if not counts["failed"] else 1
+
+
+def _transfer(args: argparse.Namespace) -> int:
+    from normlab.experiments.transfer import report
+    from normlab.runs.files import STORE, SweepDir
+
+    for path in [args.proxy, *args.others]:
+        if not SweepDir(path).is_sweep():
+            raise ConfigError(f"{path} holds no {STORE}; give folders written by normlab sweep (layout x lr x seed)")
+    print(report(args.proxy, args.others, lrs=args.lrs))
+    return 0
 
 
 def _summarize(args: argparse.Namespace) -> int:
@@ -708,6 +720,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("sweep", help="a sweep folder (holding sweep.db)")
     s.add_argument("--out", help="where to write summary.md, the CSVs and report.html (default: the sweep folder)")
     s.set_defaults(func=_summarize)
+    s = sub.add_parser("transfer", help="does a proxy sweep's ranking hold in wider or longer sweeps: Kendall's tau, "
+                       "top-1/top-3 agreement, failures predicted vs seen (e.g. the transfer-* recipes)")
+    s.add_argument("proxy", help="the proxy's sweep folder (layout x lr x seed)")
+    s.add_argument("others", nargs="+", help="the sweeps to compare it with")
+    s.add_argument("--lrs", choices=["common", "all"], default="common",
+                   help="rank both on the learning rates they share, or each on all it ran (default: common)")
+    s.set_defaults(func=_transfer)
     s = sub.add_parser("recipes", help="list the ready-made sweeps reproducing the papers' studies")
     s.add_argument("--names", action="store_true", help="print the names only")
     s.add_argument("--machine", choices=["cpu", "gpu"], help="only the recipes that run on this machine kind "

@@ -1,0 +1,262 @@
+"""Does a proxy's ranking transfer? Two sweeps over the same placements (layout x lr x seed), a narrow
+one (the proxy) and a wider or longer one, each ranked by one rule, then compared.
+
+The rule (`rank_sweep`) is the training evidence of `normlab.recommend.rank`: fewer failed runs
+(diverged + stalled, over the runs finished), then the lower best loss (the mean final loss over seeds
+at the candidate's best learning rate), then the lower expected loss over the learning rates
+(Wortsman et al. 2024's E_lr[min(L, L_0)]). The screen's verdict, recommend's tie-break, is left out:
+it does not depend on the width, so it would order ties the same way in both sweeps and inflate the
+agreement. Both sweeps are ranked on the learning rates they share (a proxy that also ran lr 0.1 is not
+ranked on failures the wider sweep never had the chance to show), unless `lrs="all"`.
+
+The comparison (`compare`) over the placements ranked in both:
+- Kendall's tau-b between the two orders (`scipy.stats.kendalltau`; Kendall 1938, 1945), with its p-value;
+- top-1 agreement (the same placement first) and top-3 agreement (|top3(proxy) & top3(other)| / 3);
+- pairs ordered oppositely where both sweeps separate them beyond noise (their failure counts differ, or
+  their best losses differ by more than the larger seed std, at least `NOISE_FLOOR`, as in recommend);
+- failures predicted vs seen, per (placement, lr) cell: a cell failed where any of its seeds diverged
+  or stalled; predicted = failed in the proxy, seen = failed in the other sweep.
+
+`normlab transfer PROXY OTHER...` prints `report(...)`: each sweep's scale (width, depth, parameters,
+tokens = steps x batch x sequence), the two rankings side by side and the agreement table. Runs still
+pending count as nothing; the header says how many of each sweep's runs have finished.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from normlab.errors import ConfigError
+from normlab.experiments.summary import LR, lr_curves, lr_sensitivity, load_sweep
+from normlab.runs.outcome import FINISHED
+
+NOISE_FLOOR = 0.01  # nats: recommend's (normlab.recommend.rank.NOISE_FLOOR); below it two losses are a tie
+FAILED = ("diverged", "stalled")
+AXES = ["layout", LR, "seed"]
+
+
+def _same_lr(values: pd.Series, lrs: list[float]) -> pd.Series:
+    return values.apply(lambda v: any(math.isclose(float(v), x, rel_tol=1e-9) for x in lrs))
+
+
+def _lrs_of(runs: pd.DataFrame) -> list[float]:
+    return sorted({float(v) for v in runs[LR]}) if len(runs) else []
+
+
+def shared_lrs(a: pd.DataFrame, b: pd.DataFrame) -> list[float]:
+    """The learning rates both sweeps ran (to relative 1e-9)."""
+    return [x for x in _lrs_of(a) if any(math.isclose(x, y, rel_tol=1e-9) for y in _lrs_of(b))]
+
+
+def rank_sweep(runs: pd.DataFrame, lrs: list[float] | None = None) -> pd.DataFrame:
+    """One row per placement with a finished run, best first: runs, finished, failed, failure rate, best
+    lr, best loss ± std over seeds, expected loss, rank (1 = best). `runs`: `load_sweep`'s table with
+    layout, lr and seed axes; `lrs`: only these learning rates (None: all)."""
+    missing = [a for a in AXES if a not in runs.columns]
+    if missing:
+        raise ConfigError(f"a transfer sweep needs the grid axes layout, lr and seed; this one lacks {', '.join(missing)}")
+    if lrs is not None:
+        runs = runs[_same_lr(runs[LR], lrs)] if len(runs) else runs
+    curves = lr_curves(runs, AXES)
+    sens = lr_sensitivity(curves, AXES)
+    rows = []
+    for layout, g in runs.groupby("layout", sort=False):
+        done = g[g.status.isin(FINISHED)]
+        if not len(done):
+            continue
+        failed = int(done.status.isin(FAILED).sum())
+        row: dict[str, Any] = {"layout": layout, "runs": len(g), "finished": len(done), "failed": failed,
+                               "failure_rate": failed / len(done), "best_lr": None, "best_loss": math.nan,
+                               "best_loss_std": math.nan, "expected_loss": math.nan}
+        s = sens[sens.layout == layout] if len(sens) else sens
+        if len(s) and s.best_lr.iloc[0] is not None and not pd.isna(s.best_lr.iloc[0]):
+            best_lr = float(s.best_lr.iloc[0])
+            at_best = curves[(curves.layout == layout) & _same_lr(curves[LR], [best_lr])]
+            row.update(best_lr=best_lr, best_loss=float(s.best_final_loss.iloc[0]),
+                       best_loss_std=float(at_best.final_loss_std.iloc[0]),
+                       expected_loss=float(s.expected_capped_loss.iloc[0]))
+        elif len(s):
+            row["expected_loss"] = float(s.expected_capped_loss.iloc[0])
+        rows.append(row)
+    columns = ["layout", "runs", "finished", "failed", "failure_rate", "best_lr", "best_loss", "best_loss_std",
+               "expected_loss", "rank"]
+    if not rows:
+        return pd.DataFrame(columns=columns)
+    table = pd.DataFrame(rows)
+    big = lambda col: table[col].fillna(math.inf)  # noqa: E731 - a placement that never trained ranks last
+    table = table.assign(_loss=big("best_loss"), _exp=big("expected_loss"))
+    table = table.sort_values(["failure_rate", "_loss", "_exp", "layout"], kind="stable").drop(columns=["_loss", "_exp"])
+    table["rank"] = range(1, len(table) + 1)
+    return table.reset_index(drop=True)[columns]
+
+
+def failure_cells(runs: pd.DataFrame, lrs: list[float] | None = None) -> dict[tuple[str, float], tuple[int, int]]:
+    """(layout, lr) -> (seeds failed, seeds finished), for the cells with a finished run."""
+    done = runs[runs.status.isin(FINISHED)] if len(runs) else runs
+    if lrs is not None and len(done):
+        done = done[_same_lr(done[LR], lrs)]
+    return {(layout, float(lr)): (int(g.status.isin(FAILED).sum()), len(g))
+            for (layout, lr), g in done.groupby(["layout", LR], sort=True)} if len(done) else {}
+
+
+def _decided(a: pd.Series, b: pd.Series) -> bool:
+    """Whether one sweep tells placements a and b apart beyond noise (recommend's rule)."""
+    if a.failure_rate != b.failure_rate:
+        return True
+    if not (math.isfinite(a.best_loss) and math.isfinite(b.best_loss)):
+        return math.isfinite(a.best_loss) != math.isfinite(b.best_loss)
+    stds = [s for s in (a.best_loss_std, b.best_loss_std) if math.isfinite(s)]
+    return abs(a.best_loss - b.best_loss) > max([NOISE_FLOOR, *stds])
+
+
+@dataclass
+class Agreement:
+    """How the other sweep's ranking agrees with the proxy's, over the placements ranked in both."""
+
+    proxy_order: list[str]  # the placements ranked in both sweeps, in each one's order
+    other_order: list[str]
+    lrs: list[float] | None  # the learning rates ranked (None: each sweep's own)
+    tau: float = math.nan
+    p_value: float = math.nan
+    top1: bool | None = None
+    top3: float = math.nan  # overlap fraction of the two top-k, k = min(3, placements)
+    k: int = 0
+    discordant: list[tuple[str, str]] = field(default_factory=list)  # ordered oppositely
+    discordant_beyond_noise: list[tuple[str, str]] = field(default_factory=list)  # ... and separated beyond noise in both
+    failures: dict[str, int] = field(default_factory=dict)  # predicted_and_seen, predicted_only, seen_only, neither
+    cells_disagreeing: list[str] = field(default_factory=list)  # "layout @ lr: proxy k/n, other k/n"
+
+    @property
+    def layouts(self) -> list[str]:
+        return self.proxy_order
+
+    @property
+    def pairs(self) -> int:
+        return len(self.layouts) * (len(self.layouts) - 1) // 2
+
+
+def compare(proxy: pd.DataFrame, other: pd.DataFrame, lrs: str = "common") -> Agreement:
+    """`proxy` and `other`: `load_sweep` tables (layout x lr x seed). `lrs`: "common" ranks both on the
+    learning rates they share; "all" ranks each on all it ran (failures are compared on the shared ones)."""
+    from scipy.stats import kendalltau
+
+    if lrs not in ("common", "all"):
+        raise ValueError(f"lrs must be 'common' or 'all', got {lrs!r}")
+    common = shared_lrs(proxy, other)
+    chosen = common if lrs == "common" else None
+    a, b = rank_sweep(proxy, chosen), rank_sweep(other, chosen)
+    both = [x for x in a.layout if x in set(b.layout)]
+    a_sub = a[a.layout.isin(both)].reset_index(drop=True)
+    b_sub = b[b.layout.isin(both)].reset_index(drop=True)
+    pa = list(a_sub.layout)
+    pb = list(b_sub.layout)
+    out = Agreement(proxy_order=pa, other_order=pb, lrs=chosen)
+    if len(both) >= 2:
+        pos_b = {x: i for i, x in enumerate(pb)}
+        result = kendalltau(list(range(len(pa))), [pos_b[x] for x in pa])
+        out.tau, out.p_value = float(result.statistic), float(result.pvalue)
+    if both:
+        out.top1 = pa[0] == pb[0]
+        out.k = min(3, len(both))
+        out.top3 = len(set(pa[: out.k]) & set(pb[: out.k])) / out.k
+    row_a = {r.layout: r for r in a_sub.itertuples(index=False)}
+    row_b = {r.layout: r for r in b_sub.itertuples(index=False)}
+    for i, x in enumerate(pa):
+        for y in pa[i + 1:]:  # the proxy puts x ahead of y
+            if pb.index(x) > pb.index(y):
+                out.discordant.append((x, y))
+                if _decided(row_a[x], row_a[y]) and _decided(row_b[x], row_b[y]):
+                    out.discordant_beyond_noise.append((x, y))
+    cells_a, cells_b = failure_cells(proxy, common), failure_cells(other, common)
+    tally = {"predicted_and_seen": 0, "predicted_only": 0, "seen_only": 0, "neither": 0}
+    for cell in sorted(set(cells_a) & set(cells_b)):
+        predicted, seen = cells_a[cell][0] > 0, cells_b[cell][0] > 0
+        key = ("predicted_and_seen" if seen else "predicted_only") if predicted else ("seen_only" if seen else "neither")
+        tally[key] += 1
+        if predicted != seen:
+            out.cells_disagreeing.append(f"{cell[0]} @ lr {cell[1]:g}: proxy {cells_a[cell][0]}/{cells_a[cell][1]} "
+                                         f"failed, other {cells_b[cell][0]}/{cells_b[cell][1]}")
+    out.failures = tally
+    return out
+
+
+def sweep_scale(path: str | Path) -> dict[str, Any]:
+    """A sweep's scale from its first run's config: width, depth, parameters (analytic, of its first
+    placement), steps, tokens per run (steps x batch x sequence), and how many runs have finished."""
+    from normlab.config.train import TrainConfig
+    from normlab.model.params import analytic_params
+    from normlab.runs.files import SweepDir
+
+    store = SweepDir(Path(path)).store()
+    rows = store.rows()
+    if not rows:
+        return {"runs": 0, "finished": 0}
+    cfg = TrainConfig.from_dict({**rows[0]["config"], "out": "unused"}, source=str(path))
+    model = cfg.model.model_config()
+    params = analytic_params(model.with_(vocab_size=cfg.expected_vocab), cfg.model.layout.resolve(model.n_layers)).total
+    tokens = cfg.optim.steps * cfg.data.batch_size * cfg.data.seq_len
+    return {"runs": len(rows), "finished": sum(r["status"] in FINISHED for r in rows), "d_model": model.d_model,
+            "n_layers": model.n_layers, "params": params, "steps": cfg.optim.steps, "tokens": tokens}
+
+
+def _fmt_loss(r: pd.Series) -> str:
+    loss, std = float(r.best_loss), float(r.best_loss_std)
+    if not math.isfinite(loss):
+        return "-"
+    return f"{loss:.3f}" + (f" ± {std:.3f}" if math.isfinite(std) else "") + f" @ {r.best_lr:g}"
+
+
+def _scale_words(name: str, s: dict[str, Any]) -> str:
+    if not s.get("runs"):
+        return f"{name}: no runs"
+    return (f"{name}: d {s['d_model']}, {s['n_layers']} layers, {s['params'] / 1e6:.2f}M params, {s['steps']} steps "
+            f"({s['tokens']:,} tokens a run); {s['finished']} of {s['runs']} runs finished")
+
+
+def report(proxy_dir: str | Path, others: list[str | Path], lrs: str = "common") -> str:
+    """The comparison as markdown: each sweep's scale, the rankings side by side, the agreement table."""
+    proxy_dir = Path(proxy_dir)
+    proxy, _ = load_sweep(proxy_dir)
+    lines = ["# Transfer: does the proxy's ranking hold?", "",
+             f"- proxy: {_scale_words(proxy_dir.name, sweep_scale(proxy_dir))}"]
+    results = []
+    for path in map(Path, others):
+        other, _ = load_sweep(path)
+        lines.append(f"- {_scale_words(path.name, sweep_scale(path))}")
+        results.append((path.name, other, compare(proxy, other, lrs)))
+    lines += ["", "Ranked by failed runs (diverged + stalled) first, then best loss (mean over seeds at the best lr), "
+              "then expected loss over the lrs; " + ("on the learning rates both sweeps ran." if lrs == "common"
+                                                     else "each sweep on all the learning rates it ran."), ""]
+    summary = ["| against | placements | Kendall tau (p) | top-1 | top-3 | discordant pairs (beyond noise) | "
+               "failures: predicted & seen / predicted only / seen only / neither |", "|---|---|---|---|---|---|---|"]
+    for name, other, agree in results:
+        a = rank_sweep(proxy, agree.lrs).set_index("layout")
+        b = rank_sweep(other, agree.lrs).set_index("layout")
+        lr_words = ("each its own" if agree.lrs is None else ", ".join(f"{x:g}" for x in agree.lrs) or
+                    "none shared: give --lrs all to rank each on its own")
+        lines += [f"## proxy vs {name} (lrs {lr_words})", "",
+                  "| placement | proxy rank | proxy failed | proxy best loss | rank | failed | best loss |",
+                  "|---|---|---|---|---|---|---|"]
+        for x in agree.layouts:
+            ra, rb = a.loc[x], b.loc[x]
+            lines.append(f"| {x} | {int(ra['rank'])} | {int(ra.failed)}/{int(ra.finished)} | {_fmt_loss(ra)} | "
+                         f"{int(rb['rank'])} | {int(rb.failed)}/{int(rb.finished)} | {_fmt_loss(rb)} |")
+        if agree.cells_disagreeing:
+            lines += ["", "Failures that disagree: " + "; ".join(agree.cells_disagreeing) + "."]
+        lines.append("")
+        tau = "-" if math.isnan(agree.tau) else f"{agree.tau:+.2f} ({agree.p_value:.2f})"
+        top1 = "-" if agree.top1 is None else ("yes" if agree.top1 else "no")
+        top3 = "-" if math.isnan(agree.top3) else f"{round(agree.top3 * agree.k)}/{agree.k}"
+        f = agree.failures
+        summary.append(f"| {name} | {len(agree.layouts)} | {tau} | {top1} | {top3} | {len(agree.discordant)}/{agree.pairs} "
+                       f"({len(agree.discordant_beyond_noise)}) | {f['predicted_and_seen']} / {f['predicted_only']} / "
+                       f"{f['seen_only']} / {f['neither']} |")
+    return "\n".join(lines + ["## Agreement", "", *summary, ""])
+
+
+__all__ = ["Agreement", "compare", "failure_cells", "rank_sweep", "report", "shared_lrs", "sweep_scale"]
