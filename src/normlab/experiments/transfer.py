@@ -191,8 +191,9 @@ def sweep_scale(path: str | Path) -> dict[str, Any]:
     from normlab.config.train import TrainConfig
     from normlab.model.params import analytic_params
     from normlab.runs.files import SweepDir
+    from normlab.runs.store import open_store
 
-    store = SweepDir(Path(path)).store()
+    store = open_store(SweepDir(Path(path)))
     rows = store.rows()
     if not rows:
         return {"runs": 0, "finished": 0}

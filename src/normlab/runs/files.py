@@ -81,10 +81,11 @@ RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]{0,199}")
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
-    """A JSON object from disk; None when the file is missing, torn or not an object."""
+    """A JSON object from disk; None when the file is missing, torn or not an object (a foreign file nested
+    past Python's recursion limit included: its own reader, e.g. normlab.hf.folder, says what is wrong)."""
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
 

@@ -74,6 +74,12 @@ class MuonAdamW:
     moments) so a resumed run continues bit for bit.
     """
 
+    @property
+    def state(self) -> dict:
+        """Both optimizers' per-parameter state in one mapping (Muon's momentum buffers, AdamW's moments), as a
+        torch optimizer's ``state`` reads (the probes' Adam moment norms)."""
+        return {**self.muon.state, **self.adamw.state}
+
     def __init__(self, model: nn.Module, cfg: TrainConfig, fused: bool = False) -> None:
         o = cfg.optim
         matrices = muon_matrices(model)

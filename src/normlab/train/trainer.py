@@ -440,8 +440,8 @@ def _spike_check(state: RunState, step: int, loss: float, grad_norm: float) -> d
     fired = []
     if state.tier is not None:
         fired = state.tier_spikes.check(state.tier.read())
-    record = state.spikes.check(step, loss, grad_norm, lambda s, same: _replay(state, s, same),
-                                lambda s: _global_batch(state, s))
+    record = None if state.spikes is None else state.spikes.check(
+        step, loss, grad_norm, lambda s, same: _replay(state, s, same), lambda s: _global_batch(state, s))
     if (record is not None or fired) and state.probes is not None:
         x, y = micro_batches(state, step)[0]
         rows = Probes(state.probes.model, (x, y), optimizer=state.opt).record(step)
