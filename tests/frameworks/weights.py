@@ -5,6 +5,8 @@ on a norm the snippet built that normlab's model lacks, or the reverse."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from normlab.recommend.frameworks import FRAMEWORKS, placement
@@ -12,6 +14,21 @@ from normlab.recommend.frameworks import FRAMEWORKS, placement
 
 def _blocks(sd: dict[str, torch.Tensor]) -> int:
     return 1 + max(int(k.split(".")[1]) for k in sd if k.startswith("blocks."))
+
+
+def _renamed(sd: dict[str, torch.Tensor], blocks: str, rename: dict[str, str],
+             top: Callable[[str], str]) -> dict[str, torch.Tensor]:
+    """normlab's state dict under another library's names: ``blocks.i.MODULE.KIND`` -> ``BLOCKS.i.rename[MODULE].KIND``,
+    every other key through ``top``."""
+    out = {}
+    for k, v in sd.items():
+        if k.startswith("blocks."):
+            i, rest = k.split(".", 2)[1:]
+            ours, kind = rest.rsplit(".", 1)
+            out[f"{blocks}.{i}.{rename[ours]}.{kind}"] = v
+        else:
+            out[top(k)] = v
+    return out
 
 
 def litgpt(sd: dict[str, torch.Tensor], layout: str) -> dict[str, torch.Tensor]:
@@ -44,16 +61,8 @@ def olmo_core(sd: dict[str, torch.Tensor], layout: str) -> dict[str, torch.Tenso
               "mlp.down_proj": "feed_forward.w2"}
     if block == "peri_norm":
         rename.update({"attn_norms.output": "post_attention_norm", "mlp_norms.output": "post_feed_forward_norm"})
-    out = {}
-    for k, v in sd.items():
-        if k.startswith("blocks."):
-            i, rest = k.split(".", 2)[1:]
-            ours, kind = rest.rsplit(".", 1)
-            out[f"blocks.{i}.{rename[ours]}.{kind}"] = v
-        else:
-            out[{"embed": "embeddings", "embed_norm": "embedding_norm", "final_norm": "lm_head.norm",
-                 "lm_head": "lm_head.w_out"}[k.rsplit(".", 1)[0]] + "." + k.rsplit(".", 1)[1]] = v
-    return out
+    top = {"embed": "embeddings", "embed_norm": "embedding_norm", "final_norm": "lm_head.norm", "lm_head": "lm_head.w_out"}
+    return _renamed(sd, "blocks", rename, lambda k: top[k.rsplit(".", 1)[0]] + "." + k.rsplit(".", 1)[1])
 
 
 def torchtitan(sd: dict[str, torch.Tensor], layout: str) -> dict[str, torch.Tensor]:
@@ -62,16 +71,8 @@ def torchtitan(sd: dict[str, torch.Tensor], layout: str) -> dict[str, torch.Tens
               "attn.v_proj": "attention.qkv_linear.wv", "attn.o_proj": "attention.wo", "attn.q_norm": "attention.q_norm",
               "attn.k_norm": "attention.k_norm", "mlp.gate_proj": "feed_forward.w1", "mlp.up_proj": "feed_forward.w3",
               "mlp.down_proj": "feed_forward.w2"}
-    out = {}
-    for k, v in sd.items():
-        if k.startswith("blocks."):
-            i, rest = k.split(".", 2)[1:]
-            ours, kind = rest.rsplit(".", 1)
-            out[f"layers.{i}.{rename[ours]}.{kind}"] = v
-        else:
-            out[{"embed.weight": "tok_embeddings.weight", "final_norm.weight": "norm.weight",
-                 "lm_head.weight": "lm_head.weight"}[k]] = v
-    return out
+    top = {"embed.weight": "tok_embeddings.weight", "final_norm.weight": "norm.weight", "lm_head.weight": "lm_head.weight"}
+    return _renamed(sd, "layers", rename, top.__getitem__)
 
 
 WEIGHTS = {"litgpt": litgpt, "OLMo-core": olmo_core, "torchtitan": torchtitan}

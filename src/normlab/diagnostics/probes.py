@@ -245,8 +245,9 @@ class Probes:
         if self.optimizer is None:
             return []
         rows: list[dict[str, Any]] = []
+        state = self.optimizer.state  # read once: MuonAdamW merges its two optimizers' states on each read
         for i, block in enumerate(self.model.blocks):
-            states = [self.optimizer.state.get(p, {}) for p in block.parameters()]
+            states = [state.get(p, {}) for p in block.parameters()]
             pairs = [(s["exp_avg"], s["exp_avg_sq"]) for s in states if "exp_avg" in s and "exp_avg_sq" in s]
             if not pairs:
                 continue
