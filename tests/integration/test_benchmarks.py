@@ -6,7 +6,10 @@ working from a fresh checkout. The peer benchmark needs the optional transformer
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -18,9 +21,22 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def run(script: str, *args: str) -> str:
-    out = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    return out.stdout
+    """The script as `python benchmarks/SCRIPT ARGS` runs it, but in this process (an interpreter start and
+    torch's import cost more than the tiny benchmark itself); its stdout, and torch's thread count restored."""
+    threads, argv = torch.get_num_threads(), sys.argv
+    sys.argv = [str(BENCH / script), *args]
+    sys.path.insert(0, str(BENCH))  # as for a script: its folder first (the scripts share bench_device.py)
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            runpy.run_path(str(BENCH / script), run_name="__main__")
+    except SystemExit as exit_:
+        assert exit_.code in (0, None), out.getvalue()
+    finally:
+        sys.argv = argv
+        sys.path.remove(str(BENCH))
+        torch.set_num_threads(threads)
+    return out.getvalue()
 
 
 def test_layout_cost_prints_time_and_memory_per_layout():

@@ -210,29 +210,46 @@ def test_cli_export_of_a_trained_run(corpus, tmp_path, capsys):
     torch.testing.assert_close(hf_logits(nl), hf_logits(hf), rtol=1e-5, atol=2e-5)
 
 
-@pytest.mark.parametrize("layout, tied", [("peri", False), ("hybrid*", False), ("peri,h=0.5", True),
-                                         ("pre-dyt,norm.final=derf,gain.attn.A=scalar", True),
-                                         ("admin", False), ("pre,softmax=sink", False),
-                                         ("normformer,attn=qkgsAB,qk-rope,norm.mlp.A=dyt,alpha0.mlp.A=0.3,gain.final=centered", True)])
-def test_any_layout_exports_as_the_normlab_class(layout, tied, tmp_path):
-    from normlab.hf import from_hf, save_hf
+EXPORTED = [("peri", False), ("hybrid*", False), ("peri,h=0.5", True), ("pre-dyt,norm.final=derf,gain.attn.A=scalar", True),
+            ("admin", False), ("pre,softmax=sink", False),
+            ("normformer,attn=qkgsAB,qk-rope,norm.mlp.A=dyt,alpha0.mlp.A=0.3,gain.final=centered", True)]
 
-    model = normlab.build_model(layout, "nano", seed=0, vocab_size=96, tie_embeddings=tied).eval()
-    save_hf(model, tmp_path / "out")
-    # a fresh process that never imports normlab itself: the folder's remote code does
-    code = ("import sys, torch; from transformers import AutoModelForCausalLM; "
-            f"m = AutoModelForCausalLM.from_pretrained({str(tmp_path / 'out')!r}, trust_remote_code=True, "
-            "local_files_only=True).eval(); x = torch.tensor([[1, 5, 9, 2, 7]]); "
-            "print(type(m).__name__, m(input_ids=x).logits.sum().item())")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+
+def _exported_model(layout: str, tied: bool) -> torch.nn.Module:
+    return normlab.build_model(layout, "nano", seed=0, vocab_size=96, tie_embeddings=tied).eval()
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):  # noqa: ANN001, ANN201 - {layout: (folder, class name, logits sum)}
+    """Every EXPORTED layout saved as the normlab class, then loaded in ONE fresh process that never imports
+    normlab itself (the folders' remote code does): one interpreter start for all of them."""
+    from normlab.hf import save_hf
+
+    root = tmp_path_factory.mktemp("exported")
+    folders = {layout: save_hf(_exported_model(layout, tied), root / str(i)) for i, (layout, tied) in enumerate(EXPORTED)}
+    code = ("import sys, torch; from transformers import AutoModelForCausalLM\n"
+            "for folder in sys.argv[1:]:\n"
+            "    m = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, local_files_only=True).eval()\n"
+            "    x = torch.tensor([[1, 5, 9, 2, 7]])\n"
+            "    print(type(m).__name__, m(input_ids=x).logits.sum().item())\n")
+    out = subprocess.run([sys.executable, "-c", code, *map(str, folders.values())], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    name, total = out.stdout.split()
+    lines = out.stdout.split("\n")
+    return {layout: (folder, *lines[i].split()) for i, (layout, folder) in enumerate(folders.items())}
+
+
+@pytest.mark.parametrize("layout, tied", EXPORTED)
+def test_any_layout_exports_as_the_normlab_class(layout, tied, exported):
+    from normlab.hf import from_hf
+
+    model = _exported_model(layout, tied)
+    folder, name, total = exported[layout]
     assert name == "NormLabForCausalLM"
     assert float(total) == pytest.approx(ours(model, torch.tensor([[1, 5, 9, 2, 7]])).sum().item(), rel=1e-5, abs=1e-3)
-    back = from_hf(tmp_path / "out")
+    back = from_hf(folder)
     assert back.layout.to_string() == model.layout.to_string()
     torch.testing.assert_close(ours(back), ours(model), rtol=0, atol=0)
-    hf = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "out", local_files_only=True).eval()
+    hf = tf.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
     torch.testing.assert_close(hf_logits(hf), ours(model), rtol=0, atol=0)
     gen = hf.generate(TOKENS[:1, :4], max_new_tokens=4, do_sample=False)
     greedy = TOKENS[:1, :4]

@@ -28,16 +28,17 @@ parameters and gradients (FSDP2) are summed, the activation maxima (each rank sa
 take the maximum; DDP's gradients and weights are the same on every rank and are not summed.
 
 `TierSpikes` applies OLMo's count rule (mean + 6 std of the previous 128 values; `SpikeRule`) to each
-layer's gradient norm and stream maximum: a spike there triggers the full probe pass on the same batch.
+layer's gradient norm and stream maximum: a spike there triggers the full probe pass on the same batch (at
+most once per probe interval: with two series per layer one fires often; the `spike` rows name every firing).
 """
 
 from __future__ import annotations
 
 import math
-import statistics
 from collections import deque
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -112,12 +113,8 @@ class StepTier:
     def before_step(self) -> None:
         """After the backward (gradients unscaled, not yet clipped): gradient and weight norms per block, and a
         copy of the weights for the update."""
-        grads, weights = [], []
-        for ps in self.params:
-            g = [local(p.grad) for p in ps if p.grad is not None]
-            grads.append(_sumsq(g, self.device))
-            weights.append(_sumsq([local(p) for p in ps], self.device))
-        sums = torch.stack(grads + weights)
+        grads = [[local(p.grad) for p in ps if p.grad is not None] for ps in self.params]
+        sums = _sumsq_by_group(grads + [[local(p) for p in ps] for ps in self.params], self.device)
         if self.sharded:
             dist.all_reduce(sums)
         extremes = torch.cat([self._stream, self._logit.flatten(), self._bound.flatten()])
@@ -153,11 +150,9 @@ class StepTier:
             self.read()
         n = len(self.blocks)
         if applied:
-            deltas = []
             for buf, ps in zip(self._before, self.params):
                 torch._foreach_sub_(buf, [local(p).detach() for p in ps])  # the copy becomes -dW
-                deltas.append(_sumsq(buf, self.device))
-            upd = torch.stack(deltas)
+            upd = _sumsq_by_group(self._before, self.device)
             if self.sharded:
                 dist.all_reduce(upd)
             upd_l = upd.tolist()
@@ -175,11 +170,15 @@ class StepTier:
         self._handles = []
 
 
-def _sumsq(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-    if not tensors:
-        return torch.zeros((), device=device)
-    norms = torch._foreach_norm([t.float() if t.dtype != torch.float32 else t for t in tensors])
-    return torch.stack(norms).pow(2).sum()
+def _sumsq_by_group(groups: list[list[torch.Tensor]], device: torch.device) -> torch.Tensor:
+    """Each group's sum of squares, (len(groups),): one fused norm over every tensor, then summed per group
+    (one kernel launch for the lot instead of one per block: the tier runs every step)."""
+    tensors = [t.float() if t.dtype != torch.float32 else t for g in groups for t in g]
+    out = torch.zeros(len(groups), device=device)
+    if tensors:
+        owner = torch.tensor([i for i, g in enumerate(groups) for _ in g], device=device)
+        out.index_add_(0, owner, torch.stack(torch._foreach_norm(tensors)).pow(2))
+    return out
 
 
 def sampled_logits(q: torch.Tensor, k: torch.Tensor, scale: float, queries: int = QUERIES) -> tuple[torch.Tensor, torch.Tensor]:
@@ -229,7 +228,8 @@ class TierSpikes:
                 name = f"{key}[{layer}]"
                 h = self.history.setdefault(name, deque(maxlen=self.window))
                 if len(h) >= self.min_history and math.isfinite(v):
-                    if v > statistics.fmean(h) + self.sigmas * statistics.pstdev(h):
+                    a = np.fromiter(h, dtype=np.float64, count=len(h))  # float math (statistics' exact sums are slow)
+                    if v > a.mean() + self.sigmas * a.std():
                         fired.append(name)
                 if math.isfinite(v):
                     h.append(v)

@@ -45,6 +45,8 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
+import numpy as np
+
 SPIKE_WINDOW = 128
 SPIKE_SIGMAS = 6.0
 MEGATRON_FACTOR = 10.0
@@ -64,9 +66,8 @@ class SpikeDetector:
     def update(self, value: float) -> bool:
         spike = False
         if len(self.history) >= MIN_HISTORY and math.isfinite(value):
-            mean = statistics.fmean(self.history)
-            std = statistics.pstdev(self.history)
-            spike = value > mean + SPIKE_SIGMAS * std
+            a = np.fromiter(self.history, dtype=np.float64, count=len(self.history))  # population std, as OLMo
+            spike = value > a.mean() + SPIKE_SIGMAS * a.std()
         if math.isfinite(value):
             self.history.append(value)
         self.count += int(spike)

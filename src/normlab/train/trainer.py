@@ -221,6 +221,7 @@ class RunState:
     spikes: SpikeHandler | None = None  # the spike policy, rerun and records (normlab.train.spikes)
     layers_log: Any = None  # layers.jsonl, open for appending (main rank)
     qk_clip: QKClip | None = None  # MuonClip's rescale after each step (normlab.train.qk_clip); None: off
+    tier_probed: int | None = None  # the last step whose tier spike ran the full probe pass
 
     @property
     def wall(self) -> float:
@@ -442,13 +443,19 @@ def _spike_check(state: RunState, step: int, loss: float, grad_norm: float) -> d
         fired = state.tier_spikes.check(state.tier.read())
     record = None if state.spikes is None else state.spikes.check(
         step, loss, grad_norm, lambda s, same: _replay(state, s, same), lambda s: _global_batch(state, s))
+    # A per-layer tier spike (two series per layer: one fires often early on) runs the full pass at most once
+    # per probe interval; a loss or gradient-norm spike always does.
+    every = state.cfg.run.probe_every
+    bounded = fired and record is None and state.tier_probed is not None and step - state.tier_probed < every
     if (record is not None or fired) and state.probes is not None:
-        x, y = micro_batches(state, step)[0]
-        rows = Probes(state.probes.model, (x, y), optimizer=state.opt).record(step)
+        rows = []
+        if not bounded:
+            state.tier_probed = step if fired else state.tier_probed
+            x, y = micro_batches(state, step)[0]
+            rows = [{**r, "site": f"spike:{r['site']}"} for r in Probes(state.probes.model, (x, y), optimizer=state.opt).record(step)]
         why = (record["kinds"] if record else []) + fired
-        _write_probes(state, [{**r, "site": f"spike:{r['site']}"} for r in rows]
-                      + [{"step": step, "layer": None, "site": "spike", "metric": f"fired:{w}", "value": 1.0}
-                         for w in why])
+        _write_probes(state, rows + [{"step": step, "layer": None, "site": "spike", "metric": f"fired:{w}", "value": 1.0}
+                                     for w in why])
     return record
 
 
