@@ -170,13 +170,13 @@ def test_argparse_choices_and_version(capsys):
     assert ex.value.code == 0 and capsys.readouterr().out.startswith("normlab 0.")
 
 
-def test_debug_shows_the_traceback(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    cmd = [sys.executable, "-m", "normlab", "summarize", str(tmp_path / "nowhere")]
-    plain = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    debug = subprocess.run([*cmd[:3], "--debug", *cmd[3:]], capture_output=True, text=True, env=env)
-    assert plain.returncode == 2 and "Traceback" not in plain.stderr
-    assert "Traceback" in debug.stderr and "ConfigError" in debug.stderr
+def test_debug_shows_the_traceback(tmp_path, capsys):
+    assert main(["summarize", str(tmp_path / "nowhere")]) == 2  # plain: one line, no traceback
+    assert "Traceback" not in capsys.readouterr().err
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}  # --debug: the interpreter prints the traceback
+    debug = subprocess.run([sys.executable, "-m", "normlab", "--debug", "summarize", str(tmp_path / "nowhere")],
+                           capture_output=True, text=True, env=env)
+    assert debug.returncode != 0 and "Traceback" in debug.stderr and "ConfigError" in debug.stderr
 
 
 def test_fuzz_layout_grammar_and_config_loader():
