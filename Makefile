@@ -17,7 +17,9 @@ FW_VENV := .venv-frameworks
 FW_PY := $(FW_VENV)/bin/python
 FRAMEWORKS := litgpt==0.5.13 ai2-olmo-core==3.0.0 torchtitan==0.3.0 triton==3.9.0
 
-.PHONY: demo test test-all test-frameworks test-slurm install data bench recipes gpu-recipes gpu-check transfer gpu-transfer quotes clean
+LINT := ruff==0.17.6 mypy==2.4.1
+
+.PHONY: lint demo test test-all test-frameworks test-slurm install data bench recipes gpu-recipes gpu-check transfer gpu-transfer quotes clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	@echo "normlab: creating $(VENV) and installing $(TORCH) (CPU), numpy, pandas, matplotlib, tokenizers, transformers, lm-eval and the test tools (1-3 minutes)"
@@ -87,6 +89,16 @@ quotes: install
 # without CUDA); tests marked slow (another test covers each quickly) run with `make test-all`.
 test: install
 	$(PY) -m pytest -n 2
+
+# ruff (lint + format check, configured in pyproject.toml) over every Python file; mypy strict on the typed core.
+$(VENV)/.lint-installed: $(VENV)/.installed
+	$(PY) -m pip install -q $(LINT)
+	touch $@
+
+lint: $(VENV)/.lint-installed
+	$(VENV)/bin/ruff check src tests benchmarks scripts
+	$(VENV)/bin/ruff format --check src tests benchmarks scripts
+	$(VENV)/bin/mypy
 
 test-all: install
 	$(PY) -m pytest -n 2 -m ""
