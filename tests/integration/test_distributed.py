@@ -129,6 +129,7 @@ def test_fsdp2_matches_single_process_and_resumes_exactly(single):
     assert (root / "export" / "model.safetensors").is_file()
 
 
+@pytest.mark.slow  # FSDP2 against one process: test_fsdp2_matches_single_process_...; MoE training: tests/unit/test_moe.py
 def test_moe_under_fsdp2_matches_single_process(single):
     """Routed experts under FSDP2 (the stacked expert weights sharded with their block) and under DDP
     (every stacked expert weight takes part in every step, so no parameter goes unused), 2 ranks."""
@@ -150,6 +151,7 @@ def test_moe_under_fsdp2_matches_single_process(single):
             assert y["moe_aux_loss"] == pytest.approx(x["moe_aux_loss"], rel=0.05)
 
 
+@pytest.mark.slow  # checkpointing + chunked loss + bf16 in one process: test_memory.py; FSDP2: the test above
 def test_fsdp2_with_activation_checkpointing_chunked_loss_and_bf16(single):
     """The large-model settings together under FSDP2 follow the plain one-process bf16 curve."""
     cfg, root = single
