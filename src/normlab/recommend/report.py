@@ -115,7 +115,8 @@ def movement(ranked: list[Evidence], p: dict[str, Any], final: dict[str, Any], r
     for r in rounds:
         if r["stage"] == "screen":
             continue
-        what = {"stress": "stress round", "final": "final round", "extend": "edge learning rates"}[r["stage"]]
+        what = {"stress": "stress round", "final": "final round", "extend": "edge learning rates",
+                "verify": "verify stage"}[r["stage"]]
         if r["finished"] < r["planned"]:
             out.append(f"The {what} was cut by the budget: {r['finished']} of {r['planned']} runs finished (predicted "
                        f"{r['predicted_s'] / 60:.1f} min, took {r['actual_s'] / 60:.1f}: the machine was slower than "
