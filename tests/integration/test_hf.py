@@ -545,7 +545,7 @@ a = AutoTokenizer.from_pretrained(native, local_files_only=True)         # a nat
 b = PreTrainedTokenizerFast.from_pretrained(ours, local_files_only=True)  # a normlab-class export: the stock class
 c = AutoTokenizer.from_pretrained(ours, local_files_only=True, trust_remote_code=False)
 quiet = len(asked)
-d = AutoTokenizer.from_pretrained(ours, local_files_only=True)  # transformers' AutoConfig asks first (docs/huggingface.md)
+d = AutoTokenizer.from_pretrained(ours, local_files_only=True)  # AutoConfig asks first (docs/huggingface.md)
 print(json.dumps({"classes": [type(t).__name__ for t in (a, b, c, d)], "asked_before": quiet,
                   "asked_plain": len(asked) - quiet, "ids": [t("To bé")["input_ids"] for t in (a, b, c, d)]}))
 """

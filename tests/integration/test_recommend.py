@@ -207,6 +207,7 @@ def test_verify_trains_the_best_at_a_wider_width_and_says_whether_the_order_held
     out = tmp_path / "rec"
     args = _args(corpus, out, "--verify", "--optimizer", "sgd")
     args[1] = str(_wide_model(tmp_path))
+    args[args.index("0.01,0.1")] = "0.1"  # one learning rate: no final round, the stress runs ranked (faster)
     assert main(args) == 0
     text = capsys.readouterr().out
     assert "optimizer sgd" in text and "\nverify [" in text and "(the winner's best)" in text
@@ -236,20 +237,23 @@ def test_verify_trains_the_best_at_a_wider_width_and_says_whether_the_order_held
 
 
 def test_verify_that_the_budget_cannot_buy_is_said_in_one_line_then_refused_alone(corpus, tmp_path, capsys):
-    """A model no wider than the proxy: nothing to verify at; the recommendation goes on without it. Asked again
-    on the finished folder (verify alone), it is refused: one line, exit 2, the recommendation kept."""
+    """A model no wider than the proxy: nothing to verify at; the plan says so in one line and the recommendation
+    goes on without it (the same command again: the same answer). Asked again with another budget on the finished
+    folder, verifying is all that is asked: refused, one line, exit 2, the recommendation kept."""
     out = tmp_path / "rec"
+    note = "--verify: your model (d 32) is no wider than the proxies; there is no wider width to verify at"
     assert main(_args(corpus, out, "--verify")) == 0
     text = capsys.readouterr().out
-    assert "--verify: your model (d 32) is no wider than the proxies" in text
+    assert text.index(note) < text.index("1/3 screen")  # said before anything runs, then in the recommendation
+    assert f"- No verify: {note}" in (out / "recommendation.md").read_text()
     rec = json.loads((out / "recommendation.json").read_text())
-    assert rec["verify"]["status"] == "not bought" and "no wider than the proxies" in rec["verify"]["why"]
+    assert rec["verify"] == {"status": "not bought", "why": note} and not (out / "verify").exists()
+    assert main(_args(corpus, out, "--verify")) == 0  # the same command: resumed, the same answer
+    assert note in capsys.readouterr().out
     before = (out / "recommendation.json").read_bytes()
-    assert main(_args(corpus, tmp_path / "plain")) == 0
-    capsys.readouterr()
-    assert main(_args(corpus, tmp_path / "plain", "--verify")) == 2  # verify alone, on a done folder
+    assert main(_args(corpus, out, "--verify", "--budget", "30")) == 2  # verify alone, on a done folder
     err = capsys.readouterr().err.strip()
-    assert "no wider than the proxies" in err and len(err.splitlines()) == 1
+    assert err.endswith(note) and len(err.splitlines()) == 1
     assert (out / "recommendation.json").read_bytes() == before
 
 

@@ -319,5 +319,5 @@ def record(path: str | Path, proxy_dir: str | Path, others: list[str | Path], lr
     return out
 
 
-__all__ = ["Agreement", "compare", "failure_cells", "failure_tally", "order_agreement", "rank_sweep", "record", "report", "shared_lrs",
-           "sweep_scale"]
+__all__ = ["Agreement", "compare", "failure_cells", "failure_tally", "order_agreement", "rank_sweep", "record", "report",
+           "shared_lrs", "sweep_scale"]

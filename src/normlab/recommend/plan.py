@@ -159,27 +159,28 @@ def verify_seconds(names: list[str], user: ModelConfig, cal: Calibration, worker
 
 
 def verify_plan(names: list[str], user: ModelConfig, cal: Calibration, room_s: float, workers: int, depth: int,
-                steps: int, optimizer: str = "adamw", ns_steps: int = 5) -> tuple[dict[str, Any] | None, str]:
+                steps: int, optimizer: str = "adamw", ns_steps: int = 5) -> tuple[dict[str, Any] | None, str, float]:
     """The verify stage within `room_s` seconds, for the best of `names` (priced at the dearest of them):
-    the widest width where 2 runs fit, then k grown while it fits there; (stage, "") or (None, why not)."""
+    the widest width where 2 runs fit, then k grown while it fits there. (stage, "", its seconds), or
+    (None, why not, the seconds 2 runs at the first width would need: inf where none can be bought)."""
     widths = verify_widths(user)
     if len(names) < 2:
-        return None, f"--verify needs 2 candidates trained; this recommendation has {len(names)}"
+        return None, f"--verify needs 2 candidates trained; this recommendation has {len(names)}", math.inf
     if not widths:
         return None, (f"--verify: your model (d {user.d_model}) is no wider than the proxies; there is no wider width "
-                      "to verify at")
+                      "to verify at"), math.inf
 
     def cost(k: int, w: int) -> float:
         return verify_seconds(names, user, cal, workers, depth, steps, k, w, optimizer, ns_steps)
 
     fitting = [w for w in widths if cost(2, w) <= room_s]
     if not fitting:
-        return None, f"{cost(2, widths[0]):.0f} s"
+        return None, f"2 runs at width {widths[0]} do not fit", cost(2, widths[0])
     w = fitting[-1]
     k = 2
     while k < min(VERIFY_MAX_K, len(names)) and cost(k + 1, w) <= room_s:
         k += 1
-    return {"k": k, "width": w, "depth": depth, "steps": steps, "predicted_s": cost(k, w)}, ""
+    return {"k": k, "width": w, "depth": depth, "steps": steps, "predicted_s": cost(k, w)}, "", cost(k, w)
 
 
 def make_plan(candidates: list[str], current: str | None, user: ModelConfig, cal: Calibration, budget_s: float,
@@ -259,10 +260,9 @@ def make_plan(candidates: list[str], current: str | None, user: ModelConfig, cal
     if verify:
         floor_s = sum(stages(state).values())
         room = min(VERIFY_SHARE * (usable - floor_s), usable - floor_s) if floor_s < usable else 0.0
-        vstage, why = verify_plan(order[:state.n], user, cal, room, workers, state.depth, state.steps, optimizer,
-                                  ns_steps)
-        if vstage is None and why.endswith(" s"):  # too dear: the least budget that buys 2 runs at the first width
-            need_s = float(why[:-2])
+        vstage, why, need_s = verify_plan(order[:state.n], user, cal, room, workers, state.depth, state.steps,
+                                          optimizer, ns_steps)
+        if vstage is None and math.isfinite(need_s):  # too dear: the least budget that buys 2 runs at the first width
             minutes = math.ceil(((floor_s + need_s / VERIFY_SHARE) / FILL + reserve) / 60)
             note = (f"--verify: this budget buys no verify stage (2 runs at width {verify_widths(user)[0]} need about "
                     f"{need_s / 60:.1f} min more); recommending without it; --budget {minutes} or more buys it")

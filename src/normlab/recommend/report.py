@@ -82,16 +82,16 @@ def record_lines(rec: dict[str, Any]) -> list[str]:
     link = "docs/results.md, \"Transfer study\""
     comps = rec.get("comparisons") or []
     if not comps:
-        return [f"How often the proxies' order held at larger width: not yet measured ({rec.get('status', 'no record')}; "
-                f"{link})."]
+        status = rec.get("status", "no record")
+        return [f"How often the proxies' order held at larger width: not yet measured ({status}; {link})."]
     out = [f"The transfer study ({link}), {rec.get('status', '')}:"]
     for c in comps:
         tau = "-" if c.get("tau") is None else f"{c['tau']:+.2f} (p {c['p_value']:.2f})"
         top1 = "-" if c.get("top1") is None else ("agrees" if c["top1"] else "differs")
         top3 = "-" if c.get("top3") is None else f"{round(c['top3'] * c['k'])}/{c['k']}"
         f = c.get("failures") or {}
-        out.append(f"{c['proxy']} against {c['other']}: {c['placements']} placements, Kendall's tau {tau}, top-1 {top1}, "
-                   f"top-3 {top3}; failures predicted and seen {f.get('predicted_and_seen', 0)}, predicted only "
+        out.append(f"{c['proxy']} against {c['other']}: {c['placements']} placements, Kendall's tau {tau}, "
+                   f"top-1 {top1}, top-3 {top3}; failures predicted and seen {f.get('predicted_and_seen', 0)}, predicted only "
                    f"{f.get('predicted_only', 0)}, seen only {f.get('seen_only', 0)} (`{c['command']}`).")
     return out
 

@@ -223,10 +223,12 @@ def _verify_added(folder: RecommendDir, p: dict[str, Any], user: UserModel, cfg:
     reserve = (plan.STARTUP_RESERVE_S + plan.REPORT_RESERVE_S) * cal.speed
     room = (budget_s - reserve) * plan.FILL - (0.0 if done else p["predicted"]["total"])
     names = p["screened"]
-    stage, why = plan.verify_plan(names, user.config, cal, room, workers, p["depth"], p["steps"], cfg.optimizer)
+    stage, why, need_s = plan.verify_plan(names, user.config, cal, room, workers, p["depth"], p["steps"],
+                                          cfg.optimizer)
     if stage is None:
-        if why.endswith(" s"):
-            need = math.ceil((float(why[:-2]) / plan.FILL + reserve) / 60 + (0 if done else p["predicted"]["total"] / 60))
+        if math.isfinite(need_s):
+            rounds_s = 0.0 if done else p["predicted"]["total"]
+            need = math.ceil((need_s / plan.FILL + reserve + rounds_s) / 60)
             why = (f"--verify: --budget {cfg.budget:g} min cannot buy the verify stage (2 runs at width "
                    f"{plan.verify_widths(user.config)[0]}); give --budget {need} or more")
         if done:
@@ -310,7 +312,8 @@ def recommend(user: UserModel, cfg: RecommendConfig, extra: dict[str, Any] | Non
     log(f"recommend: {user.describe()}")
     for note in user.notes:
         log(f"  note: {note}")
-    log(f"  precision {precision}; optimizer {cfg.optimizer}; {len(candidates)} candidates; budget {cfg.budget:g} min on {workers} worker(s) "
+    log(f"  precision {precision}; optimizer {cfg.optimizer}; {len(candidates)} candidates; budget {cfg.budget:g} min on "
+        f"{workers} worker(s) "
         f"-> {cfg.out}")
 
     # 0. the plan: settings checked, costs counted, nothing screened or trained yet
@@ -330,8 +333,6 @@ def recommend(user: UserModel, cfg: RecommendConfig, extra: dict[str, Any] | Non
         except plan.BudgetTooSmall as err:
             raise ConfigError(str(err)) from None
         depth = the_plan.depth
-        if the_plan.verify_note:
-            log(f"  {the_plan.verify_note}")
     else:
         depth = saved["plan"]["depth"]
     base = _base(user, depth, precision, extra, cfg.optimizer)
@@ -343,7 +344,8 @@ def recommend(user: UserModel, cfg: RecommendConfig, extra: dict[str, Any] | Non
     if not saved.get("plan"):
         _check_run_settings(base, candidates[0], stress_lr, seed0, log)
     added = None
-    if cfg.verify and saved.get("plan") and not saved["plan"].get("verify"):
+    if cfg.verify and saved.get("plan") and not saved["plan"].get("verify") and (
+            not saved["plan"].get("verify_note") or saved["plan"]["budget_s"] != budget_s):  # the same call: as before
         added = _verify_added(folder, saved["plan"], user, cfg, budget_s, workers, log)
     root = own_folder(cfg.out, "recommend")  # nothing written before this line: a refusal leaves no trace
     lock = FolderLock(folder.lock_file, wait=0, busy=lambda holder: (
@@ -386,6 +388,8 @@ def _stages(folder: RecommendDir, saved: dict[str, Any], user: UserModel, cfg: R
         + f"; predicted {_m(pred['total'])} of {budget_s / 60:g}")
     for cut in p["cut"]:
         log(f"  the budget buys: {cut}")
+    if p.get("verify_note"):
+        log(f"  {p['verify_note']}")
 
     # 1. the screen
     log(f"\n1/3 screen {_clock(t0, budget_s)}: {len(p['screened'])} candidates at your depth {user.config.n_layers}, "
