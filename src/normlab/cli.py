@@ -358,6 +358,8 @@ def _transfer(args: argparse.Namespace) -> int:
     for path in [args.proxy, *args.others]:
         if not SweepDir(path).is_sweep():
             raise ConfigError(f"{path} holds no {STORE}; give folders written by normlab sweep (layout x lr x seed)")
+    if args.record and not args.record.endswith(".json"):
+        raise ConfigError(f"--record {args.record}: give a .json file (a transfer record, new or to update)")
     print(report(args.proxy, args.others, lrs=args.lrs))
     if args.record:
         from normlab.experiments.transfer import record
