@@ -496,6 +496,35 @@ def test_muon_proxies_cost_their_newton_schulz_steps_in_the_plan():
     assert extra == pytest.approx(100 * 2e-11 * 2 * per_block)
 
 
+@pytest.mark.parametrize("moe", [False, True])
+def test_the_counted_muon_matrices_are_those_muon_takes(moe):
+    """cost.muon_shapes (counted, nothing built) against train.optim.muon_matrices on each preset built on the
+    meta device (Admin's profiling pass reads values: built on the CPU, tiny)."""
+    import torch
+
+    from normlab.layout import PRESETS
+    from normlab.model import build_model
+    from normlab.recommend import cost
+    from normlab.train.optim import muon_matrices
+
+    over = dict(d_model=32, n_heads=2, n_layers=2, max_seq_len=16, vocab_size=64)
+    if moe:
+        over.update(n_experts=4, moe_top_k=2, moe_shared_expert=True)
+    from normlab.errors import LayoutError
+
+    for name in PRESETS:
+        try:
+            with torch.device("meta"):
+                model = build_model(name, "nano", seed=0, **over)
+        except LayoutError:  # e.g. an MLP hidden norm with experts: not a model
+            continue
+        except RuntimeError:
+            model = build_model(name, "nano", seed=0, **over)
+        got = sorted(tuple(p.shape[-2:]) if p.ndim == 2 else (p.shape[2], p.shape[1])
+                     for p in muon_matrices(model) for _ in range(p.shape[0] if p.ndim > 2 else 1))
+        assert sorted(cost.muon_shapes(model.config, name)) == got, name
+
+
 def test_a_verify_stage_is_counted_before_anything_runs_at_the_widest_width_that_fits():
     from normlab.recommend import cost, plan
     from normlab.recommend.shape import read_user_model

@@ -10,9 +10,11 @@ Counted work (from the model's shape and the layout's data, nothing built):
                                                          (d per A/B/C site, the FFN per H, heads x head
                                                          width per q/k/v/context), the embedding and final norms
     optimizer       M = Muon's Newton-Schulz FLOPs a step  k (4 m^2 n + 2 m^3) per m x n matrix Muon takes
-                                                         (`normlab.train.mfu.optimizer_flops`, on the model
-                                                         built on the meta device: shapes, no memory); 0 for
-                                                         AdamW and SGD (elementwise: O(N) against 6 N a token)
+                                                         (`normlab.train.mfu.newton_schulz_flops`) over the
+                                                         blocks' matrices from the shape and the layout's data
+                                                         (`muon_shapes`: q, k, v, o, the gate's projection, the
+                                                         MLP's or each expert's); 0 for AdamW and SGD
+                                                         (elementwise: O(N) against 6 N a token)
     screen          B = 128 x (2 N_layer + 4 H Q T)      one block's forward FLOPs on the screen's 2 x 64 tokens
 
 The calibration (`calibrate`, a few seconds, cached under the normlab cache folder keyed by the
@@ -92,19 +94,32 @@ def block_work(cfg: ModelConfig) -> float:
     return float(SCREEN_TOKENS * (2 * per_layer + 4 * cfg.n_heads * cfg.head_dim * SCREEN_SEQ))
 
 
+def muon_shapes(cfg: ModelConfig, layout: str) -> list[tuple[int, int]]:
+    """The (out, in) shapes of the matrices Muon takes (`normlab.train.optim.muon_matrices`), counted from
+    the shape and the layout's data: per block q, k, v, o, the gate's projection where the layout has one,
+    and the MLP's matrices, or each expert's (and a shared expert's); routers stay with AdamW."""
+    d, hd, h, kv = cfg.d_model, cfg.head_dim, cfg.n_heads, cfg.kv_heads
+    gated = cfg.mlp in ("swiglu", "geglu-tanh")
+    out: list[tuple[int, int]] = []
+    for blk in as_layout(layout).resolve(cfg.n_layers).blocks:
+        out += [(h * hd, d), (kv * hd, d), (kv * hd, d), (d, h * hd)] + ([(h * hd, d)] if blk.attn_inner.gate else [])
+        if cfg.n_experts:
+            f = cfg.expert_ffn_dim
+            out += cfg.n_experts * [(f, d), (f, d), (d, f)]
+            out += [(f, d), (f, d), (d, f)] if cfg.moe_shared_expert else []
+        else:
+            out += [(cfg.ffn_dim, d)] * (2 if gated else 1) + [(d, cfg.ffn_dim)]
+    return out
+
+
 def optimizer_work(cfg: ModelConfig, layout: str, optimizer: str = "adamw", ns_steps: int = 5) -> float:
     """M: the FLOPs an optimizer step adds (module doc): Muon's Newton-Schulz iterations over the matrices
-    it takes, counted on `layout` at `cfg` built on the meta device; 0 for AdamW and SGD."""
+    it takes; 0 for AdamW and SGD."""
     if optimizer != "muon":
         return 0.0
-    import torch
+    from normlab.train.mfu import newton_schulz_flops
 
-    from normlab.model import build_model
-    from normlab.train.mfu import optimizer_flops
-
-    with torch.device("meta"):
-        model = build_model(layout, "micro", seed=0, **cfg.to_dict())
-    return float(optimizer_flops(model, "muon", ns_steps))
+    return float(sum(newton_schulz_flops(s, ns_steps) for s in muon_shapes(cfg, layout)))
 
 
 @dataclass(frozen=True)
