@@ -561,3 +561,15 @@ def test_the_transfer_record_renders_what_is_there_and_says_not_yet_measured_whe
     assert "in progress, 40 of 142 runs" in head
     assert "tau +0.67 (p 0.33), top-1 agrees, top-3 2/3" in body and "predicted only 2" in body
     assert "`normlab transfer w64 w128`" in body
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon", "sgd"])
+def test_the_proxies_train_with_the_optimizer_asked_at_the_width_asked(optimizer):
+    from normlab.recommend.shape import read_user_model
+    from normlab.recommend.stages import _base, _sweep
+
+    user = read_user_model("kim-400m")
+    (spec,) = _sweep(_base(user, 2, "fp16", {}, optimizer, width=256), ["pre"], [0.1], [0]).expand()
+    cfg = spec.train_config("unused")
+    assert cfg.optim.optimizer == optimizer and cfg.model.model_config().d_model == 256
+    assert cfg.model.model_config().n_heads == 256 // 16  # heads of 16, as the proxies'
