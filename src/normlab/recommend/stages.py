@@ -264,7 +264,10 @@ def _verify(folder: RecommendDir, v: dict[str, Any], result: dict[str, Any], run
     record["round"] = _round("verify", v["predicted_s"], began, wide, top, len(top))
     log(f"  verify done in {_m(time.time() - began)} (predicted {_m(v['predicted_s'])}); "
         f"{record['round']['finished']} of {len(top)} runs finished")
-    order = [x for x in transfer.rank_sweep(wide).layout if x in top]
+    table = transfer.rank_sweep(wide)
+    order = [x for x in table.layout if x in top]
+    said = {r.layout: (f"{r.failed}/{r.finished} failed" if r.failed else f"loss {r.best_loss:.3f}")
+            for r in table.itertuples(index=False)}
     if len(order) < 2:
         return {**record, "status": "unfinished", "why": f"{len(order)} of {len(top)} runs finished: nothing to order "
                 "(run the same command again to finish them)"}
@@ -274,7 +277,8 @@ def _verify(folder: RecommendDir, v: dict[str, Any], result: dict[str, Any], run
     held = "held" if agree.proxy_order == order else (
         "the winner held, the order below it changed" if agree.top1 else "did not hold: another placement won")
     words = (f"At width {v['width']} ({v['width'] // PROXY_WIDTH}x the proxy) the order {held}: "
-             f"{' > '.join(order)} against the ranking's {' > '.join(agree.proxy_order)} (Kendall's tau "
+             f"{' > '.join(f'{x} ({said[x]})' for x in order)} against the ranking's {' > '.join(agree.proxy_order)} "
+             f"(Kendall's tau "
              f"{agree.tau:+.2f} over {len(order)} placements, top-1 {'agrees' if agree.top1 else 'differs'}; "
              f"failures at lr {lr:g}: {tally['predicted_and_seen']} predicted and seen, {tally['predicted_only']} "
              f"predicted only, {tally['seen_only']} seen only, {tally['neither']} neither). One seed, "
@@ -356,6 +360,9 @@ def recommend(user: UserModel, cfg: RecommendConfig, extra: dict[str, Any] | Non
             saved["plan"] = the_plan.to_dict()
         if added and not saved["plan"].get("verify"):
             saved["plan"]["verify"], saved["plan"]["verify_note"] = added, ""
+            predicted = saved["plan"]["predicted"]
+            predicted["total"] += added["predicted_s"] - predicted.get("verify", 0.0)
+            predicted["verify"] = added["predicted_s"]
         return _stages(folder, saved, user, cfg, precision, extra, candidates, current, base, t0, budget_s,
                        stop_at, workers, log, run_sweep, Deadline, load_sweep, summarize)
     finally:
