@@ -358,7 +358,13 @@ def _transfer(args: argparse.Namespace) -> int:
     for path in [args.proxy, *args.others]:
         if not SweepDir(path).is_sweep():
             raise ConfigError(f"{path} holds no {STORE}; give folders written by normlab sweep (layout x lr x seed)")
+    if args.record and not args.record.endswith(".json"):
+        raise ConfigError(f"--record {args.record}: give a .json file (a transfer record, new or to update)")
     print(report(args.proxy, args.others, lrs=args.lrs))
+    if args.record:
+        from normlab.experiments.transfer import record
+
+        print(f"record: {args.record} ({record(args.record, args.proxy, args.others, lrs=args.lrs)['status']})")
     return 0
 
 
@@ -726,6 +732,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("others", nargs="+", help="the sweeps to compare it with")
     s.add_argument("--lrs", choices=["common", "all"], default="common",
                    help="rank both on the learning rates they share, or each on all it ran (default: common)")
+    s.add_argument("--record", metavar="FILE.json", help="also write the agreement numbers, the command and the "
+                   "study's status into this transfer record (kept entries updated); recommend's report renders "
+                   "the package's copy, src/normlab/recommend/transfer_record.json")
     s.set_defaults(func=_transfer)
     s = sub.add_parser("recipes", help="list the ready-made sweeps reproducing the papers' studies")
     s.add_argument("--names", action="store_true", help="print the names only")

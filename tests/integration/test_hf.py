@@ -550,13 +550,21 @@ def test_monitor_attention_logits_match_normlabs_own_probe(arch):
 
 
 TOKENIZER_CHECK = r"""
-import json, sys
+import builtins, json, sys
+asked = []
+def no_prompt(*args, **kwargs):  # transformers' trust question goes through input(): recorded, and refused
+    asked.append(str(args[0]) if args else "")
+    raise EOFError("stdin closed")
+builtins.input = no_prompt
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 native, ours = sys.argv[1], sys.argv[2]
 a = AutoTokenizer.from_pretrained(native, local_files_only=True)         # a native export: the Auto class
 b = PreTrainedTokenizerFast.from_pretrained(ours, local_files_only=True)  # a normlab-class export: the stock class
 c = AutoTokenizer.from_pretrained(ours, local_files_only=True, trust_remote_code=False)
-print(json.dumps({"classes": [type(t).__name__ for t in (a, b, c)], "ids": [t("To bé")["input_ids"] for t in (a, b, c)]}))
+quiet = len(asked)
+d = AutoTokenizer.from_pretrained(ours, local_files_only=True)  # AutoConfig asks first (docs/huggingface.md)
+print(json.dumps({"classes": [type(t).__name__ for t in (a, b, c, d)], "asked_before": quiet,
+                  "asked_plain": len(asked) - quiet, "ids": [t("To bé")["input_ids"] for t in (a, b, c, d)]}))
 """
 
 
@@ -596,7 +604,12 @@ def test_export_writes_the_stock_class_where_exact_and_a_tokenizer_that_asks_no_
                          capture_output=True, text=True, stdin=subprocess.DEVNULL, env=env, timeout=300)
     assert res.returncode == 0 and "Do you wish to run the custom code" not in res.stdout + res.stderr, res.stderr[-2000:]
     got = json.loads(res.stdout.strip().splitlines()[-1])
-    assert got["ids"] == [list("To bé".encode())] * 3
+    assert got["ids"] == [list("To bé".encode())] * 4
+    assert got["asked_before"] == 0  # the stock class, and AutoTokenizer with trust_remote_code=False: no question
+    # transformers 5.x: AutoTokenizer without the flag resolves config.json through AutoConfig first, which asks for the
+    # model's code (its auto_map, needed by AutoModelForCausalLM); refused, it falls back and loads the stock class.
+    # This fails the day transformers stops asking: then docs/huggingface.md's advice can be simplified.
+    assert got["asked_plain"] == 1
     # byte-exact: any byte sequence (invalid UTF-8 included) decodes as normlab decodes it; any text encodes alike
     ours, hf = ByteTokenizer(), to_hf_tokenizer(ByteTokenizer(), 64)
     rng = random.Random(0)

@@ -189,3 +189,82 @@ def test_sweep_deadline_leaves_unstarted_runs_pending_and_stops_running_ones(cor
 def test_settings_recommend_decides_are_refused(tmp_path, capsys, flag):
     assert main(["recommend", "nano", "--set", flag, "--out", str(tmp_path / "x")]) == 2
     assert "decided by recommend" in capsys.readouterr().err
+
+
+def _wide_model(tmp_path):
+    """A 2-layer config.json 256 wide: the proxies are 64 wide, the verify stage can go to 128 or 256."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "llama", "hidden_size": 256, "num_hidden_layers": 2,
+                                "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 512,
+                                "vocab_size": 256, "hidden_act": "silu", "tie_word_embeddings": True}))
+    return path
+
+
+def test_verify_trains_the_best_at_a_wider_width_and_says_whether_the_order_held(corpus, tmp_path, capsys):
+    """--verify with --optimizer sgd: the plan counts the stage before anything runs; the best 2 train again at
+    the widest width that fits, at the winner's best lr, and the recommendation says whether the order held,
+    with Kendall's tau from the two orders (tau = +1 for the same order of 2, -1 for the reverse)."""
+    out = tmp_path / "rec"
+    args = _args(corpus, out, "--verify", "--optimizer", "sgd")
+    args[1] = str(_wide_model(tmp_path))
+    args[args.index("0.01,0.1")] = "0.1"  # one learning rate: no final round, the stress runs ranked (faster)
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "optimizer sgd" in text and "\nverify [" in text and "(the winner's best)" in text
+    plan = json.loads((out / "plan.json").read_text())["plan"]
+    v = plan["verify"]
+    assert plan["optimizer"] == "sgd" and v["k"] == 2 and v["width"] in (128, 256) and plan["predicted"]["verify"] > 0
+    assert plan["predicted"]["total"] == pytest.approx(sum(x for k, x in plan["predicted"].items() if k != "total"))
+    rec = json.loads((out / "recommendation.json").read_text())
+    got = rec["verify"]
+    assert rec["optimizer"] == "sgd" and got["status"] == "done" and got["width"] == v["width"]
+    ranked = [r["layout"] for r in rec["ranking"] if r["rank"] is not None]
+    assert got["proxy_order"] == ranked[:2] and sorted(got["verify_order"]) == sorted(ranked[:2])
+    assert got["tau"] == (1.0 if got["verify_order"] == ranked[:2] else -1.0)
+    assert got["held"] == (got["tau"] == 1.0) and got["top1"] == (got["verify_order"][0] == ranked[0])
+    assert sum(got["failures"].values()) == 2  # one (layout, lr) cell each, both trained at the winner's best lr
+    assert [r["stage"] for r in rec["rounds"]][-1] == "verify"
+    from normlab.experiments.summary import load_sweep
+
+    wide, _ = load_sweep(out / "verify")
+    assert len(wide) == 2 and set(wide.layout) == set(ranked[:2]) and set(wide.lr) == {got["lr"]}
+    md = (out / "recommendation.md").read_text()
+    assert "## Did the order hold at a larger width? (--verify)" in md and got["words"] in md
+    assert "- optimizer: sgd" in md and "## How often the proxies have been right" in md
+    page = (out / "report.html").read_text()
+    assert "Did the order hold at a larger width?" in page and "How often the proxies have been right" in page
+    assert "<pre><code>" in page  # the winner's snippets, escaped, as code blocks
+
+
+def test_verify_that_the_budget_cannot_buy_is_said_in_one_line_then_refused_alone(corpus, tmp_path, capsys):
+    """A model no wider than the proxy: nothing to verify at; the plan says so in one line and the recommendation
+    goes on without it (the same command again: the same answer). Asked again with another budget on the finished
+    folder, verifying is all that is asked: refused, one line, exit 2, the recommendation kept."""
+    out = tmp_path / "rec"
+    note = "--verify: your model (d 32) is no wider than the proxies; there is no wider width to verify at"
+    args = _args(corpus, out, "--verify")
+    args[args.index("0.01,0.1")] = "0.1"  # one learning rate: no final round (faster)
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert text.index(note) < text.index("1/3 screen")  # said before anything runs, then in the recommendation
+    assert f"- No verify: {note}" in (out / "recommendation.md").read_text()
+    rec = json.loads((out / "recommendation.json").read_text())
+    assert rec["verify"] == {"status": "not bought", "why": note} and not (out / "verify").exists()
+    assert main(args) == 0  # the same command: resumed, the same answer
+    assert note in capsys.readouterr().out
+    before = (out / "recommendation.json").read_bytes()
+    assert main([*args, "--budget", "30"]) == 2  # verify alone, on a done folder
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(note) and len(err.splitlines()) == 1
+    assert (out / "recommendation.json").read_bytes() == before
+
+
+def test_an_unknown_optimizer_is_refused_in_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:  # argparse's choices: one line, exit 2
+        main(["recommend", "nano", "--optimizer", "adam", "--out", str(tmp_path / "r")])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "adam" in err and "adamw" in err and "muon" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "r").exists()
+    assert main(["recommend", "nano", "--set", "optimizer=muon", "--out", str(tmp_path / "r")]) == 2
+    assert "give it through --optimizer" in capsys.readouterr().err

@@ -473,3 +473,103 @@ def test_what_ran_and_how_far_the_answer_could_move():
     assert any(x.startswith("One seed") for x in text) and any("1 candidate(s) not tried (post)" in x for x in text)
     assert text[-1] == ("peri's best learning rate was the lowest tried (0.01): its optimum may lie beyond; 0.003 would "
                         "be next (no room in this budget).")
+
+
+def test_muon_proxies_cost_their_newton_schulz_steps_in_the_plan():
+    """A Muon step adds k (4 m^2 n + 2 m^3) FLOPs per m x n block matrix (m <= n), priced at the calibrated
+    c_flop: the plan's run seconds grow by exactly steps x c_flop x that sum."""
+    from normlab.model.config import ModelConfig
+    from normlab.recommend import cost
+    from normlab.recommend.shape import proxy_shape, read_user_model
+
+    cal = cost.Calibration(c0=0.002, c_flop=2e-11, c_norm=0.0, s0=0.05, s_layer=0.05, s_flop=0.0, seconds=1.0)
+    shape = ModelConfig(**proxy_shape(read_user_model("micro").config, 2))
+    d, hd, h, kv, ff = shape.d_model, shape.head_dim, shape.n_heads, shape.kv_heads, shape.ffn_dim
+
+    def ns(a, b):
+        m, n = sorted((a, b))
+        return 5 * (4 * m * m * n + 2 * m**3)
+    per_block = ns(h * hd, d) + 2 * ns(kv * hd, d) + ns(d, h * hd) + 2 * ns(ff, d) + ns(d, ff)  # q, k, v, o; SwiGLU
+    assert cost.optimizer_work(shape, "pre", "muon") == 2 * per_block
+    assert cost.optimizer_work(shape, "pre", "adamw") == cost.optimizer_work(shape, "pre", "sgd") == 0
+    extra = cal.run_seconds(shape, "pre", 100, "muon") - cal.run_seconds(shape, "pre", 100, "adamw")
+    assert extra == pytest.approx(100 * 2e-11 * 2 * per_block)
+
+
+@pytest.mark.parametrize("moe", [False, True])
+def test_the_counted_muon_matrices_are_those_muon_takes(moe):
+    """cost.muon_shapes (counted, nothing built) against train.optim.muon_matrices on each preset built on the
+    meta device (Admin's profiling pass reads values: built on the CPU, tiny)."""
+    import torch
+
+    from normlab.layout import PRESETS
+    from normlab.model import build_model
+    from normlab.recommend import cost
+    from normlab.train.optim import muon_matrices
+
+    over = dict(d_model=32, n_heads=2, n_layers=2, max_seq_len=16, vocab_size=64)
+    if moe:
+        over.update(n_experts=4, moe_top_k=2, moe_shared_expert=True)
+    from normlab.errors import LayoutError
+
+    for name in PRESETS:
+        try:
+            with torch.device("meta"):
+                model = build_model(name, "nano", seed=0, **over)
+        except LayoutError:  # e.g. an MLP hidden norm with experts: not a model
+            continue
+        except RuntimeError:
+            model = build_model(name, "nano", seed=0, **over)
+        got = sorted(tuple(p.shape[-2:]) if p.ndim == 2 else (p.shape[2], p.shape[1])
+                     for p in muon_matrices(model) for _ in range(p.shape[0] if p.ndim > 2 else 1))
+        assert sorted(cost.muon_shapes(model.config, name)) == got, name
+
+
+def test_a_verify_stage_is_counted_before_anything_runs_at_the_widest_width_that_fits():
+    from normlab.recommend import cost, plan
+    from normlab.recommend.shape import read_user_model
+
+    cal = cost.Calibration(c0=0.002, c_flop=2e-11, c_norm=0.0, s0=0.05, s_layer=0.05, s_flop=0.0, seconds=1.0)
+    user = read_user_model("kim-400m").config  # d 1024: widths 128 ... 1024
+    big = plan.make_plan(["pre", "peri", "post", "olmo2"], None, user, cal, 1800, 2, 150, verify=True)
+    v = big.verify
+    assert v["k"] >= 2 and v["width"] in (128, 256, 512, 1024) and big.predicted["verify"] == v["predicted_s"]
+    assert v["predicted_s"] == pytest.approx(plan.verify_seconds(big.screened, user, cal, 2, big.depth, big.steps,
+                                                                 v["k"], v["width"]))
+    assert big.predicted["total"] <= (1800 - big.predicted["reserves"]) * plan.FILL + big.predicted["reserves"]
+    wider = [w for w in plan.verify_widths(user) if w > v["width"]]  # the next width would not have fit its share
+    if wider:
+        assert plan.verify_seconds(big.screened, user, cal, 2, big.depth, big.steps, 2, wider[0]) > v["predicted_s"]
+    small = plan.make_plan(["pre", "peri", "post", "olmo2"], None, user, cal, 150, 2, 150, verify=True)
+    assert small.verify is None and small.verify_note.startswith("--verify: this budget buys no verify stage")
+    assert "recommending without it; --budget" in small.verify_note and "\n" not in small.verify_note
+    assert plan.make_plan(["pre", "peri", "post", "olmo2"], None, user, cal, 150, 2, 150).verify_note == ""
+
+
+def test_the_transfer_record_renders_what_is_there_and_says_not_yet_measured_when_empty():
+    from normlab.recommend import report
+
+    shipped = report.transfer_record()
+    assert shipped["study"].startswith("docs/results.md") and "status" in shipped
+    (line,) = report.record_lines({"status": "in progress, 4 of 142 runs", "comparisons": []})
+    assert "not yet measured (in progress, 4 of 142 runs" in line and "Transfer study" in line
+    rec = {"status": "in progress, 40 of 142 runs", "comparisons": [
+        {"proxy": "w64", "other": "w128", "placements": 4, "tau": 2 / 3, "p_value": 0.33, "top1": True, "top3": 2 / 3,
+         "k": 3, "failures": {"predicted_and_seen": 1, "predicted_only": 2, "seen_only": 0, "neither": 9},
+         "command": "normlab transfer w64 w128"}]}
+    head, body = report.record_lines(rec)
+    assert "in progress, 40 of 142 runs" in head
+    assert "tau +0.67 (p 0.33), top-1 agrees, top-3 2/3" in body and "predicted only 2" in body
+    assert "`normlab transfer w64 w128`" in body
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon", "sgd"])
+def test_the_proxies_train_with_the_optimizer_asked_at_the_width_asked(optimizer):
+    from normlab.recommend.shape import read_user_model
+    from normlab.recommend.stages import _base, _sweep
+
+    user = read_user_model("kim-400m")
+    (spec,) = _sweep(_base(user, 2, "fp16", {}, optimizer, width=256), ["pre"], [0.1], [0]).expand()
+    cfg = spec.train_config("unused")
+    assert cfg.optim.optimizer == optimizer and cfg.model.model_config().d_model == 256
+    assert cfg.model.model_config().n_heads == 256 // 16  # heads of 16, as the proxies'

@@ -128,6 +128,27 @@ def test_the_command_prints_the_table_and_refuses_a_folder_without_a_sweep(tmp_p
     assert sorted(p.name for p in (tmp_path / "empty").iterdir()) == []  # nothing written
 
 
+def test_the_record_keeps_the_numbers_the_command_and_the_status(tmp_path, capsys):
+    """--record FILE: the agreement numbers beside the command that produced them and "in progress, N of M
+    runs" while any run is pending; a file that is not a record is refused and left as it was."""
+    import json
+
+    root = synthetic_store(tmp_path)
+    rec_file = tmp_path / "record.json"
+    assert main(["transfer", str(root), str(root), "--record", str(rec_file)]) == 0
+    assert "record: " in capsys.readouterr().out
+    rec = json.loads(rec_file.read_text())
+    (c,) = rec["comparisons"]
+    assert rec["status"] == "in progress, 11 of 12 runs"  # one sweep, 11 of its 12 runs finished
+    assert c["tau"] == 1.0 and c["top1"] is True and c["top3"] == 1.0 and c["placements"] == 2
+    assert c["failures"] == {"predicted_and_seen": 2, "predicted_only": 0, "seen_only": 0, "neither": 2}
+    assert c["command"] == f"normlab transfer {root} {root}"
+    other = tmp_path / "notes.json"
+    other.write_text('{"mine": 1}')
+    assert main(["transfer", str(root), str(root), "--record", str(other)]) == 2
+    assert "is not a transfer record" in capsys.readouterr().err and other.read_text() == '{"mine": 1}'
+
+
 LLAMA_1B = {"model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
             "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256, "hidden_act": "silu",
             "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": True, "head_dim": 64,

@@ -209,6 +209,7 @@ RECOMMEND_BASE: dict[str, Any] = {"size": "micro-deep", "steps": 150, "batch_siz
                                   "weight_decay": 0.0, "probe_every": 25, "eval_every": 0, "eval_batches": 4,
                                   "compile": False}
 PRECISIONS = ("bf16", "fp16")
+RECOMMEND_OPTIMIZERS = ("adamw", "muon", "sgd")  # optim.optimizer's choices
 
 
 def _lrs(values: tuple) -> str | None:
@@ -224,7 +225,8 @@ def _seeds(values: tuple) -> str | None:
 RECOMMEND_DECIDES = {"layout": "--candidates", "lr": "--lrs", "seed": "--seeds", "out": "--out",
                      "progress": "the command", "size": "your model file",
                      "tokenizer": "nothing: the proxies read bytes (vocabulary 256)",
-                     "vocab_size": "nothing: the proxies read bytes (vocabulary 256)"}
+                     "vocab_size": "nothing: the proxies read bytes (vocabulary 256)",
+                     "optimizer": "--optimizer", "optim.optimizer": "--optimizer"}
 
 
 def check_recommend_settings(extra: dict[str, Any]) -> None:
@@ -258,6 +260,10 @@ class RecommendConfig:
                                      metavar="S1,S2,...")
     depth: int | None = setting(None, "the proxies' depth, at most yours (none: planned: 12, deeper up to yours as the "
                                 "budget allows, 8 or 6 only where 12 does not fit)", check=positive, metavar="LAYERS")
+    optimizer: str = setting("adamw", "the optimizer your proxies train with, as you will: adamw | muon (Muon on the "
+                             "blocks' matrices, AdamW on the rest) | sgd", choices=RECOMMEND_OPTIMIZERS)
+    verify: bool = setting(False, "spend part of the budget training the best k candidates (k >= 2, from the budget) "
+                           "at the widest width that fits, and say whether the proxy's order held there")
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -140,11 +140,46 @@ class Agreement:
         return len(self.layouts) * (len(self.layouts) - 1) // 2
 
 
+def order_agreement(proxy_order: list[str], other_order: list[str], lrs: list[float] | None = None) -> Agreement:
+    """Kendall's tau-b, its p-value, top-1 and top-3 agreement between two orders of the same placements
+    (`normlab recommend --verify` compares its ranking with the wider runs' through this)."""
+    from scipy.stats import kendalltau
+
+    pa, pb = list(proxy_order), list(other_order)
+    if set(pa) != set(pb):
+        raise ValueError(f"two orders of different placements: {pa} and {pb}")
+    out = Agreement(proxy_order=pa, other_order=pb, lrs=lrs)
+    if len(pa) >= 2:
+        pos_b = {x: i for i, x in enumerate(pb)}
+        result = kendalltau(list(range(len(pa))), [pos_b[x] for x in pa])
+        out.tau, out.p_value = float(result.statistic), float(result.pvalue)
+    if pa:
+        out.top1 = pa[0] == pb[0]
+        out.k = min(3, len(pa))
+        out.top3 = len(set(pa[: out.k]) & set(pb[: out.k])) / out.k
+    out.discordant = [(x, y) for i, x in enumerate(pa) for y in pa[i + 1:] if pb.index(x) > pb.index(y)]
+    return out
+
+
+def failure_tally(cells_a: dict[tuple[str, float], tuple[int, int]], cells_b: dict[tuple[str, float], tuple[int, int]],
+                  ) -> tuple[dict[str, int], list[str]]:
+    """Failures predicted (a cell failed in `cells_a`) vs seen (in `cells_b`), over the cells both hold
+    (`failure_cells`): the four counts, and the cells where they disagree in words."""
+    tally = {"predicted_and_seen": 0, "predicted_only": 0, "seen_only": 0, "neither": 0}
+    disagree = []
+    for cell in sorted(set(cells_a) & set(cells_b)):
+        predicted, seen = cells_a[cell][0] > 0, cells_b[cell][0] > 0
+        key = ("predicted_and_seen" if seen else "predicted_only") if predicted else ("seen_only" if seen else "neither")
+        tally[key] += 1
+        if predicted != seen:
+            disagree.append(f"{cell[0]} @ lr {cell[1]:g}: proxy {cells_a[cell][0]}/{cells_a[cell][1]} "
+                            f"failed, other {cells_b[cell][0]}/{cells_b[cell][1]}")
+    return tally, disagree
+
+
 def compare(proxy: pd.DataFrame, other: pd.DataFrame, lrs: str = "common") -> Agreement:
     """`proxy` and `other`: `load_sweep` tables (layout x lr x seed). `lrs`: "common" ranks both on the
     learning rates they share; "all" ranks each on all it ran (failures are compared on the shared ones)."""
-    from scipy.stats import kendalltau
-
     if lrs not in ("common", "all"):
         raise ValueError(f"lrs must be 'common' or 'all', got {lrs!r}")
     common = shared_lrs(proxy, other)
@@ -153,35 +188,12 @@ def compare(proxy: pd.DataFrame, other: pd.DataFrame, lrs: str = "common") -> Ag
     both = [x for x in a.layout if x in set(b.layout)]
     a_sub = a[a.layout.isin(both)].reset_index(drop=True)
     b_sub = b[b.layout.isin(both)].reset_index(drop=True)
-    pa = list(a_sub.layout)
-    pb = list(b_sub.layout)
-    out = Agreement(proxy_order=pa, other_order=pb, lrs=chosen)
-    if len(both) >= 2:
-        pos_b = {x: i for i, x in enumerate(pb)}
-        result = kendalltau(list(range(len(pa))), [pos_b[x] for x in pa])
-        out.tau, out.p_value = float(result.statistic), float(result.pvalue)
-    if both:
-        out.top1 = pa[0] == pb[0]
-        out.k = min(3, len(both))
-        out.top3 = len(set(pa[: out.k]) & set(pb[: out.k])) / out.k
+    out = order_agreement(list(a_sub.layout), list(b_sub.layout), chosen)
     row_a = {r.layout: r for r in a_sub.itertuples(index=False)}
     row_b = {r.layout: r for r in b_sub.itertuples(index=False)}
-    for i, x in enumerate(pa):
-        for y in pa[i + 1:]:  # the proxy puts x ahead of y
-            if pb.index(x) > pb.index(y):
-                out.discordant.append((x, y))
-                if _decided(row_a[x], row_a[y]) and _decided(row_b[x], row_b[y]):
-                    out.discordant_beyond_noise.append((x, y))
-    cells_a, cells_b = failure_cells(proxy, common), failure_cells(other, common)
-    tally = {"predicted_and_seen": 0, "predicted_only": 0, "seen_only": 0, "neither": 0}
-    for cell in sorted(set(cells_a) & set(cells_b)):
-        predicted, seen = cells_a[cell][0] > 0, cells_b[cell][0] > 0
-        key = ("predicted_and_seen" if seen else "predicted_only") if predicted else ("seen_only" if seen else "neither")
-        tally[key] += 1
-        if predicted != seen:
-            out.cells_disagreeing.append(f"{cell[0]} @ lr {cell[1]:g}: proxy {cells_a[cell][0]}/{cells_a[cell][1]} "
-                                         f"failed, other {cells_b[cell][0]}/{cells_b[cell][1]}")
-    out.failures = tally
+    out.discordant_beyond_noise = [(x, y) for x, y in out.discordant  # the proxy puts x ahead of y
+                                   if _decided(row_a[x], row_a[y]) and _decided(row_b[x], row_b[y])]
+    out.failures, out.cells_disagreeing = failure_tally(failure_cells(proxy, common), failure_cells(other, common))
     return out
 
 
@@ -260,4 +272,52 @@ def report(proxy_dir: str | Path, others: list[str | Path], lrs: str = "common")
     return "\n".join(lines + ["## Agreement", "", *summary, ""])
 
 
-__all__ = ["Agreement", "compare", "failure_cells", "rank_sweep", "report", "shared_lrs", "sweep_scale"]
+def record(path: str | Path, proxy_dir: str | Path, others: list[str | Path], lrs: str = "common") -> dict[str, Any]:
+    """Write (or update) a transfer record at `path`: per (proxy, other) pair the agreement numbers and the
+    command that produced them, and the study's status ("in progress, N of M runs" while runs are pending).
+    `normlab recommend`'s report renders the copy shipped in the package (normlab/recommend/transfer_record.json)."""
+    import json
+    import shlex
+
+    from normlab.io import atomic_write_json
+
+    path = Path(path)
+    old: dict[str, Any] = {}
+    if path.exists():
+        try:
+            old = json.loads(path.read_text())
+        except (OSError, ValueError):
+            old = {}
+        if not isinstance(old, dict) or not isinstance(old.get("comparisons"), list):
+            raise ConfigError(f"--record {path} exists and is not a transfer record; give a new file or a record")
+    proxy_dir = Path(proxy_dir)
+    proxy, _ = load_sweep(proxy_dir)
+    kept = {(c["proxy"], c["other"]): c for c in old.get("comparisons", [])}
+    scales = {proxy_dir.name: sweep_scale(proxy_dir)}
+    for other_dir in map(Path, others):
+        other, _ = load_sweep(other_dir)
+        scales[other_dir.name] = sweep_scale(other_dir)
+        a = compare(proxy, other, lrs)
+        finite = lambda x: None if x is None or (isinstance(x, float) and math.isnan(x)) else x  # noqa: E731
+        kept[proxy_dir.name, other_dir.name] = {
+            "proxy": proxy_dir.name, "other": other_dir.name, "placements": len(a.layouts),
+            "tau": finite(a.tau), "p_value": finite(a.p_value), "top1": a.top1, "top3": finite(a.top3), "k": a.k,
+            "failures": a.failures, "discordant_beyond_noise": [list(x) for x in a.discordant_beyond_noise],
+            "finished": {n: [scales[n].get("finished", 0), scales[n].get("runs", 0)]
+                         for n in (proxy_dir.name, other_dir.name)},
+            "command": "normlab transfer " + " ".join(shlex.quote(str(x)) for x in [proxy_dir, *others])
+                       + ("" if lrs == "common" else f" --lrs {lrs}")}
+    comparisons = sorted(kept.values(), key=lambda c: (c["proxy"], c["other"]))
+    counts: dict[str, list[int]] = {}
+    for c in comparisons:
+        counts.update(c["finished"])
+    done, total = sum(v[0] for v in counts.values()), sum(v[1] for v in counts.values())
+    out = {**{k: v for k, v in old.items() if k not in ("comparisons", "status")},
+           "status": "complete" if done == total and total else f"in progress, {done} of {total} runs",
+           "comparisons": comparisons}
+    atomic_write_json(path, out)
+    return out
+
+
+__all__ = ["Agreement", "compare", "failure_cells", "failure_tally", "order_agreement", "rank_sweep", "record", "report",
+           "shared_lrs", "sweep_scale"]

@@ -9,6 +9,12 @@ Counted work (from the model's shape and the layout's data, nothing built):
                     E = tokens x (norm elements per token) every norm site's width over the layers
                                                          (d per A/B/C site, the FFN per H, heads x head
                                                          width per q/k/v/context), the embedding and final norms
+    optimizer       M = Muon's Newton-Schulz FLOPs a step  k (4 m^2 n + 2 m^3) per m x n matrix Muon takes
+                                                         (`normlab.train.mfu.newton_schulz_flops`) over the
+                                                         blocks' matrices from the shape and the layout's data
+                                                         (`muon_shapes`: q, k, v, o, the gate's projection, the
+                                                         MLP's or each expert's); 0 for AdamW and SGD
+                                                         (elementwise: O(N) against 6 N a token)
     screen          B = 128 x (2 N_layer + 4 H Q T)      one block's forward FLOPs on the screen's 2 x 64 tokens
 
 The calibration (`calibrate`, a few seconds, cached under the normlab cache folder keyed by the
@@ -17,7 +23,7 @@ micro model (Pre-LN at 2 and 6 layers, Peri-LN at 6) and screens of a fixed shap
 width 64, 1 layer at 256), each the fastest of a few repeats in CPU time (time.process_time: other
 processes' load inflates it far less than wall time), and fits
 
-    step seconds   = c0 + c_flop F + c_norm E
+    step seconds   = c0 + c_flop (F + M) + c_norm E
     screen seconds = s0 + L (s_layer + s_flop B)
 
 A proxy run's seconds are `RUN_OVERHEAD_S` x this machine's speed (start-up, data, checkpoints) plus
@@ -88,6 +94,34 @@ def block_work(cfg: ModelConfig) -> float:
     return float(SCREEN_TOKENS * (2 * per_layer + 4 * cfg.n_heads * cfg.head_dim * SCREEN_SEQ))
 
 
+def muon_shapes(cfg: ModelConfig, layout: str) -> list[tuple[int, int]]:
+    """The (out, in) shapes of the matrices Muon takes (`normlab.train.optim.muon_matrices`), counted from
+    the shape and the layout's data: per block q, k, v, o, the gate's projection where the layout has one,
+    and the MLP's matrices, or each expert's (and a shared expert's); routers stay with AdamW."""
+    d, hd, h, kv = cfg.d_model, cfg.head_dim, cfg.n_heads, cfg.kv_heads
+    gated = cfg.mlp in ("swiglu", "geglu-tanh")
+    out: list[tuple[int, int]] = []
+    for blk in as_layout(layout).resolve(cfg.n_layers).blocks:
+        out += [(h * hd, d), (kv * hd, d), (kv * hd, d), (d, h * hd)] + ([(h * hd, d)] if blk.attn_inner.gate else [])
+        if cfg.n_experts:
+            f = cfg.expert_ffn_dim
+            out += cfg.n_experts * [(f, d), (f, d), (d, f)]
+            out += [(f, d), (f, d), (d, f)] if cfg.moe_shared_expert else []
+        else:
+            out += [(cfg.ffn_dim, d)] * (2 if gated else 1) + [(d, cfg.ffn_dim)]
+    return out
+
+
+def optimizer_work(cfg: ModelConfig, layout: str, optimizer: str = "adamw", ns_steps: int = 5) -> float:
+    """M: the FLOPs an optimizer step adds (module doc): Muon's Newton-Schulz iterations over the matrices
+    it takes; 0 for AdamW and SGD."""
+    if optimizer != "muon":
+        return 0.0
+    from normlab.train.mfu import newton_schulz_flops
+
+    return float(sum(newton_schulz_flops(s, ns_steps) for s in muon_shapes(cfg, layout)))
+
+
 @dataclass(frozen=True)
 class Calibration:
     """This machine's rates (module doc); `seconds`: what measuring them took."""
@@ -102,17 +136,18 @@ class Calibration:
     key: str = ""
     measured: dict[str, float] | None = None  # the timings behind the fit
 
-    def step_seconds(self, cfg: ModelConfig, layout: str) -> float:
+    def step_seconds(self, cfg: ModelConfig, layout: str, optimizer: str = "adamw", ns_steps: int = 5) -> float:
         f, e = step_work(cfg, layout)
-        return self.c0 + self.c_flop * f + self.c_norm * e
+        return self.c0 + self.c_flop * (f + optimizer_work(cfg, layout, optimizer, ns_steps)) + self.c_norm * e
 
     @property
     def speed(self) -> float:
         """This machine's step time over the reference VM's (> 1: slower)."""
         return self.step_seconds(REFERENCE_SHAPE, "peri") / REFERENCE_STEP_S
 
-    def run_seconds(self, cfg: ModelConfig, layout: str, steps: int) -> float:
-        return RUN_OVERHEAD_S * self.speed + STEP_FACTOR * steps * self.step_seconds(cfg, layout)
+    def run_seconds(self, cfg: ModelConfig, layout: str, steps: int, optimizer: str = "adamw",
+                    ns_steps: int = 5) -> float:
+        return RUN_OVERHEAD_S * self.speed + STEP_FACTOR * steps * self.step_seconds(cfg, layout, optimizer, ns_steps)
 
     def screen_seconds(self, cfg: ModelConfig) -> float:
         """One candidate's screen at `cfg` (its depth and width)."""

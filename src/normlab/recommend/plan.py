@@ -24,6 +24,12 @@ from the layout data alone: bounded, tangential, unbounded), one family in turn,
 `--lrs`, `--seeds` and `--depth` fix their dimension. Where not even the smallest answer fits, the
 refusal (`BudgetTooSmall`) names the least budget that would do.
 
+With `--verify`, the plan first sets aside a verify stage (`verify_plan`): the k best of the ranking
+(k >= 2) trained once more at the widest width (128, 256, ... up to yours) where the 2 dearest candidates'
+runs fit VERIFY_SHARE of the time left after the smallest answer, then k grown (up to VERIFY_MAX_K) while it
+fits there; the proxy's rounds then grow in what remains. Where not even 2 runs at width 128 fit, the plan
+holds no verify stage and says why in one line (`Plan.verify_note`), with the budget that would buy it.
+
 Round times are counted, not measured: each run's predicted seconds dealt to the workers longest first
 (`cost.makespan`); the finalists' runs are priced at the dearest candidates (who they are is known only
 after the stress round).
@@ -54,6 +60,8 @@ FILL = 0.85  # the plan fills this share of the time left: room for a machine sl
 ROUND_OVERHEAD_S = 20.0
 STARTUP_RESERVE_S = 10.0  # imports and reading the model, before the plan (x the machine's speed)
 REPORT_RESERVE_S = 20.0  # the summaries, the figures and the report (x the machine's speed)
+VERIFY_SHARE = 1 / 3  # the verify stage may take up to this share of the time left after the smallest answer
+VERIFY_MAX_K = 4
 SCREEN_MEMORY = 4 * 2**30  # the screen's float64 model at most this large
 WELLPOSED_ORDER = ("bounded", "tangential", "unbounded")
 
@@ -113,6 +121,9 @@ class Plan:
     budget_s: float
     workers: int
     cut: list[str] = field(default_factory=list)  # what the budget left out of the fullest answer, in words
+    optimizer: str = "adamw"  # what the proxies train with
+    verify: dict[str, Any] | None = None  # the verify stage: k, width, depth, steps, predicted_s (None: none)
+    verify_note: str = ""  # why a verify stage asked for is not in the plan (one line), else ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -130,16 +141,61 @@ class _State:
     width: int
 
 
+def verify_widths(user: ModelConfig) -> list[int]:
+    """The verify stage's widths, narrowest first: 2x, 4x, ... the proxy's, up to the user's."""
+    from normlab.recommend.shape import PROXY_WIDTH
+
+    return [PROXY_WIDTH * 2**i for i in range(1, 12) if PROXY_WIDTH * 2**i <= user.d_model]
+
+
+def verify_seconds(names: list[str], user: ModelConfig, cal: Calibration, workers: int, depth: int, steps: int,
+                   k: int, width: int, optimizer: str = "adamw", ns_steps: int = 5) -> float:
+    """The verify stage's round: the `k` dearest of `names` at `width`, dealt to the workers, and its overhead."""
+    from normlab.recommend.shape import proxy_shape
+
+    shape = ModelConfig(**proxy_shape(user, depth, width))
+    runs = sorted(cal.run_seconds(shape, n, steps, optimizer, ns_steps) for n in names)[-k:]
+    return makespan(runs, workers) + ROUND_OVERHEAD_S * cal.speed
+
+
+def verify_plan(names: list[str], user: ModelConfig, cal: Calibration, room_s: float, workers: int, depth: int,
+                steps: int, optimizer: str = "adamw", ns_steps: int = 5) -> tuple[dict[str, Any] | None, str, float]:
+    """The verify stage within `room_s` seconds, for the best of `names` (priced at the dearest of them):
+    the widest width where 2 runs fit, then k grown while it fits there. (stage, "", its seconds), or
+    (None, why not, the seconds 2 runs at the first width would need: inf where none can be bought)."""
+    widths = verify_widths(user)
+    if len(names) < 2:
+        return None, f"--verify needs 2 candidates trained; this recommendation has {len(names)}", math.inf
+    if not widths:
+        return None, (f"--verify: your model (d {user.d_model}) is no wider than the proxies; there is no wider width "
+                      "to verify at"), math.inf
+
+    def cost(k: int, w: int) -> float:
+        return verify_seconds(names, user, cal, workers, depth, steps, k, w, optimizer, ns_steps)
+
+    fitting = [w for w in widths if cost(2, w) <= room_s]
+    if not fitting:
+        return None, f"2 runs at width {widths[0]} do not fit", cost(2, widths[0])
+    w = fitting[-1]
+    k = 2
+    while k < min(VERIFY_MAX_K, len(names)) and cost(k + 1, w) <= room_s:
+        k += 1
+    return {"k": k, "width": w, "depth": depth, "steps": steps, "predicted_s": cost(k, w)}, "", cost(k, w)
+
+
 def make_plan(candidates: list[str], current: str | None, user: ModelConfig, cal: Calibration, budget_s: float,
               workers: int, steps: int, stress_lr: float = 0.1, seed0: int = 0, lrs: tuple[float, ...] = (),
-              seeds: tuple[int, ...] = (), depth: int | None = None, steps_fixed: bool = False) -> Plan:
-    """The plan (module doc) for `candidates` (the current placement among them) on `user`'s shape."""
+              seeds: tuple[int, ...] = (), depth: int | None = None, steps_fixed: bool = False,
+              optimizer: str = "adamw", ns_steps: int = 5, verify: bool = False) -> Plan:
+    """The plan (module doc) for `candidates` (the current placement among them) on `user`'s shape, its
+    proxies trained with `optimizer` (Muon's Newton-Schulz steps counted), with a verify stage if asked."""
     from normlab.recommend.shape import proxy_shape, screen_shape
 
     order, _ = cheap_order(candidates, current)
     speed = cal.speed
     reserve = (STARTUP_RESERVE_S + REPORT_RESERVE_S) * speed
     usable = (budget_s - reserve) * FILL
+    vstage: dict[str, Any] | None = None  # the verify stage's k and width, once chosen
     standard = depth or min(user.n_layers, MIN_DEPTH)
     depths = [depth] if depth else sorted({*(d for d in SHALLOW_DEPTHS if d < standard), *depths_for(user.n_layers)})
     widths = [w for w in [*(2**k for k in range(6, 17)), user.d_model] if w <= user.d_model] or [user.d_model]
@@ -149,7 +205,8 @@ def make_plan(candidates: list[str], current: str | None, user: ModelConfig, cal
 
     def run_s(name: str, d: int, n_steps: int) -> float:
         if (name, d, n_steps) not in run_cache:
-            run_cache[name, d, n_steps] = cal.run_seconds(ModelConfig(**proxy_shape(user, d)), name, n_steps)
+            run_cache[name, d, n_steps] = cal.run_seconds(ModelConfig(**proxy_shape(user, d)), name, n_steps,
+                                                          optimizer, ns_steps)
         return run_cache[name, d, n_steps]
 
     def screen_s(w: int) -> float:
@@ -168,8 +225,12 @@ def make_plan(candidates: list[str], current: str | None, user: ModelConfig, cal
         def round_s(seconds: list[float]) -> float:
             return makespan(seconds, workers) + ROUND_OVERHEAD_S * speed if seconds else 0.0
 
-        return {"screen": s.n * screen_s(s.width), "stress": round_s(runs), "final": round_s(dear * per),
-                "extend": round_s(dear * n_seed_of(s)) if s.extend else 0.0}
+        out = {"screen": s.n * screen_s(s.width), "stress": round_s(runs), "final": round_s(dear * per),
+               "extend": round_s(dear * n_seed_of(s)) if s.extend else 0.0}
+        if vstage:
+            out["verify"] = verify_seconds(order[:s.n], user, cal, workers, s.depth, s.steps,
+                                           min(vstage["k"], s.n), vstage["width"], optimizer, ns_steps)
+        return out
 
     def fits(s: _State) -> bool:
         return sum(stages(s).values()) <= usable
@@ -194,6 +255,21 @@ def make_plan(candidates: list[str], current: str | None, user: ModelConfig, cal
             f"depth {user.n_layers} and trained once at {least.depth} layers, {least.steps} steps: about {need:.1f} min "
             f"on this machine, {stages(least)['screen'] / 60:.1f} of them the screen); give " + ", or ".join(more),
             minutes)
+
+    note = ""
+    if verify:
+        floor_s = sum(stages(state).values())
+        room = min(VERIFY_SHARE * (usable - floor_s), usable - floor_s) if floor_s < usable else 0.0
+        vstage, why, need_s = verify_plan(order[:state.n], user, cal, room, workers, state.depth, state.steps,
+                                          optimizer, ns_steps)
+        if vstage is None and math.isfinite(need_s):  # too dear: the least budget that buys 2 runs at the first width
+            minutes = math.ceil(((floor_s + need_s / VERIFY_SHARE) / FILL + reserve) / 60)
+            note = (f"--verify: this budget buys no verify stage (2 runs at width {verify_widths(user)[0]} need about "
+                    f"{need_s / 60:.1f} min more); recommending without it; --budget {minutes} or more buys it")
+        elif vstage is None:
+            note = why
+        if vstage:  # the verify stage's k and width stay; its cost follows the proxy's depth and steps
+            vstage = {"k": vstage["k"], "width": vstage["width"]}
 
     def grown(s: _State, **change: Any) -> _State:
         return _State(**{**asdict(s), **change})
@@ -252,9 +328,13 @@ def make_plan(candidates: list[str], current: str | None, user: ModelConfig, cal
     predicted = stages(state)
     predicted["reserves"] = reserve
     predicted["total"] = sum(predicted.values())
+    if vstage:
+        vstage = {**vstage, "k": min(vstage["k"], state.n), "depth": state.depth, "steps": state.steps,
+                  "seed": seed0, "predicted_s": predicted["verify"]}
     plan = Plan(order=order, screened=order[:state.n], screen_width=state.width, depth=state.depth,
                 steps=state.steps, stress_lr=stress_lr, seed0=seed0, finalists=state.finalists, lrs=chosen_lrs,
-                seeds=chosen_seeds, extend=state.extend, predicted=predicted, budget_s=budget_s, workers=workers)
+                seeds=chosen_seeds, extend=state.extend, predicted=predicted, budget_s=budget_s, workers=workers,
+                optimizer=optimizer, verify=vstage, verify_note=note)
     plan.cut = _cuts(plan, user, bool(lrs), bool(seeds), depth is not None, steps)
     return plan
 

@@ -65,13 +65,58 @@ def small_samples(ranked: list[Evidence]) -> str:
                                                == 1 else "."))
 
 
+def transfer_record() -> dict[str, Any]:
+    """The transfer study's record shipped in the package (`normlab transfer ... --record`), {} if unreadable."""
+    import json
+    from pathlib import Path
+
+    try:
+        data = json.loads((Path(__file__).parent / "transfer_record.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def record_lines(rec: dict[str, Any]) -> list[str]:
+    """The transfer study's record in words: one line per comparison, or "not yet measured"."""
+    link = "docs/results.md, \"Transfer study\""
+    comps = rec.get("comparisons") or []
+    if not comps:
+        status = rec.get("status", "no record")
+        return [f"How often the proxies' order held at larger width: not yet measured ({status}; {link})."]
+    out = [f"The transfer study ({link}), {rec.get('status', '')}:"]
+    for c in comps:
+        tau = "-" if c.get("tau") is None else f"{c['tau']:+.2f} (p {c['p_value']:.2f})"
+        top1 = "-" if c.get("top1") is None else ("agrees" if c["top1"] else "differs")
+        top3 = "-" if c.get("top3") is None else f"{round(c['top3'] * c['k'])}/{c['k']}"
+        f = c.get("failures") or {}
+        out.append(f"{c['proxy']} against {c['other']}: {c['placements']} placements, Kendall's tau {tau}, "
+                   f"top-1 {top1}, top-3 {top3}; failures predicted and seen {f.get('predicted_and_seen', 0)}, predicted only "
+                   f"{f.get('predicted_only', 0)}, seen only {f.get('seen_only', 0)} (`{c['command']}`).")
+    return out
+
+
+def verify_lines(v: dict[str, Any]) -> list[str]:
+    """The verify stage's outcome in words (empty where it was not asked for)."""
+    status = v.get("status", "not asked")
+    if status == "not asked":
+        return []
+    if status == "done":
+        return [v["words"]] + ([f"Failures that disagree: {'; '.join(v['failures_disagreeing'])}."]
+                               if v.get("failures_disagreeing") else [])
+    if status == "pending":
+        return ["The verify stage has not finished: run the same command again to complete it."]
+    return [f"No verify: {v.get('why')}"]
+
+
 def movement(ranked: list[Evidence], p: dict[str, Any], final: dict[str, Any], rounds: list[dict[str, Any]]) -> list[str]:
     """Which rounds ran, and how far the answer could move where the budget cut or a tie decided."""
     out = []
     for r in rounds:
         if r["stage"] == "screen":
             continue
-        what = {"stress": "stress round", "final": "final round", "extend": "edge learning rates"}[r["stage"]]
+        what = {"stress": "stress round", "final": "final round", "extend": "edge learning rates",
+                "verify": "verify stage"}[r["stage"]]
         if r["finished"] < r["planned"]:
             out.append(f"The {what} was cut by the budget: {r['finished']} of {r['planned']} runs finished (predicted "
                        f"{r['predicted_s'] / 60:.1f} min, took {r['actual_s'] / 60:.1f}: the machine was slower than "
@@ -198,7 +243,7 @@ def _time(result: dict[str, Any]) -> str:
 def markdown(result: dict[str, Any], ranked: list[Evidence]) -> str:
     p = result["plan"]
     lines = ["# normlab recommend", "", f"- model: {result['model']}", f"- precision: {result['precision']}",
-             f"- time: {_time(result)}",
+             f"- time: {_time(result)}", f"- optimizer: {result.get('optimizer', 'adamw')}",
              f"- proxy: {p['depth']} layers x d {PROXY_WIDTH}; stress round {len(p['stress']['candidates'])} runs; final "
              f"round: {', '.join(p['final']['finalists']) or 'none'}"
              + (f" x lr {', '.join(f'{x:g}' for x in p['final']['lrs'])} x {len(p['final']['seeds'])} seeds"
@@ -226,6 +271,11 @@ def markdown(result: dict[str, Any], ranked: list[Evidence]) -> str:
         lines += [f"## {result['winner']} in your code base", ""]
         lines += [f"- **{k}**: {v['settings']}" for k, v in result["settings"].items()]
         lines.append("")
+    if verify_lines(result.get("verify") or {}):
+        lines += ["## Did the order hold at a larger width? (--verify)", ""]
+        lines += [f"- {x}" for x in verify_lines(result["verify"])] + [""]
+    lines += ["## How often the proxies have been right", ""] + [f"- {x}" for x in record_lines(
+        result.get("transfer_record") or {})] + [""]
     if result.get("movement"):
         lines += ["## What ran, and how far the answer could move", ""] + [f"- {x}" for x in result["movement"]] + [""]
     lines += ["## What the proxy can and cannot tell", ""] + [f"- {x}" for x in result["limits"]]
@@ -278,8 +328,17 @@ def write_page(folder: RecommendDir, result: dict[str, Any], ranked: list[Eviden
             + (f"<h2>Against the recipes</h2><p>{h.escape(agreement.summary(result['recipe_checks']))}</p>"
                f"{table_html(checks)}" if checks else "")
             + (f"<h2>{h.escape(str(result['winner']))} in your code base</h2>"
-               + table_html([{"code base": k, "expressible": v["expressible"], "settings": v["settings"]}
-                             for k, v in result["settings"].items()]) if result["settings"] else "")
+               + table_html([{"code base": k, "expressible": v["expressible"],
+                              "settings": v["settings"].split("```")[0].strip() if v.get("code") else v["settings"]}
+                             for k, v in result["settings"].items()])
+               + "".join(f"<h3>{h.escape(k)}</h3><pre><code>{h.escape(v['code'])}</code></pre>"
+                         for k, v in result["settings"].items() if v.get("code"))
+               if result["settings"] else "")
+            + ("<h2>Did the order hold at a larger width? (--verify)</h2><ul>"
+               + "".join(f"<li>{h.escape(x)}</li>" for x in verify_lines(result.get("verify") or {})) + "</ul>"
+               if verify_lines(result.get("verify") or {}) else "")
+            + "<h2>How often the proxies have been right</h2><ul>"
+            + "".join(f"<li>{h.escape(x)}</li>" for x in record_lines(result.get("transfer_record") or {})) + "</ul>"
             + ("<h2>What ran, and how far the answer could move</h2><ul>"
                + "".join(f"<li>{h.escape(x)}</li>" for x in result["movement"]) + "</ul>" if result.get("movement") else "")
             + "<h2>What the proxy can and cannot tell</h2><ul>"

@@ -207,9 +207,10 @@ def screen_shape(user: ModelConfig, width: int, seq_len: int) -> dict[str, Any]:
     return options
 
 
-def proxy_shape(user: ModelConfig, n_layers: int) -> dict[str, Any]:
-    """Model options for the proxy grid: `n_layers` at width 64 in heads of 16, the user's FFN and GQA
-    ratios, MLP kind, tied embeddings, soft-capping and biases; bytes as the vocabulary."""
-    options = _scaled(user, PROXY_WIDTH, PROXY_HEAD_DIM)
+def proxy_shape(user: ModelConfig, n_layers: int, width: int = PROXY_WIDTH) -> dict[str, Any]:
+    """Model options for the proxy grid: `n_layers` at width 64 (`width`: the verify stage's wider ones) in
+    heads of 16, the user's FFN and GQA ratios, MLP kind, tied embeddings, soft-capping and biases; bytes as
+    the vocabulary."""
+    options = _scaled(user, width, PROXY_HEAD_DIM)
     options.update(n_layers=n_layers, vocab_size=256, max_seq_len=PROXY_SEQ_LEN)
     return options

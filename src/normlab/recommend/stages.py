@@ -9,10 +9,19 @@ that fit a time budget, each resumable.
                   seeds
     ranking       divergences and stalls, best loss, screen verdict, LR sensitivity (`normlab.recommend.rank`),
                   checked against the recipes' verdicts; the winner's settings in five code bases
+    verify        (--verify) the ranking's best k trained again at a wider width, at the winner's best
+                  learning rate, and ranked by the same rule (`normlab.experiments.transfer`): Kendall's tau
+                  and top-1 agreement with the ranking, failures predicted vs seen; the recommendation is
+                  written before it starts and again with its verdict
+
+The proxies train with `--optimizer` (adamw, muon, sgd), as the user will; the plan counts Muon's
+Newton-Schulz steps (`normlab.recommend.cost`).
 
 The folder (`--out`) holds plan.json (the inputs and both rounds' plans: a resumed recommendation reuses
-them), screen.json, grid/ (one sweep folder for both rounds: its summary.md and report.html), and
-recommendation.md / recommendation.json / report.html. Run the same command again and only what is
+them), screen.json, grid/ (one sweep folder for both rounds: its summary.md and report.html), verify/
+(the verify stage's sweep), and recommendation.md / recommendation.json / report.html. `--verify` on a
+folder whose recommendation is done adds the verify stage alone, within this call's budget (refused with
+the budget that would do where it does not fit). Run the same command again and only what is
 missing runs (a changed input is refused: use a new --out).
 """
 
@@ -72,7 +81,8 @@ def _candidates(cfg: RecommendConfig, user: UserModel) -> tuple[list[str], str |
 def _inputs(user: UserModel, cfg: RecommendConfig, precision: str, base: dict[str, Any],
             candidates: list[str]) -> dict[str, Any]:
     return {"model": user.config.to_dict(), "precision": precision, "candidates": candidates,
-            "lrs": list(cfg.lrs), "seeds": list(cfg.seeds), "depth": cfg.depth, "base": base, "proxy": RECOMMEND_BASE}
+            "lrs": list(cfg.lrs), "seeds": list(cfg.seeds), "depth": cfg.depth, "optimizer": cfg.optimizer,
+            "base": base, "proxy": RECOMMEND_BASE}
 
 
 def _check_run_settings(base: dict[str, Any], name: str, lr: float, seed: int, log: Callable) -> None:
@@ -134,23 +144,26 @@ def _screen(folder: RecommendDir, user: UserModel, names: list[str], width: int,
     return saved
 
 
-def _base(user: UserModel, depth: int, precision: str, extra: dict[str, Any]) -> dict[str, Any]:
-    """The proxy runs' settings: the stress settings, the user's block at the proxy shape, their precision
-    stored (emulated on a CPU), and the user's own --set on top."""
+def _base(user: UserModel, depth: int, precision: str, extra: dict[str, Any], optimizer: str = "adamw",
+          width: int = PROXY_WIDTH) -> dict[str, Any]:
+    """The proxy runs' settings: the stress settings, the user's block at the proxy shape (`width`: the
+    verify stage's), their precision stored (emulated on a CPU), their optimizer, and their own --set on top."""
     from normlab.model.config import SIZES
 
     ref = SIZES[RECOMMEND_BASE["size"]].to_dict()
-    model = {f"model.{k}": v for k, v in proxy_shape(user.config, depth).items() if ref.get(k) != v}
-    return {**RECOMMEND_BASE, **model, "activation_dtype": precision, **extra}
+    model = {f"model.{k}": v for k, v in proxy_shape(user.config, depth, width).items() if ref.get(k) != v}
+    return {**RECOMMEND_BASE, **model, "activation_dtype": precision, "optimizer": optimizer, **extra}
 
 
-def _sweep(base: dict[str, Any], layouts: list[str], lrs: list[float], seeds: list[int]):  # noqa: ANN202
+def _sweep(base: dict[str, Any], layouts: list[str], lrs: list[float], seeds: list[int],  # noqa: ANN202
+           name: str = "recommend"):
     from normlab.experiments.sweep import SweepConfig
 
-    return SweepConfig(name="recommend", base=base, grid={"layout": layouts, "lr": lrs, "seed": seeds},
-                       source="normlab recommend: the proxy grid",
-                       scale=f"proxy d {PROXY_WIDTH}, {base.get('model.n_layers', 12)} layers, {base['steps']} steps, "
-                             f"{base['activation_dtype']} storage")
+    width = base.get("model.d_model", PROXY_WIDTH)
+    return SweepConfig(name=name, base=base, grid={"layout": layouts, "lr": lrs, "seed": seeds},
+                       source="normlab recommend: the proxy grid" + (" (verify: wider)" if width != PROXY_WIDTH else ""),
+                       scale=f"proxy d {width}, {base.get('model.n_layers', 12)} layers, {base['steps']} steps, "
+                             f"{base['activation_dtype']} storage, {base.get('optimizer', 'adamw')}")
 
 
 def _stress_order(runs, screen: dict[str, Any], candidates: list[str], lr: float, seed: int) -> list[str]:  # noqa: ANN001
@@ -198,6 +211,83 @@ def _edges(runs, finalists: list[str], lrs: list[float]) -> dict[str, float]:  #
     return out
 
 
+def _verify_added(folder: RecommendDir, p: dict[str, Any], user: UserModel, cfg: RecommendConfig, budget_s: float,
+                  workers: int, log: Callable) -> dict[str, Any] | None:
+    """--verify on a folder planned without it: the verify stage within this call's budget. Where the
+    recommendation is done, verifying is all this call asks: refused (exit 2) if the budget cannot buy it;
+    else (rounds still to run) said in one line and the recommendation goes on without it."""
+    from normlab.recommend import cost
+
+    cal, _ = cost.calibration(max(1, (os.cpu_count() or 1) // workers), log=log)
+    done = folder.json_file.is_file()
+    reserve = (plan.STARTUP_RESERVE_S + plan.REPORT_RESERVE_S) * cal.speed
+    room = (budget_s - reserve) * plan.FILL - (0.0 if done else p["predicted"]["total"])
+    names = p["screened"]
+    stage, why, need_s = plan.verify_plan(names, user.config, cal, room, workers, p["depth"], p["steps"],
+                                          cfg.optimizer)
+    if stage is None:
+        if math.isfinite(need_s):
+            rounds_s = 0.0 if done else p["predicted"]["total"]
+            need = math.ceil((need_s / plan.FILL + reserve + rounds_s) / 60)
+            why = (f"--verify: --budget {cfg.budget:g} min cannot buy the verify stage (2 runs at width "
+                   f"{plan.verify_widths(user.config)[0]}); give --budget {need} or more")
+        if done:
+            raise ConfigError(why)
+        log(f"  {why}; recommending without it")
+        return None
+    log(f"  --verify added to this recommendation: the best {stage['k']} at width {stage['width']}")
+    return {**stage, "seed": p["seed0"]}
+
+
+def _verify(folder: RecommendDir, v: dict[str, Any], result: dict[str, Any], runs, user: UserModel,  # noqa: ANN001
+            precision: str, extra: dict[str, Any], optimizer: str, workers: int, t0: float, budget_s: float,
+            stop_at: float, log: Callable, run_sweep, Deadline, load_sweep) -> dict[str, Any]:  # noqa: ANN001, N803
+    """The verify stage: the ranking's best k trained at `v["width"]` at the winner's best lr, ranked by
+    the transfer study's rule, compared with the ranking (experiments.transfer)."""
+    from normlab.experiments import transfer
+
+    ranked = [r for r in result["ranking"] if r.get("rank") is not None]
+    top = [r["layout"] for r in ranked[:v["k"]]]
+    record: dict[str, Any] = {**v, "candidates": top}
+    if len(top) < 2:
+        return {**record, "status": "not run", "why": f"{len(top)} candidate(s) ranked: nothing to order"}
+    lr = ranked[0].get("best_lr") or result["plan"]["stress"]["lr"]
+    record["lr"] = lr
+    log(f"\nverify {_clock(t0, budget_s)}: {', '.join(top)} at width {v['width']} ({v['width'] // PROXY_WIDTH}x the "
+        f"proxy), {v['depth']} layers, {v['steps']} steps, lr {lr:g} (the winner's best), seed {v['seed']}; predicted "
+        f"{_m(v['predicted_s'])}")
+    began = time.time()
+    base = _base(user, v["depth"], precision, extra, optimizer, width=v["width"])
+    run_sweep(_sweep(base, top, [lr], [v["seed"]], name="recommend-verify"), folder.verify.path, workers=workers,
+              log=log, deadline=Deadline(start_by=stop_at - v["predicted_s"] / 2, stop_at=stop_at))
+    wide, _ = load_sweep(folder.verify.path)
+    record["round"] = _round("verify", v["predicted_s"], began, wide, top, len(top))
+    log(f"  verify done in {_m(time.time() - began)} (predicted {_m(v['predicted_s'])}); "
+        f"{record['round']['finished']} of {len(top)} runs finished")
+    table = transfer.rank_sweep(wide)
+    order = [x for x in table.layout if x in top]
+    said = {r.layout: (f"{r.failed}/{r.finished} failed" if r.failed else f"loss {r.best_loss:.3f}")
+            for r in table.itertuples(index=False)}
+    if len(order) < 2:
+        return {**record, "status": "unfinished", "why": f"{len(order)} of {len(top)} runs finished: nothing to order "
+                "(run the same command again to finish them)"}
+    agree = transfer.order_agreement([x for x in top if x in order], order)
+    mine = runs[runs.layout.isin(top)] if len(runs) else runs
+    tally, disagree = transfer.failure_tally(transfer.failure_cells(mine, [lr]), transfer.failure_cells(wide, [lr]))
+    held = "held" if agree.proxy_order == order else (
+        "the winner held, the order below it changed" if agree.top1 else "did not hold: another placement won")
+    words = (f"At width {v['width']} ({v['width'] // PROXY_WIDTH}x the proxy) the order {held}: "
+             f"{' > '.join(f'{x} ({said[x]})' for x in order)} against the ranking's {' > '.join(agree.proxy_order)} "
+             f"(Kendall's tau "
+             f"{agree.tau:+.2f} over {len(order)} placements, top-1 {'agrees' if agree.top1 else 'differs'}; "
+             f"failures at lr {lr:g}: {tally['predicted_and_seen']} predicted and seen, {tally['predicted_only']} "
+             f"predicted only, {tally['seen_only']} seen only, {tally['neither']} neither). One seed, "
+             f"{v['steps']} steps: a check of the order, not of the loss gap at your width.")
+    return {**record, "status": "done", "held": agree.proxy_order == order, "top1": agree.top1, "tau": agree.tau,
+            "p_value": agree.p_value, "proxy_order": agree.proxy_order, "verify_order": order, "failures": tally,
+            "failures_disagreeing": disagree, "words": words}
+
+
 def recommend(user: UserModel, cfg: RecommendConfig, extra: dict[str, Any] | None = None,
               log: Callable[[str], Any] = print, started: float | None = None) -> dict[str, Any]:
     """Run the stages within `cfg.budget` minutes from `started` (the command's start; default now);
@@ -220,12 +310,14 @@ def recommend(user: UserModel, cfg: RecommendConfig, extra: dict[str, Any] | Non
                           f"are at most your depth; give --depth {min(user.config.n_layers, plan.MIN_DEPTH)} ... "
                           f"{user.config.n_layers}")
     steps = int(extra.get("steps", RECOMMEND_BASE["steps"]))
+    ns_steps = int(extra.get("muon_ns_steps", 5))
     stress_lr = max(cfg.lrs) if cfg.lrs else max(plan.LRS[2])
     seed0 = min(cfg.seeds) if cfg.seeds else 0
     log(f"recommend: {user.describe()}")
     for note in user.notes:
         log(f"  note: {note}")
-    log(f"  precision {precision}; {len(candidates)} candidates; budget {cfg.budget:g} min on {workers} worker(s) "
+    log(f"  precision {precision}; optimizer {cfg.optimizer}; {len(candidates)} candidates; budget {cfg.budget:g} min on "
+        f"{workers} worker(s) "
         f"-> {cfg.out}")
 
     # 0. the plan: settings checked, costs counted, nothing screened or trained yet
@@ -240,13 +332,14 @@ def recommend(user: UserModel, cfg: RecommendConfig, extra: dict[str, Any] | Non
             + ("(cached calibration)" if cached else f"(calibrated in {cal.seconds:.1f} s)"))
         try:
             the_plan = plan.make_plan(candidates, current, user.config, cal, budget_s, workers, steps, stress_lr,
-                                      seed0, tuple(cfg.lrs), tuple(cfg.seeds), cfg.depth, steps_fixed="steps" in extra)
+                                      seed0, tuple(cfg.lrs), tuple(cfg.seeds), cfg.depth, steps_fixed="steps" in extra,
+                                      optimizer=cfg.optimizer, ns_steps=ns_steps, verify=cfg.verify)
         except plan.BudgetTooSmall as err:
             raise ConfigError(str(err)) from None
         depth = the_plan.depth
     else:
         depth = saved["plan"]["depth"]
-    base = _base(user, depth, precision, extra)
+    base = _base(user, depth, precision, extra, cfg.optimizer)
     inputs = _inputs(user, cfg, precision, extra, candidates)
     if saved and json.loads(json.dumps(saved.get("inputs"))) != json.loads(json.dumps(inputs)):
         changed = sorted(k for k in inputs if saved["inputs"].get(k) != json.loads(json.dumps(inputs[k])))
@@ -254,6 +347,10 @@ def recommend(user: UserModel, cfg: RecommendConfig, extra: dict[str, Any] | Non
                           "give a new --out")
     if not saved.get("plan"):
         _check_run_settings(base, candidates[0], stress_lr, seed0, log)
+    added = None
+    if cfg.verify and saved.get("plan") and not saved["plan"].get("verify") and (
+            not saved["plan"].get("verify_note") or saved["plan"]["budget_s"] != budget_s):  # the same call: as before
+        added = _verify_added(folder, saved["plan"], user, cfg, budget_s, workers, log)
     root = own_folder(cfg.out, "recommend")  # nothing written before this line: a refusal leaves no trace
     lock = FolderLock(folder.lock_file, wait=0, busy=lambda holder: (
         f"another normlab recommend is running in {root} ({holder}); wait for it, or give another --out"))
@@ -261,6 +358,11 @@ def recommend(user: UserModel, cfg: RecommendConfig, extra: dict[str, Any] | Non
         saved = folder.read(folder.plan_file) or {"inputs": inputs}  # read again under the lock
         if not saved.get("plan"):
             saved["plan"] = the_plan.to_dict()
+        if added and not saved["plan"].get("verify"):
+            saved["plan"]["verify"], saved["plan"]["verify_note"] = added, ""
+            predicted = saved["plan"]["predicted"]
+            predicted["total"] += added["predicted_s"] - predicted.get("verify", 0.0)
+            predicted["verify"] = added["predicted_s"]
         return _stages(folder, saved, user, cfg, precision, extra, candidates, current, base, t0, budget_s,
                        stop_at, workers, log, run_sweep, Deadline, load_sweep, summarize)
     finally:
@@ -293,6 +395,8 @@ def _stages(folder: RecommendDir, saved: dict[str, Any], user: UserModel, cfg: R
         + f"; predicted {_m(pred['total'])} of {budget_s / 60:g}")
     for cut in p["cut"]:
         log(f"  the budget buys: {cut}")
+    if p.get("verify_note"):
+        log(f"  {p['verify_note']}")
 
     # 1. the screen
     log(f"\n1/3 screen {_clock(t0, budget_s)}: {len(p['screened'])} candidates at your depth {user.config.n_layers}, "
@@ -385,10 +489,21 @@ def _stages(folder: RecommendDir, saved: dict[str, Any], user: UserModel, cfg: R
     summarize(folder.grid.path)
     mark()
 
-    # the ranking, the checks, the settings, the report
-    result = _conclude(folder, user, precision, candidates, current, screen, out_by_screen, p, final, order, runs,
-                       extra, t0, budget_s, calls, rounds, cfg.depth is not None)
+    # the ranking, the checks, the settings, the report (written now: the verify stage adds to it)
+    args = (folder, user, precision, candidates, current, screen, out_by_screen, p, final, order, runs, extra, t0,
+            budget_s, calls, rounds, cfg.depth is not None)
+    verified = {"status": "not asked"} if not p.get("verify") and not p.get("verify_note") else \
+        {"status": "not bought", "why": p.get("verify_note")} if not p.get("verify") else None
+    result = _conclude(*args, verify=verified or {"status": "pending"})
     mark()
+    if p.get("verify"):
+        verified = _verify(folder, p["verify"], result, runs, user, precision, extra, p.get("optimizer", "adamw"),
+                           workers, t0, budget_s, stop_at, log, run_sweep, Deadline, load_sweep)
+        if "round" in verified:
+            rounds.append(verified["round"])
+        result = _conclude(*args, verify=verified)
+        mark()
+        log(f"  {verified.get('words') or verified['why']}")
     log("\n" + result["text"])
     log(f"done in {(time.time() - t0) / 60:.1f} min (budget {cfg.budget:g}; predicted {_m(pred['total'])})\n"
         f"recommendation: {folder.markdown_file}\nreport: {folder.report_file}")
@@ -398,7 +513,8 @@ def _stages(folder: RecommendDir, saved: dict[str, Any], user: UserModel, cfg: R
 def _conclude(folder: RecommendDir, user: UserModel, precision: str, candidates: list[str], current: str | None,
               screen: dict[str, Any], out_by_screen: dict[str, str], p: dict[str, Any], final: dict[str, Any],
               order: list[str], runs, extra: dict[str, Any], t0: float, budget_s: float,  # noqa: ANN001
-              calls: list[float], rounds: list[dict[str, Any]], depth_fixed: bool) -> dict[str, Any]:
+              calls: list[float], rounds: list[dict[str, Any]], depth_fixed: bool,
+              verify: dict[str, Any] | None = None) -> dict[str, Any]:
     finalists = final["finalists"] or order
     per_final = len(final["lrs"]) * len(final["seeds"])
     extended = final.get("extended") or {}
@@ -451,7 +567,8 @@ def _conclude(folder: RecommendDir, user: UserModel, precision: str, candidates:
     limits = report.limits(user, precision, stress, screen, extra, ranked)
     result = {"model": user.describe(), "notes": list(user.notes), "precision": precision, "current": current,
               "winner": winner.layout if winner else None, "ranking": [r.to_dict() for r in ranked],
-              "recipe_checks": checks, "settings": settings, "limits": limits,
+              "recipe_checks": checks, "settings": settings, "limits": limits, "optimizer": p.get("optimizer", "adamw"),
+              "verify": verify or {"status": "not asked"}, "transfer_record": report.transfer_record(),
               "plan": {"screen_width": screen["width"], "depth": p["depth"], "stress": stress, "final": final,
                        "cut": p["cut"], "predicted": p["predicted"], "screened": p["screened"], "order": p["order"]},
               "rounds": rounds, "movement": report.movement(ranked, p, final, rounds),

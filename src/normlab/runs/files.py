@@ -69,6 +69,7 @@ SWEEP_REPORT = "report.html"
 RECOMMEND_PLAN = "plan.json"
 RECOMMEND_SCREEN = "screen.json"
 RECOMMEND_GRID = "grid"
+RECOMMEND_VERIFY = "verify"  # the verify stage's sweep: the best k at a wider width
 RECOMMENDATION = "recommendation"  # .md and .json
 REPORT_DIR = "report"
 # Everything a sweep folder holds: what an older normlab's sweep folder, made before the .normlab
@@ -341,6 +342,10 @@ class RecommendDir:
     @property
     def grid(self) -> SweepDir:
         return SweepDir(self.path / RECOMMEND_GRID)
+
+    @property
+    def verify(self) -> SweepDir:
+        return SweepDir(self.path / RECOMMEND_VERIFY)
 
     @property
     def markdown_file(self) -> Path:
