@@ -34,9 +34,18 @@ def _args(corpus, out, *more):
 
 
 def test_recommend_ranks_with_evidence_resumes_and_refuses_changed_inputs(corpus, tmp_path, capsys):
+    """Also --verify that the budget cannot buy (a model no wider than the proxy: nothing to verify at): the plan
+    says so in one line before anything runs and the recommendation goes on without it; asked again with another
+    budget on the finished folder, verifying is all that is asked: refused, one line, exit 2, nothing touched."""
     out = tmp_path / "rec"
-    assert main(_args(corpus, out)) == 0
+    note = "--verify: your model (d 32) is no wider than the proxies; there is no wider width to verify at"
+    args = _args(corpus, out, "--verify")
+    assert main(args) == 0
     text = capsys.readouterr().out
+    assert text.index(note) < text.index("1/3 screen")
+    assert f"- No verify: {note}" in (out / "recommendation.md").read_text()
+    assert json.loads((out / "recommendation.json").read_text())["verify"] == {"status": "not bought", "why": note}
+    assert not (out / "verify").exists()
     assert "0/3 plan" in text and "1/3 screen" in text and "2/3 stress round" in text and "3/3 final round" in text
     assert "(cached calibration)" in text and "; 1 left, ETA " in text  # the planted one: nothing timed
     assert "of 15 min]" in text and "2 runs at lr 0.1, seed 0, 2 layers (your depth)" in text
@@ -70,8 +79,9 @@ def test_recommend_ranks_with_evidence_resumes_and_refuses_changed_inputs(corpus
     assert plan["depth"] == 2 and plan["lrs"] == [0.01, 0.1] and plan["seeds"] == [0] and plan["finalists"] == 2
     assert plan["screened"] == ["peri", "pre"] and plan["predicted"]["total"] > 0  # the cheap order: bounded first
 
-    assert main(_args(corpus, out)) == 0  # the same command again: nothing is retrained
+    assert main(args) == 0  # the same command again: nothing is retrained
     again = capsys.readouterr().out
+    assert note in again
     assert "4 runs, 4 done, 0 to run" in again and json.loads((out / "recommendation.json").read_text())["ranking"] == \
         rec["ranking"]
     assert json.loads((out / "plan.json").read_text())["plan"] == plan  # the first call's plan, reused
@@ -79,7 +89,13 @@ def test_recommend_ranks_with_evidence_resumes_and_refuses_changed_inputs(corpus
     assert len(calls) == 2 and calls[0] == pytest.approx(rec["minutes"], abs=0.1) and calls[1] < calls[0]
     assert f"min over 2 calls ({calls[0]:.1f}, " in (out / "recommendation.md").read_text()
 
-    assert main(_args(corpus, out, "--steps", "9")) == 2  # another input: refused, nothing touched
+    before = (out / "recommendation.json").read_bytes()
+    assert main([*args, "--budget", "30"]) == 2  # verify alone, on a done folder
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(note) and len(err.splitlines()) == 1
+    assert (out / "recommendation.json").read_bytes() == before
+
+    assert main([*args, "--steps", "9"]) == 2  # another input: refused, nothing touched
     assert "other inputs (changed: base)" in capsys.readouterr().err
 
 
@@ -234,29 +250,6 @@ def test_verify_trains_the_best_at_a_wider_width_and_says_whether_the_order_held
     page = (out / "report.html").read_text()
     assert "Did the order hold at a larger width?" in page and "How often the proxies have been right" in page
     assert "<pre><code>" in page  # the winner's snippets, escaped, as code blocks
-
-
-def test_verify_that_the_budget_cannot_buy_is_said_in_one_line_then_refused_alone(corpus, tmp_path, capsys):
-    """A model no wider than the proxy: nothing to verify at; the plan says so in one line and the recommendation
-    goes on without it (the same command again: the same answer). Asked again with another budget on the finished
-    folder, verifying is all that is asked: refused, one line, exit 2, the recommendation kept."""
-    out = tmp_path / "rec"
-    note = "--verify: your model (d 32) is no wider than the proxies; there is no wider width to verify at"
-    args = _args(corpus, out, "--verify")
-    args[args.index("0.01,0.1")] = "0.1"  # one learning rate: no final round (faster)
-    assert main(args) == 0
-    text = capsys.readouterr().out
-    assert text.index(note) < text.index("1/3 screen")  # said before anything runs, then in the recommendation
-    assert f"- No verify: {note}" in (out / "recommendation.md").read_text()
-    rec = json.loads((out / "recommendation.json").read_text())
-    assert rec["verify"] == {"status": "not bought", "why": note} and not (out / "verify").exists()
-    assert main(args) == 0  # the same command: resumed, the same answer
-    assert note in capsys.readouterr().out
-    before = (out / "recommendation.json").read_bytes()
-    assert main([*args, "--budget", "30"]) == 2  # verify alone, on a done folder
-    err = capsys.readouterr().err.strip()
-    assert err.endswith(note) and len(err.splitlines()) == 1
-    assert (out / "recommendation.json").read_bytes() == before
 
 
 def test_an_unknown_optimizer_is_refused_in_one_line(tmp_path, capsys):
