@@ -24,7 +24,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from normlab.config.engine import given as settings_given
+from normlab.settings import given as settings_given
 from normlab.errors import USER_ERRORS, ConfigError, without_unsafe_advice
 from normlab.layout import PRESETS
 
@@ -109,8 +109,8 @@ def _shortcuts(args: argparse.Namespace) -> dict[str, str]:
 
 
 def _add_declared(s: argparse.ArgumentParser, cls: type) -> None:
-    """A command's flags from its configuration's declarations (normlab.config.engine)."""
-    from normlab.config.engine import add_flags, leaves
+    """A command's flags from its configuration's declarations (normlab.settings)."""
+    from normlab.settings import add_flags, leaves
 
     add_flags(s, leaves(cls))
 
@@ -119,7 +119,7 @@ def _declared(cls: type, args: argparse.Namespace, source: str, skip: tuple[str,
               **fixed: object):
     """The command's configuration from the flags it was given (text, parsed by each setting's type);
     ``skip``: declared settings the command decides itself (passed in ``fixed``)."""
-    from normlab.config.engine import build, given, leaves
+    from normlab.settings import build, given, leaves
 
     values = {k: v for k, v in given(args, leaves(cls)).items() if k not in skip}
     return build(cls, values, source, from_text=True, as_flags=True, **fixed)
@@ -127,7 +127,7 @@ def _declared(cls: type, args: argparse.Namespace, source: str, skip: tuple[str,
 
 def _add_run_settings(s: argparse.ArgumentParser, names: tuple[str, ...], defaults: dict | None = None) -> None:
     """Flags for some of the run settings (TrainConfig's declarations), with this command's defaults."""
-    from normlab.config.engine import add_flags
+    from normlab.settings import add_flags
     from normlab.config.train import LEAVES
 
     add_flags(s, {k: LEAVES[k] for k in names}, defaults=defaults)
@@ -135,7 +135,7 @@ def _add_run_settings(s: argparse.ArgumentParser, names: tuple[str, ...], defaul
 
 def _add_train_args(s: argparse.ArgumentParser) -> None:
     """One flag per setting of TrainConfig, generated from its declaration (doc, choices, type)."""
-    from normlab.config.engine import add_flags
+    from normlab.settings import add_flags
     from normlab.config.train import LEAVES
 
     s.add_argument("--config", help="a TOML file of settings (key = value; [model] table for model options); "
@@ -328,7 +328,7 @@ def _grid_args(items: list[str] | None) -> dict:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from normlab.config.engine import given, leaves
+    from normlab.settings import given, leaves
     from normlab.experiments import SweepConfig, load_recipe, run_sweep, summarize
 
     if args.cancel:

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from normlab.config.engine import check_fields, nonneg, open_unit, positive, setting
+from normlab.settings import check_fields, nonneg, open_unit, positive, setting
 from normlab.model.config import SIZES
 
 STRESS_MODES = ("output", "all")  # output: scale W_O and W_down; all: every attention/MLP weight

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-from normlab.config.engine import (
+from normlab.settings import (
     Leaf,
     coerce,
     leaves,

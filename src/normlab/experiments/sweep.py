@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from normlab.experiments.cluster import check_options
-from normlab.config.engine import build, check_fields, check_leaf, leaves, positive, setting, unknown_key
+from normlab.settings import build, check_fields, check_leaf, leaves, positive, setting, unknown_key
 from normlab.config.train import LEAVES, TrainConfig, flatten_settings, resolve_key, typed_settings
 from normlab.errors import ConfigError, LayoutError
 from normlab.io import read_toml

@@ -23,7 +23,7 @@ import torch
 from normlab.layout import Layout, LayoutError, as_layout
 from normlab.model import build_model
 from normlab.config.commands import ScreenConfig
-from normlab.config.engine import check_leaf, leaves
+from normlab.settings import check_leaf, leaves
 from normlab.screen.backward import sensitivities
 from normlab.screen.forward import fit_growth, output_norm_bound, profile, stressed, with_h
 from normlab.screen.uncertainty import amplification

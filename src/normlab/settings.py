@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import functools
 import math
 import types
 import typing
@@ -73,6 +74,11 @@ class Leaf:
 
 def leaves(cls: type, section: str = "") -> dict[str, Leaf]:
     """The declared settings of a configuration dataclass, by name."""
+    return dict(_leaves(cls, section))
+
+
+@functools.lru_cache(maxsize=None)
+def _leaves(cls: type, section: str) -> dict[str, Leaf]:
     hints = typing.get_type_hints(cls)
     out = {}
     for f in fields(cls):
