@@ -210,15 +210,14 @@ def _recorded_shape(cfg, given: set[str]):  # noqa: ANN001, ANN202 - a TrainConf
 
     source = Path(cfg.model.init_from)
     folder = source.parent.parent if source.is_file() else source  # a checkpoint file: its run folder
-    record = RunDir(folder).record() if RunDir(folder).config_file.is_file() else None
-    recorded = (record or {}).get("config") if isinstance(record, dict) else None
-    if not isinstance(recorded, dict) or "size" not in recorded:
+    recorded = RunDir(folder).train_config() if RunDir(folder).config_file.is_file() else None
+    if recorded is None:
         return cfg  # a transformers folder: its shape is read with its weights, or the mismatch is named
-    shape: dict = {} if "size" in given else {"size": recorded["size"]}
+    shape: dict = {} if "size" in given else {"size": recorded.model.size}
     if not any(k.startswith("model.") for k in given):
-        shape.update({f"model.{k}": v for k, v in (recorded.get("model") or {}).items()})
-    if recorded.get("layout") and "layout" not in given and not any(k.startswith("layout.") for k in given):
-        shape["layout"] = recorded["layout"]
+        shape.update({f"model.{k}": v for k, v in recorded.model.options.items()})
+    if "layout" not in given and not any(k.startswith("layout.") for k in given):
+        shape["layout"] = recorded.model.layout_label
     if not shape:
         return cfg
     print(f"normlab train: --init-from {source}: its recorded shape ({', '.join(f'{k}={v}' for k, v in shape.items())})",

@@ -40,7 +40,9 @@ def _names(runs: list[Run]) -> list[str]:
 
 def _layout(run: Run) -> str:
     """The run's layout string (a normlab run's config.json), or the label its summary or monitor recorded."""
-    return run.config.get("layout") or run.summary.get("layout") or (run.config.get("config") or {}).get("layout") or ""
+    cfg = run.config.get("config") or {}  # a run's TrainConfig (nested) or a monitor's record (flat)
+    return run.config.get("layout") or run.summary.get("layout") or cfg.get("layout") or (cfg.get("model") or {}).get(
+        "layout") or ""
 
 
 def _steps(run: Run) -> int | None:

@@ -91,7 +91,7 @@ def load_model(source: str | Path) -> Loaded:
             model = from_native(src)
         return Loaded(model.eval(), tok, f"transformers folder ({model_type})")
     run = load_run_model(src)
-    return Loaded(run.model.eval(), run_tokenizer(run.config, run.run_dir), f"normlab run ({run.config.get('layout')})",
+    return Loaded(run.model.eval(), run_tokenizer(run.config, run.run_dir), f"normlab run ({run.config.model.layout_label})",
                   run)
 
 
@@ -214,8 +214,8 @@ def write_copy(model: nn.Module, source: str | Path, kind: str, out: str | Path,
         else:
             from normlab.runs.checkpoint import save_checkpoint
 
-            RunDir(tmp).write_record({"config": run.config, "doctored_from": str(source)})
-            save_checkpoint(tmp, run.step or 0, {"model": model.state_dict(), "config": run.config}, keep_last=1)
+            RunDir(tmp).write_record({"config": run.config.to_dict(), "doctored_from": str(source)})
+            save_checkpoint(tmp, run.step or 0, {"model": model.state_dict(), "config": run.config.to_dict()}, keep_last=1)
     return out
 
 

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from normlab.config.train import TrainConfig
 from normlab.diagnostics.forensics import tally
 from normlab.errors import ConfigError
 from normlab.experiments.runner import rebuild_store
@@ -103,10 +104,11 @@ def angular_halves(run: Any) -> dict[str, float]:
     return {"angular_shallow": float(np.mean(values[:half])), "angular_deep": float(np.mean(values[half:]))}
 
 
-def _config_value(config: dict[str, Any], axis: str) -> Any:
+def _config_value(config: TrainConfig, axis: str) -> Any:
+    flat = config.to_flat()
     if axis.startswith("model."):
-        return config.get("model", {}).get(axis.removeprefix("model."))
-    return config.get(axis)
+        return flat["model"].get(axis.removeprefix("model."))
+    return flat.get(axis)
 
 
 def _mean_std(values: pd.Series) -> tuple[float, float]:

@@ -175,11 +175,6 @@ class RunDir:
         """config.json as written: {"config": edge form, "command", "layout", "params", "data", "tokenizer", ...}."""
         return read_json(self.config_file)
 
-    def config_dict(self) -> dict[str, Any]:
-        """The run's TrainConfig in its edge form ({} when config.json is missing or unreadable)."""
-        cfg = (self.record() or {}).get("config")
-        return cfg if isinstance(cfg, dict) else {}
-
     def train_config(self):  # noqa: ANN201 - TrainConfig | None
         """The TrainConfig the run was written with (None if it holds no readable one)."""
         from normlab.config import TrainConfig
