@@ -202,20 +202,11 @@ def eval_rows(runs: list[Run], names: list[str]) -> list[dict]:
     return rows
 
 
-def _is_report(folder: Path) -> bool:
-    """A report folder an older normlab wrote (before the .normlab marker): its index.html is ours."""
-    index = folder / "index.html"
-    try:
-        return index.is_file() and "<title>normlab report" in index.read_text(errors="replace")[:2000]
-    except OSError:
-        return False
-
-
 def make_report(run_dirs: list[str | Path], out: str | Path) -> Path:
     """Render the figures as PNGs into ``out`` and write ``out/index.html``; returns its path."""
     runs = [load_run(p) for p in run_dirs]
     names = _names(runs)
-    out = own_folder(out, "report", legacy=_is_report)  # a new folder, or one a normlab report made
+    out = own_folder(out, "report")  # a new folder, or one a normlab report made
     out.mkdir(parents=True, exist_ok=True)
     probed = [(r, n) for r, n in zip(runs, names) if len(r.probes)]
     sections = []

@@ -192,7 +192,7 @@ def run_sweep(sweep: SweepConfig, out: str | Path, workers: int | None = None, e
     """Run every run of `sweep` that has no result yet; returns the store's status counts. With a
     `deadline` (local executor only) runs not started by then stay pending."""
     check_options(sweep.slurm, executor or sweep.executor)  # before anything is written
-    root = own_folder(out, "sweep", legacy=lambda p: SweepDir(p).is_legacy())  # never a folder of the user's
+    root = own_folder(out, "sweep")  # never a folder of the user's
     root.mkdir(parents=True, exist_ok=True)
     lock = FolderLock(SweepDir(root).lock_file, wait=0, busy=lambda holder: (
         f"another normlab sweep is running in {root} ({holder}); wait for it or stop it first"))

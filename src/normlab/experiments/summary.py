@@ -262,7 +262,7 @@ def summarize(path: str | Path, out: str | Path | None = None) -> dict[str, Any]
     root = Path(path)
     df, axes = load_sweep(root)
     if out and Path(out).resolve() != root.resolve():  # another folder: only one normlab made for summaries
-        own_folder(out, "summary", legacy=lambda p: (p / SWEEP_SUMMARY).is_file() and (p / "cells.csv").is_file())
+        own_folder(out, "summary")
     elif not writable(root if root.is_dir() else root.parent):
         raise ConfigError(f"{root} is on read-only storage; give --out DIR for the summary and the report")
     out = Path(out) if out else root

@@ -74,7 +74,7 @@ def scan(path: str | Path, out: str | Path, texts: list[str] | None = None, max_
                         f"(normlab export {path} DIR) and scan DIR")
     check_folder(path)  # bounded JSON, readable weights: before anything is written or loaded
     tok = load_tokenizer(path)  # the one rule doctor keeps too
-    out = own_folder(out, "scan", legacy=lambda p: (p / "scan.json").is_file() and (p / "table.md").is_file())
+    out = own_folder(out, "scan")
     with reading(path, "a transformers causal LM"):  # unknown model type, a field of the wrong type, ...
         model = tf.AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32,
                                                         trust_remote_code=False).eval()

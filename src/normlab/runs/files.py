@@ -71,10 +71,6 @@ RECOMMEND_SCREEN = "screen.json"
 RECOMMEND_GRID = "grid"
 RECOMMENDATION = "recommendation"  # .md and .json
 REPORT_DIR = "report"
-# Everything a sweep folder holds: what an older normlab's sweep folder, made before the .normlab
-# marker (normlab.io.own_folder), may contain.
-SWEEP_FILES = re.compile(r"(sweep\.db(-wal|-shm|-journal)?|sweep\.toml|\.lock|summary\.md|report\.html|"
-                         r"(runs|cells|lr_curve|lr_sensitivity)\.csv|[a-z0-9_]+\.png|runs|logs|report)")
 # What `sweep.run_id` makes: axis slugs and a hash. An id read back from a store is used as a folder
 # name under SWEEP/runs, so anything else (a path separator, "..") is refused, not followed.
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]{0,199}")
@@ -299,11 +295,6 @@ class SweepDir:
 
     def is_sweep(self) -> bool:
         return self.store_file.is_file()
-
-    def is_legacy(self) -> bool:
-        """A sweep folder an older normlab made: a store and nothing but what normlab writes beside it
-        (a user's own files there, such as the sweep file given as input, make it someone else's)."""
-        return self.is_sweep() and all(SWEEP_FILES.fullmatch(p.name) for p in self.path.iterdir())
 
     def run(self, run_id: Any) -> RunDir:
         """SWEEP/runs/RUN_ID for a checked id: never a folder outside the sweep."""
