@@ -31,7 +31,7 @@ T = TypeVar("T")
 
 # --- declarations -----------------------------------------------------------------------------------
 
-def setting(default: Any, doc: str, *, identity: bool = True, choices: tuple | None = None,
+def setting(default: Any, doc: str, *, identity: bool = True, choices: tuple[Any, ...] | None = None,
             check: Callable[[Any], str | None] | None = None, metavar: str | None = None) -> Any:
     """A declared setting: its default, doc, identity mark, choices, range check and flag metavar."""
     meta = {"doc": doc, "identity": identity, "choices": choices, "check": check, "metavar": metavar}
@@ -67,7 +67,7 @@ class Leaf:
     default: Any
     doc: str
     identity: bool
-    choices: tuple | None
+    choices: tuple[Any, ...] | None
     check: Callable[[Any], str | None] | None
     metavar: str | None = None
 
@@ -84,7 +84,7 @@ def _leaves(cls: type, section: str) -> dict[str, Leaf]:
     for f in fields(cls):
         if "doc" not in f.metadata:
             continue
-        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         out[f.name] = Leaf(f.name, section, hints[f.name], default, f.metadata["doc"], f.metadata["identity"],
                            f.metadata["choices"], f.metadata["check"], f.metadata.get("metavar"))
     return out
@@ -92,7 +92,7 @@ def _leaves(cls: type, section: str) -> dict[str, Leaf]:
 
 # --- values -----------------------------------------------------------------------------------------
 
-def _scalar_type(t: Any) -> tuple[Any, bool, tuple | None]:
+def _scalar_type(t: Any) -> tuple[Any, bool, tuple[Any, ...] | None]:
     """(base type, nullable, literal choices) of an annotation."""
     nullable, choices = False, None
     if typing.get_origin(t) in (typing.Union, types.UnionType):
@@ -108,7 +108,7 @@ def _scalar_type(t: Any) -> tuple[Any, bool, tuple | None]:
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 
 
-def coerce(key: str, value: Any, annotation: Any, choices: tuple | None = None,
+def coerce(key: str, value: Any, annotation: Any, choices: tuple[Any, ...] | None = None,
            check: Callable[[Any], str | None] | None = None, from_text: bool = False) -> Any:
     """`value` as the annotated type. With `from_text` (a command line) strings are parsed; otherwise
     values must have the type already (TOML's `steps = true` or `compile = "no"` is refused, not

@@ -540,7 +540,7 @@ def apply_settings(cfg: TrainConfig, settings: Mapping[str, Any], source: str = 
     model's depth included) before anything else runs.
     """
     flat = flatten_settings(settings, source)
-    sections = {name: {} for name in SECTIONS}
+    sections: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
     options = dict(cfg.model.options)
     layout_edits: dict[str, Any] = {}
     layout = cfg.model.layout
