@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -243,3 +244,29 @@ def make_report(run_dirs: list[str | Path], out: str | Path) -> Path:
             f'<h2 id="summary">Summary</h2>{table_html(summary_rows(runs, names))}\n'
             f'<p class="note">{html.escape(SUMMARY_NOTE)}</p>\n' + "\n".join(sections))
     return write_page(out / "index.html", f"normlab report: {', '.join(names)}", body)
+
+
+def report_runs(paths: list[str], out: str | None = None, log: Any = print) -> Path:
+    """`normlab report`: run folders, a sweep folder (its runs that logged a step) or a folder holding run
+    folders one level down (a transformers Trainer's output_dir), each checked before any work; the page
+    goes to ``out``, else the sweep's report folder or report/ beside the first run."""
+    from normlab.runs.files import REPORT_DIR, RunDir, SweepDir
+    from normlab.runs.store import logged_runs
+
+    runs: list[Path] = []
+    for r in paths:
+        folder = SweepDir(r)
+        if folder.is_sweep():
+            runs += [run.path for run in logged_runs(folder)]
+            continue
+        path = Path(r)
+        inner = ([c for c in sorted(path.iterdir()) if c.is_dir() and RunDir(c).has_metrics()]
+                 if path.is_dir() and not RunDir(path).has_metrics() else [])
+        if inner:
+            log(f"reading {', '.join(str(c) for c in inner)} (the run folder{'s' if len(inner) > 1 else ''} in {path})")
+        runs += inner or [path]
+    for r in runs:
+        RunDir(r).check_logged()
+    first = Path(paths[0])
+    sweep_given = len(paths) == 1 and SweepDir(first).is_sweep()
+    return make_report(runs, out or (SweepDir(first).report_dir if sweep_given else runs[0].parent / REPORT_DIR))
