@@ -367,7 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
     declarations, with the command's preset as defaults), the override flags, its positional inputs."""
     import normlab
     from normlab.config import commands as c
-    from normlab.config.help import HELP
+    from normlab.config.help import HELP, INPUTS
     from normlab.config.train import LEAVES
     from normlab.data.corpora import CORPORA
     from normlab.experiments.sweep import SweepConfig
@@ -392,7 +392,13 @@ def build_parser() -> argparse.ArgumentParser:
         shortcut_flags(s, shortcuts)
         if set_help:
             s.add_argument("--set", action="append", metavar="KEY=VALUE", help=set_help)
+        if name not in ("plan", "screen"):
+            inputs(s, name)
         return s
+
+    def inputs(s: argparse.ArgumentParser, name: str) -> None:
+        for flags, options in INPUTS.get(name, ()):
+            s.add_argument(*flags, **options)
 
     def shortcut_flags(s: argparse.ArgumentParser, names: tuple[str, ...]) -> None:
         for short in names:
@@ -408,74 +414,38 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a model option, repeatable: --model n_layers=8 --model mlp=relu (= --set model.KEY=VALUE)")
         add_flags(s, {k: v for k, v in LEAVES.items() if k != "options"}, defaults={"out": "runs/LAYOUT-SIZE"})
 
-    s = command("layouts", _layouts)
-    s.add_argument("--names", action="store_true", help="print the names only")
-    s.add_argument("--markdown", action="store_true", help="print a Markdown table (as in the README)")
-    s = command("show", _show, run=("size",), shortcuts=("layers",), set_help="a model or layout setting as train "
-                "takes it: model.n_layers=12, model.mlp=relu, layout.h=0.5")
-    s.add_argument("layout", help="preset name or string form, e.g. peri or 'attn=AB,mlp=AB,final'")
+    command("layouts", _layouts)
+    command("show", _show, run=("size",), shortcuts=("layers",), set_help="a model or layout setting as train "
+            "takes it: model.n_layers=12, model.mlp=relu, layout.h=0.5")
     command("demo", _demo, c.DemoConfig)
     run_settings(command("train", _train))
     s = command("plan", _plan)
     run_settings(s)
-    s.add_argument("--gpu-memory", type=float, metavar="GIB", help="the device's memory: say whether the run fits, "
-                   "and which settings would")
-    s.add_argument("--world", type=int, default=1, help="ranks the run is split over (DDP; with --fsdp the "
-                   "weights, gradients and optimizer state are sharded over them)")
+    inputs(s, "plan")
     s = command("screen", _screen, c.ScreenConfig)
-    s.add_argument("layouts", nargs="+", help="preset names, string forms, or .toml files with a 'layout' key")
     s.add_argument("--stress", dest="stresses", default=argparse.SUPPRESS, metavar="S1,S2,...", help="= --stresses")
     shortcut_flags(s, ("layers", "width", "heads"))
     s.add_argument("--set", action="append", metavar="model.NAME=VALUE", help="any model option (repeatable)")
-    s.add_argument("--json", help="write every measurement to this JSON file")
-    s.add_argument("-v", "--verbose", action="store_true", help="explain the well-posedness verdict per sublayer")
-    s = command("report", _report)
-    s.add_argument("runs", nargs="+", help="run directories written by normlab train, or a sweep folder (its runs)")
-    s.add_argument("--out", help="output folder (default: report/ beside the first run)")
+    inputs(s, "screen")
+    command("report", _report)
     command("compare", _compare, c.CompareConfig, run=("size", "steps"), preset=c.COMPARE_BASE,
             set_help="any training setting, e.g. --set lr=1e-3")
     s = command("sweep", _sweep, set_help="a base setting (repeatable; model.NAME for model options)")
-    s.add_argument("file", nargs="?", help="a sweep TOML file (name, [base], [grid]; see docs/experiments.md)")
-    s.add_argument("--recipe", help="a ready-made sweep (see `normlab recipes`)")
-    s.add_argument("--grid", action="append", metavar="AXIS=V1,V2", help="add or replace a grid axis (repeatable)")
-    s.add_argument("--out", help="sweep folder (default runs/sweeps/NAME)")
-    s.add_argument("--cancel", metavar="DIR", help="cancel the scheduler jobs of the sweep in DIR (executor slurm)")
     add_flags(s, leaves(SweepConfig))  # --name, --workers, --executor, ...: over the file's or recipe's
-    s = command("summarize", _summarize)
-    s.add_argument("sweep", help="a sweep folder (holding sweep.db)")
-    s.add_argument("--out", help="where to write summary.md, the CSVs and report.html (default: the sweep folder)")
-    s = command("transfer", _transfer)
-    s.add_argument("proxy", help="the proxy's sweep folder (layout x lr x seed)")
-    s.add_argument("others", nargs="+", help="the sweeps to compare it with")
-    s.add_argument("--lrs", choices=["common", "all"], default="common",
-                   help="rank both on the learning rates they share, or each on all it ran (default: common)")
-    s = command("recipes", _recipes)
-    s.add_argument("--names", action="store_true", help="print the names only")
-    s.add_argument("--machine", choices=["cpu", "gpu"], help="only the recipes that run on this machine kind "
-                   "(gpu: the gpu-* recipes, CUDA at the gpu-126m size on the English corpus)")
-    s = command("recommend", _recommend, c.RecommendConfig, run=("steps",), preset=c.RECOMMEND_BASE,
-                set_help="a proxy run setting, e.g. --set data=PATH (repeatable)")
-    s.add_argument("model", help="a size preset (e.g. kim-400m), a .toml (size, layout, [model] options) or a "
-                   "transformers config.json (or its folder)")
-    s = command("scan", _scan, c.ScanConfig)
-    s.add_argument("model", help="a local folder with config.json and weights (and a tokenizer, optionally)")
-    s = command("doctor", _doctor, c.DoctorConfig)
-    s.add_argument("model", help="a run directory, a checkpoint file or a local transformers folder")
-    s.add_argument("--json", action="store_true", help="print the findings as JSON")
-    s = command("convert", _convert, c.ConvertConfig)
-    s.add_argument("source", help="a run directory (its newest checkpoint) or a checkpoint file")
+    command("summarize", _summarize)
+    command("transfer", _transfer)
+    command("recipes", _recipes)
+    command("recommend", _recommend, c.RecommendConfig, run=("steps",), preset=c.RECOMMEND_BASE,
+            set_help="a proxy run setting, e.g. --set data=PATH (repeatable)")
+    command("scan", _scan, c.ScanConfig)
+    command("doctor", _doctor, c.DoctorConfig)
+    command("convert", _convert, c.ConvertConfig)
     s = command("export", _export)
-    s.add_argument("source", help="a run directory (its newest checkpoint) or a checkpoint file")
-    s.add_argument("out", help="output folder")
     s.add_argument("--arch", default="auto", choices=["auto", "normlab", *EXPORTABLE],
                    help=f"auto (default: transformers' own class where exact, else normlab), normlab (any layout), or "
                    f"transformers' own class for the layout it computes: "
                    f"{', '.join(f'{a} ({p})' for a, p in EXPORTABLE.items())}")
-    s = command("eval", _eval, c.EvalConfig)
-    s.add_argument("source", nargs="?", help="run directory, checkpoint, export folder or sweep folder")
-    s.add_argument("--list", action="store_true", help="list normlab's tasks and the papers' task groups")
-    s.add_argument("--tasks-dir", action="store_true",
-                   help="print the folder of normlab's task YAMLs (for lm_eval --include_path) and exit")
+    command("eval", _eval, c.EvalConfig)
     s = command("data", _data, c.PrepareConfig, description="fetch [NAME]: download, verify and cache a named corpus ("
                 + "; ".join(f"{x.name}: {x.what}" for x in CORPORA.values()) + "; docs/training.md). prepare: tokenize a "
                 "text file, folder, .jsonl or local datasets folder (save_to_disk) into OUT/{train,val}.bin + "

@@ -1,7 +1,10 @@
-"""Each command's one-line help and its `--help` description: the words of `normlab COMMAND --help`, kept
-beside the commands' configurations (normlab.config.commands) so the command line only wires them."""
+"""Each command's one-line help, its `--help` description and its inputs besides its settings (positional
+arguments, display switches): the words of `normlab COMMAND --help`, kept beside the commands'
+configurations (normlab.config.commands) so the command line only wires them."""
 
 from __future__ import annotations
+
+from typing import Any
 
 HELP: dict[str, tuple[str, str | None]] = {
     "layouts": (
@@ -98,4 +101,52 @@ HELP: dict[str, tuple[str, str | None]] = {
         "sweep folder: every run that finished ok. Results go to eval.json beside the model and show in "
         "normlab report and normlab summarize."),
     "data": ("fetch a corpus, or prepare token files from text/JSONL/datasets", None),
+}
+
+TRUE = "store_true"
+# Each command's inputs besides its configuration's settings: positional arguments and display switches,
+# as argparse takes them ((flags...), options).
+INPUTS: dict[str, list[tuple[tuple[str, ...], dict[str, Any]]]] = {
+    "layouts": [(("--names",), {"action": TRUE, "help": "print the names only"}),
+                (("--markdown",), {"action": TRUE, "help": "print a Markdown table (as in the README)"})],
+    "show": [(("layout",), {"help": "preset name or string form, e.g. peri or 'attn=AB,mlp=AB,final'"})],
+    "plan": [(("--gpu-memory",), {"type": float, "metavar": "GIB", "help": "the device's memory: say whether the "
+                                  "run fits, and which settings would"}),
+             (("--world",), {"type": int, "default": 1, "help": "ranks the run is split over (DDP; with --fsdp the "
+                             "weights, gradients and optimizer state are sharded over them)"})],
+    "screen": [(("layouts",), {"nargs": "+", "help": "preset names, string forms, or .toml files with a 'layout' key"}),
+               (("--json",), {"help": "write every measurement to this JSON file"}),
+               (("-v", "--verbose"), {"action": TRUE, "help": "explain the well-posedness verdict per sublayer"})],
+    "report": [(("runs",), {"nargs": "+", "help": "run directories written by normlab train, or a sweep folder "
+                            "(its runs)"}),
+               (("--out",), {"help": "output folder (default: report/ beside the first run)"})],
+    "sweep": [(("file",), {"nargs": "?", "help": "a sweep TOML file (name, [base], [grid]; see docs/experiments.md)"}),
+              (("--recipe",), {"help": "a ready-made sweep (see `normlab recipes`)"}),
+              (("--grid",), {"action": "append", "metavar": "AXIS=V1,V2", "help": "add or replace a grid axis "
+                             "(repeatable)"}),
+              (("--out",), {"help": "sweep folder (default runs/sweeps/NAME)"}),
+              (("--cancel",), {"metavar": "DIR", "help": "cancel the scheduler jobs of the sweep in DIR (executor "
+                               "slurm)"})],
+    "summarize": [(("sweep",), {"help": "a sweep folder (holding sweep.db)"}),
+                  (("--out",), {"help": "where to write summary.md, the CSVs and report.html (default: the sweep "
+                                "folder)"})],
+    "transfer": [(("proxy",), {"help": "the proxy's sweep folder (layout x lr x seed)"}),
+                 (("others",), {"nargs": "+", "help": "the sweeps to compare it with"}),
+                 (("--lrs",), {"choices": ["common", "all"], "default": "common", "help": "rank both on the learning "
+                               "rates they share, or each on all it ran (default: common)"})],
+    "recipes": [(("--names",), {"action": TRUE, "help": "print the names only"}),
+                (("--machine",), {"choices": ["cpu", "gpu"], "help": "only the recipes that run on this machine kind "
+                                  "(gpu: the gpu-* recipes, CUDA at the gpu-126m size on the English corpus)"})],
+    "recommend": [(("model",), {"help": "a size preset (e.g. kim-400m), a .toml (size, layout, [model] options) or a "
+                                "transformers config.json (or its folder)"})],
+    "scan": [(("model",), {"help": "a local folder with config.json and weights (and a tokenizer, optionally)"})],
+    "doctor": [(("model",), {"help": "a run directory, a checkpoint file or a local transformers folder"}),
+               (("--json",), {"action": TRUE, "help": "print the findings as JSON"})],
+    "convert": [(("source",), {"help": "a run directory (its newest checkpoint) or a checkpoint file"})],
+    "export": [(("source",), {"help": "a run directory (its newest checkpoint) or a checkpoint file"}),
+               (("out",), {"help": "output folder"})],
+    "eval": [(("source",), {"nargs": "?", "help": "run directory, checkpoint, export folder or sweep folder"}),
+             (("--list",), {"action": TRUE, "help": "list normlab's tasks and the papers' task groups"}),
+             (("--tasks-dir",), {"action": TRUE, "help": "print the folder of normlab's task YAMLs (for lm_eval "
+                                 "--include_path) and exit"})],
 }
