@@ -49,7 +49,8 @@ def _shortcuts(args: argparse.Namespace) -> dict[str, str]:
 def _overrides(args: argparse.Namespace, *flags: str) -> dict[str, str]:
     """The run settings a command was given: its run-setting flags, the model shortcuts, --model and --set."""
     given = {**settings_given(args, flags), **_shortcuts(args)}
-    given.update({f"model.{k}": v for k, v in _pairs(getattr(args, "model", None), "--model", "n_layers=8").items()})
+    given.update({f"model.{k}": v for k, v in _pairs(getattr(args, "model_options", None), "--model",
+                                                     "n_layers=8").items()})
     return {**given, **_pairs(getattr(args, "set", None), "--set", "steps=500")}
 
 
@@ -410,7 +411,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "flags and --set override it")
         s.add_argument("--set", action="append", metavar="KEY=VALUE", default=argparse.SUPPRESS,
                        help="any setting by its key: lr=1e-3, model.n_layers=8, layout.h=0.5 (repeatable)")
-        s.add_argument("--model", action="append", default=argparse.SUPPRESS, metavar="KEY=VALUE",
+        s.add_argument("--model", action="append", dest="model_options", default=argparse.SUPPRESS,
+                       metavar="KEY=VALUE",
                        help="a model option, repeatable: --model n_layers=8 --model mlp=relu (= --set model.KEY=VALUE)")
         add_flags(s, {k: v for k, v in LEAVES.items() if k != "options"}, defaults={"out": "runs/LAYOUT-SIZE"})
 
