@@ -222,11 +222,11 @@ def writable(folder: str | os.PathLike) -> bool:
 MARKER = ".normlab"  # in every output folder normlab made: what kind of folder it is
 
 
-def own_folder(path: str | os.PathLike, kind: str, legacy: Any = None, claim: bool = True) -> Path:
+def own_folder(path: str | os.PathLike, kind: str, claim: bool = True) -> Path:
     """Make ``path`` an output folder of ``kind`` (sweep, report, scan, summary) that normlab may write
-    into, or refuse: a new or empty folder is claimed (a ``.normlab`` marker is written), a folder
-    normlab made for the same kind is reused, and ``legacy(path)`` recognizes one an older normlab made
-    before markers existed. Anything else holds someone's files: ForeignFolderError, nothing written.
+    into, or refuse: a new or empty folder is claimed (a ``.normlab`` marker is written) and a folder
+    normlab made for the same kind is reused. Anything else holds someone's files: ForeignFolderError,
+    nothing written.
     ``claim=False``: the same check, writing nothing (a refusal before any work, the folder made later)."""
     path = Path(path)
     if path.exists() and not path.is_dir():
@@ -242,7 +242,7 @@ def own_folder(path: str | os.PathLike, kind: str, legacy: Any = None, claim: bo
         raise ForeignFolderError(f"{path} is a normlab {made or 'unknown'} folder, not a {kind} folder; "
                                  f"give a new or empty folder for the {kind}")
     held = sorted(p.name for p in path.iterdir() if p.name != ".lock") if path.is_dir() else []  # .lock: normlab's
-    if held and not (legacy is not None and legacy(path)):
+    if held:
         raise ForeignFolderError(
             f"{path} holds files normlab did not write ({', '.join(held[:5])}{', ...' if len(held) > 5 else ''}); "
             f"nothing there is overwritten: give a new or empty folder for the {kind}")

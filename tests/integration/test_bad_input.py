@@ -60,7 +60,7 @@ def test_grid_values_are_typed_by_their_setting():
     grid = _grid_args(["layout=pre,none", "lr=1e-3,3e-3", "min_lr=none,1e-4", "model.n_layers=2,3"])
     assert grid == {"layout": ["pre", "none"], "lr": [1e-3, 3e-3], "min_lr": [None, 1e-4], "model.n_layers": [2, 3]}
     specs = SweepConfig(name="g", base={"size": "nano"}, grid={"layout": grid["layout"]}).expand()
-    assert [s.config["layout"] for s in specs] == ["pre", "none"]
+    assert [s.config.model.layout_label for s in specs] == ["pre", "none"]
     for name in ("../escape", "a/b", ""):
         with pytest.raises(ConfigError, match="sweep name"):
             SweepConfig(name=name, grid={"lr": [1e-3]})

@@ -44,11 +44,11 @@ def test_grid_is_the_product_with_stable_ids():
     assert len(specs) == 2 * 2 * 2
     assert [s.axes for s in specs[:2]] == [{"layout": "pre", "lr": 1e-3, "model.n_layers": 1},
                                           {"layout": "pre", "lr": 1e-3, "model.n_layers": 3}]
-    assert specs[1].config["model"] == {"n_layers": 3} and specs[1].config["lr"] == 1e-3
+    assert specs[1].config.model.options == {"n_layers": 3} and specs[1].config.optim.lr == 1e-3
     assert specs[0].run_id.startswith("pre_lr0.001_n_layers1-")
     assert [s.run_id for s in sweep.expand()] == [s.run_id for s in specs]  # stable: resume finds them
     h = SweepConfig(name="h", base={"size": "nano"}, grid={"layout.h": [0.5], "layout": ["pre", "peri"]}).expand()
-    assert [s.config["layout"] for s in h] == ["pre,h=0.5", "peri,h=0.5"] and h[0].run_id.startswith("h0.5_pre-")
+    assert [s.config.model.layout_label for s in h] == ["pre,h=0.5", "peri,h=0.5"] and h[0].run_id.startswith("h0.5_pre-")
     explicit = SweepConfig(name="g", base={"size": "nano", "steps": 5, "lr": 3e-3, "wandb": False}, grid=sweep.grid)
     assert [s.run_id for s in explicit.expand()] == [s.run_id for s in specs]  # a default spelled out: same run
     changed = SweepConfig(name="g", base={"size": "nano", "steps": 6}, grid=sweep.grid).expand()
@@ -265,7 +265,7 @@ def test_cli_sweep_from_flags_and_errors(corpus, tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0 and "| peri,h=0.5 | 0/1 |" in out and "report:" in out
     rows = SweepStore(tmp_path / "cli" / "sweep.db").rows()
-    assert rows[0]["config"]["model"] == {"n_layers": 1}
+    assert rows[0]["config"].model.options == {"n_layers": 1}
 
 
 def test_a_grid_point_with_two_ids_counts_once(tmp_path):

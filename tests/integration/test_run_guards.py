@@ -58,8 +58,8 @@ def test_no_command_writes_over_files_it_did_not_write(corpus, tmp_path, capsys,
     assert (report_dir / "index.html").read_text() == "<p>the user's page</p>"
     assert main(["report", str(run), "--out", str(tmp_path / "rep2")]) == 0
     assert main(["report", str(run), "--out", str(tmp_path / "rep2")]) == 0  # its own report: rewritten
-    (tmp_path / "rep2" / MARKER).unlink()  # a report an older normlab wrote (no marker): recognized
-    assert main(["report", str(run), "--out", str(tmp_path / "rep2")]) == 0
+    (tmp_path / "rep2" / MARKER).unlink()  # without normlab's marker a report folder is someone's: refused
+    assert main(["report", str(run), "--out", str(tmp_path / "rep2")]) == 2
     export = export_nano(tmp_path)
     (export / "scan").mkdir()
     (export / "scan" / "table.md").write_text("the user's table")

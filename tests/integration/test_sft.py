@@ -77,7 +77,7 @@ def test_pretrain_then_sft_from_the_checkpoint(corpus, tmp_path):
                           out=str(tmp_path / "sft"), **common))
     assert s["status"] == "ok" and s["final_val_loss"] is not None
     cfg = json.loads((tmp_path / "sft" / "config.json").read_text())
-    assert "(SFT)" in cfg["data"] and cfg["config"]["init_from"] == str(tmp_path / "pre")
+    assert "(SFT)" in cfg["data"] and cfg["config"]["model"]["init_from"] == str(tmp_path / "pre")
     with pytest.raises(ConfigError, match="do not fit the model built from this run"):
         train(TrainConfig.of(data=str(data), task="sft", init_from=str(tmp_path / "pre"), steps=2,
                           out=str(tmp_path / "bad"), **{**common, "layout": "pre"}))

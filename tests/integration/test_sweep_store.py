@@ -145,12 +145,13 @@ for i in range(k, 64, 8):
 @pytest.mark.parametrize("shared", ["0", "1"], ids=["wal", "rollback-journal"])
 def test_eight_concurrent_writers_keep_every_row(tmp_path, shared, monkeypatch):
     """8 processes record 64 runs at once (each 8, interleaved): every row present, with its own numbers."""
+    from normlab.config import TrainConfig
     from normlab.experiments.sweep import RunSpec
 
     monkeypatch.setenv("NORMLAB_SHARED_FS", shared)
     db = tmp_path / "sweep.db"
     store = SweepStore(db)
-    store.add([RunSpec(f"r{i}", i, {"i": i}, {"steps": i}) for i in range(64)])
+    store.add([RunSpec(f"r{i}", i, {"i": i}, TrainConfig.of(steps=i + 1)) for i in range(64)])
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "NORMLAB_SHARED_FS": shared}
     procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(db), str(k)], env=env) for k in range(8)]
     assert [p.wait(timeout=300) for p in procs] == [0] * 8

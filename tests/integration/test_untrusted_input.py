@@ -117,7 +117,7 @@ def test_a_sharded_checkpoint_whose_optimizer_entry_is_a_pickle_payload_is_refus
 def test_checkpoints_hold_only_safe_types(corpus, tmp_path):
     train(small(corpus, tmp_path / "r", steps=2))
     ckpt = torch.load(list_checkpoints(tmp_path / "r")[-1], weights_only=True)  # plain torch, no allowlist
-    assert isinstance(ckpt["rng"]["numpy"]["keys"], torch.Tensor) and ckpt["config"]["steps"] == 2
+    assert isinstance(ckpt["rng"]["numpy"]["keys"], torch.Tensor) and ckpt["config"]["optim"]["steps"] == 2
 
 
 def test_eval_runs_only_the_model_code_normlab_wrote(tmp_path, capsys):

@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "src" / "normlab"
 # (errors, io, pages, _lazy) depend on nothing above them; the layers follow docs/architecture.md.
 LEVELS = [
     {"errors", "_lazy", "_version"},
-    {"io", "pages"},
+    {"io", "pages", "settings"},
     {"layout"},
     {"model"},
     {"data", "config"},

@@ -1,5 +1,5 @@
-"""Configuration: the typed settings engine and the configurations built on it (train, sweep, screen,
-compare), one declaration per setting from which every command's flags, checks and docs come."""
+"""Configuration: every command's configuration (train, sweep, screen, compare, ...), built on the settings
+engine (normlab.settings): one declaration per setting from which every command's flags, checks and docs come."""
 
 from normlab._lazy import lazy_exports
 

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from normlab.config.engine import check_fields, nonneg, open_unit, positive, setting
+from normlab.settings import check_fields, nonneg, open_unit, positive, setting
 from normlab.model.config import SIZES
 
 STRESS_MODES = ("output", "all")  # output: scale W_O and W_down; all: every attention/MLP weight
@@ -27,7 +27,7 @@ COMPARE_BASE: dict[str, Any] = {"size": "micro-deep", "lr": 0.1, "steps": 150, "
                                 "eval_every": 50}
 
 
-def _some(values: tuple) -> str | None:
+def _some(values: tuple[Any, ...]) -> str | None:
     return None if values else "needs at least one value"
 
 
@@ -212,12 +212,12 @@ PRECISIONS = ("bf16", "fp16")
 RECOMMEND_OPTIMIZERS = ("adamw", "muon", "sgd")  # optim.optimizer's choices
 
 
-def _lrs(values: tuple) -> str | None:
+def _lrs(values: tuple[Any, ...]) -> str | None:
     bad = [v for v in values if not (math.isfinite(v) and v > 0)]
     return f"must be learning rates > 0 (invalid: {bad[0]})" if bad else None
 
 
-def _seeds(values: tuple) -> str | None:
+def _seeds(values: tuple[Any, ...]) -> str | None:
     return "must be integers >= 0" if any(v < 0 for v in values) else None
 
 

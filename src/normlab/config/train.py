@@ -19,8 +19,11 @@ Every setting is addressed by one key, the same everywhere (`train --set`, flags
 from a command line are parsed; TOML/JSON values must already have the right type), rejects
 NaN/inf, checks ranges and choices, and validates the layout against the model's depth.
 
-The edge form (`to_dict`, `from_dict`) is a flat dict with the keys of normlab 0.1.0: config.json,
-checkpoints and sweep.db hold it, so old runs resume and old sweep ids are kept. Defaults follow the
+A configuration is built and validated once: `ModelSettings` holds the `ModelConfig` (the size preset
+with the options applied) and the `Layout`, resolved at the model's depth once per process. The stored
+form (`to_dict`, `from_dict`) is nested, one table per section: config.json, checkpoints and sweep.db
+hold it. The flat form they held before is read through `migrate`, the one migration; `to_flat` is
+that form's canonical spelling, which run ids hash, so the same settings keep their ids. Defaults follow the
 papers' protocol where it applies at small scale: AdamW (beta2 0.95, Zhuo Table 7), warmup 10% then
 cosine (Kim Table 2) to lr/10 (Zhuo's min LR ratio), clipping at 1.0, weight decay 0.1 without decay
 on norms, biases and embeddings.
@@ -29,13 +32,15 @@ on norms, biases and embeddings.
 from __future__ import annotations
 
 import difflib
+import functools
 import typing
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-from normlab.config.engine import (
+from normlab.settings import (
     Leaf,
+    build,
     coerce,
     leaves,
     nonneg,
@@ -46,6 +51,7 @@ from normlab.config.engine import (
 )
 from normlab.errors import ConfigError, LayoutError
 from normlab.layout import Layout, parse_layout
+from normlab.layout.sites import ResolvedLayout
 from normlab.layout.spec import check_option
 from normlab.layout.spec import edit_layout as spec_edit_layout
 from normlab.model.config import POSITIONS, SIZES, ModelConfig, get_size
@@ -83,14 +89,44 @@ class ModelSettings:
     size: str = setting("tiny", "size preset", choices=tuple(SIZES))
     options: dict[str, Any] = setting(dict, "ModelConfig overrides of the size preset, e.g. model.n_layers=8")
     init_from: str | None = setting(None, "start from these weights: a run dir, a checkpoint, or a transformers folder")
+    # The size preset with the options applied: built (and validated) once, when the section is made.
+    config: ModelConfig = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.layout, Layout):
+            raise ConfigError(f"layout must be a Layout, a preset name or a string form, not {type(self.layout).__name__}")
+        object.__setattr__(self, "options", dict(self.options))
+        object.__setattr__(self, "config", get_size(self.size).with_(**self.options))
 
     @property
     def layout_label(self) -> str:
         """The layout as the user spelled it (a preset name, or a string form)."""
         return self.layout.name or self.layout.to_string()
 
+    @property
+    def resolved(self) -> ResolvedLayout:
+        """The layout at the model's depth (resolved once per layout and depth in a process)."""
+        return resolve_layout(self.layout, self.config.n_layers)
+
     def model_config(self, **extra: Any) -> ModelConfig:
-        return get_size(self.size).with_(**{**self.options, **extra})
+        """The model's configuration; `extra` overrides on top (a data set's vocabulary, a sequence length)."""
+        return self.config.with_(**extra) if extra else self.config
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layout": self.layout_label, "size": self.size, "options": dict(self.options),
+                "init_from": self.init_from}
+
+
+@functools.lru_cache(maxsize=256)
+def resolve_layout(layout: Layout, n_layers: int) -> ResolvedLayout:
+    """`layout.resolve(n_layers)`, once per (layout, depth): a sweep's runs share their layouts' resolutions."""
+    return layout.resolve(n_layers)
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_layout(text: str) -> Layout:
+    layout = parse_layout(text)
+    return layout if layout.name else replace(layout, name=text)
 
 
 @dataclass(frozen=True)
@@ -315,14 +351,35 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "config") -> TrainConfig:
-        """Read the edge form (config.json's "config", a checkpoint's, a sweep row's, a TOML file's)."""
-        return apply_settings(cls(), flatten_settings(data, source), source)
+        """A stored configuration (config.json's "config", a checkpoint's, a sweep row's): the nested form
+        of `to_dict`, each section built by the settings engine; an older flat form is read through
+        `migrate` first."""
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{source}: expected a table of settings, got {type(data).__name__}")
+        if not is_nested(data):
+            data = migrate(data, source)
+        prefix = f"{source}: " if source not in ("arguments", "settings") else ""
+        try:
+            model = dict(data["model"])
+            options = model.pop("options", {})
+            if not isinstance(options, Mapping):
+                raise ConfigError(f"model.options: expected a table of model options, got {options!r}")
+            if "layout" in model:
+                model["layout"] = _layout_value(model["layout"])
+            sections: dict[str, Any] = {"model": build(ModelSettings, model, "model", options={
+                k: _model_option(f"model.{k}", k, v) for k, v in options.items()})}
+            for name in ("data", "optim", "run"):
+                sections[name] = build(SECTIONS[name], data[name], name)
+            return cls(**sections)
+        except (ConfigError, LayoutError) as err:
+            raise ConfigError(f"{prefix}{err}") from None
 
     @classmethod
     def from_toml(cls, path: str | Path, **overrides: Any) -> TrainConfig:
+        """A TOML file of settings (the keys of `apply_settings`, tables for sections) on the defaults."""
         from normlab.io import read_toml
 
-        cfg = cls.from_dict(read_toml(path, "config file"), source=str(path))
+        cfg = apply_settings(cls(), read_toml(path, "config file"), str(path))
         return apply_settings(cfg, overrides, "arguments") if overrides else cfg
 
     # -- checks --
@@ -339,13 +396,10 @@ class TrainConfig:
         if r.fsdp and o.qk_clip is not None:
             raise ConfigError("qk_clip rescales each head's rows of W_q and W_k in place, which FSDP2 shards across "
                               "ranks; with --qk-clip leave --fsdp off (DDP is fine)")
-        if not isinstance(m.layout, Layout):
-            raise ConfigError(f"layout must be a Layout, a preset name or a string form, not {type(m.layout).__name__}")
-        model = m.model_config()  # unknown options and bad combinations fail here, with suggestions
         try:
-            m.layout.resolve(model.n_layers)
+            m.resolved  # noqa: B018 - the layout against the model's depth (cached: a sweep resolves each layout once)
         except LayoutError as err:
-            raise ConfigError(f"layout {m.layout_label!r} does not fit {model.n_layers} layers: {err}") from None
+            raise ConfigError(f"layout {m.layout_label!r} does not fit {m.config.n_layers} layers: {err}") from None
 
     def for_device(self, device: str, bf16: bool = True) -> TrainConfig:
         """The settings with their device-dependent defaults decided: precision auto (bf16 on CUDA where the
@@ -406,7 +460,18 @@ class TrainConfig:
         return self.run.ckpt_every or min(100, max(10, self.optim.steps // 10))
 
     def to_dict(self) -> dict[str, Any]:
-        """The flat edge form: every leaf by its name, `layout` as its label, `model` the options dict."""
+        """The stored form (config.json, checkpoints, sweep.db): one JSON object per section, every leaf by
+        its name; the model section holds the layout's label, the size preset and the option overrides."""
+        out: dict[str, Any] = {"model": self.model.to_dict()}
+        for name in ("data", "optim", "run"):
+            section = getattr(self, name)
+            out[name] = {k: getattr(section, k) for k in leaves(SECTIONS[name])}
+        return out
+
+    def to_flat(self) -> dict[str, Any]:
+        """The canonical flat form: every leaf by its name, `layout` as its label, `model` the options dict.
+        What run ids hash (`identity`) and what the command line spells (`to_args`): the same settings keep
+        the ids they had when config.json held this form."""
         out: dict[str, Any] = {}
         for name, leaf in LEAVES.items():
             value = getattr(getattr(self, leaf.section), name)
@@ -420,7 +485,7 @@ class TrainConfig:
 
     def identity(self) -> dict[str, Any]:
         """The settings that make up what the run computes and reports (the resume check, sweep ids)."""
-        flat = self.to_dict()
+        flat = self.to_flat()
         return {k: flat[k] for k in IDENTITY}
 
     def identity_diff(self, other: TrainConfig) -> list[str]:
@@ -434,7 +499,7 @@ class TrainConfig:
     def to_args(self) -> list[str]:
         """The command line that reproduces this config: `normlab train <to_args()>`."""
         args: list[str] = []
-        flat, default = self.to_dict(), TrainConfig().to_dict()
+        flat, default = self.to_flat(), TrainConfig().to_flat()
         for name, value in flat.items():
             if name == "model":
                 args += [x for k, v in sorted(value.items()) for x in ("--model", f"{k}={_text(v)}")]
@@ -445,6 +510,18 @@ class TrainConfig:
             else:
                 args += ["--" + name.replace("_", "-"), _text(value)]
         return args
+
+
+def is_nested(data: Mapping[str, Any]) -> bool:
+    """The stored form of `TrainConfig.to_dict`: exactly the four sections, each a table."""
+    return set(data) == set(SECTIONS) and all(isinstance(v, Mapping) for v in data.values())
+
+
+def migrate(data: Mapping[str, Any], source: str = "config") -> dict[str, Any]:
+    """The one migration of stored configurations: the flat form (every leaf by its name, `model` the
+    table of model options), which config.json, checkpoints and sweep.db held before the nested form,
+    as the nested form of `TrainConfig.to_dict`. Checked as it is read: a key no setting has is refused."""
+    return apply_settings(TrainConfig(), data, source).to_dict()
 
 
 def _text(value: Any) -> str:
@@ -463,7 +540,7 @@ def apply_settings(cfg: TrainConfig, settings: Mapping[str, Any], source: str = 
     model's depth included) before anything else runs.
     """
     flat = flatten_settings(settings, source)
-    sections = {name: {} for name in SECTIONS}
+    sections: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
     options = dict(cfg.model.options)
     layout_edits: dict[str, Any] = {}
     layout = cfg.model.layout
@@ -494,8 +571,7 @@ def _layout_value(value: Any) -> Layout:
         return value
     if not isinstance(value, str):
         raise ConfigError(f"layout: expected a preset name or string form, got {value!r} ({type(value).__name__})")
-    layout = parse_layout(value)
-    return layout if layout.name else replace(layout, name=value)
+    return _parse_layout(value)
 
 
 def edit_layout(layout: Layout, edits: Mapping[str, Any]) -> Layout:

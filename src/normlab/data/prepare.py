@@ -155,3 +155,10 @@ def load_prepared(path: Path) -> tuple[np.ndarray, np.ndarray, Tokenizer | None,
     tok = (load_tokenizer(str(path / "tokenizer.json")) if (path / "tokenizer.json").is_file()
            else ByteTokenizer() if meta.get("tokenizer") == "bytes" else None)
     return train, val, tok, meta
+
+
+def prepared_line(meta: dict[str, Any], out: str) -> str:
+    """What `normlab data prepare` wrote, in one line."""
+    return (f"{meta['source']} -> {out}: {meta['train']['documents']:,} + {meta['val']['documents']:,} documents, "
+            f"{meta['train']['tokens']:,} train + {meta['val']['tokens']:,} val tokens ({meta['dtype']}), tokenizer "
+            f"{meta['tokenizer']} (vocab {meta['vocab_size']}, end-of-text id {meta['eos_id']}); train with --data {out}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -40,7 +41,9 @@ def _names(runs: list[Run]) -> list[str]:
 
 def _layout(run: Run) -> str:
     """The run's layout string (a normlab run's config.json), or the label its summary or monitor recorded."""
-    return run.config.get("layout") or run.summary.get("layout") or (run.config.get("config") or {}).get("layout") or ""
+    cfg = run.config.get("config") or {}  # a run's TrainConfig (nested) or a monitor's record (flat)
+    return run.config.get("layout") or run.summary.get("layout") or cfg.get("layout") or (cfg.get("model") or {}).get(
+        "layout") or ""
 
 
 def _steps(run: Run) -> int | None:
@@ -200,20 +203,11 @@ def eval_rows(runs: list[Run], names: list[str]) -> list[dict]:
     return rows
 
 
-def _is_report(folder: Path) -> bool:
-    """A report folder an older normlab wrote (before the .normlab marker): its index.html is ours."""
-    index = folder / "index.html"
-    try:
-        return index.is_file() and "<title>normlab report" in index.read_text(errors="replace")[:2000]
-    except OSError:
-        return False
-
-
 def make_report(run_dirs: list[str | Path], out: str | Path) -> Path:
     """Render the figures as PNGs into ``out`` and write ``out/index.html``; returns its path."""
     runs = [load_run(p) for p in run_dirs]
     names = _names(runs)
-    out = own_folder(out, "report", legacy=_is_report)  # a new folder, or one a normlab report made
+    out = own_folder(out, "report")  # a new folder, or one a normlab report made
     out.mkdir(parents=True, exist_ok=True)
     probed = [(r, n) for r, n in zip(runs, names) if len(r.probes)]
     sections = []
@@ -250,3 +244,29 @@ def make_report(run_dirs: list[str | Path], out: str | Path) -> Path:
             f'<h2 id="summary">Summary</h2>{table_html(summary_rows(runs, names))}\n'
             f'<p class="note">{html.escape(SUMMARY_NOTE)}</p>\n' + "\n".join(sections))
     return write_page(out / "index.html", f"normlab report: {', '.join(names)}", body)
+
+
+def report_runs(paths: list[str], out: str | None = None, log: Any = print) -> Path:
+    """`normlab report`: run folders, a sweep folder (its runs that logged a step) or a folder holding run
+    folders one level down (a transformers Trainer's output_dir), each checked before any work; the page
+    goes to ``out``, else the sweep's report folder or report/ beside the first run."""
+    from normlab.runs.files import REPORT_DIR, RunDir, SweepDir
+    from normlab.runs.store import logged_runs
+
+    runs: list[Path] = []
+    for r in paths:
+        folder = SweepDir(r)
+        if folder.is_sweep():
+            runs += [run.path for run in logged_runs(folder)]
+            continue
+        path = Path(r)
+        inner = ([c for c in sorted(path.iterdir()) if c.is_dir() and RunDir(c).has_metrics()]
+                 if path.is_dir() and not RunDir(path).has_metrics() else [])
+        if inner:
+            log(f"reading {', '.join(str(c) for c in inner)} (the run folder{'s' if len(inner) > 1 else ''} in {path})")
+        runs += inner or [path]
+    for r in runs:
+        RunDir(r).check_logged()
+    first = Path(paths[0])
+    sweep_given = len(paths) == 1 and SweepDir(first).is_sweep()
+    return make_report(runs, out or (SweepDir(first).report_dir if sweep_given else runs[0].parent / REPORT_DIR))

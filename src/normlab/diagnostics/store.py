@@ -53,8 +53,8 @@ class Run:
 
     @property
     def name(self) -> str:
-        cfg = self.config.get("config", {})
-        return cfg.get("layout") or self.path.name
+        cfg = self.config.get("config", {})  # a run's TrainConfig (nested) or a monitor's record (flat)
+        return cfg.get("layout") or (cfg.get("model") or {}).get("layout") or self.path.name
 
     def probe(self, site: str, metric: str) -> pd.DataFrame:
         """Rows of one site and metric as a step x layer table."""

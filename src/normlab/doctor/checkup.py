@@ -91,7 +91,7 @@ def load_model(source: str | Path) -> Loaded:
             model = from_native(src)
         return Loaded(model.eval(), tok, f"transformers folder ({model_type})")
     run = load_run_model(src)
-    return Loaded(run.model.eval(), run_tokenizer(run.config, run.run_dir), f"normlab run ({run.config.get('layout')})",
+    return Loaded(run.model.eval(), run_tokenizer(run.config, run.run_dir), f"normlab run ({run.config.model.layout_label})",
                   run)
 
 
@@ -214,8 +214,8 @@ def write_copy(model: nn.Module, source: str | Path, kind: str, out: str | Path,
         else:
             from normlab.runs.checkpoint import save_checkpoint
 
-            RunDir(tmp).write_record({"config": run.config, "doctored_from": str(source)})
-            save_checkpoint(tmp, run.step or 0, {"model": model.state_dict(), "config": run.config}, keep_last=1)
+            RunDir(tmp).write_record({"config": run.config.to_dict(), "doctored_from": str(source)})
+            save_checkpoint(tmp, run.step or 0, {"model": model.state_dict(), "config": run.config.to_dict()}, keep_last=1)
     return out
 
 
@@ -232,3 +232,37 @@ def _save_transformers(model: nn.Module, out: Path, kind: str) -> None:
         except ValueError:
             pass  # the rescaled model's options no longer map (they do today): the normlab class keeps any
     save_hf(model, out)
+
+
+def doctor(source: str, cfg: Any, as_json: bool = False) -> str:
+    """`normlab doctor`: the findings (as text or JSON) and, with `cfg.fp16_copy`, the fp16-safe copy where
+    exact (a `DoctorConfig`)."""
+    import json
+
+    from normlab.doctor.rescale import rescalable, rescale_for_fp16
+    from normlab.errors import ConfigError
+    from normlab.io import own_folder
+
+    if cfg.fp16_copy:
+        own_folder(cfg.fp16_copy, "doctored", claim=False)  # a folder holding someone's files fails before any work
+    model, tok, kind, run = load_model(source)
+    x = sample_tokens(model, tok)
+    findings, _ = checkup(model, x)
+    if as_json:
+        lines = [json.dumps(findings_json(findings), indent=1)]
+    else:
+        lines = [f"# doctor: {source} ({kind}; layout {model.layout.label}), {x.shape[0]} x {x.shape[1]} tokens"]
+        lines += [f.line() for f in findings]
+    why = rescalable(model)
+    if cfg.fp16_copy:
+        if why is not None:
+            raise ConfigError(f"no exact fp16-safe copy for this layout: {why}")
+        r = rescale_for_fp16(model, x[:, :-1], cfg.headroom)
+        out = write_copy(r.model, source, kind, cfg.fp16_copy, run)
+        lines.append(f"fp16-safe copy: stream x {r.factor:.4g}, largest activation {r.max_before:.4g} -> "
+                     f"{r.max_after:.4g}; logits changed by at most {r.max_logit_change:.3g} (KL {r.kl:.3g} "
+                     f"nats/token) -> {out}")
+    elif not as_json:
+        lines.append("an exact fp16-safe rescaled copy: " + ("available (--fp16-copy OUT)" if why is None else
+                                                             f"not exact here ({why})"))
+    return "\n".join(lines)

@@ -362,3 +362,18 @@ def evaluate_sweep(sweep: str | Path, tasks: list[str], **kwargs: Any) -> list[d
     if not done:
         raise EvalError(f"{sweep}: no run finished (ok or stalled) yet (statuses: {dict(df.status.value_counts())})")
     return [evaluate(SweepDir(sweep).run(r.run_id).path, tasks, **kwargs) for r in done]
+
+
+def tasks_text() -> str:
+    """`normlab eval --list`: normlab's tasks and the papers' task groups, with the include path."""
+    lines = [f"normlab's lm-eval tasks (include path {TASKS_DIR}):", *(f"  {t}" for t in LOCAL_TASKS)]
+    return "\n".join(lines + [f"  {g}: {', '.join(members)}" for g, members in GROUPS.items()])
+
+
+def export_eval_line(out: Path, remote: bool) -> str:
+    """How to score an export with lm-eval (normlab's task folder on its include path)."""
+    import shlex
+
+    model_args = f"pretrained={out}" + (",trust_remote_code=True" if remote else "")
+    return (f"evaluate: lm_eval --model hf --model_args {shlex.quote(model_args)} --tasks normlab_local "
+            f"--include_path {shlex.quote(str(TASKS_DIR))}  (or: normlab eval {shlex.quote(str(out))})")

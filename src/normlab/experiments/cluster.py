@@ -237,7 +237,7 @@ def _ended(root: Path, store: SweepStore, rid: str, job: Any, state: str, kind: 
     if row["status"] in FINISHED:
         return
     summary = SweepDir(root).run(rid).summary()
-    if summary and summary.get("status") in FINISHED and summary.get("steps") == row["config"].get("steps"):
+    if summary and summary.get("status") in FINISHED and summary.get("steps") == row["config"].optim.steps:
         store.record(rid, summary, worker=str(job.job_id), unless_finished=True)
         return
     word = state.split()[0] if state else "UNKNOWN"

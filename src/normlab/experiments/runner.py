@@ -38,8 +38,7 @@ from typing import Any
 
 from normlab.experiments.progress import SweepProgress
 from normlab.experiments.cluster import check_options, run_cluster
-from normlab.experiments.sweep import SET_BY_SWEEP, RunSpec, SweepConfig
-from normlab.config.train import typed_settings
+from normlab.experiments.sweep import RunSpec, SweepConfig
 from normlab.errors import ConfigError
 from normlab.io import atomic_write_bytes, own_folder
 from normlab.runs.files import SweepDir
@@ -118,11 +117,6 @@ def prepare(sweep: SweepConfig, out: str | Path) -> tuple[SweepStore, list[RunSp
     specs = sweep.expand()
     base = json.loads(json.dumps(sweep.base, sort_keys=True))
     old = store.get_meta("base")
-    if old is not None:
-        try:
-            old = json.loads(json.dumps(typed_settings(old), sort_keys=True))  # an older normlab's nested form
-        except ConfigError:
-            pass
     if old is not None and old != base:
         changed = sorted(k for k in set(old) | set(base) if old.get(k) != base.get(k))
         raise ConfigError(f"{root} holds a sweep with other base settings (changed: {', '.join(changed)}); "
@@ -156,11 +150,14 @@ def rebuild_store(root: str | Path, store: SweepStore | None = None) -> int:
     for run in runs:
         if run.path.name in known:
             continue
-        config = {k: v for k, v in run.config_dict().items() if k not in SET_BY_SWEEP}
-        point = {a: config.get(a, (config.get("model") or {}).get(a.removeprefix("model."))) for a in axes}
+        config = run.train_config()
+        if config is None:
+            continue
+        flat = config.to_flat()
+        point = {a: flat.get(a, flat["model"].get(a.removeprefix("model."))) for a in axes}
         specs.append(RunSpec(run.path.name, len(specs), point, config))
     store.add(specs)
-    steps = {s.run_id: s.config.get("steps") for s in specs}
+    steps = {s.run_id: s.config.optim.steps for s in specs}
     for run in runs:
         summary = run.summary()
         status = (summary or {}).get("status")
@@ -174,7 +171,7 @@ def _reconcile(store: SweepStore, root: Path) -> int:
     taken = 0
     for row in store.rows("running"):
         summary = SweepDir(root).run(row["run_id"]).summary()
-        if summary and summary.get("status") in FINISHED and summary.get("steps") == row["config"]["steps"]:
+        if summary and summary.get("status") in FINISHED and summary.get("steps") == row["config"].optim.steps:
             store.record(row["run_id"], summary)
             taken += 1
     return taken
@@ -195,7 +192,7 @@ def run_sweep(sweep: SweepConfig, out: str | Path, workers: int | None = None, e
     """Run every run of `sweep` that has no result yet; returns the store's status counts. With a
     `deadline` (local executor only) runs not started by then stay pending."""
     check_options(sweep.slurm, executor or sweep.executor)  # before anything is written
-    root = own_folder(out, "sweep", legacy=lambda p: SweepDir(p).is_legacy())  # never a folder of the user's
+    root = own_folder(out, "sweep")  # never a folder of the user's
     root.mkdir(parents=True, exist_ok=True)
     lock = FolderLock(SweepDir(root).lock_file, wait=0, busy=lambda holder: (
         f"another normlab sweep is running in {root} ({holder}); wait for it or stop it first"))
@@ -209,7 +206,7 @@ def run_sweep(sweep: SweepConfig, out: str | Path, workers: int | None = None, e
         kind = executor or sweep.executor
         if todo:
             if kind == "local":
-                steps = {s.run_id: s.config["steps"] for s in specs if s.run_id in todo}
+                steps = {s.run_id: s.config.optim.steps for s in specs if s.run_id in todo}
                 bar = SweepProgress(root, steps, sweep.name, log=log)
                 try:
                     gpus = _gpu_plan([s for s in specs if s.run_id in todo], workers or sweep.workers, log)
@@ -258,13 +255,13 @@ def _gpu_plan(specs: list[RunSpec], requested: int | None, log) -> tuple[int, in
 
     from normlab.train.memory import GIB, plan_memory, plan_workers
 
-    cfgs = [s.train_config("unused") for s in specs]
+    cfgs = [s.config for s in specs]
     if not cfgs or not torch.cuda.is_available() or not any(c.run.device in ("cuda", "auto") for c in cfgs):
         return None
     devices = [torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())]
     shape = ("layout", "size", "model", "batch_size", "grad_accum", "seq_len", "precision", "activation_dtype",
              "activation_checkpointing", "loss_chunk", "vocab_size", "tokenizer", "optimizer", "fsdp")
-    keys = [repr([c.to_dict()[k] for k in shape]) for c in cfgs]
+    keys = [repr([c.to_flat()[k] for k in shape]) for c in cfgs]
     plans: dict[str, int] = {}
     for key, c in zip(keys, cfgs):
         if key not in plans:

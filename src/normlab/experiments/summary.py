@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from normlab.config.train import TrainConfig
 from normlab.diagnostics.forensics import tally
 from normlab.errors import ConfigError
 from normlab.experiments.runner import rebuild_store
@@ -103,10 +104,11 @@ def angular_halves(run: Any) -> dict[str, float]:
     return {"angular_shallow": float(np.mean(values[:half])), "angular_deep": float(np.mean(values[half:]))}
 
 
-def _config_value(config: dict[str, Any], axis: str) -> Any:
+def _config_value(config: TrainConfig, axis: str) -> Any:
+    flat = config.to_flat()
     if axis.startswith("model."):
-        return config.get("model", {}).get(axis.removeprefix("model."))
-    return config.get(axis)
+        return flat["model"].get(axis.removeprefix("model."))
+    return flat.get(axis)
 
 
 def _mean_std(values: pd.Series) -> tuple[float, float]:
@@ -260,7 +262,7 @@ def summarize(path: str | Path, out: str | Path | None = None) -> dict[str, Any]
     root = Path(path)
     df, axes = load_sweep(root)
     if out and Path(out).resolve() != root.resolve():  # another folder: only one normlab made for summaries
-        own_folder(out, "summary", legacy=lambda p: (p / SWEEP_SUMMARY).is_file() and (p / "cells.csv").is_file())
+        own_folder(out, "summary")
     elif not writable(root if root.is_dir() else root.parent):
         raise ConfigError(f"{root} is on read-only storage; give --out DIR for the summary and the report")
     out = Path(out) if out else root

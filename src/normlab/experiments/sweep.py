@@ -25,17 +25,18 @@ sweep finds the same runs (resume) and a changed setting makes a new run, never 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from normlab.experiments.cluster import check_options
-from normlab.config.engine import build, check_fields, check_leaf, leaves, positive, setting, unknown_key
-from normlab.config.train import LEAVES, TrainConfig, flatten_settings, resolve_key, typed_settings
+from normlab.settings import build, check_fields, check_leaf, leaves, positive, setting, unknown_key
+from normlab.config.train import LEAVES, RunSettings, TrainConfig, flatten_settings, resolve_key, typed_settings
 from normlab.errors import ConfigError, LayoutError
 from normlab.io import read_toml
 
@@ -51,15 +52,28 @@ SET_BY_SWEEP = ("out", "progress")
 
 @dataclass
 class RunSpec:
-    """One run of a sweep: its id, its grid coordinates and its full training config."""
+    """One run of a sweep: its id, its grid coordinates and its whole training config (validated once,
+    when the sweep was expanded or its store row read; `out` left at its default, no progress bar)."""
 
     run_id: str
     index: int
     axes: dict[str, Any]
-    config: dict[str, Any]  # TrainConfig.to_dict() without `out` and `progress`
+    config: TrainConfig
+
+    def __post_init__(self) -> None:
+        self.config = sweep_run_config(self.config)
 
     def train_config(self, out: str | Path) -> TrainConfig:
-        return TrainConfig.from_dict({**self.config, "out": str(out), "progress": False}, source=f"run {self.run_id}")
+        return replace(self.config, run=replace(self.config.run, out=str(out)))
+
+
+def sweep_run_config(cfg: TrainConfig) -> TrainConfig:
+    """A run's config as a sweep stores it: `out` at its default (the sweep puts each run in its folder)
+    and no progress bar (the sweep has its own)."""
+    default_out = RunSettings.out
+    if cfg.run.out == default_out and not cfg.run.progress:
+        return cfg
+    return replace(cfg, run=replace(cfg.run, out=default_out, progress=False))
 
 
 def _sweep_name(name: str) -> str | None:
@@ -111,7 +125,7 @@ class SweepConfig:
                 raise ConfigError(f"grid axis {axis!r} repeats a value: {values}")
             grid[axis] = values
         self.grid = grid
-        self.expand()  # every run's config validated now, before anything runs
+        self._runs = self._expand()  # every run's config built and validated now, once, before anything runs
 
     def with_(self, settings: dict[str, Any] | None = None, base: dict[str, Any] | None = None,
               grid: dict[str, list[Any]] | None = None, from_text: bool = False) -> SweepConfig:
@@ -127,6 +141,10 @@ class SweepConfig:
         return SweepConfig(**values, base=merged_base, grid={**self.grid, **(grid or {})}, slurm=dict(self.slurm))
 
     def expand(self) -> list[RunSpec]:
+        """The runs of the grid, one per point, in the grid's order (built when the sweep was made)."""
+        return list(self._runs)
+
+    def _expand(self) -> list[RunSpec]:
         axes = list(self.grid)
         specs, seen = [], set()
         for i, combo in enumerate(itertools.product(*(self.grid[a] for a in axes))):
@@ -135,12 +153,11 @@ class SweepConfig:
                 train = TrainConfig().with_({**SWEEP_RUN_DEFAULTS, **self.base, **point, "progress": False})
             except (ConfigError, LayoutError) as err:
                 raise ConfigError(f"sweep {self.name!r}, run {point}: {err}") from None
-            config = {k: v for k, v in train.to_dict().items() if k not in SET_BY_SWEEP}
             rid = run_id(point, train)
             if rid in seen:
                 raise ConfigError(f"sweep {self.name!r}: two grid points give the same run {point}")
             seen.add(rid)
-            specs.append(RunSpec(rid, i, point, config))
+            specs.append(RunSpec(rid, i, point, train))
         return specs
 
     def disk_budget(self) -> tuple[int, int]:
@@ -150,9 +167,8 @@ class SweepConfig:
 
         final, flight = 0, 0
         for spec in self.expand():
-            cfg = spec.train_config("unused")
-            model = cfg.model.model_config()
-            n = analytic_params(model.with_(vocab_size=cfg.expected_vocab), cfg.model.layout.resolve(model.n_layers)).total
+            cfg = spec.config
+            n = analytic_params(cfg.model.model_config(vocab_size=cfg.expected_vocab), cfg.model.resolved).total
             whole = 12 * n if cfg.optim.optimizer == "adamw" else 8 * n
             last = whole if cfg.run.keep_optimizer else 4 * n
             final += last + (cfg.run.keep_last - 1) * whole
@@ -194,6 +210,11 @@ def _slug(value: Any) -> str:
     return re.sub(r"[^A-Za-z0-9.+-]+", "-", text).strip("-")[:40] or "x"
 
 
+@functools.lru_cache(maxsize=1)
+def _default_identity() -> dict[str, Any]:
+    return TrainConfig().identity()
+
+
 def run_id(point: dict[str, Any], config: TrainConfig) -> str:
     """`<axis values>-<hash>`: readable in `ls`, unique per resolved config.
 
@@ -202,7 +223,7 @@ def run_id(point: dict[str, Any], config: TrainConfig) -> str:
     keeps every id, and resumes work across upgrades; settings that only say where and how a run
     reports (probes, evaluation cadence, checkpoints, device) never change an id.
     """
-    defaults = TrainConfig().identity()
+    defaults = _default_identity()
     changed = {k: v for k, v in config.identity().items() if v != defaults[k]}
     digest = hashlib.sha1(json.dumps(changed, sort_keys=True, default=str).encode()).hexdigest()[:8]
     names = "_".join(_slug(v) if axis == "layout" else f"{axis.split('.')[-1]}{_slug(v)}" for axis, v in point.items())

@@ -200,7 +200,6 @@ def compare(proxy: pd.DataFrame, other: pd.DataFrame, lrs: str = "common") -> Ag
 def sweep_scale(path: str | Path) -> dict[str, Any]:
     """A sweep's scale from its first run's config: width, depth, parameters (analytic, of its first
     placement), steps, tokens per run (steps x batch x sequence), and how many runs have finished."""
-    from normlab.config.train import TrainConfig
     from normlab.model.params import analytic_params
     from normlab.runs.files import SweepDir
     from normlab.runs.store import open_store
@@ -209,9 +208,9 @@ def sweep_scale(path: str | Path) -> dict[str, Any]:
     rows = store.rows()
     if not rows:
         return {"runs": 0, "finished": 0}
-    cfg = TrainConfig.from_dict({**rows[0]["config"], "out": "unused"}, source=str(path))
+    cfg = rows[0]["config"]
     model = cfg.model.model_config()
-    params = analytic_params(model.with_(vocab_size=cfg.expected_vocab), cfg.model.layout.resolve(model.n_layers)).total
+    params = analytic_params(model.with_(vocab_size=cfg.expected_vocab), cfg.model.resolved).total
     tokens = cfg.optim.steps * cfg.data.batch_size * cfg.data.seq_len
     return {"runs": len(rows), "finished": sum(r["status"] in FINISHED for r in rows), "d_model": model.d_model,
             "n_layers": model.n_layers, "params": params, "steps": cfg.optim.steps, "tokens": tokens}

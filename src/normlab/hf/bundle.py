@@ -23,7 +23,7 @@ from normlab._version import __version__
 
 # Dependency order: a module comes after every module whose names it uses at import time.
 MODULES = (
-    "errors.py",
+    "errors.py", "settings.py",
     "layout/sites.py", "layout/presets.py", "layout/spec.py", "layout/__init__.py",
     "model/config.py", "model/storage.py", "model/norms.py", "model/rope.py", "model/decoding.py", "model/attention.py",
     "model/mlp.py", "model/moe.py", "model/admin.py", "model/block.py", "model/loss.py", "model/lm.py",

@@ -120,3 +120,28 @@ def from_hf(path: str | Path) -> NormLM:
     # trust_remote_code=False: normlab's registered class loads; code in the folder never runs (nor is asked about)
     with reading(path):
         return AutoModelForCausalLM.from_pretrained(path, local_files_only=True, trust_remote_code=False).normlab
+
+
+def export_run(source: str | Path, out: str | Path, arch: str = "auto") -> tuple[list[str], Path, bool]:
+    """`normlab export`: a run's (or checkpoint's) newest weights and its tokenizer into a new or empty
+    folder; the lines that say what was written and how to load it, the folder, whether it needs
+    trust_remote_code."""
+    from normlab.errors import ConfigError
+    from normlab.hf.tokenizer import to_hf_tokenizer
+    from normlab.runs.model import load_run_model, run_tokenizer
+
+    dest = Path(out)
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise ConfigError(f"export destination {dest} {'is a file' if not dest.is_dir() else 'is not empty'}; "
+                          "nothing there is overwritten: give a new or empty folder")
+    run = load_run_model(source)
+    tok = run_tokenizer(run.config, run.run_dir)
+    tokenizer = to_hf_tokenizer(tok, run.model.config.max_seq_len) if tok is not None else None
+    folder, used, why = export(run.model, dest, arch, tokenizer)
+    remote = used == "normlab"
+    lines = [f"{run.checkpoint} -> {folder} ({used}: {why})",
+             f"load: AutoModelForCausalLM.from_pretrained({str(folder)!r}{', trust_remote_code=True' if remote else ''})"]
+    if tokenizer is not None:  # stock files; AutoTokenizer on a normlab-class folder would first ask about its code
+        lines.append(f"tokenizer: {'PreTrainedTokenizerFast' if remote else 'AutoTokenizer'}.from_pretrained("
+                     f"{str(folder)!r})" + (" (stock; no custom code)" if remote else ""))
+    return lines, folder, remote

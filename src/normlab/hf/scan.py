@@ -74,7 +74,7 @@ def scan(path: str | Path, out: str | Path, texts: list[str] | None = None, max_
                         f"(normlab export {path} DIR) and scan DIR")
     check_folder(path)  # bounded JSON, readable weights: before anything is written or loaded
     tok = load_tokenizer(path)  # the one rule doctor keeps too
-    out = own_folder(out, "scan", legacy=lambda p: (p / "scan.json").is_file() and (p / "table.md").is_file())
+    out = own_folder(out, "scan")
     with reading(path, "a transformers causal LM"):  # unknown model type, a field of the wrong type, ...
         model = tf.AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32,
                                                         trust_remote_code=False).eval()
@@ -155,3 +155,18 @@ def _page(out: Path, r: dict[str, Any], table: str) -> Path:
     body = (f"<h1>normlab scan</h1><pre>{html.escape(table)}</pre>" + "\n".join(sections)
             + f"<script type='application/json' id='scan'>{html.escape(json.dumps(r['flags']))}</script>")
     return write_page(out / "index.html", f"normlab scan: {r['model']}", body)
+
+
+def scan_command(model: str, cfg: Any) -> dict[str, Any]:
+    """`normlab scan` with its `ScanConfig`: texts from --text-file (separated by blank lines), into
+    --out or MODEL/scan."""
+    from normlab.errors import ConfigError
+
+    texts = None
+    if cfg.text_file:
+        if not Path(cfg.text_file).is_file():
+            raise ConfigError(f"--text-file {cfg.text_file} does not exist")
+        texts = [t for t in Path(cfg.text_file).read_text(errors="replace").split("\n\n") if t.strip()]
+        if not texts:
+            raise ConfigError(f"{cfg.text_file} has no text (texts are separated by blank lines)")
+    return scan(model, cfg.out or str(Path(model) / "scan"), texts, cfg.max_len)

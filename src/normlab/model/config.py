@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal
 
 from normlab.errors import ConfigError
+from normlab.settings import check_fields, setting
 
 MlpKind = Literal["swiglu", "geglu-tanh", "gelu", "gelu-tanh", "relu"]
 MLP_KINDS: tuple[str, ...] = ("swiglu", "geglu-tanh", "gelu", "gelu-tanh", "relu")
@@ -24,57 +25,80 @@ MOE_DISPATCH: tuple[str, ...] = ("auto", "sorted", "loop")  # see normlab.model.
 MAX_DIM = {"vocab_size": 2**24, "d_model": 2**17, "n_layers": 10_000, "n_heads": 2**12, "max_seq_len": 2**22}
 
 
+def _dim(name: str):  # noqa: ANN202 - a range check
+    def check(v: int) -> str | None:
+        if v < 1:
+            return "must be a positive integer"
+        return f"is beyond any model normlab builds (at most {MAX_DIM[name]:,})" if v > MAX_DIM[name] else None
+    return check
+
+
+def _pos_int(v: int) -> str | None:
+    return None if v >= 1 else "must be a positive integer or None"
+
+
+def _pos(v: float) -> str | None:
+    return None if v > 0 else "must be > 0"
+
+
+def _nonneg(v: float) -> str | None:
+    return None if v >= 0 else "must be >= 0"
+
+
 @dataclass(frozen=True)
 class ModelConfig:
-    vocab_size: int = 256  # bytes, the tokenizer that needs no training
-    d_model: int = 128
-    n_layers: int = 6
-    n_heads: int = 4
-    n_kv_heads: int | None = None  # None: equal to n_heads (multi-head attention); fewer: GQA
-    d_head: int | None = None  # one head's width; None: d_model / n_heads (Qwen 3 and Gemma 3 set their own)
-    # local attention (Mistral; Gemma 3 and OLMo 3 on some layers): a query sees the last `sliding_window` keys,
-    # itself included, as transformers' sliding-window mask; None: every key before it
-    sliding_window: int | None = None
-    # with a window, every k-th layer (k-1, 2k-1, ...) attends to all keys: Gemma 3 6 (5 local : 1 global),
-    # OLMo 3 4 (3 : 1); 0: every layer windowed (Mistral)
-    full_attention_every: int = 0
-    rope_local_theta: float | None = None  # RoPE base on the windowed layers (Gemma 3: 10,000 local, 1M global); None: rope_theta
-    d_ff: int | None = None  # None: 4 * d_model
-    mlp: MlpKind = "swiglu"
-    max_seq_len: int = 256
-    rope_theta: float = 10_000.0
-    position: str = "rope"  # rope (Llama, Kim, Zhuo) | learned absolute embeddings added to the tokens (GPT-2)
-    attn_scale: float | None = None  # scores scaled by attn_scale^-1/2 (Gemma 2's query_pre_attn_scalar); None: head_dim
-    attn_softcap: float | None = None  # Gemma 2: scores -> c tanh(scores / c) before the mask; None: off
-    logit_softcap: float | None = None  # Gemma 2: logits -> c tanh(logits / c); None: off
-    norm_eps: float = 1e-6
-    norm_bias: bool = True  # LayerNorm's beta (RMSNorm has none)
-    norm_compute: str = "input"  # under autocast: "input" (weights cast to bf16/fp16, fused) | "fp32" (HF Llama's upcast)
-    dyt_alpha: float = 0.5  # DyT's initial alpha (Zhu et al. 2025: 0.5 by default; LLMs want it tuned)
-    linear_bias: bool = False  # biases on the attention and MLP projections (Llama: none)
-    qkv_bias: bool = False  # biases on the query, key and value projections only (Qwen 2)
-    tie_embeddings: bool = False  # Kim: untied; Zhuo: tied
-    # Mixture of experts (normlab.model.moe; OLMoE / Zhuo Sec. 4.3): n_experts 0 is the dense MLP
-    n_experts: int = 0
-    moe_top_k: int = 2  # experts per token
-    expert_d_ff: int | None = None  # an expert's SwiGLU width; None: the dense ffn_dim
-    moe_shared_expert: bool = False  # one expert every token also passes through (DeepSeekMoE)
-    moe_aux_coef: float = 0.01  # load-balancing loss coefficient (OLMoE)
-    moe_z_coef: float = 0.001  # router z-loss coefficient (OLMoE)
-    moe_dispatch: str = "auto"  # auto | sorted | loop
-    init: str = "auto"  # "auto": the layout's prescribed scheme, else "normal"
-    init_std: float = 0.02  # std of the "normal" scheme (Kim Table 2)
+    """A model's shape and numerics: each field a declared setting (normlab.settings), checked when the
+    config is made; the checks that span fields follow in `__post_init__`."""
+
+    vocab_size: int = setting(256, "vocabulary (256: bytes, the tokenizer that needs no training)",
+                              check=_dim("vocab_size"))
+    d_model: int = setting(128, "the residual stream's width", check=_dim("d_model"))
+    n_layers: int = setting(6, "blocks", check=_dim("n_layers"))
+    n_heads: int = setting(4, "attention heads", check=_dim("n_heads"))
+    n_kv_heads: int | None = setting(None, "key/value heads (GQA); none: n_heads (multi-head attention)")
+    d_head: int | None = setting(None, "one head's width; none: d_model / n_heads (Qwen 3 and Gemma 3 set their own)",
+                                 check=_pos_int)
+    sliding_window: int | None = setting(
+        None, "local attention (Mistral; Gemma 3 and OLMo 3 on some layers): a query sees the last N keys, itself "
+        "included, as transformers' sliding-window mask; none: every key before it", check=_pos_int)
+    full_attention_every: int = setting(
+        0, "with a window, every k-th layer (k-1, 2k-1, ...) attends to all keys: Gemma 3 6 (5 local : 1 global), "
+        "OLMo 3 4 (3 : 1); 0: every layer windowed (Mistral)", check=_nonneg)
+    rope_local_theta: float | None = setting(
+        None, "RoPE base on the windowed layers (Gemma 3: 10,000 local, 1M global); none: rope_theta", check=_pos)
+    d_ff: int | None = setting(None, "the MLP's hidden width; none: 4 * d_model", check=_pos_int)
+    mlp: MlpKind = setting("swiglu", "the MLP", choices=MLP_KINDS)
+    max_seq_len: int = setting(256, "the longest sequence (RoPE tables, learned positions)", check=_dim("max_seq_len"))
+    rope_theta: float = setting(10_000.0, "RoPE base", check=_pos)
+    position: str = setting("rope", "rope (Llama, Kim, Zhuo) | learned absolute embeddings added to the tokens "
+                            "(GPT-2)", choices=POSITIONS)
+    attn_scale: float | None = setting(None, "scores scaled by attn_scale^-1/2 (Gemma 2's query_pre_attn_scalar); "
+                                       "none: head_dim", check=_pos)
+    attn_softcap: float | None = setting(None, "Gemma 2: scores -> c tanh(scores / c) before the mask; none: off",
+                                         check=_pos)
+    logit_softcap: float | None = setting(None, "Gemma 2: logits -> c tanh(logits / c); none: off", check=_pos)
+    norm_eps: float = setting(1e-6, "the norms' epsilon", check=_pos)
+    norm_bias: bool = setting(True, "LayerNorm's beta (RMSNorm has none)")
+    norm_compute: str = setting("input", "under autocast: input (weights cast to bf16/fp16, fused) | fp32 (HF "
+                                "Llama's upcast); see normlab.model.norms", choices=NORM_COMPUTE)
+    dyt_alpha: float = setting(0.5, "DyT's initial alpha (Zhu et al. 2025: 0.5 by default; LLMs want it tuned)",
+                               check=_pos)
+    linear_bias: bool = setting(False, "biases on the attention and MLP projections (Llama: none)")
+    qkv_bias: bool = setting(False, "biases on the query, key and value projections only (Qwen 2)")
+    tie_embeddings: bool = setting(False, "one matrix for the embedding and the head (Kim: untied; Zhuo: tied)")
+    n_experts: int = setting(0, "mixture of experts (normlab.model.moe; OLMoE / Zhuo Sec. 4.3): routed experts; "
+                             "0: the dense MLP", check=_nonneg)
+    moe_top_k: int = setting(2, "experts per token", check=_pos)
+    expert_d_ff: int | None = setting(None, "an expert's SwiGLU width; none: the dense d_ff", check=_pos_int)
+    moe_shared_expert: bool = setting(False, "one expert every token also passes through (DeepSeekMoE)")
+    moe_aux_coef: float = setting(0.01, "load-balancing loss coefficient (OLMoE)", check=_nonneg)
+    moe_z_coef: float = setting(0.001, "router z-loss coefficient (OLMoE)", check=_nonneg)
+    moe_dispatch: str = setting("auto", "auto | sorted | loop (normlab.model.moe)", choices=MOE_DISPATCH)
+    init: str = setting("auto", "init scheme: auto (the layout's prescribed scheme, else normal) or a scheme name")
+    init_std: float = setting(0.02, "std of the normal scheme (Kim Table 2)", check=_pos)
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-            if value > MAX_DIM[name]:
-                raise ConfigError(f"{name}={value} is beyond any model normlab builds (at most {MAX_DIM[name]:,})")
-        if self.d_head is not None and (not isinstance(self.d_head, int) or isinstance(self.d_head, bool)
-                                        or self.d_head < 1):
-            raise ConfigError(f"d_head must be a positive integer or None (d_model / n_heads), got {self.d_head!r}")
+        check_fields(self)  # each field's type, range and choices
         if self.d_head is None and self.d_model % self.n_heads:
             divisors = [h for h in range(1, self.d_model + 1) if self.d_model % h == 0 and h <= 64]
             raise ConfigError(
@@ -82,7 +106,7 @@ class ModelConfig:
                 f"valid head counts for this width: {divisors}; or set d_head to decouple the heads' width"
             )
         kv = self.kv_heads
-        if not isinstance(kv, int) or kv < 1 or self.n_heads % kv:
+        if kv < 1 or self.n_heads % kv:
             valid = [h for h in range(1, self.n_heads + 1) if self.n_heads % h == 0]
             raise ConfigError(
                 f"n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}; valid: {valid}"
@@ -90,50 +114,13 @@ class ModelConfig:
         if self.head_dim % 2:
             raise ConfigError(f"RoPE needs an even head dimension, got {self.head_dim} "
                               f"({'d_head' if self.d_head is not None else 'd_model / n_heads'})")
-        if self.sliding_window is not None and (not isinstance(self.sliding_window, int)
-                                                or isinstance(self.sliding_window, bool) or self.sliding_window < 1):
-            raise ConfigError(f"sliding_window must be a positive number of keys or None, got {self.sliding_window!r}")
-        if not isinstance(self.full_attention_every, int) or self.full_attention_every < 0:
-            raise ConfigError(f"full_attention_every must be an integer >= 0, got {self.full_attention_every!r}")
         if self.full_attention_every and self.sliding_window is None:
             raise ConfigError("full_attention_every picks the layers without a window; set sliding_window too")
-        if self.d_ff is not None and (not isinstance(self.d_ff, int) or self.d_ff < 1):
-            raise ConfigError(f"d_ff must be a positive integer or None, got {self.d_ff!r}")
-        for name in ("attn_scale", "attn_softcap", "logit_softcap"):
-            v = getattr(self, name)
-            if v is not None and not v > 0:
-                raise ConfigError(f"{name} must be > 0 or None, got {v!r}")
-        if self.position not in POSITIONS:
-            raise ConfigError(f"unknown position {self.position!r}; valid: {', '.join(POSITIONS)}")
-        if self.mlp not in MLP_KINDS:
-            raise ConfigError(f"unknown mlp {self.mlp!r}; valid: {', '.join(MLP_KINDS)}")
         if self.n_experts:
-            if not isinstance(self.n_experts, int) or self.n_experts < 1:
-                raise ConfigError(f"n_experts must be 0 (dense) or a positive integer, got {self.n_experts!r}")
-            if not isinstance(self.moe_top_k, int) or not 1 <= self.moe_top_k <= self.n_experts:
+            if not 1 <= self.moe_top_k <= self.n_experts:
                 raise ConfigError(f"moe_top_k must lie in [1, n_experts={self.n_experts}], got {self.moe_top_k!r}")
-            if self.moe_dispatch not in MOE_DISPATCH:
-                raise ConfigError(f"unknown moe_dispatch {self.moe_dispatch!r}; valid: {', '.join(MOE_DISPATCH)}")
-            if self.expert_d_ff is not None and (not isinstance(self.expert_d_ff, int) or self.expert_d_ff < 1):
-                raise ConfigError(f"expert_d_ff must be a positive integer or None, got {self.expert_d_ff!r}")
-            if self.moe_aux_coef < 0 or self.moe_z_coef < 0:
-                raise ConfigError("moe_aux_coef and moe_z_coef must be >= 0")
             if self.mlp != "swiglu":
                 raise ConfigError(f"MoE experts are SwiGLU MLPs (as OLMoE's); mlp={self.mlp!r} is for the dense MLP")
-        elif self.n_experts != 0:
-            raise ConfigError(f"n_experts must be 0 (dense) or a positive integer, got {self.n_experts!r}")
-        if self.norm_compute not in NORM_COMPUTE:
-            raise ConfigError(f"unknown norm_compute {self.norm_compute!r}; valid: {', '.join(NORM_COMPUTE)}")
-        if not (isinstance(self.dyt_alpha, (int, float)) and self.dyt_alpha > 0):
-            raise ConfigError(f"dyt_alpha must be > 0 (DyT's initial alpha), got {self.dyt_alpha!r}")
-        if not self.norm_eps > 0:
-            raise ConfigError(f"norm_eps must be > 0, got {self.norm_eps!r}")
-        if not self.rope_theta > 0:
-            raise ConfigError(f"rope_theta must be > 0, got {self.rope_theta!r}")
-        if self.rope_local_theta is not None and not self.rope_local_theta > 0:
-            raise ConfigError(f"rope_local_theta must be > 0 or None, got {self.rope_local_theta!r}")
-        if not self.init_std > 0:
-            raise ConfigError(f"init_std must be > 0, got {self.init_std!r}")
 
     @property
     def head_dim(self) -> int:

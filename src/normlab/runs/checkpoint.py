@@ -7,9 +7,7 @@ mid-write leaves the previous checkpoint intact and no partial file under a chec
 
 Loading uses `torch.load(weights_only=True)`: only tensors and plain containers/scalars are
 unpickled, so a `.pt` whose pickle would call `os.system` (or anything else) is refused, not run.
-Everything we store is of those types (the numpy RNG state is stored as a tensor); checkpoints
-written by normlab 0.1.0, which held the numpy state as an ndarray, load through an allowlist of
-exactly the numpy globals that rebuild an array.
+Everything we store is of those types (the numpy RNG state is stored as a tensor).
 
 Two forms, one per way of training:
 - ``step_XXXXXXXX.pt``: one file (one process, DDP);
@@ -125,11 +123,8 @@ def rng_state() -> dict[str, Any]:
 def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     npst = state["numpy"]
-    if isinstance(npst, dict):
-        keys = np.asarray(npst["keys"].numpy(), dtype=np.uint32)
-        np.random.set_state((npst["name"], keys, npst["pos"], npst["has_gauss"], npst["cached_gaussian"]))
-    else:  # a 0.1.0 checkpoint: numpy's own tuple
-        np.random.set_state(npst)
+    keys = np.asarray(npst["keys"].numpy(), dtype=np.uint32)
+    np.random.set_state((npst["name"], keys, npst["pos"], npst["has_gauss"], npst["cached_gaussian"]))
     random.setstate(state["python"])
 
 
@@ -179,14 +174,6 @@ def save_sharded_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Modu
         prune(run_dir, keep_last)
     dist.barrier()
     return final
-
-
-def _legacy_numpy_globals() -> list:
-    """The numpy globals a 0.1.0 checkpoint's RNG state needs (rebuild one uint32 array), nothing else."""
-    from numpy.dtypes import UInt32DType
-
-    core = getattr(np, "_core", None) or np.core
-    return [core.multiarray._reconstruct, np.ndarray, np.dtype, UInt32DType]
 
 
 # What DCP's .metadata pickle may reference (torch 2.13 writes exactly these, plus torch dtypes).
@@ -290,8 +277,7 @@ def load_checkpoint(path: str | Path, verify: bool = True) -> dict[str, Any]:
 
 def _load_file(path: Path, require_model: bool) -> dict[str, Any]:
     try:
-        with torch.serialization.safe_globals(_legacy_numpy_globals()):
-            state = torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         raise UnsafeCheckpointError(
             f"{path} is not a checkpoint normlab will load: it holds objects other than tensors and plain "

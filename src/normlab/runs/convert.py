@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from normlab.config.train import TrainConfig
 from normlab.errors import ConfigError, DataError
 from normlab.io import atomic_write_json, own_folder
 from normlab.layout import as_layout
@@ -77,22 +78,12 @@ class Conversion:
         return out
 
 
-def _continue_command(cfg: dict[str, Any], folder: Path) -> str:
+def _continue_command(cfg: TrainConfig, folder: Path) -> str:
     """`normlab train` from the converted weights with the source run's settings (its size, model options, data,
     tokenizer, sequence length, optimizer) and the new layout, into FOLDER-train: the whole command, nothing elided."""
     import shlex
 
-    from normlab.config.train import TrainConfig
-
-    settings = {k: v for k, v in cfg.items() if k not in ("init_from", "out", "resume")}
-    try:
-        train = TrainConfig.from_dict(settings, "the source run's config").with_(
-            {"init_from": str(folder), "out": f"{folder}-train"})
-    except ConfigError:  # a run written by another version: the settings that make the weights fit, at least
-        model = [x for k, v in sorted((cfg.get("model") or {}).items()) for x in ("--model", f"{k}={v}")]
-        args = ["--init-from", str(folder), "--layout", cfg["layout"], "--size", cfg["size"], *model,
-                "--out", f"{folder}-train"]
-        return "normlab train " + " ".join(shlex.quote(str(a)) for a in args)
+    train = cfg.with_({"init_from": str(folder), "out": f"{folder}-train", "resume": True})
     return "normlab train " + " ".join(shlex.quote(a) for a in train.to_args())
 
 
@@ -137,7 +128,7 @@ def _gain_rewrite(old: torch.nn.Module, new: torch.nn.Module) -> str | None:
 
 
 @torch.no_grad()
-def _held_out(cfg: dict[str, Any], run_dir: Path | None, max_len: int) -> tuple[list[torch.Tensor], str]:
+def _held_out(cfg: TrainConfig, run_dir: Path | None, max_len: int) -> tuple[list[torch.Tensor], str]:
     """Token sequences to compare the two models on: the run's validation split, else the sample texts."""
     tok = run_tokenizer(cfg, run_dir)
     if tok is None:
@@ -145,7 +136,7 @@ def _held_out(cfg: dict[str, Any], run_dir: Path | None, max_len: int) -> tuple[
     try:
         from normlab.data import load_data
 
-        data = load_data(cfg["data"], cfg["tokenizer"], cfg["val_fraction"], cfg["text_field"])
+        data = load_data(cfg.data.data, cfg.data.tokenizer, cfg.data.val_fraction, cfg.data.text_field)
         val = data.val[: 8 * max_len]
         if len(val) >= 2 * max_len:
             seqs = [torch.from_numpy(val[i:i + max_len].astype("int64")) for i in range(0, len(val) - max_len + 1, max_len)]
@@ -269,10 +260,10 @@ def convert(source: str | Path, layout: str, out: str | Path, seed: int = 0, mat
     normalizes in the old model (`_matched_gains`), so it keeps the scale the old model had; else gamma = 1."""
     folder = own_folder(out, "conversion")  # claimed first: a folder with someone's files fails before any work
     run = load_run_model(source)
-    cfg = dict(run.config)
+    cfg = run.config
     old = run.model
     new_layout = as_layout(layout)
-    new = build_run_model(new_layout, cfg["size"], cfg.get("model", {}), cfg["seq_len"],
+    new = build_run_model(new_layout, cfg.model.size, cfg.model.options, cfg.data.seq_len,
                           old.config.vocab_size, seed=seed).eval()
     if new.config.to_dict() != old.config.to_dict():
         raise ConfigError("the converted model's options differ from the run's; convert changes the layout only")
@@ -317,9 +308,9 @@ def convert(source: str | Path, layout: str, out: str | Path, seed: int = 0, mat
                 conv.new[name] = _stated_init(new, name, state[name])
     conv.kl, conv.top1_agreement, conv.tokens = function_change(old, new, seqs)
     conv.text = where
-    new_cfg = {**cfg, "layout": new_layout.to_string()}
-    RunDir(folder).write_record({"config": new_cfg, "converted_from": str(source)})
-    ckpt = save_checkpoint(folder, 0, {"model": new.state_dict(), "config": new_cfg}, keep_last=1)
+    new_cfg = cfg.with_({"layout": new_layout.to_string()})
+    RunDir(folder).write_record({"config": new_cfg.to_dict(), "converted_from": str(source)})
+    ckpt = save_checkpoint(folder, 0, {"model": new.state_dict(), "config": new_cfg.to_dict()}, keep_last=1)
     conv.checkpoint = str(ckpt)
     conv.command = _continue_command(new_cfg, folder)
     atomic_write_json(folder / "convert.json", {k: v for k, v in vars(conv).items()})

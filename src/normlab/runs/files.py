@@ -72,10 +72,6 @@ RECOMMEND_GRID = "grid"
 RECOMMEND_VERIFY = "verify"  # the verify stage's sweep: the best k at a wider width
 RECOMMENDATION = "recommendation"  # .md and .json
 REPORT_DIR = "report"
-# Everything a sweep folder holds: what an older normlab's sweep folder, made before the .normlab
-# marker (normlab.io.own_folder), may contain.
-SWEEP_FILES = re.compile(r"(sweep\.db(-wal|-shm|-journal)?|sweep\.toml|\.lock|summary\.md|report\.html|"
-                         r"(runs|cells|lr_curve|lr_sensitivity)\.csv|[a-z0-9_]+\.png|runs|logs|report)")
 # What `sweep.run_id` makes: axis slugs and a hash. An id read back from a store is used as a folder
 # name under SWEEP/runs, so anything else (a path separator, "..") is refused, not followed.
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]{0,199}")
@@ -175,11 +171,6 @@ class RunDir:
     def record(self) -> dict[str, Any] | None:
         """config.json as written: {"config": edge form, "command", "layout", "params", "data", "tokenizer", ...}."""
         return read_json(self.config_file)
-
-    def config_dict(self) -> dict[str, Any]:
-        """The run's TrainConfig in its edge form ({} when config.json is missing or unreadable)."""
-        cfg = (self.record() or {}).get("config")
-        return cfg if isinstance(cfg, dict) else {}
 
     def train_config(self):  # noqa: ANN201 - TrainConfig | None
         """The TrainConfig the run was written with (None if it holds no readable one)."""
@@ -305,11 +296,6 @@ class SweepDir:
 
     def is_sweep(self) -> bool:
         return self.store_file.is_file()
-
-    def is_legacy(self) -> bool:
-        """A sweep folder an older normlab made: a store and nothing but what normlab writes beside it
-        (a user's own files there, such as the sweep file given as input, make it someone else's)."""
-        return self.is_sweep() and all(SWEEP_FILES.fullmatch(p.name) for p in self.path.iterdir())
 
     def run(self, run_id: Any) -> RunDir:
         """SWEEP/runs/RUN_ID for a checked id: never a folder outside the sweep."""

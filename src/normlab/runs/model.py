@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from normlab.config.train import TrainConfig
 from normlab.errors import CheckpointError, ConfigError, DataError
 from normlab.layout import Layout
 from normlab.model.lm import NormLM
@@ -41,13 +42,13 @@ def build_run_model(layout: Layout | str, size: str, options: Mapping[str, Any],
 @dataclass
 class RunModel:
     model: NormLM
-    config: dict[str, Any]  # the run's TrainConfig, edge form
+    config: TrainConfig  # the run's configuration
     checkpoint: Path
     run_dir: Path | None  # the run directory, when the source was one (or held the checkpoint)
     step: int | None  # the optimizer steps the checkpoint had taken
 
 
-def run_tokenizer(cfg: dict[str, Any], run_dir: Path | None = None) -> Any:
+def run_tokenizer(cfg: TrainConfig, run_dir: Path | None = None) -> Any:
     """The tokenizer a run trained with: the run's saved tokenizer.json, else bytes, a tokenizer.json
     path, or its (cached) trained BPE. None for pre-tokenized .bin data."""
     from normlab.data import ByteTokenizer, load_data, load_tokenizer
@@ -55,18 +56,19 @@ def run_tokenizer(cfg: dict[str, Any], run_dir: Path | None = None) -> Any:
     run = RunDir(run_dir) if run_dir is not None else None
     if run is not None and run.tokenizer_file.is_file():
         return load_tokenizer(str(run.tokenizer_file))
-    if cfg["tokenizer"] == "bytes":
-        if str(cfg.get("data", "")).endswith(".bin"):
+    d = cfg.data
+    if d.tokenizer == "bytes":
+        if d.data.endswith(".bin"):
             return None
         return ByteTokenizer()
-    if cfg["tokenizer"].startswith("bpe:"):
+    if d.tokenizer.startswith("bpe:"):
         if run is not None and run.predates_end_of_text():
             raise DataError(
                 f"{run_dir} was trained with a BPE from before normlab's tokenizers had an end-of-text token; "
                 "today's BPE reserves id 0 for it, so rebuilding it would not give the ids this model learned. "
                 "Retrain the run, or export it with the normlab version that trained it")
-        return load_data(cfg["data"], cfg["tokenizer"], cfg["val_fraction"], cfg["text_field"]).tokenizer
-    return load_tokenizer(cfg["tokenizer"])
+        return load_data(d.data, d.tokenizer, d.val_fraction, d.text_field).tokenizer
+    return load_tokenizer(d.tokenizer)
 
 
 def load_run_model(source: str | Path) -> RunModel:
@@ -87,8 +89,9 @@ def load_run_model(source: str | Path) -> RunModel:
     state = load_checkpoint(ckpt)
     if not isinstance(state.get("config"), dict):
         raise CheckpointError(f"{ckpt} holds no run configuration; give a checkpoint written by normlab train")
-    cfg, weights = state["config"], state["model"] if "model" in state else load_model_state(ckpt)
-    model = build_run_model(cfg["layout"], cfg["size"], cfg.get("model", {}), cfg["seq_len"],
+    cfg = TrainConfig.from_dict(state["config"], str(ckpt))
+    weights = state["model"] if "model" in state else load_model_state(ckpt)
+    model = build_run_model(cfg.model.layout, cfg.model.size, cfg.model.options, cfg.data.seq_len,
                             weights["embed.weight"].shape[0])
     model.load_state_dict(weights)
     run_dir = src if src.is_dir() and not is_sharded(src) else None

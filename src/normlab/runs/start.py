@@ -85,3 +85,23 @@ def plan_start(cfg: TrainConfig, warn=print) -> Start:  # noqa: ANN001 - warn: p
         return Start(note=f"{run}: no checkpoint to resume from; restarting from step 0")
     path, ckpt = found
     return Start(step=int(ckpt["step"]), path=path, checkpoint=ckpt, note=f"{run}: resuming from {path.name}")
+
+
+def recorded_shape(cfg: TrainConfig, given: set[str]) -> TrainConfig:
+    """--init-from a run or a converted folder: the source's recorded size, model options and layout (its
+    config.json) where the command gave none of them, so its weights fit the model built here."""
+    source = Path(cfg.model.init_from)
+    folder = source.parent.parent if source.is_file() else source  # a checkpoint file: its run folder
+    recorded = RunDir(folder).train_config() if RunDir(folder).config_file.is_file() else None
+    if recorded is None:
+        return cfg  # a transformers folder: its shape is read with its weights, or the mismatch is named
+    shape: dict[str, Any] = {} if "size" in given else {"size": recorded.model.size}
+    if not any(k.startswith("model.") for k in given):
+        shape.update({f"model.{k}": v for k, v in recorded.model.options.items()})
+    if "layout" not in given and not any(k.startswith("layout.") for k in given):
+        shape["layout"] = recorded.model.layout_label
+    if not shape:
+        return cfg
+    print(f"normlab train: --init-from {source}: its recorded shape ({', '.join(f'{k}={v}' for k, v in shape.items())})",
+          flush=True)
+    return cfg.with_(shape, f"{source} (recorded shape)")

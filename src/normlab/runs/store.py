@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Iterator, Protocol
 from urllib.parse import quote
 
+from normlab.config.train import TrainConfig
 from normlab.errors import ConfigError
 from normlab.io import shared_filesystem, writable
 from normlab.runs.files import SWEEP_FILE, SWEEP_RUNS, RunDir, SweepDir, check_run_id
@@ -44,7 +45,7 @@ class Spec(Protocol):
     run_id: str
     index: int
     axes: dict[str, Any]
-    config: dict[str, Any]
+    config: TrainConfig
 
 
 SCHEMA = """
@@ -52,7 +53,7 @@ create table if not exists runs (
     run_id text primary key,
     idx integer not null,          -- position in the grid expansion
     axes text not null,            -- JSON: the grid coordinates of this run
-    config text not null,          -- JSON: the full TrainConfig (without out)
+    config text not null,          -- JSON: the full TrainConfig, nested (TrainConfig.to_dict; older stores: flat)
     status text not null default 'pending',
     step integer,                  -- last step reached (the diverged or failed step when not ok)
     reason text,                   -- why it diverged or failed
@@ -155,18 +156,26 @@ class SweepStore:
             before = db.total_changes
             db.executemany(
                 "insert or ignore into runs (run_id, idx, axes, config) values (?, ?, ?, ?)",
-                [(s.run_id, s.index, json.dumps(s.axes), json.dumps(s.config, sort_keys=True)) for s in specs],
+                [(s.run_id, s.index, json.dumps(s.axes), json.dumps(s.config.to_dict(), sort_keys=True))
+                 for s in specs],
             )
             return db.total_changes - before
 
-    def rows(self, status: str | tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+    def rows(self, status: str | tuple[str, ...] | None = None, run_id: str | None = None) -> list[dict[str, Any]]:
+        """The rows (of one status or run), each with its axes as a dict and its config as a `TrainConfig`
+        (a flat config of an older store read through `normlab.config.train.migrate`)."""
         if "runs" not in self.tables:  # a read-only 0-byte store: nothing recorded
             return []
-        query, args = "select * from runs", ()
+        query, args, where = "select * from runs", (), []
         if status is not None:
             statuses = (status,) if isinstance(status, str) else status
-            query += f" where status in ({','.join('?' * len(statuses))})"
-            args = statuses
+            where.append(f"status in ({','.join('?' * len(statuses))})")
+            args = tuple(statuses)
+        if run_id is not None:
+            where.append("run_id = ?")
+            args += (run_id,)
+        if where:
+            query += " where " + " and ".join(where)
         with self._connect() as db:
             rows = [dict(r) for r in db.execute(query + " order by idx", args)]
         for r in rows:
@@ -179,10 +188,11 @@ class SweepStore:
                 raise ConfigError(f"{self.path}: run {r['run_id']} has an unreadable row (axes and config are JSON "
                                   f"objects, status one of {', '.join(STATUSES)}); the store was edited or is not "
                                   "normlab's")
+            r["config"] = TrainConfig.from_dict(r["config"], f"{self.path}: run {r['run_id']}")
         return rows
 
     def row(self, run_id: str) -> dict[str, Any]:
-        found = [r for r in self.rows() if r["run_id"] == run_id]
+        found = self.rows(run_id=run_id)
         if not found:
             raise KeyError(f"run {run_id} is not in {self.path}")
         return found[0]

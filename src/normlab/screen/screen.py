@@ -23,7 +23,7 @@ import torch
 from normlab.layout import Layout, LayoutError, as_layout
 from normlab.model import build_model
 from normlab.config.commands import ScreenConfig
-from normlab.config.engine import check_leaf, leaves
+from normlab.settings import check_leaf, leaves
 from normlab.screen.backward import sensitivities
 from normlab.screen.forward import fit_growth, output_norm_bound, profile, stressed, with_h
 from normlab.screen.uncertainty import amplification
@@ -178,3 +178,33 @@ def format_table(results: list[dict[str, Any]]) -> str:
                 f"terminal over input Wasserstein-2 of a {results[0]['config']['noise']:g}-RMS perturbation; "
                 f"h→h/2: final mean|h| at s={s[-1]:g})")
     return "\n".join([line(heads), line(["-" * w for w in widths]), *map(line, rows)]) + note
+
+
+def screen_command(layout_args: list[str], cfg: ScreenConfig, json_path: str | None = None,
+                   verbose: bool = False) -> str:
+    """`normlab screen`: every layout argument parsed first (typos fail before any work), each screened
+    with a progress bar; the table (with each sublayer's verdict when `verbose`), the measurements written
+    to `json_path` when given."""
+    import json
+
+    from tqdm import tqdm
+
+    from normlab.io import atomic_write_json
+
+    layouts = [load_layout_arg(a) for a in layout_args]
+    results = []
+    bar = tqdm(layouts, desc="screen", unit="layout", disable=None, leave=False)
+    for layout, extra in bar:
+        bar.set_postfix_str(layout.name or layout.to_string())
+        results.append(screen_layout(layout, cfg, extra))
+    lines = [format_table(results)]
+    if json_path:
+        atomic_write_json(json_path, {"results": results})
+        lines.append(f"wrote {json_path}")
+    if verbose:
+        for r in results:
+            lines.append(f"\n[{r['layout']}] {r['string']}: {r['wellposedness']['verdict']}")
+            lines += [f"  layers {v['layers']} {v['sublayer']}: {v['kind']}: {v['why']}"
+                      for v in r["wellposedness"]["sublayers"]]
+            lines.append("  " + json.dumps(r["verdict"]))
+    return "\n".join(lines)

@@ -232,3 +232,25 @@ def plan_workers(plans: list[int], device_bytes: list[int], requested: int | Non
     per_device = max(1, int(0.9 * min(device_bytes) // largest))
     fit = per_device * len(device_bytes)
     return max(1, min(requested or fit, fit, len(plans)))
+
+
+def plan_text(cfg: TrainConfig, world: int = 1, gpu_memory: float | None = None) -> str:
+    """`normlab plan`: the run's memory per device as a table, and whether it fits `gpu_memory` GiB
+    (else the settings that would)."""
+    if world < 1 or (gpu_memory is not None and gpu_memory <= 0):
+        raise ConfigError("--world is a positive number of ranks and --gpu-memory a positive number of GiB")
+    plan = plan_memory(cfg, world)
+    cuda = cfg.for_device("cuda")
+    lines = [f"{cfg.model.layout_label} at {cfg.model.size}{' ' + str(cfg.model.options) if cfg.model.options else ''}: "
+             f"{plan.params / 1e6:.1f}M parameters; micro-batch {plan.micro_batch} x {plan.seq_len} on each of "
+             f"{world} rank(s), {cuda.precision}, activations stored in {cuda.stored_dtype}"
+             + (", activation checkpointing" if cfg.run.activation_checkpointing else ""), plan.table()]
+    if gpu_memory is not None:
+        capacity = int(gpu_memory * GIB)
+        if plan.total <= capacity:
+            lines.append(f"fits {gpu_memory:g} GiB ({int(0.9 * capacity // plan.total)} such runs side by side)")
+        else:
+            options = fitting_options(cfg, capacity, world)
+            lines.append(f"does not fit {gpu_memory:g} GiB; " + ("these fit: " + "; ".join(options) if options else
+                                                                  "nothing tried fits: FSDP over more devices, or a smaller model"))
+    return "\n".join(lines)

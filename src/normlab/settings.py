@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import functools
 import math
 import types
 import typing
@@ -30,7 +31,7 @@ T = TypeVar("T")
 
 # --- declarations -----------------------------------------------------------------------------------
 
-def setting(default: Any, doc: str, *, identity: bool = True, choices: tuple | None = None,
+def setting(default: Any, doc: str, *, identity: bool = True, choices: tuple[Any, ...] | None = None,
             check: Callable[[Any], str | None] | None = None, metavar: str | None = None) -> Any:
     """A declared setting: its default, doc, identity mark, choices, range check and flag metavar."""
     meta = {"doc": doc, "identity": identity, "choices": choices, "check": check, "metavar": metavar}
@@ -66,19 +67,24 @@ class Leaf:
     default: Any
     doc: str
     identity: bool
-    choices: tuple | None
+    choices: tuple[Any, ...] | None
     check: Callable[[Any], str | None] | None
     metavar: str | None = None
 
 
 def leaves(cls: type, section: str = "") -> dict[str, Leaf]:
     """The declared settings of a configuration dataclass, by name."""
+    return dict(_leaves(cls, section))
+
+
+@functools.lru_cache(maxsize=None)
+def _leaves(cls: type, section: str) -> dict[str, Leaf]:
     hints = typing.get_type_hints(cls)
     out = {}
     for f in fields(cls):
         if "doc" not in f.metadata:
             continue
-        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         out[f.name] = Leaf(f.name, section, hints[f.name], default, f.metadata["doc"], f.metadata["identity"],
                            f.metadata["choices"], f.metadata["check"], f.metadata.get("metavar"))
     return out
@@ -86,7 +92,7 @@ def leaves(cls: type, section: str = "") -> dict[str, Leaf]:
 
 # --- values -----------------------------------------------------------------------------------------
 
-def _scalar_type(t: Any) -> tuple[Any, bool, tuple | None]:
+def _scalar_type(t: Any) -> tuple[Any, bool, tuple[Any, ...] | None]:
     """(base type, nullable, literal choices) of an annotation."""
     nullable, choices = False, None
     if typing.get_origin(t) in (typing.Union, types.UnionType):
@@ -102,7 +108,7 @@ def _scalar_type(t: Any) -> tuple[Any, bool, tuple | None]:
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 
 
-def coerce(key: str, value: Any, annotation: Any, choices: tuple | None = None,
+def coerce(key: str, value: Any, annotation: Any, choices: tuple[Any, ...] | None = None,
            check: Callable[[Any], str | None] | None = None, from_text: bool = False) -> Any:
     """`value` as the annotated type. With `from_text` (a command line) strings are parsed; otherwise
     values must have the type already (TOML's `steps = true` or `compile = "no"` is refused, not
@@ -232,3 +238,49 @@ def add_flags(parser: argparse.ArgumentParser, decl: Mapping[str, Leaf], skip: t
 def given(args: argparse.Namespace, decl: Collection[str]) -> dict[str, Any]:
     """The settings named in ``decl`` (declarations or names) that the command line gave (as text)."""
     return {k: v for k, v in vars(args).items() if k in decl}
+
+
+# --- the command line ---------------------------------------------------------------------------------
+
+class Parser(argparse.ArgumentParser):
+    """argparse with normlab's rule for bad input: one line and exit status 2 (not the whole usage); an unknown
+    flag is named by the command it was given to, with the closest of that command's own flags."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = self._commands().get(getattr(ns, "command", None) or "", self)
+            command.error("unrecognized arguments: " + " ".join(extras) + _did_you_mean(command, extras))
+        return ns
+
+    def _commands(self) -> dict[str, argparse.ArgumentParser]:
+        subs = [a for a in self._actions if isinstance(a, argparse._SubParsersAction)]
+        return dict(subs[0].choices) if subs else {}
+
+
+def _did_you_mean(parser: argparse.ArgumentParser, extras: list[str]) -> str:
+    """The closest of ``parser``'s own flags to each unknown one (difflib over the flags and over the words of
+    their help: --learning-rate is close to lr's "peak learning rate")."""
+    import difflib
+
+    names: dict[str, str] = {}
+    for action in parser._actions:
+        for flag in action.option_strings:
+            if flag.startswith("--"):
+                names.setdefault(flag, flag)
+                words = (action.help or "").split(";")[0].split("(")[0].split(",")[0].split(":")[0].split()
+                if 0 < len(words) <= 4:
+                    names.setdefault("--" + "-".join(w.lower() for w in words), flag)
+    bare = {name[2:]: flag for name, flag in names.items()}  # compared without the "--" every flag shares
+    said = []
+    for extra in extras:
+        flag = extra.split("=")[0]
+        close = difflib.get_close_matches(flag[2:], list(bare), n=1, cutoff=0.6) if flag.startswith("--") else []
+        if close:
+            said.append((flag, bare[close[0]]))
+    if len(said) == 1:
+        return f" (did you mean {said[0][1]}?)"
+    return f" (did you mean {', '.join(f'{b} for {a}' for a, b in said)}?)" if said else ""
