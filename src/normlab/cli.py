@@ -352,7 +352,7 @@ def _eval(args: argparse.Namespace) -> int:
 
 def _data(args: argparse.Namespace) -> int:
     from normlab.config.commands import PrepareConfig
-    from normlab.data.corpora import get_corpus
+    from normlab.data.corpora import get_corpus, source_path
 
     cfg = _declared(PrepareConfig, args, "data prepare")
     if args.action == "fetch":
@@ -362,7 +362,7 @@ def _data(args: argparse.Namespace) -> int:
 
     if not args.source or not cfg.out:
         raise ConfigError("normlab data prepare SOURCE --out DIR: give the text/JSONL/datasets source and a new folder")
-    print(prepared_line(prepare(args.source, cfg.out, cfg.tokenizer, cfg.text_field, cfg.val_fraction,
+    print(prepared_line(prepare(source_path(args.source), cfg.out, cfg.tokenizer, cfg.text_field, cfg.val_fraction,
                                 cfg.val_split), cfg.out))
     return 0
 

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from normlab.data.corpus import default_corpus, fetch_shakespeare, stdlib_corpus_path
+from normlab.data.english import english_prepared, fetch_english
 from normlab.errors import DataError
 
 
@@ -31,32 +33,22 @@ class Corpus:
 
 
 def _shakespeare(quiet: bool) -> Path:
-    from normlab.data.corpus import fetch_shakespeare
-
     return fetch_shakespeare(quiet)
 
 
 def _shakespeare_or_stdlib(tokenizer: str) -> Path:
-    from normlab.data.corpus import default_corpus
-
     return default_corpus()  # offline with nothing cached: Python's own sources, with a warning
 
 
 def _english(quiet: bool) -> Path:
-    from normlab.data.english import fetch_english
-
     return fetch_english(quiet)
 
 
 def _english_tokenized(tokenizer: str) -> Path:
-    from normlab.data.english import english_prepared
-
     return english_prepared(tokenizer)
 
 
 def _stdlib(quiet: bool) -> Path:
-    from normlab.data.corpus import stdlib_corpus_path
-
     return stdlib_corpus_path()
 
 
@@ -73,3 +65,13 @@ def get_corpus(name: str) -> Corpus:
     if name not in CORPORA:
         raise DataError(f"unknown corpus {name!r}; valid: {', '.join(CORPORA)}")
     return CORPORA[name]
+
+
+def source_path(source: str) -> Path:
+    """What `normlab data prepare SOURCE` reads: a named corpus, fetched (and cached), or a path that exists."""
+    if source in CORPORA:
+        return CORPORA[source].fetch(False)
+    if not Path(source).exists():
+        raise DataError(f"{source} does not exist; give a text file, a folder of text files, a .jsonl, a datasets "
+                        f"folder (save_to_disk), or a corpus name ({', '.join(CORPORA)})")
+    return Path(source)

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from normlab.data.corpus import DataError, cache_dir, check_sha256, shakespeare_texts
+from normlab.data.prepare import is_prepared, prepare
 from normlab.io import atomic_write_bytes, atomic_write_json
 
 VERSION = "english-v1"
@@ -231,8 +232,6 @@ def fetch_english(quiet: bool = False) -> Path:
 
 def english_prepared(tokenizer: str = "bpe:8192", quiet: bool = False) -> Path:
     """The corpus tokenized (`normlab data prepare`, hashed 2% validation split), cached per tokenizer."""
-    from normlab.data.prepare import is_prepared, prepare
-
     import fcntl
     import shutil
 

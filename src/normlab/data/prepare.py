@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 
 from normlab.config.commands import VAL_SPLITS
-from normlab.data.corpora import CORPORA
+from normlab.data.documents import document_ids, document_source, load_bin
+from normlab.data.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 from normlab.errors import DataError
-from normlab.data.tokenizer import Tokenizer, load_tokenizer
 from normlab.io import atomic_write_bytes, atomic_write_json
 
 META = "meta.json"
@@ -42,8 +42,6 @@ def is_prepared(path: Path) -> bool:
 def _documents(src: Path, text_field: str) -> tuple[list[Path], Iterable[str]]:
     """(files a BPE may be trained on, the documents in order): a datasets folder's rows, else what
     `load_data` reads (`document_source`)."""
-    from normlab.data.dataset import document_source
-
     if src.is_dir() and ((src / "dataset_info.json").is_file() or (src / "dataset_dict.json").is_file()
                          or (src / "state.json").is_file()):
         return [], _hf_dataset_texts(src, text_field)
@@ -76,7 +74,7 @@ def hashed_to_val(text: str, val_fraction: float) -> bool:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") < val_fraction * 2.0**64
 
 
-def prepare(source: str, out: str | Path, tokenizer: str = "bytes", text_field: str = "text",
+def prepare(source: str | Path, out: str | Path, tokenizer: str = "bytes", text_field: str = "text",
             val_fraction: float = 0.1, val_split: str = "tail") -> dict[str, Any]:
     """Tokenize ``source`` into ``out`` (see the module docstring); returns meta.json's content."""
     if not 0.0 < val_fraction < 1.0:
@@ -87,10 +85,10 @@ def prepare(source: str, out: str | Path, tokenizer: str = "bytes", text_field: 
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise DataError(f"{out} {'is a file' if not out.is_dir() else 'is not empty'}; nothing there is overwritten: "
                         "give a new or empty folder")
-    src = CORPORA[source].fetch(False) if source in CORPORA else Path(source)
+    src = Path(source)  # a corpus name is resolved by the caller (normlab.data.corpora.source_path)
     if not src.exists():
-        raise DataError(f"{src} does not exist; give a text file, a folder of text files, a .jsonl, a datasets folder "
-                        f"(save_to_disk), or a corpus name ({', '.join(CORPORA)})")
+        raise DataError(f"{src} does not exist; give a text file, a folder of text files, a .jsonl or a datasets "
+                        "folder (save_to_disk)")
     files, docs = _documents(src, text_field)
     if tokenizer.startswith("bpe:") and not files:
         raise DataError("a BPE is trained on text files; for a datasets folder give a trained tokenizer.json or bytes")
@@ -124,8 +122,6 @@ def prepare(source: str, out: str | Path, tokenizer: str = "bytes", text_field: 
 
 def _write_tokens(path: Path, tok: Tokenizer, texts: list[str], dtype: type) -> tuple[int, str]:
     """Stream the documents' tokens (end-of-text between documents) into ``path``, atomically."""
-    from normlab.data.dataset import document_ids
-
     tmp = path.with_suffix(".bin.tmp")
     h, n = hashlib.sha256(), 0
     with tmp.open("wb") as f:
@@ -141,9 +137,6 @@ def _write_tokens(path: Path, tok: Tokenizer, texts: list[str], dtype: type) -> 
 
 def load_prepared(path: Path) -> tuple[np.ndarray, np.ndarray, Tokenizer | None, dict[str, Any]]:
     """(train ids, val ids, tokenizer, meta) of a prepared folder, memory-mapped."""
-    from normlab.data.dataset import load_bin
-    from normlab.data.tokenizer import ByteTokenizer
-
     try:
         meta = json.loads((path / META).read_text())
         vocab, dtype = int(meta["vocab_size"]), str(meta["dtype"])
