@@ -102,6 +102,48 @@ def test_no_cycle_across_folders():
     assert not cycles, f"folders importing each other: {cycles}"
 
 
+def _module_edges() -> dict[str, set[str]]:
+    """Module -> the modules of its own folder it imports (lazy imports inside functions included; a package's
+    __init__ re-exports and is left out)."""
+    graph: dict[str, set[str]] = defaultdict(set)
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        if len(rel.parts) < 2 or path.name == "__init__.py":
+            continue
+        folder, me = rel.parts[0], ".".join(rel.with_suffix("").parts)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for name in names:
+                parts = name.split(".")
+                if parts[:2] == ["normlab", folder] and len(parts) > 2 and (PACKAGE.joinpath(*parts[1:]).with_suffix(".py")).is_file():
+                    if ".".join(parts[1:]) != me:
+                        graph[me].add(".".join(parts[1:]))
+    return graph
+
+
+def test_no_cycle_inside_a_folder():
+    """One idea per module, in an order: within a folder no two modules reach each other (a function-level
+    import hides a cycle from Python, not from this test)."""
+    graph = _module_edges()
+
+    def reachable(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for n in graph.get(todo.pop(), ()):
+                if n not in seen:
+                    seen.add(n)
+                    todo.append(n)
+        return seen
+
+    cycles = sorted({tuple(sorted((a, b))) for a in list(graph) for b in graph[a] if a in reachable(b)})
+    assert not cycles, f"modules of one folder importing each other (directly or around a loop): {cycles}"
+
+
 def _literals(path: Path) -> list[tuple[str, int]]:
     """String constants of a module that are not docstrings."""
     tree = ast.parse(path.read_text())

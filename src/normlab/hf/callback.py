@@ -21,7 +21,7 @@ from torch import nn
 
 from normlab.diagnostics.monitor import SpikeRule, TrainingMonitor
 from normlab.hf.archs import ARCHITECTURES
-from normlab.hf.native import _transformers
+from normlab.hf.library import require_transformers
 
 
 def site_names(model: nn.Module) -> dict[str, str]:
@@ -31,7 +31,7 @@ def site_names(model: nn.Module) -> dict[str, str]:
 
 
 def _base() -> type:
-    return _transformers().TrainerCallback
+    return require_transformers().TrainerCallback
 
 
 class NormlabCallback(_base()):  # type: ignore[misc]

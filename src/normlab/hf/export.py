@@ -20,20 +20,10 @@ from normlab.io import atomic_write_bytes
 from normlab.model.lm import NormLM
 
 
-def set_special_tokens(hf_model: Any, tokenizer: Any) -> None:
-    """The tokenizer's bos/eos/pad ids into the model's config and generation config (transformers'
-    defaults, e.g. LlamaConfig's bos 1 / eos 2, would name ordinary tokens here)."""
-    from normlab.hf.tokenizer import special_token_ids
-
-    ids = special_token_ids(tokenizer) if tokenizer is not None else {}
-    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-        setattr(hf_model.config, key, ids.get(key))
-        setattr(hf_model.generation_config, key, ids.get(key))
-
-
 def to_hf(model: NormLM, tokenizer: Any = None) -> Any:
     """The `NormLabForCausalLM` holding ``model``'s weights (same function, same parameters)."""
     from normlab.hf.modeling import NormLabConfig, NormLabForCausalLM
+    from normlab.hf.tokenizer import set_special_tokens
 
     config = NormLabConfig(layout=model.layout.to_string(), model=model.config.to_dict())
     config.auto_map = {"AutoConfig": "modeling_normlab.NormLabConfig",

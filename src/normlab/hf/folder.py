@@ -63,12 +63,12 @@ def check_folder(folder: str | Path) -> dict[str, Any]:
             read_json(f)
     for f in sorted(folder.glob("*.safetensors")):
         _check_safetensors(f)
-    from normlab.hf.native import _transformers
+    from normlab.hf.library import require_transformers
 
     import normlab.hf.modeling  # noqa: F401 - registers the normlab class: an export's config reads too
 
     with reading(folder):  # the fields' types as transformers checks them (hidden_size "64", ...)
-        _transformers().AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+        require_transformers().AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
     return config
 
 
@@ -88,7 +88,7 @@ def load_tokenizer(folder: str | Path) -> Any:
     fed as bytes); a tokenizer that names its own code, fails `read_tokenizer_json`, or cannot encode
     text is a DataError. The one rule of `doctor` and `scan`."""
     from normlab.data.tokenizer import PROBE_TEXT, read_tokenizer_json
-    from normlab.hf.native import _transformers
+    from normlab.hf.library import require_transformers
 
     folder = Path(folder)
     # only a folder that holds a tokenizer: transformers would otherwise guess one from the model type
@@ -103,7 +103,7 @@ def load_tokenizer(folder: str | Path) -> Any:
     if (folder / "tokenizer.json").is_file():
         read_tokenizer_json(folder / "tokenizer.json")
     with reading(folder, "its tokenizer"):
-        tok = _transformers().AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+        tok = require_transformers().AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
         tok(PROBE_TEXT, verbose=False)
     return tok
 

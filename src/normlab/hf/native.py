@@ -36,6 +36,7 @@ import torch
 
 from normlab.errors import ConfigError
 from normlab.hf.archs import ARCHITECTURES, BY_NAME, EXPORTABLE, Arch
+from normlab.hf.library import require_transformers
 from normlab.layout import PRESETS
 from normlab.model.build import build_model
 from normlab.model.lm import NormLM
@@ -46,14 +47,6 @@ REFUSED: dict[str, str] = {}  # model_type -> why it cannot be imported exactly
 
 class NativeExportError(ConfigError):
     """The model's layout or options do not map exactly onto the requested transformers class."""
-
-
-def _transformers() -> Any:
-    try:
-        import transformers
-    except ImportError:
-        raise ConfigError("this needs transformers: pip install normlab[hf] (or pip install transformers)") from None
-    return transformers
 
 
 def _export_arch(model: NormLM, arch: str) -> Arch:
@@ -91,7 +84,7 @@ def name_map(arch: str, n_layers: int, tied: bool) -> dict[str, str]:
 def to_native(model: NormLM, arch: str) -> Any:
     """A transformers model of ``arch``'s own class computing exactly what ``model`` does."""
     adapter = _export_arch(model, arch)
-    tf = _transformers()
+    tf = require_transformers()
     cfg = model.config
     hf = adapter.hf_class(tf)(adapter.hf_config(tf, cfg))
     ours = model.state_dict()
@@ -110,7 +103,7 @@ def to_native(model: NormLM, arch: str) -> Any:
 
 def save_native(model: NormLM, out: str | Path, arch: str, tokenizer: Any = None) -> Path:
     """Save ``model`` as a transformers `arch` checkpoint (config.json + model.safetensors)."""
-    from normlab.hf.export import set_special_tokens
+    from normlab.hf.tokenizer import set_special_tokens
 
     hf = to_native(model, arch)
     set_special_tokens(hf, tokenizer)
@@ -123,7 +116,7 @@ def save_native(model: NormLM, out: str | Path, arch: str, tokenizer: Any = None
 
 def from_native(source: str | Path | Any) -> NormLM:
     """A normlab model from a transformers model of a registered architecture, or a local folder of one."""
-    tf = _transformers()
+    tf = require_transformers()
     if isinstance(source, (str, Path)):
         from normlab.hf.folder import check_folder, reading
 

@@ -24,7 +24,7 @@ import torch
 from normlab.diagnostics.attach import StreamProbe, find_blocks
 from normlab.diagnostics.stats import FP16_MAX, angular_matrix, hidden_stats, massive_activations
 from normlab.hf.folder import check_folder, load_tokenizer, reading
-from normlab.hf.native import _transformers
+from normlab.hf.library import require_transformers
 from normlab.data.corpus import DataError
 from normlab.io import atomic_write_bytes, atomic_write_json, own_folder
 from normlab.runs.files import RunDir
@@ -62,7 +62,7 @@ def _tokens(path: Path, model: Any, texts: list[str], max_len: int, tok: Any = N
 def scan(path: str | Path, out: str | Path, texts: list[str] | None = None, max_len: int = 64) -> dict[str, Any]:
     """Scan the model in ``path``; write table.md, scan.json, figures and index.html into ``out`` (a new
     folder, or one a scan made: never over files normlab did not write)."""
-    tf = _transformers()
+    tf = require_transformers()
     import normlab.hf.modeling  # noqa: F401 - registers the normlab class, so exported normlab models scan too
 
     path, out = Path(path), Path(out)

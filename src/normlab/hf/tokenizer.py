@@ -48,3 +48,12 @@ def special_token_ids(hf_tokenizer: Any) -> dict[str, int]:
     """bos/eos/pad ids of a transformers tokenizer, for a model config and its generation config."""
     return {f"{k}_token_id": getattr(hf_tokenizer, f"{k}_token_id") for k in ("bos", "eos", "pad")
             if getattr(hf_tokenizer, f"{k}_token_id", None) is not None}
+
+
+def set_special_tokens(hf_model: Any, tokenizer: Any) -> None:
+    """The tokenizer's bos/eos/pad ids into the model's config and generation config (transformers'
+    defaults, e.g. LlamaConfig's bos 1 / eos 2, would name ordinary tokens here)."""
+    ids = special_token_ids(tokenizer) if tokenizer is not None else {}
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        setattr(hf_model.config, key, ids.get(key))
+        setattr(hf_model.generation_config, key, ids.get(key))
