@@ -33,7 +33,8 @@ def randomize_norms(model: torch.nn.Module, seed: int = 1) -> None:
                 if getattr(m, "alpha", None) is not None:  # DyT's scalar, away from its initial 0.5
                     m.alpha.copy_(0.5 + 0.5 * torch.rand(m.alpha.shape, generator=g))
             # learned residual steps (off 0), Admin's omegas and head scales (off 1)
-            for name in ("attn_h", "mlp_h", "attn_omega", "mlp_omega", "head_scale", "sinks"):
+            for name in ("attn_h", "mlp_h", "attn_omega", "mlp_omega", "head_scale", "sinks", "attn_skip", "mlp_skip",
+                         "attn_gpas", "mlp_gpas"):
                 step = getattr(m, name, None)
                 if isinstance(step, torch.nn.Parameter):
                     step.copy_(0.5 + torch.rand(step.shape, generator=g))
@@ -154,6 +155,22 @@ def layerscale(b, x):  # Touvron et al. 2021, eq. 3 on Pre-LN: x + diag(lambda) 
     return y + b.mlp_h * F(b, N(b.mlp_norms.input, y))
 
 
+def silu(a):
+    return a / (1 + torch.exp(-a))
+
+
+def gpas(b, x):  # Chen et al. 2025 (GPAS) on Pre-LN: y = x + F(N(x)); x' = y - SiLU(a) sg(y), forward (1 - SiLU(a)) y
+    y = x + A(b, N(b.attn_norms.input, x))
+    y = y - silu(b.attn_gpas) * y
+    z = y + F(b, N(b.mlp_norms.input, y))
+    return z - silu(b.mlp_gpas) * z
+
+
+def lambdas(b, x):  # modded-nanogpt residual lambdas on Pre-LN: x' = lambda_skip x + lambda_branch F(N(x))
+    y = b.attn_skip * x + b.attn_h * A(b, N(b.attn_norms.input, x))
+    return b.mlp_skip * y + b.mlp_h * F(b, N(b.mlp_norms.input, y))
+
+
 def lns(b, x, i):  # Sun et al. 2025, eq. 6: x + F(N(x) / sqrt(l)), l = i + 1
     s = 1 / math.sqrt(i + 1)
     y = x + A(b, s * N(b.attn_norms.input, x))
@@ -223,6 +240,8 @@ EQUATIONS = {
     "rezero": lambda b, x, *_: rezero(b, x),
     "pre-layerscale": lambda b, x, *_: layerscale(b, x),
     "pre-lns": lambda b, x, i, n: lns(b, x, i),
+    "pre-gpas": lambda b, x, *_: gpas(b, x),
+    "pre-lambda": lambda b, x, *_: lambdas(b, x),
 }
 for _inner in ("qkvc", "qkv", "qkc", "qk", "kv", "kc"):
     EQUATIONS[f"{_inner}-post"] = zhuo("#-post", _inner)
@@ -435,3 +454,30 @@ def test_attention_softmax_variants_follow_their_formulas(kind):
         assert (b.attn(x) - A(b, x, "qk")).abs().max() > 1e-3  # not the softmax
     if kind == "sink":
         assert b.attn.sinks.shape == (4,) and b.attn.sinks.requires_grad
+
+
+def test_gpas_scales_the_stream_but_not_its_gradient():
+    """GPAS (Chen et al. 2025, Sec. 3): x' = y - SiLU(a) sg(y). Forward (1 - SiLU(a)) y; dL/dy = dL/dx' (the
+    subtracted copy carries no gradient); dL/da = -SiLU'(a) <dL/dx', y>, SiLU'(a) = s(a)(1 + a(1 - s(a)))."""
+    model = normlab.build_model("pre-gpas", "nano", seed=0, n_layers=1).double()
+    block = model.blocks[0]
+    with torch.no_grad():
+        block.attn_gpas.fill_(0.0)
+        block.mlp_gpas.fill_(0.7)
+    x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(0), dtype=DT, requires_grad=True)
+    w = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(1), dtype=DT)
+    captured = {}
+    hook = block.resid_mid.register_forward_hook(lambda m, i, o: captured.update(y=o))
+    out = block(x)
+    hook.remove()
+    y = captured["y"]  # the stream after the attention sublayer (GPAS a = 0 there: the identity)
+    z = y + F(block, N(block.mlp_norms.input, y))
+    a = torch.tensor(0.7, dtype=DT)
+    sig = torch.sigmoid(a)
+    torch.testing.assert_close(out, (1 - silu(a)) * z)
+    (out * w).sum().backward(retain_graph=True)
+    dsilu = sig * (1 + a * (1 - sig))
+    torch.testing.assert_close(block.mlp_gpas.grad, (-dsilu * (w * z).sum()).reshape(1))
+    # the gradient reaching x equals the gradient of <w, z> with no scaling at all
+    gx, = torch.autograd.grad((z * w).sum(), x)
+    torch.testing.assert_close(x.grad, gx)

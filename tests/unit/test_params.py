@@ -58,3 +58,28 @@ def test_paper_sizes_near_nominal(size):
     # Within 8%. Kim's Table 4 gives no FFN width; 4 d gives 402.6M / 1.611B / 3.355B (no single
     # ratio hits all three nominal names). Zhuo's 1.2B row, as printed (FFN 9192), gives 1.28B.
     assert abs(measured - nominal) / nominal < 0.08, (size, measured)
+
+
+def test_residual_lambdas_and_gpas_count_one_scalar_per_sublayer_are_not_decayed_and_are_probed():
+    """pre-lambda: a skip lambda and a branch lambda per sublayer (4 per block); pre-gpas: one a per sublayer
+    (2 per block). Scales, like the norms' gains: no weight decay; the probes record each at its value."""
+    from normlab.config.train import TrainConfig
+    from normlab.diagnostics.probes import Probes
+    from normlab.train.optim import param_groups
+
+    base = count_params(normlab.build_model("pre", "nano", n_layers=3)).total
+    lam = normlab.build_model("pre-lambda", "nano", n_layers=3)
+    gpas = normlab.build_model("pre-gpas", "nano", n_layers=3)
+    assert count_params(lam).total - base == 3 * 4 and count_params(gpas).total - base == 3 * 2
+    for model, names in ((lam, ("attn_skip", "mlp_skip", "attn_h", "mlp_h")), (gpas, ("attn_gpas", "mlp_gpas"))):
+        decayed = {id(p) for p in param_groups(model, TrainConfig())[0]["params"]}
+        assert all(id(getattr(b, n)) not in decayed for b in model.blocks for n in names)
+    with torch.no_grad():
+        lam.blocks[2].mlp_skip.fill_(0.75)
+        gpas.blocks[1].attn_gpas.fill_(-0.5)
+    x = torch.randint(0, 256, (2, 8))
+    rows = {(r["layer"], r["site"], r["metric"]): r["value"] for m in (lam, gpas) for r in Probes(m, (x, x)).record(0)}
+    assert rows[(2, "mlp_skip", "skip_mean")] == pytest.approx(0.75)
+    assert rows[(0, "attn_skip", "skip_mean")] == pytest.approx(1.0)
+    assert rows[(1, "attn_gpas", "gpas_mean")] == pytest.approx(-0.5)
+    assert rows[(0, "mlp_gpas", "gpas_abs_max")] == pytest.approx(0.0)

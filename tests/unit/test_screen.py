@@ -192,3 +192,14 @@ def test_theorem4_bound_holds_for_every_kind_of_output_norm(text):
     r = screen_layout(text, FAST)
     for row in r["stresses"].values():
         assert row["thm4_holds"], (text, row["mean_abs"], row["thm4_bound"])
+
+
+def test_learned_skip_and_gpas_are_screened_without_theorem4():
+    """A learned skip lambda or GPAS scales the carried stream, so Theorem 4's identity path is gone: the screen
+    runs, says what carries the stream, and claims no bound even on Peri-LN's output norms."""
+    for text, words in (("peri,skip-scalar", "learned skip scale"), ("peri,gpas", "GPAS")):
+        r = screen_layout(text, ScreenConfig(model={"n_layers": 2, "d_model": 32, "n_heads": 2}, batch=1, seq_len=8,
+                                             iters=3, stresses=(1.0, 4.0)))
+        assert words in r["wellposedness"]["stream"] and r["wellposedness"]["verdict"] == "well-posed"
+        assert all("thm4_bound" not in row for row in r["stresses"].values())
+    assert wellposedness(PRESETS["peri"].layout.resolve(2))["stream"] == "identity (unit-weight sum)"

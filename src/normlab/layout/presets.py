@@ -176,6 +176,14 @@ def _build() -> dict[str, Preset]:
         _preset("pre-layerscale", Layout(block=_block(PRE, PRE), final_norm=True, h=0.1, h_learned="channel"),
                 "x' = x + diag(lambda) F(N(x)), lambda learned per channel starting at 0.1, final N",
                 "Touvron et al. 2021 (CaiT), eq. 3, on Pre-LN (epsilon 0.1 for models up to 18 layers)"),
+        _preset("pre-gpas", Layout(block=_block(PRE, PRE), final_norm=True, gpas=True),
+                "y = x + F(N(x)); x' = y - SiLU(a) sg(y), a a learned scalar per sublayer from 0, sg stop-gradient; final N",
+                "Chen et al. 2025 (GPAS, arXiv 2506.22049), Sec. 3 and Fig. 1 on Pre-LN (the authors' GPASBlock, gate "
+                "from 0; their code shares one gate between a layer's two sublayers, here one per sublayer as in the text)"),
+        _preset("pre-lambda", Layout(block=_block(PRE, PRE), final_norm=True, h_learned="scalar", skip_learned=True),
+                "x' = lambda_skip x + lambda_branch F(N(x)), both learned scalars per sublayer from 1; final N",
+                "modded-nanogpt (Jordan et al. 2024-25) residual lambdas, per sublayer on Pre-LN (its x0 mixing and "
+                "U-Net skips not included)"),
         _preset("pre-lns", Layout(block=_block(PRE, PRE), final_norm=True, ln_scaling=True),
                 "x' = x + F(N(x) / sqrt(l)), l the layer's index from 1, final N",
                 "Sun et al. 2025 (The Curse of Depth), eq. 6: LayerNorm Scaling on Pre-LN"),

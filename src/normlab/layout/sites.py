@@ -237,6 +237,12 @@ class Layout:
     # h as a learned parameter per sublayer: "scalar" (ReZero, Bachlechner et al. 2021: starts at 0) or
     # "channel" (LayerScale, Touvron et al. 2021: one per channel, starts small); None: the fixed number h
     h_learned: str | None = None
+    # a learned skip scale per sublayer, one scalar from 1: x' = lambda_skip x + h F(.) (modded-nanogpt's residual
+    # lambdas, Jordan et al. 2024-25; with h-scalar from h=1 both scalars of x <- lambda_skip x + lambda_branch F)
+    skip_learned: bool = False
+    # GPAS (Chen et al. 2025, arXiv 2506.22049, Sec. 3): after each sublayer x <- x - SiLU(a) sg(x), a learned per
+    # sublayer from 0 (the authors' GPASBlock: gate_init_value 0): the stream shrinks, its gradient does not
+    gpas: bool = False
     ln_scaling: bool = False  # LayerNorm Scaling (Sun et al. 2025): the input norm's output times 1/sqrt(layer)
     gain: str = "gamma"  # the norms' gain: gamma | none | centered (1 + w) | scalar; rms, layer, dyt, derf have one
     # per-site kinds, gains and DyT alpha0 where they differ from norm/gain above: (site, SiteNorm) pairs in

@@ -26,6 +26,8 @@ Tokens:
     emb-scale        multiply embeddings by sqrt(d_model) (Gemma); -emb-scale undoes it
     h-scalar         h learned, one scalar per sublayer starting at h (ReZero: h=0); -h-learned undoes it
     h-channel        h learned, one per channel starting at h (LayerScale: h=0.1 or smaller)
+    skip-scalar      a learned skip scale per sublayer from 1: x' = lambda x + h F(.) (modded-nanogpt); -skip-scalar
+    gpas             GPAS after each sublayer: x <- x - SiLU(a) stopgrad(x), a learned from 0 (Chen et al. 2025); -gpas
     gain=G           the norms' gain: gamma (default), none, centered (1 + w, w from 0), or scalar
                      (one learned number from 1: single-scale RMSNorm)
     lns              LayerNorm Scaling: the input norm's output times 1/sqrt(layer index from 1); -lns undoes it
@@ -82,6 +84,10 @@ _FLAGS = {
     "h-scalar": ("h_learned", "scalar"),
     "h-channel": ("h_learned", "channel"),
     "-h-learned": ("h_learned", None),
+    "skip-scalar": ("skip_learned", True),
+    "-skip-scalar": ("skip_learned", False),
+    "gpas": ("gpas", True),
+    "-gpas": ("gpas", False),
     "lns": ("ln_scaling", True),
     "-lns": ("ln_scaling", False),
     "qk-rope": ("qk_after_rope", True),
@@ -91,7 +97,7 @@ _SITE_FIELDS = {"norm": "kind", "gain": "gain", "alpha0": "alpha0"}
 TOKEN_HELP = (
     "attn=<qkvc+ABCS or ->, mlp=<ABCS or ->, [a:b]attn=..., [a:b]mlp=..., emb, -emb, final, "
     "-final, qk, norm=rms|layer|dyt|derf|scale|l2, inner=head|full, h=<float>, alpha=<float>|deepnorm|admin, frozen-out, "
-    "emb-scale, h-scalar, h-channel, lns, qk-rope, softmax=softmax|sink|off-by-one|softpick, "
+    "emb-scale, h-scalar, h-channel, skip-scalar, gpas, lns, qk-rope, softmax=softmax|sink|off-by-one|softpick, "
     "gain=gamma|none|centered|scalar, norm.SITES=KIND, gain.SITES=G, "
     "alpha0.SITES=<float>, init=<scheme>"
 )
@@ -173,6 +179,10 @@ def format_layout(layout: Layout) -> str:
         tokens.append("emb-scale")
     if layout.h_learned is not None:
         tokens.append(f"h-{layout.h_learned}")
+    if layout.skip_learned:
+        tokens.append("skip-scalar")
+    if layout.gpas:
+        tokens.append("gpas")
     if layout.ln_scaling:
         tokens.append("lns")
     if layout.qk_after_rope:

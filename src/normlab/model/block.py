@@ -43,7 +43,7 @@ from normlab.model.storage import NO_STORAGE, Storage
 # scales. Like norm gains they are left out of weight decay (which would pull them to 0) and probed.
 # Each name maps to the prefix of its probe metrics (h_mean, omega_mean, head_scale_mean).
 SCALE_PARAMS = {"attn_h": "h", "mlp_h": "h", "attn_omega": "omega", "mlp_omega": "omega", "head_scale": "head_scale",
-                "sinks": "sink"}
+                "sinks": "sink", "attn_skip": "skip", "mlp_skip": "skip", "attn_gpas": "gpas", "mlp_gpas": "gpas"}
 
 
 def scale_params(model: nn.Module) -> list[nn.Parameter]:
@@ -88,6 +88,16 @@ class Block(nn.Module):
             self.attn_omega = nn.Parameter(torch.ones(cfg.d_model))
             self.mlp_omega = nn.Parameter(torch.ones(cfg.d_model))
         self.admin: AdminProfile | None = None  # set only during the profiling pass
+        # modded-nanogpt's residual lambda: a learned scalar on the skip, from 1 (x' = lambda_skip x + h F(.))
+        self.attn_skip = self.mlp_skip = None
+        if layout.skip_learned:
+            self.attn_skip, self.mlp_skip = nn.Parameter(torch.ones(1)), nn.Parameter(torch.ones(1))
+        # GPAS (Chen et al. 2025, arXiv 2506.22049, Sec. 3; the authors' GPASBlock): after the sublayer,
+        # x <- x - SiLU(a) * sg(x), a learned scalar from 0 (the identity at init). The forward scales x by
+        # 1 - SiLU(a); the backward passes dL/dx unchanged (the subtracted copy is detached) and gives a its gradient.
+        self.attn_gpas = self.mlp_gpas = None
+        if layout.gpas:
+            self.attn_gpas, self.mlp_gpas = nn.Parameter(torch.zeros(1)), nn.Parameter(torch.zeros(1))
         self.attn_norms = SiteNorms(block.attn, layout, cfg, "attn")
         self.attn = Attention(cfg, block.attn_inner, layout, layer_idx=index)
         self.attn_update, self.resid_mid = Tap(), Tap()
@@ -100,7 +110,8 @@ class Block(nn.Module):
 
     def _sublayer(
         self, x: torch.Tensor, norms: SiteNorms, f: Callable[[torch.Tensor], torch.Tensor], update_tap: Tap,
-        h: nn.Parameter | None = None, omega: nn.Parameter | None = None,
+        h: nn.Parameter | None = None, omega: nn.Parameter | None = None, lam: nn.Parameter | None = None,
+        gpas: nn.Parameter | None = None,
     ) -> torch.Tensor:
         store = self.store  # every tensor a real fp16 run writes to memory is rounded where it is made
         u = store(norms.input(x))
@@ -119,10 +130,16 @@ class Block(nn.Module):
             if self.admin is not None:
                 self.admin.set(omega, skip, update)
             skip = store(omega.to(skip.dtype) * skip)
-        return store(norms.after_add(store(skip + update_tap(update))))
+        if lam is not None:
+            skip = store(lam.to(skip.dtype) * skip)
+        out = store(norms.after_add(store(skip + update_tap(update))))
+        if gpas is not None:
+            out = store(out - nn.functional.silu(gpas).to(out.dtype) * out.detach())
+        return out
 
     def forward(self, x: torch.Tensor, dec: Decoding | None = None) -> torch.Tensor:
         attn = self.attn if dec is None else (lambda u: self.attn(u, dec))
-        x = self.resid_mid(self._sublayer(x, self.attn_norms, attn, self.attn_update, self.attn_h, self.attn_omega))
+        x = self.resid_mid(self._sublayer(x, self.attn_norms, attn, self.attn_update, self.attn_h, self.attn_omega,
+                                          self.attn_skip, self.attn_gpas))
         return self.resid_post(self._sublayer(x, self.mlp_norms, self.mlp, self.mlp_update, self.mlp_h,
-                                              self.mlp_omega))
+                                              self.mlp_omega, self.mlp_skip, self.mlp_gpas))

@@ -83,6 +83,10 @@ def init_weights(model: nn.Module, scheme: str) -> None:
             p = getattr(block, name, None)
             if p is not None:
                 p.fill_(float(model.layout.h))
+        for name, start in (("attn_skip", 1.0), ("mlp_skip", 1.0), ("attn_gpas", 0.0), ("mlp_gpas", 0.0)):
+            p = getattr(block, name, None)
+            if p is not None:
+                p.fill_(start)
         head_scale = getattr(block.attn, "head_scale", None)
         if head_scale is not None:
             head_scale.fill_(1.0)

@@ -78,6 +78,7 @@ def analytic_params(cfg: ModelConfig, resolved: ResolvedLayout) -> ParamCount:
     inner_dim = {"q": (h, "q"), "k": (kv, "k"), "v": (kv, "v"), "context": (h, "c")}
     per_block_scales = 2 * (1 if lay.h_learned == "scalar" else d) if lay.h_learned else 0
     per_block_scales += 2 * d if lay.alpha == "admin" else 0  # Admin's omega per sublayer and channel
+    per_block_scales += 2 * (int(lay.skip_learned) + int(lay.gpas))  # a skip lambda, a GPAS a per sublayer
     blocks = 0
     for blk in resolved.blocks:
         norms = 0

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from normlab.layout.sites import AttentionInnerSites, NormSpec, ResolvedLayout, SublayerSites
+from normlab.layout.sites import AttentionInnerSites, Layout, NormSpec, ResolvedLayout, SublayerSites
 
 ORDER = {"bounded": 0, "tangential": 1, "unbounded": 2}
 VERDICT = {"bounded": "well-posed", "tangential": "degenerate (tangential)", "unbounded": "ill-posed (unbounded)"}
@@ -108,11 +108,29 @@ def wellposedness(resolved: ResolvedLayout) -> dict:
     verdicts = [SublayerVerdict(_span(idx), name, kind, why) for (name, kind, why), idx in groups.items()]
     verdicts.sort(key=lambda v: (int(v.layers.split("-")[0].split(",")[0]), v.sublayer))
     worst = max((v.kind for v in verdicts), key=ORDER.__getitem__)
-    return {"verdict": VERDICT[worst], "worst": worst, "sublayers": [asdict(v) for v in verdicts]}
+    return {"verdict": VERDICT[worst], "worst": worst, "sublayers": [asdict(v) for v in verdicts],
+            "stream": stream_path(lay)}
+
+
+def stream_path(lay: Layout) -> str:
+    """What carries the stream from one sublayer to the next, when it is not the unit-weight identity: the verdicts
+    above bound the update; these scale or mix what it is added to."""
+    notes = []
+    if lay.skip_learned:
+        notes.append("a learned skip scale lambda (from 1): the carried stream is multiplied by it each sublayer, so "
+                     "a lambda above 1 compounds over depth (no Theorem 4 bound)")
+    if lay.gpas:
+        notes.append("GPAS: the stream is multiplied by 1 - SiLU(a) after each sublayer (a learned from 0; at most "
+                     "1.28 as SiLU >= -0.28), its gradient left whole")
+    return "; ".join(notes) or "identity (unit-weight sum)"
 
 
 def all_output_normalized(resolved: ResolvedLayout) -> bool:
-    """Theorem 4's premise: every sublayer adds h * N_B(.) to an unnormalized identity path."""
+    """Theorem 4's premise: every sublayer adds h * N_B(.) to an unnormalized identity path (not a learned skip
+    scale, GPAS's rescaled stream, nor a hyper-connection's mixing of several streams)."""
+    lay = resolved.layout
+    if lay.skip_learned or lay.gpas:
+        return False
     return all(
         s.output and not s.after_add and not s.skip_normed for blk in resolved.blocks for s in (blk.attn, blk.mlp)
     )
