@@ -38,6 +38,9 @@ def randomize_norms(model: torch.nn.Module, seed: int = 1) -> None:
                 step = getattr(m, name, None)
                 if isinstance(step, torch.nn.Parameter):
                     step.copy_(0.5 + torch.rand(step.shape, generator=g))
+            if hasattr(m, "last_res"):  # a hyper-connection: every static, dynamic and gating weight off its start
+                for p in m.parameters(recurse=False):
+                    p.add_(0.3 * torch.randn(p.shape, generator=g))
 
 
 def assert_blocks_follow(model: torch.nn.Module, equation) -> None:  # noqa: ANN001
@@ -171,6 +174,53 @@ def lambdas(b, x):  # modded-nanogpt residual lambdas on Pre-LN: x' = lambda_ski
     return b.mlp_skip * y + b.mlp_h * F(b, N(b.mlp_norms.input, y))
 
 
+def _hc_weights(c, H):  # Zhu et al. 2025 eqs. 5-8: A_m, A_r, B, static + s tanh(norm(H) W), norm per stream
+    Hbar = H / torch.sqrt(H.pow(2).mean(-1, keepdim=True) + 1e-6)
+    Am = c.scale_a * torch.tanh(torch.einsum("btjd,d->btj", Hbar, c.dynamic_pre)) + c.static_pre
+    Ar = c.scale_a * torch.tanh(torch.einsum("btjd,dk->btjk", Hbar, c.dynamic_res)) + c.static_res
+    B = c.scale_b * torch.tanh(torch.einsum("btjd,d->btj", Hbar, c.dynamic_post)) + c.static_post
+    return Am, Ar, B
+
+
+def _sinkhorn_by_hand(M, iters=20):  # Xie et al. 2025 eq. 9: M_t = T_r(T_c(M_{t-1})), entry by entry
+    M = M.clone()
+    n = M.shape[-1]
+    for _ in range(iters):
+        for j in range(n):
+            M[..., :, j] = M[..., :, j] / M[..., :, j].sum(-1, keepdim=True)
+        for i in range(n):
+            M[..., i, :] = M[..., i, :] / M[..., i, :].sum(-1, keepdim=True)
+    return M
+
+
+def _mhc_weights(c, H):  # Xie et al. 2025 eqs. 7-8: from x~ = RMSNorm(vec(H)) (no gain)
+    n = H.shape[-2]
+    v = H.flatten(-2)
+    v = v / torch.sqrt(v.pow(2).mean(-1, keepdim=True) + 1e-6)
+    phi_pre, phi_post, phi_res = c.phi[:, :n], c.phi[:, n:2 * n], c.phi[:, 2 * n:]
+    b_pre, b_post, b_res = c.bias[:n], c.bias[n:2 * n], c.bias[2 * n:].reshape(n, n)
+    pre = torch.sigmoid(c.gates[0] * (v @ phi_pre) + b_pre)
+    post = 2 * torch.sigmoid(c.gates[1] * (v @ phi_post) + b_post)
+    res = _sinkhorn_by_hand(torch.exp(c.gates[2] * (v @ phi_res).unflatten(-1, (n, n)) + b_res))
+    return pre, res, post
+
+
+def hyper(b, x, mix):  # Pre-LN sublayers connected by HC (x' = A_r^T H + B^T F(A_m^T H)) or mHC (H_res, H_post, H_pre)
+    n = b.attn_hc.n
+    H = x.unflatten(-1, (n, -1))
+    for conn, norm, f in ((b.attn_hc, b.attn_norms.input, lambda u: A(b, u)),
+                          (b.mlp_hc, b.mlp_norms.input, lambda u: F(b, u))):
+        if mix == "hc":
+            Am, Ar, B = _hc_weights(conn, H)
+            out = f(N(norm, torch.einsum("btj,btjd->btd", Am, H)))
+            H = torch.einsum("btjk,btjd->btkd", Ar, H) + B[..., None] * out[..., None, :]
+        else:
+            pre, res, post = _mhc_weights(conn, H)
+            out = f(N(norm, torch.einsum("btj,btjd->btd", pre, H)))
+            H = torch.einsum("btij,btjd->btid", res, H) + post[..., None] * out[..., None, :]
+    return H.flatten(-2)
+
+
 def lns(b, x, i):  # Sun et al. 2025, eq. 6: x + F(N(x) / sqrt(l)), l = i + 1
     s = 1 / math.sqrt(i + 1)
     y = x + A(b, s * N(b.attn_norms.input, x))
@@ -242,6 +292,8 @@ EQUATIONS = {
     "pre-lns": lambda b, x, i, n: lns(b, x, i),
     "pre-gpas": lambda b, x, *_: gpas(b, x),
     "pre-lambda": lambda b, x, *_: lambdas(b, x),
+    "pre-hc": lambda b, x, *_: hyper(b, x, "hc"),
+    "pre-mhc": lambda b, x, *_: hyper(b, x, "mhc"),
 }
 for _inner in ("qkvc", "qkv", "qkc", "qk", "kv", "kc"):
     EQUATIONS[f"{_inner}-post"] = zhuo("#-post", _inner)
@@ -260,7 +312,8 @@ def test_block_matches_paper_equation(name):
     model = normlab.build_model(name, "nano", seed=0, n_layers=8, n_kv_heads=1, d_model=32, n_heads=2)
     model.double()
     randomize_norms(model)
-    x = torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(0), dtype=DT)
+    # n residual streams (hyper-connections) enter a block side by side: (B, T, n * d)
+    x = torch.randn(2, 7, 32 * PRESETS[name].layout.streams, generator=torch.Generator().manual_seed(0), dtype=DT)
     with torch.no_grad():
         for i, block in enumerate(model.blocks):
             expected = EQUATIONS[name](block, x, i, len(model.blocks))
@@ -481,3 +534,48 @@ def test_gpas_scales_the_stream_but_not_its_gradient():
     # the gradient reaching x equals the gradient of <w, z> with no scaling at all
     gx, = torch.autograd.grad((z * w).sum(), x)
     torch.testing.assert_close(x.grad, gx)
+
+
+@pytest.mark.parametrize("name", ["pre-hc", "pre-mhc"])
+def test_hyper_connection_model_expands_the_embedding_and_sums_the_last_streams(name):
+    """Zhu et al. 2025 Sec. 3: H_0 = n copies of the embedding; logits = W_head N_final(sum_i H_L,i)."""
+    model = normlab.build_model(name, "nano", seed=0).double()
+    randomize_norms(model)
+    tokens = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        x = torch.cat([model.embed.weight[tokens]] * 4, dim=-1)
+        for block in model.blocks:
+            x = block(x)
+        x = N(model.final_norm, sum(x.unflatten(-1, (4, 32)).unbind(-2)))
+        torch.testing.assert_close(model(tokens).logits, x @ model.lm_head.weight.T, rtol=1e-6, atol=1e-6)
+
+
+def test_mhc_mixing_matrix_is_doubly_stochastic_after_sinkhorn():
+    """Xie et al. 2025: after t_max = 20 Sinkhorn-Knopp iterations (columns, then rows, last) H_res has no negative
+    entry, rows summing to 1 exactly and columns to 1 up to the iteration's gap: under 1e-9 for logits of
+    std 0.5, 7e-5 at std 1, 0.05 at std 3, the largest over 1000 4x4 matrices (mHC-lite's point, arXiv 2601.05732: 20 iterations are not exact).
+    Zhu et al.'s unconstrained A_r is not stochastic at all (its rows sum to anything)."""
+    from normlab.model.streams import sinkhorn
+
+    logits = 0.5 * torch.randn(5, 4, 4, generator=torch.Generator().manual_seed(0), dtype=DT)
+    M = sinkhorn(logits)
+    assert (M >= 0).all()
+    torch.testing.assert_close(M.sum(-1), torch.ones(5, 4, dtype=DT), rtol=0, atol=1e-12)
+    torch.testing.assert_close(M.sum(-2), torch.ones(5, 4, dtype=DT), rtol=0, atol=1e-9)
+    wide = sinkhorn(3 * torch.randn(1000, 4, 4, generator=torch.Generator().manual_seed(0), dtype=DT))
+    assert 1e-3 < (wide.sum(-2) - 1).abs().max() < 0.1  # over 1000 wide ones the gap is real, and small
+    torch.testing.assert_close(M, _sinkhorn_by_hand(logits.exp()))
+    model = normlab.build_model("pre-mhc", "nano", seed=0).double()
+    randomize_norms(model)
+    x = torch.randint(0, 256, (2, 9))
+    with torch.no_grad():
+        model(x)
+    for block in model.blocks:
+        for conn in (block.attn_hc, block.mlp_hc):
+            torch.testing.assert_close(conn.last_res.sum(-1), torch.ones(2, 9, 4, dtype=DT), rtol=0, atol=1e-9)
+            torch.testing.assert_close(conn.last_res.sum(-2), torch.ones(2, 9, 4, dtype=DT), rtol=0, atol=1e-3)
+    hc = normlab.build_model("pre-hc", "nano", seed=0).double()
+    randomize_norms(hc)
+    with torch.no_grad():
+        hc(x)
+    assert (hc.blocks[0].attn_hc.last_res.sum(-1) - 1).abs().max() > 0.1

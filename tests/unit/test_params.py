@@ -83,3 +83,24 @@ def test_residual_lambdas_and_gpas_count_one_scalar_per_sublayer_are_not_decayed
     assert rows[(0, "attn_skip", "skip_mean")] == pytest.approx(1.0)
     assert rows[(1, "attn_gpas", "gpas_mean")] == pytest.approx(-0.5)
     assert rows[(0, "mlp_gpas", "gpas_abs_max")] == pytest.approx(0.0)
+
+
+@pytest.mark.parametrize("mix", ["hc", "mhc"])
+def test_hyper_connections_are_counted_kept_from_muon_and_decay_only_their_projections(mix):
+    """Per sublayer, n = 4, d = 32: HC (Zhu et al.) A_m0 (n) + A_r0 (n^2) + B0 (n) + W_m, W_b (d each) + W_r (d n)
+    + s_a, s_b = 218; mHC (Xie et al.) phi (n d x (n^2 + 2n)) + b (n^2 + 2n) + 3 gates = 3099. Muon takes none of
+    them; weight decay only the dynamic projections."""
+    from normlab.config.train import TrainConfig
+    from normlab.train.optim import muon_matrices, param_groups
+
+    n, d = 4, 32
+    model = normlab.build_model(f"pre,streams={n},mix={mix}", "nano", n_layers=3)
+    per = n + n * n + n + 2 * d + d * n + 2 if mix == "hc" else n * d * (n * n + 2 * n) + (n * n + 2 * n) + 3
+    assert count_params(model).total - count_params(normlab.build_model("pre", "nano", n_layers=3)).total == 3 * 2 * per
+    assert count_params(model) == analytic_params(model.config, model.resolved)
+    hc = {id(p) for b in model.blocks for c in (b.attn_hc, b.mlp_hc) for p in c.parameters()}
+    assert not hc & {id(p) for p in muon_matrices(model)}
+    decayed = {id(p) for p in param_groups(model, TrainConfig())[0]["params"]}
+    conn = model.blocks[1].mlp_hc
+    for name, p in conn.named_parameters():
+        assert (id(p) in decayed) == (name in ("dynamic_pre", "dynamic_res", "dynamic_post", "phi")), name

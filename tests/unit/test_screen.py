@@ -203,3 +203,24 @@ def test_learned_skip_and_gpas_are_screened_without_theorem4():
         assert words in r["wellposedness"]["stream"] and r["wellposedness"]["verdict"] == "well-posed"
         assert all("thm4_bound" not in row for row in r["stresses"].values())
     assert wellposedness(PRESETS["peri"].layout.resolve(2))["stream"] == "identity (unit-weight sum)"
+
+
+def test_screen_reports_the_hyper_connections_composite_gain(capsys):
+    """mHC's res is doubly stochastic: the composite mixing's gain (max abs row / column sum of res_l..res_1) is 1
+    at every stress; HC's unconstrained A_r, moved off its identity start, amplifies (gain > 1). The table says so."""
+    from normlab.screen import format_table
+    from normlab.screen.screen import hc_gain
+
+    cfg = ScreenConfig(model={"n_layers": 2, "d_model": 32, "n_heads": 2}, batch=1, seq_len=8, iters=3,
+                       stresses=(1.0, 4.0))
+    r = screen_layout("pre-mhc", cfg)
+    assert r["verdict"]["hc_gain"] == pytest.approx(1.0, abs=1e-6) and "doubly stochastic" in r["wellposedness"]["stream"]
+    for row in r["stresses"].values():
+        assert len(row["hc_gain"]["forward"]) == 4 and "thm4_bound" not in row
+    assert "composite mixing gain" in format_table([r]) and "composite" not in format_table([screen_layout("pre", cfg)])
+    model = normlab.build_model("pre-hc", "nano", n_layers=2).double()
+    with torch.no_grad():
+        for b in model.blocks:
+            b.attn_hc.static_res.mul_(1.5)  # attention A_r = 1.5 I, the MLP keeps I: 1.5 per block
+        model(torch.randint(0, 256, (1, 8)))
+    assert hc_gain(model)["forward"] == pytest.approx([1.5, 1.5, 2.25, 2.25])

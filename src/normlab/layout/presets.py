@@ -184,6 +184,16 @@ def _build() -> dict[str, Preset]:
                 "x' = lambda_skip x + lambda_branch F(N(x)), both learned scalars per sublayer from 1; final N",
                 "modded-nanogpt (Jordan et al. 2024-25) residual lambdas, per sublayer on Pre-LN (its x0 mixing and "
                 "U-Net skips not included)"),
+        _preset("pre-hc", Layout(block=_block(PRE, PRE), final_norm=True, streams=4),
+                "H' = A_r^T H + B^T F(N(A_m^T H)), n = 4 streams; A_m, A_r, B static + s tanh(norm(H) W) dynamic; "
+                "H_0 = 4 copies of the embedding; final N of the streams' sum",
+                "Zhu et al. 2025 (Hyper-Connections, ICLR 2025), eqs. 5-8 and App. J Alg. 2, on Pre-LN (n = 4, "
+                "dynamic, tanh; static init A_m = e_(k mod n), A_r = I, B = 1)"),
+        _preset("pre-mhc", Layout(block=_block(PRE, PRE), final_norm=True, streams=4, stream_mix="mhc"),
+                "x' = H_res x + H_post^T F(N(H_pre x)), n = 4; H_pre = sigmoid(.), H_post = 2 sigmoid(.), "
+                "H_res = Sinkhorn-Knopp(exp(.)) doubly stochastic, each from RMSNorm(vec(x)); final N of the streams' sum",
+                "Xie et al. 2025 (mHC: Manifold-Constrained Hyper-Connections, DeepSeek, arXiv 2512.24880), eqs. 7-9 "
+                "on Pre-LN (n = 4, t_max = 20, gating factors from 0.01)"),
         _preset("pre-lns", Layout(block=_block(PRE, PRE), final_norm=True, ln_scaling=True),
                 "x' = x + F(N(x) / sqrt(l)), l the layer's index from 1, final N",
                 "Sun et al. 2025 (The Curse of Depth), eq. 6: LayerNorm Scaling on Pre-LN"),

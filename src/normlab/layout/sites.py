@@ -51,6 +51,9 @@ INNER_SPANS: tuple[str, ...] = ("head", "full")
 # the denominator (GPT-OSS's sinks); a fixed sink logit 0 (Evan Miller's off-by-one softmax_1); softpick
 # (Zuhri et al. 2025, arXiv 2504.20966: ReLU(e^x - 1) / sum |e^x - 1|, weights that need not sum to 1)
 ATTN_SOFTMAX: tuple[str, ...] = ("softmax", "sink", "off-by-one", "softpick")
+# How n > 1 residual streams are connected (normlab.model.streams): hyper-connections (Zhu et al., ICLR 2025) or
+# manifold-constrained ones, the mixing matrix made doubly stochastic by Sinkhorn-Knopp (Xie et al. 2025, mHC)
+STREAM_MIXES: tuple[str, ...] = ("hc", "mhc")
 DEEPNORM = "deepnorm"
 ADMIN = "admin"  # Liu et al. 2020: a learned skip scale per sublayer and channel, set by a profiling pass
 
@@ -243,6 +246,10 @@ class Layout:
     # GPAS (Chen et al. 2025, arXiv 2506.22049, Sec. 3): after each sublayer x <- x - SiLU(a) sg(x), a learned per
     # sublayer from 0 (the authors' GPASBlock: gate_init_value 0): the stream shrinks, its gradient does not
     gpas: bool = False
+    # the residual stream as n parallel streams (expansion rate n; 1: the one stream of every other layout), mixed
+    # by hyper-connections of the kind stream_mix: x_{l+1} = res x_l + post F(pre x_l) (normlab.model.streams)
+    streams: int = 1
+    stream_mix: str = "hc"
     ln_scaling: bool = False  # LayerNorm Scaling (Sun et al. 2025): the input norm's output times 1/sqrt(layer)
     gain: str = "gamma"  # the norms' gain: gamma | none | centered (1 + w) | scalar; rms, layer, dyt, derf have one
     # per-site kinds, gains and DyT alpha0 where they differ from norm/gain above: (site, SiteNorm) pairs in
@@ -274,6 +281,10 @@ class Layout:
         if self.gain != "gamma" and self.norm in ("scale", "l2"):
             raise LayoutError(f"norm={self.norm} has no per-channel gain to change (ScaleNorm's is one scalar g, "
                               "L2's none); gain= applies to rms, layer, dyt and derf")
+        if not (isinstance(self.streams, int) and not isinstance(self.streams, bool) and 1 <= self.streams <= 16):
+            raise LayoutError(f"streams must be a whole number from 1 to 16 (the expansion rate n), got {self.streams!r}")
+        if self.stream_mix not in STREAM_MIXES:
+            raise LayoutError(f"unknown stream mix {self.stream_mix!r}; valid: {', '.join(STREAM_MIXES)}")
         if self.h_learned not in (None, *H_LEARNED):
             raise LayoutError(f"h_learned must be one of {', '.join(H_LEARNED)} (or None), got {self.h_learned!r}")
         # h may be 0 only where it is learned (ReZero starts there); `resolve` refuses a fixed 0, which would
@@ -357,12 +368,29 @@ class Layout:
             if spec.alpha0 is not None and spec.kind not in ALPHA_KINDS:
                 raise LayoutError(f"site {site}: alpha0 is DyT's or Derf's initial alpha, and this site holds "
                                   f"norm={spec.kind}")
+        if self.streams > 1:
+            self._check_streams()
+        elif self.stream_mix != "hc":
+            raise LayoutError(f"mix={self.stream_mix} connects several residual streams; give streams=N with N > 1 "
+                              "(DeepSeek's mHC uses 4)")
         if self.qk_after_rope and self.inner_span == "full":
             raise LayoutError("qk-rope normalizes each head's rotated q and k; it needs inner=head, not inner=full")
         off = [site for site, _ in self.site_norms if site not in self.sites_on()]
         if off:
             raise LayoutError(f"per-site norm settings for {', '.join(off)}, which no layer of this layout turns "
                               f"on (on: {', '.join(s for s in NORM_SITES if s in self.sites_on()) or 'none'})")
+
+    def _check_streams(self) -> None:
+        """What a hyper-connection replaces: the skip path (C, S, alpha, Admin, skip lambdas, GPAS) is its mixing."""
+        blocks = [self.block.attn, self.block.mlp] + [r.sites for r in self.rules]
+        taken = [what for what, on in (
+            ("a norm after the add (C)", any(s.after_add for s in blocks)),
+            ("a skip from the normed input (S)", any(s.skip_normed for s in blocks)),
+            ("a skip scale alpha", self.alpha != 1.0), ("skip-scalar", self.skip_learned), ("gpas", self.gpas))
+            if on]
+        if taken:
+            raise LayoutError(f"streams={self.streams}: the hyper-connections' mixing replaces the skip path, so "
+                              f"{', '.join(taken)} has nothing to act on; use norm sites A, B (and H) with streams")
 
     def resolve(self, n_layers: int) -> ResolvedLayout:
         self.check_complete()

@@ -27,6 +27,9 @@ Tokens:
     h-scalar         h learned, one scalar per sublayer starting at h (ReZero: h=0); -h-learned undoes it
     h-channel        h learned, one per channel starting at h (LayerScale: h=0.1 or smaller)
     skip-scalar      a learned skip scale per sublayer from 1: x' = lambda x + h F(.) (modded-nanogpt); -skip-scalar
+    streams=N        N parallel residual streams (hyper-connections' expansion rate; 1: one stream)
+    mix=hc|mhc       how the streams connect: hyper-connections (Zhu et al. 2025) or mHC, the mixing matrix
+                     made doubly stochastic by Sinkhorn-Knopp (Xie et al. 2025); needs streams=N > 1
     gpas             GPAS after each sublayer: x <- x - SiLU(a) stopgrad(x), a learned from 0 (Chen et al. 2025); -gpas
     gain=G           the norms' gain: gamma (default), none, centered (1 + w, w from 0), or scalar
                      (one learned number from 1: single-scale RMSNorm)
@@ -57,6 +60,7 @@ from normlab.layout.sites import (
     DEEPNORM,
     NORM_SITES,
     SITE_GROUPS,
+    STREAM_MIXES,
     SiteNorm,
     INNER_SPANS,
     GAINS,
@@ -97,7 +101,7 @@ _SITE_FIELDS = {"norm": "kind", "gain": "gain", "alpha0": "alpha0"}
 TOKEN_HELP = (
     "attn=<qkvc+ABCS or ->, mlp=<ABCS or ->, [a:b]attn=..., [a:b]mlp=..., emb, -emb, final, "
     "-final, qk, norm=rms|layer|dyt|derf|scale|l2, inner=head|full, h=<float>, alpha=<float>|deepnorm|admin, frozen-out, "
-    "emb-scale, h-scalar, h-channel, skip-scalar, gpas, lns, qk-rope, softmax=softmax|sink|off-by-one|softpick, "
+    "emb-scale, h-scalar, h-channel, skip-scalar, gpas, streams=<n>, mix=hc|mhc, lns, qk-rope, softmax=softmax|sink|off-by-one|softpick, "
     "gain=gamma|none|centered|scalar, norm.SITES=KIND, gain.SITES=G, "
     "alpha0.SITES=<float>, init=<scheme>"
 )
@@ -183,6 +187,10 @@ def format_layout(layout: Layout) -> str:
         tokens.append("skip-scalar")
     if layout.gpas:
         tokens.append("gpas")
+    if layout.streams != 1:
+        tokens.append(f"streams={layout.streams}")
+    if layout.stream_mix != "hc":
+        tokens.append(f"mix={layout.stream_mix}")
     if layout.ln_scaling:
         tokens.append("lns")
     if layout.qk_after_rope:
@@ -293,6 +301,14 @@ def _apply(layout: Layout, token: str) -> Layout:
             if value not in ATTN_SOFTMAX:
                 raise LayoutError(f"in {token!r}: softmax must be one of {', '.join(ATTN_SOFTMAX)}")
             return replace(layout, softmax=value)
+        if key == "streams":
+            if not re.fullmatch(r"\d+", value):
+                raise LayoutError(f"in {token!r}: streams is a whole number (the expansion rate n, e.g. 4)")
+            return replace(layout, streams=int(value))
+        if key == "mix":
+            if value not in STREAM_MIXES:
+                raise LayoutError(f"in {token!r}: mix must be one of {', '.join(STREAM_MIXES)}")
+            return replace(layout, stream_mix=value)
         if key == "inner":
             if value not in INNER_SPANS:
                 raise LayoutError(f"in {token!r}: inner must be one of {', '.join(INNER_SPANS)}")

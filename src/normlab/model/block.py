@@ -37,6 +37,7 @@ from normlab.model.mlp import MLP
 from normlab.model.moe import MoE
 from normlab.model.norms import Tap, site_norm
 from normlab.model.storage import NO_STORAGE, Storage
+from normlab.model.streams import HyperConnection, connection
 
 
 # Learned scales that are not norms: residual steps (ReZero, LayerScale), Admin's omegas, NormFormer's head
@@ -98,6 +99,11 @@ class Block(nn.Module):
         self.attn_gpas = self.mlp_gpas = None
         if layout.gpas:
             self.attn_gpas, self.mlp_gpas = nn.Parameter(torch.zeros(1)), nn.Parameter(torch.zeros(1))
+        # hyper-connections (normlab.model.streams): n streams in, n out; sublayer k = 2 l (attention), 2 l + 1 (MLP)
+        self.attn_hc = self.mlp_hc = None
+        if layout.streams > 1:
+            self.attn_hc = connection(layout.stream_mix, layout.streams, cfg.d_model, 2 * index)
+            self.mlp_hc = connection(layout.stream_mix, layout.streams, cfg.d_model, 2 * index + 1)
         self.attn_norms = SiteNorms(block.attn, layout, cfg, "attn")
         self.attn = Attention(cfg, block.attn_inner, layout, layer_idx=index)
         self.attn_update, self.resid_mid = Tap(), Tap()
@@ -111,9 +117,13 @@ class Block(nn.Module):
     def _sublayer(
         self, x: torch.Tensor, norms: SiteNorms, f: Callable[[torch.Tensor], torch.Tensor], update_tap: Tap,
         h: nn.Parameter | None = None, omega: nn.Parameter | None = None, lam: nn.Parameter | None = None,
-        gpas: nn.Parameter | None = None,
+        gpas: nn.Parameter | None = None, hc: HyperConnection | None = None,
     ) -> torch.Tensor:
         store = self.store  # every tensor a real fp16 run writes to memory is rounded where it is made
+        if hc is not None:  # x holds the n streams side by side; the branch reads h_0 = sum_j pre_j H_j
+            streams = x.unflatten(-1, (hc.n, -1))
+            x, res, post = hc(streams)
+            x = store(x)
         u = store(norms.input(x))
         skip = u if norms.skip_normed else x
         if self.ln_scale != 1.0:
@@ -124,6 +134,8 @@ class Block(nn.Module):
             update = store(h.to(update.dtype) * update)
         elif self.h != 1.0:
             update = store(self.h * update)
+        if hc is not None:  # H'_i = sum_j res_ij H_j + post_i * update (the layout refuses C, S, alpha, lambda, GPAS)
+            return store(hc.depth(streams, res, post, update_tap(update)).flatten(-2))
         if self.alpha != 1.0:
             skip = store(self.alpha * skip)
         if omega is not None:
@@ -140,6 +152,6 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, dec: Decoding | None = None) -> torch.Tensor:
         attn = self.attn if dec is None else (lambda u: self.attn(u, dec))
         x = self.resid_mid(self._sublayer(x, self.attn_norms, attn, self.attn_update, self.attn_h, self.attn_omega,
-                                          self.attn_skip, self.attn_gpas))
+                                          self.attn_skip, self.attn_gpas, self.attn_hc))
         return self.resid_post(self._sublayer(x, self.mlp_norms, self.mlp, self.mlp_update, self.mlp_h,
-                                              self.mlp_omega, self.mlp_skip, self.mlp_gpas))
+                                              self.mlp_omega, self.mlp_skip, self.mlp_gpas, self.mlp_hc))

@@ -87,6 +87,9 @@ def init_weights(model: nn.Module, scheme: str) -> None:
             p = getattr(block, name, None)
             if p is not None:
                 p.fill_(start)
+        for hc in (block.attn_hc, block.mlp_hc):  # hyper-connections: their papers' starts (normlab.model.streams)
+            if hc is not None:
+                hc.reset_parameters(cfg.init_std)
         head_scale = getattr(block.attn, "head_scale", None)
         if head_scale is not None:
             head_scale.fill_(1.0)

@@ -79,6 +79,10 @@ def analytic_params(cfg: ModelConfig, resolved: ResolvedLayout) -> ParamCount:
     per_block_scales = 2 * (1 if lay.h_learned == "scalar" else d) if lay.h_learned else 0
     per_block_scales += 2 * d if lay.alpha == "admin" else 0  # Admin's omega per sublayer and channel
     per_block_scales += 2 * (int(lay.skip_learned) + int(lay.gpas))  # a skip lambda, a GPAS a per sublayer
+    n = lay.streams  # hyper-connections per sublayer (normlab.model.streams): HC's static A_m, A_r, B, dynamic
+    if n > 1:        # W_m, W_r, W_b and s_a, s_b; mHC's phi (n d x (n^2 + 2n)), b and three gating factors
+        per_block_scales += 2 * (d * (n + 2) + n * n + 2 * n + 2 if lay.stream_mix == "hc"
+                                 else (n * d + 1) * (n * n + 2 * n) + 3)
     blocks = 0
     for blk in resolved.blocks:
         norms = 0

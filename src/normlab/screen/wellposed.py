@@ -122,6 +122,12 @@ def stream_path(lay: Layout) -> str:
     if lay.gpas:
         notes.append("GPAS: the stream is multiplied by 1 - SiLU(a) after each sublayer (a learned from 0; at most "
                      "1.28 as SiLU >= -0.28), its gradient left whole")
+    if lay.streams > 1:
+        notes.append(f"{lay.streams} streams mixed by "
+                     + ("hyper-connections (Zhu et al. 2025): res = A_r^T is unconstrained, so its product over "
+                        "depth can amplify (the screen's hc_gain)" if lay.stream_mix == "hc" else
+                        "mHC (Xie et al. 2025): res is doubly stochastic (Sinkhorn-Knopp), so its product over depth "
+                        "has gain <= 1 in both directions (the screen's hc_gain), and post <= 2 scales each update"))
     return "; ".join(notes) or "identity (unit-weight sum)"
 
 
@@ -129,7 +135,7 @@ def all_output_normalized(resolved: ResolvedLayout) -> bool:
     """Theorem 4's premise: every sublayer adds h * N_B(.) to an unnormalized identity path (not a learned skip
     scale, GPAS's rescaled stream, nor a hyper-connection's mixing of several streams)."""
     lay = resolved.layout
-    if lay.skip_learned or lay.gpas:
+    if lay.skip_learned or lay.gpas or lay.streams > 1:
         return False
     return all(
         s.output and not s.after_add and not s.skip_normed for blk in resolved.blocks for s in (blk.attn, blk.mlp)
