@@ -30,6 +30,9 @@ def randomize_norms(model: torch.nn.Module, seed: int = 1) -> None:
                 m.weight.copy_(noise if getattr(m, "gain", "gamma") == "centered" else m.weight * (1 + noise))
                 if getattr(m, "bias", None) is not None:
                     m.bias.copy_(0.1 * torch.randn(m.bias.shape, generator=g))
+                if getattr(m, "self_scale", None) is not None:  # SeeDNorm's beta (from 0) and alpha (from 1)
+                    m.self_scale.copy_(0.3 * torch.randn(m.self_scale.shape, generator=g))
+                    m.dyn_gain.copy_(m.dyn_gain + 0.3 * torch.randn(m.dyn_gain.shape, generator=g))
                 if getattr(m, "alpha", None) is not None:  # DyT's scalar, away from its initial 0.5
                     m.alpha.copy_(0.5 + 0.5 * torch.rand(m.alpha.shape, generator=g))
             # learned residual steps (off 0), Admin's omegas and head scales (off 1)
@@ -286,6 +289,7 @@ EQUATIONS = {
     "pre-scale": pre,  # Nguyen & Salazar 2019: Kim eq. 2 with N = ScaleNorm
     "pre-derf": pre,  # Chen et al. 2025: Kim eq. 2 with N = Derf (tests/reference.py writes Derf out)
     "peri-derf": peri_with(),  # Kim eq. 3 with N = Derf
+    "pre-seednorm": pre,  # Cai et al. 2025: Kim eq. 2 with N = SeeDNorm (tests/reference.py writes it out)
     "pre-ssrms": pre,  # Park et al. 2025: Kim eq. 2 with N = s x / RMS(x), one s (reference.py's gain broadcasts)
     "rezero": lambda b, x, *_: rezero(b, x),
     "pre-layerscale": lambda b, x, *_: layerscale(b, x),
@@ -350,13 +354,14 @@ def test_residual_scale_h():
         torch.testing.assert_close(b(x), expected, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("kind", ["dyt", "derf", "scale", "l2"])
+@pytest.mark.parametrize("kind", ["dyt", "derf", "scale", "l2", "seednorm"])
 def test_every_norm_kind_at_every_site_matches_its_formula(kind):
     """A kind applies at every site a layout turns on: Peri-LN with QK-norm in that kind, block and
     model-level norms, each against the kind's formula written out in tests/reference.py."""
     model = normlab.build_model(f"peri+qk,norm={kind}", "nano", seed=0, n_kv_heads=1, d_model=32, n_heads=2).double()
     assert_blocks_follow(model, peri_with("qk"))
-    sizes = {"dyt": 2 * 32 + 1, "derf": 2 * 32 + 2, "scale": 1, "l2": 0}  # gamma, beta, alpha (Derf: + s) / g / -
+    sizes = {"dyt": 2 * 32 + 1, "derf": 2 * 32 + 2, "scale": 1, "l2": 0,  # gamma, beta, alpha (Derf: + s) / g / -
+             "seednorm": 3 * 32}  # SeeDNorm: gamma, alpha, beta
     assert sum(p.numel() for p in model.blocks[0].attn_norms.input.parameters()) == sizes[kind]
 
 
@@ -579,3 +584,26 @@ def test_mhc_mixing_matrix_is_doubly_stochastic_after_sinkhorn():
     with torch.no_grad():
         hc(x)
     assert (hc.blocks[0].attn_hc.last_res.sum(-1) - 1).abs().max() > 0.1
+
+
+def test_seednorm_is_rmsnorm_at_init_and_keeps_the_input_norm_after():
+    """SeeDNorm (Cai et al. 2025) from beta = 0: tanh(0) = 0, so gamma x / RMS(x), RMSNorm exactly; once beta moves,
+    x and 3x give different outputs (the input's norm reaches the output, through tanh(x . beta)), which RMSNorm's
+    cannot; every gain and the per-site kind apply to it."""
+    from normlab.model.norms import make_norm
+
+    x = torch.randn(4, 32, generator=torch.Generator().manual_seed(0), dtype=DT)
+    seed, rms = make_norm("seednorm", 32, 1e-12).double(), make_norm("rms", 32, 1e-12).double()
+    torch.testing.assert_close(seed(x), rms(x))
+    torch.testing.assert_close(rms(3 * x), rms(x))
+    with torch.no_grad():
+        seed.self_scale.fill_(0.1)
+    assert not torch.allclose(seed(3 * x), seed(x))
+    torch.testing.assert_close(seed(x), N(seed, x))
+    for g in ("none", "centered", "scalar"):
+        m = make_norm("seednorm", 32, 1e-6, gain=g).double()
+        with torch.no_grad():
+            m.self_scale.fill_(0.05)
+        torch.testing.assert_close(m(x), N(m, x))
+    site = normlab.build_model("pre,norm.final=seednorm,gain.final=scalar", "nano", seed=0)
+    assert type(site.final_norm).__name__ == "SeeDNorm" and site.final_norm.weight.numel() == 1

@@ -163,6 +163,10 @@ def _build() -> dict[str, Preset]:
         _preset("peri-derf", Layout(block=_block(PERI, PERI), embed_norm=True, final_norm=True, norm="derf"),
                 "x' = x + Derf(F(Derf(x))), y0 = Derf(emb), final Derf",
                 f"Peri-LN ({KIM}) with Derf (Chen et al. 2025) at every site"),
+        _preset("pre-seednorm", Layout(block=_block(PRE, PRE), final_norm=True, norm="seednorm"),
+                "x' = x + F(SeeDNorm(x)), final SeeDNorm; SeeDNorm(x) = [tanh(x beta^T) alpha + gamma] * x / RMS(x)",
+                "Cai et al. 2025 (SeeDNorm: Self-Rescaled Dynamic Normalization, arXiv 2510.22777), eq. 3: every norm "
+                "of a Pre-LN model replaced (normlab's starts: beta 0, alpha 1, gamma 1, RMSNorm at init)"),
         _preset("pre-ssrms", Layout(block=_block(PRE, PRE), final_norm=True, gain="scalar"),
                 "x' = x + F(s x / RMS(x)), s one learned scalar per norm (from 1); final norm the same",
                 "Park et al. 2025 (Outlier-Safe Pre-Training, arXiv 2506.19697): single-scale RMSNorm on Pre-LN "

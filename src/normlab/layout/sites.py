@@ -32,12 +32,13 @@ from typing import Literal
 
 from normlab.errors import LayoutError
 
-NormKind = Literal["rms", "layer", "dyt", "derf", "scale", "l2"]
+NormKind = Literal["rms", "layer", "dyt", "derf", "scale", "l2", "seednorm"]
 InnerSpan = Literal["head", "full"]
 
 # rms: Zhang & Sennrich 2019; layer: Ba et al. 2016; dyt: Dynamic Tanh, Zhu et al. 2025; derf: Dynamic erf,
-# Chen et al. 2025; scale: ScaleNorm, Nguyen & Salazar 2019; l2: x / ||x||, no gain (normlab.model.norms)
-NORM_KINDS: tuple[str, ...] = ("rms", "layer", "dyt", "derf", "scale", "l2")
+# Chen et al. 2025; scale: ScaleNorm, Nguyen & Salazar 2019; l2: x / ||x||, no gain; seednorm: an input-dependent
+# gain on x / RMS(x), Cai et al. 2025 (SeeDNorm, arXiv 2510.22777) (normlab.model.norms)
+NORM_KINDS: tuple[str, ...] = ("rms", "layer", "dyt", "derf", "scale", "l2", "seednorm")
 # the point-wise kinds with a learned input scale alpha started at alpha0 (DyT, Derf)
 ALPHA_KINDS: tuple[str, ...] = ("dyt", "derf")
 H_LEARNED: tuple[str, ...] = ("scalar", "channel")
@@ -63,7 +64,7 @@ NORM_SITES: tuple[str, ...] = ("attn.A", "attn.B", "attn.C", "mlp.A", "mlp.B", "
                                "q", "k", "v", "c", "emb", "final")
 SITE_GROUPS: dict[str, tuple[str, ...]] = {"A": ("attn.A", "mlp.A"), "B": ("attn.B", "mlp.B"),
                                            "C": ("attn.C", "mlp.C"), "H": ("mlp.H",)}
-_GAINED = ("rms", "layer", "dyt", "derf")  # the kinds with a gain to choose
+_GAINED = ("rms", "layer", "dyt", "derf", "seednorm")  # the kinds with a gain to choose
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ Tokens:
     final / -final   final norm on / off
     qk               add QK-norm to every layer
     norm=KIND        one kind everywhere: rms (RMSNorm), layer (LayerNorm), dyt (Dynamic Tanh),
-                     derf (Dynamic erf), scale (ScaleNorm), l2 (gain-free x / ||x||)
+                     derf (Dynamic erf), scale (ScaleNorm), l2 (gain-free x / ||x||), seednorm (an
+                     input-dependent gain on x / RMS(x), Cai et al. 2025)
     inner=head|full  q/k/v/c norms per head or across all heads (OLMo 2)
     h=FLOAT          residual branch scale (Kan et al. Sec. 5)
     alpha=FLOAT|deepnorm|admin   skip scale (DeepNorm: (2N)^(1/4); Admin: learned, profiled at init)
@@ -100,7 +101,7 @@ _FLAGS = {
 _SITE_FIELDS = {"norm": "kind", "gain": "gain", "alpha0": "alpha0"}
 TOKEN_HELP = (
     "attn=<qkvc+ABCS or ->, mlp=<ABCS or ->, [a:b]attn=..., [a:b]mlp=..., emb, -emb, final, "
-    "-final, qk, norm=rms|layer|dyt|derf|scale|l2, inner=head|full, h=<float>, alpha=<float>|deepnorm|admin, frozen-out, "
+    "-final, qk, norm=rms|layer|dyt|derf|scale|l2|seednorm, inner=head|full, h=<float>, alpha=<float>|deepnorm|admin, frozen-out, "
     "emb-scale, h-scalar, h-channel, skip-scalar, gpas, streams=<n>, mix=hc|mhc, lns, qk-rope, softmax=softmax|sink|off-by-one|softpick, "
     "gain=gamma|none|centered|scalar, norm.SITES=KIND, gain.SITES=G, "
     "alpha0.SITES=<float>, init=<scheme>"

@@ -57,6 +57,8 @@ def analytic_params(cfg: ModelConfig, resolved: ResolvedLayout) -> ParamCount:
         gamma = {"none": 0, "scalar": 1}.get(spec.gain, width)
         if spec.kind in ("dyt", "derf"):  # gamma, beta, alpha (and Derf's shift s)
             return gamma + (width if cfg.norm_bias else 0) + 1 + (spec.kind == "derf")
+        if spec.kind == "seednorm":  # gamma, and alpha and beta per channel
+            return gamma + 2 * width
         if spec.kind == "scale":
             return 1  # g
         if spec.kind == "l2":

@@ -44,6 +44,8 @@ _B_BOUND = {
     "derf": ("Derf squashes u entry by entry: |u_i| <= h*(|gamma_i| + |beta_i|) whatever its input (erf's range is "
              "(-1, 1); Chen et al. 2025); bounded above but not fixed in size (a small input passes as "
              "gamma*(2/sqrt(pi))*alpha*x around the shift)"),
+    "seednorm": ("SeeDNorm scales x / RMS(x) by gamma + alpha tanh(x . beta): |u_i| <= h*(|gamma_i| + |alpha_i|)*sqrt(d), "
+                 "a bound set by its gains whatever the module's weights (tanh is in (-1, 1); Cai et al. 2025)"),
     "scale": "ScaleNorm puts u on a sphere: ||u|| = h*|g| exactly (Nguyen & Salazar eq. 3)",
     "l2": "u is h times a unit vector: ||u|| = h exactly",
 }
@@ -55,6 +57,7 @@ _C_KEEPS = {
            "where its gradient vanishes, instead of being projected)",
     "derf": "Derf squashes the stream into the box |x_i| <= |gamma_i| + |beta_i| (a large update saturates erf, "
             "where its gradient vanishes, instead of being projected)",
+    "seednorm": "the stream is projected back onto the sphere, then scaled by an input-dependent gain",
     "scale": "the stream is projected back onto a sphere of radius |g|",
     "l2": "the stream is projected back onto the unit sphere",
 }
