@@ -186,7 +186,7 @@ def test_wellposedness_names_each_kinds_bound():
 
 
 @pytest.mark.parametrize("text", ["peri,norm=l2", "peri,norm=scale", "peri,gain=none", "peri,norm=dyt", "peri,h-channel",
-                                  "peri-derf", "peri,gain=scalar"])
+                                  "peri-derf", "peri,gain=scalar", "peri,norm=seednorm"])
 def test_theorem4_bound_holds_for_every_kind_of_output_norm(text):
     """The linear bound uses each kind's own per-entry bound (and a learned h's value) and holds under stress."""
     r = screen_layout(text, FAST)
@@ -224,3 +224,21 @@ def test_screen_reports_the_hyper_connections_composite_gain(capsys):
             b.attn_hc.static_res.mul_(1.5)  # attention A_r = 1.5 I, the MLP keeps I: 1.5 per block
         model(torch.randint(0, 256, (1, 8)))
     assert hc_gain(model)["forward"] == pytest.approx([1.5, 1.5, 2.25, 2.25])
+
+
+def test_seednorms_mean_entry_is_bounded_by_its_gains_whatever_its_input():
+    """Theorem 4's per-sublayer term for SeeDNorm: mean|y| <= max|gamma| + max|alpha| (an RMS-1 vector times a gain
+    |gamma_i + alpha_i tanh(.)| <= |gamma_i| + |alpha_i|), at any input scale and any beta."""
+    from normlab.model.norms import make_norm
+    from normlab.screen.forward import _mean_abs_bound
+
+    g = torch.Generator().manual_seed(0)
+    m = make_norm("seednorm", 64, 1e-6).double()
+    with torch.no_grad():
+        m.self_scale.copy_(torch.randn(64, generator=g, dtype=torch.float64))
+        m.dyn_gain.copy_(2 * torch.randn(64, generator=g, dtype=torch.float64))
+        m.weight.copy_(torch.randn(64, generator=g, dtype=torch.float64))
+        bound = _mean_abs_bound(m, 64)
+        for scale in (1e-3, 1.0, 1e4):
+            y = m(scale * torch.randn(50, 64, generator=g, dtype=torch.float64))
+            assert y.abs().mean(-1).max() <= bound
