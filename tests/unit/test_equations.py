@@ -14,7 +14,7 @@ import torch
 import normlab
 from normlab.layout import PRESETS
 from normlab.model.norms import is_norm
-from tests.reference import N, mha, swiglu
+from tests.reference import N, mha, rope, swiglu
 
 DT = torch.float64
 
@@ -41,6 +41,10 @@ def randomize_norms(model: torch.nn.Module, seed: int = 1) -> None:
                 step = getattr(m, name, None)
                 if isinstance(step, torch.nn.Parameter):
                     step.copy_(0.5 + torch.rand(step.shape, generator=g))
+            for name in ("attn_eigen", "mlp_eigen", "sqk", "suv", "sz"):  # nGPT's scalings, off their starts
+                p = getattr(m, name, None)
+                if isinstance(p, torch.nn.Parameter):
+                    p.copy_(p * (0.5 + torch.rand(p.shape, generator=g)))
             if hasattr(m, "last_res"):  # a hyper-connection: every static, dynamic and gating weight off its start
                 for p in m.parameters(recurse=False):
                     p.add_(0.3 * torch.randn(p.shape, generator=g))
@@ -224,6 +228,36 @@ def hyper(b, x, mix):  # Pre-LN sublayers connected by HC (x' = A_r^T H + B^T F(
     return H.flatten(-2)
 
 
+def _unit(v, eps=1e-6):  # nGPT's Norm: v / ||v|| (normlab's L2 norm: eps 1e-6 inside the root)
+    return v / torch.sqrt((v * v).sum(-1, keepdim=True) + eps)
+
+
+def ngpt(b, x):  # Loshchilov et al. 2024: h <- Norm(h + a_A (Norm(Attn(h)) - h)), h <- Norm(h + a_M (Norm(MLP(h)) - h))
+    d = x.shape[-1]
+    at, mlp = b.attn, b.mlp
+    B, T, _ = x.shape
+    H, hd = at.n_heads, at.head_dim
+
+    def attention(h):  # eqs. 15-16: q = s_qk Norm(RoPE(W_q h)), k likewise; softmax(q k^T sqrt(d_k)) v W_o
+        heads = lambda w: (h @ w.T).view(B, T, H, hd).transpose(1, 2)  # noqa: E731
+        s_qk = (at.sqk * math.sqrt(d)).view(1, H, 1, hd)
+        q, k, v = s_qk * _unit(rope(heads(at.q_proj.weight), 10_000.0)), s_qk * _unit(rope(heads(at.k_proj.weight), 10_000.0)), heads(at.v_proj.weight)
+        logits = (q @ k.transpose(-1, -2)) * math.sqrt(hd)
+        mask = torch.ones(T, T, dtype=torch.bool).tril()
+        p = torch.softmax(logits.masked_fill(~mask, float("-inf")), dim=-1)
+        return (p @ v).transpose(1, 2).reshape(B, T, H * hd) @ at.o_proj.weight.T
+
+    def ffn(h):  # eqs. 19-20 as the authors' code: u, v times s sqrt(d); W_down (u * SiLU(v))
+        s_u, s_v = (mlp.suv * math.sqrt(d)).chunk(2)
+        u, v = s_u * (h @ mlp.up_proj.weight.T), s_v * (h @ mlp.gate_proj.weight.T)
+        return (u * torch.nn.functional.silu(v)) @ mlp.down_proj.weight.T
+
+    a_A = (b.attn_eigen * 0.05 * math.sqrt(d)).abs()  # a = |a_stored a_init / a_scale|, a_scale = 1/sqrt(d)
+    a_M = (b.mlp_eigen * 0.05 * math.sqrt(d)).abs()
+    h = _unit(x + a_A * (_unit(attention(x)) - x))
+    return _unit(h + a_M * (_unit(ffn(h)) - h))
+
+
 def lns(b, x, i):  # Sun et al. 2025, eq. 6: x + F(N(x) / sqrt(l)), l = i + 1
     s = 1 / math.sqrt(i + 1)
     y = x + A(b, s * N(b.attn_norms.input, x))
@@ -296,6 +330,7 @@ EQUATIONS = {
     "pre-lns": lambda b, x, i, n: lns(b, x, i),
     "pre-gpas": lambda b, x, *_: gpas(b, x),
     "pre-lambda": lambda b, x, *_: lambdas(b, x),
+    "ngpt": lambda b, x, *_: ngpt(b, x),
     "pre-hc": lambda b, x, *_: hyper(b, x, "hc"),
     "pre-mhc": lambda b, x, *_: hyper(b, x, "mhc"),
 }
@@ -313,11 +348,15 @@ def test_every_preset_has_an_equation():
 @pytest.mark.parametrize("name", list(PRESETS), ids=list(PRESETS))
 def test_block_matches_paper_equation(name):
     # 8 layers so Mix-LN has floor(0.25 * 8) = 2 Post-LN layers and HybridNorm* a distinct first block.
-    model = normlab.build_model(name, "nano", seed=0, n_layers=8, n_kv_heads=1, d_model=32, n_heads=2)
+    # nGPT's s_qk scales q and k alike: one key head per query head
+    model = normlab.build_model(name, "nano", seed=0, n_layers=8, n_kv_heads=2 if PRESETS[name].layout.ngpt else 1,
+                                d_model=32, n_heads=2)
     model.double()
     randomize_norms(model)
     # n residual streams (hyper-connections) enter a block side by side: (B, T, n * d)
     x = torch.randn(2, 7, 32 * PRESETS[name].layout.streams, generator=torch.Generator().manual_seed(0), dtype=DT)
+    if PRESETS[name].layout.ngpt:  # nGPT's stream is a unit vector (its blocks' outputs, its embedding rows)
+        x = x / x.norm(dim=-1, keepdim=True)
     with torch.no_grad():
         for i, block in enumerate(model.blocks):
             expected = EQUATIONS[name](block, x, i, len(model.blocks))
@@ -607,3 +646,44 @@ def test_seednorm_is_rmsnorm_at_init_and_keeps_the_input_norm_after():
         torch.testing.assert_close(m(x), N(m, x))
     site = normlab.build_model("pre,norm.final=seednorm,gain.final=scalar", "nano", seed=0)
     assert type(site.final_norm).__name__ == "SeeDNorm" and site.final_norm.weight.numel() == 1
+
+
+def test_ngpt_model_reads_unit_embeddings_scales_logits_by_s_z_and_puts_weights_back_on_the_sphere():
+    """nGPT (Loshchilov et al. 2024): at init every embedding row, head row, stream-reading matrix row and
+    stream-writing matrix column has norm 1; logits = s_z * W_out h_L (no final norm: h_L is a unit vector); after an
+    AdamW step (normlab's optimizer) the norms are 1 again, while the scalings (a, s_qk, s_uv, s_z) are not decayed
+    or normalized."""
+    from normlab.config.train import TrainConfig
+    from normlab.train.optim import make_optimizer, param_groups
+
+    model = normlab.build_model("ngpt", "nano", seed=0).double()
+    randomize_norms(model)
+    tokens = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        x = model.embed.weight[tokens]
+        torch.testing.assert_close(x.norm(dim=-1), torch.ones(2, 9, dtype=DT))
+        for block in model.blocks:
+            x = block(x)
+        # on the sphere up to the L2 norm's eps: 1 / sqrt(1 + 1e-6)
+        torch.testing.assert_close(x.norm(dim=-1), torch.ones(2, 9, dtype=DT), rtol=0, atol=1e-6)
+        expected = (x @ model.lm_head.weight.T) * (model.sz * math.sqrt(32))
+        torch.testing.assert_close(model(tokens).logits, expected, rtol=1e-6, atol=1e-6)
+
+    def unit_norms():
+        b = model.blocks[1]
+        return [model.embed.weight.norm(dim=1), model.lm_head.weight.norm(dim=1), b.attn.q_proj.weight.norm(dim=1),
+                b.mlp.up_proj.weight.norm(dim=1), b.attn.o_proj.weight.norm(dim=0), b.mlp.down_proj.weight.norm(dim=0)]
+
+    cfg = TrainConfig().with_({"lr": 0.05, "weight_decay": 0.1})
+    sz = model.sz.detach().clone()
+    for optimizer in ("adamw", "muon"):  # Muon: the hook follows its step, after AdamW's
+        opt = make_optimizer(model, cfg.with_({"optimizer": optimizer}))
+        model.zero_grad()
+        model(tokens, targets=tokens).loss.backward()
+        opt.step()
+        for n in unit_norms():
+            torch.testing.assert_close(n, torch.ones_like(n))
+    assert not torch.equal(model.sz.detach(), sz)  # trained, and no longer 1 / sqrt(d) each: not normalized
+    decayed = {id(p) for p in param_groups(model, cfg)[0]["params"]}
+    b = model.blocks[0]
+    assert not {id(p) for p in (b.attn_eigen, b.mlp_eigen, b.attn.sqk, b.mlp.suv, model.sz)} & decayed

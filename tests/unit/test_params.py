@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import normlab
-from normlab.layout import PRESETS
+from normlab.layout import PRESETS, LayoutError
 from normlab.model import NormLM, analytic_params, count_params
 from normlab.model.config import NOMINAL_PARAMS, SIZES
 
@@ -13,6 +13,10 @@ from normlab.model.config import NOMINAL_PARAMS, SIZES
 @pytest.mark.parametrize("variant", [{}, {"tie_embeddings": True, "n_kv_heads": 1, "mlp": "gelu", "linear_bias": True},
                                      {"qkv_bias": True, "d_head": 8, "n_kv_heads": 2}])
 def test_measured_equals_analytic(name, variant):
+    if PRESETS[name].layout.ngpt and (variant.get("mlp", "swiglu") != "swiglu" or variant.get("n_kv_heads", 2) != 2):
+        with pytest.raises(LayoutError, match="nGPT's model"):  # nGPT's s_u, s_v and s_qk need SwiGLU and MHA
+            normlab.build_model(name, "nano", n_layers=4, **variant)
+        return
     model = normlab.build_model(name, "nano", n_layers=4, **variant)
     assert count_params(model) == analytic_params(model.config, model.resolved)
 

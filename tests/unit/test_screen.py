@@ -242,3 +242,14 @@ def test_seednorms_mean_entry_is_bounded_by_its_gains_whatever_its_input():
         for scale in (1e-3, 1.0, 1e4):
             y = m(scale * torch.randn(50, 64, generator=g, dtype=torch.float64))
             assert y.abs().mean(-1).max() <= bound
+
+
+def test_ngpt_is_screened_as_output_normalized_on_the_sphere():
+    """nGPT's update is Norm(F(h)) (an L2 norm at B) and its stream is renormalized (C): well-posed, the last
+    stream's mean |entry| is that of a unit vector at every stress, and its sensitivity does not grow with s."""
+    r = screen_layout("ngpt", ScreenConfig(model={"n_layers": 2, "d_model": 32, "n_heads": 2}, batch=1, seq_len=8,
+                                           iters=5, stresses=(1.0, 8.0)))
+    assert r["wellposedness"]["verdict"] == "well-posed"
+    assert abs(r["verdict"]["sensitivity_ratio"] - 1) < 0.05
+    for row in r["stresses"].values():
+        assert row["rms"][-1] == pytest.approx(32 ** -0.5, rel=1e-5)

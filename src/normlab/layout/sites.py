@@ -251,6 +251,11 @@ class Layout:
     # by hyper-connections of the kind stream_mix: x_{l+1} = res x_l + post F(pre x_l) (normlab.model.streams)
     streams: int = 1
     stream_mix: str = "hc"
+    # nGPT (Loshchilov et al. 2024, arXiv 2410.01131): the stream and every weight row on the unit sphere. With the
+    # sites attn=qkBC, mlp=BC, norm=l2, qk-rope (each sublayer h <- Norm(h + a (Norm(F(h)) - h)), q and k normalized
+    # after RoPE), it adds the eigen learning rates a (a lerp: skip 1 - a, branch a), s_qk, s_u/s_v, s_z and the
+    # weights' normalization after every optimizer step (normlab.model.sphere)
+    ngpt: bool = False
     ln_scaling: bool = False  # LayerNorm Scaling (Sun et al. 2025): the input norm's output times 1/sqrt(layer)
     gain: str = "gamma"  # the norms' gain: gamma | none | centered (1 + w) | scalar; rms, layer, dyt, derf have one
     # per-site kinds, gains and DyT alpha0 where they differ from norm/gain above: (site, SiteNorm) pairs in
@@ -374,6 +379,8 @@ class Layout:
         elif self.stream_mix != "hc":
             raise LayoutError(f"mix={self.stream_mix} connects several residual streams; give streams=N with N > 1 "
                               "(DeepSeek's mHC uses 4)")
+        if self.ngpt:
+            self._check_ngpt()
         if self.qk_after_rope and self.inner_span == "full":
             raise LayoutError("qk-rope normalizes each head's rotated q and k; it needs inner=head, not inner=full")
         off = [site for site, _ in self.site_norms if site not in self.sites_on()]
@@ -392,6 +399,29 @@ class Layout:
         if taken:
             raise LayoutError(f"streams={self.streams}: the hyper-connections' mixing replaces the skip path, so "
                               f"{', '.join(taken)} has nothing to act on; use norm sites A, B (and H) with streams")
+
+    def _check_ngpt(self) -> None:
+        """nGPT's sites are fixed by its equations: its Norm is x / ||x|| at B (on F's output), C (after the lerp)
+        and on q, k after RoPE, nothing else; the skip and the branch are its eigen learning rate's."""
+        want = ("attn=qkBC,mlp=BC", "l2")
+        sites = f"attn={_letters(self.block.attn_inner, self.block.attn)},mlp={_letters(None, self.block.mlp)}"
+        kinds = {self.norm_at(s).kind for s in self.sites_on()}
+        wrong = [what for what, bad in (
+            (f"sites {sites} (nGPT's: attn=qkBC,mlp=BC)", sites != want[0] or bool(self.rules)),
+            (f"norm kinds {', '.join(sorted(kinds))} (nGPT's Norm is l2: x / ||x||)", kinds != {"l2"}),
+            ("q/k norms before RoPE (nGPT normalizes after it: qk-rope)", not self.qk_after_rope),
+            ("an embedding or final norm (nGPT's embedding rows are unit vectors; its stream is one)",
+             self.embed_norm or self.final_norm),
+            ("h, alpha, skip-scalar, gpas or streams (nGPT's eigen learning rate is its step)",
+             self.h != 1.0 or self.h_learned is not None or self.alpha != 1.0 or self.skip_learned or self.gpas
+             or self.streams > 1),
+            ("a gain on a norm (l2 has none)", any(self.norm_at(s).gain != "gamma" for s in self.sites_on())),
+            (f"softmax={self.softmax} (nGPT's attention is a softmax)", self.softmax != "softmax"),
+            ("inner=full (nGPT normalizes q and k per head)", self.inner_span != "head"),
+            ("emb-scale", self.embed_scale)) if bad]
+        if wrong:
+            raise LayoutError("ngpt is nGPT's whole block (attn=qkBC,mlp=BC,norm=l2,qk-rope,ngpt; preset ngpt); this "
+                              "layout has " + "; ".join(wrong))
 
     def resolve(self, n_layers: int) -> ResolvedLayout:
         self.check_complete()
@@ -448,6 +478,12 @@ class ResolvedLayout:
                 f"  {i:>5}  {inner:<11}  {format_sites(blk.attn) or '-':<5}  {format_sites(blk.mlp) or '-'}"
             )
         return "\n".join(lines)
+
+
+def _letters(inner: AttentionInnerSites | None, sites: SublayerSites) -> str:
+    from normlab.layout.spec import format_inner, format_sites
+
+    return ((format_inner(inner) if inner is not None else "") + format_sites(sites)) or "-"
 
 
 def _canonical_site_norms(pairs: tuple[tuple[str, SiteNorm], ...]) -> tuple[tuple[str, SiteNorm], ...]:

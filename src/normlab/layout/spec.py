@@ -31,6 +31,8 @@ Tokens:
     streams=N        N parallel residual streams (hyper-connections' expansion rate; 1: one stream)
     mix=hc|mhc       how the streams connect: hyper-connections (Zhu et al. 2025) or mHC, the mixing matrix
                      made doubly stochastic by Sinkhorn-Knopp (Xie et al. 2025); needs streams=N > 1
+    ngpt             nGPT (Loshchilov et al. 2024) on attn=qkBC,mlp=BC,norm=l2,qk-rope: eigen learning rates,
+                     s_qk, s_u/s_v, s_z, weights normalized after each step (preset ngpt); -ngpt undoes it
     gpas             GPAS after each sublayer: x <- x - SiLU(a) stopgrad(x), a learned from 0 (Chen et al. 2025); -gpas
     gain=G           the norms' gain: gamma (default), none, centered (1 + w, w from 0), or scalar
                      (one learned number from 1: single-scale RMSNorm)
@@ -93,6 +95,8 @@ _FLAGS = {
     "-skip-scalar": ("skip_learned", False),
     "gpas": ("gpas", True),
     "-gpas": ("gpas", False),
+    "ngpt": ("ngpt", True),
+    "-ngpt": ("ngpt", False),
     "lns": ("ln_scaling", True),
     "-lns": ("ln_scaling", False),
     "qk-rope": ("qk_after_rope", True),
@@ -102,7 +106,7 @@ _SITE_FIELDS = {"norm": "kind", "gain": "gain", "alpha0": "alpha0"}
 TOKEN_HELP = (
     "attn=<qkvc+ABCS or ->, mlp=<ABCS or ->, [a:b]attn=..., [a:b]mlp=..., emb, -emb, final, "
     "-final, qk, norm=rms|layer|dyt|derf|scale|l2|seednorm, inner=head|full, h=<float>, alpha=<float>|deepnorm|admin, frozen-out, "
-    "emb-scale, h-scalar, h-channel, skip-scalar, gpas, streams=<n>, mix=hc|mhc, lns, qk-rope, softmax=softmax|sink|off-by-one|softpick, "
+    "emb-scale, h-scalar, h-channel, skip-scalar, gpas, ngpt, streams=<n>, mix=hc|mhc, lns, qk-rope, softmax=softmax|sink|off-by-one|softpick, "
     "gain=gamma|none|centered|scalar, norm.SITES=KIND, gain.SITES=G, "
     "alpha0.SITES=<float>, init=<scheme>"
 )
@@ -188,6 +192,8 @@ def format_layout(layout: Layout) -> str:
         tokens.append("skip-scalar")
     if layout.gpas:
         tokens.append("gpas")
+    if layout.ngpt:
+        tokens.append("ngpt")
     if layout.streams != 1:
         tokens.append(f"streams={layout.streams}")
     if layout.stream_mix != "hc":

@@ -37,6 +37,7 @@ from normlab.model.mlp import MLP
 from normlab.model.moe import MoE
 from normlab.model.norms import Tap, site_norm
 from normlab.model.storage import NO_STORAGE, Storage
+from normlab.model.sphere import base_scale, eigen
 from normlab.model.streams import HyperConnection, connection
 
 
@@ -44,7 +45,8 @@ from normlab.model.streams import HyperConnection, connection
 # scales. Like norm gains they are left out of weight decay (which would pull them to 0) and probed.
 # Each name maps to the prefix of its probe metrics (h_mean, omega_mean, head_scale_mean).
 SCALE_PARAMS = {"attn_h": "h", "mlp_h": "h", "attn_omega": "omega", "mlp_omega": "omega", "head_scale": "head_scale",
-                "sinks": "sink", "attn_skip": "skip", "mlp_skip": "skip", "attn_gpas": "gpas", "mlp_gpas": "gpas"}
+                "sinks": "sink", "attn_skip": "skip", "mlp_skip": "skip", "attn_gpas": "gpas", "mlp_gpas": "gpas",
+                "attn_eigen": "eigen", "mlp_eigen": "eigen", "sqk": "s_qk", "suv": "s_uv", "sz": "s_z"}
 
 
 def scale_params(model: nn.Module) -> list[nn.Parameter]:
@@ -99,6 +101,11 @@ class Block(nn.Module):
         self.attn_gpas = self.mlp_gpas = None
         if layout.gpas:
             self.attn_gpas, self.mlp_gpas = nn.Parameter(torch.zeros(1)), nn.Parameter(torch.zeros(1))
+        # nGPT's eigen learning rates a_A, a_M per channel (normlab.model.sphere): h <- Norm((1 - a) h + a Norm(F(h)))
+        self.attn_eigen = self.mlp_eigen = None
+        if layout.ngpt:
+            self.attn_eigen = nn.Parameter(torch.full((cfg.d_model,), base_scale(cfg.d_model)))
+            self.mlp_eigen = nn.Parameter(torch.full((cfg.d_model,), base_scale(cfg.d_model)))
         # hyper-connections (normlab.model.streams): n streams in, n out; sublayer k = 2 l (attention), 2 l + 1 (MLP)
         self.attn_hc = self.mlp_hc = None
         if layout.streams > 1:
@@ -110,14 +117,17 @@ class Block(nn.Module):
         self.mlp_norms = SiteNorms(block.mlp, layout, cfg, "mlp")
         if cfg.n_experts and block.mlp.hidden:
             raise LayoutError("the MLP hidden norm (H) is not built for MoE experts; use a dense MLP or drop H")
+        if layout.ngpt and (cfg.n_experts or cfg.mlp != "swiglu" or cfg.kv_heads != cfg.n_heads):
+            raise LayoutError("ngpt is built for nGPT's model: a dense SwiGLU MLP (s_u, s_v) and one key per query "
+                              "head (s_qk scales q and k alike); use mlp=swiglu, n_kv_heads = n_heads, no experts")
         self.mlp = MoE(cfg) if cfg.n_experts else MLP(cfg, site_norm(block.mlp.hidden, layout.norm_at("mlp.H"),
-                                                                     cfg.ffn_dim, cfg))
+                                                                     cfg.ffn_dim, cfg), ngpt=layout.ngpt)
         self.mlp_update, self.resid_post = Tap(), Tap()
 
     def _sublayer(
         self, x: torch.Tensor, norms: SiteNorms, f: Callable[[torch.Tensor], torch.Tensor], update_tap: Tap,
         h: nn.Parameter | None = None, omega: nn.Parameter | None = None, lam: nn.Parameter | None = None,
-        gpas: nn.Parameter | None = None, hc: HyperConnection | None = None,
+        gpas: nn.Parameter | None = None, hc: HyperConnection | None = None, eig: nn.Parameter | None = None,
     ) -> torch.Tensor:
         store = self.store  # every tensor a real fp16 run writes to memory is rounded where it is made
         if hc is not None:  # x holds the n streams side by side; the branch reads h_0 = sum_j pre_j H_j
@@ -144,6 +154,9 @@ class Block(nn.Module):
             skip = store(omega.to(skip.dtype) * skip)
         if lam is not None:
             skip = store(lam.to(skip.dtype) * skip)
+        if eig is not None:  # nGPT's lerp: (1 - a) h + a Norm(F(h)), then N_C = Norm (the layout's C site)
+            a = eigen(eig, eig.shape[0]).to(update.dtype)
+            skip, update = store((1 - a) * skip), store(a * update)
         out = store(norms.after_add(store(skip + update_tap(update))))
         if gpas is not None:
             out = store(out - nn.functional.silu(gpas).to(out.dtype) * out.detach())
@@ -152,6 +165,7 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, dec: Decoding | None = None) -> torch.Tensor:
         attn = self.attn if dec is None else (lambda u: self.attn(u, dec))
         x = self.resid_mid(self._sublayer(x, self.attn_norms, attn, self.attn_update, self.attn_h, self.attn_omega,
-                                          self.attn_skip, self.attn_gpas, self.attn_hc))
+                                          self.attn_skip, self.attn_gpas, self.attn_hc, self.attn_eigen))
         return self.resid_post(self._sublayer(x, self.mlp_norms, self.mlp, self.mlp_update, self.mlp_h,
-                                              self.mlp_omega, self.mlp_skip, self.mlp_gpas, self.mlp_hc))
+                                              self.mlp_omega, self.mlp_skip, self.mlp_gpas, self.mlp_hc,
+                                              self.mlp_eigen))

@@ -29,6 +29,7 @@ from normlab.layout.sites import deepnorm_beta
 from normlab.model.admin import profile_admin
 from normlab.model.init_schemes import _DEEPNORM_SCALED, _TRUNCATED, _XAVIER, base_std, check_scheme, linear_std
 from normlab.model.norms import is_norm
+from normlab.model.sphere import base_scale, project
 
 
 def _normal(w: torch.Tensor, std: float, truncated: bool) -> None:
@@ -93,4 +94,13 @@ def init_weights(model: nn.Module, scheme: str) -> None:
         head_scale = getattr(block.attn, "head_scale", None)
         if head_scale is not None:
             head_scale.fill_(1.0)
+    if model.layout.ngpt:  # nGPT: every weight row on the unit sphere from the start (normlab.model.sphere)
+        for name in ("attn_eigen", "mlp_eigen"):
+            for block in model.blocks:
+                getattr(block, name).fill_(base_scale(d))
+        for block in model.blocks:
+            block.attn.sqk.fill_(base_scale(d))
+            block.mlp.suv.fill_(1.0)
+        model.sz.fill_(base_scale(d))
+        project(model)
     profile_admin(model)  # Admin's omegas, from a forward with the weights just drawn (normlab.model.admin)

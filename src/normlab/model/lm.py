@@ -25,6 +25,7 @@ from normlab.model.decoding import Decoding, check_positions
 from normlab.model.loss import lm_loss, logits_of
 from normlab.model.moe import MoE
 from normlab.model.norms import Tap, site_norm
+from normlab.model.sphere import base_scale, unit
 from normlab.model.storage import NO_STORAGE, Storage
 
 
@@ -60,7 +61,14 @@ class NormLM(nn.Module):
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
+        # nGPT's s_z per vocabulary entry (stored at 1/sqrt(d) for 1: normlab.model.sphere): logits s_z * W_out h
+        self.sz = nn.Parameter(torch.full((cfg.vocab_size,), base_scale(cfg.d_model))) if layout.ngpt else None
         self.activation_checkpointing = False  # set by the trainer (--activation-checkpointing)
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """The LM head's logits W_out h; nGPT's times s_z."""
+        z = self.lm_head(h)
+        return z if self.sz is None else z * unit(self.sz, self.config.d_model).to(z.dtype)
 
     def set_storage(self, storage: Storage) -> None:
         """Store activations and the residual stream in ``storage``'s dtype from now on (fp16: a value
@@ -138,12 +146,13 @@ class NormLM(nn.Module):
             check_positions(positions, self.config.max_seq_len)  # once here, not in every layer's RoPE
         x, hidden = self.run_blocks(self.embed_tokens(tokens, positions), return_hidden_states, decoding)
         h, softcap = self.store(self.final_norm(self.collapse(x))), self.config.logit_softcap  # Gemma 2's logit soft-cap
+        head = self.lm_head if self.sz is None else self.head
         if logits_to_keep and targets is None:
             h = h[:, -logits_to_keep:]
         if targets is None:
-            logits, loss = logits_of(self.lm_head, h, softcap, self.store), None
+            logits, loss = logits_of(head, h, softcap, self.store), None
         else:
-            loss, logits = lm_loss(self.lm_head, h, targets, softcap, z_loss, loss_chunk, self.store)
+            loss, logits = lm_loss(head, h, targets, softcap, z_loss, loss_chunk, self.store)
         moe = [b.mlp.aux for b in self.blocks if isinstance(b.mlp, MoE) and b.mlp.aux is not None]
         return LMOutput(logits=logits, loss=loss, hidden_states=tuple(hidden) if hidden is not None else None,
                         aux_loss=torch.stack(moe).sum() if moe else None)

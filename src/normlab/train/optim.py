@@ -24,6 +24,7 @@ from torch import nn
 
 from normlab.config.train import TrainConfig
 from normlab.model.block import scale_params
+from normlab.model.sphere import project
 from normlab.model.streams import HyperConnection
 from normlab.model.norms import is_norm
 
@@ -148,13 +149,22 @@ class MuonAdamW:
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig, fused: bool = False) -> torch.optim.Optimizer | MuonAdamW:
-    """AdamW, SGD or Muon with AdamW; ``fused`` (CUDA): torch's fused kernels (AdamW, SGD), one launch for all."""
+    """AdamW, SGD or Muon with AdamW; ``fused`` (CUDA): torch's fused kernels (AdamW, SGD), one launch for all.
+    An nGPT model's weights are put back on the sphere after every step (normlab.model.sphere.project)."""
     if cfg.optim.optimizer == "muon":
-        return MuonAdamW(model, cfg, fused)
-    groups = param_groups(model, cfg)
-    if cfg.optim.optimizer == "sgd":
-        return torch.optim.SGD(groups, lr=cfg.optim.lr, momentum=cfg.optim.momentum, fused=fused or None)
-    return torch.optim.AdamW(groups, lr=cfg.optim.lr, betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps, fused=fused or None)
+        opt: torch.optim.Optimizer | MuonAdamW = MuonAdamW(model, cfg, fused)
+    else:
+        groups = param_groups(model, cfg)
+        if cfg.optim.optimizer == "sgd":
+            opt = torch.optim.SGD(groups, lr=cfg.optim.lr, momentum=cfg.optim.momentum, fused=fused or None)
+        else:
+            opt = torch.optim.AdamW(groups, lr=cfg.optim.lr, betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps,
+                                    fused=fused or None)
+    inner = getattr(model, "module", model)  # DDP
+    if getattr(getattr(inner, "layout", None), "ngpt", False):
+        last = opt.muon if isinstance(opt, MuonAdamW) else opt  # MuonAdamW steps AdamW, then Muon
+        last.register_step_post_hook(lambda *_: project(inner))
+    return opt
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
