@@ -467,6 +467,10 @@ class ResolvedLayout:
         )
         if lay.qk_after_rope:
             head += ", q/k norms after RoPE"
+        for on, words in ((lay.skip_learned, "skip lambda learned"), (lay.gpas, "GPAS after each sublayer"),
+                          (lay.streams > 1, f"{lay.streams} residual streams ({lay.stream_mix})"),
+                          (lay.ngpt, "nGPT (eigen learning rates, s_qk, s_uv, s_z; weights on the sphere)")):
+            head += f", {words}" if on else ""
         if lay.site_norms:
             head += "\n  per site: " + "; ".join(f"{site} {lay.norm_at(site).kind}/{lay.norm_at(site).gain}"
                                                  + (f"/alpha0 {sn.alpha0:g}" if sn.alpha0 is not None else "")
