@@ -201,11 +201,11 @@ def _build() -> dict[str, Preset]:
         _preset("ngpt", Layout(block=_block(SublayerSites(output=True, after_add=True),
                                             SublayerSites(output=True, after_add=True), QK),
                                norm="l2", qk_after_rope=True, ngpt=True),
-                "h <- Norm(h + a_A (Norm(Attn(h)) - h)); h <- Norm(h + a_M (Norm(MLP(h)) - h)); Norm(x) = x / ||x||; "
+                "h <- Norm(h + a_A (Norm(Attn(h)) - h)); h <- Norm(h + a_M (Norm(MLP(h)) - h)); Norm(x) = x / ‖x‖; "
                 "q, k = s_qk Norm(RoPE(.)), softmax scale sqrt(d_k); u, v = s_u, s_v sqrt(d) W h; z = s_z W_out h; "
                 "every weight row normalized after each step",
                 "Loshchilov et al. 2024 (nGPT, arXiv 2410.01131), Sec. 2 eqs. 10-11, 15-16, 19-20 and the authors' "
-                "NVIDIA/ngpt code (a 0.05 and s_qk, s_z stored at 1/sqrt(d); s_u, s_v at 1; |a|)"),
+                "NVIDIA/ngpt code (a 0.05 and s_qk, s_z stored at 1/sqrt(d); s_u, s_v at 1; a used as abs(a))"),
         _preset("pre-lns", Layout(block=_block(PRE, PRE), final_norm=True, ln_scaling=True),
                 "x' = x + F(N(x) / sqrt(l)), l the layer's index from 1, final N",
                 "Sun et al. 2025 (The Curse of Depth), eq. 6: LayerNorm Scaling on Pre-LN"),
