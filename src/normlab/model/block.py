@@ -8,7 +8,10 @@ Sec. 5 step h; DeepNorm skip scale alpha; Zhuo et al. 2025 eq. 9 skip from the n
             │     └─(skip_normed)──> * alpha ─> (+) ──> N_C ──> x'      (Admin: alpha a learned omega)
             └───────(otherwise)────> * alpha ──^
 
-so Post-LN is C alone, Pre-LN A alone, Peri-LN A+B, HybridNorm's FFN A with skip_normed.
+so Post-LN is C alone, Pre-LN A alone, Peri-LN A+B, HybridNorm's FFN A with skip_normed. Options on the same
+path: a learned skip lambda (x' = lambda x + h F), GPAS after the add (x' <- x' - SiLU(a) sg(x')), nGPT's lerp
+((1 - a) x + a N_B(F), then N_C), and with n > 1 residual streams the hyper-connections' mixing in place of the
+skip (h_0 = pre . H into the branch; H' = res H + post * update; normlab.model.streams).
 
 Capture points (`Tap`), the same paths under every layout:
     blocks.i.attn_update / mlp_update   h * N_B(f(N_A(x))): exactly the tensor added to the stream
