@@ -557,6 +557,19 @@ def test_hyper_connections_export_only_as_the_normlab_class(tmp_path):
         assert not (tmp_path / arch).exists()
 
 
+def test_cli_refuses_a_hyper_connection_run_in_one_line(corpus, tmp_path, capsys):
+    from normlab.cli import main
+    from normlab.train import train
+    from tests.helpers import small
+
+    train(small(corpus, tmp_path / "run", layout="pre-mhc", steps=2, eval_every=0, probe_every=0))
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "run"), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "4 residual streams" in err and "--arch normlab" in err
+    assert not (tmp_path / "out").exists()
+
+
 def test_export_writes_the_stock_class_where_exact_and_a_tokenizer_that_asks_no_trust(corpus, tmp_path, capsys):
     """`normlab export` (auto): a pre run as transformers' LlamaForCausalLM (no code in the folder), a peri run as the
     normlab class (no stock class computes it); --arch normlab on pre says llama is exact. Both tokenizers are stock
