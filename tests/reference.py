@@ -40,6 +40,11 @@ def N(mod, x: torch.Tensor) -> torch.Tensor:
         return gain(mod) * torch.tanh(mod.alpha * x) + (mod.bias if mod.bias is not None else 0.0)
     if name == "Derf":  # Chen et al. 2025: gamma * erf(alpha * x + s) + beta
         return gain(mod) * torch.erf(mod.alpha * x + mod.shift) + (mod.bias if mod.bias is not None else 0.0)
+    if name == "SeeDNorm":  # Cai et al. 2025, eq. 3: [tanh(x beta^T) alpha + gamma] * x / RMS(x)
+        d = x.shape[-1]
+        rms = torch.sqrt((x * x).sum(-1, keepdim=True) / d + mod.eps)
+        s = torch.tanh((x * mod.self_scale).sum(-1, keepdim=True))
+        return (s * mod.dyn_gain + gain(mod)) * x / rms
     if name == "ScaleNorm":  # Nguyen & Salazar 2019, eq. 3: g * x / ||x||
         return mod.weight * x / torch.sqrt((x * x).sum(-1, keepdim=True) + mod.eps)
     if name == "L2Norm":  # x / ||x||, no gain

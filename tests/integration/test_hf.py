@@ -211,7 +211,7 @@ def test_cli_export_of_a_trained_run(corpus, tmp_path, capsys):
 
 
 EXPORTED = [("peri", False), ("hybrid*", False), ("peri,h=0.5", True), ("pre-dyt,norm.final=derf,gain.attn.A=scalar", True),
-            ("admin", False), ("pre,softmax=sink", False),
+            ("admin", False), ("pre,softmax=sink", False), ("pre-mhc", True), ("ngpt", False),
             ("normformer,attn=qkgsAB,qk-rope,norm.mlp.A=dyt,alpha0.mlp.A=0.3,gain.final=centered", True)]
 
 
@@ -566,6 +566,33 @@ d = AutoTokenizer.from_pretrained(ours, local_files_only=True)  # AutoConfig ask
 print(json.dumps({"classes": [type(t).__name__ for t in (a, b, c, d)], "asked_before": quiet,
                   "asked_plain": len(asked) - quiet, "ids": [t("To bé")["input_ids"] for t in (a, b, c, d)]}))
 """
+
+
+def test_hyper_connections_export_only_as_the_normlab_class(tmp_path):
+    """No transformers class computes hyper-connections on a dense block (DeepSeek-V4's mHC sits in its MoE and
+    compressed attention): auto and every native architecture refuse in one line, with the reason and the way out;
+    nothing is written. (--arch normlab: test_any_layout_exports_as_the_normlab_class, pre-mhc.)"""
+    from normlab.hf.export import export
+    from normlab.hf.native import NativeExportError
+
+    model = normlab.build_model("pre-hc", "nano", seed=0)
+    for arch in ("auto", "llama", "qwen3"):
+        with pytest.raises(NativeExportError, match=r"4 residual streams .* no transformers class .* --arch normlab"):
+            export(model, tmp_path / arch, arch)
+        assert not (tmp_path / arch).exists()
+
+
+def test_cli_refuses_a_hyper_connection_run_in_one_line(corpus, tmp_path, capsys):
+    from normlab.cli import main
+    from normlab.train import train
+    from tests.helpers import small
+
+    train(small(corpus, tmp_path / "run", layout="pre-mhc", steps=2, eval_every=0, probe_every=0))
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "run"), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "4 residual streams" in err and "--arch normlab" in err
+    assert not (tmp_path / "out").exists()
 
 
 def test_export_writes_the_stock_class_where_exact_and_a_tokenizer_that_asks_no_trust(corpus, tmp_path, capsys):

@@ -14,7 +14,7 @@ import torch
 import normlab
 from normlab.layout import PRESETS
 from normlab.model.norms import is_norm
-from tests.reference import N, mha, swiglu
+from tests.reference import N, mha, rope, swiglu
 
 DT = torch.float64
 
@@ -30,13 +30,24 @@ def randomize_norms(model: torch.nn.Module, seed: int = 1) -> None:
                 m.weight.copy_(noise if getattr(m, "gain", "gamma") == "centered" else m.weight * (1 + noise))
                 if getattr(m, "bias", None) is not None:
                     m.bias.copy_(0.1 * torch.randn(m.bias.shape, generator=g))
+                if getattr(m, "self_scale", None) is not None:  # SeeDNorm's beta (from 0) and alpha (from 1)
+                    m.self_scale.copy_(0.3 * torch.randn(m.self_scale.shape, generator=g))
+                    m.dyn_gain.copy_(m.dyn_gain + 0.3 * torch.randn(m.dyn_gain.shape, generator=g))
                 if getattr(m, "alpha", None) is not None:  # DyT's scalar, away from its initial 0.5
                     m.alpha.copy_(0.5 + 0.5 * torch.rand(m.alpha.shape, generator=g))
             # learned residual steps (off 0), Admin's omegas and head scales (off 1)
-            for name in ("attn_h", "mlp_h", "attn_omega", "mlp_omega", "head_scale", "sinks"):
+            for name in ("attn_h", "mlp_h", "attn_omega", "mlp_omega", "head_scale", "sinks", "attn_skip", "mlp_skip",
+                         "attn_gpas", "mlp_gpas"):
                 step = getattr(m, name, None)
                 if isinstance(step, torch.nn.Parameter):
                     step.copy_(0.5 + torch.rand(step.shape, generator=g))
+            for name in ("attn_eigen", "mlp_eigen", "sqk", "suv", "sz"):  # nGPT's scalings, off their starts
+                p = getattr(m, name, None)
+                if isinstance(p, torch.nn.Parameter):
+                    p.copy_(p * (0.5 + torch.rand(p.shape, generator=g)))
+            if hasattr(m, "last_res"):  # a hyper-connection: every static, dynamic and gating weight off its start
+                for p in m.parameters(recurse=False):
+                    p.add_(0.3 * torch.randn(p.shape, generator=g))
 
 
 def assert_blocks_follow(model: torch.nn.Module, equation) -> None:  # noqa: ANN001
@@ -154,6 +165,99 @@ def layerscale(b, x):  # Touvron et al. 2021, eq. 3 on Pre-LN: x + diag(lambda) 
     return y + b.mlp_h * F(b, N(b.mlp_norms.input, y))
 
 
+def silu(a):
+    return a / (1 + torch.exp(-a))
+
+
+def gpas(b, x):  # Chen et al. 2025 (GPAS) on Pre-LN: y = x + F(N(x)); x' = y - SiLU(a) sg(y), forward (1 - SiLU(a)) y
+    y = x + A(b, N(b.attn_norms.input, x))
+    y = y - silu(b.attn_gpas) * y
+    z = y + F(b, N(b.mlp_norms.input, y))
+    return z - silu(b.mlp_gpas) * z
+
+
+def lambdas(b, x):  # modded-nanogpt residual lambdas on Pre-LN: x' = lambda_skip x + lambda_branch F(N(x))
+    y = b.attn_skip * x + b.attn_h * A(b, N(b.attn_norms.input, x))
+    return b.mlp_skip * y + b.mlp_h * F(b, N(b.mlp_norms.input, y))
+
+
+def _hc_weights(c, H):  # Zhu et al. 2025 eqs. 5-8: A_m, A_r, B, static + s tanh(norm(H) W), norm per stream
+    Hbar = H / torch.sqrt(H.pow(2).mean(-1, keepdim=True) + 1e-6)
+    Am = c.scale_a * torch.tanh(torch.einsum("btjd,d->btj", Hbar, c.dynamic_pre)) + c.static_pre
+    Ar = c.scale_a * torch.tanh(torch.einsum("btjd,dk->btjk", Hbar, c.dynamic_res)) + c.static_res
+    B = c.scale_b * torch.tanh(torch.einsum("btjd,d->btj", Hbar, c.dynamic_post)) + c.static_post
+    return Am, Ar, B
+
+
+def _sinkhorn_by_hand(M, iters=20):  # Xie et al. 2025 eq. 9: M_t = T_r(T_c(M_{t-1})), entry by entry
+    M = M.clone()
+    n = M.shape[-1]
+    for _ in range(iters):
+        for j in range(n):
+            M[..., :, j] = M[..., :, j] / M[..., :, j].sum(-1, keepdim=True)
+        for i in range(n):
+            M[..., i, :] = M[..., i, :] / M[..., i, :].sum(-1, keepdim=True)
+    return M
+
+
+def _mhc_weights(c, H):  # Xie et al. 2025 eqs. 7-8: from x~ = RMSNorm(vec(H)) (no gain)
+    n = H.shape[-2]
+    v = H.flatten(-2)
+    v = v / torch.sqrt(v.pow(2).mean(-1, keepdim=True) + 1e-6)
+    phi_pre, phi_post, phi_res = c.phi[:, :n], c.phi[:, n:2 * n], c.phi[:, 2 * n:]
+    b_pre, b_post, b_res = c.bias[:n], c.bias[n:2 * n], c.bias[2 * n:].reshape(n, n)
+    pre = torch.sigmoid(c.gates[0] * (v @ phi_pre) + b_pre)
+    post = 2 * torch.sigmoid(c.gates[1] * (v @ phi_post) + b_post)
+    res = _sinkhorn_by_hand(torch.exp(c.gates[2] * (v @ phi_res).unflatten(-1, (n, n)) + b_res))
+    return pre, res, post
+
+
+def hyper(b, x, mix):  # Pre-LN sublayers connected by HC (x' = A_r^T H + B^T F(A_m^T H)) or mHC (H_res, H_post, H_pre)
+    n = b.attn_hc.n
+    H = x.unflatten(-1, (n, -1))
+    for conn, norm, f in ((b.attn_hc, b.attn_norms.input, lambda u: A(b, u)),
+                          (b.mlp_hc, b.mlp_norms.input, lambda u: F(b, u))):
+        if mix == "hc":
+            Am, Ar, B = _hc_weights(conn, H)
+            out = f(N(norm, torch.einsum("btj,btjd->btd", Am, H)))
+            H = torch.einsum("btjk,btjd->btkd", Ar, H) + B[..., None] * out[..., None, :]
+        else:
+            pre, res, post = _mhc_weights(conn, H)
+            out = f(N(norm, torch.einsum("btj,btjd->btd", pre, H)))
+            H = torch.einsum("btij,btjd->btid", res, H) + post[..., None] * out[..., None, :]
+    return H.flatten(-2)
+
+
+def _unit(v, eps=1e-6):  # nGPT's Norm: v / ||v|| (normlab's L2 norm: eps 1e-6 inside the root)
+    return v / torch.sqrt((v * v).sum(-1, keepdim=True) + eps)
+
+
+def ngpt(b, x):  # Loshchilov et al. 2024: h <- Norm(h + a_A (Norm(Attn(h)) - h)), h <- Norm(h + a_M (Norm(MLP(h)) - h))
+    d = x.shape[-1]
+    at, mlp = b.attn, b.mlp
+    B, T, _ = x.shape
+    H, hd = at.n_heads, at.head_dim
+
+    def attention(h):  # eqs. 15-16: q = s_qk Norm(RoPE(W_q h)), k likewise; softmax(q k^T sqrt(d_k)) v W_o
+        heads = lambda w: (h @ w.T).view(B, T, H, hd).transpose(1, 2)  # noqa: E731
+        s_qk = (at.sqk * math.sqrt(d)).view(1, H, 1, hd)
+        q, k, v = s_qk * _unit(rope(heads(at.q_proj.weight), 10_000.0)), s_qk * _unit(rope(heads(at.k_proj.weight), 10_000.0)), heads(at.v_proj.weight)
+        logits = (q @ k.transpose(-1, -2)) * math.sqrt(hd)
+        mask = torch.ones(T, T, dtype=torch.bool).tril()
+        p = torch.softmax(logits.masked_fill(~mask, float("-inf")), dim=-1)
+        return (p @ v).transpose(1, 2).reshape(B, T, H * hd) @ at.o_proj.weight.T
+
+    def ffn(h):  # eqs. 19-20 as the authors' code: u, v times s sqrt(d); W_down (u * SiLU(v))
+        s_u, s_v = (mlp.suv * math.sqrt(d)).chunk(2)
+        u, v = s_u * (h @ mlp.up_proj.weight.T), s_v * (h @ mlp.gate_proj.weight.T)
+        return (u * torch.nn.functional.silu(v)) @ mlp.down_proj.weight.T
+
+    a_A = (b.attn_eigen * 0.05 * math.sqrt(d)).abs()  # a = |a_stored a_init / a_scale|, a_scale = 1/sqrt(d)
+    a_M = (b.mlp_eigen * 0.05 * math.sqrt(d)).abs()
+    h = _unit(x + a_A * (_unit(attention(x)) - x))
+    return _unit(h + a_M * (_unit(ffn(h)) - h))
+
+
 def lns(b, x, i):  # Sun et al. 2025, eq. 6: x + F(N(x) / sqrt(l)), l = i + 1
     s = 1 / math.sqrt(i + 1)
     y = x + A(b, s * N(b.attn_norms.input, x))
@@ -219,10 +323,16 @@ EQUATIONS = {
     "pre-scale": pre,  # Nguyen & Salazar 2019: Kim eq. 2 with N = ScaleNorm
     "pre-derf": pre,  # Chen et al. 2025: Kim eq. 2 with N = Derf (tests/reference.py writes Derf out)
     "peri-derf": peri_with(),  # Kim eq. 3 with N = Derf
+    "pre-seednorm": pre,  # Cai et al. 2025: Kim eq. 2 with N = SeeDNorm (tests/reference.py writes it out)
     "pre-ssrms": pre,  # Park et al. 2025: Kim eq. 2 with N = s x / RMS(x), one s (reference.py's gain broadcasts)
     "rezero": lambda b, x, *_: rezero(b, x),
     "pre-layerscale": lambda b, x, *_: layerscale(b, x),
     "pre-lns": lambda b, x, i, n: lns(b, x, i),
+    "pre-gpas": lambda b, x, *_: gpas(b, x),
+    "pre-lambda": lambda b, x, *_: lambdas(b, x),
+    "ngpt": lambda b, x, *_: ngpt(b, x),
+    "pre-hc": lambda b, x, *_: hyper(b, x, "hc"),
+    "pre-mhc": lambda b, x, *_: hyper(b, x, "mhc"),
 }
 for _inner in ("qkvc", "qkv", "qkc", "qk", "kv", "kc"):
     EQUATIONS[f"{_inner}-post"] = zhuo("#-post", _inner)
@@ -238,10 +348,15 @@ def test_every_preset_has_an_equation():
 @pytest.mark.parametrize("name", list(PRESETS), ids=list(PRESETS))
 def test_block_matches_paper_equation(name):
     # 8 layers so Mix-LN has floor(0.25 * 8) = 2 Post-LN layers and HybridNorm* a distinct first block.
-    model = normlab.build_model(name, "nano", seed=0, n_layers=8, n_kv_heads=1, d_model=32, n_heads=2)
+    # nGPT's s_qk scales q and k alike: one key head per query head
+    model = normlab.build_model(name, "nano", seed=0, n_layers=8, n_kv_heads=2 if PRESETS[name].layout.ngpt else 1,
+                                d_model=32, n_heads=2)
     model.double()
     randomize_norms(model)
-    x = torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(0), dtype=DT)
+    # n residual streams (hyper-connections) enter a block side by side: (B, T, n * d)
+    x = torch.randn(2, 7, 32 * PRESETS[name].layout.streams, generator=torch.Generator().manual_seed(0), dtype=DT)
+    if PRESETS[name].layout.ngpt:  # nGPT's stream is a unit vector (its blocks' outputs, its embedding rows)
+        x = x / x.norm(dim=-1, keepdim=True)
     with torch.no_grad():
         for i, block in enumerate(model.blocks):
             expected = EQUATIONS[name](block, x, i, len(model.blocks))
@@ -278,13 +393,14 @@ def test_residual_scale_h():
         torch.testing.assert_close(b(x), expected, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("kind", ["dyt", "derf", "scale", "l2"])
+@pytest.mark.parametrize("kind", ["dyt", "derf", "scale", "l2", "seednorm"])
 def test_every_norm_kind_at_every_site_matches_its_formula(kind):
     """A kind applies at every site a layout turns on: Peri-LN with QK-norm in that kind, block and
     model-level norms, each against the kind's formula written out in tests/reference.py."""
     model = normlab.build_model(f"peri+qk,norm={kind}", "nano", seed=0, n_kv_heads=1, d_model=32, n_heads=2).double()
     assert_blocks_follow(model, peri_with("qk"))
-    sizes = {"dyt": 2 * 32 + 1, "derf": 2 * 32 + 2, "scale": 1, "l2": 0}  # gamma, beta, alpha (Derf: + s) / g / -
+    sizes = {"dyt": 2 * 32 + 1, "derf": 2 * 32 + 2, "scale": 1, "l2": 0,  # gamma, beta, alpha (Derf: + s) / g / -
+             "seednorm": 3 * 32}  # SeeDNorm: gamma, alpha, beta
     assert sum(p.numel() for p in model.blocks[0].attn_norms.input.parameters()) == sizes[kind]
 
 
@@ -435,3 +551,139 @@ def test_attention_softmax_variants_follow_their_formulas(kind):
         assert (b.attn(x) - A(b, x, "qk")).abs().max() > 1e-3  # not the softmax
     if kind == "sink":
         assert b.attn.sinks.shape == (4,) and b.attn.sinks.requires_grad
+
+
+def test_gpas_scales_the_stream_but_not_its_gradient():
+    """GPAS (Chen et al. 2025, Sec. 3): x' = y - SiLU(a) sg(y). Forward (1 - SiLU(a)) y; dL/dy = dL/dx' (the
+    subtracted copy carries no gradient); dL/da = -SiLU'(a) <dL/dx', y>, SiLU'(a) = s(a)(1 + a(1 - s(a)))."""
+    model = normlab.build_model("pre-gpas", "nano", seed=0, n_layers=1).double()
+    block = model.blocks[0]
+    with torch.no_grad():
+        block.attn_gpas.fill_(0.0)
+        block.mlp_gpas.fill_(0.7)
+    x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(0), dtype=DT, requires_grad=True)
+    w = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(1), dtype=DT)
+    captured = {}
+    hook = block.resid_mid.register_forward_hook(lambda m, i, o: captured.update(y=o))
+    out = block(x)
+    hook.remove()
+    y = captured["y"]  # the stream after the attention sublayer (GPAS a = 0 there: the identity)
+    z = y + F(block, N(block.mlp_norms.input, y))
+    a = torch.tensor(0.7, dtype=DT)
+    sig = torch.sigmoid(a)
+    torch.testing.assert_close(out, (1 - silu(a)) * z)
+    (out * w).sum().backward(retain_graph=True)
+    dsilu = sig * (1 + a * (1 - sig))
+    torch.testing.assert_close(block.mlp_gpas.grad, (-dsilu * (w * z).sum()).reshape(1))
+    # the gradient reaching x equals the gradient of <w, z> with no scaling at all
+    gx, = torch.autograd.grad((z * w).sum(), x)
+    torch.testing.assert_close(x.grad, gx)
+
+
+@pytest.mark.parametrize("name", ["pre-hc", "pre-mhc"])
+def test_hyper_connection_model_expands_the_embedding_and_sums_the_last_streams(name):
+    """Zhu et al. 2025 Sec. 3: H_0 = n copies of the embedding; logits = W_head N_final(sum_i H_L,i)."""
+    model = normlab.build_model(name, "nano", seed=0).double()
+    randomize_norms(model)
+    tokens = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        x = torch.cat([model.embed.weight[tokens]] * 4, dim=-1)
+        for block in model.blocks:
+            x = block(x)
+        x = N(model.final_norm, sum(x.unflatten(-1, (4, 32)).unbind(-2)))
+        torch.testing.assert_close(model(tokens).logits, x @ model.lm_head.weight.T, rtol=1e-6, atol=1e-6)
+
+
+def test_mhc_mixing_matrix_is_doubly_stochastic_after_sinkhorn():
+    """Xie et al. 2025: after t_max = 20 Sinkhorn-Knopp iterations (columns, then rows, last) H_res has no negative
+    entry, rows summing to 1 exactly and columns to 1 up to the iteration's gap: under 1e-9 for logits of
+    std 0.5, 7e-5 at std 1, 0.05 at std 3, the largest over 1000 4x4 matrices (mHC-lite's point, arXiv 2601.05732: 20 iterations are not exact).
+    Zhu et al.'s unconstrained A_r is not stochastic at all (its rows sum to anything)."""
+    from normlab.model.streams import sinkhorn
+
+    logits = 0.5 * torch.randn(5, 4, 4, generator=torch.Generator().manual_seed(0), dtype=DT)
+    M = sinkhorn(logits)
+    assert (M >= 0).all()
+    torch.testing.assert_close(M.sum(-1), torch.ones(5, 4, dtype=DT), rtol=0, atol=1e-12)
+    torch.testing.assert_close(M.sum(-2), torch.ones(5, 4, dtype=DT), rtol=0, atol=1e-9)
+    wide = sinkhorn(3 * torch.randn(1000, 4, 4, generator=torch.Generator().manual_seed(0), dtype=DT))
+    assert 1e-3 < (wide.sum(-2) - 1).abs().max() < 0.1  # over 1000 wide ones the gap is real, and small
+    torch.testing.assert_close(M, _sinkhorn_by_hand(logits.exp()))
+    model = normlab.build_model("pre-mhc", "nano", seed=0).double()
+    randomize_norms(model)
+    x = torch.randint(0, 256, (2, 9))
+    with torch.no_grad():
+        model(x)
+    for block in model.blocks:
+        for conn in (block.attn_hc, block.mlp_hc):
+            torch.testing.assert_close(conn.last_res.sum(-1), torch.ones(2, 9, 4, dtype=DT), rtol=0, atol=1e-9)
+            torch.testing.assert_close(conn.last_res.sum(-2), torch.ones(2, 9, 4, dtype=DT), rtol=0, atol=1e-3)
+    hc = normlab.build_model("pre-hc", "nano", seed=0).double()
+    randomize_norms(hc)
+    with torch.no_grad():
+        hc(x)
+    assert (hc.blocks[0].attn_hc.last_res.sum(-1) - 1).abs().max() > 0.1
+
+
+def test_seednorm_is_rmsnorm_at_init_and_keeps_the_input_norm_after():
+    """SeeDNorm (Cai et al. 2025) from beta = 0: tanh(0) = 0, so gamma x / RMS(x), RMSNorm exactly; once beta moves,
+    x and 3x give different outputs (the input's norm reaches the output, through tanh(x . beta)), which RMSNorm's
+    cannot; every gain and the per-site kind apply to it."""
+    from normlab.model.norms import make_norm
+
+    x = torch.randn(4, 32, generator=torch.Generator().manual_seed(0), dtype=DT)
+    seed, rms = make_norm("seednorm", 32, 1e-12).double(), make_norm("rms", 32, 1e-12).double()
+    torch.testing.assert_close(seed(x), rms(x))
+    torch.testing.assert_close(rms(3 * x), rms(x))
+    with torch.no_grad():
+        seed.self_scale.fill_(0.1)
+    assert not torch.allclose(seed(3 * x), seed(x))
+    torch.testing.assert_close(seed(x), N(seed, x))
+    for g in ("none", "centered", "scalar"):
+        m = make_norm("seednorm", 32, 1e-6, gain=g).double()
+        with torch.no_grad():
+            m.self_scale.fill_(0.05)
+        torch.testing.assert_close(m(x), N(m, x))
+    site = normlab.build_model("pre,norm.final=seednorm,gain.final=scalar", "nano", seed=0)
+    assert type(site.final_norm).__name__ == "SeeDNorm" and site.final_norm.weight.numel() == 1
+
+
+def test_ngpt_model_reads_unit_embeddings_scales_logits_by_s_z_and_puts_weights_back_on_the_sphere():
+    """nGPT (Loshchilov et al. 2024): at init every embedding row, head row, stream-reading matrix row and
+    stream-writing matrix column has norm 1; logits = s_z * W_out h_L (no final norm: h_L is a unit vector); after an
+    AdamW step (normlab's optimizer) the norms are 1 again, while the scalings (a, s_qk, s_uv, s_z) are not decayed
+    or normalized."""
+    from normlab.config.train import TrainConfig
+    from normlab.train.optim import make_optimizer, param_groups
+
+    model = normlab.build_model("ngpt", "nano", seed=0).double()
+    randomize_norms(model)
+    tokens = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        x = model.embed.weight[tokens]
+        torch.testing.assert_close(x.norm(dim=-1), torch.ones(2, 9, dtype=DT))
+        for block in model.blocks:
+            x = block(x)
+        # on the sphere up to the L2 norm's eps: 1 / sqrt(1 + 1e-6)
+        torch.testing.assert_close(x.norm(dim=-1), torch.ones(2, 9, dtype=DT), rtol=0, atol=1e-6)
+        expected = (x @ model.lm_head.weight.T) * (model.sz * math.sqrt(32))
+        torch.testing.assert_close(model(tokens).logits, expected, rtol=1e-6, atol=1e-6)
+
+    def unit_norms():
+        b = model.blocks[1]
+        return [model.embed.weight.norm(dim=1), model.lm_head.weight.norm(dim=1), b.attn.q_proj.weight.norm(dim=1),
+                b.mlp.up_proj.weight.norm(dim=1), b.attn.o_proj.weight.norm(dim=0), b.mlp.down_proj.weight.norm(dim=0)]
+
+    cfg = TrainConfig().with_({"lr": 0.05, "weight_decay": 0.1})
+    sz = model.sz.detach().clone()
+    for optimizer in ("adamw", "muon"):  # Muon: the hook follows its step, after AdamW's
+        opt = make_optimizer(model, cfg.with_({"optimizer": optimizer}))
+        model.zero_grad()
+        model(tokens, targets=tokens).loss.backward()
+        opt.step()
+        for n in unit_norms():
+            torch.testing.assert_close(n, torch.ones_like(n))
+    assert not torch.equal(model.sz.detach(), sz)  # trained, and no longer 1 / sqrt(d) each: not normalized
+    decayed = {id(p) for p in param_groups(model, cfg)[0]["params"]}
+    b = model.blocks[0]
+    assert not {id(p) for p in (b.attn_eigen, b.mlp_eigen, b.attn.sqk, b.mlp.suv, model.sz)} & decayed

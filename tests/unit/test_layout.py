@@ -210,3 +210,20 @@ def test_a_layout_option_has_one_answer_through_every_entry_point(key, value, tm
     by_grid = spec.train_config("unused").model.layout
     assert by_string == by_set == by_toml == by_grid
     assert by_set.name == by_toml.name == f"{base},{token}"
+
+
+def test_residual_stream_tokens_round_trip_and_refuse_what_they_replace():
+    lay = parse_layout("peri,skip-scalar,gpas,h-scalar")
+    assert (lay.skip_learned, lay.gpas) == (True, True) and parse_layout(lay.to_string()) == lay
+    assert parse_layout("pre-gpas,-gpas") == PRESETS["pre"].layout
+    hc = parse_layout("attn=AB,mlp=AH,final,streams=8,mix=mhc,lns")
+    assert (hc.streams, hc.stream_mix) == (8, "mhc") and parse_layout(hc.to_string()) == hc
+    from normlab.layout.spec import edit_layout
+    assert edit_layout("pre", {"streams": 4, "mix": "mhc"}) == PRESETS["pre-mhc"].layout
+    for text, words in (("post,streams=4", r"norm after the add \(C\)"), ("hybrid,streams=2", "skip from the normed"),
+                        ("deepnorm,attn=A,mlp=A,streams=2", "skip scale alpha"), ("pre-gpas,streams=4", "gpas"),
+                        ("pre-lambda,streams=4", "skip-scalar"), ("pre,mix=mhc", "give streams=N"),
+                        ("pre,streams=four", "whole number"), ("pre,streams=17", "from 1 to 16"),
+                        ("pre,streams=4,mix=sinkhorn", "mix must be one of hc, mhc")):
+        with pytest.raises(LayoutError, match=words):
+            parse_layout(text)

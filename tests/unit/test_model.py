@@ -186,3 +186,22 @@ def test_every_preset_wires_every_parameter_into_the_loss(name):
     missing = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
     assert not missing, missing
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_probes_see_each_stream_and_each_mixing_of_a_hyper_connection_model():
+    """n = 4 streams: stream{k} rows equal stream k's own statistics; each connection's res row/column sums are
+    recorded (1 for mHC's doubly stochastic res, rows exactly); the composite gain of an mHC model stays 1."""
+    from normlab.diagnostics.probes import Probes
+
+    model = normlab.build_model("pre-mhc", "nano", seed=0)
+    x = torch.randint(0, 256, (2, 8))
+    rows = {(r["layer"], r["site"], r["metric"]): r["value"] for r in Probes(model, (x, x)).record(0)}
+    with torch.no_grad():
+        hidden = model(x, return_hidden_states=True).hidden_states
+    for layer in (0, 2):
+        for k in range(4):
+            part = hidden[layer].unflatten(-1, (4, 32))[..., k, :]
+            assert rows[(layer, f"stream{k}", "max_abs")] == pytest.approx(part.abs().max().item(), rel=1e-5)
+    assert rows[(1, "mlp_hc", "res_row_sum_max")] == pytest.approx(1.0, abs=1e-5)
+    assert rows[(1, "hc", "composite_gain_forward")] == pytest.approx(1.0, abs=1e-4)
+    assert (0, "attn_hc", "pre_mean") in rows and (0, "stream", "rms") in rows

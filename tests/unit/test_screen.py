@@ -186,9 +186,70 @@ def test_wellposedness_names_each_kinds_bound():
 
 
 @pytest.mark.parametrize("text", ["peri,norm=l2", "peri,norm=scale", "peri,gain=none", "peri,norm=dyt", "peri,h-channel",
-                                  "peri-derf", "peri,gain=scalar"])
+                                  "peri-derf", "peri,gain=scalar", "peri,norm=seednorm"])
 def test_theorem4_bound_holds_for_every_kind_of_output_norm(text):
     """The linear bound uses each kind's own per-entry bound (and a learned h's value) and holds under stress."""
     r = screen_layout(text, FAST)
     for row in r["stresses"].values():
         assert row["thm4_holds"], (text, row["mean_abs"], row["thm4_bound"])
+
+
+def test_learned_skip_and_gpas_are_screened_without_theorem4():
+    """A learned skip lambda or GPAS scales the carried stream, so Theorem 4's identity path is gone: the screen
+    runs, says what carries the stream, and claims no bound even on Peri-LN's output norms."""
+    for text, words in (("peri,skip-scalar", "learned skip scale"), ("peri,gpas", "GPAS")):
+        r = screen_layout(text, ScreenConfig(model={"n_layers": 2, "d_model": 32, "n_heads": 2}, batch=1, seq_len=8,
+                                             iters=3, stresses=(1.0, 4.0)))
+        assert words in r["wellposedness"]["stream"] and r["wellposedness"]["verdict"] == "well-posed"
+        assert all("thm4_bound" not in row for row in r["stresses"].values())
+    assert wellposedness(PRESETS["peri"].layout.resolve(2))["stream"] == "identity (unit-weight sum)"
+
+
+def test_screen_reports_the_hyper_connections_composite_gain(capsys):
+    """mHC's res is doubly stochastic: the composite mixing's gain (max abs row / column sum of res_l..res_1) is 1
+    at every stress; HC's unconstrained A_r, moved off its identity start, amplifies (gain > 1). The table says so."""
+    from normlab.screen import format_table
+    from normlab.screen.screen import hc_gain
+
+    cfg = ScreenConfig(model={"n_layers": 2, "d_model": 32, "n_heads": 2}, batch=1, seq_len=8, iters=3,
+                       stresses=(1.0, 4.0))
+    r = screen_layout("pre-mhc", cfg)
+    assert r["verdict"]["hc_gain"] == pytest.approx(1.0, abs=1e-6) and "doubly stochastic" in r["wellposedness"]["stream"]
+    for row in r["stresses"].values():
+        assert len(row["hc_gain"]["forward"]) == 4 and "thm4_bound" not in row
+    assert "composite mixing gain" in format_table([r]) and "composite" not in format_table([screen_layout("pre", cfg)])
+    model = normlab.build_model("pre-hc", "nano", n_layers=2).double()
+    with torch.no_grad():
+        for b in model.blocks:
+            b.attn_hc.static_res.mul_(1.5)  # attention A_r = 1.5 I, the MLP keeps I: 1.5 per block
+        model(torch.randint(0, 256, (1, 8)))
+    assert hc_gain(model)["forward"] == pytest.approx([1.5, 1.5, 2.25, 2.25])
+
+
+def test_seednorms_mean_entry_is_bounded_by_its_gains_whatever_its_input():
+    """Theorem 4's per-sublayer term for SeeDNorm: mean|y| <= max|gamma| + max|alpha| (an RMS-1 vector times a gain
+    |gamma_i + alpha_i tanh(.)| <= |gamma_i| + |alpha_i|), at any input scale and any beta."""
+    from normlab.model.norms import make_norm
+    from normlab.screen.forward import _mean_abs_bound
+
+    g = torch.Generator().manual_seed(0)
+    m = make_norm("seednorm", 64, 1e-6).double()
+    with torch.no_grad():
+        m.self_scale.copy_(torch.randn(64, generator=g, dtype=torch.float64))
+        m.dyn_gain.copy_(2 * torch.randn(64, generator=g, dtype=torch.float64))
+        m.weight.copy_(torch.randn(64, generator=g, dtype=torch.float64))
+        bound = _mean_abs_bound(m, 64)
+        for scale in (1e-3, 1.0, 1e4):
+            y = m(scale * torch.randn(50, 64, generator=g, dtype=torch.float64))
+            assert y.abs().mean(-1).max() <= bound
+
+
+def test_ngpt_is_screened_as_output_normalized_on_the_sphere():
+    """nGPT's update is Norm(F(h)) (an L2 norm at B) and its stream is renormalized (C): well-posed, the last
+    stream's mean |entry| is that of a unit vector at every stress, and its sensitivity does not grow with s."""
+    r = screen_layout("ngpt", ScreenConfig(model={"n_layers": 2, "d_model": 32, "n_heads": 2}, batch=1, seq_len=8,
+                                           iters=5, stresses=(1.0, 8.0)))
+    assert r["wellposedness"]["verdict"] == "well-posed"
+    assert abs(r["verdict"]["sensitivity_ratio"] - 1) < 0.05
+    for row in r["stresses"].values():
+        assert row["rms"][-1] == pytest.approx(32 ** -0.5, rel=1e-5)

@@ -17,6 +17,9 @@
 | embed_norm, final_norm          | null           | gamma_mean, gamma_min, gamma_max |
 | (any norm site), DyT            | as the site    | alpha (DyT's learned scalar, Zhu et al. eq. 1) |
 | attn_h, mlp_h                   | block          | h_mean, h_abs_max (a learned residual step: ReZero, LayerScale) |
+| stream{k} (n > 1 streams)       | 0..L           | mean_abs, rms, max_abs of stream k (hyper-connections; `stream` rows are over all n side by side) |
+| attn_hc, mlp_hc                 | block          | res_row_sum_max, res_col_sum_max, res_diag_mean, pre_mean, post_mean (each connection's mixing, normlab.model.streams) |
+| hc                              | block          | composite_gain_forward, composite_gain_backward (max abs row / column sum of res_l ... res_1 over tokens: mHC's Amax gain) |
 | attn_omega, mlp_omega           | block          | omega_mean, omega_abs_max (Admin's skip scale, Liu et al. 2020) |
 | attn.head_scale                 | block          | head_scale_mean, head_scale_abs_max (NormFormer's HeadScale) |
 | attn.gate                       | block          | gate_mean, gate_below_0.1 (gated attention's scores, Qiu et al. 2025) |
@@ -53,6 +56,7 @@ from normlab.model.block import SCALE_PARAMS
 from normlab.diagnostics.stats import (SINK_THRESHOLD, angular_matrix, attention_stats, hidden_stats, kurtosis,
                                       massive_activations, sink_mass)
 from normlab.model.norms import gain_of, is_norm
+from normlab.model.streams import composite_gain
 
 WEIGHTS = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 NORM_SITES = ("attn_norms.input", "attn_norms.output", "attn_norms.after_add", "mlp_norms.input",
@@ -73,6 +77,34 @@ class Probes:
 
     def _row(self, rows: list, step: int, layer: int | None, site: str, metric: str, value: float) -> None:
         rows.append({"step": step, "layer": layer, "site": site, "metric": metric, "value": float(value)})
+
+    def _stream_rows(self, rows: list, step: int, model: nn.Module, hidden: list[torch.Tensor]) -> None:
+        """Hyper-connections (n > 1 streams, normlab.model.streams): each stream's scale by depth, each connection's
+        mixing (the last forward's, per token) and the composite mixing's gain so far (Xie et al. 2025's
+        quantity: 1 when every res is doubly stochastic)."""
+        n = getattr(getattr(model, "layout", None), "streams", 1)
+        if n <= 1:
+            return
+        for layer, h in enumerate(hidden):
+            for k, part in enumerate(h.detach().unflatten(-1, (n, -1)).unbind(-2)):
+                st = hidden_stats(part)
+                for key in ("mean_abs", "rms", "max_abs"):
+                    self._row(rows, step, layer, f"stream{k}", key, st[key])
+        mixes = []
+        for i, block in enumerate(model.blocks):
+            for name in ("attn_hc", "mlp_hc"):
+                conn = getattr(block, name)
+                res, pre, post = conn.last_res.float(), conn.last_pre.float(), conn.last_post.float()
+                mixes.append(res)
+                self._row(rows, step, i, name, "res_row_sum_max", res.abs().sum(-1).amax().item())
+                self._row(rows, step, i, name, "res_col_sum_max", res.abs().sum(-2).amax().item())
+                self._row(rows, step, i, name, "res_diag_mean", res.diagonal(dim1=-2, dim2=-1).mean().item())
+                self._row(rows, step, i, name, "pre_mean", pre.mean().item())
+                self._row(rows, step, i, name, "post_mean", post.mean().item())
+        gain = composite_gain(mixes)
+        for i in range(len(model.blocks)):  # after block i: its MLP's connection, the (2 i + 1)-th
+            self._row(rows, step, i, "hc", "composite_gain_forward", gain["forward"][2 * i + 1])
+            self._row(rows, step, i, "hc", "composite_gain_backward", gain["backward"][2 * i + 1])
 
     def record(self, step: int) -> list[dict[str, Any]]:
         model = self.model
@@ -142,6 +174,7 @@ class Probes:
             g = hgrads[layer]
             self._row(rows, step, layer, "stream", "grad_norm", g.norm().item() if g is not None else 0.0)
             self._row(rows, step, layer, "stream", "kurtosis", kurtosis(h))
+        self._stream_rows(rows, step, model, hidden)
         ang = angular_matrix(list(hidden))  # at the last token (Gromov et al.; Kim Fig. 9)
         ang_all = angular_matrix(list(hidden), tokens="all")
         for i in range(len(hidden)):

@@ -25,8 +25,9 @@ from normlab._version import __version__
 MODULES = (
     "errors.py", "settings.py",
     "layout/sites.py", "layout/presets.py", "layout/spec.py", "layout/__init__.py",
-    "model/config.py", "model/storage.py", "model/norms.py", "model/rope.py", "model/decoding.py", "model/attention.py",
-    "model/mlp.py", "model/moe.py", "model/admin.py", "model/block.py", "model/loss.py", "model/lm.py",
+    "model/config.py", "model/storage.py", "model/sphere.py", "model/norms.py", "model/rope.py", "model/decoding.py",
+    "model/attention.py", "model/mlp.py", "model/moe.py", "model/admin.py", "model/streams.py", "model/block.py",
+    "model/loss.py", "model/lm.py",
     "hf/modeling.py",
 )
 ALLOWED_IMPORTS = ("torch", "transformers")  # besides the standard library

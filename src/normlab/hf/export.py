@@ -77,10 +77,17 @@ def export(model: NormLM, out: str | Path, arch: str = "auto", tokenizer: Any = 
     """Write ``model`` as a transformers folder: ``arch`` "auto" takes transformers' own class where one computes
     the layout exactly (no trust_remote_code anywhere), else the normlab class; "normlab" or an architecture name
     (refused with the reason where it is not exact) forces one. Returns (folder, class written, why, in words)."""
-    from normlab.hf.native import ARCHS, save_native
+    from normlab.hf.native import ARCHS, NativeExportError, save_native
 
-    exact = exact_native(model)
     layout = model.layout.label
+    if model.layout.streams > 1 and arch != "normlab":
+        # transformers 5.24 computes mHC only inside DeepseekV4ForCausalLM, around its MoE, compressed attention
+        # and learned stream head: no class computes hyper-connections on a dense block
+        raise NativeExportError(
+            f"layout {layout} has {model.layout.streams} residual streams (hyper-connections): no transformers class "
+            "computes them on a dense block (DeepseekV4ForCausalLM's mHC sits inside its MoE and compressed "
+            "attention); --arch normlab writes the normlab class, with its code")
+    exact = exact_native(model)
     if arch == "auto":
         arch = exact[0] if exact else "normlab"
         why = (f"transformers' own {arch} class computes layout {layout} exactly: no custom code" if exact else

@@ -163,6 +163,10 @@ def _build() -> dict[str, Preset]:
         _preset("peri-derf", Layout(block=_block(PERI, PERI), embed_norm=True, final_norm=True, norm="derf"),
                 "x' = x + Derf(F(Derf(x))), y0 = Derf(emb), final Derf",
                 f"Peri-LN ({KIM}) with Derf (Chen et al. 2025) at every site"),
+        _preset("pre-seednorm", Layout(block=_block(PRE, PRE), final_norm=True, norm="seednorm"),
+                "x' = x + F(SeeDNorm(x)), final SeeDNorm; SeeDNorm(x) = [tanh(x beta^T) alpha + gamma] * x / RMS(x)",
+                "Cai et al. 2025 (SeeDNorm: Self-Rescaled Dynamic Normalization, arXiv 2510.22777), eq. 3: every norm "
+                "of a Pre-LN model replaced (normlab's starts: beta 0, alpha 1, gamma 1, RMSNorm at init)"),
         _preset("pre-ssrms", Layout(block=_block(PRE, PRE), final_norm=True, gain="scalar"),
                 "x' = x + F(s x / RMS(x)), s one learned scalar per norm (from 1); final norm the same",
                 "Park et al. 2025 (Outlier-Safe Pre-Training, arXiv 2506.19697): single-scale RMSNorm on Pre-LN "
@@ -176,6 +180,32 @@ def _build() -> dict[str, Preset]:
         _preset("pre-layerscale", Layout(block=_block(PRE, PRE), final_norm=True, h=0.1, h_learned="channel"),
                 "x' = x + diag(lambda) F(N(x)), lambda learned per channel starting at 0.1, final N",
                 "Touvron et al. 2021 (CaiT), eq. 3, on Pre-LN (epsilon 0.1 for models up to 18 layers)"),
+        _preset("pre-gpas", Layout(block=_block(PRE, PRE), final_norm=True, gpas=True),
+                "y = x + F(N(x)); x' = y - SiLU(a) sg(y), a a learned scalar per sublayer from 0, sg stop-gradient; final N",
+                "Chen et al. 2025 (GPAS, arXiv 2506.22049), Sec. 3 and Fig. 1 on Pre-LN (the authors' GPASBlock, gate "
+                "from 0; their code shares one gate between a layer's two sublayers, here one per sublayer as in the text)"),
+        _preset("pre-lambda", Layout(block=_block(PRE, PRE), final_norm=True, h_learned="scalar", skip_learned=True),
+                "x' = lambda_skip x + lambda_branch F(N(x)), both learned scalars per sublayer from 1; final N",
+                "modded-nanogpt (Jordan et al. 2024-25) residual lambdas, per sublayer on Pre-LN (its x0 mixing and "
+                "U-Net skips not included)"),
+        _preset("pre-hc", Layout(block=_block(PRE, PRE), final_norm=True, streams=4),
+                "H' = A_r^T H + B^T F(N(A_m^T H)), n = 4 streams; A_m, A_r, B static + s tanh(norm(H) W) dynamic; "
+                "H_0 = 4 copies of the embedding; final N of the streams' sum",
+                "Zhu et al. 2025 (Hyper-Connections, ICLR 2025), eqs. 5-8 and App. J Alg. 2, on Pre-LN (n = 4, "
+                "dynamic, tanh; static init A_m = e_(k mod n), A_r = I, B = 1)"),
+        _preset("pre-mhc", Layout(block=_block(PRE, PRE), final_norm=True, streams=4, stream_mix="mhc"),
+                "x' = H_res x + H_post^T F(N(H_pre x)), n = 4; H_pre = sigmoid(.), H_post = 2 sigmoid(.), "
+                "H_res = Sinkhorn-Knopp(exp(.)) doubly stochastic, each from RMSNorm(vec(x)); final N of the streams' sum",
+                "Xie et al. 2025 (mHC: Manifold-Constrained Hyper-Connections, DeepSeek, arXiv 2512.24880), eqs. 7-9 "
+                "on Pre-LN (n = 4, t_max = 20, gating factors from 0.01)"),
+        _preset("ngpt", Layout(block=_block(SublayerSites(output=True, after_add=True),
+                                            SublayerSites(output=True, after_add=True), QK),
+                               norm="l2", qk_after_rope=True, ngpt=True),
+                "h <- Norm(h + a_A (Norm(Attn(h)) - h)); h <- Norm(h + a_M (Norm(MLP(h)) - h)); Norm(x) = x / ‖x‖; "
+                "q, k = s_qk Norm(RoPE(.)), softmax scale sqrt(d_k); u, v = s_u, s_v sqrt(d) W h; z = s_z W_out h; "
+                "every weight row normalized after each step",
+                "Loshchilov et al. 2024 (nGPT, arXiv 2410.01131), Sec. 2 eqs. 10-11, 15-16, 19-20 and the authors' "
+                "NVIDIA/ngpt code (a 0.05 and s_qk, s_z stored at 1/sqrt(d); s_u, s_v at 1; a used as abs(a))"),
         _preset("pre-lns", Layout(block=_block(PRE, PRE), final_norm=True, ln_scaling=True),
                 "x' = x + F(N(x) / sqrt(l)), l the layer's index from 1, final N",
                 "Sun et al. 2025 (The Curse of Depth), eq. 6: LayerNorm Scaling on Pre-LN"),

@@ -32,12 +32,13 @@ from typing import Literal
 
 from normlab.errors import LayoutError
 
-NormKind = Literal["rms", "layer", "dyt", "derf", "scale", "l2"]
+NormKind = Literal["rms", "layer", "dyt", "derf", "scale", "l2", "seednorm"]
 InnerSpan = Literal["head", "full"]
 
 # rms: Zhang & Sennrich 2019; layer: Ba et al. 2016; dyt: Dynamic Tanh, Zhu et al. 2025; derf: Dynamic erf,
-# Chen et al. 2025; scale: ScaleNorm, Nguyen & Salazar 2019; l2: x / ||x||, no gain (normlab.model.norms)
-NORM_KINDS: tuple[str, ...] = ("rms", "layer", "dyt", "derf", "scale", "l2")
+# Chen et al. 2025; scale: ScaleNorm, Nguyen & Salazar 2019; l2: x / ||x||, no gain; seednorm: an input-dependent
+# gain on x / RMS(x), Cai et al. 2025 (SeeDNorm, arXiv 2510.22777) (normlab.model.norms)
+NORM_KINDS: tuple[str, ...] = ("rms", "layer", "dyt", "derf", "scale", "l2", "seednorm")
 # the point-wise kinds with a learned input scale alpha started at alpha0 (DyT, Derf)
 ALPHA_KINDS: tuple[str, ...] = ("dyt", "derf")
 H_LEARNED: tuple[str, ...] = ("scalar", "channel")
@@ -51,6 +52,9 @@ INNER_SPANS: tuple[str, ...] = ("head", "full")
 # the denominator (GPT-OSS's sinks); a fixed sink logit 0 (Evan Miller's off-by-one softmax_1); softpick
 # (Zuhri et al. 2025, arXiv 2504.20966: ReLU(e^x - 1) / sum |e^x - 1|, weights that need not sum to 1)
 ATTN_SOFTMAX: tuple[str, ...] = ("softmax", "sink", "off-by-one", "softpick")
+# How n > 1 residual streams are connected (normlab.model.streams): hyper-connections (Zhu et al., ICLR 2025) or
+# manifold-constrained ones, the mixing matrix made doubly stochastic by Sinkhorn-Knopp (Xie et al. 2025, mHC)
+STREAM_MIXES: tuple[str, ...] = ("hc", "mhc")
 DEEPNORM = "deepnorm"
 ADMIN = "admin"  # Liu et al. 2020: a learned skip scale per sublayer and channel, set by a profiling pass
 
@@ -60,7 +64,7 @@ NORM_SITES: tuple[str, ...] = ("attn.A", "attn.B", "attn.C", "mlp.A", "mlp.B", "
                                "q", "k", "v", "c", "emb", "final")
 SITE_GROUPS: dict[str, tuple[str, ...]] = {"A": ("attn.A", "mlp.A"), "B": ("attn.B", "mlp.B"),
                                            "C": ("attn.C", "mlp.C"), "H": ("mlp.H",)}
-_GAINED = ("rms", "layer", "dyt", "derf")  # the kinds with a gain to choose
+_GAINED = ("rms", "layer", "dyt", "derf", "seednorm")  # the kinds with a gain to choose
 
 
 @dataclass(frozen=True)
@@ -237,6 +241,21 @@ class Layout:
     # h as a learned parameter per sublayer: "scalar" (ReZero, Bachlechner et al. 2021: starts at 0) or
     # "channel" (LayerScale, Touvron et al. 2021: one per channel, starts small); None: the fixed number h
     h_learned: str | None = None
+    # a learned skip scale per sublayer, one scalar from 1: x' = lambda_skip x + h F(.) (modded-nanogpt's residual
+    # lambdas, Jordan et al. 2024-25; with h-scalar from h=1 both scalars of x <- lambda_skip x + lambda_branch F)
+    skip_learned: bool = False
+    # GPAS (Chen et al. 2025, arXiv 2506.22049, Sec. 3): after each sublayer x <- x - SiLU(a) sg(x), a learned per
+    # sublayer from 0 (the authors' GPASBlock: gate_init_value 0): the stream shrinks, its gradient does not
+    gpas: bool = False
+    # the residual stream as n parallel streams (expansion rate n; 1: the one stream of every other layout), mixed
+    # by hyper-connections of the kind stream_mix: x_{l+1} = res x_l + post F(pre x_l) (normlab.model.streams)
+    streams: int = 1
+    stream_mix: str = "hc"
+    # nGPT (Loshchilov et al. 2024, arXiv 2410.01131): the stream and every weight row on the unit sphere. With the
+    # sites attn=qkBC, mlp=BC, norm=l2, qk-rope (each sublayer h <- Norm(h + a (Norm(F(h)) - h)), q and k normalized
+    # after RoPE), it adds the eigen learning rates a (a lerp: skip 1 - a, branch a), s_qk, s_u/s_v, s_z and the
+    # weights' normalization after every optimizer step (normlab.model.sphere)
+    ngpt: bool = False
     ln_scaling: bool = False  # LayerNorm Scaling (Sun et al. 2025): the input norm's output times 1/sqrt(layer)
     gain: str = "gamma"  # the norms' gain: gamma | none | centered (1 + w) | scalar; rms, layer, dyt, derf have one
     # per-site kinds, gains and DyT alpha0 where they differ from norm/gain above: (site, SiteNorm) pairs in
@@ -268,6 +287,10 @@ class Layout:
         if self.gain != "gamma" and self.norm in ("scale", "l2"):
             raise LayoutError(f"norm={self.norm} has no per-channel gain to change (ScaleNorm's is one scalar g, "
                               "L2's none); gain= applies to rms, layer, dyt and derf")
+        if not (isinstance(self.streams, int) and not isinstance(self.streams, bool) and 1 <= self.streams <= 16):
+            raise LayoutError(f"streams must be a whole number from 1 to 16 (the expansion rate n), got {self.streams!r}")
+        if self.stream_mix not in STREAM_MIXES:
+            raise LayoutError(f"unknown stream mix {self.stream_mix!r}; valid: {', '.join(STREAM_MIXES)}")
         if self.h_learned not in (None, *H_LEARNED):
             raise LayoutError(f"h_learned must be one of {', '.join(H_LEARNED)} (or None), got {self.h_learned!r}")
         # h may be 0 only where it is learned (ReZero starts there); `resolve` refuses a fixed 0, which would
@@ -351,12 +374,54 @@ class Layout:
             if spec.alpha0 is not None and spec.kind not in ALPHA_KINDS:
                 raise LayoutError(f"site {site}: alpha0 is DyT's or Derf's initial alpha, and this site holds "
                                   f"norm={spec.kind}")
+        if self.streams > 1:
+            self._check_streams()
+        elif self.stream_mix != "hc":
+            raise LayoutError(f"mix={self.stream_mix} connects several residual streams; give streams=N with N > 1 "
+                              "(DeepSeek's mHC uses 4)")
+        if self.ngpt:
+            self._check_ngpt()
         if self.qk_after_rope and self.inner_span == "full":
             raise LayoutError("qk-rope normalizes each head's rotated q and k; it needs inner=head, not inner=full")
         off = [site for site, _ in self.site_norms if site not in self.sites_on()]
         if off:
             raise LayoutError(f"per-site norm settings for {', '.join(off)}, which no layer of this layout turns "
                               f"on (on: {', '.join(s for s in NORM_SITES if s in self.sites_on()) or 'none'})")
+
+    def _check_streams(self) -> None:
+        """What a hyper-connection replaces: the skip path (C, S, alpha, Admin, skip lambdas, GPAS) is its mixing."""
+        blocks = [self.block.attn, self.block.mlp] + [r.sites for r in self.rules]
+        taken = [what for what, on in (
+            ("a norm after the add (C)", any(s.after_add for s in blocks)),
+            ("a skip from the normed input (S)", any(s.skip_normed for s in blocks)),
+            ("a skip scale alpha", self.alpha != 1.0), ("skip-scalar", self.skip_learned), ("gpas", self.gpas))
+            if on]
+        if taken:
+            raise LayoutError(f"streams={self.streams}: the hyper-connections' mixing replaces the skip path, so "
+                              f"{', '.join(taken)} has nothing to act on; use norm sites A, B (and H) with streams")
+
+    def _check_ngpt(self) -> None:
+        """nGPT's sites are fixed by its equations: its Norm is x / ||x|| at B (on F's output), C (after the lerp)
+        and on q, k after RoPE, nothing else; the skip and the branch are its eigen learning rate's."""
+        want = ("attn=qkBC,mlp=BC", "l2")
+        sites = f"attn={_letters(self.block.attn_inner, self.block.attn)},mlp={_letters(None, self.block.mlp)}"
+        kinds = {self.norm_at(s).kind for s in self.sites_on()}
+        wrong = [what for what, bad in (
+            (f"sites {sites} (nGPT's: attn=qkBC,mlp=BC)", sites != want[0] or bool(self.rules)),
+            (f"norm kinds {', '.join(sorted(kinds))} (nGPT's Norm is l2: x / ||x||)", kinds != {"l2"}),
+            ("q/k norms before RoPE (nGPT normalizes after it: qk-rope)", not self.qk_after_rope),
+            ("an embedding or final norm (nGPT's embedding rows are unit vectors; its stream is one)",
+             self.embed_norm or self.final_norm),
+            ("h, alpha, skip-scalar, gpas or streams (nGPT's eigen learning rate is its step)",
+             self.h != 1.0 or self.h_learned is not None or self.alpha != 1.0 or self.skip_learned or self.gpas
+             or self.streams > 1),
+            ("a gain on a norm (l2 has none)", any(self.norm_at(s).gain != "gamma" for s in self.sites_on())),
+            (f"softmax={self.softmax} (nGPT's attention is a softmax)", self.softmax != "softmax"),
+            ("inner=full (nGPT normalizes q and k per head)", self.inner_span != "head"),
+            ("emb-scale", self.embed_scale)) if bad]
+        if wrong:
+            raise LayoutError("ngpt is nGPT's whole block (attn=qkBC,mlp=BC,norm=l2,qk-rope,ngpt; preset ngpt); this "
+                              "layout has " + "; ".join(wrong))
 
     def resolve(self, n_layers: int) -> ResolvedLayout:
         self.check_complete()
@@ -402,6 +467,10 @@ class ResolvedLayout:
         )
         if lay.qk_after_rope:
             head += ", q/k norms after RoPE"
+        for on, words in ((lay.skip_learned, "skip lambda learned"), (lay.gpas, "GPAS after each sublayer"),
+                          (lay.streams > 1, f"{lay.streams} residual streams ({lay.stream_mix})"),
+                          (lay.ngpt, "nGPT (eigen learning rates, s_qk, s_uv, s_z; weights on the sphere)")):
+            head += f", {words}" if on else ""
         if lay.site_norms:
             head += "\n  per site: " + "; ".join(f"{site} {lay.norm_at(site).kind}/{lay.norm_at(site).gain}"
                                                  + (f"/alpha0 {sn.alpha0:g}" if sn.alpha0 is not None else "")
@@ -413,6 +482,12 @@ class ResolvedLayout:
                 f"  {i:>5}  {inner:<11}  {format_sites(blk.attn) or '-':<5}  {format_sites(blk.mlp) or '-'}"
             )
         return "\n".join(lines)
+
+
+def _letters(inner: AttentionInnerSites | None, sites: SublayerSites) -> str:
+    from normlab.layout.spec import format_inner, format_sites
+
+    return ((format_inner(inner) if inner is not None else "") + format_sites(sites)) or "-"
 
 
 def _canonical_site_norms(pairs: tuple[tuple[str, SiteNorm], ...]) -> tuple[tuple[str, SiteNorm], ...]:

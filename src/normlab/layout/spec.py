@@ -18,7 +18,8 @@ Tokens:
     final / -final   final norm on / off
     qk               add QK-norm to every layer
     norm=KIND        one kind everywhere: rms (RMSNorm), layer (LayerNorm), dyt (Dynamic Tanh),
-                     derf (Dynamic erf), scale (ScaleNorm), l2 (gain-free x / ||x||)
+                     derf (Dynamic erf), scale (ScaleNorm), l2 (gain-free x / ||x||), seednorm (an
+                     input-dependent gain on x / RMS(x), Cai et al. 2025)
     inner=head|full  q/k/v/c norms per head or across all heads (OLMo 2)
     h=FLOAT          residual branch scale (Kan et al. Sec. 5)
     alpha=FLOAT|deepnorm|admin   skip scale (DeepNorm: (2N)^(1/4); Admin: learned, profiled at init)
@@ -26,6 +27,13 @@ Tokens:
     emb-scale        multiply embeddings by sqrt(d_model) (Gemma); -emb-scale undoes it
     h-scalar         h learned, one scalar per sublayer starting at h (ReZero: h=0); -h-learned undoes it
     h-channel        h learned, one per channel starting at h (LayerScale: h=0.1 or smaller)
+    skip-scalar      a learned skip scale per sublayer from 1: x' = lambda x + h F(.) (modded-nanogpt); -skip-scalar
+    streams=N        N parallel residual streams (hyper-connections' expansion rate; 1: one stream)
+    mix=hc|mhc       how the streams connect: hyper-connections (Zhu et al. 2025) or mHC, the mixing matrix
+                     made doubly stochastic by Sinkhorn-Knopp (Xie et al. 2025); needs streams=N > 1
+    ngpt             nGPT (Loshchilov et al. 2024) on attn=qkBC,mlp=BC,norm=l2,qk-rope: eigen learning rates,
+                     s_qk, s_u/s_v, s_z, weights normalized after each step (preset ngpt); -ngpt undoes it
+    gpas             GPAS after each sublayer: x <- x - SiLU(a) stopgrad(x), a learned from 0 (Chen et al. 2025); -gpas
     gain=G           the norms' gain: gamma (default), none, centered (1 + w, w from 0), or scalar
                      (one learned number from 1: single-scale RMSNorm)
     lns              LayerNorm Scaling: the input norm's output times 1/sqrt(layer index from 1); -lns undoes it
@@ -55,6 +63,7 @@ from normlab.layout.sites import (
     DEEPNORM,
     NORM_SITES,
     SITE_GROUPS,
+    STREAM_MIXES,
     SiteNorm,
     INNER_SPANS,
     GAINS,
@@ -82,6 +91,12 @@ _FLAGS = {
     "h-scalar": ("h_learned", "scalar"),
     "h-channel": ("h_learned", "channel"),
     "-h-learned": ("h_learned", None),
+    "skip-scalar": ("skip_learned", True),
+    "-skip-scalar": ("skip_learned", False),
+    "gpas": ("gpas", True),
+    "-gpas": ("gpas", False),
+    "ngpt": ("ngpt", True),
+    "-ngpt": ("ngpt", False),
     "lns": ("ln_scaling", True),
     "-lns": ("ln_scaling", False),
     "qk-rope": ("qk_after_rope", True),
@@ -90,8 +105,8 @@ _FLAGS = {
 _SITE_FIELDS = {"norm": "kind", "gain": "gain", "alpha0": "alpha0"}
 TOKEN_HELP = (
     "attn=<qkvc+ABCS or ->, mlp=<ABCS or ->, [a:b]attn=..., [a:b]mlp=..., emb, -emb, final, "
-    "-final, qk, norm=rms|layer|dyt|derf|scale|l2, inner=head|full, h=<float>, alpha=<float>|deepnorm|admin, frozen-out, "
-    "emb-scale, h-scalar, h-channel, lns, qk-rope, softmax=softmax|sink|off-by-one|softpick, "
+    "-final, qk, norm=rms|layer|dyt|derf|scale|l2|seednorm, inner=head|full, h=<float>, alpha=<float>|deepnorm|admin, frozen-out, "
+    "emb-scale, h-scalar, h-channel, skip-scalar, gpas, ngpt, streams=<n>, mix=hc|mhc, lns, qk-rope, softmax=softmax|sink|off-by-one|softpick, "
     "gain=gamma|none|centered|scalar, norm.SITES=KIND, gain.SITES=G, "
     "alpha0.SITES=<float>, init=<scheme>"
 )
@@ -173,6 +188,16 @@ def format_layout(layout: Layout) -> str:
         tokens.append("emb-scale")
     if layout.h_learned is not None:
         tokens.append(f"h-{layout.h_learned}")
+    if layout.skip_learned:
+        tokens.append("skip-scalar")
+    if layout.gpas:
+        tokens.append("gpas")
+    if layout.ngpt:
+        tokens.append("ngpt")
+    if layout.streams != 1:
+        tokens.append(f"streams={layout.streams}")
+    if layout.stream_mix != "hc":
+        tokens.append(f"mix={layout.stream_mix}")
     if layout.ln_scaling:
         tokens.append("lns")
     if layout.qk_after_rope:
@@ -283,6 +308,14 @@ def _apply(layout: Layout, token: str) -> Layout:
             if value not in ATTN_SOFTMAX:
                 raise LayoutError(f"in {token!r}: softmax must be one of {', '.join(ATTN_SOFTMAX)}")
             return replace(layout, softmax=value)
+        if key == "streams":
+            if not re.fullmatch(r"\d+", value):
+                raise LayoutError(f"in {token!r}: streams is a whole number (the expansion rate n, e.g. 4)")
+            return replace(layout, streams=int(value))
+        if key == "mix":
+            if value not in STREAM_MIXES:
+                raise LayoutError(f"in {token!r}: mix must be one of {', '.join(STREAM_MIXES)}")
+            return replace(layout, stream_mix=value)
         if key == "inner":
             if value not in INNER_SPANS:
                 raise LayoutError(f"in {token!r}: inner must be one of {', '.join(INNER_SPANS)}")

@@ -39,6 +39,7 @@ from normlab.model.config import ModelConfig
 from normlab.model.decoding import Decoding
 from normlab.model.norms import Tap, site_norm
 from normlab.model.rope import Rotary
+from normlab.model.sphere import base_scale, unit
 from normlab.model.storage import NO_STORAGE, Storage
 
 
@@ -118,6 +119,11 @@ class Attention(nn.Module):
         self.window = cfg.window_of(layer_idx)  # sliding-window attention on this layer (None: full)
         self.softcap = cfg.attn_softcap
         self.softmax = layout.softmax
+        # nGPT's s_qk per head and channel (stored at 1/sqrt(d): normlab.model.sphere) on the unit q and k, and the
+        # softmax scale sqrt(d_k): q.k is a cosine, scaled up (Loshchilov et al. 2024 eqs. 15-16)
+        self.sqk = nn.Parameter(torch.full((self.n_heads * hd,), base_scale(d))) if layout.ngpt else None
+        if layout.ngpt:
+            self.scale = hd**0.5
         # GPT-OSS's learned sink logit per query head (from 0: the off-by-one softmax at init)
         self.sinks = nn.Parameter(torch.zeros(self.n_heads)) if layout.softmax == "sink" else None
 
@@ -151,8 +157,12 @@ class Attention(nn.Module):
         pos = dec.positions if dec is not None else None
         store = self.store
         if self.qk_after_rope:  # Llama 4: RoPE first, then each head's q and k normalized
-            q = self.q(store(self.q_norm(self._rotate(self._heads(self.q_proj(x), self.n_heads, _ID), pos))))
-            k = self.k(store(self.k_norm(self._rotate(self._heads(self.k_proj(x), self.n_kv_heads, _ID), pos))))
+            q = store(self.q_norm(self._rotate(self._heads(self.q_proj(x), self.n_heads, _ID), pos)))
+            k = store(self.k_norm(self._rotate(self._heads(self.k_proj(x), self.n_kv_heads, _ID), pos)))
+            if self.sqk is not None:  # nGPT: s_qk Norm(q), s_qk Norm(k) (n_kv_heads = n_heads: the layout checks)
+                sqk = unit(self.sqk, self.q_proj.in_features).to(q.dtype).view(1, self.n_heads, 1, self.head_dim)
+                q, k = store(sqk * q), store(sqk * k)
+            q, k = self.q(q), self.k(k)
         else:
             q = self.q(store(self._rotate(self._heads(self.q_proj(x), self.n_heads, self.q_norm), pos)))
             k = self.k(store(self._rotate(self._heads(self.k_proj(x), self.n_kv_heads, self.k_norm), pos)))

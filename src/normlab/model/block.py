@@ -8,7 +8,10 @@ Sec. 5 step h; DeepNorm skip scale alpha; Zhuo et al. 2025 eq. 9 skip from the n
             │     └─(skip_normed)──> * alpha ─> (+) ──> N_C ──> x'      (Admin: alpha a learned omega)
             └───────(otherwise)────> * alpha ──^
 
-so Post-LN is C alone, Pre-LN A alone, Peri-LN A+B, HybridNorm's FFN A with skip_normed.
+so Post-LN is C alone, Pre-LN A alone, Peri-LN A+B, HybridNorm's FFN A with skip_normed. Options on the same
+path: a learned skip lambda (x' = lambda x + h F), GPAS after the add (x' <- x' - SiLU(a) sg(x')), nGPT's lerp
+((1 - a) x + a N_B(F), then N_C), and with n > 1 residual streams the hyper-connections' mixing in place of the
+skip (h_0 = pre . H into the branch; H' = res H + post * update; normlab.model.streams).
 
 Capture points (`Tap`), the same paths under every layout:
     blocks.i.attn_update / mlp_update   h * N_B(f(N_A(x))): exactly the tensor added to the stream
@@ -37,13 +40,16 @@ from normlab.model.mlp import MLP
 from normlab.model.moe import MoE
 from normlab.model.norms import Tap, site_norm
 from normlab.model.storage import NO_STORAGE, Storage
+from normlab.model.sphere import base_scale, eigen
+from normlab.model.streams import HyperConnection, connection
 
 
 # Learned scales that are not norms: residual steps (ReZero, LayerScale), Admin's omegas, NormFormer's head
 # scales. Like norm gains they are left out of weight decay (which would pull them to 0) and probed.
 # Each name maps to the prefix of its probe metrics (h_mean, omega_mean, head_scale_mean).
 SCALE_PARAMS = {"attn_h": "h", "mlp_h": "h", "attn_omega": "omega", "mlp_omega": "omega", "head_scale": "head_scale",
-                "sinks": "sink"}
+                "sinks": "sink", "attn_skip": "skip", "mlp_skip": "skip", "attn_gpas": "gpas", "mlp_gpas": "gpas",
+                "attn_eigen": "eigen", "mlp_eigen": "eigen", "sqk": "s_qk", "suv": "s_uv", "sz": "s_z"}
 
 
 def scale_params(model: nn.Module) -> list[nn.Parameter]:
@@ -88,21 +94,49 @@ class Block(nn.Module):
             self.attn_omega = nn.Parameter(torch.ones(cfg.d_model))
             self.mlp_omega = nn.Parameter(torch.ones(cfg.d_model))
         self.admin: AdminProfile | None = None  # set only during the profiling pass
+        # modded-nanogpt's residual lambda: a learned scalar on the skip, from 1 (x' = lambda_skip x + h F(.))
+        self.attn_skip = self.mlp_skip = None
+        if layout.skip_learned:
+            self.attn_skip, self.mlp_skip = nn.Parameter(torch.ones(1)), nn.Parameter(torch.ones(1))
+        # GPAS (Chen et al. 2025, arXiv 2506.22049, Sec. 3; the authors' GPASBlock): after the sublayer,
+        # x <- x - SiLU(a) * sg(x), a learned scalar from 0 (the identity at init). The forward scales x by
+        # 1 - SiLU(a); the backward passes dL/dx unchanged (the subtracted copy is detached) and gives a its gradient.
+        self.attn_gpas = self.mlp_gpas = None
+        if layout.gpas:
+            self.attn_gpas, self.mlp_gpas = nn.Parameter(torch.zeros(1)), nn.Parameter(torch.zeros(1))
+        # nGPT's eigen learning rates a_A, a_M per channel (normlab.model.sphere): h <- Norm((1 - a) h + a Norm(F(h)))
+        self.attn_eigen = self.mlp_eigen = None
+        if layout.ngpt:
+            self.attn_eigen = nn.Parameter(torch.full((cfg.d_model,), base_scale(cfg.d_model)))
+            self.mlp_eigen = nn.Parameter(torch.full((cfg.d_model,), base_scale(cfg.d_model)))
+        # hyper-connections (normlab.model.streams): n streams in, n out; sublayer k = 2 l (attention), 2 l + 1 (MLP)
+        self.attn_hc = self.mlp_hc = None
+        if layout.streams > 1:
+            self.attn_hc = connection(layout.stream_mix, layout.streams, cfg.d_model, 2 * index)
+            self.mlp_hc = connection(layout.stream_mix, layout.streams, cfg.d_model, 2 * index + 1)
         self.attn_norms = SiteNorms(block.attn, layout, cfg, "attn")
         self.attn = Attention(cfg, block.attn_inner, layout, layer_idx=index)
         self.attn_update, self.resid_mid = Tap(), Tap()
         self.mlp_norms = SiteNorms(block.mlp, layout, cfg, "mlp")
         if cfg.n_experts and block.mlp.hidden:
             raise LayoutError("the MLP hidden norm (H) is not built for MoE experts; use a dense MLP or drop H")
+        if layout.ngpt and (cfg.n_experts or cfg.mlp != "swiglu" or cfg.kv_heads != cfg.n_heads):
+            raise LayoutError("ngpt is built for nGPT's model: a dense SwiGLU MLP (s_u, s_v) and one key per query "
+                              "head (s_qk scales q and k alike); use mlp=swiglu, n_kv_heads = n_heads, no experts")
         self.mlp = MoE(cfg) if cfg.n_experts else MLP(cfg, site_norm(block.mlp.hidden, layout.norm_at("mlp.H"),
-                                                                     cfg.ffn_dim, cfg))
+                                                                     cfg.ffn_dim, cfg), ngpt=layout.ngpt)
         self.mlp_update, self.resid_post = Tap(), Tap()
 
     def _sublayer(
         self, x: torch.Tensor, norms: SiteNorms, f: Callable[[torch.Tensor], torch.Tensor], update_tap: Tap,
-        h: nn.Parameter | None = None, omega: nn.Parameter | None = None,
+        h: nn.Parameter | None = None, omega: nn.Parameter | None = None, lam: nn.Parameter | None = None,
+        gpas: nn.Parameter | None = None, hc: HyperConnection | None = None, eig: nn.Parameter | None = None,
     ) -> torch.Tensor:
         store = self.store  # every tensor a real fp16 run writes to memory is rounded where it is made
+        if hc is not None:  # x holds the n streams side by side; the branch reads h_0 = sum_j pre_j H_j
+            streams = x.unflatten(-1, (hc.n, -1))
+            x, res, post = hc(streams)
+            x = store(x)
         u = store(norms.input(x))
         skip = u if norms.skip_normed else x
         if self.ln_scale != 1.0:
@@ -113,16 +147,28 @@ class Block(nn.Module):
             update = store(h.to(update.dtype) * update)
         elif self.h != 1.0:
             update = store(self.h * update)
+        if hc is not None:  # H'_i = sum_j res_ij H_j + post_i * update (the layout refuses C, S, alpha, lambda, GPAS)
+            return store(hc.depth(streams, res, post, update_tap(update)).flatten(-2))
         if self.alpha != 1.0:
             skip = store(self.alpha * skip)
         if omega is not None:
             if self.admin is not None:
                 self.admin.set(omega, skip, update)
             skip = store(omega.to(skip.dtype) * skip)
-        return store(norms.after_add(store(skip + update_tap(update))))
+        if lam is not None:
+            skip = store(lam.to(skip.dtype) * skip)
+        if eig is not None:  # nGPT's lerp: (1 - a) h + a Norm(F(h)), then N_C = Norm (the layout's C site)
+            a = eigen(eig, eig.shape[0]).to(update.dtype)
+            skip, update = store((1 - a) * skip), store(a * update)
+        out = store(norms.after_add(store(skip + update_tap(update))))
+        if gpas is not None:
+            out = store(out - nn.functional.silu(gpas).to(out.dtype) * out.detach())
+        return out
 
     def forward(self, x: torch.Tensor, dec: Decoding | None = None) -> torch.Tensor:
         attn = self.attn if dec is None else (lambda u: self.attn(u, dec))
-        x = self.resid_mid(self._sublayer(x, self.attn_norms, attn, self.attn_update, self.attn_h, self.attn_omega))
+        x = self.resid_mid(self._sublayer(x, self.attn_norms, attn, self.attn_update, self.attn_h, self.attn_omega,
+                                          self.attn_skip, self.attn_gpas, self.attn_hc, self.attn_eigen))
         return self.resid_post(self._sublayer(x, self.mlp_norms, self.mlp, self.mlp_update, self.mlp_h,
-                                              self.mlp_omega))
+                                              self.mlp_omega, self.mlp_skip, self.mlp_gpas, self.mlp_hc,
+                                              self.mlp_eigen))

@@ -29,6 +29,7 @@ from normlab.layout.sites import deepnorm_beta
 from normlab.model.admin import profile_admin
 from normlab.model.init_schemes import _DEEPNORM_SCALED, _TRUNCATED, _XAVIER, base_std, check_scheme, linear_std
 from normlab.model.norms import is_norm
+from normlab.model.sphere import base_scale, project
 
 
 def _normal(w: torch.Tensor, std: float, truncated: bool) -> None:
@@ -83,7 +84,23 @@ def init_weights(model: nn.Module, scheme: str) -> None:
             p = getattr(block, name, None)
             if p is not None:
                 p.fill_(float(model.layout.h))
+        for name, start in (("attn_skip", 1.0), ("mlp_skip", 1.0), ("attn_gpas", 0.0), ("mlp_gpas", 0.0)):
+            p = getattr(block, name, None)
+            if p is not None:
+                p.fill_(start)
+        for hc in (block.attn_hc, block.mlp_hc):  # hyper-connections: their papers' starts (normlab.model.streams)
+            if hc is not None:
+                hc.reset_parameters(cfg.init_std)
         head_scale = getattr(block.attn, "head_scale", None)
         if head_scale is not None:
             head_scale.fill_(1.0)
+    if model.layout.ngpt:  # nGPT: every weight row on the unit sphere from the start (normlab.model.sphere)
+        for name in ("attn_eigen", "mlp_eigen"):
+            for block in model.blocks:
+                getattr(block, name).fill_(base_scale(d))
+        for block in model.blocks:
+            block.attn.sqk.fill_(base_scale(d))
+            block.mlp.suv.fill_(1.0)
+        model.sz.fill_(base_scale(d))
+        project(model)
     profile_admin(model)  # Admin's omegas, from a forward with the weights just drawn (normlab.model.admin)

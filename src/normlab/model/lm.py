@@ -25,6 +25,7 @@ from normlab.model.decoding import Decoding, check_positions
 from normlab.model.loss import lm_loss, logits_of
 from normlab.model.moe import MoE
 from normlab.model.norms import Tap, site_norm
+from normlab.model.sphere import base_scale, unit
 from normlab.model.storage import NO_STORAGE, Storage
 
 
@@ -33,7 +34,8 @@ class LMOutput:
     logits: torch.Tensor | None  # None when the loss was chunked (the logits were never whole)
     loss: torch.Tensor | None = None
     # hidden_states[0]: the stream entering block 0 (after embedding scale and norm);
-    # hidden_states[i + 1]: the output of block i, before the final norm.
+    # hidden_states[i + 1]: the output of block i, before the final norm. With n > 1 residual streams
+    # (hyper-connections) each is (B, T, n*d), the streams side by side.
     hidden_states: tuple[torch.Tensor, ...] | None = None
     # MoE models: the routers' weighted auxiliary losses (load balancing + z-loss), summed over layers;
     # the trainer adds it to `loss`, which stays the language-model loss (validation, probes).
@@ -59,7 +61,14 @@ class NormLM(nn.Module):
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
+        # nGPT's s_z per vocabulary entry (stored at 1/sqrt(d) for 1: normlab.model.sphere): logits s_z * W_out h
+        self.sz = nn.Parameter(torch.full((cfg.vocab_size,), base_scale(cfg.d_model))) if layout.ngpt else None
         self.activation_checkpointing = False  # set by the trainer (--activation-checkpointing)
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """The LM head's logits W_out h; nGPT's times s_z."""
+        z = self.lm_head(h)
+        return z if self.sz is None else z * unit(self.sz, self.config.d_model).to(z.dtype)
 
     def set_storage(self, storage: Storage) -> None:
         """Store activations and the residual stream in ``storage``'s dtype from now on (fp16: a value
@@ -88,9 +97,25 @@ class NormLM(nn.Module):
             x = x + self.pos_embed(positions)
         return self.embed_out(self.store(self.embed_norm(self.store(x))))
 
+    @property
+    def streams(self) -> int:
+        """The residual streams n (hyper-connections, normlab.model.streams); 1 for every other layout."""
+        return self.resolved.layout.streams
+
+    def expand(self, x: torch.Tensor) -> torch.Tensor:
+        """y_0 (B, T, d) as the n streams entering block 0, side by side: (B, T, n*d), n copies (Zhu et al. 2025)."""
+        return x.repeat(*([1] * (x.dim() - 1)), self.streams) if self.streams > 1 else x
+
+    def collapse(self, x: torch.Tensor) -> torch.Tensor:
+        """The last block's n streams summed into one (B, T, d) for the final norm (Zhu et al. 2025, Sec. 3)."""
+        return x.unflatten(-1, (self.streams, -1)).sum(-2) if self.streams > 1 else x
+
     def run_blocks(self, x: torch.Tensor, return_hidden_states: bool = False,
                    decoding: Decoding | None = None) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
-        """The blocks from a given stream x_0; optionally every block's output."""
+        """The blocks from a given stream x_0; optionally every block's output. With n > 1 streams x_0 (B, T, d)
+        enters as n copies and every state, the output included, is (B, T, n*d) (`collapse` reads it out)."""
+        if self.streams > 1 and x.shape[-1] == self.config.d_model:
+            x = self.expand(x)
         hidden = [x] if return_hidden_states else None
         # not while hidden states are returned (the probes take gradients with respect to them), nor
         # with a KV cache (the recompute would append the keys twice)
@@ -120,13 +145,14 @@ class NormLM(nn.Module):
         if positions is not None:
             check_positions(positions, self.config.max_seq_len)  # once here, not in every layer's RoPE
         x, hidden = self.run_blocks(self.embed_tokens(tokens, positions), return_hidden_states, decoding)
-        h, softcap = self.store(self.final_norm(x)), self.config.logit_softcap  # Gemma 2's logit soft-cap
+        h, softcap = self.store(self.final_norm(self.collapse(x))), self.config.logit_softcap  # Gemma 2's logit soft-cap
+        head = self.lm_head if self.sz is None else self.head
         if logits_to_keep and targets is None:
             h = h[:, -logits_to_keep:]
         if targets is None:
-            logits, loss = logits_of(self.lm_head, h, softcap, self.store), None
+            logits, loss = logits_of(head, h, softcap, self.store), None
         else:
-            loss, logits = lm_loss(self.lm_head, h, targets, softcap, z_loss, loss_chunk, self.store)
+            loss, logits = lm_loss(head, h, targets, softcap, z_loss, loss_chunk, self.store)
         moe = [b.mlp.aux for b in self.blocks if isinstance(b.mlp, MoE) and b.mlp.aux is not None]
         return LMOutput(logits=logits, loss=loss, hidden_states=tuple(hidden) if hidden is not None else None,
                         aux_loss=torch.stack(moe).sum() if moe else None)

@@ -23,7 +23,7 @@ def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
 class MLP(nn.Module):
     store: Storage = NO_STORAGE  # the activation dtype of the hidden (normlab.model.storage)
 
-    def __init__(self, cfg: ModelConfig, hidden_norm: nn.Module | None = None) -> None:
+    def __init__(self, cfg: ModelConfig, hidden_norm: nn.Module | None = None, ngpt: bool = False) -> None:
         super().__init__()
         # NormFormer's norm on the hidden activation (layout site H), nn.Identity where off
         self.hidden_norm = hidden_norm if hidden_norm is not None else nn.Identity()
@@ -32,13 +32,19 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(d, ff, bias=bias) if cfg.mlp in GATED else None
         self.up_proj = nn.Linear(d, ff, bias=bias)
         self.down_proj = nn.Linear(ff, d, bias=bias)
+        # nGPT's s_u, s_v (Loshchilov et al. 2024 eqs. 19-20; normlab.model.sphere): u, v scaled by suv * sqrt(d)
+        self.suv = nn.Parameter(torch.ones(2 * ff)) if ngpt else None
+        self.sqrt_d = d**0.5
         self.act = {"swiglu": F.silu, "geglu-tanh": _gelu_tanh, "gelu": F.gelu, "gelu-tanh": _gelu_tanh,
                     "relu": F.relu}[cfg.mlp]
 
     def hidden(self, x: torch.Tensor) -> torch.Tensor:
         """The activation h fed to the last projection W2 (Kim Prop. 3.1's h), after the hidden norm H
         where the layout has one (NormFormer: W2 N(act(x W1)))."""
-        if self.gate_proj is not None:
+        if self.suv is not None:  # nGPT: u * SiLU(v), u = s_u sqrt(d) W_u h, v = s_v sqrt(d) W_v h (the authors' code)
+            s_u, s_v = (self.suv * self.sqrt_d).to(x.dtype).chunk(2)
+            h = self.store(self.act(s_v * self.gate_proj(x)) * (s_u * self.up_proj(x)))
+        elif self.gate_proj is not None:
             h = self.store(self.act(self.gate_proj(x)) * self.up_proj(x))
         else:
             h = self.store(self.act(self.up_proj(x)))

@@ -7,6 +7,8 @@
                    ("Stronger Normalization-Free Transformers", arXiv 2512.10938; the authors' Dynamic_erf)
     ScaleNorm(x) = g * x / sqrt(sum(x^2) + eps), g a learned scalar (sqrt(d) at init)  Nguyen & Salazar 2019
     L2Norm(x)    = x / sqrt(sum(x^2) + eps), no parameters
+    SeeDNorm(x)  = (tanh(x . beta) alpha + gamma) * x / sqrt(mean(x^2) + eps), beta, alpha per channel
+                   Cai et al. 2025 (SeeDNorm: Self-Rescaled Dynamic Normalization, arXiv 2510.22777), eq. 3
 
 DyT is not a normalization (no statistic of x): it squashes each entry, so its output is bounded by
 |gamma| + |beta| entry by entry whatever the input's scale, where RMSNorm's output has RMS |gamma|; Derf
@@ -254,7 +256,44 @@ class L2Norm(_Elementwise):
         return (xd * torch.rsqrt(xd.float().pow(2).sum(-1, keepdim=True) + self.eps).to(dtype)).to(x.dtype)
 
 
-NORM_TYPES = (nn.RMSNorm, nn.LayerNorm, DyT, ScaleNorm, L2Norm)  # Derf is a DyT
+class SeeDNorm(_Elementwise):
+    """SeeDNorm (Cai et al. 2025, "SeeDNorm: Self-Rescaled Dynamic Normalization", arXiv 2510.22777, eq. 3):
+    [tanh(x beta^T) alpha + gamma] * x / RMS(x), RMS(x) = sqrt(mean(x^2) + eps). x beta^T is one number per token
+    from the raw input (so the input's norm reaches the output), tanh bounds it, alpha (per channel) turns it into a
+    per-channel change of RMSNorm's static gain gamma. normlab starts beta at 0, alpha at 1 and gamma at 1: RMSNorm
+    at init, with beta's gradient nonzero (the paper's own starts and its stabilizing measures are not built).
+    Gains: gamma as RMSNorm's (``gain=``; none: gamma fixed at 1); alpha and beta are always per channel."""
+
+    def __init__(self, dim: int, eps: float, compute: NormCompute = "input", gain: str = "gamma") -> None:
+        super().__init__()
+        self.eps, self.compute, self.gain = eps, compute, gain
+        self.offset = 1.0 if gain == "centered" else 0.0
+        width = 1 if gain == "scalar" else dim
+        self.weight = nn.Parameter(torch.full((width,), 1.0 - self.offset)) if gain != "none" else None  # gamma
+        self.self_scale = nn.Parameter(torch.zeros(dim))  # beta
+        self.dyn_gain = nn.Parameter(torch.ones(dim))  # alpha
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            if self.weight is not None:
+                self.weight.fill_(1.0 - self.offset)
+            self.self_scale.zero_()
+            self.dyn_gain.fill_(1.0)
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = self._dtype(x)
+        xd = x.to(dtype)
+        r = xd * torch.rsqrt(xd.float().pow(2).mean(-1, keepdim=True) + self.eps).to(dtype)
+        g = gain_of(self)
+        gain = torch.tanh(xd @ self.self_scale.to(dtype)).unsqueeze(-1) * self.dyn_gain.to(dtype)
+        gain = gain + (g.to(dtype) if g is not None else 1.0)
+        return (gain * r).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"gain={self.gain}, compute={self.compute}"
+
+
+NORM_TYPES = (nn.RMSNorm, nn.LayerNorm, DyT, ScaleNorm, L2Norm, SeeDNorm)  # Derf is a DyT
 
 
 def is_norm(m: nn.Module) -> bool:
@@ -279,8 +318,10 @@ def make_norm(kind: NormKind, dim: int, eps: float, bias: bool = True, frozen_ga
         norm = ScaleNorm(dim, eps, compute)
     elif kind == "l2":
         norm = L2Norm(eps, compute)
+    elif kind == "seednorm":
+        norm = SeeDNorm(dim, eps, compute, gain)
     else:
-        raise ValueError(f"unknown norm kind {kind!r}; valid: rms, layer, dyt, derf, scale, l2")
+        raise ValueError(f"unknown norm kind {kind!r}; valid: rms, layer, dyt, derf, scale, l2, seednorm")
     if frozen_gamma and getattr(norm, "weight", None) is not None:
         norm.weight.requires_grad_(False)
     return norm

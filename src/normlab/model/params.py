@@ -57,6 +57,8 @@ def analytic_params(cfg: ModelConfig, resolved: ResolvedLayout) -> ParamCount:
         gamma = {"none": 0, "scalar": 1}.get(spec.gain, width)
         if spec.kind in ("dyt", "derf"):  # gamma, beta, alpha (and Derf's shift s)
             return gamma + (width if cfg.norm_bias else 0) + 1 + (spec.kind == "derf")
+        if spec.kind == "seednorm":  # gamma, and alpha and beta per channel
+            return gamma + 2 * width
         if spec.kind == "scale":
             return 1  # g
         if spec.kind == "l2":
@@ -78,6 +80,13 @@ def analytic_params(cfg: ModelConfig, resolved: ResolvedLayout) -> ParamCount:
     inner_dim = {"q": (h, "q"), "k": (kv, "k"), "v": (kv, "v"), "context": (h, "c")}
     per_block_scales = 2 * (1 if lay.h_learned == "scalar" else d) if lay.h_learned else 0
     per_block_scales += 2 * d if lay.alpha == "admin" else 0  # Admin's omega per sublayer and channel
+    per_block_scales += 2 * (int(lay.skip_learned) + int(lay.gpas))  # a skip lambda, a GPAS a per sublayer
+    n = lay.streams  # hyper-connections per sublayer (normlab.model.streams): HC's static A_m, A_r, B, dynamic
+    if n > 1:        # W_m, W_r, W_b and s_a, s_b; mHC's phi (n d x (n^2 + 2n)), b and three gating factors
+        per_block_scales += 2 * (d * (n + 2) + n * n + 2 * n + 2 if lay.stream_mix == "hc"
+                                 else (n * d + 1) * (n * n + 2 * n) + 3)
+    if lay.ngpt:  # a_A, a_M (d each), s_qk (heads x head_dim), s_u and s_v (ffn each); s_z below
+        per_block_scales += 2 * d + h * hd + 2 * ff
     blocks = 0
     for blk in resolved.blocks:
         norms = 0
@@ -94,7 +103,7 @@ def analytic_params(cfg: ModelConfig, resolved: ResolvedLayout) -> ParamCount:
     model_norms = (site("emb", d) if lay.embed_norm else 0) + (site("final", d) if lay.final_norm else 0)
     embedding = cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2)
     embedding += cfg.max_seq_len * d if cfg.position == "learned" else 0
-    non_embedding = blocks + model_norms
+    non_embedding = blocks + model_norms + (cfg.vocab_size if lay.ngpt else 0)  # nGPT's s_z
     total = non_embedding + embedding
     return ParamCount(total=total, embedding=embedding, non_embedding=non_embedding,
                       active=total - _inactive(cfg) if cfg.n_experts else None)

@@ -127,4 +127,7 @@ def _mean_abs_bound(norm: nn.Module, d: int) -> float:
         g = norm.weight.abs().item() if isinstance(norm, ScaleNorm) else 1.0
         return g / math.sqrt(d)
     gain, beta = gain_of(norm), getattr(norm, "bias", None)
-    return (gain.abs().max().item() if gain is not None else 1.0) + (beta.abs().max().item() if beta is not None else 0.0)
+    # SeeDNorm: its gain gamma + alpha tanh(x . beta) is at most max|gamma| + max|alpha| on an RMS-1 vector
+    dyn = getattr(norm, "dyn_gain", None)
+    return ((gain.abs().max().item() if gain is not None else 1.0) + (beta.abs().max().item() if beta is not None else 0.0)
+            + (dyn.abs().max().item() if dyn is not None else 0.0))

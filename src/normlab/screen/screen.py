@@ -5,6 +5,8 @@ For each layout: build the model at initialization (float64), then for each stre
 2. hidden-state mean|h| and variance over depth, their shape, and Theorem 4's linear bound (`forward`),
 3. each block's Jacobian norm and their product over depth (`backward`),
 4. the W_2 amplification of an input perturbation to the terminal states (`uncertainty`),
+5. with n > 1 residual streams (hyper-connections), the composite mixing gain over depth: the largest absolute
+   row and column sums of res_l ... res_1 (Xie et al. 2025's Amax gain, which mHC's doubly stochastic res bounds by 1),
 and the same at a smaller residual step h (Kan Sec. 5). The verdicts compare s = min and s = max.
 """
 
@@ -22,6 +24,7 @@ import torch
 
 from normlab.layout import Layout, LayoutError, as_layout
 from normlab.model import build_model
+from normlab.model.streams import composite_gain
 from normlab.config.commands import ScreenConfig
 from normlab.settings import check_leaf, leaves
 from normlab.screen.backward import sensitivities
@@ -54,6 +57,11 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b else math.inf
 
 
+def hc_gain(model: torch.nn.Module) -> dict[str, list[float]]:
+    """The composite mixing gain after each hyper-connection of the last forward (normlab.model.streams)."""
+    return composite_gain([c.last_res for b in model.blocks for c in (b.attn_hc, b.mlp_hc)])
+
+
 def screen_layout(layout: Layout | str, cfg: ScreenConfig, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     t0 = time.perf_counter()
     lay = as_layout(layout)
@@ -72,6 +80,8 @@ def screen_layout(layout: Layout | str, cfg: ScreenConfig, extra: dict[str, Any]
         with torch.no_grad():
             _, hidden = m.run_blocks(x0, return_hidden_states=True)
         prof = profile(hidden)
+        # hyper-connections: the composite mixing's gain over depth (mHC's Amax), from this forward's res matrices
+        gain = hc_gain(m) if lay.streams > 1 else None
         sens = sensitivities(m, x0, cfg.iters)
         row: dict[str, Any] = {
             **prof,
@@ -83,6 +93,8 @@ def screen_layout(layout: Layout | str, cfg: ScreenConfig, extra: dict[str, Any]
             "sensitivity_product": float(np.prod(sens)),
             "uncertainty": amplification(m, x0, cfg.noise, cfg.seed),
         }
+        if gain is not None:
+            row["hc_gain"] = gain
         if bounded_premise:
             bound = output_norm_bound(m, prof["mean_abs"][0])
             row["thm4_bound"] = bound
@@ -144,6 +156,8 @@ def screen_layout(layout: Layout | str, cfg: ScreenConfig, extra: dict[str, Any]
             "backward": backward,
             "sensitivity_ratio": sens_ratio,
             "uncertainty_ratio_growth": amp_ratio,
+            **({"hc_gain": max(max(r["hc_gain"]["forward"]), max(r["hc_gain"]["backward"]))
+                for r in per_stress.values()} if lay.streams > 1 else {}),
             "overall": overall,
         },
         "seconds": time.perf_counter() - t0,
@@ -177,7 +191,12 @@ def format_table(results: list[dict[str, Any]]) -> str:
         note = (f"\n(a→b: stress s={s[0]:g} → s={s[-1]:g}; sens = ||dX_(l+1)/dX_l||_2 per block; W2 out/in = "
                 f"terminal over input Wasserstein-2 of a {results[0]['config']['noise']:g}-RMS perturbation; "
                 f"h→h/2: final mean|h| at s={s[-1]:g})")
-    return "\n".join([line(heads), line(["-" * w for w in widths]), *map(line, rows)]) + note
+    gains = [f"\n{r['layout']}: hyper-connections' composite mixing gain (largest abs row / column sum of "
+             f"res_l..res_1 over depth and tokens, Xie et al.'s Amax): "
+             + "; ".join(f"s={row['stress']:g}: {max(row['hc_gain']['forward']):.4g} / "
+                         f"{max(row['hc_gain']['backward']):.4g}" for row in r["stresses"].values())
+             for r in results if "hc_gain" in next(iter(r["stresses"].values()))]
+    return "\n".join([line(heads), line(["-" * w for w in widths]), *map(line, rows)]) + note + "".join(gains)
 
 
 def screen_command(layout_args: list[str], cfg: ScreenConfig, json_path: str | None = None,

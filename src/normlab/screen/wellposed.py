@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from normlab.layout.sites import AttentionInnerSites, NormSpec, ResolvedLayout, SublayerSites
+from normlab.layout.sites import AttentionInnerSites, Layout, NormSpec, ResolvedLayout, SublayerSites
 
 ORDER = {"bounded": 0, "tangential": 1, "unbounded": 2}
 VERDICT = {"bounded": "well-posed", "tangential": "degenerate (tangential)", "unbounded": "ill-posed (unbounded)"}
@@ -44,6 +44,8 @@ _B_BOUND = {
     "derf": ("Derf squashes u entry by entry: |u_i| <= h*(|gamma_i| + |beta_i|) whatever its input (erf's range is "
              "(-1, 1); Chen et al. 2025); bounded above but not fixed in size (a small input passes as "
              "gamma*(2/sqrt(pi))*alpha*x around the shift)"),
+    "seednorm": ("SeeDNorm scales x / RMS(x) by gamma + alpha tanh(x . beta): |u_i| <= h*(|gamma_i| + |alpha_i|)*sqrt(d), "
+                 "a bound set by its gains whatever the module's weights (tanh is in (-1, 1); Cai et al. 2025)"),
     "scale": "ScaleNorm puts u on a sphere: ||u|| = h*|g| exactly (Nguyen & Salazar eq. 3)",
     "l2": "u is h times a unit vector: ||u|| = h exactly",
 }
@@ -55,6 +57,7 @@ _C_KEEPS = {
            "where its gradient vanishes, instead of being projected)",
     "derf": "Derf squashes the stream into the box |x_i| <= |gamma_i| + |beta_i| (a large update saturates erf, "
             "where its gradient vanishes, instead of being projected)",
+    "seednorm": "the stream is projected back onto the sphere, then scaled by an input-dependent gain",
     "scale": "the stream is projected back onto a sphere of radius |g|",
     "l2": "the stream is projected back onto the unit sphere",
 }
@@ -108,11 +111,35 @@ def wellposedness(resolved: ResolvedLayout) -> dict:
     verdicts = [SublayerVerdict(_span(idx), name, kind, why) for (name, kind, why), idx in groups.items()]
     verdicts.sort(key=lambda v: (int(v.layers.split("-")[0].split(",")[0]), v.sublayer))
     worst = max((v.kind for v in verdicts), key=ORDER.__getitem__)
-    return {"verdict": VERDICT[worst], "worst": worst, "sublayers": [asdict(v) for v in verdicts]}
+    return {"verdict": VERDICT[worst], "worst": worst, "sublayers": [asdict(v) for v in verdicts],
+            "stream": stream_path(lay)}
+
+
+def stream_path(lay: Layout) -> str:
+    """What carries the stream from one sublayer to the next, when it is not the unit-weight identity: the verdicts
+    above bound the update; these scale or mix what it is added to."""
+    notes = []
+    if lay.skip_learned:
+        notes.append("a learned skip scale lambda (from 1): the carried stream is multiplied by it each sublayer, so "
+                     "a lambda above 1 compounds over depth (no Theorem 4 bound)")
+    if lay.gpas:
+        notes.append("GPAS: the stream is multiplied by 1 - SiLU(a) after each sublayer (a learned from 0; at most "
+                     "1.28 as SiLU >= -0.28), its gradient left whole")
+    if lay.streams > 1:
+        notes.append(f"{lay.streams} streams mixed by "
+                     + ("hyper-connections (Zhu et al. 2025): res = A_r^T is unconstrained, so its product over "
+                        "depth can amplify (the screen's hc_gain)" if lay.stream_mix == "hc" else
+                        "mHC (Xie et al. 2025): res is doubly stochastic (Sinkhorn-Knopp), so its product over depth "
+                        "has gain <= 1 in both directions (the screen's hc_gain), and post <= 2 scales each update"))
+    return "; ".join(notes) or "identity (unit-weight sum)"
 
 
 def all_output_normalized(resolved: ResolvedLayout) -> bool:
-    """Theorem 4's premise: every sublayer adds h * N_B(.) to an unnormalized identity path."""
+    """Theorem 4's premise: every sublayer adds h * N_B(.) to an unnormalized identity path (not a learned skip
+    scale, GPAS's rescaled stream, nor a hyper-connection's mixing of several streams)."""
+    lay = resolved.layout
+    if lay.skip_learned or lay.gpas or lay.streams > 1:
+        return False
     return all(
         s.output and not s.after_add and not s.skip_normed for blk in resolved.blocks for s in (blk.attn, blk.mlp)
     )

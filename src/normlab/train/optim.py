@@ -24,6 +24,8 @@ from torch import nn
 
 from normlab.config.train import TrainConfig
 from normlab.model.block import scale_params
+from normlab.model.sphere import project
+from normlab.model.streams import HyperConnection
 from normlab.model.norms import is_norm
 
 
@@ -37,6 +39,10 @@ def param_groups(model: nn.Module, cfg: TrainConfig) -> list[dict]:
             emb_params.update(id(p) for p in m.parameters(recurse=False))
     # learned residual steps, Admin's omegas and head scales are scales too (normlab.model.block.SCALE_PARAMS)
     norm_params.update(id(p) for p in scale_params(model))
+    # hyper-connections' static mixing (started at I, e_k, 1 or b = 0) and gating factors are scales too; their
+    # dynamic projections (W, phi) are weights and decay
+    norm_params.update(id(p) for m in model.modules() if isinstance(m, HyperConnection)
+                       for name, p in m.named_parameters() if not name.startswith(("dynamic", "phi")))
     decay, no_decay, seen = [], [], set()
     for name, p in model.named_parameters():
         if not p.requires_grad or id(p) in seen:
@@ -57,9 +63,11 @@ def param_groups(model: nn.Module, cfg: TrainConfig) -> list[dict]:
 def muon_matrices(model: nn.Module) -> list[nn.Parameter]:
     """The parameters Muon takes: those inside the blocks with two or more dimensions (nn.Linear weights,
     (out, in); stacked MoE experts, (E, in, out), taken per expert), except MoE routers (a router's rows are
-    per-expert logits, read like a head: AdamW)."""
+    per-expert logits, read like a head: AdamW) and hyper-connections' mixing weights (small maps to n streams, their
+    static matrices started at I or e_k: AdamW, as the papers train them)."""
     blocks = getattr(model, "module", model).blocks  # DDP wraps the model
     routers = {id(m.router.weight) for m in blocks.modules() if isinstance(getattr(m, "router", None), nn.Linear)}
+    routers |= {id(p) for m in blocks.modules() if isinstance(m, HyperConnection) for p in m.parameters()}
     return [p for p in blocks.parameters() if p.requires_grad and p.ndim >= 2 and id(p) not in routers]
 
 
@@ -141,13 +149,22 @@ class MuonAdamW:
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig, fused: bool = False) -> torch.optim.Optimizer | MuonAdamW:
-    """AdamW, SGD or Muon with AdamW; ``fused`` (CUDA): torch's fused kernels (AdamW, SGD), one launch for all."""
+    """AdamW, SGD or Muon with AdamW; ``fused`` (CUDA): torch's fused kernels (AdamW, SGD), one launch for all.
+    An nGPT model's weights are put back on the sphere after every step (normlab.model.sphere.project)."""
     if cfg.optim.optimizer == "muon":
-        return MuonAdamW(model, cfg, fused)
-    groups = param_groups(model, cfg)
-    if cfg.optim.optimizer == "sgd":
-        return torch.optim.SGD(groups, lr=cfg.optim.lr, momentum=cfg.optim.momentum, fused=fused or None)
-    return torch.optim.AdamW(groups, lr=cfg.optim.lr, betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps, fused=fused or None)
+        opt: torch.optim.Optimizer | MuonAdamW = MuonAdamW(model, cfg, fused)
+    else:
+        groups = param_groups(model, cfg)
+        if cfg.optim.optimizer == "sgd":
+            opt = torch.optim.SGD(groups, lr=cfg.optim.lr, momentum=cfg.optim.momentum, fused=fused or None)
+        else:
+            opt = torch.optim.AdamW(groups, lr=cfg.optim.lr, betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps,
+                                    fused=fused or None)
+    inner = getattr(model, "module", model)  # DDP
+    if getattr(getattr(inner, "layout", None), "ngpt", False):
+        last = opt.muon if isinstance(opt, MuonAdamW) else opt  # MuonAdamW steps AdamW, then Muon
+        last.register_step_post_hook(lambda *_: project(inner))
+    return opt
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
