@@ -39,7 +39,7 @@ from normlab.model.config import ModelConfig
 from normlab.model.decoding import Decoding
 from normlab.model.norms import Tap, site_norm
 from normlab.model.rope import Rotary
-from normlab.model.sphere import base_scale, unit
+from normlab.model.sphere import base_scale, rescaled
 from normlab.model.storage import NO_STORAGE, Storage
 
 
@@ -160,7 +160,7 @@ class Attention(nn.Module):
             q = store(self.q_norm(self._rotate(self._heads(self.q_proj(x), self.n_heads, _ID), pos)))
             k = store(self.k_norm(self._rotate(self._heads(self.k_proj(x), self.n_kv_heads, _ID), pos)))
             if self.sqk is not None:  # nGPT: s_qk Norm(q), s_qk Norm(k) (n_kv_heads = n_heads: the layout checks)
-                sqk = unit(self.sqk, self.q_proj.in_features).to(q.dtype).view(1, self.n_heads, 1, self.head_dim)
+                sqk = rescaled(self.sqk, self.q_proj.in_features).to(q.dtype).view(1, self.n_heads, 1, self.head_dim)
                 q, k = store(sqk * q), store(sqk * k)
             q, k = self.q(q), self.k(k)
         else:

@@ -25,7 +25,7 @@ from normlab.model.decoding import Decoding, check_positions
 from normlab.model.loss import lm_loss, logits_of
 from normlab.model.moe import MoE
 from normlab.model.norms import Tap, site_norm
-from normlab.model.sphere import base_scale, unit
+from normlab.model.sphere import base_scale, rescaled
 from normlab.model.storage import NO_STORAGE, Storage
 
 
@@ -68,7 +68,7 @@ class NormLM(nn.Module):
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """The LM head's logits W_out h; nGPT's times s_z."""
         z = self.lm_head(h)
-        return z if self.sz is None else z * unit(self.sz, self.config.d_model).to(z.dtype)
+        return z if self.sz is None else z * rescaled(self.sz, self.config.d_model).to(z.dtype)
 
     def set_storage(self, storage: Storage) -> None:
         """Store activations and the residual stream in ``storage``'s dtype from now on (fp16: a value

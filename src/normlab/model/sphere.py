@@ -43,7 +43,7 @@ def eigen(stored: torch.Tensor, d: int) -> torch.Tensor:
     return (stored * (ALPHA_INIT / base_scale(d))).abs()
 
 
-def unit(stored: torch.Tensor, d: int) -> torch.Tensor:
+def rescaled(stored: torch.Tensor, d: int) -> torch.Tensor:
     """A scaling factor stored at 1/sqrt(d) for a value of 1 (s_qk, s_z): stored * sqrt(d)."""
     return stored / base_scale(d)
 
