@@ -212,7 +212,7 @@ def test_cli_export_of_a_trained_run(corpus, tmp_path, capsys):
 
 @pytest.mark.parametrize("layout, tied", [("peri", False), ("hybrid*", False), ("peri,h=0.5", True),
                                          ("pre-dyt,norm.final=derf,gain.attn.A=scalar", True),
-                                         ("admin", False), ("pre,softmax=sink", False), ("pre-mhc", True), ("ngpt", False),
+                                         ("admin", False), ("pre,softmax=sink", False), ("pre-mhc", True),
                                          ("normformer,attn=qkgsAB,qk-rope,norm.mlp.A=dyt,alpha0.mlp.A=0.3,gain.final=centered", True)])
 def test_any_layout_exports_as_the_normlab_class(layout, tied, tmp_path):
     from normlab.hf import from_hf, save_hf
