@@ -582,6 +582,20 @@ def test_hyper_connections_export_only_as_the_normlab_class(tmp_path):
         assert not (tmp_path / arch).exists()
 
 
+def test_ngpt_exports_as_the_normlab_class_with_its_scalings(tmp_path):
+    """nGPT's s_qk, s_uv, s_z and eigen rates travel in the normlab class's weights: the same logits back."""
+    from normlab.hf import from_hf, save_hf
+
+    model = normlab.build_model("ngpt", "nano", seed=0, vocab_size=96).eval()
+    with torch.no_grad():
+        model.sz.mul_(1.5)
+        model.blocks[0].attn.sqk.mul_(0.7)
+    save_hf(model, tmp_path / "out")
+    torch.testing.assert_close(ours(from_hf(tmp_path / "out")), ours(model), rtol=0, atol=0)
+    hf = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "out", local_files_only=True).eval()
+    torch.testing.assert_close(hf_logits(hf), ours(model), rtol=0, atol=0)
+
+
 def test_cli_refuses_a_hyper_connection_run_in_one_line(corpus, tmp_path, capsys):
     from normlab.cli import main
     from normlab.train import train

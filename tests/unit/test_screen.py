@@ -186,7 +186,7 @@ def test_wellposedness_names_each_kinds_bound():
 
 
 @pytest.mark.parametrize("text", ["peri,norm=l2", "peri,norm=scale", "peri,gain=none", "peri,norm=dyt", "peri,h-channel",
-                                  "peri-derf", "peri,gain=scalar", "peri,norm=seednorm"])
+                                  "peri-derf", "peri,gain=scalar"])
 def test_theorem4_bound_holds_for_every_kind_of_output_norm(text):
     """The linear bound uses each kind's own per-entry bound (and a learned h's value) and holds under stress."""
     r = screen_layout(text, FAST)
