@@ -16,7 +16,8 @@ from normlab.layout.sites import (
     deepnorm_beta,
     resolve,
 )
-from normlab.layout.spec import format_layout, parse_layout
+from normlab.layout.sites import format_layout
+from normlab.layout.spec import parse_layout
 
 
 def as_layout(layout: "Layout | str") -> Layout:

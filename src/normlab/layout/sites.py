@@ -428,8 +428,6 @@ class Layout:
         return resolve(self, n_layers)
 
     def to_string(self) -> str:
-        from normlab.layout.spec import format_layout
-
         return format_layout(self)
 
     @property
@@ -457,8 +455,6 @@ class ResolvedLayout:
 
     def table(self) -> str:
         """The per-layer printout shown at build time."""
-        from normlab.layout.spec import format_inner, format_sites
-
         lay = self.layout
         alpha = "admin (profiled)" if lay.alpha == ADMIN else f"{self.alpha:.4g}"
         head = (
@@ -485,8 +481,6 @@ class ResolvedLayout:
 
 
 def _letters(inner: AttentionInnerSites | None, sites: SublayerSites) -> str:
-    from normlab.layout.spec import format_inner, format_sites
-
     return ((format_inner(inner) if inner is not None else "") + format_sites(sites)) or "-"
 
 
@@ -537,3 +531,94 @@ def resolve(layout: Layout, n_layers: int) -> ResolvedLayout:
     # Admin's omega is learned and set by profiling at init (normlab.model.admin); the fixed part is 1
     alpha = deepnorm_alpha(n_layers) if layout.alpha == DEEPNORM else 1.0 if layout.alpha == ADMIN else float(layout.alpha)
     return ResolvedLayout(layout=layout, blocks=tuple(blocks), alpha=alpha)
+
+# --- the canonical string form (parsed back by normlab.layout.spec, whose grammar reads these letter tables) ---
+
+SITE_LETTERS = {"A": "input", "B": "output", "C": "after_add", "S": "skip_normed"}
+MLP_LETTERS = {"H": "hidden"}
+INNER_LETTERS = {"q": "q", "k": "k", "v": "v", "c": "context", "g": "gate", "s": "head_scale"}
+SITE_FIELDS = {"norm": "kind", "gain": "gain", "alpha0": "alpha0"}
+
+
+def format_sites(sites: SublayerSites) -> str:
+    letters = {**SITE_LETTERS, **MLP_LETTERS}
+    return "".join(letter for letter, attr in letters.items() if getattr(sites, attr))
+
+
+def format_inner(inner: AttentionInnerSites) -> str:
+    return "".join(letter for letter, attr in INNER_LETTERS.items() if getattr(inner, attr))
+
+
+def _format_range_end(end: int | float | None) -> str:
+    return "" if end is None else repr(end)
+
+
+def _format_site_norms(layout: Layout) -> list[str]:
+    """norm./gain./alpha0. tokens, sites with one value joined by "+", both sublayers' X written as X."""
+    tokens = []
+    for key, attr in SITE_FIELDS.items():
+        by_value: dict[object, list[str]] = {}
+        for site, spec in layout.site_norms:
+            value = getattr(spec, attr)
+            if value is not None:
+                by_value.setdefault(value, []).append(site)
+        for value, sites in by_value.items():
+            for group, members in SITE_GROUPS.items():
+                if len(members) > 1 and all(m in sites for m in members):
+                    sites = [group if s == members[0] else s for s in sites if s not in members[1:]]
+            text = repr(value) if isinstance(value, float) else str(value)
+            tokens.append(f"{key}.{'+'.join(sites)}={text}")
+    return tokens
+
+
+def format_layout(layout: Layout) -> str:
+    """The canonical string form of a layout (round-trips through `parse_layout`)."""
+    blk = layout.block
+    tokens = [
+        f"attn={format_inner(blk.attn_inner) + format_sites(blk.attn) or '-'}",
+        f"mlp={format_sites(blk.mlp) or '-'}",
+    ]
+    for rule in layout.rules:
+        rng = f"[{_format_range_end(rule.layers.start)}:{_format_range_end(rule.layers.stop)}]"
+        inner = format_inner(rule.inner) if rule.inner is not None else ""
+        tokens.append(f"{rng}{rule.sublayer}={inner + format_sites(rule.sites) or '-'}")
+    if layout.embed_norm:
+        tokens.append("emb")
+    if layout.final_norm:
+        tokens.append("final")
+    if layout.norm != "rms":
+        tokens.append(f"norm={layout.norm}")
+    if layout.gain != "gamma":
+        tokens.append(f"gain={layout.gain}")
+    if layout.inner_span != "head":
+        tokens.append(f"inner={layout.inner_span}")
+    if layout.h != 1.0:
+        tokens.append(f"h={layout.h!r}")
+    if layout.alpha != 1.0:
+        tokens.append(f"alpha={layout.alpha if isinstance(layout.alpha, str) else repr(layout.alpha)}")
+    if layout.freeze_output_gamma:
+        tokens.append("frozen-out")
+    if layout.embed_scale:
+        tokens.append("emb-scale")
+    if layout.h_learned is not None:
+        tokens.append(f"h-{layout.h_learned}")
+    if layout.skip_learned:
+        tokens.append("skip-scalar")
+    if layout.gpas:
+        tokens.append("gpas")
+    if layout.ngpt:
+        tokens.append("ngpt")
+    if layout.streams != 1:
+        tokens.append(f"streams={layout.streams}")
+    if layout.stream_mix != "hc":
+        tokens.append(f"mix={layout.stream_mix}")
+    if layout.ln_scaling:
+        tokens.append("lns")
+    if layout.qk_after_rope:
+        tokens.append("qk-rope")
+    if layout.softmax != "softmax":
+        tokens.append(f"softmax={layout.softmax}")
+    tokens.extend(_format_site_norms(layout))
+    if layout.init is not None:
+        tokens.append(f"init={layout.init}")
+    return ",".join(tokens)

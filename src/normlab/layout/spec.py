@@ -58,6 +58,10 @@ import re
 from dataclasses import replace
 
 from normlab.layout.sites import (
+    INNER_LETTERS,
+    MLP_LETTERS,
+    SITE_FIELDS,
+    SITE_LETTERS,
     ADMIN,
     ATTN_SOFTMAX,
     DEEPNORM,
@@ -76,9 +80,6 @@ from normlab.layout.sites import (
     SublayerSites,
 )
 
-_SITE_LETTERS = {"A": "input", "B": "output", "C": "after_add", "S": "skip_normed"}
-_MLP_LETTERS = {"H": "hidden"}
-_INNER_LETTERS = {"q": "q", "k": "k", "v": "v", "c": "context", "g": "gate", "s": "head_scale"}
 _FLAGS = {
     "emb": ("embed_norm", True),
     "-emb": ("embed_norm", False),
@@ -102,7 +103,6 @@ _FLAGS = {
     "qk-rope": ("qk_after_rope", True),
     "-qk-rope": ("qk_after_rope", False),
 }
-_SITE_FIELDS = {"norm": "kind", "gain": "gain", "alpha0": "alpha0"}
 TOKEN_HELP = (
     "attn=<qkvc+ABCS or ->, mlp=<ABCS or ->, [a:b]attn=..., [a:b]mlp=..., emb, -emb, final, "
     "-final, qk, norm=rms|layer|dyt|derf|scale|l2|seednorm, inner=head|full, h=<float>, alpha=<float>|deepnorm|admin, frozen-out, "
@@ -111,37 +111,6 @@ TOKEN_HELP = (
     "alpha0.SITES=<float>, init=<scheme>"
 )
 _RULE = re.compile(r"^\[(?P<start>[^:\]]*):(?P<stop>[^\]]*)\](?P<rest>.+)$")
-
-
-def format_sites(sites: SublayerSites) -> str:
-    letters = {**_SITE_LETTERS, **_MLP_LETTERS}
-    return "".join(letter for letter, attr in letters.items() if getattr(sites, attr))
-
-
-def format_inner(inner: AttentionInnerSites) -> str:
-    return "".join(letter for letter, attr in _INNER_LETTERS.items() if getattr(inner, attr))
-
-
-def _format_range_end(end: int | float | None) -> str:
-    return "" if end is None else repr(end)
-
-
-def _format_site_norms(layout: Layout) -> list[str]:
-    """norm./gain./alpha0. tokens, sites with one value joined by "+", both sublayers' X written as X."""
-    tokens = []
-    for key, attr in _SITE_FIELDS.items():
-        by_value: dict[object, list[str]] = {}
-        for site, spec in layout.site_norms:
-            value = getattr(spec, attr)
-            if value is not None:
-                by_value.setdefault(value, []).append(site)
-        for value, sites in by_value.items():
-            for group, members in SITE_GROUPS.items():
-                if len(members) > 1 and all(m in sites for m in members):
-                    sites = [group if s == members[0] else s for s in sites if s not in members[1:]]
-            text = repr(value) if isinstance(value, float) else str(value)
-            tokens.append(f"{key}.{'+'.join(sites)}={text}")
-    return tokens
 
 
 def _parse_site_names(text: str, token: str) -> list[str]:
@@ -155,59 +124,6 @@ def _parse_site_names(text: str, token: str) -> list[str]:
             raise LayoutError(f"in {token!r}: {name!r} is not a norm site; valid: {', '.join(NORM_SITES)}, or "
                               f"{', '.join(SITE_GROUPS)} for both sublayers' site; join several with '+'")
     return sites
-
-
-def format_layout(layout: Layout) -> str:
-    """The canonical string form of a layout (round-trips through `parse_layout`)."""
-    blk = layout.block
-    tokens = [
-        f"attn={format_inner(blk.attn_inner) + format_sites(blk.attn) or '-'}",
-        f"mlp={format_sites(blk.mlp) or '-'}",
-    ]
-    for rule in layout.rules:
-        rng = f"[{_format_range_end(rule.layers.start)}:{_format_range_end(rule.layers.stop)}]"
-        inner = format_inner(rule.inner) if rule.inner is not None else ""
-        tokens.append(f"{rng}{rule.sublayer}={inner + format_sites(rule.sites) or '-'}")
-    if layout.embed_norm:
-        tokens.append("emb")
-    if layout.final_norm:
-        tokens.append("final")
-    if layout.norm != "rms":
-        tokens.append(f"norm={layout.norm}")
-    if layout.gain != "gamma":
-        tokens.append(f"gain={layout.gain}")
-    if layout.inner_span != "head":
-        tokens.append(f"inner={layout.inner_span}")
-    if layout.h != 1.0:
-        tokens.append(f"h={layout.h!r}")
-    if layout.alpha != 1.0:
-        tokens.append(f"alpha={layout.alpha if isinstance(layout.alpha, str) else repr(layout.alpha)}")
-    if layout.freeze_output_gamma:
-        tokens.append("frozen-out")
-    if layout.embed_scale:
-        tokens.append("emb-scale")
-    if layout.h_learned is not None:
-        tokens.append(f"h-{layout.h_learned}")
-    if layout.skip_learned:
-        tokens.append("skip-scalar")
-    if layout.gpas:
-        tokens.append("gpas")
-    if layout.ngpt:
-        tokens.append("ngpt")
-    if layout.streams != 1:
-        tokens.append(f"streams={layout.streams}")
-    if layout.stream_mix != "hc":
-        tokens.append(f"mix={layout.stream_mix}")
-    if layout.ln_scaling:
-        tokens.append("lns")
-    if layout.qk_after_rope:
-        tokens.append("qk-rope")
-    if layout.softmax != "softmax":
-        tokens.append(f"softmax={layout.softmax}")
-    tokens.extend(_format_site_norms(layout))
-    if layout.init is not None:
-        tokens.append(f"init={layout.init}")
-    return ",".join(tokens)
 
 
 def _parse_letters(
@@ -227,10 +143,10 @@ def _parse_letters(
         if ch in seen:
             raise LayoutError(f"in {token!r}: site {ch!r} is given twice; each site holds one norm")
         seen.add(ch)
-    sites = SublayerSites(**{attr: letter in seen for letter, attr in {**_SITE_LETTERS, **_MLP_LETTERS}.items()})
+    sites = SublayerSites(**{attr: letter in seen for letter, attr in {**SITE_LETTERS, **MLP_LETTERS}.items()})
     if sublayer != "attn":
         return sites, None
-    inner = AttentionInnerSites(**{attr: letter in seen for letter, attr in _INNER_LETTERS.items()})
+    inner = AttentionInnerSites(**{attr: letter in seen for letter, attr in INNER_LETTERS.items()})
     return sites, inner
 
 
@@ -274,7 +190,7 @@ def _apply(layout: Layout, token: str) -> Layout:
         return layout.with_qk_norm()
     key, eq, value = token.partition("=")
     field, dot, where = key.partition(".")
-    if eq and value and dot and field in _SITE_FIELDS:
+    if eq and value and dot and field in SITE_FIELDS:
         sites = _parse_site_names(where, token)
         if field == "alpha0":
             spec = SiteNorm(alpha0=_parse_float(value, token))
