@@ -1,10 +1,10 @@
 """What every benchmark shares: --device and --precision, a clock that waits for the GPU, the header.
 
-    --device cpu | cuda      where the models run (cuda: the first GPU)
-    --precision fp32 | bf16 | fp16
-                             fp32: float32 (TF32 matmuls on CUDA, as `normlab train` uses by default);
-                             bf16/fp16: autocast with float32 weights, as `normlab train` trains
-                             (timing only: no loss scaler in the benchmark loops)
+--device cpu | cuda      where the models run (cuda: the first GPU)
+--precision fp32 | bf16 | fp16
+                         fp32: float32 (TF32 matmuls on CUDA, as `normlab train` uses by default);
+                         bf16/fp16: autocast with float32 weights, as `normlab train` trains
+                         (timing only: no loss scaler in the benchmark loops)
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class Bench:
     def cuda(self) -> bool:
         return self.device.type == "cuda"
 
-    def autocast(self):  # noqa: ANN201 - a context manager
+    def autocast(self):
         if self.precision == "fp32":
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.dtype)
@@ -54,7 +54,7 @@ class Bench:
         self.sync()
         return time.perf_counter()
 
-    def timed_step(self, opt: torch.optim.Optimizer, loss_fn) -> float:  # noqa: ANN001 - () -> loss
+    def timed_step(self, opt: torch.optim.Optimizer, loss_fn) -> float:
         """Seconds of one training step: zero the gradients, ``loss_fn()`` under autocast, backward, step."""
         t0 = self.clock()
         opt.zero_grad(set_to_none=True)
@@ -64,7 +64,7 @@ class Bench:
         opt.step()
         return self.clock() - t0
 
-    def adamw(self, params) -> torch.optim.Optimizer:  # noqa: ANN001
+    def adamw(self, params) -> torch.optim.Optimizer:
         """AdamW as `normlab train` makes it: fused on CUDA."""
         return torch.optim.AdamW(params, lr=1e-3, fused=self.cuda or None)
 

@@ -34,14 +34,23 @@ def main() -> None:
     hf = to_hf(model).to(b.device)
     x = torch.randint(1, 256, (args.batch, args.prompt), generator=torch.Generator().manual_seed(0)).to(b.device)
     print(b.header("generation"))
-    print(f"# {args.layout} {args.size}, batch={args.batch}, prompt={args.prompt}, new={args.new}, greedy, "
-          f"{args.turns} turns\n")
+    print(
+        f"# {args.layout} {args.size}, batch={args.batch}, prompt={args.prompt}, new={args.new}, greedy, "
+        f"{args.turns} turns\n"
+    )
 
     def gen(cache: bool) -> tuple[float, torch.Tensor]:
         t0 = b.clock()
         with torch.no_grad(), b.autocast():
-            out = hf.generate(x, max_new_tokens=args.new, min_new_tokens=args.new, do_sample=False,
-                              use_cache=cache, pad_token_id=0, eos_token_id=None)
+            out = hf.generate(
+                x,
+                max_new_tokens=args.new,
+                min_new_tokens=args.new,
+                do_sample=False,
+                use_cache=cache,
+                pad_token_id=0,
+                eos_token_id=None,
+            )
         return b.clock() - t0, out
 
     results = {}

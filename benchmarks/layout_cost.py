@@ -59,8 +59,10 @@ def main() -> None:
     layouts = args.layouts.split(",")
     modes = ["eager"] + (["compiled"] if args.compile else [])
     print(b.header("layout cost"))
-    print(f"# layers={args.layers} heads={args.heads or 'd/64'} seq={args.seq} batch={args.batch} vocab={args.vocab} "
-          f"AdamW, {args.turns} turns\n")
+    print(
+        f"# layers={args.layers} heads={args.heads or 'd/64'} seq={args.seq} batch={args.batch} vocab={args.vocab} "
+        f"AdamW, {args.turns} turns\n"
+    )
     peak_col = " | peak GB" if b.cuda else ""
     print(f"| d | layout | mode | step ms | vs pre | activations MB | params+grads+AdamW MB | total vs pre{peak_col} |")
     print("|---|---|---|---|---|---|---|---|" + ("---|" if b.cuda else ""))
@@ -70,9 +72,16 @@ def main() -> None:
         for mode in modes:
             runs = {}
             for name in layouts:
-                model = normlab.build_model(name, "tiny", seed=0, d_model=d, n_layers=args.layers,
-                                            n_heads=args.heads or max(1, d // 64), max_seq_len=args.seq,
-                                            vocab_size=args.vocab).to(b.device)
+                model = normlab.build_model(
+                    name,
+                    "tiny",
+                    seed=0,
+                    d_model=d,
+                    n_layers=args.layers,
+                    n_heads=args.heads or max(1, d // 64),
+                    max_seq_len=args.seq,
+                    vocab_size=args.vocab,
+                ).to(b.device)
                 act = saved_activation_bytes(b, model, x)
                 state = 4 * sum(q.numel() for q in model.parameters()) * 4  # fp32 weights, grads, exp_avg, exp_avg_sq
                 opt = b.adamw(model.parameters())
@@ -90,9 +99,13 @@ def main() -> None:
             base_m = runs[layouts[0]][3] + runs[layouts[0]][4]
             for name, (_, _, times, act, state, peak) in runs.items():
                 t = statistics.median(times)
-                print(f"| {d} | {name} | {mode} | {t * 1e3:.1f} | {t / base_t:.3f} | {act / 2**20:.1f} | "
-                      f"{state / 2**20:.1f} | {(act + state) / base_m:.3f}" + (f" | {peak / 1e9:.1f}" if b.cuda else "")
-                      + " |", flush=True)
+                print(
+                    f"| {d} | {name} | {mode} | {t * 1e3:.1f} | {t / base_t:.3f} | {act / 2**20:.1f} | "
+                    f"{state / 2**20:.1f} | {(act + state) / base_m:.3f}"
+                    + (f" | {peak / 1e9:.1f}" if b.cuda else "")
+                    + " |",
+                    flush=True,
+                )
             del runs
 
 

@@ -45,19 +45,36 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--vocab", type=int, default=32768)
-    p.add_argument("--layers", type=int, default=0, help="override the size's depth (0: keep it); the saved "
-                   "bytes grow linearly with depth, so a shallow run measures a deep model's per-layer share")
+    p.add_argument(
+        "--layers",
+        type=int,
+        default=0,
+        help="override the size's depth (0: keep it); the saved "
+        "bytes grow linearly with depth, so a shallow run measures a deep model's per-layer share",
+    )
     p.add_argument("--chunk", type=int, default=4096, help="tokens per loss chunk when chunked (the trainer's default)")
     add_args(p)
     args = p.parse_args()
     b = setup(args)
     depth = {"n_layers": args.layers} if args.layers else {}
-    model = normlab.build_model("pre", args.size, seed=0, vocab_size=args.vocab, **depth,
-                                max_seq_len=max(args.seq, normlab.model.get_size(args.size).max_seq_len)).to(b.device)
+    model = normlab.build_model(
+        "pre",
+        args.size,
+        seed=0,
+        vocab_size=args.vocab,
+        **depth,
+        max_seq_len=max(args.seq, normlab.model.get_size(args.size).max_seq_len),
+    ).to(b.device)
     x = torch.randint(0, args.vocab, (args.batch, args.seq), generator=torch.Generator().manual_seed(0)).to(b.device)
     print(b.header("memory"))
-    print(f"# size={args.size}{f' with {args.layers} layers' if args.layers else ''} ({normlab.count_params(model)}) seq={args.seq} batch={args.batch} vocab={args.vocab}\n")
-    print("| activation checkpointing | loss | saved for backward MB | vs neither" + (" | peak GB" if b.cuda else "") + " |")
+    print(
+        f"# size={args.size}{f' with {args.layers} layers' if args.layers else ''} ({normlab.count_params(model)}) seq={args.seq} batch={args.batch} vocab={args.vocab}\n"
+    )
+    print(
+        "| activation checkpointing | loss | saved for backward MB | vs neither"
+        + (" | peak GB" if b.cuda else "")
+        + " |"
+    )
     print("|---|---|---|---|" + ("---|" if b.cuda else ""))
     base = None
     for ckpt in (False, True):
@@ -66,8 +83,12 @@ def main() -> None:
             saved, peak = measure(b, model, x, chunk)
             base = base or saved
             what = f"chunks of {chunk}" if chunk else "whole"
-            print(f"| {'on' if ckpt else 'off'} | {what} | {saved / 2**20:,.0f} | {saved / base:.3f}"
-                  + (f" | {peak / 1e9:.1f}" if b.cuda else "") + " |", flush=True)
+            print(
+                f"| {'on' if ckpt else 'off'} | {what} | {saved / 2**20:,.0f} | {saved / base:.3f}"
+                + (f" | {peak / 1e9:.1f}" if b.cuda else "")
+                + " |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

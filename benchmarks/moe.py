@@ -21,8 +21,8 @@ import normlab
 from normlab.model import count_params
 
 
-def step(b: Bench, model, opt, x) -> float:  # noqa: ANN001
-    def loss():  # noqa: ANN202 - the language-model loss plus the routers' auxiliary losses, as normlab train
+def step(b: Bench, model, opt, x) -> float:
+    def loss():
         out = model(x, targets=x)
         return out.loss if out.aux_loss is None else out.loss + out.aux_loss
 
@@ -39,8 +39,11 @@ def main() -> None:
     add_args(p)
     args = p.parse_args()
     b = setup(args)
-    variants = {"dense": (args.dense, {}), "moe (sorted)": (args.moe, {"moe_dispatch": "sorted"}),
-                "moe (loop)": (args.moe, {"moe_dispatch": "loop"})}
+    variants = {
+        "dense": (args.dense, {}),
+        "moe (sorted)": (args.moe, {"moe_dispatch": "sorted"}),
+        "moe (loop)": (args.moe, {"moe_dispatch": "loop"}),
+    }
     x = torch.randint(0, 256, (args.batch, args.seq), generator=torch.Generator().manual_seed(0)).to(b.device)
     print(b.header("moe"))
     print(f"# batch={args.batch} seq={args.seq} layout pre, AdamW, {args.turns} turns\n")
@@ -60,8 +63,10 @@ def main() -> None:
     for name, (model, _, times) in runs.items():
         c, t = count_params(model), statistics.median(times)
         active = c.active if c.active is not None else c.total
-        print(f"| {name} | {variants[name][0]} | {c.total / 1e6:.2f}M / {active / 1e6:.2f}M | "
-              f"{args.batch * args.seq / t:,.0f} | {t / base:.2f}x |")
+        print(
+            f"| {name} | {variants[name][0]} | {c.total / 1e6:.2f}M / {active / 1e6:.2f}M | "
+            f"{args.batch * args.seq / t:,.0f} | {t / base:.2f}x |"
+        )
 
 
 if __name__ == "__main__":

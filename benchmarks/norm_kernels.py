@@ -31,7 +31,7 @@ from bench_device import Bench, add_args, setup
 from normlab.model.norms import make_norm
 
 
-def bench(b: Bench, fn, x: torch.Tensor, dy: torch.Tensor, reps: int) -> float:  # noqa: ANN001
+def bench(b: Bench, fn, x: torch.Tensor, dy: torch.Tensor, reps: int) -> float:
     times = []
     for _ in range(reps):
         x.grad = None
@@ -51,9 +51,9 @@ def paths(kind: str, d: int, b: Bench) -> dict:
     w = torch.ones(d, device=b.device, dtype=b.dtype, requires_grad=True)
     bias = torch.zeros(d, device=b.device, dtype=b.dtype, requires_grad=True)
     if kind == "rms":
-        ref = lambda t: F.rms_norm(t, (d,), w, 1e-6)  # noqa: E731
+        ref = lambda t: F.rms_norm(t, (d,), w, 1e-6)
     else:
-        ref = lambda t: F.layer_norm(t, (d,), w, bias, 1e-6)  # noqa: E731
+        ref = lambda t: F.layer_norm(t, (d,), w, bias, 1e-6)
     if b.precision == "fp32":
         return {"normlab": ours, "functional": ref}
     return {"normlab (input)": ours, "normlab (fp32)": up, "torch module, fp32 weight": torch_mod, "functional": ref}

@@ -50,24 +50,62 @@ class _Logits(nn.Module):
 def build(name: str, d: int, layers: int, heads: int, seq: int, vocab: int = 256) -> nn.Module:
     torch.manual_seed(0)
     if name == "normlab":
-        return _Logits(normlab.build_model("pre", "tiny", seed=0, d_model=d, n_layers=layers, n_heads=heads,
-                                           d_ff=4 * d, max_seq_len=seq, vocab_size=vocab), "normlab")
+        return _Logits(
+            normlab.build_model(
+                "pre",
+                "tiny",
+                seed=0,
+                d_model=d,
+                n_layers=layers,
+                n_heads=heads,
+                d_ff=4 * d,
+                max_seq_len=seq,
+                vocab_size=vocab,
+            ),
+            "normlab",
+        )
     if name == "transformers":
         from transformers import LlamaConfig, LlamaForCausalLM
 
-        cfg = LlamaConfig(vocab_size=vocab, hidden_size=d, intermediate_size=4 * d, num_hidden_layers=layers,
-                          num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=seq,
-                          rms_norm_eps=1e-6, rope_theta=10_000.0, tie_word_embeddings=False, attention_bias=False,
-                          mlp_bias=False, attn_implementation="sdpa")
+        cfg = LlamaConfig(
+            vocab_size=vocab,
+            hidden_size=d,
+            intermediate_size=4 * d,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=heads,
+            max_position_embeddings=seq,
+            rms_norm_eps=1e-6,
+            rope_theta=10_000.0,
+            tie_word_embeddings=False,
+            attention_bias=False,
+            mlp_bias=False,
+            attn_implementation="sdpa",
+        )
         return _Logits(LlamaForCausalLM(cfg), "hf")
     if name == "x-transformers":
         from x_transformers import Decoder, TransformerWrapper
 
-        dec = Decoder(dim=d, depth=layers, heads=heads, attn_dim_head=d // heads, rotary_pos_emb=True,
-                      rotary_emb_dim=d // heads, use_rmsnorm=True, ff_glu=True, ff_swish=True, ff_mult=4,
-                      ff_no_bias=True, attn_flash=True)
-        return _Logits(TransformerWrapper(num_tokens=vocab, max_seq_len=seq, attn_layers=dec, use_abs_pos_emb=False,
-                                          tie_embedding=False), "x")
+        dec = Decoder(
+            dim=d,
+            depth=layers,
+            heads=heads,
+            attn_dim_head=d // heads,
+            rotary_pos_emb=True,
+            rotary_emb_dim=d // heads,
+            use_rmsnorm=True,
+            ff_glu=True,
+            ff_swish=True,
+            ff_mult=4,
+            ff_no_bias=True,
+            attn_flash=True,
+        )
+        return _Logits(
+            TransformerWrapper(
+                num_tokens=vocab, max_seq_len=seq, attn_layers=dec, use_abs_pos_emb=False, tie_embedding=False
+            ),
+            "x",
+        )
     raise ValueError(name)
 
 
@@ -93,8 +131,10 @@ def main() -> None:
     x = torch.randint(0, args.vocab, (args.batch, args.seq), generator=g).to(b.device)
     y = torch.randint(0, args.vocab, (args.batch, args.seq), generator=g).to(b.device)
     print(b.header("peers"))
-    print(f"# d={args.width} layers={args.layers} heads={args.heads} seq={args.seq} batch={args.batch} "
-          f"vocab={args.vocab} AdamW")
+    print(
+        f"# d={args.width} layers={args.layers} heads={args.heads} seq={args.seq} batch={args.batch} "
+        f"vocab={args.vocab} AdamW"
+    )
     flops = None
     modes = ["eager"] + ([] if args.no_compile else ["compiled"])
     results: dict[tuple[str, str], float] = {}
@@ -121,22 +161,28 @@ def main() -> None:
     peak = b.peak_flops
     mfu = (lambda tok_s: f" | {tok_s * flops / peak:.1%}") if peak else (lambda tok_s: "")
     extra = " | eager MFU | compiled MFU" if peak else ""
-    print(f"\n| model | eager tok/s | compiled tok/s | compiled / eager | eager vs transformers | "
-          f"compiled vs transformers{extra} |")
+    print(
+        f"\n| model | eager tok/s | compiled tok/s | compiled / eager | eager vs transformers | "
+        f"compiled vs transformers{extra} |"
+    )
     print("|---|---|---|---|---|---|" + ("---|---|" if peak else ""))
     base = results[("transformers", "eager")]
     base_c = results.get(("transformers", "compiled"))
     for name in names:
         e = results[(name, "eager")]
         c = results.get((name, "compiled"))
-        cells = (f"| {name} | {e:,.0f} | {'-' if c is None else f'{c:,.0f}'} | {'-' if c is None else f'{c / e:.2f}x'} | "
-                 f"{e / base:.2f}x | {'-' if c is None else f'{c / base_c:.2f}x'}")
+        cells = (
+            f"| {name} | {e:,.0f} | {'-' if c is None else f'{c:,.0f}'} | {'-' if c is None else f'{c / e:.2f}x'} | "
+            f"{e / base:.2f}x | {'-' if c is None else f'{c / base_c:.2f}x'}"
+        )
         if peak:
             cells += mfu(e) + (mfu(c) if c else " | -")
         print(cells + " |")
     if ("normlab", "compiled") in results:
-        print(f"\nnormlab compiled / normlab eager: {results[('normlab', 'compiled')] / results[('normlab', 'eager')]:.2f}x "
-              f"(target 1.3x); normlab eager / LlamaForCausalLM eager: {results[('normlab', 'eager')] / base:.2f}x (target 1.0x)")
+        print(
+            f"\nnormlab compiled / normlab eager: {results[('normlab', 'compiled')] / results[('normlab', 'eager')]:.2f}x "
+            f"(target 1.3x); normlab eager / LlamaForCausalLM eager: {results[('normlab', 'eager')] / base:.2f}x (target 1.0x)"
+        )
 
 
 if __name__ == "__main__":

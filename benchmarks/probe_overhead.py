@@ -51,16 +51,31 @@ def main() -> None:
         probes.updates(i)
         probe_t.append(time.perf_counter() - t0)
     ts, tp = statistics.median(step_t[3:]), statistics.median(probe_t[3:])
-    print(f"# probe overhead, {datetime.date.today()}, {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}")
-    print(f"# size={args.size} layout={args.layout} batch={cfg.data.batch_size}x{cfg.data.seq_len} probe batch={cfg.run.probe_batch}")
-    print(f"train step {ts * 1e3:.1f} ms, probe pass {tp * 1e3:.1f} ms -> {tp / (args.every * ts) * 100:.2f}% at every={args.every}")
+    print(
+        f"# probe overhead, {datetime.date.today()}, {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
+    )
+    print(
+        f"# size={args.size} layout={args.layout} batch={cfg.data.batch_size}x{cfg.data.seq_len} probe batch={cfg.run.probe_batch}"
+    )
+    print(
+        f"train step {ts * 1e3:.1f} ms, probe pass {tp * 1e3:.1f} ms -> {tp / (args.every * ts) * 100:.2f}% at every={args.every}"
+    )
     # End to end in ABBA order after a warm-up run, so that process warm-up (allocator, thread pools,
     # corpus cache) and drift do not land on one side.
     walls: dict[int, list[float]] = {args.every: [], 0: []}
     with tempfile.TemporaryDirectory() as tmp:
+
         def run(every: int, steps: int, tag: str) -> float:
-            cfg_run = TrainConfig.of(layout=args.layout, size=args.size, data="stdlib", steps=steps, probe_every=every,
-                                  eval_every=0, progress=False, out=f"{tmp}/{tag}")
+            cfg_run = TrainConfig.of(
+                layout=args.layout,
+                size=args.size,
+                data="stdlib",
+                steps=steps,
+                probe_every=every,
+                eval_every=0,
+                progress=False,
+                out=f"{tmp}/{tag}",
+            )
             t0 = time.perf_counter()
             train(cfg_run)
             return time.perf_counter() - t0
@@ -69,9 +84,12 @@ def main() -> None:
         for i, every in enumerate((args.every, 0, 0, args.every)):
             walls[every].append(run(every, args.steps, f"{i}-{every}"))
     on, off = statistics.mean(walls[args.every]), statistics.mean(walls[0])
-    print(f"end to end, {args.steps} steps, ABBA mean of 2: probes every {args.every}: {on:.1f}s, off: {off:.1f}s, "
-          f"ratio {on / off:.3f} (runs: on {', '.join(f'{w:.1f}' for w in walls[args.every])}; "
-          f"off {', '.join(f'{w:.1f}' for w in walls[0])})")
+    print(
+        f"end to end, {args.steps} steps, ABBA mean of 2: probes every {args.every}: {on:.1f}s, off: {off:.1f}s, "
+        f"ratio {on / off:.3f} (runs: on {', '.join(f'{w:.1f}' for w in walls[args.every])}; "
+        f"off {', '.join(f'{w:.1f}' for w in walls[0])})"
+    )
+
 
 if __name__ == "__main__":
     main()

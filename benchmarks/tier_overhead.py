@@ -34,7 +34,7 @@ class Timed(StepTier):
 
     spent = 0.0
 
-    def _timed(self, fn, *a):  # noqa: ANN001, ANN202
+    def _timed(self, fn, *a):
         sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
         sync()
         t0 = time.perf_counter()
@@ -42,13 +42,13 @@ class Timed(StepTier):
         sync()
         Timed.spent += time.perf_counter() - t0
 
-    def _entering(self, *a):  # noqa: ANN002, ANN202
+    def _entering(self, *a):
         self._timed(super()._entering, *a)
 
-    def _leaving(self, *a):  # noqa: ANN002, ANN202
+    def _leaving(self, *a):
         self._timed(super()._leaving, *a)
 
-    def _tap(self, *a):  # noqa: ANN002, ANN202
+    def _tap(self, *a):
         self._timed(super()._tap, *a)
 
 
@@ -65,7 +65,9 @@ def main() -> None:
     dev = torch.device(args.device)
     model = normlab.build_model(args.layout, args.size, seed=0, max_seq_len=max(args.seq, 64)).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=dev.type == "cuda")
-    x = torch.randint(0, model.config.vocab_size, (args.batch, args.seq), generator=torch.Generator().manual_seed(0)).to(dev)
+    x = torch.randint(
+        0, model.config.vocab_size, (args.batch, args.seq), generator=torch.Generator().manual_seed(0)
+    ).to(dev)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     cast = (lambda: torch.autocast(dev.type, dtype=torch.bfloat16)) if args.bf16 else contextlib.nullcontext
 
@@ -109,10 +111,14 @@ def main() -> None:
         else:
             off.append(step(None)[0])
     m_on, m_off, m_own = statistics.median(on), statistics.median(off), statistics.median(own)
-    print(f"# per-step tier overhead, {datetime.date.today()}, {platform.machine()}, {os.cpu_count()} cores, "
-          f"torch {torch.__version__}, device {torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}")
-    print(f"# size={args.size} layout={args.layout} batch={args.batch}x{args.seq} bf16={args.bf16} "
-          f"queries={tier_mod.QUERIES} steps={args.steps} (ABAB)")
+    print(
+        f"# per-step tier overhead, {datetime.date.today()}, {platform.machine()}, {os.cpu_count()} cores, "
+        f"torch {torch.__version__}, device {torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}"
+    )
+    print(
+        f"# size={args.size} layout={args.layout} batch={args.batch}x{args.seq} bf16={args.bf16} "
+        f"queries={tier_mod.QUERIES} steps={args.steps} (ABAB)"
+    )
     print(f"median step, tier off: {m_off * 1e3:.1f} ms; tier on: {m_on * 1e3:.1f} ms")
     print(f"direct: tier's own time {m_own * 1e3:.2f} ms = {m_own / m_off * 100:.2f}% of a step")
     print(f"A/B: on / off = {m_on / m_off:.4f} (step spread off: {min(off) * 1e3:.0f}..{max(off) * 1e3:.0f} ms)")

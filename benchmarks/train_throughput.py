@@ -18,7 +18,7 @@ from bench_device import Bench, add_args, setup
 import normlab
 
 
-def step_time(b: Bench, model, opt, x, y, steps: int) -> float:  # noqa: ANN001
+def step_time(b: Bench, model, opt, x, y, steps: int) -> float:
     return statistics.median(b.timed_step(opt, lambda: model(x, targets=y).loss) for _ in range(steps))
 
 

@@ -26,7 +26,7 @@ from normlab.experiments.recipes import load_recipe
 from normlab.train.trainer import train
 
 
-def cpu_seconds(cfg) -> float:  # noqa: ANN001 - a TrainConfig
+def cpu_seconds(cfg) -> float:
     t = time.process_time()
     train(cfg, log=lambda *a, **k: None)
     return time.process_time() - t
@@ -36,23 +36,33 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("recipes", nargs="+")
     ap.add_argument("--layout", help="time this layout's first run (default: the grid's first run)")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="a run setting over the recipe's (repeatable): the cost of a design not written as a recipe")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a run setting over the recipe's (repeatable): the cost of a design not written as a recipe",
+    )
     ap.add_argument("--steps", type=int, default=16, help="the extra steps timed (default 16)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     warm = Path(tempfile.mkdtemp(prefix="transfer-cost-"))
     try:  # imports, data loading, first kernel calls: paid once, not per run
-        train(load_recipe(args.recipes[0]).expand()[0].train_config(warm / "w").with_({"steps": 2, "device": "cpu"}),
-              log=lambda *a, **k: None)
+        train(
+            load_recipe(args.recipes[0]).expand()[0].train_config(warm / "w").with_({"steps": 2, "device": "cpu"}),
+            log=lambda *a, **k: None,
+        )
     finally:
         shutil.rmtree(warm, ignore_errors=True)
-    print("| recipe | layout | d | layers | CPU s/step | overhead s | runs x steps | CPU hours |\n|---|---|---|---|---|---|---|---|")
+    print(
+        "| recipe | layout | d | layers | CPU s/step | overhead s | runs x steps | CPU hours |\n|---|---|---|---|---|---|---|---|"
+    )
     for name in args.recipes:
         recipe = load_recipe(name)
         if args.set:
-            recipe = recipe.with_(base=typed_settings(dict(item.split("=", 1) for item in args.set), "--set",
-                                                      from_text=True))
+            recipe = recipe.with_(
+                base=typed_settings(dict(item.split("=", 1) for item in args.set), "--set", from_text=True)
+            )
         specs = recipe.expand()
         spec = next((s for s in specs if args.layout in (None, s.axes.get("layout"))), specs[0])
         out = Path(tempfile.mkdtemp(prefix="transfer-cost-"))
@@ -67,8 +77,11 @@ def main() -> None:
         cfg = spec.train_config("unused")
         model = cfg.model.model_config()
         hours = len(specs) * (overhead + cfg.optim.steps * per_step) / 3600
-        print(f"| {name} | {spec.axes.get('layout')} | {model.d_model} | {model.n_layers} | {per_step:.3f} | {overhead:.1f} | "
-              f"{len(specs)} x {cfg.optim.steps} | {hours:.2f} |", flush=True)
+        print(
+            f"| {name} | {spec.axes.get('layout')} | {model.d_model} | {model.n_layers} | {per_step:.3f} | {overhead:.1f} | "
+            f"{len(specs)} x {cfg.optim.steps} | {hours:.2f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

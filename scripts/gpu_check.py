@@ -57,22 +57,100 @@ def plan(dry: bool, out: Path) -> list[Item]:
     """The checks in order (see the module docstring); ``dry``: nano shapes on the CPU."""
     py = sys.executable
     dev = ["--device", "cpu"] if dry else ["--device", "cuda"]
-    items = [Item("pytest tests/gpu", [py, "-m", "pytest", "-q", "tests/gpu"] + (["--collect-only"] if dry else []),
-                  330, "benchmarks")]
+    items = [
+        Item(
+            "pytest tests/gpu",
+            [py, "-m", "pytest", "-q", "tests/gpu"] + (["--collect-only"] if dry else []),
+            330,
+            "benchmarks",
+        )
+    ]
     if dry:
-        bench = [("peers (MFU)", ["benchmarks/peers.py", "--width", "32", "--layers", "2", "--heads", "2", "--seq", "32",
-                                   "--batch", "2", "--turns", "2", "--no-compile"]),
-                 ("train throughput", ["benchmarks/train_throughput.py", "--size", "nano", "--layouts", "pre",
-                                       "--steps", "2", "--no-compile", "--batch", "4", "--seq", "32"]),
-                 ("per-step tier overhead", ["benchmarks/tier_overhead.py", "--size", "nano", "--steps", "4",
-                                             "--batch", "4", "--seq", "32"])]
+        bench = [
+            (
+                "peers (MFU)",
+                [
+                    "benchmarks/peers.py",
+                    "--width",
+                    "32",
+                    "--layers",
+                    "2",
+                    "--heads",
+                    "2",
+                    "--seq",
+                    "32",
+                    "--batch",
+                    "2",
+                    "--turns",
+                    "2",
+                    "--no-compile",
+                ],
+            ),
+            (
+                "train throughput",
+                [
+                    "benchmarks/train_throughput.py",
+                    "--size",
+                    "nano",
+                    "--layouts",
+                    "pre",
+                    "--steps",
+                    "2",
+                    "--no-compile",
+                    "--batch",
+                    "4",
+                    "--seq",
+                    "32",
+                ],
+            ),
+            (
+                "per-step tier overhead",
+                ["benchmarks/tier_overhead.py", "--size", "nano", "--steps", "4", "--batch", "4", "--seq", "32"],
+            ),
+        ]
     else:
-        bench = [("peers (MFU)", ["benchmarks/peers.py", "--precision", "bf16", "--width", "1024", "--layers", "24",
-                                   "--heads", "8", "--seq", "2048", "--batch", "8", "--vocab", "32768"]),
-                 ("train throughput", ["benchmarks/train_throughput.py", "--precision", "bf16", "--size", "gpu-126m",
-                                       "--seq", "1024", "--batch", "16", "--layouts", "pre,peri,hybrid,post"]),
-                 ("per-step tier overhead", ["benchmarks/tier_overhead.py", "--size", "gpu-126m", "--seq", "1024",
-                                             "--batch", "16", "--bf16"])]
+        bench = [
+            (
+                "peers (MFU)",
+                [
+                    "benchmarks/peers.py",
+                    "--precision",
+                    "bf16",
+                    "--width",
+                    "1024",
+                    "--layers",
+                    "24",
+                    "--heads",
+                    "8",
+                    "--seq",
+                    "2048",
+                    "--batch",
+                    "8",
+                    "--vocab",
+                    "32768",
+                ],
+            ),
+            (
+                "train throughput",
+                [
+                    "benchmarks/train_throughput.py",
+                    "--precision",
+                    "bf16",
+                    "--size",
+                    "gpu-126m",
+                    "--seq",
+                    "1024",
+                    "--batch",
+                    "16",
+                    "--layouts",
+                    "pre,peri,hybrid,post",
+                ],
+            ),
+            (
+                "per-step tier overhead",
+                ["benchmarks/tier_overhead.py", "--size", "gpu-126m", "--seq", "1024", "--batch", "16", "--bf16"],
+            ),
+        ]
     for name, args in bench:
         items.append(Item(name, [py, *args, *dev], 140, "benchmarks"))
     size, steps, seq, batch = ("nano", 3, 32, 4) if dry else ("gpu-126m", 150, 1024, 16)
@@ -80,18 +158,87 @@ def plan(dry: bool, out: Path) -> list[Item]:
         for precision in PRECISIONS:
             run = out / f"{layout}-{precision}"
             prec = ["--precision", "fp32", "--activation-dtype", precision] if dry else ["--precision", precision]
-            items.append(Item(f"{size} {layout} {precision}", [
-                py, "-m", "normlab", "train", "--layout", layout, "--size", size, "--data", "stdlib", "--steps", str(steps),
-                "--seq-len", str(seq), "--batch-size", str(batch), "--lr", "3e-3", "--probe-every", "50",
-                "--eval-every", "0", "--no-progress", "--no-compile", *prec, *dev, "--out", str(run)], 80, "results",
-                run=str(run)))
+            items.append(
+                Item(
+                    f"{size} {layout} {precision}",
+                    [
+                        py,
+                        "-m",
+                        "normlab",
+                        "train",
+                        "--layout",
+                        layout,
+                        "--size",
+                        size,
+                        "--data",
+                        "stdlib",
+                        "--steps",
+                        str(steps),
+                        "--seq-len",
+                        str(seq),
+                        "--batch-size",
+                        str(batch),
+                        "--lr",
+                        "3e-3",
+                        "--probe-every",
+                        "50",
+                        "--eval-every",
+                        "0",
+                        "--no-progress",
+                        "--no-compile",
+                        *prec,
+                        *dev,
+                        "--out",
+                        str(run),
+                    ],
+                    80,
+                    "results",
+                    run=str(run),
+                )
+            )
     run = out / "fsdp-1gpu"
-    items.append(Item("FSDP2 on one device, probes on", [
-        py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "-m", "normlab", "train", "--fsdp",
-        "--layout", "peri", "--size", size, "--data", "stdlib", "--steps", str(steps), "--seq-len", str(seq),
-        "--batch-size", str(batch), "--probe-every", "50", "--eval-every", "0", "--no-progress", "--no-compile",
-        *(["--precision", "fp32"] if dry else ["--precision", "bf16"]), *dev, "--out", str(run)], 90, "results",
-        run=str(run)))
+    items.append(
+        Item(
+            "FSDP2 on one device, probes on",
+            [
+                py,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc_per_node",
+                "1",
+                "-m",
+                "normlab",
+                "train",
+                "--fsdp",
+                "--layout",
+                "peri",
+                "--size",
+                size,
+                "--data",
+                "stdlib",
+                "--steps",
+                str(steps),
+                "--seq-len",
+                str(seq),
+                "--batch-size",
+                str(batch),
+                "--probe-every",
+                "50",
+                "--eval-every",
+                "0",
+                "--no-progress",
+                "--no-compile",
+                *(["--precision", "fp32"] if dry else ["--precision", "bf16"]),
+                *dev,
+                "--out",
+                str(run),
+            ],
+            90,
+            "results",
+            run=str(run),
+        )
+    )
     return items
 
 
@@ -100,17 +247,30 @@ def execute(item: Item, slack: float = 1.0) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO / "src") + os.pathsep + str(REPO / "benchmarks")}
     t0 = time.perf_counter()
     try:
-        res = subprocess.run(item.cmd, cwd=REPO, capture_output=True, text=True, env=env,
-                             timeout=item.limit_s * slack)
+        res = subprocess.run(item.cmd, cwd=REPO, capture_output=True, text=True, env=env, timeout=item.limit_s * slack)
         code, text = res.returncode, (res.stdout + res.stderr)
     except subprocess.TimeoutExpired as err:
         code, text = 124, f"timed out after {item.limit_s} s\n{(err.stdout or b'')[-2000:]!r}"
-    item.result = {"ok": code == 0, "code": code, "seconds": round(time.perf_counter() - t0, 1),
-                   "tail": "\n".join(text.strip().splitlines()[-12:])}
+    item.result = {
+        "ok": code == 0,
+        "code": code,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "tail": "\n".join(text.strip().splitlines()[-12:]),
+    }
     if item.run and code == 0:
         summary = json.loads((Path(item.run) / "summary.json").read_text())
-        item.result["summary"] = {k: summary.get(k) for k in ("status", "final_loss", "tok_per_s", "mfu", "max_activation",
-                                                              "overflow_steps", "spike_skipped_steps")}
+        item.result["summary"] = {
+            k: summary.get(k)
+            for k in (
+                "status",
+                "final_loss",
+                "tok_per_s",
+                "mfu",
+                "max_activation",
+                "overflow_steps",
+                "spike_skipped_steps",
+            )
+        }
 
 
 def _fmt(v: object) -> str:
@@ -123,25 +283,33 @@ def _fmt(v: object) -> str:
 
 def sections(items: list[Item], device: str, commit: str, dry: bool) -> dict[str, str]:
     """The two pages' sections (markdown between the markers)."""
-    head = (f"## GPU check ({device}; {datetime.date.today()}; commit {commit})\n\n"
-            f"Written by `make gpu-check` (`scripts/gpu_check.py`{' --dry-run: CPU plumbing only, no GPU figures' if dry else ''}); "
-            f"each item's command, its time and its last lines of output.\n")
+    head = (
+        f"## GPU check ({device}; {datetime.date.today()}; commit {commit})\n\n"
+        f"Written by `make gpu-check` (`scripts/gpu_check.py`{' --dry-run: CPU plumbing only, no GPU figures' if dry else ''}); "
+        f"each item's command, its time and its last lines of output.\n"
+    )
     pages = {"benchmarks": [head], "results": [head]}
-    pages["results"].append("\n| run | status | final loss | tok/s | MFU | largest activation | overflow steps | "
-                            "spike-skipped |\n|---|---|---|---|---|---|---|---|")
+    pages["results"].append(
+        "\n| run | status | final loss | tok/s | MFU | largest activation | overflow steps | "
+        "spike-skipped |\n|---|---|---|---|---|---|---|---|"
+    )
     for it in items:
         if it.run and it.result.get("summary"):
             s = it.result["summary"]
-            pages["results"].append(f"| {it.name} | {s['status']} | {_fmt(s['final_loss'])} | {_fmt(s['tok_per_s'])} | "
-                                    f"{_fmt(s['mfu'])} | {_fmt(s['max_activation'])} | {_fmt(s['overflow_steps'])} | "
-                                    f"{_fmt(s['spike_skipped_steps'])} |")
+            pages["results"].append(
+                f"| {it.name} | {s['status']} | {_fmt(s['final_loss'])} | {_fmt(s['tok_per_s'])} | "
+                f"{_fmt(s['mfu'])} | {_fmt(s['max_activation'])} | {_fmt(s['overflow_steps'])} | "
+                f"{_fmt(s['spike_skipped_steps'])} |"
+            )
     for it in items:
         if it.run and it.result.get("summary"):
             continue
         status = "ok" if it.result.get("ok") else f"FAILED (exit {it.result.get('code')})"
-        pages[it.doc].append(f"\n### {it.name}: {status}, {it.result.get('seconds')} s\n\n"
-                             f"`{' '.join(Path(c).name if c == sys.executable else c for c in it.cmd)}`\n\n"
-                             f"```\n{it.result.get('tail', '')}\n```")
+        pages[it.doc].append(
+            f"\n### {it.name}: {status}, {it.result.get('seconds')} s\n\n"
+            f"`{' '.join(Path(c).name if c == sys.executable else c for c in it.cmd)}`\n\n"
+            f"```\n{it.result.get('tail', '')}\n```"
+        )
     return {k: "\n".join(v) + "\n" for k, v in pages.items()}
 
 
@@ -160,14 +328,18 @@ def replace_section(page: Path, body: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dry-run", action="store_true", help="nano shapes on the CPU; docs to --docs-dir")
-    p.add_argument("--docs-dir", help="where the pages are rewritten (default: docs/, or a temporary copy with --dry-run)")
+    p.add_argument(
+        "--docs-dir", help="where the pages are rewritten (default: docs/, or a temporary copy with --dry-run)"
+    )
     p.add_argument("--only", default="", help="comma list of item-name prefixes to run (default: all)")
     args = p.parse_args(argv)
     import torch
 
     if not args.dry_run and not torch.cuda.is_available():
-        print("gpu-check: no CUDA device here; run it where a GPU is lent, or use --dry-run for the CPU plumbing",
-              file=sys.stderr)
+        print(
+            "gpu-check: no CUDA device here; run it where a GPU is lent, or use --dry-run for the CPU plumbing",
+            file=sys.stderr,
+        )
         return 2
     device = "CPU dry run" if args.dry_run else torch.cuda.get_device_name(0)
     out = Path(tempfile.mkdtemp(prefix="gpu-check-"))
@@ -180,7 +352,9 @@ def main(argv: list[str] | None = None) -> int:
     wanted = [w for w in args.only.split(",") if w]
     items = [it for it in items if not wanted or any(it.name.startswith(w) for w in wanted)]
     assert sum(it.limit_s for it in plan(False, out)) <= BUDGET_S  # the plan fits 25 minutes
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
     for it in items:
         print(f"gpu-check: {it.name} ...", flush=True)
         execute(it, slack=5.0 if args.dry_run else 1.0)

@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         out, last = [], 0
         for m in BLOCK.finditer(text):
             cmd = m.group("cmd")
-            out.append(text[last:m.start()])
+            out.append(text[last : m.start()])
             last = m.end()
             if args.cheap and not cmd.startswith(CHEAP):
                 out.append(m.group(0))

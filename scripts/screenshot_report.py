@@ -23,8 +23,15 @@ import tempfile
 from pathlib import Path
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
-FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
-         "--disable-dev-shm-usage", "--force-device-scale-factor=1")
+FLAGS = (
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--hide-scrollbars",
+    "--no-first-run",
+    "--disable-dev-shm-usage",
+    "--force-device-scale-factor=1",
+)
 
 # every table's box against the window: a table (or its scroll container) wider than the window is cut off
 MEASURE = """<script>
@@ -51,12 +58,12 @@ def find_browser() -> str | None:
 
 def _run(browser: str, args: list[str], timeout: int = 120) -> subprocess.CompletedProcess:
     with tempfile.TemporaryDirectory() as profile:  # a fresh profile: no state from another run
-        return subprocess.run([browser, *FLAGS, f"--user-data-dir={profile}", *args], capture_output=True,
-                              text=True, timeout=timeout)
+        return subprocess.run(
+            [browser, *FLAGS, f"--user-data-dir={profile}", *args], capture_output=True, text=True, timeout=timeout
+        )
 
 
-def screenshot(page: Path, png: Path, width: int = 1400, height: int | None = None,
-               browser: str | None = None) -> Path:
+def screenshot(page: Path, png: Path, width: int = 1400, height: int | None = None, browser: str | None = None) -> Path:
     """``page`` rendered into ``png`` at ``width`` px; ``height``: the window's (default: the whole page)."""
     browser = browser or find_browser()
     if browser is None:
@@ -94,8 +101,10 @@ def cut_tables(facts: dict) -> list[str]:
     bad = []
     for t in facts["tables"]:
         if t["right"] > facts["viewport"] + 0.5 or t["scroll_width"] > t["width"] + 0.5:
-            bad.append(f"table {t['index']} ({', '.join(t['head'][:3])}, ...): right edge {t['right']:.0f} px, "
-                       f"content {t['scroll_width']} px, window {facts['viewport']} px")
+            bad.append(
+                f"table {t['index']} ({', '.join(t['head'][:3])}, ...): right edge {t['right']:.0f} px, "
+                f"content {t['scroll_width']} px, window {facts['viewport']} px"
+            )
     if facts["page"] > facts["viewport"]:
         bad.append(f"the page scrolls sideways: {facts['page']} px in a {facts['viewport']} px window")
     return bad

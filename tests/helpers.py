@@ -18,17 +18,29 @@ from normlab.train import TrainConfig, train
 REPO = Path(__file__).resolve().parents[1]
 
 
-def small(corpus, out, **kw) -> TrainConfig:  # noqa: ANN001 - a path
-    base = dict(data=str(corpus), size="nano", layout="peri", seq_len=32, batch_size=8, steps=12, lr=3e-3,
-                eval_every=6, eval_batches=2, out=str(out), progress=False, device="cpu")
+def small(corpus, out, **kw) -> TrainConfig:
+    base = dict(
+        data=str(corpus),
+        size="nano",
+        layout="peri",
+        seq_len=32,
+        batch_size=8,
+        steps=12,
+        lr=3e-3,
+        eval_every=6,
+        eval_batches=2,
+        out=str(out),
+        progress=False,
+        device="cpu",
+    )
     return TrainConfig.of(**{**base, **kw})
 
 
-def rows(run) -> list[dict]:  # noqa: ANN001 - a path
+def rows(run) -> list[dict]:
     return [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
 
 
-def losses(run) -> list[float]:  # noqa: ANN001 - a path
+def losses(run) -> list[float]:
     return [r["loss"] for r in rows(run)]
 
 
@@ -68,7 +80,7 @@ def interrupt_at(monkeypatch, step):
     return lambda: monkeypatch.setattr(TokenData, "train_window", real)
 
 
-def interrupted(corpus, tmp_path, monkeypatch, probe_every: int):  # noqa: ANN202 - (full, cut) configs
+def interrupted(corpus, tmp_path, monkeypatch, probe_every: int):
     """A 12-step run trained whole, and the same run interrupted at step 10 (checkpoints at 3, 6, 9)."""
     full = small(corpus, tmp_path / "full", steps=12, probe_every=probe_every)
     train(full)
@@ -82,8 +94,9 @@ def interrupted(corpus, tmp_path, monkeypatch, probe_every: int):  # noqa: ANN20
 
 def synthetic_store(tmp_path: Path) -> Path:
     """pre/peri x lr {1e-3, 1e-2} x seeds {0, 1, 2}, with chosen outcomes."""
-    sweep = SweepConfig(name="syn", base={"size": "nano"},
-                        grid={"layout": ["pre", "peri"], "lr": [1e-3, 1e-2], "seed": [0, 1, 2]})
+    sweep = SweepConfig(
+        name="syn", base={"size": "nano"}, grid={"layout": ["pre", "peri"], "lr": [1e-3, 1e-2], "seed": [0, 1, 2]}
+    )
     store, specs = prepare(sweep, tmp_path / "syn")
     outcome = {  # (layout, lr) -> per seed (status, final, val)
         ("pre", 1e-3): [("ok", 3.0, 3.1), ("ok", 3.2, 3.3), ("ok", 3.4, 3.5)],
@@ -95,6 +108,15 @@ def synthetic_store(tmp_path: Path) -> Path:
     for s in specs:
         status, final, val = outcome[(s.axes["layout"], s.axes["lr"])][s.axes["seed"]]
         store.mark_running(s.run_id, "test")
-        store.record(s.run_id, {"status": status, "final_loss": final, "final_val_loss": val, "initial_loss": 5.5,
-                                "reason": None if status == "ok" else status, "steps": 10})
+        store.record(
+            s.run_id,
+            {
+                "status": status,
+                "final_loss": final,
+                "final_val_loss": val,
+                "initial_loss": 5.5,
+                "reason": None if status == "ok" else status,
+                "steps": 10,
+            },
+        )
     return tmp_path / "syn"

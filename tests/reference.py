@@ -63,8 +63,15 @@ def rope(x: torch.Tensor, theta: float) -> torch.Tensor:
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
-def mha(attn, x: torch.Tensor, inner: str, span: str = "head", theta: float = 10_000.0,
-        qk_after_rope: bool = False, weights=None) -> torch.Tensor:  # noqa: ANN001 - (logits, mask) -> weights
+def mha(
+    attn,
+    x: torch.Tensor,
+    inner: str,
+    span: str = "head",
+    theta: float = 10_000.0,
+    qk_after_rope: bool = False,
+    weights=None,
+) -> torch.Tensor:
     """Zhuo eqs. 7, 35-40: Concat_i attn_#(Q_i, K_i, V_i) W_O with # = the letters in ``inner`` (q k v c);
     ``g``: the context times sigmoid(x W_theta) (Qiu et al. 2025 eq. 5, G1, elementwise); ``s``: head i's
     context times gamma_i (NormFormer eq. 3); ``qk_after_rope``: N(RoPE(q)), N(RoPE(k)) (Llama 4); ``weights``:

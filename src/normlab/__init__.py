@@ -1,9 +1,9 @@
 """normlab: normalization placement in Transformer language models, as data.
 
-    import normlab
-    normlab.layouts()                          # the named presets
-    model = normlab.build_model("peri", size="tiny")
-    out = model(tokens, return_hidden_states=True)
+import normlab
+normlab.layouts()                          # the named presets
+model = normlab.build_model("peri", size="tiny")
+out = model(tokens, return_hidden_states=True)
 """
 
 from normlab._lazy import lazy_exports
@@ -11,9 +11,16 @@ from normlab._version import __version__
 from normlab.layout import PRESETS, Layout, LayoutError, parse_layout
 
 # torch is imported when one of these is first used, not by `import normlab` (the CLI starts fast)
-__getattr__ = lazy_exports(__name__, {"ConfigError": "normlab.model.config", "ModelConfig": "normlab.model.config",
-                                      "build_model": "normlab.model.build", "count_params": "normlab.model.params"},
-                           globals())
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "ConfigError": "normlab.model.config",
+        "ModelConfig": "normlab.model.config",
+        "build_model": "normlab.model.build",
+        "count_params": "normlab.model.params",
+    },
+    globals(),
+)
 
 
 def load_run(path):  # noqa: ANN001, ANN201 - imported lazily: pandas is slow to import

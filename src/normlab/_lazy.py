@@ -8,7 +8,7 @@ import importlib
 from typing import Any
 
 
-def lazy_exports(package: str, exports: dict[str, str], namespace: dict[str, Any]):  # noqa: ANN201 - __getattr__
+def lazy_exports(package: str, exports: dict[str, str], namespace: dict[str, Any]):
     """A module-level ``__getattr__`` for ``package``: ``exports`` maps a name to the module defining it."""
 
     def __getattr__(name: str) -> Any:

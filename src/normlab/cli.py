@@ -18,12 +18,15 @@ from normlab.layout import PRESETS
 from normlab.settings import given as settings_given
 
 # Flags that stand for a model option (the model's shape), for the commands that take one.
-MODEL_SHORTCUTS = {"layers": ("model.n_layers", "number of layers (depth)"),
-                   "width": ("model.d_model", "d_model, the width of the residual stream"),
-                   "heads": ("model.n_heads", "attention heads, must divide the width")}
+MODEL_SHORTCUTS = {
+    "layers": ("model.n_layers", "number of layers (depth)"),
+    "width": ("model.d_model", "d_model, the width of the residual stream"),
+    "heads": ("model.n_heads", "attention heads, must divide the width"),
+}
 
 
 # --- the override list: flags, --set, --model, --config ----------------------------------------------
+
 
 def _pairs(items: list[str] | None, flag: str, example: str) -> dict[str, str]:
     """KEY=VALUE arguments as a dict of strings (parsed later by each setting's type)."""
@@ -49,8 +52,9 @@ def _shortcuts(args: argparse.Namespace) -> dict[str, str]:
 def _overrides(args: argparse.Namespace, *flags: str) -> dict[str, str]:
     """The run settings a command was given: its run-setting flags, the model shortcuts, --model and --set."""
     given = {**settings_given(args, flags), **_shortcuts(args)}
-    given.update({f"model.{k}": v for k, v in _pairs(getattr(args, "model_options", None), "--model",
-                                                     "n_layers=8").items()})
+    given.update(
+        {f"model.{k}": v for k, v in _pairs(getattr(args, "model_options", None), "--model", "n_layers=8").items()}
+    )
     return {**given, **_pairs(getattr(args, "set", None), "--set", "steps=500")}
 
 
@@ -105,6 +109,7 @@ def _grid_args(items: list[str] | None) -> dict[str, list[Any]]:
 
 # --- the commands -----------------------------------------------------------------------------------
 
+
 def _layouts(args: argparse.Namespace) -> int:
     rows = [(p.name, p.layout.to_string(), p.equation, p.source) for p in PRESETS.values()]
     if args.names:
@@ -129,8 +134,9 @@ def _show(args: argparse.Namespace) -> int:
     pairs = _overrides(args)
     other = [k for k in pairs if not k.startswith(("model.", "layout."))]
     if other:
-        raise ConfigError(f"show takes model.* and layout.* settings (the model's shape and placement), not "
-                          f"{', '.join(other)}")
+        raise ConfigError(
+            f"show takes model.* and layout.* settings (the model's shape and placement), not {', '.join(other)}"
+        )
     given = {"layout": args.layout, **settings_given(args, ("size",)), **pairs}
     cfg = TrainConfig().with_(given, "command line", from_text=True)  # the keys train takes (layout.h, model.*)
     print(describe(cfg.model.layout, cfg.model.size, **cfg.model.options))  # no model built, no torch: instant
@@ -207,9 +213,15 @@ def _sweep(args: argparse.Namespace) -> int:
         raise ConfigError("give a sweep file or --recipe, not both")
     if not (args.file or args.recipe or args.grid):
         raise ConfigError("give a sweep file, --recipe NAME (see `normlab recipes`) or --grid AXIS=VALUES")
-    sweep = SweepConfig.from_toml(args.file) if args.file else load_recipe(args.recipe) if args.recipe else SweepConfig()
-    sweep = sweep.with_(given(args, leaves(SweepConfig)), base=_typed(_overrides(args), "--set"),
-                        grid=_grid_args(args.grid), from_text=True)
+    sweep = (
+        SweepConfig.from_toml(args.file) if args.file else load_recipe(args.recipe) if args.recipe else SweepConfig()
+    )
+    sweep = sweep.with_(
+        given(args, leaves(SweepConfig)),
+        base=_typed(_overrides(args), "--set"),
+        grid=_grid_args(args.grid),
+        from_text=True,
+    )
     out = args.out or f"runs/sweeps/{sweep.name}"
     counts = run_sweep(sweep, out, workers=sweep.workers, executor=sweep.executor)
     _summarize_into(out)
@@ -260,8 +272,9 @@ def _compare(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     cfg = _declared(CompareConfig, args, "compare")
-    index = compare(list(cfg.layouts), out=cfg.out, workers=cfg.workers,
-                    **_typed(_overrides(args, "size", "steps"), "compare"))  # logs the runs, the cells, the reading
+    index = compare(
+        list(cfg.layouts), out=cfg.out, workers=cfg.workers, **_typed(_overrides(args, "size", "steps"), "compare")
+    )  # logs the runs, the cells, the reading
     print(f"done in {time.perf_counter() - t0:.0f}s\nreport: {index}")
     return 0
 
@@ -343,8 +356,11 @@ def _eval(args: argparse.Namespace) -> int:
     cfg = _declared(EvalConfig, args, "eval")
     tasks, kw, source = list(cfg.tasks), cfg.options(), Path(args.source)
     if not cfg.verbose:
-        print(f"evaluating {source} on {', '.join(tasks)} (lm-eval's own output goes to eval_log.txt beside the "
-              "results; --verbose shows it)", flush=True)
+        print(
+            f"evaluating {source} on {', '.join(tasks)} (lm-eval's own output goes to eval_log.txt beside the "
+            "results; --verbose shows it)",
+            flush=True,
+        )
     results = evaluate_sweep(source, tasks, **kw) if kind_of(source) == "sweep" else [evaluate(source, tasks, **kw)]
     print("\n".join(f"{r['table']}\n-> {r['path']}" for r in results))
     return 0
@@ -362,12 +378,17 @@ def _data(args: argparse.Namespace) -> int:
 
     if not args.source or not cfg.out:
         raise ConfigError("normlab data prepare SOURCE --out DIR: give the text/JSONL/datasets source and a new folder")
-    print(prepared_line(prepare(source_path(args.source), cfg.out, cfg.tokenizer, cfg.text_field, cfg.val_fraction,
-                                cfg.val_split), cfg.out))
+    print(
+        prepared_line(
+            prepare(source_path(args.source), cfg.out, cfg.tokenizer, cfg.text_field, cfg.val_fraction, cfg.val_split),
+            cfg.out,
+        )
+    )
     return 0
 
 
 # --- the parser -------------------------------------------------------------------------------------
+
 
 def build_parser() -> argparse.ArgumentParser:
     """Every command: its help (normlab.config.help), its configuration's flags (generated from the
@@ -381,15 +402,23 @@ def build_parser() -> argparse.ArgumentParser:
     from normlab.hf.archs import EXPORTABLE
     from normlab.settings import Parser, add_flags, leaves
 
-    p = Parser(prog="normlab", description="Normalization placement in Transformer LMs: build, compare and "
-                "inspect layouts.")
+    p = Parser(
+        prog="normlab", description="Normalization placement in Transformer LMs: build, compare and inspect layouts."
+    )
     p.add_argument("--version", action="version", version=f"normlab {normlab.__version__}")
     p.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     sub = p.add_subparsers(dest="command", required=True)
 
-    def command(name: str, func: Any, config: type | None = None, run: tuple[str, ...] = (),
-                preset: dict[str, Any] | None = None, shortcuts: tuple[str, ...] = (), set_help: str | None = None,
-                description: str | None = None) -> argparse.ArgumentParser:
+    def command(
+        name: str,
+        func: Any,
+        config: type | None = None,
+        run: tuple[str, ...] = (),
+        preset: dict[str, Any] | None = None,
+        shortcuts: tuple[str, ...] = (),
+        set_help: str | None = None,
+        description: str | None = None,
+    ) -> argparse.ArgumentParser:
         help_, about = HELP.get(name, (None, None))
         s = sub.add_parser(name, help=help_, description=description or about)
         s.set_defaults(func=func)
@@ -413,18 +442,35 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument(f"--{short}", metavar="N", default=argparse.SUPPRESS, help=f"{doc} (= --set {key}=N)")
 
     def run_settings(s: argparse.ArgumentParser) -> None:
-        s.add_argument("--config", help="a TOML file of settings (key = value; [model] table for model options); "
-                       "flags and --set override it")
-        s.add_argument("--set", action="append", metavar="KEY=VALUE", default=argparse.SUPPRESS,
-                       help="any setting by its key: lr=1e-3, model.n_layers=8, layout.h=0.5 (repeatable)")
-        s.add_argument("--model", action="append", dest="model_options", default=argparse.SUPPRESS,
-                       metavar="KEY=VALUE",
-                       help="a model option, repeatable: --model n_layers=8 --model mlp=relu (= --set model.KEY=VALUE)")
+        s.add_argument(
+            "--config",
+            help="a TOML file of settings (key = value; [model] table for model options); flags and --set override it",
+        )
+        s.add_argument(
+            "--set",
+            action="append",
+            metavar="KEY=VALUE",
+            default=argparse.SUPPRESS,
+            help="any setting by its key: lr=1e-3, model.n_layers=8, layout.h=0.5 (repeatable)",
+        )
+        s.add_argument(
+            "--model",
+            action="append",
+            dest="model_options",
+            default=argparse.SUPPRESS,
+            metavar="KEY=VALUE",
+            help="a model option, repeatable: --model n_layers=8 --model mlp=relu (= --set model.KEY=VALUE)",
+        )
         add_flags(s, {k: v for k, v in LEAVES.items() if k != "options"}, defaults={"out": "runs/LAYOUT-SIZE"})
 
     command("layouts", _layouts)
-    command("show", _show, run=("size",), shortcuts=("layers",), set_help="a model or layout setting as train "
-            "takes it: model.n_layers=12, model.mlp=relu, layout.h=0.5")
+    command(
+        "show",
+        _show,
+        run=("size",),
+        shortcuts=("layers",),
+        set_help="a model or layout setting as train takes it: model.n_layers=12, model.mlp=relu, layout.h=0.5",
+    )
     command("demo", _demo, c.DemoConfig)
     run_settings(command("train", _train))
     s = command("plan", _plan)
@@ -436,32 +482,58 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--set", action="append", metavar="model.NAME=VALUE", help="any model option (repeatable)")
     inputs(s, "screen")
     command("report", _report)
-    command("compare", _compare, c.CompareConfig, run=("size", "steps"), preset=c.COMPARE_BASE,
-            set_help="any training setting, e.g. --set lr=1e-3")
+    command(
+        "compare",
+        _compare,
+        c.CompareConfig,
+        run=("size", "steps"),
+        preset=c.COMPARE_BASE,
+        set_help="any training setting, e.g. --set lr=1e-3",
+    )
     s = command("sweep", _sweep, set_help="a base setting (repeatable; model.NAME for model options)")
     add_flags(s, leaves(SweepConfig))  # --name, --workers, --executor, ...: over the file's or recipe's
     command("summarize", _summarize)
     command("transfer", _transfer)
     command("recipes", _recipes)
-    command("recommend", _recommend, c.RecommendConfig, run=("steps",), preset=c.RECOMMEND_BASE,
-            set_help="a proxy run setting, e.g. --set data=PATH (repeatable)")
+    command(
+        "recommend",
+        _recommend,
+        c.RecommendConfig,
+        run=("steps",),
+        preset=c.RECOMMEND_BASE,
+        set_help="a proxy run setting, e.g. --set data=PATH (repeatable)",
+    )
     command("scan", _scan, c.ScanConfig)
     command("doctor", _doctor, c.DoctorConfig)
     command("convert", _convert, c.ConvertConfig)
     s = command("export", _export)
-    s.add_argument("--arch", default="auto", choices=["auto", "normlab", *EXPORTABLE],
-                   help=f"auto (default: transformers' own class where exact, else normlab), normlab (any layout), or "
-                   f"transformers' own class for the layout it computes: "
-                   f"{', '.join(f'{a} ({p})' for a, p in EXPORTABLE.items())}")
+    s.add_argument(
+        "--arch",
+        default="auto",
+        choices=["auto", "normlab", *EXPORTABLE],
+        help=f"auto (default: transformers' own class where exact, else normlab), normlab (any layout), or "
+        f"transformers' own class for the layout it computes: "
+        f"{', '.join(f'{a} ({p})' for a, p in EXPORTABLE.items())}",
+    )
     command("eval", _eval, c.EvalConfig)
-    s = command("data", _data, c.PrepareConfig, description="fetch [NAME]: download, verify and cache a named corpus ("
-                + "; ".join(f"{x.name}: {x.what}" for x in CORPORA.values()) + "; docs/training.md). prepare: tokenize a "
-                "text file, folder, .jsonl or local datasets folder (save_to_disk) into OUT/{train,val}.bin + "
-                "tokenizer.json + meta.json, end-of-text between documents, the last --val-fraction of the documents "
-                "held out; train on it with --data OUT.")
+    s = command(
+        "data",
+        _data,
+        c.PrepareConfig,
+        description="fetch [NAME]: download, verify and cache a named corpus ("
+        + "; ".join(f"{x.name}: {x.what}" for x in CORPORA.values())
+        + "; docs/training.md). prepare: tokenize a "
+        "text file, folder, .jsonl or local datasets folder (save_to_disk) into OUT/{train,val}.bin + "
+        "tokenizer.json + meta.json, end-of-text between documents, the last --val-fraction of the documents "
+        "held out; train on it with --data OUT.",
+    )
     s.add_argument("action", choices=["fetch", "prepare"])
-    s.add_argument("source", nargs="?", help=f"fetch: a corpus name ({', '.join(CORPORA)}; default shakespeare); "
-                   "prepare: text file, folder, .jsonl, datasets folder or a corpus name")
+    s.add_argument(
+        "source",
+        nargs="?",
+        help=f"fetch: a corpus name ({', '.join(CORPORA)}; default shakespeare); "
+        "prepare: text file, folder, .jsonl, datasets folder or a corpus name",
+    )
     return p
 
 
@@ -488,11 +560,13 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print("normlab: interrupted", file=sys.stderr)
         return 130
-    except Exception as err:  # noqa: BLE001 - the last line of defence: one line, not a traceback
+    except Exception as err:
         if debug:
             raise
-        print(f"normlab: error: {type(err).__name__}: {_one_line(err)} (run with --debug for the traceback)",
-              file=sys.stderr)
+        print(
+            f"normlab: error: {type(err).__name__}: {_one_line(err)} (run with --debug for the traceback)",
+            file=sys.stderr,
+        )
         return 1
 
 

@@ -38,15 +38,19 @@ def run_demo(layouts: list[str], size: str = "tiny", seed: int = 0, steps: int =
     torch.manual_seed(seed)
     batch = demo_tokens(128, 16, seed)
     x, y = batch[:, :-1], batch[:, 1:]
-    print(f"normlab demo: size={size}, {x.shape[0]}x{x.shape[1]} byte tokens of argparse.py, {steps} AdamW steps at lr={lr}\n")
+    print(
+        f"normlab demo: size={size}, {x.shape[0]}x{x.shape[1]} byte tokens of argparse.py, {steps} AdamW steps at lr={lr}\n"
+    )
     for name in layouts:
         model = build_model(name, size, seed=seed)
         out = model(x, targets=y, return_hidden_states=True)
         out.loss.backward()
         rms = [h.pow(2).mean().sqrt().item() for h in out.hidden_states]
         # the MLP's output projection (a MoE sublayer's: every expert's, stacked)
-        grads = [(b.mlp.experts.down_proj if hasattr(b.mlp, "experts") else b.mlp.down_proj.weight).grad.norm().item()
-                 for b in model.blocks]
+        grads = [
+            (b.mlp.experts.down_proj if hasattr(b.mlp, "experts") else b.mlp.down_proj.weight).grad.norm().item()
+            for b in model.blocks
+        ]
         opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
         t0 = time.perf_counter()
         losses = [out.loss.item()]

@@ -87,8 +87,10 @@ def loads_json(data: bytes | str, what: str) -> Any:
 
 
 def _too_deep(what: str) -> str:
-    return (f"{what} nests its JSON deeper than {MAX_JSON_DEPTH} levels; a model's configuration or tokenizer "
-            "file nests a few levels")
+    return (
+        f"{what} nests its JSON deeper than {MAX_JSON_DEPTH} levels; a model's configuration or tokenizer "
+        "file nests a few levels"
+    )
 
 
 def read_json(path: str | os.PathLike, what: str | None = None, max_bytes: int = MAX_JSON_BYTES) -> Any:
@@ -97,8 +99,9 @@ def read_json(path: str | os.PathLike, what: str | None = None, max_bytes: int =
     what = what or str(path)
     size = path.stat().st_size
     if size > max_bytes:
-        raise DataError(f"{what} is {size / 2**20:.0f} MiB; a JSON file normlab reads may hold at most "
-                        f"{max_bytes / 2**20:.0f} MiB")
+        raise DataError(
+            f"{what} is {size / 2**20:.0f} MiB; a JSON file normlab reads may hold at most {max_bytes / 2**20:.0f} MiB"
+        )
     return loads_json(path.read_bytes(), what)
 
 
@@ -131,8 +134,10 @@ def jsonl_records(path: str | os.PathLike, max_bytes: int | None = None):  # noq
                 return
             n += 1
             if len(line) > limit and not (len(line) == limit + 1 and line.endswith(b"\n")):
-                raise DataError(f"{path} line {n} is longer than {_mib(limit)}, the most one record may hold; "
-                                f"split the document into records of at most {_mib(limit)}")
+                raise DataError(
+                    f"{path} line {n} is longer than {_mib(limit)}, the most one record may hold; "
+                    f"split the document into records of at most {_mib(limit)}"
+                )
             if line.strip():
                 yield n, loads_json(line, f"{path} line {n}")
 
@@ -166,8 +171,11 @@ def truncate_jsonl(path: str | os.PathLike, before_step: int) -> None:
     path = Path(path)
     kept = []
     if path.exists():
-        kept = [line for line, row in _jsonl_lines(path)
-                if row is not None and isinstance(row.get("step"), int) and row["step"] < before_step]
+        kept = [
+            line
+            for line, row in _jsonl_lines(path)
+            if row is not None and isinstance(row.get("step"), int) and row["step"] < before_step
+        ]
     atomic_write_bytes(path, ("\n".join(kept) + "\n").encode() if kept else b"")
 
 
@@ -175,8 +183,26 @@ def truncate_jsonl(path: str | os.PathLike, before_step: int) -> None:
 # between its readers and writers, which these cannot give across nodes (sqlite.org/wal.html), and flock
 # there is missing (Lustre without -o flock), node-local (-o localflock) or emulated. NORMLAB_SHARED_FS=1
 # marks any folder as shared (a filesystem this list does not know); =0 marks none.
-SHARED_FS = ("nfs", "nfs4", "lustre", "gpfs", "beegfs", "cifs", "smb3", "smbfs", "ceph", "glusterfs", "panfs",
-             "orangefs", "pvfs2", "afs", "9p", "virtiofs", "wekafs", "vast")
+SHARED_FS = (
+    "nfs",
+    "nfs4",
+    "lustre",
+    "gpfs",
+    "beegfs",
+    "cifs",
+    "smb3",
+    "smbfs",
+    "ceph",
+    "glusterfs",
+    "panfs",
+    "orangefs",
+    "pvfs2",
+    "afs",
+    "9p",
+    "virtiofs",
+    "wekafs",
+    "vast",
+)
 
 
 def filesystem_type(path: str | os.PathLike) -> str:
@@ -239,13 +265,16 @@ def own_folder(path: str | os.PathLike, kind: str, claim: bool = True) -> Path:
             made = None
         if made == kind:
             return path
-        raise ForeignFolderError(f"{path} is a normlab {made or 'unknown'} folder, not a {kind} folder; "
-                                 f"give a new or empty folder for the {kind}")
+        raise ForeignFolderError(
+            f"{path} is a normlab {made or 'unknown'} folder, not a {kind} folder; "
+            f"give a new or empty folder for the {kind}"
+        )
     held = sorted(p.name for p in path.iterdir() if p.name != ".lock") if path.is_dir() else []  # .lock: normlab's
     if held:
         raise ForeignFolderError(
             f"{path} holds files normlab did not write ({', '.join(held[:5])}{', ...' if len(held) > 5 else ''}); "
-            f"nothing there is overwritten: give a new or empty folder for the {kind}")
+            f"nothing there is overwritten: give a new or empty folder for the {kind}"
+        )
     if claim:
         atomic_write_json(marker, {"kind": kind})
     return path
@@ -282,8 +311,10 @@ def staged_folder(out: str | os.PathLike, kind: str) -> Iterator[Path]:
             raise
         if made:
             shutil.rmtree(out, ignore_errors=True)
-        raise OutputError(f"could not write the {kind} folder {out} ({_why(err)}); nothing was left half-written: "
-                          "free space or give a folder on another disk") from None
+        raise OutputError(
+            f"could not write the {kind} folder {out} ({_why(err)}); nothing was left half-written: "
+            "free space or give a folder on another disk"
+        ) from None
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -15,9 +15,9 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from normlab.io import atomic_write_bytes  # noqa: E402
+from normlab.io import atomic_write_bytes
 
 plt.rcParams.update({"figure.dpi": 110, "font.size": 10, "axes.titlesize": 11, "axes.grid": True, "grid.alpha": 0.3})
 
@@ -32,8 +32,9 @@ def panels(n: int, width: float = 4.2, height: float = 3.2, share: bool = False)
     """One panel per run; ``share``: the same x and y axes on every panel, so layouts compare at a glance."""
     cols = min(n, 4 if n == 4 else 3)
     rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False,
-                             sharex=share, sharey=share)
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(width * cols, height * rows), squeeze=False, sharex=share, sharey=share
+    )
     for ax in axes.flat[n:]:
         ax.set_visible(False)
     return fig, list(axes.flat[:n])
@@ -52,7 +53,9 @@ def figure_html(fig, out: Path, key: str, title: str) -> str:  # noqa: ANN001 - 
     fig.savefig(png, bbox_inches="tight")
     plt.close(fig)
     data = base64.b64encode(png.read_bytes()).decode()
-    return f'<h2 id="{key}">{html.escape(title)}</h2>\n<img alt="{html.escape(title)}" src="data:image/png;base64,{data}">'
+    return (
+        f'<h2 id="{key}">{html.escape(title)}</h2>\n<img alt="{html.escape(title)}" src="data:image/png;base64,{data}">'
+    )
 
 
 def _numeric(v: object) -> bool:
@@ -70,9 +73,15 @@ def table_html(rows: list[dict]) -> str:
     if not rows:
         return "<p>(no rows)</p>"
     head = "".join(f"<th>{html.escape(str(k))}</th>" for k in rows[0])
-    body = "".join("<tr>" + "".join(f'<td class="n">{html.escape(fmt(v))}</td>' if _numeric(v) else
-                                    f'<td class="t">{_breakable(fmt(v))}</td>' for v in r.values()) + "</tr>"
-                   for r in rows)
+    body = "".join(
+        "<tr>"
+        + "".join(
+            f'<td class="n">{html.escape(fmt(v))}</td>' if _numeric(v) else f'<td class="t">{_breakable(fmt(v))}</td>'
+            for v in r.values()
+        )
+        + "</tr>"
+        for r in rows
+    )
     return f'<div class="table"><table><tr>{head}</tr>{body}</table></div>'
 
 

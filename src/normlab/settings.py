@@ -20,9 +20,9 @@ import functools
 import math
 import types
 import typing
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from normlab.errors import ConfigError
 
@@ -31,8 +31,16 @@ T = TypeVar("T")
 
 # --- declarations -----------------------------------------------------------------------------------
 
-def setting(default: Any, doc: str, *, identity: bool = True, choices: tuple[Any, ...] | None = None,
-            check: Callable[[Any], str | None] | None = None, metavar: str | None = None) -> Any:
+
+def setting(
+    default: Any,
+    doc: str,
+    *,
+    identity: bool = True,
+    choices: tuple[Any, ...] | None = None,
+    check: Callable[[Any], str | None] | None = None,
+    metavar: str | None = None,
+) -> Any:
     """A declared setting: its default, doc, identity mark, choices, range check and flag metavar."""
     meta = {"doc": doc, "identity": identity, "choices": choices, "check": check, "metavar": metavar}
     if isinstance(default, (dict, list, tuple)) or callable(default):
@@ -77,7 +85,7 @@ def leaves(cls: type, section: str = "") -> dict[str, Leaf]:
     return dict(_leaves(cls, section))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _leaves(cls: type, section: str) -> dict[str, Leaf]:
     hints = typing.get_type_hints(cls)
     out = {}
@@ -85,12 +93,22 @@ def _leaves(cls: type, section: str) -> dict[str, Leaf]:
         if "doc" not in f.metadata:
             continue
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        out[f.name] = Leaf(f.name, section, hints[f.name], default, f.metadata["doc"], f.metadata["identity"],
-                           f.metadata["choices"], f.metadata["check"], f.metadata.get("metavar"))
+        out[f.name] = Leaf(
+            f.name,
+            section,
+            hints[f.name],
+            default,
+            f.metadata["doc"],
+            f.metadata["identity"],
+            f.metadata["choices"],
+            f.metadata["check"],
+            f.metadata.get("metavar"),
+        )
     return out
 
 
 # --- values -----------------------------------------------------------------------------------------
+
 
 def _scalar_type(t: Any) -> tuple[Any, bool, tuple[Any, ...] | None]:
     """(base type, nullable, literal choices) of an annotation."""
@@ -108,8 +126,14 @@ def _scalar_type(t: Any) -> tuple[Any, bool, tuple[Any, ...] | None]:
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 
 
-def coerce(key: str, value: Any, annotation: Any, choices: tuple[Any, ...] | None = None,
-           check: Callable[[Any], str | None] | None = None, from_text: bool = False) -> Any:
+def coerce(
+    key: str,
+    value: Any,
+    annotation: Any,
+    choices: tuple[Any, ...] | None = None,
+    check: Callable[[Any], str | None] | None = None,
+    from_text: bool = False,
+) -> Any:
     """`value` as the annotated type. With `from_text` (a command line) strings are parsed; otherwise
     values must have the type already (TOML's `steps = true` or `compile = "no"` is refused, not
     read as 1 or False). NaN and inf are refused. A ``tuple[X, ...]`` takes a list (or, from text,
@@ -189,8 +213,14 @@ def unknown_key(key: str, valid: list[str], where: str = "") -> ConfigError:
     return ConfigError(f"unknown key {key!r}{' in ' + where if where else ''}{hint}; valid: {', '.join(valid)}")
 
 
-def build(cls: type[T], values: Mapping[str, Any], source: str = "settings", from_text: bool = False,
-          as_flags: bool = False, **fixed: Any) -> T:
+def build(
+    cls: type[T],
+    values: Mapping[str, Any],
+    source: str = "settings",
+    from_text: bool = False,
+    as_flags: bool = False,
+    **fixed: Any,
+) -> T:
     """A configuration of `cls` from `values` (its declared settings by name), each value checked; keys
     not declared are refused naming the closest. `fixed` passes fields that are not settings (tables,
     lists of layouts) through unchecked, for the class's own validation. `as_flags`: errors name the
@@ -209,12 +239,17 @@ def build(cls: type[T], values: Mapping[str, Any], source: str = "settings", fro
 
 # --- flags ------------------------------------------------------------------------------------------
 
+
 def flag_name(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def add_flags(parser: argparse.ArgumentParser, decl: Mapping[str, Leaf], skip: tuple[str, ...] = (),
-              defaults: Mapping[str, Any] | None = None) -> None:
+def add_flags(
+    parser: argparse.ArgumentParser,
+    decl: Mapping[str, Leaf],
+    skip: tuple[str, ...] = (),
+    defaults: Mapping[str, Any] | None = None,
+) -> None:
     """One flag per declared setting: ``--name-with-dashes``, its doc and default as help, its choices,
     a ``--no-`` form for booleans. Values stay text (parsed by `coerce` with the setting's type), and a
     flag not given is absent from the namespace (`given` returns only what the user said)."""
@@ -228,11 +263,22 @@ def add_flags(parser: argparse.ArgumentParser, decl: Mapping[str, Leaf], skip: t
         valid = f"; one of {', '.join(map(str, leaf.choices))}" if leaf.choices and len(leaf.choices) <= 24 else ""
         help_text = f"{leaf.doc} (default: {shown}{valid})".replace("%", "%%")
         if _scalar_type(leaf.type)[0] is bool:  # --name / --no-name (an optional one stays unset if neither)
-            parser.add_argument(flag_name(name), dest=name, action=argparse.BooleanOptionalAction,
-                                default=argparse.SUPPRESS, help=help_text)
+            parser.add_argument(
+                flag_name(name),
+                dest=name,
+                action=argparse.BooleanOptionalAction,
+                default=argparse.SUPPRESS,
+                help=help_text,
+            )
         else:
-            parser.add_argument(flag_name(name), dest=name, default=argparse.SUPPRESS, help=help_text,
-                                metavar=leaf.metavar or name.upper(), choices=leaf.choices)
+            parser.add_argument(
+                flag_name(name),
+                dest=name,
+                default=argparse.SUPPRESS,
+                help=help_text,
+                metavar=leaf.metavar or name.upper(),
+                choices=leaf.choices,
+            )
 
 
 def given(args: argparse.Namespace, decl: Collection[str]) -> dict[str, Any]:
@@ -241,6 +287,7 @@ def given(args: argparse.Namespace, decl: Collection[str]) -> dict[str, Any]:
 
 
 # --- the command line ---------------------------------------------------------------------------------
+
 
 class Parser(argparse.ArgumentParser):
     """argparse with normlab's rule for bad input: one line and exit status 2 (not the whole usage); an unknown

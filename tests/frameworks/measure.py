@@ -9,10 +9,14 @@ from tests.frameworks.test_frameworks import BASE, OPTIONS, check
 
 def main() -> None:
     rows = [(layout, fw, check(layout, fw, BASE)) for layout, fw in TESTED]
-    rows += [("pre, tie_embeddings=True", fw, check("pre", fw, BASE.with_(tie_embeddings=True)))
-             for fw in ("litgpt", "OLMo-core", "torchtitan")]
-    rows += [(f"{layout}, {', '.join(f'{k}={v}' for k, v in opts.items())}", fw, check(layout, fw, BASE.with_(**opts)))
-             for layout, fw, opts in OPTIONS]
+    rows += [
+        ("pre, tie_embeddings=True", fw, check("pre", fw, BASE.with_(tie_embeddings=True)))
+        for fw in ("litgpt", "OLMo-core", "torchtitan")
+    ]
+    rows += [
+        (f"{layout}, {', '.join(f'{k}={v}' for k, v in opts.items())}", fw, check(layout, fw, BASE.with_(**opts)))
+        for layout, fw, opts in OPTIONS
+    ]
     print("| code base | placement (model options) | max abs logit difference |\n|---|---|---|")
     for layout, fw, diff in rows:
         print(f"| {fw} | {layout} | {diff:.1e} |")

@@ -22,8 +22,17 @@ from tests.frameworks.cases import TESTED
 from tests.frameworks.weights import WEIGHTS
 
 MODULES = {"litgpt": "litgpt", "OLMo-core": "olmo_core", "torchtitan": "torchtitan"}
-BASE = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=48, max_seq_len=32,
-                   rope_theta=1000.0, norm_eps=1e-3)
+BASE = ModelConfig(
+    vocab_size=64,
+    d_model=32,
+    n_layers=2,
+    n_heads=2,
+    n_kv_heads=1,
+    d_ff=48,
+    max_seq_len=32,
+    rope_theta=1000.0,
+    norm_eps=1e-3,
+)
 TOKENS = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
 ATOL = RTOL = 1e-5  # float32; the largest difference measured is 9.5e-7 (docs/frameworks.md), logits of std ~0.28
 
@@ -87,19 +96,33 @@ def test_tied_embeddings(framework):
 
 # the model options each code base states besides the placement
 OPTIONS = [
-    ("gemma2", "litgpt", dict(mlp="geglu-tanh", attn_scale=24.0, attn_softcap=5.0, logit_softcap=3.0,
-                              sliding_window=4, full_attention_every=2, rope_local_theta=100.0)),
+    (
+        "gemma2",
+        "litgpt",
+        dict(
+            mlp="geglu-tanh",
+            attn_scale=24.0,
+            attn_softcap=5.0,
+            logit_softcap=3.0,
+            sliding_window=4,
+            full_attention_every=2,
+            rope_local_theta=100.0,
+        ),
+    ),
     ("qwen3", "litgpt", dict(qkv_bias=True, mlp="gelu-tanh")),
     ("pre", "litgpt", dict(linear_bias=True, mlp="gelu")),
     ("qwen3", "OLMo-core", dict(linear_bias=True, mlp="geglu-tanh")),
     ("peri+qk", "OLMo-core", dict(norm_bias=False)),
     # heads wider than d_model / n_heads (Qwen 3: 16 x 128 on a width of 1024)
-    ("qwen3", "litgpt", dict(d_head=24)), ("qwen3", "OLMo-core", dict(d_head=24)), ("qwen3", "torchtitan", dict(d_head=24)),
+    ("qwen3", "litgpt", dict(d_head=24)),
+    ("qwen3", "OLMo-core", dict(d_head=24)),
+    ("qwen3", "torchtitan", dict(d_head=24)),
 ]
 
 
-@pytest.mark.parametrize(("layout", "framework", "options"), OPTIONS,
-                         ids=[f"{f}-{p}-{'-'.join(o)}" for p, f, o in OPTIONS])
+@pytest.mark.parametrize(
+    ("layout", "framework", "options"), OPTIONS, ids=[f"{f}-{p}-{'-'.join(o)}" for p, f, o in OPTIONS]
+)
 def test_model_options(layout, framework, options):
     check(layout, framework, BASE.with_(**options))
 

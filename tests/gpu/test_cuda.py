@@ -31,6 +31,7 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     """||a - b|| / ||b||: meaningful whatever the scale of b (an absolute tolerance passes zeros)."""
     return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
 
+
 CHECK = r"""
 import warnings, torch
 warnings.simplefilter("error")
@@ -72,6 +73,7 @@ def test_fp16_overflows_are_skipped_on_cuda(corpus, tmp_path):
 def test_chunked_loss_and_checkpointing_on_cuda():
     """Loss and every gradient of the lean forward (activation checkpointing, chunked loss) against the
     plain one; a control with one weight perturbed fails the same check."""
+
     def grads(m, lean):
         m.zero_grad()
         m.activation_checkpointing = lean
@@ -146,7 +148,7 @@ def test_kv_cache_decoding_equals_recomputing_the_prefix():
         cache = transformers.DynamicCache()
         steps = [m(x[:, :4], decoding=make_decoding(2, 4, x.device, cache=cache)).logits]
         for i in range(4, 12):
-            steps.append(m(x[:, i:i + 1], decoding=make_decoding(2, 1, x.device, cache=cache)).logits)
+            steps.append(m(x[:, i : i + 1], decoding=make_decoding(2, 1, x.device, cache=cache)).logits)
         assert rel_err(torch.cat(steps, dim=1), full) < 1e-4
         stale = transformers.DynamicCache()
         m(x[:, :4], decoding=make_decoding(2, 4, x.device, cache=stale))
@@ -181,8 +183,18 @@ def test_true_fp16_on_cuda_stores_the_stream_in_fp16_and_overflows_past_65504():
 
 @cuda_only
 def test_fp16_run_on_cuda_diverges_with_its_first_overflow(corpus, tmp_path):
-    s = train(small(corpus, tmp_path / "f", device="cuda", precision="fp16", layout="pre", steps=4, probe_every=2,
-                    **{"model.init_std": 3000.0, "model.init": "normal"}))
+    s = train(
+        small(
+            corpus,
+            tmp_path / "f",
+            device="cuda",
+            precision="fp16",
+            layout="pre",
+            steps=4,
+            probe_every=2,
+            **{"model.init_std": 3000.0, "model.init": "normal"},
+        )
+    )
     assert s["status"] == "diverged" and s["activation_dtype"] == "fp16"
     assert s["forensics"]["forward"]["kind"] == "overflow" and s["first_break"].startswith(("block", "embedding"))
 
@@ -191,9 +203,19 @@ def test_fp16_run_on_cuda_diverges_with_its_first_overflow(corpus, tmp_path):
 def test_the_memory_plan_bounds_what_the_allocator_held(corpus, tmp_path):
     """The plan (activations measured on the CPU, scaled) against the GPU's own peak: the peak stays under
     the planned total and above the plan without its overhead allowance by no more than half."""
-    s = train(small(corpus, tmp_path / "m", device="cuda", size="micro-deep", precision="bf16", batch_size=16,
-                    seq_len=128, steps=4, probe_every=0))
+    s = train(
+        small(
+            corpus,
+            tmp_path / "m",
+            device="cuda",
+            size="micro-deep",
+            precision="bf16",
+            batch_size=16,
+            seq_len=128,
+            steps=4,
+            probe_every=0,
+        )
+    )
     mem = s["memory"]
     assert mem["max_allocated_gib"] <= mem["planned_gib"], mem
     assert mem["max_allocated_gib"] >= 0.5 * (mem["planned_gib"] - 1.0), mem  # 1 GiB: the plan's overhead
-

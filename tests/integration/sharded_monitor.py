@@ -14,9 +14,17 @@ import sys
 import torch
 import transformers as tf
 
-SMALL = dict(vocab_size=96, hidden_size=32, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6,
-             rope_parameters={"rope_type": "default", "rope_theta": 5000.0})
+SMALL = dict(
+    vocab_size=96,
+    hidden_size=32,
+    intermediate_size=80,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    rms_norm_eps=1e-6,
+    rope_parameters={"rope_type": "default", "rope_theta": 5000.0},
+)
 TOKENS = torch.randint(0, 96, (4, 5, 16), generator=torch.Generator().manual_seed(1))  # 4 steps of 4+1 sequences
 
 
@@ -37,11 +45,17 @@ def monitor(out: str) -> None:
             fully_shard(layer)
         fully_shard(model)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    mon = TrainingMonitor(model, out, every=2, site_names=names, spike=SpikeRule(window=4, min_history=2),
-                          probe_batch={"input_ids": TOKENS[0, 4:]})
+    mon = TrainingMonitor(
+        model,
+        out,
+        every=2,
+        site_names=names,
+        spike=SpikeRule(window=4, min_history=2),
+        probe_batch={"input_ids": TOKENS[0, 4:]},
+    )
     for step in range(4):
         x = TOKENS[step, :4]
-        share = x[rank * 4 // world:(rank + 1) * 4 // world]  # each rank its share of the global batch
+        share = x[rank * 4 // world : (rank + 1) * 4 // world]  # each rank its share of the global batch
         model(input_ids=share, labels=share).loss.backward()
         mon.step(step)
         opt.step()
@@ -52,16 +66,16 @@ def monitor(out: str) -> None:
 
 
 def trainer(out: str) -> None:
-    from normlab.diagnostics.report import make_report
-    from normlab.hf.callback import NormlabCallback
-
-    from torch.distributed.fsdp import fully_shard
-
     # accelerate enables FSDP for GPUs only (its MULTI_CPU type is DDP), so on CPU the model is sharded with
     # FSDP2's fully_shard before the Trainer sees it, in one process (a Trainer under torchrun on CPU would wrap
     # it in DDP, and so would one under torchrun): the monitor then reads DTensor parameters and gradients, as
     # under accelerate's FSDP2 on GPUs
     import socket
+
+    from torch.distributed.fsdp import fully_shard
+
+    from normlab.diagnostics.report import make_report
+    from normlab.hf.callback import NormlabCallback
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -73,8 +87,17 @@ def trainer(out: str) -> None:
         fully_shard(layer)
     fully_shard(model)
     data = [{"input_ids": t, "labels": t} for t in TOKENS.reshape(-1, 16)]
-    args = tf.TrainingArguments(output_dir=out, max_steps=4, per_device_train_batch_size=2, learning_rate=3e-3,
-                                report_to=[], save_strategy="no", logging_steps=100, use_cpu=True, disable_tqdm=True)
+    args = tf.TrainingArguments(
+        output_dir=out,
+        max_steps=4,
+        per_device_train_batch_size=2,
+        learning_rate=3e-3,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=100,
+        use_cpu=True,
+        disable_tqdm=True,
+    )
     t = tf.Trainer(model=model, args=args, train_dataset=data, callbacks=[NormlabCallback(every=2)])
     t.train()
     if t.is_world_process_zero():

@@ -43,12 +43,16 @@ def test_one_override_function_behind_every_entry_point(corpus, tmp_path):
     want = TrainConfig.of(layout="peri", lr=1e-3, **{"model.n_layers": 3, "layout.h": 0.5})
     assert want.model.layout.h == 0.5 and want.model.layout_label == "peri,h=0.5"
     assert parse_layout(want.model.layout_label) == want.model.layout  # the label reads back as the Layout
-    args = build_parser().parse_args(["train", "--set", "optim.lr=1e-3", "--set", "layout.h=0.5", "--model", "n_layers=3"])
+    args = build_parser().parse_args(
+        ["train", "--set", "optim.lr=1e-3", "--set", "layout.h=0.5", "--model", "n_layers=3"]
+    )
     assert train_config_from_args(args) == want
     toml = tmp_path / "c.toml"
-    toml.write_text('lr = 0.001\n[model]\nn_layers = 3\n[layout]\nh = 0.5\n')
+    toml.write_text("lr = 0.001\n[model]\nn_layers = 3\n[layout]\nh = 0.5\n")
     assert TrainConfig.from_toml(toml) == want
-    sweep = SweepConfig(name="one", base={"model.n_layers": 3, "layout": "peri"}, grid={"layout.h": [0.5], "lr": [1e-3]})
+    sweep = SweepConfig(
+        name="one", base={"model.n_layers": 3, "layout": "peri"}, grid={"layout.h": [0.5], "lr": [1e-3]}
+    )
     spec = sweep.expand()[0]
     assert spec.train_config("x").identity() == want.identity()
     assert TrainConfig.from_dict(want.to_dict()) == want  # the edge form round-trips
@@ -67,12 +71,14 @@ def test_grid_values_are_typed_by_their_setting():
 
 
 def test_toml_values_must_have_their_types(tmp_path):
-    for text, needle in (('weight_decay = "x"', "weight_decay: expected a number"),
-                         ("steps = true", "steps: expected an integer, got True"),
-                         ('compile = "no"', "compile: expected true or false"),
-                         ("lr = nan", "lr: expected a finite number"),
-                         ("[model]\nn_layers = 2.5", "model.n_layers: expected an integer"),
-                         ("[optim]\nlrr = 1.0", "unknown setting 'optim.lrr'")):
+    for text, needle in (
+        ('weight_decay = "x"', "weight_decay: expected a number"),
+        ("steps = true", "steps: expected an integer, got True"),
+        ('compile = "no"', "compile: expected true or false"),
+        ("lr = nan", "lr: expected a finite number"),
+        ("[model]\nn_layers = 2.5", "model.n_layers: expected an integer"),
+        ("[optim]\nlrr = 1.0", "unknown setting 'optim.lrr'"),
+    ):
         p = tmp_path / "c.toml"
         p.write_text(text + "\n")
         with pytest.raises(ConfigError, match=needle.replace("(", "\\(").replace(")", "\\)")):
@@ -82,7 +88,7 @@ def test_toml_values_must_have_their_types(tmp_path):
 @pytest.fixture
 def bad_inputs(corpus, tmp_path):
     toml = tmp_path / "bad.toml"
-    toml.write_text('steps = true\n')
+    toml.write_text("steps = true\n")
     garbage = tmp_path / "garbage"
     garbage.mkdir()
     (garbage / "metrics.jsonl").write_text("not json\n")
@@ -114,7 +120,18 @@ def bad_inputs(corpus, tmp_path):
         ["train", *common, "--layout", "perri"],
         ["train", *common, "--model", "d_modle=3"],
         ["train", *common, "--set", "nope=1"],
-        ["train", "--data", "/dev/zero", "--size", "nano", "--steps", "2", "--no-progress", "--out", str(tmp_path / "z")],
+        [
+            "train",
+            "--data",
+            "/dev/zero",
+            "--size",
+            "nano",
+            "--steps",
+            "2",
+            "--no-progress",
+            "--out",
+            str(tmp_path / "z"),
+        ],
         ["train", "--data", str(corpus), "--size", "nano", "--steps", "2", "--out", str(afile)],
         ["train", "--data", str(sft), "--task", "sft", "--size", "nano", "--steps", "2", "--out", str(tmp_path / "s")],
         ["train", "--data", str(latin), "--size", "nano", "--steps", "2", "--out", str(tmp_path / "l")],
@@ -174,17 +191,61 @@ def test_debug_shows_the_traceback(tmp_path, capsys):
     assert main(["summarize", str(tmp_path / "nowhere")]) == 2  # plain: one line, no traceback
     assert "Traceback" not in capsys.readouterr().err
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}  # --debug: the interpreter prints the traceback
-    debug = subprocess.run([sys.executable, "-m", "normlab", "--debug", "summarize", str(tmp_path / "nowhere")],
-                           capture_output=True, text=True, env=env)
+    debug = subprocess.run(
+        [sys.executable, "-m", "normlab", "--debug", "summarize", str(tmp_path / "nowhere")],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert debug.returncode != 0 and "Traceback" in debug.stderr and "ConfigError" in debug.stderr
 
 
 def test_fuzz_layout_grammar_and_config_loader():
     rng = random.Random(1234)
     alphabet = "attnmlp=ABCSqkvc-,[]:0123456789.%emb final norm=rms layer inner=head full h=alpha deepnorm frozen-out"
-    tokens = ["attn=", "mlp=", "A", "B", "C", "S", "q", "k", "v", "c", "-", ",", "[", "]", ":", "0", "1", "-1",
-              "0.5", "25%", "emb", "final", "-emb", "qk", "norm=", "rms", "layer", "inner=", "h=", "alpha=",
-              "deepnorm", "frozen-out", "init=", "peri", "pre", "post", "hybrid*", "none", "nan", "inf", "1e309"]
+    tokens = [
+        "attn=",
+        "mlp=",
+        "A",
+        "B",
+        "C",
+        "S",
+        "q",
+        "k",
+        "v",
+        "c",
+        "-",
+        ",",
+        "[",
+        "]",
+        ":",
+        "0",
+        "1",
+        "-1",
+        "0.5",
+        "25%",
+        "emb",
+        "final",
+        "-emb",
+        "qk",
+        "norm=",
+        "rms",
+        "layer",
+        "inner=",
+        "h=",
+        "alpha=",
+        "deepnorm",
+        "frozen-out",
+        "init=",
+        "peri",
+        "pre",
+        "post",
+        "hybrid*",
+        "none",
+        "nan",
+        "inf",
+        "1e309",
+    ]
     for _ in range(600):
         text = "".join(rng.choice(tokens) for _ in range(rng.randint(0, 8)))
         if rng.random() < 0.2:
@@ -194,10 +255,47 @@ def test_fuzz_layout_grammar_and_config_loader():
         except LayoutError:
             continue
         assert parse_layout(layout.to_string()) == layout
-    keys = ["lr", "steps", "seed", "layout", "model.n_layers", "model.d_model", "layout.h", "beta1", "precision",
-            "optim.lr", "run.out", "grad_clip", "min_lr", "model.mlp", "compile", "wd_exclude", "nope", "model.nope"]
-    values = [0, 1, -1, 0.5, 1e300, float("nan"), float("inf"), True, False, None, "", "x", "peri", "1e-3", [1],
-              {"a": 1}, 2**70, "none", "fp16"]
+    keys = [
+        "lr",
+        "steps",
+        "seed",
+        "layout",
+        "model.n_layers",
+        "model.d_model",
+        "layout.h",
+        "beta1",
+        "precision",
+        "optim.lr",
+        "run.out",
+        "grad_clip",
+        "min_lr",
+        "model.mlp",
+        "compile",
+        "wd_exclude",
+        "nope",
+        "model.nope",
+    ]
+    values = [
+        0,
+        1,
+        -1,
+        0.5,
+        1e300,
+        float("nan"),
+        float("inf"),
+        True,
+        False,
+        None,
+        "",
+        "x",
+        "peri",
+        "1e-3",
+        [1],
+        {"a": 1},
+        2**70,
+        "none",
+        "fp16",
+    ]
     for _ in range(1500):
         settings = {rng.choice(keys): rng.choice(values) for _ in range(rng.randint(1, 4))}
         for from_text in (False, True):
@@ -210,24 +308,27 @@ def test_fuzz_layout_grammar_and_config_loader():
 
 # the third adversarial pass (issue 35): crafted transformers folders, non-UTF-8 text, an over-long record
 
-def _edit_json(name: str, **changes):  # noqa: ANN202 - a folder -> None edit
+
+def _edit_json(name: str, **changes):
     import json
 
-    def edit(folder):  # noqa: ANN001, ANN202
+    def edit(folder):
         data = json.loads((folder / name).read_text())
         data.update(changes)
         (folder / name).write_text(json.dumps(data))
+
     return edit
 
 
-def _safetensors_header(header: bytes):  # noqa: ANN202
-    def edit(folder):  # noqa: ANN001, ANN202
+def _safetensors_header(header: bytes):
+    def edit(folder):
         body = (folder / "model.safetensors").read_bytes()
-        (folder / "model.safetensors").write_bytes(header + body[len(header):])
+        (folder / "model.safetensors").write_bytes(header + body[len(header) :])
+
     return edit
 
 
-def _no_unknown_token(folder):  # noqa: ANN001, ANN202 - a WordLevel tokenizer whose unk_token is not in its vocabulary
+def _no_unknown_token(folder):
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     tok = Tokenizer(models.WordLevel({"the": 0, "a": 1}, unk_token="[UNK]"))
@@ -237,24 +338,51 @@ def _no_unknown_token(folder):  # noqa: ANN001, ANN202 - a WordLevel tokenizer w
 
 DEEP = "nests its JSON deeper than 64 levels"
 CRAFTED = {  # name: (edit of a good folder, what the one line says, which commands read that part)
-    "config nested 100,000 deep": (lambda d: (d / "config.json").write_text('{"a":' * 100_000 + "1" + "}" * 100_000),
-                                   DEEP, "doctor scan init recommend"),
-    "generation config nested deep": (lambda d: (d / "generation_config.json").write_text("[" * 100_000 + "]" * 100_000),
-                                      DEEP, "doctor scan init"),
-    "model_type a list": (_edit_json("config.json", model_type=["llama"]), '"model_type" must be a string such as "llama"',
-                          "doctor scan init recommend"),
-    "hidden_size a string": (_edit_json("config.json", hidden_size="64"), "'hidden_size' expected int, got str",
-                             "doctor scan init"),
-    "safetensors header not JSON": (_safetensors_header(b"\x10\x00\x00\x00\x00\x00\x00\x00{garbage"),
-                                    "not a readable safetensors file", "doctor scan init"),
-    "safetensors header past the file": (_safetensors_header((2**62).to_bytes(8, "little")),
-                                         "not a readable safetensors file", "doctor scan init"),
-    "binary tokenizer.json": (lambda d: (d / "tokenizer.json").write_bytes(bytes(range(256)) * 4),
-                              "tokenizer.json is not UTF-8 text", "doctor scan"),
-    "tokenizer.json of no known model": (lambda d: (d / "tokenizer.json").write_text('{"model": {"type": "Nope"}}'),
-                                         "is not a Hugging Face tokenizer.json", "doctor scan"),
-    "tokenizer.json without its unknown token": (_no_unknown_token, "Missing [UNK] token from the vocabulary",
-                                                 "doctor scan"),
+    "config nested 100,000 deep": (
+        lambda d: (d / "config.json").write_text('{"a":' * 100_000 + "1" + "}" * 100_000),
+        DEEP,
+        "doctor scan init recommend",
+    ),
+    "generation config nested deep": (
+        lambda d: (d / "generation_config.json").write_text("[" * 100_000 + "]" * 100_000),
+        DEEP,
+        "doctor scan init",
+    ),
+    "model_type a list": (
+        _edit_json("config.json", model_type=["llama"]),
+        '"model_type" must be a string such as "llama"',
+        "doctor scan init recommend",
+    ),
+    "hidden_size a string": (
+        _edit_json("config.json", hidden_size="64"),
+        "'hidden_size' expected int, got str",
+        "doctor scan init",
+    ),
+    "safetensors header not JSON": (
+        _safetensors_header(b"\x10\x00\x00\x00\x00\x00\x00\x00{garbage"),
+        "not a readable safetensors file",
+        "doctor scan init",
+    ),
+    "safetensors header past the file": (
+        _safetensors_header((2**62).to_bytes(8, "little")),
+        "not a readable safetensors file",
+        "doctor scan init",
+    ),
+    "binary tokenizer.json": (
+        lambda d: (d / "tokenizer.json").write_bytes(bytes(range(256)) * 4),
+        "tokenizer.json is not UTF-8 text",
+        "doctor scan",
+    ),
+    "tokenizer.json of no known model": (
+        lambda d: (d / "tokenizer.json").write_text('{"model": {"type": "Nope"}}'),
+        "is not a Hugging Face tokenizer.json",
+        "doctor scan",
+    ),
+    "tokenizer.json without its unknown token": (
+        _no_unknown_token,
+        "Missing [UNK] token from the vocabulary",
+        "doctor scan",
+    ),
 }
 
 
@@ -265,8 +393,12 @@ def llama_folder(tmp_path_factory):
     from normlab.hf import save_native
     from normlab.hf.tokenizer import to_hf_tokenizer
 
-    return save_native(build_model("pre", "nano", seed=0), tmp_path_factory.mktemp("hf") / "llama", "llama",
-                       to_hf_tokenizer(ByteTokenizer(), 64))
+    return save_native(
+        build_model("pre", "nano", seed=0),
+        tmp_path_factory.mktemp("hf") / "llama",
+        "llama",
+        to_hf_tokenizer(ByteTokenizer(), 64),
+    )
 
 
 def refused(argv, needle, capsys) -> str:
@@ -290,10 +422,25 @@ def test_a_crafted_transformers_folder_is_one_line_in_every_reader(case, llama_f
     folder = tmp_path / "model"
     shutil.copytree(llama_folder, folder)
     edit(folder)
-    argvs = {"doctor": ["doctor", folder], "scan": ["scan", folder, "--out", tmp_path / "scan"],
-             "init": ["train", "--data", corpus, "--size", "nano", "--steps", "1", "--no-progress",
-                      "--init-from", folder, "--out", tmp_path / "ft"],
-             "recommend": ["recommend", folder / "config.json", "--out", tmp_path / "rec"]}
+    argvs = {
+        "doctor": ["doctor", folder],
+        "scan": ["scan", folder, "--out", tmp_path / "scan"],
+        "init": [
+            "train",
+            "--data",
+            corpus,
+            "--size",
+            "nano",
+            "--steps",
+            "1",
+            "--no-progress",
+            "--init-from",
+            folder,
+            "--out",
+            tmp_path / "ft",
+        ],
+        "recommend": ["recommend", folder / "config.json", "--out", tmp_path / "rec"],
+    }
     for reader in readers.split():
         refused(argvs[reader], needle, capsys)
     assert not (tmp_path / "scan").exists()  # the folder is checked before scan claims its output
@@ -306,9 +453,24 @@ def test_the_same_tokenizer_rule_in_doctor_scan_and_train(llama_folder, corpus, 
     folder = tmp_path / "model"
     shutil.copytree(llama_folder, folder)
     _no_unknown_token(folder)
-    for argv in (["doctor", folder], ["scan", folder, "--out", tmp_path / "scan"],
-                 ["train", "--data", corpus, "--size", "nano", "--steps", "1", "--no-progress", "--tokenizer",
-                  folder / "tokenizer.json", "--out", tmp_path / "t"]):
+    for argv in (
+        ["doctor", folder],
+        ["scan", folder, "--out", tmp_path / "scan"],
+        [
+            "train",
+            "--data",
+            corpus,
+            "--size",
+            "nano",
+            "--steps",
+            "1",
+            "--no-progress",
+            "--tokenizer",
+            folder / "tokenizer.json",
+            "--out",
+            tmp_path / "t",
+        ],
+    ):
         refused(argv, "Missing [UNK] token from the vocabulary", capsys)
 
 
@@ -318,8 +480,11 @@ def test_non_utf8_text_is_one_line_in_data_prepare_with_a_bpe(tmp_path, capsys):
     (latin / "a.txt").write_text("hello world\n" * 20)
     (latin / "b.txt").write_bytes(b"caf\xe9 au lait\n" * 20)
     for tok in ("bytes", "bpe:300"):
-        refused(["data", "prepare", latin, "--tokenizer", tok, "--out", tmp_path / f"prep-{tok[:3]}"],
-                "b.txt is not UTF-8 text (invalid byte at offset 3)", capsys)
+        refused(
+            ["data", "prepare", latin, "--tokenizer", tok, "--out", tmp_path / f"prep-{tok[:3]}"],
+            "b.txt is not UTF-8 text (invalid byte at offset 3)",
+            capsys,
+        )
         assert not (tmp_path / f"prep-{tok[:3]}").exists()
 
 
@@ -332,15 +497,24 @@ def test_a_record_longer_than_the_limit_is_refused_unread(corpus, tmp_path, caps
 
     monkeypatch.setattr(normlab.io, "MAX_RECORD_BYTES", 1024)
     data = tmp_path / "d.jsonl"
-    data.write_text("".join(json.dumps({"text": "ok " * 100}) + "\n" for _ in range(5))
-                    + json.dumps({"text": "x" * 2000}) + "\n")
+    data.write_text(
+        "".join(json.dumps({"text": "ok " * 100}) + "\n" for _ in range(5)) + json.dumps({"text": "x" * 2000}) + "\n"
+    )
     sft = tmp_path / "s.jsonl"
-    sft.write_text(json.dumps({"prompt": "a", "response": "b"}) + "\n" + json.dumps({"prompt": "a" * 2000, "response": "b"}))
+    sft.write_text(
+        json.dumps({"prompt": "a", "response": "b"}) + "\n" + json.dumps({"prompt": "a" * 2000, "response": "b"})
+    )
     common = ["--size", "nano", "--steps", "1", "--no-progress", "--seq-len", "16"]
-    refused(["train", "--data", data, *common, "--out", tmp_path / "o"],
-            "d.jsonl line 6 is longer than 1,024 bytes, the most one record may hold", capsys)
-    refused(["train", "--data", sft, "--task", "sft", *common, "--out", tmp_path / "s"],
-            "s.jsonl line 2 is longer than 1,024 bytes", capsys)
+    refused(
+        ["train", "--data", data, *common, "--out", tmp_path / "o"],
+        "d.jsonl line 6 is longer than 1,024 bytes, the most one record may hold",
+        capsys,
+    )
+    refused(
+        ["train", "--data", sft, "--task", "sft", *common, "--out", tmp_path / "s"],
+        "s.jsonl line 2 is longer than 1,024 bytes",
+        capsys,
+    )
 
 
 def test_plan_never_builds_what_it_plans(capsys, monkeypatch):

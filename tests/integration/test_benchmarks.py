@@ -51,8 +51,24 @@ def test_layout_cost_prints_time_and_memory_per_layout():
 
 @pytest.mark.slow  # compile and bf16 autocast of every layout: tests/integration/test_memory.py and test_train.py
 def test_layout_cost_under_bf16_autocast_and_compile():
-    text = run("layout_cost.py", "--widths", "32", "--layers", "1", "--seq", "16", "--batch", "2", "--turns", "1",
-               "--layouts", "pre,peri", "--precision", "bf16", "--compile")
+    text = run(
+        "layout_cost.py",
+        "--widths",
+        "32",
+        "--layers",
+        "1",
+        "--seq",
+        "16",
+        "--batch",
+        "2",
+        "--turns",
+        "1",
+        "--layouts",
+        "pre,peri",
+        "--precision",
+        "bf16",
+        "--compile",
+    )
     modes = [(r.split("|")[2].strip(), r.split("|")[3].strip()) for r in text.splitlines() if r.startswith("| 32 |")]
     assert modes == [("pre", "eager"), ("peri", "eager"), ("pre", "compiled"), ("peri", "compiled")]
     assert "bf16" in text.splitlines()[0]
@@ -68,18 +84,41 @@ def test_norm_kernels_compare_ours_with_torch():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message where there is no GPU")
 def test_benchmarks_refuse_cuda_without_a_gpu():
-    out = subprocess.run([sys.executable, str(BENCH / "norm_kernels.py"), "--device", "cuda"], capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, str(BENCH / "norm_kernels.py"), "--device", "cuda"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode != 0 and "CUDA is not available" in out.stderr
 
 
-@pytest.mark.skipif(not (importlib.util.find_spec("transformers") and importlib.util.find_spec("x_transformers")),
-                    reason="the peer benchmark needs transformers and x-transformers (make bench installs them)")
+@pytest.mark.skipif(
+    not (importlib.util.find_spec("transformers") and importlib.util.find_spec("x_transformers")),
+    reason="the peer benchmark needs transformers and x-transformers (make bench installs them)",
+)
 def test_peers_build_identical_configurations():
-    text = run("peers.py", "--width", "32", "--layers", "1", "--heads", "2", "--seq", "16", "--batch", "2",
-               "--turns", "1", "--no-compile")
-    counts = {line.split(":")[0][2:]: line.split(":")[1].split()[0] for line in text.splitlines()
-              if line.startswith("# ") and "parameters" in line}
+    text = run(
+        "peers.py",
+        "--width",
+        "32",
+        "--layers",
+        "1",
+        "--heads",
+        "2",
+        "--seq",
+        "16",
+        "--batch",
+        "2",
+        "--turns",
+        "1",
+        "--no-compile",
+    )
+    counts = {
+        line.split(":")[0][2:]: line.split(":")[1].split()[0]
+        for line in text.splitlines()
+        if line.startswith("# ") and "parameters" in line
+    }
     assert counts["normlab"] == counts["transformers"]  # the same model, parameter for parameter
     assert "| normlab |" in text
 
@@ -130,7 +169,7 @@ def test_gpu_check_plan_fits_25_minutes_and_rewrites_its_sections(tmp_path):
     assert gpu_check.main(["--dry-run", "--docs-dir", str(docs), "--only", "FSDP2"]) == 0
     results = (docs / "results.md").read_text()
     assert results.count(gpu_check.BEGIN) == 1 and results.count(gpu_check.END) == 1
-    section = results[results.index(gpu_check.BEGIN):]
+    section = results[results.index(gpu_check.BEGIN) :]
     assert "CPU dry run" in section and "| FSDP2 on one device, probes on | ok |" in section
     assert "an older section" not in results
     assert (BENCH.parent / "docs" / "results.md").read_text() == before

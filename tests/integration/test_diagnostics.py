@@ -16,13 +16,22 @@ import normlab
 from normlab.diagnostics import Probes, StreamProbe, find_blocks, probing
 from normlab.diagnostics.prop31 import bound, last_mlp_gradient
 from normlab.diagnostics.report import make_report
-from normlab.diagnostics.stats import FP16_MAX, angular_distance, attention_stats, fp16_headroom, hidden_stats, top_k_abs
+from normlab.diagnostics.stats import (
+    FP16_MAX,
+    angular_distance,
+    attention_stats,
+    fp16_headroom,
+    hidden_stats,
+    top_k_abs,
+)
 from normlab.train import TrainConfig, train
 
 
 def doubling_model(n_layers=4, d=16):
     """'none' layout, attention output zeroed, ReLU MLP computing relu(x) - relu(-x) = x: x' = 2x."""
-    model = normlab.build_model("none", "nano", seed=0, mlp="relu", d_model=d, n_heads=2, d_ff=2 * d, n_layers=n_layers).double()
+    model = normlab.build_model(
+        "none", "nano", seed=0, mlp="relu", d_model=d, n_heads=2, d_ff=2 * d, n_layers=n_layers
+    ).double()
     eye = torch.eye(d, dtype=torch.float64)
     with torch.no_grad():
         for b in model.blocks:
@@ -88,21 +97,30 @@ def test_prop31_bound_holds_on_random_peri_mlps(seed):
     g = torch.Generator().manual_seed(seed)
     d, hdim = 8, 16
     scale = 10.0 ** (seed % 4)  # up to massive activations
-    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)
     x, w1, b1, w2, b2 = r(d) * scale, r(d, hdim) * scale, r(hdim), r(hdim, d), r(d)
     gamma = 0.5 + torch.rand(d, generator=g, dtype=torch.float64)
     out = last_mlp_gradient(x, w1, b1, w2, b2, gamma, y=seed % d, layout="peri")
     measured = out["grad"].abs().max().item()
     assert measured <= bound(gamma.max().item(), d, out["h"].norm().item(), out["a"].norm().item())
     post = last_mlp_gradient(x, w1, b1, w2, b2, gamma, y=seed % d, layout="post")
-    assert post["grad"].abs().max().item() <= bound(gamma.max().item(), d, post["h"].norm().item(), post["x_plus_a"].norm().item())
+    assert post["grad"].abs().max().item() <= bound(
+        gamma.max().item(), d, post["h"].norm().item(), post["x_plus_a"].norm().item()
+    )
 
 
 def test_prop31_pre_gradient_is_h_times_residual_and_grows_with_h():
     g = torch.Generator().manual_seed(0)
     d, hdim = 8, 16
-    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
-    x, w1, b1, w2, b2, gamma = r(d), r(d, hdim), torch.zeros(hdim, dtype=torch.float64), r(hdim, d) * 0.01, r(d) * 0.0, torch.ones(d, dtype=torch.float64)
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)
+    x, w1, b1, w2, b2, gamma = (
+        r(d),
+        r(d, hdim),
+        torch.zeros(hdim, dtype=torch.float64),
+        r(hdim, d) * 0.01,
+        r(d) * 0.0,
+        torch.ones(d, dtype=torch.float64),
+    )
     out = last_mlp_gradient(x, w1, b1, w2, b2, gamma, y=3, layout="pre")
     p = torch.softmax(x + out["a"], 0)
     onehot = torch.zeros(d, dtype=torch.float64)
@@ -166,17 +184,28 @@ def test_prop31_regimes_in_the_propositions_setting():
     norm cancels the scale, the gradient is unchanged (ReLU, no biases)."""
     g = torch.Generator().manual_seed(1)
     d, hdim = 8, 16
-    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)
     x, w1, w2 = r(d), r(d, hdim), r(hdim, d)
-    zeros_h, zeros_d, gamma = torch.zeros(hdim, dtype=torch.float64), torch.zeros(d, dtype=torch.float64), torch.ones(d, dtype=torch.float64)
-    peri = [last_mlp_gradient(x, w1 * c, zeros_h, w2, zeros_d, gamma, 3, "peri")["grad"].norm().item() for c in (1, 10, 100)]
+    zeros_h, zeros_d, gamma = (
+        torch.zeros(hdim, dtype=torch.float64),
+        torch.zeros(d, dtype=torch.float64),
+        torch.ones(d, dtype=torch.float64),
+    )
+    peri = [
+        last_mlp_gradient(x, w1 * c, zeros_h, w2, zeros_d, gamma, 3, "peri")["grad"].norm().item() for c in (1, 10, 100)
+    ]
     assert peri == pytest.approx([peri[0]] * 3, rel=1e-9)
-    pre = [last_mlp_gradient(x, w1 * c, zeros_h, w2 * 1e-3, zeros_d, gamma, 3, "pre")["grad"].norm().item() for c in (1, 10)]
+    pre = [
+        last_mlp_gradient(x, w1 * c, zeros_h, w2 * 1e-3, zeros_d, gamma, 3, "pre")["grad"].norm().item()
+        for c in (1, 10)
+    ]
     assert pre[1] / pre[0] == pytest.approx(10.0, rel=0.05)  # ~ ||h||: p barely moves with a tiny W2
 
 
 def test_probes_do_not_change_training(corpus, tmp_path):
-    base = dict(data=str(corpus), size="nano", seq_len=32, batch_size=8, steps=8, eval_every=4, eval_batches=1, progress=False)
+    base = dict(
+        data=str(corpus), size="nano", seq_len=32, batch_size=8, steps=8, eval_every=4, eval_batches=1, progress=False
+    )
     train(TrainConfig.of(**base, out=str(tmp_path / "on"), probe_every=2))
     train(TrainConfig.of(**base, out=str(tmp_path / "off"), probe_every=0))
     on, off = (normlab.load_run(tmp_path / n) for n in ("on", "off"))
@@ -209,14 +238,37 @@ def test_report_html_and_figures(corpus, tmp_path):
     runs = []
     for layout in ("pre", "peri"):
         out = tmp_path / layout
-        train(TrainConfig.of(data=str(corpus), size="nano", layout=layout, seq_len=32, batch_size=8, steps=6,
-                          probe_every=3, eval_every=3, eval_batches=1, progress=False, out=str(out)))
+        train(
+            TrainConfig.of(
+                data=str(corpus),
+                size="nano",
+                layout=layout,
+                seq_len=32,
+                batch_size=8,
+                steps=6,
+                probe_every=3,
+                eval_every=3,
+                eval_batches=1,
+                progress=False,
+                out=str(out),
+            )
+        )
         runs.append(out)
     index = make_report(runs, tmp_path / "report")
     pngs = sorted(p.name for p in (tmp_path / "report").glob("*.png"))
-    assert pngs == sorted(["loss.png", "variance_by_depth.png", "mean_abs_by_depth.png", "grad_by_layer.png",
-                           "top100_fp16.png", "angular_distance.png", "output_gamma.png", "attention_logits.png",
-                           "layers_per_step.png"])
+    assert pngs == sorted(
+        [
+            "loss.png",
+            "variance_by_depth.png",
+            "mean_abs_by_depth.png",
+            "grad_by_layer.png",
+            "top100_fp16.png",
+            "angular_distance.png",
+            "output_gamma.png",
+            "attention_logits.png",
+            "layers_per_step.png",
+        ]
+    )
 
     class Check(HTMLParser):
         def __init__(self):
@@ -292,8 +344,19 @@ def overflowed(tmp_path_factory):
     root = tmp_path_factory.mktemp("overflowed")
     corpus = root / "corpus.txt"
     corpus.write_text("\n".join(SENTENCES[(i * 7) % len(SENTENCES)] for i in range(800)))
-    base = dict(data=str(corpus), seq_len=32, batch_size=8, steps=12, probe_every=3, eval_every=6, eval_batches=1,
-                activation_dtype="fp16", weight_decay=0.0, progress=False, device="cpu")
+    base = dict(
+        data=str(corpus),
+        seq_len=32,
+        batch_size=8,
+        steps=12,
+        probe_every=3,
+        eval_every=6,
+        eval_batches=1,
+        activation_dtype="fp16",
+        weight_decay=0.0,
+        progress=False,
+        device="cpu",
+    )
     post = train(TrainConfig.of(**base, layout="post", size="micro-deep", lr=0.2, out=str(root / "post")))
     assert post["status"] == "diverged" and post["forensics"]["forward"]["kind"] == "overflow"
     train(TrainConfig.of(**base, layout="peri", size="nano", lr=3e-3, out=str(root / "peri")))
@@ -312,8 +375,9 @@ def legend_entries_drawn(fig) -> list[str]:
                 continue
             if isinstance(handle, matplotlib.lines.Line2D):
                 y = np.asarray(handle.get_ydata(), dtype=float)
-                ok = np.isfinite(y).any() or (handle.get_linestyle() != "None" and len(handle.get_xdata()) == 0
-                                              and label.startswith("FP16"))
+                ok = np.isfinite(y).any() or (
+                    handle.get_linestyle() != "None" and len(handle.get_xdata()) == 0 and label.startswith("FP16")
+                )
             elif isinstance(handle, matplotlib.collections.Collection):
                 ok = np.isfinite(np.asarray(handle.get_offsets(), dtype=float)).all() and len(handle.get_offsets()) > 0
             else:
@@ -338,19 +402,27 @@ def test_the_report_tells_the_truth_of_a_run_that_overflowed(overflowed):
     assert rows["post"]["status"] == f"diverged at step {post['diverged_step']}"
     assert rows["post"]["steps"] == post["steps"] and rows["post"]["final loss"] == post["final_loss"]
     assert rows["post"]["max |x| in run"] == post["max_activation"]
-    assert rows["post"]["FP16 headroom"] == (f"overflowed (step {post['forensics']['step']}); last finite max "
-                                             f"{tops[last]:.4g} (step {last})")
-    assert rows["peri"]["status"] == "ok" and rows["peri"]["FP16 headroom"] == pytest.approx(FP16_MAX / peri["max_activation"])
+    assert rows["post"]["FP16 headroom"] == (
+        f"overflowed (step {post['forensics']['step']}); last finite max {tops[last]:.4g} (step {last})"
+    )
+    assert rows["peri"]["status"] == "ok" and rows["peri"]["FP16 headroom"] == pytest.approx(
+        FP16_MAX / peri["max_activation"]
+    )
     # the loss: each run to its last finite step, the diverged run's end marked at that step
     fig = fig_loss(runs, ["post", "peri"])
     loss_ax = fig.axes[0]
     lines = {ln.get_label(): ln for ln in loss_ax.get_lines()}
     finite_steps = runs[0].metrics.step[np.isfinite(runs[0].metrics.loss.to_numpy(dtype=float))].tolist()
-    assert list(lines["post train (mean of 10 steps)"].get_xdata()) == finite_steps and finite_steps[-1] <= post["diverged_step"]
+    assert (
+        list(lines["post train (mean of 10 steps)"].get_xdata()) == finite_steps
+        and finite_steps[-1] <= post["diverged_step"]
+    )
     assert lines["post train (mean of 10 steps)"].get_ydata()[-1] == pytest.approx(post["final_loss"])
     marks = {c.get_label(): c.get_offsets() for c in loss_ax.collections}
     assert marks[f"post diverged at step {post['diverged_step']}"][0][0] == finite_steps[-1]
-    raw = next(ln for ln in loss_ax.get_lines() if ln.get_label().startswith("_") and list(ln.get_xdata()) == finite_steps)
+    raw = next(
+        ln for ln in loss_ax.get_lines() if ln.get_label().startswith("_") and list(ln.get_xdata()) == finite_steps
+    )
     assert np.mean(raw.get_ydata()[-10:]) == pytest.approx(post["final_loss"])  # the summary's final loss, drawn
     assert list(lines["peri train (mean of 10 steps)"].get_xdata()) == list(range(peri["steps"]))
     assert lines["peri train (mean of 10 steps)"].get_ydata()[-1] == pytest.approx(peri["final_loss"])
@@ -358,7 +430,10 @@ def test_the_report_tells_the_truth_of_a_run_that_overflowed(overflowed):
     end = fig_grad_by_layer(runs, ["post", "peri"]).axes[1]
     labels = [ln.get_label() for ln in end.get_lines() if not ln.get_label().startswith("_")]
     assert len(labels) == 2 and labels[1] == f"peri (step {peri['steps']})"
-    assert labels[0].startswith("post (step ") and f"the last finite probe; diverged at step {post['diverged_step']}" in labels[0]
+    assert (
+        labels[0].startswith("post (step ")
+        and f"the last finite probe; diverged at step {post['diverged_step']}" in labels[0]
+    )
     for figure in FIGURES:
         if figure.shown(runs):
             assert legend_entries_drawn(figure.draw(runs, ["post", "peri"])) == [], figure.key
@@ -372,7 +447,9 @@ def test_report_in_headless_chromium_fits_a_1400px_window(overflowed, tmp_path):
     import importlib.util
     from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location("screenshot_report", Path(__file__).parents[2] / "scripts" / "screenshot_report.py")
+    spec = importlib.util.spec_from_file_location(
+        "screenshot_report", Path(__file__).parents[2] / "scripts" / "screenshot_report.py"
+    )
     shot = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(shot)
     if shot.find_browser() is None:
@@ -385,8 +462,12 @@ def test_report_in_headless_chromium_fits_a_1400px_window(overflowed, tmp_path):
     assert summary["head"][:3] == ["run", "layout", "status"] and summary["right"] <= 1400
     png = shot.screenshot(index, tmp_path / "report.png", 1400)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and int.from_bytes(png.read_bytes()[16:20], "big") == 1400
-    res = subprocess.run([shot.find_browser(), *shot.FLAGS, "--enable-logging=stderr", "--dump-dom", index.as_uri()],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [shot.find_browser(), *shot.FLAGS, "--enable-logging=stderr", "--dump-dom", index.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert "<h1>normlab report</h1>" in res.stdout and res.stdout.count("<img") == 9
     assert "Uncaught" not in res.stderr
 
@@ -410,9 +491,21 @@ def test_report_of_a_sweep_and_of_runs_without_probes(corpus, tmp_path, capsys):
     from normlab.experiments.runner import run_sweep
     from normlab.experiments.sweep import SweepConfig
 
-    sweep = SweepConfig(name="r", base={"data": str(corpus), "size": "nano", "seq_len": 16, "batch_size": 4,
-                                        "steps": 3, "eval_every": 0, "eval_batches": 1, "probe_every": 0,
-                                        "device": "cpu"}, grid={"layout": ["pre", "peri"]})
+    sweep = SweepConfig(
+        name="r",
+        base={
+            "data": str(corpus),
+            "size": "nano",
+            "seq_len": 16,
+            "batch_size": 4,
+            "steps": 3,
+            "eval_every": 0,
+            "eval_batches": 1,
+            "probe_every": 0,
+            "device": "cpu",
+        },
+        grid={"layout": ["pre", "peri"]},
+    )
     run_sweep(sweep, tmp_path / "sw", workers=1, log=lambda *a: None)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -450,8 +543,20 @@ def test_probes_record_the_learnable_scalars_and_the_report_plots_them(corpus, t
     runs = []
     for layout in ("pre", "rezero"):
         out = tmp_path / layout
-        train(TrainConfig.of(data=str(corpus), size="nano", layout=layout, seq_len=32, batch_size=8, steps=4,
-                          probe_every=2, eval_every=0, progress=False, out=str(out)))
+        train(
+            TrainConfig.of(
+                data=str(corpus),
+                size="nano",
+                layout=layout,
+                seq_len=32,
+                batch_size=8,
+                steps=4,
+                probe_every=2,
+                eval_every=0,
+                progress=False,
+                out=str(out),
+            )
+        )
         runs.append(out)
     make_report(runs, tmp_path / "both")
     make_report(runs[:1], tmp_path / "pre-only")
@@ -513,9 +618,13 @@ def test_step_tier_by_hand():
     full = StepTier(model, queries=16)
     few = StepTier(model, queries=3)
     caught = {}
-    hooks = [model.blocks[i].attn.q.register_forward_hook(lambda m, a, o, i=i: caught.__setitem__(("q", i), o))
-             for i in range(2)] + [model.blocks[i].attn.k.register_forward_hook(
-                 lambda m, a, o, i=i: caught.__setitem__(("k", i), o)) for i in range(2)]
+    hooks = [
+        model.blocks[i].attn.q.register_forward_hook(lambda m, a, o, i=i: caught.__setitem__(("q", i), o))
+        for i in range(2)
+    ] + [
+        model.blocks[i].attn.k.register_forward_hook(lambda m, a, o, i=i: caught.__setitem__(("k", i), o))
+        for i in range(2)
+    ]
     out = model(x, targets=x, return_hidden_states=True)
     out.loss.backward()
     for h in hooks:
@@ -549,13 +658,12 @@ def test_a_planted_loss_spike_is_skipped_attributed_and_its_batch_saved(corpus, 
     step's batch on the same weights is within the rule), saves that batch, and probes it; the per-step
     tier's row of the step has no update. normlab report reads the tier."""
     from normlab.data.dataset import TokenData
-
     from tests.helpers import small
 
     original = TokenData.train_window
     garbage = {}
 
-    def planted(self, step, batch, seq, seed):  # noqa: ANN001, ANN202
+    def planted(self, step, batch, seq, seed):
         w = original(self, step, batch, seq, seed)
         if step == 30:
             garbage["w"] = torch.randint(0, self.vocab_size, w.shape, generator=torch.Generator().manual_seed(9))
@@ -576,7 +684,9 @@ def test_a_planted_loss_spike_is_skipped_attributed_and_its_batch_saved(corpus, 
     assert torch.equal(saved["batch"]["tokens"], garbage["w"])
     run = normlab.load_run(out)
     assert run.metrics.set_index("step").loc[30, "skipped"] == True  # noqa: E712 - a pandas cell
-    assert not run.probe("spike:stream", "max_abs").empty and run.probe("spike:stream", "max_abs").index.tolist() == [30]
+    assert not run.probe("spike:stream", "max_abs").empty and run.probe("spike:stream", "max_abs").index.tolist() == [
+        30
+    ]
     tier = run.layers
     assert sorted(tier.step.unique().tolist()) == list(range(40))
     upd = tier[(tier.metric == "update_rms")].set_index(["step", "layer"]).value

@@ -13,17 +13,37 @@ import pytest
 import torch
 
 from normlab.cli import main
-from normlab.train import TrainConfig, train
 from normlab.runs.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, load_model_state
+from normlab.train import TrainConfig, train
 
 REPO = Path(__file__).resolve().parents[2]
-COMMON = dict(size="nano", seq_len=32, batch_size=8, steps=6, eval_every=3, eval_batches=2, progress=False,
-              ckpt_every=3, keep_last=5, device="cpu")
+COMMON = dict(
+    size="nano",
+    seq_len=32,
+    batch_size=8,
+    steps=6,
+    eval_every=3,
+    eval_batches=2,
+    progress=False,
+    ckpt_every=3,
+    keep_last=5,
+    device="cpu",
+)
 
 
 def torchrun(cfg: TrainConfig, nproc: int = 2) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-           "-m", "normlab", "train", *cfg.to_args()]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(nproc),
+        "-m",
+        "normlab",
+        "train",
+        *cfg.to_args(),
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
@@ -36,7 +56,8 @@ def metrics(run) -> list[dict]:
 def assert_same_probes(a, b, rel=1e-5, abs_=1e-6) -> int:
     """Every probe row of run ``b`` equals run ``a``'s (same keys, values within float32 rounding); returns
     the number of rows compared and the largest relative difference seen."""
-    def rows(run):  # noqa: ANN001, ANN202
+
+    def rows(run):
         lines = (Path(run) / "probes.jsonl").read_text().splitlines()
         return {(r["step"], r["layer"], r["site"], r["metric"]): r["value"] for r in map(json.loads, lines)}
 
@@ -158,8 +179,15 @@ def test_fsdp2_with_activation_checkpointing_chunked_loss_and_bf16(single):
     base = {**cfg.to_dict(), "precision": "bf16", "probe_every": 0}
     one = TrainConfig.of(**{**base, "out": str(root / "bf16-single")})
     train(one)
-    lean = TrainConfig.of(**{**base, "out": str(root / "bf16-fsdp-lean"), "fsdp": True,
-                             "activation_checkpointing": True, "loss_chunk": 32})
+    lean = TrainConfig.of(
+        **{
+            **base,
+            "out": str(root / "bf16-fsdp-lean"),
+            "fsdp": True,
+            "activation_checkpointing": True,
+            "loss_chunk": 32,
+        }
+    )
     torchrun(lean)
     for x, y in zip(metrics(one.run.out), metrics(lean.run.out)):
         assert y["loss"] == pytest.approx(x["loss"], abs=2e-3)
@@ -169,8 +197,14 @@ def test_ddp_run_that_overflows_fp16_records_where_it_broke(single):
     """Each rank re-runs its share of the failing batch; the first rank that broke is reported, and the
     site is the one a single process finds on the same data."""
     cfg, root = single
-    base = {**cfg.to_dict(), "layout": "pre", "activation_dtype": "fp16", "probe_every": 0,
-            "model.init_std": 3000.0, "model.init": "normal"}
+    base = {
+        **cfg.to_dict(),
+        "layout": "pre",
+        "activation_dtype": "fp16",
+        "probe_every": 0,
+        "model.init_std": 3000.0,
+        "model.init": "normal",
+    }
     one = TrainConfig.of(**{**base, "out": str(root / "fp16-single")})
     two = TrainConfig.of(**{**base, "out": str(root / "fp16-ddp")})
     s1 = train(one)

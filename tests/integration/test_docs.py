@@ -14,8 +14,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_cheap_quoted_outputs_have_not_drifted():
     """`scripts/quotes.py --check --cheap` re-runs every quoted `normlab show`/`layouts`/`recipes` block."""
-    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "quotes.py"), "--check", "--cheap"],
-                         capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "quotes.py"), "--check", "--cheap"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stdout + res.stderr[-2000:]
 
 
@@ -26,8 +30,10 @@ def test_the_quote_checker_catches_drift(tmp_path, monkeypatch):
     quotes = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(quotes)
     doc = tmp_path / "README.md"
-    doc.write_text("<!-- quote: normlab show pre --size nano -->\n```\n$ normlab show pre --size nano\nstale\n```\n"
-                   "<!-- /quote -->\n")
+    doc.write_text(
+        "<!-- quote: normlab show pre --size nano -->\n```\n$ normlab show pre --size nano\nstale\n```\n"
+        "<!-- /quote -->\n"
+    )
     monkeypatch.setattr(quotes, "docs", lambda: [doc])
     monkeypatch.setattr(quotes, "ROOT", tmp_path)
     monkeypatch.setenv("PYTHONPATH", str(ROOT / "src"))
@@ -41,8 +47,11 @@ def test_counts_in_the_readme_match_the_registries():
     readme = (ROOT / "README.md").read_text()
     assert f"({len(PRESETS)} presets)" in readme
     cpu = [n for n in RECIPES if not n.startswith("gpu-")]
-    words = dict(enumerate("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
-                           "fifteen sixteen seventeen eighteen nineteen twenty".split()))
+    words = dict(
+        enumerate(
+            ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty"]
+        )
+    )
     words.update({20 + i: f"twenty-{words[i]}" for i in range(1, 10)})
     words.update({30: "thirty", **{30 + i: f"thirty-{words[i]}" for i in range(1, 10)}})
     words.update({40: "forty", **{40 + i: f"forty-{words[i]}" for i in range(1, 10)}})

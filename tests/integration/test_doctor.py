@@ -48,8 +48,10 @@ def test_rescaled_copy_keeps_the_logits_and_fits_fp16(layout):
     assert f["first fp16 overflow"].verdict == "ok" and f["fp16 headroom"].value >= 10
 
 
-@pytest.mark.parametrize("layout, why", [("pre-dyt", "not scale-invariant"), ("post", "no input norm"),
-                                         ("hybrid", "no input norm"), ("pre,tie", None)])
+@pytest.mark.parametrize(
+    "layout, why",
+    [("pre-dyt", "not scale-invariant"), ("post", "no input norm"), ("hybrid", "no input norm"), ("pre,tie", None)],
+)
 def test_rescaling_is_refused_where_it_would_change_the_function(layout, why):
     model = normlab.build_model(layout.removesuffix(",tie"), "nano", seed=0, tie_embeddings=layout.endswith(",tie"))
     reason = rescalable(model)
@@ -66,8 +68,20 @@ def test_doctor_cli_on_a_run_and_on_a_transformers_folder(corpus, tmp_path, caps
     from normlab.hf import save_native
     from normlab.train import TrainConfig, train
 
-    train(TrainConfig.of(data=str(corpus), size="nano", layout="pre", seq_len=32, batch_size=8, steps=3, eval_every=0,
-                         probe_every=0, progress=False, out=str(tmp_path / "run")))
+    train(
+        TrainConfig.of(
+            data=str(corpus),
+            size="nano",
+            layout="pre",
+            seq_len=32,
+            batch_size=8,
+            steps=3,
+            eval_every=0,
+            probe_every=0,
+            progress=False,
+            out=str(tmp_path / "run"),
+        )
+    )
     assert main(["doctor", str(tmp_path / "run"), "--fp16-copy", str(tmp_path / "copy")]) == 0
     out = capsys.readouterr().out
     assert "fp16 headroom" in out and "first fp16 overflow" in out and "fp16-safe copy" in out
@@ -85,6 +99,9 @@ def test_a_saturated_final_dyt_is_found_as_no_gradient():
         model.embed.weight.fill_(100.0)  # every entry far into tanh's flat part
     f = by_name(checkup(model, sample_tokens(model, None), jacobian_iters=2)[0])
     assert f["gradient reaching the blocks"].verdict == "fail" and "gradient spread" not in f
-    fine = by_name(checkup(normlab.build_model("pre-dyt,norm.final=rms", "nano", seed=0),
-                           sample_tokens(model, None), jacobian_iters=2)[0])
+    fine = by_name(
+        checkup(
+            normlab.build_model("pre-dyt,norm.final=rms", "nano", seed=0), sample_tokens(model, None), jacobian_iters=2
+        )[0]
+    )
     assert "gradient reaching the blocks" not in fine and fine["gradient spread"].verdict in ("ok", "warn")

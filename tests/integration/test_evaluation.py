@@ -21,12 +21,12 @@ pytest.importorskip("transformers")
 pytest.importorskip("lm_eval")
 pytest.importorskip("accelerate")
 
-from normlab.data import ByteTokenizer  # noqa: E402
-from normlab.evaluation.harness import LOCAL_TASKS, TASKS_DIR, EvalError, evaluate  # noqa: E402
-from normlab.runs.evals import headline_scores  # noqa: E402
-from normlab.runs.files import RunDir  # noqa: E402
-from normlab.hf import save_hf  # noqa: E402
-from normlab.hf.tokenizer import to_hf_tokenizer  # noqa: E402
+from normlab.data import ByteTokenizer
+from normlab.evaluation.harness import LOCAL_TASKS, TASKS_DIR, EvalError, evaluate
+from normlab.hf import save_hf
+from normlab.hf.tokenizer import to_hf_tokenizer
+from normlab.runs.evals import headline_scores
+from normlab.runs.files import RunDir
 
 N = 3  # items per task
 
@@ -35,7 +35,7 @@ def rows(name: str) -> list[dict]:
     return [json.loads(line) for line in (TASKS_DIR / f"{name}.jsonl").read_text().splitlines()[:N]]
 
 
-def logprob(model, context: bytes, continuation: bytes) -> float:  # noqa: ANN001
+def logprob(model, context: bytes, continuation: bytes) -> float:
     """log p(continuation | context) under byte tokens, by hand."""
     ids = torch.tensor([list(context + continuation)])
     with torch.no_grad():
@@ -44,7 +44,7 @@ def logprob(model, context: bytes, continuation: bytes) -> float:  # noqa: ANN00
     return float(sum(logp[start + i, b] for i, b in enumerate(continuation)))
 
 
-def scores_by_hand(model) -> dict[str, float]:  # noqa: ANN001
+def scores_by_hand(model) -> dict[str, float]:
     acc, acc_norm = [], []
     for item in rows("next_line"):
         # lm-eval moves the context's trailing whitespace (our newline) to the front of each continuation
@@ -67,11 +67,22 @@ def scores_by_hand(model) -> dict[str, float]:  # noqa: ANN001
                 seq = torch.cat([seq, nxt], 1)
                 if nxt.item() in (ord("\n"), 0):
                     break
-        text = bytes(seq[0, len(item["context"].encode()):].tolist()).split(b"\n")[0].split(b"\x00")[0].decode(errors="replace")
+        text = (
+            bytes(seq[0, len(item["context"].encode()) :].tolist())
+            .split(b"\n")[0]
+            .split(b"\x00")[0]
+            .decode(errors="replace")
+        )
         gens.append(text)
         hits.append(text.strip() == item["target"])
-    return {"acc": sum(acc) / N, "acc_norm": sum(acc_norm) / N, "bits_per_byte": -total_ll / total_bytes / math.log(2),
-            "byte_perplexity": math.exp(-total_ll / total_bytes), "exact_match": sum(hits) / N, "gens": gens}
+    return {
+        "acc": sum(acc) / N,
+        "acc_norm": sum(acc_norm) / N,
+        "bits_per_byte": -total_ll / total_bytes / math.log(2),
+        "byte_perplexity": math.exp(-total_ll / total_bytes),
+        "exact_match": sum(hits) / N,
+        "gens": gens,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -93,8 +104,10 @@ def test_local_tasks_through_normlab_eval_match_hand_computation(export):
     assert ppl["bits_per_byte"] == pytest.approx(want["bits_per_byte"], rel=1e-4)
     assert ppl["byte_perplexity"] == pytest.approx(want["byte_perplexity"], rel=1e-4)
     assert gen["exact_match"] == pytest.approx(want["exact_match"])
-    generated = [json.loads(line)["filtered_resps"][0] for line in
-                 (out / "eval_samples" / "normlab_shakespeare_speaker.jsonl").read_text().splitlines()]
+    generated = [
+        json.loads(line)["filtered_resps"][0]
+        for line in (out / "eval_samples" / "normlab_shakespeare_speaker.jsonl").read_text().splitlines()
+    ]
     assert [g.split("\n")[0] for g in generated] == want["gens"]  # the same greedy text, stopped at the newline
     assert got["normlab_shakespeare_next_line"]["n"] == N and res["path"] == out / "eval.json"
     assert "normlab_shakespeare_ppl" in res["table"]
@@ -106,16 +119,41 @@ def test_lm_eval_command_line_on_an_export_agrees(export, tmp_path):
     with no model arguments beyond the folder and trust_remote_code."""
     model, out = export
     res = subprocess.run(
-        [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args", f"pretrained={out},trust_remote_code=True",
-         "--tasks", "normlab_shakespeare_next_line,normlab_shakespeare_speaker", "--include_path", str(TASKS_DIR),
-         "--limit", str(N), "--device", "cpu", "--output_path", str(tmp_path / "lm_eval"),
-         "--batch_size", str(N), "--log_samples"],  # one batch: right padding for scores, left for generation
-        capture_output=True, text=True, cwd=tmp_path)
+        [
+            sys.executable,
+            "-m",
+            "lm_eval",
+            "--model",
+            "hf",
+            "--model_args",
+            f"pretrained={out},trust_remote_code=True",
+            "--tasks",
+            "normlab_shakespeare_next_line,normlab_shakespeare_speaker",
+            "--include_path",
+            str(TASKS_DIR),
+            "--limit",
+            str(N),
+            "--device",
+            "cpu",
+            "--output_path",
+            str(tmp_path / "lm_eval"),
+            "--batch_size",
+            str(N),
+            "--log_samples",
+        ],  # one batch: right padding for scores, left for generation
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     results = json.loads(next((tmp_path / "lm_eval").rglob("results_*.json")).read_text())["results"]
     want = scores_by_hand(model)
-    samples = [json.loads(line) for line in
-               next((tmp_path / "lm_eval").rglob("samples_normlab_shakespeare_speaker_*.jsonl")).read_text().splitlines()]
+    samples = [
+        json.loads(line)
+        for line in next((tmp_path / "lm_eval").rglob("samples_normlab_shakespeare_speaker_*.jsonl"))
+        .read_text()
+        .splitlines()
+    ]
     generated = [s["filtered_resps"][0] for s in sorted(samples, key=lambda s: s["doc_id"])]
     assert [g.split("\n")[0] for g in generated] == want["gens"]  # a left-padded batch generates what one prompt does
     assert results["normlab_shakespeare_next_line"]["acc,none"] == pytest.approx(want["acc"])
@@ -128,8 +166,31 @@ def test_a_run_is_evaluated_in_memory_merged_and_reported(corpus, tmp_path, caps
     from normlab.diagnostics.report import make_report
 
     run = tmp_path / "run"
-    assert main(["train", "--data", str(corpus), "--size", "nano", "--seq-len", "32", "--batch-size", "4",
-                 "--steps", "2", "--probe-every", "0", "--eval-every", "0", "--no-progress", "--out", str(run)]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(corpus),
+                "--size",
+                "nano",
+                "--seq-len",
+                "32",
+                "--batch-size",
+                "4",
+                "--steps",
+                "2",
+                "--probe-every",
+                "0",
+                "--eval-every",
+                "0",
+                "--no-progress",
+                "--out",
+                str(run),
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     assert main(["eval", str(run), "--tasks", "normlab_shakespeare_next_line", "--limit", "2"]) == 0
     out, err = capsys.readouterr()
@@ -147,12 +208,17 @@ def test_a_run_is_evaluated_in_memory_merged_and_reported(corpus, tmp_path, caps
     # the export of the same run scores the same
     assert main(["export", str(run), str(tmp_path / "exp")]) == 0
     evaluate(tmp_path / "exp", ["normlab_shakespeare_next_line"], limit=2)
-    assert RunDir(tmp_path / "exp").evals()["normlab_shakespeare_next_line"]["metrics"] == evals["normlab_shakespeare_next_line"]["metrics"]
+    assert (
+        RunDir(tmp_path / "exp").evals()["normlab_shakespeare_next_line"]["metrics"]
+        == evals["normlab_shakespeare_next_line"]["metrics"]
+    )
     page = make_report([run], tmp_path / "report").read_text()
     assert "Downstream evaluation" in page and "normlab_shakespeare_ppl" in page and "bits_per_byte" in page
     # every score says how many items it rests on
-    assert list(headline_scores(evals)) == ["normlab_shakespeare_next_line acc (n=2)",
-                                            "normlab_shakespeare_ppl bits_per_byte (n=1)"]
+    assert list(headline_scores(evals)) == [
+        "normlab_shakespeare_next_line acc (n=2)",
+        "normlab_shakespeare_ppl bits_per_byte (n=1)",
+    ]
 
 
 def test_bad_eval_input_is_explained(tmp_path, capsys):
@@ -170,9 +236,8 @@ def test_bad_eval_input_is_explained(tmp_path, capsys):
 
 
 def test_sweep_summary_shows_eval_scores_per_cell(tmp_path):
-    from tests.helpers import synthetic_store
-
     from normlab.experiments import load_sweep, summarize
+    from tests.helpers import synthetic_store
 
     root = synthetic_store(tmp_path)
     df, _ = load_sweep(root)
@@ -180,10 +245,14 @@ def test_sweep_summary_shows_eval_scores_per_cell(tmp_path):
         if r.status == "ok":
             score = 0.3 + 0.1 * r.seed if (r.layout, r.lr) == ("pre", 1e-3) else 0.9
             (root / "runs" / r.run_id).mkdir(parents=True, exist_ok=True)
-            (root / "runs" / r.run_id / "eval.json").write_text(json.dumps(
-                {"normlab_shakespeare_next_line": {"metrics": {"acc": score, "acc_norm": 0.25}}}))
+            (root / "runs" / r.run_id / "eval.json").write_text(
+                json.dumps({"normlab_shakespeare_next_line": {"metrics": {"acc": score, "acc_norm": 0.25}}})
+            )
     md = summarize(root)["markdown"].read_text()
-    assert "| layout | lr | divergences | stalled | failed | final loss | val loss | normlab_shakespeare_next_line acc |" in md
+    assert (
+        "| layout | lr | divergences | stalled | failed | final loss | val loss | normlab_shakespeare_next_line acc |"
+        in md
+    )
     assert "| pre | 0.001 | 0/3 | 0/3 | 0 | 3.2000 ± 0.2000 | 3.3000 ± 0.2000 | 0.4000 ± 0.1000 |" in md
     df, _ = load_sweep(root)
     assert "eval: normlab_shakespeare_next_line acc" in df.columns
@@ -193,8 +262,18 @@ def test_normlab_eval_on_a_sweep_scores_the_ok_runs_and_skips_the_diverged(corpu
     from normlab.cli import main
     from normlab.experiments import SweepConfig, load_sweep, run_sweep, summarize
 
-    base = dict(data=str(corpus), size="nano", seq_len=32, batch_size=4, steps=3, eval_every=0, eval_batches=1,
-                probe_every=0, layout="peri", diverge_patience=1)
+    base = dict(
+        data=str(corpus),
+        size="nano",
+        seq_len=32,
+        batch_size=4,
+        steps=3,
+        eval_every=0,
+        eval_batches=1,
+        probe_every=0,
+        layout="peri",
+        diverge_patience=1,
+    )
     sweep = SweepConfig(name="ev", base=base, grid={"lr": [1e-3, 1e4]})  # lr 1e4 diverges
     counts = run_sweep(sweep, tmp_path / "sw", workers=1, log=lambda *a, **k: None)
     assert counts["ok"] == 1 and counts["diverged"] == 1

@@ -20,64 +20,91 @@ import pytest
 
 from normlab.experiments import RECIPES, SweepConfig, compare, load_recipe, load_sweep, run_sweep, summarize
 from normlab.experiments.runner import _to_toml, prepare
+from normlab.experiments.summary import cells, lr_curves, lr_sensitivity
+from normlab.model.config import ConfigError
 from normlab.runs.files import SweepDir
 from normlab.runs.start import FolderLock
 from normlab.runs.store import SweepStore
-from normlab.experiments.summary import cells, lr_curves, lr_sensitivity
-from normlab.model.config import ConfigError
 
-QUIET = lambda *a, **k: None  # noqa: E731
+QUIET = lambda *a, **k: None
 from tests.helpers import synthetic_store
 
 
 def nano_base(corpus: Path, **kw) -> dict:
-    return {**dict(data=str(corpus), size="nano", seq_len=32, batch_size=8, steps=6, eval_every=0, eval_batches=1,
-                   probe_every=0), **kw}
+    return {
+        **dict(
+            data=str(corpus),
+            size="nano",
+            seq_len=32,
+            batch_size=8,
+            steps=6,
+            eval_every=0,
+            eval_batches=1,
+            probe_every=0,
+        ),
+        **kw,
+    }
 
 
 # --- the grid -------------------------------------------------------------------------------------
 
+
 def test_grid_is_the_product_with_stable_ids():
-    sweep = SweepConfig(name="g", base={"size": "nano", "steps": 5},
-                        grid={"layout": ["pre", "peri"], "lr": [1e-3, 3e-3], "model.n_layers": [1, 3]})
+    sweep = SweepConfig(
+        name="g",
+        base={"size": "nano", "steps": 5},
+        grid={"layout": ["pre", "peri"], "lr": [1e-3, 3e-3], "model.n_layers": [1, 3]},
+    )
     specs = sweep.expand()
     assert len(specs) == 2 * 2 * 2
-    assert [s.axes for s in specs[:2]] == [{"layout": "pre", "lr": 1e-3, "model.n_layers": 1},
-                                          {"layout": "pre", "lr": 1e-3, "model.n_layers": 3}]
+    assert [s.axes for s in specs[:2]] == [
+        {"layout": "pre", "lr": 1e-3, "model.n_layers": 1},
+        {"layout": "pre", "lr": 1e-3, "model.n_layers": 3},
+    ]
     assert specs[1].config.model.options == {"n_layers": 3} and specs[1].config.optim.lr == 1e-3
     assert specs[0].run_id.startswith("pre_lr0.001_n_layers1-")
     assert [s.run_id for s in sweep.expand()] == [s.run_id for s in specs]  # stable: resume finds them
     h = SweepConfig(name="h", base={"size": "nano"}, grid={"layout.h": [0.5], "layout": ["pre", "peri"]}).expand()
-    assert [s.config.model.layout_label for s in h] == ["pre,h=0.5", "peri,h=0.5"] and h[0].run_id.startswith("h0.5_pre-")
+    assert [s.config.model.layout_label for s in h] == ["pre,h=0.5", "peri,h=0.5"] and h[0].run_id.startswith(
+        "h0.5_pre-"
+    )
     explicit = SweepConfig(name="g", base={"size": "nano", "steps": 5, "lr": 3e-3, "wandb": False}, grid=sweep.grid)
     assert [s.run_id for s in explicit.expand()] == [s.run_id for s in specs]  # a default spelled out: same run
     changed = SweepConfig(name="g", base={"size": "nano", "steps": 6}, grid=sweep.grid).expand()
     assert not {s.run_id for s in changed} & {s.run_id for s in specs}  # another setting: other runs
 
 
-@pytest.mark.parametrize("grid, match", [
-    ({"lrr": [1e-3]}, "unknown setting 'lrr'; did you mean lr"),
-    ({"out": ["a", "b"]}, "does not change what a run computes"),
-    ({"probe_every": [0, 10]}, "cannot be an axis"),
-    ({"lr": ["fast"]}, "expected a number"),
-    ({"steps": [True]}, "expected an integer"),
-    ({"lr": []}, "non-empty list"),
-    ({"lr": [1e-3, 1e-3]}, "repeats a value"),
-    ({"model.n_layer": [2]}, "not a model option"),
-    ({"layout": ["pre", "perii"]}, "perii"),
-    ({"layout.hh": [0.5]}, "unknown layout token .hh=0.5."),
-    ({"layout.h": [-1.0]}, "h"),
-    ({"lr": [-1.0]}, "lr must be > 0"),
-])
+@pytest.mark.parametrize(
+    "grid, match",
+    [
+        ({"lrr": [1e-3]}, "unknown setting 'lrr'; did you mean lr"),
+        ({"out": ["a", "b"]}, "does not change what a run computes"),
+        ({"probe_every": [0, 10]}, "cannot be an axis"),
+        ({"lr": ["fast"]}, "expected a number"),
+        ({"steps": [True]}, "expected an integer"),
+        ({"lr": []}, "non-empty list"),
+        ({"lr": [1e-3, 1e-3]}, "repeats a value"),
+        ({"model.n_layer": [2]}, "not a model option"),
+        ({"layout": ["pre", "perii"]}, "perii"),
+        ({"layout.hh": [0.5]}, "unknown layout token .hh=0.5."),
+        ({"layout.h": [-1.0]}, "h"),
+        ({"lr": [-1.0]}, "lr must be > 0"),
+    ],
+)
 def test_bad_grids_fail_before_anything_runs(grid, match):
     with pytest.raises(ConfigError, match=match):
         SweepConfig(name="bad", base={"size": "nano"}, grid=grid)
 
 
 def test_sweep_file_round_trips_through_toml(tmp_path):
-    sweep = SweepConfig(name="t", base={"size": "nano", "min_lr": None, "model": {"init": "normal"}},
-                        grid={"layout": ["pre", "peri,h=0.5"], "model.init_std": [0.02, 0.1]},
-                        source="Kim", scale="nano", claim="c")
+    sweep = SweepConfig(
+        name="t",
+        base={"size": "nano", "min_lr": None, "model": {"init": "normal"}},
+        grid={"layout": ["pre", "peri,h=0.5"], "model.init_std": [0.02, 0.1]},
+        source="Kim",
+        scale="nano",
+        claim="c",
+    )
     path = tmp_path / "s.toml"
     path.write_text(_to_toml(sweep.to_dict()))
     again = SweepConfig.from_toml(path)
@@ -104,6 +131,7 @@ def test_every_recipe_expands_and_names_its_source():
 
 
 # --- summaries against hand-computed values ------------------------------------------------------
+
 
 def test_summaries_match_hand_computed_values(tmp_path):
     df, axes = load_sweep(synthetic_store(tmp_path))
@@ -151,22 +179,30 @@ def test_summaries_match_hand_computed_values(tmp_path):
 
 
 def test_summary_of_model_and_layout_axes(tmp_path):
-    sweep = SweepConfig(name="m", base={"size": "nano"}, grid={"layout": ["pre"], "model.init": ["he", "normal"],
-                                                                "layout.h": [0.5]})
+    sweep = SweepConfig(
+        name="m", base={"size": "nano"}, grid={"layout": ["pre"], "model.init": ["he", "normal"], "layout.h": [0.5]}
+    )
     store, specs = prepare(sweep, tmp_path / "m")
     for i, s in enumerate(specs):
         store.record(s.run_id, {"status": "ok", "final_loss": 3.0 + i, "initial_loss": 5.5, "steps": 1})
     md = summarize(tmp_path / "m")["markdown"].read_text()
-    assert "| layout | model.init | layout.h | divergences |" in md and "| pre | normal | 0.5 | 0/1 | 0/1 | 0 | 4.0000 |" in md
+    assert (
+        "| layout | model.init | layout.h | divergences |" in md
+        and "| pre | normal | 0.5 | 0/1 | 0/1 | 0 | 4.0000 |" in md
+    )
 
 
 # --- running sweeps ------------------------------------------------------------------------------
 
+
 def test_diverged_and_crashed_runs_never_stop_the_sweep(corpus, tmp_path):
     """A run forced to diverge (lr 100) and one forced to crash (missing data file) are recorded; the
     others finish; the summary counts them."""
-    sweep = SweepConfig(name="robust", base=nano_base(corpus, layout="peri", diverge_patience=3),
-                        grid={"data": [str(corpus), str(tmp_path / "missing.txt")], "lr": [1e-3, 100.0]})
+    sweep = SweepConfig(
+        name="robust",
+        base=nano_base(corpus, layout="peri", diverge_patience=3),
+        grid={"data": [str(corpus), str(tmp_path / "missing.txt")], "lr": [1e-3, 100.0]},
+    )
     counts = run_sweep(sweep, tmp_path / "sw", workers=2, log=QUIET)
     assert counts["ok"] == 1 and counts["diverged"] == 1 and counts["failed"] == 2
     rows = {(Path(r["axes"]["data"]).name, r["axes"]["lr"]): r for r in SweepStore(tmp_path / "sw" / "sweep.db").rows()}
@@ -177,7 +213,9 @@ def test_diverged_and_crashed_runs_never_stop_the_sweep(corpus, tmp_path):
     # re-running retries the failed runs only; results already recorded stay as they were
     ok_before = rows[("corpus.txt", 1e-3)]
     run_sweep(sweep, tmp_path / "sw", workers=2, log=QUIET)
-    after = {(Path(r["axes"]["data"]).name, r["axes"]["lr"]): r for r in SweepStore(tmp_path / "sw" / "sweep.db").rows()}
+    after = {
+        (Path(r["axes"]["data"]).name, r["axes"]["lr"]): r for r in SweepStore(tmp_path / "sw" / "sweep.db").rows()
+    }
     assert after[("corpus.txt", 1e-3)] == ok_before
     assert after[("missing.txt", 1e-3)]["attempts"] == 2
 
@@ -196,8 +234,10 @@ def test_sweep_killed_with_sigkill_resumes_without_redoing_or_losing_runs(corpus
         if db.exists():
             try:
                 with sqlite3.connect(db) as con:
-                    done_before = con.execute("select run_id, status, final_loss, finished_at, attempts from runs "
-                                              "where status in ('ok', 'diverged')").fetchall()
+                    done_before = con.execute(
+                        "select run_id, status, final_loss, finished_at, attempts from runs "
+                        "where status in ('ok', 'diverged')"
+                    ).fetchall()
             except sqlite3.OperationalError:  # the file exists a moment before its table does
                 done_before = []
             if done_before:
@@ -243,8 +283,13 @@ def test_submitit_local_executor_runs_and_records(corpus, tmp_path):
 
 
 def test_compare_trains_the_layouts_and_writes_the_report(corpus, tmp_path):
-    index = compare(["post", "peri"], out=tmp_path / "cmp", workers=2, log=QUIET,
-                    **{**nano_base(corpus), "probe_every": 3, "eval_every": 3})
+    index = compare(
+        ["post", "peri"],
+        out=tmp_path / "cmp",
+        workers=2,
+        log=QUIET,
+        **{**nano_base(corpus), "probe_every": 3, "eval_every": 3},
+    )
     page = index.read_text()
     assert "variance_by_depth" in page and "post" in page and "peri" in page
     rows = SweepStore(tmp_path / "cmp" / "sweep.db").rows()
@@ -258,10 +303,35 @@ def test_cli_sweep_from_flags_and_errors(corpus, tmp_path, capsys):
     assert main(["sweep"]) == 2
     assert "--recipe" in capsys.readouterr().err
     assert main(["sweep", "--recipe", "kim-lr", "--grid", "lr=oops,1e-3"]) == 2
-    code = main(["sweep", "--grid", "layout=pre;peri,h=0.5", "--set", "size=nano", "--set", f"data={corpus}",
-                 "--set", "steps=3", "--set", "seq_len=32", "--set", "batch_size=8", "--set", "probe_every=0",
-                 "--set", "eval_every=0", "--set", "eval_batches=1", "--set", "model.n_layers=1",
-                 "--workers", "2", "--out", str(tmp_path / "cli")])
+    code = main(
+        [
+            "sweep",
+            "--grid",
+            "layout=pre;peri,h=0.5",
+            "--set",
+            "size=nano",
+            "--set",
+            f"data={corpus}",
+            "--set",
+            "steps=3",
+            "--set",
+            "seq_len=32",
+            "--set",
+            "batch_size=8",
+            "--set",
+            "probe_every=0",
+            "--set",
+            "eval_every=0",
+            "--set",
+            "eval_batches=1",
+            "--set",
+            "model.n_layers=1",
+            "--workers",
+            "2",
+            "--out",
+            str(tmp_path / "cli"),
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0 and "| peri,h=0.5 | 0/1 |" in out and "report:" in out
     rows = SweepStore(tmp_path / "cli" / "sweep.db").rows()
@@ -288,8 +358,10 @@ def test_angular_halves_reads_the_last_probe_of_the_stream():
     class Run:
         def probes(self):
             old = [{"step": 0, "layer": i, "site": "stream", "metric": "angular_next", "value": 9.0} for i in range(4)]
-            new = [{"step": 10, "layer": i, "site": "stream", "metric": "angular_next", "value": v}
-                   for i, v in enumerate([0.4, 0.2, 0.1, 0.05])]
+            new = [
+                {"step": 10, "layer": i, "site": "stream", "metric": "angular_next", "value": v}
+                for i, v in enumerate([0.4, 0.2, 0.1, 0.05])
+            ]
             other = [{"step": 10, "layer": 0, "site": "stream", "metric": "var", "value": 7.0}]
             return old + new + other
 

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import normlab
+from normlab.config.train import TrainConfig
 from normlab.diagnostics.forensics import describe, first_break, gradient_break, site_of, tally
 from normlab.model.storage import NO_STORAGE, Storage, for_run
 from normlab.train import train
-from normlab.config.train import TrainConfig
 from tests.helpers import planted_overflow as _planted
 
 FP16 = Storage(torch.float16)
@@ -75,7 +75,7 @@ def test_fp16_storage_matches_the_hand_rounded_pre_ln_block():
     block = model.blocks[0]
     with torch.no_grad():
         block.attn.o_proj.weight.zero_()
-    r = lambda t: t.half().float()  # noqa: E731
+    r = lambda t: t.half().float()
     n, mlp = block.mlp_norms.input, block.mlp
     hidden = r(mlp.act(mlp.gate_proj(r(n(r(x))))) * mlp.up_proj(r(n(r(x)))))
     expected = r(r(x) + r(mlp.down_proj(hidden)))
@@ -129,8 +129,12 @@ def test_forensics_in_fp32_reports_the_largest_activation():
     found = first_break(model, [(tokens, tokens)])
     assert found["forward"] is None
     # 4e4 (embedding) + 4e4 (block 0's MLP) + 4e4 (block 1's MLP): 1.2e5, harmless in float32
-    assert found["largest"] == {"value": 1.2e5, "module": "blocks.1.mlp_norms.after_add", "layer": 1,
-                                "site": "MLP residual add"}
+    assert found["largest"] == {
+        "value": 1.2e5,
+        "module": "blocks.1.mlp_norms.after_add",
+        "layer": 1,
+        "site": "MLP residual add",
+    }
     assert describe(found) == "forward finite (largest |x| 1.2e+05 at block 1 MLP residual add)"
 
 
@@ -162,8 +166,21 @@ def test_tally_groups_breaks_by_site():
 
 
 def _run(corpus, out, **kw):
-    base = dict(data=str(corpus), size="nano", layout="pre", seq_len=32, batch_size=8, steps=6, lr=3e-3,
-                eval_every=0, eval_batches=1, probe_every=3, out=str(out), progress=False, device="cpu")
+    base = dict(
+        data=str(corpus),
+        size="nano",
+        layout="pre",
+        seq_len=32,
+        batch_size=8,
+        steps=6,
+        lr=3e-3,
+        eval_every=0,
+        eval_batches=1,
+        probe_every=3,
+        out=str(out),
+        progress=False,
+        device="cpu",
+    )
     return TrainConfig.of(**{**base, **kw})
 
 
@@ -179,11 +196,45 @@ def test_a_run_whose_stream_passes_65504_diverges_in_fp16_and_trains_in_fp32(cor
     s32 = train(_run(corpus, tmp_path / "fp32", **big))
     assert s32["status"] != "diverged" and s32["forensics"] is None and s32["first_break"] is None
     assert s32["max_activation"] > 65504  # the same activations, harmless in float32
-    cli = subprocess.run([sys.executable, "-m", "normlab", "train", "--data", str(corpus), "--size", "nano",
-                          "--seq-len", "32", "--batch-size", "8", "--steps", "4", "--probe-every", "0",
-                          "--eval-every", "0", "--eval-batches", "1", "--no-progress", "--device", "cpu",
-                          "--activation-dtype", "fp16", "--set", "model.init_std=3000", "--set", "model.init=normal",
-                          "--layout", "pre", "--out", str(tmp_path / "cli")], capture_output=True, text=True)
+    cli = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "normlab",
+            "train",
+            "--data",
+            str(corpus),
+            "--size",
+            "nano",
+            "--seq-len",
+            "32",
+            "--batch-size",
+            "8",
+            "--steps",
+            "4",
+            "--probe-every",
+            "0",
+            "--eval-every",
+            "0",
+            "--eval-batches",
+            "1",
+            "--no-progress",
+            "--device",
+            "cpu",
+            "--activation-dtype",
+            "fp16",
+            "--set",
+            "model.init_std=3000",
+            "--set",
+            "model.init=normal",
+            "--layout",
+            "pre",
+            "--out",
+            str(tmp_path / "cli"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     last = cli.stdout.strip().splitlines()[-1]
     assert cli.returncode == 0 and "diverged at step 0" in last and "first broke at block" in last, cli.stderr
 
@@ -196,7 +247,7 @@ def test_the_report_opens_with_a_reading_of_the_runs(corpus, tmp_path):
     train(_run(corpus, tmp_path / "peri", layout="peri", activation_dtype="fp16"))
     index = make_report([tmp_path / "pre", tmp_path / "peri"], tmp_path / "report")
     page = index.read_text()
-    reading = page[page.index('id="reading"'):page.index('id="summary"')]
+    reading = page[page.index('id="reading"') : page.index('id="summary"')]
     assert "pre diverged at step 0 (fp16 activations): first broke at block" in reading
     assert "Trained to the end: peri." in reading
     assert "(then overflowed)" in reading and "x below 65504" in reading
@@ -208,24 +259,29 @@ def test_the_report_opens_with_a_reading_of_the_runs(corpus, tmp_path):
     runs = [load_run(tmp_path / "peri"), load_run(tmp_path / "pre32")]
     var = [line for line in reading_lines(runs, ["peri", "pre"]) if line.startswith("Hidden-state variance")]
     last = {name: float(runs[i].probe("stream", "var").loc[6].iloc[-1]) for i, name in enumerate(["peri", "pre"])}
-    assert var == ["Hidden-state variance at the last layer, step 6 (the last probe where every run was finite): "
-                   + "; ".join(f"{n} {v:,.4g}" for n, v in sorted(last.items(), key=lambda p: -p[1])) + "."]
+    assert var == [
+        "Hidden-state variance at the last layer, step 6 (the last probe where every run was finite): "
+        + "; ".join(f"{n} {v:,.4g}" for n, v in sorted(last.items(), key=lambda p: -p[1]))
+        + "."
+    ]
 
 
 def test_summaries_count_first_breaks_and_old_stores_gain_the_columns(corpus, tmp_path):
     import sqlite3
 
-    from normlab.runs.store import SweepStore
     from normlab.experiments.summary import summarize
+    from normlab.runs.store import SweepStore
 
     db = tmp_path / "old" / "sweep.db"
     db.parent.mkdir()
     with sqlite3.connect(db) as con:  # a store written before the forensics columns existed
-        con.execute("create table runs (run_id text primary key, idx integer not null, axes text not null, "
-                    "config text not null, status text not null default 'pending', step integer, reason text, "
-                    "initial_loss real, final_loss real, final_val_loss real, diverged_step integer, "
-                    "loss_spikes integer, grad_spikes integer, megatron_spikes integer, wall_time_s real, "
-                    "tokens integer, attempts integer not null default 0, worker text, started_at real, finished_at real)")
+        con.execute(
+            "create table runs (run_id text primary key, idx integer not null, axes text not null, "
+            "config text not null, status text not null default 'pending', step integer, reason text, "
+            "initial_loss real, final_loss real, final_val_loss real, diverged_step integer, "
+            "loss_spikes integer, grad_spikes integer, megatron_spikes integer, wall_time_s real, "
+            "tokens integer, attempts integer not null default 0, worker text, started_at real, finished_at real)"
+        )
     SweepStore(db)
     with sqlite3.connect(db) as con:
         cols = {row[1] for row in con.execute("pragma table_info(runs)")}
@@ -234,10 +290,23 @@ def test_summaries_count_first_breaks_and_old_stores_gain_the_columns(corpus, tm
     from normlab.experiments.runner import run_sweep
     from normlab.experiments.sweep import SweepConfig
 
-    sweep = SweepConfig(name="t", base={"data": str(corpus), "size": "nano", "seq_len": 32, "batch_size": 8,
-                                        "steps": 4, "eval_every": 0, "eval_batches": 1, "probe_every": 2,
-                                        "activation_dtype": "fp16", "model.init": "normal", "device": "cpu"},
-                        grid={"layout": ["pre"], "model.init_std": [3000.0, 0.02]})
+    sweep = SweepConfig(
+        name="t",
+        base={
+            "data": str(corpus),
+            "size": "nano",
+            "seq_len": 32,
+            "batch_size": 8,
+            "steps": 4,
+            "eval_every": 0,
+            "eval_batches": 1,
+            "probe_every": 2,
+            "activation_dtype": "fp16",
+            "model.init": "normal",
+            "device": "cpu",
+        },
+        grid={"layout": ["pre"], "model.init_std": [3000.0, 0.02]},
+    )
     run_sweep(sweep, tmp_path / "sw", workers=1, log=lambda *a: None)
     out = summarize(tmp_path / "sw")
     md = Path(out["markdown"]).read_text()

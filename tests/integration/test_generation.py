@@ -35,7 +35,7 @@ CASES = [  # layout, size, overrides: RoPE and learned positions, inner norms, G
 DENSE = CASES[:-1]
 
 
-def greedy_by_hand(model, prompt, n):  # noqa: ANN001, ANN201
+def greedy_by_hand(model, prompt, n):
     """Greedy decoding that re-runs the whole prefix each step, with normlab's own forward."""
     seq = prompt
     with torch.no_grad():
@@ -164,18 +164,24 @@ def test_bundle_refuses_a_name_defined_twice(monkeypatch):
     import normlab.hf.bundle as bundle
 
     monkeypatch.setattr(bundle, "MODULES", ("model/rope.py", "model/config.py", "model/rope.py"))
-    with pytest.raises(BundleError, match="'Rotary' is defined in both normlab/model/rope.py and normlab/model/rope.py"):
+    with pytest.raises(
+        BundleError, match="'Rotary' is defined in both normlab/model/rope.py and normlab/model/rope.py"
+    ):
         bundle.bundle_source()
 
 
-def _venv_without_normlab(path):  # noqa: ANN001, ANN202
+def _venv_without_normlab(path):
     """A real virtual environment that sees this environment's torch and transformers (its
     site-packages added by a .pth line, whose own .pth files, normlab's editable install among them,
     are therefore not run) but not normlab."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
     python = path / "bin" / "python"
-    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     ours = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
     with open(os.path.join(site, "parent_site.pth"), "w") as f:
         f.write("\n".join(sorted(ours)) + "\n")
@@ -208,9 +214,17 @@ def test_export_loads_and_generates_in_a_venv_without_normlab(layout, size, opts
     save_hf(model, tmp_path / "export", to_hf_tokenizer(ByteTokenizer(), model.config.max_seq_len))
     python = _venv_without_normlab(tmp_path / "venv")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {
-        "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
-    res = subprocess.run([str(python), "-c", SCRIPT, str(tmp_path / "export")], capture_output=True, text=True,
-                         cwd=tmp_path, env=env, stdin=subprocess.DEVNULL)
+        "HF_MODULES_CACHE": str(tmp_path / "modules"),
+        "HF_HUB_OFFLINE": "1",
+    }
+    res = subprocess.run(
+        [str(python), "-c", SCRIPT, str(tmp_path / "export")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert "Do you wish to run the custom code" not in res.stdout  # the model asked for trust; the tokenizer never
     got = json.loads(res.stdout.strip().splitlines()[-1])

@@ -20,25 +20,36 @@ tf = pytest.importorskip("transformers")
 from normlab.hf import NativeExportError, from_native, save_native, to_native  # noqa: E402
 
 TOKENS = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(0))
-SMALL = dict(vocab_size=96, hidden_size=32, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6,
-             rope_parameters={"rope_type": "default", "rope_theta": 5000.0})
+SMALL = dict(
+    vocab_size=96,
+    hidden_size=32,
+    intermediate_size=80,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    rms_norm_eps=1e-6,
+    rope_parameters={"rope_type": "default", "rope_theta": 5000.0},
+)
 
 
-def hf_logits(model, x=TOKENS):  # noqa: ANN001
+def hf_logits(model, x=TOKENS):
     with torch.no_grad():
         return model(input_ids=x).logits
 
 
-def ours(model, x=TOKENS):  # noqa: ANN001
+def ours(model, x=TOKENS):
     with torch.no_grad():
         return model(x).logits
 
 
-@pytest.mark.parametrize("arch, cls, config", [
-    ("llama", "LlamaForCausalLM", "LlamaConfig"),
-    ("olmo2", "Olmo2ForCausalLM", "Olmo2Config"),
-])
+@pytest.mark.parametrize(
+    "arch, cls, config",
+    [
+        ("llama", "LlamaForCausalLM", "LlamaConfig"),
+        ("olmo2", "Olmo2ForCausalLM", "Olmo2Config"),
+    ],
+)
 @pytest.mark.parametrize("tied", [False, True])
 def test_import_matches_transformers_logits(arch, cls, config, tied, tmp_path):
     torch.manual_seed(0)
@@ -57,8 +68,9 @@ def test_import_matches_transformers_logits(arch, cls, config, tied, tmp_path):
 GEMMA_OPTS = dict(mlp="geglu-tanh", attn_scale=12.0, attn_softcap=50.0, logit_softcap=30.0)  # Gemma 2 9B values
 
 
-@pytest.mark.parametrize("layout, arch, opts", [("pre", "llama", {}), ("olmo2", "olmo2", {}),
-                                                ("gemma2", "gemma2", GEMMA_OPTS)])
+@pytest.mark.parametrize(
+    "layout, arch, opts", [("pre", "llama", {}), ("olmo2", "olmo2", {}), ("gemma2", "gemma2", GEMMA_OPTS)]
+)
 def test_export_reloads_through_auto_classes_with_identical_logits(layout, arch, opts, tmp_path):
     model = normlab.build_model(layout, "nano", seed=0, n_kv_heads=1, vocab_size=96, **opts).eval()
     with torch.no_grad():
@@ -67,7 +79,10 @@ def test_export_reloads_through_auto_classes_with_identical_logits(layout, arch,
                 p.uniform_(0.5, 1.5)
     save_native(model, tmp_path / "out", arch)
     hf = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "out", local_files_only=True).eval()
-    assert type(hf).__name__ == {"llama": "LlamaForCausalLM", "olmo2": "Olmo2ForCausalLM", "gemma2": "Gemma2ForCausalLM"}[arch]
+    assert (
+        type(hf).__name__
+        == {"llama": "LlamaForCausalLM", "olmo2": "Olmo2ForCausalLM", "gemma2": "Gemma2ForCausalLM"}[arch]
+    )
     torch.testing.assert_close(hf_logits(hf), ours(model), atol=2e-5, rtol=1e-5)
     prompt = TOKENS[:1, :4]  # (an explicit mask: token 0 is Gemma's pad id, which generate() would mask out)
     out = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=5, do_sample=False)
@@ -77,15 +92,18 @@ def test_export_reloads_through_auto_classes_with_identical_logits(layout, arch,
     assert torch.equal(out, greedy)
 
 
-@pytest.mark.parametrize("layout, arch, match", [
-    ("peri", "llama", "does not map exactly onto llama"),
-    ("pre,h=0.5", "llama", "does not map exactly"),
-    ("pre,norm=layer", "llama", "does not map exactly"),
-    ("pre", "olmo2", "does not map exactly onto olmo2"),
-    ("pre", "gemma2", "does not map exactly onto gemma2"),
-    ("peri", "gpt2", "no native transformers class"),
-    ("pre,softmax=sink", "llama", "softmax=sink has no exact llama counterpart"),
-])
+@pytest.mark.parametrize(
+    "layout, arch, match",
+    [
+        ("peri", "llama", "does not map exactly onto llama"),
+        ("pre,h=0.5", "llama", "does not map exactly"),
+        ("pre,norm=layer", "llama", "does not map exactly"),
+        ("pre", "olmo2", "does not map exactly onto olmo2"),
+        ("pre", "gemma2", "does not map exactly onto gemma2"),
+        ("peri", "gpt2", "no native transformers class"),
+        ("pre,softmax=sink", "llama", "softmax=sink has no exact llama counterpart"),
+    ],
+)
 def test_layouts_that_do_not_map_are_refused(layout, arch, match):
     with pytest.raises(NativeExportError, match=match):
         to_native(normlab.build_model(layout, "nano", seed=0), arch)
@@ -100,8 +118,9 @@ def test_layouts_that_do_not_map_are_refused(layout, arch, match):
 @pytest.mark.parametrize("act", ["gelu_new", "gelu"])
 def test_gpt2_imports_with_identical_logits(act, tmp_path):
     torch.manual_seed(0)
-    gpt2 = tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=96, n_positions=32,
-                                            activation_function=act)).eval()
+    gpt2 = tf.GPT2LMHeadModel(
+        tf.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=96, n_positions=32, activation_function=act)
+    ).eval()
     with torch.no_grad():
         for name, p in gpt2.named_parameters():
             if "ln_" in name:
@@ -112,8 +131,11 @@ def test_gpt2_imports_with_identical_logits(act, tmp_path):
     torch.testing.assert_close(ours(model), hf_logits(gpt2), atol=2e-5, rtol=1e-5)
     gpt2.save_pretrained(tmp_path / "g")
     torch.testing.assert_close(ours(from_native(tmp_path / "g")), hf_logits(gpt2), atol=2e-5, rtol=1e-5)
-    odd = tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=32, n_layer=1, n_head=4, vocab_size=96, n_positions=32,
-                                           scale_attn_by_inverse_layer_idx=True))
+    odd = tf.GPT2LMHeadModel(
+        tf.GPT2Config(
+            n_embd=32, n_layer=1, n_head=4, vocab_size=96, n_positions=32, scale_attn_by_inverse_layer_idx=True
+        )
+    )
     with pytest.raises(NativeExportError, match="scale_attn_by_inverse_layer_idx"):
         from_native(odd)
 
@@ -122,9 +144,20 @@ def test_gemma2_imports_with_identical_logits(tmp_path):
     """Peri-LN with sqrt(d) embedding scale, (1 + w) norms, GeGLU-tanh, query_pre_attn_scalar, both
     soft-caps (small, so that the tanh actually bends the scores and logits) and the local layers."""
     torch.manual_seed(0)
-    cfg = tf.Gemma2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-                          num_key_value_heads=2, head_dim=8, vocab_size=96, max_position_embeddings=64, sliding_window=4,
-                          query_pre_attn_scalar=12, attn_logit_softcapping=0.5, final_logit_softcapping=2.0)
+    cfg = tf.Gemma2Config(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        vocab_size=96,
+        max_position_embeddings=64,
+        sliding_window=4,
+        query_pre_attn_scalar=12,
+        attn_logit_softcapping=0.5,
+        final_logit_softcapping=2.0,
+    )
     gemma = tf.Gemma2ForCausalLM(cfg).eval()
     with torch.no_grad():
         for name, p in gemma.named_parameters():
@@ -141,12 +174,16 @@ def test_gemma2_imports_with_identical_logits(tmp_path):
 
 
 def test_checkpoints_that_do_not_map_are_refused():
-    split = tf.Qwen3ForCausalLM(tf.Qwen3Config(**{**SMALL, "num_hidden_layers": 3, "use_sliding_window": True,
-                                                  "sliding_window": 4, "max_window_layers": 1}))
+    split = tf.Qwen3ForCausalLM(
+        tf.Qwen3Config(
+            **{**SMALL, "num_hidden_layers": 3, "use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1}
+        )
+    )
     with pytest.raises(NativeExportError, match="is not 'every k-th layer full'"):  # windows from layer 1 on
         from_native(split)
-    scaled = tf.LlamaForCausalLM(tf.LlamaConfig(**{**SMALL, "rope_parameters": {"rope_type": "linear", "factor": 2.0,
-                                                                                 "rope_theta": 5000.0}}))
+    scaled = tf.LlamaForCausalLM(
+        tf.LlamaConfig(**{**SMALL, "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 5000.0}})
+    )
     with pytest.raises(NativeExportError, match="rope_type"):
         from_native(scaled)
 
@@ -157,7 +194,7 @@ def test_core_package_does_not_import_transformers():
     assert out.stdout.strip() == "False"
 
 
-def planted(tmp_path, value: float | None):  # noqa: ANN201
+def planted(tmp_path, value: float | None):
     torch.manual_seed(0)
     hf = tf.LlamaForCausalLM(tf.LlamaConfig(**SMALL)).eval()
     if value is not None:  # one residual channel written huge by the first block's MLP
@@ -190,15 +227,30 @@ def test_cli_export_of_a_trained_run(corpus, tmp_path, capsys):
     from normlab.cli import main
     from normlab.train import TrainConfig, train
 
-    train(TrainConfig.of(data=str(corpus), size="nano", layout="pre", seq_len=32, batch_size=8, steps=3, eval_every=0,
-                      eval_batches=1, probe_every=0, progress=False, out=str(tmp_path / "run")))
+    train(
+        TrainConfig.of(
+            data=str(corpus),
+            size="nano",
+            layout="pre",
+            seq_len=32,
+            batch_size=8,
+            steps=3,
+            eval_every=0,
+            eval_batches=1,
+            probe_every=0,
+            progress=False,
+            out=str(tmp_path / "run"),
+        )
+    )
     assert main(["export", str(tmp_path / "run"), str(tmp_path / "hf"), "--arch", "llama"]) == 0
     hf = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", local_files_only=True).eval()
     from normlab.runs.checkpoint import list_checkpoints, load_checkpoint
 
     trained = load_checkpoint(list_checkpoints(tmp_path / "run")[-1])["model"]  # the trained weights, exported
     torch.testing.assert_close(hf.model.embed_tokens.weight, trained["embed.weight"], rtol=0, atol=0)
-    torch.testing.assert_close(hf.model.layers[1].mlp.down_proj.weight, trained["blocks.1.mlp.down_proj.weight"], rtol=0, atol=0)
+    torch.testing.assert_close(
+        hf.model.layers[1].mlp.down_proj.weight, trained["blocks.1.mlp.down_proj.weight"], rtol=0, atol=0
+    )
     torch.testing.assert_close(hf.model.norm.weight, trained["final_norm.weight"], rtol=0, atol=0)
     assert main(["export", str(tmp_path / "run"), str(tmp_path / "o"), "--arch", "olmo2"]) == 2
     assert "does not map exactly onto olmo2" in capsys.readouterr().err
@@ -210,9 +262,17 @@ def test_cli_export_of_a_trained_run(corpus, tmp_path, capsys):
     torch.testing.assert_close(hf_logits(nl), hf_logits(hf), rtol=1e-5, atol=2e-5)
 
 
-EXPORTED = [("peri", False), ("hybrid*", False), ("peri,h=0.5", True), ("pre-dyt,norm.final=derf,gain.attn.A=scalar", True),
-            ("admin", False), ("pre,softmax=sink", False), ("pre-mhc", True), ("ngpt", False),
-            ("normformer,attn=qkgsAB,qk-rope,norm.mlp.A=dyt,alpha0.mlp.A=0.3,gain.final=centered", True)]
+EXPORTED = [
+    ("peri", False),
+    ("hybrid*", False),
+    ("peri,h=0.5", True),
+    ("pre-dyt,norm.final=derf,gain.attn.A=scalar", True),
+    ("admin", False),
+    ("pre,softmax=sink", False),
+    ("pre-mhc", True),
+    ("ngpt", False),
+    ("normformer,attn=qkgsAB,qk-rope,norm.mlp.A=dyt,alpha0.mlp.A=0.3,gain.final=centered", True),
+]
 
 
 def _exported_model(layout: str, tied: bool) -> torch.nn.Module:
@@ -220,18 +280,22 @@ def _exported_model(layout: str, tied: bool) -> torch.nn.Module:
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):  # noqa: ANN001, ANN201 - {layout: (folder, class name, logits sum)}
+def exported(tmp_path_factory):
     """Every EXPORTED layout saved as the normlab class, then loaded in ONE fresh process that never imports
     normlab itself (the folders' remote code does): one interpreter start for all of them."""
     from normlab.hf import save_hf
 
     root = tmp_path_factory.mktemp("exported")
-    folders = {layout: save_hf(_exported_model(layout, tied), root / str(i)) for i, (layout, tied) in enumerate(EXPORTED)}
-    code = ("import sys, torch; from transformers import AutoModelForCausalLM\n"
-            "for folder in sys.argv[1:]:\n"
-            "    m = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, local_files_only=True).eval()\n"
-            "    x = torch.tensor([[1, 5, 9, 2, 7]])\n"
-            "    print(type(m).__name__, m(input_ids=x).logits.sum().item())\n")
+    folders = {
+        layout: save_hf(_exported_model(layout, tied), root / str(i)) for i, (layout, tied) in enumerate(EXPORTED)
+    }
+    code = (
+        "import sys, torch; from transformers import AutoModelForCausalLM\n"
+        "for folder in sys.argv[1:]:\n"
+        "    m = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, local_files_only=True).eval()\n"
+        "    x = torch.tensor([[1, 5, 9, 2, 7]])\n"
+        "    print(type(m).__name__, m(input_ids=x).logits.sum().item())\n"
+    )
     out = subprocess.run([sys.executable, "-c", code, *map(str, folders.values())], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.split("\n")
@@ -281,8 +345,12 @@ def test_the_bundle_defines_every_name_its_modules_import(monkeypatch):
 def test_head_dim_and_sliding_window_round_trip_with_equal_logits(arch, window, tmp_path):
     """A head width apart from d_model / heads (Qwen 3: 128 in every size) and a sliding window shorter than
     the sequence (12 tokens, window 4): import from a random transformers model and export back, logits equal."""
-    cls, config = {"qwen3": ("Qwen3ForCausalLM", "Qwen3Config"), "mistral": ("MistralForCausalLM", "MistralConfig"),
-                   "llama": ("LlamaForCausalLM", "LlamaConfig"), "qwen2": ("Qwen2ForCausalLM", "Qwen2Config")}[arch]
+    cls, config = {
+        "qwen3": ("Qwen3ForCausalLM", "Qwen3Config"),
+        "mistral": ("MistralForCausalLM", "MistralConfig"),
+        "llama": ("LlamaForCausalLM", "LlamaConfig"),
+        "qwen2": ("Qwen2ForCausalLM", "Qwen2Config"),
+    }[arch]
     opts = dict(SMALL, head_dim=16)  # 4 heads x 16 = 64 != hidden 32
     if arch in ("qwen2", "qwen3"):
         opts.update(use_sliding_window=window is not None, sliding_window=window, max_window_layers=0)
@@ -335,13 +403,22 @@ def test_local_global_layers_round_trip_with_equal_logits(arch, tmp_path):
     s, f = "sliding_attention", "full_attention"
     opts = dict(SMALL, num_hidden_layers=4, sliding_window=4)
     if arch == "gemma3":
-        opts.update(head_dim=16, query_pre_attn_scalar=16, layer_types=[s, f, s, f], hidden_activation="gelu_pytorch_tanh",
-                    rope_parameters={s: {"rope_type": "default", "rope_theta": 1000.0},
-                                     f: {"rope_type": "default", "rope_theta": 5000.0}})
+        opts.update(
+            head_dim=16,
+            query_pre_attn_scalar=16,
+            layer_types=[s, f, s, f],
+            hidden_activation="gelu_pytorch_tanh",
+            rope_parameters={
+                s: {"rope_type": "default", "rope_theta": 1000.0},
+                f: {"rope_type": "default", "rope_theta": 5000.0},
+            },
+        )
         hf = tf.Gemma3ForCausalLM(tf.Gemma3TextConfig(**opts)).eval()
     else:
-        opts.update(layer_types=[s, s, s, f], rope_parameters={k: {"rope_type": "default", "rope_theta": 5000.0}
-                                                               for k in (s, f)})
+        opts.update(
+            layer_types=[s, s, s, f],
+            rope_parameters={k: {"rope_type": "default", "rope_theta": 5000.0} for k in (s, f)},
+        )
         hf = tf.Olmo3ForCausalLM(tf.Olmo3Config(**opts)).eval()
     torch.manual_seed(0)
     with torch.no_grad():
@@ -354,8 +431,9 @@ def test_local_global_layers_round_trip_with_equal_logits(arch, tmp_path):
     assert (cfg.sliding_window, cfg.full_attention_every) == ((4, 2) if arch == "gemma3" else (4, 4))
     assert cfg.rope_local_theta == (1000.0 if arch == "gemma3" else None)
     torch.testing.assert_close(ours(model), hf_logits(hf), atol=2e-5, rtol=1e-5)
-    full = normlab.build_model(model.layout, cfg.with_(sliding_window=None, full_attention_every=0,
-                                                        rope_local_theta=None)).eval()
+    full = normlab.build_model(
+        model.layout, cfg.with_(sliding_window=None, full_attention_every=0, rope_local_theta=None)
+    ).eval()
     full.load_state_dict(model.state_dict())
     assert (ours(full) - hf_logits(hf)).abs().max() > 1e-3
     save_native(model, tmp_path / "out", arch)
@@ -371,8 +449,14 @@ def test_scan_and_doctor_read_every_exportable_architecture(tmp_path):
     from normlab.hf.scan import scan
 
     gemma = {"mlp": "geglu-tanh", "sliding_window": 8, "full_attention_every": 2}
-    opts = {"gemma2": gemma, "gemma3": gemma, "qwen2": {"qkv_bias": True}, "qwen3": {"d_head": 16},
-            "mistral": {"sliding_window": 8}, "olmo3": {"sliding_window": 8, "full_attention_every": 4, "n_layers": 4}}
+    opts = {
+        "gemma2": gemma,
+        "gemma3": gemma,
+        "qwen2": {"qkv_bias": True},
+        "qwen3": {"d_head": 16},
+        "mistral": {"sliding_window": 8},
+        "olmo3": {"sliding_window": 8, "full_attention_every": 4, "n_layers": 4},
+    }
     for arch, preset in EXPORTABLE.items():
         model = normlab.build_model(preset, "nano", seed=0, **opts.get(arch, {})).eval()
         save_native(model, tmp_path / arch, arch)
@@ -393,10 +477,22 @@ def test_trainer_callback_writes_a_run_the_report_reads(tmp_path):
 
     torch.manual_seed(0)
     model = tf.LlamaForCausalLM(tf.LlamaConfig(**SMALL))
-    data = [{"input_ids": t, "labels": t} for t in torch.randint(0, 96, (32, 16), generator=torch.Generator().manual_seed(1))]
-    args = tf.TrainingArguments(output_dir=str(tmp_path / "hf"), max_steps=9, per_device_train_batch_size=4,
-                                gradient_accumulation_steps=2, learning_rate=3e-3, report_to=[], save_strategy="no",
-                                logging_steps=100, use_cpu=True, disable_tqdm=True)
+    data = [
+        {"input_ids": t, "labels": t}
+        for t in torch.randint(0, 96, (32, 16), generator=torch.Generator().manual_seed(1))
+    ]
+    args = tf.TrainingArguments(
+        output_dir=str(tmp_path / "hf"),
+        max_steps=9,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        learning_rate=3e-3,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=100,
+        use_cpu=True,
+        disable_tqdm=True,
+    )
     tf.Trainer(model=model, args=args, train_dataset=data, callbacks=[NormlabCallback(every=4)]).train()
     run = normlab.load_run(tmp_path / "hf" / "normlab")
     assert run.metrics.step.tolist() == list(range(9)) and run.metrics.loss.notna().all()
@@ -415,14 +511,18 @@ def test_trainer_callback_writes_a_run_the_report_reads(tmp_path):
     mon = TrainingMonitor(model, tmp_path / "again", every=1, probe_batch={"input_ids": probe_x})
     rows = {(r["layer"], r["site"]): r["value"] for r in mon._probe_rows(0) if r["metric"] == "max_logit"}
     mon.close()
-    ref = {(r["layer"], r["site"]): r["value"] for r in Probes(from_native(model), (probe_x, probe_x)).record(0)
-           if r["metric"] == "max_logit"}
+    ref = {
+        (r["layer"], r["site"]): r["value"]
+        for r in Probes(from_native(model), (probe_x, probe_x)).record(0)
+        if r["metric"] == "max_logit"
+    }
     assert set(rows) == set(ref) and len(rows) == 2 * (1 + SMALL["num_attention_heads"])
     for key, v in ref.items():
         assert rows[key] == pytest.approx(v, rel=1e-4), key
     make_report([tmp_path / "hf" / "normlab"], tmp_path / "report")
     assert {"loss.png", "variance_by_depth.png", "grad_by_layer.png", "top100_fp16.png"} <= {
-        p.name for p in (tmp_path / "report").glob("*.png")}
+        p.name for p in (tmp_path / "report").glob("*.png")
+    }
     # `normlab report` on the Trainer's output_dir finds the normlab folder one level down
     from normlab.cli import main
 
@@ -509,15 +609,26 @@ def test_lightning_callback_writes_a_run_the_report_reads(tmp_path):
 
     torch.manual_seed(0)
     lit = Lit()
-    loader = torch.utils.data.DataLoader(torch.randint(0, 96, (24, 16), generator=torch.Generator().manual_seed(1)),
-                                         batch_size=4)
+    loader = torch.utils.data.DataLoader(
+        torch.randint(0, 96, (24, 16), generator=torch.Generator().manual_seed(1)), batch_size=4
+    )
     callback = NormlabLightningCallback(tmp_path / "lit", every=3, site_names=site_names(lit.model))
-    L.Trainer(max_steps=6, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
-              enable_model_summary=False, callbacks=[callback], default_root_dir=str(tmp_path)).fit(lit, loader)
+    L.Trainer(
+        max_steps=6,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[callback],
+        default_root_dir=str(tmp_path),
+    ).fit(lit, loader)
     run = normlab.load_run(tmp_path / "lit")
     assert run.metrics.step.tolist() == list(range(6)) and run.metrics.grad_norm.gt(0).all()
     # probes every 3 steps, and at the end on the final weights (the monitor's close: step 5 was not a probe step)
-    assert sorted(run.probes.step.unique().tolist()) == [0, 3, 6] and not run.probe("mlp_norms.input", "gamma_mean").empty
+    assert (
+        sorted(run.probes.step.unique().tolist()) == [0, 3, 6] and not run.probe("mlp_norms.input", "gamma_mean").empty
+    )
     make_report([tmp_path / "lit"], tmp_path / "report")
     assert (tmp_path / "report" / "variance_by_depth.png").exists()
 
@@ -543,7 +654,9 @@ def test_monitor_attention_logits_match_normlabs_own_probe(arch):
         mon = TrainingMonitor(hf, d, every=1, probe_batch={"input_ids": x})
         rows = {(r["layer"], r["site"]): r["value"] for r in mon._probe_rows(0) if r["metric"] == "max_logit"}
         mon.close()
-    ref = {(r["layer"], r["site"]): r["value"] for r in Probes(ours_model, (x, x)).record(0) if r["metric"] == "max_logit"}
+    ref = {
+        (r["layer"], r["site"]): r["value"] for r in Probes(ours_model, (x, x)).record(0) if r["metric"] == "max_logit"
+    }
     assert set(rows) == set(ref)
     for key, v in ref.items():
         assert rows[key] == pytest.approx(v, rel=1e-4, abs=1e-5), (arch, key)
@@ -641,9 +754,17 @@ def test_export_writes_the_stock_class_where_exact_and_a_tokenizer_that_asks_no_
         config = json.loads((tmp_path / folder / "tokenizer_config.json").read_text())
         assert config["tokenizer_class"] == "PreTrainedTokenizerFast" and "auto_map" not in config
     env = {k: v for k, v in __import__("os").environ.items() if k != "TRUST_REMOTE_CODE"} | {"HF_HUB_OFFLINE": "1"}
-    res = subprocess.run([sys.executable, "-c", TOKENIZER_CHECK, str(tmp_path / "e-pre"), str(tmp_path / "e-peri")],
-                         capture_output=True, text=True, stdin=subprocess.DEVNULL, env=env, timeout=300)
-    assert res.returncode == 0 and "Do you wish to run the custom code" not in res.stdout + res.stderr, res.stderr[-2000:]
+    res = subprocess.run(
+        [sys.executable, "-c", TOKENIZER_CHECK, str(tmp_path / "e-pre"), str(tmp_path / "e-peri")],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        timeout=300,
+    )
+    assert res.returncode == 0 and "Do you wish to run the custom code" not in res.stdout + res.stderr, res.stderr[
+        -2000:
+    ]
     got = json.loads(res.stdout.strip().splitlines()[-1])
     assert got["ids"] == [list("To bé".encode())] * 4
     assert got["asked_before"] == 0  # the stock class, and AutoTokenizer with trust_remote_code=False: no question
@@ -664,7 +785,7 @@ def test_export_writes_the_stock_class_where_exact_and_a_tokenizer_that_asks_no_
         assert hf(text)["input_ids"] == ours.encode(text), text
 
 
-def _normlm_loop(monitor, model, steps, start=0, outside=False, losses=None):  # noqa: ANN001, ANN202
+def _normlm_loop(monitor, model, steps, start=0, outside=False, losses=None):
     """A nanoGPT-style loop on a NormLM called positionally; ``outside``: the loss computed outside the model."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     for step in range(start, start + steps):
@@ -755,9 +876,20 @@ def test_monitor_under_fsdp2_equals_one_process_and_the_trainer_callback_reads_s
 
     script = Path(__file__).with_name("sharded_monitor.py")
     env = {**os.environ, "PYTHONPATH": str(Path(normlab.__file__).parents[1]), "OMP_NUM_THREADS": "1"}
-    for cmd in ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script),
-                 "monitor", str(tmp_path / "two")],
-                [sys.executable, str(script), "reference", str(tmp_path)]):  # "one" and "hf"
+    for cmd in (
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            str(script),
+            "monitor",
+            str(tmp_path / "two"),
+        ],
+        [sys.executable, str(script), "reference", str(tmp_path)],
+    ):  # "one" and "hf"
         res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
         assert res.returncode == 0, res.stderr[-3000:]
     assert_same_curve(tmp_path / "one", tmp_path / "two")

@@ -9,8 +9,18 @@ from normlab.train import TrainConfig, train
 
 
 def cfg(corpus, out, **kw):
-    return TrainConfig.of(data=str(corpus), size="nano", seq_len=32, batch_size=8, steps=4, eval_every=2,
-                       eval_batches=1, out=str(out), progress=False, **kw)
+    return TrainConfig.of(
+        data=str(corpus),
+        size="nano",
+        seq_len=32,
+        batch_size=8,
+        steps=4,
+        eval_every=2,
+        eval_batches=1,
+        out=str(out),
+        progress=False,
+        **kw,
+    )
 
 
 def test_tensorboard_scalars(corpus, tmp_path):
@@ -45,9 +55,33 @@ def test_progress_in_a_pipe_is_a_line_a_minute_not_carriage_returns(corpus, tmp_
     from pathlib import Path
 
     src = Path(__file__).resolve().parents[2] / "src"
-    res = subprocess.run([sys.executable, "-m", "normlab", "train", "--data", str(corpus), "--size", "nano", "--steps",
-                          "12", "--seq-len", "16", "--batch-size", "4", "--probe-every", "0", "--device", "cpu",
-                          "--out", str(tmp_path / "r")], capture_output=True, text=True, env={"PYTHONPATH": str(src)})
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "normlab",
+            "train",
+            "--data",
+            str(corpus),
+            "--size",
+            "nano",
+            "--steps",
+            "12",
+            "--seq-len",
+            "16",
+            "--batch-size",
+            "4",
+            "--probe-every",
+            "0",
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path / "r"),
+        ],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(src)},
+    )
     assert res.returncode == 0, res.stderr[-1000:]
     assert "\r" not in res.stderr  # tqdm's per-step redraws would fill a log
     lines = [x for x in res.stderr.splitlines() if x.startswith("r: step ")]

@@ -123,8 +123,15 @@ def test_compiled_bf16_with_checkpointing_and_chunks_follows_eager(corpus, tmp_p
         assert y["loss"] == pytest.approx(x["loss"], rel=2e-2)
 
 
-@pytest.mark.parametrize("layout,size,dtype,seq", [("pre", "micro-deep", "fp32", 128), ("peri", "micro-deep", "fp16", 128),
-                                                   ("olmo2", "nano", "fp32", 48), ("hybrid", "nano", "fp16", 48)])
+@pytest.mark.parametrize(
+    "layout,size,dtype,seq",
+    [
+        ("pre", "micro-deep", "fp32", 128),
+        ("peri", "micro-deep", "fp16", 128),
+        ("olmo2", "nano", "fp32", 48),
+        ("hybrid", "nano", "fp16", 48),
+    ],
+)
 def test_the_memory_plan_matches_a_whole_model_measurement(layout, size, dtype, seq):
     """The plan measures one and two layers on short sequences and scales to the run; here the whole
     model, at the run's depth, batch and length, is measured directly: the activations agree to 5%."""
@@ -133,8 +140,9 @@ def test_the_memory_plan_matches_a_whole_model_measurement(layout, size, dtype, 
     from normlab.model import storage as storage_mod
     from normlab.train.memory import plan_memory
 
-    cfg = TrainConfig.of(layout=layout, size=size, batch_size=4, seq_len=seq, precision="fp32", activation_dtype=dtype,
-                         vocab_size=256)
+    cfg = TrainConfig.of(
+        layout=layout, size=size, batch_size=4, seq_len=seq, precision="fp32", activation_dtype=dtype, vocab_size=256
+    )
     plan = plan_memory(cfg)
     model = build_model(layout, size, seed=0, vocab_size=256).train()
     model.set_storage(storage_mod.for_run(cfg.run.precision, cfg.stored_dtype))
@@ -163,7 +171,9 @@ def test_a_run_that_cannot_fit_is_refused_before_it_starts_with_options_that_fit
     need = plan_memory(cfg).total
     capacity = int(need - 0.5 * (need - plan_memory(cfg.with_({"activation_checkpointing": True})).total))
     options = fitting_options(cfg, capacity)
-    assert options and all(float(o.rsplit(": ", 1)[1].split()[0]) * GIB <= capacity + 0.05 * GIB for o in options), options
+    assert options and all(float(o.rsplit(": ", 1)[1].split()[0]) * GIB <= capacity + 0.05 * GIB for o in options), (
+        options
+    )
     # a sweep on GPUs: as many workers as fit by memory, one per device at least, never more than runs
     assert plan_workers([10 * GIB] * 8, [80 * GIB], None, 16) == 7
     assert plan_workers([100 * GIB] * 8, [80 * GIB], None, 16) == 1
@@ -180,8 +190,11 @@ def test_a_sweep_on_cuda_plans_its_workers_by_memory(monkeypatch):
     from normlab.experiments.sweep import SweepConfig
     from normlab.train.memory import plan_memory
 
-    sweep = SweepConfig(name="g", base={"size": "micro-deep", "batch_size": 64, "seq_len": 128, "device": "cuda"},
-                        grid={"layout": ["pre", "peri"], "seed": [0, 1, 2]})
+    sweep = SweepConfig(
+        name="g",
+        base={"size": "micro-deep", "batch_size": 64, "seq_len": 128, "device": "cuda"},
+        grid={"layout": ["pre", "peri"], "seed": [0, 1, 2]},
+    )
     specs = sweep.expand()
     need = max(plan_memory(s.train_config("x")).total for s in specs)
     lines = []

@@ -93,8 +93,13 @@ print("clean")
 
 
 def _run_check(arg: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", WARNING_CHECK, arg], capture_output=True, text=True, timeout=120,
-                          env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"})
+    return subprocess.run(
+        [sys.executable, "-c", WARNING_CHECK, arg],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"},
+    )
 
 
 def test_no_dtype_mismatch_warning_at_any_norm_site_under_autocast():
@@ -119,6 +124,7 @@ def test_model_loss_under_bf16_autocast_is_close_to_float32():
 
 # --- fp16: overflows while the loss scaler calibrates are skipped steps, not divergence -----------
 
+
 def test_fp16_trains_through_scaler_overflows(corpus, tmp_path):
     """A scale of 2^24 overflows the fp16 gradients at first: the scaler halves it on each overflow
     until they fit. Those steps are skipped (counted), the run is ok and learns; before, the first
@@ -137,8 +143,8 @@ def test_fp16_trains_through_scaler_overflows(corpus, tmp_path):
 
 
 def test_overflowed_step_leaves_the_weights_untouched(corpus, tmp_path):
-    from normlab.train import distributed
     from normlab.runs.start import Start
+    from normlab.train import distributed
     from normlab.train.trainer import build_state, train_step
 
     cfg = small(corpus, tmp_path / "w", precision="fp16", loss_scale_init=2.0**40, probe_every=0)
@@ -154,7 +160,11 @@ def test_fp16_diverges_when_overflows_persist_or_the_scale_collapses(corpus, tmp
     s = train(small(corpus, tmp_path / "streak", precision="fp16", loss_scale_init=2.0**60, max_overflow_streak=5))
     assert s["status"] == "diverged" and s["diverged_step"] == 5 and "6 consecutive steps" in s["reason"]
     s = train(small(corpus, tmp_path / "floor", precision="fp16", loss_scale_init=2.0**24, min_loss_scale=2.0**23))
-    assert s["status"] == "diverged" and s["diverged_step"] == 1 and "collapsed to 4.1943e+06, below min_loss_scale=8.38861e+06" in s["reason"]
+    assert (
+        s["status"] == "diverged"
+        and s["diverged_step"] == 1
+        and "collapsed to 4.1943e+06, below min_loss_scale=8.38861e+06" in s["reason"]
+    )
 
 
 def test_fp16_non_finite_loss_is_still_divergence():

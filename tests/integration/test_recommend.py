@@ -11,7 +11,7 @@ from normlab.experiments.runner import Deadline, run_sweep
 from normlab.experiments.sweep import SweepConfig
 from normlab.runs.store import SweepStore
 
-QUIET = lambda *a, **k: None  # noqa: E731
+QUIET = lambda *a, **k: None
 
 
 @pytest.fixture(autouse=True)
@@ -28,9 +28,31 @@ def planted_calibration():
 
 
 def _args(corpus, out, *more):
-    return ["recommend", "nano", "--candidates", "pre,peri", "--precision", "fp16", "--steps", "8", "--lrs", "0.01,0.1",
-            "--seeds", "0", "--set", f"data={corpus}", "--set", "seq_len=32", "--set", "batch_size=4", "--workers", "2",
-            "--out", str(out), *more]
+    return [
+        "recommend",
+        "nano",
+        "--candidates",
+        "pre,peri",
+        "--precision",
+        "fp16",
+        "--steps",
+        "8",
+        "--lrs",
+        "0.01,0.1",
+        "--seeds",
+        "0",
+        "--set",
+        f"data={corpus}",
+        "--set",
+        "seq_len=32",
+        "--set",
+        "batch_size=4",
+        "--workers",
+        "2",
+        "--out",
+        str(out),
+        *more,
+    ]
 
 
 def test_recommend_ranks_with_evidence_resumes_and_refuses_changed_inputs(corpus, tmp_path, capsys):
@@ -57,7 +79,12 @@ def test_recommend_ranks_with_evidence_resumes_and_refuses_changed_inputs(corpus
         assert r["status"] == "ranked" and r["runs"] == 2 and r["finished"] + r["unfinished"] == 2
         assert r["screen"] in ("stable", "caution", "unstable") and set(r["loss_by_lr"]) <= {"0.01", "0.1"}
     assert rec["winner"] == rec["ranking"][0]["layout"] and set(rec["settings"]) == {
-        "normlab", "transformers", "OLMo-core", "torchtitan", "litgpt"}
+        "normlab",
+        "transformers",
+        "OLMo-core",
+        "torchtitan",
+        "litgpt",
+    }
     assert any("Width: the proxies are 64 wide" in x for x in rec["limits"])
     assert any("8 steps of 4 x 32 byte tokens" in x for x in rec["limits"])  # the runs' own settings, stated
     a, b = rec["ranking"]  # the caveat counts the runs at hand, not a fixed sentence
@@ -70,7 +97,11 @@ def test_recommend_ranks_with_evidence_resumes_and_refuses_changed_inputs(corpus
     assert check["claim"] == "peri ahead of pre" and check["at_setting"].startswith("lr 0.1: peri ")
     assert check["agrees_at_setting"] in (True, False) and check["agrees"] == (ranking["peri"]["rank"] == 1)
     md = (out / "recommendation.md").read_text()
-    assert "## Evidence (ranked)" in md and "where the settings overlap" in md and "## What the proxy can and cannot tell" in md
+    assert (
+        "## Evidence (ranked)" in md
+        and "where the settings overlap" in md
+        and "## What the proxy can and cannot tell" in md
+    )
     assert "## What ran, and how far the answer could move" in md and "Recommended: **" in md
     if a["screen"] != "stable":  # a verdict short of stable says why
         assert f"screen: {a['screen']} (" in md
@@ -82,8 +113,10 @@ def test_recommend_ranks_with_evidence_resumes_and_refuses_changed_inputs(corpus
     assert main(args) == 0  # the same command again: nothing is retrained
     again = capsys.readouterr().out
     assert note in again
-    assert "4 runs, 4 done, 0 to run" in again and json.loads((out / "recommendation.json").read_text())["ranking"] == \
-        rec["ranking"]
+    assert (
+        "4 runs, 4 done, 0 to run" in again
+        and json.loads((out / "recommendation.json").read_text())["ranking"] == rec["ranking"]
+    )
     assert json.loads((out / "plan.json").read_text())["plan"] == plan  # the first call's plan, reused
     calls = json.loads((out / "plan.json").read_text())["call_minutes"]  # both calls' time, the first's kept
     assert len(calls) == 2 and calls[0] == pytest.approx(rec["minutes"], abs=0.1) and calls[1] < calls[0]
@@ -114,18 +147,22 @@ def _nothing_written(path):
     return not path.exists() or not any(path.iterdir())
 
 
-@pytest.mark.parametrize("more,needle", [
-    (["--budget", "1e-9"], "cannot hold the smallest answer"),
-    (["--candidates", "pre,peri,pre"], "'pre' is given twice; give each placement once"),
-    (["--candidates", "pre;attn=A,mlp=A,final"], "'pre' and 'attn=A,mlp=A,final' are the same placement"),
-    (["--depth", "100000"], "--depth 100000 is deeper than your model (2 layers)"),
-    (["--set", "model.n_layers=1000000"], "--set model.n_layers=... is decided by recommend"),
-    (["--set", "tokenizer=bpe:1000000000"], "--set tokenizer=... is decided by recommend"),
-    (["--set", "data=/no/such/file.txt"], "data path /no/such/file.txt does not exist"),
-    (["--set", "lr=0.1"], "--set lr=... is decided by recommend"),
-])
-def test_bad_input_is_one_line_and_exit_2_before_anything_is_screened_or_written(corpus, tmp_path, capsys, more,
-                                                                                  needle):
+@pytest.mark.parametrize(
+    "more,needle",
+    [
+        (["--budget", "1e-9"], "cannot hold the smallest answer"),
+        (["--candidates", "pre,peri,pre"], "'pre' is given twice; give each placement once"),
+        (["--candidates", "pre;attn=A,mlp=A,final"], "'pre' and 'attn=A,mlp=A,final' are the same placement"),
+        (["--depth", "100000"], "--depth 100000 is deeper than your model (2 layers)"),
+        (["--set", "model.n_layers=1000000"], "--set model.n_layers=... is decided by recommend"),
+        (["--set", "tokenizer=bpe:1000000000"], "--set tokenizer=... is decided by recommend"),
+        (["--set", "data=/no/such/file.txt"], "data path /no/such/file.txt does not exist"),
+        (["--set", "lr=0.1"], "--set lr=... is decided by recommend"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2_before_anything_is_screened_or_written(
+    corpus, tmp_path, capsys, more, needle
+):
     out = tmp_path / "r"
     args = ["recommend", "nano", "--candidates", "pre,peri", "--set", f"data={corpus}", "--out", str(out)]
     if "--candidates" in more:
@@ -158,9 +195,10 @@ def test_no_recommendation_from_nothing(corpus, tmp_path, capsys, monkeypatch):
     recommendation written."""
     from normlab.experiments import runner
 
-    def refuse(root, run_id, threads, gpu=None):  # noqa: ANN001
+    def refuse(root, run_id, threads, gpu=None):
         import subprocess
         import sys
+
         return subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"])
 
     monkeypatch.setattr(runner, "_spawn", refuse)
@@ -190,8 +228,13 @@ def test_two_recommends_on_one_folder_the_second_is_refused_and_the_records_kept
 def test_sweep_deadline_leaves_unstarted_runs_pending_and_stops_running_ones(corpus, tmp_path):
     base = dict(data=str(corpus), size="nano", seq_len=32, batch_size=4, eval_every=0, eval_batches=1, probe_every=0)
     late = SweepConfig(name="late", base={**base, "steps": 5}, grid={"seed": [0, 1]})
-    counts = run_sweep(late, tmp_path / "late", workers=1, log=QUIET,
-                       deadline=Deadline(start_by=time.time() - 1, stop_at=time.time() + 60))
+    counts = run_sweep(
+        late,
+        tmp_path / "late",
+        workers=1,
+        log=QUIET,
+        deadline=Deadline(start_by=time.time() - 1, stop_at=time.time() + 60),
+    )
     assert {k: v for k, v in counts.items() if v} == {"pending": 2}
     long = SweepConfig(name="long", base={**base, "steps": 100_000}, grid={"seed": [0]})
     t0 = time.time()
@@ -210,9 +253,21 @@ def test_settings_recommend_decides_are_refused(tmp_path, capsys, flag):
 def _wide_model(tmp_path):
     """A 2-layer config.json 256 wide: the proxies are 64 wide, the verify stage can go to 128 or 256."""
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({"model_type": "llama", "hidden_size": 256, "num_hidden_layers": 2,
-                                "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 512,
-                                "vocab_size": 256, "hidden_act": "silu", "tie_word_embeddings": True}))
+    path.write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "hidden_size": 256,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 4,
+                "intermediate_size": 512,
+                "vocab_size": 256,
+                "hidden_act": "silu",
+                "tie_word_embeddings": True,
+            }
+        )
+    )
     return path
 
 

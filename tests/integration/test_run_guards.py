@@ -37,13 +37,31 @@ def test_no_command_writes_over_files_it_did_not_write(corpus, tmp_path, capsys,
 
     mine = tmp_path / "project"
     mine.mkdir()
-    user_files = {"sweep.toml": "# my sweep, with comments\nname = 'mine'\n[grid]\nlayout = ['pre']\n",
-                  "summary.md": "my notes", "report.html": "<p>mine</p>", "runs.csv": "a,b\n"}
+    user_files = {
+        "sweep.toml": "# my sweep, with comments\nname = 'mine'\n[grid]\nlayout = ['pre']\n",
+        "summary.md": "my notes",
+        "report.html": "<p>mine</p>",
+        "runs.csv": "a,b\n",
+    }
     for name, text in user_files.items():
         (mine / name).write_text(text)
     monkeypatch.chdir(mine)
-    base = ["--set", f"data={corpus}", "--set", "size=nano", "--set", "steps=2", "--set", "seq_len=16",
-            "--set", "batch_size=4", "--set", "probe_every=0", "--set", "device=cpu"]
+    base = [
+        "--set",
+        f"data={corpus}",
+        "--set",
+        "size=nano",
+        "--set",
+        "steps=2",
+        "--set",
+        "seq_len=16",
+        "--set",
+        "batch_size=4",
+        "--set",
+        "probe_every=0",
+        "--set",
+        "device=cpu",
+    ]
     assert main(["sweep", "sweep.toml", "--out", ".", *base]) == 2
     assert "holds files normlab did not write" in capsys.readouterr().err
     assert main(["sweep", "sweep.toml", "--out", str(tmp_path / "sw"), *base]) == 0  # a new folder: fine
@@ -74,11 +92,47 @@ def test_no_command_writes_over_files_it_did_not_write(corpus, tmp_path, capsys,
 
 def test_a_refused_model_option_leaves_nothing_that_blocks_the_corrected_command(corpus, tmp_path):
     run = tmp_path / "run"
-    assert main(["train", "--data", str(corpus), "--size", "nano", "--steps", "2", "--seq-len", "32",
-                 "--no-progress", "--model", "max_seq_len=8", "--out", str(run)]) == 2
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(corpus),
+                "--size",
+                "nano",
+                "--steps",
+                "2",
+                "--seq-len",
+                "32",
+                "--no-progress",
+                "--model",
+                "max_seq_len=8",
+                "--out",
+                str(run),
+            ]
+        )
+        == 2
+    )
     assert sorted(p.name for p in run.iterdir()) == [".lock"]
-    assert main(["train", "--data", str(corpus), "--size", "nano", "--steps", "2", "--seq-len", "32",
-                 "--no-progress", "--out", str(run)]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(corpus),
+                "--size",
+                "nano",
+                "--steps",
+                "2",
+                "--seq-len",
+                "32",
+                "--no-progress",
+                "--out",
+                str(run),
+            ]
+        )
+        == 0
+    )
 
 
 def test_out_refuses_folders_that_are_not_runs(corpus, tmp_path):
@@ -143,8 +197,9 @@ def test_a_bit_flipped_checkpoint_is_caught_by_its_checksum_and_skipped(corpus, 
     s = train(cut, log=print)
     assert "skipping checkpoint step_00000009.pt" in capsys.readouterr().out
     assert s["status"] == "ok" and losses(cut.run.out) == losses(full.run.out)
-    assert sorted(p.name for p in (Path(cut.run.out) / "checkpoints").iterdir() if p.name.endswith(".sha256")) == \
-        sorted(p.name + ".sha256" for p in list_checkpoints(cut.run.out))  # pruned together
+    assert sorted(
+        p.name for p in (Path(cut.run.out) / "checkpoints").iterdir() if p.name.endswith(".sha256")
+    ) == sorted(p.name + ".sha256" for p in list_checkpoints(cut.run.out))  # pruned together
 
 
 def test_a_kill_during_the_first_config_write_does_not_block_the_run(corpus, tmp_path):
@@ -172,8 +227,14 @@ def test_resume_refuses_any_identity_change(corpus, tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         train(cut)
     restore()
-    for change, name in ((dict(grad_clip=0.01), "grad_clip"), (dict(beta2=0.5), "beta2"), (dict(eps=1e-6), "eps"),
-                         (dict(z_loss=1e-4), "z_loss"), (dict(wd_exclude="norms"), "wd_exclude"), (dict(beta1=0.8), "beta1")):
+    for change, name in (
+        (dict(grad_clip=0.01), "grad_clip"),
+        (dict(beta2=0.5), "beta2"),
+        (dict(eps=1e-6), "eps"),
+        (dict(z_loss=1e-4), "z_loss"),
+        (dict(wd_exclude="norms"), "wd_exclude"),
+        (dict(beta1=0.8), "beta1"),
+    ):
         with pytest.raises(ConfigError, match=f"different settings \\({name}:"):
             train(small(corpus, tmp_path / "r", steps=12, ckpt_every=3, **change))
     # reporting settings are not identity: a resume may change them
@@ -231,10 +292,36 @@ def _workers_of(root: Path) -> list[int]:
 def test_kill_9_of_the_sweep_coordinator_takes_its_workers_and_nothing_runs_twice(corpus, tmp_path):
     root = tmp_path / "sw"
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    cmd = [sys.executable, "-m", "normlab", "sweep", "--grid", "seed=0,1", "--set", "size=nano", "--set", "steps=200",
-           "--set", f"data={corpus}", "--set", "seq_len=32", "--set", "batch_size=8", "--set", "eval_every=0",
-           "--set", "probe_every=0", "--set", "ckpt_every=20", "--workers", "2", "--out", str(root)]
-    def start_then_kill(ready) -> list[int]:  # noqa: ANN001
+    cmd = [
+        sys.executable,
+        "-m",
+        "normlab",
+        "sweep",
+        "--grid",
+        "seed=0,1",
+        "--set",
+        "size=nano",
+        "--set",
+        "steps=200",
+        "--set",
+        f"data={corpus}",
+        "--set",
+        "seq_len=32",
+        "--set",
+        "batch_size=8",
+        "--set",
+        "eval_every=0",
+        "--set",
+        "probe_every=0",
+        "--set",
+        "ckpt_every=20",
+        "--workers",
+        "2",
+        "--out",
+        str(root),
+    ]
+
+    def start_then_kill(ready) -> list[int]:
         coord = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.time() + 60
         while time.time() < deadline and not (len(_workers_of(root)) == 2 and ready()):
@@ -246,7 +333,9 @@ def test_kill_9_of_the_sweep_coordinator_takes_its_workers_and_nothing_runs_twic
         return workers
 
     def alive(pids: list[int]) -> list[int]:
-        return [p for p in pids if Path(f"/proc/{p}").exists() and Path(f"/proc/{p}/stat").read_text().split()[2] != "Z"]
+        return [
+            p for p in pids if Path(f"/proc/{p}").exists() and Path(f"/proc/{p}/stat").read_text().split()[2] != "Z"
+        ]
 
     # 1. killed while its workers are still importing torch: they must not live on
     workers = start_then_kill(lambda: True)

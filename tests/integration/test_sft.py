@@ -12,14 +12,14 @@ import normlab
 from normlab.data import ByteTokenizer, DataError
 from normlab.data.sft import IGNORE, encode_pair, load_sft
 from normlab.model.config import ConfigError
-from normlab.train import TrainConfig, train
 from normlab.runs.checkpoint import list_checkpoints, load_checkpoint
+from normlab.train import TrainConfig, train
 from normlab.train.init_from import load_init_weights
 
 PAIRS = [{"prompt": f"Q: what is {i} plus {i}?\nA: ", "response": f"{2 * i}.\n"} for i in range(40)]
 
 
-def write_jsonl(path, rows):  # noqa: ANN001, ANN201
+def write_jsonl(path, rows):
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     return path
 
@@ -64,8 +64,16 @@ def test_sft_data_errors_name_the_line(tmp_path):
 
 
 def test_pretrain_then_sft_from_the_checkpoint(corpus, tmp_path):
-    common = dict(size="nano", layout="peri", seq_len=48, batch_size=8, eval_every=0, eval_batches=1, probe_every=0,
-                  progress=False)
+    common = dict(
+        size="nano",
+        layout="peri",
+        seq_len=48,
+        batch_size=8,
+        eval_every=0,
+        eval_batches=1,
+        probe_every=0,
+        progress=False,
+    )
     train(TrainConfig.of(data=str(corpus), steps=4, out=str(tmp_path / "pre"), **common))
     pretrained = load_checkpoint(list_checkpoints(tmp_path / "pre")[-1])["model"]
     fresh = normlab.build_model("peri", "nano", seed=5)
@@ -73,11 +81,28 @@ def test_pretrain_then_sft_from_the_checkpoint(corpus, tmp_path):
     for k, v in fresh.state_dict().items():
         assert torch.equal(v, pretrained[k]), k
     data = write_jsonl(tmp_path / "sft.jsonl", PAIRS)
-    s = train(TrainConfig.of(data=str(data), task="sft", init_from=str(tmp_path / "pre"), steps=6, lr=1e-3,
-                          out=str(tmp_path / "sft"), **common))
+    s = train(
+        TrainConfig.of(
+            data=str(data),
+            task="sft",
+            init_from=str(tmp_path / "pre"),
+            steps=6,
+            lr=1e-3,
+            out=str(tmp_path / "sft"),
+            **common,
+        )
+    )
     assert s["status"] == "ok" and s["final_val_loss"] is not None
     cfg = json.loads((tmp_path / "sft" / "config.json").read_text())
     assert "(SFT)" in cfg["data"] and cfg["config"]["model"]["init_from"] == str(tmp_path / "pre")
     with pytest.raises(ConfigError, match="do not fit the model built from this run"):
-        train(TrainConfig.of(data=str(data), task="sft", init_from=str(tmp_path / "pre"), steps=2,
-                          out=str(tmp_path / "bad"), **{**common, "layout": "pre"}))
+        train(
+            TrainConfig.of(
+                data=str(data),
+                task="sft",
+                init_from=str(tmp_path / "pre"),
+                steps=2,
+                out=str(tmp_path / "bad"),
+                **{**common, "layout": "pre"},
+            )
+        )

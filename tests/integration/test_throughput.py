@@ -11,10 +11,10 @@ import torch
 
 from normlab.model import build_model
 from normlab.model.config import ConfigError
+from normlab.runs.start import Start
 from normlab.train import distributed, train
 from normlab.train.mfu import PEAK_TFLOPS, device_model, flops_per_token, peak_flops
 from normlab.train.optim import make_optimizer
-from normlab.runs.start import Start
 from normlab.train.trainer import build_state, speed_summary, train_step
 from tests.helpers import rows, small
 
@@ -187,8 +187,9 @@ def test_gqa_repeats_kv_heads_where_sdpa_would_fall_to_its_math_kernel():
     torch.manual_seed(0)
     q, k, v = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
     fused = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-    repeated = torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1),
-                                                                is_causal=True)
+    repeated = torch.nn.functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), is_causal=True
+    )
     torch.testing.assert_close(fused, repeated)
 
 
@@ -201,4 +202,3 @@ def test_grouped_product_only_where_it_is_one_kernel(monkeypatch):
     for major, chosen in ((8, None), (9, torch.bfloat16), (10, torch.bfloat16), (12, None)):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, m=major: (m, 0))
         assert moe._grouped_dtype(x) == chosen, major
-

@@ -14,12 +14,13 @@ import torch
 
 from normlab.data import TokenData
 from normlab.model.config import ConfigError
+from normlab.runs.checkpoint import list_checkpoints, load_checkpoint
 from normlab.train import TrainConfig, TrainingFailed, train
 from normlab.train import trainer as trainer_mod
-from normlab.runs.checkpoint import list_checkpoints, load_checkpoint
 from normlab.train.monitor import DivergenceMonitor, SpikeDetector
 from normlab.train.optim import lr_at, param_groups
 from tests.helpers import REPO, losses, rows, small
+
 
 def test_same_seed_same_curve(corpus, tmp_path):
     train(small(corpus, tmp_path / "a"))
@@ -34,7 +35,7 @@ def test_same_seed_same_curve(corpus, tmp_path):
 
 def test_a_cpu_run_flushes_subnormal_floats(corpus, tmp_path):
     """Subnormals take the CPU's slow path (a stalled bf16 Post-LN run: 3.6x): a CPU run flushes them to 0."""
-    subnormal = lambda: torch.tensor([1e-39]).mul(1.0).item()  # noqa: E731 - below float32's smallest normal
+    subnormal = lambda: torch.tensor([1e-39]).mul(1.0).item()
     torch.set_flush_denormal(False)
     try:
         assert subnormal() != 0.0
@@ -44,8 +45,7 @@ def test_a_cpu_run_flushes_subnormal_floats(corpus, tmp_path):
         torch.set_flush_denormal(False)
 
 
-@pytest.mark.parametrize("opt", [{}, {"optimizer": "muon", "lr": 0.02, "qk_clip": 0.05}],
-                         ids=["adamw", "muon+qk_clip"])
+@pytest.mark.parametrize("opt", [{}, {"optimizer": "muon", "lr": 0.02, "qk_clip": 0.05}], ids=["adamw", "muon+qk_clip"])
 def test_resume_gives_the_identical_remaining_curve(corpus, tmp_path, monkeypatch, opt):
     full = small(corpus, tmp_path / "full", grad_accum=2, **opt)
     train(full)
@@ -71,13 +71,19 @@ def test_resume_gives_the_identical_remaining_curve(corpus, tmp_path, monkeypatc
         for key in ("loss", "grad_norm", "lr", "tokens", "val_loss"):
             assert ra.get(key) == rb.get(key), (ra["step"], key)
     assert [p.name for p in list_checkpoints(cut.run.out)] == ["step_00000009.pt", "step_00000012.pt"]
-    params = [load_checkpoint(run / "checkpoints" / "step_00000012.pt")["model"] for run in (tmp_path / "full", tmp_path / "cut")]
+    params = [
+        load_checkpoint(run / "checkpoints" / "step_00000012.pt")["model"]
+        for run in (tmp_path / "full", tmp_path / "cut")
+    ]
     assert all(torch.equal(params[0][k], params[1][k]) for k in params[0])  # the weights bit for bit
     if opt:
         assert load_checkpoint(tmp_path / "cut" / "checkpoints" / "step_00000012.pt")["optimizer"]["muon"]["state"]
     if "qk_clip" in opt:
         s = json.loads((tmp_path / "cut" / "summary.json").read_text())
-        assert s["qk_clip"]["interventions"] == json.loads((tmp_path / "full" / "summary.json").read_text())["qk_clip"]["interventions"]
+        assert (
+            s["qk_clip"]["interventions"]
+            == json.loads((tmp_path / "full" / "summary.json").read_text())["qk_clip"]["interventions"]
+        )
         assert s["qk_clip"]["interventions"] > 0  # tau 0.05 is below this model's logits (about 0.1): the clip acted
 
 
@@ -100,8 +106,12 @@ from normlab.runs.checkpoint import save_checkpoint
 import torch
 save_checkpoint({str(run)!r}, 4, {{"model": {{"w": torch.zeros(1000, 1000)}}}}, keep_last=2)
 """
-    proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", child],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+    )
     assert proc.stdout.readline().strip() == "written"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -118,9 +128,35 @@ save_checkpoint({str(run)!r}, 4, {{"model": {{"w": torch.zeros(1000, 1000)}}}}, 
 
 def test_huge_lr_is_recorded_as_diverged_and_exits_cleanly(corpus, tmp_path):
     out = tmp_path / "boom"
-    cmd = [sys.executable, "-m", "normlab", "train", "--data", str(corpus), "--size", "nano", "--layout", "none",
-           "--lr", "1e4", "--grad-clip", "0", "--warmup", "0", "--steps", "30", "--seq-len", "32", "--batch-size", "8",
-           "--out", str(out), "--no-progress", "--diverge-patience", "5"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "normlab",
+        "train",
+        "--data",
+        str(corpus),
+        "--size",
+        "nano",
+        "--layout",
+        "none",
+        "--lr",
+        "1e4",
+        "--grad-clip",
+        "0",
+        "--warmup",
+        "0",
+        "--steps",
+        "30",
+        "--seq-len",
+        "32",
+        "--batch-size",
+        "8",
+        "--out",
+        str(out),
+        "--no-progress",
+        "--diverge-patience",
+        "5",
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
     assert res.returncode == 0, res.stderr
     s = json.loads((out / "summary.json").read_text())
@@ -225,9 +261,35 @@ def test_a_run_that_only_learns_frequencies_is_stalled(tmp_path):
     corpus = tmp_path / "iid.txt"
     corpus.write_text(text)
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "normlab", "train", "--data", str(corpus), "--size", "nano", "--layout", "pre",
-           "--lr", "3e-2", "--steps", "80", "--seq-len", "32", "--batch-size", "8", "--out", str(out),
-           "--no-progress", "--eval-every", "0", "--probe-every", "0", "--device", "cpu"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "normlab",
+        "train",
+        "--data",
+        str(corpus),
+        "--size",
+        "nano",
+        "--layout",
+        "pre",
+        "--lr",
+        "3e-2",
+        "--steps",
+        "80",
+        "--seq-len",
+        "32",
+        "--batch-size",
+        "8",
+        "--out",
+        str(out),
+        "--no-progress",
+        "--eval-every",
+        "0",
+        "--probe-every",
+        "0",
+        "--device",
+        "cpu",
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
     assert res.returncode == 0, res.stderr
     s = json.loads((out / "summary.json").read_text())
@@ -345,22 +407,36 @@ def test_never_overwrites_and_refuses_mismatched_resume(corpus, tmp_path):
     cfg_path = tmp_path / "r" / "config.json"
     saved = json.loads(cfg_path.read_text())
     cfg_path.write_text(json.dumps({**saved, "layout": "attn=AB,mlp=AB,final"}))
-    with pytest.raises(ConfigError, match=r"layout 'peri' = 'attn=AB,mlp=AB,final'; this normlab defines it as "
-                                          r"'attn=AB,mlp=AB,emb,final'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"layout 'peri' = 'attn=AB,mlp=AB,final'; this normlab defines it as "
+        r"'attn=AB,mlp=AB,emb,final'",
+    ):
         train(small(corpus, tmp_path / "r", steps=3))
 
 
 @pytest.mark.parametrize(
     "kw, needle",
-    [(dict(lr=-1.0), "lr must be > 0"), (dict(steps=0), "steps must be > 0, got 0"),
-     (dict(warmup=1.5), "warmup must lie in [0, 1)"), (dict(precision="fp8"), "precision: 'fp8' is not valid; valid: auto, fp32, bf16, fp16"),
-     (dict(batch_size=10, grad_accum=4), "divisible by grad_accum=4"), (dict(wd_exclude="norms,gains"), "unknown ['gains']"),
-     (dict(model={"d_modle": 3}), "did you mean model.d_model"), (dict(lr=float("nan")), "lr: expected a finite number"),
-     (dict(grad_clip=float("inf")), "grad_clip: expected a finite number"), (dict(beta1=1.5), "beta1 must lie in [0, 1)"),
-     (dict(eps=-1.0), "eps must be > 0"), (dict(seed=2**70), "seed must lie in [0, 2^32)"),
-     (dict(steps=True), "steps: expected an integer, got True"), (dict(compile="no"), "compile: expected true or false"),
-     (dict(weight_decay="x"), "weight_decay: expected a number, got 'x'"), (dict(steps=8.0), "steps: expected an integer"),
-     (dict(layout="perri"), "Did you mean peri"), (dict(layout="attn=A,[9:10]mlp=C", size="nano"), "does not fit 2 layers")],
+    [
+        (dict(lr=-1.0), "lr must be > 0"),
+        (dict(steps=0), "steps must be > 0, got 0"),
+        (dict(warmup=1.5), "warmup must lie in [0, 1)"),
+        (dict(precision="fp8"), "precision: 'fp8' is not valid; valid: auto, fp32, bf16, fp16"),
+        (dict(batch_size=10, grad_accum=4), "divisible by grad_accum=4"),
+        (dict(wd_exclude="norms,gains"), "unknown ['gains']"),
+        (dict(model={"d_modle": 3}), "did you mean model.d_model"),
+        (dict(lr=float("nan")), "lr: expected a finite number"),
+        (dict(grad_clip=float("inf")), "grad_clip: expected a finite number"),
+        (dict(beta1=1.5), "beta1 must lie in [0, 1)"),
+        (dict(eps=-1.0), "eps must be > 0"),
+        (dict(seed=2**70), "seed must lie in [0, 2^32)"),
+        (dict(steps=True), "steps: expected an integer, got True"),
+        (dict(compile="no"), "compile: expected true or false"),
+        (dict(weight_decay="x"), "weight_decay: expected a number, got 'x'"),
+        (dict(steps=8.0), "steps: expected an integer"),
+        (dict(layout="perri"), "Did you mean peri"),
+        (dict(layout="attn=A,[9:10]mlp=C", size="nano"), "does not fit 2 layers"),
+    ],
 )
 def test_bad_config_values(kw, needle):
     with pytest.raises(ConfigError) as err:
@@ -371,15 +447,28 @@ def test_bad_config_values(kw, needle):
 def test_config_round_trips_through_command_line_and_toml(tmp_path):
     from normlab.cli import build_parser, train_config_from_args
 
-    cfg = TrainConfig.of(layout="hybrid*", lr=1e-3, min_lr=None, steps=7, compile=True, resume=False,
-                      model={"n_layers": 3, "mlp": "relu"}, diverge_final_loss=4.5)
+    cfg = TrainConfig.of(
+        layout="hybrid*",
+        lr=1e-3,
+        min_lr=None,
+        steps=7,
+        compile=True,
+        resume=False,
+        model={"n_layers": 3, "mlp": "relu"},
+        diverge_final_loss=4.5,
+    )
     args = build_parser().parse_args(["train", *cfg.to_args()])
     assert train_config_from_args(args) == cfg
     toml = tmp_path / "c.toml"
     toml.write_text('layout = "pre"\nlr = 0.002\nsteps = 50\n[model]\nn_layers = 4\n')
     args = build_parser().parse_args(["train", "--config", str(toml), "--steps", "9", "--model", "d_model=64"])
     got = train_config_from_args(args)
-    assert (got.model.layout_label, got.optim.lr, got.optim.steps, got.model.options) == ("pre", 0.002, 9, {"n_layers": 4, "d_model": 64})
+    assert (got.model.layout_label, got.optim.lr, got.optim.steps, got.model.options) == (
+        "pre",
+        0.002,
+        9,
+        {"n_layers": 4, "d_model": 64},
+    )
     from normlab.layout import parse_layout
 
     assert got.model.layout == parse_layout("pre")
@@ -460,8 +549,12 @@ def test_convert_a_pre_run_to_peri_then_train_from_it(corpus, tmp_path, capsys, 
     train(small(corpus, tmp_path / "pre", steps=8, layout="pre"))
     conv = convert(tmp_path / "pre", "peri", tmp_path / "peri0")
     assert conv.new and all("the mean RMS of what it normalizes" in v for v in conv.new.values())  # only norms
-    assert {".".join(k.split(".")[2:4]) for k in conv.new if k.startswith("blocks.")} == {
-        "attn_norms.output", "mlp_norms.output"} and "embed_norm.weight" in conv.new and not conv.dropped
+    assert (
+        {".".join(k.split(".")[2:4]) for k in conv.new if k.startswith("blocks.")}
+        == {"attn_norms.output", "mlp_norms.output"}
+        and "embed_norm.weight" in conv.new
+        and not conv.dropped
+    )
     assert conv.kl > 0 and math.isfinite(conv.kl) and 0 <= conv.top1_agreement <= 1 and conv.tokens > 0
     unit = convert(tmp_path / "pre", "peri", tmp_path / "unit", match_scale=False)
     assert all("gamma = 1" in v for v in unit.new.values()) and unit.kl > conv.kl  # matched scales change less
@@ -484,11 +577,34 @@ def test_convert_a_pre_run_to_peri_then_train_from_it(corpus, tmp_path, capsys, 
     assert "normlab convert: no --out given: the converted weights go to runs/pre-peri" in out
     command = shlex.split(out.split("continue with: ")[1].splitlines()[0])
     assert command[:2] == ["normlab", "train"] and "..." not in command
-    assert command[command.index("--size") + 1] == "nano" and command[command.index("--out") + 1] == "runs/pre-peri-train"
+    assert (
+        command[command.index("--size") + 1] == "nano" and command[command.index("--out") + 1] == "runs/pre-peri-train"
+    )
     assert main(command[1:]) == 0 and "runs/pre-peri-train: ok" in capsys.readouterr().out
     # --init-from without --size: the source's recorded size and layout, not a tiny model's missing keys
-    assert main(["train", "--init-from", "runs/pre-peri", "--data", str(corpus), "--steps", "2", "--seq-len", "32",
-                 "--batch-size", "8", "--eval-every", "0", "--no-progress", "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--init-from",
+                "runs/pre-peri",
+                "--data",
+                str(corpus),
+                "--steps",
+                "2",
+                "--seq-len",
+                "32",
+                "--batch-size",
+                "8",
+                "--eval-every",
+                "0",
+                "--no-progress",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "--init-from runs/pre-peri: its recorded shape (size=nano, layout=attn=AB,mlp=AB,emb,final)" in out
     assert "normlab train: no --out given: the run goes to runs/attn_AB_mlp_AB_emb_final-nano" in out

@@ -43,8 +43,29 @@ def test_a_malicious_checkpoint_is_refused_and_never_executes(corpus, tmp_path, 
         load_checkpoint(bad)
     # through every door: export, --init-from, and resume of a run whose newest checkpoint is evil
     assert main(["export", str(bad), str(tmp_path / "exp")]) == 2
-    assert main(["train", "--data", str(corpus), "--size", "nano", "--steps", "2", "--seq-len", "16",
-                 "--batch-size", "4", "--init-from", str(bad), "--out", str(tmp_path / "ft"), "--no-progress"]) == 2
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(corpus),
+                "--size",
+                "nano",
+                "--steps",
+                "2",
+                "--seq-len",
+                "16",
+                "--batch-size",
+                "4",
+                "--init-from",
+                str(bad),
+                "--out",
+                str(tmp_path / "ft"),
+                "--no-progress",
+            ]
+        )
+        == 2
+    )
     run = tmp_path / "run"
     train(small(corpus, run, steps=3))
     evil_checkpoint(run / "checkpoints" / "step_00000009.pt", marker)
@@ -102,6 +123,7 @@ def test_a_sharded_checkpoint_whose_optimizer_entry_is_a_pickle_payload_is_refus
     optim_sd["param_groups"][0]["lr"] = Evil(marker)  # a float in a real checkpoint
     bad = run / "checkpoints" / "step_00000009.dcp"
     import warnings
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=bad, no_dist=True)
@@ -135,8 +157,9 @@ def test_eval_runs_only_the_model_code_normlab_wrote(tmp_path, capsys):
     assert remote_code(export, trust=True) is True  # the user's explicit decision
     foreign = tmp_path / "foreign"
     foreign.mkdir()
-    (foreign / "config.json").write_text(json.dumps({"model_type": "llama", "auto_map": {
-        "AutoModelForCausalLM": "evil.EvilForCausalLM"}}))
+    (foreign / "config.json").write_text(
+        json.dumps({"model_type": "llama", "auto_map": {"AutoModelForCausalLM": "evil.EvilForCausalLM"}})
+    )
     (foreign / "evil.py").write_text(f"import os; os.system('touch {marker}')\n")
     assert main(["eval", str(foreign), "--limit", "2"]) == 2
     assert "normlab did not write it (evil.py)" in capsys.readouterr().err and not marker.exists()
@@ -158,15 +181,42 @@ def test_scan_and_init_from_never_offer_to_run_a_folders_code(corpus, tmp_path):
     marker = tmp_path / "pwned"
     foreign = tmp_path / "foreign"
     foreign.mkdir()
-    (foreign / "config.json").write_text(json.dumps({"model_type": "evilarch", "auto_map": {
-        "AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilModel"}}))
+    (foreign / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "evilarch",
+                "auto_map": {"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilModel"},
+            }
+        )
+    )
     (foreign / "tokenizer_config.json").write_text(json.dumps({"auto_map": {"AutoTokenizer": ["evil.Tok", None]}}))
     (foreign / "evil.py").write_text(f"import os; os.system('touch {marker}')\n")
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    for argv in (["scan", str(foreign)], ["train", "--data", str(corpus), "--size", "nano", "--steps", "1",
-                                          "--init-from", str(foreign), "--out", str(tmp_path / "o"), "--no-progress"]):
-        res = subprocess.run([sys.executable, "-m", "normlab", *argv], input="y\ny\n", capture_output=True, text=True,
-                             env=env, timeout=120)
+    for argv in (
+        ["scan", str(foreign)],
+        [
+            "train",
+            "--data",
+            str(corpus),
+            "--size",
+            "nano",
+            "--steps",
+            "1",
+            "--init-from",
+            str(foreign),
+            "--out",
+            str(tmp_path / "o"),
+            "--no-progress",
+        ],
+    ):
+        res = subprocess.run(
+            [sys.executable, "-m", "normlab", *argv],
+            input="y\ny\n",
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
         assert res.returncode == 2 and "Do you wish" not in res.stdout + res.stderr, res.stderr[-500:]
         assert len(res.stderr.strip().splitlines()) == 1
     assert not marker.exists()
@@ -177,17 +227,32 @@ def test_run_ids_from_a_store_never_leave_the_sweep(corpus, tmp_path, capsys):
 
     from normlab.experiments.runner import run_sweep
 
-    sweep = SweepConfig(name="t", base={"data": str(corpus), "size": "nano", "seq_len": 16, "batch_size": 4,
-                                        "steps": 2, "eval_every": 0, "eval_batches": 1, "probe_every": 0,
-                                        "device": "cpu"}, grid={"layout": ["pre"]})
+    sweep = SweepConfig(
+        name="t",
+        base={
+            "data": str(corpus),
+            "size": "nano",
+            "seq_len": 16,
+            "batch_size": 4,
+            "steps": 2,
+            "eval_every": 0,
+            "eval_batches": 1,
+            "probe_every": 0,
+            "device": "cpu",
+        },
+        grid={"layout": ["pre"]},
+    )
     root = tmp_path / "sw"
     run_sweep(sweep, root, workers=1, log=lambda *a: None)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     with sqlite3.connect(root / "sweep.db") as con:
         con.execute("update runs set run_id = '../../elsewhere'")
-    for argv in (["summarize", str(root)], ["eval", str(root), "--limit", "2"], ["sweep", str(root / "sweep.toml"),
-                                                                              "--out", str(root)]):
+    for argv in (
+        ["summarize", str(root)],
+        ["eval", str(root), "--limit", "2"],
+        ["sweep", str(root / "sweep.toml"), "--out", str(root)],
+    ):
         assert main(argv) == 2, argv
         assert "invalid run id '../../elsewhere'" in capsys.readouterr().err
     assert list(elsewhere.iterdir()) == []
@@ -199,9 +264,21 @@ def test_crafted_store_rows_are_one_line_errors(corpus, tmp_path, capsys):
 
     from normlab.experiments.runner import run_sweep
 
-    sweep = SweepConfig(name="t", base={"data": str(corpus), "size": "nano", "seq_len": 16, "batch_size": 4,
-                                        "steps": 2, "eval_every": 0, "eval_batches": 1, "probe_every": 0,
-                                        "device": "cpu"}, grid={"layout": ["pre"]})
+    sweep = SweepConfig(
+        name="t",
+        base={
+            "data": str(corpus),
+            "size": "nano",
+            "seq_len": 16,
+            "batch_size": 4,
+            "steps": 2,
+            "eval_every": 0,
+            "eval_batches": 1,
+            "probe_every": 0,
+            "device": "cpu",
+        },
+        grid={"layout": ["pre"]},
+    )
     run_sweep(sweep, tmp_path / "sw", workers=1, log=lambda *a: None)
     for i, change in enumerate(("axes = '\"x\"'", "config = '[1]'", "axes = '{bad'", "status = 'weird'")):
         root = tmp_path / f"c{i}"
@@ -215,6 +292,7 @@ def test_crafted_store_rows_are_one_line_errors(corpus, tmp_path, capsys):
 
 # the third adversarial pass (issue 35)
 
+
 @pytest.fixture(scope="module")
 def llama_folder(tmp_path_factory):
     """A nano Llama folder with a tokenizer, as save_pretrained writes it."""
@@ -222,8 +300,12 @@ def llama_folder(tmp_path_factory):
     from normlab.hf import save_native
     from normlab.hf.tokenizer import to_hf_tokenizer
 
-    return save_native(build_model("pre", "nano", seed=0), tmp_path_factory.mktemp("hf") / "llama", "llama",
-                       to_hf_tokenizer(ByteTokenizer(), 64))
+    return save_native(
+        build_model("pre", "nano", seed=0),
+        tmp_path_factory.mktemp("hf") / "llama",
+        "llama",
+        to_hf_tokenizer(ByteTokenizer(), 64),
+    )
 
 
 def one_line_refusal(argv, needle, capsys, after_work: bool = False) -> None:
@@ -247,9 +329,24 @@ def test_a_pickled_weight_file_is_refused_without_torchs_advice(llama_folder, co
     shutil.copytree(llama_folder, folder)
     (folder / "model.safetensors").unlink()
     torch.save({"model.embed_tokens.weight": torch.zeros(2), "x": Evil(marker)}, folder / "pytorch_model.bin")
-    for argv in (["doctor", folder], ["scan", folder, "--out", tmp_path / "scan"],
-                 ["train", "--data", corpus, "--size", "nano", "--steps", "1", "--no-progress", "--init-from", folder,
-                  "--out", tmp_path / "ft"]):
+    for argv in (
+        ["doctor", folder],
+        ["scan", folder, "--out", tmp_path / "scan"],
+        [
+            "train",
+            "--data",
+            corpus,
+            "--size",
+            "nano",
+            "--steps",
+            "1",
+            "--no-progress",
+            "--init-from",
+            folder,
+            "--out",
+            tmp_path / "ft",
+        ],
+    ):
         one_line_refusal(argv, "posix.system", capsys)
     assert not marker.exists()
 
@@ -260,13 +357,18 @@ def test_the_unsafe_advice_never_reaches_the_last_line_of_defence(monkeypatch, c
 
     import normlab.cli as cli
 
-    def boom(args):  # noqa: ANN001, ANN202
-        raise RuntimeError("Weights only load failed. Re-running `torch.load` with `weights_only` set to `False` will "
-                           "likely succeed, but it can result in arbitrary code execution. Do it only if you got the "
-                           "file from a trusted source. Unsupported global: GLOBAL posix.system")
+    def boom(args):
+        raise RuntimeError(
+            "Weights only load failed. Re-running `torch.load` with `weights_only` set to `False` will "
+            "likely succeed, but it can result in arbitrary code execution. Do it only if you got the "
+            "file from a trusted source. Unsupported global: GLOBAL posix.system"
+        )
 
-    monkeypatch.setattr(cli, "build_parser", lambda: type("P", (), {"parse_args": lambda self, a: argparse.Namespace(
-        func=boom, debug=False)})())
+    monkeypatch.setattr(
+        cli,
+        "build_parser",
+        lambda: type("P", (), {"parse_args": lambda self, a: argparse.Namespace(func=boom, debug=False)})(),
+    )
     assert cli.main([]) == 1
     err = capsys.readouterr().err
     assert "posix.system" in err and "weights_only" not in err and "arbitrary code" not in err
@@ -300,8 +402,9 @@ def test_doctor_never_writes_its_copy_into_a_users_folder(llama_folder, tmp_path
 
 
 @pytest.mark.parametrize("failure", ["safetensors", "oserror"])
-def test_a_full_disk_during_the_fp16_copy_leaves_nothing_half_written(failure, llama_folder, tmp_path, capsys,
-                                                                       monkeypatch):
+def test_a_full_disk_during_the_fp16_copy_leaves_nothing_half_written(
+    failure, llama_folder, tmp_path, capsys, monkeypatch
+):
     """The copy is written into a hidden sibling and moved into place once whole (io.staged_folder): a disk
     that fills while model.safetensors is half written is one line, exit 2; a new folder is not left behind,
     and an earlier complete copy stays as it was."""
@@ -317,7 +420,7 @@ def test_a_full_disk_during_the_fp16_copy_leaves_nothing_half_written(failure, l
     capsys.readouterr()
     real = transformers.modeling_utils.safe_save_file
 
-    def full_disk(tensors, filename, *a, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
+    def full_disk(tensors, filename, *a, **k):
         real(tensors, filename, *a, **k)
         Path(filename).write_bytes(Path(filename).read_bytes()[:100])  # the disk filled mid-file
         if failure == "oserror":
@@ -326,7 +429,9 @@ def test_a_full_disk_during_the_fp16_copy_leaves_nothing_half_written(failure, l
 
     monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", full_disk)
     for out in (tmp_path / "new", copy):
-        one_line_refusal(["doctor", llama_folder, "--fp16-copy", out], "No space left on device", capsys, after_work=True)
+        one_line_refusal(
+            ["doctor", llama_folder, "--fp16-copy", out], "No space left on device", capsys, after_work=True
+        )
     assert not (tmp_path / "new").exists()
     assert {p.name: p.read_bytes() for p in copy.iterdir()} == first
     assert sorted(p.name for p in tmp_path.iterdir()) == ["copy"]  # no staging folder left beside it

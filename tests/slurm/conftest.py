@@ -18,7 +18,7 @@ def _slurm_up() -> str | None:
     return None
 
 
-def pytest_collection_modifyitems(config, items):  # noqa: ANN001, ARG001
+def pytest_collection_modifyitems(config, items):
     why = _slurm_up()
     if why:
         for item in items:

@@ -25,8 +25,18 @@ LEVELS = [
 ]
 RANK = {name: i for i, level in enumerate(LEVELS) for name in level}
 # A run directory's and a sweep folder's files: spelled only in normlab/runs/files.py.
-RUN_FILES = ("metrics.jsonl", "probes.jsonl", "summary.json", "eval.json", "eval_log.txt", "sweep.db", "sweep.toml",
-             "checkpoints", "summary.md", "report.html")
+RUN_FILES = (
+    "metrics.jsonl",
+    "probes.jsonl",
+    "summary.json",
+    "eval.json",
+    "eval_log.txt",
+    "sweep.db",
+    "sweep.toml",
+    "checkpoints",
+    "summary.md",
+    "report.html",
+)
 # config.json is also a transformers folder's file: the Hugging Face side may name that one.
 HF_SIDE = ("hf/", "evaluation/harness.py", "recommend/shape.py")
 
@@ -53,8 +63,11 @@ def _imports(path: Path, root: Path = PACKAGE) -> list[tuple[str, int]]:
             elif module.startswith("normlab."):
                 names = [module]
         elif isinstance(node, ast.Import):  # a bare `import normlab` runs the package's top, the highest level
-            names = [a.name if a.name != "normlab" else "normlab.__init__" for a in node.names
-                     if a.name == "normlab" or a.name.startswith("normlab.")]
+            names = [
+                a.name if a.name != "normlab" else "normlab.__init__"
+                for a in node.names
+                if a.name == "normlab" or a.name.startswith("normlab.")
+            ]
         found += [(name.split(".")[1], node.lineno) for name in names]
     return found
 
@@ -79,8 +92,12 @@ def test_every_unit_has_a_level():
 
 
 def test_no_import_runs_against_the_layering():
-    against = [f"{where}: {src} imports {dst}" for (src, dst), places in _edges().items()
-               for where in places if RANK[dst] > RANK[src]]
+    against = [
+        f"{where}: {src} imports {dst}"
+        for (src, dst), places in _edges().items()
+        for where in places
+        if RANK[dst] > RANK[src]
+    ]
     assert not against, "\n".join(against)
 
 
@@ -120,7 +137,11 @@ def _module_edges() -> dict[str, set[str]]:
                 continue
             for name in names:
                 parts = name.split(".")
-                if parts[:2] == ["normlab", folder] and len(parts) > 2 and (PACKAGE.joinpath(*parts[1:]).with_suffix(".py")).is_file():
+                if (
+                    parts[:2] == ["normlab", folder]
+                    and len(parts) > 2
+                    and (PACKAGE.joinpath(*parts[1:]).with_suffix(".py")).is_file()
+                ):
                     if ".".join(parts[1:]) != me:
                         graph[me].add(".".join(parts[1:]))
     return graph
@@ -147,11 +168,19 @@ def test_no_cycle_inside_a_folder():
 def _literals(path: Path) -> list[tuple[str, int]]:
     """String constants of a module that are not docstrings."""
     tree = ast.parse(path.read_text())
-    docs = {id(n.body[0].value) for n in ast.walk(tree)
-            if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.body
-            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
-    return [(n.value, n.lineno) for n in ast.walk(tree)
-            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs]
+    docs = {
+        id(n.body[0].value)
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        and n.body
+        and isinstance(n.body[0], ast.Expr)
+        and isinstance(n.body[0].value, ast.Constant)
+    }
+    return [
+        (n.value, n.lineno)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
+    ]
 
 
 @pytest.mark.parametrize("name", [*RUN_FILES, "config.json"])

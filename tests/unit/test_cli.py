@@ -43,17 +43,21 @@ def test_help_layouts_and_show_do_not_import_torch():
     import sys
     from pathlib import Path
 
-    code = ("import sys, contextlib, io\nfrom normlab.cli import main\n"
-            "for argv in (['layouts'], ['show', 'hybrid*', '--size', 'kim-3.2b'], ['show', 'peri', '--set', 'layout.h=0.5']):\n"
-            "    with contextlib.redirect_stdout(io.StringIO()):\n        assert main(argv) == 0, argv\n"
-            "assert 'torch' not in sys.modules, 'torch was imported'\nprint('ok')")
+    code = (
+        "import sys, contextlib, io\nfrom normlab.cli import main\n"
+        "for argv in (['layouts'], ['show', 'hybrid*', '--size', 'kim-3.2b'], ['show', 'peri', '--set', 'layout.h=0.5']):\n"
+        "    with contextlib.redirect_stdout(io.StringIO()):\n        assert main(argv) == 0, argv\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\nprint('ok')"
+    )
     src = Path(__file__).resolve().parents[2] / "src"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={"PYTHONPATH": str(src)})
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-1500:]
 
 
-@pytest.mark.parametrize("layout,size,opts", [("hybrid*", "tiny", {}), ("peri,h=0.5", "moe-micro", {}),
-                                              ("deepnorm", "micro", {"n_layers": 4, "mlp": "relu"})])
+@pytest.mark.parametrize(
+    "layout,size,opts",
+    [("hybrid*", "tiny", {}), ("peri,h=0.5", "moe-micro", {}), ("deepnorm", "micro", {"n_layers": 4, "mlp": "relu"})],
+)
 def test_show_prints_what_build_model_reports(layout, size, opts, capsys):
     from normlab.model.describe import describe
 
@@ -65,9 +69,11 @@ def test_show_prints_what_build_model_reports(layout, size, opts, capsys):
 def test_an_unknown_flag_names_the_closest_of_the_commands_own_flags(capsys):
     """difflib over the command's flags and the words of their help (--learning-rate: lr's "peak learning rate"),
     and the command's own help, not the top level's; exit status 2."""
-    for argv, said in ((["train", "--learning-rate", "3e-3"], "unrecognized arguments: --learning-rate 3e-3 (did you mean --lr?)"),
-                       (["convert", "run", "--layot", "peri"], "unrecognized arguments: --layot peri (did you mean --layout?)"),
-                       (["report", "r", "--bogus"], "unrecognized arguments: --bogus (see normlab report --help)")):
+    for argv, said in (
+        (["train", "--learning-rate", "3e-3"], "unrecognized arguments: --learning-rate 3e-3 (did you mean --lr?)"),
+        (["convert", "run", "--layot", "peri"], "unrecognized arguments: --layot peri (did you mean --layout?)"),
+        (["report", "r", "--bogus"], "unrecognized arguments: --bogus (see normlab report --help)"),
+    ):
         with pytest.raises(SystemExit) as exit_:
             main(argv)
         err = capsys.readouterr().err

@@ -19,26 +19,81 @@ from normlab.model.config import SIZES, ModelConfig
 # base={"size": "nano", "steps": 3, "model.n_layers": 1}, grid={"layout": ["pre", "peri,h=0.5"], "lr": [1e-3]})`,
 # each RunSpec's config and run id printed with json.dumps(sort_keys=True)).
 FLAT = {
-    "activation_checkpointing": False, "activation_dtype": "auto", "batch_size": 32, "beta1": 0.9, "beta2": 0.95,
-    "ckpt_every": 0, "compile": None, "data": "shakespeare", "device": "auto", "diverge_final_loss": None,
-    "diverge_patience": 50, "eps": 1e-08, "eval_batches": 8, "eval_every": 100, "fsdp": False, "grad_accum": 1,
-    "grad_clip": 1.0, "init_from": None, "keep_last": 1, "keep_optimizer": False, "layer_stats": True, "layout": "pre",
-    "loss_chunk": 4096, "loss_scale_init": 65536.0, "lr": 0.001, "max_overflow_streak": 20, "max_skipped": 0.1,
-    "min_loss_scale": 1.0, "min_lr": None, "model": {"n_layers": 1}, "momentum": 0.9, "muon_adamw_lr": None,
-    "muon_adjust_lr": "match_rms_adamw", "muon_momentum": 0.95, "muon_nesterov": True, "muon_ns_steps": 5,
-    "muon_weight_decay": None, "on_nonfinite": "stop", "on_spike": "count", "optimizer": "adamw", "precision": "auto",
-    "probe_batch": 8, "probe_every": 100, "prompt_field": "prompt", "qk_clip": None, "response_field": "response",
-    "resume": True, "seed": 0, "seq_len": 128, "size": "nano", "spike_sigmas": 6.0, "spike_window": 128,
-    "stall_margin": 0.05, "steps": 3, "task": "lm", "tensorboard": False, "text_field": "text", "tf32": True,
-    "token_dtype": "uint16", "tokenizer": "bytes", "val_fraction": 0.1, "vocab_size": None, "wandb": False,
-    "warmup": 0.1, "wd_exclude": "norms,biases,embeddings", "weight_decay": 0.1, "z_loss": 0.0,
+    "activation_checkpointing": False,
+    "activation_dtype": "auto",
+    "batch_size": 32,
+    "beta1": 0.9,
+    "beta2": 0.95,
+    "ckpt_every": 0,
+    "compile": None,
+    "data": "shakespeare",
+    "device": "auto",
+    "diverge_final_loss": None,
+    "diverge_patience": 50,
+    "eps": 1e-08,
+    "eval_batches": 8,
+    "eval_every": 100,
+    "fsdp": False,
+    "grad_accum": 1,
+    "grad_clip": 1.0,
+    "init_from": None,
+    "keep_last": 1,
+    "keep_optimizer": False,
+    "layer_stats": True,
+    "layout": "pre",
+    "loss_chunk": 4096,
+    "loss_scale_init": 65536.0,
+    "lr": 0.001,
+    "max_overflow_streak": 20,
+    "max_skipped": 0.1,
+    "min_loss_scale": 1.0,
+    "min_lr": None,
+    "model": {"n_layers": 1},
+    "momentum": 0.9,
+    "muon_adamw_lr": None,
+    "muon_adjust_lr": "match_rms_adamw",
+    "muon_momentum": 0.95,
+    "muon_nesterov": True,
+    "muon_ns_steps": 5,
+    "muon_weight_decay": None,
+    "on_nonfinite": "stop",
+    "on_spike": "count",
+    "optimizer": "adamw",
+    "precision": "auto",
+    "probe_batch": 8,
+    "probe_every": 100,
+    "prompt_field": "prompt",
+    "qk_clip": None,
+    "response_field": "response",
+    "resume": True,
+    "seed": 0,
+    "seq_len": 128,
+    "size": "nano",
+    "spike_sigmas": 6.0,
+    "spike_window": 128,
+    "stall_margin": 0.05,
+    "steps": 3,
+    "task": "lm",
+    "tensorboard": False,
+    "text_field": "text",
+    "tf32": True,
+    "token_dtype": "uint16",
+    "tokenizer": "bytes",
+    "val_fraction": 0.1,
+    "vocab_size": None,
+    "wandb": False,
+    "warmup": 0.1,
+    "wd_exclude": "norms,biases,embeddings",
+    "weight_decay": 0.1,
+    "z_loss": 0.0,
 }
 OLD_IDS = {"pre": "pre_lr0.001-054b690f", "peri,h=0.5": "peri-h-0.5_lr0.001-4dca754b"}
 
 
 def _expected(layout: str = "pre") -> TrainConfig:
-    return TrainConfig.of(size="nano", steps=3, lr=1e-3, layout=layout, keep_last=1, keep_optimizer=False,
-                          **{"model.n_layers": 1})
+    return TrainConfig.of(
+        size="nano", steps=3, lr=1e-3, layout=layout, keep_last=1, keep_optimizer=False, **{"model.n_layers": 1}
+    )
 
 
 def test_the_tree_holds_a_model_config_and_a_layout_built_once():
@@ -91,13 +146,16 @@ def test_an_old_sweep_db_is_read_with_the_ids_it_had(tmp_path):
     SweepStore(db).rows()  # the schema
     with sqlite3.connect(db) as con:
         for i, (layout, rid) in enumerate(OLD_IDS.items()):
-            con.execute("insert into runs (run_id, idx, axes, config) values (?, ?, ?, ?)",
-                        (rid, i, json.dumps({"layout": layout, "lr": 1e-3}), json.dumps({**FLAT, "layout": layout})))
+            con.execute(
+                "insert into runs (run_id, idx, axes, config) values (?, ?, ?, ?)",
+                (rid, i, json.dumps({"layout": layout, "lr": 1e-3}), json.dumps({**FLAT, "layout": layout})),
+            )
     rows = SweepStore(db).rows()
     assert [r["config"] for r in rows] == [_expected(layout) for layout in OLD_IDS]
     assert [run_id(r["axes"], r["config"]) for r in rows] == list(OLD_IDS.values())
-    sweep = SweepConfig(name="old", base={"size": "nano", "steps": 3, "model.n_layers": 1},
-                        grid={"layout": list(OLD_IDS), "lr": [1e-3]})
+    sweep = SweepConfig(
+        name="old", base={"size": "nano", "steps": 3, "model.n_layers": 1}, grid={"layout": list(OLD_IDS), "lr": [1e-3]}
+    )
     assert [s.run_id for s in sweep.expand()] == list(OLD_IDS.values())
 
 
@@ -114,8 +172,11 @@ def test_a_sweep_resolves_each_layout_once(monkeypatch, tmp_path):
     resolve_layout.cache_clear()
     TrainConfig()  # the defaults (peri at tiny's depth): resolved once, as any layout
     calls.clear()
-    sweep = SweepConfig(name="count", base={"size": "nano", "steps": 3},
-                        grid={"layout": ["pre", "post,h=0.5"], "lr": [1e-3, 3e-3, 1e-2], "seed": [0, 1]})
+    sweep = SweepConfig(
+        name="count",
+        base={"size": "nano", "steps": 3},
+        grid={"layout": ["pre", "post,h=0.5"], "lr": [1e-3, 3e-3, 1e-2], "seed": [0, 1]},
+    )
     specs = sweep.expand()
     store = SweepStore(tmp_path / "sweep.db")
     store.add(specs)

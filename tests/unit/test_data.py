@@ -59,11 +59,16 @@ def test_every_tokenizer_has_an_end_of_text_token(corpus, tmp_path):
         b.encode("ab\x00c")
     bpe = load_data(str(corpus), "bpe:300").tokenizer
     assert (bpe.eos_id, bpe.eos_token, bpe.vocab_size) == (0, "<|endoftext|>", 300)
-    assert bpe.encode("The fox<|endoftext|>") [-1] == 0
+    assert bpe.encode("The fox<|endoftext|>")[-1] == 0
     # a local tokenizer.json: its own end-of-text if it has one, else <|endoftext|> appended
     for special, want_id in (["</s>"], 0), ([], 4):
-        raw = Tokenizer(models.WordLevel({"a": len(special), "b": len(special) + 1, "c": len(special) + 2,
-                                          "d": len(special) + 3} | {t: i for i, t in enumerate(special)}, unk_token="a"))
+        raw = Tokenizer(
+            models.WordLevel(
+                {"a": len(special), "b": len(special) + 1, "c": len(special) + 2, "d": len(special) + 3}
+                | {t: i for i, t in enumerate(special)},
+                unk_token="a",
+            )
+        )
         raw.pre_tokenizer = pre_tokenizers.Whitespace()
         if special:
             raw.add_special_tokens(special)
@@ -87,7 +92,11 @@ def test_bin_tokens(tmp_path):
 
 def test_bpe_trained_and_cached(corpus):
     d = load_data(str(corpus), "bpe:300")
-    assert d.vocab_size == 300 and d.tokenizer.decode(d.train[:30].tolist()) == corpus.read_text()[: len(d.tokenizer.decode(d.train[:30].tolist()))]
+    assert (
+        d.vocab_size == 300
+        and d.tokenizer.decode(d.train[:30].tolist())
+        == corpus.read_text()[: len(d.tokenizer.decode(d.train[:30].tolist()))]
+    )
     assert len(d.train) + len(d.val) < len(corpus.read_bytes()) / 1.5  # merges compress
     again = load_data(str(corpus), "bpe:300")
     assert np.array_equal(again.train, d.train)
@@ -95,8 +104,12 @@ def test_bpe_trained_and_cached(corpus):
 
 @pytest.mark.parametrize(
     "content, needle",
-    [(b"", "is empty"), (b"   \n", "is empty"), (b"text\x00\x01\x02junk", "looks binary (a NUL byte at offset 4)"),
-     (b"caf\xe9 au lait", "not UTF-8 text (invalid byte at offset 3)")],
+    [
+        (b"", "is empty"),
+        (b"   \n", "is empty"),
+        (b"text\x00\x01\x02junk", "looks binary (a NUL byte at offset 4)"),
+        (b"caf\xe9 au lait", "not UTF-8 text (invalid byte at offset 3)"),
+    ],
 )
 def test_bad_text_is_explained(tmp_path, content, needle):
     p = tmp_path / "bad.txt"
@@ -142,7 +155,7 @@ def test_data_prepare_writes_the_document_stream_with_a_held_out_split(tmp_path)
     eos = ByteTokenizer().eos_id
     train = np.fromfile(tmp_path / "out" / "train.bin", dtype=np.uint16).tolist()
     val = np.fromfile(tmp_path / "out" / "val.bin", dtype=np.uint16).tolist()
-    join = lambda ds: sum(([eos] * bool(i) + list(d.encode()) for i, d in enumerate(ds)), [])  # noqa: E731
+    join = lambda ds: sum(([eos] * bool(i) + list(d.encode()) for i, d in enumerate(ds)), [])
     assert train == join(docs[:8]) and val == join(docs[8:])  # whole documents held out
     assert meta["train"] == {"documents": 8, "tokens": len(train), "sha256": meta["train"]["sha256"]}
     assert (meta["eos_id"], meta["vocab_size"], meta["dtype"]) == (0, 256, "uint16")
@@ -180,6 +193,7 @@ def test_data_prepare_reads_a_local_datasets_folder(tmp_path):
 
 # --- the English corpus (normlab.data.english), assembled from a local Debian mirror -------------
 
+
 def _deb(files: dict[str, bytes]) -> bytes:
     """A .deb as Debian writes it: an ar archive of debian-binary, control.tar.xz, data.tar.xz."""
     import io
@@ -194,7 +208,11 @@ def _deb(files: dict[str, bytes]) -> bytes:
     members = [("debian-binary", b"2.0\n"), ("control.tar.xz", b"x" * 3), ("data.tar.xz", buf.getvalue())]
     out = b"!<arch>\n"
     for name, data in members:
-        out += f"{name:<16}{0:<12}{0:<6}{0:<6}{100644:<8}{len(data):<10}`\n".encode() + data + (b"\n" if len(data) % 2 else b"")
+        out += (
+            f"{name:<16}{0:<12}{0:<6}{0:<6}{100644:<8}{len(data):<10}`\n".encode()
+            + data
+            + (b"\n" if len(data) % 2 else b"")
+        )
     return out
 
 
@@ -223,29 +241,51 @@ def test_english_corpus_from_a_mirror_with_checksums_and_version_drift(tmp_path,
 
     from normlab.data import english
 
-    gcide = "".join(f"Word{i} \\Word\\, n.\n   A definition of word {i}, long enough.\n   [1913 Webster]\n\n"
-                    for i in range(400)).encode()
-    docs_deb = _deb({"usr/share/doc/x/Documentation/a.rst.gz": __import__("gzip").compress(b"Alpha doc.\n"),
-                     "usr/share/doc/x/Documentation/translations/zh/a.rst.gz": __import__("gzip").compress(b"no"),
-                     "usr/share/doc/x/Documentation/b.rst.gz": __import__("gzip").compress(b"Beta doc.\n")})
+    gcide = "".join(
+        f"Word{i} \\Word\\, n.\n   A definition of word {i}, long enough.\n   [1913 Webster]\n\n" for i in range(400)
+    ).encode()
+    docs_deb = _deb(
+        {
+            "usr/share/doc/x/Documentation/a.rst.gz": __import__("gzip").compress(b"Alpha doc.\n"),
+            "usr/share/doc/x/Documentation/translations/zh/a.rst.gz": __import__("gzip").compress(b"no"),
+            "usr/share/doc/x/Documentation/b.rst.gz": __import__("gzip").compress(b"Beta doc.\n"),
+        }
+    )
     dict_deb = _deb({"usr/share/dictd/gcide.dict.dz": __import__("gzip").compress(gcide)})
     mirror = tmp_path / "mirror"
     (mirror / "pool").mkdir(parents=True)
     (mirror / "pool" / "dict_1_all.deb").write_bytes(dict_deb)
     (mirror / "pool" / "docs_2_all.deb").write_bytes(docs_deb)  # the pinned docs_1 is gone: version 2 is current
-    index = (f"Package: docs\nVersion: 2\nFilename: pool/docs_2_all.deb\nSHA256: {hashlib.sha256(docs_deb).hexdigest()}\n\n"
-             "Package: other\nVersion: 9\n")
+    index = (
+        f"Package: docs\nVersion: 2\nFilename: pool/docs_2_all.deb\nSHA256: {hashlib.sha256(docs_deb).hexdigest()}\n\n"
+        "Package: other\nVersion: 9\n"
+    )
     (mirror / "dists/bookworm/main/binary-all").mkdir(parents=True)
     (mirror / english.DEBIAN_INDEX).write_bytes(lzma.compress(index.encode()))
     monkeypatch.setenv("NORMLAB_DEBIAN_MIRROR", mirror.as_uri())
     monkeypatch.setenv("NORMLAB_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(english, "DOC_BYTES", 2000)
     sources = (
-        english.DebianSource("gcide", "dict", "1", "pool/dict_1_all.deb", hashlib.sha256(dict_deb).hexdigest(),
-                             "GPL-3+", "dictionary", english._dictionary("/gcide.dict.dz")),
-        english.DebianSource("docs", "docs", "1", "pool/docs_1_all.deb", "0" * 64, "GPL-2.0", "docs",
-                             english._files(lambda n: "/Documentation/" in n and n.endswith(".rst.gz")
-                                            and "/translations/" not in n)),
+        english.DebianSource(
+            "gcide",
+            "dict",
+            "1",
+            "pool/dict_1_all.deb",
+            hashlib.sha256(dict_deb).hexdigest(),
+            "GPL-3+",
+            "dictionary",
+            english._dictionary("/gcide.dict.dz"),
+        ),
+        english.DebianSource(
+            "docs",
+            "docs",
+            "1",
+            "pool/docs_1_all.deb",
+            "0" * 64,
+            "GPL-2.0",
+            "docs",
+            english._files(lambda n: "/Documentation/" in n and n.endswith(".rst.gz") and "/translations/" not in n),
+        ),
     )
     monkeypatch.setattr(english, "DEBIAN_SOURCES", sources)
     monkeypatch.setattr(english, "shakespeare_texts", lambda: [("a_gut.txt", b"To be."), ("b_gut.txt", b"Or not.")])

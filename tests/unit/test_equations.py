@@ -36,8 +36,18 @@ def randomize_norms(model: torch.nn.Module, seed: int = 1) -> None:
                 if getattr(m, "alpha", None) is not None:  # DyT's scalar, away from its initial 0.5
                     m.alpha.copy_(0.5 + 0.5 * torch.rand(m.alpha.shape, generator=g))
             # learned residual steps (off 0), Admin's omegas and head scales (off 1)
-            for name in ("attn_h", "mlp_h", "attn_omega", "mlp_omega", "head_scale", "sinks", "attn_skip", "mlp_skip",
-                         "attn_gpas", "mlp_gpas"):
+            for name in (
+                "attn_h",
+                "mlp_h",
+                "attn_omega",
+                "mlp_omega",
+                "head_scale",
+                "sinks",
+                "attn_skip",
+                "mlp_skip",
+                "attn_gpas",
+                "mlp_gpas",
+            ):
                 step = getattr(m, name, None)
                 if isinstance(step, torch.nn.Parameter):
                     step.copy_(0.5 + torch.rand(step.shape, generator=g))
@@ -50,7 +60,7 @@ def randomize_norms(model: torch.nn.Module, seed: int = 1) -> None:
                     p.add_(0.3 * torch.randn(p.shape, generator=g))
 
 
-def assert_blocks_follow(model: torch.nn.Module, equation) -> None:  # noqa: ANN001
+def assert_blocks_follow(model: torch.nn.Module, equation) -> None:
     """Norms moved off their init, then every block equals ``equation`` by hand on one input (float64)."""
     randomize_norms(model)
     x = torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(0), dtype=DT)
@@ -60,6 +70,7 @@ def assert_blocks_follow(model: torch.nn.Module, equation) -> None:  # noqa: ANN
 
 
 # --- the equations, one function per form: (block, x, layer index, n_layers) -> block output ---
+
 
 def A(b, x, inner="", span="head", qk_after_rope=False, weights=None):
     return mha(b.attn, x, inner, span, qk_after_rope=qk_after_rope, weights=weights)
@@ -204,8 +215,8 @@ def _mhc_weights(c, H):  # Xie et al. 2025 eqs. 7-8: from x~ = RMSNorm(vec(H)) (
     n = H.shape[-2]
     v = H.flatten(-2)
     v = v / torch.sqrt(v.pow(2).mean(-1, keepdim=True) + 1e-6)
-    phi_pre, phi_post, phi_res = c.phi[:, :n], c.phi[:, n:2 * n], c.phi[:, 2 * n:]
-    b_pre, b_post, b_res = c.bias[:n], c.bias[n:2 * n], c.bias[2 * n:].reshape(n, n)
+    phi_pre, phi_post, phi_res = c.phi[:, :n], c.phi[:, n : 2 * n], c.phi[:, 2 * n :]
+    b_pre, b_post, b_res = c.bias[:n], c.bias[n : 2 * n], c.bias[2 * n :].reshape(n, n)
     pre = torch.sigmoid(c.gates[0] * (v @ phi_pre) + b_pre)
     post = 2 * torch.sigmoid(c.gates[1] * (v @ phi_post) + b_post)
     res = _sinkhorn_by_hand(torch.exp(c.gates[2] * (v @ phi_res).unflatten(-1, (n, n)) + b_res))
@@ -215,8 +226,10 @@ def _mhc_weights(c, H):  # Xie et al. 2025 eqs. 7-8: from x~ = RMSNorm(vec(H)) (
 def hyper(b, x, mix):  # Pre-LN sublayers connected by HC (x' = A_r^T H + B^T F(A_m^T H)) or mHC (H_res, H_post, H_pre)
     n = b.attn_hc.n
     H = x.unflatten(-1, (n, -1))
-    for conn, norm, f in ((b.attn_hc, b.attn_norms.input, lambda u: A(b, u)),
-                          (b.mlp_hc, b.mlp_norms.input, lambda u: F(b, u))):
+    for conn, norm, f in (
+        (b.attn_hc, b.attn_norms.input, lambda u: A(b, u)),
+        (b.mlp_hc, b.mlp_norms.input, lambda u: F(b, u)),
+    ):
         if mix == "hc":
             Am, Ar, B = _hc_weights(conn, H)
             out = f(N(norm, torch.einsum("btj,btjd->btd", Am, H)))
@@ -239,9 +252,13 @@ def ngpt(b, x):  # Loshchilov et al. 2024: h <- Norm(h + a_A (Norm(Attn(h)) - h)
     H, hd = at.n_heads, at.head_dim
 
     def attention(h):  # eqs. 15-16: q = s_qk Norm(RoPE(W_q h)), k likewise; softmax(q k^T sqrt(d_k)) v W_o
-        heads = lambda w: (h @ w.T).view(B, T, H, hd).transpose(1, 2)  # noqa: E731
+        heads = lambda w: (h @ w.T).view(B, T, H, hd).transpose(1, 2)
         s_qk = (at.sqk * math.sqrt(d)).view(1, H, 1, hd)
-        q, k, v = s_qk * _unit(rope(heads(at.q_proj.weight), 10_000.0)), s_qk * _unit(rope(heads(at.k_proj.weight), 10_000.0)), heads(at.v_proj.weight)
+        q, k, v = (
+            s_qk * _unit(rope(heads(at.q_proj.weight), 10_000.0)),
+            s_qk * _unit(rope(heads(at.k_proj.weight), 10_000.0)),
+            heads(at.v_proj.weight),
+        )
         logits = (q @ k.transpose(-1, -2)) * math.sqrt(hd)
         mask = torch.ones(T, T, dtype=torch.bool).tril()
         p = torch.softmax(logits.masked_fill(~mask, float("-inf")), dim=-1)
@@ -349,8 +366,9 @@ def test_every_preset_has_an_equation():
 def test_block_matches_paper_equation(name):
     # 8 layers so Mix-LN has floor(0.25 * 8) = 2 Post-LN layers and HybridNorm* a distinct first block.
     # nGPT's s_qk scales q and k alike: one key head per query head
-    model = normlab.build_model(name, "nano", seed=0, n_layers=8, n_kv_heads=2 if PRESETS[name].layout.ngpt else 1,
-                                d_model=32, n_heads=2)
+    model = normlab.build_model(
+        name, "nano", seed=0, n_layers=8, n_kv_heads=2 if PRESETS[name].layout.ngpt else 1, d_model=32, n_heads=2
+    )
     model.double()
     randomize_norms(model)
     # n residual streams (hyper-connections) enter a block side by side: (B, T, n * d)
@@ -399,8 +417,13 @@ def test_every_norm_kind_at_every_site_matches_its_formula(kind):
     model-level norms, each against the kind's formula written out in tests/reference.py."""
     model = normlab.build_model(f"peri+qk,norm={kind}", "nano", seed=0, n_kv_heads=1, d_model=32, n_heads=2).double()
     assert_blocks_follow(model, peri_with("qk"))
-    sizes = {"dyt": 2 * 32 + 1, "derf": 2 * 32 + 2, "scale": 1, "l2": 0,  # gamma, beta, alpha (Derf: + s) / g / -
-             "seednorm": 3 * 32}  # SeeDNorm: gamma, alpha, beta
+    sizes = {
+        "dyt": 2 * 32 + 1,
+        "derf": 2 * 32 + 2,
+        "scale": 1,
+        "l2": 0,  # gamma, beta, alpha (Derf: + s) / g / -
+        "seednorm": 3 * 32,
+    }  # SeeDNorm: gamma, alpha, beta
     assert sum(p.numel() for p in model.blocks[0].attn_norms.input.parameters()) == sizes[kind]
 
 
@@ -414,18 +437,34 @@ def test_dyt_bounds_its_output_whatever_the_input_scale():
         d.bias.uniform_(-1, 1)
     x = 1e4 * torch.randn(3, 16, dtype=DT)
     assert (d(x).abs() <= d.weight.abs() + d.bias.abs() + 1e-12).all()
-    assert d.alpha.item() == 0.5 and normlab.build_model("pre-dyt", "nano", dyt_alpha=2.0).final_norm.alpha.item() == 2.0
+    assert (
+        d.alpha.item() == 0.5 and normlab.build_model("pre-dyt", "nano", dyt_alpha=2.0).final_norm.alpha.item() == 2.0
+    )
 
 
-@pytest.mark.parametrize("kind,gain", [("rms", "centered"), ("rms", "none"), ("layer", "centered"), ("layer", "none"),
-                                       ("dyt", "centered"), ("dyt", "none"), ("derf", "centered"), ("rms", "scalar"),
-                                       ("layer", "scalar"), ("dyt", "scalar"), ("derf", "scalar")])
+@pytest.mark.parametrize(
+    "kind,gain",
+    [
+        ("rms", "centered"),
+        ("rms", "none"),
+        ("layer", "centered"),
+        ("layer", "none"),
+        ("dyt", "centered"),
+        ("dyt", "none"),
+        ("derf", "centered"),
+        ("rms", "scalar"),
+        ("layer", "scalar"),
+        ("dyt", "scalar"),
+        ("derf", "scalar"),
+    ],
+)
 def test_gains_at_every_site_match_their_formula(kind, gain):
     """gain=none drops gamma (LayerNorm its beta too); gain=centered stores w from 0 and applies 1 + w
     (weight decay then pulls the gain toward 1); gain=scalar is one learned number from 1 for every channel
     (single-scale RMSNorm; LayerNorm without beta): Peri-LN with QK-norm against the formulas by hand."""
-    model = normlab.build_model(f"peri+qk,norm={kind},gain={gain}", "nano", seed=0, n_kv_heads=1, d_model=32,
-                                n_heads=2).double()
+    model = normlab.build_model(
+        f"peri+qk,norm={kind},gain={gain}", "nano", seed=0, n_kv_heads=1, d_model=32, n_heads=2
+    ).double()
     norm = model.blocks[0].attn_norms.input
     start = {"centered": 0.0, "scalar": 1.0}.get(gain)  # centered: w starts at 0; scalar: s at 1
     assert (norm.weight is None) if gain == "none" else bool((norm.weight == start).all())
@@ -460,12 +499,13 @@ def test_derf_is_gamma_erf_of_alpha_x_plus_s_plus_beta():
         d.weight.copy_(torch.tensor([1.5, -0.5, 2.0, 1.0], dtype=DT))
         d.bias.copy_(torch.tensor([0.1, 0.0, -0.2, 0.3], dtype=DT))
     x = torch.tensor([[0.0, 1.0, -2.0, 0.5]], dtype=DT)
-    expected = [[g * math.erf(0.8 * v - 0.3) + b for v, g, b in zip(row, (1.5, -0.5, 2.0, 1.0), (0.1, 0.0, -0.2, 0.3))]
-                for row in x.tolist()]
+    expected = [
+        [g * math.erf(0.8 * v - 0.3) + b for v, g, b in zip(row, (1.5, -0.5, 2.0, 1.0), (0.1, 0.0, -0.2, 0.3))]
+        for row in x.tolist()
+    ]
     torch.testing.assert_close(d(x), torch.tensor(expected, dtype=DT), rtol=1e-12, atol=1e-12)
     big = 1e4 * torch.randn(3, 4, dtype=DT)
     assert (d(big).abs() <= d.weight.abs() + d.bias.abs() + 1e-12).all()
-
 
 
 def test_per_site_kinds_hold_their_own_norm_and_match_the_equation():
@@ -514,8 +554,10 @@ def test_admin_profiles_omega_as_liu_et_al():
     with torch.no_grad():
         x = model.embed.weight[tokens]
         for b in model.blocks:
-            for f, norm, omega in ((lambda u: A(b, u), b.attn_norms.after_add, b.attn_omega),
-                                   (lambda u: F(b, u), b.mlp_norms.after_add, b.mlp_omega)):
+            for f, norm, omega in (
+                (lambda u: A(b, u), b.attn_norms.after_add, b.attn_omega),
+                (lambda u: F(b, u), b.mlp_norms.after_add, b.mlp_omega),
+            ):
                 expected.append(ratio)
                 torch.testing.assert_close(omega, torch.full_like(omega, ratio), rtol=1e-9, atol=0)  # a learned vector
                 update = f(x)
@@ -525,15 +567,16 @@ def test_admin_profiles_omega_as_liu_et_al():
     assert model.blocks[0].attn_omega.requires_grad
 
 
-def _sink(a):  # noqa: ANN001, ANN202 - a sink logit per head (H,) or 0
-    def weights(logits, mask):  # noqa: ANN001, ANN202
+def _sink(a):
+    def weights(logits, mask):
         """exp(l_ij) / (exp(a_h) + sum_{j <= i} exp(l_ij))  (GPT-OSS; a = 0: Miller's softmax_1)"""
         e = torch.exp(logits) * mask
         return e / (torch.exp(torch.as_tensor(a, dtype=DT)).reshape(-1, 1, 1) + e.sum(-1, keepdim=True))
+
     return weights
 
 
-def _softpick(logits, mask):  # noqa: ANN001, ANN202
+def _softpick(logits, mask):
     """ReLU(e^l - 1) / sum_{j <= i} |e^l - 1|  (Zuhri et al. 2025, eq. 2)"""
     e = (torch.exp(logits) - 1) * mask
     return torch.relu(e) / e.abs().sum(-1, keepdim=True)
@@ -545,7 +588,9 @@ def test_attention_softmax_variants_follow_their_formulas(kind):
     randomize_norms(model)  # QK-norm gains off 1 (logits of both signs and sizes), the sinks off 0
     b = model.blocks[0]
     x = torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(0), dtype=DT)
-    weights = {"sink": lambda: _sink(b.attn.sinks), "off-by-one": lambda: _sink(0.0), "softpick": lambda: _softpick}[kind]()
+    weights = {"sink": lambda: _sink(b.attn.sinks), "off-by-one": lambda: _sink(0.0), "softpick": lambda: _softpick}[
+        kind
+    ]()
     with torch.no_grad():
         torch.testing.assert_close(b.attn(x), A(b, x, "qk", weights=weights), rtol=1e-6, atol=1e-8)
         assert (b.attn(x) - A(b, x, "qk")).abs().max() > 1e-3  # not the softmax
@@ -576,7 +621,7 @@ def test_gpas_scales_the_stream_but_not_its_gradient():
     dsilu = sig * (1 + a * (1 - sig))
     torch.testing.assert_close(block.mlp_gpas.grad, (-dsilu * (w * z).sum()).reshape(1))
     # the gradient reaching x equals the gradient of <w, z> with no scaling at all
-    gx, = torch.autograd.grad((z * w).sum(), x)
+    (gx,) = torch.autograd.grad((z * w).sum(), x)
     torch.testing.assert_close(x.grad, gx)
 
 
@@ -671,8 +716,14 @@ def test_ngpt_model_reads_unit_embeddings_scales_logits_by_s_z_and_puts_weights_
 
     def unit_norms():
         b = model.blocks[1]
-        return [model.embed.weight.norm(dim=1), model.lm_head.weight.norm(dim=1), b.attn.q_proj.weight.norm(dim=1),
-                b.mlp.up_proj.weight.norm(dim=1), b.attn.o_proj.weight.norm(dim=0), b.mlp.down_proj.weight.norm(dim=0)]
+        return [
+            model.embed.weight.norm(dim=1),
+            model.lm_head.weight.norm(dim=1),
+            b.attn.q_proj.weight.norm(dim=1),
+            b.mlp.up_proj.weight.norm(dim=1),
+            b.attn.o_proj.weight.norm(dim=0),
+            b.mlp.down_proj.weight.norm(dim=0),
+        ]
 
     cfg = TrainConfig().with_({"lr": 0.05, "weight_decay": 0.1})
     sz = model.sz.detach().clone()

@@ -17,8 +17,13 @@ def build(scheme, layout="pre"):
 
 @pytest.mark.parametrize(
     "scheme, std",
-    [("normal", 0.02), ("he", math.sqrt(2 / D)), ("lecun", math.sqrt(1 / D)), ("10/d", math.sqrt(10 / D)),
-     ("1/10d", math.sqrt(1 / (10 * D)))],
+    [
+        ("normal", 0.02),
+        ("he", math.sqrt(2 / D)),
+        ("lecun", math.sqrt(1 / D)),
+        ("10/d", math.sqrt(10 / D)),
+        ("1/10d", math.sqrt(1 / (10 * D))),
+    ],
 )
 def test_variance_schemes(scheme, std):
     m = build(scheme)

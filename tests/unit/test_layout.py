@@ -29,11 +29,22 @@ def test_string_form_round_trips(name):
 
 def test_round_trip_of_a_custom_layout():
     custom = Layout(
-        block=BlockLayout(attn=SublayerSites(input=True, output=True), attn_inner=AttentionInnerSites(k=True, context=True),
-                          mlp=SublayerSites(input=True, skip_normed=True)),
-        rules=(LayerRule(LayerRange(-2, None), "mlp", SublayerSites(after_add=True)),
-               LayerRule(LayerRange(None, 1 / 3), "attn", SublayerSites())),
-        embed_norm=True, norm="layer", inner_span="full", h=0.3, alpha=1.7, freeze_output_gamma=True, embed_scale=True,
+        block=BlockLayout(
+            attn=SublayerSites(input=True, output=True),
+            attn_inner=AttentionInnerSites(k=True, context=True),
+            mlp=SublayerSites(input=True, skip_normed=True),
+        ),
+        rules=(
+            LayerRule(LayerRange(-2, None), "mlp", SublayerSites(after_add=True)),
+            LayerRule(LayerRange(None, 1 / 3), "attn", SublayerSites()),
+        ),
+        embed_norm=True,
+        norm="layer",
+        inner_span="full",
+        h=0.3,
+        alpha=1.7,
+        freeze_output_gamma=True,
+        embed_scale=True,
         init="megatron",
     )
     text = custom.to_string()
@@ -67,7 +78,7 @@ def test_hybrid_star_first_block_only():
 
 
 def test_deepnorm_alpha():
-    assert resolve(PRESETS["deepnorm"].layout, 6).alpha == pytest.approx(12 ** 0.25)
+    assert resolve(PRESETS["deepnorm"].layout, 6).alpha == pytest.approx(12**0.25)
 
 
 @pytest.mark.parametrize(
@@ -132,8 +143,27 @@ def test_build_model_accepts_all_layout_forms():
 
 def test_layouts_lists_presets():
     names = normlab.layouts()
-    for must in ["post", "pre", "peri", "peri-noemb", "peri-frozen", "b", "a+c", "olmo2", "peri+qk", "gemma2",
-                 "hybrid", "hybrid*", "qkvc-post", "pre-kc-pre", "pre-post", "post-pre", "mix-ln", "deepnorm", "none"]:
+    for must in [
+        "post",
+        "pre",
+        "peri",
+        "peri-noemb",
+        "peri-frozen",
+        "b",
+        "a+c",
+        "olmo2",
+        "peri+qk",
+        "gemma2",
+        "hybrid",
+        "hybrid*",
+        "qkvc-post",
+        "pre-kc-pre",
+        "pre-post",
+        "post-pre",
+        "mix-ln",
+        "deepnorm",
+        "none",
+    ]:
         assert must in names
     assert len([n for n in names if n.endswith(("-post", "-pre")) and n not in ("pre-post", "post-pre")]) == 24
 
@@ -154,7 +184,9 @@ def test_per_site_kinds_gains_and_alpha0_round_trip_in_any_token_order():
     text = "peri+qk,norm.B=dyt,alpha0.attn.B=0.9,alpha0.mlp.B=0.2,norm.q+k=l2,gain.final=centered"
     lay = parse_layout(text)
     assert lay.norm_at("attn.B") == NormSpec("dyt", "gamma", 0.9) and lay.norm_at("mlp.B").alpha0 == 0.2
-    assert lay.norm_at("q").kind == lay.norm_at("k").kind == "l2" and lay.norm_at("attn.A") == NormSpec("layer", "gamma")
+    assert lay.norm_at("q").kind == lay.norm_at("k").kind == "l2" and lay.norm_at("attn.A") == NormSpec(
+        "layer", "gamma"
+    )
     assert lay.norm_at("final") == NormSpec("layer", "centered")
     assert parse_layout(lay.to_string()) == lay
     assert "norm.B=dyt" in lay.to_string() and "norm.q+k=l2" in lay.to_string()
@@ -169,8 +201,12 @@ def test_per_site_kinds_gains_and_alpha0_round_trip_in_any_token_order():
 
 def test_new_sites_round_trip_and_resolve():
     """H (MLP hidden norm), g (gate), s (head scale), qk-rope and alpha=admin, per layer too."""
-    for text in ("attn=gsAB,mlp=AH,final,norm=layer", "pre,qk,qk-rope,gain.q+k=none", "post,alpha=admin",
-                 "pre,[0:1]attn=gA,[-1:]mlp=AH,norm.H=dyt"):
+    for text in (
+        "attn=gsAB,mlp=AH,final,norm=layer",
+        "pre,qk,qk-rope,gain.q+k=none",
+        "post,alpha=admin",
+        "pre,[0:1]attn=gA,[-1:]mlp=AH,norm.H=dyt",
+    ):
         lay = parse_layout(text)
         lay.resolve(3)
         assert parse_layout(lay.to_string()) == lay, text
@@ -181,12 +217,35 @@ def test_new_sites_round_trip_and_resolve():
 
 
 # every layout option, as a key and a value: the grammar's KEY=VALUE tokens and its on/off tokens
-LAYOUT_OPTIONS_GIVEN = [("alpha", "admin"), ("alpha", "deepnorm"), ("alpha", "0.5"), ("h", "0.5"), ("h", "1"),
-                        ("norm", "dyt"), ("norm", "layer"), ("init", "deepnorm"), ("init", "none"), ("inner", "full"),
-                        ("gain", "centered"), ("norm.B", "dyt"), ("norm.q+k", "l2"), ("gain.q+k", "none"),
-                        ("alpha0.mlp.A", "0.3"), ("attn", "AC"), ("mlp", "B"), ("[0:1]mlp", "A"), ("emb", "true"),
-                        ("final", "false"), ("qk", "true"), ("lns", "true"), ("h-scalar", "true"),
-                        ("h-channel", "true"), ("frozen-out", "true"), ("emb-scale", "true"), ("qk-rope", "true")]
+LAYOUT_OPTIONS_GIVEN = [
+    ("alpha", "admin"),
+    ("alpha", "deepnorm"),
+    ("alpha", "0.5"),
+    ("h", "0.5"),
+    ("h", "1"),
+    ("norm", "dyt"),
+    ("norm", "layer"),
+    ("init", "deepnorm"),
+    ("init", "none"),
+    ("inner", "full"),
+    ("gain", "centered"),
+    ("norm.B", "dyt"),
+    ("norm.q+k", "l2"),
+    ("gain.q+k", "none"),
+    ("alpha0.mlp.A", "0.3"),
+    ("attn", "AC"),
+    ("mlp", "B"),
+    ("[0:1]mlp", "A"),
+    ("emb", "true"),
+    ("final", "false"),
+    ("qk", "true"),
+    ("lns", "true"),
+    ("h-scalar", "true"),
+    ("h-channel", "true"),
+    ("frozen-out", "true"),
+    ("emb-scale", "true"),
+    ("qk-rope", "true"),
+]
 
 
 @pytest.mark.parametrize("key,value", LAYOUT_OPTIONS_GIVEN, ids=[f"{k}={v}" for k, v in LAYOUT_OPTIONS_GIVEN])
@@ -219,11 +278,18 @@ def test_residual_stream_tokens_round_trip_and_refuse_what_they_replace():
     hc = parse_layout("attn=AB,mlp=AH,final,streams=8,mix=mhc,lns")
     assert (hc.streams, hc.stream_mix) == (8, "mhc") and parse_layout(hc.to_string()) == hc
     from normlab.layout.spec import edit_layout
+
     assert edit_layout("pre", {"streams": 4, "mix": "mhc"}) == PRESETS["pre-mhc"].layout
-    for text, words in (("post,streams=4", r"norm after the add \(C\)"), ("hybrid,streams=2", "skip from the normed"),
-                        ("deepnorm,attn=A,mlp=A,streams=2", "skip scale alpha"), ("pre-gpas,streams=4", "gpas"),
-                        ("pre-lambda,streams=4", "skip-scalar"), ("pre,mix=mhc", "give streams=N"),
-                        ("pre,streams=four", "whole number"), ("pre,streams=17", "from 1 to 16"),
-                        ("pre,streams=4,mix=sinkhorn", "mix must be one of hc, mhc")):
+    for text, words in (
+        ("post,streams=4", r"norm after the add \(C\)"),
+        ("hybrid,streams=2", "skip from the normed"),
+        ("deepnorm,attn=A,mlp=A,streams=2", "skip scale alpha"),
+        ("pre-gpas,streams=4", "gpas"),
+        ("pre-lambda,streams=4", "skip-scalar"),
+        ("pre,mix=mhc", "give streams=N"),
+        ("pre,streams=four", "whole number"),
+        ("pre,streams=17", "from 1 to 16"),
+        ("pre,streams=4,mix=sinkhorn", "mix must be one of hc, mhc"),
+    ):
         with pytest.raises(LayoutError, match=words):
             parse_layout(text)

@@ -57,8 +57,15 @@ def test_capture_points_see_the_residual_update():
     """A hook on blocks.i.attn_update sees exactly what is added to the stream."""
     model = normlab.build_model("peri,h=0.5", "nano", seed=0)
     seen = {}
-    names = ["blocks.1.attn_update", "blocks.1.resid_mid", "blocks.1.mlp_update", "blocks.1.resid_post",
-             "blocks.0.resid_post", "blocks.1.attn.q", "blocks.1.attn_norms.output"]
+    names = [
+        "blocks.1.attn_update",
+        "blocks.1.resid_mid",
+        "blocks.1.mlp_update",
+        "blocks.1.resid_post",
+        "blocks.0.resid_post",
+        "blocks.1.attn.q",
+        "blocks.1.attn_norms.output",
+    ]
     mods = dict(model.named_modules())
     for n in names:
         mods[n].register_forward_hook(lambda m, i, o, n=n: seen.__setitem__(n, o))
@@ -70,7 +77,10 @@ def test_capture_points_see_the_residual_update():
 
 
 def test_module_paths_identical_across_layouts():
-    paths = {n: [k for k, _ in normlab.build_model(n, "nano").named_modules()] for n in ("post", "pre", "peri", "hybrid*", "none")}
+    paths = {
+        n: [k for k, _ in normlab.build_model(n, "nano").named_modules()]
+        for n in ("post", "pre", "peri", "hybrid*", "none")
+    }
     first = next(iter(paths.values()))
     assert all(p == first for p in paths.values())
 
@@ -159,8 +169,9 @@ def test_gemma_softcaps_and_attention_scale_by_hand():
         wide = normlab.build_model("gemma2", "nano", seed=0, mlp="geglu-tanh", attn_softcap=1e6).eval()
         wide.load_state_dict(plain.state_dict())
         torch.testing.assert_close(wide(tokens).logits, z, atol=1e-5, rtol=1e-5)  # manual path = SDPA path
-        same = normlab.build_model("gemma2", "nano", seed=0, mlp="geglu-tanh",
-                                   attn_scale=float(plain.config.head_dim)).eval()
+        same = normlab.build_model(
+            "gemma2", "nano", seed=0, mlp="geglu-tanh", attn_scale=float(plain.config.head_dim)
+        ).eval()
         same.load_state_dict(plain.state_dict())
         torch.testing.assert_close(same(tokens).logits, z, atol=1e-6, rtol=1e-6)
         other = normlab.build_model("gemma2", "nano", seed=0, mlp="geglu-tanh", attn_scale=1.0).eval()

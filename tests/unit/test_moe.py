@@ -93,9 +93,19 @@ def test_counts_total_and_active():
     per_expert = 3 * 64 * 128
     assert c.total - c.active == 6 * (8 - 2) * per_expert
     dense_ffn = 6 * 2 * per_expert  # the k experts a token uses
-    assert flops_per_token(m, 32) == 6 * (sum(p.numel() for n, p in m.named_parameters()
-                                              if n.endswith(("proj.weight", "router.weight", "lm_head.weight")))
-                                          + dense_ffn) + 12 * 6 * 4 * 16 * 32
+    assert (
+        flops_per_token(m, 32)
+        == 6
+        * (
+            sum(
+                p.numel()
+                for n, p in m.named_parameters()
+                if n.endswith(("proj.weight", "router.weight", "lm_head.weight"))
+            )
+            + dense_ffn
+        )
+        + 12 * 6 * 4 * 16 * 32
+    )
     with torch.device("meta"):
         big = normlab.build_model("hybrid*", "zhuo-moe-1b-7b")
     c = count_params(big)

@@ -9,8 +9,8 @@ import torch
 
 import normlab
 from normlab.config.train import TrainConfig
-from normlab.errors import ConfigError
 from normlab.diagnostics.stats import update_ratio
+from normlab.errors import ConfigError
 from normlab.train.optim import make_optimizer, muon_matrices, set_lr
 from normlab.train.qk_clip import QKClip
 
@@ -34,8 +34,15 @@ def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
     model = normlab.build_model("peri", "nano", linear_bias=True)
     taken = {id(p) for p in muon_matrices(model)}
     for i, block in enumerate(model.blocks):
-        for lin in (block.attn.q_proj, block.attn.k_proj, block.attn.v_proj, block.attn.o_proj,
-                    block.mlp.gate_proj, block.mlp.up_proj, block.mlp.down_proj):
+        for lin in (
+            block.attn.q_proj,
+            block.attn.k_proj,
+            block.attn.v_proj,
+            block.attn.o_proj,
+            block.mlp.gate_proj,
+            block.mlp.up_proj,
+            block.mlp.down_proj,
+        ):
             assert id(lin.weight) in taken and id(lin.bias) not in taken
         assert id(block.attn_norms.input.weight) not in taken
     assert id(model.embed.weight) not in taken and id(model.lm_head.weight) not in taken
@@ -89,14 +96,17 @@ def test_one_muon_step_is_the_formula():
     assert ratio == pytest.approx((w.detach() - before).norm().item() / before.norm().item())
 
 
-@pytest.mark.parametrize("kw, needle", [
-    ({"optimizer": "muon", "muon_ns_steps": 0}, "muon_ns_steps"),
-    ({"optimizer": "muon", "muon_adjust_lr": "moonlight"}, "muon_adjust_lr"),
-    ({"optimizer": "muon", "muon_momentum": 1.5}, "muon_momentum"),
-    ({"optimizer": "muon", "fsdp": True, "probe_every": 0}, "FSDP2 shards"),
-    ({"qk_clip": 0.0}, "qk_clip"),
-    ({"qk_clip": 100.0, "fsdp": True, "probe_every": 0}, "FSDP2 shards"),
-])
+@pytest.mark.parametrize(
+    "kw, needle",
+    [
+        ({"optimizer": "muon", "muon_ns_steps": 0}, "muon_ns_steps"),
+        ({"optimizer": "muon", "muon_adjust_lr": "moonlight"}, "muon_adjust_lr"),
+        ({"optimizer": "muon", "muon_momentum": 1.5}, "muon_momentum"),
+        ({"optimizer": "muon", "fsdp": True, "probe_every": 0}, "FSDP2 shards"),
+        ({"qk_clip": 0.0}, "qk_clip"),
+        ({"qk_clip": 100.0, "fsdp": True, "probe_every": 0}, "FSDP2 shards"),
+    ],
+)
 def test_bad_muon_settings(kw, needle):
     with pytest.raises(ConfigError, match=needle):
         TrainConfig.of(**kw)
@@ -122,16 +132,18 @@ def _planted(layout: str, **overrides):
         for b in (attn.q_proj.bias, attn.k_proj.bias):
             b.normal_(0, 0.02)
         if attn.q_norm.__class__.__name__ == "Identity":
-            attn.q_proj.weight[2 * hd:3 * hd] *= 30.0
+            attn.q_proj.weight[2 * hd : 3 * hd] *= 30.0
         else:
-            attn.q_norm.weight[2 * hd:3 * hd] *= 30.0
+            attn.q_norm.weight[2 * hd : 3 * hd] *= 30.0
     return model, attn
 
 
 def _capture(model, x):
     seen = {}
-    hooks = [model.blocks[1].attn.q.register_forward_hook(lambda m, a, o: seen.__setitem__("q", o.detach())),
-             model.blocks[1].attn.k.register_forward_hook(lambda m, a, o: seen.__setitem__("k", o.detach()))]
+    hooks = [
+        model.blocks[1].attn.q.register_forward_hook(lambda m, a, o: seen.__setitem__("q", o.detach())),
+        model.blocks[1].attn.k.register_forward_hook(lambda m, a, o: seen.__setitem__("k", o.detach())),
+    ]
     model(x)
     for h in hooks:
         h.remove()
@@ -142,7 +154,7 @@ def test_qk_clip_rescales_the_planted_head_by_the_formula():
     model, attn = _planted("peri")
     x = torch.randint(0, 256, (3, 24))
     q, k = _capture(model, x)
-    s = _logits(q, k, attn.head_dim ** -0.5)
+    s = _logits(q, k, attn.head_dim**-0.5)
     tau = float(s[2] / 4)  # between the planted head's max and the others'
     assert s[2] > tau and (s[[0, 1, 3]] < tau).all()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -157,12 +169,13 @@ def test_qk_clip_rescales_the_planted_head_by_the_formula():
         key = f"blocks.1.attn.{name}"
         now, was = dict(model.named_parameters())[key].detach(), before[key]
         torch.testing.assert_close(now[rows], was[rows] * factor, rtol=1e-6, atol=0)
-        assert torch.equal(now[:2 * hd], was[:2 * hd]) and torch.equal(now[3 * hd:], was[3 * hd:])
+        assert torch.equal(now[: 2 * hd], was[: 2 * hd]) and torch.equal(now[3 * hd :], was[3 * hd :])
     changed = [n for n, p in model.named_parameters() if not torch.equal(p, before[n])]
-    assert sorted(changed) == [f"blocks.1.attn.{n}" for n in ("k_proj.bias", "k_proj.weight", "q_proj.bias",
-                                                              "q_proj.weight")]
+    assert sorted(changed) == [
+        f"blocks.1.attn.{n}" for n in ("k_proj.bias", "k_proj.weight", "q_proj.bias", "q_proj.weight")
+    ]
     q2, k2 = _capture(model, x)  # the same batch's max logit is now tau exactly (RoPE is linear)
-    assert _logits(q2, k2, hd ** -0.5)[2].item() == pytest.approx(tau, rel=1e-5)
+    assert _logits(q2, k2, hd**-0.5)[2].item() == pytest.approx(tau, rel=1e-5)
     # a head whose largest logit is negative (tau / S < 0) is below tau: untouched (a stress run once got NaN here)
     clip.max = [None, torch.tensor([-0.5, 0.1, 0.2, 0.3])]
     w = attn.q_proj.weight.detach().clone()
@@ -173,7 +186,7 @@ def test_qk_clip_with_qk_norm_scales_the_gains_and_with_gqa_the_group():
     model, attn = _planted("peri,qk,inner=full")  # QK-norm over all heads: one gain slice per head
     x = torch.randint(0, 256, (2, 16))
     q, k = _capture(model, x)
-    s = _logits(q, k, attn.head_dim ** -0.5)
+    s = _logits(q, k, attn.head_dim**-0.5)
     tau = float(s[2] / 9)
     w_q, w_k = attn.q_proj.weight.detach().clone(), attn.k_norm.weight.detach().clone()
     g_q = attn.q_norm.weight.detach().clone()
@@ -184,25 +197,31 @@ def test_qk_clip_with_qk_norm_scales_the_gains_and_with_gqa_the_group():
     assert torch.equal(attn.q_proj.weight, w_q)  # with a QK-norm W_q does not set the logit's scale
     torch.testing.assert_close(attn.q_norm.weight[rows], g_q[rows] * math.sqrt(tau / s[2].item()))
     torch.testing.assert_close(attn.k_norm.weight[rows], w_k[rows] * math.sqrt(tau / s[2].item()))
-    assert torch.equal(attn.q_norm.weight[:rows.start], g_q[:rows.start])
+    assert torch.equal(attn.q_norm.weight[: rows.start], g_q[: rows.start])
 
     model, attn = _planted("peri", n_kv_heads=2)  # GQA: q heads 2, 3 share k head 1 (Megatron's rule)
     q, k = _capture(model, x)
-    s = _logits(q, k, attn.head_dim ** -0.5)
+    s = _logits(q, k, attn.head_dim**-0.5)
     tau = float(s[2] / 4)
     w_q, w_k = attn.q_proj.weight.detach().clone(), attn.k_proj.weight.detach().clone()
     clip = QKClip(model, tau)
     model(x)
     assert clip.apply() == 2  # both query heads of the group
     hd, root = attn.head_dim, math.sqrt(tau / s[2].item())
-    torch.testing.assert_close(attn.q_proj.weight[2 * hd:], w_q[2 * hd:] * root)
+    torch.testing.assert_close(attn.q_proj.weight[2 * hd :], w_q[2 * hd :] * root)
     torch.testing.assert_close(attn.k_proj.weight[hd:], w_k[hd:] * root)
-    assert torch.equal(attn.q_proj.weight[:2 * hd], w_q[:2 * hd]) and torch.equal(attn.k_proj.weight[:hd], w_k[:hd])
+    assert torch.equal(attn.q_proj.weight[: 2 * hd], w_q[: 2 * hd]) and torch.equal(attn.k_proj.weight[:hd], w_k[:hd])
 
 
-@pytest.mark.parametrize("layout, size, kw", [("peri", "nano", {}), ("attn=gAB,mlp=AB,final", "nano", {"n_kv_heads": 1}),
-                                              ("pre", "moe-micro", {"n_layers": 2, "moe_shared_expert": True})],
-                         ids=["peri", "gate+gqa", "moe"])
+@pytest.mark.parametrize(
+    "layout, size, kw",
+    [
+        ("peri", "nano", {}),
+        ("attn=gAB,mlp=AB,final", "nano", {"n_kv_heads": 1}),
+        ("pre", "moe-micro", {"n_layers": 2, "moe_shared_expert": True}),
+    ],
+    ids=["peri", "gate+gqa", "moe"],
+)
 def test_muon_cost_in_memory_and_flops(layout, size, kw):
     from torch.optim._muon import _zeropower_via_newtonschulz
     from torch.utils.flop_counter import FlopCounterMode
@@ -227,14 +246,20 @@ def test_muon_cost_in_memory_and_flops(layout, size, kw):
     assert optimizer_flops(model, "adamw", 5) == 0
 
 
-
 def test_the_optimizer_and_the_softmax_are_sweep_axes():
     from normlab.experiments.sweep import SweepConfig
 
-    sweep = SweepConfig(name="s", base={"size": "nano", "layout": "pre"},
-                        grid={"optimizer": ["adamw", "muon"], "layout.softmax": ["softmax", "sink"]})
+    sweep = SweepConfig(
+        name="s",
+        base={"size": "nano", "layout": "pre"},
+        grid={"optimizer": ["adamw", "muon"], "layout.softmax": ["softmax", "sink"]},
+    )
     cfgs = [s.train_config("x") for s in sweep.expand()]
     assert sorted((c.optim.optimizer, c.model.layout.softmax) for c in cfgs) == [
-        ("adamw", "sink"), ("adamw", "softmax"), ("muon", "sink"), ("muon", "softmax")]
+        ("adamw", "sink"),
+        ("adamw", "softmax"),
+        ("muon", "sink"),
+        ("muon", "softmax"),
+    ]
     assert len({s.run_id for s in sweep.expand()}) == 4
     assert {c.model.layout_label for c in cfgs} == {"pre,softmax=softmax", "pre,softmax=sink"}

@@ -10,8 +10,14 @@ from normlab.model.config import NOMINAL_PARAMS, SIZES
 
 
 @pytest.mark.parametrize("name", list(PRESETS), ids=list(PRESETS))
-@pytest.mark.parametrize("variant", [{}, {"tie_embeddings": True, "n_kv_heads": 1, "mlp": "gelu", "linear_bias": True},
-                                     {"qkv_bias": True, "d_head": 8, "n_kv_heads": 2}])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {},
+        {"tie_embeddings": True, "n_kv_heads": 1, "mlp": "gelu", "linear_bias": True},
+        {"qkv_bias": True, "d_head": 8, "n_kv_heads": 2},
+    ],
+)
 def test_measured_equals_analytic(name, variant):
     if PRESETS[name].layout.ngpt and (variant.get("mlp", "swiglu") != "swiglu" or variant.get("n_kv_heads", 2) != 2):
         with pytest.raises(LayoutError, match="nGPT's model"):  # nGPT's s_u, s_v and s_qk need SwiGLU and MHA
@@ -27,8 +33,11 @@ def test_sinks_count_one_logit_per_query_head_and_are_not_decayed():
 
     sink = normlab.build_model("peri,softmax=sink", "nano", n_layers=3, n_heads=4, n_kv_heads=2)
     assert count_params(sink) == analytic_params(sink.config, sink.resolved)
-    assert count_params(sink).total - count_params(normlab.build_model("peri", "nano", n_layers=3, n_heads=4,
-                                                                       n_kv_heads=2)).total == 3 * 4
+    assert (
+        count_params(sink).total
+        - count_params(normlab.build_model("peri", "nano", n_layers=3, n_heads=4, n_kv_heads=2)).total
+        == 3 * 4
+    )
     for kind in ("off-by-one", "softpick"):  # no parameter
         m = normlab.build_model(f"peri,softmax={kind}", "nano")
         assert count_params(m) == count_params(normlab.build_model("peri", "nano"))

@@ -16,12 +16,24 @@ from normlab.recommend.frameworks import settings_for
 from normlab.recommend.rank import Evidence, evidence_from_grid, rank, ruled_out
 from normlab.recommend.shape import proxy_shape, read_user_model, screen_shape
 
-LLAMA = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 12,
-         "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 32000, "hidden_act": "silu",
-         "rms_norm_eps": 1e-5, "max_position_embeddings": 2048, "tie_word_embeddings": False, "torch_dtype": "float16"}
+LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 256,
+    "intermediate_size": 688,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "vocab_size": 32000,
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-5,
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float16",
+}
 
 
 # --- the user's model -----------------------------------------------------------------------------
+
 
 def test_reads_a_llama_config_json_through_its_adapter(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(LLAMA))
@@ -39,8 +51,16 @@ def test_reads_the_language_model_of_a_multimodal_config_and_unknown_types_by_fi
     user = read_user_model(str(tmp_path / "config.json"))
     assert user.config.n_layers == 12 and user.layout == "pre" and user.precision == "bf16"
     assert any("text_config" in n for n in user.notes)
-    neox = {"model_type": "gpt_neox", "num_hidden_layers": 6, "hidden_size": 128, "num_attention_heads": 4,
-            "intermediate_size": 512, "vocab_size": 50432, "hidden_act": "gelu", "tie_word_embeddings": False}
+    neox = {
+        "model_type": "gpt_neox",
+        "num_hidden_layers": 6,
+        "hidden_size": 128,
+        "num_attention_heads": 4,
+        "intermediate_size": 512,
+        "vocab_size": 50432,
+        "hidden_act": "gelu",
+        "tie_word_embeddings": False,
+    }
     (tmp_path / "neox.json").write_text(json.dumps(neox))
     user = read_user_model(str(tmp_path / "neox.json"))
     assert (user.config.n_layers, user.config.d_model, user.config.ffn_dim, user.config.mlp) == (6, 128, 512, "gelu")
@@ -54,12 +74,15 @@ def test_reads_size_presets_and_toml(tmp_path):
     assert user.config.n_layers == 24 and user.config.d_model == 64 and user.layout == "peri"
 
 
-@pytest.mark.parametrize("content,name,match", [
-    ('{"model_type": "x", "hidden_size": 64}', "config.json", "no n_layers, n_heads found"),
-    ("not json", "config.json", "config.json is not JSON"),
-    ('size = "micro"\nlayout = "perri"\n', "m.toml", "perri"),
-    ('size = "micro"\nwidth = 3\n', "m.toml", "unknown key"),
-])
+@pytest.mark.parametrize(
+    "content,name,match",
+    [
+        ('{"model_type": "x", "hidden_size": 64}', "config.json", "no n_layers, n_heads found"),
+        ("not json", "config.json", "config.json is not JSON"),
+        ('size = "micro"\nlayout = "perri"\n', "m.toml", "perri"),
+        ('size = "micro"\nwidth = 3\n', "m.toml", "unknown key"),
+    ],
+)
 def test_bad_model_files_say_what_is_wrong(tmp_path, content, name, match):
     (tmp_path / name).write_text(content)
     with pytest.raises((ConfigError, ValueError), match=match):
@@ -72,8 +95,17 @@ def test_unknown_model_names_the_valid_forms():
 
 
 def test_proxy_keeps_the_users_ratios_and_the_screen_their_shape():
-    user = ModelConfig(d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8, d_ff=8192, vocab_size=128256,
-                       mlp="geglu-tanh", logit_softcap=30.0, tie_embeddings=True)
+    user = ModelConfig(
+        d_model=2048,
+        n_layers=16,
+        n_heads=32,
+        n_kv_heads=8,
+        d_ff=8192,
+        vocab_size=128256,
+        mlp="geglu-tanh",
+        logit_softcap=30.0,
+        tie_embeddings=True,
+    )
     p = ModelConfig(**proxy_shape(user, 12))
     assert (p.d_model, p.n_layers, p.n_heads, p.head_dim) == (64, 12, 4, 16)
     assert p.ffn_dim / p.d_model == user.ffn_dim / user.d_model  # 4.0 kept
@@ -86,6 +118,7 @@ def test_proxy_keeps_the_users_ratios_and_the_screen_their_shape():
 
 
 # --- the cost model and the plan ------------------------------------------------------------------
+
 
 def test_counted_work_is_the_palm_count_of_the_built_model_and_the_norm_sites():
     """F = tokens x (6 N + 12 L H Q T) with N the model's own matrix weights (mfu.flops_per_token on the
@@ -110,17 +143,25 @@ def test_calibration_fit_recovers_planted_rates_and_predicts_runs_and_screens():
 
     c0, c_flop, c_norm, s0, s_layer, s_flop = 0.01, 2e-11, 3e-9, 0.1, 0.3, 4e-9
     ref = cost.REFERENCE_SHAPE
-    step = lambda n, lay: c0 + c_flop * cost.step_work(ref.with_(n_layers=n), lay)[0] + c_norm * cost.step_work(  # noqa: E731
-        ref.with_(n_layers=n), lay)[1]
-    scr = lambda w, n: s0 + n * (s_layer + s_flop * cost.block_work(cost._screen_shape(w, n)))  # noqa: E731
+    step = lambda n, lay: (
+        c0
+        + c_flop * cost.step_work(ref.with_(n_layers=n), lay)[0]
+        + c_norm
+        * cost.step_work(
+            ref.with_(n_layers=n), lay
+        )[1]
+    )
+    scr = lambda w, n: s0 + n * (s_layer + s_flop * cost.block_work(cost._screen_shape(w, n)))
     cal = cost.fit(step(2, "pre"), step(6, "pre"), step(6, "peri"), scr(64, 1), scr(64, 3), scr(256, 1))
-    for got, want in zip((cal.c0, cal.c_flop, cal.c_norm, cal.s0, cal.s_layer, cal.s_flop),
-                         (c0, c_flop, c_norm, s0, s_layer, s_flop)):
+    for got, want in zip(
+        (cal.c0, cal.c_flop, cal.c_norm, cal.s0, cal.s_layer, cal.s_flop), (c0, c_flop, c_norm, s0, s_layer, s_flop)
+    ):
         assert got == pytest.approx(want, rel=1e-6)
     user = ModelConfig(**proxy_shape(ModelConfig(d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8, d_ff=8192), 12))
     f, e = cost.step_work(user, "peri")
     assert cal.run_seconds(user, "peri", 150) == pytest.approx(
-        cost.RUN_OVERHEAD_S * cal.speed + cost.STEP_FACTOR * 150 * (c0 + c_flop * f + c_norm * e))
+        cost.RUN_OVERHEAD_S * cal.speed + cost.STEP_FACTOR * 150 * (c0 + c_flop * f + c_norm * e)
+    )
     assert cal.speed == pytest.approx(step(12, "peri") / cost.REFERENCE_STEP_S)
     noisy = cost.fit(0.2, 0.1, 0.1, 1.0, 0.5, 0.5)  # a slower short model: rates clamped at zero, never negative
     assert min(noisy.c_flop, noisy.c_norm, noisy.s_layer, noisy.s_flop) == 0.0
@@ -154,8 +195,9 @@ def _flat(step_s=0.275, screen_s=5.0):
     return Calibration(c0=step_s, c_flop=0.0, c_norm=0.0, s0=screen_s, s_layer=0.0, s_flop=0.0, seconds=1.0)
 
 
-LLAMA_1B = ModelConfig(d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8, d_ff=8192, vocab_size=128256,
-                       tie_embeddings=True)
+LLAMA_1B = ModelConfig(
+    d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8, d_ff=8192, vocab_size=128256, tie_embeddings=True
+)
 SIX = ["pre", "peri", "post", "olmo2", "deepnorm", "qwen3", "hybrid", "pre-gate"]
 
 
@@ -167,7 +209,15 @@ def test_the_plan_from_numbers_a_small_budget_buys_a_smaller_answer():
     run = 8 + 150 * 0.275
     p = plan.make_plan(SIX, "pre", LLAMA_1B, _flat(), 6 * 60, 2, 150)
     assert p.screened == ["pre", "peri", "post", "qwen3", "olmo2", "deepnorm"]  # the cheap screen's order
-    assert (p.depth, p.steps, p.finalists, p.lrs, p.seeds, p.extend, p.screen_width) == (12, 150, 2, [0.01, 0.1], [0], False, 64)
+    assert (p.depth, p.steps, p.finalists, p.lrs, p.seeds, p.extend, p.screen_width) == (
+        12,
+        150,
+        2,
+        [0.01, 0.1],
+        [0],
+        False,
+        64,
+    )
     assert p.predicted["stress"] == pytest.approx(3 * run + 20) and p.predicted["final"] == pytest.approx(run + 20)
     assert p.predicted["total"] == pytest.approx(30 + 3 * run + 20 + run + 20 + 30)
     assert any("6 of 8 candidates" in c and "hybrid, pre-gate" in c for c in p.cut)
@@ -182,7 +232,13 @@ def test_the_plan_from_numbers_a_small_budget_buys_a_smaller_answer():
     # a large budget: every candidate, every finalist, the edge lrs, the user's depth, 4 lrs, 3 seeds
     big = plan.make_plan(SIX, "pre", LLAMA_1B, _flat(), 600 * 60, 2, 150)
     assert (len(big.screened), big.finalists, big.depth, big.lrs, big.seeds, big.extend) == (
-        8, 8, 16, [3e-3, 1e-2, 3e-2, 1e-1], [0, 1, 2], True)
+        8,
+        8,
+        16,
+        [3e-3, 1e-2, 3e-2, 1e-1],
+        [0, 1, 2],
+        True,
+    )
     assert big.screen_width == 1024 and big.cut == ["the screen at width 1024 (yours: 2048)"]  # 2048: 8 GiB in float64
 
 
@@ -191,25 +247,35 @@ def test_a_tight_budget_buys_shallower_then_shorter_proxies_and_below_that_is_re
     runs back to back + the round's 20 s) / 0.85 + 30 s of reserves; a budget just above each need buys that floor."""
     from normlab.recommend.cost import REFERENCE_SHAPE, Calibration, step_work
 
-    cal = Calibration(c0=0.0, c_flop=0.275 / step_work(REFERENCE_SHAPE, "pre")[0], c_norm=0.0, s0=1.0, s_layer=0.0,
-                      s_flop=0.0, seconds=1.0)
+    cal = Calibration(
+        c0=0.0,
+        c_flop=0.275 / step_work(REFERENCE_SHAPE, "pre")[0],
+        c_norm=0.0,
+        s0=1.0,
+        s_layer=0.0,
+        s_flop=0.0,
+        seconds=1.0,
+    )
     user = REFERENCE_SHAPE.with_(n_layers=16)
-    need = lambda d, st: (3 + 2 * cal.run_seconds(ModelConfig(**proxy_shape(user, d)), "pre", st) + 20) / 0.85 + 30  # noqa: E731
+    need = lambda d, st: (3 + 2 * cal.run_seconds(ModelConfig(**proxy_shape(user, d)), "pre", st) + 20) / 0.85 + 30
     for d, st in ((12, 150), (8, 150), (6, 150), (6, 100)):
         p = plan.make_plan(["pre", "peri", "post"], "pre", user, cal, need(d, st) + 0.5, 2, 150)
         assert (p.depth, p.steps, p.finalists) == (d, st, 0)
-    assert any("proxies of 100 steps (asked: 150)" == c for c in p.cut)
+    assert any(c == "proxies of 100 steps (asked: 150)" for c in p.cut)
     with pytest.raises(plan.BudgetTooSmall) as err:
         plan.make_plan(["pre", "peri", "post"], "pre", user, cal, need(6, 100) - 0.5, 2, 150)
     assert err.value.minutes == math.ceil(need(6, 100) / 60 * 10) / 10
-    assert f"give --budget {err.value.minutes:g} or more" in str(err.value) and "fewer --candidates" not in str(err.value)
+    assert f"give --budget {err.value.minutes:g} or more" in str(err.value) and "fewer --candidates" not in str(
+        err.value
+    )
     with pytest.raises(plan.BudgetTooSmall, match="fewer --steps"):  # --steps given: it is the user's to cut
         plan.make_plan(["pre", "peri", "post"], "pre", user, cal, 60, 2, 150, steps_fixed=True)
 
 
 def test_fixed_lrs_seeds_and_depth_are_kept():
-    p = plan.make_plan(SIX, "pre", LLAMA_1B, _flat(), 60 * 60, 2, 150, stress_lr=0.5, lrs=(0.05, 0.5), seeds=(3,),
-                       depth=12)
+    p = plan.make_plan(
+        SIX, "pre", LLAMA_1B, _flat(), 60 * 60, 2, 150, stress_lr=0.5, lrs=(0.05, 0.5), seeds=(3,), depth=12
+    )
     assert p.lrs == [0.05, 0.5] and p.seeds == [3] and p.depth == 12 and not p.extend
 
 
@@ -226,24 +292,43 @@ def test_cheap_screen_order_and_the_learning_rate_ladder():
     order, family = plan.cheap_order(["pre", "peri", "post", "olmo2", "deepnorm", "qwen3", "hybrid"], "pre")
     assert order == ["pre", "peri", "post", "qwen3", "olmo2", "deepnorm", "hybrid"]
     assert (family["peri"], family["post"], family["pre"]) == ("bounded", "tangential", "unbounded")
-    assert plan.next_lr(0.01, up=False) == 3e-3 and plan.next_lr(0.1, up=True) == 0.3 and plan.next_lr(1.0, up=True) is None
-    assert plan.finalists_from(["a", "b", "c", "d"], 2, "d") == ["a", "d"] and plan.finalists_from(["a", "b"], 2, None) == ["a", "b"]
+    assert (
+        plan.next_lr(0.01, up=False) == 3e-3
+        and plan.next_lr(0.1, up=True) == 0.3
+        and plan.next_lr(1.0, up=True) is None
+    )
+    assert plan.finalists_from(["a", "b", "c", "d"], 2, "d") == ["a", "d"] and plan.finalists_from(
+        ["a", "b"], 2, None
+    ) == ["a", "b"]
 
 
 # --- the ranking --------------------------------------------------------------------------------------
 
+
 def _row(name, screen="caution", diverged=0, stalled=0, finished=4, loss=2.5, std=0.005, sens=0.1):
-    return Evidence(layout=name, screen=screen, screen_detail="", finished=finished, diverged=diverged,
-                    stalled=stalled, best_loss=loss, best_loss_std=std, lr_sensitivity=sens, expected_loss=loss + sens)
+    return Evidence(
+        layout=name,
+        screen=screen,
+        screen_detail="",
+        finished=finished,
+        diverged=diverged,
+        stalled=stalled,
+        best_loss=loss,
+        best_loss_std=std,
+        lr_sensitivity=sens,
+        expected_loss=loss + sens,
+    )
 
 
 def test_rank_failures_first_then_loss_ties_within_noise_by_screen_then_expected_loss():
-    rows = [_row("pre", "unstable", diverged=2, loss=2.2),  # the lowest loss, but 2/4 failed
-            _row("hybrid", "unstable", loss=2.300, std=0.02),
-            _row("peri", "stable", loss=2.310),  # within hybrid's 0.02 std: a tie, the screen prefers peri
-            _row("qk", "caution", loss=2.35, std=0.001),  # 0.05 behind: not a tie
-            _row("rezero", "caution", stalled=1, loss=2.1),
-            _row("none", "caution")]
+    rows = [
+        _row("pre", "unstable", diverged=2, loss=2.2),  # the lowest loss, but 2/4 failed
+        _row("hybrid", "unstable", loss=2.300, std=0.02),
+        _row("peri", "stable", loss=2.310),  # within hybrid's 0.02 std: a tie, the screen prefers peri
+        _row("qk", "caution", loss=2.35, std=0.001),  # 0.05 behind: not a tie
+        _row("rezero", "caution", stalled=1, loss=2.1),
+        _row("none", "caution"),
+    ]
     rows[-1].status, rows[-1].why = "ruled out", "x"
     ranked = rank(rows)
     assert [r.layout for r in ranked] == ["peri", "hybrid", "qk", "rezero", "pre", "none"]
@@ -263,20 +348,37 @@ def test_ruled_out_by_the_screen():
     ok = {"finite": True, "final_rms": 3.0, "shape_var": "linear", "sensitivity_product": 5e6}
     assert ruled_out(ok, "fp16") is None  # a large Jacobian product at init is not a criterion
     assert "non-finite" in ruled_out({**ok, "finite": False}, "bf16")
-    assert "FP16 maximum" in ruled_out({**ok, "final_rms": 7e4}, "fp16") and ruled_out({**ok, "final_rms": 7e4}, "bf16") is None
+    assert (
+        "FP16 maximum" in ruled_out({**ok, "final_rms": 7e4}, "fp16")
+        and ruled_out({**ok, "final_rms": 7e4}, "bf16") is None
+    )
     assert "exponentially" in ruled_out({**ok, "shape_var": "exponential"}, "bf16")
 
 
 def test_evidence_from_a_grid_counts_and_best_lr(tmp_path):
-    sweep = SweepConfig(name="g", base={"size": "nano"}, grid={"layout": ["pre", "peri"], "lr": [0.01, 0.1],
-                                                                 "seed": [0, 1]})
+    sweep = SweepConfig(
+        name="g", base={"size": "nano"}, grid={"layout": ["pre", "peri"], "lr": [0.01, 0.1], "seed": [0, 1]}
+    )
     store, specs = prepare(sweep, tmp_path / "g")
-    losses = {("pre", 0.01): [2.5, 2.7], ("pre", 0.1): [None, 3.0], ("peri", 0.01): [2.4, 2.6], ("peri", 0.1): [2.3, 2.5]}
+    losses = {
+        ("pre", 0.01): [2.5, 2.7],
+        ("pre", 0.1): [None, 3.0],
+        ("peri", 0.01): [2.4, 2.6],
+        ("peri", 0.1): [2.3, 2.5],
+    }
     for s in specs:
         loss = losses[(s.axes["layout"], s.axes["lr"])][s.axes["seed"]]
         status = "diverged" if loss is None else ("stalled" if loss == 3.0 else "ok")
-        store.record(s.run_id, {"status": status, "final_loss": loss, "initial_loss": 5.5, "steps": 10,
-                                "max_activation": 70000.0 if loss is None else 50.0})
+        store.record(
+            s.run_id,
+            {
+                "status": status,
+                "final_loss": loss,
+                "initial_loss": 5.5,
+                "steps": 10,
+                "max_activation": 70000.0 if loss is None else 50.0,
+            },
+        )
     df, _ = load_sweep(tmp_path / "g")
     ev = evidence_from_grid(df, {"pre": 4, "peri": 4})
     assert (ev["pre"]["diverged"], ev["pre"]["stalled"], ev["pre"]["finished"]) == (1, 1, 4)
@@ -285,7 +387,10 @@ def test_evidence_from_a_grid_counts_and_best_lr(tmp_path):
     assert ev["pre"]["max_activation"] == 70000.0 and ev["peri"]["best_lr"] == 0.1
     # Wortsman: E_lr[min(loss, loss_0)] - min_lr; a diverged run counts as loss_0 = 5.5
     assert ev["pre"]["lr_sensitivity"] == pytest.approx(((2.6 + (5.5 + 3.0) / 2) / 2) - 2.6)
-    assert list(ev["pre"]["loss_by_lr"]) == ["0.01", "0.1"] and "1/2 diverged, 1/2 stalled" in ev["pre"]["loss_by_lr"]["0.1"]
+    assert (
+        list(ev["pre"]["loss_by_lr"]) == ["0.01", "0.1"]
+        and "1/2 diverged, 1/2 stalled" in ev["pre"]["loss_by_lr"]["0.1"]
+    )
 
 
 def test_recipe_checks_agree_or_say_not():
@@ -303,12 +408,21 @@ def test_recipe_checks_compare_at_the_recipes_learning_rates_or_say_the_settings
     1e-2 (where both ran) but not at 3e-2, where it diverged once: does not hold."""
     import pandas as pd
 
-    rows = [("pre", 0.01, 0, "ok", 2.50), ("pre", 0.01, 1, "ok", 2.70), ("pre", 0.03, 0, "ok", 2.60),
-            ("pre", 0.1, 0, "ok", 3.0), ("pre-gate", 0.01, 0, "ok", 2.40), ("pre-gate", 0.01, 1, "stalled", 3.32),
-            ("pre-gate", 0.03, 0, "diverged", None), ("pre-gate", 0.1, 0, "ok", 2.9),
-            ("hybrid", 0.1, 0, "stalled", 3.32), ("peri", 0.1, 0, "pending", None)]
+    rows = [
+        ("pre", 0.01, 0, "ok", 2.50),
+        ("pre", 0.01, 1, "ok", 2.70),
+        ("pre", 0.03, 0, "ok", 2.60),
+        ("pre", 0.1, 0, "ok", 3.0),
+        ("pre-gate", 0.01, 0, "ok", 2.40),
+        ("pre-gate", 0.01, 1, "stalled", 3.32),
+        ("pre-gate", 0.03, 0, "diverged", None),
+        ("pre-gate", 0.1, 0, "ok", 2.9),
+        ("hybrid", 0.1, 0, "stalled", 3.32),
+        ("peri", 0.1, 0, "pending", None),
+    ]
     runs = pd.DataFrame(rows, columns=["layout", "lr", "seed", "status", "final_loss"]).assign(
-        final_val_loss=None, max_activation=None, first_break=None)  # the other columns of a sweep table
+        final_val_loss=None, max_activation=None, first_break=None
+    )  # the other columns of a sweep table
     cells = agreement.cells(runs)
     assert cells["pre"][0.01] == {"runs": 2, "failed": 0, "loss": pytest.approx(2.6)}
     assert cells["pre-gate"][0.01] == {"runs": 2, "failed": 1, "loss": pytest.approx(2.86)}  # the stall's loss counts
@@ -316,18 +430,27 @@ def test_recipe_checks_compare_at_the_recipes_learning_rates_or_say_the_settings
     checks = {c["recipe"]: c for c in agreement.check({"pre-gate": 1, "pre": 2, "hybrid": 3}, "bf16", cells)}
     zhuo = checks["zhuo-placement"]
     assert not zhuo["agrees"] and zhuo["agrees_at_setting"] is None
-    assert zhuo["at_setting"] == "not comparable: no run of both at the recipe's lr (hybrid at lr 0.1; pre at lr 0.01, 0.03, 0.1)"
+    assert (
+        zhuo["at_setting"]
+        == "not comparable: no run of both at the recipe's lr (hybrid at lr 0.1; pre at lr 0.01, 0.03, 0.1)"
+    )
     gate = checks["gate-lr"]  # ranked ahead, but at 1e-2 one of its two runs stalled (1/2 failed vs 0/2): behind
     assert gate["agrees"] and gate["agrees_at_setting"] is False
-    assert gate["at_setting"] == "lr 0.01: pre-gate 2.860, 1/2 failed vs pre 2.600; lr 0.03: pre-gate 1/1 failed vs pre 2.600"
+    assert (
+        gate["at_setting"]
+        == "lr 0.01: pre-gate 2.860, 1/2 failed vs pre 2.600; lr 0.03: pre-gate 1/1 failed vs pre 2.600"
+    )
     line = agreement.summary(list(checks.values()))
     assert line.startswith("The ranking agrees with 1 of 2") and "0 of 1 hold, 1 not comparable" in line
-    ok = pd.DataFrame([("pre-gate", 0.01, 0, "ok", 2.4, None, None, None), ("pre", 0.01, 0, "ok", 2.5, None, None, None)],
-                      columns=runs.columns)
+    ok = pd.DataFrame(
+        [("pre-gate", 0.01, 0, "ok", 2.4, None, None, None), ("pre", 0.01, 0, "ok", 2.5, None, None, None)],
+        columns=runs.columns,
+    )
     assert agreement.check({"pre-gate": 1, "pre": 2}, "bf16", agreement.cells(ok))[0]["agrees_at_setting"] is True
 
 
 # --- the winner's settings elsewhere --------------------------------------------------------------
+
 
 def test_settings_in_other_code_bases_or_the_nearest_with_the_difference():
     cfg = SIZES["micro"]
@@ -340,7 +463,7 @@ def test_settings_in_other_code_bases_or_the_nearest_with_the_difference():
     assert "Qwen2" not in pre["transformers"]["settings"]  # its q/k/v biases are not this model's
     assert pre["torchtitan"]["expressible"] and pre["normlab"]["settings"].startswith("--layout pre")
     olmo2 = settings_for("olmo2", cfg)
-    assert 'norm_1=False' in olmo2["litgpt"]["settings"] and "reordered_norm" in olmo2["OLMo-core"]["settings"]
+    assert "norm_1=False" in olmo2["litgpt"]["settings"] and "reordered_norm" in olmo2["OLMo-core"]["settings"]
     gate = settings_for("pre-gate", cfg)
     assert "elementwise" in gate["OLMo-core"]["settings"] and "nearest: pre (lacks gate)" in gate["litgpt"]["settings"]
     assert not any(v["expressible"] for k, v in settings_for("hybrid", cfg).items() if k != "normlab")
@@ -366,9 +489,19 @@ def test_every_snippet_that_can_be_emitted_is_built_by_a_test():
 def test_snippets_state_the_defaults_that_change_the_function():
     cfg = SIZES["micro"].with_(n_kv_heads=2, rope_theta=500_000.0, tie_embeddings=True)
     lit = settings_for("gemma3", cfg)["litgpt"]["code"]
-    for stated in ("rotary_percentage=1.0", "bias=False", "norm_eps=1e-06", "name='Gemma-", "norm_qk_type='default'",
-                   "scale_embeddings=True", "n_query_groups=2", "rope_base=500000", "padded_vocab_size=256",
-                   "model.lm_head.weight = model.transformer.wte.weight", "m.weight.data.zero_()"):
+    for stated in (
+        "rotary_percentage=1.0",
+        "bias=False",
+        "norm_eps=1e-06",
+        "name='Gemma-",
+        "norm_qk_type='default'",
+        "scale_embeddings=True",
+        "n_query_groups=2",
+        "rope_base=500000",
+        "padded_vocab_size=256",
+        "model.lm_head.weight = model.transformer.wte.weight",
+        "m.weight.data.zero_()",
+    ):
         assert stated in lit, stated
     assert "name='normlab-pre'" in settings_for("pre", cfg)["litgpt"]["code"]  # no 1 + w gain
     olmo = settings_for("olmo2", cfg)["OLMo-core"]
@@ -402,9 +535,15 @@ def test_stress_order_reads_the_stress_runs_only_and_ranks_later_divergence_high
 
     from normlab.recommend.stages import _stress_order
 
-    rows = [("pre", 0.01, 0, "ok", 2.3, 150), ("pre", 0.1, 0, "diverged", 2.9, 20),  # its final-round run first
-            ("pre-lns", 0.1, 0, "diverged", 3.4, 79), ("post", 0.1, 0, "stalled", 3.32, 150),
-            ("peri", 0.1, 0, "ok", 2.45, 150), ("peri", 0.1, 1, "ok", 2.40, 150), ("hybrid", 0.1, 0, "ok", 2.6, 150)]
+    rows = [
+        ("pre", 0.01, 0, "ok", 2.3, 150),
+        ("pre", 0.1, 0, "diverged", 2.9, 20),  # its final-round run first
+        ("pre-lns", 0.1, 0, "diverged", 3.4, 79),
+        ("post", 0.1, 0, "stalled", 3.32, 150),
+        ("peri", 0.1, 0, "ok", 2.45, 150),
+        ("peri", 0.1, 1, "ok", 2.40, 150),
+        ("hybrid", 0.1, 0, "ok", 2.6, 150),
+    ]
     runs = pd.DataFrame(rows, columns=["layout", "lr", "seed", "status", "final_loss", "step"])
     screen = {n: {"verdict": "stable"} for n in ("pre", "pre-lns", "post", "peri", "hybrid")}
     # ok by loss, then stalled, then diverged by how long they held (pre-lns to step 79, pre to 20), whatever
@@ -419,27 +558,37 @@ def test_the_reason_names_what_put_the_winner_first_and_where_the_current_placem
     pre = _row("pre", "unstable", loss=2.775, std=0.12)
     tail = _row("pre-layerscale", "unstable", finished=1, loss=3.099)
     tail.status = "stress round only"
-    pre.status, pre.why = "baseline", "ranked by its stress run, #7 of 15 there; in the final round as your current placement"
+    pre.status, pre.why = (
+        "baseline",
+        "ranked by its stress run, #7 of 15 there; in the final round as your current placement",
+    )
     ranked = rank([peri, gate, tail, pre])  # the two ranked by the rule; the tail is ordered by the caller
     for i, r in enumerate([tail, pre], 3):
         r.rank = i
     ranked = [r for r in ranked if r.status == "ranked"] + [tail, pre]
     text = reason({"current": "pre"}, ranked)
     assert text.startswith("Recommended: **peri**; screen: stable.")
-    assert "Next: pre-gate (0/4 failed, best loss 2.4100 ± 0.0140); peri ranks above it in a tie on loss within seed " \
-           "noise, broken by the screen's verdict." in text
-    assert "Your current placement pre ranks #4 (ranked by its stress run, #7 of 15 there; in the final round as " \
-           "your current placement): 0/4 failed, best loss 2.7750 ± 0.1200." in text
+    assert (
+        "Next: pre-gate (0/4 failed, best loss 2.4100 ± 0.0140); peri ranks above it in a tie on loss within seed "
+        "noise, broken by the screen's verdict." in text
+    )
+    assert (
+        "Your current placement pre ranks #4 (ranked by its stress run, #7 of 15 there; in the final round as "
+        "your current placement): 0/4 failed, best loss 2.7750 ± 0.1200." in text
+    )
 
 
 def test_a_verdict_short_of_stable_gives_its_reason():
     from normlab.recommend.rank import screen_reason
 
     row = {"verdict": "caution", "wellposedness": "well-posed", "backward": "mild (x1.15)"}
-    assert screen_reason(row) == ("well-posed, but its block Jacobians are not invariant to the weight stress "
-                                  "(backward: mild (x1.15))")
-    assert screen_reason({**row, "wellposedness": "degenerate (tangential)", "backward": "grows with s (x1.40)"}) == \
-        "degenerate (tangential), and its block Jacobians grows with s (x1.40)"
+    assert screen_reason(row) == (
+        "well-posed, but its block Jacobians are not invariant to the weight stress (backward: mild (x1.15))"
+    )
+    assert (
+        screen_reason({**row, "wellposedness": "degenerate (tangential)", "backward": "grows with s (x1.40)"})
+        == "degenerate (tangential), and its block Jacobians grows with s (x1.40)"
+    )
     from normlab.recommend.report import reason
 
     w = _row("peri", "caution", loss=2.4)
@@ -450,10 +599,17 @@ def test_a_verdict_short_of_stable_gives_its_reason():
 def test_the_small_sample_caveat_quotes_the_runs_at_hand():
     from normlab.recommend.report import small_samples
 
-    ranked = rank([_row("peri", finished=4), _row("pre", diverged=2, finished=4, loss=2.3),
-                   _row("post", stalled=1, finished=4, loss=2.9)])
-    assert small_samples(ranked) == ("Failure counts over a few runs are small samples: peri's 0/4 failed against "
-                                     "pre's 2/4 here is evidence, not proof.")
+    ranked = rank(
+        [
+            _row("peri", finished=4),
+            _row("pre", diverged=2, finished=4, loss=2.3),
+            _row("post", stalled=1, finished=4, loss=2.9),
+        ]
+    )
+    assert small_samples(ranked) == (
+        "Failure counts over a few runs are small samples: peri's 0/4 failed against "
+        "pre's 2/4 here is evidence, not proof."
+    )
     same = rank([_row("a", finished=1), _row("b", finished=1, loss=2.9)])
     assert "both failed 0/1 here" in small_samples(same)
 
@@ -463,16 +619,25 @@ def test_what_ran_and_how_far_the_answer_could_move():
 
     peri, gate = _row("peri", "stable", loss=2.400, std=0.03), _row("pre-gate", "unstable", loss=2.410, std=0.014)
     ranked = rank([peri, gate, _row("pre", diverged=2, loss=2.7)])
-    p = {"finalists": 3, "seeds": [0], "order": ["pre", "peri", "pre-gate", "post"], "screened": ["pre", "peri", "pre-gate"]}
-    rounds = [{"stage": "stress", "predicted_s": 120, "actual_s": 150, "planned": 3, "finished": 3},
-              {"stage": "final", "predicted_s": 60, "actual_s": 240, "planned": 6, "finished": 4}]
+    p = {
+        "finalists": 3,
+        "seeds": [0],
+        "order": ["pre", "peri", "pre-gate", "post"],
+        "screened": ["pre", "peri", "pre-gate"],
+    }
+    rounds = [
+        {"stage": "stress", "predicted_s": 120, "actual_s": 150, "planned": 3, "finished": 3},
+        {"stage": "final", "predicted_s": 60, "actual_s": 240, "planned": 6, "finished": 4},
+    ]
     text = movement(ranked, p, {"lrs": [0.01, 0.1], "edges": {"peri": 3e-3}, "extended": {}}, rounds)
     assert text[0] == "The stress round ran in full: 3 of 3 runs (predicted 2.0 min, took 2.5)."
     assert text[1].startswith("The final round was cut by the budget: 4 of 6 runs finished")
     assert "peri is tied on loss within seed noise with pre-gate" in text[2]
     assert any(x.startswith("One seed") for x in text) and any("1 candidate(s) not tried (post)" in x for x in text)
-    assert text[-1] == ("peri's best learning rate was the lowest tried (0.01): its optimum may lie beyond; 0.003 would "
-                        "be next (no room in this budget).")
+    assert text[-1] == (
+        "peri's best learning rate was the lowest tried (0.01): its optimum may lie beyond; 0.003 would "
+        "be next (no room in this budget)."
+    )
 
 
 def test_muon_proxies_cost_their_newton_schulz_steps_in_the_plan():
@@ -489,6 +654,7 @@ def test_muon_proxies_cost_their_newton_schulz_steps_in_the_plan():
     def ns(a, b):
         m, n = sorted((a, b))
         return 5 * (4 * m * m * n + 2 * m**3)
+
     per_block = ns(h * hd, d) + 2 * ns(kv * hd, d) + ns(d, h * hd) + 2 * ns(ff, d) + ns(d, ff)  # q, k, v, o; SwiGLU
     assert cost.optimizer_work(shape, "pre", "muon") == 2 * per_block
     assert cost.optimizer_work(shape, "pre", "adamw") == cost.optimizer_work(shape, "pre", "sgd") == 0
@@ -520,8 +686,11 @@ def test_the_counted_muon_matrices_are_those_muon_takes(moe):
             continue
         except RuntimeError:
             model = build_model(name, "nano", seed=0, **over)
-        got = sorted(tuple(p.shape[-2:]) if p.ndim == 2 else (p.shape[2], p.shape[1])
-                     for p in muon_matrices(model) for _ in range(p.shape[0] if p.ndim > 2 else 1))
+        got = sorted(
+            tuple(p.shape[-2:]) if p.ndim == 2 else (p.shape[2], p.shape[1])
+            for p in muon_matrices(model)
+            for _ in range(p.shape[0] if p.ndim > 2 else 1)
+        )
         assert sorted(cost.muon_shapes(model.config, name)) == got, name
 
 
@@ -534,8 +703,9 @@ def test_a_verify_stage_is_counted_before_anything_runs_at_the_widest_width_that
     big = plan.make_plan(["pre", "peri", "post", "olmo2"], None, user, cal, 1800, 2, 150, verify=True)
     v = big.verify
     assert v["k"] >= 2 and v["width"] in (128, 256, 512, 1024) and big.predicted["verify"] == v["predicted_s"]
-    assert v["predicted_s"] == pytest.approx(plan.verify_seconds(big.screened, user, cal, 2, big.depth, big.steps,
-                                                                 v["k"], v["width"]))
+    assert v["predicted_s"] == pytest.approx(
+        plan.verify_seconds(big.screened, user, cal, 2, big.depth, big.steps, v["k"], v["width"])
+    )
     assert big.predicted["total"] <= (1800 - big.predicted["reserves"]) * plan.FILL + big.predicted["reserves"]
     wider = [w for w in plan.verify_widths(user) if w > v["width"]]  # the next width would not have fit its share
     if wider:
@@ -553,10 +723,23 @@ def test_the_transfer_record_renders_what_is_there_and_says_not_yet_measured_whe
     assert shipped["study"].startswith("docs/results.md") and "status" in shipped
     (line,) = report.record_lines({"status": "in progress, 4 of 142 runs", "comparisons": []})
     assert "not yet measured (in progress, 4 of 142 runs" in line and "Transfer study" in line
-    rec = {"status": "in progress, 40 of 142 runs", "comparisons": [
-        {"proxy": "w64", "other": "w128", "placements": 4, "tau": 2 / 3, "p_value": 0.33, "top1": True, "top3": 2 / 3,
-         "k": 3, "failures": {"predicted_and_seen": 1, "predicted_only": 2, "seen_only": 0, "neither": 9},
-         "command": "normlab transfer w64 w128"}]}
+    rec = {
+        "status": "in progress, 40 of 142 runs",
+        "comparisons": [
+            {
+                "proxy": "w64",
+                "other": "w128",
+                "placements": 4,
+                "tau": 2 / 3,
+                "p_value": 0.33,
+                "top1": True,
+                "top3": 2 / 3,
+                "k": 3,
+                "failures": {"predicted_and_seen": 1, "predicted_only": 2, "seen_only": 0, "neither": 9},
+                "command": "normlab transfer w64 w128",
+            }
+        ],
+    }
     head, body = report.record_lines(rec)
     assert "in progress, 40 of 142 runs" in head
     assert "tau +0.67 (p 0.33), top-1 agrees, top-3 2/3" in body and "predicted only 2" in body

@@ -15,7 +15,9 @@ from normlab.screen import ScreenConfig, parse_stresses, screen_layout, wasserst
 from normlab.screen.backward import block_sensitivity
 from normlab.screen.forward import fit_growth, stressed
 
-FAST = ScreenConfig(model={"n_layers": 4, "d_model": 64, "n_heads": 4}, batch=2, seq_len=16, iters=10, stresses=(1.0, 8.0))
+FAST = ScreenConfig(
+    model={"n_layers": 4, "d_model": 64, "n_heads": 4}, batch=2, seq_len=16, iters=10, stresses=(1.0, 8.0)
+)
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +56,19 @@ def test_smaller_h_reduces_growth(screened):
 
 
 def test_wellposedness_from_data_alone():
-    expect = {"peri": "well-posed", "b": "well-posed", "olmo2": "well-posed", "peri-frozen": "well-posed",
-              "post": "degenerate (tangential)", "deepnorm": "degenerate (tangential)", "a+c": "degenerate (tangential)",
-              "pre": "ill-posed (unbounded)", "hybrid": "ill-posed (unbounded)", "none": "ill-posed (unbounded)",
-              "mix-ln": "ill-posed (unbounded)"}
+    expect = {
+        "peri": "well-posed",
+        "b": "well-posed",
+        "olmo2": "well-posed",
+        "peri-frozen": "well-posed",
+        "post": "degenerate (tangential)",
+        "deepnorm": "degenerate (tangential)",
+        "a+c": "degenerate (tangential)",
+        "pre": "ill-posed (unbounded)",
+        "hybrid": "ill-posed (unbounded)",
+        "none": "ill-posed (unbounded)",
+        "mix-ln": "ill-posed (unbounded)",
+    }
     for name, verdict in expect.items():
         assert wellposedness(PRESETS[name].layout.resolve(8))["verdict"] == verdict, name
     mixed = wellposedness(parse_layout("attn=AB,mlp=A,[0:1]mlp=AB").resolve(4))
@@ -106,7 +117,7 @@ def test_sensitivity_invariance_numerically():
 
 def test_power_iteration_finds_the_spectral_norm():
     w = torch.diag(torch.tensor([3.0, 1.0, 0.5], dtype=torch.float64))
-    lin = lambda x: x @ w.T  # noqa: E731
+    lin = lambda x: x @ w.T
     assert block_sensitivity(lin, torch.ones(1, 3, dtype=torch.float64), iters=50) == pytest.approx(3.0, rel=1e-6)
 
 
@@ -150,8 +161,23 @@ def test_cli_writes_table_and_json(tmp_path, capsys):
     out = tmp_path / "screen.json"
     toml = tmp_path / "mine.toml"
     toml.write_text('layout = "attn=AB,mlp=AB,final,h=0.5"\n')
-    args = ["screen", "peri", str(toml), "--layers", "3", "--width", "32", "--heads", "2", "--seq-len", "8",
-            "--stress", "1,4", "--json", str(out)]
+    args = [
+        "screen",
+        "peri",
+        str(toml),
+        "--layers",
+        "3",
+        "--width",
+        "32",
+        "--heads",
+        "2",
+        "--seq-len",
+        "8",
+        "--stress",
+        "1,4",
+        "--json",
+        str(out),
+    ]
     assert main(args) == 0
     table = capsys.readouterr().out
     assert "well-posed" in table and "attn=AB,mlp=AB,final,h=0.5" in table
@@ -170,6 +196,7 @@ def test_cli_writes_table_and_json(tmp_path, capsys):
 def test_wellposedness_names_each_kinds_bound():
     """B of every kind bounds the update (RMS: ellipsoid; DyT: a box; ScaleNorm/L2: a sphere); C of DyT keeps
     the stream in a box and stays tangential; a learned step is named as moving the bound."""
+
     def why(text, sublayer="attn"):
         v = wellposedness(parse_layout(text).resolve(2))
         return v["verdict"], next(s["why"] for s in v["sublayers"] if s["sublayer"] == sublayer)
@@ -181,12 +208,25 @@ def test_wellposedness_names_each_kinds_bound():
     assert "box |x_i| <= |gamma_i| + |beta_i|" in why("post,norm=dyt")[1]
     assert "h learned (scalar, from 1)" in why("peri,h-scalar")[1]
     assert why("peri-derf")[0] == "well-posed" and "Derf squashes u" in why("peri-derf")[1]
-    assert "box |x_i| <= |gamma_i| + |beta_i|" in why("post,norm=derf")[1] and "(one scalar gain)" in why("peri,gain=scalar")[1]
+    assert (
+        "box |x_i| <= |gamma_i| + |beta_i|" in why("post,norm=derf")[1]
+        and "(one scalar gain)" in why("peri,gain=scalar")[1]
+    )
     assert why("rezero")[0] == "ill-posed (unbounded)" and "hidden norm (H)" in why("normformer", "mlp")[1]
 
 
-@pytest.mark.parametrize("text", ["peri,norm=l2", "peri,norm=scale", "peri,gain=none", "peri,norm=dyt", "peri,h-channel",
-                                  "peri-derf", "peri,gain=scalar"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "peri,norm=l2",
+        "peri,norm=scale",
+        "peri,gain=none",
+        "peri,norm=dyt",
+        "peri,h-channel",
+        "peri-derf",
+        "peri,gain=scalar",
+    ],
+)
 def test_theorem4_bound_holds_for_every_kind_of_output_norm(text):
     """The linear bound uses each kind's own per-entry bound (and a learned h's value) and holds under stress."""
     r = screen_layout(text, FAST)
@@ -198,8 +238,12 @@ def test_learned_skip_and_gpas_are_screened_without_theorem4():
     """A learned skip lambda or GPAS scales the carried stream, so Theorem 4's identity path is gone: the screen
     runs, says what carries the stream, and claims no bound even on Peri-LN's output norms."""
     for text, words in (("peri,skip-scalar", "learned skip scale"), ("peri,gpas", "GPAS")):
-        r = screen_layout(text, ScreenConfig(model={"n_layers": 2, "d_model": 32, "n_heads": 2}, batch=1, seq_len=8,
-                                             iters=3, stresses=(1.0, 4.0)))
+        r = screen_layout(
+            text,
+            ScreenConfig(
+                model={"n_layers": 2, "d_model": 32, "n_heads": 2}, batch=1, seq_len=8, iters=3, stresses=(1.0, 4.0)
+            ),
+        )
         assert words in r["wellposedness"]["stream"] and r["wellposedness"]["verdict"] == "well-posed"
         assert all("thm4_bound" not in row for row in r["stresses"].values())
     assert wellposedness(PRESETS["peri"].layout.resolve(2))["stream"] == "identity (unit-weight sum)"
@@ -211,10 +255,13 @@ def test_screen_reports_the_hyper_connections_composite_gain(capsys):
     from normlab.screen import format_table
     from normlab.screen.screen import hc_gain
 
-    cfg = ScreenConfig(model={"n_layers": 2, "d_model": 32, "n_heads": 2}, batch=1, seq_len=8, iters=3,
-                       stresses=(1.0, 4.0))
+    cfg = ScreenConfig(
+        model={"n_layers": 2, "d_model": 32, "n_heads": 2}, batch=1, seq_len=8, iters=3, stresses=(1.0, 4.0)
+    )
     r = screen_layout("pre-mhc", cfg)
-    assert r["verdict"]["hc_gain"] == pytest.approx(1.0, abs=1e-6) and "doubly stochastic" in r["wellposedness"]["stream"]
+    assert (
+        r["verdict"]["hc_gain"] == pytest.approx(1.0, abs=1e-6) and "doubly stochastic" in r["wellposedness"]["stream"]
+    )
     for row in r["stresses"].values():
         assert len(row["hc_gain"]["forward"]) == 4 and "thm4_bound" not in row
     assert "composite mixing gain" in format_table([r]) and "composite" not in format_table([screen_layout("pre", cfg)])
@@ -247,9 +294,13 @@ def test_seednorms_mean_entry_is_bounded_by_its_gains_whatever_its_input():
 def test_ngpt_is_screened_as_output_normalized_on_the_sphere():
     """nGPT's update is Norm(F(h)) (an L2 norm at B) and its stream is renormalized (C): well-posed, the last
     stream's mean |entry| is that of a unit vector at every stress, and its sensitivity does not grow with s."""
-    r = screen_layout("ngpt", ScreenConfig(model={"n_layers": 2, "d_model": 32, "n_heads": 2}, batch=1, seq_len=8,
-                                           iters=5, stresses=(1.0, 8.0)))
+    r = screen_layout(
+        "ngpt",
+        ScreenConfig(
+            model={"n_layers": 2, "d_model": 32, "n_heads": 2}, batch=1, seq_len=8, iters=5, stresses=(1.0, 8.0)
+        ),
+    )
     assert r["wellposedness"]["verdict"] == "well-posed"
     assert abs(r["verdict"]["sensitivity_ratio"] - 1) < 0.05
     for row in r["stresses"].values():
-        assert row["rms"][-1] == pytest.approx(32 ** -0.5, rel=1e-5)
+        assert row["rms"][-1] == pytest.approx(32**-0.5, rel=1e-5)

@@ -19,8 +19,11 @@ INIT = 5.5
 
 def frame(cells: dict[tuple[str, float], list[tuple[str, float | None]]]) -> pd.DataFrame:
     """A `load_sweep`-shaped table: (layout, lr) -> one (status, final loss) per seed."""
-    rows = [{"layout": layout, "lr": lr, "seed": seed, "status": status, "final_loss": loss, "initial_loss": INIT}
-            for (layout, lr), seeds in cells.items() for seed, (status, loss) in enumerate(seeds)]
+    rows = [
+        {"layout": layout, "lr": lr, "seed": seed, "status": status, "final_loss": loss, "initial_loss": INIT}
+        for (layout, lr), seeds in cells.items()
+        for seed, (status, loss) in enumerate(seeds)
+    ]
     return pd.DataFrame(rows)
 
 
@@ -36,10 +39,17 @@ def kendall(order_a: list[str], order_b: list[str]) -> float:
 
 
 def test_rank_failures_first_then_best_loss_then_expected_loss():
-    runs = frame({("a", 1e-2): ok(2.0, 2.2), ("a", 3e-2): ok(2.5, 2.5),
-                  ("b", 1e-2): ok(1.8, 1.8), ("b", 3e-2): [("diverged", 1.0), ("ok", 2.0)],  # lowest loss, one failure
-                  ("c", 1e-2): ok(2.1, 2.1), ("c", 3e-2): ok(3.5, 3.5),  # a's best loss, a worse lr curve
-                  ("d", 1e-2): [("pending", None), ("pending", None)]})  # nothing finished: not ranked
+    runs = frame(
+        {
+            ("a", 1e-2): ok(2.0, 2.2),
+            ("a", 3e-2): ok(2.5, 2.5),
+            ("b", 1e-2): ok(1.8, 1.8),
+            ("b", 3e-2): [("diverged", 1.0), ("ok", 2.0)],  # lowest loss, one failure
+            ("c", 1e-2): ok(2.1, 2.1),
+            ("c", 3e-2): ok(3.5, 3.5),  # a's best loss, a worse lr curve
+            ("d", 1e-2): [("pending", None), ("pending", None)],
+        }
+    )  # nothing finished: not ranked
     c_best = 2.1
     table = rank_sweep(runs).set_index("layout")
     a_best = (2.0 + 2.2) / 2
@@ -73,14 +83,30 @@ def test_tau_top1_top3_and_discordance_beyond_noise_on_hand_made_rankings():
 
 
 def test_failures_predicted_vs_seen_on_the_shared_learning_rates():
-    proxy = frame({("pre", 1e-2): ok(2.0, 2.0), ("pre", 0.1): [("diverged", 3.0), ("diverged", 3.0)],
-                   ("peri", 1e-2): ok(2.1, 2.1), ("peri", 0.1): ok(2.6, 2.6),
-                   ("post", 1e-2): [("stalled", 3.3), ("ok", 2.9)]})
-    other = frame({("pre", 1e-2): [("diverged", 2.5), ("ok", 2.2)], ("peri", 1e-2): ok(2.1, 2.1),
-                   ("post", 1e-2): [("stalled", 3.3), ("stalled", 3.3)]})
+    proxy = frame(
+        {
+            ("pre", 1e-2): ok(2.0, 2.0),
+            ("pre", 0.1): [("diverged", 3.0), ("diverged", 3.0)],
+            ("peri", 1e-2): ok(2.1, 2.1),
+            ("peri", 0.1): ok(2.6, 2.6),
+            ("post", 1e-2): [("stalled", 3.3), ("ok", 2.9)],
+        }
+    )
+    other = frame(
+        {
+            ("pre", 1e-2): [("diverged", 2.5), ("ok", 2.2)],
+            ("peri", 1e-2): ok(2.1, 2.1),
+            ("post", 1e-2): [("stalled", 3.3), ("stalled", 3.3)],
+        }
+    )
     assert shared_lrs(proxy, other) == [1e-2]
-    assert failure_cells(proxy) == {("peri", 0.01): (0, 2), ("peri", 0.1): (0, 2), ("post", 0.01): (1, 2),
-                                    ("pre", 0.01): (0, 2), ("pre", 0.1): (2, 2)}
+    assert failure_cells(proxy) == {
+        ("peri", 0.01): (0, 2),
+        ("peri", 0.1): (0, 2),
+        ("post", 0.01): (1, 2),
+        ("pre", 0.01): (0, 2),
+        ("pre", 0.1): (2, 2),
+    }
     common = compare(proxy, other)  # lr 0.1, which the other sweep never ran, is left out of both rankings
     assert common.lrs == [1e-2] and common.proxy_order == ["pre", "peri", "post"]
     assert common.other_order == ["peri", "pre", "post"]
@@ -149,14 +175,38 @@ def test_the_record_keeps_the_numbers_the_command_and_the_status(tmp_path, capsy
     assert "is not a transfer record" in capsys.readouterr().err and other.read_text() == '{"mine": 1}'
 
 
-LLAMA_1B = {"model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
-            "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256, "hidden_act": "silu",
-            "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": True, "head_dim": 64,
-            "max_position_embeddings": 131072, "torch_dtype": "bfloat16"}
-QWEN3_06B = {"model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
-             "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
-             "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 1000000, "tie_word_embeddings": True,
-             "max_position_embeddings": 40960, "torch_dtype": "bfloat16"}
+LLAMA_1B = {
+    "model_type": "llama",
+    "hidden_size": 2048,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": True,
+    "head_dim": 64,
+    "max_position_embeddings": 131072,
+    "torch_dtype": "bfloat16",
+}
+QWEN3_06B = {
+    "model_type": "qwen3",
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000,
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 40960,
+    "torch_dtype": "bfloat16",
+}
 
 
 @pytest.mark.parametrize("key,config,ffn,gqa,depth", [("llama1b", LLAMA_1B, 4, 4, 16), ("qwen3", QWEN3_06B, 3, 2, 28)])
@@ -171,7 +221,7 @@ def test_recipes_train_recommends_proxy_and_widen_it_alone(tmp_path, key, config
     (tmp_path / "config.json").write_text(json.dumps(config))
     user = read_user_model(str(tmp_path / "config.json"))
 
-    def first(name):  # noqa: ANN001, ANN202
+    def first(name):
         r = load_recipe(name)
         return r, r.expand()[0].train_config("unused")
 
@@ -181,8 +231,12 @@ def test_recipes_train_recommends_proxy_and_widen_it_alone(tmp_path, key, config
     for k, v in RECOMMEND_BASE.items():
         assert stress.base[k] == v, k
     assert stress.base["activation_dtype"] == "fp16"
-    names = {64: f"transfer-{key}-w64", 128: f"transfer-{key}-w128", 256: f"gpu-transfer-{key}-w256",
-             1024: f"gpu-transfer-{key}-w1024"}
+    names = {
+        64: f"transfer-{key}-w64",
+        128: f"transfer-{key}-w128",
+        256: f"gpu-transfer-{key}-w256",
+        1024: f"gpu-transfer-{key}-w1024",
+    }
     times_tokens = {64: 1, 128: 4, 256: 4, 1024: 16}  # at least 4x the proxy's tokens at every wider rung
     rungs = {w: first(name) for w, name in names.items()}
     proxy, proxy_cfg = rungs[64]

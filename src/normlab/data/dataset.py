@@ -32,6 +32,7 @@ from normlab.data.tokenizer import Tokenizer, load_tokenizer
 from normlab.errors import DataError
 from normlab.io import atomic_write_bytes
 
+
 @dataclass(frozen=True)
 class TokenData:
     train: np.ndarray
@@ -41,8 +42,7 @@ class TokenData:
     source: str
 
     def describe(self) -> str:
-        return (f"{self.source}: {len(self.train):,} train + {len(self.val):,} val tokens, "
-                f"vocab {self.vocab_size}")
+        return f"{self.source}: {len(self.train):,} train + {len(self.val):,} val tokens, vocab {self.vocab_size}"
 
     def train_batch(self, step: int, batch_size: int, seq_len: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         return batch_at(self.train, step, batch_size, seq_len, seed)
@@ -64,7 +64,7 @@ def unigram_entropy(tokens: np.ndarray, vocab_size: int, chunk: int = 1 << 24) -
     billions of tokens is never widened to int64 at once."""
     counts = np.zeros(vocab_size, dtype=np.int64)
     for i in range(0, len(tokens), chunk):
-        counts += np.bincount(np.asarray(tokens[i:i + chunk], dtype=np.int64), minlength=vocab_size)[:vocab_size]
+        counts += np.bincount(np.asarray(tokens[i : i + chunk], dtype=np.int64), minlength=vocab_size)[:vocab_size]
     p = counts[counts > 0] / counts.sum()
     return float(-(p * np.log(p)).sum())
 
@@ -94,11 +94,15 @@ def load_data(
     else:
         src = Path(path)
         if not src.exists():
-            raise DataError(f"data path {src} does not exist; give a text file, folder, .jsonl, .bin or a corpus "
-                            f"name ({', '.join(CORPORA)})")
+            raise DataError(
+                f"data path {src} does not exist; give a text file, folder, .jsonl, .bin or a corpus "
+                f"name ({', '.join(CORPORA)})"
+            )
         if not (src.is_file() or src.is_dir()):
-            raise DataError(f"data path {src} is not a regular file or folder (a device, pipe or socket is never "
-                            "read as a corpus); give a text file, folder, .jsonl or .bin")
+            raise DataError(
+                f"data path {src} is not a regular file or folder (a device, pipe or socket is never "
+                "read as a corpus); give a text file, folder, .jsonl or .bin"
+            )
     if is_prepared(src):  # a `normlab data prepare` folder: its own split, tokenizer and vocabulary
         train, val, tok, meta = load_prepared(src)
         if vocab_size is not None and vocab_size < meta["vocab_size"]:
@@ -128,7 +132,9 @@ def load_data(
     return TokenData(tokens[: len(tokens) - n_val], tokens[len(tokens) - n_val :], vocab, tok, str(src))
 
 
-def batch_at(tokens: np.ndarray, step: int, batch_size: int, seq_len: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def batch_at(
+    tokens: np.ndarray, step: int, batch_size: int, seq_len: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The (inputs, targets) windows of ``step``: a pure function of (seed, step)."""
     w = window_at(tokens, step, batch_size, seq_len, seed)
     return w[:, :-1], w[:, 1:]
@@ -146,7 +152,9 @@ def window_at(tokens: np.ndarray, step: int, batch_size: int, seq_len: int, seed
     return torch.from_numpy(win)
 
 
-def val_batches(tokens: np.ndarray, n_batches: int, batch_size: int, seq_len: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def val_batches(
+    tokens: np.ndarray, n_batches: int, batch_size: int, seq_len: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Fixed, evenly spaced validation windows (the same for every run on the same data)."""
     n_windows = min(n_batches * batch_size, max(1, (len(tokens) - 1) // seq_len))
     if len(tokens) <= seq_len + 1:

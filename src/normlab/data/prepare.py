@@ -42,8 +42,9 @@ def is_prepared(path: Path) -> bool:
 def _documents(src: Path, text_field: str) -> tuple[list[Path], Iterable[str]]:
     """(files a BPE may be trained on, the documents in order): a datasets folder's rows, else what
     `load_data` reads (`document_source`)."""
-    if src.is_dir() and ((src / "dataset_info.json").is_file() or (src / "dataset_dict.json").is_file()
-                         or (src / "state.json").is_file()):
+    if src.is_dir() and (
+        (src / "dataset_info.json").is_file() or (src / "dataset_dict.json").is_file() or (src / "state.json").is_file()
+    ):
         return [], _hf_dataset_texts(src, text_field)
     files, docs = document_source(src, text_field)
     return files, docs()
@@ -66,16 +67,20 @@ def _hf_dataset_texts(src: Path, field: str) -> Iterator[str]:
                 yield text
 
 
-
-
 def hashed_to_val(text: str, val_fraction: float) -> bool:
     """The "hash" split: a document is held out when its text's SHA-256 falls in the first
     ``val_fraction`` of the hash range (independent of order; the same document always lands the same)."""
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") < val_fraction * 2.0**64
 
 
-def prepare(source: str | Path, out: str | Path, tokenizer: str = "bytes", text_field: str = "text",
-            val_fraction: float = 0.1, val_split: str = "tail") -> dict[str, Any]:
+def prepare(
+    source: str | Path,
+    out: str | Path,
+    tokenizer: str = "bytes",
+    text_field: str = "text",
+    val_fraction: float = 0.1,
+    val_split: str = "tail",
+) -> dict[str, Any]:
     """Tokenize ``source`` into ``out`` (see the module docstring); returns meta.json's content."""
     if not 0.0 < val_fraction < 1.0:
         raise DataError(f"val_fraction must lie in (0, 1), got {val_fraction}")
@@ -83,34 +88,50 @@ def prepare(source: str | Path, out: str | Path, tokenizer: str = "bytes", text_
         raise DataError(f"val_split must be one of {', '.join(VAL_SPLITS)}, got {val_split!r}")
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise DataError(f"{out} {'is a file' if not out.is_dir() else 'is not empty'}; nothing there is overwritten: "
-                        "give a new or empty folder")
+        raise DataError(
+            f"{out} {'is a file' if not out.is_dir() else 'is not empty'}; nothing there is overwritten: "
+            "give a new or empty folder"
+        )
     src = Path(source)  # a corpus name is resolved by the caller (normlab.data.corpora.source_path)
     if not src.exists():
-        raise DataError(f"{src} does not exist; give a text file, a folder of text files, a .jsonl or a datasets "
-                        "folder (save_to_disk)")
+        raise DataError(
+            f"{src} does not exist; give a text file, a folder of text files, a .jsonl or a datasets "
+            "folder (save_to_disk)"
+        )
     files, docs = _documents(src, text_field)
     if tokenizer.startswith("bpe:") and not files:
         raise DataError("a BPE is trained on text files; for a datasets folder give a trained tokenizer.json or bytes")
     tok = load_tokenizer(tokenizer, files)
     texts = list(docs)
     if len(texts) < 2:
-        raise DataError(f"{src} holds {len(texts)} document(s); a document-level split needs at least 2 "
-                        "(several files, JSONL records or dataset rows)")
+        raise DataError(
+            f"{src} holds {len(texts)} document(s); a document-level split needs at least 2 "
+            "(several files, JSONL records or dataset rows)"
+        )
     if val_split == "hash":
         held = [hashed_to_val(t, val_fraction) for t in texts]
         if all(held) or not any(held):
-            raise DataError(f"the hashed split of {len(texts)} documents at {val_fraction} leaves one side empty; "
-                            "use more documents, another --val-fraction, or --val-split tail")
+            raise DataError(
+                f"the hashed split of {len(texts)} documents at {val_fraction} leaves one side empty; "
+                "use more documents, another --val-fraction, or --val-split tail"
+            )
         parts = ([t for t, h in zip(texts, held) if not h], [t for t, h in zip(texts, held) if h])
     else:
         n_val = max(1, round(len(texts) * val_fraction))
-        parts = (texts[: len(texts) - n_val], texts[len(texts) - n_val:])
+        parts = (texts[: len(texts) - n_val], texts[len(texts) - n_val :])
     dtype = np.uint16 if tok.vocab_size <= 65536 else np.uint32
     out.mkdir(parents=True, exist_ok=True)
-    meta: dict[str, Any] = {"source": str(src), "tokenizer": tok.name, "vocab_size": tok.vocab_size,
-                            "eos_id": tok.eos_id, "eos_token": tok.eos_token, "dtype": np.dtype(dtype).name,
-                            "text_field": text_field, "val_fraction": val_fraction, "val_split": val_split}
+    meta: dict[str, Any] = {
+        "source": str(src),
+        "tokenizer": tok.name,
+        "vocab_size": tok.vocab_size,
+        "eos_id": tok.eos_id,
+        "eos_token": tok.eos_token,
+        "dtype": np.dtype(dtype).name,
+        "text_field": text_field,
+        "val_fraction": val_fraction,
+        "val_split": val_split,
+    }
     for split, part in zip(("train", "val"), parts):
         n_tokens, digest = _write_tokens(out / f"{split}.bin", tok, part, dtype)
         meta[split] = {"documents": len(part), "tokens": n_tokens, "sha256": digest}
@@ -145,13 +166,20 @@ def load_prepared(path: Path) -> tuple[np.ndarray, np.ndarray, Tokenizer | None,
     if not (path / "val.bin").is_file():
         raise DataError(f"{path} has train.bin but no val.bin; prepare the folder again")
     train, val = load_bin(path / "train.bin", dtype, vocab), load_bin(path / "val.bin", dtype, vocab)
-    tok = (load_tokenizer(str(path / "tokenizer.json")) if (path / "tokenizer.json").is_file()
-           else ByteTokenizer() if meta.get("tokenizer") == "bytes" else None)
+    tok = (
+        load_tokenizer(str(path / "tokenizer.json"))
+        if (path / "tokenizer.json").is_file()
+        else ByteTokenizer()
+        if meta.get("tokenizer") == "bytes"
+        else None
+    )
     return train, val, tok, meta
 
 
 def prepared_line(meta: dict[str, Any], out: str) -> str:
     """What `normlab data prepare` wrote, in one line."""
-    return (f"{meta['source']} -> {out}: {meta['train']['documents']:,} + {meta['val']['documents']:,} documents, "
-            f"{meta['train']['tokens']:,} train + {meta['val']['tokens']:,} val tokens ({meta['dtype']}), tokenizer "
-            f"{meta['tokenizer']} (vocab {meta['vocab_size']}, end-of-text id {meta['eos_id']}); train with --data {out}")
+    return (
+        f"{meta['source']} -> {out}: {meta['train']['documents']:,} + {meta['val']['documents']:,} documents, "
+        f"{meta['train']['tokens']:,} train + {meta['val']['tokens']:,} val tokens ({meta['dtype']}), tokenizer "
+        f"{meta['tokenizer']} (vocab {meta['vocab_size']}, end-of-text id {meta['eos_id']}); train with --data {out}"
+    )

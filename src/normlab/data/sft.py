@@ -52,26 +52,38 @@ def encode_pair(tok: Tokenizer, prompt: str, response: str, seq_len: int) -> tup
     return x, y
 
 
-def load_sft(path: Path, tok: Tokenizer, seq_len: int, val_fraction: float, prompt_field: str = "prompt",
-             response_field: str = "response") -> tuple[Examples, Examples]:
+def load_sft(
+    path: Path,
+    tok: Tokenizer,
+    seq_len: int,
+    val_fraction: float,
+    prompt_field: str = "prompt",
+    response_field: str = "response",
+) -> tuple[Examples, Examples]:
     """Train and validation examples (the last ``val_fraction`` of the records are validation)."""
     if not path.is_file():
         raise DataError(f"SFT data {path} is not a regular file; give a .jsonl file of prompt/response records")
     rows = []
     for n, rec in jsonl_records(path):  # streamed; a record over io.MAX_RECORD_BYTES is refused unread
         if not isinstance(rec, dict):
-            raise DataError(f"{path}:{n}: an SFT record is a JSON object with string fields {prompt_field!r} and "
-                            f"{response_field!r}; found a {type(rec).__name__}")
+            raise DataError(
+                f"{path}:{n}: an SFT record is a JSON object with string fields {prompt_field!r} and "
+                f"{response_field!r}; found a {type(rec).__name__}"
+            )
         if not isinstance(rec.get(prompt_field), str) or not isinstance(rec.get(response_field), str):
-            raise DataError(f"{path}:{n}: an SFT record needs string fields {prompt_field!r} and {response_field!r}; "
-                            f"found {sorted(rec)}")
+            raise DataError(
+                f"{path}:{n}: an SFT record needs string fields {prompt_field!r} and {response_field!r}; "
+                f"found {sorted(rec)}"
+            )
         x, y = encode_pair(tok, rec[prompt_field], rec[response_field], seq_len)
         if (y != IGNORE).any():  # a record whose response was truncated away teaches nothing
             rows.append((x, y))
     n_val = max(1, int(len(rows) * val_fraction))
     if len(rows) - n_val < 1:
-        raise DataError(f"{path} has {len(rows)} usable SFT records (with a response token within seq_len={seq_len}): "
-                        "too few to split into train and validation")
+        raise DataError(
+            f"{path} has {len(rows)} usable SFT records (with a response token within seq_len={seq_len}): "
+            "too few to split into train and validation"
+        )
     x, y = np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])
     cut = len(rows) - n_val
     return Examples(x[:cut], y[:cut]), Examples(x[cut:], y[cut:])
@@ -88,8 +100,10 @@ class SFTData:
     source: str
 
     def describe(self) -> str:
-        return (f"{self.source} (SFT): {len(self.train):,} train + {len(self.val):,} val examples, "
-                f"{self.train.response_tokens:,} train response tokens, vocab {self.vocab_size}")
+        return (
+            f"{self.source} (SFT): {len(self.train):,} train + {len(self.val):,} val examples, "
+            f"{self.train.response_tokens:,} train response tokens, vocab {self.vocab_size}"
+        )
 
     def train_batch(self, step: int, batch_size: int, seq_len: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         return sft_batch_at(self.train, step, batch_size, seed)
@@ -102,15 +116,26 @@ class SFTData:
         return None
 
 
-def load_sft_data(path: str, tokenizer: str, seq_len: int, val_fraction: float, prompt_field: str,
-                  response_field: str, vocab_size: int | None = None) -> SFTData:
+def load_sft_data(
+    path: str,
+    tokenizer: str,
+    seq_len: int,
+    val_fraction: float,
+    prompt_field: str,
+    response_field: str,
+    vocab_size: int | None = None,
+) -> SFTData:
     from normlab.data.tokenizer import load_tokenizer
 
     src = Path(path)
     if src.suffix != ".jsonl" or not src.is_file():
-        raise DataError(f"SFT data must be a .jsonl file of {{{prompt_field!r}: ..., {response_field!r}: ...}} records; got {path}")
+        raise DataError(
+            f"SFT data must be a .jsonl file of {{{prompt_field!r}: ..., {response_field!r}: ...}} records; got {path}"
+        )
     if tokenizer.startswith("bpe:"):
-        raise DataError("SFT continues a trained model: use its tokenizer (bytes, or the tokenizer.json it was trained with)")
+        raise DataError(
+            "SFT continues a trained model: use its tokenizer (bytes, or the tokenizer.json it was trained with)"
+        )
     tok = load_tokenizer(tokenizer)
     train, val = load_sft(src, tok, seq_len, val_fraction, prompt_field, response_field)
     vocab = max(tok.vocab_size, vocab_size or 0)

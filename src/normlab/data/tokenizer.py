@@ -22,7 +22,6 @@ from typing import Protocol
 from normlab.data.corpus import DataError, cache_dir
 from normlab.io import read_json, read_utf8
 
-
 EOT = "<|endoftext|>"
 # end-of-text tokens of well-known tokenizers, in the order they are looked for
 KNOWN_EOS = (EOT, "<|end_of_text|>", "</s>", "<eos>", "<|im_end|>", "<|eot_id|>")
@@ -112,7 +111,9 @@ def train_bpe(files: list[Path], vocab_size: int) -> HFTokenizer:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        vocab_size=vocab_size,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
         special_tokens=[EOT],
     )
     try:
@@ -120,8 +121,9 @@ def train_bpe(files: list[Path], vocab_size: int) -> HFTokenizer:
     except Exception as err:  # noqa: BLE001 - the tokenizers library raises a bare Exception (e.g. not UTF-8)
         for f in files:
             read_utf8(f)  # the file it could not read, named with the offset
-        raise DataError(f"training a BPE on {len(files)} file(s) failed: {' '.join(str(err).split())[:200]}; "
-                        "give UTF-8 text files") from None
+        raise DataError(
+            f"training a BPE on {len(files)} file(s) failed: {' '.join(str(err).split())[:200]}; give UTF-8 text files"
+        ) from None
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tok.save(str(tmp))
@@ -130,7 +132,7 @@ def train_bpe(files: list[Path], vocab_size: int) -> HFTokenizer:
 
 
 # text with what trips a tokenizer: letters beyond its vocabulary, digits, accents, CJK, an emoji, tabs
-PROBE_TEXT = "The quick brown fox, 1905: na\u00efve \u00fcber \u6f22\u5b57 \U0001F642\n\tdef f(x): return x"
+PROBE_TEXT = "The quick brown fox, 1905: na\u00efve \u00fcber \u6f22\u5b57 \U0001f642\n\tdef f(x): return x"
 
 
 def read_tokenizer_json(file: Path):  # noqa: ANN201 - tokenizers.Tokenizer
@@ -144,13 +146,16 @@ def read_tokenizer_json(file: Path):  # noqa: ANN201 - tokenizers.Tokenizer
     try:
         loaded = Tokenizer.from_file(str(file))
     except Exception as err:  # noqa: BLE001 - the tokenizers library raises a bare Exception
-        raise DataError(f"{file} is not a Hugging Face tokenizer.json ({' '.join(str(err).split())[:200]}); "
-                        f"{valid}") from None
+        raise DataError(
+            f"{file} is not a Hugging Face tokenizer.json ({' '.join(str(err).split())[:200]}); {valid}"
+        ) from None
     try:
         loaded.encode(PROBE_TEXT)
     except Exception as err:  # noqa: BLE001 - e.g. "WordLevel error: Missing [UNK] token from the vocabulary"
-        raise DataError(f"{file} cannot encode text ({' '.join(str(err).split())[:200]}); a tokenizer's vocabulary "
-                        f"holds the unknown token it names; {valid}") from None
+        raise DataError(
+            f"{file} cannot encode text ({' '.join(str(err).split())[:200]}); a tokenizer's vocabulary "
+            f"holds the unknown token it names; {valid}"
+        ) from None
     return loaded
 
 

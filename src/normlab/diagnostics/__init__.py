@@ -5,5 +5,14 @@ from normlab.diagnostics.monitor import SpikeRule, TrainingMonitor
 from normlab.diagnostics.probes import Probes
 from normlab.diagnostics.store import Run, load_run
 
-__all__ = ["ProbeSession", "Probes", "Run", "SpikeRule", "StreamProbe", "TrainingMonitor", "find_blocks", "load_run",
-           "probing"]
+__all__ = [
+    "ProbeSession",
+    "Probes",
+    "Run",
+    "SpikeRule",
+    "StreamProbe",
+    "TrainingMonitor",
+    "find_blocks",
+    "load_run",
+    "probing",
+]

@@ -45,8 +45,9 @@ class ProbeSession:
 
 
 @contextlib.contextmanager
-def probing(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], every: int = 100,
-            path: str | Path | None = None) -> Iterator[ProbeSession]:
+def probing(
+    model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], every: int = 100, path: str | Path | None = None
+) -> Iterator[ProbeSession]:
     if every < 1:
         raise ValueError(f"every must be >= 1, got {every}")
     writer = ProbeWriter(Path(path), 0) if path is not None else None

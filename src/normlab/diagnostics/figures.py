@@ -62,10 +62,15 @@ def fig_loss(runs: list[Run], names: list[str]):  # noqa: ANN201
         ok = np.isfinite(loss)
         diverged = run.summary.get("status") == "diverged"
         if not ok.any():
-            _not_drawn(a, name, f"no finite loss; diverged at step {run.summary.get('diverged_step')}" if diverged
-                       else "no finite loss")
+            _not_drawn(
+                a,
+                name,
+                f"no finite loss; diverged at step {run.summary.get('diverged_step')}"
+                if diverged
+                else "no finite loss",
+            )
             continue
-        line, = a.plot(steps[ok], _trailing_mean(loss[ok]), label=f"{name} train (mean of 10 steps)")
+        (line,) = a.plot(steps[ok], _trailing_mean(loss[ok]), label=f"{name} train (mean of 10 steps)")
         color = line.get_color()
         a.plot(steps[ok], loss[ok], lw=0.6, alpha=0.35, color=color)  # the raw losses the summary averages
         if "val_loss" in m:
@@ -77,14 +82,23 @@ def fig_loss(runs: list[Run], names: list[str]):  # noqa: ANN201
         b.plot(steps[gok], g[gok], lw=0.8, color=color, label=name)
         if diverged:
             at = run.summary.get("diverged_step")
-            a.scatter([steps[ok][-1]], [loss[ok][-1]], marker="X", s=90, color=color, zorder=5,
-                      label=f"{name} diverged at step {at}")
+            a.scatter(
+                [steps[ok][-1]],
+                [loss[ok][-1]],
+                marker="X",
+                s=90,
+                color=color,
+                zorder=5,
+                label=f"{name} diverged at step {at}",
+            )
             if gok.any():
                 b.scatter([steps[gok][-1]], [g[gok][-1]], marker="X", s=90, color=color, zorder=5)
     broke = any(run.summary.get("status") == "diverged" for run in runs)
-    a.set(title="Loss (faint: each step; X: a diverged run's last finite step)" if broke else "Loss (faint: each step)",
-          xlabel="step",
-          ylabel="cross-entropy (nats/token)")
+    a.set(
+        title="Loss (faint: each step; X: a diverged run's last finite step)" if broke else "Loss (faint: each step)",
+        xlabel="step",
+        ylabel="cross-entropy (nats/token)",
+    )
     b.set(title="Gradient norm (pre-clip)", xlabel="step", ylabel="global L2 norm", yscale="log")
     _legend(a, fontsize=8)
     _legend(b, fontsize=8)
@@ -104,7 +118,9 @@ def fig_depth(runs: list[Run], names: list[str], metric: str, label: str):  # no
         if not steps:
             ax.set_title(f"{name}: no finite probe")
             continue
-        pick = sorted({steps[0], steps[len(steps) // 2], steps[-1]} | ({steps[len(steps) // 4]} if len(steps) > 4 else set()))
+        pick = sorted(
+            {steps[0], steps[len(steps) // 2], steps[-1]} | ({steps[len(steps) // 4]} if len(steps) > 4 else set())
+        )
         colors = plt.cm.viridis(np.linspace(0, 0.9, len(pick)))
         layers = tab.columns.astype(int).to_numpy()
         for c, st in zip(colors, pick):
@@ -123,7 +139,7 @@ def fig_depth(runs: list[Run], names: list[str], metric: str, label: str):  # no
     return fig
 
 
-def _layer_grad(run: Run) -> "object":
+def _layer_grad(run: Run) -> object:
     df = run.probes[(run.probes.metric == "grad_norm") & run.probes.site.str.contains("_proj")]
     if df.empty:
         return None
@@ -137,10 +153,17 @@ def _layer_line(ax, x: np.ndarray, y: np.ndarray, label: str, color: object = No
     is drawn as a triangle at the bottom of the axes and counted in the label, never dropped unseen."""
     zero = y <= 0
     note = f"; 0 in {int(zero.sum())} of {len(y)} blocks (▼ at the bottom)" if zero.any() else ""
-    line, = ax.plot(x[~zero], y[~zero], "o-", ms=3, color=color, label=label + note)
+    (line,) = ax.plot(x[~zero], y[~zero], "o-", ms=3, color=color, label=label + note)
     if zero.any():
-        ax.plot(x[zero], np.full(int(zero.sum()), 0.01), "v", ms=6, color=line.get_color(),
-                transform=ax.get_xaxis_transform(), clip_on=False)
+        ax.plot(
+            x[zero],
+            np.full(int(zero.sum()), 0.01),
+            "v",
+            ms=6,
+            color=line.get_color(),
+            transform=ax.get_xaxis_transform(),
+            clip_on=False,
+        )
     return line
 
 
@@ -158,15 +181,24 @@ def fig_grad_by_layer(runs: list[Run], names: list[str]):  # noqa: ANN201
                 _not_drawn(ax, name, "no probe with finite gradients")
             continue
         x = g.columns.astype(int).to_numpy()
-        line = _layer_line(a, x, g.loc[finite[0]].to_numpy(dtype=float),
-                           name if finite[0] == g.index[0] else f"{name} (step {finite[0]})")
+        line = _layer_line(
+            a,
+            x,
+            g.loc[finite[0]].to_numpy(dtype=float),
+            name if finite[0] == g.index[0] else f"{name} (step {finite[0]})",
+        )
         when = _when(finite[-1], int(g.index[-1]), run.summary.get("diverged_step"))
         if finite[-1] == g.index[-1] and g.index[-1] < run.probes.step.max():  # a monitor's final probe: no gradients
             when += f", the last probe with gradients (step {int(run.probes.step.max())} has none)"
         _layer_line(b, x, g.loc[finite[-1]].to_numpy(dtype=float), f"{name} ({when})", line.get_color())
     for ax in (a, b):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    a.set(title="Gradient norm by layer at initialization", xlabel="block", ylabel="||dL/dW|| over the block's matrices", yscale="log")
+    a.set(
+        title="Gradient norm by layer at initialization",
+        xlabel="block",
+        ylabel="||dL/dW|| over the block's matrices",
+        yscale="log",
+    )
     b.set(title="Gradient norm by layer at the end", xlabel="block", yscale="log")
     for ax in (a, b):  # below the panels: the notes on the steps shown are long
         _legend(ax, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2))
@@ -185,14 +217,23 @@ def fig_top100(runs: list[Run], names: list[str]):  # noqa: ANN201
         if not ok.any():
             _not_drawn(ax, name, "no finite probe")
             continue
-        line, = ax.plot(x[ok], top[ok], label=f"{name} (top-100 band)")
+        (line,) = ax.plot(x[ok], top[ok], label=f"{name} (top-100 band)")
         ax.fill_between(x[ok], low[ok], top[ok], color=line.get_color(), alpha=0.25)
         brk = run.summary.get("forensics") or {}
         if (brk.get("forward") or {}).get("kind") == "overflow":  # where the stored activations overflowed
-            ax.scatter([brk["step"]], [brk.get("limit") or FP16_MAX], marker="X", s=120, color=line.get_color(),
-                       zorder=5, label=f"{name} overflowed (step {brk['step']})")
+            ax.scatter(
+                [brk["step"]],
+                [brk.get("limit") or FP16_MAX],
+                marker="X",
+                s=120,
+                color=line.get_color(),
+                zorder=5,
+                label=f"{name} overflowed (step {brk['step']})",
+            )
     ax.axhline(FP16_MAX, ls="--", color="tab:orange", label="FP16 max 65504")
-    ax.set(title="Largest 100 |activations| in the residual stream", xlabel="step", ylabel="|hidden state|", yscale="log")
+    ax.set(
+        title="Largest 100 |activations| in the residual stream", xlabel="step", ylabel="|hidden state|", yscale="log"
+    )
     _legend(ax, fontsize=8)
     fig.tight_layout()
     return fig
@@ -213,9 +254,16 @@ def fig_angular(runs: list[Run], names: list[str]):  # noqa: ANN201
                 continue
             colors = plt.cm.viridis(np.linspace(0, 0.9, min(3, len(finite))))
             for c, st in zip(colors, sorted({finite[0], finite[len(finite) // 2], finite[-1]})):
-                ax.plot(nxt.columns.astype(int), nxt.loc[st].to_numpy(dtype=float), "o-", ms=3, color=c, label=f"step {st}")
+                ax.plot(
+                    nxt.columns.astype(int), nxt.loc[st].to_numpy(dtype=float), "o-", ms=3, color=c, label=f"step {st}"
+                )
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            ax.set(title=f"{name}: angular distance, layer l to l+1", xlabel="layer l", ylabel="arccos(cos)/π", ylim=(0, None))
+            ax.set(
+                title=f"{name}: angular distance, layer l to l+1",
+                xlabel="layer l",
+                ylabel="arccos(cos)/π",
+                ylim=(0, None),
+            )
             _legend(ax, fontsize=8)
             continue
         steps = sorted(int(st) for st in df.step.unique())
@@ -243,9 +291,11 @@ def fig_angular(runs: list[Run], names: list[str]):  # noqa: ANN201
 def _gamma_sites(run: Run) -> tuple[str, list[str]]:
     """The output norms (B) if the layout has them, else its after-add (C), else its input (A) norms."""
     sites = set(run.probes.site[run.probes.metric == "gamma_mean"])
-    for kind, pair in (("output", ("attn_norms.output", "mlp_norms.output")),
-                       ("after-add", ("attn_norms.after_add", "mlp_norms.after_add")),
-                       ("input", ("attn_norms.input", "mlp_norms.input"))):
+    for kind, pair in (
+        ("output", ("attn_norms.output", "mlp_norms.output")),
+        ("after-add", ("attn_norms.after_add", "mlp_norms.after_add")),
+        ("input", ("attn_norms.input", "mlp_norms.input")),
+    ):
         found = [s for s in pair if s in sites]
         if found:
             return kind, found
@@ -261,8 +311,14 @@ def fig_gamma(runs: list[Run], names: list[str]):  # noqa: ANN201
             colors = plt.cm.plasma(np.linspace(0, 0.9, tab.shape[1]))
             style = "-" if site.startswith("attn") else "--"
             for c, layer in zip(colors, tab.columns):
-                ax.plot(tab.index, tab[layer].to_numpy(dtype=float), style, color=c, lw=1,
-                        label=f"{site.split('_')[0]} L{layer}" if tab.shape[1] <= 8 else None)
+                ax.plot(
+                    tab.index,
+                    tab[layer].to_numpy(dtype=float),
+                    style,
+                    color=c,
+                    lw=1,
+                    label=f"{site.split('_')[0]} L{layer}" if tab.shape[1] <= 8 else None,
+                )
         if not sites:
             ax.text(0.5, 0.5, "no norms in this layout", ha="center", va="center", transform=ax.transAxes)
         ax.set(title=f"{name}: {kind or 'no'} norm γ (mean) over training", xlabel="step", ylabel="mean γ")
@@ -280,14 +336,20 @@ def fig_attention(runs: list[Run], names: list[str]):  # noqa: ANN201
             continue
         top = tab.max(axis=1).to_numpy(dtype=float)
         ok = np.isfinite(top)
-        line, = a.plot(tab.index[ok], top[ok], "o-", ms=3, label=name)
+        (line,) = a.plot(tab.index[ok], top[ok], "o-", ms=3, label=name)
         finite = finite_steps(tab)
         if not finite:
             _not_drawn(b, name, "no probe with finite logits")
             continue
         when = _when(finite[-1], int(tab.index[-1]), run.summary.get("diverged_step"))
-        b.plot(tab.columns.astype(int), tab.loc[finite[-1]].to_numpy(dtype=float), "o-", ms=3, color=line.get_color(),
-               label=f"{name} ({when})")
+        b.plot(
+            tab.columns.astype(int),
+            tab.loc[finite[-1]].to_numpy(dtype=float),
+            "o-",
+            ms=3,
+            color=line.get_color(),
+            label=f"{name} ({when})",
+        )
     a.set(title="Attention: largest logit over layers", xlabel="step", ylabel="max q·k/√d")
     b.set(title="Attention: max logit by layer at the end", xlabel="block", ylabel="max q·k/√d")
     b.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -316,8 +378,12 @@ def fig_expert_load(runs: list[Run], names: list[str]):  # noqa: ANN201
 
 
 # The learnable scalars a layout may add, as (metric, site filter, label): one panel row per run
-LEARNED = (("alpha", None, "DyT α"), ("h_mean", None, "residual step h (mean)"),
-           ("omega_mean", None, "Admin ω (mean)"), ("head_scale_mean", None, "head scale (mean)"))
+LEARNED = (
+    ("alpha", None, "DyT α"),
+    ("h_mean", None, "residual step h (mean)"),
+    ("omega_mean", None, "Admin ω (mean)"),
+    ("head_scale_mean", None, "head scale (mean)"),
+)
 
 
 def _learned_series(run: Run) -> list[tuple[str, str]]:
@@ -350,8 +416,14 @@ def fig_learned(runs: list[Run], names: list[str]):  # noqa: ANN201
                 y = one.value.to_numpy(dtype=float)
                 values.extend(y.tolist())
                 where = site if layer is None else f"{site} L{layer}"
-                ax.plot(one.step, y, style, color=c, lw=1,
-                        label=f"{labels[metric]} {where}" if len(layers) * len(series) <= 10 else None)
+                ax.plot(
+                    one.step,
+                    y,
+                    style,
+                    color=c,
+                    lw=1,
+                    label=f"{labels[metric]} {where}" if len(layers) * len(series) <= 10 else None,
+                )
         finite = [v for v in values if math.isfinite(v)]
         if finite and min(finite) > 0 and max(finite) / min(finite) > 20:  # e.g. Admin's omegas: 1 then ~0.02
             ax.set_yscale("log")
@@ -359,21 +431,34 @@ def fig_learned(runs: list[Run], names: list[str]):  # noqa: ANN201
             ax.text(0.5, 0.5, "no learnable scalars in this layout", ha="center", va="center", transform=ax.transAxes)
         title = ", ".join(sorted({labels[m] for m, _ in series})) or "learnable scalars"
         ax.set(title=f"{name}: {title}", xlabel="step", ylabel="value (viridis: shallow → deep)")
-        if ax.get_legend_handles_labels()[0]:  # below the panel: the lines start together and a legend inside hides them
-            ax.legend(fontsize=6, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.22),
-                      title="solid attn, dashed mlp, dotted other", title_fontsize=6)
+        if ax.get_legend_handles_labels()[
+            0
+        ]:  # below the panel: the lines start together and a legend inside hides them
+            ax.legend(
+                fontsize=6,
+                ncol=2,
+                loc="upper center",
+                bbox_to_anchor=(0.5, -0.22),
+                title="solid attn, dashed mlp, dotted other",
+                title_fontsize=6,
+            )
     fig.tight_layout()
     return fig
 
 
-TIER_PANELS = (("stream_max", "stream's largest |x|", "log"), ("grad_norm", "gradient norm", "log"),
-               ("update_ratio", "update / weight norm", "log"), ("max_logit", "largest attention logit (sampled)", "linear"))
+TIER_PANELS = (
+    ("stream_max", "stream's largest |x|", "log"),
+    ("grad_norm", "gradient norm", "log"),
+    ("update_ratio", "update / weight norm", "log"),
+    ("max_logit", "largest attention logit (sampled)", "linear"),
+)
 
 
 def fig_layers_per_step(runs: list[Run], names: list[str]):  # noqa: ANN201
     """The per-step tier (layers.jsonl): each panel one metric, a line per layer (viridis: shallow to deep)."""
-    fig, axes = plt.subplots(len(runs), len(TIER_PANELS), figsize=(4.2 * len(TIER_PANELS), 3.2 * len(runs)),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        len(runs), len(TIER_PANELS), figsize=(4.2 * len(TIER_PANELS), 3.2 * len(runs)), squeeze=False
+    )
     for row, run, name in zip(axes, runs, names):
         for ax, (metric, label, scale) in zip(row, TIER_PANELS):
             tab = run.layer_series(metric)
@@ -410,16 +495,34 @@ class Figure:
 
 FIGURES: tuple[Figure, ...] = (
     Figure("loss", "Loss and gradient norm", fig_loss, needs_probes=False),
-    Figure("variance_by_depth", "Hidden-state variance by depth (Kim Fig. 1, 6)", lambda r, n: fig_depth(r, n, "var", "variance")),
+    Figure(
+        "variance_by_depth",
+        "Hidden-state variance by depth (Kim Fig. 1, 6)",
+        lambda r, n: fig_depth(r, n, "var", "variance"),
+    ),
     Figure("mean_abs_by_depth", "Mean |h| by depth (Kan Fig. 1)", lambda r, n: fig_depth(r, n, "mean_abs", "mean |h|")),
     Figure("grad_by_layer", "Gradient norm by layer (Kim Fig. 7, Zhuo Fig. 5)", fig_grad_by_layer),
     Figure("top100_fp16", "Massive activations against the FP16 limit (Kim Fig. 11)", fig_top100),
-    Figure("angular_distance", "Angular distance between layers at the last token (Gromov et al.; Kim Fig. 9, 39)", fig_angular),
+    Figure(
+        "angular_distance",
+        "Angular distance between layers at the last token (Gromov et al.; Kim Fig. 9, 39)",
+        fig_angular,
+    ),
     Figure("output_gamma", "Norm γ over training: output norms where the layout has them (Kim Fig. 39b)", fig_gamma),
     Figure("attention_logits", "Attention logits (QK-norm motivation)", fig_attention),
-    Figure("learned_scalars", "Learnable scalars over training: DyT α, ReZero/LayerScale h, Admin ω, head scales",
-           fig_learned, shown=_has_learned),
+    Figure(
+        "learned_scalars",
+        "Learnable scalars over training: DyT α, ReZero/LayerScale h, Admin ω, head scales",
+        fig_learned,
+        shown=_has_learned,
+    ),
     Figure("expert_load", "Expert load over training (MoE; Zhuo Sec. 4.3, OLMoE)", fig_expert_load, shown=_has_experts),
-    Figure("layers_per_step", "Every step, per layer: stream maximum, gradient norm, update/weight ratio, attention "
-           "logit (the per-step tier)", fig_layers_per_step, needs_probes=False, shown=_has_layers),
+    Figure(
+        "layers_per_step",
+        "Every step, per layer: stream maximum, gradient norm, update/weight ratio, attention "
+        "logit (the per-step tier)",
+        fig_layers_per_step,
+        needs_probes=False,
+        shown=_has_layers,
+    ),
 )

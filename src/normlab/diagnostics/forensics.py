@@ -26,8 +26,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from normlab.model.storage import NO_STORAGE, Storage
 from normlab.model.norms import is_norm
+from normlab.model.storage import NO_STORAGE, Storage
 
 _SUBLAYER = {"attn": "attention", "mlp": "MLP"}
 _NORM_SITE = {"input": "input norm (A)", "output": "output norm (B)", "after_add": "after-add norm (C)"}
@@ -86,7 +86,9 @@ class _Recorder:
     def _hook(self, path: str, site: str):  # noqa: ANN202 - a forward hook
         def hook(mod: nn.Module, args: tuple, out: Any) -> None:
             x = args[0] if args and isinstance(args[0], torch.Tensor) else None
-            parts = path.split(".")  # the (block, sublayer) a site belongs to: blocks.3.attn_norms.input -> blocks.3.attn
+            parts = path.split(
+                "."
+            )  # the (block, sublayer) a site belongs to: blocks.3.attn_norms.input -> blocks.3.attn
             key = f"blocks.{parts[1]}.{parts[2].split('_')[0]}" if path.startswith("blocks.") else path
             if site == "MLP hidden":  # the hidden is the projection's input; what flowed in: the sublayer's u
                 self._check(path, site, x, before=self.sublayer_in.get(key, math.nan))
@@ -104,6 +106,7 @@ class _Recorder:
             if path.endswith("_update"):
                 self.update[key] = _max_finite(out)
             self._check(path, site, out, before=_max_finite(x) if x is not None else math.nan)
+
         return hook
 
     def _check(self, path: str, site: str, t: torch.Tensor | None, before: float, what: str = "output") -> None:
@@ -119,10 +122,14 @@ class _Recorder:
         bad = ~torch.isfinite(stored)
         if bool(bad.any()):
             self.first = {
-                "module": path + (" (input)" if what == "input" else ""), "layer": _layer(path), "site": site,
-                "nonfinite": int(bad.sum()), "of": t.numel(),
+                "module": path + (" (input)" if what == "input" else ""),
+                "layer": _layer(path),
+                "site": site,
+                "nonfinite": int(bad.sum()),
+                "of": t.numel(),
                 "kind": "overflow" if bool(torch.isinf(stored).any()) else "nan",
-                "value": value, "before": before,
+                "value": value,
+                "before": before,
             }
 
     def close(self) -> None:
@@ -131,8 +138,9 @@ class _Recorder:
 
 
 @torch.no_grad()
-def first_break(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]],
-                autocast: Any = None) -> dict[str, Any]:
+def first_break(
+    model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]], autocast: Any = None
+) -> dict[str, Any]:
     """Re-run ``batches`` (the failing step's micro-batches, in order) through ``model`` (a NormLM)
     with hooks at every site; the first site whose stored tensor is not finite, or None there.
 
@@ -156,9 +164,20 @@ def first_break(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor
             if rec.first is not None:
                 result.update(forward=rec.first, micro_batch=i, loss=loss)
             elif not math.isfinite(loss):  # non-finite from the loss itself (every site finite)
-                result.update(forward={"module": "loss", "layer": None, "site": "loss", "nonfinite": 1, "of": 1,
-                                       "kind": "nan", "value": math.nan, "before": rec.largest["value"]},
-                              micro_batch=i, loss=loss)
+                result.update(
+                    forward={
+                        "module": "loss",
+                        "layer": None,
+                        "site": "loss",
+                        "nonfinite": 1,
+                        "of": 1,
+                        "kind": "nan",
+                        "value": math.nan,
+                        "before": rec.largest["value"],
+                    },
+                    micro_batch=i,
+                    loss=loss,
+                )
     finally:
         rec.close()
         model.train(was_training)
@@ -169,6 +188,7 @@ def first_break(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor
 def gradient_break(model: nn.Module) -> list[str]:
     """The parameters whose gradients are not finite now, in the backward's order (head and final
     norm, then the blocks from the deepest, then the embedding)."""
+
     def depth(name: str) -> int:
         layer = _layer(name)
         return layer if layer is not None else (10**9 if name.startswith(("lm_head", "final_norm")) else -1)
@@ -176,7 +196,9 @@ def gradient_break(model: nn.Module) -> list[str]:
     def local(g: torch.Tensor) -> torch.Tensor:  # FSDP2: a DTensor; this rank's shard (ranks are gathered after)
         return g.to_local() if hasattr(g, "to_local") else g
 
-    bad = [n for n, p in model.named_parameters() if p.grad is not None and not bool(torch.isfinite(local(p.grad)).all())]
+    bad = [
+        n for n, p in model.named_parameters() if p.grad is not None and not bool(torch.isfinite(local(p.grad)).all())
+    ]
     return sorted(bad, key=lambda n: -depth(n))
 
 

@@ -29,8 +29,15 @@ from normlab.diagnostics.monitor import SpikeRule, TrainingMonitor
 class NormlabLightningCallback(pl.Callback):
     """Record normlab's probes during `Trainer.fit` (see the module docstring)."""
 
-    def __init__(self, out: str | Path, every: int = 100, spike: SpikeRule | None = SpikeRule(),
-                 model_attr: str | None = "model", site_names: dict[str, str] | None = None, top_k: int = 100) -> None:
+    def __init__(
+        self,
+        out: str | Path,
+        every: int = 100,
+        spike: SpikeRule | None = SpikeRule(),
+        model_attr: str | None = "model",
+        site_names: dict[str, str] | None = None,
+        top_k: int = 100,
+    ) -> None:
         self.out, self.every, self.spike, self.top_k = out, every, spike, top_k
         self.model_attr, self.site_names = model_attr, site_names
         self.monitor: TrainingMonitor | None = None
@@ -38,11 +45,19 @@ class NormlabLightningCallback(pl.Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         model = getattr(pl_module, self.model_attr, None) if self.model_attr else None
         model = model if isinstance(model, torch.nn.Module) else pl_module
-        self.monitor = TrainingMonitor(model, self.out, every=self.every, spike=self.spike, top_k=self.top_k,
-                                       name=type(model).__name__, site_names=self.site_names)
+        self.monitor = TrainingMonitor(
+            model,
+            self.out,
+            every=self.every,
+            spike=self.spike,
+            top_k=self.top_k,
+            name=type(model).__name__,
+            site_names=self.site_names,
+        )
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if self.monitor is None:
             return
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs

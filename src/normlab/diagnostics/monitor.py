@@ -70,8 +70,8 @@ import torch
 from torch import nn
 
 from normlab.diagnostics.attach import StreamProbe, find_blocks
-from normlab.diagnostics.store import ProbeWriter
 from normlab.diagnostics.shards import moments, norms, reshard
+from normlab.diagnostics.store import ProbeWriter
 from normlab.io import atomic_write_bytes, own_folder, truncate_jsonl
 from normlab.runs.files import RunDir
 
@@ -101,7 +101,7 @@ class SpikeRule:
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     """RoPE's rotate-half (transformers' Llama convention, shared by the classes listed in the docstring)."""
-    a, b = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    a, b = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
     return torch.cat((-b, a), dim=-1)
 
 
@@ -111,15 +111,23 @@ class _AttentionLogits:
     def __init__(self, blocks: list[nn.Module]) -> None:
         self.modules = {}
         for i, block in enumerate(blocks):
-            attn = next((m for m in block.modules() if hasattr(m, "q_proj") and hasattr(m, "k_proj")
-                         and isinstance(getattr(m, "q_proj"), nn.Linear)), None)
+            attn = next(
+                (
+                    m
+                    for m in block.modules()
+                    if hasattr(m, "q_proj") and hasattr(m, "k_proj") and isinstance(m.q_proj, nn.Linear)
+                ),
+                None,
+            )
             if attn is not None:
                 self.modules[i] = attn
         self.found: dict[int, list[float]] = {}
 
     def attach(self) -> list:
-        return [m.register_forward_pre_hook(lambda mod, a, kw, i=i: self._record(i, mod, a, kw), with_kwargs=True)
-                for i, m in self.modules.items()]
+        return [
+            m.register_forward_pre_hook(lambda mod, a, kw, i=i: self._record(i, mod, a, kw), with_kwargs=True)
+            for i, m in self.modules.items()
+        ]
 
     @torch.no_grad()
     def _record(self, layer: int, attn: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -142,7 +150,7 @@ class _AttentionLogits:
             x = x * cos[:, None] + _rotate_half(x) * sin[:, None]
             q, k = (x, k) if name == "q" else (q, x)
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-        scale = getattr(attn, "scaling", hd ** -0.5)
+        scale = getattr(attn, "scaling", hd**-0.5)
         scores = (q.float() @ k.float().transpose(-2, -1)) * scale
         mask = torch.ones(t, t, dtype=torch.bool, device=h.device).tril()
         self.found[layer] = scores.masked_fill(~mask, float("-inf")).amax(dim=(0, 2, 3)).tolist()
@@ -151,18 +159,25 @@ class _AttentionLogits:
         out = []
         for layer, heads in sorted(self.found.items()):
             out.append({"step": step, "layer": layer, "site": "attn", "metric": "max_logit", "value": max(heads)})
-            out += [{"step": step, "layer": layer, "site": f"attn.head{h}", "metric": "max_logit", "value": v}
-                    for h, v in enumerate(heads)]
+            out += [
+                {"step": step, "layer": layer, "site": f"attn.head{h}", "metric": "max_logit", "value": v}
+                for h, v in enumerate(heads)
+            ]
         self.found = {}
         return out
 
 
 def _norm_modules(block: nn.Module) -> dict[str, nn.Module]:
     """The norms inside one block (any module named like a norm that holds a weight), by relative path."""
-    return {path: m for path, m in block.named_modules()
-            if path and getattr(m, "weight", None) is not None and isinstance(m.weight, torch.Tensor)
-            and any(w in (type(m).__name__.lower() + "." + path.rsplit(".", 1)[-1].lower()) for w in NORM_WORDS)
-            and m.weight.dim() == 1}
+    return {
+        path: m
+        for path, m in block.named_modules()
+        if path
+        and getattr(m, "weight", None) is not None
+        and isinstance(m.weight, torch.Tensor)
+        and any(w in (type(m).__name__.lower() + "." + path.rsplit(".", 1)[-1].lower()) for w in NORM_WORDS)
+        and m.weight.dim() == 1
+    }
 
 
 def _dist() -> tuple[int, int]:
@@ -190,12 +205,17 @@ class Call:
 
     @classmethod
     def of(cls, args: tuple, kwargs: dict[str, Any]) -> Call:
-        return cls(tuple(_detached(a) for a in args),
-                   {k: _detached(v) for k, v in kwargs.items() if isinstance(v, REPLAYED) and k not in NOT_REPLAYED})
+        return cls(
+            tuple(_detached(a) for a in args),
+            {k: _detached(v) for k, v in kwargs.items() if isinstance(v, REPLAYED) and k not in NOT_REPLAYED},
+        )
 
     def to(self, device: torch.device | None = None) -> Call:
-        move = (lambda v: v.to(device) if isinstance(v, torch.Tensor) else v) if device is not None else \
-            (lambda v: v.clone() if isinstance(v, torch.Tensor) else v)
+        move = (
+            (lambda v: v.to(device) if isinstance(v, torch.Tensor) else v)
+            if device is not None
+            else (lambda v: v.clone() if isinstance(v, torch.Tensor) else v)
+        )
         return Call(tuple(move(a) for a in self.args), {k: move(v) for k, v in self.kwargs.items()})
 
     def tensors(self) -> dict[str, torch.Tensor]:
@@ -208,9 +228,17 @@ class Call:
 class TrainingMonitor:
     """Probes, gradient norms and spike capture for any causal LM in its own training loop (module docstring)."""
 
-    def __init__(self, model: nn.Module, out: str | Path, every: int = 100, probe_batch: dict[str, Any] | None = None,
-                 spike: SpikeRule | None = SpikeRule(), top_k: int = 100, name: str | None = None,
-                 site_names: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        out: str | Path,
+        every: int = 100,
+        probe_batch: dict[str, Any] | None = None,
+        spike: SpikeRule | None = SpikeRule(),
+        top_k: int = 100,
+        name: str | None = None,
+        site_names: dict[str, str] | None = None,
+    ) -> None:
         """``site_names``: a norm's path inside a block -> the normlab site it records as (for a transformers
         model, `normlab.hf.callback.site_names(model)` gives it for the registered architectures).
         ``probe_batch``: the model's keyword arguments for the probe forward (default: the first call seen,
@@ -244,9 +272,13 @@ class TrainingMonitor:
         self.spikes: list[dict[str, Any]] = []
         self.last_loss: float | None = None
         self.last_grad_norm = 0.0
-        self.record = {"config": {"layout": name or type(model).__name__, "source": "normlab.diagnostics.monitor"},
-                       "blocks": f"{self.block_path} ({len(self.blocks)})", "every": every, "world_size": self.world,
-                       "spike_rule": None if spike is None else vars(spike)}
+        self.record = {
+            "config": {"layout": name or type(model).__name__, "source": "normlab.diagnostics.monitor"},
+            "blocks": f"{self.block_path} ({len(self.blocks)})",
+            "every": every,
+            "world_size": self.world,
+            "spike_rule": None if spike is None else vars(spike),
+        }
         self.metrics_file = None
         self.writer: ProbeWriter | None = None
         self._hook = model.register_forward_hook(self._on_forward, with_kwargs=True)
@@ -278,16 +310,27 @@ class TrainingMonitor:
         if not self.main:
             return
         before = self.run.record() or {}
-        resumes = list(before.get("resumes", [])) if before.get("config", {}).get("source") == self.record["config"][
-            "source"] else []
+        resumes = (
+            list(before.get("resumes", []))
+            if before.get("config", {}).get("source") == self.record["config"]["source"]
+            else []
+        )
         logged = [r["step"] for r in self.run.metrics() if isinstance(r.get("step"), int)]
         replaced = sorted(s for s in logged if s >= step)
         if logged:
-            resumes.append({"step": step, "kept": len(logged) - len(replaced),
-                            "replaced": [replaced[0], replaced[-1]] if replaced else None})
+            resumes.append(
+                {
+                    "step": step,
+                    "kept": len(logged) - len(replaced),
+                    "replaced": [replaced[0], replaced[-1]] if replaced else None,
+                }
+            )
             if replaced:
-                warnings.warn(f"{self.out}: the monitor resumes at step {step}; the {len(replaced)} steps logged at or "
-                              f"after it ({replaced[0]}..{replaced[-1]}) are replaced by this run's", stacklevel=3)
+                warnings.warn(
+                    f"{self.out}: the monitor resumes at step {step}; the {len(replaced)} steps logged at or "
+                    f"after it ({replaced[0]}..{replaced[-1]}) are replaced by this run's",
+                    stacklevel=3,
+                )
         for path in (self.run.metrics_file, self.run.spikes_file):
             if path.exists():
                 truncate_jsonl(path, step)
@@ -355,16 +398,26 @@ class TrainingMonitor:
         """Per block: each weight matrix's gradient norm and the block's (sharded gradients reduced per shard)."""
         rows: list[dict[str, Any]] = []
         for i, block in enumerate(self.blocks):
-            mats = [(path, m.weight.grad) for path, m in block.named_modules()
-                    if isinstance(m, nn.Linear) and m.weight is not None and m.weight.grad is not None]
+            mats = [
+                (path, m.weight.grad)
+                for path, m in block.named_modules()
+                if isinstance(m, nn.Linear) and m.weight is not None and m.weight.grad is not None
+            ]
             rest = [p.grad for p in block.parameters() if p.grad is not None and p.dim() < 2]  # norms, biases
             if not mats and not rest:
                 continue  # no gradients here (cleared, or frozen): nothing to record
             found = norms([g for _, g in mats] + rest)
             for (path, _), g in zip(mats, found):
                 rows.append({"step": step, "layer": i, "site": path, "metric": "grad_norm", "value": g})
-            rows.append({"step": step, "layer": i, "site": "block", "metric": "grad_norm",
-                         "value": math.sqrt(sum(g * g for g in found))})
+            rows.append(
+                {
+                    "step": step,
+                    "layer": i,
+                    "site": "block",
+                    "metric": "grad_norm",
+                    "value": math.sqrt(sum(g * g for g in found)),
+                }
+            )
         return rows
 
     def _probe_rows(self, step: int, call: Call | None = None) -> list[dict[str, Any]]:
@@ -403,20 +456,27 @@ class TrainingMonitor:
 
     def _save_spike(self, step: int, loss: float, threshold: float) -> None:
         loss_of_batch, call = self._spike_call(loss)
-        rows = [{**r, "site": f"spike:{r['site']}"} for r in self._probe_rows(step, call)
-                if r["site"] in ("stream", "global")] if call is not None else []
+        rows = (
+            [
+                {**r, "site": f"spike:{r['site']}"}
+                for r in self._probe_rows(step, call)
+                if r["site"] in ("stream", "global")
+            ]
+            if call is not None
+            else []
+        )
         if not self.main:
             return
         path = self.run.spike_batch_file(step)
         path.parent.mkdir(exist_ok=True)
         buf = io.BytesIO()
         tensors = {k: v.cpu() for k, v in call.tensors().items()} if call is not None else {}
-        torch.save({"step": step, "loss": loss, "batch_loss": loss_of_batch, "threshold": threshold,
-                    "batch": tensors}, buf)
+        torch.save(
+            {"step": step, "loss": loss, "batch_loss": loss_of_batch, "threshold": threshold, "batch": tensors}, buf
+        )
         atomic_write_bytes(path, buf.getvalue())
         self.writer.write(rows)  # the offending batch's own probe pass, beside the fixed batch's
-        record = {"step": step, "loss": loss, "threshold": threshold, "batch_loss": loss_of_batch,
-                  "file": str(path)}
+        record = {"step": step, "loss": loss, "threshold": threshold, "batch_loss": loss_of_batch, "file": str(path)}
         self.spikes.append(record)
         with self.run.spikes_file.open("a") as f:
             f.write(json.dumps(record) + "\n")
@@ -437,7 +497,11 @@ class TrainingMonitor:
         self.metrics_file.close()
         self.writer.close()
         healthy = math.isfinite(self.last_loss) if self.last_loss is not None else math.isfinite(self.last_grad_norm)
-        summary = {"status": "ok" if healthy else "diverged", "final_loss": self.last_loss,
-                   "spikes": len(self.spikes), "source": "normlab.diagnostics.monitor"}
+        summary = {
+            "status": "ok" if healthy else "diverged",
+            "final_loss": self.last_loss,
+            "spikes": len(self.spikes),
+            "source": "normlab.diagnostics.monitor",
+        }
         self.run.write_summary(summary)
         return summary

@@ -52,16 +52,33 @@ from torch import nn
 
 from normlab.diagnostics.prop31 import per_token
 from normlab.diagnostics.shards import is_sharded, moments, norms, reshard
+from normlab.diagnostics.stats import (
+    SINK_THRESHOLD,
+    angular_matrix,
+    attention_stats,
+    hidden_stats,
+    kurtosis,
+    massive_activations,
+    sink_mass,
+)
 from normlab.model.block import SCALE_PARAMS
-from normlab.diagnostics.stats import (SINK_THRESHOLD, angular_matrix, attention_stats, hidden_stats, kurtosis,
-                                      massive_activations, sink_mass)
 from normlab.model.norms import gain_of, is_norm
 from normlab.model.streams import composite_gain
 
 WEIGHTS = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
-NORM_SITES = ("attn_norms.input", "attn_norms.output", "attn_norms.after_add", "mlp_norms.input",
-              "mlp_norms.output", "mlp_norms.after_add", "mlp.hidden_norm", "attn.q_norm", "attn.k_norm", "attn.v_norm",
-              "attn.context_norm")
+NORM_SITES = (
+    "attn_norms.input",
+    "attn_norms.output",
+    "attn_norms.after_add",
+    "mlp_norms.input",
+    "mlp_norms.output",
+    "mlp_norms.after_add",
+    "mlp.hidden_norm",
+    "attn.q_norm",
+    "attn.k_norm",
+    "attn.v_norm",
+    "attn.context_norm",
+)
 
 TAPS = ("resid_mid", "attn_update", "mlp_update", "attn.q", "attn.k", "attn.v")
 
@@ -69,8 +86,13 @@ TAPS = ("resid_mid", "attn_update", "mlp_update", "attn.q", "attn.k", "attn.v")
 class Probes:
     """Probe a `NormLM` on a fixed batch ``(inputs, targets)``; see the module docstring."""
 
-    def __init__(self, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], top_k: int = 100,
-                 optimizer: torch.optim.Optimizer | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        batch: tuple[torch.Tensor, torch.Tensor],
+        top_k: int = 100,
+        optimizer: torch.optim.Optimizer | None = None,
+    ) -> None:
         """``optimizer``: an Adam-family optimizer whose moments (exp_avg, exp_avg_sq) are recorded per block."""
         self.model, self.batch, self.top_k, self.optimizer = model, batch, top_k, optimizer
         self._snapshot: dict[str, torch.Tensor] | None = None
@@ -123,27 +145,41 @@ class Probes:
                 for w in WEIGHTS:
                     name = f"blocks.{i}.{w}"
                     if name in mods and mods[name] is not None and mods[name].weight.requires_grad:
-                        handles.append(mods[name].register_forward_hook(
-                            lambda m, a, o, name=name: io.__setitem__(name, (a[0], o))))
+                        handles.append(
+                            mods[name].register_forward_hook(lambda m, a, o, name=name: io.__setitem__(name, (a[0], o)))
+                        )
             for tap in TAPS:
                 name = f"blocks.{i}.{tap}"
-                handles.append(mods[name].register_forward_hook(lambda m, a, o, name=name: captured.__setitem__(name, o)))
+                handles.append(
+                    mods[name].register_forward_hook(lambda m, a, o, name=name: captured.__setitem__(name, o))
+                )
             if getattr(mods[f"blocks.{i}.attn"], "gate_proj", None) is not None:  # gated attention's scores
                 name = f"blocks.{i}.attn.gate"
-                handles.append(mods[name].register_forward_hook(lambda m, a, o, name=name: captured.__setitem__(name, o)))
+                handles.append(
+                    mods[name].register_forward_hook(lambda m, a, o, name=name: captured.__setitem__(name, o))
+                )
             if f"blocks.{i}.mlp.down_proj" in mods:  # a dense MLP (Prop. 3.1's h and a)
-                handles.append(mods[f"blocks.{i}.mlp.down_proj"].register_forward_hook(
-                    lambda m, a, o, i=i: captured.update({f"h{i}": a[0], f"a{i}": o})))
+                handles.append(
+                    mods[f"blocks.{i}.mlp.down_proj"].register_forward_hook(
+                        lambda m, a, o, i=i: captured.update({f"h{i}": a[0], f"a{i}": o})
+                    )
+                )
         try:
             with torch.enable_grad():
                 # the model's own forward (soft-caps, embedding scale, ... included): probe_loss is the training loss
                 out = model(x, targets=y, return_hidden_states=True)
                 loss, hidden = out.loss, list(out.hidden_states)
-                params = [mods[f"blocks.{i}.{w}"].weight for i in range(n_layers) for w in WEIGHTS if f"blocks.{i}.{w}" in mods
-                          and mods[f"blocks.{i}.{w}"] is not None]
+                params = [
+                    mods[f"blocks.{i}.{w}"].weight
+                    for i in range(n_layers)
+                    for w in WEIGHTS
+                    if f"blocks.{i}.{w}" in mods and mods[f"blocks.{i}.{w}"] is not None
+                ]
                 last_a = [captured[f"a{n_layers - 1}"]] if f"a{n_layers - 1}" in captured else []
                 if sharded:  # the matrices' output gradients: dL/dW = G^T X (module docstring)
-                    outs = [io[f"blocks.{i}.{w}"][1] for i in range(n_layers) for w in WEIGHTS if f"blocks.{i}.{w}" in io]
+                    outs = [
+                        io[f"blocks.{i}.{w}"][1] for i in range(n_layers) for w in WEIGHTS if f"blocks.{i}.{w}" in io
+                    ]
                     wanted = outs + list(hidden) + last_a
                 else:
                     wanted = [p for p in params if p.requires_grad] + list(hidden) + last_a
@@ -159,10 +195,11 @@ class Probes:
             wstats = {id(mods[k].weight): _grad_from_io(io[k][0], g) for k, g in zip(keys, grads[:n_params])}
         else:
             pgrads = dict(zip([id(p) for p in params if p.requires_grad], grads[:n_params]))
-            wstats = {k: (g.norm().item(), g.abs().max().item()) if g is not None else (0.0, 0.0)
-                      for k, g in pgrads.items()}
+            wstats = {
+                k: (g.norm().item(), g.abs().max().item()) if g is not None else (0.0, 0.0) for k, g in pgrads.items()
+            }
         weight_norms = dict(zip([id(p) for p in params], norms([p.detach() for p in params])))
-        hgrads = grads[n_params:n_params + len(hidden)]
+        hgrads = grads[n_params : n_params + len(hidden)]
         a_grad = grads[-1] if last_a else None
         rows: list[dict[str, Any]] = []
         self._row(rows, step, None, "global", "probe_loss", loss.item())
@@ -197,12 +234,18 @@ class Probes:
                 st = hidden_stats(captured[f"blocks.{i}.{site}"])
                 self._row(rows, step, i, site, "rms", st["rms"])
                 self._row(rows, step, i, site, "max_abs", st["max_abs"])
-            max_logit, entropy = attention_stats(captured[f"blocks.{i}.attn.q"], captured[f"blocks.{i}.attn.k"],
-                                                 getattr(mods[f"blocks.{i}.attn"], "scale", None))
+            max_logit, entropy = attention_stats(
+                captured[f"blocks.{i}.attn.q"],
+                captured[f"blocks.{i}.attn.k"],
+                getattr(mods[f"blocks.{i}.attn"], "scale", None),
+            )
             self._row(rows, step, i, "attn", "max_logit", max(max_logit))
             self._row(rows, step, i, "attn", "entropy", sum(entropy) / len(entropy))
-            sinks = sink_mass(captured[f"blocks.{i}.attn.q"], captured[f"blocks.{i}.attn.k"],
-                              getattr(mods[f"blocks.{i}.attn"], "scale", None))
+            sinks = sink_mass(
+                captured[f"blocks.{i}.attn.q"],
+                captured[f"blocks.{i}.attn.k"],
+                getattr(mods[f"blocks.{i}.attn"], "scale", None),
+            )
             self._row(rows, step, i, "attn", "sink_rate", sum(m > SINK_THRESHOLD for m in sinks) / len(sinks))
             for head, (ml, en, sm) in enumerate(zip(max_logit, entropy, sinks)):
                 self._row(rows, step, i, f"attn.head{head}", "max_logit", ml)
@@ -225,8 +268,11 @@ class Probes:
                     self._gamma_rows(rows, step, i, site, m)
             # learned scales that are not norms (ReZero's a, LayerScale's lambda, Admin's omega, NormFormer's
             # head scales: normlab.model.block.SCALE_PARAMS), each at its path in the block as the site
-            scales = [(site, p) for site, p in mods[f"blocks.{i}"].named_parameters()
-                      if SCALE_PARAMS.get(site.rpartition(".")[2]) is not None]
+            scales = [
+                (site, p)
+                for site, p in mods[f"blocks.{i}"].named_parameters()
+                if SCALE_PARAMS.get(site.rpartition(".")[2]) is not None
+            ]
             for (site, _), m in zip(scales, moments([p.detach() for _, p in scales])):
                 prefix = SCALE_PARAMS[site.rpartition(".")[2]]
                 self._row(rows, step, i, site, f"{prefix}_mean", m.mean)
@@ -253,8 +299,14 @@ class Probes:
             return rows
         h_act, a_out = captured[f"h{last}"].detach(), captured[f"a{last}"].detach()
         h_norm, a_norm = h_act.norm(dim=-1).mean().item(), a_out.norm(dim=-1).mean().item()
-        self._row(rows, step, last, "prop31", "grad_max",
-                  wstats.get(id(mods[f"blocks.{last}.mlp.down_proj"].weight), (0.0, 0.0))[1])
+        self._row(
+            rows,
+            step,
+            last,
+            "prop31",
+            "grad_max",
+            wstats.get(id(mods[f"blocks.{last}.mlp.down_proj"].weight), (0.0, 0.0))[1],
+        )
         self._row(rows, step, last, "prop31", "h_norm", h_norm)
         self._row(rows, step, last, "prop31", "a_norm", a_norm)
         out_norm = mods[f"blocks.{last}.mlp_norms.output"]
@@ -307,8 +359,12 @@ class Probes:
     # --- update norms: call `snapshot()` before an optimizer step and `updates(step)` after it ---
     def snapshot(self) -> None:
         mods = dict(self.model.named_modules())
-        self._snapshot = {f"{i}:{w}": mods[f"blocks.{i}.{w}"].weight.detach().clone()
-                          for i in range(len(self.model.blocks)) for w in WEIGHTS if mods.get(f"blocks.{i}.{w}") is not None}
+        self._snapshot = {
+            f"{i}:{w}": mods[f"blocks.{i}.{w}"].weight.detach().clone()
+            for i in range(len(self.model.blocks))
+            for w in WEIGHTS
+            if mods.get(f"blocks.{i}.{w}") is not None
+        }
 
     def updates(self, step: int) -> list[dict[str, Any]]:
         if self._snapshot is None:
@@ -316,8 +372,9 @@ class Probes:
         mods = dict(self.model.named_modules())
         rows: list[dict[str, Any]] = []
         keys = list(self._snapshot)
-        deltas = norms([mods[f"blocks.{k.split(':')[0]}.{k.split(':')[1]}"].weight.detach() - self._snapshot[k]
-                        for k in keys])
+        deltas = norms(
+            [mods[f"blocks.{k.split(':')[0]}.{k.split(':')[1]}"].weight.detach() - self._snapshot[k] for k in keys]
+        )
         befores = norms([self._snapshot[k] for k in keys])  # reduced over shards as the deltas are
         for key, delta, before in zip(keys, deltas, befores):
             i, w = key.split(":")
@@ -337,7 +394,7 @@ def _grad_from_io(x: torch.Tensor, g: torch.Tensor | None, rows: int = 1024) -> 
     x, g = x.detach().reshape(-1, x.shape[-1]), g.detach().reshape(-1, g.shape[-1])
     sumsq, largest = 0.0, 0.0
     for r in range(0, g.shape[1], rows):
-        part = g[:, r:r + rows].transpose(0, 1) @ x.to(g.dtype)
+        part = g[:, r : r + rows].transpose(0, 1) @ x.to(g.dtype)
         sumsq += part.double().pow(2).sum().item()
         largest = max(largest, part.abs().max().item())
     return math.sqrt(sumsq), largest

@@ -72,8 +72,9 @@ def _slope_corr(x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
 
 
 @torch.no_grad()
-def per_token(h: torch.Tensor, a: torch.Tensor, a_grad: torch.Tensor, valid: torch.Tensor,
-              gamma_max: float | None = None) -> dict[str, float]:
+def per_token(
+    h: torch.Tensor, a: torch.Tensor, a_grad: torch.Tensor, valid: torch.Tensor, gamma_max: float | None = None
+) -> dict[str, float]:
     """Prop. 3.1 per token for the last MLP of a model (see the module docstring).
 
     h: (..., H) the input of the last down projection; a: (..., D) its output (before any output
@@ -92,11 +93,14 @@ def per_token(h: torch.Tensor, a: torch.Tensor, a_grad: torch.Tensor, valid: tor
     g_norm = h_norm * g.norm(dim=-1)
     keep = (h_norm > 0) & (g_norm > 0)
     slope, corr = _slope_corr(h_norm[keep].log(), g_norm[keep].log())
-    out = {"tok_grad_max": entry_max.max().item() if entry_max.numel() else math.nan,
-           "tok_grad_mean": entry_max.mean().item() if entry_max.numel() else math.nan,
-           "tok_h_norm": h_norm.mean().item() if h_norm.numel() else math.nan,
-           "tok_a_norm": a_norm.mean().item() if a_norm.numel() else math.nan,
-           "grad_h_slope": slope, "grad_h_corr": corr}
+    out = {
+        "tok_grad_max": entry_max.max().item() if entry_max.numel() else math.nan,
+        "tok_grad_mean": entry_max.mean().item() if entry_max.numel() else math.nan,
+        "tok_h_norm": h_norm.mean().item() if h_norm.numel() else math.nan,
+        "tok_a_norm": a_norm.mean().item() if a_norm.numel() else math.nan,
+        "grad_h_slope": slope,
+        "grad_h_corr": corr,
+    }
     if gamma_max is not None and entry_max.numel():
         tok_bound = 4.0 * gamma_max * math.sqrt(a.shape[-1]) * h_norm / a_norm.clamp_min(1e-30)
         out["tok_bound"] = tok_bound.mean().item()

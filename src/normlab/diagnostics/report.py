@@ -42,8 +42,13 @@ def _names(runs: list[Run]) -> list[str]:
 def _layout(run: Run) -> str:
     """The run's layout string (a normlab run's config.json), or the label its summary or monitor recorded."""
     cfg = run.config.get("config") or {}  # a run's TrainConfig (nested) or a monitor's record (flat)
-    return run.config.get("layout") or run.summary.get("layout") or cfg.get("layout") or (cfg.get("model") or {}).get(
-        "layout") or ""
+    return (
+        run.config.get("layout")
+        or run.summary.get("layout")
+        or cfg.get("layout")
+        or (cfg.get("model") or {}).get("layout")
+        or ""
+    )
 
 
 def _steps(run: Run) -> int | None:
@@ -54,7 +59,11 @@ def _steps(run: Run) -> int | None:
 def _status(run: Run) -> str:
     s = run.summary
     status = s.get("status") or ("unfinished" if not s else "?")
-    return f"diverged at step {s['diverged_step']}" if status == "diverged" and s.get("diverged_step") is not None else status
+    return (
+        f"diverged at step {s['diverged_step']}"
+        if status == "diverged" and s.get("diverged_step") is not None
+        else status
+    )
 
 
 def _global(run: Run, metric: str) -> dict[int, float]:
@@ -89,8 +98,7 @@ def activation_facts(run: Run) -> dict:
         headroom = None
     ratio = _global(run, "max_median_ratio")
     ratio = {st: v for st, v in ratio.items() if math.isfinite(v)}
-    return {"max |x| in run": largest, "FP16 headroom": headroom,
-            "max/median": ratio[max(ratio)] if ratio else None}
+    return {"max |x| in run": largest, "FP16 headroom": headroom, "max/median": ratio[max(ratio)] if ratio else None}
 
 
 def summary_rows(runs: list[Run], names: list[str]) -> list[dict]:
@@ -99,23 +107,32 @@ def summary_rows(runs: list[Run], names: list[str]) -> list[dict]:
     rows = []
     for run, name in zip(runs, names):
         s = run.summary
-        rows.append({
-            "run": name, "layout": _layout(run), "status": _status(run), "steps": _steps(run),
-            "final loss": s.get("final_loss"), "val loss": s.get("final_val_loss"),
-            "activations": s.get("activation_dtype") or "-", **activation_facts(run),
-            "spikes (loss/grad)": f"{s.get('loss_spikes', s.get('spikes', 0))}/{s.get('grad_spikes', 0)}",
-            "first break": s.get("first_break") or "-",
-            **headline_scores(run.evals),
-        })
+        rows.append(
+            {
+                "run": name,
+                "layout": _layout(run),
+                "status": _status(run),
+                "steps": _steps(run),
+                "final loss": s.get("final_loss"),
+                "val loss": s.get("final_val_loss"),
+                "activations": s.get("activation_dtype") or "-",
+                **activation_facts(run),
+                "spikes (loss/grad)": f"{s.get('loss_spikes', s.get('spikes', 0))}/{s.get('grad_spikes', 0)}",
+                "first break": s.get("first_break") or "-",
+                **headline_scores(run.evals),
+            }
+        )
     keys = list(dict.fromkeys(k for r in rows for k in r))  # runs evaluated on different tasks: one column set
     return [{k: r.get(k) for k in keys} for r in rows]
 
 
-SUMMARY_NOTE = ("final loss: the mean of the last 10 finite training losses (a diverged run's, before it broke; a "
-                "TrainingMonitor folder's: its last loss); "
-                "max |x| in run: the largest finite |activation| the probes (and a diverged run's forensic re-run) saw; "
-                "FP16 headroom: 65504 / max |x|, or where the activations overflowed, the last finite probe's max; "
-                "max/median: the residual stream's largest |activation| over its median at the last finite probe.")
+SUMMARY_NOTE = (
+    "final loss: the mean of the last 10 finite training losses (a diverged run's, before it broke; a "
+    "TrainingMonitor folder's: its last loss); "
+    "max |x| in run: the largest finite |activation| the probes (and a diverged run's forensic re-run) saw; "
+    "FP16 headroom: 65504 / max |x|, or where the activations overflowed, the last finite probe's max; "
+    "max/median: the residual stream's largest |activation| over its median at the last finite probe."
+)
 
 
 def _last_layer_variance(runs: list[Run]) -> tuple[int, list[float]] | None:
@@ -141,7 +158,9 @@ def reading_lines(runs: list[Run], names: list[str]) -> list[str]:
     for n, r in broke:
         s = r.summary
         where = (s.get("forensics") or {}).get("text") or s.get("reason") or "reason not recorded"
-        lines.append(f"{n} diverged at step {s.get('diverged_step')} ({s.get('activation_dtype', 'fp32')} activations): {where}.")
+        lines.append(
+            f"{n} diverged at step {s.get('diverged_step')} ({s.get('activation_dtype', 'fp32')} activations): {where}."
+        )
     if broke and fine:
         lines.append(f"Trained to the end: {', '.join(fine)}.")
     elif not broke and fine:
@@ -149,27 +168,40 @@ def reading_lines(runs: list[Run], names: list[str]) -> list[str]:
     stalled = [n for n, r in zip(names, runs) if r.summary.get("status") == "stalled"]
     if stalled:
         lines.append(f"Stalled at the corpus's unigram loss (learned token frequencies only): {', '.join(stalled)}.")
-    peaks = [(n, r.summary.get("max_activation"), ((r.summary.get("forensics") or {}).get("forward") or {}).get("kind"))
-             for n, r in zip(names, runs)]
+    peaks = [
+        (n, r.summary.get("max_activation"), ((r.summary.get("forensics") or {}).get("forward") or {}).get("kind"))
+        for n, r in zip(names, runs)
+    ]
     peaks = [(n, v, k) for n, v, k in peaks if isinstance(v, (int, float))]
     if peaks:
+
         def said(v: float, kind: str | None) -> str:
             if kind == "overflow":
                 return "then overflowed"
             return "past 65504" if v > FP16_MAX else f"{FP16_MAX / v:,.3g}x below 65504" if v > 0 else "zero"
+
         parts = [f"{n} {v:,.4g} ({said(v, k)})" for n, v, k in sorted(peaks, key=lambda p: -p[1])]
-        lines.append("Largest |activation| seen (top-100 probes; a diverged run's last finite value): " + "; ".join(parts) + ".")
+        lines.append(
+            "Largest |activation| seen (top-100 probes; a diverged run's last finite value): " + "; ".join(parts) + "."
+        )
     var = _last_layer_variance(runs)
     if var is not None:
         step, values = var
-        lines.append(f"Hidden-state variance at the last layer, step {step} (the last probe where every run was "
-                     "finite): " + "; ".join(f"{n} {v:,.4g}" for n, v in sorted(zip(names, values), key=lambda p: -p[1])) + ".")
-    losses = [(n, r.summary.get("final_loss")) for n, r in zip(names, runs) if r.summary.get("status") in ("ok", "stalled")]
+        lines.append(
+            f"Hidden-state variance at the last layer, step {step} (the last probe where every run was "
+            "finite): " + "; ".join(f"{n} {v:,.4g}" for n, v in sorted(zip(names, values), key=lambda p: -p[1])) + "."
+        )
+    losses = [
+        (n, r.summary.get("final_loss")) for n, r in zip(names, runs) if r.summary.get("status") in ("ok", "stalled")
+    ]
     losses = [(n, v) for n, v in losses if isinstance(v, (int, float))]
     if losses:
         best = min(losses, key=lambda p: p[1])
-        lines.append("Final training loss (runs that finished): " + "; ".join(f"{n} {v:.4f}" for n, v in sorted(losses, key=lambda p: p[1]))
-                     + f" (best: {best[0]}).")
+        lines.append(
+            "Final training loss (runs that finished): "
+            + "; ".join(f"{n} {v:.4f}" for n, v in sorted(losses, key=lambda p: p[1]))
+            + f" (best: {best[0]})."
+        )
     return lines
 
 
@@ -197,9 +229,18 @@ def eval_rows(runs: list[Run], names: list[str]) -> list[dict]:
     for run, name in zip(runs, names):
         for task, entry in run.evals.items():
             for metric, value in (entry.get("metrics") or {}).items():
-                rows.append({"run": name, "task": task, "metric": metric, "value": value,
-                             "stderr": (entry.get("stderr") or {}).get(metric), "n": entry.get("n"),
-                             "shots": entry.get("num_fewshot"), "step": entry.get("step")})
+                rows.append(
+                    {
+                        "run": name,
+                        "task": task,
+                        "metric": metric,
+                        "value": value,
+                        "stderr": (entry.get("stderr") or {}).get(metric),
+                        "n": entry.get("n"),
+                        "shots": entry.get("num_fewshot"),
+                        "step": entry.get("step"),
+                    }
+                )
     return rows
 
 
@@ -223,26 +264,37 @@ def make_report(run_dirs: list[str | Path], out: str | Path) -> Path:
         sections.append(figure_html(fig, out, figure.key, figure.title))
     if len(probed) < len(runs):
         missing = ", ".join(n for r, n in zip(runs, names) if not len(r.probes))
-        sections.insert(0, f"<p>No probes recorded for {html.escape(missing)} (probe_every 0): the figures below "
-                        "the loss show the other runs only.</p>" if probed else
-                        "<p>No run recorded probes (probe_every 0): only the loss is drawn.</p>")
+        sections.insert(
+            0,
+            f"<p>No probes recorded for {html.escape(missing)} (probe_every 0): the figures below "
+            "the loss show the other runs only.</p>"
+            if probed
+            else "<p>No run recorded probes (probe_every 0): only the loss is drawn.</p>",
+        )
     prop31 = prop31_rows(runs, names)
     if prop31:
-        sections.insert(0, '<h2 id="prop31">Kim Prop. 3.1, per token (last MLP): does the gradient grow with ||h||?</h2>'
-                        "<p>tok_grad_max / tok_grad_mean: the largest entry of one token's own dl/dW2 (max, mean over "
-                        "tokens); grad_h_slope: slope of log ||dl_t/dW2|| on log ||h_t|| across tokens (1: grows with "
-                        "||h||, Pre-LN's regime; near 0: bounded by ||h||/||a||, an output norm's); tok_within_bound: "
-                        "fraction of tokens within 4 gamma sqrt(D) ||h_t||/||a_t|| (output-normalized MLPs only)</p>"
-                        + table_html(prop31))
+        sections.insert(
+            0,
+            '<h2 id="prop31">Kim Prop. 3.1, per token (last MLP): does the gradient grow with ||h||?</h2>'
+            "<p>tok_grad_max / tok_grad_mean: the largest entry of one token's own dl/dW2 (max, mean over "
+            "tokens); grad_h_slope: slope of log ||dl_t/dW2|| on log ||h_t|| across tokens (1: grows with "
+            "||h||, Pre-LN's regime; near 0: bounded by ||h||/||a||, an output norm's); tok_within_bound: "
+            "fraction of tokens within 4 gamma sqrt(D) ||h_t||/||a_t|| (output-normalized MLPs only)</p>"
+            + table_html(prop31),
+        )
     evals = eval_rows(runs, names)
     if evals:
-        sections.insert(0, '<h2 id="evaluation">Downstream evaluation (lm-evaluation-harness; normlab eval)</h2>'
-                        + table_html(evals))
+        sections.insert(
+            0,
+            '<h2 id="evaluation">Downstream evaluation (lm-evaluation-harness; normlab eval)</h2>' + table_html(evals),
+        )
     reading = "".join(f"<li>{html.escape(line)}</li>" for line in reading_lines(runs, names))
-    body = (f"<h1>normlab report</h1>\n<p>Runs: {', '.join(f'<code>{html.escape(str(r.path))}</code>' for r in runs)}</p>\n"
-            f'<h2 id="reading">Reading</h2><ul>{reading}</ul>\n'
-            f'<h2 id="summary">Summary</h2>{table_html(summary_rows(runs, names))}\n'
-            f'<p class="note">{html.escape(SUMMARY_NOTE)}</p>\n' + "\n".join(sections))
+    body = (
+        f"<h1>normlab report</h1>\n<p>Runs: {', '.join(f'<code>{html.escape(str(r.path))}</code>' for r in runs)}</p>\n"
+        f'<h2 id="reading">Reading</h2><ul>{reading}</ul>\n'
+        f'<h2 id="summary">Summary</h2>{table_html(summary_rows(runs, names))}\n'
+        f'<p class="note">{html.escape(SUMMARY_NOTE)}</p>\n' + "\n".join(sections)
+    )
     return write_page(out / "index.html", f"normlab report: {', '.join(names)}", body)
 
 
@@ -260,8 +312,11 @@ def report_runs(paths: list[str], out: str | None = None, log: Any = print) -> P
             runs += [run.path for run in logged_runs(folder)]
             continue
         path = Path(r)
-        inner = ([c for c in sorted(path.iterdir()) if c.is_dir() and RunDir(c).has_metrics()]
-                 if path.is_dir() and not RunDir(path).has_metrics() else [])
+        inner = (
+            [c for c in sorted(path.iterdir()) if c.is_dir() and RunDir(c).has_metrics()]
+            if path.is_dir() and not RunDir(path).has_metrics()
+            else []
+        )
         if inner:
             log(f"reading {', '.join(str(c) for c in inner)} (the run folder{'s' if len(inner) > 1 else ''} in {path})")
         runs += inner or [path]

@@ -69,7 +69,14 @@ def _local_stats(t: torch.Tensor) -> list[float]:
     if x.numel() == 0:
         return [0.0, 0.0, 0.0, -math.inf, -math.inf, 0.0]  # minimum carried negated: every extreme is a MAX
     x = x.double()
-    return [float(x.numel()), x.sum().item(), x.pow(2).sum().item(), -x.min().item(), x.max().item(), x.abs().max().item()]
+    return [
+        float(x.numel()),
+        x.sum().item(),
+        x.pow(2).sum().item(),
+        -x.min().item(),
+        x.max().item(),
+        x.abs().max().item(),
+    ]
 
 
 def moments(tensors: list[torch.Tensor]) -> list[Moments]:

@@ -129,5 +129,12 @@ def massive_activations(tensors: list[torch.Tensor], k: int = 100) -> dict[str, 
     top = top_k_abs(tensors, k)
     med = torch.cat([t.detach().float().abs().flatten() for t in tensors]).median().item()
     mx = top[0].item()
-    return {"top100_max": mx, "top100_min": top[-1].item(), "top100_mean": top.mean().item(), "max_abs": mx,
-            "median_abs": med, "max_median_ratio": mx / med if med > 0 else math.inf, "fp16_headroom": fp16_headroom(mx)}
+    return {
+        "top100_max": mx,
+        "top100_min": top[-1].item(),
+        "top100_mean": top.mean().item(),
+        "max_abs": mx,
+        "median_abs": med,
+        "max_median_ratio": mx / med if med > 0 else math.inf,
+        "fp16_headroom": fp16_headroom(mx),
+    }

@@ -44,7 +44,9 @@ class Run:
     metrics: pd.DataFrame
     probes: pd.DataFrame
     evals: dict[str, dict] = field(default_factory=dict)  # eval.json (normlab eval), {} if not evaluated
-    layers: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=["step", "layer", "head", "metric", "value"]))
+    layers: pd.DataFrame = field(
+        default_factory=lambda: pd.DataFrame(columns=["step", "layer", "head", "metric", "value"])
+    )
 
     def layer_series(self, metric: str) -> pd.DataFrame:
         """One metric of the per-step tier as a step x layer table (a per-head metric: its maximum over heads)."""
@@ -69,8 +71,15 @@ def load_run(path: str | Path) -> Run:
     metrics = pd.DataFrame(run.metrics())
     probes = pd.DataFrame(run.probes(), columns=["step", "layer", "site", "metric", "value"])
     probes["layer"] = probes["layer"].astype("Int64")
-    return Run(path=run.path, config=run.record() or {}, summary=run.summary() or {}, metrics=metrics, probes=probes,
-               evals=run.evals(), layers=tier_rows(run.layers()))
+    return Run(
+        path=run.path,
+        config=run.record() or {},
+        summary=run.summary() or {},
+        metrics=metrics,
+        probes=probes,
+        evals=run.evals(),
+        layers=tier_rows(run.layers()),
+    )
 
 
 def tier_rows(rows: list[dict[str, Any]]) -> pd.DataFrame:

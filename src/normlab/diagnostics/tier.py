@@ -136,9 +136,9 @@ class StepTier:
         out: dict[str, Any] = {"grad_norm": [math.sqrt(v) for v in s[:n]]}
         if self.hooked:
             out["stream_max"] = e[: n + 1]
-            logit, bound = e[n + 1: n + 1 + n * h], e[n + 1 + n * h:]
-            out["max_logit"] = [[v for v in logit[i * h:(i + 1) * h][: self.heads[i] or 1]] for i in range(n)]
-            out["max_logit_bound"] = [[v for v in bound[i * h:(i + 1) * h][: self.heads[i] or 1]] for i in range(n)]
+            logit, bound = e[n + 1 : n + 1 + n * h], e[n + 1 + n * h :]
+            out["max_logit"] = [[v for v in logit[i * h : (i + 1) * h][: self.heads[i] or 1]] for i in range(n)]
+            out["max_logit_bound"] = [[v for v in bound[i * h : (i + 1) * h][: self.heads[i] or 1]] for i in range(n)]
         self._pre = out
         return out
 
@@ -181,7 +181,9 @@ def _sumsq_by_group(groups: list[list[torch.Tensor]], device: torch.device) -> t
     return out
 
 
-def sampled_logits(q: torch.Tensor, k: torch.Tensor, scale: float, queries: int = QUERIES) -> tuple[torch.Tensor, torch.Tensor]:
+def sampled_logits(
+    q: torch.Tensor, k: torch.Tensor, scale: float, queries: int = QUERIES
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per head: (the largest causal logit q_t.k_s * scale, s <= t, over ``queries`` evenly spaced query
     positions t of every sequence (the last included): exact on that sample; max_t ||q_t|| * max_s ||k_s|| *
     scale: a bound on every logit). q: (B, H, T, d), k: (B, H_kv, T, d)."""
@@ -205,10 +207,14 @@ def tier_summary(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
             if key == "step" or not isinstance(values, list):
                 continue
             for layer, v in enumerate(values):
-                for head, x in (enumerate(v) if isinstance(v, list) else [(None, v)]):
+                for head, x in enumerate(v) if isinstance(v, list) else [(None, v)]:
                     if isinstance(x, (int, float)) and math.isfinite(x) and (key not in best or x > best[key]["value"]):
-                        best[key] = {"value": x, "step": r.get("step"), "layer": layer,
-                                     **({"head": head} if head is not None else {})}
+                        best[key] = {
+                            "value": x,
+                            "step": r.get("step"),
+                            "layer": layer,
+                            **({"head": head} if head is not None else {}),
+                        }
     return best or None
 
 

@@ -6,6 +6,15 @@ scale-invariant norm, so that the logits are unchanged and the activations fit f
 """
 
 from normlab.doctor.checkup import Finding, checkup, load_model, sample_tokens, write_copy
-from normlab.doctor.rescale import Rescale, rescale_for_fp16, rescalable
+from normlab.doctor.rescale import Rescale, rescalable, rescale_for_fp16
 
-__all__ = ["Finding", "Rescale", "checkup", "load_model", "rescalable", "rescale_for_fp16", "sample_tokens", "write_copy"]
+__all__ = [
+    "Finding",
+    "Rescale",
+    "checkup",
+    "load_model",
+    "rescalable",
+    "rescale_for_fp16",
+    "sample_tokens",
+    "write_copy",
+]

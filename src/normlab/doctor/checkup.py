@@ -33,8 +33,8 @@ from normlab.diagnostics.forensics import first_break
 from normlab.diagnostics.probes import Probes
 from normlab.diagnostics.stats import FP16_MAX
 from normlab.model.storage import NO_STORAGE, for_run
-from normlab.runs.files import RunDir
 from normlab.runs.convert import SAMPLE_TEXTS as TEXTS
+from normlab.runs.files import RunDir
 from normlab.runs.model import RunModel, load_run_model, run_tokenizer
 from normlab.screen.backward import sensitivities
 
@@ -59,7 +59,9 @@ class Finding:
         if self.where == "none":
             return f"{self.verdict.upper():5s} {self.name}: none ({self.threshold})"
         v = f"{self.value:.4g}" if isinstance(self.value, float) else str(self.value)
-        return f"{self.verdict.upper():5s} {self.name}: {v}{f' at {self.where}' if self.where else ''} ({self.threshold})"
+        return (
+            f"{self.verdict.upper():5s} {self.name}: {v}{f' at {self.where}' if self.where else ''} ({self.threshold})"
+        )
 
 
 class Loaded(NamedTuple):
@@ -91,8 +93,9 @@ def load_model(source: str | Path) -> Loaded:
             model = from_native(src)
         return Loaded(model.eval(), tok, f"transformers folder ({model_type})")
     run = load_run_model(src)
-    return Loaded(run.model.eval(), run_tokenizer(run.config, run.run_dir), f"normlab run ({run.config.model.layout_label})",
-                  run)
+    return Loaded(
+        run.model.eval(), run_tokenizer(run.config, run.run_dir), f"normlab run ({run.config.model.layout_label})", run
+    )
 
 
 def sample_tokens(model: nn.Module, tok: Any, texts: tuple[str, ...] = TEXTS, max_len: int = 64) -> torch.Tensor:
@@ -111,9 +114,11 @@ def module_maxima(model: nn.Module, x: torch.Tensor) -> dict[str, float]:
         # leaves, but not an off site's plain nn.Identity (its "output" is the stream under a misleading name);
         # the capture points (Tap: resid_mid, resid_post, ...) are kept
         if path and not list(mod.children()) and type(mod) is not nn.Identity:
+
             def hook(m, a, o, path=path):  # noqa: ANN001, ANN202
                 if isinstance(o, torch.Tensor) and o.is_floating_point():
                     found[path] = max(found.get(path, 0.0), float(o.detach().abs().max()))
+
             handles.append(mod.register_forward_hook(hook))
     try:
         model(x)
@@ -139,9 +144,16 @@ def checkup(model: nn.Module, x: torch.Tensor, jacobian_iters: int = 10) -> tupl
     maxima = module_maxima(model, x[:, :-1])
     top_path, top = max(maxima.items(), key=lambda kv: kv[1]) if maxima else ("", 0.0)
     headroom = FP16_MAX / top if top > 0 else math.inf
-    findings.append(_judge("fp16 headroom", headroom, headroom < HEADROOM_WARN, headroom < HEADROOM_FAIL,
-                           f"65504 / largest activation {top:.4g}; warn < {HEADROOM_WARN:g}, fail < {HEADROOM_FAIL:g}",
-                           top_path))
+    findings.append(
+        _judge(
+            "fp16 headroom",
+            headroom,
+            headroom < HEADROOM_WARN,
+            headroom < HEADROOM_FAIL,
+            f"65504 / largest activation {top:.4g}; warn < {HEADROOM_WARN:g}, fail < {HEADROOM_FAIL:g}",
+            top_path,
+        )
+    )
     fp16 = for_run("fp32", "fp16")
     model.set_storage(fp16)
     try:
@@ -150,48 +162,119 @@ def checkup(model: nn.Module, x: torch.Tensor, jacobian_iters: int = 10) -> tupl
         model.set_storage(NO_STORAGE)
     first = brk.get("forward")
     where = f"block {first.get('layer')}: {first.get('site')}" if first else ""
-    findings.append(_judge("first fp16 overflow", float(first.get("before") or math.nan) if first else 0.0, False,
-                           first is not None, "the first site whose value would be inf stored in fp16 (value: the "
-                           "largest finite one flowing in)", f"{where} ({first['module']})" if first else "none"))
+    findings.append(
+        _judge(
+            "first fp16 overflow",
+            float(first.get("before") or math.nan) if first else 0.0,
+            False,
+            first is not None,
+            "the first site whose value would be inf stored in fp16 (value: the largest finite one flowing in)",
+            f"{where} ({first['module']})" if first else "none",
+        )
+    )
     ratio = get("global", "max_median_ratio").get(None, math.nan)
-    findings.append(_judge("massive activations", ratio, ratio > MASSIVE_RATIO, False,
-                           f"max / median |h| over the block outputs; warn > {MASSIVE_RATIO:g}"))
+    findings.append(
+        _judge(
+            "massive activations",
+            ratio,
+            ratio > MASSIVE_RATIO,
+            False,
+            f"max / median |h| over the block outputs; warn > {MASSIVE_RATIO:g}",
+        )
+    )
     per_layer: dict[int, float] = {}
     for r in rows:
         if r["metric"] == "grad_norm" and "_proj" in r["site"] and r["layer"] is not None:
             per_layer[r["layer"]] = per_layer.get(r["layer"], 0.0) + r["value"] ** 2
     norms = {k: math.sqrt(v) for k, v in per_layer.items()}
     if norms and max(norms.values()) < VANISHED:  # e.g. a saturated final DyT: tanh' = 0 for every entry
-        findings.append(_judge("gradient reaching the blocks", max(norms.values()), False, True,
-                               f"the largest per-layer gradient norm; fail < {VANISHED:g} (nothing trains)"))
+        findings.append(
+            _judge(
+                "gradient reaching the blocks",
+                max(norms.values()),
+                False,
+                True,
+                f"the largest per-layer gradient norm; fail < {VANISHED:g} (nothing trains)",
+            )
+        )
     elif norms:
         lo, hi = min(norms, key=norms.get), max(norms, key=norms.get)
         spread = norms[hi] / max(norms[lo], 1e-30)
-        findings.append(_judge("gradient spread", spread, spread > GRAD_SPREAD, False,
-                               f"largest / smallest per-layer gradient norm; warn > {GRAD_SPREAD:g}",
-                               f"blocks {hi} (largest) and {lo} (smallest)"))
-    heads = [(r["value"], r["layer"], r["site"]) for r in rows if r["metric"] == "max_logit" and r["site"].startswith("attn.head")]
+        findings.append(
+            _judge(
+                "gradient spread",
+                spread,
+                spread > GRAD_SPREAD,
+                False,
+                f"largest / smallest per-layer gradient norm; warn > {GRAD_SPREAD:g}",
+                f"blocks {hi} (largest) and {lo} (smallest)",
+            )
+        )
+    heads = [
+        (r["value"], r["layer"], r["site"])
+        for r in rows
+        if r["metric"] == "max_logit" and r["site"].startswith("attn.head")
+    ]
     if heads:
         v, layer, site = max(heads)
-        findings.append(_judge("attention logits", v, v > MAX_LOGIT, False,
-                               f"largest q.k/sqrt(d) of any head; warn > {MAX_LOGIT:g}", f"block {layer} {site}"))
-    gains = [(r["value"], r["layer"], r["site"], r["metric"]) for r in rows if r["metric"] in ("gamma_max", "gamma_min")]
+        findings.append(
+            _judge(
+                "attention logits",
+                v,
+                v > MAX_LOGIT,
+                False,
+                f"largest q.k/sqrt(d) of any head; warn > {MAX_LOGIT:g}",
+                f"block {layer} {site}",
+            )
+        )
+    gains = [
+        (r["value"], r["layer"], r["site"], r["metric"]) for r in rows if r["metric"] in ("gamma_max", "gamma_min")
+    ]
     if gains:
         big = max(gains, key=lambda g: abs(g[0]))
         small = min(gains, key=lambda g: abs(g[0]))
-        findings.append(_judge("norm gain, largest |gamma|", abs(big[0]), abs(big[0]) > GAIN_HIGH, False,
-                               f"warn > {GAIN_HIGH:g}", f"{big[2]} (block {big[1]})"))
-        findings.append(_judge("norm gain, smallest |gamma|", abs(small[0]), abs(small[0]) < GAIN_LOW, False,
-                               f"warn < {GAIN_LOW:g}", f"{small[2]} (block {small[1]})"))
+        findings.append(
+            _judge(
+                "norm gain, largest |gamma|",
+                abs(big[0]),
+                abs(big[0]) > GAIN_HIGH,
+                False,
+                f"warn > {GAIN_HIGH:g}",
+                f"{big[2]} (block {big[1]})",
+            )
+        )
+        findings.append(
+            _judge(
+                "norm gain, smallest |gamma|",
+                abs(small[0]),
+                abs(small[0]) < GAIN_LOW,
+                False,
+                f"warn < {GAIN_LOW:g}",
+                f"{small[2]} (block {small[1]})",
+            )
+        )
     with torch.no_grad():
         x0 = model.embed_tokens(x[:1, :-1]).double()
     sens = sensitivities(model.double(), x0, jacobian_iters)
     model.float()
     worst = max(range(len(sens)), key=sens.__getitem__)
-    findings.append(_judge("block Jacobian", sens[worst], sens[worst] > JACOBIAN, False,
-                           f"max ||dX_(l+1)/dX_l||_2 (Kan et al.); warn > {JACOBIAN:g}", f"block {worst}"))
-    raw = {"module_max": maxima, "first_fp16_break": first, "grad_norm_by_layer": norms,
-           "jacobian_by_block": sens, "probe_rows": len(rows)}
+    findings.append(
+        _judge(
+            "block Jacobian",
+            sens[worst],
+            sens[worst] > JACOBIAN,
+            False,
+            f"max ||dX_(l+1)/dX_l||_2 (Kan et al.); warn > {JACOBIAN:g}",
+            f"block {worst}",
+        )
+    )
+    raw = {
+        "module_max": maxima,
+        "first_fp16_break": first,
+        "grad_norm_by_layer": norms,
+        "jacobian_by_block": sens,
+        "probe_rows": len(rows),
+    }
     return findings, raw
 
 
@@ -215,7 +298,9 @@ def write_copy(model: nn.Module, source: str | Path, kind: str, out: str | Path,
             from normlab.runs.checkpoint import save_checkpoint
 
             RunDir(tmp).write_record({"config": run.config.to_dict(), "doctored_from": str(source)})
-            save_checkpoint(tmp, run.step or 0, {"model": model.state_dict(), "config": run.config.to_dict()}, keep_last=1)
+            save_checkpoint(
+                tmp, run.step or 0, {"model": model.state_dict(), "config": run.config.to_dict()}, keep_last=1
+            )
     return out
 
 
@@ -259,10 +344,14 @@ def doctor(source: str, cfg: Any, as_json: bool = False) -> str:
             raise ConfigError(f"no exact fp16-safe copy for this layout: {why}")
         r = rescale_for_fp16(model, x[:, :-1], cfg.headroom)
         out = write_copy(r.model, source, kind, cfg.fp16_copy, run)
-        lines.append(f"fp16-safe copy: stream x {r.factor:.4g}, largest activation {r.max_before:.4g} -> "
-                     f"{r.max_after:.4g}; logits changed by at most {r.max_logit_change:.3g} (KL {r.kl:.3g} "
-                     f"nats/token) -> {out}")
+        lines.append(
+            f"fp16-safe copy: stream x {r.factor:.4g}, largest activation {r.max_before:.4g} -> "
+            f"{r.max_after:.4g}; logits changed by at most {r.max_logit_change:.3g} (KL {r.kl:.3g} "
+            f"nats/token) -> {out}"
+        )
     elif not as_json:
-        lines.append("an exact fp16-safe rescaled copy: " + ("available (--fp16-copy OUT)" if why is None else
-                                                             f"not exact here ({why})"))
+        lines.append(
+            "an exact fp16-safe rescaled copy: "
+            + ("available (--fp16-copy OUT)" if why is None else f"not exact here ({why})")
+        )
     return "\n".join(lines)

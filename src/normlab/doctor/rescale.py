@@ -37,7 +37,9 @@ def rescalable(model: nn.Module) -> str | None:
             if not sites.input:
                 return f"block {i} {name} reads the raw stream (no input norm A): its output would scale with it"
             if sites.after_add or sites.skip_normed:
-                return f"block {i} {name} has an after-add norm (C) or a normalized skip (S): the stream is renormalized"
+                return (
+                    f"block {i} {name} has an after-add norm (C) or a normalized skip (S): the stream is renormalized"
+                )
             kind = lay.norm_at(f"{name}.A").kind
             if kind not in SCALE_FREE:
                 return f"block {i} {name}'s input norm is {kind}, not scale-invariant (rms or layer)"
@@ -88,8 +90,7 @@ def scale_stream(model: nn.Module, c: float) -> nn.Module:
                 step.mul_(c)
             else:
                 sub = getattr(block, name)
-                projections = [sub.o_proj] if name == "attn" else (
-                    [sub.down_proj] if hasattr(sub, "down_proj") else [])
+                projections = [sub.o_proj] if name == "attn" else ([sub.down_proj] if hasattr(sub, "down_proj") else [])
                 if name == "mlp" and getattr(sub, "experts", None) is not None:  # MoE: every expert's W_down
                     sub.experts.down_proj.mul_(c)
                     projections = [sub.shared.down_proj] if sub.shared is not None else []
@@ -125,6 +126,11 @@ def rescale_for_fp16(model: nn.Module, x: torch.Tensor, headroom: float = 16.0) 
     from normlab.runs.convert import token_kl  # the KL per token, as convert reports a change of layout
 
     old_logits, new_logits = model(x).logits.double(), new(x).logits.double()
-    return Rescale(factor=c, max_before=before, max_after=_max_stream(new, x),
-                   max_logit_change=float((new_logits - old_logits).abs().max()),
-                   kl=float(token_kl(old_logits, new_logits).mean()), model=new)
+    return Rescale(
+        factor=c,
+        max_before=before,
+        max_after=_max_stream(new, x),
+        max_logit_change=float((new_logits - old_logits).abs().max()),
+        kl=float(token_kl(old_logits, new_logits).mean()),
+        model=new,
+    )

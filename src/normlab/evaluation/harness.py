@@ -40,8 +40,8 @@ from typing import Any
 
 from normlab.data.corpus import DataError
 from normlab.evaluation.local_tasks import TASKS_DIR
-from normlab.runs.files import RunDir, SweepDir
 from normlab.io import atomic_write_bytes, read_json
+from normlab.runs.files import RunDir, SweepDir
 from normlab.runs.outcome import TRAINED
 
 LM_EVAL_PIN = "lm_eval[hf]==0.4.13"
@@ -72,10 +72,12 @@ class EvalError(DataError):
 def _lm_eval() -> Any:
     try:
         import lm_eval
-        import lm_eval.models.huggingface  # noqa: F401 - needs accelerate (the [hf] extra)
+        import lm_eval.models.huggingface
     except ImportError as err:
-        raise EvalError(f"normlab eval needs lm-evaluation-harness: pip install '{LM_EVAL_PIN}' "
-                        f"(or pip install 'normlab[eval]'); import failed: {err}") from None
+        raise EvalError(
+            f"normlab eval needs lm-evaluation-harness: pip install '{LM_EVAL_PIN}' "
+            f"(or pip install 'normlab[eval]'); import failed: {err}"
+        ) from None
     return lm_eval
 
 
@@ -98,8 +100,10 @@ def kind_of(source: Path) -> str:
         return "export"
     if source.is_file() or source.name.endswith(".dcp"):
         return "checkpoint"
-    raise EvalError(f"{source}: not a run directory (with checkpoints/), a checkpoint, an export folder (with "
-                    "config.json) or a sweep folder (with sweep.db)")
+    raise EvalError(
+        f"{source}: not a run directory (with checkpoints/), a checkpoint, an export folder (with "
+        "config.json) or a sweep folder (with sweep.db)"
+    )
 
 
 def _auto_map_modules(folder: Path, name: str) -> set[str]:
@@ -110,10 +114,15 @@ def _auto_map_modules(folder: Path, name: str) -> set[str]:
     try:
         auto_map = read_json(path).get("auto_map") or {}
     except (DataError, AttributeError) as err:
-        raise EvalError(f"{path} is not a JSON object ({type(err).__name__}); an export folder has a transformers "
-                        "config.json") from None
-    refs = [r for v in (auto_map.values() if isinstance(auto_map, dict) else [auto_map])
-            for r in (v if isinstance(v, (list, tuple)) else [v]) if r]
+        raise EvalError(
+            f"{path} is not a JSON object ({type(err).__name__}); an export folder has a transformers config.json"
+        ) from None
+    refs = [
+        r
+        for v in (auto_map.values() if isinstance(auto_map, dict) else [auto_map])
+        for r in (v if isinstance(v, (list, tuple)) else [v])
+        if r
+    ]
     return {str(r).rsplit(".", 1)[0] for r in refs}
 
 
@@ -133,15 +142,21 @@ def remote_code(folder: Path, trust: bool = False) -> bool:
     if modules == {"modeling_normlab"} and bundled.is_file() and bundled.read_bytes() == bundle_source().encode():
         return True
     which = ", ".join(f"{m}.py" for m in sorted(modules))
-    why = ("its modeling_normlab.py differs from what this normlab writes (edited, or exported by another "
-           "version: re-export it)" if modules == {"modeling_normlab"} and bundled.is_file()
-           else f"normlab did not write it ({which})")
-    raise EvalError(f"{folder} carries model code that would run when it loads, and {why}; pass "
-                    "--trust-remote-code only if you trust that code")
+    why = (
+        "its modeling_normlab.py differs from what this normlab writes (edited, or exported by another "
+        "version: re-export it)"
+        if modules == {"modeling_normlab"} and bundled.is_file()
+        else f"normlab did not write it ({which})"
+    )
+    raise EvalError(
+        f"{folder} carries model code that would run when it loads, and {why}; pass "
+        "--trust-remote-code only if you trust that code"
+    )
 
 
-def _model_for(source: Path, kind: str, device: str, batch_size: int | str, max_length: int | None,
-               trust_remote_code: bool = False) -> tuple[Any, dict, Path]:
+def _model_for(
+    source: Path, kind: str, device: str, batch_size: int | str, max_length: int | None, trust_remote_code: bool = False
+) -> tuple[Any, dict, Path]:
     """lm-eval's HFLM for the source, facts about it, and the folder results go to."""
     from lm_eval.models.huggingface import HFLM
 
@@ -149,29 +164,49 @@ def _model_for(source: Path, kind: str, device: str, batch_size: int | str, max_
         from normlab.hf.folder import check_folder
 
         check_folder(source)  # bounded JSON, readable safetensors headers, before lm-eval opens it
-        lm = HFLM(pretrained=str(source), trust_remote_code=remote_code(source, trust_remote_code), device=device,
-                  batch_size=batch_size, max_length=max_length, backend="causal")
+        lm = HFLM(
+            pretrained=str(source),
+            trust_remote_code=remote_code(source, trust_remote_code),
+            device=device,
+            batch_size=batch_size,
+            max_length=max_length,
+            backend="causal",
+        )
         return lm, {"source": str(source)}, source
     from normlab.hf import to_hf
-    from normlab.runs.model import load_run_model, run_tokenizer
     from normlab.hf.tokenizer import to_hf_tokenizer
+    from normlab.runs.model import load_run_model, run_tokenizer
 
     run = load_run_model(source)
     tok = run_tokenizer(run.config, run.run_dir)
     if tok is None:
-        raise EvalError(f"{source} was trained on pre-tokenized .bin data, whose tokenizer normlab does not know: "
-                        "export the model, save the tokenizer beside it, and evaluate the export folder")
+        raise EvalError(
+            f"{source} was trained on pre-tokenized .bin data, whose tokenizer normlab does not know: "
+            "export the model, save the tokenizer beside it, and evaluate the export folder"
+        )
     hf_tok = to_hf_tokenizer(tok, run.model.config.max_seq_len)
     model = to_hf(run.model, hf_tok)
-    lm = HFLM(pretrained=model, tokenizer=hf_tok, device=device, batch_size=batch_size, backend="causal",
-              max_length=max_length or run.model.config.max_seq_len)
-    facts = {"source": str(source), "checkpoint": str(run.checkpoint), "step": run.step,
-             "layout": run.model.layout.to_string()}
+    lm = HFLM(
+        pretrained=model,
+        tokenizer=hf_tok,
+        device=device,
+        batch_size=batch_size,
+        backend="causal",
+        max_length=max_length or run.model.config.max_seq_len,
+    )
+    facts = {
+        "source": str(source),
+        "checkpoint": str(run.checkpoint),
+        "step": run.step,
+        "layout": run.model.layout.to_string(),
+    }
     return lm, facts, run.run_dir or run.checkpoint.parent
 
 
-_TRUNCATED = re.compile(r"Combined length of context \((\d+)\) and continuation \((\d+)\) exceeds model's maximum "
-                        r"length \((\d+)\)\. Truncating (\d+) tokens")
+_TRUNCATED = re.compile(
+    r"Combined length of context \((\d+)\) and continuation \((\d+)\) exceeds model's maximum "
+    r"length \((\d+)\)\. Truncating (\d+) tokens"
+)
 
 
 class _Truncations(logging.Handler):
@@ -194,8 +229,12 @@ class _Truncations(logging.Handler):
     def summary(self) -> dict[str, Any] | None:
         if not self.requests:
             return None
-        return {"requests": self.requests, "max_length": self.max_length,
-                "mean_tokens_cut": self.cut / self.requests, "mean_request_tokens": self.length / self.requests}
+        return {
+            "requests": self.requests,
+            "max_length": self.max_length,
+            "mean_tokens_cut": self.cut / self.requests,
+            "mean_request_tokens": self.length / self.requests,
+        }
 
 
 class _Captured:
@@ -272,6 +311,7 @@ def _one_bar(fd: int) -> Iterator[None]:
         def wrapper(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
             progress.update(1)
             return method(self, *args, **kwargs)
+
         return wrapper
 
     HFLM._model_call, HFLM._model_generate = counted(call), counted(generate)
@@ -286,15 +326,26 @@ def _one_bar(fd: int) -> Iterator[None]:
 def describe_truncation(trunc: dict[str, Any] | None) -> str:
     if not trunc:
         return "no request was truncated"
-    return (f"{trunc['requests']} requests were longer than the model's {trunc['max_length']} tokens and lost "
-            f"{trunc['mean_tokens_cut']:.0f} of their {trunc['mean_request_tokens']:.0f} tokens on average, "
-            "cut from the left of the context (lm-eval's rule); their scores rest on what was left")
+    return (
+        f"{trunc['requests']} requests were longer than the model's {trunc['max_length']} tokens and lost "
+        f"{trunc['mean_tokens_cut']:.0f} of their {trunc['mean_request_tokens']:.0f} tokens on average, "
+        "cut from the left of the context (lm-eval's rule); their scores rest on what was left"
+    )
 
 
-def evaluate(source: str | Path, tasks: list[str], limit: float | None = None, batch_size: int | str = 1,
-             device: str = "cpu", num_fewshot: int | None = None, max_length: int | None = None,
-             seed: int = 1234, samples: bool = False, trust_remote_code: bool = False,
-             verbose: bool = False) -> dict[str, Any]:
+def evaluate(
+    source: str | Path,
+    tasks: list[str],
+    limit: float | None = None,
+    batch_size: int | str = 1,
+    device: str = "cpu",
+    num_fewshot: int | None = None,
+    max_length: int | None = None,
+    seed: int = 1234,
+    samples: bool = False,
+    trust_remote_code: bool = False,
+    verbose: bool = False,
+) -> dict[str, Any]:
     """Evaluate one run, checkpoint or export on ``tasks``; write and return its ``eval.json`` entries
     (``{"tasks": {task: {...}}, "table": str, "path": Path}``). ``samples``: also write every
     request and response to ``eval_samples/TASK.jsonl`` (what the model generated, per item).
@@ -310,17 +361,28 @@ def evaluate(source: str | Path, tasks: list[str], limit: float | None = None, b
     manager = _task_manager()
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:
-        raise EvalError(f"unknown task(s) {', '.join(unknown)}: give lm-eval task or group names (`lm_eval ls tasks`), "
-                        f"or normlab's: {', '.join(GROUPS)}, {', '.join(LOCAL_TASKS)}")
+        raise EvalError(
+            f"unknown task(s) {', '.join(unknown)}: give lm-eval task or group names (`lm_eval ls tasks`), "
+            f"or normlab's: {', '.join(GROUPS)}, {', '.join(LOCAL_TASKS)}"
+        )
     with _lm_eval_output(verbose) as (truncations, captured):
         lm, facts, out_dir = _model_for(source, kind, device, batch_size, max_length, trust_remote_code)
-        res = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, limit=limit,
-                                      num_fewshot=num_fewshot, log_samples=samples, random_seed=seed,
-                                      numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed)
+        res = lm_eval.simple_evaluate(
+            model=lm,
+            tasks=list(tasks),
+            task_manager=manager,
+            limit=limit,
+            num_fewshot=num_fewshot,
+            log_samples=samples,
+            random_seed=seed,
+            numpy_random_seed=seed,
+            torch_random_seed=seed,
+            fewshot_random_seed=seed,
+        )
     trunc = truncations.summary()
     if captured is not None:
         atomic_write_bytes(RunDir(out_dir).eval_log_file, captured.text().encode())
-    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     entries = {}
     for name, values in {**res.get("results", {}), **res.get("groups", {})}.items():
         metrics, stderr = {}, {}
@@ -334,10 +396,17 @@ def evaluate(source: str | Path, tasks: list[str], limit: float | None = None, b
                 metrics[metric] = float(v)
         if not metrics:  # a group without aggregate metrics: its tasks carry the numbers
             continue
-        entries[name] = {"metrics": metrics, "stderr": stderr, "n": res.get("n-samples", {}).get(name, {}).get("effective"),
-                         "num_fewshot": res.get("n-shot", {}).get(name), "limit": limit,
-                         "lm_eval": lm_eval.__version__ if hasattr(lm_eval, "__version__") else None,
-                         "evaluated_at": now, "truncation": trunc, **facts}
+        entries[name] = {
+            "metrics": metrics,
+            "stderr": stderr,
+            "n": res.get("n-samples", {}).get(name, {}).get("effective"),
+            "num_fewshot": res.get("n-shot", {}).get(name),
+            "limit": limit,
+            "lm_eval": lm_eval.__version__ if hasattr(lm_eval, "__version__") else None,
+            "evaluated_at": now,
+            "truncation": trunc,
+            **facts,
+        }
     for task, items in (res.get("samples") or {}).items():
         lines = "".join(json.dumps(item, default=str) + "\n" for item in items)
         atomic_write_bytes(RunDir(out_dir).eval_samples_file(task), lines.encode())
@@ -348,8 +417,14 @@ def evaluate(source: str | Path, tasks: list[str], limit: float | None = None, b
     path = target.evals_file
     items = ", ".join(f"{t} {e['n']}" for t, e in entries.items() if isinstance(e.get("n"), int))
     note = f"items scored: {items}" + (f" (--limit {limit:g})" if limit is not None else "")
-    return {"tasks": entries, "table": make_table(res) + (make_table(res, "groups") if res.get("groups") else "")
-            + f"{note}\ntruncation: {describe_truncation(trunc)}\n", "path": path, "truncation": trunc}
+    return {
+        "tasks": entries,
+        "table": make_table(res)
+        + (make_table(res, "groups") if res.get("groups") else "")
+        + f"{note}\ntruncation: {describe_truncation(trunc)}\n",
+        "path": path,
+        "truncation": trunc,
+    }
 
 
 def evaluate_sweep(sweep: str | Path, tasks: list[str], **kwargs: Any) -> list[dict[str, Any]]:
@@ -375,5 +450,7 @@ def export_eval_line(out: Path, remote: bool) -> str:
     import shlex
 
     model_args = f"pretrained={out}" + (",trust_remote_code=True" if remote else "")
-    return (f"evaluate: lm_eval --model hf --model_args {shlex.quote(model_args)} --tasks normlab_local "
-            f"--include_path {shlex.quote(str(TASKS_DIR))}  (or: normlab eval {shlex.quote(str(out))})")
+    return (
+        f"evaluate: lm_eval --model hf --model_args {shlex.quote(model_args)} --tasks normlab_local "
+        f"--include_path {shlex.quote(str(TASKS_DIR))}  (or: normlab eval {shlex.quote(str(out))})"
+    )

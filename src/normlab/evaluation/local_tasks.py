@@ -96,10 +96,12 @@ def passage_items(blocks: list[list[str]], n: int, min_chars: int = 800) -> list
     return _evenly(passages, n)
 
 
-def build(text: str, n_choice: int = 200, n_speaker: int = 100, n_passages: int = 40, seed: int = 0) -> dict[str, list[dict]]:
+def build(
+    text: str, n_choice: int = 200, n_speaker: int = 100, n_passages: int = 40, seed: int = 0
+) -> dict[str, list[dict]]:
     """The three tasks' items from a corpus text (its last `HOLDOUT` fraction)."""
-    held = text[int(len(text) * (1 - HOLDOUT)):]
-    held = held[held.find("\n\n") + 2:]  # start at a block boundary
+    held = text[int(len(text) * (1 - HOLDOUT)) :]
+    held = held[held.find("\n\n") + 2 :]  # start at a block boundary
     blocks = _blocks(held)
     return {
         "next_line": next_line_items(blocks, n_choice, random.Random(seed)),

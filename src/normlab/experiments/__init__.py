@@ -3,11 +3,19 @@
 
 from normlab._lazy import lazy_exports
 
-__getattr__ = lazy_exports(__name__, {
-    "compare": "normlab.experiments.comparison", "RECIPES": "normlab.experiments.recipes",
-    "load_recipe": "normlab.experiments.recipes", "run_sweep": "normlab.experiments.runner",
-    "load_sweep": "normlab.experiments.summary", "summarize": "normlab.experiments.summary",
-    "RunSpec": "normlab.experiments.sweep", "SweepConfig": "normlab.experiments.sweep",
-}, globals())
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "compare": "normlab.experiments.comparison",
+        "RECIPES": "normlab.experiments.recipes",
+        "load_recipe": "normlab.experiments.recipes",
+        "run_sweep": "normlab.experiments.runner",
+        "load_sweep": "normlab.experiments.summary",
+        "summarize": "normlab.experiments.summary",
+        "RunSpec": "normlab.experiments.sweep",
+        "SweepConfig": "normlab.experiments.sweep",
+    },
+    globals(),
+)
 
 __all__ = ["RECIPES", "RunSpec", "SweepConfig", "compare", "load_recipe", "load_sweep", "run_sweep", "summarize"]

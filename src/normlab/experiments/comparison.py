@@ -22,23 +22,32 @@ from normlab.experiments.summary import summarize
 from normlab.experiments.sweep import SweepConfig
 from normlab.runs.files import SweepDir
 
-def compare(layouts: list[str] | tuple[str, ...] = COMPARE_LAYOUTS, out: str | Path = "runs/compare",
-            workers: int | None = None, log=print, **base: Any) -> Path:  # noqa: ANN001 - log: print-like
-    """Train ``layouts`` with the same settings and write the report; returns the report's index.html."""
-    from normlab.diagnostics.report import make_report
 
-    from normlab.diagnostics.report import reading_lines
+def compare(
+    layouts: list[str] | tuple[str, ...] = COMPARE_LAYOUTS,
+    out: str | Path = "runs/compare",
+    workers: int | None = None,
+    log=print,
+    **base: Any,
+) -> Path:
+    """Train ``layouts`` with the same settings and write the report; returns the report's index.html."""
+    from normlab.diagnostics.report import make_report, reading_lines
     from normlab.diagnostics.store import load_run
 
     merged = {**COMPARE_BASE, **base}
-    sweep = SweepConfig(name="compare", base=merged, grid={"layout": list(layouts)},
-                        source="Kim et al. 2025 Sec. 7.2, Figs. 1, 6, 7, 11; Zhuo et al. 2025 Fig. 5",
-                        scale=", ".join(f"{k} {merged[k]}" for k in ("size", "lr", "weight_decay", "steps",
-                                                                     "activation_dtype") if k in merged))
+    sweep = SweepConfig(
+        name="compare",
+        base=merged,
+        grid={"layout": list(layouts)},
+        source="Kim et al. 2025 Sec. 7.2, Figs. 1, 6, 7, 11; Zhuo et al. 2025 Fig. 5",
+        scale=", ".join(
+            f"{k} {merged[k]}" for k in ("size", "lr", "weight_decay", "steps", "activation_dtype") if k in merged
+        ),
+    )
     root = Path(out)
     run_sweep(sweep, root, workers=workers, log=log)
     md = summarize(root)["markdown"].read_text()
-    log(md[md.index("## Cells"):].split("\n## ", 1)[0].strip())  # the cell table, not the list of runs
+    log(md[md.index("## Cells") :].split("\n## ", 1)[0].strip())  # the cell table, not the list of runs
     folder = SweepDir(root)
     finished = [run.path for run in (folder.run(s.run_id) for s in sweep.expand()) if run.has_metrics()]
     index = make_report(finished, folder.report_dir)

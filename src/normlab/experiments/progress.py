@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from tqdm import tqdm
 
@@ -38,16 +39,26 @@ def last_step(metrics: Path) -> int:
 
 
 class SweepProgress:
-    def __init__(self, root: Path, steps: dict[str, int], name: str, log: Callable[[str], Any] = print,
-                 every: float = 60.0, tty: bool | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        steps: dict[str, int],
+        name: str,
+        log: Callable[[str], Any] = print,
+        every: float = 60.0,
+        tty: bool | None = None,
+    ) -> None:
         self.root, self.steps, self.log, self.every = root, steps, log, every
         self.done: dict[str, int] = {}
         self.running: dict[str, int] = {}
         self.counts = {"ok": 0, "stalled": 0, "diverged": 0, "failed": 0}
         self.t0 = self.last_line = time.monotonic()
         tty = sys.stderr.isatty() if tty is None else tty
-        self.bar = tqdm(total=sum(steps.values()), desc=f"sweep {name}", unit="step", dynamic_ncols=True,
-                        leave=True) if tty else None
+        self.bar = (
+            tqdm(total=sum(steps.values()), desc=f"sweep {name}", unit="step", dynamic_ncols=True, leave=True)
+            if tty
+            else None
+        )
 
     def started(self, rid: str) -> None:
         self.running[rid] = 0
@@ -87,8 +98,10 @@ class SweepProgress:
             self.last_line = time.monotonic()
             eta = self.eta()
             total = sum(self.steps.values())
-            self.log(f"progress: {len(self.done)}/{len(self.steps)} runs done, {self.position}/{total} steps"
-                     f"{f', ETA {eta / 60:.1f} min' if eta is not None else ''}; {self.describe()}")
+            self.log(
+                f"progress: {len(self.done)}/{len(self.steps)} runs done, {self.position}/{total} steps"
+                f"{f', ETA {eta / 60:.1f} min' if eta is not None else ''}; {self.describe()}"
+            )
 
     def write(self, message: str) -> None:
         """A line above the bar (or through `log` when there is no bar)."""

@@ -37,8 +37,8 @@ from normlab.experiments.runner import rebuild_store
 from normlab.io import atomic_write_bytes, own_folder, writable
 from normlab.runs.evals import headline_scores
 from normlab.runs.files import STORE, SWEEP_REPORT, SWEEP_SUMMARY, SweepDir
-from normlab.runs.store import open_store
 from normlab.runs.outcome import FINISHED, OUTCOME, TRAINED
+from normlab.runs.store import open_store
 
 SEED = "seed"
 LR = "lr"
@@ -57,8 +57,10 @@ def load_sweep(path: str | Path) -> tuple[pd.DataFrame, list[str]]:
     rows = [] if store is None else store.rows()
     if not rows and folder.run_folders():  # a lost store (0 bytes, moved aside): rebuilt from the run folders
         if not writable(folder.path):
-            raise ConfigError(f"{db} holds no runs but {folder.path} holds run folders, and the folder is read-only, "
-                              "so the store cannot be rebuilt there; copy the sweep folder somewhere writable")
+            raise ConfigError(
+                f"{db} holds no runs but {folder.path} holds run folders, and the folder is read-only, "
+                "so the store cannot be rebuilt there; copy the sweep folder somewhere writable"
+            )
         rebuild_store(folder.path)
         store = open_store(folder, readonly=True)
         rows = store.rows()
@@ -66,16 +68,23 @@ def load_sweep(path: str | Path) -> tuple[pd.DataFrame, list[str]]:
     axes = list(sweep.get("grid") or {}) or sorted({a for r in rows for a in r["axes"]})
     records = []
     for r in rows:
-        rec = {"run_id": r["run_id"], **{a: r["axes"].get(a, _config_value(r["config"], a)) for a in axes},
-               "status": r["status"], "step": r["step"], "reason": r["reason"], "attempts": r["attempts"]}
+        rec = {
+            "run_id": r["run_id"],
+            **{a: r["axes"].get(a, _config_value(r["config"], a)) for a in axes},
+            "status": r["status"],
+            "step": r["step"],
+            "reason": r["reason"],
+            "attempts": r["attempts"],
+        }
         rec.update({k: r[k] for k in OUTCOME})
         rec.update({EVAL_PREFIX + k: v for k, v in headline_scores(folder.run(r["run_id"]).evals()).items()})
         rec.update(angular_halves(folder.run(r["run_id"])) if r["status"] in TRAINED else {})
         records.append(rec)
     scores = list(dict.fromkeys(k for rec in records for k in rec if k.startswith(EVAL_PREFIX)))
     depth = [k for k in ANGULAR if any(k in rec for rec in records)]
-    df = pd.DataFrame.from_records(records, columns=["run_id", *axes, "status", "step", "reason", "attempts", *OUTCOME,
-                                                     *scores, *depth])
+    df = pd.DataFrame.from_records(
+        records, columns=["run_id", *axes, "status", "step", "reason", "attempts", *OUTCOME, *scores, *depth]
+    )
     # One row per grid point: a store can hold two ids for one point (runs recorded by a normlab
     # whose ids hashed other settings); the finished one, else the newest, is the result.
     if axes and len(df):
@@ -137,12 +146,23 @@ def cells(df: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
         for col in (x for x in ANGULAR if x in g.columns):
             scores[col], _ = _mean_std(trained[col])
         peak = pd.to_numeric(g.max_activation, errors="coerce").dropna()
-        out.append({**dict(zip(keys, key)), "runs": len(g), **n,
-                    "pending": int(len(g) - finished - n["failed"]), "divergences": f"{n['diverged']}/{finished}",
-                    "stalls": f"{n['stalled']}/{finished}",
-                    "max_activation": float(peak.max()) if len(peak) else math.nan,
-                    "first_breaks": tally(list(g[g.status == "diverged"].first_break)),
-                    "final_loss_mean": fm, "final_loss_std": fs, "val_loss_mean": vm, "val_loss_std": vs, **scores})
+        out.append(
+            {
+                **dict(zip(keys, key)),
+                "runs": len(g),
+                **n,
+                "pending": int(len(g) - finished - n["failed"]),
+                "divergences": f"{n['diverged']}/{finished}",
+                "stalls": f"{n['stalled']}/{finished}",
+                "max_activation": float(peak.max()) if len(peak) else math.nan,
+                "first_breaks": tally(list(g[g.status == "diverged"].first_break)),
+                "final_loss_mean": fm,
+                "final_loss_std": fs,
+                "val_loss_mean": vm,
+                "val_loss_std": vs,
+                **scores,
+            }
+        )
     return pd.DataFrame(out)
 
 
@@ -170,9 +190,16 @@ def lr_curves(df: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
     for key, g in done.groupby(keys + [LR], sort=False, dropna=False):
         key = key if isinstance(key, tuple) else (key,)
         m, s = _mean_std(g[g.status.isin(TRAINED)].final_loss)
-        out.append({**dict(zip(keys + [LR], key)), "final_loss_mean": m, "final_loss_std": s,
-                    "divergences": f"{(g.status == 'diverged').sum()}/{len(g)}",
-                    "stalls": f"{(g.status == 'stalled').sum()}/{len(g)}", "capped_loss": float(g.capped.mean())})
+        out.append(
+            {
+                **dict(zip(keys + [LR], key)),
+                "final_loss_mean": m,
+                "final_loss_std": s,
+                "divergences": f"{(g.status == 'diverged').sum()}/{len(g)}",
+                "stalls": f"{(g.status == 'stalled').sum()}/{len(g)}",
+                "capped_loss": float(g.capped.mean()),
+            }
+        )
     return pd.DataFrame(out)
 
 
@@ -188,11 +215,17 @@ def lr_sensitivity(curves: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
         capped = g.capped_loss.dropna()
         trained = g.dropna(subset=["final_loss_mean"])
         best = trained.loc[trained.final_loss_mean.idxmin()] if len(trained) else None
-        out.append({**dict(zip(keys, key)), "lrs": len(g), "lr_range": f"{g[LR].min():g}-{g[LR].max():g}",
-                    "expected_capped_loss": float(capped.mean()) if len(capped) else math.nan,
-                    "lr_sensitivity": float(capped.mean() - capped.min()) if len(capped) else math.nan,
-                    "best_lr": None if best is None else float(best[LR]),
-                    "best_final_loss": math.nan if best is None else float(best.final_loss_mean)})
+        out.append(
+            {
+                **dict(zip(keys, key)),
+                "lrs": len(g),
+                "lr_range": f"{g[LR].min():g}-{g[LR].max():g}",
+                "expected_capped_loss": float(capped.mean()) if len(capped) else math.nan,
+                "lr_sensitivity": float(capped.mean() - capped.min()) if len(capped) else math.nan,
+                "best_lr": None if best is None else float(best[LR]),
+                "best_final_loss": math.nan if best is None else float(best.final_loss_mean),
+            }
+        )
     return pd.DataFrame(out)
 
 
@@ -224,13 +257,16 @@ def cell_table(c: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
     t["divergences"] = c.divergences
     t["stalled"] = c.stalls
     t["failed"] = c.failed
-    if "max_activation" in c and c.max_activation.notna().any():  # runs with probes: Kim Fig. 11's quantity against the FP16 limit
+    if (
+        "max_activation" in c and c.max_activation.notna().any()
+    ):  # runs with probes: Kim Fig. 11's quantity against the FP16 limit
         t["max |x|"] = [_fmt(v) for v in c.max_activation]
     if "first_breaks" in c and (c.first_breaks != "").any():
         t["first overflow (diverged runs)"] = [b or "-" for b in c.first_breaks]
     if "angular_deep" in c and c.angular_deep.notna().any():  # probes with angular distance (Sun et al. 2025)
-        t["angular step, 1st / 2nd half"] = [f"{a:.3f} / {b:.3f}" if math.isfinite(b) else "-"
-                                             for a, b in zip(c.angular_shallow, c.angular_deep)]
+        t["angular step, 1st / 2nd half"] = [
+            f"{a:.3f} / {b:.3f}" if math.isfinite(b) else "-" for a, b in zip(c.angular_shallow, c.angular_deep)
+        ]
     t["final loss"] = [_pm(m, s) for m, s in zip(c.final_loss_mean, c.final_loss_std)]
     t["val loss"] = [_pm(m, s) for m, s in zip(c.val_loss_mean, c.val_loss_std)]
     for col in (x for x in c.columns if x.startswith(EVAL_PREFIX) and x.endswith(" mean")):
@@ -278,25 +314,39 @@ def summarize(path: str | Path, out: str | Path | None = None) -> dict[str, Any]
             head.append(f"- {k}: {sweep[k]}")
     head.append(f"- runs: {len(df)} (" + ", ".join(f"{v} {k}" for k, v in counts.items()) + ")")
     head.append(f"- axes: {', '.join(axes)}")
-    md = "\n".join(head) + "\n\n## Cells: divergences, stalls and loss over seeds (mean ± std, diverged runs excluded)\n\n"
+    md = (
+        "\n".join(head)
+        + "\n\n## Cells: divergences, stalls and loss over seeds (mean ± std, diverged runs excluded)\n\n"
+    )
     md += to_markdown(cell_table(c, axes))
     if not curves.empty:
-        md += "\n## Final loss by learning rate (mean over seeds that did not diverge; k/n diverged or stalled)\n\n" + to_markdown(lr_table(curves, axes))
+        md += (
+            "\n## Final loss by learning rate (mean over seeds that did not diverge; k/n diverged or stalled)\n\n"
+            + to_markdown(lr_table(curves, axes))
+        )
         md += "\n## LR sensitivity (Wortsman et al. 2024) and best learning rate\n\n" + to_markdown(sens)
     bad = df[df.status.isin(["diverged", "stalled", "failed"])]
     if len(bad):
-        md += "\n## Diverged, stalled and failed runs\n\n" + to_markdown(bad[["run_id", "status", "step", "reason", "first_break"]])
+        md += "\n## Diverged, stalled and failed runs\n\n" + to_markdown(
+            bad[["run_id", "status", "step", "reason", "first_break"]]
+        )
     atomic_write_bytes(out / SWEEP_SUMMARY, md.encode())
     for name, table in (("runs", df), ("cells", c), ("lr_curve", curves), ("lr_sensitivity", sens)):
         if not table.empty:
             atomic_write_bytes(out / f"{name}.csv", table.to_csv(index=False).encode())
     html_path = _report(out, df, axes, c, curves, sens, sweep, root)
-    return {"markdown": out / SWEEP_SUMMARY, "html": html_path, "cells": c, "lr_curve": curves,
-            "lr_sensitivity": sens, "runs": df}
+    return {
+        "markdown": out / SWEEP_SUMMARY,
+        "html": html_path,
+        "cells": c,
+        "lr_curve": curves,
+        "lr_sensitivity": sens,
+        "runs": df,
+    }
 
 
 def _group_label(row: dict[str, Any], keys: list[str]) -> str:
-    """"pre, lr=0.01, init=he": the layout bare, other axes named (model./layout. prefixes dropped)."""
+    """ "pre, lr=0.01, init=he": the layout bare, other axes named (model./layout. prefixes dropped)."""
     return ", ".join(str(row[k]) if k == "layout" else f"{k.split('.')[-1]}={row[k]}" for k in keys) or "all"
 
 
@@ -321,16 +371,22 @@ def _top100_figure(root: Path, df: pd.DataFrame, axes: list[str]):  # noqa: ANN2
     cols = min(len(labels), 5)
     rows = -(-len(labels) // cols)
     fig, panels = plt.subplots(rows, cols, figsize=(3.4 * cols, 2.9 * rows), squeeze=False, sharex=True, sharey=True)
-    for ax in panels.flat[len(labels):]:
+    for ax in panels.flat[len(labels) :]:
         ax.set_visible(False)
     for ax, label in zip(panels.flat, labels):
         for _, seed, pts, forensics in (c for c in curves if c[0] == label):
             steps, values = zip(*pts)
-            line, = ax.plot(steps, [v if math.isfinite(v) else np.nan for v in values], lw=1, label=f"seed {seed}")
+            (line,) = ax.plot(steps, [v if math.isfinite(v) else np.nan for v in values], lw=1, label=f"seed {seed}")
             fwd = (forensics or {}).get("forward") or {}
             if fwd.get("kind") == "overflow":
-                ax.scatter([forensics["step"]], [forensics.get("limit") or FP16_MAX], marker="X", s=60,
-                           color=line.get_color(), zorder=5)
+                ax.scatter(
+                    [forensics["step"]],
+                    [forensics.get("limit") or FP16_MAX],
+                    marker="X",
+                    s=60,
+                    color=line.get_color(),
+                    zorder=5,
+                )
         ax.axhline(FP16_MAX, ls="--", color="tab:orange", lw=1)
         ax.set(title=label, yscale="log", xlabel="step")
     panels.flat[0].set_ylabel("largest |hidden state| (top-100 max)")
@@ -340,8 +396,16 @@ def _top100_figure(root: Path, df: pd.DataFrame, axes: list[str]):  # noqa: ANN2
     return fig
 
 
-def _report(out: Path, df: pd.DataFrame, axes: list[str], c: pd.DataFrame, curves: pd.DataFrame,
-            sens: pd.DataFrame, sweep: dict, root: Path | None = None) -> Path:
+def _report(
+    out: Path,
+    df: pd.DataFrame,
+    axes: list[str],
+    c: pd.DataFrame,
+    curves: pd.DataFrame,
+    sens: pd.DataFrame,
+    sweep: dict,
+    root: Path | None = None,
+) -> Path:
     import matplotlib.pyplot as plt
 
     from normlab.pages import figure_html, table_html, write_page
@@ -352,7 +416,7 @@ def _report(out: Path, df: pd.DataFrame, axes: list[str], c: pd.DataFrame, curve
         fig, ax = plt.subplots(figsize=(7, 4.2))
         for _, g in curves.groupby(keys, sort=False, dropna=False) if keys else [((), curves)]:
             label = _group_label(g[keys].iloc[0].to_dict(), keys) if keys else "all"
-            line, = ax.plot(g[LR], g.final_loss_mean, marker="o", label=label)
+            (line,) = ax.plot(g[LR], g.final_loss_mean, marker="o", label=label)
             div = g[~g.divergences.str.startswith("0/")]
             if len(div):  # a diverged seed counts as its initial loss (the capped loss), as in the sensitivity
                 ax.scatter(div[LR], div.capped_loss, marker="x", s=80, color=line.get_color(), zorder=5)
@@ -372,8 +436,14 @@ def _report(out: Path, df: pd.DataFrame, axes: list[str], c: pd.DataFrame, curve
     a.set_ylim(len(c) - 0.5, -0.5)
     finished = sum(c[s] for s in FINISHED).replace(0, np.nan)
     b.barh(y, c.diverged / finished, color="tab:red", alpha=0.8, label="diverged")
-    b.barh(y, c.stalled / finished, left=(c.diverged / finished).fillna(0), color="tab:orange", alpha=0.8,
-           label="stalled (unigram loss)")
+    b.barh(
+        y,
+        c.stalled / finished,
+        left=(c.diverged / finished).fillna(0),
+        color="tab:orange",
+        alpha=0.8,
+        label="stalled (unigram loss)",
+    )
     for yi, d, st in zip(y, c.divergences, c.stalls):
         b.text(0.01, yi, f"{d} diverged" + ("" if st.startswith("0/") else f", {st} stalled"), va="center", fontsize=8)
     b.set_yticks(y, [""] * len(y))
@@ -386,11 +456,21 @@ def _report(out: Path, df: pd.DataFrame, axes: list[str], c: pd.DataFrame, curve
     sections.append(figure_html(fig, out, "cells", "Loss and divergences by cell"))
     top = _top100_figure(root or out, df, axes)
     if top is not None:
-        sections.append(figure_html(top, out, "top100_fp16", "Largest activations over training against the FP16 "
-                                    "limit, every seed (Kim Fig. 11)"))
-    meta = "".join(f"<li>{html.escape(k)}: {html.escape(str(sweep[k]))}</li>" for k in ("source", "scale", "claim") if sweep.get(k))
-    body = (f"<h1>Sweep {html.escape(str(sweep.get('name', out.name)))}</h1><ul>{meta}</ul>"
-            f"<h2>Cells</h2>{table_html(cell_table(c, axes).to_dict('records'))}"
-            + (f"<h2>LR sensitivity</h2>{table_html(sens.to_dict('records'))}" if not sens.empty else "")
-            + "\n".join(sections))
+        sections.append(
+            figure_html(
+                top,
+                out,
+                "top100_fp16",
+                "Largest activations over training against the FP16 limit, every seed (Kim Fig. 11)",
+            )
+        )
+    meta = "".join(
+        f"<li>{html.escape(k)}: {html.escape(str(sweep[k]))}</li>" for k in ("source", "scale", "claim") if sweep.get(k)
+    )
+    body = (
+        f"<h1>Sweep {html.escape(str(sweep.get('name', out.name)))}</h1><ul>{meta}</ul>"
+        f"<h2>Cells</h2>{table_html(cell_table(c, axes).to_dict('records'))}"
+        + (f"<h2>LR sensitivity</h2>{table_html(sens.to_dict('records'))}" if not sens.empty else "")
+        + "\n".join(sections)
+    )
     return write_page(out / SWEEP_REPORT, f"normlab sweep: {sweep.get('name', '')}", body)

@@ -34,11 +34,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from normlab.experiments.cluster import check_options
-from normlab.settings import build, check_fields, check_leaf, leaves, positive, setting, unknown_key
 from normlab.config.train import LEAVES, RunSettings, TrainConfig, flatten_settings, resolve_key, typed_settings
 from normlab.errors import ConfigError, LayoutError
+from normlab.experiments.cluster import check_options
 from normlab.io import read_toml
+from normlab.settings import build, check_fields, check_leaf, leaves, positive, setting, unknown_key
 
 EXECUTORS = ("local", "slurm", "submitit-local")
 # A sweep's disk budget: each run keeps its newest checkpoint only (the one a killed run resumes from),
@@ -77,8 +77,11 @@ def sweep_run_config(cfg: TrainConfig) -> TrainConfig:
 
 
 def _sweep_name(name: str) -> str | None:
-    return None if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}", name) else \
-        "is not a valid sweep name: use letters, digits and . _ + - (it names a folder under runs/sweeps)"
+    return (
+        None
+        if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}", name)
+        else "is not a valid sweep name: use letters, digits and . _ + - (it names a folder under runs/sweeps)"
+    )
 
 
 @dataclass
@@ -92,15 +95,19 @@ class SweepConfig:
     source: str = setting("", "the paper, table or figure the sweep reproduces")
     scale: str = setting("", "model size, steps, data: what small scale means here")
     claim: str = setting("", "what the paper found, to check against the summary")
-    workers: int | None = setting(None, "parallel runs on this machine (none: one per CPU core, at most the runs)",
-                                  check=positive)
-    executor: str = setting("local", "where runs execute: local worker processes, slurm (submitit) or "
-                            "submitit-local (submitit here, for tests)", choices=EXECUTORS)
+    workers: int | None = setting(
+        None, "parallel runs on this machine (none: one per CPU core, at most the runs)", check=positive
+    )
+    executor: str = setting(
+        "local",
+        "where runs execute: local worker processes, slurm (submitit) or submitit-local (submitit here, for tests)",
+        choices=EXECUTORS,
+    )
     slurm: dict[str, Any] = field(default_factory=dict)  # submitit options: slurm_partition, timeout_min, ...
 
     @property
     def machine(self) -> str:
-        """"gpu" for a sweep whose runs ask for CUDA (the gpu-* recipes), else "cpu"."""
+        """ "gpu" for a sweep whose runs ask for CUDA (the gpu-* recipes), else "cpu"."""
         devices = [self.base.get("device"), *self.grid.get("device", [])]
         return "gpu" if any(isinstance(d, str) and d.startswith("cuda") for d in devices) else "cpu"
 
@@ -127,8 +134,13 @@ class SweepConfig:
         self.grid = grid
         self._runs = self._expand()  # every run's config built and validated now, once, before anything runs
 
-    def with_(self, settings: dict[str, Any] | None = None, base: dict[str, Any] | None = None,
-              grid: dict[str, list[Any]] | None = None, from_text: bool = False) -> SweepConfig:
+    def with_(
+        self,
+        settings: dict[str, Any] | None = None,
+        base: dict[str, Any] | None = None,
+        grid: dict[str, list[Any]] | None = None,
+        from_text: bool = False,
+    ) -> SweepConfig:
         """This sweep with declared settings replaced (`settings`, e.g. from flags), run settings added to
         its base and axes added to (or replacing) its grid; the result is validated as a whole."""
         decl = leaves(SweepConfig)
@@ -184,12 +196,19 @@ class SweepConfig:
         """A sweep from its TOML/JSON form: the declared settings, and the base, grid and slurm tables."""
         tables = {k: data[k] for k in ("base", "grid", "slurm") if k in data}
         try:
-            return build(cls, {k: v for k, v in data.items() if k not in tables}, source_file,
-                         base=tables.get("base", {}), grid=tables.get("grid", {}), slurm=tables.get("slurm", {}))
+            return build(
+                cls,
+                {k: v for k, v in data.items() if k not in tables},
+                source_file,
+                base=tables.get("base", {}),
+                grid=tables.get("grid", {}),
+                slurm=tables.get("slurm", {}),
+            )
         except ConfigError as err:
             text = str(err)
-            raise ConfigError(text if text.startswith(source_file) or source_file == "sweep" else
-                              f"{source_file}: {text}") from None
+            raise ConfigError(
+                text if text.startswith(source_file) or source_file == "sweep" else f"{source_file}: {text}"
+            ) from None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -201,8 +220,10 @@ def _check_axis(axis: str) -> None:
     kind, name = resolve_key(axis)
     if kind == "leaf" and not LEAVES[name].identity:
         valid = sorted(k for k, leaf in LEAVES.items() if leaf.identity and k != "options")
-        raise ConfigError(f"grid axis {axis!r} does not change what a run computes, so it cannot be an axis; "
-                          f"valid: {', '.join(valid)}, model.NAME or layout.NAME")
+        raise ConfigError(
+            f"grid axis {axis!r} does not change what a run computes, so it cannot be an axis; "
+            f"valid: {', '.join(valid)}, model.NAME or layout.NAME"
+        )
 
 
 def _slug(value: Any) -> str:

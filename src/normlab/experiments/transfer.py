@@ -32,7 +32,7 @@ from typing import Any
 import pandas as pd
 
 from normlab.errors import ConfigError
-from normlab.experiments.summary import LR, lr_curves, lr_sensitivity, load_sweep
+from normlab.experiments.summary import LR, load_sweep, lr_curves, lr_sensitivity
 from normlab.runs.outcome import FINISHED
 
 NOISE_FLOOR = 0.01  # nats: recommend's (normlab.recommend.rank.NOISE_FLOOR); below it two losses are a tie
@@ -59,7 +59,9 @@ def rank_sweep(runs: pd.DataFrame, lrs: list[float] | None = None) -> pd.DataFra
     layout, lr and seed axes; `lrs`: only these learning rates (None: all)."""
     missing = [a for a in AXES if a not in runs.columns]
     if missing:
-        raise ConfigError(f"a transfer sweep needs the grid axes layout, lr and seed; this one lacks {', '.join(missing)}")
+        raise ConfigError(
+            f"a transfer sweep needs the grid axes layout, lr and seed; this one lacks {', '.join(missing)}"
+        )
     if lrs is not None:
         runs = runs[_same_lr(runs[LR], lrs)] if len(runs) else runs
     curves = lr_curves(runs, AXES)
@@ -70,27 +72,50 @@ def rank_sweep(runs: pd.DataFrame, lrs: list[float] | None = None) -> pd.DataFra
         if not len(done):
             continue
         failed = int(done.status.isin(FAILED).sum())
-        row: dict[str, Any] = {"layout": layout, "runs": len(g), "finished": len(done), "failed": failed,
-                               "failure_rate": failed / len(done), "best_lr": None, "best_loss": math.nan,
-                               "best_loss_std": math.nan, "expected_loss": math.nan}
+        row: dict[str, Any] = {
+            "layout": layout,
+            "runs": len(g),
+            "finished": len(done),
+            "failed": failed,
+            "failure_rate": failed / len(done),
+            "best_lr": None,
+            "best_loss": math.nan,
+            "best_loss_std": math.nan,
+            "expected_loss": math.nan,
+        }
         s = sens[sens.layout == layout] if len(sens) else sens
         if len(s) and s.best_lr.iloc[0] is not None and not pd.isna(s.best_lr.iloc[0]):
             best_lr = float(s.best_lr.iloc[0])
             at_best = curves[(curves.layout == layout) & _same_lr(curves[LR], [best_lr])]
-            row.update(best_lr=best_lr, best_loss=float(s.best_final_loss.iloc[0]),
-                       best_loss_std=float(at_best.final_loss_std.iloc[0]),
-                       expected_loss=float(s.expected_capped_loss.iloc[0]))
+            row.update(
+                best_lr=best_lr,
+                best_loss=float(s.best_final_loss.iloc[0]),
+                best_loss_std=float(at_best.final_loss_std.iloc[0]),
+                expected_loss=float(s.expected_capped_loss.iloc[0]),
+            )
         elif len(s):
             row["expected_loss"] = float(s.expected_capped_loss.iloc[0])
         rows.append(row)
-    columns = ["layout", "runs", "finished", "failed", "failure_rate", "best_lr", "best_loss", "best_loss_std",
-               "expected_loss", "rank"]
+    columns = [
+        "layout",
+        "runs",
+        "finished",
+        "failed",
+        "failure_rate",
+        "best_lr",
+        "best_loss",
+        "best_loss_std",
+        "expected_loss",
+        "rank",
+    ]
     if not rows:
         return pd.DataFrame(columns=columns)
     table = pd.DataFrame(rows)
-    big = lambda col: table[col].fillna(math.inf)  # noqa: E731 - a placement that never trained ranks last
+    big = lambda col: table[col].fillna(math.inf)
     table = table.assign(_loss=big("best_loss"), _exp=big("expected_loss"))
-    table = table.sort_values(["failure_rate", "_loss", "_exp", "layout"], kind="stable").drop(columns=["_loss", "_exp"])
+    table = table.sort_values(["failure_rate", "_loss", "_exp", "layout"], kind="stable").drop(
+        columns=["_loss", "_exp"]
+    )
     table["rank"] = range(1, len(table) + 1)
     return table.reset_index(drop=True)[columns]
 
@@ -100,8 +125,14 @@ def failure_cells(runs: pd.DataFrame, lrs: list[float] | None = None) -> dict[tu
     done = runs[runs.status.isin(FINISHED)] if len(runs) else runs
     if lrs is not None and len(done):
         done = done[_same_lr(done[LR], lrs)]
-    return {(layout, float(lr)): (int(g.status.isin(FAILED).sum()), len(g))
-            for (layout, lr), g in done.groupby(["layout", LR], sort=True)} if len(done) else {}
+    return (
+        {
+            (layout, float(lr)): (int(g.status.isin(FAILED).sum()), len(g))
+            for (layout, lr), g in done.groupby(["layout", LR], sort=True)
+        }
+        if len(done)
+        else {}
+    )
 
 
 def _decided(a: pd.Series, b: pd.Series) -> bool:
@@ -127,7 +158,9 @@ class Agreement:
     top3: float = math.nan  # overlap fraction of the two top-k, k = min(3, placements)
     k: int = 0
     discordant: list[tuple[str, str]] = field(default_factory=list)  # ordered oppositely
-    discordant_beyond_noise: list[tuple[str, str]] = field(default_factory=list)  # ... and separated beyond noise in both
+    discordant_beyond_noise: list[tuple[str, str]] = field(
+        default_factory=list
+    )  # ... and separated beyond noise in both
     failures: dict[str, int] = field(default_factory=dict)  # predicted_and_seen, predicted_only, seen_only, neither
     cells_disagreeing: list[str] = field(default_factory=list)  # "layout @ lr: proxy k/n, other k/n"
 
@@ -157,23 +190,29 @@ def order_agreement(proxy_order: list[str], other_order: list[str], lrs: list[fl
         out.top1 = pa[0] == pb[0]
         out.k = min(3, len(pa))
         out.top3 = len(set(pa[: out.k]) & set(pb[: out.k])) / out.k
-    out.discordant = [(x, y) for i, x in enumerate(pa) for y in pa[i + 1:] if pb.index(x) > pb.index(y)]
+    out.discordant = [(x, y) for i, x in enumerate(pa) for y in pa[i + 1 :] if pb.index(x) > pb.index(y)]
     return out
 
 
-def failure_tally(cells_a: dict[tuple[str, float], tuple[int, int]], cells_b: dict[tuple[str, float], tuple[int, int]],
-                  ) -> tuple[dict[str, int], list[str]]:
+def failure_tally(
+    cells_a: dict[tuple[str, float], tuple[int, int]],
+    cells_b: dict[tuple[str, float], tuple[int, int]],
+) -> tuple[dict[str, int], list[str]]:
     """Failures predicted (a cell failed in `cells_a`) vs seen (in `cells_b`), over the cells both hold
     (`failure_cells`): the four counts, and the cells where they disagree in words."""
     tally = {"predicted_and_seen": 0, "predicted_only": 0, "seen_only": 0, "neither": 0}
     disagree = []
     for cell in sorted(set(cells_a) & set(cells_b)):
         predicted, seen = cells_a[cell][0] > 0, cells_b[cell][0] > 0
-        key = ("predicted_and_seen" if seen else "predicted_only") if predicted else ("seen_only" if seen else "neither")
+        key = (
+            ("predicted_and_seen" if seen else "predicted_only") if predicted else ("seen_only" if seen else "neither")
+        )
         tally[key] += 1
         if predicted != seen:
-            disagree.append(f"{cell[0]} @ lr {cell[1]:g}: proxy {cells_a[cell][0]}/{cells_a[cell][1]} "
-                            f"failed, other {cells_b[cell][0]}/{cells_b[cell][1]}")
+            disagree.append(
+                f"{cell[0]} @ lr {cell[1]:g}: proxy {cells_a[cell][0]}/{cells_a[cell][1]} "
+                f"failed, other {cells_b[cell][0]}/{cells_b[cell][1]}"
+            )
     return tally, disagree
 
 
@@ -191,8 +230,11 @@ def compare(proxy: pd.DataFrame, other: pd.DataFrame, lrs: str = "common") -> Ag
     out = order_agreement(list(a_sub.layout), list(b_sub.layout), chosen)
     row_a = {r.layout: r for r in a_sub.itertuples(index=False)}
     row_b = {r.layout: r for r in b_sub.itertuples(index=False)}
-    out.discordant_beyond_noise = [(x, y) for x, y in out.discordant  # the proxy puts x ahead of y
-                                   if _decided(row_a[x], row_a[y]) and _decided(row_b[x], row_b[y])]
+    out.discordant_beyond_noise = [
+        (x, y)
+        for x, y in out.discordant  # the proxy puts x ahead of y
+        if _decided(row_a[x], row_a[y]) and _decided(row_b[x], row_b[y])
+    ]
     out.failures, out.cells_disagreeing = failure_tally(failure_cells(proxy, common), failure_cells(other, common))
     return out
 
@@ -212,8 +254,15 @@ def sweep_scale(path: str | Path) -> dict[str, Any]:
     model = cfg.model.model_config()
     params = analytic_params(model.with_(vocab_size=cfg.expected_vocab), cfg.model.resolved).total
     tokens = cfg.optim.steps * cfg.data.batch_size * cfg.data.seq_len
-    return {"runs": len(rows), "finished": sum(r["status"] in FINISHED for r in rows), "d_model": model.d_model,
-            "n_layers": model.n_layers, "params": params, "steps": cfg.optim.steps, "tokens": tokens}
+    return {
+        "runs": len(rows),
+        "finished": sum(r["status"] in FINISHED for r in rows),
+        "d_model": model.d_model,
+        "n_layers": model.n_layers,
+        "params": params,
+        "steps": cfg.optim.steps,
+        "tokens": tokens,
+    }
 
 
 def _fmt_loss(r: pd.Series) -> str:
@@ -226,38 +275,62 @@ def _fmt_loss(r: pd.Series) -> str:
 def _scale_words(name: str, s: dict[str, Any]) -> str:
     if not s.get("runs"):
         return f"{name}: no runs"
-    return (f"{name}: d {s['d_model']}, {s['n_layers']} layers, {s['params'] / 1e6:.2f}M params, {s['steps']} steps "
-            f"({s['tokens']:,} tokens a run); {s['finished']} of {s['runs']} runs finished")
+    return (
+        f"{name}: d {s['d_model']}, {s['n_layers']} layers, {s['params'] / 1e6:.2f}M params, {s['steps']} steps "
+        f"({s['tokens']:,} tokens a run); {s['finished']} of {s['runs']} runs finished"
+    )
 
 
 def report(proxy_dir: str | Path, others: list[str | Path], lrs: str = "common") -> str:
     """The comparison as markdown: each sweep's scale, the rankings side by side, the agreement table."""
     proxy_dir = Path(proxy_dir)
     proxy, _ = load_sweep(proxy_dir)
-    lines = ["# Transfer: does the proxy's ranking hold?", "",
-             f"- proxy: {_scale_words(proxy_dir.name, sweep_scale(proxy_dir))}"]
+    lines = [
+        "# Transfer: does the proxy's ranking hold?",
+        "",
+        f"- proxy: {_scale_words(proxy_dir.name, sweep_scale(proxy_dir))}",
+    ]
     results = []
     for path in map(Path, others):
         other, _ = load_sweep(path)
         lines.append(f"- {_scale_words(path.name, sweep_scale(path))}")
         results.append((path.name, other, compare(proxy, other, lrs)))
-    lines += ["", "Ranked by failed runs (diverged + stalled) first, then best loss (mean over seeds at the best lr), "
-              "then expected loss over the lrs; " + ("on the learning rates both sweeps ran." if lrs == "common"
-                                                     else "each sweep on all the learning rates it ran."), ""]
-    summary = ["| against | placements | Kendall tau (p) | top-1 | top-3 | discordant pairs (beyond noise) | "
-               "failures: predicted & seen / predicted only / seen only / neither |", "|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "Ranked by failed runs (diverged + stalled) first, then best loss (mean over seeds at the best lr), "
+        "then expected loss over the lrs; "
+        + (
+            "on the learning rates both sweeps ran."
+            if lrs == "common"
+            else "each sweep on all the learning rates it ran."
+        ),
+        "",
+    ]
+    summary = [
+        "| against | placements | Kendall tau (p) | top-1 | top-3 | discordant pairs (beyond noise) | "
+        "failures: predicted & seen / predicted only / seen only / neither |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, other, agree in results:
         a = rank_sweep(proxy, agree.lrs).set_index("layout")
         b = rank_sweep(other, agree.lrs).set_index("layout")
-        lr_words = ("each its own" if agree.lrs is None else ", ".join(f"{x:g}" for x in agree.lrs) or
-                    "none shared: give --lrs all to rank each on its own")
-        lines += [f"## proxy vs {name} (lrs {lr_words})", "",
-                  "| placement | proxy rank | proxy failed | proxy best loss | rank | failed | best loss |",
-                  "|---|---|---|---|---|---|---|"]
+        lr_words = (
+            "each its own"
+            if agree.lrs is None
+            else ", ".join(f"{x:g}" for x in agree.lrs) or "none shared: give --lrs all to rank each on its own"
+        )
+        lines += [
+            f"## proxy vs {name} (lrs {lr_words})",
+            "",
+            "| placement | proxy rank | proxy failed | proxy best loss | rank | failed | best loss |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for x in agree.layouts:
             ra, rb = a.loc[x], b.loc[x]
-            lines.append(f"| {x} | {int(ra['rank'])} | {int(ra.failed)}/{int(ra.finished)} | {_fmt_loss(ra)} | "
-                         f"{int(rb['rank'])} | {int(rb.failed)}/{int(rb.finished)} | {_fmt_loss(rb)} |")
+            lines.append(
+                f"| {x} | {int(ra['rank'])} | {int(ra.failed)}/{int(ra.finished)} | {_fmt_loss(ra)} | "
+                f"{int(rb['rank'])} | {int(rb.failed)}/{int(rb.finished)} | {_fmt_loss(rb)} |"
+            )
         if agree.cells_disagreeing:
             lines += ["", "Failures that disagree: " + "; ".join(agree.cells_disagreeing) + "."]
         lines.append("")
@@ -265,9 +338,11 @@ def report(proxy_dir: str | Path, others: list[str | Path], lrs: str = "common")
         top1 = "-" if agree.top1 is None else ("yes" if agree.top1 else "no")
         top3 = "-" if math.isnan(agree.top3) else f"{round(agree.top3 * agree.k)}/{agree.k}"
         f = agree.failures
-        summary.append(f"| {name} | {len(agree.layouts)} | {tau} | {top1} | {top3} | {len(agree.discordant)}/{agree.pairs} "
-                       f"({len(agree.discordant_beyond_noise)}) | {f['predicted_and_seen']} / {f['predicted_only']} / "
-                       f"{f['seen_only']} / {f['neither']} |")
+        summary.append(
+            f"| {name} | {len(agree.layouts)} | {tau} | {top1} | {top3} | {len(agree.discordant)}/{agree.pairs} "
+            f"({len(agree.discordant_beyond_noise)}) | {f['predicted_and_seen']} / {f['predicted_only']} / "
+            f"{f['seen_only']} / {f['neither']} |"
+        )
     return "\n".join(lines + ["## Agreement", "", *summary, ""])
 
 
@@ -297,26 +372,48 @@ def record(path: str | Path, proxy_dir: str | Path, others: list[str | Path], lr
         other, _ = load_sweep(other_dir)
         scales[other_dir.name] = sweep_scale(other_dir)
         a = compare(proxy, other, lrs)
-        finite = lambda x: None if x is None or (isinstance(x, float) and math.isnan(x)) else x  # noqa: E731
+        finite = lambda x: None if x is None or (isinstance(x, float) and math.isnan(x)) else x
         kept[proxy_dir.name, other_dir.name] = {
-            "proxy": proxy_dir.name, "other": other_dir.name, "placements": len(a.layouts),
-            "tau": finite(a.tau), "p_value": finite(a.p_value), "top1": a.top1, "top3": finite(a.top3), "k": a.k,
-            "failures": a.failures, "discordant_beyond_noise": [list(x) for x in a.discordant_beyond_noise],
-            "finished": {n: [scales[n].get("finished", 0), scales[n].get("runs", 0)]
-                         for n in (proxy_dir.name, other_dir.name)},
-            "command": "normlab transfer " + " ".join(shlex.quote(str(x)) for x in [proxy_dir, *others])
-                       + ("" if lrs == "common" else f" --lrs {lrs}")}
+            "proxy": proxy_dir.name,
+            "other": other_dir.name,
+            "placements": len(a.layouts),
+            "tau": finite(a.tau),
+            "p_value": finite(a.p_value),
+            "top1": a.top1,
+            "top3": finite(a.top3),
+            "k": a.k,
+            "failures": a.failures,
+            "discordant_beyond_noise": [list(x) for x in a.discordant_beyond_noise],
+            "finished": {
+                n: [scales[n].get("finished", 0), scales[n].get("runs", 0)] for n in (proxy_dir.name, other_dir.name)
+            },
+            "command": "normlab transfer "
+            + " ".join(shlex.quote(str(x)) for x in [proxy_dir, *others])
+            + ("" if lrs == "common" else f" --lrs {lrs}"),
+        }
     comparisons = sorted(kept.values(), key=lambda c: (c["proxy"], c["other"]))
     counts: dict[str, list[int]] = {}
     for c in comparisons:
         counts.update(c["finished"])
     done, total = sum(v[0] for v in counts.values()), sum(v[1] for v in counts.values())
-    out = {**{k: v for k, v in old.items() if k not in ("comparisons", "status")},
-           "status": "complete" if done == total and total else f"in progress, {done} of {total} runs",
-           "comparisons": comparisons}
+    out = {
+        **{k: v for k, v in old.items() if k not in ("comparisons", "status")},
+        "status": "complete" if done == total and total else f"in progress, {done} of {total} runs",
+        "comparisons": comparisons,
+    }
     atomic_write_json(path, out)
     return out
 
 
-__all__ = ["Agreement", "compare", "failure_cells", "failure_tally", "order_agreement", "rank_sweep", "record", "report",
-           "shared_lrs", "sweep_scale"]
+__all__ = [
+    "Agreement",
+    "compare",
+    "failure_cells",
+    "failure_tally",
+    "order_agreement",
+    "rank_sweep",
+    "record",
+    "report",
+    "shared_lrs",
+    "sweep_scale",
+]

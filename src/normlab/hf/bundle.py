@@ -23,11 +23,26 @@ from normlab._version import __version__
 
 # Dependency order: a module comes after every module whose names it uses at import time.
 MODULES = (
-    "errors.py", "settings.py",
-    "layout/sites.py", "layout/presets.py", "layout/spec.py", "layout/__init__.py",
-    "model/config.py", "model/storage.py", "model/sphere.py", "model/norms.py", "model/rope.py", "model/decoding.py",
-    "model/attention.py", "model/mlp.py", "model/moe.py", "model/admin.py", "model/streams.py", "model/block.py",
-    "model/loss.py", "model/lm.py",
+    "errors.py",
+    "settings.py",
+    "layout/sites.py",
+    "layout/presets.py",
+    "layout/spec.py",
+    "layout/__init__.py",
+    "model/config.py",
+    "model/storage.py",
+    "model/sphere.py",
+    "model/norms.py",
+    "model/rope.py",
+    "model/decoding.py",
+    "model/attention.py",
+    "model/mlp.py",
+    "model/moe.py",
+    "model/admin.py",
+    "model/streams.py",
+    "model/block.py",
+    "model/loss.py",
+    "model/lm.py",
     "hf/modeling.py",
 )
 ALLOWED_IMPORTS = ("torch", "transformers")  # besides the standard library
@@ -80,8 +95,10 @@ def _check_import(node: ast.AST, rel: str) -> None:
         if top == "normlab":
             raise BundleError(f"{rel}:{node.lineno}: 'import {mod}' cannot be inlined; use 'from {mod} import ...'")
         if top not in ALLOWED_IMPORTS and top not in sys.stdlib_module_names:
-            raise BundleError(f"{rel}:{node.lineno}: imports {top}, which an export cannot assume installed "
-                              f"(allowed: the standard library, {', '.join(ALLOWED_IMPORTS)})")
+            raise BundleError(
+                f"{rel}:{node.lineno}: imports {top}, which an export cannot assume installed "
+                f"(allowed: the standard library, {', '.join(ALLOWED_IMPORTS)})"
+            )
 
 
 def _strip(src: str, rel: str) -> str:
@@ -92,8 +109,10 @@ def _strip(src: str, rel: str) -> str:
     for node in ast.walk(tree):
         _check_import(node, rel)
         drop = _is_normlab(node) or (
-            node in tree.body and isinstance(node, ast.Assign)
-            and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets))
+            node in tree.body
+            and isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)
+        )
         if drop:
             first, last = node.lineno - 1, node.end_lineno - 1  # type: ignore[attr-defined]
             indent = " " * node.col_offset
@@ -116,8 +135,10 @@ def bundle_source() -> str:
                 imported.update({a.asname or a.name: rel for a in node.names})
         for name in _top_level_names(ast.parse(src)):
             if name in seen:
-                raise BundleError(f"{name!r} is defined in both normlab/{seen[name]} and normlab/{rel}; "
-                                  "rename one so the two can share a module")
+                raise BundleError(
+                    f"{name!r} is defined in both normlab/{seen[name]} and normlab/{rel}; "
+                    "rename one so the two can share a module"
+                )
             seen[name] = rel
         parts.append(f"\n# {'=' * 20} normlab/{rel} {'=' * 20}\n")
         parts.append(_strip(src, rel))

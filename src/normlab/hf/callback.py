@@ -37,16 +37,23 @@ def _base() -> type:
 class NormlabCallback(_base()):  # type: ignore[misc]
     """Record normlab's probes during `Trainer.train` (see the module docstring)."""
 
-    def __init__(self, out: str | Path | None = None, every: int = 100, spike: SpikeRule | None = SpikeRule(),
-                 top_k: int = 100) -> None:
+    def __init__(
+        self, out: str | Path | None = None, every: int = 100, spike: SpikeRule | None = SpikeRule(), top_k: int = 100
+    ) -> None:
         self.out, self.every, self.spike, self.top_k = out, every, spike, top_k
         self.monitor: TrainingMonitor | None = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: nn.Module | None = None, **kw: Any) -> None:
         out = Path(self.out) if self.out is not None else Path(args.output_dir) / "normlab"
-        self.monitor = TrainingMonitor(model, out, every=self.every, spike=self.spike, top_k=self.top_k,
-                                       name=getattr(getattr(model, "config", None), "model_type", None),
-                                       site_names=site_names(model))
+        self.monitor = TrainingMonitor(
+            model,
+            out,
+            every=self.every,
+            spike=self.spike,
+            top_k=self.top_k,
+            name=getattr(getattr(model, "config", None), "model_type", None),
+            site_names=site_names(model),
+        )
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         if self.monitor is not None:

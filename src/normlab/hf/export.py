@@ -26,8 +26,10 @@ def to_hf(model: NormLM, tokenizer: Any = None) -> Any:
     from normlab.hf.tokenizer import set_special_tokens
 
     config = NormLabConfig(layout=model.layout.to_string(), model=model.config.to_dict())
-    config.auto_map = {"AutoConfig": "modeling_normlab.NormLabConfig",
-                       "AutoModelForCausalLM": "modeling_normlab.NormLabForCausalLM"}
+    config.auto_map = {
+        "AutoConfig": "modeling_normlab.NormLabConfig",
+        "AutoModelForCausalLM": "modeling_normlab.NormLabForCausalLM",
+    }
     hf = NormLabForCausalLM(config)
     hf.normlab.load_state_dict(model.state_dict())
     set_special_tokens(hf, tokenizer)
@@ -86,16 +88,24 @@ def export(model: NormLM, out: str | Path, arch: str = "auto", tokenizer: Any = 
         raise NativeExportError(
             f"layout {layout} has {model.layout.streams} residual streams (hyper-connections): no transformers class "
             "computes them on a dense block (DeepseekV4ForCausalLM's mHC sits inside its MoE and compressed "
-            "attention); --arch normlab writes the normlab class, with its code")
+            "attention); --arch normlab writes the normlab class, with its code"
+        )
     exact = exact_native(model)
     if arch == "auto":
         arch = exact[0] if exact else "normlab"
-        why = (f"transformers' own {arch} class computes layout {layout} exactly: no custom code" if exact else
-               f"no transformers class computes layout {layout} (exact: "
-               + ", ".join(f"{p} -> {a}" for a, p in ARCHS.items()) + "): the normlab class, with its code")
+        why = (
+            f"transformers' own {arch} class computes layout {layout} exactly: no custom code"
+            if exact
+            else f"no transformers class computes layout {layout} (exact: "
+            + ", ".join(f"{p} -> {a}" for a, p in ARCHS.items())
+            + "): the normlab class, with its code"
+        )
     elif arch == "normlab":
-        why = "the normlab class, as asked" + (f" (transformers' {exact[0]} class computes this layout exactly: "
-                                                f"--arch {exact[0]} needs no custom code)" if exact else "")
+        why = "the normlab class, as asked" + (
+            f" (transformers' {exact[0]} class computes this layout exactly: --arch {exact[0]} needs no custom code)"
+            if exact
+            else ""
+        )
     else:
         why = f"transformers' {arch} class, as asked"
     if arch == "normlab":
@@ -129,16 +139,22 @@ def export_run(source: str | Path, out: str | Path, arch: str = "auto") -> tuple
 
     dest = Path(out)
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
-        raise ConfigError(f"export destination {dest} {'is a file' if not dest.is_dir() else 'is not empty'}; "
-                          "nothing there is overwritten: give a new or empty folder")
+        raise ConfigError(
+            f"export destination {dest} {'is a file' if not dest.is_dir() else 'is not empty'}; "
+            "nothing there is overwritten: give a new or empty folder"
+        )
     run = load_run_model(source)
     tok = run_tokenizer(run.config, run.run_dir)
     tokenizer = to_hf_tokenizer(tok, run.model.config.max_seq_len) if tok is not None else None
     folder, used, why = export(run.model, dest, arch, tokenizer)
     remote = used == "normlab"
-    lines = [f"{run.checkpoint} -> {folder} ({used}: {why})",
-             f"load: AutoModelForCausalLM.from_pretrained({str(folder)!r}{', trust_remote_code=True' if remote else ''})"]
+    lines = [
+        f"{run.checkpoint} -> {folder} ({used}: {why})",
+        f"load: AutoModelForCausalLM.from_pretrained({str(folder)!r}{', trust_remote_code=True' if remote else ''})",
+    ]
     if tokenizer is not None:  # stock files; AutoTokenizer on a normlab-class folder would first ask about its code
-        lines.append(f"tokenizer: {'PreTrainedTokenizerFast' if remote else 'AutoTokenizer'}.from_pretrained("
-                     f"{str(folder)!r})" + (" (stock; no custom code)" if remote else ""))
+        lines.append(
+            f"tokenizer: {'PreTrainedTokenizerFast' if remote else 'AutoTokenizer'}.from_pretrained("
+            f"{str(folder)!r})" + (" (stock; no custom code)" if remote else "")
+        )
     return lines, folder, remote

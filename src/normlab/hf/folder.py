@@ -40,14 +40,18 @@ def read_config(path: str | Path) -> dict[str, Any]:
         raise DataError(f"{path} does not exist; give a transformers config.json (or the folder that holds one)")
     data = read_json(path)
     if not isinstance(data, dict):
-        raise DataError(f"{path} holds a JSON {_JSON_TYPES.get(type(data), 'value')}, not an object; a transformers config.json is "
-                        'an object such as {"model_type": "llama", "hidden_size": 2048, ...}')
+        raise DataError(
+            f"{path} holds a JSON {_JSON_TYPES.get(type(data), 'value')}, not an object; a transformers config.json is "
+            'an object such as {"model_type": "llama", "hidden_size": 2048, ...}'
+        )
     text = data.get("text_config")  # a multimodal config's language model
     for part, prefix in ((data, ""), (text if isinstance(text, dict) else {}, "text_config.")):
         for key in STRING_FIELDS:
             if key in part and not isinstance(part[key], str):
-                raise DataError(f'{path}: "{prefix}{key}" must be a string such as "llama", not a JSON '
-                                f"{_JSON_TYPES.get(type(part[key]), type(part[key]).__name__)}")
+                raise DataError(
+                    f'{path}: "{prefix}{key}" must be a string such as "llama", not a JSON '
+                    f"{_JSON_TYPES.get(type(part[key]), type(part[key]).__name__)}"
+                )
     return data
 
 
@@ -63,9 +67,8 @@ def check_folder(folder: str | Path) -> dict[str, Any]:
             read_json(f)
     for f in sorted(folder.glob("*.safetensors")):
         _check_safetensors(f)
-    from normlab.hf.library import require_transformers
-
     import normlab.hf.modeling  # noqa: F401 - registers the normlab class: an export's config reads too
+    from normlab.hf.library import require_transformers
 
     with reading(folder):  # the fields' types as transformers checks them (hidden_size "64", ...)
         require_transformers().AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
@@ -79,8 +82,9 @@ def _check_safetensors(path: Path) -> None:
         with safe_open(str(path), framework="pt") as f:
             f.keys()
     except (SafetensorError, OSError) as err:
-        raise DataError(f"{path} is not a readable safetensors file ({_words(err)}); give the weights as "
-                        "save_pretrained wrote them") from None
+        raise DataError(
+            f"{path} is not a readable safetensors file ({_words(err)}); give the weights as save_pretrained wrote them"
+        ) from None
 
 
 def load_tokenizer(folder: str | Path) -> Any:
@@ -97,13 +101,17 @@ def load_tokenizer(folder: str | Path) -> Any:
     if (folder / "tokenizer_config.json").is_file():
         config = read_json(folder / "tokenizer_config.json")
         if isinstance(config, dict) and config.get("auto_map"):
-            raise DataError(f"{folder / 'tokenizer_config.json'} names tokenizer code of its own (auto_map "
-                            f"{config['auto_map']!r:.120}); normlab never runs a folder's code: remove auto_map to "
-                            "use its tokenizer.json, or the tokenizer files to feed bytes")
+            raise DataError(
+                f"{folder / 'tokenizer_config.json'} names tokenizer code of its own (auto_map "
+                f"{config['auto_map']!r:.120}); normlab never runs a folder's code: remove auto_map to "
+                "use its tokenizer.json, or the tokenizer files to feed bytes"
+            )
     if (folder / "tokenizer.json").is_file():
         read_tokenizer_json(folder / "tokenizer.json")
     with reading(folder, "its tokenizer"):
-        tok = require_transformers().AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+        tok = require_transformers().AutoTokenizer.from_pretrained(
+            folder, local_files_only=True, trust_remote_code=False
+        )
         tok(PROBE_TEXT, verbose=False)
     return tok
 
@@ -124,7 +132,8 @@ def reading(folder: str | Path, what: str = "a transformers model") -> Iterator[
 
         raise UnsafeCheckpointError(
             f"{folder}: a weight file holds objects other than tensors and plain values ({refused_global(err)}); "
-            "loading it could run code, so it was refused; give the weights as safetensors") from None
+            "loading it could run code, so it was refused; give the weights as safetensors"
+        ) from None
     except (StrictDataclassError, SafetensorError, ValueError, TypeError, KeyError, OSError) as err:
         raise DataError(f"{folder} does not load as {what}: {type(err).__name__}: {_words(err)}") from None
 

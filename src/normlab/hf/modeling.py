@@ -38,8 +38,9 @@ CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ 
 class NormLabConfig(PretrainedConfig):
     model_type = "normlab"
 
-    def __init__(self, layout: str = "pre", model: dict[str, Any] | None = None, use_cache: bool = True,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, layout: str = "pre", model: dict[str, Any] | None = None, use_cache: bool = True, **kwargs: Any
+    ) -> None:
         self.layout = as_layout(layout).to_string()
         self.use_cache = use_cache
         self.model = ModelConfig(**(model or {})).to_dict()
@@ -76,8 +77,9 @@ class NormLabForCausalLM(PreTrainedModel, GenerationMixin):
         if isinstance(module, Rotary):
             module.reset_tables()
 
-    def _set_gradient_checkpointing(self, enable: bool = True, gradient_checkpointing_func: Any = None,
-                                    every_n_layers: int = 1) -> None:
+    def _set_gradient_checkpointing(
+        self, enable: bool = True, gradient_checkpointing_func: Any = None, every_n_layers: int = 1
+    ) -> None:
         """transformers' `activation_checkpointing_enable` / `gradient_checkpointing_enable` land here:
         NormLM recomputes every block in the backward (non-reentrant `torch.utils.checkpoint`)."""
         self.gradient_checkpointing = self.normlab.activation_checkpointing = bool(enable)
@@ -91,11 +93,20 @@ class NormLabForCausalLM(PreTrainedModel, GenerationMixin):
     def get_output_embeddings(self) -> torch.nn.Module:
         return self.normlab.lm_head
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None, cache: Any = None,
-                use_cache: bool | None = None, labels: torch.Tensor | None = None,
-                output_hidden_states: bool | None = None, return_dict: bool | None = None,
-                logits_to_keep: int = 0, past_key_values: Any = None, **_: Any) -> CausalLMOutputWithPast:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        cache: Any = None,
+        use_cache: bool | None = None,
+        labels: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        logits_to_keep: int = 0,
+        past_key_values: Any = None,
+        **_: Any,
+    ) -> CausalLMOutputWithPast:
         """``attention_mask`` (B, past + T): 1 for tokens, 0 for padding (left or right); positions
         count real tokens only, as in transformers' Llama. ``cache`` (``past_key_values`` before
         transformers 5.24): a transformers Cache (one is made when ``use_cache`` and none is given)."""
@@ -108,13 +119,15 @@ class NormLabForCausalLM(PreTrainedModel, GenerationMixin):
             cache = DynamicCache()
         b, t = input_ids.shape
         dec = make_decoding(b, t, input_ids.device, attention_mask, cache if use_cache else None, position_ids)
-        out = self.normlab(input_ids, return_hidden_states=bool(output_hidden_states), decoding=dec,
-                           logits_to_keep=logits_to_keep)
+        out = self.normlab(
+            input_ids, return_hidden_states=bool(output_hidden_states), decoding=dec, logits_to_keep=logits_to_keep
+        )
         loss = None
         if labels is not None:  # transformers convention: labels are the inputs, shifted here
             loss = F.cross_entropy(out.logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
-        return CausalLMOutputWithPast(loss=loss, logits=out.logits, hidden_states=out.hidden_states,
-                                      **{CACHE_FIELD: cache if use_cache else None})
+        return CausalLMOutputWithPast(
+            loss=loss, logits=out.logits, hidden_states=out.hidden_states, **{CACHE_FIELD: cache if use_cache else None}
+        )
 
 
 AutoConfig.register("normlab", NormLabConfig, exist_ok=True)

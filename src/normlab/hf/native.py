@@ -52,24 +52,29 @@ class NativeExportError(ConfigError):
 def _export_arch(model: NormLM, arch: str) -> Arch:
     """The adapter for exporting ``model`` as ``arch``, or a NativeExportError naming the first difference."""
     if arch not in ARCHS:
-        raise NativeExportError(f"no native transformers class for {arch!r}; valid: {', '.join(ARCHS)} "
-                                "(or save with the normlab class)")
+        raise NativeExportError(
+            f"no native transformers class for {arch!r}; valid: {', '.join(ARCHS)} (or save with the normlab class)"
+        )
     adapter = BY_NAME[arch]
     if model.config.n_experts:
         raise NativeExportError(
             f"a mixture-of-experts model has no exact {arch} counterpart ({arch} has dense MLPs; OLMoE's class, the "
             "nearest MoE architecture, is not mapped: its routing renormalization and weight layout would need an "
-            "exact match); export with --arch normlab, which keeps every layout and the experts")
+            "exact match); export with --arch normlab, which keeps every layout and the experts"
+        )
     if model.layout.softmax != "softmax":
         raise NativeExportError(
             f"attention softmax={model.layout.softmax} has no exact {arch} counterpart: {arch} normalizes its logits "
             "with a plain softmax (GPT-OSS's class computes learned sinks, but around its clamped-SwiGLU experts "
-            "and biased router, which normlab does not compute); export with --arch normlab, which keeps it")
+            "and biased router, which normlab does not compute); export with --arch normlab, which keeps it"
+        )
     want = PRESETS[adapter.preset].layout.to_string()
     have = model.layout.to_string()
     if have != want:
-        raise NativeExportError(f"layout {have!r} does not map exactly onto {arch} (which is {adapter.preset!r}: "
-                                f"{want!r}); native exports: " + ", ".join(f"{p} -> {a}" for a, p in ARCHS.items()))
+        raise NativeExportError(
+            f"layout {have!r} does not map exactly onto {arch} (which is {adapter.preset!r}: "
+            f"{want!r}); native exports: " + ", ".join(f"{p} -> {a}" for a, p in ARCHS.items())
+        )
     problems = adapter.model_problems(model.config)
     if problems:
         raise NativeExportError(f"model options do not map onto {arch}: {'; '.join(problems)}")
@@ -97,7 +102,9 @@ def to_native(model: NormLM, arch: str) -> Any:
     result = hf.load_state_dict(state, strict=False)
     unexpected = [k for k in result.missing_keys if not (cfg.tie_embeddings and k == "lm_head.weight")]
     if unexpected or result.unexpected_keys:
-        raise NativeExportError(f"weight names did not line up: missing {unexpected}, unexpected {result.unexpected_keys}")
+        raise NativeExportError(
+            f"weight names did not line up: missing {unexpected}, unexpected {result.unexpected_keys}"
+        )
     return hf.eval()
 
 
@@ -124,8 +131,9 @@ def from_native(source: str | Path | Any) -> NormLM:
         with reading(source):
             config = tf.AutoConfig.from_pretrained(source, local_files_only=True, trust_remote_code=False)
             adapter = _import_arch(config)
-            hf = tf.AutoModelForCausalLM.from_pretrained(source, local_files_only=True, dtype=torch.float32,
-                                                         trust_remote_code=False)
+            hf = tf.AutoModelForCausalLM.from_pretrained(
+                source, local_files_only=True, dtype=torch.float32, trust_remote_code=False
+            )
     else:
         hf, config = source, source.config
         adapter = _import_arch(config)
@@ -140,8 +148,9 @@ def _import_arch(config: Any) -> Arch:
     if kind in REFUSED:
         raise NativeExportError(f"cannot import {kind} exactly: {REFUSED[kind]}")
     if kind not in ARCHITECTURES:
-        raise NativeExportError(f"no exact normlab layout for model_type {kind!r}; importable: "
-                                f"{', '.join(ARCHITECTURES)}")
+        raise NativeExportError(
+            f"no exact normlab layout for model_type {kind!r}; importable: {', '.join(ARCHITECTURES)}"
+        )
     adapter = ARCHITECTURES[kind]
     problems = adapter.config_problems(config)
     if problems:

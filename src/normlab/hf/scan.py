@@ -21,11 +21,11 @@ from typing import Any
 
 import torch
 
+from normlab.data.corpus import DataError
 from normlab.diagnostics.attach import StreamProbe, find_blocks
 from normlab.diagnostics.stats import FP16_MAX, angular_matrix, hidden_stats, massive_activations
 from normlab.hf.folder import check_folder, load_tokenizer, reading
 from normlab.hf.library import require_transformers
-from normlab.data.corpus import DataError
 from normlab.io import atomic_write_bytes, atomic_write_json, own_folder
 from normlab.runs.files import RunDir
 
@@ -38,9 +38,14 @@ TEXTS = (
 MASSIVE_MIN, MASSIVE_RATIO, HEADROOM_WARN = 100.0, 1000.0, 10.0
 
 
-
-def encode_samples(texts: list[str] | tuple[str, ...], vocab: int, tok: Any = None, max_len: int = 64,
-                   min_len: int = 2, where: str = "") -> torch.Tensor:
+def encode_samples(
+    texts: list[str] | tuple[str, ...],
+    vocab: int,
+    tok: Any = None,
+    max_len: int = 64,
+    min_len: int = 2,
+    where: str = "",
+) -> torch.Tensor:
     """The sample texts as a (texts, n) batch of ids, cut to the shortest and to ``max_len``: with ``tok``
     (a transformers tokenizer, or a normlab one: `encode`, no `pad_token`), else bytes mod ``vocab``."""
     if tok is None:
@@ -67,17 +72,22 @@ def scan(path: str | Path, out: str | Path, texts: list[str] | None = None, max_
 
     path, out = Path(path), Path(out)
     if not (path / "config.json").is_file():
-        raise DataError(f"{path} is not a local transformers model folder (no config.json); give a folder written "
-                        "by save_pretrained or normlab export")
+        raise DataError(
+            f"{path} is not a local transformers model folder (no config.json); give a folder written "
+            "by save_pretrained or normlab export"
+        )
     if RunDir(path).has_metrics() or RunDir(path).has_checkpoints():
-        raise DataError(f"{path} is a normlab run directory, not a transformers folder: export it first "
-                        f"(normlab export {path} DIR) and scan DIR")
+        raise DataError(
+            f"{path} is a normlab run directory, not a transformers folder: export it first "
+            f"(normlab export {path} DIR) and scan DIR"
+        )
     check_folder(path)  # bounded JSON, readable weights: before anything is written or loaded
     tok = load_tokenizer(path)  # the one rule doctor keeps too
     out = own_folder(out, "scan")
     with reading(path, "a transformers causal LM"):  # unknown model type, a field of the wrong type, ...
-        model = tf.AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32,
-                                                        trust_remote_code=False).eval()
+        model = tf.AutoModelForCausalLM.from_pretrained(
+            path, local_files_only=True, dtype=torch.float32, trust_remote_code=False
+        ).eval()
     x = _tokens(path, model, list(texts or TEXTS), max_len, tok)
     blocks_path, blocks = find_blocks(model)
     hidden = StreamProbe(model, list(blocks)).capture(input_ids=x)
@@ -88,10 +98,19 @@ def scan(path: str | Path, out: str | Path, texts: list[str] | None = None, max_
         layers.append({"layer": i, **s, "massive": flag})
     glob = massive_activations(hidden[1:])
     ang = angular_matrix(hidden)
-    result = {"model": str(path), "model_type": model.config.model_type, "blocks": blocks_path,
-              "tokens": list(x.shape), "layers": layers, "global": glob, "angular": ang,
-              "flags": {"massive_layers": [r["layer"] for r in layers if r["massive"]],
-                        "near_fp16_limit": glob["fp16_headroom"] < HEADROOM_WARN}}
+    result = {
+        "model": str(path),
+        "model_type": model.config.model_type,
+        "blocks": blocks_path,
+        "tokens": list(x.shape),
+        "layers": layers,
+        "global": glob,
+        "angular": ang,
+        "flags": {
+            "massive_layers": [r["layer"] for r in layers if r["massive"]],
+            "near_fp16_limit": glob["fp16_headroom"] < HEADROOM_WARN,
+        },
+    }
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "scan.json", result)
     table = format_table(result)
@@ -103,20 +122,35 @@ def scan(path: str | Path, out: str | Path, texts: list[str] | None = None, max_
 
 def format_table(r: dict[str, Any]) -> str:
     g = r["global"]
-    lines = [f"# scan of {r['model']} ({r['model_type']}, blocks at `{r['blocks']}`, tokens {r['tokens'][0]} x {r['tokens'][1]})", "",
-             "| layer | rms | var | mean abs | max abs | median abs | max/median | angular to next | flag |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# scan of {r['model']} ({r['model_type']}, blocks at `{r['blocks']}`, tokens {r['tokens'][0]} x {r['tokens'][1]})",
+        "",
+        "| layer | rms | var | mean abs | max abs | median abs | max/median | angular to next | flag |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for row in r["layers"]:
         i = row["layer"]
         nxt = f"{r['angular'][i][i + 1]:.3f}" if i + 1 < len(r["angular"]) else "-"
-        lines.append(f"| {i} | {row['rms']:.4g} | {row['var']:.4g} | {row['mean_abs']:.4g} | {row['max_abs']:.4g} | "
-                     f"{row['median_abs']:.4g} | {row['max_median_ratio']:.4g} | {nxt} | {'MASSIVE' if row['massive'] else ''} |")
-    lines += ["", f"top-100 |h|: {g['top100_min']:.4g} .. {g['top100_max']:.4g}; FP16 headroom {g['fp16_headroom']:.4g}x "
-              f"(65504 / max); max/median {g['max_median_ratio']:.4g}"]
+        lines.append(
+            f"| {i} | {row['rms']:.4g} | {row['var']:.4g} | {row['mean_abs']:.4g} | {row['max_abs']:.4g} | "
+            f"{row['median_abs']:.4g} | {row['max_median_ratio']:.4g} | {nxt} | {'MASSIVE' if row['massive'] else ''} |"
+        )
+    lines += [
+        "",
+        f"top-100 |h|: {g['top100_min']:.4g} .. {g['top100_max']:.4g}; FP16 headroom {g['fp16_headroom']:.4g}x "
+        f"(65504 / max); max/median {g['max_median_ratio']:.4g}",
+    ]
     flags = r["flags"]
-    lines.append("flags: " + ("; ".join(
-        ([f"massive activations in layers {flags['massive_layers']}"] if flags["massive_layers"] else [])
-        + (["near the FP16 limit"] if flags["near_fp16_limit"] else [])) or "none"))
+    lines.append(
+        "flags: "
+        + (
+            "; ".join(
+                ([f"massive activations in layers {flags['massive_layers']}"] if flags["massive_layers"] else [])
+                + (["near the FP16 limit"] if flags["near_fp16_limit"] else [])
+            )
+            or "none"
+        )
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -151,9 +185,14 @@ def _page(out: Path, r: dict[str, Any], table: str) -> Path:
     ax.set_ylabel("layer")
     ax.set_title("Angular distance between layers")
     fig.colorbar(im, ax=ax, label="arccos(cos)/π")
-    sections.append(figure_html(fig, out, "angular_distance", "Angular distance at the last token (Gromov et al.; Kim Fig. 9)"))
-    body = (f"<h1>normlab scan</h1><pre>{html.escape(table)}</pre>" + "\n".join(sections)
-            + f"<script type='application/json' id='scan'>{html.escape(json.dumps(r['flags']))}</script>")
+    sections.append(
+        figure_html(fig, out, "angular_distance", "Angular distance at the last token (Gromov et al.; Kim Fig. 9)")
+    )
+    body = (
+        f"<h1>normlab scan</h1><pre>{html.escape(table)}</pre>"
+        + "\n".join(sections)
+        + f"<script type='application/json' id='scan'>{html.escape(json.dumps(r['flags']))}</script>"
+    )
     return write_page(out / "index.html", f"normlab scan: {r['model']}", body)
 
 

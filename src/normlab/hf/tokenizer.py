@@ -19,9 +19,8 @@ from normlab.data.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 
 
 def to_hf_tokenizer(tok: Tokenizer, model_max_length: int | None = None) -> Any:
-    from tokenizers import AddedToken
+    from tokenizers import AddedToken, decoders, models, pre_tokenizers
     from tokenizers import Tokenizer as RawTokenizer
-    from tokenizers import decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
@@ -37,17 +36,23 @@ def to_hf_tokenizer(tok: Tokenizer, model_max_length: int | None = None) -> Any:
     else:
         raise TypeError(f"no transformers form for tokenizer {type(tok).__name__}")
     extra = {"model_max_length": model_max_length} if model_max_length else {}
-    hf = PreTrainedTokenizerFast(tokenizer_object=raw, bos_token=tok.eos_token, eos_token=tok.eos_token,
-                                 pad_token=tok.eos_token, **extra)
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=raw, bos_token=tok.eos_token, eos_token=tok.eos_token, pad_token=tok.eos_token, **extra
+    )
     if hf.eos_token_id != tok.eos_id:  # cannot happen unless the vocabulary disagrees with the tokenizer
-        raise ValueError(f"end-of-text {tok.eos_token!r} is id {hf.eos_token_id} in transformers, {tok.eos_id} in normlab")
+        raise ValueError(
+            f"end-of-text {tok.eos_token!r} is id {hf.eos_token_id} in transformers, {tok.eos_id} in normlab"
+        )
     return hf
 
 
 def special_token_ids(hf_tokenizer: Any) -> dict[str, int]:
     """bos/eos/pad ids of a transformers tokenizer, for a model config and its generation config."""
-    return {f"{k}_token_id": getattr(hf_tokenizer, f"{k}_token_id") for k in ("bos", "eos", "pad")
-            if getattr(hf_tokenizer, f"{k}_token_id", None) is not None}
+    return {
+        f"{k}_token_id": getattr(hf_tokenizer, f"{k}_token_id")
+        for k in ("bos", "eos", "pad")
+        if getattr(hf_tokenizer, f"{k}_token_id", None) is not None
+    }
 
 
 def set_special_tokens(hf_model: Any, tokenizer: Any) -> None:

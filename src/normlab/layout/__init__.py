@@ -14,9 +14,9 @@ from normlab.layout.sites import (
     SublayerSites,
     deepnorm_alpha,
     deepnorm_beta,
+    format_layout,
     resolve,
 )
-from normlab.layout.sites import format_layout
 from normlab.layout.spec import parse_layout
 
 

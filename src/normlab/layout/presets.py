@@ -18,12 +18,12 @@ from dataclasses import dataclass, replace
 from normlab.layout.sites import (
     ADMIN,
     DEEPNORM,
-    SiteNorm,
     AttentionInnerSites,
     BlockLayout,
     LayerRange,
     LayerRule,
     Layout,
+    SiteNorm,
     SublayerSites,
 )
 
@@ -105,13 +105,33 @@ def _build() -> dict[str, Preset]:
     peri = Layout(block=_block(PERI, PERI), embed_norm=True, final_norm=True)
     presets = [
         _preset("post", Layout(block=_block(POST, POST)), "x' = N(x + F(x))", f"{KIM}, eq. 1; Vaswani et al. 2017"),
-        _preset("pre", Layout(block=_block(PRE, PRE), final_norm=True), "x' = x + F(N(x)); final N", f"{KIM}, eq. 2; Llama 3"),
-        _preset("peri", peri, "y0 = N(emb); x' = x + N(F(N(x))); final N", f"{KIM}, eq. 3 with Sec. 3.3 embedding norm"),
-        _preset("peri-noemb", replace(peri, embed_norm=False), "x' = x + N(F(N(x))); final N", f"{KIM}, eq. 3, App. G.5 ablation"),
-        _preset("peri-frozen", replace(peri, embed_norm=False, freeze_output_gamma=True),
-                "x' = x + N_{gamma=1}(F(N(x))); final N; no embedding norm",
-                f"{KIM}, Sec. 5.3 / Fig. 8 (embedding norm omitted there)"),
-        _preset("b", Layout(block=_block(OUT, OUT), embed_norm=True, final_norm=True), "x' = x + N(F(x))", f"{KIM}, Table 5 (B only)"),
+        _preset(
+            "pre",
+            Layout(block=_block(PRE, PRE), final_norm=True),
+            "x' = x + F(N(x)); final N",
+            f"{KIM}, eq. 2; Llama 3",
+        ),
+        _preset(
+            "peri", peri, "y0 = N(emb); x' = x + N(F(N(x))); final N", f"{KIM}, eq. 3 with Sec. 3.3 embedding norm"
+        ),
+        _preset(
+            "peri-noemb",
+            replace(peri, embed_norm=False),
+            "x' = x + N(F(N(x))); final N",
+            f"{KIM}, eq. 3, App. G.5 ablation",
+        ),
+        _preset(
+            "peri-frozen",
+            replace(peri, embed_norm=False, freeze_output_gamma=True),
+            "x' = x + N_{gamma=1}(F(N(x))); final N; no embedding norm",
+            f"{KIM}, Sec. 5.3 / Fig. 8 (embedding norm omitted there)",
+        ),
+        _preset(
+            "b",
+            Layout(block=_block(OUT, OUT), embed_norm=True, final_norm=True),
+            "x' = x + N(F(x))",
+            f"{KIM}, Table 5 (B only)",
+        ),
         _preset("a+c", Layout(block=_block(PRE_POST, PRE_POST)), "x' = N(x + F(N(x)))", f"{KIM}, Table 5 (A + C)"),
         _preset(
             "olmo2",
@@ -132,10 +152,25 @@ def _build() -> dict[str, Preset]:
             "Gemma Team 2024 (Gemma 2); Kim et al. 2025 Sec. 3.3",
         ),
         _preset("hybrid", hybrid, "Y = MHA_QKV(X) + X; X' = FFN(N(Y)) + N(Y)", f"{ZHUO}, eqs. 8-9"),
-        _preset("hybrid*", hybrid_star, "as hybrid; first block Y = MHA_QKV(N(X)) + X, X' = FFN(N(Y)) + Y", f"{ZHUO}, eqs. 10-11"),
+        _preset(
+            "hybrid*",
+            hybrid_star,
+            "as hybrid; first block Y = MHA_QKV(N(X)) + X, X' = FFN(N(Y)) + Y",
+            f"{ZHUO}, eqs. 10-11",
+        ),
         *_zhuo_family(),
-        _preset("pre-post", Layout(block=_block(PRE, NORMED_SKIP), final_norm=True, init=ZHUO_INIT), "Y = MHA(N(X)) + X; X' = FFN(N(Y)) + N(Y)", f"{ZHUO}, App. E eqs. 49-50"),
-        _preset("post-pre", Layout(block=_block(NORMED_SKIP, PRE), final_norm=True, init=ZHUO_INIT), "Y = MHA(N(X)) + N(X); X' = FFN(N(Y)) + Y", f"{ZHUO}, App. E eqs. 51-52"),
+        _preset(
+            "pre-post",
+            Layout(block=_block(PRE, NORMED_SKIP), final_norm=True, init=ZHUO_INIT),
+            "Y = MHA(N(X)) + X; X' = FFN(N(Y)) + N(Y)",
+            f"{ZHUO}, App. E eqs. 49-50",
+        ),
+        _preset(
+            "post-pre",
+            Layout(block=_block(NORMED_SKIP, PRE), final_norm=True, init=ZHUO_INIT),
+            "Y = MHA(N(X)) + N(X); X' = FFN(N(Y)) + Y",
+            f"{ZHUO}, App. E eqs. 51-52",
+        ),
         _preset(
             "mix-ln",
             Layout(
@@ -152,86 +187,157 @@ def _build() -> dict[str, Preset]:
             "x' = N(alpha x + F(x)), alpha = (2N)^(1/4), init gain beta = (8N)^(-1/4)",
             "Wang et al. 2022 (DeepNet), decoder-only constants",
         ),
-        _preset("pre-dyt", Layout(block=_block(PRE, PRE), final_norm=True, norm="dyt"),
-                "x' = x + F(DyT(x)), final DyT; DyT(x) = gamma tanh(alpha x) + beta, alpha a learned scalar",
-                "Zhu et al. 2025 (Transformers without Normalization), eq. 1: every norm of a Pre-LN model replaced"),
-        _preset("pre-derf", Layout(block=_block(PRE, PRE), final_norm=True, norm="derf"),
-                "x' = x + F(Derf(x)), final Derf; Derf(x) = gamma erf(alpha x + s) + beta, alpha and s learned scalars",
-                "Chen et al. 2025 (Stronger Normalization-Free Transformers, arXiv 2512.10938): every norm of a "
-                "Pre-LN model replaced (the authors' Dynamic_erf: alpha0, s from 0; their LM recipe's learned "
-                "embedding scale is not part of this preset)"),
-        _preset("peri-derf", Layout(block=_block(PERI, PERI), embed_norm=True, final_norm=True, norm="derf"),
-                "x' = x + Derf(F(Derf(x))), y0 = Derf(emb), final Derf",
-                f"Peri-LN ({KIM}) with Derf (Chen et al. 2025) at every site"),
-        _preset("pre-seednorm", Layout(block=_block(PRE, PRE), final_norm=True, norm="seednorm"),
-                "x' = x + F(SeeDNorm(x)), final SeeDNorm; SeeDNorm(x) = [tanh(x beta^T) alpha + gamma] * x / RMS(x)",
-                "Cai et al. 2025 (SeeDNorm: Self-Rescaled Dynamic Normalization, arXiv 2510.22777), eq. 3: every norm "
-                "of a Pre-LN model replaced (normlab's starts: beta 0, alpha 1, gamma 1, RMSNorm at init)"),
-        _preset("pre-ssrms", Layout(block=_block(PRE, PRE), final_norm=True, gain="scalar"),
-                "x' = x + F(s x / RMS(x)), s one learned scalar per norm (from 1); final norm the same",
-                "Park et al. 2025 (Outlier-Safe Pre-Training, arXiv 2506.19697): single-scale RMSNorm on Pre-LN "
-                "(flax RMSNorm with feature_axes=(); their Muon optimizer and embedding projection not included)"),
-        _preset("pre-scale", Layout(block=_block(PRE, PRE), final_norm=True, norm="scale"),
-                "x' = x + F(ScaleNorm(x)), final ScaleNorm; ScaleNorm(x) = g x / ‖x‖, g a learned scalar (sqrt(d))",
-                "Nguyen & Salazar 2019 (Transformers without Tears), eq. 3: PreNorm with ScaleNorm"),
-        _preset("rezero", Layout(h=0.0, h_learned="scalar"),
-                "x' = x + a F(x), a a learned scalar per sublayer starting at 0, no norms",
-                "Bachlechner et al. 2021 (ReZero is All You Need), eq. 5"),
-        _preset("pre-layerscale", Layout(block=_block(PRE, PRE), final_norm=True, h=0.1, h_learned="channel"),
-                "x' = x + diag(lambda) F(N(x)), lambda learned per channel starting at 0.1, final N",
-                "Touvron et al. 2021 (CaiT), eq. 3, on Pre-LN (epsilon 0.1 for models up to 18 layers)"),
-        _preset("pre-gpas", Layout(block=_block(PRE, PRE), final_norm=True, gpas=True),
-                "y = x + F(N(x)); x' = y - SiLU(a) sg(y), a a learned scalar per sublayer from 0, sg stop-gradient; final N",
-                "Chen et al. 2025 (GPAS, arXiv 2506.22049), Sec. 3 and Fig. 1 on Pre-LN (the authors' GPASBlock, gate "
-                "from 0; their code shares one gate between a layer's two sublayers, here one per sublayer as in the text)"),
-        _preset("pre-lambda", Layout(block=_block(PRE, PRE), final_norm=True, h_learned="scalar", skip_learned=True),
-                "x' = lambda_skip x + lambda_branch F(N(x)), both learned scalars per sublayer from 1; final N",
-                "modded-nanogpt (Jordan et al. 2024-25) residual lambdas, per sublayer on Pre-LN (its x0 mixing and "
-                "U-Net skips not included)"),
-        _preset("pre-hc", Layout(block=_block(PRE, PRE), final_norm=True, streams=4),
-                "H' = A_r^T H + B^T F(N(A_m^T H)), n = 4 streams; A_m, A_r, B static + s tanh(norm(H) W) dynamic; "
-                "H_0 = 4 copies of the embedding; final N of the streams' sum",
-                "Zhu et al. 2025 (Hyper-Connections, ICLR 2025), eqs. 5-8 and App. J Alg. 2, on Pre-LN (n = 4, "
-                "dynamic, tanh; static init A_m = e_(k mod n), A_r = I, B = 1)"),
-        _preset("pre-mhc", Layout(block=_block(PRE, PRE), final_norm=True, streams=4, stream_mix="mhc"),
-                "x' = H_res x + H_post^T F(N(H_pre x)), n = 4; H_pre = sigmoid(.), H_post = 2 sigmoid(.), "
-                "H_res = Sinkhorn-Knopp(exp(.)) doubly stochastic, each from RMSNorm(vec(x)); final N of the streams' sum",
-                "Xie et al. 2025 (mHC: Manifold-Constrained Hyper-Connections, DeepSeek, arXiv 2512.24880), eqs. 7-9 "
-                "on Pre-LN (n = 4, t_max = 20, gating factors from 0.01)"),
-        _preset("ngpt", Layout(block=_block(SublayerSites(output=True, after_add=True),
-                                            SublayerSites(output=True, after_add=True), QK),
-                               norm="l2", qk_after_rope=True, ngpt=True),
-                "h <- Norm(h + a_A (Norm(Attn(h)) - h)); h <- Norm(h + a_M (Norm(MLP(h)) - h)); Norm(x) = x / ‖x‖; "
-                "q, k = s_qk Norm(RoPE(.)), softmax scale sqrt(d_k); u, v = s_u, s_v sqrt(d) W h; z = s_z W_out h; "
-                "every weight row normalized after each step",
-                "Loshchilov et al. 2024 (nGPT, arXiv 2410.01131), Sec. 2 eqs. 10-11, 15-16, 19-20 and the authors' "
-                "NVIDIA/ngpt code (a 0.05 and s_qk, s_z stored at 1/sqrt(d); s_u, s_v at 1; a used as abs(a))"),
-        _preset("pre-lns", Layout(block=_block(PRE, PRE), final_norm=True, ln_scaling=True),
-                "x' = x + F(N(x) / sqrt(l)), l the layer's index from 1, final N",
-                "Sun et al. 2025 (The Curse of Depth), eq. 6: LayerNorm Scaling on Pre-LN"),
-        _preset("admin", Layout(block=_block(POST, POST), alpha=ADMIN),
-                "x' = N(omega * x + F(x)), omega a learned vector per sublayer, at init sqrt(sum_{j<i} Var f_j)",
-                "Liu et al. 2020 (Understanding the Difficulty of Training Transformers), eq. 7 and Sec. 4.3 (Admin)"),
-        _preset("normformer", Layout(block=_block(PERI_ATTN, PRE_HIDDEN, HEAD_SCALE), final_norm=True, norm="layer"),
-                "x' = x + N(HeadScale-MHA(N(x))); x' = x + W2 N(act(W1 N(x))); LayerNorm",
-                "Shleifer et al. 2021 (NormFormer), Fig. 1 and eqs. 1-3 (residual scaling lambda_resid off)"),
-        _preset("sub-ln", Layout(block=_block(PRE, PRE_HIDDEN, SUB_LN_ATTN), final_norm=True, norm="layer",
-                                 inner_span="full"),
-                "x' = x + W_O N(Attn(N(x))); x' = x + W2 N(act(W1 N(x))); LayerNorm",
-                "Wang et al. 2022 (Foundation Transformers / Magneto), Sub-LN (its init scaling not included)"),
-        _preset("pre-gate", Layout(block=_block(PRE, PRE, GATE), final_norm=True),
-                "x' = x + W_O (Attn(N(x)) * sigmoid(N(x) W_theta)); final N",
-                "Qiu et al. 2025 (Gated Attention for LLMs), eq. 5 at G1, elementwise, on Pre-LN"),
-        _preset("llama4-qk", Layout(block=_block(PRE, PRE, QK), final_norm=True, qk_after_rope=True,
-                                    site_norms=(("q", SiteNorm(gain="none")), ("k", SiteNorm(gain="none")))),
-                "x' = x + F(N(x)), attention with N(RoPE(Q)), N(RoPE(K)), N without a gain; final N",
-                "Meta 2025 (Llama 4): QK-norm after RoPE, x / sqrt(mean(x^2) + eps) per head (its NoPE layers aside)"),
-        _preset("gemma3", Layout(block=_block(PERI, PERI, QK), final_norm=True, embed_scale=True, gain="centered"),
-                "y0 = sqrt(d) emb; x' = x + N(F_QK(N(x))), N(Q), N(K) per head; every gain 1 + w; final N",
-                "Gemma Team 2025 (Gemma 3), Sec. 2: Gemma 2's Peri-LN with QK-norm in place of soft-capping"),
-        _preset("qwen3", Layout(block=_block(PRE, PRE, QK), final_norm=True),
-                "x' = x + F(N(x)), attention with N(Q), N(K) per head before RoPE; final N",
-                "Qwen Team 2025 (Qwen3 Technical Report), Sec. 2: QK-Norm on Pre-LN"),
+        _preset(
+            "pre-dyt",
+            Layout(block=_block(PRE, PRE), final_norm=True, norm="dyt"),
+            "x' = x + F(DyT(x)), final DyT; DyT(x) = gamma tanh(alpha x) + beta, alpha a learned scalar",
+            "Zhu et al. 2025 (Transformers without Normalization), eq. 1: every norm of a Pre-LN model replaced",
+        ),
+        _preset(
+            "pre-derf",
+            Layout(block=_block(PRE, PRE), final_norm=True, norm="derf"),
+            "x' = x + F(Derf(x)), final Derf; Derf(x) = gamma erf(alpha x + s) + beta, alpha and s learned scalars",
+            "Chen et al. 2025 (Stronger Normalization-Free Transformers, arXiv 2512.10938): every norm of a "
+            "Pre-LN model replaced (the authors' Dynamic_erf: alpha0, s from 0; their LM recipe's learned "
+            "embedding scale is not part of this preset)",
+        ),
+        _preset(
+            "peri-derf",
+            Layout(block=_block(PERI, PERI), embed_norm=True, final_norm=True, norm="derf"),
+            "x' = x + Derf(F(Derf(x))), y0 = Derf(emb), final Derf",
+            f"Peri-LN ({KIM}) with Derf (Chen et al. 2025) at every site",
+        ),
+        _preset(
+            "pre-seednorm",
+            Layout(block=_block(PRE, PRE), final_norm=True, norm="seednorm"),
+            "x' = x + F(SeeDNorm(x)), final SeeDNorm; SeeDNorm(x) = [tanh(x beta^T) alpha + gamma] * x / RMS(x)",
+            "Cai et al. 2025 (SeeDNorm: Self-Rescaled Dynamic Normalization, arXiv 2510.22777), eq. 3: every norm "
+            "of a Pre-LN model replaced (normlab's starts: beta 0, alpha 1, gamma 1, RMSNorm at init)",
+        ),
+        _preset(
+            "pre-ssrms",
+            Layout(block=_block(PRE, PRE), final_norm=True, gain="scalar"),
+            "x' = x + F(s x / RMS(x)), s one learned scalar per norm (from 1); final norm the same",
+            "Park et al. 2025 (Outlier-Safe Pre-Training, arXiv 2506.19697): single-scale RMSNorm on Pre-LN "
+            "(flax RMSNorm with feature_axes=(); their Muon optimizer and embedding projection not included)",
+        ),
+        _preset(
+            "pre-scale",
+            Layout(block=_block(PRE, PRE), final_norm=True, norm="scale"),
+            "x' = x + F(ScaleNorm(x)), final ScaleNorm; ScaleNorm(x) = g x / ‖x‖, g a learned scalar (sqrt(d))",
+            "Nguyen & Salazar 2019 (Transformers without Tears), eq. 3: PreNorm with ScaleNorm",
+        ),
+        _preset(
+            "rezero",
+            Layout(h=0.0, h_learned="scalar"),
+            "x' = x + a F(x), a a learned scalar per sublayer starting at 0, no norms",
+            "Bachlechner et al. 2021 (ReZero is All You Need), eq. 5",
+        ),
+        _preset(
+            "pre-layerscale",
+            Layout(block=_block(PRE, PRE), final_norm=True, h=0.1, h_learned="channel"),
+            "x' = x + diag(lambda) F(N(x)), lambda learned per channel starting at 0.1, final N",
+            "Touvron et al. 2021 (CaiT), eq. 3, on Pre-LN (epsilon 0.1 for models up to 18 layers)",
+        ),
+        _preset(
+            "pre-gpas",
+            Layout(block=_block(PRE, PRE), final_norm=True, gpas=True),
+            "y = x + F(N(x)); x' = y - SiLU(a) sg(y), a a learned scalar per sublayer from 0, sg stop-gradient; final N",
+            "Chen et al. 2025 (GPAS, arXiv 2506.22049), Sec. 3 and Fig. 1 on Pre-LN (the authors' GPASBlock, gate "
+            "from 0; their code shares one gate between a layer's two sublayers, here one per sublayer as in the text)",
+        ),
+        _preset(
+            "pre-lambda",
+            Layout(block=_block(PRE, PRE), final_norm=True, h_learned="scalar", skip_learned=True),
+            "x' = lambda_skip x + lambda_branch F(N(x)), both learned scalars per sublayer from 1; final N",
+            "modded-nanogpt (Jordan et al. 2024-25) residual lambdas, per sublayer on Pre-LN (its x0 mixing and "
+            "U-Net skips not included)",
+        ),
+        _preset(
+            "pre-hc",
+            Layout(block=_block(PRE, PRE), final_norm=True, streams=4),
+            "H' = A_r^T H + B^T F(N(A_m^T H)), n = 4 streams; A_m, A_r, B static + s tanh(norm(H) W) dynamic; "
+            "H_0 = 4 copies of the embedding; final N of the streams' sum",
+            "Zhu et al. 2025 (Hyper-Connections, ICLR 2025), eqs. 5-8 and App. J Alg. 2, on Pre-LN (n = 4, "
+            "dynamic, tanh; static init A_m = e_(k mod n), A_r = I, B = 1)",
+        ),
+        _preset(
+            "pre-mhc",
+            Layout(block=_block(PRE, PRE), final_norm=True, streams=4, stream_mix="mhc"),
+            "x' = H_res x + H_post^T F(N(H_pre x)), n = 4; H_pre = sigmoid(.), H_post = 2 sigmoid(.), "
+            "H_res = Sinkhorn-Knopp(exp(.)) doubly stochastic, each from RMSNorm(vec(x)); final N of the streams' sum",
+            "Xie et al. 2025 (mHC: Manifold-Constrained Hyper-Connections, DeepSeek, arXiv 2512.24880), eqs. 7-9 "
+            "on Pre-LN (n = 4, t_max = 20, gating factors from 0.01)",
+        ),
+        _preset(
+            "ngpt",
+            Layout(
+                block=_block(
+                    SublayerSites(output=True, after_add=True), SublayerSites(output=True, after_add=True), QK
+                ),
+                norm="l2",
+                qk_after_rope=True,
+                ngpt=True,
+            ),
+            "h <- Norm(h + a_A (Norm(Attn(h)) - h)); h <- Norm(h + a_M (Norm(MLP(h)) - h)); Norm(x) = x / ‖x‖; "
+            "q, k = s_qk Norm(RoPE(.)), softmax scale sqrt(d_k); u, v = s_u, s_v sqrt(d) W h; z = s_z W_out h; "
+            "every weight row normalized after each step",
+            "Loshchilov et al. 2024 (nGPT, arXiv 2410.01131), Sec. 2 eqs. 10-11, 15-16, 19-20 and the authors' "
+            "NVIDIA/ngpt code (a 0.05 and s_qk, s_z stored at 1/sqrt(d); s_u, s_v at 1; a used as abs(a))",
+        ),
+        _preset(
+            "pre-lns",
+            Layout(block=_block(PRE, PRE), final_norm=True, ln_scaling=True),
+            "x' = x + F(N(x) / sqrt(l)), l the layer's index from 1, final N",
+            "Sun et al. 2025 (The Curse of Depth), eq. 6: LayerNorm Scaling on Pre-LN",
+        ),
+        _preset(
+            "admin",
+            Layout(block=_block(POST, POST), alpha=ADMIN),
+            "x' = N(omega * x + F(x)), omega a learned vector per sublayer, at init sqrt(sum_{j<i} Var f_j)",
+            "Liu et al. 2020 (Understanding the Difficulty of Training Transformers), eq. 7 and Sec. 4.3 (Admin)",
+        ),
+        _preset(
+            "normformer",
+            Layout(block=_block(PERI_ATTN, PRE_HIDDEN, HEAD_SCALE), final_norm=True, norm="layer"),
+            "x' = x + N(HeadScale-MHA(N(x))); x' = x + W2 N(act(W1 N(x))); LayerNorm",
+            "Shleifer et al. 2021 (NormFormer), Fig. 1 and eqs. 1-3 (residual scaling lambda_resid off)",
+        ),
+        _preset(
+            "sub-ln",
+            Layout(block=_block(PRE, PRE_HIDDEN, SUB_LN_ATTN), final_norm=True, norm="layer", inner_span="full"),
+            "x' = x + W_O N(Attn(N(x))); x' = x + W2 N(act(W1 N(x))); LayerNorm",
+            "Wang et al. 2022 (Foundation Transformers / Magneto), Sub-LN (its init scaling not included)",
+        ),
+        _preset(
+            "pre-gate",
+            Layout(block=_block(PRE, PRE, GATE), final_norm=True),
+            "x' = x + W_O (Attn(N(x)) * sigmoid(N(x) W_theta)); final N",
+            "Qiu et al. 2025 (Gated Attention for LLMs), eq. 5 at G1, elementwise, on Pre-LN",
+        ),
+        _preset(
+            "llama4-qk",
+            Layout(
+                block=_block(PRE, PRE, QK),
+                final_norm=True,
+                qk_after_rope=True,
+                site_norms=(("q", SiteNorm(gain="none")), ("k", SiteNorm(gain="none"))),
+            ),
+            "x' = x + F(N(x)), attention with N(RoPE(Q)), N(RoPE(K)), N without a gain; final N",
+            "Meta 2025 (Llama 4): QK-norm after RoPE, x / sqrt(mean(x^2) + eps) per head (its NoPE layers aside)",
+        ),
+        _preset(
+            "gemma3",
+            Layout(block=_block(PERI, PERI, QK), final_norm=True, embed_scale=True, gain="centered"),
+            "y0 = sqrt(d) emb; x' = x + N(F_QK(N(x))), N(Q), N(K) per head; every gain 1 + w; final N",
+            "Gemma Team 2025 (Gemma 3), Sec. 2: Gemma 2's Peri-LN with QK-norm in place of soft-capping",
+        ),
+        _preset(
+            "qwen3",
+            Layout(block=_block(PRE, PRE, QK), final_norm=True),
+            "x' = x + F(N(x)), attention with N(Q), N(K) per head before RoPE; final N",
+            "Qwen Team 2025 (Qwen3 Technical Report), Sec. 2: QK-Norm on Pre-LN",
+        ),
         _preset("none", Layout(), "x' = x + F(x)", f"{KAN}, Table 1 'LN off'"),
     ]
     return {p.name: p for p in presets}

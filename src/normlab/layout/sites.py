@@ -60,10 +60,27 @@ ADMIN = "admin"  # Liu et al. 2020: a learned skip scale per sublayer and channe
 
 # Every norm site by name, for per-site kinds and gains (`SiteNorm`): a sublayer's A/B/C (and the MLP's
 # hidden H), the inner q/k/v/c, and the model's embedding and final norms. A, B, C name both sublayers.
-NORM_SITES: tuple[str, ...] = ("attn.A", "attn.B", "attn.C", "mlp.A", "mlp.B", "mlp.C", "mlp.H",
-                               "q", "k", "v", "c", "emb", "final")
-SITE_GROUPS: dict[str, tuple[str, ...]] = {"A": ("attn.A", "mlp.A"), "B": ("attn.B", "mlp.B"),
-                                           "C": ("attn.C", "mlp.C"), "H": ("mlp.H",)}
+NORM_SITES: tuple[str, ...] = (
+    "attn.A",
+    "attn.B",
+    "attn.C",
+    "mlp.A",
+    "mlp.B",
+    "mlp.C",
+    "mlp.H",
+    "q",
+    "k",
+    "v",
+    "c",
+    "emb",
+    "final",
+)
+SITE_GROUPS: dict[str, tuple[str, ...]] = {
+    "A": ("attn.A", "mlp.A"),
+    "B": ("attn.B", "mlp.B"),
+    "C": ("attn.C", "mlp.C"),
+    "H": ("mlp.H",),
+}
 _GAINED = ("rms", "layer", "dyt", "derf", "seednorm")  # the kinds with a gain to choose
 
 
@@ -86,12 +103,18 @@ class SiteNorm:
         if self.gain is not None and self.gain not in GAINS:
             raise LayoutError(f"unknown gain {self.gain!r}; valid: {', '.join(GAINS)}")
         if self.alpha0 is not None and not (math.isfinite(self.alpha0) and self.alpha0 > 0):
-            raise LayoutError(f"alpha0 must be a finite number > 0 (DyT's or Derf's initial alpha), got {self.alpha0!r}")
+            raise LayoutError(
+                f"alpha0 must be a finite number > 0 (DyT's or Derf's initial alpha), got {self.alpha0!r}"
+            )
 
     def merged(self, other: SiteNorm) -> SiteNorm:
         """This with ``other``'s set fields on top."""
-        return SiteNorm(*(b if b is not None else a for a, b in
-                          ((self.kind, other.kind), (self.gain, other.gain), (self.alpha0, other.alpha0))))
+        return SiteNorm(
+            *(
+                b if b is not None else a
+                for a, b in ((self.kind, other.kind), (self.gain, other.gain), (self.alpha0, other.alpha0))
+            )
+        )
 
 
 @dataclass(frozen=True)
@@ -190,9 +213,7 @@ class LayerRange:
 
         start, stop = at(self.start, 0), at(self.stop, n_layers)
         if not 0 <= start <= n_layers or not 0 <= stop <= n_layers:
-            raise LayoutError(
-                f"layer range {self} lies outside the model's {n_layers} layers (valid: 0..{n_layers})"
-            )
+            raise LayoutError(f"layer range {self} lies outside the model's {n_layers} layers (valid: 0..{n_layers})")
         return range(start, stop)
 
     def __str__(self) -> str:
@@ -277,18 +298,20 @@ class Layout:
         if self.norm not in NORM_KINDS:
             raise LayoutError(f"unknown norm kind {self.norm!r}; valid: {', '.join(NORM_KINDS)}")
         if self.inner_span not in INNER_SPANS:
-            raise LayoutError(
-                f"unknown inner-norm span {self.inner_span!r}; valid: {', '.join(INNER_SPANS)}"
-            )
+            raise LayoutError(f"unknown inner-norm span {self.inner_span!r}; valid: {', '.join(INNER_SPANS)}")
         if self.gain not in GAINS:
             raise LayoutError(f"unknown gain {self.gain!r}; valid: {', '.join(GAINS)}")
         if self.softmax not in ATTN_SOFTMAX:
             raise LayoutError(f"unknown attention softmax {self.softmax!r}; valid: {', '.join(ATTN_SOFTMAX)}")
         if self.gain != "gamma" and self.norm in ("scale", "l2"):
-            raise LayoutError(f"norm={self.norm} has no per-channel gain to change (ScaleNorm's is one scalar g, "
-                              "L2's none); gain= applies to rms, layer, dyt and derf")
+            raise LayoutError(
+                f"norm={self.norm} has no per-channel gain to change (ScaleNorm's is one scalar g, "
+                "L2's none); gain= applies to rms, layer, dyt and derf"
+            )
         if not (isinstance(self.streams, int) and not isinstance(self.streams, bool) and 1 <= self.streams <= 16):
-            raise LayoutError(f"streams must be a whole number from 1 to 16 (the expansion rate n), got {self.streams!r}")
+            raise LayoutError(
+                f"streams must be a whole number from 1 to 16 (the expansion rate n), got {self.streams!r}"
+            )
         if self.stream_mix not in STREAM_MIXES:
             raise LayoutError(f"unknown stream mix {self.stream_mix!r}; valid: {', '.join(STREAM_MIXES)}")
         if self.h_learned not in (None, *H_LEARNED):
@@ -311,9 +334,7 @@ class Layout:
         object.__setattr__(self, "rules", rules)
         object.__setattr__(self, "site_norms", _canonical_site_norms(self.site_norms))
         if self.freeze_output_gamma and not self._any_output_site():
-            raise LayoutError(
-                "freeze_output_gamma freezes the output norm (B), but this layout has no B site"
-            )
+            raise LayoutError("freeze_output_gamma freezes the output norm (B), but this layout has no B site")
 
     def norm_at(self, site: str) -> NormSpec:
         """The norm site ``site`` (one of NORM_SITES) holds: its kind, gain and DyT alpha0."""
@@ -355,8 +376,7 @@ class Layout:
         """Add QK-norm (Wortsman et al. 2024) to every layer, whatever else the layout does."""
         block = replace(self.block, attn_inner=replace(self.block.attn_inner, q=True, k=True))
         rules = tuple(
-            replace(r, inner=replace(r.inner, q=True, k=True)) if r.inner is not None else r
-            for r in self.rules
+            replace(r, inner=replace(r.inner, q=True, k=True)) if r.inner is not None else r for r in self.rules
         )
         return self.with_(block=block, rules=rules)
 
@@ -364,41 +384,58 @@ class Layout:
         """Checks of the finished layout that a half-built one (mid-parse) may fail: a fixed h of 0, a
         per-site gain or alpha0 its site's kind lacks, a per-site setting for a site no layer turns on."""
         if self.h == 0 and self.h_learned is None:
-            raise LayoutError("h=0 with a fixed h removes every update; learn it from 0 with h-scalar (ReZero) "
-                              "or h-channel, or give h > 0")
+            raise LayoutError(
+                "h=0 with a fixed h removes every update; learn it from 0 with h-scalar (ReZero) "
+                "or h-channel, or give h > 0"
+            )
         for site, _ in self.site_norms:
             spec = self.norm_at(site)
             if spec.gain != "gamma" and spec.kind not in _GAINED:
-                raise LayoutError(f"site {site}: norm={spec.kind} has no per-channel gain to change (ScaleNorm's "
-                                  "is one scalar g, L2's none); gain applies to rms, layer, dyt and derf")
+                raise LayoutError(
+                    f"site {site}: norm={spec.kind} has no per-channel gain to change (ScaleNorm's "
+                    "is one scalar g, L2's none); gain applies to rms, layer, dyt and derf"
+                )
             if spec.alpha0 is not None and spec.kind not in ALPHA_KINDS:
-                raise LayoutError(f"site {site}: alpha0 is DyT's or Derf's initial alpha, and this site holds "
-                                  f"norm={spec.kind}")
+                raise LayoutError(
+                    f"site {site}: alpha0 is DyT's or Derf's initial alpha, and this site holds norm={spec.kind}"
+                )
         if self.streams > 1:
             self._check_streams()
         elif self.stream_mix != "hc":
-            raise LayoutError(f"mix={self.stream_mix} connects several residual streams; give streams=N with N > 1 "
-                              "(DeepSeek's mHC uses 4)")
+            raise LayoutError(
+                f"mix={self.stream_mix} connects several residual streams; give streams=N with N > 1 "
+                "(DeepSeek's mHC uses 4)"
+            )
         if self.ngpt:
             self._check_ngpt()
         if self.qk_after_rope and self.inner_span == "full":
             raise LayoutError("qk-rope normalizes each head's rotated q and k; it needs inner=head, not inner=full")
         off = [site for site, _ in self.site_norms if site not in self.sites_on()]
         if off:
-            raise LayoutError(f"per-site norm settings for {', '.join(off)}, which no layer of this layout turns "
-                              f"on (on: {', '.join(s for s in NORM_SITES if s in self.sites_on()) or 'none'})")
+            raise LayoutError(
+                f"per-site norm settings for {', '.join(off)}, which no layer of this layout turns "
+                f"on (on: {', '.join(s for s in NORM_SITES if s in self.sites_on()) or 'none'})"
+            )
 
     def _check_streams(self) -> None:
         """What a hyper-connection replaces: the skip path (C, S, alpha, Admin, skip lambdas, GPAS) is its mixing."""
         blocks = [self.block.attn, self.block.mlp] + [r.sites for r in self.rules]
-        taken = [what for what, on in (
-            ("a norm after the add (C)", any(s.after_add for s in blocks)),
-            ("a skip from the normed input (S)", any(s.skip_normed for s in blocks)),
-            ("a skip scale alpha", self.alpha != 1.0), ("skip-scalar", self.skip_learned), ("gpas", self.gpas))
-            if on]
+        taken = [
+            what
+            for what, on in (
+                ("a norm after the add (C)", any(s.after_add for s in blocks)),
+                ("a skip from the normed input (S)", any(s.skip_normed for s in blocks)),
+                ("a skip scale alpha", self.alpha != 1.0),
+                ("skip-scalar", self.skip_learned),
+                ("gpas", self.gpas),
+            )
+            if on
+        ]
         if taken:
-            raise LayoutError(f"streams={self.streams}: the hyper-connections' mixing replaces the skip path, so "
-                              f"{', '.join(taken)} has nothing to act on; use norm sites A, B (and H) with streams")
+            raise LayoutError(
+                f"streams={self.streams}: the hyper-connections' mixing replaces the skip path, so "
+                f"{', '.join(taken)} has nothing to act on; use norm sites A, B (and H) with streams"
+            )
 
     def _check_ngpt(self) -> None:
         """nGPT's sites are fixed by its equations: its Norm is x / ||x|| at B (on F's output), C (after the lerp)
@@ -406,22 +443,37 @@ class Layout:
         want = ("attn=qkBC,mlp=BC", "l2")
         sites = f"attn={_letters(self.block.attn_inner, self.block.attn)},mlp={_letters(None, self.block.mlp)}"
         kinds = {self.norm_at(s).kind for s in self.sites_on()}
-        wrong = [what for what, bad in (
-            (f"sites {sites} (nGPT's: attn=qkBC,mlp=BC)", sites != want[0] or bool(self.rules)),
-            (f"norm kinds {', '.join(sorted(kinds))} (nGPT's Norm is l2: x / ||x||)", kinds != {"l2"}),
-            ("q/k norms before RoPE (nGPT normalizes after it: qk-rope)", not self.qk_after_rope),
-            ("an embedding or final norm (nGPT's embedding rows are unit vectors; its stream is one)",
-             self.embed_norm or self.final_norm),
-            ("h, alpha, skip-scalar, gpas or streams (nGPT's eigen learning rate is its step)",
-             self.h != 1.0 or self.h_learned is not None or self.alpha != 1.0 or self.skip_learned or self.gpas
-             or self.streams > 1),
-            ("a gain on a norm (l2 has none)", any(self.norm_at(s).gain != "gamma" for s in self.sites_on())),
-            (f"softmax={self.softmax} (nGPT's attention is a softmax)", self.softmax != "softmax"),
-            ("inner=full (nGPT normalizes q and k per head)", self.inner_span != "head"),
-            ("emb-scale", self.embed_scale)) if bad]
+        wrong = [
+            what
+            for what, bad in (
+                (f"sites {sites} (nGPT's: attn=qkBC,mlp=BC)", sites != want[0] or bool(self.rules)),
+                (f"norm kinds {', '.join(sorted(kinds))} (nGPT's Norm is l2: x / ||x||)", kinds != {"l2"}),
+                ("q/k norms before RoPE (nGPT normalizes after it: qk-rope)", not self.qk_after_rope),
+                (
+                    "an embedding or final norm (nGPT's embedding rows are unit vectors; its stream is one)",
+                    self.embed_norm or self.final_norm,
+                ),
+                (
+                    "h, alpha, skip-scalar, gpas or streams (nGPT's eigen learning rate is its step)",
+                    self.h != 1.0
+                    or self.h_learned is not None
+                    or self.alpha != 1.0
+                    or self.skip_learned
+                    or self.gpas
+                    or self.streams > 1,
+                ),
+                ("a gain on a norm (l2 has none)", any(self.norm_at(s).gain != "gamma" for s in self.sites_on())),
+                (f"softmax={self.softmax} (nGPT's attention is a softmax)", self.softmax != "softmax"),
+                ("inner=full (nGPT normalizes q and k per head)", self.inner_span != "head"),
+                ("emb-scale", self.embed_scale),
+            )
+            if bad
+        ]
         if wrong:
-            raise LayoutError("ngpt is nGPT's whole block (attn=qkBC,mlp=BC,norm=l2,qk-rope,ngpt; preset ngpt); this "
-                              "layout has " + "; ".join(wrong))
+            raise LayoutError(
+                "ngpt is nGPT's whole block (attn=qkBC,mlp=BC,norm=l2,qk-rope,ngpt; preset ngpt); this "
+                "layout has " + "; ".join(wrong)
+            )
 
     def resolve(self, n_layers: int) -> ResolvedLayout:
         self.check_complete()
@@ -463,20 +515,23 @@ class ResolvedLayout:
         )
         if lay.qk_after_rope:
             head += ", q/k norms after RoPE"
-        for on, words in ((lay.skip_learned, "skip lambda learned"), (lay.gpas, "GPAS after each sublayer"),
-                          (lay.streams > 1, f"{lay.streams} residual streams ({lay.stream_mix})"),
-                          (lay.ngpt, "nGPT (eigen learning rates, s_qk, s_uv, s_z; weights on the sphere)")):
+        for on, words in (
+            (lay.skip_learned, "skip lambda learned"),
+            (lay.gpas, "GPAS after each sublayer"),
+            (lay.streams > 1, f"{lay.streams} residual streams ({lay.stream_mix})"),
+            (lay.ngpt, "nGPT (eigen learning rates, s_qk, s_uv, s_z; weights on the sphere)"),
+        ):
             head += f", {words}" if on else ""
         if lay.site_norms:
-            head += "\n  per site: " + "; ".join(f"{site} {lay.norm_at(site).kind}/{lay.norm_at(site).gain}"
-                                                 + (f"/alpha0 {sn.alpha0:g}" if sn.alpha0 is not None else "")
-                                                 for site, sn in lay.site_norms)
+            head += "\n  per site: " + "; ".join(
+                f"{site} {lay.norm_at(site).kind}/{lay.norm_at(site).gain}"
+                + (f"/alpha0 {sn.alpha0:g}" if sn.alpha0 is not None else "")
+                for site, sn in lay.site_norms
+            )
         lines = [head, "  layer  attn(inner)  attn   mlp"]
         for i, blk in enumerate(self.blocks):
             inner = format_inner(blk.attn_inner) or "-"
-            lines.append(
-                f"  {i:>5}  {inner:<11}  {format_sites(blk.attn) or '-':<5}  {format_sites(blk.mlp) or '-'}"
-            )
+            lines.append(f"  {i:>5}  {inner:<11}  {format_sites(blk.attn) or '-':<5}  {format_sites(blk.mlp) or '-'}")
         return "\n".join(lines)
 
 
@@ -489,8 +544,10 @@ def _canonical_site_norms(pairs: tuple[tuple[str, SiteNorm], ...]) -> tuple[tupl
     merged: dict[str, SiteNorm] = {}
     for site, spec in pairs:
         if site not in NORM_SITES:
-            raise LayoutError(f"unknown norm site {site!r}; valid: {', '.join(NORM_SITES)} "
-                              f"(or the groups {', '.join(SITE_GROUPS)} in the string form)")
+            raise LayoutError(
+                f"unknown norm site {site!r}; valid: {', '.join(NORM_SITES)} "
+                f"(or the groups {', '.join(SITE_GROUPS)} in the string form)"
+            )
         if not isinstance(spec, SiteNorm):
             raise LayoutError(f"site {site}: expected a SiteNorm, got {type(spec).__name__}")
         merged[site] = merged.get(site, SiteNorm()).merged(spec)
@@ -529,8 +586,11 @@ def resolve(layout: Layout, n_layers: int) -> ResolvedLayout:
             else:
                 blocks[i] = replace(blk, mlp=rule.sites)
     # Admin's omega is learned and set by profiling at init (normlab.model.admin); the fixed part is 1
-    alpha = deepnorm_alpha(n_layers) if layout.alpha == DEEPNORM else 1.0 if layout.alpha == ADMIN else float(layout.alpha)
+    alpha = (
+        deepnorm_alpha(n_layers) if layout.alpha == DEEPNORM else 1.0 if layout.alpha == ADMIN else float(layout.alpha)
+    )
     return ResolvedLayout(layout=layout, blocks=tuple(blocks), alpha=alpha)
+
 
 # --- the canonical string form (parsed back by normlab.layout.spec, whose grammar reads these letter tables) ---
 

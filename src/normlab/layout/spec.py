@@ -58,25 +58,25 @@ import re
 from dataclasses import replace
 
 from normlab.layout.sites import (
-    INNER_LETTERS,
-    MLP_LETTERS,
-    SITE_FIELDS,
-    SITE_LETTERS,
     ADMIN,
     ATTN_SOFTMAX,
     DEEPNORM,
-    NORM_SITES,
-    SITE_GROUPS,
-    STREAM_MIXES,
-    SiteNorm,
-    INNER_SPANS,
     GAINS,
+    INNER_LETTERS,
+    INNER_SPANS,
+    MLP_LETTERS,
     NORM_KINDS,
+    NORM_SITES,
+    SITE_FIELDS,
+    SITE_GROUPS,
+    SITE_LETTERS,
+    STREAM_MIXES,
     AttentionInnerSites,
     LayerRange,
     LayerRule,
     Layout,
     LayoutError,
+    SiteNorm,
     SublayerSites,
 )
 
@@ -121,14 +121,14 @@ def _parse_site_names(text: str, token: str) -> list[str]:
         elif name in NORM_SITES:
             sites.append(name)
         else:
-            raise LayoutError(f"in {token!r}: {name!r} is not a norm site; valid: {', '.join(NORM_SITES)}, or "
-                              f"{', '.join(SITE_GROUPS)} for both sublayers' site; join several with '+'")
+            raise LayoutError(
+                f"in {token!r}: {name!r} is not a norm site; valid: {', '.join(NORM_SITES)}, or "
+                f"{', '.join(SITE_GROUPS)} for both sublayers' site; join several with '+'"
+            )
     return sites
 
 
-def _parse_letters(
-    text: str, sublayer: str, token: str
-) -> tuple[SublayerSites, AttentionInnerSites | None]:
+def _parse_letters(text: str, sublayer: str, token: str) -> tuple[SublayerSites, AttentionInnerSites | None]:
     if text == "-":
         return SublayerSites(), (AttentionInnerSites() if sublayer == "attn" else None)
     valid = ("qkvcgs" if sublayer == "attn" else "") + "ABCS" + ("H" if sublayer == "mlp" else "")
@@ -256,8 +256,10 @@ def option_token(key: str, value: object) -> str:
         value = value.lower() == "true"
     if isinstance(value, bool):
         if key not in _FLAGS and key != "qk":
-            raise LayoutError(f"layout.{key}: true/false is for the on/off tokens "
-                              f"({', '.join(t for t in (*_FLAGS, 'qk') if not t.startswith('-'))}); {key} takes a value")
+            raise LayoutError(
+                f"layout.{key}: true/false is for the on/off tokens "
+                f"({', '.join(t for t in (*_FLAGS, 'qk') if not t.startswith('-'))}); {key} takes a value"
+            )
         if value:
             return key
         off = "-h-learned" if key.startswith("h-") else f"-{key}"

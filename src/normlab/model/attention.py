@@ -43,7 +43,6 @@ from normlab.model.sphere import base_scale, rescaled
 from normlab.model.storage import NO_STORAGE, Storage
 
 
-
 def expand_kv_heads(q: torch.Tensor, mask: torch.Tensor | None) -> bool:
     """Whether grouped-query attention should repeat its KV heads before SDPA instead of passing
     ``enable_gqa``: on CUDA only the flash kernel takes ``enable_gqa``, and flash runs neither float32 nor
@@ -52,12 +51,14 @@ def expand_kv_heads(q: torch.Tensor, mask: torch.Tensor | None) -> bool:
     costs nothing."""
     return q.is_cuda and (q.dtype == torch.float32 or mask is not None)
 
+
 _ID = nn.Identity()
 SOFTPICK_EPS = 1e-8  # the authors' code (zaydzuhri/softpick-attention)
 
 
-def attention_weights(scores: torch.Tensor, visible: torch.Tensor, kind: str,
-                      sinks: torch.Tensor | None = None) -> torch.Tensor:
+def attention_weights(
+    scores: torch.Tensor, visible: torch.Tensor, kind: str, sinks: torch.Tensor | None = None
+) -> torch.Tensor:
     """The weights of the logits ``scores`` (B, H, T, N) over the ``visible`` keys (bool, broadcast), computed
     in float32 (see the module docstring): softmax, a sink logit per head (``sinks`` (H,); off-by-one: 0), or
     softpick."""
@@ -139,7 +140,9 @@ class Attention(nn.Module):
     def _rotate(self, x: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
         return x if self.rotary is None else self.rotary(x, positions)
 
-    def _written_out(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def _written_out(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
         """Attention with its logits in memory, for what SDPA cannot compute: Gemma 2's soft-capping
         c tanh(q k^T s / c), sinks and softpick (`attention_weights`); causal or the given mask."""
         rep = self.n_heads // self.n_kv_heads
@@ -182,8 +185,9 @@ class Attention(nn.Module):
             if gqa and expand_kv_heads(q, mask):
                 rep = self.n_heads // self.n_kv_heads
                 k, v, gqa = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1), False
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale,
-                                               enable_gqa=gqa)
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale, enable_gqa=gqa
+            )
         else:
             y = self._written_out(q, k, v, mask)
         y = y.transpose(1, 2)  # (B, T, heads, head_dim)
@@ -195,5 +199,7 @@ class Attention(nn.Module):
         if self.span == "full":
             y = self.context_norm(y)
         if self.head_scale is not None:
-            y = store((y.view(b, t, self.n_heads, self.head_dim) * self.head_scale.to(y.dtype)[:, None]).reshape(b, t, -1))
+            y = store(
+                (y.view(b, t, self.n_heads, self.head_dim) * self.head_scale.to(y.dtype)[:, None]).reshape(b, t, -1)
+            )
         return self.o_proj(self.context(store(y)))

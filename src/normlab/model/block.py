@@ -24,7 +24,6 @@ Capture points (`Tap`), the same paths under every layout:
 from __future__ import annotations
 
 import math
-
 from collections.abc import Callable
 
 import torch
@@ -39,17 +38,30 @@ from normlab.model.decoding import Decoding
 from normlab.model.mlp import MLP
 from normlab.model.moe import MoE
 from normlab.model.norms import Tap, site_norm
-from normlab.model.storage import NO_STORAGE, Storage
 from normlab.model.sphere import base_scale, eigen
+from normlab.model.storage import NO_STORAGE, Storage
 from normlab.model.streams import HyperConnection, connection
-
 
 # Learned scales that are not norms: residual steps (ReZero, LayerScale), Admin's omegas, NormFormer's head
 # scales. Like norm gains they are left out of weight decay (which would pull them to 0) and probed.
 # Each name maps to the prefix of its probe metrics (h_mean, omega_mean, head_scale_mean).
-SCALE_PARAMS = {"attn_h": "h", "mlp_h": "h", "attn_omega": "omega", "mlp_omega": "omega", "head_scale": "head_scale",
-                "sinks": "sink", "attn_skip": "skip", "mlp_skip": "skip", "attn_gpas": "gpas", "mlp_gpas": "gpas",
-                "attn_eigen": "eigen", "mlp_eigen": "eigen", "sqk": "s_qk", "suv": "s_uv", "sz": "s_z"}
+SCALE_PARAMS = {
+    "attn_h": "h",
+    "mlp_h": "h",
+    "attn_omega": "omega",
+    "mlp_omega": "omega",
+    "head_scale": "head_scale",
+    "sinks": "sink",
+    "attn_skip": "skip",
+    "mlp_skip": "skip",
+    "attn_gpas": "gpas",
+    "mlp_gpas": "gpas",
+    "attn_eigen": "eigen",
+    "mlp_eigen": "eigen",
+    "sqk": "s_qk",
+    "suv": "s_uv",
+    "sz": "s_z",
+}
 
 
 def scale_params(model: nn.Module) -> list[nn.Parameter]:
@@ -65,8 +77,9 @@ class SiteNorms(nn.Module):
         super().__init__()
         d = cfg.d_model
         self.input = site_norm(sites.input, layout.norm_at(f"{sublayer}.A"), d, cfg)
-        self.output = site_norm(sites.output, layout.norm_at(f"{sublayer}.B"), d, cfg,
-                                frozen_gamma=layout.freeze_output_gamma)
+        self.output = site_norm(
+            sites.output, layout.norm_at(f"{sublayer}.B"), d, cfg, frozen_gamma=layout.freeze_output_gamma
+        )
         self.after_add = site_norm(sites.after_add, layout.norm_at(f"{sublayer}.C"), d, cfg)
         self.skip_normed = sites.skip_normed
 
@@ -121,16 +134,29 @@ class Block(nn.Module):
         if cfg.n_experts and block.mlp.hidden:
             raise LayoutError("the MLP hidden norm (H) is not built for MoE experts; use a dense MLP or drop H")
         if layout.ngpt and (cfg.n_experts or cfg.mlp != "swiglu" or cfg.kv_heads != cfg.n_heads):
-            raise LayoutError("ngpt is built for nGPT's model: a dense SwiGLU MLP (s_u, s_v) and one key per query "
-                              "head (s_qk scales q and k alike); use mlp=swiglu, n_kv_heads = n_heads, no experts")
-        self.mlp = MoE(cfg) if cfg.n_experts else MLP(cfg, site_norm(block.mlp.hidden, layout.norm_at("mlp.H"),
-                                                                     cfg.ffn_dim, cfg), ngpt=layout.ngpt)
+            raise LayoutError(
+                "ngpt is built for nGPT's model: a dense SwiGLU MLP (s_u, s_v) and one key per query "
+                "head (s_qk scales q and k alike); use mlp=swiglu, n_kv_heads = n_heads, no experts"
+            )
+        self.mlp = (
+            MoE(cfg)
+            if cfg.n_experts
+            else MLP(cfg, site_norm(block.mlp.hidden, layout.norm_at("mlp.H"), cfg.ffn_dim, cfg), ngpt=layout.ngpt)
+        )
         self.mlp_update, self.resid_post = Tap(), Tap()
 
     def _sublayer(
-        self, x: torch.Tensor, norms: SiteNorms, f: Callable[[torch.Tensor], torch.Tensor], update_tap: Tap,
-        h: nn.Parameter | None = None, omega: nn.Parameter | None = None, lam: nn.Parameter | None = None,
-        gpas: nn.Parameter | None = None, hc: HyperConnection | None = None, eig: nn.Parameter | None = None,
+        self,
+        x: torch.Tensor,
+        norms: SiteNorms,
+        f: Callable[[torch.Tensor], torch.Tensor],
+        update_tap: Tap,
+        h: nn.Parameter | None = None,
+        omega: nn.Parameter | None = None,
+        lam: nn.Parameter | None = None,
+        gpas: nn.Parameter | None = None,
+        hc: HyperConnection | None = None,
+        eig: nn.Parameter | None = None,
     ) -> torch.Tensor:
         store = self.store  # every tensor a real fp16 run writes to memory is rounded where it is made
         if hc is not None:  # x holds the n streams side by side; the branch reads h_0 = sum_j pre_j H_j
@@ -167,8 +193,31 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, dec: Decoding | None = None) -> torch.Tensor:
         attn = self.attn if dec is None else (lambda u: self.attn(u, dec))
-        x = self.resid_mid(self._sublayer(x, self.attn_norms, attn, self.attn_update, self.attn_h, self.attn_omega,
-                                          self.attn_skip, self.attn_gpas, self.attn_hc, self.attn_eigen))
-        return self.resid_post(self._sublayer(x, self.mlp_norms, self.mlp, self.mlp_update, self.mlp_h,
-                                              self.mlp_omega, self.mlp_skip, self.mlp_gpas, self.mlp_hc,
-                                              self.mlp_eigen))
+        x = self.resid_mid(
+            self._sublayer(
+                x,
+                self.attn_norms,
+                attn,
+                self.attn_update,
+                self.attn_h,
+                self.attn_omega,
+                self.attn_skip,
+                self.attn_gpas,
+                self.attn_hc,
+                self.attn_eigen,
+            )
+        )
+        return self.resid_post(
+            self._sublayer(
+                x,
+                self.mlp_norms,
+                self.mlp,
+                self.mlp_update,
+                self.mlp_h,
+                self.mlp_omega,
+                self.mlp_skip,
+                self.mlp_gpas,
+                self.mlp_hc,
+                self.mlp_eigen,
+            )
+        )

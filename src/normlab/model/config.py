@@ -30,6 +30,7 @@ def _dim(name: str):  # noqa: ANN202 - a range check
         if v < 1:
             return "must be a positive integer"
         return f"is beyond any model normlab builds (at most {MAX_DIM[name]:,})" if v > MAX_DIM[name] else None
+
     return check
 
 
@@ -50,44 +51,63 @@ class ModelConfig:
     """A model's shape and numerics: each field a declared setting (normlab.settings), checked when the
     config is made; the checks that span fields follow in `__post_init__`."""
 
-    vocab_size: int = setting(256, "vocabulary (256: bytes, the tokenizer that needs no training)",
-                              check=_dim("vocab_size"))
+    vocab_size: int = setting(
+        256, "vocabulary (256: bytes, the tokenizer that needs no training)", check=_dim("vocab_size")
+    )
     d_model: int = setting(128, "the residual stream's width", check=_dim("d_model"))
     n_layers: int = setting(6, "blocks", check=_dim("n_layers"))
     n_heads: int = setting(4, "attention heads", check=_dim("n_heads"))
     n_kv_heads: int | None = setting(None, "key/value heads (GQA); none: n_heads (multi-head attention)")
-    d_head: int | None = setting(None, "one head's width; none: d_model / n_heads (Qwen 3 and Gemma 3 set their own)",
-                                 check=_pos_int)
+    d_head: int | None = setting(
+        None, "one head's width; none: d_model / n_heads (Qwen 3 and Gemma 3 set their own)", check=_pos_int
+    )
     sliding_window: int | None = setting(
-        None, "local attention (Mistral; Gemma 3 and OLMo 3 on some layers): a query sees the last N keys, itself "
-        "included, as transformers' sliding-window mask; none: every key before it", check=_pos_int)
+        None,
+        "local attention (Mistral; Gemma 3 and OLMo 3 on some layers): a query sees the last N keys, itself "
+        "included, as transformers' sliding-window mask; none: every key before it",
+        check=_pos_int,
+    )
     full_attention_every: int = setting(
-        0, "with a window, every k-th layer (k-1, 2k-1, ...) attends to all keys: Gemma 3 6 (5 local : 1 global), "
-        "OLMo 3 4 (3 : 1); 0: every layer windowed (Mistral)", check=_nonneg)
+        0,
+        "with a window, every k-th layer (k-1, 2k-1, ...) attends to all keys: Gemma 3 6 (5 local : 1 global), "
+        "OLMo 3 4 (3 : 1); 0: every layer windowed (Mistral)",
+        check=_nonneg,
+    )
     rope_local_theta: float | None = setting(
-        None, "RoPE base on the windowed layers (Gemma 3: 10,000 local, 1M global); none: rope_theta", check=_pos)
+        None, "RoPE base on the windowed layers (Gemma 3: 10,000 local, 1M global); none: rope_theta", check=_pos
+    )
     d_ff: int | None = setting(None, "the MLP's hidden width; none: 4 * d_model", check=_pos_int)
     mlp: MlpKind = setting("swiglu", "the MLP", choices=MLP_KINDS)
     max_seq_len: int = setting(256, "the longest sequence (RoPE tables, learned positions)", check=_dim("max_seq_len"))
     rope_theta: float = setting(10_000.0, "RoPE base", check=_pos)
-    position: str = setting("rope", "rope (Llama, Kim, Zhuo) | learned absolute embeddings added to the tokens "
-                            "(GPT-2)", choices=POSITIONS)
-    attn_scale: float | None = setting(None, "scores scaled by attn_scale^-1/2 (Gemma 2's query_pre_attn_scalar); "
-                                       "none: head_dim", check=_pos)
-    attn_softcap: float | None = setting(None, "Gemma 2: scores -> c tanh(scores / c) before the mask; none: off",
-                                         check=_pos)
+    position: str = setting(
+        "rope", "rope (Llama, Kim, Zhuo) | learned absolute embeddings added to the tokens (GPT-2)", choices=POSITIONS
+    )
+    attn_scale: float | None = setting(
+        None, "scores scaled by attn_scale^-1/2 (Gemma 2's query_pre_attn_scalar); none: head_dim", check=_pos
+    )
+    attn_softcap: float | None = setting(
+        None, "Gemma 2: scores -> c tanh(scores / c) before the mask; none: off", check=_pos
+    )
     logit_softcap: float | None = setting(None, "Gemma 2: logits -> c tanh(logits / c); none: off", check=_pos)
     norm_eps: float = setting(1e-6, "the norms' epsilon", check=_pos)
     norm_bias: bool = setting(True, "LayerNorm's beta (RMSNorm has none)")
-    norm_compute: str = setting("input", "under autocast: input (weights cast to bf16/fp16, fused) | fp32 (HF "
-                                "Llama's upcast); see normlab.model.norms", choices=NORM_COMPUTE)
-    dyt_alpha: float = setting(0.5, "DyT's initial alpha (Zhu et al. 2025: 0.5 by default; LLMs want it tuned)",
-                               check=_pos)
+    norm_compute: str = setting(
+        "input",
+        "under autocast: input (weights cast to bf16/fp16, fused) | fp32 (HF Llama's upcast); see normlab.model.norms",
+        choices=NORM_COMPUTE,
+    )
+    dyt_alpha: float = setting(
+        0.5, "DyT's initial alpha (Zhu et al. 2025: 0.5 by default; LLMs want it tuned)", check=_pos
+    )
     linear_bias: bool = setting(False, "biases on the attention and MLP projections (Llama: none)")
     qkv_bias: bool = setting(False, "biases on the query, key and value projections only (Qwen 2)")
     tie_embeddings: bool = setting(False, "one matrix for the embedding and the head (Kim: untied; Zhuo: tied)")
-    n_experts: int = setting(0, "mixture of experts (normlab.model.moe; OLMoE / Zhuo Sec. 4.3): routed experts; "
-                             "0: the dense MLP", check=_nonneg)
+    n_experts: int = setting(
+        0,
+        "mixture of experts (normlab.model.moe; OLMoE / Zhuo Sec. 4.3): routed experts; 0: the dense MLP",
+        check=_nonneg,
+    )
     moe_top_k: int = setting(2, "experts per token", check=_pos)
     expert_d_ff: int | None = setting(None, "an expert's SwiGLU width; none: the dense d_ff", check=_pos_int)
     moe_shared_expert: bool = setting(False, "one expert every token also passes through (DeepSeekMoE)")
@@ -108,12 +128,12 @@ class ModelConfig:
         kv = self.kv_heads
         if kv < 1 or self.n_heads % kv:
             valid = [h for h in range(1, self.n_heads + 1) if self.n_heads % h == 0]
-            raise ConfigError(
-                f"n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}; valid: {valid}"
-            )
+            raise ConfigError(f"n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}; valid: {valid}")
         if self.head_dim % 2:
-            raise ConfigError(f"RoPE needs an even head dimension, got {self.head_dim} "
-                              f"({'d_head' if self.d_head is not None else 'd_model / n_heads'})")
+            raise ConfigError(
+                f"RoPE needs an even head dimension, got {self.head_dim} "
+                f"({'d_head' if self.d_head is not None else 'd_model / n_heads'})"
+            )
         if self.full_attention_every and self.sliding_window is None:
             raise ConfigError("full_attention_every picks the layers without a window; set sliding_window too")
         if self.n_experts:
@@ -199,11 +219,21 @@ SIZES: dict[str, ModelConfig] = {
     # Mixture of experts. CPU: micro's shape, 8 experts of half width, 2 per token. Zhuo et al. Table 6's
     # MoE-1B-7B (OLMoE's structure): 64 experts of width 1024, 8 per token, vocabulary 50,280, untied,
     # context 4096, RoPE theta 10,000 (their Table 7).
-    "moe-micro": ModelConfig(d_model=64, n_layers=6, n_heads=4, max_seq_len=128, n_experts=8, moe_top_k=2,
-                             expert_d_ff=128),
-    "zhuo-moe-1b-7b": ModelConfig(d_model=2048, n_layers=16, n_heads=16, vocab_size=50_280, max_seq_len=4096,
-                                  rope_theta=10_000.0, tie_embeddings=False, n_experts=64, moe_top_k=8,
-                                  expert_d_ff=1024),
+    "moe-micro": ModelConfig(
+        d_model=64, n_layers=6, n_heads=4, max_seq_len=128, n_experts=8, moe_top_k=2, expert_d_ff=128
+    ),
+    "zhuo-moe-1b-7b": ModelConfig(
+        d_model=2048,
+        n_layers=16,
+        n_heads=16,
+        vocab_size=50_280,
+        max_seq_len=4096,
+        rope_theta=10_000.0,
+        tie_embeddings=False,
+        n_experts=64,
+        moe_top_k=8,
+        expert_d_ff=1024,
+    ),
 }
 
 # The papers' nominal sizes, and whether that number counts the (tied) embedding.

@@ -51,8 +51,14 @@ class Decoding:
     past: int = 0  # tokens already in the cache
 
 
-def make_decoding(batch: int, t: int, device: torch.device, attention_mask: torch.Tensor | None = None,
-                  cache: Any = None, positions: torch.Tensor | None = None) -> Decoding:
+def make_decoding(
+    batch: int,
+    t: int,
+    device: torch.device,
+    attention_mask: torch.Tensor | None = None,
+    cache: Any = None,
+    positions: torch.Tensor | None = None,
+) -> Decoding:
     """The `Decoding` of a forward over ``t`` new tokens per row.
 
     ``attention_mask``: transformers' 2-D mask (B, past + t), 1 for real tokens and 0 for padding,
@@ -62,8 +68,10 @@ def make_decoding(batch: int, t: int, device: torch.device, attention_mask: torc
     past = int(cache.get_seq_length()) if cache is not None else 0
     if attention_mask is not None:
         if attention_mask.dim() != 2 or attention_mask.shape != (batch, past + t):
-            raise ValueError(f"attention_mask must be (batch, past + new tokens) = ({batch}, {past + t}), "
-                             f"got {tuple(attention_mask.shape)}")
+            raise ValueError(
+                f"attention_mask must be (batch, past + new tokens) = ({batch}, {past + t}), "
+                f"got {tuple(attention_mask.shape)}"
+            )
         attention_mask = attention_mask.to(device=device, dtype=torch.bool)
     if positions is None:
         if attention_mask is not None:

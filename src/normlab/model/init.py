@@ -25,7 +25,6 @@ import torch
 from torch import nn
 
 from normlab.layout.sites import deepnorm_beta
-
 from normlab.model.admin import profile_admin
 from normlab.model.init_schemes import _DEEPNORM_SCALED, _TRUNCATED, _XAVIER, base_std, check_scheme, linear_std
 from normlab.model.norms import is_norm

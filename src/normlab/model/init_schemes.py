@@ -9,7 +9,16 @@ from normlab.layout.sites import Layout, deepnorm_beta
 from normlab.model.config import ConfigError, ModelConfig
 
 INIT_SCHEMES: tuple[str, ...] = (
-    "normal", "xavier", "he", "lecun", "10/d", "1/10d", "trunc-normal", "depth-scaled", "megatron", "deepnorm",
+    "normal",
+    "xavier",
+    "he",
+    "lecun",
+    "10/d",
+    "1/10d",
+    "trunc-normal",
+    "depth-scaled",
+    "megatron",
+    "deepnorm",
 )
 _XAVIER = ("xavier", "deepnorm")
 _TRUNCATED = ("trunc-normal", "depth-scaled", "megatron")
@@ -40,9 +49,16 @@ def base_std(scheme: str, d_model: int, init_std: float) -> float:
 
 
 _SOURCES = {
-    "normal": "Kim Table 2", "xavier": "Kim Table 8", "he": "Kim Table 9", "lecun": "Kim Table 9",
-    "10/d": "Kim Table 9", "1/10d": "Kim Table 9", "trunc-normal": "Zhuo Sec. 4.4 Normal",
-    "depth-scaled": "Zhuo Sec. 4.4", "megatron": "Zhuo Sec. 4.4, Table 7", "deepnorm": "Wang et al. 2022",
+    "normal": "Kim Table 2",
+    "xavier": "Kim Table 8",
+    "he": "Kim Table 9",
+    "lecun": "Kim Table 9",
+    "10/d": "Kim Table 9",
+    "1/10d": "Kim Table 9",
+    "trunc-normal": "Zhuo Sec. 4.4 Normal",
+    "depth-scaled": "Zhuo Sec. 4.4",
+    "megatron": "Zhuo Sec. 4.4, Table 7",
+    "deepnorm": "Wang et al. 2022",
 }
 
 

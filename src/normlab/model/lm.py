@@ -110,8 +110,9 @@ class NormLM(nn.Module):
         """The last block's n streams summed into one (B, T, d) for the final norm (Zhu et al. 2025, Sec. 3)."""
         return x.unflatten(-1, (self.streams, -1)).sum(-2) if self.streams > 1 else x
 
-    def run_blocks(self, x: torch.Tensor, return_hidden_states: bool = False,
-                   decoding: Decoding | None = None) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+    def run_blocks(
+        self, x: torch.Tensor, return_hidden_states: bool = False, decoding: Decoding | None = None
+    ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
         """The blocks from a given stream x_0; optionally every block's output. With n > 1 streams x_0 (B, T, d)
         enters as n copies and every state, the output included, is (B, T, n*d) (`collapse` reads it out)."""
         if self.streams > 1 and x.shape[-1] == self.config.d_model:
@@ -119,8 +120,13 @@ class NormLM(nn.Module):
         hidden = [x] if return_hidden_states else None
         # not while hidden states are returned (the probes take gradients with respect to them), nor
         # with a KV cache (the recompute would append the keys twice)
-        recompute = (self.activation_checkpointing and self.training and torch.is_grad_enabled() and hidden is None
-                     and (decoding is None or decoding.cache is None))
+        recompute = (
+            self.activation_checkpointing
+            and self.training
+            and torch.is_grad_enabled()
+            and hidden is None
+            and (decoding is None or decoding.cache is None)
+        )
         for block in self.blocks:
             x = checkpoint(block, x, decoding, use_reentrant=False) if recompute else block(x, decoding)
             if hidden is not None:
@@ -145,7 +151,10 @@ class NormLM(nn.Module):
         if positions is not None:
             check_positions(positions, self.config.max_seq_len)  # once here, not in every layer's RoPE
         x, hidden = self.run_blocks(self.embed_tokens(tokens, positions), return_hidden_states, decoding)
-        h, softcap = self.store(self.final_norm(self.collapse(x))), self.config.logit_softcap  # Gemma 2's logit soft-cap
+        h, softcap = (
+            self.store(self.final_norm(self.collapse(x))),
+            self.config.logit_softcap,
+        )  # Gemma 2's logit soft-cap
         head = self.lm_head if self.sz is None else self.head
         if logits_to_keep and targets is None:
             h = h[:, -logits_to_keep:]
@@ -154,5 +163,9 @@ class NormLM(nn.Module):
         else:
             loss, logits = lm_loss(head, h, targets, softcap, z_loss, loss_chunk, self.store)
         moe = [b.mlp.aux for b in self.blocks if isinstance(b.mlp, MoE) and b.mlp.aux is not None]
-        return LMOutput(logits=logits, loss=loss, hidden_states=tuple(hidden) if hidden is not None else None,
-                        aux_loss=torch.stack(moe).sum() if moe else None)
+        return LMOutput(
+            logits=logits,
+            loss=loss,
+            hidden_states=tuple(hidden) if hidden is not None else None,
+            aux_loss=torch.stack(moe).sum() if moe else None,
+        )

@@ -23,8 +23,9 @@ from torch.utils.checkpoint import checkpoint
 from normlab.model.storage import NO_STORAGE
 
 
-def logits_of(head: nn.Module, h: torch.Tensor, softcap: float | None,
-              store: Callable[[torch.Tensor], torch.Tensor] = NO_STORAGE) -> torch.Tensor:
+def logits_of(
+    head: nn.Module, h: torch.Tensor, softcap: float | None, store: Callable[[torch.Tensor], torch.Tensor] = NO_STORAGE
+) -> torch.Tensor:
     """Head(h), soft-capped as in Gemma 2 when ``softcap`` is set, stored in the activation dtype
     (fp16 logits past 65504 are inf: a site where fp16 training overflows)."""
     logits = store(head(h))
@@ -33,17 +34,29 @@ def logits_of(head: nn.Module, h: torch.Tensor, softcap: float | None,
     return logits
 
 
-def _chunk_sums(head: nn.Module, h: torch.Tensor, y: torch.Tensor, softcap: float | None,
-                with_z: bool, store: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def _chunk_sums(
+    head: nn.Module,
+    h: torch.Tensor,
+    y: torch.Tensor,
+    softcap: float | None,
+    with_z: bool,
+    store: Callable[[torch.Tensor], torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
     logits = logits_of(head, h, softcap, store).float()
     ce = F.cross_entropy(logits, y, ignore_index=-100, reduction="sum")
     z = logits.logsumexp(-1).pow(2).sum() if with_z else torch.zeros((), device=h.device)
     return ce, z
 
 
-def lm_loss(head: nn.Module, h: torch.Tensor, targets: torch.Tensor, softcap: float | None = None,
-            z_loss: float = 0.0, chunk: int = 0,
-            store: Callable[[torch.Tensor], torch.Tensor] = NO_STORAGE) -> tuple[torch.Tensor, torch.Tensor | None]:
+def lm_loss(
+    head: nn.Module,
+    h: torch.Tensor,
+    targets: torch.Tensor,
+    softcap: float | None = None,
+    z_loss: float = 0.0,
+    chunk: int = 0,
+    store: Callable[[torch.Tensor], torch.Tensor] = NO_STORAGE,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(loss, logits) from the final normed stream ``h`` (B, T, d); logits is None when chunked.
 
     ``chunk`` > 0 and fewer than B*T tokens: chunked as in the module docstring; else one pass.
@@ -59,8 +72,9 @@ def lm_loss(head: nn.Module, h: torch.Tensor, targets: torch.Tensor, softcap: fl
     hs, ys = h.flatten(0, 1), targets.flatten()
     ce = z = torch.zeros((), device=h.device)
     for i in range(0, n, chunk):
-        c, zc = checkpoint(_chunk_sums, head, hs[i:i + chunk], ys[i:i + chunk], softcap, bool(z_loss),
-                           store, use_reentrant=False)
+        c, zc = checkpoint(
+            _chunk_sums, head, hs[i : i + chunk], ys[i : i + chunk], softcap, bool(z_loss), store, use_reentrant=False
+        )
         ce, z = ce + c, z + zc
     loss = ce / (ys != -100).sum()  # F.cross_entropy's mean: NaN when every target is ignored, as there
     if z_loss:

@@ -11,7 +11,6 @@ from torch import nn
 from normlab.model.config import ModelConfig
 from normlab.model.storage import NO_STORAGE, Storage
 
-
 GATED = ("swiglu", "geglu-tanh")  # act(x W_gate) * (x W_up); geglu-tanh is Gemma's
 
 
@@ -35,8 +34,13 @@ class MLP(nn.Module):
         # nGPT's s_u, s_v (Loshchilov et al. 2024 eqs. 19-20; normlab.model.sphere): u, v scaled by suv * sqrt(d)
         self.suv = nn.Parameter(torch.ones(2 * ff)) if ngpt else None
         self.sqrt_d = d**0.5
-        self.act = {"swiglu": F.silu, "geglu-tanh": _gelu_tanh, "gelu": F.gelu, "gelu-tanh": _gelu_tanh,
-                    "relu": F.relu}[cfg.mlp]
+        self.act = {
+            "swiglu": F.silu,
+            "geglu-tanh": _gelu_tanh,
+            "gelu": F.gelu,
+            "gelu-tanh": _gelu_tanh,
+            "relu": F.relu,
+        }[cfg.mlp]
 
     def hidden(self, x: torch.Tensor) -> torch.Tensor:
         """The activation h fed to the last projection W2 (Kim Prop. 3.1's h), after the hidden norm H

@@ -28,13 +28,13 @@ from torch import nn
 from normlab.model.config import ModelConfig
 
 
-
 def expert_counts(ids: torch.Tensor, n_experts: int) -> torch.Tensor:
     """Assignments per expert, on the device. `torch.bincount` would size its output from the data and so
     read the maximum back to the host (two syncs per call on CUDA) and break `torch.compile`'s graph;
     a scatter-add into a fixed number of bins does neither."""
     flat = ids.flatten()
     return torch.zeros(n_experts, dtype=torch.int64, device=ids.device).scatter_add_(0, flat, torch.ones_like(flat))
+
 
 class Experts(nn.Module):
     """E SwiGLU MLPs with their weights stacked: gate/up (E, d, f), down (E, f, d)."""
@@ -62,8 +62,9 @@ def _grouped_dtype(x: torch.Tensor) -> torch.dtype | None:
     that reads the offsets back to the host, and the looped dispatch here is as good."""
     if not (x.is_cuda and hasattr(torch, "_grouped_mm") and torch.cuda.get_device_capability(x.device)[0] in (9, 10)):
         return None
-    bf16 = x.dtype == torch.bfloat16 or (torch.is_autocast_enabled("cuda")
-                                         and torch.get_autocast_dtype("cuda") == torch.bfloat16)
+    bf16 = x.dtype == torch.bfloat16 or (
+        torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") == torch.bfloat16
+    )
     return torch.bfloat16 if bf16 else None
 
 
@@ -135,9 +136,11 @@ class MoE(nn.Module):
         else:
             # one product per expert segment: the segment bounds are read once (a host sync)
             bounds = [0, *counts.cumsum(0).tolist()]
-            parts = [self.experts.one(e, xs[bounds[e]:bounds[e + 1]]).float()
-                     for e in range(self.n_experts) if bounds[e + 1] > bounds[e]]
+            parts = [
+                self.experts.one(e, xs[bounds[e] : bounds[e + 1]]).float()
+                for e in range(self.n_experts)
+                if bounds[e + 1] > bounds[e]
+            ]
             ys = torch.cat(parts) if parts else xs.new_zeros(0, x.shape[1], dtype=torch.float32)
         ys = ys * weights.flatten()[order, None]
         return torch.zeros(x.shape[0], x.shape[1], device=x.device, dtype=torch.float32).index_add_(0, token, ys)
-

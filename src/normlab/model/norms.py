@@ -136,8 +136,9 @@ class LayerNorm(_Gain, nn.LayerNorm):
     """`nn.LayerNorm` computed in the input's dtype (fused) or in float32; see the module docstring.
     Gain "none" has neither gamma nor beta (torch's elementwise_affine=False)."""
 
-    def __init__(self, dim: int, eps: float, bias: bool = True, compute: NormCompute = "input",
-                 gain: str = "gamma") -> None:
+    def __init__(
+        self, dim: int, eps: float, bias: bool = True, compute: NormCompute = "input", gain: str = "gamma"
+    ) -> None:
         super().__init__(dim, eps=eps, elementwise_affine=_per_channel(gain), bias=bias)
         self.compute = compute
         self._set_gain(gain)
@@ -147,8 +148,9 @@ class LayerNorm(_Gain, nn.LayerNorm):
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         dtype = torch.float32 if self.compute == "fp32" else x.dtype
-        y = F.layer_norm(x.to(dtype), self.normalized_shape, self._kernel_weight(dtype), _cast(self.bias, dtype),
-                         self.eps)
+        y = F.layer_norm(
+            x.to(dtype), self.normalized_shape, self._kernel_weight(dtype), _cast(self.bias, dtype), self.eps
+        )
         return self._affine(y, dtype).to(x.dtype)
 
     def extra_repr(self) -> str:
@@ -172,8 +174,9 @@ class DyT(_Elementwise):
     gamma * tanh(alpha * x) + beta, alpha one learned scalar (``alpha0`` at init), gamma and beta per
     channel (ones and zeros; gain "scalar": one gamma)."""
 
-    def __init__(self, dim: int, alpha0: float = 0.5, bias: bool = True, compute: NormCompute = "input",
-                 gain: str = "gamma") -> None:
+    def __init__(
+        self, dim: int, alpha0: float = 0.5, bias: bool = True, compute: NormCompute = "input", gain: str = "gamma"
+    ) -> None:
         super().__init__()
         self.alpha0, self.compute, self.gain = float(alpha0), compute, gain
         self.offset = 1.0 if gain == "centered" else 0.0
@@ -210,8 +213,9 @@ class Derf(DyT):
     the authors' Dynamic_erf), gamma and beta per channel as DyT's. erf's range is (-1, 1), as tanh's: the
     output lies in the same box |y_i| <= |gamma_i| + |beta_i|."""
 
-    def __init__(self, dim: int, alpha0: float = 0.5, bias: bool = True, compute: NormCompute = "input",
-                 gain: str = "gamma") -> None:
+    def __init__(
+        self, dim: int, alpha0: float = 0.5, bias: bool = True, compute: NormCompute = "input", gain: str = "gamma"
+    ) -> None:
         super().__init__(dim, alpha0, bias, compute, gain)
         self.shift = nn.Parameter(torch.zeros(1))
 
@@ -301,8 +305,16 @@ def is_norm(m: nn.Module) -> bool:
     return isinstance(m, NORM_TYPES)
 
 
-def make_norm(kind: NormKind, dim: int, eps: float, bias: bool = True, frozen_gamma: bool = False,
-              compute: NormCompute = "input", dyt_alpha: float = 0.5, gain: str = "gamma") -> nn.Module:
+def make_norm(
+    kind: NormKind,
+    dim: int,
+    eps: float,
+    bias: bool = True,
+    frozen_gamma: bool = False,
+    compute: NormCompute = "input",
+    dyt_alpha: float = 0.5,
+    gain: str = "gamma",
+) -> nn.Module:
     """A norm over the last dimension; ``frozen_gamma`` fixes gamma at 1 (Kim et al. Fig. 8)."""
     if compute not in NORM_COMPUTE:
         raise ValueError(f"unknown norm compute {compute!r}; valid: {', '.join(NORM_COMPUTE)}")
@@ -333,8 +345,16 @@ def site_norm(on: bool, spec: NormSpec, dim: int, cfg: ModelConfig, frozen_gamma
     if not on:
         return nn.Identity()
     alpha0 = spec.alpha0 if spec.alpha0 is not None else cfg.dyt_alpha
-    return make_norm(spec.kind, dim, cfg.norm_eps, cfg.norm_bias, frozen_gamma, cfg.norm_compute, alpha0,  # type: ignore[arg-type]
-                     spec.gain)
+    return make_norm(
+        spec.kind,
+        dim,
+        cfg.norm_eps,
+        cfg.norm_bias,
+        frozen_gamma,
+        cfg.norm_compute,
+        alpha0,  # type: ignore[arg-type]
+        spec.gain,
+    )
 
 
 class Tap(nn.Identity):

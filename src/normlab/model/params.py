@@ -75,16 +75,20 @@ def analytic_params(cfg: ModelConfig, resolved: ResolvedLayout) -> ParamCount:
     mlp = n_mats * d * ff + b * ((n_mats - 1) * ff + d)
     if cfg.n_experts:  # routed SwiGLU experts, the router, an optional shared expert (normlab.model.moe)
         per = cfg.expert_weights
-        mlp = cfg.n_experts * per + d * cfg.n_experts + (per + b * (2 * cfg.expert_ffn_dim + d)
-                                                         if cfg.moe_shared_expert else 0)
+        mlp = (
+            cfg.n_experts * per
+            + d * cfg.n_experts
+            + (per + b * (2 * cfg.expert_ffn_dim + d) if cfg.moe_shared_expert else 0)
+        )
     inner_dim = {"q": (h, "q"), "k": (kv, "k"), "v": (kv, "v"), "context": (h, "c")}
     per_block_scales = 2 * (1 if lay.h_learned == "scalar" else d) if lay.h_learned else 0
     per_block_scales += 2 * d if lay.alpha == "admin" else 0  # Admin's omega per sublayer and channel
     per_block_scales += 2 * (int(lay.skip_learned) + int(lay.gpas))  # a skip lambda, a GPAS a per sublayer
     n = lay.streams  # hyper-connections per sublayer (normlab.model.streams): HC's static A_m, A_r, B, dynamic
-    if n > 1:        # W_m, W_r, W_b and s_a, s_b; mHC's phi (n d x (n^2 + 2n)), b and three gating factors
-        per_block_scales += 2 * (d * (n + 2) + n * n + 2 * n + 2 if lay.stream_mix == "hc"
-                                 else (n * d + 1) * (n * n + 2 * n) + 3)
+    if n > 1:  # W_m, W_r, W_b and s_a, s_b; mHC's phi (n d x (n^2 + 2n)), b and three gating factors
+        per_block_scales += 2 * (
+            d * (n + 2) + n * n + 2 * n + 2 if lay.stream_mix == "hc" else (n * d + 1) * (n * n + 2 * n) + 3
+        )
     if lay.ngpt:  # a_A, a_M (d each), s_qk (heads x head_dim), s_u and s_v (ffn each); s_z below
         per_block_scales += 2 * d + h * hd + 2 * ff
     blocks = 0
@@ -105,8 +109,12 @@ def analytic_params(cfg: ModelConfig, resolved: ResolvedLayout) -> ParamCount:
     embedding += cfg.max_seq_len * d if cfg.position == "learned" else 0
     non_embedding = blocks + model_norms + (cfg.vocab_size if lay.ngpt else 0)  # nGPT's s_z
     total = non_embedding + embedding
-    return ParamCount(total=total, embedding=embedding, non_embedding=non_embedding,
-                      active=total - _inactive(cfg) if cfg.n_experts else None)
+    return ParamCount(
+        total=total,
+        embedding=embedding,
+        non_embedding=non_embedding,
+        active=total - _inactive(cfg) if cfg.n_experts else None,
+    )
 
 
 def analytic_matrices(cfg: ModelConfig, resolved: ResolvedLayout) -> int:

@@ -36,7 +36,6 @@ Each connection keeps its last mixing matrices (detached, per token) for the pro
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 SINKHORN_ITERS = 20  # Xie et al. 2025, t_max
@@ -75,7 +74,7 @@ class HyperConnection(nn.Module):
         self.reset_parameters()
 
     @torch.no_grad()
-    def reset_parameters(self, std: float = 0.02) -> None:  # noqa: ARG002 - the dynamic weights start at 0
+    def reset_parameters(self, std: float = 0.02) -> None:
         self.static_pre.zero_()
         self.static_pre[self.index % self.n] = 1.0
         self.static_res.copy_(torch.eye(self.n))

@@ -11,9 +11,15 @@
 
 from normlab._lazy import lazy_exports
 
-__getattr__ = lazy_exports(__name__, {
-    "recommend": "normlab.recommend.stages", "read_user_model": "normlab.recommend.shape",
-    "UserModel": "normlab.recommend.shape", "settings_for": "normlab.recommend.frameworks",
-}, globals())
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "recommend": "normlab.recommend.stages",
+        "read_user_model": "normlab.recommend.shape",
+        "UserModel": "normlab.recommend.shape",
+        "settings_for": "normlab.recommend.frameworks",
+    },
+    globals(),
+)
 
 __all__ = ["UserModel", "read_user_model", "recommend", "settings_for"]

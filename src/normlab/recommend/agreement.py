@@ -34,22 +34,78 @@ class Verdict:
 
 
 VERDICTS: tuple[Verdict, ...] = (
-    Verdict("peri", "pre", "fp16", "stress-kim-fp16", "Pre-LN diverged on 4/5 seeds (MLP residual add, blocks 10-11), "
-            "Peri-LN 0/5 with its largest activation at 106", "lr 0.1, fp16 storage, 12 layers", (0.1,)),
-    Verdict("peri", "post", "fp16", "stress-kim-fp16", "Post-LN stalled at the unigram loss on 3/5 seeds, Peri-LN 0/5",
-            "lr 0.1, fp16 storage, 12 layers", (0.1,)),
-    Verdict("peri", "hybrid", "fp16", "stress-kim-fp16", "HybridNorm stalled on 3/5 seeds (largest activation 31,024), "
-            "Peri-LN 0/5", "lr 0.1, fp16 storage, 12 layers", (0.1,)),
-    Verdict("peri", "pre", "bf16", "kim-lr", "Peri-LN's loss was lowest at every learning rate",
-            "lr 3e-4 ... 3e-2, float32, 6 layers", (3e-4, 1e-3, 3e-3, 1e-2, 3e-2)),
-    Verdict("pre", "post", "bf16", "kim-lr", "Post-LN stalled at the unigram loss at lr 1e-2 and 3e-2",
-            "lr 3e-4 ... 3e-2, float32, 6 layers", (1e-2, 3e-2)),
-    Verdict("pre-gate", "pre", "bf16", "gate-lr", "the gate lowered the loss at every lr; LR sensitivity 0.041 vs 0.125",
-            "lr 3e-3 ... 3e-2, float32, 6 layers", (3e-3, 1e-2, 3e-2)),
-    Verdict("hybrid", "pre", "bf16", "zhuo-placement", "HybridNorm 2.188 vs Pre-Norm 2.235 (2 seeds, the paper's inits)",
-            "lr 3e-3 only, float32, 6 layers", (3e-3,)),
-    Verdict("pre", "pre-dyt", "any", "dyt-lr", "DyT at every site stalled at the unigram loss at every lr and alpha0",
-            "lr 3e-3 ... 3e-2, float32, 6 layers", (3e-3, 1e-2, 3e-2)),
+    Verdict(
+        "peri",
+        "pre",
+        "fp16",
+        "stress-kim-fp16",
+        "Pre-LN diverged on 4/5 seeds (MLP residual add, blocks 10-11), Peri-LN 0/5 with its largest activation at 106",
+        "lr 0.1, fp16 storage, 12 layers",
+        (0.1,),
+    ),
+    Verdict(
+        "peri",
+        "post",
+        "fp16",
+        "stress-kim-fp16",
+        "Post-LN stalled at the unigram loss on 3/5 seeds, Peri-LN 0/5",
+        "lr 0.1, fp16 storage, 12 layers",
+        (0.1,),
+    ),
+    Verdict(
+        "peri",
+        "hybrid",
+        "fp16",
+        "stress-kim-fp16",
+        "HybridNorm stalled on 3/5 seeds (largest activation 31,024), Peri-LN 0/5",
+        "lr 0.1, fp16 storage, 12 layers",
+        (0.1,),
+    ),
+    Verdict(
+        "peri",
+        "pre",
+        "bf16",
+        "kim-lr",
+        "Peri-LN's loss was lowest at every learning rate",
+        "lr 3e-4 ... 3e-2, float32, 6 layers",
+        (3e-4, 1e-3, 3e-3, 1e-2, 3e-2),
+    ),
+    Verdict(
+        "pre",
+        "post",
+        "bf16",
+        "kim-lr",
+        "Post-LN stalled at the unigram loss at lr 1e-2 and 3e-2",
+        "lr 3e-4 ... 3e-2, float32, 6 layers",
+        (1e-2, 3e-2),
+    ),
+    Verdict(
+        "pre-gate",
+        "pre",
+        "bf16",
+        "gate-lr",
+        "the gate lowered the loss at every lr; LR sensitivity 0.041 vs 0.125",
+        "lr 3e-3 ... 3e-2, float32, 6 layers",
+        (3e-3, 1e-2, 3e-2),
+    ),
+    Verdict(
+        "hybrid",
+        "pre",
+        "bf16",
+        "zhuo-placement",
+        "HybridNorm 2.188 vs Pre-Norm 2.235 (2 seeds, the paper's inits)",
+        "lr 3e-3 only, float32, 6 layers",
+        (3e-3,),
+    ),
+    Verdict(
+        "pre",
+        "pre-dyt",
+        "any",
+        "dyt-lr",
+        "DyT at every site stalled at the unigram loss at every lr and alpha0",
+        "lr 3e-3 ... 3e-2, float32, 6 layers",
+        (3e-3, 1e-2, 3e-2),
+    ),
 )
 
 
@@ -63,8 +119,11 @@ def cells(runs: pd.DataFrame) -> dict[str, dict[float, dict[str, Any]]]:
     for c in grid_cells(runs, ["layout", "lr", "seed"]).itertuples():
         finished = c.ok + c.stalled + c.diverged
         if finished:
-            out.setdefault(c.layout, {})[float(c.lr)] = {"runs": finished, "failed": c.diverged + c.stalled,
-                                                         "loss": c.final_loss_mean}
+            out.setdefault(c.layout, {})[float(c.lr)] = {
+                "runs": finished,
+                "failed": c.diverged + c.stalled,
+                "loss": c.final_loss_mean,
+            }
     return out
 
 
@@ -93,25 +152,32 @@ def at_setting(v: Verdict, by_lr: dict[str, dict[float, dict[str, Any]]]) -> tup
     a, b = by_lr.get(v.better, {}), by_lr.get(v.worse, {})
     shared = sorted(lr for lr in a if any(_same_lr(lr, x) for x in v.lrs) and lr in b)
     if not shared:
-        ran = "; ".join(f"{n} at lr {', '.join(f'{x:g}' for x in sorted(c)) or 'none'}" for n, c in ((v.better, a),
-                                                                                                     (v.worse, b)))
+        ran = "; ".join(
+            f"{n} at lr {', '.join(f'{x:g}' for x in sorted(c)) or 'none'}" for n, c in ((v.better, a), (v.worse, b))
+        )
         return None, f"not comparable: no run of both at the recipe's lr ({ran})"
     held = [_ahead(a[lr], b[lr]) for lr in shared]
     words = "; ".join(f"lr {lr:g}: {_cell_text(v.better, a[lr])} vs {_cell_text(v.worse, b[lr])}" for lr in shared)
     return all(held), words
 
 
-def check(ranks: dict[str, int], precision: str,
-          by_lr: dict[str, dict[float, dict[str, Any]]] | None = None) -> list[dict[str, Any]]:
+def check(
+    ranks: dict[str, int], precision: str, by_lr: dict[str, dict[float, dict[str, Any]]] | None = None
+) -> list[dict[str, Any]]:
     """Each recipe verdict whose two placements both have a rank (layout label -> rank): whether the
     ranking agrees, and (given `by_lr`, from `cells`) whether the verdict holds at the recipe's setting."""
     out = []
     for v in VERDICTS:
         if v.precision not in ("any", precision) or v.better not in ranks or v.worse not in ranks:
             continue
-        row = {"recipe": v.recipe, "claim": f"{v.better} ahead of {v.worse}", "evidence": v.evidence,
-               "setting": v.setting, "ranks": f"{v.better} #{ranks[v.better]}, {v.worse} #{ranks[v.worse]}",
-               "agrees": ranks[v.better] < ranks[v.worse]}
+        row = {
+            "recipe": v.recipe,
+            "claim": f"{v.better} ahead of {v.worse}",
+            "evidence": v.evidence,
+            "setting": v.setting,
+            "ranks": f"{v.better} #{ranks[v.better]}, {v.worse} #{ranks[v.worse]}",
+            "agrees": ranks[v.better] < ranks[v.worse],
+        }
         if by_lr is not None:
             row["agrees_at_setting"], row["at_setting"] = at_setting(v, by_lr)
         out.append(row)
@@ -127,7 +193,9 @@ def summary(checks: list[dict[str, Any]]) -> str:
     overlap = [c for c in checks if c.get("agrees_at_setting") is not None]
     if any("agrees_at_setting" in c for c in checks):
         held = sum(c["agrees_at_setting"] for c in overlap)
-        text += (f"; where the settings overlap (a learning rate the recipe measured, both placements run there) "
-                 f"{held} of {len(overlap)} hold" + (f", {len(checks) - len(overlap)} not comparable"
-                                                      if len(overlap) < len(checks) else ""))
+        text += (
+            f"; where the settings overlap (a learning rate the recipe measured, both placements run there) "
+            f"{held} of {len(overlap)} hold"
+            + (f", {len(checks) - len(overlap)} not comparable" if len(overlap) < len(checks) else "")
+        )
     return text + "."

@@ -76,13 +76,16 @@ def _norm_elements(cfg: ModelConfig, layout: str) -> int:
     for blk in lay.resolve(cfg.n_layers).blocks:
         inner = blk.attn_inner
         total += d * (blk.attn.n_norms + blk.mlp.n_norms) + cfg.ffn_dim * int(blk.mlp.hidden)
-        total += hd * (cfg.n_heads * (int(inner.q) + int(inner.context) + int(inner.gate))
-                       + cfg.kv_heads * (int(inner.k) + int(inner.v)))
+        total += hd * (
+            cfg.n_heads * (int(inner.q) + int(inner.context) + int(inner.gate))
+            + cfg.kv_heads * (int(inner.k) + int(inner.v))
+        )
     return total
 
 
-def step_work(cfg: ModelConfig, layout: str, tokens: int = CAL_BATCH * CAL_SEQ,
-              seq: int = CAL_SEQ) -> tuple[float, float]:
+def step_work(
+    cfg: ModelConfig, layout: str, tokens: int = CAL_BATCH * CAL_SEQ, seq: int = CAL_SEQ
+) -> tuple[float, float]:
     """(F, E) of one training step of `layout` at `cfg` on `tokens` tokens (module doc)."""
     flops = 6 * _matrix_weights(cfg, layout) + 12 * cfg.n_layers * cfg.n_heads * cfg.head_dim * seq
     return float(tokens * flops), float(tokens * _norm_elements(cfg, layout))
@@ -90,7 +93,7 @@ def step_work(cfg: ModelConfig, layout: str, tokens: int = CAL_BATCH * CAL_SEQ,
 
 def block_work(cfg: ModelConfig) -> float:
     """B: one block's forward FLOPs on the screen's tokens."""
-    per_layer = (_matrix_weights(cfg.with_(n_layers=1), "pre") - cfg.vocab_size * cfg.d_model)
+    per_layer = _matrix_weights(cfg.with_(n_layers=1), "pre") - cfg.vocab_size * cfg.d_model
     return float(SCREEN_TOKENS * (2 * per_layer + 4 * cfg.n_heads * cfg.head_dim * SCREEN_SEQ))
 
 
@@ -145,8 +148,9 @@ class Calibration:
         """This machine's step time over the reference VM's (> 1: slower)."""
         return self.step_seconds(REFERENCE_SHAPE, "peri") / REFERENCE_STEP_S
 
-    def run_seconds(self, cfg: ModelConfig, layout: str, steps: int, optimizer: str = "adamw",
-                    ns_steps: int = 5) -> float:
+    def run_seconds(
+        self, cfg: ModelConfig, layout: str, steps: int, optimizer: str = "adamw", ns_steps: int = 5
+    ) -> float:
         return RUN_OVERHEAD_S * self.speed + STEP_FACTOR * steps * self.step_seconds(cfg, layout, optimizer, ns_steps)
 
     def screen_seconds(self, cfg: ModelConfig) -> float:
@@ -157,8 +161,16 @@ class Calibration:
         return asdict(self)
 
 
-def fit(t_pre2: float, t_pre6: float, t_peri6: float, t_s1: float, t_s3: float, t_s1_wide: float,
-        seconds: float = 0.0, key: str = "") -> Calibration:
+def fit(
+    t_pre2: float,
+    t_pre6: float,
+    t_peri6: float,
+    t_s1: float,
+    t_s3: float,
+    t_s1_wide: float,
+    seconds: float = 0.0,
+    key: str = "",
+) -> Calibration:
     """The rates from the six timings (module doc), clamped at zero."""
     shape = REFERENCE_SHAPE
     f2, e2 = step_work(shape.with_(n_layers=2), "pre")
@@ -166,8 +178,12 @@ def fit(t_pre2: float, t_pre6: float, t_peri6: float, t_s1: float, t_s3: float, 
     fp, ep = step_work(shape.with_(n_layers=6), "peri")
     import numpy as np
 
-    c0, c_flop, c_norm = (max(0.0, float(x)) for x in np.linalg.solve(
-        np.array([[1.0, f2, e2], [1.0, f6, e6], [1.0, fp, ep]]), np.array([t_pre2, t_pre6, t_peri6])))
+    c0, c_flop, c_norm = (
+        max(0.0, float(x))
+        for x in np.linalg.solve(
+            np.array([[1.0, f2, e2], [1.0, f6, e6], [1.0, fp, ep]]), np.array([t_pre2, t_pre6, t_peri6])
+        )
+    )
     narrow, wide = _screen_shape(64, 1), _screen_shape(256, 1)
     per_layer = max(0.0, (t_s3 - t_s1) / 2)
     s_flop = max(0.0, (t_s1_wide - t_s1) / (block_work(wide) - block_work(narrow)))
@@ -188,12 +204,27 @@ def machine_key(threads: int = 1) -> str:
 
     cpu = ""
     try:
-        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith("model name")), "")
+        cpu = next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            "",
+        )
     except OSError:
         pass
-    text = json.dumps([platform.node(), platform.machine(), cpu or platform.processor(), os.cpu_count(),
-                       torch.__version__, threads, CALIBRATION_VERSION])
+    text = json.dumps(
+        [
+            platform.node(),
+            platform.machine(),
+            cpu or platform.processor(),
+            os.cpu_count(),
+            torch.__version__,
+            threads,
+            CALIBRATION_VERSION,
+        ]
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -239,6 +270,7 @@ def measure(threads: int = 1) -> Calibration:
                 model(tokens[:, :-1], targets=tokens[:, 1:]).loss.backward()
                 opt.step()
                 opt.zero_grad(set_to_none=True)
+
             return _fastest(one, 3)
 
         def screen_of(width: int, n_layers: int) -> float:
@@ -246,8 +278,14 @@ def measure(threads: int = 1) -> Calibration:
             cfg = ScreenConfig(size="nano", model=shape, stresses=(1.0, 8.0))
             return _fastest(lambda: screen_layout("pre", cfg), 1)
 
-        timings = (step_of("pre", 2), step_of("pre", 6), step_of("peri", 6),
-                   screen_of(64, 1), screen_of(64, 3), screen_of(256, 1))
+        timings = (
+            step_of("pre", 2),
+            step_of("pre", 6),
+            step_of("peri", 6),
+            screen_of(64, 1),
+            screen_of(64, 3),
+            screen_of(256, 1),
+        )
     finally:
         torch.set_num_threads(saved)
     return fit(*timings, seconds=time.perf_counter() - started, key=machine_key(threads))

@@ -22,14 +22,19 @@ goes through normlab's exact adapters (`normlab.hf.archs`). Nothing here imports
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 from normlab.layout import PRESETS, as_layout
 from normlab.model.config import ModelConfig
 
 # the releases the snippets are written for and tested against (`make test-frameworks`)
-PINS: dict[str, str] = {"OLMo-core": "ai2-olmo-core==3.0.0", "torchtitan": "torchtitan==0.3.0", "litgpt": "litgpt==0.5.13"}
+PINS: dict[str, str] = {
+    "OLMo-core": "ai2-olmo-core==3.0.0",
+    "torchtitan": "torchtitan==0.3.0",
+    "litgpt": "litgpt==0.5.13",
+}
 
 
 @dataclass(frozen=True)
@@ -50,9 +55,11 @@ def _num(x: float) -> str:
 
 def _header(framework: str, layout: str, cfg: ModelConfig, problems: list[str]) -> list[str]:
     preset = PRESETS.get(layout)
-    lines = [f'# normlab layout "{layout}"' + (f": {preset.equation}" if preset else ""),
-             f"# in {PINS[framework].replace('==', ' ')} (pip install {PINS[framework]}); the function only: "
-             "initialize and train it as that library does"]
+    lines = [
+        f'# normlab layout "{layout}"' + (f": {preset.equation}" if preset else ""),
+        f"# in {PINS[framework].replace('==', ' ')} (pip install {PINS[framework]}); the function only: "
+        "initialize and train it as that library does",
+    ]
     if problems:
         lines.append(f"# NOT stated here ({framework} has no setting for it): {'; '.join(problems)}")
     return lines
@@ -69,8 +76,12 @@ def _common_problems(cfg: ModelConfig) -> list[str]:
 
 # --- litgpt ---------------------------------------------------------------------------------------
 
-_LITGPT_MLP = {"swiglu": ("LLaMAMLP", "none"), "geglu-tanh": ("GemmaMLP", "tanh"),
-               "gelu": ("GptNeoxMLP", "none"), "gelu-tanh": ("GptNeoxMLP", "tanh")}
+_LITGPT_MLP = {
+    "swiglu": ("LLaMAMLP", "none"),
+    "geglu-tanh": ("GemmaMLP", "tanh"),
+    "gelu": ("GptNeoxMLP", "none"),
+    "gelu-tanh": ("GptNeoxMLP", "tanh"),
+}
 
 
 def _litgpt_problems(cfg: ModelConfig) -> list[str]:
@@ -88,9 +99,13 @@ def _litgpt(layout: str, opts: dict[str, Any], cfg: ModelConfig) -> str:
     windows = [0 if cfg.window_of(i) is None else 1 for i in range(cfg.n_layers)]
     local = cfg.sliding_window is not None and cfg.rope_local_theta is not None
     fields = [
-        ("name", repr(f"Gemma-normlab-{layout}" if gemma else f"normlab-{layout}"),
-         "contains 'Gemma': every RMSNorm gain is 1 + w" if gemma
-         else "a name with 'Gemma' in it would make every RMSNorm gain 1 + w"),
+        (
+            "name",
+            repr(f"Gemma-normlab-{layout}" if gemma else f"normlab-{layout}"),
+            "contains 'Gemma': every RMSNorm gain is 1 + w"
+            if gemma
+            else "a name with 'Gemma' in it would make every RMSNorm gain 1 + w",
+        ),
         ("block_size", cfg.max_seq_len, None),
         ("vocab_size", cfg.vocab_size, None),
         ("padded_vocab_size", cfg.vocab_size, "else padded to a multiple of 512"),
@@ -114,15 +129,21 @@ def _litgpt(layout: str, opts: dict[str, Any], cfg: ModelConfig) -> str:
         ("post_attention_norm", opts.get("post_attention_norm", False), "RMSNorm on the attention's output"),
         ("post_mlp_norm", opts.get("post_mlp_norm", False), "RMSNorm on the MLP's output"),
         ("norm_qk", opts.get("norm_qk", False), None),
-        ("norm_qk_type", repr(opts.get("norm_qk_type", "default")),
-         "'default': per head (head_size wide); 'olmo2': over all heads"),
+        (
+            "norm_qk_type",
+            repr(opts.get("norm_qk_type", "default")),
+            "'default': per head (head_size wide); 'olmo2': over all heads",
+        ),
         ("scale_embeddings", opts.get("scale_embeddings", False), "embeddings times sqrt(n_embd)"),
         ("rotary_percentage", 1.0, "default 0.25: RoPE on a quarter of each head"),
         ("rope_base", _num(cfg.rope_theta), None),
         ("rope_condense_ratio", 1, None),
         ("rope_interleave", False, "rotate-half pairs, as normlab"),
-        ("attention_scores_scalar", None if cfg.attn_scale is None or not float(cfg.attn_scale).is_integer()
-                                    else int(cfg.attn_scale), "None: head_size"),
+        (
+            "attention_scores_scalar",
+            None if cfg.attn_scale is None or not float(cfg.attn_scale).is_integer() else int(cfg.attn_scale),
+            "None: head_size",
+        ),
         ("attention_logit_softcapping", cfg.attn_softcap, None),
         ("final_logit_softcapping", cfg.logit_softcap, None),
         ("sliding_window_size", cfg.sliding_window, None),
@@ -135,25 +156,44 @@ def _litgpt(layout: str, opts: dict[str, Any], cfg: ModelConfig) -> str:
     lines += [f"    {k}={v},{f'  # {c}' if c else ''}" for k, v, c in fields]
     lines += [")", "model = GPT(config)"]
     if gemma:
-        lines += ["# litgpt initializes w at 1 (a gain of 2); normlab's 1 + w starts at w = 0",
-                  "for m in model.modules():",
-                  "    if type(m).__name__ == 'RMSNorm':",
-                  "        m.weight.data.zero_()"]
+        lines += [
+            "# litgpt initializes w at 1 (a gain of 2); normlab's 1 + w starts at w = 0",
+            "for m in model.modules():",
+            "    if type(m).__name__ == 'RMSNorm':",
+            "        m.weight.data.zero_()",
+        ]
     if cfg.tie_embeddings:
         lines += ["model.lm_head.weight = model.transformer.wte.weight  # tied (litgpt's Config has no such field)"]
     return "\n".join(lines) + "\n"
 
 
-LITGPT = Framework("litgpt", {
-    "pre": {},
-    "peri-noemb": {"post_attention_norm": True, "post_mlp_norm": True},
-    "gemma2": {"post_attention_norm": True, "post_mlp_norm": True, "scale_embeddings": True},
-    "gemma3": {"post_attention_norm": True, "post_mlp_norm": True, "scale_embeddings": True, "norm_qk": True,
-               "norm_qk_type": "default", "unit_offset": True},
-    "qwen3": {"norm_qk": True, "norm_qk_type": "default"},
-    "olmo2": {"norm_1": False, "norm_2": False, "post_attention_norm": True, "post_mlp_norm": True,
-              "norm_qk": True, "norm_qk_type": "olmo2"},
-}, _litgpt_problems, _litgpt)
+LITGPT = Framework(
+    "litgpt",
+    {
+        "pre": {},
+        "peri-noemb": {"post_attention_norm": True, "post_mlp_norm": True},
+        "gemma2": {"post_attention_norm": True, "post_mlp_norm": True, "scale_embeddings": True},
+        "gemma3": {
+            "post_attention_norm": True,
+            "post_mlp_norm": True,
+            "scale_embeddings": True,
+            "norm_qk": True,
+            "norm_qk_type": "default",
+            "unit_offset": True,
+        },
+        "qwen3": {"norm_qk": True, "norm_qk_type": "default"},
+        "olmo2": {
+            "norm_1": False,
+            "norm_2": False,
+            "post_attention_norm": True,
+            "post_mlp_norm": True,
+            "norm_qk": True,
+            "norm_qk_type": "olmo2",
+        },
+    },
+    _litgpt_problems,
+    _litgpt,
+)
 
 
 # --- OLMo-core ------------------------------------------------------------------------------------
@@ -175,8 +215,11 @@ def _olmo_problems(cfg: ModelConfig) -> list[str]:
 
 def _olmo_core(layout: str, opts: dict[str, Any], cfg: ModelConfig) -> str:
     layer = opts.get("norm", "rms") == "layer"
-    norm = (f"LayerNormConfig(name=LayerNormType.default, eps={cfg.norm_eps!r}, bias={cfg.norm_bias})" if layer
-            else f"LayerNormConfig(name=LayerNormType.rms, eps={cfg.norm_eps!r}, bias=False)")
+    norm = (
+        f"LayerNormConfig(name=LayerNormType.default, eps={cfg.norm_eps!r}, bias={cfg.norm_bias})"
+        if layer
+        else f"LayerNormConfig(name=LayerNormType.rms, eps={cfg.norm_eps!r}, bias=False)"
+    )
     qk = opts.get("qk")  # None, "head" or "full"
     lines = _header("OLMo-core", layout, cfg, _olmo_problems(cfg))
     lines += [
@@ -187,8 +230,11 @@ def _olmo_core(layout: str, opts: dict[str, Any], cfg: ModelConfig) -> str:
         "from olmo_core.nn.rope import RoPEConfig, RoPEType",
         "from olmo_core.nn.transformer import TransformerBlockConfig, TransformerBlockType, TransformerConfig",
         "",
-        ("# LayerNorm (with its bias where normlab's has one)" if layer else
-         "# RMSNorm without a bias: LayerNormConfig's defaults (bias=True, eps=1e-5) are another function"),
+        (
+            "# LayerNorm (with its bias where normlab's has one)"
+            if layer
+            else "# RMSNorm without a bias: LayerNormConfig's defaults (bias=True, eps=1e-5) are another function"
+        ),
         f"norm = {norm}",
         "config = TransformerConfig(",
         f"    d_model={cfg.d_model},",
@@ -205,8 +251,11 @@ def _olmo_core(layout: str, opts: dict[str, Any], cfg: ModelConfig) -> str:
         "  # theta's default is 500,000",
         f"            qk_norm={'norm' if qk else 'None'},",
         f"            use_head_qk_norm={qk == 'head'},  # True: per head; False: over all heads",
-        ("            gate=GateConfig(granularity=GateGranularity.elementwise, full_precision=True),"
-         if opts.get("gate") else "            gate=None,"),
+        (
+            "            gate=GateConfig(granularity=GateGranularity.elementwise, full_precision=True),"
+            if opts.get("gate")
+            else "            gate=None,"
+        ),
         "        ),",
         f"        feed_forward=FeedForwardConfig(hidden_size={cfg.ffn_dim}, bias={cfg.linear_bias}, "
         f"activation=ActivationFunction.{_OLMO_ACT.get(cfg.mlp, 'silu')}),",
@@ -222,21 +271,27 @@ def _olmo_core(layout: str, opts: dict[str, Any], cfg: ModelConfig) -> str:
     return "\n".join(lines) + "\n"
 
 
-OLMO_CORE = Framework("OLMo-core", {
-    "pre": {"block": "default"},
-    "pre-lns": {"block": "default_scaled"},
-    "qwen3": {"block": "default", "qk": "head"},
-    "pre-gate": {"block": "default", "gate": True},
-    "olmo2": {"block": "reordered_norm", "qk": "full"},
-    "b": {"block": "reordered_norm", "embedding_norm": True},
-    "peri": {"block": "peri_norm", "embedding_norm": True},
-    "peri-noemb": {"block": "peri_norm"},
-    "peri+qk": {"block": "peri_norm", "embedding_norm": True, "qk": "head", "norm": "layer"},
-    "gemma2": {"block": "peri_norm", "embed_scale": True},
-}, _olmo_problems, _olmo_core)
+OLMO_CORE = Framework(
+    "OLMo-core",
+    {
+        "pre": {"block": "default"},
+        "pre-lns": {"block": "default_scaled"},
+        "qwen3": {"block": "default", "qk": "head"},
+        "pre-gate": {"block": "default", "gate": True},
+        "olmo2": {"block": "reordered_norm", "qk": "full"},
+        "b": {"block": "reordered_norm", "embedding_norm": True},
+        "peri": {"block": "peri_norm", "embedding_norm": True},
+        "peri-noemb": {"block": "peri_norm"},
+        "peri+qk": {"block": "peri_norm", "embedding_norm": True, "qk": "head", "norm": "layer"},
+        "gemma2": {"block": "peri_norm", "embed_scale": True},
+    },
+    _olmo_problems,
+    _olmo_core,
+)
 
 
 # --- torchtitan -----------------------------------------------------------------------------------
+
 
 def _titan_problems(cfg: ModelConfig) -> list[str]:
     problems = _common_problems(cfg)
@@ -301,16 +356,32 @@ def _torchtitan(layout: str, opts: dict[str, Any], cfg: ModelConfig) -> str:
     return "\n".join(lines) + "\n"
 
 
-TORCHTITAN = Framework("torchtitan", {
-    "pre": {"model": "Llama3Model"},
-    "qwen3": {"model": "Qwen3Model", "qk": True},
-}, _titan_problems, _torchtitan)
+TORCHTITAN = Framework(
+    "torchtitan",
+    {
+        "pre": {"model": "Llama3Model"},
+        "qwen3": {"model": "Qwen3Model", "qk": True},
+    },
+    _titan_problems,
+    _torchtitan,
+)
 
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (OLMO_CORE, TORCHTITAN, LITGPT)}
 
 
 # the layout settings besides its norm sites that change what a block computes
-_SETTINGS = ("norm", "gain", "h", "h_learned", "ln_scaling", "alpha", "embed_scale", "inner_span", "qk_after_rope", "init")
+_SETTINGS = (
+    "norm",
+    "gain",
+    "h",
+    "h_learned",
+    "ln_scaling",
+    "alpha",
+    "embed_scale",
+    "inner_span",
+    "qk_after_rope",
+    "init",
+)
 
 
 def _canonical(layout: str) -> str:
@@ -349,8 +420,10 @@ def _nearest(layout: str, table: dict[str, Any]) -> str:
 
 # placement (a preset) -> the code bases that compute it (init aside); a placement absent is not expressible there
 PLACEMENTS: dict[str, tuple[str, ...]] = {
-    name: fws for name in PRESETS
-    if (fws := tuple(f.name for f in FRAMEWORKS.values() if _match(name, f.placements) is not None))}
+    name: fws
+    for name in PRESETS
+    if (fws := tuple(f.name for f in FRAMEWORKS.values() if _match(name, f.placements) is not None))
+}
 
 
 def placement(framework: str, layout: str) -> str | None:
@@ -376,24 +449,35 @@ def _entry(layout: str, fw: Framework, config: ModelConfig) -> dict[str, Any]:
     if code is not None:
         problems = fw.problems(config)
         said = f" (your model's options it cannot state: {'; '.join(problems)})" if problems else ""
-        return {"expressible": True, "code": code,
-                "settings": f"{PINS[fw.name]}{said}; builds it with:\n\n```python\n{code}```"}
-    return {"expressible": False, "code": None,
-            "settings": f"none of {fw.name}'s settings gives {layout}; nearest: {_nearest(layout, fw.placements)}. "
-                        "It needs its block's forward changed (the equation in `normlab layouts`)."}
+        return {
+            "expressible": True,
+            "code": code,
+            "settings": f"{PINS[fw.name]}{said}; builds it with:\n\n```python\n{code}```",
+        }
+    return {
+        "expressible": False,
+        "code": None,
+        "settings": f"none of {fw.name}'s settings gives {layout}; nearest: {_nearest(layout, fw.placements)}. "
+        "It needs its block's forward changed (the equation in `normlab layouts`).",
+    }
 
 
 def _transformers(layout: str, config: ModelConfig) -> dict[str, Any]:
     from normlab.hf.archs import BY_NAME
 
     exact = {name: a for name, a in BY_NAME.items() if a.exports and _canonical(a.preset) == _canonical(layout)}
-    via_normlab = ("`normlab export RUN OUT --arch normlab` writes normlab's own class for any placement "
-                   "(AutoModelForCausalLM with trust_remote_code=True)")
+    via_normlab = (
+        "`normlab export RUN OUT --arch normlab` writes normlab's own class for any placement "
+        "(AutoModelForCausalLM with trust_remote_code=True)"
+    )
     if not exact:
         presets = {a.preset: n for n, a in BY_NAME.items() if a.exports}
-        return {"expressible": False, "code": None,
-                "settings": f"no transformers class computes {layout}; nearest: {_nearest(layout, presets)}. "
-                            + via_normlab}
+        return {
+            "expressible": False,
+            "code": None,
+            "settings": f"no transformers class computes {layout}; nearest: {_nearest(layout, presets)}. "
+            + via_normlab,
+        }
     problems = {name: a.model_problems(config) for name, a in exact.items()}
     clean = [name for name, p in problems.items() if not p] or list(exact)[:1]  # else the first, with what differs
     lines = []
@@ -411,8 +495,11 @@ def settings_for(layout: str, config: ModelConfig) -> dict[str, dict[str, Any]]:
     preset = next((name for name, p in PRESETS.items() if p.layout.to_string() == string), None)
     toml = f'layout = "{preset or string}"'
     return {
-        "normlab": {"expressible": True, "code": None,
-                    "settings": f"--layout {preset or repr(string)} (string form {string}); in a TOML: {toml}"},
+        "normlab": {
+            "expressible": True,
+            "code": None,
+            "settings": f"--layout {preset or repr(string)} (string form {string}); in a TOML: {toml}",
+        },
         "transformers": _transformers(layout, config),
         **{name: _entry(layout, fw, config) for name, fw in FRAMEWORKS.items()},
     }

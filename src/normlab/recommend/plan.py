@@ -148,8 +148,18 @@ def verify_widths(user: ModelConfig) -> list[int]:
     return [PROXY_WIDTH * 2**i for i in range(1, 12) if PROXY_WIDTH * 2**i <= user.d_model]
 
 
-def verify_seconds(names: list[str], user: ModelConfig, cal: Calibration, workers: int, depth: int, steps: int,
-                   k: int, width: int, optimizer: str = "adamw", ns_steps: int = 5) -> float:
+def verify_seconds(
+    names: list[str],
+    user: ModelConfig,
+    cal: Calibration,
+    workers: int,
+    depth: int,
+    steps: int,
+    k: int,
+    width: int,
+    optimizer: str = "adamw",
+    ns_steps: int = 5,
+) -> float:
     """The verify stage's round: the `k` dearest of `names` at `width`, dealt to the workers, and its overhead."""
     from normlab.recommend.shape import proxy_shape
 
@@ -158,8 +168,17 @@ def verify_seconds(names: list[str], user: ModelConfig, cal: Calibration, worker
     return makespan(runs, workers) + ROUND_OVERHEAD_S * cal.speed
 
 
-def verify_plan(names: list[str], user: ModelConfig, cal: Calibration, room_s: float, workers: int, depth: int,
-                steps: int, optimizer: str = "adamw", ns_steps: int = 5) -> tuple[dict[str, Any] | None, str, float]:
+def verify_plan(
+    names: list[str],
+    user: ModelConfig,
+    cal: Calibration,
+    room_s: float,
+    workers: int,
+    depth: int,
+    steps: int,
+    optimizer: str = "adamw",
+    ns_steps: int = 5,
+) -> tuple[dict[str, Any] | None, str, float]:
     """The verify stage within `room_s` seconds, for the best of `names` (priced at the dearest of them):
     the widest width where 2 runs fit, then k grown while it fits there. (stage, "", its seconds), or
     (None, why not, the seconds 2 runs at the first width would need: inf where none can be bought)."""
@@ -167,8 +186,14 @@ def verify_plan(names: list[str], user: ModelConfig, cal: Calibration, room_s: f
     if len(names) < 2:
         return None, f"--verify needs 2 candidates trained; this recommendation has {len(names)}", math.inf
     if not widths:
-        return None, (f"--verify: your model (d {user.d_model}) is no wider than the proxies; there is no wider width "
-                      "to verify at"), math.inf
+        return (
+            None,
+            (
+                f"--verify: your model (d {user.d_model}) is no wider than the proxies; there is no wider width "
+                "to verify at"
+            ),
+            math.inf,
+        )
 
     def cost(k: int, w: int) -> float:
         return verify_seconds(names, user, cal, workers, depth, steps, k, w, optimizer, ns_steps)
@@ -183,10 +208,24 @@ def verify_plan(names: list[str], user: ModelConfig, cal: Calibration, room_s: f
     return {"k": k, "width": w, "depth": depth, "steps": steps, "predicted_s": cost(k, w)}, "", cost(k, w)
 
 
-def make_plan(candidates: list[str], current: str | None, user: ModelConfig, cal: Calibration, budget_s: float,
-              workers: int, steps: int, stress_lr: float = 0.1, seed0: int = 0, lrs: tuple[float, ...] = (),
-              seeds: tuple[int, ...] = (), depth: int | None = None, steps_fixed: bool = False,
-              optimizer: str = "adamw", ns_steps: int = 5, verify: bool = False) -> Plan:
+def make_plan(
+    candidates: list[str],
+    current: str | None,
+    user: ModelConfig,
+    cal: Calibration,
+    budget_s: float,
+    workers: int,
+    steps: int,
+    stress_lr: float = 0.1,
+    seed0: int = 0,
+    lrs: tuple[float, ...] = (),
+    seeds: tuple[int, ...] = (),
+    depth: int | None = None,
+    steps_fixed: bool = False,
+    optimizer: str = "adamw",
+    ns_steps: int = 5,
+    verify: bool = False,
+) -> Plan:
     """The plan (module doc) for `candidates` (the current placement among them) on `user`'s shape, its
     proxies trained with `optimizer` (Muon's Newton-Schulz steps counted), with a verify stage if asked."""
     from normlab.recommend.shape import proxy_shape, screen_shape
@@ -205,8 +244,9 @@ def make_plan(candidates: list[str], current: str | None, user: ModelConfig, cal
 
     def run_s(name: str, d: int, n_steps: int) -> float:
         if (name, d, n_steps) not in run_cache:
-            run_cache[name, d, n_steps] = cal.run_seconds(ModelConfig(**proxy_shape(user, d)), name, n_steps,
-                                                          optimizer, ns_steps)
+            run_cache[name, d, n_steps] = cal.run_seconds(
+                ModelConfig(**proxy_shape(user, d)), name, n_steps, optimizer, ns_steps
+            )
         return run_cache[name, d, n_steps]
 
     def screen_s(w: int) -> float:
@@ -219,17 +259,32 @@ def make_plan(candidates: list[str], current: str | None, user: ModelConfig, cal
         return len(seeds) if seeds else s.n_seeds
 
     def stages(s: _State) -> dict[str, float]:
-        runs = [run_s(n, s.depth, s.steps) for n in order[:s.n]]
-        dear = sorted(runs)[-s.finalists:] if s.finalists else []
+        runs = [run_s(n, s.depth, s.steps) for n in order[: s.n]]
+        dear = sorted(runs)[-s.finalists :] if s.finalists else []
         per = n_lr_of(s) * n_seed_of(s) - 1
+
         def round_s(seconds: list[float]) -> float:
             return makespan(seconds, workers) + ROUND_OVERHEAD_S * speed if seconds else 0.0
 
-        out = {"screen": s.n * screen_s(s.width), "stress": round_s(runs), "final": round_s(dear * per),
-               "extend": round_s(dear * n_seed_of(s)) if s.extend else 0.0}
+        out = {
+            "screen": s.n * screen_s(s.width),
+            "stress": round_s(runs),
+            "final": round_s(dear * per),
+            "extend": round_s(dear * n_seed_of(s)) if s.extend else 0.0,
+        }
         if vstage:
-            out["verify"] = verify_seconds(order[:s.n], user, cal, workers, s.depth, s.steps,
-                                           min(vstage["k"], s.n), vstage["width"], optimizer, ns_steps)
+            out["verify"] = verify_seconds(
+                order[: s.n],
+                user,
+                cal,
+                workers,
+                s.depth,
+                s.steps,
+                min(vstage["k"], s.n),
+                vstage["width"],
+                optimizer,
+                ns_steps,
+            )
         return out
 
     def fits(s: _State) -> bool:
@@ -237,9 +292,20 @@ def make_plan(candidates: list[str], current: str | None, user: ModelConfig, cal
 
     # the smallest answers, largest first: the standard proxy, then shallower, then shorter ones
     short = [steps] if steps_fixed else [steps, max(1, steps * 2 // 3)]
-    floors = [_State(n=min(MIN_CANDIDATES, len(order)), depth=d, steps=st, finalists=0, n_lrs=2, n_seeds=1,
-                     extend=False, width=widths[0])
-              for st in short for d in sorted((d for d in depths if d <= standard), reverse=True)]
+    floors = [
+        _State(
+            n=min(MIN_CANDIDATES, len(order)),
+            depth=d,
+            steps=st,
+            finalists=0,
+            n_lrs=2,
+            n_seeds=1,
+            extend=False,
+            width=widths[0],
+        )
+        for st in short
+        for d in sorted((d for d in depths if d <= standard), reverse=True)
+    ]
     state = next((f for f in floors if fits(f)), None)
     if state is None:
         least = floors[-1]
@@ -254,18 +320,22 @@ def make_plan(candidates: list[str], current: str | None, user: ModelConfig, cal
             f"--budget {budget_s / 60:g} min cannot hold the smallest answer ({least.n} candidates screened at your "
             f"depth {user.n_layers} and trained once at {least.depth} layers, {least.steps} steps: about {need:.1f} min "
             f"on this machine, {stages(least)['screen'] / 60:.1f} of them the screen); give " + ", or ".join(more),
-            minutes)
+            minutes,
+        )
 
     note = ""
     if verify:
         floor_s = sum(stages(state).values())
         room = min(VERIFY_SHARE * (usable - floor_s), usable - floor_s) if floor_s < usable else 0.0
-        vstage, why, need_s = verify_plan(order[:state.n], user, cal, room, workers, state.depth, state.steps,
-                                          optimizer, ns_steps)
+        vstage, why, need_s = verify_plan(
+            order[: state.n], user, cal, room, workers, state.depth, state.steps, optimizer, ns_steps
+        )
         if vstage is None and math.isfinite(need_s):  # too dear: the least budget that buys 2 runs at the first width
             minutes = math.ceil(((floor_s + need_s / VERIFY_SHARE) / FILL + reserve) / 60)
-            note = (f"--verify: this budget buys no verify stage (2 runs at width {verify_widths(user)[0]} need about "
-                    f"{need_s / 60:.1f} min more); recommending without it; --budget {minutes} or more buys it")
+            note = (
+                f"--verify: this budget buys no verify stage (2 runs at width {verify_widths(user)[0]} need about "
+                f"{need_s / 60:.1f} min more); recommending without it; --budget {minutes} or more buys it"
+            )
         elif vstage is None:
             note = why
         if vstage:  # the verify stage's k and width stay; its cost follows the proxy's depth and steps
@@ -329,12 +399,33 @@ def make_plan(candidates: list[str], current: str | None, user: ModelConfig, cal
     predicted["reserves"] = reserve
     predicted["total"] = sum(predicted.values())
     if vstage:
-        vstage = {**vstage, "k": min(vstage["k"], state.n), "depth": state.depth, "steps": state.steps,
-                  "seed": seed0, "predicted_s": predicted["verify"]}
-    plan = Plan(order=order, screened=order[:state.n], screen_width=state.width, depth=state.depth,
-                steps=state.steps, stress_lr=stress_lr, seed0=seed0, finalists=state.finalists, lrs=chosen_lrs,
-                seeds=chosen_seeds, extend=state.extend, predicted=predicted, budget_s=budget_s, workers=workers,
-                optimizer=optimizer, verify=vstage, verify_note=note)
+        vstage = {
+            **vstage,
+            "k": min(vstage["k"], state.n),
+            "depth": state.depth,
+            "steps": state.steps,
+            "seed": seed0,
+            "predicted_s": predicted["verify"],
+        }
+    plan = Plan(
+        order=order,
+        screened=order[: state.n],
+        screen_width=state.width,
+        depth=state.depth,
+        steps=state.steps,
+        stress_lr=stress_lr,
+        seed0=seed0,
+        finalists=state.finalists,
+        lrs=chosen_lrs,
+        seeds=chosen_seeds,
+        extend=state.extend,
+        predicted=predicted,
+        budget_s=budget_s,
+        workers=workers,
+        optimizer=optimizer,
+        verify=vstage,
+        verify_note=note,
+    )
     plan.cut = _cuts(plan, user, bool(lrs), bool(seeds), depth is not None, steps)
     return plan
 
@@ -348,11 +439,16 @@ def _fitting_widths(user: ModelConfig, widths: list[int]) -> list[int]:
     resolved = as_layout("peri").resolve(user.n_layers)
     size = {w: 8 * analytic_params(ModelConfig(**screen_shape(user, w, 64)), resolved).total for w in widths[:1]}
     if size[widths[0]] > SCREEN_MEMORY:
-        raise ConfigError(f"the screen's model at your depth {user.n_layers} needs {size[widths[0]] / 2**30:.1f} GiB even "
-                          f"at width {widths[0]} (at most {SCREEN_MEMORY / 2**30:.0f} GiB): a model this deep or this "
-                          f"wide (FFN {user.ffn_dim}) is beyond what recommend screens on this machine")
-    return [w for w in widths if 8 * analytic_params(ModelConfig(**screen_shape(user, w, 64)), resolved).total
-            <= SCREEN_MEMORY]
+        raise ConfigError(
+            f"the screen's model at your depth {user.n_layers} needs {size[widths[0]] / 2**30:.1f} GiB even "
+            f"at width {widths[0]} (at most {SCREEN_MEMORY / 2**30:.0f} GiB): a model this deep or this "
+            f"wide (FFN {user.ffn_dim}) is beyond what recommend screens on this machine"
+        )
+    return [
+        w
+        for w in widths
+        if 8 * analytic_params(ModelConfig(**screen_shape(user, w, 64)), resolved).total <= SCREEN_MEMORY
+    ]
 
 
 def _check_proxy_memory(user: ModelConfig, depth: int, workers: int) -> None:
@@ -371,10 +467,12 @@ def _check_proxy_memory(user: ModelConfig, depth: int, workers: int) -> None:
         return
     need = 32 * params * workers
     if need > ram:
-        raise ConfigError(f"the proxies of your model ({params / 1e6:,.0f}M parameters at width 64: FFN {user.ffn_dim} "
-                          f"is {user.ffn_dim / user.d_model:,.0f}x your width {user.d_model}) need about "
-                          f"{need / 2**30:.0f} GiB for {workers} run(s) side by side; this machine has "
-                          f"{ram / 2**30:.0f} GiB")
+        raise ConfigError(
+            f"the proxies of your model ({params / 1e6:,.0f}M parameters at width 64: FFN {user.ffn_dim} "
+            f"is {user.ffn_dim / user.d_model:,.0f}x your width {user.d_model}) need about "
+            f"{need / 2**30:.0f} GiB for {workers} run(s) side by side; this machine has "
+            f"{ram / 2**30:.0f} GiB"
+        )
 
 
 def _cuts(p: Plan, user: ModelConfig, lrs_fixed: bool, seeds_fixed: bool, depth_fixed: bool, steps: int) -> list[str]:
@@ -383,9 +481,11 @@ def _cuts(p: Plan, user: ModelConfig, lrs_fixed: bool, seeds_fixed: bool, depth_
     if p.steps < steps:
         out.append(f"proxies of {p.steps} steps (asked: {steps})")
     if len(p.screened) < len(p.order):
-        out.append(f"{len(p.screened)} of {len(p.order)} candidates, chosen by a cheap screen (Kan's step 1 from the "
-                   f"layout data: one family in turn, bounded / tangential / unbounded); not tried: "
-                   + ", ".join(p.order[len(p.screened):]))
+        out.append(
+            f"{len(p.screened)} of {len(p.order)} candidates, chosen by a cheap screen (Kan's step 1 from the "
+            f"layout data: one family in turn, bounded / tangential / unbounded); not tried: "
+            + ", ".join(p.order[len(p.screened) :])
+        )
     if not p.finalists:
         out.append("no final round: one run per candidate, at the stress learning rate only")
     elif p.finalists < len(p.screened):

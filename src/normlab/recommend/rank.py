@@ -43,12 +43,19 @@ def screen_summary(result: dict[str, Any]) -> dict[str, Any]:
     """The part of a `screen_layout` result that the recommendation keeps (screen.json)."""
     low = result["stresses"][min(result["stresses"], key=float)]
     values = [*low["mean_abs"], *low["var"], low["sensitivity_product"], result["verdict"]["sensitivity_ratio"]]
-    return {"verdict": result["verdict"]["overall"], "wellposedness": result["wellposedness"]["verdict"],
-            "forward": result["verdict"]["forward"], "backward": result["verdict"]["backward"],
-            "final_rms": low["rms"][-1], "sensitivity_product": low["sensitivity_product"],
-            "shape_var": low["shape_var"]["shape"],
-            "finite": all(math.isfinite(v) for v in values), "seconds": result["seconds"],
-            "n_layers": result["n_layers"], "d_model": result["d_model"]}
+    return {
+        "verdict": result["verdict"]["overall"],
+        "wellposedness": result["wellposedness"]["verdict"],
+        "forward": result["verdict"]["forward"],
+        "backward": result["verdict"]["backward"],
+        "final_rms": low["rms"][-1],
+        "sensitivity_product": low["sensitivity_product"],
+        "shape_var": low["shape_var"]["shape"],
+        "finite": all(math.isfinite(v) for v in values),
+        "seconds": result["seconds"],
+        "n_layers": result["n_layers"],
+        "d_model": result["d_model"],
+    }
 
 
 def ruled_out(screen: dict[str, Any], precision: str) -> str | None:
@@ -101,7 +108,9 @@ class Evidence:
     rank: int | None = None
     tie: bool = False  # within noise of the candidate ranked above
     screen_why: str = ""  # why the screen gave its verdict (`screen_reason`)
-    status: str = "ranked"  # ranked | stress round only | baseline (see `normlab.recommend.stages`) | ruled out | not trained
+    status: str = (
+        "ranked"  # ranked | stress round only | baseline (see `normlab.recommend.stages`) | ruled out | not trained
+    )
     why: str = ""  # for ruled out / not trained
 
     @property
@@ -115,8 +124,8 @@ class Evidence:
 
 def evidence_from_grid(runs: pd.DataFrame, planned: dict[str, int]) -> dict[str, dict[str, Any]]:
     """Per layout, the grid's numbers (runs: `load_sweep`'s table with layout, lr and seed axes)."""
-    from normlab.experiments.summary import lr_curves, lr_sensitivity
     from normlab.diagnostics.forensics import tally
+    from normlab.experiments.summary import lr_curves, lr_sensitivity
 
     axes = ["layout", "lr", "seed"]
     curves = lr_curves(runs, axes)
@@ -126,24 +135,34 @@ def evidence_from_grid(runs: pd.DataFrame, planned: dict[str, int]) -> dict[str,
         g = runs[runs.layout == layout]
         finished = g[g.status.isin(("ok", "stalled", "diverged"))]
         peak = pd.to_numeric(g.max_activation, errors="coerce").dropna()
-        row: dict[str, Any] = {"runs": n, "finished": len(finished), "diverged": int((g.status == "diverged").sum()),
-                               "stalled": int((g.status == "stalled").sum()),
-                               "unfinished": n - len(finished),
-                               "max_activation": float(peak.max()) if len(peak) else math.nan,
-                               "first_break": tally(list(g[g.status == "diverged"].first_break))}
+        row: dict[str, Any] = {
+            "runs": n,
+            "finished": len(finished),
+            "diverged": int((g.status == "diverged").sum()),
+            "stalled": int((g.status == "stalled").sum()),
+            "unfinished": n - len(finished),
+            "max_activation": float(peak.max()) if len(peak) else math.nan,
+            "first_break": tally(list(g[g.status == "diverged"].first_break)),
+        }
         c = curves[curves.layout == layout] if len(curves) else curves
         s = sens[sens.layout == layout] if len(sens) else sens
         if len(s):
             best = s.iloc[0]
-            row.update(best_lr=None if best.best_lr is None or pd.isna(best.best_lr) else float(best.best_lr),
-                       best_loss=float(best.best_final_loss), lr_sensitivity=float(best.lr_sensitivity),
-                       expected_loss=float(best.expected_capped_loss))
+            row.update(
+                best_lr=None if best.best_lr is None or pd.isna(best.best_lr) else float(best.best_lr),
+                best_loss=float(best.best_final_loss),
+                lr_sensitivity=float(best.lr_sensitivity),
+                expected_loss=float(best.expected_capped_loss),
+            )
             at_best = c[c.lr == row["best_lr"]]
             if len(at_best):
                 row["best_loss_std"] = float(at_best.final_loss_std.iloc[0])
         for r in c.sort_values("lr").itertuples() if len(c) else ():
-            notes = [f"{x} {what}" for x, what in ((r.divergences, "diverged"), (r.stalls, "stalled"))
-                     if not x.startswith("0/")]
+            notes = [
+                f"{x} {what}"
+                for x, what in ((r.divergences, "diverged"), (r.stalls, "stalled"))
+                if not x.startswith("0/")
+            ]
             value = "-" if math.isnan(r.final_loss_mean) else f"{r.final_loss_mean:.3f}"
             row.setdefault("loss_by_lr", {})[f"{r.lr:g}"] = value + (f" ({', '.join(notes)})" if notes else "")
         out[layout] = row
@@ -167,19 +186,27 @@ def _noise(a: Evidence, b: Evidence) -> float:
 def rank(rows: list[Evidence]) -> list[Evidence]:
     """The ranked candidates first (rule in the module doc), then those ruled out or not trained."""
     ranked = [r for r in rows if r.status == "ranked"]
-    loss = lambda r: r.best_loss if math.isfinite(r.best_loss) else math.inf  # noqa: E731
+    loss = lambda r: r.best_loss if math.isfinite(r.best_loss) else math.inf
     ranked.sort(key=lambda r: (r.failures, loss(r)))
     out: list[Evidence] = []
     i = 0
     while i < len(ranked):  # groups: same failures, losses within noise of the group's best
         group = [ranked[i]]
         j = i + 1
-        while j < len(ranked) and ranked[j].failures == ranked[i].failures and \
-                abs(loss(ranked[j]) - loss(ranked[i])) <= _noise(ranked[i], ranked[j]):
+        while (
+            j < len(ranked)
+            and ranked[j].failures == ranked[i].failures
+            and abs(loss(ranked[j]) - loss(ranked[i])) <= _noise(ranked[i], ranked[j])
+        ):
             group.append(ranked[j])
             j += 1
-        group.sort(key=lambda r: (VERDICT_ORDER.get(r.screen, 3),
-                                  r.expected_loss if math.isfinite(r.expected_loss) else math.inf, loss(r)))
+        group.sort(
+            key=lambda r: (
+                VERDICT_ORDER.get(r.screen, 3),
+                r.expected_loss if math.isfinite(r.expected_loss) else math.inf,
+                loss(r),
+            )
+        )
         for k, r in enumerate(group):
             r.tie = k > 0
         out += group

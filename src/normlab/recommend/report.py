@@ -15,34 +15,48 @@ from normlab.recommend.shape import PROXY_WIDTH, UserModel
 from normlab.runs.files import RecommendDir
 
 
-def limits(user: UserModel, precision: str, stress: dict[str, Any], screen: dict[str, Any],
-           extra: dict[str, Any], ranked: list[Evidence] | None = None) -> list[str]:
+def limits(
+    user: UserModel,
+    precision: str,
+    stress: dict[str, Any],
+    screen: dict[str, Any],
+    extra: dict[str, Any],
+    ranked: list[Evidence] | None = None,
+) -> list[str]:
     """What the proxy scaled down, and what that can and cannot predict, in plain words."""
     c = user.config
-    setting = lambda key: extra.get(key, RECOMMEND_BASE.get(key))  # noqa: E731 - the proxy runs' value
-    out = [f"Width: the proxies are {PROXY_WIDTH} wide in heads of 16 (yours: {c.d_model}, heads of {c.head_dim}); "
-           f"the FFN ratio ({c.ffn_dim / c.d_model:.2f}), query-to-kv ratio, MLP kind and soft-capping are yours. "
-           "Width changes the size of activations and the learning rate that is stable (muP): the proxies rank "
-           "placements by how they fail, not at your learning rate; take the best lr as a relative signal only.",
-           f"Depth: {stress['depth']} layers" + (" (yours)." if stress["depth"] == c.n_layers else
-                                                 f" (yours: {c.n_layers}; "
-                                                 f"{'set by --depth' if stress.get('depth_fixed') else 'cut to fit the budget'}"
-                                                 "). Pre-LN's growth "
-                                                 "compounds with depth, so at your depth its failure comes sooner, "
-                                                 "not later."),
-           f"Screen: at your depth and width {screen['width']}"
-           + (" (yours)." if screen["width"] >= c.d_model else f" (yours: {c.d_model}; scaled down for time)."),
-           f"Training: {setting('steps')} steps of {setting('batch_size')} x {setting('seq_len')} byte tokens "
-           f"(vocabulary 256; yours {c.vocab_size:,}) on {extra.get('data', 'the default corpus (Shakespeare)')}, "
-           "no weight decay, learning rates far above a large model's: stress settings chosen to make the papers' "
-           "failures happen in minutes. They predict which placements fail under a large learning rate and "
-           + ("fp16 storage (the stream passing 65504), " if precision == "fp16" else "bf16 storage, ")
-           + "and which train to a lower loss early; they cannot predict the loss gap after billions of tokens, "
-           "nor failures that take days to build (slow logit growth, rare loss spikes).",
-           small_samples(ranked or [])]
+    setting = lambda key: extra.get(key, RECOMMEND_BASE.get(key))
+    out = [
+        f"Width: the proxies are {PROXY_WIDTH} wide in heads of 16 (yours: {c.d_model}, heads of {c.head_dim}); "
+        f"the FFN ratio ({c.ffn_dim / c.d_model:.2f}), query-to-kv ratio, MLP kind and soft-capping are yours. "
+        "Width changes the size of activations and the learning rate that is stable (muP): the proxies rank "
+        "placements by how they fail, not at your learning rate; take the best lr as a relative signal only.",
+        f"Depth: {stress['depth']} layers"
+        + (
+            " (yours)."
+            if stress["depth"] == c.n_layers
+            else f" (yours: {c.n_layers}; "
+            f"{'set by --depth' if stress.get('depth_fixed') else 'cut to fit the budget'}"
+            "). Pre-LN's growth "
+            "compounds with depth, so at your depth its failure comes sooner, "
+            "not later."
+        ),
+        f"Screen: at your depth and width {screen['width']}"
+        + (" (yours)." if screen["width"] >= c.d_model else f" (yours: {c.d_model}; scaled down for time)."),
+        f"Training: {setting('steps')} steps of {setting('batch_size')} x {setting('seq_len')} byte tokens "
+        f"(vocabulary 256; yours {c.vocab_size:,}) on {extra.get('data', 'the default corpus (Shakespeare)')}, "
+        "no weight decay, learning rates far above a large model's: stress settings chosen to make the papers' "
+        "failures happen in minutes. They predict which placements fail under a large learning rate and "
+        + ("fp16 storage (the stream passing 65504), " if precision == "fp16" else "bf16 storage, ")
+        + "and which train to a lower loss early; they cannot predict the loss gap after billions of tokens, "
+        "nor failures that take days to build (slow logit growth, rare loss spikes).",
+        small_samples(ranked or []),
+    ]
     if precision == "bf16":
-        out.append("bf16 keeps fp32's exponent range: the fp16 overflow cannot happen; the stress is the learning "
-                   "rate (and bf16's 8-bit mantissa in the stored activations).")
+        out.append(
+            "bf16 keeps fp32's exponent range: the fp16 overflow cannot happen; the stress is the learning "
+            "rate (and bf16's 8-bit mantissa in the stored activations)."
+        )
     if user.config.n_experts:
         out.append("Mixture of experts: proxied as a dense MLP; the router's own instabilities are not tested.")
     return out
@@ -58,11 +72,15 @@ def small_samples(ranked: list[Evidence]) -> str:
     worst = max(live[1:], key=lambda r: ((r.diverged + r.stalled) / r.finished, r.finished))
     a, b = f"{w.diverged + w.stalled}/{w.finished}", f"{worst.diverged + worst.stalled}/{worst.finished}"
     if a == b:
-        return (f"Failure counts over a few runs are small samples: {w.layout} and {worst.layout} both failed {a} "
-                "here; they do not separate on failures.")
-    return (f"Failure counts over a few runs are small samples: {w.layout}'s {a} failed against {worst.layout}'s {b} "
-            f"here is evidence, not proof" + (" (one run each: a single outcome)." if max(w.finished, worst.finished)
-                                               == 1 else "."))
+        return (
+            f"Failure counts over a few runs are small samples: {w.layout} and {worst.layout} both failed {a} "
+            "here; they do not separate on failures."
+        )
+    return (
+        f"Failure counts over a few runs are small samples: {w.layout}'s {a} failed against {worst.layout}'s {b} "
+        f"here is evidence, not proof"
+        + (" (one run each: a single outcome)." if max(w.finished, worst.finished) == 1 else ".")
+    )
 
 
 def transfer_record() -> dict[str, Any]:
@@ -79,7 +97,7 @@ def transfer_record() -> dict[str, Any]:
 
 def record_lines(rec: dict[str, Any]) -> list[str]:
     """The transfer study's record in words: one line per comparison, or "not yet measured"."""
-    link = "docs/results.md, \"Transfer study\""
+    link = 'docs/results.md, "Transfer study"'
     comps = rec.get("comparisons") or []
     if not comps:
         status = rec.get("status", "no record")
@@ -90,9 +108,11 @@ def record_lines(rec: dict[str, Any]) -> list[str]:
         top1 = "-" if c.get("top1") is None else ("agrees" if c["top1"] else "differs")
         top3 = "-" if c.get("top3") is None else f"{round(c['top3'] * c['k'])}/{c['k']}"
         f = c.get("failures") or {}
-        out.append(f"{c['proxy']} against {c['other']}: {c['placements']} placements, Kendall's tau {tau}, "
-                   f"top-1 {top1}, top-3 {top3}; failures predicted and seen {f.get('predicted_and_seen', 0)}, predicted only "
-                   f"{f.get('predicted_only', 0)}, seen only {f.get('seen_only', 0)} (`{c['command']}`).")
+        out.append(
+            f"{c['proxy']} against {c['other']}: {c['placements']} placements, Kendall's tau {tau}, "
+            f"top-1 {top1}, top-3 {top3}; failures predicted and seen {f.get('predicted_and_seen', 0)}, predicted only "
+            f"{f.get('predicted_only', 0)}, seen only {f.get('seen_only', 0)} (`{c['command']}`)."
+        )
     return out
 
 
@@ -102,31 +122,46 @@ def verify_lines(v: dict[str, Any]) -> list[str]:
     if status == "not asked":
         return []
     if status == "done":
-        return [v["words"]] + ([f"Failures that disagree: {'; '.join(v['failures_disagreeing'])}."]
-                               if v.get("failures_disagreeing") else [])
+        return [v["words"]] + (
+            [f"Failures that disagree: {'; '.join(v['failures_disagreeing'])}."]
+            if v.get("failures_disagreeing")
+            else []
+        )
     if status == "pending":
         return ["The verify stage has not finished: run the same command again to complete it."]
     return [f"No verify: {v.get('why')}"]
 
 
-def movement(ranked: list[Evidence], p: dict[str, Any], final: dict[str, Any], rounds: list[dict[str, Any]]) -> list[str]:
+def movement(
+    ranked: list[Evidence], p: dict[str, Any], final: dict[str, Any], rounds: list[dict[str, Any]]
+) -> list[str]:
     """Which rounds ran, and how far the answer could move where the budget cut or a tie decided."""
     out = []
     for r in rounds:
         if r["stage"] == "screen":
             continue
-        what = {"stress": "stress round", "final": "final round", "extend": "edge learning rates",
-                "verify": "verify stage"}[r["stage"]]
+        what = {
+            "stress": "stress round",
+            "final": "final round",
+            "extend": "edge learning rates",
+            "verify": "verify stage",
+        }[r["stage"]]
         if r["finished"] < r["planned"]:
-            out.append(f"The {what} was cut by the budget: {r['finished']} of {r['planned']} runs finished (predicted "
-                       f"{r['predicted_s'] / 60:.1f} min, took {r['actual_s'] / 60:.1f}: the machine was slower than "
-                       "calibrated). Run the same command again to finish it: the ranking may change.")
+            out.append(
+                f"The {what} was cut by the budget: {r['finished']} of {r['planned']} runs finished (predicted "
+                f"{r['predicted_s'] / 60:.1f} min, took {r['actual_s'] / 60:.1f}: the machine was slower than "
+                "calibrated). Run the same command again to finish it: the ranking may change."
+            )
         else:
-            out.append(f"The {what} ran in full: {r['finished']} of {r['planned']} runs (predicted "
-                       f"{r['predicted_s'] / 60:.1f} min, took {r['actual_s'] / 60:.1f}).")
+            out.append(
+                f"The {what} ran in full: {r['finished']} of {r['planned']} runs (predicted "
+                f"{r['predicted_s'] / 60:.1f} min, took {r['actual_s'] / 60:.1f})."
+            )
     if not p["finalists"]:
-        out.append("No final round in this budget: the order rests on one run per candidate at the stress learning "
-                   "rate; a candidate that fails there may train at a lower rate.")
+        out.append(
+            "No final round in this budget: the order rests on one run per candidate at the stress learning "
+            "rate; a candidate that fails there may train at a lower rate."
+        )
     live = [r for r in ranked if r.rank is not None]
     if live:
         tied = []
@@ -135,22 +170,33 @@ def movement(ranked: list[Evidence], p: dict[str, Any], final: dict[str, Any], r
                 break
             tied.append(r.layout)
         if tied:
-            out.append(f"{live[0].layout} is tied on loss within seed noise with {', '.join(tied)}: the screen's verdict "
-                       "or the expected loss over the learning rates broke the tie, and more seeds could reorder them.")
+            out.append(
+                f"{live[0].layout} is tied on loss within seed noise with {', '.join(tied)}: the screen's verdict "
+                "or the expected loss over the learning rates broke the tie, and more seeds could reorder them."
+            )
         if len(p["seeds"]) < 2 and p["finalists"]:
-            out.append("One seed: no seed noise was measured, so losses within 0.01 count as tied and larger gaps may "
-                       "still be noise.")
+            out.append(
+                "One seed: no seed noise was measured, so losses within 0.01 count as tied and larger gaps may "
+                "still be noise."
+            )
     unseen = len(p["order"]) - len(p["screened"])
     if unseen:
-        out.append(f"{unseen} candidate(s) not tried ({', '.join(p['order'][len(p['screened']):])}): any of them could "
-                   "rank first; a larger --budget tries them.")
+        out.append(
+            f"{unseen} candidate(s) not tried ({', '.join(p['order'][len(p['screened']) :])}): any of them could "
+            "rank first; a larger --budget tries them."
+        )
     for n, x in (final.get("edges") or {}).items():
         lrs = final["lrs"]
         side = "lowest" if x < min(lrs) else "highest"
         done = n in (final.get("extended") or {})
-        out.append(f"{n}'s best learning rate was the {side} tried ({min(lrs) if side == 'lowest' else max(lrs):g}): "
-                   + (f"the range was extended to {x:g} for it." if done else
-                      f"its optimum may lie beyond; {x:g} would be next (no room in this budget)."))
+        out.append(
+            f"{n}'s best learning rate was the {side} tried ({min(lrs) if side == 'lowest' else max(lrs):g}): "
+            + (
+                f"the range was extended to {x:g} for it."
+                if done
+                else f"its optimum may lie beyond; {x:g} would be next (no room in this budget)."
+            )
+        )
     return out
 
 
@@ -170,20 +216,35 @@ def _yes_no(x: bool | None) -> str:
 
 
 def _table(ranked: list[Evidence]) -> str:
-    head = ("rank", "layout", "screen", "diverged", "stalled", "largest activation", "first overflow", "best lr",
-            "best loss", "LR sensitivity", "loss by lr")
+    head = (
+        "rank",
+        "layout",
+        "screen",
+        "diverged",
+        "stalled",
+        "largest activation",
+        "first overflow",
+        "best lr",
+        "best loss",
+        "LR sensitivity",
+        "loss by lr",
+    )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in ranked:
         if r.status in ("ruled out", "not trained"):
             lines.append(f"| - | {r.layout} | {r.screen} | {r.status}: {r.why} |" + " |" * 7)
             continue
-        rank_cell = f"{r.rank}" + (" (tie)" if r.tie else "") + {"stress round only": "*", "baseline": "†"}.get(r.status, "")
+        rank_cell = (
+            f"{r.rank}" + (" (tie)" if r.tie else "") + {"stress round only": "*", "baseline": "†"}.get(r.status, "")
+        )
         act = "-" if not math.isfinite(r.max_activation) else f"{r.max_activation:,.4g}"
         sens = _sensitivity(r)
         by_lr = "; ".join(f"{lr}: {v}" for lr, v in r.loss_by_lr.items()) or "-"
-        lines.append(f"| {rank_cell} | {r.layout} | {r.screen} | {r.diverged}/{r.finished} | {r.stalled}/{r.finished} | "
-                     f"{act} | {r.first_break or '-'} | {'-' if r.best_lr is None else f'{r.best_lr:g}'} | "
-                     f"{_fmt_loss(r)} | {sens} | {by_lr} |")
+        lines.append(
+            f"| {rank_cell} | {r.layout} | {r.screen} | {r.diverged}/{r.finished} | {r.stalled}/{r.finished} | "
+            f"{act} | {r.first_break or '-'} | {'-' if r.best_lr is None else f'{r.best_lr:g}'} | "
+            f"{_fmt_loss(r)} | {sens} | {by_lr} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -193,38 +254,58 @@ def reason(result: dict[str, Any], ranked: list[Evidence]) -> str:
     if not live:
         return "No candidate trained: nothing to recommend."
     w = live[0]
-    parts = [f"**{w.layout}**: {w.diverged + w.stalled}/{w.finished} runs diverged or stalled, best loss "
-             f"{_fmt_loss(w)} at lr {w.best_lr:g}" if w.best_lr is not None else f"**{w.layout}**"]
+    parts = [
+        f"**{w.layout}**: {w.diverged + w.stalled}/{w.finished} runs diverged or stalled, best loss "
+        f"{_fmt_loss(w)} at lr {w.best_lr:g}"
+        if w.best_lr is not None
+        else f"**{w.layout}**"
+    ]
     if math.isfinite(w.max_activation):
-        parts.append(f"largest activation {w.max_activation:,.4g} " + (
-            f"({65504 / w.max_activation:,.0f}x below the FP16 maximum)" if w.max_activation < 65504 else
-            "(past the FP16 maximum 65,504)"))
+        parts.append(
+            f"largest activation {w.max_activation:,.4g} "
+            + (
+                f"({65504 / w.max_activation:,.0f}x below the FP16 maximum)"
+                if w.max_activation < 65504
+                else "(past the FP16 maximum 65,504)"
+            )
+        )
     parts.append(f"screen: {w.screen}" + (f" ({w.screen_why})" if w.screen_why and w.screen != "stable" else ""))
     text = "Recommended: " + "; ".join(parts) + "."
     if w.diverged + w.stalled:
-        text += (" Even the best candidate failed on some runs: the stress is beyond what any of these placements "
-                 "holds at every learning rate; read the learning rates at which it trained.")
+        text += (
+            " Even the best candidate failed on some runs: the stress is beyond what any of these placements "
+            "holds at every learning rate; read the learning rates at which it trained."
+        )
     if len(live) > 1:
         r2 = live[1]
         if r2.status in ("stress round only", "baseline"):  # ranked by the stress round, not the rule
-            how = "on the stress round, where it did better at the stress lr" if w.status != "ranked" else \
-                "on the final round's evidence; the stress round put it ahead"
+            how = (
+                "on the stress round, where it did better at the stress lr"
+                if w.status != "ranked"
+                else "on the final round's evidence; the stress round put it ahead"
+            )
         elif r2.tie:
             how = "in a tie on loss within seed noise, broken by " + (
-                "the screen's verdict" if r2.screen != w.screen else
-                f"the expected loss over the learning rates ({w.expected_loss:.3f} vs {r2.expected_loss:.3f}: best "
-                "loss + LR sensitivity)")
+                "the screen's verdict"
+                if r2.screen != w.screen
+                else f"the expected loss over the learning rates ({w.expected_loss:.3f} vs {r2.expected_loss:.3f}: best "
+                "loss + LR sensitivity)"
+            )
         else:
             how = "on fewer failures" if r2.failures > w.failures else "on a lower best loss"
-        text += (f" Next: {r2.layout} ({r2.diverged + r2.stalled}/{r2.finished} failed, best loss {_fmt_loss(r2)}); "
-                 f"{w.layout} ranks above it {how}.")
+        text += (
+            f" Next: {r2.layout} ({r2.diverged + r2.stalled}/{r2.finished} failed, best loss {_fmt_loss(r2)}); "
+            f"{w.layout} ranks above it {how}."
+        )
     cur = result.get("current")
     if cur and cur != w.layout:
         c = next((r for r in ranked if r.layout == cur), None)
         if c is not None and c.rank is not None:
             how = f" ({c.why})" if c.status == "baseline" else ""
-            text += (f" Your current placement {cur} ranks #{c.rank}{how}: {c.diverged + c.stalled}/{c.finished} failed, "
-                     f"best loss {_fmt_loss(c)}" + (f", first overflow at {c.first_break}" if c.first_break else "") + ".")
+            text += (
+                f" Your current placement {cur} ranks #{c.rank}{how}: {c.diverged + c.stalled}/{c.finished} failed, "
+                f"best loss {_fmt_loss(c)}" + (f", first overflow at {c.first_break}" if c.first_break else "") + "."
+            )
     elif cur == w.layout:
         text += " That is your current placement: the evidence does not ask you to change it."
     return text
@@ -236,36 +317,61 @@ def _time(result: dict[str, Any]) -> str:
     calls = result.get("call_minutes") or [result["minutes"]]
     if len(calls) == 1:
         return f"{result['minutes']:.1f} of {budget} min"
-    return (f"{sum(calls):.1f} min over {len(calls)} calls ({', '.join(f'{m:.1f}' for m in calls)}; the budget is "
-            f"{budget} min a call)")
+    return (
+        f"{sum(calls):.1f} min over {len(calls)} calls ({', '.join(f'{m:.1f}' for m in calls)}; the budget is "
+        f"{budget} min a call)"
+    )
 
 
 def markdown(result: dict[str, Any], ranked: list[Evidence]) -> str:
     p = result["plan"]
-    lines = ["# normlab recommend", "", f"- model: {result['model']}", f"- precision: {result['precision']}",
-             f"- time: {_time(result)}", f"- optimizer: {result.get('optimizer', 'adamw')}",
-             f"- proxy: {p['depth']} layers x d {PROXY_WIDTH}; stress round {len(p['stress']['candidates'])} runs; final "
-             f"round: {', '.join(p['final']['finalists']) or 'none'}"
-             + (f" x lr {', '.join(f'{x:g}' for x in p['final']['lrs'])} x {len(p['final']['seeds'])} seeds"
-                if p["final"]["finalists"] else "")]
+    lines = [
+        "# normlab recommend",
+        "",
+        f"- model: {result['model']}",
+        f"- precision: {result['precision']}",
+        f"- time: {_time(result)}",
+        f"- optimizer: {result.get('optimizer', 'adamw')}",
+        f"- proxy: {p['depth']} layers x d {PROXY_WIDTH}; stress round {len(p['stress']['candidates'])} runs; final "
+        f"round: {', '.join(p['final']['finalists']) or 'none'}"
+        + (
+            f" x lr {', '.join(f'{x:g}' for x in p['final']['lrs'])} x {len(p['final']['seeds'])} seeds"
+            if p["final"]["finalists"]
+            else ""
+        ),
+    ]
     lines += [f"- the budget bought: {c}" for c in p.get("cut", [])]
     lines += [f"- note: {n}" for n in result["notes"]]
-    lines += ["", reason(result, ranked), "", "## Evidence (ranked)", "",
-              "Rank: fewer diverged + stalled runs first; then lower best loss, losses within seed noise (or 0.01) "
-              "tied and ordered by the screen's verdict, then the expected loss over the learning rates (best loss + LR "
-              "sensitivity, Wortsman et al.). * = trained in the stress round only "
-              "(one run at the stress lr), ranked after the finalists in that round's order (trained to the end by loss, "
-              "then stalled, then diverged by the step it diverged at: a few steps apart is noise, read these as three "
-              "groups); † = your current placement, in the final round as the baseline though the stress round did not "
-              "put it among the best: ranked with those it displaced, by its stress run, its final runs shown.", "",
-              _table(ranked)]
+    lines += [
+        "",
+        reason(result, ranked),
+        "",
+        "## Evidence (ranked)",
+        "",
+        "Rank: fewer diverged + stalled runs first; then lower best loss, losses within seed noise (or 0.01) "
+        "tied and ordered by the screen's verdict, then the expected loss over the learning rates (best loss + LR "
+        "sensitivity, Wortsman et al.). * = trained in the stress round only "
+        "(one run at the stress lr), ranked after the finalists in that round's order (trained to the end by loss, "
+        "then stalled, then diverged by the step it diverged at: a few steps apart is noise, read these as three "
+        "groups); † = your current placement, in the final round as the baseline though the stress round did not "
+        "put it among the best: ranked with those it displaced, by its stress run, its final runs shown.",
+        "",
+        _table(ranked),
+    ]
     if result["recipe_checks"]:
-        lines += ["## Against the recipes' verdicts", "", agreement.summary(result["recipe_checks"]), "",
-                  "| recipe | verdict there | its setting | ranked here | ranking agrees | at its setting, here | holds |",
-                  "|---|---|---|---|---|---|---|"]
-        lines += [f"| {c['recipe']} | {c['claim']}: {c['evidence']} | {c['setting']} | {c['ranks']} | "
-                  f"{_yes_no(c['agrees'])} | {c.get('at_setting', '-')} | {_yes_no(c.get('agrees_at_setting'))} |"
-                  for c in result["recipe_checks"]]
+        lines += [
+            "## Against the recipes' verdicts",
+            "",
+            agreement.summary(result["recipe_checks"]),
+            "",
+            "| recipe | verdict there | its setting | ranked here | ranking agrees | at its setting, here | holds |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {c['recipe']} | {c['claim']}: {c['evidence']} | {c['setting']} | {c['ranks']} | "
+            f"{_yes_no(c['agrees'])} | {c.get('at_setting', '-')} | {_yes_no(c.get('agrees_at_setting'))} |"
+            for c in result["recipe_checks"]
+        ]
         lines.append("")
     if result["settings"]:
         lines += [f"## {result['winner']} in your code base", ""]
@@ -274,13 +380,19 @@ def markdown(result: dict[str, Any], ranked: list[Evidence]) -> str:
     if verify_lines(result.get("verify") or {}):
         lines += ["## Did the order hold at a larger width? (--verify)", ""]
         lines += [f"- {x}" for x in verify_lines(result["verify"])] + [""]
-    lines += ["## How often the proxies have been right", ""] + [f"- {x}" for x in record_lines(
-        result.get("transfer_record") or {})] + [""]
+    lines += (
+        ["## How often the proxies have been right", ""]
+        + [f"- {x}" for x in record_lines(result.get("transfer_record") or {})]
+        + [""]
+    )
     if result.get("movement"):
         lines += ["## What ran, and how far the answer could move", ""] + [f"- {x}" for x in result["movement"]] + [""]
     lines += ["## What the proxy can and cannot tell", ""] + [f"- {x}" for x in result["limits"]]
-    lines += ["", f"Files: {result['files']['grid']} (every run, the U-curves, activations against FP16), "
-              f"{result['files']['screen']}, {result['files']['plan']}, {result['files']['json']}."]
+    lines += [
+        "",
+        f"Files: {result['files']['grid']} (every run, the U-curves, activations against FP16), "
+        f"{result['files']['screen']}, {result['files']['plan']}, {result['files']['json']}.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -297,7 +409,9 @@ def write_page(folder: RecommendDir, result: dict[str, Any], ranked: list[Eviden
     if live:
         fig, (a, b) = plt.subplots(1, 2, figsize=(12, 0.4 * len(live) + 1.8))
         y = list(range(len(live)))
-        a.barh(y, [(r.diverged + r.stalled) / r.finished if r.finished else 0 for r in live], color="tab:red", alpha=0.8)
+        a.barh(
+            y, [(r.diverged + r.stalled) / r.finished if r.finished else 0 for r in live], color="tab:red", alpha=0.8
+        )
         for yi, r in zip(y, live):
             a.text(0.01, yi, f"{r.diverged} diverged, {r.stalled} stalled of {r.finished}", va="center", fontsize=8)
         a.set_yticks(y, [f"#{r.rank} {r.layout}" for r in live], fontsize=8)
@@ -313,35 +427,83 @@ def write_page(folder: RecommendDir, result: dict[str, Any], ranked: list[Eviden
         b.set_xlabel("largest activation (probes; dashed: FP16 max 65504)")
         fig.tight_layout()
         sections.append(figure_html(fig, folder.path, "ranking", "Failures and largest activations by rank"))
-    rows = [{"rank": r.rank if r.rank is not None else "-", "layout": r.layout, "screen": r.screen,
-             "diverged": f"{r.diverged}/{r.finished}", "stalled": f"{r.stalled}/{r.finished}",
-             "largest activation": r.max_activation, "best lr": r.best_lr, "best loss": _fmt_loss(r),
-             "LR sensitivity": _sensitivity(r), "status": r.status if r.status == "ranked" else f"{r.status}: {r.why}"}
-            for r in ranked]
-    checks = [{"recipe": c["recipe"], "verdict there": f"{c['claim']}: {c['evidence']}", "its setting": c["setting"],
-               "ranked here": c["ranks"], "ranking agrees": _yes_no(c["agrees"]).strip("*"),
-               "at its setting, here": c.get("at_setting", "-"), "holds": _yes_no(c.get("agrees_at_setting")).strip("*")}
-              for c in result["recipe_checks"]]
-    body = (f"<h1>normlab recommend</h1><p>{h.escape(result['model'])}; precision {h.escape(result['precision'])}</p>"
-            f"<p>{h.escape(reason(result, ranked)).replace('**', '')}</p><h2>Evidence</h2>{table_html(rows)}"
-            + "".join(sections)
-            + (f"<h2>Against the recipes</h2><p>{h.escape(agreement.summary(result['recipe_checks']))}</p>"
-               f"{table_html(checks)}" if checks else "")
-            + (f"<h2>{h.escape(str(result['winner']))} in your code base</h2>"
-               + table_html([{"code base": k, "expressible": v["expressible"],
-                              "settings": v["settings"].split("```")[0].strip() if v.get("code") else v["settings"]}
-                             for k, v in result["settings"].items()])
-               + "".join(f"<h3>{h.escape(k)}</h3><pre><code>{h.escape(v['code'])}</code></pre>"
-                         for k, v in result["settings"].items() if v.get("code"))
-               if result["settings"] else "")
-            + ("<h2>Did the order hold at a larger width? (--verify)</h2><ul>"
-               + "".join(f"<li>{h.escape(x)}</li>" for x in verify_lines(result.get("verify") or {})) + "</ul>"
-               if verify_lines(result.get("verify") or {}) else "")
-            + "<h2>How often the proxies have been right</h2><ul>"
-            + "".join(f"<li>{h.escape(x)}</li>" for x in record_lines(result.get("transfer_record") or {})) + "</ul>"
-            + ("<h2>What ran, and how far the answer could move</h2><ul>"
-               + "".join(f"<li>{h.escape(x)}</li>" for x in result["movement"]) + "</ul>" if result.get("movement") else "")
-            + "<h2>What the proxy can and cannot tell</h2><ul>"
-            + "".join(f"<li>{h.escape(x)}</li>" for x in result["limits"]) + "</ul>"
-            + f"<p>Every run: {h.escape(result['files']['grid'])}</p>")
+    rows = [
+        {
+            "rank": r.rank if r.rank is not None else "-",
+            "layout": r.layout,
+            "screen": r.screen,
+            "diverged": f"{r.diverged}/{r.finished}",
+            "stalled": f"{r.stalled}/{r.finished}",
+            "largest activation": r.max_activation,
+            "best lr": r.best_lr,
+            "best loss": _fmt_loss(r),
+            "LR sensitivity": _sensitivity(r),
+            "status": r.status if r.status == "ranked" else f"{r.status}: {r.why}",
+        }
+        for r in ranked
+    ]
+    checks = [
+        {
+            "recipe": c["recipe"],
+            "verdict there": f"{c['claim']}: {c['evidence']}",
+            "its setting": c["setting"],
+            "ranked here": c["ranks"],
+            "ranking agrees": _yes_no(c["agrees"]).strip("*"),
+            "at its setting, here": c.get("at_setting", "-"),
+            "holds": _yes_no(c.get("agrees_at_setting")).strip("*"),
+        }
+        for c in result["recipe_checks"]
+    ]
+    body = (
+        f"<h1>normlab recommend</h1><p>{h.escape(result['model'])}; precision {h.escape(result['precision'])}</p>"
+        f"<p>{h.escape(reason(result, ranked)).replace('**', '')}</p><h2>Evidence</h2>{table_html(rows)}"
+        + "".join(sections)
+        + (
+            f"<h2>Against the recipes</h2><p>{h.escape(agreement.summary(result['recipe_checks']))}</p>"
+            f"{table_html(checks)}"
+            if checks
+            else ""
+        )
+        + (
+            f"<h2>{h.escape(str(result['winner']))} in your code base</h2>"
+            + table_html(
+                [
+                    {
+                        "code base": k,
+                        "expressible": v["expressible"],
+                        "settings": v["settings"].split("```")[0].strip() if v.get("code") else v["settings"],
+                    }
+                    for k, v in result["settings"].items()
+                ]
+            )
+            + "".join(
+                f"<h3>{h.escape(k)}</h3><pre><code>{h.escape(v['code'])}</code></pre>"
+                for k, v in result["settings"].items()
+                if v.get("code")
+            )
+            if result["settings"]
+            else ""
+        )
+        + (
+            "<h2>Did the order hold at a larger width? (--verify)</h2><ul>"
+            + "".join(f"<li>{h.escape(x)}</li>" for x in verify_lines(result.get("verify") or {}))
+            + "</ul>"
+            if verify_lines(result.get("verify") or {})
+            else ""
+        )
+        + "<h2>How often the proxies have been right</h2><ul>"
+        + "".join(f"<li>{h.escape(x)}</li>" for x in record_lines(result.get("transfer_record") or {}))
+        + "</ul>"
+        + (
+            "<h2>What ran, and how far the answer could move</h2><ul>"
+            + "".join(f"<li>{h.escape(x)}</li>" for x in result["movement"])
+            + "</ul>"
+            if result.get("movement")
+            else ""
+        )
+        + "<h2>What the proxy can and cannot tell</h2><ul>"
+        + "".join(f"<li>{h.escape(x)}</li>" for x in result["limits"])
+        + "</ul>"
+        + f"<p>Every run: {h.escape(result['files']['grid'])}</p>"
+    )
     page(folder.report_file, "normlab recommend", body)

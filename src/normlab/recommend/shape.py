@@ -35,8 +35,15 @@ _KEYS = {
     "d_head": ("head_dim",),
 }
 # the config's activation name -> normlab's MLP kind (a gated MLP for the Llama-family names)
-_ACTIVATIONS = {"silu": "swiglu", "swish": "swiglu", "gelu_pytorch_tanh": "geglu-tanh", "gelu_new": "gelu-tanh",
-                "gelu_fast": "gelu-tanh", "gelu": "gelu", "relu": "relu"}
+_ACTIVATIONS = {
+    "silu": "swiglu",
+    "swish": "swiglu",
+    "gelu_pytorch_tanh": "geglu-tanh",
+    "gelu_new": "gelu-tanh",
+    "gelu_fast": "gelu-tanh",
+    "gelu": "gelu",
+    "relu": "relu",
+}
 _DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": None}
 
 
@@ -54,8 +61,10 @@ class UserModel:
         c = self.config
         ffn = f"FFN {c.ffn_dim} ({c.mlp})" + (f", {c.n_experts} experts" if c.n_experts else "")
         kv = f"/{c.kv_heads} kv" if c.kv_heads != c.n_heads else ""
-        return (f"{self.source}: {c.n_layers} layers, d {c.d_model}, {c.n_heads}{kv} heads of {c.head_dim}, {ffn}, "
-                f"vocabulary {c.vocab_size:,}" + (f"; placement now: {self.layout}" if self.layout else ""))
+        return (
+            f"{self.source}: {c.n_layers} layers, d {c.d_model}, {c.n_heads}{kv} heads of {c.head_dim}, {ffn}, "
+            f"vocabulary {c.vocab_size:,}" + (f"; placement now: {self.layout}" if self.layout else "")
+        )
 
 
 def read_user_model(spec: str) -> UserModel:
@@ -67,14 +76,17 @@ def read_user_model(spec: str) -> UserModel:
     if path.is_dir():
         path = path / "config.json"
         if not path.is_file():
-            raise ConfigError(f"{spec} is a folder without a config.json; give a size preset ({', '.join(SIZES)}), "
-                              "a .toml of model options or a transformers config.json")
+            raise ConfigError(
+                f"{spec} is a folder without a config.json; give a size preset ({', '.join(SIZES)}), "
+                "a .toml of model options or a transformers config.json"
+            )
     if path.suffix == ".toml":
         return _from_toml(path)
     if path.suffix == ".json":
         return _from_config_json(path)
-    raise ConfigError(f"model {spec!r} is not a size preset, a .toml file or a config.json; valid size presets: "
-                      f"{', '.join(SIZES)}")
+    raise ConfigError(
+        f"model {spec!r} is not a size preset, a .toml file or a config.json; valid size presets: {', '.join(SIZES)}"
+    )
 
 
 def _from_toml(path: Path) -> UserModel:
@@ -112,15 +124,20 @@ def _from_config_json(path: Path) -> UserModel:
     if config is None:
         config = _generic(data, path, notes)
         layout = None
-        notes.append(f"model_type {kind!r} has no exact normlab adapter: shape read from the config's fields, "
-                     "its placement unknown")
+        notes.append(
+            f"model_type {kind!r} has no exact normlab adapter: shape read from the config's fields, "
+            "its placement unknown"
+        )
     experts = data.get("num_experts") or data.get("num_local_experts") or data.get("n_routed_experts")
     if experts:
-        notes.append(f"{experts} experts per layer: screened and proxied as a dense MLP of the same width "
-                     "(the router's own instabilities are not tested)")
+        notes.append(
+            f"{experts} experts per layer: screened and proxied as a dense MLP of the same width "
+            "(the router's own instabilities are not tested)"
+        )
     dtype = data.get("torch_dtype") or data.get("dtype")
-    return UserModel(config, f"{path.name} ({kind})", layout=layout, precision=_DTYPES.get(str(dtype)),
-                     notes=tuple(notes))
+    return UserModel(
+        config, f"{path.name} ({kind})", layout=layout, precision=_DTYPES.get(str(dtype)), notes=tuple(notes)
+    )
 
 
 def _via_adapter(kind: str, data: dict[str, Any], notes: list[str]) -> tuple[ModelConfig | None, str | None]:
@@ -158,8 +175,11 @@ def _generic(data: dict[str, Any], path: Path, notes: list[str]) -> ModelConfig:
     values = {name: _first(data, name) for name in _KEYS}
     missing = [name for name in ("n_layers", "d_model", "n_heads") if values[name] is None]
     if missing:
-        raise ConfigError(f"{path}: no {', '.join(missing)} found (looked for "
-                          + "; ".join(f"{m}: {' / '.join(_KEYS[m])}" for m in missing) + ")")
+        raise ConfigError(
+            f"{path}: no {', '.join(missing)} found (looked for "
+            + "; ".join(f"{m}: {' / '.join(_KEYS[m])}" for m in missing)
+            + ")"
+        )
     act = data.get("hidden_act") or data.get("hidden_activation") or data.get("activation_function") or "silu"
     mlp = _ACTIVATIONS.get(str(act))
     if mlp is None:
@@ -188,8 +208,17 @@ def _scaled(user: ModelConfig, width: int, head_dim: int) -> dict[str, Any]:
     heads = max(1, width // head_dim)
     ffn = max(8, int(round(user.ffn_dim / user.d_model * width / 8)) * 8)
     options = {f.name: getattr(user, f.name) for f in fields(ModelConfig)}
-    options.update(d_model=width, n_heads=heads, n_kv_heads=_kv_heads(user, heads), d_head=None, d_ff=ffn,
-                   attn_scale=None, sliding_window=None, full_attention_every=0, rope_local_theta=None)
+    options.update(
+        d_model=width,
+        n_heads=heads,
+        n_kv_heads=_kv_heads(user, heads),
+        d_head=None,
+        d_ff=ffn,
+        attn_scale=None,
+        sliding_window=None,
+        full_attention_every=0,
+        rope_local_theta=None,
+    )
     if user.n_experts:  # the experts' width on the same ratio
         options["expert_d_ff"] = max(8, int(round(user.expert_ffn_dim / user.d_model * width / 8)) * 8)
     return options

@@ -76,8 +76,11 @@ def remove_stale_temp_files(run_dir: str | Path) -> list[str]:
     """Delete the hidden temp files of writes that were killed (see `atomic_write_bytes`): checkpoints,
     and the run's own files (config.json, summary.json, tokenizer.json). Called under the run's lock."""
     d, run = checkpoint_dir(run_dir), Path(run_dir)
-    stale = sorted([*d.glob(".step_*.pt.*.tmp"), *d.glob(".step_*.pt.sha256.*.tmp"), *d.glob(".step_*.dcp.tmp")]
-                   if d.is_dir() else [])
+    stale = sorted(
+        [*d.glob(".step_*.pt.*.tmp"), *d.glob(".step_*.pt.sha256.*.tmp"), *d.glob(".step_*.dcp.tmp")]
+        if d.is_dir()
+        else []
+    )
     stale += sorted(p for p in run.iterdir() if p.is_file() and TEMP_FILE.fullmatch(p.name)) if run.is_dir() else []
     for p in stale:
         _remove(p)
@@ -95,8 +98,9 @@ def _sha256_file(path: Path) -> str:
 
 def _verify(path: Path, expected: str) -> None:
     if _sha256_file(path) != expected.strip():
-        raise CheckpointError(f"{path} is corrupt: its SHA-256 differs from the one written with it "
-                              "(a flipped bit or a partial copy)")
+        raise CheckpointError(
+            f"{path} is corrupt: its SHA-256 differs from the one written with it (a flipped bit or a partial copy)"
+        )
 
 
 def _remove(path: Path) -> None:
@@ -114,8 +118,13 @@ def rng_state() -> dict[str, Any]:
     name, keys, pos, has_gauss, cached = np.random.get_state()
     return {
         "torch": torch.get_rng_state(),
-        "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "numpy": {
+            "name": name,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
         "python": random.getstate(),
     }
 
@@ -148,8 +157,15 @@ def prune(run_dir: str | Path, keep_last: int) -> None:
         _remove(old.with_name(old.name + SUM_SUFFIX))
 
 
-def save_sharded_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module, opt: torch.optim.Optimizer,
-                            state: dict[str, Any], keep_last: int, is_main: bool) -> Path:
+def save_sharded_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    state: dict[str, Any],
+    keep_last: int,
+    is_main: bool,
+) -> Path:
     """FSDP2: called on every rank; each writes its shards, the main rank ``extra.pt`` and the rename."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -178,17 +194,32 @@ def save_sharded_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Modu
 
 # What DCP's .metadata pickle may reference (torch 2.13 writes exactly these, plus torch dtypes).
 _DCP_GLOBALS = {
-    ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("torch", "Size"), ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-    *(("torch.distributed.checkpoint.metadata", n) for n in (
-        "BytesStorageMetadata", "ChunkStorageMetadata", "Metadata", "MetadataIndex", "StorageMeta",
-        "TensorProperties", "TensorStorageMetadata", "_MEM_FORMAT_ENCODING")),
+    *(
+        ("torch.distributed.checkpoint.metadata", n)
+        for n in (
+            "BytesStorageMetadata",
+            "ChunkStorageMetadata",
+            "Metadata",
+            "MetadataIndex",
+            "StorageMeta",
+            "TensorProperties",
+            "TensorStorageMetadata",
+            "_MEM_FORMAT_ENCODING",
+        )
+    ),
 }
 
 
 class _DCPMetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in _DCP_GLOBALS or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
+        if (module, name) in _DCP_GLOBALS or (
+            module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+        ):
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"global '{module}.{name}' is not allowed")
 
@@ -210,7 +241,8 @@ def _safe_planner():  # noqa: ANN202 - a DefaultLoadPlanner
                 raise UnsafeCheckpointError(
                     f"entry {read_item.dest_index.fqn!r} of a sharded checkpoint holds objects other than "
                     f"tensors and plain values ({refused_global(err)}); loading it could run code, so it was "
-                    "refused") from None
+                    "refused"
+                ) from None
             if self.flatten_state_dict:
                 set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
             else:
@@ -250,7 +282,8 @@ def _check_sharded(path: Path, verify: bool = True) -> None:
     except pickle.UnpicklingError as err:
         raise UnsafeCheckpointError(
             f"{path / '.metadata'} is not DCP metadata normlab will load ({str(err)[:200]}); loading it could "
-            "run code, so it was refused") from None
+            "run code, so it was refused"
+        ) from None
     except (EOFError, OSError, ValueError, AttributeError, ImportError) as err:
         raise CheckpointError(f"{meta} is unreadable (truncated or corrupt): {type(err).__name__}") from None
 
@@ -284,8 +317,10 @@ def _load_file(path: Path, require_model: bool) -> dict[str, Any]:
             f"values ({refused_global(err)}); loading it could run code, so it was refused"
         ) from None
     except (RuntimeError, EOFError, OSError, ValueError) as err:
-        raise CheckpointError(f"{path} is unreadable (truncated or corrupt): {type(err).__name__}: "
-                              f"{str(err).splitlines()[0][:200] if str(err) else ''}") from None
+        raise CheckpointError(
+            f"{path} is unreadable (truncated or corrupt): {type(err).__name__}: "
+            f"{str(err).splitlines()[0][:200] if str(err) else ''}"
+        ) from None
     if not isinstance(state, dict) or (require_model and "model" not in state):
         raise CheckpointError(f"{path} is not a normlab checkpoint (no model state in it)")
     return state
@@ -331,8 +366,9 @@ def load_sharded_state(path: str | Path, model: torch.nn.Module, opt: torch.opti
     _check_sharded(Path(path), verify=False)
     model_sd, optim_sd = get_state_dict(model, opt)  # this run's layout of the same keys: DCP fills it
     with _quiet_single_process(), _dcp_errors(path):
-        dcp.load({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=path, no_dist=_no_dist(),
-                 planner=_safe_planner())
+        dcp.load(
+            {"model": model_sd, "optimizer": optim_sd}, checkpoint_id=path, no_dist=_no_dist(), planner=_safe_planner()
+        )
     set_state_dict(model, opt, model_state_dict=model_sd, optim_state_dict=optim_sd)
 
 
@@ -346,9 +382,11 @@ def load_model_state(path: str | Path) -> dict[str, torch.Tensor]:
 
     _check_sharded(path)  # complete, and its metadata pickle references only DCP's classes
     meta = dcp.FileSystemReader(str(path)).read_metadata()
-    model = {k.removeprefix("model."): torch.empty(m.size, dtype=m.properties.dtype)
-             for k, m in meta.state_dict_metadata.items()
-             if k.startswith("model.") and isinstance(m, TensorStorageMetadata)}
+    model = {
+        k.removeprefix("model."): torch.empty(m.size, dtype=m.properties.dtype)
+        for k, m in meta.state_dict_metadata.items()
+        if k.startswith("model.") and isinstance(m, TensorStorageMetadata)
+    }
     with _quiet_single_process(), _dcp_errors(path):
         dcp.load({"model": model}, checkpoint_id=path, no_dist=True, planner=_safe_planner())
     return model

@@ -65,14 +65,18 @@ class Conversion:
     command: str = ""  # the complete `normlab train` command that continues from the converted weights
 
     def lines(self) -> list[str]:
-        out = [f"converted {self.source}: {self.old_layout} -> {self.new_layout}",
-               f"  kept {len(self.kept)} tensors; rewritten exactly: {len(self.rewritten)}; new: {len(self.new)}; "
-               f"dropped: {len(self.dropped)}"]
+        out = [
+            f"converted {self.source}: {self.old_layout} -> {self.new_layout}",
+            f"  kept {len(self.kept)} tensors; rewritten exactly: {len(self.rewritten)}; new: {len(self.new)}; "
+            f"dropped: {len(self.dropped)}",
+        ]
         out += [f"  rewritten {k}: {v}" for k, v in self.rewritten.items()]
         out += [f"  new {k}: {v}" for k, v in self.new.items()]
         out += [f"  dropped {k}" for k in self.dropped]
-        out.append(f"  change of function on {self.tokens} held-out tokens ({self.text}): KL(old || new) = "
-                   f"{self.kl:.4g} nats/token, top-1 unchanged on {100 * self.top1_agreement:.1f}%")
+        out.append(
+            f"  change of function on {self.tokens} held-out tokens ({self.text}): KL(old || new) = "
+            f"{self.kl:.4g} nats/token, top-1 unchanged on {100 * self.top1_agreement:.1f}%"
+        )
         out.append(f"  checkpoint: {self.checkpoint}")
         out.append(f"  continue with: {self.command}")
         return out
@@ -139,7 +143,10 @@ def _held_out(cfg: TrainConfig, run_dir: Path | None, max_len: int) -> tuple[lis
         data = load_data(cfg.data.data, cfg.data.tokenizer, cfg.data.val_fraction, cfg.data.text_field)
         val = data.val[: 8 * max_len]
         if len(val) >= 2 * max_len:
-            seqs = [torch.from_numpy(val[i:i + max_len].astype("int64")) for i in range(0, len(val) - max_len + 1, max_len)]
+            seqs = [
+                torch.from_numpy(val[i : i + max_len].astype("int64"))
+                for i in range(0, len(val) - max_len + 1, max_len)
+            ]
             return seqs[:8], f"the run's validation split, {min(len(seqs), 8)} x {max_len}"
     except (OSError, ValueError, KeyError, TypeError, AttributeError, DataError):
         pass  # data not readable here (moved, another machine): the sample texts
@@ -181,8 +188,10 @@ def _matched_gains(old: torch.nn.Module, new: torch.nn.Module, seqs: list[torch.
     if is_norm(new.embed_norm) and not is_norm(old.embed_norm):
         taps["embed_norm.weight"] = old.embed_out
     sums: dict[str, list[float]] = {k: [] for k in taps}
-    handles = [tap.register_forward_hook(lambda m, a, o, k=k: sums[k].append(
-        float(o.double().pow(2).mean(-1).sqrt().mean()))) for k, tap in taps.items()]
+    handles = [
+        tap.register_forward_hook(lambda m, a, o, k=k: sums[k].append(float(o.double().pow(2).mean(-1).sqrt().mean())))
+        for k, tap in taps.items()
+    ]
     try:
         for s in seqs:
             old(s[None])
@@ -209,11 +218,15 @@ def _rms_rewrite_refusal(old: torch.nn.Module, new_layout: Any) -> str | None:
     if old.config.n_experts:
         return "mixture-of-experts layers: each expert's W_down would be re-centred (not built)"
     for i, block in enumerate(old.blocks):
-        for norm, consumers in ((block.attn_norms.input, (block.attn.q_proj, block.attn.k_proj, block.attn.v_proj)),
-                                (block.mlp_norms.input, (block.mlp.gate_proj, block.mlp.up_proj))):
+        for norm, consumers in (
+            (block.attn_norms.input, (block.attn.q_proj, block.attn.k_proj, block.attn.v_proj)),
+            (block.mlp_norms.input, (block.mlp.gate_proj, block.mlp.up_proj)),
+        ):
             if getattr(norm, "bias", None) is not None and any(c is not None and c.bias is None for c in consumers):
-                return (f"block {i}: LayerNorm's beta must move into the next projections' biases, and they have none "
-                        "(linear_bias / qkv_bias); exact only with them or with norm_bias=False")
+                return (
+                    f"block {i}: LayerNorm's beta must move into the next projections' biases, and they have none "
+                    "(linear_bias / qkv_bias); exact only with them or with norm_bias=False"
+                )
     return None
 
 
@@ -238,10 +251,14 @@ def _rms_rewrite(old: torch.nn.Module, conv: Conversion) -> dict[str, torch.Tens
             centre(f"blocks.{i}.{proj}.weight", 0)
             if f"blocks.{i}.{proj}.bias" in state:
                 centre(f"blocks.{i}.{proj}.bias", 0)
-        for sub, consumers in (("attn", ("attn.q_proj", "attn.k_proj", "attn.v_proj")),
-                               ("mlp", ("mlp.gate_proj", "mlp.up_proj"))):
+        for sub, consumers in (
+            ("attn", ("attn.q_proj", "attn.k_proj", "attn.v_proj")),
+            ("mlp", ("mlp.gate_proj", "mlp.up_proj")),
+        ):
             beta = state.pop(f"blocks.{i}.{sub}_norms.input.bias", None)
-            conv.rewritten[f"blocks.{i}.{sub}_norms.input.weight"] = "LayerNorm gamma -> RMSNorm gamma (the stream is zero-mean)"
+            conv.rewritten[f"blocks.{i}.{sub}_norms.input.weight"] = (
+                "LayerNorm gamma -> RMSNorm gamma (the stream is zero-mean)"
+            )
             if beta is None:
                 continue
             conv.dropped.append(f"blocks.{i}.{sub}_norms.input.bias")
@@ -263,8 +280,9 @@ def convert(source: str | Path, layout: str, out: str | Path, seed: int = 0, mat
     cfg = run.config
     old = run.model
     new_layout = as_layout(layout)
-    new = build_run_model(new_layout, cfg.model.size, cfg.model.options, cfg.data.seq_len,
-                          old.config.vocab_size, seed=seed).eval()
+    new = build_run_model(
+        new_layout, cfg.model.size, cfg.model.options, cfg.data.seq_len, old.config.vocab_size, seed=seed
+    ).eval()
     if new.config.to_dict() != old.config.to_dict():
         raise ConfigError("the converted model's options differ from the run's; convert changes the layout only")
     conv = Conversion(source=str(source), old_layout=old.layout.to_string(), new_layout=new_layout.to_string())
@@ -295,8 +313,10 @@ def convert(source: str | Path, layout: str, out: str | Path, seed: int = 0, mat
             mod = _owner(new, name)[0]
             if name in conv.new and getattr(mod, "weight", None) is not None and not getattr(mod, "offset", 0.0):
                 state[name] = torch.full_like(state[name], rms)
-                conv.new[name] = (f"{type(mod).__name__} gamma = {rms:.4g}: the mean RMS of what it normalizes in the "
-                                  "old model (its scale kept on average)")
+                conv.new[name] = (
+                    f"{type(mod).__name__} gamma = {rms:.4g}: the mean RMS of what it normalizes in the "
+                    "old model (its scale kept on average)"
+                )
     new.load_state_dict(state)
     if any(getattr(b, "attn_omega", None) is not None for b in new.blocks):
         from normlab.model.admin import profile_admin

@@ -202,8 +202,11 @@ class RunDir:
 
     def probe_series(self, site: str, metric: str, layer: int | None = None) -> list[tuple[int, float]]:
         """(step, value) of one site and metric, without pandas (summaries of many runs)."""
-        return [(r["step"], r["value"]) for r in self.probes()
-                if r.get("site") == site and r.get("metric") == metric and r.get("layer") == layer]
+        return [
+            (r["step"], r["value"])
+            for r in self.probes()
+            if r.get("site") == site and r.get("metric") == metric and r.get("layer") == layer
+        ]
 
     def evals(self) -> dict[str, dict]:
         """eval.json ({} if the run was never evaluated); a torn file is named, not ignored."""
@@ -223,16 +226,19 @@ class RunDir:
     def check_logged(self) -> list[dict[str, Any]]:
         """The metrics rows of a run that has logged steps; a ConfigError naming the folder otherwise."""
         if not self.has_metrics():
-            raise ConfigError(f"{self.path} is not a normlab run directory (no {METRICS}); give directories written "
-                              "by normlab train")
+            raise ConfigError(
+                f"{self.path} is not a normlab run directory (no {METRICS}); give directories written by normlab train"
+            )
         rows = self.metrics()
         if not rows:
             raise ConfigError(f"{self.metrics_file} has no readable rows (the run has not logged a step yet)")
         for i, row in enumerate(rows):
             step, loss = row.get("step"), row.get("loss")
             if not isinstance(step, int) or isinstance(step, bool) or not isinstance(loss, (int, float, type(None))):
-                raise ConfigError(f"{self.metrics_file} row {i + 1} is not a normlab metrics row (step {step!r}, "
-                                  f"loss {str(loss)[:40]!r}); give directories written by normlab train")
+                raise ConfigError(
+                    f"{self.metrics_file} row {i + 1} is not a normlab metrics row (step {step!r}, "
+                    f"loss {str(loss)[:40]!r}); give directories written by normlab train"
+                )
         return rows
 
     # -- writing (atomic) --
@@ -251,8 +257,10 @@ class RunDir:
 
 def check_run_id(run_id: Any) -> str:
     if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id) or ".." in run_id:
-        raise ConfigError(f"sweep store holds an invalid run id {str(run_id)[:80]!r}: ids are letters, digits and "
-                          "._+=- (what normlab sweep writes); the store was edited or is not normlab's")
+        raise ConfigError(
+            f"sweep store holds an invalid run id {str(run_id)[:80]!r}: ids are letters, digits and "
+            "._+=- (what normlab sweep writes); the store was edited or is not normlab's"
+        )
     return run_id
 
 

@@ -20,8 +20,9 @@ from normlab.model.lm import NormLM
 from normlab.runs.files import RunDir
 
 
-def build_run_model(layout: Layout | str, size: str, options: Mapping[str, Any], seq_len: int, vocab_size: int,
-                    seed: int = 0) -> NormLM:
+def build_run_model(
+    layout: Layout | str, size: str, options: Mapping[str, Any], seq_len: int, vocab_size: int, seed: int = 0
+) -> NormLM:
     """The model a run trains: `size` with the run's model `options`, ``vocab_size`` the data's unless the
     options set a larger one, and ``max_seq_len`` at least the run's `seq_len`. Refuses, before anything
     is built, a vocabulary below the data's or a context shorter than the run's sequences."""
@@ -31,11 +32,15 @@ def build_run_model(layout: Layout | str, size: str, options: Mapping[str, Any],
     overrides = {"vocab_size": vocab_size, **options}
     overrides.setdefault("max_seq_len", max(seq_len, get_size(size).max_seq_len))
     if overrides["vocab_size"] < vocab_size:
-        raise ConfigError(f"vocab_size={overrides['vocab_size']} is below the tokenizer's {vocab_size} ids; "
-                          f"give at least {vocab_size} (or leave it out: the tokenizer's size is used)")
+        raise ConfigError(
+            f"vocab_size={overrides['vocab_size']} is below the tokenizer's {vocab_size} ids; "
+            f"give at least {vocab_size} (or leave it out: the tokenizer's size is used)"
+        )
     if overrides["max_seq_len"] < seq_len:
-        raise ConfigError(f"max_seq_len={overrides['max_seq_len']} is below seq_len={seq_len}; give "
-                          f"max_seq_len >= {seq_len} or a shorter --seq-len")
+        raise ConfigError(
+            f"max_seq_len={overrides['max_seq_len']} is below seq_len={seq_len}; give "
+            f"max_seq_len >= {seq_len} or a shorter --seq-len"
+        )
     return build_model(layout, size, seed=seed, **overrides)
 
 
@@ -66,7 +71,8 @@ def run_tokenizer(cfg: TrainConfig, run_dir: Path | None = None) -> Any:
             raise DataError(
                 f"{run_dir} was trained with a BPE from before normlab's tokenizers had an end-of-text token; "
                 "today's BPE reserves id 0 for it, so rebuilding it would not give the ids this model learned. "
-                "Retrain the run, or export it with the normlab version that trained it")
+                "Retrain the run, or export it with the normlab version that trained it"
+            )
         return load_data(d.data, d.tokenizer, d.val_fraction, d.text_field).tokenizer
     return load_tokenizer(d.tokenizer)
 
@@ -91,8 +97,9 @@ def load_run_model(source: str | Path) -> RunModel:
         raise CheckpointError(f"{ckpt} holds no run configuration; give a checkpoint written by normlab train")
     cfg = TrainConfig.from_dict(state["config"], str(ckpt))
     weights = state["model"] if "model" in state else load_model_state(ckpt)
-    model = build_run_model(cfg.model.layout, cfg.model.size, cfg.model.options, cfg.data.seq_len,
-                            weights["embed.weight"].shape[0])
+    model = build_run_model(
+        cfg.model.layout, cfg.model.size, cfg.model.options, cfg.data.seq_len, weights["embed.weight"].shape[0]
+    )
     model.load_state_dict(weights)
     run_dir = src if src.is_dir() and not is_sharded(src) else None
     if run_dir is None and ckpt.parent == RunDir(ckpt.parent.parent).checkpoints:

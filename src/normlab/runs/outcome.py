@@ -17,8 +17,19 @@ FINISHED = ("ok", "stalled", "diverged")  # the outcomes of a run that ran to it
 TRAINED = ("ok", "stalled")  # finished with a finite final loss: seed means and evaluations use these
 STATUSES = ("pending", "running", *FINISHED, "failed")  # a sweep store row's life cycle
 # Outcome columns a sweep keeps from a run's summary.json (normlab.runs.store).
-OUTCOME = ("initial_loss", "final_loss", "final_val_loss", "diverged_step", "loss_spikes", "grad_spikes",
-           "megatron_spikes", "wall_time_s", "tokens", "max_activation", "first_break")
+OUTCOME = (
+    "initial_loss",
+    "final_loss",
+    "final_val_loss",
+    "diverged_step",
+    "loss_spikes",
+    "grad_spikes",
+    "megatron_spikes",
+    "wall_time_s",
+    "tokens",
+    "max_activation",
+    "first_break",
+)
 
 
 def describe(result: Mapping[str, Any]) -> str:

@@ -34,12 +34,17 @@ def check_out(run: Path) -> None:
     """Refuse an --out that is a file, or a non-empty folder that is not a normlab run."""
     if run.exists() and not run.is_dir():
         raise ConfigError(f"--out {run} is a file; give a directory for the run (it is created if missing)")
-    held = sorted(p.name for p in run.iterdir() if p.name not in OWN_FILES and not TEMP_FILE.fullmatch(p.name)) \
-        if run.is_dir() else []
+    held = (
+        sorted(p.name for p in run.iterdir() if p.name not in OWN_FILES and not TEMP_FILE.fullmatch(p.name))
+        if run.is_dir()
+        else []
+    )
     if held and not RunDir(run).is_run():
-        raise ConfigError(f"--out {run} is a folder that is not a normlab run (it holds {', '.join(held[:5])}"
-                          f"{', ...' if len(held) > 5 else ''}); nothing there is overwritten: "
-                          "choose a new or empty directory")
+        raise ConfigError(
+            f"--out {run} is a folder that is not a normlab run (it holds {', '.join(held[:5])}"
+            f"{', ...' if len(held) > 5 else ''}); nothing there is overwritten: "
+            "choose a new or empty directory"
+        )
 
 
 @dataclass
@@ -66,16 +71,21 @@ def plan_start(cfg: TrainConfig, warn=print) -> Start:  # noqa: ANN001 - warn: p
     if diff:
         was, now = saved.identity(), cfg.identity()
         changes = ", ".join(f"{k}: {was[k]!r} -> {now[k]!r}" for k in diff[:6])
-        raise ConfigError(f"{run} holds a run with different settings ({changes}); "
-                          "resume with the same settings or choose another --out")
+        raise ConfigError(
+            f"{run} holds a run with different settings ({changes}); "
+            "resume with the same settings or choose another --out"
+        )
     was_layout, now_layout = (rd.record() or {}).get("layout"), cfg.model.layout.to_string()
     if was_layout is not None and was_layout != now_layout:  # a preset's definition changed under its name
-        raise ConfigError(f"{run} was trained with layout {cfg.model.layout_label!r} = {was_layout!r}; this normlab "
-                          f"defines it as {now_layout!r}. Choose another --out to train the new definition, or "
-                          f"give --layout {was_layout!r} to resume the old one")
+        raise ConfigError(
+            f"{run} was trained with layout {cfg.model.layout_label!r} = {was_layout!r}; this normlab "
+            f"defines it as {now_layout!r}. Choose another --out to train the new definition, or "
+            f"give --layout {was_layout!r} to resume the old one"
+        )
     if not cfg.run.resume:
-        raise ConfigError(f"{run} already holds a run and --no-resume was given; choose another --out "
-                          "(nothing there is overwritten)")
+        raise ConfigError(
+            f"{run} already holds a run and --no-resume was given; choose another --out (nothing there is overwritten)"
+        )
     summary = rd.summary()
     status = (summary or {}).get("status")
     if status == "diverged" or (status in TRAINED and summary.get("steps") == cfg.optim.steps):
@@ -102,6 +112,8 @@ def recorded_shape(cfg: TrainConfig, given: set[str]) -> TrainConfig:
         shape["layout"] = recorded.model.layout_label
     if not shape:
         return cfg
-    print(f"normlab train: --init-from {source}: its recorded shape ({', '.join(f'{k}={v}' for k, v in shape.items())})",
-          flush=True)
+    print(
+        f"normlab train: --init-from {source}: its recorded shape ({', '.join(f'{k}={v}' for k, v in shape.items())})",
+        flush=True,
+    )
     return cfg.with_(shape, f"{source} (recorded shape)")

@@ -24,7 +24,6 @@ from normlab.config.commands import STRESS_MODES
 from normlab.model.norms import L2Norm, ScaleNorm, gain_of
 
 
-
 def stressed(model: nn.Module, s: float, mode: str) -> nn.Module:
     """A copy of ``model`` with its module weights scaled by ``s``."""
     if mode not in STRESS_MODES:
@@ -129,5 +128,8 @@ def _mean_abs_bound(norm: nn.Module, d: int) -> float:
     gain, beta = gain_of(norm), getattr(norm, "bias", None)
     # SeeDNorm: its gain gamma + alpha tanh(x . beta) is at most max|gamma| + max|alpha| on an RMS-1 vector
     dyn = getattr(norm, "dyn_gain", None)
-    return ((gain.abs().max().item() if gain is not None else 1.0) + (beta.abs().max().item() if beta is not None else 0.0)
-            + (dyn.abs().max().item() if dyn is not None else 0.0))
+    return (
+        (gain.abs().max().item() if gain is not None else 1.0)
+        + (beta.abs().max().item() if beta is not None else 0.0)
+        + (dyn.abs().max().item() if dyn is not None else 0.0)
+    )

@@ -22,15 +22,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from normlab.config.commands import ScreenConfig
 from normlab.layout import Layout, LayoutError, as_layout
 from normlab.model import build_model
 from normlab.model.streams import composite_gain
-from normlab.config.commands import ScreenConfig
-from normlab.settings import check_leaf, leaves
 from normlab.screen.backward import sensitivities
 from normlab.screen.forward import fit_growth, output_norm_bound, profile, stressed, with_h
 from normlab.screen.uncertainty import amplification
 from normlab.screen.wellposed import all_output_normalized, wellposedness
+from normlab.settings import check_leaf, leaves
 
 GROWS, INVARIANT = 1.5, 0.05  # sensitivity ratio s_max/s_min above 1.5: grows; within 5%: invariant
 
@@ -156,8 +156,14 @@ def screen_layout(layout: Layout | str, cfg: ScreenConfig, extra: dict[str, Any]
             "backward": backward,
             "sensitivity_ratio": sens_ratio,
             "uncertainty_ratio_growth": amp_ratio,
-            **({"hc_gain": max(max(r["hc_gain"]["forward"]), max(r["hc_gain"]["backward"]))
-                for r in per_stress.values()} if lay.streams > 1 else {}),
+            **(
+                {
+                    "hc_gain": max(max(r["hc_gain"]["forward"]), max(r["hc_gain"]["backward"]))
+                    for r in per_stress.values()
+                }
+                if lay.streams > 1
+                else {}
+            ),
             "overall": overall,
         },
         "seconds": time.perf_counter() - t0,
@@ -165,42 +171,62 @@ def screen_layout(layout: Layout | str, cfg: ScreenConfig, extra: dict[str, Any]
 
 
 def format_table(results: list[dict[str, Any]]) -> str:
-    lo_hi = lambda r, key: (r["stresses"][min(r["stresses"], key=float)], r["stresses"][max(r["stresses"], key=float)])  # noqa: E731
-    heads = ("layout", "well-posedness", "forward", "shape var(l)", "sens mean", "sens prod", "W2 out/in", "h→h/2 last|h|", "verdict")
+    lo_hi = lambda r, key: (r["stresses"][min(r["stresses"], key=float)], r["stresses"][max(r["stresses"], key=float)])
+    heads = (
+        "layout",
+        "well-posedness",
+        "forward",
+        "shape var(l)",
+        "sens mean",
+        "sens prod",
+        "W2 out/in",
+        "h→h/2 last|h|",
+        "verdict",
+    )
     rows = []
     for r in results:
         a, b = lo_hi(r, None)
         h = r["h_effect"]
-        rows.append((
-            r["layout"],
-            r["wellposedness"]["verdict"],
-            r["verdict"]["forward"],
-            f"{a['shape_var']['shape']}→{b['shape_var']['shape']}",
-            f"{a['sensitivity_mean']:.3g}→{b['sensitivity_mean']:.3g}",
-            f"{a['sensitivity_product']:.3g}→{b['sensitivity_product']:.3g}",
-            f"{a['uncertainty']['ratio']:.3g}→{b['uncertainty']['ratio']:.3g}",
-            f"{h['final_mean_abs'][0]:.3g}→{h['final_mean_abs'][1]:.3g}",
-            r["verdict"]["overall"],
-        ))
+        rows.append(
+            (
+                r["layout"],
+                r["wellposedness"]["verdict"],
+                r["verdict"]["forward"],
+                f"{a['shape_var']['shape']}→{b['shape_var']['shape']}",
+                f"{a['sensitivity_mean']:.3g}→{b['sensitivity_mean']:.3g}",
+                f"{a['sensitivity_product']:.3g}→{b['sensitivity_product']:.3g}",
+                f"{a['uncertainty']['ratio']:.3g}→{b['uncertainty']['ratio']:.3g}",
+                f"{h['final_mean_abs'][0]:.3g}→{h['final_mean_abs'][1]:.3g}",
+                r["verdict"]["overall"],
+            )
+        )
     widths = [max(len(str(x)) for x in col) for col in zip(heads, *rows)]
-    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()
     first = results[0]["stresses"] if results else {}
     note = ""
     if results:
         s = sorted(float(k) for k in first)
-        note = (f"\n(a→b: stress s={s[0]:g} → s={s[-1]:g}; sens = ||dX_(l+1)/dX_l||_2 per block; W2 out/in = "
-                f"terminal over input Wasserstein-2 of a {results[0]['config']['noise']:g}-RMS perturbation; "
-                f"h→h/2: final mean|h| at s={s[-1]:g})")
-    gains = [f"\n{r['layout']}: hyper-connections' composite mixing gain (largest abs row / column sum of "
-             f"res_l..res_1 over depth and tokens, Xie et al.'s Amax): "
-             + "; ".join(f"s={row['stress']:g}: {max(row['hc_gain']['forward']):.4g} / "
-                         f"{max(row['hc_gain']['backward']):.4g}" for row in r["stresses"].values())
-             for r in results if "hc_gain" in next(iter(r["stresses"].values()))]
+        note = (
+            f"\n(a→b: stress s={s[0]:g} → s={s[-1]:g}; sens = ||dX_(l+1)/dX_l||_2 per block; W2 out/in = "
+            f"terminal over input Wasserstein-2 of a {results[0]['config']['noise']:g}-RMS perturbation; "
+            f"h→h/2: final mean|h| at s={s[-1]:g})"
+        )
+    gains = [
+        f"\n{r['layout']}: hyper-connections' composite mixing gain (largest abs row / column sum of "
+        f"res_l..res_1 over depth and tokens, Xie et al.'s Amax): "
+        + "; ".join(
+            f"s={row['stress']:g}: {max(row['hc_gain']['forward']):.4g} / {max(row['hc_gain']['backward']):.4g}"
+            for row in r["stresses"].values()
+        )
+        for r in results
+        if "hc_gain" in next(iter(r["stresses"].values()))
+    ]
     return "\n".join([line(heads), line(["-" * w for w in widths]), *map(line, rows)]) + note + "".join(gains)
 
 
-def screen_command(layout_args: list[str], cfg: ScreenConfig, json_path: str | None = None,
-                   verbose: bool = False) -> str:
+def screen_command(
+    layout_args: list[str], cfg: ScreenConfig, json_path: str | None = None, verbose: bool = False
+) -> str:
     """`normlab screen`: every layout argument parsed first (typos fail before any work), each screened
     with a progress bar; the table (with each sublayer's verdict when `verbose`), the measurements written
     to `json_path` when given."""
@@ -223,7 +249,9 @@ def screen_command(layout_args: list[str], cfg: ScreenConfig, json_path: str | N
     if verbose:
         for r in results:
             lines.append(f"\n[{r['layout']}] {r['string']}: {r['wellposedness']['verdict']}")
-            lines += [f"  layers {v['layers']} {v['sublayer']}: {v['kind']}: {v['why']}"
-                      for v in r["wellposedness"]["sublayers"]]
+            lines += [
+                f"  layers {v['layers']} {v['sublayer']}: {v['kind']}: {v['why']}"
+                for v in r["wellposedness"]["sublayers"]
+            ]
             lines.append("  " + json.dumps(r["verdict"]))
     return "\n".join(lines)

@@ -39,13 +39,19 @@ class SublayerVerdict:
 _B_BOUND = {
     "rms": "u lies on N_B's ellipsoid (Kan Lemma 1): its entries are at most h*(max|gamma|*sqrt(d) + max|beta|)",
     "layer": "u lies on N_B's ellipsoid (Kan Lemma 1): its entries are at most h*(max|gamma|*sqrt(d) + max|beta|)",
-    "dyt": ("DyT squashes u entry by entry: |u_i| <= h*(|gamma_i| + |beta_i|) whatever its input (Zhu et al. eq. 1); "
-            "bounded above but not fixed in size as on RMSNorm's ellipsoid (a small input passes as gamma*alpha*x)"),
-    "derf": ("Derf squashes u entry by entry: |u_i| <= h*(|gamma_i| + |beta_i|) whatever its input (erf's range is "
-             "(-1, 1); Chen et al. 2025); bounded above but not fixed in size (a small input passes as "
-             "gamma*(2/sqrt(pi))*alpha*x around the shift)"),
-    "seednorm": ("SeeDNorm scales x / RMS(x) by gamma + alpha tanh(x . beta): |u_i| <= h*(|gamma_i| + |alpha_i|)*sqrt(d), "
-                 "a bound set by its gains whatever the module's weights (tanh is in (-1, 1); Cai et al. 2025)"),
+    "dyt": (
+        "DyT squashes u entry by entry: |u_i| <= h*(|gamma_i| + |beta_i|) whatever its input (Zhu et al. eq. 1); "
+        "bounded above but not fixed in size as on RMSNorm's ellipsoid (a small input passes as gamma*alpha*x)"
+    ),
+    "derf": (
+        "Derf squashes u entry by entry: |u_i| <= h*(|gamma_i| + |beta_i|) whatever its input (erf's range is "
+        "(-1, 1); Chen et al. 2025); bounded above but not fixed in size (a small input passes as "
+        "gamma*(2/sqrt(pi))*alpha*x around the shift)"
+    ),
+    "seednorm": (
+        "SeeDNorm scales x / RMS(x) by gamma + alpha tanh(x . beta): |u_i| <= h*(|gamma_i| + |alpha_i|)*sqrt(d), "
+        "a bound set by its gains whatever the module's weights (tanh is in (-1, 1); Cai et al. 2025)"
+    ),
     "scale": "ScaleNorm puts u on a sphere: ||u|| = h*|g| exactly (Nguyen & Salazar eq. 3)",
     "l2": "u is h times a unit vector: ||u|| = h exactly",
 }
@@ -54,25 +60,35 @@ _C_KEEPS = {
     "rms": "the stream is projected back onto the ellipsoid",
     "layer": "the stream is projected back onto the ellipsoid",
     "dyt": "DyT squashes the stream into the box |x_i| <= |gamma_i| + |beta_i| (a large update saturates tanh, "
-           "where its gradient vanishes, instead of being projected)",
+    "where its gradient vanishes, instead of being projected)",
     "derf": "Derf squashes the stream into the box |x_i| <= |gamma_i| + |beta_i| (a large update saturates erf, "
-            "where its gradient vanishes, instead of being projected)",
+    "where its gradient vanishes, instead of being projected)",
     "seednorm": "the stream is projected back onto the sphere, then scaled by an input-dependent gain",
     "scale": "the stream is projected back onto a sphere of radius |g|",
     "l2": "the stream is projected back onto the unit sphere",
 }
 
 
-def classify(sites: SublayerSites, inner: AttentionInnerSites | None, h: float,
-             out: NormSpec | None = None, after: NormSpec | None = None, h_learned: str | None = None,
-             hidden: bool = False) -> tuple[str, str]:
+def classify(
+    sites: SublayerSites,
+    inner: AttentionInnerSites | None,
+    h: float,
+    out: NormSpec | None = None,
+    after: NormSpec | None = None,
+    h_learned: str | None = None,
+    hidden: bool = False,
+) -> tuple[str, str]:
     """One sublayer's verdict and why, by the kinds of its B and C norms (RMSNorm when not given)."""
-    step = (f"h={h:g}" if h_learned is None else
-            f"h learned ({h_learned}, from {h:g}): the bound moves with h, which training can grow")
+    step = (
+        f"h={h:g}"
+        if h_learned is None
+        else f"h learned ({h_learned}, from {h:g}): the bound moves with h, which training can grow"
+    )
     if sites.output:
         kind = out.kind if out is not None else "rms"
         gain = {"none": " (no gain: gamma = 1, beta = 0)", "scalar": " (one scalar gain)"}.get(
-            out.gain if out is not None else "gamma", "")
+            out.gain if out is not None else "gamma", ""
+        )
         return "bounded", f"output norm (B, {kind}{gain}): {_B_BOUND[kind]}, with {step}, whatever the module's weights"
     if sites.after_add:
         kind = after.kind if after is not None else "rms"
@@ -96,7 +112,13 @@ def classify(sites: SublayerSites, inner: AttentionInnerSites | None, h: float,
 
 
 def _span(idx: list[int]) -> str:
-    return str(idx[0]) if len(idx) == 1 else f"{idx[0]}-{idx[-1]}" if idx == list(range(idx[0], idx[-1] + 1)) else ",".join(map(str, idx))
+    return (
+        str(idx[0])
+        if len(idx) == 1
+        else f"{idx[0]}-{idx[-1]}"
+        if idx == list(range(idx[0], idx[-1] + 1))
+        else ",".join(map(str, idx))
+    )
 
 
 def wellposedness(resolved: ResolvedLayout) -> dict:
@@ -105,14 +127,25 @@ def wellposedness(resolved: ResolvedLayout) -> dict:
     groups: dict[tuple[str, str, str], list[int]] = {}
     for i, blk in enumerate(resolved.blocks):
         for name, sites, inner in (("attn", blk.attn, blk.attn_inner), ("mlp", blk.mlp, None)):
-            kind, why = classify(sites, inner, lay.h, lay.norm_at(f"{name}.B"), lay.norm_at(f"{name}.C"),
-                                 lay.h_learned, hidden=sites.hidden)
+            kind, why = classify(
+                sites,
+                inner,
+                lay.h,
+                lay.norm_at(f"{name}.B"),
+                lay.norm_at(f"{name}.C"),
+                lay.h_learned,
+                hidden=sites.hidden,
+            )
             groups.setdefault((name, kind, why), []).append(i)
     verdicts = [SublayerVerdict(_span(idx), name, kind, why) for (name, kind, why), idx in groups.items()]
     verdicts.sort(key=lambda v: (int(v.layers.split("-")[0].split(",")[0]), v.sublayer))
     worst = max((v.kind for v in verdicts), key=ORDER.__getitem__)
-    return {"verdict": VERDICT[worst], "worst": worst, "sublayers": [asdict(v) for v in verdicts],
-            "stream": stream_path(lay)}
+    return {
+        "verdict": VERDICT[worst],
+        "worst": worst,
+        "sublayers": [asdict(v) for v in verdicts],
+        "stream": stream_path(lay),
+    }
 
 
 def stream_path(lay: Layout) -> str:
@@ -120,17 +153,26 @@ def stream_path(lay: Layout) -> str:
     above bound the update; these scale or mix what it is added to."""
     notes = []
     if lay.skip_learned:
-        notes.append("a learned skip scale lambda (from 1): the carried stream is multiplied by it each sublayer, so "
-                     "a lambda above 1 compounds over depth (no Theorem 4 bound)")
+        notes.append(
+            "a learned skip scale lambda (from 1): the carried stream is multiplied by it each sublayer, so "
+            "a lambda above 1 compounds over depth (no Theorem 4 bound)"
+        )
     if lay.gpas:
-        notes.append("GPAS: the stream is multiplied by 1 - SiLU(a) after each sublayer (a learned from 0; at most "
-                     "1.28 as SiLU >= -0.28), its gradient left whole")
+        notes.append(
+            "GPAS: the stream is multiplied by 1 - SiLU(a) after each sublayer (a learned from 0; at most "
+            "1.28 as SiLU >= -0.28), its gradient left whole"
+        )
     if lay.streams > 1:
-        notes.append(f"{lay.streams} streams mixed by "
-                     + ("hyper-connections (Zhu et al. 2025): res = A_r^T is unconstrained, so its product over "
-                        "depth can amplify (the screen's hc_gain)" if lay.stream_mix == "hc" else
-                        "mHC (Xie et al. 2025): res is doubly stochastic (Sinkhorn-Knopp), so its product over depth "
-                        "has gain <= 1 in both directions (the screen's hc_gain), and post <= 2 scales each update"))
+        notes.append(
+            f"{lay.streams} streams mixed by "
+            + (
+                "hyper-connections (Zhu et al. 2025): res = A_r^T is unconstrained, so its product over "
+                "depth can amplify (the screen's hc_gain)"
+                if lay.stream_mix == "hc"
+                else "mHC (Xie et al. 2025): res is doubly stochastic (Sinkhorn-Knopp), so its product over depth "
+                "has gain <= 1 in both directions (the screen's hc_gain), and post <= 2 scales each update"
+            )
+        )
     return "; ".join(notes) or "identity (unit-weight sum)"
 
 

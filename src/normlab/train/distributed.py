@@ -37,11 +37,14 @@ class DistInfo:
 def pick_device(device: str, local_rank: int = 0) -> torch.device:
     if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
-            raise ConfigError(f"device=cuda, but CUDA is not available here (torch {torch.__version__}); "
-                              "use --device cpu or auto")
+            raise ConfigError(
+                f"device=cuda, but CUDA is not available here (torch {torch.__version__}); use --device cpu or auto"
+            )
         if local_rank >= torch.cuda.device_count():
-            raise ConfigError(f"local rank {local_rank} needs cuda:{local_rank}, but this machine has "
-                              f"{torch.cuda.device_count()} GPU(s); start at most that many ranks per node")
+            raise ConfigError(
+                f"local rank {local_rank} needs cuda:{local_rank}, but this machine has "
+                f"{torch.cuda.device_count()} GPU(s); start at most that many ranks per node"
+            )
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
@@ -77,7 +80,9 @@ def wrap(model: nn.Module, info: DistInfo, fsdp: bool) -> nn.Module:
             fully_shard(block)
         fully_shard(model)
         return model
-    return nn.parallel.DistributedDataParallel(model, device_ids=[info.local_rank] if info.device.type == "cuda" else None)
+    return nn.parallel.DistributedDataParallel(
+        model, device_ids=[info.local_rank] if info.device.type == "cuda" else None
+    )
 
 
 def broadcast_object(obj: Any, info: DistInfo) -> Any:

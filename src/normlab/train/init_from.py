@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from normlab.errors import ConfigError
-from normlab.runs.files import RunDir
 from normlab.runs.checkpoint import load_model_state, newest_checkpoint
+from normlab.runs.files import RunDir
 
 
 def init_state(source: str | Path) -> dict[str, torch.Tensor]:
@@ -35,8 +35,10 @@ def init_state(source: str | Path) -> dict[str, torch.Tensor]:
         return from_native(src).state_dict()
     ckpt = newest_checkpoint(src)
     if ckpt is None or not ckpt.exists():
-        raise ConfigError(f"init_from {source}: no checkpoint there; give a run directory, a checkpoint file "
-                          "or a transformers model folder")
+        raise ConfigError(
+            f"init_from {source}: no checkpoint there; give a run directory, a checkpoint file "
+            "or a transformers model folder"
+        )
     return load_model_state(ckpt)
 
 
@@ -46,9 +48,17 @@ def load_init_weights(model: nn.Module, source: str | Path) -> None:
     missing, extra = sorted(set(ours) - set(state)), sorted(set(state) - set(ours))
     shapes = [k for k in set(ours) & set(state) if ours[k].shape != state[k].shape]
     if missing or extra or shapes:
-        detail = "; ".join(x for x in (
-            f"missing {missing[:4]}" if missing else "", f"unexpected {extra[:4]}" if extra else "",
-            f"shape differs for {sorted(shapes)[:4]}" if shapes else "") if x)
-        raise ConfigError(f"init_from {source}: its weights do not fit the model built from this run's layout, "
-                          f"size and model options ({detail}); use the same --layout/--size/--model as the source")
+        detail = "; ".join(
+            x
+            for x in (
+                f"missing {missing[:4]}" if missing else "",
+                f"unexpected {extra[:4]}" if extra else "",
+                f"shape differs for {sorted(shapes)[:4]}" if shapes else "",
+            )
+            if x
+        )
+        raise ConfigError(
+            f"init_from {source}: its weights do not fit the model built from this run's layout, "
+            f"size and model options ({detail}); use the same --layout/--size/--model as the source"
+        )
     model.load_state_dict(state)

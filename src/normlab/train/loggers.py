@@ -24,7 +24,7 @@ class LineProgress:
         self.t0 = self.last = time.monotonic()
         self.start, self.post = start, ""
 
-    def set_postfix(self, post: dict[str, str], refresh: bool = False) -> None:  # noqa: ARG002 - tqdm's signature
+    def set_postfix(self, post: dict[str, str], refresh: bool = False) -> None:
         self.post = ", ".join(f"{k} {v}" for k, v in post.items())
 
     def update(self, n: int = 1) -> None:
@@ -36,8 +36,13 @@ class LineProgress:
         self.last = time.monotonic()
         done = self.n - self.start
         eta = (self.last - self.t0) / done * (self.total - self.n) if done else None
-        print(f"{self.name}: step {self.n}/{self.total}" + (f", ETA {eta / 60:.1f} min" if eta is not None else "")
-              + (f"; {self.post}" if self.post else ""), file=sys.stderr, flush=True)
+        print(
+            f"{self.name}: step {self.n}/{self.total}"
+            + (f", ETA {eta / 60:.1f} min" if eta is not None else "")
+            + (f"; {self.post}" if self.post else ""),
+            file=sys.stderr,
+            flush=True,
+        )
 
     def close(self) -> None:
         if self.n > self.start:
@@ -51,20 +56,30 @@ class Sinks:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
-                raise ConfigError("--tensorboard needs the tensorboard package: pip install 'normlab[tensorboard]'") from None
+                raise ConfigError(
+                    "--tensorboard needs the tensorboard package: pip install 'normlab[tensorboard]'"
+                ) from None
             self.tb = SummaryWriter(log_dir=str(run.tensorboard_dir), purge_step=start)
         if cfg.run.wandb:
             try:
                 import wandb
             except ImportError:
                 raise ConfigError("--wandb needs the wandb package: pip install 'normlab[wandb]'") from None
-            self.wandb = wandb.init(project="normlab", name=Path(cfg.run.out).name, dir=str(run.path), config=cfg.to_dict(),
-                                    resume="allow", id=Path(cfg.run.out).name)
+            self.wandb = wandb.init(
+                project="normlab",
+                name=Path(cfg.run.out).name,
+                dir=str(run.path),
+                config=cfg.to_dict(),
+                resume="allow",
+                id=Path(cfg.run.out).name,
+            )
         if cfg.run.progress:
             if sys.stderr.isatty():
                 from tqdm import tqdm
 
-                self.bar = tqdm(total=cfg.optim.steps, initial=start, desc=Path(cfg.run.out).name, unit="step", dynamic_ncols=True)
+                self.bar = tqdm(
+                    total=cfg.optim.steps, initial=start, desc=Path(cfg.run.out).name, unit="step", dynamic_ncols=True
+                )
             else:  # a log file or a pipe: a line a minute, not a carriage return per step
                 self.bar = LineProgress(cfg.optim.steps, start, Path(cfg.run.out).name)
         # Opened last: a sink that fails to start above leaves no file handle behind.
@@ -72,15 +87,20 @@ class Sinks:
 
     def log(self, row: dict[str, Any]) -> None:
         self.file.write(json.dumps(row) + "\n")
-        scalars = {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}
+        scalars = {
+            k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"
+        }
         if self.tb is not None:
             for k, v in scalars.items():
                 self.tb.add_scalar(k, v, row["step"])
         if self.wandb is not None:
             self.wandb.log(scalars, step=row["step"])
         if self.bar is not None:
-            post = {"loss": f"{row['loss']:.4f}" if math.isfinite(row["loss"]) else str(row["loss"]),
-                    "lr": f"{row['lr']:.2e}", "tok/s": f"{row['tok_per_s']:.0f}"}
+            post = {
+                "loss": f"{row['loss']:.4f}" if math.isfinite(row["loss"]) else str(row["loss"]),
+                "lr": f"{row['lr']:.2e}",
+                "tok/s": f"{row['tok_per_s']:.0f}",
+            }
             if "val_loss" in row:
                 post["val"] = f"{row['val_loss']:.4f}"
             self.bar.set_postfix(post, refresh=False)

@@ -62,8 +62,15 @@ class MemoryPlan:
 
     @property
     def total(self) -> int:
-        return (self.weights + self.gradients + self.optimizer + self.autocast_copies + self.activations
-                + self.logits + self.overhead)
+        return (
+            self.weights
+            + self.gradients
+            + self.optimizer
+            + self.autocast_copies
+            + self.activations
+            + self.logits
+            + self.overhead
+        )
 
     def table(self) -> str:
         rows = [(k, v) for k, v in asdict(self).items() if k not in ("params", "micro_batch", "seq_len")]
@@ -71,14 +78,20 @@ class MemoryPlan:
         return "\n".join(lines)
 
 
-def _saved_bytes(cfg: TrainConfig, n_layers: int, tokens: int, recompute: bool, vocab: int,
-                 widths: dict[str, int] | None = None) -> int:
+def _saved_bytes(
+    cfg: TrainConfig, n_layers: int, tokens: int, recompute: bool, vocab: int, widths: dict[str, int] | None = None
+) -> int:
     """Bytes the backward keeps after one forward + loss of the run's model at ``n_layers`` on ``tokens``
     tokens (one sequence), measured on the CPU; ``widths``: the model options of a narrower copy."""
     from normlab.model.build import build_model
 
-    options = {**cfg.model.options, "n_layers": n_layers, "vocab_size": vocab,
-               "max_seq_len": max(tokens, get_size(cfg.model.size).max_seq_len), **(widths or {})}
+    options = {
+        **cfg.model.options,
+        "n_layers": n_layers,
+        "vocab_size": vocab,
+        "max_seq_len": max(tokens, get_size(cfg.model.size).max_seq_len),
+        **(widths or {}),
+    }
     model = build_model(cfg.model.layout, cfg.model.size, seed=0, **options).train()
     model.activation_checkpointing = recompute
     model.set_storage(storage.for_run(cfg.precision, cfg.stored_dtype))
@@ -93,8 +106,10 @@ def _saved_bytes(cfg: TrainConfig, n_layers: int, tokens: int, recompute: bool, 
     x = torch.randint(0, vocab, (1, tokens))
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
     params = {p.untyped_storage().data_ptr() for p in [*model.parameters(), *model.buffers()]}  # resident already
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
-            torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+    with (
+        torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+        torch.autocast("cpu", dtype=dtype, enabled=dtype is not None),
+    ):
         model(x, targets=x, z_loss=cfg.optim.z_loss, loss_chunk=cfg.run.loss_chunk)  # as the trainer's step
     return sum(n for ptr, n in seen.items() if ptr not in params)
 
@@ -140,10 +155,12 @@ def _slopes(cfg: TrainConfig, recompute: bool, vocab: int) -> tuple[float, float
     scale = 1
     while scale == 1 or params(model_cfg.with_(**narrow_widths(model_cfg, scale))) > PROBE_PARAMS:
         if model_cfg.head_dim // (4 * scale) < PROBE_HEAD_DIM or model_cfg.d_model % (4 * scale):
-            raise ConfigError(f"cannot plan d_model {model_cfg.d_model} with {model_cfg.n_heads} heads of "
-                              f"{model_cfg.head_dim}: even a copy narrow enough to measure has more than "
-                              f"{PROBE_PARAMS / 1e6:.1f}M parameters in two layers (the plan never builds what it "
-                              "plans)")
+            raise ConfigError(
+                f"cannot plan d_model {model_cfg.d_model} with {model_cfg.n_heads} heads of "
+                f"{model_cfg.head_dim}: even a copy narrow enough to measure has more than "
+                f"{PROBE_PARAMS / 1e6:.1f}M parameters in two layers (the plan never builds what it "
+                "plans)"
+            )
         scale *= 2
     wide = _slopes_at(cfg, recompute, vocab, narrow_widths(model_cfg, scale))
     narrow = _slopes_at(cfg, recompute, vocab, narrow_widths(model_cfg, 2 * scale))
@@ -166,18 +183,32 @@ def plan_memory(cfg: TrainConfig, world: int = 1, vocab: int | None = None) -> M
     tokens = micro * cfg.data.seq_len
     per_token, per_block = _slopes(cfg, recompute=False, vocab=vocab)
     if cfg.run.activation_checkpointing:
-        kept_token, kept_block = _slopes(cfg, recompute=True, vocab=vocab)  # each block keeps its input; one is recomputed
+        kept_token, kept_block = _slopes(
+            cfg, recompute=True, vocab=vocab
+        )  # each block keeps its input; one is recomputed
         activations = (kept_token + model_cfg.n_layers * kept_block + per_block) * tokens
     else:
         activations = (per_token + model_cfg.n_layers * per_block) * tokens
     chunk = cfg.run.loss_chunk
     logits = (min(tokens, chunk) * vocab * 10) if chunk else tokens * vocab * (4 + 2 + 4)
-    optim = {"adamw": lambda: 8 * n, "sgd": lambda: 4 * n if cfg.optim.momentum else 0,
-             "muon": lambda: 4 * (m := analytic_matrices(model_cfg, resolved)) + 8 * (n - m)}[cfg.optim.optimizer]()
+    optim = {
+        "adamw": lambda: 8 * n,
+        "sgd": lambda: 4 * n if cfg.optim.momentum else 0,
+        "muon": lambda: 4 * (m := analytic_matrices(model_cfg, resolved)) + 8 * (n - m),
+    }[cfg.optim.optimizer]()
     autocast = 2 * n if cfg.precision in ("bf16", "fp16") else 0
-    return MemoryPlan(params=n, weights=4 * n // shard, gradients=4 * n // shard, optimizer=optim // shard,
-                      autocast_copies=autocast, activations=int(math.ceil(activations)), logits=int(logits),
-                      overhead=OVERHEAD, micro_batch=micro, seq_len=cfg.data.seq_len)
+    return MemoryPlan(
+        params=n,
+        weights=4 * n // shard,
+        gradients=4 * n // shard,
+        optimizer=optim // shard,
+        autocast_copies=autocast,
+        activations=int(math.ceil(activations)),
+        logits=int(logits),
+        overhead=OVERHEAD,
+        micro_batch=micro,
+        seq_len=cfg.data.seq_len,
+    )
 
 
 def device_capacity(device: torch.device) -> int | None:
@@ -192,12 +223,17 @@ def check_fits(cfg: TrainConfig, capacity: int | None, world: int = 1, vocab: in
     plan = plan_memory(cfg, world, vocab)
     if plan.total > capacity:
         options = fitting_options(cfg, capacity, world)
-        raise ConfigError(f"this run needs about {plan.total / GIB:.1f} GiB per device (activations "
-                          f"{plan.activations / GIB:.1f} GiB for a micro-batch of {plan.micro_batch} x {plan.seq_len}) "
-                          f"and the device has {capacity / GIB:.1f} GiB; "
-                          + ("these fit: " + "; ".join(options) if options else
-                             "no accumulation or checkpointing fits: use FSDP over more devices or a smaller model")
-                          + " (normlab plan shows the whole estimate)")
+        raise ConfigError(
+            f"this run needs about {plan.total / GIB:.1f} GiB per device (activations "
+            f"{plan.activations / GIB:.1f} GiB for a micro-batch of {plan.micro_batch} x {plan.seq_len}) "
+            f"and the device has {capacity / GIB:.1f} GiB; "
+            + (
+                "these fit: " + "; ".join(options)
+                if options
+                else "no accumulation or checkpointing fits: use FSDP over more devices or a smaller model"
+            )
+            + " (normlab plan shows the whole estimate)"
+        )
     return plan
 
 
@@ -210,10 +246,16 @@ def fitting_options(cfg: TrainConfig, capacity: int, world: int = 1) -> list[str
     accum = cfg.data.grad_accum
     while cfg.data.batch_size % (world * accum * 2) == 0 and accum < cfg.data.batch_size // world:
         accum *= 2
-        candidates.append(({"grad_accum": accum}, f"--grad-accum {accum} (micro-batch {cfg.data.batch_size // world // accum})"))
+        candidates.append(
+            ({"grad_accum": accum}, f"--grad-accum {accum} (micro-batch {cfg.data.batch_size // world // accum})")
+        )
         if not cfg.run.activation_checkpointing:
-            candidates.append(({"grad_accum": accum, "activation_checkpointing": True},
-                               f"--grad-accum {accum} --activation-checkpointing"))
+            candidates.append(
+                (
+                    {"grad_accum": accum, "activation_checkpointing": True},
+                    f"--grad-accum {accum} --activation-checkpointing",
+                )
+            )
     for change, text in candidates:
         total = plan_memory(cfg.with_(change), world).total
         if total <= capacity:
@@ -241,16 +283,25 @@ def plan_text(cfg: TrainConfig, world: int = 1, gpu_memory: float | None = None)
         raise ConfigError("--world is a positive number of ranks and --gpu-memory a positive number of GiB")
     plan = plan_memory(cfg, world)
     cuda = cfg.for_device("cuda")
-    lines = [f"{cfg.model.layout_label} at {cfg.model.size}{' ' + str(cfg.model.options) if cfg.model.options else ''}: "
-             f"{plan.params / 1e6:.1f}M parameters; micro-batch {plan.micro_batch} x {plan.seq_len} on each of "
-             f"{world} rank(s), {cuda.precision}, activations stored in {cuda.stored_dtype}"
-             + (", activation checkpointing" if cfg.run.activation_checkpointing else ""), plan.table()]
+    lines = [
+        f"{cfg.model.layout_label} at {cfg.model.size}{' ' + str(cfg.model.options) if cfg.model.options else ''}: "
+        f"{plan.params / 1e6:.1f}M parameters; micro-batch {plan.micro_batch} x {plan.seq_len} on each of "
+        f"{world} rank(s), {cuda.precision}, activations stored in {cuda.stored_dtype}"
+        + (", activation checkpointing" if cfg.run.activation_checkpointing else ""),
+        plan.table(),
+    ]
     if gpu_memory is not None:
         capacity = int(gpu_memory * GIB)
         if plan.total <= capacity:
             lines.append(f"fits {gpu_memory:g} GiB ({int(0.9 * capacity // plan.total)} such runs side by side)")
         else:
             options = fitting_options(cfg, capacity, world)
-            lines.append(f"does not fit {gpu_memory:g} GiB; " + ("these fit: " + "; ".join(options) if options else
-                                                                  "nothing tried fits: FSDP over more devices, or a smaller model"))
+            lines.append(
+                f"does not fit {gpu_memory:g} GiB; "
+                + (
+                    "these fit: " + "; ".join(options)
+                    if options
+                    else "nothing tried fits: FSDP over more devices, or a smaller model"
+                )
+            )
     return "\n".join(lines)

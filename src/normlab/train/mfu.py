@@ -38,8 +38,14 @@ PEAK_TFLOPS: dict[str, tuple[float, float, float, float]] = {
 }
 
 # HBM bandwidth, TB/s (datasheet), for the memory-bound kernels' benchmarks (norms)
-HBM_TBPS: dict[str, float] = {"H100 SXM": 3.35, "H100 PCIe": 2.0, "H100 NVL": 3.9, "H200": 4.8, "H200 NVL": 4.8,
-                              "A100": 2.0}
+HBM_TBPS: dict[str, float] = {
+    "H100 SXM": 3.35,
+    "H100 PCIe": 2.0,
+    "H100 NVL": 3.9,
+    "H200": 4.8,
+    "H200 NVL": 4.8,
+    "A100": 2.0,
+}
 
 
 def flops_per_token(model: nn.Module, seq_len: int) -> int:

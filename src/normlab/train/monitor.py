@@ -152,8 +152,11 @@ class DivergenceMonitor:
             self.overflow_steps.append(step)
             self.overflow_streak += 1
             if self.overflow_streak > self.max_overflow_streak:
-                self._diverge(step, f"fp16 gradients overflowed on {self.overflow_streak} consecutive steps "
-                              f"(more than {self.max_overflow_streak})")
+                self._diverge(
+                    step,
+                    f"fp16 gradients overflowed on {self.overflow_streak} consecutive steps "
+                    f"(more than {self.max_overflow_streak})",
+                )
             return False
         what = f"non-finite {'loss' if not math.isfinite(loss) else 'gradient norm'} ({loss if not math.isfinite(loss) else grad_norm}) at step {step}"
         if policy == "skip":
@@ -166,14 +169,18 @@ class DivergenceMonitor:
     def check_scale(self, step: int, scale: float) -> None:
         """fp16: the loss scale after this step's update; below ``min_loss_scale`` the run diverged."""
         if scale < self.min_loss_scale:
-            self._diverge(step, f"fp16 loss scale collapsed to {scale:g}, below min_loss_scale={self.min_loss_scale:g}: "
-                          "the gradients keep overflowing")
+            self._diverge(
+                step,
+                f"fp16 loss scale collapsed to {scale:g}, below min_loss_scale={self.min_loss_scale:g}: "
+                "the gradients keep overflowing",
+            )
 
     def _check_skipped(self, seen: int) -> None:
         skipped = len(self.skipped_steps) + len(self.spike_skipped_steps)
         if seen >= MIN_SKIP_STEPS and skipped > self.max_skipped * seen:
-            why = " and ".join(w for w, n in (("non-finite values", self.skipped_steps),
-                                              ("spikes", self.spike_skipped_steps)) if n)
+            why = " and ".join(
+                w for w, n in (("non-finite values", self.skipped_steps), ("spikes", self.spike_skipped_steps)) if n
+            )
             self._diverge(seen - 1, f"{skipped} of {seen} steps skipped for {why} (more than {self.max_skipped:.0%})")
 
     def check_spike(self, step: int, loss: float, grad_norm: float, skip: bool) -> dict | None:
@@ -226,12 +233,14 @@ class DivergenceMonitor:
         margin = self.stall_margin * self.unigram_loss
         final = statistics.fmean(self.losses[-10:])
         quarter = n // 4
-        start = statistics.fmean(self.losses[max(0, n - quarter - 10):n - quarter])
+        start = statistics.fmean(self.losses[max(0, n - quarter - 10) : n - quarter])
         if final > self.unigram_loss - margin and start - final < STALL_FLAT * margin:
             self.status = "stalled"
-            self.reason = (f"final loss {final:.4f} within {margin:.3f} of the unigram loss {self.unigram_loss:.4f} "
-                           f"(or above it), {start - final:+.4f} over the last {quarter} steps: it learned token "
-                           "frequencies and nothing more")
+            self.reason = (
+                f"final loss {final:.4f} within {margin:.3f} of the unigram loss {self.unigram_loss:.4f} "
+                f"(or above it), {start - final:+.4f} over the last {quarter} steps: it learned token "
+                "frequencies and nothing more"
+            )
 
     def summary(self) -> dict:
         return {
@@ -249,14 +258,23 @@ class DivergenceMonitor:
 
     def state_dict(self) -> dict:
         return {
-            "initial_loss": self.initial_loss, "above_initial": self.above_initial, "status": self.status,
-            "reason": self.reason, "diverged_step": self.diverged_step, "skipped_steps": list(self.skipped_steps),
-            "loss_hist": list(self.loss_spikes.history), "loss_count": self.loss_spikes.count,
-            "grad_hist": list(self.grad_spikes.history), "grad_count": self.grad_spikes.count,
-            "early_max": self.early_max, "megatron_spikes": self.megatron_spikes,
-            "overflow_steps": list(self.overflow_steps), "overflow_streak": self.overflow_streak,
+            "initial_loss": self.initial_loss,
+            "above_initial": self.above_initial,
+            "status": self.status,
+            "reason": self.reason,
+            "diverged_step": self.diverged_step,
+            "skipped_steps": list(self.skipped_steps),
+            "loss_hist": list(self.loss_spikes.history),
+            "loss_count": self.loss_spikes.count,
+            "grad_hist": list(self.grad_spikes.history),
+            "grad_count": self.grad_spikes.count,
+            "early_max": self.early_max,
+            "megatron_spikes": self.megatron_spikes,
+            "overflow_steps": list(self.overflow_steps),
+            "overflow_streak": self.overflow_streak,
             "losses": list(self.losses),
-            "skip_losses": list(self.skip_rule.losses), "skip_grad_norms": list(self.skip_rule.grad_norms),
+            "skip_losses": list(self.skip_rule.losses),
+            "skip_grad_norms": list(self.skip_rule.grad_norms),
             "spike_skipped_steps": list(self.spike_skipped_steps),
         }
 

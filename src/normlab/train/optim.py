@@ -24,9 +24,9 @@ from torch import nn
 
 from normlab.config.train import TrainConfig
 from normlab.model.block import scale_params
+from normlab.model.norms import is_norm
 from normlab.model.sphere import project
 from normlab.model.streams import HyperConnection
-from normlab.model.norms import is_norm
 
 
 def param_groups(model: nn.Module, cfg: TrainConfig) -> list[dict]:
@@ -41,8 +41,13 @@ def param_groups(model: nn.Module, cfg: TrainConfig) -> list[dict]:
     norm_params.update(id(p) for p in scale_params(model))
     # hyper-connections' static mixing (started at I, e_k, 1 or b = 0) and gating factors are scales too; their
     # dynamic projections (W, phi) are weights and decay
-    norm_params.update(id(p) for m in model.modules() if isinstance(m, HyperConnection)
-                       for name, p in m.named_parameters() if not name.startswith(("dynamic", "phi")))
+    norm_params.update(
+        id(p)
+        for m in model.modules()
+        if isinstance(m, HyperConnection)
+        for name, p in m.named_parameters()
+        if not name.startswith(("dynamic", "phi"))
+    )
     decay, no_decay, seen = [], [], set()
     for name, p in model.named_parameters():
         if not p.requires_grad or id(p) in seen:
@@ -93,18 +98,27 @@ class MuonAdamW:
         matrices = muon_matrices(model)
         taken = {id(p) for p in matrices}
         adamw_lr = o.muon_adamw_lr if o.muon_adamw_lr is not None else o.lr
-        groups = [{**g, "params": [p for p in g["params"] if id(p) not in taken], "lr_ratio": adamw_lr / o.lr}
-                  for g in param_groups(model, cfg)]
+        groups = [
+            {**g, "params": [p for p in g["params"] if id(p) not in taken], "lr_ratio": adamw_lr / o.lr}
+            for g in param_groups(model, cfg)
+        ]
         groups = [g for g in groups if g["params"]]
         self.adamw = torch.optim.AdamW(groups, lr=adamw_lr, betas=(o.beta1, o.beta2), eps=o.eps, fused=fused or None)
         wd = o.weight_decay if o.muon_weight_decay is None else o.muon_weight_decay
         flat = [p for p in matrices if p.ndim == 2]
         self.stacked = [p for p in matrices if p.ndim > 2]
         self.views = [[p.detach()[e].T for e in range(p.shape[0])] for p in self.stacked]
-        settings = dict(lr=o.lr, weight_decay=wd, momentum=o.muon_momentum, nesterov=o.muon_nesterov,
-                        ns_steps=o.muon_ns_steps, adjust_lr_fn=o.muon_adjust_lr)
+        settings = dict(
+            lr=o.lr,
+            weight_decay=wd,
+            momentum=o.muon_momentum,
+            nesterov=o.muon_nesterov,
+            ns_steps=o.muon_ns_steps,
+            adjust_lr_fn=o.muon_adjust_lr,
+        )
         muon_groups = ([{"params": flat, "lr_ratio": 1.0}] if flat else []) + [
-            {"params": views, "lr_ratio": 1.0} for views in self.views]
+            {"params": views, "lr_ratio": 1.0} for views in self.views
+        ]
         self.muon = torch.optim.Muon(muon_groups, **settings)
         self._n_flat = 1 if flat else 0  # (load_state_dict replaces the group dicts: read them through the optimizer)
         # the stacked tensors' own groups (unscaled and scheduled through them); their views follow them
@@ -112,11 +126,11 @@ class MuonAdamW:
 
     @property
     def _flat_muon(self) -> list[dict]:
-        return self.muon.param_groups[:self._n_flat]
+        return self.muon.param_groups[: self._n_flat]
 
     @property
     def _expert_muon(self) -> list[dict]:
-        return self.muon.param_groups[self._n_flat:]
+        return self.muon.param_groups[self._n_flat :]
 
     @property
     def param_groups(self) -> list[dict]:
@@ -158,8 +172,13 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig, fused: bool = False) -> t
         if cfg.optim.optimizer == "sgd":
             opt = torch.optim.SGD(groups, lr=cfg.optim.lr, momentum=cfg.optim.momentum, fused=fused or None)
         else:
-            opt = torch.optim.AdamW(groups, lr=cfg.optim.lr, betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps,
-                                    fused=fused or None)
+            opt = torch.optim.AdamW(
+                groups,
+                lr=cfg.optim.lr,
+                betas=(cfg.optim.beta1, cfg.optim.beta2),
+                eps=cfg.optim.eps,
+                fused=fused or None,
+            )
     inner = getattr(model, "module", model)  # DDP
     if getattr(getattr(inner, "layout", None), "ngpt", False):
         last = opt.muon if isinstance(opt, MuonAdamW) else opt  # MuonAdamW steps AdamW, then Muon

@@ -97,6 +97,7 @@ class QKClip:
         def hook(module: nn.Module, args: Any, out: torch.Tensor) -> None:
             if module.training:
                 self._q[i] = out.detach()
+
         return hook
 
     def _hook_k(self, i: int):  # noqa: ANN202
@@ -106,10 +107,11 @@ class QKClip:
             if q is None or not module.training:
                 return
             attn = self.attns[i]
-            scale = attn.scale if attn.scale is not None else attn.head_dim ** -0.5
+            scale = attn.scale if attn.scale is not None else attn.head_dim**-0.5
             with torch.no_grad():
                 m = head_max_logits(q, out.detach(), scale)
                 self.max[i] = m if self.max[i] is None else torch.maximum(self.max[i], m)
+
         return hook
 
     def reset(self) -> None:
@@ -166,8 +168,12 @@ class QKClip:
             _scale_rows(proj, factors, attn.head_dim)
 
     def summary(self) -> dict[str, Any]:
-        return {"tau": self.tau, "interventions": self.interventions, "steps_clipped": self.steps_clipped,
-                "max_logit": self.largest if math.isfinite(self.largest) else None}
+        return {
+            "tau": self.tau,
+            "interventions": self.interventions,
+            "steps_clipped": self.steps_clipped,
+            "max_logit": self.largest if math.isfinite(self.largest) else None,
+        }
 
     def state_dict(self) -> dict[str, Any]:
         return {"interventions": self.interventions, "steps_clipped": self.steps_clipped, "largest": self.largest}

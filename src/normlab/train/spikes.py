@@ -61,8 +61,14 @@ class SpikeHandler:
             if "cuda" in self._rng:
                 torch.cuda.set_rng_state(self._rng["cuda"], device)
 
-    def check(self, step: int, loss: float, grad_norm: float, replay: Callable[[int, bool], tuple[float, float]],
-              batch: Callable[[int], dict[str, torch.Tensor]]) -> dict[str, Any] | None:
+    def check(
+        self,
+        step: int,
+        loss: float,
+        grad_norm: float,
+        replay: Callable[[int, bool], tuple[float, float]],
+        batch: Callable[[int], dict[str, torch.Tensor]],
+    ) -> dict[str, Any] | None:
         """A finite step: None if it did not spike; else the spike's record (rerun, verdict, action), its batch
         saved. ``replay(step, same_rng)`` reruns a step's forward/backward on the current weights and returns
         its (loss, gradient norm); ``batch(step)`` is the step's whole batch."""
@@ -73,14 +79,22 @@ class SpikeHandler:
             return None
         again = replay(step, True)
         reproduced = _close(again[0], loss) and _close(again[1], grad_norm)
-        record: dict[str, Any] = {"step": step, "kinds": spike["kinds"], "loss": loss, "grad_norm": grad_norm,
-                                  "z_loss": spike["z_loss"], "z_grad_norm": spike["z_grad_norm"],
-                                  "action": "skipped" if self.policy == "skip" else "applied",
-                                  "rerun": {"loss": again[0], "grad_norm": again[1], "reproduced": reproduced}}
+        record: dict[str, Any] = {
+            "step": step,
+            "kinds": spike["kinds"],
+            "loss": loss,
+            "grad_norm": grad_norm,
+            "z_loss": spike["z_loss"],
+            "z_grad_norm": spike["z_grad_norm"],
+            "action": "skipped" if self.policy == "skip" else "applied",
+            "rerun": {"loss": again[0], "grad_norm": again[1], "reproduced": reproduced},
+        }
         if not reproduced:
             record["verdict"] = "hardware"
-            record["why"] = ("the rerun on the same weights and batch differs: a transient fault or non-deterministic "
-                             "kernels, not the data or the dynamics")
+            record["why"] = (
+                "the rerun on the same weights and batch differs: a transient fault or non-deterministic "
+                "kernels, not the data or the dynamics"
+            )
         elif step > 0:
             before = replay(step - 1, False)
             beyond = []
@@ -91,9 +105,11 @@ class SpikeHandler:
                     beyond.append(abs(value - mean) > rule.sigmas * std)
             record["previous_batch"] = {"loss": before[0], "grad_norm": before[1], "spikes": any(beyond)}
             record["verdict"] = "dynamics" if any(beyond) else "data"
-            record["why"] = ("the previous step's batch spikes too on these weights: the weights make it" if any(beyond)
-                             else "reproduced, and the previous step's batch on the same weights does not spike: "
-                             "this batch makes it")
+            record["why"] = (
+                "the previous step's batch spikes too on these weights: the weights make it"
+                if any(beyond)
+                else "reproduced, and the previous step's batch on the same weights does not spike: this batch makes it"
+            )
         else:
             record["verdict"] = "data"
             record["why"] = "reproduced at the first step (no earlier batch to compare)"

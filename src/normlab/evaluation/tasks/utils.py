@@ -32,5 +32,8 @@ def passage_results(doc, results):
     (loglikelihood,) = results
     words = len(re.split(r"\s+", doc["text"]))
     n_bytes = len(doc["text"].encode("utf-8"))
-    return {"word_perplexity": (loglikelihood, words), "byte_perplexity": (loglikelihood, n_bytes),
-            "bits_per_byte": (loglikelihood, n_bytes)}
+    return {
+        "word_perplexity": (loglikelihood, words),
+        "byte_perplexity": (loglikelihood, n_bytes),
+        "bits_per_byte": (loglikelihood, n_bytes),
+    }

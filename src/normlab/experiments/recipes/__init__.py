@@ -38,7 +38,9 @@ def recipes_text(machine: str | None = None, names_only: bool = False) -> str:
     out = []
     for name, r in recipes.items():
         final, flight = r.disk_budget()
-        out.append(f"{name}  ({len(r.expand())} runs, {r.machine})\n  source: {r.source}\n  scale:  {r.scale}\n"
-                   f"  claim:  {r.claim}\n  disk:   checkpoints {_size(final)} once finished ({_size(flight)} per run "
-                   "in flight)\n")
+        out.append(
+            f"{name}  ({len(r.expand())} runs, {r.machine})\n  source: {r.source}\n  scale:  {r.scale}\n"
+            f"  claim:  {r.claim}\n  disk:   checkpoints {_size(final)} once finished ({_size(flight)} per run "
+            "in flight)\n"
+        )
     return "\n".join(out)

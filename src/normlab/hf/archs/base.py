@@ -111,8 +111,10 @@ class Arch:
     def rope_by_layer_type(cfg: ModelConfig) -> dict[str, dict]:
         """transformers 5's per-layer-type RoPE settings for a normlab config."""
         local = cfg.rope_local_theta if cfg.rope_local_theta is not None else cfg.rope_theta
-        return {"full_attention": {"rope_type": "default", "rope_theta": cfg.rope_theta},
-                "sliding_attention": {"rope_type": "default", "rope_theta": local}}
+        return {
+            "full_attention": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+            "sliding_attention": {"rope_type": "default", "rope_theta": local},
+        }
 
     @staticmethod
     def layer_types(cfg: ModelConfig) -> list[str]:
@@ -125,11 +127,21 @@ class Arch:
     @staticmethod
     def common_config(cfg: ModelConfig) -> dict[str, Any]:
         """The config fields Llama-family classes share."""
-        return dict(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.ffn_dim,
-                    num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.kv_heads,
-                    head_dim=cfg.head_dim, max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.norm_eps,
-                    rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
-                    tie_word_embeddings=cfg.tie_embeddings, attention_bias=False, hidden_act="silu")
+        return dict(
+            vocab_size=cfg.vocab_size,
+            hidden_size=cfg.d_model,
+            intermediate_size=cfg.ffn_dim,
+            num_hidden_layers=cfg.n_layers,
+            num_attention_heads=cfg.n_heads,
+            num_key_value_heads=cfg.kv_heads,
+            head_dim=cfg.head_dim,
+            max_position_embeddings=cfg.max_seq_len,
+            rms_norm_eps=cfg.norm_eps,
+            rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
+            tie_word_embeddings=cfg.tie_embeddings,
+            attention_bias=False,
+            hidden_act="silu",
+        )
 
     # normlab's norm sites in a block -> the transformers modules that hold the same weights
     norm_names: dict[str, str] = {}
@@ -163,8 +175,10 @@ class Arch:
         problems = []
         for kind, rope in rope_parameters(config).items():
             if rope.get("rope_type", "default") != "default":
-                problems.append(f"rope_type {rope.get('rope_type')!r}{f' on {kind} layers' if kind else ''} "
-                                "(normlab implements default RoPE)")
+                problems.append(
+                    f"rope_type {rope.get('rope_type')!r}{f' on {kind} layers' if kind else ''} "
+                    "(normlab implements default RoPE)"
+                )
         act = getattr(config, self.activation_key, None)
         if act != self.activation:
             problems.append(f"activation {act!r} (needs {self.activation})")
@@ -188,14 +202,23 @@ class Arch:
         window, every = window_of(config)
         theta, local = self.rope_theta(config), self.rope_theta(config, "sliding_attention")
         return ModelConfig(
-            vocab_size=config.vocab_size, d_model=config.hidden_size, n_layers=config.num_hidden_layers,
-            n_heads=config.num_attention_heads, n_kv_heads=config.num_key_value_heads, d_ff=config.intermediate_size,
+            vocab_size=config.vocab_size,
+            d_model=config.hidden_size,
+            n_layers=config.num_hidden_layers,
+            n_heads=config.num_attention_heads,
+            n_kv_heads=config.num_key_value_heads,
+            d_ff=config.intermediate_size,
             d_head=None if head_dim * config.num_attention_heads == config.hidden_size else head_dim,
             qkv_bias=self.qkv_bias,
-            sliding_window=window, full_attention_every=every,
-            mlp=self.mlp, max_seq_len=config.max_position_embeddings, rope_theta=theta,
+            sliding_window=window,
+            full_attention_every=every,
+            mlp=self.mlp,
+            max_seq_len=config.max_position_embeddings,
+            rope_theta=theta,
             rope_local_theta=local if window is not None and local != theta else None,
-            norm_eps=config.rms_norm_eps, tie_embeddings=bool(config.tie_word_embeddings))
+            norm_eps=config.rms_norm_eps,
+            tie_embeddings=bool(config.tie_word_embeddings),
+        )
 
     def import_state(self, theirs: dict[str, torch.Tensor], config: Any) -> dict[str, torch.Tensor]:
         """Their state dict as normlab's (float32), through the name map and `import_weight`."""

@@ -22,8 +22,12 @@ if TYPE_CHECKING:
 class Gemma2(Arch):
     model_type = "gemma2"
     preset = "gemma2"
-    norm_names = {"attn_norms.input": "input_layernorm", "attn_norms.output": "post_attention_layernorm",
-                  "mlp_norms.input": "pre_feedforward_layernorm", "mlp_norms.output": "post_feedforward_layernorm"}
+    norm_names = {
+        "attn_norms.input": "input_layernorm",
+        "attn_norms.output": "post_attention_layernorm",
+        "mlp_norms.input": "pre_feedforward_layernorm",
+        "mlp_norms.output": "post_feedforward_layernorm",
+    }
     mlp = "geglu-tanh"
     activation = "gelu_pytorch_tanh"
     activation_key = "hidden_activation"
@@ -31,16 +35,19 @@ class Gemma2(Arch):
     windows = True
     window_patterns = True
 
-
     def hf_class(self, tf: Any) -> Any:
         return tf.Gemma2ForCausalLM
 
     def hf_config(self, tf: Any, cfg: ModelConfig) -> Any:
         common = self.common_config(cfg)
         common.pop("hidden_act")
-        return tf.Gemma2Config(hidden_activation=self.activation, query_pre_attn_scalar=int(cfg.attn_scale or cfg.head_dim),
-                               attn_logit_softcapping=cfg.attn_softcap, final_logit_softcapping=cfg.logit_softcap,
-                               **{**common, **self.window_fields(cfg)})
+        return tf.Gemma2Config(
+            hidden_activation=self.activation,
+            query_pre_attn_scalar=int(cfg.attn_scale or cfg.head_dim),
+            attn_logit_softcapping=cfg.attn_softcap,
+            final_logit_softcapping=cfg.logit_softcap,
+            **{**common, **self.window_fields(cfg)},
+        )
 
     def export_weight(self, name: str, value: torch.Tensor) -> torch.Tensor:
         return value - 1.0 if "norm" in name else value  # Gemma's RMSNorm multiplies by (1 + w)
@@ -49,9 +56,15 @@ class Gemma2(Arch):
         return value + 1.0 if "norm" in their_name else value
 
     def model_config(self, config: Any) -> ModelConfig:
-        return super().model_config(config).with_(
-            attn_scale=float(config.query_pre_attn_scalar), attn_softcap=config.attn_logit_softcapping,
-            logit_softcap=config.final_logit_softcapping)
+        return (
+            super()
+            .model_config(config)
+            .with_(
+                attn_scale=float(config.query_pre_attn_scalar),
+                attn_softcap=config.attn_logit_softcapping,
+                logit_softcap=config.final_logit_softcapping,
+            )
+        )
 
 
 GEMMA2 = Gemma2()

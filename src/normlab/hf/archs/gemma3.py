@@ -21,9 +21,14 @@ class Gemma3(Arch):
     model_type = "gemma3_text"
     name = "gemma3"
     preset = "gemma3"
-    norm_names = {"attn_norms.input": "input_layernorm", "attn_norms.output": "post_attention_layernorm",
-                  "mlp_norms.input": "pre_feedforward_layernorm", "mlp_norms.output": "post_feedforward_layernorm",
-                  "attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm"}
+    norm_names = {
+        "attn_norms.input": "input_layernorm",
+        "attn_norms.output": "post_attention_layernorm",
+        "mlp_norms.input": "pre_feedforward_layernorm",
+        "mlp_norms.output": "post_feedforward_layernorm",
+        "attn.q_norm": "self_attn.q_norm",
+        "attn.k_norm": "self_attn.k_norm",
+    }
     mlp = "geglu-tanh"
     activation = "gelu_pytorch_tanh"
     activation_key = "hidden_activation"
@@ -32,15 +37,17 @@ class Gemma3(Arch):
     window_patterns = True
     local_rope = True
 
-
     def hf_class(self, tf: Any) -> Any:
         return tf.Gemma3ForCausalLM
 
     def hf_config(self, tf: Any, cfg: ModelConfig) -> Any:
         common = self.common_config(cfg)
         common.pop("hidden_act")
-        return tf.Gemma3TextConfig(hidden_activation=self.activation, query_pre_attn_scalar=int(cfg.attn_scale or cfg.head_dim),
-                                   **{**common, **self.window_fields(cfg)})
+        return tf.Gemma3TextConfig(
+            hidden_activation=self.activation,
+            query_pre_attn_scalar=int(cfg.attn_scale or cfg.head_dim),
+            **{**common, **self.window_fields(cfg)},
+        )
 
     def config_problems(self, config: Any) -> list[str]:
         problems = super().config_problems(config)

@@ -36,25 +36,45 @@ class GPT2(Arch):
     def model_config(self, config: Any) -> ModelConfig:
         d = config.n_embd
         return ModelConfig(
-            vocab_size=config.vocab_size, d_model=d, n_layers=config.n_layer, n_heads=config.n_head,
-            d_ff=config.n_inner or 4 * d, mlp=ACTIVATIONS[config.activation_function], max_seq_len=config.n_positions,
-            position="learned", norm_eps=config.layer_norm_epsilon, linear_bias=True, norm_bias=True,
-            tie_embeddings=True)
+            vocab_size=config.vocab_size,
+            d_model=d,
+            n_layers=config.n_layer,
+            n_heads=config.n_head,
+            d_ff=config.n_inner or 4 * d,
+            mlp=ACTIVATIONS[config.activation_function],
+            max_seq_len=config.n_positions,
+            position="learned",
+            norm_eps=config.layer_norm_epsilon,
+            linear_bias=True,
+            norm_bias=True,
+            tie_embeddings=True,
+        )
 
     def import_state(self, theirs: dict[str, torch.Tensor], config: Any) -> dict[str, torch.Tensor]:
         d, t = config.n_embd, {k: v.float() for k, v in theirs.items()}
-        state = {"embed.weight": t["transformer.wte.weight"], "lm_head.weight": t["transformer.wte.weight"],
-                 "pos_embed.weight": t["transformer.wpe.weight"],
-                 "final_norm.weight": t["transformer.ln_f.weight"], "final_norm.bias": t["transformer.ln_f.bias"]}
+        state = {
+            "embed.weight": t["transformer.wte.weight"],
+            "lm_head.weight": t["transformer.wte.weight"],
+            "pos_embed.weight": t["transformer.wpe.weight"],
+            "final_norm.weight": t["transformer.ln_f.weight"],
+            "final_norm.bias": t["transformer.ln_f.bias"],
+        }
         for i in range(config.n_layer):
             h, b = f"transformer.h.{i}.", f"blocks.{i}."
             for ln, site in (("ln_1", "attn_norms"), ("ln_2", "mlp_norms")):
-                state[f"{b}{site}.input.weight"], state[f"{b}{site}.input.bias"] = t[f"{h}{ln}.weight"], t[f"{h}{ln}.bias"]
+                state[f"{b}{site}.input.weight"], state[f"{b}{site}.input.bias"] = (
+                    t[f"{h}{ln}.weight"],
+                    t[f"{h}{ln}.bias"],
+                )
             w, bias = t[f"{h}attn.c_attn.weight"].T, t[f"{h}attn.c_attn.bias"]
             for j, p in enumerate("qkv"):
-                state[f"{b}attn.{p}_proj.weight"] = w[j * d:(j + 1) * d]
-                state[f"{b}attn.{p}_proj.bias"] = bias[j * d:(j + 1) * d]
-            for ours, their in (("attn.o_proj", "attn.c_proj"), ("mlp.up_proj", "mlp.c_fc"), ("mlp.down_proj", "mlp.c_proj")):
+                state[f"{b}attn.{p}_proj.weight"] = w[j * d : (j + 1) * d]
+                state[f"{b}attn.{p}_proj.bias"] = bias[j * d : (j + 1) * d]
+            for ours, their in (
+                ("attn.o_proj", "attn.c_proj"),
+                ("mlp.up_proj", "mlp.c_fc"),
+                ("mlp.down_proj", "mlp.c_proj"),
+            ):
                 state[f"{b}{ours}.weight"], state[f"{b}{ours}.bias"] = t[f"{h}{their}.weight"].T, t[f"{h}{their}.bias"]
         return state
 

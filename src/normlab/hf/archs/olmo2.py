@@ -12,8 +12,12 @@ from normlab.model.config import ModelConfig
 class Olmo2(Arch):
     model_type = "olmo2"
     preset = "olmo2"
-    norm_names = {"attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm",
-                  "attn_norms.output": "post_attention_layernorm", "mlp_norms.output": "post_feedforward_layernorm"}
+    norm_names = {
+        "attn.q_norm": "self_attn.q_norm",
+        "attn.k_norm": "self_attn.k_norm",
+        "attn_norms.output": "post_attention_layernorm",
+        "mlp_norms.output": "post_feedforward_layernorm",
+    }
 
     def hf_class(self, tf: Any) -> Any:
         return tf.Olmo2ForCausalLM

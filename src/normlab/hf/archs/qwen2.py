@@ -23,8 +23,12 @@ class Qwen2(Llama):
         window = cfg.sliding_window is not None
         common = self.common_config(cfg)
         common.pop("attention_bias")
-        return tf.Qwen2Config(use_sliding_window=window, sliding_window=cfg.sliding_window,
-                              max_window_layers=0 if window else cfg.n_layers, **common)
+        return tf.Qwen2Config(
+            use_sliding_window=window,
+            sliding_window=cfg.sliding_window,
+            max_window_layers=0 if window else cfg.n_layers,
+            **common,
+        )
 
 
 QWEN2 = Qwen2()

@@ -15,8 +15,12 @@ from normlab.model.config import ModelConfig
 class Qwen3(Arch):
     model_type = "qwen3"
     preset = "qwen3"
-    norm_names = {"attn_norms.input": "input_layernorm", "mlp_norms.input": "post_attention_layernorm",
-                  "attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm"}
+    norm_names = {
+        "attn_norms.input": "input_layernorm",
+        "mlp_norms.input": "post_attention_layernorm",
+        "attn.q_norm": "self_attn.q_norm",
+        "attn.k_norm": "self_attn.k_norm",
+    }
     windows = True
 
     def hf_class(self, tf: Any) -> Any:
@@ -24,8 +28,12 @@ class Qwen3(Arch):
 
     def hf_config(self, tf: Any, cfg: ModelConfig) -> Any:
         window = cfg.sliding_window is not None
-        return tf.Qwen3Config(use_sliding_window=window, sliding_window=cfg.sliding_window,
-                              max_window_layers=0 if window else cfg.n_layers, **self.common_config(cfg))
+        return tf.Qwen3Config(
+            use_sliding_window=window,
+            sliding_window=cfg.sliding_window,
+            max_window_layers=0 if window else cfg.n_layers,
+            **self.common_config(cfg),
+        )
 
 
 QWEN3 = Qwen3()
