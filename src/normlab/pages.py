@@ -11,6 +11,7 @@ import base64
 import html
 import math
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -22,7 +23,7 @@ from normlab.io import atomic_write_bytes
 plt.rcParams.update({"figure.dpi": 110, "font.size": 10, "axes.titlesize": 11, "axes.grid": True, "grid.alpha": 0.3})
 
 
-def legend(ax, **kw) -> None:  # noqa: ANN001 - an Axes
+def legend(ax, **kw: Any) -> None:  # noqa: ANN001 - an Axes
     """A legend where the axes have labelled artists (a run without probes draws none)."""
     if ax.get_legend_handles_labels()[0]:
         ax.legend(**kw)
@@ -85,14 +86,20 @@ def table_html(rows: list[dict]) -> str:
     return f'<div class="table"><table><tr>{head}</tr>{body}</table></div>'
 
 
+_PAGE_CSS = (
+    "body{font-family:sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}\n"
+    "div.table{max-width:100%;overflow-x:auto}table{border-collapse:collapse;max-width:100%}\n"
+    "td,th{border:1px solid #ccc;padding:4px 6px;vertical-align:top;overflow-wrap:break-word}"
+    "th{background:#f3f3f3;text-align:left}\n"
+    "td.n{text-align:right;white-space:nowrap}td.t{text-align:left}p.note{font-size:85%;color:#555}img{max-width:100%}"
+)
+
+
 def write_page(path: Path, title: str, body: str) -> Path:
     """One self-contained HTML file (inline CSS, images embedded), written atomically."""
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
-<style>body{{font-family:sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}}
-div.table{{max-width:100%;overflow-x:auto}}table{{border-collapse:collapse;max-width:100%}}
-td,th{{border:1px solid #ccc;padding:4px 6px;vertical-align:top;overflow-wrap:break-word}}th{{background:#f3f3f3;text-align:left}}
-td.n{{text-align:right;white-space:nowrap}}td.t{{text-align:left}}p.note{{font-size:85%;color:#555}}img{{max-width:100%}}</style></head>
+<style>{_PAGE_CSS}</style></head>
 <body>
 {body}
 </body></html>

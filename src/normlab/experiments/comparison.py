@@ -3,7 +3,8 @@ HybridNorm trained side by side with activations stored in fp16 (as the papers' 
 `normlab.model.storage`), probes on, then one HTML report that opens with a reading of the runs.
 
 The defaults provoke Kim et al.'s failure (Sec. 7.2, Fig. 11) on a CPU in minutes: a 12-layer model
-at a high learning rate (0.1) without weight decay (Kan et al. Table 1's setting), where Pre-LN's residual stream grows past fp16's 65504 and the run
+at a high learning rate (0.1) without weight decay (Kan et al. Table 1's setting), where Pre-LN's residual stream
+grows past fp16's 65504 and the run
 diverges at a named site, while Peri-LN's activations stay in the tens. `--set` changes any of it
 (`--set activation_dtype=fp32` shows the same Pre-LN run surviving in float32).
 
@@ -13,6 +14,7 @@ again and finished layouts are not retrained. docs/results.md has the measured t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +29,7 @@ def compare(
     layouts: list[str] | tuple[str, ...] = COMPARE_LAYOUTS,
     out: str | Path = "runs/compare",
     workers: int | None = None,
-    log=print,
+    log: Callable[[str], object] = print,
     **base: Any,
 ) -> Path:
     """Train ``layouts`` with the same settings and write the report; returns the report's index.html."""

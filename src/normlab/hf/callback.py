@@ -23,6 +23,8 @@ from normlab.diagnostics.monitor import SpikeRule, TrainingMonitor
 from normlab.hf.archs import ARCHITECTURES
 from normlab.hf.library import require_transformers
 
+_DEFAULT_SPIKE = SpikeRule()  # frozen: one shared default
+
 
 def site_names(model: nn.Module) -> dict[str, str]:
     """A registered transformers architecture's norm paths inside a block -> normlab's site names."""
@@ -38,7 +40,11 @@ class NormlabCallback(_base()):  # type: ignore[misc]
     """Record normlab's probes during `Trainer.train` (see the module docstring)."""
 
     def __init__(
-        self, out: str | Path | None = None, every: int = 100, spike: SpikeRule | None = SpikeRule(), top_k: int = 100
+        self,
+        out: str | Path | None = None,
+        every: int = 100,
+        spike: SpikeRule | None = _DEFAULT_SPIKE,
+        top_k: int = 100,
     ) -> None:
         self.out, self.every, self.spike, self.top_k = out, every, spike, top_k
         self.monitor: TrainingMonitor | None = None

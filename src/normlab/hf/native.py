@@ -22,7 +22,8 @@ Import only:
 
 Anything else is refused with `NativeExportError` naming the first difference; so is a config that
 asks for something normlab does not compute (scaled RoPE, other activations, biases, a pattern of
-local and global layers other than "every k-th layer global"): a conversion that silently changed the function would be worse than none.
+local and global layers other than "every k-th layer global"): a conversion that silently changed the function would
+be worse than none.
 
 transformers is an optional dependency (`pip install normlab[hf]`), imported only here.
 """

@@ -123,7 +123,8 @@ def scan(path: str | Path, out: str | Path, texts: list[str] | None = None, max_
 def format_table(r: dict[str, Any]) -> str:
     g = r["global"]
     lines = [
-        f"# scan of {r['model']} ({r['model_type']}, blocks at `{r['blocks']}`, tokens {r['tokens'][0]} x {r['tokens'][1]})",
+        f"# scan of {r['model']} ({r['model_type']}, blocks at `{r['blocks']}`, "
+        f"tokens {r['tokens'][0]} x {r['tokens'][1]})",
         "",
         "| layer | rms | var | mean abs | max abs | median abs | max/median | angular to next | flag |",
         "|---|---|---|---|---|---|---|---|---|",

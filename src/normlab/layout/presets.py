@@ -67,7 +67,10 @@ SUB_LN_ATTN = AttentionInnerSites(context=True)  # Sub-LN: N on the context befo
 GATE = AttentionInnerSites(gate=True)  # Qiu et al. 2025, G1
 
 
-def _block(attn: SublayerSites, mlp: SublayerSites, inner: AttentionInnerSites = AttentionInnerSites()) -> BlockLayout:
+_PRESET_NO_INNER = AttentionInnerSites()  # frozen: the plain attention, no inner norm
+
+
+def _block(attn: SublayerSites, mlp: SublayerSites, inner: AttentionInnerSites = _PRESET_NO_INNER) -> BlockLayout:
     return BlockLayout(attn=attn, attn_inner=inner, mlp=mlp)
 
 
@@ -242,7 +245,8 @@ def _build() -> dict[str, Preset]:
         _preset(
             "pre-gpas",
             Layout(block=_block(PRE, PRE), final_norm=True, gpas=True),
-            "y = x + F(N(x)); x' = y - SiLU(a) sg(y), a a learned scalar per sublayer from 0, sg stop-gradient; final N",
+            "y = x + F(N(x)); x' = y - SiLU(a) sg(y), a a learned scalar per sublayer from 0, "
+            "sg stop-gradient; final N",
             "Chen et al. 2025 (GPAS, arXiv 2506.22049), Sec. 3 and Fig. 1 on Pre-LN (the authors' GPASBlock, gate "
             "from 0; their code shares one gate between a layer's two sublayers, here one per sublayer as in the text)",
         ),

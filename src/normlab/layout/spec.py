@@ -105,8 +105,10 @@ _FLAGS = {
 }
 TOKEN_HELP = (
     "attn=<qkvc+ABCS or ->, mlp=<ABCS or ->, [a:b]attn=..., [a:b]mlp=..., emb, -emb, final, "
-    "-final, qk, norm=rms|layer|dyt|derf|scale|l2|seednorm, inner=head|full, h=<float>, alpha=<float>|deepnorm|admin, frozen-out, "
-    "emb-scale, h-scalar, h-channel, skip-scalar, gpas, ngpt, streams=<n>, mix=hc|mhc, lns, qk-rope, softmax=softmax|sink|off-by-one|softpick, "
+    "-final, qk, norm=rms|layer|dyt|derf|scale|l2|seednorm, inner=head|full, h=<float>, "
+    "alpha=<float>|deepnorm|admin, frozen-out, "
+    "emb-scale, h-scalar, h-channel, skip-scalar, gpas, ngpt, streams=<n>, mix=hc|mhc, lns, qk-rope, "
+    "softmax=softmax|sink|off-by-one|softpick, "
     "gain=gamma|none|centered|scalar, norm.SITES=KIND, gain.SITES=G, "
     "alpha0.SITES=<float>, init=<scheme>"
 )

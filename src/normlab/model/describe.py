@@ -21,7 +21,8 @@ def model_report(cfg: ModelConfig, layout: Layout, resolved: ResolvedLayout, sch
     if cfg.n_experts:
         report += (
             f"\n  feed-forward: MoE in layers 0-{cfg.n_layers - 1} ({cfg.n_experts} SwiGLU experts of width "
-            f"{cfg.expert_ffn_dim}, top {cfg.moe_top_k} of softmax, {'a shared expert, ' if cfg.moe_shared_expert else ''}"
+            f"{cfg.expert_ffn_dim}, top {cfg.moe_top_k} of softmax, "
+            f"{'a shared expert, ' if cfg.moe_shared_expert else ''}"
             f"load-balancing {cfg.moe_aux_coef:g}, router z-loss {cfg.moe_z_coef:g}, no token dropping)"
         )
     return report

@@ -67,7 +67,7 @@ def describe_init(scheme: str, d_model: int, n_layers: int, init_std: float) -> 
     check_scheme(scheme)
     std = base_std(scheme, d_model, init_std)
     if scheme in _XAVIER:
-        what = "Xavier normal on linear layers, embedding N(0, %.3g^2)" % std
+        what = f"Xavier normal on linear layers, embedding N(0, {std:.3g}^2)"
         if scheme == "deepnorm":
             what += f", gain {deepnorm_beta(n_layers):.4g} on v/o/MLP"
     else:
@@ -75,7 +75,10 @@ def describe_init(scheme: str, d_model: int, n_layers: int, init_std: float) -> 
         if scheme == "megatron":
             what += f"; o_proj, down_proj std {std / math.sqrt(2.0 * n_layers):.4g} (/ sqrt(2L), L = {n_layers})"
         elif scheme == "depth-scaled":
-            what += f"; o_proj, down_proj of layer l / sqrt(2l): {std / math.sqrt(2.0):.4g} ... {std / math.sqrt(2.0 * n_layers):.4g}"
+            what += (
+                f"; o_proj, down_proj of layer l / sqrt(2l): {std / math.sqrt(2.0):.4g} ... "
+                f"{std / math.sqrt(2.0 * n_layers):.4g}"
+            )
     return f"{what} ({_SOURCES[scheme]})"
 
 

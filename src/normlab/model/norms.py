@@ -341,7 +341,8 @@ def make_norm(
 
 def site_norm(on: bool, spec: NormSpec, dim: int, cfg: ModelConfig, frozen_gamma: bool = False) -> nn.Module:
     """The module at one norm site: ``spec``'s norm over ``dim`` channels with the model's eps, bias and
-    compute (DyT's or Derf's alpha0 the site's own, else the model's ``dyt_alpha``), or `nn.Identity` where it is off."""
+    compute (DyT's or Derf's alpha0 the site's own, else the model's ``dyt_alpha``), or `nn.Identity` where it is
+    off."""
     if not on:
         return nn.Identity()
     alpha0 = spec.alpha0 if spec.alpha0 is not None else cfg.dyt_alpha

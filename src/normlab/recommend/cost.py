@@ -33,6 +33,7 @@ repeat can only make the plan smaller. Delete the cache file (its path is printe
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import heapq
 import json
@@ -203,7 +204,7 @@ def machine_key(threads: int = 1) -> str:
     import torch
 
     cpu = ""
-    try:
+    with contextlib.suppress(OSError):
         cpu = next(
             (
                 line.split(":", 1)[1].strip()
@@ -212,8 +213,6 @@ def machine_key(threads: int = 1) -> str:
             ),
             "",
         )
-    except OSError:
-        pass
     text = json.dumps(
         [
             platform.node(),

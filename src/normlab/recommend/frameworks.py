@@ -322,7 +322,8 @@ def _torchtitan(layout: str, opts: dict[str, Any], cfg: ModelConfig) -> str:
         "",
         "",
         "def norm(width):  # RMSNorm.Config's eps defaults to 1e-5",
-        f"    return RMSNorm.Config(normalized_shape=width, eps={cfg.norm_eps!r}, param_init={{'weight': nn.init.ones_}})",
+        f"    return RMSNorm.Config(normalized_shape=width, eps={cfg.norm_eps!r}, "
+        "param_init={'weight': nn.init.ones_})",
         "",
         "",
         f"config = {model}.Config(",
@@ -341,7 +342,8 @@ def _torchtitan(layout: str, opts: dict[str, Any], cfg: ModelConfig) -> str:
         "                wqkv_param_init=init, wo_param_init=init,",
         '                inner_attention=get_attention_config("flex"),  # or "varlen"',
         "                # rotate-half RoPE, as normlab (ComplexRoPE pairs adjacent features)",
-        f"                rope=CosSinRoPE.Config(dim={hd}, max_seq_len={cfg.max_seq_len}, theta={float(cfg.rope_theta)!r}),",
+        f"                rope=CosSinRoPE.Config(dim={hd}, max_seq_len={cfg.max_seq_len}, "
+        f"theta={float(cfg.rope_theta)!r}),",
         f"                qk_norm={f'norm({hd}),  # per head, before RoPE' if opts.get('qk') else 'None,'}",
         "            ),",
         f"            feed_forward=make_ffn_config(dim={d}, hidden_dim={cfg.ffn_dim}, w1_param_init=init, "

@@ -318,7 +318,8 @@ def make_plan(
             more.append(f"a shallower --depth (at least {min(user.n_layers, SHALLOW_DEPTHS[0])})")
         raise BudgetTooSmall(
             f"--budget {budget_s / 60:g} min cannot hold the smallest answer ({least.n} candidates screened at your "
-            f"depth {user.n_layers} and trained once at {least.depth} layers, {least.steps} steps: about {need:.1f} min "
+            f"depth {user.n_layers} and trained once at {least.depth} layers, {least.steps} steps: "
+            f"about {need:.1f} min "
             f"on this machine, {stages(least)['screen'] / 60:.1f} of them the screen); give " + ", or ".join(more),
             minutes,
         )

@@ -288,7 +288,8 @@ def reason(result: dict[str, Any], ranked: list[Evidence]) -> str:
             how = "in a tie on loss within seed noise, broken by " + (
                 "the screen's verdict"
                 if r2.screen != w.screen
-                else f"the expected loss over the learning rates ({w.expected_loss:.3f} vs {r2.expected_loss:.3f}: best "
+                else "the expected loss over the learning rates "
+                f"({w.expected_loss:.3f} vs {r2.expected_loss:.3f}: best "
                 "loss + LR sensitivity)"
             )
         else:

@@ -33,7 +33,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from normlab.config.commands import RECOMMEND_BASE, RecommendConfig, check_recommend_settings
 from normlab.errors import ConfigError
@@ -51,6 +51,12 @@ from normlab.recommend.rank import (
 )
 from normlab.recommend.shape import PROXY_WIDTH, UserModel, proxy_shape, screen_shape
 from normlab.runs.files import RecommendDir
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from normlab.experiments.runner import Deadline as DeadlineType
+    from normlab.experiments.sweep import SweepConfig
 
 SCREEN_STRESSES = (1.0, 8.0)  # the screen's verdicts compare the lowest and highest stress
 
@@ -209,7 +215,7 @@ def _sweep(
     lrs: list[float],
     seeds: list[int],
     name: str = "recommend",
-):
+) -> SweepConfig:
     from normlab.experiments.sweep import SweepConfig
 
     width = base.get("model.d_model", PROXY_WIDTH)
@@ -270,7 +276,12 @@ def _edges(runs, finalists: list[str], lrs: list[float]) -> dict[str, float]:  #
         best = grid[n].get("best_lr")
         if best is None or len(lrs) < 2:
             continue
-        if best <= min(lrs) * (1 + 1e-9) and (beyond := plan.next_lr(min(lrs), up=False)) or best >= max(lrs) * (1 - 1e-9) and (beyond := plan.next_lr(max(lrs), up=True)):
+        if (
+            best <= min(lrs) * (1 + 1e-9)
+            and (beyond := plan.next_lr(min(lrs), up=False))
+            or best >= max(lrs) * (1 - 1e-9)
+            and (beyond := plan.next_lr(max(lrs), up=True))
+        ):
             out[n] = beyond
     return out
 
@@ -315,7 +326,7 @@ def _verify(
     folder: RecommendDir,
     v: dict[str, Any],
     result: dict[str, Any],
-    runs,
+    runs: pd.DataFrame,
     user: UserModel,
     precision: str,
     extra: dict[str, Any],
@@ -325,9 +336,9 @@ def _verify(
     budget_s: float,
     stop_at: float,
     log: Callable,
-    run_sweep,
-    Deadline,
-    load_sweep,
+    run_sweep: Callable[..., dict[str, int]],
+    Deadline: type[DeadlineType],
+    load_sweep: Callable[[str | Path], tuple[pd.DataFrame, list[str]]],
 ) -> dict[str, Any]:
     """The verify stage: the ranking's best k trained at `v["width"]` at the winner's best lr, ranked by
     the transfer study's rule, compared with the ranking (experiments.transfer)."""
@@ -441,7 +452,8 @@ def recommend(
     for note in user.notes:
         log(f"  note: {note}")
     log(
-        f"  precision {precision}; optimizer {cfg.optimizer}; {len(candidates)} candidates; budget {cfg.budget:g} min on "
+        f"  precision {precision}; optimizer {cfg.optimizer}; {len(candidates)} candidates; "
+        f"budget {cfg.budget:g} min on "
         f"{workers} worker(s) "
         f"-> {cfg.out}"
     )
@@ -555,10 +567,10 @@ def _stages(
     stop_at: float,
     workers: int,
     log: Callable,
-    run_sweep,
-    Deadline,
-    load_sweep,  # noqa: ANN001
-    summarize,
+    run_sweep: Callable[..., dict[str, int]],
+    Deadline: type[DeadlineType],
+    load_sweep: Callable[[str | Path], tuple[pd.DataFrame, list[str]]],
+    summarize: Callable[..., dict[str, Any]],
 ) -> dict[str, Any]:
     p = saved["plan"]
     calls = saved.setdefault("call_minutes", [])  # each call's time, kept at every stage: a resumed one adds to it
@@ -815,7 +827,7 @@ def _conclude(
     p: dict[str, Any],
     final: dict[str, Any],
     order: list[str],
-    runs,
+    runs: pd.DataFrame,
     extra: dict[str, Any],
     t0: float,
     budget_s: float,

@@ -9,11 +9,11 @@ the old layout had is dropped. A new output norm (B) or embedding norm starts, b
 to the mean RMS of what it normalizes in the old model (``match_scale``): it then keeps the scale of the
 update it replaces on average instead of forcing every update to RMS 1. On a trained Pre-LN micro run
 (6 layers, 200 steps) to Peri-LN: KL 0.091 nats/token and top-1 unchanged on 76% of tokens with matched
-gammas, against KL 0.728 and 35% with gamma = 1 (docs/training.md). Where a kept norm changes only how its gain is stored, the conversion is
-exact: gamma <-> centered (w = gamma - 1). Pre-LN with LayerNorm to RMSNorm input norms
+gammas, against KL 0.728 and 35% with gamma = 1 (docs/training.md). Where a kept norm changes only how its gain is
+stored, the conversion is exact: gamma <-> centered (w = gamma - 1). Pre-LN with LayerNorm to RMSNorm input norms
 (``--layout 'RUN_LAYOUT,norm.A=rms'``) is rewritten exactly as Jiang et al. 2023 do (`_rms_rewrite`: the stream
-re-centred, each beta moved into the next projections' biases), or refused with the reason. The seeds' migration (Kim et al.: Pre-LN -> Peri-LN keeps the
-input norms and adds output norms) is ``--layout peri`` on a ``pre`` run.
+re-centred, each beta moved into the next projections' biases), or refused with the reason. The seeds' migration (Kim
+et al.: Pre-LN -> Peri-LN keeps the input norms and adds output norms) is ``--layout peri`` on a ``pre`` run.
 
 How much the function changed: the KL divergence KL(p_old || p_new) of the next-token distributions, mean
 over the tokens of held-out text (the run's validation split when its data can be read, else built-in
@@ -246,7 +246,7 @@ def _rms_rewrite(old: torch.nn.Module, conv: Conversion) -> dict[str, torch.Tens
     centre("embed.weight", -1)
     if old.pos_embed is not None:
         centre("pos_embed.weight", -1)
-    for i, block in enumerate(old.blocks):
+    for i in range(len(old.blocks)):
         for proj in ("attn.o_proj", "mlp.down_proj"):
             centre(f"blocks.{i}.{proj}.weight", 0)
             if f"blocks.{i}.{proj}.bias" in state:

@@ -77,24 +77,24 @@ def fit_growth(values: list[float]) -> dict:
     exactly, so they are called flat or linear only.
     """
     y = np.asarray(values, dtype=np.float64)
-    l = np.arange(len(y), dtype=np.float64)
+    depth = np.arange(len(y), dtype=np.float64)
     scale = max(float(np.abs(y).mean()), 1e-30)
     if (y.max() - y.min()) / scale < 0.1:
         return {"shape": "flat", "spread": float((y.max() - y.min()) / scale)}
     if len(y) < 4:
-        return {"shape": "linear", "linear_slope": float(np.polyfit(l, y, 1)[0]) if len(y) > 1 else 0.0}
+        return {"shape": "linear", "linear_slope": float(np.polyfit(depth, y, 1)[0]) if len(y) > 1 else 0.0}
 
     def err(pred: np.ndarray) -> float:
         return float(np.sqrt(np.mean((pred - y) ** 2)) / scale)
 
-    lin = np.polyfit(l, y, 1)
-    quad = np.polyfit(l, y, 2)
-    e_lin, e_quad = err(np.polyval(lin, l)), err(np.polyval(quad, l))
+    lin = np.polyfit(depth, y, 1)
+    quad = np.polyfit(depth, y, 2)
+    e_lin, e_quad = err(np.polyval(lin, depth)), err(np.polyval(quad, depth))
     out = {"linear_slope": float(lin[0]), "err_linear": e_lin, "err_quadratic": e_quad}
     if np.all(y > 0):
-        ex = np.polyfit(l, np.log(y), 1)
+        ex = np.polyfit(depth, np.log(y), 1)
         ratio = float(math.exp(ex[0]))
-        e_exp = err(np.exp(np.polyval(ex, l)))
+        e_exp = err(np.exp(np.polyval(ex, depth)))
         out.update(ratio_per_layer=ratio, err_exponential=e_exp)
         if ratio > 1.05 and e_exp < 0.7 * min(e_lin, e_quad):
             return {"shape": "exponential", **out}

@@ -132,6 +132,7 @@ def screen_layout(layout: Layout | str, cfg: ScreenConfig, extra: dict[str, Any]
         overall = "unstable"
     else:
         overall = "caution"
+    last = list(per_stress.values())[-1]  # the gain reported: the last stress measured's
     return {
         "layout": lay.label,
         "string": lay.to_string(),
@@ -157,10 +158,7 @@ def screen_layout(layout: Layout | str, cfg: ScreenConfig, extra: dict[str, Any]
             "sensitivity_ratio": sens_ratio,
             "uncertainty_ratio_growth": amp_ratio,
             **(
-                {
-                    "hc_gain": max(max(r["hc_gain"]["forward"]), max(r["hc_gain"]["backward"]))
-                    for r in per_stress.values()
-                }
+                {"hc_gain": max(max(last["hc_gain"]["forward"]), max(last["hc_gain"]["backward"]))}
                 if lay.streams > 1
                 else {}
             ),

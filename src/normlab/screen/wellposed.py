@@ -107,7 +107,10 @@ def classify(
         notes.append("the hidden norm (H) bounds W2's input, not its output")
     if sites.skip_normed:
         notes.append("the normalized skip resets the carried stream, but the added update is still free")
-    base = "no norm on the module output: the update f(.) grows with the module's weights and activations (Kan Theorem 2, as Pre-LN)"
+    base = (
+        "no norm on the module output: the update f(.) grows with the module's weights and activations "
+        "(Kan Theorem 2, as Pre-LN)"
+    )
     return "unbounded", base + ("; " + "; ".join(notes) if notes else "")
 
 

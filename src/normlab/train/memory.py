@@ -21,7 +21,8 @@ the run's width under the run's autocast and storage, at one and two layers and 
 once); the differences give the bytes per token per block and per token outside the blocks. That is
 exact for fused attention (flash / memory-efficient SDPA keep O(T) per head, not the T x T scores);
 the total is scaled to the run's micro-batch and depth; a model too wide to build is measured on two
-narrower copies and extrapolated (`_slopes`): the plan never builds what it plans. With activation checkpointing a block keeps its input only, and the backward recomputes one
+narrower copies and extrapolated (`_slopes`): the plan never builds what it plans. With activation checkpointing a
+block keeps its input only, and the backward recomputes one
 block at a time: that block's full activations are added once. tests/integration/test_memory.py
 checks the plan against the same measurement on whole models.
 """

@@ -3,7 +3,8 @@
     FLOPs per token = 6 N + 12 L H Q T                         PaLM (Chowdhery et al. 2022), App. B
 
 N is the number of weights in matrix products (every `nn.Linear`, the LM head included, and in a
-MoE model the router and the k experts a token uses; the embedding lookup is not a product), L layers, H query heads of width Q, T the sequence length:
+MoE model the router and the k experts a token uses; the embedding lookup is not a product), L layers, H query heads
+of width Q, T the sequence length:
 6 N for the forward and backward of the weights, 12 L H Q T for the attention scores and their
 weighted sum. It counts causal attention in full, as PaLM, nanoGPT and torchtitan do, so the figures
 compare with theirs; recomputation under activation checkpointing is not counted (that would be

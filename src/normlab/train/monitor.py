@@ -158,7 +158,10 @@ class DivergenceMonitor:
                     f"(more than {self.max_overflow_streak})",
                 )
             return False
-        what = f"non-finite {'loss' if not math.isfinite(loss) else 'gradient norm'} ({loss if not math.isfinite(loss) else grad_norm}) at step {step}"
+        what = (
+            f"non-finite {'loss' if not math.isfinite(loss) else 'gradient norm'} "
+            f"({loss if not math.isfinite(loss) else grad_norm}) at step {step}"
+        )
         if policy == "skip":
             self.skipped_steps.append(step)
             self._check_skipped(step + 1)
