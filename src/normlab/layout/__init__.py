@@ -1,5 +1,6 @@
 """Normalization layouts as data: sites, the string form, and the named presets."""
 
+from normlab.errors import LayoutError
 from normlab.layout.presets import PRESETS, Preset
 from normlab.layout.sites import (
     AttentionInnerSites,
@@ -7,7 +8,6 @@ from normlab.layout.sites import (
     LayerRange,
     LayerRule,
     Layout,
-    LayoutError,
     NormSpec,
     ResolvedLayout,
     SiteNorm,

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 from normlab.errors import LayoutError
 
@@ -110,10 +110,9 @@ class SiteNorm:
     def merged(self, other: SiteNorm) -> SiteNorm:
         """This with ``other``'s set fields on top."""
         return SiteNorm(
-            *(
-                b if b is not None else a
-                for a, b in ((self.kind, other.kind), (self.gain, other.gain), (self.alpha0, other.alpha0))
-            )
+            kind=other.kind if other.kind is not None else self.kind,
+            gain=other.gain if other.gain is not None else self.gain,
+            alpha0=other.alpha0 if other.alpha0 is not None else self.alpha0,
         )
 
 
@@ -367,7 +366,7 @@ class Layout:
             return True
         return any(rule.sites.output for rule in self.rules)
 
-    def with_(self, **changes: object) -> Layout:
+    def with_(self, **changes: Any) -> Layout:
         """A copy with fields changed (and the preset name dropped unless given)."""
         changes.setdefault("name", None)
         return replace(self, **changes)
@@ -556,12 +555,12 @@ def _canonical_site_norms(pairs: tuple[tuple[str, SiteNorm], ...]) -> tuple[tupl
 
 def deepnorm_alpha(n_layers: int) -> float:
     """DeepNorm's skip scale for a decoder-only model of N layers: (2N)^(1/4) (Wang et al. 2022)."""
-    return (2.0 * n_layers) ** 0.25
+    return float((2.0 * n_layers) ** 0.25)
 
 
 def deepnorm_beta(n_layers: int) -> float:
     """DeepNorm's init gain on FFN, V and output projections: (8N)^(-1/4) (Wang et al. 2022)."""
-    return (8.0 * n_layers) ** -0.25
+    return float((8.0 * n_layers) ** -0.25)
 
 
 def resolve(layout: Layout, n_layers: int) -> ResolvedLayout:

@@ -55,8 +55,11 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any, cast
 
+from normlab.errors import LayoutError
 from normlab.layout.sites import (
     ADMIN,
     ATTN_SOFTMAX,
@@ -72,10 +75,11 @@ from normlab.layout.sites import (
     SITE_LETTERS,
     STREAM_MIXES,
     AttentionInnerSites,
+    InnerSpan,
     LayerRange,
     LayerRule,
     Layout,
-    LayoutError,
+    NormKind,
     SiteNorm,
     SublayerSites,
 )
@@ -186,14 +190,15 @@ def _apply(layout: Layout, token: str) -> Layout:
         rule = LayerRule(layers=rng, sublayer=key, sites=sites, inner=inner)  # type: ignore[arg-type]
         return replace(layout, rules=layout.rules + (rule,))
     if token in _FLAGS:
-        attr, value = _FLAGS[token]
-        return replace(layout, **{attr: value})
+        attr, flag = _FLAGS[token]
+        changes: dict[str, Any] = {attr: flag}  # the field's type is the flag table's (bool, or h_learned's str | None)
+        return replace(layout, **changes)
     if token == "qk":
         return layout.with_qk_norm()
     key, eq, value = token.partition("=")
     field, dot, where = key.partition(".")
     if eq and value and dot and field in SITE_FIELDS:
-        sites = _parse_site_names(where, token)
+        names = _parse_site_names(where, token)
         if field == "alpha0":
             spec = SiteNorm(alpha0=_parse_float(value, token))
         elif field == "norm":
@@ -204,7 +209,7 @@ def _apply(layout: Layout, token: str) -> Layout:
             if value not in GAINS:
                 raise LayoutError(f"in {token!r}: gain must be one of {', '.join(GAINS)}")
             spec = SiteNorm(gain=value)
-        return replace(layout, site_norms=layout.site_norms + tuple((site, spec) for site in sites))
+        return replace(layout, site_norms=layout.site_norms + tuple((site, spec) for site in names))
     if eq and value:
         if key in ("attn", "mlp"):
             sites, inner = _parse_letters(value, key, token)
@@ -221,7 +226,7 @@ def _apply(layout: Layout, token: str) -> Layout:
         if key == "norm":
             if value not in NORM_KINDS:
                 raise LayoutError(f"in {token!r}: norm must be one of {', '.join(NORM_KINDS)}")
-            return replace(layout, norm=value)
+            return replace(layout, norm=cast(NormKind, value))
         if key == "softmax":
             if value not in ATTN_SOFTMAX:
                 raise LayoutError(f"in {token!r}: softmax must be one of {', '.join(ATTN_SOFTMAX)}")
@@ -237,7 +242,7 @@ def _apply(layout: Layout, token: str) -> Layout:
         if key == "inner":
             if value not in INNER_SPANS:
                 raise LayoutError(f"in {token!r}: inner must be one of {', '.join(INNER_SPANS)}")
-            return replace(layout, inner_span=value)
+            return replace(layout, inner_span=cast(InnerSpan, value))
         if key == "h":
             return replace(layout, h=_parse_float(value, token))
         if key == "alpha":
@@ -280,7 +285,7 @@ def check_option(key: str, value: object) -> str:
     return token
 
 
-def edit_layout(text: str, options: dict) -> Layout:
+def edit_layout(text: str, options: Mapping[str, object]) -> Layout:
     """The layout ``text`` (a preset name or string form) with ``options`` appended as tokens and parsed as one
     string: ``--set layout.alpha=admin`` on ``post`` is ``post,alpha=admin``. Named by that string."""
     label = text + "".join("," + check_option(k, v) for k, v in options.items())
