@@ -9,16 +9,23 @@
   one line and the coordinator keeps watching what it submitted before it exits. Nothing is orphaned.
 - **Re-attaching.** A rerun of the same command asks the scheduler (sacct through submitit, squeue
   when sacct has no record yet) about every unfinished row's job: a pending or running job is watched
-  again, never submitted twice; only runs with no live job are submitted.
+  again, never submitted twice; so is a live job that the run's lock file names (a coordinator killed
+  before it stored the ids of the jobs it had just submitted); only runs with no live job are submitted.
+  A job that finds its run locked by another job (a duplicate) records nothing and names that job,
+  which the coordinator watches instead: a live run is never marked failed.
 - **Checkpoint and requeue.** `normlab.experiments.job.RunJob` is a `submitit.helpers.Checkpointable`: SLURM signals USR2
   `slurm_signal_delay_s` before the time limit, or on preemption (`scancel --signal=USR2`); the run
   then stops after its current step with a checkpoint (`normlab.train.trainer.Stopped`), its row goes
   back to `pending`, and submitit requeues the job (`scontrol requeue`), which continues from that
   checkpoint. After a time limit that is retried `slurm_max_num_timeout` times (submitit's default 3).
+  SIGTERM (scancel, a limit reached without the warning) saves the run the same way, without a requeue;
+  a job that ends TIMEOUT, NODE_FAIL, BOOT_FAIL or PREEMPTED without having requeued itself is submitted
+  again by the coordinator (as many times), continuing from the newest save.
 - **Threads** come from the allocation: SLURM_CPUS_PER_TASK (else the CPUs SLURM gave the node's
   task), into torch.set_num_threads and OMP_NUM_THREADS.
 - **Ctrl-C** asks, on a terminal, whether to cancel the sweep's jobs; elsewhere it leaves them running
-  and says how to cancel them (`normlab sweep --cancel DIR`). A cancelled job's row says so in one line.
+  and says how to cancel them (`normlab sweep --cancel DIR`). A cancelled job's row says so in one line,
+  written once the job has left the queue (its run may still save until the cluster's KillWait ends).
 - Job scripts, logs and submitit's pickles go to SWEEP/logs/jobs/.
 
 Only the job that trains a run writes its row while it trains (`running`, then its outcome, as the local
