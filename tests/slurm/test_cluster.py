@@ -299,8 +299,9 @@ def test_a_job_whose_id_was_never_stored_is_found_by_the_runs_lock(corpus, tmp_p
 
 def test_a_time_limit_cut_short_saves_at_the_cut_and_the_run_goes_on(corpus, tmp_path):
     """`scontrol update TimeLimit=1` on a job that has trained past a minute: SLURM ends it at once and signals
-    USR2 with it; the run saves at that step (not at a periodic checkpoint), the job is requeued (with the
-    shortened limit: each life continues from the last save) and the run ends ok once, no row ever failed."""
+    USR2 with it; the run saves at that step (not at a periodic checkpoint), the job is requeued and continues
+    from that save (its limit given back while it waits: a requeued job keeps the shortened one), and the run
+    ends ok once, no row ever failed."""
     path, name = write_sweep(tmp_path, corpus, "cut", seeds=1, steps=4000, slurm_max_num_timeout=10)
     out = tmp_path / "sw"
     proc = subprocess.Popen(sweep_cmd(path, out), env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -315,6 +316,9 @@ def test_a_time_limit_cut_short_saves_at_the_cut_and_the_run_goes_on(corpus, tmp
 
     wait_for("the job past a minute", lambda: elapsed() > 65, timeout=200)
     subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=1"], check=True)
+    wait_for("the run saved and requeued", lambda: any(r["status"] == "pending" and "saved at step" in (r["reason"] or "")
+                                                      for r in rows(out)), timeout=200)
+    subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=10"], check=True)
     text, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, text
     (row,) = check_ok_once(out, name, 1)
