@@ -226,6 +226,8 @@ def run_cluster(root: Path, store: SweepStore, todo: list[str], kind: str, optio
                     with ex.batch():
                         submitted = [ex.submit(job_class(str(root), rid)) for rid in batch]
                 except Exception as err:  # noqa: BLE001 - sbatch refused: its message decides what follows
+                    for pickled in SweepDir(root).jobs_dir.glob("*.pkl"):  # submitit's, for the refused array only
+                        pickled.unlink(missing_ok=True)  # (a submitted job's moves to its own folder)
                     why = _one_line(getattr(err, "stderr", None) or err)
                     if not any(word.lower() in why.lower() for word in TRANSIENT):
                         fatal = f"the scheduler refused the jobs: {why}"
@@ -257,6 +259,7 @@ def run_cluster(root: Path, store: SweepStore, todo: list[str], kind: str, optio
                 if live(state):
                     continue
                 job = jobs.pop(rid)
+                next_try = 0.0  # a job of this sweep has left the queue: a refused submission may pass now
                 then = _ended(root, store, rid, job, state, kind, retries.get(rid, 0) < max_retries)
                 if then and then[0] == "adopt":  # this job found the run trained by another job of it: watch that one
                     jobs[rid] = watch.job(then[1])

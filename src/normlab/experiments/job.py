@@ -52,6 +52,10 @@ class RunJob(Checkpointable):
         self._thread.start()
         while self._thread.is_alive():
             self._thread.join(0.5)  # short joins: the USR2 handler runs here, between them
+        # the run is over: a USR2 or SIGTERM from now on (its time limit near) would kill the exiting process (Python
+        # puts back the default action as it exits), and sacct would say FAILED for a run that ended ok
+        for sig in (signal.SIGUSR2, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
         return self._result
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
