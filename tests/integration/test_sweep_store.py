@@ -18,7 +18,7 @@ import pytest
 from normlab.cli import main
 from normlab.experiments import SweepConfig, run_sweep, summarize
 from normlab.experiments.runner import _to_toml
-from normlab.runs.lock import FolderLock, LockBusy
+from normlab.runs.lock import FolderLock, LockBusy, RunLock
 from normlab.runs.store import SweepStore
 from tests.helpers import REPO
 
@@ -230,3 +230,70 @@ def test_threads_come_from_the_allocation(monkeypatch):
     assert allocation_threads() == 4  # the node's CPUs over its tasks
     monkeypatch.setenv("SLURM_CPUS_PER_TASK", "3")
     assert allocation_threads() == 3  # srun -c 3 / cpus_per_task = 3
+
+
+def test_a_signal_delay_not_shorter_than_the_time_limit_is_refused_and_the_default_fits(tmp_path, capsys):
+    """USR2 `slurm_signal_delay_s` before the limit: a delay >= the limit would signal the job as it starts."""
+    pytest.importorskip("submitit")
+    from normlab.experiments.cluster import signal_delay
+
+    sweep = SweepConfig(name="t", base={"size": "nano"}, grid={"seed": [0]}).to_dict()
+    (tmp_path / "s.toml").write_text(_to_toml({**sweep, "executor": "slurm",
+                                               "slurm": {"timeout_min": 1, "slurm_signal_delay_s": 60}}))
+    assert main(["sweep", str(tmp_path / "s.toml"), "--out", str(tmp_path / "out")]) == 2
+    assert "slurm_signal_delay_s = 60 is not shorter than timeout_min = 1 (60 s)" in _one_line(capsys)
+    assert not (tmp_path / "out").exists()
+    # left out: submitit's 90 s, at most a quarter of the limit, at least 5 s
+    assert [signal_delay(m) for m in (None, 1, 2, 6, 120, 0.05)] == [90, 15, 30, 90, 90, 5]
+
+
+def test_a_second_worker_on_a_locked_run_leaves_its_row_and_names_the_holders_job(tmp_path, monkeypatch):
+    """A duplicate job of a run another job trains: it takes the lock before touching the row, so the row stays as
+    the holder wrote it, and it returns the holder's job for the coordinator to watch."""
+    from normlab.experiments.runner import execute_run, prepare
+    from normlab.runs.files import SweepDir
+
+    sweep = SweepConfig(name="t", base={"size": "nano", "steps": 2}, grid={"seed": [0]})
+    store, (spec,) = prepare(sweep, tmp_path / "sw")
+    store.mark_running(spec.run_id, "41_0")
+    lock = SweepDir(tmp_path / "sw").run(spec.run_id).lock_file
+    keep = HOLDER.replace("FolderLock(Path", "held = FolderLock(Path")  # a flock lasts as long as its file is open
+    holder = subprocess.Popen([sys.executable, "-c", keep, str(lock)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(REPO / "src"), "SLURM_ARRAY_JOB_ID": "41",
+                                   "SLURM_ARRAY_TASK_ID": "0"})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        monkeypatch.setattr(RunLock.__init__, "__defaults__", (0.0,))  # no 10 s wait for the holder to go
+        got = execute_run(str(tmp_path / "sw"), spec.run_id, worker="42_0")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert got["status"] == "running" and got["holder_job"] == "41_0" and "being trained by pid" in got["reason"]
+    row = store.row(spec.run_id)
+    assert (row["status"], row["worker"], row["attempts"]) == ("running", "41_0", 1)  # untouched by the duplicate
+
+
+def test_a_job_ended_by_the_scheduler_is_submitted_again_or_failed_in_one_line(tmp_path):
+    """How the coordinator reads a job that left the queue without a result: TIMEOUT (a limit without the warning),
+    NODE_FAIL, ...: pending again, to be submitted again, while retries are left, then failed; cancelled: failed,
+    naming who cancelled it."""
+    from types import SimpleNamespace
+
+    from normlab.experiments.cluster import _ended
+    from normlab.experiments.runner import prepare
+
+    sweep = SweepConfig(name="t", base={"size": "nano", "steps": 2}, grid={"seed": [0, 1]})
+    store, specs = prepare(sweep, tmp_path / "sw")
+    a, b = (s.run_id for s in specs)
+    job = SimpleNamespace(job_id="7_0", paths=SimpleNamespace(result_pickle=tmp_path / "none.pkl",
+                                                              stderr=tmp_path / "7_0_log.err"))
+    store.set_job([a, b], ["7_0", "7_1"])
+    store.mark_running(a, "7_0")
+    then = _ended(tmp_path / "sw", store, a, job, "TIMEOUT", "slurm", retry=True)
+    assert then == ("again", "job 7_0 ended TIMEOUT without requeueing itself; submitted again, from its newest "
+                    "checkpoint")
+    assert (store.row(a)["status"], store.row(a)["job"]) == ("pending", None)
+    assert _ended(tmp_path / "sw", store, a, job, "NODE_FAIL", "slurm", retry=False) is None  # no retry left
+    assert store.row(a)["status"] == "failed" and store.row(a)["reason"].startswith("job 7_0 ended NODE_FAIL; see ")
+    assert _ended(tmp_path / "sw", store, b, job, "CANCELLED by 1000", "slurm", retry=True) is None
+    assert store.row(b)["reason"] == "job 7_0 was cancelled by uid 1000; the next run of this sweep submits it again"

@@ -7,6 +7,7 @@ trained it, sacct agrees (COMPLETED), no job is submitted twice, no live run is 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -155,11 +156,11 @@ def test_a_qos_submit_limit_is_waited_out_never_orphaning_jobs(corpus, tmp_path)
 def test_ctrl_c_leaves_the_jobs_and_cancel_is_one_line(corpus, tmp_path):
     """Ctrl-C without a terminal leaves the job running and says how to cancel it; `normlab sweep --cancel DIR`
     cancels it, the row says so in one line, and the rerun trains the run in a new job."""
-    path, name = write_sweep(tmp_path, corpus, "cancel", seeds=1, steps=600)
+    path, name = write_sweep(tmp_path, corpus, "cancel", seeds=1, steps=1500)
     out = tmp_path / "sw"
     proc = subprocess.Popen(sweep_cmd(path, out), env=ENV, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
-    wait_for("the job", lambda: any(r["job"] for r in rows(out)))
+    wait_for("the run training", lambda: any(r["status"] == "running" for r in rows(out)))
     time.sleep(3)  # the coordinator back in its watch loop
     proc.send_signal(signal.SIGINT)
     text, _ = proc.communicate(timeout=120)
@@ -175,19 +176,22 @@ def test_ctrl_c_leaves_the_jobs_and_cancel_is_one_line(corpus, tmp_path):
     done = finish(path, out)
     assert done.returncode == 0, done.stdout + done.stderr
     assert rows(out)[0]["status"] == "ok" and rows(out)[0]["job"] != job and rows(out)[0]["worker"] == rows(out)[0]["job"]
+    # the cancelled job saved its run on SIGTERM: the new one continued from there
+    logs = "".join(p.read_text() for p in (out / "logs" / "jobs").rglob("*_log.*") if rows(out)[0]["job"] in p.name)
+    assert "resuming from step_" in logs, logs[-2000:]
 
 
 def test_ctrl_c_on_a_terminal_asks_and_cancels(corpus, tmp_path):
     """On a terminal, Ctrl-C asks whether to cancel the sweep's jobs; "y" cancels them."""
     import pty
 
-    path, name = write_sweep(tmp_path, corpus, "ask", seeds=1, steps=600)
+    path, name = write_sweep(tmp_path, corpus, "ask", seeds=1, steps=1500)
     out = tmp_path / "sw"
     leader, follower = pty.openpty()
     proc = subprocess.Popen(sweep_cmd(path, out), env=ENV, stdin=follower, stdout=follower, stderr=follower,
                             start_new_session=True)
     os.close(follower)
-    wait_for("the job", lambda: any(r["job"] for r in rows(out)))
+    wait_for("the run training", lambda: any(r["status"] == "running" for r in rows(out)))
     time.sleep(3)
     proc.send_signal(signal.SIGINT)
     seen = b""
@@ -202,3 +206,124 @@ def test_ctrl_c_on_a_terminal_asks_and_cancels(corpus, tmp_path):
     assert row["status"] == "failed" and "cancelled at Ctrl-C" in row["reason"], row
     wait_for("the job gone", lambda: not subprocess.run(["squeue", "-h", "-j", row["job"]], capture_output=True,
                                                          text=True).stdout.strip(), timeout=60)
+
+
+class Watch:
+    """Every (run, status, job) the store shows, polled twice a second while a test runs: a run seen `failed` must
+    never have had a live job at that moment (`failed_while_live`)."""
+
+    def __init__(self, out: Path) -> None:
+        import threading
+
+        self.out, self.failed, self.stop = out, set(), threading.Event()
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+        self.thread.start()
+
+    def _poll(self) -> None:
+        while not self.stop.is_set():
+            for r in rows(self.out):
+                if r["status"] == "failed":
+                    self.failed.add((r["run_id"], r["job"], r["reason"]))
+            time.sleep(0.5)
+
+    def failed_while_live(self, name: str) -> list[tuple]:
+        """The failed rows seen whose job ended other than cancelled (sacct): a live run marked failed."""
+        self.stop.set()
+        self.thread.join()
+        jobs = sacct(f"normlab-{name}")
+        return [f for f in self.failed if not jobs.get(f[1], "").startswith("CANCELLED")]
+
+
+def test_jobs_scancelled_by_the_user_are_submitted_again_by_the_rerun(corpus, tmp_path):
+    """The user scancels one job while the coordinator watches it, then kill -9 of the coordinator and a scancel of
+    another job: the first row says in one line that its job was cancelled; the rerun submits exactly the two
+    cancelled runs again (the third is re-attached), and every run ends ok once, no row ever failed but a
+    cancelled job's."""
+    path, name = write_sweep(tmp_path, corpus, "scancel", seeds=3, steps=1500, slurm_array_parallelism=3)
+    out = tmp_path / "sw"
+    proc = subprocess.Popen(sweep_cmd(path, out), env=ENV, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    watch = Watch(out)
+    first = wait_for("a run training", lambda: next((r for r in rows(out) if r["status"] == "running"), None))
+    subprocess.run(["scancel", first["job"]], check=True)
+    row = wait_for("the cancel recorded", lambda: next((r for r in rows(out) if r["run_id"] == first["run_id"]
+                                                        and r["status"] == "failed"), None), timeout=120)
+    assert "\n" not in row["reason"] and f"job {first['job']} was cancelled by uid" in row["reason"], row
+    second = wait_for("another run training", lambda: next(
+        (r for r in rows(out) if r["status"] == "running" and r["run_id"] != first["run_id"]), None), timeout=120)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    subprocess.run(["scancel", second["job"]], check=True)
+    done = finish(path, out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    got = rows(out)
+    assert len(got) == 3 and all(r["status"] == "ok" and r["worker"] == r["job"] for r in got), got
+    jobs = sacct(f"normlab-{name}")
+    cancelled = {first["run_id"]: first["job"], second["run_id"]: second["job"]}
+    assert {j for j, s in jobs.items() if s.startswith("CANCELLED")} == set(cancelled.values()), jobs
+    for r in got:  # the cancelled runs trained by a new job; the other by its first
+        assert r["job"] != cancelled.get(r["run_id"]) and jobs[r["job"]] == "COMPLETED", (r, jobs)
+    assert len(jobs) == 5  # 3 first jobs, 2 submitted again: none twice
+    assert watch.failed_while_live(name) == []
+
+
+def test_a_job_whose_id_was_never_stored_is_found_by_the_runs_lock(corpus, tmp_path):
+    """A coordinator killed between sbatch and storing the job ids (simulated: the ids erased): the rerun finds the
+    running jobs by their runs' locks and watches them; the pending one it cannot know is submitted again, and
+    whichever of the two jobs starts second finds the run locked or done: no row ever failed, each run ok once with
+    the job that trained it."""
+    path, name = write_sweep(tmp_path, corpus, "lost-id", seeds=3, steps=1500, slurm_array_parallelism=3)
+    out = tmp_path / "sw"
+    proc = subprocess.Popen(sweep_cmd(path, out), env=ENV, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    watch = Watch(out)
+    wait_for("two runs training", lambda: sum(r["status"] == "running" for r in rows(out)) == 2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = {r["run_id"]: (r["status"], r["job"]) for r in rows(out)}
+    with sqlite3.connect(out / "sweep.db", timeout=30) as con:
+        con.execute("update runs set job = null")
+    done = finish(path, out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("holds its lock and is alive; watching it") >= 2, done.stdout
+    got = rows(out)
+    assert len(got) == 3 and all(r["status"] == "ok" and r["worker"] == r["job"] for r in got), got
+    jobs = sacct(f"normlab-{name}")
+    assert all(s == "COMPLETED" for s in jobs.values()), jobs
+    for r in got:
+        if before[r["run_id"]][0] == "running":  # re-attached, not submitted again
+            assert r["job"] == before[r["run_id"]][1] and r["attempts"] == 1, (r, before)
+    assert len(jobs) == 4  # the one duplicate: the pending job whose id was lost
+    assert watch.failed_while_live(name) == []
+
+
+def test_a_time_limit_cut_short_saves_at_the_cut_and_the_run_goes_on(corpus, tmp_path):
+    """`scontrol update TimeLimit=1` on a job that has trained past a minute: SLURM ends it at once and signals
+    USR2 with it; the run saves at that step (not at a periodic checkpoint), the job is requeued and continues
+    from that save (its limit given back while it waits: a requeued job keeps the shortened one), and the run
+    ends ok once, no row ever failed."""
+    path, name = write_sweep(tmp_path, corpus, "cut", seeds=1, steps=4000, slurm_max_num_timeout=10)
+    out = tmp_path / "sw"
+    proc = subprocess.Popen(sweep_cmd(path, out), env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    watch = Watch(out)
+    (job,) = [wait_for("the run training", lambda: next((r["job"] for r in rows(out) if r["status"] == "running"),
+                                                         None))]
+
+    def elapsed() -> int:
+        text = subprocess.run(["squeue", "-h", "-j", job, "-o", "%M"], capture_output=True, text=True).stdout.strip()
+        parts = [int(x) for x in text.replace("-", ":").split(":")] if text else [0]
+        return sum(v * 60 ** i for i, v in enumerate(reversed(parts)))
+
+    wait_for("the job past a minute", lambda: elapsed() > 65, timeout=200)
+    subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=1"], check=True)
+    wait_for("the run saved and requeued", lambda: any(r["status"] == "pending" and "saved at step" in (r["reason"] or "")
+                                                      for r in rows(out)), timeout=200)
+    subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=10"], check=True)
+    text, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, text
+    (row,) = check_ok_once(out, name, 1)
+    assert row["attempts"] >= 2
+    logs = "".join(p.read_text() for p in (out / "logs" / "jobs").rglob("*_log.*"))
+    resumed = [int(step) for step in re.findall(r"resuming from step_(\d+)", logs)]
+    assert resumed and resumed[0] % 1000 != 0, resumed  # saved at the cut; periodic checkpoints are every 1000
+    assert watch.failed_while_live(name) == []

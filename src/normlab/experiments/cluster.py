@@ -9,16 +9,23 @@
   one line and the coordinator keeps watching what it submitted before it exits. Nothing is orphaned.
 - **Re-attaching.** A rerun of the same command asks the scheduler (sacct through submitit, squeue
   when sacct has no record yet) about every unfinished row's job: a pending or running job is watched
-  again, never submitted twice; only runs with no live job are submitted.
+  again, never submitted twice; so is a live job that the run's lock file names (a coordinator killed
+  before it stored the ids of the jobs it had just submitted); only runs with no live job are submitted.
+  A job that finds its run locked by another job (a duplicate) records nothing and names that job,
+  which the coordinator watches instead: a live run is never marked failed.
 - **Checkpoint and requeue.** `normlab.experiments.job.RunJob` is a `submitit.helpers.Checkpointable`: SLURM signals USR2
   `slurm_signal_delay_s` before the time limit, or on preemption (`scancel --signal=USR2`); the run
   then stops after its current step with a checkpoint (`normlab.train.trainer.Stopped`), its row goes
   back to `pending`, and submitit requeues the job (`scontrol requeue`), which continues from that
   checkpoint. After a time limit that is retried `slurm_max_num_timeout` times (submitit's default 3).
+  SIGTERM (scancel, a limit reached without the warning) saves the run the same way, without a requeue;
+  a job that ends TIMEOUT, NODE_FAIL, BOOT_FAIL or PREEMPTED without having requeued itself is submitted
+  again by the coordinator (as many times), continuing from the newest save.
 - **Threads** come from the allocation: SLURM_CPUS_PER_TASK (else the CPUs SLURM gave the node's
   task), into torch.set_num_threads and OMP_NUM_THREADS.
 - **Ctrl-C** asks, on a terminal, whether to cancel the sweep's jobs; elsewhere it leaves them running
-  and says how to cancel them (`normlab sweep --cancel DIR`). A cancelled job's row says so in one line.
+  and says how to cancel them (`normlab sweep --cancel DIR`). A cancelled job's row says so in one line,
+  written once the job has left the queue (its run may still save until the cluster's KillWait ends).
 - Job scripts, logs and submitit's pickles go to SWEEP/logs/jobs/.
 
 Only the job that trains a run writes its row while it trains (`running`, then its outcome, as the local
@@ -37,7 +44,7 @@ from typing import Any
 
 from normlab.errors import ConfigError
 from normlab.runs.files import SweepDir
-from normlab.runs.lock import job_alive
+from normlab.runs.lock import holder_job, job_alive
 from normlab.runs.outcome import FINISHED, describe
 from normlab.runs.store import SweepStore, open_store
 
@@ -51,6 +58,11 @@ LIVE = ("PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIG
 # sbatch's words for a refusal that passes: a limit on how many jobs may wait, or a controller too busy to answer
 TRANSIENT = ("MaxSubmit", "limit", "QOSMax", "AssocMax", "temporarily", "try again", "timed out", "Unable to contact",
              "Socket timed out", "busy")
+# how a job ends that the coordinator submits again itself (the run continues from its newest checkpoint): a time
+# limit that came without the USR2 warning (a limit shortened with scontrol, a signal delay longer than the limit),
+# a node that failed or did not boot, a preemption that cancelled instead of requeueing
+RESUBMIT = ("TIMEOUT", "NODE_FAIL", "BOOT_FAIL", "PREEMPTED")
+SIGNAL_DELAY_S = 90  # submitit's default slurm_signal_delay_s
 POLL_S = float(os.environ.get("NORMLAB_SLURM_POLL_S", "10"))  # seconds between scheduler queries (one sacct call)
 UNKNOWN_GRACE_S = 120.0  # a job neither sacct nor squeue knows for this long has ended
 
@@ -89,6 +101,20 @@ def check_options(options: dict[str, Any], executor: str) -> None:
             raise ConfigError(f"unknown key {key!r} in the [slurm] table{hint}; valid: submitit's options "
                               f"({', '.join(GENERIC_OPTIONS)}, slurm_partition, slurm_qos, slurm_array_parallelism, "
                               "slurm_signal_delay_s, ... as in submitit's SlurmExecutor) and slurm_max_num_timeout")
+    limit, delay = options.get("timeout_min"), options.get("slurm_signal_delay_s")
+    if isinstance(limit, (int, float)) and isinstance(delay, (int, float)) and delay >= limit * 60:
+        raise ConfigError(f"slurm_signal_delay_s = {delay} is not shorter than timeout_min = {limit} ({limit * 60:g} s):"
+                          " SLURM would send the USR2 that saves and requeues a run the moment its job starts; give "
+                          f"slurm_signal_delay_s below {limit * 60:g} (or leave it out: a quarter of the limit, at "
+                          f"most {SIGNAL_DELAY_S} s)")
+
+
+def signal_delay(timeout_min: float | None) -> int:
+    """Seconds before the time limit that SLURM signals USR2 when the [slurm] table does not say: submitit's 90 s,
+    but at most a quarter of a short limit (a 1-minute job gets 15 s: with 90 s it would be signalled at its start)."""
+    if not isinstance(timeout_min, (int, float)):
+        return SIGNAL_DELAY_S
+    return int(min(SIGNAL_DELAY_S, max(5, timeout_min * 60 // 4)))
 
 
 def allocation_threads() -> int | None:
@@ -111,6 +137,7 @@ def _executor(root: Path, kind: str, options: dict[str, Any], name: str) -> Any:
         ex = submitit.AutoExecutor(folder=folder, cluster="slurm",
                                    slurm_max_num_timeout=int(opts.pop("slurm_max_num_timeout", 3)))
         opts.setdefault("name", f"normlab-{name}")
+        opts.setdefault("slurm_signal_delay_s", signal_delay(opts.get("timeout_min")))
         ex.update_parameters(**opts)
     else:
         ex = submitit.LocalExecutor(folder=folder)
@@ -149,10 +176,12 @@ class Watcher:
         watcher.update()
         found = {rid: watcher.get_state(job.job_id, mode="cache") for rid, job in jobs.items()}
         for rid, state in found.items():
+            jid = jobs[rid].job_id
             if state == "UNKNOWN":  # sacct has no record: just submitted, or squeue still holds it
-                jid = jobs[rid].job_id
                 if job_alive(jid) or time.time() - self.seen.get(jid, time.time()) < UNKNOWN_GRACE_S:
                     found[rid] = "PENDING"
+            elif not live(state) and job_alive(jid):  # ended for sacct, its processes not yet gone (KillWait)
+                found[rid] = "COMPLETING"
         return found
 
 
@@ -175,8 +204,19 @@ def run_cluster(root: Path, store: SweepStore, todo: list[str], kind: str, optio
             if live(state):
                 jobs[rid] = held[rid]
                 log(f"{rid}: job {held[rid].job_id} is {state.split()[0].lower()}; watching it (not submitted again)")
+        # a job the row does not name but the run's lock does (submitted just before a kill, before its id was
+        # stored; or a duplicate's twin): watched, not submitted again
+        # (squeue must see it: a name left in the lock file by a job that died is no reason to wait)
+        for rid in [rid for rid in todo if rid not in jobs]:
+            jid = holder_job(SweepDir(root).run(rid).lock_file)
+            if jid and jid != rows[rid].get("job") and job_alive(jid):
+                jobs[rid] = watch.job(jid)
+                store.set_job([rid], [jid], submitted=False)
+                log(f"{rid}: job {jid} holds its lock and is alive; watching it (not submitted again)")
     queue = [rid for rid in todo if rid not in jobs]
     total, finished, chunk, wait, next_try, refusals = len(todo), 0, max(1, len(queue)), 10.0, 0.0, 0
+    retries: dict[str, int] = {}  # run id -> how many times a job of it ended TIMEOUT, NODE_FAIL, ... and was resubmitted
+    max_retries = int(options.get("slurm_max_num_timeout", 3))
     fatal = None
     try:
         while (queue and fatal is None) or jobs:
@@ -186,6 +226,8 @@ def run_cluster(root: Path, store: SweepStore, todo: list[str], kind: str, optio
                     with ex.batch():
                         submitted = [ex.submit(job_class(str(root), rid)) for rid in batch]
                 except Exception as err:  # noqa: BLE001 - sbatch refused: its message decides what follows
+                    for pickled in SweepDir(root).jobs_dir.glob("*.pkl"):  # submitit's, for the refused array only
+                        pickled.unlink(missing_ok=True)  # (a submitted job's moves to its own folder)
                     why = _one_line(getattr(err, "stderr", None) or err)
                     if not any(word.lower() in why.lower() for word in TRANSIENT):
                         fatal = f"the scheduler refused the jobs: {why}"
@@ -217,8 +259,19 @@ def run_cluster(root: Path, store: SweepStore, todo: list[str], kind: str, optio
                 if live(state):
                     continue
                 job = jobs.pop(rid)
+                next_try = 0.0  # a job of this sweep has left the queue: a refused submission may pass now
+                then = _ended(root, store, rid, job, state, kind, retries.get(rid, 0) < max_retries)
+                if then and then[0] == "adopt":  # this job found the run trained by another job of it: watch that one
+                    jobs[rid] = watch.job(then[1])
+                    store.set_job([rid], [then[1]], submitted=False)
+                    log(f"{rid}: job {job.job_id} found it trained by job {then[1]}; watching that one")
+                    continue
+                if then and then[0] == "again":  # a time limit or a node's failure without a save: submitted again
+                    retries[rid] = retries.get(rid, 0) + 1
+                    queue.append(rid)
+                    log(f"{rid}: {then[1]} ({retries[rid]}/{max_retries})")
+                    continue
                 finished += 1
-                _ended(root, store, rid, job, state, kind)
                 log(f"[{finished}/{total}] {rid}: {describe(store.row(rid))}")
             if jobs or queue:
                 time.sleep(POLL_S if kind == "slurm" else 0.5)
@@ -230,33 +283,54 @@ def run_cluster(root: Path, store: SweepStore, todo: list[str], kind: str, optio
                           "command again")
 
 
-def _ended(root: Path, store: SweepStore, rid: str, job: Any, state: str, kind: str) -> None:  # noqa: ANN401
+def _ended(root: Path, store: SweepStore, rid: str, job: Any, state: str, kind: str,  # noqa: ANN401
+           retry: bool) -> tuple[str, str] | None:
     """A job left the scheduler: its row is final if the job wrote it; else the run's summary.json or the job's
-    result decides, else one line says how the job ended."""
+    result decides, else one line says how the job ended. Returns ("adopt", JOB) when the job found its run
+    trained by another live job JOB; ("again", why) when the job ended on a time limit or a node's failure
+    without saving and requeueing itself (`retry`: resubmitting is allowed): the row is pending again and the
+    run is submitted again, continuing from its newest checkpoint."""
     row = store.row(rid)
     if row["status"] in FINISHED:
-        return
+        return None
     summary = SweepDir(root).run(rid).summary()
     if summary and summary.get("status") in FINISHED and summary.get("steps") == row["config"].optim.steps:
         store.record(rid, summary, worker=str(job.job_id), unless_finished=True)
-        return
+        return None
     word = state.split()[0] if state else "UNKNOWN"
     if (word == "COMPLETED" or kind != "slurm") and job.paths.result_pickle.exists():
         try:
             result = job.result()
-            if isinstance(result, dict) and result.get("status"):
+            if isinstance(result, dict) and result.get("status") == "running":  # another process held its lock
+                holder = result.get("holder_job")
+                if holder and holder != str(job.job_id) and job_alive(str(holder)):
+                    return ("adopt", str(holder))
+                if store.row(rid)["status"] in FINISHED:
+                    return None
+                why = f"job {job.job_id} found the run locked by {holder and f'job {holder}' or 'another process'}"
+                if retry and holder:  # that job has ended without a result since: this run goes again
+                    store.pending_again(rid, f"{why}, which has ended since; submitted again")
+                    return ("again", f"{why}, which has ended since; submitted again")
+                why += f" ({_one_line(result.get('reason'))})"
+            elif isinstance(result, dict) and result.get("status"):
                 store.record(rid, result, worker=str(job.job_id), unless_finished=True)
-                return
-            why = f"job {job.job_id} ended without a result"
+                return None
+            else:
+                why = f"job {job.job_id} ended without a result"
         except Exception as err:  # noqa: BLE001 - the job raised or died: its first line, not submitit's dump
             why = f"job {job.job_id} failed: {_one_line(err)}"
     elif word == "CANCELLED":
         by = state.split(" by ")[-1] if " by " in state else None
         why = f"job {job.job_id} was cancelled" + (f" by uid {by}" if by else "") + \
             "; the next run of this sweep submits it again"
+    elif word in RESUBMIT and retry:
+        why = f"job {job.job_id} ended {word} without requeueing itself; submitted again, from its newest checkpoint"
+        store.pending_again(rid, why)
+        return ("again", why)
     else:
         why = f"job {job.job_id} ended {word}; see {job.paths.stderr}"
     store.record(rid, {"status": "failed", "reason": why}, worker=str(job.job_id), unless_finished=True)
+    return None
 
 
 def _interrupted(root: Path, store: SweepStore, jobs: dict[str, Any], kind: str, log) -> None:  # noqa: ANN001
@@ -279,9 +353,16 @@ def _interrupted(root: Path, store: SweepStore, jobs: dict[str, Any], kind: str,
             f"`normlab sweep --cancel {root}` (or scancel {ids})")
 
 
-def cancel_jobs(root: Path, store: SweepStore, jobs: dict[str, Any], why: str) -> int:
-    for rid, job in jobs.items():
+def cancel_jobs(root: Path, store: SweepStore, jobs: dict[str, Any], why: str, wait: float = 300.0) -> int:
+    """scancel the jobs, wait (up to `wait` s) until the scheduler lists none of them (a cancelled job's run saves
+    on SIGTERM and may still write its row until the cluster's KillWait ends), then record each unfinished run
+    `failed`, saying why in one line."""
+    for job in jobs.values():
         job.cancel(check=False)
+    deadline = time.time() + wait
+    while time.time() < deadline and any(job_alive(str(job.job_id)) for job in jobs.values()):
+        time.sleep(1.0)
+    for rid, job in jobs.items():
         store.record(rid, {"status": "failed", "reason": f"job {job.job_id} {why}; the next run of this sweep submits "
                            "it again"}, worker=str(job.job_id), unless_finished=True)
     return len(jobs)

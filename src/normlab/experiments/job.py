@@ -5,6 +5,7 @@ only where a job is submitted or runs."""
 from __future__ import annotations
 
 import os
+import signal
 import threading
 from typing import Any
 
@@ -16,7 +17,8 @@ from normlab.runs.lock import job_id
 
 class RunJob(Checkpointable):
     """One run of a sweep as a scheduler job: trains in a thread, so that submitit's signal handler (USR2, in
-    the main thread) can ask the run to stop at its next step and wait for its checkpoint (`checkpoint`)."""
+    the main thread) can ask the run to stop at its next step and wait for its checkpoint (`checkpoint`). SIGTERM
+    (a cancel, or a time limit reached without the warning) stops it the same way, without a requeue."""
 
     def __init__(self, sweep_dir: str, run_id: str) -> None:
         self.sweep_dir, self.run_id = sweep_dir, run_id
@@ -38,6 +40,9 @@ class RunJob(Checkpointable):
             os.environ["OMP_NUM_THREADS"] = str(threads)
             print(f"normlab: {self.run_id} in job {job_id()}: {threads} torch thread(s), from the allocation", flush=True)
         self._stop = threading.Event()
+        # scancel (and a time limit without the USR2 warning) sends SIGTERM, then SIGKILL after the cluster's
+        # KillWait: the run saves after its step and the job ends (submitit would let it train on until killed)
+        signal.signal(signal.SIGTERM, lambda *_: self._stop.set())
 
         def work() -> None:
             self._result = execute_run(self.sweep_dir, self.run_id, threads=threads, stop=self._stop,
@@ -47,6 +52,10 @@ class RunJob(Checkpointable):
         self._thread.start()
         while self._thread.is_alive():
             self._thread.join(0.5)  # short joins: the USR2 handler runs here, between them
+        # the run is over: a USR2 or SIGTERM from now on (its time limit near) would kill the exiting process (Python
+        # puts back the default action as it exits), and sacct would say FAILED for a run that ended ok
+        for sig in (signal.SIGUSR2, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
         return self._result
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:

@@ -42,7 +42,7 @@ from normlab.experiments.sweep import RunSpec, SweepConfig
 from normlab.errors import ConfigError
 from normlab.io import atomic_write_bytes, own_folder
 from normlab.runs.files import SweepDir
-from normlab.runs.lock import FolderLock, LockBusy
+from normlab.runs.lock import FolderLock, LockBusy, RunLock
 from normlab.runs.outcome import FINISHED, describe
 from normlab.runs.store import SweepStore, open_store
 
@@ -55,7 +55,9 @@ def execute_run(sweep_dir: str, run_id: str, threads: int | None = None, watch_p
     and `Stopped` is raised (the job is requeued). `worker`: the name the row gives this attempt.
 
     Never raises for a run's own failure: a crash becomes a `failed` row with the reason. A run whose row
-    already holds a result, or that another process is training (its lock), is left as it is.
+    already holds a result is left as it is; so is a run that another process is training (its lock, taken
+    here before the row is touched): its row is that process's to write, and the returned dict names it
+    (`holder_job`: its SLURM job, which a coordinator then watches instead of this one).
     """
     import torch
 
@@ -68,26 +70,34 @@ def execute_run(sweep_dir: str, run_id: str, threads: int | None = None, watch_p
         torch.set_num_threads(threads)
     folder = SweepDir(sweep_dir)
     store = open_store(folder)
-    row = store.row(run_id)
-    if row["status"] in FINISHED:  # a duplicate attempt (a job requeued after its run ended): nothing to do
-        return {**row, "status": row["status"]}
-    spec = RunSpec(run_id, row["idx"], row["axes"], row["config"])
+    if store.row(run_id)["status"] in FINISHED:  # a duplicate attempt (a job requeued after its run ended)
+        return {**store.row(run_id)}
     run = folder.run(run_id)
-    worker = worker or f"{socket.gethostname()}:{os.getpid()}"
-    store.mark_running(run_id, worker)
     try:
-        summary = train(spec.train_config(run.path), stop=stop)
-    except Stopped as err:
-        store.requeued(run_id, f"saved at step {err.step} by {worker} and requeued (preempted or at its time limit)")
-        return {"status": "pending", "reason": "requeued", "step": err.step}
-    except LockBusy as err:  # another process trains it (a job still running): its own row is its to write
-        return {"status": "running", "reason": str(err)}
-    except TrainingFailed as err:
-        summary = run.summary() or {"status": "failed", "reason": str(err)}
-    except Exception as err:  # noqa: BLE001 - bad data path, bad config combination, ...: recorded, not raised
-        summary = {"status": "failed", "reason": f"{type(err).__name__}: {err}"}
-    store.record(run_id, summary, worker=worker)
-    return summary
+        lock = RunLock(run.path)
+    except LockBusy as err:  # another process trains it (a duplicate job's twin): the row stays as it wrote it
+        return {"status": "running", "reason": str(err), "holder_job": (err.holder or {}).get("job")}
+    try:
+        row = store.row(run_id)
+        if row["status"] in FINISHED:  # the other process ended it while this one waited for the lock
+            return {**row}
+        spec = RunSpec(run_id, row["idx"], row["axes"], row["config"])
+        worker = worker or f"{socket.gethostname()}:{os.getpid()}"
+        store.mark_running(run_id, worker)
+        try:
+            summary = train(spec.train_config(run.path), stop=stop, lock=lock)
+        except Stopped as err:
+            store.requeued(run_id, f"saved at step {err.step} by {worker}, stopped by the scheduler (preempted, at "
+                           "its time limit or cancelled)")
+            return {"status": "pending", "reason": "requeued", "step": err.step}
+        except TrainingFailed as err:
+            summary = run.summary() or {"status": "failed", "reason": str(err)}
+        except Exception as err:  # noqa: BLE001 - bad data path, bad config combination, ...: recorded, not raised
+            summary = {"status": "failed", "reason": f"{type(err).__name__}: {err}"}
+        store.record(run_id, summary, worker=worker)
+        return summary
+    finally:
+        lock.release()
 
 
 def _exit_with_parent(parent: int) -> None:

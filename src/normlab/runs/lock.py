@@ -35,7 +35,11 @@ FLOCK_MISSING = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
 
 
 class LockBusy(ConfigError):
-    """The folder is locked by a live process (the message names it)."""
+    """The folder is locked by a live process (the message names it; `holder`: its lock file's JSON, if readable)."""
+
+    def __init__(self, message: str, holder: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.holder = holder
 
 
 def _start_time(pid: int) -> str | None:
@@ -125,7 +129,7 @@ class FolderLock:
                     self.file.seek(0)
                     text = self.file.read().strip()
                     self.file.close()
-                    raise LockBusy(busy(_holder_text(text))) from None
+                    raise LockBusy(busy(_holder_text(text)), _parse(text)) from None
                 time.sleep(0.2)
         self.file.seek(0)
         self.file.truncate(0)
@@ -144,8 +148,8 @@ class FolderLock:
                     _break(self.path, held)
                     continue
                 if time.monotonic() >= deadline:
-                    raise LockBusy(busy(f"{describe_holder(held)}; if that process is gone, delete {self.path}")) \
-                        from None
+                    raise LockBusy(busy(f"{describe_holder(held)}; if that process is gone, delete {self.path}"),
+                                   held) from None
                 time.sleep(0.2)
                 continue
             with os.fdopen(fd, "w") as f:
@@ -174,17 +178,29 @@ def _holder_text(text: str) -> str:
         return text or "another process"  # a lock written by an older normlab: "pid N on HOST"
 
 
+def _parse(text: str) -> dict[str, Any] | None:
+    try:
+        info = json.loads(text)
+    except ValueError:
+        return None
+    return info if isinstance(info, dict) else None
+
+
 def _read(path: Path) -> tuple[dict[str, Any] | None, float]:
     """A lock file's holder (None if empty or torn) and its age in seconds."""
     try:
         text, age = path.read_text(), time.time() - path.stat().st_mtime
     except OSError:
         return None, 0.0
-    try:
-        info = json.loads(text)
-    except ValueError:
-        info = None
-    return (info if isinstance(info, dict) else None), age
+    return _parse(text), age
+
+
+def holder_job(lock_file: Path) -> str | None:
+    """The SLURM job a lock file names as its holder, None if it names none. Only a hint: a holder killed with
+    kill -9 leaves its name in a flock file (the caller asks the scheduler whether that job is alive)."""
+    held, _ = _read(lock_file)
+    job = (held or {}).get("job")
+    return str(job) if job else None
 
 
 def _break(path: Path, judged: dict[str, Any] | None) -> None:

@@ -202,16 +202,30 @@ class SweepStore:
             db.execute("update runs set status = 'running', attempts = attempts + 1, worker = ?, started_at = ?, "
                        "finished_at = null, reason = null where run_id = ?", (worker, time.time(), run_id))
 
-    def set_job(self, run_ids: list[str], jobs: list[str]) -> None:
-        """The scheduler's job ids, stored the moment they are submitted (a rerun re-attaches to them)."""
+    def set_job(self, run_ids: list[str], jobs: list[str], submitted: bool = True) -> None:
+        """The scheduler's job ids, stored the moment they are submitted (a rerun re-attaches to them): an
+        unfinished row is `pending` again (a failed or interrupted run submitted anew). `submitted=False`: a job
+        found already holding the run (re-attached), whose row is left as that job wrote it."""
+        guard = ", ".join(repr(s) for s in FINISHED)
+        started = "status = 'running' and worker = :job"  # the new job already marked it (it started that fast)
+        sets = f"status = case when {started} then status else 'pending' end, " \
+            f"reason = case when {started} then reason else null end, " if submitted else ""
         with self._connect() as db:
-            db.executemany("update runs set job = ?, reason = null where run_id = ?", list(zip(jobs, run_ids)))
+            db.executemany(f"update runs set {sets}job = :job where run_id = :run_id and status not in ({guard})",
+                           [{"job": job, "run_id": rid} for rid, job in zip(run_ids, jobs)])
 
     def requeued(self, run_id: str, reason: str) -> None:
         """A job that saved its run and went back to the scheduler's queue: pending again, the reason kept."""
         with self._connect() as db:
             db.execute("update runs set status = 'pending', reason = ? where run_id = ? and status = 'running'",
                        (reason, run_id))
+
+    def pending_again(self, run_id: str, reason: str) -> None:
+        """A run whose job ended without a result and is submitted again: pending, the reason kept, no job."""
+        guard = ", ".join(repr(s) for s in FINISHED)
+        with self._connect() as db:
+            db.execute(f"update runs set status = 'pending', reason = ?, job = null where run_id = ? and status not in "
+                       f"({guard})", (reason, run_id))
 
     def record(self, run_id: str, summary: dict[str, Any], worker: str | None = None,
                unless_finished: bool = False) -> bool:

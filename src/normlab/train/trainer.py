@@ -148,9 +148,12 @@ def _load_state(model: nn.Module, opt: torch.optim.Optimizer, ckpt: dict, cfg: T
                               "--init-from to train these weights further")
 
 
-def train(cfg: TrainConfig, log=print, stop: threading.Event | None = None) -> dict[str, Any]:  # noqa: ANN001
+def train(cfg: TrainConfig, log=print, stop: threading.Event | None = None,  # noqa: ANN001
+          lock: RunLock | None = None) -> dict[str, Any]:
     """Run training as configured; returns the summary (also written to summary.json). `stop`, once set (from
-    another thread), ends the run after its current step with a checkpoint: `Stopped` is raised.
+    another thread), ends the run after its current step with a checkpoint: `Stopped` is raised. `lock`: the
+    run's lock, already taken by the caller (a sweep's worker, which takes it before it marks the run running);
+    it stays the caller's to release.
 
     The main rank checks `--out`, takes the run's lock and decides where the run starts (`rundir`);
     the other ranks follow its decision and load the same checkpoint.
@@ -163,11 +166,11 @@ def train(cfg: TrainConfig, log=print, stop: threading.Event | None = None) -> d
         # (its tiny gradients and optimizer moments) trained 3.6x slower with them (135.8 s against 37.5 s, the same
         # loss 3.3220). GPUs compute them at full speed; on the CPU they are flushed to zero, for the whole process
         torch.set_flush_denormal(True)
-    lock, start = None, None
+    own, start = None, None  # the lock this call takes (none when the caller holds it)
     try:
         if info.is_main:
             check_out(Path(cfg.run.out))
-            lock = RunLock(Path(cfg.run.out))
+            own = None if lock is not None else RunLock(Path(cfg.run.out))
             remove_stale_temp_files(cfg.run.out)  # of checkpoint writes that were killed
             start = plan_start(cfg, warn=log)
             if start.note:
@@ -182,8 +185,8 @@ def train(cfg: TrainConfig, log=print, stop: threading.Event | None = None) -> d
         distributed.teardown(info, clean=False)  # a barrier could wait forever on a rank that died
         raise
     finally:
-        if lock is not None:
-            lock.release()
+        if own is not None:
+            own.release()
     distributed.teardown(info)
     return summary if info.is_main else {}
 
