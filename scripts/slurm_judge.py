@@ -36,8 +36,12 @@ def rows(out: Path) -> list[dict]:
 
 
 def sacct(name: str, fields: str = "JobID,State") -> dict[str, str]:
-    text = subprocess.run(["sacct", "-n", "-X", "-P", "--name", name, "-S", "now-3hours", "-o", fields],
-                          capture_output=True, text=True, check=True).stdout
+    text = subprocess.run(
+        ["sacct", "-n", "-X", "-P", "--name", name, "-S", "now-3hours", "-o", fields],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return dict(line.split("|", 1) for line in text.splitlines() if line.strip())
 
 
@@ -60,7 +64,7 @@ def overlapping(out: Path, name: str) -> list[str]:
     return found
 
 
-def wait(what: str, check, timeout: float = 600):  # noqa: ANN001, ANN201
+def wait(what: str, check, timeout: float = 600):
     end = time.time() + timeout
     while time.time() < end:
         got = check()
@@ -82,13 +86,32 @@ def main() -> int:
     corpus = work / "corpus.txt"
     corpus.write_text("\n".join(SENTENCES[(i * 7) % len(SENTENCES)] for i in range(800)))
     name = f"judge-{uuid.uuid4().hex[:6]}"
-    base = dict(data=str(corpus), size="nano", seq_len=32, batch_size=8, steps=2500, eval_every=0, eval_batches=1,
-                probe_every=0, layout="pre", ckpt_every=500)
-    slurm = dict(timeout_min=1, cpus_per_task=1, slurm_partition="debug", slurm_qos="normlab-limited",
-                 slurm_array_parallelism=2, slurm_max_num_timeout=20)
+    base = dict(
+        data=str(corpus),
+        size="nano",
+        seq_len=32,
+        batch_size=8,
+        steps=2500,
+        eval_every=0,
+        eval_batches=1,
+        probe_every=0,
+        layout="pre",
+        ckpt_every=500,
+    )
+    slurm = dict(
+        timeout_min=1,
+        cpus_per_task=1,
+        slurm_partition="debug",
+        slurm_qos="normlab-limited",
+        slurm_array_parallelism=2,
+        slurm_max_num_timeout=20,
+    )
     toml = work / f"{name}.toml"
-    toml.write_text(_to_toml(SweepConfig(name=name, base=base, grid={"seed": list(range(5))}, executor="slurm",
-                                         slurm=slurm).to_dict()))
+    toml.write_text(
+        _to_toml(
+            SweepConfig(name=name, base=base, grid={"seed": list(range(5))}, executor="slurm", slurm=slurm).to_dict()
+        )
+    )
     out = work / "sw"
     cmd = [sys.executable, "-m", "normlab", "sweep", str(toml), "--out", str(out)]
     job_name = f"normlab-{name}"
@@ -108,8 +131,9 @@ def main() -> int:
     t0 = time.time()
 
     def start() -> subprocess.Popen:
-        return subprocess.Popen(cmd, env=ENV, start_new_session=True, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+        return subprocess.Popen(
+            cmd, env=ENV, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
 
     proc = start()
     wait("a run training", lambda: any(r["status"] == "running" for r in rows(out)))
@@ -123,7 +147,9 @@ def main() -> int:
     time.sleep(20)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    print(f"judge: {time.time() - t0:.0f}s: coordinator killed again; rows {[(r['status'], r['job']) for r in rows(out)]}")
+    print(
+        f"judge: {time.time() - t0:.0f}s: coordinator killed again; rows {[(r['status'], r['job']) for r in rows(out)]}"
+    )
     for attempt in range(3):
         done = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=3000)
         print(f"judge: {time.time() - t0:.0f}s: rerun {attempt + 1} exit {done.returncode}")
@@ -142,7 +168,9 @@ def main() -> int:
     broken += overlapping(out, job_name)
     print(f"judge: {len(got)} runs, {sum(r['status'] == 'ok' for r in got)} ok; jobs {jobs}")
     print(f"judge: failed rows seen (cancelled jobs only allowed): {sorted(failed_seen, key=str)}")
-    print(f"judge: {time.time() - t0:.0f}s in all; " + ("ALL HELD" if not broken else "BROKEN:\n  " + "\n  ".join(broken)))
+    print(
+        f"judge: {time.time() - t0:.0f}s in all; " + ("ALL HELD" if not broken else "BROKEN:\n  " + "\n  ".join(broken))
+    )
     return 1 if broken else 0
 
 

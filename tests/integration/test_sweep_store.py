@@ -22,7 +22,7 @@ from normlab.runs.lock import FolderLock, LockBusy, RunLock
 from normlab.runs.store import SweepStore
 from tests.helpers import REPO
 
-QUIET = lambda *a, **k: None  # noqa: E731
+QUIET = lambda *a, **k: None
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +34,17 @@ def trained_sweep(tmp_path_factory):
     corpus = root / "corpus.txt"
     corpus.write_text("\n".join(SENTENCES[(i * 7) % len(SENTENCES)] for i in range(800)))
     out = root / "sw"
-    base = dict(data=str(corpus), size="nano", seq_len=32, batch_size=8, steps=4, eval_every=0, eval_batches=1,
-                probe_every=0, layout="pre")
+    base = dict(
+        data=str(corpus),
+        size="nano",
+        seq_len=32,
+        batch_size=8,
+        steps=4,
+        eval_every=0,
+        eval_batches=1,
+        probe_every=0,
+        layout="pre",
+    )
     run_sweep(SweepConfig(name="st", base=base, grid={"seed": [0, 1]}), out, workers=1, log=QUIET)
     summarize(out)
     return out
@@ -46,7 +55,7 @@ def _copy(src: Path, dst: Path) -> Path:
     return dst
 
 
-def _one_line(capsys) -> str:  # noqa: ANN001
+def _one_line(capsys) -> str:
     err = capsys.readouterr().err
     lines = [x for x in err.splitlines() if x.strip()]
     assert len(lines) == 1 and lines[0].startswith("normlab: error: ") and "Traceback" not in err, err
@@ -121,14 +130,18 @@ def test_a_sweep_on_read_only_storage_is_summarized_elsewhere(trained_sweep, tmp
         (sw / f).unlink()
     listing = sorted(p.name for p in sw.iterdir())
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    script = (f"mount --bind {sw} {sw} && mount -o remount,bind,ro {sw} && "
-              f"{sys.executable} -m normlab summarize {sw} --out {tmp_path / 'out'}; a=$?; "
-              f"{sys.executable} -m normlab summarize {sw}; echo codes $a $?")
+    script = (
+        f"mount --bind {sw} {sw} && mount -o remount,bind,ro {sw} && "
+        f"{sys.executable} -m normlab summarize {sw} --out {tmp_path / 'out'}; a=$?; "
+        f"{sys.executable} -m normlab summarize {sw}; echo codes $a $?"
+    )
     proc = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert "codes 0 2" in proc.stdout, proc.stdout + proc.stderr
     assert "read-only storage; give --out DIR" in proc.stderr
-    assert "| 2 (2 ok)" in (tmp_path / "out" / "summary.md").read_text() or "runs: 2 (2 ok)" in \
-        (tmp_path / "out" / "summary.md").read_text()
+    assert (
+        "| 2 (2 ok)" in (tmp_path / "out" / "summary.md").read_text()
+        or "runs: 2 (2 ok)" in (tmp_path / "out" / "summary.md").read_text()
+    )
     assert sorted(p.name for p in sw.iterdir()) == listing  # nothing written into the sweep
 
 
@@ -162,8 +175,14 @@ def test_eight_concurrent_writers_keep_every_row(tmp_path, shared, monkeypatch):
     assert len(rows) == 64
     for r in rows:
         i = r["idx"]
-        assert (r["run_id"], r["status"], r["step"], r["tokens"], r["attempts"], r["worker"]) == \
-            (f"r{i}", "ok", i, 1000 + i, 1, f"writer{i % 8}")
+        assert (r["run_id"], r["status"], r["step"], r["tokens"], r["attempts"], r["worker"]) == (
+            f"r{i}",
+            "ok",
+            i,
+            1000 + i,
+            1,
+            f"writer{i % 8}",
+        )
         assert r["final_loss"] == pytest.approx(i / 7)
 
 
@@ -238,8 +257,9 @@ def test_a_signal_delay_not_shorter_than_the_time_limit_is_refused_and_the_defau
     from normlab.experiments.cluster import signal_delay
 
     sweep = SweepConfig(name="t", base={"size": "nano"}, grid={"seed": [0]}).to_dict()
-    (tmp_path / "s.toml").write_text(_to_toml({**sweep, "executor": "slurm",
-                                               "slurm": {"timeout_min": 1, "slurm_signal_delay_s": 60}}))
+    (tmp_path / "s.toml").write_text(
+        _to_toml({**sweep, "executor": "slurm", "slurm": {"timeout_min": 1, "slurm_signal_delay_s": 60}})
+    )
     assert main(["sweep", str(tmp_path / "s.toml"), "--out", str(tmp_path / "out")]) == 2
     assert "slurm_signal_delay_s = 60 is not shorter than timeout_min = 1 (60 s)" in _one_line(capsys)
     assert not (tmp_path / "out").exists()
@@ -250,7 +270,8 @@ def test_a_signal_delay_not_shorter_than_the_time_limit_is_refused_and_the_defau
 def test_a_second_worker_on_a_locked_run_leaves_its_row_and_names_the_holders_job(tmp_path, monkeypatch):
     """A duplicate job of a run another job trains: it takes the lock before touching the row, so the row stays as
     the holder wrote it, and it returns the holder's job for the coordinator to watch."""
-    from normlab.experiments.runner import execute_run, prepare
+    from normlab.experiments.execute import execute_run
+    from normlab.experiments.runner import prepare
     from normlab.runs.files import SweepDir
 
     sweep = SweepConfig(name="t", base={"size": "nano", "steps": 2}, grid={"seed": [0]})
@@ -258,9 +279,12 @@ def test_a_second_worker_on_a_locked_run_leaves_its_row_and_names_the_holders_jo
     store.mark_running(spec.run_id, "41_0")
     lock = SweepDir(tmp_path / "sw").run(spec.run_id).lock_file
     keep = HOLDER.replace("FolderLock(Path", "held = FolderLock(Path")  # a flock lasts as long as its file is open
-    holder = subprocess.Popen([sys.executable, "-c", keep, str(lock)], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": str(REPO / "src"), "SLURM_ARRAY_JOB_ID": "41",
-                                   "SLURM_ARRAY_TASK_ID": "0"})
+    holder = subprocess.Popen(
+        [sys.executable, "-c", keep, str(lock)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src"), "SLURM_ARRAY_JOB_ID": "41", "SLURM_ARRAY_TASK_ID": "0"},
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         monkeypatch.setattr(RunLock.__init__, "__defaults__", (0.0,))  # no 10 s wait for the holder to go
@@ -285,13 +309,16 @@ def test_a_job_ended_by_the_scheduler_is_submitted_again_or_failed_in_one_line(t
     sweep = SweepConfig(name="t", base={"size": "nano", "steps": 2}, grid={"seed": [0, 1]})
     store, specs = prepare(sweep, tmp_path / "sw")
     a, b = (s.run_id for s in specs)
-    job = SimpleNamespace(job_id="7_0", paths=SimpleNamespace(result_pickle=tmp_path / "none.pkl",
-                                                              stderr=tmp_path / "7_0_log.err"))
+    job = SimpleNamespace(
+        job_id="7_0", paths=SimpleNamespace(result_pickle=tmp_path / "none.pkl", stderr=tmp_path / "7_0_log.err")
+    )
     store.set_job([a, b], ["7_0", "7_1"])
     store.mark_running(a, "7_0")
     then = _ended(tmp_path / "sw", store, a, job, "TIMEOUT", "slurm", retry=True)
-    assert then == ("again", "job 7_0 ended TIMEOUT without requeueing itself; submitted again, from its newest "
-                    "checkpoint")
+    assert then == (
+        "again",
+        "job 7_0 ended TIMEOUT without requeueing itself; submitted again, from its newest checkpoint",
+    )
     assert (store.row(a)["status"], store.row(a)["job"]) == ("pending", None)
     assert _ended(tmp_path / "sw", store, a, job, "NODE_FAIL", "slurm", retry=False) is None  # no retry left
     assert store.row(a)["status"] == "failed" and store.row(a)["reason"].startswith("job 7_0 ended NODE_FAIL; see ")

@@ -27,11 +27,21 @@ pytest.importorskip("submitit")
 ENV = {**os.environ, "PYTHONPATH": str(REPO / "src"), "NORMLAB_SLURM_POLL_S": "2", "OMP_NUM_THREADS": "1"}
 
 
-def write_sweep(tmp_path: Path, corpus: Path, name: str, seeds: int, steps: int, **slurm) -> tuple[Path, str]:  # noqa: ANN003
+def write_sweep(tmp_path: Path, corpus: Path, name: str, seeds: int, steps: int, **slurm) -> tuple[Path, str]:
     """The sweep file, and its name made unique (jobs are named normlab-NAME: sacct then finds this test's only)."""
     name = f"{name}-{uuid.uuid4().hex[:6]}"
-    base = dict(data=str(corpus), size="nano", seq_len=32, batch_size=8, steps=steps, eval_every=0, eval_batches=1,
-                probe_every=0, layout="pre", ckpt_every=max(1, steps // 4))
+    base = dict(
+        data=str(corpus),
+        size="nano",
+        seq_len=32,
+        batch_size=8,
+        steps=steps,
+        eval_every=0,
+        eval_batches=1,
+        probe_every=0,
+        layout="pre",
+        ckpt_every=max(1, steps // 4),
+    )
     opts = {"timeout_min": 10, "cpus_per_task": 1, "slurm_partition": "debug", "slurm_signal_delay_s": 30, **slurm}
     sweep = SweepConfig(name=name, base=base, grid={"seed": list(range(seeds))}, executor="slurm", slurm=opts)
     path = tmp_path / f"{name}.toml"
@@ -52,7 +62,7 @@ def rows(out: Path) -> list[dict]:
         return []
 
 
-def wait_for(what: str, check, timeout: float = 300):  # noqa: ANN001, ANN201
+def wait_for(what: str, check, timeout: float = 300):
     deadline = time.time() + timeout
     while time.time() < deadline:
         got = check()
@@ -64,8 +74,12 @@ def wait_for(what: str, check, timeout: float = 300):  # noqa: ANN001, ANN201
 
 def sacct(job_name: str) -> dict[str, str]:
     """job id -> final state of every job (array task) of that name; requeued incarnations counted once."""
-    out = subprocess.run(["sacct", "-n", "-X", "-P", "--name", job_name, "-S", "now-2hours", "-o", "JobID,State"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["sacct", "-n", "-X", "-P", "--name", job_name, "-S", "now-2hours", "-o", "JobID,State"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return dict(line.split("|", 1) for line in out.splitlines() if line.strip())
 
 
@@ -76,8 +90,9 @@ def finish(path: Path, out: Path, timeout: float = 600) -> subprocess.CompletedP
 def check_ok_once(out: Path, name: str, runs: int) -> list[dict]:
     """Every run ok, recorded by the job the store holds for it, and sacct says that job COMPLETED; no other job."""
     got = rows(out)
-    assert len(got) == runs and all(r["status"] == "ok" for r in got), [(r["run_id"], r["status"], r["reason"])
-                                                                        for r in got]
+    assert len(got) == runs and all(r["status"] == "ok" for r in got), [
+        (r["run_id"], r["status"], r["reason"]) for r in got
+    ]
     jobs = sacct(f"normlab-{name}")
     assert sorted(jobs) == sorted(r["job"] for r in got), (jobs, [r["job"] for r in got])  # one job per run
     for r in got:
@@ -90,8 +105,9 @@ def test_killed_coordinator_rerun_reattaches_to_live_jobs(corpus, tmp_path):
     marked failed, every run ok once (attempts 1) with its first job."""
     path, name = write_sweep(tmp_path, corpus, "reattach", seeds=3, steps=600, slurm_array_parallelism=2)
     out = tmp_path / "sw"
-    proc = subprocess.Popen(sweep_cmd(path, out), env=ENV, start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        sweep_cmd(path, out), env=ENV, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     wait_for("a run training", lambda: any(r["status"] == "running" for r in rows(out)))
     jobs_before = {r["run_id"]: r["job"] for r in rows(out)}
     assert all(jobs_before.values())  # every job id stored at submission
@@ -112,7 +128,9 @@ def test_time_limit_checkpoints_requeues_and_ends_ok(corpus, tmp_path):
     which continues from that save; the row and sacct agree: ok, COMPLETED, one job."""
     # 5000 nano steps (256 tokens each): 240 s of training at the 5,300 tok/s one nano run gets on this machine under
     # load, and more than one job's life even at twice that speed: a life of 2 minutes trains at most about 90 s
-    path, name = write_sweep(tmp_path, corpus, "timelimit", seeds=1, steps=5000, timeout_min=2, slurm_max_num_timeout=10)
+    path, name = write_sweep(
+        tmp_path, corpus, "timelimit", seeds=1, steps=5000, timeout_min=2, slurm_max_num_timeout=10
+    )
     out = tmp_path / "sw"
     done = finish(path, out, timeout=1500)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -128,12 +146,19 @@ def test_preemption_signal_checkpoints_requeues_and_ends_ok(corpus, tmp_path):
     out = tmp_path / "sw"
     proc = subprocess.Popen(sweep_cmd(path, out), env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     run_dir = wait_for("the run", lambda: next((out / "runs").glob("*"), None) if (out / "runs").is_dir() else None)
-    wait_for("steps logged", lambda: (run_dir / "metrics.jsonl").is_file() and
-             len((run_dir / "metrics.jsonl").read_text().splitlines()) > 50)
+    wait_for(
+        "steps logged",
+        lambda: (
+            (run_dir / "metrics.jsonl").is_file() and len((run_dir / "metrics.jsonl").read_text().splitlines()) > 50
+        ),
+    )
     (job,) = [r["job"] for r in rows(out)]
     subprocess.run(["scancel", "--signal=USR2", job], check=True)
-    wait_for("the run back in the queue", lambda: any(r["status"] == "pending" and r["reason"] for r in rows(out)),
-             timeout=120)
+    wait_for(
+        "the run back in the queue",
+        lambda: any(r["status"] == "pending" and r["reason"] for r in rows(out)),
+        timeout=120,
+    )
     assert "saved at step" in rows(out)[0]["reason"]
     text, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, text
@@ -144,8 +169,9 @@ def test_preemption_signal_checkpoints_requeues_and_ends_ok(corpus, tmp_path):
 def test_a_qos_submit_limit_is_waited_out_never_orphaning_jobs(corpus, tmp_path):
     """QOS normlab-limited lets 3 jobs wait or run; 5 runs: the refused part is retried with smaller arrays and a
     growing wait while the submitted jobs run; all 5 end ok, each in one job."""
-    path, name = write_sweep(tmp_path, corpus, "qos", seeds=5, steps=40, slurm_qos="normlab-limited",
-                       slurm_array_parallelism=2)
+    path, name = write_sweep(
+        tmp_path, corpus, "qos", seeds=5, steps=40, slurm_qos="normlab-limited", slurm_array_parallelism=2
+    )
     out = tmp_path / "sw"
     done = finish(path, out, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -158,8 +184,14 @@ def test_ctrl_c_leaves_the_jobs_and_cancel_is_one_line(corpus, tmp_path):
     cancels it, the row says so in one line, and the rerun trains the run in a new job."""
     path, name = write_sweep(tmp_path, corpus, "cancel", seeds=1, steps=1500)
     out = tmp_path / "sw"
-    proc = subprocess.Popen(sweep_cmd(path, out), env=ENV, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        sweep_cmd(path, out),
+        env=ENV,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     wait_for("the run training", lambda: any(r["status"] == "running" for r in rows(out)))
     time.sleep(3)  # the coordinator back in its watch loop
     proc.send_signal(signal.SIGINT)
@@ -167,15 +199,27 @@ def test_ctrl_c_leaves_the_jobs_and_cancel_is_one_line(corpus, tmp_path):
     assert proc.returncode != 0 and "left 1 job(s) running" in text and f"normlab sweep --cancel {out}" in text, text
     (job,) = [r["job"] for r in rows(out)]
     assert subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout.strip()  # still there
-    cancel = subprocess.run([sys.executable, "-m", "normlab", "sweep", "--cancel", str(out)], capture_output=True,
-                            text=True, env=ENV, timeout=120)
-    assert cancel.returncode == 0 and f"cancelled 1 job(s) of {out}: {job}" in cancel.stdout, cancel.stdout + cancel.stderr
+    cancel = subprocess.run(
+        [sys.executable, "-m", "normlab", "sweep", "--cancel", str(out)],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=120,
+    )
+    assert cancel.returncode == 0 and f"cancelled 1 job(s) of {out}: {job}" in cancel.stdout, (
+        cancel.stdout + cancel.stderr
+    )
     (row,) = rows(out)
-    assert row["status"] == "failed" and "\n" not in row["reason"] and "cancelled by normlab sweep --cancel" in \
-        row["reason"], row
+    assert (
+        row["status"] == "failed"
+        and "\n" not in row["reason"]
+        and "cancelled by normlab sweep --cancel" in row["reason"]
+    ), row
     done = finish(path, out)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert rows(out)[0]["status"] == "ok" and rows(out)[0]["job"] != job and rows(out)[0]["worker"] == rows(out)[0]["job"]
+    assert (
+        rows(out)[0]["status"] == "ok" and rows(out)[0]["job"] != job and rows(out)[0]["worker"] == rows(out)[0]["job"]
+    )
     # the cancelled job saved its run on SIGTERM: the new one continued from there
     logs = "".join(p.read_text() for p in (out / "logs" / "jobs").rglob("*_log.*") if rows(out)[0]["job"] in p.name)
     assert "resuming from step_" in logs, logs[-2000:]
@@ -188,8 +232,9 @@ def test_ctrl_c_on_a_terminal_asks_and_cancels(corpus, tmp_path):
     path, name = write_sweep(tmp_path, corpus, "ask", seeds=1, steps=1500)
     out = tmp_path / "sw"
     leader, follower = pty.openpty()
-    proc = subprocess.Popen(sweep_cmd(path, out), env=ENV, stdin=follower, stdout=follower, stderr=follower,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        sweep_cmd(path, out), env=ENV, stdin=follower, stdout=follower, stderr=follower, start_new_session=True
+    )
     os.close(follower)
     wait_for("the run training", lambda: any(r["status"] == "running" for r in rows(out)))
     time.sleep(3)
@@ -204,8 +249,11 @@ def test_ctrl_c_on_a_terminal_asks_and_cancels(corpus, tmp_path):
     os.close(leader)
     (row,) = rows(out)
     assert row["status"] == "failed" and "cancelled at Ctrl-C" in row["reason"], row
-    wait_for("the job gone", lambda: not subprocess.run(["squeue", "-h", "-j", row["job"]], capture_output=True,
-                                                         text=True).stdout.strip(), timeout=60)
+    wait_for(
+        "the job gone",
+        lambda: not subprocess.run(["squeue", "-h", "-j", row["job"]], capture_output=True, text=True).stdout.strip(),
+        timeout=60,
+    )
 
 
 class Watch:
@@ -241,16 +289,23 @@ def test_jobs_scancelled_by_the_user_are_submitted_again_by_the_rerun(corpus, tm
     cancelled job's."""
     path, name = write_sweep(tmp_path, corpus, "scancel", seeds=3, steps=1500, slurm_array_parallelism=3)
     out = tmp_path / "sw"
-    proc = subprocess.Popen(sweep_cmd(path, out), env=ENV, start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        sweep_cmd(path, out), env=ENV, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     watch = Watch(out)
     first = wait_for("a run training", lambda: next((r for r in rows(out) if r["status"] == "running"), None))
     subprocess.run(["scancel", first["job"]], check=True)
-    row = wait_for("the cancel recorded", lambda: next((r for r in rows(out) if r["run_id"] == first["run_id"]
-                                                        and r["status"] == "failed"), None), timeout=120)
+    row = wait_for(
+        "the cancel recorded",
+        lambda: next((r for r in rows(out) if r["run_id"] == first["run_id"] and r["status"] == "failed"), None),
+        timeout=120,
+    )
     assert "\n" not in row["reason"] and f"job {first['job']} was cancelled by uid" in row["reason"], row
-    second = wait_for("another run training", lambda: next(
-        (r for r in rows(out) if r["status"] == "running" and r["run_id"] != first["run_id"]), None), timeout=120)
+    second = wait_for(
+        "another run training",
+        lambda: next((r for r in rows(out) if r["status"] == "running" and r["run_id"] != first["run_id"]), None),
+        timeout=120,
+    )
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     subprocess.run(["scancel", second["job"]], check=True)
@@ -274,8 +329,9 @@ def test_a_job_whose_id_was_never_stored_is_found_by_the_runs_lock(corpus, tmp_p
     the job that trained it."""
     path, name = write_sweep(tmp_path, corpus, "lost-id", seeds=3, steps=1500, slurm_array_parallelism=3)
     out = tmp_path / "sw"
-    proc = subprocess.Popen(sweep_cmd(path, out), env=ENV, start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        sweep_cmd(path, out), env=ENV, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     watch = Watch(out)
     wait_for("two runs training", lambda: sum(r["status"] == "running" for r in rows(out)) == 2)
     os.killpg(proc.pid, signal.SIGKILL)
@@ -306,18 +362,22 @@ def test_a_time_limit_cut_short_saves_at_the_cut_and_the_run_goes_on(corpus, tmp
     out = tmp_path / "sw"
     proc = subprocess.Popen(sweep_cmd(path, out), env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     watch = Watch(out)
-    (job,) = [wait_for("the run training", lambda: next((r["job"] for r in rows(out) if r["status"] == "running"),
-                                                         None))]
+    (job,) = [
+        wait_for("the run training", lambda: next((r["job"] for r in rows(out) if r["status"] == "running"), None))
+    ]
 
     def elapsed() -> int:
         text = subprocess.run(["squeue", "-h", "-j", job, "-o", "%M"], capture_output=True, text=True).stdout.strip()
         parts = [int(x) for x in text.replace("-", ":").split(":")] if text else [0]
-        return sum(v * 60 ** i for i, v in enumerate(reversed(parts)))
+        return sum(v * 60**i for i, v in enumerate(reversed(parts)))
 
     wait_for("the job past a minute", lambda: elapsed() > 65, timeout=200)
     subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=1"], check=True)
-    wait_for("the run saved and requeued", lambda: any(r["status"] == "pending" and "saved at step" in (r["reason"] or "")
-                                                      for r in rows(out)), timeout=200)
+    wait_for(
+        "the run saved and requeued",
+        lambda: any(r["status"] == "pending" and "saved at step" in (r["reason"] or "") for r in rows(out)),
+        timeout=200,
+    )
     subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=10"], check=True)
     text, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, text

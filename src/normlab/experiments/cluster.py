@@ -13,7 +13,8 @@
   before it stored the ids of the jobs it had just submitted); only runs with no live job are submitted.
   A job that finds its run locked by another job (a duplicate) records nothing and names that job,
   which the coordinator watches instead: a live run is never marked failed.
-- **Checkpoint and requeue.** `normlab.experiments.job.RunJob` is a `submitit.helpers.Checkpointable`: SLURM signals USR2
+- **Checkpoint and requeue.** `normlab.experiments.job.RunJob` is a `submitit.helpers.Checkpointable`: SLURM
+  signals USR2
   `slurm_signal_delay_s` before the time limit, or on preemption (`scancel --signal=USR2`); the run
   then stops after its current step with a checkpoint (`normlab.train.trainer.Stopped`), its row goes
   back to `pending`, and submitit requeues the job (`scontrol requeue`), which continues from that
@@ -34,40 +35,58 @@ workers do); the coordinator writes a row when a job ended without one (cancelle
 
 from __future__ import annotations
 
-import difflib
 import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from normlab.errors import ConfigError
+from normlab.experiments.scheduler import signal_delay
 from normlab.runs.files import SweepDir
 from normlab.runs.lock import holder_job, job_alive
 from normlab.runs.outcome import FINISHED, describe
 from normlab.runs.store import SweepStore, open_store
 
-# submitit's generic options, and the SLURM ones (slurm_*), as [slurm] table keys; slurm_max_num_timeout is
-# submitit's executor argument: how many time limits a run is requeued after.
-GENERIC_OPTIONS = ("cpus_per_task", "gpus_per_node", "mem_gb", "name", "nodes", "stderr_to_stdout", "tasks_per_node",
-                   "timeout_min")
-EXTRA_OPTIONS = ("slurm_max_num_timeout",)
-LIVE = ("PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "COMPLETING", "SUSPENDED",
-        "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD")
+LIVE = (
+    "PENDING",
+    "RUNNING",
+    "REQUEUED",
+    "REQUEUE_HOLD",
+    "REQUEUE_FED",
+    "CONFIGURING",
+    "COMPLETING",
+    "SUSPENDED",
+    "RESIZING",
+    "SIGNALING",
+    "STAGE_OUT",
+    "STOPPED",
+    "RESV_DEL_HOLD",
+)
 # sbatch's words for a refusal that passes: a limit on how many jobs may wait, or a controller too busy to answer
-TRANSIENT = ("MaxSubmit", "limit", "QOSMax", "AssocMax", "temporarily", "try again", "timed out", "Unable to contact",
-             "Socket timed out", "busy")
+TRANSIENT = (
+    "MaxSubmit",
+    "limit",
+    "QOSMax",
+    "AssocMax",
+    "temporarily",
+    "try again",
+    "timed out",
+    "Unable to contact",
+    "Socket timed out",
+    "busy",
+)
 # how a job ends that the coordinator submits again itself (the run continues from its newest checkpoint): a time
 # limit that came without the USR2 warning (a limit shortened with scontrol, a signal delay longer than the limit),
 # a node that failed or did not boot, a preemption that cancelled instead of requeueing
 RESUBMIT = ("TIMEOUT", "NODE_FAIL", "BOOT_FAIL", "PREEMPTED")
-SIGNAL_DELAY_S = 90  # submitit's default slurm_signal_delay_s
 POLL_S = float(os.environ.get("NORMLAB_SLURM_POLL_S", "10"))  # seconds between scheduler queries (one sacct call)
 UNKNOWN_GRACE_S = 120.0  # a job neither sacct nor squeue knows for this long has ended
 
 
-def __getattr__(name: str) -> Any:  # noqa: ANN401 - RunJob, imported with submitit only when a job needs it
+def __getattr__(name: str) -> Any:
     if name == "RunJob":
         from normlab.experiments.job import RunJob
 
@@ -75,67 +94,15 @@ def __getattr__(name: str) -> Any:  # noqa: ANN401 - RunJob, imported with submi
     raise AttributeError(name)
 
 
-def valid_options() -> list[str]:
-    """The [slurm] table's keys (submitit's parameters); [] when submitit is not installed."""
-    try:
-        import submitit
-    except ImportError:
-        return []
-    return sorted({*submitit.AutoExecutor._valid_parameters(), *(f"slurm_{k}" for k in
-                   submitit.SlurmExecutor._valid_parameters()), *EXTRA_OPTIONS})
-
-
-def check_options(options: dict[str, Any], executor: str) -> None:
-    """Refuse an unknown [slurm] key (did you mean ...) or a missing submitit, before anything is written."""
-    if not options and executor == "local":
-        return
-    valid = valid_options()
-    if not valid:
-        if executor != "local":
-            raise ConfigError(f"executor {executor!r} needs submitit: pip install submitit (or use executor = \"local\")")
-        return
-    for key in options:
-        if key not in valid:
-            close = difflib.get_close_matches(key, valid, n=1) or difflib.get_close_matches(f"slurm_{key}", valid, n=1)
-            hint = f" (did you mean {close[0]}?)" if close else ""
-            raise ConfigError(f"unknown key {key!r} in the [slurm] table{hint}; valid: submitit's options "
-                              f"({', '.join(GENERIC_OPTIONS)}, slurm_partition, slurm_qos, slurm_array_parallelism, "
-                              "slurm_signal_delay_s, ... as in submitit's SlurmExecutor) and slurm_max_num_timeout")
-    limit, delay = options.get("timeout_min"), options.get("slurm_signal_delay_s")
-    if isinstance(limit, (int, float)) and isinstance(delay, (int, float)) and delay >= limit * 60:
-        raise ConfigError(f"slurm_signal_delay_s = {delay} is not shorter than timeout_min = {limit} ({limit * 60:g} s):"
-                          " SLURM would send the USR2 that saves and requeues a run the moment its job starts; give "
-                          f"slurm_signal_delay_s below {limit * 60:g} (or leave it out: a quarter of the limit, at "
-                          f"most {SIGNAL_DELAY_S} s)")
-
-
-def signal_delay(timeout_min: float | None) -> int:
-    """Seconds before the time limit that SLURM signals USR2 when the [slurm] table does not say: submitit's 90 s,
-    but at most a quarter of a short limit (a 1-minute job gets 15 s: with 90 s it would be signalled at its start)."""
-    if not isinstance(timeout_min, (int, float)):
-        return SIGNAL_DELAY_S
-    return int(min(SIGNAL_DELAY_S, max(5, timeout_min * 60 // 4)))
-
-
-def allocation_threads() -> int | None:
-    """The CPUs SLURM gave this task: SLURM_CPUS_PER_TASK, else the node's CPUs over its tasks; None outside a job."""
-    per_task = os.environ.get("SLURM_CPUS_PER_TASK")
-    if per_task and per_task.isdigit():
-        return max(1, int(per_task))
-    on_node, tasks = os.environ.get("SLURM_CPUS_ON_NODE"), os.environ.get("SLURM_NTASKS_PER_NODE", "1")
-    if on_node and on_node.isdigit():
-        return max(1, int(on_node) // (int(tasks) if tasks.isdigit() and int(tasks) else 1))
-    return None
-
-
-def _executor(root: Path, kind: str, options: dict[str, Any], name: str) -> Any:  # noqa: ANN401 - a submitit executor
+def _executor(root: Path, kind: str, options: dict[str, Any], name: str) -> Any:
     import submitit
 
     folder = SweepDir(root).jobs_dir / "%j"
     if kind == "slurm":
         opts = dict(options)
-        ex = submitit.AutoExecutor(folder=folder, cluster="slurm",
-                                   slurm_max_num_timeout=int(opts.pop("slurm_max_num_timeout", 3)))
+        ex = submitit.AutoExecutor(
+            folder=folder, cluster="slurm", slurm_max_num_timeout=int(opts.pop("slurm_max_num_timeout", 3))
+        )
         opts.setdefault("name", f"normlab-{name}")
         opts.setdefault("slurm_signal_delay_s", signal_delay(opts.get("timeout_min")))
         ex.update_parameters(**opts)
@@ -145,7 +112,7 @@ def _executor(root: Path, kind: str, options: dict[str, Any], name: str) -> Any:
     return ex
 
 
-def _one_line(text: Any) -> str:  # noqa: ANN401 - a message or an exception
+def _one_line(text: Any) -> str:
     """A scheduler's message as one line: its error lines joined ("sbatch: error: " dropped), else its last line."""
     lines = [x.strip() for x in str(text).splitlines() if x.strip()]
     errors = [x.split("error:", 1)[1].strip() if "error:" in x else x for x in lines if "error" in x.lower()]
@@ -160,7 +127,7 @@ class Watcher:
         self.kind, self.folder = kind, SweepDir(root).jobs_dir / "%j"
         self.seen: dict[str, float] = {}  # job id -> when it was first watched
 
-    def job(self, job: str) -> Any:  # noqa: ANN401 - a submitit Job
+    def job(self, job: str) -> Any:
         import submitit
 
         self.seen.setdefault(job, time.time())
@@ -189,8 +156,15 @@ def live(state: str) -> bool:
     return state.split()[0] in LIVE if state else False
 
 
-def run_cluster(root: Path, store: SweepStore, todo: list[str], kind: str, options: dict[str, Any], name: str,
-                log) -> None:  # noqa: ANN001 - log: print-like
+def run_cluster(
+    root: Path,
+    store: SweepStore,
+    todo: list[str],
+    kind: str,
+    options: dict[str, Any],
+    name: str,
+    log: Callable[[str], None],
+) -> None:
     """Run `todo` as scheduler jobs and watch them to the end (see the module docstring)."""
     from normlab.experiments.job import RunJob as job_class
 
@@ -215,7 +189,8 @@ def run_cluster(root: Path, store: SweepStore, todo: list[str], kind: str, optio
                 log(f"{rid}: job {jid} holds its lock and is alive; watching it (not submitted again)")
     queue = [rid for rid in todo if rid not in jobs]
     total, finished, chunk, wait, next_try, refusals = len(todo), 0, max(1, len(queue)), 10.0, 0.0, 0
-    retries: dict[str, int] = {}  # run id -> how many times a job of it ended TIMEOUT, NODE_FAIL, ... and was resubmitted
+    # run id -> how many times a job of it ended TIMEOUT, NODE_FAIL, ... and was resubmitted
+    retries: dict[str, int] = {}
     max_retries = int(options.get("slurm_max_num_timeout", 3))
     fatal = None
     try:
@@ -231,8 +206,10 @@ def run_cluster(root: Path, store: SweepStore, todo: list[str], kind: str, optio
                     why = _one_line(getattr(err, "stderr", None) or err)
                     if not any(word.lower() in why.lower() for word in TRANSIENT):
                         fatal = f"the scheduler refused the jobs: {why}"
-                        log(f"{fatal}; {len(queue)} run(s) not submitted" + (
-                            f"; watching the {len(jobs)} submitted job(s) to their end" if jobs else ""))
+                        log(
+                            f"{fatal}; {len(queue)} run(s) not submitted"
+                            + (f"; watching the {len(jobs)} submitted job(s) to their end" if jobs else "")
+                        )
                         continue
                     if chunk > 1:
                         chunk = max(1, chunk // 2)
@@ -241,8 +218,10 @@ def run_cluster(root: Path, store: SweepStore, todo: list[str], kind: str, optio
                     if not jobs and refusals > 6:
                         fatal = f"the scheduler refused the jobs 7 times with none of this sweep's running: {why}"
                         continue
-                    log(f"submission refused ({why}); {len(queue)} run(s) wait, retrying in {wait:.0f}s"
-                        + (f" while {len(jobs)} job(s) run" if jobs else ""))
+                    log(
+                        f"submission refused ({why}); {len(queue)} run(s) wait, retrying in {wait:.0f}s"
+                        + (f" while {len(jobs)} job(s) run" if jobs else "")
+                    )
                     next_try, wait = time.time() + wait, min(wait * 2, 300.0)
                     continue
                 ids = [str(job.job_id) for job in submitted]
@@ -251,10 +230,12 @@ def run_cluster(root: Path, store: SweepStore, todo: list[str], kind: str, optio
                 for rid, job in zip(batch, submitted):
                     jobs[rid] = job
                     watch.seen.setdefault(str(job.job_id), time.time())
-                queue, wait, refusals = queue[len(batch):], 10.0, 0
-                log(f"submitted {len(batch)} run(s) as " + (f"job array {ids[0].split('_')[0]}" if '_' in ids[0]
-                                                              else f"job(s) {', '.join(ids)}")
-                    + (f" ({len(queue)} to submit)" if queue else ""))
+                queue, wait, refusals = queue[len(batch) :], 10.0, 0
+                log(
+                    f"submitted {len(batch)} run(s) as "
+                    + (f"job array {ids[0].split('_')[0]}" if "_" in ids[0] else f"job(s) {', '.join(ids)}")
+                    + (f" ({len(queue)} to submit)" if queue else "")
+                )
             for rid, state in watch.states(jobs).items():
                 if live(state):
                     continue
@@ -279,12 +260,14 @@ def run_cluster(root: Path, store: SweepStore, todo: list[str], kind: str, optio
         _interrupted(root, store, jobs, kind, log)
         raise
     if fatal:
-        raise ConfigError(f"{fatal}; {len(queue)} run(s) left pending: fix the [slurm] options and run the same "
-                          "command again")
+        raise ConfigError(
+            f"{fatal}; {len(queue)} run(s) left pending: fix the [slurm] options and run the same command again"
+        )
 
 
-def _ended(root: Path, store: SweepStore, rid: str, job: Any, state: str, kind: str,  # noqa: ANN401
-           retry: bool) -> tuple[str, str] | None:
+def _ended(
+    root: Path, store: SweepStore, rid: str, job: Any, state: str, kind: str, retry: bool
+) -> tuple[str, str] | None:
     """A job left the scheduler: its row is final if the job wrote it; else the run's summary.json or the job's
     result decides, else one line says how the job ended. Returns ("adopt", JOB) when the job found its run
     trained by another live job JOB; ("again", why) when the job ended on a time limit or a node's failure
@@ -321,8 +304,11 @@ def _ended(root: Path, store: SweepStore, rid: str, job: Any, state: str, kind: 
             why = f"job {job.job_id} failed: {_one_line(err)}"
     elif word == "CANCELLED":
         by = state.split(" by ")[-1] if " by " in state else None
-        why = f"job {job.job_id} was cancelled" + (f" by uid {by}" if by else "") + \
-            "; the next run of this sweep submits it again"
+        why = (
+            f"job {job.job_id} was cancelled"
+            + (f" by uid {by}" if by else "")
+            + "; the next run of this sweep submits it again"
+        )
     elif word in RESUBMIT and retry:
         why = f"job {job.job_id} ended {word} without requeueing itself; submitted again, from its newest checkpoint"
         store.pending_again(rid, why)
@@ -349,8 +335,10 @@ def _interrupted(root: Path, store: SweepStore, jobs: dict[str, Any], kind: str,
         cancelled = cancel_jobs(root, store, jobs, "cancelled at Ctrl-C")
         log(f"cancelled {cancelled} job(s); the same command submits their runs again")
     else:
-        log(f"left {len(jobs)} job(s) running ({ids}): the same command watches them again; cancel them with "
-            f"`normlab sweep --cancel {root}` (or scancel {ids})")
+        log(
+            f"left {len(jobs)} job(s) running ({ids}): the same command watches them again; cancel them with "
+            f"`normlab sweep --cancel {root}` (or scancel {ids})"
+        )
 
 
 def cancel_jobs(root: Path, store: SweepStore, jobs: dict[str, Any], why: str, wait: float = 300.0) -> int:
@@ -363,8 +351,12 @@ def cancel_jobs(root: Path, store: SweepStore, jobs: dict[str, Any], why: str, w
     while time.time() < deadline and any(job_alive(str(job.job_id)) for job in jobs.values()):
         time.sleep(1.0)
     for rid, job in jobs.items():
-        store.record(rid, {"status": "failed", "reason": f"job {job.job_id} {why}; the next run of this sweep submits "
-                           "it again"}, worker=str(job.job_id), unless_finished=True)
+        store.record(
+            rid,
+            {"status": "failed", "reason": f"job {job.job_id} {why}; the next run of this sweep submits it again"},
+            worker=str(job.job_id),
+            unless_finished=True,
+        )
     return len(jobs)
 
 
@@ -382,6 +374,8 @@ def cancel_sweep(root: str | Path, log=print) -> int:  # noqa: ANN001 - log: pri
         raise ConfigError(f"cannot ask the scheduler about {len(held)} job(s): {_one_line(err)}") from None
     alive = {rid: held[rid] for rid, state in states.items() if live(state)}
     n = cancel_jobs(folder.path, store, alive, "cancelled by normlab sweep --cancel")
-    log(f"cancelled {n} job(s) of {root}" + (f": {' '.join(str(j.job_id) for j in alive.values())}" if n else
-                                            " (none was pending or running)"))
+    log(
+        f"cancelled {n} job(s) of {root}"
+        + (f": {' '.join(str(j.job_id) for j in alive.values())}" if n else " (none was pending or running)")
+    )
     return n

@@ -11,7 +11,8 @@ from typing import Any
 
 from submitit.helpers import Checkpointable, DelayedSubmission
 
-from normlab.experiments.cluster import allocation_threads
+from normlab.experiments.execute import execute_run
+from normlab.experiments.scheduler import allocation_threads
 from normlab.runs.lock import job_id
 
 
@@ -33,20 +34,19 @@ class RunJob(Checkpointable):
         self.__init__(state["sweep_dir"], state["run_id"])
 
     def __call__(self) -> dict[str, Any]:
-        from normlab.experiments.runner import execute_run
-
         threads = allocation_threads()
         if threads:
             os.environ["OMP_NUM_THREADS"] = str(threads)
-            print(f"normlab: {self.run_id} in job {job_id()}: {threads} torch thread(s), from the allocation", flush=True)
+            print(
+                f"normlab: {self.run_id} in job {job_id()}: {threads} torch thread(s), from the allocation", flush=True
+            )
         self._stop = threading.Event()
         # scancel (and a time limit without the USR2 warning) sends SIGTERM, then SIGKILL after the cluster's
         # KillWait: the run saves after its step and the job ends (submitit would let it train on until killed)
         signal.signal(signal.SIGTERM, lambda *_: self._stop.set())
 
         def work() -> None:
-            self._result = execute_run(self.sweep_dir, self.run_id, threads=threads, stop=self._stop,
-                                       worker=job_id())
+            self._result = execute_run(self.sweep_dir, self.run_id, threads=threads, stop=self._stop, worker=job_id())
 
         self._thread = threading.Thread(target=work, name=f"normlab-{self.run_id}")
         self._thread.start()

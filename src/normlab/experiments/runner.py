@@ -26,94 +26,25 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import threading
 import time
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from normlab.experiments.progress import SweepProgress
-from normlab.experiments.cluster import check_options, run_cluster
-from normlab.experiments.sweep import RunSpec, SweepConfig
 from normlab.errors import ConfigError
+from normlab.experiments.cluster import run_cluster
+from normlab.experiments.progress import SweepProgress
+from normlab.experiments.scheduler import check_options
+from normlab.experiments.sweep import RunSpec, SweepConfig
 from normlab.io import atomic_write_bytes, own_folder
 from normlab.runs.files import SweepDir
-from normlab.runs.lock import FolderLock, LockBusy, RunLock
+from normlab.runs.lock import FolderLock
 from normlab.runs.outcome import FINISHED, describe
 from normlab.runs.store import SweepStore, open_store
-
-
-def execute_run(sweep_dir: str, run_id: str, threads: int | None = None, watch_parent: int | None = None,
-                stop: threading.Event | None = None, worker: str | None = None) -> dict[str, Any]:
-    """Train one run of a sweep and record its outcome in the store; returns the run's summary.
-    `watch_parent`: the pid of the sweep process that spawned this worker, which it must not outlive.
-    `stop` (a scheduler job): set, the run saves a checkpoint after its step, its row goes back to `pending`
-    and `Stopped` is raised (the job is requeued). `worker`: the name the row gives this attempt.
-
-    Never raises for a run's own failure: a crash becomes a `failed` row with the reason. A run whose row
-    already holds a result is left as it is; so is a run that another process is training (its lock, taken
-    here before the row is touched): its row is that process's to write, and the returned dict names it
-    (`holder_job`: its SLURM job, which a coordinator then watches instead of this one).
-    """
-    import torch
-
-    from normlab.train import TrainingFailed, train
-    from normlab.train.trainer import Stopped
-
-    if watch_parent:
-        _exit_with_parent(watch_parent)
-    if threads:
-        torch.set_num_threads(threads)
-    folder = SweepDir(sweep_dir)
-    store = open_store(folder)
-    if store.row(run_id)["status"] in FINISHED:  # a duplicate attempt (a job requeued after its run ended)
-        return {**store.row(run_id)}
-    run = folder.run(run_id)
-    try:
-        lock = RunLock(run.path)
-    except LockBusy as err:  # another process trains it (a duplicate job's twin): the row stays as it wrote it
-        return {"status": "running", "reason": str(err), "holder_job": (err.holder or {}).get("job")}
-    try:
-        row = store.row(run_id)
-        if row["status"] in FINISHED:  # the other process ended it while this one waited for the lock
-            return {**row}
-        spec = RunSpec(run_id, row["idx"], row["axes"], row["config"])
-        worker = worker or f"{socket.gethostname()}:{os.getpid()}"
-        store.mark_running(run_id, worker)
-        try:
-            summary = train(spec.train_config(run.path), stop=stop, lock=lock)
-        except Stopped as err:
-            store.requeued(run_id, f"saved at step {err.step} by {worker}, stopped by the scheduler (preempted, at "
-                           "its time limit or cancelled)")
-            return {"status": "pending", "reason": "requeued", "step": err.step}
-        except TrainingFailed as err:
-            summary = run.summary() or {"status": "failed", "reason": str(err)}
-        except Exception as err:  # noqa: BLE001 - bad data path, bad config combination, ...: recorded, not raised
-            summary = {"status": "failed", "reason": f"{type(err).__name__}: {err}"}
-        store.record(run_id, summary, worker=worker)
-        return summary
-    finally:
-        lock.release()
-
-
-def _exit_with_parent(parent: int) -> None:
-    """End this worker once its parent is no longer the sweep process `parent` that spawned it (kill -9
-    leaves no chance to tell it). The pid comes from the spawner: taking getppid() here would read the
-    reaper's pid if the sweep had already died, and the worker would never exit."""
-    if os.getppid() != parent:
-        os._exit(3)
-
-    def watch() -> None:
-        while True:
-            time.sleep(1.0)
-            if os.getppid() != parent:
-                os._exit(3)
-
-    threading.Thread(target=watch, daemon=True).start()
 
 
 def prepare(sweep: SweepConfig, out: str | Path) -> tuple[SweepStore, list[RunSpec]]:
@@ -129,8 +60,10 @@ def prepare(sweep: SweepConfig, out: str | Path) -> tuple[SweepStore, list[RunSp
     old = store.get_meta("base")
     if old is not None and old != base:
         changed = sorted(k for k in set(old) | set(base) if old.get(k) != base.get(k))
-        raise ConfigError(f"{root} holds a sweep with other base settings (changed: {', '.join(changed)}); "
-                          "a sweep directory only grows by grid values; use a new --out for new base settings")
+        raise ConfigError(
+            f"{root} holds a sweep with other base settings (changed: {', '.join(changed)}); "
+            "a sweep directory only grows by grid values; use a new --out for new base settings"
+        )
     store.set_meta("base", base)
     store.set_meta("name", sweep.name)
     store.set_meta("sweep", sweep.to_dict())
@@ -197,15 +130,24 @@ class Deadline:
     stop_at: float
 
 
-def run_sweep(sweep: SweepConfig, out: str | Path, workers: int | None = None, executor: str | None = None,
-              log=print, deadline: Deadline | None = None) -> dict[str, int]:  # noqa: ANN001 - log: print-like
+def run_sweep(
+    sweep: SweepConfig,
+    out: str | Path,
+    workers: int | None = None,
+    executor: str | None = None,
+    log: Callable[[str], None] = print,
+    deadline: Deadline | None = None,
+) -> dict[str, int]:
     """Run every run of `sweep` that has no result yet; returns the store's status counts. With a
     `deadline` (local executor only) runs not started by then stay pending."""
     check_options(sweep.slurm, executor or sweep.executor)  # before anything is written
     root = own_folder(out, "sweep")  # never a folder of the user's
     root.mkdir(parents=True, exist_ok=True)
-    lock = FolderLock(SweepDir(root).lock_file, wait=0, busy=lambda holder: (
-        f"another normlab sweep is running in {root} ({holder}); wait for it or stop it first"))
+    lock = FolderLock(
+        SweepDir(root).lock_file,
+        wait=0,
+        busy=lambda holder: f"another normlab sweep is running in {root} ({holder}); wait for it or stop it first",
+    )
     try:
         store, specs = prepare(sweep, root)
         _reconcile(store, root)
@@ -245,7 +187,7 @@ except (AttributeError, OSError):
     pass  # not Linux: execute_run's watcher thread ends the worker within a second instead
 if os.getppid() != parent:
     os._exit(3)
-from normlab.experiments.runner import execute_run
+from normlab.experiments.execute import execute_run
 execute_run(sys.argv[2], sys.argv[3], threads=int(sys.argv[4]), watch_parent=parent)
 """
 
@@ -253,8 +195,13 @@ execute_run(sys.argv[2], sys.argv[3], threads=int(sys.argv[4]), watch_parent=par
 def _spawn(root: Path, run_id: str, threads: int, gpu: int | None = None) -> subprocess.Popen:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)} if gpu is not None else None
     with open(SweepDir(root).log_file(run_id), "ab") as log:  # the child keeps its own descriptor
-        return subprocess.Popen([sys.executable, "-c", _BOOT, str(os.getpid()), str(root), run_id, str(threads)],
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
+        return subprocess.Popen(
+            [sys.executable, "-c", _BOOT, str(os.getpid()), str(root), run_id, str(threads)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
 
 
 def _gpu_plan(specs: list[RunSpec], requested: int | None, log) -> tuple[int, int] | None:  # noqa: ANN001
@@ -269,22 +216,45 @@ def _gpu_plan(specs: list[RunSpec], requested: int | None, log) -> tuple[int, in
     if not cfgs or not torch.cuda.is_available() or not any(c.run.device in ("cuda", "auto") for c in cfgs):
         return None
     devices = [torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())]
-    shape = ("layout", "size", "model", "batch_size", "grad_accum", "seq_len", "precision", "activation_dtype",
-             "activation_checkpointing", "loss_chunk", "vocab_size", "tokenizer", "optimizer", "fsdp")
+    shape = (
+        "layout",
+        "size",
+        "model",
+        "batch_size",
+        "grad_accum",
+        "seq_len",
+        "precision",
+        "activation_dtype",
+        "activation_checkpointing",
+        "loss_chunk",
+        "vocab_size",
+        "tokenizer",
+        "optimizer",
+        "fsdp",
+    )
     keys = [repr([c.to_flat()[k] for k in shape]) for c in cfgs]
     plans: dict[str, int] = {}
     for key, c in zip(keys, cfgs):
         if key not in plans:
             plans[key] = plan_memory(c).total
     workers = plan_workers([plans[key] for key in keys], devices, requested, os.cpu_count() or 1)
-    log(f"GPU memory plan: up to {max(plans.values()) / GIB:.1f} GiB per run, {len(devices)} device(s) of "
-        f"{min(devices) / GIB:.0f} GiB -> {workers} run(s) side by side")
+    log(
+        f"GPU memory plan: up to {max(plans.values()) / GIB:.1f} GiB per run, {len(devices)} device(s) of "
+        f"{min(devices) / GIB:.0f} GiB -> {workers} run(s) side by side"
+    )
     return workers, len(devices)
 
 
-def _run_local(root: Path, store: SweepStore, todo: list[str], workers: int | None, log,  # noqa: ANN001
-               bar: SweepProgress | None = None, gpus: tuple[int, int] | None = None,
-               deadline: Deadline | None = None) -> None:
+def _run_local(
+    root: Path,
+    store: SweepStore,
+    todo: list[str],
+    workers: int | None,
+    log,  # noqa: ANN001
+    bar: SweepProgress | None = None,
+    gpus: tuple[int, int] | None = None,
+    deadline: Deadline | None = None,
+) -> None:
     """Run `todo` in worker processes: on the CPU one per core (torch threads split between them); on
     GPUs (`gpus` = (workers, devices) from the memory plan) each worker is given the device with the
     fewest runs in flight (CUDA_VISIBLE_DEVICES). `deadline`: see `Deadline`."""
@@ -298,7 +268,10 @@ def _run_local(root: Path, store: SweepStore, todo: list[str], workers: int | No
     try:
         while queue or running:
             if deadline is not None and queue and time.time() >= deadline.start_by:
-                log(f"time budget: {len(queue)} run(s) not started, left pending (run the same command again to add them)")
+                log(
+                    f"time budget: {len(queue)} run(s) not started, left pending "
+                    "(run the same command again to add them)"
+                )
                 queue.clear()
             if deadline is not None and running and time.time() >= deadline.stop_at:
                 for rid, proc in list(running.items()):
@@ -306,8 +279,14 @@ def _run_local(root: Path, store: SweepStore, todo: list[str], workers: int | No
                     proc.wait()
                     # spawned by this sweep: stopped by the budget whether or not its worker had marked it running
                     if store.row(rid)["status"] in ("running", "pending"):
-                        store.record(rid, {"status": "failed", "reason": "stopped at the end of the time budget; the "
-                                           "next run of this sweep continues it"})
+                        store.record(
+                            rid,
+                            {
+                                "status": "failed",
+                                "reason": "stopped at the end of the time budget; the "
+                                "next run of this sweep continues it",
+                            },
+                        )
                     if bar is not None:
                         bar.finished(rid, store.row(rid))
                     del running[rid]
@@ -334,8 +313,14 @@ def _run_local(root: Path, store: SweepStore, todo: list[str], workers: int | No
                 if row["status"] == "running":  # the process died without recording (signal, OOM kill, os._exit)
                     code = proc.returncode
                     why = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-                    store.record(rid, {"status": "failed", "reason": f"worker process ended by {why} without a "
-                                       f"result; see {SweepDir(root).log_file(rid)}"})
+                    store.record(
+                        rid,
+                        {
+                            "status": "failed",
+                            "reason": f"worker process ended by {why} without a "
+                            f"result; see {SweepDir(root).log_file(rid)}",
+                        },
+                    )
                     row = store.row(rid)
                 if bar is not None:
                     bar.finished(rid, row)
@@ -347,7 +332,7 @@ def _run_local(root: Path, store: SweepStore, todo: list[str], workers: int | No
 
 
 def _label(sweep: SweepConfig) -> str:
-    """"sweep kim-lr"; an unnamed sweep (the default name) is just "sweep"."""
+    """ "sweep kim-lr"; an unnamed sweep (the default name) is just "sweep"."""
     return "sweep" if sweep.name == "sweep" else f"sweep {sweep.name}"
 
 
@@ -373,8 +358,9 @@ def _to_toml(data: dict[str, Any]) -> str:
         lines += ["", f"[{table}]"] + [f"{json.dumps(k)} = {_toml_value(v)}" for k, v in scalars.items()]
         for sub, inner in items.items():
             if isinstance(inner, dict):
-                lines += ["", f"[{table}.{sub}]"] + [f"{json.dumps(k)} = {_toml_value(v)}" for k, v in inner.items()
-                                                         if v is not None]
+                lines += ["", f"[{table}.{sub}]"] + [
+                    f"{json.dumps(k)} = {_toml_value(v)}" for k, v in inner.items() if v is not None
+                ]
     text = "\n".join(lines) + "\n"
     tomllib.loads(text)  # what we write must read back
     return text

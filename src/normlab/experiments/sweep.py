@@ -36,7 +36,7 @@ from typing import Any
 
 from normlab.config.train import LEAVES, RunSettings, TrainConfig, flatten_settings, resolve_key, typed_settings
 from normlab.errors import ConfigError, LayoutError
-from normlab.experiments.cluster import check_options
+from normlab.experiments.scheduler import check_options
 from normlab.io import read_toml
 from normlab.settings import build, check_fields, check_leaf, leaves, positive, setting, unknown_key
 

@@ -15,6 +15,7 @@ Two kinds, chosen by where the folder lives:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -24,8 +25,9 @@ import socket
 import subprocess
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from normlab.errors import ConfigError
 from normlab.io import shared_filesystem
@@ -90,9 +92,7 @@ def stale(info: dict[str, Any] | None, age: float) -> bool:
         return True  # this job's earlier life, before the scheduler requeued it
     if info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int):
         start = _start_time(info["pid"])
-        if start is None or (info.get("start") is not None and start != info["start"]):
-            return True
-        return False
+        return start is None or (info.get("start") is not None and start != info["start"])
     if info.get("job"):
         return job_alive(str(info["job"])) is False
     return False
@@ -148,8 +148,9 @@ class FolderLock:
                     _break(self.path, held)
                     continue
                 if time.monotonic() >= deadline:
-                    raise LockBusy(busy(f"{describe_holder(held)}; if that process is gone, delete {self.path}"),
-                                   held) from None
+                    raise LockBusy(
+                        busy(f"{describe_holder(held)}; if that process is gone, delete {self.path}"), held
+                    ) from None
                 time.sleep(0.2)
                 continue
             with os.fdopen(fd, "w") as f:
@@ -213,10 +214,8 @@ def _break(path: Path, judged: dict[str, Any] | None) -> None:
         return
     taken, _ = _read(aside)
     if taken != judged:
-        try:
-            os.link(aside, path)  # fails if a third process holds it by now: then that one wins
-        except OSError:
-            pass
+        with contextlib.suppress(OSError):  # fails if a third process holds it by now: then that one wins
+            os.link(aside, path)
     aside.unlink(missing_ok=True)
 
 
@@ -225,5 +224,10 @@ class RunLock(FolderLock):
     worker still runs, two shells, a duplicate job)."""
 
     def __init__(self, run: Path, wait: float = 10.0) -> None:
-        super().__init__(RunDir(run).lock_file, wait, lambda holder: (
-            f"{run} is being trained by {holder}; a run never executes twice at once: wait for it or stop it"))
+        super().__init__(
+            RunDir(run).lock_file,
+            wait,
+            lambda holder: (
+                f"{run} is being trained by {holder}; a run never executes twice at once: wait for it or stop it"
+            ),
+        )

@@ -24,9 +24,10 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Protocol
+from typing import Any, Protocol
 from urllib.parse import quote
 
 from normlab.config.train import TrainConfig
@@ -100,8 +101,10 @@ class SweepStore:
         """The store's tables; a SQLite file of someone else's (tables, none of them ours) is refused untouched."""
         tables = {r[0] for r in db.execute("select name from sqlite_master where type = 'table'")}
         if tables and "runs" not in tables:
-            raise ConfigError(f"{self.path} is a SQLite file that is not a normlab sweep store (its tables: "
-                              f"{', '.join(sorted(tables)[:5])}); give a folder written by normlab sweep or compare")
+            raise ConfigError(
+                f"{self.path} is a SQLite file that is not a normlab sweep store (its tables: "
+                f"{', '.join(sorted(tables)[:5])}); give a folder written by normlab sweep or compare"
+            )
         return tables
 
     @contextmanager
@@ -127,15 +130,19 @@ class SweepStore:
         text = str(err)
         folder = self.path.parent
         if "locked" in text or "busy" in text:
-            return (f"{self.path} is locked by another writer (waited {self.timeout:g} s): a sweep or one of its runs "
-                    "holds it; wait for it to end, or stop it, then run this again")
+            return (
+                f"{self.path} is locked by another writer (waited {self.timeout:g} s): a sweep or one of its runs "
+                "holds it; wait for it to end, or stop it, then run this again"
+            )
         if "readonly" in text or "read-only" in text:
             return f"{self.path} is on read-only storage; give --out DIR to write elsewhere"
         if "unable to open" in text:
             return f"{self.path} cannot be opened ({text}); check the folder's permissions"
-        return (f"{self.path} is corrupt ({text}); nothing was changed. Move it aside (mv {self.path} "
-                f"{self.path}.corrupt), then run `normlab summarize {folder}` or the same sweep command: the store "
-                f"is rebuilt from {folder / SWEEP_FILE} and the run folders in {folder / SWEEP_RUNS}")
+        return (
+            f"{self.path} is corrupt ({text}); nothing was changed. Move it aside (mv {self.path} "
+            f"{self.path}.corrupt), then run `normlab summarize {folder}` or the same sweep command: the store "
+            f"is rebuilt from {folder / SWEEP_FILE} and the run folders in {folder / SWEEP_RUNS}"
+        )
 
     # --- metadata ---
     def get_meta(self, key: str) -> Any:
@@ -147,7 +154,9 @@ class SweepStore:
 
     def set_meta(self, key: str, value: Any) -> None:
         with self._connect() as db:
-            db.execute("insert or replace into meta values (?, ?)", (key, json.dumps(value)))  # key order kept: the grid axes
+            db.execute(
+                "insert or replace into meta values (?, ?)", (key, json.dumps(value))
+            )  # key order kept: the grid axes
 
     # --- rows ---
     def add(self, specs: list[Spec]) -> int:
@@ -156,8 +165,10 @@ class SweepStore:
             before = db.total_changes
             db.executemany(
                 "insert or ignore into runs (run_id, idx, axes, config) values (?, ?, ?, ?)",
-                [(s.run_id, s.index, json.dumps(s.axes), json.dumps(s.config.to_dict(), sort_keys=True))
-                 for s in specs],
+                [
+                    (s.run_id, s.index, json.dumps(s.axes), json.dumps(s.config.to_dict(), sort_keys=True))
+                    for s in specs
+                ],
             )
             return db.total_changes - before
 
@@ -185,9 +196,11 @@ class SweepStore:
             except (TypeError, ValueError):
                 r["axes"] = None
             if not isinstance(r["axes"], dict) or not isinstance(r["config"], dict) or r["status"] not in STATUSES:
-                raise ConfigError(f"{self.path}: run {r['run_id']} has an unreadable row (axes and config are JSON "
-                                  f"objects, status one of {', '.join(STATUSES)}); the store was edited or is not "
-                                  "normlab's")
+                raise ConfigError(
+                    f"{self.path}: run {r['run_id']} has an unreadable row (axes and config are JSON "
+                    f"objects, status one of {', '.join(STATUSES)}); the store was edited or is not "
+                    "normlab's"
+                )
             r["config"] = TrainConfig.from_dict(r["config"], f"{self.path}: run {r['run_id']}")
         return rows
 
@@ -199,8 +212,11 @@ class SweepStore:
 
     def mark_running(self, run_id: str, worker: str) -> None:
         with self._connect() as db:
-            db.execute("update runs set status = 'running', attempts = attempts + 1, worker = ?, started_at = ?, "
-                       "finished_at = null, reason = null where run_id = ?", (worker, time.time(), run_id))
+            db.execute(
+                "update runs set status = 'running', attempts = attempts + 1, worker = ?, started_at = ?, "
+                "finished_at = null, reason = null where run_id = ?",
+                (worker, time.time(), run_id),
+            )
 
     def set_job(self, run_ids: list[str], jobs: list[str], submitted: bool = True) -> None:
         """The scheduler's job ids, stored the moment they are submitted (a rerun re-attaches to them): an
@@ -208,27 +224,39 @@ class SweepStore:
         found already holding the run (re-attached), whose row is left as that job wrote it."""
         guard = ", ".join(repr(s) for s in FINISHED)
         started = "status = 'running' and worker = :job"  # the new job already marked it (it started that fast)
-        sets = f"status = case when {started} then status else 'pending' end, " \
-            f"reason = case when {started} then reason else null end, " if submitted else ""
+        sets = (
+            f"status = case when {started} then status else 'pending' end, "
+            f"reason = case when {started} then reason else null end, "
+            if submitted
+            else ""
+        )
         with self._connect() as db:
-            db.executemany(f"update runs set {sets}job = :job where run_id = :run_id and status not in ({guard})",
-                           [{"job": job, "run_id": rid} for rid, job in zip(run_ids, jobs)])
+            db.executemany(
+                f"update runs set {sets}job = :job where run_id = :run_id and status not in ({guard})",
+                [{"job": job, "run_id": rid} for rid, job in zip(run_ids, jobs)],
+            )
 
     def requeued(self, run_id: str, reason: str) -> None:
         """A job that saved its run and went back to the scheduler's queue: pending again, the reason kept."""
         with self._connect() as db:
-            db.execute("update runs set status = 'pending', reason = ? where run_id = ? and status = 'running'",
-                       (reason, run_id))
+            db.execute(
+                "update runs set status = 'pending', reason = ? where run_id = ? and status = 'running'",
+                (reason, run_id),
+            )
 
     def pending_again(self, run_id: str, reason: str) -> None:
         """A run whose job ended without a result and is submitted again: pending, the reason kept, no job."""
         guard = ", ".join(repr(s) for s in FINISHED)
         with self._connect() as db:
-            db.execute(f"update runs set status = 'pending', reason = ?, job = null where run_id = ? and status not in "
-                       f"({guard})", (reason, run_id))
+            db.execute(
+                f"update runs set status = 'pending', reason = ?, job = null where run_id = ? and status not in "
+                f"({guard})",
+                (reason, run_id),
+            )
 
-    def record(self, run_id: str, summary: dict[str, Any], worker: str | None = None,
-               unless_finished: bool = False) -> bool:
+    def record(
+        self, run_id: str, summary: dict[str, Any], worker: str | None = None, unless_finished: bool = False
+    ) -> bool:
         """Store a run's outcome from its summary.json (or a failure dict with status and reason), and the
         worker that wrote it; `unless_finished`: leave a row that already holds a result as it is. Returns
         whether the row was written."""
@@ -240,10 +268,19 @@ class SweepStore:
         sets = ", ".join(f"{k} = :{k}" for k in values)
         guard = f" and status not in ({', '.join(repr(s) for s in FINISHED)})" if unless_finished else ""
         with self._connect() as db:
-            cur = db.execute(f"update runs set status = :status, step = :step, reason = :reason, {sets}, "
-                             "worker = coalesce(:worker, worker), finished_at = :now where run_id = :run_id" + guard,
-                             {**values, "status": status, "step": step, "reason": summary.get("reason"),
-                              "worker": worker, "now": time.time(), "run_id": run_id})
+            cur = db.execute(
+                f"update runs set status = :status, step = :step, reason = :reason, {sets}, "
+                "worker = coalesce(:worker, worker), finished_at = :now where run_id = :run_id" + guard,
+                {
+                    **values,
+                    "status": status,
+                    "step": step,
+                    "reason": summary.get("reason"),
+                    "worker": worker,
+                    "now": time.time(),
+                    "run_id": run_id,
+                },
+            )
             return cur.rowcount > 0
 
     def counts(self) -> dict[str, int]:
@@ -262,8 +299,9 @@ def open_store(folder: SweepDir, readonly: bool = False) -> SweepStore:
 def logged_runs(folder: SweepDir) -> list[RunDir]:
     """The runs of a sweep's store that logged a step, in grid order (a ConfigError if none has yet)."""
     if not folder.is_sweep():
-        raise ConfigError(f"{folder.path} holds no {folder.store_file.name}; give a folder written by normlab sweep "
-                          "or compare")
+        raise ConfigError(
+            f"{folder.path} holds no {folder.store_file.name}; give a folder written by normlab sweep or compare"
+        )
     found = [folder.run(row["run_id"]) for row in open_store(folder, readonly=True).rows()]
     logged = [r for r in found if r.has_metrics()]
     if not logged:

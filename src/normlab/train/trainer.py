@@ -28,6 +28,7 @@ import platform
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,13 +43,19 @@ from normlab.data.sft import load_sft_data
 from normlab.diagnostics.forensics import describe as describe_break
 from normlab.diagnostics.forensics import first_break, gradient_break, site_of
 from normlab.diagnostics.probes import Probes
-from normlab.diagnostics.tier import StepTier, TierSpikes, tier_summary
 from normlab.diagnostics.store import ProbeWriter
-from normlab.io import truncate_jsonl
+from normlab.diagnostics.tier import StepTier, TierSpikes, tier_summary
 from normlab.errors import CheckpointError, ConfigError
+from normlab.io import truncate_jsonl
 from normlab.model import count_params, storage
-from normlab.runs.checkpoint import (load_checkpoint, load_sharded_state, remove_stale_temp_files, save_checkpoint,
-                                     save_sharded_checkpoint, set_rng_state)
+from normlab.runs.checkpoint import (
+    load_checkpoint,
+    load_sharded_state,
+    remove_stale_temp_files,
+    save_checkpoint,
+    save_sharded_checkpoint,
+    set_rng_state,
+)
 from normlab.runs.files import RunDir
 from normlab.runs.model import build_run_model
 from normlab.runs.start import RunLock, Start, check_out, plan_start
@@ -67,7 +74,7 @@ class TrainingFailed(RuntimeError):
     """The run crashed; its summary.json says why (status "failed")."""
 
 
-class Stopped(BaseException):  # noqa: N818 - like KeyboardInterrupt: not a failure, nothing recorded as one
+class Stopped(BaseException):
     """The run was asked to stop (`train(stop=...)`: a scheduler's preemption or time-limit signal) and saved a
     checkpoint at step `step` first; the same command continues from it."""
 
@@ -76,7 +83,7 @@ class Stopped(BaseException):  # noqa: N818 - like KeyboardInterrupt: not a fail
         self.step = step
 
 
-def _autocast(cfg: TrainConfig, device: torch.device):
+def _autocast(cfg: TrainConfig, device: torch.device) -> contextlib.AbstractContextManager[Any]:
     if cfg.precision == "fp32":
         return contextlib.nullcontext()
     dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float16
@@ -87,7 +94,9 @@ def _unwrap(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 
-def _loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _loss(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(the language-model loss, a MoE model's router auxiliary loss or None); the step minimizes their sum."""
     out = model(x, targets=y, z_loss=cfg.optim.z_loss, loss_chunk=cfg.run.loss_chunk)
     return out.loss, out.aux_loss
@@ -133,7 +142,11 @@ def _load_state(model: nn.Module, opt: torch.optim.Optimizer, ckpt: dict, cfg: T
         load_sharded_state(ckpt["sharded"], model, opt)
         return
     if cfg.run.fsdp and torch.distributed.is_initialized():  # a whole-model file (an FSDP run of normlab 0.1.0)
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
 
         opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=False)
         set_model_state_dict(model, ckpt["model"], options=opts)
@@ -143,13 +156,19 @@ def _load_state(model: nn.Module, opt: torch.optim.Optimizer, ckpt: dict, cfg: T
     if "optimizer" in ckpt:
         opt.load_state_dict(ckpt["optimizer"])
     elif ckpt["step"] < cfg.optim.steps:  # a final checkpoint saved without it (keep_optimizer off)
-        raise CheckpointError(f"the checkpoint at step {ckpt['step']} holds no optimizer state (keep_optimizer was "
-                              f"off), so the run cannot continue to step {cfg.optim.steps}; start a new run with "
-                              "--init-from to train these weights further")
+        raise CheckpointError(
+            f"the checkpoint at step {ckpt['step']} holds no optimizer state (keep_optimizer was "
+            f"off), so the run cannot continue to step {cfg.optim.steps}; start a new run with "
+            "--init-from to train these weights further"
+        )
 
 
-def train(cfg: TrainConfig, log=print, stop: threading.Event | None = None,  # noqa: ANN001
-          lock: RunLock | None = None) -> dict[str, Any]:
+def train(
+    cfg: TrainConfig,
+    log: Callable[[str], None] = print,
+    stop: threading.Event | None = None,
+    lock: RunLock | None = None,
+) -> dict[str, Any]:
     """Run training as configured; returns the summary (also written to summary.json). `stop`, once set (from
     another thread), ends the run after its current step with a checkpoint: `Stopped` is raised. `lock`: the
     run's lock, already taken by the caller (a sweep's worker, which takes it before it marks the run running);
@@ -178,8 +197,12 @@ def train(cfg: TrainConfig, log=print, stop: threading.Event | None = None,  # n
         plan = distributed.broadcast_object(None if start is None else (start.step, start.path, start.finished), info)
         if start is None:  # another rank: the main rank's decision, the checkpoint read from disk
             step, path, finished = plan
-            start = Start(step=step, path=path, finished=finished,
-                          checkpoint=load_checkpoint(path, verify=False) if path is not None else None)
+            start = Start(
+                step=step,
+                path=path,
+                finished=finished,
+                checkpoint=load_checkpoint(path, verify=False) if path is not None else None,
+            )
         summary = start.finished if start.finished is not None else _train(cfg, info, start, stop)
     except BaseException:
         distributed.teardown(info, clean=False)  # a barrier could wait forever on a rank that died
@@ -243,21 +266,39 @@ class RunState:
 
 def _load_data(cfg: TrainConfig):  # noqa: ANN202 - TokenData | SFTData
     if cfg.data.task == "sft":
-        return load_sft_data(cfg.data.data, cfg.data.tokenizer, cfg.data.seq_len, cfg.data.val_fraction, cfg.data.prompt_field,
-                             cfg.data.response_field, cfg.data.vocab_size)
-    return load_data(cfg.data.data, cfg.data.tokenizer, cfg.data.val_fraction, cfg.data.text_field, cfg.data.token_dtype, cfg.data.vocab_size)
+        return load_sft_data(
+            cfg.data.data,
+            cfg.data.tokenizer,
+            cfg.data.seq_len,
+            cfg.data.val_fraction,
+            cfg.data.prompt_field,
+            cfg.data.response_field,
+            cfg.data.vocab_size,
+        )
+    return load_data(
+        cfg.data.data,
+        cfg.data.tokenizer,
+        cfg.data.val_fraction,
+        cfg.data.text_field,
+        cfg.data.token_dtype,
+        cfg.data.vocab_size,
+    )
 
 
 def build_state(cfg: TrainConfig, info: distributed.DistInfo, start: Start) -> RunState:
     """Data, model, optimizer, scaler and monitor, restored from the start's checkpoint if it has one."""
     if cfg.data.batch_size % (info.world * cfg.data.grad_accum):
-        raise ConfigError(f"batch_size={cfg.data.batch_size} must divide into {info.world} ranks x grad_accum={cfg.data.grad_accum}")
+        raise ConfigError(
+            f"batch_size={cfg.data.batch_size} must divide into {info.world} ranks x grad_accum={cfg.data.grad_accum}"
+        )
     torch.manual_seed(cfg.optim.seed)
     data = _load_data(cfg)
     # a run that cannot fit the device is refused before its model is built, with settings that fit
     memory_plan = check_fits(cfg, device_capacity(info.device), info.world, data.vocab_size)
     # a bad vocabulary or context is refused before the run directory holds anything but its lock
-    model = build_run_model(cfg.model.layout, cfg.model.size, cfg.model.options, cfg.data.seq_len, data.vocab_size, cfg.optim.seed)
+    model = build_run_model(
+        cfg.model.layout, cfg.model.size, cfg.model.options, cfg.data.seq_len, data.vocab_size, cfg.optim.seed
+    )
     if cfg.model.init_from and start.checkpoint is None:  # a resumed run's own checkpoint takes precedence
         load_init_weights(model, cfg.model.init_from)
     model = model.to(info.device)
@@ -268,22 +309,35 @@ def build_state(cfg: TrainConfig, info: distributed.DistInfo, start: Start) -> R
         set_tf32(cfg.run.tf32)
     params = count_params(model)
     fpt = flops_per_token(model, cfg.data.seq_len) + optimizer_flops(
-        model, cfg.optim.optimizer, cfg.optim.muon_ns_steps) // (cfg.data.batch_size * cfg.data.seq_len)
+        model, cfg.optim.optimizer, cfg.optim.muon_ns_steps
+    ) // (cfg.data.batch_size * cfg.data.seq_len)
     model = distributed.wrap(model, info, cfg.run.fsdp)
     opt = make_optimizer(model, cfg, fused=info.device.type == "cuda")
     state = RunState(
-        cfg=cfg, info=info, run=Path(cfg.run.out), data=data, model=model,
-        fwd=torch.compile(model) if cfg.run.compile else model, opt=opt,
-        scaler=torch.amp.GradScaler(info.device.type, init_scale=cfg.run.loss_scale_init,
-                                    enabled=cfg.loss_scaled),
-        monitor=DivergenceMonitor(patience=cfg.run.diverge_patience, final_loss=cfg.run.diverge_final_loss,
-                                  max_skipped=cfg.run.max_skipped, max_overflow_streak=cfg.run.max_overflow_streak,
-                                  min_loss_scale=cfg.run.min_loss_scale, stall_margin=cfg.run.stall_margin,
-                                  unigram_loss=data.unigram_loss() if cfg.run.stall_margin else None,
-                                  skip_rule=SkipRule(window=cfg.run.spike_window, sigmas=cfg.run.spike_sigmas)),
-        params=params, val=data.val_windows(cfg.run.eval_batches, cfg.data.batch_size, cfg.data.seq_len),
+        cfg=cfg,
+        info=info,
+        run=Path(cfg.run.out),
+        data=data,
+        model=model,
+        fwd=torch.compile(model) if cfg.run.compile else model,
+        opt=opt,
+        scaler=torch.amp.GradScaler(info.device.type, init_scale=cfg.run.loss_scale_init, enabled=cfg.loss_scaled),
+        monitor=DivergenceMonitor(
+            patience=cfg.run.diverge_patience,
+            final_loss=cfg.run.diverge_final_loss,
+            max_skipped=cfg.run.max_skipped,
+            max_overflow_streak=cfg.run.max_overflow_streak,
+            min_loss_scale=cfg.run.min_loss_scale,
+            stall_margin=cfg.run.stall_margin,
+            unigram_loss=data.unigram_loss() if cfg.run.stall_margin else None,
+            skip_rule=SkipRule(window=cfg.run.spike_window, sigmas=cfg.run.spike_sigmas),
+        ),
+        params=params,
+        val=data.val_windows(cfg.run.eval_batches, cfg.data.batch_size, cfg.data.seq_len),
         trainable=[p for p in model.parameters() if p.requires_grad],
-        flops_per_token=fpt, peak_flops=peak_flops(info.device, cfg.precision, cfg.run.tf32), memory_plan=memory_plan,
+        flops_per_token=fpt,
+        peak_flops=peak_flops(info.device, cfg.precision, cfg.run.tf32),
+        memory_plan=memory_plan,
     )
     if cfg.optim.qk_clip is not None:
         state.qk_clip = QKClip(_unwrap(model), cfg.optim.qk_clip)
@@ -319,16 +373,18 @@ def open_records(state: RunState) -> None:
         return
     run.path.mkdir(parents=True, exist_ok=True)
     lay = _unwrap(state.model).layout if not cfg.run.fsdp else cfg.model.layout
-    run.write_record({
-        "config": cfg.to_dict(),
-        "command": "normlab train " + " ".join(cfg.to_args()),
-        "layout": lay.to_string(),
-        "params": {"total": state.params.total, "non_embedding": state.params.non_embedding},
-        "data": state.data.describe(),
-        "tokenizer": _tokenizer_facts(state.data.tokenizer),
-        "world_size": state.info.world,
-        "versions": {"normlab": __version__, "torch": torch.__version__, "python": platform.python_version()},
-    })
+    run.write_record(
+        {
+            "config": cfg.to_dict(),
+            "command": "normlab train " + " ".join(cfg.to_args()),
+            "layout": lay.to_string(),
+            "params": {"total": state.params.total, "non_embedding": state.params.non_embedding},
+            "data": state.data.describe(),
+            "tokenizer": _tokenizer_facts(state.data.tokenizer),
+            "world_size": state.info.world,
+            "versions": {"normlab": __version__, "torch": torch.__version__, "python": platform.python_version()},
+        }
+    )
     if hasattr(state.data.tokenizer, "to_json"):
         run.write_tokenizer(state.data.tokenizer.to_json())
     truncate_jsonl(run.metrics_file, state.step)  # drop rows past the checkpoint (and torn lines): replayed
@@ -355,7 +411,7 @@ def micro_batches(state: RunState, step: int) -> list[tuple[torch.Tensor, torch.
     else:  # SFT: targets are masked, not a shifted window
         x, y = state.data.train_batch(step, cfg.data.batch_size, cfg.data.seq_len, cfg.optim.seed)
         x, y = to_device(x[mine], info.device), to_device(y[mine], info.device)
-    return [(x[i * micro:(i + 1) * micro], y[i * micro:(i + 1) * micro]) for i in range(cfg.data.grad_accum)]
+    return [(x[i * micro : (i + 1) * micro], y[i * micro : (i + 1) * micro]) for i in range(cfg.data.grad_accum)]
 
 
 def find_break(state: RunState) -> dict[str, Any]:
@@ -398,6 +454,7 @@ def _forward_backward(state: RunState, step: int) -> tuple[torch.Tensor, torch.T
 
 
 # --- the per-step tier and spikes (normlab.diagnostics.tier, normlab.train.spikes) ---
+
 
 def _spike_start(state: RunState) -> None:
     if state.tier is not None:
@@ -444,8 +501,13 @@ def _spike_check(state: RunState, step: int, loss: float, grad_norm: float) -> d
     fired = []
     if state.tier is not None:
         fired = state.tier_spikes.check(state.tier.read())
-    record = None if state.spikes is None else state.spikes.check(
-        step, loss, grad_norm, lambda s, same: _replay(state, s, same), lambda s: _global_batch(state, s))
+    record = (
+        None
+        if state.spikes is None
+        else state.spikes.check(
+            step, loss, grad_norm, lambda s, same: _replay(state, s, same), lambda s: _global_batch(state, s)
+        )
+    )
     # A per-layer tier spike (two series per layer: one fires often early on) runs the full pass at most once
     # per probe interval; a loss or gradient-norm spike always does.
     every = state.cfg.run.probe_every
@@ -455,10 +517,15 @@ def _spike_check(state: RunState, step: int, loss: float, grad_norm: float) -> d
         if not bounded:
             state.tier_probed = step if fired else state.tier_probed
             x, y = micro_batches(state, step)[0]
-            rows = [{**r, "site": f"spike:{r['site']}"} for r in Probes(state.probes.model, (x, y), optimizer=state.opt).record(step)]
+            rows = [
+                {**r, "site": f"spike:{r['site']}"}
+                for r in Probes(state.probes.model, (x, y), optimizer=state.opt).record(step)
+            ]
         why = (record["kinds"] if record else []) + fired
-        _write_probes(state, rows + [{"step": step, "layer": None, "site": "spike", "metric": f"fired:{w}", "value": 1.0}
-                                     for w in why])
+        _write_probes(
+            state,
+            rows + [{"step": step, "layer": None, "site": "spike", "metric": f"fired:{w}", "value": 1.0} for w in why],
+        )
     return record
 
 
@@ -479,7 +546,7 @@ def _write_probes(state: RunState, rows: list[dict[str, Any]]) -> None:
 
 def train_step(state: RunState) -> dict[str, Any]:
     """One optimizer step (all micro-batches); returns its metrics row."""
-    cfg, info, model, opt, scaler, step = state.cfg, state.info, state.model, state.opt, state.scaler, state.step
+    cfg, info, opt, scaler, step = state.cfg, state.info, state.opt, state.scaler, state.step
     probing = state.probes is not None and step % cfg.run.probe_every == 0
     if probing:
         _write_probes(state, state.probes.record(step))
@@ -520,8 +587,14 @@ def train_step(state: RunState) -> dict[str, Any]:
     state.tokens += cfg.data.batch_size * cfg.data.seq_len
     tok_per_s = cfg.data.batch_size * cfg.data.seq_len / dt
     row: dict[str, Any] = {
-        "step": step, "loss": loss_val, "lr": lr, "grad_norm": grad_norm, "tokens": state.tokens,
-        "tok_per_s": tok_per_s, "tok_per_s_per_device": tok_per_s / info.world, "time": state.wall,
+        "step": step,
+        "loss": loss_val,
+        "lr": lr,
+        "grad_norm": grad_norm,
+        "tokens": state.tokens,
+        "tok_per_s": tok_per_s,
+        "tok_per_s_per_device": tok_per_s / info.world,
+        "time": state.wall,
     }
     if aux is not None:
         row["moe_aux_loss"] = aux_val  # the routers' load-balancing + z-losses, weighted; not in "loss"
@@ -541,8 +614,9 @@ def train_step(state: RunState) -> dict[str, Any]:
     return row
 
 
-def _train(cfg: TrainConfig, info: distributed.DistInfo, start: Start,
-           stop: threading.Event | None = None) -> dict[str, Any]:
+def _train(
+    cfg: TrainConfig, info: distributed.DistInfo, start: Start, stop: threading.Event | None = None
+) -> dict[str, Any]:
     state = build_state(cfg, info, start)
     open_records(state)
     try:
@@ -581,32 +655,45 @@ def _train(cfg: TrainConfig, info: distributed.DistInfo, start: Start,
 
 
 def _checkpoint(state: RunState) -> None:
-    extra = {"scaler": state.scaler.state_dict(), "monitor": state.monitor.state_dict(),
-             "config": state.cfg.to_dict(), "tokens": state.tokens, "wall_time": state.wall}
+    extra = {
+        "scaler": state.scaler.state_dict(),
+        "monitor": state.monitor.state_dict(),
+        "config": state.cfg.to_dict(),
+        "tokens": state.tokens,
+        "wall_time": state.wall,
+    }
     if state.qk_clip is not None:
         extra["qk_clip"] = state.qk_clip.state_dict()
     if state.cfg.run.fsdp and state.info.enabled:  # every rank writes its shards; nothing is gathered
-        save_sharded_checkpoint(state.run, state.step, state.model, state.opt, extra, state.cfg.run.keep_last,
-                                state.info.is_main)
+        save_sharded_checkpoint(
+            state.run, state.step, state.model, state.opt, extra, state.cfg.run.keep_last, state.info.is_main
+        )
     elif state.info.is_main:
         final = state.step >= state.cfg.optim.steps
         optimizer = {} if final and not state.cfg.run.keep_optimizer else {"optimizer": state.opt.state_dict()}
-        save_checkpoint(state.run, state.step, {"model": _unwrap(state.model).state_dict(), **optimizer, **extra},
-                        state.cfg.run.keep_last)
+        save_checkpoint(
+            state.run,
+            state.step,
+            {"model": _unwrap(state.model).state_dict(), **optimizer, **extra},
+            state.cfg.run.keep_last,
+        )
 
 
 def speed_summary(rows: list[dict], state: RunState) -> dict[str, Any]:
     """Median throughput and MFU over the steps after warm-up (the first 10%, at least one step:
     compilation, allocator growth), per run and per device; MFU "unknown" without a known peak."""
     steps = [r for r in rows if isinstance(r.get("tok_per_s"), (int, float))]
-    steady = steps[max(1, len(steps) // 10):] or steps
+    steady = steps[max(1, len(steps) // 10) :] or steps
     if not steady:
         return {}
     tok_s = statistics.median(r["tok_per_s"] for r in steady)
     per_device = tok_s / state.info.world
     return {
-        "tok_per_s": tok_s, "tok_per_s_per_device": per_device, "devices": state.info.world,
-        "device": str(state.info.device), "flops_per_token": state.flops_per_token,
+        "tok_per_s": tok_s,
+        "tok_per_s_per_device": per_device,
+        "devices": state.info.world,
+        "device": str(state.info.device),
+        "flops_per_token": state.flops_per_token,
         "mfu": per_device * state.flops_per_token / state.peak_flops if state.peak_flops else "unknown",
     }
 
@@ -626,8 +713,11 @@ def _memory_summary(state: RunState) -> dict[str, float] | None:
     if state.info.device.type != "cuda" or state.memory_plan is None:
         return None
     plan, gib = state.memory_plan, 2**30
-    return {"planned_gib": round(plan.total / gib, 3), "planned_activations_gib": round(plan.activations / gib, 3),
-            "max_allocated_gib": round(torch.cuda.max_memory_allocated(state.info.device) / gib, 3)}
+    return {
+        "planned_gib": round(plan.total / gib, 3),
+        "planned_activations_gib": round(plan.activations / gib, 3),
+        "max_allocated_gib": round(torch.cuda.max_memory_allocated(state.info.device) / gib, 3),
+    }
 
 
 def _write_summary(state: RunState, status: str | None = None, error: str | None = None) -> dict:
@@ -652,8 +742,9 @@ def _write_summary(state: RunState, status: str | None = None, error: str | None
         "max_activation": max_activation(run, state.forensics),
         "forensics": state.forensics,
         "first_break": site_of(state.forensics),
-        "spikes": [{"step": r["step"], "verdict": r["verdict"], "action": r["action"]} for r in run.spikes()
-                   if "verdict" in r],  # normlab.train.spikes: each spike's attribution
+        "spikes": [
+            {"step": r["step"], "verdict": r["verdict"], "action": r["action"]} for r in run.spikes() if "verdict" in r
+        ],  # normlab.train.spikes: each spike's attribution
         "layer_stats": tier_summary(run.layers()),  # the per-step tier's largest values (normlab.diagnostics.tier)
     }
     if state.qk_clip is not None:
