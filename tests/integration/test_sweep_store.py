@@ -239,7 +239,7 @@ def test_a_slurm_typo_is_refused_before_anything_is_written(tmp_path, capsys):
 
 
 def test_threads_come_from_the_allocation(monkeypatch):
-    from normlab.experiments.cluster import allocation_threads
+    from normlab.experiments.scheduler import allocation_threads
 
     for key in ("SLURM_CPUS_PER_TASK", "SLURM_CPUS_ON_NODE", "SLURM_NTASKS_PER_NODE"):
         monkeypatch.delenv(key, raising=False)
@@ -254,7 +254,7 @@ def test_threads_come_from_the_allocation(monkeypatch):
 def test_a_signal_delay_not_shorter_than_the_time_limit_is_refused_and_the_default_fits(tmp_path, capsys):
     """USR2 `slurm_signal_delay_s` before the limit: a delay >= the limit would signal the job as it starts."""
     pytest.importorskip("submitit")
-    from normlab.experiments.cluster import signal_delay
+    from normlab.experiments.scheduler import signal_delay
 
     sweep = SweepConfig(name="t", base={"size": "nano"}, grid={"seed": [0]}).to_dict()
     (tmp_path / "s.toml").write_text(
