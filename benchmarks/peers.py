@@ -153,7 +153,7 @@ def main() -> None:
             if mode == "eager":
                 print(f"# {name}: {n:,} parameters")
         for _ in range(args.turns):
-            for name, (fwd, opt, times) in runs.items():
+            for fwd, opt, times in runs.values():
                 times.append(one_step(b, fwd, opt, x, y))
         for name, (_, _, times) in runs.items():
             results[(name, mode)] = args.batch * args.seq / statistics.median(times)

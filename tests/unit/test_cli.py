@@ -10,7 +10,7 @@ from normlab.layout import PRESETS
 def test_layouts_table(capsys):
     assert main(["layouts"]) == 0
     out = capsys.readouterr().out
-    for name, preset in PRESETS.items():
+    for preset in PRESETS.values():
         assert preset.layout.to_string() in out and preset.source in out
 
 

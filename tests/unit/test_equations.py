@@ -555,8 +555,8 @@ def test_admin_profiles_omega_as_liu_et_al():
         x = model.embed.weight[tokens]
         for b in model.blocks:
             for f, norm, omega in (
-                (lambda u: A(b, u), b.attn_norms.after_add, b.attn_omega),
-                (lambda u: F(b, u), b.mlp_norms.after_add, b.mlp_omega),
+                (lambda u, b=b: A(b, u), b.attn_norms.after_add, b.attn_omega),
+                (lambda u, b=b: F(b, u), b.mlp_norms.after_add, b.mlp_omega),
             ):
                 expected.append(ratio)
                 torch.testing.assert_close(omega, torch.full_like(omega, ratio), rtol=1e-9, atol=0)  # a learned vector
