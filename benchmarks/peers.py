@@ -180,8 +180,9 @@ def main() -> None:
         print(cells + " |")
     if ("normlab", "compiled") in results:
         print(
-            f"\nnormlab compiled / normlab eager: {results[('normlab', 'compiled')] / results[('normlab', 'eager')]:.2f}x "
-            f"(target 1.3x); normlab eager / LlamaForCausalLM eager: {results[('normlab', 'eager')] / base:.2f}x (target 1.0x)"
+            "\nnormlab compiled / normlab eager: "
+            f"{results[('normlab', 'compiled')] / results[('normlab', 'eager')]:.2f}x (target 1.3x); "
+            f"normlab eager / LlamaForCausalLM eager: {results[('normlab', 'eager')] / base:.2f}x (target 1.0x)"
         )
 
 
