@@ -642,7 +642,8 @@ def test_hyper_connection_model_expands_the_embedding_and_sums_the_last_streams(
 def test_mhc_mixing_matrix_is_doubly_stochastic_after_sinkhorn():
     """Xie et al. 2025: after t_max = 20 Sinkhorn-Knopp iterations (columns, then rows, last) H_res has no negative
     entry, rows summing to 1 exactly and columns to 1 up to the iteration's gap: under 1e-9 for logits of
-    std 0.5, 7e-5 at std 1, 0.05 at std 3, the largest over 1000 4x4 matrices (mHC-lite's point, arXiv 2601.05732: 20 iterations are not exact).
+    std 0.5, 7e-5 at std 1, 0.05 at std 3, the largest over 1000 4x4 matrices (mHC-lite's point, arXiv 2601.05732:
+    20 iterations are not exact).
     Zhu et al.'s unconstrained A_r is not stochastic at all (its rows sum to anything)."""
     from normlab.model.streams import sinkhorn
 
