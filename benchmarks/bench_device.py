@@ -80,7 +80,10 @@ class Bench:
         if self.cuda:
             where = f"{torch.cuda.get_device_name(self.device)}, CUDA {torch.version.cuda}"
         else:
-            where = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads"
+            where = (
+                f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+                f"{torch.get_num_threads()} threads"
+            )
         return f"# {name}, {datetime.date.today()}, {where}, torch {torch.__version__}, {self.precision}"
 
 

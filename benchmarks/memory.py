@@ -1,6 +1,7 @@
 """Activation memory of one training step: activation checkpointing and the chunked loss, on and off.
 
-    python benchmarks/memory.py [--size small] [--seq 1024] [--batch 8] [--vocab 32768] [--device cuda] [--precision bf16]
+    python benchmarks/memory.py [--size small] [--seq 1024] [--batch 8] [--vocab 32768]
+        [--device cuda] [--precision bf16]
 
     # on a GPU, the shape the issue asks to fit (Kim et al.'s 1.5B at sequence 8192):
     python benchmarks/memory.py --device cuda --precision bf16 --size kim-1.5b --seq 8192 --batch 1 --vocab 100277
@@ -67,8 +68,10 @@ def main() -> None:
     ).to(b.device)
     x = torch.randint(0, args.vocab, (args.batch, args.seq), generator=torch.Generator().manual_seed(0)).to(b.device)
     print(b.header("memory"))
+    layers = f" with {args.layers} layers" if args.layers else ""
     print(
-        f"# size={args.size}{f' with {args.layers} layers' if args.layers else ''} ({normlab.count_params(model)}) seq={args.seq} batch={args.batch} vocab={args.vocab}\n"
+        f"# size={args.size}{layers} ({normlab.count_params(model)}) "
+        f"seq={args.seq} batch={args.batch} vocab={args.vocab}\n"
     )
     print(
         "| activation checkpointing | loss | saved for backward MB | vs neither"

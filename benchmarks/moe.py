@@ -1,6 +1,7 @@
 """MoE training speed against the dense model with the same active parameters.
 
-    python benchmarks/moe.py [--dense micro] [--moe moe-micro] [--batch 16] [--seq 128] [--device cuda] [--precision bf16]
+    python benchmarks/moe.py [--dense micro] [--moe moe-micro] [--batch 16] [--seq 128]
+        [--device cuda] [--precision bf16]
 
 moe-micro (8 experts of width 128, 2 per token) uses per token exactly the feed-forward weights of
 micro (one SwiGLU of width 256): same active parameters, same FLOPs per token (`normlab.train.mfu`).

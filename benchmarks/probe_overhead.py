@@ -52,13 +52,16 @@ def main() -> None:
         probe_t.append(time.perf_counter() - t0)
     ts, tp = statistics.median(step_t[3:]), statistics.median(probe_t[3:])
     print(
-        f"# probe overhead, {datetime.date.today()}, {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
+        f"# probe overhead, {datetime.date.today()}, {platform.machine()}, {os.cpu_count()} cores, "
+        f"torch {torch.__version__}"
     )
     print(
-        f"# size={args.size} layout={args.layout} batch={cfg.data.batch_size}x{cfg.data.seq_len} probe batch={cfg.run.probe_batch}"
+        f"# size={args.size} layout={args.layout} batch={cfg.data.batch_size}x{cfg.data.seq_len} "
+        f"probe batch={cfg.run.probe_batch}"
     )
     print(
-        f"train step {ts * 1e3:.1f} ms, probe pass {tp * 1e3:.1f} ms -> {tp / (args.every * ts) * 100:.2f}% at every={args.every}"
+        f"train step {ts * 1e3:.1f} ms, probe pass {tp * 1e3:.1f} ms -> "
+        f"{tp / (args.every * ts) * 100:.2f}% at every={args.every}"
     )
     # End to end in ABBA order after a warm-up run, so that process warm-up (allocator, thread pools,
     # corpus cache) and drift do not land on one side.

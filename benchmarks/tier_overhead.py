@@ -97,7 +97,7 @@ def main() -> None:
 
     tier, spikes = Timed(model), TierSpikes()
     tier.remove()  # hooks on for the tier's steps only
-    for i in range(4):
+    for _ in range(4):
         step(None)
     on, off, own = [], [], []
     for i in range(args.steps):

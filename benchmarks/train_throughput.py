@@ -1,7 +1,8 @@
 """CPU training throughput of the tiny presets: tokens/s of forward + backward + AdamW, eager and
 torch.compile, measured in one process so the ratios compare like with like.
 
-    python benchmarks/train_throughput.py [--layouts pre,peri,hybrid,post] [--steps 20] [--device cuda] [--precision bf16]
+    python benchmarks/train_throughput.py [--layouts pre,peri,hybrid,post] [--steps 20]
+        [--device cuda] [--precision bf16]
 
 Each measurement: build the model, warm up (3 steps eager; compile warm-up is excluded from the
 timing), then time `steps` optimizer steps on random tokens, median of 3 repeats.

@@ -2,13 +2,15 @@
 study (docs/results.md, "Transfer study") was sized.
 
     OMP_NUM_THREADS=1 python benchmarks/transfer_cost.py transfer-llama1b-w64 transfer-llama1b-w128 [--layout pre]
-    OMP_NUM_THREADS=1 python benchmarks/transfer_cost.py transfer-llama1b-w128 --set model.n_layers=16   # another design
+    # another design:
+    OMP_NUM_THREADS=1 python benchmarks/transfer_cost.py transfer-llama1b-w128 --set model.n_layers=16
 
 For each recipe: its first run with that layout (the grid's first by default) is trained by the trainer
 itself (fp16 storage, probes, checkpoints: everything the sweep's worker does) for 3 and then 3 + N
 steps (`--steps N`, default 16), one thread, in a temporary folder, after one warm-up run (the first
 calls' costs); the process time (CPU seconds, so the other processes on a shared machine do not count,
-as wall time would) of the N extra steps gives the seconds per step, the rest the per-run overhead. The recipe's estimate: runs x (overhead + steps x seconds per step).
+as wall time would) of the N extra steps gives the seconds per step, the rest the per-run overhead. The
+recipe's estimate: runs x (overhead + steps x seconds per step).
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ def main() -> None:
     finally:
         shutil.rmtree(warm, ignore_errors=True)
     print(
-        "| recipe | layout | d | layers | CPU s/step | overhead s | runs x steps | CPU hours |\n|---|---|---|---|---|---|---|---|"
+        "| recipe | layout | d | layers | CPU s/step | overhead s | runs x steps | CPU hours |\n"
+        "|---|---|---|---|---|---|---|---|"
     )
     for name in args.recipes:
         recipe = load_recipe(name)
@@ -78,7 +81,8 @@ def main() -> None:
         model = cfg.model.model_config()
         hours = len(specs) * (overhead + cfg.optim.steps * per_step) / 3600
         print(
-            f"| {name} | {spec.axes.get('layout')} | {model.d_model} | {model.n_layers} | {per_step:.3f} | {overhead:.1f} | "
+            f"| {name} | {spec.axes.get('layout')} | {model.d_model} | {model.n_layers} | "
+            f"{per_step:.3f} | {overhead:.1f} | "
             f"{len(specs)} x {cfg.optim.steps} | {hours:.2f} |",
             flush=True,
         )

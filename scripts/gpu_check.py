@@ -1,7 +1,7 @@
 """`make gpu-check`: every GPU check the project has, in one command, at most 25 minutes on one H100.
 
-    python scripts/gpu_check.py                  # on a CUDA machine: runs everything, rewrites the docs' sections
-    python scripts/gpu_check.py --dry-run        # anywhere: the same plan at nano shapes on the CPU, docs to a temp folder
+    python scripts/gpu_check.py             # on a CUDA machine: runs everything, rewrites the docs' sections
+    python scripts/gpu_check.py --dry-run   # anywhere: the same plan at nano shapes on the CPU, docs to a temp folder
 
 The plan (`plan()`), each item one subprocess with its own time limit (the limits sum to 25 minutes):
 
@@ -10,8 +10,8 @@ The plan (`plan()`), each item one subprocess with its own time limit (the limit
    MFU), `benchmarks/train_throughput.py` (eager and compiled), `benchmarks/tier_overhead.py` (the per-step
    tier's cost at gpu-126m);
 3. a short `gpu-126m` run per key layout (pre, peri, post, hybrid) in bf16 and in fp16 (`normlab train`,
-   eager: the per-step tier's hooks on; the stdlib corpus: the device reaches no network), each run's status, final loss, tok/s, MFU, largest
-   activation read from its summary.json;
+   eager: the per-step tier's hooks on; the stdlib corpus: the device reaches no network), each run's status,
+   final loss, tok/s, MFU, largest activation read from its summary.json;
 4. FSDP2 on one GPU: ``torchrun --nproc_per_node 1 -m normlab train --fsdp`` with probes on.
 
 The figures go into docs/benchmarks.md and docs/results.md between ``<!-- gpu-check:begin -->`` and
@@ -285,7 +285,8 @@ def sections(items: list[Item], device: str, commit: str, dry: bool) -> dict[str
     """The two pages' sections (markdown between the markers)."""
     head = (
         f"## GPU check ({device}; {datetime.date.today()}; commit {commit})\n\n"
-        f"Written by `make gpu-check` (`scripts/gpu_check.py`{' --dry-run: CPU plumbing only, no GPU figures' if dry else ''}); "
+        "Written by `make gpu-check` (`scripts/gpu_check.py`"
+        f"{' --dry-run: CPU plumbing only, no GPU figures' if dry else ''}); "
         f"each item's command, its time and its last lines of output.\n"
     )
     pages = {"benchmarks": [head], "results": [head]}

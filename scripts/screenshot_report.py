@@ -41,7 +41,8 @@ MEASURE = """<script>
     var r = t.getBoundingClientRect(), box = t.parentElement.getBoundingClientRect();
     out.tables.push({index: i, left: r.left, right: r.right, width: r.width, scroll_width: t.scrollWidth,
                      container_right: box.right, columns: t.rows.length ? t.rows[0].cells.length : 0,
-                     head: Array.from(t.rows.length ? t.rows[0].cells : []).map(function (c) { return c.textContent; })});
+                     head: Array.from(t.rows.length ? t.rows[0].cells : [])
+                       .map(function (c) { return c.textContent; })});
   });
   var pre = document.createElement('pre');
   pre.id = 'normlab-layout';

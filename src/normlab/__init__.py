@@ -7,7 +7,7 @@ out = model(tokens, return_hidden_states=True)
 """
 
 from normlab._lazy import lazy_exports
-from normlab._version import __version__
+from normlab._version import __version__ as __version__
 from normlab.layout import PRESETS, Layout, LayoutError, parse_layout
 
 # torch is imported when one of these is first used, not by `import normlab` (the CLI starts fast)

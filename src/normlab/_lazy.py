@@ -5,10 +5,11 @@ where each export lives and imports it when it is first read."""
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from typing import Any
 
 
-def lazy_exports(package: str, exports: dict[str, str], namespace: dict[str, Any]):
+def lazy_exports(package: str, exports: dict[str, str], namespace: dict[str, Any]) -> Callable[[str], Any]:
     """A module-level ``__getattr__`` for ``package``: ``exports`` maps a name to the module defining it."""
 
     def __getattr__(name: str) -> Any:

@@ -39,7 +39,8 @@ def run_demo(layouts: list[str], size: str = "tiny", seed: int = 0, steps: int =
     batch = demo_tokens(128, 16, seed)
     x, y = batch[:, :-1], batch[:, 1:]
     print(
-        f"normlab demo: size={size}, {x.shape[0]}x{x.shape[1]} byte tokens of argparse.py, {steps} AdamW steps at lr={lr}\n"
+        f"normlab demo: size={size}, {x.shape[0]}x{x.shape[1]} byte tokens of argparse.py, "
+        f"{steps} AdamW steps at lr={lr}\n"
     )
     for name in layouts:
         model = build_model(name, size, seed=seed)

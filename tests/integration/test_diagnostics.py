@@ -50,9 +50,9 @@ def test_variance_times_four_per_doubling_layer():
     x = torch.randint(0, 256, (2, 8))
     rows = Probes(model, (x, x)).record(0)
     var, mean_abs = rows_of(rows, "stream", "var"), rows_of(rows, "stream", "mean_abs")
-    for l in range(1, 5):
-        assert var[l] / var[l - 1] == pytest.approx(4.0, rel=1e-9)
-        assert mean_abs[l] / mean_abs[l - 1] == pytest.approx(2.0, rel=1e-9)
+    for layer in range(1, 5):
+        assert var[layer] / var[layer - 1] == pytest.approx(4.0, rel=1e-9)
+        assert mean_abs[layer] / mean_abs[layer - 1] == pytest.approx(2.0, rel=1e-9)
     # the same stream through the generic probe
     generic = StreamProbe(model).record(0, x)
     assert rows_of(generic, "stream", "var") == pytest.approx(var, rel=1e-9)

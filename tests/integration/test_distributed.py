@@ -150,7 +150,8 @@ def test_fsdp2_matches_single_process_and_resumes_exactly(single):
     assert (root / "export" / "model.safetensors").is_file()
 
 
-@pytest.mark.slow  # FSDP2 against one process: test_fsdp2_matches_single_process_...; MoE training: tests/unit/test_moe.py
+# FSDP2 against one process: test_fsdp2_matches_single_process_...; MoE training: tests/unit/test_moe.py
+@pytest.mark.slow
 def test_moe_under_fsdp2_matches_single_process(single):
     """Routed experts under FSDP2 (the stacked expert weights sharded with their block) and under DDP
     (every stacked expert weight takes part in every step, so no parameter goes unused), 2 ranks."""

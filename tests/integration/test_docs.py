@@ -49,7 +49,29 @@ def test_counts_in_the_readme_match_the_registries():
     cpu = [n for n in RECIPES if not n.startswith("gpu-")]
     words = dict(
         enumerate(
-            ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty"]
+            [
+                "zero",
+                "one",
+                "two",
+                "three",
+                "four",
+                "five",
+                "six",
+                "seven",
+                "eight",
+                "nine",
+                "ten",
+                "eleven",
+                "twelve",
+                "thirteen",
+                "fourteen",
+                "fifteen",
+                "sixteen",
+                "seventeen",
+                "eighteen",
+                "nineteen",
+                "twenty",
+            ]
         )
     )
     words.update({20 + i: f"twenty-{words[i]}" for i in range(1, 10)})

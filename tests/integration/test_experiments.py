@@ -25,9 +25,9 @@ from normlab.model.config import ConfigError
 from normlab.runs.files import SweepDir
 from normlab.runs.start import FolderLock
 from normlab.runs.store import SweepStore
+from tests.helpers import synthetic_store
 
 QUIET = lambda *a, **k: None
-from tests.helpers import synthetic_store
 
 
 def nano_base(corpus: Path, **kw) -> dict:

@@ -153,7 +153,7 @@ def test_forensics_finds_an_overflow_inside_the_mlp_before_peri_lns_output_norm(
 
 def test_gradient_break_lists_parameters_deepest_first():
     model = normlab.build_model("pre", size="nano")
-    for name, p in model.named_parameters():
+    for p in model.parameters():
         p.grad = torch.zeros_like(p)
     model.blocks[0].mlp.up_proj.weight.grad[0, 0] = float("nan")
     model.blocks[1].attn.q_proj.weight.grad[0, 0] = float("inf")

@@ -140,7 +140,7 @@ def test_activation_checkpointing_through_transformers_gives_the_same_gradients(
             hf.activation_checkpointing_enable()
             assert hf.normlab.activation_checkpointing and hf.is_activation_checkpointing
         calls = []
-        hook = hf.normlab.blocks[0].attn.q_proj.register_forward_hook(lambda m, a, o: calls.append(1))
+        hook = hf.normlab.blocks[0].attn.q_proj.register_forward_hook(lambda m, a, o, calls=calls: calls.append(1))
         hf(input_ids=x, labels=x, use_cache=False).loss.backward()
         hook.remove()
         assert len(calls) == (2 if enable else 1)  # the block ran again in the backward

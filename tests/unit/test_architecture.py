@@ -141,9 +141,9 @@ def _module_edges() -> dict[str, set[str]]:
                     parts[:2] == ["normlab", folder]
                     and len(parts) > 2
                     and (PACKAGE.joinpath(*parts[1:]).with_suffix(".py")).is_file()
+                    and ".".join(parts[1:]) != me
                 ):
-                    if ".".join(parts[1:]) != me:
-                        graph[me].add(".".join(parts[1:]))
+                    graph[me].add(".".join(parts[1:]))
     return graph
 
 

@@ -10,7 +10,7 @@ from normlab.layout import PRESETS
 def test_layouts_table(capsys):
     assert main(["layouts"]) == 0
     out = capsys.readouterr().out
-    for name, preset in PRESETS.items():
+    for preset in PRESETS.values():
         assert preset.layout.to_string() in out and preset.source in out
 
 
@@ -45,7 +45,8 @@ def test_help_layouts_and_show_do_not_import_torch():
 
     code = (
         "import sys, contextlib, io\nfrom normlab.cli import main\n"
-        "for argv in (['layouts'], ['show', 'hybrid*', '--size', 'kim-3.2b'], ['show', 'peri', '--set', 'layout.h=0.5']):\n"
+        "for argv in (['layouts'], ['show', 'hybrid*', '--size', 'kim-3.2b'], "
+        "['show', 'peri', '--set', 'layout.h=0.5']):\n"
         "    with contextlib.redirect_stdout(io.StringIO()):\n        assert main(argv) == 0, argv\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\nprint('ok')"
     )

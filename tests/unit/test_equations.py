@@ -555,8 +555,8 @@ def test_admin_profiles_omega_as_liu_et_al():
         x = model.embed.weight[tokens]
         for b in model.blocks:
             for f, norm, omega in (
-                (lambda u: A(b, u), b.attn_norms.after_add, b.attn_omega),
-                (lambda u: F(b, u), b.mlp_norms.after_add, b.mlp_omega),
+                (lambda u, b=b: A(b, u), b.attn_norms.after_add, b.attn_omega),
+                (lambda u, b=b: F(b, u), b.mlp_norms.after_add, b.mlp_omega),
             ):
                 expected.append(ratio)
                 torch.testing.assert_close(omega, torch.full_like(omega, ratio), rtol=1e-9, atol=0)  # a learned vector
@@ -642,7 +642,8 @@ def test_hyper_connection_model_expands_the_embedding_and_sums_the_last_streams(
 def test_mhc_mixing_matrix_is_doubly_stochastic_after_sinkhorn():
     """Xie et al. 2025: after t_max = 20 Sinkhorn-Knopp iterations (columns, then rows, last) H_res has no negative
     entry, rows summing to 1 exactly and columns to 1 up to the iteration's gap: under 1e-9 for logits of
-    std 0.5, 7e-5 at std 1, 0.05 at std 3, the largest over 1000 4x4 matrices (mHC-lite's point, arXiv 2601.05732: 20 iterations are not exact).
+    std 0.5, 7e-5 at std 1, 0.05 at std 3, the largest over 1000 4x4 matrices (mHC-lite's point, arXiv 2601.05732:
+    20 iterations are not exact).
     Zhu et al.'s unconstrained A_r is not stochastic at all (its rows sum to anything)."""
     from normlab.model.streams import sinkhorn
 

@@ -42,8 +42,8 @@ def test_truncated_normal_and_output_scaling():
         assert blk.attn.o_proj.weight.std().item() == pytest.approx(0.9866 * base / math.sqrt(2 * L), rel=0.04)
         assert blk.attn.q_proj.weight.std().item() == pytest.approx(0.9866 * base, rel=0.03)
     ds = build("depth-scaled")
-    for l, blk in enumerate(ds.blocks, start=1):
-        assert blk.mlp.down_proj.weight.std().item() == pytest.approx(0.9866 * base / math.sqrt(2 * l), rel=0.04)
+    for layer, blk in enumerate(ds.blocks, start=1):
+        assert blk.mlp.down_proj.weight.std().item() == pytest.approx(0.9866 * base / math.sqrt(2 * layer), rel=0.04)
 
 
 def test_xavier():

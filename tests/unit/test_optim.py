@@ -33,7 +33,7 @@ def newton_schulz(g: torch.Tensor, steps: int) -> torch.Tensor:
 def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
     model = normlab.build_model("peri", "nano", linear_bias=True)
     taken = {id(p) for p in muon_matrices(model)}
-    for i, block in enumerate(model.blocks):
+    for block in model.blocks:
         for lin in (
             block.attn.q_proj,
             block.attn.k_proj,

@@ -146,10 +146,7 @@ def test_calibration_fit_recovers_planted_rates_and_predicts_runs_and_screens():
     step = lambda n, lay: (
         c0
         + c_flop * cost.step_work(ref.with_(n_layers=n), lay)[0]
-        + c_norm
-        * cost.step_work(
-            ref.with_(n_layers=n), lay
-        )[1]
+        + c_norm * cost.step_work(ref.with_(n_layers=n), lay)[1]
     )
     scr = lambda w, n: s0 + n * (s_layer + s_flop * cost.block_work(cost._screen_shape(w, n)))
     cal = cost.fit(step(2, "pre"), step(6, "pre"), step(6, "peri"), scr(64, 1), scr(64, 3), scr(256, 1))

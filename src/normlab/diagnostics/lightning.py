@@ -25,6 +25,8 @@ import torch
 
 from normlab.diagnostics.monitor import SpikeRule, TrainingMonitor
 
+_DEFAULT_SPIKE = SpikeRule()  # frozen: one shared default is safe
+
 
 class NormlabLightningCallback(pl.Callback):
     """Record normlab's probes during `Trainer.fit` (see the module docstring)."""
@@ -33,7 +35,7 @@ class NormlabLightningCallback(pl.Callback):
         self,
         out: str | Path,
         every: int = 100,
-        spike: SpikeRule | None = SpikeRule(),
+        spike: SpikeRule | None = _DEFAULT_SPIKE,
         model_attr: str | None = "model",
         site_names: dict[str, str] | None = None,
         top_k: int = 100,

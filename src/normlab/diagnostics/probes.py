@@ -2,32 +2,38 @@
 
 `Probes(model, batch).record(step)` returns rows ``{"step", "layer", "site", "metric", "value"}``:
 
-| site                            | layer          | metrics |
-|---------------------------------|----------------|---------|
-| stream                          | 0..L (0 = the embedding stream, l = block l-1's output) | mean_abs, var, rms, max_abs, median_abs, max_median_ratio, grad_norm (dL/dX_l), angular_next (last token) |
-| resid_mid, attn_update, mlp_update | block      | mean_abs, var, rms, max_abs |
-| attn.q, attn.k, attn.v          | block          | rms, max_abs |
-| attn                            | block          | max_logit, entropy (mean over heads) |
-| attn.head{h}                    | block          | max_logit, entropy, sink_mass (attention on the first token, queries t >= 1) |
-| attn                            | block          | sink_rate (share of heads whose sink_mass > 0.3, Gu et al. 2025) |
-| stream                          | 0..L           | kurtosis (E[(x-mu)^4]/Var^2 over the layer's entries) |
-| adam                            | block          | exp_avg_norm, exp_avg_sq_norm (Adam's moments over the block's parameters; with `optimizer=`) |
-| attn.q_proj ... mlp.down_proj   | block          | grad_norm, weight_norm (and update_norm, update_ratio = update_norm / the weight's norm before the step, from `updates`) |
-| attn_norms.output, ...          | block          | gamma_mean, gamma_min, gamma_max (every norm present) |
-| embed_norm, final_norm          | null           | gamma_mean, gamma_min, gamma_max |
-| (any norm site), DyT            | as the site    | alpha (DyT's learned scalar, Zhu et al. eq. 1) |
-| attn_h, mlp_h                   | block          | h_mean, h_abs_max (a learned residual step: ReZero, LayerScale) |
-| stream{k} (n > 1 streams)       | 0..L           | mean_abs, rms, max_abs of stream k (hyper-connections; `stream` rows are over all n side by side) |
-| attn_hc, mlp_hc                 | block          | res_row_sum_max, res_col_sum_max, res_diag_mean, pre_mean, post_mean (each connection's mixing, normlab.model.streams) |
-| hc                              | block          | composite_gain_forward, composite_gain_backward (max abs row / column sum of res_l ... res_1 over tokens: mHC's Amax gain) |
-| attn_omega, mlp_omega           | block          | omega_mean, omega_abs_max (Admin's skip scale, Liu et al. 2020) |
-| attn.head_scale                 | block          | head_scale_mean, head_scale_abs_max (NormFormer's HeadScale) |
-| attn.gate                       | block          | gate_mean, gate_below_0.1 (gated attention's scores, Qiu et al. 2025) |
-| angular:{j}                     | i              | angular_distance between stream states i and j at the last token (Gromov et al., Kim Fig. 9); angular_distance_all over every token |
-| global                          | null           | top100_max, top100_min, top100_mean, max_abs, median_abs, max_median_ratio, fp16_headroom |
-| moe.expert{e}                   | block (MoE)    | load (share of the token-expert assignments) |
-| moe                             | block (MoE)    | load_max_ratio (max load x E: 1 is balanced), router_entropy, aux_loss |
-| prop31                          | L-1            | per token (Prop. 3.1's setting, `prop31.per_token`): tok_grad_max, tok_grad_mean (largest |dl_t/dW2_ij| of the last MLP), tok_h_norm, tok_a_norm, grad_h_slope, grad_h_corr, and for an output-normalized last MLP tok_bound, tok_within_bound; for the batch: grad_max (max |dL/dW2_ij|), h_norm, a_norm, bound |
+- stream (layer: 0..L (0 = the embedding stream, l = block l-1's output)): mean_abs, var, rms, max_abs, median_abs,
+  max_median_ratio, grad_norm (dL/dX_l), angular_next (last token)
+- resid_mid, attn_update, mlp_update (layer: block): mean_abs, var, rms, max_abs
+- attn.q, attn.k, attn.v (layer: block): rms, max_abs
+- attn (layer: block): max_logit, entropy (mean over heads)
+- attn.head{h} (layer: block): max_logit, entropy, sink_mass (attention on the first token, queries t >= 1)
+- attn (layer: block): sink_rate (share of heads whose sink_mass > 0.3, Gu et al. 2025)
+- stream (layer: 0..L): kurtosis (E[(x-mu)^4]/Var^2 over the layer's entries)
+- adam (layer: block): exp_avg_norm, exp_avg_sq_norm (Adam's moments over the block's parameters; with `optimizer=`)
+- attn.q_proj ... mlp.down_proj (layer: block): grad_norm, weight_norm (and update_norm, update_ratio = update_norm /
+  the weight's norm before the step, from `updates`)
+- attn_norms.output, ... (layer: block): gamma_mean, gamma_min, gamma_max (every norm present)
+- embed_norm, final_norm (layer: null): gamma_mean, gamma_min, gamma_max
+- (any norm site), DyT (layer: as the site): alpha (DyT's learned scalar, Zhu et al. eq. 1)
+- attn_h, mlp_h (layer: block): h_mean, h_abs_max (a learned residual step: ReZero, LayerScale)
+- stream{k} (n > 1 streams) (layer: 0..L): mean_abs, rms, max_abs of stream k (hyper-connections; `stream` rows are over
+  all n side by side)
+- attn_hc, mlp_hc (layer: block): res_row_sum_max, res_col_sum_max, res_diag_mean, pre_mean, post_mean (each
+  connection's mixing, normlab.model.streams)
+- hc (layer: block): composite_gain_forward, composite_gain_backward (max abs row / column sum of res_l ... res_1 over
+  tokens: mHC's Amax gain)
+- attn_omega, mlp_omega (layer: block): omega_mean, omega_abs_max (Admin's skip scale, Liu et al. 2020)
+- attn.head_scale (layer: block): head_scale_mean, head_scale_abs_max (NormFormer's HeadScale)
+- attn.gate (layer: block): gate_mean, gate_below_0.1 (gated attention's scores, Qiu et al. 2025)
+- angular:{j} (layer: i): angular_distance between stream states i and j at the last token (Gromov et al., Kim Fig. 9);
+  angular_distance_all over every token
+- global (layer: null): top100_max, top100_min, top100_mean, max_abs, median_abs, max_median_ratio, fp16_headroom
+- moe.expert{e} (layer: block (MoE)): load (share of the token-expert assignments)
+- moe (layer: block (MoE)): load_max_ratio (max load x E: 1 is balanced), router_entropy, aux_loss
+- prop31 (layer: L-1): per token (Prop. 3.1's setting, `prop31.per_token`): tok_grad_max, tok_grad_mean (largest
+  |dl_t/dW2_ij| of the last MLP), tok_h_norm, tok_a_norm, grad_h_slope, grad_h_corr, and for an output-normalized last
+  MLP tok_bound, tok_within_bound; for the batch: grad_max (max |dL/dW2_ij|), h_norm, a_norm, bound
 
 Gradients come from `torch.autograd.grad`, so the probe never touches `.grad`, fires no DDP hooks
 and draws no random numbers: training is unchanged with probes on (tested).

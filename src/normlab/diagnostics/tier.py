@@ -2,14 +2,13 @@
 
 Per block l (and the stream entering the first block, layer 0), at every optimizer step:
 
-| key               | what                                                                                  |
-|-------------------|---------------------------------------------------------------------------------------|
-| stream_max        | the largest |x| of the stream leaving block l-1 (layer 0: entering block 0), over the step's micro-batches |
-| grad_norm         | the block's gradient norm (after unscaling, before clipping)                          |
-| update_rms        | RMS of the update the optimizer applied to the block's parameters, sqrt(sum dW^2 / n) |
-| update_ratio      | ||dW|| / ||W|| over the block (the relative update; Adam's update/parameter ratio)    |
-| max_logit         | per head, the largest causal attention logit q.k * scale over sampled queries (exact on the sample) |
-| max_logit_bound   | per head, max_i ||q_i|| * max_j ||k_j|| * scale over every token: an upper bound on every logit (Cauchy-Schwarz) |
+- stream_max: the largest |x| of the stream leaving block l-1 (layer 0: entering block 0), over the step's micro-batches
+- grad_norm: the block's gradient norm (after unscaling, before clipping)
+- update_rms: RMS of the update the optimizer applied to the block's parameters, sqrt(sum dW^2 / n)
+- update_ratio: ||dW|| / ||W|| over the block (the relative update; Adam's update/parameter ratio)
+- max_logit: per head, the largest causal attention logit q.k * scale over sampled queries (exact on the sample)
+- max_logit_bound: per head, max_i ||q_i|| * max_j ||k_j|| * scale over every token: an upper bound on every logit
+  (Cauchy-Schwarz)
 
 SDPA returns no logits, so they are estimated without forming the T x T scores: ``max_logit`` computes
 the exact logits of ``queries`` query positions (evenly spaced, the last included) of every sequence

@@ -5,16 +5,16 @@ normlab converts exactly: Llama, Mistral, Qwen 3, OLMo 2/3, Gemma 2/3, GPT-2), l
 that computes the same function, so every measurement of `normlab.diagnostics.probes` applies. Each
 finding states its value, the threshold it was judged by and where:
 
-| finding | measured | warn / fail |
-|---|---|---|
-| fp16 headroom | 65504 / the largest activation anywhere (every module's output) | < 10 / < 1 |
-| first fp16 overflow | the first site, in execution order, that would be inf with activations stored in fp16 (`forensics.first_break`) | any |
-| massive activations | max / median of the block outputs' magnitudes (Sun et al. 2024) | > 1000 |
-| gradient spread | largest / smallest per-layer gradient norm (all of a block's matrices) | > 100 |
-| gradient reaching the blocks | the largest per-layer gradient norm | fail < 1e-8 |
-| attention logits | the largest q.k/sqrt(d) of any head (Wortsman et al. 2024: logit growth precedes divergence) | > 50 |
-| norm gains | the largest and smallest |gain| of any norm | > 10 or < 0.05 |
-| block Jacobians | max ||dX_(l+1)/dX_l||_2 on the sample (Kan et al. Sec. 4, `screen.backward`) | > 10 |
+- fp16 headroom: 65504 / the largest activation anywhere (every module's output); warn / fail: < 10 / < 1
+- first fp16 overflow: the first site, in execution order, that would be inf with activations stored in fp16
+  (`forensics.first_break`); warn / fail: any
+- massive activations: max / median of the block outputs' magnitudes (Sun et al. 2024); warn / fail: > 1000
+- gradient spread: largest / smallest per-layer gradient norm (all of a block's matrices); warn / fail: > 100
+- gradient reaching the blocks: the largest per-layer gradient norm; warn / fail: fail < 1e-8
+- attention logits: the largest q.k/sqrt(d) of any head (Wortsman et al. 2024: logit growth precedes divergence); warn /
+  fail: > 50
+- norm gains: the largest and smallest |gain| of any norm; warn / fail: > 10 or < 0.05
+- block Jacobians: max ||dX_(l+1)/dX_l||_2 on the sample (Kan et al. Sec. 4, `screen.backward`); warn / fail: > 10
 
 The thresholds are normlab's, chosen to flag what the papers describe, and printed with each finding.
 """

@@ -242,7 +242,7 @@ class _Captured:
     complaint) while they ran quietly; kept as ``eval_log.txt`` beside the results."""
 
     def __init__(self) -> None:
-        self.file = tempfile.TemporaryFile()
+        self.file = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the capture (read by text())
 
     def text(self) -> str:
         self.file.seek(0)
