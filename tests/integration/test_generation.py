@@ -266,6 +266,8 @@ def test_a_bpe_run_from_before_end_of_text_is_not_silently_retokenized(tmp_path)
     from normlab.runs.model import run_tokenizer
 
     (tmp_path / "config.json").write_text(json.dumps({"config": {}, "layout": "pre"}))  # no "tokenizer" facts
-    cfg = {"tokenizer": "bpe:300", "data": "x.txt", "val_fraction": 0.1, "text_field": "text"}
+    from normlab.train import TrainConfig
+
+    cfg = TrainConfig.of(tokenizer="bpe:300", data="x.txt", val_fraction=0.1, text_field="text")
     with pytest.raises(DataError, match="from before normlab's tokenizers had an end-of-text token"):
         run_tokenizer(cfg, tmp_path)
