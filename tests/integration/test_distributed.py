@@ -93,7 +93,7 @@ def single(tmp_path_factory):
 
 def test_ddp_matches_single_process(single):
     cfg, root = single
-    ddp = TrainConfig.of(**{**cfg.to_dict(), "out": str(root / "ddp"), "grad_accum": 2})
+    ddp = TrainConfig.of(**{**cfg.to_flat(), "out": str(root / "ddp"), "grad_accum": 2})
     torchrun(ddp)
     assert_same_curve(cfg.run.out, ddp.run.out)
     assert_same_probes(cfg.run.out, ddp.run.out)  # rank 0 probes the unwrapped model
@@ -102,7 +102,7 @@ def test_ddp_matches_single_process(single):
 
 def test_fsdp2_matches_single_process_and_resumes_exactly(single):
     cfg, root = single
-    fsdp = TrainConfig.of(**{**cfg.to_dict(), "out": str(root / "fsdp"), "fsdp": True})
+    fsdp = TrainConfig.of(**{**cfg.to_flat(), "out": str(root / "fsdp"), "fsdp": True})
     torchrun(fsdp)
     assert_same_curve(cfg.run.out, fsdp.run.out)
     # probes from the DTensor shards (reduced per shard, scalars all-reduced; the weight gradients from each
@@ -136,7 +136,7 @@ def test_fsdp2_matches_single_process_and_resumes_exactly(single):
     assert [p.name for p in list_checkpoints(fsdp.run.out)] == ["step_00000003.dcp", "step_00000006.dcp"]
 
     # A different world size: the 2-rank checkpoint of step 3 resumed by one process (DCP reshards).
-    one = TrainConfig.of(**{**fsdp.to_dict(), "out": str(root / "fsdp-copy")})
+    one = TrainConfig.of(**{**fsdp.to_flat(), "out": str(root / "fsdp-copy")})
     assert train(one)["status"] == "ok"
     assert_same_curve(cfg.run.out, one.run.out)
 
@@ -156,7 +156,7 @@ def test_moe_under_fsdp2_matches_single_process(single):
     """Routed experts under FSDP2 (the stacked expert weights sharded with their block) and under DDP
     (every stacked expert weight takes part in every step, so no parameter goes unused), 2 ranks."""
     cfg, root = single
-    base = {**cfg.to_dict(), "size": "moe-micro", "steps": 4, "eval_every": 2, "probe_every": 0}
+    base = {**cfg.to_flat(), "size": "moe-micro", "steps": 4, "eval_every": 2, "probe_every": 0}
     one = TrainConfig.of(**{**base, "out": str(root / "moe-single")})
     train(one)
     for name, extra in (("moe-fsdp", {"fsdp": True}), ("moe-ddp", {})):
@@ -177,7 +177,7 @@ def test_moe_under_fsdp2_matches_single_process(single):
 def test_fsdp2_with_activation_checkpointing_chunked_loss_and_bf16(single):
     """The large-model settings together under FSDP2 follow the plain one-process bf16 curve."""
     cfg, root = single
-    base = {**cfg.to_dict(), "precision": "bf16", "probe_every": 0}
+    base = {**cfg.to_flat(), "precision": "bf16", "probe_every": 0}
     one = TrainConfig.of(**{**base, "out": str(root / "bf16-single")})
     train(one)
     lean = TrainConfig.of(
@@ -199,7 +199,7 @@ def test_ddp_run_that_overflows_fp16_records_where_it_broke(single):
     site is the one a single process finds on the same data."""
     cfg, root = single
     base = {
-        **cfg.to_dict(),
+        **cfg.to_flat(),
         "layout": "pre",
         "activation_dtype": "fp16",
         "probe_every": 0,

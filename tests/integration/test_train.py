@@ -522,7 +522,7 @@ def test_device_decides_precision_and_compile_where_left_to_it(corpus, tmp_path)
     assert (mine.run.precision, mine.run.compile) == ("fp16", False)  # what the user said stands
     s = train(small(corpus, tmp_path / "auto", steps=3))
     assert (s["precision"], s["compiled"]) == ("fp32", False)
-    assert RunDir(tmp_path / "auto").config_dict()["precision"] == "fp32"
+    assert RunDir(tmp_path / "auto").record()["config"]["run"]["precision"] == "fp32"
 
 
 def test_learned_scales_are_not_weight_decayed():
