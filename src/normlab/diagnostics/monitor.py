@@ -66,6 +66,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -95,8 +96,8 @@ class SpikeRule:
         """The loss above which the next step is a spike, or None while the history is too short."""
         if len(history) < self.min_history:
             return None
-        values = torch.tensor(list(history), dtype=torch.float64)
-        return float(values.mean() + self.sigmas * values.std(unbiased=False))
+        values = np.fromiter(history, dtype=np.float64, count=len(history))  # population std, as OLMo
+        return float(values.mean() + self.sigmas * values.std())
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -37,11 +37,11 @@ import math
 from collections import deque
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from normlab.diagnostics.monitor import SpikeRule
 from normlab.diagnostics.shards import is_sharded, local
 
 QUERIES = 8  # query positions per sequence whose logits are computed exactly
@@ -222,7 +222,7 @@ class TierSpikes:
     previous ``window`` values (population std), once ``min_history`` are known."""
 
     def __init__(self, sigmas: float = 6.0, window: int = 128, min_history: int = 16) -> None:
-        self.sigmas, self.window, self.min_history = sigmas, window, min_history
+        self.rule = SpikeRule(sigmas, window, min_history)
         self.history: dict[str, deque] = {}
 
     def check(self, row: dict[str, Any]) -> list[str]:
@@ -231,11 +231,10 @@ class TierSpikes:
         for key in ("grad_norm", "stream_max"):
             for layer, v in enumerate(row.get(key) or []):
                 name = f"{key}[{layer}]"
-                h = self.history.setdefault(name, deque(maxlen=self.window))
-                if len(h) >= self.min_history and math.isfinite(v):
-                    a = np.fromiter(h, dtype=np.float64, count=len(h))  # float math (statistics' exact sums are slow)
-                    if v > a.mean() + self.sigmas * a.std():
-                        fired.append(name)
+                h = self.history.setdefault(name, deque(maxlen=self.rule.window))
+                limit = self.rule.threshold(h) if math.isfinite(v) else None
+                if limit is not None and v > limit:
+                    fired.append(name)
                 if math.isfinite(v):
                     h.append(v)
         return fired
