@@ -220,6 +220,7 @@ def test_diverged_and_crashed_runs_never_stop_the_sweep(corpus, tmp_path):
     assert after[("missing.txt", 1e-3)]["attempts"] == 2
 
 
+@pytest.mark.slow  # test_run_guards' kill -9 test kills a sweep mid-run, resumes it and reruns it finished: quick
 def test_sweep_killed_with_sigkill_resumes_without_redoing_or_losing_runs(corpus, tmp_path):
     sweep_file = tmp_path / "s.toml"
     base = nano_base(corpus, layout="pre", steps=8)

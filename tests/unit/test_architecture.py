@@ -2,6 +2,7 @@
 it or forms a cycle with another, and a run's file names are spelled in one module."""
 
 import ast
+import functools
 from collections import defaultdict
 from pathlib import Path
 
@@ -47,9 +48,14 @@ def _unit(path: Path) -> str:
     return rel.parts[0] if len(rel.parts) > 1 else rel.stem
 
 
+@functools.cache  # every check below walks the same modules: each is parsed once
+def _parse(path: Path) -> ast.Module:
+    return ast.parse(path.read_text())
+
+
 def _imports(path: Path, root: Path = PACKAGE) -> list[tuple[str, int]]:
     """(unit imported, line) for every normlab import in a file, lazy ones inside functions included."""
-    tree = ast.parse(path.read_text())
+    tree = _parse(path)
     package = ["normlab", *path.relative_to(root).parts[:-1]]
     found = []
     for node in ast.walk(tree):
@@ -128,7 +134,7 @@ def _module_edges() -> dict[str, set[str]]:
         if len(rel.parts) < 2 or path.name == "__init__.py":
             continue
         folder, me = rel.parts[0], ".".join(rel.with_suffix("").parts)
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(_parse(path)):
             if isinstance(node, ast.ImportFrom) and node.module:
                 names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
             elif isinstance(node, ast.Import):
@@ -165,9 +171,10 @@ def test_no_cycle_inside_a_folder():
     assert not cycles, f"modules of one folder importing each other (directly or around a loop): {cycles}"
 
 
+@functools.cache
 def _literals(path: Path) -> list[tuple[str, int]]:
     """String constants of a module that are not docstrings."""
-    tree = ast.parse(path.read_text())
+    tree = _parse(path)
     docs = {
         id(n.body[0].value)
         for n in ast.walk(tree)
