@@ -32,6 +32,7 @@ import math
 import os
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -70,9 +71,25 @@ def _m(seconds: float) -> str:
     return f"{seconds / 60:.1f} min"
 
 
-def _candidates(cfg: RecommendConfig, user: UserModel) -> tuple[list[str], str | None]:
-    """The candidates (the user's current placement first, under its own name) and that placement's name;
-    the same placement given twice (by two names, or one name twice) is refused."""
+def _unbuildable(name: str, user: UserModel) -> str | None:
+    """Why `name` cannot be built for the user's model (e.g. nGPT on grouped key/value heads), or None: the
+    block's own checks, run by building it at the proxies' shape, 2 layers deep (a fraction of a second)."""
+    from normlab.errors import LayoutError
+    from normlab.model.build import build_model
+
+    try:
+        build_model(name, "micro", seed=0, **proxy_shape(user.config, min(2, user.config.n_layers)))
+    except LayoutError as err:
+        return str(err)
+    return None
+
+
+def _candidates(cfg: RecommendConfig, user: UserModel) -> tuple[list[str], str | None, dict[str, str]]:
+    """The candidates (the user's current placement first, under its own name), that placement's name, and
+    the default candidates left out because the user's model cannot take them (name -> why); the same
+    placement given twice (by two names, or one name twice), or one given that the model cannot take, is
+    refused."""
+    from normlab.config.commands import RECOMMEND_CANDIDATES
     from normlab.layout import as_layout
 
     seen: dict[str, str] = {}
@@ -92,7 +109,12 @@ def _candidates(cfg: RecommendConfig, user: UserModel) -> tuple[list[str], str |
         want = as_layout(user.layout).to_string()
         current = seen.get(want, user.layout)
         names = [current] + [n for n in names if n != current]
-    return names, current
+    unfit = {n: why for n in names if (why := _unbuildable(n, user))}
+    given = tuple(cfg.candidates) != RECOMMEND_CANDIDATES
+    if unfit and (given or current in unfit):
+        name, why = next((n, w) for n, w in unfit.items() if given or n == current)
+        raise ConfigError(f"--candidates: {name} cannot be built for your model ({why}); leave it out")
+    return [n for n in names if n not in unfit], current, unfit
 
 
 def _inputs(
@@ -437,7 +459,10 @@ def recommend(
     precision = cfg.precision or user.precision or "bf16"
     extra = dict(extra or {})
     check_recommend_settings(extra)
-    candidates, current = _candidates(cfg, user)
+    candidates, current, unfit = _candidates(cfg, user)
+    if unfit:  # default candidates this model cannot take: said wherever the notes are (output, recommendation)
+        notes = [f"left out of the default candidates: {n} (your model cannot take it: {w})" for n, w in unfit.items()]
+        user = replace(user, notes=(*user.notes, *notes))
     if cfg.depth is not None and cfg.depth > user.config.n_layers:
         raise ConfigError(
             f"--depth {cfg.depth} is deeper than your model ({user.config.n_layers} layers): the proxies "
