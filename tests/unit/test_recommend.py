@@ -465,6 +465,11 @@ def test_recipe_checks_agree_or_say_not():
     assert by[("stress-kim-fp16", "peri ahead of hybrid")]
     assert ("kim-lr", "peri ahead of pre") not in by  # a bf16 verdict, not checked under fp16
     assert not agreement.check({"peri": 2, "pre": 1}, "fp16")[0]["agrees"]
+    streams = agreement.check({"peri": 1, "pre-mhc": 2, "pre-hc": 3, "pre-gpas": 4, "pre-lambda": 5}, "fp16")
+    assert {c["claim"] for c in streams if c["recipe"] == "stress-residual-stream" and c["agrees"]} == {
+        f"peri ahead of {n}" for n in ("pre-gpas", "pre-lambda", "pre-hc", "pre-mhc")
+    }
+    assert not agreement.check({"peri": 1, "pre-mhc": 2}, "bf16")  # measured under fp16 only
 
 
 def test_recipe_checks_compare_at_the_recipes_learning_rates_or_say_the_settings_do_not_overlap():
