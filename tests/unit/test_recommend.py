@@ -177,8 +177,10 @@ def test_calibration_is_measured_once_per_machine_and_read_from_the_cache(monkey
     streams = (0.2, {"hc": 0.4, "mhc": 0.6})  # Pre-LN's 6-layer step and each mix's, timed together
     monkeypatch.setattr(cost, "measure_streams", lambda threads=1: stream_calls.append(threads) or streams)
     want = cost.with_stream_rates(planted, *streams)
+    alone, cached = cost.calibration(1, log=lambda *a: None, streams=False)  # no candidate with streams
+    assert alone == planted and not cached and calls == [1] and not stream_calls
     first, cached = cost.calibration(1, log=lambda *a: None)
-    assert first == want and not cached and calls == [1] and stream_calls == [1]
+    assert first == want and cached and calls == [1] and stream_calls == [1]
     assert "c_stream" not in json.loads(cost.cache_file(cost.machine_key(1)).read_text())
     again, cached = cost.calibration(1, log=lambda *a: None)
     assert again == want and cached and calls == [1] and stream_calls == [1]  # not measured again

@@ -359,10 +359,10 @@ def stream_cache_file(key: str) -> Path:
     return cache_file(key).with_name(f"calibration-{key}-streams.json")
 
 
-def calibration(threads: int = 1, log=print) -> tuple[Calibration, bool]:  # noqa: ANN001 - print-like
+def calibration(threads: int = 1, log=print, streams: bool = True) -> tuple[Calibration, bool]:  # noqa: ANN001
     """This machine's calibration from the cache, else measured now and cached; (it, whether cached). The stream
     rates are cached in a file of their own: a calibration cached before they existed is kept (the same plans)
-    and they alone are measured, once."""
+    and they alone are measured, once, where `streams` (a candidate has several streams; else none are read)."""
     from normlab.io import atomic_write_json
 
     key = machine_key(threads)
@@ -375,6 +375,8 @@ def calibration(threads: int = 1, log=print) -> tuple[Calibration, bool]:  # noq
         cal, cached = measure(threads), False
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(path, {k: v for k, v in cal.to_dict().items() if k != "c_stream"})
+    if not streams:
+        return cal, cached
     try:
         rates = json.loads(spath.read_text())["c_stream"]
         if set(STREAM_MIXES) <= set(rates) and all(isinstance(rates[m], float) for m in STREAM_MIXES):

@@ -71,6 +71,13 @@ def _m(seconds: float) -> str:
     return f"{seconds / 60:.1f} min"
 
 
+def _has_streams(names: list[str]) -> bool:
+    """Whether a layout of `names` has several residual streams (the plan then needs the stream rates)."""
+    from normlab.layout import as_layout
+
+    return any(as_layout(n).streams > 1 for n in names)
+
+
 def _unbuildable(name: str, user: UserModel) -> str | None:
     """Why `name` cannot be built for the user's model (e.g. nGPT on grouped key/value heads), or None: the
     block's own checks, run by building it at the proxies' shape, 2 layers deep (a fraction of a second)."""
@@ -322,11 +329,11 @@ def _verify_added(
     else (rounds still to run) said in one line and the recommendation goes on without it."""
     from normlab.recommend import cost
 
-    cal, _ = cost.calibration(max(1, (os.cpu_count() or 1) // workers), log=log)
+    names = p["screened"]
+    cal, _ = cost.calibration(max(1, (os.cpu_count() or 1) // workers), log=log, streams=_has_streams(names))
     done = folder.json_file.is_file()
     reserve = (plan.STARTUP_RESERVE_S + plan.REPORT_RESERVE_S) * cal.speed
     room = (budget_s - reserve) * plan.FILL - (0.0 if done else p["predicted"]["total"])
-    names = p["screened"]
     stage, why, need_s = plan.verify_plan(names, user.config, cal, room, workers, p["depth"], p["steps"], cfg.optimizer)
     if stage is None:
         if math.isfinite(need_s):
@@ -490,7 +497,7 @@ def recommend(
     inputs = None
     if not saved.get("plan"):
         threads = max(1, (os.cpu_count() or 1) // workers)
-        cal, cached = cost.calibration(threads, log=log)
+        cal, cached = cost.calibration(threads, log=log, streams=_has_streams(candidates))
         log(
             f"  this machine: {cal.speed:.2f}x the reference VM's step time "
             + ("(cached calibration)" if cached else f"(calibrated in {cal.seconds:.1f} s)")
