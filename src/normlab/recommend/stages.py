@@ -80,12 +80,16 @@ def _has_streams(names: list[str]) -> bool:
 
 def _unbuildable(name: str, user: UserModel) -> str | None:
     """Why `name` cannot be built for the user's model (e.g. nGPT on grouped key/value heads), or None: the
-    block's own checks, run by building it at the proxies' shape, 2 layers deep (a fraction of a second)."""
+    block's own checks, run by building it at the proxies' shape, 2 layers deep, with MLPs 8 wide (what the
+    checks read is the MLP's kind, the heads and the experts, never the width: tens of milliseconds)."""
     from normlab.errors import LayoutError
     from normlab.model.build import build_model
 
+    shape = {**proxy_shape(user.config, min(2, user.config.n_layers)), "d_ff": 8}
+    if user.config.n_experts:
+        shape["expert_d_ff"] = 8
     try:
-        build_model(name, "micro", seed=0, **proxy_shape(user.config, min(2, user.config.n_layers)))
+        build_model(name, "micro", seed=0, **shape)
     except LayoutError as err:
         return str(err)
     return None
