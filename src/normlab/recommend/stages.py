@@ -79,20 +79,13 @@ def _has_streams(names: list[str]) -> bool:
 
 
 def _unbuildable(name: str, user: UserModel) -> str | None:
-    """Why `name` cannot be built for the user's model (e.g. nGPT on grouped key/value heads), or None: the
-    block's own checks, run by building it at the proxies' shape, 2 layers deep, with MLPs 8 wide (what the
-    checks read is the MLP's kind, the heads and the experts, never the width: tens of milliseconds)."""
-    from normlab.errors import LayoutError
-    from normlab.model.build import build_model
+    """Why `name` cannot be built for the user's model (e.g. nGPT on grouped key/value heads), or None: what the
+    model refuses (`ModelConfig.layout_problem`), at the proxies' shape and the user's depth (the screen's)."""
+    from normlab.layout import as_layout
+    from normlab.model.config import ModelConfig
 
-    shape = {**proxy_shape(user.config, min(2, user.config.n_layers)), "d_ff": 8}
-    if user.config.n_experts:
-        shape["expert_d_ff"] = 8
-    try:
-        build_model(name, "micro", seed=0, **shape)
-    except LayoutError as err:
-        return str(err)
-    return None
+    shape = ModelConfig(**proxy_shape(user.config, user.config.n_layers))
+    return shape.layout_problem(as_layout(name).resolve(shape.n_layers))
 
 
 def _candidates(cfg: RecommendConfig, user: UserModel) -> tuple[list[str], str | None, dict[str, str]]:
@@ -123,7 +116,9 @@ def _candidates(cfg: RecommendConfig, user: UserModel) -> tuple[list[str], str |
     unfit = {n: why for n in names if (why := _unbuildable(n, user))}
     given = tuple(cfg.candidates) != RECOMMEND_CANDIDATES
     if unfit and (given or current in unfit):
-        name, why = next((n, w) for n, w in unfit.items() if given or n == current)
+        name, why = next((n, w) for n, w in unfit.items() if n == current or given)
+        if name == current:
+            raise ConfigError(f"your current placement {name} cannot be built at the proxies' shape ({why})")
         raise ConfigError(f"--candidates: {name} cannot be built for your model ({why}); leave it out")
     return [n for n in names if n not in unfit], current, unfit
 
