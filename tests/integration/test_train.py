@@ -610,6 +610,37 @@ def test_convert_a_pre_run_to_peri_then_train_from_it(corpus, tmp_path, capsys, 
     assert "normlab train: no --out given: the run goes to runs/attn_AB_mlp_AB_emb_final-nano" in out
 
 
+def test_convert_into_and_out_of_hyper_connections_and_refuse_ngpt(corpus, tmp_path, capsys):
+    """A Pre-LN run moved to n streams carries n equal copies (HC at its static maps: A_m = e_k, A_r = I, B = 1)
+    whose sum the final RMSNorm reads as it read the one stream: KL ~ 0 (the norm's eps aside); mHC's 0.01-gated
+    maps move it little. Each connection parameter's start is stated; back to one stream they are dropped, and a
+    changed stream count lists the reshaped ones as dropped. nGPT is refused in one line, nothing written."""
+    from normlab.cli import main
+    from normlab.errors import ConfigError as UserConfigError
+    from normlab.runs.convert import convert
+
+    train(small(corpus, tmp_path / "pre", steps=3, layout="pre", eval_every=0, probe_every=0))
+    hc = convert(tmp_path / "pre", "pre-hc", tmp_path / "hc")
+    assert hc.kl < 1e-6 and hc.top1_agreement == 1.0 and not hc.dropped
+    assert hc.new["blocks.1.attn_hc.static_pre"].startswith("hyper-connection A_m0 = e_(k mod n)")
+    assert hc.new["blocks.0.mlp_hc.scale_b"] == "hyper-connection scale s_beta = 0.01"
+    mhc = convert(tmp_path / "pre", "pre-mhc", tmp_path / "mhc")
+    assert mhc.kl < 1e-6 and mhc.new["blocks.0.attn_hc.gates"] == "mHC gating factors alpha = 0.01"
+    train(small(corpus, tmp_path / "prehc", steps=3, layout="pre-hc", eval_every=0, probe_every=0))
+    back = convert(tmp_path / "prehc", "pre", tmp_path / "back")
+    assert not back.new and "blocks.0.attn_hc.static_res" in back.dropped and math.isfinite(back.kl)
+    two = convert(tmp_path / "prehc", "pre,streams=2", tmp_path / "two")
+    assert "blocks.0.attn_hc.static_res" in two.dropped and "blocks.0.attn_hc.static_res" in two.new
+    for source, target in (("pre", "ngpt"), ("prehc", "ngpt")):
+        with pytest.raises(UserConfigError, match="nGPT .* keeps every weight row on the unit sphere"):
+            convert(tmp_path / source, target, tmp_path / f"{source}-ngpt")
+        assert not (tmp_path / f"{source}-ngpt").exists()
+    capsys.readouterr()
+    assert main(["convert", str(tmp_path / "pre"), "--layout", "ngpt", "--out", str(tmp_path / "cli")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "train it from the start" in err and not (tmp_path / "cli").exists()
+
+
 def test_convert_layernorm_pre_ln_to_rmsnorm_exactly(corpus, tmp_path):
     """Jiang et al. 2023: a Pre-LN LayerNorm run becomes Pre-LN with RMSNorm input norms with the same function
     once the stream is re-centred and each beta moves into the next projections' biases (KL ~ 0, top-1 100%);

@@ -180,11 +180,21 @@ def test_gemma_softcaps_and_attention_scale_by_hand():
 
 
 def test_the_mlp_hidden_norm_is_refused_for_moe_experts():
-    """H sits inside a dense MLP; a MoE layer has one per expert, which is not built: refused by name."""
-    from normlab.layout import LayoutError
+    """H sits inside a dense MLP; a MoE layer has one per expert, which is not built: refused by name. So is nGPT
+    on grouped key/value heads (s_qk scales q and k alike); both are said from the data alone too
+    (`ModelConfig.layout_problem`, what recommend reads), nothing built."""
+    from normlab.layout import LayoutError, as_layout
+    from normlab.model.config import SIZES
 
     with pytest.raises(LayoutError, match="hidden norm \\(H\\) is not built for MoE experts"):
         normlab.build_model("pre,mlp=AH", "moe-micro")
+    with pytest.raises(LayoutError, match="ngpt is built for nGPT's model"):
+        normlab.build_model("ngpt", "nano", n_heads=2, n_kv_heads=1)
+    moe, gqa = SIZES["moe-micro"], SIZES["nano"].with_(n_heads=2, n_kv_heads=1)
+    assert "hidden norm (H)" in moe.layout_problem(as_layout("pre,mlp=AH").resolve(moe.n_layers))
+    assert "one key per query head" in gqa.layout_problem(as_layout("ngpt").resolve(gqa.n_layers))
+    assert moe.layout_problem(as_layout("pre").resolve(moe.n_layers)) is None
+    assert gqa.with_(n_kv_heads=2).layout_problem(as_layout("ngpt").resolve(gqa.n_layers)) is None
 
 
 @pytest.mark.parametrize("name", list(normlab.PRESETS))

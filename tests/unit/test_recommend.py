@@ -165,17 +165,55 @@ def test_calibration_fit_recovers_planted_rates_and_predicts_runs_and_screens():
 
 
 def test_calibration_is_measured_once_per_machine_and_read_from_the_cache(monkeypatch):
+    """The calibration and the stream rates are measured once and cached, in two files: the calibration's keeps
+    the form older releases read; one cached without stream rates keeps its rates and gets those alone."""
+    from dataclasses import replace
+
     from normlab.recommend import cost
 
     planted = cost.Calibration(0.01, 1e-11, 0.0, 0.1, 0.2, 0.0, seconds=3.0)
-    calls = []
+    calls, stream_calls = [], []
     monkeypatch.setattr(cost, "measure", lambda threads=1: calls.append(threads) or planted)
+    streams = (0.2, {"hc": 0.4, "mhc": 0.6})  # Pre-LN's 6-layer step and each mix's, timed together
+    monkeypatch.setattr(cost, "measure_streams", lambda threads=1: stream_calls.append(threads) or streams)
+    want = cost.with_stream_rates(planted, *streams)
+    alone, cached = cost.calibration(1, log=lambda *a: None, streams=False)  # no candidate with streams
+    assert alone == planted and not cached and calls == [1] and not stream_calls
     first, cached = cost.calibration(1, log=lambda *a: None)
-    assert first == planted and not cached and calls == [1]
-    assert cost.cache_file(cost.machine_key(1)).is_file()
+    assert first == want and cached and calls == [1] and stream_calls == [1]
+    assert "c_stream" not in json.loads(cost.cache_file(cost.machine_key(1)).read_text())
     again, cached = cost.calibration(1, log=lambda *a: None)
-    assert again == planted and cached and calls == [1]  # not measured again
+    assert again == want and cached and calls == [1] and stream_calls == [1]  # not measured again
     assert cost.machine_key(1) != cost.machine_key(2)  # the thread count is part of the key
+    cost.stream_cache_file(cost.machine_key(1)).unlink()  # a calibration cached before the stream rates
+    said = []
+    third, cached = cost.calibration(1, log=said.append)
+    assert third == want and cached and calls == [1] and stream_calls == [1, 1] and "step rates once" in said[0]
+    assert replace(third, c_stream={}) == planted
+
+
+def test_hyper_connections_are_priced_per_stream_element_at_their_calibrated_rates():
+    """S = tokens x 2 L x n x d; a mix's rate is its 6-layer step's share beyond Pre-LN's, times the calibration's
+    own Pre-LN step, over S: a stream rate measured on a loaded machine (both steps 3x slower) is the same."""
+    from normlab.recommend import cost
+
+    cal = cost.Calibration(0.01, 2e-11, 3e-9, 0.1, 0.2, 0.0, seconds=1.0)
+    six = cost.REFERENCE_SHAPE.with_(n_layers=6)
+    s6 = 16 * 128 * 2 * 6 * 4 * 64
+    assert cost.stream_work(six, "pre-mhc") == ("mhc", float(s6)) and cost.stream_work(six, "pre") == ("", 0.0)
+    rated = cost.with_stream_rates(cal, 0.3, {"hc": 0.6, "mhc": 0.9})
+    pre6 = cal.step_seconds(six, "pre")
+    assert rated.c_stream["hc"] == pytest.approx(pre6 * (0.6 / 0.3 - 1) / s6)
+    assert rated.c_stream["mhc"] == pytest.approx(pre6 * (0.9 / 0.3 - 1) / s6)
+    assert cost.with_stream_rates(cal, 0.9, {"hc": 1.8, "mhc": 2.7}).c_stream == pytest.approx(rated.c_stream)
+    proxy = ModelConfig(**proxy_shape(LLAMA_1B, 12))
+    s12 = 16 * 128 * 2 * 12 * 4 * 64
+    for layout, mix in (("pre-hc", "hc"), ("pre-mhc", "mhc"), ("pre,streams=2,mix=mhc", "mhc")):
+        n = 2 if "streams=2" in layout else 4
+        assert rated.step_seconds(proxy, layout) == pytest.approx(
+            rated.step_seconds(proxy, "pre") + rated.c_stream[mix] * s12 * n / 4
+        )
+    assert rated.step_seconds(proxy, "peri") == cal.step_seconds(proxy, "peri")  # one stream: as before
 
 
 def test_makespan_deals_the_longest_runs_first():
@@ -299,6 +337,38 @@ def test_cheap_screen_order_and_the_learning_rate_ladder():
     ) == ["a", "b"]
 
 
+def test_issue_42s_candidates_come_after_the_others_so_a_small_budget_keeps_its_answer():
+    """Within each of the cheap screen's families the order given is the order tried: the defaults' first 7 are
+    those of the 15 before issue 42's placements, and hyper-connections (the dearest to train) come last."""
+    from normlab.config.commands import RECOMMEND_CANDIDATES
+
+    before = RECOMMEND_CANDIDATES[: RECOMMEND_CANDIDATES.index("peri-derf")]
+    now, _ = plan.cheap_order(list(RECOMMEND_CANDIDATES), "pre")
+    assert len(before) == 15 and now[:7] == plan.cheap_order(list(before), "pre")[0][:7]
+    assert now[-2:] == ["pre-hc", "pre-mhc"]
+    p = plan.make_plan(list(RECOMMEND_CANDIDATES), "pre", LLAMA_1B, _flat(), 6 * 60, 2, 150)
+    assert p.screened == ["pre", "peri", "post", "hybrid", "olmo2", "deepnorm"]
+
+
+def test_default_candidates_the_model_cannot_take_are_left_out_and_given_ones_refused(tmp_path):
+    """nGPT needs one key per query head: on a grouped-query model it is left out of the defaults with the reason
+    (a note), and refused in one line when given; on a model with as many key/value heads it stays."""
+    from dataclasses import replace
+
+    from normlab.config.commands import RECOMMEND_CANDIDATES, RecommendConfig
+    from normlab.recommend.stages import _candidates
+
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA))  # 8 query heads, 2 key/value heads
+    user = read_user_model(str(tmp_path / "config.json"))
+    names, current, unfit = _candidates(RecommendConfig(), user)
+    assert current == "pre" and list(unfit) == ["ngpt"] and "n_kv_heads = n_heads" in unfit["ngpt"]
+    assert names == [n for n in RECOMMEND_CANDIDATES if n != "ngpt"]
+    with pytest.raises(ConfigError, match=r"--candidates: ngpt cannot be built for your model \(ngpt is built for"):
+        _candidates(RecommendConfig(candidates=("peri", "ngpt")), user)
+    mha = replace(user, config=user.config.with_(n_kv_heads=8))
+    assert _candidates(RecommendConfig(candidates=("peri", "ngpt")), mha) == (["pre", "peri", "ngpt"], "pre", {})
+
+
 # --- the ranking --------------------------------------------------------------------------------------
 
 
@@ -397,6 +467,11 @@ def test_recipe_checks_agree_or_say_not():
     assert by[("stress-kim-fp16", "peri ahead of hybrid")]
     assert ("kim-lr", "peri ahead of pre") not in by  # a bf16 verdict, not checked under fp16
     assert not agreement.check({"peri": 2, "pre": 1}, "fp16")[0]["agrees"]
+    streams = agreement.check({"peri": 1, "pre-mhc": 2, "pre-hc": 3, "pre-gpas": 4, "pre-lambda": 5}, "fp16")
+    assert {c["claim"] for c in streams if c["recipe"] == "stress-residual-stream" and c["agrees"]} == {
+        f"peri ahead of {n}" for n in ("pre-gpas", "pre-lambda", "pre-hc", "pre-mhc")
+    }
+    assert not agreement.check({"peri": 1, "pre-mhc": 2}, "bf16")  # measured under fp16 only
 
 
 def test_recipe_checks_compare_at_the_recipes_learning_rates_or_say_the_settings_do_not_overlap():
@@ -464,6 +539,39 @@ def test_settings_in_other_code_bases_or_the_nearest_with_the_difference():
     gate = settings_for("pre-gate", cfg)
     assert "elementwise" in gate["OLMo-core"]["settings"] and "nearest: pre (lacks gate)" in gate["litgpt"]["settings"]
     assert not any(v["expressible"] for k, v in settings_for("hybrid", cfg).items() if k != "normlab")
+
+
+def test_issue_42s_placements_say_why_no_other_code_base_states_them():
+    """No snippet for hyper-connections, mHC, GPAS, the lambdas, Derf, SeeDNorm, single-scale RMSNorm or nGPT:
+    each code base's entry names the part it cannot state and why (OLMo-core's own nGPT normalizes q and k over
+    all heads; transformers' mHC lives in DeepSeek-V4 only), beside the nearest placement and what differs."""
+    cfg = SIZES["micro"]
+    parts = {
+        "pre-hc": ("several residual streams", "streams"),
+        "pre-mhc": ("several residual streams", "stream_mix"),
+        "pre-gpas": ("GPAS", "gpas"),
+        "pre-lambda": ("learned skip scalars", "skip_learned"),
+        "pre-derf": ("Derf", "norm"),
+        "peri-derf": ("Derf", "norm"),
+        "pre-seednorm": ("SeeDNorm", "norm"),
+        "pre-ssrms": ("single-scale norms", "gain"),
+        "ngpt": ("nGPT", "ngpt"),
+    }
+    for layout, (part, differs) in parts.items():
+        for fw, entry in settings_for(layout, cfg).items():
+            if fw == "normlab":
+                continue
+            assert not entry["expressible"] and entry["code"] is None, (layout, fw)
+            assert f"({part}" in entry["settings"] and "nearest: " in entry["settings"], (layout, fw)
+            assert differs in entry["settings"].split("nearest: ")[1], (layout, fw)
+    hc = settings_for("pre-hc", cfg)
+    assert (
+        "DeepseekV4ForCausalLM" in hc["transformers"]["settings"] and "one residual stream" in hc["litgpt"]["settings"]
+    )
+    ngpt = settings_for("ngpt", cfg)
+    assert "over all heads at once" in ngpt["OLMo-core"]["settings"]
+    assert "no normalized (nGPT) model" in ngpt["torchtitan"]["settings"]
+    assert "(" not in settings_for("hybrid", cfg)["litgpt"]["settings"].split("nearest")[0]  # no such part: no reason
 
 
 def test_every_snippet_that_can_be_emitted_is_built_by_a_test():

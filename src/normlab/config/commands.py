@@ -241,7 +241,10 @@ class EvalConfig:
 
 # normlab recommend's default candidates: the families of the papers (Post-, Pre-, Peri-LN and OLMo 2's
 # reordered Peri-LN; HybridNorm; DeepNorm; Mix-LN; QK-norm) and the newer methods (gated attention, LayerNorm
-# Scaling, LayerScale, ReZero, Admin, NormFormer, DyT)
+# Scaling, LayerScale, ReZero, Admin, NormFormer, DyT); then issue 42's (Derf, nGPT, SeeDNorm, single-scale
+# RMSNorm, GPAS, learned skip/branch lambdas, hyper-connections and mHC) last, the dearest to train (HC, mHC)
+# at the end: within each of the cheap screen's families the order given is the order tried, so a small budget
+# keeps the answer it gave before them (docs/experiments.md, "Recommend")
 RECOMMEND_CANDIDATES = (
     "pre",
     "peri",
@@ -258,6 +261,15 @@ RECOMMEND_CANDIDATES = (
     "admin",
     "normformer",
     "pre-dyt",
+    "peri-derf",
+    "ngpt",
+    "pre-derf",
+    "pre-seednorm",
+    "pre-ssrms",
+    "pre-gpas",
+    "pre-lambda",
+    "pre-hc",
+    "pre-mhc",
 )
 # the proxy runs' settings (normlab.recommend): the recipes' stress settings (stress-kim-fp16), probes every
 # 25 steps for the largest activation, no weight decay (Kan et al. Table 1's divergence setting); never

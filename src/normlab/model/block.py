@@ -29,7 +29,6 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from normlab.errors import LayoutError
 from normlab.layout.sites import ADMIN, BlockLayout, Layout, SublayerSites
 from normlab.model.admin import AdminProfile
 from normlab.model.attention import Attention
@@ -131,13 +130,6 @@ class Block(nn.Module):
         self.attn = Attention(cfg, block.attn_inner, layout, layer_idx=index)
         self.attn_update, self.resid_mid = Tap(), Tap()
         self.mlp_norms = SiteNorms(block.mlp, layout, cfg, "mlp")
-        if cfg.n_experts and block.mlp.hidden:
-            raise LayoutError("the MLP hidden norm (H) is not built for MoE experts; use a dense MLP or drop H")
-        if layout.ngpt and (cfg.n_experts or cfg.mlp != "swiglu" or cfg.kv_heads != cfg.n_heads):
-            raise LayoutError(
-                "ngpt is built for nGPT's model: a dense SwiGLU MLP (s_u, s_v) and one key per query "
-                "head (s_qk scales q and k alike); use mlp=swiglu, n_kv_heads = n_heads, no experts"
-            )
         self.mlp = (
             MoE(cfg)
             if cfg.n_experts

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from normlab.errors import ConfigError
 from normlab.settings import check_fields, setting
+
+if TYPE_CHECKING:
+    from normlab.layout.sites import ResolvedLayout
 
 MlpKind = Literal["swiglu", "geglu-tanh", "gelu", "gelu-tanh", "relu"]
 MLP_KINDS: tuple[str, ...] = ("swiglu", "geglu-tanh", "gelu", "gelu-tanh", "relu")
@@ -145,6 +148,19 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.d_head if self.d_head is not None else self.d_model // self.n_heads
+
+    def layout_problem(self, resolved: ResolvedLayout) -> str | None:
+        """Why the layout `resolved` cannot be built at this shape, or None: NormLM refuses it before building
+        anything; from the data alone (no torch), so `normlab recommend` can leave such a candidate out at once."""
+        layout = resolved.layout
+        if self.n_experts and any(b.mlp.hidden for b in resolved.blocks):
+            return "the MLP hidden norm (H) is not built for MoE experts; use a dense MLP or drop H"
+        if layout.ngpt and (self.n_experts or self.mlp != "swiglu" or self.kv_heads != self.n_heads):
+            return (
+                "ngpt is built for nGPT's model: a dense SwiGLU MLP (s_u, s_v) and one key per query "
+                "head (s_qk scales q and k alike); use mlp=swiglu, n_kv_heads = n_heads, no experts"
+            )
+        return None
 
     def rope_theta_of(self, layer: int) -> float:
         """The RoPE base of ``layer``: rope_local_theta on a windowed layer where set, else rope_theta."""

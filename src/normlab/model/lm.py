@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from normlab.errors import LayoutError
 from normlab.layout.sites import ResolvedLayout
 from normlab.model.block import Block
 from normlab.model.config import ModelConfig
@@ -49,6 +50,8 @@ class NormLM(nn.Module):
         super().__init__()
         if resolved.n_layers != cfg.n_layers:
             raise ValueError(f"layout resolved for {resolved.n_layers} layers, model has {cfg.n_layers}")
+        if (why := cfg.layout_problem(resolved)) is not None:
+            raise LayoutError(why)
         self.config, self.resolved = cfg, resolved
         layout = resolved.layout
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)

@@ -61,6 +61,23 @@ VERDICTS: tuple[Verdict, ...] = (
         "lr 0.1, fp16 storage, 12 layers",
         (0.1,),
     ),
+    *(
+        Verdict(
+            "peri",
+            worse,
+            "fp16",
+            "stress-residual-stream",
+            f"{what} diverged on 3/3 seeds (steps {steps}), Peri-LN 0/3 (final loss 2.389 +- 0.014)",
+            "lr 0.1, fp16 storage, 12 layers",
+            (0.1,),
+        )
+        for worse, what, steps in (
+            ("pre-gpas", "GPAS on Pre-LN", "14-26"),
+            ("pre-lambda", "Pre-LN with learned skip/branch lambdas", "12-23"),
+            ("pre-hc", "hyper-connections on Pre-LN (composite mixing gain 10.8-551)", "8-11"),
+            ("pre-mhc", "mHC on Pre-LN (composite mixing gain held at 1.000)", "14-15"),
+        )
+    ),
     Verdict(
         "peri",
         "pre",

@@ -23,10 +23,11 @@ goes through normlab's exact adapters (`normlab.hf.archs`). Nothing here imports
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from normlab.layout import PRESETS, as_layout
+from normlab.layout import PRESETS, Layout, as_layout
+from normlab.layout.sites import NORM_SITES
 from normlab.model.config import ModelConfig
 
 # the releases the snippets are written for and tested against (`make test-frameworks`)
@@ -377,6 +378,11 @@ _SETTINGS = (
     "gain",
     "h",
     "h_learned",
+    "skip_learned",
+    "gpas",
+    "streams",
+    "stream_mix",
+    "ngpt",
     "ln_scaling",
     "alpha",
     "embed_scale",
@@ -384,6 +390,71 @@ _SETTINGS = (
     "qk_after_rope",
     "init",
 )
+
+
+def _kinds(lay: Layout) -> set[str]:
+    return {lay.norm_at(s).kind for s in lay.sites_on() if s in NORM_SITES}
+
+
+def _gains(lay: Layout) -> set[str]:
+    return {lay.norm_at(s).gain for s in lay.sites_on() if s in NORM_SITES}
+
+
+@dataclass(frozen=True)
+class Unsaid:
+    """A part of a layout that none of a code base's settings states, and why: `why` per code base where it has
+    a reason of its own, else `common` (read in the pinned sources, `PINS`; for transformers, its classes)."""
+
+    what: str
+    has: Callable[[Layout], bool]
+    common: str
+    why: dict[str, str] = field(default_factory=dict)
+
+
+_NORMS = "its norms are LayerNorm, RMSNorm and their variants"
+UNSAID: tuple[Unsaid, ...] = (
+    Unsaid(
+        "several residual streams (hyper-connections)",
+        lambda lay: lay.streams > 1,
+        "its blocks carry one residual stream (no hyper-connections or mHC in its sources)",
+        {
+            "transformers": "its one class with mHC, DeepseekV4ForCausalLM, computes it around DeepSeek-V4's MoE, "
+            "compressed attention and learned stream head, not on a dense block"
+        },
+    ),
+    Unsaid(
+        "nGPT (hidden states and weights on the unit sphere)",
+        lambda lay: lay.ngpt,
+        "it has no normalized (nGPT) model",
+        {
+            "OLMo-core": "its nGPT (TransformerConfig.ngpt_like: NormalizedAttention) normalizes q and k over all "
+            "heads at once (qk_norm on the whole projection; it takes no per-head option), where nGPT's code and "
+            "normlab normalize each head: another function",
+        },
+    ),
+    Unsaid("GPAS", lambda lay: lay.gpas, "no block of it subtracts a stop-gradient share of the stream"),
+    Unsaid("learned skip scalars", lambda lay: lay.skip_learned, "its blocks add the stream with weight 1"),
+    Unsaid("Derf", lambda lay: "derf" in _kinds(lay), f"{_NORMS}: none computes Derf's erf"),
+    Unsaid("SeeDNorm", lambda lay: "seednorm" in _kinds(lay), f"{_NORMS}: none has SeeDNorm's input-dependent gain"),
+    Unsaid("DyT", lambda lay: "dyt" in _kinds(lay), f"{_NORMS}: none computes DyT's tanh"),
+    Unsaid(
+        "single-scale norms",
+        lambda lay: "scalar" in _gains(lay),
+        f"{_NORMS}, each with a gain per channel, none with one scalar gain",
+    ),
+)
+
+
+def unsaid(framework: str, layout: str) -> list[str]:
+    """Why `framework` cannot state `layout`, for each part of it in `UNSAID` (empty: no such part; the
+    norm sites may still differ, as `_nearest` says)."""
+    lay = as_layout(layout)
+    out = []
+    for u in UNSAID:
+        if u.has(lay):
+            why = u.why.get(framework, u.common if framework != "transformers" else "")
+            out.append(f"{u.what}: {why}" if why else u.what)
+    return out
 
 
 def _canonical(layout: str) -> str:
@@ -456,11 +527,14 @@ def _entry(layout: str, fw: Framework, config: ModelConfig) -> dict[str, Any]:
             "code": code,
             "settings": f"{PINS[fw.name]}{said}; builds it with:\n\n```python\n{code}```",
         }
+    why = unsaid(fw.name, layout)
     return {
         "expressible": False,
         "code": None,
-        "settings": f"none of {fw.name}'s settings gives {layout}; nearest: {_nearest(layout, fw.placements)}. "
-        "It needs its block's forward changed (the equation in `normlab layouts`).",
+        "settings": f"none of {fw.name}'s settings gives {layout}"
+        + (f" ({'; '.join(why)})" if why else "")
+        + f"; nearest: {_nearest(layout, fw.placements)}. It needs its block's forward changed (the equation in "
+        "`normlab layouts`).",
     }
 
 
@@ -474,10 +548,13 @@ def _transformers(layout: str, config: ModelConfig) -> dict[str, Any]:
     )
     if not exact:
         presets = {a.preset: n for n, a in BY_NAME.items() if a.exports}
+        why = unsaid("transformers", layout)
         return {
             "expressible": False,
             "code": None,
-            "settings": f"no transformers class computes {layout}; nearest: {_nearest(layout, presets)}. "
+            "settings": f"no transformers class computes {layout}"
+            + (f" ({'; '.join(why)})" if why else "")
+            + f"; nearest: {_nearest(layout, presets)}. "
             + via_normlab,
         }
     problems = {name: a.model_problems(config) for name, a in exact.items()}
@@ -507,4 +584,4 @@ def settings_for(layout: str, config: ModelConfig) -> dict[str, dict[str, Any]]:
     }
 
 
-__all__ = ["FRAMEWORKS", "PINS", "PLACEMENTS", "Framework", "placement", "settings_for", "snippet"]
+__all__ = ["FRAMEWORKS", "PINS", "PLACEMENTS", "UNSAID", "Framework", "placement", "settings_for", "snippet", "unsaid"]

@@ -32,6 +32,7 @@ import math
 import os
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -70,9 +71,29 @@ def _m(seconds: float) -> str:
     return f"{seconds / 60:.1f} min"
 
 
-def _candidates(cfg: RecommendConfig, user: UserModel) -> tuple[list[str], str | None]:
-    """The candidates (the user's current placement first, under its own name) and that placement's name;
-    the same placement given twice (by two names, or one name twice) is refused."""
+def _has_streams(names: list[str]) -> bool:
+    """Whether a layout of `names` has several residual streams (the plan then needs the stream rates)."""
+    from normlab.layout import as_layout
+
+    return any(as_layout(n).streams > 1 for n in names)
+
+
+def _unbuildable(name: str, user: UserModel) -> str | None:
+    """Why `name` cannot be built for the user's model (e.g. nGPT on grouped key/value heads), or None: what the
+    model refuses (`ModelConfig.layout_problem`), at the proxies' shape and the user's depth (the screen's)."""
+    from normlab.layout import as_layout
+    from normlab.model.config import ModelConfig
+
+    shape = ModelConfig(**proxy_shape(user.config, user.config.n_layers))
+    return shape.layout_problem(as_layout(name).resolve(shape.n_layers))
+
+
+def _candidates(cfg: RecommendConfig, user: UserModel) -> tuple[list[str], str | None, dict[str, str]]:
+    """The candidates (the user's current placement first, under its own name), that placement's name, and
+    the default candidates left out because the user's model cannot take them (name -> why); the same
+    placement given twice (by two names, or one name twice), or one given that the model cannot take, is
+    refused."""
+    from normlab.config.commands import RECOMMEND_CANDIDATES
     from normlab.layout import as_layout
 
     seen: dict[str, str] = {}
@@ -92,7 +113,14 @@ def _candidates(cfg: RecommendConfig, user: UserModel) -> tuple[list[str], str |
         want = as_layout(user.layout).to_string()
         current = seen.get(want, user.layout)
         names = [current] + [n for n in names if n != current]
-    return names, current
+    unfit = {n: why for n in names if (why := _unbuildable(n, user))}
+    given = tuple(cfg.candidates) != RECOMMEND_CANDIDATES
+    if unfit and (given or current in unfit):
+        name, why = next((n, w) for n, w in unfit.items() if n == current or given)
+        if name == current:
+            raise ConfigError(f"your current placement {name} cannot be built at the proxies' shape ({why})")
+        raise ConfigError(f"--candidates: {name} cannot be built for your model ({why}); leave it out")
+    return [n for n in names if n not in unfit], current, unfit
 
 
 def _inputs(
@@ -300,11 +328,11 @@ def _verify_added(
     else (rounds still to run) said in one line and the recommendation goes on without it."""
     from normlab.recommend import cost
 
-    cal, _ = cost.calibration(max(1, (os.cpu_count() or 1) // workers), log=log)
+    names = p["screened"]
+    cal, _ = cost.calibration(max(1, (os.cpu_count() or 1) // workers), log=log, streams=_has_streams(names))
     done = folder.json_file.is_file()
     reserve = (plan.STARTUP_RESERVE_S + plan.REPORT_RESERVE_S) * cal.speed
     room = (budget_s - reserve) * plan.FILL - (0.0 if done else p["predicted"]["total"])
-    names = p["screened"]
     stage, why, need_s = plan.verify_plan(names, user.config, cal, room, workers, p["depth"], p["steps"], cfg.optimizer)
     if stage is None:
         if math.isfinite(need_s):
@@ -437,7 +465,10 @@ def recommend(
     precision = cfg.precision or user.precision or "bf16"
     extra = dict(extra or {})
     check_recommend_settings(extra)
-    candidates, current = _candidates(cfg, user)
+    candidates, current, unfit = _candidates(cfg, user)
+    if unfit:  # default candidates this model cannot take: said wherever the notes are (output, recommendation)
+        notes = [f"left out of the default candidates: {n} (your model cannot take it: {w})" for n, w in unfit.items()]
+        user = replace(user, notes=(*user.notes, *notes))
     if cfg.depth is not None and cfg.depth > user.config.n_layers:
         raise ConfigError(
             f"--depth {cfg.depth} is deeper than your model ({user.config.n_layers} layers): the proxies "
@@ -465,7 +496,7 @@ def recommend(
     inputs = None
     if not saved.get("plan"):
         threads = max(1, (os.cpu_count() or 1) // workers)
-        cal, cached = cost.calibration(threads, log=log)
+        cal, cached = cost.calibration(threads, log=log, streams=_has_streams(candidates))
         log(
             f"  this machine: {cal.speed:.2f}x the reference VM's step time "
             + ("(cached calibration)" if cached else f"(calibrated in {cal.seconds:.1f} s)")

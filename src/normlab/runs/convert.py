@@ -15,6 +15,16 @@ stored, the conversion is exact: gamma <-> centered (w = gamma - 1). Pre-LN with
 re-centred, each beta moved into the next projections' biases), or refused with the reason. The seeds' migration (Kim
 et al.: Pre-LN -> Peri-LN keeps the input norms and adds output norms) is ``--layout peri`` on a ``pre`` run.
 
+The residual stream's parts start as their layouts' inits do (`_INITS`): GPAS's gate at 0 (nothing subtracted),
+skip lambdas at 1, SeeDNorm's beta at 0, and hyper-connections at their static maps (HC: the branch reads one
+stream, each stream keeps itself, the update goes to every stream; mHC: its gates at 0.01), so a one-stream run
+moved to ``streams=n`` carries n equal copies of its stream, whose sum the final norm reads as it read the one:
+the function is kept up to the norms' eps (HC) or up to mHC's 0.01-gated maps (KL below 1e-6 either way,
+`tests/integration/test_train.py`). Back to one stream, the connections are dropped and the KL says what that
+changed. A parameter whose shape changes (4 streams to 2, a per-channel gain to a scalar) starts at its init and
+the old one is listed as dropped. nGPT is refused either way, in one line with the reason: its weights live on the
+unit sphere and its stream is a lerp between normalized states, so no weight means the same across.
+
 How much the function changed: the KL divergence KL(p_old || p_new) of the next-token distributions, mean
 over the tokens of held-out text (the run's validation split when its data can be read, else built-in
 sample texts), with the share of tokens whose top-1 prediction is unchanged. The result is a folder with a
@@ -96,10 +106,35 @@ def _owner(model: torch.nn.Module, name: str) -> tuple[torch.nn.Module, str]:
     return model.get_submodule(path), attr
 
 
+# how the parameters of the residual stream's parts start, (type name, attribute) -> words (ending in "=": the
+# value follows; the values a layout's own init gives them)
+_INITS: dict[tuple[str, str], str] = {
+    ("Block", "attn_gpas"): "GPAS gate a (SiLU(0) = 0: nothing subtracted) =",
+    ("Block", "mlp_gpas"): "GPAS gate a (SiLU(0) = 0: nothing subtracted) =",
+    ("Block", "attn_skip"): "learned skip lambda (the unit skip) =",
+    ("Block", "mlp_skip"): "learned skip lambda (the unit skip) =",
+    ("SeeDNorm", "self_scale"): "SeeDNorm beta (no input-dependent gain yet) =",
+    ("SeeDNorm", "dyn_gain"): "SeeDNorm alpha =",
+    ("HyperConnection", "static_pre"): "hyper-connection A_m0 = e_(k mod n): sublayer k reads stream k mod n",
+    ("HyperConnection", "static_res"): "hyper-connection A_r0 = I: each stream keeps itself",
+    ("HyperConnection", "static_post"): "hyper-connection B0 (the update added to every stream) =",
+    ("HyperConnection", "dynamic_pre"): "hyper-connection dynamic W_m =",
+    ("HyperConnection", "dynamic_res"): "hyper-connection dynamic W_r =",
+    ("HyperConnection", "dynamic_post"): "hyper-connection dynamic W_b =",
+    ("HyperConnection", "scale_a"): "hyper-connection scale s_alpha =",
+    ("HyperConnection", "scale_b"): "hyper-connection scale s_beta =",
+    ("ManifoldHyperConnection", "bias"): "mHC bias b =",
+    ("ManifoldHyperConnection", "gates"): "mHC gating factors alpha =",
+}
+
+
 def _stated_init(model: torch.nn.Module, name: str, value: torch.Tensor) -> str:
     """How a new parameter starts, in words with its value."""
     mod, attr = _owner(model, name)
     kind = type(mod).__name__
+    if (kind, attr) in _INITS:
+        words = _INITS[kind, attr]
+        return f"{words} {float(value.flatten()[0]):g}" if words.endswith("=") else words
     if is_norm(mod):
         if attr == "weight" and getattr(mod, "offset", 0.0):
             return f"{kind} centered gain w = 0 (applied 1 + w = 1)"
@@ -270,16 +305,25 @@ def _rms_rewrite(old: torch.nn.Module, conv: Conversion) -> dict[str, torch.Tens
     return state
 
 
+_NGPT_REFUSAL = (
+    "convert does not move {src} run to {dst}: nGPT (Loshchilov et al. 2024) keeps every weight row on the unit "
+    "sphere and replaces the unit skip by its eigen-rate lerp between normalized states, so no weight means the "
+    "same on the other side (each would be renormalized or read without s_qk, s_uv, s_z); train it from the start"
+)
+
+
 def convert(source: str | Path, layout: str, out: str | Path, seed: int = 0, match_scale: bool = True) -> Conversion:
     """Move ``source``'s newest checkpoint to ``layout``; write OUT/checkpoints and OUT/convert.json.
 
     ``match_scale``: a new output norm (B) or embedding norm starts with gamma = the mean RMS of what it
     normalizes in the old model (`_matched_gains`), so it keeps the scale the old model had; else gamma = 1."""
-    folder = own_folder(out, "conversion")  # claimed first: a folder with someone's files fails before any work
+    own_folder(out, "conversion", claim=False)  # a folder with someone's files fails before any work
     run = load_run_model(source)
     cfg = run.config
     old = run.model
     new_layout = as_layout(layout)
+    if old.layout.ngpt != new_layout.ngpt:
+        raise ConfigError(_NGPT_REFUSAL.format(src="an nGPT" if old.layout.ngpt else "this", dst=layout))
     new = build_run_model(
         new_layout, cfg.model.size, cfg.model.options, cfg.data.seq_len, old.config.vocab_size, seed=seed
     ).eval()
@@ -289,6 +333,7 @@ def convert(source: str | Path, layout: str, out: str | Path, seed: int = 0, mat
     refusal = _rms_rewrite_refusal(old, new_layout)
     if refusal:
         raise ConfigError(f"no exact LayerNorm -> RMSNorm rewrite for this run: {refusal}")
+    folder = own_folder(out, "conversion")  # claimed once every refusal is behind: a refused call writes nothing
     ours, theirs = new.state_dict(), (_rms_rewrite(old, conv) if refusal is None else old.state_dict())
     state = {}
     for name, value in ours.items():
@@ -306,7 +351,8 @@ def convert(source: str | Path, layout: str, out: str | Path, seed: int = 0, mat
         else:
             state[name] = value
             conv.new[name] = _stated_init(new, name, value)
-    conv.dropped = sorted(set(conv.dropped) | (set(theirs) - set(ours)))
+    reshaped = {n for n in ours if n in theirs and theirs[n].shape != ours[n].shape}  # e.g. 4 streams -> 2
+    conv.dropped = sorted(set(conv.dropped) | (set(theirs) - set(ours)) | reshaped)
     seqs, where = _held_out(cfg, run.run_dir, min(128, new.config.max_seq_len))
     if match_scale:
         for name, rms in _matched_gains(old, new, seqs).items():
