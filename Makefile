@@ -88,7 +88,7 @@ quotes: install
 # Two workers (one torch thread each, tests/conftest.py); tests/unit, tests/integration and tests/gpu (skips
 # without CUDA); tests marked slow (another test covers each quickly) run with `make test-all`.
 test: install
-	$(PY) -m pytest -n 2
+	$(PY) -m pytest -n 2 --dist worksteal
 
 # ruff (lint + format check, configured in pyproject.toml) over every Python file; mypy strict on the typed core.
 $(VENV)/.lint-installed: $(VENV)/.installed

@@ -5,6 +5,8 @@ sweep store. (Fixtures are in conftest.py.)"""
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -120,3 +122,20 @@ def synthetic_store(tmp_path: Path) -> Path:
             },
         )
     return tmp_path / "syn"
+
+
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], object]):
+    """A fixture's files built once per test session, also when pytest-xdist runs the tests in several
+    workers (each has its own session-scoped fixtures): the workers share the parent of their base temp
+    folders, the first to take the lock runs ``build(folder)`` and the others read what it returned (kept as
+    JSON in the folder)."""
+    from filelock import FileLock  # transformers' own dependency
+
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    folder, value = root / name, root / f"{name}.json"
+    with FileLock(str(root / f"{name}.lock")):
+        if not value.exists():
+            folder.mkdir()
+            value.write_text(json.dumps(build(folder)))
+    return json.loads(value.read_text())

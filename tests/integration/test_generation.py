@@ -23,6 +23,7 @@ tf = pytest.importorskip("transformers")
 
 from normlab.hf import save_hf, to_hf  # noqa: E402
 from normlab.hf.bundle import BundleError, bundle_source  # noqa: E402
+from tests.helpers import built_once  # noqa: E402
 
 CASES = [  # layout, size, overrides: RoPE and learned positions, inner norms, GQA, soft-capping, windows, MoE
     ("peri", "nano", {}),
@@ -192,42 +193,66 @@ SCRIPT = r"""
 import importlib.util, json, sys, torch
 assert importlib.util.find_spec("normlab") is None, "normlab is importable here"
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
-folder = sys.argv[1]
-model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, local_files_only=True).eval()
-tok = PreTrainedTokenizerFast.from_pretrained(folder, local_files_only=True)  # as docs/huggingface.md shows
-ids = tok("To be, or not", return_tensors="pt")["input_ids"]
-with torch.no_grad():
-    logits = model(input_ids=ids).logits
-out = model.generate(ids, max_new_tokens=8, do_sample=False)
-print(json.dumps({"cls": type(model).__module__ + "." + type(model).__name__, "ids": ids.tolist(),
-                  "logits": logits[0, -1].tolist(), "generated": out.tolist(),
-                  "eos": [tok.bos_token_id, tok.eos_token_id, tok.pad_token_id]}))
+for folder in sys.argv[1:]:
+    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, local_files_only=True).eval()
+    tok = PreTrainedTokenizerFast.from_pretrained(folder, local_files_only=True)  # as docs/huggingface.md shows
+    ids = tok("To be, or not", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+    out = model.generate(ids, max_new_tokens=8, do_sample=False)
+    print(json.dumps({"cls": type(model).__module__ + "." + type(model).__name__, "ids": ids.tolist(),
+                      "logits": logits[0, -1].tolist(), "generated": out.tolist(),
+                      "eos": [tok.bos_token_id, tok.eos_token_id, tok.pad_token_id]}))
 """
 
+FOREIGN = {"hybrid*": ("nano", {}), "peri,h=0.5": ("moe-micro", {})}
 
-@pytest.mark.parametrize("layout, size, opts", [("hybrid*", "nano", {}), ("peri,h=0.5", "moe-micro", {})])
-def test_export_loads_and_generates_in_a_venv_without_normlab(layout, size, opts, tmp_path):
+
+def _foreign_model(layout: str) -> torch.nn.Module:
+    size, opts = FOREIGN[layout]
+    return normlab.build_model(layout, size, seed=0, **opts).eval()
+
+
+@pytest.fixture(scope="module")
+def loaded_without_normlab(tmp_path_factory):
+    """Each FOREIGN model exported, then loaded and run in ONE process of a venv without normlab (one
+    interpreter start and one torch import for all of them, once per session): {layout: (model, what that
+    process saw)}."""
     from normlab.data import ByteTokenizer
     from normlab.hf.tokenizer import to_hf_tokenizer
 
-    model = normlab.build_model(layout, size, seed=0, **opts).eval()
-    save_hf(model, tmp_path / "export", to_hf_tokenizer(ByteTokenizer(), model.config.max_seq_len))
-    python = _venv_without_normlab(tmp_path / "venv")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {
-        "HF_MODULES_CACHE": str(tmp_path / "modules"),
-        "HF_HUB_OFFLINE": "1",
-    }
-    res = subprocess.run(
-        [str(python), "-c", SCRIPT, str(tmp_path / "export")],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-        stdin=subprocess.DEVNULL,
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert "Do you wish to run the custom code" not in res.stdout  # the model asked for trust; the tokenizer never
-    got = json.loads(res.stdout.strip().splitlines()[-1])
+    def build(root):
+        folders = []
+        for i, layout in enumerate(FOREIGN):
+            model = _foreign_model(layout)
+            folders.append(root / f"export{i}")
+            save_hf(model, folders[-1], to_hf_tokenizer(ByteTokenizer(), model.config.max_seq_len))
+        python = _venv_without_normlab(root / "venv")
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {
+            "HF_MODULES_CACHE": str(root / "modules"),
+            "HF_HUB_OFFLINE": "1",
+        }
+        res = subprocess.run(
+            [str(python), "-c", SCRIPT, *map(str, folders)],
+            capture_output=True,
+            text=True,
+            cwd=root,
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert "Do you wish to run the custom code" not in res.stdout  # the model asked for trust; the tokenizer never
+        seen = [json.loads(line) for line in res.stdout.strip().splitlines() if line.startswith("{")]
+        assert len(seen) == len(FOREIGN)
+        return dict(zip(FOREIGN, seen))
+
+    seen = built_once(tmp_path_factory, "loaded_without_normlab", build)
+    return {layout: (_foreign_model(layout), seen[layout]) for layout in FOREIGN}
+
+
+@pytest.mark.parametrize("layout", list(FOREIGN))
+def test_export_loads_and_generates_in_a_venv_without_normlab(layout, loaded_without_normlab):
+    model, got = loaded_without_normlab[layout]
     assert got["cls"].startswith("transformers_modules.") and got["cls"].endswith("modeling_normlab.NormLabForCausalLM")
     ids = torch.tensor(got["ids"])
     assert ids[0].tolist() == list(b"To be, or not")

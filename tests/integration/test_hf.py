@@ -18,6 +18,7 @@ import normlab
 tf = pytest.importorskip("transformers")
 
 from normlab.hf import NativeExportError, from_native, save_native, to_native  # noqa: E402
+from tests.helpers import built_once  # noqa: E402
 
 TOKENS = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(0))
 SMALL = dict(
@@ -282,24 +283,27 @@ def _exported_model(layout: str, tied: bool) -> torch.nn.Module:
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     """Every EXPORTED layout saved as the normlab class, then loaded in ONE fresh process that never imports
-    normlab itself (the folders' remote code does): one interpreter start for all of them."""
+    normlab itself (the folders' remote code does): one interpreter start for all of them, once per session."""
     from normlab.hf import save_hf
 
-    root = tmp_path_factory.mktemp("exported")
-    folders = {
-        layout: save_hf(_exported_model(layout, tied), root / str(i)) for i, (layout, tied) in enumerate(EXPORTED)
-    }
-    code = (
-        "import sys, torch; from transformers import AutoModelForCausalLM\n"
-        "for folder in sys.argv[1:]:\n"
-        "    m = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, local_files_only=True).eval()\n"
-        "    x = torch.tensor([[1, 5, 9, 2, 7]])\n"
-        "    print(type(m).__name__, m(input_ids=x).logits.sum().item())\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code, *map(str, folders.values())], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    lines = out.stdout.split("\n")
-    return {layout: (folder, *lines[i].split()) for i, (layout, folder) in enumerate(folders.items())}
+    def build(root):
+        folders = {
+            layout: save_hf(_exported_model(layout, tied), root / str(i)) for i, (layout, tied) in enumerate(EXPORTED)
+        }
+        code = (
+            "import sys, torch; from transformers import AutoModelForCausalLM\n"
+            "for folder in sys.argv[1:]:\n"
+            "    m = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, local_files_only=True)\n"
+            "    m.eval()\n"
+            "    x = torch.tensor([[1, 5, 9, 2, 7]])\n"
+            "    print(type(m).__name__, m(input_ids=x).logits.sum().item())\n"
+        )
+        out = subprocess.run([sys.executable, "-c", code, *map(str, folders.values())], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        lines = out.stdout.split("\n")
+        return {layout: (str(folder), *lines[i].split()) for i, (layout, folder) in enumerate(folders.items())}
+
+    return built_once(tmp_path_factory, "exported", build)
 
 
 @pytest.mark.parametrize("layout, tied", EXPORTED)

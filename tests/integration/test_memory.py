@@ -114,6 +114,7 @@ def test_reference_cross_entropy_is_what_F_computes():
     assert manual.item() == pytest.approx(F.cross_entropy(logits, y.flatten(), ignore_index=-100).item(), rel=1e-6)
 
 
+@pytest.mark.slow  # quick: test_train's compiled-vs-eager test and the checkpointed, chunked run above
 def test_compiled_bf16_with_checkpointing_and_chunks_follows_eager(corpus, tmp_path):
     """torch.compile traces the norms' autocast switch, the recomputed blocks and the loss chunks."""
     base = dict(steps=4, eval_every=4, probe_every=0, precision="bf16")
