@@ -101,7 +101,7 @@ lint: $(VENV)/.lint-installed
 	$(VENV)/bin/mypy
 
 test-all: install
-	$(PY) -m pytest -n 2 -m ""
+	$(PY) -m pytest -n 2 --dist worksteal -m ""
 
 $(FW_VENV)/.installed: pyproject.toml Makefile
 	@echo "normlab: creating $(FW_VENV) with $(TORCH) (CPU), $(FRAMEWORKS) and pytest (3-10 minutes)"

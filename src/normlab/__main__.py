@@ -1,3 +1,4 @@
 from normlab.cli import main
 
-raise SystemExit(main())
+if __name__ == "__main__":  # not when a multiprocessing fork server imports the main module
+    raise SystemExit(main())

@@ -196,7 +196,7 @@ def test_no_recommendation_from_nothing(corpus, tmp_path, capsys, monkeypatch):
     recommendation written."""
     from normlab.experiments import runner
 
-    def refuse(root, run_id, threads, gpu=None):
+    def refuse(root, run_id, threads, gpu=None, cuda=False):
         import subprocess
         import sys
 

@@ -276,17 +276,19 @@ def test_skipping_most_steps_is_divergence(corpus, tmp_path, monkeypatch):
     assert m.status == "ok" and m.skipped_steps == [3]
 
 
-def _workers_of(root: Path) -> list[int]:
-    pids = []
+def _workers_of(coordinator: int) -> list[int]:
+    """The run processes of the sweep process `coordinator`: the children of its fork server
+    (`normlab.experiments.workers`), read from /proc."""
+    parent, cmd = {}, {}
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             try:
-                cmd = (proc / "cmdline").read_bytes().split(b"\0")
-            except OSError:
+                parent[int(proc.name)] = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                cmd[int(proc.name)] = (proc / "cmdline").read_bytes()
+            except (OSError, ValueError, IndexError):
                 continue
-            if str(root).encode() in cmd and any(b"PR_SET_PDEATHSIG" in c for c in cmd):
-                pids.append(int(proc.name))
-    return pids
+    servers = {p for p, pp in parent.items() if pp == coordinator and b"multiprocessing.forkserver" in cmd[p]}
+    return [p for p, pp in parent.items() if pp in servers]
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc to find the worker processes")
@@ -325,9 +327,9 @@ def test_kill_9_of_the_sweep_coordinator_takes_its_workers_and_nothing_runs_twic
     def start_then_kill(ready) -> list[int]:
         coord = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.time() + 60
-        while time.time() < deadline and not (len(_workers_of(root)) == 2 and ready()):
+        while time.time() < deadline and not (len(_workers_of(coord.pid)) == 2 and ready()):
             time.sleep(0.05)
-        workers = _workers_of(root)
+        workers = _workers_of(coord.pid)
         assert len(workers) == 2
         coord.send_signal(signal.SIGKILL)
         coord.wait()
@@ -338,9 +340,10 @@ def test_kill_9_of_the_sweep_coordinator_takes_its_workers_and_nothing_runs_twic
             p for p in pids if Path(f"/proc/{p}").exists() and Path(f"/proc/{p}/stat").read_text().split()[2] != "Z"
         ]
 
-    # 1. killed while its workers are still importing torch: they must not live on
+    # 1. killed as its workers start: they must not live on (the fork server ends with the sweep process,
+    # and each worker with the server)
     workers = start_then_kill(lambda: True)
-    time.sleep(4.0)  # longer than a worker's imports
+    time.sleep(2.0)
     assert alive(workers) == []
     # 2. killed mid-training, after a checkpoint: the workers go with it, the rerun resumes
     workers = start_then_kill(lambda: bool(list((root / "runs").glob("*/checkpoints/step_*.pt"))))

@@ -4,9 +4,10 @@ The sweep folder (sweep.toml, sweep.db, runs/ID/, logs/ID.log) is `normlab.runs.
 its store is `normlab.runs.store.SweepStore`.
 
 Executors:
-- `local` (default): one spawned process per run, `workers` at a time, torch threads split evenly
-  between them. A process per run (not a pool) so a run that segfaults or is OOM-killed costs that
-  run only; its row says how the process ended.
+- `local` (default): one process per run, `workers` at a time, torch threads split evenly between
+  them. A process per run (not a pool) so a run that segfaults or is OOM-killed costs that run only;
+  its row says how the process ended. On the CPU each is forked from a server that has torch and the
+  trainer imported (`normlab.experiments.workers`); a GPU run starts a fresh interpreter.
 - `slurm`: job arrays through submitit (`pip install submitit`), options from the sweep's `[slurm]`
   table (e.g. `slurm_partition`, `timeout_min`, `cpus_per_task`, `slurm_array_parallelism`):
   re-attached on a rerun, checkpointed and requeued on preemption or a time limit
@@ -40,6 +41,8 @@ from normlab.experiments.cluster import run_cluster
 from normlab.experiments.progress import SweepProgress
 from normlab.experiments.scheduler import check_options
 from normlab.experiments.sweep import RunSpec, SweepConfig
+from normlab.experiments.workers import ForkedWorker
+from normlab.experiments.workers import available as workers_available
 from normlab.io import atomic_write_bytes, own_folder
 from normlab.runs.files import SweepDir
 from normlab.runs.lock import FolderLock
@@ -192,7 +195,13 @@ execute_run(sys.argv[2], sys.argv[3], threads=int(sys.argv[4]), watch_parent=par
 """
 
 
-def _spawn(root: Path, run_id: str, threads: int, gpu: int | None = None) -> subprocess.Popen:
+def _spawn(
+    root: Path, run_id: str, threads: int, gpu: int | None = None, cuda: bool = False
+) -> subprocess.Popen | ForkedWorker:
+    """A run's worker process: forked from the preloaded server for a CPU run (`normlab.experiments.workers`),
+    a fresh interpreter for a run on CUDA (`cuda`; `gpu`: the device it is given, when there are several)."""
+    if not cuda and workers_available():
+        return ForkedWorker(root, run_id, threads, SweepDir(root).log_file(run_id))
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)} if gpu is not None else None
     with open(SweepDir(root).log_file(run_id), "ab") as log:  # the child keeps its own descriptor
         return subprocess.Popen(
@@ -298,7 +307,7 @@ def _run_local(
                 if gpus is not None and gpus[1] > 1:
                     load = [sum(1 for r in running if device_of.get(r) == d) for d in range(gpus[1])]
                     gpu = device_of[rid] = load.index(min(load))
-                running[rid] = _spawn(root, rid, threads, gpu)
+                running[rid] = _spawn(root, rid, threads, gpu, cuda=gpus is not None)
                 if bar is not None:
                     bar.started(rid)
             time.sleep(0.2)
