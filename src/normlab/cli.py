@@ -12,8 +12,11 @@ import argparse
 import sys
 from typing import Any
 
+from normlab.config import commands as c
 from normlab.config.overrides import (
-    MODEL_SHORTCUTS,
+    add_run_settings,
+    add_set,
+    add_shortcuts,
     declared,
     grid_values,
     model_settings,
@@ -25,27 +28,24 @@ from normlab.config.overrides import (
 from normlab.errors import USER_ERRORS, without_unsafe_advice
 from normlab.layout.presets import presets_table
 
-# --- the commands -----------------------------------------------------------------------------------
+# --- the commands: each returns what it prints (exit status 0) or its exit status ----------------------
 
 
-def _layouts(args: argparse.Namespace) -> int:
-    print(presets_table(args.names, args.markdown))
-    return 0
+def _layouts(args: argparse.Namespace) -> str:
+    return presets_table(args.names, args.markdown)
 
 
-def _show(args: argparse.Namespace) -> int:
+def _show(args: argparse.Namespace) -> str:
     from normlab.model.describe import describe
 
     model = model_settings(args, "command line", shape_of="show", layout=args.layout)
-    print(describe(model.layout, model.size, **model.options))  # no model built, no torch: instant
-    return 0
+    return describe(model.layout, model.size, **model.options)  # no model built, no torch: instant
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from normlab.config.commands import DemoConfig
     from normlab.demo import run_demo
 
-    cfg = declared(DemoConfig, args, "demo")
+    cfg = declared(c.DemoConfig, args, "demo")
     run_demo(list(cfg.layouts), size=cfg.size, seed=cfg.seed)
     return 0
 
@@ -56,28 +56,24 @@ def _train(args: argparse.Namespace) -> int:
     return train_command(train_config(args), settings_keys(args))
 
 
-def _plan(args: argparse.Namespace) -> int:
+def _plan(args: argparse.Namespace) -> str:
     from normlab.train.memory import plan_text
 
-    print(plan_text(train_config(args), args.world, args.gpu_memory))
-    return 0
+    return plan_text(train_config(args), args.world, args.gpu_memory)
 
 
-def _screen(args: argparse.Namespace) -> int:
-    from normlab.config.commands import ScreenConfig
+def _screen(args: argparse.Namespace) -> str:
     from normlab.screen.screen import screen_command
 
     model = model_settings(args, "screen")  # the model's shape as train takes it: same keys, same checks
-    cfg = declared(ScreenConfig, args, "screen", skip=("size",), size=model.size, model=dict(model.options))
-    print(screen_command(args.layouts, cfg, args.json, args.verbose))
-    return 0
+    cfg = declared(c.ScreenConfig, args, "screen", skip=("size",), size=model.size, model=dict(model.options))
+    return screen_command(args.layouts, cfg, args.json, args.verbose)
 
 
-def _report(args: argparse.Namespace) -> int:
+def _report(args: argparse.Namespace) -> str:
     from normlab.diagnostics.report import report_runs
 
-    print(f"report: {report_runs(args.runs, args.out)}")
-    return 0
+    return f"report: {report_runs(args.runs, args.out)}"
 
 
 def _sweep(args: argparse.Namespace) -> int:
@@ -94,6 +90,13 @@ def _sweep(args: argparse.Namespace) -> int:
     return sweep_command(args.file, args.recipe, args.out, settings, base, grid_values(args.grid))
 
 
+def _summarize(args: argparse.Namespace) -> str:
+    from normlab.experiments.commands import check_sweep_folders, summary_text
+
+    check_sweep_folders([args.sweep], "a folder written by normlab sweep or compare", lost_ok=True)
+    return summary_text(args.sweep, args.out)
+
+
 def _transfer(args: argparse.Namespace) -> int:
     from normlab.experiments.commands import transfer_command
 
@@ -101,103 +104,68 @@ def _transfer(args: argparse.Namespace) -> int:
     return 0
 
 
-def _summarize(args: argparse.Namespace) -> int:
-    from normlab.experiments.commands import check_sweep_folders, summary_text
+def _compare(args: argparse.Namespace) -> str:
+    from normlab.experiments.comparison import compare_command
 
-    check_sweep_folders([args.sweep], "a folder written by normlab sweep or compare", lost_ok=True)
-    print(summary_text(args.sweep, args.out))
-    return 0
-
-
-def _compare(args: argparse.Namespace) -> int:
-    import time
-
-    from normlab.config.commands import CompareConfig
-    from normlab.experiments import compare
-
-    t0 = time.perf_counter()
-    cfg = declared(CompareConfig, args, "compare")
-    index = compare(
-        list(cfg.layouts), out=cfg.out, workers=cfg.workers, **typed(overrides(args, "size", "steps"), "compare")
-    )  # logs the runs, the cells, the reading
-    print(f"done in {time.perf_counter() - t0:.0f}s\nreport: {index}")
-    return 0
+    cfg = declared(c.CompareConfig, args, "compare")
+    return compare_command(cfg, typed(overrides(args, "size", "steps"), "compare"))
 
 
 def _recommend(args: argparse.Namespace) -> int:
     import time
 
     started = time.time()  # the budget counts from here
-    from normlab.config.commands import RecommendConfig, check_recommend_settings
+    from normlab.recommend.command import recommend_command
 
-    cfg = declared(RecommendConfig, args, "recommend")
-    extra = overrides(args, "steps")
-    check_recommend_settings(extra)
-    print(f"recommend: reading {args.model} (budget {cfg.budget:g} min)", flush=True)  # a line in the first second
-    from normlab.recommend import read_user_model, recommend
-
-    recommend(read_user_model(args.model), cfg, typed(extra, "recommend"), started=started)
+    recommend_command(args.model, declared(c.RecommendConfig, args, "recommend"), overrides(args, "steps"), started)
     return 0
 
 
-def _recipes(args: argparse.Namespace) -> int:
+def _recipes(args: argparse.Namespace) -> str:
     from normlab.experiments.recipes import recipes_text
 
-    print(recipes_text(args.machine, args.names))
-    return 0
+    return recipes_text(args.machine, args.names)
 
 
-def _doctor(args: argparse.Namespace) -> int:
-    from normlab.config.commands import DoctorConfig
+def _doctor(args: argparse.Namespace) -> str:
     from normlab.doctor.checkup import doctor
 
-    print(doctor(args.model, declared(DoctorConfig, args, "doctor"), args.json))
-    return 0
+    return doctor(args.model, declared(c.DoctorConfig, args, "doctor"), args.json)
 
 
-def _convert(args: argparse.Namespace) -> int:
-    from normlab.config.commands import ConvertConfig
+def _convert(args: argparse.Namespace) -> str:
     from normlab.runs.convert import convert_command
 
-    print(convert_command(args.source, declared(ConvertConfig, args, "convert")))
-    return 0
+    return convert_command(args.source, declared(c.ConvertConfig, args, "convert"))
 
 
-def _scan(args: argparse.Namespace) -> int:
-    from normlab.config.commands import ScanConfig
+def _scan(args: argparse.Namespace) -> str:
     from normlab.hf.scan import scan_command
 
-    result = scan_command(args.model, declared(ScanConfig, args, "scan"))
-    print(f"{result['table']}\nreport: {result['html']}")
-    return 0
+    result = scan_command(args.model, declared(c.ScanConfig, args, "scan"))
+    return f"{result['table']}\nreport: {result['html']}"
 
 
-def _export(args: argparse.Namespace) -> int:
+def _export(args: argparse.Namespace) -> str:
     from normlab.evaluation.harness import export_eval_line
     from normlab.hf.export import export_run
 
     lines, out, remote = export_run(args.source, args.out, args.arch)
-    print("\n".join([*lines, export_eval_line(out, remote)]))
-    return 0
+    return "\n".join([*lines, export_eval_line(out, remote)])
 
 
-def _eval(args: argparse.Namespace) -> int:
-    from normlab.config.commands import EvalConfig
+def _eval(args: argparse.Namespace) -> str:
     from normlab.evaluation.harness import TASKS_DIR, eval_command, tasks_text
 
     if args.tasks_dir or args.list:
-        print(TASKS_DIR if args.tasks_dir else tasks_text())
-    else:
-        print(eval_command(args.source, declared(EvalConfig, args, "eval")))
-    return 0
+        return str(TASKS_DIR) if args.tasks_dir else tasks_text()
+    return eval_command(args.source, declared(c.EvalConfig, args, "eval"))
 
 
-def _data(args: argparse.Namespace) -> int:
-    from normlab.config.commands import PrepareConfig
+def _data(args: argparse.Namespace) -> str:
     from normlab.data.corpora import data_command
 
-    print(data_command(args.action, args.source, declared(PrepareConfig, args, "data prepare")))
-    return 0
+    return data_command(args.action, args.source, declared(c.PrepareConfig, args, "data prepare"))
 
 
 # --- the parser -------------------------------------------------------------------------------------
@@ -207,7 +175,6 @@ def build_parser() -> argparse.ArgumentParser:
     """Every command: its help (normlab.config.help), its configuration's flags (generated from the
     declarations, with the command's preset as defaults), the override flags, its positional inputs."""
     import normlab
-    from normlab.config import commands as c
     from normlab.config.help import HELP, INPUTS
     from normlab.config.train import LEAVES
     from normlab.data.corpora import CORPORA
@@ -238,9 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
         if config is not None:
             add_flags(s, leaves(config))
         add_flags(s, {k: LEAVES[k] for k in run}, defaults=preset)
-        shortcut_flags(s, shortcuts)
+        add_shortcuts(s, shortcuts)
         if set_help:
-            s.add_argument("--set", action="append", metavar="KEY=VALUE", help=set_help)
+            add_set(s, set_help)
         if name not in ("plan", "screen"):
             inputs(s, name)
         return s
@@ -248,33 +215,6 @@ def build_parser() -> argparse.ArgumentParser:
     def inputs(s: argparse.ArgumentParser, name: str) -> None:
         for flags, options in INPUTS.get(name, ()):
             s.add_argument(*flags, **options)
-
-    def shortcut_flags(s: argparse.ArgumentParser, names: tuple[str, ...]) -> None:
-        for short in names:
-            key, doc = MODEL_SHORTCUTS[short]
-            s.add_argument(f"--{short}", metavar="N", default=argparse.SUPPRESS, help=f"{doc} (= --set {key}=N)")
-
-    def run_settings(s: argparse.ArgumentParser) -> None:
-        s.add_argument(
-            "--config",
-            help="a TOML file of settings (key = value; [model] table for model options); flags and --set override it",
-        )
-        s.add_argument(
-            "--set",
-            action="append",
-            metavar="KEY=VALUE",
-            default=argparse.SUPPRESS,
-            help="any setting by its key: lr=1e-3, model.n_layers=8, layout.h=0.5 (repeatable)",
-        )
-        s.add_argument(
-            "--model",
-            action="append",
-            dest="model_options",
-            default=argparse.SUPPRESS,
-            metavar="KEY=VALUE",
-            help="a model option, repeatable: --model n_layers=8 --model mlp=relu (= --set model.KEY=VALUE)",
-        )
-        add_flags(s, {k: v for k, v in LEAVES.items() if k != "options"}, defaults={"out": "runs/LAYOUT-SIZE"})
 
     command("layouts", _layouts)
     command(
@@ -285,14 +225,14 @@ def build_parser() -> argparse.ArgumentParser:
         set_help="a model or layout setting as train takes it: model.n_layers=12, model.mlp=relu, layout.h=0.5",
     )
     command("demo", _demo, c.DemoConfig)
-    run_settings(command("train", _train))
+    add_run_settings(command("train", _train))
     s = command("plan", _plan)
-    run_settings(s)
+    add_run_settings(s)
     inputs(s, "plan")
     s = command("screen", _screen, c.ScreenConfig)
     s.add_argument("--stress", dest="stresses", default=argparse.SUPPRESS, metavar="S1,S2,...", help="= --stresses")
-    shortcut_flags(s, ("layers", "width", "heads"))
-    s.add_argument("--set", action="append", metavar="model.NAME=VALUE", help="any model option (repeatable)")
+    add_shortcuts(s, ("layers", "width", "heads"))
+    add_set(s, "any model option (repeatable)", metavar="model.NAME=VALUE")
     inputs(s, "screen")
     command("report", _report)
     command(
@@ -359,7 +299,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     debug = args.debug or os.environ.get("NORMLAB_DEBUG", "") not in ("", "0")
     try:
-        return args.func(args)
+        said = args.func(args)
+        if isinstance(said, str):
+            print(said)
+        return 0 if isinstance(said, str) else said
     except USER_ERRORS as err:
         if debug:
             raise

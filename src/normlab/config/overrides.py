@@ -13,7 +13,7 @@ from normlab.config.train import LEAVES, ModelSettings, TrainConfig, flatten_set
 from normlab.errors import ConfigError
 from normlab.io import read_toml
 from normlab.layout import parse_layout
-from normlab.settings import build, given, leaves
+from normlab.settings import add_flags, build, given, leaves
 
 # Flags that stand for a model option (the model's shape), for the commands that take one.
 MODEL_SHORTCUTS = {
@@ -21,6 +21,36 @@ MODEL_SHORTCUTS = {
     "width": ("model.d_model", "d_model, the width of the residual stream"),
     "heads": ("model.n_heads", "attention heads, must divide the width"),
 }
+
+
+def add_shortcuts(parser: argparse.ArgumentParser, names: tuple[str, ...]) -> None:
+    """The model shortcuts ``names`` (layers, width, heads) as flags: --layers N is --set model.n_layers=N."""
+    for short in names:
+        key, doc = MODEL_SHORTCUTS[short]
+        parser.add_argument(f"--{short}", metavar="N", default=argparse.SUPPRESS, help=f"{doc} (= --set {key}=N)")
+
+
+def add_set(parser: argparse.ArgumentParser, help_text: str, metavar: str = "KEY=VALUE") -> None:
+    """--set KEY=VALUE (repeatable): any setting the command takes, by its key."""
+    parser.add_argument("--set", action="append", metavar=metavar, default=argparse.SUPPRESS, help=help_text)
+
+
+def add_run_settings(parser: argparse.ArgumentParser) -> None:
+    """A run's whole override list (train, plan): --config FILE, --set, --model and one flag per run setting."""
+    parser.add_argument(
+        "--config",
+        help="a TOML file of settings (key = value; [model] table for model options); flags and --set override it",
+    )
+    add_set(parser, "any setting by its key: lr=1e-3, model.n_layers=8, layout.h=0.5 (repeatable)")
+    parser.add_argument(
+        "--model",
+        action="append",
+        dest="model_options",
+        default=argparse.SUPPRESS,
+        metavar="KEY=VALUE",
+        help="a model option, repeatable: --model n_layers=8 --model mlp=relu (= --set model.KEY=VALUE)",
+    )
+    add_flags(parser, {k: v for k, v in LEAVES.items() if k != "options"}, defaults={"out": "runs/LAYOUT-SIZE"})
 
 
 def pairs(items: list[str] | None, flag: str, example: str) -> dict[str, str]:
