@@ -1,6 +1,7 @@
-"""The `normlab` command line: each command is its configuration (declared in normlab.config, its flags
-generated from the declarations; its defaults a preset) plus one list of overrides (a file, flags,
---set), and a call into the layer that does the work. Its help texts are normlab.config.help.
+"""The `normlab` command line: the parser and a thin dispatch. Each command is its configuration (declared in
+normlab.config, its flags generated from the declarations; its defaults a preset) plus one override list (a
+file, flags, --set: normlab.config.overrides), and one call into the layer that does the work, which returns
+what the command prints. Its help texts are normlab.config.help.
 
     normlab layouts | show | demo | train | plan | screen | report | compare | sweep | summarize | transfer |
             recipes | recommend | scan | doctor | convert | export | eval | data
@@ -18,7 +19,6 @@ from normlab.config.overrides import (
     add_set,
     add_shortcuts,
     declared,
-    grid_values,
     model_settings,
     overrides,
     settings_keys,
@@ -81,20 +81,14 @@ def _sweep(args: argparse.Namespace) -> int:
     from normlab.experiments.sweep import SweepConfig
     from normlab.settings import given, leaves
 
-    if args.cancel:
-        from normlab.experiments.cluster import cancel_sweep
-
-        cancel_sweep(args.cancel)
-        return 0
-    settings, base = given(args, leaves(SweepConfig)), typed(overrides(args), "--set")
-    return sweep_command(args.file, args.recipe, args.out, settings, base, grid_values(args.grid))
+    settings = given(args, leaves(SweepConfig))
+    return sweep_command(args.file, args.recipe, args.grid, args.out, settings, overrides(args), args.cancel)
 
 
 def _summarize(args: argparse.Namespace) -> str:
-    from normlab.experiments.commands import check_sweep_folders, summary_text
+    from normlab.experiments.commands import summarize_command
 
-    check_sweep_folders([args.sweep], "a folder written by normlab sweep or compare", lost_ok=True)
-    return summary_text(args.sweep, args.out)
+    return summarize_command(args.sweep, args.out)
 
 
 def _transfer(args: argparse.Namespace) -> int:

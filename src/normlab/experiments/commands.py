@@ -5,8 +5,7 @@ it."""
 
 from __future__ import annotations
 
-from typing import Any
-
+from normlab.config.overrides import grid_values, typed
 from normlab.errors import ConfigError
 from normlab.experiments.recipes import load_recipe
 from normlab.experiments.sweep import SweepConfig
@@ -16,31 +15,45 @@ from normlab.runs.files import STORE, SweepDir
 def sweep_command(
     file: str | None,
     recipe: str | None,
+    grid: list[str] | None,
     out: str | None,
-    settings: dict[str, Any],
-    base: dict[str, Any],
-    grid: dict[str, list[Any]],
+    settings: dict[str, str],
+    base: dict[str, str],
+    cancel: str | None = None,
 ) -> int:
-    """Run the sweep of a TOML ``file``, a ``recipe`` or a ``grid`` alone, with its declared ``settings`` (text)
-    replaced, ``base`` settings added and ``grid`` axes added or replaced; print its summary. ``out`` defaults
-    to runs/sweeps/NAME. Returns the exit status: 1 when a run failed."""
+    """Run the sweep of a TOML ``file``, a ``recipe`` or ``grid`` axes alone (--grid AXIS=V1,V2, added or
+    replaced), with its declared ``settings`` replaced and ``base`` settings added (all text, as given); print
+    its summary. ``out`` defaults to runs/sweeps/NAME. ``cancel``: cancel the scheduler jobs of the sweep in
+    that folder instead. Returns the exit status: 1 when a run failed."""
     from normlab.experiments.runner import run_sweep
 
+    if cancel:
+        from normlab.experiments.cluster import cancel_sweep
+
+        cancel_sweep(cancel)
+        return 0
     if file and recipe:
         raise ConfigError("give a sweep file or --recipe, not both")
     if not (file or recipe or grid):
         raise ConfigError("give a sweep file, --recipe NAME (see `normlab recipes`) or --grid AXIS=VALUES")
     sweep = SweepConfig.from_toml(file) if file else load_recipe(recipe) if recipe else SweepConfig()
-    sweep = sweep.with_(settings, base=base, grid=grid, from_text=True)
+    sweep = sweep.with_(settings, base=typed(base, "--set"), grid=grid_values(grid), from_text=True)
     folder = out or f"runs/sweeps/{sweep.name}"
     counts = run_sweep(sweep, folder, workers=sweep.workers, executor=sweep.executor)
     print(summary_text(folder))
     return 0 if not counts["failed"] else 1
 
 
+def summarize_command(folder: str, out: str | None = None) -> str:
+    """`normlab summarize`: `summary_text` of a folder a sweep or compare wrote (refused before any reading
+    otherwise; one whose store was lost is rebuilt from its sweep file and run folders)."""
+    check_sweep_folders([folder], "a folder written by normlab sweep or compare", lost_ok=True)
+    return summary_text(folder, out)
+
+
 def summary_text(folder: str, out: str | None = None) -> str:
-    """`normlab summarize`: a sweep folder's summary (written to ``out``, default the folder), its cell table
-    in Markdown and where the files are."""
+    """A sweep folder's summary (written to ``out``, default the folder): its cell table in Markdown and where
+    the files are."""
     from normlab.experiments.summary import summarize
 
     result = summarize(folder, out)
