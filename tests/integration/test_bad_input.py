@@ -39,7 +39,8 @@ def test_probe_loss_is_the_model_loss_with_softcaps():
 
 
 def test_one_override_function_behind_every_entry_point(corpus, tmp_path):
-    from normlab.cli import build_parser, train_config_from_args
+    from normlab.cli import build_parser
+    from normlab.config.overrides import train_config as train_config_from_args
 
     want = TrainConfig.of(layout="peri", lr=1e-3, **{"model.n_layers": 3, "layout.h": 0.5})
     assert want.model.layout.h == 0.5 and want.model.layout_label == "peri,h=0.5"
@@ -60,7 +61,7 @@ def test_one_override_function_behind_every_entry_point(corpus, tmp_path):
 
 
 def test_grid_values_are_typed_by_their_setting():
-    from normlab.cli import _grid_args
+    from normlab.config.overrides import grid_values as _grid_args
 
     grid = _grid_args(["layout=pre,none", "lr=1e-3,3e-3", "min_lr=none,1e-4", "model.n_layers=2,3"])
     assert grid == {"layout": ["pre", "none"], "lr": [1e-3, 3e-3], "min_lr": [None, 1e-4], "model.n_layers": [2, 3]}

@@ -445,7 +445,8 @@ def test_bad_config_values(kw, needle):
 
 
 def test_config_round_trips_through_command_line_and_toml(tmp_path):
-    from normlab.cli import build_parser, train_config_from_args
+    from normlab.cli import build_parser
+    from normlab.config.overrides import train_config as train_config_from_args
 
     cfg = TrainConfig.of(
         layout="hybrid*",

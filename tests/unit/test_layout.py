@@ -252,7 +252,8 @@ LAYOUT_OPTIONS_GIVEN = [
 def test_a_layout_option_has_one_answer_through_every_entry_point(key, value, tmp_path):
     """--layout 'peri,TOKEN', --set layout.KEY=VALUE, a TOML [layout] table and a sweep grid axis layout.KEY all
     read the option with the layout grammar: one Layout, one label (issue 37: layout.alpha=admin was refused)."""
-    from normlab.cli import build_parser, train_config_from_args
+    from normlab.cli import build_parser
+    from normlab.config.overrides import train_config as train_config_from_args
     from normlab.experiments.sweep import SweepConfig
 
     base = "peri,norm=dyt" if key.startswith("alpha0") else "peri,qk" if ".q+k" in key else "peri"

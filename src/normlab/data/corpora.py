@@ -11,9 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from normlab.config.commands import PrepareConfig
 from normlab.data.corpus import default_corpus, fetch_shakespeare, stdlib_corpus_path
 from normlab.data.english import english_prepared, fetch_english
-from normlab.errors import DataError
+from normlab.errors import ConfigError, DataError
 
 
 @dataclass(frozen=True)
@@ -88,3 +89,16 @@ def source_path(source: str) -> Path:
             f"folder (save_to_disk), or a corpus name ({', '.join(CORPORA)})"
         )
     return Path(source)
+
+
+def data_command(action: str, source: str | None, cfg: PrepareConfig) -> str:
+    """`normlab data fetch [NAME]`: a named corpus fetched, verified and cached (its path); `normlab data prepare
+    SOURCE --out DIR`: a text, JSONL or datasets source (or a corpus name) tokenized into DIR (one line)."""
+    if action == "fetch":
+        return str(get_corpus(source or "shakespeare").fetch(False))
+    from normlab.data.prepare import prepare, prepared_line
+
+    if not source or not cfg.out:
+        raise ConfigError("normlab data prepare SOURCE --out DIR: give the text/JSONL/datasets source and a new folder")
+    meta = prepare(source_path(source), cfg.out, cfg.tokenizer, cfg.text_field, cfg.val_fraction, cfg.val_split)
+    return prepared_line(meta, cfg.out)

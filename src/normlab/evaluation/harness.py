@@ -38,7 +38,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from normlab.config.commands import EvalConfig
 from normlab.data.corpus import DataError
+from normlab.errors import ConfigError
 from normlab.evaluation.local_tasks import TASKS_DIR
 from normlab.io import atomic_write_bytes, read_json
 from normlab.runs.files import RunDir, SweepDir
@@ -454,3 +456,19 @@ def export_eval_line(out: Path, remote: bool) -> str:
         f"evaluate: lm_eval --model hf --model_args {shlex.quote(model_args)} --tasks normlab_local "
         f"--include_path {shlex.quote(str(TASKS_DIR))}  (or: normlab eval {shlex.quote(str(out))})"
     )
+
+
+def eval_command(source: str | None, cfg: EvalConfig) -> str:
+    """`normlab eval SOURCE`: a run directory, checkpoint or export folder, or every finished run of a sweep
+    folder, scored on ``cfg.tasks``; each result's table and where its eval.json went."""
+    if not source:
+        raise ConfigError("normlab eval needs a run directory, checkpoint, export folder or sweep folder (or --list)")
+    tasks, kw, path = list(cfg.tasks), cfg.options(), Path(source)
+    if not cfg.verbose:
+        print(
+            f"evaluating {path} on {', '.join(tasks)} (lm-eval's own output goes to eval_log.txt beside the "
+            "results; --verbose shows it)",
+            flush=True,
+        )
+    results = evaluate_sweep(path, tasks, **kw) if kind_of(path) == "sweep" else [evaluate(path, tasks, **kw)]
+    return "\n".join(f"{r['table']}\n-> {r['path']}" for r in results)

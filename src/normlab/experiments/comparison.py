@@ -14,11 +14,12 @@ again and finished layouts are not retrained. docs/results.md has the measured t
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from normlab.config.commands import COMPARE_BASE, COMPARE_LAYOUTS
+from normlab.config.commands import COMPARE_BASE, COMPARE_LAYOUTS, CompareConfig
 from normlab.experiments.runner import run_sweep
 from normlab.experiments.summary import summarize
 from normlab.experiments.sweep import SweepConfig
@@ -56,3 +57,11 @@ def compare(
     runs = [load_run(p) for p in finished]
     log("\n".join(["reading:"] + [f"  {line}" for line in reading_lines(runs, [r.name for r in runs])]))
     return index
+
+
+def compare_command(cfg: CompareConfig, settings: dict[str, Any]) -> str:
+    """`normlab compare`: `compare` with the command's declared settings and its runs' ``settings`` (typed, over
+    COMPARE_BASE); its closing lines: the time taken and the report's path."""
+    t0 = time.perf_counter()
+    index = compare(list(cfg.layouts), out=cfg.out, workers=cfg.workers, **settings)  # logs runs, cells, reading
+    return f"done in {time.perf_counter() - t0:.0f}s\nreport: {index}"

@@ -348,3 +348,18 @@ def _build() -> dict[str, Preset]:
 
 
 PRESETS: dict[str, Preset] = _build()
+
+
+def presets_table(names: bool = False, markdown: bool = False) -> str:
+    """`normlab layouts`: the presets with string form, equation and source, as aligned columns, a Markdown
+    table (the README's) or the names only."""
+    rows = [(p.name, p.layout.to_string(), p.equation, p.source) for p in PRESETS.values()]
+    if names:
+        return "\n".join(r[0] for r in rows)
+    if markdown:
+        lines = ["| preset | string form | equation | source |", "|---|---|---|---|"]
+        return "\n".join(lines + [f"| `{name}` | `{form}` | {eq} | {src} |" for name, form, eq, src in rows])
+    heads = ("preset", "string form", "equation", "source")
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(heads[:3])]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths) + "  {}"
+    return "\n".join(fmt.format(*r) for r in [heads, *rows])

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from normlab.config.commands import ConvertConfig
 from normlab.config.train import TrainConfig
 from normlab.errors import ConfigError, DataError
 from normlab.io import atomic_write_json, own_folder
@@ -49,6 +50,7 @@ from normlab.model.norms import is_norm
 from normlab.runs.checkpoint import save_checkpoint
 from normlab.runs.files import RunDir
 from normlab.runs.model import build_run_model, load_run_model, run_tokenizer
+from normlab.runs.start import default_out
 
 SAMPLE_TEXTS = (
     "The quick brown fox jumps over the lazy dog, and the dog, being lazy, does not mind at all.",
@@ -381,3 +383,16 @@ def convert(source: str | Path, layout: str, out: str | Path, seed: int = 0, mat
     conv.command = _continue_command(new_cfg, folder)
     atomic_write_json(folder / "convert.json", {k: v for k, v in vars(conv).items()})
     return conv
+
+
+def convert_command(source: str, cfg: ConvertConfig) -> str:
+    """`normlab convert SOURCE --layout NEW`: the conversion's lines. With no --out the folder is named after
+    the source run and the new layout (`default_out`), and said before any work."""
+    if not cfg.layout:
+        raise ConfigError("convert needs --layout, the new layout (e.g. --layout peri)")
+    out = cfg.out
+    if not out:
+        path = Path(source)
+        out = default_out((path.parent.parent if path.is_file() else path).name, cfg.layout)
+        print(f"normlab convert: no --out given: the converted weights go to {out}", flush=True)
+    return "\n".join(convert(source, cfg.layout, out, seed=cfg.seed, match_scale=not cfg.unit_gamma).lines())

@@ -16,6 +16,7 @@ Nothing already written is lost:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,12 @@ from normlab.runs.lock import FolderLock, RunLock  # noqa: F401 - the run's guar
 from normlab.runs.outcome import TRAINED
 
 OWN_FILES = (LOCK,)  # what a run writes before its config.json (a run killed that early left only this)
+
+
+def default_out(*parts: str) -> str:
+    """An output folder named after what the command makes (train: runs/LAYOUT-SIZE; convert:
+    runs/SOURCE-LAYOUT), for a command given no --out: every command that writes has a default, printed."""
+    return "runs/" + "-".join(re.sub(r"[^A-Za-z0-9._+-]+", "_", p).strip("_") or "run" for p in parts)
 
 
 def check_out(run: Path) -> None:

@@ -1,0 +1,31 @@
+"""`normlab train`: a run from its configuration (built by normlab.config.overrides from the command's one
+override list), with what the command line adds around the trainer: --init-from's recorded shape where the
+command gave none, an output folder named after the layout and size when --out is not given (said before any
+work), and the run's outcome in one line."""
+
+from __future__ import annotations
+
+import sys
+
+from normlab.config.train import TrainConfig
+from normlab.runs.outcome import describe
+from normlab.runs.start import default_out, recorded_shape
+from normlab.train.trainer import TrainingFailed, train
+
+
+def train_command(cfg: TrainConfig, given: set[str]) -> int:
+    """Train ``cfg``; ``given``: the names of the settings the user gave (`settings_keys`). Returns the exit
+    status: 0, or 1 when the run failed (its reason on stderr)."""
+    if cfg.model.init_from:
+        cfg = recorded_shape(cfg, given)
+    if "out" not in given:
+        cfg = cfg.with_({"out": default_out(cfg.model.layout_label, cfg.model.size)}, "command line")
+        print(f"normlab train: no --out given: the run goes to {cfg.run.out}", flush=True)
+    try:
+        summary = train(cfg)
+    except TrainingFailed as err:
+        print(f"normlab: {err}", file=sys.stderr)
+        return 1
+    if summary:
+        print(f"{cfg.run.out}: {describe(summary)}")
+    return 0
