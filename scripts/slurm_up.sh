@@ -7,7 +7,8 @@
 # The cluster: one node (`hostname -s`) with CPUs=2 and RealMemory from /proc/meminfo, partition `debug`,
 # jobs requeueable (JobRequeue=1, PreemptMode=REQUEUE; a requeued job may start again after 30 s,
 # AuthInfo=cred_expire=30, not 120), finished jobs leave squeue after MinJobAge=10 s
-# (sacct keeps them), and a QOS `normlab-limited` with MaxSubmitJobsPerUser=3 for the submit-limit test.
+# (sacct keeps them), a job runs at its submitter's nice value (PropagatePrioProcess=1: `nice make test-slurm` keeps
+# the jobs nice on a shared machine), and a QOS `normlab-limited` with MaxSubmitJobsPerUser=3 for the submit-limit test.
 set -euo pipefail
 
 [ "$(id -u)" = 0 ] || { echo "slurm_up.sh: run as root (it writes /etc/slurm and starts daemons)" >&2; exit 2; }
@@ -103,6 +104,7 @@ KillWait=10
 ReturnToService=2
 MaxArraySize=1001
 MpiDefault=none
+PropagatePrioProcess=1
 NodeName=$HOST CPUs=$CPUS RealMemory=$MEM_MB State=UNKNOWN
 PartitionName=debug Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
 EOF
