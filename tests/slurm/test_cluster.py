@@ -447,3 +447,30 @@ def test_a_coordinator_killed_as_it_submits_reattaches_to_the_pending_jobs(corpu
     got = check_ok_once(out, name, 2)
     assert sorted(r["job"] for r in got) == [f"{array}_0", f"{array}_1"]
     assert all(r["attempts"] == 1 for r in got)
+
+
+def test_cancel_reaches_the_jobs_of_a_coordinator_killed_as_sbatch_accepts(corpus, tmp_path):
+    """`normlab sweep --cancel DIR` after a coordinator was killed the moment sbatch accepted its array (ids not
+    stored, jobs held): it cancels those jobs too, and the rerun submits both runs anew; each ends ok once."""
+    path, name = write_sweep(tmp_path, corpus, "cancel-held", seeds=2, steps=40)
+    out = tmp_path / "sw"
+    bin_dir, accepted = tmp_path / "bin", tmp_path / "accepted"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(KILLERS["sbatch"].format(accepted=accepted))
+    (bin_dir / "sbatch").chmod(0o755)
+    killed = subprocess.run(
+        sweep_cmd(path, out), env={**ENV, "PATH": f"{bin_dir}:{ENV['PATH']}"}, capture_output=True, text=True
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
+    array = accepted.read_text().split()[-1]
+    cancel = subprocess.run(
+        [sys.executable, "-m", "normlab", "sweep", "--cancel", str(out)], capture_output=True, text=True, env=ENV
+    )
+    assert cancel.returncode == 0 and "cancelled 2 job(s)" in cancel.stdout, cancel.stdout + cancel.stderr
+    assert not subprocess.run(["squeue", "-h", "-j", array], capture_output=True, text=True).stdout.strip()
+    done = finish(path, out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    got = rows(out)
+    assert all(r["status"] == "ok" and r["worker"] == r["job"] and not r["job"].startswith(f"{array}_") for r in got)
+    jobs = sacct(f"normlab-{name}")
+    assert sorted(s.split()[0] for s in jobs.values()) == ["CANCELLED", "CANCELLED", "COMPLETED", "COMPLETED"], jobs

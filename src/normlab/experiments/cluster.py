@@ -436,6 +436,10 @@ def cancel_sweep(root: str | Path, log=print) -> int:  # noqa: ANN001 - log: pri
     except Exception as err:  # noqa: BLE001 - no sacct here
         raise ConfigError(f"cannot ask the scheduler about {len(held)} job(s): {_one_line(err)}") from None
     alive = {rid: held[rid] for rid, state in states.items() if live(state)}
+    # jobs of a submission whose coordinator died before it stored or released them (submission.py)
+    for rid, (_, jid, _, _) in (submission.unreleased(store) or {}).items():
+        if rid not in alive and store.row(rid)["status"] not in FINISHED:
+            alive[rid] = watch.job(jid)
     n = cancel_jobs(folder.path, store, alive, "cancelled by normlab sweep --cancel")
     log(
         f"cancelled {n} job(s) of {root}"
