@@ -2,7 +2,7 @@
 # A one-node SLURM on this machine for the cluster tests (tests/slurm/, `make test-slurm`), without systemd:
 # munged, MariaDB, slurmdbd (sacct accounting), slurmctld and slurmd, configured for this host.
 # Idempotent: a daemon already running is left as it is; run it again after a reboot.
-# Needs root; installs Debian's slurm-wlm, munge, mariadb-server and slurmdbd with apt-get if they are missing.
+# Needs root; installs Debian's slurm-wlm, munge, mariadb-server, slurmdbd and bindfs with apt-get if they are missing.
 #
 # The cluster: one node (`hostname -s`) with CPUs=2 and RealMemory from /proc/meminfo, partition `debug`,
 # jobs requeueable (JobRequeue=1, PreemptMode=REQUEUE; a requeued job may start again after 30 s,
@@ -12,8 +12,8 @@
 set -euo pipefail
 
 [ "$(id -u)" = 0 ] || { echo "slurm_up.sh: run as root (it writes /etc/slurm and starts daemons)" >&2; exit 2; }
-PACKAGES="slurm-wlm munge mariadb-server slurmdbd"
-missing() { for bin in munged mariadbd slurmdbd slurmctld slurmd sacctmgr; do command -v "$bin" >/dev/null || return 0; done; return 1; }
+PACKAGES="slurm-wlm munge mariadb-server slurmdbd bindfs"  # bindfs: the FUSE mount of tests/slurm/test_store.py
+missing() { for bin in munged mariadbd slurmdbd slurmctld slurmd sacctmgr bindfs; do command -v "$bin" >/dev/null || return 0; done; return 1; }
 if missing && command -v apt-get >/dev/null; then
     echo "slurm_up.sh: installing $PACKAGES"
     export DEBIAN_FRONTEND=noninteractive
