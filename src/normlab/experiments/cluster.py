@@ -153,7 +153,7 @@ class Watcher:
                 if job_alive(jid) or time.time() - self.seen.get(jid, time.time()) < UNKNOWN_GRACE_S:
                     found[rid] = "PENDING"
             elif not live(state) and job_alive(jid):  # ended for sacct, its processes not yet gone (KillWait)
-                found[rid] = "COMPLETING"
+                found[rid] = f"COMPLETING (ended {state})"
         return found
 
 
@@ -176,6 +176,7 @@ def run_cluster(
     ex = _executor(root, kind, options, name)
     watch = Watcher(root, kind)
     jobs: dict[str, Any] = {}  # run id -> the submitit job that holds it
+    cancelled_before: set[str] = set()  # runs whose job was cancelled before this coordinator: submitted again
     if kind == "slurm":
         rows = {r["run_id"]: r for r in store.rows()}
         held = {rid: watch.job(rows[rid]["job"]) for rid in todo if rows[rid].get("job")}
@@ -183,6 +184,8 @@ def run_cluster(
             if live(state):
                 jobs[rid] = held[rid]
                 log(f"{rid}: job {held[rid].job_id} is {state.split()[0].lower()}; watching it (not submitted again)")
+                if "(ended CANCELLED" in state:  # scancel-ed before this run of the sweep, its run still saving
+                    cancelled_before.add(rid)
         # a job the row does not name but the run's lock does (submitted just before a kill, before its id was
         # stored; or a duplicate's twin): watched, not submitted again
         # (squeue must see it: a name left in the lock file by a job that died is no reason to wait)
@@ -264,6 +267,12 @@ def run_cluster(
                     continue
                 job = jobs.pop(rid)
                 next_try = 0.0  # a job of this sweep has left the queue: a refused submission may pass now
+                if rid in cancelled_before and store.row(rid)["status"] not in FINISHED:
+                    cancelled_before.discard(rid)  # "the next run of this sweep submits it again": this is that run
+                    store.pending_again(rid, f"job {job.job_id} was cancelled before this run of the sweep")
+                    queue.append(rid)
+                    log(f"{rid}: job {job.job_id} was cancelled before this run of the sweep; submitted again")
+                    continue
                 then = _ended(root, store, rid, job, state, kind, retries.get(rid, 0) < max_retries)
                 if then and then[0] == "adopt":  # this job found the run trained by another job of it: watch that one
                     jobs[rid] = watch.job(then[1])
