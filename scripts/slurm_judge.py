@@ -2,9 +2,11 @@
 
 a 5-run nano sweep under QOS normlab-limited (3 jobs may wait or run), one-minute time limits (each run
 needs two or more job lives), the coordinator killed (-9) twice mid-sweep and rerun, one job scancel-ed by
-hand; rerun until no run is left. Checks: every run `ok`, its row's job and worker the same job, sacct says
-COMPLETED for it; no run was trained by two jobs alive at once (sacct's Start and End of the jobs whose logs
-name it); no row was ever `failed` but a cancelled job's.
+hand, a third coordinator killed the moment sbatch accepts its array (before it stores the ids); rerun until
+no run is left. Checks: every run `ok`, its row's job and worker the same job, sacct says COMPLETED for it;
+no run was trained by two jobs alive at once (sacct's Start and End of the jobs whose logs name it); no
+duplicate job (every job of the sweep in sacct is a row's job, the scancel-ed one, or one that ended on a
+limit and was replaced); no row was ever `failed` but a cancelled job's.
 
     PYTHONPATH=src python scripts/slurm_judge.py [WORKDIR]    # exit 0: all held; 1: what broke
 """
@@ -130,9 +132,9 @@ def main() -> int:
     threading.Thread(target=monitor, daemon=True).start()
     t0 = time.time()
 
-    def start() -> subprocess.Popen:
+    def start(env: dict[str, str] = ENV) -> subprocess.Popen:
         return subprocess.Popen(
-            cmd, env=ENV, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
 
     proc = start()
@@ -150,6 +152,22 @@ def main() -> int:
     print(
         f"judge: {time.time() - t0:.0f}s: coordinator killed again; rows {[(r['status'], r['job']) for r in rows(out)]}"
     )
+    # a third life killed the moment sbatch accepts its first array (an `sbatch` first on PATH runs the real one, then
+    # kill -9s its caller), before the coordinator stores the ids; killed after 120 s if it submits nothing by then
+    killer = work / "bin"
+    killer.mkdir(exist_ok=True)
+    (killer / "sbatch").write_text('#!/bin/sh\nout=$(/usr/bin/sbatch "$@") || exit $?\necho "$out"\nkill -9 $PPID\n')
+    (killer / "sbatch").chmod(0o755)
+    proc = start({**ENV, "PATH": f"{killer}:{ENV['PATH']}"})
+    try:
+        how = "as sbatch accepted" if proc.wait(timeout=120) == -signal.SIGKILL else "exited"
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        how = "after 120 s (it submitted nothing)"
+    print(
+        f"judge: {time.time() - t0:.0f}s: coordinator killed {how}; rows {[(r['status'], r['job']) for r in rows(out)]}"
+    )
     for attempt in range(3):
         done = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=3000)
         print(f"judge: {time.time() - t0:.0f}s: rerun {attempt + 1} exit {done.returncode}")
@@ -166,6 +184,12 @@ def main() -> int:
         if not jobs.get(job, "").startswith("CANCELLED"):
             broken.append(f"{run_id} was seen failed while its job {job} was {jobs.get(job)}: {reason}")
     broken += overlapping(out, job_name)
+    # no duplicate job: each job sacct knows of this sweep trained its run to the end (a row's job), is the one
+    # scancel-ed, or ended on a limit without requeueing itself and was replaced (the coordinator's resubmission)
+    finals = {r["job"] for r in got} | {victim["job"]}
+    for job, state in sorted(jobs.items()):
+        if job not in finals and state.split()[0] not in ("TIMEOUT", "NODE_FAIL", "BOOT_FAIL", "PREEMPTED"):
+            broken.append(f"job {job} ended {state}: a duplicate (it is no run's job)")
     print(f"judge: {len(got)} runs, {sum(r['status'] == 'ok' for r in got)} ok; jobs {jobs}")
     print(f"judge: failed rows seen (cancelled jobs only allowed): {sorted(failed_seen, key=str)}")
     print(

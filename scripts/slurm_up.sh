@@ -2,17 +2,18 @@
 # A one-node SLURM on this machine for the cluster tests (tests/slurm/, `make test-slurm`), without systemd:
 # munged, MariaDB, slurmdbd (sacct accounting), slurmctld and slurmd, configured for this host.
 # Idempotent: a daemon already running is left as it is; run it again after a reboot.
-# Needs root; installs Debian's slurm-wlm, munge, mariadb-server and slurmdbd with apt-get if they are missing.
+# Needs root; installs Debian's slurm-wlm, munge, mariadb-server, slurmdbd and bindfs with apt-get if they are missing.
 #
 # The cluster: one node (`hostname -s`) with CPUs=2 and RealMemory from /proc/meminfo, partition `debug`,
 # jobs requeueable (JobRequeue=1, PreemptMode=REQUEUE; a requeued job may start again after 30 s,
 # AuthInfo=cred_expire=30, not 120), finished jobs leave squeue after MinJobAge=10 s
-# (sacct keeps them), and a QOS `normlab-limited` with MaxSubmitJobsPerUser=3 for the submit-limit test.
+# (sacct keeps them), a job runs at its submitter's nice value (PropagatePrioProcess=1: `nice make test-slurm` keeps
+# the jobs nice on a shared machine), and a QOS `normlab-limited` with MaxSubmitJobsPerUser=3 for the submit-limit test.
 set -euo pipefail
 
 [ "$(id -u)" = 0 ] || { echo "slurm_up.sh: run as root (it writes /etc/slurm and starts daemons)" >&2; exit 2; }
-PACKAGES="slurm-wlm munge mariadb-server slurmdbd"
-missing() { for bin in munged mariadbd slurmdbd slurmctld slurmd sacctmgr; do command -v "$bin" >/dev/null || return 0; done; return 1; }
+PACKAGES="slurm-wlm munge mariadb-server slurmdbd bindfs"  # bindfs: the FUSE mount of tests/slurm/test_store.py
+missing() { for bin in munged mariadbd slurmdbd slurmctld slurmd sacctmgr bindfs; do command -v "$bin" >/dev/null || return 0; done; return 1; }
 if missing && command -v apt-get >/dev/null; then
     echo "slurm_up.sh: installing $PACKAGES"
     export DEBIAN_FRONTEND=noninteractive
@@ -103,6 +104,7 @@ KillWait=10
 ReturnToService=2
 MaxArraySize=1001
 MpiDefault=none
+PropagatePrioProcess=1
 NodeName=$HOST CPUs=$CPUS RealMemory=$MEM_MB State=UNKNOWN
 PartitionName=debug Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
 EOF

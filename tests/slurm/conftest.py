@@ -24,3 +24,19 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "tests/slurm/" in str(item.fspath):
                 item.add_marker(pytest.mark.skip(reason=why))
+
+
+@pytest.fixture
+def fuse_dir(tmp_path):
+    """A FUSE mount (bindfs over a folder of tmp_path, type fuse.bindfs): a filesystem normlab takes as shared (its
+    store without WAL, its locks O_EXCL files). Needs root, /dev/fuse and Debian's bindfs; skipped without them."""
+    if os.geteuid() != 0 or not shutil.which("bindfs") or not os.path.exists("/dev/fuse"):
+        pytest.skip("a FUSE mount needs root, /dev/fuse and bindfs (apt-get install bindfs)")
+    src, mnt = tmp_path / "fuse-src", tmp_path / "fuse"
+    src.mkdir()
+    mnt.mkdir()
+    subprocess.run(["bindfs", "-o", "subtype=bindfs", str(src), str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)

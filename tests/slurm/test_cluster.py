@@ -323,10 +323,11 @@ def test_jobs_scancelled_by_the_user_are_submitted_again_by_the_rerun(corpus, tm
 
 
 def test_a_job_whose_id_was_never_stored_is_found_by_the_runs_lock(corpus, tmp_path):
-    """A coordinator killed between sbatch and storing the job ids (simulated: the ids erased): the rerun finds the
-    running jobs by their runs' locks and watches them; the pending one it cannot know is submitted again, and
-    whichever of the two jobs starts second finds the run locked or done: no row ever failed, each run ok once with
-    the job that trained it."""
+    """Rows whose job ids are lost after their jobs were released (the store edited, or written by a normlab that
+    did not hold its submissions; simulated: the ids erased): the rerun finds the running jobs by their runs' locks
+    and watches them; the pending one it cannot know is submitted again, and whichever of the two jobs starts second
+    finds the run locked or done: no row ever failed, each run ok once with the job that trained it. (A coordinator
+    killed as it submits loses no id: test_a_coordinator_killed_as_it_submits_reattaches_to_the_pending_jobs.)"""
     path, name = write_sweep(tmp_path, corpus, "lost-id", seeds=3, steps=1500, slurm_array_parallelism=3)
     out = tmp_path / "sw"
     proc = subprocess.Popen(
@@ -387,3 +388,91 @@ def test_a_time_limit_cut_short_saves_at_the_cut_and_the_run_goes_on(corpus, tmp
     resumed = [int(step) for step in re.findall(r"resuming from step_(\d+)", logs)]
     assert resumed and resumed[0] % 1000 != 0, resumed  # saved at the cut; periodic checkpoints are every 1000
     assert watch.failed_while_live(name) == []
+
+
+# The coordinator killed the moment sbatch accepted its array (an `sbatch` first on PATH runs the real one, prints
+# its answer, then kill -9s its caller): before it stored the job ids or handed the jobs their pickles. Or killed as
+# it releases the held array (an `scontrol` that kill -9s its caller on `release`): the ids stored, the jobs held.
+KILLERS = {
+    "sbatch": '#!/bin/sh\nout=$(/usr/bin/sbatch "$@") || exit $?\necho "$out" | tee {accepted}\nkill -9 $PPID\n',
+    "scontrol": '#!/bin/sh\n[ "$1" = release ] && echo "$2" > {accepted} && kill -9 $PPID && exit\n'
+    'exec /usr/bin/scontrol "$@"\n',
+}
+
+
+@pytest.mark.parametrize("moment", sorted(KILLERS))
+def test_a_coordinator_killed_as_it_submits_reattaches_to_the_pending_jobs(corpus, tmp_path, moment):
+    """The coordinator killed while it submits (KILLERS), the node busy (a 2-CPU job holds it): the array's jobs wait
+    PENDING. The rerun must find them through the scheduler and watch them, submitting nothing: each run ends ok once
+    with the job of that array, and sacct knows no other job of the sweep."""
+    path, name = write_sweep(tmp_path, corpus, f"pending-{moment}", seeds=2, steps=40)
+    out = tmp_path / "sw"
+    bin_dir, accepted = tmp_path / "bin", tmp_path / "accepted"
+    bin_dir.mkdir()
+    (bin_dir / moment).write_text(KILLERS[moment].format(accepted=accepted))
+    (bin_dir / moment).chmod(0o755)
+    blocker = subprocess.run(
+        ["sbatch", "--parsable", "-c2", "-p", "debug", "-o", "/dev/null", "-J", f"normlab-blocker-{name}"]
+        + ["--wrap", "sleep 600"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    try:
+        killed = subprocess.run(
+            sweep_cmd(path, out), env={**ENV, "PATH": f"{bin_dir}:{ENV['PATH']}"}, capture_output=True, text=True
+        )
+        assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
+        array = accepted.read_text().split()[-1]
+        states = subprocess.run(["squeue", "-h", "-r", "-j", array, "-o", "%i %T %r"], capture_output=True, text=True)
+        assert [x.split()[:2] for x in states.stdout.splitlines()] == [
+            [f"{array}_0", "PENDING"],
+            [f"{array}_1", "PENDING"],
+        ], states.stdout
+        if moment == "scontrol":  # sent held, and never released
+            assert states.stdout.count("JobHeldUser") == 2, states.stdout
+        stored = sorted(r["job"] or "" for r in rows(out))
+        assert stored == (["", ""] if moment == "sbatch" else [f"{array}_0", f"{array}_1"]), stored
+        rerun = subprocess.Popen(
+            sweep_cmd(path, out), env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        wait_for("the rerun watching both jobs", lambda: all(r["job"] for r in rows(out)), timeout=120)
+    finally:
+        subprocess.run(["scancel", blocker], check=False)
+    text, _ = rerun.communicate(timeout=600)
+    assert rerun.returncode == 0, text
+    assert text.count("; watching it (not submitted again)") == 2 and "submitted" not in text.replace(
+        "not submitted again", ""
+    ), text
+    got = check_ok_once(out, name, 2)
+    assert sorted(r["job"] for r in got) == [f"{array}_0", f"{array}_1"]
+    assert all(r["attempts"] == 1 for r in got)
+
+
+def test_cancel_reaches_the_jobs_of_a_coordinator_killed_as_sbatch_accepts(corpus, tmp_path):
+    """`normlab sweep --cancel DIR` after a coordinator was killed the moment sbatch accepted its array (ids not
+    stored, jobs held): it cancels those jobs too, and the rerun submits both runs anew; each ends ok once."""
+    path, name = write_sweep(tmp_path, corpus, "cancel-held", seeds=2, steps=40)
+    out = tmp_path / "sw"
+    bin_dir, accepted = tmp_path / "bin", tmp_path / "accepted"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(KILLERS["sbatch"].format(accepted=accepted))
+    (bin_dir / "sbatch").chmod(0o755)
+    killed = subprocess.run(
+        sweep_cmd(path, out), env={**ENV, "PATH": f"{bin_dir}:{ENV['PATH']}"}, capture_output=True, text=True
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
+    array = accepted.read_text().split()[-1]
+    cancel = subprocess.run(
+        [sys.executable, "-m", "normlab", "sweep", "--cancel", str(out)], capture_output=True, text=True, env=ENV
+    )
+    assert cancel.returncode == 0 and "cancelled 2 job(s)" in cancel.stdout, cancel.stdout + cancel.stderr
+    assert not subprocess.run(["squeue", "-h", "-j", array], capture_output=True, text=True).stdout.strip()
+    done = finish(path, out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    got = rows(out)
+    assert all(r["status"] == "ok" and r["worker"] == r["job"] and not r["job"].startswith(f"{array}_") for r in got)
+    jobs = sacct(f"normlab-{name}")  # the jobs that ran; the held array never did: sacct lists it by its id only
+    assert sorted(jobs.values()) == ["COMPLETED", "COMPLETED"], jobs
+    held = subprocess.run(["sacct", "-n", "-X", "-P", "-j", array, "-o", "State"], capture_output=True, text=True)
+    assert held.stdout.split("\n")[0].startswith("CANCELLED"), held.stdout

@@ -7,10 +7,13 @@
   limits, a busy controller) is tried again with smaller arrays, then after a growing wait (10 s to 5
   min) while the jobs already submitted run; any other refusal (an unknown partition) is reported in
   one line and the coordinator keeps watching what it submitted before it exits. Nothing is orphaned.
-- **Re-attaching.** A rerun of the same command asks the scheduler (sacct through submitit, squeue
-  when sacct has no record yet) about every unfinished row's job: a pending or running job is watched
-  again, never submitted twice; so is a live job that the run's lock file names (a coordinator killed
-  before it stored the ids of the jobs it had just submitted); only runs with no live job are submitted.
+- **Re-attaching.** Each array is announced in the store, sent held and released only once its ids are
+  stored (`normlab.experiments.submission`): no job runs unknown to the store. A rerun of the same
+  command asks the scheduler (sacct through submitit, squeue when sacct has no record yet) about every
+  unfinished row's job: a pending or running job is watched again, never submitted twice; so is a live
+  job of an announced submission (squeue, by its comment: a coordinator killed between sbatch and
+  storing the ids, or before the release), and a live job that the run's lock file names; only runs with
+  no live job are submitted.
   A job that finds its run locked by another job (a duplicate) records nothing and names that job,
   which the coordinator watches instead: a live run is never marked failed.
 - **Checkpoint and requeue.** `normlab.experiments.job.RunJob` is a `submitit.helpers.Checkpointable`: SLURM
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -44,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from normlab.errors import ConfigError
+from normlab.experiments import submission
 from normlab.experiments.scheduler import signal_delay
 from normlab.runs.files import SweepDir
 from normlab.runs.lock import holder_job, job_alive
@@ -148,7 +153,7 @@ class Watcher:
                 if job_alive(jid) or time.time() - self.seen.get(jid, time.time()) < UNKNOWN_GRACE_S:
                     found[rid] = "PENDING"
             elif not live(state) and job_alive(jid):  # ended for sacct, its processes not yet gone (KillWait)
-                found[rid] = "COMPLETING"
+                found[rid] = f"COMPLETING (ended {state})"
         return found
 
 
@@ -171,6 +176,7 @@ def run_cluster(
     ex = _executor(root, kind, options, name)
     watch = Watcher(root, kind)
     jobs: dict[str, Any] = {}  # run id -> the submitit job that holds it
+    cancelled_before: set[str] = set()  # runs whose job was cancelled before this coordinator: submitted again
     if kind == "slurm":
         rows = {r["run_id"]: r for r in store.rows()}
         held = {rid: watch.job(rows[rid]["job"]) for rid in todo if rows[rid].get("job")}
@@ -178,6 +184,8 @@ def run_cluster(
             if live(state):
                 jobs[rid] = held[rid]
                 log(f"{rid}: job {held[rid].job_id} is {state.split()[0].lower()}; watching it (not submitted again)")
+                if "(ended CANCELLED" in state:  # scancel-ed before this run of the sweep, its run still saving
+                    cancelled_before.add(rid)
         # a job the row does not name but the run's lock does (submitted just before a kill, before its id was
         # stored; or a duplicate's twin): watched, not submitted again
         # (squeue must see it: a name left in the lock file by a job that died is no reason to wait)
@@ -187,16 +195,29 @@ def run_cluster(
                 jobs[rid] = watch.job(jid)
                 store.set_job([rid], [jid], submitted=False)
                 log(f"{rid}: job {jid} holds its lock and is alive; watching it (not submitted again)")
+    # jobs sent by a coordinator that died before it stored their ids or released them (submission.py): found first
+    unsure = kind == "slurm"
     queue = [rid for rid in todo if rid not in jobs]
     total, finished, chunk, wait, next_try, refusals = len(todo), 0, max(1, len(queue)), 10.0, 0.0, 0
+    to_release: dict[str, list[str]] = {}  # token -> its held jobs that scontrol did not release yet
     # run id -> how many times a job of it ended TIMEOUT, NODE_FAIL, ... and was resubmitted
     retries: dict[str, int] = {}
     max_retries = int(options.get("slurm_max_num_timeout", 3))
     fatal = None
     try:
         while (queue and fatal is None) or jobs:
-            if queue and fatal is None and time.time() >= next_try:
+            if unsure:  # a submission may have been accepted without its ids reaching the store: its jobs first
+                unsure = not _find_unreleased(root, store, options, watch, jobs, todo, to_release, log)
+                queue = [rid for rid in queue if rid not in jobs]
+            for token in [t for t, ids in to_release.items() if submission.release(ids)]:
+                submission.forget(store, [token])
+                del to_release[token]
+            if queue and fatal is None and time.time() >= next_try and not unsure:
                 batch = queue[:chunk]
+                token = None
+                if kind == "slurm":
+                    token = submission.announce(store, batch)
+                    ex.update_parameters(**submission.parameters(options, token))
                 try:
                     with ex.batch():
                         submitted = [ex.submit(job_class(str(root), rid)) for rid in batch]
@@ -204,6 +225,7 @@ def run_cluster(
                     for pickled in SweepDir(root).jobs_dir.glob("*.pkl"):  # submitit's, for the refused array only
                         pickled.unlink(missing_ok=True)  # (a submitted job's moves to its own folder)
                     why = _one_line(getattr(err, "stderr", None) or err)
+                    unsure = token is not None  # sbatch may have timed out on jobs the controller accepted
                     if not any(word.lower() in why.lower() for word in TRANSIENT):
                         fatal = f"the scheduler refused the jobs: {why}"
                         log(
@@ -225,8 +247,12 @@ def run_cluster(
                     next_try, wait = time.time() + wait, min(wait * 2, 300.0)
                     continue
                 ids = [str(job.job_id) for job in submitted]
-                if kind == "slurm":
+                if token is not None:  # stored, then released (submission.py); a failed release is retried
                     store.set_job(batch, ids)
+                    to_release[token] = [ids[0].split("_")[0]]
+                    if submission.release(to_release[token]):
+                        submission.forget(store, [token])
+                        del to_release[token]
                 for rid, job in zip(batch, submitted):
                     jobs[rid] = job
                     watch.seen.setdefault(str(job.job_id), time.time())
@@ -241,6 +267,12 @@ def run_cluster(
                     continue
                 job = jobs.pop(rid)
                 next_try = 0.0  # a job of this sweep has left the queue: a refused submission may pass now
+                if rid in cancelled_before and store.row(rid)["status"] not in FINISHED:
+                    cancelled_before.discard(rid)  # "the next run of this sweep submits it again": this is that run
+                    store.pending_again(rid, f"job {job.job_id} was cancelled before this run of the sweep")
+                    queue.append(rid)
+                    log(f"{rid}: job {job.job_id} was cancelled before this run of the sweep; submitted again")
+                    continue
                 then = _ended(root, store, rid, job, state, kind, retries.get(rid, 0) < max_retries)
                 if then and then[0] == "adopt":  # this job found the run trained by another job of it: watch that one
                     jobs[rid] = watch.job(then[1])
@@ -263,6 +295,46 @@ def run_cluster(
         raise ConfigError(
             f"{fatal}; {len(queue)} run(s) left pending: fix the [slurm] options and run the same command again"
         )
+
+
+def _find_unreleased(
+    root: Path,
+    store: SweepStore,
+    options: dict[str, Any],
+    watch: Watcher,
+    jobs: dict[str, Any],
+    todo: list[str],
+    to_release: dict[str, list[str]],
+    log: Callable[[str], None],
+) -> bool:
+    """The live jobs of submissions announced but not released (`normlab.experiments.submission`), found in squeue:
+    each run's job is stored in its row, handed its pickle if it has none, watched and queued for release; a pending
+    one whose run is done or has another live job is cancelled. False when squeue cannot answer (nothing may be
+    submitted until it does: those runs may have jobs)."""
+    found = submission.unreleased(store)
+    if found is None:
+        log("squeue did not answer about the jobs of an unfinished submission; asking again before submitting")
+        return False
+    extra = []
+    for rid, (token, jid, state, reason) in found.items():
+        if rid in todo and (rid not in jobs or str(jobs[rid].job_id) == jid):
+            if rid not in jobs:
+                jobs[rid] = watch.job(jid)
+                submission.hand_over(jobs[rid], root, rid, options)
+                store.set_job([rid], [jid])
+                log(f"{rid}: job {jid} is {state.lower()}, its id not stored yet; watching it (not submitted again)")
+            if reason == "JobHeldUser":
+                to_release.setdefault(token, []).append(jid)
+        elif state == "PENDING":
+            extra.append(jid)
+        else:
+            log(f"{rid}: job {jid} is {state.lower()} though the run has a result or another job; left to end")
+    if extra:
+        subprocess.run(["scancel", *extra], capture_output=True, check=False)
+        log(f"cancelled {len(extra)} pending job(s) of runs done or held by another job: {' '.join(extra)}")
+    # announcements with nothing left to release: their jobs are released, ended, or were never accepted
+    submission.forget(store, [t for t in store.get_meta(submission.KEY) or {} if t not in to_release])
+    return True
 
 
 def _ended(
@@ -373,6 +445,10 @@ def cancel_sweep(root: str | Path, log=print) -> int:  # noqa: ANN001 - log: pri
     except Exception as err:  # noqa: BLE001 - no sacct here
         raise ConfigError(f"cannot ask the scheduler about {len(held)} job(s): {_one_line(err)}") from None
     alive = {rid: held[rid] for rid, state in states.items() if live(state)}
+    # jobs of a submission whose coordinator died before it stored or released them (submission.py)
+    for rid, (_, jid, _, _) in (submission.unreleased(store) or {}).items():
+        if rid not in alive and store.row(rid)["status"] not in FINISHED:
+            alive[rid] = watch.job(jid)
     n = cancel_jobs(folder.path, store, alive, "cancelled by normlab sweep --cancel")
     log(
         f"cancelled {n} job(s) of {root}"
