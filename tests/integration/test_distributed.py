@@ -194,6 +194,7 @@ def test_fsdp2_with_activation_checkpointing_chunked_loss_and_bf16(single):
         assert y["loss"] == pytest.approx(x["loss"], abs=2e-3)
 
 
+@pytest.mark.slow  # quick: DDP equals one process (above); one process's overflow forensics (test_fp16_storage)
 def test_ddp_run_that_overflows_fp16_records_where_it_broke(single):
     """Each rank re-runs its share of the failing batch; the first rank that broke is reported, and the
     site is the one a single process finds on the same data."""

@@ -445,6 +445,7 @@ def test_local_global_layers_round_trip_with_equal_logits(arch, tmp_path):
     torch.testing.assert_close(hf_logits(back), ours(model), atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.slow  # quick: each class's export round trip (above), the scan test and test_doctor's CLI test
 def test_scan_and_doctor_read_every_exportable_architecture(tmp_path):
     """Each class normlab exports to (folders written without a tokenizer: the texts are read as bytes) scans,
     and loads in `normlab doctor` as a normlab model computing the same logits."""
