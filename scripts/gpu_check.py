@@ -154,91 +154,47 @@ def plan(dry: bool, out: Path) -> list[Item]:
     for name, args in bench:
         items.append(Item(name, [py, *args, *dev], 140, "benchmarks"))
     size, steps, seq, batch = ("nano", 3, 32, 4) if dry else ("gpu-126m", 150, 1024, 16)
+
+    def train(layout: str, precision: list[str], run: Path, *extra: str) -> list[str]:
+        """`normlab train`'s arguments shared by the layout runs and the FSDP2 run."""
+        return [
+            "normlab",
+            "train",
+            *extra,
+            "--layout",
+            layout,
+            "--size",
+            size,
+            "--data",
+            "stdlib",
+            "--steps",
+            str(steps),
+            "--seq-len",
+            str(seq),
+            "--batch-size",
+            str(batch),
+            "--probe-every",
+            "50",
+            "--eval-every",
+            "0",
+            "--no-progress",
+            "--no-compile",
+            *precision,
+            *dev,
+            "--out",
+            str(run),
+        ]
+
     for layout in LAYOUTS:
         for precision in PRECISIONS:
             run = out / f"{layout}-{precision}"
             prec = ["--precision", "fp32", "--activation-dtype", precision] if dry else ["--precision", precision]
-            items.append(
-                Item(
-                    f"{size} {layout} {precision}",
-                    [
-                        py,
-                        "-m",
-                        "normlab",
-                        "train",
-                        "--layout",
-                        layout,
-                        "--size",
-                        size,
-                        "--data",
-                        "stdlib",
-                        "--steps",
-                        str(steps),
-                        "--seq-len",
-                        str(seq),
-                        "--batch-size",
-                        str(batch),
-                        "--lr",
-                        "3e-3",
-                        "--probe-every",
-                        "50",
-                        "--eval-every",
-                        "0",
-                        "--no-progress",
-                        "--no-compile",
-                        *prec,
-                        *dev,
-                        "--out",
-                        str(run),
-                    ],
-                    80,
-                    "results",
-                    run=str(run),
-                )
-            )
+            cmd = [py, "-m", *train(layout, prec, run, "--lr", "3e-3")]
+            items.append(Item(f"{size} {layout} {precision}", cmd, 80, "results", run=str(run)))
     run = out / "fsdp-1gpu"
-    items.append(
-        Item(
-            "FSDP2 on one device, probes on",
-            [
-                py,
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                "--nproc_per_node",
-                "1",
-                "-m",
-                "normlab",
-                "train",
-                "--fsdp",
-                "--layout",
-                "peri",
-                "--size",
-                size,
-                "--data",
-                "stdlib",
-                "--steps",
-                str(steps),
-                "--seq-len",
-                str(seq),
-                "--batch-size",
-                str(batch),
-                "--probe-every",
-                "50",
-                "--eval-every",
-                "0",
-                "--no-progress",
-                "--no-compile",
-                *(["--precision", "fp32"] if dry else ["--precision", "bf16"]),
-                *dev,
-                "--out",
-                str(run),
-            ],
-            90,
-            "results",
-            run=str(run),
-        )
-    )
+    torchrun = [py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "-m"]
+    fsdp = train("peri", ["--precision", "fp32"] if dry else ["--precision", "bf16"], run, "--fsdp")
+    items.append(Item("FSDP2 on one device, probes on", [*torchrun, *fsdp], 90, "results", run=str(run)))
     return items
 
 
