@@ -13,7 +13,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from normlab.errors import USER_ERRORS, ConfigError, DataError, ForeignFolderError, OutputError
 
@@ -24,20 +24,29 @@ def _umask() -> int:
     return mask
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike) -> Iterator[BinaryIO]:
+    """A binary file to stream into that appears at ``path`` only once complete (flushed, fsynced, renamed);
+    an exception inside the block leaves ``path`` as it was. Streaming keeps a large write (a checkpoint of
+    gigabytes) out of memory: the content is never held whole."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual permissions
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    with atomic_open(path) as f:
+        f.write(data)
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:

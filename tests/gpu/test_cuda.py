@@ -93,8 +93,10 @@ def test_chunked_loss_and_checkpointing_on_cuda():
 
 @cuda_only
 def test_grouped_and_looped_moe_dispatch_agree_on_cuda():
-    """The grouped expert product (one bf16 kernel on sm_90/sm_100) against the looped float32 one:
-    outputs of order one and the experts' gradients through the grouped product's backward."""
+    """The grouped expert product (one bf16 kernel on sm_90/sm_100) against the looped one, both under the
+    same bf16 autocast so that both route every token to the same experts: outputs of order one and the
+    experts' gradients through the grouped product's backward. (Against a float32 loop the router's logits
+    differ, a near-tie token changes experts, and the outputs differed by 0.055 on an H200, 2026-11-26.)"""
     from normlab.model.config import ModelConfig
     from normlab.model.moe import MoE, _grouped_dtype
 
@@ -108,9 +110,9 @@ def test_grouped_and_looped_moe_dispatch_agree_on_cuda():
     b.load_state_dict(a.state_dict())
     x = torch.randn(4, 32, 64, device="cuda")
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        ya = a(x)
+        assert torch.equal(a.route(x.flatten(0, 1))[3], b.route(x.flatten(0, 1))[3])  # the same experts
+        ya, yb = a(x), b(x)
         assert _grouped_dtype(x.bfloat16()) is not None or torch.cuda.get_device_capability()[0] not in (9, 10)
-    yb = b(x)
     assert ya.float().abs().max() > 0.1 and rel_err(ya, yb) < 2e-2
     assert rel_err(torch.zeros_like(yb), yb) == pytest.approx(1.0)  # the control an absolute tolerance missed
     (ya.float().square().mean() + a.aux).backward()

@@ -146,33 +146,37 @@ def test_tier_overhead_prints_both_figures():
     assert "direct: tier's own time" in text and "A/B: on / off =" in text
 
 
-def test_gpu_check_plan_fits_25_minutes_and_rewrites_its_sections(tmp_path):
-    """make gpu-check's plan holds every GPU check (tests/gpu, the benchmarks with MFU, each key layout in bf16
-    and fp16 at gpu-126m, FSDP2 on one device) within 25 minutes of limits; its dry run on the CPU runs a
-    the FSDP2 run (probes on) and replaces the marked section it finds, never touching the repository's docs;
-    a page without the section gets it appended."""
+def test_gpu_check_plan_orders_its_checks_and_rewrites_its_sections(tmp_path):
+    """make gpu-check's plan holds every GPU check (tests/gpu, each key layout in bf16 and fp16 at gpu-126m, the
+    benchmarks with MFU, FSDP2 on one device) in order of priority, each within the budget; its dry run on the
+    CPU runs the FSDP2 run (probes on), writes an item past the budget as not run, and replaces the marked
+    section it finds, never touching the repository's docs; a page without the section gets it appended."""
     sys.path.insert(0, str(BENCH.parent / "scripts"))
     import gpu_check
 
     items = gpu_check.plan(False, tmp_path)
     names = [it.name for it in items]
-    assert sum(it.limit_s for it in items) <= 25 * 60
-    assert names[:4] == ["pytest tests/gpu", "peers (MFU)", "train throughput", "per-step tier overhead"]
-    assert {f"gpu-126m {lay} {p}" for lay in ("pre", "peri", "post", "hybrid") for p in ("bf16", "fp16")} <= set(names)
-    fsdp = items[-1].cmd
+    assert all(it.limit_s <= gpu_check.BUDGET_S for it in items)
+    runs = [f"gpu-126m {lay} {p}" for lay in ("pre", "peri", "post", "hybrid") for p in ("bf16", "fp16")]
+    assert names[0] == "pytest tests/gpu" and names[1:9] == runs and names[9] == "peers (MFU)"
+    assert names.index("FSDP2 on one device, probes on") < names.index("train throughput")
+    fsdp = items[names.index("FSDP2 on one device, probes on")].cmd
     assert "--fsdp" in fsdp and fsdp[fsdp.index("--nproc_per_node") + 1] == "1" and "cuda" in fsdp
     docs = tmp_path / "docs"
     before = (BENCH.parent / "docs" / "results.md").read_text()
     docs.mkdir()
     (docs / "results.md").write_text("# Results\n\n" + gpu_check.BEGIN + "\nan older section\n" + gpu_check.END + "\n")
     (docs / "benchmarks.md").write_text("# Benchmarks\n")
-    assert gpu_check.main(["--dry-run", "--docs-dir", str(docs), "--only", "FSDP2"]) == 0
+    assert gpu_check.main(["--dry-run", "--docs-dir", str(docs), "--only", "FSDP2,per-step"]) == 0
+    assert "### per-step tier overhead: not run" not in (docs / "benchmarks.md").read_text()
     results = (docs / "results.md").read_text()
     assert results.count(gpu_check.BEGIN) == 1 and results.count(gpu_check.END) == 1
     section = results[results.index(gpu_check.BEGIN) :]
     assert "CPU dry run" in section and "| FSDP2 on one device, probes on | ok |" in section
     assert "an older section" not in results
     assert (BENCH.parent / "docs" / "results.md").read_text() == before
+    assert gpu_check.main(["--dry-run", "--docs-dir", str(docs), "--only", "peers", "--budget-s", "0"]) == 0
+    assert "### peers (MFU): not run (the check's time budget was spent)" in (docs / "benchmarks.md").read_text()
     page = tmp_path / "page.md"
     page.write_text("# Title\n\ntext\n")
     gpu_check.replace_section(page, "one\n")

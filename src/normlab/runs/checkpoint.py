@@ -2,8 +2,9 @@
 
 A checkpoint holds the model and optimizer state, the step (which is also the data position:
 batches are a function of (seed, step)), the loss scaler, the divergence monitor and the RNG
-states. It is serialized in memory and written with `atomic_write_bytes`, so a process killed
-mid-write leaves the previous checkpoint intact and no partial file under a checkpoint name.
+states. It is streamed into a temporary file and renamed once complete (`normlab.io.atomic_open`),
+hashed on the way, so a process killed mid-write leaves the previous checkpoint intact and no partial
+file under a checkpoint name.
 
 Loading uses `torch.load(weights_only=True)`: only tensors and plain containers/scalars are
 unpickled, so a `.pt` whose pickle would call `os.system` (or anything else) is refused, not run.
@@ -35,13 +36,13 @@ import shutil
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
 
 from normlab.errors import CheckpointError, UnsafeCheckpointError
-from normlab.io import atomic_write_bytes
+from normlab.io import atomic_open, atomic_write_bytes
 from normlab.runs.files import RunDir
 
 _NAME = re.compile(r"^step_(\d{8})\.(pt|dcp)$")
@@ -137,16 +138,34 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
 
 
+class _Sha256Writer:
+    """A file that hashes what passes through it (torch.save writes to any object with ``write``), so a
+    checkpoint's sum costs no second read and no copy of it in memory."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self.f, self.sha = f, hashlib.sha256()
+
+    def write(self, data: bytes) -> int:
+        self.sha.update(data)
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
 def save_checkpoint(run_dir: str | Path, step: int, state: dict[str, Any], keep_last: int) -> Path:
-    """Write ``state`` as checkpoint ``step`` (steps completed) and prune to the last ``keep_last``."""
-    buf = io.BytesIO()
-    torch.save({**state, "step": step, "rng": rng_state()}, buf)
+    """Write ``state`` as checkpoint ``step`` (steps completed) and prune to the last ``keep_last``.
+
+    Streamed to its file (atomically), hashed on the way: at gpu-126m a checkpoint is 1.5 GB, and the
+    earlier in-memory buffer held it twice and took most of a 100-step H200 run's 48 s (two stack dumps
+    25 s apart, both inside the save)."""
     path = checkpoint_dir(run_dir) / f"step_{step:08d}.pt"
-    data = buf.getvalue()
-    atomic_write_bytes(path, data)
+    with atomic_open(path) as f:
+        out = _Sha256Writer(f)
+        torch.save({**state, "step": step, "rng": rng_state()}, out)
     # after the file: a kill between the two leaves a complete checkpoint without its sum (loaded as
     # checkpoints of earlier normlab versions are: unverified)
-    atomic_write_bytes(path.with_name(path.name + SUM_SUFFIX), hashlib.sha256(data).hexdigest().encode())
+    atomic_write_bytes(path.with_name(path.name + SUM_SUFFIX), out.sha.hexdigest().encode())
     prune(run_dir, keep_last)
     return path
 
