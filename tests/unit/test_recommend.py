@@ -848,7 +848,10 @@ def test_the_transfer_record_renders_what_is_there_and_says_not_yet_measured_whe
     head, body = report.record_lines(rec)
     assert "in progress, 40 of 142 runs" in head
     assert "tau +0.67 (p 0.33), top-1 agrees, top-3 2/3" in body and "predicted only 2" in body
-    assert "`normlab transfer w64 w128`" in body
+    assert "`normlab transfer w64 w128`" in body and "fp16's maximum" not in body
+    rec["comparisons"][0]["failures_with_headroom"] = {"predicted_and_seen": 2, "predicted_only": 2, "seen_only": 0}
+    _, body = report.record_lines(rec)
+    assert "within 4x of fp16's maximum as a predicted failure: predicted and seen 2, predicted only 2" in body
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "muon", "sgd"])

@@ -11,7 +11,16 @@ import pytest
 from normlab.cli import main
 from normlab.experiments.recipes import load_recipe
 from normlab.experiments.summary import load_sweep
-from normlab.experiments.transfer import compare, failure_cells, rank_sweep, report, shared_lrs
+from normlab.experiments.transfer import (
+    FP16_MAX,
+    HEADROOM,
+    compare,
+    failure_cells,
+    rank_sweep,
+    report,
+    shared_lrs,
+    warned_cells,
+)
 from tests.helpers import synthetic_store
 
 INIT = 5.5
@@ -117,6 +126,29 @@ def test_failures_predicted_vs_seen_on_the_shared_learning_rates():
     assert every.failures == common.failures  # failures are compared where both ran
     with pytest.raises(ValueError, match="'common' or 'all'"):
         compare(proxy, other, lrs="some")
+
+
+def test_fp16_headroom_predicts_the_failures_a_wider_stream_reaches():
+    """A proxy seed whose largest activation reached 65504 / 4 warns of its cell failing at width (the
+    H200 case: Pre-LN at lr 3e-2 trained at d 64 with 14-16 thousand and overflowed at d 256); below that
+    bound, or without fp16 storage (no `storage_max`), only divergences predict."""
+    proxy = frame({("pre", 3e-3): ok(2.4, 2.4), ("pre", 3e-2): ok(2.9, 3.1), ("peri", 3e-2): ok(2.3, 2.3)})
+    proxy["max_activation"] = [11.0, 14.0, 14472.0, 16400.0, 40.0, FP16_MAX / HEADROOM - 1]
+    other = frame(
+        {
+            ("pre", 3e-3): ok(2.3, 2.3),
+            ("pre", 3e-2): [("diverged", 3.4), ("diverged", 3.2)],
+            ("peri", 3e-2): ok(2.2, 2.2),
+        }
+    )
+    assert 14472.0 < FP16_MAX / HEADROOM < 16400.0  # one of the two seeds is enough to warn
+    assert warned_cells(proxy, FP16_MAX) == {("peri", 0.03): (0, 2), ("pre", 0.003): (0, 2), ("pre", 0.03): (1, 2)}
+    plain = compare(proxy, other)
+    assert plain.failures == {"predicted_and_seen": 0, "predicted_only": 0, "seen_only": 1, "neither": 2}
+    assert plain.failures_with_headroom is None
+    warned = compare(proxy, other, storage_max=FP16_MAX)
+    assert warned.failures == plain.failures  # the divergence-only tally is kept as it was
+    assert warned.failures_with_headroom == {"predicted_and_seen": 1, "predicted_only": 0, "seen_only": 0, "neither": 2}
 
 
 def test_synthetic_store_ranked_and_compared_with_itself(tmp_path):

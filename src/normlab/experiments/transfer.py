@@ -15,7 +15,12 @@ The comparison (`compare`) over the placements ranked in both:
 - pairs ordered oppositely where both sweeps separate them beyond noise (their failure counts differ, or
   their best losses differ by more than the larger seed std, at least `NOISE_FLOOR`, as in recommend);
 - failures predicted vs seen, per (placement, lr) cell: a cell failed where any of its seeds diverged
-  or stalled; predicted = failed in the proxy, seen = failed in the other sweep.
+  or stalled; predicted = failed in the proxy, seen = failed in the other sweep;
+- where the proxy stored its activations in fp16, the same tally with a second predictor (`warned_cells`):
+  a proxy cell also predicts a failure when a seed's largest activation came within `HEADROOM` (4x) of
+  the fp16 maximum, 65,504. Why: on an H200 (2026-11-26, docs/results.md) Pre-LN at lr 3e-2 trained on
+  both proxy seeds at d 64 with activations of 14-16 thousand, and overflowed on both at d 256; a stream
+  that grows with width crosses the maximum at the user's width before the proxy's does.
 
 `normlab transfer PROXY OTHER...` prints `report(...)`: each sweep's scale (width, depth, parameters,
 tokens = steps x batch x sequence), the two rankings side by side and the agreement table. Runs still
@@ -35,6 +40,8 @@ from normlab.errors import ConfigError
 from normlab.experiments.summary import LR, load_sweep, lr_curves, lr_sensitivity
 from normlab.runs.outcome import FINISHED
 
+HEADROOM = 4.0  # a proxy run within this factor of its storage maximum warns of a failure at width
+FP16_MAX = 65504.0
 NOISE_FLOOR = 0.01  # nats: recommend's (normlab.recommend.rank.NOISE_FLOOR); below it two losses are a tie
 FAILED = ("diverged", "stalled")
 AXES = ["layout", LR, "seed"]
@@ -135,6 +142,18 @@ def failure_cells(runs: pd.DataFrame, lrs: list[float] | None = None) -> dict[tu
     )
 
 
+def warned_cells(
+    runs: pd.DataFrame, storage_max: float, lrs: list[float] | None = None
+) -> dict[tuple[str, float], tuple[int, int]]:
+    """`failure_cells` with a finished seed counted as failed also when its largest activation reached
+    ``storage_max / HEADROOM`` (the fp16 headroom predictor; see the module docstring)."""
+    if not len(runs) or "max_activation" not in runs.columns:
+        return failure_cells(runs, lrs)
+    warn = runs.status.isin(FINISHED) & (runs.max_activation.fillna(0) >= storage_max / HEADROOM)
+    flagged = runs.assign(status=runs.status.where(~warn, "diverged"))  # a warned seed counts as failed
+    return failure_cells(flagged, lrs)
+
+
 def _decided(a: pd.Series, b: pd.Series) -> bool:
     """Whether one sweep tells placements a and b apart beyond noise (recommend's rule)."""
     if a.failure_rate != b.failure_rate:
@@ -163,6 +182,7 @@ class Agreement:
     )  # ... and separated beyond noise in both
     failures: dict[str, int] = field(default_factory=dict)  # predicted_and_seen, predicted_only, seen_only, neither
     cells_disagreeing: list[str] = field(default_factory=list)  # "layout @ lr: proxy k/n, other k/n"
+    failures_with_headroom: dict[str, int] | None = None  # the same, failed or within HEADROOM of fp16 (fp16 only)
 
     @property
     def layouts(self) -> list[str]:
@@ -216,9 +236,13 @@ def failure_tally(
     return tally, disagree
 
 
-def compare(proxy: pd.DataFrame, other: pd.DataFrame, lrs: str = "common") -> Agreement:
+def compare(
+    proxy: pd.DataFrame, other: pd.DataFrame, lrs: str = "common", storage_max: float | None = None
+) -> Agreement:
     """`proxy` and `other`: `load_sweep` tables (layout x lr x seed). `lrs`: "common" ranks both on the
-    learning rates they share; "all" ranks each on all it ran (failures are compared on the shared ones)."""
+    learning rates they share; "all" ranks each on all it ran (failures are compared on the shared ones).
+    `storage_max`: the proxy's activation storage maximum where it is fp16 (65504), which adds the
+    headroom predictor's tally (`warned_cells`)."""
     if lrs not in ("common", "all"):
         raise ValueError(f"lrs must be 'common' or 'all', got {lrs!r}")
     common = shared_lrs(proxy, other)
@@ -236,7 +260,19 @@ def compare(proxy: pd.DataFrame, other: pd.DataFrame, lrs: str = "common") -> Ag
         if _decided(row_a[x], row_a[y]) and _decided(row_b[x], row_b[y])
     ]
     out.failures, out.cells_disagreeing = failure_tally(failure_cells(proxy, common), failure_cells(other, common))
+    if storage_max is not None:
+        warned = warned_cells(proxy, storage_max, common)
+        out.failures_with_headroom = failure_tally(warned, failure_cells(other, common))[0]
     return out
+
+
+def storage_max(path: str | Path) -> float | None:
+    """65504 where the sweep's runs store activations in fp16, else None (no headroom predictor)."""
+    from normlab.runs.files import SweepDir
+    from normlab.runs.store import open_store
+
+    rows = open_store(SweepDir(Path(path))).rows()
+    return FP16_MAX if rows and rows[0]["config"].stored_dtype == "fp16" else None
 
 
 def sweep_scale(path: str | Path) -> dict[str, Any]:
@@ -281,10 +317,15 @@ def _scale_words(name: str, s: dict[str, Any]) -> str:
     )
 
 
+def _tally(f: dict[str, int]) -> str:
+    return f" {f['predicted_and_seen']} / {f['predicted_only']} / {f['seen_only']} / {f['neither']} |"
+
+
 def report(proxy_dir: str | Path, others: list[str | Path], lrs: str = "common") -> str:
     """The comparison as markdown: each sweep's scale, the rankings side by side, the agreement table."""
     proxy_dir = Path(proxy_dir)
     proxy, _ = load_sweep(proxy_dir)
+    limit = storage_max(proxy_dir)
     lines = [
         "# Transfer: does the proxy's ranking hold?",
         "",
@@ -294,7 +335,7 @@ def report(proxy_dir: str | Path, others: list[str | Path], lrs: str = "common")
     for path in map(Path, others):
         other, _ = load_sweep(path)
         lines.append(f"- {_scale_words(path.name, sweep_scale(path))}")
-        results.append((path.name, other, compare(proxy, other, lrs)))
+        results.append((path.name, other, compare(proxy, other, lrs, limit)))
     lines += [
         "",
         "Ranked by failed runs (diverged + stalled) first, then best loss (mean over seeds at the best lr), "
@@ -306,10 +347,11 @@ def report(proxy_dir: str | Path, others: list[str | Path], lrs: str = "common")
         ),
         "",
     ]
+    headroom = f"with fp16 headroom < {HEADROOM:g}x also predicting" if limit is not None else ""
     summary = [
         "| against | placements | Kendall tau (p) | top-1 | top-3 | discordant pairs (beyond noise) | "
-        "failures: predicted & seen / predicted only / seen only / neither |",
-        "|---|---|---|---|---|---|---|",
+        "failures: predicted & seen / predicted only / seen only / neither |" + (f" {headroom} |" if headroom else ""),
+        "|---|---|---|---|---|---|---|" + ("---|" if headroom else ""),
     ]
     for name, other, agree in results:
         a = rank_sweep(proxy, agree.lrs).set_index("layout")
@@ -342,6 +384,7 @@ def report(proxy_dir: str | Path, others: list[str | Path], lrs: str = "common")
             f"| {name} | {len(agree.layouts)} | {tau} | {top1} | {top3} | {len(agree.discordant)}/{agree.pairs} "
             f"({len(agree.discordant_beyond_noise)}) | {f['predicted_and_seen']} / {f['predicted_only']} / "
             f"{f['seen_only']} / {f['neither']} |"
+            + (_tally(agree.failures_with_headroom) if agree.failures_with_headroom is not None else "")
         )
     return "\n".join(lines + ["## Agreement", "", *summary, ""])
 
@@ -366,12 +409,13 @@ def record(path: str | Path, proxy_dir: str | Path, others: list[str | Path], lr
             raise ConfigError(f"--record {path} exists and is not a transfer record; give a new file or a record")
     proxy_dir = Path(proxy_dir)
     proxy, _ = load_sweep(proxy_dir)
+    limit = storage_max(proxy_dir)
     kept = {(c["proxy"], c["other"]): c for c in old.get("comparisons", [])}
     scales = {proxy_dir.name: sweep_scale(proxy_dir)}
     for other_dir in map(Path, others):
         other, _ = load_sweep(other_dir)
         scales[other_dir.name] = sweep_scale(other_dir)
-        a = compare(proxy, other, lrs)
+        a = compare(proxy, other, lrs, limit)
         finite = lambda x: None if x is None or (isinstance(x, float) and math.isnan(x)) else x
         kept[proxy_dir.name, other_dir.name] = {
             "proxy": proxy_dir.name,
@@ -383,6 +427,7 @@ def record(path: str | Path, proxy_dir: str | Path, others: list[str | Path], lr
             "top3": finite(a.top3),
             "k": a.k,
             "failures": a.failures,
+            "failures_with_headroom": a.failures_with_headroom,
             "discordant_beyond_noise": [list(x) for x in a.discordant_beyond_noise],
             "finished": {
                 n: [scales[n].get("finished", 0), scales[n].get("runs", 0)] for n in (proxy_dir.name, other_dir.name)
@@ -415,5 +460,7 @@ __all__ = [
     "record",
     "report",
     "shared_lrs",
+    "storage_max",
     "sweep_scale",
+    "warned_cells",
 ]
