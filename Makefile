@@ -73,7 +73,7 @@ gpu-transfer: install
 	for s in llama1b qwen3; do for w in 64 256 1024; do $(VENV)/bin/normlab sweep --recipe gpu-transfer-$$s-w$$w --out runs/recipes/gpu-transfer-$$s-w$$w || exit 1; done; done
 	for s in llama1b qwen3; do $(VENV)/bin/normlab transfer runs/recipes/gpu-transfer-$$s-w64 runs/recipes/gpu-transfer-$$s-w256 runs/recipes/gpu-transfer-$$s-w1024 || exit 1; done
 
-# Every GPU check within a budget (default 330 s, see scripts/gpu_check.py): tests/gpu, a short gpu-126m run per
+# Every GPU check within a budget (default 540 s, see scripts/gpu_check.py): tests/gpu, a short gpu-126m run per
 # key layout in bf16 and fp16, FSDP2 on one GPU; the figures go into docs/benchmarks.md and docs/results.md
 # between <!-- gpu-check --> markers, with the device named (scripts/gpu_check.py; --dry-run: the CPU plumbing).
 # No install step: the device machine reaches no network (GPU_PYTHON: a Python with CUDA torch and normlab's deps).
