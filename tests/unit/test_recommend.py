@@ -851,7 +851,7 @@ def test_the_transfer_record_renders_what_is_there_and_says_not_yet_measured_whe
     assert "`normlab transfer w64 w128`" in body and "fp16's maximum" not in body
     rec["comparisons"][0]["failures_with_headroom"] = {"predicted_and_seen": 2, "predicted_only": 2, "seen_only": 0}
     _, body = report.record_lines(rec)
-    assert "within 4x of fp16's maximum as a predicted failure: predicted and seen 2, predicted only 2" in body
+    assert "within 8x of fp16's maximum as a predicted failure: predicted and seen 2, predicted only 2" in body
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "muon", "sgd"])

@@ -98,6 +98,7 @@ def transfer_record() -> dict[str, Any]:
 def record_lines(rec: dict[str, Any]) -> list[str]:
     """The transfer study's record in words: one line per comparison, or "not yet measured"."""
     from normlab.experiments.transfer import HEADROOM  # pandas: imported when a record is rendered
+
     link = 'docs/results.md, "Transfer study"'
     comps = rec.get("comparisons") or []
     if not comps:
