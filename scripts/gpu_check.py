@@ -15,14 +15,14 @@ The plan (`plan()`), in order of priority, each item one subprocess with its own
 5. `benchmarks/train_throughput.py` (eager and compiled, pre and peri) and `benchmarks/tier_overhead.py`
    (the per-step tier's cost at gpu-126m).
 
-The whole check has a budget (``--budget-s``, default 540 s): a device lease is 15 minutes of GPU time
-with the machine's start counted and at most 10 minutes a command, so the check is one command of a
-lease (give a smaller budget to share the lease with the transfer study's GPU rungs, as the 2026-11-26
-lease did with 320 s). Measured on that H200: tests/gpu 116 s; a gpu-126m run's 100 steps took 6.8 s of its
-47.7 s, most of the rest in ten 1.5 GB checkpoints (its runs here now save one). Each item runs within the smaller of its own limit and the time left; an item
-that would start with under 15 s left is not run and is written as "not run: the budget was spent", so
-the order above is the trade-off: the behaviour tests and the layouts' bf16/fp16 runs first, the
-throughput figures last.
+The whole check has a budget (``--budget-s``, default 540 s): a device lease is 15 minutes of GPU time with
+the machine's start counted and at most 10 minutes a command, so the check is one command of a lease (give a
+smaller budget to share the lease with the transfer study's GPU rungs, as the 2026-11-26 lease did with 320
+s). Measured on that H200: tests/gpu 116 s; a gpu-126m run's 100 steps took 6.8 s of its 47.7 s, most of the
+rest in ten 1.5 GB checkpoints (its runs here now save one). Each item runs within the smaller of its own
+limit and the time left; an item that would start with under 15 s left is not run and is written as "not
+run: the budget was spent", so the order above is the trade-off: the behaviour tests and the layouts'
+bf16/fp16 runs first, the throughput figures last.
 
 The figures go into docs/benchmarks.md and docs/results.md between ``<!-- gpu-check:begin -->`` and
 ``<!-- gpu-check:end -->`` (the section is replaced, or appended when the page has none), headed by the
