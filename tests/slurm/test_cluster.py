@@ -359,7 +359,9 @@ def test_a_time_limit_cut_short_saves_at_the_cut_and_the_run_goes_on(corpus, tmp
     USR2 with it; the run saves at that step (not at a periodic checkpoint), the job is requeued and continues
     from that save (its limit given back while it waits: a requeued job keeps the shortened one), and the run
     ends ok once, no row ever failed."""
-    path, name = write_sweep(tmp_path, corpus, "cut", seeds=1, steps=4000, slurm_max_num_timeout=10)
+    # 12,000 steps: longer than the minute the job must pass on an idle machine (4,000 nano steps took 40 s
+    # there, so the job had ended before it was cut), and within the wait below under a load of ten
+    path, name = write_sweep(tmp_path, corpus, "cut", seeds=1, steps=12000, slurm_max_num_timeout=10)
     out = tmp_path / "sw"
     proc = subprocess.Popen(sweep_cmd(path, out), env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     watch = Watch(out)
@@ -380,13 +382,13 @@ def test_a_time_limit_cut_short_saves_at_the_cut_and_the_run_goes_on(corpus, tmp
         timeout=200,
     )
     subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=10"], check=True)
-    text, _ = proc.communicate(timeout=900)
+    text, _ = proc.communicate(timeout=1800)
     assert proc.returncode == 0, text
     (row,) = check_ok_once(out, name, 1)
     assert row["attempts"] >= 2
     logs = "".join(p.read_text() for p in (out / "logs" / "jobs").rglob("*_log.*"))
     resumed = [int(step) for step in re.findall(r"resuming from step_(\d+)", logs)]
-    assert resumed and resumed[0] % 1000 != 0, resumed  # saved at the cut; periodic checkpoints are every 1000
+    assert resumed and resumed[0] % 3000 != 0, resumed  # saved at the cut; periodic checkpoints are every 3000
     assert watch.failed_while_live(name) == []
 
 
