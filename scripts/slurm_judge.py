@@ -4,9 +4,10 @@ a 5-run nano sweep under QOS normlab-limited (3 jobs may wait or run), one-minut
 needs two or more job lives), the coordinator killed (-9) twice mid-sweep and rerun, one job scancel-ed by
 hand, a third coordinator killed the moment sbatch accepts its array (before it stores the ids); rerun until
 no run is left. Checks: every run `ok`, its row's job and worker the same job, sacct says COMPLETED for it;
-no run was trained by two jobs alive at once (sacct's Start and End of the jobs whose logs name it); no
-duplicate job (every job of the sweep in sacct is a row's job, the scancel-ed one, or one that ended on a
-limit and was replaced); no row was ever `failed` but a cancelled job's.
+every run lived in two or more jobs (its row's attempts); no run was trained by two jobs alive at once
+(sacct's Start and End of the jobs whose logs name it); no duplicate job (every job of the sweep in sacct is
+a row's job, the scancel-ed one, or one that ended on a limit and was replaced); no row was ever `failed`
+but a cancelled job's.
 
     PYTHONPATH=src python scripts/slurm_judge.py [WORKDIR]    # exit 0: all held; 1: what broke
 """
@@ -32,7 +33,7 @@ def rows(out: Path) -> list[dict]:
     try:
         with sqlite3.connect(out / "sweep.db", timeout=30) as con:
             con.row_factory = sqlite3.Row
-            return [dict(r) for r in con.execute("select run_id, status, job, worker, reason from runs")]
+            return [dict(r) for r in con.execute("select run_id, status, job, worker, reason, attempts from runs")]
     except sqlite3.OperationalError:
         return []
 
@@ -93,7 +94,7 @@ def main() -> int:
         size="nano",
         seq_len=32,
         batch_size=8,
-        steps=2500,
+        steps=8000,  # about 80 s a run on an idle 2-core machine (2,500 took 25 s): longer than the 1-minute limit
         eval_every=0,
         eval_batches=1,
         probe_every=0,
@@ -184,6 +185,10 @@ def main() -> int:
         if not jobs.get(job, "").startswith("CANCELLED"):
             broken.append(f"{run_id} was seen failed while its job {job} was {jobs.get(job)}: {reason}")
     broken += overlapping(out, job_name)
+    # the scenario's premise: the one-minute limit made every run live in two or more jobs (each start counts)
+    short = [f"{r['run_id']} ({r['attempts']})" for r in got if r["attempts"] < 2]
+    if short:
+        broken.append(f"runs that lived in one job only, so no time limit cut them: {', '.join(short)}")
     # no duplicate job: each job sacct knows of this sweep trained its run to the end (a row's job), is the one
     # scancel-ed, or ended on a limit without requeueing itself and was replaced (the coordinator's resubmission)
     finals = {r["job"] for r in got} | {victim["job"]}
@@ -191,6 +196,7 @@ def main() -> int:
         if job not in finals and state.split()[0] not in ("TIMEOUT", "NODE_FAIL", "BOOT_FAIL", "PREEMPTED"):
             broken.append(f"job {job} ended {state}: a duplicate (it is no run's job)")
     print(f"judge: {len(got)} runs, {sum(r['status'] == 'ok' for r in got)} ok; jobs {jobs}")
+    print(f"judge: job lives per run: {sorted(r['attempts'] for r in got)}")
     print(f"judge: failed rows seen (cancelled jobs only allowed): {sorted(failed_seen, key=str)}")
     print(
         f"judge: {time.time() - t0:.0f}s in all; " + ("ALL HELD" if not broken else "BROKEN:\n  " + "\n  ".join(broken))
