@@ -269,18 +269,10 @@ def compare(
     return out
 
 
-def storage_max(path: str | Path) -> float | None:
-    """65504 where the sweep's runs store activations in fp16, else None (no headroom predictor)."""
-    from normlab.runs.files import SweepDir
-    from normlab.runs.store import open_store
-
-    rows = open_store(SweepDir(Path(path))).rows()
-    return FP16_MAX if rows and rows[0]["config"].stored_dtype == "fp16" else None
-
-
 def sweep_scale(path: str | Path) -> dict[str, Any]:
     """A sweep's scale from its first run's config: width, depth, parameters (analytic, of its first
-    placement), steps, tokens per run (steps x batch x sequence), and how many runs have finished."""
+    placement), steps, tokens per run (steps x batch x sequence), how many runs have finished, and the
+    storage maximum where its activations are stored in fp16 (65504, else None: no headroom predictor)."""
     from normlab.model.params import analytic_params
     from normlab.runs.files import SweepDir
     from normlab.runs.store import open_store
@@ -288,7 +280,7 @@ def sweep_scale(path: str | Path) -> dict[str, Any]:
     store = open_store(SweepDir(Path(path)))
     rows = store.rows()
     if not rows:
-        return {"runs": 0, "finished": 0}
+        return {"runs": 0, "finished": 0, "storage_max": None}
     cfg = rows[0]["config"]
     model = cfg.model.model_config()
     params = analytic_params(model.with_(vocab_size=cfg.expected_vocab), cfg.model.resolved).total
@@ -301,6 +293,7 @@ def sweep_scale(path: str | Path) -> dict[str, Any]:
         "params": params,
         "steps": cfg.optim.steps,
         "tokens": tokens,
+        "storage_max": FP16_MAX if cfg.stored_dtype == "fp16" else None,
     }
 
 
@@ -328,11 +321,12 @@ def report(proxy_dir: str | Path, others: list[str | Path], lrs: str = "common")
     """The comparison as markdown: each sweep's scale, the rankings side by side, the agreement table."""
     proxy_dir = Path(proxy_dir)
     proxy, _ = load_sweep(proxy_dir)
-    limit = storage_max(proxy_dir)
+    scale = sweep_scale(proxy_dir)
+    limit = scale["storage_max"]
     lines = [
         "# Transfer: does the proxy's ranking hold?",
         "",
-        f"- proxy: {_scale_words(proxy_dir.name, sweep_scale(proxy_dir))}",
+        f"- proxy: {_scale_words(proxy_dir.name, scale)}",
     ]
     results = []
     for path in map(Path, others):
@@ -382,11 +376,10 @@ def report(proxy_dir: str | Path, others: list[str | Path], lrs: str = "common")
         tau = "-" if math.isnan(agree.tau) else f"{agree.tau:+.2f} ({agree.p_value:.2f})"
         top1 = "-" if agree.top1 is None else ("yes" if agree.top1 else "no")
         top3 = "-" if math.isnan(agree.top3) else f"{round(agree.top3 * agree.k)}/{agree.k}"
-        f = agree.failures
         summary.append(
             f"| {name} | {len(agree.layouts)} | {tau} | {top1} | {top3} | {len(agree.discordant)}/{agree.pairs} "
-            f"({len(agree.discordant_beyond_noise)}) | {f['predicted_and_seen']} / {f['predicted_only']} / "
-            f"{f['seen_only']} / {f['neither']} |"
+            f"({len(agree.discordant_beyond_noise)}) |"
+            + _tally(agree.failures)
             + (_tally(agree.failures_with_headroom) if agree.failures_with_headroom is not None else "")
         )
     return "\n".join(lines + ["## Agreement", "", *summary, ""])
@@ -412,9 +405,9 @@ def record(path: str | Path, proxy_dir: str | Path, others: list[str | Path], lr
             raise ConfigError(f"--record {path} exists and is not a transfer record; give a new file or a record")
     proxy_dir = Path(proxy_dir)
     proxy, _ = load_sweep(proxy_dir)
-    limit = storage_max(proxy_dir)
     kept = {(c["proxy"], c["other"]): c for c in old.get("comparisons", [])}
     scales = {proxy_dir.name: sweep_scale(proxy_dir)}
+    limit = scales[proxy_dir.name]["storage_max"]
     for other_dir in map(Path, others):
         other, _ = load_sweep(other_dir)
         scales[other_dir.name] = sweep_scale(other_dir)
@@ -463,7 +456,6 @@ __all__ = [
     "record",
     "report",
     "shared_lrs",
-    "storage_max",
     "sweep_scale",
     "warned_cells",
 ]

@@ -95,6 +95,14 @@ def transfer_record() -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def _said(tally: dict[str, int]) -> str:
+    """A failure tally (`experiments.transfer.failure_tally`) in words."""
+    return (
+        f"predicted and seen {tally.get('predicted_and_seen', 0)}, predicted only {tally.get('predicted_only', 0)}, "
+        f"seen only {tally.get('seen_only', 0)}"
+    )
+
+
 def record_lines(rec: dict[str, Any]) -> list[str]:
     """The transfer study's record in words: one line per comparison, or "not yet measured"."""
     from normlab.experiments.transfer import HEADROOM  # pandas: imported when a record is rendered
@@ -109,19 +117,16 @@ def record_lines(rec: dict[str, Any]) -> list[str]:
         tau = "-" if c.get("tau") is None else f"{c['tau']:+.2f} (p {c['p_value']:.2f})"
         top1 = "-" if c.get("top1") is None else ("agrees" if c["top1"] else "differs")
         top3 = "-" if c.get("top3") is None else f"{round(c['top3'] * c['k'])}/{c['k']}"
-        f = c.get("failures") or {}
         h = c.get("failures_with_headroom")
         headroom = (
-            f"; counting a proxy run within {HEADROOM:g}x of fp16's maximum as a predicted failure: predicted and seen "
-            f"{h.get('predicted_and_seen', 0)}, predicted only {h.get('predicted_only', 0)}, seen only "
-            f"{h.get('seen_only', 0)}"
+            f"; counting a proxy run within {HEADROOM:g}x of fp16's maximum as a predicted failure: {_said(h)}"
             if h
             else ""
         )
         out.append(
             f"{c['proxy']} against {c['other']}: {c['placements']} placements, Kendall's tau {tau}, "
-            f"top-1 {top1}, top-3 {top3}; failures predicted and seen {f.get('predicted_and_seen', 0)}, predicted only "
-            f"{f.get('predicted_only', 0)}, seen only {f.get('seen_only', 0)}{headroom} (`{c['command']}`)."
+            f"top-1 {top1}, top-3 {top3}; failures {_said(c.get('failures') or {})}{headroom} "
+            f"(`{c['command']}`)."
         )
     return out
 
