@@ -219,6 +219,8 @@ def test_scan_and_init_from_never_offer_to_run_a_folders_code(corpus, tmp_path):
         )
         assert res.returncode == 2 and "Do you wish" not in res.stdout + res.stderr, res.stderr[-500:]
         assert len(res.stderr.strip().splitlines()) == 1
+        # normlab's refusal, from the folder's config.json, before transformers is imported
+        assert "names model code of its own (evil.py)" in res.stderr, res.stderr
     assert not marker.exists()
 
 

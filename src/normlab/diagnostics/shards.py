@@ -14,15 +14,16 @@ statistics the same way: local sums and counts, then one all-reduce).
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-try:  # torch >= 2.4
-    from torch.distributed.tensor import DTensor, Shard
-except ImportError:  # pragma: no cover - older torch
-    DTensor, Shard = (), ()  # type: ignore[assignment]
+# torch.distributed.tensor is read from sys.modules, never imported here: a DTensor exists only once something
+# (FSDP2, a device mesh) has imported that module, and importing it costs about a second of CPU in every
+# process (every `normlab` command and sweep worker) that never shards anything.
+_DTENSOR_MODULE = "torch.distributed.tensor"
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,8 @@ class Moments:
 
 
 def is_sharded(t: torch.Tensor) -> bool:
-    return bool(DTensor) and isinstance(t, DTensor)
+    dtensor = sys.modules.get(_DTENSOR_MODULE)
+    return dtensor is not None and isinstance(t, dtensor.DTensor)
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
@@ -60,8 +62,9 @@ def _shard_groups(t: torch.Tensor) -> tuple:
     """The process groups over which ``t``'s local values must be combined (its sharded mesh dims)."""
     if not is_sharded(t):
         return ()
+    shard = sys.modules[_DTENSOR_MODULE].Shard
     mesh = t.device_mesh
-    return tuple(mesh.get_group(d) for d, p in enumerate(t.placements) if isinstance(p, Shard))
+    return tuple(mesh.get_group(d) for d, p in enumerate(t.placements) if isinstance(p, shard))
 
 
 def _local_stats(t: torch.Tensor) -> list[float]:

@@ -42,7 +42,7 @@ from normlab.config.commands import EvalConfig
 from normlab.data.corpus import DataError
 from normlab.errors import ConfigError
 from normlab.evaluation.local_tasks import TASKS_DIR
-from normlab.io import atomic_write_bytes, read_json
+from normlab.io import atomic_write_bytes
 from normlab.runs.files import RunDir, SweepDir
 from normlab.runs.outcome import TRAINED
 
@@ -83,13 +83,19 @@ def _lm_eval() -> Any:
     return lm_eval
 
 
-@functools.lru_cache(maxsize=1)
-def _task_manager() -> Any:
-    """lm-eval's task index with normlab's folder on its include path; built once per process (it
-    reads every task YAML lm-eval ships: seconds), so a sweep's runs share it."""
+@functools.lru_cache(maxsize=2)
+def _task_manager(local_only: bool = False) -> Any:
+    """lm-eval's task index with normlab's folder on its include path; built once per process, so a
+    sweep's runs share it. Indexing every task YAML lm-eval ships takes about 10 s of CPU; ``local_only``
+    (every task asked for is one of normlab's local tasks) indexes normlab's folder alone."""
     from lm_eval.tasks import TaskManager
 
-    return TaskManager(include_path=str(TASKS_DIR))
+    return TaskManager(include_path=str(TASKS_DIR), include_defaults=not local_only)
+
+
+def _manager_for(tasks: list[str]) -> Any:
+    """The task index that knows ``tasks``: normlab's folder alone when they are all its local tasks."""
+    return _task_manager(local_only=all(t == "normlab_local" or t in LOCAL_TASKS for t in tasks))
 
 
 def kind_of(source: Path) -> str:
@@ -108,34 +114,15 @@ def kind_of(source: Path) -> str:
     )
 
 
-def _auto_map_modules(folder: Path, name: str) -> set[str]:
-    """The modules a folder's ``auto_map`` in ``name`` (config.json, tokenizer_config.json) points at."""
-    path = folder / name
-    if not path.is_file():
-        return set()
-    try:
-        auto_map = read_json(path).get("auto_map") or {}
-    except (DataError, AttributeError) as err:
-        raise EvalError(
-            f"{path} is not a JSON object ({type(err).__name__}); an export folder has a transformers config.json"
-        ) from None
-    refs = [
-        r
-        for v in (auto_map.values() if isinstance(auto_map, dict) else [auto_map])
-        for r in (v if isinstance(v, (list, tuple)) else [v])
-        if r
-    ]
-    return {str(r).rsplit(".", 1)[0] for r in refs}
-
-
 def remote_code(folder: Path, trust: bool = False) -> bool:
     """Whether loading the export ``folder`` runs code from it (``trust_remote_code``), and whether that
     is allowed: a native architecture (no ``auto_map``) runs none; normlab's own class runs the
     folder's ``modeling_normlab.py`` only if it is byte for byte what this normlab writes
     (`normlab.hf.bundle`); any other code only with ``trust`` (``--trust-remote-code``)."""
     from normlab.hf.bundle import bundle_source
+    from normlab.hf.folder import code_modules
 
-    modules = _auto_map_modules(folder, "config.json") | _auto_map_modules(folder, "tokenizer_config.json")
+    modules = code_modules(folder)
     if not modules:
         return False
     if trust:
@@ -157,18 +144,16 @@ def remote_code(folder: Path, trust: bool = False) -> bool:
 
 
 def _model_for(
-    source: Path, kind: str, device: str, batch_size: int | str, max_length: int | None, trust_remote_code: bool = False
+    source: Path, kind: str, device: str, batch_size: int | str, max_length: int | None, trusted: bool = False
 ) -> tuple[Any, dict, Path]:
-    """lm-eval's HFLM for the source, facts about it, and the folder results go to."""
+    """lm-eval's HFLM for the source, facts about it, and the folder results go to. ``trusted``: an
+    export's own model code may run (`remote_code`'s verdict, taken before this is called)."""
     from lm_eval.models.huggingface import HFLM
 
     if kind == "export":
-        from normlab.hf.folder import check_folder
-
-        check_folder(source)  # bounded JSON, readable safetensors headers, before lm-eval opens it
         lm = HFLM(
             pretrained=str(source),
-            trust_remote_code=remote_code(source, trust_remote_code),
+            trust_remote_code=trusted,
             device=device,
             batch_size=batch_size,
             max_length=max_length,
@@ -360,7 +345,13 @@ def evaluate(
     kind = kind_of(source)
     if kind == "sweep":
         raise EvalError(f"{source} is a sweep: use evaluate_sweep")
-    manager = _task_manager()
+    trusted = False
+    if kind == "export":  # the folder is judged before lm-eval indexes its tasks (seconds) or opens it
+        from normlab.hf.folder import check_folder
+
+        trusted = remote_code(source, trust_remote_code)
+        check_folder(source, trust_remote_code=trusted)  # bounded JSON, readable safetensors headers
+    manager = _manager_for(tasks)
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:
         raise EvalError(
@@ -368,7 +359,7 @@ def evaluate(
             f"or normlab's: {', '.join(GROUPS)}, {', '.join(LOCAL_TASKS)}"
         )
     with _lm_eval_output(verbose) as (truncations, captured):
-        lm, facts, out_dir = _model_for(source, kind, device, batch_size, max_length, trust_remote_code)
+        lm, facts, out_dir = _model_for(source, kind, device, batch_size, max_length, trusted)
         res = lm_eval.simple_evaluate(
             model=lm,
             tasks=list(tasks),

@@ -58,20 +58,57 @@ def read_config(path: str | Path) -> dict[str, Any]:
 _JSON_TYPES = {list: "array", dict: "object", int: "number", float: "number", bool: "boolean", type(None): "null"}
 
 
-def check_folder(folder: str | Path) -> dict[str, Any]:
-    """Check ``folder`` as the module docstring says, before transformers opens it; its config.json."""
+def code_modules(folder: str | Path, files: tuple[str, ...] = (CONFIG, "tokenizer_config.json")) -> set[str]:
+    """The modules that the ``auto_map`` of a folder's ``files`` point at: the code transformers would
+    import from the folder when it loads (bounded JSON, `io.read_json`)."""
+    modules: set[str] = set()
+    for name in files:
+        path = Path(folder) / name
+        if not path.is_file():
+            continue
+        data = read_json(path)
+        if not isinstance(data, dict):
+            raise DataError(f"{path} holds a JSON {_JSON_TYPES.get(type(data), 'value')}, not an object")
+        auto_map = data.get("auto_map") or {}
+        refs = [
+            r
+            for v in (auto_map.values() if isinstance(auto_map, dict) else [auto_map])
+            for r in (v if isinstance(v, (list, tuple)) else [v])
+            if r
+        ]
+        modules |= {str(r).rsplit(".", 1)[0] for r in refs}
+    return modules
+
+
+NORMLAB_MODULE = "modeling_normlab"  # an export's own class: registered by normlab.hf.modeling, its file never run
+
+
+def check_folder(folder: str | Path, trust_remote_code: bool = False) -> dict[str, Any]:
+    """Check ``folder`` as the module docstring says, before transformers opens it; its config.json.
+    A folder naming code of its own (``auto_map``, other than normlab's class) is refused here, before
+    transformers is imported, unless ``trust_remote_code`` (`normlab eval --trust-remote-code` alone)."""
     folder = Path(folder)
     config = read_config(folder / CONFIG)
     for f in sorted(folder.glob("*.json")):
         if f.name != CONFIG and f.is_file():
             read_json(f)
+    # the model's code; a tokenizer's (tokenizer_config.json) is refused by `load_tokenizer`, with its own words
+    foreign = sorted(code_modules(folder, (CONFIG,)) - {NORMLAB_MODULE})
+    if foreign and not trust_remote_code:
+        raise DataError(
+            f"{folder} names model code of its own ({', '.join(m + '.py' for m in foreign)}) that would run when "
+            "transformers loads it; normlab never runs a folder's code: give a folder of a transformers "
+            "architecture, or a normlab export"
+        )
     for f in sorted(folder.glob("*.safetensors")):
         _check_safetensors(f)
     import normlab.hf.modeling  # noqa: F401 - registers the normlab class: an export's config reads too
     from normlab.hf.library import require_transformers
 
     with reading(folder):  # the fields' types as transformers checks them (hidden_size "64", ...)
-        require_transformers().AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+        require_transformers().AutoConfig.from_pretrained(
+            folder, local_files_only=True, trust_remote_code=trust_remote_code
+        )
     return config
 
 

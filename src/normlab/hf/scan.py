@@ -67,9 +67,6 @@ def _tokens(path: Path, model: Any, texts: list[str], max_len: int, tok: Any = N
 def scan(path: str | Path, out: str | Path, texts: list[str] | None = None, max_len: int = 64) -> dict[str, Any]:
     """Scan the model in ``path``; write table.md, scan.json, figures and index.html into ``out`` (a new
     folder, or one a scan made: never over files normlab did not write)."""
-    tf = require_transformers()
-    import normlab.hf.modeling  # noqa: F401 - registers the normlab class, so exported normlab models scan too
-
     path, out = Path(path), Path(out)
     if not (path / "config.json").is_file():
         raise DataError(
@@ -81,7 +78,10 @@ def scan(path: str | Path, out: str | Path, texts: list[str] | None = None, max_
             f"{path} is a normlab run directory, not a transformers folder: export it first "
             f"(normlab export {path} DIR) and scan DIR"
         )
-    check_folder(path)  # bounded JSON, readable weights: before anything is written or loaded
+    check_folder(path)  # bounded JSON, no code of its own, readable weights: before anything is written or loaded
+    tf = require_transformers()
+    import normlab.hf.modeling  # noqa: F401 - registers the normlab class, so exported normlab models scan too
+
     tok = load_tokenizer(path)  # the one rule doctor keeps too
     out = own_folder(out, "scan")
     with reading(path, "a transformers causal LM"):  # unknown model type, a field of the wrong type, ...
