@@ -146,6 +146,7 @@ def test_tier_overhead_prints_both_figures():
     assert "direct: tier's own time" in text and "A/B: on / off =" in text
 
 
+@pytest.mark.long
 def test_gpu_check_plan_orders_its_checks_and_rewrites_its_sections(tmp_path):
     """make gpu-check's plan holds every GPU check (tests/gpu, each key layout in bf16 and fp16 at gpu-126m, the
     benchmarks with MFU, FSDP2 on one device) in order of priority, each within the budget; its dry run on the

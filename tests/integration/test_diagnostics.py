@@ -441,6 +441,7 @@ def test_the_report_tells_the_truth_of_a_run_that_overflowed(overflowed):
     assert ">inf<" not in page and "overflowed (step" in page
 
 
+@pytest.mark.long
 def test_report_in_headless_chromium_fits_a_1400px_window(overflowed, tmp_path):
     """The report rendered by Chromium at 1400 px: no table wider than the window (measured in the browser),
     every figure embedded, no script error; the screenshot is a 1400 px wide PNG."""

@@ -91,6 +91,7 @@ def single(tmp_path_factory):
     return cfg, root
 
 
+@pytest.mark.long
 def test_ddp_matches_single_process(single):
     cfg, root = single
     ddp = TrainConfig.of(**{**cfg.to_flat(), "out": str(root / "ddp"), "grad_accum": 2})
@@ -100,6 +101,7 @@ def test_ddp_matches_single_process(single):
     assert json.loads((root / "ddp" / "config.json").read_text())["world_size"] == 2
 
 
+@pytest.mark.long
 def test_fsdp2_matches_single_process_and_resumes_exactly(single):
     cfg, root = single
     fsdp = TrainConfig.of(**{**cfg.to_flat(), "out": str(root / "fsdp"), "fsdp": True})

@@ -221,6 +221,7 @@ def test_a_run_is_evaluated_in_memory_merged_and_reported(corpus, tmp_path, caps
     ]
 
 
+@pytest.mark.long
 def test_bad_eval_input_is_explained(tmp_path, capsys):
     from normlab.cli import main
 

@@ -866,6 +866,7 @@ def test_a_second_monitor_on_the_folder_resumes_its_history(tmp_path):
     assert len(second.history) == 8
 
 
+@pytest.mark.long
 def test_monitor_under_fsdp2_equals_one_process_and_the_trainer_callback_reads_shards(tmp_path):
     """TrainingMonitor on a tiny Llama sharded by FSDP2 over 2 processes (gloo), each rank its share of the
     batch: every metrics and probe row equals one process's on the whole batch (gradients, gains and the

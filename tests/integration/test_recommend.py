@@ -272,6 +272,7 @@ def _wide_model(tmp_path):
     return path
 
 
+@pytest.mark.long
 def test_verify_trains_the_best_at_a_wider_width_and_says_whether_the_order_held(corpus, tmp_path, capsys):
     """--verify with --optimizer sgd: the plan counts the stage before anything runs; the best 2 train again at
     the widest width that fits, at the winner's best lr, and the recommendation says whether the order held,

@@ -292,6 +292,7 @@ def _workers_of(coordinator: int) -> list[int]:
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc to find the worker processes")
+@pytest.mark.long
 def test_kill_9_of_the_sweep_coordinator_takes_its_workers_and_nothing_runs_twice(corpus, tmp_path):
     root = tmp_path / "sw"
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}

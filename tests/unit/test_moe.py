@@ -121,6 +121,7 @@ def test_config_errors():
         CFG.with_(mlp="relu")
 
 
+@pytest.mark.long
 def test_moe_trains_with_pre_and_hybrid_star_with_routing_in_probes_and_metrics(corpus, tmp_path):
     for layout in ("pre", "hybrid*"):
         run = tmp_path / layout.replace("*", "star")
