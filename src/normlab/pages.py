@@ -51,7 +51,7 @@ def fmt(v: object) -> str:
 def figure_html(fig, out: Path, key: str, title: str) -> str:  # noqa: ANN001 - a matplotlib Figure
     """Save ``fig`` as ``out/key.png`` and return an HTML section embedding it (base64)."""
     png = out / f"{key}.png"
-    fig.savefig(png)
+    fig.savefig(png, bbox_inches="tight")
     plt.close(fig)
     data = base64.b64encode(png.read_bytes()).decode()
     return (
