@@ -94,11 +94,13 @@ def single(tmp_path_factory):
 @pytest.mark.long
 def test_ddp_matches_single_process(single):
     cfg, root = single
-    ddp = TrainConfig.of(**{**cfg.to_flat(), "out": str(root / "ddp"), "grad_accum": 2})
+    # the default checkpoint interval: the ranks agree on it after each save (an all-reduce, ckpt_schedule)
+    ddp = TrainConfig.of(**{**cfg.to_flat(), "out": str(root / "ddp"), "grad_accum": 2, "ckpt_every": 0})
     torchrun(ddp)
     assert_same_curve(cfg.run.out, ddp.run.out)
     assert_same_probes(cfg.run.out, ddp.run.out)  # rank 0 probes the unwrapped model
     assert json.loads((root / "ddp" / "config.json").read_text())["world_size"] == 2
+    assert [p.name for p in list_checkpoints(ddp.run.out)] == ["step_00000006.pt"]  # 6 steps: the final one
 
 
 @pytest.mark.long

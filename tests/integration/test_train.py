@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -657,3 +658,23 @@ def test_convert_layernorm_pre_ln_to_rmsnorm_exactly(corpus, tmp_path):
     train(small(corpus, tmp_path / "nobias", steps=2, layout="pre,norm=layer"))
     with pytest.raises(UserConfigError, match="no exact LayerNorm -> RMSNorm rewrite.*biases"):
         convert(tmp_path / "nobias", "pre,norm=layer,norm.A=rms", tmp_path / "refused")
+
+
+def test_an_expensive_save_stretches_the_default_checkpoint_interval(corpus, tmp_path, monkeypatch, capsys):
+    """ckpt_every 0 on 40 steps: every 10 steps while saves are quick; a save of a second (planted) against
+    steps of milliseconds stretches the interval past the run, so the next checkpoint is the final one (a set
+    ckpt_every never stretches: tests/unit/test_optim.py)."""
+    import time
+
+    real = trainer_mod._save
+
+    def slow(state):
+        real(state)
+        time.sleep(1.0)
+
+    monkeypatch.setattr(trainer_mod, "_save", slow)
+    quick = small(corpus, tmp_path / "auto", steps=40, eval_every=0, probe_every=0, keep_last=10)
+    assert train(quick)["status"] == "ok"
+    assert [p.name for p in list_checkpoints(quick.run.out)] == ["step_00000010.pt", "step_00000040.pt"]
+    out = capsys.readouterr().out
+    assert re.search(r"checkpoints: a save took 1\.\d s; every \d{3,} steps from step 10 on", out), out

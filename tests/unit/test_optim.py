@@ -263,3 +263,25 @@ def test_the_optimizer_and_the_softmax_are_sweep_axes():
     ]
     assert len({s.run_id for s in sweep.expand()}) == 4
     assert {c.model.layout_label for c in cfgs} == {"pre,softmax=softmax", "pre,softmax=sink"}
+
+
+def test_checkpoint_interval_stretches_only_for_saves_of_a_second_or_more(monkeypatch):
+    """ckpt_every 0: the base interval, times ceil(save / (5% x step x base)) once a save takes 1 s or more
+    (normlab.train.ckpt_schedule); a set ckpt_every never changes; the interval stays a multiple of the base."""
+    import math
+
+    from normlab.train import ckpt_schedule
+    from normlab.train.ckpt_schedule import CheckpointSchedule, stretch
+    from normlab.train.distributed import DistInfo
+
+    assert stretch(100, 4.0, 0.07) == math.ceil(4.0 / (0.05 * 0.07 * 100)) == 12  # gpu-126m on an H200
+    assert stretch(10, 0.9, 0.001) == 1  # under a second: the base, whatever the steps cost
+    assert stretch(10, 1.0, 1.0) == 2  # ten 1 s steps allow a 0.5 s save: a 1 s save needs twenty
+    clock = iter([0.0, 10.0, 10.0, 20.0])  # start, after 10 steps of 0.8 s and a 2 s save, ...
+    monkeypatch.setattr(ckpt_schedule.time, "perf_counter", lambda: next(clock))
+    sched = CheckpointSchedule(10, True, DistInfo())
+    assert [s for s in range(1, 31) if sched.due(s)] == [10, 20, 30]
+    assert sched.saved(10, 2.0) == 10 * math.ceil(2.0 / (0.05 * 0.8 * 10))  # 50 steps: saving is 2 s in 42
+    assert [s for s in range(11, 121) if sched.due(s)] == [50, 100]
+    fixed = CheckpointSchedule(3, False, DistInfo())
+    assert fixed.saved(3, 2.0) is None and fixed.every == 3

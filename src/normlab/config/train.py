@@ -317,7 +317,8 @@ class RunSettings:
     out: str = setting("runs/run", "the run directory", identity=False)
     ckpt_every: int = setting(
         0,
-        "checkpoint every N steps (0: every 10%% of the run, 10 to 100 steps apart); a checkpoint always ends the run",
+        "checkpoint every N steps (0: every 10%% of the run, 10 to 100 steps apart, stretched where a save "
+        "takes a second or more so saving costs at most 5%% of the training time); a checkpoint always ends the run",
         identity=False,
         check=nonneg,
     )
@@ -560,7 +561,8 @@ class TrainConfig:
     @property
     def checkpoint_every(self) -> int:
         """ckpt_every, or (0) every 10% of the run, at least 10 and at most 100 steps apart: a killed run
-        loses a bounded amount of work (and one killed before its first checkpoint restarts cleanly)."""
+        loses a bounded amount of work (and one killed before its first checkpoint restarts cleanly). The base
+        interval: with ckpt_every 0, `normlab.train.ckpt_schedule` stretches it where saves are expensive."""
         return self.run.ckpt_every or min(100, max(10, self.optim.steps // 10))
 
     def to_dict(self) -> dict[str, Any]:

@@ -112,6 +112,15 @@ def mean_across_tensor(value: torch.Tensor, info: DistInfo) -> torch.Tensor:
     return value / info.world
 
 
+def max_across(values: list[float], info: DistInfo) -> list[float]:
+    """Each value's largest over the ranks (itself in one process)."""
+    if not info.enabled:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=info.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
 def sum_across(values: list[float], info: DistInfo) -> list[float]:
     if not info.enabled:
         return values

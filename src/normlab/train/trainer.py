@@ -60,6 +60,7 @@ from normlab.runs.files import RunDir
 from normlab.runs.model import build_run_model
 from normlab.runs.start import RunLock, Start, check_out, plan_start
 from normlab.train import distributed
+from normlab.train.ckpt_schedule import SAVE_SHARE, CheckpointSchedule
 from normlab.train.init_from import load_init_weights
 from normlab.train.loggers import Sinks
 from normlab.train.memory import check_fits, device_capacity
@@ -248,6 +249,7 @@ class RunState:
     layers_log: Any = None  # layers.jsonl, open for appending (main rank)
     qk_clip: QKClip | None = None  # MuonClip's rescale after each step (normlab.train.qk_clip); None: off
     tier_probed: int | None = None  # the last step whose tier spike ran the full probe pass
+    ckpts: CheckpointSchedule | None = None  # the steps it saves at (normlab.train.ckpt_schedule)
 
     @property
     def wall(self) -> float:
@@ -619,6 +621,7 @@ def _train(
 ) -> dict[str, Any]:
     state = build_state(cfg, info, start)
     open_records(state)
+    ckpts = state.ckpts = CheckpointSchedule(cfg.checkpoint_every, cfg.run.ckpt_every == 0, info, state.step)
     try:
         while state.step < cfg.optim.steps and not state.monitor.diverged:
             row = train_step(state)
@@ -630,7 +633,7 @@ def _train(
             if state.sinks is not None:
                 state.sinks.log(row)
             state.step += 1
-            if state.step % cfg.checkpoint_every == 0 or (last and not state.monitor.diverged):
+            if ckpts.due(state.step) or (last and not state.monitor.diverged):
                 _checkpoint(state)
             elif stop is not None and stop.is_set() and not last:
                 _checkpoint(state)  # saved now: the scheduler's signal gives seconds, not another interval
@@ -655,6 +658,21 @@ def _train(
 
 
 def _checkpoint(state: RunState) -> None:
+    """Save the run's state at ``state.step``; every rank calls it (a sharded save is collective), then the
+    schedule learns what the save cost (`CheckpointSchedule.saved`)."""
+    t0 = time.perf_counter()
+    _save(state)
+    save_s = time.perf_counter() - t0
+    every = state.ckpts.saved(state.step, save_s) if state.ckpts is not None else None
+    if every is not None and state.info.is_main:
+        print(
+            f"checkpoints: a save took {save_s:.1f} s; every {every} steps from step "
+            f"{state.step} on (saving at most {SAVE_SHARE:.0%} of the time; --ckpt-every N fixes it)",
+            flush=True,
+        )
+
+
+def _save(state: RunState) -> None:
     extra = {
         "scaler": state.scaler.state_dict(),
         "monitor": state.monitor.state_dict(),
