@@ -25,8 +25,9 @@ SENTENCES = [
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """Tests marked ``long`` run first. Two workers share one queue, and a long test left for its end keeps
-    one worker busy while the other has nothing left (measured: the 38 s kill -9 test ran alone for the
+    """Tests marked ``long`` run first. Under ``--dist worksteal`` each worker starts on its half of the
+    list and takes from the other's rest when its own runs out: a long test left near the end keeps one
+    worker busy while the other has nothing to take (measured: the 38 s kill -9 test ran alone for the
     suite's last 38 s). Stable: the rest keep their order."""
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
 

@@ -437,3 +437,27 @@ def test_a_full_disk_during_the_fp16_copy_leaves_nothing_half_written(
     assert not (tmp_path / "new").exists()
     assert {p.name: p.read_bytes() for p in copy.iterdir()} == first
     assert sorted(p.name for p in tmp_path.iterdir()) == ["copy"]  # no staging folder left beside it
+
+
+def test_a_leftover_auto_map_on_a_shipped_model_type_loads_the_stock_class_and_runs_nothing(
+    llama_folder, tmp_path, capsys
+):
+    """Hub snapshots of Phi-3 or Falcon keep an ``auto_map`` beside a model_type transformers ships: the
+    stock class loads (trust_remote_code=False) and the folder's code never runs; the same auto_map on a
+    model_type transformers does not ship is refused from config.json alone."""
+    import shutil
+
+    marker = tmp_path / "pwned"
+    folder = tmp_path / "leftover"
+    shutil.copytree(llama_folder, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"] = {"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilModel"}
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "evil.py").write_text(f"import os; os.system('touch {marker}')\n")
+    assert main(["scan", str(folder), "--out", str(tmp_path / "scan")]) == 0
+    assert (tmp_path / "scan" / "scan.json").is_file() and not marker.exists()
+    capsys.readouterr()  # the scan's own progress lines
+    config["model_type"] = "evilarch"
+    (folder / "config.json").write_text(json.dumps(config))
+    one_line_refusal(["scan", folder, "--out", tmp_path / "scan2"], "which transformers does not ship", capsys)
+    assert not marker.exists() and not (tmp_path / "scan2").exists()

@@ -267,21 +267,31 @@ def test_the_optimizer_and_the_softmax_are_sweep_axes():
 
 def test_checkpoint_interval_stretches_only_for_saves_of_a_second_or_more(monkeypatch):
     """ckpt_every 0: the base interval, times ceil(save / (5% x step x base)) once a save takes 1 s or more
-    (normlab.train.ckpt_schedule); a set ckpt_every never changes; the interval stays a multiple of the base."""
-    import math
-
+    (normlab.train.ckpt_schedule), at most half the run; the multiple only grows; the saves stay at multiples of
+    the base; a set ckpt_every never changes."""
     from normlab.train import ckpt_schedule
     from normlab.train.ckpt_schedule import CheckpointSchedule, stretch
     from normlab.train.distributed import DistInfo
 
-    assert stretch(100, 4.0, 0.07) == math.ceil(4.0 / (0.05 * 0.07 * 100)) == 12  # gpu-126m on an H200
+    assert stretch(100, 4.0, 0.07) == 12  # gpu-126m on an H200: 4 / (0.05 x 0.07 x 100) = 11.4
     assert stretch(10, 0.9, 0.001) == 1  # under a second: the base, whatever the steps cost
     assert stretch(10, 1.0, 1.0) == 2  # ten 1 s steps allow a 0.5 s save: a 1 s save needs twenty
-    clock = iter([0.0, 10.0, 10.0, 20.0])  # start, after 10 steps of 0.8 s and a 2 s save, ...
-    monkeypatch.setattr(ckpt_schedule.time, "perf_counter", lambda: next(clock))
-    sched = CheckpointSchedule(10, True, DistInfo())
-    assert [s for s in range(1, 31) if sched.due(s)] == [10, 20, 30]
-    assert sched.saved(10, 2.0) == 10 * math.ceil(2.0 / (0.05 * 0.8 * 10))  # 50 steps: saving is 2 s in 42
-    assert [s for s in range(11, 121) if sched.due(s)] == [50, 100]
-    fixed = CheckpointSchedule(3, False, DistInfo())
-    assert fixed.saved(3, 2.0) is None and fixed.every == 3
+    # start; 10 steps of 0.82 s, a 2 s save (k = 2 / (0.05 x 0.82 x 10) = 4.9 -> 5); 50 steps of 0.8 s and a quick
+    # save (0.1 s: k stays 5); 50 steps and a 3 s save (k = 3 / (0.05 x 0.8 x 10) = 7.5 -> 8)
+    clock = iter([0.0, 10.2, 50.3, 93.3])
+    monkeypatch.setattr(ckpt_schedule, "_clock", lambda: next(clock))
+    sched = CheckpointSchedule(10, True, 1000, DistInfo())
+    assert [s for s in range(1, 11) if sched.due(s)] == [10]
+    assert sched.saved(10, 2.0) == (50, 2.0)
+    assert [s for s in range(11, 111) if sched.due(s)][:1] == [60]  # 50 steps after the last save
+    assert sched.saved(60, 0.1) is None and sched.every == 50  # a quick save never shortens it
+    assert sched.saved(110, 3.0) == (80, 3.0) and [s for s in range(111, 200) if sched.due(s)][:1] == [190]
+    clock = iter([0.0, 15.0])  # 10 steps of 1 s, a 5 s save: k = 10, but at most half of a 60-step run
+    short = CheckpointSchedule(10, True, 60, DistInfo())
+    assert short.saved(10, 5.0) == (30, 5.0)
+    monkeypatch.setattr(ckpt_schedule, "_clock", lambda: 0.0)
+    fixed = CheckpointSchedule(3, False, 1000, DistInfo())
+    assert (
+        fixed.saved(3, 2.0) is None and fixed.every == 3 and [s for s in range(4, 10) if fixed.due(s)] == [6, 7, 8, 9]
+    )
+    assert fixed.saved(6, 2.0) is None and not fixed.due(8) and fixed.due(9)

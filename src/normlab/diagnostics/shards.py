@@ -49,8 +49,8 @@ class Moments:
 
 
 def is_sharded(t: torch.Tensor) -> bool:
-    dtensor = sys.modules.get(_DTENSOR_MODULE)
-    return dtensor is not None and isinstance(t, dtensor.DTensor)
+    dtensor = getattr(sys.modules.get(_DTENSOR_MODULE), "DTensor", None)  # None: nothing can be sharded yet
+    return dtensor is not None and isinstance(t, dtensor)
 
 
 def local(t: torch.Tensor) -> torch.Tensor:

@@ -120,7 +120,7 @@ def remote_code(folder: Path, trust: bool = False) -> bool:
     folder's ``modeling_normlab.py`` only if it is byte for byte what this normlab writes
     (`normlab.hf.bundle`); any other code only with ``trust`` (``--trust-remote-code``)."""
     from normlab.hf.bundle import bundle_source
-    from normlab.hf.folder import code_modules
+    from normlab.hf.folder import NORMLAB_MODULE, code_modules
 
     modules = code_modules(folder)
     if not modules:
@@ -128,13 +128,13 @@ def remote_code(folder: Path, trust: bool = False) -> bool:
     if trust:
         return True
     bundled = folder / "modeling_normlab.py"
-    if modules == {"modeling_normlab"} and bundled.is_file() and bundled.read_bytes() == bundle_source().encode():
+    if modules == {NORMLAB_MODULE} and bundled.is_file() and bundled.read_bytes() == bundle_source().encode():
         return True
     which = ", ".join(f"{m}.py" for m in sorted(modules))
     why = (
         "its modeling_normlab.py differs from what this normlab writes (edited, or exported by another "
         "version: re-export it)"
-        if modules == {"modeling_normlab"} and bundled.is_file()
+        if modules == {NORMLAB_MODULE} and bundled.is_file()
         else f"normlab did not write it ({which})"
     )
     raise EvalError(
@@ -338,19 +338,19 @@ def evaluate(
     request and response to ``eval_samples/TASK.jsonl`` (what the model generated, per item).
     ``trust_remote_code``: run an export's own model code even where normlab did not write it
     (`remote_code`)."""
-    lm_eval = _lm_eval()
-    from lm_eval.utils import make_table
-
     source = Path(source)
     kind = kind_of(source)
     if kind == "sweep":
         raise EvalError(f"{source} is a sweep: use evaluate_sweep")
     trusted = False
-    if kind == "export":  # the folder is judged before lm-eval indexes its tasks (seconds) or opens it
+    if kind == "export":  # the folder is judged before lm-eval is imported, indexes its tasks or opens it
         from normlab.hf.folder import check_folder
 
         trusted = remote_code(source, trust_remote_code)
         check_folder(source, trust_remote_code=trusted)  # bounded JSON, readable safetensors headers
+    lm_eval = _lm_eval()
+    from lm_eval.utils import make_table
+
     manager = _manager_for(tasks)
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:

@@ -6,6 +6,9 @@ through `read_config`).
   ``model_type`` is a string, and whose fields have the types transformers' config class checks;
 - every other JSON file there (generation_config.json, tokenizer_config.json, the weights' index, ...):
   the same bounds, since transformers reads them with Python's recursive parser;
+- no model code of its own: a config.json whose ``auto_map`` names a module (other than normlab's class)
+  for a ``model_type`` transformers does not ship is refused before the weights are opened (where the type is
+  one transformers ships, its own class loads and the folder's code never runs);
 - every ``*.safetensors``: a header the safetensors library reads (`safe_open` reads only the header);
 - the tokenizer (`load_tokenizer`): tokenizer_config.json names no code of its own (``auto_map``: never
   run), its tokenizer.json passes `normlab.data.tokenizer.read_tokenizer_json`, and it encodes text;
@@ -80,13 +83,14 @@ def code_modules(folder: str | Path, files: tuple[str, ...] = (CONFIG, "tokenize
     return modules
 
 
-NORMLAB_MODULE = "modeling_normlab"  # an export's own class: registered by normlab.hf.modeling, its file never run
+# an export's own class: registered by normlab.hf.modeling, so its folder loads without running the file (eval
+# runs the file only when it is byte for byte what this normlab writes: evaluation.harness.remote_code)
+NORMLAB_MODULE = "modeling_normlab"
 
 
 def check_folder(folder: str | Path, trust_remote_code: bool = False) -> dict[str, Any]:
     """Check ``folder`` as the module docstring says, before transformers opens it; its config.json.
-    A folder naming code of its own (``auto_map``, other than normlab's class) is refused here, before
-    transformers is imported, unless ``trust_remote_code`` (`normlab eval --trust-remote-code` alone)."""
+    ``trust_remote_code``: the folder's own code may run (eval, where `remote_code` allowed it)."""
     folder = Path(folder)
     config = read_config(folder / CONFIG)
     for f in sorted(folder.glob("*.json")):
@@ -94,22 +98,34 @@ def check_folder(folder: str | Path, trust_remote_code: bool = False) -> dict[st
             read_json(f)
     # the model's code; a tokenizer's (tokenizer_config.json) is refused by `load_tokenizer`, with its own words
     foreign = sorted(code_modules(folder, (CONFIG,)) - {NORMLAB_MODULE})
-    if foreign and not trust_remote_code:
+    if foreign and not trust_remote_code and not _shipped_type(config.get("model_type")):
         raise DataError(
-            f"{folder} names model code of its own ({', '.join(m + '.py' for m in foreign)}) that would run when "
-            "transformers loads it; normlab never runs a folder's code: give a folder of a transformers "
-            "architecture, or a normlab export"
+            f"{folder} names model code of its own ({', '.join(m + '.py' for m in foreign)}) for model_type "
+            f"{config.get('model_type')!r}, which transformers does not ship: loading it would run that code, and "
+            "normlab never runs a folder's code; give a folder of a transformers architecture, or a normlab export"
         )
     for f in sorted(folder.glob("*.safetensors")):
         _check_safetensors(f)
-    import normlab.hf.modeling  # noqa: F401 - registers the normlab class: an export's config reads too
     from normlab.hf.library import require_transformers
 
+    tf = require_transformers()  # its install hint before normlab.hf.modeling imports it
+    import normlab.hf.modeling  # noqa: F401 - registers the normlab class: an export's config reads too
+
     with reading(folder):  # the fields' types as transformers checks them (hidden_size "64", ...)
-        require_transformers().AutoConfig.from_pretrained(
-            folder, local_files_only=True, trust_remote_code=trust_remote_code
-        )
+        tf.AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code)
     return config
+
+
+def _shipped_type(model_type: object) -> bool:
+    """Whether transformers ships a class for ``model_type`` (then a leftover ``auto_map`` is never run:
+    transformers loads its own class with trust_remote_code=False, as for Phi-3 or Falcon hub snapshots).
+    Imports transformers' config table (about 1.5 s of CPU), only for a folder that names code."""
+    from normlab.hf.library import require_transformers
+
+    require_transformers()
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    return isinstance(model_type, str) and model_type in CONFIG_MAPPING_NAMES
 
 
 def _check_safetensors(path: Path) -> None:

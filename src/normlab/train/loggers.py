@@ -106,6 +106,12 @@ class Sinks:
             self.bar.set_postfix(post, refresh=False)
             self.bar.update(1)
 
+    def note(self, text: str) -> None:
+        """A line about the run while it trains: on stderr, above the progress bar where one is drawn."""
+        from tqdm import tqdm
+
+        tqdm.write(text, file=sys.stderr)
+
     def close(self) -> None:
         if self.file.closed:
             return

@@ -621,7 +621,9 @@ def _train(
 ) -> dict[str, Any]:
     state = build_state(cfg, info, start)
     open_records(state)
-    ckpts = state.ckpts = CheckpointSchedule(cfg.checkpoint_every, cfg.run.ckpt_every == 0, info, state.step)
+    ckpts = state.ckpts = CheckpointSchedule(
+        cfg.checkpoint_every, cfg.run.ckpt_every == 0, cfg.optim.steps, info, state.step
+    )
     try:
         while state.step < cfg.optim.steps and not state.monitor.diverged:
             row = train_step(state)
@@ -662,13 +664,12 @@ def _checkpoint(state: RunState) -> None:
     schedule learns what the save cost (`CheckpointSchedule.saved`)."""
     t0 = time.perf_counter()
     _save(state)
-    save_s = time.perf_counter() - t0
-    every = state.ckpts.saved(state.step, save_s) if state.ckpts is not None else None
-    if every is not None and state.info.is_main:
-        print(
-            f"checkpoints: a save took {save_s:.1f} s; every {every} steps from step "
-            f"{state.step} on (saving at most {SAVE_SHARE:.0%} of the time; --ckpt-every N fixes it)",
-            flush=True,
+    grew = state.ckpts.saved(state.step, time.perf_counter() - t0) if state.ckpts is not None else None
+    if grew is not None and state.sinks is not None:
+        every, save_s = grew
+        state.sinks.note(
+            f"checkpoints: a save took {save_s:.1f} s; every {every} steps from step {state.step} on "
+            f"(saving at most {SAVE_SHARE:.0%} of the time; --ckpt-every N fixes it)"
         )
 
 
