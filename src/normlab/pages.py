@@ -49,9 +49,11 @@ def fmt(v: object) -> str:
 
 
 def figure_html(fig, out: Path, key: str, title: str) -> str:  # noqa: ANN001 - a matplotlib Figure
-    """Save ``fig`` as ``out/key.png`` and return an HTML section embedding it (base64)."""
+    """Save ``fig`` as ``out/key.png`` and return an HTML section embedding it (base64). Its maker has laid it
+    out (`Figure.tight_layout`, which fits titles, a suptitle and legends placed outside the axes): saved as
+    laid out, since ``bbox_inches="tight"`` would measure every text again (a tenth of a report's drawing)."""
     png = out / f"{key}.png"
-    fig.savefig(png, bbox_inches="tight")
+    fig.savefig(png)
     plt.close(fig)
     data = base64.b64encode(png.read_bytes()).decode()
     return (

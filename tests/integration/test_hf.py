@@ -871,8 +871,8 @@ def test_monitor_under_fsdp2_equals_one_process_and_the_trainer_callback_reads_s
     """TrainingMonitor on a tiny Llama sharded by FSDP2 over 2 processes (gloo), each rank its share of the
     batch: every metrics and probe row equals one process's on the whole batch (gradients, gains and the
     stream from DTensor shards; only scalars cross ranks). NormlabCallback in a Trainer whose model is
-    FSDP2-sharded (accelerate shards on GPUs only; here fully_shard in one process) writes a run the report
-    draws."""
+    FSDP2-sharded (accelerate shards on GPUs only; here fully_shard in one process) writes a run that loads
+    (its report: test_trainer_callback_writes_a_run_the_report_reads)."""
     import os
     import subprocess
     import sys
@@ -905,4 +905,3 @@ def test_monitor_under_fsdp2_equals_one_process_and_the_trainer_callback_reads_s
     assert run.metrics.step.tolist() == [0, 1, 2, 3] and run.metrics.grad_norm.gt(0).all()
     assert sorted(run.probes.step.unique().tolist()) == [0, 2, 4]
     assert not run.probe("self_attn.q_proj", "grad_norm").empty and not run.probe("mlp_norms.input", "gamma_mean").empty
-    assert (tmp_path / "hf" / "report" / "index.html").exists()

@@ -425,6 +425,7 @@ def _report(
         ax.set_ylabel("final training loss (nats/token)")
         ax.set_title("Loss vs learning rate (x: a seed diverged; at the mean capped loss)")
         ax.legend(fontsize=8)
+        fig.tight_layout()
         sections.append(figure_html(fig, out, "lr_curve", "Final loss vs learning rate (Kim Fig. 3a)"))
     labels = [_group_label(r, [a for a in axes if a != SEED]) for r in c.to_dict("records")]
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, max(3.0, 0.35 * len(c) + 1.5)))

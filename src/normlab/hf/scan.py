@@ -186,6 +186,7 @@ def _page(out: Path, r: dict[str, Any], table: str) -> Path:
     ax.set_ylabel("layer")
     ax.set_title("Angular distance between layers")
     fig.colorbar(im, ax=ax, label="arccos(cos)/π")
+    fig.tight_layout()
     sections.append(
         figure_html(fig, out, "angular_distance", "Angular distance at the last token (Gromov et al.; Kim Fig. 9)")
     )
