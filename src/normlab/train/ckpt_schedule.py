@@ -63,13 +63,12 @@ class CheckpointSchedule:
         now = _clock()
         steps, train_s = step - self._from_step, now - self._from_time - save_s
         self._from_step, self._from_time = step, now
+        grew = None
+        if self.adaptive:
+            k = stretch(self.base, save_s, train_s / steps) if steps > 0 else self.k
+            agreed, slowest = distributed.max_across([float(min(k, self.k_max)), save_s], self.info)
+            if int(agreed) > self.k:
+                self.k = int(agreed)
+                grew = (self.every, slowest)
         self.next_due = (step // self.base) * self.base + self.every
-        if not self.adaptive:
-            return None
-        k = stretch(self.base, save_s, train_s / steps) if steps > 0 else self.k
-        k, slowest = distributed.max_across([float(min(k, self.k_max)), save_s], self.info)
-        if int(k) <= self.k:
-            return None
-        self.k = int(k)
-        self.next_due = (step // self.base) * self.base + self.every
-        return self.every, slowest
+        return grew

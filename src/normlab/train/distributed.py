@@ -112,18 +112,20 @@ def mean_across_tensor(value: torch.Tensor, info: DistInfo) -> torch.Tensor:
     return value / info.world
 
 
-def max_across(values: list[float], info: DistInfo) -> list[float]:
-    """Each value's largest over the ranks (itself in one process)."""
+def _reduce_floats(values: list[float], info: DistInfo, op: Any) -> list[float]:
+    """Host floats reduced over the ranks with ``op`` in one all-reduce (themselves in one process)."""
     if not info.enabled:
         return values
     t = torch.tensor(values, dtype=torch.float64, device=info.device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    dist.all_reduce(t, op=op)
     return t.tolist()
+
+
+def max_across(values: list[float], info: DistInfo) -> list[float]:
+    """Each value's largest over the ranks."""
+    return _reduce_floats(values, info, dist.ReduceOp.MAX)
 
 
 def sum_across(values: list[float], info: DistInfo) -> list[float]:
-    if not info.enabled:
-        return values
-    t = torch.tensor(values, dtype=torch.float64, device=info.device)
-    dist.all_reduce(t)
-    return t.tolist()
+    """Each value's sum over the ranks."""
+    return _reduce_floats(values, info, dist.ReduceOp.SUM)
