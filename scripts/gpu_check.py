@@ -38,6 +38,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -164,8 +165,9 @@ def plan(dry: bool, out: Path) -> list[Item]:
         ]
     size, steps, seq, batch = ("nano", 3, 32, 4) if dry else ("gpu-126m", 100, 1024, 16)
 
-    def train(layout: str, precision: list[str], run: Path, *extra: str) -> list[str]:
-        """`normlab train`'s arguments shared by the layout runs and the FSDP2 run."""
+    def train(layout: str, precision: list[str], run: Path, *extra: str, ckpt: bool = True) -> list[str]:
+        """`normlab train`'s arguments shared by the layout runs and the FSDP2 run; ``ckpt=False`` keeps the
+        default checkpoint interval (stretched by the cost of a save, train/ckpt_schedule.py)."""
         return [
             "normlab",
             "train",
@@ -186,8 +188,7 @@ def plan(dry: bool, out: Path) -> list[Item]:
             "50",
             "--eval-every",
             "0",
-            "--ckpt-every",
-            str(steps),  # one checkpoint, at the end: the default (every 10 steps here) writes 1.5 GB each time
+            *(["--ckpt-every", str(steps)] if ckpt else []),  # one save, at the end: each is 1.5 GB
             "--no-progress",
             "--no-compile",
             *precision,
@@ -200,7 +201,9 @@ def plan(dry: bool, out: Path) -> list[Item]:
         for precision in PRECISIONS:
             run = out / f"{layout}-{precision}"
             prec = ["--precision", "fp32", "--activation-dtype", precision] if dry else ["--precision", precision]
-            cmd = [py, "-m", *train(layout, prec, run, "--lr", "3e-3")]
+            # pre bf16 keeps the default interval: the check then shows the schedule stretching at gpu-126m
+            default_ckpt = (layout, precision) == ("pre", "bf16")
+            cmd = [py, "-m", *train(layout, prec, run, "--lr", "3e-3", ckpt=not default_ckpt)]
             items.append(Item(f"{size} {layout} {precision}", cmd, 90, "results", run=str(run)))
     peers, *later = [
         Item(name, [py, *args, *dev], limit, "benchmarks") for (name, args), limit in zip(bench, (90, 75, 45))
@@ -212,8 +215,9 @@ def plan(dry: bool, out: Path) -> list[Item]:
     return [*items, peers, fsdp_item, *later]
 
 
-def execute(item: Item, limit_s: float) -> None:
-    """Run one item within ``limit_s`` seconds (its own limit, or less when the budget has less left)."""
+def execute(item: Item, limit_s: float, logs: Path) -> None:
+    """Run one item within ``limit_s`` seconds (its own limit, or less when the budget has less left); its whole
+    output goes to ``logs/<name>.log`` (the pages keep the last lines)."""
     env = {**os.environ, "PYTHONPATH": str(REPO / "src") + os.pathsep + str(REPO / "benchmarks")}
     t0 = time.perf_counter()
     try:
@@ -221,6 +225,8 @@ def execute(item: Item, limit_s: float) -> None:
         code, text = res.returncode, (res.stdout + res.stderr)
     except subprocess.TimeoutExpired as err:
         code, text = 124, f"timed out after {limit_s:.0f} s\n{(err.stdout or b'')[-2000:]!r}"
+    logs.mkdir(exist_ok=True)
+    (logs / (re.sub(r"[^A-Za-z0-9-]+", "_", item.name).strip("_") + ".log")).write_text(text)
     item.result = {
         "ok": code == 0,
         "code": code,
@@ -305,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--docs-dir", help="where the pages are rewritten (default: docs/, or a temporary copy with --dry-run)"
     )
+    p.add_argument(
+        "--out", help="the folder the runs and each item's full output (logs/) go in (made; default: a temp folder)"
+    )
     p.add_argument("--only", default="", help="comma list of item-name prefixes to run (default: all)")
     p.add_argument(
         "--budget-s",
@@ -322,7 +331,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     device = "CPU dry run" if args.dry_run else torch.cuda.get_device_name(0)
-    out = Path(tempfile.mkdtemp(prefix="gpu-check-"))
+    if args.out:
+        out = Path(args.out)
+        if out.exists():
+            print(f"gpu-check: --out {out} exists; name a new folder (it is made)", file=sys.stderr)
+            return 2
+        out.mkdir(parents=True)
+    else:
+        out = Path(tempfile.mkdtemp(prefix="gpu-check-"))
     docs = Path(args.docs_dir) if args.docs_dir else (out / "docs" if args.dry_run else REPO / "docs")
     if docs != REPO / "docs" and not docs.exists():
         docs.mkdir(parents=True)
@@ -343,8 +359,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"gpu-check: {it.name}: not run (the budget of {args.budget_s:.0f} s was spent)", flush=True)
             continue
         print(f"gpu-check: {it.name} ...", flush=True)
-        execute(it, min(it.limit_s * slack, left))
+        execute(it, min(it.limit_s * slack, left), out / "logs")
         print(f"gpu-check: {it.name}: {'ok' if it.result['ok'] else 'FAILED'} ({it.result['seconds']} s)", flush=True)
+        # the pages are rewritten after every item, so a lease cut short still leaves what was measured
+        done = [i for i in items if i.result]
+        for page, body in sections(done, device, commit or "unknown", args.dry_run).items():
+            replace_section(docs / f"{page}.md", body)
     for page, body in sections(items, device, commit or "unknown", args.dry_run).items():
         replace_section(docs / f"{page}.md", body)
     print(f"gpu-check: wrote {docs / 'benchmarks.md'} and {docs / 'results.md'}")
