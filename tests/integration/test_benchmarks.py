@@ -141,9 +141,10 @@ def test_generation_benchmark_compares_cache_and_recompute():
     assert "| KV cache |" in text and "| re-run prefix |" in text and "same tokens: True" in text
 
 
-def test_tier_overhead_prints_both_figures():
-    text = run("tier_overhead.py", "--size", "nano", "--steps", "2", "--batch", "2", "--seq", "16")
+def test_tier_overhead_prints_both_figures_and_a_profile():
+    text = run("tier_overhead.py", "--size", "nano", "--steps", "3", "--batch", "2", "--seq", "16", "--profile", "3")
     assert "direct: tier's own time" in text and "A/B: on / off =" in text
+    assert "## profile, one step, tier off" in text and "## profile, one step, tier on" in text
 
 
 @pytest.mark.long

@@ -289,6 +289,13 @@ class RunSettings:
         "docs/diagnostics.md)",
         identity=False,
     )
+    layer_stats_every: int = setting(
+        1,
+        "the per-step tier's interval: its row every N steps (1: every step); the steps between skip its work. On "
+        "an H100 at gpu-126m, eager, the tier added 15-25% to a step (docs/benchmarks.md)",
+        identity=False,
+        check=positive,
+    )
     diverge_patience: int = setting(
         50, "diverged if the loss stays above its initial value this many steps (0: off)", check=nonneg
     )
@@ -317,8 +324,8 @@ class RunSettings:
     out: str = setting("runs/run", "the run directory", identity=False)
     ckpt_every: int = setting(
         0,
-        "checkpoint every N steps (0: every 10%% of the run, 10 to 100 steps apart, stretched where a save "
-        "takes a second or more so saving costs at most 5%% of the training time); a checkpoint always ends the run",
+        "checkpoint every N steps (0: every 10% of the run, 10 to 100 steps apart, stretched where a save "
+        "takes a second or more so saving costs at most 5% of the training time); a checkpoint always ends the run",
         identity=False,
         check=nonneg,
     )

@@ -59,6 +59,7 @@ class StepTier:
         self.device = local(self.params[0][0]).device
         self.heads = [getattr(b.attn, "n_heads", None) for b in self.blocks]
         self.hooked = hooks
+        self.active = True  # False: the hooks return at once (a step between the tier's, run.layer_stats_every)
         self._handles: list = []
         self._before: list[list[torch.Tensor]] | None = None
         self._qk: dict[int, torch.Tensor] = {}
@@ -76,26 +77,32 @@ class StepTier:
 
     def reset(self) -> None:
         """Before a step's forward: the maxima start again."""
-        n, h = len(self.blocks), max(x or 1 for x in self.heads)
-        self._stream = torch.zeros(n + 1, device=self.device)
-        self._logit = torch.full((n, h), -math.inf, device=self.device)
-        self._bound = torch.full((n, h), -math.inf, device=self.device)
+        n = len(self.blocks)
+        # One 0-d / (heads,) tensor per site, kept apart and stacked once in `before_step`: indexing a step-wide
+        # buffer from every hook cost a launch per write (on CUDA the forward is partly launch-bound).
+        self._streams: list[torch.Tensor | None] = [None] * (n + 1)
+        self._logits: list[torch.Tensor | None] = [None] * n
+        self._bounds: list[torch.Tensor | None] = [None] * n
         self._qk = {}
         self._pre: list[float] | None = None
 
     # -- the forward: stream maxima and sampled logits --
     @torch.no_grad()
     def _entering(self, module: nn.Module, args: tuple) -> None:
-        if args and isinstance(args[0], torch.Tensor):
-            self._stream[0] = torch.maximum(self._stream[0], args[0].detach().abs().amax().float())
+        if self.active and args and isinstance(args[0], torch.Tensor):
+            _keep_max(self._streams, 0, _abs_max(args[0]))
 
     @torch.no_grad()
     def _leaving(self, i: int, out: Any) -> None:
+        if not self.active:
+            return
         x = out[0] if isinstance(out, tuple) else out
-        self._stream[i + 1] = torch.maximum(self._stream[i + 1], x.detach().abs().amax().float())
+        _keep_max(self._streams, i + 1, _abs_max(x))
 
     @torch.no_grad()
     def _tap(self, i: int, which: str, x: torch.Tensor) -> None:
+        if not self.active:
+            return
         key = 2 * i + (which == "k")
         self._qk[key] = x.detach()
         q, k = self._qk.get(2 * i), self._qk.get(2 * i + 1)
@@ -104,8 +111,20 @@ class StepTier:
         del self._qk[2 * i], self._qk[2 * i + 1]
         scale = getattr(self.blocks[i].attn, "scale", None) or q.shape[-1] ** -0.5
         logit, bound = sampled_logits(q, k, scale, self.queries)
-        self._logit[i, : len(logit)] = torch.maximum(self._logit[i, : len(logit)], logit)
-        self._bound[i, : len(bound)] = torch.maximum(self._bound[i, : len(bound)], bound)
+        _keep_max(self._logits, i, logit)
+        _keep_max(self._bounds, i, bound)
+
+    def _extremes(self) -> torch.Tensor:
+        """The step's maxima as one vector: stream (n+1), then logits and bounds (n x heads each, -inf padded;
+        0 where the forward did not run the hooks)."""
+        n, h = len(self.blocks), max(x or 1 for x in self.heads)
+        zero, none = torch.zeros((), device=self.device), torch.full((h,), -math.inf, device=self.device)
+
+        def rows(parts: list[torch.Tensor | None]) -> list[torch.Tensor]:
+            return [none if t is None else torch.nn.functional.pad(t, (0, h - len(t)), value=-math.inf) for t in parts]
+
+        stream = torch.stack([zero if t is None else t for t in self._streams])
+        return torch.cat([stream, *rows(self._logits), *rows(self._bounds)]) if n else stream
 
     # -- around the optimizer step --
     @torch.no_grad()
@@ -116,7 +135,7 @@ class StepTier:
         sums = _sumsq_by_group(grads + [[local(p) for p in ps] for ps in self.params], self.device)
         if self.sharded:
             dist.all_reduce(sums)
-        extremes = torch.cat([self._stream, self._logit.flatten(), self._bound.flatten()])
+        extremes = self._extremes()
         if self.world > 1 and self.hooked:
             dist.all_reduce(extremes, op=dist.ReduceOp.MAX)
         self._pre_t = (sums, extremes)
@@ -129,7 +148,7 @@ class StepTier:
     def read(self) -> dict[str, Any]:
         """The values of `before_step` on the host (one read-back): grad_norm, stream_max, logits by layer."""
         sums, extremes = self._pre_t
-        n, h = len(self.blocks), self._logit.shape[1]
+        n, h = len(self.blocks), max(x or 1 for x in self.heads)
         s, e = sums.tolist(), extremes.tolist()
         self._weights = s[n:]
         out: dict[str, Any] = {"grad_norm": [math.sqrt(v) for v in s[:n]]}
@@ -169,15 +188,35 @@ class StepTier:
         self._handles = []
 
 
+def _abs_max(x: torch.Tensor) -> torch.Tensor:
+    """max |x| in float32, one reduction kernel (``x.abs().amax()`` writes |x| first)."""
+    return torch.linalg.vector_norm(x.detach(), ord=math.inf, dtype=torch.float32)
+
+
+def _keep_max(parts: list[torch.Tensor | None], i: int, value: torch.Tensor) -> None:
+    """parts[i] = max(parts[i], value): the maxima over a step's micro-batches."""
+    old = parts[i]
+    parts[i] = value if old is None else torch.maximum(old, value)
+
+
+_OWNERS: dict[tuple, torch.Tensor] = {}  # group sizes and device -> the owner index (made once, not each step)
+
+
 def _sumsq_by_group(groups: list[list[torch.Tensor]], device: torch.device) -> torch.Tensor:
     """Each group's sum of squares, (len(groups),): one fused norm over every tensor, then summed per group
     (one kernel launch for the lot instead of one per block: the tier runs every step)."""
     tensors = [t.float() if t.dtype != torch.float32 else t for g in groups for t in g]
     out = torch.zeros(len(groups), device=device)
     if tensors:
-        owner = torch.tensor([i for i, g in enumerate(groups) for _ in g], device=device)
+        key = (str(device), *(len(g) for g in groups))
+        owner = _OWNERS.get(key)
+        if owner is None:
+            owner = _OWNERS[key] = torch.tensor([i for i, g in enumerate(groups) for _ in g], device=device)
         out.index_add_(0, owner, torch.stack(torch._foreach_norm(tensors)).pow(2))
     return out
+
+
+_SAMPLES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # (T, queries, device) -> query rows, causal mask
 
 
 def sampled_logits(
@@ -186,16 +225,21 @@ def sampled_logits(
     """Per head: (the largest causal logit q_t.k_s * scale, s <= t, over ``queries`` evenly spaced query
     positions t of every sequence (the last included): exact on that sample; max_t ||q_t|| * max_s ||k_s|| *
     scale: a bound on every logit). q: (B, H, T, d), k: (B, H_kv, T, d)."""
-    q, k = q.float(), k.float()
     t = q.shape[-2]
     if k.shape[1] != q.shape[1]:
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-    idx = torch.linspace(0, t - 1, min(queries, t), device=q.device).round().long()
-    logits = (q[:, :, idx] @ k.transpose(-1, -2)) * scale  # (B, H, queries, T)
-    causal = torch.arange(t, device=q.device)[None, :] <= idx[:, None]
-    exact = logits.masked_fill(~causal, -math.inf).amax(dim=(0, 2, 3))
-    bound = q.norm(dim=-1).amax(dim=(0, 2)) * k.norm(dim=-1).amax(dim=(0, 2)) * abs(scale)
-    return exact, bound
+    key = (t, queries, str(q.device))
+    if key not in _SAMPLES:
+        idx = torch.linspace(0, t - 1, min(queries, t), device=q.device).round().long()
+        _SAMPLES[key] = idx, torch.arange(t, device=q.device)[None, :] > idx[:, None]
+    idx, future = _SAMPLES[key]
+    logits = (q[:, :, idx].float() * scale) @ k.float().transpose(-1, -2)  # (B, H, queries, T)
+    exact = logits.masked_fill(future, -math.inf).amax(dim=(0, 2, 3))
+    norm = torch.linalg.vector_norm  # in float32 without a float copy of q and k
+    bound = norm(q, dim=-1, dtype=torch.float32).amax(dim=(0, 2)) * norm(k, dim=-1, dtype=torch.float32).amax(
+        dim=(0, 2)
+    )
+    return exact, bound * abs(scale)
 
 
 def tier_summary(rows: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -458,8 +458,9 @@ def _forward_backward(state: RunState, step: int) -> tuple[torch.Tensor, torch.T
 # --- the per-step tier and spikes (normlab.diagnostics.tier, normlab.train.spikes) ---
 
 
-def _spike_start(state: RunState) -> None:
+def _spike_start(state: RunState, step: int) -> None:
     if state.tier is not None:
+        state.tier.active = step % state.cfg.run.layer_stats_every == 0  # the tier's steps (run.layer_stats_every)
         state.tier.reset()
     if state.spikes is not None:
         state.spikes.start(state.info.device)
@@ -501,7 +502,7 @@ def _spike_check(state: RunState, step: int, loss: float, grad_norm: float) -> d
     gradient-norm rule with its rerun (normlab.train.spikes); on a spike of either, the full probe pass on
     this step's batch with the pre-step weights (sites prefixed spike:). Returns the spike's record or None."""
     fired = []
-    if state.tier is not None:
+    if state.tier is not None and state.tier.active:
         fired = state.tier_spikes.check(state.tier.read())
     record = (
         None
@@ -533,7 +534,7 @@ def _spike_check(state: RunState, step: int, loss: float, grad_norm: float) -> d
 
 def _tier_row(state: RunState, step: int, applied: bool) -> None:
     """After the update: the tier's row (update RMS and ratio added) to layers.jsonl."""
-    if state.tier is None:
+    if state.tier is None or not state.tier.active:
         return
     row = state.tier.after_step(applied)
     if state.layers_log is not None:
@@ -558,10 +559,10 @@ def train_step(state: RunState) -> dict[str, Any]:
     opt.zero_grad(set_to_none=True)
     if state.qk_clip is not None:
         state.qk_clip.reset()  # the max logits of this step's micro-batches only
-    _spike_start(state)
+    _spike_start(state, step)
     loss_sum, aux_sum, aux = _forward_backward(state, step)
     scaler.unscale_(opt)  # fp16: the gradients unscaled, an overflow recorded on the device (no sync)
-    if state.tier is not None:
+    if state.tier is not None and state.tier.active:
         state.tier.before_step()  # per-block gradient and weight norms, before the clip
     max_norm = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf
     grad_norm_t = torch.nn.utils.clip_grad_norm_(state.trainable, max_norm)
