@@ -12,7 +12,8 @@ The plan (`plan()`), in order of priority, each item one subprocess with its own
 3. the GPU benchmarks with MFU: `benchmarks/peers.py` (normlab against transformers' Llama, tokens/s and
    MFU, compiled);
 4. FSDP2 on one GPU: ``torchrun --nproc_per_node 1 -m normlab train --fsdp`` with probes on;
-5. `benchmarks/train_throughput.py` (eager and compiled, pre and peri) and `benchmarks/tier_overhead.py`
+5. the pre bf16 run again with the per-step tier every 10 steps, and off (its cost end to end);
+6. `benchmarks/train_throughput.py` (eager and compiled, pre and peri) and `benchmarks/tier_overhead.py`
    (the per-step tier's cost at gpu-126m).
 
 The whole check has a budget (``--budget-s``, default 540 s): a device lease is 15 minutes of GPU time with
@@ -216,7 +217,22 @@ def plan(dry: bool, out: Path) -> list[Item]:
     torchrun = [py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "-m"]
     fsdp = train("peri", ["--precision", "fp32"] if dry else ["--precision", "bf16"], run, "--fsdp")
     fsdp_item = Item("FSDP2 on one device, probes on", [*torchrun, *fsdp], 60, "results", run=str(run))
-    return [*items, peers, fsdp_item, *later]
+    # the per-step tier's cost end to end (the H100 lease: 262,026 tok/s with it every step, 325,627 without)
+    tiers = [
+        Item(
+            f"{size} pre {PRECISIONS[0]}, {name}",
+            [py, "-m", *train("pre", prec, out / f"pre-tier-{tag}", "--lr", "3e-3", flag, *arg)],
+            90,
+            "results",
+            run=str(out / f"pre-tier-{tag}"),
+        )
+        for name, tag, flag, arg in (
+            ("tier every 10 steps", "10", "--layer-stats-every", ["10"]),
+            ("tier off", "off", "--no-layer-stats", []),
+        )
+        for prec in [["--precision", "fp32"] if dry else ["--precision", PRECISIONS[0]]]
+    ]
+    return [*items, peers, fsdp_item, *tiers, *later]
 
 
 def execute(item: Item, limit_s: float, logs: Path) -> None:

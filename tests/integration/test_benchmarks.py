@@ -150,7 +150,8 @@ def test_tier_overhead_prints_both_figures_and_a_profile():
 @pytest.mark.long
 def test_gpu_check_plan_orders_its_checks_and_rewrites_its_sections(tmp_path):
     """make gpu-check's plan holds every GPU check (tests/gpu, each key layout in bf16 and fp16 at gpu-126m, the
-    benchmarks with MFU, FSDP2 on one device) in order of priority, each within the budget; its dry run on the
+    benchmarks with MFU, FSDP2 on one device, the tier's cost end to end) in order of priority, each within the
+    budget; --out refuses a folder that exists; its dry run on the
     CPU runs the FSDP2 run (probes on), writes an item past the budget as not run, and replaces the marked
     section it finds, never touching the repository's docs; a page without the section gets it appended."""
     sys.path.insert(0, str(BENCH.parent / "scripts"))
@@ -162,6 +163,13 @@ def test_gpu_check_plan_orders_its_checks_and_rewrites_its_sections(tmp_path):
     runs = [f"gpu-126m {lay} {p}" for lay in ("pre", "peri", "post", "hybrid") for p in ("bf16", "fp16")]
     assert names[0] == "pytest tests/gpu" and names[1:9] == runs and names[9] == "peers (MFU)"
     assert names.index("FSDP2 on one device, probes on") < names.index("train throughput")
+    tier10, off = names.index("gpu-126m pre bf16, tier every 10 steps"), names.index("gpu-126m pre bf16, tier off")
+    assert names.index("FSDP2 on one device, probes on") < tier10 < off < names.index("train throughput")
+    every = items[tier10].cmd
+    assert every[every.index("--layer-stats-every") + 1] == "10" and "--no-layer-stats" in items[off].cmd
+    # the pre bf16 run keeps the default (stretched) checkpoint interval; the others save once, at the end
+    assert "--ckpt-every" not in items[1].cmd and all("--ckpt-every" in it.cmd for it in items[2:9])
+    assert gpu_check.main(["--dry-run", "--out", str(tmp_path)]) == 2  # a folder it did not make
     fsdp = items[names.index("FSDP2 on one device, probes on")].cmd
     assert "--fsdp" in fsdp and fsdp[fsdp.index("--nproc_per_node") + 1] == "1" and "cuda" in fsdp
     docs = tmp_path / "docs"
