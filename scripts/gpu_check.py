@@ -12,7 +12,8 @@ The plan (`plan()`), in order of priority, each item one subprocess with its own
 3. the GPU benchmarks with MFU: `benchmarks/peers.py` (normlab against transformers' Llama, tokens/s and
    MFU, compiled);
 4. FSDP2 on one GPU: ``torchrun --nproc_per_node 1 -m normlab train --fsdp`` with probes on;
-5. the pre bf16 run again with the per-step tier every 10 steps, and off (its cost end to end);
+5. the pre bf16 run again with the per-step tier every 10 steps and off (its cost end to end), and with the
+   default checkpoint interval (stretched by a save's cost);
 6. `benchmarks/train_throughput.py` (eager and compiled, pre and peri) and `benchmarks/tier_overhead.py`
    (the per-step tier's cost at gpu-126m).
 
@@ -206,9 +207,7 @@ def plan(dry: bool, out: Path) -> list[Item]:
         for precision in PRECISIONS:
             run = out / f"{layout}-{precision}"
             prec = ["--precision", "fp32", "--activation-dtype", precision] if dry else ["--precision", precision]
-            # pre bf16 keeps the default interval: the check then shows the schedule stretching at gpu-126m
-            default_ckpt = (layout, precision) == ("pre", "bf16")
-            cmd = [py, "-m", *train(layout, prec, run, "--lr", "3e-3", ckpt=not default_ckpt)]
+            cmd = [py, "-m", *train(layout, prec, run, "--lr", "3e-3")]
             items.append(Item(f"{size} {layout} {precision}", cmd, 90, "results", run=str(run)))
     peers, *later = [
         Item(name, [py, *args, *dev], limit, "benchmarks") for (name, args), limit in zip(bench, (150, 75, 45))
@@ -217,20 +216,25 @@ def plan(dry: bool, out: Path) -> list[Item]:
     torchrun = [py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "-m"]
     fsdp = train("peri", ["--precision", "fp32"] if dry else ["--precision", "bf16"], run, "--fsdp")
     fsdp_item = Item("FSDP2 on one device, probes on", [*torchrun, *fsdp], 60, "results", run=str(run))
-    # the per-step tier's cost end to end (the H100 lease: 262,026 tok/s with it every step, 325,627 without)
+    # The pre bf16 run again: the per-step tier's cost end to end against the layout run above (tier every step,
+    # one save; the H100 lease: 262,026 tok/s with it every step, 325,627 without), then the default checkpoint
+    # interval, stretched by the cost of a save (train/ckpt_schedule.py; its note is in the item's log).
+    prec = ["--precision", "fp32"] if dry else ["--precision", "bf16"]
+    name = f"{size} pre {'fp32' if dry else 'bf16'}"
+    variants = (
+        ("tier every 10 steps", "tier-10", ["--layer-stats-every", "10"], True),
+        ("tier off", "tier-off", ["--no-layer-stats"], True),
+        ("default checkpoint interval", "default-ckpt", [], False),
+    )
     tiers = [
         Item(
-            f"{size} pre {PRECISIONS[0]}, {name}",
-            [py, "-m", *train("pre", prec, out / f"pre-tier-{tag}", "--lr", "3e-3", flag, *arg)],
+            f"{name}, {label}",
+            [py, "-m", *train("pre", prec, out / f"pre-{tag}", "--lr", "3e-3", *args, ckpt=once)],
             90,
             "results",
-            run=str(out / f"pre-tier-{tag}"),
+            run=str(out / f"pre-{tag}"),
         )
-        for name, tag, flag, arg in (
-            ("tier every 10 steps", "10", "--layer-stats-every", ["10"]),
-            ("tier off", "off", "--no-layer-stats", []),
-        )
-        for prec in [["--precision", "fp32"] if dry else ["--precision", PRECISIONS[0]]]
+        for label, tag, args, once in variants
     ]
     return [*items, peers, fsdp_item, *tiers, *later]
 
@@ -244,7 +248,11 @@ def execute(item: Item, limit_s: float, logs: Path) -> None:
         res = subprocess.run(item.cmd, cwd=REPO, capture_output=True, text=True, env=env, timeout=limit_s)
         code, text = res.returncode, (res.stdout + res.stderr)
     except subprocess.TimeoutExpired as err:
-        code, text = 124, f"timed out after {limit_s:.0f} s\n{(err.stdout or b'')[-2000:]!r}"
+
+        def decoded(out: str | bytes | None) -> str:
+            return out.decode(errors="replace") if isinstance(out, bytes) else (out or "")
+
+        code, text = 124, f"{decoded(err.stdout)}{decoded(err.stderr)}\ntimed out after {limit_s:.0f} s"
     logs.mkdir(exist_ok=True)
     (logs / (re.sub(r"[^A-Za-z0-9-]+", "_", item.name).strip("_") + ".log")).write_text(text)
     item.result = {

@@ -164,11 +164,13 @@ def test_gpu_check_plan_orders_its_checks_and_rewrites_its_sections(tmp_path):
     assert names[0] == "pytest tests/gpu" and names[1:9] == runs and names[9] == "peers (MFU)"
     assert names.index("FSDP2 on one device, probes on") < names.index("train throughput")
     tier10, off = names.index("gpu-126m pre bf16, tier every 10 steps"), names.index("gpu-126m pre bf16, tier off")
-    assert names.index("FSDP2 on one device, probes on") < tier10 < off < names.index("train throughput")
+    ckpt = names.index("gpu-126m pre bf16, default checkpoint interval")
+    assert names.index("FSDP2 on one device, probes on") < tier10 < off < ckpt < names.index("train throughput")
     every = items[tier10].cmd
     assert every[every.index("--layer-stats-every") + 1] == "10" and "--no-layer-stats" in items[off].cmd
-    # the pre bf16 run keeps the default (stretched) checkpoint interval; the others save once, at the end
-    assert "--ckpt-every" not in items[1].cmd and all("--ckpt-every" in it.cmd for it in items[2:9])
+    # every run saves once, at the end, but the one that shows the default (stretched) checkpoint interval
+    assert "--ckpt-every" not in items[ckpt].cmd
+    assert all("--ckpt-every" in it.cmd for it in items if it.run and it is not items[ckpt])
     assert gpu_check.main(["--dry-run", "--out", str(tmp_path)]) == 2  # a folder it did not make
     fsdp = items[names.index("FSDP2 on one device, probes on")].cmd
     assert "--fsdp" in fsdp and fsdp[fsdp.index("--nproc_per_node") + 1] == "1" and "cuda" in fsdp

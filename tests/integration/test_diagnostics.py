@@ -696,17 +696,25 @@ def test_a_planted_loss_spike_is_skipped_attributed_and_its_batch_saved(corpus, 
     assert (tmp_path / "report" / "layers_per_step.png").exists()
 
 
-def test_the_tier_every_third_step_writes_those_steps_rows_unchanged(corpus, tmp_path):
+def test_the_tier_every_third_step_writes_those_steps_rows_unchanged(corpus, tmp_path, monkeypatch):
     """run.layer_stats_every=3: layers.jsonl has the rows of steps 0, 3, 6, 9, each the same as the every-step
-    run's row of that step (the tier's hooks stay in place and return at once between), and training is the
-    same step for step."""
+    run's row of that step, and training is the same step for step. The hooks stay in place and return at once
+    outside a tier step's forward: the sampled logits are computed once per block on the tier's steps only (not
+    on the steps between, nor in the final evaluation)."""
+    from normlab.diagnostics import tier
     from tests.helpers import losses, small
 
+    calls = []
+    original = tier.sampled_logits
+    monkeypatch.setattr(tier, "sampled_logits", lambda *a, **k: calls.append(1) or original(*a, **k))
+    layers = normlab.build_model("peri", "nano").config.n_layers
     runs = {}
     for every in (1, 3):
+        calls.clear()
         out = tmp_path / f"every{every}"
         train(small(corpus, out, steps=10, eval_every=0, probe_every=0, ckpt_every=10, layer_stats_every=every))
         runs[every] = {r["step"]: r for r in map(json.loads, (out / "layers.jsonl").read_text().splitlines())}
+        assert len(calls) == layers * len(runs[every])
     assert sorted(runs[1]) == list(range(10)) and sorted(runs[3]) == [0, 3, 6, 9]
     for step in (0, 3, 6, 9):
         assert runs[3][step] == runs[1][step]

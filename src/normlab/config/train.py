@@ -291,8 +291,9 @@ class RunSettings:
     )
     layer_stats_every: int = setting(
         1,
-        "the per-step tier's interval: its row every N steps (1: every step); the steps between skip its work. On "
-        "an H100 at gpu-126m, eager, the tier added 15-25% to a step (docs/benchmarks.md)",
+        "the per-step tier's interval: its row every N steps (1: every step); the steps between skip its work, and "
+        "its per-layer spike rule and summary maxima see every Nth step only. On an H100 at gpu-126m, eager, the "
+        "tier added 15-25% to a step (docs/benchmarks.md)",
         identity=False,
         check=positive,
     )

@@ -1,6 +1,7 @@
-"""The per-step tier: a few numbers per layer at every step, cheap enough to leave on (``layers.jsonl``).
+"""The per-step tier: a few numbers per layer at every step (or every Nth: ``run.layer_stats_every``), in
+``layers.jsonl``.
 
-Per block l (and the stream entering the first block, layer 0), at every optimizer step:
+Per block l (and the stream entering the first block, layer 0), at each of the tier's optimizer steps:
 
 - stream_max: the largest |x| of the stream leaving block l-1 (layer 0: entering block 0), over the step's micro-batches
 - grad_norm: the block's gradient norm (after unscaling, before clipping)
@@ -19,8 +20,11 @@ the plain causal logits (before a soft-cap, ignoring a sliding window), as the p
 Costs: a max over each block's output, the sampled logits, one pass over the gradients and two over the
 block parameters (a copy before the step, the difference after: one extra copy of the block parameters
 in memory, of the local shard under FSDP2), and two reads back to the host per step. Measured in
-docs/benchmarks.md. The hooks are not installed on a compiled model (a hook inside a torch.compile graph
-breaks it): there, stream_max and the logits are null and the rest is recorded.
+docs/benchmarks.md: about 2% of a step on the CPU, 15-25% of an eager gpu-126m step on an H100, where the
+eager step's CPU time already exceeds its device time (every launch added is paid). The hooks are active from
+`reset` (a tier step's forward) to `before_step`, so evaluations, probe passes and spike replays between do
+not run them. The hooks are not installed on a compiled model (a hook inside a torch.compile graph breaks
+it): there, stream_max and the logits are absent from the rows and the rest is recorded.
 
 Under torchrun the values are reduced across ranks before they are read: the sums of squares of sharded
 parameters and gradients (FSDP2) are summed, the activation maxima (each rank saw its share of the batch)
@@ -59,7 +63,7 @@ class StepTier:
         self.device = local(self.params[0][0]).device
         self.heads = [getattr(b.attn, "n_heads", None) for b in self.blocks]
         self.hooked = hooks
-        self.active = True  # False: the hooks return at once (a step between the tier's, run.layer_stats_every)
+        self.active = True  # the hooks' window: from `reset` to `before_step` (outside it they return at once)
         self._handles: list = []
         self._before: list[list[torch.Tensor]] | None = None
         self._qk: dict[int, torch.Tensor] = {}
@@ -76,7 +80,8 @@ class StepTier:
             self._handles.append(block.attn.k.register_forward_hook(lambda m, a, o, i=i: self._tap(i, "k", o)))
 
     def reset(self) -> None:
-        """Before a step's forward: the maxima start again."""
+        """Before a tier step's forward: the maxima start again and the hooks record until `before_step`."""
+        self.active = True
         n = len(self.blocks)
         # One 0-d / (heads,) tensor per site, kept apart and stacked once in `before_step`: indexing a step-wide
         # buffer from every hook cost a launch per write (on CUDA the forward is partly launch-bound).
@@ -115,12 +120,14 @@ class StepTier:
         _keep_max(self._bounds, i, bound)
 
     def _extremes(self) -> torch.Tensor:
-        """The step's maxima as one vector: stream (n+1), then logits and bounds (n x heads each, -inf padded;
-        0 where the forward did not run the hooks)."""
+        """The step's maxima as one vector: stream (n+1; 0 where the forward did not run the hooks), then logits
+        and bounds (n x heads each, -inf padded and where no hook ran)."""
         n, h = len(self.blocks), max(x or 1 for x in self.heads)
         zero, none = torch.zeros((), device=self.device), torch.full((h,), -math.inf, device=self.device)
 
         def rows(parts: list[torch.Tensor | None]) -> list[torch.Tensor]:
+            if any(t is not None and len(t) > h for t in parts):
+                raise ValueError(f"a block reported more than the {h} heads its attention declares")
             return [none if t is None else torch.nn.functional.pad(t, (0, h - len(t)), value=-math.inf) for t in parts]
 
         stream = torch.stack([zero if t is None else t for t in self._streams])
@@ -130,7 +137,8 @@ class StepTier:
     @torch.no_grad()
     def before_step(self) -> None:
         """After the backward (gradients unscaled, not yet clipped): gradient and weight norms per block, and a
-        copy of the weights for the update."""
+        copy of the weights for the update. Ends the hooks' window (`reset` opens the next)."""
+        self.active = False
         grads = [[local(p.grad) for p in ps if p.grad is not None] for ps in self.params]
         sums = _sumsq_by_group(grads + [[local(p) for p in ps] for ps in self.params], self.device)
         if self.sharded:
@@ -204,7 +212,7 @@ _OWNERS: dict[tuple, torch.Tensor] = {}  # group sizes and device -> the owner i
 
 def _sumsq_by_group(groups: list[list[torch.Tensor]], device: torch.device) -> torch.Tensor:
     """Each group's sum of squares, (len(groups),): one fused norm over every tensor, then summed per group
-    (one kernel launch for the lot instead of one per block: the tier runs every step)."""
+    (one kernel launch for the lot instead of one per block: the tier may run every step)."""
     tensors = [t.float() if t.dtype != torch.float32 else t for g in groups for t in g]
     out = torch.zeros(len(groups), device=device)
     if tensors:
@@ -230,8 +238,11 @@ def sampled_logits(
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
     key = (t, queries, str(q.device))
     if key not in _SAMPLES:
-        idx = torch.linspace(0, t - 1, min(queries, t), device=q.device).round().long()
-        _SAMPLES[key] = idx, torch.arange(t, device=q.device)[None, :] > idx[:, None]
+        if len(_SAMPLES) > 64:  # sequence lengths vary (evaluations, generation): keep the cache small
+            _SAMPLES.clear()
+        with torch.inference_mode(False):  # ordinary tensors, usable later with gradients on
+            idx = torch.linspace(0, t - 1, min(queries, t), device=q.device).round().long()
+            _SAMPLES[key] = idx, torch.arange(t, device=q.device)[None, :] > idx[:, None]
     idx, future = _SAMPLES[key]
     logits = (q[:, :, idx].float() * scale) @ k.float().transpose(-1, -2)  # (B, H, queries, T)
     exact = logits.masked_fill(future, -math.inf).amax(dim=(0, 2, 3))

@@ -5,7 +5,7 @@
     ├── tokenizer.json            the trained or loaded BPE (byte runs need none)
     ├── metrics.jsonl             one row per optimizer step (and validation rows)
     ├── probes.jsonl              probe rows (normlab.diagnostics.probes)
-    ├── layers.jsonl              the per-step tier: one row per step, per-layer lists (normlab.diagnostics.tier)
+    ├── layers.jsonl              the per-step tier: one row per tier step, per-layer lists (normlab.diagnostics.tier)
     ├── spikes.jsonl, spikes/     each loss or gradient spike: its verdict, rerun and saved batch (step_N.pt)
     ├── summary.json              status, reason and step, final losses, speed, forensics
     ├── eval.json                 lm-eval results (normlab eval), with eval_log.txt and eval_samples/
@@ -194,7 +194,8 @@ class RunDir:
         return read_jsonl(self.probes_file)
 
     def layers(self) -> list[dict[str, Any]]:
-        """The per-step tier's rows (``layers.jsonl``): one per step, each metric a list by layer."""
+        """The per-step tier's rows (``layers.jsonl``): one per tier step (run.layer_stats_every), each metric a list
+        by layer."""
         return read_jsonl(self.layers_file)
 
     def spikes(self) -> list[dict[str, Any]]:
