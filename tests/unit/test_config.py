@@ -40,6 +40,7 @@ FLAT = {
     "keep_last": 1,
     "keep_optimizer": False,
     "layer_stats": True,
+    "layer_stats_every": 1,
     "layout": "pre",
     "loss_chunk": 4096,
     "loss_scale_init": 65536.0,
