@@ -163,6 +163,8 @@ def test_gradient_break_lists_parameters_deepest_first():
 def test_tally_groups_breaks_by_site():
     sites = ["block 11: MLP residual add", "block 9: MLP residual add", None, "logits", "block 3: MLP hidden"]
     assert tally(sites) == "MLP residual add x2 (blocks 9, 11); logits x1; MLP hidden x1 (block 3)"
+    # a sweep's table holds NaN where a diverged run has no forward break (its fp16 loss scale collapsed)
+    assert tally([float("nan"), "block 4: MLP input norm (A)", float("nan")]) == "MLP input norm (A) x1 (block 4)"
 
 
 def _run(corpus, out, **kw):

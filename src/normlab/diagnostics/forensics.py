@@ -210,11 +210,12 @@ def site_of(forensics: dict[str, Any] | None) -> str | None:
     return fwd["site"] if fwd["layer"] is None else f"block {fwd['layer']}: {fwd['site']}"
 
 
-def tally(sites: list[str | None]) -> str:
-    """Breaks of several runs grouped by site: "MLP residual add x3 (blocks 9, 11, 11); logits x1"."""
+def tally(sites: list[str | float | None]) -> str:
+    """Breaks of several runs grouped by site: "MLP residual add x3 (blocks 9, 11, 11); logits x1". A run with
+    no break (None, or NaN from a table's empty cell: a divergence by loss-scale collapse) is left out."""
     by_site: dict[str, list[str]] = {}
     for s in sites:
-        if not s:
+        if not isinstance(s, str) or not s:
             continue
         block, _, site = s.rpartition(": ")
         by_site.setdefault(site, []).append(block.removeprefix("block "))
