@@ -62,6 +62,7 @@ class StepTier:
         self.world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         self.device = local(self.params[0][0]).device
         self.heads = [getattr(b.attn, "n_heads", None) for b in self.blocks]
+        self.width = max((x or 1 for x in self.heads), default=1)  # heads per layer in the logit rows
         self.hooked = hooks
         self.active = True  # the hooks' window: from `reset` to `before_step` (outside it they return at once)
         self._handles: list = []
@@ -122,7 +123,7 @@ class StepTier:
     def _extremes(self) -> torch.Tensor:
         """The step's maxima as one vector: stream (n+1; 0 where the forward did not run the hooks), then logits
         and bounds (n x heads each, -inf padded and where no hook ran)."""
-        n, h = len(self.blocks), max(x or 1 for x in self.heads)
+        h = self.width
         zero, none = torch.zeros((), device=self.device), torch.full((h,), -math.inf, device=self.device)
 
         def rows(parts: list[torch.Tensor | None]) -> list[torch.Tensor]:
@@ -131,7 +132,7 @@ class StepTier:
             return [none if t is None else torch.nn.functional.pad(t, (0, h - len(t)), value=-math.inf) for t in parts]
 
         stream = torch.stack([zero if t is None else t for t in self._streams])
-        return torch.cat([stream, *rows(self._logits), *rows(self._bounds)]) if n else stream
+        return torch.cat([stream, *rows(self._logits), *rows(self._bounds)])
 
     # -- around the optimizer step --
     @torch.no_grad()
@@ -156,7 +157,7 @@ class StepTier:
     def read(self) -> dict[str, Any]:
         """The values of `before_step` on the host (one read-back): grad_norm, stream_max, logits by layer."""
         sums, extremes = self._pre_t
-        n, h = len(self.blocks), max(x or 1 for x in self.heads)
+        n, h = len(self.blocks), self.width
         s, e = sums.tolist(), extremes.tolist()
         self._weights = s[n:]
         out: dict[str, Any] = {"grad_norm": [math.sqrt(v) for v in s[:n]]}

@@ -245,7 +245,6 @@ class RunState:
     peak_flops: float | None = None  # the device's dense peak for the run's precision; None: unknown
     tier: StepTier | None = None  # the per-step tier (normlab.diagnostics.tier), layers.jsonl
     tier_spikes: TierSpikes | None = None
-    tier_step: bool = False  # this step is one of the tier's (run.layer_stats_every)
     spikes: SpikeHandler | None = None  # the spike policy, rerun and records (normlab.train.spikes)
     layers_log: Any = None  # layers.jsonl, open for appending (main rank)
     qk_clip: QKClip | None = None  # MuonClip's rescale after each step (normlab.train.qk_clip); None: off
@@ -460,13 +459,16 @@ def _forward_backward(state: RunState, step: int) -> tuple[torch.Tensor, torch.T
 # --- the per-step tier and spikes (normlab.diagnostics.tier, normlab.train.spikes) ---
 
 
+def _tier_step(state: RunState, step: int) -> bool:
+    """Whether ``step`` is one of the per-step tier's (every run.layer_stats_every-th), where it is on."""
+    return step % state.cfg.run.layer_stats_every == 0
+
+
 def _spike_start(state: RunState, step: int) -> None:
-    """Before a step's forward: the tier's maxima start again on its steps (every run.layer_stats_every-th: its
-    hooks record from here to `before_step`), and the loss-spike rule keeps the step's RNG state."""
-    if state.tier is not None:
-        state.tier_step = step % state.cfg.run.layer_stats_every == 0
-        if state.tier_step:
-            state.tier.reset()
+    """Before a step's forward: on the tier's steps its maxima start again (its hooks record from here to
+    `before_step`), and the loss-spike rule keeps the step's RNG state."""
+    if state.tier is not None and _tier_step(state, step):
+        state.tier.reset()
     if state.spikes is not None:
         state.spikes.start(state.info.device)
 
@@ -507,7 +509,7 @@ def _spike_check(state: RunState, step: int, loss: float, grad_norm: float) -> d
     gradient-norm rule with its rerun (normlab.train.spikes); on a spike of either, the full probe pass on
     this step's batch with the pre-step weights (sites prefixed spike:). Returns the spike's record or None."""
     fired = []
-    if state.tier is not None and state.tier_step:
+    if state.tier is not None and _tier_step(state, step):
         fired = state.tier_spikes.check(state.tier.read())
     record = (
         None
@@ -539,7 +541,7 @@ def _spike_check(state: RunState, step: int, loss: float, grad_norm: float) -> d
 
 def _tier_row(state: RunState, step: int, applied: bool) -> None:
     """After the update: the tier's row (update RMS and ratio added) to layers.jsonl."""
-    if state.tier is None or not state.tier_step:
+    if state.tier is None or not _tier_step(state, step):
         return
     row = state.tier.after_step(applied)
     if state.layers_log is not None:
@@ -567,7 +569,7 @@ def train_step(state: RunState) -> dict[str, Any]:
     _spike_start(state, step)
     loss_sum, aux_sum, aux = _forward_backward(state, step)
     scaler.unscale_(opt)  # fp16: the gradients unscaled, an overflow recorded on the device (no sync)
-    if state.tier is not None and state.tier_step:
+    if state.tier is not None and _tier_step(state, step):
         state.tier.before_step()  # per-block gradient and weight norms, before the clip
     max_norm = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf
     grad_norm_t = torch.nn.utils.clip_grad_norm_(state.trainable, max_norm)
