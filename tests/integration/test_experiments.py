@@ -171,6 +171,7 @@ def test_summaries_match_hand_computed_values(tmp_path):
     out = summarize(tmp_path / "syn")
     md = out["markdown"].read_text()
     assert "| pre | 0.01 | 1/2 | 0/2 | 1 | 2.9000 | 3.0000 |" in md
+    assert "\n- base: size=nano\n" in md  # the settings every run shares (a recipe's --set shows here)
     assert "| pre | 0.001 | 0/3 | 0/3 | 0 | 3.2000 ± 0.2000 |" in md
     assert "| peri | 0.001 | 0/3 | 1/3 | 0 | 3.1667 ± 0.1155 |" in md
     assert "| peri | 3.1667 (1/3 stalled) | 2.7000 |" in md  # the lr table

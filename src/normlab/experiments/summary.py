@@ -312,6 +312,8 @@ def summarize(path: str | Path, out: str | Path | None = None) -> dict[str, Any]
     for k in ("source", "scale", "claim"):
         if sweep.get(k):
             head.append(f"- {k}: {sweep[k]}")
+    if sweep.get("base"):  # what every run shares, --set included (the prose scale above is the recipe's)
+        head.append("- base: " + ", ".join(f"{k}={v}" for k, v in sorted(sweep["base"].items())))
     head.append(f"- runs: {len(df)} (" + ", ".join(f"{v} {k}" for k, v in counts.items()) + ")")
     head.append(f"- axes: {', '.join(axes)}")
     md = (
