@@ -336,34 +336,28 @@ def test_kill_9_of_the_sweep_coordinator_takes_its_workers_and_nothing_runs_twic
         coord.wait()
         return workers
 
-    def alive(pids: list[int]) -> list[int]:
-        return [
-            p for p in pids if Path(f"/proc/{p}").exists() and Path(f"/proc/{p}/stat").read_text().split()[2] != "Z"
-        ]
+    def alive(pids: list[int], within: float) -> list[int]:
+        """The pids still running (not gone, not zombies) once they have had ``within`` seconds to end."""
+        deadline = time.time() + within
+        while True:
+            left = [
+                p for p in pids if Path(f"/proc/{p}").exists() and Path(f"/proc/{p}/stat").read_text().split()[2] != "Z"
+            ]
+            if not left or time.time() > deadline:
+                return left
+            time.sleep(0.05)
 
     # 1. killed as its workers start: they must not live on (the fork server ends with the sweep process,
     # and each worker with the server)
     workers = start_then_kill(lambda: True)
-    time.sleep(2.0)
-    assert alive(workers) == []
+    assert alive(workers, within=2.0) == []
     # 2. killed mid-training, after a checkpoint: the workers go with it, the rerun resumes
     workers = start_then_kill(lambda: bool(list((root / "runs").glob("*/checkpoints/step_*.pt"))))
-    time.sleep(1.0)
-    assert alive(workers) == []
+    assert alive(workers, within=1.0) == []
     res = subprocess.run(cmd, env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-2000:]
     for run in (root / "runs").iterdir():
         assert [r["step"] for r in rows(run)] == list(range(60))  # resumed, each step once
-    # 3. the same command once more: finished runs are neither redone nor rewritten
+    # a finished sweep run again is neither redone nor rewritten: test_experiments.py's resume test (in process)
     with sqlite3.connect(root / "sweep.db") as con:
-        done = con.execute(
-            "select run_id, status, final_loss, finished_at, attempts from runs order by run_id"
-        ).fetchall()
-    assert [r[1] for r in done] == ["ok", "ok"]
-    res = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr[-2000:]
-    with sqlite3.connect(root / "sweep.db") as con:
-        assert (
-            con.execute("select run_id, status, final_loss, finished_at, attempts from runs order by run_id").fetchall()
-            == done
-        )
+        assert [r[0] for r in con.execute("select status from runs")] == ["ok", "ok"]
