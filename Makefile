@@ -85,10 +85,12 @@ gpu-check:
 quotes: install
 	$(PY) scripts/quotes.py
 
-# Two workers (one torch thread each, tests/conftest.py); tests/unit, tests/integration and tests/gpu (skips
-# without CUDA); tests marked slow (another test covers each quickly) run with `make test-all`.
+# Three workers on two cores (one torch thread each, tests/conftest.py): many tests wait on a subprocess,
+# torchrun's ranks or a browser, and a third worker fills those waits (2026-11-26, the same code back to back:
+# 229 and 231 s with three workers, 266 s with two). tests/unit, tests/integration and tests/gpu (skips without
+# CUDA); tests marked slow (another test covers each quickly) run with `make test-all`.
 test: install
-	$(PY) -m pytest -n 2 --dist worksteal
+	$(PY) -m pytest -n 3 --dist worksteal
 
 # ruff (lint + format check, configured in pyproject.toml) over every Python file; mypy strict on the typed core.
 $(VENV)/.lint-installed: $(VENV)/.installed
@@ -101,7 +103,7 @@ lint: $(VENV)/.lint-installed
 	$(VENV)/bin/mypy
 
 test-all: install
-	$(PY) -m pytest -n 2 --dist worksteal -m ""
+	$(PY) -m pytest -n 3 --dist worksteal -m ""
 
 $(FW_VENV)/.installed: pyproject.toml Makefile
 	@echo "normlab: creating $(FW_VENV) with $(TORCH) (CPU), $(FRAMEWORKS) and pytest (3-10 minutes)"

@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs two workers on two cores: one thread each,
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs three workers on two cores: one thread each,
     # in the worker and in every process it starts (`normlab` commands, sweep workers, torchrun's ranks):
-    # torch's default is a thread per core, and two workers' threads contending for two cores spin in
+    # torch's default is a thread per core, and the workers' threads contending for two cores spin in
     # OpenMP's barriers
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
@@ -25,9 +25,9 @@ SENTENCES = [
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """Tests marked ``long`` run first. Under ``--dist worksteal`` each worker starts on its half of the
-    list and takes from the other's rest when its own runs out: a long test left near the end keeps one
-    worker busy while the other has nothing to take (measured: the 38 s kill -9 test ran alone for the
+    """Tests marked ``long`` run first. Under ``--dist worksteal`` each worker starts on its share of the
+    list and takes from the others' rest when its own runs out: a long test left near the end keeps one
+    worker busy while the others have nothing to take (measured: the 38 s kill -9 test ran alone for the
     suite's last 38 s). Stable: the rest keep their order."""
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
