@@ -358,6 +358,17 @@ def test_kill_9_of_the_sweep_coordinator_takes_its_workers_and_nothing_runs_twic
     assert res.returncode == 0, res.stderr[-2000:]
     for run in (root / "runs").iterdir():
         assert [r["step"] for r in rows(run)] == list(range(60))  # resumed, each step once
-    # a finished sweep run again is neither redone nor rewritten: test_experiments.py's resume test (in process)
+    # 3. the same command once more: finished runs are neither redone nor rewritten (the quick cover of
+    # test_experiments.py's slow kill-and-resume test)
     with sqlite3.connect(root / "sweep.db") as con:
-        assert [r[0] for r in con.execute("select status from runs")] == ["ok", "ok"]
+        done = con.execute(
+            "select run_id, status, final_loss, finished_at, attempts from runs order by run_id"
+        ).fetchall()
+    assert [r[1] for r in done] == ["ok", "ok"]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    with sqlite3.connect(root / "sweep.db") as con:
+        assert (
+            con.execute("select run_id, status, final_loss, finished_at, attempts from runs order by run_id").fetchall()
+            == done
+        )
