@@ -86,9 +86,9 @@ quotes: install
 	$(PY) scripts/quotes.py
 
 # Three workers on two cores (one torch thread each, tests/conftest.py): many tests wait on a subprocess,
-# torchrun's ranks or a browser, and a third worker fills those waits (2026-11-26, the same code back to back:
-# 229 and 231 s with three workers, 266 s with two; four gave no more: 286 s against three's 279 s, back to back). tests/unit, tests/integration and tests/gpu (skips without
-# CUDA); tests marked slow (another test covers each quickly) run with `make test-all`.
+# torchrun's ranks or a browser, and a third worker fills those waits (timings: docs/benchmarks.md). tests/unit,
+# tests/integration and tests/gpu (skips without CUDA); tests marked slow (another test covers each quickly) run
+# with `make test-all`.
 test: install
 	$(PY) -m pytest -n 3 --dist worksteal
 

@@ -28,13 +28,13 @@ def test_bad_layout_exit_code(capsys):
 
 
 def test_readme_layout_table_is_current(capsys):
-    """The README's layout table is `normlab layouts --markdown`, verbatim."""
+    """docs/layouts.md's preset table is `normlab layouts --markdown`, verbatim."""
     from pathlib import Path
 
     assert main(["layouts", "--markdown"]) == 0
     table = capsys.readouterr().out.strip()
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    assert table in readme
+    page = (Path(__file__).resolve().parents[2] / "docs" / "layouts.md").read_text()
+    assert table in page
 
 
 def test_help_layouts_and_show_do_not_import_torch():

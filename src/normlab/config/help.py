@@ -109,7 +109,7 @@ TRUE = "store_true"
 INPUTS: dict[str, list[tuple[tuple[str, ...], dict[str, Any]]]] = {
     "layouts": [
         (("--names",), {"action": TRUE, "help": "print the names only"}),
-        (("--markdown",), {"action": TRUE, "help": "print a Markdown table (as in the README)"}),
+        (("--markdown",), {"action": TRUE, "help": "print a Markdown table (as in docs/layouts.md)"}),
     ],
     "show": [(("layout",), {"help": "preset name or string form, e.g. peri or 'attn=AB,mlp=AB,final'"})],
     "plan": [

@@ -352,7 +352,7 @@ PRESETS: dict[str, Preset] = _build()
 
 def presets_table(names: bool = False, markdown: bool = False) -> str:
     """`normlab layouts`: the presets with string form, equation and source, as aligned columns, a Markdown
-    table (the README's) or the names only."""
+    table (docs/layouts.md's) or the names only."""
     rows = [(p.name, p.layout.to_string(), p.equation, p.source) for p in PRESETS.values()]
     if names:
         return "\n".join(r[0] for r in rows)
