@@ -17,6 +17,11 @@ FW_VENV := .venv-frameworks
 FW_PY := $(FW_VENV)/bin/python
 FRAMEWORKS := litgpt==0.5.13 ai2-olmo-core==3.0.0 torchtitan==0.3.0 triton==3.9.0
 
+# mup, the reference muP implementation the suite checks normlab's parametrization against
+# (tests/unit/test_parametrization.py); --no-deps: its metadata asks for torchvision and seaborn, which it
+# imports only for its coordinate-check plots
+MUP := mup==1.0.0
+
 LINT := ruff==0.17.6 mypy==2.4.1
 
 .PHONY: lint demo test test-all test-frameworks test-slurm install data bench recipes gpu-recipes gpu-check transfer gpu-transfer quotes clean
@@ -26,6 +31,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)" numpy scipy pandas matplotlib tokenizers tqdm pytest pytest-xdist tensorboard wandb submitit "$(TRANSFORMERS)" safetensors lightning "$(LM_EVAL)"
+	$(PY) -m pip install -q --no-deps $(MUP)
 	$(PY) -m pip install -q --no-deps -e .
 	touch $@
 

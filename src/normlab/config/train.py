@@ -506,6 +506,11 @@ class TrainConfig:
                 "qk_clip rescales each head's rows of W_q and W_k in place, which FSDP2 shards across "
                 "ranks; with --qk-clip leave --fsdp off (DDP is fine)"
             )
+        if o.optimizer == "sgd" and m.config.parametrization != "sp":
+            raise ConfigError(
+                f"parametrization={m.config.parametrization} sets Adam's and Muon's per-parameter learning rates; "
+                "SGD's muP rule (mup.MuSGD: vector-like lr x m) is not built: use --optimizer adamw or muon"
+            )
         try:
             m.resolved  # noqa: B018 - the layout against the model's depth (cached: a sweep resolves each layout once)
         except LayoutError as err:

@@ -38,6 +38,7 @@ from normlab.layout.sites import AttentionInnerSites, Layout
 from normlab.model.config import ModelConfig
 from normlab.model.decoding import Decoding
 from normlab.model.norms import Tap, site_norm
+from normlab.model.parametrization import attention_scale
 from normlab.model.rope import Rotary
 from normlab.model.sphere import base_scale, rescaled
 from normlab.model.storage import NO_STORAGE, Storage
@@ -116,7 +117,8 @@ class Attention(nn.Module):
         # Capture points: q, k, v as they enter attention, (B, heads, T, head_dim), q and k after
         # their norms and RoPE; the context after its norm, (B, T, n_heads * head_dim).
         self.q, self.k, self.v, self.context = Tap(), Tap(), Tap(), Tap()
-        self.scale = cfg.attn_scale**-0.5 if cfg.attn_scale is not None else None  # None: SDPA's 1/sqrt(head_dim)
+        # None: SDPA's 1/sqrt(head_dim); Gemma 2's attn_scale^-1/2; muP's 1/d_head law (normlab.model.parametrization)
+        self.scale = attention_scale(cfg, hd)
         self.window = cfg.window_of(layer_idx)  # sliding-window attention on this layer (None: full)
         self.softcap = cfg.attn_softcap
         self.softmax = layout.softmax

@@ -37,6 +37,7 @@ from normlab.model.decoding import Decoding
 from normlab.model.mlp import MLP
 from normlab.model.moe import MoE
 from normlab.model.norms import Tap, site_norm
+from normlab.model.parametrization import branch_multiplier
 from normlab.model.sphere import base_scale, eigen
 from normlab.model.storage import NO_STORAGE, Storage
 from normlab.model.streams import HyperConnection, connection
@@ -89,6 +90,8 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, block: BlockLayout, layout: Layout, alpha: float, index: int = 0) -> None:
         super().__init__()
         self.h, self.alpha = float(layout.h), float(alpha)
+        # CompleteP's residual branch multiplier (L / L_base)^-alpha; 1 under sp and mup (normlab.model.parametrization)
+        self.branch = branch_multiplier(cfg)
         # LayerNorm Scaling (Sun et al. 2025, "The Curse of Depth", eq. 6): the input norm's output times
         # 1/sqrt(l), l = the layer's index counted from 1, so deep layers' updates grow no faster than shallow ones
         self.ln_scale = 1.0 / math.sqrt(index + 1) if layout.ln_scaling else 1.0
@@ -165,6 +168,8 @@ class Block(nn.Module):
             update = store(h.to(update.dtype) * update)
         elif self.h != 1.0:
             update = store(self.h * update)
+        if self.branch != 1.0:
+            update = store(self.branch * update)
         if hc is not None:  # H'_i = sum_j res_ij H_j + post_i * update (the layout refuses C, S, alpha, lambda, GPAS)
             return store(hc.depth(streams, res, post, update_tap(update)).flatten(-2))
         if self.alpha != 1.0:

@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from normlab.errors import ConfigError
+from normlab.model.parametrization import base_config
+from normlab.model.parametrization import problem as parametrization_problem
 from normlab.settings import check_fields, setting
 
 if TYPE_CHECKING:
@@ -47,6 +49,13 @@ def _pos(v: float) -> str | None:
 
 def _nonneg(v: float) -> str | None:
     return None if v >= 0 else "must be >= 0"
+
+
+def _alpha(v: float) -> str | None:
+    return None if 0.5 <= v <= 1.0 else "must lie in [0.5, 1] (CompleteP's alpha; 1 is the paper's choice)"
+
+
+PARAMETRIZATION_NAMES: tuple[str, ...] = ("sp", "mup", "completep")  # normlab.model.parametrization
 
 
 @dataclass(frozen=True)
@@ -119,6 +128,21 @@ class ModelConfig:
     moe_dispatch: str = setting("auto", "auto | sorted | loop (normlab.model.moe)", choices=MOE_DISPATCH)
     init: str = setting("auto", "init scheme: auto (the layout's prescribed scheme, else normal) or a scheme name")
     init_std: float = setting(0.02, "std of the normal scheme (Kim Table 2)", check=_pos)
+    parametrization: str = setting(
+        "sp",
+        "how init, per-parameter learning rates and multipliers scale with width and depth: sp (standard) | mup "
+        "(Yang et al. 2022) | completep (Dey et al. 2025); see normlab.model.parametrization",
+        choices=PARAMETRIZATION_NAMES,
+    )
+    base_d_model: int | None = setting(
+        None, "mup/completep: the width the learning rate was tuned at; none: this model's own", check=_pos_int
+    )
+    base_n_layers: int | None = setting(
+        None, "completep: the depth the learning rate was tuned at; none: this model's own", check=_pos_int
+    )
+    completep_alpha: float = setting(
+        1.0, "completep: residual branches x (L / base_n_layers)^-alpha, alpha in [0.5, 1]", check=_alpha
+    )
 
     def __post_init__(self) -> None:
         check_fields(self)  # each field's type, range and choices
@@ -144,6 +168,18 @@ class ModelConfig:
                 raise ConfigError(f"moe_top_k must lie in [1, n_experts={self.n_experts}], got {self.moe_top_k!r}")
             if self.mlp != "swiglu":
                 raise ConfigError(f"MoE experts are SwiGLU MLPs (as OLMoE's); mlp={self.mlp!r} is for the dense MLP")
+        if self.parametrization == "sp" and (self.base_d_model is not None or self.base_n_layers is not None):
+            raise ConfigError(
+                "base_d_model and base_n_layers are the base shape of parametrization=mup or completep; "
+                "under sp (the default) nothing scales with them: set model.parametrization or drop them"
+            )
+        if self.parametrization == "mup" and self.base_n_layers is not None:
+            raise ConfigError(
+                "base_n_layers is CompleteP's base depth; muP transfers across width only: use "
+                "parametrization=completep or drop base_n_layers"
+            )
+        if self.parametrization != "sp":
+            base_config(self)  # the base shape must be a whole model (refused with the reason otherwise)
 
     @property
     def head_dim(self) -> int:
@@ -153,6 +189,8 @@ class ModelConfig:
         """Why the layout `resolved` cannot be built at this shape, or None: NormLM refuses it before building
         anything; from the data alone (no torch), so `normlab recommend` can leave such a candidate out at once."""
         layout = resolved.layout
+        if (why := parametrization_problem(self, resolved)) is not None:
+            return why
         if self.n_experts and any(b.mlp.hidden for b in resolved.blocks):
             return "the MLP hidden norm (H) is not built for MoE experts; use a dense MLP or drop H"
         if layout.ngpt and (self.n_experts or self.mlp != "swiglu" or self.kv_heads != self.n_heads):

@@ -21,13 +21,17 @@ the router as any linear layer.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
 from normlab.layout.sites import deepnorm_beta
 from normlab.model.admin import profile_admin
+from normlab.model.config import ModelConfig
 from normlab.model.init_schemes import _DEEPNORM_SCALED, _TRUNCATED, _XAVIER, base_std, check_scheme, linear_std
 from normlab.model.norms import is_norm
+from normlab.model.parametrization import base_config, base_model, param_scales
 from normlab.model.sphere import base_scale, project
 
 
@@ -102,4 +106,58 @@ def init_weights(model: nn.Module, scheme: str) -> None:
             block.mlp.suv.fill_(1.0)
         model.sz.fill_(base_scale(d))
         project(model)
+    if cfg.parametrization != "sp":
+        apply_parametrization(model, scheme)
     profile_admin(model)  # Admin's omegas, from a forward with the weights just drawn (normlab.model.admin)
+
+
+def _sp_std(scheme: str, name: str, shape: tuple[int, ...], cfg: ModelConfig, vocab: int) -> float | None:
+    """The std SP draws parameter ``name`` of ``shape`` with in a model of ``cfg``'s width and depth; None for
+    what no scheme draws (norm gains, scales, hyper-connections' maps: their starts do not depend on width)."""
+    d, n_layers = cfg.d_model, cfg.n_layers
+    if name in ("embed.weight", "pos_embed.weight"):
+        return base_std(scheme, d, cfg.init_std)
+    if name == "lm_head.weight":
+        if scheme in _XAVIER:
+            return math.sqrt(2.0 / (vocab + d))
+        return base_std(scheme, d, cfg.init_std)
+    parts = name.split(".")
+    if parts[0] != "blocks" or len(shape) < 2 or parts[-1] != "weight" and "experts" not in parts:
+        return None
+    layer, path = int(parts[1]), ".".join(parts[2:]).removesuffix(".weight")
+    if "_hc" in path:  # hyper-connections' own starts
+        return None
+    if scheme in _XAVIER:
+        fan_in, fan_out = (shape[-2], shape[-1]) if "experts" in parts else (shape[-1], shape[-2])
+        gain = deepnorm_beta(n_layers) if scheme == "deepnorm" and path in _DEEPNORM_SCALED else 1.0
+        return gain * math.sqrt(2.0 / (fan_in + fan_out))
+    return linear_std(scheme, path, layer, n_layers, d, cfg.init_std)
+
+
+@torch.no_grad()
+def apply_parametrization(model: nn.Module, scheme: str) -> None:
+    """muP / CompleteP init (normlab.model.parametrization): each weight SP drew is rescaled to the std SP draws at
+    the base shape (the base width; under CompleteP also the base depth, so init does not depend on depth), and
+    matrix-like weights further by 1 / sqrt(fan-in width multiplier), as `mup.init.normal_` with the base's std."""
+    cfg = model.config
+    base = base_config(cfg)
+    if cfg.parametrization == "completep" and cfg.base_n_layers is not None:
+        base = base.with_(n_layers=cfg.base_n_layers)
+    base_params = {name: tuple(q.shape) for name, q in base_model(cfg, model.resolved).named_parameters()}
+    scales = param_scales(model)
+    seen: set[int] = set()
+    for name, p in model.named_parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        actual = _sp_std(scheme, name, tuple(p.shape), cfg, cfg.vocab_size)
+        if actual is None:
+            continue
+        layer_name = name
+        if base.n_layers != cfg.n_layers and name.startswith("blocks."):  # the base depth's layer at this fraction
+            parts = name.split(".")
+            parts[1] = str(int(parts[1]) * base.n_layers // cfg.n_layers)
+            layer_name = ".".join(parts)
+        target = _sp_std(scheme, layer_name, base_params[name], base, cfg.vocab_size)
+        assert target is not None
+        p.mul_(target / actual * scales[name].init)

@@ -26,6 +26,7 @@ from normlab.model.decoding import Decoding, check_positions
 from normlab.model.loss import lm_loss, logits_of
 from normlab.model.moe import MoE
 from normlab.model.norms import Tap, site_norm
+from normlab.model.parametrization import output_multiplier
 from normlab.model.sphere import base_scale, rescaled
 from normlab.model.storage import NO_STORAGE, Storage
 
@@ -67,6 +68,7 @@ class NormLM(nn.Module):
         # nGPT's s_z per vocabulary entry (stored at 1/sqrt(d) for 1: normlab.model.sphere): logits s_z * W_out h
         self.sz = nn.Parameter(torch.full((cfg.vocab_size,), base_scale(cfg.d_model))) if layout.ngpt else None
         self.activation_checkpointing = False  # set by the trainer (--activation-checkpointing)
+        self.output_mult = output_multiplier(cfg)
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """The LM head's logits W_out h; nGPT's times s_z."""
@@ -158,6 +160,8 @@ class NormLM(nn.Module):
             self.store(self.final_norm(self.collapse(x))),
             self.config.logit_softcap,
         )  # Gemma 2's logit soft-cap
+        if self.output_mult != 1.0:  # muP's readout: logits = W (h / m) (normlab.model.parametrization)
+            h = self.store(h * self.output_mult)
         head = self.lm_head if self.sz is None else self.head
         if logits_to_keep and targets is None:
             h = h[:, -logits_to_keep:]

@@ -25,11 +25,14 @@ from torch import nn
 from normlab.config.train import TrainConfig
 from normlab.model.block import scale_params
 from normlab.model.norms import is_norm
+from normlab.model.parametrization import ParamScale, adam_eps_multiplier, param_scales
 from normlab.model.sphere import project
 from normlab.model.streams import HyperConnection
 
 
-def param_groups(model: nn.Module, cfg: TrainConfig) -> list[dict]:
+def param_groups(model: nn.Module, cfg: TrainConfig, muon: set[int] | None = None) -> list[dict]:
+    """The groups: decayed and not (``wd_exclude``); under muP / CompleteP each split by its parameters'
+    learning-rate and weight-decay factors (``muon``: the ids Muon takes, which follow Muon's own lr rule)."""
     exclude = set(cfg.wd_exclusions)
     norm_params, emb_params = set(), set()
     for m in model.modules():
@@ -59,10 +62,41 @@ def param_groups(model: nn.Module, cfg: TrainConfig) -> list[dict]:
             or ("biases" in exclude and name.endswith(".bias"))
         )
         (no_decay if is_excluded else decay).append(p)
-    return [
+    groups = [
         {"params": decay, "weight_decay": cfg.optim.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
+    inner = getattr(model, "module", model)  # DDP
+    if inner.config.parametrization == "sp":
+        return groups
+    return scaled_groups(inner, groups, muon, cfg.optim.muon_adjust_lr)
+
+
+def scaled_groups(
+    model: nn.Module, groups: list[dict], muon: set[int] | None = None, rule: str = "original"
+) -> list[dict]:
+    """muP / CompleteP: each group split by its parameters' learning-rate and weight-decay factors
+    (normlab.model.parametrization.param_scales; `mup.MuAdamW`'s rule), each part with its ``lr_ratio`` to the
+    schedule's peak (the schedule sets every group at lr x lr_ratio) and its weight decay scaled."""
+    by_id = _scales_by_id(model, muon, rule)
+    out: list[dict] = []
+    for g in groups:
+        parts: dict[tuple[float, float], list[nn.Parameter]] = {}
+        for p in g["params"]:
+            s = by_id.get(id(p), ParamScale())
+            parts.setdefault((s.lr, s.weight_decay), []).append(p)
+        ratio = g.get("lr_ratio", 1.0)
+        for (lr_f, wd_f), params in parts.items():
+            out.append({**g, "params": params, "weight_decay": g["weight_decay"] * wd_f, "lr_ratio": ratio * lr_f})
+    return out
+
+
+def _scales_by_id(model: nn.Module, muon: set[int] | None, rule: str) -> dict[int, ParamScale]:
+    """param_scales by parameter id (empty under SP: every factor is 1)."""
+    if model.config.parametrization == "sp":
+        return {}
+    scales = param_scales(model, muon, rule)
+    return {id(p): scales[name] for name, p in model.named_parameters()}
 
 
 def muon_matrices(model: nn.Module) -> list[nn.Parameter]:
@@ -99,11 +133,16 @@ class MuonAdamW:
         taken = {id(p) for p in matrices}
         adamw_lr = o.muon_adamw_lr if o.muon_adamw_lr is not None else o.lr
         groups = [
-            {**g, "params": [p for p in g["params"] if id(p) not in taken], "lr_ratio": adamw_lr / o.lr}
+            {
+                **g,
+                "params": [p for p in g["params"] if id(p) not in taken],
+                "lr_ratio": g.get("lr_ratio", 1.0) * adamw_lr / o.lr,
+            }
             for g in param_groups(model, cfg)
         ]
         groups = [g for g in groups if g["params"]]
-        self.adamw = torch.optim.AdamW(groups, lr=adamw_lr, betas=(o.beta1, o.beta2), eps=o.eps, fused=fused or None)
+        eps = o.eps * adam_eps_multiplier(getattr(model, "module", model).config)
+        self.adamw = torch.optim.AdamW(groups, lr=adamw_lr, betas=(o.beta1, o.beta2), eps=eps, fused=fused or None)
         wd = o.weight_decay if o.muon_weight_decay is None else o.muon_weight_decay
         flat = [p for p in matrices if p.ndim == 2]
         self.stacked = [p for p in matrices if p.ndim > 2]
@@ -116,11 +155,21 @@ class MuonAdamW:
             ns_steps=o.muon_ns_steps,
             adjust_lr_fn=o.muon_adjust_lr,
         )
-        muon_groups = ([{"params": flat, "lr_ratio": 1.0}] if flat else []) + [
-            {"params": views, "lr_ratio": 1.0} for views in self.views
+        # muP / CompleteP: Muon's matrices split by their lr factor (Muon's own rule: normlab.model.parametrization)
+        flat_groups: dict[tuple[float, float], list[nn.Parameter]] = {}
+        by_id = _scales_by_id(getattr(model, "module", model), taken, o.muon_adjust_lr)
+        for p in flat:
+            s = by_id.get(id(p))
+            flat_groups.setdefault((s.lr, s.weight_decay) if s else (1.0, 1.0), []).append(p)
+        flat_groups_list = [
+            {"params": ps, "lr_ratio": lr_f, **({"weight_decay": wd * wd_f} if wd_f != 1.0 else {})}
+            for (lr_f, wd_f), ps in flat_groups.items()
         ]
+        muon_groups = flat_groups_list + [{"params": views, "lr_ratio": 1.0} for views in self.views]
         self.muon = torch.optim.Muon(muon_groups, **settings)
-        self._n_flat = 1 if flat else 0  # (load_state_dict replaces the group dicts: read them through the optimizer)
+        self._n_flat = len(
+            flat_groups_list
+        )  # (load_state_dict replaces the group dicts: read them through the optimizer)
         # the stacked tensors' own groups (unscaled and scheduled through them); their views follow them
         self.expert_groups = [{"params": [p], "lr": o.lr, "lr_ratio": 1.0} for p in self.stacked]
 
@@ -176,7 +225,7 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig, fused: bool = False) -> t
                 groups,
                 lr=cfg.optim.lr,
                 betas=(cfg.optim.beta1, cfg.optim.beta2),
-                eps=cfg.optim.eps,
+                eps=cfg.optim.eps * adam_eps_multiplier(getattr(model, "module", model).config),
                 fused=fused or None,
             )
     inner = getattr(model, "module", model)  # DDP
