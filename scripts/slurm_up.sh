@@ -4,7 +4,8 @@
 # Idempotent: a daemon already running is left as it is; run it again after a reboot.
 # Needs root; installs Debian's slurm-wlm, munge, mariadb-server, slurmdbd and bindfs with apt-get if they are missing.
 #
-# The cluster: one node (`hostname -s`) with CPUs=2 and RealMemory from /proc/meminfo, partition `debug`,
+# The cluster: one node (`hostname -s`) with CPUs=2 and RealMemory from /proc/meminfo, partition `debug` (and
+# `short` on the same node, MaxTime 5 minutes: the impossible-request tests of tests/slurm/test_trust4.py),
 # jobs requeueable (JobRequeue=1, PreemptMode=REQUEUE; a requeued job may start again after 30 s,
 # AuthInfo=cred_expire=30, not 120), finished jobs leave squeue after MinJobAge=10 s
 # (sacct keeps them), a job runs at its submitter's nice value (PropagatePrioProcess=1: `nice make test-slurm` keeps
@@ -107,6 +108,7 @@ MpiDefault=none
 PropagatePrioProcess=1
 NodeName=$HOST CPUs=$CPUS RealMemory=$MEM_MB State=UNKNOWN
 PartitionName=debug Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
+PartitionName=short Nodes=$HOST MaxTime=5 State=UP
 EOF
 
 if [ "$OLD_CONF" != "$(cat /etc/slurm/slurm.conf)" ] && running /run/slurmctld.pid; then
@@ -139,4 +141,4 @@ if ! running /run/slurmd.pid; then
 fi
 wait_for 60 "the node $HOST" sh -c "sinfo -h -n $HOST -o %t | grep -Eq '^(idle|mix|alloc)'"
 scontrol update NodeName="$HOST" State=RESUME >/dev/null 2>&1 || true
-echo "slurm up: node $HOST (CPUs=$CPUS, RealMemory=${MEM_MB} MB), partition debug, QOS normlab-limited (3 jobs), logs $LOG/"
+echo "slurm up: node $HOST (CPUs=$CPUS, RealMemory=${MEM_MB} MB), partitions debug and short (MaxTime 5 min), QOS normlab-limited (3 jobs), logs $LOG/"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +19,21 @@ from normlab.experiments.sweep import SweepConfig
 from normlab.train import TrainConfig, train
 
 REPO = Path(__file__).resolve().parents[1]
+
+# How long a test waits for a child process or an awaited event before it calls it a hang: generous enough for a
+# machine ten times slower than the 2-core VM (CI runs under a load average of 15). A bound, never a measurement:
+# no test asserts how fast something happened, and a passing test never waits this long.
+PATIENCE_S = 900.0
+
+
+def wait_until(what: str, condition: Callable[[], object], timeout: float = PATIENCE_S, every: float = 0.05) -> None:
+    """Poll ``condition`` until it is true (it may itself fail the test, e.g. when the process it waits on has
+    ended); after ``timeout`` seconds fail, naming ``what`` was awaited."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"still waiting for {what} after {timeout:g} s (the bound for a machine 10x slower): a hang?")
+        time.sleep(every)
 
 
 def small(corpus, out, **kw) -> TrainConfig:

@@ -10,7 +10,9 @@ what the command prints. Its help texts are normlab.config.help.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from normlab.config import commands as c
@@ -103,6 +105,13 @@ def _compare(args: argparse.Namespace) -> str:
 
     cfg = declared(c.CompareConfig, args, "compare")
     return compare_command(cfg, typed(overrides(args, "size", "steps"), "compare"))
+
+
+def _coordcheck(args: argparse.Namespace) -> str:
+    from normlab.experiments.coordcheck import coordcheck_command
+
+    cfg = declared(c.CoordCheckConfig, args, "coordcheck")
+    return coordcheck_command(args.layout, cfg, typed(overrides(args, "size", "lr", "optimizer"), "coordcheck"))
 
 
 def _recommend(args: argparse.Namespace) -> int:
@@ -239,6 +248,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s = command("sweep", _sweep, set_help="a base setting (repeatable; model.NAME for model options)")
     add_flags(s, leaves(SweepConfig))  # --name, --workers, --executor, ...: over the file's or recipe's
+    command(
+        "coordcheck",
+        _coordcheck,
+        c.CoordCheckConfig,
+        run=("size", "lr", "optimizer"),
+        preset=c.COORDCHECK_BASE,
+        set_help="a run setting, e.g. --set model.parametrization=mup (repeatable)",
+    )
     command("summarize", _summarize)
     command("transfer", _transfer)
     command("recipes", _recipes)
@@ -286,19 +303,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command. Bad input ends with one line on stderr that names the problem and what is
-    valid, exit status 2; an unexpected error with one line and exit status 1; `--debug` (or
-    NORMLAB_DEBUG=1) shows the traceback instead."""
+    valid, exit status 2 (so does storage that refuses a write: a read-only mount, a full disk); an
+    unexpected error with one line and exit status 1; `--debug` (or NORMLAB_DEBUG=1) shows the
+    traceback instead. Python warnings raised while the command runs (transformers', torch's) are held
+    (`_held_warnings`): shown once each after a command that ends normally (or is interrupted), dropped from
+    an error's one line (`--debug` shows them)."""
     import os
 
     args = build_parser().parse_args(argv)
     debug = args.debug or os.environ.get("NORMLAB_DEBUG", "") not in ("", "0")
+    held: list[Any] = []
     try:
-        said = args.func(args)
+        with _held_warnings(held):
+            said = args.func(args)
+        _show_warnings(held)
         if isinstance(said, str):
             print(said)
         return 0 if isinstance(said, str) else said
     except USER_ERRORS as err:
         if debug:
+            _show_warnings(held)
             raise
         print(f"normlab: error: {_one_line(err)}", file=sys.stderr)
         return 2
@@ -306,18 +330,59 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except KeyboardInterrupt:
+        _show_warnings(held)  # not a refusal: a long run stopped by hand, whose warnings may still matter
         if debug:
             raise
         print("normlab: interrupted", file=sys.stderr)
         return 130
     except Exception as err:
         if debug:
+            _show_warnings(held)
             raise
+        from normlab.io import storage_refusal
+
+        refusal = storage_refusal(err) if isinstance(err, OSError) else None
+        if refusal is not None:  # the user's storage, not a defect: one line, exit 2
+            print(f"normlab: error: {_one_line(refusal)}", file=sys.stderr)
+            return 2
         print(
             f"normlab: error: {type(err).__name__}: {_one_line(err)} (run with --debug for the traceback)",
             file=sys.stderr,
         )
         return 1
+
+
+HELD_WARNINGS = 100  # the most a command holds: a warning whose text changes every step must not fill memory
+
+
+@contextlib.contextmanager
+def _held_warnings(held: list[Any]) -> Iterator[None]:
+    """Hold the Python warnings raised inside the block in ``held`` (the filters decide which, as always: -W,
+    PYTHONWARNINGS, each place's first only), one per message and place, instead of printing them as they
+    come: a library's deprecation notice must not turn a refusal's one line into three. A command that ends
+    normally shows them afterwards (`_show_warnings`), so nothing useful is lost; the cost is that they come
+    at its end, not as they were raised."""
+    import warnings
+
+    seen: set[tuple[Any, ...]] = set()
+
+    def hold(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        key = (category, str(message), filename, lineno)
+        if key not in seen and len(held) < HELD_WARNINGS:
+            seen.add(key)
+            held.append((message, category, filename, lineno, line))
+
+    with warnings.catch_warnings():
+        warnings.showwarning = hold
+        yield
+
+
+def _show_warnings(held: list[Any]) -> None:
+    import warnings
+
+    for message, category, filename, lineno, line in held:
+        warnings.showwarning(message, category, filename, lineno, None, line)
+    held.clear()
 
 
 def _one_line(err: BaseException) -> str:

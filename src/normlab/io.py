@@ -7,9 +7,11 @@ target (atomic on POSIX and Windows); a crash leaves either the old file or the 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -241,7 +243,9 @@ def shared_filesystem(path: str | os.PathLike) -> bool:
     if forced in ("0", "1"):
         return forced == "1"
     kind = filesystem_type(path)
-    return kind in SHARED_FS or kind.startswith("fuse.")
+    # FUSE: any user-space filesystem may be a network one (sshfs, s3fs, gcsfuse, ...): "fuse.NAME" when it names
+    # its subtype, plain "fuse" when it does not; "fuseblk" is a local block device's (ntfs-3g, exfat)
+    return kind in SHARED_FS or kind == "fuse" or kind.startswith("fuse.")
 
 
 def writable(folder: str | os.PathLike) -> bool:
@@ -254,79 +258,219 @@ def writable(folder: str | os.PathLike) -> bool:
     return os.access(folder, os.W_OK)
 
 
+def _nearest_folder(path: Path) -> Path:
+    """``path`` or its nearest ancestor that exists, as the user spelled it (relative stays relative)."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def unwritable(path: str | os.PathLike) -> str | None:
+    """Why nothing can be written at ``path`` (a folder to write in, or to create), naming the folder that
+    stops it: on a read-only mount (``mount -o ro``: root cannot write there either), or not writable by this
+    user; None when it can be written (or when that cannot be told: the write itself then says)."""
+    folder = _nearest_folder(Path(path))
+    if not folder.is_dir():
+        return None  # a file in the way: the callers refuse that in their own words
+    try:
+        if os.statvfs(folder).f_flag & os.ST_RDONLY:
+            return f"{folder} is on a read-only file system"
+    except OSError:
+        return None
+    return None if os.access(folder, os.W_OK) else f"{folder} is not writable by this user"
+
+
+def check_writable(path: str | os.PathLike, what: str) -> None:
+    """Refuse (OutputError, one line, nothing written) an output ``path`` that cannot be written (`unwritable`);
+    ``what`` names the output (e.g. "the export folder")."""
+    why = unwritable(path)
+    if why is not None:
+        raise OutputError(f"cannot write {what} {path}: {why}; nothing was written: give a folder on writable storage")
+
+
+# What the user's storage did to a write, by errno: one line and exit 2 (`storage_refusal`), not a traceback
+STORAGE_ERRORS = {
+    errno.EROFS: "is on a read-only file system",
+    errno.ENOSPC: "is on a full disk (no space left on device)",
+    errno.EDQUOT: "is on a disk whose quota is used up",
+}
+PERMISSION_ERRORS = (errno.EACCES, errno.EPERM)
+
+
+def storage_refusal(err: OSError) -> str | None:
+    """The one line for an OSError that the user's storage caused (a read-only mount, a full disk, a path this
+    user may not use), naming the folder and the file that was being written; None for any other OSError (a
+    defect: the command line shows it as one)."""
+    if not err.filename or (err.errno not in STORAGE_ERRORS and err.errno not in PERMISSION_ERRORS):
+        return None
+    target = Path(os.fsdecode(err.filename))
+    if err.errno in PERMISSION_ERRORS:
+        return f"permission denied on {target} ({err.strerror}); give a path this user may read and write"
+    fix = "give an output folder on writable storage" if err.errno == errno.EROFS else "free space and run it again"
+    return f"{_nearest_folder(target.parent)} {STORAGE_ERRORS[err.errno]}: writing {target} failed; {fix}"
+
+
 MARKER = ".normlab"  # in every output folder normlab made: what kind of folder it is
+
+
+def folder_record(path: str | os.PathLike) -> dict[str, Any] | None:
+    """The marker of a folder normlab made (``{"kind": ..., ...}``), or None: no marker, or not one normlab wrote."""
+    try:
+        record = json.loads((Path(path) / MARKER).read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("kind"), str) else None
 
 
 def own_folder(path: str | os.PathLike, kind: str, claim: bool = True) -> Path:
     """Make ``path`` an output folder of ``kind`` (sweep, report, scan, summary) that normlab may write
     into, or refuse: a new or empty folder is claimed (a ``.normlab`` marker is written) and a folder
     normlab made for the same kind is reused. Anything else holds someone's files: ForeignFolderError,
-    nothing written.
-    ``claim=False``: the same check, writing nothing (a refusal before any work, the folder made later)."""
+    nothing written; a folder on read-only storage (or not this user's to write) is an OutputError naming it.
+    ``claim=False``: the same checks, writing nothing (a refusal before any work, the folder made later)."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise ForeignFolderError(f"{path} is a file; give a folder for the {kind} (it is created if missing)")
-    marker = path / MARKER
-    if marker.is_file():
-        try:
-            made = json.loads(marker.read_text()).get("kind")
-        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-            made = None
-        if made == kind:
-            return path
-        raise ForeignFolderError(
-            f"{path} is a normlab {made or 'unknown'} folder, not a {kind} folder; "
-            f"give a new or empty folder for the {kind}"
-        )
+    if (path / MARKER).is_file():
+        made = (folder_record(path) or {}).get("kind")
+        if made != kind:
+            raise ForeignFolderError(
+                f"{path} is a normlab {made or 'unknown'} folder, not a {kind} folder; "
+                f"give a new or empty folder for the {kind}"
+            )
+        check_writable(path, f"the {kind} folder")
+        return path
     held = sorted(p.name for p in path.iterdir() if p.name != ".lock") if path.is_dir() else []  # .lock: normlab's
     if held:
         raise ForeignFolderError(
             f"{path} holds files normlab did not write ({', '.join(held[:5])}{', ...' if len(held) > 5 else ''}); "
             f"nothing there is overwritten: give a new or empty folder for the {kind}"
         )
+    check_writable(path, f"the {kind} folder")
     if claim:
-        atomic_write_json(marker, {"kind": kind})
+        atomic_write_json(path / MARKER, {"kind": kind})
     return path
 
 
 FULL = 1 << 20  # a file system with less free space than this after a failed write: the write failed for want of it
 
+# A staged folder's hidden sibling while it is written (`staged_folder`): .OUT.PID.RANDOM.tmp, holding a marker
+# that names its kind and the process writing it; .OUT.PID.old: the previous copy of OUT for the instant of the swap
+_STAGING_NAME = r"\.{name}\.(\d+)\.(?:([A-Za-z0-9_]+)\.tmp|old)"
+_STAGING: set[Path] = set()  # the staging folders this process is writing now
+
+
+def _process_start(pid: int) -> str | None:
+    """A process's start time (clock ticks since boot, /proc/PID/stat field 22): a pid reused by another
+    process has another; None off Linux or when the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _writer_gone(pid: int, host: str | None, start: str | None) -> bool:
+    """Whether the process that wrote a staging folder is gone: on this host only (a process on another
+    host cannot be checked: its folder is left), by pid and, where recorded, its start time."""
+    if host is not None and host != socket.gethostname():
+        return False
+    if pid == os.getpid():
+        return True  # not among this process's staging folders (`_STAGING`): an earlier process with this pid
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass  # alive, another user's
+    return start is not None and _process_start(pid) not in (None, start)
+
+
+def _tidy_staging(out: Path, kind: str) -> None:
+    """Clear what a killed `staged_folder` of ``out`` left beside it (kill -9, a power cut): its staging
+    folder, recognised by name, by its marker (normlab's, of this ``kind``) and by its writer being gone, is
+    removed; a previous copy of ``out`` moved aside for the swap is put back when ``out`` is missing (else
+    removed). A folder that only looks like one (a user's, or another kind's) is never touched."""
+    import re
+
+    pattern = re.compile(_STAGING_NAME.format(name=re.escape(out.name)))
+    try:
+        entries = list(out.parent.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        match = pattern.fullmatch(entry.name)
+        if match is None or not entry.is_dir() or entry.is_symlink() or entry.resolve() in _STAGING:
+            continue
+        if not any(entry.iterdir()):  # made, then killed before its marker was written
+            if _writer_gone(int(match.group(1)), None, None):
+                entry.rmdir()  # empty: it holds nothing of anyone's
+            continue
+        record = folder_record(entry)
+        if record is None or record.get("kind") != kind:
+            continue
+        staging = record.get("staging")
+        writer = staging if isinstance(staging, dict) else {}
+        if not _writer_gone(int(match.group(1)), writer.get("host"), writer.get("start")):
+            continue
+        if entry.name.endswith(".old") and not out.exists():
+            os.replace(entry, out)  # killed between the two renames of the swap: the previous copy comes back
+        else:
+            shutil.rmtree(entry, ignore_errors=True)
+
 
 @contextlib.contextmanager
-def staged_folder(out: str | os.PathLike, kind: str) -> Iterator[Path]:
-    """Write the output folder ``out`` whole or not at all. ``out`` is claimed with `own_folder` (a folder
-    holding someone's files is refused before anything is written); the body writes into a hidden sibling
-    folder, which replaces ``out`` only once complete. A write that fails (an OSError; or any error of a
-    writing library when the disk is full, e.g. safetensors' or torch's) removes the sibling, leaves ``out``
-    as it was (a folder it made is removed again) and is one OutputError line; other errors pass unchanged."""
+def staged_folder(out: str | os.PathLike, kind: str, record: dict[str, Any] | None = None) -> Iterator[Path]:
+    """Write the output folder ``out`` whole or not at all. ``out`` must be new, empty or a folder normlab
+    made for ``kind`` (`own_folder`: someone's files, or read-only storage, are refused before anything is
+    written); the body writes into a hidden sibling folder, which replaces ``out`` only once complete, with
+    ``out``'s marker (``{"kind": kind, **record}``). A process killed mid-write (kill -9) leaves ``out`` as it
+    was and the sibling, which the next staged write of ``out`` recognises as its own and removes. A write that
+    fails (an OSError; or any error of a writing library when the disk is full, e.g. safetensors' or torch's)
+    removes the sibling, leaves ``out`` as it was and is one OutputError line; other errors pass unchanged,
+    the sibling removed all the same."""
     out = Path(out)
-    made = not out.exists()
+    made: list[Path] = []  # the parent folders this call creates: removed again if it fails
     tmp: Path | None = None
     try:
-        own_folder(out, kind)
-        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
+        own_folder(out, kind, claim=False)
+        parent = out.parent
+        while not parent.exists():
+            made.append(parent)
+            parent = parent.parent
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _tidy_staging(out, kind)
+        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.{os.getpid()}.", suffix=".tmp"))
+        _STAGING.add(tmp.resolve())
+        writer = {"host": socket.gethostname(), "pid": os.getpid(), "start": _process_start(os.getpid())}
+        atomic_write_json(tmp / MARKER, {"kind": kind, "staging": writer})
         yield tmp
-        atomic_write_json(tmp / MARKER, {"kind": kind})
-        old = out.with_name(f".{out.name}.{os.getpid()}.old")
-        os.replace(out, old)  # ``out`` is a folder normlab made for this kind: its previous copy goes
-        try:
-            os.replace(tmp, out)
-        except OSError:
-            os.replace(old, out)
-            raise
-        shutil.rmtree(old, ignore_errors=True)
+        atomic_write_json(tmp / MARKER, {**(record or {}), "kind": kind})
+        own_folder(out, kind, claim=False)  # again: files of someone's may have appeared there meanwhile
+        if out.is_dir() and any(out.iterdir()):  # a folder normlab made for this kind: its previous copy goes
+            old = out.with_name(f".{out.name}.{os.getpid()}.old")
+            os.replace(out, old)
+            try:
+                os.replace(tmp, out)
+            except OSError:
+                os.replace(old, out)
+                raise
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)  # a missing folder, or an empty one (a rename replaces an empty directory)
+        made.clear()
     except Exception as err:
-        if isinstance(err, USER_ERRORS) or not _write_failed(err, tmp or out.parent):
+        if isinstance(err, USER_ERRORS) or not _write_failed(err, tmp or _nearest_folder(out.parent)):
             raise
-        if made:
-            shutil.rmtree(out, ignore_errors=True)
         raise OutputError(
-            f"could not write the {kind} folder {out} ({_why(err)}); nothing was left half-written: "
-            "free space or give a folder on another disk"
+            f"could not write the {kind} folder {out} ({_why(err)}); nothing was left half-written: {_fix(err)}"
         ) from None
     finally:
         if tmp is not None:
+            _STAGING.discard(tmp.resolve())
             shutil.rmtree(tmp, ignore_errors=True)
+        for folder in made:  # deepest first; only while empty
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
 def _write_failed(err: Exception, where: Path) -> bool:
@@ -342,3 +486,11 @@ def _why(err: Exception) -> str:
     if isinstance(err, OSError):
         return err.strerror or type(err).__name__
     return "No space left on device"  # a library's error, on a full disk (`_write_failed`)
+
+
+def _fix(err: Exception) -> str:
+    if isinstance(err, OSError) and err.errno == errno.EROFS:
+        return "give a folder on writable storage"
+    if isinstance(err, OSError) and err.errno in (errno.EACCES, errno.EPERM):
+        return "give a folder this user can write"
+    return "free space or give a folder on another disk"

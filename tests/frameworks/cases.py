@@ -13,6 +13,7 @@ TESTED: tuple[tuple[str, str], ...] = (
     ("peri-noemb", "OLMo-core"),
     ("peri+qk", "OLMo-core"),
     ("gemma2", "OLMo-core"),
+    ("gemma3", "OLMo-core"),
     ("pre", "torchtitan"),
     ("qwen3", "torchtitan"),
     ("pre", "litgpt"),

@@ -68,8 +68,8 @@ def load(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
     assert not unexpected and not set(missing) & params, (unexpected, missing)
 
 
-def check(layout: str, framework: str, cfg: ModelConfig) -> float:
-    """Build the printed snippet in its library, copy normlab's weights, compare logits; the max |diff|."""
+def built(layout: str, framework: str, cfg: ModelConfig) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(the model the printed snippet builds in its library, loaded with normlab's weights; normlab's model)."""
     _need(framework)
     entry = settings_for(layout, cfg)[framework]
     assert entry["expressible"] and entry["code"] in entry["settings"]  # the code is what the user reads
@@ -79,6 +79,12 @@ def check(layout: str, framework: str, cfg: ModelConfig) -> float:
     theirs = space["model"].float().eval()
     ours = _normlab(layout, cfg)
     load(theirs, WEIGHTS[framework](ours.state_dict(), layout))
+    return theirs, ours
+
+
+def check(layout: str, framework: str, cfg: ModelConfig) -> float:
+    """Build the printed snippet in its library, copy normlab's weights, compare logits; the max |diff|."""
+    theirs, ours = built(layout, framework, cfg)
     want, got = ours(TOKENS).logits.detach(), _logits(framework, theirs, TOKENS)
     torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)
     return (got - want).abs().max().item()
@@ -113,6 +119,8 @@ OPTIONS = [
     ("pre", "litgpt", dict(linear_bias=True, mlp="gelu")),
     ("qwen3", "OLMo-core", dict(linear_bias=True, mlp="geglu-tanh")),
     ("peri+qk", "OLMo-core", dict(norm_bias=False)),
+    # Gemma 3's options: GeGLU-tanh, a window of 4 keys on alternate layers (12 tokens: it hides keys), local base 100
+    ("gemma3", "OLMo-core", dict(mlp="geglu-tanh", sliding_window=4, full_attention_every=2, rope_local_theta=100.0)),
     # heads wider than d_model / n_heads (Qwen 3: 16 x 128 on a width of 1024)
     ("qwen3", "litgpt", dict(d_head=24)),
     ("qwen3", "OLMo-core", dict(d_head=24)),
@@ -127,24 +135,73 @@ def test_model_options(layout, framework, options):
     check(layout, framework, BASE.with_(**options))
 
 
+def test_olmo_core_computes_gemma3s_sliding_window():
+    """OLMo-core's sliding window, run (its torch backend, on the CPU), not assumed: with a window of 4 keys on
+    layer 0 of 2 (layer 1 full) over 12 tokens, OLMo-core's model equals normlab's windowed one and is far from
+    normlab's without the window, and the same snippet without the window equals that one. The first 4
+    positions see no more than 4 keys either way, so there the two agree."""
+    _need("OLMo-core")
+    window = 4
+    assert TOKENS.shape[1] > window
+    windowed = BASE.with_(sliding_window=window, full_attention_every=2)
+    olmo_w, ours_w = built("gemma3", "OLMo-core", windowed)
+    olmo_f, ours_f = built("gemma3", "OLMo-core", BASE)
+    for a, b in zip(ours_w.state_dict().values(), ours_f.state_dict().values(), strict=True):
+        assert torch.equal(a, b)  # the same weights: the window is the only difference
+    # what OLMo-core built: layer 0 masks all but keys i - 3 .. i, layer 1 none
+    first, second = (olmo_w.blocks[str(i)].attention for i in range(2))
+    assert first.window_size == window and first.backend.window_size == (window - 1, 0)
+    assert type(first.backend).__name__ == "TorchAttentionBackend"
+    assert second.window_size is None and second.backend.window_size == (-1, -1)
+    got_w, got_f = _logits("OLMo-core", olmo_w, TOKENS), _logits("OLMo-core", olmo_f, TOKENS)
+    with torch.no_grad():
+        want_w, want_f = ours_w(TOKENS).logits, ours_f(TOKENS).logits
+    torch.testing.assert_close(got_w, want_w, atol=ATOL, rtol=RTOL)
+    torch.testing.assert_close(got_f, want_f, atol=ATOL, rtol=RTOL)
+    assert (got_w - want_f).abs().max().item() > 100 * ATOL  # without its window the model is another function
+    assert (got_f - want_w).abs().max().item() > 100 * ATOL
+    torch.testing.assert_close(got_w[:, :window], got_f[:, :window], atol=ATOL, rtol=RTOL)
+    assert (got_w[:, window:] - got_f[:, window:]).abs().amax(dim=-1).min().item() > 10 * ATOL  # every later one
+
+
 # one default each code base would put back if the snippet left it out: the comparison must see it
 WRONG = [
-    ("pre", "litgpt", "rotary_percentage=1.0", "rotary_percentage=0.25"),
-    ("gemma3", "litgpt", "name='Gemma-normlab-gemma3'", "name='normlab-gemma3'"),  # gains w, not 1 + w
-    ("olmo2", "OLMo-core", "eps=0.001, ", ""),  # eps 1e-5
-    ("qwen3", "OLMo-core", "use_head_qk_norm=True", "use_head_qk_norm=False"),  # over all heads
-    ("qwen3", "torchtitan", "eps=0.001, ", ""),
+    ("pre", "litgpt", "rotary_percentage=1.0", "rotary_percentage=0.25", {}),
+    ("gemma3", "litgpt", "name='Gemma-normlab-gemma3'", "name='normlab-gemma3'", {}),  # gains w, not 1 + w
+    ("olmo2", "OLMo-core", "eps=0.001, ", "", {}),  # eps 1e-5
+    ("qwen3", "OLMo-core", "use_head_qk_norm=True", "use_head_qk_norm=False", {}),  # over all heads
+    ("qwen3", "torchtitan", "eps=0.001, ", "", {}),
+    # OLMo-core's windows leave its first and last layers full by default
+    (
+        "gemma3",
+        "OLMo-core",
+        "force_full_attention_on_first_layer=False",
+        "force_full_attention_on_first_layer=True",
+        dict(sliding_window=4, full_attention_every=2),
+    ),
+    (
+        "gemma3",
+        "OLMo-core",
+        "force_full_attention_on_last_layer=False",
+        "force_full_attention_on_last_layer=True",
+        dict(sliding_window=4),
+    ),
 ]
 
 
-@pytest.mark.parametrize(("layout", "framework", "stated", "default"), WRONG, ids=[f"{w[1]}-{w[0]}" for w in WRONG])
-def test_a_wrong_default_is_caught(layout, framework, stated, default):
+@pytest.mark.parametrize(
+    ("layout", "framework", "stated", "default", "options"),
+    WRONG,
+    ids=[f"{w[1]}-{w[0]}{'-' + w[2].split('=')[0] if w[4] else ''}" for w in WRONG],
+)
+def test_a_wrong_default_is_caught(layout, framework, stated, default, options):
     _need(framework)
-    code = settings_for(layout, BASE)[framework]["code"]
+    cfg = BASE.with_(**options)
+    code = settings_for(layout, cfg)[framework]["code"]
     assert stated in code
     space: dict = {}
     exec(code.replace(stated, default), space)
-    ours = _normlab(layout, BASE)
+    ours = _normlab(layout, cfg)
     try:
         load(space["model"], WEIGHTS[framework](ours.state_dict(), layout))
     except (AssertionError, RuntimeError):

@@ -5,6 +5,7 @@ on a norm the snippet built that normlab's model lacks, or the reverse."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import torch
@@ -61,8 +62,16 @@ def litgpt(sd: dict[str, torch.Tensor], layout: str) -> dict[str, torch.Tensor]:
     return out
 
 
+def _norm_weight(key: str) -> bool:
+    """Whether a key of normlab's state dict is a norm's weight (its gain)."""
+    return re.search(r"(_norms\.\w+|_norm)\.weight$", key) is not None
+
+
 def olmo_core(sd: dict[str, torch.Tensor], layout: str) -> dict[str, torch.Tensor]:
-    block = FRAMEWORKS["OLMo-core"].placements[placement("OLMo-core", layout)]["block"]
+    opts = FRAMEWORKS["OLMo-core"].placements[placement("OLMo-core", layout)]
+    block = opts["block"]
+    if opts.get("unit_offset"):  # normlab's gain 1 + w is OLMo-core's RMSNorm weight (olmo_core.nn.hf.convert)
+        sd = {k: v + 1.0 if _norm_weight(k) else v for k, v in sd.items()}
     # reordered_norm keeps its output norms under the input norms' names (x + attention_norm(attention(x)))
     site = "output" if block == "reordered_norm" else "input"
     rename = {

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers import PATIENCE_S
+
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
@@ -88,7 +90,7 @@ def test_benchmarks_refuse_cuda_without_a_gpu():
         [sys.executable, str(BENCH / "norm_kernels.py"), "--device", "cuda"],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=PATIENCE_S,
     )
     assert out.returncode != 0 and "CUDA is not available" in out.stderr
 

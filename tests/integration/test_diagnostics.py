@@ -25,6 +25,7 @@ from normlab.diagnostics.stats import (
     top_k_abs,
 )
 from normlab.train import TrainConfig, train
+from tests.helpers import PATIENCE_S
 
 
 def doubling_model(n_layers=4, d=16):
@@ -467,7 +468,7 @@ def test_report_in_headless_chromium_fits_a_1400px_window(overflowed, tmp_path):
         [shot.find_browser(), *shot.FLAGS, "--enable-logging=stderr", "--dump-dom", index.as_uri()],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=PATIENCE_S,
     )
     assert "<h1>normlab report</h1>" in res.stdout and res.stdout.count("<img") == 9
     assert "Uncaught" not in res.stderr

@@ -15,6 +15,7 @@ import torch
 from normlab.cli import main
 from normlab.runs.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, load_model_state
 from normlab.train import TrainConfig, train
+from tests.helpers import PATIENCE_S
 
 REPO = Path(__file__).resolve().parents[2]
 COMMON = dict(
@@ -45,7 +46,7 @@ def torchrun(cfg: TrainConfig, nproc: int = 2) -> None:
         *cfg.to_args(),
     ]
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=PATIENCE_S)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from normlab.experiments import RECIPES
 from normlab.layout import PRESETS
+from tests.helpers import PATIENCE_S
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -18,7 +19,7 @@ def test_cheap_quoted_outputs_have_not_drifted():
         [sys.executable, str(ROOT / "scripts" / "quotes.py"), "--check", "--cheap"],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=PATIENCE_S,
     )
     assert res.returncode == 0, res.stdout + res.stderr[-2000:]
 
@@ -77,5 +78,6 @@ def test_counts_in_the_readme_match_the_registries():
     words.update({20 + i: f"twenty-{words[i]}" for i in range(1, 10)})
     words.update({30: "thirty", **{30 + i: f"thirty-{words[i]}" for i in range(1, 10)}})
     words.update({40: "forty", **{40 + i: f"forty-{words[i]}" for i in range(1, 10)}})
+    words.update({50: "fifty", **{50 + i: f"fifty-{words[i]}" for i in range(1, 10)}})
     assert f"{words[len(cpu)].capitalize()} recipes restate" in readme
     assert f"{words[len(RECIPES) - len(cpu)]} `gpu-*` recipes" in readme

@@ -6,6 +6,7 @@ real kill -9 of the sweep process, a run forced to diverge and a run forced to c
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
@@ -13,7 +14,6 @@ import sqlite3
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -25,7 +25,7 @@ from normlab.model.config import ConfigError
 from normlab.runs.files import SweepDir
 from normlab.runs.start import FolderLock
 from normlab.runs.store import SweepStore
-from tests.helpers import synthetic_store
+from tests.helpers import synthetic_store, wait_until
 
 QUIET = lambda *a, **k: None
 
@@ -230,25 +230,30 @@ def test_sweep_killed_with_sigkill_resumes_without_redoing_or_losing_runs(corpus
     cmd = [sys.executable, "-m", "normlab", "sweep", str(sweep_file), "--out", str(out), "--workers", "1"]
     proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     db = out / "sweep.db"
-    deadline = time.time() + 120
     done_before: list[tuple] = []
-    while time.time() < deadline and proc.poll() is None:
-        if db.exists():
-            try:
-                with sqlite3.connect(db) as con:
-                    done_before = con.execute(
-                        "select run_id, status, final_loss, finished_at, attempts from runs "
-                        "where status in ('ok', 'diverged')"
-                    ).fetchall()
-            except sqlite3.OperationalError:  # the file exists a moment before its table does
-                done_before = []
-            if done_before:
-                break
-        time.sleep(0.2)
-    assert proc.poll() is None, "the sweep ended before it could be killed; make the runs longer"
-    assert done_before, "no run finished in time"
-    os.killpg(proc.pid, signal.SIGKILL)  # the sweep and its worker, mid-way
-    proc.wait()
+
+    def a_run_finished() -> bool:
+        nonlocal done_before
+        if proc.poll() is not None:
+            pytest.fail("the sweep ended before it could be killed; make the runs longer")
+        if not db.exists():
+            return False
+        try:
+            with sqlite3.connect(db) as con:
+                done_before = con.execute(
+                    "select run_id, status, final_loss, finished_at, attempts from runs "
+                    "where status in ('ok', 'diverged')"
+                ).fetchall()
+        except sqlite3.OperationalError:  # the file exists a moment before its table does
+            done_before = []
+        return bool(done_before)
+
+    try:
+        wait_until("a first run of the sweep to finish", a_run_finished, every=0.2)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the sweep and its worker, mid-way
+        proc.wait()
     counts = run_sweep(SweepConfig.from_toml(sweep_file), out, log=QUIET)
     assert counts["ok"] == 4 and counts["failed"] == 0
     with sqlite3.connect(db) as con:

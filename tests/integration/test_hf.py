@@ -18,7 +18,7 @@ import normlab
 tf = pytest.importorskip("transformers")
 
 from normlab.hf import NativeExportError, from_native, save_native, to_native  # noqa: E402
-from tests.helpers import built_once  # noqa: E402
+from tests.helpers import PATIENCE_S, built_once  # noqa: E402
 
 TOKENS = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(0))
 SMALL = dict(
@@ -765,7 +765,7 @@ def test_export_writes_the_stock_class_where_exact_and_a_tokenizer_that_asks_no_
         text=True,
         stdin=subprocess.DEVNULL,
         env=env,
-        timeout=300,
+        timeout=PATIENCE_S,
     )
     assert res.returncode == 0 and "Do you wish to run the custom code" not in res.stdout + res.stderr, res.stderr[
         -2000:
@@ -896,7 +896,7 @@ def test_monitor_under_fsdp2_equals_one_process_and_the_trainer_callback_reads_s
         ],
         [sys.executable, str(script), "reference", str(tmp_path)],
     ):  # "one" and "hf"
-        res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+        res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=PATIENCE_S)
         assert res.returncode == 0, res.stderr[-3000:]
     assert_same_curve(tmp_path / "one", tmp_path / "two")
     n, worst = assert_same_probes(tmp_path / "one", tmp_path / "two")

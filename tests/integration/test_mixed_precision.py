@@ -15,7 +15,7 @@ from normlab.model import build_model
 from normlab.model.norms import make_norm
 from normlab.train import train
 from normlab.train.monitor import DivergenceMonitor
-from tests.helpers import rows, small
+from tests.helpers import PATIENCE_S, rows, small
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -97,7 +97,7 @@ def _run_check(arg: str) -> subprocess.CompletedProcess:
         [sys.executable, "-c", WARNING_CHECK, arg],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=PATIENCE_S,
         env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"},
     )
 

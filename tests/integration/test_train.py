@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -32,6 +31,8 @@ def test_same_seed_same_curve(corpus, tmp_path):
     s = json.loads((tmp_path / "a" / "summary.json").read_text())
     assert s["status"] == "ok" and s["steps"] == 12 and s["tokens"] == 12 * 8 * 32
     assert s["final_val_loss"] is not None and s["final_loss"] < s["initial_loss"]
+    # OLMo-core's spike score: 12 steps are shorter than its 128-step window, so no score, every step counted
+    assert (s["spike_score"], s["spike_score_steps"], s["spike_score_window"]) == (None, 12, 128)
 
 
 def test_a_cpu_run_flushes_subnormal_floats(corpus, tmp_path):
@@ -661,21 +662,29 @@ def test_convert_layernorm_pre_ln_to_rmsnorm_exactly(corpus, tmp_path):
 
 
 def test_an_expensive_save_stretches_the_default_checkpoint_interval(corpus, tmp_path, monkeypatch, capsys):
-    """ckpt_every 0 on 40 steps: every 10 steps while saves are quick; a save of a second (planted) against
-    steps of milliseconds stretches the interval to its cap, half the run: the next checkpoints are at 30 and
-    the end (a set ckpt_every never stretches: tests/unit/test_optim.py)."""
-    import time
+    """ckpt_every 0 on 40 steps: every 10 steps while saves are quick; a save of a second (planted on the
+    schedule's clock, which ticks a millisecond a reading otherwise: steps of milliseconds, whatever this
+    machine's speed) stretches the interval to its cap, half the run: the next checkpoints are at 30 and the end
+    (a set ckpt_every never stretches: tests/unit/test_optim.py)."""
+    from normlab.train import ckpt_schedule
+
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += 1e-3
+        return now[0]
 
     real = trainer_mod._save
 
     def slow(state):
         real(state)
-        time.sleep(1.0)
+        now[0] += 1.0
 
+    monkeypatch.setattr(ckpt_schedule, "_clock", clock)
     monkeypatch.setattr(trainer_mod, "_save", slow)
     quick = small(corpus, tmp_path / "auto", steps=40, eval_every=0, probe_every=0, keep_last=10)
     assert train(quick)["status"] == "ok"
     names = [p.name for p in list_checkpoints(quick.run.out)]
     assert names == ["step_00000010.pt", "step_00000030.pt", "step_00000040.pt"]
     err = capsys.readouterr().err
-    assert re.search(r"checkpoints: a save took 1\.\d s; every 20 steps from step 10 on", err), err
+    assert "checkpoints: a save took 1.0 s; every 20 steps from step 10 on" in err, err

@@ -17,7 +17,7 @@ from normlab.experiments import SweepConfig
 from normlab.model import build_model
 from normlab.runs.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
 from normlab.train import train
-from tests.helpers import REPO, export_nano, small
+from tests.helpers import PATIENCE_S, REPO, export_nano, small
 
 
 class Evil:
@@ -215,7 +215,7 @@ def test_scan_and_init_from_never_offer_to_run_a_folders_code(corpus, tmp_path):
             capture_output=True,
             text=True,
             env=env,
-            timeout=120,
+            timeout=PATIENCE_S,
         )
         assert res.returncode == 2 and "Do you wish" not in res.stdout + res.stderr, res.stderr[-500:]
         assert len(res.stderr.strip().splitlines()) == 1

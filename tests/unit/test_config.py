@@ -85,6 +85,10 @@ FLAT = {
     "wandb": False,
     "warmup": 0.1,
     "wd_exclude": "norms,biases,embeddings",
+    "wd_input_gains": None,
+    "wd_output_gains": None,
+    "lr_input_gains": 1.0,
+    "lr_output_gains": 1.0,
     "weight_decay": 0.1,
     "z_loss": 0.0,
 }

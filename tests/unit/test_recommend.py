@@ -165,13 +165,13 @@ def test_calibration_fit_recovers_planted_rates_and_predicts_runs_and_screens():
 
 
 def test_calibration_is_measured_once_per_machine_and_read_from_the_cache(monkeypatch):
-    """The calibration and the stream rates are measured once and cached, in two files: the calibration's keeps
-    the form older releases read; one cached without stream rates keeps its rates and gets those alone."""
+    """The calibration and the stream rates are measured once and cached, in two files (the stream rates with the
+    timings they come from); one cached without stream rates keeps its rates and gets those alone."""
     from dataclasses import replace
 
     from normlab.recommend import cost
 
-    planted = cost.Calibration(0.01, 1e-11, 0.0, 0.1, 0.2, 0.0, seconds=3.0)
+    planted = cost.Calibration(0.01, 1e-11, 0.0, 0.1, 0.2, 0.0, seconds=3.0, key=cost.machine_key(1))
     calls, stream_calls = [], []
     monkeypatch.setattr(cost, "measure", lambda threads=1: calls.append(threads) or planted)
     streams = (0.2, {"hc": 0.4, "mhc": 0.6})  # Pre-LN's 6-layer step and each mix's, timed together

@@ -4,6 +4,7 @@ imported: the command line builds every parser from these declarations before an
 
 - `ScreenConfig`: the stability screen (Kan et al. App. B);
 - `CompareConfig`: `normlab compare` (the runs' own settings are `COMPARE_BASE` plus the user's);
+- `CoordCheckConfig`: `normlab coordcheck` (its runs' settings are `COORDCHECK_BASE` plus the user's);
 - `DemoConfig`, `ScanConfig`, `PrepareConfig`, `EvalConfig`: demo, scan, data prepare and eval;
 - `RecommendConfig`: `normlab recommend` (its proxy runs' settings are `RECOMMEND_BASE` plus the user's).
 `SweepConfig` (normlab.experiments.sweep) is declared the same way.
@@ -103,6 +104,32 @@ class CompareConfig:
     )
     workers: int | None = setting(None, "parallel runs (none: one per CPU core)", check=positive)
     out: str = setting("runs/compare", "output folder (a sweep folder: run it again and finished layouts are kept)")
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+# `normlab coordcheck`'s runs: micro's depth, a batch of 8 x 64, Adam at a learning rate where SP's widest
+# models drift (the mup package's check uses a few steps at one such rate), no warm-up, fp32
+COORDCHECK_BASE: dict[str, Any] = {"size": "micro", "lr": 1e-2, "batch_size": 8, "seq_len": 64, "weight_decay": 0.0}
+
+
+def _widths(values: tuple[int, ...]) -> str | None:
+    if len(values) < 2 or list(values) != sorted(set(values)) or values[0] < 1:
+        return "must be two or more positive widths in increasing order (e.g. 32,64,128,256)"
+    return None
+
+
+@dataclass(frozen=True)
+class CoordCheckConfig:
+    """`normlab coordcheck`'s own settings; the runs' settings are COORDCHECK_BASE with the user's on top."""
+
+    widths: tuple[int, ...] = setting(
+        (32, 64, 128, 256), "the widths (d_model) compared, increasing", check=_widths, metavar="W1,W2,..."
+    )
+    steps: int = setting(4, "training steps after init (each recorded)", check=positive)
+    seeds: int = setting(2, "seeds averaged per width", check=positive)
+    out: str = setting("runs/coordcheck", "output folder: coordcheck.json and index.html (a folder normlab makes)")
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -378,6 +405,11 @@ class RecommendConfig:
         False,
         "spend part of the budget training the best k candidates (k >= 2, from the budget) "
         "at the widest width that fits, and say whether the proxy's order held there",
+    )
+    recalibrate: bool = setting(
+        False,
+        "measure this machine's speed again before planning (a few seconds) and keep the faster of that and "
+        "the cached calibration: for a calibration measured while the machine was busy",
     )
 
     def __post_init__(self) -> None:

@@ -53,6 +53,14 @@ HELP: dict[str, tuple[str, str | None]] = {
         "failures predicted vs seen (e.g. the transfer-* recipes)",
         None,
     ),
+    "coordcheck": (
+        "the coordinate check: activation sizes after a few steps across widths (muP's flat lines, SP's growth)",
+        "Train LAYOUT at each width for a few steps at one learning rate and record the RMS of every block's "
+        "updates and outputs and of the logits, and of their change since init (Yang et al. 2022, Tensor Programs"
+        " V). Under a parametrization that transfers the lines are flat across widths. Example: normlab "
+        "coordcheck peri --set model.parametrization=mup --widths 32,64,128,256 --steps 4 --out runs/cc-peri-mup."
+        " Writes OUT/coordcheck.json (rows width, step, site, rms) and OUT/index.html.",
+    ),
     "recipes": ("list the ready-made sweeps reproducing the papers' studies", None),
     "recommend": (
         "a placement for your model: screen, proxy grid under stress, ranking with its evidence",
@@ -198,6 +206,7 @@ INPUTS: dict[str, list[tuple[tuple[str, ...], dict[str, Any]]]] = {
         (("--json",), {"action": TRUE, "help": "print the findings as JSON"}),
     ],
     "convert": [(("source",), {"help": "a run directory (its newest checkpoint) or a checkpoint file"})],
+    "coordcheck": [(("layout",), {"help": "a preset name or string form (normlab layouts)"})],
     "export": [
         (("source",), {"help": "a run directory (its newest checkpoint) or a checkpoint file"}),
         (("out",), {"help": "output folder"}),

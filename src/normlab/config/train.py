@@ -204,6 +204,22 @@ class OptimSettings:
     wd_exclude: str = setting(
         "norms,biases,embeddings", 'comma list from: norms, biases, embeddings ("" decays all)', check=_wd_exclude
     )
+    # The gain's own policy by what a norm feeds (arXiv 2605.26895: weight decay helps the gains of norms that feed a
+    # linear map and hurts those after a sublayer); the kinds are normlab.layout.sites.GAIN_KINDS
+    wd_input_gains: float | None = setting(
+        None,
+        "weight decay of the input norms' gains (sites A, H, q, k, v, c and the final norm: they feed a linear map) "
+        "as a multiple of weight_decay (1: as the weights, 0: none); none: wd_exclude decides",
+        check=nonneg,
+    )
+    wd_output_gains: float | None = setting(
+        None,
+        "weight decay of the output norms' gains (sites B, C and the embedding norm: after a sublayer or the add) as "
+        "a multiple of weight_decay; none: wd_exclude decides",
+        check=nonneg,
+    )
+    lr_input_gains: float = setting(1.0, "learning-rate multiplier of the input norms' gains", check=positive)
+    lr_output_gains: float = setting(1.0, "learning-rate multiplier of the output norms' gains", check=positive)
     grad_clip: float = setting(
         1.0, "max global grad norm; 0 disables clipping (the norm is still logged)", check=nonneg
     )

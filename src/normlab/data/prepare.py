@@ -12,8 +12,9 @@
 
 Documents are tokenized one by one with the tokenizer's end-of-text id between consecutive
 documents, exactly as `load_data` joins them, so ``--data OUT`` trains on the same stream as
-``--data SOURCE``, only without tokenizing again. The .bin files are written to temporary names and
-renamed when complete; an existing OUT with files in it is refused.
+``--data SOURCE``, only without tokenizing again. OUT is written whole or not at all (`normlab.io.staged_folder`:
+a hidden sibling folder, renamed to OUT once complete; a prepare killed mid-way leaves no OUT, and the next one
+removes what it left); an existing OUT with files in it is refused.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from normlab.config.commands import VAL_SPLITS
 from normlab.data.documents import document_ids, document_source, load_bin
 from normlab.data.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 from normlab.errors import DataError
-from normlab.io import atomic_write_bytes, atomic_write_json
+from normlab.io import atomic_write_bytes, atomic_write_json, check_writable, staged_folder
 
 META = "meta.json"
 
@@ -92,6 +93,7 @@ def prepare(
             f"{out} {'is a file' if not out.is_dir() else 'is not empty'}; nothing there is overwritten: "
             "give a new or empty folder"
         )
+    check_writable(out, "the data folder")  # read-only storage: before the tokenizer is trained
     src = Path(source)  # a corpus name is resolved by the caller (normlab.data.corpora.source_path)
     if not src.exists():
         raise DataError(
@@ -120,7 +122,6 @@ def prepare(
         n_val = max(1, round(len(texts) * val_fraction))
         parts = (texts[: len(texts) - n_val], texts[len(texts) - n_val :])
     dtype = np.uint16 if tok.vocab_size <= 65536 else np.uint32
-    out.mkdir(parents=True, exist_ok=True)
     meta: dict[str, Any] = {
         "source": str(src),
         "tokenizer": tok.name,
@@ -132,12 +133,13 @@ def prepare(
         "val_fraction": val_fraction,
         "val_split": val_split,
     }
-    for split, part in zip(("train", "val"), parts):
-        n_tokens, digest = _write_tokens(out / f"{split}.bin", tok, part, dtype)
-        meta[split] = {"documents": len(part), "tokens": n_tokens, "sha256": digest}
-    if hasattr(tok, "to_json"):
-        atomic_write_bytes(out / "tokenizer.json", tok.to_json().encode())
-    atomic_write_json(out / META, meta)
+    with staged_folder(out, "data") as staging:  # whole or not at all: a killed prepare leaves no OUT to refuse
+        for split, part in zip(("train", "val"), parts):
+            n_tokens, digest = _write_tokens(staging / f"{split}.bin", tok, part, dtype)
+            meta[split] = {"documents": len(part), "tokens": n_tokens, "sha256": digest}
+        if hasattr(tok, "to_json"):
+            atomic_write_bytes(staging / "tokenizer.json", tok.to_json().encode())
+        atomic_write_json(staging / META, meta)
     return meta
 
 

@@ -8,7 +8,7 @@
 
 `probing` takes a `NormLM` and records everything `Probes` does. For any other module (a plain
 PyTorch model, a Hugging Face causal LM) `StreamProbe` finds the residual blocks -- the longest
-`nn.ModuleList` of same-typed modules, e.g. ``model.layers`` or ``transformer.h`` -- hooks their
+`nn.ModuleList` or `nn.ModuleDict` of same-typed modules, e.g. ``model.layers`` or ``transformer.h`` -- hooks their
 outputs, and records the stream statistics, top activations, FP16 headroom and angular distances
 by depth: the capture points such a model exposes.
 """
@@ -26,6 +26,7 @@ from torch import nn
 from normlab.diagnostics.probes import Probes
 from normlab.diagnostics.stats import angular_matrix, hidden_stats, massive_activations
 from normlab.diagnostics.store import ProbeWriter
+from normlab.errors import ConfigError
 
 
 class ProbeSession:
@@ -58,19 +59,22 @@ def probing(
             writer.close()
 
 
-def find_blocks(module: nn.Module) -> tuple[str, nn.ModuleList]:
-    """The longest ModuleList whose children all share one type (the residual blocks)."""
-    best: tuple[str, nn.ModuleList] | None = None
+def find_blocks(module: nn.Module) -> tuple[str, list[nn.Module]]:
+    """The residual blocks: the longest `nn.ModuleList` or `nn.ModuleDict` whose children all share one type
+    (``model.layers`` of a transformers Llama, ``transformer.h`` of GPT-2, torchtitan's ``layers`` ModuleDict
+    keyed "0", "1", ...), as its path and its modules in order."""
+    best: tuple[str, list[nn.Module]] | None = None
     for name, m in module.named_modules():
-        if (
-            isinstance(m, nn.ModuleList)
-            and len(m) > 0
-            and len({type(c) for c in m}) == 1
-            and (best is None or len(m) > len(best[1]))
-        ):
-            best = (name, m)
+        if not isinstance(m, (nn.ModuleList, nn.ModuleDict)):
+            continue
+        children = list(m.values()) if isinstance(m, nn.ModuleDict) else list(m)
+        if children and len({type(c) for c in children}) == 1 and (best is None or len(children) > len(best[1])):
+            best = (name, children)
     if best is None:
-        raise ValueError(f"{type(module).__name__} has no nn.ModuleList of blocks; pass blocks= explicitly")
+        raise ConfigError(
+            f"{type(module).__name__} has no nn.ModuleList or nn.ModuleDict of same-typed blocks; "
+            "pass blocks= (the blocks' container, its attribute path, or a list of the block modules)"
+        )
     return best
 
 

@@ -10,9 +10,15 @@
     # normlab report runs/lit
 
 The monitor is built on the LightningModule's causal LM (``model_attr``, "model" by default, or the module
-itself), hooks its forward for the batch, and steps at ``on_train_batch_end`` with the loss the training step
-returned: under Lightning's automatic optimization the gradients of the step are still there (they are
-cleared just before the next backward). Lightning is an optional dependency: this module imports it.
+itself) and hooks its forward for the batch. The gradients are measured at ``on_before_optimizer_step``:
+Lightning 2.x calls it after the closure's backward and, under 16-bit AMP, after unscaling, and only then
+clips (``Precision._after_closure``: the hook, then ``_clip_gradients`` with ``gradient_clip_val``), so the
+norms are those before clipping, over every parameter of the monitored model, as Lightning's own
+``lightning.pytorch.utilities.grad_norm`` computes them in that hook. The step is recorded at
+``on_train_batch_end`` of the batch whose optimizer step that was (once per optimizer step, under gradient
+accumulation too), with the training step's loss: the sum of ``outputs["loss"]`` over the accumulated
+batches (Lightning divides each by ``accumulate_grad_batches``: their mean). Lightning is an optional
+dependency: this module imports it.
 """
 
 from __future__ import annotations
@@ -26,6 +32,9 @@ import torch
 from normlab.diagnostics.monitor import SpikeRule, TrainingMonitor
 
 _DEFAULT_SPIKE = SpikeRule()  # frozen: one shared default is safe
+
+# where the gradients are measured (config.json's grad_norm.at)
+BEFORE_CLIP = "Lightning's on_before_optimizer_step: after the backward and AMP unscaling, before clipping"
 
 
 class NormlabLightningCallback(pl.Callback):
@@ -43,6 +52,8 @@ class NormlabLightningCallback(pl.Callback):
         self.out, self.every, self.spike, self.top_k = out, every, spike, top_k
         self.model_attr, self.site_names = model_attr, site_names
         self.monitor: TrainingMonitor | None = None
+        self._stepped = False  # an optimizer step happened since the last recorded step
+        self._loss: float | None = None  # the sum of outputs["loss"] since the last recorded step
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         model = getattr(pl_module, self.model_attr, None) if self.model_attr else None
@@ -56,6 +67,14 @@ class NormlabLightningCallback(pl.Callback):
             name=type(model).__name__,
             site_names=self.site_names,
         )
+        self._stepped, self._loss = False, None
+
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        if self.monitor is not None:
+            self.monitor.capture_grads(BEFORE_CLIP)
+            self._stepped = True
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -63,8 +82,11 @@ class NormlabLightningCallback(pl.Callback):
         if self.monitor is None:
             return
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        value = float(loss.detach()) if isinstance(loss, torch.Tensor) else None
-        self.monitor.step(trainer.global_step - 1, loss=value)
+        if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+            self._loss = (self._loss or 0.0) + float(loss.detach())
+        if self._stepped:  # the optimizer stepped in this batch: global_step counts it already
+            self.monitor.step(trainer.global_step - 1, loss=self._loss)
+            self._stepped, self._loss = False, None
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.monitor is not None:

@@ -4,7 +4,7 @@
     for step, batch in enumerate(loader):
         loss = model(**batch).loss
         loss.backward()
-        monitor.step(step)        # after the backward, before zero_grad: gradients, spikes, probes
+        monitor.step(step)        # after the backward: gradients (as the backward left them), spikes, probes
         optimizer.step(); optimizer.zero_grad()
     monitor.close()
 
@@ -17,11 +17,14 @@ What it records (the names of `normlab.diagnostics.probes`, so the report reads 
 
 - every step, in ``metrics.jsonl``: the loss the model returned (mean over the micro-batches since the
   last step; their sum where the Trainer passed ``num_items_in_batch``, which makes each micro-batch's
-  loss its share of the step's mean) and the global gradient norm;
-- every ``every`` steps, in ``probes.jsonl``: per block, the gradient norm of each weight matrix (the
-  block's relative module path as the site, e.g. ``self_attn.q_proj``) and of the whole block (site
-  ``block``); the stream entering each block and leaving it (mean |h|, variance, RMS, max |h|, median,
-  max/median, angular distance to the next layer), the top-100 activations and the FP16 headroom, from
+  loss its share of the step's mean) and ``grad_norm``, the L2 norm of the gradients of every parameter of
+  ``model`` (each shared tensor once, as ``model.parameters()`` lists them: what ``clip_grad_norm_`` over
+  them returns), before any clipping (see "Which gradients" below); null when no parameter has one;
+- every ``every`` steps, in ``probes.jsonl``: per block, the gradient norm of each parameter of 2 or more
+  dimensions (its path in the block as the site, ``.weight`` dropped: ``self_attn.q_proj``) and of all the
+  block's parameters (site ``block``), from the same gradients as ``grad_norm``; the stream entering each
+  block and leaving it (mean |h|, variance, RMS, max |h|, median, max/median, angular distance to the next
+  layer), the top-100 activations and the FP16 headroom, from
   a probe forward on a fixed batch (the first batch seen, or ``probe_batch``); each norm's gain (mean,
   min, max) under normlab's site name where ``site_names`` gives one (the Trainer callback passes the
   registered transformers architectures': Llama's ``post_attention_layernorm`` is ``mlp_norms.input``),
@@ -42,10 +45,28 @@ run's status is judged by its gradient norm. A second monitor on a folder an ear
 replaced with a warning and an entry in config.json's ``resumes``, and the spike rule continues from the kept
 losses.
 
+Which gradients. ``grad_norm`` and the per-block norms are the gradients as they stand at the end of the
+last backward pass before ``step`` (every backward through the model's forward queues a measurement that
+autograd runs once the pass is over, after the callbacks DDP and FSDP2 queue to reduce and shard the
+gradients): before any clipping, wherever ``step`` is called, so a trainer whose only event comes after its
+clip (transformers' ``on_pre_optimizer_step``) still records the norm it clipped from. Under fp16 loss scaling
+those gradients are multiplied by the scale: pass ``grad_scaler`` (the ``torch.amp.GradScaler``) and each
+measurement is divided by its scale at that backward. ``capture_grads()`` measures the gradients as they are
+when it is called instead (Lightning's ``on_before_optimizer_step``: unscaled, not yet clipped); ``step``
+then reports that. config.json's ``grad_norm`` says which of the two the run's first step recorded.
+
+The blocks are the longest ``nn.ModuleList`` or ``nn.ModuleDict`` of same-typed modules (``model.layers``;
+torchtitan's ``layers`` ModuleDict keyed "0", "1", ...), or ``blocks=``: that container, its attribute
+path, or a list of the block modules; rows number them 0, 1, ... in that order (config.json's
+``block_names`` keeps a ModuleDict's keys where they are not those numbers). ``step`` takes whole numbers
+that increase from call to call; anything else (NaN, a negative or fractional step, one at or below the
+last recorded, any step after ``close()``) is refused with a `ConfigError` before anything is written.
+
 Under torchrun (DDP, or FSDP2's DTensor parameters: HF Trainer and Lightning with FSDP), call ``step`` and
 ``close`` on every rank: the loss is averaged over the ranks, sharded gradients and norm gains are reduced per
 shard (`normlab.diagnostics.shards`: only scalars cross ranks), every rank probes rank 0's first batch (the
-sharded forward needs them all), and the main rank writes.
+sharded forward needs them all), and the main rank writes. Every rank must hold the same model (whole, or
+shards of it): ranks whose models differ (pipeline-parallel stages) are refused at the first step.
 
 - attention logits per head (``attn.head{h}`` / ``attn``: ``max_logit``, the largest causal q.k scaled as the
   model scales it) where a block's attention module follows transformers' convention (``q_proj``,
@@ -57,11 +78,15 @@ sharded forward needs them all), and the main rank writes.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import math
+import numbers
+import operator
 import warnings
 from collections import deque
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,8 +96,10 @@ import torch
 from torch import nn
 
 from normlab.diagnostics.attach import StreamProbe, find_blocks
-from normlab.diagnostics.shards import moments, norms, reshard
+from normlab.diagnostics.shards import local, moments, reshard, shard_groups
+from normlab.diagnostics.stats import spike_score
 from normlab.diagnostics.store import ProbeWriter
+from normlab.errors import ConfigError
 from normlab.io import atomic_write_bytes, own_folder, truncate_jsonl
 from normlab.runs.files import RunDir
 
@@ -226,6 +253,180 @@ class Call:
         return out
 
 
+WRAPPER_PREFIXES = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")  # compile, AC, FSDP1
+AT_BACKWARD = "the end of the last backward pass before each step (after DDP/FSDP reduction, before any clipping)"
+AT_CALL = "as they stood when capture_grads() or step() was called"
+
+
+def _unwrapped(path: str) -> str:
+    """A path inside a block without the prefixes that torch.compile, activation checkpointing and FSDP1 insert."""
+    for prefix in WRAPPER_PREFIXES:
+        path = path.replace(prefix, "")
+    return path
+
+
+def _grad_site(path: str) -> str:
+    """A parameter's site: its path in the block, ``.weight`` dropped (``self_attn.q_proj``)."""
+    path = _unwrapped(path)
+    return path.removesuffix(".weight") if path != "weight" else path
+
+
+def _output_tensors(output: Any) -> list[torch.Tensor]:
+    """The tensors a forward returned (a tensor, a tuple or list, a mapping such as transformers' ModelOutput,
+    a dataclass such as NormLM's LMOutput), one level of tuples inside them included."""
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if isinstance(output, Mapping):
+        items = list(output.values())
+    elif isinstance(output, (tuple, list)):
+        items = list(output)
+    elif dataclasses.is_dataclass(output) and not isinstance(output, type):
+        items = [getattr(output, f.name) for f in dataclasses.fields(output)]
+    else:
+        return []
+    found = []
+    for item in items:
+        if isinstance(item, torch.Tensor):
+            found.append(item)
+        elif isinstance(item, (tuple, list)):
+            found += [t for t in item if isinstance(t, torch.Tensor)]
+    return found
+
+
+@dataclass
+class _GradNorms:
+    """Each parameter's squared gradient norm at one moment, on this rank: device tensors not yet read back (a
+    measurement never waits for the device), with what the read needs to reduce the sharded ones."""
+
+    params: list[nn.Parameter]  # those that had a gradient, in model.parameters() order
+    groups: list[tuple[list[int], torch.Tensor]]  # indices into params, their local squared norms (float64)
+    shards: list[tuple]  # per param: the process groups over which its gradient is sharded (none: a plain tensor)
+    devices: list[torch.device]
+    scale: float
+    at: str
+    squares: dict[int, float] | None = None  # the read, once made
+
+    @classmethod
+    def measure(cls, params: Iterator[nn.Parameter], scale: float, at: str) -> _GradNorms:
+        """The gradients as they are now: per (device, dtype), one ``torch._foreach_norm`` as ``clip_grad_norm_``
+        computes it (in float32 for 16-bit gradients), squared in float64."""
+        with torch.no_grad():
+            have = [p for p in params if p.grad is not None]
+            grads = [local(p.grad).detach() for p in have]
+            kinds: dict[tuple, list[int]] = {}
+            for i, g in enumerate(grads):
+                kinds.setdefault((g.device, g.dtype), []).append(i)
+            groups = []
+            for (_, dtype), idx in kinds.items():
+                wide = torch.float64 if dtype == torch.float64 else torch.float32
+                ts = [grads[i] for i in idx]
+                try:
+                    found = list(torch._foreach_norm(ts, 2, dtype=wide))
+                except (RuntimeError, NotImplementedError):  # a device without foreach kernels
+                    found = [torch.linalg.vector_norm(t, dtype=wide) for t in ts]
+                groups.append((idx, torch.stack(found).double().square()))
+        return cls(have, groups, [shard_groups(p.grad) for p in have], [g.device for g in grads], scale, at)
+
+    def read(self) -> dict[int, float]:
+        """``id(parameter)`` -> its squared gradient norm over every shard, divided by the loss scale squared
+        (sharded ones: local sums all-reduced over their shard groups, one all-reduce per set of groups). Read
+        once: every rank reads the same measurements in the same order, so the all-reduces pair up."""
+        if self.squares is not None:
+            return self.squares
+        sq = [0.0] * len(self.params)
+        for idx, values in self.groups:
+            for i, v in zip(idx, values.tolist()):
+                sq[i] = v
+        by_groups: dict[tuple, list[int]] = {}
+        for i, groups in enumerate(self.shards):
+            if groups:
+                by_groups.setdefault(groups, []).append(i)
+        for groups, idx in by_groups.items():
+            t = torch.tensor([sq[i] for i in idx], dtype=torch.float64, device=self.devices[idx[0]])
+            for g in groups:
+                torch.distributed.all_reduce(t, group=g)
+            for i, v in zip(idx, t.tolist()):
+                sq[i] = v
+        self.squares = {id(p): v / self.scale**2 for p, v in zip(self.params, sq)}
+        return self.squares
+
+    def total(self) -> float | None:
+        """The L2 norm over every parameter measured; None when none had a gradient."""
+        squares = self.read()
+        return math.sqrt(sum(squares.values())) if squares else None
+
+
+def _block_names(container: nn.Module | list | tuple) -> list[str]:
+    return list(container.keys()) if isinstance(container, nn.ModuleDict) else [str(i) for i in range(len(container))]
+
+
+def _resolve_blocks(model: nn.Module, blocks: Any) -> tuple[str, list[nn.Module], list[str]]:
+    """The blocks to record: found (the longest ModuleList or ModuleDict of same-typed modules), or ``blocks``
+    (a ModuleList, ModuleDict or Sequential of the model, its attribute path, or a list of its modules)."""
+    if blocks is None:
+        path, found = find_blocks(model)
+        return path, found, _block_names(model.get_submodule(path))
+    if isinstance(blocks, str):
+        try:
+            container = model.get_submodule(blocks)
+        except AttributeError:
+            raise ConfigError(
+                f"blocks={blocks!r}: {type(model).__name__} has no submodule at that path; give the attribute path "
+                "of its blocks' container (e.g. 'model.layers'), the container, or a list of the block modules"
+            ) from None
+        path = blocks
+    else:
+        container = blocks
+        path = next((name for name, m in model.named_modules() if m is blocks), "blocks")
+    if isinstance(container, nn.ModuleDict):
+        modules = list(container.values())
+    elif isinstance(container, (nn.ModuleList, nn.Sequential, list, tuple)):
+        modules = list(container)
+    else:
+        raise ConfigError(
+            f"blocks= must be an nn.ModuleList, nn.ModuleDict or nn.Sequential of the model, its attribute path, or a "
+            f"list of the block modules; got {type(container).__name__}"
+        )
+    inside = {id(m) for m in model.modules()}
+    if not modules or not all(isinstance(m, nn.Module) and id(m) in inside for m in modules):
+        raise ConfigError(
+            f"blocks= must hold at least one module, each a module of the model being trained "
+            f"({type(model).__name__}); got {len(modules)} entries, not all of them its modules"
+        )
+    return path, modules, _block_names(container)
+
+
+def _step_number(step: Any, last: int | None) -> int:
+    """``step`` as the next step to record, or a ConfigError: a whole number >= 0 after the last one recorded."""
+    try:
+        n = operator.index(step) if not isinstance(step, bool) else None
+    except TypeError:
+        n = None
+    if n is None or n < 0:
+        raise ConfigError(
+            f"TrainingMonitor.step: the step must be a whole number >= 0 (the optimizer step), got {step!r}"
+        )
+    if last is not None and n <= last:
+        raise ConfigError(
+            f"TrainingMonitor.step: step {n} does not come after the last step recorded ({last}); steps must "
+            "increase (a new TrainingMonitor on the folder continues it from an earlier step)"
+        )
+    return n
+
+
+def _loss_value(loss: Any) -> float | None:
+    """``loss=`` as a float (NaN and inf kept: a diverged step), or a ConfigError."""
+    if loss is None:
+        return None
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+        return float(loss.detach())
+    if isinstance(loss, numbers.Real) and not isinstance(loss, bool):
+        return float(loss)
+    raise ConfigError(
+        f"TrainingMonitor.step: loss must be a number (or a one-element tensor) or None, got {type(loss).__name__}"
+    )
+
+
 class TrainingMonitor:
     """Probes, gradient norms and spike capture for any causal LM in its own training loop (module docstring)."""
 
@@ -239,24 +440,42 @@ class TrainingMonitor:
         top_k: int = 100,
         name: str | None = None,
         site_names: dict[str, str] | None = None,
+        blocks: nn.Module | str | list[nn.Module] | None = None,
+        grad_scaler: Any | None = None,
     ) -> None:
         """``site_names``: a norm's path inside a block -> the normlab site it records as (for a transformers
         model, `normlab.hf.callback.site_names(model)` gives it for the registered architectures).
         ``probe_batch``: the model's keyword arguments for the probe forward (default: the first call seen,
-        replayed as it was made)."""
+        replayed as it was made). ``blocks``: the residual blocks (default: found, see the module docstring).
+        ``grad_scaler``: the fp16 loss scaler (``torch.amp.GradScaler``) whose scale multiplies the gradients
+        at the end of each backward. Every argument is checked before the folder is made."""
+        if not isinstance(model, nn.Module):
+            raise ConfigError(
+                f"TrainingMonitor needs the model being trained (a torch.nn.Module), got {type(model).__name__}"
+            )
         if not isinstance(every, int) or isinstance(every, bool) or every < 1:
-            raise ValueError(f"every must be a positive number of steps, got {every!r}")
+            raise ConfigError(f"every must be a positive number of steps, got {every!r}")
         if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
-            raise ValueError(f"top_k must be a positive number of activations (the top-k band), got {top_k!r}")
+            raise ConfigError(f"top_k must be a positive number of activations (the top-k band), got {top_k!r}")
         if spike is not None and not isinstance(spike, SpikeRule):
-            raise ValueError(f"spike must be a SpikeRule or None, got {type(spike).__name__}")
+            raise ConfigError(f"spike must be a SpikeRule or None, got {type(spike).__name__}")
+        if probe_batch is not None and not isinstance(probe_batch, Mapping):
+            raise ConfigError(
+                f"probe_batch must be the model's keyword arguments (a dict) or None, got {type(probe_batch).__name__}"
+            )
+        if grad_scaler is not None and not callable(getattr(grad_scaler, "get_scale", None)):
+            raise ConfigError(
+                "grad_scaler must be the fp16 loss scaler (a torch.amp.GradScaler) or None, got "
+                f"{type(grad_scaler).__name__}"
+            )
+        self.block_path, found, self.block_names = _resolve_blocks(model, blocks)
         self.model, self.every, self.spike, self.top_k = model, every, spike, top_k
+        self.grad_scaler = grad_scaler
         self.rank, self.world = _dist()
         self.main = self.rank == 0
         self.out = own_folder(out, "monitor") if self.main else Path(out)  # only the main rank writes
         self.run = RunDir(self.out)
-        self.block_path, blocks = find_blocks(model)
-        self.blocks = list(blocks)
+        self.blocks = found
         self.stream = StreamProbe(model, self.blocks, top_k)
         self.logits = _AttentionLogits(self.blocks)
         self.sites = dict(site_names or {})
@@ -268,18 +487,23 @@ class TrainingMonitor:
         self._probing = False
         self._shares = False
         self._started = False
+        self._closed = False
+        self._summary: dict[str, Any] = {}
         self._last_step: int | None = None
         self._probed_last = False
+        self._grads: _GradNorms | None = None  # the latest measurement, until a step reports it
         self.spikes: list[dict[str, Any]] = []
         self.last_loss: float | None = None
-        self.last_grad_norm = 0.0
-        self.record = {
+        self.last_grad_norm: float | None = None
+        self.record: dict[str, Any] = {
             "config": {"layout": name or type(model).__name__, "source": "normlab.diagnostics.monitor"},
             "blocks": f"{self.block_path} ({len(self.blocks)})",
             "every": every,
             "world_size": self.world,
             "spike_rule": None if spike is None else vars(spike),
         }
+        if self.block_names != [str(i) for i in range(len(self.blocks))]:
+            self.record["block_names"] = self.block_names
         self.metrics_file = None
         self.writer: ProbeWriter | None = None
         self._hook = model.register_forward_hook(self._on_forward, with_kwargs=True)
@@ -302,8 +526,55 @@ class TrainingMonitor:
             self._losses.append(value)
             if self._worst is None or value > self._worst[0]:
                 self._worst = (value, call)
+        if torch.is_grad_enabled():  # a training forward: measure the gradients when its backward is over
+            tensors = [t for t in _output_tensors(output) if t.requires_grad]
+            if tensors:
+                torch.autograd.graph.register_multi_grad_hook(tensors, self._on_backward, mode="any")
+
+    def _on_backward(self, grad: torch.Tensor) -> None:
+        """The first gradient of a backward through the model's outputs: queue the measurement for the end of
+        the pass. Queued twice over, so that it runs after the callbacks queued during the pass (DDP's reducer
+        finalizes its all-reduce, FSDP2 its reduce-scatter and the sharded gradients, in such callbacks)."""
+        engine = torch.autograd.Variable._execution_engine
+        engine.queue_callback(lambda: engine.queue_callback(self._at_backward_end))
+
+    def _at_backward_end(self) -> None:
+        if self._closed:
+            return
+        scale = float(self.grad_scaler.get_scale()) if self.grad_scaler is not None else 1.0
+        at = AT_BACKWARD + (", divided by the GradScaler's scale" if self.grad_scaler is not None else "")
+        self._grads = _GradNorms.measure(self.model.parameters(), scale, at)
+
+    def capture_grads(self, at: str = AT_CALL) -> None:
+        """Measure the gradients as they are now (not divided by any loss scale): the next ``step`` reports
+        these, unless a backward ends in between. For trainers with an event after unscaling and before clipping
+        (Lightning's ``on_before_optimizer_step``); ``at`` says where, in config.json."""
+        self._grads = _GradNorms.measure(self.model.parameters(), 1.0, at)
+
+    def pending_grad_norm(self) -> float | None:
+        """The ``grad_norm`` the next ``step`` would record (the last measurement; None when there is none yet,
+        or no parameter had a gradient). Under torchrun, call it on every rank (sharded norms are reduced)."""
+        return self._grads.total() if self._grads is not None else None
+
+    def grad_norm_now(self) -> float | None:
+        """The L2 norm of the gradients of every parameter as they are now, without recording it (every rank)."""
+        return _GradNorms.measure(self.model.parameters(), 1.0, AT_CALL).total()
 
     # -- the run folder: a new one, or the history of an earlier monitor continued --
+    def _same_model_on_every_rank(self) -> None:
+        """Under torchrun: every rank holds the same model (whole or sharded), or a ConfigError on every rank."""
+        if self.world == 1:
+            return
+        mine = (sum(1 for _ in self.model.parameters()), self.block_names)
+        found: list[Any] = [None] * self.world
+        torch.distributed.all_gather_object(found, mine)
+        if any(f != found[0] for f in found):
+            raise ConfigError(
+                "TrainingMonitor: the ranks hold different models (parameter tensors and blocks per rank: "
+                f"{[(f[0], len(f[1])) for f in found]}); every rank must hold the same model, whole or sharded "
+                "(pipeline-parallel stages are not supported)"
+            )
+
     def _open(self, step: int) -> None:
         """At the first step: keep the folder's history before ``step`` (a resumed Trainer's earlier monitor),
         cut what was logged at or after it (those steps are trained again), say so, and append."""
@@ -359,12 +630,29 @@ class TrainingMonitor:
     # -- after the backward, before the gradients are cleared --
     def step(self, step: int, loss: float | None = None) -> dict[str, Any]:
         """Record step ``step``: its loss (the model's, or ``loss`` for a loss computed outside the model; none
-        when neither is known: the row's loss is null), the gradient norms, a spike check, and probes every
-        ``every`` steps. Under torchrun, call it on every rank: the loss is averaged over the ranks, sharded
-        gradients reduced, and the main rank writes. Returns the metrics row."""
+        when neither is known: the row's loss is null), the gradient norms (of the gradients the last backward
+        left, see the module docstring), a spike check, and probes every ``every`` steps. Under torchrun, call
+        it on every rank: the loss is averaged over the ranks, sharded gradients reduced, and the main rank
+        writes. A step that is not a whole number above the last one, or any step after ``close()``, is refused
+        (ConfigError) before anything is written. Returns the metrics row."""
+        if self._closed:
+            raise ConfigError(
+                f"TrainingMonitor.step({step!r}): this monitor was closed; a new TrainingMonitor on {self.out} "
+                "continues its folder"
+            )
+        step = _step_number(step, self._last_step)
+        given = _loss_value(loss)
+        grads = self._grads or _GradNorms.measure(self.model.parameters(), 1.0, AT_CALL)
+        self._grads = None
         if not self._started:
+            self._same_model_on_every_rank()
+            self.record["grad_norm"] = {
+                "of": f"every parameter of {type(self.model).__name__} (L2 norm, each tensor once)",
+                "at": grads.at,
+            }
             self._open(step)
         self._fix_probe_batch()
+        loss = given
         if loss is None and self._losses:
             n = 1 if self._shares else len(self._losses)
             loss = sum(self._losses) / n
@@ -372,8 +660,8 @@ class TrainingMonitor:
             t = torch.tensor([float(loss)], dtype=torch.float64, device=next(self.model.parameters()).device)
             torch.distributed.all_reduce(t)
             loss = t.item() / self.world
-        grads = self._grad_rows(step)
-        total = math.sqrt(sum(r["value"] ** 2 for r in grads if r["site"] == "block"))
+        squares = grads.read()
+        total = grads.total()
         row = {"step": step, "loss": loss, "grad_norm": total}
         if self.main:
             self.metrics_file.write(json.dumps(row) + "\n")
@@ -381,7 +669,7 @@ class TrainingMonitor:
         spiked = threshold is not None and loss is not None and math.isfinite(loss) and loss > threshold
         probed = spiked or step % self.every == 0
         if probed:
-            rows = grads + self._probe_rows(step)
+            rows = self._grad_rows(step, squares) + self._probe_rows(step)
             if self.main:
                 self.writer.write(rows)
         if spiked:
@@ -395,30 +683,23 @@ class TrainingMonitor:
         self._losses, self._worst = [], None
         return row
 
-    def _grad_rows(self, step: int) -> list[dict[str, Any]]:
-        """Per block: each weight matrix's gradient norm and the block's (sharded gradients reduced per shard)."""
+    def _grad_rows(self, step: int, squares: dict[int, float]) -> list[dict[str, Any]]:
+        """Per block: the gradient norm of each parameter of 2 or more dimensions and of all the block's
+        parameters, from ``squares`` (a parameter's squared norm by ``id``; one without a gradient is left out,
+        a block without any is not recorded)."""
         rows: list[dict[str, Any]] = []
         for i, block in enumerate(self.blocks):
-            mats = [
-                (path, m.weight.grad)
-                for path, m in block.named_modules()
-                if isinstance(m, nn.Linear) and m.weight is not None and m.weight.grad is not None
-            ]
-            rest = [p.grad for p in block.parameters() if p.grad is not None and p.dim() < 2]  # norms, biases
-            if not mats and not rest:
+            mine = [(path, p) for path, p in block.named_parameters() if id(p) in squares]
+            if not mine:
                 continue  # no gradients here (cleared, or frozen): nothing to record
-            found = norms([g for _, g in mats] + rest)
-            for (path, _), g in zip(mats, found):
-                rows.append({"step": step, "layer": i, "site": path, "metric": "grad_norm", "value": g})
-            rows.append(
-                {
-                    "step": step,
-                    "layer": i,
-                    "site": "block",
-                    "metric": "grad_norm",
-                    "value": math.sqrt(sum(g * g for g in found)),
-                }
-            )
+            for path, p in mine:
+                if p.dim() >= 2:
+                    value = math.sqrt(squares[id(p)])
+                    rows.append(
+                        {"step": step, "layer": i, "site": _grad_site(path), "metric": "grad_norm", "value": value}
+                    )
+            total = math.sqrt(sum(squares[id(p)] for _, p in mine))
+            rows.append({"step": step, "layer": i, "site": "block", "metric": "grad_norm", "value": total})
         return rows
 
     def _probe_rows(self, step: int, call: Call | None = None) -> list[dict[str, Any]]:
@@ -440,7 +721,7 @@ class TrainingMonitor:
             rows += self.logits.rows(step)
         norms_ = [(i, path, norm) for i, block in enumerate(self.blocks) for path, norm in _norm_modules(block).items()]
         for (i, path, _), m in zip(norms_, moments([n.weight for _, _, n in norms_])):
-            site = self.sites.get(path, path)
+            site = self.sites.get(_unwrapped(path), _unwrapped(path))
             for metric, value in (("gamma_mean", m.mean), ("gamma_min", m.minimum), ("gamma_max", m.maximum)):
                 rows.append({"step": step, "layer": i, "site": site, "metric": metric, "value": float(value)})
         return rows
@@ -485,24 +766,33 @@ class TrainingMonitor:
     def close(self) -> dict[str, Any]:
         """Probe the final weights (at the step after the last one recorded, unless that one was just probed),
         stop hooking the model, and write summary.json: status ok unless the last known loss is non-finite
-        (a run whose loss the monitor never saw is judged by its gradient norm), the final loss, the spikes."""
+        (a run whose loss the monitor never saw is judged by its gradient norm), the final loss, the spikes.
+        A second call writes nothing and returns the same summary."""
+        if self._closed:
+            return dict(self._summary)
         if self._started and self._last_step is not None and not self._probed_last:
             rows = self._probe_rows(self._last_step + 1)
             if self.main:
                 self.writer.write(rows)
         self._hook.remove()
+        self._closed = True
+        self._grads = None
         if not self.main:
             return {}
         if not self._started:
             self._open(0)
         self.metrics_file.close()
         self.writer.close()
-        healthy = math.isfinite(self.last_loss) if self.last_loss is not None else math.isfinite(self.last_grad_norm)
+        last = self.last_loss if self.last_loss is not None else self.last_grad_norm
+        rows = self.run.metrics()
         summary = {
-            "status": "ok" if healthy else "diverged",
+            "status": "ok" if last is None or math.isfinite(last) else "diverged",
             "final_loss": self.last_loss,
             "spikes": len(self.spikes),
+            # OLMo-core's spike score over the steps recorded (normlab.diagnostics.stats.spike_score)
+            **spike_score([r.get("loss") for r in rows], [r.get("grad_norm") for r in rows]),
             "source": "normlab.diagnostics.monitor",
         }
         self.run.write_summary(summary)
-        return summary
+        self._summary = summary
+        return dict(summary)

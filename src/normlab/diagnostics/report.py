@@ -118,6 +118,7 @@ def summary_rows(runs: list[Run], names: list[str]) -> list[dict]:
                 "activations": s.get("activation_dtype") or "-",
                 **activation_facts(run),
                 "spikes (loss/grad)": f"{s.get('loss_spikes', s.get('spikes', 0))}/{s.get('grad_spikes', 0)}",
+                "spike score": s.get("spike_score"),
                 "first break": s.get("first_break") or "-",
                 **headline_scores(run.evals),
             }
@@ -131,7 +132,9 @@ SUMMARY_NOTE = (
     "TrainingMonitor folder's: its last loss); "
     "max |x| in run: the largest finite |activation| the probes (and a diverged run's forensic re-run) saw; "
     "FP16 headroom: 65504 / max |x|, or where the activations overflowed, the last finite probe's max; "
-    "max/median: the residual stream's largest |activation| over its median at the last finite probe."
+    "max/median: the residual stream's largest |activation| over its median at the last finite probe; "
+    "spike score: OLMo-core's, the share of steps whose loss or gradient norm rose 6 sigma above the mean of the "
+    "previous 128 (- for a run shorter than 128 steps)."
 )
 
 

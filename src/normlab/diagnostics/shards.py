@@ -58,7 +58,7 @@ def local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if is_sharded(t) else t
 
 
-def _shard_groups(t: torch.Tensor) -> tuple:
+def shard_groups(t: torch.Tensor) -> tuple:
     """The process groups over which ``t``'s local values must be combined (its sharded mesh dims)."""
     if not is_sharded(t):
         return ()
@@ -88,7 +88,7 @@ def moments(tensors: list[torch.Tensor]) -> list[Moments]:
     stats = [_local_stats(t) for t in tensors]
     by_groups: dict[tuple, list[int]] = {}
     for i, t in enumerate(tensors):
-        groups = _shard_groups(t)
+        groups = shard_groups(t)
         if groups:
             by_groups.setdefault(groups, []).append(i)
     for groups, idx in by_groups.items():

@@ -42,7 +42,7 @@ from normlab.config.commands import EvalConfig
 from normlab.data.corpus import DataError
 from normlab.errors import ConfigError
 from normlab.evaluation.local_tasks import TASKS_DIR
-from normlab.io import atomic_write_bytes
+from normlab.io import atomic_write_bytes, check_writable
 from normlab.runs.files import RunDir, SweepDir
 from normlab.runs.outcome import TRAINED
 
@@ -349,6 +349,7 @@ def evaluate(
     kind = kind_of(source)
     if kind == "sweep":
         raise EvalError(f"{source} is a sweep: use evaluate_sweep")
+    check_writable(source if source.is_dir() else source.parent, "the eval.json of")  # before minutes of evaluation
     trusted = False
     if kind == "export":  # the folder is judged before lm-eval is imported, indexes its tasks or opens it
         from normlab.hf.folder import check_folder

@@ -3,10 +3,21 @@
 - **Arrays.** The runs to do go to the scheduler as job arrays (submitit's `executor.batch()`), at most
   `slurm_array_parallelism` of an array running at once. Each job id (`123_4`) is stored in the run's
   row the moment sbatch accepts it.
+- **Before submitting.** The [slurm] table is typed and checked before anything is written
+  (`normlab.experiments.scheduler.SlurmTable`), then the scheduler is asked, submitting nothing, whether such a job
+  could ever start (`preflight`: `sbatch --test-only` with the job script, and the partitions' MaxTime): a request
+  it would accept and never start (more CPUs or memory than a node has, a time limit over the partition's MaxTime)
+  is refused in one line (exit 2). A job that pends for a reason that can never clear (squeue's
+  PartitionTimeLimit, PartitionConfig, ...: `scheduler.NEVER_STARTS`) is cancelled and the coordinator stops the
+  same way, instead of waiting forever.
 - **Refusals.** A submission the scheduler refuses for a limit (a QOS's MaxSubmitJobs, an association's
   limits, a busy controller) is tried again with smaller arrays, then after a growing wait (10 s to 5
   min) while the jobs already submitted run; any other refusal (an unknown partition) is reported in
-  one line and the coordinator keeps watching what it submitted before it exits. Nothing is orphaned.
+  one line, sbatch's own words in it (nothing of submitit's dump reaches the terminal), and the coordinator
+  keeps watching what it submitted before it exits. Nothing is orphaned.
+- **This sweep's jobs only.** Every job carries the sweep's token in its comment (`normlab-sweep:TOKEN`,
+  `normlab.experiments.submission`); a job id the store or a lock file names is watched, adopted or cancelled
+  only when squeue shows the token in its comment (an edited store, an id the scheduler gave to another job since).
 - **Re-attaching.** Each array is announced in the store, sent held and released only once its ids are
   stored (`normlab.experiments.submission`): no job runs unknown to the store. A rerun of the same
   command asks the scheduler (sacct through submitit, squeue when sacct has no record yet) about every
@@ -24,7 +35,12 @@
   checkpoint. After a time limit that is retried `slurm_max_num_timeout` times (submitit's default 3).
   SIGTERM (scancel, a limit reached without the warning) saves the run the same way, without a requeue;
   a job that ends TIMEOUT, NODE_FAIL, BOOT_FAIL or PREEMPTED without having requeued itself is submitted
-  again by the coordinator (as many times), continuing from the newest save.
+  again by the coordinator (as many times), continuing from the newest save. A run whose time limits are used up
+  (submitit then saves it and does not requeue) ends `failed` with one line: "job J timed out N times
+  (slurm_max_num_timeout = M), saved at step S; run the same command again to continue from step S".
+- **Outcomes** come from normlab's own files: the store's row (the job writes it), the run's summary.json and
+  lock file, the job's text logs. submitit's result pickle is never opened: unpickling runs code, and a pickle
+  planted in the sweep folder would run it in the coordinator.
 - **Threads** come from the allocation: SLURM_CPUS_PER_TASK (else the CPUs SLURM gave the node's
   task), into torch.set_num_threads and OMP_NUM_THREADS.
 - **Ctrl-C** asks, on a terminal, whether to cancel the sweep's jobs; elsewhere it leaves them running
@@ -38,10 +54,15 @@ workers do); the coordinator writes a row when a job ended without one (cancelle
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -49,7 +70,7 @@ from typing import Any
 
 from normlab.errors import ConfigError
 from normlab.experiments import submission
-from normlab.experiments.scheduler import signal_delay
+from normlab.experiments.scheduler import never_starts, signal_delay, time_over_partition
 from normlab.runs.files import SweepDir
 from normlab.runs.lock import holder_job, job_alive
 from normlab.runs.outcome import FINISHED, describe
@@ -124,6 +145,42 @@ def _one_line(text: Any) -> str:
     return ("; ".join(errors) if errors else (lines or ["no message"])[-1])[:400]
 
 
+def preflight(options: dict[str, Any], name: str) -> None:
+    """Ask the scheduler, submitting nothing, whether a job of these [slurm] options could ever start: `sbatch
+    --test-only` with the job script submitit would write (a request none of the partition's nodes can meet: more
+    CPUs, memory or GPUs than a node has, a partition or account that does not exist), then the partitions'
+    MaxTime (a longer time limit SLURM accepts and never starts, when EnforcePartLimits is NO). A ConfigError in one
+    line, sbatch's own words in it, if not. Nothing is written: the script goes to a temporary folder. A scheduler
+    too busy to answer, or none here, is no refusal (the submission then speaks)."""
+    if not shutil.which("sbatch") or not shutil.which("srun"):
+        return
+    with tempfile.TemporaryDirectory(prefix="normlab-test-only-") as tmp:
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):  # submitit's warnings: the line below says it all
+                inner = _executor(Path(tmp), "slurm", options, name)._executor
+                script = Path(tmp) / "job.sh"
+                script.write_text(inner._make_submission_file_text(inner._submitit_command_str, "test-only"))
+        except Exception as err:  # noqa: BLE001 - submitit refused an option check_options let through
+            raise ConfigError(f"submitit refused the [slurm] options: {_one_line(err)}") from None
+        try:
+            out = subprocess.run(
+                ["sbatch", "--test-only", str(script)], capture_output=True, text=True, timeout=60, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return
+    if out.returncode != 0:
+        why = _one_line(out.stderr or out.stdout)
+        if not any(word.lower() in why.lower() for word in TRANSIENT):
+            raise ConfigError(
+                f"the scheduler can never run these jobs: {why} (sbatch --test-only with the [slurm] options); fix "
+                "the [slurm] table (slurm_partition, cpus_per_task, mem_gb, gpus_per_node, ...) and run the same "
+                "command again"
+            )
+    over = time_over_partition(options)
+    if over:
+        raise ConfigError(over)
+
+
 class Watcher:
     """The states of submitted jobs, one scheduler query per poll (sacct through submitit; squeue for a job sacct
     does not know yet)."""
@@ -161,6 +218,26 @@ def live(state: str) -> bool:
     return state.split()[0] in LIVE if state else False
 
 
+def foreign(jid: str, queue: dict[str, tuple[str, str, str]] | None, token: str | None) -> str | None:
+    """Why a job the store or a lock file names is not this sweep's: squeue lists it and its comment lacks the
+    sweep's token (`normlab.experiments.submission`); None when it is this sweep's, when squeue does not list it
+    (ended: nothing to act on), or when there is no token to check against (a store of an older normlab)."""
+    if token is None or queue is None or jid not in queue:
+        return None
+    comment = queue[jid][2]
+    if submission.carries(comment, token):
+        return None
+    shown = "no comment" if comment in ("", "(null)") else f"its comment is {comment!r}"
+    return f"{shown}, without this sweep's {submission.SWEEP_TAG}{token}"
+
+
+def scancel(job_ids: list[str]) -> None:
+    """scancel, its output kept off the terminal (a job that ended meanwhile is no failure)."""
+    if job_ids:
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            subprocess.run(["scancel", *job_ids], capture_output=True, text=True, timeout=60, check=False)
+
+
 def run_cluster(
     root: Path,
     store: SweepStore,
@@ -177,11 +254,20 @@ def run_cluster(
     watch = Watcher(root, kind)
     jobs: dict[str, Any] = {}  # run id -> the submitit job that holds it
     cancelled_before: set[str] = set()  # runs whose job was cancelled before this coordinator: submitted again
+    token: str | None = None  # the token every job of this sweep carries (submission.py)
+    check: str | None = None  # the token jobs named by the store or a lock must carry to be watched
     if kind == "slurm":
+        token, made = submission.sweep_token(store)
+        check = None if made else token  # a store just given its token: its jobs, if any, carry none
         rows = {r["run_id"]: r for r in store.rows()}
         held = {rid: watch.job(rows[rid]["job"]) for rid in todo if rows[rid].get("job")}
+        queue_now = submission.live_jobs()  # the jobs' comments: which of them carry this sweep's token
         for rid, state in watch.states(held).items():
-            if live(state):
+            other = foreign(str(held[rid].job_id), queue_now, check)
+            if live(state) and other:
+                store.pending_again(rid, f"job {held[rid].job_id} is not a job of this sweep ({other}); not watched")
+                log(f"{rid}: job {held[rid].job_id} named by the store is not this sweep's ({other}); not watched")
+            elif live(state):
                 jobs[rid] = held[rid]
                 log(f"{rid}: job {held[rid].job_id} is {state.split()[0].lower()}; watching it (not submitted again)")
                 if "(ended CANCELLED" in state:  # scancel-ed before this run of the sweep, its run still saving
@@ -191,7 +277,7 @@ def run_cluster(
         # (squeue must see it: a name left in the lock file by a job that died is no reason to wait)
         for rid in [rid for rid in todo if rid not in jobs]:
             jid = holder_job(SweepDir(root).run(rid).lock_file)
-            if jid and jid != rows[rid].get("job") and job_alive(jid):
+            if jid and jid != rows[rid].get("job") and job_alive(jid) and not foreign(jid, queue_now, check):
                 jobs[rid] = watch.job(jid)
                 store.set_job([rid], [jid], submitted=False)
                 log(f"{rid}: job {jid} holds its lock and is alive; watching it (not submitted again)")
@@ -209,23 +295,23 @@ def run_cluster(
             if unsure:  # a submission may have been accepted without its ids reaching the store: its jobs first
                 unsure = not _find_unreleased(root, store, options, watch, jobs, todo, to_release, log)
                 queue = [rid for rid in queue if rid not in jobs]
-            for token in [t for t, ids in to_release.items() if submission.release(ids)]:
-                submission.forget(store, [token])
-                del to_release[token]
+            for released in [t for t, ids in to_release.items() if submission.release(ids)]:
+                submission.forget(store, [released])
+                del to_release[released]
             if queue and fatal is None and time.time() >= next_try and not unsure:
                 batch = queue[:chunk]
-                token = None
+                announced = None
                 if kind == "slurm":
-                    token = submission.announce(store, batch)
-                    ex.update_parameters(**submission.parameters(options, token))
-                try:
-                    with ex.batch():
+                    announced = submission.announce(store, batch)
+                    ex.update_parameters(**submission.parameters(options, announced, str(token)))
+                try:  # submitit prints a refusing sbatch's stderr as it raises: here it goes into one line instead
+                    with contextlib.redirect_stderr(io.StringIO()), ex.batch():
                         submitted = [ex.submit(job_class(str(root), rid)) for rid in batch]
                 except Exception as err:  # noqa: BLE001 - sbatch refused: its message decides what follows
                     for pickled in SweepDir(root).jobs_dir.glob("*.pkl"):  # submitit's, for the refused array only
                         pickled.unlink(missing_ok=True)  # (a submitted job's moves to its own folder)
                     why = _one_line(getattr(err, "stderr", None) or err)
-                    unsure = token is not None  # sbatch may have timed out on jobs the controller accepted
+                    unsure = announced is not None  # sbatch may have timed out on jobs the controller accepted
                     if not any(word.lower() in why.lower() for word in TRANSIENT):
                         fatal = f"the scheduler refused the jobs: {why}"
                         log(
@@ -247,12 +333,12 @@ def run_cluster(
                     next_try, wait = time.time() + wait, min(wait * 2, 300.0)
                     continue
                 ids = [str(job.job_id) for job in submitted]
-                if token is not None:  # stored, then released (submission.py); a failed release is retried
+                if announced is not None:  # stored, then released (submission.py); a failed release is retried
                     store.set_job(batch, ids)
-                    to_release[token] = [ids[0].split("_")[0]]
-                    if submission.release(to_release[token]):
-                        submission.forget(store, [token])
-                        del to_release[token]
+                    to_release[announced] = [ids[0].split("_")[0]]
+                    if submission.release(to_release[announced]):
+                        submission.forget(store, [announced])
+                        del to_release[announced]
                 for rid, job in zip(batch, submitted):
                     jobs[rid] = job
                     watch.seen.setdefault(str(job.job_id), time.time())
@@ -262,8 +348,15 @@ def run_cluster(
                     + (f"job array {ids[0].split('_')[0]}" if "_" in ids[0] else f"job(s) {', '.join(ids)}")
                     + (f" ({len(queue)} to submit)" if queue else "")
                 )
-            for rid, state in watch.states(jobs).items():
-                if live(state):
+            states = watch.states(jobs)
+            if kind == "slurm" and any(state.startswith("PENDING") for state in states.values()):
+                stuck, runs = _never_starting(store, jobs, states, options)
+                if stuck:
+                    fatal = f"the scheduler accepted the jobs but can never start them: {stuck}"
+                    queue.extend(runs)
+                    log(f"{fatal}; cancelled them" + (f"; watching the other {len(jobs)} job(s)" if jobs else ""))
+            for rid, state in states.items():
+                if live(state) or rid not in jobs:
                     continue
                 job = jobs.pop(rid)
                 next_try = 0.0  # a job of this sweep has left the queue: a refused submission may pass now
@@ -273,7 +366,7 @@ def run_cluster(
                     queue.append(rid)
                     log(f"{rid}: job {job.job_id} was cancelled before this run of the sweep; submitted again")
                     continue
-                then = _ended(root, store, rid, job, state, kind, retries.get(rid, 0) < max_retries)
+                then = _ended(root, store, rid, job, state, kind, retries.get(rid, 0) < max_retries, max_retries, check)
                 if then and then[0] == "adopt":  # this job found the run trained by another job of it: watch that one
                     jobs[rid] = watch.job(then[1])
                     store.set_job([rid], [then[1]], submitted=False)
@@ -337,57 +430,146 @@ def _find_unreleased(
     return True
 
 
+def _never_starting(
+    store: SweepStore, jobs: dict[str, Any], states: dict[str, str], options: dict[str, Any]
+) -> tuple[str, list[str]]:
+    """Pending jobs that squeue says can never start as submitted (`scheduler.NEVER_STARTS`: a time limit over the
+    partition's MaxTime, more CPUs than its nodes have, ...): cancelled, their runs pending again without a job, and
+    dropped from `jobs`. Returns one line naming them and why (empty when none) and their runs."""
+    queue = submission.live_jobs()
+    stuck: dict[str, tuple[str, str, str]] = {}  # run id -> (job, squeue's reason, what it means)
+    for rid, state in states.items():
+        jid = str(jobs[rid].job_id)
+        reason = (queue or {}).get(jid, ("", "", ""))[1]
+        why = never_starts(reason) if state.startswith("PENDING") else None
+        if why:
+            stuck[rid] = (jid, reason.split(",")[0].strip(), why)
+    if not stuck:
+        return "", []
+    scancel([jid for jid, _, _ in stuck.values()])
+    for rid, (jid, reason, why) in stuck.items():
+        store.pending_again(rid, f"job {jid} could never start ({reason}: {why}); cancelled")
+        del jobs[rid]
+    _, reason, why = next(iter(stuck.values()))
+    detail = time_over_partition(options) if reason == "PartitionTimeLimit" else None
+    ids = " ".join(jid for jid, _, _ in stuck.values())
+    return f"{ids} pending for {reason}: {detail or why}", list(stuck)
+
+
+def _log_lines(job: Any) -> list[str]:
+    """The lines of a job's logs (submitit's stdout and stderr files, all its lives: opened for append), as text."""
+    lines: list[str] = []
+    for path in dict.fromkeys((job.paths.stderr, job.paths.stdout)):
+        with contextlib.suppress(OSError):
+            lines += Path(path).read_text(errors="replace").splitlines()
+    return lines
+
+
+def _last_error(job: Any) -> str | None:
+    """The last exception line of a job's logs (`ValueError: ...`): what a traceback there ended with."""
+    found = [x.strip() for x in _log_lines(job) if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Exit)\b", x.strip())]
+    return found[-1][:300] if found else None
+
+
+def _saved_step(root: Path, rid: str, row: dict[str, Any]) -> int | None:
+    """The step a run can continue from: the one its last job saved at (its row), else its newest checkpoint's."""
+    if row.get("step") is not None and row["status"] == "pending":
+        return int(row["step"])
+    steps = [
+        int(m.group(1))
+        for p in SweepDir(root).run(rid).checkpoints.glob("step_*")
+        if (m := re.match(r"step_(\d+)", p.name))
+    ]
+    return max(steps) if steps else None
+
+
 def _ended(
-    root: Path, store: SweepStore, rid: str, job: Any, state: str, kind: str, retry: bool
+    root: Path,
+    store: SweepStore,
+    rid: str,
+    job: Any,
+    state: str,
+    kind: str,
+    retry: bool,
+    timeouts: int = 3,
+    token: str | None = None,
 ) -> tuple[str, str] | None:
-    """A job left the scheduler: its row is final if the job wrote it; else the run's summary.json or the job's
-    result decides, else one line says how the job ended. Returns ("adopt", JOB) when the job found its run
-    trained by another live job JOB; ("again", why) when the job ended on a time limit or a node's failure
-    without saving and requeueing itself (`retry`: resubmitting is allowed): the row is pending again and the
-    run is submitted again, continuing from its newest checkpoint."""
+    """A job left the scheduler: its row is final if the job wrote it; else the run's summary.json, its row and its
+    lock file decide, else one line says how the job ended. Returns ("adopt", JOB) when another live job of this
+    sweep (`token`) holds the run's lock; ("again", why) when the job ended on a time limit or a node's failure
+    without requeueing itself (`retry`: resubmitting is allowed): the row is pending again and the run is submitted
+    again, continuing from its newest checkpoint. A job that saved its run and was not requeued because its
+    `timeouts` (slurm_max_num_timeout) were used up leaves the row failed with "timed out N times, saved at step S,
+    run the same command again".
+
+    Only normlab's own files are read (the store, summary.json, the lock file, the job's text logs): submitit's
+    result pickle is never opened, since unpickling runs code and one planted in the sweep folder would run here."""
     row = store.row(rid)
     if row["status"] in FINISHED:
         return None
-    summary = SweepDir(root).run(rid).summary()
+    run = SweepDir(root).run(rid)
+    summary = run.summary()
     if summary and summary.get("status") in FINISHED and summary.get("steps") == row["config"].optim.steps:
         store.record(rid, summary, worker=str(job.job_id), unless_finished=True)
         return None
     word = state.split()[0] if state else "UNKNOWN"
-    if (word == "COMPLETED" or kind != "slurm") and job.paths.result_pickle.exists():
-        try:
-            result = job.result()
-            if isinstance(result, dict) and result.get("status") == "running":  # another process held its lock
-                holder = result.get("holder_job")
-                if holder and holder != str(job.job_id) and job_alive(str(holder)):
-                    return ("adopt", str(holder))
-                if store.row(rid)["status"] in FINISHED:
-                    return None
-                why = f"job {job.job_id} found the run locked by {holder and f'job {holder}' or 'another process'}"
-                if retry and holder:  # that job has ended without a result since: this run goes again
-                    store.pending_again(rid, f"{why}, which has ended since; submitted again")
-                    return ("again", f"{why}, which has ended since; submitted again")
-                why += f" ({_one_line(result.get('reason'))})"
-            elif isinstance(result, dict) and result.get("status"):
-                store.record(rid, result, worker=str(job.job_id), unless_finished=True)
-                return None
-            else:
-                why = f"job {job.job_id} ended without a result"
-        except Exception as err:  # noqa: BLE001 - the job raised or died: its first line, not submitit's dump
-            why = f"job {job.job_id} failed: {_one_line(err)}"
+    jid = str(job.job_id)
+    holder = holder_job(run.lock_file)
+    if (
+        holder
+        and holder != jid
+        and job_alive(holder)
+        and (token is None or not foreign(holder, submission.live_jobs(), token))
+    ):
+        return ("adopt", holder)  # a duplicate's twin trains it: its row is that job's to write
+    worker = str(row.get("worker") or "")
+    by_this_job = worker == jid or (kind != "slurm" and worker.endswith(f":{jid}"))  # submitit-local: host:pid
+    if row["status"] == "failed" and by_this_job:
+        return None  # the job recorded its run's failure itself: the row's reason says why
+    saved = _saved_step(root, rid, row)
+    again = f"run the same command again to continue from step {saved}" if saved else "run the same command again"
+    stopped = by_this_job and row["status"] == "pending" and (row["reason"] or "").startswith("saved at step")
+    if stopped and any("timed-out too many times" in x for x in _log_lines(job)):  # submitit's words, text log
+        why = (
+            f"job {jid} timed out {timeouts + 1} time{'s' if timeouts else ''} (slurm_max_num_timeout = {timeouts}), "
+            f"saved at step {saved}; "
+            f"{again} (or raise timeout_min or slurm_max_num_timeout)"
+        )
+    elif stopped and retry:  # saved on USR2, but its requeue failed (scontrol requeue refused, ...): submitted again
+        why = f"job {jid} saved the run at step {saved} and ended {word} without requeueing itself; submitted again"
+        store.pending_again(rid, why)
+        return ("again", why)
+    elif stopped:
+        why = f"job {jid} saved the run at step {saved} and ended {word} without requeueing itself; {again}"
     elif word == "CANCELLED":
         by = state.split(" by ")[-1] if " by " in state else None
         why = (
-            f"job {job.job_id} was cancelled"
+            f"job {jid} was cancelled"
             + (f" by uid {by}" if by else "")
             + "; the next run of this sweep submits it again"
         )
     elif word in RESUBMIT and retry:
-        why = f"job {job.job_id} ended {word} without requeueing itself; submitted again, from its newest checkpoint"
+        why = f"job {jid} ended {word} without requeueing itself; submitted again, from its newest checkpoint"
         store.pending_again(rid, why)
         return ("again", why)
+    elif word in RESUBMIT:
+        why = f"job {jid} ended {word}; see {job.paths.stderr}; submitted again {timeouts} times already: {again}"
+    elif word == "COMPLETED" and not by_this_job:  # it returned without touching the row: another process held it
+        holder_text = worker or "another process"
+        why = f"job {jid} ended {word} without training the run (held by {holder_text}, which has ended since)"
+        if retry:
+            store.pending_again(rid, f"{why}; submitted again")
+            return ("again", f"{why}; submitted again")
+        why += f"; {again}"
     else:
-        why = f"job {job.job_id} ended {word}; see {job.paths.stderr}"
-    store.record(rid, {"status": "failed", "reason": why}, worker=str(job.job_id), unless_finished=True)
+        error = _last_error(job)
+        why = (
+            f"job {jid} ended {word}"
+            + (f": {error}" if error else " without recording an outcome")
+            + f"; see {job.paths.stderr}"
+        )
+    failure = {"status": "failed", "reason": why, **({"failed_step": saved} if stopped else {})}
+    store.record(rid, failure, worker=jid, unless_finished=True)
     return None
 
 
@@ -417,8 +599,7 @@ def cancel_jobs(root: Path, store: SweepStore, jobs: dict[str, Any], why: str, w
     """scancel the jobs, wait (up to `wait` s) until the scheduler lists none of them (a cancelled job's run saves
     on SIGTERM and may still write its row until the cluster's KillWait ends), then record each unfinished run
     `failed`, saying why in one line."""
-    for job in jobs.values():
-        job.cancel(check=False)
+    scancel([str(job.job_id) for job in jobs.values()])
     deadline = time.time() + wait
     while time.time() < deadline and any(job_alive(str(job.job_id)) for job in jobs.values()):
         time.sleep(1.0)
@@ -433,19 +614,40 @@ def cancel_jobs(root: Path, store: SweepStore, jobs: dict[str, Any], why: str, w
 
 
 def cancel_sweep(root: str | Path, log=print) -> int:  # noqa: ANN001 - log: print-like
-    """`normlab sweep --cancel DIR`: cancel the live jobs of a sweep's unfinished runs; returns how many."""
+    """`normlab sweep --cancel DIR`: cancel the live jobs of a sweep's unfinished runs; returns how many.
+
+    Only jobs that carry this sweep's token in their comment (`normlab.experiments.submission`), as squeue shows
+    them, are cancelled: a job id the store names that squeue lists without it (an edited store, an id
+    since given to another job) is left alone, with a line saying why. So are all of them when the store holds no
+    token (written by an older normlab): scancel them yourself."""
     folder = SweepDir(root)
     if not folder.is_sweep():
         raise ConfigError(f"{root} holds no sweep store; give a folder written by normlab sweep")
     store = open_store(folder)
+    queue = submission.live_jobs()
+    if queue is None:
+        raise ConfigError(
+            f"cannot cancel the jobs of {root}: squeue does not answer here (is this a SLURM login node?)"
+        )
+    token = store.get_meta(submission.SWEEP_KEY)
+    token = token if isinstance(token, str) and token else None
     watch = Watcher(folder.path, "slurm")
-    held = {r["run_id"]: watch.job(r["job"]) for r in store.rows() if r.get("job") and r["status"] not in FINISHED}
-    try:
-        states = watch.states(held)
-    except Exception as err:  # noqa: BLE001 - no sacct here
-        raise ConfigError(f"cannot ask the scheduler about {len(held)} job(s): {_one_line(err)}") from None
-    alive = {rid: held[rid] for rid, state in states.items() if live(state)}
-    # jobs of a submission whose coordinator died before it stored or released them (submission.py)
+    alive: dict[str, Any] = {}
+    for row in store.rows():
+        jid = row.get("job")
+        if not jid or row["status"] in FINISHED or jid not in queue:
+            continue
+        other = (
+            foreign(jid, queue, token)
+            if token
+            else "the store names no token of this sweep (an older normlab wrote it)"
+        )
+        if other:
+            log(f"skipped job {jid} (run {row['run_id']}): not a job of this sweep ({other}); left as it is")
+        else:
+            alive[row["run_id"]] = watch.job(jid)
+    # jobs of a submission whose coordinator died before it stored or released them (submission.py): found by the
+    # submission's token, which only this store names
     for rid, (_, jid, _, _) in (submission.unreleased(store) or {}).items():
         if rid not in alive and store.row(rid)["status"] not in FINISHED:
             alive[rid] = watch.job(jid)

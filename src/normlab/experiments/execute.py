@@ -49,7 +49,10 @@ def execute_run(
         return {**store.row(run_id)}
     run = folder.run(run_id)
     try:
-        lock = RunLock(run.path)
+        # a local worker (`watch_parent`) waits out a killed sweep's worker still holding the run for as long as
+        # that process lives (it ends with its sweep), however slow the machine; a job refuses after 10 s and
+        # names the holder's job
+        lock = RunLock(run.path, patient=watch_parent is not None)
     except LockBusy as err:  # another process trains it (a duplicate job's twin): the row stays as it wrote it
         return {"status": "running", "reason": str(err), "holder_job": (err.holder or {}).get("job")}
     try:
@@ -66,6 +69,7 @@ def execute_run(
                 run_id,
                 f"saved at step {err.step} by {worker}, stopped by the scheduler (preempted, at "
                 "its time limit or cancelled)",
+                step=err.step,
             )
             return {"status": "pending", "reason": "requeued", "step": err.step}
         except TrainingFailed as err:

@@ -3,7 +3,8 @@
 The coordinator does not train; it reads the newest row of each running run's metrics.jsonl every
 couple of seconds, so the bar moves with the runs' steps (a run that takes five minutes no longer
 shows as one silent line). On a terminal it is a tqdm bar whose postfix holds the counts by status
-and the runs in flight ("post 120/300"); elsewhere (a log file, CI) one line every `every` seconds.
+and the runs in flight ("post 120/300"); elsewhere (a log file, CI) one line every `every` seconds of
+`clock` (time.monotonic; a test passes its own), the ETA reckoned on the same clock.
 """
 
 from __future__ import annotations
@@ -47,12 +48,13 @@ class SweepProgress:
         log: Callable[[str], Any] = print,
         every: float = 60.0,
         tty: bool | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.root, self.steps, self.log, self.every = root, steps, log, every
+        self.root, self.steps, self.log, self.every, self.clock = root, steps, log, every, clock
         self.done: dict[str, int] = {}
         self.running: dict[str, int] = {}
         self.counts = {"ok": 0, "stalled": 0, "diverged": 0, "failed": 0}
-        self.t0 = self.last_line = time.monotonic()
+        self.t0 = self.last_line = clock()
         tty = sys.stderr.isatty() if tty is None else tty
         self.bar = (
             tqdm(total=sum(steps.values()), desc=f"sweep {name}", unit="step", dynamic_ncols=True, leave=True)
@@ -81,7 +83,7 @@ class SweepProgress:
 
     def eta(self) -> float | None:
         pos, total = self.position, sum(self.steps.values())
-        spent = time.monotonic() - self.t0
+        spent = self.clock() - self.t0
         return spent / pos * (total - pos) if pos else None
 
     def describe(self) -> str:
@@ -94,8 +96,8 @@ class SweepProgress:
             self.bar.n = self.position
             self.bar.set_postfix_str(self.describe(), refresh=False)
             self.bar.refresh()
-        elif time.monotonic() - self.last_line >= self.every:
-            self.last_line = time.monotonic()
+        elif self.clock() - self.last_line >= self.every:
+            self.last_line = self.clock()
             eta = self.eta()
             total = sum(self.steps.values())
             self.log(

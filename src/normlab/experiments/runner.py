@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from normlab.errors import ConfigError
-from normlab.experiments.cluster import run_cluster
+from normlab.experiments.cluster import preflight, run_cluster
 from normlab.experiments.progress import SweepProgress
 from normlab.experiments.scheduler import check_options
 from normlab.experiments.sweep import RunSpec, SweepConfig
@@ -144,6 +144,8 @@ def run_sweep(
     """Run every run of `sweep` that has no result yet; returns the store's status counts. With a
     `deadline` (local executor only) runs not started by then stay pending."""
     check_options(sweep.slurm, executor or sweep.executor)  # before anything is written
+    if (executor or sweep.executor) == "slurm":
+        preflight(sweep.slurm, sweep.name)  # a request SLURM would accept and never start: refused, nothing written
     root = own_folder(out, "sweep")  # never a folder of the user's
     root.mkdir(parents=True, exist_ok=True)
     lock = FolderLock(

@@ -11,6 +11,12 @@ each submission goes in four steps:
 3. the job ids stored in the rows and the pickles in place (submitit);
 4. released (`scontrol release`), and only then the announcement dropped.
 
+Every job also carries the sweep's own token (`normlab-sweep:TOKEN`, made once per sweep store: meta
+`slurm_sweep`): a job id the store names is this sweep's only if squeue shows that word in its comment. `normlab
+sweep --cancel` cancels no other job, and a rerun watches no other (an edited store, or one naming an id the
+scheduler has since given to someone else's job). A copy of the folder keeps the token: its jobs are the
+original's too.
+
 No job starts before its id is stored. A rerun, and the next try after a refused sbatch, asks squeue for the
 live jobs of every announcement left (`unreleased`): the coordinator (`normlab.experiments.cluster`) stores
 each in its run's row, gives it its pickle if it has none (`hand_over`), watches it and releases it; a job
@@ -29,6 +35,43 @@ from normlab.runs.store import SweepStore
 
 KEY = "slurm_submissions"  # the store's meta key: token -> run ids, for submissions not yet released
 TAG = "normlab:"  # the comment's word that names the token
+SWEEP_KEY = "slurm_sweep"  # the store's meta key: the token every job of this sweep carries
+SWEEP_TAG = "normlab-sweep:"  # the comment's word that names it
+
+
+def sweep_token(store: SweepStore) -> tuple[str, bool]:
+    """The token every job of this sweep carries in its comment, and whether it was made just now (a store whose
+    jobs, if any, were submitted by a normlab that gave them none)."""
+    token = store.get_meta(SWEEP_KEY)
+    if isinstance(token, str) and token:
+        return token, False
+    token = uuid.uuid4().hex[:16]
+    store.set_meta(SWEEP_KEY, token)
+    return token, True
+
+
+def carries(comment: str, token: str) -> bool:
+    """Whether a job's comment (squeue %k) names this sweep's token."""
+    return f"{SWEEP_TAG}{token}" in comment.split()
+
+
+def live_jobs() -> dict[str, tuple[str, str, str]] | None:
+    """This user's pending and running jobs, array tasks one by one: job id (123_4, or 123) -> (state, pending
+    reason, comment); None when squeue cannot answer."""
+    try:
+        out = subprocess.run(
+            ["squeue", "-h", "-r", "--me", "-o", "%i|%T|%r|%k"], capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    found = {}
+    for line in out.stdout.splitlines():
+        parts = line.strip().split("|", 3)
+        if len(parts) == 4:
+            found[parts[0]] = (parts[1], parts[2], parts[3])
+    return found
 
 
 def announce(store: SweepStore, run_ids: list[str]) -> str:
@@ -44,9 +87,10 @@ def forget(store: SweepStore, tokens: list[str]) -> None:
     store.set_meta(KEY, left)
 
 
-def parameters(options: dict[str, Any], token: str) -> dict[str, Any]:
-    """submitit's parameters for a held submission whose comment names `token` (the user's comment kept)."""
-    comment = " ".join(x for x in (options.get("slurm_comment"), f"{TAG}{token}") if x)
+def parameters(options: dict[str, Any], token: str, sweep: str) -> dict[str, Any]:
+    """submitit's parameters for a held submission whose comment names `token` and the sweep's token `sweep` (the
+    user's comment kept, first)."""
+    comment = " ".join(x for x in (options.get("slurm_comment"), f"{TAG}{token}", f"{SWEEP_TAG}{sweep}") if x)
     extra = {**(options.get("slurm_additional_parameters") or {}), "hold": True}
     return {"slurm_comment": comment, "slurm_additional_parameters": extra}
 
@@ -57,20 +101,11 @@ def unreleased(store: SweepStore) -> dict[str, tuple[str, str, str, str]] | None
     tokens = store.get_meta(KEY) or {}
     if not tokens:
         return {}
-    try:
-        out = subprocess.run(
-            ["squeue", "-h", "-r", "--me", "-o", "%i|%T|%r|%k"], capture_output=True, text=True, timeout=60
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if out.returncode != 0:
+    queue = live_jobs()
+    if queue is None:
         return None
     found: dict[str, tuple[str, str, str, str]] = {}
-    for line in out.stdout.splitlines():
-        parts = line.strip().split("|", 3)
-        if len(parts) < 4:
-            continue
-        jid, state, reason, comment = parts
+    for jid, (state, reason, comment) in queue.items():
         token = next((w[len(TAG) :] for w in comment.split() if w.startswith(TAG)), None)
         if token not in tokens:
             continue

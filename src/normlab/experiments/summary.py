@@ -146,6 +146,7 @@ def cells(df: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
         for col in (x for x in ANGULAR if x in g.columns):
             scores[col], _ = _mean_std(trained[col])
         peak = pd.to_numeric(g.max_activation, errors="coerce").dropna()
+        spike = pd.to_numeric(g.get("spike_score", pd.Series(dtype=float)), errors="coerce").dropna()
         out.append(
             {
                 **dict(zip(keys, key)),
@@ -155,6 +156,7 @@ def cells(df: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
                 "divergences": f"{n['diverged']}/{finished}",
                 "stalls": f"{n['stalled']}/{finished}",
                 "max_activation": float(peak.max()) if len(peak) else math.nan,
+                "spike_score": float(spike.mean()) if len(spike) else math.nan,
                 "first_breaks": tally(list(g[g.status == "diverged"].first_break)),
                 "final_loss_mean": fm,
                 "final_loss_std": fs,
@@ -261,6 +263,8 @@ def cell_table(c: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
         "max_activation" in c and c.max_activation.notna().any()
     ):  # runs with probes: Kim Fig. 11's quantity against the FP16 limit
         t["max |x|"] = [_fmt(v) for v in c.max_activation]
+    if "spike_score" in c and c.spike_score.notna().any():  # OLMo-core's spike score, mean over the seeds
+        t["spike score"] = [_fmt(v) for v in c.spike_score]
     if "first_breaks" in c and (c.first_breaks != "").any():
         t["first overflow (diverged runs)"] = [b or "-" for b in c.first_breaks]
     if "angular_deep" in c and c.angular_deep.notna().any():  # probes with angular distance (Sun et al. 2025)

@@ -40,6 +40,7 @@ MODULES = (
     "model/moe.py",
     "model/admin.py",
     "model/streams.py",
+    "model/depth_attention.py",
     "model/block.py",
     "model/loss.py",
     "model/lm.py",

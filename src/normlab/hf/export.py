@@ -19,6 +19,8 @@ from typing import Any
 from normlab.io import atomic_write_bytes
 from normlab.model.lm import NormLM
 
+KIND = "export"  # the kind of folder `export_run` writes (its `.normlab` marker)
+
 
 def to_hf(model: NormLM, tokenizer: Any = None) -> Any:
     """The `NormLabForCausalLM` holding ``model``'s weights (same function, same parameters)."""
@@ -75,11 +77,11 @@ def exact_native(model: NormLM) -> list[str]:
     return found
 
 
-def export(model: NormLM, out: str | Path, arch: str = "auto", tokenizer: Any = None) -> tuple[Path, str, str]:
-    """Write ``model`` as a transformers folder: ``arch`` "auto" takes transformers' own class where one computes
-    the layout exactly (no trust_remote_code anywhere), else the normlab class; "normlab" or an architecture name
-    (refused with the reason where it is not exact) forces one. Returns (folder, class written, why, in words)."""
-    from normlab.hf.native import ARCHS, NativeExportError, save_native
+def choose_arch(model: NormLM, arch: str = "auto") -> tuple[str, str]:
+    """The class `export` writes for ``model`` and why, in words: ``arch`` "auto" takes transformers' own class
+    where one computes the layout exactly, else the normlab class; "normlab" or an architecture name forces one
+    (an architecture that is not exact is refused when it is written)."""
+    from normlab.hf.native import ARCHS, NativeExportError
 
     layout = model.layout.label
     if model.layout.streams > 1 and arch != "normlab":
@@ -108,12 +110,37 @@ def export(model: NormLM, out: str | Path, arch: str = "auto", tokenizer: Any = 
         )
     else:
         why = f"transformers' {arch} class, as asked"
+    return arch, why
+
+
+def export(model: NormLM, out: str | Path, arch: str = "auto", tokenizer: Any = None) -> tuple[Path, str, str]:
+    """Write ``model`` as a transformers folder: ``arch`` "auto" takes transformers' own class where one computes
+    the layout exactly (no trust_remote_code anywhere), else the normlab class; "normlab" or an architecture name
+    (refused with the reason where it is not exact) forces one. Returns (folder, class written, why, in words)."""
+    from normlab.hf.native import save_native
+
+    arch, why = choose_arch(model, arch)
     if arch == "normlab":
         return save_hf(model, out, tokenizer), arch, why
     path = save_native(model, out, arch, tokenizer)
     if tokenizer is not None:
         save_tokenizer(tokenizer, path)
     return path, arch, why
+
+
+def weights_digest(model: NormLM) -> str:
+    """SHA-256 over ``model``'s state (names, dtypes, shapes, bytes, in name order): what an export folder's
+    marker records, so a rerun knows the weights it holds."""
+    import hashlib
+
+    import torch
+
+    h = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        t = tensor.detach().to("cpu").contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 def from_hf(path: str | Path) -> NormLM:
@@ -132,29 +159,45 @@ def from_hf(path: str | Path) -> NormLM:
 def export_run(source: str | Path, out: str | Path, arch: str = "auto") -> tuple[list[str], Path, bool]:
     """`normlab export`: a run's (or checkpoint's) newest weights and its tokenizer into a new or empty
     folder; the lines that say what was written and how to load it, the folder, whether it needs
-    trust_remote_code."""
-    from normlab.errors import ConfigError
+    trust_remote_code.
+
+    The folder is written whole or not at all (`normlab.io.staged_folder`): a hidden sibling, moved into
+    place once complete, so an export killed at any point (kill -9 included) leaves no folder, or a complete
+    one, and the same command run again completes it (a staging folder the killed export left is removed).
+    The marker records the weights' digest and the class written: the same export run again into its own
+    finished folder answers as the first did and writes nothing; an export of other weights (or another
+    class) into it is refused, nothing overwritten."""
+    from normlab.errors import ForeignFolderError
     from normlab.hf.tokenizer import to_hf_tokenizer
+    from normlab.io import folder_record, own_folder, staged_folder
     from normlab.runs.model import load_run_model, run_tokenizer
 
     dest = Path(out)
-    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
-        raise ConfigError(
-            f"export destination {dest} {'is a file' if not dest.is_dir() else 'is not empty'}; "
-            "nothing there is overwritten: give a new or empty folder"
-        )
+    prior = (folder_record(dest) if dest.is_dir() else None) or {}
+    finished = prior.get("kind") == KIND and (dest / "config.json").is_file()
+    if not finished:
+        own_folder(dest, KIND, claim=False)  # someone's files, another folder's kind, read-only: before any work
     run = load_run_model(source)
+    used, why = choose_arch(run.model, arch)
+    facts = {"weights_sha256": weights_digest(run.model), "class": used}
+    if finished and {k: prior.get(k) for k in facts} != facts:
+        raise ForeignFolderError(
+            f"{dest} holds a finished normlab export of other weights or another class "
+            f"({prior.get('class', 'unknown')}); nothing there is overwritten: give a new or empty folder"
+        )
     tok = run_tokenizer(run.config, run.run_dir)
     tokenizer = to_hf_tokenizer(tok, run.model.config.max_seq_len) if tok is not None else None
-    folder, used, why = export(run.model, dest, arch, tokenizer)
+    if not finished:  # else: the same weights as the same class are there already, whole: nothing to write
+        with staged_folder(dest, KIND, facts) as tmp:
+            export(run.model, tmp, used, tokenizer)
     remote = used == "normlab"
     lines = [
-        f"{run.checkpoint} -> {folder} ({used}: {why})",
-        f"load: AutoModelForCausalLM.from_pretrained({str(folder)!r}{', trust_remote_code=True' if remote else ''})",
+        f"{run.checkpoint} -> {dest} ({used}: {why})",
+        f"load: AutoModelForCausalLM.from_pretrained({str(dest)!r}{', trust_remote_code=True' if remote else ''})",
     ]
     if tokenizer is not None:  # stock files; AutoTokenizer on a normlab-class folder would first ask about its code
         lines.append(
             f"tokenizer: {'PreTrainedTokenizerFast' if remote else 'AutoTokenizer'}.from_pretrained("
-            f"{str(folder)!r})" + (" (stock; no custom code)" if remote else "")
+            f"{str(dest)!r})" + (" (stock; no custom code)" if remote else "")
         )
-    return lines, folder, remote
+    return lines, dest, remote

@@ -30,6 +30,7 @@ transformers is an optional dependency (`pip install normlab[hf]`), imported onl
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from normlab.hf.archs import ARCHITECTURES, BY_NAME, EXPORTABLE, Arch
 from normlab.hf.library import require_transformers
 from normlab.layout import PRESETS
 from normlab.model.build import build_model
+from normlab.model.config import ModelConfig
 from normlab.model.lm import NormLM
 
 ARCHS = EXPORTABLE  # export name (a transformers model_type, or gemma3) -> the normlab preset it equals
@@ -69,6 +71,9 @@ def _export_arch(model: NormLM, arch: str) -> Arch:
             "with a plain softmax (GPT-OSS's class computes learned sinks, but around its clamped-SwiGLU experts "
             "and biased router, which normlab does not compute); export with --arch normlab, which keeps it"
         )
+    why = residual_refusal(model.layout, arch)
+    if why is not None:
+        raise NativeExportError(why)
     want = PRESETS[adapter.preset].layout.to_string()
     have = model.layout.to_string()
     if have != want:
@@ -80,6 +85,34 @@ def _export_arch(model: NormLM, arch: str) -> Arch:
     if problems:
         raise NativeExportError(f"model options do not map onto {arch}: {'; '.join(problems)}")
     return adapter
+
+
+def residual_refusal(layout: Any, arch: str) -> str | None:
+    """Why no transformers class computes ``layout``'s residual path, for the 2026 forms (Keel's skip scale, SpanNorm's
+    whole-block skip, Attention Residuals), or None: every class adds each sublayer's output to its input with
+    weight 1."""
+    what = [
+        text
+        for text, on in (
+            (
+                "Attention Residuals (a softmax read over the embedding and the blocks' sums in place of the "
+                "residual sum)",
+                layout.attn_res is not None,
+            ),
+            (
+                "SpanNorm's whole-block skip (the MLP adds to the block's input)",
+                any(s.skip_block for s in [layout.block.mlp] + [r.sites for r in layout.rules]),
+            ),
+            ("Keel's skip scale (alpha = the number of sublayers)", layout.alpha == "keel"),
+        )
+        if on
+    ]
+    if not what:
+        return None
+    return (
+        f"{'; '.join(what)}: no transformers class computes it ({arch}'s blocks add each sublayer's output to its "
+        "input with weight 1); export with --arch normlab, whose remote code is normlab's block"
+    )
 
 
 def name_map(arch: str, n_layers: int, tied: bool) -> dict[str, str]:
@@ -141,6 +174,44 @@ def from_native(source: str | Path | Any) -> NormLM:
     model = build_model(adapter.preset, adapter.model_config(config), seed=0)
     model.load_state_dict(adapter.import_state(hf.state_dict(), config), strict=True)
     return model.eval()
+
+
+@dataclass(frozen=True)
+class StatedModel:
+    """What a transformers folder's config.json says about the model it holds, read as normlab computes it."""
+
+    kind: str  # the config's model_type ("normlab" for the normlab class)
+    layout: str  # the layout its class computes (a preset name or string form)
+    config: ModelConfig  # every setting the folder states, as normlab's model options
+    keys: dict[str, str]  # normlab option -> the config.json key that states it (for messages)
+
+    def key(self, option: str) -> str:
+        return self.keys.get(option, option)
+
+
+def stated_model(folder: str | Path) -> StatedModel:
+    """The model a transformers folder holds, from its config.json alone (the weights are not read): the folder is
+    checked first (`normlab.hf.folder.check_folder`), transformers reads the config (its defaults fill what the
+    file leaves out), and the registered adapter turns it into the layout and `ModelConfig` that compute the
+    same function, as `from_native` builds them; a config normlab does not compute exactly is a
+    NativeExportError naming the first difference. A normlab-class export states its layout and options."""
+    from normlab.hf.folder import check_folder, reading
+
+    tf = require_transformers()
+    check_folder(folder)
+    with reading(folder):
+        config = tf.AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+        if config.model_type == "normlab":
+            return StatedModel(
+                "normlab", config.layout, ModelConfig(**config.model), {k: f"model.{k}" for k in config.model}
+            )
+        adapter = _import_arch(config)
+        return StatedModel(
+            config.model_type,
+            adapter.preset,
+            adapter.model_config(config),
+            {"mlp": adapter.activation_key, **adapter.config_keys},
+        )
 
 
 def _import_arch(config: Any) -> Arch:

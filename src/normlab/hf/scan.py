@@ -78,17 +78,18 @@ def scan(path: str | Path, out: str | Path, texts: list[str] | None = None, max_
             f"{path} is a normlab run directory, not a transformers folder: export it first "
             f"(normlab export {path} DIR) and scan DIR"
         )
+    own_folder(out, "scan", claim=False)  # someone's files, read-only storage: refused before any work
     check_folder(path)  # bounded JSON, no code of its own, readable weights: before anything is written or loaded
     tf = require_transformers()
     import normlab.hf.modeling  # noqa: F401 - registers the normlab class, so exported normlab models scan too
 
     tok = load_tokenizer(path)  # the one rule doctor keeps too
-    out = own_folder(out, "scan")
     with reading(path, "a transformers causal LM"):  # unknown model type, a field of the wrong type, ...
         model = tf.AutoModelForCausalLM.from_pretrained(
             path, local_files_only=True, dtype=torch.float32, trust_remote_code=False
         ).eval()
     x = _tokens(path, model, list(texts or TEXTS), max_len, tok)
+    out = own_folder(out, "scan")  # claimed once every refusal is behind: a refused scan leaves no folder
     blocks_path, blocks = find_blocks(model)
     hidden = StreamProbe(model, list(blocks)).capture(input_ids=x)
     layers = []

@@ -17,7 +17,9 @@ from dataclasses import dataclass, replace
 
 from normlab.layout.sites import (
     ADMIN,
+    ATTN_RES_FULL,
     DEEPNORM,
+    KEEL,
     AttentionInnerSites,
     BlockLayout,
     LayerRange,
@@ -51,6 +53,7 @@ PRE_POST = SublayerSites(input=True, after_add=True)  # A+C: N(x + f(N(x)))
 NORMED_SKIP = SublayerSites(input=True, skip_normed=True)  # N(x) + f(N(x)), Zhuo eq. 9
 PERI_ATTN = PERI  # NormFormer's attention: x + N(MHA(N(x))) (its "post-attention LN" is Peri-LN's B)
 PRE_HIDDEN = SublayerSites(input=True, hidden=True)  # x + W2 N(act(W1 N(x))), NormFormer / Sub-LN FFN
+SPAN_MLP = SublayerSites(after_add=True, skip_block=True)  # C+W: N(x_block + FFN(y)), SpanNorm's whole-block skip
 
 # Zhuo et al. Appendix E: which of Q, K, V, Context are normalized inside attention.
 ZHUO_INNER = {
@@ -341,6 +344,43 @@ def _build() -> dict[str, Preset]:
             Layout(block=_block(PRE, PRE, QK), final_norm=True),
             "x' = x + F(N(x)), attention with N(Q), N(K) per head before RoPE; final N",
             "Qwen Team 2025 (Qwen3 Technical Report), Sec. 2: QK-Norm on Pre-LN",
+        ),
+        _preset(
+            "keel",
+            Layout(block=_block(PRE_POST, PRE_POST), alpha=KEEL),
+            "x' = N(alpha x + F(N(x))), alpha = L = 2N (the number of sublayers), every sublayer; no final norm",
+            "Chen & Wei 2026 (Post-LayerNorm Is Back: Keel, arXiv 2601.19895): x_(l+1) = LN(alpha x_l + "
+            "F_l(LN(x_l))), alpha = L the number of sublayers; Post-LN with a Highway-style scaled skip and a norm "
+            "inside the branch, no special init (its section numbers were not retrievable here)",
+        ),
+        _preset(
+            "spannorm",
+            Layout(
+                block=_block(POST, SPAN_MLP),
+                rules=(LayerRule(LayerRange(0, 1), "attn", PRE_POST),),
+                init="spannorm",
+            ),
+            "y = N(x + Attn(x)); x' = N(x + FFN(y)): the skip spans the block (first block: Attn(N(x)) reads the "
+            "normed embedding, its skip the raw one); W_O, W_down init std / sqrt(N)",
+            "Wang et al. 2026 (SpanNorm, arXiv 2601.22580), eqs. 5-8 as read from a third-party adaptation (the "
+            "paper's text was not retrievable here) and the abstract's variance-bounding scale as a 1/sqrt(N) "
+            "output-projection init (see docs/layouts.md)",
+        ),
+        _preset(
+            "attnres",
+            Layout(block=_block(PRE, PRE), final_norm=True, attn_res=8),
+            "h_l = sum_i softmax_i(w_l . RMSNorm(v_i)) v_i over v = [emb, b_1 .. b_(n-1)] (+ the partial sum b_n "
+            "within block n), b_n the sum of block n's sublayer outputs f_l = F_l(N(h_l)), 8 blocks; w_l from 0; "
+            "the output attends over every block, then final N",
+            "Kimi Team 2026 (Attention Residuals, arXiv 2603.15031), Sec. 3.2 eqs. 2-6 (Block AttnRes, N = 8 "
+            "blocks of ceil(2L/8) sublayers) and Fig. 2's code, on Pre-LN (MoonshotAI/Attention-Residuals)",
+        ),
+        _preset(
+            "attnres-full",
+            Layout(block=_block(PRE, PRE), final_norm=True, attn_res=ATTN_RES_FULL),
+            "h_l = sum_{i<l} softmax_i(w_l . RMSNorm(v_i)) v_i, v_0 = emb, v_i = f_i(h_i) the i-th sublayer's "
+            "output; f_l = F(N(h_l)); w_l from 0; the output attends over every v_i, then final N",
+            "Kimi Team 2026 (Attention Residuals, arXiv 2603.15031), Sec. 3.1 eqs. 1-4 (Full AttnRes) on Pre-LN",
         ),
         _preset("none", Layout(), "x' = x + F(x)", f"{KAN}, Table 1 'LN off'"),
     ]

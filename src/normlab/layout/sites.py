@@ -7,6 +7,7 @@ A Transformer block is two residual sublayers (attention, then MLP). Each sublay
     output     (B)  x + N(f(.))        Peri-LN / OLMo 2 "reordered norm", Kim eq. (3)
     after_add  (C)  N(x + f(.))        Post-LN, Kim eq. (1)
     skip_normed     N(x) + f(N(x))     the skip comes from the normalized input, Zhuo eq. (9)
+    skip_block      N(x_in + f(.))     (MLP only) the skip is the block's input x_in, not the MLP's (SpanNorm)
 
 and the attention sublayer has four more inside it, on the per-head Query, Key, Value and
 Context (attention output before W_O) -- Zhuo et al. 2025 eqs. (7), (35)-(39).
@@ -16,6 +17,10 @@ One sublayer therefore computes (Kan et al. 2025, Sec. 5, with DeepNorm's skip s
     u    = N_A(x)                        # identity when A is off
     skip = u if skip_normed else x
     x'   = N_C(alpha * skip + h * N_B(f(u)))
+
+Two options change what carries the stream rather than where a norm sits: ``alpha="keel"`` (Keel's skip scale,
+the number of sublayers 2N) and ``attn_res`` (Attention Residuals: each sublayer reads a softmax attention over the
+embedding and earlier blocks' summed outputs instead of the unit-weight sum; normlab.model.depth_attention).
 
 Model-level norms (embedding norm, final norm) and the scales h and alpha complete a `Layout`. Each
 site's norm is the layout's kind and gain unless `site_norms` names another (`SiteNorm`, `norm_at`).
@@ -57,6 +62,12 @@ ATTN_SOFTMAX: tuple[str, ...] = ("softmax", "sink", "off-by-one", "softpick")
 STREAM_MIXES: tuple[str, ...] = ("hc", "mhc")
 DEEPNORM = "deepnorm"
 ADMIN = "admin"  # Liu et al. 2020: a learned skip scale per sublayer and channel, set by a profiling pass
+# Keel (Chen & Wei 2026, arXiv 2601.19895): Post-LN's skip scaled by alpha = L, the number of sublayers (2N)
+KEEL = "keel"
+ALPHA_MODES: tuple[str, ...] = (DEEPNORM, ADMIN, KEEL)
+# Attention Residuals over every earlier sublayer (Kimi Team 2026, arXiv 2603.15031, Sec. 3.1: Full AttnRes); an
+# integer N instead is Block AttnRes with N blocks (Sec. 3.2)
+ATTN_RES_FULL = "full"
 
 # Every norm site by name, for per-site kinds and gains (`SiteNorm`): a sublayer's A/B/C (and the MLP's
 # hidden H), the inner q/k/v/c, and the model's embedding and final norms. A, B, C name both sublayers.
@@ -82,6 +93,16 @@ SITE_GROUPS: dict[str, tuple[str, ...]] = {
     "H": ("mlp.H",),
 }
 _GAINED = ("rms", "layer", "dyt", "derf", "seednorm")  # the kinds with a gain to choose
+
+# The norm sites by what their output feeds (arXiv 2605.26895, "Negligible in size, significant in effect": weight
+# decay helps the gains of norms whose output feeds a linear map and hurts those after a sublayer). Input norms feed
+# a projection: A (the sublayer's Q/K/V or W1), H (W2), q and k (the dot product), v and c (W_O), and the final norm
+# (the head). Output norms sit after a sublayer or its add: B, C, and the embedding norm (after the embedding, into
+# the stream). The optimizer's per-kind weight decay and learning rate read this (normlab.train.optim).
+GAIN_KINDS: dict[str, tuple[str, ...]] = {
+    "input": ("attn.A", "mlp.A", "mlp.H", "q", "k", "v", "c", "final"),
+    "output": ("attn.B", "attn.C", "mlp.B", "mlp.C", "emb"),
+}
 
 
 @dataclass(frozen=True)
@@ -136,12 +157,20 @@ class SublayerSites:
     # H: a norm on the MLP's hidden activation, before its last projection: W2 N(act(x W1)) (NormFormer,
     # Shleifer et al. 2021 Fig. 1 "FFN LN"; Sub-LN / Magneto, Wang et al. 2022). MLP only.
     hidden: bool = False
+    # W: the skip is the block's input (before the attention sublayer), not this sublayer's: SpanNorm's residual
+    # spanning the whole block (Wang et al. 2026, arXiv 2601.22580), x' = N_C(x_block + FFN(y)). MLP only.
+    skip_block: bool = False
 
     def __post_init__(self) -> None:
         if self.skip_normed and not self.input:
             raise LayoutError(
                 "skip_normed (S) takes the residual from the input norm's output, so it needs the "
                 "input norm (A) too: use 'AS', not 'S'"
+            )
+        if self.skip_normed and self.skip_block:
+            raise LayoutError(
+                "S (skip from the normed input) and W (skip from the block's input) both choose where the skip "
+                "comes from; give one of them"
             )
 
     @property
@@ -184,6 +213,14 @@ class BlockLayout:
     def __post_init__(self) -> None:
         if self.attn.hidden:
             raise LayoutError("the hidden norm (H) sits inside the MLP, after its activation; attention has none")
+        if self.attn.skip_block:
+            raise LayoutError(_W_ON_ATTN)
+
+
+_W_ON_ATTN = (
+    "W takes the MLP's skip from the block's input (SpanNorm); attention's input is the block's input already, "
+    "so W is an MLP site only"
+)
 
 
 @dataclass(frozen=True)
@@ -242,6 +279,8 @@ class LayerRule:
             raise LayoutError("q/k/v/context norms live inside attention; an mlp rule cannot set them")
         if self.sublayer == "attn" and self.sites.hidden:
             raise LayoutError("the hidden norm (H) sits inside the MLP, after its activation; attention has none")
+        if self.sublayer == "attn" and self.sites.skip_block:
+            raise LayoutError(_W_ON_ATTN)
 
 
 @dataclass(frozen=True)
@@ -276,6 +315,11 @@ class Layout:
     # after RoPE), it adds the eigen learning rates a (a lerp: skip 1 - a, branch a), s_qk, s_u/s_v, s_z and the
     # weights' normalization after every optimizer step (normlab.model.sphere)
     ngpt: bool = False
+    # Attention Residuals (Kimi Team 2026, arXiv 2603.15031): the unit-weight residual sum replaced by a softmax
+    # attention over depth, h_l = sum_i alpha_{i->l} v_i (eqs. 2-4), each sublayer with a learned pseudo-query w_l
+    # (from 0) over RMSNorm'd sources; N (an int): Block AttnRes, the 2L sublayers in N blocks summed within a block
+    # (eqs. 5-6); "full": every sublayer's output its own source (Full AttnRes, N = 2L); None: the plain residual
+    attn_res: int | str | None = None
     ln_scaling: bool = False  # LayerNorm Scaling (Sun et al. 2025): the input norm's output times 1/sqrt(layer)
     gain: str = "gamma"  # the norms' gain: gamma | none | centered (1 + w) | scalar; rms, layer, dyt, derf have one
     # per-site kinds, gains and DyT alpha0 where they differ from norm/gain above: (site, SiteNorm) pairs in
@@ -286,7 +330,8 @@ class Layout:
     qk_after_rope: bool = False
     softmax: str = "softmax"  # attention's normalization of its logits: one of ATTN_SOFTMAX
     # skip scale; "deepnorm" = (2N)^(1/4), Wang et al. 2022; "admin": Liu et al. 2020's learned omega per
-    # sublayer and channel, set at init by a profiling pass (normlab.model.admin)
+    # sublayer and channel, set at init by a profiling pass (normlab.model.admin); "keel": 2N, the number of
+    # sublayers (Chen & Wei 2026's alpha = L)
     alpha: float | str = 1.0
     freeze_output_gamma: bool = False  # Output-LN (B) gamma fixed at 1, Kim Fig. 8
     embed_scale: bool = False  # multiply embeddings by sqrt(d_model) (Gemma)
@@ -320,10 +365,20 @@ class Layout:
         if not (isinstance(self.h, (int, float)) and math.isfinite(self.h) and self.h >= 0):
             raise LayoutError(f"residual scale h must be a finite number > 0 (>= 0 when learned), got {self.h!r}")
         if isinstance(self.alpha, str):
-            if self.alpha not in (DEEPNORM, ADMIN):
-                raise LayoutError(f"alpha must be a number > 0, {DEEPNORM!r} or {ADMIN!r}, got {self.alpha!r}")
+            if self.alpha not in ALPHA_MODES:
+                raise LayoutError(
+                    f"alpha must be a number > 0 or one of {', '.join(map(repr, ALPHA_MODES))}, got {self.alpha!r}"
+                )
         elif not (math.isfinite(self.alpha) and self.alpha > 0):
             raise LayoutError(f"skip scale alpha must be a finite number > 0, got {self.alpha!r}")
+        if self.attn_res is not None and not (
+            self.attn_res == ATTN_RES_FULL
+            or (isinstance(self.attn_res, int) and not isinstance(self.attn_res, bool) and 1 <= self.attn_res <= 1024)
+        ):
+            raise LayoutError(
+                f"attn_res must be a whole number of blocks from 1 to 1024 (Block AttnRes; the paper uses about 8) "
+                f"or {ATTN_RES_FULL!r} (Full AttnRes), got {self.attn_res!r}"
+            )
         # An attention rule without its own inner norms keeps the base block's: store that
         # explicitly, so equal layouts compare equal and the string form round-trips.
         rules = tuple(
@@ -407,6 +462,8 @@ class Layout:
             )
         if self.ngpt:
             self._check_ngpt()
+        if self.attn_res is not None:
+            self._check_attn_res()
         if self.qk_after_rope and self.inner_span == "full":
             raise LayoutError("qk-rope normalizes each head's rotated q and k; it needs inner=head, not inner=full")
         off = [site for site, _ in self.site_norms if site not in self.sites_on()]
@@ -424,6 +481,7 @@ class Layout:
             for what, on in (
                 ("a norm after the add (C)", any(s.after_add for s in blocks)),
                 ("a skip from the normed input (S)", any(s.skip_normed for s in blocks)),
+                ("a skip from the block's input (W)", any(s.skip_block for s in blocks)),
                 ("a skip scale alpha", self.alpha != 1.0),
                 ("skip-scalar", self.skip_learned),
                 ("gpas", self.gpas),
@@ -453,13 +511,14 @@ class Layout:
                     self.embed_norm or self.final_norm,
                 ),
                 (
-                    "h, alpha, skip-scalar, gpas or streams (nGPT's eigen learning rate is its step)",
+                    "h, alpha, skip-scalar, gpas, streams or attnres (nGPT's eigen learning rate is its step)",
                     self.h != 1.0
                     or self.h_learned is not None
                     or self.alpha != 1.0
                     or self.skip_learned
                     or self.gpas
-                    or self.streams > 1,
+                    or self.streams > 1
+                    or self.attn_res is not None,
                 ),
                 ("a gain on a norm (l2 has none)", any(self.norm_at(s).gain != "gamma" for s in self.sites_on())),
                 (f"softmax={self.softmax} (nGPT's attention is a softmax)", self.softmax != "softmax"),
@@ -472,6 +531,30 @@ class Layout:
             raise LayoutError(
                 "ngpt is nGPT's whole block (attn=qkBC,mlp=BC,norm=l2,qk-rope,ngpt; preset ngpt); this "
                 "layout has " + "; ".join(wrong)
+            )
+
+    def _check_attn_res(self) -> None:
+        """What Attention Residuals replace: each sublayer's input is a softmax mix of the embedding and the blocks'
+        sums, and its update is added to its block's sum, so no skip exists to normalize, scale or source."""
+        blocks = [self.block.attn, self.block.mlp] + [r.sites for r in self.rules]
+        taken = [
+            what
+            for what, on in (
+                ("a norm after the add (C)", any(s.after_add for s in blocks)),
+                ("a skip from the normed input (S)", any(s.skip_normed for s in blocks)),
+                ("a skip from the block's input (W)", any(s.skip_block for s in blocks)),
+                (f"a skip scale alpha={self.alpha}", self.alpha != 1.0),
+                ("skip-scalar", self.skip_learned),
+                ("gpas", self.gpas),
+                (f"streams={self.streams} (hyper-connections: another replacement of the sum)", self.streams > 1),
+            )
+            if on
+        ]
+        if taken:
+            raise LayoutError(
+                f"attnres={self.attn_res}: Attention Residuals replace the residual sum (each sublayer reads a "
+                "softmax mix of the embedding and the blocks' sums and adds its update to its block's sum), so "
+                f"{'; '.join(taken)} has no skip to act on; use norm sites A, B (and H, q/k/v/c) with attnres"
             )
 
     def resolve(self, n_layers: int) -> ResolvedLayout:
@@ -499,6 +582,8 @@ class ResolvedLayout:
     layout: Layout
     blocks: tuple[BlockLayout, ...]
     alpha: float
+    # Attention Residuals: sublayers per block S (1: Full AttnRes; 0: off), from the layout's N blocks at this depth
+    attn_res_size: int = 0
 
     @property
     def n_layers(self) -> int:
@@ -508,6 +593,8 @@ class ResolvedLayout:
         """The per-layer printout shown at build time."""
         lay = self.layout
         alpha = "admin (profiled)" if lay.alpha == ADMIN else f"{self.alpha:.4g}"
+        if lay.alpha == KEEL:
+            alpha += " (keel: the number of sublayers)"
         head = (
             f"layout {lay.label}: norm={lay.norm}, embed_norm={'on' if lay.embed_norm else 'off'}, "
             f"final_norm={'on' if lay.final_norm else 'off'}, h={lay.h:g}, alpha={alpha}"
@@ -519,6 +606,17 @@ class ResolvedLayout:
             (lay.gpas, "GPAS after each sublayer"),
             (lay.streams > 1, f"{lay.streams} residual streams ({lay.stream_mix})"),
             (lay.ngpt, "nGPT (eigen learning rates, s_qk, s_uv, s_z; weights on the sphere)"),
+            (
+                self.attn_res_size > 0,
+                "Attention Residuals over depth ("
+                + (
+                    "full: every sublayer's output a source"
+                    if lay.attn_res == ATTN_RES_FULL
+                    else f"{-(-2 * self.n_layers // max(1, self.attn_res_size))} blocks of {self.attn_res_size} "
+                    f"sublayer{'s' if self.attn_res_size > 1 else ''}"
+                )
+                + ")",
+            ),
         ):
             head += f", {words}" if on else ""
         if lay.site_norms:
@@ -563,6 +661,22 @@ def deepnorm_beta(n_layers: int) -> float:
     return float((8.0 * n_layers) ** -0.25)
 
 
+def keel_alpha(n_layers: int) -> float:
+    """Keel's skip scale for N blocks: alpha = L, the number of sublayers the stream passes (2N), Chen & Wei 2026."""
+    return float(2 * n_layers)
+
+
+def attn_res_block_size(attn_res: int | str | None, n_layers: int) -> int:
+    """Sublayers per Block AttnRes block: the 2N sublayers in at most ``attn_res`` blocks of S = ceil(2N / blocks)
+    (the last block holds the remainder: Kimi Team 2026 Sec. 3.2); 1 for "full" (each its own source); 0 off."""
+    if attn_res is None:
+        return 0
+    if attn_res == ATTN_RES_FULL:
+        return 1
+    sublayers = 2 * n_layers
+    return -(-sublayers // min(int(attn_res), sublayers))
+
+
 def resolve(layout: Layout, n_layers: int) -> ResolvedLayout:
     """Apply the layer rules to the base block; reject two rules claiming the same sublayer."""
     if not isinstance(n_layers, int) or n_layers < 1:
@@ -586,15 +700,22 @@ def resolve(layout: Layout, n_layers: int) -> ResolvedLayout:
                 blocks[i] = replace(blk, mlp=rule.sites)
     # Admin's omega is learned and set by profiling at init (normlab.model.admin); the fixed part is 1
     alpha = (
-        deepnorm_alpha(n_layers) if layout.alpha == DEEPNORM else 1.0 if layout.alpha == ADMIN else float(layout.alpha)
+        deepnorm_alpha(n_layers)
+        if layout.alpha == DEEPNORM
+        else keel_alpha(n_layers)
+        if layout.alpha == KEEL
+        else 1.0
+        if layout.alpha == ADMIN
+        else float(layout.alpha)
     )
-    return ResolvedLayout(layout=layout, blocks=tuple(blocks), alpha=alpha)
+    size = attn_res_block_size(layout.attn_res, n_layers)
+    return ResolvedLayout(layout=layout, blocks=tuple(blocks), alpha=alpha, attn_res_size=size)
 
 
 # --- the canonical string form (parsed back by normlab.layout.spec, whose grammar reads these letter tables) ---
 
 SITE_LETTERS = {"A": "input", "B": "output", "C": "after_add", "S": "skip_normed"}
-MLP_LETTERS = {"H": "hidden"}
+MLP_LETTERS = {"H": "hidden", "W": "skip_block"}
 INNER_LETTERS = {"q": "q", "k": "k", "v": "v", "c": "context", "g": "gate", "s": "head_scale"}
 SITE_FIELDS = {"norm": "kind", "gain": "gain", "alpha0": "alpha0"}
 
@@ -667,6 +788,8 @@ def format_layout(layout: Layout) -> str:
         tokens.append("gpas")
     if layout.ngpt:
         tokens.append("ngpt")
+    if layout.attn_res is not None:
+        tokens.append(f"attnres={layout.attn_res}")
     if layout.streams != 1:
         tokens.append(f"streams={layout.streams}")
     if layout.stream_mix != "hc":

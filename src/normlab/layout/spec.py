@@ -11,7 +11,8 @@ Tokens:
                      on the context, Qiu et al. 2025), s (a learned scale per head, NormFormer) and
                      A (input), B (output), C (after the add), S (skip from the normed input);
                      "-" for none
-    mlp=LETTERS      sites of the MLP: A B C S, H (a norm on the hidden activation, NormFormer), or "-"
+    mlp=LETTERS      sites of the MLP: A B C S, H (a norm on the hidden activation, NormFormer), W (the skip from
+                     the block's input: SpanNorm's residual spanning the whole block), or "-"
     [a:b]attn=...    the same, for layers a..b-1 only (ints, negative from the end, or fractions
     [a:b]mlp=...     of depth such as [:0.25] or [:25%]; floor, as Mix-LN)
     emb / -emb       embedding norm on / off
@@ -22,7 +23,8 @@ Tokens:
                      input-dependent gain on x / RMS(x), Cai et al. 2025)
     inner=head|full  q/k/v/c norms per head or across all heads (OLMo 2)
     h=FLOAT          residual branch scale (Kan et al. Sec. 5)
-    alpha=FLOAT|deepnorm|admin   skip scale (DeepNorm: (2N)^(1/4); Admin: learned, profiled at init)
+    alpha=FLOAT|deepnorm|admin|keel   skip scale (DeepNorm: (2N)^(1/4); Admin: learned, profiled at init;
+                     Keel: the number of sublayers 2N)
     frozen-out       output-norm (B) gamma frozen at 1 (Kim Fig. 8); -frozen-out undoes it
     emb-scale        multiply embeddings by sqrt(d_model) (Gemma); -emb-scale undoes it
     h-scalar         h learned, one scalar per sublayer starting at h (ReZero: h=0); -h-learned undoes it
@@ -33,6 +35,9 @@ Tokens:
                      made doubly stochastic by Sinkhorn-Knopp (Xie et al. 2025); needs streams=N > 1
     ngpt             nGPT (Loshchilov et al. 2024) on attn=qkBC,mlp=BC,norm=l2,qk-rope: eigen learning rates,
                      s_qk, s_u/s_v, s_z, weights normalized after each step (preset ngpt); -ngpt undoes it
+    attnres=N|full   Attention Residuals (Kimi Team 2026): each sublayer reads a softmax attention over the
+                     embedding and N blocks' summed outputs (Block AttnRes) or every earlier sublayer's output
+                     (full) instead of the unit-weight sum; -attnres undoes it
     gpas             GPAS after each sublayer: x <- x - SiLU(a) stopgrad(x), a learned from 0 (Chen et al. 2025); -gpas
     gain=G           the norms' gain: gamma (default), none, centered (1 + w, w from 0), or scalar
                      (one learned number from 1: single-scale RMSNorm)
@@ -61,9 +66,9 @@ from typing import Any, cast
 
 from normlab.errors import LayoutError
 from normlab.layout.sites import (
-    ADMIN,
+    ALPHA_MODES,
+    ATTN_RES_FULL,
     ATTN_SOFTMAX,
-    DEEPNORM,
     GAINS,
     INNER_LETTERS,
     INNER_SPANS,
@@ -106,12 +111,14 @@ _FLAGS = {
     "-lns": ("ln_scaling", False),
     "qk-rope": ("qk_after_rope", True),
     "-qk-rope": ("qk_after_rope", False),
+    "-attnres": ("attn_res", None),
 }
 TOKEN_HELP = (
-    "attn=<qkvc+ABCS or ->, mlp=<ABCS or ->, [a:b]attn=..., [a:b]mlp=..., emb, -emb, final, "
+    "attn=<qkvc+ABCS or ->, mlp=<ABCSHW or ->, [a:b]attn=..., [a:b]mlp=..., emb, -emb, final, "
     "-final, qk, norm=rms|layer|dyt|derf|scale|l2|seednorm, inner=head|full, h=<float>, "
-    "alpha=<float>|deepnorm|admin, frozen-out, "
-    "emb-scale, h-scalar, h-channel, skip-scalar, gpas, ngpt, streams=<n>, mix=hc|mhc, lns, qk-rope, "
+    "alpha=<float>|deepnorm|admin|keel, frozen-out, "
+    "emb-scale, h-scalar, h-channel, skip-scalar, gpas, ngpt, streams=<n>, mix=hc|mhc, attnres=<n>|full, lns, "
+    "qk-rope, "
     "softmax=softmax|sink|off-by-one|softpick, "
     "gain=gamma|none|centered|scalar, norm.SITES=KIND, gain.SITES=G, "
     "alpha0.SITES=<float>, init=<scheme>"
@@ -137,14 +144,14 @@ def _parse_site_names(text: str, token: str) -> list[str]:
 def _parse_letters(text: str, sublayer: str, token: str) -> tuple[SublayerSites, AttentionInnerSites | None]:
     if text == "-":
         return SublayerSites(), (AttentionInnerSites() if sublayer == "attn" else None)
-    valid = ("qkvcgs" if sublayer == "attn" else "") + "ABCS" + ("H" if sublayer == "mlp" else "")
+    valid = ("qkvcgs" if sublayer == "attn" else "") + "ABCS" + ("HW" if sublayer == "mlp" else "")
     seen: set[str] = set()
     for ch in text:
         if ch not in valid:
             raise LayoutError(
                 f"in {token!r}: {ch!r} is not a {sublayer} site; valid letters are {valid!r} "
                 "(q k v c: inner Q/K/V/Context norms, g: gate, s: head scale; A input, B output, C after add, "
-                "S skip from normed input, H: MLP hidden norm), or '-' for none"
+                "S skip from normed input, H: MLP hidden norm, W: MLP skip from the block's input), or '-' for none"
             )
         if ch in seen:
             raise LayoutError(f"in {token!r}: site {ch!r} is given twice; each site holds one norm")
@@ -246,7 +253,16 @@ def _apply(layout: Layout, token: str) -> Layout:
         if key == "h":
             return replace(layout, h=_parse_float(value, token))
         if key == "alpha":
-            return replace(layout, alpha=value if value in (DEEPNORM, ADMIN) else _parse_float(value, token))
+            return replace(layout, alpha=value if value in ALPHA_MODES else _parse_float(value, token))
+        if key == "attnres":
+            if value == "none":
+                return replace(layout, attn_res=None)
+            if value != ATTN_RES_FULL and not re.fullmatch(r"\d+", value):
+                raise LayoutError(
+                    f"in {token!r}: attnres is a whole number of blocks (Block AttnRes; the paper uses about 8) or "
+                    f"{ATTN_RES_FULL!r} (every sublayer's output its own source)"
+                )
+            return replace(layout, attn_res=value if value == ATTN_RES_FULL else int(value))
         if key == "init":
             return replace(layout, init=None if value == "none" else value)
     raise LayoutError(f"unknown layout token {token!r}; valid tokens: {TOKEN_HELP}")

@@ -38,7 +38,6 @@ from normlab.layout.sites import AttentionInnerSites, Layout
 from normlab.model.config import ModelConfig
 from normlab.model.decoding import Decoding
 from normlab.model.norms import Tap, site_norm
-from normlab.model.parametrization import attention_scale
 from normlab.model.rope import Rotary
 from normlab.model.sphere import base_scale, rescaled
 from normlab.model.storage import NO_STORAGE, Storage
@@ -118,7 +117,7 @@ class Attention(nn.Module):
         # their norms and RoPE; the context after its norm, (B, T, n_heads * head_dim).
         self.q, self.k, self.v, self.context = Tap(), Tap(), Tap(), Tap()
         # None: SDPA's 1/sqrt(head_dim); Gemma 2's attn_scale^-1/2; muP's 1/d_head law (normlab.model.parametrization)
-        self.scale = attention_scale(cfg, hd)
+        self.scale = cfg.attention_scale(hd)
         self.window = cfg.window_of(layer_idx)  # sliding-window attention on this layer (None: full)
         self.softcap = cfg.attn_softcap
         self.softmax = layout.softmax

@@ -8,13 +8,17 @@ Sec. 5 step h; DeepNorm skip scale alpha; Zhuo et al. 2025 eq. 9 skip from the n
             │     └─(skip_normed)──> * alpha ─> (+) ──> N_C ──> x'      (Admin: alpha a learned omega)
             └───────(otherwise)────> * alpha ──^
 
-so Post-LN is C alone, Pre-LN A alone, Peri-LN A+B, HybridNorm's FFN A with skip_normed. Options on the same
-path: a learned skip lambda (x' = lambda x + h F), GPAS after the add (x' <- x' - SiLU(a) sg(x')), nGPT's lerp
-((1 - a) x + a N_B(F), then N_C), and with n > 1 residual streams the hyper-connections' mixing in place of the
-skip (h_0 = pre . H into the branch; H' = res H + post * update; normlab.model.streams).
+so Post-LN is C alone, Pre-LN A alone, Peri-LN A+B, HybridNorm's FFN A with skip_normed, Keel A+C with alpha the
+number of sublayers, SpanNorm's MLP C with skip_block (the skip is the block's input x_in, not the MLP's: x' =
+N_C(x_in + FFN(y))). Options on the same path: a learned skip lambda (x' = lambda x + h F), GPAS after the add
+(x' <- x' - SiLU(a) sg(x')), nGPT's lerp ((1 - a) x + a N_B(F), then N_C), with n > 1 residual streams the
+hyper-connections' mixing in place of the skip (h_0 = pre . H into the branch; H' = res H + post * update;
+normlab.model.streams), and with Attention Residuals a softmax read over the embedding and the blocks' sums in
+place of x and the update added to its block's sum in place of the skip (normlab.model.depth_attention).
 
 Capture points (`Tap`), the same paths under every layout:
-    blocks.i.attn_update / mlp_update   h * N_B(f(N_A(x))): exactly the tensor added to the stream
+    blocks.i.attn_update / mlp_update   h * N_B(f(N_A(x))): exactly the tensor added to the stream (SpanNorm's
+                                         MLP: to the block's input; Attention Residuals: to its block's sum)
     blocks.i.resid_mid                   the stream after the attention sublayer (after N_C)
     blocks.i.resid_post                  the block's output
     blocks.i.{attn,mlp}_norms.{input,output,after_add}   the norm modules themselves
@@ -34,10 +38,10 @@ from normlab.model.admin import AdminProfile
 from normlab.model.attention import Attention
 from normlab.model.config import ModelConfig
 from normlab.model.decoding import Decoding
+from normlab.model.depth_attention import DepthAttention, add_to_slot, block_of, n_sources
 from normlab.model.mlp import MLP
 from normlab.model.moe import MoE
 from normlab.model.norms import Tap, site_norm
-from normlab.model.parametrization import branch_multiplier
 from normlab.model.sphere import base_scale, eigen
 from normlab.model.storage import NO_STORAGE, Storage
 from normlab.model.streams import HyperConnection, connection
@@ -82,16 +86,19 @@ class SiteNorms(nn.Module):
         )
         self.after_add = site_norm(sites.after_add, layout.norm_at(f"{sublayer}.C"), d, cfg)
         self.skip_normed = sites.skip_normed
+        self.skip_block = sites.skip_block  # SpanNorm: the skip is the block's input
 
 
 class Block(nn.Module):
     store: Storage = NO_STORAGE  # the activation dtype (normlab.model.storage); set by NormLM.set_storage
 
-    def __init__(self, cfg: ModelConfig, block: BlockLayout, layout: Layout, alpha: float, index: int = 0) -> None:
+    def __init__(
+        self, cfg: ModelConfig, block: BlockLayout, layout: Layout, alpha: float, index: int = 0, attn_res_size: int = 0
+    ) -> None:
         super().__init__()
         self.h, self.alpha = float(layout.h), float(alpha)
         # CompleteP's residual branch multiplier (L / L_base)^-alpha; 1 under sp and mup (normlab.model.parametrization)
-        self.branch = branch_multiplier(cfg)
+        self.branch = cfg.branch_multiplier
         # LayerNorm Scaling (Sun et al. 2025, "The Curse of Depth", eq. 6): the input norm's output times
         # 1/sqrt(l), l = the layer's index counted from 1, so deep layers' updates grow no faster than shallow ones
         self.ln_scale = 1.0 / math.sqrt(index + 1) if layout.ln_scaling else 1.0
@@ -129,6 +136,19 @@ class Block(nn.Module):
         if layout.streams > 1:
             self.attn_hc = connection(layout.stream_mix, layout.streams, cfg.d_model, 2 * index)
             self.mlp_hc = connection(layout.stream_mix, layout.streams, cfg.d_model, 2 * index + 1)
+        # Attention Residuals (normlab.model.depth_attention): each sublayer's read over the depth sources (eqs. 2-6)
+        self.attn_depth = self.mlp_depth = None
+        if attn_res_size:
+            self.attn_depth, self.mlp_depth = (
+                DepthAttention(
+                    cfg.d_model,
+                    cfg.norm_eps,
+                    n_sources(k, attn_res_size),
+                    block_of(k, attn_res_size)[0],
+                    cfg.norm_compute,
+                )
+                for k in (2 * index, 2 * index + 1)
+            )
         self.attn_norms = SiteNorms(block.attn, layout, cfg, "attn")
         self.attn = Attention(cfg, block.attn_inner, layout, layer_idx=index)
         self.attn_update, self.resid_mid = Tap(), Tap()
@@ -152,14 +172,18 @@ class Block(nn.Module):
         gpas: nn.Parameter | None = None,
         hc: HyperConnection | None = None,
         eig: nn.Parameter | None = None,
+        block_in: torch.Tensor | None = None,
+        depth: DepthAttention | None = None,
     ) -> torch.Tensor:
         store = self.store  # every tensor a real fp16 run writes to memory is rounded where it is made
         if hc is not None:  # x holds the n streams side by side; the branch reads h_0 = sum_j pre_j H_j
             streams = x.unflatten(-1, (hc.n, -1))
             x, res, post = hc(streams)
             x = store(x)
+        if depth is not None:  # x holds the depth sources side by side; the branch reads h_l = sum_i alpha_i v_i
+            state, x = x, store(depth(x))
         u = store(norms.input(x))
-        skip = u if norms.skip_normed else x
+        skip = u if norms.skip_normed else block_in if norms.skip_block else x
         if self.ln_scale != 1.0:
             u = store(u * self.ln_scale)
         update = store(norms.output(store(f(u))))
@@ -172,6 +196,9 @@ class Block(nn.Module):
             update = store(self.branch * update)
         if hc is not None:  # H'_i = sum_j res_ij H_j + post_i * update (the layout refuses C, S, alpha, lambda, GPAS)
             return store(hc.depth(streams, res, post, update_tap(update)).flatten(-2))
+        if depth is not None:  # b_n^i = b_n^{i-1} + update (the layout refuses C, S, W, alpha, lambda, GPAS, streams)
+            assert depth.slot is not None
+            return store(add_to_slot(state, update_tap(update), depth.slot))
         if self.alpha != 1.0:
             skip = store(self.alpha * skip)
         if omega is not None:
@@ -190,6 +217,7 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, dec: Decoding | None = None) -> torch.Tensor:
         attn = self.attn if dec is None else (lambda u: self.attn(u, dec))
+        x_in = x  # SpanNorm's MLP takes its skip from here (skip_block)
         x = self.resid_mid(
             self._sublayer(
                 x,
@@ -202,6 +230,7 @@ class Block(nn.Module):
                 self.attn_gpas,
                 self.attn_hc,
                 self.attn_eigen,
+                depth=self.attn_depth,
             )
         )
         return self.resid_post(
@@ -216,5 +245,7 @@ class Block(nn.Module):
                 self.mlp_gpas,
                 self.mlp_hc,
                 self.mlp_eigen,
+                block_in=x_in if self.mlp_norms.skip_block else None,
+                depth=self.mlp_depth,
             )
         )

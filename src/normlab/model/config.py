@@ -14,8 +14,6 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from normlab.errors import ConfigError
-from normlab.model.parametrization import base_config
-from normlab.model.parametrization import problem as parametrization_problem
 from normlab.settings import check_fields, setting
 
 if TYPE_CHECKING:
@@ -179,7 +177,7 @@ class ModelConfig:
                 "parametrization=completep or drop base_n_layers"
             )
         if self.parametrization != "sp":
-            base_config(self)  # the base shape must be a whole model (refused with the reason otherwise)
+            self.base_config()  # the base shape must be a whole model (refused with the reason otherwise)
 
     @property
     def head_dim(self) -> int:
@@ -189,7 +187,7 @@ class ModelConfig:
         """Why the layout `resolved` cannot be built at this shape, or None: NormLM refuses it before building
         anything; from the data alone (no torch), so `normlab recommend` can leave such a candidate out at once."""
         layout = resolved.layout
-        if (why := parametrization_problem(self, resolved)) is not None:
+        if (why := self.parametrization_problem(resolved)) is not None:
             return why
         if self.n_experts and any(b.mlp.hidden for b in resolved.blocks):
             return "the MLP hidden norm (H) is not built for MoE experts; use a dense MLP or drop H"
@@ -211,6 +209,111 @@ class ModelConfig:
             return None
         k = self.full_attention_every
         return None if k and (layer + 1) % k == 0 else self.sliding_window
+
+    # -- the parametrization's numbers (normlab.model.parametrization: what each means and its sources) --
+    @property
+    def width_mult(self) -> float:
+        """m = d_model / base_d_model (1 under SP or without a base width)."""
+        if self.parametrization == "sp" or self.base_d_model is None:
+            return 1.0
+        return self.d_model / self.base_d_model
+
+    @property
+    def depth_mult(self) -> float:
+        """r = n_layers / base_n_layers (1 unless CompleteP with a base depth)."""
+        if self.parametrization != "completep" or self.base_n_layers is None:
+            return 1.0
+        return self.n_layers / self.base_n_layers
+
+    def base_config(self) -> ModelConfig:
+        """The base-width model at this depth: d_model, the MLP's and experts' widths scaled by 1/m; the heads'
+        width scaled when it follows d_model, else (an explicit d_head, as Qwen 3's) the head count. Refused
+        (ConfigError) where that is not a whole model."""
+        if self.parametrization == "sp" or self.base_d_model is None or self.base_d_model == self.d_model:
+            return self
+        b, d = self.base_d_model, self.d_model
+
+        def scaled(value: int, what: str) -> int:
+            if (value * b) % d:
+                raise ConfigError(
+                    f"the base shape is not a whole model: {what} {value} x {b}/{d} is not an integer; choose "
+                    f"model.base_d_model so that d_model / base_d_model divides {what}"
+                )
+            return value * b // d
+
+        changes: dict[str, int | None] = {"d_model": b, "d_ff": scaled(self.ffn_dim, "the MLP width d_ff")}
+        if self.expert_d_ff is not None:
+            changes["expert_d_ff"] = scaled(self.expert_d_ff, "expert_d_ff")
+        if self.d_head is not None:
+            changes["n_heads"] = scaled(self.n_heads, "n_heads")
+            if self.n_kv_heads is not None:
+                changes["n_kv_heads"] = scaled(self.n_kv_heads, "n_kv_heads")
+        return self.with_(**changes)
+
+    def attention_scale(self, head_dim: int) -> float | None:
+        """The q.k scale: None (SDPA's 1/sqrt(d_head)) or Gemma's attn_scale^-1/2 under SP; muP's 1/d_head
+        law, equal to SP's scale at the base head width: s_base * d_head,base / d_head."""
+        sp = self.attn_scale**-0.5 if self.attn_scale is not None else None
+        if self.width_mult == 1.0:
+            return sp
+        base = self.base_config().head_dim
+        if base == head_dim:
+            return sp
+        s_base = sp if sp is not None else base**-0.5
+        return s_base * base / head_dim
+
+    @property
+    def output_multiplier(self) -> float:
+        """muP's readout: logits = W (h / m) (the `mup` package's MuReadout, output_mult 1)."""
+        return 1.0 / self.width_mult
+
+    @property
+    def branch_multiplier(self) -> float:
+        """CompleteP's residual branch multiplier r^-alpha (Dey et al. 2025: x + L^-alpha F(x), relative to
+        the base depth); 1 otherwise."""
+        return self.depth_mult**-self.completep_alpha
+
+    @property
+    def adam_eps_multiplier(self) -> float:
+        """CompleteP's AdamW epsilon: eps x m^-1 x r^-alpha (the authors' nanoGPT-mup, branch completep)."""
+        if self.parametrization != "completep":
+            return 1.0
+        return 1.0 / self.width_mult * self.depth_mult**-self.completep_alpha
+
+    def parametrization_problem(self, resolved: ResolvedLayout) -> str | None:
+        """Why this parametrization does not combine with this layout, or None."""
+        if self.parametrization == "sp":
+            return None
+        layout = resolved.layout
+        if layout.ngpt:
+            return (
+                f"parametrization={self.parametrization} does not combine with ngpt: nGPT sets its own width "
+                "factors (s_qk, s_uv, s_z and the eigen learning rates) and keeps the stream on the sphere; "
+                "use parametrization=sp"
+            )
+        if self.parametrization != "completep":
+            return None
+        reasons = []
+        if layout.alpha != 1.0:
+            reasons.append(f"a skip scale alpha={layout.alpha} (DeepNorm/Admin scale the residual with depth already)")
+        if layout.ln_scaling:
+            reasons.append("LayerNorm Scaling (a 1/sqrt(l) depth scale already)")
+        if layout.h != 1.0 or layout.h_learned is not None:
+            reasons.append("a residual scale h (fixed or learned: ReZero, LayerScale) beside CompleteP's own")
+        if layout.streams > 1:
+            reasons.append("hyper-connections (their mixing maps, not one residual sum)")
+        if layout.attn_res is not None:
+            reasons.append("Attention Residuals (a softmax mix over depth, not one residual sum)")
+        if any(s.after_add for b in resolved.blocks for s in (b.attn, b.mlp)):
+            reasons.append(
+                "after-add norms (C: the stream is renormalized every block, which CompleteP does not model)"
+            )
+        if not reasons:
+            return None
+        return (
+            "parametrization=completep scales each residual branch by (L/L_base)^-alpha and does not combine "
+            "with " + "; ".join(reasons) + "; use parametrization=mup (width only) or a pre-norm layout"
+        )
 
     @property
     def kv_heads(self) -> int:

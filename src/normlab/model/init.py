@@ -12,9 +12,11 @@
 | depth-scaled  | trunc-normal; o_proj, down_proj of layer l (1-based) / sqrt(2 l) | Zhuo Sec. 4.4      |
 | megatron      | trunc-normal; o_proj, down_proj / sqrt(2 L)                   | Zhuo Sec. 4.4, Table 7|
 | deepnorm      | Xavier normal, gain beta = (8N)^(-1/4) on v_proj, o_proj and the MLP, 1 on q, k | Wang et al. 2022 |
+| spannorm      | normal; o_proj, down_proj / sqrt(L) (SpanNorm's scale, as adapted) | Wang et al. 2026 |
 
 d is d_model. Norm gammas start at 1 and betas and biases at 0 under every scheme; learned residual
-steps at the layout's h, head scales at 1, and Admin's omegas at their profiled values. MoE experts are
+steps at the layout's h, head scales at 1, Admin's omegas at their profiled values, and Attention Residuals'
+pseudo-queries at 0 (Kimi Team 2026 Sec. 5: "all pseudo-query vectors must be initialized to zero"). MoE experts are
 initialized as the dense MLP's matrices, each expert on its own (its down projection as down_proj);
 the router as any linear layer.
 """
@@ -31,7 +33,7 @@ from normlab.model.admin import profile_admin
 from normlab.model.config import ModelConfig
 from normlab.model.init_schemes import _DEEPNORM_SCALED, _TRUNCATED, _XAVIER, base_std, check_scheme, linear_std
 from normlab.model.norms import is_norm
-from normlab.model.parametrization import base_config, base_model, param_scales
+from normlab.model.parametrization import base_model, param_scales
 from normlab.model.sphere import base_scale, project
 
 
@@ -97,6 +99,11 @@ def init_weights(model: nn.Module, scheme: str) -> None:
         head_scale = getattr(block.attn, "head_scale", None)
         if head_scale is not None:
             head_scale.fill_(1.0)
+        for depth in (block.attn_depth, block.mlp_depth):  # Attention Residuals: w from 0, uniform weights at init
+            if depth is not None:
+                depth.reset_parameters()
+    if model.final_depth is not None:
+        model.final_depth.reset_parameters()
     if model.layout.ngpt:  # nGPT: every weight row on the unit sphere from the start (normlab.model.sphere)
         for name in ("attn_eigen", "mlp_eigen"):
             for block in model.blocks:
@@ -140,10 +147,10 @@ def apply_parametrization(model: nn.Module, scheme: str) -> None:
     the base shape (the base width; under CompleteP also the base depth, so init does not depend on depth), and
     matrix-like weights further by 1 / sqrt(fan-in width multiplier), as `mup.init.normal_` with the base's std."""
     cfg = model.config
-    base = base_config(cfg)
+    base = cfg.base_config()
     if cfg.parametrization == "completep" and cfg.base_n_layers is not None:
         base = base.with_(n_layers=cfg.base_n_layers)
-    base_params = {name: tuple(q.shape) for name, q in base_model(cfg, model.resolved).named_parameters()}
+    base_params = {name: tuple(q.shape) for name, q in base_model(model).named_parameters()}
     scales = param_scales(model)
     seen: set[int] = set()
     for name, p in model.named_parameters():

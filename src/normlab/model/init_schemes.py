@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import math
 
+from normlab.errors import ConfigError
 from normlab.layout.sites import Layout, deepnorm_beta
-from normlab.model.config import ConfigError, ModelConfig
+from normlab.model.config import ModelConfig
 
 INIT_SCHEMES: tuple[str, ...] = (
     "normal",
@@ -19,6 +20,7 @@ INIT_SCHEMES: tuple[str, ...] = (
     "depth-scaled",
     "megatron",
     "deepnorm",
+    "spannorm",
 )
 _XAVIER = ("xavier", "deepnorm")
 _TRUNCATED = ("trunc-normal", "depth-scaled", "megatron")
@@ -38,6 +40,7 @@ def base_std(scheme: str, d_model: int, init_std: float) -> float:
         "normal": init_std,
         "xavier": init_std,
         "deepnorm": init_std,
+        "spannorm": init_std,
         "he": math.sqrt(2.0 / d_model),
         "lecun": math.sqrt(1.0 / d_model),
         "10/d": math.sqrt(10.0 / d_model),
@@ -59,6 +62,9 @@ _SOURCES = {
     "depth-scaled": "Zhuo Sec. 4.4",
     "megatron": "Zhuo Sec. 4.4, Table 7",
     "deepnorm": "Wang et al. 2022",
+    # the abstract's "principled scaling strategy" read as the 1/sqrt(L) output-projection init of a third-party
+    # adaptation of SpanNorm's eqs. 5-8 (the paper's text was not retrievable; docs/layouts.md)
+    "spannorm": "Wang et al. 2026 (SpanNorm), as adapted",
 }
 
 
@@ -74,6 +80,8 @@ def describe_init(scheme: str, d_model: int, n_layers: int, init_std: float) -> 
         what = f"{'truncated at 3 std, ' if scheme in _TRUNCATED else ''}std {std:.4g}"
         if scheme == "megatron":
             what += f"; o_proj, down_proj std {std / math.sqrt(2.0 * n_layers):.4g} (/ sqrt(2L), L = {n_layers})"
+        elif scheme == "spannorm":
+            what += f"; o_proj, down_proj std {std / math.sqrt(n_layers):.4g} (/ sqrt(L), L = {n_layers})"
         elif scheme == "depth-scaled":
             what += (
                 f"; o_proj, down_proj of layer l / sqrt(2l): {std / math.sqrt(2.0):.4g} ... "
@@ -90,6 +98,8 @@ def linear_std(scheme: str, path: str, layer: int, n_layers: int, d_model: int, 
             std /= math.sqrt(2.0 * (layer + 1))
         elif scheme == "megatron":
             std /= math.sqrt(2.0 * n_layers)
+        elif scheme == "spannorm":
+            std /= math.sqrt(n_layers)
     return std
 
 

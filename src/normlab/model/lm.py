@@ -4,6 +4,10 @@
     x_{l+1} = Block_l(x_l)                     per-layer layout from `resolve(layout, n_layers)`
     logits = Head(N_final(x_L))                Kim Sec. 3.3 final norm
 
+With n > 1 residual streams (hyper-connections) the state x_l is the n streams side by side and x_L their sum
+enters the final norm; with Attention Residuals x_l is the depth sources side by side (the embedding, then each
+block's sum) and the final norm reads one more softmax read over all of them (normlab.model.depth_attention).
+
 For large models: ``activation_checkpointing`` keeps only each block's input for the backward and
 recomputes the block (`torch.utils.checkpoint`, non-reentrant), and the loss can be chunked over
 tokens (`normlab.model.loss`). Generation passes a `Decoding` (positions, padding mask, KV cache).
@@ -19,14 +23,14 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from normlab.errors import LayoutError
-from normlab.layout.sites import ResolvedLayout
+from normlab.layout.sites import NORM_SITES, ResolvedLayout
 from normlab.model.block import Block
 from normlab.model.config import ModelConfig
 from normlab.model.decoding import Decoding, check_positions
+from normlab.model.depth_attention import DepthAttention, first_state, n_slots
 from normlab.model.loss import lm_loss, logits_of
 from normlab.model.moe import MoE
-from normlab.model.norms import Tap, site_norm
-from normlab.model.parametrization import output_multiplier
+from normlab.model.norms import Tap, is_norm, site_norm
 from normlab.model.sphere import base_scale, rescaled
 from normlab.model.storage import NO_STORAGE, Storage
 
@@ -37,7 +41,8 @@ class LMOutput:
     loss: torch.Tensor | None = None
     # hidden_states[0]: the stream entering block 0 (after embedding scale and norm);
     # hidden_states[i + 1]: the output of block i, before the final norm. With n > 1 residual streams
-    # (hyper-connections) each is (B, T, n*d), the streams side by side.
+    # (hyper-connections) each is (B, T, n*d), the streams side by side; with Attention Residuals (B, T, K*d), the
+    # depth slots (the embedding, then each block's sum) side by side.
     hidden_states: tuple[torch.Tensor, ...] | None = None
     # MoE models: the routers' weighted auxiliary losses (load balancing + z-loss), summed over layers;
     # the trainer adds it to `loss`, which stays the language-model loss (validation, probes).
@@ -60,7 +65,16 @@ class NormLM(nn.Module):
         self.embed_scale = math.sqrt(cfg.d_model) if layout.embed_scale else 1.0
         self.embed_norm = site_norm(layout.embed_norm, layout.norm_at("emb"), cfg.d_model, cfg)
         self.embed_out = Tap()
-        self.blocks = nn.ModuleList(Block(cfg, blk, layout, resolved.alpha, i) for i, blk in enumerate(resolved.blocks))
+        self.blocks = nn.ModuleList(
+            Block(cfg, blk, layout, resolved.alpha, i, resolved.attn_res_size) for i, blk in enumerate(resolved.blocks)
+        )
+        # Attention Residuals: the slots of the state and the final read over all of them ("the final output layer
+        # aggregates all N block representations", Kimi Team 2026 Sec. 3.2), before the final norm
+        size = resolved.attn_res_size
+        self.depth_slots = n_slots(cfg.n_layers, size) if size else 1
+        self.final_depth = (
+            DepthAttention(cfg.d_model, cfg.norm_eps, self.depth_slots, None, cfg.norm_compute) if size else None
+        )
         self.final_norm = site_norm(layout.final_norm, layout.norm_at("final"), cfg.d_model, cfg)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
@@ -68,7 +82,7 @@ class NormLM(nn.Module):
         # nGPT's s_z per vocabulary entry (stored at 1/sqrt(d) for 1: normlab.model.sphere): logits s_z * W_out h
         self.sz = nn.Parameter(torch.full((cfg.vocab_size,), base_scale(cfg.d_model))) if layout.ngpt else None
         self.activation_checkpointing = False  # set by the trainer (--activation-checkpointing)
-        self.output_mult = output_multiplier(cfg)
+        self.output_mult = cfg.output_multiplier
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """The LM head's logits W_out h; nGPT's times s_z."""
@@ -85,6 +99,21 @@ class NormLM(nn.Module):
     @property
     def layout(self):  # noqa: ANN201 - a Layout
         return self.resolved.layout
+
+    def norms_at_sites(self) -> dict[str, list[nn.Module]]:
+        """Each norm site (`NORM_SITES`) -> the norm modules it holds, one per layer where it is on (blocks in order;
+        `emb` and `final` one each): what the optimizer's per-site-kind gain policy reads."""
+        out: dict[str, list[nn.Module]] = {site: [] for site in NORM_SITES}
+        for b in self.blocks:
+            for name, norms in (("attn", b.attn_norms), ("mlp", b.mlp_norms)):
+                for letter, attr in (("A", "input"), ("B", "output"), ("C", "after_add")):
+                    out[f"{name}.{letter}"].append(getattr(norms, attr))
+            out["mlp.H"].append(getattr(b.mlp, "hidden_norm", nn.Identity()))
+            for site, attr in (("q", "q_norm"), ("k", "k_norm"), ("v", "v_norm"), ("c", "context_norm")):
+                out[site].append(getattr(b.attn, attr))
+        out["emb"].append(self.embed_norm)
+        out["final"].append(self.final_norm)
+        return {site: [m for m in mods if is_norm(m)] for site, mods in out.items()}
 
     def embed_tokens(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """y_0: the stream entering block 0 (embedding, Gemma scale, embedding norm); learned absolute
@@ -107,20 +136,32 @@ class NormLM(nn.Module):
         """The residual streams n (hyper-connections, normlab.model.streams); 1 for every other layout."""
         return self.resolved.layout.streams
 
+    @property
+    def state_width(self) -> int:
+        """The width of the state between blocks: d, or n*d with n streams, or K*d with K depth slots (AttnRes)."""
+        return self.config.d_model * (self.streams if self.streams > 1 else self.depth_slots)
+
     def expand(self, x: torch.Tensor) -> torch.Tensor:
-        """y_0 (B, T, d) as the n streams entering block 0, side by side: (B, T, n*d), n copies (Zhu et al. 2025)."""
-        return x.repeat(*([1] * (x.dim() - 1)), self.streams) if self.streams > 1 else x
+        """y_0 (B, T, d) as the state entering block 0: n copies side by side, (B, T, n*d), with n streams (Zhu et
+        al. 2025); the embedding in slot 0 and zeros after, (B, T, K*d), with Attention Residuals."""
+        if self.streams > 1:
+            return x.repeat(*([1] * (x.dim() - 1)), self.streams)
+        return first_state(x, self.depth_slots) if self.final_depth is not None else x
 
     def collapse(self, x: torch.Tensor) -> torch.Tensor:
-        """The last block's n streams summed into one (B, T, d) for the final norm (Zhu et al. 2025, Sec. 3)."""
-        return x.unflatten(-1, (self.streams, -1)).sum(-2) if self.streams > 1 else x
+        """The last block's state as one (B, T, d) for the final norm: the n streams summed (Zhu et al. 2025,
+        Sec. 3); with Attention Residuals the final read over every slot (Kimi Team 2026, Sec. 3.2)."""
+        if self.streams > 1:
+            return x.unflatten(-1, (self.streams, -1)).sum(-2)
+        return self.store(self.final_depth(x)) if self.final_depth is not None else x
 
     def run_blocks(
         self, x: torch.Tensor, return_hidden_states: bool = False, decoding: Decoding | None = None
     ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
         """The blocks from a given stream x_0; optionally every block's output. With n > 1 streams x_0 (B, T, d)
-        enters as n copies and every state, the output included, is (B, T, n*d) (`collapse` reads it out)."""
-        if self.streams > 1 and x.shape[-1] == self.config.d_model:
+        enters as n copies and every state, the output included, is (B, T, n*d) (`collapse` reads it out); with
+        Attention Residuals the state is the depth slots, (B, T, K*d)."""
+        if self.state_width != self.config.d_model and x.shape[-1] == self.config.d_model:
             x = self.expand(x)
         hidden = [x] if return_hidden_states else None
         # not while hidden states are returned (the probes take gradients with respect to them), nor

@@ -43,121 +43,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from normlab.errors import ConfigError
-
 if TYPE_CHECKING:
     from torch import nn
-
-    from normlab.layout.sites import ResolvedLayout
-    from normlab.model.config import ModelConfig
 
 PARAMETRIZATIONS: dict[str, str] = {
     "sp": "standard: the init scheme's stds and one learning rate, as every paper trained",
     "mup": "muP (Yang et al. 2022, Tensor Programs V): width transfer; base shape model.base_d_model",
     "completep": "CompleteP (Dey et al. 2025): muP and depth transfer, branches x (L/L_base)^-alpha",
 }
-
-
-def width_mult(cfg: ModelConfig) -> float:
-    """m = d_model / base_d_model (1 under SP or without a base width)."""
-    if cfg.parametrization == "sp" or cfg.base_d_model is None:
-        return 1.0
-    return cfg.d_model / cfg.base_d_model
-
-
-def depth_mult(cfg: ModelConfig) -> float:
-    """r = n_layers / base_n_layers (1 unless CompleteP with a base depth)."""
-    if cfg.parametrization != "completep" or cfg.base_n_layers is None:
-        return 1.0
-    return cfg.n_layers / cfg.base_n_layers
-
-
-def _scaled(value: int, num: int, den: int, what: str) -> int:
-    if (value * num) % den:
-        raise ConfigError(
-            f"the base shape is not a whole model: {what} {value} x {num}/{den} is not an integer; choose "
-            f"model.base_d_model so that d_model / base_d_model divides {what}"
-        )
-    return value * num // den
-
-
-def base_config(cfg: ModelConfig) -> ModelConfig:
-    """The base-width model of ``cfg`` at its own depth: d_model, the MLP's and experts' widths scaled by
-    1/m; the heads' width scaled when it follows d_model, else (an explicit d_head, as Qwen 3's) the head count."""
-    if cfg.parametrization == "sp" or cfg.base_d_model is None or cfg.base_d_model == cfg.d_model:
-        return cfg
-    b, d = cfg.base_d_model, cfg.d_model
-    changes: dict[str, int | None] = {"d_model": b, "d_ff": _scaled(cfg.ffn_dim, b, d, "the MLP width d_ff")}
-    if cfg.expert_d_ff is not None:
-        changes["expert_d_ff"] = _scaled(cfg.expert_d_ff, b, d, "expert_d_ff")
-    if cfg.d_head is not None:
-        changes["n_heads"] = _scaled(cfg.n_heads, b, d, "n_heads")
-        if cfg.n_kv_heads is not None:
-            changes["n_kv_heads"] = _scaled(cfg.n_kv_heads, b, d, "n_kv_heads")
-    return cfg.with_(**changes)
-
-
-def attention_scale(cfg: ModelConfig, head_dim: int) -> float | None:
-    """The q.k scale: None (SDPA's 1/sqrt(d_head)) or Gemma's attn_scale^-1/2 under SP; muP's 1/d_head law,
-    equal to SP's scale at the base head width: s_base * d_head,base / d_head."""
-    sp = cfg.attn_scale**-0.5 if cfg.attn_scale is not None else None
-    if width_mult(cfg) == 1.0:
-        return sp
-    base = base_config(cfg).head_dim
-    if base == head_dim:
-        return sp
-    s_base = sp if sp is not None else base**-0.5
-    return s_base * base / head_dim
-
-
-def output_multiplier(cfg: ModelConfig) -> float:
-    """muP's readout: logits = W (h / m) (the `mup` package's MuReadout, output_mult 1)."""
-    return 1.0 / width_mult(cfg)
-
-
-def branch_multiplier(cfg: ModelConfig) -> float:
-    """CompleteP's residual branch multiplier r^-alpha (Dey et al. 2025, eq. 2: x + L^-alpha F(x), relative to
-    the base depth)."""
-    return depth_mult(cfg) ** -cfg.completep_alpha
-
-
-def adam_eps_multiplier(cfg: ModelConfig) -> float:
-    """CompleteP's AdamW epsilon: eps x m^-1 x r^-alpha (the authors' nanoGPT-mup, branch completep); 1 otherwise."""
-    if cfg.parametrization != "completep":
-        return 1.0
-    return 1.0 / width_mult(cfg) * depth_mult(cfg) ** -cfg.completep_alpha
-
-
-def problem(cfg: ModelConfig, resolved: ResolvedLayout) -> str | None:
-    """Why this parametrization does not combine with this layout, or None."""
-    if cfg.parametrization == "sp":
-        return None
-    layout = resolved.layout
-    if layout.ngpt:
-        return (
-            f"parametrization={cfg.parametrization} does not combine with ngpt: nGPT sets its own width factors "
-            "(s_qk, s_uv, s_z and the eigen learning rates) and keeps the stream on the sphere; use parametrization=sp"
-        )
-    if cfg.parametrization != "completep":
-        return None
-    reasons = []
-    if layout.alpha != 1.0:
-        reasons.append(f"a skip scale alpha={layout.alpha} (DeepNorm/Admin scale the residual with depth already)")
-    if layout.ln_scaling:
-        reasons.append("LayerNorm Scaling (a 1/sqrt(l) depth scale already)")
-    if layout.h != 1.0 or layout.h_learned is not None:
-        reasons.append("a residual scale h (fixed or learned: ReZero, LayerScale) beside CompleteP's own")
-    if layout.streams > 1:
-        reasons.append("hyper-connections (their mixing maps, not one residual sum)")
-    if any(s.after_add for b in resolved.blocks for s in (b.attn, b.mlp)):
-        reasons.append("after-add norms (C: the stream is renormalized every block, which CompleteP does not model)")
-    if reasons:
-        return (
-            "parametrization=completep scales each residual branch by (L/L_base)^-alpha and does not combine with "
-            + "; ".join(reasons)
-            + "; use parametrization=mup (width only) or a pre-norm layout"
-        )
-    return None
+# The numbers that depend on the configuration alone (the base shape, m and r, the forward's multipliers, the
+# refusals) are ModelConfig's methods (normlab.model.config), which validates them when a config is made; this
+# module holds what needs the model's parameters.
 
 
 @dataclass(frozen=True)
@@ -172,14 +68,12 @@ class ParamScale:
     fan_in_mult: float = 1.0
 
 
-def base_model(cfg: ModelConfig, resolved: ResolvedLayout) -> nn.Module:
-    """The base-width model at this depth on the meta device (its shapes only: no memory, no init)."""
+def base_model(model: nn.Module) -> nn.Module:
+    """``model``'s base-width twin at its depth, on the meta device (its shapes only: no memory, no init)."""
     import torch
 
-    from normlab.model.lm import NormLM
-
     with torch.device("meta"):
-        return NormLM(base_config(cfg), resolved)
+        return type(model)(model.config.base_config(), model.resolved)
 
 
 def param_scales(
@@ -192,8 +86,8 @@ def param_scales(
     scales: dict[str, ParamScale] = {}
     if cfg.parametrization == "sp":
         return {name: ParamScale() for name, _ in model.named_parameters()}
-    base = dict(base_model(cfg, model.resolved).named_parameters())
-    r = depth_mult(cfg)
+    base = dict(base_model(model).named_parameters())
+    r = cfg.depth_mult
     depth_lr = r ** (cfg.completep_alpha - 1.0) if cfg.parametrization == "completep" else 1.0
     muon = muon_matrices or set()
     for name, p in model.named_parameters():

@@ -91,6 +91,10 @@ def analytic_params(cfg: ModelConfig, resolved: ResolvedLayout) -> ParamCount:
         )
     if lay.ngpt:  # a_A, a_M (d each), s_qk (heads x head_dim), s_u and s_v (ffn each); s_z below
         per_block_scales += 2 * d + h * hd + 2 * ff
+    # Attention Residuals (normlab.model.depth_attention): per sublayer a pseudo-query w and its key RMSNorm's gain
+    # (d each); the final read's two more below
+    depth_reads = 2 * d if resolved.attn_res_size else 0
+    per_block_scales += 2 * depth_reads
     blocks = 0
     for blk in resolved.blocks:
         norms = 0
@@ -107,7 +111,7 @@ def analytic_params(cfg: ModelConfig, resolved: ResolvedLayout) -> ParamCount:
     model_norms = (site("emb", d) if lay.embed_norm else 0) + (site("final", d) if lay.final_norm else 0)
     embedding = cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2)
     embedding += cfg.max_seq_len * d if cfg.position == "learned" else 0
-    non_embedding = blocks + model_norms + (cfg.vocab_size if lay.ngpt else 0)  # nGPT's s_z
+    non_embedding = blocks + model_norms + (cfg.vocab_size if lay.ngpt else 0) + depth_reads  # nGPT's s_z
     total = non_embedding + embedding
     return ParamCount(
         total=total,

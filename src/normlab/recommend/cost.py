@@ -1,6 +1,7 @@
 """What `normlab recommend`'s stages cost on this machine, from counted work and a calibration measured
-once per machine (no candidate is timed): the plan is a function of the inputs and the cached numbers,
-so the same command plans the same grid on every call, loaded machine or not.
+per machine and cached (no candidate is timed for the plan): the plan is a function of the inputs and the
+cached numbers, so the same command plans the same grid on every call with the same cache, loaded machine
+or not (the cache keeps the fastest honest measurement: below).
 
 Counted work (from the model's shape and the layout's data, nothing built):
 
@@ -24,11 +25,13 @@ Counted work (from the model's shape and the layout's data, nothing built):
                                                          mix (`STREAM_MIXES`: hc, mhc)
     screen          B = 128 x (2 N_layer + 4 H Q T)      one block's forward FLOPs on the screen's 2 x 64 tokens
 
-The calibration (`calibrate`, a few seconds, cached under the normlab cache folder keyed by the
+The calibration (`measure`, a few seconds, cached under the normlab cache folder keyed by the
 machine, its CPU, torch's version and the thread count a worker uses) times training steps of a fixed
 micro model (Pre-LN at 2 and 6 layers, Peri-LN at 6, and Pre-LN at 6 with 4 streams of each mix) and
-screens of a fixed shape (1 and 3 layers at width 64, 1 layer at 256), each the fastest of a few repeats in
-CPU time (time.process_time: other processes' load inflates it far less than wall time), and fits
+screens of a fixed shape (1 and 3 layers at width 64, 1 layer at 256), each the fastest of a few repeats
+(`STEP_REPEATS`, `SCREEN_REPEATS`), each repeat the lesser of its CPU time (time.process_time: other
+processes' load inflates it far less than wall time) and its wall time (which a thread count above one
+does not multiply), and fits
 
     step seconds   = c0 + c_flop (F + M) + c_norm E + c_stream[mix] S
     screen seconds = s0 + L (s_layer + s_flop B)
@@ -39,7 +42,19 @@ step of the Llama 3.2 1B shape took 2.3x Pre-LN's with pre-hc and 3.4x with pre-
 price both at 1.0x. A calibration cached before the stream rates existed gets them added, the rest kept.
 A proxy run's seconds are `RUN_OVERHEAD_S` x this machine's speed (start-up, data, checkpoints) plus
 `STEP_FACTOR` x steps x step seconds (probes, evaluation). Coefficients are clamped at zero, so a noisy
-repeat can only make the plan smaller. Delete the cache file (its path is printed) to measure again.
+repeat can only make the plan smaller.
+
+A load can only make a measurement slower, so the cache keeps the fastest honest one:
+- `normlab recommend --recalibrate` (`calibration(..., remeasure=True)`) measures again and keeps, timing by
+  timing, the faster of the cached and the new (`faster`); deleting the cache file measures afresh.
+- Finished proxy runs refresh it (`refresh_from_runs`): each run's median step (its summary's tokens a
+  second) against the step the calibration predicts for it; where the runs' median ratio is below
+  `LOWER_BELOW` (the machine ran faster than calibrated: the calibration was measured under a load) the
+  training rates (and the step timings behind them) are scaled down by it, and the screen's rates likewise
+  by the screens' median ratio (each candidate's screen seconds, as screen.json records them). A ratio
+  above 1 (a busy machine) never raises them.
+- A plan refused for its budget says which calibration it used (when measured, how fast against the
+  reference VM, lowered by runs or not, its cache file) and how to measure again (`Calibration.describe`).
 """
 
 from __future__ import annotations
@@ -48,18 +63,32 @@ import contextlib
 import hashlib
 import heapq
 import json
+import math
 import os
 import platform
+import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from normlab.layout import as_layout
 from normlab.layout.sites import STREAM_MIXES
 from normlab.model.config import ModelConfig
 
-CALIBRATION_VERSION = 1  # a cached calibration without stream rates gets them added (`calibration`)
+if TYPE_CHECKING:
+    from normlab.config.train import TrainConfig
+
+# 2: timings the lesser of CPU and wall time, the fastest of more repeats, the measurement's date: a calibration
+# cached by an earlier release (CPU time only) is measured again once (a cached one without stream rates gets
+# them added, `calibration`)
+CALIBRATION_VERSION = 2
+STEP_REPEATS, SCREEN_REPEATS = 5, 2  # timed repeats after one warm-up: the fastest is kept
+TIMINGS = ("pre2", "pre6", "peri6", "screen1", "screen3", "screen1_w256")  # `fit`'s six, in its order
+STEP_TIMINGS = TIMINGS[:3]
+LOWER_BELOW = 0.9  # runs faster than predicted by more than 10% (their median) lower the cached rates
+RECALIBRATE = "normlab recommend ... --recalibrate"  # how a user measures again (keeps the faster)
 CAL_STREAMS = 4  # the calibration's streams (the pre-hc and pre-mhc presets')
 CAL_BATCH, CAL_SEQ = 16, 128  # the proxy runs' batch (RECOMMEND_BASE)
 SCREEN_TOKENS, SCREEN_SEQ = 128, 64  # the screen's batch 2 x 64
@@ -150,7 +179,9 @@ def optimizer_work(cfg: ModelConfig, layout: str, optimizer: str = "adamw", ns_s
 
 @dataclass(frozen=True)
 class Calibration:
-    """This machine's rates (module doc); `seconds`: what measuring them took."""
+    """This machine's rates (module doc); `seconds`: what measuring them took; `measured_at`: when (Unix time,
+    0: unknown), `measurements`: how many measurements its timings are the fastest of; `runs_factor`, `runs_at`:
+    the scale finished runs lowered its training rates by (1: never) and when."""
 
     c0: float
     c_flop: float
@@ -162,10 +193,23 @@ class Calibration:
     key: str = ""
     measured: dict[str, float] | None = None  # the timings behind the fit
     c_stream: dict[str, float] = field(default_factory=dict)  # seconds per stream element, per mix (module doc)
+    measured_at: float = 0.0
+    measurements: int = 1
+    runs_factor: float = 1.0
+    runs_at: float = 0.0
 
-    def step_seconds(self, cfg: ModelConfig, layout: str, optimizer: str = "adamw", ns_steps: int = 5) -> float:
-        f, e = step_work(cfg, layout)
-        mix, s = stream_work(cfg, layout)
+    def step_seconds(
+        self,
+        cfg: ModelConfig,
+        layout: str,
+        optimizer: str = "adamw",
+        ns_steps: int = 5,
+        tokens: int = CAL_BATCH * CAL_SEQ,
+        seq: int = CAL_SEQ,
+    ) -> float:
+        """One training step of `layout` at `cfg` on `tokens` tokens in sequences of `seq` (the proxies' batch)."""
+        f, e = step_work(cfg, layout, tokens, seq)
+        mix, s = stream_work(cfg, layout, tokens)
         return (
             self.c0
             + self.c_flop * (f + optimizer_work(cfg, layout, optimizer, ns_steps))
@@ -189,6 +233,28 @@ class Calibration:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def describe(self) -> str:
+        """Which calibration this is, in words: how fast against the reference VM, when it was measured (the
+        fastest of how many measurements), whether finished runs lowered it, and its cache file."""
+        when = _when(self.measured_at) if self.measured_at else "at an unknown time"
+        text = f"{self.speed:.2f}x the reference VM's step time, measured {when}"
+        if self.measurements > 1:
+            text += f" (the fastest of {self.measurements} measurements)"
+        if self.runs_factor < 1:
+            text += (
+                f", lowered to {self.runs_factor:.2f}x of that by proxy runs that ran faster ({_when(self.runs_at)})"
+            )
+        return text + (f"; cached in {cache_file(self.key)}" if self.key else "")
+
+    def remeasure_hint(self) -> str:
+        """How to measure this machine again (the refusal's advice)."""
+        where = f" or delete {cache_file(self.key)}" if self.key else ""
+        return f"if the machine was busy then, measure it again: {RECALIBRATE} (keeps the faster){where}"
+
+
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t))
 
 
 def fit(
@@ -281,18 +347,20 @@ def cache_file(key: str) -> Path:
 
 
 def _fastest(fn, repeats: int) -> float:  # noqa: ANN001 - () -> None
-    """The fastest of `repeats` calls in CPU seconds, after one warm-up call."""
+    """The fastest of `repeats` calls after one warm-up call, each the lesser of its CPU and its wall seconds
+    (module doc): a load only ever makes either slower."""
     fn()
-    best = float("inf")
+    best = math.inf
     for _ in range(repeats):
-        t = time.process_time()
+        wall, cpu = time.perf_counter(), time.process_time()
         fn()
-        best = min(best, time.process_time() - t)
+        best = min(best, time.perf_counter() - wall, time.process_time() - cpu)
     return best
 
 
 def _step_time(layout: str, n_layers: int) -> float:
-    """The fastest of 3 AdamW steps of `layout` at the reference shape, `n_layers` deep, fp16 storage emulated."""
+    """The fastest of `STEP_REPEATS` AdamW steps of `layout` at the reference shape, `n_layers` deep, fp16 storage
+    emulated."""
     import torch
 
     from normlab.model import build_model
@@ -308,7 +376,7 @@ def _step_time(layout: str, n_layers: int) -> float:
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    return _fastest(one, 3)
+    return _fastest(one, STEP_REPEATS)
 
 
 @contextlib.contextmanager
@@ -335,7 +403,7 @@ def measure(threads: int = 1) -> Calibration:
         def screen_of(width: int, n_layers: int) -> float:
             shape = _screen_shape(width, n_layers).to_dict()
             cfg = ScreenConfig(size="nano", model=shape, stresses=(1.0, 8.0))
-            return _fastest(lambda: screen_layout("pre", cfg), 1)
+            return _fastest(lambda: screen_layout("pre", cfg), SCREEN_REPEATS)
 
         timings = (
             _step_time("pre", 2),
@@ -345,7 +413,8 @@ def measure(threads: int = 1) -> Calibration:
             screen_of(64, 3),
             screen_of(256, 1),
         )
-    return fit(*timings, seconds=time.perf_counter() - started, key=machine_key(threads))
+    cal = fit(*timings, seconds=time.perf_counter() - started, key=machine_key(threads))
+    return replace(cal, measured_at=time.time())
 
 
 def measure_streams(threads: int = 1) -> tuple[float, dict[str, float]]:
@@ -359,29 +428,85 @@ def stream_cache_file(key: str) -> Path:
     return cache_file(key).with_name(f"calibration-{key}-streams.json")
 
 
-def calibration(threads: int = 1, log=print, streams: bool = True) -> tuple[Calibration, bool]:  # noqa: ANN001
-    """This machine's calibration from the cache, else measured now and cached; (it, whether cached). The stream
-    rates are cached in a file of their own: a calibration cached before they existed is kept (the same plans)
-    and they alone are measured, once, where `streams` (a candidate has several streams; else none are read)."""
+def _cached(path: Path) -> Calibration | None:
+    """The calibration a cache file holds, None where it is missing, unreadable or holds anything but finite,
+    non-negative numbers (then it is measured again)."""
+    try:
+        cal = Calibration(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+    numbers = [getattr(cal, k) for k in ("c0", "c_flop", "c_norm", "s0", "s_layer", "s_flop", "seconds")]
+    numbers += [cal.measured_at, cal.runs_factor, cal.runs_at, *(cal.measured or {}).values()]
+    if not all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0 for x in numbers
+    ):
+        return None
+    if not isinstance(cal.measurements, int) or cal.measurements < 1 or not isinstance(cal.key, str):
+        return None
+    return cal
+
+
+def _store(path: Path, cal: Calibration) -> None:
+    from normlab.io import atomic_write_json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, {k: v for k, v in cal.to_dict().items() if k != "c_stream"})
+
+
+def faster(cached: Calibration, new: Calibration) -> Calibration:
+    """A new measurement kept beside the cached one (module doc): each of the six timings the faster of the two,
+    refit; where either lacks its timings, the one with the faster step. A load only ever slows a timing, so
+    the faster is the more honest."""
+    a, b = cached.measured or {}, new.measured or {}
+    count = cached.measurements + new.measurements
+    if not all(isinstance(t.get(k), (int, float)) for t in (a, b) for k in TIMINGS):
+        kept = new if new.speed < cached.speed else cached
+        return replace(kept, measurements=count, key=new.key or cached.key)
+    out = fit(*(min(a[k], b[k]) for k in TIMINGS), seconds=new.seconds, key=new.key or cached.key)
+    from_runs = all(a[k] <= b[k] for k in STEP_TIMINGS)  # the cached steps kept: their lowering by runs with them
+    return replace(
+        out,
+        measured_at=new.measured_at,
+        measurements=count,
+        runs_factor=cached.runs_factor if from_runs else 1.0,
+        runs_at=cached.runs_at if from_runs else 0.0,
+    )
+
+
+def calibration(
+    threads: int = 1, log: Callable[[str], Any] = print, streams: bool = True, remeasure: bool = False
+) -> tuple[Calibration, bool]:
+    """This machine's calibration from the cache, else measured now and cached; (it, whether cached).
+    `remeasure` (--recalibrate): measured now and kept beside the cached one, the faster of the two (`faster`).
+    The stream rates are cached in a file of their own, with the timings they come from (a mix's step against
+    Pre-LN's: a share, so they follow a calibration measured again or lowered by runs); they are measured once,
+    where `streams` (a candidate has several streams; else none are read)."""
     from normlab.io import atomic_write_json
 
     key = machine_key(threads)
     path, spath = cache_file(key), stream_cache_file(key)
-    cached = True
-    try:
-        cal = Calibration(**json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError):
-        log(f"  calibrating this machine once (a few seconds; cached in {path})")
-        cal, cached = measure(threads), False
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(path, {k: v for k, v in cal.to_dict().items() if k != "c_stream"})
+    cal, cached = _cached(path), True
+    if cal is not None and cal.key != key:
+        cal = replace(cal, key=key)  # the file it was read from: named in a refusal
+    if cal is None or remeasure:
+        if cal is None:
+            log(f"  calibrating this machine once (a few seconds; cached in {path})")
+        else:
+            log(f"  measuring this machine again (--recalibrate; the cached calibration: {cal.describe()})")
+        new = measure(threads)
+        cal, cached = (new if cal is None else faster(cal, new)), False
+        _store(path, cal)
     if not streams:
         return cal, cached
     try:
-        rates = json.loads(spath.read_text())["c_stream"]
+        saved = json.loads(spath.read_text())
+        timed = saved.get("measured") or {}
+        if all(_positive(timed.get(k)) for k in ("pre6", *STREAM_MIXES)):
+            return with_stream_rates(cal, timed["pre6"], {m: timed[m] for m in STREAM_MIXES}), cached
+        rates = saved["c_stream"]  # an older file: the rates alone
         if set(STREAM_MIXES) <= set(rates) and all(isinstance(rates[m], float) for m in STREAM_MIXES):
             return replace(cal, c_stream={m: rates[m] for m in STREAM_MIXES}), cached
-    except (OSError, ValueError, TypeError, KeyError):
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
         pass
     if cached:
         log(f"  measuring the hyper-connections' step rates once (a few seconds; cached in {spath})")
@@ -389,6 +514,123 @@ def calibration(threads: int = 1, log=print, streams: bool = True) -> tuple[Cali
     cal = with_stream_rates(cal, t_pre6, t_streams)
     atomic_write_json(spath, {"c_stream": cal.c_stream, "measured": {"pre6": t_pre6, **t_streams}})
     return cal, cached
+
+
+def _positive(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+@dataclass(frozen=True)
+class RunStep:
+    """A finished proxy run's median training step (its summary's tokens a second) and what it trained."""
+
+    shape: ModelConfig
+    layout: str
+    seconds: float
+    tokens: int = CAL_BATCH * CAL_SEQ
+    seq: int = CAL_SEQ
+    optimizer: str = "adamw"
+    ns_steps: int = 5
+
+    def ratio(self, cal: Calibration) -> float:
+        """Its seconds over the step `cal` predicts for it (< 1: the machine ran faster than calibrated; inf where
+        `cal` predicts nothing)."""
+        predicted = cal.step_seconds(self.shape, self.layout, self.optimizer, self.ns_steps, self.tokens, self.seq)
+        return self.seconds / predicted if predicted > 0 else math.inf
+
+
+def run_step(config: TrainConfig, summary: dict[str, Any] | None) -> RunStep | None:
+    """A run's `RunStep` from its configuration and summary.json, None unless it finished its steps normally
+    (ok or stalled: a diverged run's last steps are not a training step's work) on the CPU (what the calibration
+    measures) with a throughput recorded."""
+    if not isinstance(summary, dict) or summary.get("status") not in ("ok", "stalled"):
+        return None
+    if summary.get("device") != "cpu":
+        return None
+    tok_s = summary.get("tok_per_s")
+    if not _positive(tok_s):
+        return None
+    tokens = config.data.batch_size * config.data.seq_len
+    return RunStep(
+        config.model.config,
+        config.model.layout_label,
+        tokens / tok_s,
+        tokens,
+        config.data.seq_len,
+        config.optim.optimizer,
+        config.optim.muon_ns_steps,
+    )
+
+
+def lowered(
+    cal: Calibration, step_ratios: list[float], screen_ratios: list[float], when: float
+) -> tuple[Calibration, float, float] | None:
+    """`cal` lowered by what finished work showed (module doc): the training rates (c0, c_flop, c_norm and the
+    step timings behind them) scaled by the runs' median ratio, the screen's by the screens' median ratio, each
+    only where it is below `LOWER_BELOW`; (the lowered calibration, the step scale, the screen scale), or None
+    where neither is. Never raised: runs slower than predicted (a busy machine) leave it as it is."""
+    step = statistics.median(r for r in step_ratios if _positive(r)) if any(map(_positive, step_ratios)) else 1.0
+    screen = statistics.median(r for r in screen_ratios if _positive(r)) if any(map(_positive, screen_ratios)) else 1.0
+    step = step if step < LOWER_BELOW else 1.0
+    screen = screen if screen < LOWER_BELOW else 1.0
+    if step == 1.0 and screen == 1.0:
+        return None
+    timed = dict(cal.measured or {})
+    for k in timed:
+        timed[k] *= step if k in STEP_TIMINGS else screen
+    out = replace(
+        cal,
+        c0=cal.c0 * step,
+        c_flop=cal.c_flop * step,
+        c_norm=cal.c_norm * step,
+        c_stream={m: r * step for m, r in cal.c_stream.items()},
+        s0=cal.s0 * screen,
+        s_layer=cal.s_layer * screen,
+        s_flop=cal.s_flop * screen,
+        measured=timed or cal.measured,
+        runs_factor=cal.runs_factor * step,
+        runs_at=when if step < 1.0 else cal.runs_at,
+    )
+    return out, step, screen
+
+
+def refresh_from_runs(
+    threads: int,
+    steps: list[RunStep],
+    screens: list[tuple[ModelConfig, float]],
+    log: Callable[[str], Any] = print,
+    when: float | None = None,
+) -> Calibration | None:
+    """Lower this machine's cached calibration where finished work ran faster than it predicts (`lowered`):
+    `steps`, the proxy runs' median steps; `screens`, (shape, seconds) of screens. Returns the calibration
+    written, None where the cache is left as it was (nothing faster, or no cached calibration)."""
+    path = cache_file(machine_key(threads))
+    cal = _cached(path)
+    if cal is None or not (steps or screens):
+        return None
+    got = lowered(
+        cal,
+        [s.ratio(cal) for s in steps],
+        [t / cal.screen_seconds(shape) for shape, t in screens if cal.screen_seconds(shape) > 0],
+        time.time() if when is None else when,
+    )
+    if got is None:
+        return None
+    out, step, screen = got
+    try:
+        _store(path, out)
+    except OSError as err:  # a cache that cannot be written: the next plan is priced as this one was
+        log(f"  calibration not refreshed: {path} cannot be written ({err.strerror or err})")
+        return None
+    what = [
+        f"{len(steps)} proxy runs' steps took {step:.2f}x" if step < 1 else "",
+        f"the screens {screen:.2f}x" if screen < 1 else "",
+    ]
+    log(
+        f"  calibration refreshed: {' and '.join(w for w in what if w)} of what it predicted; this machine is now "
+        f"{out.speed:.2f}x the reference VM's step time (was {cal.speed:.2f}x), in {path}"
+    )
+    return out
 
 
 def makespan(seconds: list[float], workers: int) -> float:

@@ -15,7 +15,10 @@ input norms, post_attention_norm / post_mlp_norm output norms, norm_qk with norm
 head) or "olmo2" (full width), scale_embeddings, and an RMSNorm gain of 1 + w when the config's name
 contains "Gemma"; OLMo-core 3.0.0 `TransformerBlockType` default (Pre-LN), default_scaled (LayerNorm
 Scaling), reordered_norm (x + N(F(x))), peri_norm (Peri-LN), `AttentionConfig(qk_norm, use_head_qk_norm,
-gate)`, `TransformerConfig(embedding_norm, embed_scale)`; torchtitan 0.3.0 `Llama3Model.Config` and
+gate, sliding_window)`, `TransformerConfig(embedding_norm, embed_scale, block_pattern)`, an RMSNorm that
+multiplies by its weight, so gemma3's gain 1 + w is held as that weight, as its Gemma 3 conversion
+`olmo_core.nn.hf.convert` holds it; its windows run in the torch backend on the CPU, which `tests/frameworks`
+checks); torchtitan 0.3.0 `Llama3Model.Config` and
 `Qwen3Model.Config` built from per-layer block configs with `make_gqa_config(qk_norm=...)`). transformers
 goes through normlab's exact adapters (`normlab.hf.archs`). Nothing here imports those libraries.
 """
@@ -208,10 +211,52 @@ def _olmo_problems(cfg: ModelConfig) -> list[str]:
         problems.append(f"mlp={cfg.mlp} (OLMo-core's feed-forward is gated: silu or gelu_tanh)")
     if cfg.qkv_bias and not cfg.linear_bias:
         problems.append("qkv_bias=True (OLMo-core's bias is on every projection or none)")
-    for name in ("attn_scale", "attn_softcap", "logit_softcap", "sliding_window", "rope_local_theta"):
+    for name in ("attn_scale", "attn_softcap", "logit_softcap"):
         if getattr(cfg, name) is not None:
             problems.append(f"{name}={getattr(cfg, name)}")
     return problems
+
+
+def _olmo_block(opts: dict[str, Any], cfg: ModelConfig, theta: float, window: int | None) -> list[str]:
+    """A `TransformerBlockConfig(...)` expression, one line each, indented from its first line's column:
+    attention with RoPE base `theta` and, where `window` is set, OLMo-core's sliding window (the last
+    `window` keys, the query's own included: `Attention` masks keys i - (window - 1) .. i, as normlab)."""
+    qk = opts.get("qk")  # None, "head" or "full"
+    lines = [
+        "TransformerBlockConfig(",
+        f"    name=TransformerBlockType.{opts['block']},",
+        "    sequence_mixer=AttentionConfig(",
+        f"        n_heads={cfg.n_heads},",
+        f"        n_kv_heads={cfg.kv_heads},",
+        f"        head_dim={cfg.head_dim},",
+        f"        bias={cfg.linear_bias},  # default True",
+        f"        rope=RoPEConfig(name=RoPEType.default, theta={_num(theta)}, full_precision=True),"
+        "  # theta's default is 500,000",
+        f"        qk_norm={'norm' if qk else 'None'},",
+        f"        use_head_qk_norm={qk == 'head'},  # True: per head; False: over all heads",
+        (
+            "        gate=GateConfig(granularity=GateGranularity.elementwise, full_precision=True),"
+            if opts.get("gate")
+            else "        gate=None,"
+        ),
+    ]
+    if window is not None:
+        lines += [
+            "        sliding_window=SlidingWindowAttentionConfig(",
+            f"            pattern=[{window}],  # a query sees the last {window} keys, itself included",
+            "            force_full_attention_on_first_layer=False,  # default True",
+            "            force_full_attention_on_last_layer=False,  # default True",
+            "        ),",
+        ]
+    elif cfg.sliding_window is not None:
+        lines.append("        sliding_window=None,  # every key before the query")
+    return lines + [
+        "    ),",
+        f"    feed_forward=FeedForwardConfig(hidden_size={cfg.ffn_dim}, bias={cfg.linear_bias}, "
+        f"activation=ActivationFunction.{_OLMO_ACT.get(cfg.mlp, 'silu')}),",
+        "    layer_norm=norm,",
+        ")",
+    ]
 
 
 def _olmo_core(layout: str, opts: dict[str, Any], cfg: ModelConfig) -> str:
@@ -221,10 +266,12 @@ def _olmo_core(layout: str, opts: dict[str, Any], cfg: ModelConfig) -> str:
         if layer
         else f"LayerNormConfig(name=LayerNormType.rms, eps={cfg.norm_eps!r}, bias=False)"
     )
-    qk = opts.get("qk")  # None, "head" or "full"
+    window, every = cfg.sliding_window, cfg.full_attention_every
+    local_theta = cfg.rope_local_theta if cfg.rope_local_theta is not None else cfg.rope_theta
     lines = _header("OLMo-core", layout, cfg, _olmo_problems(cfg))
     lines += [
-        "from olmo_core.nn.attention import AttentionConfig, GateConfig, GateGranularity",
+        "from olmo_core.nn.attention import AttentionConfig, GateConfig, GateGranularity"
+        + (", SlidingWindowAttentionConfig" if window is not None else ""),
         "from olmo_core.nn.feed_forward import ActivationFunction, FeedForwardConfig",
         "from olmo_core.nn.layer_norm import LayerNormConfig, LayerNormType",
         "from olmo_core.nn.lm_head import LMHeadConfig",
@@ -236,32 +283,32 @@ def _olmo_core(layout: str, opts: dict[str, Any], cfg: ModelConfig) -> str:
             if layer
             else "# RMSNorm without a bias: LayerNormConfig's defaults (bias=True, eps=1e-5) are another function"
         ),
-        f"norm = {norm}",
+    ]
+    if opts.get("unit_offset"):
+        lines += [
+            "# normlab's gain 1 + w (w from 0) is this RMSNorm's weight (it multiplies by its weight, from 1): load",
+            "# normlab's or Gemma's w as 1 + w (olmo_core.nn.hf.convert does so for Gemma 3). The same function;",
+            "# in training, weight decay on it pulls the gain to 0 (normlab's to 1), and in bf16 a weight near 1",
+            "# has coarser steps than a w near 0",
+        ]
+    lines.append(f"norm = {norm}")
+    if window is not None and every:  # windowed blocks and every `every`-th block full, by name
+        local, full = _olmo_block(opts, cfg, local_theta, window), _olmo_block(opts, cfg, cfg.rope_theta, None)
+        lines += ["local = " + local[0], *local[1:], "full = " + full[0], *full[1:]]
+        block = [
+            '    block={"local": local, "full": full},',
+            f'    block_pattern=["local"] * {every - 1} + ["full"],  # cycled over the layers: layer i is full '
+            f"where (i + 1) % {every} == 0",
+        ]
+    else:
+        inner = _olmo_block(opts, cfg, local_theta if window is not None else cfg.rope_theta, window)
+        block = ["    block=" + inner[0], *(f"    {line}" for line in inner[1:-1]), "    ),"]
+    lines += [
         "config = TransformerConfig(",
         f"    d_model={cfg.d_model},",
         f"    vocab_size={cfg.vocab_size},",
         f"    n_layers={cfg.n_layers},",
-        "    block=TransformerBlockConfig(",
-        f"        name=TransformerBlockType.{opts['block']},",
-        "        sequence_mixer=AttentionConfig(",
-        f"            n_heads={cfg.n_heads},",
-        f"            n_kv_heads={cfg.kv_heads},",
-        f"            head_dim={cfg.head_dim},",
-        f"            bias={cfg.linear_bias},  # default True",
-        f"            rope=RoPEConfig(name=RoPEType.default, theta={_num(cfg.rope_theta)}, full_precision=True),"
-        "  # theta's default is 500,000",
-        f"            qk_norm={'norm' if qk else 'None'},",
-        f"            use_head_qk_norm={qk == 'head'},  # True: per head; False: over all heads",
-        (
-            "            gate=GateConfig(granularity=GateGranularity.elementwise, full_precision=True),"
-            if opts.get("gate")
-            else "            gate=None,"
-        ),
-        "        ),",
-        f"        feed_forward=FeedForwardConfig(hidden_size={cfg.ffn_dim}, bias={cfg.linear_bias}, "
-        f"activation=ActivationFunction.{_OLMO_ACT.get(cfg.mlp, 'silu')}),",
-        "        layer_norm=norm,",
-        "    ),",
+        *block,
         "    lm_head=LMHeadConfig(layer_norm=norm, bias=False),  # layer_norm: the final norm",
         f"    embedding_norm={'norm' if opts.get('embedding_norm') else 'None'},",
         f"    embed_scale={f'{cfg.d_model} ** 0.5' if opts.get('embed_scale') else 'None'},",
@@ -269,6 +316,11 @@ def _olmo_core(layout: str, opts: dict[str, Any], cfg: ModelConfig) -> str:
         ")",
         'model = config.build(init_device="cpu")',
     ]
+    if window is not None:
+        lines += [
+            "# OLMo-core's torch (SDPA) backend masks the windows (run on the CPU by normlab's tests); on a GPU with",
+            "# flash-attn 2 installed, its windowed layers take its flash_2 backend instead (not run by those tests)",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -285,6 +337,8 @@ OLMO_CORE = Framework(
         "peri-noemb": {"block": "peri_norm"},
         "peri+qk": {"block": "peri_norm", "embedding_norm": True, "qk": "head", "norm": "layer"},
         "gemma2": {"block": "peri_norm", "embed_scale": True},
+        # the gain 1 + w held as the weight itself (OLMo-core's Gemma 3 conversion, olmo_core.nn.hf.convert)
+        "gemma3": {"block": "peri_norm", "embed_scale": True, "qk": "head", "unit_offset": True},
     },
     _olmo_problems,
     _olmo_core,
@@ -383,6 +437,7 @@ _SETTINGS = (
     "streams",
     "stream_mix",
     "ngpt",
+    "attn_res",
     "ln_scaling",
     "alpha",
     "embed_scale",
@@ -430,6 +485,27 @@ UNSAID: tuple[Unsaid, ...] = (
             "OLMo-core": "its nGPT (TransformerConfig.ngpt_like: NormalizedAttention) normalizes q and k over all "
             "heads at once (qk_norm on the whole projection; it takes no per-head option), where nGPT's code and "
             "normlab normalize each head: another function",
+        },
+    ),
+    Unsaid(
+        "Attention Residuals (softmax attention over depth)",
+        lambda lay: lay.attn_res is not None,
+        "its blocks add each sublayer's output to one residual stream with weight 1 (no attention over depth in "
+        "its sources)",
+        {"transformers": "no class of it attends over depth in place of the residual sum"},
+    ),
+    Unsaid(
+        "SpanNorm's whole-block skip",
+        lambda lay: any(s.skip_block for s in [lay.block.mlp] + [r.sites for r in lay.rules]),
+        "each of its sublayers adds to its own input, none to the block's",
+    ),
+    Unsaid(
+        "Keel's skip scale",
+        lambda lay: lay.alpha == "keel",
+        "its blocks add the skip with weight 1 and none normalizes after the add",
+        {
+            "OLMo-core": "its attention/feed_forward_residual_alpha scales the branch, not the skip, and none of its "
+            "blocks normalizes after the add (where the two would agree)"
         },
     ),
     Unsaid("GPAS", lambda lay: lay.gpas, "no block of it subtracts a stop-gradient share of the stream"),

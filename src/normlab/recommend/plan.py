@@ -22,7 +22,8 @@ A small budget buys a smaller answer, never a refusal while the smallest one fit
 Where candidates are fewer than given, a cheap screen chose them: Kan et al.'s step 1 (well-posedness,
 from the layout data alone: bounded, tangential, unbounded), one family in turn, in the order given.
 `--lrs`, `--seeds` and `--depth` fix their dimension. Where not even the smallest answer fits, the
-refusal (`BudgetTooSmall`) names the least budget that would do.
+refusal (`BudgetTooSmall`) names the least budget that would do, the calibration the plan was priced with
+(how fast, when measured, its cache file) and how to measure it again (`calibration_used`).
 
 With `--verify`, the plan first sets aside a verify stage (`verify_plan`): the k best of the ranking
 (k >= 2) trained once more at the widest width (128, 256, ... up to yours) where the 2 dearest candidates'
@@ -72,6 +73,11 @@ class BudgetTooSmall(ValueError):
     def __init__(self, message: str, minutes: int) -> None:
         super().__init__(message)
         self.minutes = minutes
+
+
+def calibration_used(cal: Calibration) -> str:
+    """The words a budget refusal ends with: which calibration priced the plan and how to measure again."""
+    return f"priced with this machine's calibration: {cal.describe()}; {cal.remeasure_hint()}"
 
 
 def depths_for(user_depth: int) -> list[int]:
@@ -320,7 +326,9 @@ def make_plan(
             f"--budget {budget_s / 60:g} min cannot hold the smallest answer ({least.n} candidates screened at your "
             f"depth {user.n_layers} and trained once at {least.depth} layers, {least.steps} steps: "
             f"about {need:.1f} min "
-            f"on this machine, {stages(least)['screen'] / 60:.1f} of them the screen); give " + ", or ".join(more),
+            f"on this machine, {stages(least)['screen'] / 60:.1f} of them the screen); give "
+            + ", or ".join(more)
+            + f" ({calibration_used(cal)})",
             minutes,
         )
 

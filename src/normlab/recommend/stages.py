@@ -340,7 +340,7 @@ def _verify_added(
             need = math.ceil((need_s / plan.FILL + reserve + rounds_s) / 60)
             why = (
                 f"--verify: --budget {cfg.budget:g} min cannot buy the verify stage (2 runs at width "
-                f"{plan.verify_widths(user.config)[0]}); give --budget {need} or more"
+                f"{plan.verify_widths(user.config)[0]}); give --budget {need} or more ({plan.calibration_used(cal)})"
             )
         if done:
             raise ConfigError(why)
@@ -494,9 +494,9 @@ def recommend(
     folder = RecommendDir(Path(cfg.out))
     saved = folder.read(folder.plan_file) if folder.plan_file.is_file() else {}
     inputs = None
+    threads = max(1, (os.cpu_count() or 1) // workers)
     if not saved.get("plan"):
-        threads = max(1, (os.cpu_count() or 1) // workers)
-        cal, cached = cost.calibration(threads, log=log, streams=_has_streams(candidates))
+        cal, cached = cost.calibration(threads, log=log, streams=_has_streams(candidates), remeasure=cfg.recalibrate)
         log(
             f"  this machine: {cal.speed:.2f}x the reference VM's step time "
             + ("(cached calibration)" if cached else f"(calibrated in {cal.seconds:.1f} s)")
@@ -525,6 +525,9 @@ def recommend(
         depth = the_plan.depth
     else:
         depth = saved["plan"]["depth"]
+        if cfg.recalibrate:  # measured as asked; the plan this folder holds stays (the same command resumes it)
+            cal, _ = cost.calibration(threads, log=log, streams=False, remeasure=True)
+            log(f"  this machine: {cal.describe()}; {folder.plan_file.name}'s plan is kept, the next plans use it")
     base = _base(user, depth, precision, extra, cfg.optimizer)
     inputs = _inputs(user, cfg, precision, extra, candidates)
     if saved and json.loads(json.dumps(saved.get("inputs"))) != json.loads(json.dumps(inputs)):
@@ -785,6 +788,7 @@ def _stages(
         log(f"\n3/3 final round {_clock(t0, budget_s)}: none in this budget; the ranking rests on the stress round")
     summarize(folder.grid.path)
     mark()
+    _refresh_calibration(folder, user, screen, workers, log)
 
     # the ranking, the checks, the settings, the report (written now: the verify stage adds to it)
     args = (
@@ -845,6 +849,31 @@ def _stages(
         f"recommendation: {folder.markdown_file}\nreport: {folder.report_file}"
     )
     return result
+
+
+def _refresh_calibration(
+    folder: RecommendDir, user: UserModel, screen: dict[str, Any], workers: int, log: Callable
+) -> None:
+    """The finished proxy runs' steps and the screens against this machine's cached calibration: lowered where
+    they ran faster than it predicts (measured under a load), never raised (`cost.refresh_from_runs`)."""
+    from normlab.model.config import ModelConfig
+    from normlab.recommend import cost
+    from normlab.runs.store import open_store
+
+    if not folder.grid.store_file.is_file():
+        return
+    try:  # a record that cannot be read only leaves the calibration as it is
+        steps = [
+            step
+            for row in open_store(folder.grid, readonly=True).rows()
+            if (step := cost.run_step(row["config"], folder.grid.run(row["run_id"]).summary())) is not None
+        ]
+    except (ConfigError, OSError, ValueError):
+        steps = []
+    shape = ModelConfig(**screen_shape(user.config, screen["width"], 64))
+    seconds = [r.get("seconds") for r in screen["results"].values() if isinstance(r, dict)]
+    screens = [(shape, float(t)) for t in seconds if isinstance(t, (int, float)) and t > 0]
+    cost.refresh_from_runs(max(1, (os.cpu_count() or 1) // workers), steps, screens, log=log)
 
 
 def _conclude(

@@ -98,13 +98,30 @@ def stale(info: dict[str, Any] | None, age: float) -> bool:
     return False
 
 
+def alive_here(info: dict[str, Any] | None) -> bool:
+    """Whether a lock file names a live process on this host outside any other scheduler job (its pid running, with
+    the start time the file recorded): a holder whose end can be awaited by watching it, not by a clock."""
+    if not isinstance(info, dict) or info.get("host") != socket.gethostname():
+        return False
+    if info.get("job") and info["job"] != job_id():  # another job's: the scheduler says when it ends
+        return False
+    pid = info.get("pid")
+    if not isinstance(pid, int) or pid == os.getpid():
+        return False
+    start = _start_time(pid)
+    return start is not None and (info.get("start") is None or start == info["start"])
+
+
 class FolderLock:
     """An exclusive lock on `lock_file` for the life of the holder (see the module docstring). Waits up to `wait`
-    seconds for a dying holder, then refuses with `busy(holder)` (a LockBusy)."""
+    seconds for a dying holder, then refuses with `busy(holder)` (a LockBusy). `patient`: past `wait`, keep
+    waiting while the holder is a live process on this host outside any other job (`alive_here`): a sweep's worker
+    taking its run from the worker of a killed sweep, which ends with that sweep however long a loaded machine
+    takes to end it (its liveness decides, not a fixed number of seconds)."""
 
-    def __init__(self, lock_file: Path, wait: float, busy: Callable[[str], str]) -> None:
+    def __init__(self, lock_file: Path, wait: float, busy: Callable[[str], str], *, patient: bool = False) -> None:
         lock_file.parent.mkdir(parents=True, exist_ok=True)
-        self.path, self.file, self.info = lock_file, None, None
+        self.path, self.file, self.info, self.patient = lock_file, None, None, patient
         if not shared_filesystem(lock_file.parent):
             try:
                 self._flock(wait, busy)
@@ -128,8 +145,9 @@ class FolderLock:
                 if time.monotonic() >= deadline:
                     self.file.seek(0)
                     text = self.file.read().strip()
-                    self.file.close()
-                    raise LockBusy(busy(_holder_text(text)), _parse(text)) from None
+                    if not (self.patient and alive_here(_parse(text))):
+                        self.file.close()
+                        raise LockBusy(busy(_holder_text(text)), _parse(text)) from None
                 time.sleep(0.2)
         self.file.seek(0)
         self.file.truncate(0)
@@ -147,7 +165,7 @@ class FolderLock:
                 if stale(held, age):
                     _break(self.path, held)
                     continue
-                if time.monotonic() >= deadline:
+                if time.monotonic() >= deadline and not (self.patient and alive_here(held)):
                     raise LockBusy(
                         busy(f"{describe_holder(held)}; if that process is gone, delete {self.path}"), held
                     ) from None
@@ -223,11 +241,12 @@ class RunLock(FolderLock):
     """The run's lock: one process trains a run at a time (a sweep restarted while a killed coordinator's
     worker still runs, two shells, a duplicate job)."""
 
-    def __init__(self, run: Path, wait: float = 10.0) -> None:
+    def __init__(self, run: Path, wait: float = 10.0, *, patient: bool = False) -> None:
         super().__init__(
             RunDir(run).lock_file,
             wait,
             lambda holder: (
                 f"{run} is being trained by {holder}; a run never executes twice at once: wait for it or stop it"
             ),
+            patient=patient,
         )

@@ -29,6 +29,7 @@ OUTCOME = (
     "tokens",
     "max_activation",
     "first_break",
+    "spike_score",
 )
 
 

@@ -3,7 +3,7 @@
 Nothing already written is lost:
 - `--out` must be a missing or empty directory, or a normlab run directory (its config.json says so);
   a file, or a folder holding anything else (an export, a dataset, `.`), is refused before anything
-  is written.
+  is written; so is a folder on read-only storage (a finished run on a read-only mount), in one line.
 - A run directory whose identity settings differ from this run's is refused, naming the settings.
 - A finished run (summary.json ok/diverged for the same settings) is not trained again: its summary
   is returned as it is.
@@ -23,6 +23,7 @@ from typing import Any
 
 from normlab.config.train import TrainConfig
 from normlab.errors import ConfigError
+from normlab.io import check_writable
 from normlab.runs.checkpoint import TEMP_FILE, load_latest_checkpoint
 from normlab.runs.files import LOCK, RunDir
 from normlab.runs.lock import FolderLock, RunLock  # noqa: F401 - the run's guard rails, in one import
@@ -38,7 +39,8 @@ def default_out(*parts: str) -> str:
 
 
 def check_out(run: Path) -> None:
-    """Refuse an --out that is a file, or a non-empty folder that is not a normlab run."""
+    """Refuse an --out that is a file, a non-empty folder that is not a normlab run, or one that cannot be
+    written (read-only storage: `normlab.io.check_writable`)."""
     if run.exists() and not run.is_dir():
         raise ConfigError(f"--out {run} is a file; give a directory for the run (it is created if missing)")
     held = (
@@ -52,6 +54,7 @@ def check_out(run: Path) -> None:
             f"{', ...' if len(held) > 5 else ''}); nothing there is overwritten: "
             "choose a new or empty directory"
         )
+    check_writable(run, "--out")  # a finished run on a read-only mount: one line, before the lock is taken
 
 
 @dataclass

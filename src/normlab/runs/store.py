@@ -37,7 +37,7 @@ from normlab.runs.files import SWEEP_FILE, SWEEP_RUNS, RunDir, SweepDir, check_r
 from normlab.runs.outcome import FINISHED, OUTCOME, STATUSES
 
 # Columns added after the first release, with their SQL types: an older sweep.db gains them when opened.
-ADDED_COLUMNS = {"max_activation": "real", "first_break": "text", "job": "text"}
+ADDED_COLUMNS = {"max_activation": "real", "first_break": "text", "job": "text", "spike_score": "real"}
 
 
 class Spec(Protocol):
@@ -62,6 +62,7 @@ create table if not exists runs (
     loss_spikes integer, grad_spikes integer, megatron_spikes integer, wall_time_s real, tokens integer,
     max_activation real,           -- the largest finite |activation| the run's probes and forensics saw
     first_break text,              -- a diverged run: where its forward first broke (normlab.diagnostics.forensics)
+    spike_score real,              -- OLMo-core's spike score (normlab.diagnostics.stats.spike_score); none: too short
     attempts integer not null default 0,
     worker text,                   -- host:pid or scheduler job id of the attempt that wrote the row
     job text,                      -- the scheduler job that holds the run, stored at submission (SLURM: 123_4)
@@ -236,12 +237,14 @@ class SweepStore:
                 [{"job": job, "run_id": rid} for rid, job in zip(run_ids, jobs)],
             )
 
-    def requeued(self, run_id: str, reason: str) -> None:
-        """A job that saved its run and went back to the scheduler's queue: pending again, the reason kept."""
+    def requeued(self, run_id: str, reason: str, step: int | None = None) -> None:
+        """A job that saved its run and went back to the scheduler's queue: pending again, the reason and the step
+        it saved at kept (a job that then is not requeued, its time limits used up, says where to continue)."""
         with self._connect() as db:
             db.execute(
-                "update runs set status = 'pending', reason = ? where run_id = ? and status = 'running'",
-                (reason, run_id),
+                "update runs set status = 'pending', reason = ?, step = coalesce(?, step) where run_id = ? and "
+                "status = 'running'",
+                (reason, step, run_id),
             )
 
     def pending_again(self, run_id: str, reason: str) -> None:

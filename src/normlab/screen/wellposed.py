@@ -15,13 +15,28 @@ How a norm bounds depends on its kind: RMSNorm/LayerNorm fix the update on an el
 L2 on a sphere (of radius |g| or 1), DyT and Derf squash it entry by entry into a box (|u_i| <= |gamma_i| + |beta_i|)
 that bounds it from above without fixing its size. A learned step h (ReZero, LayerScale) scales every
 bound by its current value, which training can grow: the verdict says so.
+
+The 2026 residual forms change what carries the stream, not what bounds an update, so their sublayers are judged by
+their sites as any other and `stream_path` says what carries the stream: Keel (A+C with the skip scaled by the
+number of sublayers: tangential, as Post-LN), SpanNorm (C with the MLP's skip from the block's input: tangential)
+and Attention Residuals (on Pre-LN's sites, unbounded in the weights, but each sublayer reads a convex mix of the
+embedding and the block sums, so the stream does not grow with depth beyond one block).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from normlab.layout.sites import AttentionInnerSites, Layout, NormSpec, ResolvedLayout, SublayerSites
+from normlab.layout.sites import (
+    ATTN_RES_FULL,
+    KEEL,
+    AttentionInnerSites,
+    Layout,
+    NormSpec,
+    ResolvedLayout,
+    SublayerSites,
+    attn_res_block_size,
+)
 
 ORDER = {"bounded": 0, "tangential": 1, "unbounded": 2}
 VERDICT = {"bounded": "well-posed", "tangential": "degenerate (tangential)", "unbounded": "ill-posed (unbounded)"}
@@ -107,6 +122,8 @@ def classify(
         notes.append("the hidden norm (H) bounds W2's input, not its output")
     if sites.skip_normed:
         notes.append("the normalized skip resets the carried stream, but the added update is still free")
+    if sites.skip_block:
+        notes.append("the skip is the block's input, but the added update is still free")
     base = (
         "no norm on the module output: the update f(.) grows with the module's weights and activations "
         "(Kan Theorem 2, as Pre-LN)"
@@ -147,11 +164,11 @@ def wellposedness(resolved: ResolvedLayout) -> dict:
         "verdict": VERDICT[worst],
         "worst": worst,
         "sublayers": [asdict(v) for v in verdicts],
-        "stream": stream_path(lay),
+        "stream": stream_path(lay, resolved.n_layers),
     }
 
 
-def stream_path(lay: Layout) -> str:
+def stream_path(lay: Layout, n_layers: int | None = None) -> str:
     """What carries the stream from one sublayer to the next, when it is not the unit-weight identity: the verdicts
     above bound the update; these scale or mix what it is added to."""
     notes = []
@@ -176,14 +193,39 @@ def stream_path(lay: Layout) -> str:
                 "has gain <= 1 in both directions (the screen's hc_gain), and post <= 2 scales each update"
             )
         )
+    if lay.alpha == KEEL:
+        notes.append(
+            "Keel's skip scale alpha = 2N, the number of sublayers (Chen & Wei 2026): the carried stream enters each "
+            "norm after the add alpha times as heavy as an update of its size, so one sublayer turns the normalized "
+            "stream by about 1/alpha and the gradient through the skip is not halved at every norm as in Post-LN"
+        )
+    if any(s.skip_block for s in [lay.block.mlp] + [r.sites for r in lay.rules]):
+        notes.append(
+            "SpanNorm's whole-block skip (W): the MLP adds to the block's input, so the stream passes one norm per "
+            "block (the MLP's C) and the attention sublayer's output only feeds the MLP (Wang et al. 2026)"
+        )
+    if lay.attn_res is not None:
+        size = attn_res_block_size(lay.attn_res, n_layers) if n_layers else None
+        blocks = (
+            "each sublayer's output its own source"
+            if lay.attn_res == ATTN_RES_FULL
+            else f"{lay.attn_res} blocks" + (f" of {size} sublayers" if size else "")
+        )
+        notes.append(
+            f"Attention Residuals over depth ({blocks}; Kimi Team 2026): each sublayer reads a softmax-weighted "
+            "average of the embedding and the blocks' sums (weights >= 0 summing to 1), so its input is no larger "
+            "than its largest source and the sums grow within a block only, not with depth; each update is bounded "
+            "only as its sites say"
+        )
     return "; ".join(notes) or "identity (unit-weight sum)"
 
 
 def all_output_normalized(resolved: ResolvedLayout) -> bool:
     """Theorem 4's premise: every sublayer adds h * N_B(.) to an unnormalized identity path (not a learned skip
-    scale, GPAS's rescaled stream, nor a hyper-connection's mixing of several streams)."""
+    scale, GPAS's rescaled stream, a hyper-connection's mixing of several streams, nor Attention Residuals' depth
+    attention)."""
     lay = resolved.layout
-    if lay.skip_learned or lay.gpas or lay.streams > 1:
+    if lay.skip_learned or lay.gpas or lay.streams > 1 or lay.attn_res is not None:
         return False
     return all(
         s.output and not s.after_add and not s.skip_normed for blk in resolved.blocks for s in (blk.attn, blk.mlp)

@@ -49,6 +49,10 @@ class CheckpointSchedule:
         self.next_due = (start_step // base + 1) * base
         self._from_step, self._from_time = start_step, _clock()
 
+    def now(self) -> float:
+        """The schedule's clock (what `saved` reckons training time in), for timing a save."""
+        return _clock()
+
     @property
     def every(self) -> int:
         return self.base * self.k

@@ -1,7 +1,8 @@
 """`normlab train`: a run from its configuration (built by normlab.config.overrides from the command's one
 override list), with what the command line adds around the trainer: --init-from's recorded shape where the
-command gave none, an output folder named after the layout and size when --out is not given (said before any
-work), and the run's outcome in one line."""
+command gave none (a run's), or every setting it states (a transformers folder's: `normlab.train.init_from`),
+an output folder named after the layout and size when --out is not given (said before any work), and the
+run's outcome in one line."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 from normlab.config.train import TrainConfig
 from normlab.runs.outcome import describe
 from normlab.runs.start import default_out, recorded_shape
+from normlab.train.init_from import folder_settings
 from normlab.train.trainer import TrainingFailed, train
 
 
@@ -17,7 +19,7 @@ def train_command(cfg: TrainConfig, given: set[str]) -> int:
     """Train ``cfg``; ``given``: the names of the settings the user gave (`settings_keys`). Returns the exit
     status: 0, or 1 when the run failed (its reason on stderr)."""
     if cfg.model.init_from:
-        cfg = recorded_shape(cfg, given)
+        cfg = folder_settings(recorded_shape(cfg, given), given)  # a run's recorded shape, a folder's settings
     if "out" not in given:
         cfg = cfg.with_({"out": default_out(cfg.model.layout_label, cfg.model.size)}, "command line")
         print(f"normlab train: no --out given: the run goes to {cfg.run.out}", flush=True)

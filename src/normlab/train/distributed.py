@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from normlab.model.config import ConfigError
+from normlab.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +17,15 @@ from normlab.runs.files import RunDir
 
 
 class LineProgress:
-    """Progress where no terminal is attached: one line on stderr every ``every`` seconds (and at the
-    end), as sweeps log theirs; the same calls as the tqdm bar it replaces."""
+    """Progress where no terminal is attached: one line on stderr every ``every`` seconds of ``clock`` (and
+    at the end), as sweeps log theirs; the same calls as the tqdm bar it replaces. ``clock``: the seconds
+    the lines and the ETA are reckoned in (time.monotonic; a test passes its own)."""
 
-    def __init__(self, total: int, start: int, name: str, every: float = 60.0) -> None:
-        self.total, self.n, self.name, self.every = total, start, name, every
-        self.t0 = self.last = time.monotonic()
+    def __init__(
+        self, total: int, start: int, name: str, every: float = 60.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.total, self.n, self.name, self.every, self.clock = total, start, name, every, clock
+        self.t0 = self.last = clock()
         self.start, self.post = start, ""
 
     def set_postfix(self, post: dict[str, str], refresh: bool = False) -> None:
@@ -29,11 +33,11 @@ class LineProgress:
 
     def update(self, n: int = 1) -> None:
         self.n += n
-        if time.monotonic() - self.last >= self.every:
+        if self.clock() - self.last >= self.every:
             self._line()
 
     def _line(self) -> None:
-        self.last = time.monotonic()
+        self.last = self.clock()
         done = self.n - self.start
         eta = (self.last - self.t0) / done * (self.total - self.n) if done else None
         print(

@@ -1,7 +1,9 @@
 """Optimizers and the learning-rate schedule.
 
 AdamW with parameter groups (no weight decay on the parameters named in ``wd_exclude``: norm
-gammas/betas and the learned scales with them, biases, embeddings), or SGD with momentum (Kim App. I), or
+gammas/betas and the learned scales with them, biases, embeddings; the gains of the input and the output norms
+each with their own weight decay and learning rate where ``wd_input_gains`` ... ``lr_output_gains`` say so, the
+gain's own policy of arXiv 2605.26895), or SGD with momentum (Kim App. I), or
 Muon: ``torch.optim.Muon`` (orthogonalized momentum, Jordan et al. 2024; ``W <- W (1 - lr wd) - lr' NS_k(M)``)
 on the blocks' 2-D hidden matrices (attention's q/k/v/o and gate, the MLP's matrices, each MoE expert's
 matrices one by one), with AdamW on the rest (embeddings, the head, norms, learned scalars, gains, biases,
@@ -23,17 +25,48 @@ import torch
 from torch import nn
 
 from normlab.config.train import TrainConfig
+from normlab.layout.sites import GAIN_KINDS
 from normlab.model.block import scale_params
 from normlab.model.norms import is_norm
-from normlab.model.parametrization import ParamScale, adam_eps_multiplier, param_scales
+from normlab.model.parametrization import ParamScale, param_scales
 from normlab.model.sphere import project
 from normlab.model.streams import HyperConnection
 
 
+def gain_kinds(model: nn.Module, cfg: TrainConfig) -> dict[int, str]:
+    """The norm gains the gain policy covers, by parameter id: "input" or "output" (`GAIN_KINDS`: what the site's
+    norm feeds), for each kind whose weight decay or learning rate the optimizer settings set (empty: none). A gain is
+    a norm's ``weight`` (gamma, a centered gain's w, a single scale, ScaleNorm's g); betas, DyT's alpha and the like
+    keep ``wd_exclude``'s rule."""
+    o = cfg.optim
+    wanted = {
+        kind
+        for kind, (wd, lr) in {
+            "input": (o.wd_input_gains, o.lr_input_gains),
+            "output": (o.wd_output_gains, o.lr_output_gains),
+        }.items()
+        if wd is not None or lr != 1.0
+    }
+    inner = getattr(model, "module", model)  # DDP
+    sites = inner.norms_at_sites() if wanted and hasattr(inner, "norms_at_sites") else {}
+    out: dict[int, str] = {}
+    for kind in wanted:
+        for site in GAIN_KINDS[kind]:
+            for norm in sites.get(site, ()):
+                w = getattr(norm, "weight", None)
+                if isinstance(w, nn.Parameter):
+                    out[id(w)] = kind
+    return out
+
+
 def param_groups(model: nn.Module, cfg: TrainConfig, muon: set[int] | None = None) -> list[dict]:
-    """The groups: decayed and not (``wd_exclude``); under muP / CompleteP each split by its parameters'
-    learning-rate and weight-decay factors (``muon``: the ids Muon takes, which follow Muon's own lr rule)."""
+    """The groups: decayed and not (``wd_exclude``), and the input and the output norms' gains where the gain policy
+    sets their weight decay (a multiple of ``weight_decay``) or learning rate (``lr_ratio``, a multiple of the
+    schedule's); under muP / CompleteP each split by its parameters' learning-rate and weight-decay factors
+    (``muon``: the ids Muon takes, which follow Muon's own lr rule)."""
     exclude = set(cfg.wd_exclusions)
+    kinds = gain_kinds(model, cfg)
+    gains: dict[str, list[nn.Parameter]] = {"input": [], "output": []}
     norm_params, emb_params = set(), set()
     for m in model.modules():
         if is_norm(m):  # every kind: RMS, Layer, DyT (its alpha too), ScaleNorm
@@ -51,21 +84,38 @@ def param_groups(model: nn.Module, cfg: TrainConfig, muon: set[int] | None = Non
         for name, p in m.named_parameters()
         if not name.startswith(("dynamic", "phi"))
     )
+    # Attention Residuals' pseudo-queries w (normlab.model.depth_attention) are weights, as the authors hold each in
+    # an nn.Linear(d, 1): they decay, toward 0, the uniform average they start from; their key norms' gains are norm
+    # gains (above). Keel and SpanNorm add no parameter of their own.
     decay, no_decay, seen = [], [], set()
     for name, p in model.named_parameters():
         if not p.requires_grad or id(p) in seen:
             continue
         seen.add(id(p))
+        if id(p) in kinds:
+            gains[kinds[id(p)]].append(p)
+            continue
         is_excluded = (
             ("norms" in exclude and id(p) in norm_params)
             or ("embeddings" in exclude and id(p) in emb_params)
             or ("biases" in exclude and name.endswith(".bias"))
         )
         (no_decay if is_excluded else decay).append(p)
+    o = cfg.optim
     groups = [
-        {"params": decay, "weight_decay": cfg.optim.weight_decay},
+        {"params": decay, "weight_decay": o.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
+    for kind, wd, lr in (
+        ("input", o.wd_input_gains, o.lr_input_gains),
+        ("output", o.wd_output_gains, o.lr_output_gains),
+    ):
+        if gains[kind]:
+            # unset weight decay: the gains keep the rule wd_exclude gives norms
+            factor = wd if wd is not None else (0.0 if "norms" in exclude else 1.0)
+            groups.append(
+                {"params": gains[kind], "weight_decay": o.weight_decay * factor, "lr_ratio": lr, "gains": kind}
+            )
     inner = getattr(model, "module", model)  # DDP
     if inner.config.parametrization == "sp":
         return groups
@@ -141,7 +191,7 @@ class MuonAdamW:
             for g in param_groups(model, cfg)
         ]
         groups = [g for g in groups if g["params"]]
-        eps = o.eps * adam_eps_multiplier(getattr(model, "module", model).config)
+        eps = o.eps * getattr(model, "module", model).config.adam_eps_multiplier
         self.adamw = torch.optim.AdamW(groups, lr=adamw_lr, betas=(o.beta1, o.beta2), eps=eps, fused=fused or None)
         wd = o.weight_decay if o.muon_weight_decay is None else o.muon_weight_decay
         flat = [p for p in matrices if p.ndim == 2]
@@ -225,7 +275,7 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig, fused: bool = False) -> t
                 groups,
                 lr=cfg.optim.lr,
                 betas=(cfg.optim.beta1, cfg.optim.beta2),
-                eps=cfg.optim.eps * adam_eps_multiplier(getattr(model, "module", model).config),
+                eps=cfg.optim.eps * getattr(model, "module", model).config.adam_eps_multiplier,
                 fused=fused or None,
             )
     inner = getattr(model, "module", model)  # DDP

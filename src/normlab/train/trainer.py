@@ -43,6 +43,7 @@ from normlab.data.sft import load_sft_data
 from normlab.diagnostics.forensics import describe as describe_break
 from normlab.diagnostics.forensics import first_break, gradient_break, site_of
 from normlab.diagnostics.probes import Probes
+from normlab.diagnostics.stats import spike_score
 from normlab.diagnostics.store import ProbeWriter
 from normlab.diagnostics.tier import StepTier, TierSpikes, tier_summary
 from normlab.errors import CheckpointError, ConfigError
@@ -61,7 +62,7 @@ from normlab.runs.model import build_run_model
 from normlab.runs.start import RunLock, Start, check_out, plan_start
 from normlab.train import distributed
 from normlab.train.ckpt_schedule import SAVE_SHARE, CheckpointSchedule
-from normlab.train.init_from import load_init_weights
+from normlab.train.init_from import read_init_weights
 from normlab.train.loggers import Sinks
 from normlab.train.memory import check_fits, device_capacity
 from normlab.train.mfu import flops_per_token, optimizer_flops, peak_flops
@@ -138,20 +139,49 @@ def evaluate(model: nn.Module, batches: list, cfg: TrainConfig, info: distribute
     return total / n
 
 
+def _optimizer_keyed_by_name(ckpt: dict[str, Any]) -> bool:
+    """Whether a whole-model checkpoint's optimizer state names its parameters (FQNs), as
+    `torch.distributed.checkpoint.state_dict.get_optimizer_state_dict` gathers it: the form an FSDP run
+    of an older normlab release saved, before FSDP2 checkpoints were sharded. `Optimizer.state_dict`,
+    which this normlab saves, numbers them."""
+    optimizer = ckpt.get("optimizer")
+    groups = optimizer.get("param_groups") if isinstance(optimizer, dict) else None
+    if not isinstance(groups, list):
+        return False  # no optimizer state (a final checkpoint), or Muon's pair of states
+    return any(isinstance(p, str) for g in groups if isinstance(g, dict) for p in g.get("params", ()))
+
+
+def resume_refusal(start: Start, cfg: TrainConfig, info: distributed.DistInfo) -> str | None:
+    """Why the run cannot resume from ``start``'s checkpoint on this launch (one line), or None if it can.
+
+    - A whole-model checkpoint whose optimizer state is keyed by parameter name was written by an FSDP
+      run of an older release; it is not read (whatever the world size), its weights are: ``--init-from``.
+    - Under torchrun with ``--fsdp`` only sharded checkpoints resume (`load_sharded_state`); a whole-model
+      file (one process, DDP) resumes without ``--fsdp``.
+    """
+    ckpt, path = start.checkpoint, start.path
+    if ckpt is None or "sharded" in ckpt:
+        return None
+    fresh = f"`normlab train --init-from {path} --out NEW_FOLDER` (its weights; the optimizer starts anew)"
+    if _optimizer_keyed_by_name(ckpt):
+        return (
+            f"{path} was written by an old normlab release (an FSDP run's gathered checkpoint, its optimizer "
+            f"state keyed by parameter name), which this normlab does not resume; start a new run from it with "
+            f"{fresh}"
+        )
+    if cfg.run.fsdp and info.enabled:
+        return (
+            f"{path} is a whole-model checkpoint (of a run in one process or under DDP) and --fsdp under "
+            f"torchrun resumes only sharded ones (step_N.dcp); resume this run without --fsdp, or start a "
+            f"new run from it with {fresh}"
+        )
+    return None
+
+
 def _load_state(model: nn.Module, opt: torch.optim.Optimizer, ckpt: dict, cfg: TrainConfig) -> None:
+    """A checkpoint's model and optimizer state into the run's (`resume_refusal` has passed it)."""
     if "sharded" in ckpt:  # FSDP2's DCP folder: resharded onto this run's world size, whatever it is
         load_sharded_state(ckpt["sharded"], model, opt)
-        return
-    if cfg.run.fsdp and torch.distributed.is_initialized():  # a whole-model file (an FSDP run of normlab 0.1.0)
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_model_state_dict,
-            set_optimizer_state_dict,
-        )
-
-        opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=False)
-        set_model_state_dict(model, ckpt["model"], options=opts)
-        set_optimizer_state_dict(model, opt, ckpt["optimizer"], options=opts)
         return
     _unwrap(model).load_state_dict(ckpt["model"])
     if "optimizer" in ckpt:
@@ -187,17 +217,23 @@ def train(
         # loss 3.3220). GPUs compute them at full speed; on the CPU they are flushed to zero, for the whole process
         torch.set_flush_denormal(True)
     own, start = None, None  # the lock this call takes (none when the caller holds it)
+    refusal: str | None = None  # the main rank's reason not to resume (resume_refusal)
     try:
         if info.is_main:
             check_out(Path(cfg.run.out))
             own = None if lock is not None else RunLock(Path(cfg.run.out))
             remove_stale_temp_files(cfg.run.out)  # of checkpoint writes that were killed
             start = plan_start(cfg, warn=log)
-            if start.note:
+            refusal = resume_refusal(start, cfg, info)
+            if start.note and refusal is None:
                 log(start.note)
-        plan = distributed.broadcast_object(None if start is None else (start.step, start.path, start.finished), info)
+        plan = distributed.broadcast_object(
+            None if start is None else (start.step, start.path, start.finished, refusal), info
+        )
+        if plan[3] is not None:  # every rank refuses (one line each), none waits on another
+            raise CheckpointError(plan[3])
         if start is None:  # another rank: the main rank's decision, the checkpoint read from disk
-            step, path, finished = plan
+            step, path, finished, _ = plan
             start = Start(
                 step=step,
                 path=path,
@@ -297,12 +333,18 @@ def build_state(cfg: TrainConfig, info: distributed.DistInfo, start: Start) -> R
     data = _load_data(cfg)
     # a run that cannot fit the device is refused before its model is built, with settings that fit
     memory_plan = check_fits(cfg, device_capacity(info.device), info.world, data.vocab_size)
+    # the weights to start from are read first (a file that could run code is refused before anything else), and
+    # a resumed run's own checkpoint takes precedence
+    init = read_init_weights(cfg.model.init_from) if cfg.model.init_from and start.checkpoint is None else None
+    if init is not None:
+        init.check_vocab(data.vocab_size)
     # a bad vocabulary or context is refused before the run directory holds anything but its lock
     model = build_run_model(
         cfg.model.layout, cfg.model.size, cfg.model.options, cfg.data.seq_len, data.vocab_size, cfg.optim.seed
     )
-    if cfg.model.init_from and start.checkpoint is None:  # a resumed run's own checkpoint takes precedence
-        load_init_weights(model, cfg.model.init_from)
+    if init is not None:
+        init.load_into(model)
+        del init
     model = model.to(info.device)
     model.activation_checkpointing = cfg.run.activation_checkpointing
     model.set_storage(storage.for_run(cfg.precision, cfg.stored_dtype))
@@ -669,10 +711,13 @@ def _train(
 
 def _checkpoint(state: RunState) -> None:
     """Save the run's state at ``state.step``; every rank calls it (a sharded save is collective), then the
-    schedule learns what the save cost (`CheckpointSchedule.saved`)."""
-    t0 = time.perf_counter()
+    schedule learns what the save cost (`CheckpointSchedule.saved`), timed on the schedule's own clock."""
+    if state.ckpts is None:
+        _save(state)
+        return
+    t0 = state.ckpts.now()
     _save(state)
-    grew = state.ckpts.saved(state.step, time.perf_counter() - t0) if state.ckpts is not None else None
+    grew = state.ckpts.saved(state.step, state.ckpts.now() - t0)
     if grew is not None and state.sinks is not None:
         every, save_s = grew
         state.sinks.note(
@@ -773,6 +818,8 @@ def _write_summary(state: RunState, status: str | None = None, error: str | None
             {"step": r["step"], "verdict": r["verdict"], "action": r["action"]} for r in run.spikes() if "verdict" in r
         ],  # normlab.train.spikes: each spike's attribution
         "layer_stats": tier_summary(run.layers()),  # the per-step tier's largest values (normlab.diagnostics.tier)
+        # OLMo-core's spike score: the share of steps whose loss or gradient norm jumped 6 sigma over the last 128
+        **spike_score([r.get("loss") for r in rows], [r.get("grad_norm") for r in rows]),
     }
     if state.qk_clip is not None:
         summary["qk_clip"] = state.qk_clip.summary()

@@ -10,8 +10,8 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
+from normlab.errors import ConfigError
 from normlab.experiments.sweep import SweepConfig
-from normlab.model.config import ConfigError
 
 RECIPE_DIR = Path(__file__).parent
 RECIPES: dict[str, Path] = {p.stem: p for p in sorted(RECIPE_DIR.glob("*.toml"))}

@@ -18,15 +18,6 @@ if TYPE_CHECKING:
     import torch
 
 
-def rope_parameters(config: Any) -> dict[str, dict]:
-    """transformers' RoPE settings by layer type: {"": {...}} for one setting for all layers, or
-    {"full_attention": {...}, "sliding_attention": {...}} where the config gives one per type (Gemma 3, OLMo 3)."""
-    rope = getattr(config, "rope_parameters", None) or {}
-    if rope and all(isinstance(v, dict) for v in rope.values()):
-        return dict(rope)
-    return {"": dict(rope)}
-
-
 def window_of(config: Any) -> tuple[int | None, int]:
     """A transformers config's attention windows as normlab's (sliding_window, full_attention_every).
 
@@ -67,6 +58,27 @@ class Arch:
     qkv_bias: bool = False  # whether its q, k, v projections have biases (Qwen 2)
     window_patterns: bool = False  # whether it mixes windowed and global layers (layer_types)
     local_rope: bool = False  # whether its windowed layers may have a RoPE base of their own
+    # normlab's model option -> the config.json key that states it (what a refusal names)
+    config_keys: dict[str, str] = {
+        "vocab_size": "vocab_size",
+        "d_model": "hidden_size",
+        "n_layers": "num_hidden_layers",
+        "n_heads": "num_attention_heads",
+        "n_kv_heads": "num_key_value_heads",
+        "d_head": "head_dim",
+        "d_ff": "intermediate_size",
+        "max_seq_len": "max_position_embeddings",
+        "rope_theta": "rope_parameters rope_theta",
+        "rope_local_theta": "rope_parameters sliding_attention rope_theta",
+        "norm_eps": "rms_norm_eps",
+        "tie_embeddings": "tie_word_embeddings",
+        "sliding_window": "sliding_window",
+        "full_attention_every": "layer_types",
+        "qkv_bias": "attention_bias",
+        "attn_scale": "query_pre_attn_scalar",
+        "attn_softcap": "attn_logit_softcapping",
+        "logit_softcap": "final_logit_softcapping",
+    }
 
     # -- export: normlab -> transformers --
     def model_problems(self, cfg: ModelConfig) -> list[str]:
@@ -172,13 +184,7 @@ class Arch:
     # -- import: transformers -> normlab --
     def config_problems(self, config: Any) -> list[str]:
         """Config fields that ask for something normlab does not compute."""
-        problems = []
-        for kind, rope in rope_parameters(config).items():
-            if rope.get("rope_type", "default") != "default":
-                problems.append(
-                    f"rope_type {rope.get('rope_type')!r}{f' on {kind} layers' if kind else ''} "
-                    "(normlab implements default RoPE)"
-                )
+        problems = list(self.rope_bases(config)[1])
         act = getattr(config, self.activation_key, None)
         if act != self.activation:
             problems.append(f"activation {act!r} (needs {self.activation})")
@@ -190,17 +196,69 @@ class Arch:
             problems.append(str(err))
         return problems
 
-    @staticmethod
-    def rope_theta(config: Any, kind: str = "full_attention") -> float:
-        """The RoPE base of ``kind`` layers (transformers 5 may give one per layer type)."""
-        ropes = rope_parameters(config)
-        rope = ropes.get(kind) or ropes.get("full_attention") or ropes.get("") or {}
-        return float(rope.get("rope_theta", getattr(config, "rope_theta", 10_000.0)))
+    def rope_bases(self, config: Any) -> tuple[dict[str, float], list[str]]:
+        """The RoPE base of each layer type, as transformers computes with it, and what normlab does not compute.
+
+        The class's own rotary embedding is built from ``config`` (transformers' `*RotaryEmbedding`: one table
+        for every layer, keyed "", or one per layer type present, "full_attention" / "sliding_attention", where the
+        class keeps them: Gemma 3, OLMo 3). Each base is read where that embedding's
+        `compute_default_rope_parameters` reads it (``rope_parameters[type]["rope_theta"]`` or
+        ``rope_parameters["rope_theta"]``, after transformers filled in its defaults: a flat ``rope_parameters``
+        in an OLMo 3 config leaves OLMo 3's 500,000 on both types, whatever its own ``rope_theta`` says), and
+        its inverse frequencies are checked against normlab's base^(-2i/d) (`normlab.model.rope`, Su et al.
+        2021): a scaled or partial RoPE, or a type normlab does not compute, is a problem by name.
+        """
+        import sys
+
+        import torch
+
+        from normlab.hf.library import require_transformers
+
+        cls = self.hf_class(require_transformers())
+        name = cls.__name__.removesuffix("ForCausalLM") + "RotaryEmbedding"
+        rotary_class = getattr(sys.modules[cls.__module__], name, None)
+        if rotary_class is None:
+            return {"": 10_000.0}, [f"{cls.__name__}'s module has no {name} for normlab to read its RoPE from"]
+        try:
+            rotary = rotary_class(config)
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            return {"": 10_000.0}, [f"transformers cannot build {name} from this config ({type(err).__name__}: {err})"]
+        dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        by_type = getattr(rotary, "layer_types", None)
+        tables = (
+            {
+                t: (
+                    config.rope_parameters[t],
+                    rotary.rope_type[t],
+                    getattr(rotary, f"{t}_inv_freq"),
+                    getattr(rotary, f"{t}_attention_scaling"),
+                )
+                for t in by_type
+            }
+            if by_type
+            else {"": (config.rope_parameters, rotary.rope_type, rotary.inv_freq, rotary.attention_scaling)}
+        )
+        bases, problems = {}, []
+        for kind, (params, rope_type, inv_freq, scaling) in tables.items():
+            bases[kind] = base = float(params["rope_theta"])
+            where = f" on {kind} layers" if kind else ""
+            if rope_type != "default":
+                problems.append(f"rope_type {rope_type!r}{where} (normlab implements default RoPE, no scaling)")
+                continue
+            ours = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+            if inv_freq.shape != ours.shape or scaling != 1.0 or not torch.allclose(inv_freq.double(), ours, rtol=1e-6):
+                problems.append(
+                    f"RoPE{where} that is not base^(-2i/d) over the whole head for rope_theta={base:g} (a partial "
+                    "rotary factor or a scaling; normlab rotates every dimension with the plain frequencies)"
+                )
+        return bases, problems
 
     def model_config(self, config: Any) -> ModelConfig:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         window, every = window_of(config)
-        theta, local = self.rope_theta(config), self.rope_theta(config, "sliding_attention")
+        bases = self.rope_bases(config)[0]
+        theta = bases.get("full_attention", bases.get("", bases.get("sliding_attention", 10_000.0)))
+        local = bases.get("sliding_attention", theta)
         return ModelConfig(
             vocab_size=config.vocab_size,
             d_model=config.hidden_size,

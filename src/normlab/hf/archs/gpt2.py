@@ -20,6 +20,17 @@ class GPT2(Arch):
     model_type = "gpt2"
     preset = "pre,norm=layer"  # x' = x + F(LN(x)), final LN: GPT-2 is Pre-LN with LayerNorm
     exports = False
+    config_keys = {
+        **Arch.config_keys,
+        "d_model": "n_embd",
+        "n_layers": "n_layer",
+        "n_heads": "n_head",
+        "d_ff": "n_inner",
+        "mlp": "activation_function",
+        "max_seq_len": "n_positions",
+        "norm_eps": "layer_norm_epsilon",
+        "tie_embeddings": "tie_word_embeddings",
+    }
 
     def config_problems(self, config: Any) -> list[str]:
         problems = []
