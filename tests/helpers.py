@@ -23,6 +23,18 @@ REPO = Path(__file__).resolve().parents[1]
 # How long a test waits for a child process or an awaited event before it calls it a hang: generous enough for a
 # machine ten times slower than the 2-core VM (CI runs under a load average of 15). A bound, never a measurement:
 # no test asserts how fast something happened, and a passing test never waits this long.
+# A tiny Llama for the transformers-side tests (its config's keyword arguments)
+TINY_LLAMA = dict(
+    vocab_size=96,
+    hidden_size=32,
+    intermediate_size=80,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    rms_norm_eps=1e-6,
+    rope_parameters={"rope_type": "default", "rope_theta": 5000.0},
+)
 PATIENCE_S = 900.0
 
 

@@ -18,20 +18,10 @@ import normlab
 tf = pytest.importorskip("transformers")
 
 from normlab.hf import NativeExportError, from_native, save_native, to_native  # noqa: E402
-from tests.helpers import PATIENCE_S, built_once  # noqa: E402
+from tests.helpers import PATIENCE_S, TINY_LLAMA, built_once  # noqa: E402
 
 TOKENS = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(0))
-SMALL = dict(
-    vocab_size=96,
-    hidden_size=32,
-    intermediate_size=80,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-    rms_norm_eps=1e-6,
-    rope_parameters={"rope_type": "default", "rope_theta": 5000.0},
-)
+SMALL = TINY_LLAMA
 
 
 def hf_logits(model, x=TOKENS):

@@ -20,20 +20,11 @@ import torch
 import normlab
 from normlab.diagnostics.monitor import TrainingMonitor
 from normlab.errors import ConfigError
+from tests.helpers import TINY_LLAMA
 
 tf = pytest.importorskip("transformers")
 
-SMALL = dict(
-    vocab_size=96,
-    hidden_size=32,
-    intermediate_size=80,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-    rms_norm_eps=1e-6,
-    rope_parameters={"rope_type": "default", "rope_theta": 5000.0},
-)
+SMALL = TINY_LLAMA
 CLIP = 0.01  # a tiny Llama's gradient norm at init is ~0.8: every step is clipped by ~80x
 REL = 1e-4
 

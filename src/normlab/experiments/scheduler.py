@@ -288,19 +288,24 @@ def slurm_minutes(text: str) -> float | None:
     return int(day or 0) * 1440 + hours * 60 + minutes + seconds / 60
 
 
+def ask_scheduler(argv: list[str]) -> list[str] | None:
+    """The lines a SLURM query command prints (scontrol, squeue), or None when it cannot answer: not installed,
+    no controller (a non-zero exit), or no answer within a minute."""
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.splitlines() if out.returncode == 0 else None
+
+
 def partitions() -> dict[str, dict[str, str]] | None:
     """Every partition's settings (scontrol show partition: MaxTime, Default, ...); None when scontrol cannot
     answer."""
-    try:
-        out = subprocess.run(
-            ["scontrol", "show", "partition", "-o"], capture_output=True, text=True, timeout=60, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if out.returncode != 0:
+    lines = ask_scheduler(["scontrol", "show", "partition", "-o"])
+    if lines is None:
         return None
     found = {}
-    for line in out.stdout.splitlines():
+    for line in lines:
         fields = dict(w.split("=", 1) for w in line.split() if "=" in w)
         if fields.get("PartitionName"):
             found[fields["PartitionName"]] = fields

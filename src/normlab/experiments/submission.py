@@ -31,6 +31,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from normlab.experiments.scheduler import ask_scheduler
 from normlab.runs.store import SweepStore
 
 KEY = "slurm_submissions"  # the store's meta key: token -> run ids, for submissions not yet released
@@ -58,16 +59,11 @@ def carries(comment: str, token: str) -> bool:
 def live_jobs() -> dict[str, tuple[str, str, str]] | None:
     """This user's pending and running jobs, array tasks one by one: job id (123_4, or 123) -> (state, pending
     reason, comment); None when squeue cannot answer."""
-    try:
-        out = subprocess.run(
-            ["squeue", "-h", "-r", "--me", "-o", "%i|%T|%r|%k"], capture_output=True, text=True, timeout=60
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if out.returncode != 0:
+    lines = ask_scheduler(["squeue", "-h", "-r", "--me", "-o", "%i|%T|%r|%k"])
+    if lines is None:
         return None
     found = {}
-    for line in out.stdout.splitlines():
+    for line in lines:
         parts = line.strip().split("|", 3)
         if len(parts) == 4:
             found[parts[0]] = (parts[1], parts[2], parts[3])
