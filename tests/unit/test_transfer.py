@@ -202,6 +202,10 @@ def test_the_record_keeps_the_numbers_the_command_and_the_status(tmp_path, capsy
     assert c["tau"] == 1.0 and c["top1"] is True and c["top3"] == 1.0 and c["placements"] == 2
     assert c["failures"] == {"predicted_and_seen": 2, "predicted_only": 0, "seen_only": 0, "neither": 2}
     assert c["command"] == f"normlab transfer {root} {root}"
+    # what the rungs trained under and at what shape, and each placement's best lr at both (issue 54)
+    assert c["parametrization"] == "sp" and c["proxy_shape"] == c["other_shape"]
+    assert set(c["proxy_shape"]) == {"d_model", "n_layers", "tokens", "parametrization", "precision", "optimizer"}
+    assert c["best_lr"]["proxy"] == c["best_lr"]["other"] and set(c["best_lr"]["proxy"]) == {"pre", "peri"}
     other = tmp_path / "notes.json"
     other.write_text('{"mine": 1}')
     assert main(["transfer", str(root), str(root), "--record", str(other)]) == 2

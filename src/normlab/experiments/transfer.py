@@ -294,6 +294,27 @@ def sweep_scale(path: str | Path) -> dict[str, Any]:
         "steps": cfg.optim.steps,
         "tokens": tokens,
         "storage_max": FP16_MAX if cfg.stored_dtype == "fp16" else None,
+        # what the rung trained under, for recommend's "where the evidence ends" (normlab.model.parametrization)
+        "parametrization": model.parametrization,
+        "base_d_model": model.base_d_model,
+        "base_n_layers": model.base_n_layers,
+        "precision": cfg.stored_dtype,
+        "optimizer": cfg.optim.optimizer,
+    }
+
+
+def shape_of(scale: dict[str, Any]) -> dict[str, Any]:
+    """A rung's shape as the transfer record keeps it: width, depth, tokens per run, and what it trained under."""
+    keys = ("d_model", "n_layers", "tokens", "parametrization", "precision", "optimizer")
+    return {k: scale.get(k) for k in keys}
+
+
+def best_lrs(runs: pd.DataFrame, lrs: list[float] | None = None) -> dict[str, float | None]:
+    """Each placement's best learning rate in a sweep (the lowest mean final loss over seeds among its
+    non-failed cells, as `rank_sweep` ranks; None where every cell failed)."""
+    table = rank_sweep(runs, lrs)
+    return {
+        r.layout: (None if r.best_lr is None or pd.isna(r.best_lr) else float(r.best_lr)) for r in table.itertuples()
     }
 
 
@@ -425,6 +446,12 @@ def record(path: str | Path, proxy_dir: str | Path, others: list[str | Path], lr
             "failures": a.failures,
             "failures_with_headroom": a.failures_with_headroom,
             "discordant_beyond_noise": [list(x) for x in a.discordant_beyond_noise],
+            # the parametrization the wider rung trained under (the proxy at its base shape is SP whatever it
+            # names), both rungs' shapes, and each placement's best learning rate over all the rates each ran
+            "parametrization": scales[other_dir.name].get("parametrization", "sp"),
+            "proxy_shape": shape_of(scales[proxy_dir.name]),
+            "other_shape": shape_of(scales[other_dir.name]),
+            "best_lr": {"proxy": best_lrs(proxy), "other": best_lrs(other)},
             "finished": {
                 n: [scales[n].get("finished", 0), scales[n].get("runs", 0)] for n in (proxy_dir.name, other_dir.name)
             },
