@@ -24,7 +24,7 @@ MUP := mup==1.0.0
 
 LINT := ruff==0.17.6 mypy==2.4.1
 
-.PHONY: lint demo test test-all test-frameworks test-slurm install data bench recipes gpu-recipes gpu-check transfer gpu-transfer quotes clean
+.PHONY: lint demo test test-all test-frameworks test-slurm install data bench recipes gpu-recipes gpu-check transfer gpu-transfer quotes coordchecks transfer-width clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	@echo "normlab: creating $(VENV) and installing $(TORCH) (CPU), numpy, pandas, matplotlib, tokenizers, transformers, lm-eval and the test tools (1-3 minutes)"
@@ -74,6 +74,17 @@ TRANSFER_CPU = transfer-llama1b-w64 transfer-qwen3-w64 transfer-llama1b-stress t
 transfer: install
 	for r in $(TRANSFER_CPU); do $(VENV)/bin/normlab sweep --recipe $$r --workers 1 --out runs/recipes/$$r || exit 1; done
 	for s in llama1b qwen3; do $(VENV)/bin/normlab transfer runs/recipes/transfer-$$s-w64 runs/recipes/transfer-$$s-w128 || exit 1; done
+
+# The transfer study's second round (issue 54; docs/results.md "Coordinate checks", "Transfer study"): the
+# coordinate check of the key placements under SP and muP, and the width ladder 64 -> 256 under SP and muP
+# (one proxy serves both: at its base width muP is SP). Resumable: run it again.
+COORDCHECK_LAYOUTS = pre peri post hybrid qwen3
+coordchecks: install
+	for l in $(COORDCHECK_LAYOUTS); do for p in sp mup; do $(VENV)/bin/normlab coordcheck $$l --set model.parametrization=$$p --widths 32,64,128,256,512 --steps 4 --seeds 2 --out runs/coordcheck/$$l-$$p || exit 1; done; done
+
+transfer-width: install
+	for r in transfer-sp-w64 transfer-mup-w256 transfer-sp-w256; do $(VENV)/bin/normlab sweep --recipe $$r --workers 1 --out runs/recipes/$$r || exit 1; done
+	$(VENV)/bin/normlab transfer runs/recipes/transfer-sp-w64 runs/recipes/transfer-sp-w256 runs/recipes/transfer-mup-w256 --lrs all
 
 gpu-transfer: install
 	for s in llama1b qwen3; do for w in 64 256 1024; do $(VENV)/bin/normlab sweep --recipe gpu-transfer-$$s-w$$w --out runs/recipes/gpu-transfer-$$s-w$$w || exit 1; done; done
