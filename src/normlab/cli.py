@@ -118,7 +118,7 @@ def _recommend(args: argparse.Namespace) -> int:
     import time
 
     started = time.time()  # the budget counts from here
-    from normlab.recommend.command import recommend_command
+    from normlab.recommend.cli_command import recommend_command
 
     recommend_command(args.model, declared(c.RecommendConfig, args, "recommend"), overrides(args, "steps"), started)
     return 0

@@ -657,7 +657,7 @@ def test_stress_order_reads_the_stress_runs_only_and_ranks_later_divergence_high
 
 
 def test_the_reason_names_what_put_the_winner_first_and_where_the_current_placement_stands():
-    from normlab.recommend.report import reason
+    from normlab.recommend.explain import reason
 
     peri, gate = _row("peri", "stable", loss=2.400, std=0.03), _row("pre-gate", "unstable", loss=2.410, std=0.014)
     pre = _row("pre", "unstable", loss=2.775, std=0.12)
@@ -694,7 +694,7 @@ def test_a_verdict_short_of_stable_gives_its_reason():
         screen_reason({**row, "wellposedness": "degenerate (tangential)", "backward": "grows with s (x1.40)"})
         == "degenerate (tangential), and its block Jacobians grows with s (x1.40)"
     )
-    from normlab.recommend.report import reason
+    from normlab.recommend.explain import reason
 
     w = _row("peri", "caution", loss=2.4)
     w.screen_why = screen_reason(row)
@@ -702,7 +702,7 @@ def test_a_verdict_short_of_stable_gives_its_reason():
 
 
 def test_the_small_sample_caveat_quotes_the_runs_at_hand():
-    from normlab.recommend.report import small_samples
+    from normlab.recommend.explain import small_samples
 
     ranked = rank(
         [
@@ -720,7 +720,7 @@ def test_the_small_sample_caveat_quotes_the_runs_at_hand():
 
 
 def test_what_ran_and_how_far_the_answer_could_move():
-    from normlab.recommend.report import movement
+    from normlab.recommend.explain import movement
 
     peri, gate = _row("peri", "stable", loss=2.400, std=0.03), _row("pre-gate", "unstable", loss=2.410, std=0.014)
     ranked = rank([peri, gate, _row("pre", diverged=2, loss=2.7)])
@@ -822,7 +822,7 @@ def test_a_verify_stage_is_counted_before_anything_runs_at_the_widest_width_that
 
 
 def test_the_transfer_record_renders_what_is_there_and_says_not_yet_measured_when_empty():
-    from normlab.recommend import report
+    from normlab.recommend import explain as report
 
     shipped = report.transfer_record()
     assert shipped["study"].startswith("docs/results.md") and "status" in shipped

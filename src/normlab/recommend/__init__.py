@@ -5,8 +5,13 @@
 - `rank`: the evidence table and the ranking rule;
 - `agreement`: the recipes' verdicts a ranking is checked against;
 - `frameworks`: the winner's settings in normlab, transformers, OLMo-core, torchtitan and litgpt;
-- `report`: the recommendation in words and as a page (reason, evidence table, checks, settings, limits);
-- `stages`: the command itself (screen, stress round, final round, conclusions), resumable.
+- `explain`: the recommendation in words and as a page (reason, evidence table, checks, settings, limits);
+- `records`: the typed records (stage record, final round, recommendation), JSON only at the folder;
+- `inputs`: what is asked, checked before anything runs; the proxies' settings and sweeps;
+- `context`: what the stages share (folder, budget clock, workers, log, sweep executor, plan, findings);
+- `stage_screen`, `stage_rounds`, `stage_verify`, `stage_conclude`: the named stages;
+- `stages`: the command itself (the stages in order), resumable;
+- `cli_command`: `normlab recommend` as the CLI calls it.
 """
 
 from normlab._lazy import lazy_exports

@@ -5,10 +5,18 @@ table, the recipe checks, the winner's settings elsewhere, and what the proxy ca
 
 from __future__ import annotations
 
+import html
+import json
 import math
+from pathlib import Path
 from typing import Any
 
+import matplotlib.pyplot as plt
+
 from normlab.config.commands import RECOMMEND_BASE
+from normlab.experiments.transfer import HEADROOM
+from normlab.pages import figure_html, table_html
+from normlab.pages import write_page as page
 from normlab.recommend import agreement
 from normlab.recommend.rank import Evidence
 from normlab.recommend.shape import PROXY_WIDTH, UserModel
@@ -85,9 +93,6 @@ def small_samples(ranked: list[Evidence]) -> str:
 
 def transfer_record() -> dict[str, Any]:
     """The transfer study's record shipped in the package (`normlab transfer ... --record`), {} if unreadable."""
-    import json
-    from pathlib import Path
-
     try:
         data = json.loads((Path(__file__).parent / "transfer_record.json").read_text())
     except (OSError, ValueError):
@@ -105,8 +110,6 @@ def _said(tally: dict[str, int]) -> str:
 
 def record_lines(rec: dict[str, Any]) -> list[str]:
     """The transfer study's record in words: one line per comparison, or "not yet measured"."""
-    from normlab.experiments.transfer import HEADROOM  # pandas: imported when a record is rendered
-
     link = 'docs/results.md, "Transfer study"'
     comps = rec.get("comparisons") or []
     if not comps:
@@ -412,38 +415,30 @@ def markdown(result: dict[str, Any], ranked: list[Evidence]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_page(folder: RecommendDir, result: dict[str, Any], ranked: list[Evidence]) -> None:
-    import html as h
+def _ranking_figure(folder: RecommendDir, live: list[Evidence]) -> str:
+    """The ranking's figure (failures, largest activations by rank) as a page section."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 0.4 * len(live) + 1.8))
+    y = list(range(len(live)))
+    a.barh(y, [(r.diverged + r.stalled) / r.finished if r.finished else 0 for r in live], color="tab:red", alpha=0.8)
+    for yi, r in zip(y, live):
+        a.text(0.01, yi, f"{r.diverged} diverged, {r.stalled} stalled of {r.finished}", va="center", fontsize=8)
+    a.set_yticks(y, [f"#{r.rank} {r.layout}" for r in live], fontsize=8)
+    a.invert_yaxis()
+    a.set_xlim(0, 1)
+    a.set_xlabel("fraction of runs diverged or stalled")
+    acts = [r.max_activation if math.isfinite(r.max_activation) else float("nan") for r in live]
+    b.barh(y, acts, color="tab:blue", alpha=0.8)
+    b.axvline(65504, ls="--", color="tab:orange", lw=1)
+    b.set_xscale("log")
+    b.set_yticks(y, [""] * len(y))
+    b.invert_yaxis()
+    b.set_xlabel("largest activation (probes; dashed: FP16 max 65504)")
+    fig.tight_layout()
+    return figure_html(fig, folder.path, "ranking", "Failures and largest activations by rank")
 
-    import matplotlib.pyplot as plt
 
-    from normlab.pages import figure_html, table_html
-    from normlab.pages import write_page as page
-
-    live = [r for r in ranked if r.rank is not None]
-    sections = []
-    if live:
-        fig, (a, b) = plt.subplots(1, 2, figsize=(12, 0.4 * len(live) + 1.8))
-        y = list(range(len(live)))
-        a.barh(
-            y, [(r.diverged + r.stalled) / r.finished if r.finished else 0 for r in live], color="tab:red", alpha=0.8
-        )
-        for yi, r in zip(y, live):
-            a.text(0.01, yi, f"{r.diverged} diverged, {r.stalled} stalled of {r.finished}", va="center", fontsize=8)
-        a.set_yticks(y, [f"#{r.rank} {r.layout}" for r in live], fontsize=8)
-        a.invert_yaxis()
-        a.set_xlim(0, 1)
-        a.set_xlabel("fraction of runs diverged or stalled")
-        acts = [r.max_activation if math.isfinite(r.max_activation) else float("nan") for r in live]
-        b.barh(y, acts, color="tab:blue", alpha=0.8)
-        b.axvline(65504, ls="--", color="tab:orange", lw=1)
-        b.set_xscale("log")
-        b.set_yticks(y, [""] * len(y))
-        b.invert_yaxis()
-        b.set_xlabel("largest activation (probes; dashed: FP16 max 65504)")
-        fig.tight_layout()
-        sections.append(figure_html(fig, folder.path, "ranking", "Failures and largest activations by rank"))
-    rows = [
+def _evidence_rows(ranked: list[Evidence]) -> list[dict[str, Any]]:
+    return [
         {
             "rank": r.rank if r.rank is not None else "-",
             "layout": r.layout,
@@ -458,7 +453,10 @@ def write_page(folder: RecommendDir, result: dict[str, Any], ranked: list[Eviden
         }
         for r in ranked
     ]
-    checks = [
+
+
+def _checks_html(checks: list[dict[str, Any]]) -> str:
+    rows = [
         {
             "recipe": c["recipe"],
             "verdict there": f"{c['claim']}: {c['evidence']}",
@@ -468,58 +466,61 @@ def write_page(folder: RecommendDir, result: dict[str, Any], ranked: list[Eviden
             "at its setting, here": c.get("at_setting", "-"),
             "holds": _yes_no(c.get("agrees_at_setting")).strip("*"),
         }
-        for c in result["recipe_checks"]
+        for c in checks
     ]
-    body = (
-        f"<h1>normlab recommend</h1><p>{h.escape(result['model'])}; precision {h.escape(result['precision'])}</p>"
-        f"<p>{h.escape(reason(result, ranked)).replace('**', '')}</p><h2>Evidence</h2>{table_html(rows)}"
-        + "".join(sections)
-        + (
-            f"<h2>Against the recipes</h2><p>{h.escape(agreement.summary(result['recipe_checks']))}</p>"
-            f"{table_html(checks)}"
-            if checks
-            else ""
-        )
-        + (
-            f"<h2>{h.escape(str(result['winner']))} in your code base</h2>"
-            + table_html(
-                [
-                    {
-                        "code base": k,
-                        "expressible": v["expressible"],
-                        "settings": v["settings"].split("```")[0].strip() if v.get("code") else v["settings"],
-                    }
-                    for k, v in result["settings"].items()
-                ]
-            )
-            + "".join(
-                f"<h3>{h.escape(k)}</h3><pre><code>{h.escape(v['code'])}</code></pre>"
+    if not rows:
+        return ""
+    return f"<h2>Against the recipes</h2><p>{html.escape(agreement.summary(checks))}</p>{table_html(rows)}"
+
+
+def _settings_html(result: dict[str, Any]) -> str:
+    if not result["settings"]:
+        return ""
+    h = html.escape
+    return (
+        f"<h2>{h(str(result['winner']))} in your code base</h2>"
+        + table_html(
+            [
+                {
+                    "code base": k,
+                    "expressible": v["expressible"],
+                    "settings": v["settings"].split("```")[0].strip() if v.get("code") else v["settings"],
+                }
                 for k, v in result["settings"].items()
-                if v.get("code")
-            )
-            if result["settings"]
-            else ""
+            ]
         )
-        + (
-            "<h2>Did the order hold at a larger width? (--verify)</h2><ul>"
-            + "".join(f"<li>{h.escape(x)}</li>" for x in verify_lines(result.get("verify") or {}))
-            + "</ul>"
-            if verify_lines(result.get("verify") or {})
-            else ""
+        + "".join(
+            f"<h3>{h(k)}</h3><pre><code>{h(v['code'])}</code></pre>"
+            for k, v in result["settings"].items()
+            if v.get("code")
         )
-        + "<h2>How often the proxies have been right</h2><ul>"
-        + "".join(f"<li>{h.escape(x)}</li>" for x in record_lines(result.get("transfer_record") or {}))
-        + "</ul>"
+    )
+
+
+def _list_html(title: str, items: list[str]) -> str:
+    return f"<h2>{title}</h2><ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in items) + "</ul>"
+
+
+def write_page(folder: RecommendDir, result: dict[str, Any], ranked: list[Evidence]) -> None:
+    """report.html: the reason, the evidence table and figure, the recipe checks, the winner's settings, the
+    verify stage's verdict, the transfer record, what ran and what the proxy can and cannot tell."""
+    h = html.escape
+    live = [r for r in ranked if r.rank is not None]
+    verified = verify_lines(result.get("verify") or {})
+    body = (
+        f"<h1>normlab recommend</h1><p>{h(result['model'])}; precision {h(result['precision'])}</p>"
+        f"<p>{h(reason(result, ranked)).replace('**', '')}</p><h2>Evidence</h2>{table_html(_evidence_rows(ranked))}"
+        + (_ranking_figure(folder, live) if live else "")
+        + _checks_html(result["recipe_checks"])
+        + _settings_html(result)
+        + (_list_html("Did the order hold at a larger width? (--verify)", verified) if verified else "")
+        + _list_html("How often the proxies have been right", record_lines(result.get("transfer_record") or {}))
         + (
-            "<h2>What ran, and how far the answer could move</h2><ul>"
-            + "".join(f"<li>{h.escape(x)}</li>" for x in result["movement"])
-            + "</ul>"
+            _list_html("What ran, and how far the answer could move", result["movement"])
             if result.get("movement")
             else ""
         )
-        + "<h2>What the proxy can and cannot tell</h2><ul>"
-        + "".join(f"<li>{h.escape(x)}</li>" for x in result["limits"])
-        + "</ul>"
-        + f"<p>Every run: {h.escape(result['files']['grid'])}</p>"
+        + _list_html("What the proxy can and cannot tell", result["limits"])
+        + f"<p>Every run: {h(result['files']['grid'])}</p>"
     )
     page(folder.report_file, "normlab recommend", body)

@@ -39,12 +39,17 @@ after the stress round).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+import os
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from normlab.errors import ConfigError
+from normlab.layout import as_layout
 from normlab.model.config import ModelConfig
+from normlab.model.params import analytic_params
 from normlab.recommend.cost import Calibration, makespan
+from normlab.recommend.shape import PROXY_WIDTH, proxy_shape, screen_shape
+from normlab.screen.wellposed import wellposedness
 
 LRS = {2: (1e-2, 1e-1), 3: (1e-2, 3e-2, 1e-1), 4: (3e-3, 1e-2, 3e-2, 1e-1)}  # log-spaced, up to the stress lr
 LADDER = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0)  # where an edge learning rate extends to
@@ -89,9 +94,6 @@ def depths_for(user_depth: int) -> list[int]:
 def cheap_order(candidates: list[str], current: str | None) -> tuple[list[str], dict[str, str]]:
     """The candidates in the cheap screen's order (the current placement first, then one family of Kan's
     step 1 in turn: bounded, tangential, unbounded, each in the order given) and each one's family."""
-    from normlab.layout import as_layout
-    from normlab.screen.wellposed import wellposedness
-
     family = {n: wellposedness(as_layout(n).resolve(2))["worst"] for n in candidates}
     queues = {f: [n for n in candidates if family[n] == f and n != current] for f in WELLPOSED_ORDER}
     order = [current] if current in candidates else []
@@ -132,7 +134,14 @@ class Plan:
     verify_note: str = ""  # why a verify stage asked for is not in the plan (one line), else ""
 
     def to_dict(self) -> dict[str, Any]:
+        """plan.json's "plan"."""
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, saved: dict[str, Any]) -> Plan:
+        """The plan a folder's plan.json holds (its fields; one an older folder lacks takes its default)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in saved.items() if k in names})
 
 
 @dataclass
@@ -147,47 +156,69 @@ class _State:
     width: int
 
 
+@dataclass(frozen=True)
+class PlanRequest:
+    """What a plan is made for: the candidates (the current placement among them) on `user`'s shape, this
+    machine's calibration, the budget and workers, the proxies' steps and what the user fixed (`lrs`,
+    `seeds`, `depth`, `steps_fixed`), the optimizer the proxies train with, and whether to verify."""
+
+    candidates: list[str]
+    current: str | None
+    user: ModelConfig
+    cal: Calibration
+    budget_s: float
+    workers: int
+    steps: int
+    stress_lr: float = 0.1
+    seed0: int = 0
+    lrs: tuple[float, ...] = ()
+    seeds: tuple[int, ...] = ()
+    depth: int | None = None
+    steps_fixed: bool = False
+    optimizer: str = "adamw"
+    ns_steps: int = 5
+    verify: bool = False
+
+
+@dataclass(frozen=True)
+class VerifyPricing:
+    """The verify stage's price list: the dearest of `names` trained `steps` at `depth` with `optimizer`
+    (Muon's `ns_steps` counted), on `user`'s ratios, dealt to `workers`."""
+
+    names: list[str]
+    user: ModelConfig
+    cal: Calibration
+    workers: int
+    depth: int
+    steps: int
+    optimizer: str = "adamw"
+    ns_steps: int = 5
+
+    def seconds(self, k: int, width: int) -> float:
+        """The round of the `k` dearest at `width`, dealt to the workers, and its overhead."""
+        shape = ModelConfig(**proxy_shape(self.user, self.depth, width))
+        runs = sorted(self.cal.run_seconds(shape, n, self.steps, self.optimizer, self.ns_steps) for n in self.names)
+        return makespan(runs[-k:], self.workers) + ROUND_OVERHEAD_S * self.cal.speed
+
+
 def verify_widths(user: ModelConfig) -> list[int]:
     """The verify stage's widths, narrowest first: 2x, 4x, ... the proxy's, up to the user's."""
-    from normlab.recommend.shape import PROXY_WIDTH
-
     return [PROXY_WIDTH * 2**i for i in range(1, 12) if PROXY_WIDTH * 2**i <= user.d_model]
 
 
 def verify_seconds(
-    names: list[str],
-    user: ModelConfig,
-    cal: Calibration,
-    workers: int,
-    depth: int,
-    steps: int,
-    k: int,
-    width: int,
-    optimizer: str = "adamw",
-    ns_steps: int = 5,
+    names: list[str], user: ModelConfig, cal: Calibration, workers: int, depth: int, steps: int, k: int, width: int
 ) -> float:
-    """The verify stage's round: the `k` dearest of `names` at `width`, dealt to the workers, and its overhead."""
-    from normlab.recommend.shape import proxy_shape
-
-    shape = ModelConfig(**proxy_shape(user, depth, width))
-    runs = sorted(cal.run_seconds(shape, n, steps, optimizer, ns_steps) for n in names)[-k:]
-    return makespan(runs, workers) + ROUND_OVERHEAD_S * cal.speed
+    """The verify stage's round with AdamW: the `k` dearest of `names` at `width`, dealt to the workers, and
+    its overhead (`VerifyPricing` prices another optimizer)."""
+    return VerifyPricing(names, user, cal, workers, depth, steps).seconds(k, width)
 
 
-def verify_plan(
-    names: list[str],
-    user: ModelConfig,
-    cal: Calibration,
-    room_s: float,
-    workers: int,
-    depth: int,
-    steps: int,
-    optimizer: str = "adamw",
-    ns_steps: int = 5,
-) -> tuple[dict[str, Any] | None, str, float]:
-    """The verify stage within `room_s` seconds, for the best of `names` (priced at the dearest of them):
-    the widest width where 2 runs fit, then k grown while it fits there. (stage, "", its seconds), or
+def verify_plan(pricing: VerifyPricing, room_s: float) -> tuple[dict[str, Any] | None, str, float]:
+    """The verify stage within `room_s` seconds, for the best of `pricing.names` (priced at the dearest of
+    them): the widest width where 2 runs fit, then k grown while it fits there. (stage, "", its seconds), or
     (None, why not, the seconds 2 runs at the first width would need: inf where none can be bought)."""
+    names, user, cost = pricing.names, pricing.user, pricing.seconds
     widths = verify_widths(user)
     if len(names) < 2:
         return None, f"--verify needs 2 candidates trained; this recommendation has {len(names)}", math.inf
@@ -200,10 +231,6 @@ def verify_plan(
             ),
             math.inf,
         )
-
-    def cost(k: int, w: int) -> float:
-        return verify_seconds(names, user, cal, workers, depth, steps, k, w, optimizer, ns_steps)
-
     fitting = [w for w in widths if cost(2, w) <= room_s]
     if not fitting:
         return None, f"2 runs at width {widths[0]} do not fit", cost(2, widths[0])
@@ -211,7 +238,8 @@ def verify_plan(
     k = 2
     while k < min(VERIFY_MAX_K, len(names)) and cost(k + 1, w) <= room_s:
         k += 1
-    return {"k": k, "width": w, "depth": depth, "steps": steps, "predicted_s": cost(k, w)}, "", cost(k, w)
+    stage = {"k": k, "width": w, "depth": pricing.depth, "steps": pricing.steps, "predicted_s": cost(k, w)}
+    return stage, "", cost(k, w)
 
 
 def make_plan(
@@ -222,229 +250,244 @@ def make_plan(
     budget_s: float,
     workers: int,
     steps: int,
-    stress_lr: float = 0.1,
-    seed0: int = 0,
-    lrs: tuple[float, ...] = (),
-    seeds: tuple[int, ...] = (),
-    depth: int | None = None,
-    steps_fixed: bool = False,
-    optimizer: str = "adamw",
-    ns_steps: int = 5,
-    verify: bool = False,
+    **options: Any,
 ) -> Plan:
-    """The plan (module doc) for `candidates` (the current placement among them) on `user`'s shape, its
-    proxies trained with `optimizer` (Muon's Newton-Schulz steps counted), with a verify stage if asked."""
-    from normlab.recommend.shape import proxy_shape, screen_shape
+    """The plan (module doc) for `candidates` (the current placement among them) on `user`'s shape;
+    `options`: the rest of `PlanRequest` (its proxies' optimizer, with Muon's Newton-Schulz steps counted,
+    what the user fixed, and a verify stage if asked)."""
+    return plan_for(PlanRequest(candidates, current, user, cal, budget_s, workers, steps, **options))
 
-    order, _ = cheap_order(candidates, current)
-    speed = cal.speed
-    reserve = (STARTUP_RESERVE_S + REPORT_RESERVE_S) * speed
-    usable = (budget_s - reserve) * FILL
-    vstage: dict[str, Any] | None = None  # the verify stage's k and width, once chosen
-    standard = depth or min(user.n_layers, MIN_DEPTH)
-    depths = [depth] if depth else sorted({*(d for d in SHALLOW_DEPTHS if d < standard), *depths_for(user.n_layers)})
-    widths = [w for w in [*(2**k for k in range(6, 17)), user.d_model] if w <= user.d_model] or [user.d_model]
-    widths = _fitting_widths(user, sorted(set(widths)))
-    _check_proxy_memory(user, depths[0], workers)
-    run_cache: dict[tuple[str, int, int], float] = {}
 
-    def run_s(name: str, d: int, n_steps: int) -> float:
-        if (name, d, n_steps) not in run_cache:
-            run_cache[name, d, n_steps] = cal.run_seconds(
-                ModelConfig(**proxy_shape(user, d)), name, n_steps, optimizer, ns_steps
+def plan_for(request: PlanRequest) -> Plan:
+    """The plan (module doc) for `request`: the smallest answer that fits, grown step by step while it fits."""
+    planner = _Planner(request)
+    state = planner.smallest()
+    note = planner.set_aside_verify(state)
+    return planner.plan(planner.grow(state), note)
+
+
+class _Planner:
+    """Prices states of the plan (`_State`: how many candidates, how deep, how many finalists, ...) and
+    grows the smallest one that fits in the module doc's order."""
+
+    def __init__(self, request: PlanRequest) -> None:
+        self.req = r = request
+        user = r.user
+        self.order, _ = cheap_order(r.candidates, r.current)
+        self.reserve = (STARTUP_RESERVE_S + REPORT_RESERVE_S) * r.cal.speed
+        self.usable = (r.budget_s - self.reserve) * FILL
+        self.vstage: dict[str, Any] | None = None  # the verify stage's k and width, once chosen
+        self.standard = r.depth or min(user.n_layers, MIN_DEPTH)
+        shallow = (d for d in SHALLOW_DEPTHS if d < self.standard)
+        self.depths = [r.depth] if r.depth else sorted({*shallow, *depths_for(user.n_layers)})
+        widths = [w for w in [*(2**k for k in range(6, 17)), user.d_model] if w <= user.d_model] or [user.d_model]
+        self.widths = _fitting_widths(user, sorted(set(widths)))
+        _check_proxy_memory(user, self.depths[0], r.workers)
+        self._runs: dict[tuple[str, int, int], float] = {}
+
+    def run_s(self, name: str, d: int, n_steps: int) -> float:
+        r = self.req
+        if (name, d, n_steps) not in self._runs:
+            self._runs[name, d, n_steps] = r.cal.run_seconds(
+                ModelConfig(**proxy_shape(r.user, d)), name, n_steps, r.optimizer, r.ns_steps
             )
-        return run_cache[name, d, n_steps]
+        return self._runs[name, d, n_steps]
 
-    def screen_s(w: int) -> float:
-        return cal.screen_seconds(ModelConfig(**screen_shape(user, w, 64)))
+    def screen_s(self, w: int) -> float:
+        return self.req.cal.screen_seconds(ModelConfig(**screen_shape(self.req.user, w, 64)))
 
-    def n_lr_of(s: _State) -> int:
-        return len(lrs) if lrs else s.n_lrs
+    def n_lrs(self, s: _State) -> int:
+        return len(self.req.lrs) if self.req.lrs else s.n_lrs
 
-    def n_seed_of(s: _State) -> int:
-        return len(seeds) if seeds else s.n_seeds
+    def n_seeds(self, s: _State) -> int:
+        return len(self.req.seeds) if self.req.seeds else s.n_seeds
 
-    def stages(s: _State) -> dict[str, float]:
-        runs = [run_s(n, s.depth, s.steps) for n in order[: s.n]]
+    def round_s(self, seconds: list[float]) -> float:
+        return makespan(seconds, self.req.workers) + ROUND_OVERHEAD_S * self.req.cal.speed if seconds else 0.0
+
+    def stages(self, s: _State) -> dict[str, float]:
+        """Each stage's predicted seconds for the state `s`."""
+        r = self.req
+        runs = [self.run_s(n, s.depth, s.steps) for n in self.order[: s.n]]
         dear = sorted(runs)[-s.finalists :] if s.finalists else []
-        per = n_lr_of(s) * n_seed_of(s) - 1
-
-        def round_s(seconds: list[float]) -> float:
-            return makespan(seconds, workers) + ROUND_OVERHEAD_S * speed if seconds else 0.0
-
+        per = self.n_lrs(s) * self.n_seeds(s) - 1
         out = {
-            "screen": s.n * screen_s(s.width),
-            "stress": round_s(runs),
-            "final": round_s(dear * per),
-            "extend": round_s(dear * n_seed_of(s)) if s.extend else 0.0,
+            "screen": s.n * self.screen_s(s.width),
+            "stress": self.round_s(runs),
+            "final": self.round_s(dear * per),
+            "extend": self.round_s(dear * self.n_seeds(s)) if s.extend else 0.0,
         }
-        if vstage:
-            out["verify"] = verify_seconds(
-                order[: s.n],
-                user,
-                cal,
-                workers,
-                s.depth,
-                s.steps,
-                min(vstage["k"], s.n),
-                vstage["width"],
-                optimizer,
-                ns_steps,
+        if self.vstage:
+            pricing = VerifyPricing(
+                self.order[: s.n], r.user, r.cal, r.workers, s.depth, s.steps, r.optimizer, r.ns_steps
             )
+            out["verify"] = pricing.seconds(min(self.vstage["k"], s.n), self.vstage["width"])
         return out
 
-    def fits(s: _State) -> bool:
-        return sum(stages(s).values()) <= usable
+    def fits(self, s: _State) -> bool:
+        return sum(self.stages(s).values()) <= self.usable
 
-    # the smallest answers, largest first: the standard proxy, then shallower, then shorter ones
-    short = [steps] if steps_fixed else [steps, max(1, steps * 2 // 3)]
-    floors = [
-        _State(
-            n=min(MIN_CANDIDATES, len(order)),
-            depth=d,
-            steps=st,
-            finalists=0,
-            n_lrs=2,
-            n_seeds=1,
-            extend=False,
-            width=widths[0],
-        )
-        for st in short
-        for d in sorted((d for d in depths if d <= standard), reverse=True)
-    ]
-    state = next((f for f in floors if fits(f)), None)
-    if state is None:
+    def smallest(self) -> _State:
+        """The smallest answer that fits, largest first: the standard proxy, then shallower, then shorter
+        ones; where none fits, `BudgetTooSmall` with the least budget that would do."""
+        r, user = self.req, self.req.user
+        short = [r.steps] if r.steps_fixed else [r.steps, max(1, r.steps * 2 // 3)]
+        floors = [
+            _State(
+                n=min(MIN_CANDIDATES, len(self.order)),
+                depth=d,
+                steps=st,
+                finalists=0,
+                n_lrs=2,
+                n_seeds=1,
+                extend=False,
+                width=self.widths[0],
+            )
+            for st in short
+            for d in sorted((d for d in self.depths if d <= self.standard), reverse=True)
+        ]
+        state = next((f for f in floors if self.fits(f)), None)
+        if state is not None:
+            return state
         least = floors[-1]
-        need = (sum(stages(least).values()) / FILL + reserve) / 60
+        need = (sum(self.stages(least).values()) / FILL + self.reserve) / 60
         minutes = math.ceil(need * 10) / 10 if need < 10 else math.ceil(need)
         more = [f"--budget {minutes:g} or more"]
-        if steps_fixed:
+        if r.steps_fixed:
             more.append("fewer --steps")
-        if depth and depth > min(user.n_layers, SHALLOW_DEPTHS[0]):
+        if r.depth and r.depth > min(user.n_layers, SHALLOW_DEPTHS[0]):
             more.append(f"a shallower --depth (at least {min(user.n_layers, SHALLOW_DEPTHS[0])})")
         raise BudgetTooSmall(
-            f"--budget {budget_s / 60:g} min cannot hold the smallest answer ({least.n} candidates screened at your "
+            f"--budget {r.budget_s / 60:g} min cannot hold the smallest answer ({least.n} candidates screened at your "
             f"depth {user.n_layers} and trained once at {least.depth} layers, {least.steps} steps: "
             f"about {need:.1f} min "
-            f"on this machine, {stages(least)['screen'] / 60:.1f} of them the screen); give "
+            f"on this machine, {self.stages(least)['screen'] / 60:.1f} of them the screen); give "
             + ", or ".join(more)
-            + f" ({calibration_used(cal)})",
+            + f" ({calibration_used(r.cal)})",
             minutes,
         )
 
-    note = ""
-    if verify:
-        floor_s = sum(stages(state).values())
-        room = min(VERIFY_SHARE * (usable - floor_s), usable - floor_s) if floor_s < usable else 0.0
-        vstage, why, need_s = verify_plan(
-            order[: state.n], user, cal, room, workers, state.depth, state.steps, optimizer, ns_steps
+    def set_aside_verify(self, state: _State) -> str:
+        """With --verify: the verify stage's k and width set aside before the rounds grow (`self.vstage`);
+        returns why a verify stage asked for is not in the plan ("" where it is, or was not asked)."""
+        r = self.req
+        if not r.verify:
+            return ""
+        floor_s = sum(self.stages(state).values())
+        room = min(VERIFY_SHARE * (self.usable - floor_s), self.usable - floor_s) if floor_s < self.usable else 0.0
+        pricing = VerifyPricing(
+            self.order[: state.n], r.user, r.cal, r.workers, state.depth, state.steps, r.optimizer, r.ns_steps
         )
+        vstage, why, need_s = verify_plan(pricing, room)
+        note = ""
         if vstage is None and math.isfinite(need_s):  # too dear: the least budget that buys 2 runs at the first width
-            minutes = math.ceil(((floor_s + need_s / VERIFY_SHARE) / FILL + reserve) / 60)
+            minutes = math.ceil(((floor_s + need_s / VERIFY_SHARE) / FILL + self.reserve) / 60)
             note = (
-                f"--verify: this budget buys no verify stage (2 runs at width {verify_widths(user)[0]} need about "
+                f"--verify: this budget buys no verify stage (2 runs at width {verify_widths(r.user)[0]} need about "
                 f"{need_s / 60:.1f} min more); recommending without it; --budget {minutes} or more buys it"
             )
         elif vstage is None:
             note = why
         if vstage:  # the verify stage's k and width stay; its cost follows the proxy's depth and steps
-            vstage = {"k": vstage["k"], "width": vstage["width"]}
+            self.vstage = {"k": vstage["k"], "width": vstage["width"]}
+        return note
 
-    def grown(s: _State, **change: Any) -> _State:
-        return _State(**{**asdict(s), **change})
-
-    def essential(s: _State) -> list[_State]:
+    def essential(self, s: _State) -> list[_State]:
         """The small budget's steps, in order: the standard proxy, a final round, up to FEW_CANDIDATES
         candidates, a third finalist, a second seed."""
         out = []
-        if s.steps < steps:
-            out.append(grown(s, steps=steps))
-        if s.depth < standard:
-            out.append(grown(s, depth=depths[depths.index(s.depth) + 1]))
+        if s.steps < self.req.steps:
+            out.append(replace(s, steps=self.req.steps))
+        if s.depth < self.standard:
+            out.append(replace(s, depth=self.depths[self.depths.index(s.depth) + 1]))
         if s.finalists == 0 and s.n >= 2:
-            out.append(grown(s, finalists=2))
-        if s.n < min(FEW_CANDIDATES, len(order)):
-            out.append(grown(s, n=s.n + 1))
+            out.append(replace(s, finalists=2))
+        if s.n < min(FEW_CANDIDATES, len(self.order)):
+            out.append(replace(s, n=s.n + 1))
         if s.finalists and s.finalists < min(3, s.n):
-            out.append(grown(s, finalists=s.finalists + 1))
-        if s.finalists and not seeds and s.n_seeds < 2:
-            out.append(grown(s, n_seeds=2))
+            out.append(replace(s, finalists=s.finalists + 1))
+        if s.finalists and not self.req.seeds and s.n_seeds < 2:
+            out.append(replace(s, n_seeds=2))
         return out
 
-    def rest(s: _State) -> list[_State]:
+    def rest(self, s: _State) -> list[_State]:
         """Then: every candidate, more finalists, the edge learning rates, deeper proxies, more learning
         rates, a third seed, a wider screen."""
-        out = []
-        if s.n < len(order):
-            out.append(grown(s, n=s.n + 1))
+        r, out = self.req, []
+        if s.n < len(self.order):
+            out.append(replace(s, n=s.n + 1))
         if s.finalists and s.finalists < s.n:
-            out.append(grown(s, finalists=s.finalists + 1))
-        if s.finalists and not s.extend and not lrs:
-            out.append(grown(s, extend=True))
-        if s.depth != depths[-1]:
-            out.append(grown(s, depth=depths[depths.index(s.depth) + 1]))
-        if s.finalists and not lrs and s.n_lrs < 4:
-            out.append(grown(s, n_lrs=s.n_lrs + 1))
-        if s.finalists and not seeds and s.n_seeds < 3:
-            out.append(grown(s, n_seeds=s.n_seeds + 1))
-        if s.width != widths[-1]:
-            wider = grown(s, width=widths[widths.index(s.width) + 1])
-            if stages(wider)["screen"] <= SCREEN_SHARE * budget_s:
+            out.append(replace(s, finalists=s.finalists + 1))
+        if s.finalists and not s.extend and not r.lrs:
+            out.append(replace(s, extend=True))
+        if s.depth != self.depths[-1]:
+            out.append(replace(s, depth=self.depths[self.depths.index(s.depth) + 1]))
+        if s.finalists and not r.lrs and s.n_lrs < 4:
+            out.append(replace(s, n_lrs=s.n_lrs + 1))
+        if s.finalists and not r.seeds and s.n_seeds < 3:
+            out.append(replace(s, n_seeds=s.n_seeds + 1))
+        if s.width != self.widths[-1]:
+            wider = replace(s, width=self.widths[self.widths.index(s.width) + 1])
+            if self.stages(wider)["screen"] <= SCREEN_SHARE * r.budget_s:
                 out.append(wider)
         return out
 
-    while (nxt := next((u for u in essential(state) if fits(u)), None)) is not None:
-        state = nxt
-    if not essential(state):  # every small-budget step taken: the rest, each while it fits
-        while (nxt := next((u for u in rest(state) if fits(u)), None)) is not None:
+    def grow(self, state: _State) -> _State:
+        """The small budget's steps, each while it fits; once all are taken, the rest, each while it fits."""
+        while (nxt := next((u for u in self.essential(state) if self.fits(u)), None)) is not None:
             state = nxt
-    chosen_lrs = sorted(lrs) if lrs else list(LRS[state.n_lrs])
-    if stress_lr not in chosen_lrs:
-        chosen_lrs = sorted(chosen_lrs[1:] + [stress_lr])
-    chosen_seeds = list(seeds) if seeds else [seed0 + i for i in range(state.n_seeds)]
-    if not state.finalists:
-        chosen_lrs, chosen_seeds = [stress_lr], [seed0]
-    predicted = stages(state)
-    predicted["reserves"] = reserve
-    predicted["total"] = sum(predicted.values())
-    if vstage:
-        vstage = {
-            **vstage,
-            "k": min(vstage["k"], state.n),
-            "depth": state.depth,
-            "steps": state.steps,
-            "seed": seed0,
-            "predicted_s": predicted["verify"],
-        }
-    plan = Plan(
-        order=order,
-        screened=order[: state.n],
-        screen_width=state.width,
-        depth=state.depth,
-        steps=state.steps,
-        stress_lr=stress_lr,
-        seed0=seed0,
-        finalists=state.finalists,
-        lrs=chosen_lrs,
-        seeds=chosen_seeds,
-        extend=state.extend,
-        predicted=predicted,
-        budget_s=budget_s,
-        workers=workers,
-        optimizer=optimizer,
-        verify=vstage,
-        verify_note=note,
-    )
-    plan.cut = _cuts(plan, user, bool(lrs), bool(seeds), depth is not None, steps)
-    return plan
+        if not self.essential(state):
+            while (nxt := next((u for u in self.rest(state) if self.fits(u)), None)) is not None:
+                state = nxt
+        return state
+
+    def plan(self, state: _State, note: str) -> Plan:
+        """The `Plan` of the grown `state`: its learning rates, seeds, predicted seconds and cuts."""
+        r = self.req
+        chosen_lrs = sorted(r.lrs) if r.lrs else list(LRS[state.n_lrs])
+        if r.stress_lr not in chosen_lrs:
+            chosen_lrs = sorted(chosen_lrs[1:] + [r.stress_lr])
+        chosen_seeds = list(r.seeds) if r.seeds else [r.seed0 + i for i in range(state.n_seeds)]
+        if not state.finalists:
+            chosen_lrs, chosen_seeds = [r.stress_lr], [r.seed0]
+        predicted = self.stages(state)
+        predicted["reserves"] = self.reserve
+        predicted["total"] = sum(predicted.values())
+        vstage = self.vstage
+        if vstage:
+            vstage = {
+                **vstage,
+                "k": min(vstage["k"], state.n),
+                "depth": state.depth,
+                "steps": state.steps,
+                "seed": r.seed0,
+                "predicted_s": predicted["verify"],
+            }
+        plan = Plan(
+            order=self.order,
+            screened=self.order[: state.n],
+            screen_width=state.width,
+            depth=state.depth,
+            steps=state.steps,
+            stress_lr=r.stress_lr,
+            seed0=r.seed0,
+            finalists=state.finalists,
+            lrs=chosen_lrs,
+            seeds=chosen_seeds,
+            extend=state.extend,
+            predicted=predicted,
+            budget_s=r.budget_s,
+            workers=r.workers,
+            optimizer=r.optimizer,
+            verify=vstage,
+            verify_note=note,
+        )
+        plan.cut = _cuts(plan, r.user, bool(r.lrs), bool(r.seeds), r.depth is not None, r.steps)
+        return plan
 
 
 def _fitting_widths(user: ModelConfig, widths: list[int]) -> list[int]:
     """The screen widths whose float64 model fits SCREEN_MEMORY (counted, nothing built); none: refused."""
-    from normlab.layout import as_layout
-    from normlab.model.params import analytic_params
-    from normlab.recommend.shape import screen_shape
-
     resolved = as_layout("peri").resolve(user.n_layers)
     size = {w: 8 * analytic_params(ModelConfig(**screen_shape(user, w, 64)), resolved).total for w in widths[:1]}
     if size[widths[0]] > SCREEN_MEMORY:
@@ -463,12 +506,6 @@ def _fitting_widths(user: ModelConfig, widths: list[int]) -> list[int]:
 def _check_proxy_memory(user: ModelConfig, depth: int, workers: int) -> None:
     """Refuse proxies whose AdamW training (16 bytes a parameter, twice for activations and slack) would
     not fit this machine's memory with `workers` side by side."""
-    import os
-
-    from normlab.layout import as_layout
-    from normlab.model.params import analytic_params
-    from normlab.recommend.shape import proxy_shape
-
     params = analytic_params(ModelConfig(**proxy_shape(user, depth)), as_layout("peri").resolve(depth)).total
     try:
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -109,7 +109,7 @@ class Evidence:
     tie: bool = False  # within noise of the candidate ranked above
     screen_why: str = ""  # why the screen gave its verdict (`screen_reason`)
     status: str = (
-        "ranked"  # ranked | stress round only | baseline (see `normlab.recommend.stages`) | ruled out | not trained
+        "ranked"  # ranked | stress round only | baseline (`recommend.stage_conclude`) | ruled out | not trained
     )
     why: str = ""  # for ruled out / not trained
 
@@ -172,7 +172,7 @@ def evidence_from_grid(runs: pd.DataFrame, planned: dict[str, int]) -> dict[str,
 def baseline_of(current: str | None, finalists: list[str], order: list[str]) -> str | None:
     """The user's placement where it is a finalist only as the baseline: the final round takes the best
     len(finalists) of the stress round's `order` with the current placement swapped in for the last of
-    them. Such a finalist is ranked with those it displaced, by its stress run (`normlab.recommend.stages`)."""
+    them. Such a finalist is ranked with those it displaced, by its stress run (`normlab.recommend.stage_conclude`)."""
     if current is None or current not in finalists or current not in order:
         return None
     return current if order.index(current) >= len(finalists) else None

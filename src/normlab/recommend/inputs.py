@@ -1,0 +1,136 @@
+"""What a recommendation is asked, checked before anything runs, and the proxies' run settings: the
+candidates (the user's current placement first; the same placement twice, or one the model cannot take,
+refused), the inputs plan.json keeps (a resumed call with other inputs is refused), every proxy run's
+settings and data checked as one line, and the proxies' sweeps (`proxy_settings`, `proxy_sweep`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from normlab.config.commands import RECOMMEND_BASE, RECOMMEND_CANDIDATES, RecommendConfig
+from normlab.data import load_data
+from normlab.errors import ConfigError
+from normlab.experiments.sweep import SweepConfig
+from normlab.layout import as_layout
+from normlab.model.config import SIZES, ModelConfig
+from normlab.recommend.shape import PROXY_WIDTH, UserModel, proxy_shape
+
+
+def has_streams(names: list[str]) -> bool:
+    """Whether a layout of `names` has several residual streams (the plan then needs the stream rates)."""
+    return any(as_layout(n).streams > 1 for n in names)
+
+
+def unbuildable(name: str, user: UserModel) -> str | None:
+    """Why `name` cannot be built for the user's model (e.g. nGPT on grouped key/value heads), or None: what the
+    model refuses (`ModelConfig.layout_problem`), at the proxies' shape and the user's depth (the screen's)."""
+    shape = ModelConfig(**proxy_shape(user.config, user.config.n_layers))
+    return shape.layout_problem(as_layout(name).resolve(shape.n_layers))
+
+
+def choose_candidates(cfg: RecommendConfig, user: UserModel) -> tuple[list[str], str | None, dict[str, str]]:
+    """The candidates (the user's current placement first, under its own name), that placement's name, and
+    the default candidates left out because the user's model cannot take them (name -> why); the same
+    placement given twice (by two names, or one name twice), or one given that the model cannot take, is
+    refused."""
+    seen: dict[str, str] = {}
+    for name in cfg.candidates:
+        form = as_layout(name).to_string()  # a typo fails here, with the valid names
+        if form in seen:
+            same = (
+                f"{name!r} is given twice"
+                if seen[form] == name
+                else f"{seen[form]!r} and {name!r} are the same placement ({form})"
+            )
+            raise ConfigError(f"--candidates: {same}; give each placement once")
+        seen[form] = name
+    names = list(seen.values())
+    current = None
+    if user.layout is not None:
+        want = as_layout(user.layout).to_string()
+        current = seen.get(want, user.layout)
+        names = [current] + [n for n in names if n != current]
+    unfit = {n: why for n in names if (why := unbuildable(n, user))}
+    given = tuple(cfg.candidates) != RECOMMEND_CANDIDATES
+    if unfit and (given or current in unfit):
+        name, why = next((n, w) for n, w in unfit.items() if n == current or given)
+        if name == current:
+            raise ConfigError(f"your current placement {name} cannot be built at the proxies' shape ({why})")
+        raise ConfigError(f"--candidates: {name} cannot be built for your model ({why}); leave it out")
+    return [n for n in names if n not in unfit], current, unfit
+
+
+def recorded_inputs(
+    user: UserModel, cfg: RecommendConfig, precision: str, base: dict[str, Any], candidates: list[str]
+) -> dict[str, Any]:
+    return {
+        "model": user.config.to_dict(),
+        "precision": precision,
+        "candidates": candidates,
+        "lrs": list(cfg.lrs),
+        "seeds": list(cfg.seeds),
+        "depth": cfg.depth,
+        "optimizer": cfg.optimizer,
+        "base": base,
+        "proxy": RECOMMEND_BASE,
+    }
+
+
+def check_run_settings(base: dict[str, Any], name: str, lr: float, seed: int, log: Callable[[str], Any]) -> None:
+    """Every proxy run's settings and data, checked before anything is screened: a bad --set value, a
+    data path that does not exist, a tokenizer that cannot be read fail here, as one line."""
+    spec = proxy_sweep(base, [name], [lr], [seed]).expand()[0]
+    cfg = spec.train_config("unused")
+    if cfg.data.task != "lm":
+        raise ConfigError(f"--set task={cfg.data.task}: the proxies train a language model on text (task lm)")
+    data = load_data(
+        cfg.data.data,
+        cfg.data.tokenizer,
+        cfg.data.val_fraction,
+        cfg.data.text_field,
+        cfg.data.token_dtype,
+        cfg.data.vocab_size,
+    )  # tokens cached: the runs read them from there
+    need = cfg.data.seq_len + 1
+    if len(data.train) < need * 2 or len(data.val) < need:
+        raise ConfigError(
+            f"data {cfg.data.data} holds {len(data.train) + len(data.val):,} tokens: too few for "
+            f"sequences of {cfg.data.seq_len}; give more text or --set seq_len=N"
+        )
+    log(f"  proxy runs' settings and data checked ({cfg.data.data}: {len(data.train):,} training tokens)")
+
+
+def proxy_settings(
+    user: UserModel,
+    depth: int,
+    precision: str,
+    extra: dict[str, Any],
+    optimizer: str = "adamw",
+    width: int = PROXY_WIDTH,
+) -> dict[str, Any]:
+    """The proxy runs' settings: the stress settings, the user's block at the proxy shape (`width`: the
+    verify stage's), their precision stored (emulated on a CPU), their optimizer, and their own --set on top."""
+    ref = SIZES[RECOMMEND_BASE["size"]].to_dict()
+    model = {f"model.{k}": v for k, v in proxy_shape(user.config, depth, width).items() if ref.get(k) != v}
+    return {**RECOMMEND_BASE, **model, "activation_dtype": precision, "optimizer": optimizer, **extra}
+
+
+def proxy_sweep(
+    base: dict[str, Any],
+    layouts: list[str],
+    lrs: list[float],
+    seeds: list[int],
+    name: str = "recommend",
+) -> SweepConfig:
+
+    width = base.get("model.d_model", PROXY_WIDTH)
+    return SweepConfig(
+        name=name,
+        base=base,
+        grid={"layout": layouts, "lr": lrs, "seed": seeds},
+        source="normlab recommend: the proxy grid" + (" (verify: wider)" if width != PROXY_WIDTH else ""),
+        scale=f"proxy d {width}, {base.get('model.n_layers', 12)} layers, {base['steps']} steps, "
+        f"{base['activation_dtype']} storage, {base.get('optimizer', 'adamw')}",
+    )

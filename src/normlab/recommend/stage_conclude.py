@@ -1,0 +1,150 @@
+"""The conclusion: the evidence per candidate (screen verdict, runs, ranked by `rank.rank`), checked
+against the recipes' verdicts (`agreement`), the winner's settings in five code bases (`frameworks`), and
+the recommendation written: recommendation.md, recommendation.json, report.html (`explain`). Written
+before the verify stage and again with its verdict.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from normlab.io import atomic_write_bytes, atomic_write_json
+from normlab.recommend import agreement, explain
+from normlab.recommend.context import Context
+from normlab.recommend.frameworks import settings_for
+from normlab.recommend.rank import Evidence, baseline_of, evidence_from_grid, rank, screen_reason
+from normlab.recommend.records import FinalRecord, Recommendation
+
+
+def _unscreened(ctx: Context, name: str) -> Evidence:
+    why = f"not tried in this budget (the cheap screen put it after the {len(ctx.plan.screened)} chosen)"
+    return Evidence(layout=name, screen="not screened", screen_detail="", status="not trained", why=why)
+
+
+def evidence(ctx: Context) -> list[Evidence]:
+    """Each candidate's evidence row, ranked: the final round's ranked, then those the final round did not
+    take (and a baseline finalist) in the stress round's order, then those ruled out or not trained."""
+    found, order = ctx.found, ctx.found.order
+    final, runs = found.final, found.runs
+    assert final is not None and runs is not None
+    finalists = final.finalists or order
+    per_final = len(final.lrs) * len(final.seeds)
+    extended = final.extended or {}
+    planned = {
+        n: (per_final + (len(final.seeds) if n in extended else 0)) if n in final.finalists else 1 for n in order
+    }
+    grid = evidence_from_grid(runs[runs.layout.isin(finalists)], {n: planned[n] for n in finalists})
+    # the user's placement runs in the final round as the baseline even where the stress round did not put it
+    # among the best; then it is ranked as those it displaced are, by its stress run, its final runs shown
+    baseline = baseline_of(ctx.current, final.finalists, order)
+    rows = []
+    for n in ctx.candidates:
+        if n not in found.screen["results"]:
+            rows.append(_unscreened(ctx, n))
+            continue
+        s = found.screen["results"][n]
+        detail = f"{s['wellposedness']}; forward {s['forward']}; backward {s['backward']}"
+        row = Evidence(layout=n, screen=s["verdict"], screen_detail=detail, screen_why=screen_reason(s))
+        if n in found.out_by_screen:
+            row.status, row.why = "ruled out", f"by the screen: {found.out_by_screen[n]}"
+        elif n not in finalists:
+            one = evidence_from_grid(runs[runs.layout == n], {n: 1})[n]
+            for k, v in one.items():
+                setattr(row, k, v)
+            row.status = "stress round only"
+            status = runs[runs.layout == n].status
+            row.why = f"{status.iloc[0] if len(status) else 'not run'} at lr {ctx.plan.stress_lr:g}"
+        else:
+            for k, v in grid[n].items():
+                setattr(row, k, v)
+            if n == baseline:
+                row.status = "baseline"
+                row.why = (
+                    f"ranked by its stress run, #{order.index(n) + 1} of {len(order)} there; in the final "
+                    "round as your current placement"
+                )
+        rows.append(row)
+    ranked = rank(rows)
+    # the candidates the final round did not take (and a baseline finalist) follow, in the stress round's order
+    tail = sorted(
+        (r for r in ranked if r.status in ("stress round only", "baseline")), key=lambda r: order.index(r.layout)
+    )
+    head = [r for r in ranked if r.status == "ranked"]
+    for i, r in enumerate(tail, len(head) + 1):
+        r.rank = i
+    return head + tail + [r for r in ranked if r.status in ("ruled out", "not trained")]
+
+
+def _plan_record(ctx: Context, stress: dict[str, Any], final: FinalRecord) -> dict[str, Any]:
+    """recommendation.json's "plan": what the plan was and what the rounds ran."""
+    p = ctx.plan
+    return {
+        "screen_width": ctx.found.screen["width"],
+        "depth": p.depth,
+        "stress": stress,
+        "final": final.to_dict(),
+        "cut": p.cut,
+        "predicted": p.predicted,
+        "screened": p.screened,
+        "order": p.order,
+    }
+
+
+def conclude(ctx: Context, verify: dict[str, Any] | None = None) -> Recommendation:
+    """The recommendation from what the stages found, written to the folder (module doc)."""
+    found, p, folder = ctx.found, ctx.plan, ctx.folder
+    assert found.final is not None and found.runs is not None
+    ranked = evidence(ctx)
+    ranks = {r.layout: r.rank for r in ranked if r.rank is not None}
+    checks = agreement.check(ranks, ctx.precision, agreement.cells(found.runs))
+    winner = ranked[0] if ranked and ranked[0].rank is not None else None
+    stress = {"depth": p.depth, "depth_fixed": ctx.cfg.depth is not None, "candidates": found.order, "lr": p.stress_lr}
+    rounds = [r.to_dict() for r in ctx.rounds]
+    used = ctx.clock.used_minutes()
+    result = Recommendation(
+        model=ctx.user.describe(),
+        notes=list(ctx.user.notes),
+        precision=ctx.precision,
+        current=ctx.current,
+        winner=winner.layout if winner else None,
+        ranking=[r.to_dict() for r in ranked],
+        recipe_checks=checks,
+        settings=settings_for(winner.layout, ctx.user.config) if winner else {},
+        limits=explain.limits(ctx.user, ctx.precision, stress, found.screen, ctx.extra, ranked),
+        optimizer=p.optimizer,
+        verify=verify or {"status": "not asked"},
+        transfer_record=explain.transfer_record(),
+        plan=_plan_record(ctx, stress, found.final),
+        rounds=rounds,
+        movement=explain.movement(ranked, p.to_dict(), found.final.to_dict(), rounds),
+        minutes=used,
+        budget_minutes=ctx.clock.budget_s / 60,
+        call_minutes=[*ctx.calls[:-1], used],
+        files={
+            "grid": folder.grid_files(),
+            "screen": folder.screen_file.name,
+            "plan": folder.plan_file.name,
+            "json": folder.json_file.name,
+        },
+    )
+    as_dict = result.to_dict()
+    result.text = explain.markdown(as_dict, ranked)
+    atomic_write_bytes(folder.markdown_file, result.text.encode())
+    atomic_write_json(folder.json_file, as_dict)
+    explain.write_page(folder, as_dict, ranked)
+    return result
+
+
+class Conclude:
+    """The last stage: the ranking, the checks, the settings and the recommendation's files."""
+
+    name = "conclude"
+
+    def cost(self, ctx: Context) -> float:
+        return ctx.plan.predicted["reserves"]
+
+    def done(self, ctx: Context) -> bool:
+        return ctx.folder.json_file.is_file()
+
+    def run(self, ctx: Context, verify: dict[str, Any] | None = None) -> Recommendation:
+        return conclude(ctx, verify)
