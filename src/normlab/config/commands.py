@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from normlab.config.optimizers import OPTIMIZER_NAMES
 from normlab.model.config import SIZES
 from normlab.settings import check_fields, nonneg, open_unit, positive, setting
 
@@ -313,7 +314,7 @@ RECOMMEND_BASE: dict[str, Any] = {
     "compile": False,
 }
 PRECISIONS = ("bf16", "fp16")
-RECOMMEND_OPTIMIZERS = ("adamw", "muon", "sgd")  # optim.optimizer's choices
+RECOMMEND_OPTIMIZERS = tuple(sorted(OPTIMIZER_NAMES))  # optim.optimizer's choices (normlab.config.optimizers), a-z
 
 
 def _lrs(values: tuple[Any, ...]) -> str | None:

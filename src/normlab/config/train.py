@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from normlab.config.optimizers import OPTIMIZER_NAMES
 from normlab.errors import ConfigError, LayoutError
 from normlab.layout import Layout, parse_layout
 from normlab.layout.sites import ResolvedLayout
@@ -161,10 +162,10 @@ class DataSettings:
 
 @dataclass(frozen=True)
 class OptimSettings:
-    optimizer: Literal["adamw", "sgd", "muon"] = setting(
+    optimizer: str = setting(
         "adamw",
         "adamw | sgd | muon (torch.optim.Muon on the blocks' 2-D matrices, AdamW on the rest: normlab.train.optim)",
-        choices=("adamw", "sgd", "muon"),
+        choices=OPTIMIZER_NAMES,  # the rows of normlab.config.optimizers
     )
     lr: float = setting(3e-3, "peak learning rate", check=positive)
     min_lr: float | None = setting(None, "cosine floor; none: lr / 10", check=nonneg)
@@ -321,7 +322,7 @@ class RunSettings:
         0.05,
         "stalled if the final loss ends within this fraction of the corpus's unigram "
         "loss (or above it) and improved by less than a fifth of that over the last "
-        "quarter of the run (0: off); see normlab.train.monitor",
+        "quarter of the run (0: off); see normlab.train.divergence",
         identity=False,
         check=nonneg,
     )

@@ -23,10 +23,12 @@ import torch
 from torch import nn
 
 from normlab.diagnostics.stats import FP16_MAX
+from normlab.layout.norm_kinds import NORM_KIND_FACTS
 from normlab.model.norms import gain_of
 
-SCALE_FREE = ("rms", "layer")  # kinds with N(c x) = N(x): RMSNorm, LayerNorm (not DyT; ScaleNorm and L2 too, but
-# their g is one scalar: they would do as well, and are left out to keep the rule short and tested)
+# kinds with N(c x) = N(x) and a gain to carry c: RMSNorm, LayerNorm (each kind's `rescalable` in
+# normlab.layout.norm_kinds; not DyT; ScaleNorm and L2 are scale-invariant too, but left out there)
+SCALE_FREE = tuple(f.name for f in NORM_KIND_FACTS if f.rescalable)
 
 
 def rescalable(model: nn.Module) -> str | None:

@@ -25,6 +25,7 @@ from normlab._version import __version__
 MODULES = (
     "errors.py",
     "settings.py",
+    "layout/norm_kinds.py",
     "layout/sites.py",
     "layout/presets.py",
     "layout/spec.py",

@@ -36,16 +36,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from normlab.errors import LayoutError
+from normlab.layout.norm_kinds import NORM_FACTS, NORM_KIND_FACTS
 
-NormKind = Literal["rms", "layer", "dyt", "derf", "scale", "l2", "seednorm"]
+# A norm kind's name (one of NORM_KINDS); every kind's facts are a row of normlab.layout.norm_kinds
+NormKind = str
 InnerSpan = Literal["head", "full"]
 
-# rms: Zhang & Sennrich 2019; layer: Ba et al. 2016; dyt: Dynamic Tanh, Zhu et al. 2025; derf: Dynamic erf,
-# Chen et al. 2025; scale: ScaleNorm, Nguyen & Salazar 2019; l2: x / ||x||, no gain; seednorm: an input-dependent
-# gain on x / RMS(x), Cai et al. 2025 (SeeDNorm, arXiv 2510.22777) (normlab.model.norms)
-NORM_KINDS: tuple[str, ...] = ("rms", "layer", "dyt", "derf", "scale", "l2", "seednorm")
+NORM_KINDS: tuple[str, ...] = tuple(NORM_FACTS)
 # the point-wise kinds with a learned input scale alpha started at alpha0 (DyT, Derf)
-ALPHA_KINDS: tuple[str, ...] = ("dyt", "derf")
+ALPHA_KINDS: tuple[str, ...] = tuple(f.name for f in NORM_KIND_FACTS if f.pointwise)
 H_LEARNED: tuple[str, ...] = ("scalar", "channel")
 # A norm's gain: gamma (per channel, the usual, 1 at init), none (no gain), centered: stored as w from 0
 # and applied as 1 + w, so weight decay pulls the gain toward 1, not 0 (Gemma's RMSNorm; Qwen3-Next), or
@@ -92,7 +91,7 @@ SITE_GROUPS: dict[str, tuple[str, ...]] = {
     "C": ("attn.C", "mlp.C"),
     "H": ("mlp.H",),
 }
-_GAINED = ("rms", "layer", "dyt", "derf", "seednorm")  # the kinds with a gain to choose
+_GAINED = tuple(f.name for f in NORM_KIND_FACTS if f.gained)  # the kinds with a gain to choose
 
 # The norm sites by what their output feeds (arXiv 2605.26895, "Negligible in size, significant in effect": weight
 # decay helps the gains of norms whose output feeds a linear map and hurts those after a sublayer). Input norms feed
@@ -347,7 +346,7 @@ class Layout:
             raise LayoutError(f"unknown gain {self.gain!r}; valid: {', '.join(GAINS)}")
         if self.softmax not in ATTN_SOFTMAX:
             raise LayoutError(f"unknown attention softmax {self.softmax!r}; valid: {', '.join(ATTN_SOFTMAX)}")
-        if self.gain != "gamma" and self.norm in ("scale", "l2"):
+        if self.gain != "gamma" and self.norm not in _GAINED:
             raise LayoutError(
                 f"norm={self.norm} has no per-channel gain to change (ScaleNorm's is one scalar g, "
                 "L2's none); gain= applies to rms, layer, dyt and derf"

@@ -18,9 +18,8 @@ Tokens:
     emb / -emb       embedding norm on / off
     final / -final   final norm on / off
     qk               add QK-norm to every layer
-    norm=KIND        one kind everywhere: rms (RMSNorm), layer (LayerNorm), dyt (Dynamic Tanh),
-                     derf (Dynamic erf), scale (ScaleNorm), l2 (gain-free x / ||x||), seednorm (an
-                     input-dependent gain on x / RMS(x), Cai et al. 2025)
+    norm=KIND        one kind everywhere: a row of normlab.layout.norm_kinds (NORM_KINDS), e.g. rms
+                     (RMSNorm), layer (LayerNorm), dyt (Dynamic Tanh), scale (ScaleNorm), l2 (x / ||x||)
     inner=head|full  q/k/v/c norms per head or across all heads (OLMo 2)
     h=FLOAT          residual branch scale (Kan et al. Sec. 5)
     alpha=FLOAT|deepnorm|admin|keel   skip scale (DeepNorm: (2N)^(1/4); Admin: learned, profiled at init;
@@ -84,7 +83,6 @@ from normlab.layout.sites import (
     LayerRange,
     LayerRule,
     Layout,
-    NormKind,
     SiteNorm,
     SublayerSites,
 )
@@ -115,7 +113,7 @@ _FLAGS = {
 }
 TOKEN_HELP = (
     "attn=<qkvc+ABCS or ->, mlp=<ABCSHW or ->, [a:b]attn=..., [a:b]mlp=..., emb, -emb, final, "
-    "-final, qk, norm=rms|layer|dyt|derf|scale|l2|seednorm, inner=head|full, h=<float>, "
+    "-final, qk, norm=" + "|".join(NORM_KINDS) + ", inner=head|full, h=<float>, "
     "alpha=<float>|deepnorm|admin|keel, frozen-out, "
     "emb-scale, h-scalar, h-channel, skip-scalar, gpas, ngpt, streams=<n>, mix=hc|mhc, attnres=<n>|full, lns, "
     "qk-rope, "
@@ -233,7 +231,7 @@ def _apply(layout: Layout, token: str) -> Layout:
         if key == "norm":
             if value not in NORM_KINDS:
                 raise LayoutError(f"in {token!r}: norm must be one of {', '.join(NORM_KINDS)}")
-            return replace(layout, norm=cast(NormKind, value))
+            return replace(layout, norm=value)
         if key == "softmax":
             if value not in ATTN_SOFTMAX:
                 raise LayoutError(f"in {token!r}: softmax must be one of {', '.join(ATTN_SOFTMAX)}")

@@ -15,7 +15,9 @@ tokens (`normlab.model.loss`). Generation passes a `Decoding` (positions, paddin
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +33,7 @@ from normlab.model.depth_attention import DepthAttention, first_state, n_slots
 from normlab.model.loss import lm_loss, logits_of
 from normlab.model.moe import MoE
 from normlab.model.norms import Tap, is_norm, site_norm
-from normlab.model.sphere import base_scale, rescaled
+from normlab.model.sphere import base_scale, project, rescaled
 from normlab.model.storage import NO_STORAGE, Storage
 
 
@@ -99,6 +101,12 @@ class NormLM(nn.Module):
     @property
     def layout(self):  # noqa: ANN201 - a Layout
         return self.resolved.layout
+
+    def post_step_hooks(self) -> list[Callable[[], None]]:
+        """What must run after every optimizer step for the model to stay the model its layout says (the optimizer
+        factory registers each, normlab.train.optim): nGPT's weights put back on the unit sphere
+        (normlab.model.sphere.project, Loshchilov et al. 2024 Sec. 2.6); none for any other layout."""
+        return [functools.partial(project, self)] if self.layout.ngpt else []
 
     def norms_at_sites(self) -> dict[str, list[nn.Module]]:
         """Each norm site (`NORM_SITES`) -> the norm modules it holds, one per layer where it is on (blocks in order;

@@ -43,6 +43,8 @@ every layout.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -297,7 +299,33 @@ class SeeDNorm(_Elementwise):
         return f"gain={self.gain}, compute={self.compute}"
 
 
-NORM_TYPES = (nn.RMSNorm, nn.LayerNorm, DyT, ScaleNorm, L2Norm, SeeDNorm)  # Derf is a DyT
+@dataclass(frozen=True)
+class NormModule:
+    """The torch module of one norm kind, registered by the kind's name beside its facts
+    (normlab.layout.norm_kinds): its class and how to build it over ``dim`` channels from the model's eps, bias,
+    compute, DyT/Derf alpha0 and the site's gain (arguments a kind does not take it ignores)."""
+
+    cls: type[nn.Module]
+    build: Callable[[int, float, bool, NormCompute, float, str], nn.Module]
+
+
+# kind -> its module: one entry per row of NORM_KIND_FACTS (tests/unit/test_registries.py checks they agree)
+NORM_MODULES: dict[str, NormModule] = {
+    "rms": NormModule(RMSNorm, lambda dim, eps, bias, compute, alpha0, gain: RMSNorm(dim, eps, compute, gain)),
+    "layer": NormModule(
+        LayerNorm, lambda dim, eps, bias, compute, alpha0, gain: LayerNorm(dim, eps, bias, compute, gain)
+    ),
+    "dyt": NormModule(DyT, lambda dim, eps, bias, compute, alpha0, gain: DyT(dim, alpha0, bias, compute, gain)),
+    "derf": NormModule(Derf, lambda dim, eps, bias, compute, alpha0, gain: Derf(dim, alpha0, bias, compute, gain)),
+    "scale": NormModule(ScaleNorm, lambda dim, eps, bias, compute, alpha0, gain: ScaleNorm(dim, eps, compute)),
+    "l2": NormModule(L2Norm, lambda dim, eps, bias, compute, alpha0, gain: L2Norm(eps, compute)),
+    "seednorm": NormModule(SeeDNorm, lambda dim, eps, bias, compute, alpha0, gain: SeeDNorm(dim, eps, compute, gain)),
+}
+
+# torch's own RMSNorm and LayerNorm (which normlab's subclass) count as norms too, wherever a model holds one
+NORM_TYPES: tuple[type[nn.Module], ...] = tuple(
+    dict.fromkeys((nn.RMSNorm, nn.LayerNorm, *(m.cls for m in NORM_MODULES.values())))
+)
 
 
 def is_norm(m: nn.Module) -> bool:
@@ -318,25 +346,17 @@ def make_norm(
     """A norm over the last dimension; ``frozen_gamma`` fixes gamma at 1 (Kim et al. Fig. 8)."""
     if compute not in NORM_COMPUTE:
         raise ValueError(f"unknown norm compute {compute!r}; valid: {', '.join(NORM_COMPUTE)}")
-    if kind == "rms":
-        norm: nn.Module = RMSNorm(dim, eps, compute, gain)
-    elif kind == "layer":
-        norm = LayerNorm(dim, eps, bias, compute, gain)
-    elif kind == "dyt":
-        norm = DyT(dim, dyt_alpha, bias, compute, gain)
-    elif kind == "derf":
-        norm = Derf(dim, dyt_alpha, bias, compute, gain)
-    elif kind == "scale":
-        norm = ScaleNorm(dim, eps, compute)
-    elif kind == "l2":
-        norm = L2Norm(eps, compute)
-    elif kind == "seednorm":
-        norm = SeeDNorm(dim, eps, compute, gain)
-    else:
-        raise ValueError(f"unknown norm kind {kind!r}; valid: rms, layer, dyt, derf, scale, l2, seednorm")
+    if kind not in NORM_MODULES:
+        raise ValueError(f"unknown norm kind {kind!r}; valid: {', '.join(NORM_MODULES)}")
+    norm = NORM_MODULES[kind].build(dim, eps, bias, compute, dyt_alpha, gain)
     if frozen_gamma and getattr(norm, "weight", None) is not None:
         norm.weight.requires_grad_(False)
     return norm
+
+
+def norm_kind_of(m: nn.Module) -> str | None:
+    """The kind whose registered class ``m`` is exactly (None: not one of normlab's norm modules)."""
+    return next((kind for kind, entry in NORM_MODULES.items() if type(m) is entry.cls), None)
 
 
 def site_norm(on: bool, spec: NormSpec, dim: int, cfg: ModelConfig, frozen_gamma: bool = False) -> nn.Module:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from normlab.layout.norm_kinds import NORM_FACTS
 from normlab.layout.sites import ResolvedLayout
 from normlab.model.config import ModelConfig
 
@@ -53,20 +54,9 @@ def analytic_params(cfg: ModelConfig, resolved: ResolvedLayout) -> ParamCount:
     def site(name: str, width: int) -> int:
         """Parameters of the norm at site ``name`` over ``width`` channels (normlab.model.norms)."""
         spec = lay.norm_at(name)
-        # a centered gain is a weight too (1 + w); a scalar gain one number
-        gamma = {"none": 0, "scalar": 1}.get(spec.gain, width)
-        if spec.kind in ("dyt", "derf"):  # gamma, beta, alpha (and Derf's shift s)
-            return gamma + (width if cfg.norm_bias else 0) + 1 + (spec.kind == "derf")
-        if spec.kind == "seednorm":  # gamma, and alpha and beta per channel
-            return gamma + 2 * width
-        if spec.kind == "scale":
-            return 1  # g
-        if spec.kind == "l2":
-            return 0
-        # without a per-channel gain torch's LayerNorm has no beta either (elementwise_affine=False)
-        if spec.kind == "layer" and spec.gain in ("gamma", "centered"):
-            return width * (2 if cfg.norm_bias else 1)
-        return gamma
+        # each parameter's size by the kind's facts (a centered gain is a weight too, 1 + w; a scalar gain one
+        # number; without a per-channel gain torch's LayerNorm has no beta either)
+        return NORM_FACTS[spec.kind].param_count(width, spec.gain, cfg.norm_bias)
 
     b = 1 if cfg.linear_bias else 0
     qkv_b = 1 if (cfg.linear_bias or cfg.qkv_bias) else 0

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from normlab.layout import PRESETS, Layout, as_layout
+from normlab.layout.norm_kinds import NORM_KIND_FACTS, NormKindFacts
 from normlab.layout.sites import NORM_SITES
 from normlab.model.config import ModelConfig
 
@@ -467,6 +468,13 @@ class Unsaid:
 
 
 _NORMS = "its norms are LayerNorm, RMSNorm and their variants"
+
+
+def _unsaid_kind(facts: NormKindFacts) -> Unsaid:
+    """A norm kind none of the code bases computes (its facts' ``unsaid``, normlab.layout.norm_kinds)."""
+    return Unsaid(facts.title, lambda lay: facts.name in _kinds(lay), str(facts.unsaid))
+
+
 UNSAID: tuple[Unsaid, ...] = (
     Unsaid(
         "several residual streams (hyper-connections)",
@@ -510,9 +518,7 @@ UNSAID: tuple[Unsaid, ...] = (
     ),
     Unsaid("GPAS", lambda lay: lay.gpas, "no block of it subtracts a stop-gradient share of the stream"),
     Unsaid("learned skip scalars", lambda lay: lay.skip_learned, "its blocks add the stream with weight 1"),
-    Unsaid("Derf", lambda lay: "derf" in _kinds(lay), f"{_NORMS}: none computes Derf's erf"),
-    Unsaid("SeeDNorm", lambda lay: "seednorm" in _kinds(lay), f"{_NORMS}: none has SeeDNorm's input-dependent gain"),
-    Unsaid("DyT", lambda lay: "dyt" in _kinds(lay), f"{_NORMS}: none computes DyT's tanh"),
+    *(_unsaid_kind(f) for f in NORM_KIND_FACTS if f.unsaid is not None),  # each norm kind's, from its facts
     Unsaid(
         "single-scale norms",
         lambda lay: "scalar" in _gains(lay),

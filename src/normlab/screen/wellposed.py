@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from normlab.layout.norm_kinds import NORM_KIND_FACTS
 from normlab.layout.sites import (
     ATTN_RES_FULL,
     KEEL,
@@ -50,38 +51,10 @@ class SublayerVerdict:
     why: str
 
 
-# What an output norm (B) of each kind bounds: the update u = h * N_B(.) whatever the module's weights
-_B_BOUND = {
-    "rms": "u lies on N_B's ellipsoid (Kan Lemma 1): its entries are at most h*(max|gamma|*sqrt(d) + max|beta|)",
-    "layer": "u lies on N_B's ellipsoid (Kan Lemma 1): its entries are at most h*(max|gamma|*sqrt(d) + max|beta|)",
-    "dyt": (
-        "DyT squashes u entry by entry: |u_i| <= h*(|gamma_i| + |beta_i|) whatever its input (Zhu et al. eq. 1); "
-        "bounded above but not fixed in size as on RMSNorm's ellipsoid (a small input passes as gamma*alpha*x)"
-    ),
-    "derf": (
-        "Derf squashes u entry by entry: |u_i| <= h*(|gamma_i| + |beta_i|) whatever its input (erf's range is "
-        "(-1, 1); Chen et al. 2025); bounded above but not fixed in size (a small input passes as "
-        "gamma*(2/sqrt(pi))*alpha*x around the shift)"
-    ),
-    "seednorm": (
-        "SeeDNorm scales x / RMS(x) by gamma + alpha tanh(x . beta): |u_i| <= h*(|gamma_i| + |alpha_i|)*sqrt(d), "
-        "a bound set by its gains whatever the module's weights (tanh is in (-1, 1); Cai et al. 2025)"
-    ),
-    "scale": "ScaleNorm puts u on a sphere: ||u|| = h*|g| exactly (Nguyen & Salazar eq. 3)",
-    "l2": "u is h times a unit vector: ||u|| = h exactly",
-}
-# What a norm after the add (C) does to the stream
-_C_KEEPS = {
-    "rms": "the stream is projected back onto the ellipsoid",
-    "layer": "the stream is projected back onto the ellipsoid",
-    "dyt": "DyT squashes the stream into the box |x_i| <= |gamma_i| + |beta_i| (a large update saturates tanh, "
-    "where its gradient vanishes, instead of being projected)",
-    "derf": "Derf squashes the stream into the box |x_i| <= |gamma_i| + |beta_i| (a large update saturates erf, "
-    "where its gradient vanishes, instead of being projected)",
-    "seednorm": "the stream is projected back onto the sphere, then scaled by an input-dependent gain",
-    "scale": "the stream is projected back onto a sphere of radius |g|",
-    "l2": "the stream is projected back onto the unit sphere",
-}
+# What an output norm (B) of each kind bounds (the update u = h * N_B(.) whatever the module's weights), and what a
+# norm after the add (C) does to the stream: each kind's row of normlab.layout.norm_kinds
+_B_BOUND = {f.name: f.output_bound for f in NORM_KIND_FACTS}
+_C_KEEPS = {f.name: f.after_add for f in NORM_KIND_FACTS}
 
 
 def classify(

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from normlab.config.optimizers import OPTIMIZERS
 from normlab.config.train import TrainConfig
 from normlab.errors import ConfigError
 from normlab.model import storage
@@ -169,6 +170,15 @@ def _slopes(cfg: TrainConfig, recompute: bool, vocab: int) -> tuple[float, float
     return tuple(max(0.0, n + (w - n) * (2 * scale - 1)) for w, n in zip(wide, narrow))  # type: ignore[return-value]
 
 
+def optimizer_state_bytes(cfg: TrainConfig, optimizer: str, params: int) -> int:
+    """The bytes of state ``optimizer`` keeps for ``params`` parameters it takes: its facts' float32 numbers per
+    parameter (normlab.config.optimizers), none where the setting its state needs is 0 (SGD without momentum)."""
+    facts = OPTIMIZERS[optimizer]
+    if facts.state_if is not None and not getattr(cfg.optim, facts.state_if):
+        return 0
+    return 4 * facts.state_floats * params
+
+
 def plan_memory(cfg: TrainConfig, world: int = 1, vocab: int | None = None) -> MemoryPlan:
     """The memory plan of ``cfg`` on one of ``world`` ranks (see the module docstring); ``vocab``: the
     data's, once known (else from the settings, `TrainConfig.expected_vocab`)."""
@@ -192,11 +202,11 @@ def plan_memory(cfg: TrainConfig, world: int = 1, vocab: int | None = None) -> M
         activations = (per_token + model_cfg.n_layers * per_block) * tokens
     chunk = cfg.run.loss_chunk
     logits = (min(tokens, chunk) * vocab * 10) if chunk else tokens * vocab * (4 + 2 + 4)
-    optim = {
-        "adamw": lambda: 8 * n,
-        "sgd": lambda: 4 * n if cfg.optim.momentum else 0,
-        "muon": lambda: 4 * (m := analytic_matrices(model_cfg, resolved)) + 8 * (n - m),
-    }[cfg.optim.optimizer]()
+    facts = OPTIMIZERS[cfg.optim.optimizer]
+    taken = analytic_matrices(model_cfg, resolved) if facts.takes == "matrices" else n
+    optim = optimizer_state_bytes(cfg, facts.name, taken)
+    if facts.rest is not None:  # Muon: AdamW's moments on what it does not take
+        optim += optimizer_state_bytes(cfg, facts.rest, n - taken)
     autocast = 2 * n if cfg.precision in ("bf16", "fp16") else 0
     return MemoryPlan(
         params=n,

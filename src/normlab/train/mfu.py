@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from normlab.config.optimizers import OPTIMIZERS
 from normlab.train.optim import muon_matrices
 
 # TFLOP/s, dense: (bf16, fp16, tf32, fp32 without tensor cores)
@@ -66,7 +67,7 @@ def newton_schulz_flops(shape: tuple[int, int], steps: int) -> int:
 def optimizer_flops(model: nn.Module, optimizer: str, ns_steps: int) -> int:
     """The FLOPs an optimizer step adds beyond the elementwise update: Muon's Newton-Schulz on each matrix it
     takes (each expert's matrix on its own); 0 for AdamW and SGD."""
-    if optimizer != "muon":
+    if OPTIMIZERS[optimizer].step_flops != "newton_schulz":
         return 0
     shapes = [tuple(p.shape[-2:]) for p in muon_matrices(model) for _ in range(p.shape[0] if p.ndim > 2 else 1)]
     return sum(newton_schulz_flops(s, ns_steps) for s in shapes)

@@ -20,6 +20,7 @@ values are near 1).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -29,7 +30,6 @@ from normlab.layout.sites import GAIN_KINDS
 from normlab.model.block import scale_params
 from normlab.model.norms import is_norm
 from normlab.model.parametrization import ParamScale, param_scales
-from normlab.model.sphere import project
 from normlab.model.streams import HyperConnection
 
 
@@ -261,27 +261,38 @@ class MuonAdamW:
             shadow["lr"] = group["lr"]
 
 
+def _adamw(model: nn.Module, cfg: TrainConfig, fused: bool) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(
+        param_groups(model, cfg),
+        lr=cfg.optim.lr,
+        betas=(cfg.optim.beta1, cfg.optim.beta2),
+        eps=cfg.optim.eps * getattr(model, "module", model).config.adam_eps_multiplier,
+        fused=fused or None,
+    )
+
+
+def _sgd(model: nn.Module, cfg: TrainConfig, fused: bool) -> torch.optim.Optimizer:
+    return torch.optim.SGD(param_groups(model, cfg), lr=cfg.optim.lr, momentum=cfg.optim.momentum, fused=fused or None)
+
+
+# optimizer name -> how it is built from the model and the settings: one entry per row of
+# normlab.config.optimizers.OPTIMIZER_FACTS (tests/unit/test_registries.py checks they agree)
+OPTIMIZER_BUILDERS: dict[str, Callable[[nn.Module, TrainConfig, bool], torch.optim.Optimizer | MuonAdamW]] = {
+    "adamw": _adamw,
+    "sgd": _sgd,
+    "muon": MuonAdamW,
+}
+
+
 def make_optimizer(model: nn.Module, cfg: TrainConfig, fused: bool = False) -> torch.optim.Optimizer | MuonAdamW:
-    """AdamW, SGD or Muon with AdamW; ``fused`` (CUDA): torch's fused kernels (AdamW, SGD), one launch for all.
-    An nGPT model's weights are put back on the sphere after every step (normlab.model.sphere.project)."""
-    if cfg.optim.optimizer == "muon":
-        opt: torch.optim.Optimizer | MuonAdamW = MuonAdamW(model, cfg, fused)
-    else:
-        groups = param_groups(model, cfg)
-        if cfg.optim.optimizer == "sgd":
-            opt = torch.optim.SGD(groups, lr=cfg.optim.lr, momentum=cfg.optim.momentum, fused=fused or None)
-        else:
-            opt = torch.optim.AdamW(
-                groups,
-                lr=cfg.optim.lr,
-                betas=(cfg.optim.beta1, cfg.optim.beta2),
-                eps=cfg.optim.eps * getattr(model, "module", model).config.adam_eps_multiplier,
-                fused=fused or None,
-            )
+    """AdamW, SGD or Muon with AdamW (`OPTIMIZER_BUILDERS`); ``fused`` (CUDA): torch's fused kernels (AdamW, SGD),
+    one launch for all. Whatever the model asks to run after every step runs after it (its ``post_step_hooks``:
+    nGPT's weights put back on the sphere), so the factory reads no layout flag."""
+    opt = OPTIMIZER_BUILDERS[cfg.optim.optimizer](model, cfg, fused)
     inner = getattr(model, "module", model)  # DDP
-    if getattr(getattr(inner, "layout", None), "ngpt", False):
-        last = opt.muon if isinstance(opt, MuonAdamW) else opt  # MuonAdamW steps AdamW, then Muon
-        last.register_step_post_hook(lambda *_: project(inner))
+    last = opt.muon if isinstance(opt, MuonAdamW) else opt  # MuonAdamW steps AdamW, then Muon
+    for hook in inner.post_step_hooks() if hasattr(inner, "post_step_hooks") else ():
+        last.register_step_post_hook(lambda *_, hook=hook: hook())
     return opt
 
 
