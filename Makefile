@@ -109,7 +109,7 @@ quotes: install
 test: install
 	$(PY) -m pytest -n 3 --dist worksteal
 
-# ruff (lint + format check, configured in pyproject.toml) over every Python file; mypy strict on the typed core.
+# ruff (lint + format check, configured in pyproject.toml) over every Python file; mypy over the package, strict on the typed core.
 $(VENV)/.lint-installed: $(VENV)/.installed
 	$(PY) -m pip install -q $(LINT)
 	touch $@

@@ -25,7 +25,7 @@ __getattr__ = lazy_exports(
 
 def load_run(path):  # noqa: ANN001, ANN201 - imported lazily: pandas is slow to import
     """Read a run directory: config, summary, metrics and probes (pandas DataFrames)."""
-    from normlab.diagnostics.store import load_run as _load_run
+    from normlab.diagnostics.probe_store import load_run as _load_run
 
     return _load_run(path)
 

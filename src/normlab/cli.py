@@ -53,7 +53,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from normlab.train.command import train_command
+    from normlab.train.train_command import train_command
 
     return train_command(train_config(args), settings_keys(args))
 
@@ -73,7 +73,7 @@ def _screen(args: argparse.Namespace) -> str:
 
 
 def _report(args: argparse.Namespace) -> str:
-    from normlab.diagnostics.report import report_runs
+    from normlab.diagnostics.run_report import report_runs
 
     return f"report: {report_runs(args.runs, args.out)}"
 
@@ -385,7 +385,7 @@ def _show_warnings(held: list[Any]) -> None:
     held.clear()
 
 
-def _one_line(err: BaseException) -> str:
+def _one_line(err: BaseException | str) -> str:
     text = without_unsafe_advice(" ".join(str(err).split()))
     return text if len(text) <= 2000 else text[:2000] + " ..."
 

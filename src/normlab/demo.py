@@ -14,7 +14,16 @@ from pathlib import Path
 import torch
 
 from normlab.model.build import build_model
+from normlab.model.mlp import MLP
+from normlab.model.moe import MoE
 from normlab.model.params import count_params
+
+
+def _down_proj_grad(mlp: MLP | MoE) -> float:
+    """The gradient norm of the MLP's output projection (a MoE sublayer's: every expert's, stacked)."""
+    w = mlp.experts.down_proj if isinstance(mlp, MoE) else mlp.down_proj.weight
+    assert w.grad is not None  # after a backward
+    return w.grad.norm().item()
 
 
 def demo_tokens(seq_len: int, batch: int, seed: int) -> torch.Tensor:
@@ -47,11 +56,7 @@ def run_demo(layouts: list[str], size: str = "tiny", seed: int = 0, steps: int =
         out = model(x, targets=y, return_hidden_states=True)
         out.loss.backward()
         rms = [h.pow(2).mean().sqrt().item() for h in out.hidden_states]
-        # the MLP's output projection (a MoE sublayer's: every expert's, stacked)
-        grads = [
-            (b.mlp.experts.down_proj if hasattr(b.mlp, "experts") else b.mlp.down_proj.weight).grad.norm().item()
-            for b in model.blocks
-        ]
+        grads = [_down_proj_grad(b.mlp) for b in model.block_list()]
         opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
         t0 = time.perf_counter()
         losses = [out.loss.item()]

@@ -15,7 +15,7 @@ import math
 import pytest
 import torch
 
-from normlab.diagnostics.monitor import TrainingMonitor
+from normlab.diagnostics.training_monitor import TrainingMonitor
 
 pytest.importorskip("torchtitan", reason="torchtitan is not installed (make test-frameworks installs it)")
 

@@ -29,7 +29,7 @@ TOKENS = torch.randint(0, 96, (4, 5, 16), generator=torch.Generator().manual_see
 
 
 def monitor(out: str) -> None:
-    from normlab.diagnostics.monitor import SpikeRule, TrainingMonitor
+    from normlab.diagnostics.training_monitor import SpikeRule, TrainingMonitor
     from normlab.hf.callback import site_names
 
     world = int(os.environ.get("WORLD_SIZE", "1"))

@@ -15,7 +15,7 @@ import torch
 import normlab
 from normlab.diagnostics import Probes, StreamProbe, find_blocks, probing
 from normlab.diagnostics.prop31 import bound, last_mlp_gradient
-from normlab.diagnostics.report import make_report
+from normlab.diagnostics.run_report import make_report
 from normlab.diagnostics.stats import (
     FP16_MAX,
     angular_distance,
@@ -296,7 +296,7 @@ def test_report_html_and_figures(corpus, tmp_path):
         assert base64.b64decode(src.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"  # self-contained
     assert "pre" in parser.cells and "peri" in parser.cells and "ok" in parser.cells
     # the Prop. 3.1 per-token table: each run at its first and last probe (steps 0 and 6)
-    from normlab.diagnostics.report import prop31_rows
+    from normlab.diagnostics.run_report import prop31_rows
 
     rows = prop31_rows([normlab.load_run(r) for r in runs], ["pre", "peri"])
     assert [(r["run"], r["step"]) for r in rows] == [("pre", 0), ("pre", 6), ("peri", 0), ("peri", 6)]
@@ -392,7 +392,7 @@ def test_the_report_tells_the_truth_of_a_run_that_overflowed(overflowed):
     """The summary table says what each run's summary.json says (an overflow, never an inf headroom); every
     figure draws each run its legend names, a diverged run to its last finite step with its divergence marked."""
     from normlab.diagnostics.figures import FIGURES, fig_grad_by_layer, fig_loss
-    from normlab.diagnostics.report import summary_rows
+    from normlab.diagnostics.run_report import summary_rows
 
     runs = [normlab.load_run(p) for p in overflowed]
     post, peri = (r.summary for r in runs)

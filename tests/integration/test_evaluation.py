@@ -163,7 +163,7 @@ def test_lm_eval_command_line_on_an_export_agrees(export, tmp_path):
 
 def test_a_run_is_evaluated_in_memory_merged_and_reported(corpus, tmp_path, capsys):
     from normlab.cli import main
-    from normlab.diagnostics.report import make_report
+    from normlab.diagnostics.run_report import make_report
 
     run = tmp_path / "run"
     assert (

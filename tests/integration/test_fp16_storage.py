@@ -242,7 +242,7 @@ def test_a_run_whose_stream_passes_65504_diverges_in_fp16_and_trains_in_fp32(cor
 
 
 def test_the_report_opens_with_a_reading_of_the_runs(corpus, tmp_path):
-    from normlab.diagnostics.report import make_report
+    from normlab.diagnostics.run_report import make_report
 
     big = {"model.init_std": 3000.0, "model.init": "normal"}
     train(_run(corpus, tmp_path / "pre", activation_dtype="fp16", **big))
@@ -254,8 +254,8 @@ def test_the_report_opens_with_a_reading_of_the_runs(corpus, tmp_path):
     assert "Trained to the end: peri." in reading
     assert "(then overflowed)" in reading and "x below 65504" in reading
     assert "Hidden-state variance" not in reading  # pre's stream was never finite: no step to compare at
-    from normlab.diagnostics.report import reading_lines
-    from normlab.diagnostics.store import load_run
+    from normlab.diagnostics.probe_store import load_run
+    from normlab.diagnostics.run_report import reading_lines
 
     train(_run(corpus, tmp_path / "pre32", probe_every=3))
     runs = [load_run(tmp_path / "peri"), load_run(tmp_path / "pre32")]

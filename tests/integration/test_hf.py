@@ -467,7 +467,7 @@ def test_trainer_callback_writes_a_run_the_report_reads(tmp_path):
     """HF Trainer on a tiny local Llama with NormlabCallback: metrics every step, probes every 4 (the stream by
     depth, gradient norm per block and matrix, norm gains under normlab's site names), and `normlab report`
     draws the run like a normlab run's."""
-    from normlab.diagnostics.report import make_report
+    from normlab.diagnostics.run_report import make_report
     from normlab.hf.callback import NormlabCallback
 
     torch.manual_seed(0)
@@ -499,8 +499,8 @@ def test_trainer_callback_writes_a_run_the_report_reads(tmp_path):
     assert run.summary["status"] == "ok" and run.summary["spikes"] == 0
     # attention logits per head, recomputed from the attention's inputs: equal to normlab's own probe on the
     # same weights (the model at the end, on the probe batch)
-    from normlab.diagnostics.monitor import TrainingMonitor
     from normlab.diagnostics.probes import Probes
+    from normlab.diagnostics.training_monitor import TrainingMonitor
 
     probe_x = torch.stack([data[0]["input_ids"], data[1]["input_ids"], data[2]["input_ids"], data[3]["input_ids"]])
     mon = TrainingMonitor(model, tmp_path / "again", every=1, probe_batch={"input_ids": probe_x})
@@ -530,8 +530,8 @@ def test_a_monitor_folder_reads_fully_in_the_report(tmp_path):
     step was not a probe step; the report's table has its layout and steps, and its angular distances are drawn
     (the monitor records layer l to l+1, not the layer x layer matrix)."""
     from normlab.diagnostics.figures import fig_angular
-    from normlab.diagnostics.monitor import TrainingMonitor
-    from normlab.diagnostics.report import make_report, summary_rows
+    from normlab.diagnostics.run_report import make_report, summary_rows
+    from normlab.diagnostics.training_monitor import TrainingMonitor
 
     torch.manual_seed(0)
     model = tf.LlamaForCausalLM(tf.LlamaConfig(**SMALL))
@@ -562,7 +562,7 @@ def test_a_monitor_folder_reads_fully_in_the_report(tmp_path):
 def test_a_loss_spike_saves_its_batch_and_probes_it(tmp_path):
     """OLMo's rule (6 sigma over the window): a planted spike at step 30 saves the batch that caused it, with
     its loss, and probes that batch; steady losses before it do not trigger."""
-    from normlab.diagnostics.monitor import SpikeRule, TrainingMonitor
+    from normlab.diagnostics.training_monitor import SpikeRule, TrainingMonitor
 
     model = tf.LlamaForCausalLM(tf.LlamaConfig(**SMALL))
     monitor = TrainingMonitor(model, tmp_path / "m", every=1000, spike=SpikeRule(window=16, min_history=8))
@@ -588,7 +588,7 @@ def test_lightning_callback_writes_a_run_the_report_reads(tmp_path):
     final weights), the report draws it."""
     L = pytest.importorskip("lightning.pytorch")
     from normlab.diagnostics.lightning import NormlabLightningCallback
-    from normlab.diagnostics.report import make_report
+    from normlab.diagnostics.run_report import make_report
     from normlab.hf.callback import site_names
 
     class Lit(L.LightningModule):
@@ -632,8 +632,8 @@ def test_lightning_callback_writes_a_run_the_report_reads(tmp_path):
 def test_monitor_attention_logits_match_normlabs_own_probe(arch):
     """Per-head QK-norm before RoPE (Qwen 3, Gemma 3 with its (1 + w) gains and query_pre_attn_scalar), over
     the full projection (OLMo 2): the monitor's recomputed logits equal normlab's probe of the same weights."""
-    from normlab.diagnostics.monitor import TrainingMonitor
     from normlab.diagnostics.probes import Probes
+    from normlab.diagnostics.training_monitor import TrainingMonitor
 
     opts = {"qwen3": {"d_head": 16}, "olmo2": {}, "gemma3": {"mlp": "geglu-tanh", "attn_scale": 12.0}}[arch]
     ours_model = normlab.build_model(arch, "nano", seed=0, **opts)
@@ -799,7 +799,7 @@ def _normlm_loop(monitor, model, steps, start=0, outside=False, losses=None):
 def test_monitor_replays_positional_calls_and_probes_the_end(tmp_path):
     """NormLM called positionally (model(x, targets=y)): the probe replays the call as made; with every=3 over
     steps 0..4 the probes are at 0 and 3 and at 5, the final weights."""
-    from normlab.diagnostics.monitor import TrainingMonitor
+    from normlab.diagnostics.training_monitor import TrainingMonitor
 
     model = normlab.build_model("pre", "nano", seed=0)
     monitor = TrainingMonitor(model, tmp_path / "m", every=3)
@@ -816,7 +816,7 @@ def test_monitor_replays_positional_calls_and_probes_the_end(tmp_path):
 def test_monitor_without_a_loss_is_ok_and_bad_top_k_is_refused(tmp_path):
     """A loss computed outside the model and step() without loss=: the run is ok, its losses null (not NaN);
     top_k=-1 is refused at construction with one clear error."""
-    from normlab.diagnostics.monitor import TrainingMonitor
+    from normlab.diagnostics.training_monitor import TrainingMonitor
 
     model = normlab.build_model("pre", "nano", seed=0)
     monitor = TrainingMonitor(model, tmp_path / "m", every=2)
@@ -834,7 +834,7 @@ def test_a_second_monitor_on_the_folder_resumes_its_history(tmp_path):
     """Trainer's resume_from_checkpoint: a second monitor on the same folder keeps metrics, probes and spikes
     before its first step, replaces (and says so, in a warning and in config.json) the steps logged at or
     after it, and continues the spike rule from the kept losses."""
-    from normlab.diagnostics.monitor import SpikeRule, TrainingMonitor
+    from normlab.diagnostics.training_monitor import SpikeRule, TrainingMonitor
 
     rule = SpikeRule(window=8, min_history=3)
     losses = [2.0, 2.01, 2.0, 9.0, 2.01, 2.0, 2.0, 2.01, 2.0, 2.0]  # a spike at step 3

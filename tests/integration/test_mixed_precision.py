@@ -14,7 +14,7 @@ import torch
 from normlab.model import build_model
 from normlab.model.norms import make_norm
 from normlab.train import train
-from normlab.train.monitor import DivergenceMonitor
+from normlab.train.divergence import DivergenceMonitor
 from tests.helpers import PATIENCE_S, rows, small
 
 REPO = Path(__file__).resolve().parents[2]

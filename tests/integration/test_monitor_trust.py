@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import normlab
-from normlab.diagnostics.monitor import TrainingMonitor
+from normlab.diagnostics.training_monitor import TrainingMonitor
 from normlab.errors import ConfigError
 from tests.helpers import TINY_LLAMA
 

@@ -20,7 +20,7 @@ from normlab.runs.checkpoint import CheckpointError, list_checkpoints, load_chec
 from normlab.runs.start import RunLock
 from normlab.train import train
 from normlab.train import trainer as trainer_mod
-from normlab.train.monitor import DivergenceMonitor
+from normlab.train.divergence import DivergenceMonitor
 from tests.helpers import (
     PATIENCE_S,
     REPO,

@@ -17,7 +17,7 @@ from normlab.model.config import ConfigError
 from normlab.runs.checkpoint import list_checkpoints, load_checkpoint
 from normlab.train import TrainConfig, TrainingFailed, train
 from normlab.train import trainer as trainer_mod
-from normlab.train.monitor import DivergenceMonitor, SpikeDetector
+from normlab.train.divergence import DivergenceMonitor, SpikeDetector
 from normlab.train.optim import lr_at, param_groups
 from tests.helpers import REPO, losses, rows, small
 
@@ -327,7 +327,7 @@ def test_olmo_skip_rule_its_window_and_its_bound():
     import statistics
 
     from normlab.diagnostics.tier import TierSpikes
-    from normlab.train.monitor import SkipRule
+    from normlab.train.divergence import SkipRule
 
     m = DivergenceMonitor(patience=0, max_skipped=0.05, skip_rule=SkipRule(window=24, sigmas=6.0))
     losses = [2.0 + 0.01 * (i % 3) for i in range(19)]

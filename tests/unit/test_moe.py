@@ -132,7 +132,7 @@ def test_moe_trains_with_pre_and_hybrid_star_with_routing_in_probes_and_metrics(
         probes = [p for p in (run / "probes.jsonl").read_text().splitlines()]
         assert any('"moe.expert7"' in p and '"load"' in p for p in probes)
         assert any('"router_entropy"' in p for p in probes)
-    from normlab.diagnostics.report import make_report
+    from normlab.diagnostics.run_report import make_report
 
     page = make_report([tmp_path / "pre", tmp_path / "hybridstar"], tmp_path / "report").read_text()
     assert "Expert load over training" in page and (tmp_path / "report" / "expert_load.png").is_file()

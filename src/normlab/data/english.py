@@ -44,6 +44,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypedDict
 
 from normlab.data.corpus import DataError, cache_dir, check_sha256, shakespeare_texts
 from normlab.data.prepare import is_prepared, prepare
@@ -232,7 +233,15 @@ def deb_data(blob: bytes) -> tarfile.TarFile:
     raise DataError("the Debian package has no data.tar member")
 
 
-def _write_documents(out: Path, name: str, docs: Iterator[tuple[str, str]]) -> dict[str, int]:
+class DocumentCounts(TypedDict):
+    """What `_write_documents` wrote for one source (its MANIFEST.json entry's counts)."""
+
+    documents: int
+    bytes: int
+    text_sha256: str
+
+
+def _write_documents(out: Path, name: str, docs: Iterator[tuple[str, str]]) -> DocumentCounts:
     folder = out / name
     folder.mkdir(parents=True, exist_ok=True)
     n = size = 0
@@ -242,7 +251,7 @@ def _write_documents(out: Path, name: str, docs: Iterator[tuple[str, str]]) -> d
         atomic_write_bytes(folder / f"{n:05d}.txt", data)
         size += len(data)
         h.update(data)
-    return {"documents": n, "bytes": size, "text_sha256": h.hexdigest()}
+    return DocumentCounts(documents=n, bytes=size, text_sha256=h.hexdigest())
 
 
 def fetch_english(quiet: bool = False) -> Path:
@@ -252,7 +261,7 @@ def fetch_english(quiet: bool = False) -> Path:
     if (out / "MANIFEST.json").is_file():
         return out
     say = (lambda m: None) if quiet else print
-    sources = []
+    sources: list[dict[str, Any]] = []  # MANIFEST.json's entries, one per source
     for src in DEBIAN_SOURCES:
         say(f"normlab: fetching {src.package} {src.version} from Debian")
         blob, took = fetch_deb(src)

@@ -1,9 +1,9 @@
 """Diagnostics: the papers' measurements of hidden states and gradients, recorded during training."""
 
 from normlab.diagnostics.attach import ProbeSession, StreamProbe, find_blocks, probing
-from normlab.diagnostics.monitor import SpikeRule, TrainingMonitor
+from normlab.diagnostics.probe_store import Run, load_run
 from normlab.diagnostics.probes import Probes
-from normlab.diagnostics.store import Run, load_run
+from normlab.diagnostics.training_monitor import SpikeRule, TrainingMonitor
 
 __all__ = [
     "ProbeSession",

@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from normlab.diagnostics.probe_store import ProbeWriter
 from normlab.diagnostics.probes import Probes
 from normlab.diagnostics.stats import angular_matrix, hidden_stats, massive_activations
-from normlab.diagnostics.store import ProbeWriter
 from normlab.errors import ConfigError
 
 

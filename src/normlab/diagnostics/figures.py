@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
+from normlab.diagnostics.probe_store import Run
 from normlab.diagnostics.stats import FP16_MAX
-from normlab.diagnostics.store import Run
 from normlab.pages import legend as _legend
 from normlab.pages import panels as _grid
 from normlab.pages import plt

@@ -1,4 +1,4 @@
-"""`NormlabLightningCallback`: normlab's probes in a Lightning run (`normlab.diagnostics.monitor`).
+"""`NormlabLightningCallback`: normlab's probes in a Lightning run (`normlab.diagnostics.training_monitor`).
 
     class LitLM(L.LightningModule):
         def __init__(self):
@@ -29,7 +29,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from normlab.diagnostics.monitor import SpikeRule, TrainingMonitor
+from normlab.diagnostics.training_monitor import SpikeRule, TrainingMonitor
 
 _DEFAULT_SPIKE = SpikeRule()  # frozen: one shared default is safe
 

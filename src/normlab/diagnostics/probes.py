@@ -51,6 +51,7 @@ the single process's on the same weights (tests/integration/test_distributed.py)
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -87,6 +88,22 @@ NORM_SITES = (
 )
 
 TAPS = ("resid_mid", "attn_update", "mlp_update", "attn.q", "attn.k", "attn.v")
+
+
+@dataclass
+class _Seen:
+    """What one probe pass saw: the modules by name, the stream, the taps, the gradients' statistics."""
+
+    mods: dict[str, nn.Module]
+    n_layers: int
+    targets: torch.Tensor
+    loss: torch.Tensor
+    hidden: list[torch.Tensor]
+    hgrads: list[torch.Tensor | None]  # dL/dX_l per stream layer (None: unused)
+    a_grad: torch.Tensor | None  # the last dense MLP's output gradient (Prop. 3.1)
+    captured: dict[str, torch.Tensor]
+    wstats: dict[int, tuple[float, float]]  # id(weight) -> (gradient norm, gradient |max|)
+    weight_norms: dict[int, float]
 
 
 class Probes:
@@ -135,17 +152,24 @@ class Probes:
             self._row(rows, step, i, "hc", "composite_gain_backward", gain["backward"][2 * i + 1])
 
     def record(self, step: int) -> list[dict[str, Any]]:
-        model = self.model
-        was_training = model.training
-        model.train()  # the same mode as training (no dropout exists; norms have no running stats)
-        mods = dict(model.named_modules())
-        device = next(model.parameters()).device
-        x, y = (t.to(device) for t in self.batch)
-        captured: dict[str, torch.Tensor] = {}
+        seen = self._probe_pass()
+        rows: list[dict[str, Any]] = []
+        self._row(rows, step, None, "global", "probe_loss", seen.loss.item())
+        self._stream_section(rows, step, seen)
+        for i in range(seen.n_layers):
+            self._block_rows(rows, step, seen, i)
+        for site in ("embed_norm", "final_norm"):
+            if is_norm(seen.mods[site]):
+                self._gamma_rows(rows, step, None, site, seen.mods[site])
+        rows += self.adam_rows(step)
+        self._moe_rows(rows, step, seen)
+        self._prop31_rows(rows, step, seen)
+        return rows
+
+    def _taps(self, mods: dict[str, nn.Module], n_layers: int, sharded: bool, captured: dict, io: dict) -> list[Any]:
+        """Forward hooks filling ``captured`` (the taps, gates, the dense MLPs' h and a) and, sharded, ``io``
+        (each weight matrix's input and output); their handles."""
         handles = []
-        n_layers = len(model.blocks)
-        sharded = any(is_sharded(p) for p in model.parameters())
-        io: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # sharded: each weight matrix's input and output
         for i in range(n_layers):
             if sharded:
                 for w in WEIGHTS:
@@ -170,6 +194,21 @@ class Probes:
                         lambda m, a, o, i=i: captured.update({f"h{i}": a[0], f"a{i}": o})
                     )
                 )
+        return handles
+
+    def _probe_pass(self) -> _Seen:
+        """The hooked forward and the one `autograd.grad` of the probe pass: what the rows are read from."""
+        model = self.model
+        was_training = model.training
+        model.train()  # the same mode as training (no dropout exists; norms have no running stats)
+        mods = dict(model.named_modules())
+        device = next(model.parameters()).device
+        x, y = (t.to(device) for t in self.batch)
+        captured: dict[str, torch.Tensor] = {}
+        n_layers = len(model.blocks)
+        sharded = any(is_sharded(p) for p in model.parameters())
+        io: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # sharded: each weight matrix's input and output
+        handles = self._taps(mods, n_layers, sharded, captured, io)
         try:
             with torch.enable_grad():
                 # the model's own forward (soft-caps, embedding scale, ... included): probe_loss is the training loss
@@ -204,20 +243,29 @@ class Probes:
             wstats = {
                 k: (g.norm().item(), g.abs().max().item()) if g is not None else (0.0, 0.0) for k, g in pgrads.items()
             }
-        weight_norms = dict(zip([id(p) for p in params], norms([p.detach() for p in params])))
-        hgrads = grads[n_params : n_params + len(hidden)]
-        a_grad = grads[-1] if last_a else None
-        rows: list[dict[str, Any]] = []
-        self._row(rows, step, None, "global", "probe_loss", loss.item())
+        return _Seen(
+            mods=mods,
+            n_layers=n_layers,
+            targets=y,
+            loss=loss,
+            hidden=hidden,
+            hgrads=list(grads[n_params : n_params + len(hidden)]),
+            a_grad=grads[-1] if last_a else None,
+            captured=captured,
+            wstats=wstats,
+            weight_norms=dict(zip([id(p) for p in params], norms([p.detach() for p in params]))),
+        )
 
-        # the stream: depth profile, gradient by depth, consecutive angular distance
+    def _stream_section(self, rows: list, step: int, seen: _Seen) -> None:
+        """The stream: depth profile, gradient by depth, consecutive angular distance, massive activations."""
+        hidden = seen.hidden
         for layer, h in enumerate(hidden):
             for k, v in hidden_stats(h).items():
                 self._row(rows, step, layer, "stream", k, v)
-            g = hgrads[layer]
+            g = seen.hgrads[layer]
             self._row(rows, step, layer, "stream", "grad_norm", g.norm().item() if g is not None else 0.0)
             self._row(rows, step, layer, "stream", "kurtosis", kurtosis(h))
-        self._stream_rows(rows, step, model, hidden)
+        self._stream_rows(rows, step, self.model, hidden)
         ang = angular_matrix(list(hidden))  # at the last token (Gromov et al.; Kim Fig. 9)
         ang_all = angular_matrix(list(hidden), tokens="all")
         for i in range(len(hidden)):
@@ -231,67 +279,63 @@ class Probes:
         for k, v in massive_activations(list(hidden[1:]), self.top_k).items():
             self._row(rows, step, None, "global", k, v)
 
-        for i in range(n_layers):
-            for site in ("resid_mid", "attn_update", "mlp_update"):
-                st = hidden_stats(captured[f"blocks.{i}.{site}"])
-                for k in ("mean_abs", "var", "rms", "max_abs"):
-                    self._row(rows, step, i, site, k, st[k])
-            for site in ("attn.q", "attn.k", "attn.v"):
-                st = hidden_stats(captured[f"blocks.{i}.{site}"])
-                self._row(rows, step, i, site, "rms", st["rms"])
-                self._row(rows, step, i, site, "max_abs", st["max_abs"])
-            max_logit, entropy = attention_stats(
-                captured[f"blocks.{i}.attn.q"],
-                captured[f"blocks.{i}.attn.k"],
-                getattr(mods[f"blocks.{i}.attn"], "scale", None),
-            )
-            self._row(rows, step, i, "attn", "max_logit", max(max_logit))
-            self._row(rows, step, i, "attn", "entropy", sum(entropy) / len(entropy))
-            sinks = sink_mass(
-                captured[f"blocks.{i}.attn.q"],
-                captured[f"blocks.{i}.attn.k"],
-                getattr(mods[f"blocks.{i}.attn"], "scale", None),
-            )
-            self._row(rows, step, i, "attn", "sink_rate", sum(m > SINK_THRESHOLD for m in sinks) / len(sinks))
-            for head, (ml, en, sm) in enumerate(zip(max_logit, entropy, sinks)):
-                self._row(rows, step, i, f"attn.head{head}", "max_logit", ml)
-                self._row(rows, step, i, f"attn.head{head}", "entropy", en)
-                self._row(rows, step, i, f"attn.head{head}", "sink_mass", sm)
-            gate = captured.get(f"blocks.{i}.attn.gate")
-            if gate is not None:  # Qiu et al. 2025 Sec. 4.2: the scores are sparse (mean 0.116 in their model)
-                g = gate.detach().float()
-                self._row(rows, step, i, "attn.gate", "gate_mean", g.mean().item())
-                self._row(rows, step, i, "attn.gate", "gate_below_0.1", (g < 0.1).float().mean().item())
-            for w in WEIGHTS:
-                mod = mods.get(f"blocks.{i}.{w}")
-                if mod is None or not mod.weight.requires_grad:
-                    continue
-                self._row(rows, step, i, w, "grad_norm", wstats.get(id(mod.weight), (0.0, 0.0))[0])
-                self._row(rows, step, i, w, "weight_norm", weight_norms[id(mod.weight)])
-            for site in NORM_SITES:
-                m = mods.get(f"blocks.{i}.{site}")
-                if m is not None and is_norm(m):
-                    self._gamma_rows(rows, step, i, site, m)
-            # learned scales that are not norms (ReZero's a, LayerScale's lambda, Admin's omega, NormFormer's
-            # head scales: normlab.model.block.SCALE_PARAMS), each at its path in the block as the site
-            scales = [
-                (site, p)
-                for site, p in mods[f"blocks.{i}"].named_parameters()
-                if SCALE_PARAMS.get(site.rpartition(".")[2]) is not None
-            ]
-            for (site, _), m in zip(scales, moments([p.detach() for _, p in scales])):
-                prefix = SCALE_PARAMS[site.rpartition(".")[2]]
-                self._row(rows, step, i, site, f"{prefix}_mean", m.mean)
-                self._row(rows, step, i, site, f"{prefix}_abs_max", m.max_abs)
-        for site in ("embed_norm", "final_norm"):
-            if is_norm(mods[site]):
-                self._gamma_rows(rows, step, None, site, mods[site])
+    def _block_rows(self, rows: list, step: int, seen: _Seen, i: int) -> None:
+        """Block ``i``: its sites' activations, attention, gate, weights, norms' gains and learned scales."""
+        mods, captured = seen.mods, seen.captured
+        for site in ("resid_mid", "attn_update", "mlp_update"):
+            st = hidden_stats(captured[f"blocks.{i}.{site}"])
+            for k in ("mean_abs", "var", "rms", "max_abs"):
+                self._row(rows, step, i, site, k, st[k])
+        for site in ("attn.q", "attn.k", "attn.v"):
+            st = hidden_stats(captured[f"blocks.{i}.{site}"])
+            self._row(rows, step, i, site, "rms", st["rms"])
+            self._row(rows, step, i, site, "max_abs", st["max_abs"])
+        self._attention_rows(rows, step, seen, i)
+        for w in WEIGHTS:
+            mod = mods.get(f"blocks.{i}.{w}")
+            if mod is None or not mod.weight.requires_grad:
+                continue
+            self._row(rows, step, i, w, "grad_norm", seen.wstats.get(id(mod.weight), (0.0, 0.0))[0])
+            self._row(rows, step, i, w, "weight_norm", seen.weight_norms[id(mod.weight)])
+        for site in NORM_SITES:
+            m = mods.get(f"blocks.{i}.{site}")
+            if m is not None and is_norm(m):
+                self._gamma_rows(rows, step, i, site, m)
+        # learned scales that are not norms (ReZero's a, LayerScale's lambda, Admin's omega, NormFormer's
+        # head scales: normlab.model.block.SCALE_PARAMS), each at its path in the block as the site
+        scales = [
+            (site, p)
+            for site, p in mods[f"blocks.{i}"].named_parameters()
+            if SCALE_PARAMS.get(site.rpartition(".")[2]) is not None
+        ]
+        for (site, _), m in zip(scales, moments([p.detach() for _, p in scales])):
+            prefix = SCALE_PARAMS[site.rpartition(".")[2]]
+            self._row(rows, step, i, site, f"{prefix}_mean", m.mean)
+            self._row(rows, step, i, site, f"{prefix}_abs_max", m.max_abs)
 
-        rows += self.adam_rows(step)
+    def _attention_rows(self, rows: list, step: int, seen: _Seen, i: int) -> None:
+        """Block ``i``'s attention: max logit, entropy and sinks (mean and per head), and a gate's scores."""
+        mods, captured = seen.mods, seen.captured
+        q, k = captured[f"blocks.{i}.attn.q"], captured[f"blocks.{i}.attn.k"]
+        max_logit, entropy = attention_stats(q, k, getattr(mods[f"blocks.{i}.attn"], "scale", None))
+        self._row(rows, step, i, "attn", "max_logit", max(max_logit))
+        self._row(rows, step, i, "attn", "entropy", sum(entropy) / len(entropy))
+        sinks = sink_mass(q, k, getattr(mods[f"blocks.{i}.attn"], "scale", None))
+        self._row(rows, step, i, "attn", "sink_rate", sum(m > SINK_THRESHOLD for m in sinks) / len(sinks))
+        for head, (ml, en, sm) in enumerate(zip(max_logit, entropy, sinks)):
+            self._row(rows, step, i, f"attn.head{head}", "max_logit", ml)
+            self._row(rows, step, i, f"attn.head{head}", "entropy", en)
+            self._row(rows, step, i, f"attn.head{head}", "sink_mass", sm)
+        gate = captured.get(f"blocks.{i}.attn.gate")
+        if gate is not None:  # Qiu et al. 2025 Sec. 4.2: the scores are sparse (mean 0.116 in their model)
+            g = gate.detach().float()
+            self._row(rows, step, i, "attn.gate", "gate_mean", g.mean().item())
+            self._row(rows, step, i, "attn.gate", "gate_below_0.1", (g < 0.1).float().mean().item())
 
-        # routing (MoE layers): the share of assignments per expert, its max over the uniform share, entropy
-        for i in range(n_layers):
-            moe = mods[f"blocks.{i}.mlp"]
+    def _moe_rows(self, rows: list, step: int, seen: _Seen) -> None:
+        """Routing (MoE layers): the share of assignments per expert, its max over the uniform share, entropy."""
+        for i in range(seen.n_layers):
+            moe = seen.mods[f"blocks.{i}.mlp"]
             if getattr(moe, "load", None) is not None:
                 for e, share in enumerate(moe.load.tolist()):
                     self._row(rows, step, i, f"moe.expert{e}", "load", share)
@@ -299,20 +343,16 @@ class Probes:
                 self._row(rows, step, i, "moe", "router_entropy", moe.entropy.item())
                 self._row(rows, step, i, "moe", "aux_loss", moe.aux.item())
 
-        # Kim Prop. 3.1 quantities for the last MLP (a dense, two-matrix MLP's quantities; not for MoE)
-        last = n_layers - 1
+    def _prop31_rows(self, rows: list, step: int, seen: _Seen) -> None:
+        """Kim Prop. 3.1 quantities for the last MLP (a dense, two-matrix MLP's quantities; not for MoE)."""
+        mods, captured = seen.mods, seen.captured
+        last = seen.n_layers - 1
         if f"h{last}" not in captured:
-            return rows
+            return
         h_act, a_out = captured[f"h{last}"].detach(), captured[f"a{last}"].detach()
         h_norm, a_norm = h_act.norm(dim=-1).mean().item(), a_out.norm(dim=-1).mean().item()
-        self._row(
-            rows,
-            step,
-            last,
-            "prop31",
-            "grad_max",
-            wstats.get(id(mods[f"blocks.{last}.mlp.down_proj"].weight), (0.0, 0.0))[1],
-        )
+        down = mods[f"blocks.{last}.mlp.down_proj"].weight
+        self._row(rows, step, last, "prop31", "grad_max", seen.wstats.get(id(down), (0.0, 0.0))[1])
         self._row(rows, step, last, "prop31", "h_norm", h_norm)
         self._row(rows, step, last, "prop31", "a_norm", a_norm)
         out_norm = mods[f"blocks.{last}.mlp_norms.output"]
@@ -324,10 +364,9 @@ class Probes:
             d = a_out.shape[-1]
             ratio = (h_act.norm(dim=-1) / a_out.norm(dim=-1).clamp_min(1e-30)).mean().item()
             self._row(rows, step, last, "prop31", "bound", 4.0 * gamma_max * math.sqrt(d) * ratio)
-        if a_grad is not None:
-            for k, v in per_token(h_act, a_out, a_grad, y != -100, gamma_max).items():
+        if seen.a_grad is not None:
+            for k, v in per_token(h_act, a_out, seen.a_grad, seen.targets != -100, gamma_max).items():
                 self._row(rows, step, last, "prop31", k, v)
-        return rows
 
     def adam_rows(self, step: int) -> list[dict[str, Any]]:
         """Per block: the norms of Adam's first and second moments over the block's parameters

@@ -45,8 +45,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from normlab.diagnostics.monitor import SpikeRule
 from normlab.diagnostics.shards import is_sharded, local
+from normlab.diagnostics.training_monitor import SpikeRule
 
 QUERIES = 8  # query positions per sequence whose logits are computed exactly
 

@@ -32,6 +32,7 @@ from torch import nn
 from normlab.diagnostics.forensics import first_break
 from normlab.diagnostics.probes import Probes
 from normlab.diagnostics.stats import FP16_MAX
+from normlab.model.lm import NormLM
 from normlab.model.storage import NO_STORAGE, for_run
 from normlab.runs.convert import SAMPLE_TEXTS as TEXTS
 from normlab.runs.files import RunDir
@@ -68,7 +69,7 @@ class Loaded(NamedTuple):
     """What `load_model` read: the NormLM, its tokenizer (None: bytes mod the vocabulary), what it was in
     words, and for a run or checkpoint the loaded run (its config and step, for a copy written back)."""
 
-    model: nn.Module
+    model: NormLM
     tok: Any
     kind: str
     run: RunModel | None = None
@@ -98,7 +99,7 @@ def load_model(source: str | Path) -> Loaded:
     )
 
 
-def sample_tokens(model: nn.Module, tok: Any, texts: tuple[str, ...] = TEXTS, max_len: int = 64) -> torch.Tensor:
+def sample_tokens(model: NormLM, tok: Any, texts: tuple[str, ...] = TEXTS, max_len: int = 64) -> torch.Tensor:
     """The sample texts as ids for ``model`` (its tokenizer ``tok``, else bytes), at most its context long."""
     from normlab.hf.scan import encode_samples
 
@@ -132,7 +133,7 @@ def _judge(name: str, value: float, warn: bool, fail: bool, threshold: str, wher
     return Finding(name, value, threshold, "fail" if fail else "warn" if warn else "ok", where)
 
 
-def checkup(model: nn.Module, x: torch.Tensor, jacobian_iters: int = 10) -> tuple[list[Finding], dict[str, Any]]:
+def checkup(model: NormLM, x: torch.Tensor, jacobian_iters: int = 10) -> tuple[list[Finding], dict[str, Any]]:
     """Findings for ``model`` (a NormLM) on tokens ``x`` (B, T); and the raw measurements."""
     model = model.eval()
     rows = Probes(model, (x[:, :-1], x[:, 1:])).record(0)
@@ -198,7 +199,7 @@ def checkup(model: nn.Module, x: torch.Tensor, jacobian_iters: int = 10) -> tupl
             )
         )
     elif norms:
-        lo, hi = min(norms, key=norms.get), max(norms, key=norms.get)
+        lo, hi = min(norms, key=lambda k: norms[k]), max(norms, key=lambda k: norms[k])
         spread = norms[hi] / max(norms[lo], 1e-30)
         findings.append(
             _judge(
@@ -282,7 +283,7 @@ def findings_json(findings: list[Finding]) -> list[dict[str, Any]]:
     return [asdict(f) for f in findings]
 
 
-def write_copy(model: nn.Module, source: str | Path, kind: str, out: str | Path, run: RunModel | None = None) -> Path:
+def write_copy(model: NormLM, source: str | Path, kind: str, out: str | Path, run: RunModel | None = None) -> Path:
     """Save a doctored copy as its source was: a transformers folder again (its own class where normlab
     exports it exactly, else the normlab class), or a checkpoint folder for `--init-from` / `load_run_model`
     (``run``: the run `load_model` read, for its config and step; read again when not given). ``out`` is a
@@ -297,6 +298,7 @@ def write_copy(model: nn.Module, source: str | Path, kind: str, out: str | Path,
         else:
             from normlab.runs.checkpoint import save_checkpoint
 
+            assert run is not None  # loaded just above for a run or checkpoint
             RunDir(tmp).write_record({"config": run.config.to_dict(), "doctored_from": str(source)})
             save_checkpoint(
                 tmp, run.step or 0, {"model": model.state_dict(), "config": run.config.to_dict()}, keep_last=1
@@ -304,7 +306,7 @@ def write_copy(model: nn.Module, source: str | Path, kind: str, out: str | Path,
     return out
 
 
-def _save_transformers(model: nn.Module, out: Path, kind: str) -> None:
+def _save_transformers(model: NormLM, out: Path, kind: str) -> None:
     from normlab.hf import save_hf, save_native
     from normlab.hf.archs import EXPORTABLE
 

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
 
 from normlab.diagnostics.stats import FP16_MAX
 from normlab.layout.norm_kinds import NORM_KIND_FACTS
+from normlab.model.lm import NormLM
 from normlab.model.norms import gain_of
 
 # kinds with N(c x) = N(x) and a gain to carry c: RMSNorm, LayerNorm (each kind's `rescalable` in
@@ -31,7 +33,7 @@ from normlab.model.norms import gain_of
 SCALE_FREE = tuple(f.name for f in NORM_KIND_FACTS if f.rescalable)
 
 
-def rescalable(model: nn.Module) -> str | None:
+def rescalable(model: NormLM) -> str | None:
     """None if the stream's scale is irrelevant to ``model``'s function (a NormLM); else why not."""
     lay, cfg = model.layout, model.config
     for i, blk in enumerate(model.resolved.blocks):
@@ -62,16 +64,19 @@ def rescalable(model: nn.Module) -> str | None:
 
 def _scale_norm(norm: nn.Module, c: float) -> None:
     """Multiply a norm's output by c through its gain (and bias): gamma -> c gamma (centered: w -> c (1 + w) - 1)."""
+    weight, bias = cast(torch.Tensor, norm.weight), getattr(norm, "bias", None)
     if getattr(norm, "offset", 0.0):
-        norm.weight.copy_(c * gain_of(norm) - 1.0)
+        gain = gain_of(norm)
+        assert gain is not None  # a centered gain (offset 1) is a gain
+        weight.copy_(c * gain - 1.0)
     else:
-        norm.weight.mul_(c)
-    if getattr(norm, "bias", None) is not None:
-        norm.bias.mul_(c)
+        weight.mul_(c)
+    if bias is not None:
+        bias.mul_(c)
 
 
 @torch.no_grad()
-def scale_stream(model: nn.Module, c: float) -> nn.Module:
+def scale_stream(model: NormLM, c: float) -> NormLM:
     """A copy of ``model`` (rescalable) whose residual stream is c times the original everywhere."""
     why = rescalable(model)
     if why is not None:
@@ -110,17 +115,17 @@ class Rescale:
     max_after: float
     max_logit_change: float  # max |logits_new - logits_old| on the sample
     kl: float  # mean KL(p_old || p_new) per token on the sample, nats
-    model: nn.Module
+    model: NormLM
 
 
 @torch.no_grad()
-def _max_stream(model: nn.Module, x: torch.Tensor) -> float:
+def _max_stream(model: NormLM, x: torch.Tensor) -> float:
     out = model(x, return_hidden_states=True)
     return max(float(h.abs().max()) for h in out.hidden_states)
 
 
 @torch.no_grad()
-def rescale_for_fp16(model: nn.Module, x: torch.Tensor, headroom: float = 16.0) -> Rescale:
+def rescale_for_fp16(model: NormLM, x: torch.Tensor, headroom: float = 16.0) -> Rescale:
     """Scale the stream so that its largest value on ``x`` is FP16_MAX / headroom; the logits' change measured."""
     before = _max_stream(model, x)
     c = min(1.0, FP16_MAX / headroom / before) if before > 0 else 1.0

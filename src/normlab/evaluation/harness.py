@@ -209,7 +209,8 @@ class _Truncations(logging.Handler):
 
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
-        self.requests, self.cut, self.length, self.max_length = 0, 0, 0, None
+        self.requests, self.cut, self.length = 0, 0, 0
+        self.max_length: int | None = None
 
     def emit(self, record: logging.LogRecord) -> None:
         m = _TRUNCATED.search(record.getMessage())
@@ -253,7 +254,8 @@ def _lm_eval_output(verbose: bool) -> Iterator[tuple[_Truncations, _Captured | N
     saved_level = hf_log.level
     hf_log.addHandler(counter)
     hf_log.setLevel(logging.WARNING)
-    captured, saved_fd, redirect = None, None, contextlib.nullcontext()
+    captured, saved_fd = None, None
+    redirect: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
     if not verbose:
         captured = _Captured()
         sys.stderr.flush()

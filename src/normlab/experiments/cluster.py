@@ -126,7 +126,7 @@ def _executor(root: Path, kind: str, options: dict[str, Any], name: str) -> Any:
     folder = SweepDir(root).jobs_dir / "%j"
     if kind == "slurm":
         opts = dict(options)
-        ex = submitit.AutoExecutor(
+        ex: submitit.Executor = submitit.AutoExecutor(
             folder=folder, cluster="slurm", slurm_max_num_timeout=int(opts.pop("slurm_max_num_timeout", 3))
         )
         opts.setdefault("name", f"normlab-{name}")
@@ -245,7 +245,7 @@ def run_cluster(
     kind: str,
     options: dict[str, Any],
     name: str,
-    log: Callable[[str], None],
+    log: Callable[[str], object],
 ) -> None:
     """Run `todo` as scheduler jobs and watch them to the end (see the module docstring)."""
     from normlab.experiments.job import RunJob as job_class
@@ -398,7 +398,7 @@ def _find_unreleased(
     jobs: dict[str, Any],
     todo: list[str],
     to_release: dict[str, list[str]],
-    log: Callable[[str], None],
+    log: Callable[[str], object],
 ) -> bool:
     """The live jobs of submissions announced but not released (`normlab.experiments.submission`), found in squeue:
     each run's job is stored in its row, handed its pickle if it has none, watched and queued for release; a pending

@@ -34,8 +34,8 @@ def compare(
     **base: Any,
 ) -> Path:
     """Train ``layouts`` with the same settings and write the report; returns the report's index.html."""
-    from normlab.diagnostics.report import make_report, reading_lines
-    from normlab.diagnostics.store import load_run
+    from normlab.diagnostics.probe_store import load_run
+    from normlab.diagnostics.run_report import make_report, reading_lines
 
     merged = {**COMPARE_BASE, **base}
     sweep = SweepConfig(
@@ -52,7 +52,9 @@ def compare(
     md = summarize(root)["markdown"].read_text()
     log(md[md.index("## Cells") :].split("\n## ", 1)[0].strip())  # the cell table, not the list of runs
     folder = SweepDir(root)
-    finished = [run.path for run in (folder.run(s.run_id) for s in sweep.expand()) if run.has_metrics()]
+    finished: list[str | Path] = [
+        run.path for run in (folder.run(s.run_id) for s in sweep.expand()) if run.has_metrics()
+    ]
     index = make_report(finished, folder.report_dir)
     runs = [load_run(p) for p in finished]
     log("\n".join(["reading:"] + [f"  {line}" for line in reading_lines(runs, [r.name for r in runs])]))

@@ -19,7 +19,7 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import torch
@@ -37,12 +37,24 @@ from normlab.train.optim import make_optimizer, set_lr
 KINDS = ("embedding", "attn_update", "mlp_update", "block_output", "logits")
 
 
+class CoordRow(TypedDict):
+    """One site at one width and step, averaged over seeds: the RMS of its output and of its change since step 0."""
+
+    width: int
+    step: int
+    site: str
+    kind: str
+    layer: int  # -1: not in a block (embedding, logits)
+    rms: float
+    delta_rms: float
+
+
 @dataclass(frozen=True)
 class CoordCheck:
     """What one check measured: rows {width, step, site, kind, layer, rms, delta_rms} and the slopes."""
 
     settings: dict[str, Any]
-    rows: list[dict[str, Any]]
+    rows: list[CoordRow]
     slopes: list[dict[str, Any]]  # per site and step
     kind_slopes: list[dict[str, Any]]  # per kind of site and step, of the mean over its layers
 
@@ -149,15 +161,15 @@ def coordcheck(cfg: TrainConfig, widths: list[int], steps: int, seeds: int) -> C
                 per.setdefault((width, site, step), []).append(v)
     sites = _sites(cfg.model.config.n_layers)
     rows = [
-        {
-            "width": width,
-            "step": step,
-            "site": site,
-            "kind": sites[site][0],
-            "layer": sites[site][1],
-            "rms": float(np.mean([v[0] for v in vals])),
-            "delta_rms": float(np.mean([v[1] for v in vals])),
-        }
+        CoordRow(
+            width=width,
+            step=step,
+            site=site,
+            kind=sites[site][0],
+            layer=sites[site][1],
+            rms=float(np.mean([v[0] for v in vals])),
+            delta_rms=float(np.mean([v[1] for v in vals])),
+        )
         for (width, site, step), vals in sorted(per.items())
     ]
     slopes = []
@@ -180,7 +192,7 @@ def coordcheck(cfg: TrainConfig, widths: list[int], steps: int, seeds: int) -> C
     kind_slopes = []  # per kind of site: the exponent of the mean over its layers (steadier than any one layer)
     for kind in KINDS:
         for step in range(steps + 1):
-            means = {}
+            means: dict[int, list[tuple[float, float]]] = {}
             for r in rows:
                 if r["kind"] == kind and r["step"] == step:
                     means.setdefault(r["width"], []).append((r["rms"], r["delta_rms"]))

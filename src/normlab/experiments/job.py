@@ -31,7 +31,7 @@ class RunJob(Checkpointable):
         return {"sweep_dir": self.sweep_dir, "run_id": self.run_id}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["sweep_dir"], state["run_id"])
+        RunJob.__init__(self, state["sweep_dir"], state["run_id"])
 
     def __call__(self) -> dict[str, Any]:
         threads = allocation_threads()
@@ -40,10 +40,10 @@ class RunJob(Checkpointable):
             print(
                 f"normlab: {self.run_id} in job {job_id()}: {threads} torch thread(s), from the allocation", flush=True
             )
-        self._stop = threading.Event()
+        self._stop = stop = threading.Event()
         # scancel (and a time limit without the USR2 warning) sends SIGTERM, then SIGKILL after the cluster's
         # KillWait: the run saves after its step and the job ends (submitit would let it train on until killed)
-        signal.signal(signal.SIGTERM, lambda *_: self._stop.set())
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
 
         def work() -> None:
             self._result = execute_run(self.sweep_dir, self.run_id, threads=threads, stop=self._stop, worker=job_id())

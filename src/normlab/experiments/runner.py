@@ -105,8 +105,8 @@ def rebuild_store(root: str | Path, store: SweepStore | None = None) -> int:
     store.add(specs)
     steps = {s.run_id: s.config.optim.steps for s in specs}
     for run in runs:
-        summary = run.summary()
-        status = (summary or {}).get("status")
+        summary = run.summary() or {}
+        status = summary.get("status")
         if status == "failed" or (status in FINISHED and summary.get("steps") == steps.get(run.path.name)):
             store.record(run.path.name, summary)
     return len(specs)
@@ -138,7 +138,7 @@ def run_sweep(
     out: str | Path,
     workers: int | None = None,
     executor: str | None = None,
-    log: Callable[[str], None] = print,
+    log: Callable[[str], object] = print,
     deadline: Deadline | None = None,
 ) -> dict[str, int]:
     """Run every run of `sweep` that has no result yet; returns the store's status counts. With a
@@ -274,7 +274,8 @@ def _run_local(
     threads = max(1, cores // workers)
     device_of: dict[str, int] = {}
     SweepDir(root).logs_dir.mkdir(exist_ok=True)
-    queue, running = list(todo), {}
+    queue = list(todo)
+    running: dict[str, subprocess.Popen | ForkedWorker] = {}
     total, finished = len(todo), 0
     try:
         while queue or running:

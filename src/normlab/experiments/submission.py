@@ -103,7 +103,7 @@ def unreleased(store: SweepStore) -> dict[str, tuple[str, str, str, str]] | None
     found: dict[str, tuple[str, str, str, str]] = {}
     for jid, (state, reason, comment) in queue.items():
         token = next((w[len(TAG) :] for w in comment.split() if w.startswith(TAG)), None)
-        if token not in tokens:
+        if token is None or token not in tokens:
             continue
         task = int(jid.split("_", 1)[1]) if "_" in jid else 0  # a batch of one is a plain job, not an array
         if task < len(tokens[token]):

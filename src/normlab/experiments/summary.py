@@ -3,7 +3,7 @@
 - **Cells** (every grid point with the seed axis folded): runs, divergences as "k/n" (Kim Tables
   10-12, Kan Table 1), and mean +/- sample std (ddof 1) of the final training and validation loss
   over the seeds that did not diverge (Kim Table 1 practice: diverged runs are excluded and counted).
-  Stalled runs (finished at the corpus's unigram loss; `normlab.train.monitor`) are counted as "k/n
+  Stalled runs (finished at the corpus's unigram loss; `normlab.train.divergence`) are counted as "k/n
   stalled" beside the divergences and stay in the loss means: their loss is finite and is the result.
   Crashed (`failed`) runs are neither results nor divergences: counted apart.
 - **Learning-rate curves** (when `lr` is an axis): per group (the cell without its lr) the mean final
@@ -64,6 +64,7 @@ def load_sweep(path: str | Path) -> tuple[pd.DataFrame, list[str]]:
         rebuild_store(folder.path)
         store = open_store(folder, readonly=True)
         rows = store.rows()
+    assert store is not None  # a lost store is rebuilt above (lost means run folders to rebuild from)
     sweep = store.get_meta("sweep") or {}
     axes = list(sweep.get("grid") or {}) or sorted({a for r in rows for a in r["axes"]})
     records = []
@@ -385,6 +386,7 @@ def _top100_figure(root: Path, df: pd.DataFrame, axes: list[str]):  # noqa: ANN2
             (line,) = ax.plot(steps, [v if math.isfinite(v) else np.nan for v in values], lw=1, label=f"seed {seed}")
             fwd = (forensics or {}).get("forward") or {}
             if fwd.get("kind") == "overflow":
+                assert forensics is not None  # its forward break was read above
                 ax.scatter(
                     [forensics["step"]],
                     [forensics.get("limit") or FP16_MAX],

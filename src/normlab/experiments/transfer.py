@@ -33,6 +33,7 @@ pending count as nothing; the header says how many of each sweep's runs have fin
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -338,7 +339,7 @@ def _tally(f: dict[str, int]) -> str:
     return f" {f['predicted_and_seen']} / {f['predicted_only']} / {f['seen_only']} / {f['neither']} |"
 
 
-def report(proxy_dir: str | Path, others: list[str | Path], lrs: str = "common") -> str:
+def report(proxy_dir: str | Path, others: Sequence[str | Path], lrs: str = "common") -> str:
     """The comparison as markdown: each sweep's scale, the rankings side by side, the agreement table."""
     proxy_dir = Path(proxy_dir)
     proxy, _ = load_sweep(proxy_dir)
@@ -406,7 +407,9 @@ def report(proxy_dir: str | Path, others: list[str | Path], lrs: str = "common")
     return "\n".join(lines + ["## Agreement", "", *summary, ""])
 
 
-def record(path: str | Path, proxy_dir: str | Path, others: list[str | Path], lrs: str = "common") -> dict[str, Any]:
+def record(
+    path: str | Path, proxy_dir: str | Path, others: Sequence[str | Path], lrs: str = "common"
+) -> dict[str, Any]:
     """Write (or update) a transfer record at `path`: per (proxy, other) pair the agreement numbers and the
     command that produced them, and the study's status ("in progress, N of M runs" while runs are pending).
     `normlab recommend`'s report renders the copy shipped in the package (normlab/recommend/transfer_record.json)."""

@@ -85,6 +85,8 @@ def _is_normlab(node: ast.AST) -> bool:
 
 
 def _check_import(node: ast.AST, rel: str) -> None:
+    if not isinstance(node, (ast.Import, ast.ImportFrom)):
+        return
     mods = []
     if isinstance(node, ast.Import):
         mods = [a.name for a in node.names]
@@ -116,7 +118,8 @@ def _strip(src: str, rel: str) -> str:
             and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)
         )
         if drop:
-            first, last = node.lineno - 1, node.end_lineno - 1  # type: ignore[attr-defined]
+            assert isinstance(node, ast.stmt)  # an import or an assignment
+            first, last = node.lineno - 1, (node.end_lineno or node.lineno) - 1
             indent = " " * node.col_offset
             lines[first] = f"{indent}pass  # (bundled)" if node.col_offset else ""
             for i in range(first + 1, last + 1):

@@ -1,4 +1,4 @@
-"""`NormlabCallback`: normlab's probes in a transformers `Trainer` run (`normlab.diagnostics.monitor`).
+"""`NormlabCallback`: normlab's probes in a transformers `Trainer` run (`normlab.diagnostics.training_monitor`).
 
     trainer = Trainer(model=model, args=args, train_dataset=ds, callbacks=[NormlabCallback(every=50)])
     trainer.train()                       # writes OUTPUT_DIR/normlab: metrics, probes, spikes
@@ -26,7 +26,7 @@ its engine (``.grad`` is empty): the norms are then null.
 
 Norm sites are named as normlab's where the model is a registered architecture (`site_names`). Under torchrun
 (DDP, or an FSDP2-sharded model) the Trainer calls the callback on every rank: the monitor reduces the loss
-and the sharded gradients and gains across the ranks, and rank 0 writes (`normlab.diagnostics.monitor`).
+and the sharded gradients and gains across the ranks, and rank 0 writes (`normlab.diagnostics.training_monitor`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from typing import Any
 
 from torch import nn
 
-from normlab.diagnostics.monitor import SpikeRule, TrainingMonitor
+from normlab.diagnostics.training_monitor import SpikeRule, TrainingMonitor
 from normlab.hf.archs import ARCHITECTURES
 from normlab.hf.library import require_transformers
 

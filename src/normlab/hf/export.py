@@ -14,7 +14,7 @@ custom code only where no stock class computes the placement.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from normlab.io import atomic_write_bytes
 from normlab.model.lm import NormLM
@@ -153,7 +153,8 @@ def from_hf(path: str | Path) -> NormLM:
     check_folder(path)
     # trust_remote_code=False: normlab's registered class loads; code in the folder never runs (nor is asked about)
     with reading(path):
-        return AutoModelForCausalLM.from_pretrained(path, local_files_only=True, trust_remote_code=False).normlab
+        hf = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+        return cast(NormLM, hf.normlab)
 
 
 def export_run(source: str | Path, out: str | Path, arch: str = "auto") -> tuple[list[str], Path, bool]:

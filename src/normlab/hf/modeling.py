@@ -15,7 +15,7 @@ pretrained=DIR,trust_remote_code=True`), and transformers' activation checkpoint
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -88,7 +88,7 @@ class NormLabForCausalLM(PreTrainedModel, GenerationMixin):
         return self.normlab.embed
 
     def set_input_embeddings(self, value: torch.nn.Module) -> None:
-        self.normlab.embed = value
+        self.normlab.embed = cast(torch.nn.Embedding, value)  # transformers' API types it as any module
 
     def get_output_embeddings(self) -> torch.nn.Module:
         return self.normlab.lm_head

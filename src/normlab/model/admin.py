@@ -18,9 +18,12 @@ the `admin` preset is the paper's Post-LN.
 from __future__ import annotations
 
 import math
+from typing import Any, cast
 
 import torch
 from torch import nn
+
+from normlab.model.config import ModelConfig
 
 
 class AdminProfile:
@@ -43,15 +46,16 @@ class AdminProfile:
 def profile_admin(model: nn.Module, batch: int = 4, seq_len: int = 64, seed: int = 0) -> list[float]:
     """Set every Admin omega of ``model`` (a NormLM) by one profiling forward; returns the omegas in
     sublayer order (attention, MLP, attention, ...). A model without Admin sublayers is left alone."""
-    blocks = [b for b in model.blocks if getattr(b, "attn_omega", None) is not None]
+    all_blocks: list[Any] = list(cast(nn.ModuleList, model.blocks))  # Blocks (normlab.model.block imports this module)
+    blocks = [b for b in all_blocks if getattr(b, "attn_omega", None) is not None]
     if not blocks:
         return []
     profile = AdminProfile()
-    cfg = model.config
+    cfg = cast(ModelConfig, model.config)
     gen = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, cfg.vocab_size, (batch, min(seq_len, cfg.max_seq_len)), generator=gen)
     device = next(model.parameters()).device
-    for b in model.blocks:
+    for b in all_blocks:
         b.admin = profile
     training = model.training
     try:
@@ -59,6 +63,6 @@ def profile_admin(model: nn.Module, batch: int = 4, seq_len: int = 64, seed: int
         model(tokens.to(device))
     finally:
         model.train(training)
-        for b in model.blocks:
+        for b in all_blocks:
             b.admin = None
     return profile.omegas

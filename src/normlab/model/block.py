@@ -184,6 +184,7 @@ class Block(nn.Module):
             state, x = x, store(depth(x))
         u = store(norms.input(x))
         skip = u if norms.skip_normed else block_in if norms.skip_block else x
+        assert skip is not None  # a layout that skips from the block's input passes it (forward)
         if self.ln_scale != 1.0:
             u = store(u * self.ln_scale)
         update = store(norms.output(store(f(u))))

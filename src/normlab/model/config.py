@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import asdict, dataclass, fields, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from normlab.errors import ConfigError
 from normlab.settings import check_fields, setting
@@ -200,8 +200,8 @@ class ModelConfig:
 
     def rope_theta_of(self, layer: int) -> float:
         """The RoPE base of ``layer``: rope_local_theta on a windowed layer where set, else rope_theta."""
-        local = self.window_of(layer) is not None and self.rope_local_theta is not None
-        return float(self.rope_local_theta) if local else self.rope_theta
+        local = self.rope_local_theta if self.window_of(layer) is not None else None
+        return float(local) if local is not None else self.rope_theta
 
     def window_of(self, layer: int) -> int | None:
         """The attention window of ``layer`` (None: full attention)."""
@@ -345,8 +345,17 @@ class ModelConfig:
         return replace(self, **overrides)
 
 
-_KIM = dict(vocab_size=100_277, max_seq_len=8192, rope_theta=500_000.0, tie_embeddings=False)
-_ZHUO = dict(vocab_size=100_278, max_seq_len=4096, rope_theta=500_000.0, tie_embeddings=True)
+class _PaperShape(TypedDict):
+    """The fields a paper's model family shares (vocabulary, context, RoPE base, tying)."""
+
+    vocab_size: int
+    max_seq_len: int
+    rope_theta: float
+    tie_embeddings: bool
+
+
+_KIM = _PaperShape(vocab_size=100_277, max_seq_len=8192, rope_theta=500_000.0, tie_embeddings=False)
+_ZHUO = _PaperShape(vocab_size=100_278, max_seq_len=4096, rope_theta=500_000.0, tie_embeddings=True)
 
 SIZES: dict[str, ModelConfig] = {
     # CPU sizes: nano for unit tests, micro for sweeps and recipes (many runs), micro-deep for the fp16 demo, tiny for

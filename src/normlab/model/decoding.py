@@ -84,7 +84,7 @@ def make_decoding(
     query = torch.arange(past, past + t, device=device)[:, None]
     key = torch.arange(past + t, device=device)[None, :]
     mask = (key <= query)[None, None]
-    if padded:
+    if padded and attention_mask is not None:
         mask = mask & attention_mask[:, None, None, :]
     mask = mask | (key == query)[None, None]
     return Decoding(positions.to(device), mask, cache, past)

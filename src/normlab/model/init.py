@@ -24,14 +24,18 @@ the router as any linear layer.
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 from torch import nn
 
 from normlab.layout.sites import deepnorm_beta
 from normlab.model.admin import profile_admin
+from normlab.model.block import Block
 from normlab.model.config import ModelConfig
 from normlab.model.init_schemes import _DEEPNORM_SCALED, _TRUNCATED, _XAVIER, base_std, check_scheme, linear_std
+from normlab.model.lm import NormLM
+from normlab.model.mlp import MLP
 from normlab.model.norms import is_norm
 from normlab.model.parametrization import base_model, param_scales
 from normlab.model.sphere import base_scale, project
@@ -45,7 +49,7 @@ def _normal(w: torch.Tensor, std: float, truncated: bool) -> None:
 
 
 @torch.no_grad()
-def init_weights(model: nn.Module, scheme: str) -> None:
+def init_weights(model: NormLM, scheme: str) -> None:
     """Initialize a `NormLM` in place with one of `INIT_SCHEMES`."""
     check_scheme(scheme)
     cfg = model.config
@@ -82,9 +86,11 @@ def init_weights(model: nn.Module, scheme: str) -> None:
                     else:
                         _normal(w[e], linear_std(scheme, f"mlp.{name}", layer, n_layers, d, cfg.init_std), truncated)
     for module in model.modules():
-        if is_norm(module) and hasattr(module, "reset_parameters"):
-            module.reset_parameters()
-    for block in model.blocks:  # learned steps and scales back to their starts
+        reset = getattr(module, "reset_parameters", None)
+        if is_norm(module) and reset is not None:
+            reset()
+    blocks = cast("list[Block]", list(model.blocks))
+    for block in blocks:  # learned steps and scales back to their starts
         for name in ("attn_h", "mlp_h"):
             p = getattr(block, name, None)
             if p is not None:
@@ -106,11 +112,13 @@ def init_weights(model: nn.Module, scheme: str) -> None:
         model.final_depth.reset_parameters()
     if model.layout.ngpt:  # nGPT: every weight row on the unit sphere from the start (normlab.model.sphere)
         for name in ("attn_eigen", "mlp_eigen"):
-            for block in model.blocks:
+            for block in blocks:
                 getattr(block, name).fill_(base_scale(d))
-        for block in model.blocks:
+        for block in blocks:
+            assert block.attn.sqk is not None and isinstance(block.mlp, MLP) and block.mlp.suv is not None  # nGPT
             block.attn.sqk.fill_(base_scale(d))
             block.mlp.suv.fill_(1.0)
+        assert model.sz is not None
         model.sz.fill_(base_scale(d))
         project(model)
     if cfg.parametrization != "sp":
@@ -142,7 +150,7 @@ def _sp_std(scheme: str, name: str, shape: tuple[int, ...], cfg: ModelConfig, vo
 
 
 @torch.no_grad()
-def apply_parametrization(model: nn.Module, scheme: str) -> None:
+def apply_parametrization(model: NormLM, scheme: str) -> None:
     """muP / CompleteP init (normlab.model.parametrization): each weight SP drew is rescaled to the std SP draws at
     the base shape (the base width; under CompleteP also the base depth, so init does not depend on depth), and
     matrix-like weights further by 1 / sqrt(fan-in width multiplier), as `mup.init.normal_` with the base's std."""

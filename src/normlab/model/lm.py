@@ -19,6 +19,7 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
@@ -53,6 +54,7 @@ class LMOutput:
 
 class NormLM(nn.Module):
     store: Storage = NO_STORAGE  # the activation dtype (normlab.model.storage); set_storage sets every module's
+    init_scheme: str  # the init scheme it was built with (normlab.model.build sets it)
 
     def __init__(self, cfg: ModelConfig, resolved: ResolvedLayout) -> None:
         super().__init__()
@@ -96,7 +98,11 @@ class NormLM(nn.Module):
         past 65504 is inf, as in the papers' fp16 training; see normlab.model.storage)."""
         for m in self.modules():
             if hasattr(type(m), "store"):
-                m.store = storage
+                setattr(m, "store", storage)  # noqa: B010 - any module's class with a `store` (mypy: not on nn.Module)
+
+    def block_list(self) -> list[Block]:
+        """The blocks in order, typed (iterating the nn.ModuleList gives nn.Module)."""
+        return cast("list[Block]", list(self.blocks))
 
     @property
     def layout(self):  # noqa: ANN201 - a Layout
@@ -214,6 +220,7 @@ class NormLM(nn.Module):
         head = self.lm_head if self.sz is None else self.head
         if logits_to_keep and targets is None:
             h = h[:, -logits_to_keep:]
+        logits: torch.Tensor | None
         if targets is None:
             logits, loss = logits_of(head, h, softcap, self.store), None
         else:

@@ -17,14 +17,16 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from normlab.model.storage import NO_STORAGE
 
 
 def logits_of(
-    head: nn.Module, h: torch.Tensor, softcap: float | None, store: Callable[[torch.Tensor], torch.Tensor] = NO_STORAGE
+    head: Callable[[torch.Tensor], torch.Tensor],
+    h: torch.Tensor,
+    softcap: float | None,
+    store: Callable[[torch.Tensor], torch.Tensor] = NO_STORAGE,
 ) -> torch.Tensor:
     """Head(h), soft-capped as in Gemma 2 when ``softcap`` is set, stored in the activation dtype
     (fp16 logits past 65504 are inf: a site where fp16 training overflows)."""
@@ -35,7 +37,7 @@ def logits_of(
 
 
 def _chunk_sums(
-    head: nn.Module,
+    head: Callable[[torch.Tensor], torch.Tensor],
     h: torch.Tensor,
     y: torch.Tensor,
     softcap: float | None,
@@ -49,7 +51,7 @@ def _chunk_sums(
 
 
 def lm_loss(
-    head: nn.Module,
+    head: Callable[[torch.Tensor], torch.Tensor],
     h: torch.Tensor,
     targets: torch.Tensor,
     softcap: float | None = None,

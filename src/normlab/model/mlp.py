@@ -4,6 +4,8 @@ optional norm on the hidden activation before W2 (NormFormer's FFN LN, layout si
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -34,18 +36,20 @@ class MLP(nn.Module):
         # nGPT's s_u, s_v (Loshchilov et al. 2024 eqs. 19-20; normlab.model.sphere): u, v scaled by suv * sqrt(d)
         self.suv = nn.Parameter(torch.ones(2 * ff)) if ngpt else None
         self.sqrt_d = d**0.5
-        self.act = {
+        activations: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
             "swiglu": F.silu,
             "geglu-tanh": _gelu_tanh,
             "gelu": F.gelu,
             "gelu-tanh": _gelu_tanh,
             "relu": F.relu,
-        }[cfg.mlp]
+        }
+        self.act = activations[cfg.mlp]
 
     def hidden(self, x: torch.Tensor) -> torch.Tensor:
         """The activation h fed to the last projection W2 (Kim Prop. 3.1's h), after the hidden norm H
         where the layout has one (NormFormer: W2 N(act(x W1)))."""
         if self.suv is not None:  # nGPT: u * SiLU(v), u = s_u sqrt(d) W_u h, v = s_v sqrt(d) W_v h (the authors' code)
+            assert self.gate_proj is not None  # nGPT's MLP is SwiGLU (ModelConfig.layout_problem)
             s_u, s_v = (self.suv * self.sqrt_d).to(x.dtype).chunk(2)
             h = self.store(self.act(s_v * self.gate_proj(x)) * (s_u * self.up_proj(x)))
         elif self.gate_proj is not None:

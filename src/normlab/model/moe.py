@@ -79,7 +79,7 @@ class MoE(nn.Module):
         self.aux_coef, self.z_coef = cfg.moe_aux_coef, cfg.moe_z_coef
         self.router = nn.Linear(d, cfg.n_experts, bias=False)
         self.experts = Experts(cfg.n_experts, d, f)
-        self.shared = None
+        self.shared: MLP | None = None
         if cfg.moe_shared_expert:
             from normlab.model.mlp import MLP
 

@@ -45,7 +45,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -372,7 +372,7 @@ def site_norm(on: bool, spec: NormSpec, dim: int, cfg: ModelConfig, frozen_gamma
         cfg.norm_eps,
         cfg.norm_bias,
         frozen_gamma,
-        cfg.norm_compute,
+        cast(NormCompute, cfg.norm_compute),  # ModelConfig checks it is one of NORM_COMPUTE
         alpha0,  # type: ignore[arg-type]
         spec.gain,
     )

@@ -41,10 +41,12 @@ the stream is renormalized every block, which the depth theory does not model), 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
     from torch import nn
+
+    from normlab.model.config import ModelConfig
 
 PARAMETRIZATIONS: dict[str, str] = {
     "sp": "standard: the init scheme's stds and one learning rate, as every paper trained",
@@ -73,7 +75,7 @@ def base_model(model: nn.Module) -> nn.Module:
     import torch
 
     with torch.device("meta"):
-        return type(model)(model.config.base_config(), model.resolved)
+        return type(model)(cast("ModelConfig", model.config).base_config(), model.resolved)
 
 
 def param_scales(
@@ -82,7 +84,7 @@ def param_scales(
     """Each parameter's factors against SP, by name: `mup.MuAdamW`'s width rule for Adam (and the AdamW half of
     Muon), Muon's own rule for ``muon_matrices`` (ids), CompleteP's depth factor on the blocks' parameters. The
     init factor is the width part only; `normlab.model.init` adds the scheme's ratio of base to actual std."""
-    cfg = model.config
+    cfg = cast("ModelConfig", model.config)
     scales: dict[str, ParamScale] = {}
     if cfg.parametrization == "sp":
         return {name: ParamScale() for name, _ in model.named_parameters()}

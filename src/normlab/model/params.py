@@ -7,7 +7,7 @@ parameters"); Zhuo's Table 6 sizes count the tied embedding once. `count_params`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from normlab.layout.norm_kinds import NORM_FACTS
 from normlab.layout.sites import ResolvedLayout
@@ -37,9 +37,10 @@ def _inactive(cfg: ModelConfig) -> int:
 def count_params(model: nn.Module) -> ParamCount:
     seen = {id(p): p for p in model.parameters()}
     total = sum(p.numel() for p in seen.values())
-    emb_ids = {id(model.embed.weight), id(model.lm_head.weight)}
-    if getattr(model, "pos_embed", None) is not None:
-        emb_ids.add(id(model.pos_embed.weight))
+    emb_ids = {id(cast("nn.Embedding", model.embed).weight), id(cast("nn.Linear", model.lm_head).weight)}
+    pos_embed = getattr(model, "pos_embed", None)
+    if pos_embed is not None:
+        emb_ids.add(id(pos_embed.weight))
     embedding = sum(seen[i].numel() for i in emb_ids if i in seen)
     cfg = getattr(model, "config", None)
     active = total - _inactive(cfg) if cfg is not None and cfg.n_experts else None

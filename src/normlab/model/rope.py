@@ -14,7 +14,9 @@ class Rotary(nn.Module):
     def __init__(self, head_dim: int, max_seq_len: int, theta: float) -> None:
         super().__init__()
         self.head_dim, self.max_seq_len, self.theta = head_dim, max_seq_len, theta
-        cos, sin = self._tables(None)  # on the default device (meta when transformers builds the model)
+        cos, sin = self._tables(None)
+        self.cos: torch.Tensor
+        self.sin: torch.Tensor  # on the default device (meta when transformers builds the model)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 

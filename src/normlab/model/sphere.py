@@ -26,6 +26,7 @@ warmup=0), not the layout's; its scaling factors are never decayed (normlab.mode
 from __future__ import annotations
 
 import math
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -56,9 +57,10 @@ def _rows(w: torch.Tensor, dim: int) -> None:
 def project(model: nn.Module) -> None:
     """Every weight's vectors along the embedding dimension to unit norm (the authors' normalize_matrices): rows of
     the embedding, the head and the matrices that read the stream, columns of those that write it."""
-    _rows(model.embed.weight, 1)
-    _rows(model.lm_head.weight, 1)
-    for block in model.blocks:
+    _rows(cast(nn.Embedding, model.embed).weight, 1)
+    _rows(cast(nn.Linear, model.lm_head).weight, 1)
+    blocks: list[Any] = list(cast(nn.ModuleList, model.blocks))  # Blocks (normlab.model.block imports this module)
+    for block in blocks:
         for lin in (block.attn.q_proj, block.attn.k_proj, block.attn.v_proj, block.mlp.gate_proj, block.mlp.up_proj):
             if lin is not None:
                 _rows(lin.weight, 1)

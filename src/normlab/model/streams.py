@@ -70,7 +70,9 @@ class HyperConnection(nn.Module):
         self.dynamic_post = nn.Parameter(torch.zeros(d))  # W_b
         self.scale_a = nn.Parameter(torch.zeros(1))  # s_alpha
         self.scale_b = nn.Parameter(torch.zeros(1))  # s_beta
-        self.last_res = self.last_pre = self.last_post = None
+        self.last_res: torch.Tensor | None = None
+        self.last_pre: torch.Tensor | None = None
+        self.last_post: torch.Tensor | None = None
         self.reset_parameters()
 
     @torch.no_grad()

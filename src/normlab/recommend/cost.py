@@ -71,7 +71,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from normlab.layout import as_layout
 from normlab.layout.sites import STREAM_MIXES
@@ -462,7 +462,8 @@ def faster(cached: Calibration, new: Calibration) -> Calibration:
     if not all(isinstance(t.get(k), (int, float)) for t in (a, b) for k in TIMINGS):
         kept = new if new.speed < cached.speed else cached
         return replace(kept, measurements=count, key=new.key or cached.key)
-    out = fit(*(min(a[k], b[k]) for k in TIMINGS), seconds=new.seconds, key=new.key or cached.key)
+    pre2, pre6, peri6, s1, s3, s1_w256 = (min(a[k], b[k]) for k in TIMINGS)
+    out = fit(pre2, pre6, peri6, s1, s3, s1_w256, seconds=new.seconds, key=new.key or cached.key)
     from_runs = all(a[k] <= b[k] for k in STEP_TIMINGS)  # the cached steps kept: their lowering by runs with them
     return replace(
         out,
@@ -516,7 +517,7 @@ def calibration(
     return cal, cached
 
 
-def _positive(x: object) -> bool:
+def _positive(x: object) -> TypeGuard[float]:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
 
 

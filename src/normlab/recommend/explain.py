@@ -183,10 +183,10 @@ def movement(
     live = [r for r in ranked if r.rank is not None]
     if live:
         tied = []
-        for r in live[1:]:
-            if not r.tie or r.status != "ranked":
+        for e in live[1:]:
+            if not e.tie or e.status != "ranked":
                 break
-            tied.append(r.layout)
+            tied.append(e.layout)
         if tied:
             out.append(
                 f"{live[0].layout} is tied on loss within seed noise with {', '.join(tied)}: the screen's verdict "

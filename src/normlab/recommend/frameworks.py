@@ -153,7 +153,11 @@ def _litgpt(layout: str, opts: dict[str, Any], cfg: ModelConfig) -> str:
         ("final_logit_softcapping", cfg.logit_softcap, None),
         ("sliding_window_size", cfg.sliding_window, None),
         ("sliding_window_indices", windows if cfg.sliding_window is not None else None, "1: windowed layer"),
-        ("rope_local_base_freq", _num(cfg.rope_local_theta) if local else None, None),
+        (
+            "rope_local_base_freq",
+            _num(cfg.rope_local_theta) if local and cfg.rope_local_theta is not None else None,
+            None,
+        ),
         ("rope_indices", windows if local else None, "1: the local base"),
     ]
     lines = _header("litgpt", layout, cfg, _litgpt_problems(cfg))

@@ -75,7 +75,7 @@ WELLPOSED_ORDER = ("bounded", "tangential", "unbounded")
 class BudgetTooSmall(ValueError):
     """Not even the smallest answer fits; `minutes`: the least budget that would do."""
 
-    def __init__(self, message: str, minutes: int) -> None:
+    def __init__(self, message: str, minutes: float) -> None:
         super().__init__(message)
         self.minutes = minutes
 

@@ -36,7 +36,7 @@ import shutil
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import numpy as np
 import torch
@@ -65,7 +65,8 @@ def newest_checkpoint(source: str | Path) -> Path | None:
     folder is its own answer."""
     src = Path(source)
     if src.is_dir() and not is_sharded(src):
-        return (list_checkpoints(src) or [None])[-1]
+        found = list_checkpoints(src)
+        return found[-1] if found else None
     return src
 
 
@@ -116,7 +117,9 @@ def is_sharded(path: str | Path) -> bool:
 
 
 def rng_state() -> dict[str, Any]:
-    name, keys, pos, has_gauss, cached = np.random.get_state()
+    # the legacy tuple (get_state's default); numpy's stubs give the union with the dict form
+    state = cast("tuple[str, np.ndarray, int, int, float]", np.random.get_state())
+    name, keys, pos, has_gauss, cached = state
     return {
         "torch": torch.get_rng_state(),
         "numpy": {
@@ -162,7 +165,8 @@ def save_checkpoint(run_dir: str | Path, step: int, state: dict[str, Any], keep_
     path = checkpoint_dir(run_dir) / f"step_{step:08d}.pt"
     with atomic_open(path) as f:
         out = _Sha256Writer(f)
-        torch.save({**state, "step": step, "rng": rng_state()}, out)
+        # torch.save only writes and flushes: the hashing writer serves as its file
+        torch.save({**state, "step": step, "rng": rng_state()}, cast(BinaryIO, out))
     # after the file: a kill between the two leaves a complete checkpoint without its sum (loaded as
     # checkpoints of earlier normlab versions are: unverified)
     atomic_write_bytes(path.with_name(path.name + SUM_SUFFIX), out.sha.hexdigest().encode())

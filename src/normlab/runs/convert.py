@@ -46,6 +46,8 @@ from normlab.config.train import TrainConfig
 from normlab.errors import ConfigError, DataError
 from normlab.io import atomic_write_json, own_folder
 from normlab.layout import as_layout
+from normlab.model.lm import NormLM
+from normlab.model.mlp import MLP
 from normlab.model.norms import is_norm
 from normlab.runs.checkpoint import save_checkpoint
 from normlab.runs.files import RunDir
@@ -138,7 +140,7 @@ def _stated_init(model: torch.nn.Module, name: str, value: torch.Tensor) -> str:
         words = _INITS[kind, attr]
         return f"{words} {float(value.flatten()[0]):g}" if words.endswith("=") else words
     if is_norm(mod):
-        if attr == "weight" and getattr(mod, "offset", 0.0):
+        if attr == "weight" and bool(getattr(mod, "offset", 0.0)):
             return f"{kind} centered gain w = 0 (applied 1 + w = 1)"
         if attr == "alpha":
             return f"{kind} alpha = {float(value.flatten()[0]):g} (its alpha0)"
@@ -211,12 +213,12 @@ def function_change(old: torch.nn.Module, new: torch.nn.Module, seqs: list[torch
 
 
 @torch.no_grad()
-def _matched_gains(old: torch.nn.Module, new: torch.nn.Module, seqs: list[torch.Tensor]) -> dict[str, float]:
+def _matched_gains(old: NormLM, new: NormLM, seqs: list[torch.Tensor]) -> dict[str, float]:
     """For each norm the new layout adds on a stream the old model already computed, the mean RMS of what it will
     normalize, measured on the old model: an output norm (B) gets the RMS of the sublayer's update, the embedding
     norm that of the embedded tokens. A gamma of that size keeps each site's scale on average."""
     taps = {}
-    for i, (ob, nb) in enumerate(zip(old.blocks, new.blocks)):
+    for i, (ob, nb) in enumerate(zip(old.block_list(), new.block_list())):
         for sub in ("attn", "mlp"):
             new_norm = getattr(nb, f"{sub}_norms").output
             old_norms = getattr(ob, f"{sub}_norms")
@@ -238,7 +240,7 @@ def _matched_gains(old: torch.nn.Module, new: torch.nn.Module, seqs: list[torch.
     return {k: sum(v) / len(v) for k, v in sums.items() if v}
 
 
-def _rms_rewrite_refusal(old: torch.nn.Module, new_layout: Any) -> str | None:
+def _rms_rewrite_refusal(old: NormLM, new_layout: Any) -> str | None:
     """None if ``new_layout`` is ``old``'s Pre-LN with LayerNorm and the input norms (A) turned RMSNorm, and
     the rewrite below is exact for this model; else why not (or "" when the conversion is another one)."""
     lay = old.layout
@@ -254,10 +256,12 @@ def _rms_rewrite_refusal(old: torch.nn.Module, new_layout: Any) -> str | None:
         return "tied embeddings: re-centring the embedding would change the head's logits too"
     if old.config.n_experts:
         return "mixture-of-experts layers: each expert's W_down would be re-centred (not built)"
-    for i, block in enumerate(old.blocks):
+    for i, block in enumerate(old.block_list()):
+        mlp = block.mlp
+        assert isinstance(mlp, MLP)  # dense: mixture-of-experts returned above
         for norm, consumers in (
             (block.attn_norms.input, (block.attn.q_proj, block.attn.k_proj, block.attn.v_proj)),
-            (block.mlp_norms.input, (block.mlp.gate_proj, block.mlp.up_proj)),
+            (block.mlp_norms.input, (mlp.gate_proj, mlp.up_proj)),
         ):
             if getattr(norm, "bias", None) is not None and any(c is not None and c.bias is None for c in consumers):
                 return (
@@ -268,7 +272,7 @@ def _rms_rewrite_refusal(old: torch.nn.Module, new_layout: Any) -> str | None:
 
 
 @torch.no_grad()
-def _rms_rewrite(old: torch.nn.Module, conv: Conversion) -> dict[str, torch.Tensor]:
+def _rms_rewrite(old: NormLM, conv: Conversion) -> dict[str, torch.Tensor]:
     """Pre-LN with LayerNorm as Pre-LN with RMSNorm input norms, exactly (Jiang et al. 2023, "Pre-RMSNorm and
     Pre-CRMSNorm Transformers", Sec. 3): make the residual stream zero-mean by re-centring everything added to
     it (each embedding row, each W_O / W_down column and its bias), so LN(x) = gamma x / RMS(x) + beta; beta

@@ -154,7 +154,7 @@ class RunDir:
     # -- what it is --
     def is_run(self) -> bool:
         """A normlab run: its config.json was written by normlab train (whether or not it logged a step)."""
-        data = self.record()
+        data = self.record() or {}
         return bool(data) and isinstance(data.get("config"), dict) and "normlab" in (data.get("versions") or {})
 
     def has_metrics(self) -> bool:

@@ -27,7 +27,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from normlab.errors import ConfigError
 from normlab.io import shared_filesystem
@@ -121,7 +121,9 @@ class FolderLock:
 
     def __init__(self, lock_file: Path, wait: float, busy: Callable[[str], str], *, patient: bool = False) -> None:
         lock_file.parent.mkdir(parents=True, exist_ok=True)
-        self.path, self.file, self.info, self.patient = lock_file, None, None, patient
+        self.path, self.patient = lock_file, patient
+        self.file: IO[str] | None = None  # the flock'd file while held
+        self.info: dict[str, Any] | None = None  # what the lock names while held
         if not shared_filesystem(lock_file.parent):
             try:
                 self._flock(wait, busy)
@@ -135,24 +137,24 @@ class FolderLock:
         self._exclusive(wait, busy)
 
     def _flock(self, wait: float, busy: Callable[[str], str]) -> None:
-        self.file = open(self.path, "a+")  # noqa: SIM115 - held until release()
+        self.file = file = open(self.path, "a+")  # noqa: SIM115 - held until release()
         deadline = time.monotonic() + wait
         while True:
             try:
-                fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
                 if time.monotonic() >= deadline:
-                    self.file.seek(0)
-                    text = self.file.read().strip()
+                    file.seek(0)
+                    text = file.read().strip()
                     if not (self.patient and alive_here(_parse(text))):
-                        self.file.close()
+                        file.close()
                         raise LockBusy(busy(_holder_text(text)), _parse(text)) from None
                 time.sleep(0.2)
-        self.file.seek(0)
-        self.file.truncate(0)
-        self.file.write(json.dumps(holder_info()))
-        self.file.flush()
+        file.seek(0)
+        file.truncate(0)
+        file.write(json.dumps(holder_info()))
+        file.flush()
 
     def _exclusive(self, wait: float, busy: Callable[[str], str]) -> None:
         deadline = time.monotonic() + wait

@@ -2,7 +2,7 @@
 
 A run's status is one of
 - ``ok``: trained to its last step with a finite loss;
-- ``stalled``: trained to its end but learned nothing beyond token frequencies (normlab.train.monitor);
+- ``stalled``: trained to its end but learned nothing beyond token frequencies (normlab.train.divergence);
 - ``diverged``: stopped by a divergence rule, with the step and the reason;
 - ``failed``: crashed (a bad data path, a killed worker): not a result, re-run by a sweep.
 A sweep's store adds ``pending`` and ``running`` before a run ends.

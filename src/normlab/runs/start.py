@@ -96,8 +96,8 @@ def plan_start(cfg: TrainConfig, warn=print) -> Start:  # noqa: ANN001 - warn: p
         raise ConfigError(
             f"{run} already holds a run and --no-resume was given; choose another --out (nothing there is overwritten)"
         )
-    summary = rd.summary()
-    status = (summary or {}).get("status")
+    summary = rd.summary() or {}
+    status = summary.get("status")
     if status == "diverged" or (status in TRAINED and summary.get("steps") == cfg.optim.steps):
         return Start(finished=summary, note=f"{run} already finished ({summary['status']}); nothing to do")
     found = load_latest_checkpoint(run, warn=lambda m: warn(f"normlab: warning: {m}"))
@@ -110,6 +110,7 @@ def plan_start(cfg: TrainConfig, warn=print) -> Start:  # noqa: ANN001 - warn: p
 def recorded_shape(cfg: TrainConfig, given: set[str]) -> TrainConfig:
     """--init-from a run or a converted folder: the source's recorded size, model options and layout (its
     config.json) where the command gave none of them, so its weights fit the model built here."""
+    assert cfg.model.init_from is not None  # called for --init-from only
     source = Path(cfg.model.init_from)
     folder = source.parent.parent if source.is_file() else source  # a checkpoint file: its run folder
     recorded = RunDir(folder).train_config() if RunDir(folder).config_file.is_file() else None

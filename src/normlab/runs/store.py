@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
@@ -160,7 +160,7 @@ class SweepStore:
             )  # key order kept: the grid axes
 
     # --- rows ---
-    def add(self, specs: list[Spec]) -> int:
+    def add(self, specs: Sequence[Spec]) -> int:
         """Insert runs not yet in the store; returns how many were new."""
         with self._connect() as db:
             before = db.total_changes
@@ -178,7 +178,8 @@ class SweepStore:
         (a flat config of an older store read through `normlab.config.train.migrate`)."""
         if "runs" not in self.tables:  # a read-only 0-byte store: nothing recorded
             return []
-        query, args, where = "select * from runs", (), []
+        query, where = "select * from runs", []
+        args: tuple[str, ...] = ()
         if status is not None:
             statuses = (status,) if isinstance(status, str) else status
             where.append(f"status in ({','.join('?' * len(statuses))})")

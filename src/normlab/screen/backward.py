@@ -13,6 +13,8 @@ import torch
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from normlab.model.lm import NormLM
+
 
 def block_sensitivity(block: nn.Module, x: torch.Tensor, iters: int = 20, seed: int = 0) -> float:
     g = torch.Generator().manual_seed(seed)
@@ -20,9 +22,9 @@ def block_sensitivity(block: nn.Module, x: torch.Tensor, iters: int = 20, seed: 
     v = v / v.norm()
     sigma = 0.0
     with sdpa_kernel(SDPBackend.MATH):
-        _, vjp_fn = torch.func.vjp(block, x)
+        vjp_fn = torch.func.vjp(block, x)[1]
         for _ in range(iters):
-            _, jv = torch.func.jvp(block, (x,), (v,))
+            jv = torch.func.jvp(block, (x,), (v,))[1]
             sigma = jv.norm().item()
             (u,) = vjp_fn(jv)
             norm = u.norm()
@@ -33,11 +35,12 @@ def block_sensitivity(block: nn.Module, x: torch.Tensor, iters: int = 20, seed: 
 
 
 @torch.no_grad()
-def _inputs(model: nn.Module, x0: torch.Tensor) -> list[torch.Tensor]:
+def _inputs(model: NormLM, x0: torch.Tensor) -> list[torch.Tensor]:
     _, hidden = model.run_blocks(x0, return_hidden_states=True)
+    assert hidden is not None  # asked for
     return hidden[:-1]
 
 
-def sensitivities(model: nn.Module, x0: torch.Tensor, iters: int = 20) -> list[float]:
+def sensitivities(model: NormLM, x0: torch.Tensor, iters: int = 20) -> list[float]:
     """||J_l||_2 for every block l, each at the input it sees in the forward pass from x0."""
-    return [block_sensitivity(b, x, iters) for b, x in zip(model.blocks, _inputs(model, x0))]
+    return [block_sensitivity(b, x, iters) for b, x in zip(model.block_list(), _inputs(model, x0))]

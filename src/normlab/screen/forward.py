@@ -15,28 +15,34 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import cast
 
 import numpy as np
 import torch
 from torch import nn
 
 from normlab.config.commands import STRESS_MODES
+from normlab.model.lm import NormLM
+from normlab.model.mlp import MLP
+from normlab.model.moe import MoE
 from normlab.model.norms import L2Norm, ScaleNorm, gain_of
 
 
-def stressed(model: nn.Module, s: float, mode: str) -> nn.Module:
+def stressed(model: NormLM, s: float, mode: str) -> NormLM:
     """A copy of ``model`` with its module weights scaled by ``s``."""
     if mode not in STRESS_MODES:
         raise ValueError(f"unknown stress mode {mode!r}; valid: {', '.join(STRESS_MODES)}")
     m = copy.deepcopy(model)
     with torch.no_grad():
-        for block in m.blocks:
+        for block in m.block_list():
             experts = getattr(block.mlp, "experts", None)  # a MoE sublayer: its stacked expert matrices
             if mode == "output":
+                targets: list[nn.Linear]
                 if experts is None:
-                    targets, tensors = [block.attn.o_proj, block.mlp.down_proj], []
+                    targets, tensors = [block.attn.o_proj, cast(MLP, block.mlp).down_proj], []
                 else:  # every expert's output projection, the shared expert's too
-                    shared = [block.mlp.shared.down_proj] if block.mlp.shared is not None else []
+                    moe = cast(MoE, block.mlp)
+                    shared = [moe.shared.down_proj] if moe.shared is not None else []
                     targets, tensors = [block.attn.o_proj, *shared], [experts.down_proj]
             else:
                 targets = [mod for mod in (*block.attn.modules(), *block.mlp.modules()) if isinstance(mod, nn.Linear)]
@@ -50,9 +56,9 @@ def stressed(model: nn.Module, s: float, mode: str) -> nn.Module:
     return m
 
 
-def with_h(model: nn.Module, h: float) -> nn.Module:
+def with_h(model: NormLM, h: float) -> NormLM:
     m = copy.deepcopy(model)
-    for block in m.blocks:
+    for block in m.block_list():
         block.h = float(h)
     return m
 
@@ -106,13 +112,13 @@ def fit_growth(values: list[float]) -> dict:
     return {"shape": "linear", **out}
 
 
-def output_norm_bound(model: nn.Module, mean_abs_x0: float) -> list[float]:
+def output_norm_bound(model: NormLM, mean_abs_x0: float) -> list[float]:
     """Theorem 4's bound on mean|X_l| for l = 0..L, from each output norm's bound on mean|u_i| (times h):
     max|gamma| + max|beta| for RMSNorm, LayerNorm and DyT (an RMS-1 vector has mean |entry| <= 1; DyT's
     entries are at most |gamma_i| + |beta_i|), |g| / sqrt(d) for ScaleNorm and 1 / sqrt(d) for L2 (norm |g|
     or 1 spread over d entries); a learned h counts with its current largest value."""
     bound, out = mean_abs_x0, [mean_abs_x0]
-    for block in model.blocks:
+    for block in model.block_list():
         for norm, h in ((block.attn_norms.output, block.attn_h), (block.mlp_norms.output, block.mlp_h)):
             step = h.abs().max().item() if h is not None else block.h
             bound += step * _mean_abs_bound(norm, model.config.d_model)

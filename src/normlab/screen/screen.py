@@ -25,6 +25,7 @@ import torch
 from normlab.config.commands import ScreenConfig
 from normlab.layout import Layout, LayoutError, as_layout
 from normlab.model import build_model
+from normlab.model.lm import NormLM
 from normlab.model.streams import composite_gain
 from normlab.screen.backward import sensitivities
 from normlab.screen.forward import fit_growth, output_norm_bound, profile, stressed, with_h
@@ -57,9 +58,14 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b else math.inf
 
 
-def hc_gain(model: torch.nn.Module) -> dict[str, list[float]]:
+def hc_gain(model: NormLM) -> dict[str, list[float]]:
     """The composite mixing gain after each hyper-connection of the last forward (normlab.model.streams)."""
-    return composite_gain([c.last_res for b in model.blocks for c in (b.attn_hc, b.mlp_hc)])
+    mixes = []
+    for b in model.block_list():
+        for c in (b.attn_hc, b.mlp_hc):
+            assert c is not None and c.last_res is not None  # after a forward of a model with hyper-connections
+            mixes.append(c.last_res)
+    return composite_gain(mixes)
 
 
 def screen_layout(layout: Layout | str, cfg: ScreenConfig, extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -76,9 +82,10 @@ def screen_layout(layout: Layout | str, cfg: ScreenConfig, extra: dict[str, Any]
     wp = wellposedness(resolved)
     bounded_premise = all_output_normalized(resolved)
 
-    def measure(m: torch.nn.Module) -> dict[str, Any]:
+    def measure(m: NormLM) -> dict[str, Any]:
         with torch.no_grad():
             _, hidden = m.run_blocks(x0, return_hidden_states=True)
+        assert hidden is not None  # asked for
         prof = profile(hidden)
         # hyper-connections: the composite mixing's gain over depth (mHC's Amax), from this forward's res matrices
         gain = hc_gain(m) if lay.streams > 1 else None

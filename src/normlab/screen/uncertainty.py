@@ -15,7 +15,8 @@ import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 from scipy.spatial.distance import cdist
-from torch import nn
+
+from normlab.model.lm import NormLM
 
 
 def wasserstein2(a: np.ndarray, b: np.ndarray) -> float:
@@ -31,7 +32,7 @@ def wasserstein2(a: np.ndarray, b: np.ndarray) -> float:
 
 
 @torch.no_grad()
-def amplification(model: nn.Module, x0: torch.Tensor, noise: float, seed: int = 0) -> dict[str, float]:
+def amplification(model: NormLM, x0: torch.Tensor, noise: float, seed: int = 0) -> dict[str, float]:
     """W_2 of the inputs (x0 vs x0 + noise * RMS(x0) * N(0, 1)) and of the terminal states."""
     g = torch.Generator().manual_seed(seed + 1)
     x1 = x0 + noise * x0.pow(2).mean().sqrt() * torch.randn(x0.shape, generator=g, dtype=x0.dtype)

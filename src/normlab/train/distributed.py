@@ -70,6 +70,11 @@ def teardown(info: DistInfo, clean: bool = True) -> None:
         dist.destroy_process_group()
 
 
+def unwrap(model: nn.Module) -> nn.Module:
+    """The model inside a DDP wrapper (FSDP2 shards the model in place: it is its own)."""
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
 def wrap(model: nn.Module, info: DistInfo, fsdp: bool) -> nn.Module:
     if not info.enabled:
         return model

@@ -1,6 +1,6 @@
 """What a run does with a loss or gradient-norm spike: skip or count it, rerun it, attribute it, keep its batch.
 
-A finite step is checked against OLMo-core's skip rule (`normlab.train.monitor.SkipRule`). A spike is then:
+A finite step is checked against OLMo-core's skip rule (`normlab.train.divergence.SkipRule`). A spike is then:
 
 1. **rerun** on the pre-step weights (the optimizer has not stepped yet): the step's micro-batches again,
    forward and backward, with the RNG state the step started with (the batch is a function of (seed,
@@ -33,7 +33,7 @@ import torch
 
 from normlab.io import atomic_write_bytes
 from normlab.runs.files import RunDir
-from normlab.train.monitor import DivergenceMonitor
+from normlab.train.divergence import DivergenceMonitor
 
 REPRODUCE_RTOL = 1e-5  # relative difference of loss and gradient norm under which a rerun reproduces the step
 

@@ -22,14 +22,11 @@ not speed). On CPU a sync costs nothing.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import platform
-import statistics
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,17 +38,15 @@ from normlab.config.train import TrainConfig
 from normlab.data import load_data
 from normlab.data.sft import load_sft_data
 from normlab.diagnostics.forensics import describe as describe_break
-from normlab.diagnostics.forensics import first_break, gradient_break, site_of
+from normlab.diagnostics.forensics import first_break, gradient_break
+from normlab.diagnostics.probe_store import ProbeWriter
 from normlab.diagnostics.probes import Probes
-from normlab.diagnostics.stats import spike_score
-from normlab.diagnostics.store import ProbeWriter
-from normlab.diagnostics.tier import StepTier, TierSpikes, tier_summary
+from normlab.diagnostics.tier import StepTier
 from normlab.errors import CheckpointError, ConfigError
 from normlab.io import truncate_jsonl
 from normlab.model import count_params, storage
 from normlab.runs.checkpoint import (
     load_checkpoint,
-    load_sharded_state,
     remove_stale_temp_files,
     save_checkpoint,
     save_sharded_checkpoint,
@@ -62,14 +57,18 @@ from normlab.runs.model import build_run_model
 from normlab.runs.start import RunLock, Start, check_out, plan_start
 from normlab.train import distributed
 from normlab.train.ckpt_schedule import SAVE_SHARE, CheckpointSchedule
+from normlab.train.divergence import DivergenceMonitor, SkipRule
 from normlab.train.init_from import read_init_weights
 from normlab.train.loggers import Sinks
 from normlab.train.memory import check_fits, device_capacity
 from normlab.train.mfu import flops_per_token, optimizer_flops, peak_flops
-from normlab.train.monitor import DivergenceMonitor, SkipRule
 from normlab.train.optim import lr_at, make_optimizer, set_lr
 from normlab.train.qk_clip import QKClip
+from normlab.train.resume import load_state, resume_refusal
+from normlab.train.run_state import RunState
+from normlab.train.run_summary import max_activation, speed_summary, write_summary  # noqa: F401 - their old home
 from normlab.train.spikes import SpikeHandler
+from normlab.train.step_hooks import ProbeHook, QKClipHook, SpikeHook, TierHook
 
 
 class TrainingFailed(RuntimeError):
@@ -90,10 +89,6 @@ def _autocast(cfg: TrainConfig, device: torch.device) -> contextlib.AbstractCont
         return contextlib.nullcontext()
     dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float16
     return torch.autocast(device_type=device.type, dtype=dtype)
-
-
-def _unwrap(model: nn.Module) -> nn.Module:
-    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 
 def _loss(
@@ -137,61 +132,6 @@ def evaluate(model: nn.Module, batches: list, cfg: TrainConfig, info: distribute
     model.train()
     total, n = distributed.sum_across([total.item(), float(n)], info)  # the one sync of an evaluation
     return total / n
-
-
-def _optimizer_keyed_by_name(ckpt: dict[str, Any]) -> bool:
-    """Whether a whole-model checkpoint's optimizer state names its parameters (FQNs), as
-    `torch.distributed.checkpoint.state_dict.get_optimizer_state_dict` gathers it: the form an FSDP run
-    of an older normlab release saved, before FSDP2 checkpoints were sharded. `Optimizer.state_dict`,
-    which this normlab saves, numbers them."""
-    optimizer = ckpt.get("optimizer")
-    groups = optimizer.get("param_groups") if isinstance(optimizer, dict) else None
-    if not isinstance(groups, list):
-        return False  # no optimizer state (a final checkpoint), or Muon's pair of states
-    return any(isinstance(p, str) for g in groups if isinstance(g, dict) for p in g.get("params", ()))
-
-
-def resume_refusal(start: Start, cfg: TrainConfig, info: distributed.DistInfo) -> str | None:
-    """Why the run cannot resume from ``start``'s checkpoint on this launch (one line), or None if it can.
-
-    - A whole-model checkpoint whose optimizer state is keyed by parameter name was written by an FSDP
-      run of an older release; it is not read (whatever the world size), its weights are: ``--init-from``.
-    - Under torchrun with ``--fsdp`` only sharded checkpoints resume (`load_sharded_state`); a whole-model
-      file (one process, DDP) resumes without ``--fsdp``.
-    """
-    ckpt, path = start.checkpoint, start.path
-    if ckpt is None or "sharded" in ckpt:
-        return None
-    fresh = f"`normlab train --init-from {path} --out NEW_FOLDER` (its weights; the optimizer starts anew)"
-    if _optimizer_keyed_by_name(ckpt):
-        return (
-            f"{path} was written by an old normlab release (an FSDP run's gathered checkpoint, its optimizer "
-            f"state keyed by parameter name), which this normlab does not resume; start a new run from it with "
-            f"{fresh}"
-        )
-    if cfg.run.fsdp and info.enabled:
-        return (
-            f"{path} is a whole-model checkpoint (of a run in one process or under DDP) and --fsdp under "
-            f"torchrun resumes only sharded ones (step_N.dcp); resume this run without --fsdp, or start a "
-            f"new run from it with {fresh}"
-        )
-    return None
-
-
-def _load_state(model: nn.Module, opt: torch.optim.Optimizer, ckpt: dict, cfg: TrainConfig) -> None:
-    """A checkpoint's model and optimizer state into the run's (`resume_refusal` has passed it)."""
-    if "sharded" in ckpt:  # FSDP2's DCP folder: resharded onto this run's world size, whatever it is
-        load_sharded_state(ckpt["sharded"], model, opt)
-        return
-    _unwrap(model).load_state_dict(ckpt["model"])
-    if "optimizer" in ckpt:
-        opt.load_state_dict(ckpt["optimizer"])
-    elif ckpt["step"] < cfg.optim.steps:  # a final checkpoint saved without it (keep_optimizer off)
-        raise CheckpointError(
-            f"the checkpoint at step {ckpt['step']} holds no optimizer state (keep_optimizer was "
-            f"off), so the run cannot continue to step {cfg.optim.steps}; start a new run with "
-            "--init-from to train these weights further"
-        )
 
 
 def train(
@@ -249,57 +189,6 @@ def train(
             own.release()
     distributed.teardown(info)
     return summary if info.is_main else {}
-
-
-@dataclass
-class RunState:
-    """Everything a training run holds between steps; `step` is the next step to run."""
-
-    cfg: TrainConfig
-    info: distributed.DistInfo
-    run: Path
-    data: Any
-    model: nn.Module  # wrapped (DDP/FSDP) when distributed
-    fwd: nn.Module  # what the step calls: the model, compiled or not
-    opt: torch.optim.Optimizer
-    scaler: torch.amp.GradScaler
-    monitor: DivergenceMonitor
-    params: Any  # count_params of the unwrapped model
-    val: list
-    trainable: list  # the parameters the clip and the optimizer see (frozen gammas excluded)
-    step: int = 0
-    tokens: int = 0
-    wall_before: float = 0.0  # wall time of earlier sessions of this run (from the checkpoint)
-    t_start: float = field(default_factory=time.perf_counter)
-    final_val: float | None = None
-    sinks: Sinks | None = None
-    probes: Probes | None = None
-    probe_log: ProbeWriter | None = None
-    forensics: dict[str, Any] | None = None  # where a diverged run first broke (normlab.diagnostics.forensics)
-    flops_per_token: int = 0  # 6N + 12 L H Q T (normlab.train.mfu)
-    memory_plan: Any = None  # normlab.train.memory.MemoryPlan on CUDA (checked against the device before the start)
-    peak_flops: float | None = None  # the device's dense peak for the run's precision; None: unknown
-    tier: StepTier | None = None  # the per-step tier (normlab.diagnostics.tier), layers.jsonl
-    tier_spikes: TierSpikes | None = None
-    spikes: SpikeHandler | None = None  # the spike policy, rerun and records (normlab.train.spikes)
-    layers_log: Any = None  # layers.jsonl, open for appending (main rank)
-    qk_clip: QKClip | None = None  # MuonClip's rescale after each step (normlab.train.qk_clip); None: off
-    tier_probed: int | None = None  # the last step whose tier spike ran the full probe pass
-    ckpts: CheckpointSchedule | None = None  # the steps it saves at (normlab.train.ckpt_schedule)
-
-    @property
-    def wall(self) -> float:
-        return self.wall_before + time.perf_counter() - self.t_start
-
-    def close(self) -> None:
-        if self.sinks is not None:
-            self.sinks.close()  # closing twice is harmless
-        if self.probe_log is not None:
-            self.probe_log.close()
-        if self.layers_log is not None:
-            self.layers_log.close()
-        if self.tier is not None:
-            self.tier.remove()
 
 
 def _load_data(cfg: TrainConfig):  # noqa: ANN202 - TokenData | SFTData
@@ -384,12 +273,11 @@ def build_state(cfg: TrainConfig, info: distributed.DistInfo, start: Start) -> R
         memory_plan=memory_plan,
     )
     if cfg.optim.qk_clip is not None:
-        state.qk_clip = QKClip(_unwrap(model), cfg.optim.qk_clip)
+        state.hooks.add(QKClipHook(QKClip(distributed.unwrap(model), cfg.optim.qk_clip)))
     if start.checkpoint is not None:
         ckpt = start.checkpoint
-        _load_state(model, opt, ckpt, cfg)
-        if state.qk_clip is not None and "qk_clip" in ckpt:
-            state.qk_clip.load_state_dict(ckpt["qk_clip"])
+        load_state(model, opt, ckpt, cfg)
+        state.hooks.load_state_dict(ckpt)  # each stateful hook's entry (QK-clip's "qk_clip")
         state.scaler.load_state_dict(ckpt["scaler"])
         state.monitor.load_state_dict(ckpt["monitor"])
         set_rng_state(ckpt["rng"])
@@ -404,20 +292,45 @@ def _tokenizer_facts(tok: Any) -> dict[str, Any] | None:
 
 
 def open_records(state: RunState) -> None:
-    """config.json, the metrics/probe files cut back to the start step, the loggers (main rank only)."""
-    cfg, run = state.cfg, RunDir(state.run)
-    if cfg.run.probe_every and (state.info.is_main or cfg.run.fsdp):  # FSDP2: every rank runs the sharded probe
+    """config.json, the metrics/probe files cut back to the start step, the loggers (main rank only), and the
+    run's step hooks: the probe pass, the per-step tier, the spike policy (`normlab.train.step_hooks`)."""
+    cfg, run, main = state.cfg, RunDir(state.run), state.info.is_main
+    probes = step_tier = None
+    if cfg.run.probe_every and (main or cfg.run.fsdp):  # FSDP2: every rank runs the sharded probe
         px, py = state.data.val_windows(1, cfg.run.probe_batch, cfg.data.seq_len)[0]
-        state.probes = Probes(_unwrap(state.model), (px, py), optimizer=state.opt)
+        probes = Probes(distributed.unwrap(state.model), (px, py), optimizer=state.opt)
     if cfg.run.layer_stats:
-        state.tier = StepTier(_unwrap(state.model), hooks=not cfg.run.compile)
-        state.tier.active = False  # each tier step's reset opens its hooks' window (not an evaluation before it)
-        state.tier_spikes = TierSpikes()
-    state.spikes = SpikeHandler(state.monitor, cfg.run.on_spike, run if state.info.is_main else None)
-    if not state.info.is_main:
-        return
+        step_tier = StepTier(distributed.unwrap(state.model), hooks=not cfg.run.compile)
+    handler = SpikeHandler(state.monitor, cfg.run.on_spike, run if main else None)
+    layers_log = probe_log = None
+    if main:
+        _write_run_record(state, run)
+        if cfg.run.layer_stats:
+            layers_log = run.layers_file.open("a", buffering=1)
+        state.sinks = Sinks(cfg, run, state.step)
+        if cfg.run.probe_every:
+            probe_log = ProbeWriter(run.probes_file, state.step)
+    probe_hook = None if probes is None else ProbeHook(probes, probe_log, cfg.run.probe_every)
+    tier_hook = None if step_tier is None else TierHook(step_tier, layers_log, cfg.run.layer_stats_every)
+    spike_hook = SpikeHook(
+        handler,
+        state.info.device,
+        lambda s, same: _replay(state, handler, s, same),
+        lambda s: _global_batch(state, s),
+        lambda s: micro_batches(state, s)[0],
+        tier_hook,
+        probe_hook,
+    )
+    for hook in (probe_hook, tier_hook, spike_hook):
+        if hook is not None:
+            state.hooks.add(hook)
+
+
+def _write_run_record(state: RunState, run: RunDir) -> None:
+    """The main rank's config.json and tokenizer, its metrics and per-step files cut back to the start step."""
+    cfg = state.cfg
     run.path.mkdir(parents=True, exist_ok=True)
-    lay = _unwrap(state.model).layout if not cfg.run.fsdp else cfg.model.layout
+    lay = distributed.unwrap(state.model).layout if not cfg.run.fsdp else cfg.model.layout
     run.write_record(
         {
             "config": cfg.to_dict(),
@@ -436,11 +349,6 @@ def open_records(state: RunState) -> None:
     for path in (run.layers_file, run.spikes_file):
         if path.exists() or (path == run.layers_file and cfg.run.layer_stats):
             truncate_jsonl(path, state.step)
-    if cfg.run.layer_stats:
-        state.layers_log = run.layers_file.open("a", buffering=1)
-    state.sinks = Sinks(cfg, run, state.step)
-    if cfg.run.probe_every:
-        state.probe_log = ProbeWriter(run.probes_file, state.step)
 
 
 def micro_batches(state: RunState, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -463,7 +371,7 @@ def find_break(state: RunState) -> dict[str, Any]:
     """Where the diverged run first broke: its failing step's batch re-run, hooked, through the weights
     in memory (the failing update was never applied), on every rank; the first rank that broke."""
     step = state.monitor.diverged_step
-    model = _unwrap(state.model)  # DDP: each rank alone (no collective in a forward); FSDP2: all ranks together
+    model = distributed.unwrap(state.model)  # DDP: each rank alone (no collective in a forward); FSDP2: all together
     found = first_break(model, micro_batches(state, step), autocast=lambda: _autocast(state.cfg, state.info.device))
     found["gradients"] = gradient_break(model)
     ranks = distributed.gather_object(found, state.info)
@@ -498,24 +406,7 @@ def _forward_backward(state: RunState, step: int) -> tuple[torch.Tensor, torch.T
     return loss_sum, aux_sum, aux
 
 
-# --- the per-step tier and spikes (normlab.diagnostics.tier, normlab.train.spikes) ---
-
-
-def _tier_step(state: RunState, step: int) -> bool:
-    """Whether ``step`` is one of the per-step tier's (every run.layer_stats_every-th), where it is on."""
-    return step % state.cfg.run.layer_stats_every == 0
-
-
-def _spike_start(state: RunState, step: int) -> None:
-    """Before a step's forward: on the tier's steps its maxima start again (its hooks record from here to
-    `before_step`), and the loss-spike rule keeps the step's RNG state."""
-    if state.tier is not None and _tier_step(state, step):
-        state.tier.reset()
-    if state.spikes is not None:
-        state.spikes.start(state.info.device)
-
-
-def _replay(state: RunState, step: int, same_rng: bool) -> tuple[float, float]:
+def _replay(state: RunState, spikes: SpikeHandler, step: int, same_rng: bool) -> tuple[float, float]:
     """Step ``step``'s forward and backward again on the weights as they are (its gradients kept aside and
     put back): its (loss, gradient norm), reduced over the ranks as the step's own."""
     kept = [p.grad for p in state.trainable]
@@ -523,7 +414,7 @@ def _replay(state: RunState, step: int, same_rng: bool) -> tuple[float, float]:
         p.grad = None
     try:
         if same_rng:
-            state.spikes.restore_rng(state.info.device)
+            spikes.restore_rng(state.info.device)
         loss_sum, aux_sum, _ = _forward_backward(state, step)
         norm = torch.nn.utils.clip_grad_norm_(state.trainable, math.inf)
         if hasattr(norm, "full_tensor"):
@@ -546,73 +437,17 @@ def _global_batch(state: RunState, step: int) -> dict[str, torch.Tensor]:
     return {"inputs": x, "targets": y}
 
 
-def _spike_check(state: RunState, step: int, loss: float, grad_norm: float) -> dict[str, Any] | None:
-    """Before the update of a finite step: the tier's values read (and its per-layer spike rule), the loss and
-    gradient-norm rule with its rerun (normlab.train.spikes); on a spike of either, the full probe pass on
-    this step's batch with the pre-step weights (sites prefixed spike:). Returns the spike's record or None."""
-    fired = []
-    if state.tier is not None and _tier_step(state, step):
-        fired = state.tier_spikes.check(state.tier.read())
-    record = (
-        None
-        if state.spikes is None
-        else state.spikes.check(
-            step, loss, grad_norm, lambda s, same: _replay(state, s, same), lambda s: _global_batch(state, s)
-        )
-    )
-    # A per-layer tier spike (two series per layer: one fires often early on) runs the full pass at most once
-    # per probe interval; a loss or gradient-norm spike always does.
-    every = state.cfg.run.probe_every
-    bounded = fired and record is None and state.tier_probed is not None and step - state.tier_probed < every
-    if (record is not None or fired) and state.probes is not None:
-        rows = []
-        if not bounded:
-            state.tier_probed = step if fired else state.tier_probed
-            x, y = micro_batches(state, step)[0]
-            rows = [
-                {**r, "site": f"spike:{r['site']}"}
-                for r in Probes(state.probes.model, (x, y), optimizer=state.opt).record(step)
-            ]
-        why = (record["kinds"] if record else []) + fired
-        _write_probes(
-            state,
-            rows + [{"step": step, "layer": None, "site": "spike", "metric": f"fired:{w}", "value": 1.0} for w in why],
-        )
-    return record
-
-
-def _tier_row(state: RunState, step: int, applied: bool) -> None:
-    """After the update: the tier's row (update RMS and ratio added) to layers.jsonl."""
-    if state.tier is None or not _tier_step(state, step):
-        return
-    row = state.tier.after_step(applied)
-    if state.layers_log is not None:
-        state.layers_log.write(json.dumps({"step": step, **row}) + "\n")
-
-
-def _write_probes(state: RunState, rows: list[dict[str, Any]]) -> None:
-    """Probe rows to probes.jsonl (the main rank's; under FSDP2 every rank computed the same rows)."""
-    if state.probe_log is not None:
-        state.probe_log.write(rows)
-
-
 def train_step(state: RunState) -> dict[str, Any]:
     """One optimizer step (all micro-batches); returns its metrics row."""
     cfg, info, opt, scaler, step = state.cfg, state.info, state.opt, state.scaler, state.step
-    probing = state.probes is not None and step % cfg.run.probe_every == 0
-    if probing:
-        _write_probes(state, state.probes.record(step))
+    state.hooks.pre_step(step)  # the probe pass (untimed), the tier's and QK-clip's resets, the step's RNG state
     t0 = time.perf_counter()
     lr = lr_at(step, cfg)
     set_lr(opt, lr)
     opt.zero_grad(set_to_none=True)
-    if state.qk_clip is not None:
-        state.qk_clip.reset()  # the max logits of this step's micro-batches only
-    _spike_start(state, step)
     loss_sum, aux_sum, aux = _forward_backward(state, step)
     scaler.unscale_(opt)  # fp16: the gradients unscaled, an overflow recorded on the device (no sync)
-    if state.tier is not None and _tier_step(state, step):
-        state.tier.before_step()  # per-block gradient and weight norms, before the clip
+    state.hooks.post_backward(step)  # before the clip: the tier's gradient norms, the probes' pre-step weights
     max_norm = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf
     grad_norm_t = torch.nn.utils.clip_grad_norm_(state.trainable, max_norm)
     if hasattr(grad_norm_t, "full_tensor"):  # FSDP2: a DTensor; the norm over every rank's shards
@@ -622,19 +457,13 @@ def train_step(state: RunState) -> dict[str, Any]:
     loss_val, aux_val, grad_norm = torch.cat([losses, grad_norm_t.float().to(losses.device).reshape(1)]).tolist()
     scaled = scaler.is_enabled()
     apply = state.monitor.check_finite(step, loss_val, grad_norm, cfg.run.on_nonfinite, scaled=scaled)
-    spike = _spike_check(state, step, loss_val, grad_norm) if apply else None
+    spike = state.hooks.veto(step, loss_val, grad_norm) if apply else None  # the spike policy
     spike_skip = spike is not None and spike["action"] == "skipped"
     apply = apply and not spike_skip
-    if probing:
-        state.probes.snapshot()
     if apply:
         opt.step()  # the gradients are unscaled and finite: what scaler.step would do, without its sync
-        if state.qk_clip is not None:
-            state.qk_clip.apply()
     scaler.update()  # fp16: halves the scale after an overflow, doubles it after 2000 clean steps
-    _tier_row(state, step, apply)
-    if probing:
-        _write_probes(state, state.probes.updates(step))
+    state.hooks.post_step(step, apply)  # QK-clip's rescale, the tier's row, the probes' update rows
     dt = time.perf_counter() - t0
     state.tokens += cfg.data.batch_size * cfg.data.seq_len
     tok_per_s = cfg.data.batch_size * cfg.data.seq_len / dt
@@ -696,17 +525,16 @@ def _train(
             state.final_val = evaluate(state.fwd, state.val, cfg, info)
         if state.monitor.diverged:
             state.forensics = find_break(state)
-        if state.probes is not None:  # the end state (also of a diverged run, at the step it stopped)
-            _write_probes(state, state.probes.record(state.step))
+        state.hooks.post_train(state.step)  # the probes' end state (also of a diverged run, where it stopped)
         state.monitor.finish(state.step)
     except Exception as err:  # a crash is recorded, then raised
         state.close()
         if info.is_main:
-            _write_summary(state, status="failed", error=f"{type(err).__name__}: {err}")
+            write_summary(state, status="failed", error=f"{type(err).__name__}: {err}")
         raise TrainingFailed(f"run {state.run} failed at step {state.step}: {type(err).__name__}: {err}") from err
     finally:
         state.close()  # also on KeyboardInterrupt
-    return _write_summary(state) if info.is_main else {}
+    return write_summary(state) if info.is_main else {}
 
 
 def _checkpoint(state: RunState) -> None:
@@ -734,8 +562,7 @@ def _save(state: RunState) -> None:
         "tokens": state.tokens,
         "wall_time": state.wall,
     }
-    if state.qk_clip is not None:
-        extra["qk_clip"] = state.qk_clip.state_dict()
+    extra.update(state.hooks.state_dict())  # each stateful hook's entry (QK-clip's "qk_clip")
     if state.cfg.run.fsdp and state.info.enabled:  # every rank writes its shards; nothing is gathered
         save_sharded_checkpoint(
             state.run, state.step, state.model, state.opt, extra, state.cfg.run.keep_last, state.info.is_main
@@ -746,87 +573,6 @@ def _save(state: RunState) -> None:
         save_checkpoint(
             state.run,
             state.step,
-            {"model": _unwrap(state.model).state_dict(), **optimizer, **extra},
+            {"model": distributed.unwrap(state.model).state_dict(), **optimizer, **extra},
             state.cfg.run.keep_last,
         )
-
-
-def speed_summary(rows: list[dict], state: RunState) -> dict[str, Any]:
-    """Median throughput and MFU over the steps after warm-up (the first 10%, at least one step:
-    compilation, allocator growth), per run and per device; MFU "unknown" without a known peak."""
-    steps = [r for r in rows if isinstance(r.get("tok_per_s"), (int, float))]
-    steady = steps[max(1, len(steps) // 10) :] or steps
-    if not steady:
-        return {}
-    tok_s = statistics.median(r["tok_per_s"] for r in steady)
-    per_device = tok_s / state.info.world
-    return {
-        "tok_per_s": tok_s,
-        "tok_per_s_per_device": per_device,
-        "devices": state.info.world,
-        "device": str(state.info.device),
-        "flops_per_token": state.flops_per_token,
-        "mfu": per_device * state.flops_per_token / state.peak_flops if state.peak_flops else "unknown",
-    }
-
-
-def max_activation(run: RunDir, forensics: dict[str, Any] | None) -> float | None:
-    """The largest finite |activation| of the run: the probes' global top-100 maximum over their steps,
-    and for a diverged run the largest finite value the forensic re-run saw (Kim Fig. 11's quantity)."""
-    seen = [v for _, v in run.probe_series("global", "top100_max")]
-    if forensics:
-        seen += [(forensics.get("forward") or {}).get("before"), (forensics.get("largest") or {}).get("value")]
-    finite = [float(v) for v in seen if isinstance(v, (int, float)) and math.isfinite(v)]
-    return max(finite) if finite else None
-
-
-def _memory_summary(state: RunState) -> dict[str, float] | None:
-    """On CUDA: the plan's total and activations against what the allocator held at most (GiB)."""
-    if state.info.device.type != "cuda" or state.memory_plan is None:
-        return None
-    plan, gib = state.memory_plan, 2**30
-    return {
-        "planned_gib": round(plan.total / gib, 3),
-        "planned_activations_gib": round(plan.activations / gib, 3),
-        "max_allocated_gib": round(torch.cuda.max_memory_allocated(state.info.device) / gib, 3),
-    }
-
-
-def _write_summary(state: RunState, status: str | None = None, error: str | None = None) -> dict:
-    run = RunDir(state.run)
-    rows = run.metrics()
-    finite = [r["loss"] for r in rows if isinstance(r.get("loss"), (int, float)) and math.isfinite(r["loss"])]
-    summary = {
-        **state.monitor.summary(),
-        "layout": state.cfg.model.layout_label,
-        "steps": len(rows),
-        "tokens": state.tokens,
-        "wall_time_s": state.wall,
-        **speed_summary(rows, state),
-        "initial_loss": finite[0] if finite else None,
-        "final_loss": sum(finite[-10:]) / len(finite[-10:]) if finite else None,
-        "final_val_loss": state.final_val,
-        "params_non_embedding": state.params.non_embedding,
-        "activation_dtype": state.cfg.stored_dtype,
-        "memory": _memory_summary(state),
-        "precision": state.cfg.precision,  # auto decided by the device (config.json holds the resolved settings)
-        "compiled": bool(state.cfg.run.compile),
-        "max_activation": max_activation(run, state.forensics),
-        "forensics": state.forensics,
-        "first_break": site_of(state.forensics),
-        "spikes": [
-            {"step": r["step"], "verdict": r["verdict"], "action": r["action"]} for r in run.spikes() if "verdict" in r
-        ],  # normlab.train.spikes: each spike's attribution
-        "layer_stats": tier_summary(run.layers()),  # the per-step tier's largest values (normlab.diagnostics.tier)
-        # OLMo-core's spike score: the share of steps whose loss or gradient norm jumped 6 sigma over the last 128
-        **spike_score([r.get("loss") for r in rows], [r.get("grad_norm") for r in rows]),
-    }
-    if state.qk_clip is not None:
-        summary["qk_clip"] = state.qk_clip.summary()
-    if status is not None:
-        summary["status"] = status
-    if error is not None:
-        summary["reason"] = error
-        summary["failed_step"] = state.step
-    run.write_summary(summary)
-    return summary

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from normlab.model.config import ModelConfig
+from normlab.model.config import MlpKind, ModelConfig
 
 if TYPE_CHECKING:
     import torch
@@ -49,7 +49,7 @@ class Arch:
     model_type: str = ""  # transformers' config.model_type
     name: str = ""  # the name `--arch` takes, where it is not model_type (gemma3 for gemma3_text)
     preset: str = ""  # the normlab layout preset it computes
-    mlp: str = "swiglu"  # the MLP it computes
+    mlp: MlpKind = "swiglu"  # the MLP it computes
     exports: bool = True  # normlab -> transformers too (False: import only)
     activation: str = "silu"  # the config's activation name for `mlp`
     activation_key: str = "hidden_act"

@@ -8,12 +8,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from normlab.hf.archs.base import Arch
-from normlab.model.config import ModelConfig
+from normlab.model.config import MlpKind, ModelConfig
 
 if TYPE_CHECKING:
     import torch
 
-ACTIVATIONS = {"gelu_new": "gelu-tanh", "gelu_pytorch_tanh": "gelu-tanh", "gelu": "gelu", "relu": "relu"}
+ACTIVATIONS: dict[str, MlpKind] = {
+    "gelu_new": "gelu-tanh",
+    "gelu_pytorch_tanh": "gelu-tanh",
+    "gelu": "gelu",
+    "relu": "relu",
+}
 
 
 class GPT2(Arch):

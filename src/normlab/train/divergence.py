@@ -45,13 +45,13 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-from normlab.diagnostics.monitor import SpikeRule
+from normlab.diagnostics.training_monitor import SpikeRule
 
 SPIKE_WINDOW = 128
 SPIKE_SIGMAS = 6.0
 MEGATRON_FACTOR = 10.0
 MIN_HISTORY = 16  # the OLMo rule needs some history before mean/std mean anything
-_RULE = SpikeRule(SPIKE_SIGMAS, SPIKE_WINDOW, MIN_HISTORY)  # the rule diagnostics.monitor and the tier apply
+_RULE = SpikeRule(SPIKE_SIGMAS, SPIKE_WINDOW, MIN_HISTORY)  # the rule diagnostics.training_monitor and the tier apply
 MIN_SKIP_STEPS = 10  # the skipped-fraction rule applies from this many steps on
 MIN_STALL_STEPS = 20  # the stalled rule needs this many steps (a last quarter of at least 5)
 STALL_FLAT = 0.2  # "flat": improved by less than this fraction of the stall margin over the last quarter

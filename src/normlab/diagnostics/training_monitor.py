@@ -78,32 +78,43 @@ shards of it): ranks whose models differ (pipeline-parallel stages) are refused 
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 import math
-import numbers
-import operator
 import warnings
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import numpy as np
 import torch
 from torch import nn
 
-from normlab.diagnostics.attach import StreamProbe, find_blocks
-from normlab.diagnostics.shards import local, moments, reshard, shard_groups
+from normlab.diagnostics.attach import StreamProbe
+from normlab.diagnostics.foreign_model import (
+    AT_BACKWARD,
+    AT_CALL,
+    AttentionLogits,
+    Call,
+    GradNorms,
+    grad_site,
+    loss_value,
+    norm_modules,
+    output_tensors,
+    rank_and_world,
+    resolve_blocks,
+    step_number,
+    unwrapped_path,
+)
+from normlab.diagnostics.hooks import StepHook, StepHooks
+from normlab.diagnostics.probe_store import ProbeWriter
+from normlab.diagnostics.shards import moments, reshard
 from normlab.diagnostics.stats import spike_score
-from normlab.diagnostics.store import ProbeWriter
 from normlab.errors import ConfigError
 from normlab.io import atomic_write_bytes, own_folder, truncate_jsonl
 from normlab.runs.files import RunDir
-
-NORM_WORDS = ("norm", "ln_")  # module class or attribute names that mark a norm (RMSNorm, LayerNorm, ln_1)
 
 
 @dataclass(frozen=True)
@@ -127,304 +138,45 @@ class SpikeRule:
         return float(values.mean() + self.sigmas * values.std())
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """RoPE's rotate-half (transformers' Llama convention, shared by the classes listed in the docstring)."""
-    a, b = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
-    return torch.cat((-b, a), dim=-1)
-
-
-class _AttentionLogits:
-    """Pre-hooks on transformers-style attention modules: each head's largest causal logit, recomputed."""
-
-    def __init__(self, blocks: list[nn.Module]) -> None:
-        self.modules = {}
-        for i, block in enumerate(blocks):
-            attn = next(
-                (
-                    m
-                    for m in block.modules()
-                    if hasattr(m, "q_proj") and hasattr(m, "k_proj") and isinstance(m.q_proj, nn.Linear)
-                ),
-                None,
-            )
-            if attn is not None:
-                self.modules[i] = attn
-        self.found: dict[int, list[float]] = {}
-
-    def attach(self) -> list:
-        return [
-            m.register_forward_pre_hook(lambda mod, a, kw, i=i: self._record(i, mod, a, kw), with_kwargs=True)
-            for i, m in self.modules.items()
-        ]
-
-    @torch.no_grad()
-    def _record(self, layer: int, attn: nn.Module, args: tuple, kwargs: dict) -> None:
-        h = kwargs.get("hidden_states", args[0] if args else None)
-        rope = kwargs.get("position_embeddings")
-        if h is None or rope is None:
-            return
-        cos, sin = rope
-        b, t, _ = h.shape
-        q, k = attn.q_proj(h), attn.k_proj(h)
-        hd = getattr(attn, "head_dim", None) or cos.shape[-1]
-        for name in ("q", "k"):
-            norm = getattr(attn, f"{name}_norm", None)
-            x = q if name == "q" else k
-            if norm is not None and getattr(norm, "weight", None) is not None and norm.weight.shape[-1] != hd:
-                x = norm(x)  # over the full projection (OLMo 2/3), before the head split
-            x = x.view(b, t, -1, hd).transpose(1, 2)
-            if norm is not None and (getattr(norm, "weight", None) is None or norm.weight.shape[-1] == hd):
-                x = norm(x)  # per head (Qwen 3, Gemma 3)
-            x = x * cos[:, None] + _rotate_half(x) * sin[:, None]
-            q, k = (x, k) if name == "q" else (q, x)
-        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-        scale = getattr(attn, "scaling", hd**-0.5)
-        scores = (q.float() @ k.float().transpose(-2, -1)) * scale
-        mask = torch.ones(t, t, dtype=torch.bool, device=h.device).tril()
-        self.found[layer] = scores.masked_fill(~mask, float("-inf")).amax(dim=(0, 2, 3)).tolist()
-
-    def rows(self, step: int) -> list[dict[str, Any]]:
-        out = []
-        for layer, heads in sorted(self.found.items()):
-            out.append({"step": step, "layer": layer, "site": "attn", "metric": "max_logit", "value": max(heads)})
-            out += [
-                {"step": step, "layer": layer, "site": f"attn.head{h}", "metric": "max_logit", "value": v}
-                for h, v in enumerate(heads)
-            ]
-        self.found = {}
-        return out
-
-
-def _norm_modules(block: nn.Module) -> dict[str, nn.Module]:
-    """The norms inside one block (any module named like a norm that holds a weight), by relative path."""
-    return {
-        path: m
-        for path, m in block.named_modules()
-        if path
-        and getattr(m, "weight", None) is not None
-        and isinstance(m.weight, torch.Tensor)
-        and any(w in (type(m).__name__.lower() + "." + path.rsplit(".", 1)[-1].lower()) for w in NORM_WORDS)
-        and m.weight.dim() == 1
-    }
-
-
-def _dist() -> tuple[int, int]:
-    """(rank, world) of the default process group; (0, 1) outside torchrun."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return 0, 1
-
-
-def _detached(value: Any) -> Any:
-    return value.detach() if isinstance(value, torch.Tensor) else value
-
-
-REPLAYED = (torch.Tensor, bool, int, float, str, type(None))  # what a recorded call keeps of its arguments
-NOT_REPLAYED = ("num_items_in_batch",)  # the Trainer's loss normalizer: no input of the model
-
-
-@dataclass
-class Call:
-    """A forward call as the model received it: positional arguments and keywords (tensors detached), so a
-    probe replays it as called (``model(x)`` for NormLM or nanoGPT-style loops, ``model(input_ids=...)``)."""
-
-    args: tuple
-    kwargs: dict[str, Any]
-
-    @classmethod
-    def of(cls, args: tuple, kwargs: dict[str, Any]) -> Call:
-        return cls(
-            tuple(_detached(a) for a in args),
-            {k: _detached(v) for k, v in kwargs.items() if isinstance(v, REPLAYED) and k not in NOT_REPLAYED},
-        )
-
-    def to(self, device: torch.device | None = None) -> Call:
-        move = (
-            (lambda v: v.to(device) if isinstance(v, torch.Tensor) else v)
-            if device is not None
-            else (lambda v: v.clone() if isinstance(v, torch.Tensor) else v)
-        )
-        return Call(tuple(move(a) for a in self.args), {k: move(v) for k, v in self.kwargs.items()})
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        """The call's tensors by name (positional ones as ``arg0``, ``arg1``...): what a spike's file holds."""
-        out = {f"arg{i}": a for i, a in enumerate(self.args) if isinstance(a, torch.Tensor)}
-        out.update({k: v for k, v in self.kwargs.items() if isinstance(v, torch.Tensor)})
-        return out
-
-
-WRAPPER_PREFIXES = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")  # compile, AC, FSDP1
-AT_BACKWARD = "the end of the last backward pass before each step (after DDP/FSDP reduction, before any clipping)"
-AT_CALL = "as they stood when capture_grads() or step() was called"
-
-
-def _unwrapped(path: str) -> str:
-    """A path inside a block without the prefixes that torch.compile, activation checkpointing and FSDP1 insert."""
-    for prefix in WRAPPER_PREFIXES:
-        path = path.replace(prefix, "")
-    return path
-
-
-def _grad_site(path: str) -> str:
-    """A parameter's site: its path in the block, ``.weight`` dropped (``self_attn.q_proj``)."""
-    path = _unwrapped(path)
-    return path.removesuffix(".weight") if path != "weight" else path
-
-
-def _output_tensors(output: Any) -> list[torch.Tensor]:
-    """The tensors a forward returned (a tensor, a tuple or list, a mapping such as transformers' ModelOutput,
-    a dataclass such as NormLM's LMOutput), one level of tuples inside them included."""
-    if isinstance(output, torch.Tensor):
-        return [output]
-    if isinstance(output, Mapping):
-        items = list(output.values())
-    elif isinstance(output, (tuple, list)):
-        items = list(output)
-    elif dataclasses.is_dataclass(output) and not isinstance(output, type):
-        items = [getattr(output, f.name) for f in dataclasses.fields(output)]
-    else:
-        return []
-    found = []
-    for item in items:
-        if isinstance(item, torch.Tensor):
-            found.append(item)
-        elif isinstance(item, (tuple, list)):
-            found += [t for t in item if isinstance(t, torch.Tensor)]
-    return found
-
-
-@dataclass
-class _GradNorms:
-    """Each parameter's squared gradient norm at one moment, on this rank: device tensors not yet read back (a
-    measurement never waits for the device), with what the read needs to reduce the sharded ones."""
-
-    params: list[nn.Parameter]  # those that had a gradient, in model.parameters() order
-    groups: list[tuple[list[int], torch.Tensor]]  # indices into params, their local squared norms (float64)
-    shards: list[tuple]  # per param: the process groups over which its gradient is sharded (none: a plain tensor)
-    devices: list[torch.device]
-    scale: float
-    at: str
-    squares: dict[int, float] | None = None  # the read, once made
-
-    @classmethod
-    def measure(cls, params: Iterator[nn.Parameter], scale: float, at: str) -> _GradNorms:
-        """The gradients as they are now: per (device, dtype), one ``torch._foreach_norm`` as ``clip_grad_norm_``
-        computes it (in float32 for 16-bit gradients), squared in float64."""
-        with torch.no_grad():
-            have = [p for p in params if p.grad is not None]
-            grads = [local(p.grad).detach() for p in have]
-            kinds: dict[tuple, list[int]] = {}
-            for i, g in enumerate(grads):
-                kinds.setdefault((g.device, g.dtype), []).append(i)
-            groups = []
-            for (_, dtype), idx in kinds.items():
-                wide = torch.float64 if dtype == torch.float64 else torch.float32
-                ts = [grads[i] for i in idx]
-                try:
-                    found = list(torch._foreach_norm(ts, 2, dtype=wide))
-                except (RuntimeError, NotImplementedError):  # a device without foreach kernels
-                    found = [torch.linalg.vector_norm(t, dtype=wide) for t in ts]
-                groups.append((idx, torch.stack(found).double().square()))
-        return cls(have, groups, [shard_groups(p.grad) for p in have], [g.device for g in grads], scale, at)
-
-    def read(self) -> dict[int, float]:
-        """``id(parameter)`` -> its squared gradient norm over every shard, divided by the loss scale squared
-        (sharded ones: local sums all-reduced over their shard groups, one all-reduce per set of groups). Read
-        once: every rank reads the same measurements in the same order, so the all-reduces pair up."""
-        if self.squares is not None:
-            return self.squares
-        sq = [0.0] * len(self.params)
-        for idx, values in self.groups:
-            for i, v in zip(idx, values.tolist()):
-                sq[i] = v
-        by_groups: dict[tuple, list[int]] = {}
-        for i, groups in enumerate(self.shards):
-            if groups:
-                by_groups.setdefault(groups, []).append(i)
-        for groups, idx in by_groups.items():
-            t = torch.tensor([sq[i] for i in idx], dtype=torch.float64, device=self.devices[idx[0]])
-            for g in groups:
-                torch.distributed.all_reduce(t, group=g)
-            for i, v in zip(idx, t.tolist()):
-                sq[i] = v
-        self.squares = {id(p): v / self.scale**2 for p, v in zip(self.params, sq)}
-        return self.squares
-
-    def total(self) -> float | None:
-        """The L2 norm over every parameter measured; None when none had a gradient."""
-        squares = self.read()
-        return math.sqrt(sum(squares.values())) if squares else None
-
-
-def _block_names(container: nn.Module | list | tuple) -> list[str]:
-    return list(container.keys()) if isinstance(container, nn.ModuleDict) else [str(i) for i in range(len(container))]
-
-
-def _resolve_blocks(model: nn.Module, blocks: Any) -> tuple[str, list[nn.Module], list[str]]:
-    """The blocks to record: found (the longest ModuleList or ModuleDict of same-typed modules), or ``blocks``
-    (a ModuleList, ModuleDict or Sequential of the model, its attribute path, or a list of its modules)."""
-    if blocks is None:
-        path, found = find_blocks(model)
-        return path, found, _block_names(model.get_submodule(path))
-    if isinstance(blocks, str):
-        try:
-            container = model.get_submodule(blocks)
-        except AttributeError:
-            raise ConfigError(
-                f"blocks={blocks!r}: {type(model).__name__} has no submodule at that path; give the attribute path "
-                "of its blocks' container (e.g. 'model.layers'), the container, or a list of the block modules"
-            ) from None
-        path = blocks
-    else:
-        container = blocks
-        path = next((name for name, m in model.named_modules() if m is blocks), "blocks")
-    if isinstance(container, nn.ModuleDict):
-        modules = list(container.values())
-    elif isinstance(container, (nn.ModuleList, nn.Sequential, list, tuple)):
-        modules = list(container)
-    else:
+def _check_arguments(model: Any, every: Any, probe_batch: Any, spike: Any, options: Mapping[str, Any]) -> None:
+    """`TrainingMonitor`'s arguments, each refused in one line (ConfigError) before its folder is made."""
+    unknown = sorted(set(options) - set(MonitorOptions.__annotations__))
+    if unknown:
+        raise TypeError(f"TrainingMonitor() got an unexpected keyword argument {unknown[0]!r}")
+    top_k, grad_scaler = options.get("top_k", 100), options.get("grad_scaler")
+    if not isinstance(model, nn.Module):
         raise ConfigError(
-            f"blocks= must be an nn.ModuleList, nn.ModuleDict or nn.Sequential of the model, its attribute path, or a "
-            f"list of the block modules; got {type(container).__name__}"
+            f"TrainingMonitor needs the model being trained (a torch.nn.Module), got {type(model).__name__}"
         )
-    inside = {id(m) for m in model.modules()}
-    if not modules or not all(isinstance(m, nn.Module) and id(m) in inside for m in modules):
+    if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+        raise ConfigError(f"every must be a positive number of steps, got {every!r}")
+    if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
+        raise ConfigError(f"top_k must be a positive number of activations (the top-k band), got {top_k!r}")
+    if spike is not None and not isinstance(spike, SpikeRule):
+        raise ConfigError(f"spike must be a SpikeRule or None, got {type(spike).__name__}")
+    if probe_batch is not None and not isinstance(probe_batch, Mapping):
         raise ConfigError(
-            f"blocks= must hold at least one module, each a module of the model being trained "
-            f"({type(model).__name__}); got {len(modules)} entries, not all of them its modules"
+            f"probe_batch must be the model's keyword arguments (a dict) or None, got {type(probe_batch).__name__}"
         )
-    return path, modules, _block_names(container)
-
-
-def _step_number(step: Any, last: int | None) -> int:
-    """``step`` as the next step to record, or a ConfigError: a whole number >= 0 after the last one recorded."""
-    try:
-        n = operator.index(step) if not isinstance(step, bool) else None
-    except TypeError:
-        n = None
-    if n is None or n < 0:
+    if grad_scaler is not None and not callable(getattr(grad_scaler, "get_scale", None)):
         raise ConfigError(
-            f"TrainingMonitor.step: the step must be a whole number >= 0 (the optimizer step), got {step!r}"
+            "grad_scaler must be the fp16 loss scaler (a torch.amp.GradScaler) or None, got "
+            f"{type(grad_scaler).__name__}"
         )
-    if last is not None and n <= last:
-        raise ConfigError(
-            f"TrainingMonitor.step: step {n} does not come after the last step recorded ({last}); steps must "
-            "increase (a new TrainingMonitor on the folder continues it from an earlier step)"
-        )
-    return n
+    hooks = options.get("hooks", ())
+    if not isinstance(hooks, (list, tuple)) or not all(isinstance(h, StepHook) for h in hooks):
+        raise ConfigError("hooks must be a list of step hooks (normlab.diagnostics.hooks.StepHook instances)")
 
 
-def _loss_value(loss: Any) -> float | None:
-    """``loss=`` as a float (NaN and inf kept: a diverged step), or a ConfigError."""
-    if loss is None:
-        return None
-    if isinstance(loss, torch.Tensor) and loss.numel() == 1:
-        return float(loss.detach())
-    if isinstance(loss, numbers.Real) and not isinstance(loss, bool):
-        return float(loss)
-    raise ConfigError(
-        f"TrainingMonitor.step: loss must be a number (or a one-element tensor) or None, got {type(loss).__name__}"
-    )
+class MonitorOptions(TypedDict, total=False):
+    """`TrainingMonitor`'s optional keyword arguments, past ``every``, ``probe_batch`` and ``spike``."""
+
+    top_k: int
+    name: str | None
+    site_names: dict[str, str] | None
+    blocks: nn.Module | str | list[nn.Module] | None
+    grad_scaler: Any | None
+    hooks: list[StepHook]
 
 
 class TrainingMonitor:
@@ -437,47 +189,34 @@ class TrainingMonitor:
         every: int = 100,
         probe_batch: dict[str, Any] | None = None,
         spike: SpikeRule | None = SpikeRule(),
-        top_k: int = 100,
-        name: str | None = None,
-        site_names: dict[str, str] | None = None,
-        blocks: nn.Module | str | list[nn.Module] | None = None,
-        grad_scaler: Any | None = None,
+        **options: Unpack[MonitorOptions],
     ) -> None:
-        """``site_names``: a norm's path inside a block -> the normlab site it records as (for a transformers
-        model, `normlab.hf.callback.site_names(model)` gives it for the registered architectures).
+        """``options`` (`MonitorOptions`): ``top_k`` (the top-k band, default 100), ``name`` (config.json's
+        layout label; default the model's class). ``site_names``: a norm's path inside a block -> the normlab
+        site it records as (for a transformers model, `normlab.hf.callback.site_names(model)` gives it for the
+        registered architectures).
         ``probe_batch``: the model's keyword arguments for the probe forward (default: the first call seen,
         replayed as it was made). ``blocks``: the residual blocks (default: found, see the module docstring).
         ``grad_scaler``: the fp16 loss scaler (``torch.amp.GradScaler``) whose scale multiplies the gradients
-        at the end of each backward. Every argument is checked before the folder is made."""
-        if not isinstance(model, nn.Module):
-            raise ConfigError(
-                f"TrainingMonitor needs the model being trained (a torch.nn.Module), got {type(model).__name__}"
-            )
-        if not isinstance(every, int) or isinstance(every, bool) or every < 1:
-            raise ConfigError(f"every must be a positive number of steps, got {every!r}")
-        if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
-            raise ConfigError(f"top_k must be a positive number of activations (the top-k band), got {top_k!r}")
-        if spike is not None and not isinstance(spike, SpikeRule):
-            raise ConfigError(f"spike must be a SpikeRule or None, got {type(spike).__name__}")
-        if probe_batch is not None and not isinstance(probe_batch, Mapping):
-            raise ConfigError(
-                f"probe_batch must be the model's keyword arguments (a dict) or None, got {type(probe_batch).__name__}"
-            )
-        if grad_scaler is not None and not callable(getattr(grad_scaler, "get_scale", None)):
-            raise ConfigError(
-                "grad_scaler must be the fp16 loss scaler (a torch.amp.GradScaler) or None, got "
-                f"{type(grad_scaler).__name__}"
-            )
-        self.block_path, found, self.block_names = _resolve_blocks(model, blocks)
+        at the end of each backward. ``hooks``: step hooks (`normlab.diagnostics.hooks`) this monitor drives from
+        the loop it watches: ``post_step(step, True)`` after each `step` is recorded, then ``post_train``,
+        ``summary`` (its keys added to summary.json) and ``close`` in `close` (the loop's own pre-step,
+        after-backward and veto points are not the monitor's to see). Every argument is checked before the
+        folder is made."""
+        _check_arguments(model, every, probe_batch, spike, options)
+        top_k, name = options.get("top_k", 100), options.get("name")
+        site_names, blocks, grad_scaler = options.get("site_names"), options.get("blocks"), options.get("grad_scaler")
+        self.hooks = StepHooks(options.get("hooks", ()))
+        self.block_path, found, self.block_names = resolve_blocks(model, blocks)
         self.model, self.every, self.spike, self.top_k = model, every, spike, top_k
         self.grad_scaler = grad_scaler
-        self.rank, self.world = _dist()
+        self.rank, self.world = rank_and_world()
         self.main = self.rank == 0
         self.out = own_folder(out, "monitor") if self.main else Path(out)  # only the main rank writes
         self.run = RunDir(self.out)
         self.blocks = found
         self.stream = StreamProbe(model, self.blocks, top_k)
-        self.logits = _AttentionLogits(self.blocks)
+        self.logits = AttentionLogits(self.blocks)
         self.sites = dict(site_names or {})
         self.probe_call = Call((), dict(probe_batch)).to() if probe_batch is not None else None
         self._probe_fixed = probe_batch is not None or self.world == 1
@@ -491,7 +230,7 @@ class TrainingMonitor:
         self._summary: dict[str, Any] = {}
         self._last_step: int | None = None
         self._probed_last = False
-        self._grads: _GradNorms | None = None  # the latest measurement, until a step reports it
+        self._grads: GradNorms | None = None  # the latest measurement, until a step reports it
         self.spikes: list[dict[str, Any]] = []
         self.last_loss: float | None = None
         self.last_grad_norm: float | None = None
@@ -527,7 +266,7 @@ class TrainingMonitor:
             if self._worst is None or value > self._worst[0]:
                 self._worst = (value, call)
         if torch.is_grad_enabled():  # a training forward: measure the gradients when its backward is over
-            tensors = [t for t in _output_tensors(output) if t.requires_grad]
+            tensors = [t for t in output_tensors(output) if t.requires_grad]
             if tensors:
                 torch.autograd.graph.register_multi_grad_hook(tensors, self._on_backward, mode="any")
 
@@ -543,13 +282,13 @@ class TrainingMonitor:
             return
         scale = float(self.grad_scaler.get_scale()) if self.grad_scaler is not None else 1.0
         at = AT_BACKWARD + (", divided by the GradScaler's scale" if self.grad_scaler is not None else "")
-        self._grads = _GradNorms.measure(self.model.parameters(), scale, at)
+        self._grads = GradNorms.measure(self.model.parameters(), scale, at)
 
     def capture_grads(self, at: str = AT_CALL) -> None:
         """Measure the gradients as they are now (not divided by any loss scale): the next ``step`` reports
         these, unless a backward ends in between. For trainers with an event after unscaling and before clipping
         (Lightning's ``on_before_optimizer_step``); ``at`` says where, in config.json."""
-        self._grads = _GradNorms.measure(self.model.parameters(), 1.0, at)
+        self._grads = GradNorms.measure(self.model.parameters(), 1.0, at)
 
     def pending_grad_norm(self) -> float | None:
         """The ``grad_norm`` the next ``step`` would record (the last measurement; None when there is none yet,
@@ -558,7 +297,7 @@ class TrainingMonitor:
 
     def grad_norm_now(self) -> float | None:
         """The L2 norm of the gradients of every parameter as they are now, without recording it (every rank)."""
-        return _GradNorms.measure(self.model.parameters(), 1.0, AT_CALL).total()
+        return GradNorms.measure(self.model.parameters(), 1.0, AT_CALL).total()
 
     # -- the run folder: a new one, or the history of an earlier monitor continued --
     def _same_model_on_every_rank(self) -> None:
@@ -640,9 +379,9 @@ class TrainingMonitor:
                 f"TrainingMonitor.step({step!r}): this monitor was closed; a new TrainingMonitor on {self.out} "
                 "continues its folder"
             )
-        step = _step_number(step, self._last_step)
-        given = _loss_value(loss)
-        grads = self._grads or _GradNorms.measure(self.model.parameters(), 1.0, AT_CALL)
+        step = step_number(step, self._last_step)
+        given = loss_value(loss)
+        grads = self._grads or GradNorms.measure(self.model.parameters(), 1.0, AT_CALL)
         self._grads = None
         if not self._started:
             self._same_model_on_every_rank()
@@ -681,6 +420,7 @@ class TrainingMonitor:
         self.last_grad_norm = total
         self._last_step, self._probed_last = step, probed
         self._losses, self._worst = [], None
+        self.hooks.post_step(step, True)
         return row
 
     def _grad_rows(self, step: int, squares: dict[int, float]) -> list[dict[str, Any]]:
@@ -696,7 +436,7 @@ class TrainingMonitor:
                 if p.dim() >= 2:
                     value = math.sqrt(squares[id(p)])
                     rows.append(
-                        {"step": step, "layer": i, "site": _grad_site(path), "metric": "grad_norm", "value": value}
+                        {"step": step, "layer": i, "site": grad_site(path), "metric": "grad_norm", "value": value}
                     )
             total = math.sqrt(sum(squares[id(p)] for _, p in mine))
             rows.append({"step": step, "layer": i, "site": "block", "metric": "grad_norm", "value": total})
@@ -719,9 +459,9 @@ class TrainingMonitor:
                 self.model.train(was)
                 reshard(self.model)
             rows += self.logits.rows(step)
-        norms_ = [(i, path, norm) for i, block in enumerate(self.blocks) for path, norm in _norm_modules(block).items()]
+        norms_ = [(i, path, norm) for i, block in enumerate(self.blocks) for path, norm in norm_modules(block).items()]
         for (i, path, _), m in zip(norms_, moments([n.weight for _, _, n in norms_])):
-            site = self.sites.get(_unwrapped(path), _unwrapped(path))
+            site = self.sites.get(unwrapped_path(path), unwrapped_path(path))
             for metric, value in (("gamma_mean", m.mean), ("gamma_min", m.minimum), ("gamma_max", m.maximum)):
                 rows.append({"step": step, "layer": i, "site": site, "metric": metric, "value": float(value)})
         return rows
@@ -777,6 +517,10 @@ class TrainingMonitor:
         self._hook.remove()
         self._closed = True
         self._grads = None
+        if self._last_step is not None:
+            self.hooks.post_train(self._last_step + 1)
+        hooks_summary = self.hooks.summary()
+        self.hooks.close()
         if not self.main:
             return {}
         if not self._started:
@@ -791,6 +535,7 @@ class TrainingMonitor:
             "spikes": len(self.spikes),
             # OLMo-core's spike score over the steps recorded (normlab.diagnostics.stats.spike_score)
             **spike_score([r.get("loss") for r in rows], [r.get("grad_norm") for r in rows]),
+            **hooks_summary,
             "source": "normlab.diagnostics.monitor",
         }
         self.run.write_summary(summary)

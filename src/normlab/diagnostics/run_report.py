@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from normlab.diagnostics.figures import FIGURES
+from normlab.diagnostics.probe_store import Run, load_run
 from normlab.diagnostics.stats import FP16_MAX
-from normlab.diagnostics.store import Run, load_run
 from normlab.io import own_folder
 from normlab.pages import figure_html, table_html, write_page
 from normlab.runs.evals import headline_scores

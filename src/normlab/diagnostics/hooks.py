@@ -1,0 +1,135 @@
+"""The step-hook protocol: what a feature of a training loop sees of each optimizer step, and what it keeps
+for resume.
+
+A loop that drives hooks calls, for each optimizer step ``step``:
+
+1. ``pre_step(step)``: before the step's forward (a probe pass on the weights as they are, maxima reset,
+   the step's RNG state kept);
+2. ``post_backward(step)``: after the backward (and an fp16 scaler's unscale), before the gradient clip
+   (gradient norms as the backward left them, the weights before the update);
+3. ``veto(step, loss, grad_norm)``: on a finite step, before the update: a hook may return a record
+   (a loss spike); one whose ``action`` is ``"skipped"`` keeps the update from being applied. The first
+   hook that returns a record decides; later ones are not asked;
+4. ``post_step(step, applied)``: after the optimizer step (``applied``: whether the update was applied).
+
+``post_train(step)`` runs once after the last step, ``summary()`` adds keys to the run's summary and
+``close()`` runs always, also after an error. A hook with a ``state_key`` is saved in each checkpoint under
+that key (``state_dict()``) and restored from it (``load_state_dict``): the key is the checkpoint's, so a
+checkpoint written before the hook existed resumes unchanged.
+
+Order: hooks run by ``priority`` (higher first) before the update (``pre_step``, ``post_backward``, ``veto``)
+and in the reverse order after it (``post_step``), so the first hook's events bracket the others' (the
+probe pass reads the weights before any other hook has touched the step, and its update rows see every
+other hook's change to the weights).
+
+The events and the state protocol follow OLMo-core's trainer callbacks (``pre_step``, ``pre_optim_step``,
+``post_step``, ``post_train``, ``close``, ``state_dict``/``load_state_dict``:
+https://github.com/allenai/OLMo-core, ``src/olmo_core/train/callbacks/callback.py``); the veto and the
+before-the-clip event are normlab's (its divergence and spike rules decide before the update).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any, ClassVar
+
+
+class StepHook:
+    """A feature of the training loop: every event does nothing unless overridden (module docstring)."""
+
+    priority: ClassVar[int] = 0  # higher runs earlier before the update, later after it
+    state_key: ClassVar[str | None] = None  # the checkpoint's key for this hook's state; None: no state
+
+    def pre_step(self, step: int) -> None:
+        """Before the step's forward."""
+
+    def post_backward(self, step: int) -> None:
+        """After the backward, before the gradient clip and the update."""
+
+    def veto(self, step: int, loss: float, grad_norm: float) -> dict[str, Any] | None:
+        """On a finite step before the update: a record (``action`` "skipped" vetoes the update) or None."""
+        return None
+
+    def post_step(self, step: int, applied: bool) -> None:
+        """After the optimizer step; ``applied``: whether the update was applied."""
+
+    def post_train(self, step: int) -> None:
+        """After the last step (``step``: the step the run stopped at)."""
+
+    def summary(self) -> dict[str, Any]:
+        """Keys this hook adds to the run's summary."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs (saved under ``state_key``)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` returned."""
+
+    def close(self) -> None:
+        """Release files and module hooks; called once, also after an error."""
+
+
+class StepHooks:
+    """The loop's hooks in their order, each event dispatched to all of them (module docstring)."""
+
+    def __init__(self, hooks: Iterable[StepHook] = ()) -> None:
+        self._hooks: list[StepHook] = []
+        for hook in hooks:
+            self.add(hook)
+
+    def add(self, hook: StepHook) -> None:
+        """Add ``hook`` after the hooks of its priority or higher."""
+        self._hooks.append(hook)
+        self._hooks.sort(key=lambda h: -h.priority)  # stable: equal priorities keep their order of addition
+
+    def __iter__(self) -> Iterator[StepHook]:
+        return iter(self._hooks)
+
+    def find(self, kind: type[StepHook]) -> StepHook | None:
+        """The first hook of type ``kind``, or None."""
+        return next((h for h in self._hooks if isinstance(h, kind)), None)
+
+    def pre_step(self, step: int) -> None:
+        for hook in self._hooks:
+            hook.pre_step(step)
+
+    def post_backward(self, step: int) -> None:
+        for hook in self._hooks:
+            hook.post_backward(step)
+
+    def veto(self, step: int, loss: float, grad_norm: float) -> dict[str, Any] | None:
+        for hook in self._hooks:
+            record = hook.veto(step, loss, grad_norm)
+            if record is not None:
+                return record
+        return None
+
+    def post_step(self, step: int, applied: bool) -> None:
+        for hook in reversed(self._hooks):
+            hook.post_step(step, applied)
+
+    def post_train(self, step: int) -> None:
+        for hook in self._hooks:
+            hook.post_train(step)
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for hook in self._hooks:
+            out.update(hook.summary())
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """Each stateful hook's state under its key (the checkpoint's extra entries)."""
+        return {h.state_key: h.state_dict() for h in self._hooks if h.state_key is not None}
+
+    def load_state_dict(self, checkpoint: dict[str, Any]) -> None:
+        """Each stateful hook's state from ``checkpoint``'s entry under its key, where the checkpoint has one."""
+        for hook in self._hooks:
+            if hook.state_key is not None and hook.state_key in checkpoint:
+                hook.load_state_dict(checkpoint[hook.state_key])
+
+    def close(self) -> None:
+        for hook in self._hooks:
+            hook.close()

@@ -1,0 +1,180 @@
+"""The training loop's optional features as step hooks (`normlab.diagnostics.hooks`): the probe pass
+(probes.jsonl), the per-step tier (layers.jsonl), QK-clip and the spike policy.
+
+Their priorities put the probe pass first before the update and last after it (its rows read the weights
+before any other hook has touched the step, and its update rows include QK-clip's rescale), the tier next
+(its update RMS includes the rescale too), then QK-clip (its maxima reset after the probe pass's forward, so
+only the step's own micro-batches count), then the spike policy (its RNG state kept last, just before the
+forward).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import IO, Any
+
+import torch
+
+from normlab.diagnostics.hooks import StepHook
+from normlab.diagnostics.probe_store import ProbeWriter
+from normlab.diagnostics.probes import Probes
+from normlab.diagnostics.tier import StepTier, TierSpikes
+from normlab.train.qk_clip import QKClip
+from normlab.train.spikes import SpikeHandler
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class ProbeHook(StepHook):
+    """The probe pass every ``every`` steps (`normlab.diagnostics.probes`): its rows before the step, the
+    weights kept after the backward, the update rows after the step, the end state after the last step.
+    ``writer``: probes.jsonl (the main rank's; under FSDP2 every rank probes, the main rank writes)."""
+
+    priority = 30
+
+    def __init__(self, probes: Probes, writer: ProbeWriter | None, every: int) -> None:
+        self.probes, self.writer, self.every = probes, writer, every
+        self.probing = False
+
+    def write(self, rows: list[dict[str, Any]]) -> None:
+        if self.writer is not None:
+            self.writer.write(rows)
+
+    def spike_rows(self, step: int, batch: Batch) -> list[dict[str, Any]]:
+        """The full probe pass on a spiking step's own batch with the pre-step weights (sites prefixed spike:)."""
+        rows = Probes(self.probes.model, batch, optimizer=self.probes.optimizer).record(step)
+        return [{**r, "site": f"spike:{r['site']}"} for r in rows]
+
+    def pre_step(self, step: int) -> None:
+        self.probing = step % self.every == 0
+        if self.probing:
+            self.write(self.probes.record(step))
+
+    def post_backward(self, step: int) -> None:
+        if self.probing:
+            self.probes.snapshot()  # the weights before the update (nothing changes them until the step)
+
+    def post_step(self, step: int, applied: bool) -> None:
+        if self.probing:
+            self.write(self.probes.updates(step))
+
+    def post_train(self, step: int) -> None:
+        self.write(self.probes.record(step))  # the end state (also of a diverged run, at the step it stopped)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+class TierHook(StepHook):
+    """The per-step tier every ``every`` steps (`normlab.diagnostics.tier`): its maxima from the forward to the
+    backward's end, its gradient and weight norms before the clip, its row (update RMS and ratio added) to
+    layers.jsonl (``log``: open for appending on the main rank, else None) after the step."""
+
+    priority = 20
+
+    def __init__(self, tier: StepTier, log: IO[str] | None, every: int) -> None:
+        self.tier, self.log, self.every = tier, log, every
+        self.spikes = TierSpikes()
+        tier.active = False  # each tier step's reset opens its hooks' window (not an evaluation before it)
+
+    def on(self, step: int) -> bool:
+        """Whether ``step`` is one of the tier's (every ``every``-th)."""
+        return step % self.every == 0
+
+    def fired(self, step: int) -> list[str]:
+        """Before the update: the tier's values read and its per-layer spike rule applied (what fired)."""
+        return self.spikes.check(self.tier.read()) if self.on(step) else []
+
+    def pre_step(self, step: int) -> None:
+        if self.on(step):
+            self.tier.reset()
+
+    def post_backward(self, step: int) -> None:
+        if self.on(step):
+            self.tier.before_step()  # per-block gradient and weight norms, before the clip
+
+    def post_step(self, step: int, applied: bool) -> None:
+        if not self.on(step):
+            return
+        row = self.tier.after_step(applied)
+        if self.log is not None:
+            self.log.write(json.dumps({"step": step, **row}) + "\n")
+
+    def close(self) -> None:
+        if self.log is not None:
+            self.log.close()
+        self.tier.remove()
+
+
+class QKClipHook(StepHook):
+    """QK-clip (`normlab.train.qk_clip`): the step's max logits from its own micro-batches, the rescale after
+    an applied update; its counts kept in the checkpoint under "qk_clip" and reported in the summary."""
+
+    priority = 10
+    state_key = "qk_clip"
+
+    def __init__(self, clip: QKClip) -> None:
+        self.clip = clip
+
+    def pre_step(self, step: int) -> None:
+        self.clip.reset()  # the max logits of this step's micro-batches only
+
+    def post_step(self, step: int, applied: bool) -> None:
+        if applied:
+            self.clip.apply()
+
+    def summary(self) -> dict[str, Any]:
+        return {"qk_clip": self.clip.summary()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.clip.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.clip.load_state_dict(state)
+
+
+class SpikeHook(StepHook):
+    """The spike policy (`normlab.train.spikes`): the step's RNG state kept before its forward; before the
+    update, the tier's per-layer rule and the loss and gradient-norm rule with its rerun (``replay``:
+    (step, same RNG) -> (loss, gradient norm); ``global_batch``: the step's whole batch, saved with a
+    spike); on a spike of either, the full probe pass on the step's first micro-batch (``first_batch``)."""
+
+    def __init__(
+        self,
+        handler: SpikeHandler,
+        device: torch.device,
+        replay: Callable[[int, bool], tuple[float, float]],
+        global_batch: Callable[[int], dict[str, torch.Tensor]],
+        first_batch: Callable[[int], Batch],
+        tier: TierHook | None,
+        probes: ProbeHook | None,
+    ) -> None:
+        self.handler, self.device, self.replay, self.global_batch = handler, device, replay, global_batch
+        self.first_batch, self.tier, self.probes = first_batch, tier, probes
+        self.tier_probed: int | None = None  # the last step whose tier spike ran the full probe pass
+
+    def pre_step(self, step: int) -> None:
+        self.handler.start(self.device)
+
+    def veto(self, step: int, loss: float, grad_norm: float) -> dict[str, Any] | None:
+        fired = self.tier.fired(step) if self.tier is not None else []
+        record = self.handler.check(step, loss, grad_norm, self.replay, self.global_batch)
+        if (record is not None or fired) and self.probes is not None:
+            self._probe(step, record, fired)
+        return record
+
+    def _probe(self, step: int, record: dict[str, Any] | None, fired: list[str]) -> None:
+        """A spike's probe rows: a per-layer tier spike (two series per layer: one fires often early on) runs
+        the full pass at most once per probe interval; a loss or gradient-norm spike always does."""
+        assert self.probes is not None
+        every = self.probes.every
+        bounded = fired and record is None and self.tier_probed is not None and step - self.tier_probed < every
+        rows = []
+        if not bounded:
+            self.tier_probed = step if fired else self.tier_probed
+            rows = self.probes.spike_rows(step, self.first_batch(step))
+        why = (record["kinds"] if record else []) + fired
+        marks = [{"step": step, "layer": None, "site": "spike", "metric": f"fired:{w}", "value": 1.0} for w in why]
+        self.probes.write(rows + marks)
