@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from normlab.cli import main
+from normlab.errors import ConfigError
 from normlab.experiments import SweepConfig
 from normlab.layout import LayoutError, parse_layout
 from normlab.model import build_model
-from normlab.model.config import ConfigError
 from normlab.train import TrainConfig
 from tests.helpers import REPO
 

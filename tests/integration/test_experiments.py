@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from normlab.errors import ConfigError
 from normlab.experiments import RECIPES, SweepConfig, compare, load_recipe, load_sweep, run_sweep, summarize
 from normlab.experiments.runner import _to_toml, prepare
 from normlab.experiments.summary import cells, lr_curves, lr_sensitivity
-from normlab.model.config import ConfigError
 from normlab.runs.files import SweepDir
 from normlab.runs.start import FolderLock
 from normlab.runs.store import SweepStore

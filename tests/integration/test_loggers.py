@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from normlab.model.config import ConfigError
+from normlab.errors import ConfigError
 from normlab.train import TrainConfig, train
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from normlab.cli import main
-from normlab.model.config import ConfigError
+from normlab.errors import ConfigError
 from normlab.runs.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
 from normlab.runs.start import RunLock
 from normlab.train import train

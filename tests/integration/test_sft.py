@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import normlab
 from normlab.data import ByteTokenizer, DataError
 from normlab.data.sft import IGNORE, encode_pair, load_sft
-from normlab.model.config import ConfigError
+from normlab.errors import ConfigError
 from normlab.runs.checkpoint import list_checkpoints, load_checkpoint
 from normlab.train import TrainConfig, train
 from normlab.train.init_from import load_init_weights

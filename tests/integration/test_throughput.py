@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from normlab.errors import ConfigError
 from normlab.model import build_model
-from normlab.model.config import ConfigError
 from normlab.runs.start import Start
 from normlab.train import distributed, train
 from normlab.train.mfu import PEAK_TFLOPS, device_model, flops_per_token, peak_flops

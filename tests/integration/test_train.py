@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from normlab.data import TokenData
-from normlab.model.config import ConfigError
+from normlab.errors import ConfigError
 from normlab.runs.checkpoint import list_checkpoints, load_checkpoint
 from normlab.train import TrainConfig, TrainingFailed, train
 from normlab.train import trainer as trainer_mod

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 import normlab
-from normlab.model import ConfigError, ModelConfig
+from normlab.errors import ConfigError
+from normlab.model import ModelConfig
 
 
 @pytest.mark.parametrize("name", ["pre", "peri", "hybrid*", "olmo2", "post"])

@@ -9,8 +9,9 @@ import torch.nn.functional as F
 
 import normlab
 from normlab.diagnostics.probes import Probes
+from normlab.errors import ConfigError
 from normlab.model import analytic_params, count_params
-from normlab.model.config import ConfigError, ModelConfig
+from normlab.model.config import ModelConfig
 from normlab.model.moe import MoE
 from normlab.train import train
 from normlab.train.mfu import flops_per_token

@@ -9,8 +9,8 @@ import torch
 
 import normlab
 from normlab.cli import main
+from normlab.errors import ConfigError
 from normlab.layout import PRESETS, LayoutError, parse_layout
-from normlab.model.config import ConfigError
 from normlab.screen import ScreenConfig, parse_stresses, screen_layout, wasserstein2, wellposedness
 from normlab.screen.backward import block_sensitivity
 from normlab.screen.forward import fit_growth, stressed
