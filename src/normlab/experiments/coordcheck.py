@@ -27,12 +27,13 @@ import torch.nn.functional as F
 
 from normlab.config.commands import COORDCHECK_BASE, CoordCheckConfig
 from normlab.config.train import TrainConfig
-from normlab.data.dataset import batch_at, load_data
+from normlab.data.dataset import TokenData, batch_at
 from normlab.errors import ConfigError
 from normlab.io import atomic_write_json, own_folder, staged_folder
 from normlab.model.build import build_model
 from normlab.pages import figure_html, fmt, legend, panels, table_html, write_page
 from normlab.train.optim import make_optimizer, set_lr
+from normlab.train.trainer import load_run_data
 
 KINDS = ("embedding", "attn_update", "mlp_update", "block_output", "logits")
 
@@ -149,8 +150,10 @@ def coordcheck(cfg: TrainConfig, widths: list[int], steps: int, seeds: int) -> C
     CompleteP: the smallest, unless the settings name one)."""
     if len(widths) < 2 or sorted(set(widths)) != list(widths):
         raise ConfigError(f"coordcheck needs two or more widths in increasing order, got {widths}")
-    d = cfg.data
-    data = load_data(d.data, d.tokenizer, d.val_fraction, d.text_field, d.token_dtype, d.vocab_size)
+    if cfg.data.task != "lm":
+        raise ConfigError(f"--set task={cfg.data.task}: the coordinate check trains a language model on text (task lm)")
+    data = load_run_data(cfg)
+    assert isinstance(data, TokenData)  # task lm
     if data.vocab_size != cfg.model.config.vocab_size:
         cfg = cfg.with_({"model.vocab_size": data.vocab_size}, "coordcheck data")
     per: dict[tuple[int, str, int], list[tuple[float, float]]] = {}

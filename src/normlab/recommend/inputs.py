@@ -10,12 +10,12 @@ from collections.abc import Callable
 from typing import Any
 
 from normlab.config.commands import RECOMMEND_BASE, RECOMMEND_CANDIDATES, RecommendConfig
-from normlab.data import load_data
 from normlab.errors import ConfigError
 from normlab.experiments.sweep import SweepConfig
 from normlab.layout import as_layout
 from normlab.model.config import SIZES, ModelConfig
 from normlab.recommend.shape import PROXY_WIDTH, UserModel, proxy_shape
+from normlab.train.trainer import load_run_data
 
 
 def has_streams(names: list[str]) -> bool:
@@ -85,14 +85,7 @@ def check_run_settings(base: dict[str, Any], name: str, lr: float, seed: int, lo
     cfg = spec.train_config("unused")
     if cfg.data.task != "lm":
         raise ConfigError(f"--set task={cfg.data.task}: the proxies train a language model on text (task lm)")
-    data = load_data(
-        cfg.data.data,
-        cfg.data.tokenizer,
-        cfg.data.val_fraction,
-        cfg.data.text_field,
-        cfg.data.token_dtype,
-        cfg.data.vocab_size,
-    )  # tokens cached: the runs read them from there
+    data = load_run_data(cfg)  # tokens cached: the runs read them from there
     need = cfg.data.seq_len + 1
     if len(data.train) < need * 2 or len(data.val) < need:
         raise ConfigError(

@@ -36,7 +36,8 @@ from torch import nn
 from normlab._version import __version__
 from normlab.config.train import TrainConfig
 from normlab.data import load_data
-from normlab.data.sft import load_sft_data
+from normlab.data.dataset import TokenData
+from normlab.data.sft import SFTData, load_sft_data
 from normlab.diagnostics.forensics import describe as describe_break
 from normlab.diagnostics.forensics import first_break, gradient_break
 from normlab.diagnostics.probe_store import ProbeWriter
@@ -191,7 +192,8 @@ def train(
     return summary if info.is_main else {}
 
 
-def _load_data(cfg: TrainConfig):  # noqa: ANN202 - TokenData | SFTData
+def load_run_data(cfg: TrainConfig) -> TokenData | SFTData:
+    """The token data a run with ``cfg`` trains on (its data section: source, tokenizer, split, task)."""
     if cfg.data.task == "sft":
         return load_sft_data(
             cfg.data.data,
@@ -219,7 +221,7 @@ def build_state(cfg: TrainConfig, info: distributed.DistInfo, start: Start) -> R
             f"batch_size={cfg.data.batch_size} must divide into {info.world} ranks x grad_accum={cfg.data.grad_accum}"
         )
     torch.manual_seed(cfg.optim.seed)
-    data = _load_data(cfg)
+    data = load_run_data(cfg)
     # a run that cannot fit the device is refused before its model is built, with settings that fit
     memory_plan = check_fits(cfg, device_capacity(info.device), info.world, data.vocab_size)
     # the weights to start from are read first (a file that could run code is refused before anything else), and
