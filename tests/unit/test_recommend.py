@@ -362,7 +362,8 @@ def test_default_candidates_the_model_cannot_take_are_left_out_and_given_ones_re
     user = read_user_model(str(tmp_path / "config.json"))
     names, current, unfit = _candidates(RecommendConfig(), user)
     assert current == "pre" and list(unfit) == ["ngpt"] and "n_kv_heads = n_heads" in unfit["ngpt"]
-    assert names == [n for n in RECOMMEND_CANDIDATES if n != "ngpt"]
+    # the presets, and first the changes to the user's Pre-LN (+ output norms: peri-noemb; + both: peri itself)
+    assert names == ["pre", "peri-noemb"] + [n for n in RECOMMEND_CANDIDATES if n not in ("ngpt", "pre")]
     with pytest.raises(ConfigError, match=r"--candidates: ngpt cannot be built for your model \(ngpt is built for"):
         _candidates(RecommendConfig(candidates=("peri", "ngpt")), user)
     mha = replace(user, config=user.config.with_(n_kv_heads=8))

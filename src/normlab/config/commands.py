@@ -315,6 +315,8 @@ RECOMMEND_BASE: dict[str, Any] = {
 }
 PRECISIONS = ("bf16", "fp16")
 RECOMMEND_OPTIMIZERS = tuple(sorted(OPTIMIZER_NAMES))  # optim.optimizer's choices (normlab.config.optimizers), a-z
+RECOMMEND_BUDGET = 15.0  # minutes, the default
+QUICK_BUDGET = 3.0  # minutes, the default of --quick (issue 53: two candidates answered within 3 minutes)
 
 
 def _lrs(values: tuple[Any, ...]) -> str | None:
@@ -364,7 +366,7 @@ class RecommendConfig:
         choices=PRECISIONS,
     )
     budget: float = setting(
-        15.0,
+        RECOMMEND_BUDGET,
         "minutes for all of it: screen, proxy runs, report; a small budget buys a smaller "
         "answer (fewer candidates, rounds, seeds), stated as such",
         check=positive,
@@ -406,6 +408,11 @@ class RecommendConfig:
         False,
         "spend part of the budget training the best k candidates (k >= 2, from the budget) "
         "at the widest width that fits, and say whether the proxy's order held there",
+    )
+    quick: bool = setting(
+        False,
+        "the quick question: your model against only the --candidates given (default: yours+out, your model with "
+        "output norms), no screen, 2 seeds first; with the default budget, 3 minutes",
     )
     recalibrate: bool = setting(
         False,

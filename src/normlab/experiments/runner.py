@@ -123,14 +123,35 @@ def _reconcile(store: SweepStore, root: Path) -> int:
     return taken
 
 
+# a run whose training has reached its last step at the deadline is writing its result (the closing
+# evaluation, the summary): it gets this long past `stop_at` to finish, so that a budget never fails a run
+# that trained to the end (issue 53: a complete 150-step run was recorded failed in its closing evaluation)
+CLOSING_GRACE_S = 60.0
+
+
 @dataclass(frozen=True)
 class Deadline:
     """Wall-clock limits (time.time()) for a sweep under a time budget (local executor): no run starts
-    after `start_by`; a run still going at `stop_at` is stopped and recorded `failed` with the reason, and
-    is run again (from its newest checkpoint) by the next run of the same sweep, as any failed run."""
+    after `start_by`; a run still training at `stop_at` is stopped and recorded `failed` with the reason
+    ("stopped at the end of the time budget at step S of N"), and is run again (from its newest checkpoint)
+    by the next run of the same sweep, as any failed run. A run that has trained to its last step is
+    closing (evaluating, writing its summary): it is given up to `CLOSING_GRACE_S` more to finish."""
 
     start_by: float
     stop_at: float
+
+
+def trained_steps(run: Path) -> int:
+    """How many optimizer steps a run folder's metrics.jsonl records (its last line's step + 1; 0 if none)."""
+    path = run / "metrics.jsonl"
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 4096))
+            lines = [ln for ln in f.read().splitlines() if ln.strip()]
+        return int(json.loads(lines[-1])["step"]) + 1 if lines else 0
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return 0
 
 
 def run_sweep(
@@ -287,6 +308,11 @@ def _run_local(
                 queue.clear()
             if deadline is not None and running and time.time() >= deadline.stop_at:
                 for rid, proc in list(running.items()):
+                    steps, done = store.row(rid)["config"].optim.steps, trained_steps(SweepDir(root).run(rid).path)
+                    if done >= steps and time.time() < deadline.stop_at + CLOSING_GRACE_S and proc.poll() is None:
+                        continue  # trained to the end: its result is being written (Deadline)
+                    if proc.poll() is not None:
+                        continue  # ended by itself: recorded below as any run
                     proc.kill()
                     proc.wait()
                     # spawned by this sweep: stopped by the budget whether or not its worker had marked it running
@@ -295,15 +321,17 @@ def _run_local(
                             rid,
                             {
                                 "status": "failed",
-                                "reason": "stopped at the end of the time budget; the "
-                                "next run of this sweep continues it",
+                                "reason": f"stopped at the end of the time budget at step {done} of {steps}; "
+                                "the next run of this sweep continues it",
                             },
                         )
                     if bar is not None:
                         bar.finished(rid, store.row(rid))
                     del running[rid]
-                    log(f"time budget: stopped {rid}")
-                continue
+                    log(f"time budget: stopped {rid} at step {done} of {steps}")
+                if not any(p.poll() is not None for p in running.values()):
+                    time.sleep(0.2)
+                    continue
             while queue and len(running) < workers:
                 rid = queue.pop(0)
                 gpu = None

@@ -106,6 +106,7 @@ class Context:
     saved: dict[str, Any]
     rounds: list[StageRecord] = field(default_factory=list)  # this call's stages (a resumed call counts its own)
     found: Findings = field(default_factory=Findings)
+    labels: dict[str, str] = field(default_factory=dict)  # candidates made from the user's placement -> their words
 
     @property
     def log(self) -> Callable[[str], Any]:

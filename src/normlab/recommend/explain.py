@@ -20,6 +20,7 @@ from normlab.pages import write_page as page
 from normlab.recommend import agreement
 from normlab.recommend.rank import Evidence
 from normlab.recommend.shape import PROXY_WIDTH, UserModel
+from normlab.recommend.signals import precision_words
 from normlab.runs.files import RecommendDir
 
 
@@ -49,7 +50,9 @@ def limits(
             "compounds with depth, so at your depth its failure comes sooner, "
             "not later."
         ),
-        f"Screen: at your depth and width {screen['width']}"
+        "Screen: none (--quick): the candidates given went straight to training."
+        if screen.get("skipped")
+        else f"Screen: at your depth and width {screen['width']}"
         + (" (yours)." if screen["width"] >= c.d_model else f" (yours: {c.d_model}; scaled down for time)."),
         f"Training: {setting('steps')} steps of {setting('batch_size')} x {setting('seq_len')} byte tokens "
         f"(vocabulary 256; yours {c.vocab_size:,}) on {extra.get('data', 'the default corpus (Shakespeare)')}, "
@@ -60,11 +63,7 @@ def limits(
         "nor failures that take days to build (slow logit growth, rare loss spikes).",
         small_samples(ranked or []),
     ]
-    if precision == "bf16":
-        out.append(
-            "bf16 keeps fp32's exponent range: the fp16 overflow cannot happen; the stress is the learning "
-            "rate (and bf16's 8-bit mantissa in the stored activations)."
-        )
+    out.append(precision_words(precision))
     if user.config.n_experts:
         out.append("Mixture of experts: proxied as a dense MLP; the router's own instabilities are not tested.")
     return out
@@ -189,8 +188,9 @@ def movement(
             tied.append(e.layout)
         if tied:
             out.append(
-                f"{live[0].layout} is tied on loss within seed noise with {', '.join(tied)}: the screen's verdict "
-                "or the expected loss over the learning rates broke the tie, and more seeds could reorder them."
+                f"{live[0].layout} is tied on loss within seed noise with {', '.join(tied)}: your placement's "
+                "standing, the screen's verdict or the expected loss over the learning rates broke the tie, and more "
+                "seeds could reorder them."
             )
         if len(p["seeds"]) < 2 and p["finalists"]:
             out.append(
@@ -240,6 +240,9 @@ def _table(ranked: list[Evidence]) -> str:
         "screen",
         "diverged",
         "stalled",
+        "at risk",
+        "attention logit at best lr",
+        "largest logit by lr",
         "largest activation",
         "first overflow",
         "best lr",
@@ -250,7 +253,7 @@ def _table(ranked: list[Evidence]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in ranked:
         if r.status in ("ruled out", "not trained"):
-            lines.append(f"| - | {r.layout} | {r.screen} | {r.status}: {r.why} |" + " |" * 7)
+            lines.append(f"| - | {r.name} | {r.screen} | {r.status}: {r.why} |" + " |" * (len(head) - 4))
             continue
         rank_cell = (
             f"{r.rank}" + (" (tie)" if r.tie else "") + {"stress round only": "*", "baseline": "†"}.get(r.status, "")
@@ -258,8 +261,11 @@ def _table(ranked: list[Evidence]) -> str:
         act = "-" if not math.isfinite(r.max_activation) else f"{r.max_activation:,.4g}"
         sens = _sensitivity(r)
         by_lr = "; ".join(f"{lr}: {v}" for lr, v in r.loss_by_lr.items()) or "-"
+        logit = _logit(r) if math.isfinite(r.logit_last) else "-"
+        by_logit = "; ".join(f"{lr}: {v}" for lr, v in r.logit_by_lr.items()) or "-"
         lines.append(
-            f"| {rank_cell} | {r.layout} | {r.screen} | {r.diverged}/{r.finished} | {r.stalled}/{r.finished} | "
+            f"| {rank_cell} | {r.name} | {r.screen} | {r.diverged}/{r.finished} | {r.stalled}/{r.finished} | "
+            f"{r.at_risk}/{r.finished} | {logit} | {by_logit} | "
             f"{act} | {r.first_break or '-'} | {'-' if r.best_lr is None else f'{r.best_lr:g}'} | "
             f"{_fmt_loss(r)} | {sens} | {by_lr} |"
         )
@@ -272,13 +278,19 @@ def reason(result: dict[str, Any], ranked: list[Evidence]) -> str:
     if not live:
         return "No candidate trained: nothing to recommend."
     w = live[0]
+    precision = result.get("precision", "fp16")
+    label = f" ({w.label})" if w.label else ""
     parts = [
-        f"**{w.layout}**: {w.diverged + w.stalled}/{w.finished} runs diverged or stalled, best loss "
+        f"**{w.layout}**{label}: {w.diverged + w.stalled}/{w.finished} runs diverged or stalled, best loss "
         f"{_fmt_loss(w)} at lr {w.best_lr:g}"
         if w.best_lr is not None
-        else f"**{w.layout}**"
+        else f"**{w.layout}**{label}"
     ]
-    if math.isfinite(w.max_activation):
+    if w.at_risk:
+        parts.append(f"{w.at_risk}/{w.finished} runs at risk ({w.risk})")
+    if math.isfinite(w.logit_last):
+        parts.append(f"largest attention logit {_logit(w)}")
+    if math.isfinite(w.max_activation) and precision == "fp16":
         parts.append(
             f"largest activation {w.max_activation:,.4g} "
             + (
@@ -287,8 +299,25 @@ def reason(result: dict[str, Any], ranked: list[Evidence]) -> str:
                 else "(past the FP16 maximum 65,504)"
             )
         )
-    parts.append(f"screen: {w.screen}" + (f" ({w.screen_why})" if w.screen_why and w.screen != "stable" else ""))
-    text = "Recommended: " + "; ".join(parts) + "."
+    elif math.isfinite(w.max_activation):
+        parts.append(f"largest activation {w.max_activation:,.4g} ({precision}: no overflow in reach)")
+    if w.screen != "not screened":
+        parts.append(f"screen: {w.screen}" + (f" ({w.screen_why})" if w.screen_why and w.screen != "stable" else ""))
+    conf = result.get("confidence") or {}
+    head = "Recommended"
+    if conf.get("level") == "provisional":
+        head += f" (provisional: {'; '.join(conf.get('why') or [])})"
+    text = head + ": " + "; ".join(parts) + "."
+    changed = result.get("changed_from")
+    if changed:
+        text += (
+            f" This differs from an earlier call's answer, {changed['winner']} ({changed.get('confidence', '')}), "
+            "given on fewer finished runs; this one rests on more."
+        )
+    dropped = result.get("dropped") or []
+    cur_row = next((r for r in ranked if r.layout == result.get("current")), None)
+    if dropped:
+        text += f" It takes away your {', '.join(dropped)}: " + _dropped_evidence(w, cur_row) + "."
     if w.diverged + w.stalled:
         text += (
             " Even the best candidate failed on some runs: the stress is beyond what any of these placements "
@@ -304,17 +333,24 @@ def reason(result: dict[str, Any], ranked: list[Evidence]) -> str:
             )
         elif r2.tie:
             how = "in a tie on loss within seed noise, broken by " + (
-                "the screen's verdict"
+                "being your placement (a change needs evidence beyond noise)"
+                if w.layout == result.get("current")
+                else "the screen's verdict"
                 if r2.screen != w.screen
                 else "the expected loss over the learning rates "
                 f"({w.expected_loss:.3f} vs {r2.expected_loss:.3f}: best "
                 "loss + LR sensitivity)"
             )
+        elif r2.failures > w.failures:
+            how = "on fewer failures"
+        elif r2.risk_share > w.risk_share:
+            how = f"on fewer runs at risk ({r2.layout}: {r2.at_risk}/{r2.finished}, {r2.risk})"
         else:
-            how = "on fewer failures" if r2.failures > w.failures else "on a lower best loss"
+            how = "on a lower best loss"
         text += (
-            f" Next: {r2.layout} ({r2.diverged + r2.stalled}/{r2.finished} failed, best loss {_fmt_loss(r2)}); "
-            f"{w.layout} ranks above it {how}."
+            f" Next: {r2.name} ({r2.diverged + r2.stalled}/{r2.finished} failed, best loss {_fmt_loss(r2)}"
+            + (f", largest attention logit {_logit(r2)}" if math.isfinite(r2.logit_last) else "")
+            + f"); {w.layout} ranks above it {how}."
         )
     cur = result.get("current")
     if cur and cur != w.layout:
@@ -327,7 +363,51 @@ def reason(result: dict[str, Any], ranked: list[Evidence]) -> str:
             )
     elif cur == w.layout:
         text += " That is your current placement: the evidence does not ask you to change it."
+    eff = result.get("effect") or {}
+    text += effect_words(eff)
+    if eff.get("status") == "measured" and eff.get("interval") and not (conf.get("separable")):
+        text += " The difference from your placement is within seed noise: these runs do not ask you to change."
+    dom = result.get("domain") or {}
+    if dom and not dom.get("inside_record"):
+        text += " Outside what the transfer record measured: " + "; ".join(dom.get("differences") or []) + "."
     return text
+
+
+def _logit(r: Evidence) -> str:
+    """The winner's largest attention logit at its best learning rate, first probe to last, with its growth."""
+    out = f"{r.logit_first:,.3g} -> {r.logit_last:,.4g} (x{r.logit_growth:.2g} / 100 steps"
+    if math.isfinite(r.logit_steps_to_limit):
+        out += f"; the precision's limit in ~{r.logit_steps_to_limit:,.0f} steps at that growth"
+    return out + ")"
+
+
+def _dropped_evidence(w: Evidence, current: Evidence | None) -> str:
+    """The evidence for taking away what the user has: the two placements' failures, runs at risk, logits."""
+    if current is None or current.rank is None:
+        return "your placement did not train here, so these runs hold no evidence for removing it"
+    said = (
+        f"here {w.layout} failed {w.diverged + w.stalled}/{w.finished} with {w.at_risk} at risk against your "
+        f"{current.layout}'s {current.diverged + current.stalled}/{current.finished} with {current.at_risk}"
+    )
+    if math.isfinite(w.logit_peak) and math.isfinite(current.logit_peak):
+        said += f"; largest attention logit {w.logit_peak:,.4g} against {current.logit_peak:,.4g}"
+    return said + " (proxy runs of minutes: removing a stabilizer you have needs more than this)"
+
+
+def effect_words(eff: dict[str, Any]) -> str:
+    """The effect against the user's placement in one sentence ("" where there is none)."""
+    if eff.get("status") != "measured":
+        return ""
+    d, iv = eff["difference"], eff.get("interval")
+    text = f" Against your placement {eff['baseline']}: {d:+.3f} nats of final loss"
+    if iv is not None:
+        text += f" (95% interval {iv[0]:+.3f} to {iv[1]:+.3f}, {eff['seeds'][0]} and {eff['seeds'][1]} seeds)"
+    else:
+        text += " (one seed on a side: no interval)"
+    sel = eff.get("selection")
+    if sel:
+        text += f"; {sel['words']}"
+    return text + "."
 
 
 def _time(result: dict[str, Any]) -> str:
@@ -367,9 +447,13 @@ def markdown(result: dict[str, Any], ranked: list[Evidence]) -> str:
         "",
         "## Evidence (ranked)",
         "",
-        "Rank: fewer diverged + stalled runs first; then lower best loss, losses within seed noise (or 0.01) "
-        "tied and ordered by the screen's verdict, then the expected loss over the learning rates (best loss + LR "
-        "sensitivity, Wortsman et al.). * = trained in the stress round only "
+        "Rank: fewer diverged + stalled runs first; then fewer runs at risk (trained to the end with the largest "
+        "attention logit past what your precision resolves, or under fp16 the largest activation within 8x of "
+        "the overflow: "
+        + precision_words(result.get("precision", "fp16"))
+        + "); then lower best loss, losses within seed noise (or 0.01) "
+        "tied and ordered with your placement first, then by the screen's verdict, then the expected loss over "
+        "the learning rates (best loss + LR sensitivity, Wortsman et al.). * = trained in the stress round only "
         "(one run at the stress lr), ranked after the finalists in that round's order (trained to the end by loss, "
         "then stalled, then diverged by the step it diverged at: a few steps apart is noise, read these as three "
         "groups); † = your current placement, in the final round as the baseline though the stress round did not "
@@ -377,6 +461,7 @@ def markdown(result: dict[str, Any], ranked: list[Evidence]) -> str:
         "",
         _table(ranked),
     ]
+    lines += answer_lines(result)
     if result["recipe_checks"]:
         lines += [
             "## Against the recipes' verdicts",
@@ -409,42 +494,95 @@ def markdown(result: dict[str, Any], ranked: list[Evidence]) -> str:
     lines += ["## What the proxy can and cannot tell", ""] + [f"- {x}" for x in result["limits"]]
     lines += [
         "",
-        f"Files: {result['files']['grid']} (every run, the U-curves, activations against FP16), "
+        f"Files: {result['files']['grid']} (every run, the U-curves, the largest activations), "
         f"{result['files']['screen']}, {result['files']['plan']}, {result['files']['json']}.",
     ]
     return "\n".join(lines) + "\n"
 
 
-def _ranking_figure(folder: RecommendDir, live: list[Evidence]) -> str:
+def answer_lines(result: dict[str, Any]) -> list[str]:
+    """recommendation.md's "How sure, how large, what to train with, where the evidence ends"."""
+    conf, eff, rec, dom = (result.get(k) or {} for k in ("confidence", "effect", "recipe", "domain"))
+    out = ["## How sure, how large, and where the evidence ends", ""]
+    if conf:
+        runs = ", ".join(f"{k} {v}" for k, v in conf.get("runs", {}).items())
+        out.append(
+            f"- confidence: **{conf['level']}**"
+            + (f" ({'; '.join(conf['why'])})" if conf.get("why") else "")
+            + f"; finished runs behind each: {runs or 'none'}; seeds: {conf.get('seeds')}"
+            + (f"; {conf['not_tried']} candidate(s) not tried" if conf.get("not_tried") else "")
+        )
+    if eff.get("status") == "measured":
+        out.append("- effect:" + effect_words(eff))
+    elif eff:
+        out.append(f"- effect: {eff.get('why') or eff.get('status')}")
+    if rec:
+        out.append(f"- recipe: {rec['words']}")
+    if dom:
+        where = "inside" if dom.get("inside_record") else "**outside**"
+        out.append(
+            f"- domain: {where} what the transfer record measured"
+            + (f": {'; '.join(dom['differences'])}" if dom.get("differences") else "")
+            + (f"; {dom['tokens_note']}" if dom.get("tokens_note") else "")
+        )
+    return out + [""] if len(out) > 2 else []
+
+
+def _ranking_figure(folder: RecommendDir, live: list[Evidence], precision: str = "fp16") -> str:
     """The ranking's figure (failures, largest activations by rank) as a page section."""
-    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 0.4 * len(live) + 1.8))
-    y = list(range(len(live)))
-    a.barh(y, [(r.diverged + r.stalled) / r.finished if r.finished else 0 for r in live], color="tab:red", alpha=0.8)
-    for yi, r in zip(y, live):
-        a.text(0.01, yi, f"{r.diverged} diverged, {r.stalled} stalled of {r.finished}", va="center", fontsize=8)
-    a.set_yticks(y, [f"#{r.rank} {r.layout}" for r in live], fontsize=8)
-    a.invert_yaxis()
-    a.set_xlim(0, 1)
-    a.set_xlabel("fraction of runs diverged or stalled")
+    from normlab.recommend.signals import limits as precision_limits
+
     acts = [r.max_activation if math.isfinite(r.max_activation) else float("nan") for r in live]
-    b.barh(y, acts, color="tab:blue", alpha=0.8)
-    b.axvline(65504, ls="--", color="tab:orange", lw=1)
-    b.set_xscale("log")
-    b.set_yticks(y, [""] * len(y))
-    b.invert_yaxis()
-    b.set_xlabel("largest activation (probes; dashed: FP16 max 65504)")
+    logits = [r.logit_peak if math.isfinite(r.logit_peak) else float("nan") for r in live]
+    panels = ["failures"] + [
+        k for k, v in (("activation", acts), ("logit", logits)) if any(math.isfinite(x) for x in v)
+    ]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels) + 2, 0.4 * len(live) + 1.8), squeeze=False)
+    y = list(range(len(live)))
+    logit_limit, act_limit = precision_limits(precision)
+    for ax, panel in zip(axes[0], panels):
+        ax.invert_yaxis()
+        if panel == "failures":
+            fail = [(r.diverged + r.stalled) / r.finished if r.finished else 0 for r in live]
+            risk = [r.at_risk / r.finished if r.finished else 0 for r in live]
+            ax.barh(y, fail, color="tab:red", alpha=0.8, label="diverged or stalled")
+            ax.barh(y, risk, left=fail, color="tab:orange", alpha=0.8, label="at risk")
+            for yi, r in zip(y, live):
+                ax.text(
+                    0.01,
+                    yi,
+                    f"{r.diverged} div, {r.stalled} stalled, {r.at_risk} at risk of {r.finished}",
+                    va="center",
+                    fontsize=8,
+                )
+            ax.set_yticks(y, [f"#{r.rank} {r.name}"[:60] for r in live], fontsize=8)
+            ax.set_xlim(0, 1)
+            ax.set_xlabel("fraction of finished runs")
+            ax.legend(fontsize=7, loc="lower right")
+            continue
+        values, limit = (acts, act_limit) if panel == "activation" else (logits, logit_limit)
+        ax.barh(y, values, color="tab:blue" if panel == "activation" else "tab:purple", alpha=0.8)
+        ax.set_xscale("log")
+        ax.set_yticks(y, [""] * len(y))
+        what = "largest activation (probes)" if panel == "activation" else "largest attention logit (probes)"
+        if math.isfinite(limit):
+            ax.axvline(limit, ls="--", color="tab:orange", lw=1)
+            what += f"; dashed: {precision}'s " + ("maximum" if panel == "activation" else "1-nat resolution")
+        ax.set_xlabel(what, fontsize=8)
     fig.tight_layout()
-    return figure_html(fig, folder.path, "ranking", "Failures and largest activations by rank")
+    return figure_html(fig, folder.path, "ranking", "Failures, runs at risk, activations and attention logits by rank")
 
 
 def _evidence_rows(ranked: list[Evidence]) -> list[dict[str, Any]]:
     return [
         {
             "rank": r.rank if r.rank is not None else "-",
-            "layout": r.layout,
+            "layout": r.name,
             "screen": r.screen,
             "diverged": f"{r.diverged}/{r.finished}",
             "stalled": f"{r.stalled}/{r.finished}",
+            "at risk": f"{r.at_risk}/{r.finished}",
+            "attention logit at best lr": _logit(r) if math.isfinite(r.logit_last) else "-",
             "largest activation": r.max_activation,
             "best lr": r.best_lr,
             "best loss": _fmt_loss(r),
@@ -510,7 +648,15 @@ def write_page(folder: RecommendDir, result: dict[str, Any], ranked: list[Eviden
     body = (
         f"<h1>normlab recommend</h1><p>{h(result['model'])}; precision {h(result['precision'])}</p>"
         f"<p>{h(reason(result, ranked)).replace('**', '')}</p><h2>Evidence</h2>{table_html(_evidence_rows(ranked))}"
-        + (_ranking_figure(folder, live) if live else "")
+        + (_ranking_figure(folder, live, result.get("precision", "fp16")) if live else "")
+        + (
+            _list_html(
+                "How sure, how large, and where the evidence ends",
+                [x.removeprefix("- ").replace("**", "") for x in answer_lines(result)[2:-1]],
+            )
+            if answer_lines(result)
+            else ""
+        )
         + _checks_html(result["recipe_checks"])
         + _settings_html(result)
         + (_list_html("Did the order hold at a larger width? (--verify)", verified) if verified else "")

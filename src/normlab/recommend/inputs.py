@@ -7,6 +7,7 @@ settings and data checked as one line, and the proxies' sweeps (`proxy_settings`
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from normlab.config.commands import RECOMMEND_BASE, RECOMMEND_CANDIDATES, RecommendConfig
@@ -14,6 +15,7 @@ from normlab.errors import ConfigError
 from normlab.experiments.sweep import SweepConfig
 from normlab.layout import as_layout
 from normlab.model.config import SIZES, ModelConfig
+from normlab.recommend import derived
 from normlab.recommend.shape import PROXY_WIDTH, UserModel, proxy_shape
 from normlab.train.trainer import load_run_data
 
@@ -30,14 +32,58 @@ def unbuildable(name: str, user: UserModel) -> str | None:
     return shape.layout_problem(as_layout(name).resolve(shape.n_layers))
 
 
-def choose_candidates(cfg: RecommendConfig, user: UserModel) -> tuple[list[str], str | None, dict[str, str]]:
-    """The candidates (the user's current placement first, under its own name), that placement's name, and
-    the default candidates left out because the user's model cannot take them (name -> why); the same
+@dataclass(frozen=True)
+class CandidateChoice:
+    """What recommend compares: the candidates (the user's placement first, then the changes to it, then the
+    rest), the user's placement's name, the defaults left out (name -> why), each candidate made from the
+    user's placement -> its label ("your model (qwen3) + output norms", `normlab.recommend.derived`), and
+    which of those take away something the user has (tried last: the plan's cheap order keeps them there)."""
+
+    names: list[str]
+    current: str | None
+    unfit: dict[str, str]
+    labels: dict[str, str]
+    removals: tuple[str, ...] = ()
+
+
+def choose(cfg: RecommendConfig, user: UserModel) -> CandidateChoice:
+    """The candidates (`CandidateChoice`): the --candidates names (`yours...` made from the user's placement,
+    `derived.resolve`), and with the default list the default changes to the user's placement too; the same
     placement given twice (by two names, or one name twice), or one given that the model cannot take, is
     refused."""
+    given = tuple(cfg.candidates) != RECOMMEND_CANDIDATES
+    names, labels = derived.resolve(cfg.candidates, user.layout)
+    removals: list[str] = []
+    if not given:
+        made = derived.defaults(user.layout)
+        names = [d.name for d in made if not d.removes] + names + [d.name for d in made if d.removes]
+        labels.update({d.name: d.label for d in made})
+        removals = [d.name for d in made if d.removes]
+    else:
+        removals = [n for n, c in zip(names, cfg.candidates) if c in derived.CHANGES and derived.CHANGES[c].removes]
+    labels = {k: v for k, v in labels.items() if v}
+    names, current, unfit = _choose_names(names, user, given, allow_same=not given)
+    return CandidateChoice(names, current, unfit, labels, tuple(n for n in removals if n in names))
+
+
+def choose_candidates(cfg: RecommendConfig, user: UserModel) -> tuple[list[str], str | None, dict[str, str]]:
+    """`choose`'s candidates, current placement and unfit defaults."""
+    c = choose(cfg, user)
+    return c.names, c.current, c.unfit
+
+
+def _choose_names(
+    given_names: list[str], user: UserModel, given: bool, allow_same: bool
+) -> tuple[list[str], str | None, dict[str, str]]:
+    """The candidates (the user's current placement first, under its own name), that placement's name, and
+    the default candidates left out because the user's model cannot take them (name -> why); the same
+    placement given twice (by two names, or one name twice) is refused, or with `allow_same` (the defaults
+    and the changes made from the user's placement) kept once under its first name."""
     seen: dict[str, str] = {}
-    for name in cfg.candidates:
+    for name in given_names:
         form = as_layout(name).to_string()  # a typo fails here, with the valid names
+        if form in seen and allow_same:
+            continue
         if form in seen:
             same = (
                 f"{name!r} is given twice"
@@ -53,7 +99,6 @@ def choose_candidates(cfg: RecommendConfig, user: UserModel) -> tuple[list[str],
         current = seen.get(want, user.layout)
         names = [current] + [n for n in names if n != current]
     unfit = {n: why for n in names if (why := unbuildable(n, user))}
-    given = tuple(cfg.candidates) != RECOMMEND_CANDIDATES
     if unfit and (given or current in unfit):
         name, why = next((n, w) for n, w in unfit.items() if n == current or given)
         if name == current:

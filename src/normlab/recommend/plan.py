@@ -91,17 +91,23 @@ def depths_for(user_depth: int) -> list[int]:
     return sorted({floor, user_depth, *(d for d in DEPTHS if floor < d < user_depth)})
 
 
-def cheap_order(candidates: list[str], current: str | None) -> tuple[list[str], dict[str, str]]:
-    """The candidates in the cheap screen's order (the current placement first, then one family of Kan's
-    step 1 in turn: bounded, tangential, unbounded, each in the order given) and each one's family."""
+def cheap_order(
+    candidates: list[str], current: str | None, first: tuple[str, ...] = (), last: tuple[str, ...] = ()
+) -> tuple[list[str], dict[str, str]]:
+    """The candidates in the cheap screen's order (the current placement first, then `first`: the changes
+    that add to it, then one family of Kan's step 1 in turn: bounded, tangential, unbounded, each in the
+    order given, then `last`: the changes that take something away from it) and each one's family."""
     family = {n: wellposedness(as_layout(n).resolve(2))["worst"] for n in candidates}
-    queues = {f: [n for n in candidates if family[n] == f and n != current] for f in WELLPOSED_ORDER}
-    order = [current] if current in candidates else []
+    head = [current] if current in candidates else []
+    head += [n for n in first if n in candidates and n not in head]
+    tail = [n for n in last if n in candidates and n not in head]
+    queues = {f: [n for n in candidates if family[n] == f and n not in head + tail] for f in WELLPOSED_ORDER}
+    order = head
     while any(queues.values()):
         for f in WELLPOSED_ORDER:
             if queues[f]:
                 order.append(queues[f].pop(0))
-    return order, family
+    return order + tail, family
 
 
 def next_lr(lr: float, up: bool) -> float | None:
@@ -132,6 +138,7 @@ class Plan:
     optimizer: str = "adamw"  # what the proxies train with
     verify: dict[str, Any] | None = None  # the verify stage: k, width, depth, steps, predicted_s (None: none)
     verify_note: str = ""  # why a verify stage asked for is not in the plan (one line), else ""
+    screen: bool = True  # False: the quick question, no screen (`normlab.recommend.stage_screen`)
 
     def to_dict(self) -> dict[str, Any]:
         """plan.json's "plan"."""
@@ -178,6 +185,9 @@ class PlanRequest:
     optimizer: str = "adamw"
     ns_steps: int = 5
     verify: bool = False
+    first: tuple[str, ...] = ()  # the changes that add to the user's placement: tried right after it
+    last: tuple[str, ...] = ()  # the changes that take away from it: tried last
+    screen: bool = True  # False: the quick question (no screen; `stage_screen`)
 
 
 @dataclass(frozen=True)
@@ -273,7 +283,7 @@ class _Planner:
     def __init__(self, request: PlanRequest) -> None:
         self.req = r = request
         user = r.user
-        self.order, _ = cheap_order(r.candidates, r.current)
+        self.order, _ = cheap_order(r.candidates, r.current, r.first, r.last)
         self.reserve = (STARTUP_RESERVE_S + REPORT_RESERVE_S) * r.cal.speed
         self.usable = (r.budget_s - self.reserve) * FILL
         self.vstage: dict[str, Any] | None = None  # the verify stage's k and width, once chosen
@@ -312,7 +322,7 @@ class _Planner:
         dear = sorted(runs)[-s.finalists :] if s.finalists else []
         per = self.n_lrs(s) * self.n_seeds(s) - 1
         out = {
-            "screen": s.n * self.screen_s(s.width),
+            "screen": s.n * self.screen_s(s.width) if r.screen else 0.0,
             "stress": self.round_s(runs),
             "final": self.round_s(dear * per),
             "extend": self.round_s(dear * self.n_seeds(s)) if s.extend else 0.0,
@@ -426,7 +436,7 @@ class _Planner:
             out.append(replace(s, n_lrs=s.n_lrs + 1))
         if s.finalists and not r.seeds and s.n_seeds < 3:
             out.append(replace(s, n_seeds=s.n_seeds + 1))
-        if s.width != self.widths[-1]:
+        if s.width != self.widths[-1] and r.screen:
             wider = replace(s, width=self.widths[self.widths.index(s.width) + 1])
             if self.stages(wider)["screen"] <= SCREEN_SHARE * r.budget_s:
                 out.append(wider)
@@ -481,6 +491,7 @@ class _Planner:
             optimizer=r.optimizer,
             verify=vstage,
             verify_note=note,
+            screen=r.screen,
         )
         plan.cut = _cuts(plan, r.user, bool(r.lrs), bool(r.seeds), r.depth is not None, r.steps)
         return plan
@@ -542,7 +553,9 @@ def _cuts(p: Plan, user: ModelConfig, lrs_fixed: bool, seeds_fixed: bool, depth_
         out.append(f"{len(p.lrs)} learning rates ({', '.join(f'{x:g}' for x in p.lrs)})")
     if p.depth < user.n_layers and not depth_fixed:
         out.append(f"proxies {p.depth} layers deep (yours: {user.n_layers})")
-    if p.screen_width < user.d_model:
+    if not p.screen:
+        out.append("no screen (--quick): the candidates given, trained at once")
+    elif p.screen_width < user.d_model:
         out.append(f"the screen at width {p.screen_width} (yours: {user.d_model})")
     return out
 

@@ -7,14 +7,19 @@ activation the probes saw, where the first overflow was, the best learning rate 
 
 The rule, in this order (`rank`):
 1. fewer failures: diverged + stalled runs over finished runs (what the user came to avoid);
-2. lower best loss; two losses closer than the larger of their seed std and `NOISE_FLOOR` are a tie,
+2. fewer runs at risk over finished runs: trained to the end, but with the largest attention logit past
+   what the user's precision resolves, or (fp16) the largest activation within 8x of the overflow
+   (`normlab.recommend.signals`: what fails next at scale, Dehghani et al. 2023, Wortsman et al. 2023);
+3. lower best loss; two losses closer than the larger of their seed std and `NOISE_FLOOR` are a tie,
    and within a tie
-3. the screen's verdict (stable, caution, unstable) decides, then the lower expected loss over the
+4. the user's own placement comes first (a change needs evidence beyond noise), then the screen's
+   verdict (stable, caution, unstable) decides, then the lower expected loss over the
    learning rates swept (Wortsman et al. 2024: E_lr[min(L, L_0)], the best loss plus the LR
    sensitivity; a diverged run counts as the initial loss L_0). The sensitivity alone would not do: a
    placement that barely learns at any rate is flat, and its small sensitivity would put it ahead of
    a tied one that trains far lower at most rates.
-Candidates whose runs did not all finish (the budget ran out) are ranked on what finished, marked.
+Candidates whose runs did not all finish (the budget ran out) are ranked on what finished, marked; one
+with no finished run is not ranked (a run the budget stopped is neither a failure nor evidence).
 
 What the screen rules out before training (`ruled_out`), at the user's depth with the weights as
 initialized (stress s = 1): non-finite hidden states or Jacobians, a stream already past the FP16
@@ -105,6 +110,21 @@ class Evidence:
     lr_sensitivity: float = math.nan
     expected_loss: float = math.nan  # Wortsman's E_lr[min(L, L_0)] over the swept lrs = best (capped) + sensitivity
     loss_by_lr: dict[str, str] = field(default_factory=dict)
+    # the signals that predict trouble (normlab.recommend.signals), over the finished runs: how many ended at
+    # risk and why (the first reason), the largest attention logit at the best learning rate (first and last
+    # probe, growth per 100 steps, steps to the precision's limit at that growth), its largest over every
+    # run, the largest activation's growth at the best learning rate, and the largest logit per learning rate
+    at_risk: int = 0
+    risk: str = ""
+    logit_first: float = math.nan
+    logit_last: float = math.nan
+    logit_growth: float = math.nan
+    logit_steps_to_limit: float = math.nan
+    logit_peak: float = math.nan
+    act_growth: float = math.nan
+    logit_by_lr: dict[str, str] = field(default_factory=dict)
+    label: str = ""  # a candidate made from the user's placement: "your model (qwen3) + output norms"
+    cut: int = 0  # runs the budget stopped before their last step (not failures: the next call continues them)
     rank: int | None = None
     tie: bool = False  # within noise of the candidate ranked above
     screen_why: str = ""  # why the screen gave its verdict (`screen_reason`)
@@ -116,6 +136,15 @@ class Evidence:
     @property
     def failures(self) -> float:
         return (self.diverged + self.stalled) / self.finished if self.finished else math.inf
+
+    @property
+    def risk_share(self) -> float:
+        return self.at_risk / self.finished if self.finished else math.inf
+
+    @property
+    def name(self) -> str:
+        """The layout with its label where it is a change to the user's placement."""
+        return f"{self.layout} ({self.label})" if self.label else self.layout
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -143,7 +172,13 @@ def evidence_from_grid(runs: pd.DataFrame, planned: dict[str, int]) -> dict[str,
             "unfinished": n - len(finished),
             "max_activation": float(peak.max()) if len(peak) else math.nan,
             "first_break": tally(list(g[g.status == "diverged"].first_break)),
+            "cut": int(g.reason.fillna("").astype(str).str.contains("time budget").sum()) if "reason" in g else 0,
         }
+        if "at_risk" in g:  # the signals (normlab.recommend.signals.with_signals)
+            row["at_risk"] = int(g.at_risk.fillna(False).astype(bool).sum())
+            row["risk"] = next((str(x) for x in g.risk if x), "")
+            peak = pd.to_numeric(finished.logit_last, errors="coerce").dropna()
+            row["logit_peak"] = float(peak.max()) if len(peak) else math.nan
         c = curves[curves.layout == layout] if len(curves) else curves
         s = sens[sens.layout == layout] if len(sens) else sens
         if len(s):
@@ -157,6 +192,16 @@ def evidence_from_grid(runs: pd.DataFrame, planned: dict[str, int]) -> dict[str,
             at_best = c[c.lr == row["best_lr"]]
             if len(at_best):
                 row["best_loss_std"] = float(at_best.final_loss_std.iloc[0])
+            best_runs = finished[(finished.lr - (row["best_lr"] or 0)).abs() <= 1e-9 * (row["best_lr"] or 1)]
+            if "logit_last" in g and len(best_runs):
+                first = best_runs.sort_values("seed").iloc[0]
+                for k in ("logit_first", "logit_last", "logit_growth", "logit_steps_to_limit", "act_growth"):
+                    row[k] = float(first[k]) if pd.notna(first[k]) else math.nan
+        if "logit_last" in g:
+            for lr, cell in finished.groupby("lr"):
+                top = pd.to_numeric(cell.logit_last, errors="coerce").dropna()
+                if len(top):
+                    row.setdefault("logit_by_lr", {})[f"{lr:g}"] = f"{top.max():,.4g}"
         for r in c.sort_values("lr").itertuples() if len(c) else ():
             notes = [
                 f"{x} {what}"
@@ -167,6 +212,20 @@ def evidence_from_grid(runs: pd.DataFrame, planned: dict[str, int]) -> dict[str,
             row.setdefault("loss_by_lr", {})[f"{r.lr:g}"] = value + (f" ({', '.join(notes)})" if notes else "")
         out[layout] = row
     return out
+
+
+def unranked_if_unfinished(row: Evidence) -> Evidence:
+    """A candidate with no finished run is not ranked: a run the budget stopped is no failure (issue 53: a
+    complete run cut in its closing evaluation was ranked below layouts that never ran), and no evidence
+    either; the row says how many the budget stopped and that the same command continues them."""
+    if row.status in ("ranked", "stress round only", "baseline") and not row.finished:
+        row.status = "not trained"
+        row.why = "no run finished" + (
+            f" ({row.cut} stopped by the budget before their last step: the same command continues them)"
+            if row.cut
+            else ""
+        )
+    return row
 
 
 def baseline_of(current: str | None, finalists: list[str], order: list[str]) -> str | None:
@@ -183,25 +242,28 @@ def _noise(a: Evidence, b: Evidence) -> float:
     return max([NOISE_FLOOR, *stds])
 
 
-def rank(rows: list[Evidence]) -> list[Evidence]:
-    """The ranked candidates first (rule in the module doc), then those ruled out or not trained."""
+def rank(rows: list[Evidence], prefer: str | None = None) -> list[Evidence]:
+    """The ranked candidates first (rule in the module doc), then those ruled out or not trained; within a tie
+    `prefer` (the user's placement) comes first: a change needs evidence beyond noise."""
     ranked = [r for r in rows if r.status == "ranked"]
     loss = lambda r: r.best_loss if math.isfinite(r.best_loss) else math.inf
-    ranked.sort(key=lambda r: (r.failures, loss(r)))
+    ranked.sort(key=lambda r: (r.failures, r.risk_share, loss(r)))
     out: list[Evidence] = []
     i = 0
-    while i < len(ranked):  # groups: same failures, losses within noise of the group's best
+    while i < len(ranked):  # groups: same failures and runs at risk, losses within noise of the group's best
         group = [ranked[i]]
         j = i + 1
         while (
             j < len(ranked)
             and ranked[j].failures == ranked[i].failures
+            and ranked[j].risk_share == ranked[i].risk_share
             and abs(loss(ranked[j]) - loss(ranked[i])) <= _noise(ranked[i], ranked[j])
         ):
             group.append(ranked[j])
             j += 1
         group.sort(
             key=lambda r: (
+                r.layout != prefer,
                 VERDICT_ORDER.get(r.screen, 3),
                 r.expected_loss if math.isfinite(r.expected_loss) else math.inf,
                 loss(r),

@@ -66,6 +66,15 @@ class Recommendation:
     call_minutes: list[float]
     files: dict[str, str]
     text: str = ""
+    # the answer sized to its evidence (normlab.recommend.answer): how sure, how large against the user's
+    # placement, what to train with, where the evidence ends, and an earlier call's different answer
+    confidence: dict[str, Any] = field(default_factory=dict)
+    effect: dict[str, Any] = field(default_factory=dict)
+    recipe: dict[str, Any] = field(default_factory=dict)
+    domain: dict[str, Any] = field(default_factory=dict)
+    changed_from: dict[str, Any] | None = None
+    dropped: list[str] = field(default_factory=list)  # what the winner takes away from the user's placement
+    labels: dict[str, str] = field(default_factory=dict)  # candidates made from the user's placement
 
     def to_dict(self) -> dict[str, Any]:
         """recommendation.json's contents (the text is recommendation.md)."""

@@ -9,11 +9,19 @@ from __future__ import annotations
 from typing import Any
 
 from normlab.io import atomic_write_bytes, atomic_write_json
-from normlab.recommend import agreement, explain
+from normlab.recommend import agreement, answer, derived, explain
 from normlab.recommend.context import Context
 from normlab.recommend.frameworks import settings_for
-from normlab.recommend.rank import Evidence, baseline_of, evidence_from_grid, rank, screen_reason
+from normlab.recommend.rank import (
+    Evidence,
+    baseline_of,
+    evidence_from_grid,
+    rank,
+    screen_reason,
+    unranked_if_unfinished,
+)
 from normlab.recommend.records import FinalRecord, Recommendation
+from normlab.recommend.signals import with_signals
 
 
 def _unscreened(ctx: Context, name: str) -> Evidence:
@@ -38,13 +46,18 @@ def evidence(ctx: Context) -> list[Evidence]:
     # among the best; then it is ranked as those it displaced are, by its stress run, its final runs shown
     baseline = baseline_of(ctx.current, final.finalists, order)
     rows = []
+    skipped = bool(found.screen.get("skipped"))  # --quick: no screen
     for n in ctx.candidates:
-        if n not in found.screen["results"]:
+        if n not in found.screen["results"] and not (skipped and n in order):
             rows.append(_unscreened(ctx, n))
             continue
-        s = found.screen["results"][n]
-        detail = f"{s['wellposedness']}; forward {s['forward']}; backward {s['backward']}"
-        row = Evidence(layout=n, screen=s["verdict"], screen_detail=detail, screen_why=screen_reason(s))
+        if skipped:
+            row = Evidence(layout=n, screen="not screened", screen_detail="")
+        else:
+            s = found.screen["results"][n]
+            detail = f"{s['wellposedness']}; forward {s['forward']}; backward {s['backward']}"
+            row = Evidence(layout=n, screen=s["verdict"], screen_detail=detail, screen_why=screen_reason(s))
+        row.label = ctx.labels.get(n, "")
         if n in found.out_by_screen:
             row.status, row.why = "ruled out", f"by the screen: {found.out_by_screen[n]}"
         elif n not in finalists:
@@ -63,8 +76,8 @@ def evidence(ctx: Context) -> list[Evidence]:
                     f"ranked by its stress run, #{order.index(n) + 1} of {len(order)} there; in the final "
                     "round as your current placement"
                 )
-        rows.append(row)
-    ranked = rank(rows)
+        rows.append(unranked_if_unfinished(row))
+    ranked = rank(rows, prefer=ctx.current)
     # the candidates the final round did not take (and a baseline finalist) follow, in the stress round's order
     tail = sorted(
         (r for r in ranked if r.status in ("stress round only", "baseline")), key=lambda r: order.index(r.layout)
@@ -94,13 +107,24 @@ def conclude(ctx: Context, verify: dict[str, Any] | None = None) -> Recommendati
     """The recommendation from what the stages found, written to the folder (module doc)."""
     found, p, folder = ctx.found, ctx.plan, ctx.folder
     assert found.final is not None and found.runs is not None
+    if "at_risk" not in found.runs:  # the signals that predict trouble, from each finished run's probes
+        found.runs = with_signals(found.runs, folder.grid, ctx.precision)
     ranked = evidence(ctx)
-    ranks = {r.layout: r.rank for r in ranked if r.rank is not None}
+    ranks = {r.layout: r.rank for r in ranked if r.rank is not None and r.finished}
     checks = agreement.check(ranks, ctx.precision, agreement.cells(found.runs))
     winner = ranked[0] if ranked and ranked[0].rank is not None else None
     stress = {"depth": p.depth, "depth_fixed": ctx.cfg.depth is not None, "candidates": found.order, "lr": p.stress_lr}
     rounds = [r.to_dict() for r in ctx.rounds]
     used = ctx.clock.used_minutes()
+    record = explain.transfer_record()
+    eff = answer.effect(found.runs, ranked, ctx.current, len(found.final.lrs))
+    # every call's rounds (a resumed call's own are in ctx.rounds; earlier calls' cuts are in plan.json)
+    conf = answer.confidence(ranked, rounds, p.to_dict(), eff)
+    answers = ctx.saved.setdefault("answers", [])
+    changed = answer.changed_from(answers, winner.layout if winner else None)
+    entry = {"call": len(ctx.calls), "winner": winner.layout if winner else None, "confidence": conf["level"]}
+    if not answers or answers[-1] != entry:
+        answers.append(entry)
     result = Recommendation(
         model=ctx.user.describe(),
         notes=list(ctx.user.notes),
@@ -113,7 +137,7 @@ def conclude(ctx: Context, verify: dict[str, Any] | None = None) -> Recommendati
         limits=explain.limits(ctx.user, ctx.precision, stress, found.screen, ctx.extra, ranked),
         optimizer=p.optimizer,
         verify=verify or {"status": "not asked"},
-        transfer_record=explain.transfer_record(),
+        transfer_record=record,
         plan=_plan_record(ctx, stress, found.final),
         rounds=rounds,
         movement=explain.movement(ranked, p.to_dict(), found.final.to_dict(), rounds),
@@ -126,6 +150,13 @@ def conclude(ctx: Context, verify: dict[str, Any] | None = None) -> Recommendati
             "plan": folder.plan_file.name,
             "json": folder.json_file.name,
         },
+        confidence=conf,
+        effect=eff,
+        recipe=answer.recipe(winner),
+        domain=answer.domain(ctx.user, ctx.precision, p.optimizer, p.depth, record),
+        changed_from=changed,
+        dropped=derived.dropped(ctx.current, winner.layout) if winner else [],
+        labels=dict(ctx.labels),
     )
     as_dict = result.to_dict()
     result.text = explain.markdown(as_dict, ranked)

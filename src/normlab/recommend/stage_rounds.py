@@ -46,7 +46,7 @@ def stress_order(runs: pd.DataFrame, screen: dict[str, Any], candidates: list[st
         return (
             {"ok": 0, "stalled": 1, "diverged": 2}.get(status, 3),
             value,
-            VERDICT_ORDER.get(screen[name]["verdict"], 3),
+            VERDICT_ORDER.get(screen.get(name, {}).get("verdict", ""), 3),
         )
 
     return sorted(candidates, key=key)
@@ -85,9 +85,11 @@ def refresh_calibration(
         ]
     except (ConfigError, OSError, ValueError):
         steps = []
-    shape = ModelConfig(**screen_shape(user.config, screen["width"], 64))
-    seconds = [r.get("seconds") for r in screen["results"].values() if isinstance(r, dict)]
-    screens = [(shape, float(t)) for t in seconds if isinstance(t, (int, float)) and t > 0]
+    screens = []
+    if screen.get("results"):
+        shape = ModelConfig(**screen_shape(user.config, screen["width"], 64))
+        seconds = [r.get("seconds") for r in screen["results"].values() if isinstance(r, dict)]
+        screens = [(shape, float(t)) for t in seconds if isinstance(t, (int, float)) and t > 0]
     cost.refresh_from_runs(max(1, (os.cpu_count() or 1) // workers), steps, screens, log=log)
 
 

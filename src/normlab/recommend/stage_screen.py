@@ -83,11 +83,18 @@ class ScreenStage:
         return ctx.plan.predicted["screen"]
 
     def done(self, ctx: Context) -> bool:
+        if not ctx.plan.screen:
+            return True
         results = ctx.folder.read(ctx.folder.screen_file).get("results", {})
         return all(n in results for n in ctx.plan.screened)
 
     def run(self, ctx: Context) -> None:
         p, pred, log = ctx.plan, ctx.plan.predicted, ctx.log
+        if not p.screen:  # the quick question: the candidates given, trained at once
+            log(f"\n1/3 screen {ctx.clock.stamp()}: none (--quick): {', '.join(p.screened)} go straight to training")
+            ctx.found.screen = {"width": 0, "n_layers": ctx.user.config.n_layers, "results": {}, "skipped": True}
+            ctx.found.out_by_screen, ctx.found.alive = {}, list(p.screened)
+            return
         log(
             f"\n1/3 screen {ctx.clock.stamp()}: {len(p.screened)} candidates at your depth {ctx.user.config.n_layers}, "
             f"width {p.screen_width}; predicted {minutes(pred['screen'])}"

@@ -42,14 +42,23 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from normlab.config.commands import RECOMMEND_BASE, RecommendConfig, check_recommend_settings
+from normlab.config.commands import (
+    QUICK_BUDGET,
+    RECOMMEND_BASE,
+    RECOMMEND_BUDGET,
+    RECOMMEND_CANDIDATES,
+    RecommendConfig,
+    check_recommend_settings,
+)
 from normlab.errors import ConfigError
 from normlab.experiments.summary import summarize
 from normlab.io import own_folder
 from normlab.recommend import cost, plan
 from normlab.recommend.context import BudgetClock, Context, SweepExecutor, minutes
 from normlab.recommend.inputs import (
+    CandidateChoice,
     check_run_settings,
+    choose,
     choose_candidates,
     has_streams,
     proxy_settings,
@@ -85,12 +94,24 @@ def recommend(
 ) -> dict[str, Any]:
     """Run the stages within `cfg.budget` minutes from `started` (the command's start; default now);
     returns the recommendation (also written to the folder)."""
+    if cfg.quick:  # the quick question: yours against the changes given (default: + output norms), 3 minutes
+        cfg = replace(
+            cfg,
+            budget=QUICK_BUDGET if cfg.budget == RECOMMEND_BUDGET else cfg.budget,
+            candidates=("yours+out",) if tuple(cfg.candidates) == RECOMMEND_CANDIDATES else cfg.candidates,
+        )
     clock = BudgetClock(started or time.time(), cfg.budget * 60)
     workers = cfg.workers or os.cpu_count() or 1
     precision = cfg.precision or user.precision or "bf16"
     extra = dict(extra or {})
     check_recommend_settings(extra)
-    candidates, current, unfit = choose_candidates(cfg, user)
+    choice = choose(cfg, user)
+    candidates, current, unfit = choice.names, choice.current, choice.unfit
+    if cfg.quick and len(candidates) < 2:
+        raise ConfigError(
+            "--quick compares your model with the --candidates given; give at least one other (e.g. yours+out, "
+            "yours+out+emb, or a layout)" + ("" if current else "; and a model file that names its placement")
+        )
     if unfit:  # default candidates this model cannot take: said wherever the notes are (output, recommendation)
         notes = [f"left out of the default candidates: {n} (your model cannot take it: {w})" for n, w in unfit.items()]
         user = replace(user, notes=(*user.notes, *notes))
@@ -108,7 +129,7 @@ def recommend(
     saved = folder.read(folder.plan_file) if folder.plan_file.is_file() else {}
     the_plan = None
     if not saved.get("plan"):
-        the_plan = _new_plan(user, cfg, extra, candidates, current, clock.budget_s, workers, log)
+        the_plan = _new_plan(user, cfg, extra, candidates, current, clock.budget_s, workers, log, choice)
         depth = the_plan.depth
     else:
         depth = saved["plan"]["depth"]
@@ -149,7 +170,21 @@ def recommend(
             the_plan.predicted["total"] += added["predicted_s"] - the_plan.predicted.get("verify", 0.0)
             the_plan.predicted["verify"] = added["predicted_s"]
         sweeps = SweepExecutor(workers, log, clock.stop_at)
-        ctx = Context(folder, user, cfg, precision, extra, candidates, current, base, clock, sweeps, the_plan, saved)
+        ctx = Context(
+            folder,
+            user,
+            cfg,
+            precision,
+            extra,
+            candidates,
+            current,
+            base,
+            clock,
+            sweeps,
+            the_plan,
+            saved,
+            labels=choice.labels,
+        )
         return run_stages(ctx).as_result()
     finally:
         lock.release()
@@ -191,6 +226,7 @@ def _new_plan(
     budget_s: float,
     workers: int,
     log: Callable[[str], Any],
+    choice: CandidateChoice | None = None,
 ) -> plan.Plan:
     """A new folder's plan, priced with this machine's calibration (measured where none is cached)."""
     cal, cached = cost.calibration(
@@ -217,6 +253,9 @@ def _new_plan(
         optimizer=cfg.optimizer,
         ns_steps=int(extra.get("muon_ns_steps", 5)),
         verify=cfg.verify,
+        first=tuple(n for n in (choice.labels if choice else {}) if n not in (choice.removals if choice else ())),
+        last=choice.removals if choice else (),
+        screen=not cfg.quick,
     )
     try:
         return plan.plan_for(request)

@@ -1,0 +1,262 @@
+"""The answer sized to its evidence: the effect against the user's own placement with an interval from
+seeds (and what picking one candidate of many does to it), how sure the answer is, the recipe to train
+with, and where the evidence ends (recommendation.json's `effect`, `confidence`, `recipe`, `domain`).
+
+Effect. The winner's mean final loss over seeds at its best learning rate minus the user's placement's at
+its own best, with Welch's 95% interval (unequal variances: t with the Welch-Satterthwaite degrees of
+freedom; scipy.stats.t). One seed on either side measures no seed noise: no interval, said so.
+
+Selection. The winner is the lowest of k candidates' best losses, each itself the lowest over the learning
+rates tried: the minimum of noisy estimates is optimistic (the winner's curse). Under seed noise of
+standard error se per candidate, the expected best of k equal candidates lies below their common mean
+by se * E[max of k standard normals] (Blom's approximation Phi^-1((k - 0.375) / (k + 0.25)); Blom 1958);
+`selection` reports that amount and the effect with it taken off.
+
+Confidence. "provisional" while the evidence is thin (a round cut by the budget, one seed, no final round,
+the winner tied within noise, fewer than two finished runs behind it), else "supported"; `separable`
+says whether the interval excludes zero. An answer that differs from an earlier call's says so
+(`changed_from`).
+
+Domain. The user's setting (precision, optimizer, width and depth against the proxy's, training tokens
+where given) against what the transfer record measured (`transfer_record.json`: each comparison's proxy
+and wider rung, or where an older record lacks their shapes, the recipes that made them).
+"""
+
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+from typing import Any
+
+import pandas as pd
+from scipy import stats
+
+from normlab.errors import ConfigError
+from normlab.recommend.rank import Evidence
+from normlab.recommend.shape import PROXY_WIDTH, UserModel
+
+LEVELS = ("provisional", "supported")
+
+
+def expected_best_of(k: int) -> float:
+    """E[max of k independent standard normals] (Blom's approximation; 0 for k <= 1)."""
+    if k <= 1:
+        return 0.0
+    return NormalDist().inv_cdf((k - 0.375) / (k + 0.25))
+
+
+def _losses(runs: pd.DataFrame, layout: str, lr: float | None) -> list[float]:
+    if lr is None or not len(runs):
+        return []
+    cell = runs[(runs.layout == layout) & ((runs.lr - lr).abs() <= 1e-9 * lr) & (runs.status == "ok")]
+    return [float(x) for x in pd.to_numeric(cell.final_loss, errors="coerce").dropna()]
+
+
+def welch(a: list[float], b: list[float], level: float = 0.95) -> tuple[float, list[float] | None]:
+    """mean(a) - mean(b) and its Welch interval (None where a side has fewer than two values)."""
+    d = sum(a) / len(a) - sum(b) / len(b)
+    if len(a) < 2 or len(b) < 2:
+        return d, None
+    va, vb = pd.Series(a).var(ddof=1) / len(a), pd.Series(b).var(ddof=1) / len(b)
+    se = math.sqrt(va + vb)
+    if se == 0:
+        return d, [d, d]
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    half = float(stats.t.ppf(0.5 + level / 2, df)) * se
+    return d, [d - half, d + half]
+
+
+def effect(runs: pd.DataFrame, ranked: list[Evidence], current: str | None, n_lrs: int) -> dict[str, Any]:
+    """recommendation.json's `effect` (module doc)."""
+    live = [r for r in ranked if r.rank is not None]
+    if not live:
+        return {"status": "no winner"}
+    w = live[0]
+    base = next((r for r in ranked if r.layout == current), None) if current else None
+    if base is None or base.rank is None:
+        why = "your model file does not name its placement" if current is None else f"{current} did not train"
+        return {"status": "no baseline", "why": why, "candidate": w.layout}
+    a, b = _losses(runs, w.layout, w.best_lr), _losses(runs, base.layout, base.best_lr)
+    if not a or not b:
+        return {"status": "no baseline", "why": "no finished run at a best learning rate", "candidate": w.layout}
+    d, interval = welch(a, b)
+    out: dict[str, Any] = {
+        "status": "same" if w.layout == base.layout else "measured",
+        "baseline": base.layout,
+        "candidate": w.layout,
+        "baseline_loss": sum(b) / len(b),
+        "candidate_loss": sum(a) / len(a),
+        "difference": d,
+        "interval": interval,
+        "level": 0.95,
+        "seeds": [len(a), len(b)],
+        "method": "Welch's t over seeds, each at its best learning rate"
+        if interval is not None
+        else "one seed on a side: no seed noise measured, no interval",
+    }
+    k = len(live)
+    spread = [pd.Series(x).std(ddof=1) for x in (a, b) if len(x) >= 2]
+    if w.layout != base.layout and spread:
+        se = (sum(spread) / len(spread)) / math.sqrt(min(len(a), len(b)))
+        bias = se * expected_best_of(k)
+        out["selection"] = {
+            "picked_from": k,
+            "learning_rates": n_lrs,
+            "optimism": bias,
+            "difference_corrected": d + bias,
+            "words": f"picked as the best of {k} candidates (each at its best of {n_lrs} learning rates): its loss is "
+            f"optimistic by about {bias:.3f} nats (the expected best of {k} draws of seed noise, se {se:.3f}); the "
+            f"difference with that taken off: {d + bias:+.3f}",
+        }
+    return out
+
+
+def confidence(
+    ranked: list[Evidence], rounds: list[dict[str, Any]], plan: dict[str, Any], eff: dict[str, Any]
+) -> dict[str, Any]:
+    """recommendation.json's `confidence` (module doc)."""
+    live = [r for r in ranked if r.rank is not None]
+    thin: list[str] = []
+    cut_rounds = [r for r in rounds if r["stage"] != "screen" and r["finished"] < r["planned"]]
+    for r in cut_rounds:
+        thin.append(f"the budget cut the {r['stage']} round: {r['finished']} of {r['planned']} runs finished")
+    if not plan.get("finalists"):
+        thin.append("no final round: one run per candidate")
+    if len(plan.get("seeds") or []) < 2:
+        thin.append("one seed: no seed noise measured")
+    if live and live[0].finished < 2:
+        thin.append(f"{live[0].layout} has {live[0].finished} finished run")
+    if len(live) > 1 and live[1].tie:
+        thin.append(f"tied within noise with {live[1].layout}")
+    not_tried = len(plan.get("order", [])) - len(plan.get("screened", []))
+    interval = eff.get("interval")
+    return {
+        "level": "provisional" if thin else "supported",
+        "why": thin,
+        "runs": {r.layout: r.finished for r in live},
+        "seeds": len(plan.get("seeds") or []),
+        "not_tried": not_tried,
+        "separable": None if interval is None else (interval[1] < 0 or interval[0] > 0),
+    }
+
+
+def recipe(winner: Evidence | None, label: str = "") -> dict[str, Any]:
+    """recommendation.json's `recipe`: the layout, the proxy's best learning rate, and the parametrization
+    that carries it to the user's width (muP from the proxy's width: at its base width muP is SP, so the
+    proxy's learning rate is muP's base learning rate; `normlab.model.parametrization`)."""
+    if winner is None:
+        return {}
+    return {
+        "layout": winner.layout,
+        "label": label or winner.label,
+        "lr": winner.best_lr,
+        "parametrization": "mup",
+        "base_d_model": PROXY_WIDTH,
+        "words": (
+            f"--layout {winner.layout!r}; lr {winner.best_lr:g} at the proxy's width {PROXY_WIDTH}: train with "
+            f"--set model.parametrization=mup --set model.base_d_model={PROXY_WIDTH} so that it is the base learning "
+            "rate muP carries to your width (Yang et al. 2022); in standard parametrization it does not carry"
+            if winner.best_lr is not None
+            else f"--layout {winner.layout!r}; no best learning rate measured"
+        ),
+    }
+
+
+def _recipe_shape(name: str) -> dict[str, Any] | None:
+    """A transfer rung's shape from the recipe that made it (for records written before shapes were kept)."""
+    from normlab.experiments.recipes import load_recipe
+
+    try:
+        spec = load_recipe(name).expand()[0]
+    except (ConfigError, OSError, KeyError, ValueError):  # a recipe renamed since: no shape, said as unknown
+        return None
+    cfg = spec.train_config("unused")
+    model = cfg.model.model_config()
+    return {
+        "d_model": model.d_model,
+        "n_layers": model.n_layers,
+        "tokens": cfg.optim.steps * cfg.data.batch_size * cfg.data.seq_len,
+        "parametrization": model.parametrization,
+        "precision": cfg.stored_dtype,
+        "optimizer": cfg.optim.optimizer,
+    }
+
+
+def measured(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each comparison of the transfer record as (proxy shape, other shape)."""
+    out = []
+    for c in record.get("comparisons") or []:
+        proxy = c.get("proxy_shape") or _recipe_shape(str(c.get("proxy")))
+        other = c.get("other_shape") or _recipe_shape(str(c.get("other")))
+        if proxy and other:
+            out.append({"proxy": proxy, "other": other, "name": f"{c.get('proxy')} -> {c.get('other')}"})
+    return out
+
+
+def domain(
+    user: UserModel, precision: str, optimizer: str, proxy_depth: int, record: dict[str, Any], tokens: int | None = None
+) -> dict[str, Any]:
+    """recommendation.json's `domain` (module doc): `inside_record` and the `differences` in words."""
+    pairs = measured(record)
+    c = user.config
+    yours = {
+        "precision": precision,
+        "optimizer": optimizer,
+        "width_ratio": c.d_model / PROXY_WIDTH,
+        "depth_ratio": c.n_layers / proxy_depth,
+        "d_model": c.d_model,
+        "n_layers": c.n_layers,
+        "tokens": tokens,
+    }
+    if not pairs:
+        return {
+            "inside_record": False,
+            "differences": ["the transfer record measured nothing yet: no evidence that the proxies' order holds"],
+            "yours": yours,
+            "measured": [],
+        }
+    precisions = sorted({str(p[s]["precision"]) for p in pairs for s in ("proxy", "other")})
+    optimizers = sorted({str(p[s]["optimizer"]) for p in pairs for s in ("proxy", "other")})
+    width = max(p["other"]["d_model"] / p["proxy"]["d_model"] for p in pairs)
+    depth = max(p["other"]["n_layers"] / p["proxy"]["n_layers"] for p in pairs)
+    tok = max(p["other"]["tokens"] / p["proxy"]["tokens"] for p in pairs)
+    diffs = []
+    if precision not in precisions:
+        diffs.append(f"precision: yours {precision}, measured {', '.join(precisions)}")
+    if optimizer not in optimizers:
+        diffs.append(f"optimizer: yours {optimizer}, measured {', '.join(optimizers)}")
+    if yours["width_ratio"] > width:
+        diffs.append(
+            f"width: yours is {yours['width_ratio']:g}x the proxy's ({c.d_model} against {PROXY_WIDTH}), measured "
+            f"up to {width:g}x"
+        )
+    if yours["depth_ratio"] > depth:
+        diffs.append(
+            f"depth: yours is {c.n_layers} layers, {yours['depth_ratio']:.3g}x the proxies' {proxy_depth}; the record "
+            + ("compared rungs of one depth" if depth == 1 else f"measured up to {depth:g}x")
+        )
+    most = max(p["other"]["tokens"] for p in pairs)
+    if tokens and tokens > most:
+        diffs.append(f"tokens: yours {tokens:,}, measured up to {most:,} ({tok:g}x the proxy's)")
+    return {
+        "inside_record": not diffs,
+        "differences": diffs,
+        "tokens_note": f"the record's runs trained at most {most:,} tokens ({tok:g}x the proxy's): none measures "
+        "failures that take days to build",
+        "yours": yours,
+        "measured": [
+            {"comparison": p["name"], "width": p["other"]["d_model"] / p["proxy"]["d_model"], **p["other"]}
+            for p in pairs
+        ],
+    }
+
+
+def changed_from(answers: list[dict[str, Any]], winner: str | None) -> dict[str, Any] | None:
+    """The earlier call's answer where it differs from this one (plan.json keeps each call's), else None."""
+    earlier = [a for a in answers if a.get("winner")]
+    if not earlier or earlier[-1]["winner"] == winner:
+        return None
+    return earlier[-1]
+
+
+__all__ = ["LEVELS", "changed_from", "confidence", "domain", "effect", "expected_best_of", "recipe", "welch"]
