@@ -422,3 +422,16 @@ class RecommendConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)
+
+    def with_quick_defaults(self) -> RecommendConfig:
+        """--quick's defaults where the user left them: 3 minutes, and yours+out (your model with output norms)
+        as the one other candidate; unchanged without --quick."""
+        from dataclasses import replace
+
+        if not self.quick:
+            return self
+        return replace(
+            self,
+            budget=QUICK_BUDGET if self.budget == RECOMMEND_BUDGET else self.budget,
+            candidates=("yours+out",) if tuple(self.candidates) == RECOMMEND_CANDIDATES else self.candidates,
+        )

@@ -366,12 +366,14 @@ def _top100_figure(root: Path, df: pd.DataFrame, axes: list[str]):  # noqa: ANN2
 
     keys = [a for a in axes if a != SEED]
     curves = []
+    fp16 = False  # the FP16 maximum is drawn only where a run stored its activations in fp16
     for row in df.to_dict("records"):
         run = SweepDir(root).run(row["run_id"])
         pts = run.probe_series("global", "top100_max")
         summary = run.summary() or {}
         if pts:
             curves.append((_group_label(row, keys), row.get(SEED), pts, summary.get("forensics")))
+            fp16 = fp16 or summary.get("activation_dtype") == "fp16"
     if not curves:
         return None
     labels = list(dict.fromkeys(c[0] for c in curves))
@@ -395,11 +397,14 @@ def _top100_figure(root: Path, df: pd.DataFrame, axes: list[str]):  # noqa: ANN2
                     color=line.get_color(),
                     zorder=5,
                 )
-        ax.axhline(FP16_MAX, ls="--", color="tab:orange", lw=1)
+        if fp16:
+            ax.axhline(FP16_MAX, ls="--", color="tab:orange", lw=1)
         ax.set(title=label, yscale="log", xlabel="step")
     panels.flat[0].set_ylabel("largest |hidden state| (top-100 max)")
     panels.flat[0].legend(fontsize=7)
-    fig.suptitle("Top-100 |activations| per seed; dashed: FP16 max 65504; X: overflowed", fontsize=10)
+    fig.suptitle(
+        "Top-100 |activations| per seed" + ("; dashed: FP16 max 65504; X: overflowed" if fp16 else ""), fontsize=10
+    )
     fig.tight_layout()
     return fig
 
@@ -424,6 +429,7 @@ def _report(
         fig, ax = plt.subplots(figsize=(7, 4.2))
         for _, g in curves.groupby(keys, sort=False, dropna=False) if keys else [((), curves)]:
             label = _group_label(g[keys].iloc[0].to_dict(), keys) if keys else "all"
+            g = g.sort_values(LR)  # in learning-rate order: in run order a curve can seem to improve with the rate
             (line,) = ax.plot(g[LR], g.final_loss_mean, marker="o", label=label)
             div = g[~g.divergences.str.startswith("0/")]
             if len(div):  # a diverged seed counts as its initial loss (the capped loss), as in the sensitivity

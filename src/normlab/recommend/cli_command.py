@@ -14,6 +14,7 @@ def recommend_command(model: str, cfg: RecommendConfig, extra: dict[str, Any], s
     """Recommend a placement for ``model`` (a size preset, a .toml or a transformers config.json) within
     ``cfg.budget`` minutes counted from ``started``; ``extra``: the proxies' run settings as text (--set, --steps)."""
     check_recommend_settings(extra)
+    cfg = cfg.with_quick_defaults()
     print(f"recommend: reading {model} (budget {cfg.budget:g} min)", flush=True)
     from normlab.recommend.shape import read_user_model
     from normlab.recommend.stages import recommend

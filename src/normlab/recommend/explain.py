@@ -305,8 +305,18 @@ def reason(result: dict[str, Any], ranked: list[Evidence]) -> str:
         parts.append(f"screen: {w.screen}" + (f" ({w.screen_why})" if w.screen_why and w.screen != "stable" else ""))
     conf = result.get("confidence") or {}
     head = "Recommended"
-    if conf.get("level") == "provisional":
-        head += f" (provisional: {'; '.join(conf.get('why') or [])})"
+    if conf:
+        cur_row = next((r for r in ranked if r.layout == result.get("current")), None)
+        behind = f"{w.finished} finished run(s) behind it" + (
+            f", {cur_row.finished} behind your {cur_row.layout}"
+            if cur_row is not None and cur_row is not w and cur_row.finished
+            else ""
+        )
+        cuts = [c.split(" (")[0].split(":")[0] for c in (result.get("plan") or {}).get("cut", [])]
+        bits = [*(conf.get("why") or []), f"{behind}, {conf.get('seeds')} seed(s)"]
+        if cuts:
+            bits.append("the budget cut: " + ", ".join(cuts))
+        head += f" ({conf['level']}: {'; '.join(bits)})"
     text = head + ": " + "; ".join(parts) + "."
     changed = result.get("changed_from")
     if changed:

@@ -7,7 +7,8 @@ A small budget buys a smaller answer, never a refusal while the smallest one fit
 
     smallest    MIN_CANDIDATES candidates (your current placement and the cheap screen's first picks),
                 each screened at your depth and trained once at the stress learning rate (one seed), at
-                min(your depth, MIN_DEPTH) layers
+                min(your depth, MIN_DEPTH) layers; with --quick (no screen), each candidate given trained
+                with two seeds at the stress learning rate, at the deepest proxy where that fits
     then, each step taken while the whole plan still fits FILL of the time left after the reserves:
       1. a final round: the best of the stress round and your current placement at a second learning rate
       2. more candidates, up to FEW_CANDIDATES
@@ -51,7 +52,8 @@ from normlab.recommend.cost import Calibration, makespan
 from normlab.recommend.shape import PROXY_WIDTH, proxy_shape, screen_shape
 from normlab.screen.wellposed import wellposedness
 
-LRS = {2: (1e-2, 1e-1), 3: (1e-2, 3e-2, 1e-1), 4: (3e-3, 1e-2, 3e-2, 1e-1)}  # log-spaced, up to the stress lr
+# log-spaced, up to the stress lr (1: the stress lr alone, --quick's smallest answer)
+LRS = {1: (1e-1,), 2: (1e-2, 1e-1), 3: (1e-2, 3e-2, 1e-1), 4: (3e-3, 1e-2, 3e-2, 1e-1)}
 LADDER = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0)  # where an edge learning rate extends to
 DEPTHS = (64, 48, 32, 24, 16, 12)
 MIN_DEPTH = 12  # the standard proxy's depth (the stress recipes': Pre-LN's fp16 overflow shows by step 20)
@@ -347,9 +349,11 @@ class _Planner:
                 n=min(MIN_CANDIDATES, len(self.order)),
                 depth=d,
                 steps=st,
-                finalists=0,
-                n_lrs=2,
-                n_seeds=1,
+                # --quick's smallest answer is two seeds of each candidate at the stress learning rate: an
+                # effect with an interval needs seed noise measured more than a deeper proxy or a second rate
+                finalists=0 if r.screen else min(2, len(self.order)),
+                n_lrs=2 if r.screen else 1,
+                n_seeds=1 if r.screen else 2,
                 extend=False,
                 width=self.widths[0],
             )

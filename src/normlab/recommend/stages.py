@@ -42,14 +42,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from normlab.config.commands import (
-    QUICK_BUDGET,
-    RECOMMEND_BASE,
-    RECOMMEND_BUDGET,
-    RECOMMEND_CANDIDATES,
-    RecommendConfig,
-    check_recommend_settings,
-)
+from normlab.config.commands import RECOMMEND_BASE, RecommendConfig, check_recommend_settings
 from normlab.errors import ConfigError
 from normlab.experiments.summary import summarize
 from normlab.io import own_folder
@@ -94,12 +87,7 @@ def recommend(
 ) -> dict[str, Any]:
     """Run the stages within `cfg.budget` minutes from `started` (the command's start; default now);
     returns the recommendation (also written to the folder)."""
-    if cfg.quick:  # the quick question: yours against the changes given (default: + output norms), 3 minutes
-        cfg = replace(
-            cfg,
-            budget=QUICK_BUDGET if cfg.budget == RECOMMEND_BUDGET else cfg.budget,
-            candidates=("yours+out",) if tuple(cfg.candidates) == RECOMMEND_CANDIDATES else cfg.candidates,
-        )
+    cfg = cfg.with_quick_defaults()  # the quick question: yours against the changes given, 3 minutes
     clock = BudgetClock(started or time.time(), cfg.budget * 60)
     workers = cfg.workers or os.cpu_count() or 1
     precision = cfg.precision or user.precision or "bf16"
@@ -268,8 +256,13 @@ def _log_plan(ctx: Context) -> None:
     p, log = ctx.plan, ctx.log
     final_lrs = ", ".join(f"{x:g}" for x in p.lrs)
     log(
-        f"  plan (kept in {ctx.folder.plan_file.name}; the same command resumes it): screen {len(p.screened)} of "
-        f"{len(p.order)} candidates at width {p.screen_width}; stress round at {p.depth} layers, {p.steps} "
+        f"  plan (kept in {ctx.folder.plan_file.name}; the same command resumes it): "
+        + (
+            f"screen {len(p.screened)} of {len(p.order)} candidates at width {p.screen_width}"
+            if p.screen
+            else "no screen"
+        )
+        + f"; stress round at {p.depth} layers, {p.steps} "
         f"steps, lr {p.stress_lr:g}; "
         + (
             f"final round {p.finalists} finalists x lr {final_lrs} x {len(p.seeds)} seed(s)"
@@ -277,6 +270,12 @@ def _log_plan(ctx: Context) -> None:
             else "no final round"
         )
         + ("; an edge learning rate extended where needed" if p.extend else "")
+        + (
+            f"; verify: the best {p.verify['k']} again at width {p.verify['width']}, predicted "
+            f"{minutes(p.verify['predicted_s'])}"
+            if p.verify
+            else ""
+        )
         + f"; predicted {minutes(p.predicted['total'])} of {ctx.clock.budget_s / 60:g}"
     )
     for cut in p.cut:
