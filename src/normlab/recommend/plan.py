@@ -11,9 +11,9 @@ A small budget buys a smaller answer, never a refusal while the smallest one fit
                 with two seeds at the stress learning rate, at the deepest proxy where that fits
     then, each step taken while the whole plan still fits FILL of the time left after the reserves:
       1. a final round: the best of the stress round and your current placement at a second learning rate
-      2. more candidates, up to FEW_CANDIDATES
-      3. a third finalist
-      4. a second seed
+      2. a second seed (the effect against your placement has no interval without seed noise)
+      3. more candidates, up to FEW_CANDIDATES
+      4. a third finalist
       5. one more learning rate beyond the edge, for the finalists whose best is the lowest or highest tried
       6. every candidate
       7. the final round for more finalists, up to all
@@ -407,8 +407,8 @@ class _Planner:
         return note
 
     def essential(self, s: _State) -> list[_State]:
-        """The small budget's steps, in order: the standard proxy, a final round, up to FEW_CANDIDATES
-        candidates, a third finalist, a second seed."""
+        """The small budget's steps, in order: the standard proxy, a final round, a second seed, up to
+        FEW_CANDIDATES candidates, a third finalist."""
         out = []
         if s.steps < self.req.steps:
             out.append(replace(s, steps=self.req.steps))
@@ -416,12 +416,12 @@ class _Planner:
             out.append(replace(s, depth=self.depths[self.depths.index(s.depth) + 1]))
         if s.finalists == 0 and s.n >= 2:
             out.append(replace(s, finalists=2))
+        if s.finalists and not self.req.seeds and s.n_seeds < 2:  # the effect's interval needs seed noise
+            out.append(replace(s, n_seeds=2))
         if s.n < min(FEW_CANDIDATES, len(self.order)):
             out.append(replace(s, n=s.n + 1))
         if s.finalists and s.finalists < min(3, s.n):
             out.append(replace(s, finalists=s.finalists + 1))
-        if s.finalists and not self.req.seeds and s.n_seeds < 2:
-            out.append(replace(s, n_seeds=2))
         return out
 
     def rest(self, s: _State) -> list[_State]:
