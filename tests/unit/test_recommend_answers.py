@@ -268,3 +268,18 @@ def test_the_deadline_waits_for_a_run_in_its_closing_evaluation_and_stops_one_st
     training = next(r for k, r in rows.items() if "seed1" in k)
     assert "time budget" not in (closing["reason"] or "")
     assert training["status"] == "failed" and "time budget at step 2 of 5" in training["reason"]
+
+
+def test_the_verify_stage_trains_in_mup_from_the_proxys_width_and_the_recipe_names_it():
+    """Wider than the proxy the runs are muP with base width 64 (at the base muP is SP: the proxies are
+    unchanged), so the proxy's learning rate is the one muP carries; SGD has no muP rule built: SP, said."""
+    from normlab.recommend.inputs import proxy_settings
+
+    user = _user("qwen3")
+    assert "model.parametrization" not in proxy_settings(user, 2, "bf16", {}, "adamw")
+    wide = proxy_settings(user, 2, "bf16", {}, "muon", width=128)
+    assert wide["model.parametrization"] == "mup" and wide["model.base_d_model"] == 64
+    assert "model.parametrization" not in proxy_settings(user, 2, "bf16", {}, "sgd", width=128)
+    w = _row("peri", best_lr=0.01)
+    assert answer.recipe(w)["parametrization"] == "mup" and "model.base_d_model=64" in answer.recipe(w)["words"]
+    assert answer.recipe(w, optimizer="sgd")["parametrization"] == "sp"

@@ -140,12 +140,22 @@ def confidence(
     }
 
 
-def recipe(winner: Evidence | None, label: str = "") -> dict[str, Any]:
+def recipe(winner: Evidence | None, label: str = "", optimizer: str = "adamw") -> dict[str, Any]:
     """recommendation.json's `recipe`: the layout, the proxy's best learning rate, and the parametrization
     that carries it to the user's width (muP from the proxy's width: at its base width muP is SP, so the
     proxy's learning rate is muP's base learning rate; `normlab.model.parametrization`)."""
     if winner is None:
         return {}
+    if optimizer == "sgd":  # muP's SGD rule is not built: the rate is SP's, measured at the proxy's width only
+        return {
+            "layout": winner.layout,
+            "label": label or winner.label,
+            "lr": winner.best_lr,
+            "parametrization": "sp",
+            "words": f"--layout {winner.layout!r}; lr {winner.best_lr} at the proxy's width {PROXY_WIDTH} under SGD in "
+            "standard parametrization: it does not carry to your width (the transfer study: the best rate fell 3x "
+            "from width 64 to 128 in SP; docs/results.md)",
+        }
     return {
         "layout": winner.layout,
         "label": label or winner.label,

@@ -149,9 +149,14 @@ def proxy_settings(
     width: int = PROXY_WIDTH,
 ) -> dict[str, Any]:
     """The proxy runs' settings: the stress settings, the user's block at the proxy shape (`width`: the
-    verify stage's), their precision stored (emulated on a CPU), their optimizer, and their own --set on top."""
+    verify stage's), their precision stored (emulated on a CPU), their optimizer, and their own --set on top.
+    Wider than the proxy (the verify stage) they train in muP with the proxy's width as the base shape, so the
+    proxy's learning rate is the one muP carries there (at its base width muP is SP: the proxies themselves
+    are unchanged; issue 54 item 4); under SGD they stay in SP (muP's SGD rule is not built)."""
     ref = SIZES[RECOMMEND_BASE["size"]].to_dict()
     model = {f"model.{k}": v for k, v in proxy_shape(user.config, depth, width).items() if ref.get(k) != v}
+    if width != PROXY_WIDTH and optimizer != "sgd":  # muP's SGD rule is not built (config.train refuses it)
+        model.update({"model.parametrization": "mup", "model.base_d_model": PROXY_WIDTH})
     return {**RECOMMEND_BASE, **model, "activation_dtype": precision, "optimizer": optimizer, **extra}
 
 

@@ -152,7 +152,7 @@ def conclude(ctx: Context, verify: dict[str, Any] | None = None) -> Recommendati
         },
         confidence=conf,
         effect=eff,
-        recipe=answer.recipe(winner),
+        recipe=answer.recipe(winner, optimizer=p.optimizer),
         domain=answer.domain(ctx.user, ctx.precision, p.optimizer, p.depth, record),
         changed_from=changed,
         dropped=derived.dropped(ctx.current, winner.layout) if winner else [],

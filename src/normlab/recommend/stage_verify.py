@@ -17,6 +17,7 @@ import pandas as pd
 from normlab.config.commands import RecommendConfig
 from normlab.errors import ConfigError
 from normlab.experiments import transfer
+from normlab.layout import as_layout
 from normlab.recommend import cost, plan
 from normlab.recommend.context import Context, minutes, stage_record
 from normlab.recommend.inputs import has_streams, proxy_settings, proxy_sweep
@@ -75,9 +76,10 @@ class VerifyStage:
         """The verify record (recommendation.json's "verify"), its round under "round" where it ran."""
         v = ctx.plan.verify
         assert v is not None
-        ranked = [r for r in result.ranking if r.get("rank") is not None]
-        top = [r["layout"] for r in ranked[: v["k"]]]
-        record: dict[str, Any] = {**v, "candidates": top}
+        ranked = [r for r in result.ranking if r.get("rank") is not None and not as_layout(r["layout"]).ngpt]
+        top = [r["layout"] for r in ranked[: v["k"]]]  # in muP from the proxy's width: nGPT sets its own (left out)
+        mup = ctx.plan.optimizer != "sgd"  # as proxy_settings trains them
+        record: dict[str, Any] = {**v, "candidates": top, "parametrization": "mup" if mup else "sp"}
         if len(top) < 2:
             return {**record, "status": "not run", "why": f"{len(top)} candidate(s) ranked: nothing to order"}
         lr = ranked[0].get("best_lr") or result.plan["stress"]["lr"]
