@@ -3,7 +3,7 @@ normlab.config, its flags generated from the declarations; its defaults a preset
 file, flags, --set: normlab.config.overrides), and one call into the layer that does the work, which returns
 what the command prints. Its help texts are normlab.config.help.
 
-    normlab layouts | show | demo | train | plan | screen | report | compare | sweep | summarize | transfer |
+    normlab layouts | show | demo | train | plan | screen | report | compare | sweep | summarize | transfer | leadtime |
             recipes | recommend | scan | doctor | convert | export | eval | data
 """
 
@@ -91,6 +91,13 @@ def _summarize(args: argparse.Namespace) -> str:
     from normlab.experiments.commands import summarize_command
 
     return summarize_command(args.sweep, args.out)
+
+
+def _leadtime(args: argparse.Namespace) -> int:
+    from normlab.experiments.commands import leadtime_command
+
+    leadtime_command(args.sweeps, args.json)
+    return 0
 
 
 def _transfer(args: argparse.Namespace) -> int:
@@ -258,6 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     command("summarize", _summarize)
     command("transfer", _transfer)
+    command("leadtime", _leadtime)
     command("recipes", _recipes)
     command(
         "recommend",

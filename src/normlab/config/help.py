@@ -53,6 +53,13 @@ HELP: dict[str, tuple[str, str | None]] = {
         "failures predicted vs seen (e.g. the transfer-* recipes)",
         None,
     ),
+    "leadtime": (
+        "how early each early-warning signal fires before a run diverges, and its false alarms on healthy runs",
+        "Replay every run of the sweeps through the early warnings (the live alerts' detectors: stream and "
+        "attention-logit growth against the precision, gradient-norm, loss and update/weight spikes, the spike "
+        "score) and tabulate per signal and placement the events warned of, the lead in steps and the false "
+        "alarms. Example: normlab leadtime runs/recipes/warn-lr-jump runs/recipes/warn-logit-growth",
+    ),
     "coordcheck": (
         "the coordinate check: activation sizes after a few steps across widths (muP's flat lines, SP's growth)",
         "Train LAYOUT at each width for a few steps at one learning rate and record the RMS of every block's "
@@ -179,6 +186,10 @@ INPUTS: dict[str, list[tuple[tuple[str, ...], dict[str, Any]]]] = {
                 "report renders the package's copy, src/normlab/recommend/transfer_record.json",
             },
         ),
+    ],
+    "leadtime": [
+        (("sweeps",), {"nargs": "+", "help": "sweep folders (e.g. the warn-* recipes')"}),
+        (("--json",), {"metavar": "FILE.json", "help": "also write the table and every run's warnings as JSON"}),
     ],
     "recipes": [
         (("--names",), {"action": TRUE, "help": "print the names only"}),

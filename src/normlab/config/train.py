@@ -314,6 +314,23 @@ class RunSettings:
         identity=False,
         check=positive,
     )
+    early_warnings: bool = setting(
+        True,
+        "alert while training when a signal predicts trouble (stream or attention-logit growth toward the "
+        "precision's limit, gradient-norm, loss and update/weight spikes, the spike score): a line on stderr, "
+        "warnings.jsonl, TensorBoard/W&B events (normlab.diagnostics.early_warning)",
+        identity=False,
+    )
+    fault: Literal["none", "lr_jump", "corrupt_batch", "logit_growth"] = setting(
+        "none",
+        "a fault injected from step fault_step, for the early-warning study (normlab.train.faults): lr_jump (the "
+        "learning rate x fault_scale from then on), corrupt_batch (fault_scale steps of batches of one repeated "
+        "token), logit_growth (W_q and W_k x sqrt(fault_scale) after every step: the logits grow x fault_scale a "
+        "step)",
+        choices=("none", "lr_jump", "corrupt_batch", "logit_growth"),
+    )
+    fault_step: int = setting(0, "the step the fault starts at", check=nonneg)
+    fault_scale: float = setting(10.0, "the fault's size (see fault)", check=positive)
     diverge_patience: int = setting(
         50, "diverged if the loss stays above its initial value this many steps (0: off)", check=nonneg
     )

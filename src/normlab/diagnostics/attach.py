@@ -27,6 +27,7 @@ from normlab.diagnostics.probe_store import ProbeWriter
 from normlab.diagnostics.probes import Probes
 from normlab.diagnostics.stats import angular_matrix, hidden_stats, massive_activations
 from normlab.errors import ConfigError
+from normlab.model.lm import NormLM
 
 
 class ProbeSession:
@@ -47,7 +48,7 @@ class ProbeSession:
 
 @contextlib.contextmanager
 def probing(
-    model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], every: int = 100, path: str | Path | None = None
+    model: NormLM, batch: tuple[torch.Tensor, torch.Tensor], every: int = 100, path: str | Path | None = None
 ) -> Iterator[ProbeSession]:
     if every < 1:
         raise ValueError(f"every must be >= 1, got {every}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from matplotlib.ticker import MaxNLocator
@@ -24,6 +25,9 @@ from normlab.diagnostics.stats import FP16_MAX
 from normlab.pages import legend as _legend
 from normlab.pages import panels as _grid
 from normlab.pages import plt
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def _trailing_mean(y: np.ndarray, window: int = 10) -> np.ndarray:
@@ -139,7 +143,9 @@ def fig_depth(runs: list[Run], names: list[str], metric: str, label: str):  # no
     return fig
 
 
-def _layer_grad(run: Run) -> object:
+def _layer_grad(run: Run) -> pd.DataFrame | None:
+    """Each block's gradient norm over its matrices: one row per probe step, one column per block (None: no
+    matrix gradient was probed)."""
     df = run.probes[(run.probes.metric == "grad_norm") & run.probes.site.str.contains("_proj")]
     if df.empty:
         return None

@@ -9,9 +9,9 @@ import dataclasses
 import math
 import numbers
 import operator
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sized
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -61,7 +61,8 @@ class AttentionLogits:
             return
         cos, sin = rope
         b, t, _ = h.shape
-        q, k = attn.q_proj(h), attn.k_proj(h)
+        # the module was found by its q_proj and k_proj (__init__): a transformers-convention attention
+        q, k = cast(nn.Module, attn.q_proj)(h), cast(nn.Module, attn.k_proj)(h)
         hd = getattr(attn, "head_dim", None) or cos.shape[-1]
         for name in ("q", "k"):
             norm = getattr(attn, f"{name}_norm", None)
@@ -207,8 +208,9 @@ class GradNorms:
         """The gradients as they are now: per (device, dtype), one ``torch._foreach_norm`` as ``clip_grad_norm_``
         computes it (in float32 for 16-bit gradients), squared in float64."""
         with torch.no_grad():
-            have = [p for p in params if p.grad is not None]
-            grads = [local(p.grad).detach() for p in have]
+            pairs = [(p, p.grad) for p in params if p.grad is not None]
+            have = [p for p, _ in pairs]
+            grads = [local(g).detach() for _, g in pairs]
             kinds: dict[tuple, list[int]] = {}
             for i, g in enumerate(grads):
                 kinds.setdefault((g.device, g.dtype), []).append(i)
@@ -221,7 +223,7 @@ class GradNorms:
                 except (RuntimeError, NotImplementedError):  # a device without foreach kernels
                     found = [torch.linalg.vector_norm(t, dtype=wide) for t in ts]
                 groups.append((idx, torch.stack(found).double().square()))
-        return cls(have, groups, [shard_groups(p.grad) for p in have], [g.device for g in grads], scale, at)
+        return cls(have, groups, [shard_groups(g) for _, g in pairs], [g.device for g in grads], scale, at)
 
     def read(self) -> dict[int, float]:
         """``id(parameter)`` -> its squared gradient norm over every shard, divided by the loss scale squared
@@ -253,7 +255,12 @@ class GradNorms:
 
 
 def _block_names(container: nn.Module | list | tuple) -> list[str]:
-    return list(container.keys()) if isinstance(container, nn.ModuleDict) else [str(i) for i in range(len(container))]
+    """A ModuleDict's keys; a ModuleList's, a Sequential's or a list's positions."""
+    if isinstance(container, nn.ModuleDict):
+        return list(container.keys())
+    if not isinstance(container, Sized):
+        raise TypeError(f"the blocks' container {type(container).__name__} has no length")
+    return [str(i) for i in range(len(container))]
 
 
 def resolve_blocks(model: nn.Module, blocks: Any) -> tuple[str, list[nn.Module], list[str]]:

@@ -227,7 +227,7 @@ def tally(sites: list[str | float | None]) -> str:
     return "; ".join(parts)
 
 
-def _fmt(v: float) -> str:
+def _fmt(v: float | None) -> str:
     return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3g}"
 
 

@@ -98,7 +98,7 @@ def tier_rows(rows: list[dict[str, Any]]) -> pd.DataFrame:
     rows step, layer, head (None for a per-layer metric), metric, value: the form `Run.layers` holds."""
     import pandas as pd
 
-    out = []
+    out: list[tuple[Any, int, int | None, str, float]] = []  # TIER_COLUMNS
     for r in rows:
         step = r.get("step")
         for metric, values in r.items():

@@ -51,8 +51,9 @@ the single process's on the same weights (tests/integration/test_distributed.py)
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -69,6 +70,8 @@ from normlab.diagnostics.stats import (
     sink_mass,
 )
 from normlab.model.block import SCALE_PARAMS
+from normlab.model.lm import NormLM
+from normlab.model.moe import MoE
 from normlab.model.norms import gain_of, is_norm
 from normlab.model.streams import composite_gain
 
@@ -106,15 +109,23 @@ class _Seen:
     weight_norms: dict[int, float]
 
 
+class OptimizerState(Protocol):
+    """What the probes read of an optimizer: its per-parameter ``state`` (a torch optimizer's, or normlab's
+    MuonAdamW's merged view of its two)."""
+
+    @property
+    def state(self) -> Mapping[torch.Tensor, Any]: ...
+
+
 class Probes:
     """Probe a `NormLM` on a fixed batch ``(inputs, targets)``; see the module docstring."""
 
     def __init__(
         self,
-        model: nn.Module,
+        model: NormLM,
         batch: tuple[torch.Tensor, torch.Tensor],
         top_k: int = 100,
-        optimizer: torch.optim.Optimizer | None = None,
+        optimizer: OptimizerState | None = None,
     ) -> None:
         """``optimizer``: an Adam-family optimizer whose moments (exp_avg, exp_avg_sq) are recorded per block."""
         self.model, self.batch, self.top_k, self.optimizer = model, batch, top_k, optimizer
@@ -123,7 +134,7 @@ class Probes:
     def _row(self, rows: list, step: int, layer: int | None, site: str, metric: str, value: float) -> None:
         rows.append({"step": step, "layer": layer, "site": site, "metric": metric, "value": float(value)})
 
-    def _stream_rows(self, rows: list, step: int, model: nn.Module, hidden: list[torch.Tensor]) -> None:
+    def _stream_rows(self, rows: list, step: int, model: NormLM, hidden: list[torch.Tensor]) -> None:
         """Hyper-connections (n > 1 streams, normlab.model.streams): each stream's scale by depth, each connection's
         mixing (the last forward's, per token) and the composite mixing's gain so far (Xie et al. 2025's
         quantity: 1 when every res is doubly stochastic)."""
@@ -308,10 +319,10 @@ class Probes:
             for site, p in mods[f"blocks.{i}"].named_parameters()
             if SCALE_PARAMS.get(site.rpartition(".")[2]) is not None
         ]
-        for (site, _), m in zip(scales, moments([p.detach() for _, p in scales])):
+        for (site, _), mom in zip(scales, moments([p.detach() for _, p in scales])):
             prefix = SCALE_PARAMS[site.rpartition(".")[2]]
-            self._row(rows, step, i, site, f"{prefix}_mean", m.mean)
-            self._row(rows, step, i, site, f"{prefix}_abs_max", m.max_abs)
+            self._row(rows, step, i, site, f"{prefix}_mean", mom.mean)
+            self._row(rows, step, i, site, f"{prefix}_abs_max", mom.max_abs)
 
     def _attention_rows(self, rows: list, step: int, seen: _Seen, i: int) -> None:
         """Block ``i``'s attention: max logit, entropy and sinks (mean and per head), and a gate's scores."""
@@ -336,7 +347,8 @@ class Probes:
         """Routing (MoE layers): the share of assignments per expert, its max over the uniform share, entropy."""
         for i in range(seen.n_layers):
             moe = seen.mods[f"blocks.{i}.mlp"]
-            if getattr(moe, "load", None) is not None:
+            if isinstance(moe, MoE) and moe.load is not None:  # a MoE layer after a forward
+                assert moe.entropy is not None and moe.aux is not None  # each forward sets them with `load`
                 for e, share in enumerate(moe.load.tolist()):
                     self._row(rows, step, i, f"moe.expert{e}", "load", share)
                 self._row(rows, step, i, "moe", "load_max_ratio", moe.load.max().item() * len(moe.load))
@@ -389,10 +401,10 @@ class Probes:
 
     def _gamma_rows(self, rows: list, step: int, layer: int | None, site: str, norm: nn.Module) -> None:
         """gamma's mean, min and max (ScaleNorm's g: one value); DyT's alpha too; nothing for a gain-free norm."""
-        if getattr(norm, "alpha", None) is not None:
-            self._row(rows, step, layer, site, "alpha", moments([norm.alpha.detach()])[0].mean)
-        if getattr(norm, "shift", None) is not None:  # Derf's s
-            self._row(rows, step, layer, site, "shift", moments([norm.shift.detach()])[0].mean)
+        if (alpha := getattr(norm, "alpha", None)) is not None:
+            self._row(rows, step, layer, site, "alpha", moments([alpha.detach()])[0].mean)
+        if (shift := getattr(norm, "shift", None)) is not None:  # Derf's s
+            self._row(rows, step, layer, site, "shift", moments([shift.detach()])[0].mean)
         g = gain_of(norm)  # a centered gain's 1 + w
         if g is None:
             return

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,7 @@ def activation_facts(run: Run) -> dict:
     broken = [st for st, v in tops.items() if not math.isfinite(v)]
     last = max(finite) if finite else None
     before = f"; last finite max {finite[last]:.4g} (step {last})" if last is not None else ""
+    headroom: str | float | None  # where it overflowed, or 65504 / max |x|
     if forward.get("kind") == "overflow":
         headroom = f"overflowed (step {s['forensics'].get('step')}){before}"
     elif broken:
@@ -171,11 +173,11 @@ def reading_lines(runs: list[Run], names: list[str]) -> list[str]:
     stalled = [n for n, r in zip(names, runs) if r.summary.get("status") == "stalled"]
     if stalled:
         lines.append(f"Stalled at the corpus's unigram loss (learned token frequencies only): {', '.join(stalled)}.")
-    peaks = [
+    seen = [
         (n, r.summary.get("max_activation"), ((r.summary.get("forensics") or {}).get("forward") or {}).get("kind"))
         for n, r in zip(names, runs)
     ]
-    peaks = [(n, v, k) for n, v, k in peaks if isinstance(v, (int, float))]
+    peaks = [(n, v, k) for n, v, k in seen if isinstance(v, (int, float))]
     if peaks:
 
         def said(v: float, kind: str | None) -> str:
@@ -194,10 +196,10 @@ def reading_lines(runs: list[Run], names: list[str]) -> list[str]:
             f"Hidden-state variance at the last layer, step {step} (the last probe where every run was "
             "finite): " + "; ".join(f"{n} {v:,.4g}" for n, v in sorted(zip(names, values), key=lambda p: -p[1])) + "."
         )
-    losses = [
+    finished = [
         (n, r.summary.get("final_loss")) for n, r in zip(names, runs) if r.summary.get("status") in ("ok", "stalled")
     ]
-    losses = [(n, v) for n, v in losses if isinstance(v, (int, float))]
+    losses = [(n, v) for n, v in finished if isinstance(v, (int, float))]
     if losses:
         best = min(losses, key=lambda p: p[1])
         lines.append(
@@ -247,7 +249,7 @@ def eval_rows(runs: list[Run], names: list[str]) -> list[dict]:
     return rows
 
 
-def make_report(run_dirs: list[str | Path], out: str | Path) -> Path:
+def make_report(run_dirs: Sequence[str | Path], out: str | Path) -> Path:
     """Render the figures as PNGs into ``out`` and write ``out/index.html``; returns its path."""
     runs = [load_run(p) for p in run_dirs]
     names = _names(runs)
@@ -323,8 +325,8 @@ def report_runs(paths: list[str], out: str | None = None, log: Any = print) -> P
         if inner:
             log(f"reading {', '.join(str(c) for c in inner)} (the run folder{'s' if len(inner) > 1 else ''} in {path})")
         runs += inner or [path]
-    for r in runs:
-        RunDir(r).check_logged()
+    for run in runs:
+        RunDir(run).check_logged()
     first = Path(paths[0])
     sweep_given = len(paths) == 1 and SweepDir(first).is_sweep()
     return make_report(runs, out or (SweepDir(first).report_dir if sweep_given else runs[0].parent / REPORT_DIR))

@@ -16,9 +16,14 @@ from __future__ import annotations
 import math
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:  # for the annotations only (see below: the module is never imported here)
+    from torch.distributed.tensor import DTensor
+    from typing_extensions import TypeIs
 
 # torch.distributed.tensor is read from sys.modules, never imported here: a DTensor exists only once something
 # (FSDP2, a device mesh) has imported that module, and importing it costs about a second of CPU in every
@@ -48,7 +53,7 @@ class Moments:
         return math.sqrt(self.sumsq / self.count) if self.count else math.nan
 
 
-def is_sharded(t: torch.Tensor) -> bool:
+def is_sharded(t: torch.Tensor) -> TypeIs[DTensor]:
     dtensor = getattr(sys.modules.get(_DTENSOR_MODULE), "DTensor", None)  # None: nothing can be sharded yet
     return dtensor is not None and isinstance(t, dtensor)
 

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
@@ -155,14 +156,17 @@ def _is_spike(value: float, history: list[float], window: int, sigmas: float) ->
 
 
 def spike_score(
-    losses: list[float], grad_norms: list[float], window: int = SPIKE_SCORE_WINDOW, sigmas: float = SPIKE_SCORE_SIGMAS
+    losses: Sequence[float | None],
+    grad_norms: Sequence[float | None],
+    window: int = SPIKE_SCORE_WINDOW,
+    sigmas: float = SPIKE_SCORE_SIGMAS,
 ) -> dict[str, float | int | None]:
     """OLMo-core's spike score (StabilityMonitorCallback, "spike/SpikeScore (total)"): the share of a run's steps
     whose training loss or gradient norm exceeds the mean of the previous ``window`` (128) values of the same
     series by more than ``sigmas`` (6) standard deviations; a series is checked only once its window is full, and
     the score is defined once ``window`` steps were seen (None before: a run shorter than its window).
     Non-finite values are not spikes here (the divergence rules count them) and do not enter the windows.
-    ``losses`` and ``grad_norms`` are per step, aligned (a missing value: NaN)."""
+    ``losses`` and ``grad_norms`` are per step, aligned (a missing value: NaN or None)."""
     loss_hist: list[float] = []
     grad_hist: list[float] = []
     spikes = steps = 0

@@ -23,8 +23,21 @@ in memory, of the local shard under FSDP2), and two reads back to the host per s
 docs/benchmarks.md: about 2% of a step on the CPU, 15-25% of an eager gpu-126m step on an H100, where the
 eager step's CPU time already exceeds its device time (every launch added is paid). The hooks are active from
 `reset` (a tier step's forward) to `before_step`, so evaluations, probe passes and spike replays between do
-not run them. The hooks are not installed on a compiled model (a hook inside a torch.compile graph breaks
-it): there, stream_max and the logits are absent from the rows and the rest is recorded.
+not run them.
+
+Under torch.compile (``compiled=True``: the hooks are registered before the model's first compiled call, and
+Dynamo traces forward hooks into the graph) the hooks have no Python state to branch on: every compiled
+forward computes the maxima and sampled logits as reductions inside the graph and folds them, in place, into
+one device buffer (``torch.maximum`` into its slices; a mutated graph input, no output added). The cadence
+stays on the host: `reset` refills the buffer before a tier step's forward and `before_step` copies it, so
+the graph is the same at every step and every cadence (no guard on the cadence, no recompile, no graph break:
+tests/unit/test_tier_compile.py counts them with torch._dynamo's counters). The price is that the reductions
+run in every compiled forward, tier step or not (evaluations included; their values are overwritten by the
+next `reset`). The same design as torchtitan's compile-safe tensor statistics (the cadence a host-side
+decision, the statistics a fixed part of the graph), written here for the tier's own quantities. Forward
+calls outside the compiled graph (the probe pass on the plain module) keep the eager window. With activation
+checkpointing, a compiled tier sets torch._dynamo's ``skip_fwd_side_effects_in_bwd_under_checkpoint``
+(the recompute in the backward would only record the same maxima again).
 
 Under torchrun the values are reduced across ranks before they are read: the sums of squares of sharded
 parameters and gradients (FSDP2) are summed, the activation maxima (each rank saw its share of the batch)
@@ -44,6 +57,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from normlab.diagnostics.shards import is_sharded, local
 from normlab.diagnostics.training_monitor import SpikeRule
@@ -54,8 +68,8 @@ QUERIES = 8  # query positions per sequence whose logits are computed exactly
 class StepTier:
     """Hooks a NormLM (or its FSDP2/DDP-unwrapped module) for the per-step tier (module docstring)."""
 
-    def __init__(self, model: nn.Module, hooks: bool = True, queries: int = QUERIES) -> None:
-        self.blocks = list(model.blocks)
+    def __init__(self, model: nn.Module, hooks: bool = True, queries: int = QUERIES, compiled: bool = False) -> None:
+        self.blocks: list[nn.Module] = list(model.get_submodule("blocks").children())
         self.queries = queries
         self.params = [[p for p in b.parameters() if p.requires_grad] for b in self.blocks]
         self.sharded = any(is_sharded(p) for ps in self.params for p in ps)
@@ -64,11 +78,29 @@ class StepTier:
         self.heads = [getattr(b.attn, "n_heads", None) for b in self.blocks]
         self.width = max((x or 1 for x in self.heads), default=1)  # heads per layer in the logit rows
         self.hooked = hooks
+        self.compiled = compiled  # the hooks write one device buffer (module docstring) instead of Python lists
         self.active = True  # the hooks' window: from `reset` to `before_step` (outside it they return at once)
-        self._handles: list = []
+        self._handles: list[RemovableHandle] = []
         self._before: list[list[torch.Tensor]] | None = None
-        self._qk: dict[int, torch.Tensor] = {}
+        n, h = len(self.blocks), self.width
+        # compiled: [stream (n+1) | logits (n x h) | bounds (n x h)], and what `reset` refills it with
+        self._empty = torch.cat(
+            [torch.zeros(n + 1, device=self.device), torch.full((2 * n * h,), -math.inf, device=self.device)]
+        )
+        self._buffer = self._empty.clone()
+        self._pending_q: list[torch.Tensor | None] = [None] * n  # a layer's q until its k arrives
+        self._streams: list[torch.Tensor | None] = []
+        self._logits: list[torch.Tensor | None] = []
+        self._bounds: list[torch.Tensor | None] = []
+        self._pre: dict[str, Any] | None = None
+        self._pre_t: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._weights: list[float] = []
         self.reset()
+        if compiled:
+            # With activation checkpointing a block's forward is traced as a checkpoint region, which refuses the
+            # hooks' writes (a Python side effect) unless it may skip replaying them in the backward's recompute:
+            # eager replays them, recording the same maxima again, so skipping changes no value (process-wide).
+            torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
         if hooks:
             self.attach()
 
@@ -77,8 +109,12 @@ class StepTier:
         self._handles.append(self.blocks[0].register_forward_pre_hook(self._entering))
         for i, block in enumerate(self.blocks):
             self._handles.append(block.register_forward_hook(lambda m, a, o, i=i: self._leaving(i, o)))
-            self._handles.append(block.attn.q.register_forward_hook(lambda m, a, o, i=i: self._tap(i, "q", o)))
-            self._handles.append(block.attn.k.register_forward_hook(lambda m, a, o, i=i: self._tap(i, "k", o)))
+            self._handles.append(
+                block.get_submodule("attn.q").register_forward_hook(lambda m, a, o, i=i: self._tap(i, "q", o))
+            )
+            self._handles.append(
+                block.get_submodule("attn.k").register_forward_hook(lambda m, a, o, i=i: self._tap(i, "k", o))
+            )
 
     def reset(self) -> None:
         """Before a tier step's forward: the maxima start again and the hooks record until `before_step`."""
@@ -86,39 +122,56 @@ class StepTier:
         n = len(self.blocks)
         # One 0-d / (heads,) tensor per site, kept apart and stacked once in `before_step`: indexing a step-wide
         # buffer from every hook cost a launch per write (on CUDA the forward is partly launch-bound).
-        self._streams: list[torch.Tensor | None] = [None] * (n + 1)
-        self._logits: list[torch.Tensor | None] = [None] * n
-        self._bounds: list[torch.Tensor | None] = [None] * n
-        self._qk = {}
-        self._pre: list[float] | None = None
+        self._streams = [None] * (n + 1)
+        self._logits = [None] * n
+        self._bounds = [None] * n
+        self._pending_q = [None] * n
+        self._pre = None
+        if self.compiled:
+            self._buffer.copy_(self._empty)  # in place: the compiled graph holds this tensor
 
     # -- the forward: stream maxima and sampled logits --
-    @torch.no_grad()
-    def _entering(self, module: nn.Module, args: tuple) -> None:
-        if self.active and args and isinstance(args[0], torch.Tensor):
-            _keep_max(self._streams, 0, _abs_max(args[0]))
+    def _recording(self) -> bool:
+        """Whether a hook records: always inside a compiled graph (no Python branch there: module docstring),
+        else in the window from `reset` to `before_step`."""
+        return torch.compiler.is_compiling() or self.active
 
-    @torch.no_grad()
+    def _keep(self, parts: list[torch.Tensor | None], i: int, start: int, value: torch.Tensor) -> None:
+        """Fold ``value`` into the step's maximum at site ``i``: the Python list (eager) or, compiled, the
+        buffer's slice from ``start``."""
+        if self.compiled:
+            seg = self._buffer[start : start + value.numel()]
+            seg.copy_(torch.maximum(seg, value.reshape(seg.shape)))
+        else:
+            _keep_max(parts, i, value)
+
+    def _entering(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+        if self._recording() and args and isinstance(args[0], torch.Tensor):
+            self._keep(self._streams, 0, 0, _abs_max(args[0]))
+
     def _leaving(self, i: int, out: Any) -> None:
-        if not self.active:
+        if not self._recording():
             return
         x = out[0] if isinstance(out, tuple) else out
-        _keep_max(self._streams, i + 1, _abs_max(x))
+        self._keep(self._streams, i + 1, i + 1, _abs_max(x))
 
-    @torch.no_grad()
     def _tap(self, i: int, which: str, x: torch.Tensor) -> None:
-        if not self.active:
+        if not self._recording():
             return
-        key = 2 * i + (which == "k")
-        self._qk[key] = x.detach()
-        q, k = self._qk.get(2 * i), self._qk.get(2 * i + 1)
-        if q is None or k is None:
+        if which == "q":
+            self._pending_q[i] = x.detach()
             return
-        del self._qk[2 * i], self._qk[2 * i + 1]
+        q = self._pending_q[i]
+        if q is None:
+            return
+        self._pending_q[i] = None
         scale = getattr(self.blocks[i].attn, "scale", None) or q.shape[-1] ** -0.5
-        logit, bound = sampled_logits(q, k, scale, self.queries)
-        _keep_max(self._logits, i, logit)
-        _keep_max(self._bounds, i, bound)
+        logit, bound = sampled_logits(q, x.detach(), scale, self.queries)
+        if len(logit) > self.width:
+            raise ValueError(f"a block reported more than the {self.width} heads its attention declares")
+        n, h = len(self.blocks), self.width
+        self._keep(self._logits, i, n + 1 + i * h, logit)
+        self._keep(self._bounds, i, n + 1 + (n + i) * h, bound)
 
     def _extremes(self) -> torch.Tensor:
         """The step's maxima as one vector: stream (n+1; 0 where the forward did not run the hooks), then logits
@@ -144,7 +197,7 @@ class StepTier:
         sums = _sumsq_by_group(grads + [[local(p) for p in ps] for ps in self.params], self.device)
         if self.sharded:
             dist.all_reduce(sums)
-        extremes = self._extremes()
+        extremes = self._buffer.clone() if self.compiled else self._extremes()
         if self.world > 1 and self.hooked:
             dist.all_reduce(extremes, op=dist.ReduceOp.MAX)
         self._pre_t = (sums, extremes)
@@ -156,6 +209,8 @@ class StepTier:
 
     def read(self) -> dict[str, Any]:
         """The values of `before_step` on the host (one read-back): grad_norm, stream_max, logits by layer."""
+        if self._pre_t is None:
+            raise RuntimeError("StepTier.read before before_step: no values yet")
         sums, extremes = self._pre_t
         n, h = len(self.blocks), self.width
         s, e = sums.tolist(), extremes.tolist()
@@ -173,10 +228,9 @@ class StepTier:
     def after_step(self, applied: bool) -> dict[str, Any]:
         """After the optimizer step: update RMS and update/weight ratio per block (0 for a skipped step); the
         step's whole row."""
-        if self._pre is None:
-            self.read()
+        pre = self._pre if self._pre is not None else self.read()
         n = len(self.blocks)
-        if applied:
+        if applied and self._before is not None:
             for buf, ps in zip(self._before, self.params):
                 torch._foreach_sub_(buf, [local(p).detach() for p in ps])  # the copy becomes -dW
             upd = _sumsq_by_group(self._before, self.device)
@@ -186,7 +240,7 @@ class StepTier:
         else:
             upd_l = [0.0] * n
         counts = [sum(p.numel() for p in ps) for ps in self.params]
-        row = dict(self._pre)
+        row = dict(pre)
         row["update_rms"] = [math.sqrt(u / c) if c else 0.0 for u, c in zip(upd_l, counts)]
         row["update_ratio"] = [math.sqrt(u) / math.sqrt(w) if w > 0 else 0.0 for u, w in zip(upd_l, self._weights)]
         return row
@@ -228,6 +282,13 @@ def _sumsq_by_group(groups: list[list[torch.Tensor]], device: torch.device) -> t
 _SAMPLES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # (T, queries, device) -> query rows, causal mask
 
 
+def _sample_rows(t: int, queries: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sampled query positions (``queries`` evenly spaced over ``t``, the last included) and, for each, the
+    keys after it (True: masked)."""
+    idx = torch.linspace(0, t - 1, min(queries, t), device=device).round().long()
+    return idx, torch.arange(t, device=device)[None, :] > idx[:, None]
+
+
 def sampled_logits(
     q: torch.Tensor, k: torch.Tensor, scale: float, queries: int = QUERIES
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -237,14 +298,16 @@ def sampled_logits(
     t = q.shape[-2]
     if k.shape[1] != q.shape[1]:
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-    key = (t, queries, str(q.device))
-    if key not in _SAMPLES:
-        if len(_SAMPLES) > 64:  # sequence lengths vary (evaluations, generation): keep the cache small
-            _SAMPLES.clear()
-        with torch.inference_mode(False):  # ordinary tensors, usable later with gradients on
-            idx = torch.linspace(0, t - 1, min(queries, t), device=q.device).round().long()
-            _SAMPLES[key] = idx, torch.arange(t, device=q.device)[None, :] > idx[:, None]
-    idx, future = _SAMPLES[key]
+    if torch.compiler.is_compiling():  # made in the graph (constants there): a cache lookup would add guards
+        idx, future = _sample_rows(t, queries, q.device)
+    else:
+        key = (t, queries, str(q.device))
+        if key not in _SAMPLES:
+            if len(_SAMPLES) > 64:  # sequence lengths vary (evaluations, generation): keep the cache small
+                _SAMPLES.clear()
+            with torch.inference_mode(False):  # ordinary tensors, usable later with gradients on
+                _SAMPLES[key] = _sample_rows(t, queries, q.device)
+        idx, future = _SAMPLES[key]
     logits = (q[:, :, idx].float() * scale) @ k.float().transpose(-1, -2)  # (B, H, queries, T)
     exact = logits.masked_fill(future, -math.inf).amax(dim=(0, 2, 3))
     norm = torch.linalg.vector_norm  # in float32 without a float copy of q and k

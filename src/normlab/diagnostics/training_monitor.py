@@ -86,7 +86,7 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict, Unpack
+from typing import Any, TextIO, TypedDict, Unpack, cast
 
 import numpy as np
 import torch
@@ -243,7 +243,7 @@ class TrainingMonitor:
         }
         if self.block_names != [str(i) for i in range(len(self.blocks))]:
             self.record["block_names"] = self.block_names
-        self.metrics_file = None
+        self.metrics_file: TextIO | None = None  # the main rank's metrics.jsonl and probes.jsonl, once `_open`ed
         self.writer: ProbeWriter | None = None
         self._hook = model.register_forward_hook(self._on_forward, with_kwargs=True)
 
@@ -403,6 +403,7 @@ class TrainingMonitor:
         total = grads.total()
         row = {"step": step, "loss": loss, "grad_norm": total}
         if self.main:
+            assert self.metrics_file is not None  # opened by the first step's `_open`
             self.metrics_file.write(json.dumps(row) + "\n")
         threshold = self.spike.threshold(self.history) if self.spike else None
         spiked = threshold is not None and loss is not None and math.isfinite(loss) and loss > threshold
@@ -410,8 +411,10 @@ class TrainingMonitor:
         if probed:
             rows = self._grad_rows(step, squares) + self._probe_rows(step)
             if self.main:
+                assert self.writer is not None
                 self.writer.write(rows)
         if spiked:
+            assert loss is not None and threshold is not None  # a spike is a finite loss past the threshold
             self._save_spike(step, loss, threshold)
         if loss is not None and math.isfinite(loss):
             self.history.append(loss)
@@ -460,7 +463,8 @@ class TrainingMonitor:
                 reshard(self.model)
             rows += self.logits.rows(step)
         norms_ = [(i, path, norm) for i, block in enumerate(self.blocks) for path, norm in norm_modules(block).items()]
-        for (i, path, _), m in zip(norms_, moments([n.weight for _, _, n in norms_])):
+        # norm_modules keeps the modules whose weight is a tensor
+        for (i, path, _), m in zip(norms_, moments([cast(torch.Tensor, n.weight) for _, _, n in norms_])):
             site = self.sites.get(unwrapped_path(path), unwrapped_path(path))
             for metric, value in (("gamma_mean", m.mean), ("gamma_min", m.minimum), ("gamma_max", m.maximum)):
                 rows.append({"step": step, "layer": i, "site": site, "metric": metric, "value": float(value)})
@@ -497,6 +501,7 @@ class TrainingMonitor:
             {"step": step, "loss": loss, "batch_loss": loss_of_batch, "threshold": threshold, "batch": tensors}, buf
         )
         atomic_write_bytes(path, buf.getvalue())
+        assert self.writer is not None  # the main rank's, opened by the first step's `_open`
         self.writer.write(rows)  # the offending batch's own probe pass, beside the fixed batch's
         record = {"step": step, "loss": loss, "threshold": threshold, "batch_loss": loss_of_batch, "file": str(path)}
         self.spikes.append(record)
@@ -513,6 +518,7 @@ class TrainingMonitor:
         if self._started and self._last_step is not None and not self._probed_last:
             rows = self._probe_rows(self._last_step + 1)
             if self.main:
+                assert self.writer is not None
                 self.writer.write(rows)
         self._hook.remove()
         self._closed = True
@@ -525,6 +531,7 @@ class TrainingMonitor:
             return {}
         if not self._started:
             self._open(0)
+        assert self.metrics_file is not None and self.writer is not None  # `_open`ed on the main rank
         self.metrics_file.close()
         self.writer.close()
         last = self.last_loss if self.last_loss is not None else self.last_grad_norm

@@ -68,6 +68,17 @@ def check_sweep_folders(paths: list[str], what: str, lost_ok: bool = False) -> N
             raise ConfigError(f"{path} holds no {STORE}; give {what}")
 
 
+def leadtime_command(sweeps: list[str], json_out: str | None) -> None:
+    """`normlab leadtime`: the early warnings' lead times and false alarms over ``sweeps``
+    (normlab.experiments.leadtime); ``json_out``: also as JSON."""
+    from normlab.experiments import leadtime
+
+    check_sweep_folders(sweeps, "folders written by normlab sweep (e.g. the warn-* recipes')")
+    if json_out and not json_out.endswith(".json"):
+        raise ConfigError(f"--json {json_out}: give a .json file")
+    print(leadtime.report(sweeps, json_out), flush=True)
+
+
 def transfer_command(proxy: str, others: list[str], lrs: str, record: str | None) -> None:
     """`normlab transfer`: print the proxy sweep's ranking against each of ``others``
     (normlab.experiments.transfer); ``record``: a transfer record (.json) to write or update, said after."""

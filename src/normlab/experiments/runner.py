@@ -44,7 +44,7 @@ from normlab.experiments.sweep import RunSpec, SweepConfig
 from normlab.experiments.workers import ForkedWorker
 from normlab.experiments.workers import available as workers_available
 from normlab.io import atomic_write_bytes, own_folder
-from normlab.runs.files import SweepDir
+from normlab.runs.files import RunDir, SweepDir
 from normlab.runs.lock import FolderLock
 from normlab.runs.outcome import FINISHED, describe
 from normlab.runs.store import SweepStore, open_store
@@ -143,7 +143,7 @@ class Deadline:
 
 def trained_steps(run: Path) -> int:
     """How many optimizer steps a run folder's metrics.jsonl records (its last line's step + 1; 0 if none)."""
-    path = run / "metrics.jsonl"
+    path = RunDir(run).metrics_file
     try:
         with path.open("rb") as f:
             f.seek(0, os.SEEK_END)

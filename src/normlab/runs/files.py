@@ -121,6 +121,11 @@ class RunDir:
     def spikes_file(self) -> Path:
         return self.path / SPIKES
 
+    @property
+    def warnings_file(self) -> Path:
+        """The early warnings' alerts as they fired (`normlab.diagnostics.early_warning`), one JSON line each."""
+        return self.path / "warnings.jsonl"
+
     def spike_batch_file(self, step: int) -> Path:
         return self.path / SPIKE_BATCHES / f"step_{step}.pt"
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from normlab.errors import ConfigError
+from normlab.model.lm import NormLM
 
 
 @dataclass(frozen=True)
@@ -70,12 +71,13 @@ def teardown(info: DistInfo, clean: bool = True) -> None:
         dist.destroy_process_group()
 
 
-def unwrap(model: nn.Module) -> nn.Module:
-    """The model inside a DDP wrapper (FSDP2 shards the model in place: it is its own)."""
-    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+def unwrap(model: nn.Module) -> NormLM:
+    """The `NormLM` inside a DDP wrapper (FSDP2 shards the model in place: it is its own); ``model`` is what `wrap`
+    returned."""
+    return cast(NormLM, model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model)
 
 
-def wrap(model: nn.Module, info: DistInfo, fsdp: bool) -> nn.Module:
+def wrap(model: NormLM, info: DistInfo, fsdp: bool) -> nn.Module:
     if not info.enabled:
         return model
     if fsdp:

@@ -110,6 +110,15 @@ class Sinks:
             self.bar.set_postfix(post, refresh=False)
             self.bar.update(1)
 
+    def alert(self, step: int, signal: str, text: str) -> None:
+        """An early warning (`normlab.diagnostics.early_warning`): a line on stderr, a text event in
+        TensorBoard (tag warnings/SIGNAL) and a W&B alert."""
+        self.note(text)
+        if self.tb is not None:
+            self.tb.add_text(f"warnings/{signal}", text, step)
+        if self.wandb is not None:
+            self.wandb.alert(title=f"normlab: {signal}", text=text)
+
     def note(self, text: str) -> None:
         """A line about the run while it trains: on stderr, above the progress bar where one is drawn."""
         from tqdm import tqdm

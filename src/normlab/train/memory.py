@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 
@@ -87,7 +88,7 @@ def _saved_bytes(
     tokens (one sequence), measured on the CPU; ``widths``: the model options of a narrower copy."""
     from normlab.model.build import build_model
 
-    options = {
+    options: dict[str, Any] = {
         **cfg.model.options,
         "n_layers": n_layers,
         "vocab_size": vocab,
@@ -251,7 +252,7 @@ def check_fits(cfg: TrainConfig, capacity: int | None, world: int = 1, vocab: in
 def fitting_options(cfg: TrainConfig, capacity: int, world: int = 1) -> list[str]:
     """Settings that bring ``cfg`` under ``capacity`` bytes, each with its planned total."""
     tried = []
-    candidates = []
+    candidates: list[tuple[dict[str, int | bool], str]] = []  # (settings, the flags that set them)
     if not cfg.run.activation_checkpointing:
         candidates.append(({"activation_checkpointing": True}, "--activation-checkpointing"))
     accum = cfg.data.grad_accum

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from normlab.config.optimizers import OPTIMIZERS
+from normlab.model.lm import NormLM
 from normlab.train.optim import muon_matrices
 
 # TFLOP/s, dense: (bf16, fp16, tf32, fp32 without tensor cores)
@@ -50,7 +51,7 @@ HBM_TBPS: dict[str, float] = {
 }
 
 
-def flops_per_token(model: nn.Module, seq_len: int) -> int:
+def flops_per_token(model: NormLM, seq_len: int) -> int:
     """6 N + 12 L H Q T for a `NormLM` (see the module docstring)."""
     weights = {id(m.weight): m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear)}
     cfg = model.config
@@ -69,7 +70,7 @@ def optimizer_flops(model: nn.Module, optimizer: str, ns_steps: int) -> int:
     takes (each expert's matrix on its own); 0 for AdamW and SGD."""
     if OPTIMIZERS[optimizer].step_flops != "newton_schulz":
         return 0
-    shapes = [tuple(p.shape[-2:]) for p in muon_matrices(model) for _ in range(p.shape[0] if p.ndim > 2 else 1)]
+    shapes = [(p.shape[-2], p.shape[-1]) for p in muon_matrices(model) for _ in range(p.shape[0] if p.ndim > 2 else 1)]
     return sum(newton_schulz_flops(s, ns_steps) for s in shapes)
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -28,9 +29,19 @@ from torch import nn
 from normlab.config.train import TrainConfig
 from normlab.layout.sites import GAIN_KINDS
 from normlab.model.block import scale_params
+from normlab.model.lm import NormLM
 from normlab.model.norms import is_norm
 from normlab.model.parametrization import ParamScale, param_scales
 from normlab.model.streams import HyperConnection
+
+# a parameter group as torch's optimizers hold it: "params", "weight_decay", and normlab's "lr_ratio" (the group's
+# multiple of the schedule's lr) and "gains" (the gain policy's kind); torch adds its own keys ("lr", "betas", ...)
+ParamGroup = dict[str, Any]
+
+
+def _lm(model: nn.Module) -> NormLM:
+    """The `NormLM` the optimizer is built for: ``model`` or the one inside its DDP wrapper (``.module``)."""
+    return cast(NormLM, getattr(model, "module", model))
 
 
 def gain_kinds(model: nn.Module, cfg: TrainConfig) -> dict[int, str]:
@@ -47,7 +58,7 @@ def gain_kinds(model: nn.Module, cfg: TrainConfig) -> dict[int, str]:
         }.items()
         if wd is not None or lr != 1.0
     }
-    inner = getattr(model, "module", model)  # DDP
+    inner = _lm(model)  # DDP
     sites = inner.norms_at_sites() if wanted and hasattr(inner, "norms_at_sites") else {}
     out: dict[int, str] = {}
     for kind in wanted:
@@ -59,7 +70,7 @@ def gain_kinds(model: nn.Module, cfg: TrainConfig) -> dict[int, str]:
     return out
 
 
-def param_groups(model: nn.Module, cfg: TrainConfig, muon: set[int] | None = None) -> list[dict]:
+def param_groups(model: nn.Module, cfg: TrainConfig, muon: set[int] | None = None) -> list[ParamGroup]:
     """The groups: decayed and not (``wd_exclude``), and the input and the output norms' gains where the gain policy
     sets their weight decay (a multiple of ``weight_decay``) or learning rate (``lr_ratio``, a multiple of the
     schedule's); under muP / CompleteP each split by its parameters' learning-rate and weight-decay factors
@@ -67,7 +78,8 @@ def param_groups(model: nn.Module, cfg: TrainConfig, muon: set[int] | None = Non
     exclude = set(cfg.wd_exclusions)
     kinds = gain_kinds(model, cfg)
     gains: dict[str, list[nn.Parameter]] = {"input": [], "output": []}
-    norm_params, emb_params = set(), set()
+    norm_params: set[int] = set()
+    emb_params: set[int] = set()
     for m in model.modules():
         if is_norm(m):  # every kind: RMS, Layer, DyT (its alpha too), ScaleNorm
             norm_params.update(id(p) for p in m.parameters(recurse=False))
@@ -87,7 +99,9 @@ def param_groups(model: nn.Module, cfg: TrainConfig, muon: set[int] | None = Non
     # Attention Residuals' pseudo-queries w (normlab.model.depth_attention) are weights, as the authors hold each in
     # an nn.Linear(d, 1): they decay, toward 0, the uniform average they start from; their key norms' gains are norm
     # gains (above). Keel and SpanNorm add no parameter of their own.
-    decay, no_decay, seen = [], [], set()
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
+    seen: set[int] = set()
     for name, p in model.named_parameters():
         if not p.requires_grad or id(p) in seen:
             continue
@@ -102,7 +116,7 @@ def param_groups(model: nn.Module, cfg: TrainConfig, muon: set[int] | None = Non
         )
         (no_decay if is_excluded else decay).append(p)
     o = cfg.optim
-    groups = [
+    groups: list[ParamGroup] = [
         {"params": decay, "weight_decay": o.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
@@ -116,20 +130,20 @@ def param_groups(model: nn.Module, cfg: TrainConfig, muon: set[int] | None = Non
             groups.append(
                 {"params": gains[kind], "weight_decay": o.weight_decay * factor, "lr_ratio": lr, "gains": kind}
             )
-    inner = getattr(model, "module", model)  # DDP
+    inner = _lm(model)  # DDP
     if inner.config.parametrization == "sp":
         return groups
     return scaled_groups(inner, groups, muon, cfg.optim.muon_adjust_lr)
 
 
 def scaled_groups(
-    model: nn.Module, groups: list[dict], muon: set[int] | None = None, rule: str = "original"
-) -> list[dict]:
+    model: NormLM, groups: list[ParamGroup], muon: set[int] | None = None, rule: str = "original"
+) -> list[ParamGroup]:
     """muP / CompleteP: each group split by its parameters' learning-rate and weight-decay factors
     (normlab.model.parametrization.param_scales; `mup.MuAdamW`'s rule), each part with its ``lr_ratio`` to the
     schedule's peak (the schedule sets every group at lr x lr_ratio) and its weight decay scaled."""
     by_id = _scales_by_id(model, muon, rule)
-    out: list[dict] = []
+    out: list[ParamGroup] = []
     for g in groups:
         parts: dict[tuple[float, float], list[nn.Parameter]] = {}
         for p in g["params"]:
@@ -141,7 +155,7 @@ def scaled_groups(
     return out
 
 
-def _scales_by_id(model: nn.Module, muon: set[int] | None, rule: str) -> dict[int, ParamScale]:
+def _scales_by_id(model: NormLM, muon: set[int] | None, rule: str) -> dict[int, ParamScale]:
     """param_scales by parameter id (empty under SP: every factor is 1)."""
     if model.config.parametrization == "sp":
         return {}
@@ -154,8 +168,8 @@ def muon_matrices(model: nn.Module) -> list[nn.Parameter]:
     (out, in); stacked MoE experts, (E, in, out), taken per expert), except MoE routers (a router's rows are
     per-expert logits, read like a head: AdamW) and hyper-connections' mixing weights (small maps to n streams, their
     static matrices started at I or e_k: AdamW, as the papers train them)."""
-    blocks = getattr(model, "module", model).blocks  # DDP wraps the model
-    routers = {id(m.router.weight) for m in blocks.modules() if isinstance(getattr(m, "router", None), nn.Linear)}
+    blocks = _lm(model).blocks  # DDP wraps the model
+    routers = {id(r.weight) for m in blocks.modules() if isinstance(r := getattr(m, "router", None), nn.Linear)}
     routers |= {id(p) for m in blocks.modules() if isinstance(m, HyperConnection) for p in m.parameters()}
     return [p for p in blocks.parameters() if p.requires_grad and p.ndim >= 2 and id(p) not in routers]
 
@@ -172,7 +186,7 @@ class MuonAdamW:
     """
 
     @property
-    def state(self) -> dict:
+    def state(self) -> dict[torch.Tensor, Any]:
         """Both optimizers' per-parameter state in one mapping (Muon's momentum buffers, AdamW's moments), as a
         torch optimizer's ``state`` reads (the probes' Adam moment norms)."""
         return {**self.muon.state, **self.adamw.state}
@@ -191,23 +205,15 @@ class MuonAdamW:
             for g in param_groups(model, cfg)
         ]
         groups = [g for g in groups if g["params"]]
-        eps = o.eps * getattr(model, "module", model).config.adam_eps_multiplier
+        eps = o.eps * _lm(model).config.adam_eps_multiplier
         self.adamw = torch.optim.AdamW(groups, lr=adamw_lr, betas=(o.beta1, o.beta2), eps=eps, fused=fused or None)
         wd = o.weight_decay if o.muon_weight_decay is None else o.muon_weight_decay
         flat = [p for p in matrices if p.ndim == 2]
         self.stacked = [p for p in matrices if p.ndim > 2]
         self.views = [[p.detach()[e].T for e in range(p.shape[0])] for p in self.stacked]
-        settings = dict(
-            lr=o.lr,
-            weight_decay=wd,
-            momentum=o.muon_momentum,
-            nesterov=o.muon_nesterov,
-            ns_steps=o.muon_ns_steps,
-            adjust_lr_fn=o.muon_adjust_lr,
-        )
         # muP / CompleteP: Muon's matrices split by their lr factor (Muon's own rule: normlab.model.parametrization)
         flat_groups: dict[tuple[float, float], list[nn.Parameter]] = {}
-        by_id = _scales_by_id(getattr(model, "module", model), taken, o.muon_adjust_lr)
+        by_id = _scales_by_id(_lm(model), taken, o.muon_adjust_lr)
         for p in flat:
             s = by_id.get(id(p))
             flat_groups.setdefault((s.lr, s.weight_decay) if s else (1.0, 1.0), []).append(p)
@@ -216,23 +222,31 @@ class MuonAdamW:
             for (lr_f, wd_f), ps in flat_groups.items()
         ]
         muon_groups = flat_groups_list + [{"params": views, "lr_ratio": 1.0} for views in self.views]
-        self.muon = torch.optim.Muon(muon_groups, **settings)
+        self.muon = torch.optim.Muon(
+            muon_groups,
+            lr=o.lr,
+            weight_decay=wd,
+            momentum=o.muon_momentum,
+            nesterov=o.muon_nesterov,
+            ns_steps=o.muon_ns_steps,
+            adjust_lr_fn=o.muon_adjust_lr,
+        )
         self._n_flat = len(
             flat_groups_list
         )  # (load_state_dict replaces the group dicts: read them through the optimizer)
         # the stacked tensors' own groups (unscaled and scheduled through them); their views follow them
-        self.expert_groups = [{"params": [p], "lr": o.lr, "lr_ratio": 1.0} for p in self.stacked]
+        self.expert_groups: list[ParamGroup] = [{"params": [p], "lr": o.lr, "lr_ratio": 1.0} for p in self.stacked]
 
     @property
-    def _flat_muon(self) -> list[dict]:
+    def _flat_muon(self) -> list[ParamGroup]:
         return self.muon.param_groups[: self._n_flat]
 
     @property
-    def _expert_muon(self) -> list[dict]:
+    def _expert_muon(self) -> list[ParamGroup]:
         return self.muon.param_groups[self._n_flat :]
 
     @property
-    def param_groups(self) -> list[dict]:
+    def param_groups(self) -> list[ParamGroup]:
         return self.adamw.param_groups + self._flat_muon + self.expert_groups
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -251,10 +265,10 @@ class MuonAdamW:
         self.adamw.step()
         self.muon.step()
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {"adamw": self.adamw.state_dict(), "muon": self.muon.state_dict()}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.adamw.load_state_dict(state["adamw"])
         self.muon.load_state_dict(state["muon"])
         for group, shadow in zip(self._expert_muon, self.expert_groups):
@@ -266,7 +280,7 @@ def _adamw(model: nn.Module, cfg: TrainConfig, fused: bool) -> torch.optim.Optim
         param_groups(model, cfg),
         lr=cfg.optim.lr,
         betas=(cfg.optim.beta1, cfg.optim.beta2),
-        eps=cfg.optim.eps * getattr(model, "module", model).config.adam_eps_multiplier,
+        eps=cfg.optim.eps * _lm(model).config.adam_eps_multiplier,
         fused=fused or None,
     )
 
@@ -275,21 +289,24 @@ def _sgd(model: nn.Module, cfg: TrainConfig, fused: bool) -> torch.optim.Optimiz
     return torch.optim.SGD(param_groups(model, cfg), lr=cfg.optim.lr, momentum=cfg.optim.momentum, fused=fused or None)
 
 
+# what `make_optimizer` returns: a torch optimizer, or MuonAdamW (which reads and steps like one)
+TrainOptimizer = torch.optim.Optimizer | MuonAdamW
+
 # optimizer name -> how it is built from the model and the settings: one entry per row of
 # normlab.config.optimizers.OPTIMIZER_FACTS (tests/unit/test_registries.py checks they agree)
-OPTIMIZER_BUILDERS: dict[str, Callable[[nn.Module, TrainConfig, bool], torch.optim.Optimizer | MuonAdamW]] = {
+OPTIMIZER_BUILDERS: dict[str, Callable[[nn.Module, TrainConfig, bool], TrainOptimizer]] = {
     "adamw": _adamw,
     "sgd": _sgd,
     "muon": MuonAdamW,
 }
 
 
-def make_optimizer(model: nn.Module, cfg: TrainConfig, fused: bool = False) -> torch.optim.Optimizer | MuonAdamW:
+def make_optimizer(model: nn.Module, cfg: TrainConfig, fused: bool = False) -> TrainOptimizer:
     """AdamW, SGD or Muon with AdamW (`OPTIMIZER_BUILDERS`); ``fused`` (CUDA): torch's fused kernels (AdamW, SGD),
     one launch for all. Whatever the model asks to run after every step runs after it (its ``post_step_hooks``:
     nGPT's weights put back on the sphere), so the factory reads no layout flag."""
     opt = OPTIMIZER_BUILDERS[cfg.optim.optimizer](model, cfg, fused)
-    inner = getattr(model, "module", model)  # DDP
+    inner = _lm(model)  # DDP
     last = opt.muon if isinstance(opt, MuonAdamW) else opt  # MuonAdamW steps AdamW, then Muon
     for hook in inner.post_step_hooks() if hasattr(inner, "post_step_hooks") else ():
         last.register_step_post_hook(lambda *_, hook=hook: hook())
@@ -307,7 +324,7 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return floor + 0.5 * (cfg.optim.lr - floor) * (1 + math.cos(math.pi * progress))
 
 
-def set_lr(opt: torch.optim.Optimizer | MuonAdamW, lr: float) -> None:
+def set_lr(opt: TrainOptimizer, lr: float) -> None:
     """The schedule's lr at this step on every group, times the group's ratio to the peak ``lr`` (Muon's
     AdamW groups: muon_adamw_lr / lr)."""
     for group in opt.param_groups:

@@ -39,6 +39,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from normlab.model.attention import Attention
+from normlab.model.lm import NormLM
 from normlab.model.norms import gain_of, is_norm
 
 
@@ -65,29 +67,32 @@ def _scale_rows(linear: nn.Linear, factors: torch.Tensor, head_dim: int) -> None
 
 def _scale_norm_output(norm: nn.Module, factors: torch.Tensor, head_dim: int) -> bool:
     """Scale a norm's output per head (its gain and bias); False if it has no gain to scale."""
-    if gain_of(norm) is None:
+    w = getattr(norm, "weight", None)
+    if gain_of(norm) is None or not isinstance(w, torch.Tensor):
         return False
-    w, offset = norm.weight, getattr(norm, "offset", 0.0)
+    offset = getattr(norm, "offset", 0.0)
     per = factors.repeat_interleave(head_dim) if w.numel() == factors.numel() * head_dim else factors.min()
     gain = (w + offset) * per.to(w.dtype)
     w.copy_(gain - offset)
-    if getattr(norm, "bias", None) is not None:
-        norm.bias.mul_(per.to(norm.bias.dtype))
+    bias = getattr(norm, "bias", None)
+    if bias is not None:
+        bias.mul_(per.to(bias.dtype))
     return True
 
 
 class QKClip:
     """The per-head max logits of each step (hooks on the taps) and the rescale after the optimizer step."""
 
-    def __init__(self, model: nn.Module, tau: float) -> None:
+    def __init__(self, model: NormLM, tau: float) -> None:
         self.tau = tau
-        self.attns = [block.attn for block in model.blocks]
-        self.max = [None] * len(self.attns)  # per layer: (H,) running max over the step's micro-batches
+        self.attns: list[Attention] = [block.attn for block in model.block_list()]
+        # per layer: (H,) running max over the step's micro-batches
+        self.max: list[torch.Tensor | None] = [None] * len(self.attns)
         self.interventions = 0  # head rescales (a GQA group counts each of its query heads)
         self.steps_clipped = 0
         self.largest = -math.inf  # the largest S_max seen by the rule
         self._q: dict[int, torch.Tensor] = {}
-        self.handles = []
+        self.handles: list[torch.utils.hooks.RemovableHandle] = []
         for i, attn in enumerate(self.attns):
             self.handles.append(attn.q.register_forward_hook(self._hook_q(i)))
             self.handles.append(attn.k.register_forward_hook(self._hook_k(i)))
@@ -110,7 +115,8 @@ class QKClip:
             scale = attn.scale if attn.scale is not None else attn.head_dim**-0.5
             with torch.no_grad():
                 m = head_max_logits(q, out.detach(), scale)
-                self.max[i] = m if self.max[i] is None else torch.maximum(self.max[i], m)
+                running = self.max[i]
+                self.max[i] = m if running is None else torch.maximum(running, m)
 
         return hook
 
@@ -161,7 +167,7 @@ class QKClip:
         return not is_norm(norm) or gain_of(norm) is not None
 
     @staticmethod
-    def _scale(attn: nn.Module, proj: nn.Linear, norm: nn.Module, factors: torch.Tensor) -> None:
+    def _scale(attn: Attention, proj: nn.Linear, norm: nn.Module, factors: torch.Tensor) -> None:
         if is_norm(norm):
             _scale_norm_output(norm, factors, attn.head_dim)
         else:

@@ -13,6 +13,7 @@ from normlab.errors import CheckpointError
 from normlab.runs.checkpoint import load_sharded_state
 from normlab.runs.start import Start
 from normlab.train import distributed
+from normlab.train.optim import TrainOptimizer
 
 
 def _optimizer_keyed_by_name(ckpt: dict[str, Any]) -> bool:
@@ -54,9 +55,10 @@ def resume_refusal(start: Start, cfg: TrainConfig, info: distributed.DistInfo) -
     return None
 
 
-def load_state(model: nn.Module, opt: torch.optim.Optimizer, ckpt: dict, cfg: TrainConfig) -> None:
+def load_state(model: nn.Module, opt: TrainOptimizer, ckpt: dict, cfg: TrainConfig) -> None:
     """A checkpoint's model and optimizer state into the run's (`resume_refusal` has passed it)."""
     if "sharded" in ckpt:  # FSDP2's DCP folder: resharded onto this run's world size, whatever it is
+        assert isinstance(opt, torch.optim.Optimizer)  # FSDP2 refuses Muon (TrainConfig's validation)
         load_sharded_state(ckpt["sharded"], model, opt)
         return
     distributed.unwrap(model).load_state_dict(ckpt["model"])

@@ -16,6 +16,7 @@ from normlab.train import distributed
 from normlab.train.ckpt_schedule import CheckpointSchedule
 from normlab.train.divergence import DivergenceMonitor
 from normlab.train.loggers import Sinks
+from normlab.train.optim import TrainOptimizer
 
 
 @dataclass
@@ -28,7 +29,7 @@ class RunState:
     data: Any
     model: nn.Module  # wrapped (DDP/FSDP) when distributed
     fwd: nn.Module  # what the step calls: the model, compiled or not
-    opt: torch.optim.Optimizer
+    opt: TrainOptimizer
     scaler: torch.amp.GradScaler
     monitor: DivergenceMonitor
     params: Any  # count_params of the unwrapped model

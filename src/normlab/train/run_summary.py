@@ -39,7 +39,7 @@ def speed_summary(rows: list[dict], state: RunState) -> dict[str, Any]:
 def max_activation(run: RunDir, forensics: dict[str, Any] | None) -> float | None:
     """The largest finite |activation| of the run: the probes' global top-100 maximum over their steps,
     and for a diverged run the largest finite value the forensic re-run saw (Kim Fig. 11's quantity)."""
-    seen = [v for _, v in run.probe_series("global", "top100_max")]
+    seen: list[float | None] = [v for _, v in run.probe_series("global", "top100_max")]
     if forensics:
         seen += [(forensics.get("forward") or {}).get("before"), (forensics.get("largest") or {}).get("value")]
     finite = [float(v) for v in seen if isinstance(v, (int, float)) and math.isfinite(v)]

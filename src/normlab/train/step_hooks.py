@@ -77,6 +77,7 @@ class TierHook(StepHook):
     def __init__(self, tier: StepTier, log: IO[str] | None, every: int) -> None:
         self.tier, self.log, self.every = tier, log, every
         self.spikes = TierSpikes()
+        self.last: dict[str, Any] = {}
         tier.active = False  # each tier step's reset opens its hooks' window (not an evaluation before it)
 
     def on(self, step: int) -> bool:
@@ -99,8 +100,9 @@ class TierHook(StepHook):
         if not self.on(step):
             return
         row = self.tier.after_step(applied)
+        self.last = {"step": step, **row}  # the early warnings read it (normlab.diagnostics.early_warning)
         if self.log is not None:
-            self.log.write(json.dumps({"step": step, **row}) + "\n")
+            self.log.write(json.dumps(self.last) + "\n")
 
     def close(self) -> None:
         if self.log is not None:

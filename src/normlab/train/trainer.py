@@ -22,13 +22,14 @@ not speed). On CPU a sync costs nothing.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import platform
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -38,6 +39,7 @@ from normlab.config.train import TrainConfig
 from normlab.data import load_data
 from normlab.data.dataset import TokenData
 from normlab.data.sft import SFTData, load_sft_data
+from normlab.diagnostics.early_warning import Alert, EarlyWarningHook, print_alert
 from normlab.diagnostics.forensics import describe as describe_break
 from normlab.diagnostics.forensics import first_break, gradient_break
 from normlab.diagnostics.probe_store import ProbeWriter
@@ -56,7 +58,7 @@ from normlab.runs.checkpoint import (
 from normlab.runs.files import RunDir
 from normlab.runs.model import build_run_model
 from normlab.runs.start import RunLock, Start, check_out, plan_start
-from normlab.train import distributed
+from normlab.train import distributed, faults
 from normlab.train.ckpt_schedule import SAVE_SHARE, CheckpointSchedule
 from normlab.train.divergence import DivergenceMonitor, SkipRule
 from normlab.train.init_from import read_init_weights
@@ -105,7 +107,7 @@ def set_tf32(enabled: bool) -> None:
     through torch's `fp32_precision` settings (the `allow_tf32` flags they replace are deprecated)."""
     mode = "tf32" if enabled else "ieee"
     torch.backends.cuda.matmul.fp32_precision = mode
-    torch.backends.cudnn.conv.fp32_precision = mode
+    torch.backends.cudnn.conv.fp32_precision = mode  # type: ignore[attr-defined]  # set at import, not in torch's stubs
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -131,8 +133,8 @@ def evaluate(model: nn.Module, batches: list, cfg: TrainConfig, info: distribute
                 total += model(xb, targets=yb, loss_chunk=cfg.run.loss_chunk).loss.double() * len(xb)
             n += len(xb)
     model.train()
-    total, n = distributed.sum_across([total.item(), float(n)], info)  # the one sync of an evaluation
-    return total / n
+    loss_sum, count = distributed.sum_across([total.item(), float(n)], info)  # the one sync of an evaluation
+    return loss_sum / count
 
 
 def train(
@@ -246,15 +248,16 @@ def build_state(cfg: TrainConfig, info: distributed.DistInfo, start: Start) -> R
     fpt = flops_per_token(model, cfg.data.seq_len) + optimizer_flops(
         model, cfg.optim.optimizer, cfg.optim.muon_ns_steps
     ) // (cfg.data.batch_size * cfg.data.seq_len)
-    model = distributed.wrap(model, info, cfg.run.fsdp)
-    opt = make_optimizer(model, cfg, fused=info.device.type == "cuda")
+    wrapped = distributed.wrap(model, info, cfg.run.fsdp)
+    opt = make_optimizer(wrapped, cfg, fused=info.device.type == "cuda")
     state = RunState(
         cfg=cfg,
         info=info,
         run=Path(cfg.run.out),
         data=data,
-        model=model,
-        fwd=torch.compile(model) if cfg.run.compile else model,
+        model=wrapped,
+        # torch.compile of a module returns one (OptimizedModule); its stub says a Callable
+        fwd=cast(nn.Module, torch.compile(wrapped)) if cfg.run.compile else wrapped,
         opt=opt,
         scaler=torch.amp.GradScaler(info.device.type, init_scale=cfg.run.loss_scale_init, enabled=cfg.loss_scaled),
         monitor=DivergenceMonitor(
@@ -269,16 +272,16 @@ def build_state(cfg: TrainConfig, info: distributed.DistInfo, start: Start) -> R
         ),
         params=params,
         val=data.val_windows(cfg.run.eval_batches, cfg.data.batch_size, cfg.data.seq_len),
-        trainable=[p for p in model.parameters() if p.requires_grad],
+        trainable=[p for p in wrapped.parameters() if p.requires_grad],
         flops_per_token=fpt,
         peak_flops=peak_flops(info.device, cfg.precision, cfg.run.tf32),
         memory_plan=memory_plan,
     )
     if cfg.optim.qk_clip is not None:
-        state.hooks.add(QKClipHook(QKClip(distributed.unwrap(model), cfg.optim.qk_clip)))
+        state.hooks.add(QKClipHook(QKClip(distributed.unwrap(wrapped), cfg.optim.qk_clip)))
     if start.checkpoint is not None:
         ckpt = start.checkpoint
-        load_state(model, opt, ckpt, cfg)
+        load_state(wrapped, opt, ckpt, cfg)
         state.hooks.load_state_dict(ckpt)  # each stateful hook's entry (QK-clip's "qk_clip")
         state.scaler.load_state_dict(ckpt["scaler"])
         state.monitor.load_state_dict(ckpt["monitor"])
@@ -302,7 +305,7 @@ def open_records(state: RunState) -> None:
         px, py = state.data.val_windows(1, cfg.run.probe_batch, cfg.data.seq_len)[0]
         probes = Probes(distributed.unwrap(state.model), (px, py), optimizer=state.opt)
     if cfg.run.layer_stats:
-        step_tier = StepTier(distributed.unwrap(state.model), hooks=not cfg.run.compile)
+        step_tier = StepTier(distributed.unwrap(state.model), compiled=bool(cfg.run.compile))  # resolved: a bool
     handler = SpikeHandler(state.monitor, cfg.run.on_spike, run if main else None)
     layers_log = probe_log = None
     if main:
@@ -326,6 +329,29 @@ def open_records(state: RunState) -> None:
     for hook in (probe_hook, tier_hook, spike_hook):
         if hook is not None:
             state.hooks.add(hook)
+    if cfg.run.early_warnings and main:
+        state.hooks.add(_early_warnings(state, run, tier_hook))
+    if cfg.run.fault == "logit_growth":
+        state.hooks.add(
+            faults.LogitGrowthHook(distributed.unwrap(state.model), cfg.run.fault_step, cfg.run.fault_scale)
+        )
+
+
+def _early_warnings(state: RunState, run: RunDir, tier_hook: TierHook | None) -> EarlyWarningHook:
+    """The live alerts: each on stderr (above the progress bar), in warnings.jsonl and as a logger event."""
+    path = run.warnings_file
+    if state.step == 0:  # a fresh start; a resumed run keeps the alerts before it
+        path.unlink(missing_ok=True)
+
+    def on_alert(alert: Alert) -> None:
+        with path.open("a") as f:
+            f.write(json.dumps(alert.to_dict()) + "\n")
+        if state.sinks is not None:
+            state.sinks.alert(alert.step, alert.signal, alert.line())
+        else:
+            print_alert(alert)
+
+    return EarlyWarningHook(state.cfg.stored_dtype, lambda: tier_hook.last if tier_hook else None, on_alert)
 
 
 def _write_run_record(state: RunState, run: RunDir) -> None:
@@ -373,6 +399,7 @@ def find_break(state: RunState) -> dict[str, Any]:
     """Where the diverged run first broke: its failing step's batch re-run, hooked, through the weights
     in memory (the failing update was never applied), on every rank; the first rank that broke."""
     step = state.monitor.diverged_step
+    assert step is not None  # called for a diverged run
     model = distributed.unwrap(state.model)  # DDP: each rank alone (no collective in a forward); FSDP2: all together
     found = first_break(model, micro_batches(state, step), autocast=lambda: _autocast(state.cfg, state.info.device))
     found["gradients"] = gradient_break(model)
@@ -393,7 +420,7 @@ def _forward_backward(state: RunState, step: int) -> tuple[torch.Tensor, torch.T
     aux_sum = torch.zeros((), device=info.device)
     aux = None
     for i, (xb, yb) in enumerate(micro_batches(state, step)):
-        sync = contextlib.nullcontext()
+        sync: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
         if isinstance(model, nn.parallel.DistributedDataParallel) and i < cfg.data.grad_accum - 1:
             sync = model.no_sync()
         with sync:
@@ -436,6 +463,7 @@ def _global_batch(state: RunState, step: int) -> dict[str, torch.Tensor]:
     if window is not None:
         return {"tokens": window(step, cfg.data.batch_size, cfg.data.seq_len, cfg.optim.seed)}
     x, y = state.data.train_batch(step, cfg.data.batch_size, cfg.data.seq_len, cfg.optim.seed)
+    x, y = faults.corrupt(step, cfg, x, y)  # as read unless a corrupt_batch fault is injected (run.fault)
     return {"inputs": x, "targets": y}
 
 
@@ -444,11 +472,12 @@ def train_step(state: RunState) -> dict[str, Any]:
     cfg, info, opt, scaler, step = state.cfg, state.info, state.opt, state.scaler, state.step
     state.hooks.pre_step(step)  # the probe pass (untimed), the tier's and QK-clip's resets, the step's RNG state
     t0 = time.perf_counter()
-    lr = lr_at(step, cfg)
+    lr = lr_at(step, cfg) * faults.lr_factor(step, cfg)  # x1 unless an lr_jump fault is injected (run.fault)
     set_lr(opt, lr)
     opt.zero_grad(set_to_none=True)
     loss_sum, aux_sum, aux = _forward_backward(state, step)
-    scaler.unscale_(opt)  # fp16: the gradients unscaled, an overflow recorded on the device (no sync)
+    # fp16: the gradients unscaled, an overflow recorded on the device (no sync)
+    scaler.unscale_(opt)  # type: ignore[arg-type]  # MuonAdamW is read as torch's optimizers are (param_groups)
     state.hooks.post_backward(step)  # before the clip: the tier's gradient norms, the probes' pre-step weights
     max_norm = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf
     grad_norm_t = torch.nn.utils.clip_grad_norm_(state.trainable, max_norm)
@@ -566,6 +595,7 @@ def _save(state: RunState) -> None:
     }
     extra.update(state.hooks.state_dict())  # each stateful hook's entry (QK-clip's "qk_clip")
     if state.cfg.run.fsdp and state.info.enabled:  # every rank writes its shards; nothing is gathered
+        assert isinstance(state.opt, torch.optim.Optimizer)  # FSDP2 refuses Muon (TrainConfig's validation)
         save_sharded_checkpoint(
             state.run, state.step, state.model, state.opt, extra, state.cfg.run.keep_last, state.info.is_main
         )

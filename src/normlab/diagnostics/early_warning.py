@@ -1,0 +1,297 @@
+"""Early warnings: the signals the per-step tier and the loss row carry, each turned into a detector that
+says, at the step it fires, what it saw and where ("block 11's stream 9,120 will reach fp16's 65,504 in
+~40 steps at the current growth"). The same detectors run live (`EarlyWarningHook`, a line on stderr, an
+event for the loggers, warnings.jsonl) and offline over a finished run's files (`replay`), which is how
+the lead-time study (`normlab.experiments.leadtime`) measures how early each warns.
+
+The signals (`DETECTORS`):
+- ``stream growth``: per stream layer, the largest |activation| of the tier's rows; a log-linear fit over
+  the last `WINDOW` rows (once the value is past `FLOOR` of the limit) projects when it reaches the
+  precision's maximum (fp16: 65,504); it fires when that is within `HORIZON` steps on `PERSIST` rows in a
+  row, or at once within
+  `HEADROOM` of the maximum. Where nothing overflows (bf16, fp32) it stays silent: a large stream there is
+  no failure by itself (massive activations), and its risk is the attention logits'.
+- ``logit growth``: per block, the largest attention logit over heads; the same projection to the logit
+  the precision still resolves to a nat (bf16 256, fp16 2,048: `normlab.recommend.signals`; fp32 runs
+  are judged at bf16's, where attention is computed at scale).
+- ``grad-norm spike``, ``loss spike``: OLMo-core's spike rule (a value above the mean + 6 std of the
+  previous values of the series, `normlab.diagnostics.stats._is_spike`) over a window of `SPIKE_WINDOW`
+  steps (OLMo-core's 128 is longer than a proxy run's healthy stretch).
+- ``update/weight spike``: the same rule on the largest per-layer update/weight ratio (marin's observation:
+  update-norm spikes come before loss spikes).
+- ``spike score``: OLMo-core's spike score (the share of steps with a loss or gradient-norm spike) past
+  `SCORE_ALERT` over the steps seen.
+
+Each detector fires at most once per run (its first warning is what a lead time measures); `replay`
+returns every detector's first alert.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from normlab.diagnostics.hooks import StepHook
+from normlab.diagnostics.stats import FP16_MAX, _is_spike
+
+WINDOW = 20  # tier rows in a growth fit
+MIN_POINTS = 10  # rows before a growth fit speaks
+FLOOR = 1 / 16  # a growth fit speaks only past this share of the limit (four doublings short of it): the fast
+# rise from the init's small values in a run's first steps is not the growth that ends in an overflow
+PERSIST = 5  # rows in a row whose projection is within the horizon before it warns (one noisy fit is not growth)
+HORIZON = 50  # steps: a projected limit this close warns
+HEADROOM = 8.0  # a value within this factor of the limit warns at once (the transfer study's margin)
+SPIKE_WINDOW = 32
+SPIKE_SIGMAS = 6.0
+SCORE_ALERT = 0.02  # spike score: 2% of the steps seen
+LOGIT_LIMITS = {"fp16": 2.0**11, "bf16": 2.0**8}  # the logit resolved to one nat (normlab.recommend.signals)
+ACT_LIMITS = {"fp16": FP16_MAX}
+
+
+@dataclass
+class Alert:
+    """One warning: which signal, at which step, where, the value and the evidence in words."""
+
+    signal: str
+    step: int
+    where: str
+    value: float
+    evidence: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def line(self) -> str:
+        return f"normlab warning at step {self.step}: {self.signal}: {self.evidence}"
+
+
+@dataclass
+class _Growth:
+    """A per-layer growth detector over one list-valued key of the tier's rows."""
+
+    signal: str
+    key: str
+    what: str
+    limit: float  # inf: no overflow in reach, judged by growth since the first row
+    precision: str
+    reduce: Callable[[Any], float] = float
+    history: dict[int, deque[tuple[int, float]]] = field(default_factory=dict)
+    near: dict[int, int] = field(default_factory=dict)  # rows in a row projected within the horizon, per layer
+    fired: bool = False
+
+    def feed(self, step: int, row: dict[str, Any]) -> Alert | None:
+        values = row.get(self.key)
+        if self.fired or not isinstance(values, list):
+            return None
+        for j, raw in enumerate(values):
+            v = self.reduce(raw)
+            if not (isinstance(v, float) and math.isfinite(v) and v > 0):
+                continue
+            hist = self.history.setdefault(j, deque(maxlen=WINDOW))
+            hist.append((step, math.log(v)))
+            alert = self._judge(step, j, v, hist)
+            if alert is not None:
+                self.fired = True
+                return alert
+        return None
+
+    def _judge(self, step: int, j: int, v: float, hist: deque[tuple[int, float]]) -> Alert | None:
+        where = f"{self.what} {j}"
+        if math.isinf(self.limit):
+            return None
+        if v * HEADROOM >= self.limit:
+            return Alert(
+                self.signal,
+                step,
+                where,
+                v,
+                f"{where}: {v:,.4g}, within {HEADROOM:g}x of {self.precision}'s {self.limit:,.0f}",
+            )
+        if len(hist) < MIN_POINTS or v < FLOOR * self.limit:
+            return None
+        steps = np.array([s for s, _ in hist], dtype=float)
+        if np.ptp(steps) == 0:
+            return None
+        slope = float(np.polyfit(steps, [x for _, x in hist], 1)[0])
+        if slope <= 0:
+            return None
+        to_limit = math.log(self.limit / v) / slope
+        self.near[j] = self.near.get(j, 0) + 1 if to_limit <= HORIZON else 0
+        if self.near[j] < PERSIST:
+            return None
+        return Alert(
+            self.signal,
+            step,
+            where,
+            v,
+            f"{where}: {v:,.4g} will reach {self.precision}'s {self.limit:,.0f} in ~{to_limit:,.0f} steps at the "
+            f"current growth (doubling every {math.log(2) / slope:,.3g} steps)",
+        )
+
+
+@dataclass
+class _Spike:
+    """OLMo-core's spike rule on one series (a metrics key, or a tier key reduced over layers)."""
+
+    signal: str
+    read: Callable[[dict[str, Any], dict[str, Any]], float | None]
+    what: str
+    history: list[float] = field(default_factory=list)
+    fired: bool = False
+    hit: bool = False  # whether the last value fed was a spike (the spike score counts every one)
+
+    def feed(self, step: int, tier: dict[str, Any], metrics: dict[str, Any]) -> Alert | None:
+        v = self.read(tier, metrics)
+        self.hit = False
+        if v is None or not math.isfinite(v):
+            return None
+        self.hit = _is_spike(v, self.history, SPIKE_WINDOW, SPIKE_SIGMAS)
+        self.history.append(v)
+        if len(self.history) > SPIKE_WINDOW:
+            self.history.pop(0)
+        if not self.hit or self.fired:
+            return None
+        self.fired = True
+        mean = sum(self.history[:-1]) / max(1, len(self.history) - 1)
+        return Alert(
+            self.signal,
+            step,
+            self.what,
+            v,
+            f"{self.what} {v:,.4g} against a mean of {mean:,.4g} over the previous {SPIKE_WINDOW} steps "
+            f"(more than {SPIKE_SIGMAS:g} std above it)",
+        )
+
+
+def _metric(key: str) -> Callable[[dict[str, Any], dict[str, Any]], float | None]:
+    def read(tier: dict[str, Any], metrics: dict[str, Any]) -> float | None:
+        v = metrics.get(key)
+        return float(v) if isinstance(v, (int, float)) else None
+
+    return read
+
+
+def _largest(key: str) -> Callable[[dict[str, Any], dict[str, Any]], float | None]:
+    def read(tier: dict[str, Any], metrics: dict[str, Any]) -> float | None:
+        vals = [float(v) for v in tier.get(key) or [] if isinstance(v, (int, float)) and math.isfinite(v)]
+        return max(vals) if vals else None
+
+    return read
+
+
+def _max_head(heads: Any) -> float:
+    vals = [float(h) for h in heads if isinstance(h, (int, float))] if isinstance(heads, list) else []
+    return max(vals) if vals else math.nan
+
+
+DETECTORS = ("stream growth", "logit growth", "grad-norm spike", "loss spike", "update/weight spike", "spike score")
+
+
+class EarlyWarnings:
+    """Every detector of the module doc for one run in `precision`; `feed` each step's tier row (or {} on a
+    step without one) and metrics row; it returns the alerts that fired at that step."""
+
+    def __init__(self, precision: str) -> None:
+        logit_limit = LOGIT_LIMITS.get(precision, LOGIT_LIMITS["bf16"])
+        self.precision = precision
+        self.growth = [
+            _Growth("stream growth", "stream_max", "stream layer", ACT_LIMITS.get(precision, math.inf), precision),
+            _Growth("logit growth", "max_logit", "block", logit_limit, precision, reduce=_max_head),
+        ]
+        self.spikes = [
+            _Spike("grad-norm spike", _metric("grad_norm"), "gradient norm"),
+            _Spike("loss spike", _metric("loss"), "loss"),
+            _Spike("update/weight spike", _largest("update_ratio"), "largest update/weight ratio"),
+        ]
+        self.steps = self.spiked = 0
+        self.score_fired = False
+        self.alerts: list[Alert] = []
+
+    def feed(self, step: int, tier: dict[str, Any], metrics: dict[str, Any]) -> list[Alert]:
+        fired = [a for g in self.growth if tier and (a := g.feed(step, tier)) is not None]
+        spiked = False
+        for s in self.spikes:
+            alert = s.feed(step, tier, metrics)
+            if alert is not None:
+                fired.append(alert)
+            spiked |= s.hit and s.signal in ("grad-norm spike", "loss spike")
+        self.steps += 1
+        self.spiked += spiked
+        if not self.score_fired and self.steps >= SPIKE_WINDOW and self.spiked / self.steps > SCORE_ALERT:
+            self.score_fired = True
+            fired.append(
+                Alert(
+                    "spike score",
+                    step,
+                    "run",
+                    self.spiked / self.steps,
+                    f"{self.spiked} of {self.steps} steps spiked ({self.spiked / self.steps:.1%}; OLMo-core's spike "
+                    f"score past {SCORE_ALERT:.0%})",
+                )
+            )
+        self.alerts += fired
+        return fired
+
+
+def replay(run: str | Path, precision: str | None = None) -> list[Alert]:
+    """Every detector's first alert over a finished run folder (metrics.jsonl and layers.jsonl, step by step),
+    in the precision its summary.json records (or `precision`)."""
+    from normlab.runs.files import RunDir
+
+    folder = RunDir(run)
+    precision = precision or str((folder.summary() or {}).get("activation_dtype") or "fp32")
+    tier = {r["step"]: r for r in folder.layers() if "step" in r}
+    warn = EarlyWarnings(precision)
+    for m in folder.metrics():
+        if "step" in m and "loss" in m:
+            warn.feed(int(m["step"]), tier.get(m["step"], {}), m)
+    return warn.alerts
+
+
+class EarlyWarningHook(StepHook):
+    """The early warnings live in normlab's loop (`normlab.diagnostics.hooks`): the step's loss and gradient
+    norm kept at the veto (asked before the spike policy, which may decide), the tier's row read after the
+    step (this hook's post_step runs after the tier's), each alert handed to ``on_alert`` (the trainer: a line
+    on stderr, warnings.jsonl, an event for TensorBoard/W&B) and every alert in the run's summary
+    (``warnings``). ``tier_row``: the tier's last row ({"step": ..., ...}) or None without a tier. Another
+    loop feeds `EarlyWarnings` itself: ``warn.feed(step, tier_row_or_{}, {"loss": ..., "grad_norm": ...})``."""
+
+    priority = 25
+
+    def __init__(
+        self, precision: str, tier_row: Callable[[], dict[str, Any] | None], on_alert: Callable[[Alert], None]
+    ) -> None:
+        self.warnings = EarlyWarnings(precision)
+        self.tier_row, self.on_alert = tier_row, on_alert
+        self.metrics: dict[str, Any] = {}
+
+    def pre_step(self, step: int) -> None:
+        self.metrics = {}
+
+    def veto(self, step: int, loss: float, grad_norm: float) -> dict[str, Any] | None:
+        self.metrics = {"loss": loss, "grad_norm": grad_norm}
+        return None
+
+    def post_step(self, step: int, applied: bool) -> None:
+        row = self.tier_row() or {}
+        tier = row if row.get("step") == step else {}
+        for alert in self.warnings.feed(step, tier, self.metrics):
+            self.on_alert(alert)
+
+    def summary(self) -> dict[str, Any]:
+        return {"warnings": [a.to_dict() for a in self.warnings.alerts]}
+
+
+def print_alert(alert: Alert) -> None:
+    """A live alert's line on stderr."""
+    print(alert.line(), file=sys.stderr, flush=True)
+
+
+__all__ = ["DETECTORS", "Alert", "EarlyWarningHook", "EarlyWarnings", "print_alert", "replay"]

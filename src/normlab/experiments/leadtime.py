@@ -1,0 +1,158 @@
+"""The lead-time study (issue 55 item 4): how many steps before a run diverges each early-warning signal
+fires, and how often it fires on runs that stay healthy (`normlab leadtime SWEEP...`).
+
+Each run of the sweeps given is replayed through the early warnings (`normlab.diagnostics.early_warning.
+replay`: the same detectors the live alerts use, over its metrics.jsonl and layers.jsonl, in the precision
+it stored). A run is
+
+- *faulted* where its ``run.fault`` is not "none" (`normlab.train.faults`); a stress setting (fp16 storage
+  at a learning rate Pre-LN cannot hold, Muon without QK-clip) is a fault of its own where the run diverges;
+- an *event* where it diverged (its summary's diverged_step) or, faulted and not diverged, where its loss
+  went past the run's initial loss after the fault (the event a warning should come before);
+- *healthy* where it had no event and trained to the end without stalling: a warning there is a false alarm.
+
+Per signal and placement: of the events, how many the signal warned of before they happened (detected) and
+the lead time, event step minus the signal's first warning step (median and range); false alarms: the share
+of healthy runs on which the signal fired at all. A warning after the event is no warning (late).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from normlab.diagnostics.early_warning import DETECTORS, replay
+from normlab.runs.files import SweepDir
+from normlab.runs.store import open_store
+
+
+@dataclass
+class RunOutcome:
+    """One run: its placement, whether faulted, its event step (None: none) and each signal's first warning."""
+
+    run_id: str
+    layout: str
+    fault: str
+    faulted: bool
+    event: int | None
+    event_kind: str
+    status: str = "ok"
+    warnings: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def healthy(self) -> bool:
+        return self.event is None and self.status == "ok"
+
+
+def _event(run: SweepDir, rid: str, summary: dict[str, Any], fault_step: int, faulted: bool) -> tuple[int | None, str]:
+    """The step of the run's event (module doc) and its kind."""
+    if summary.get("status") == "diverged" and summary.get("diverged_step") is not None:
+        return int(summary["diverged_step"]), "diverged"
+    if not faulted:
+        return None, ""
+    initial = summary.get("initial_loss")
+    for m in run.run(rid).metrics():
+        loss = m.get("loss")
+        if (
+            m.get("step", -1) >= fault_step
+            and isinstance(loss, (int, float))
+            and isinstance(initial, (int, float))
+            and (not math.isfinite(loss) or loss > initial)
+        ):
+            return int(m["step"]), "loss past its initial value"
+    return None, ""
+
+
+def outcomes(sweep: str | Path) -> list[RunOutcome]:
+    """Every finished run of a sweep folder as a `RunOutcome`."""
+    folder = SweepDir(Path(sweep))
+    out = []
+    for row in open_store(folder, readonly=True).rows():
+        if row["status"] not in ("ok", "stalled", "diverged"):
+            continue
+        cfg, rid = row["config"], row["run_id"]
+        summary = folder.run(rid).summary() or {}
+        fault = cfg.run.fault
+        faulted = fault != "none"
+        event, kind = _event(folder, rid, summary, cfg.run.fault_step, faulted)
+        alerts = replay(folder.run(rid).path)
+        out.append(
+            RunOutcome(
+                rid,
+                str(row["axes"].get("layout", cfg.model.layout)),
+                fault,
+                faulted,
+                event,
+                kind,
+                row["status"],
+                {a.signal: a.step for a in alerts},
+            )
+        )
+    return out
+
+
+def table(runs: list[RunOutcome]) -> list[dict[str, Any]]:
+    """Per signal and placement: events detected before they happened, lead times, false alarms."""
+    rows = []
+    for layout in sorted({r.layout for r in runs}):
+        mine = [r for r in runs if r.layout == layout]
+        events = [r for r in mine if r.event is not None]
+        healthy = [r for r in mine if r.healthy]
+        for signal in DETECTORS:
+            leads = [
+                r.event - r.warnings[signal]
+                for r in events
+                if r.event is not None and signal in r.warnings and r.warnings[signal] <= r.event
+            ]
+            alarms = [r for r in healthy if signal in r.warnings]
+            rows.append(
+                {
+                    "layout": layout,
+                    "signal": signal,
+                    "events": len(events),
+                    "detected": len(leads),
+                    "lead_median": statistics.median(leads) if leads else None,
+                    "lead_min": min(leads) if leads else None,
+                    "lead_max": max(leads) if leads else None,
+                    "healthy": len(healthy),
+                    "false_alarms": len(alarms),
+                }
+            )
+    return rows
+
+
+def markdown(rows: list[dict[str, Any]], runs: list[RunOutcome]) -> str:
+    """The lead-time table as markdown, with how many runs and events stand behind it."""
+    faults = sorted({r.fault for r in runs if r.faulted})
+    lines = [
+        f"{len(runs)} runs ({sum(r.faulted for r in runs)} faulted: {', '.join(faults) or 'none'}; "
+        f"{sum(r.healthy for r in runs)} healthy), {sum(r.event is not None for r in runs)} events",
+        "",
+        "| layout | signal | detected before the event | lead, steps (median; min-max) | false alarms, healthy runs |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lead = "-" if r["lead_median"] is None else f"{r['lead_median']:g} ({r['lead_min']}-{r['lead_max']})"
+        lines.append(
+            f"| {r['layout']} | {r['signal']} | {r['detected']}/{r['events']} | {lead} | "
+            f"{r['false_alarms']}/{r['healthy']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def report(sweeps: list[str], json_out: str | None = None) -> str:
+    """`normlab leadtime`: the table over every run of `sweeps`; `json_out`: also the rows and runs as JSON."""
+    runs = [r for s in sweeps for r in outcomes(s)]
+    rows = table(runs)
+    if json_out:
+        Path(json_out).write_text(
+            json.dumps({"sweeps": sweeps, "rows": rows, "runs": [r.__dict__ for r in runs]}, indent=1) + "\n"
+        )
+    return markdown(rows, runs)
+
+
+__all__ = ["RunOutcome", "markdown", "outcomes", "report", "table"]

@@ -1,0 +1,135 @@
+"""Early warnings (issue 55 items 4-5): each detector on rows whose answer is worked out by hand, the live
+hook in the loop's hook protocol, the injected faults, and the lead-time table."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from normlab.config.train import TrainConfig
+from normlab.diagnostics.early_warning import EarlyWarningHook, EarlyWarnings, replay
+from normlab.diagnostics.hooks import StepHooks
+from normlab.experiments.leadtime import RunOutcome, table
+from normlab.train import faults
+
+
+def _feed(precision: str, rows: list[tuple[dict, dict]]) -> EarlyWarnings:
+    warn = EarlyWarnings(precision)
+    for step, (tier, metrics) in enumerate(rows):
+        warn.feed(step, tier, metrics)
+    return warn
+
+
+def test_stream_growth_warns_within_8x_of_fp16s_maximum_and_stays_silent_in_bf16():
+    """The stream doubles every 2 steps from 100: 100 * 2^(t/2) first reaches 65504/8 = 8188 at t = 13
+    (9051; t = 12 gives 6400)."""
+    rows = [({"step": t, "stream_max": [1.0, 100 * 2 ** (t / 2)]}, {}) for t in range(20)]
+    (alert,) = [a for a in _feed("fp16", rows).alerts if a.signal == "stream growth"]
+    assert alert.step == 13 and alert.where == "stream layer 1" and "within 8x of fp16's 65,504" in alert.evidence
+    assert not [a for a in _feed("bf16", rows).alerts if a.signal == "stream growth"]  # no overflow in reach
+
+
+def test_logit_growth_takes_the_largest_head_and_bf16s_limit():
+    """Heads (1, 1.5^t): the largest passes 256/8 = 32 first at t = 9 (1.5^9 = 38.4; 1.5^8 = 25.6)."""
+    rows = [({"step": t, "max_logit": [[1.0, 1.5**t]]}, {}) for t in range(15)]
+    (alert,) = [a for a in _feed("bf16", rows).alerts if a.signal == "logit growth"]
+    assert alert.step == 9 and alert.where == "block 0" and alert.value == pytest.approx(1.5**9)
+    fp16 = [a for a in _feed("fp16", rows).alerts if a.signal == "logit growth"]
+    assert fp16 and fp16[0].step == 14  # 2048 / 8 = 256: 1.5^14 = 291.9, 1.5^13 = 194.6
+
+
+def test_a_projected_growth_warns_before_the_headroom_does():
+    """Doubling every 6 steps from 2^9: past 65504/16 from t = 18, projected within 50 steps from there (24
+    steps left), so after 5 rows in a row it warns at t = 22, before 8x of the maximum (t = 24)."""
+    rows = [({"step": t, "stream_max": [2 ** (9 + t / 6)]}, {}) for t in range(40)]
+    alert = next(a for a in _feed("fp16", rows).alerts if a.signal == "stream growth")
+    headroom_step = math.ceil(6 * (math.log2(65504 / 8) - 9))  # 2^(9 + t/6) >= 8188
+    assert alert.step == 22 < headroom_step == 24 and "will reach fp16's 65,504 in ~" in alert.evidence
+    assert "doubling every 6 steps" in alert.evidence
+
+
+def test_spikes_follow_olmo_cores_rule_over_32_steps_and_fire_once():
+    grads = [1.0 + 0.01 * (t % 3) for t in range(40)] + [5.0, 1.0, 6.0]
+    warn = _feed("fp16", [({}, {"grad_norm": g, "loss": 2.0 + 0.01 * (t % 2)}) for t, g in enumerate(grads)])
+    spikes = [a for a in warn.alerts if a.signal == "grad-norm spike"]
+    assert [a.step for a in spikes] == [40] and spikes[0].value == 5.0
+    assert not [a for a in warn.alerts if a.signal == "loss spike"]
+    score = [a for a in warn.alerts if a.signal == "spike score"]
+    assert score and score[0].step == 40 and score[0].value == pytest.approx(1 / 41)  # 1 of 41 steps > 2%
+
+
+def test_the_live_hook_reads_the_tiers_row_after_the_step_and_the_loss_at_the_veto():
+    seen = []
+    tier = {}
+    hook = EarlyWarningHook("bf16", lambda: tier, seen.append)
+    hooks = StepHooks([hook])
+    for step in range(12):
+        tier.clear()
+        tier.update({"step": step, "max_logit": [[2.0**step]]})
+        hooks.pre_step(step)
+        assert hooks.veto(step, 2.0, 1.0) is None  # the hook never vetoes
+        hooks.post_step(step, True)
+    assert [a.step for a in seen] == [5]  # 2^5 = 32 = 256 / 8
+    assert hooks.summary()["warnings"][0]["signal"] == "logit growth"
+
+
+def test_faults_by_formula():
+    cfg = TrainConfig.of(size="nano", steps=10).with_(
+        {"run.fault": "lr_jump", "run.fault_step": 4, "run.fault_scale": 30.0}
+    )
+    assert [faults.lr_factor(s, cfg) for s in (3, 4, 9)] == [1.0, 30.0, 30.0]
+    bad = cfg.with_({"run.fault": "corrupt_batch", "run.fault_scale": 2.0})
+    x, y = torch.arange(12).reshape(2, 6), torch.arange(1, 13).reshape(2, 6)
+    assert faults.corrupt(3, bad, x, y)[0] is x
+    cx, cy = faults.corrupt(5, bad, x, y)
+    assert (cx == 0).all() and (cy == 0).all() and faults.corrupt(6, bad, x, y)[0] is x  # steps 4 and 5
+
+
+def test_logit_growth_multiplies_every_logit_by_the_scale_a_step():
+    import normlab
+
+    model = normlab.build_model("pre", "nano", seed=0)
+    attn = model.blocks[0].attn
+    x = torch.randn(3, model.blocks[0].attn.q_proj.in_features, generator=torch.Generator().manual_seed(0))
+    before = (attn.q_proj(x) @ attn.k_proj(x).T).detach()
+    hook = faults.LogitGrowthHook(model, start=2, scale=1.21)
+    hook.post_step(1, True)  # before the start: nothing
+    assert torch.allclose(attn.q_proj(x) @ attn.k_proj(x).T, before)
+    hook.post_step(2, True)
+    torch.testing.assert_close((attn.q_proj(x) @ attn.k_proj(x).T).detach(), 1.21 * before, rtol=1e-5, atol=1e-6)
+
+
+def test_lead_times_count_warnings_before_the_event_and_false_alarms_on_healthy_runs():
+    runs = [
+        RunOutcome("a", "pre", "lr_jump", True, 100, "diverged", "diverged", {"stream growth": 70, "loss spike": 101}),
+        RunOutcome("b", "pre", "lr_jump", True, 90, "diverged", "diverged", {"stream growth": 80}),
+        RunOutcome("c", "pre", "none", False, None, "", "ok", {"stream growth": 10}),
+        RunOutcome("d", "pre", "none", False, None, "", "ok", {}),
+    ]
+    rows = {r["signal"]: r for r in table(runs) if r["layout"] == "pre"}
+    s = rows["stream growth"]
+    assert (s["events"], s["detected"], s["lead_median"], s["lead_min"], s["lead_max"]) == (2, 2, 20, 10, 30)
+    assert (s["healthy"], s["false_alarms"]) == (2, 1)
+    assert rows["loss spike"]["detected"] == 0  # step 101 came after the event at 100: late, no warning
+
+
+def test_a_run_with_an_lr_jump_writes_its_warnings_live(tmp_path, capsys):
+    """nano, fp16 storage, lr 0.01 x 30 from step 40: the alerts on stderr, in warnings.jsonl and the summary,
+    and `replay` over the run's files finds the same first alerts."""
+    from normlab.cli import main
+
+    out = tmp_path / "run"
+    args = ["train", "--size", "nano", "--layout", "pre", "--steps", "60", "--lr", "0.01", "--out", str(out)]
+    for kv in ("run.fault=lr_jump", "run.fault_step=40", "run.fault_scale=30", "activation_dtype=fp16", "eval_every=0"):
+        args += ["--set", kv]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    live = [json.loads(line) for line in (out / "warnings.jsonl").read_text().splitlines()]
+    assert live and all(a["step"] >= 40 for a in live)  # nothing before the fault
+    assert all(f"normlab warning at step {a['step']}: {a['signal']}" in err for a in live)
+    summary = json.loads((out / "summary.json").read_text())
+    assert [a["signal"] for a in summary["warnings"]] == [a["signal"] for a in live]
+    assert [(a.signal, a.step) for a in replay(out)] == [(a["signal"], a["step"]) for a in live]
