@@ -25,7 +25,10 @@
   tokens: mHC's Amax gain)
 - attn_omega, mlp_omega (layer: block): omega_mean, omega_abs_max (Admin's skip scale, Liu et al. 2020)
 - attn.head_scale (layer: block): head_scale_mean, head_scale_abs_max (NormFormer's HeadScale)
-- attn.gate (layer: block): gate_mean, gate_below_0.1 (gated attention's scores, Qiu et al. 2025)
+- attn.gate (layer: block): gate_mean, gate_below_0.1, gate_below_0.01, gate_below_0.001 (gated attention's scores,
+  Qiu et al. 2025; the last two: saturation, gates all but closed)
+- (a DyT/Derf site) (layer: block): saturated_share (inputs where the squash passes < 5% of a change:
+  `normlab.model.norms.DyT.saturated_share`; arXiv 2604.23434's predictor of DyT's regime)
 - angular:{j} (layer: i): angular_distance between stream states i and j at the last token (Gromov et al., Kim Fig. 9);
   angular_distance_all over every token
 - global (layer: null): top100_max, top100_min, top100_mean, max_abs, median_abs, max_median_ratio, fp16_headroom
@@ -72,7 +75,7 @@ from normlab.diagnostics.stats import (
 from normlab.model.block import SCALE_PARAMS
 from normlab.model.lm import NormLM
 from normlab.model.moe import MoE
-from normlab.model.norms import gain_of, is_norm
+from normlab.model.norms import DyT, gain_of, is_norm
 from normlab.model.streams import composite_gain
 
 WEIGHTS = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
@@ -194,6 +197,13 @@ class Probes:
                 handles.append(
                     mods[name].register_forward_hook(lambda m, a, o, name=name: captured.__setitem__(name, o))
                 )
+            for name, m in mods.items():  # DyT/Derf: the share of saturated inputs, a scalar per pass
+                if name.startswith(f"blocks.{i}.") and isinstance(m, DyT):
+                    handles.append(
+                        m.register_forward_hook(
+                            lambda mod, a, o: captured.__setitem__(f"saturated:{id(mod)}", mod.saturated_share(a[0]))
+                        )
+                    )
             if getattr(mods[f"blocks.{i}.attn"], "gate_proj", None) is not None:  # gated attention's scores
                 name = f"blocks.{i}.attn.gate"
                 handles.append(
@@ -312,6 +322,8 @@ class Probes:
             m = mods.get(f"blocks.{i}.{site}")
             if m is not None and is_norm(m):
                 self._gamma_rows(rows, step, i, site, m)
+                if (share := captured.get(f"saturated:{id(m)}")) is not None:
+                    self._row(rows, step, i, site, "saturated_share", float(share))
         # learned scales that are not norms (ReZero's a, LayerScale's lambda, Admin's omega, NormFormer's
         # head scales: normlab.model.block.SCALE_PARAMS), each at its path in the block as the site
         scales = [
@@ -341,7 +353,8 @@ class Probes:
         if gate is not None:  # Qiu et al. 2025 Sec. 4.2: the scores are sparse (mean 0.116 in their model)
             g = gate.detach().float()
             self._row(rows, step, i, "attn.gate", "gate_mean", g.mean().item())
-            self._row(rows, step, i, "attn.gate", "gate_below_0.1", (g < 0.1).float().mean().item())
+            for cut in ("0.1", "0.01", "0.001"):  # saturation: gates closed to a tenth, a hundredth, a thousandth
+                self._row(rows, step, i, "attn.gate", f"gate_below_{cut}", (g < float(cut)).float().mean().item())
 
     def _moe_rows(self, rows: list, step: int, seen: _Seen) -> None:
         """Routing (MoE layers): the share of assignments per expert, its max over the uniform share, entropy."""

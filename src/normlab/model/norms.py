@@ -195,8 +195,21 @@ class DyT(_Elementwise):
             if self.bias is not None:
                 self.bias.zero_()
 
+    # saturated: the squashing function passes less than SATURATED of a change in its input, relative to its slope
+    # at 0 (tanh'(z) = 1 - tanh(z)^2 < 0.05 where |z| > atanh(sqrt(0.95)) = 2.178); the share of such inputs is what
+    # predicts DyT's regime (arXiv 2604.23434: removing the norm helps at small token budgets, hurts at large)
+    SATURATED = 0.05
+
+    def _preact(self, x: torch.Tensor) -> torch.Tensor:
+        return self.alpha.to(x.dtype) * x
+
     def _squash(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.alpha.to(x.dtype) * x)
+        return torch.tanh(self._preact(x))
+
+    def saturated_share(self, x: torch.Tensor) -> torch.Tensor:
+        """The share of ``x``'s entries whose squash is saturated (`SATURATED`), as a 0-dim tensor (no sync)."""
+        z = self._preact(x.detach().float())
+        return (1 - torch.tanh(z) ** 2 < self.SATURATED).float().mean()
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         dtype = self._dtype(x)
@@ -226,8 +239,16 @@ class Derf(DyT):
         with torch.no_grad():
             self.shift.zero_()
 
+    def _preact(self, x: torch.Tensor) -> torch.Tensor:
+        return self.alpha.to(x.dtype) * x + self.shift.to(x.dtype)
+
     def _squash(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.erf(self.alpha.to(x.dtype) * x + self.shift.to(x.dtype))
+        return torch.erf(self._preact(x))
+
+    def saturated_share(self, x: torch.Tensor) -> torch.Tensor:
+        """As DyT's: erf'(z) / erf'(0) = exp(-z^2) < `SATURATED` where |z| > sqrt(ln 20) = 1.731."""
+        z = self._preact(x.detach().float())
+        return (torch.exp(-(z**2)) < self.SATURATED).float().mean()
 
 
 class ScaleNorm(_Elementwise):
