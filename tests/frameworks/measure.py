@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from tests.frameworks.cases import TESTED
-from tests.frameworks.test_frameworks import BASE, OPTIONS, check
+from tests.frameworks.cases import PATCHED, TESTED
+from tests.frameworks.test_frameworks import BASE, OPTIONS, PATCH_OPTIONS, check, check_patch
 
 
 def main() -> None:
@@ -16,6 +16,17 @@ def main() -> None:
     rows += [
         (f"{layout}, {', '.join(f'{k}={v}' for k, v in opts.items())}", fw, check(layout, fw, BASE.with_(**opts)))
         for layout, fw, opts in OPTIONS
+    ]
+    rows += [
+        (f"{layout} (patch, from {base})", fw, check_patch(layout, fw, BASE, base)) for layout, fw, base in PATCHED
+    ]
+    rows += [
+        (
+            f"{layout} (patch, from {base}), {', '.join(f'{k}={v}' for k, v in opts.items())}",
+            fw,
+            check_patch(layout, fw, BASE.with_(**opts), base),
+        )
+        for layout, fw, base, opts in PATCH_OPTIONS
     ]
     print("| code base | placement (model options) | max abs logit difference |\n|---|---|---|")
     for layout, fw, diff in rows:

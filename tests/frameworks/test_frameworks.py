@@ -17,8 +17,9 @@ import torch
 
 from normlab.model.build import build_model
 from normlab.model.config import ModelConfig
+from normlab.recommend.framework_patches import peri_parts, titan_new_parameters
 from normlab.recommend.frameworks import settings_for
-from tests.frameworks.cases import TESTED
+from tests.frameworks.cases import PATCHED, TESTED
 from tests.frameworks.weights import WEIGHTS
 
 MODULES = {"litgpt": "litgpt", "OLMo-core": "olmo_core", "torchtitan": "torchtitan"}
@@ -85,6 +86,33 @@ def built(layout: str, framework: str, cfg: ModelConfig) -> tuple[torch.nn.Modul
 def check(layout: str, framework: str, cfg: ModelConfig) -> float:
     """Build the printed snippet in its library, copy normlab's weights, compare logits; the max |diff|."""
     theirs, ours = built(layout, framework, cfg)
+    want, got = ours(TOKENS).logits.detach(), _logits(framework, theirs, TOKENS)
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)
+    return (got - want).abs().max().item()
+
+
+def patched_code(layout: str, framework: str, cfg: ModelConfig, base: str | None) -> str:
+    """The patch `settings_for` prints for `layout` in `framework` to a user whose placement is `base`."""
+    _need(framework)
+    entry = settings_for(layout, cfg, base_layout=base)[framework]
+    assert not entry["expressible"] and entry["patch"] and entry["code"] in entry["settings"]  # what the user reads
+    assert "NOT stated" not in entry["code"]
+    return entry["code"]
+
+
+def run_patch(code: str, layout: str, framework: str, cfg: ModelConfig) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(the model `code` builds, loaded with normlab's weights, strictly; normlab's model)."""
+    space: dict = {}
+    exec(compile(code, f"<{framework} patch for {layout}>", "exec"), space)  # our own generated text
+    theirs = space["model"].float().eval()
+    ours = _normlab(layout, cfg)
+    load(theirs, WEIGHTS[framework](ours.state_dict(), layout))
+    return theirs, ours
+
+
+def check_patch(layout: str, framework: str, cfg: ModelConfig, base: str | None) -> float:
+    """Build the printed patch in its library, copy normlab's weights, compare logits; the max |diff|."""
+    theirs, ours = run_patch(patched_code(layout, framework, cfg, base), layout, framework, cfg)
     want, got = ours(TOKENS).logits.detach(), _logits(framework, theirs, TOKENS)
     torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)
     return (got - want).abs().max().item()
@@ -207,4 +235,95 @@ def test_a_wrong_default_is_caught(layout, framework, stated, default, options):
     except (AssertionError, RuntimeError):
         return  # another set of parameters: caught already (OLMo-core's full-width QK-norm has wider gains)
     diff = (_logits(framework, space["model"], TOKENS) - ours(TOKENS).logits).abs().max().item()
+    assert diff > 100 * ATOL
+
+
+# --- patches where a code base's settings do not reach (normlab.recommend.framework_patches) ---------------
+
+
+@pytest.mark.parametrize(("layout", "framework", "base"), PATCHED, ids=[f"{f}-{p}-from-{b}" for p, f, b in PATCHED])
+def test_patch_builds_normlabs_function(layout, framework, base):
+    check_patch(layout, framework, BASE, base)
+
+
+@pytest.mark.parametrize(
+    ("layout", "base", "block"),
+    [
+        ("peri", "pre", "Llama3TransformerBlock"),
+        ("attn=qkAB,mlp=AB,final", "qwen3", "Qwen3TransformerBlock"),  # your model (qwen3) + output norms
+        ("attn=qkAB,mlp=AB,final", "pre", "Llama3TransformerBlock"),
+    ],
+)
+def test_torchtitan_patch_subclasses_the_users_block(layout, base, block):
+    """The patch's block is a subclass of the user's model's block (Qwen3's for a Qwen3 user), and its new norms
+    are the parameters it says, with the init it says (gains of 1 from init_states)."""
+    code = patched_code(layout, "torchtitan", BASE, base)
+    space: dict = {}
+    exec(code, space)
+    model = space["model"]
+    assert all(block in [c.__name__ for c in type(layer).__mro__] for layer in model.layers.values())
+    parts = peri_parts(layout)
+    extra = {
+        name: p
+        for name, p in model.named_parameters()
+        if any(n in name for n in ("post_attention_norm", "post_ffn_norm", "embedding_norm"))
+    }
+    outs = ("post_attention_norm", "post_ffn_norm") if parts.out else ()
+    want = {f"layers.{i}.{n}.weight" for i in range(BASE.n_layers) for n in outs}
+    assert set(extra) == want | ({"layers.0.embedding_norm.weight"} if parts.emb else set())
+    for p in extra.values():
+        assert torch.equal(p, torch.ones(BASE.d_model))  # init_states: the gains start at 1
+    assert all(name in code for name in titan_new_parameters(parts))  # the header names them
+
+
+def test_torchtitan_patch_gives_new_norms_the_input_norms_sharding():
+    """torchtitan's update_from_config shards the norms it knows; the patch's model gives the new ones the same."""
+    _need("torchtitan")
+    from types import SimpleNamespace
+
+    from torchtitan.config import ParallelismConfig
+
+    code = patched_code("attn=qkAB,mlp=AB,emb,final", "torchtitan", BASE, "qwen3")
+    space: dict = {}
+    exec(code, space)
+    config = space["config"]
+    config.update_from_config(config=SimpleNamespace(parallelism=ParallelismConfig(enable_sequence_parallel=True)))
+    for i, layer in enumerate(config.layers):
+        assert layer.attention_norm.sharding_config is not None
+        for extra in (layer.post_attention_norm, layer.post_ffn_norm):
+            assert extra.sharding_config == layer.attention_norm.sharding_config
+        assert (layer.embedding_norm is None) == (i > 0)
+    assert config.layers[0].embedding_norm.sharding_config == config.layers[0].attention_norm.sharding_config
+
+
+PATCH_OPTIONS = [
+    # Qwen 3's heads wider than d_model / n_heads, tied embeddings
+    ("attn=qkAB,mlp=AB,emb,final", "torchtitan", "qwen3", dict(d_head=24, tie_embeddings=True)),
+    ("attn=qkAB,mlp=AB,emb,final", "litgpt", "qwen3", dict(d_head=24, tie_embeddings=True)),
+]
+
+
+@pytest.mark.parametrize(
+    ("layout", "framework", "base", "options"), PATCH_OPTIONS, ids=[f"{f}-{p}" for p, f, _, _ in PATCH_OPTIONS]
+)
+def test_patch_with_model_options(layout, framework, base, options):
+    check_patch(layout, framework, BASE.with_(**options), base)
+
+
+# a patch without one of its norms in the forward: the same parameters, another function, which the comparison sees
+WRONG_PATCH = [
+    ("attn=qkAB,mlp=AB,final", "torchtitan", "qwen3", "x = x + self.post_attention_norm(h)", "x = x + h"),
+    ("peri", "torchtitan", "pre", "x = self.embedding_norm(x)", "pass"),
+    ("peri", "litgpt", "pre", "super().forward(self.embedding_norm(x),", "super().forward(x,"),
+]
+
+
+@pytest.mark.parametrize(
+    ("layout", "framework", "base", "stated", "wrong"), WRONG_PATCH, ids=[f"{w[1]}-{w[0]}" for w in WRONG_PATCH]
+)
+def test_a_patch_missing_a_norm_is_caught(layout, framework, base, stated, wrong):
+    code = patched_code(layout, framework, BASE, base)
+    assert stated in code
+    theirs, ours = run_patch(code.replace(stated, wrong), layout, framework, BASE)
+    diff = (_logits(framework, theirs, TOKENS) - ours(TOKENS).logits).abs().max().item()
     assert diff > 100 * ATOL

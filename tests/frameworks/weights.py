@@ -48,6 +48,8 @@ def litgpt(sd: dict[str, torch.Tensor], layout: str) -> dict[str, torch.Tensor]:
     norms.update({"mlp.gate_proj": "mlp.fc_1", "mlp.up_proj": "mlp.fc_2"} if gated else {"mlp.up_proj": "mlp.fc"})
     out = {
         "transformer.wte.weight": sd["embed.weight"],
+        # the patch's embedding norm: block 0 normalizes its input (normlab.recommend.framework_patches)
+        **({"transformer.h.0.embedding_norm.weight": sd["embed_norm.weight"]} if "embed_norm.weight" in sd else {}),
         "transformer.ln_f.weight": sd["final_norm.weight"],
         "lm_head.weight": sd["lm_head.weight"],
     }
@@ -103,6 +105,9 @@ def torchtitan(sd: dict[str, torch.Tensor], layout: str) -> dict[str, torch.Tens
     rename = {
         "attn_norms.input": "attention_norm",
         "mlp_norms.input": "ffn_norm",
+        # the patch's output norms (normlab.recommend.framework_patches)
+        "attn_norms.output": "post_attention_norm",
+        "mlp_norms.output": "post_ffn_norm",
         "attn.q_proj": "attention.qkv_linear.wq",
         "attn.k_proj": "attention.qkv_linear.wk",
         "attn.v_proj": "attention.qkv_linear.wv",
@@ -117,6 +122,7 @@ def torchtitan(sd: dict[str, torch.Tensor], layout: str) -> dict[str, torch.Tens
         "embed.weight": "tok_embeddings.weight",
         "final_norm.weight": "norm.weight",
         "lm_head.weight": "lm_head.weight",
+        "embed_norm.weight": "layers.0.embedding_norm.weight",  # the patch's: the first block normalizes its input
     }
     return _renamed(sd, "layers", rename, top.__getitem__)
 

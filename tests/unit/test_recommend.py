@@ -529,7 +529,8 @@ def test_settings_in_other_code_bases_or_the_nearest_with_the_difference():
     cfg = SIZES["micro"]
     peri = settings_for("peri", cfg)
     assert "peri_norm" in peri["OLMo-core"]["settings"] and "embedding_norm" in peri["OLMo-core"]["settings"]
-    assert not peri["litgpt"]["expressible"] and "nearest: gemma2 (lacks emb" in peri["litgpt"]["settings"]
+    lit = peri["litgpt"]  # its settings give the output norms; the embedding norm comes as a patch
+    assert not lit["expressible"] and lit["patch"] and "EmbeddingNormBlock" in lit["code"]
     assert not peri["transformers"]["expressible"] and "--arch normlab" in peri["transformers"]["settings"]
     pre = settings_for("attn=A,mlp=A,final", cfg)  # the string form is matched too
     assert pre["transformers"]["expressible"] and "LlamaForCausalLM" in pre["transformers"]["settings"]

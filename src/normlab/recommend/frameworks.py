@@ -1,6 +1,9 @@
 """The winner's settings as five code bases write them: normlab, transformers, OLMo-core, torchtitan
-and litgpt; or, where none of a code base's settings gives that placement, that plainly, with the
-nearest placement it has and the norm sites in which the two differ.
+and litgpt; where none of a code base's settings gives that placement, a tested patch where one is written
+(`PATCHES`: a Llama or Qwen3 user's model with Peri-LN's output or embedding norms in torchtitan and litgpt,
+`normlab.recommend.framework_patches`), else that plainly, with the change from the user's model (`base_layout`)
+where the code base states the user's model, or the nearest placement it has and the norm sites in which the two
+differ.
 
 For OLMo-core, torchtitan and litgpt the settings are a complete Python snippet for the pinned release
 (`PINS`) that builds the model config at the user's shape and then the model (`model`), stating every
@@ -8,7 +11,8 @@ default that changes the function: norm type, eps and bias, the rotary fraction,
 head or over all heads), the embedding scale, the gain offset (1 + w), tied embeddings, the MLP,
 the key/value heads, RoPE's base. `tests/frameworks` (`make test-frameworks`) executes each snippet that
 `PLACEMENTS` can emit in the real library, copies a normlab model's weights into the model it builds and
-compares logits in float32; a placement is listed here only with such a test.
+compares logits in float32; a placement is listed here only with such a test, and so is each patch
+(`tests/frameworks/cases.PATCHED`).
 
 What each computes was read from the installed sources (litgpt 0.5.13 `Config` / `Block`: norm_1, norm_2
 input norms, post_attention_norm / post_mlp_norm output norms, norm_qk with norm_qk_type "default" (per
@@ -25,6 +29,7 @@ goes through normlab's exact adapters (`normlab.hf.archs`). Nothing here imports
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -33,6 +38,19 @@ from normlab.layout import PRESETS, Layout, as_layout
 from normlab.layout.norm_kinds import NORM_KIND_FACTS, NormKindFacts
 from normlab.layout.sites import NORM_SITES
 from normlab.model.config import ModelConfig
+from normlab.recommend.framework_patches import (
+    LITGPT_EMBEDDING_NORM,
+    LITGPT_EMBEDDING_NORM_BUILD,
+    PERI_FAMILY,
+    SETTINGS,
+    PeriParts,
+    as_change,
+    peri_parts,
+    titan_block_fields,
+    titan_classes,
+    titan_names,
+    titan_new_parameters,
+)
 
 # the releases the snippets are written for and tested against (`make test-frameworks`)
 PINS: dict[str, str] = {
@@ -51,6 +69,8 @@ class Framework:
     placements: dict[str, dict[str, Any]]
     problems: Callable[[ModelConfig], list[str]]
     write: Callable[[str, dict[str, Any], ModelConfig], str]
+    # placement -> the writer's options for a patch (code beside the library's settings: framework_patches)
+    patches: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def _num(x: float) -> str:
@@ -160,10 +180,15 @@ def _litgpt(layout: str, opts: dict[str, Any], cfg: ModelConfig) -> str:
         ),
         ("rope_indices", windows if local else None, "1: the local base"),
     ]
+    emb = opts.get("emb", False)  # a patch: litgpt has no embedding norm (framework_patches)
     lines = _header("litgpt", layout, cfg, _litgpt_problems(cfg))
-    lines += ["from litgpt.config import Config", "from litgpt.model import GPT", "", "config = Config("]
+    lines += ["from litgpt.config import Config", f"from litgpt.model import {'GPT, Block' if emb else 'GPT'}"]
+    lines += LITGPT_EMBEDDING_NORM if emb else [""]
+    lines += ["config = Config("]
     lines += [f"    {k}={v},{f'  # {c}' if c else ''}" for k, v, c in fields]
     lines += [")", "model = GPT(config)"]
+    if emb:
+        lines += LITGPT_EMBEDDING_NORM_BUILD
     if gemma:
         lines += [
             "# litgpt initializes w at 1 (a gain of 2); normlab's 1 + w starts at w = 0",
@@ -199,9 +224,28 @@ LITGPT = Framework(
             "norm_qk": True,
             "norm_qk_type": "olmo2",
         },
+        # your model (qwen3) + output norms
+        PeriParts(qk=True, out=True, emb=False).layout: {
+            "post_attention_norm": True,
+            "post_mlp_norm": True,
+            "norm_qk": True,
+            "norm_qk_type": "default",
+        },
     },
     _litgpt_problems,
     _litgpt,
+    # the embedding norm, which no litgpt setting gives, on the placements its settings give without it
+    {
+        p.name: {
+            "post_attention_norm": p.out,
+            "post_mlp_norm": p.out,
+            "norm_qk": p.qk,
+            "norm_qk_type": "default",
+            "emb": True,
+        }
+        for p in PERI_FAMILY
+        if p.emb
+    },
 )
 
 
@@ -344,6 +388,16 @@ OLMO_CORE = Framework(
         "gemma2": {"block": "peri_norm", "embed_scale": True},
         # the gain 1 + w held as the weight itself (OLMo-core's Gemma 3 conversion, olmo_core.nn.hf.convert)
         "gemma3": {"block": "peri_norm", "embed_scale": True, "qk": "head", "unit_offset": True},
+        # a Llama or Qwen3 user's model with output norms, an embedding norm or both (framework_patches.PERI_FAMILY)
+        **{
+            p.layout: {
+                "block": "peri_norm" if p.out else "default",
+                "embedding_norm": p.emb,
+                "qk": "head" if p.qk else None,
+            }
+            for p in PERI_FAMILY
+            if p.name == p.layout
+        },
     },
     _olmo_problems,
     _olmo_core,
@@ -368,15 +422,20 @@ def _titan_problems(cfg: ModelConfig) -> list[str]:
 
 def _torchtitan(layout: str, opts: dict[str, Any], cfg: ModelConfig) -> str:
     model, module = opts["model"], opts["model"].lower().removesuffix("model")
+    block = model.removesuffix("Model") + "TransformerBlock"
     d, hd = cfg.d_model, cfg.head_dim
+    parts = PeriParts(qk=bool(opts.get("qk")), out=opts.get("out", False), emb=opts.get("emb", False))
+    patched = parts.out or parts.emb  # a patch: subclasses of the block and the model (framework_patches)
+    config_block, config_model = titan_names(parts) if patched else (block, model)
     lines = _header("torchtitan", layout, cfg, _titan_problems(cfg))
     lines += [
+        *(["from dataclasses import dataclass"] if patched else []),
         "from functools import partial",
         "",
         "import torch.nn as nn",
         "from torchtitan.models.common import CosSinRoPE, Embedding, Linear, RMSNorm",
         "from torchtitan.models.common.config_utils import get_attention_config, make_ffn_config, make_gqa_config",
-        f"from torchtitan.models.{module} import {model}, {model.removesuffix('Model')}TransformerBlock",
+        f"from torchtitan.models.{module} import {model}, {block}",
         "",
         "init = {'weight': partial(nn.init.normal_, std=0.02), 'bias': nn.init.zeros_}",
         "",
@@ -386,7 +445,8 @@ def _torchtitan(layout: str, opts: dict[str, Any], cfg: ModelConfig) -> str:
         "param_init={'weight': nn.init.ones_})",
         "",
         "",
-        f"config = {model}.Config(",
+        *([*titan_classes(parts, model), "", ""] if patched else []),
+        f"config = {config_model}.Config(",
         f"    dim={d},",
         f"    vocab_size={cfg.vocab_size},",
         f"    enable_weight_tying={cfg.tie_embeddings},",
@@ -394,9 +454,10 @@ def _torchtitan(layout: str, opts: dict[str, Any], cfg: ModelConfig) -> str:
         f"    lm_head=Linear.Config(in_features={d}, out_features={cfg.vocab_size}, param_init=init),",
         f"    norm=norm({d}),  # the final norm",
         "    layers=[",
-        f"        {model.removesuffix('Model')}TransformerBlock.Config(",
+        f"        {config_block}.Config(",
         f"            attention_norm=norm({d}),",
         f"            ffn_norm=norm({d}),",
+        *(f"            {line}" for line in titan_block_fields(parts, d)),
         "            attention=make_gqa_config(",
         f"                dim={d}, n_heads={cfg.n_heads}, n_kv_heads={cfg.kv_heads}, head_dim={hd},",
         "                wqkv_param_init=init, wo_param_init=init,",
@@ -409,7 +470,7 @@ def _torchtitan(layout: str, opts: dict[str, Any], cfg: ModelConfig) -> str:
         f"            feed_forward=make_ffn_config(dim={d}, hidden_dim={cfg.ffn_dim}, w1_param_init=init, "
         "w2w3_param_init=init),",
         "        )",
-        f"        for _ in range({cfg.n_layers})",
+        f"        for {'i' if parts.emb else '_'} in range({cfg.n_layers})",
         "    ],",
         ")",
         "model = config.build()",
@@ -426,30 +487,11 @@ TORCHTITAN = Framework(
     },
     _titan_problems,
     _torchtitan,
+    # output norms and the embedding norm, which no torchtitan setting gives; the base model is chosen by `patch`
+    {p.name: {"qk": p.qk, "out": p.out, "emb": p.emb} for p in PERI_FAMILY if p.out or p.emb},
 )
 
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (OLMO_CORE, TORCHTITAN, LITGPT)}
-
-
-# the layout settings besides its norm sites that change what a block computes
-_SETTINGS = (
-    "norm",
-    "gain",
-    "h",
-    "h_learned",
-    "skip_learned",
-    "gpas",
-    "streams",
-    "stream_mix",
-    "ngpt",
-    "attn_res",
-    "ln_scaling",
-    "alpha",
-    "embed_scale",
-    "inner_span",
-    "qk_after_rope",
-    "init",
-)
 
 
 def _kinds(lay: Layout) -> set[str]:
@@ -571,17 +613,30 @@ def _nearest(layout: str, table: dict[str, Any]) -> str:
     best = min(table, key=lambda name: (len(_sites(name) ^ mine), name))
     extra, missing = sorted(_sites(best) - mine), sorted(mine - _sites(best))
     parts = ([f"has {', '.join(extra)}"] if extra else []) + ([f"lacks {', '.join(missing)}"] if missing else [])
-    other = [k for k in _SETTINGS if getattr(as_layout(best), k) != getattr(as_layout(layout), k)]
+    other = [k for k in SETTINGS if getattr(as_layout(best), k) != getattr(as_layout(layout), k)]
     if other:
         parts.append(f"differs in {', '.join(other)}")
     return f"{best} ({'; '.join(parts) or 'same norm sites, other settings'})"
 
 
-# placement (a preset) -> the code bases that compute it (init aside); a placement absent is not expressible there
+# placement (a preset, or a Llama or Qwen3 user's model with Peri-LN's parts, framework_patches.PERI_FAMILY) ->
+# the code bases whose settings compute it (init aside); a placement absent is not expressible there
 PLACEMENTS: dict[str, tuple[str, ...]] = {
     name: fws
-    for name in PRESETS
+    for name in dict.fromkeys([*PRESETS, *(p.name for p in PERI_FAMILY)])
     if (fws := tuple(f.name for f in FRAMEWORKS.values() if _match(name, f.placements) is not None))
+}
+# placement -> the code bases that compute it with a patch (`patch`), where their settings do not
+PATCHES: dict[str, tuple[str, ...]] = {
+    name: fws
+    for name in dict.fromkeys([*PRESETS, *(p.name for p in PERI_FAMILY)])
+    if (
+        fws := tuple(
+            f.name
+            for f in FRAMEWORKS.values()
+            if _match(name, f.placements) is None and _match(name, f.patches) is not None
+        )
+    )
 }
 
 
@@ -590,41 +645,109 @@ def placement(framework: str, layout: str) -> str | None:
     return _match(layout, FRAMEWORKS[framework].placements)
 
 
+def _init_note(layout: str, hit: str) -> str:
+    init = as_layout(layout).init
+    if init != as_layout(hit).init:  # e.g. pre-qk-pre: qwen3's function with Zhuo et al.'s Megatron init
+        return f'# {layout}: the function of "{hit}"; its init ({init}) is not among these settings\n'
+    return ""
+
+
 def snippet(framework: str, layout: str, config: ModelConfig) -> str | None:
     """The Python that builds `layout` at `config`'s shape in `framework` (its model in `model`), or None where
     none of that code base's settings gives the placement."""
     fw, hit = FRAMEWORKS[framework], placement(framework, layout)
     if hit is None:
         return None
-    code = fw.write(hit, fw.placements[hit], config)
-    init = as_layout(layout).init
-    if init != as_layout(hit).init:  # e.g. pre-qk-pre: qwen3's function with Zhuo et al.'s Megatron init
-        code = f'# {layout}: the function of "{hit}"; its init ({init}) is not among these settings\n' + code
-    return code
+    return _init_note(layout, hit) + fw.write(hit, fw.placements[hit], config)
 
 
-def _entry(layout: str, fw: Framework, config: ModelConfig) -> dict[str, Any]:
+def _titan_model(layout: str, base_layout: str | None) -> str:
+    """torchtitan's model the patch subclasses: the user's (Llama3 for a Pre-LN model, Qwen3 for one with
+    QK-norm) where `base_layout` is one of those, else by whether `layout` has QK-norm. The QK-norm itself is the
+    attention's setting (make_gqa_config(qk_norm=...)) on either."""
+    base = peri_parts(base_layout) if base_layout is not None else None
+    target = peri_parts(layout)
+    qk = base.qk if base is not None else bool(target and target.qk)
+    return "Qwen3Model" if qk else "Llama3Model"
+
+
+def patch(framework: str, layout: str, config: ModelConfig, base_layout: str | None = None) -> str | None:
+    """The Python that builds `layout` in `framework` with a patch (a subclass beside the library's settings), its
+    model in `model`, where none of its settings gives the placement and a patch is written for it; else None.
+    `base_layout`, the user's placement, picks torchtitan's base block (the user's model's)."""
+    fw = FRAMEWORKS[framework]
+    if placement(framework, layout) is not None:
+        return None
+    hit = _match(layout, fw.patches)
+    if hit is None:
+        return None
+    opts = dict(fw.patches[hit])
+    if framework == "torchtitan":
+        opts["model"] = _titan_model(layout, base_layout)
+    parts = peri_parts(hit)
+    assert parts is not None  # every patch is of PERI_FAMILY
+    said = as_change(base_layout, layout) if base_layout is not None else f"{hit}"
+    if framework == "torchtitan":
+        block, _ = titan_names(parts)
+        how = (
+            f"{block} subclasses torchtitan's {opts['model'].removesuffix('Model')}TransformerBlock; "
+            f"new parameters (RMSNorm gains, init 1): {', '.join(titan_new_parameters(parts))}"
+        )
+    else:
+        how = "EmbeddingNormBlock (a Block) replaces block 0; new parameter: transformer.h.0.embedding_norm.weight"
+    note = textwrap.wrap(
+        f"a patch: none of {framework}'s settings gives {said}. {how}. Checkpoint converters (to and from "
+        "Hugging Face) do not know the new norms.",
+        width=114,
+        initial_indent="# ",
+        subsequent_indent="# ",
+    )
+    return "\n".join(note) + "\n" + _init_note(layout, hit) + fw.write(hit, opts, config)
+
+
+def _entry(layout: str, fw: Framework, config: ModelConfig, base_layout: str | None) -> dict[str, Any]:
+    change = (
+        f"{as_change(base_layout, layout)}: "
+        if base_layout is not None and _canonical(base_layout) != _canonical(layout)
+        else ""
+    )
     code = snippet(fw.name, layout, config)
+    problems = fw.problems(config)
+    said = f" (your model's options it cannot state: {'; '.join(problems)})" if problems else ""
     if code is not None:
-        problems = fw.problems(config)
-        said = f" (your model's options it cannot state: {'; '.join(problems)})" if problems else ""
         return {
             "expressible": True,
+            "patch": False,
             "code": code,
-            "settings": f"{PINS[fw.name]}{said}; builds it with:\n\n```python\n{code}```",
+            "settings": f"{change}{PINS[fw.name]}{said}; builds it with:\n\n```python\n{code}```",
         }
     why = unsaid(fw.name, layout)
+    none = f"none of {fw.name}'s settings gives {layout}" + (f" ({'; '.join(why)})" if why else "")
+    code = patch(fw.name, layout, config, base_layout)
+    if code is not None:
+        return {
+            "expressible": False,
+            "patch": True,
+            "code": code,
+            "settings": f"{change}{none}; this patch for {PINS[fw.name]}{said} builds it (normlab's tests run it in "
+            f"that release and compare its logits with normlab's):\n\n```python\n{code}```",
+        }
+    if base_layout is not None and placement(fw.name, base_layout) is not None:
+        # the advice starts from the user's model, which this code base's settings give
+        start = (
+            f"from your model ({base_layout}), which its settings give, the change is: {as_change(base_layout, layout)}"
+        )
+    else:
+        start = f"nearest: {_nearest(layout, fw.placements)}"
     return {
         "expressible": False,
+        "patch": False,
         "code": None,
-        "settings": f"none of {fw.name}'s settings gives {layout}"
-        + (f" ({'; '.join(why)})" if why else "")
-        + f"; nearest: {_nearest(layout, fw.placements)}. It needs its block's forward changed (the equation in "
-        "`normlab layouts`).",
+        "settings": f"{none}; {start}. It needs its block's forward changed (the equation in `normlab layouts`).",
     }
 
 
-def _transformers(layout: str, config: ModelConfig) -> dict[str, Any]:
+def _transformers(layout: str, config: ModelConfig, base_layout: str | None) -> dict[str, Any]:
     from normlab.hf.archs import BY_NAME
 
     exact = {name: a for name, a in BY_NAME.items() if a.exports and _canonical(a.preset) == _canonical(layout)}
@@ -635,12 +758,18 @@ def _transformers(layout: str, config: ModelConfig) -> dict[str, Any]:
     if not exact:
         presets = {a.preset: n for n, a in BY_NAME.items() if a.exports}
         why = unsaid("transformers", layout)
+        start = (
+            f"; as changes to {as_change(base_layout, layout)}"
+            if base_layout is not None and _canonical(base_layout) != _canonical(layout)
+            else ""
+        )
         return {
             "expressible": False,
+            "patch": False,
             "code": None,
             "settings": f"no transformers class computes {layout}"
             + (f" ({'; '.join(why)})" if why else "")
-            + f"; nearest: {_nearest(layout, presets)}. "
+            + f"{start}; nearest: {_nearest(layout, presets)}. "
             + via_normlab,
         }
     problems = {name: a.model_problems(config) for name, a in exact.items()}
@@ -649,12 +778,14 @@ def _transformers(layout: str, config: ModelConfig) -> dict[str, Any]:
     for name in clean:
         how = f"{type(exact[name]).__name__}ForCausalLM via `normlab export RUN OUT --arch {name}`"
         lines.append(how + (f" (your model's options differ: {'; '.join(problems[name])})" if problems[name] else ""))
-    return {"expressible": True, "code": None, "settings": "; or ".join(lines) + ". " + via_normlab}
+    return {"expressible": True, "patch": False, "code": None, "settings": "; or ".join(lines) + ". " + via_normlab}
 
 
-def settings_for(layout: str, config: ModelConfig) -> dict[str, dict[str, Any]]:
-    """The winner's settings per code base: {"expressible": bool, "settings": text, "code": a runnable snippet
-    (OLMo-core, torchtitan, litgpt; also inside "settings" as a fenced block) or None}."""
+def settings_for(layout: str, config: ModelConfig, base_layout: str | None = None) -> dict[str, dict[str, Any]]:
+    """The winner's settings per code base: {"expressible": bool (by the code base's settings), "patch": bool (a
+    tested patch instead), "settings": text, "code": a runnable snippet or patch (OLMo-core, torchtitan, litgpt;
+    also inside "settings" as a fenced block) or None}. `base_layout`, the user's current placement (a preset's
+    name or a string form), words the advice as changes to the user's model and picks torchtitan's base block."""
     lay = as_layout(layout)
     string = lay.to_string()
     preset = next((name for name, p in PRESETS.items() if p.layout.to_string() == string), None)
@@ -662,12 +793,25 @@ def settings_for(layout: str, config: ModelConfig) -> dict[str, dict[str, Any]]:
     return {
         "normlab": {
             "expressible": True,
+            "patch": False,
             "code": None,
             "settings": f"--layout {preset or repr(string)} (string form {string}); in a TOML: {toml}",
         },
-        "transformers": _transformers(layout, config),
-        **{name: _entry(layout, fw, config) for name, fw in FRAMEWORKS.items()},
+        "transformers": _transformers(layout, config, base_layout),
+        **{name: _entry(layout, fw, config, base_layout) for name, fw in FRAMEWORKS.items()},
     }
 
 
-__all__ = ["FRAMEWORKS", "PINS", "PLACEMENTS", "UNSAID", "Framework", "placement", "settings_for", "snippet", "unsaid"]
+__all__ = [
+    "FRAMEWORKS",
+    "PATCHES",
+    "PINS",
+    "PLACEMENTS",
+    "UNSAID",
+    "Framework",
+    "patch",
+    "placement",
+    "settings_for",
+    "snippet",
+    "unsaid",
+]

@@ -133,7 +133,7 @@ def conclude(ctx: Context, verify: dict[str, Any] | None = None) -> Recommendati
         winner=winner.layout if winner else None,
         ranking=[r.to_dict() for r in ranked],
         recipe_checks=checks,
-        settings=settings_for(winner.layout, ctx.user.config) if winner else {},
+        settings=settings_for(winner.layout, ctx.user.config, base_layout=ctx.user.layout) if winner else {},
         limits=explain.limits(ctx.user, ctx.precision, stress, found.screen, ctx.extra, ranked),
         optimizer=p.optimizer,
         verify=verify or {"status": "not asked"},
