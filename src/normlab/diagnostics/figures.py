@@ -57,6 +57,24 @@ def _not_drawn(ax, name: str, why: str) -> None:  # noqa: ANN001 - an Axes
     ax.plot([], [], ls="none", label=f"{name}: not drawn ({why})")
 
 
+def _stored_fp16(runs: list[Run]) -> bool:
+    """Whether any of the runs stored its activations in fp16: the FP16 maximum is drawn only then (a bf16 or
+    fp32 run has no overflow in reach, and a line at 65504 would say it has)."""
+    return any(run.summary.get("activation_dtype") == "fp16" for run in runs)
+
+
+def _depth_colorbar(fig, ax, n_layers: int, cmap: str = "viridis", top: float = 1.0) -> None:  # noqa: ANN001
+    """The colour legend of a panel with a line per layer: a colour bar from layer 0 to the deepest."""
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import LinearSegmentedColormap, Normalize
+
+    base = plt.get_cmap(cmap)
+    scale = LinearSegmentedColormap.from_list(f"{cmap}_depth", base(np.linspace(0, top, 256)))
+    bar = fig.colorbar(ScalarMappable(Normalize(0, max(n_layers - 1, 1)), cmap=scale), ax=ax, pad=0.01, fraction=0.05)
+    bar.set_label("layer", fontsize=7)
+    bar.ax.tick_params(labelsize=6)
+
+
 def fig_loss(runs: list[Run], names: list[str]):  # noqa: ANN201
     """Every run's loss and gradient norm to its last finite step; a diverged run's end marked with an X."""
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
@@ -136,7 +154,7 @@ def fig_depth(runs: list[Run], names: list[str], metric: str, label: str):  # no
                 ax.scatter([layers[ok][-1]], [y[ok][-1]], marker="X", s=60, color=c, zorder=5)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set(title=f"{name}: {label} by depth", xlabel="layer (0 = embedding output)", ylabel=label, yscale="log")
-        if metric == "max_abs":
+        if metric == "max_abs" and _stored_fp16([run]):
             ax.axhline(FP16_MAX, ls="--", color="tab:orange", label="FP16 max 65504")
         _legend(ax, fontsize=8)
     fig.tight_layout()
@@ -236,7 +254,8 @@ def fig_top100(runs: list[Run], names: list[str]):  # noqa: ANN201
                 zorder=5,
                 label=f"{name} overflowed (step {brk['step']})",
             )
-    ax.axhline(FP16_MAX, ls="--", color="tab:orange", label="FP16 max 65504")
+    if _stored_fp16(runs):
+        ax.axhline(FP16_MAX, ls="--", color="tab:orange", label="FP16 max 65504")
     ax.set(
         title="Largest 100 |activations| in the residual stream", xlabel="step", ylabel="|hidden state|", yscale="log"
     )
@@ -330,6 +349,8 @@ def fig_gamma(runs: list[Run], names: list[str]):  # noqa: ANN201
         ax.set(title=f"{name}: {kind or 'no'} norm γ (mean) over training", xlabel="step", ylabel="mean γ")
         if sites and ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7, ncol=2, title="solid attn, dashed mlp", title_fontsize=7)
+        elif sites:  # too many layers to name: the colours' legend as a bar
+            _depth_colorbar(fig, ax, run.probe(sites[0], "gamma_mean").shape[1], "plasma", 0.9)
     fig.tight_layout()
     return fig
 
@@ -462,20 +483,22 @@ TIER_PANELS = (
 
 def fig_layers_per_step(runs: list[Run], names: list[str]):  # noqa: ANN201
     """The per-step tier (layers.jsonl): each panel one metric, a line per layer (viridis: shallow to deep)."""
-    fig, axes = plt.subplots(
-        len(runs), len(TIER_PANELS), figsize=(4.2 * len(TIER_PANELS), 3.2 * len(runs)), squeeze=False
-    )
+    # a metric no run recorded is no panel (e.g. a run without attention logits); a run lacking one says so
+    panels = [p for p in TIER_PANELS if any(not run.layer_series(p[0]).empty for run in runs)] or list(TIER_PANELS)
+    fig, axes = plt.subplots(len(runs), len(panels), figsize=(4.6 * len(panels), 3.2 * len(runs)), squeeze=False)
     for row, run, name in zip(axes, runs, names):
-        for ax, (metric, label, scale) in zip(row, TIER_PANELS):
+        for ax, (metric, label, scale) in zip(row, panels):
             tab = run.layer_series(metric)
             if tab.empty:
-                ax.set_title(f"{name}: no {metric}")
+                ax.set_title(f"{name}: {label}")
+                ax.text(0.5, 0.5, f"no {metric} in this run", ha="center", va="center", transform=ax.transAxes)
                 continue
             colors = plt.cm.viridis(np.linspace(0, 1, max(len(tab.columns), 2)))
             for color, layer in zip(colors, tab.columns):
                 ax.plot(tab.index, tab[layer], lw=0.8, color=color)
             positive = bool((tab.to_numpy() > 0).all())
             ax.set(title=f"{name}: {label}", xlabel="step", ylabel=label, yscale=scale if positive else "linear")
+            _depth_colorbar(fig, ax, len(tab.columns))
     fig.tight_layout()
     return fig
 
