@@ -283,3 +283,14 @@ def test_the_verify_stage_trains_in_mup_from_the_proxys_width_and_the_recipe_nam
     w = _row("peri", best_lr=0.01)
     assert answer.recipe(w)["parametrization"] == "mup" and "model.base_d_model=64" in answer.recipe(w)["words"]
     assert answer.recipe(w, optimizer="sgd")["parametrization"] == "sp"
+
+
+def test_a_token_budget_beyond_the_record_and_dyts_regime_are_said():
+    from normlab.recommend.explain import transfer_record
+
+    user = _user("pre")
+    dom = answer.domain(user, "fp16", "adamw", 2, transfer_record(), tokens=2 * 10**11, winner="pre-dyt")
+    said = " | ".join(dom["differences"])
+    assert "tokens: yours 200,000,000,000, measured up to 1,228,800" in said and "arXiv 2604.23434" in said
+    calm = answer.domain(user, "fp16", "adamw", 2, transfer_record(), tokens=2 * 10**11, winner="peri")
+    assert "regime" not in " | ".join(calm["differences"])

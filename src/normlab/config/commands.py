@@ -409,6 +409,13 @@ class RecommendConfig:
         "spend part of the budget training the best k candidates (k >= 2, from the budget) "
         "at the widest width that fits, and say whether the proxy's order held there",
     )
+    tokens: int | None = setting(
+        None,
+        "the tokens your run will train on (e.g. 2e11): where the evidence ends is said against it, and for "
+        "DyT/Derf candidates whether your budget lies in another regime than the proxies' (arXiv 2604.23434)",
+        check=positive,
+        metavar="N",
+    )
     quick: bool = setting(
         False,
         "the quick question: your model against only the --candidates given (default: yours+out, your model with "

@@ -203,8 +203,24 @@ def measured(record: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _elementwise(layout: str | None) -> bool:
+    """Whether a layout normalizes with an element-wise squash (DyT, Derf) somewhere."""
+    if layout is None:
+        return False
+    from normlab.layout import as_layout
+
+    lay = as_layout(layout)
+    return any(lay.norm_at(s).kind in ("dyt", "derf") for s in lay.sites_on())
+
+
 def domain(
-    user: UserModel, precision: str, optimizer: str, proxy_depth: int, record: dict[str, Any], tokens: int | None = None
+    user: UserModel,
+    precision: str,
+    optimizer: str,
+    proxy_depth: int,
+    record: dict[str, Any],
+    tokens: int | None = None,
+    winner: str | None = None,
 ) -> dict[str, Any]:
     """recommendation.json's `domain` (module doc): `inside_record` and the `differences` in words."""
     pairs = measured(record)
@@ -248,6 +264,13 @@ def domain(
     most = max(p["other"]["tokens"] for p in pairs)
     if tokens and tokens > most:
         diffs.append(f"tokens: yours {tokens:,}, measured up to {most:,} ({tok:g}x the proxy's)")
+    if tokens and tokens > most and _elementwise(winner):
+        diffs.append(
+            f"regime: {winner} replaces norms with an element-wise squash (DyT/Derf), which helps at small token "
+            "budgets and hurts at large ones as more of its inputs saturate (arXiv 2604.23434); the proxies trained "
+            f"{pairs[0]['proxy']['tokens']:,} tokens, yours {tokens:,}: the probes' saturated_share of the proxy runs "
+            "says how far into saturation they went"
+        )
     return {
         "inside_record": not diffs,
         "differences": diffs,

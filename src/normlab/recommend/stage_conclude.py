@@ -153,7 +153,9 @@ def conclude(ctx: Context, verify: dict[str, Any] | None = None) -> Recommendati
         confidence=conf,
         effect=eff,
         recipe=answer.recipe(winner, optimizer=p.optimizer),
-        domain=answer.domain(ctx.user, ctx.precision, p.optimizer, p.depth, record),
+        domain=answer.domain(
+            ctx.user, ctx.precision, p.optimizer, p.depth, record, ctx.cfg.tokens, winner.layout if winner else None
+        ),
         changed_from=changed,
         dropped=derived.dropped(ctx.current, winner.layout) if winner else [],
         labels=dict(ctx.labels),
