@@ -94,9 +94,12 @@ gpu-transfer: install
 # key layout in bf16 and fp16, FSDP2 on one GPU; the figures go into docs/benchmarks.md and docs/results.md
 # between <!-- gpu-check --> markers, with the device named (scripts/gpu_check.py; --dry-run: the CPU plumbing).
 # No install step: the device machine reaches no network (GPU_PYTHON: a Python with CUDA torch and normlab's deps).
+# It includes the per-step tier's cost at cadence 1, 10 and 100, eager and compiled, at gpu-126m and kim-400m
+# (benchmarks/tier_cadence.py); GPU_CHECK_ARGS='--only "per-step tier"' runs those items alone.
 GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+GPU_CHECK_ARGS ?=
 gpu-check:
-	$(GPU_PYTHON) scripts/gpu_check.py
+	$(GPU_PYTHON) scripts/gpu_check.py $(GPU_CHECK_ARGS)
 
 # Re-run every output the README and docs quote (between <!-- quote: CMD --> markers) and rewrite it.
 quotes: install

@@ -14,8 +14,9 @@ The plan (`plan()`), in order of priority, each item one subprocess with its own
 4. FSDP2 on one GPU: ``torchrun --nproc_per_node 1 -m normlab train --fsdp`` with probes on;
 5. the pre bf16 run again with the per-step tier every 10 steps and off (its cost end to end), and with the
    default checkpoint interval (stretched by a save's cost);
-6. `benchmarks/train_throughput.py` (eager and compiled, pre and peri) and `benchmarks/tier_overhead.py`
-   (the per-step tier's cost at gpu-126m).
+6. `benchmarks/tier_cadence.py`: the per-step tier's cost at cadence 1, 10 and 100, eager and compiled, at
+   gpu-126m and kim-400m (bf16, 16 x 1,024; one item per mode);
+7. `benchmarks/train_throughput.py` (eager and compiled, pre and peri).
 
 The whole check has a budget (``--budget-s``, default 540 s): a device lease is 15 minutes of GPU time with
 the machine's start counted and at most 10 minutes a command, so the check is one command of a lease (give a
@@ -26,7 +27,9 @@ tests/gpu 72 s, each layout run 19-24 s, FSDP2 30 s, throughput 69 s, tier overh
 90 s (it now has 150 s and 8 turns). Each item runs within the smaller of its own
 limit and the time left; an item that would start with under 15 s left is not run and is written as "not
 run: the budget was spent", so the order above is the trade-off: the behaviour tests and the layouts'
-bf16/fp16 runs first, the throughput figures last.
+bf16/fp16 runs first, the throughput figures last. The tier's cadence items (6) need up to 360 s, mostly
+compilation, so a lease spent on them alone runs ``--only "per-step tier"`` (``make gpu-check
+GPU_CHECK_ARGS='--only "per-step tier"'``).
 
 The figures go into docs/benchmarks.md and docs/results.md between ``<!-- gpu-check:begin -->`` and
 ``<!-- gpu-check:end -->`` (the section is replaced, or appended when the page has none), headed by the
@@ -119,10 +122,6 @@ def plan(dry: bool, out: Path) -> list[Item]:
                     "32",
                 ],
             ),
-            (
-                "per-step tier overhead",
-                ["benchmarks/tier_overhead.py", "--size", "nano", "--steps", "4", "--batch", "4", "--seq", "32"],
-            ),
         ]
     else:
         bench = [
@@ -163,10 +162,6 @@ def plan(dry: bool, out: Path) -> list[Item]:
                     "--layouts",
                     "pre,peri",
                 ],
-            ),
-            (
-                "per-step tier overhead",
-                ["benchmarks/tier_overhead.py", "--size", "gpu-126m", "--seq", "1024", "--batch", "16", "--bf16"],
             ),
         ]
     size, steps, seq, batch = ("nano", 3, 32, 4) if dry else ("gpu-126m", 100, 1024, 16)
@@ -210,7 +205,19 @@ def plan(dry: bool, out: Path) -> list[Item]:
             cmd = [py, "-m", *train(layout, prec, run, "--lr", "3e-3")]
             items.append(Item(f"{size} {layout} {precision}", cmd, 90, "results", run=str(run)))
     peers, *later = [
-        Item(name, [py, *args, *dev], limit, "benchmarks") for (name, args), limit in zip(bench, (150, 75, 45))
+        Item(name, [py, *args, *dev], limit, "benchmarks") for (name, args), limit in zip(bench, (150, 75))
+    ]
+    # The per-step tier's cost at cadence 1, 10 and 100, eager and compiled (benchmarks/tier_cadence.py; compiled:
+    # the tier's reductions inside the graph), one item per mode so a compile that runs long keeps the eager rows.
+    cadence = ["benchmarks/tier_cadence.py", *dev]
+    if dry:
+        cadence += ["--sizes", "nano", "--batch", "4", "--seq", "32", "--repeats", "3", "--warmup", "1"]
+    else:
+        cadence += ["--precision", "bf16", "--sizes", "gpu-126m,kim-400m", "--seq", "1024", "--batch", "16"]
+        cadence += ["--repeats", "20"]
+    by_cadence = [
+        Item(f"per-step tier by cadence, {mode}", [py, *cadence, "--modes", mode], limit, "benchmarks")
+        for mode, limit in (("eager", 120), ("compiled", 240))
     ]
     run = out / "fsdp-1gpu"
     torchrun = [py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "-m"]
@@ -236,7 +243,7 @@ def plan(dry: bool, out: Path) -> list[Item]:
         )
         for label, tag, args, once in variants
     ]
-    return [*items, peers, fsdp_item, *tiers, *later]
+    return [*items, peers, fsdp_item, *tiers, *by_cadence, *later]
 
 
 def execute(item: Item, limit_s: float, logs: Path) -> None:

@@ -140,6 +140,7 @@ def test_compiled_tier_with_activation_checkpointing_records_the_same_rows(eager
     _assert_rows_equal(eager_rows, rows, rtol=1e-5)
 
 
+@pytest.mark.slow  # inductor's C++ build: 20-30 s on 2 cores; the aot_eager test covers the graph (make test-all)
 def test_inductor_rows_equal_eager(eager_rows):
     """The default backend (inductor: the hooks' reductions fused into its kernels, the buffer written in place):
     cadence 2 over three steps, one frame, no graph break, the eager rows within float tolerance (inductor's

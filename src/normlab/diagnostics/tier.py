@@ -20,8 +20,10 @@ the plain causal logits (before a soft-cap, ignoring a sliding window), as the p
 Costs: a max over each block's output, the sampled logits, one pass over the gradients and two over the
 block parameters (a copy before the step, the difference after: one extra copy of the block parameters
 in memory, of the local shard under FSDP2), and two reads back to the host per step. Measured in
-docs/benchmarks.md: about 2% of a step on the CPU, 15-25% of an eager gpu-126m step on an H100, where the
-eager step's CPU time already exceeds its device time (every launch added is paid). The hooks are active from
+docs/benchmarks.md ("Per-step tier by cadence", benchmarks/tier_cadence.py): on a loaded 2-core CPU about
+1.5-2% of an eager micro or small step at cadence 1 and 0.1% of a compiled micro step; 15-25% of an eager
+gpu-126m step on an H100 (before the CPU changes; there the eager step's CPU time already exceeds its device
+time: every launch added is paid). The hooks are active from
 `reset` (a tier step's forward) to `before_step`, so evaluations, probe passes and spike replays between do
 not run them.
 
@@ -252,8 +254,21 @@ class StepTier:
 
 
 def _abs_max(x: torch.Tensor) -> torch.Tensor:
-    """max |x| in float32, one reduction kernel (``x.abs().amax()`` writes |x| first)."""
-    return torch.linalg.vector_norm(x.detach(), ord=math.inf, dtype=torch.float32)
+    """max |x| in float32, one pass over x (``x.abs().amax()`` writes |x| first): on CUDA the inf-norm (one
+    kernel); on the CPU ``aminmax`` and max(max, -min), as the CPU's inf-norm kernel is about 50 times slower
+    (1.7 ms against 0.03 ms for a micro block's 32 x 128 x 64 output, one thread). A NaN propagates in both."""
+    x = x.detach()
+    if x.device.type == "cuda":
+        return torch.linalg.vector_norm(x, ord=math.inf, dtype=torch.float32)
+    lo, hi = torch.aminmax(x)
+    return torch.maximum(hi, -lo).float()
+
+
+def _max_row_norm(x: torch.Tensor) -> torch.Tensor:
+    """max_t ||x_t|| per head of x (B, H, T, d), in float32: (H,)."""
+    if x.dtype == torch.float32:  # the squares summed: on the CPU a third faster than vector_norm's kernel
+        return x.square().sum(-1).amax(dim=(0, 2)).sqrt()
+    return torch.linalg.vector_norm(x, dim=-1, dtype=torch.float32).amax(dim=(0, 2))  # no float copy of x
 
 
 def _keep_max(parts: list[torch.Tensor | None], i: int, value: torch.Tensor) -> None:
@@ -308,13 +323,12 @@ def sampled_logits(
             with torch.inference_mode(False):  # ordinary tensors, usable later with gradients on
                 _SAMPLES[key] = _sample_rows(t, queries, q.device)
         idx, future = _SAMPLES[key]
-    logits = (q[:, :, idx].float() * scale) @ k.float().transpose(-1, -2)  # (B, H, queries, T)
-    exact = logits.masked_fill(future, -math.inf).amax(dim=(0, 2, 3))
-    norm = torch.linalg.vector_norm  # in float32 without a float copy of q and k
-    bound = norm(q, dim=-1, dtype=torch.float32).amax(dim=(0, 2)) * norm(k, dim=-1, dtype=torch.float32).amax(
-        dim=(0, 2)
-    )
-    return exact, bound * abs(scale)
+    logits = q.index_select(2, idx).float() @ k.float().transpose(-1, -2)  # (B, H, queries, T), unscaled
+    # the extreme over the batch first, then the scale and the causal mask on (H, queries, T): the same maximum
+    # as masking every sequence's logits (the mask does not depend on the sequence), at a B-th of the masking
+    top = (logits.amax(dim=0) if scale >= 0 else logits.amin(dim=0)) * scale
+    exact = top.masked_fill(future, -math.inf).amax(dim=(1, 2))
+    return exact, _max_row_norm(q) * _max_row_norm(k) * abs(scale)
 
 
 def tier_summary(rows: list[dict[str, Any]]) -> dict[str, Any] | None:

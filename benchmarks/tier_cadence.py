@@ -1,0 +1,143 @@
+"""The per-step tier's cost at each cadence (`--layer-stats-every N`), eager and compiled: a training step with
+the tier off against the tier every step, every 10th and every 100th.
+
+    python benchmarks/tier_cadence.py [--sizes micro,small] [--modes eager,compiled] [--repeats 15]
+    python benchmarks/tier_cadence.py --device cuda --precision bf16 --sizes gpu-126m,kim-400m --seq 1024 --batch 16
+
+Per size and mode, two copies of one model (the same weights): one with no tier, one with a `StepTier` (compiled:
+``compiled=True``, its hooks in the graph) driven by `TierHook` as `normlab train` drives it (reset before the
+forward, norms after the backward, the per-layer spike rule, the row after the update). Three kinds of step:
+
+- off: the copy without the tier;
+- tier: a tier step (the cadence's step: the hooks record, the host reads the row);
+- between: a step off the cadence (eager: the hooks return at once; compiled: the graph is the same at every step,
+  so its in-graph reductions run and only the host's work is skipped).
+
+The kinds are interleaved (off, tier, between, rotated each repeat) so load and drift land on all three, and
+each is the median of ``--repeats`` steps after warm-up (compilation excluded). A run at cadence N costs one tier
+step and N - 1 steps between per N steps, so its overhead is ((t_tier + (N - 1) t_between) / N) / t_off - 1; the
+table gives that for N = 1, 10, 100 (N = 1 is the tier step itself). Rows are printed as they finish (a run cut
+short keeps what it measured). AdamW, one micro-batch per step, random tokens; ``--profile N`` adds
+torch.profiler's top N ops of one step of each kind (where the tier's cost is).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+from collections.abc import Callable
+
+import torch
+from bench_device import Bench, add_args, setup
+
+import normlab
+from normlab.diagnostics.tier import StepTier
+from normlab.model.lm import LMOutput
+from normlab.train.step_hooks import TierHook
+
+KINDS = ("off", "tier", "between")
+CADENCES = (1, 10, 100)
+
+
+def measure(b: Bench, args: argparse.Namespace, size: str, compiled: bool) -> dict[str, list[float]]:
+    """Seconds per step of each kind (`KINDS`), ``args.repeats`` each, interleaved."""
+    plain = normlab.build_model(args.layout, size, seed=0, max_seq_len=max(args.seq, 64)).to(b.device)
+    tiered = copy.deepcopy(plain)
+    hook = TierHook(StepTier(tiered, compiled=compiled), None, every=2)  # even steps: tier steps; odd: between
+    fwd_plain, fwd_tiered = (torch.compile(plain), torch.compile(tiered)) if compiled else (plain, tiered)
+    opt_tiered = b.adamw(tiered.parameters())
+    runs: dict[str, tuple[Callable[..., LMOutput], torch.optim.Optimizer, TierHook | None]] = {
+        "off": (fwd_plain, b.adamw(plain.parameters()), None),
+        "tier": (fwd_tiered, opt_tiered, hook),
+        "between": (fwd_tiered, opt_tiered, hook),
+    }
+    x = torch.randint(0, plain.config.vocab_size, (args.batch, args.seq), generator=torch.Generator().manual_seed(0))
+    x = x.to(b.device)
+
+    def step(kind: str) -> float:
+        fwd, opt, h = runs[kind]
+        n = 0 if kind == "tier" else 1
+        t0 = b.clock()
+        if h is not None:
+            h.pre_step(n)
+        opt.zero_grad(set_to_none=True)
+        with b.autocast():
+            loss = fwd(x, targets=x).loss
+        loss.backward()
+        if h is not None:
+            h.post_backward(n)
+            h.fired(n)
+        opt.step()
+        if h is not None:
+            h.post_step(n, True)
+        return b.clock() - t0
+
+    for _ in range(args.warmup):  # compilation, the allocator, the tier's buffers
+        for kind in KINDS:
+            step(kind)
+    times: dict[str, list[float]] = {k: [] for k in KINDS}
+    for r in range(args.repeats):
+        for kind in KINDS[r % 3 :] + KINDS[: r % 3]:
+            times[kind].append(step(kind))
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if b.cuda else [])
+        sort = "self_cuda_time_total" if b.cuda else "self_cpu_time_total"
+        for kind in KINDS:
+            with profile(activities=acts) as prof:
+                step(kind)
+            print(f"## profile, {size}, {'compiled' if compiled else 'eager'}, one step: {kind}", flush=True)
+            print(prof.key_averages().table(sort_by=sort, row_limit=args.profile), flush=True)
+    return times
+
+
+def overhead(med: dict[str, float], every: int) -> float:
+    """The fraction a run at cadence ``every`` adds to a step (module docstring)."""
+    return (med["tier"] + (every - 1) * med["between"]) / every / med["off"] - 1
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_args(p)
+    p.add_argument("--sizes", default="micro,small")
+    p.add_argument("--modes", default="eager,compiled", help="comma list of eager, compiled")
+    p.add_argument("--layout", default="peri")
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=15, help="timed steps of each kind (at least 3)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps of each kind first")
+    p.add_argument("--profile", type=int, default=0, help="print this many ops of a profile of each kind of step")
+    args = p.parse_args()
+    modes = [m for m in args.modes.split(",") if m]
+    if args.repeats < 3 or not modes or any(m not in ("eager", "compiled") for m in modes):
+        p.error("--repeats: at least 3; --modes: a comma list of eager, compiled")
+    b = setup(args)
+    print(b.header("per-step tier by cadence"))
+    load = f", load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else ""
+    print(
+        f"# layout {args.layout}, batch {args.batch} x {args.seq}, AdamW, {args.repeats} steps of each kind "
+        f"interleaved after {args.warmup} warm-up{load}"
+    )
+    cols = " | ".join(f"cadence {n}" for n in CADENCES)
+    print(f"\n| size | mode | step off (ms) | tier step (ms) | step between (ms) | {cols} | spread off (ms) |")
+    print("|---|---|---|---|---|" + "---|" * len(CADENCES) + "---|", flush=True)
+    for size in args.sizes.split(","):
+        for mode in modes:
+            times = measure(b, args, size, mode == "compiled")
+            med = {k: statistics.median(v) for k, v in times.items()}
+            ratios = " | ".join(f"{overhead(med, n) * 100:+.2f}%" for n in CADENCES)
+            spread = f"{min(times['off']) * 1e3:.1f}..{max(times['off']) * 1e3:.1f}"
+            print(
+                f"| {size} | {mode} | {med['off'] * 1e3:.2f} | {med['tier'] * 1e3:.2f} | {med['between'] * 1e3:.2f} "
+                f"| {ratios} | {spread} |",
+                flush=True,
+            )
+    if load:
+        print(f"\n# load average at the end {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
