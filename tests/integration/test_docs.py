@@ -79,5 +79,6 @@ def test_counts_in_the_readme_match_the_registries():
     words.update({30: "thirty", **{30 + i: f"thirty-{words[i]}" for i in range(1, 10)}})
     words.update({40: "forty", **{40 + i: f"forty-{words[i]}" for i in range(1, 10)}})
     words.update({50: "fifty", **{50 + i: f"fifty-{words[i]}" for i in range(1, 10)}})
+    words.update({60: "sixty", **{60 + i: f"sixty-{words[i]}" for i in range(1, 10)}})
     assert f"{words[len(cpu)].capitalize()} recipes restate" in readme
     assert f"{words[len(RECIPES) - len(cpu)]} `gpu-*` recipes" in readme

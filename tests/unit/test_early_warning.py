@@ -32,13 +32,18 @@ def test_stream_growth_warns_within_8x_of_fp16s_maximum_and_stays_silent_in_bf16
     assert not [a for a in _feed("bf16", rows).alerts if a.signal == "stream growth"]  # no overflow in reach
 
 
-def test_logit_growth_takes_the_largest_head_and_bf16s_limit():
-    """Heads (1, 1.5^t): the largest passes 256/8 = 32 first at t = 9 (1.5^9 = 38.4; 1.5^8 = 25.6)."""
-    rows = [({"step": t, "max_logit": [[1.0, 1.5**t]]}, {}) for t in range(15)]
+def test_logit_growth_takes_the_largest_head_and_warns_at_bf16s_limit_or_before_by_projection():
+    """Heads (1, 1.5^t), bf16's limit 256: the fit speaks from t = 9 (10 rows, past 256/16), projects the limit
+    within 50 steps on every row from there, and warns after 5 rows in a row, at t = 13 (194.6, before the
+    limit at t = 14). A constant logit of 40 (a healthy Qwen3's size) never warns."""
+    rows = [({"step": t, "max_logit": [[1.0, 1.5**t]]}, {}) for t in range(20)]
     (alert,) = [a for a in _feed("bf16", rows).alerts if a.signal == "logit growth"]
-    assert alert.step == 9 and alert.where == "block 0" and alert.value == pytest.approx(1.5**9)
+    assert alert.step == 13 and alert.where == "block 0" and alert.value == pytest.approx(1.5**13)
+    assert "will reach bf16's 256" in alert.evidence
     fp16 = [a for a in _feed("fp16", rows).alerts if a.signal == "logit growth"]
-    assert fp16 and fp16[0].step == 14  # 2048 / 8 = 256: 1.5^14 = 291.9, 1.5^13 = 194.6
+    assert fp16 and fp16[0].step == 16  # 2048 / 16 = 128: the fit speaks from t = 12, 5 rows later t = 16
+    calm = [({"step": t, "max_logit": [[40.0 + 0.1 * (t % 2)]]}, {}) for t in range(60)]
+    assert not [a for a in _feed("bf16", calm).alerts if a.signal == "logit growth"]
 
 
 def test_a_projected_growth_warns_before_the_headroom_does():
@@ -72,7 +77,7 @@ def test_the_live_hook_reads_the_tiers_row_after_the_step_and_the_loss_at_the_ve
         hooks.pre_step(step)
         assert hooks.veto(step, 2.0, 1.0) is None  # the hook never vetoes
         hooks.post_step(step, True)
-    assert [a.step for a in seen] == [5]  # 2^5 = 32 = 256 / 8
+    assert [a.step for a in seen] == [8]  # 2^8 = 256: bf16's limit
     assert hooks.summary()["warnings"][0]["signal"] == "logit growth"
 
 
@@ -104,16 +109,22 @@ def test_logit_growth_multiplies_every_logit_by_the_scale_a_step():
 
 def test_lead_times_count_warnings_before_the_event_and_false_alarms_on_healthy_runs():
     runs = [
-        RunOutcome("a", "pre", "lr_jump", True, 100, "diverged", "diverged", {"stream growth": 70, "loss spike": 101}),
-        RunOutcome("b", "pre", "lr_jump", True, 90, "diverged", "diverged", {"stream growth": 80}),
-        RunOutcome("c", "pre", "none", False, None, "", "ok", {"stream growth": 10}),
-        RunOutcome("d", "pre", "none", False, None, "", "ok", {}),
+        RunOutcome(
+            "a", "pre", "lr_jump", True, 100, "diverged", "diverged", 60, {"stream growth": 70, "loss spike": 100}
+        ),
+        RunOutcome(
+            "b", "pre", "lr_jump", True, 90, "diverged", "diverged", 60, {"stream growth": 80, "grad-norm spike": 20}
+        ),
+        RunOutcome("c", "pre", "none", False, None, "", "ok", 0, {"stream growth": 10}),
+        RunOutcome("d", "pre", "none", False, None, "", "ok", 0, {}),
     ]
     rows = {r["signal"]: r for r in table(runs) if r["layout"] == "pre"}
     s = rows["stream growth"]
     assert (s["events"], s["detected"], s["lead_median"], s["lead_min"], s["lead_max"]) == (2, 2, 20, 10, 30)
-    assert (s["healthy"], s["false_alarms"]) == (2, 1)
-    assert rows["loss spike"]["detected"] == 0  # step 101 came after the event at 100: late, no warning
+    assert (s["healthy"], s["false_alarms"]) == (4, 1)  # the two healthy runs and the two faulted ones
+    assert rows["loss spike"]["detected"] == 0  # at the event's own step: late, no warning
+    g = rows["grad-norm spike"]  # step 20, before the fault at 60: the fault cannot have caused it
+    assert g["detected"] == 0 and g["false_alarms"] == 1
 
 
 def test_a_run_with_an_lr_jump_writes_its_warnings_live(tmp_path, capsys):
@@ -129,7 +140,23 @@ def test_a_run_with_an_lr_jump_writes_its_warnings_live(tmp_path, capsys):
     err = capsys.readouterr().err
     live = [json.loads(line) for line in (out / "warnings.jsonl").read_text().splitlines()]
     assert live and all(a["step"] >= 40 for a in live)  # nothing before the fault
+
     assert all(f"normlab warning at step {a['step']}: {a['signal']}" in err for a in live)
     summary = json.loads((out / "summary.json").read_text())
     assert [a["signal"] for a in summary["warnings"]] == [a["signal"] for a in live]
     assert [(a.signal, a.step) for a in replay(out)] == [(a["signal"], a["step"]) for a in live]
+
+
+def test_a_corrupted_batch_reaches_training(tmp_path):
+    """corrupt_batch at step 3 for one step: the loss differs there from the unfaulted twin's, not before."""
+    from normlab.cli import main
+
+    losses = {}
+    for fault in ("none", "corrupt_batch"):
+        out = tmp_path / fault
+        args = ["train", "--size", "nano", "--layout", "pre", "--steps", "5", "--lr", "0.01", "--out", str(out)]
+        for kv in (f"run.fault={fault}", "run.fault_step=3", "run.fault_scale=1", "eval_every=0", "probe_every=0"):
+            args += ["--set", kv]
+        assert main(args) == 0
+        losses[fault] = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert losses["none"][:3] == losses["corrupt_batch"][:3] and losses["none"][3] != losses["corrupt_batch"][3]

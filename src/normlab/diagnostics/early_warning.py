@@ -11,8 +11,9 @@ The signals (`DETECTORS`):
   row, or at once within
   `HEADROOM` of the maximum. Where nothing overflows (bf16, fp32) it stays silent: a large stream there is
   no failure by itself (massive activations), and its risk is the attention logits'.
-- ``logit growth``: per block, the largest attention logit over heads; the same projection to the logit
-  the precision still resolves to a nat (bf16 256, fp16 2,048: `normlab.recommend.signals`; fp32 runs
+- ``logit growth``: per block, the largest attention logit over heads; the same projection (or the logit
+  past the limit itself: 8x below it is where healthy models live) to the logit the precision still
+  resolves to about a nat (bf16 256, fp16 2,048: `normlab.recommend.signals`; fp32 runs
   are judged at bf16's, where attention is computed at scale).
 - ``grad-norm spike``, ``loss spike``: OLMo-core's spike rule (a value above the mean + 6 std of the
   previous values of the series, `normlab.diagnostics.stats._is_spike`) over a window of `SPIKE_WINDOW`
@@ -82,6 +83,7 @@ class _Growth:
     limit: float  # inf: no overflow in reach, judged by growth since the first row
     precision: str
     reduce: Callable[[Any], float] = float
+    headroom: float = HEADROOM  # the value within this factor of the limit warns at once
     history: dict[int, deque[tuple[int, float]]] = field(default_factory=dict)
     near: dict[int, int] = field(default_factory=dict)  # rows in a row projected within the horizon, per layer
     fired: bool = False
@@ -106,21 +108,25 @@ class _Growth:
         where = f"{self.what} {j}"
         if math.isinf(self.limit):
             return None
-        if v * HEADROOM >= self.limit:
+        if v * self.headroom >= self.limit:
             return Alert(
                 self.signal,
                 step,
                 where,
                 v,
-                f"{where}: {v:,.4g}, within {HEADROOM:g}x of {self.precision}'s {self.limit:,.0f}",
+                f"{where}: {v:,.4g}, "
+                + (f"within {self.headroom:g}x of " if self.headroom > 1 else "past ")
+                + f"{self.precision}'s {self.limit:,.0f}",
             )
         if len(hist) < MIN_POINTS or v < FLOOR * self.limit:
+            self.near[j] = 0
             return None
         steps = np.array([s for s, _ in hist], dtype=float)
         if np.ptp(steps) == 0:
             return None
         slope = float(np.polyfit(steps, [x for _, x in hist], 1)[0])
         if slope <= 0:
+            self.near[j] = 0
             return None
         to_limit = math.log(self.limit / v) / slope
         self.near[j] = self.near.get(j, 0) + 1 if to_limit <= HORIZON else 0
@@ -203,7 +209,8 @@ class EarlyWarnings:
         self.precision = precision
         self.growth = [
             _Growth("stream growth", "stream_max", "stream layer", ACT_LIMITS.get(precision, math.inf), precision),
-            _Growth("logit growth", "max_logit", "block", logit_limit, precision, reduce=_max_head),
+            # a logit warns at the limit itself (8x below it is where healthy models live: Qwen3's ~47 in bf16)
+            _Growth("logit growth", "max_logit", "block", logit_limit, precision, reduce=_max_head, headroom=1.0),
         ]
         self.spikes = [
             _Spike("grad-norm spike", _metric("grad_norm"), "gradient norm"),
@@ -240,19 +247,27 @@ class EarlyWarnings:
         return fired
 
 
-def replay(run: str | Path, precision: str | None = None) -> list[Alert]:
-    """Every detector's first alert over a finished run folder (metrics.jsonl and layers.jsonl, step by step),
-    in the precision its summary.json records (or `precision`)."""
+def replayed(run: str | Path, precision: str, until: int | None = None) -> EarlyWarnings:
+    """The detectors fed a run folder's rows (metrics.jsonl and layers.jsonl, step by step) before step
+    `until` (None: all): a finished run's alerts (`replay`), or a resumed run's detectors as they stood."""
     from normlab.runs.files import RunDir
 
     folder = RunDir(run)
-    precision = precision or str((folder.summary() or {}).get("activation_dtype") or "fp32")
     tier = {r["step"]: r for r in folder.layers() if "step" in r}
     warn = EarlyWarnings(precision)
     for m in folder.metrics():
-        if "step" in m and "loss" in m:
+        if "step" in m and "loss" in m and (until is None or m["step"] < until):
             warn.feed(int(m["step"]), tier.get(m["step"], {}), m)
-    return warn.alerts
+    return warn
+
+
+def replay(run: str | Path, precision: str | None = None) -> list[Alert]:
+    """Every detector's first alert over a finished run folder, in the precision its summary.json records (or
+    `precision`)."""
+    from normlab.runs.files import RunDir
+
+    precision = precision or str((RunDir(run).summary() or {}).get("activation_dtype") or "fp32")
+    return replayed(run, precision).alerts
 
 
 class EarlyWarningHook(StepHook):
@@ -266,9 +281,13 @@ class EarlyWarningHook(StepHook):
     priority = 25
 
     def __init__(
-        self, precision: str, tier_row: Callable[[], dict[str, Any] | None], on_alert: Callable[[Alert], None]
+        self,
+        precision: str,
+        tier_row: Callable[[], dict[str, Any] | None],
+        on_alert: Callable[[Alert], None],
+        warnings: EarlyWarnings | None = None,
     ) -> None:
-        self.warnings = EarlyWarnings(precision)
+        self.warnings = warnings or EarlyWarnings(precision)  # a resumed run's: `replayed` up to its start
         self.tier_row, self.on_alert = tier_row, on_alert
         self.metrics: dict[str, Any] = {}
 
@@ -294,4 +313,4 @@ def print_alert(alert: Alert) -> None:
     print(alert.line(), file=sys.stderr, flush=True)
 
 
-__all__ = ["DETECTORS", "Alert", "EarlyWarningHook", "EarlyWarnings", "print_alert", "replay"]
+__all__ = ["DETECTORS", "Alert", "EarlyWarningHook", "EarlyWarnings", "print_alert", "replay", "replayed"]

@@ -11,9 +11,10 @@ it stored). A run is
   went past the run's initial loss after the fault (the event a warning should come before);
 - *healthy* where it had no event and trained to the end without stalling: a warning there is a false alarm.
 
-Per signal and placement: of the events, how many the signal warned of before they happened (detected) and
-the lead time, event step minus the signal's first warning step (median and range); false alarms: the share
-of healthy runs on which the signal fired at all. A warning after the event is no warning (late).
+Per signal and placement: of the events, how many the signal warned of strictly before they happened
+(detected) and the lead time, event step minus the signal's first warning step (median and range); false
+alarms: healthy runs on which the signal fired at all, and faulted runs on which it fired before the fault
+(counted over both). A warning at or after the event is no warning (late).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class RunOutcome:
     event: int | None
     event_kind: str
     status: str = "ok"
+    fault_step: int = 0
     warnings: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -89,6 +91,7 @@ def outcomes(sweep: str | Path) -> list[RunOutcome]:
                 event,
                 kind,
                 row["status"],
+                cfg.run.fault_step if faulted else 0,
                 {a.signal: a.step for a in alerts},
             )
         )
@@ -103,12 +106,15 @@ def table(runs: list[RunOutcome]) -> list[dict[str, Any]]:
         events = [r for r in mine if r.event is not None]
         healthy = [r for r in mine if r.healthy]
         for signal in DETECTORS:
+            # a warning counts when it came strictly before the event and, on a faulted run, at or after the
+            # fault (before it the fault cannot have caused it: a false alarm)
             leads = [
                 r.event - r.warnings[signal]
                 for r in events
-                if r.event is not None and signal in r.warnings and r.warnings[signal] <= r.event
+                if r.event is not None and signal in r.warnings and r.fault_step <= r.warnings[signal] < r.event
             ]
-            alarms = [r for r in healthy if signal in r.warnings]
+            early = [r for r in mine if r.faulted and signal in r.warnings and r.warnings[signal] < r.fault_step]
+            alarms = [r for r in healthy if signal in r.warnings] + early
             rows.append(
                 {
                     "layout": layout,
@@ -118,7 +124,7 @@ def table(runs: list[RunOutcome]) -> list[dict[str, Any]]:
                     "lead_median": statistics.median(leads) if leads else None,
                     "lead_min": min(leads) if leads else None,
                     "lead_max": max(leads) if leads else None,
-                    "healthy": len(healthy),
+                    "healthy": len(healthy) + len([r for r in mine if r.faulted]),
                     "false_alarms": len(alarms),
                 }
             )
@@ -132,7 +138,7 @@ def markdown(rows: list[dict[str, Any]], runs: list[RunOutcome]) -> str:
         f"{len(runs)} runs ({sum(r.faulted for r in runs)} faulted: {', '.join(faults) or 'none'}; "
         f"{sum(r.healthy for r in runs)} healthy), {sum(r.event is not None for r in runs)} events",
         "",
-        "| layout | signal | detected before the event | lead, steps (median; min-max) | false alarms, healthy runs |",
+        "| layout | signal | detected before the event | lead, steps (median; min-max) | false alarms |",
         "|---|---|---|---|---|",
     ]
     for r in rows:

@@ -123,9 +123,9 @@ def _reconcile(store: SweepStore, root: Path) -> int:
     return taken
 
 
-# a run whose training has reached its last step at the deadline is writing its result (the closing
-# evaluation, the summary): it gets this long past `stop_at` to finish, so that a budget never fails a run
-# that trained to the end (issue 53: a complete 150-step run was recorded failed in its closing evaluation)
+# a run at its last step at the deadline (training it, or in the closing evaluation, which comes before the
+# step's metrics row) gets this long past `stop_at` to finish, so that a budget never fails a run that trained
+# to the end (issue 53: a complete 150-step run was recorded failed in its closing evaluation)
 CLOSING_GRACE_S = 60.0
 
 
@@ -134,8 +134,8 @@ class Deadline:
     """Wall-clock limits (time.time()) for a sweep under a time budget (local executor): no run starts
     after `start_by`; a run still training at `stop_at` is stopped and recorded `failed` with the reason
     ("stopped at the end of the time budget at step S of N"), and is run again (from its newest checkpoint)
-    by the next run of the same sweep, as any failed run. A run that has trained to its last step is
-    closing (evaluating, writing its summary): it is given up to `CLOSING_GRACE_S` more to finish."""
+    by the next run of the same sweep, as any failed run. A run at its last step (its rows reach the step
+    before: the last row is written after the closing evaluation) is given up to `CLOSING_GRACE_S` more."""
 
     start_by: float
     stop_at: float
@@ -309,8 +309,10 @@ def _run_local(
             if deadline is not None and running and time.time() >= deadline.stop_at:
                 for rid, proc in list(running.items()):
                     steps, done = store.row(rid)["config"].optim.steps, trained_steps(SweepDir(root).run(rid).path)
-                    if done >= steps and time.time() < deadline.stop_at + CLOSING_GRACE_S and proc.poll() is None:
-                        continue  # trained to the end: its result is being written (Deadline)
+                    # metrics.jsonl gets the last step's row only after the closing evaluation: a run whose rows
+                    # reach its second-to-last step is training its last step or evaluating (Deadline)
+                    if done >= steps - 1 and time.time() < deadline.stop_at + CLOSING_GRACE_S and proc.poll() is None:
+                        continue
                     if proc.poll() is not None:
                         continue  # ended by itself: recorded below as any run
                     proc.kill()

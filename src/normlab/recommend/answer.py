@@ -13,7 +13,8 @@ by se * E[max of k standard normals] (Blom's approximation Phi^-1((k - 0.375) / 
 `selection` reports that amount and the effect with it taken off.
 
 Confidence. "provisional" while the evidence is thin (a round cut by the budget, one seed, no final round,
-the winner tied within noise, fewer than two finished runs behind it), else "supported"; `separable`
+the winner tied within noise, fewer than two finished runs behind it, candidates not tried, proxies
+shortened, a final round for fewer than all), else "supported"; `separable`
 says whether the interval excludes zero. An answer that differs from an earlier call's says so
 (`changed_from`).
 
@@ -59,8 +60,8 @@ def welch(a: list[float], b: list[float], level: float = 0.95) -> tuple[float, l
         return d, None
     va, vb = pd.Series(a).var(ddof=1) / len(a), pd.Series(b).var(ddof=1) / len(b)
     se = math.sqrt(va + vb)
-    if se == 0:
-        return d, [d, d]
+    if se == 0:  # identical losses over seeds: no spread measured, so no interval (a zero width would claim one)
+        return d, None
     df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
     half = float(stats.t.ppf(0.5 + level / 2, df)) * se
     return d, [d - half, d + half]
@@ -104,9 +105,9 @@ def effect(runs: pd.DataFrame, ranked: list[Evidence], current: str | None, n_lr
             "learning_rates": n_lrs,
             "optimism": bias,
             "difference_corrected": d + bias,
-            "words": f"picked as the best of {k} candidates (each at its best of {n_lrs} learning rates): its loss is "
-            f"optimistic by about {bias:.3f} nats (the expected best of {k} draws of seed noise, se {se:.3f}); the "
-            f"difference with that taken off: {d + bias:+.3f}",
+            "words": f"picked as the best of {k} candidates: its loss is optimistic by about {bias:.3f} nats (the "
+            f"expected best of {k} draws of seed noise, se {se:.3f}; picking each one's best of {n_lrs} learning rates "
+            f"is not counted); the difference with that taken off: {d + bias:+.3f}",
         }
     return out
 
@@ -129,6 +130,13 @@ def confidence(
     if len(live) > 1 and live[1].tie:
         thin.append(f"tied within noise with {live[1].layout}")
     not_tried = len(plan.get("order", [])) - len(plan.get("screened", []))
+    if not_tried:
+        thin.append(f"{not_tried} candidate(s) not tried")
+    cuts = " ".join(plan.get("cut") or [])
+    if "proxies of" in cuts and "steps (asked" in cuts:
+        thin.append("proxies shortened")
+    if plan.get("finalists") and plan["finalists"] < len(plan.get("screened") or []):
+        thin.append(f"a final round for {plan['finalists']} of {len(plan['screened'])}")
     interval = eff.get("interval")
     return {
         "level": "provisional" if thin else "supported",

@@ -320,9 +320,12 @@ def reason(result: dict[str, Any], ranked: list[Evidence]) -> str:
     text = head + ": " + "; ".join(parts) + "."
     changed = result.get("changed_from")
     if changed:
+        earlier = changed.get("runs")
+        now = sum((conf.get("runs") or {}).values())
         text += (
-            f" This differs from an earlier call's answer, {changed['winner']} ({changed.get('confidence', '')}), "
-            "given on fewer finished runs; this one rests on more."
+            f" This differs from an earlier call's answer, {changed['winner']} ({changed.get('confidence', '')}"
+            + (f", on {earlier} finished runs" if earlier is not None else "")
+            + f"); this one rests on {now} finished runs."
         )
     dropped = result.get("dropped") or []
     cur_row = next((r for r in ranked if r.layout == result.get("current")), None)
@@ -409,7 +412,7 @@ def effect_words(eff: dict[str, Any]) -> str:
     if eff.get("status") != "measured":
         return ""
     d, iv = eff["difference"], eff.get("interval")
-    text = f" Against your placement {eff['baseline']}: {d:+.3f} nats of final loss"
+    text = f" Against your placement {eff['baseline']}, at the proxy: {d:+.3f} nats of final training loss"
     if iv is not None:
         text += f" (95% interval {iv[0]:+.3f} to {iv[1]:+.3f}, {eff['seeds'][0]} and {eff['seeds'][1]} seeds)"
     else:

@@ -11,12 +11,15 @@ the stream Kim et al. 2025 (Peri-LN, Sec. 4) show growing past fp16's 65,504 und
 
 What a precision can hold (`LIMITS`):
 - fp16 stores activations up to 65,504 (`FP16_MAX`): past it they overflow. Its 10-bit significand
-  carries a relative error of 2^-11, so a logit L = q.k computed from fp16 q and k is uncertain by about
-  L * 2^-11 nats: past 2,048 by more than one nat.
+  carries a relative error of 2^-11 in each stored q and k, so a logit L = q.k is uncertain by up to
+  about L * 2^-11 nats where its terms share a sign: past 2,048, by about a nat.
 - bf16 has fp32's exponent range: no overflow at any size a model reaches. What it risks is its 7-bit
-  significand: relative error 2^-8, so a logit past 256 is uncertain by more than one nat (the softmax's
-  weights are then noise at the scale of e), and a stream entry of size A absorbs any update smaller
-  than A * 2^-8 (a massive activation freezes its channel in bf16 storage).
+  significand: relative error 2^-8, so a logit past 256 is uncertain by about a nat (the softmax's weights
+  then move by factors of e), and a stream entry of size A absorbs any update smaller than A * 2^-8 (a
+  massive activation freezes its channel in bf16 storage).
+These limits are a heuristic bound, not a measurement: the error of q.k depends on sum |q_i k_i| (larger than
+|L| where terms cancel) and the products accumulate in fp32 in most kernels; what they mark is the scale at
+which the stored precision, not the model, decides the attention weights.
 - fp32 (2^-24) reaches one nat of logit error only past 1.7e7.
 A run "at risk" ended with its largest logit past its precision's logit limit, or (fp16) its largest
 activation within `HEADROOM` of the overflow (`normlab.experiments.transfer`: the same margin the
@@ -114,7 +117,7 @@ def run_signals(run: RunDir, precision: str) -> RunSignals:
     if logit is not None and logit.last > logit_limit:
         reasons.append(
             f"largest attention logit {logit.last:,.0f} past {logit_limit:,.0f}, where {precision}'s q and k "
-            "carry more than one nat of error"
+            "leave about a nat of error"
         )
     if act is not None and math.isfinite(act_limit) and act.last > act_limit / HEADROOM:
         reasons.append(f"largest activation {act.last:,.0f} within {HEADROOM:g}x of {precision}'s {act_limit:,.0f}")
@@ -127,15 +130,15 @@ def precision_words(precision: str) -> str:
     if precision == "bf16":
         return (
             "bf16 has fp32's exponent range, so nothing overflows; its 8-bit significand is the risk: attention "
-            f"logits past {logit_limit:,.0f} carry more than one nat of error, and a stream entry of size A absorbs "
-            "updates below A/256."
+            f"logits past {logit_limit:,.0f} carry about a nat of error from the stored q and k (a heuristic bound), "
+            "and a stream entry of size A absorbs updates below A/256."
         )
     if precision == "fp16":
         return (
             f"fp16 overflows past {act_limit:,.0f} (activations within {HEADROOM:g}x of it count as at risk) and its "
-            f"attention logits past {logit_limit:,.0f} carry more than one nat of error."
+            f"attention logits past {logit_limit:,.0f} carry about a nat of error (a heuristic bound)."
         )
-    return f"{precision}: attention logits past {logit_limit:,.0g} carry more than one nat of error."
+    return f"{precision}: attention logits past {logit_limit:,.0g} carry about a nat of error (a heuristic bound)."
 
 
 SIGNAL_COLUMNS = ("logit_first", "logit_last", "logit_growth", "logit_steps_to_limit", "act_growth", "at_risk", "risk")

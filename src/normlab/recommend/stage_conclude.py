@@ -122,7 +122,12 @@ def conclude(ctx: Context, verify: dict[str, Any] | None = None) -> Recommendati
     conf = answer.confidence(ranked, rounds, p.to_dict(), eff)
     answers = ctx.saved.setdefault("answers", [])
     changed = answer.changed_from(answers, winner.layout if winner else None)
-    entry = {"call": len(ctx.calls), "winner": winner.layout if winner else None, "confidence": conf["level"]}
+    entry = {
+        "call": len(ctx.calls),
+        "winner": winner.layout if winner else None,
+        "confidence": conf["level"],
+        "runs": sum(conf["runs"].values()),
+    }
     if not answers or answers[-1] != entry:
         answers.append(entry)
     result = Recommendation(

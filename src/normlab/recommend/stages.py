@@ -93,12 +93,17 @@ def recommend(
     precision = cfg.precision or user.precision or "bf16"
     extra = dict(extra or {})
     check_recommend_settings(extra)
+    if cfg.quick and user.layout is None:
+        raise ConfigError(
+            "--quick compares your model's placement with the changes given, and your model file does not name it: "
+            'give a .toml with layout = "..." or a config.json normlab reads the placement of'
+        )
     choice = choose(cfg, user)
     candidates, current, unfit = choice.names, choice.current, choice.unfit
     if cfg.quick and len(candidates) < 2:
         raise ConfigError(
             "--quick compares your model with the --candidates given; give at least one other (e.g. yours+out, "
-            "yours+out+emb, or a layout)" + ("" if current else "; and a model file that names its placement")
+            "yours+out+emb, or a layout)"
         )
     if unfit:  # default candidates this model cannot take: said wherever the notes are (output, recommendation)
         notes = [f"left out of the default candidates: {n} (your model cannot take it: {w})" for n, w in unfit.items()]

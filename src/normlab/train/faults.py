@@ -20,6 +20,7 @@ from torch import nn
 
 from normlab.config.train import TrainConfig
 from normlab.diagnostics.hooks import StepHook
+from normlab.errors import ConfigError
 
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:
@@ -50,12 +51,14 @@ def _qk_weights(model: nn.Module) -> list[nn.Parameter]:
 class LogitGrowthHook(StepHook):
     """The logit_growth fault (module doc): after every step from ``start``, W_q and W_k x sqrt(scale)."""
 
-    priority = -10  # after every other hook's post_step (QK-clip would undo it: the fault is the growth)
+    # post_step runs hooks in reverse priority: the highest runs last, after QK-clip (which would undo the fault)
+    # and after the tier (whose update ratio would count the rescale as an update)
+    priority = 100
 
     def __init__(self, model: nn.Module, start: int, scale: float) -> None:
         self.weights, self.start, self.factor = _qk_weights(model), start, math.sqrt(scale)
         if not self.weights:
-            raise ValueError("run.fault=logit_growth needs query and key projections (q_proj/k_proj) to scale")
+            raise ConfigError("run.fault=logit_growth needs query and key projections (q_proj/k_proj) to scale")
 
     def post_step(self, step: int, applied: bool) -> None:
         if step >= self.start:

@@ -39,7 +39,7 @@ from normlab.config.train import TrainConfig
 from normlab.data import load_data
 from normlab.data.dataset import TokenData
 from normlab.data.sft import SFTData, load_sft_data
-from normlab.diagnostics.early_warning import Alert, EarlyWarningHook, print_alert
+from normlab.diagnostics.early_warning import Alert, EarlyWarningHook, print_alert, replayed
 from normlab.diagnostics.forensics import describe as describe_break
 from normlab.diagnostics.forensics import first_break, gradient_break
 from normlab.diagnostics.probe_store import ProbeWriter
@@ -339,9 +339,11 @@ def open_records(state: RunState) -> None:
 
 def _early_warnings(state: RunState, run: RunDir, tier_hook: TierHook | None) -> EarlyWarningHook:
     """The live alerts: each on stderr (above the progress bar), in warnings.jsonl and as a logger event."""
-    path = run.warnings_file
-    if state.step == 0:  # a fresh start; a resumed run keeps the alerts before it
-        path.unlink(missing_ok=True)
+    path, precision = run.warnings_file, state.cfg.stored_dtype
+    # a resumed run: its alerts before the start kept (later ones cut, as the metrics are), its detectors as
+    # they stood, fed again from its own rows (metrics.jsonl and layers.jsonl are cut back to the start already)
+    truncate_jsonl(path, state.step)
+    before = replayed(run.path, precision, until=state.step) if state.step else None
 
     def on_alert(alert: Alert) -> None:
         with path.open("a") as f:
@@ -351,7 +353,7 @@ def _early_warnings(state: RunState, run: RunDir, tier_hook: TierHook | None) ->
         else:
             print_alert(alert)
 
-    return EarlyWarningHook(state.cfg.stored_dtype, lambda: tier_hook.last if tier_hook else None, on_alert)
+    return EarlyWarningHook(precision, lambda: tier_hook.last if tier_hook else None, on_alert, before)
 
 
 def _write_run_record(state: RunState, run: RunDir) -> None:
@@ -392,6 +394,7 @@ def micro_batches(state: RunState, step: int) -> list[tuple[torch.Tensor, torch.
     else:  # SFT: targets are masked, not a shifted window
         x, y = state.data.train_batch(step, cfg.data.batch_size, cfg.data.seq_len, cfg.optim.seed)
         x, y = to_device(x[mine], info.device), to_device(y[mine], info.device)
+    x, y = faults.corrupt(step, cfg, x, y)  # as read unless a corrupt_batch fault is injected (run.fault)
     return [(x[i * micro : (i + 1) * micro], y[i * micro : (i + 1) * micro]) for i in range(cfg.data.grad_accum)]
 
 
@@ -463,7 +466,6 @@ def _global_batch(state: RunState, step: int) -> dict[str, torch.Tensor]:
     if window is not None:
         return {"tokens": window(step, cfg.data.batch_size, cfg.data.seq_len, cfg.optim.seed)}
     x, y = state.data.train_batch(step, cfg.data.batch_size, cfg.data.seq_len, cfg.optim.seed)
-    x, y = faults.corrupt(step, cfg, x, y)  # as read unless a corrupt_batch fault is injected (run.fault)
     return {"inputs": x, "targets": y}
 
 
