@@ -11,14 +11,13 @@ import math
 from pathlib import Path
 from typing import Any
 
-import matplotlib.pyplot as plt
-
 from normlab.config.commands import RECOMMEND_BASE
 from normlab.experiments.transfer import HEADROOM
-from normlab.pages import figure_html, table_html
+from normlab.pages import table_html
 from normlab.pages import write_page as page
 from normlab.recommend import agreement
 from normlab.recommend.rank import Evidence
+from normlab.recommend.ranking_figure import ranking_figure
 from normlab.recommend.shape import PROXY_WIDTH, UserModel
 from normlab.recommend.signals import precision_words
 from normlab.runs.files import RecommendDir
@@ -273,12 +272,62 @@ def _table(ranked: list[Evidence]) -> str:
 
 
 def reason(result: dict[str, Any], ranked: list[Evidence]) -> str:
-    """The winner and why, in one paragraph with its numbers."""
+    """The winner and why, in one paragraph with its numbers: how sure (`_head`), what it showed
+    (`_winner_parts`), an earlier answer it changes and what it takes away, why it ranks above the next, your
+    placement's standing, the effect against it, and where the evidence ends."""
     live = [r for r in ranked if r.rank is not None]
     if not live:
         return "No candidate trained: nothing to recommend."
     w = live[0]
-    precision = result.get("precision", "fp16")
+    cur = next((r for r in ranked if r.layout == result.get("current")), None)
+    text = _head(result, w, cur) + ": " + "; ".join(_winner_parts(w, result.get("precision", "fp16"))) + "."
+    text += _changed_words(result)
+    if result.get("dropped"):
+        text += f" It takes away your {', '.join(result['dropped'])}: " + _dropped_evidence(w, cur) + "."
+    if w.diverged + w.stalled:
+        text += (
+            " Even the best candidate failed on some runs: the stress is beyond what any of these placements "
+            "holds at every learning rate; read the learning rates at which it trained."
+        )
+    if len(live) > 1:
+        r2 = live[1]
+        text += (
+            f" Next: {r2.name} ({r2.diverged + r2.stalled}/{r2.finished} failed, best loss {_fmt_loss(r2)}"
+            + (f", largest attention logit {_logit(r2)}" if math.isfinite(r2.logit_last) else "")
+            + f"); {w.layout} ranks above it {_why_above(result, w, r2)}."
+        )
+    text += _current_words(result, w, cur)
+    eff = result.get("effect") or {}
+    text += effect_words(eff)
+    if (
+        eff.get("status") == "measured"
+        and eff.get("interval")
+        and not (result.get("confidence") or {}).get("separable")
+    ):
+        text += " The difference from your placement is within seed noise: these runs do not ask you to change."
+    dom = result.get("domain") or {}
+    if dom and not dom.get("inside_record"):
+        text += " Outside what the transfer record measured: " + "; ".join(dom.get("differences") or []) + "."
+    return text
+
+
+def _head(result: dict[str, Any], w: Evidence, cur: Evidence | None) -> str:
+    """ "Recommended (provisional: why; the runs behind each side, the seeds; what the budget cut)" """
+    conf = result.get("confidence") or {}
+    if not conf:
+        return "Recommended"
+    behind = f"{w.finished} finished run(s) behind it" + (
+        f", {cur.finished} behind your {cur.layout}" if cur is not None and cur is not w and cur.finished else ""
+    )
+    cuts = [c.split(" (")[0].split(":")[0] for c in (result.get("plan") or {}).get("cut", [])]
+    bits = [*(conf.get("why") or []), f"{behind}, {conf.get('seeds')} seed(s)"]
+    if cuts:
+        bits.append("the budget cut: " + ", ".join(cuts))
+    return f"Recommended ({conf['level']}: {'; '.join(bits)})"
+
+
+def _winner_parts(w: Evidence, precision: str) -> list[str]:
+    """What the winner's runs showed: failures and loss, runs at risk, logits, activations, the screen."""
     label = f" ({w.label})" if w.label else ""
     parts = [
         f"**{w.layout}**{label}: {w.diverged + w.stalled}/{w.finished} runs diverged or stalled, best loss "
@@ -291,11 +340,12 @@ def reason(result: dict[str, Any], ranked: list[Evidence]) -> str:
     if math.isfinite(w.logit_last):
         parts.append(f"largest attention logit {_logit(w)}")
     if math.isfinite(w.max_activation) and precision == "fp16":
+        below = w.max_activation < 65504
         parts.append(
             f"largest activation {w.max_activation:,.4g} "
             + (
                 f"({65504 / w.max_activation:,.0f}x below the FP16 maximum)"
-                if w.max_activation < 65504
+                if below
                 else "(past the FP16 maximum 65,504)"
             )
         )
@@ -303,87 +353,56 @@ def reason(result: dict[str, Any], ranked: list[Evidence]) -> str:
         parts.append(f"largest activation {w.max_activation:,.4g} ({precision}: no overflow in reach)")
     if w.screen != "not screened":
         parts.append(f"screen: {w.screen}" + (f" ({w.screen_why})" if w.screen_why and w.screen != "stable" else ""))
-    conf = result.get("confidence") or {}
-    head = "Recommended"
-    if conf:
-        cur_row = next((r for r in ranked if r.layout == result.get("current")), None)
-        behind = f"{w.finished} finished run(s) behind it" + (
-            f", {cur_row.finished} behind your {cur_row.layout}"
-            if cur_row is not None and cur_row is not w and cur_row.finished
-            else ""
-        )
-        cuts = [c.split(" (")[0].split(":")[0] for c in (result.get("plan") or {}).get("cut", [])]
-        bits = [*(conf.get("why") or []), f"{behind}, {conf.get('seeds')} seed(s)"]
-        if cuts:
-            bits.append("the budget cut: " + ", ".join(cuts))
-        head += f" ({conf['level']}: {'; '.join(bits)})"
-    text = head + ": " + "; ".join(parts) + "."
+    return parts
+
+
+def _changed_words(result: dict[str, Any]) -> str:
+    """An earlier call's different answer, with the finished runs behind each."""
     changed = result.get("changed_from")
-    if changed:
-        earlier = changed.get("runs")
-        now = sum((conf.get("runs") or {}).values())
-        text += (
-            f" This differs from an earlier call's answer, {changed['winner']} ({changed.get('confidence', '')}"
-            + (f", on {earlier} finished runs" if earlier is not None else "")
-            + f"); this one rests on {now} finished runs."
+    if not changed:
+        return ""
+    earlier, now = changed.get("runs"), sum(((result.get("confidence") or {}).get("runs") or {}).values())
+    return (
+        f" This differs from an earlier call's answer, {changed['winner']} ({changed.get('confidence', '')}"
+        + (f", on {earlier} finished runs" if earlier is not None else "")
+        + f"); this one rests on {now} finished runs."
+    )
+
+
+def _why_above(result: dict[str, Any], w: Evidence, r2: Evidence) -> str:
+    """Why the winner ranks above the next: the criterion that decided (`rank.rank`'s order)."""
+    if r2.status in ("stress round only", "baseline"):  # ranked by the stress round, not the rule
+        if w.status != "ranked":
+            return "on the stress round, where it did better at the stress lr"
+        return "on the final round's evidence; the stress round put it ahead"
+    if r2.tie:
+        if w.layout == result.get("current"):
+            return "in a tie on loss within seed noise, broken by being your placement (a change needs evidence)"
+        if r2.screen != w.screen:
+            return "in a tie on loss within seed noise, broken by the screen's verdict"
+        return (
+            "in a tie on loss within seed noise, broken by the expected loss over the learning rates "
+            f"({w.expected_loss:.3f} vs {r2.expected_loss:.3f}: best loss + LR sensitivity)"
         )
-    dropped = result.get("dropped") or []
-    cur_row = next((r for r in ranked if r.layout == result.get("current")), None)
-    if dropped:
-        text += f" It takes away your {', '.join(dropped)}: " + _dropped_evidence(w, cur_row) + "."
-    if w.diverged + w.stalled:
-        text += (
-            " Even the best candidate failed on some runs: the stress is beyond what any of these placements "
-            "holds at every learning rate; read the learning rates at which it trained."
-        )
-    if len(live) > 1:
-        r2 = live[1]
-        if r2.status in ("stress round only", "baseline"):  # ranked by the stress round, not the rule
-            how = (
-                "on the stress round, where it did better at the stress lr"
-                if w.status != "ranked"
-                else "on the final round's evidence; the stress round put it ahead"
-            )
-        elif r2.tie:
-            how = "in a tie on loss within seed noise, broken by " + (
-                "being your placement (a change needs evidence beyond noise)"
-                if w.layout == result.get("current")
-                else "the screen's verdict"
-                if r2.screen != w.screen
-                else "the expected loss over the learning rates "
-                f"({w.expected_loss:.3f} vs {r2.expected_loss:.3f}: best "
-                "loss + LR sensitivity)"
-            )
-        elif r2.failures > w.failures:
-            how = "on fewer failures"
-        elif r2.risk_share > w.risk_share:
-            how = f"on fewer runs at risk ({r2.layout}: {r2.at_risk}/{r2.finished}, {r2.risk})"
-        else:
-            how = "on a lower best loss"
-        text += (
-            f" Next: {r2.name} ({r2.diverged + r2.stalled}/{r2.finished} failed, best loss {_fmt_loss(r2)}"
-            + (f", largest attention logit {_logit(r2)}" if math.isfinite(r2.logit_last) else "")
-            + f"); {w.layout} ranks above it {how}."
-        )
-    cur = result.get("current")
-    if cur and cur != w.layout:
-        c = next((r for r in ranked if r.layout == cur), None)
-        if c is not None and c.rank is not None:
-            how = f" ({c.why})" if c.status == "baseline" else ""
-            text += (
-                f" Your current placement {cur} ranks #{c.rank}{how}: {c.diverged + c.stalled}/{c.finished} failed, "
-                f"best loss {_fmt_loss(c)}" + (f", first overflow at {c.first_break}" if c.first_break else "") + "."
-            )
-    elif cur == w.layout:
-        text += " That is your current placement: the evidence does not ask you to change it."
-    eff = result.get("effect") or {}
-    text += effect_words(eff)
-    if eff.get("status") == "measured" and eff.get("interval") and not (conf.get("separable")):
-        text += " The difference from your placement is within seed noise: these runs do not ask you to change."
-    dom = result.get("domain") or {}
-    if dom and not dom.get("inside_record"):
-        text += " Outside what the transfer record measured: " + "; ".join(dom.get("differences") or []) + "."
-    return text
+    if r2.failures > w.failures:
+        return "on fewer failures"
+    if r2.risk_share > w.risk_share:
+        return f"on fewer runs at risk ({r2.layout}: {r2.at_risk}/{r2.finished}, {r2.risk})"
+    return "on a lower best loss"
+
+
+def _current_words(result: dict[str, Any], w: Evidence, cur: Evidence | None) -> str:
+    """The user's placement's standing."""
+    name = result.get("current")
+    if name and name == w.layout:
+        return " That is your current placement: the evidence does not ask you to change it."
+    if not name or cur is None or cur.rank is None:
+        return ""
+    how = f" ({cur.why})" if cur.status == "baseline" else ""
+    return (
+        f" Your current placement {name} ranks #{cur.rank}{how}: {cur.diverged + cur.stalled}/{cur.finished} failed, "
+        f"best loss {_fmt_loss(cur)}" + (f", first overflow at {cur.first_break}" if cur.first_break else "") + "."
+    )
 
 
 def _logit(r: Evidence) -> str:
@@ -541,51 +560,6 @@ def answer_lines(result: dict[str, Any]) -> list[str]:
     return out + [""] if len(out) > 2 else []
 
 
-def _ranking_figure(folder: RecommendDir, live: list[Evidence], precision: str = "fp16") -> str:
-    """The ranking's figure (failures, largest activations by rank) as a page section."""
-    from normlab.recommend.signals import limits as precision_limits
-
-    acts = [r.max_activation if math.isfinite(r.max_activation) else float("nan") for r in live]
-    logits = [r.logit_peak if math.isfinite(r.logit_peak) else float("nan") for r in live]
-    panels = ["failures"] + [
-        k for k, v in (("activation", acts), ("logit", logits)) if any(math.isfinite(x) for x in v)
-    ]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels) + 2, 0.4 * len(live) + 1.8), squeeze=False)
-    y = list(range(len(live)))
-    logit_limit, act_limit = precision_limits(precision)
-    for ax, panel in zip(axes[0], panels):
-        ax.invert_yaxis()
-        if panel == "failures":
-            fail = [(r.diverged + r.stalled) / r.finished if r.finished else 0 for r in live]
-            risk = [r.at_risk / r.finished if r.finished else 0 for r in live]
-            ax.barh(y, fail, color="tab:red", alpha=0.8, label="diverged or stalled")
-            ax.barh(y, risk, left=fail, color="tab:orange", alpha=0.8, label="at risk")
-            for yi, r in zip(y, live):
-                ax.text(
-                    0.01,
-                    yi,
-                    f"{r.diverged} div, {r.stalled} stalled, {r.at_risk} at risk of {r.finished}",
-                    va="center",
-                    fontsize=8,
-                )
-            ax.set_yticks(y, [f"#{r.rank} {r.name}"[:60] for r in live], fontsize=8)
-            ax.set_xlim(0, 1)
-            ax.set_xlabel("fraction of finished runs")
-            ax.legend(fontsize=7, loc="lower right")
-            continue
-        values, limit = (acts, act_limit) if panel == "activation" else (logits, logit_limit)
-        ax.barh(y, values, color="tab:blue" if panel == "activation" else "tab:purple", alpha=0.8)
-        ax.set_xscale("log")
-        ax.set_yticks(y, [""] * len(y))
-        what = "largest activation (probes)" if panel == "activation" else "largest attention logit (probes)"
-        if math.isfinite(limit):
-            ax.axvline(limit, ls="--", color="tab:orange", lw=1)
-            what += f"; dashed: {precision}'s " + ("maximum" if panel == "activation" else "1-nat resolution")
-        ax.set_xlabel(what, fontsize=8)
-    fig.tight_layout()
-    return figure_html(fig, folder.path, "ranking", "Failures, runs at risk, activations and attention logits by rank")
-
-
 def _evidence_rows(ranked: list[Evidence]) -> list[dict[str, Any]]:
     return [
         {
@@ -661,7 +635,7 @@ def write_page(folder: RecommendDir, result: dict[str, Any], ranked: list[Eviden
     body = (
         f"<h1>normlab recommend</h1><p>{h(result['model'])}; precision {h(result['precision'])}</p>"
         f"<p>{h(reason(result, ranked)).replace('**', '')}</p><h2>Evidence</h2>{table_html(_evidence_rows(ranked))}"
-        + (_ranking_figure(folder, live, result.get("precision", "fp16")) if live else "")
+        + (ranking_figure(folder, live, result.get("precision", "fp16")) if live else "")
         + (
             _list_html(
                 "How sure, how large, and where the evidence ends",

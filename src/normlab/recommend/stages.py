@@ -93,27 +93,8 @@ def recommend(
     precision = cfg.precision or user.precision or "bf16"
     extra = dict(extra or {})
     check_recommend_settings(extra)
-    if cfg.quick and user.layout is None:
-        raise ConfigError(
-            "--quick compares your model's placement with the changes given, and your model file does not name it: "
-            'give a .toml with layout = "..." or a config.json normlab reads the placement of'
-        )
-    choice = choose(cfg, user)
-    candidates, current, unfit = choice.names, choice.current, choice.unfit
-    if cfg.quick and len(candidates) < 2:
-        raise ConfigError(
-            "--quick compares your model with the --candidates given; give at least one other (e.g. yours+out, "
-            "yours+out+emb, or a layout)"
-        )
-    if unfit:  # default candidates this model cannot take: said wherever the notes are (output, recommendation)
-        notes = [f"left out of the default candidates: {n} (your model cannot take it: {w})" for n, w in unfit.items()]
-        user = replace(user, notes=(*user.notes, *notes))
-    if cfg.depth is not None and cfg.depth > user.config.n_layers:
-        raise ConfigError(
-            f"--depth {cfg.depth} is deeper than your model ({user.config.n_layers} layers): the proxies "
-            f"are at most your depth; give --depth {min(user.config.n_layers, plan.MIN_DEPTH)} ... "
-            f"{user.config.n_layers}"
-        )
+    choice, user = _asked(cfg, user)
+    candidates, current = choice.names, choice.current
     _announce(user, cfg, precision, len(candidates), workers, log)
 
     # 0. the plan: settings checked, costs counted, nothing screened or trained yet
@@ -122,7 +103,7 @@ def recommend(
     saved = folder.read(folder.plan_file) if folder.plan_file.is_file() else {}
     the_plan = None
     if not saved.get("plan"):
-        the_plan = _new_plan(user, cfg, extra, candidates, current, clock.budget_s, workers, log, choice)
+        the_plan = _new_plan(user, cfg, extra, choice, clock.budget_s, workers, log)
         depth = the_plan.depth
     else:
         depth = saved["plan"]["depth"]
@@ -131,11 +112,7 @@ def recommend(
             log(f"  this machine: {cal.describe()}; {folder.plan_file.name}'s plan is kept, the next plans use it")
     base = proxy_settings(user, depth, precision, extra, cfg.optimizer)
     inputs = recorded_inputs(user, cfg, precision, extra, candidates)
-    if saved and json.loads(json.dumps(saved.get("inputs"))) != json.loads(json.dumps(inputs)):
-        changed = sorted(k for k in inputs if saved["inputs"].get(k) != json.loads(json.dumps(inputs[k])))
-        raise ConfigError(
-            f"{folder.path} holds a recommendation for other inputs (changed: {', '.join(changed)}); give a new --out"
-        )
+    _check_same_inputs(folder, saved, inputs)
     if not saved.get("plan"):
         check_run_settings(base, candidates[0], _stress_lr(cfg), _seed0(cfg), log)
     added = None
@@ -183,6 +160,44 @@ def recommend(
         lock.release()
 
 
+def _asked(cfg: RecommendConfig, user: UserModel) -> tuple[CandidateChoice, UserModel]:
+    """The candidates and the user's model with the notes on the defaults it cannot take; what cannot be
+    asked refused in one line (--quick without a named placement or another candidate, --depth deeper than
+    the model)."""
+    if cfg.quick and user.layout is None:
+        raise ConfigError(
+            "--quick compares your model's placement with the changes given, and your model file does not name it: "
+            'give a .toml with layout = "..." or a config.json normlab reads the placement of'
+        )
+    choice = choose(cfg, user)
+    if cfg.quick and len(choice.names) < 2:
+        raise ConfigError(
+            "--quick compares your model with the --candidates given; give at least one other (e.g. yours+out, "
+            "yours+out+emb, or a layout)"
+        )
+    if choice.unfit:  # default candidates this model cannot take: said wherever the notes are (output, recommendation)
+        notes = [
+            f"left out of the default candidates: {n} (your model cannot take it: {w})" for n, w in choice.unfit.items()
+        ]
+        user = replace(user, notes=(*user.notes, *notes))
+    if cfg.depth is not None and cfg.depth > user.config.n_layers:
+        raise ConfigError(
+            f"--depth {cfg.depth} is deeper than your model ({user.config.n_layers} layers): the proxies "
+            f"are at most your depth; give --depth {min(user.config.n_layers, plan.MIN_DEPTH)} ... "
+            f"{user.config.n_layers}"
+        )
+    return choice, user
+
+
+def _check_same_inputs(folder: RecommendDir, saved: dict[str, Any], inputs: dict[str, Any]) -> None:
+    """Refuse to resume a folder whose plan.json was made for other inputs (a resumed call continues one question)."""
+    if saved and json.loads(json.dumps(saved.get("inputs"))) != json.loads(json.dumps(inputs)):
+        changed = sorted(k for k in inputs if saved["inputs"].get(k) != json.loads(json.dumps(inputs[k])))
+        raise ConfigError(
+            f"{folder.path} holds a recommendation for other inputs (changed: {', '.join(changed)}); give a new --out"
+        )
+
+
 def _announce(
     user: UserModel, cfg: RecommendConfig, precision: str, n_candidates: int, workers: int, log: Callable[[str], Any]
 ) -> None:
@@ -214,14 +229,13 @@ def _new_plan(
     user: UserModel,
     cfg: RecommendConfig,
     extra: dict[str, Any],
-    candidates: list[str],
-    current: str | None,
+    choice: CandidateChoice,
     budget_s: float,
     workers: int,
     log: Callable[[str], Any],
-    choice: CandidateChoice | None = None,
 ) -> plan.Plan:
     """A new folder's plan, priced with this machine's calibration (measured where none is cached)."""
+    candidates, current = choice.names, choice.current
     cal, cached = cost.calibration(
         _threads(workers), log=log, streams=has_streams(candidates), remeasure=cfg.recalibrate
     )
@@ -246,8 +260,8 @@ def _new_plan(
         optimizer=cfg.optimizer,
         ns_steps=int(extra.get("muon_ns_steps", 5)),
         verify=cfg.verify,
-        first=tuple(n for n in (choice.labels if choice else {}) if n not in (choice.removals if choice else ())),
-        last=choice.removals if choice else (),
+        first=tuple(n for n in choice.labels if n not in choice.removals),
+        last=choice.removals,
         screen=not cfg.quick,
     )
     try:
