@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from normlab.diagnostics.probe_store import ProbeWriter
+from normlab.diagnostics.probe_store import ProbeRow, ProbeWriter
 from normlab.diagnostics.probes import Probes
 from normlab.diagnostics.stats import angular_matrix, hidden_stats, massive_activations
 from normlab.errors import ConfigError
@@ -33,9 +33,9 @@ from normlab.model.lm import NormLM
 class ProbeSession:
     def __init__(self, probes: Probes, every: int, writer: ProbeWriter | None) -> None:
         self.probes, self.every, self.writer = probes, every, writer
-        self.rows: list[dict[str, Any]] = []
+        self.rows: list[ProbeRow] = []
 
-    def step(self, step: int, force: bool = False) -> list[dict[str, Any]]:
+    def step(self, step: int, force: bool = False) -> list[ProbeRow]:
         """Record if ``step`` is a multiple of ``every`` (or ``force``); returns the new rows."""
         if not force and step % self.every:
             return []
@@ -111,17 +111,17 @@ class StreamProbe:
         return first_input + states
 
     @torch.no_grad()
-    def record(self, step: int, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+    def record(self, step: int, *args: Any, **kwargs: Any) -> list[ProbeRow]:
         """Run ``module(*args, **kwargs)`` and return rows like `Probes`' stream and global rows
         (layer l = the output of block l-1; layer 0 = the input of the first block)."""
         hidden = self.capture(*args, **kwargs)
-        rows = []
+        rows: list[ProbeRow] = []
         for layer, h in enumerate(hidden):
             for k, v in hidden_stats(h).items():
-                rows.append({"step": step, "layer": layer, "site": "stream", "metric": k, "value": v})
+                rows.append(ProbeRow(step=step, layer=layer, site="stream", metric=k, value=v))
         ang = angular_matrix(hidden)
         for i in range(len(hidden) - 1):
-            rows.append({"step": step, "layer": i, "site": "stream", "metric": "angular_next", "value": ang[i][i + 1]})
+            rows.append(ProbeRow(step=step, layer=i, site="stream", metric="angular_next", value=ang[i][i + 1]))
         for k, v in massive_activations(hidden[1:], self.top_k).items():
-            rows.append({"step": step, "layer": None, "site": "global", "metric": k, "value": v})
+            rows.append(ProbeRow(step=step, layer=None, site="global", metric=k, value=v))
         return rows

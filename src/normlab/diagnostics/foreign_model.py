@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from normlab.diagnostics.attach import find_blocks
+from normlab.diagnostics.probe_store import ProbeRow
 from normlab.diagnostics.shards import local, shard_groups
 from normlab.errors import ConfigError
 
@@ -80,12 +81,12 @@ class AttentionLogits:
         mask = torch.ones(t, t, dtype=torch.bool, device=h.device).tril()
         self.found[layer] = scores.masked_fill(~mask, float("-inf")).amax(dim=(0, 2, 3)).tolist()
 
-    def rows(self, step: int) -> list[dict[str, Any]]:
-        out = []
+    def rows(self, step: int) -> list[ProbeRow]:
+        out: list[ProbeRow] = []
         for layer, heads in sorted(self.found.items()):
-            out.append({"step": step, "layer": layer, "site": "attn", "metric": "max_logit", "value": max(heads)})
+            out.append(ProbeRow(step=step, layer=layer, site="attn", metric="max_logit", value=max(heads)))
             out += [
-                {"step": step, "layer": layer, "site": f"attn.head{h}", "metric": "max_logit", "value": v}
+                ProbeRow(step=step, layer=layer, site=f"attn.head{h}", metric="max_logit", value=v)
                 for h, v in enumerate(heads)
             ]
         self.found = {}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from normlab.io import truncate_jsonl
 from normlab.runs.files import RunDir
@@ -24,6 +24,17 @@ if TYPE_CHECKING:
 # and never needs it (0.4 s at every start of a run)
 
 TIER_COLUMNS = ["step", "layer", "head", "metric", "value"]
+
+
+class ProbeRow(TypedDict):
+    """One row of probes.jsonl: a metric of a site at a layer (None: model-level) and a step
+    (`normlab.diagnostics.probes` lists every site and metric)."""
+
+    step: int
+    layer: int | None
+    site: str
+    metric: str
+    value: float
 
 
 def _no_tier() -> pd.DataFrame:
@@ -40,7 +51,7 @@ class ProbeWriter:
         truncate_jsonl(path, start_step)
         self.file = path.open("a", buffering=1)
 
-    def write(self, rows: list[dict[str, Any]]) -> None:
+    def write(self, rows: list[ProbeRow]) -> None:
         self.file.write("".join(json.dumps(r) + "\n" for r in rows))
 
     def close(self) -> None:

@@ -61,6 +61,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from normlab.diagnostics.probe_store import ProbeRow
 from normlab.diagnostics.prop31 import per_token
 from normlab.diagnostics.shards import is_sharded, moments, norms, reshard
 from normlab.diagnostics.stats import (
@@ -134,10 +135,10 @@ class Probes:
         self.model, self.batch, self.top_k, self.optimizer = model, batch, top_k, optimizer
         self._snapshot: dict[str, torch.Tensor] | None = None
 
-    def _row(self, rows: list, step: int, layer: int | None, site: str, metric: str, value: float) -> None:
-        rows.append({"step": step, "layer": layer, "site": site, "metric": metric, "value": float(value)})
+    def _row(self, rows: list[ProbeRow], step: int, layer: int | None, site: str, metric: str, value: float) -> None:
+        rows.append(ProbeRow(step=step, layer=layer, site=site, metric=metric, value=float(value)))
 
-    def _stream_rows(self, rows: list, step: int, model: NormLM, hidden: list[torch.Tensor]) -> None:
+    def _stream_rows(self, rows: list[ProbeRow], step: int, model: NormLM, hidden: list[torch.Tensor]) -> None:
         """Hyper-connections (n > 1 streams, normlab.model.streams): each stream's scale by depth, each connection's
         mixing (the last forward's, per token) and the composite mixing's gain so far (Xie et al. 2025's
         quantity: 1 when every res is doubly stochastic)."""
@@ -165,9 +166,9 @@ class Probes:
             self._row(rows, step, i, "hc", "composite_gain_forward", gain["forward"][2 * i + 1])
             self._row(rows, step, i, "hc", "composite_gain_backward", gain["backward"][2 * i + 1])
 
-    def record(self, step: int) -> list[dict[str, Any]]:
+    def record(self, step: int) -> list[ProbeRow]:
         seen = self._probe_pass()
-        rows: list[dict[str, Any]] = []
+        rows: list[ProbeRow] = []
         self._row(rows, step, None, "global", "probe_loss", seen.loss.item())
         self._stream_section(rows, step, seen)
         for i in range(seen.n_layers):
@@ -277,7 +278,7 @@ class Probes:
             weight_norms=dict(zip([id(p) for p in params], norms([p.detach() for p in params]))),
         )
 
-    def _stream_section(self, rows: list, step: int, seen: _Seen) -> None:
+    def _stream_section(self, rows: list[ProbeRow], step: int, seen: _Seen) -> None:
         """The stream: depth profile, gradient by depth, consecutive angular distance, massive activations."""
         hidden = seen.hidden
         for layer, h in enumerate(hidden):
@@ -300,7 +301,7 @@ class Probes:
         for k, v in massive_activations(list(hidden[1:]), self.top_k).items():
             self._row(rows, step, None, "global", k, v)
 
-    def _block_rows(self, rows: list, step: int, seen: _Seen, i: int) -> None:
+    def _block_rows(self, rows: list[ProbeRow], step: int, seen: _Seen, i: int) -> None:
         """Block ``i``: its sites' activations, attention, gate, weights, norms' gains and learned scales."""
         mods, captured = seen.mods, seen.captured
         for site in ("resid_mid", "attn_update", "mlp_update"):
@@ -336,7 +337,7 @@ class Probes:
             self._row(rows, step, i, site, f"{prefix}_mean", mom.mean)
             self._row(rows, step, i, site, f"{prefix}_abs_max", mom.max_abs)
 
-    def _attention_rows(self, rows: list, step: int, seen: _Seen, i: int) -> None:
+    def _attention_rows(self, rows: list[ProbeRow], step: int, seen: _Seen, i: int) -> None:
         """Block ``i``'s attention: max logit, entropy and sinks (mean and per head), and a gate's scores."""
         mods, captured = seen.mods, seen.captured
         q, k = captured[f"blocks.{i}.attn.q"], captured[f"blocks.{i}.attn.k"]
@@ -356,7 +357,7 @@ class Probes:
             for cut in ("0.1", "0.01", "0.001"):  # saturation: gates closed to a tenth, a hundredth, a thousandth
                 self._row(rows, step, i, "attn.gate", f"gate_below_{cut}", (g < float(cut)).float().mean().item())
 
-    def _moe_rows(self, rows: list, step: int, seen: _Seen) -> None:
+    def _moe_rows(self, rows: list[ProbeRow], step: int, seen: _Seen) -> None:
         """Routing (MoE layers): the share of assignments per expert, its max over the uniform share, entropy."""
         for i in range(seen.n_layers):
             moe = seen.mods[f"blocks.{i}.mlp"]
@@ -393,13 +394,13 @@ class Probes:
             for k, v in per_token(h_act, a_out, seen.a_grad, seen.targets != -100, gamma_max).items():
                 self._row(rows, step, last, "prop31", k, v)
 
-    def adam_rows(self, step: int) -> list[dict[str, Any]]:
+    def adam_rows(self, step: int) -> list[ProbeRow]:
         """Per block: the norms of Adam's first and second moments over the block's parameters
         (sqrt of the sum of squares of exp_avg, of exp_avg_sq), from the optimizer's state; none before its
         first step or without an Adam-family optimizer."""
         if self.optimizer is None:
             return []
-        rows: list[dict[str, Any]] = []
+        rows: list[ProbeRow] = []
         state = self.optimizer.state  # read once: MuonAdamW merges its two optimizers' states on each read
         for i, block in enumerate(self.model.blocks):
             states = [state.get(p, {}) for p in block.parameters()]
@@ -412,7 +413,7 @@ class Probes:
             self._row(rows, step, i, "adam", "exp_avg_sq_norm", math.sqrt(sum(x * x for x in found[n:])))
         return rows
 
-    def _gamma_rows(self, rows: list, step: int, layer: int | None, site: str, norm: nn.Module) -> None:
+    def _gamma_rows(self, rows: list[ProbeRow], step: int, layer: int | None, site: str, norm: nn.Module) -> None:
         """gamma's mean, min and max (ScaleNorm's g: one value); DyT's alpha too; nothing for a gain-free norm."""
         if (alpha := getattr(norm, "alpha", None)) is not None:
             self._row(rows, step, layer, site, "alpha", moments([alpha.detach()])[0].mean)
@@ -436,11 +437,11 @@ class Probes:
             if mods.get(f"blocks.{i}.{w}") is not None
         }
 
-    def updates(self, step: int) -> list[dict[str, Any]]:
+    def updates(self, step: int) -> list[ProbeRow]:
         if self._snapshot is None:
             return []
         mods = dict(self.model.named_modules())
-        rows: list[dict[str, Any]] = []
+        rows: list[ProbeRow] = []
         keys = list(self._snapshot)
         deltas = norms(
             [mods[f"blocks.{k.split(':')[0]}.{k.split(':')[1]}"].weight.detach() - self._snapshot[k] for k in keys]

@@ -109,7 +109,7 @@ from normlab.diagnostics.foreign_model import (
     unwrapped_path,
 )
 from normlab.diagnostics.hooks import StepHook, StepHooks
-from normlab.diagnostics.probe_store import ProbeWriter
+from normlab.diagnostics.probe_store import ProbeRow, ProbeWriter
 from normlab.diagnostics.shards import moments, reshard
 from normlab.diagnostics.stats import spike_score
 from normlab.errors import ConfigError
@@ -426,11 +426,11 @@ class TrainingMonitor:
         self.hooks.post_step(step, True)
         return row
 
-    def _grad_rows(self, step: int, squares: dict[int, float]) -> list[dict[str, Any]]:
+    def _grad_rows(self, step: int, squares: dict[int, float]) -> list[ProbeRow]:
         """Per block: the gradient norm of each parameter of 2 or more dimensions and of all the block's
         parameters, from ``squares`` (a parameter's squared norm by ``id``; one without a gradient is left out,
         a block without any is not recorded)."""
-        rows: list[dict[str, Any]] = []
+        rows: list[ProbeRow] = []
         for i, block in enumerate(self.blocks):
             mine = [(path, p) for path, p in block.named_parameters() if id(p) in squares]
             if not mine:
@@ -438,16 +438,14 @@ class TrainingMonitor:
             for path, p in mine:
                 if p.dim() >= 2:
                     value = math.sqrt(squares[id(p)])
-                    rows.append(
-                        {"step": step, "layer": i, "site": grad_site(path), "metric": "grad_norm", "value": value}
-                    )
+                    rows.append(ProbeRow(step=step, layer=i, site=grad_site(path), metric="grad_norm", value=value))
             total = math.sqrt(sum(squares[id(p)] for _, p in mine))
-            rows.append({"step": step, "layer": i, "site": "block", "metric": "grad_norm", "value": total})
+            rows.append(ProbeRow(step=step, layer=i, site="block", metric="grad_norm", value=total))
         return rows
 
-    def _probe_rows(self, step: int, call: Call | None = None) -> list[dict[str, Any]]:
+    def _probe_rows(self, step: int, call: Call | None = None) -> list[ProbeRow]:
         call = call or self.probe_call
-        rows: list[dict[str, Any]] = []
+        rows: list[ProbeRow] = []
         if call is not None:
             was = self.model.training
             self._probing = True
@@ -484,7 +482,7 @@ class TrainingMonitor:
         loss_of_batch, call = self._spike_call(loss)
         rows = (
             [
-                {**r, "site": f"spike:{r['site']}"}
+                ProbeRow(**{**r, "site": f"spike:{r['site']}"})
                 for r in self._probe_rows(step, call)
                 if r["site"] in ("stream", "global")
             ]
@@ -535,13 +533,13 @@ class TrainingMonitor:
         self.metrics_file.close()
         self.writer.close()
         last = self.last_loss if self.last_loss is not None else self.last_grad_norm
-        rows = self.run.metrics()
+        metric_rows = self.run.metrics()
         summary = {
             "status": "ok" if last is None or math.isfinite(last) else "diverged",
             "final_loss": self.last_loss,
             "spikes": len(self.spikes),
             # OLMo-core's spike score over the steps recorded (normlab.diagnostics.stats.spike_score)
-            **spike_score([r.get("loss") for r in rows], [r.get("grad_norm") for r in rows]),
+            **spike_score([r.get("loss") for r in metric_rows], [r.get("grad_norm") for r in metric_rows]),
             **hooks_summary,
             "source": "normlab.diagnostics.monitor",
         }

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import pandas as pd
 
@@ -44,23 +44,39 @@ NOISE_FLOOR = 0.01  # nats: below this two proxy losses are not told apart (a si
 VERDICT_ORDER = {"stable": 0, "caution": 1, "unstable": 2}
 
 
-def screen_summary(result: dict[str, Any]) -> dict[str, Any]:
+class ScreenSummary(TypedDict):
+    """A candidate's screen as screen.json keeps it (`screen_summary`)."""
+
+    verdict: str
+    wellposedness: str
+    forward: str
+    backward: str
+    final_rms: float
+    sensitivity_product: float
+    shape_var: str
+    finite: bool
+    seconds: float
+    n_layers: int
+    d_model: int
+
+
+def screen_summary(result: dict[str, Any]) -> ScreenSummary:
     """The part of a `screen_layout` result that the recommendation keeps (screen.json)."""
     low = result["stresses"][min(result["stresses"], key=float)]
     values = [*low["mean_abs"], *low["var"], low["sensitivity_product"], result["verdict"]["sensitivity_ratio"]]
-    return {
-        "verdict": result["verdict"]["overall"],
-        "wellposedness": result["wellposedness"]["verdict"],
-        "forward": result["verdict"]["forward"],
-        "backward": result["verdict"]["backward"],
-        "final_rms": low["rms"][-1],
-        "sensitivity_product": low["sensitivity_product"],
-        "shape_var": low["shape_var"]["shape"],
-        "finite": all(math.isfinite(v) for v in values),
-        "seconds": result["seconds"],
-        "n_layers": result["n_layers"],
-        "d_model": result["d_model"],
-    }
+    return ScreenSummary(
+        verdict=result["verdict"]["overall"],
+        wellposedness=result["wellposedness"]["verdict"],
+        forward=result["verdict"]["forward"],
+        backward=result["verdict"]["backward"],
+        final_rms=low["rms"][-1],
+        sensitivity_product=low["sensitivity_product"],
+        shape_var=low["shape_var"]["shape"],
+        finite=all(math.isfinite(v) for v in values),
+        seconds=result["seconds"],
+        n_layers=result["n_layers"],
+        d_model=result["d_model"],
+    )
 
 
 def ruled_out(screen: dict[str, Any], precision: str) -> str | None:

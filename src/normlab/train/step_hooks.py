@@ -17,7 +17,7 @@ from typing import IO, Any
 import torch
 
 from normlab.diagnostics.hooks import StepHook
-from normlab.diagnostics.probe_store import ProbeWriter
+from normlab.diagnostics.probe_store import ProbeRow, ProbeWriter
 from normlab.diagnostics.probes import Probes
 from normlab.diagnostics.tier import StepTier, TierSpikes
 from normlab.train.qk_clip import QKClip
@@ -37,14 +37,14 @@ class ProbeHook(StepHook):
         self.probes, self.writer, self.every = probes, writer, every
         self.probing = False
 
-    def write(self, rows: list[dict[str, Any]]) -> None:
+    def write(self, rows: list[ProbeRow]) -> None:
         if self.writer is not None:
             self.writer.write(rows)
 
-    def spike_rows(self, step: int, batch: Batch) -> list[dict[str, Any]]:
+    def spike_rows(self, step: int, batch: Batch) -> list[ProbeRow]:
         """The full probe pass on a spiking step's own batch with the pre-step weights (sites prefixed spike:)."""
         rows = Probes(self.probes.model, batch, optimizer=self.probes.optimizer).record(step)
-        return [{**r, "site": f"spike:{r['site']}"} for r in rows]
+        return [ProbeRow(**{**r, "site": f"spike:{r['site']}"}) for r in rows]
 
     def pre_step(self, step: int) -> None:
         self.probing = step % self.every == 0
@@ -173,10 +173,10 @@ class SpikeHook(StepHook):
         assert self.probes is not None
         every = self.probes.every
         bounded = fired and record is None and self.tier_probed is not None and step - self.tier_probed < every
-        rows = []
+        rows: list[ProbeRow] = []
         if not bounded:
             self.tier_probed = step if fired else self.tier_probed
             rows = self.probes.spike_rows(step, self.first_batch(step))
         why = (record["kinds"] if record else []) + fired
-        marks = [{"step": step, "layer": None, "site": "spike", "metric": f"fired:{w}", "value": 1.0} for w in why]
+        marks = [ProbeRow(step=step, layer=None, site="spike", metric=f"fired:{w}", value=1.0) for w in why]
         self.probes.write(rows + marks)
