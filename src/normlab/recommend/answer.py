@@ -93,7 +93,8 @@ def effect(runs: pd.DataFrame, ranked: list[Evidence], current: str | None, n_lr
         "seeds": [len(a), len(b)],
         "method": "Welch's t over seeds, each at its best learning rate"
         if interval is not None
-        else "one seed on a side: no seed noise measured, no interval",
+        else "one seed on a side (or no spread over seeds): no seed noise measured, so no interval; a larger "
+        "--budget buys a second seed next (the plan's growth: normlab.recommend.plan)",
     }
     k = len(live)
     spread = [pd.Series(x).std(ddof=1) for x in (a, b) if len(x) >= 2]
