@@ -47,7 +47,8 @@ class RunOutcome:
 
     @property
     def healthy(self) -> bool:
-        return self.event is None and self.status == "ok"
+        """No fault injected, no event, trained to the end: a warning here is a false alarm."""
+        return not self.faulted and self.event is None and self.status == "ok"
 
 
 def _event(run: SweepDir, rid: str, summary: dict[str, Any], fault_step: int, faulted: bool) -> tuple[int | None, str]:
