@@ -367,3 +367,26 @@ def test_a_step_after_close_a_bad_loss_and_a_missing_model_are_refused(tmp_path)
         again.step(torch.tensor(4), loss=1.0)
         again.close()
     assert [r["step"] for r in metrics(tmp_path / "n")] == [0, 4]
+
+
+def test_monitor_raises_live_early_warnings_in_another_loop(tmp_path, capsys):
+    """The early warnings in someone else's loop: 40 steps of an ordinary loss, then one 30x as large: a loss
+    spike (OLMo-core's rule over the previous 32) on stderr, in warnings.jsonl and in summary.json; a bad
+    precision is refused in one line before anything is written."""
+    model = TinyStack()
+    monitor = TrainingMonitor(model, tmp_path / "m", every=100, precision="fp16")
+    for step in range(41):
+        x = torch.randint(0, 16, (4, 6), generator=torch.Generator().manual_seed(step))
+        loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), x.flatten())
+        (loss * (30.0 if step == 40 else 1.0)).backward()
+        monitor.step(step, loss=loss.item() * (30.0 if step == 40 else 1.0))
+        model.zero_grad()
+    monitor.close()
+    live = [json.loads(line) for line in (tmp_path / "m" / "warnings.jsonl").read_text().splitlines()]
+    assert "loss spike" in [a["signal"] for a in live] and all(a["step"] == 40 for a in live)
+    assert "normlab warning at step 40: loss spike" in capsys.readouterr().err
+    summary = json.loads((tmp_path / "m" / "summary.json").read_text())
+    assert [a["signal"] for a in summary["warnings"]] == [a["signal"] for a in live]
+    with pytest.raises(ConfigError, match="precision must be fp16, bf16 or fp32"):
+        TrainingMonitor(model, tmp_path / "bad", precision="fp8")
+    assert not (tmp_path / "bad").exists()

@@ -93,6 +93,7 @@ import torch
 from torch import nn
 
 from normlab.diagnostics.attach import StreamProbe
+from normlab.diagnostics.early_warning import EarlyWarnings, print_alert
 from normlab.diagnostics.foreign_model import (
     AT_BACKWARD,
     AT_CALL,
@@ -152,6 +153,10 @@ def _check_arguments(model: Any, every: Any, probe_batch: Any, spike: Any, optio
         raise ConfigError(f"every must be a positive number of steps, got {every!r}")
     if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
         raise ConfigError(f"top_k must be a positive number of activations (the top-k band), got {top_k!r}")
+    if options.get("precision", "bf16") not in ("fp16", "bf16", "fp32"):
+        raise ConfigError(
+            f"precision must be fp16, bf16 or fp32 (the early warnings' limits), got {options['precision']!r}"
+        )
     if spike is not None and not isinstance(spike, SpikeRule):
         raise ConfigError(f"spike must be a SpikeRule or None, got {type(spike).__name__}")
     if probe_batch is not None and not isinstance(probe_batch, Mapping):
@@ -177,6 +182,7 @@ class MonitorOptions(TypedDict, total=False):
     blocks: nn.Module | str | list[nn.Module] | None
     grad_scaler: Any | None
     hooks: list[StepHook]
+    precision: str  # the early warnings' limits (normlab.diagnostics.early_warning): fp16, bf16 (default) or fp32
 
 
 class TrainingMonitor:
@@ -214,6 +220,9 @@ class TrainingMonitor:
         self.main = self.rank == 0
         self.out = own_folder(out, "monitor") if self.main else Path(out)  # only the main rank writes
         self.run = RunDir(self.out)
+        # the live alerts on the loss and gradient norm of each step (spikes, the spike score): stderr and
+        # warnings.jsonl on the main rank, every alert in summary.json (`normlab.diagnostics.early_warning`)
+        self.warnings = EarlyWarnings(str(options.get("precision", "bf16")))
         self.blocks = found
         self.stream = StreamProbe(model, self.blocks, top_k)
         self.logits = AttentionLogits(self.blocks)
@@ -423,6 +432,11 @@ class TrainingMonitor:
         self.last_grad_norm = total
         self._last_step, self._probed_last = step, probed
         self._losses, self._worst = [], None
+        for alert in self.warnings.feed(step, {}, row):
+            if self.main:
+                with self.run.warnings_file.open("a") as f:
+                    f.write(json.dumps(alert.to_dict()) + "\n")
+                print_alert(alert)
         self.hooks.post_step(step, True)
         return row
 
@@ -542,6 +556,7 @@ class TrainingMonitor:
             **spike_score([r.get("loss") for r in metric_rows], [r.get("grad_norm") for r in metric_rows]),
             **hooks_summary,
             "source": "normlab.diagnostics.monitor",
+            "warnings": [a.to_dict() for a in self.warnings.alerts],
         }
         self.run.write_summary(summary)
         self._summary = summary
