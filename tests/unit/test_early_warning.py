@@ -128,18 +128,18 @@ def test_lead_times_count_warnings_before_the_event_and_false_alarms_on_healthy_
 
 
 def test_a_run_with_an_lr_jump_writes_its_warnings_live(tmp_path, capsys):
-    """nano, fp16 storage, lr 0.01 x 30 from step 40: the alerts on stderr, in warnings.jsonl and the summary,
-    and `replay` over the run's files finds the same first alerts."""
+    """nano, fp16 storage, lr 0.01 x 30 from step 34 (the spike rule's 32-step window full): the alerts on stderr,
+    in warnings.jsonl and the summary, and `replay` over the run's files finds the same first alerts."""
     from normlab.cli import main
 
     out = tmp_path / "run"
-    args = ["train", "--size", "nano", "--layout", "pre", "--steps", "60", "--lr", "0.01", "--out", str(out)]
-    for kv in ("run.fault=lr_jump", "run.fault_step=40", "run.fault_scale=30", "activation_dtype=fp16", "eval_every=0"):
+    args = ["train", "--size", "nano", "--layout", "pre", "--steps", "44", "--lr", "0.01", "--out", str(out)]
+    for kv in ("run.fault=lr_jump", "run.fault_step=34", "run.fault_scale=30", "activation_dtype=fp16", "eval_every=0"):
         args += ["--set", kv]
     assert main(args) == 0
     err = capsys.readouterr().err
     live = [json.loads(line) for line in (out / "warnings.jsonl").read_text().splitlines()]
-    assert live and all(a["step"] >= 40 for a in live)  # nothing before the fault
+    assert live and all(a["step"] >= 34 for a in live)  # nothing before the fault
 
     assert all(f"normlab warning at step {a['step']}: {a['signal']}" in err for a in live)
     summary = json.loads((out / "summary.json").read_text())
@@ -147,6 +147,30 @@ def test_a_run_with_an_lr_jump_writes_its_warnings_live(tmp_path, capsys):
     assert [(a.signal, a.step) for a in replay(out)] == [(a["signal"], a["step"]) for a in live]
 
 
+def test_micro_batches_carry_the_corrupted_batch():
+    """The batches training reads (`trainer.micro_batches`) are the corrupted ones within the fault's steps."""
+    from types import SimpleNamespace
+
+    from normlab.train.trainer import micro_batches
+
+    cfg = TrainConfig.of(size="nano", batch_size=4, seq_len=8).with_(
+        {"run.fault": "corrupt_batch", "run.fault_step": 3, "run.fault_scale": 2.0}
+    )
+    window = lambda step, b, t, seed: torch.arange(b * (t + 1)).reshape(b, t + 1) + step
+    state = SimpleNamespace(
+        cfg=cfg,
+        info=SimpleNamespace(world=1, rank=0, device=torch.device("cpu")),
+        data=SimpleNamespace(train_window=window),
+    )
+    ((x, y),) = micro_batches(state, 2)
+    assert x.unique().numel() > 1
+    for step in (3, 4):
+        ((x, y),) = micro_batches(state, step)
+        assert (x == step).all() and (y == step).all()  # the batch's first token, everywhere
+    assert micro_batches(state, 5)[0][0].unique().numel() > 1
+
+
+@pytest.mark.slow  # two trainings; micro_batches' test above covers where the corruption enters (make test-all)
 def test_a_corrupted_batch_reaches_training(tmp_path):
     """corrupt_batch at step 3 for one step: the loss differs there from the unfaulted twin's, not before."""
     from normlab.cli import main
