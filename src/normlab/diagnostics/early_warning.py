@@ -37,10 +37,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from normlab.diagnostics.hooks import StepHook
-from normlab.diagnostics.stats import FP16_MAX, _is_spike
+from normlab.diagnostics.stats import OVERFLOW_HEADROOM, PRECISION_LIMITS, _is_spike, log_growth
 
 WINDOW = 20  # tier rows in a growth fit
 MIN_POINTS = 10  # rows before a growth fit speaks
@@ -48,12 +46,10 @@ FLOOR = 1 / 16  # a growth fit speaks only past this share of the limit (four do
 # rise from the init's small values in a run's first steps is not the growth that ends in an overflow
 PERSIST = 5  # rows in a row whose projection is within the horizon before it warns (one noisy fit is not growth)
 HORIZON = 50  # steps: a projected limit this close warns
-HEADROOM = 8.0  # a value within this factor of the limit warns at once (the transfer study's margin)
+HEADROOM = OVERFLOW_HEADROOM  # a value within this factor of the limit warns at once (the transfer study's margin)
 SPIKE_WINDOW = 32
 SPIKE_SIGMAS = 6.0
 SCORE_ALERT = 0.02  # spike score: 2% of the steps seen
-LOGIT_LIMITS = {"fp16": 2.0**11, "bf16": 2.0**8}  # the logit resolved to one nat (normlab.recommend.signals)
-ACT_LIMITS = {"fp16": FP16_MAX}
 
 
 @dataclass
@@ -121,10 +117,9 @@ class _Growth:
         if len(hist) < MIN_POINTS or v < FLOOR * self.limit:
             self.near[j] = 0
             return None
-        steps = np.array([s for s, _ in hist], dtype=float)
-        if np.ptp(steps) == 0:
+        slope = log_growth(hist)
+        if slope is None:
             return None
-        slope = float(np.polyfit(steps, [x for _, x in hist], 1)[0])
         if slope <= 0:
             self.near[j] = 0
             return None
@@ -205,10 +200,12 @@ class EarlyWarnings:
     step without one) and metrics row; it returns the alerts that fired at that step."""
 
     def __init__(self, precision: str) -> None:
-        logit_limit = LOGIT_LIMITS.get(precision, LOGIT_LIMITS["bf16"])
+        # fp32 runs' logits are judged at bf16's limit, where attention is computed at scale
+        logit_limit = PRECISION_LIMITS["bf16" if precision not in ("fp16", "bf16") else precision][0]
+        act_limit = PRECISION_LIMITS.get(precision, PRECISION_LIMITS["fp32"])[1]
         self.precision = precision
         self.growth = [
-            _Growth("stream growth", "stream_max", "stream layer", ACT_LIMITS.get(precision, math.inf), precision),
+            _Growth("stream growth", "stream_max", "stream layer", act_limit, precision),
             # a logit warns at the limit itself (8x below it is where healthy models live: Qwen3's ~47 in bf16)
             _Growth("logit growth", "max_logit", "block", logit_limit, precision, reduce=_max_head, headroom=1.0),
         ]

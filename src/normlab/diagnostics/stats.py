@@ -19,6 +19,27 @@ from collections.abc import Sequence
 import torch
 
 FP16_MAX = 65504.0
+# a value within this factor of its storage maximum counts as headed for overflow: the transfer study's failure
+# predictor (normlab.experiments.transfer), recommend's runs at risk and the early warnings share it
+OVERFLOW_HEADROOM = 8.0
+# precision -> (the attention logit its stored q and k resolve to about a nat: 1 / their relative error, a heuristic
+# bound; the largest activation it stores, inf where no overflow is in reach): normlab.recommend.signals explains it
+PRECISION_LIMITS: dict[str, tuple[float, float]] = {
+    "fp16": (2.0**11, FP16_MAX),
+    "bf16": (2.0**8, math.inf),
+    "fp32": (2.0**24, math.inf),
+}
+
+
+def log_growth(points: Sequence[tuple[float, float]]) -> float | None:
+    """The least-squares slope of log value against step over (step, log value) points: the growth rate per step
+    (exp(100 x slope) per 100 steps); None with fewer than two distinct steps."""
+    steps = [s for s, _ in points]
+    if len(points) < 2 or max(steps) == min(steps):
+        return None
+    n = len(points)
+    ms, ml = sum(steps) / n, sum(x for _, x in points) / n
+    return sum((s - ms) * (x - ml) for s, x in points) / sum((s - ms) ** 2 for s in steps)
 
 
 def hidden_stats(x: torch.Tensor) -> dict[str, float]:

@@ -38,13 +38,13 @@ from typing import Any
 
 from normlab.errors import ConfigError
 from normlab.experiments.cluster import preflight, run_cluster
-from normlab.experiments.progress import SweepProgress
+from normlab.experiments.progress import SweepProgress, last_step
 from normlab.experiments.scheduler import check_options
 from normlab.experiments.sweep import RunSpec, SweepConfig
 from normlab.experiments.workers import ForkedWorker
 from normlab.experiments.workers import available as workers_available
 from normlab.io import atomic_write_bytes, own_folder
-from normlab.runs.files import RunDir, SweepDir
+from normlab.runs.files import SweepDir
 from normlab.runs.lock import FolderLock
 from normlab.runs.outcome import FINISHED, describe
 from normlab.runs.store import SweepStore, open_store
@@ -139,19 +139,6 @@ class Deadline:
 
     start_by: float
     stop_at: float
-
-
-def trained_steps(run: Path) -> int:
-    """How many optimizer steps a run folder's metrics.jsonl records (its last line's step + 1; 0 if none)."""
-    path = RunDir(run).metrics_file
-    try:
-        with path.open("rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 4096))
-            lines = [ln for ln in f.read().splitlines() if ln.strip()]
-        return int(json.loads(lines[-1])["step"]) + 1 if lines else 0
-    except (OSError, ValueError, KeyError, TypeError, IndexError):
-        return 0
 
 
 def run_sweep(
@@ -308,7 +295,7 @@ def _run_local(
                 queue.clear()
             if deadline is not None and running and time.time() >= deadline.stop_at:
                 for rid, proc in list(running.items()):
-                    steps, done = store.row(rid)["config"].optim.steps, trained_steps(SweepDir(root).run(rid).path)
+                    steps, done = store.row(rid)["config"].optim.steps, last_step(SweepDir(root).run(rid).metrics_file)
                     # metrics.jsonl gets the last step's row only after the closing evaluation: a run whose rows
                     # reach its second-to-last step is training its last step or evaluating (Deadline)
                     if done >= steps - 1 and time.time() < deadline.stop_at + CLOSING_GRACE_S and proc.poll() is None:

@@ -40,12 +40,12 @@ from typing import Any
 
 import pandas as pd
 
+from normlab.diagnostics.stats import FP16_MAX, OVERFLOW_HEADROOM
 from normlab.errors import ConfigError
 from normlab.experiments.summary import LR, load_sweep, lr_curves, lr_sensitivity
 from normlab.runs.outcome import FINISHED
 
-HEADROOM = 8.0  # a proxy run within this factor of its storage maximum warns of a failure at width
-FP16_MAX = 65504.0
+HEADROOM = OVERFLOW_HEADROOM  # a proxy run within this factor of its storage maximum warns of a failure at width
 NOISE_FLOOR = 0.01  # nats: recommend's (normlab.recommend.rank.NOISE_FLOOR); below it two losses are a tie
 FAILED = ("diverged", "stalled")
 AXES = ["layout", LR, "seed"]

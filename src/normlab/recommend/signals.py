@@ -32,19 +32,11 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import numpy as np
-
-from normlab.diagnostics.stats import FP16_MAX
-from normlab.experiments.transfer import HEADROOM
+from normlab.diagnostics.stats import OVERFLOW_HEADROOM as HEADROOM
+from normlab.diagnostics.stats import PRECISION_LIMITS as LIMITS
+from normlab.diagnostics.stats import log_growth
 from normlab.runs.files import RunDir
-
-# precision -> (the logit past which one nat of error is reached: 1 / relative error of q.k, the largest
-# activation it stores (inf: no overflow in reach))
-LIMITS: dict[str, tuple[float, float]] = {
-    "fp16": (2.0**11, FP16_MAX),
-    "bf16": (2.0**8, math.inf),
-    "fp32": (2.0**24, math.inf),
-}
+from normlab.runs.outcome import FINISHED
 
 
 def limits(precision: str) -> tuple[float, float]:
@@ -74,9 +66,7 @@ def fit(points: list[tuple[int, float]], limit: float = math.inf) -> Series | No
     if len(pts) < 2:
         return None
     grown = [(s, v) for s, v in pts if s > 0] if len(pts) > 2 else pts
-    steps = np.array([s for s, _ in grown], dtype=float)
-    logs = np.log([v for _, v in grown])
-    slope = float(np.polyfit(steps, logs, 1)[0]) if len(grown) >= 2 and np.ptp(steps) > 0 else 0.0
+    slope = log_growth([(s, math.log(v)) for s, v in grown]) or 0.0
     last = pts[-1][1]
     to_limit = None
     if slope > 0 and math.isfinite(limit):
@@ -150,7 +140,7 @@ def with_signals(runs: Any, sweep: Any, precision: str) -> Any:
     out = runs.copy()
     values: dict[str, list[Any]] = {c: [] for c in SIGNAL_COLUMNS}
     for row in out.itertuples():
-        s = run_signals(sweep.run(row.run_id), precision) if row.status in ("ok", "stalled", "diverged") else None
+        s = run_signals(sweep.run(row.run_id), precision) if row.status in FINISHED else None
         lg, act = (s.logit, s.activation) if s is not None else (None, None)
         values["logit_first"].append(lg.first if lg else math.nan)
         values["logit_last"].append(lg.last if lg else math.nan)
