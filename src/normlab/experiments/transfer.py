@@ -36,7 +36,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -44,6 +44,9 @@ from normlab.diagnostics.stats import FP16_MAX, OVERFLOW_HEADROOM
 from normlab.errors import ConfigError
 from normlab.experiments.summary import LR, load_sweep, lr_curves, lr_sensitivity
 from normlab.runs.outcome import FINISHED
+
+if TYPE_CHECKING:
+    from normlab.config.train import TrainConfig
 
 HEADROOM = OVERFLOW_HEADROOM  # a proxy run within this factor of its storage maximum warns of a failure at width
 NOISE_FLOOR = 0.01  # nats: recommend's (normlab.recommend.rank.NOISE_FLOOR); below it two losses are a tie
@@ -274,7 +277,6 @@ def sweep_scale(path: str | Path) -> dict[str, Any]:
     """A sweep's scale from its first run's config: width, depth, parameters (analytic, of its first
     placement), steps, tokens per run (steps x batch x sequence), how many runs have finished, and the
     storage maximum where its activations are stored in fp16 (65504, else None: no headroom predictor)."""
-    from normlab.model.params import analytic_params
     from normlab.runs.files import SweepDir
     from normlab.runs.store import open_store
 
@@ -282,13 +284,21 @@ def sweep_scale(path: str | Path) -> dict[str, Any]:
     rows = store.rows()
     if not rows:
         return {"runs": 0, "finished": 0, "storage_max": None}
-    cfg = rows[0]["config"]
+    return {
+        "runs": len(rows),
+        "finished": sum(r["status"] in FINISHED for r in rows),
+        **config_scale(rows[0]["config"]),
+    }
+
+
+def config_scale(cfg: TrainConfig) -> dict[str, Any]:
+    """A run config's scale (`sweep_scale`'s keys past the run counts)."""
+    from normlab.model.params import analytic_params
+
     model = cfg.model.model_config()
     params = analytic_params(model.with_(vocab_size=cfg.expected_vocab), cfg.model.resolved).total
     tokens = cfg.optim.steps * cfg.data.batch_size * cfg.data.seq_len
     return {
-        "runs": len(rows),
-        "finished": sum(r["status"] in FINISHED for r in rows),
         "d_model": model.d_model,
         "n_layers": model.n_layers,
         "params": params,

@@ -206,10 +206,13 @@ class DyT(_Elementwise):
     def _squash(self, x: torch.Tensor) -> torch.Tensor:
         return torch.tanh(self._preact(x))
 
+    def _relative_slope(self, z: torch.Tensor) -> torch.Tensor:
+        """The squash's slope at ``z`` over its slope at 0: tanh'(z) = 1 - tanh(z)^2."""
+        return 1 - torch.tanh(z) ** 2
+
     def saturated_share(self, x: torch.Tensor) -> torch.Tensor:
         """The share of ``x``'s entries whose squash is saturated (`SATURATED`), as a 0-dim tensor (no sync)."""
-        z = self._preact(x.detach().float())
-        return (1 - torch.tanh(z) ** 2 < self.SATURATED).float().mean()
+        return (self._relative_slope(self._preact(x.detach().float())) < self.SATURATED).float().mean()
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         dtype = self._dtype(x)
@@ -245,10 +248,9 @@ class Derf(DyT):
     def _squash(self, x: torch.Tensor) -> torch.Tensor:
         return torch.erf(self._preact(x))
 
-    def saturated_share(self, x: torch.Tensor) -> torch.Tensor:
-        """As DyT's: erf'(z) / erf'(0) = exp(-z^2) < `SATURATED` where |z| > sqrt(ln 20) = 1.731."""
-        z = self._preact(x.detach().float())
-        return (torch.exp(-(z**2)) < self.SATURATED).float().mean()
+    def _relative_slope(self, z: torch.Tensor) -> torch.Tensor:
+        """erf'(z) / erf'(0) = exp(-z^2): saturated (below `SATURATED`) where |z| > sqrt(ln 20) = 1.731."""
+        return torch.exp(-(z**2))
 
 
 class ScaleNorm(_Elementwise):

@@ -184,21 +184,13 @@ def recipe(winner: Evidence | None, label: str = "", optimizer: str = "adamw") -
 def _recipe_shape(name: str) -> dict[str, Any] | None:
     """A transfer rung's shape from the recipe that made it (for records written before shapes were kept)."""
     from normlab.experiments.recipes import load_recipe
+    from normlab.experiments.transfer import config_scale, shape_of
 
     try:
         spec = load_recipe(name).expand()[0]
     except (ConfigError, OSError, KeyError, ValueError):  # a recipe renamed since: no shape, said as unknown
         return None
-    cfg = spec.train_config("unused")
-    model = cfg.model.model_config()
-    return {
-        "d_model": model.d_model,
-        "n_layers": model.n_layers,
-        "tokens": cfg.optim.steps * cfg.data.batch_size * cfg.data.seq_len,
-        "parametrization": model.parametrization,
-        "precision": cfg.stored_dtype,
-        "optimizer": cfg.optim.optimizer,
-    }
+    return shape_of(config_scale(spec.train_config("unused")))
 
 
 def measured(record: dict[str, Any]) -> list[dict[str, Any]]:

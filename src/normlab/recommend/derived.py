@@ -153,8 +153,8 @@ def defaults(current: str | None) -> list[Derived]:
     return [d for d in found if d is not None]
 
 
-def stabilizers(layout: str) -> dict[str, str]:
-    """What in a placement holds training stable, by name -> words (to say what a winner takes away)."""
+def stabilizers(layout: str) -> list[str]:
+    """What in a placement holds training stable, by name (to say what a winner takes away)."""
     lay = as_layout(layout)
     sites = lay.sites_on()
     inner = lay.block.attn_inner
@@ -166,7 +166,7 @@ def stabilizers(layout: str) -> dict[str, str]:
         "attention gate": inner.gate,
         "value norm": inner.v,
     }
-    return {k: k for k, on in named.items() if on}
+    return [k for k, on in named.items() if on]
 
 
 def dropped(current: str | None, winner: str) -> list[str]:
