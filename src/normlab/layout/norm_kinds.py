@@ -82,6 +82,22 @@ class NormKindFacts:
 _ELLIPSOID_B = "u lies on N_B's ellipsoid (Kan Lemma 1): its entries are at most h*(max|gamma|*sqrt(d) + max|beta|)"
 _NORMS = "its norms are LayerNorm, RMSNorm and their variants"
 
+
+def _squash_bounds(title: str, fn: str, why: str, small: str) -> tuple[str, str]:
+    """An element-wise squash's (DyT, Derf) output bound and after-add effect: the same box, its own function."""
+    return (
+        f"{title} squashes u entry by entry: |u_i| <= h*(|gamma_i| + |beta_i|) whatever its input ({why}); "
+        f"bounded above but not fixed in size as on RMSNorm's ellipsoid (a small input passes as {small})",
+        f"{title} squashes the stream into the box |x_i| <= |gamma_i| + |beta_i| (a large update saturates {fn}, "
+        "where its gradient vanishes, instead of being projected)",
+    )
+
+
+_DYT_BOUNDS = _squash_bounds("DyT", "tanh", "Zhu et al. eq. 1", "gamma*alpha*x")
+_DERF_BOUNDS = _squash_bounds(
+    "Derf", "erf", "erf's range is (-1, 1); Chen et al. 2025", "gamma*(2/sqrt(pi))*alpha*x around the shift"
+)
+
 NORM_KIND_FACTS: tuple[NormKindFacts, ...] = (
     NormKindFacts(
         name="rms",
@@ -112,12 +128,8 @@ NORM_KIND_FACTS: tuple[NormKindFacts, ...] = (
         params=(("alpha", "one"), ("weight", "gain"), ("bias", "bias")),
         pointwise=True,
         gained=True,
-        output_bound=(
-            "DyT squashes u entry by entry: |u_i| <= h*(|gamma_i| + |beta_i|) whatever its input (Zhu et al. eq. 1); "
-            "bounded above but not fixed in size as on RMSNorm's ellipsoid (a small input passes as gamma*alpha*x)"
-        ),
-        after_add="DyT squashes the stream into the box |x_i| <= |gamma_i| + |beta_i| (a large update saturates "
-        "tanh, where its gradient vanishes, instead of being projected)",
+        output_bound=_DYT_BOUNDS[0],
+        after_add=_DYT_BOUNDS[1],
         rescalable=False,
         unsaid=f"{_NORMS}: none computes DyT's tanh",
     ),
@@ -128,13 +140,8 @@ NORM_KIND_FACTS: tuple[NormKindFacts, ...] = (
         params=(("alpha", "one"), ("weight", "gain"), ("bias", "bias"), ("shift", "one")),
         pointwise=True,
         gained=True,
-        output_bound=(
-            "Derf squashes u entry by entry: |u_i| <= h*(|gamma_i| + |beta_i|) whatever its input (erf's range is "
-            "(-1, 1); Chen et al. 2025); bounded above but not fixed in size (a small input passes as "
-            "gamma*(2/sqrt(pi))*alpha*x around the shift)"
-        ),
-        after_add="Derf squashes the stream into the box |x_i| <= |gamma_i| + |beta_i| (a large update saturates "
-        "erf, where its gradient vanishes, instead of being projected)",
+        output_bound=_DERF_BOUNDS[0],
+        after_add=_DERF_BOUNDS[1],
         rescalable=False,
         unsaid=f"{_NORMS}: none computes Derf's erf",
     ),
