@@ -532,32 +532,42 @@ def markdown(result: dict[str, Any], ranked: list[Evidence]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def answer_lines(result: dict[str, Any]) -> list[str]:
-    """recommendation.md's "How sure, how large, what to train with, where the evidence ends"."""
+ANSWER_TITLE = "How sure, how large, and where the evidence ends"
+
+
+def answer_items(result: dict[str, Any]) -> list[str]:
+    """The answer's confidence, effect, recipe and domain, one item each (the words in **bold** where the
+    markdown stresses them)."""
     conf, eff, rec, dom = (result.get(k) or {} for k in ("confidence", "effect", "recipe", "domain"))
-    out = ["## How sure, how large, and where the evidence ends", ""]
+    out = []
     if conf:
         runs = ", ".join(f"{k} {v}" for k, v in conf.get("runs", {}).items())
         out.append(
-            f"- confidence: **{conf['level']}**"
+            f"confidence: **{conf['level']}**"
             + (f" ({'; '.join(conf['why'])})" if conf.get("why") else "")
             + f"; finished runs behind each: {runs or 'none'}; seeds: {conf.get('seeds')}"
             + (f"; {conf['not_tried']} candidate(s) not tried" if conf.get("not_tried") else "")
         )
     if eff.get("status") == "measured":
-        out.append("- effect:" + effect_words(eff))
+        out.append("effect:" + effect_words(eff))
     elif eff:
-        out.append(f"- effect: {eff.get('why') or eff.get('status')}")
+        out.append(f"effect: {eff.get('why') or eff.get('status')}")
     if rec:
-        out.append(f"- recipe: {rec['words']}")
+        out.append(f"recipe: {rec['words']}")
     if dom:
         where = "inside" if dom.get("inside_record") else "**outside**"
         out.append(
-            f"- domain: {where} what the transfer record measured"
+            f"domain: {where} what the transfer record measured"
             + (f": {'; '.join(dom['differences'])}" if dom.get("differences") else "")
             + (f"; {dom['tokens_note']}" if dom.get("tokens_note") else "")
         )
-    return out + [""] if len(out) > 2 else []
+    return out
+
+
+def answer_lines(result: dict[str, Any]) -> list[str]:
+    """recommendation.md's section of `answer_items` (none where there is nothing to say)."""
+    items = answer_items(result)
+    return [f"## {ANSWER_TITLE}", "", *(f"- {x}" for x in items), ""] if items else []
 
 
 def _evidence_rows(ranked: list[Evidence]) -> list[dict[str, Any]]:
@@ -632,18 +642,12 @@ def write_page(folder: RecommendDir, result: dict[str, Any], ranked: list[Eviden
     h = html.escape
     live = [r for r in ranked if r.rank is not None]
     verified = verify_lines(result.get("verify") or {})
+    answer = answer_items(result)
     body = (
         f"<h1>normlab recommend</h1><p>{h(result['model'])}; precision {h(result['precision'])}</p>"
         f"<p>{h(reason(result, ranked)).replace('**', '')}</p><h2>Evidence</h2>{table_html(_evidence_rows(ranked))}"
         + (ranking_figure(folder, live, result.get("precision", "fp16")) if live else "")
-        + (
-            _list_html(
-                "How sure, how large, and where the evidence ends",
-                [x.removeprefix("- ").replace("**", "") for x in answer_lines(result)[2:-1]],
-            )
-            if answer_lines(result)
-            else ""
-        )
+        + (_list_html(ANSWER_TITLE, [x.replace("**", "") for x in answer]) if answer else "")
         + _checks_html(result["recipe_checks"])
         + _settings_html(result)
         + (_list_html("Did the order hold at a larger width? (--verify)", verified) if verified else "")
