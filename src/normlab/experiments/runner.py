@@ -5,8 +5,9 @@ its store is `normlab.runs.store.SweepStore`.
 
 Executors:
 - `local` (default): one process per run, `workers` at a time, torch threads split evenly between
-  them. A process per run (not a pool) so a run that segfaults or is OOM-killed costs that run only;
-  its row says how the process ended. On the CPU each is forked from a server that has torch and the
+  them (the cores the process may use, at most ``OMP_NUM_THREADS`` each: `normlab.experiments.cpus`). A process
+  per run (not a pool) so a run that segfaults or is OOM-killed costs that run only; its row says how the process
+  ended. On the CPU each is forked from a server that has torch and the
   trainer imported (`normlab.experiments.workers`); a GPU run starts a fresh interpreter.
 - `slurm`: job arrays through submitit (`pip install submitit`), options from the sweep's `[slurm]`
   table (e.g. `slurm_partition`, `timeout_min`, `cpus_per_task`, `slurm_array_parallelism`):
@@ -38,6 +39,7 @@ from typing import Any
 
 from normlab.errors import ConfigError
 from normlab.experiments.cluster import preflight, run_cluster
+from normlab.experiments.cpus import threads_per_worker, usable_cores
 from normlab.experiments.progress import SweepProgress, last_step
 from normlab.experiments.scheduler import check_options
 from normlab.experiments.sweep import RunSpec, SweepConfig
@@ -256,7 +258,7 @@ def _gpu_plan(specs: list[RunSpec], requested: int | None, log) -> tuple[int, in
     for key, c in zip(keys, cfgs):
         if key not in plans:
             plans[key] = plan_memory(c).total
-    workers = plan_workers([plans[key] for key in keys], devices, requested, os.cpu_count() or 1)
+    workers = plan_workers([plans[key] for key in keys], devices, requested, usable_cores())
     log(
         f"GPU memory plan: up to {max(plans.values()) / GIB:.1f} GiB per run, {len(devices)} device(s) of "
         f"{min(devices) / GIB:.0f} GiB -> {workers} run(s) side by side"
@@ -277,9 +279,8 @@ def _run_local(
     """Run `todo` in worker processes: on the CPU one per core (torch threads split between them); on
     GPUs (`gpus` = (workers, devices) from the memory plan) each worker is given the device with the
     fewest runs in flight (CUDA_VISIBLE_DEVICES). `deadline`: see `Deadline`."""
-    cores = os.cpu_count() or 1
-    workers = gpus[0] if gpus is not None else max(1, min(workers or cores, len(todo)))
-    threads = max(1, cores // workers)
+    workers = gpus[0] if gpus is not None else max(1, min(workers or usable_cores(), len(todo)))
+    threads = threads_per_worker(workers)
     device_of: dict[str, int] = {}
     SweepDir(root).logs_dir.mkdir(exist_ok=True)
     queue = list(todo)

@@ -8,7 +8,6 @@ machine's calibration refreshed from the finished runs.
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import pandas as pd
 
 from normlab.errors import ConfigError
+from normlab.experiments.cpus import threads_per_worker
 from normlab.model.config import ModelConfig
 from normlab.recommend import cost
 from normlab.recommend.context import Context, minutes, stage_record
@@ -90,7 +90,7 @@ def refresh_calibration(
         shape = ModelConfig(**screen_shape(user.config, screen["width"], 64))
         seconds = [r.get("seconds") for r in screen["results"].values() if isinstance(r, dict)]
         screens = [(shape, float(t)) for t in seconds if isinstance(t, (int, float)) and t > 0]
-    cost.refresh_from_runs(max(1, (os.cpu_count() or 1) // workers), steps, screens, log=log)
+    cost.refresh_from_runs(threads_per_worker(workers), steps, screens, log=log)
 
 
 class StressRound:

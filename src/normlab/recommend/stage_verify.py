@@ -7,7 +7,6 @@ before it starts and again with its verdict. `verify_added`: --verify on a folde
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +16,7 @@ import pandas as pd
 from normlab.config.commands import RecommendConfig
 from normlab.errors import ConfigError
 from normlab.experiments import transfer
+from normlab.experiments.cpus import threads_per_worker
 from normlab.layout import as_layout
 from normlab.recommend import cost, plan
 from normlab.recommend.context import Context, minutes, stage_record
@@ -39,7 +39,7 @@ def verify_added(
     recommendation is done, verifying is all this call asks: refused (exit 2) if the budget cannot buy it;
     else (rounds still to run) said in one line and the recommendation goes on without it."""
     names = p.screened
-    cal, _ = cost.calibration(max(1, (os.cpu_count() or 1) // workers), log=log, streams=has_streams(names))
+    cal, _ = cost.calibration(threads_per_worker(workers), log=log, streams=has_streams(names))
     done = folder.json_file.is_file()
     reserve = (plan.STARTUP_RESERVE_S + plan.REPORT_RESERVE_S) * cal.speed
     room = (budget_s - reserve) * plan.FILL - (0.0 if done else p.predicted["total"])

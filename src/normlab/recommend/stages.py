@@ -35,7 +35,6 @@ records they keep are typed (`plan.Plan`, `records.StageRecord`, `records.FinalR
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -44,6 +43,7 @@ from typing import Any
 
 from normlab.config.commands import RECOMMEND_BASE, RecommendConfig, check_recommend_settings
 from normlab.errors import ConfigError
+from normlab.experiments.cpus import threads_per_worker, usable_cores
 from normlab.experiments.summary import summarize
 from normlab.io import own_folder
 from normlab.recommend import cost, plan
@@ -89,7 +89,7 @@ def recommend(
     returns the recommendation (also written to the folder)."""
     cfg = cfg.with_quick_defaults()  # the quick question: yours against the changes given, 3 minutes
     clock = BudgetClock(started or time.time(), cfg.budget * 60)
-    workers = cfg.workers or os.cpu_count() or 1
+    workers = cfg.workers or usable_cores()
     precision = cfg.precision or user.precision or "bf16"
     extra = dict(extra or {})
     check_recommend_settings(extra)
@@ -214,7 +214,7 @@ def _announce(
 
 
 def _threads(workers: int) -> int:
-    return max(1, (os.cpu_count() or 1) // workers)
+    return threads_per_worker(workers)
 
 
 def _seed0(cfg: RecommendConfig) -> int:
