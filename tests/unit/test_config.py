@@ -62,6 +62,7 @@ FLAT = {
     "muon_momentum": 0.95,
     "muon_nesterov": True,
     "muon_ns_steps": 5,
+    "muon_ns_dtype": "bf16",
     "muon_weight_decay": None,
     "on_nonfinite": "stop",
     "on_spike": "count",

@@ -75,6 +75,7 @@ OPTIMIZER_FACTS: tuple[OptimizerFacts, ...] = (
             "muon_momentum",
             "muon_nesterov",
             "muon_ns_steps",
+            "muon_ns_dtype",
             "muon_adjust_lr",
             "muon_adamw_lr",
             "muon_weight_decay",

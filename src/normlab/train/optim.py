@@ -9,7 +9,8 @@ on the blocks' 2-D hidden matrices (attention's q/k/v/o and gate, the MLP's matr
 matrices one by one), with AdamW on the rest (embeddings, the head, norms, learned scalars, gains, biases,
 MoE routers), as Jordan's post and torch's docstring prescribe ("Other parameters, such as bias, and
 embedding, should be optimized by a standard method such as AdamW"). Muon's lr' per matrix follows its
-``adjust_lr_fn`` (``muon_adjust_lr``). Schedule: linear warmup over ``warmup * steps`` steps, then cosine
+``adjust_lr_fn`` (``muon_adjust_lr``); its Newton-Schulz iteration runs in torch's bf16 or in float32
+(``muon_ns_dtype``: `normlab.train.muon_fp32`). Schedule: linear warmup over ``warmup * steps`` steps, then cosine
 decay to ``min_lr`` (Kim Table 2, Zhuo Table 7); each group follows it at its own peak (``lr_ratio``).
 
 The probes record each matrix's update/parameter ratio, whatever the optimizer
@@ -33,6 +34,7 @@ from normlab.model.lm import NormLM
 from normlab.model.norms import is_norm
 from normlab.model.parametrization import ParamScale, param_scales
 from normlab.model.streams import HyperConnection
+from normlab.train.muon_fp32 import newton_schulz_in_float32
 
 # a parameter group as torch's optimizers hold it: "params", "weight_decay", and normlab's "lr_ratio" (the group's
 # multiple of the schedule's lr) and "gains" (the gain policy's kind); torch adds its own keys ("lr", "betas", ...)
@@ -193,6 +195,7 @@ class MuonAdamW:
 
     def __init__(self, model: nn.Module, cfg: TrainConfig, fused: bool = False) -> None:
         o = cfg.optim
+        self.ns_dtype = o.muon_ns_dtype
         matrices = muon_matrices(model)
         taken = {id(p) for p in matrices}
         adamw_lr = o.muon_adamw_lr if o.muon_adamw_lr is not None else o.lr
@@ -263,7 +266,11 @@ class MuonAdamW:
             for e, v in enumerate(views):
                 v.grad = None if p.grad is None else p.grad[e].T
         self.adamw.step()
-        self.muon.step()
+        if self.ns_dtype == "fp32":
+            with newton_schulz_in_float32():
+                self.muon.step()
+        else:
+            self.muon.step()
 
     def state_dict(self) -> dict[str, Any]:
         return {"adamw": self.adamw.state_dict(), "muon": self.muon.state_dict()}
