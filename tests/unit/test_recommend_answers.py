@@ -294,3 +294,36 @@ def test_a_token_budget_beyond_the_record_and_dyts_regime_are_said():
     assert "tokens: yours 200,000,000,000, measured up to 1,228,800" in said and "arXiv 2604.23434" in said
     calm = answer.domain(user, "fp16", "adamw", 2, transfer_record(), tokens=2 * 10**11, winner="peri")
     assert "regime" not in " | ".join(calm["differences"])
+
+
+def test_the_recipe_says_how_far_the_records_optimum_moved_under_its_parametrization():
+    """The record's fitted optima (normlab.experiments.lr_optimum) per reach, measured factors and one-sided
+    bounds kept apart; comparisons under another parametrization or without optima are not counted."""
+
+    def comparison(param: str, other: dict[str, int], optimum: dict[str, dict[str, object]]) -> dict[str, object]:
+        return {
+            "parametrization": param,
+            "proxy_shape": {"d_model": 64, "n_layers": 6},
+            "other_shape": other,
+            "lr_optimum": optimum,
+        }
+
+    record = {
+        "comparisons": [
+            comparison("mup", {"d_model": 256, "n_layers": 6}, {"pre": {"factor": 1.4, "kind": "measured"}}),
+            comparison("mup", {"d_model": 256, "n_layers": 6}, {"peri": {"factor": 1.27, "kind": "measured"}}),
+            comparison("sp", {"d_model": 256, "n_layers": 6}, {"peri": {"factor": 0.11, "kind": "at most"}}),
+            comparison("sp", {"d_model": 64, "n_layers": 12}, {"pre": {"factor": 0.89, "kind": "measured"}}),
+            {"parametrization": "mup", "proxy_shape": {}, "other_shape": {}},  # written before optima were kept
+        ]
+    }
+    mup = answer.lr_transfer(record, "mup")
+    assert mup is not None and mup["moved"] == {"4x width": [1.27, 1.4]} and mup["bounds"] == []
+    assert "4x width: x1.27 to x1.40" in mup["words"]
+    sp = answer.lr_transfer(record, "sp")
+    assert sp is not None and sp["moved"] == {"4x width": [], "2x depth": [0.89]}
+    assert sp["bounds"] == ["peri at most x0.11"] and "2x depth: x0.89; 4x width: peri at most x0.11" in sp["words"]
+    assert answer.lr_transfer(record, "completep") is None
+    words = answer.recipe(_row("peri", best_lr=0.01), record=record)["words"]
+    assert "under mup in the transfer record moved 4x width: x1.27 to x1.40" in words and "under sp" in words
+    assert answer.recipe(_row("peri", best_lr=0.01), record=record)["lr_transfer"] == mup

@@ -206,6 +206,12 @@ def test_the_record_keeps_the_numbers_the_command_and_the_status(tmp_path, capsy
     assert c["parametrization"] == "sp" and c["proxy_shape"] == c["other_shape"]
     assert set(c["proxy_shape"]) == {"d_model", "n_layers", "tokens", "parametrization", "precision", "optimizer"}
     assert c["best_lr"]["proxy"] == c["best_lr"]["other"] and set(c["best_lr"]["proxy"]) == {"pre", "peri"}
+    # where between the grid's rates each optimum lies (normlab.experiments.lr_optimum): a sweep against itself
+    # moved by x1, and the grid's best rate is kept beside the fitted one
+    assert set(c["lr_optimum"]) == {"pre", "peri"}
+    for layout, moved in c["lr_optimum"].items():
+        assert moved["factor"] == 1.0 and moved["proxy"] == moved["other"]
+        assert moved["proxy"]["grid_lr"] == c["best_lr"]["proxy"][layout]
     other = tmp_path / "notes.json"
     other.write_text('{"mine": 1}')
     assert main(["transfer", str(root), str(root), "--record", str(other)]) == 2

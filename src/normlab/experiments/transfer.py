@@ -42,6 +42,7 @@ import pandas as pd
 
 from normlab.diagnostics.stats import FP16_MAX, OVERFLOW_HEADROOM
 from normlab.errors import ConfigError
+from normlab.experiments.lr_optimum import Optimum, optima, shift
 from normlab.experiments.summary import LR, load_sweep, lr_curves, lr_sensitivity
 from normlab.runs.outcome import FINISHED
 
@@ -329,6 +330,25 @@ def best_lrs(runs: pd.DataFrame, lrs: list[float] | None = None) -> dict[str, fl
     }
 
 
+def lr_optima(runs: pd.DataFrame) -> dict[str, Optimum]:
+    """Each placement's learning-rate optimum over every rate the sweep ran (`normlab.experiments.lr_optimum`)."""
+    return optima(lr_curves(runs, AXES)) if len(runs) else {}
+
+
+def optimum_shifts(proxy: pd.DataFrame, other: pd.DataFrame) -> dict[str, dict[str, Any]]:
+    """Per placement in both sweeps: the proxy's and the other rung's optimum and the factor between them."""
+    a, b = lr_optima(proxy), lr_optima(other)
+    return {x: {"proxy": a[x].to_json(), "other": b[x].to_json(), **shift(a[x], b[x])} for x in a if x in b}
+
+
+def _shift_words(layout: str, s: dict[str, Any]) -> str:
+    def rate(o: dict[str, Any]) -> str:
+        return f"{o['lr']:.2g}" + ("" if o["edge"] is None else f" ({o['edge']} end of the grid)")
+
+    kind = {"measured": "", "at least": "at least ", "at most": "at most "}.get(s["kind"], "unbounded: ")
+    return f"{layout} {rate(s['proxy'])} -> {rate(s['other'])} ({kind}x{s['factor']:.2f})"
+
+
 def _fmt_loss(r: pd.Series) -> str:
     loss, std = float(r.best_loss), float(r.best_loss_std)
     if not math.isfinite(loss):
@@ -404,6 +424,15 @@ def report(proxy_dir: str | Path, others: Sequence[str | Path], lrs: str = "comm
             )
         if agree.cells_disagreeing:
             lines += ["", "Failures that disagree: " + "; ".join(agree.cells_disagreeing) + "."]
+        moved = optimum_shifts(proxy, other)
+        if moved:
+            lines += [
+                "",
+                "Learning-rate optimum, proxy -> this rung (the vertex of a parabola in log lr through each sweep's "
+                "best rate and its neighbours, over all the rates each ran): "
+                + "; ".join(_shift_words(x, m) for x, m in moved.items())
+                + ".",
+            ]
         lines.append("")
         tau = "-" if math.isnan(agree.tau) else f"{agree.tau:+.2f} ({agree.p_value:.2f})"
         top1 = "-" if agree.top1 is None else ("yes" if agree.top1 else "no")
@@ -465,6 +494,8 @@ def record(
             "proxy_shape": shape_of(scales[proxy_dir.name]),
             "other_shape": shape_of(scales[other_dir.name]),
             "best_lr": {"proxy": best_lrs(proxy), "other": best_lrs(other)},
+            # where between the grid's rates the optimum lies at each rung, and the factor it moved
+            "lr_optimum": optimum_shifts(proxy, other),
             "finished": {
                 n: [scales[n].get("finished", 0), scales[n].get("runs", 0)] for n in (proxy_dir.name, other_dir.name)
             },

@@ -149,7 +149,46 @@ def confidence(
     }
 
 
-def recipe(winner: Evidence | None, label: str = "", optimizer: str = "adamw") -> dict[str, Any]:
+def lr_transfer(record: dict[str, Any], parametrization: str) -> dict[str, Any] | None:
+    """What the transfer record measured of the learning-rate optimum under ``parametrization``: per reach (the
+    wider or deeper rung against the proxy) the factors it moved (`normlab.experiments.lr_optimum`: the vertex of
+    the loss in log lr) and the bounds where a grid's end left it open, in words; None where the record holds no
+    such comparison."""
+    by_reach: dict[str, tuple[list[float], list[str]]] = {}
+    for c in record.get("comparisons") or []:
+        if c.get("parametrization") != parametrization or not c.get("lr_optimum"):
+            continue
+        ps, os_ = c.get("proxy_shape") or {}, c.get("other_shape") or {}
+        reach = ", ".join(
+            f"{os_[k] / ps[k]:g}x {word}"
+            for k, word in (("d_model", "width"), ("n_layers", "depth"))
+            if ps.get(k) and os_.get(k) and os_[k] != ps[k]
+        )
+        moves, bounds = by_reach.setdefault(reach or "the same shape", ([], []))
+        for layout, m in c["lr_optimum"].items():
+            if m.get("kind") == "measured":
+                moves.append(float(m["factor"]))
+            elif m.get("kind"):
+                bounds.append(f"{layout} {m['kind']} x{float(m['factor']):.2f}")
+    if not by_reach:
+        return None
+    parts = []
+    for reach, (moves, bounds) in sorted(by_reach.items()):
+        span = [f"x{min(moves):.2f} to x{max(moves):.2f}" if len(moves) > 1 else f"x{moves[0]:.2f}"] if moves else []
+        parts.append(f"{reach}: " + ", ".join(span + bounds))
+    return {
+        "parametrization": parametrization,
+        "moved": {reach: sorted(moves) for reach, (moves, _) in by_reach.items()},
+        "bounds": [b for _, bounds in by_reach.values() for b in bounds],
+        "words": f"the optimum under {parametrization} in the transfer record moved "
+        + "; ".join(parts)
+        + " (CPU rungs, one seed each)",
+    }
+
+
+def recipe(
+    winner: Evidence | None, label: str = "", optimizer: str = "adamw", record: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """recommendation.json's `recipe`: the layout, the proxy's best learning rate, and the parametrization
     that carries it to the user's width (muP from the proxy's width: at its base width muP is SP, so the
     proxy's learning rate is muP's base learning rate; `normlab.model.parametrization`)."""
@@ -165,19 +204,25 @@ def recipe(winner: Evidence | None, label: str = "", optimizer: str = "adamw") -
             "standard parametrization: it does not carry to your width (the transfer study: the best rate fell 3x "
             "from width 64 to 128 in SP; docs/results.md)",
         }
+    moved = lr_transfer(record or {}, "mup")
+    words = (
+        f"--layout {winner.layout!r}; lr {winner.best_lr:g} at the proxy's width {PROXY_WIDTH}: train with "
+        f"--set model.parametrization=mup --set model.base_d_model={PROXY_WIDTH} so that it is the base learning "
+        "rate muP carries to your width (Yang et al. 2022); in standard parametrization it does not carry"
+        if winner.best_lr is not None
+        else f"--layout {winner.layout!r}; no best learning rate measured"
+    )
+    if moved is not None and winner.best_lr is not None:
+        sp = lr_transfer(record or {}, "sp")
+        words += f" ({moved['words']}" + (f"; {sp['words']}" if sp else "") + "; the proxy's grid is 3x apart)"
     return {
         "layout": winner.layout,
         "label": label or winner.label,
         "lr": winner.best_lr,
         "parametrization": "mup",
         "base_d_model": PROXY_WIDTH,
-        "words": (
-            f"--layout {winner.layout!r}; lr {winner.best_lr:g} at the proxy's width {PROXY_WIDTH}: train with "
-            f"--set model.parametrization=mup --set model.base_d_model={PROXY_WIDTH} so that it is the base learning "
-            "rate muP carries to your width (Yang et al. 2022); in standard parametrization it does not carry"
-            if winner.best_lr is not None
-            else f"--layout {winner.layout!r}; no best learning rate measured"
-        ),
+        "lr_transfer": moved,
+        "words": words,
     }
 
 

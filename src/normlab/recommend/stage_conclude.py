@@ -157,7 +157,7 @@ def conclude(ctx: Context, verify: dict[str, Any] | None = None) -> Recommendati
         },
         confidence=conf,
         effect=eff,
-        recipe=answer.recipe(winner, optimizer=p.optimizer),
+        recipe=answer.recipe(winner, optimizer=p.optimizer, record=record),
         domain=answer.domain(
             ctx.user, ctx.precision, p.optimizer, p.depth, record, ctx.cfg.tokens, winner.layout if winner else None
         ),
