@@ -208,3 +208,14 @@ def spike_score(
         "spike_score_steps": steps,
         "spike_score_window": window,
     }
+
+
+def abs_max(x: torch.Tensor) -> torch.Tensor:
+    """max |x| in float32, one pass over x (``x.abs().amax()`` writes |x| first): on CUDA the inf-norm (one
+    kernel); on the CPU ``aminmax`` and max(max, -min), as the CPU's inf-norm kernel is about 50 times slower
+    (1.7 ms against 0.03 ms for a micro block's 32 x 128 x 64 output, one thread). A NaN propagates in both."""
+    x = x.detach()
+    if x.device.type == "cuda":
+        return torch.linalg.vector_norm(x, ord=math.inf, dtype=torch.float32)
+    lo, hi = torch.aminmax(x)
+    return torch.maximum(hi, -lo).float()

@@ -29,6 +29,10 @@ What it records (the names of `normlab.diagnostics.probes`, so the report reads 
   min, max) under normlab's site name where ``site_names`` gives one (the Trainer callback passes the
   registered transformers architectures': Llama's ``post_attention_layernorm`` is ``mlp_norms.input``),
   else its own path.
+- every step, in ``layers.jsonl``: ``stream_max``, the largest |x| of the stream entering the first block and
+  leaving each block over the step's training forwards (`normlab.diagnostics.stream_maxima`), the per-step
+  tier's row for a model normlab did not build; it feeds the stream-growth alert (a line on stderr and a row
+  in warnings.jsonl, beside the loss and gradient-norm spike alerts: `normlab.diagnostics.early_warning`);
 - a loss spike (OLMo's rule: more than ``sigmas`` standard deviations above the mean of the last
   ``window`` losses; 6 and 128 by default, `SpikeRule`) triggers a probe pass on the batch that caused
   it (the micro-batch with the largest loss since the last step), saved to ``spikes/step_N.pt`` with its
@@ -113,6 +117,7 @@ from normlab.diagnostics.hooks import StepHook, StepHooks
 from normlab.diagnostics.probe_store import ProbeRow, ProbeWriter
 from normlab.diagnostics.shards import moments, reshard
 from normlab.diagnostics.stats import spike_score
+from normlab.diagnostics.stream_maxima import StreamMaxima
 from normlab.errors import ConfigError
 from normlab.io import atomic_write_bytes, own_folder, truncate_jsonl
 from normlab.runs.files import RunDir
@@ -220,10 +225,13 @@ class TrainingMonitor:
         self.main = self.rank == 0
         self.out = own_folder(out, "monitor") if self.main else Path(out)  # only the main rank writes
         self.run = RunDir(self.out)
-        # the live alerts on the loss and gradient norm of each step (spikes, the spike score): stderr and
+        # the live alerts on the loss, gradient norm and stream maxima of each step (spikes, the spike score,
+        # stream growth against ``precision``'s limit): stderr and
         # warnings.jsonl on the main rank, every alert in summary.json (`normlab.diagnostics.early_warning`)
         self.warnings = EarlyWarnings(str(options.get("precision", "bf16")))
         self.blocks = found
+        # the stream's maximum at every block boundary on every step: the stream-growth alert, layers.jsonl
+        self.streams = StreamMaxima(found, next(model.parameters()).device, self.world)
         self.stream = StreamProbe(model, self.blocks, top_k)
         self.logits = AttentionLogits(self.blocks)
         self.sites = dict(site_names or {})
@@ -351,7 +359,7 @@ class TrainingMonitor:
                     f"after it ({replaced[0]}..{replaced[-1]}) are replaced by this run's",
                     stacklevel=3,
                 )
-        for path in (self.run.metrics_file, self.run.spikes_file):
+        for path in (self.run.metrics_file, self.run.spikes_file, self.run.layers_file):
             if path.exists():
                 truncate_jsonl(path, step)
         for old in self.run.spikes():
@@ -432,7 +440,12 @@ class TrainingMonitor:
         self.last_grad_norm = total
         self._last_step, self._probed_last = step, probed
         self._losses, self._worst = [], None
-        for alert in self.warnings.feed(step, {}, row):
+        stream = self.streams.take()
+        tier = {"stream_max": stream} if stream is not None else {}
+        if self.main and stream is not None:
+            with self.run.layers_file.open("a") as f:
+                f.write(json.dumps({"step": step, **tier}) + "\n")
+        for alert in self.warnings.feed(step, tier, row):
             if self.main:
                 with self.run.warnings_file.open("a") as f:
                     f.write(json.dumps(alert.to_dict()) + "\n")
@@ -462,7 +475,7 @@ class TrainingMonitor:
         rows: list[ProbeRow] = []
         if call is not None:
             was = self.model.training
-            self._probing = True
+            self._probing = self.streams.paused = True
             handles = self.logits.attach()
             try:
                 self.model.eval()
@@ -470,7 +483,7 @@ class TrainingMonitor:
             finally:
                 for h in handles:
                     h.remove()
-                self._probing = False
+                self._probing = self.streams.paused = False
                 self.model.train(was)
                 reshard(self.model)
             rows += self.logits.rows(step)
@@ -533,6 +546,7 @@ class TrainingMonitor:
                 assert self.writer is not None
                 self.writer.write(rows)
         self._hook.remove()
+        self.streams.remove()
         self._closed = True
         self._grads = None
         if self._last_step is not None:
