@@ -19,6 +19,11 @@ step and N - 1 steps between per N steps, so its overhead is ((t_tier + (N - 1) 
 table gives that for N = 1, 10, 100 (N = 1 is the tier step itself). Rows are printed as they finish (a run cut
 short keeps what it measured). AdamW, one micro-batch per step, random tokens; ``--profile N`` adds
 torch.profiler's top N ops of one step of each kind (where the tier's cost is).
+
+On the CPU in eager mode the table also gives the tier's own time, measured directly (`OwnTime`: a clock around
+each of its forward hooks and TierHook's calls; the tier's work is synchronous there), and that time over the step
+off's at cadence 1 and 10: on a loaded machine the step times vary by several percent from step to step, more than
+the tier adds, and the difference of two medians cannot resolve 1%; the direct measure can.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import argparse
 import copy
 import os
 import statistics
+import time
 from collections.abc import Callable
 
 import torch
@@ -45,7 +51,10 @@ def measure(b: Bench, args: argparse.Namespace, size: str, compiled: bool) -> di
     """Seconds per step of each kind (`KINDS`), ``args.repeats`` each, interleaved."""
     plain = normlab.build_model(args.layout, size, seed=0, max_seq_len=max(args.seq, 64)).to(b.device)
     tiered = copy.deepcopy(plain)
-    hook = TierHook(StepTier(tiered, compiled=compiled), None, every=2)  # even steps: tier steps; odd: between
+    tier = StepTier(tiered, hooks=False, compiled=compiled)
+    hook = TierHook(tier, None, every=2)  # even steps: tier steps; odd: between
+    own = OwnTime(tier, hook) if not compiled and not b.cuda else None  # before attach: the hooks are the timed ones
+    tier.attach()
     fwd_plain, fwd_tiered = (torch.compile(plain), torch.compile(tiered)) if compiled else (plain, tiered)
     opt_tiered = b.adamw(tiered.parameters())
     runs: dict[str, tuple[Callable[..., LMOutput], torch.optim.Optimizer, TierHook | None]] = {
@@ -56,9 +65,13 @@ def measure(b: Bench, args: argparse.Namespace, size: str, compiled: bool) -> di
     x = torch.randint(0, plain.config.vocab_size, (args.batch, args.seq), generator=torch.Generator().manual_seed(0))
     x = x.to(b.device)
 
+    owned: dict[str, list[float]] = {"tier": [], "between": []}
+
     def step(kind: str) -> float:
         fwd, opt, h = runs[kind]
         n = 0 if kind == "tier" else 1
+        if own is not None:
+            own.seconds = 0.0
         t0 = b.clock()
         if h is not None:
             h.pre_step(n)
@@ -72,12 +85,16 @@ def measure(b: Bench, args: argparse.Namespace, size: str, compiled: bool) -> di
         opt.step()
         if h is not None:
             h.post_step(n, True)
-        return b.clock() - t0
+        elapsed = b.clock() - t0
+        if own is not None and kind != "off":
+            owned[kind].append(own.seconds)
+        return elapsed
 
     for _ in range(args.warmup):  # compilation, the allocator, the tier's buffers
         for kind in KINDS:
             step(kind)
     times: dict[str, list[float]] = {k: [] for k in KINDS}
+    owned.update({"tier": [], "between": []})  # the warm-up's are dropped
     for r in range(args.repeats):
         for kind in KINDS[r % 3 :] + KINDS[: r % 3]:
             times[kind].append(step(kind))
@@ -91,7 +108,36 @@ def measure(b: Bench, args: argparse.Namespace, size: str, compiled: bool) -> di
                 step(kind)
             print(f"## profile, {size}, {'compiled' if compiled else 'eager'}, one step: {kind}", flush=True)
             print(prof.key_averages().table(sort_by=sort, row_limit=args.profile), flush=True)
+    if own is not None:
+        times.update({f"own {k}": v for k, v in owned.items()})
     return times
+
+
+class OwnTime:
+    """The seconds a step spends inside the tier itself: its forward hooks (`StepTier._entering`, `_leaving`,
+    `_tap`) and `TierHook`'s calls around the step, each wrapped in a clock. On the CPU in eager mode the tier's
+    work is synchronous, so this is its whole cost, measured directly rather than as the difference of two noisy
+    step times (a loaded machine's steps vary by far more than the tier adds). Not for CUDA (asynchronous) nor
+    compiled (the hooks are inside the graph)."""
+
+    def __init__(self, tier: StepTier, hook: TierHook) -> None:
+        self.seconds = 0.0
+        for owner, names in (
+            (tier, ("_entering", "_leaving", "_tap")),
+            (hook, ("pre_step", "post_backward", "fired", "post_step")),
+        ):
+            for name in names:
+                setattr(owner, name, self._timed(getattr(owner, name)))
+
+    def _timed(self, fn: Callable[..., object]) -> Callable[..., object]:
+        def timed(*a: object, **k: object) -> object:
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                self.seconds += time.perf_counter() - t0
+
+        return timed
 
 
 def overhead(med: dict[str, float], every: int) -> float:
@@ -122,17 +168,26 @@ def main() -> None:
         f"interleaved after {args.warmup} warm-up{load}"
     )
     cols = " | ".join(f"cadence {n}" for n in CADENCES)
-    print(f"\n| size | mode | step off (ms) | tier step (ms) | step between (ms) | {cols} | spread off (ms) |")
-    print("|---|---|---|---|---|" + "---|" * len(CADENCES) + "---|", flush=True)
+    own_cols = " | ".join(f"own, cadence {n}" for n in CADENCES[:2])
+    print(
+        f"\n| size | mode | step off (ms) | tier step (ms) | step between (ms) | {cols} | spread off (ms) | "
+        f"tier's own time (ms) | {own_cols} |"
+    )
+    print("|---|---|---|---|---|" + "---|" * len(CADENCES) + "---|---|" + "---|" * 2, flush=True)
     for size in args.sizes.split(","):
         for mode in modes:
             times = measure(b, args, size, mode == "compiled")
             med = {k: statistics.median(v) for k, v in times.items()}
             ratios = " | ".join(f"{overhead(med, n) * 100:+.2f}%" for n in CADENCES)
             spread = f"{min(times['off']) * 1e3:.1f}..{max(times['off']) * 1e3:.1f}"
+            if "own tier" in med:  # the tier's own seconds over the step off's: the direct estimate (OwnTime)
+                own = [(med["own tier"] + (n - 1) * med["own between"]) / n / med["off"] for n in CADENCES[:2]]
+                direct = f"{med['own tier'] * 1e3:.2f} | " + " | ".join(f"+{x * 100:.2f}%" for x in own)
+            else:
+                direct = "- | - | -"
             print(
                 f"| {size} | {mode} | {med['off'] * 1e3:.2f} | {med['tier'] * 1e3:.2f} | {med['between'] * 1e3:.2f} "
-                f"| {ratios} | {spread} |",
+                f"| {ratios} | {spread} | {direct} |",
                 flush=True,
             )
     if load:

@@ -195,3 +195,15 @@ def test_gpu_check_plan_orders_its_checks_and_rewrites_its_sections(tmp_path):
     gpu_check.replace_section(page, "one\n")
     gpu_check.replace_section(page, "two\n")
     assert page.read_text() == f"# Title\n\ntext\n\n{gpu_check.BEGIN}\ntwo\n{gpu_check.END}\n"
+
+
+def test_tier_cadence_prints_each_cadence_and_the_tiers_own_time():
+    """Eager on the CPU: the step-time columns and the direct measure (the seconds inside the tier's hooks and
+    calls): positive, and its cadence-10 share below its cadence-1 share (a step between costs the hooks' early
+    return only)."""
+    text = run("tier_cadence.py", "--sizes", "nano", "--modes", "eager", "--repeats", "3", "--warmup", "1")
+    (row,) = [r for r in text.splitlines() if r.startswith("| nano | eager |")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert len(cells) == 12 and all(c.endswith("%") for c in cells[5:8])
+    own_ms, own_1, own_10 = float(cells[9]), float(cells[10].rstrip("%")), float(cells[11].rstrip("%"))
+    assert own_ms > 0 and 0 < own_10 < own_1
