@@ -3,6 +3,7 @@ at every stage, one process per run, a killed sweep coordinator takes its worker
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -430,3 +431,53 @@ def test_kill_9_of_the_sweep_coordinator_takes_its_workers_and_nothing_runs_twic
             con.execute("select run_id, status, final_loss, finished_at, attempts from runs order by run_id").fetchall()
             == done
         )
+
+
+@pytest.mark.parametrize("shared", ["0", "1"], ids=["flock", "lock-file"])
+def test_a_patient_worker_takes_the_run_when_its_holder_ends_between_its_try_and_its_look(
+    tmp_path, monkeypatch, shared
+):
+    """The race a loaded machine hit: the patient worker's try fails while the holder lives, the holder exits (its
+    lock freed), and the worker's liveness look finds it gone. It must take the lock, not refuse it."""
+    from normlab.runs import lock as lock_mod
+
+    monkeypatch.setenv("NORMLAB_SHARED_FS", shared)
+    lock_file = tmp_path / "r" / "run.lock"
+    lock_file.parent.mkdir()
+    if shared == "0":
+        holder = open(lock_file, "a+")  # noqa: SIM115 - another open file description: flock conflicts in one process too
+        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        holder.write(json.dumps(lock_mod.holder_info()))
+        holder.flush()
+        end_holder = holder.close
+    else:
+        lock_file.write_text(json.dumps({**lock_mod.holder_info(), "pid": 1}))  # a live pid: never stale here
+        end_holder = lock_file.unlink
+    looks: list[bool] = []
+
+    def the_holder_just_ended(info):
+        if not looks:
+            end_holder()  # it exits between the worker's failed try and this look
+        looks.append(False)
+        return False
+
+    monkeypatch.setattr(lock_mod, "alive_here", the_holder_just_ended)
+    monkeypatch.setattr(lock_mod, "stale", lambda held, age: False)
+    got = lock_mod.FolderLock(lock_file, 0, lambda text: f"busy: {text}", patient=True)
+    try:
+        assert looks == [False]  # one look, then the lock was taken
+    finally:
+        got.release()
+    # a holder that stays (not a live process here: another host's, say) is still refused, after one more try
+    other = open(lock_file, "a+") if shared == "0" else None  # noqa: SIM115 - closed below
+    try:
+        if other is not None:
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        else:
+            lock_file.write_text(json.dumps({**lock_mod.holder_info(), "pid": 1}))
+        monkeypatch.setattr(lock_mod, "alive_here", lambda info: False)
+        with pytest.raises(lock_mod.LockBusy, match="busy: "):
+            lock_mod.FolderLock(lock_file, 0, lambda text: f"busy: {text}", patient=True)
+    finally:
+        if other is not None:
+            other.close()

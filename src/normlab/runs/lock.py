@@ -139,6 +139,7 @@ class FolderLock:
     def _flock(self, wait: float, busy: Callable[[str], str]) -> None:
         self.file = file = open(self.path, "a+")  # noqa: SIM115 - held until release()
         deadline = time.monotonic() + wait
+        last_look = False  # a patient caller's one more try after its holder was seen gone
         while True:
             try:
                 fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -148,6 +149,11 @@ class FolderLock:
                     file.seek(0)
                     text = file.read().strip()
                     if not (self.patient and alive_here(_parse(text))):
+                        # the holder may have ended between the try and the look (its exit frees the lock before
+                        # its pid goes): a patient caller tries once more before it refuses
+                        if self.patient and not last_look:
+                            last_look = True
+                            continue
                         file.close()
                         raise LockBusy(busy(_holder_text(text)), _parse(text)) from None
                 time.sleep(0.2)
@@ -159,6 +165,7 @@ class FolderLock:
     def _exclusive(self, wait: float, busy: Callable[[str], str]) -> None:
         deadline = time.monotonic() + wait
         info = holder_info()
+        last_look = False  # as in _flock: the holder may end between the staleness check and the liveness one
         while True:
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -168,6 +175,9 @@ class FolderLock:
                     _break(self.path, held)
                     continue
                 if time.monotonic() >= deadline and not (self.patient and alive_here(held)):
+                    if self.patient and not last_look:
+                        last_look = True
+                        continue
                     raise LockBusy(
                         busy(f"{describe_holder(held)}; if that process is gone, delete {self.path}"), held
                     ) from None
