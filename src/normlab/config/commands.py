@@ -296,6 +296,11 @@ RECOMMEND_CANDIDATES = (
     "pre-ssrms",
     "pre-gpas",
     "pre-lambda",
+    # issue 56's 2026 forms, after the others (a small budget keeps its answer): Keel reached the lowest loss of
+    # lr-2026 at 3e-2, SpanNorm tied Peri-LN's best, AttnRes trained at every rate (docs/results.md)
+    "keel",
+    "spannorm",
+    "attnres",
     "pre-hc",
     "pre-mhc",
 )
