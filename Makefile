@@ -24,7 +24,7 @@ MUP := mup==1.0.0
 
 LINT := ruff==0.17.6 mypy==2.4.1
 
-.PHONY: lint demo test test-all test-frameworks test-slurm install data bench recipes gpu-recipes gpu-check transfer gpu-transfer quotes coordchecks transfer-width clean
+.PHONY: lint demo test test-all test-frameworks test-slurm install data bench recipes gpu-recipes gpu-check transfer gpu-transfer quotes coordchecks transfer-width transfer-depth transfer-optimizer clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	@echo "normlab: creating $(VENV) and installing $(TORCH) (CPU), numpy, pandas, matplotlib, tokenizers, transformers, lm-eval and the test tools (1-3 minutes)"
@@ -85,6 +85,16 @@ coordchecks: install
 transfer-width: install
 	for r in transfer-sp-w64 transfer-mup-w256 transfer-sp-w256; do $(VENV)/bin/normlab sweep --recipe $$r --workers 1 --out runs/recipes/$$r || exit 1; done
 	$(VENV)/bin/normlab transfer runs/recipes/transfer-sp-w64 runs/recipes/transfer-sp-w256 runs/recipes/transfer-mup-w256 --lrs all
+
+# Depth (6 -> 12 -> 24 layers under SP and CompleteP) and the user's precision and optimizer (bf16 storage and
+# Muon, 64 -> 256 under muP), against the same proxy family; resumable.
+transfer-depth: install
+	for r in transfer-sp-w64 transfer-sp-d12 transfer-completep-d12 transfer-sp-d24 transfer-completep-d24; do $(VENV)/bin/normlab sweep --recipe $$r --workers 1 --out runs/recipes/$$r || exit 1; done
+	$(VENV)/bin/normlab transfer runs/recipes/transfer-sp-w64 runs/recipes/transfer-sp-d12 runs/recipes/transfer-completep-d12 runs/recipes/transfer-sp-d24 runs/recipes/transfer-completep-d24 --lrs all
+
+transfer-optimizer: install
+	for r in transfer-muon-bf16-w64 transfer-muon-bf16-mup-w256; do $(VENV)/bin/normlab sweep --recipe $$r --workers 1 --out runs/recipes/$$r || exit 1; done
+	$(VENV)/bin/normlab transfer runs/recipes/transfer-muon-bf16-w64 runs/recipes/transfer-muon-bf16-mup-w256 --lrs all
 
 gpu-transfer: install
 	for s in llama1b qwen3; do for w in 64 256 1024; do $(VENV)/bin/normlab sweep --recipe gpu-transfer-$$s-w$$w --out runs/recipes/gpu-transfer-$$s-w$$w || exit 1; done; done
