@@ -481,3 +481,33 @@ def test_a_patient_worker_takes_the_run_when_its_holder_ends_between_its_try_and
     finally:
         if other is not None:
             other.close()
+
+
+def test_each_holder_that_ends_gets_the_patient_workers_last_look(tmp_path, monkeypatch):
+    """The first holder ends and a second takes the run at once; the worker sees the second alive, then it ends
+    too between a try and a look: the worker's extra try is renewed for each holder, so it takes the run."""
+    from normlab.runs import lock as lock_mod
+
+    monkeypatch.setenv("NORMLAB_SHARED_FS", "0")
+    lock_file = tmp_path / "r" / "run.lock"
+    lock_file.parent.mkdir()
+    holders = [open(lock_file, "a+")]  # noqa: SIM115 - closed by the looks below
+    fcntl.flock(holders[0], fcntl.LOCK_EX | fcntl.LOCK_NB)
+    looks: list[bool] = []
+
+    def look(info):
+        n = len(looks)
+        if n == 0:  # the first holder ends and a second takes the lock before the worker's next try
+            holders[0].close()
+            holders.append(open(lock_file, "a+"))  # noqa: SIM115
+            fcntl.flock(holders[1], fcntl.LOCK_EX | fcntl.LOCK_NB)
+        alive = n == 1  # the second holder is seen alive once, then ends just before the third look
+        if n == 2:
+            holders[1].close()
+        looks.append(alive)
+        return alive
+
+    monkeypatch.setattr(lock_mod, "alive_here", look)
+    got = lock_mod.FolderLock(lock_file, 0, lambda text: f"busy: {text}", patient=True)
+    got.release()
+    assert looks == [False, True, False]

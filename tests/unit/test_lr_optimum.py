@@ -74,3 +74,14 @@ def test_optima_by_layout():
 def test_shift_kinds(proxy_edge, other_edge, kind):
     got = shift(Optimum(5e-3, 3e-3, proxy_edge), Optimum(1e-2, 1e-2, other_edge))
     assert got == {"factor": pytest.approx(2.0), "kind": kind}
+
+
+def test_a_rate_without_a_finished_run_leaves_the_optimum_open():
+    """A grid rate whose runs crashed or are pending is missing from lr_curves: given the grid the sweep ran, the
+    best rate's neighbour there counts as untrained (open), not skipped over to a 10x-wide bracket."""
+    full = curve([parabola(5e-3, lr) for lr in GRID])
+    gap = full[full.lr != 1e-2]  # the 1e-2 cell never finished
+    assert optimum(gap).bracketed  # on its own rates the gap is invisible: 1e-3, 3e-3, 3e-2 bracket it
+    assert optimum(gap, GRID) == Optimum(3e-3, 3e-3, "high")
+    assert optima(gap, {"pre": GRID})["pre"].edge == "high"
+

@@ -325,5 +325,14 @@ def test_the_recipe_says_how_far_the_records_optimum_moved_under_its_parametriza
     assert sp["bounds"] == ["peri at most x0.11"] and "2x depth: x0.89; 4x width: peri at most x0.11" in sp["words"]
     assert answer.lr_transfer(record, "completep") is None
     words = answer.recipe(_row("peri", best_lr=0.01), record=record)["words"]
-    assert "under mup in the transfer record moved 4x width: x1.27 to x1.40" in words and "under sp" in words
-    assert answer.recipe(_row("peri", best_lr=0.01), record=record)["lr_transfer"] == mup
+    assert "under mup with adamw in the transfer record moved 4x width: x1.27 to x1.40" in words
+    assert "under sp with adamw" in words
+    # an optimizer's rates are its own: a Muon comparison is not pooled with AdamW's, and the reverse
+    muon = comparison("mup", {"d_model": 256, "n_layers": 6}, {"pre": {"factor": 0.3, "kind": "measured"}})
+    muon["other_shape"]["optimizer"] = "muon"
+    record["comparisons"].append(muon)
+    adamw = answer.recipe(_row("peri", best_lr=0.01), record=record)["lr_transfer"]
+    assert adamw["moved"] == {"4x width": [1.27, 1.4]}
+    assert answer.recipe(_row("peri", best_lr=0.01), optimizer="muon", record=record)["lr_transfer"]["moved"] == {
+        "4x width": [0.3]
+    }

@@ -56,13 +56,15 @@ def vertex(points: list[tuple[float, float]]) -> float:
     return 10 ** ((x0 + x1) / 2 - d01 / (2 * curvature))
 
 
-def optimum(curve: pd.DataFrame) -> Optimum | None:
+def optimum(curve: pd.DataFrame, grid: list[float] | None = None) -> Optimum | None:
     """The optimum of one placement's curve (`lr_curves` rows: lr and final_loss_mean; NaN where every seed
-    failed); None where no cell trained."""
+    failed) on ``grid``, every rate the sweep ran (default: the curve's own; a rate with no finished run, crashed
+    or pending, then counts as a neighbour that did not train, so it leaves the optimum open instead of widening
+    the bracket); None where no cell trained."""
     trained = curve.dropna(subset=["final_loss_mean"]).sort_values(LR)
     if not len(trained):
         return None
-    lrs = sorted(float(v) for v in curve[LR])
+    lrs = sorted({float(v) for v in (grid if grid is not None else curve[LR])})
     best = trained.loc[trained.final_loss_mean.idxmin()]
     grid_lr = float(best[LR])
     i = next(j for j, v in enumerate(lrs) if math.isclose(v, grid_lr, rel_tol=1e-9))
@@ -75,11 +77,14 @@ def optimum(curve: pd.DataFrame) -> Optimum | None:
     return Optimum(vertex(points), grid_lr)
 
 
-def optima(curves: pd.DataFrame) -> dict[str, Optimum]:
-    """Each placement's optimum in a sweep (`lr_curves` over layout, lr and seed)."""
+def optima(curves: pd.DataFrame, grids: dict[str, list[float]] | None = None) -> dict[str, Optimum]:
+    """Each placement's optimum in a sweep (`lr_curves` over layout, lr and seed), on its grid in ``grids`` (every
+    rate it ran, finished or not; default: the rates in ``curves``)."""
     if curves.empty:
         return {}
-    found = {str(layout): optimum(g) for layout, g in curves.groupby("layout", sort=False)}
+    found = {
+        str(layout): optimum(g, (grids or {}).get(str(layout))) for layout, g in curves.groupby("layout", sort=False)
+    }
     return {k: v for k, v in found.items() if v is not None}
 
 

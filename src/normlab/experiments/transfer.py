@@ -332,7 +332,10 @@ def best_lrs(runs: pd.DataFrame, lrs: list[float] | None = None) -> dict[str, fl
 
 def lr_optima(runs: pd.DataFrame) -> dict[str, Optimum]:
     """Each placement's learning-rate optimum over every rate the sweep ran (`normlab.experiments.lr_optimum`)."""
-    return optima(lr_curves(runs, AXES)) if len(runs) else {}
+    if not len(runs):
+        return {}
+    grids = {str(k): sorted({float(v) for v in g[LR]}) for k, g in runs.groupby("layout", sort=False)}
+    return optima(lr_curves(runs, AXES), grids)
 
 
 def optimum_shifts(proxy: pd.DataFrame, other: pd.DataFrame) -> dict[str, dict[str, Any]]:

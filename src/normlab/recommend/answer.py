@@ -149,16 +149,19 @@ def confidence(
     }
 
 
-def lr_transfer(record: dict[str, Any], parametrization: str) -> dict[str, Any] | None:
+def lr_transfer(record: dict[str, Any], parametrization: str, optimizer: str | None = None) -> dict[str, Any] | None:
     """What the transfer record measured of the learning-rate optimum under ``parametrization``: per reach (the
     wider or deeper rung against the proxy) the factors it moved (`normlab.experiments.lr_optimum`: the vertex of
     the loss in log lr) and the bounds where a grid's end left it open, in words; None where the record holds no
-    such comparison."""
+    such comparison. ``optimizer``: only the comparisons trained with it (an optimizer's rates are its own: Muon's
+    optimum is not AdamW's)."""
     by_reach: dict[str, tuple[list[float], list[str]]] = {}
     for c in record.get("comparisons") or []:
+        ps, os_ = c.get("proxy_shape") or {}, c.get("other_shape") or {}
         if c.get("parametrization") != parametrization or not c.get("lr_optimum"):
             continue
-        ps, os_ = c.get("proxy_shape") or {}, c.get("other_shape") or {}
+        if optimizer is not None and os_.get("optimizer", "adamw") != optimizer:  # another optimizer's rates
+            continue
         reach = ", ".join(
             f"{os_[k] / ps[k]:g}x {word}"
             for k, word in (("d_model", "width"), ("n_layers", "depth"))
@@ -180,7 +183,9 @@ def lr_transfer(record: dict[str, Any], parametrization: str) -> dict[str, Any] 
         "parametrization": parametrization,
         "moved": {reach: sorted(moves) for reach, (moves, _) in by_reach.items()},
         "bounds": [b for _, bounds in by_reach.values() for b in bounds],
-        "words": f"the optimum under {parametrization} in the transfer record moved "
+        "words": f"the optimum under {parametrization}"
+        + (f" with {optimizer}" if optimizer else "")
+        + " in the transfer record moved "
         + "; ".join(parts)
         + " (CPU rungs, one seed each)",
     }
@@ -204,7 +209,7 @@ def recipe(
             "standard parametrization: it does not carry to your width (the transfer study: the best rate fell 3x "
             "from width 64 to 128 in SP; docs/results.md)",
         }
-    moved = lr_transfer(record or {}, "mup")
+    moved = lr_transfer(record or {}, "mup", optimizer)
     words = (
         f"--layout {winner.layout!r}; lr {winner.best_lr:g} at the proxy's width {PROXY_WIDTH}: train with "
         f"--set model.parametrization=mup --set model.base_d_model={PROXY_WIDTH} so that it is the base learning "
@@ -213,7 +218,7 @@ def recipe(
         else f"--layout {winner.layout!r}; no best learning rate measured"
     )
     if moved is not None and winner.best_lr is not None:
-        sp = lr_transfer(record or {}, "sp")
+        sp = lr_transfer(record or {}, "sp", optimizer)
         words += f" ({moved['words']}" + (f"; {sp['words']}" if sp else "") + "; the proxy's grid is 3x apart)"
     return {
         "layout": winner.layout,

@@ -148,11 +148,15 @@ class FolderLock:
                 if time.monotonic() >= deadline:
                     file.seek(0)
                     text = file.read().strip()
-                    if not (self.patient and alive_here(_parse(text))):
+                    if self.patient and alive_here(_parse(text)):
+                        last_look = False  # a live holder: the next one that ends gets its own last look
+                    else:
                         # the holder may have ended between the try and the look (its exit frees the lock before
-                        # its pid goes): a patient caller tries once more before it refuses
+                        # its pid goes), or be releasing it (its file emptied, then closed): a patient caller waits
+                        # one interval and tries once more before it refuses
                         if self.patient and not last_look:
                             last_look = True
+                            time.sleep(0.2)
                             continue
                         file.close()
                         raise LockBusy(busy(_holder_text(text)), _parse(text)) from None
@@ -174,9 +178,13 @@ class FolderLock:
                 if stale(held, age):
                     _break(self.path, held)
                     continue
-                if time.monotonic() >= deadline and not (self.patient and alive_here(held)):
+                alive = self.patient and alive_here(held)
+                if alive:
+                    last_look = False  # as in _flock: each holder that ends gets its own last look
+                if time.monotonic() >= deadline and not alive:
                     if self.patient and not last_look:
                         last_look = True
+                        time.sleep(0.2)
                         continue
                     raise LockBusy(
                         busy(f"{describe_holder(held)}; if that process is gone, delete {self.path}"), held
