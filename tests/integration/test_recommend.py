@@ -335,7 +335,7 @@ def test_an_unknown_optimizer_is_refused_in_one_line(tmp_path, capsys):
 def test_quick_question_your_model_against_it_plus_output_norms(corpus, tmp_path, capsys):
     """--quick: the user's Qwen3-shaped model (QK-norm) against itself + output norms, no screen, two seeds:
     the answer states how sure it is, the effect against the user's placement with its interval, the recipe
-    and where the evidence ends (bf16: outside the fp16 transfer record)."""
+    and where the evidence ends (bf16 is inside the record since its bf16 + Muon rung)."""
     model = tmp_path / "model.toml"
     model.write_text('size = "nano"\nlayout = "qwen3"\n')
     args = _args(corpus, tmp_path / "rec", "--quick")
@@ -357,9 +357,11 @@ def test_quick_question_your_model_against_it_plus_output_norms(corpus, tmp_path
     assert eff["interval"][0] <= eff["difference"] <= eff["interval"][1]
     assert rec["confidence"]["level"] in ("provisional", "supported") and rec["confidence"]["seeds"] == 2
     assert rec["recipe"]["layout"] == rec["winner"] and rec["recipe"]["lr"] == 0.1
-    assert not rec["domain"]["inside_record"] and any("yours bf16" in d for d in rec["domain"]["differences"])
+    differences = rec["domain"]["differences"]
+    assert not any("precision" in d for d in differences)  # bf16 measured (transfer-muon-bf16-*)
+    assert rec["domain"]["inside_record"] == (not differences)
     md = (tmp_path / "rec" / "recommendation.md").read_text()
     assert "Against your placement qwen3" in md or rec["winner"] == "qwen3"
-    assert "Outside what the transfer record measured" in md and "FP16 maximum" not in md
+    assert ("Outside what the transfer record measured" in md) == bool(differences) and "FP16 maximum" not in md
     for r in rec["ranking"]:  # the signals that predict trouble, per candidate
         assert r["logit_last"] is not None and r["logit_first"] is not None and r["at_risk"] >= 0
