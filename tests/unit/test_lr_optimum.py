@@ -84,4 +84,3 @@ def test_a_rate_without_a_finished_run_leaves_the_optimum_open():
     assert optimum(gap).bracketed  # on its own rates the gap is invisible: 1e-3, 3e-3, 3e-2 bracket it
     assert optimum(gap, GRID) == Optimum(3e-3, 3e-3, "high")
     assert optima(gap, {"pre": GRID})["pre"].edge == "high"
-
