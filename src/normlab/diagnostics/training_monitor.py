@@ -261,6 +261,7 @@ class TrainingMonitor:
         if self.block_names != [str(i) for i in range(len(self.blocks))]:
             self.record["block_names"] = self.block_names
         self.metrics_file: TextIO | None = None  # the main rank's metrics.jsonl and probes.jsonl, once `_open`ed
+        self.layers_log: TextIO | None = None  # the main rank's layers.jsonl, opened with its first row
         self.writer: ProbeWriter | None = None
         self._hook = model.register_forward_hook(self._on_forward, with_kwargs=True)
 
@@ -443,8 +444,9 @@ class TrainingMonitor:
         stream = self.streams.take()
         tier = {"stream_max": stream} if stream is not None else {}
         if self.main and stream is not None:
-            with self.run.layers_file.open("a") as f:
-                f.write(json.dumps({"step": step, **tier}) + "\n")
+            if self.layers_log is None:
+                self.layers_log = self.run.layers_file.open("a", buffering=1)
+            self.layers_log.write(json.dumps({"step": step, **tier}) + "\n")
         for alert in self.warnings.feed(step, tier, row):
             if self.main:
                 with self.run.warnings_file.open("a") as f:
@@ -559,6 +561,8 @@ class TrainingMonitor:
             self._open(0)
         assert self.metrics_file is not None and self.writer is not None  # `_open`ed on the main rank
         self.metrics_file.close()
+        if self.layers_log is not None:
+            self.layers_log.close()
         self.writer.close()
         last = self.last_loss if self.last_loss is not None else self.last_grad_norm
         metric_rows = self.run.metrics()
