@@ -8,14 +8,23 @@ Per block l (and the stream entering the first block, layer 0), at each of the t
 - update_rms: RMS of the update the optimizer applied to the block's parameters, sqrt(sum dW^2 / n)
 - update_ratio: ||dW|| / ||W|| over the block (the relative update; Adam's update/parameter ratio)
 - max_logit: per head, the largest causal attention logit q.k * scale over sampled queries (exact on the sample)
-- max_logit_bound: per head, max_i ||q_i|| * max_j ||k_j|| * scale over every token: an upper bound on every logit
-  (Cauchy-Schwarz)
+- max_logit_bound: per head, max_i ||q_i|| * max_j ||k_j|| * scale over every token of the sampled sequences: an
+  upper bound on every logit of those sequences (Cauchy-Schwarz)
 
-SDPA returns no logits, so they are estimated without forming the T x T scores: ``max_logit`` computes
-the exact logits of ``queries`` query positions (evenly spaced, the last included) of every sequence
-against all the keys they attend to (a fraction queries / T of the score computation), and
-``max_logit_bound`` bounds the logits of every query. The true maximum lies between the two. Both are
-the plain causal logits (before a soft-cap, ignoring a sliding window), as the probes' ``max_logit``.
+SDPA returns no logits, so they are estimated without forming the T x T scores, on a fixed sample: ``sequences``
+sequences of each micro-batch (evenly spaced, the first included; all of them in a smaller batch) and, in each,
+``queries`` query positions (evenly spaced, the last included). ``max_logit`` is exact on the sampled queries
+against all the keys they attend to; ``max_logit_bound`` bounds every query of the sampled sequences. The true
+maximum over those sequences lies between the two. Both are the plain causal logits (before a soft-cap, ignoring
+a sliding window), as the probes' ``max_logit``; the probe pass (``run.probe_every``) computes every logit of its
+batch exactly.
+
+Why a sample of sequences (8) and not the batch: the bound's row norms are two passes over q and k, the largest
+part of the tier (on a 2-core CPU two thirds of the logits' time at small, where the cache does not hold them);
+the sample's size fixes the logits' cost whatever the batch (their share of a step falls as the batch grows), and
+a logit's growth is the weights' (W_q, W_k and the norms before them), seen in every sequence, where one odd
+sequence's activations still reach the stream maxima, which read every token. Measured in docs/benchmarks.md
+("The tier's own time").
 
 Costs: a max over each block's output, the sampled logits, one pass over the gradients and two over the
 block parameters (a copy before the step, the difference after: one extra copy of the block parameters
@@ -66,14 +75,23 @@ from normlab.diagnostics.stats import abs_max
 from normlab.diagnostics.training_monitor import SpikeRule
 
 QUERIES = 8  # query positions per sequence whose logits are computed exactly
+SEQUENCES = 8  # sequences per micro-batch whose queries are sampled (module docstring)
 
 
 class StepTier:
     """Hooks a NormLM (or its FSDP2/DDP-unwrapped module) for the per-step tier (module docstring)."""
 
-    def __init__(self, model: nn.Module, hooks: bool = True, queries: int = QUERIES, compiled: bool = False) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        hooks: bool = True,
+        queries: int = QUERIES,
+        compiled: bool = False,
+        sequences: int = SEQUENCES,
+    ) -> None:
         self.blocks: list[nn.Module] = list(model.get_submodule("blocks").children())
         self.queries = queries
+        self.sequences = sequences
         self.params = [[p for p in b.parameters() if p.requires_grad] for b in self.blocks]
         self.sharded = any(is_sharded(p) for ps in self.params for p in ps)
         self.world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
@@ -169,7 +187,7 @@ class StepTier:
             return
         self._pending_q[i] = None
         scale = getattr(self.blocks[i].attn, "scale", None) or q.shape[-1] ** -0.5
-        logit, bound = sampled_logits(q, x.detach(), scale, self.queries)
+        logit, bound = sampled_logits(q, x.detach(), scale, self.queries, self.sequences)
         if len(logit) > self.width:
             raise ValueError(f"a block reported more than the {self.width} heads its attention declares")
         n, h = len(self.blocks), self.width
@@ -255,11 +273,8 @@ class StepTier:
 
 
 def _max_row_norm(x: torch.Tensor) -> torch.Tensor:
-    """max_t ||x_t|| per head of x (B, H, T, d), in float32: (H,). On the CPU the squares summed where the rows are
-    short (float32, d <= 32: a third faster than vector_norm's kernel at d 16), else vector_norm (no float copy of a
-    bf16 x, and at d 64 a third faster than the squares: 0.25 against 0.39 ms for a small block's q, one thread)."""
-    if x.dtype == torch.float32 and x.shape[-1] <= 32:
-        return x.square().sum(-1).amax(dim=(0, 2)).sqrt()
+    """max_t ||x_t|| per head of x (B, H, T, d), in float32: (H,). Two operations (the norm over d, the maximum):
+    on the tier's sample of sequences the CPU's cost is the operations' count more than their passes."""
     return torch.linalg.vector_norm(x, dim=-1, dtype=torch.float32).amax(dim=(0, 2))
 
 
@@ -296,27 +311,35 @@ def _sample_rows(t: int, queries: int, device: torch.device) -> tuple[torch.Tens
     return idx, torch.arange(t, device=device)[None, :] > idx[:, None]
 
 
-def _batch_extreme(qs: torch.Tensor, k: torch.Tensor, largest: bool) -> torch.Tensor:
-    """max (or min) over the batch of qs_i . k_t: (H, queries, T) from qs (B, H, queries, d), float32, and k (B,
-    H_kv, T, d), each query head reading its group's key head. On the CPU one product per head: q and k arrive as
-    views of (B, T, H, d), whose per-head slices a batched product takes as they are, where the 4-d product first
-    copies all of k (2.0 against 0.44 ms for a small block, one thread); elsewhere, and inside a compiled graph,
-    one product over every head."""
+def _batch_max(qs: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """max over the batch of qs_i . k_t: (H, queries, T) from qs (B, H, queries, d), float32, and k (B, H_kv, T, d),
+    each query head reading its group's key head. On the CPU one product per head: q and k arrive as views of (B,
+    T, H, d), whose per-head slices a batched product takes as they are, where the 4-d product first copies k (on
+    the tier's sample of 8 sequences: 0.18 against 0.55 ms for a small block, one thread); elsewhere, and inside
+    a compiled graph, one product over every head. Each head's products are its own: a head whose q or k
+    overflowed leaves the others' maxima finite (a block-diagonal product of every head at once would not)."""
     h, group = qs.shape[1], qs.shape[1] // k.shape[1]
-    pick = (lambda x: x.amax(dim=0)) if largest else (lambda x: x.amin(dim=0))
     if qs.device.type == "cpu" and not torch.compiler.is_compiling():
-        return torch.stack([pick(torch.bmm(qs[:, i], k[:, i // group].float().transpose(1, 2))) for i in range(h)])
+        return torch.stack([torch.bmm(qs[:, i], k[:, i // group].float().transpose(1, 2)).amax(0) for i in range(h)])
     if group != 1:
         k = k.repeat_interleave(group, dim=1)
-    return pick(qs @ k.float().transpose(-1, -2))
+    return (qs @ k.float().transpose(-1, -2)).amax(0)
+
+
+def _sequence_sample(x: torch.Tensor, sequences: int) -> torch.Tensor:
+    """``sequences`` of x's (dim 0) evenly spaced from the first (every one where there are no more): a view."""
+    every = max(1, x.shape[0] // max(1, sequences))
+    return x[: every * sequences : every]
 
 
 def sampled_logits(
-    q: torch.Tensor, k: torch.Tensor, scale: float, queries: int = QUERIES
+    q: torch.Tensor, k: torch.Tensor, scale: float, queries: int = QUERIES, sequences: int = SEQUENCES
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per head: (the largest causal logit q_t.k_s * scale, s <= t, over ``queries`` evenly spaced query
-    positions t of every sequence (the last included): exact on that sample; max_t ||q_t|| * max_s ||k_s|| *
-    scale: a bound on every logit). q: (B, H, T, d), k: (B, H_kv, T, d)."""
+    """Per head, over ``sequences`` evenly spaced sequences of the batch (`_sequence_sample`): (the largest causal
+    logit q_t.k_s * scale, s <= t, over ``queries`` evenly spaced query positions t of each (the last included):
+    exact on that sample; max_t ||q_t|| * max_s ||k_s|| * |scale| over those sequences: a bound on every logit of
+    them). q: (B, H, T, d), k: (B, H_kv, T, d)."""
+    q, k = _sequence_sample(q, sequences), _sequence_sample(k, sequences)
     t = q.shape[-2]
     if torch.compiler.is_compiling():  # made in the graph (constants there): a cache lookup would add guards
         idx, future = _sample_rows(t, queries, q.device)
@@ -328,9 +351,10 @@ def sampled_logits(
             with torch.inference_mode(False):  # ordinary tensors, usable later with gradients on
                 _SAMPLES[key] = _sample_rows(t, queries, q.device)
         idx, future = _SAMPLES[key]
-    # the extreme over the batch first, then the scale and the causal mask on (H, queries, T): the same maximum
-    # as masking every sequence's logits (the mask does not depend on the sequence), at a B-th of the masking
-    top = _batch_extreme(q.index_select(2, idx).float(), k, scale >= 0) * scale
+    # the scale on the sampled queries (a negative one flips their sign: the largest logit is still a maximum), the
+    # maximum over the batch, then the causal mask on (H, queries, T): the same maximum as masking every sequence's
+    # logits (the mask does not depend on the sequence), at a B-th of the masking
+    top = _batch_max(q.index_select(2, idx).float() * scale, k)
     exact = top.masked_fill(future, -math.inf).amax(dim=(1, 2))
     key_norms = _max_row_norm(k).repeat_interleave(q.shape[1] // k.shape[1])  # each query head's key head
     return exact, _max_row_norm(q) * key_norms * abs(scale)

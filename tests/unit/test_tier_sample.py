@@ -1,0 +1,69 @@
+"""The per-step tier's logit sample (normlab.diagnostics.tier.sampled_logits): ``sequences`` sequences of the
+batch, evenly spaced from the first, and ``queries`` query positions of each, evenly spaced to the last; the
+exact causal logits of that sample and the Cauchy-Schwarz bound over every token of the sampled sequences,
+against the logits written out by hand (GQA: query head h reads key head h // group)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from normlab.diagnostics.tier import sampled_logits
+
+
+def _qk(b: int, h: int, hkv: int, t: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k as the attention makes them: (B, H, T, d) views of (B, T, H, d)."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(b, t, h, d, generator=g).transpose(1, 2)
+    k = torch.randn(b, t, hkv, d, generator=g).transpose(1, 2)
+    return q, k
+
+
+def _by_hand(q, k, scale, seqs, rows):
+    """Per head: the largest causal logit of the query rows of the given sequences, and max ||q|| max ||k|| |scale|
+    over every token of those sequences."""
+    h, group = q.shape[1], q.shape[1] // k.shape[1]
+    exact, bound = [], []
+    for i in range(h):
+        qi, ki = q[seqs, i], k[seqs, i // group]  # (S, T, d)
+        logits = torch.einsum("std,sud->stu", qi, ki) * scale  # (S, T, T)
+        best = max(logits[s, t, : t + 1].max().item() for s in range(len(seqs)) for t in rows)
+        exact.append(best)
+        bound.append(qi.norm(dim=-1).max().item() * ki.norm(dim=-1).max().item() * abs(scale))
+    return exact, bound
+
+
+@pytest.mark.parametrize("scale", [0.3, -0.3])
+def test_the_sample_is_every_other_sequence_of_twenty_and_its_logits_are_exact(scale):
+    q, k = _qk(20, 4, 2, 24, 8)
+    exact, bound = sampled_logits(q, k, scale, queries=5, sequences=8)
+    # 20 // 8 = every 2nd sequence from the first, 8 of them; positions 0, 6, 12, 17, 23 (linspace, rounded)
+    want_exact, want_bound = _by_hand(q, k, scale, [0, 2, 4, 6, 8, 10, 12, 14], [0, 6, 12, 17, 23])
+    assert exact.tolist() == pytest.approx(want_exact, rel=1e-5)
+    assert bound.tolist() == pytest.approx(want_bound, rel=1e-5)
+    everything, _ = _by_hand(q, k, scale, list(range(20)), list(range(24)))
+    assert all(e <= b + 1e-5 for e, b in zip(exact.tolist(), bound.tolist()))
+    assert all(e <= full + 1e-5 for e, full in zip(exact.tolist(), everything))
+
+
+def test_a_batch_no_larger_than_the_sample_is_read_whole():
+    q, k = _qk(3, 2, 2, 10, 4)
+    exact, bound = sampled_logits(q, k, 0.5, queries=10, sequences=8)
+    want_exact, want_bound = _by_hand(q, k, 0.5, [0, 1, 2], list(range(10)))
+    assert exact.tolist() == pytest.approx(want_exact, rel=1e-5)
+    assert bound.tolist() == pytest.approx(want_bound, rel=1e-5)
+
+
+def test_an_overflowed_head_leaves_the_other_heads_finite():
+    """fp16 storage overflows one head's q: that head reads inf (or NaN), the others their own logits."""
+    q, k = _qk(4, 4, 4, 8, 4)
+    q = q.clone()
+    q[1, 2, 3, 0] = math.inf
+    exact, bound = sampled_logits(q, k, 0.5, queries=8, sequences=8)
+    assert not math.isfinite(exact[2].item()) and not math.isfinite(bound[2].item())
+    want_exact, want_bound = _by_hand(q, k, 0.5, [0, 1, 2, 3], list(range(8)))
+    for i in (0, 1, 3):
+        assert exact[i].item() == pytest.approx(want_exact[i], rel=1e-5)
+        assert bound[i].item() == pytest.approx(want_bound[i], rel=1e-5)
