@@ -5,7 +5,8 @@ torch._dynamo's own counters (frames compiled, graph breaks, unique graphs) and 
 
 Backends: ``aot_eager`` (AOTAutograd's functionalization of the buffer the hooks write, without inductor's
 C++ compile) for the cadence test, the default inductor once on nano shapes. Shapes: nano (2 layers, d=32,
-2 heads), 2 sequences of 16 tokens in 2 micro-batches.
+2 heads), 2 micro-batches of 16 sequences of 16 tokens (the tier's logits read every other sequence: its sample
+of 8, sliced in the graph as in eager).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from normlab.diagnostics.tier import StepTier
 from normlab.model.lm import LMOutput, NormLM
 from normlab.train.step_hooks import TierHook
 
-SEQ, MICRO = 16, 2
+SEQ, MICRO, ROWS = 16, 2, 16  # ROWS sequences a micro-batch: twice the tier's logit sample (every other one read)
 KEYS = ("stream_max", "grad_norm", "update_rms", "update_ratio", "max_logit", "max_logit_bound")
 
 
@@ -36,14 +37,14 @@ def _model(checkpointing: bool = False) -> NormLM:
 
 
 def _batch(vocab: int, step: int) -> torch.Tensor:
-    return torch.randint(0, vocab, (MICRO, SEQ), generator=torch.Generator().manual_seed(step))
+    return torch.randint(0, vocab, (MICRO * ROWS, SEQ), generator=torch.Generator().manual_seed(step))
 
 
 def _train(
     model: NormLM, fwd: Callable[..., LMOutput], tier: StepTier, cadences: list[tuple[int, int]]
 ) -> tuple[dict[int, dict], list[int]]:
     """Steps through `TierHook` as the trainer calls it: (cadence, steps) in turn, numbered on from 0, each step
-    MICRO micro-batches of one sequence. The rows by step, and the frames Dynamo had compiled after each step."""
+    MICRO micro-batches of ROWS sequences. The rows by step, and the frames Dynamo had compiled after each step."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     rows: dict[int, dict] = {}
     frames: list[int] = []
@@ -54,7 +55,7 @@ def _train(
         for _ in range(steps):
             hook.pre_step(step)
             opt.zero_grad(set_to_none=True)
-            for xb in _batch(model.config.vocab_size, step).split(1):
+            for xb in _batch(model.config.vocab_size, step).split(ROWS):
                 (fwd(xb, targets=xb).loss / MICRO).backward()
             hook.post_backward(step)
             hook.fired(step)
