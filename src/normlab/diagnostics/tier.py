@@ -29,10 +29,10 @@ sequence's activations still reach the stream maxima, which read every token. Me
 Costs: a max over each block's output, the sampled logits, one pass over the gradients and two over the
 block parameters (a copy before the step, the difference after: one extra copy of the block parameters
 in memory, of the local shard under FSDP2), and two reads back to the host per step. Measured in
-docs/benchmarks.md ("Per-step tier by cadence", benchmarks/tier_cadence.py): on a loaded 2-core CPU about
-1.5-2% of an eager micro or small step at cadence 1 and 0.1% of a compiled micro step; 15-25% of an eager
-gpu-126m step on an H100 (before the CPU changes; there the eager step's CPU time already exceeds its device
-time: every launch added is paid). The hooks are active from
+docs/benchmarks.md ("The tier's own time", benchmarks/tier_cadence.py): on an idle 2-core CPU, eager, 0.83% of a
+small step and 2.0% of a micro one at cadence 1 (0.09%, 0.24% at cadence 10); 15-25% of an eager gpu-126m step on an
+H100 (before the CPU changes; there the eager step's CPU time already exceeds its device time: every launch added
+is paid). The hooks are active from
 `reset` (a tier step's forward) to `before_step`, so evaluations, probe passes and spike replays between do
 not run them.
 
@@ -313,17 +313,17 @@ def _sample_rows(t: int, queries: int, device: torch.device) -> tuple[torch.Tens
 
 def _batch_max(qs: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """max over the batch of qs_i . k_t: (H, queries, T) from qs (B, H, queries, d), float32, and k (B, H_kv, T, d),
-    each query head reading its group's key head. On the CPU one product per head: q and k arrive as views of (B,
-    T, H, d), whose per-head slices a batched product takes as they are, where the 4-d product first copies k (on
-    the tier's sample of 8 sequences: 0.18 against 0.55 ms for a small block, one thread); elsewhere, and inside
-    a compiled graph, one product over every head. Each head's products are its own: a head whose q or k
-    overflowed leaves the others' maxima finite (a block-diagonal product of every head at once would not)."""
-    h, group = qs.shape[1], qs.shape[1] // k.shape[1]
-    if qs.device.type == "cpu" and not torch.compiler.is_compiling():
-        return torch.stack([torch.bmm(qs[:, i], k[:, i // group].float().transpose(1, 2)).amax(0) for i in range(h)])
-    if group != 1:
-        k = k.repeat_interleave(group, dim=1)
-    return (qs @ k.float().transpose(-1, -2)).amax(0)
+    each query head reading its group's key head (query head h = j * group + r reads key head j: the group's
+    queries are rows of one product). One batched product over (sequence, key head): k's sample is copied once
+    into that layout (it arrives as a view of (B, T, H, d)), cheaper than a product per head (on the CPU, one
+    thread: 0.06 against 0.10 ms for a micro block, 0.30 against 0.38 for a small one) and than the 4-d product,
+    which copies k too and is slower still (0.55 ms). Each head's products are its own: a head whose q or k
+    overflowed leaves the others' maxima finite."""
+    b, h, n, d = qs.shape
+    hkv, t = k.shape[1], k.shape[2]
+    rows = qs.reshape(b * hkv, (h // hkv) * n, d)
+    keys = k.float().reshape(b * hkv, t, d)
+    return torch.bmm(rows, keys.transpose(1, 2)).view(b, h, n, t).amax(0)
 
 
 def _sequence_sample(x: torch.Tensor, sequences: int) -> torch.Tensor:
