@@ -96,8 +96,12 @@ transfer-optimizer: install
 	for r in transfer-muon-bf16-w64 transfer-muon-bf16-mup-w256; do $(VENV)/bin/normlab sweep --recipe $$r --workers 1 --out runs/recipes/$$r || exit 1; done
 	$(VENV)/bin/normlab transfer runs/recipes/transfer-muon-bf16-w64 runs/recipes/transfer-muon-bf16-mup-w256 --lrs all
 
+# gpu-transfer: the muP ladder first (issue 54: 8 runs a rung, side by side, each rung sized to one 10-minute command),
+# then the SP rungs at both users' depths (hours); every sweep resumes, so each lease picks up where the last stopped.
 gpu-transfer: install
-	for s in llama1b qwen3; do for w in 64 256 1024; do $(VENV)/bin/normlab sweep --recipe gpu-transfer-$$s-w$$w --out runs/recipes/gpu-transfer-$$s-w$$w || exit 1; done; done
+	for w in 64 256 1024; do $(VENV)/bin/normlab sweep --recipe gpu-transfer-mup-w$$w --workers 8 --out runs/recipes/gpu-transfer-mup-w$$w || exit 1; done
+	$(VENV)/bin/normlab transfer runs/recipes/gpu-transfer-mup-w64 runs/recipes/gpu-transfer-mup-w256 runs/recipes/gpu-transfer-mup-w1024 --lrs all
+	for s in llama1b qwen3; do for w in 64 256 1024; do $(VENV)/bin/normlab sweep --recipe gpu-transfer-$$s-w$$w --workers 8 --out runs/recipes/gpu-transfer-$$s-w$$w || exit 1; done; done
 	for s in llama1b qwen3; do $(VENV)/bin/normlab transfer runs/recipes/gpu-transfer-$$s-w64 runs/recipes/gpu-transfer-$$s-w256 runs/recipes/gpu-transfer-$$s-w1024 || exit 1; done
 
 # Every GPU check within a budget (default 540 s, see scripts/gpu_check.py): tests/gpu, a short gpu-126m run per

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import platform
 import sys
 from pathlib import Path
 
@@ -121,6 +122,7 @@ def test_mfu_in_rows_and_summary(corpus, tmp_path, monkeypatch):
     s = train(small(corpus, tmp_path / "cpu", steps=10, probe_every=0))
     r = rows(tmp_path / "cpu")
     assert s["mfu"] == "unknown" and "mfu" not in r[0] and s["devices"] == 1 and s["device"] == "cpu"
+    assert s["device_name"] == f"{platform.machine()}, {os.cpu_count()} cores"  # what the figures ran on
     assert s["tok_per_s_per_device"] == s["tok_per_s"] > 0
     assert all(x["tok_per_s_per_device"] == x["tok_per_s"] for x in r)
     # with a known peak: MFU = tok/s per device x FLOPs per token / peak, the median after warm-up

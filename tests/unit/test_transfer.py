@@ -218,6 +218,26 @@ def test_the_record_keeps_the_numbers_the_command_and_the_status(tmp_path, capsy
     assert "is not a transfer record" in capsys.readouterr().err and other.read_text() == '{"mine": 1}'
 
 
+def test_the_rungs_name_the_devices_their_runs_trained_on(tmp_path, capsys):
+    """Each finished run's summary.json names its device (`device_name`); the report's rung line and the record's
+    shapes list them, whichever lease ran which runs (issue 54 item 5); a run without the name adds none."""
+    from normlab.runs.files import SweepDir
+    from normlab.runs.store import open_store
+
+    root = synthetic_store(tmp_path)
+    sweep = SweepDir(root)
+    done = [r for r in open_store(sweep).rows() if r["status"] in ("ok", "diverged", "stalled")]
+    for row, name in zip(done, ["NVIDIA H200", "NVIDIA H100 80GB HBM3", "NVIDIA H200", None]):
+        folder = sweep.run(row["run_id"]).path
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "summary.json").write_text(json.dumps({"status": row["status"], "device_name": name}))
+    assert "11 of 12 runs finished on NVIDIA H100 80GB HBM3 + NVIDIA H200" in report(root, [root])
+    rec_file = tmp_path / "record.json"
+    assert main(["transfer", str(root), str(root), "--record", str(rec_file)]) == 0
+    (c,) = json.loads(rec_file.read_text())["comparisons"]
+    assert c["proxy_shape"]["devices"] == c["other_shape"]["devices"] == ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]
+
+
 LLAMA_1B = {
     "model_type": "llama",
     "hidden_size": 2048,

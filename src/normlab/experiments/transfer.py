@@ -281,15 +281,28 @@ def sweep_scale(path: str | Path) -> dict[str, Any]:
     from normlab.runs.files import SweepDir
     from normlab.runs.store import open_store
 
-    store = open_store(SweepDir(Path(path)))
-    rows = store.rows()
+    sweep = SweepDir(Path(path))
+    rows = open_store(sweep).rows()
     if not rows:
         return {"runs": 0, "finished": 0, "storage_max": None}
+    done = [r for r in rows if r["status"] in FINISHED]
     return {
         "runs": len(rows),
-        "finished": sum(r["status"] in FINISHED for r in rows),
+        "finished": len(done),
+        "devices": run_devices(sweep, done),
         **config_scale(rows[0]["config"]),
     }
+
+
+def run_devices(sweep: Any, rows: list[dict[str, Any]]) -> list[str]:
+    """The devices the finished runs trained on, by name (each run's summary.json `device_name`; runs from before
+    it was written give none), sorted: a rung's figures with the device named, whichever lease ran them."""
+    names = set()
+    for r in rows:
+        summary = sweep.run(r["run_id"]).summary() or {}
+        if isinstance(summary.get("device_name"), str):
+            names.add(summary["device_name"])
+    return sorted(names)
 
 
 def config_scale(cfg: TrainConfig) -> dict[str, Any]:
@@ -318,7 +331,10 @@ def config_scale(cfg: TrainConfig) -> dict[str, Any]:
 def shape_of(scale: dict[str, Any]) -> dict[str, Any]:
     """A rung's shape as the transfer record keeps it: width, depth, tokens per run, and what it trained under."""
     keys = ("d_model", "n_layers", "tokens", "parametrization", "precision", "optimizer")
-    return {k: scale.get(k) for k in keys}
+    shape = {k: scale.get(k) for k in keys}
+    if scale.get("devices"):  # where the rung ran (absent for rungs recorded before the runs named it)
+        shape["devices"] = scale["devices"]
+    return shape
 
 
 def best_lrs(runs: pd.DataFrame, lrs: list[float] | None = None) -> dict[str, float | None]:
@@ -365,6 +381,7 @@ def _scale_words(name: str, s: dict[str, Any]) -> str:
     return (
         f"{name}: d {s['d_model']}, {s['n_layers']} layers, {s['params'] / 1e6:.2f}M params, {s['steps']} steps "
         f"({s['tokens']:,} tokens a run); {s['finished']} of {s['runs']} runs finished"
+        + (f" on {' + '.join(s['devices'])}" if s.get("devices") else "")
     )
 
 

@@ -89,6 +89,17 @@ def device_model(name: str) -> str | None:
     return None
 
 
+def device_name(device: torch.device) -> str:
+    """What a figure ran on, in words: the GPU's name (``NVIDIA H200``) or the CPU's architecture and core count
+    (``x86_64, 2 cores``), for summary.json and the transfer record ("each lease's figures with the device named")."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    import os
+    import platform
+
+    return f"{platform.machine() or 'cpu'}, {os.cpu_count()} cores"
+
+
 def hbm_bandwidth(device: torch.device) -> float | None:
     """The device's memory bandwidth in bytes/s; None where unknown."""
     key = device_model(torch.cuda.get_device_name(device)) if device.type == "cuda" else None

@@ -14,6 +14,7 @@ from normlab.diagnostics.forensics import site_of
 from normlab.diagnostics.stats import spike_score
 from normlab.diagnostics.tier import tier_summary
 from normlab.runs.files import RunDir
+from normlab.train.mfu import device_name
 from normlab.train.run_state import RunState
 
 
@@ -31,6 +32,7 @@ def speed_summary(rows: list[dict], state: RunState) -> dict[str, Any]:
         "tok_per_s_per_device": per_device,
         "devices": state.info.world,
         "device": str(state.info.device),
+        "device_name": device_name(state.info.device),
         "flops_per_token": state.flops_per_token,
         "mfu": per_device * state.flops_per_token / state.peak_flops if state.peak_flops else "unknown",
     }
