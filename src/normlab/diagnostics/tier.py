@@ -198,15 +198,18 @@ class StepTier:
         """The step's maxima as one vector: stream (n+1; 0 where the forward did not run the hooks), then logits
         and bounds (n x heads each, -inf padded and where no hook ran)."""
         h = self.width
-        zero, none = torch.zeros((), device=self.device), torch.full((h,), -math.inf, device=self.device)
 
-        def rows(parts: list[torch.Tensor | None]) -> list[torch.Tensor]:
-            if any(t is not None and len(t) > h for t in parts):
+        def row(t: torch.Tensor | None) -> torch.Tensor:
+            if t is None:
+                return torch.full((h,), -math.inf, device=self.device)
+            if len(t) > h:
                 raise ValueError(f"a block reported more than the {h} heads its attention declares")
-            return [none if t is None else torch.nn.functional.pad(t, (0, h - len(t)), value=-math.inf) for t in parts]
+            # padded only where a block has fewer heads than the widest: no operation per block otherwise (on
+            # CUDA each would be a launch, every tier step)
+            return t if len(t) == h else torch.nn.functional.pad(t, (0, h - len(t)), value=-math.inf)
 
-        stream = torch.stack([zero if t is None else t for t in self._streams])
-        return torch.cat([stream, *rows(self._logits), *rows(self._bounds)])
+        stream = torch.stack([torch.zeros((), device=self.device) if t is None else t for t in self._streams])
+        return torch.cat([stream, *map(row, self._logits), *map(row, self._bounds)])
 
     # -- around the optimizer step --
     @torch.no_grad()
