@@ -359,7 +359,9 @@ def sampled_logits(
     # logits (the mask does not depend on the sequence), at a B-th of the masking
     top = _batch_max(q.index_select(2, idx).float() * scale, k)
     exact = top.masked_fill(future, -math.inf).amax(dim=(1, 2))
-    key_norms = _max_row_norm(k).repeat_interleave(q.shape[1] // k.shape[1])  # each query head's key head
+    key_norms = _max_row_norm(k)
+    if k.shape[1] != q.shape[1]:  # GQA: each query head's key head
+        key_norms = key_norms.repeat_interleave(q.shape[1] // k.shape[1])
     return exact, _max_row_norm(q) * key_norms * abs(scale)
 
 
