@@ -20,10 +20,11 @@ table gives that for N = 1, 10, 100 (N = 1 is the tier step itself). Rows are pr
 short keeps what it measured). AdamW, one micro-batch per step, random tokens; ``--profile N`` adds
 torch.profiler's top N ops of one step of each kind (where the tier's cost is).
 
-On the CPU in eager mode the table also gives the tier's own time, measured directly (`OwnTime`: a clock around
-each of its forward hooks and TierHook's calls; the tier's work is synchronous there), and that time over the step
-off's at cadence 1 and 10: on a loaded machine the step times vary by several percent from step to step, more than
-the tier adds, and the difference of two medians cannot resolve 1%; the direct measure can.
+On the CPU the table also gives the tier's own time, measured directly (`OwnTime`: a clock around each of its
+forward hooks and TierHook's calls; the tier's work is synchronous there; compiled, TierHook's host calls only),
+and that time over the step off's at cadence 1 and 10: on a loaded machine the step times vary by several percent
+from step to step, more than the tier adds, and the difference of two medians cannot resolve 1%; the direct
+measure can.
 """
 
 from __future__ import annotations
@@ -53,7 +54,9 @@ def measure(b: Bench, args: argparse.Namespace, size: str, compiled: bool) -> di
     tiered = copy.deepcopy(plain)
     tier = StepTier(tiered, hooks=False, compiled=compiled)
     hook = TierHook(tier, None, every=2)  # even steps: tier steps; odd: between
-    own = OwnTime(tier, hook) if not compiled and not b.cuda else None  # before attach: the hooks are the timed ones
+    # before attach: the hooks are the timed ones; compiled, only TierHook's host calls (the forward hooks are in the
+    # graph, where a clock would break it)
+    own = OwnTime(tier, hook, forward=not compiled) if not b.cuda else None
     tier.attach()
     fwd_plain, fwd_tiered = (torch.compile(plain), torch.compile(tiered)) if compiled else (plain, tiered)
     opt_tiered = b.adamw(tiered.parameters())
@@ -117,13 +120,15 @@ class OwnTime:
     """The seconds a step spends inside the tier itself: its forward hooks (`StepTier._entering`, `_leaving`,
     `_tap`) and `TierHook`'s calls around the step, each wrapped in a clock. On the CPU in eager mode the tier's
     work is synchronous, so this is its whole cost, measured directly rather than as the difference of two noisy
-    step times (a loaded machine's steps vary by far more than the tier adds). Not for CUDA (asynchronous) nor
-    compiled (the hooks are inside the graph)."""
+    step times (a loaded machine's steps vary by far more than the tier adds). Compiled (``forward=False``): only
+    TierHook's calls, the host's part (the norms, the update's copy and difference, the read-back); the forward
+    hooks' reductions are inside the graph, seen only as the step between against the step off. Not for CUDA
+    (asynchronous)."""
 
-    def __init__(self, tier: StepTier, hook: TierHook) -> None:
+    def __init__(self, tier: StepTier, hook: TierHook, forward: bool = True) -> None:
         self.seconds = 0.0
         for owner, names in (
-            (tier, ("_entering", "_leaving", "_tap")),
+            (tier, ("_entering", "_leaving", "_tap") if forward else ()),
             (hook, ("pre_step", "post_backward", "fired", "post_step")),
         ):
             for name in names:
