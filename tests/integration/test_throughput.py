@@ -122,7 +122,9 @@ def test_mfu_in_rows_and_summary(corpus, tmp_path, monkeypatch):
     s = train(small(corpus, tmp_path / "cpu", steps=10, probe_every=0))
     r = rows(tmp_path / "cpu")
     assert s["mfu"] == "unknown" and "mfu" not in r[0] and s["devices"] == 1 and s["device"] == "cpu"
-    assert s["device_name"] == f"{platform.machine()}, {os.cpu_count()} cores"  # what the figures ran on
+    # what the figures ran on: the architecture, the machine's cores, the threads torch used
+    assert s["device_name"].startswith(f"{platform.machine()}, {os.cpu_count()} cores, ")
+    assert s["device_name"].endswith((" thread", " threads")) and "cuda" not in s["device_name"].lower()
     assert s["tok_per_s_per_device"] == s["tok_per_s"] > 0
     assert all(x["tok_per_s_per_device"] == x["tok_per_s"] for x in r)
     # with a known peak: MFU = tok/s per device x FLOPs per token / peak, the median after warm-up

@@ -1,5 +1,6 @@
-"""The per-step tier's logit sample (normlab.diagnostics.tier.sampled_logits): ``sequences`` sequences of the
-batch, evenly spaced from the first, and ``queries`` query positions of each, evenly spaced to the last; the
+"""The per-step tier's logit sample (normlab.diagnostics.tier.sampled_logits): at most ``sequences`` sequences of
+the batch, every ceil(B / sequences)-th from the first, and ``queries`` query positions of each, evenly spaced to
+the last; the
 exact causal logits of that sample and the Cauchy-Schwarz bound over every token of the sampled sequences,
 against the logits written out by hand (GQA: query head h reads key head h // group)."""
 
@@ -36,16 +37,25 @@ def _by_hand(q, k, scale, seqs, rows):
 
 
 @pytest.mark.parametrize("scale", [0.3, -0.3])
-def test_the_sample_is_every_other_sequence_of_twenty_and_its_logits_are_exact(scale):
+def test_the_sample_spreads_over_a_batch_of_twenty_and_its_logits_are_exact(scale):
     q, k = _qk(20, 4, 2, 24, 8)
     exact, bound = sampled_logits(q, k, scale, queries=5, sequences=8)
-    # 20 // 8 = every 2nd sequence from the first, 8 of them; positions 0, 6, 12, 17, 23 (linspace, rounded)
-    want_exact, want_bound = _by_hand(q, k, scale, [0, 2, 4, 6, 8, 10, 12, 14], [0, 6, 12, 17, 23])
+    # every ceil(20 / 8) = 3rd sequence from the first: 7 of them, the last at 18; positions 0, 6, 12, 17, 23
+    # (linspace, rounded)
+    want_exact, want_bound = _by_hand(q, k, scale, [0, 3, 6, 9, 12, 15, 18], [0, 6, 12, 17, 23])
     assert exact.tolist() == pytest.approx(want_exact, rel=1e-5)
     assert bound.tolist() == pytest.approx(want_bound, rel=1e-5)
     everything, _ = _by_hand(q, k, scale, list(range(20)), list(range(24)))
     assert all(e <= b + 1e-5 for e, b in zip(exact.tolist(), bound.tolist()))
     assert all(e <= full + 1e-5 for e, full in zip(exact.tolist(), everything))
+
+
+def test_nine_sequences_give_every_other_one():
+    q, k = _qk(9, 2, 1, 6, 4)
+    exact, bound = sampled_logits(q, k, 0.5, queries=6, sequences=8)
+    want_exact, want_bound = _by_hand(q, k, 0.5, [0, 2, 4, 6, 8], list(range(6)))
+    assert exact.tolist() == pytest.approx(want_exact, rel=1e-5)
+    assert bound.tolist() == pytest.approx(want_bound, rel=1e-5)
 
 
 def test_a_batch_no_larger_than_the_sample_is_read_whole():
@@ -67,3 +77,24 @@ def test_an_overflowed_head_leaves_the_other_heads_finite():
     for i in (0, 1, 3):
         assert exact[i].item() == pytest.approx(want_exact[i], rel=1e-5)
         assert bound[i].item() == pytest.approx(want_bound[i], rel=1e-5)
+
+
+def test_an_overflowed_key_head_reaches_only_its_group():
+    """GQA, 4 query heads on 2 key heads: key head 1 overflows; query heads 2 and 3 (its group) read it, 0 and 1 not."""
+    q, k = _qk(4, 4, 2, 8, 4)
+    k = k.clone()
+    k[0, 1, 5, 2] = math.inf
+    exact, bound = sampled_logits(q, k, 0.5, queries=8, sequences=8)
+    assert not any(math.isfinite(bound[i].item()) for i in (2, 3))
+    want_exact, want_bound = _by_hand(q, k, 0.5, [0, 1, 2, 3], list(range(8)))
+    for i in (0, 1):
+        assert exact[i].item() == pytest.approx(want_exact[i], rel=1e-5)
+        assert bound[i].item() == pytest.approx(want_bound[i], rel=1e-5)
+
+
+def test_the_tier_refuses_an_empty_sample():
+    import normlab
+    from normlab.diagnostics.tier import StepTier
+
+    with pytest.raises(ValueError, match="at least one query and one sequence"):
+        StepTier(normlab.build_model("pre", "nano", seed=0), hooks=False, sequences=0)

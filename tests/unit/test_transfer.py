@@ -231,11 +231,13 @@ def test_the_rungs_name_the_devices_their_runs_trained_on(tmp_path, capsys):
         folder = sweep.run(row["run_id"]).path
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "summary.json").write_text(json.dumps({"status": row["status"], "device_name": name}))
-    assert "11 of 12 runs finished on NVIDIA H100 80GB HBM3 + NVIDIA H200" in report(root, [root])
+    text = report(root, [root])
+    assert "11 of 12 runs finished on NVIDIA H100 80GB HBM3 + NVIDIA H200 (8 of them name no device)" in text
     rec_file = tmp_path / "record.json"
     assert main(["transfer", str(root), str(root), "--record", str(rec_file)]) == 0
     (c,) = json.loads(rec_file.read_text())["comparisons"]
     assert c["proxy_shape"]["devices"] == c["other_shape"]["devices"] == ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]
+    assert c["proxy_shape"]["unnamed_runs"] == 8  # 11 finished, 3 named
 
 
 LLAMA_1B = {

@@ -8,14 +8,15 @@ Per block l (and the stream entering the first block, layer 0), at each of the t
 - update_rms: RMS of the update the optimizer applied to the block's parameters, sqrt(sum dW^2 / n)
 - update_ratio: ||dW|| / ||W|| over the block (the relative update; Adam's update/parameter ratio)
 - max_logit: per head, the largest causal attention logit q.k * scale over sampled queries (exact on the sample)
-- max_logit_bound: per head, max_i ||q_i|| * max_j ||k_j|| * scale over every token of the sampled sequences: an
+- max_logit_bound: per head, max_i ||q_i|| * max_j ||k_j|| * |scale| over every token of the sampled sequences: an
   upper bound on every logit of those sequences (Cauchy-Schwarz)
 
-SDPA returns no logits, so they are estimated without forming the T x T scores, on a fixed sample: ``sequences``
-sequences of each micro-batch (evenly spaced, the first included; all of them in a smaller batch) and, in each,
-``queries`` query positions (evenly spaced, the last included). ``max_logit`` is exact on the sampled queries
-against all the keys they attend to; ``max_logit_bound`` bounds every query of the sampled sequences. The true
-maximum over those sequences lies between the two. Both are the plain causal logits (before a soft-cap, ignoring
+SDPA returns no logits, so they are estimated without forming the T x T scores, on a fixed sample: at most
+``sequences`` sequences of each micro-batch (every ceil(B / sequences)-th from the first, so spread over the whole
+batch: 8 of 32, 5 of 9, all of a batch of 8 or fewer) and, in each, ``queries`` query positions (evenly spaced, the
+last included). ``max_logit`` is exact on the sampled queries against all the keys they attend to;
+``max_logit_bound`` bounds every query of the sampled sequences. The true maximum over those sequences lies between
+the two. Both are the plain causal logits (before a soft-cap, ignoring
 a sliding window), as the probes' ``max_logit``; the probe pass (``run.probe_every``) computes every logit of its
 batch exactly.
 
@@ -90,6 +91,10 @@ class StepTier:
         sequences: int = SEQUENCES,
     ) -> None:
         self.blocks: list[nn.Module] = list(model.get_submodule("blocks").children())
+        if queries < 1 or sequences < 1:
+            raise ValueError(
+                f"the tier samples at least one query and one sequence (queries {queries}, sequences {sequences})"
+            )
         self.queries = queries
         self.sequences = sequences
         self.params = [[p for p in b.parameters() if p.requires_grad] for b in self.blocks]
@@ -294,7 +299,7 @@ class WeightCopy:
                 span.setdefault(p.dtype, [start, start])[1] = start + p.numel()
                 self.order.setdefault(p.dtype, []).append((g, i))
             spans.append(span)
-        device = groups[0][0].device if groups and groups[0] else torch.device("cpu")
+        device = next((t.device for ts in groups for t in ts), torch.device("cpu"))
         self.flat = {dtype: torch.empty(n, dtype=dtype, device=device) for dtype, n in sizes.items()}
         self.slices = [[self.flat[dtype][a:b] for dtype, (a, b) in span.items()] for span in spans]
         offsets = dict.fromkeys(sizes, 0)
@@ -356,12 +361,13 @@ def _sample_rows(t: int, queries: int, device: torch.device) -> tuple[torch.Tens
 
 def _batch_max(qs: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """max over the batch of qs_i . k_t: (H, queries, T) from qs (B, H, queries, d), float32, and k (B, H_kv, T, d),
-    each query head reading its group's key head (query head h = j * group + r reads key head j: the group's
-    queries are rows of one product). One batched product over (sequence, key head): k's sample is copied once
-    into that layout (it arrives as a view of (B, T, H, d)), cheaper than a product per head (on the CPU, one
-    thread: 0.06 against 0.10 ms for a micro block, 0.30 against 0.38 for a small one) and than the 4-d product,
-    which copies k too and is slower still (0.55 ms). Each head's products are its own: a head whose q or k
-    overflowed leaves the others' maxima finite."""
+    each query head reading its group's key head (query head h = j * group + r reads key head j, as the attention's
+    repeat_interleave pairs them: the group's queries are rows of one product). One batched product over
+    (sequence, key head): k's sample is copied once into that layout (it arrives as a view of (B, T, H, d)),
+    cheaper than a product per head (on the CPU, one thread: 0.06 against 0.10 ms for a micro block, 0.30 against
+    0.38 for a small one) and than the 4-d product, which copies k too and is slower still (0.55 ms). No product
+    mixes heads: a query head whose q overflowed leaves the others' maxima finite, and a key head that overflowed
+    reaches only its group's query heads."""
     b, h, n, d = qs.shape
     hkv, t = k.shape[1], k.shape[2]
     rows = qs.reshape(b * hkv, (h // hkv) * n, d)
@@ -370,15 +376,17 @@ def _batch_max(qs: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 
 
 def _sequence_sample(x: torch.Tensor, sequences: int) -> torch.Tensor:
-    """``sequences`` of x's (dim 0) evenly spaced from the first (every one where there are no more): a view."""
-    every = max(1, x.shape[0] // max(1, sequences))
-    return x[: every * sequences : every]
+    """At most ``sequences`` of x's (dim 0): every ceil(B / sequences)-th from the first, a view spread over the
+    whole batch. Under torch.compile with a batch size marked dynamic, the stride is a guard: a batch whose stride
+    differs (an evaluation's smaller batch) compiles once more."""
+    every = (x.shape[0] + sequences - 1) // sequences
+    return x[::every]
 
 
 def sampled_logits(
     q: torch.Tensor, k: torch.Tensor, scale: float, queries: int = QUERIES, sequences: int = SEQUENCES
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per head, over ``sequences`` evenly spaced sequences of the batch (`_sequence_sample`): (the largest causal
+    """Per head, over at most ``sequences`` sequences spread over the batch (`_sequence_sample`): (the largest causal
     logit q_t.k_s * scale, s <= t, over ``queries`` evenly spaced query positions t of each (the last included):
     exact on that sample; max_t ||q_t|| * max_s ||k_s|| * |scale| over those sequences: a bound on every logit of
     them). q: (B, H, T, d), k: (B, H_kv, T, d)."""

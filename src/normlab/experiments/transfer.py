@@ -286,23 +286,28 @@ def sweep_scale(path: str | Path) -> dict[str, Any]:
     if not rows:
         return {"runs": 0, "finished": 0, "storage_max": None}
     done = [r for r in rows if r["status"] in FINISHED]
+    devices, unnamed = run_devices(sweep, done)
     return {
         "runs": len(rows),
         "finished": len(done),
-        "devices": run_devices(sweep, done),
+        "devices": devices,
+        "unnamed_runs": unnamed,
         **config_scale(rows[0]["config"]),
     }
 
 
-def run_devices(sweep: Any, rows: list[dict[str, Any]]) -> list[str]:
-    """The devices the finished runs trained on, by name (each run's summary.json `device_name`; runs from before
-    it was written give none), sorted: a rung's figures with the device named, whichever lease ran them."""
-    names = set()
+def run_devices(sweep: Any, rows: list[dict[str, Any]]) -> tuple[list[str], int]:
+    """The devices the finished runs trained on, by name (each run's summary.json `device_name`), sorted, and how
+    many of the runs name none (trained before summaries named their device): a rung's figures with the device
+    named, whichever lease ran them, and never a name stretched over runs it does not cover."""
+    names, unnamed = set(), 0
     for r in rows:
         summary = sweep.run(r["run_id"]).summary() or {}
         if isinstance(summary.get("device_name"), str):
             names.add(summary["device_name"])
-    return sorted(names)
+        else:
+            unnamed += 1
+    return sorted(names), unnamed
 
 
 def config_scale(cfg: TrainConfig) -> dict[str, Any]:
@@ -332,8 +337,10 @@ def shape_of(scale: dict[str, Any]) -> dict[str, Any]:
     """A rung's shape as the transfer record keeps it: width, depth, tokens per run, and what it trained under."""
     keys = ("d_model", "n_layers", "tokens", "parametrization", "precision", "optimizer")
     shape = {k: scale.get(k) for k in keys}
-    if scale.get("devices"):  # where the rung ran (absent for rungs recorded before the runs named it)
+    if scale.get("devices"):  # where the rung ran (absent where no run named it), and how many runs did not say
         shape["devices"] = scale["devices"]
+        if scale.get("unnamed_runs"):
+            shape["unnamed_runs"] = scale["unnamed_runs"]
     return shape
 
 
@@ -382,6 +389,7 @@ def _scale_words(name: str, s: dict[str, Any]) -> str:
         f"{name}: d {s['d_model']}, {s['n_layers']} layers, {s['params'] / 1e6:.2f}M params, {s['steps']} steps "
         f"({s['tokens']:,} tokens a run); {s['finished']} of {s['runs']} runs finished"
         + (f" on {' + '.join(s['devices'])}" if s.get("devices") else "")
+        + (f" ({s['unnamed_runs']} of them name no device)" if s.get("devices") and s.get("unnamed_runs") else "")
     )
 
 

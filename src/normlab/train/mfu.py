@@ -90,14 +90,16 @@ def device_model(name: str) -> str | None:
 
 
 def device_name(device: torch.device) -> str:
-    """What a figure ran on, in words: the GPU's name (``NVIDIA H200``) or the CPU's architecture and core count
-    (``x86_64, 2 cores``), for summary.json and the transfer record ("each lease's figures with the device named")."""
+    """What a figure ran on, in words: the GPU's name (``NVIDIA H200``) or the CPU's architecture, the machine's
+    cores and the threads this process's torch uses (``x86_64, 2 cores, 1 thread``: a sweep worker's share), for
+    summary.json and the transfer record ("each lease's figures with the device named")."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     import os
     import platform
 
-    return f"{platform.machine() or 'cpu'}, {os.cpu_count()} cores"
+    threads = torch.get_num_threads()
+    return f"{platform.machine() or 'cpu'}, {os.cpu_count()} cores, {threads} thread{'s' if threads != 1 else ''}"
 
 
 def hbm_bandwidth(device: torch.device) -> float | None:
