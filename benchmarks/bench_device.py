@@ -12,14 +12,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import os
-import platform
 import time
 from dataclasses import dataclass
 
 import torch
 
-from normlab.train.mfu import hbm_bandwidth, peak_flops
+from normlab.train.mfu import device_name, hbm_bandwidth, peak_flops
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -77,13 +75,7 @@ class Bench:
         return hbm_bandwidth(self.device)
 
     def header(self, name: str) -> str:
-        if self.cuda:
-            where = f"{torch.cuda.get_device_name(self.device)}, CUDA {torch.version.cuda}"
-        else:
-            where = (
-                f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-                f"{torch.get_num_threads()} threads"
-            )
+        where = device_name(self.device) + (f", CUDA {torch.version.cuda}" if self.cuda else "")
         return f"# {name}, {datetime.date.today()}, {where}, torch {torch.__version__}, {self.precision}"
 
 

@@ -288,27 +288,28 @@ class WeightCopy:
     list of tensors of several dtypes with views per group)."""
 
     def __init__(self, groups: list[list[torch.Tensor]]) -> None:
-        sizes: dict[torch.dtype, int] = {}
+        sizes: dict[torch.dtype, int] = {}  # each dtype's buffer length so far
+        starts: list[list[int]] = []  # each parameter's offset in its dtype's buffer
         spans: list[dict[torch.dtype, list[int]]] = []  # per group: dtype -> [start, end) in that dtype's buffer
         self.order: dict[torch.dtype, list[tuple[int, int]]] = {}  # dtype -> (group, index) in buffer order
         for g, ps in enumerate(groups):
             span: dict[torch.dtype, list[int]] = {}
+            starts.append([])
             for i, p in enumerate(ps):
                 start = sizes.get(p.dtype, 0)
                 sizes[p.dtype] = start + p.numel()
                 span.setdefault(p.dtype, [start, start])[1] = start + p.numel()
+                starts[g].append(start)
                 self.order.setdefault(p.dtype, []).append((g, i))
             spans.append(span)
         device = next((t.device for ts in groups for t in ts), torch.device("cpu"))
         self.flat = {dtype: torch.empty(n, dtype=dtype, device=device) for dtype, n in sizes.items()}
         self.slices = [[self.flat[dtype][a:b] for dtype, (a, b) in span.items()] for span in spans]
-        offsets = dict.fromkeys(sizes, 0)
-        self.views: list[list[torch.Tensor]] = [[] for _ in groups]  # each parameter's place, shaped as it
-        for ps, views in zip(groups, self.views):
-            for p in ps:
-                a = offsets[p.dtype]
-                views.append(self.flat[p.dtype][a : a + p.numel()].view(p.shape))
-                offsets[p.dtype] = a + p.numel()
+        # each parameter's place, shaped as it
+        self.views = [
+            [self.flat[p.dtype][a : a + p.numel()].view(p.shape) for p, a in zip(ps, at)]
+            for ps, at in zip(groups, starts)
+        ]
 
     def load(self, groups: list[list[torch.Tensor]]) -> None:
         """Copy the groups' tensors in (the same tensors, shapes and dtypes as at construction)."""

@@ -357,7 +357,7 @@ def lr_optima(runs: pd.DataFrame) -> dict[str, Optimum]:
     """Each placement's learning-rate optimum over every rate the sweep ran (`normlab.experiments.lr_optimum`)."""
     if not len(runs):
         return {}
-    grids = {str(k): sorted({float(v) for v in g[LR]}) for k, g in runs.groupby("layout", sort=False)}
+    grids = {str(k): [float(v) for v in g[LR]] for k, g in runs.groupby("layout", sort=False)}  # `optimum` sorts
     return optima(lr_curves(runs, AXES), grids)
 
 

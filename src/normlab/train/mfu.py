@@ -23,6 +23,9 @@ not in the table, or the CPU, has no peak and its MFU is "unknown".
 
 from __future__ import annotations
 
+import os
+import platform
+
 import torch
 from torch import nn
 
@@ -95,9 +98,6 @@ def device_name(device: torch.device) -> str:
     summary.json and the transfer record ("each lease's figures with the device named")."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    import os
-    import platform
-
     threads = torch.get_num_threads()
     return f"{platform.machine() or 'cpu'}, {os.cpu_count()} cores, {threads} thread{'s' if threads != 1 else ''}"
 
