@@ -701,13 +701,13 @@ def test_the_tier_every_third_step_writes_those_steps_rows_unchanged(corpus, tmp
     """run.layer_stats_every=3: layers.jsonl has the rows of steps 0, 3, 6, 9, each the same as the every-step
     run's row of that step, and training is the same step for step. The hooks stay in place and return at once
     outside a tier step's forward: the sampled logits are computed once per block on the tier's steps only (not
-    on the steps between, nor in the final evaluation)."""
+    on the steps between, nor in the final evaluation; `layer_logits` takes a group of layers at once)."""
     from normlab.diagnostics import tier
     from tests.helpers import losses, small
 
     calls = []
-    original = tier.sampled_logits
-    monkeypatch.setattr(tier, "sampled_logits", lambda *a, **k: calls.append(1) or original(*a, **k))
+    original = tier.layer_logits
+    monkeypatch.setattr(tier, "layer_logits", lambda q, *a, **k: calls.extend([1] * q.shape[0]) or original(q, *a, **k))
     layers = normlab.build_model("peri", "nano").config.n_layers
     runs = {}
     for every in (1, 3):

@@ -45,3 +45,16 @@ def test_the_flat_copy_keeps_each_group_in_one_slice_a_dtype_and_becomes_minus_t
         for t, m, v in zip(ts, moved, views):
             assert v.shape == t.shape and v.dtype == t.dtype
             assert torch.equal(v, t - m)  # the copy is -dW, exactly in each dtype
+
+
+def test_the_cpus_stream_maximum_is_the_largest_magnitude_over_the_micro_batches():
+    """Eager on the CPU each site keeps its smallest and largest value (`StepTier._stream`), |x|'s maximum taken for
+    every site at once in `_extremes`: a negative extreme counts, the larger of two micro-batches is kept, and a
+    site no hook reached reads 0."""
+    tier = StepTier(normlab.build_model("pre", "nano", seed=0), hooks=False)  # 2 blocks: 3 sites
+    tier.reset()
+    tier._stream(0, torch.tensor([[1.0, -7.0], [2.0, 3.0]]))
+    tier._stream(0, torch.tensor([[6.0, -2.0]]))  # a second micro-batch: its maximum is smaller
+    tier._stream(2, torch.tensor([4.0, -1.0]).bfloat16())
+    tier._stream(2, torch.tensor([-0.5, 5.0]).bfloat16())
+    assert tier._extremes()[:3].tolist() == [7.0, 0.0, 5.0]

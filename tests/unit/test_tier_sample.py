@@ -98,3 +98,51 @@ def test_the_tier_refuses_an_empty_sample():
 
     with pytest.raises(ValueError, match="at least one query and one sequence"):
         StepTier(normlab.build_model("pre", "nano", seed=0), hooks=False, sequences=0)
+
+
+def _layers(n: int, b: int, h: int, hkv: int, t: int, d: int, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    return [
+        (torch.randn(b, t, h, d, generator=g).transpose(1, 2), torch.randn(b, t, hkv, d, generator=g).transpose(1, 2))
+        for _ in range(n)
+    ]
+
+
+def test_layers_copied_together_give_each_layers_own_logits():
+    """`LogitSample` (eager): GQA layers of 4 query heads on 2 key heads, a buffer that holds 2 layers' samples:
+    layers 0-1 are computed when it fills, 2 when a layer of another scale comes, 3 and 4 at the blocks' end (a
+    partial buffer), a longer layer 5 alone (its sample alone fills the buffer: computed where it lies); each
+    layer's logits and bound as the by-hand ones of its own sample (every 2nd of 5 sequences, every position)."""
+    from normlab.diagnostics.tier import LogitSample
+
+    got: list[tuple[list[int], torch.Tensor, torch.Tensor]] = []
+    per_layer = (4 + 2) * 3 * 6 * 8 * 4  # (H + H_kv) heads x 3 sequences x T x d, float32
+    sample = LogitSample(
+        lambda ls, e, b: got.append((ls, e, b)), layers=6, queries=6, sequences=3, budget=2 * per_layer
+    )
+    layers = _layers(5, 5, 4, 2, 6, 8) + _layers(1, 5, 4, 2, 12, 8, seed=2)
+    scales = [0.5, 0.5, -0.25, 0.5, 0.5, 0.5]
+    for i, ((q, k), scale) in enumerate(zip(layers, scales)):
+        sample.add(i, q, k, scale)
+        if i == 4:
+            sample.flush()
+    assert [ls for ls, _, _ in got] == [[0, 1], [2], [3, 4], [5]]
+    assert sample._flat is not None and sample._flat.numel() * 4 == 2 * per_layer  # one buffer for every group
+    rows = {layer: (e, b) for ls, es, bs in got for layer, e, b in zip(ls, es, bs)}
+    for i, ((q, k), scale) in enumerate(zip(layers, scales)):
+        t = q.shape[2]
+        want_exact, want_bound = _by_hand(q, k, scale, [0, 2, 4], sorted({round(x * (t - 1) / 5) for x in range(6)}))
+        assert rows[i][0].tolist() == pytest.approx(want_exact, rel=1e-5)
+        assert rows[i][1].tolist() == pytest.approx(want_bound, rel=1e-5)
+
+
+def test_a_new_step_forgets_what_the_buffer_held():
+    from normlab.diagnostics.tier import LogitSample
+
+    got = []
+    sample = LogitSample(lambda ls, e, b: got.append(ls), layers=4)
+    for i, (q, k) in enumerate(_layers(2, 2, 2, 2, 4, 4)):
+        sample.add(i, q, k, 0.5)
+    sample.discard()
+    sample.flush()
+    assert got == []

@@ -27,6 +27,14 @@ a logit's growth is the weights' (W_q, W_k and the norms before them), seen in e
 sequence's activations still reach the stream maxima, which read every token. Measured in docs/benchmarks.md
 ("The tier's own time").
 
+Eager, the sampled q and k of consecutive layers are copied into one float32 buffer as each layer's attention
+runs and their logits computed once for the lot at the blocks' end (`LogitSample`): about 12 operations a layer
+become 2 copies a layer and 12 a group. On the CPU each operation is a dispatch of tens of microseconds; on a GPU
+each is a launch, and an eager GPU step's CPU time already exceeds its device time (docs/diagnostics.md), so each
+launch is paid. The buffer holds at most 256 MiB (gpu-126m at 16 x 1,024 tokens: 5 layers' samples of 8 sequences,
+50 MiB each; a micro model's 6 layers: 3 MiB), kept from step to step; a layer whose sample alone would fill it is
+computed where it lies. Under torch.compile each layer's reductions stay where they are (inductor fuses them).
+
 Costs: a max over each block's output, the sampled logits, one pass over the gradients and two over the
 block parameters (a copy before the step, the difference after: one extra copy of the block parameters
 in memory, of the local shard under FSDP2), and two reads back to the host per step. Measured in
@@ -64,6 +72,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -77,6 +86,7 @@ from normlab.diagnostics.training_monitor import SpikeRule
 
 QUERIES = 8  # query positions per sequence whose logits are computed exactly
 SEQUENCES = 8  # sequences per micro-batch whose queries are sampled (module docstring)
+SAMPLE_BYTES = 256 * 2**20  # eager: the float32 copy of consecutive layers' sampled q and k (`LogitSample`)
 
 
 class StepTier:
@@ -97,7 +107,7 @@ class StepTier:
             )
         self.queries = queries
         self.sequences = sequences
-        self.params = [[p for p in b.parameters() if p.requires_grad] for b in self.blocks]
+        self.params: list[list[torch.Tensor]] = [[p for p in b.parameters() if p.requires_grad] for b in self.blocks]
         self.sharded = any(is_sharded(p) for ps in self.params for p in ps)
         self.world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         self.device = local(self.params[0][0]).device
@@ -115,7 +125,9 @@ class StepTier:
         )
         self._buffer = self._empty.clone()
         self._pending_q: list[torch.Tensor | None] = [None] * n  # a layer's q until its k arrives
-        self._streams: list[torch.Tensor | None] = []
+        self._streams: list[torch.Tensor | None] = []  # per site: the largest x (CUDA: |x|)
+        self._lows: list[torch.Tensor | None] = []  # per site, CPU: the smallest x (|x|'s max taken in `_extremes`)
+        self._sample = LogitSample(self._fold_logits, n, queries, sequences)
         self._logits: list[torch.Tensor | None] = []
         self._bounds: list[torch.Tensor | None] = []
         self._pre: dict[str, Any] | None = None
@@ -149,6 +161,8 @@ class StepTier:
         # One 0-d / (heads,) tensor per site, kept apart and stacked once in `before_step`: indexing a step-wide
         # buffer from every hook cost a launch per write (on CUDA the forward is partly launch-bound).
         self._streams = [None] * (n + 1)
+        self._lows = [None] * (n + 1)
+        self._sample.discard()
         self._logits = [None] * n
         self._bounds = [None] * n
         self._pending_q = [None] * n
@@ -162,24 +176,35 @@ class StepTier:
         else in the window from `reset` to `before_step`."""
         return torch.compiler.is_compiling() or self.active
 
-    def _keep(self, parts: list[torch.Tensor | None], i: int, start: int, value: torch.Tensor) -> None:
-        """Fold ``value`` into the step's maximum at site ``i``: the Python list (eager) or, compiled, the
-        buffer's slice from ``start``."""
+    def _keep(self, start: int, value: torch.Tensor) -> None:
+        """Compiled: fold ``value`` into the step's maximum in the buffer's slice from ``start`` (module docstring)."""
+        seg = self._buffer[start : start + value.numel()]
+        seg.copy_(torch.maximum(seg, value.reshape(seg.shape)))
+
+    def _stream(self, i: int, x: torch.Tensor) -> None:
+        """Fold the stream x into site i's maximum of |x|. Compiled, and on CUDA, one reduction (`abs_max`); eager on
+        the CPU, ``aminmax``, its two ends combined for every site at once in `_extremes` (on the CPU each call is a
+        dispatch of tens of microseconds, three a site otherwise)."""
         if self.compiled:
-            seg = self._buffer[start : start + value.numel()]
-            seg.copy_(torch.maximum(seg, value.reshape(seg.shape)))
+            self._keep(i, abs_max(x))
+        elif x.device.type == "cuda":
+            _keep_max(self._streams, i, abs_max(x))
         else:
-            _keep_max(parts, i, value)
+            lo, hi = torch.aminmax(x.detach())
+            _keep_max(self._streams, i, hi)
+            old = self._lows[i]
+            self._lows[i] = lo if old is None else torch.minimum(old, lo)
 
     def _entering(self, module: nn.Module, args: tuple[Any, ...]) -> None:
         if self._recording() and args and isinstance(args[0], torch.Tensor):
-            self._keep(self._streams, 0, 0, abs_max(args[0]))
+            self._stream(0, args[0])
 
     def _leaving(self, i: int, out: Any) -> None:
         if not self._recording():
             return
-        x = out[0] if isinstance(out, tuple) else out
-        self._keep(self._streams, i + 1, i + 1, abs_max(x))
+        self._stream(i + 1, out[0] if isinstance(out, tuple) else out)
+        if not self.compiled and i == len(self.blocks) - 1:  # the blocks' end: the micro-batch's sampled logits
+            self._sample.flush()
 
     def _tap(self, i: int, which: str, x: torch.Tensor) -> None:
         if not self._recording():
@@ -192,12 +217,23 @@ class StepTier:
             return
         self._pending_q[i] = None
         scale = getattr(self.blocks[i].attn, "scale", None) or q.shape[-1] ** -0.5
+        if not self.compiled:  # with the next layers' (`LogitSample`), into `_fold_logits`
+            self._sample.add(i, q, x.detach(), scale)
+            return
         logit, bound = sampled_logits(q, x.detach(), scale, self.queries, self.sequences)
         if len(logit) > self.width:
             raise ValueError(f"a block reported more than the {self.width} heads its attention declares")
         n, h = len(self.blocks), self.width
-        self._keep(self._logits, i, n + 1 + i * h, logit)
-        self._keep(self._bounds, i, n + 1 + (n + i) * h, bound)
+        self._keep(n + 1 + i * h, logit)
+        self._keep(n + 1 + (n + i) * h, bound)
+
+    def _fold_logits(self, layers: list[int], exact: torch.Tensor, bound: torch.Tensor) -> None:
+        """Eager: the sampled logits and bounds of ``layers`` ((layers, heads) each) into the step's maxima."""
+        if exact.shape[1] > self.width:
+            raise ValueError(f"a block reported more than the {self.width} heads its attention declares")
+        for i, e, b in zip(layers, exact.unbind(0), bound.unbind(0)):
+            _keep_max(self._logits, i, e)
+            _keep_max(self._bounds, i, b)
 
     def _extremes(self) -> torch.Tensor:
         """The step's maxima as one vector: stream (n+1; 0 where the forward did not run the hooks), then logits
@@ -213,7 +249,10 @@ class StepTier:
             # CUDA each would be a launch, every tier step)
             return t if len(t) == h else torch.nn.functional.pad(t, (0, h - len(t)), value=-math.inf)
 
-        stream = torch.stack([torch.zeros((), device=self.device) if t is None else t for t in self._streams])
+        zero = torch.zeros((), device=self.device)
+        stream = torch.stack([zero if t is None else t for t in self._streams]).float()
+        if any(t is not None for t in self._lows):  # the CPU's ends (`_stream`): max |x| = max(max x, -min x)
+            stream = torch.maximum(stream, torch.stack([zero if t is None else t for t in self._lows]).float().neg())
         return torch.cat([stream, *map(row, self._logits), *map(row, self._bounds)])
 
     # -- around the optimizer step --
@@ -222,8 +261,9 @@ class StepTier:
         """After the backward (gradients unscaled, not yet clipped): gradient and weight norms per block, and a
         copy of the weights for the update. Ends the hooks' window (`reset` opens the next)."""
         self.active = False
+        self._sample.flush()  # a forward that ended before the last block (the hooks' window closes here)
         grads = [[local(p.grad) for p in ps if p.grad is not None] for ps in self.params]
-        weights = [[local(p).detach() for p in ps] for ps in self.params]
+        weights = self._local_weights()
         if self._before is None:
             self._before = WeightCopy(weights)
         self._before.load(weights)
@@ -235,6 +275,11 @@ class StepTier:
         if self.world > 1 and self.hooked:
             dist.all_reduce(extremes, op=dist.ReduceOp.MAX)
         self._pre_t = (sums, extremes)
+
+    def _local_weights(self) -> list[list[torch.Tensor]]:
+        """Each block's parameters as this rank holds them (FSDP2: the local shards); the parameters themselves
+        otherwise, no operation per tensor (the tier reads them under no_grad)."""
+        return [[local(p) for p in ps] for ps in self.params] if self.sharded else self.params
 
     def read(self) -> dict[str, Any]:
         """The values of `before_step` on the host (one read-back): grad_norm, stream_max, logits by layer."""
@@ -260,7 +305,7 @@ class StepTier:
         pre = self._pre if self._pre is not None else self.read()
         n = len(self.blocks)
         if applied and self._before is not None:
-            self._before.subtract([[local(p).detach() for p in ps] for ps in self.params])  # the copy becomes -dW
+            self._before.subtract(self._local_weights())  # the copy becomes -dW
             upd = _sumsq_by_group(self._before.slices, self.device)
             if self.sharded:
                 dist.all_reduce(upd)
@@ -282,25 +327,24 @@ class StepTier:
 class WeightCopy:
     """One copy of parameter groups (the tier's blocks) in one flat buffer per dtype: the weights before a step,
     whose difference from the weights after is the update. A group's parameters of one dtype lie in one slice
-    (`slices`), so a group's norm is one reduction a slice instead of one a tensor, and the copy one
-    concatenation a dtype instead of one copy a tensor: on the CPU each per-tensor call is a dispatch of a few
-    microseconds, and a micro model's 6 blocks hold 66 tensors (written here: no torch API keeps a flat copy of a
-    list of tensors of several dtypes with views per group)."""
+    (`slices`), so a group's norm is one reduction a slice instead of one a tensor, and the copy and the difference
+    one multi-tensor call each (``torch._foreach_copy_``, ``_foreach_sub_``) into the views shaped as the tensors:
+    on the CPU each per-tensor call from Python is a dispatch of a few microseconds, and a micro model's 6 blocks
+    hold 66 tensors (written here: no torch API keeps a flat copy of a list of tensors of several dtypes with views
+    per group)."""
 
     def __init__(self, groups: list[list[torch.Tensor]]) -> None:
         sizes: dict[torch.dtype, int] = {}  # each dtype's buffer length so far
         starts: list[list[int]] = []  # each parameter's offset in its dtype's buffer
         spans: list[dict[torch.dtype, list[int]]] = []  # per group: dtype -> [start, end) in that dtype's buffer
-        self.order: dict[torch.dtype, list[tuple[int, int]]] = {}  # dtype -> (group, index) in buffer order
         for g, ps in enumerate(groups):
             span: dict[torch.dtype, list[int]] = {}
             starts.append([])
-            for i, p in enumerate(ps):
+            for p in ps:
                 start = sizes.get(p.dtype, 0)
                 sizes[p.dtype] = start + p.numel()
                 span.setdefault(p.dtype, [start, start])[1] = start + p.numel()
                 starts[g].append(start)
-                self.order.setdefault(p.dtype, []).append((g, i))
             spans.append(span)
         device = next((t.device for ts in groups for t in ts), torch.device("cpu"))
         self.flat = {dtype: torch.empty(n, dtype=dtype, device=device) for dtype, n in sizes.items()}
@@ -310,21 +354,15 @@ class WeightCopy:
             [self.flat[p.dtype][a : a + p.numel()].view(p.shape) for p, a in zip(ps, at)]
             for ps, at in zip(groups, starts)
         ]
+        self._all_views = [v for vs in self.views for v in vs]
 
     def load(self, groups: list[list[torch.Tensor]]) -> None:
         """Copy the groups' tensors in (the same tensors, shapes and dtypes as at construction)."""
-        for dtype, where in self.order.items():
-            torch.cat([groups[g][i].reshape(-1) for g, i in where], out=self.flat[dtype])
+        torch._foreach_copy_(self._all_views, [t for ts in groups for t in ts])
 
     def subtract(self, groups: list[list[torch.Tensor]]) -> None:
         """copy -= groups, in place (after the step: the copy becomes -dW)."""
-        torch._foreach_sub_([v for vs in self.views for v in vs], [t for ts in groups for t in ts])
-
-
-def _max_row_norm(x: torch.Tensor) -> torch.Tensor:
-    """max_t ||x_t|| per head of x (B, H, T, d), in float32: (H,). Two operations (the norm over d, the maximum):
-    on the tier's sample of sequences the CPU's cost is the operations' count more than their passes."""
-    return torch.linalg.vector_norm(x, dim=-1, dtype=torch.float32).amax(dim=(0, 2))
+        torch._foreach_sub_(self._all_views, [t for ts in groups for t in ts])
 
 
 def _keep_max(parts: list[torch.Tensor | None], i: int, value: torch.Tensor) -> None:
@@ -339,14 +377,14 @@ _OWNERS: dict[tuple, torch.Tensor] = {}  # group sizes and device -> the owner i
 def _sumsq_by_group(groups: list[list[torch.Tensor]], device: torch.device) -> torch.Tensor:
     """Each group's sum of squares, (len(groups),): one fused norm over every tensor, then summed per group
     (one kernel launch for the lot instead of one per block: the tier may run every step)."""
-    tensors = [t.float() if t.dtype != torch.float32 else t for g in groups for t in g]
+    tensors = [t for g in groups for t in g]
     out = torch.zeros(len(groups), device=device)
     if tensors:
         key = (str(device), *(len(g) for g in groups))
         owner = _OWNERS.get(key)
         if owner is None:
             owner = _OWNERS[key] = torch.tensor([i for i, g in enumerate(groups) for _ in g], device=device)
-        out.index_add_(0, owner, torch.stack(torch._foreach_norm(tensors)).pow(2))
+        out.index_add_(0, owner, torch.stack(torch._foreach_norm(tensors, dtype=torch.float32)).pow(2))
     return out
 
 
@@ -360,22 +398,6 @@ def _sample_rows(t: int, queries: int, device: torch.device) -> tuple[torch.Tens
     return idx, torch.arange(t, device=device)[None, :] > idx[:, None]
 
 
-def _batch_max(qs: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """max over the batch of qs_i . k_t: (H, queries, T) from qs (B, H, queries, d), float32, and k (B, H_kv, T, d),
-    each query head reading its group's key head (query head h = j * group + r reads key head j, as the attention's
-    repeat_interleave pairs them: the group's queries are rows of one product). One batched product over
-    (sequence, key head): k's sample is copied once into that layout (it arrives as a view of (B, T, H, d)),
-    cheaper than a product per head (on the CPU, one thread: 0.06 against 0.10 ms for a micro block, 0.30 against
-    0.38 for a small one) and than the 4-d product, which copies k too and is slower still (0.55 ms). No product
-    mixes heads: a query head whose q overflowed leaves the others' maxima finite, and a key head that overflowed
-    reaches only its group's query heads."""
-    b, h, n, d = qs.shape
-    hkv, t = k.shape[1], k.shape[2]
-    rows = qs.reshape(b * hkv, (h // hkv) * n, d)
-    keys = k.float().reshape(b * hkv, t, d)
-    return torch.bmm(rows, keys.transpose(1, 2)).view(b, h, n, t).amax(0)
-
-
 def _sequence_sample(x: torch.Tensor, sequences: int) -> torch.Tensor:
     """At most ``sequences`` of x's (dim 0): every ceil(B / sequences)-th from the first, a view spread over the
     whole batch. Under torch.compile with a batch size marked dynamic, the stride is a guard: a batch whose stride
@@ -384,34 +406,142 @@ def _sequence_sample(x: torch.Tensor, sequences: int) -> torch.Tensor:
     return x[::every]
 
 
+def _query_rows(t: int, queries: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_sample_rows`, made once per (T, queries, device) in eager mode; inside a compiled graph made there
+    (constants of the graph: a cache lookup would add guards)."""
+    if torch.compiler.is_compiling():
+        return _sample_rows(t, queries, device)
+    key = (t, queries, str(device))
+    if key not in _SAMPLES:
+        if len(_SAMPLES) > 64:  # sequence lengths vary (evaluations, generation): keep the cache small
+            _SAMPLES.clear()
+        with torch.inference_mode(False):  # ordinary tensors, usable later with gradients on
+            _SAMPLES[key] = _sample_rows(t, queries, device)
+    return _SAMPLES[key]
+
+
+def layer_logits(
+    q: torch.Tensor, k: torch.Tensor, scale: float, queries: int = QUERIES
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per layer and head, from the sampled sequences' q (L, H, S, T, d) and k (L, H_kv, S, T, d) (any strides and
+    float dtype): (the largest causal logit q_t.k_s * scale, s <= t, over ``queries`` evenly spaced query positions t
+    of each sequence, the last included: exact on that sample; max_t ||q_t|| * max_s ||k_s|| * |scale| over every
+    token: a bound on every logit of those sequences, Cauchy-Schwarz), (L, H) each, float32.
+
+    Query head h = j * group + r reads key head j, as the attention's repeat_interleave pairs them: the group's
+    queries are rows of one product, one batched product over (layer, key head, sequence) for the lot; no product
+    mixes heads, so a query head whose q overflowed leaves the others' maxima finite, and a key head that overflowed
+    reaches only its group's query heads. The scale multiplies the sampled queries (a negative one flips their sign:
+    the largest logit is still a maximum); the maximum over the sequences comes before the causal mask, on
+    (L, H, queries, T): the same maximum as masking every sequence's logits (the mask does not depend on the
+    sequence), at an S-th of the masking."""
+    n_layers, h, s, t, d = q.shape
+    hkv = k.shape[1]
+    group = h // hkv
+    idx, future = _query_rows(t, queries, q.device)
+    n = len(idx)
+    rows = (q.index_select(3, idx).float() * scale).view(n_layers, hkv, group, s, n, d)
+    rows = rows.transpose(2, 3).reshape(n_layers * hkv * s, group * n, d)  # a view without GQA
+    keys = k.float().reshape(n_layers * hkv * s, t, d)  # a view for `LogitSample`'s buffer
+    top = torch.bmm(rows, keys.transpose(1, 2)).view(n_layers, hkv, s, group, n, t).amax(2)
+    exact = top.view(n_layers, h, n, t).masked_fill(future, -math.inf).amax(dim=(2, 3))
+    q_norm, k_norm = _max_row_norms(q), _max_row_norms(k)
+    if group > 1:  # each query head's key head
+        k_norm = k_norm.repeat_interleave(group, dim=1)
+    return exact, q_norm * k_norm * abs(scale)
+
+
+def _max_row_norms(x: torch.Tensor) -> torch.Tensor:
+    """max over (S, T) of ||x_t|| per layer and head of x (L, H, S, T, d), float32: (L, H)."""
+    return torch.linalg.vector_norm(x, dim=-1, dtype=torch.float32).amax(dim=(2, 3))
+
+
 def sampled_logits(
     q: torch.Tensor, k: torch.Tensor, scale: float, queries: int = QUERIES, sequences: int = SEQUENCES
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per head, over at most ``sequences`` sequences spread over the batch (`_sequence_sample`): (the largest causal
-    logit q_t.k_s * scale, s <= t, over ``queries`` evenly spaced query positions t of each (the last included):
-    exact on that sample; max_t ||q_t|| * max_s ||k_s|| * |scale| over those sequences: a bound on every logit of
-    them). q: (B, H, T, d), k: (B, H_kv, T, d)."""
+    """One layer's `layer_logits` over at most ``sequences`` sequences spread over the batch (`_sequence_sample`):
+    (exact, bound), (H,) each. q: (B, H, T, d), k: (B, H_kv, T, d)."""
     q, k = _sequence_sample(q, sequences), _sequence_sample(k, sequences)
-    t = q.shape[-2]
-    if torch.compiler.is_compiling():  # made in the graph (constants there): a cache lookup would add guards
-        idx, future = _sample_rows(t, queries, q.device)
-    else:
-        key = (t, queries, str(q.device))
-        if key not in _SAMPLES:
-            if len(_SAMPLES) > 64:  # sequence lengths vary (evaluations, generation): keep the cache small
-                _SAMPLES.clear()
-            with torch.inference_mode(False):  # ordinary tensors, usable later with gradients on
-                _SAMPLES[key] = _sample_rows(t, queries, q.device)
-        idx, future = _SAMPLES[key]
-    # the scale on the sampled queries (a negative one flips their sign: the largest logit is still a maximum), the
-    # maximum over the batch, then the causal mask on (H, queries, T): the same maximum as masking every sequence's
-    # logits (the mask does not depend on the sequence), at a B-th of the masking
-    top = _batch_max(q.index_select(2, idx).float() * scale, k)
-    exact = top.masked_fill(future, -math.inf).amax(dim=(1, 2))
-    key_norms = _max_row_norm(k)
-    if k.shape[1] != q.shape[1]:  # GQA: each query head's key head
-        key_norms = key_norms.repeat_interleave(q.shape[1] // k.shape[1])
-    return exact, _max_row_norm(q) * key_norms * abs(scale)
+    exact, bound = layer_logits(q.transpose(0, 1)[None], k.transpose(0, 1)[None], scale, queries)
+    return exact[0], bound[0]
+
+
+class LogitSample:
+    """Eager: the sampled sequences' q and k of consecutive layers, copied as each layer's attention runs into one
+    float32 buffer, and their logits (`layer_logits`) computed once for the lot, handed to ``fold`` (layers, exact,
+    bound). Each operation costs a fixed dispatch (the CPU: tens of microseconds whatever its size; a GPU: a launch):
+    a layer's logits are about 12, so a micro model's 6 layers cost 72 a micro-batch one at a time and 12 together
+    (plus 2 copies a layer). The buffer holds at most ``budget`` bytes (or one layer's sample); a layer whose sample
+    alone would fill it is computed where it lies, without the copy.
+    `flush` computes what the buffer holds: when it is full, when a layer of another shape or scale comes, at the
+    blocks' end (`StepTier._leaving`) and before the step. Written here: torch fuses such reductions only by
+    compiling, which an eager run does not."""
+
+    def __init__(
+        self,
+        fold: Callable[[list[int], torch.Tensor, torch.Tensor], None],
+        layers: int,
+        queries: int = QUERIES,
+        sequences: int = SEQUENCES,
+        budget: int = SAMPLE_BYTES,
+    ) -> None:
+        self.fold, self.max_layers, self.queries, self.sequences, self.budget = fold, layers, queries, sequences, budget
+        self.layers: list[int] = []  # the buffer's layers, in its order
+        self._key: tuple | None = None  # their shapes, device and scale
+        self._flat: torch.Tensor | None = None  # the one buffer, as large as the largest group so far
+        self._views: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # key -> its q and k views of the buffer
+        self._scale = 1.0
+
+    def add(self, layer: int, q: torch.Tensor, k: torch.Tensor, scale: float) -> None:
+        """Layer ``layer``'s q (B, H, T, d) and k (B, H_kv, T, d): sampled, and copied or computed."""
+        q, k = _sequence_sample(q, self.sequences), _sequence_sample(k, self.sequences)
+        (s, h, t, d), hkv = q.shape, k.shape[1]
+        key = (s, h, hkv, t, d, str(q.device), scale)
+        if key != self._key:
+            self.flush()
+        cap = min(self.budget // ((h + hkv) * s * t * d * 4), self.max_layers)
+        if cap < 2:  # nothing to share: this layer's operations on its own sample
+            exact, bound = layer_logits(q.transpose(0, 1)[None], k.transpose(0, 1)[None], scale, self.queries)
+            self.fold([layer], exact, bound)
+            return
+        if key not in self._views:
+            self._views[key] = self._place(cap, (h, hkv, s, t, d), q.device)
+        qs, ks = self._views[key]
+        j = len(self.layers)
+        qs[j].copy_(q.transpose(0, 1))
+        ks[j].copy_(k.transpose(0, 1))
+        self.layers.append(layer)
+        self._key, self._scale = key, scale
+        if len(self.layers) == cap:
+            self.flush()
+
+    def _place(
+        self, cap: int, shape: tuple[int, int, int, int, int], device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of the buffer for ``cap`` layers' q (cap, H, S, T, d) and k (cap, H_kv, S, T, d): one buffer for
+        every shape (a group is computed before the next shape's begins), grown when a shape needs more."""
+        h, hkv, s, t, d = shape
+        per_head = s * t * d
+        need = cap * (h + hkv) * per_head
+        if self._flat is None or self._flat.numel() < need or self._flat.device != device:
+            self._flat = torch.empty(need, device=device)
+            self._views.clear()  # views of the old buffer
+        split = cap * h * per_head
+        return self._flat[:split].view(cap, h, s, t, d), self._flat[split:need].view(cap, hkv, s, t, d)
+
+    def flush(self) -> None:
+        """The buffer's layers' logits, to ``fold``; the buffer is free again."""
+        if not self.layers:
+            return
+        qs, ks = self._views[self._key]  # type: ignore[index]
+        n = len(self.layers)
+        exact, bound = layer_logits(qs[:n], ks[:n], self._scale, self.queries)
+        layers, self.layers = self.layers, []
+        self.fold(layers, exact, bound)
+
+    def discard(self) -> None:
+        """Forget the buffer's layers (a new step's forward begins)."""
+        self.layers = []
 
 
 def tier_summary(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
