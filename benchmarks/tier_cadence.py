@@ -18,7 +18,10 @@ each is the median of ``--repeats`` steps after warm-up (compilation excluded). 
 step and N - 1 steps between per N steps, so its overhead is ((t_tier + (N - 1) t_between) / N) / t_off - 1; the
 table gives that for N = 1, 10, 100 (N = 1 is the tier step itself). Rows are printed as they finish (a run cut
 short keeps what it measured). AdamW, one micro-batch per step, random tokens; ``--profile N`` adds
-torch.profiler's top N ops of one step of each kind (where the tier's cost is).
+torch.profiler's top N ops of one step of each kind (where the tier's cost is). ``--forwards N`` times N forwards
+of each copy, interleaved, the tiered one as in a step between: compiled, the in-graph part alone (the tier's
+reductions are all in the forward, and run at every step), whose difference the whole step's noise (the backward,
+the optimizer, the host) would hide; eager, what the hooks cost when they return at once.
 
 On the CPU the table also gives the tier's own time, measured directly (`OwnTime`: a clock around each of its
 forward hooks and TierHook's calls; the tier's work is synchronous there; compiled, TierHook's host calls only),
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 import os
 import statistics
 import time
@@ -69,12 +73,14 @@ def measure(b: Bench, args: argparse.Namespace, size: str, compiled: bool) -> di
     x = x.to(b.device)
 
     owned: dict[str, list[float]] = {"tier": [], "between": []}
+    parts: dict[str, list[float]] = {}  # the tier step's own time by function (OwnTime)
 
     def step(kind: str) -> float:
         fwd, opt, h = runs[kind]
         n = 0 if kind == "tier" else 1
         if own is not None:
             own.seconds = 0.0
+            own.parts.clear()
         t0 = b.clock()
         if h is not None:
             h.pre_step(n)
@@ -91,6 +97,9 @@ def measure(b: Bench, args: argparse.Namespace, size: str, compiled: bool) -> di
         elapsed = b.clock() - t0
         if own is not None and kind != "off":
             owned[kind].append(own.seconds)
+            if kind == "tier":
+                for name, sec in own.parts.items():
+                    parts.setdefault(name, []).append(sec)
         return elapsed
 
     for _ in range(args.warmup):  # compilation, the allocator, the tier's buffers
@@ -98,11 +107,21 @@ def measure(b: Bench, args: argparse.Namespace, size: str, compiled: bool) -> di
             step(kind)
     times: dict[str, list[float]] = {k: [] for k in KINDS}
     owned.update({"tier": [], "between": []})  # the warm-up's are dropped
+    parts.clear()
     for r in range(args.repeats):
         for kind in KINDS[r % 3 :] + KINDS[: r % 3]:
             times[kind].append(step(kind))
     if own is not None:  # before the profiled steps below, which would add a slowed sample of each kind
         times.update({f"own {k}": list(v) for k, v in owned.items()})
+        times.update({f"part {k}": list(v) for k, v in parts.items()})
+    # the two copies' forwards alone, interleaved (no backward, no host work); the tiered copy's as in a step between:
+    # compiled, the in-graph part; eager, the hooks' early return
+    for r in range(args.forwards):
+        for kind in ("off", "between") if r % 2 == 0 else ("between", "off"):
+            t0 = b.clock()
+            with b.autocast():
+                runs[kind][0](x, targets=x)
+            times.setdefault(f"forward {kind}", []).append(b.clock() - t0)
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
@@ -127,22 +146,32 @@ class OwnTime:
 
     def __init__(self, tier: StepTier, hook: TierHook, forward: bool = True) -> None:
         self.seconds = 0.0
+        self.parts: dict[str, float] = {}  # the same by function
         for owner, names in (
             (tier, ("_entering", "_leaving", "_tap") if forward else ()),
             (hook, ("pre_step", "post_backward", "fired", "post_step")),
         ):
             for name in names:
-                setattr(owner, name, self._timed(getattr(owner, name)))
+                setattr(owner, name, self._timed(name, getattr(owner, name)))
 
-    def _timed(self, fn: Callable[..., object]) -> Callable[..., object]:
+    def _timed(self, name: str, fn: Callable[..., object]) -> Callable[..., object]:
         def timed(*a: object, **k: object) -> object:
             t0 = time.perf_counter()
             try:
                 return fn(*a, **k)
             finally:
-                self.seconds += time.perf_counter() - t0
+                dt = time.perf_counter() - t0
+                self.seconds += dt
+                self.parts[name] = self.parts.get(name, 0.0) + dt
 
         return timed
+
+
+def median_error(xs: list[float]) -> float:
+    """The standard error of a median of ``xs``, from its spread: 1.2533 sigma / sqrt(n), sigma estimated as
+    IQR / 1.349 (robust to the slow outliers a loaded machine adds)."""
+    q1, _, q3 = statistics.quantiles(xs, n=4)
+    return 1.2533 * (q3 - q1) / 1.349 / math.sqrt(len(xs))
 
 
 def overhead(med: dict[str, float], every: int) -> float:
@@ -161,6 +190,13 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=15, help="timed steps of each kind (at least 3)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps of each kind first")
     p.add_argument("--profile", type=int, default=0, help="print this many ops of a profile of each kind of step")
+    p.add_argument(
+        "--forwards",
+        type=int,
+        default=0,
+        help="also time this many forwards of each copy, interleaved, the tiered one as in a step between (compiled: "
+        "the in-graph part; eager: the hooks' early return), without the backward's and the optimizer's noise",
+    )
     args = p.parse_args()
     modes = [m for m in args.modes.split(",") if m]
     if args.repeats < 3 or not modes or any(m not in ("eager", "compiled") for m in modes):
@@ -195,6 +231,24 @@ def main() -> None:
                 f"| {ratios} | {spread} | {direct} |",
                 flush=True,
             )
+            by_part = {k[5:]: v for k, v in med.items() if k.startswith("part ")}
+            if by_part:
+                print(
+                    f"# {size}, {mode}: the tier step's own time by part (medians, ms): "
+                    + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in by_part.items()),
+                    flush=True,
+                )
+            if "forward off" in med:
+                extra = (med["forward between"] - med["forward off"]) / med["off"]
+                se = math.hypot(*(median_error(times[f"forward {k}"]) for k in ("off", "between"))) / med["off"]
+                what = "in-graph part" if mode == "compiled" else "hooks returning at once"
+                print(
+                    f"# {size}, {mode}: {what} {extra * 100:+.2f}% +- {2 * se * 100:.2f}% (two standard "
+                    f"errors) of the step off (median forward "
+                    f"{med['forward off'] * 1e3:.2f} ms without the tier, {med['forward between'] * 1e3:.2f} with it, "
+                    f"{len(times['forward off'])} each)",
+                    flush=True,
+                )
     if load:
         print(f"\n# load average at the end {os.getloadavg()[0]:.1f}")
 

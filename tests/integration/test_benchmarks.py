@@ -200,10 +200,18 @@ def test_gpu_check_plan_orders_its_checks_and_rewrites_its_sections(tmp_path):
 def test_tier_cadence_prints_each_cadence_and_the_tiers_own_time():
     """Eager on the CPU: the step-time columns and the direct measure (the seconds inside the tier's hooks and
     calls): positive, and its cadence-10 share below its cadence-1 share (a step between costs the hooks' early
-    return only)."""
-    text = run("tier_cadence.py", "--sizes", "nano", "--modes", "eager", "--repeats", "3", "--warmup", "1")
+    return only); the same by part, each of the timed functions named once with its median; the forwards alone
+    (``--forwards``) with their two-standard-error spread."""
+    args = ("--sizes", "nano", "--modes", "eager", "--repeats", "3", "--warmup", "1", "--forwards", "4")
+    text = run("tier_cadence.py", *args)
     (row,) = [r for r in text.splitlines() if r.startswith("| nano | eager |")]
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert len(cells) == 12 and all(c.endswith("%") for c in cells[5:8])
     own_ms, own_1, own_10 = float(cells[9]), float(cells[10].rstrip("%")), float(cells[11].rstrip("%"))
     assert own_ms > 0 and 0 < own_10 < own_1
+    (parts,) = [r for r in text.splitlines() if r.startswith("# nano, eager: the tier step's own time by part")]
+    by_part = dict(p.rsplit(" ", 1) for p in parts.split("ms): ", 1)[1].split(", "))
+    assert set(by_part) == {"pre_step", "_entering", "_tap", "_leaving", "post_backward", "fired", "post_step"}
+    assert all(float(v) >= 0 for v in by_part.values()) and float(by_part["_tap"]) > 0
+    (forwards,) = [r for r in text.splitlines() if r.startswith("# nano, eager: hooks returning at once ")]
+    assert "(two standard errors)" in forwards and forwards.endswith("4 each)")

@@ -37,11 +37,12 @@ computed where it lies. Under torch.compile each layer's reductions stay where t
 
 Costs: a max over each block's output, the sampled logits, one pass over the gradients and two over the
 block parameters (a copy before the step, the difference after: one extra copy of the block parameters
-in memory, of the local shard under FSDP2), and two reads back to the host per step. Measured in
-docs/benchmarks.md ("The tier's own time", benchmarks/tier_cadence.py): on an idle 2-core CPU at cadence 1, eager,
-0.81% of a small step and 1.8% of a micro one (0.09%, 0.22% at cadence 10), compiled within 1% at both (the host's
-part 0.53%, 0.71%); 15-25% of an eager gpu-126m step on an H100 (before the CPU changes; there the eager step's
-CPU time already exceeds its device time: every launch added is paid). The hooks are active from `reset` (a tier
+in memory, of the local shard under FSDP2; eager, the sampled q and k's buffer, at most 256 MiB), and two reads
+back to the host per step. Measured in docs/benchmarks.md ("The tier's own time", benchmarks/tier_cadence.py): on
+an idle 2-core CPU at cadence 1, eager, 0.77% of a small step and 1.5% of a micro one (0.08%, 0.19% at cadence 10),
+compiled within 1% at both (the host's part 0.51-0.54%, 0.56-0.76%; the in-graph part +0.12%, -0.08%); 15-25% of an
+eager gpu-126m step on an H100 (before the CPU changes; there the eager step's CPU time already exceeds its device
+time: every launch added is paid). The hooks are active from `reset` (a tier
 step's forward) to `before_step`, so evaluations, probe passes and spike replays between do
 not run them.
 
