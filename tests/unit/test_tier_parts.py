@@ -58,3 +58,44 @@ def test_the_cpus_stream_maximum_is_the_largest_magnitude_over_the_micro_batches
     tier._stream(2, torch.tensor([4.0, -1.0]).bfloat16())
     tier._stream(2, torch.tensor([-0.5, 5.0]).bfloat16())
     assert tier._extremes()[:3].tolist() == [7.0, 0.0, 5.0]
+
+
+def test_the_per_layer_spike_rule_is_olmos_rule_on_each_series_own_window():
+    """`TierSpikes` keeps every series in one array and computes the thresholds of equally long windows together;
+    it fires exactly where the rule written per series fires: value > mean + 6 std (population) of that series'
+    previous finite values, the last 16 of them, once 4 are known. Non-finite values never fire and never enter a
+    window (their series' windows fall out of step with the others'); a layer first seen late starts empty."""
+    from collections import deque
+
+    from normlab.diagnostics.tier import TierSpikes
+
+    g = torch.Generator().manual_seed(0)
+    tier = TierSpikes(sigmas=6.0, window=16, min_history=4)
+    windows: dict[str, deque] = {}
+    fired_somewhere = 0
+    for step in range(60):
+        layers = 2 if step < 10 else 3
+        row = {
+            "grad_norm": (1.0 + 0.1 * torch.rand(layers, generator=g)).tolist(),
+            "stream_max": (5.0 + torch.rand(layers + 1, generator=g)).tolist(),
+        }
+        if step in (2, 30, 55):
+            row["grad_norm"][1] = 50.0  # a spike (the first before its window is long enough)
+        if step == 45:
+            row["stream_max"][2] = 100.0  # a layer first seen at step 10
+        if step % 11 == 5:
+            row["stream_max"][0] = math.inf if step % 2 else math.nan
+        want = []
+        for key in ("grad_norm", "stream_max"):
+            for layer, v in enumerate(row[key]):
+                h = windows.setdefault(f"{key}[{layer}]", deque(maxlen=16))
+                if math.isfinite(v) and len(h) >= 4:
+                    xs = torch.tensor(list(h), dtype=torch.float64)
+                    if v > float(xs.mean() + 6.0 * xs.std(correction=0)):
+                        want.append(f"{key}[{layer}]")
+                if math.isfinite(v):
+                    h.append(v)
+        assert tier.check(row) == want
+        fired_somewhere += len(want)
+    assert fired_somewhere == 3
+    assert tier.history("stream_max[0]") == list(windows["stream_max[0]"]) and tier.history("nothing") == []

@@ -72,10 +72,10 @@ most once per probe interval: with two series per layer one fires often; the `sp
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -566,22 +566,69 @@ def tier_summary(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 class TierSpikes:
     """OLMo's count rule on each layer's gradient norm and stream maximum: value > mean + sigmas * std of the
-    previous ``window`` values (population std), once ``min_history`` are known."""
+    previous ``window`` finite values of its series (population std), once ``min_history`` are known.
+
+    Every series' window lives in one array (a row a series, a ring of ``window`` columns), and the thresholds of
+    all the series whose windows hold as many values are one mean and one std over their rows: per series one numpy
+    call each cost about 20 microseconds, 1.1 ms a step at 24 layers (49 series), paid on the host every tier step.
+    Each row is read oldest first, so each mean and std is the one `SpikeRule.threshold` computes over the same
+    values."""
 
     def __init__(self, sigmas: float = 6.0, window: int = 128, min_history: int = 16) -> None:
         self.rule = SpikeRule(sigmas, window, min_history)
-        self.history: dict[str, deque] = {}
+        self.names: list[str] = []  # the series, in their rows' order
+        self._row: dict[str, int] = {}
+        self._values = np.zeros((0, window))  # each series' last values, a ring
+        self._count = np.zeros(0, dtype=np.int64)  # how many it holds (at most window)
+        self._next = np.zeros(0, dtype=np.int64)  # where its next value goes
+        self._labels: dict[tuple[str, int], list[str]] = {}  # (metric, layers) -> the series' names
+
+    def history(self, name: str) -> list[float]:
+        """Series ``name``'s window, oldest first (empty for a series not seen)."""
+        if name not in self._row:
+            return []
+        i, w = self._row[name], self.rule.window
+        n = int(self._count[i])
+        return self._values[i, (self._next[i] - n + np.arange(n)) % w].tolist()
 
     def check(self, row: dict[str, Any]) -> list[str]:
         """The series of this row that spiked (e.g. ``grad_norm[3]``); every finite value enters its window."""
-        fired = []
+        names: list[str] = []
+        values: list[float] = []
         for key in ("grad_norm", "stream_max"):
-            for layer, v in enumerate(row.get(key) or []):
-                name = f"{key}[{layer}]"
-                h = self.history.setdefault(name, deque(maxlen=self.rule.window))
-                limit = self.rule.threshold(h) if math.isfinite(v) else None
-                if limit is not None and v > limit:
-                    fired.append(name)
-                if math.isfinite(v):
-                    h.append(v)
+            series = row.get(key) or []
+            label = self._labels.get((key, len(series)))
+            if label is None:
+                label = self._labels[(key, len(series))] = [f"{key}[{layer}]" for layer in range(len(series))]
+            names += label
+            values += series
+        if not names:
+            return []
+        rows = np.array([self._place(n) for n in names], dtype=np.int64)
+        v = np.array(values, dtype=np.float64)
+        limit = np.full(len(v), np.inf)
+        count = self._count[rows]
+        w = self.rule.window
+        for n in np.unique(count[count >= self.rule.min_history]):  # one vectorized threshold per window length
+            at = np.nonzero(count == n)[0]
+            r = rows[at]
+            window = self._values[r[:, None], (self._next[r][:, None] - n + np.arange(n)) % w]  # oldest first
+            limit[at] = window.mean(axis=1) + self.rule.sigmas * window.std(axis=1)
+        finite = np.isfinite(v)
+        fired = [names[i] for i in np.nonzero(finite & (v > limit))[0]]
+        r = rows[finite]
+        self._values[r, self._next[r]] = v[finite]
+        self._next[r] = (self._next[r] + 1) % w
+        self._count[r] = np.minimum(self._count[r] + 1, w)
         return fired
+
+    def _place(self, name: str) -> int:
+        """Series ``name``'s row, added empty the first time."""
+        i = self._row.get(name)
+        if i is None:
+            i = self._row[name] = len(self.names)
+            self.names.append(name)
+            self._values = np.vstack([self._values, np.zeros((1, self.rule.window))])
+            self._count = np.append(self._count, 0)
+            self._next = np.append(self._next, 0)
+        return i
