@@ -199,8 +199,10 @@ def main() -> None:
     )
     args = p.parse_args()
     modes = [m for m in args.modes.split(",") if m]
-    if args.repeats < 3 or not modes or any(m not in ("eager", "compiled") for m in modes):
-        p.error("--repeats: at least 3; --modes: a comma list of eager, compiled")
+    if args.repeats < 3 or args.forwards == 1 or args.forwards < 0 or not modes:
+        p.error("--repeats: at least 3; --forwards: 0 or at least 2; --modes: a comma list of eager, compiled")
+    if any(m not in ("eager", "compiled") for m in modes):
+        p.error("--modes: a comma list of eager, compiled")
     b = setup(args)
     print(b.header("per-step tier by cadence"))
     load = f", load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else ""

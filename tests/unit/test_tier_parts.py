@@ -99,3 +99,57 @@ def test_the_per_layer_spike_rule_is_olmos_rule_on_each_series_own_window():
         fired_somewhere += len(want)
     assert fired_somewhere == 3
     assert tier.history("stream_max[0]") == list(windows["stream_max[0]"]) and tier.history("nothing") == []
+
+
+def _tier_rows(budget: int, checkpointing: bool) -> list[dict]:
+    """Two training steps of a 4-block GQA model (4 query heads on 2 key heads), two micro-batches each, an
+    inference-mode forward first (the tier's window is open from its construction): each step's tier row."""
+    model = normlab.build_model("peri", "nano", seed=0, n_layers=4, n_heads=4, n_kv_heads=2)
+    model.activation_checkpointing = checkpointing
+    tier = StepTier(model)
+    tier._sample.budget = budget
+    g = torch.Generator().manual_seed(1)
+    batches = [torch.randint(0, model.config.vocab_size, (6, 16), generator=g) for _ in range(4)]
+    with torch.inference_mode():
+        model(batches[0])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    rows = []
+    for step in range(2):
+        tier.reset()
+        opt.zero_grad(set_to_none=True)
+        for x in batches[2 * step : 2 * step + 2]:
+            model(x, targets=x).loss.backward()
+        tier.before_step()
+        tier.read()
+        opt.step()
+        rows.append(tier.after_step(True))
+    tier.remove()
+    return rows
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_the_layers_logits_computed_together_equal_each_layers_own(checkpointing):
+    """Eager: a buffer large enough for every layer (`LogitSample` computes the 4 together at each micro-batch's
+    end) and one too small for two (each layer where it lies) give the same rows, over two micro-batches a step,
+    with activation checkpointing's recompute too, after an inference-mode forward made the buffer."""
+    together, apart = _tier_rows(2**28, checkpointing), _tier_rows(1, checkpointing)
+    for a, b in zip(together, apart):
+        for key in ("stream_max", "grad_norm", "update_rms"):
+            assert a[key] == pytest.approx(b[key], rel=1e-6)
+        for key in ("max_logit", "max_logit_bound"):
+            assert [len(h) for h in a[key]] == [4] * 4
+            assert sum(a[key], []) == pytest.approx(sum(b[key], []), rel=1e-5)
+            assert all(math.isfinite(v) for v in sum(a[key], []))
+    exact, bound = sum(together[0]["max_logit"], []), sum(together[0]["max_logit_bound"], [])
+    assert all(e <= b + 1e-5 for e, b in zip(exact, bound))
+
+
+def test_a_float64_model_has_its_norms_read():
+    model = normlab.build_model("pre", "nano", seed=0).double()
+    tier = StepTier(model)
+    x = torch.randint(0, model.config.vocab_size, (2, 8))
+    model(x, targets=x).loss.backward()
+    tier.before_step()
+    norms = tier.read()["grad_norm"]
+    by_hand = [math.sqrt(sum(float(p.grad.pow(2).sum()) for p in b.parameters())) for b in model.blocks]
+    assert norms == pytest.approx(by_hand, rel=1e-5)

@@ -32,8 +32,8 @@ runs and their logits computed once for the lot at the blocks' end (`LogitSample
 become 2 copies a layer and 12 a group. On the CPU each operation is a dispatch of tens of microseconds; on a GPU
 each is a launch, and an eager GPU step's CPU time already exceeds its device time (docs/diagnostics.md), so each
 launch is paid. The buffer holds at most 256 MiB (gpu-126m at 16 x 1,024 tokens: 5 layers' samples of 8 sequences,
-50 MiB each; a micro model's 6 layers: 3 MiB), kept from step to step; a layer whose sample alone would fill it is
-computed where it lies. Under torch.compile each layer's reductions stay where they are (inductor fuses them).
+48 MiB each; a micro model's 6 layers: 3 MiB), kept from step to step; a layer of which it would hold fewer than two
+is computed where it lies. Under torch.compile each layer's reductions stay where they are (inductor fuses them).
 
 Costs: a max over each block's output, the sampled logits, one pass over the gradients and two over the
 block parameters (a copy before the step, the difference after: one extra copy of the block parameters
@@ -323,6 +323,7 @@ class StepTier:
         for h in self._handles:
             h.remove()
         self._handles = []
+        self._sample.release()
 
 
 class WeightCopy:
@@ -357,10 +358,12 @@ class WeightCopy:
         ]
         self._all_views = [v for vs in self.views for v in vs]
 
+    @torch.no_grad()
     def load(self, groups: list[list[torch.Tensor]]) -> None:
         """Copy the groups' tensors in (the same tensors, shapes and dtypes as at construction)."""
         torch._foreach_copy_(self._all_views, [t for ts in groups for t in ts])
 
+    @torch.no_grad()
     def subtract(self, groups: list[list[torch.Tensor]]) -> None:
         """copy -= groups, in place (after the step: the copy becomes -dW)."""
         torch._foreach_sub_(self._all_views, [t for ts in groups for t in ts])
@@ -378,7 +381,8 @@ _OWNERS: dict[tuple, torch.Tensor] = {}  # group sizes and device -> the owner i
 def _sumsq_by_group(groups: list[list[torch.Tensor]], device: torch.device) -> torch.Tensor:
     """Each group's sum of squares, (len(groups),): one fused norm over every tensor, then summed per group
     (one kernel launch for the lot instead of one per block: the tier may run every step)."""
-    tensors = [t for g in groups for t in g]
+    # accumulated in float32 (a float64 tensor narrowed first: the norm's dtype may not narrow)
+    tensors = [t.float() if t.dtype == torch.float64 else t for g in groups for t in g]
     out = torch.zeros(len(groups), device=device)
     if tensors:
         key = (str(device), *(len(g) for g in groups))
@@ -472,8 +476,8 @@ class LogitSample:
     float32 buffer, and their logits (`layer_logits`) computed once for the lot, handed to ``fold`` (layers, exact,
     bound). Each operation costs a fixed dispatch (the CPU: tens of microseconds whatever its size; a GPU: a launch):
     a layer's logits are about 12, so a micro model's 6 layers cost 72 a micro-batch one at a time and 12 together
-    (plus 2 copies a layer). The buffer holds at most ``budget`` bytes (or one layer's sample); a layer whose sample
-    alone would fill it is computed where it lies, without the copy.
+    (plus 2 copies a layer). The buffer holds at most ``budget`` bytes; a layer of which it would hold fewer than
+    two is computed where it lies, without the copy.
     `flush` computes what the buffer holds: when it is full, when a layer of another shape or scale comes, at the
     blocks' end (`StepTier._leaving`) and before the step. Written here: torch fuses such reductions only by
     compiling, which an eager run does not."""
@@ -524,11 +528,13 @@ class LogitSample:
         h, hkv, s, t, d = shape
         per_head = s * t * d
         need = cap * (h + hkv) * per_head
-        if self._flat is None or self._flat.numel() < need or self._flat.device != device:
-            self._flat = torch.empty(need, device=device)
-            self._views.clear()  # views of the old buffer
         split = cap * h * per_head
-        return self._flat[:split].view(cap, h, s, t, d), self._flat[split:need].view(cap, hkv, s, t, d)
+        # ordinary tensors and views even when made in an inference-mode forward (the next training step writes them)
+        with torch.inference_mode(False):
+            if self._flat is None or self._flat.numel() < need or self._flat.device != device:
+                self._flat = torch.empty(need, dtype=torch.float32, device=device)
+                self._views.clear()  # views of the old buffer
+            return self._flat[:split].view(cap, h, s, t, d), self._flat[split:need].view(cap, hkv, s, t, d)
 
     def flush(self) -> None:
         """The buffer's layers' logits, to ``fold``; the buffer is free again."""
@@ -543,6 +549,11 @@ class LogitSample:
     def discard(self) -> None:
         """Forget the buffer's layers (a new step's forward begins)."""
         self.layers = []
+
+    def release(self) -> None:
+        """Forget the buffer itself (the tier is taken off)."""
+        self.layers, self._key, self._flat = [], None, None
+        self._views.clear()
 
 
 def tier_summary(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
