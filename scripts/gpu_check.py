@@ -15,7 +15,8 @@ The plan (`plan()`), in order of priority, each item one subprocess with its own
 5. the pre bf16 run again with the per-step tier every 10 steps and off (its cost end to end), and with the
    default checkpoint interval (stretched by a save's cost);
 6. `benchmarks/tier_cadence.py`: the per-step tier's cost at cadence 1, 10 and 100, eager and compiled, at
-   gpu-126m and kim-400m (bf16, 16 x 1,024; one item per mode);
+   gpu-126m and kim-400m (bf16, 16 x 1,024; one item per mode; with 40 forwards of each copy alone: compiled, the
+   in-graph part);
 7. `benchmarks/train_throughput.py` (eager and compiled, pre and peri).
 
 The whole check has a budget (``--budget-s``, default 540 s): a device lease is 15 minutes of GPU time with
@@ -212,9 +213,10 @@ def plan(dry: bool, out: Path) -> list[Item]:
     cadence = ["benchmarks/tier_cadence.py", *dev]
     if dry:
         cadence += ["--sizes", "nano", "--batch", "4", "--seq", "32", "--repeats", "3", "--warmup", "1"]
+        cadence += ["--forwards", "2"]
     else:
         cadence += ["--precision", "bf16", "--sizes", "gpu-126m,kim-400m", "--seq", "1024", "--batch", "16"]
-        cadence += ["--repeats", "20"]
+        cadence += ["--repeats", "20", "--forwards", "40"]  # forwards: compiled, the in-graph part alone
     by_cadence = [
         Item(f"per-step tier by cadence, {mode}", [py, *cadence, "--modes", mode], limit, "benchmarks")
         for mode, limit in (("eager", 120), ("compiled", 240))
