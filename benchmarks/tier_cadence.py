@@ -79,7 +79,6 @@ def measure(b: Bench, args: argparse.Namespace, size: str, compiled: bool) -> di
         fwd, opt, h = runs[kind]
         n = 0 if kind == "tier" else 1
         if own is not None:
-            own.seconds = 0.0
             own.parts.clear()
         t0 = b.clock()
         if h is not None:
@@ -96,7 +95,7 @@ def measure(b: Bench, args: argparse.Namespace, size: str, compiled: bool) -> di
             h.post_step(n, True)
         elapsed = b.clock() - t0
         if own is not None and kind != "off":
-            owned[kind].append(own.seconds)
+            owned[kind].append(sum(own.parts.values()))
             if kind == "tier":
                 for name, sec in own.parts.items():
                     parts.setdefault(name, []).append(sec)
@@ -145,8 +144,7 @@ class OwnTime:
     (asynchronous)."""
 
     def __init__(self, tier: StepTier, hook: TierHook, forward: bool = True) -> None:
-        self.seconds = 0.0
-        self.parts: dict[str, float] = {}  # the same by function
+        self.parts: dict[str, float] = {}  # the seconds inside each timed function this step
         for owner, names in (
             (tier, ("_entering", "_leaving", "_tap") if forward else ()),
             (hook, ("pre_step", "post_backward", "fired", "post_step")),
@@ -160,9 +158,7 @@ class OwnTime:
             try:
                 return fn(*a, **k)
             finally:
-                dt = time.perf_counter() - t0
-                self.seconds += dt
-                self.parts[name] = self.parts.get(name, 0.0) + dt
+                self.parts[name] = self.parts.get(name, 0.0) + time.perf_counter() - t0
 
         return timed
 

@@ -229,9 +229,8 @@ class StepTier:
         self._keep(n + 1 + (n + i) * h, bound)
 
     def _fold_logits(self, layers: list[int], exact: torch.Tensor, bound: torch.Tensor) -> None:
-        """Eager: the sampled logits and bounds of ``layers`` ((layers, heads) each) into the step's maxima."""
-        if exact.shape[1] > self.width:
-            raise ValueError(f"a block reported more than the {self.width} heads its attention declares")
+        """Eager: the sampled logits and bounds of ``layers`` ((layers, heads) each) into the step's maxima (a block
+        with more heads than its attention declares is refused in `_extremes`)."""
         for i, e, b in zip(layers, exact.unbind(0), bound.unbind(0)):
             _keep_max(self._logits, i, e)
             _keep_max(self._bounds, i, b)
@@ -492,10 +491,9 @@ class LogitSample:
     ) -> None:
         self.fold, self.max_layers, self.queries, self.sequences, self.budget = fold, layers, queries, sequences, budget
         self.layers: list[int] = []  # the buffer's layers, in its order
-        self._key: tuple | None = None  # their shapes, device and scale
+        self._key: tuple | None = None  # their shapes, device and scale (last)
         self._flat: torch.Tensor | None = None  # the one buffer, as large as the largest group so far
         self._views: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # key -> its q and k views of the buffer
-        self._scale = 1.0
 
     def add(self, layer: int, q: torch.Tensor, k: torch.Tensor, scale: float) -> None:
         """Layer ``layer``'s q (B, H, T, d) and k (B, H_kv, T, d): sampled, and copied or computed."""
@@ -516,7 +514,7 @@ class LogitSample:
         qs[j].copy_(q.transpose(0, 1))
         ks[j].copy_(k.transpose(0, 1))
         self.layers.append(layer)
-        self._key, self._scale = key, scale
+        self._key = key
         if len(self.layers) == cap:
             self.flush()
 
@@ -540,9 +538,10 @@ class LogitSample:
         """The buffer's layers' logits, to ``fold``; the buffer is free again."""
         if not self.layers:
             return
-        qs, ks = self._views[self._key]  # type: ignore[index]
+        assert self._key is not None  # set with the first layer
+        qs, ks = self._views[self._key]
         n = len(self.layers)
-        exact, bound = layer_logits(qs[:n], ks[:n], self._scale, self.queries)
+        exact, bound = layer_logits(qs[:n], ks[:n], self._key[-1], self.queries)
         layers, self.layers = self.layers, []
         self.fold(layers, exact, bound)
 
@@ -582,13 +581,12 @@ class TierSpikes:
     Every series' window lives in one array (a row a series, a ring of ``window`` columns), and the thresholds of
     all the series whose windows hold as many values are one mean and one std over their rows: per series one numpy
     call each cost about 20 microseconds, 1.1 ms a step at 24 layers (49 series), paid on the host every tier step.
-    Each row is read oldest first, so each mean and std is the one `SpikeRule.threshold` computes over the same
-    values."""
+    Each row is read oldest first, so each threshold is the one `SpikeRule.threshold` computes over the same
+    values (`SpikeRule.limits`)."""
 
     def __init__(self, sigmas: float = 6.0, window: int = 128, min_history: int = 16) -> None:
         self.rule = SpikeRule(sigmas, window, min_history)
-        self.names: list[str] = []  # the series, in their rows' order
-        self._row: dict[str, int] = {}
+        self._row: dict[str, int] = {}  # each series' row, in the order they came
         self._values = np.zeros((0, window))  # each series' last values, a ring
         self._count = np.zeros(0, dtype=np.int64)  # how many it holds (at most window)
         self._next = np.zeros(0, dtype=np.int64)  # where its next value goes
@@ -624,7 +622,7 @@ class TierSpikes:
             at = np.nonzero(count == n)[0]
             r = rows[at]
             window = self._values[r[:, None], (self._next[r][:, None] - n + np.arange(n)) % w]  # oldest first
-            limit[at] = window.mean(axis=1) + self.rule.sigmas * window.std(axis=1)
+            limit[at] = self.rule.limits(window)
         finite = np.isfinite(v)
         fired = [names[i] for i in np.nonzero(finite & (v > limit))[0]]
         r = rows[finite]
@@ -637,8 +635,7 @@ class TierSpikes:
         """Series ``name``'s row, added empty the first time."""
         i = self._row.get(name)
         if i is None:
-            i = self._row[name] = len(self.names)
-            self.names.append(name)
+            i = self._row[name] = len(self._row)
             self._values = np.vstack([self._values, np.zeros((1, self.rule.window))])
             self._count = np.append(self._count, 0)
             self._next = np.append(self._next, 0)

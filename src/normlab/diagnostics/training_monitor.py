@@ -140,8 +140,12 @@ class SpikeRule:
         """The loss above which the next step is a spike, or None while the history is too short."""
         if len(history) < self.min_history:
             return None
-        values = np.fromiter(history, dtype=np.float64, count=len(history))  # population std, as OLMo
-        return float(values.mean() + self.sigmas * values.std())
+        return float(self.limits(np.fromiter(history, dtype=np.float64, count=len(history))))
+
+    def limits(self, windows: np.ndarray) -> np.ndarray:
+        """mean + sigmas * std over the last axis (population std, as OLMo): one window's threshold, or many
+        windows' at once (a row each)."""
+        return windows.mean(axis=-1) + self.sigmas * windows.std(axis=-1)
 
 
 def _check_arguments(model: Any, every: Any, probe_batch: Any, spike: Any, options: Mapping[str, Any]) -> None:
