@@ -103,7 +103,7 @@ def test_recommend_ranks_with_evidence_resumes_and_refuses_changed_inputs(corpus
         and "where the settings overlap" in md
         and "## What the proxy can and cannot tell" in md
     )
-    assert "## What ran, and how far the answer could move" in md and "Recommended (provisional: " in md
+    assert "## What ran, and how far the answer could move" in md and "Ranked first (provisional: " in md
     # the answer sized to its evidence (issue 53): one seed is thin; no placement named, so no effect to measure
     conf = rec["confidence"]
     assert conf["level"] == "provisional" and "one seed: no seed noise measured" in conf["why"]

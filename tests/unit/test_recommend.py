@@ -256,7 +256,10 @@ def test_the_plan_from_numbers_a_small_budget_buys_a_smaller_answer():
     assert p.predicted["stress"] == pytest.approx(3 * run + 20) and p.predicted["final"] == pytest.approx(run + 20)
     assert p.predicted["total"] == pytest.approx(30 + 3 * run + 20 + run + 20 + 30)
     assert any("6 of 8 candidates" in c and "hybrid, pre-gate" in c for c in p.cut)
-    assert "one seed: no seed noise measured" in p.cut and "proxies 12 layers deep (yours: 16)" in p.cut
+    # the budget that buys the interval: 2 finalists x 2 lrs x 2 seeds (3 more runs each: 3 waves) beside the same
+    # screen and stress round, (30 + 3 x 49.25 + 20 + 3 x 49.25 + 20) / 0.85 + 30 = 460 s: 8 min
+    assert "one seed: no seed noise measured (--budget 8 buys a second seed of each finalist)" in p.cut
+    assert "proxies 12 layers deep (yours: 16)" in p.cut
     # the same inputs, the same plan (nothing reads the clock)
     assert plan.make_plan(SIX, "pre", LLAMA_1B, _flat(), 6 * 60, 2, 150) == p
     # 200 s (144.5 s to fill): a final round does not fit (15 + 2 x 49.25 + 20 + 49.25 + 20 = 202.75 s), a
@@ -674,7 +677,7 @@ def test_the_reason_names_what_put_the_winner_first_and_where_the_current_placem
         r.rank = i
     ranked = [r for r in ranked if r.status == "ranked"] + [tail, pre]
     text = reason({"current": "pre"}, ranked)
-    assert text.startswith("Recommended: **peri**; screen: stable.")
+    assert text.startswith("Ranked first: **peri**; screen: stable.")
     assert (
         "Next: pre-gate (0/4 failed, best loss 2.4100 ± 0.0140); peri ranks above it in a tie on loss within seed "
         "noise, broken by the screen's verdict." in text

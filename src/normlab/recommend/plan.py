@@ -11,7 +11,8 @@ A small budget buys a smaller answer, never a refusal while the smallest one fit
                 with two seeds at the stress learning rate, at the deepest proxy where that fits
     then, each step taken while the whole plan still fits FILL of the time left after the reserves:
       1. a final round: the best of the stress round and your current placement at a second learning rate
-      2. a second seed (the effect against your placement has no interval without seed noise)
+      2. a second seed (the effect and the effective speedup against your placement have no interval without
+         seed noise): both before the proxies grow to the standard depth and steps
       3. more candidates, up to FEW_CANDIDATES
       4. a third finalist
       5. one more learning rate beyond the edge, for the finalists whose best is the lowest or highest tried
@@ -68,6 +69,7 @@ FILL = 0.85  # the plan fills this share of the time left: room for a machine sl
 ROUND_OVERHEAD_S = 20.0
 STARTUP_RESERVE_S = 10.0  # imports and reading the model, before the plan (x the machine's speed)
 REPORT_RESERVE_S = 20.0  # the summaries, the figures and the report (x the machine's speed)
+
 VERIFY_SHARE = 1 / 3  # the verify stage may take up to this share of the time left after the smallest answer
 VERIFY_MAX_K = 4
 SCREEN_MEMORY = 4 * 2**30  # the screen's float64 model at most this large
@@ -407,17 +409,19 @@ class _Planner:
         return note
 
     def essential(self, s: _State) -> list[_State]:
-        """The small budget's steps, in order: the standard proxy, a final round, a second seed, up to
+        """The small budget's steps, in order: a final round, a second seed, the standard proxy, up to
         FEW_CANDIDATES candidates, a third finalist."""
         out = []
+        # the final round (your placement and the leader) and their second seed come first: every answer
+        # carries an interval (the effective speedup's needs seed noise), before the proxy grows or the search widens
+        if s.finalists == 0 and s.n >= 2:
+            out.append(replace(s, finalists=2))
+        if s.finalists and not self.req.seeds and s.n_seeds < 2:
+            out.append(replace(s, n_seeds=2))
         if s.steps < self.req.steps:
             out.append(replace(s, steps=self.req.steps))
         if s.depth < self.standard:
             out.append(replace(s, depth=self.depths[self.depths.index(s.depth) + 1]))
-        if s.finalists == 0 and s.n >= 2:
-            out.append(replace(s, finalists=2))
-        if s.finalists and not self.req.seeds and s.n_seeds < 2:  # the effect's interval needs seed noise
-            out.append(replace(s, n_seeds=2))
         if s.n < min(FEW_CANDIDATES, len(self.order)):
             out.append(replace(s, n=s.n + 1))
         if s.finalists and s.finalists < min(3, s.n):
@@ -498,6 +502,15 @@ class _Planner:
             screen=r.screen,
         )
         plan.cut = _cuts(plan, r.user, bool(r.lrs), bool(r.seeds), r.depth is not None, r.steps)
+        if state.finalists and not r.seeds and state.n_seeds < 2:  # the budget that would buy the interval
+            two = replace(state, n_seeds=2)
+            need = (sum(self.stages(two).values()) / FILL + self.reserve) / 60
+            plan.cut = [
+                c + f" (--budget {math.ceil(need):g} buys a second seed of each finalist)"
+                if c.startswith("one seed")
+                else c
+                for c in plan.cut
+            ]
         return plan
 
 

@@ -6,10 +6,11 @@ before the verify stage and again with its verdict.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from normlab.io import atomic_write_bytes, atomic_write_json
-from normlab.recommend import agreement, answer, derived, explain
+from normlab.recommend import agreement, answer, derived, explain, gate, speedup, tax
 from normlab.recommend.context import Context
 from normlab.recommend.frameworks import settings_for
 from normlab.recommend.rank import (
@@ -21,7 +22,10 @@ from normlab.recommend.rank import (
     unranked_if_unfinished,
 )
 from normlab.recommend.records import FinalRecord, Recommendation
+from normlab.recommend.shape import PROXY_WIDTH
 from normlab.recommend.signals import with_signals
+
+TAX_MARGIN_S = 5.0  # the tax's turns stop this long before the budget's end (the files still to write)
 
 
 def _unscreened(ctx: Context, name: str) -> Evidence:
@@ -103,6 +107,36 @@ def _plan_record(ctx: Context, stress: dict[str, Any], final: FinalRecord) -> di
     }
 
 
+def norm_tax(ctx: Context, base: str, cand: str) -> dict[str, Any]:
+    """The leader's norm tax against the user's placement at the user's shape (`normlab.recommend.tax`),
+    within what is left of the budget; where it cannot be timed, why."""
+    ctx.log(f"{ctx.clock.stamp()} norm tax: {ctx.labels.get(cand) or cand} against {base} at your width")
+    try:
+        t = tax.measure(ctx.user.config, base, cand, deadline=ctx.clock.t0 + ctx.clock.budget_s - TAX_MARGIN_S)
+    except tax.TaxSkipped as e:
+        return {"value": None, "interval": None, "why": str(e)}
+    return t.to_dict()
+
+
+def gated_speedup(ctx: Context, ranked: list[Evidence]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """The leader's effective speedup against the user's placement (with its norm tax) and the gate's verdict."""
+    assert ctx.found.runs is not None
+    base = next((r for r in ranked if r.layout == ctx.current), None) if ctx.current else None
+    lead = gate.leader(ranked, ctx.current)
+    sp: dict[str, Any] | None = None
+    if base is not None and lead is not None:
+        t0 = time.time()
+        tx = norm_tax(ctx, base.layout, lead.layout)  # the placement's cost, whatever its runs did
+        if base.best_lr is not None and lead.best_lr is not None:
+            sp = speedup.for_pair(ctx.found.runs, ctx.folder.grid, base, lead, tx, PROXY_WIDTH, ctx.plan.depth)
+        else:
+            who = base.layout if base.best_lr is None else lead.layout
+            sp = {"baseline": base.layout, "candidate": lead.layout, "value": None, "interval": None, "tax": tx}
+            sp["why"] = f"{who} finished no run: no loss to reach"
+        sp["tax_seconds"] = time.time() - t0
+    return sp, gate.verdict(ranked, ctx.current, sp)
+
+
 def conclude(ctx: Context, verify: dict[str, Any] | None = None) -> Recommendation:
     """The recommendation from what the stages found, written to the folder (module doc)."""
     found, p, folder = ctx.found, ctx.plan, ctx.folder
@@ -118,6 +152,7 @@ def conclude(ctx: Context, verify: dict[str, Any] | None = None) -> Recommendati
     used = ctx.clock.used_minutes()
     record = explain.transfer_record()
     eff = answer.effect(found.runs, ranked, ctx.current, len(found.final.lrs))
+    eff["speedup"], decision = gated_speedup(ctx, ranked)
     # every call's rounds (a resumed call's own are in ctx.rounds; earlier calls' cuts are in plan.json)
     conf = answer.confidence(ranked, rounds, p.to_dict(), eff)
     answers = ctx.saved.setdefault("answers", [])
@@ -164,6 +199,7 @@ def conclude(ctx: Context, verify: dict[str, Any] | None = None) -> Recommendati
         changed_from=changed,
         dropped=derived.dropped(ctx.current, winner.layout) if winner else [],
         labels=dict(ctx.labels),
+        verdict=decision,
     )
     as_dict = result.to_dict()
     result.text = explain.markdown(as_dict, ranked)
