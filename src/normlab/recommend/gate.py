@@ -81,8 +81,7 @@ def verdict(ranked: list[Evidence], current: str | None, speedup: dict[str, Any]
             "decision": "keep",
             "layout": base.layout,
             "gate": None,
-            "why": f"{lead.name} finished no run ({lead.diverged} diverged, {lead.stalled} stalled of "
-            f"{lead.finished})",
+            "why": f"{lead.name} finished no run ({lead.diverged} diverged, {lead.stalled} stalled of {lead.finished})",
         }
     worse = lead.failures > base.failures or lead.risk_share > base.risk_share
     s = speedup or {}
