@@ -365,3 +365,14 @@ def test_quick_question_your_model_against_it_plus_output_norms(corpus, tmp_path
     assert ("Outside what the transfer record measured" in md) == bool(differences) and "FP16 maximum" not in md
     for r in rec["ranking"]:  # the signals that predict trouble, per candidate
         assert r["logit_last"] is not None and r["logit_first"] is not None and r["at_risk"] >= 0
+    # the answer in compute: the speedup of the change against the user's placement, with its interval and the norm
+    # tax timed at the user's shape (nano's width) on this machine, and the gate's verdict leading the markdown
+    sp = eff["speedup"]
+    assert (sp["baseline"], sp["candidate"]) == ("qwen3", plus_out) and sp["seeds"] == [2, 2]
+    assert sp["value"] > 0 and sp["interval"][0] <= sp["value"] <= sp["interval"][1]
+    tax = sp["tax"]
+    assert tax["device_type"] == "cpu" and tax["bound"] == "lower" and tax["shape"]["d_model"] == 32  # nano
+    assert sp["by_scale"][0]["width"] == 64 and sp["projection"]["value"] is None
+    assert rec["verdict"]["decision"] in ("change", "keep")
+    lead = md.split("\n\n")[1]
+    assert lead.startswith("**Change to" if rec["verdict"]["decision"] == "change" else "**Keep your qwen3**")

@@ -128,7 +128,7 @@ def gated_speedup(ctx: Context, ranked: list[Evidence]) -> tuple[dict[str, Any] 
         t0 = time.time()
         tx = norm_tax(ctx, base.layout, lead.layout)  # the placement's cost, whatever its runs did
         if base.best_lr is not None and lead.best_lr is not None:
-            sp = speedup.for_pair(ctx.found.runs, ctx.folder.grid, base, lead, tx, PROXY_WIDTH, ctx.plan.depth)
+            sp = speedup.for_pair(ctx.found.runs, ctx.folder.grid.path, base, lead, tx, PROXY_WIDTH, ctx.plan.depth)
         else:
             who = base.layout if base.best_lr is None else lead.layout
             sp = {"baseline": base.layout, "candidate": lead.layout, "value": None, "interval": None, "tax": tx}
