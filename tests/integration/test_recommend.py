@@ -374,5 +374,5 @@ def test_quick_question_your_model_against_it_plus_output_norms(corpus, tmp_path
     assert tax["device_type"] == "cpu" and tax["bound"] == "lower" and tax["shape"]["d_model"] == 32  # nano
     assert sp["by_scale"][0]["width"] == 64 and sp["projection"]["value"] is None
     assert rec["verdict"]["decision"] in ("change", "keep")
-    lead = md.split("\n\n")[1]
+    lead = md.split("\n\n")[2]  # after the title and the inputs
     assert lead.startswith("**Change to" if rec["verdict"]["decision"] == "change" else "**Keep your qwen3**")
