@@ -376,3 +376,43 @@ def test_quick_question_your_model_against_it_plus_output_norms(corpus, tmp_path
     assert rec["verdict"]["decision"] in ("change", "keep")
     lead = md.split("\n\n")[2]  # after the title and the inputs
     assert lead.startswith("**Change to" if rec["verdict"]["decision"] == "change" else "**Keep your qwen3**")
+
+
+@pytest.mark.long
+def test_the_ladder_trains_both_at_three_widths_and_projects_the_speedup(corpus, tmp_path, capsys):
+    """A budget that buys the ladder: the user's placement and its rival trained again at widths 32 and 128
+    (muP from the proxy's 64, tokens growing with width), the speedup at each rung, the trend and its projection
+    to the user's scale with an interval, ladder.png, and the gate reading the largest rung."""
+    model = tmp_path / "model.toml"
+    model.write_text('size = "nano"\nlayout = "pre"\n')
+    args = _args(corpus, tmp_path / "rec", "--budget", "60")
+    args[1] = str(model)
+    args[args.index("--seeds") + 1] = "0,1"
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "ladder [" in out and "ladder done" in out
+    rec = json.loads((tmp_path / "rec" / "recommendation.json").read_text())
+    plan_ = rec["plan"]
+    assert rec["rounds"][-1]["stage"] == "ladder" and rec["rounds"][-1]["planned"] == 8
+    sp = rec["effect"]["speedup"]
+    assert [r["width"] for r in sp["by_scale"]] == [32, 64, 128]
+    for r in sp["by_scale"]:
+        assert r["compute"] > 0 and r["seeds"] == [2, 2]
+    # compute grows with width: tokens x2 a rung (8 steps is the floor at 32) and the FLOPs a token with it
+    assert sp["by_scale"][0]["compute"] < sp["by_scale"][1]["compute"] < sp["by_scale"][2]["compute"]
+    proj = sp["projection"]
+    if proj["value"] is not None:  # three finite rungs: an interval (a bound at a rung leaves it out, said)
+        assert proj["interval"][0] <= proj["value"] <= proj["interval"][1] and proj["trend"] in (
+            "grows",
+            "holds",
+            "shrinks",
+        )
+    else:
+        assert proj["left_out"] and "three" in proj["why"]
+    assert (tmp_path / "rec" / "ladder.png").stat().st_size > 0
+    assert (tmp_path / "rec" / "ladder" / f"w128-lr{rec['ranking'][0]['best_lr']:g}").is_dir() or any(
+        (tmp_path / "rec" / "ladder").iterdir()
+    )
+    assert "largest_rung" not in sp or sp["largest_rung"]["width"] == 128
+    assert "by scale: d 32" in (tmp_path / "rec" / "recommendation.md").read_text()
+    assert plan_["depth"] >= 1

@@ -172,3 +172,52 @@ def test_the_gate_changes_only_on_a_lower_bound_above_one_or_a_baseline_that_nev
     assert gate.headline(v, "", None).startswith("**No answer yet**")
     # no placement named: the ranking's first, ungated
     assert gate.verdict([peri, pre], None, None)["decision"] == "recommend"
+
+
+def test_the_ladders_projection_is_ols_on_log_log_with_students_prediction_interval():
+    from normlab.recommend import ladder
+
+    compute = [1e12, 8e12, 6.4e13]
+    values = [1.05, 1.10, 1.12]
+    rungs = [{"width": w, "compute": c, "value": v} for w, c, v in zip((32, 64, 128), compute, values)]
+    x0 = 1e21
+    p = ladder.fit(rungs, x0)
+    x, y = np.log(compute), np.log(values)
+    b, a = np.polyfit(x, y, 1)
+    s = math.sqrt(((y - (a + b * x)) ** 2).sum() / 1)
+    sxx = ((x - x.mean()) ** 2).sum()
+    half = stats.t.ppf(0.975, 1) * s * math.sqrt(1 + 1 / 3 + (math.log(x0) - x.mean()) ** 2 / sxx)
+    mid = a + b * math.log(x0)
+    assert p["value"] == pytest.approx(math.exp(mid), rel=1e-9)
+    assert p["interval"] == pytest.approx([math.exp(mid - half), math.exp(mid + half)], rel=1e-9)
+    assert p["slope"] == pytest.approx(b, rel=1e-9) and p["degrees_of_freedom"] == 1
+    # one degree of freedom (t = 12.7): the slope's interval holds 0, so the advantage "holds" as far as 3 rungs tell
+    assert p["trend"] == "holds" and p["slope_interval"][0] < 0 < p["slope_interval"][1]
+    exact = ladder.fit([{**r, "value": 1.1 * (r["compute"] / 1e12) ** 0.05} for r in rungs], x0)
+    assert exact["trend"] == "grows" and exact["interval"][0] == pytest.approx(exact["value"], rel=1e-6)
+    assert exact["crosses_1_at"] is None and exact["lower_bound_above_1"]
+    two = ladder.fit(rungs[:2] + [{**rungs[2], "bound": "lower"}], x0)
+    assert two["value"] is None and two["left_out"] == [128] and "three" in two["why"]
+    assert ladder.rung_steps(128, 150) == 300 and ladder.rung_steps(32, 150) == 75 and ladder.off_proxy() == [32, 128]
+    assert ladder.user_compute(1e9, None)[0] == pytest.approx(6 * 1e9 * 2e10)
+
+
+def test_the_plan_buys_two_seeds_before_the_ladder_and_the_ladder_before_more_candidates():
+    from normlab.model.config import ModelConfig
+    from normlab.recommend import plan
+    from normlab.recommend.cost import Calibration
+
+    cal = Calibration(c0=0.275, c_flop=0.0, c_norm=0.0, s0=5.0, s_layer=0.0, s_flop=0.0, seconds=1.0)
+    user = ModelConfig(d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8, d_ff=8192, vocab_size=128256)
+    names = ["pre", "peri", "post", "qwen3", "olmo2", "deepnorm", "hybrid", "pre-gate"]
+    small = plan.make_plan(names, "pre", user, cal, 8 * 60, 2, 150)
+    assert small.seeds == [0, 1] and small.ladder is None
+    assert any(c.startswith("one rung (the proxy)") and "buys the ladder at widths 32, 64, 128" in c for c in small.cut)
+    need = int(next(c for c in small.cut if c.startswith("one rung")).split("--budget ")[1].split()[0])
+    bought = plan.make_plan(names, "pre", user, cal, need * 60, 2, 150)
+    assert bought.ladder is not None and bought.ladder["steps"] == {"32": 75, "128": 300}
+    assert bought.predicted["ladder"] == pytest.approx(bought.ladder["predicted_s"])
+    assert not any(c.startswith("one rung") for c in bought.cut)
+    quick = plan.make_plan(names, "pre", user, cal, 600 * 60, 2, 150, screen=False)
+    assert quick.ladder is None  # the quick question is one rung
+    assert plan.Plan.from_dict(bought.to_dict()) == bought

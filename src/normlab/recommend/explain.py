@@ -15,7 +15,7 @@ from normlab.config.commands import RECOMMEND_BASE
 from normlab.experiments.transfer import HEADROOM
 from normlab.pages import table_html
 from normlab.pages import write_page as page
-from normlab.recommend import agreement, gate, speedup, tax
+from normlab.recommend import agreement, gate, ladder, speedup, tax
 from normlab.recommend.rank import Evidence
 from normlab.recommend.ranking_figure import ranking_figure
 from normlab.recommend.shape import PROXY_WIDTH, UserModel
@@ -161,6 +161,7 @@ def movement(
             "final": "final round",
             "extend": "edge learning rates",
             "verify": "verify stage",
+            "ladder": "ladder",
         }[r["stage"]]
         if r["finished"] < r["planned"]:
             out.append(
@@ -601,8 +602,22 @@ def speedup_item(sp: dict[str, Any]) -> str:
         text += f"; norm tax {tax.words(t)}" + (" (cached)" if t.get("cached") else "")
     elif t.get("why"):
         text += f"; norm tax not measured: {t['why']}"
+    rungs = sp.get("by_scale") or []
+    if len(rungs) > 1:
+        text += "; by scale: " + ", ".join(
+            f"d {r['width']} "
+            + (
+                f"x{r['value']:.2f}"
+                + (f" [{r['interval'][0]:.2f}, {r['interval'][1]:.2f}]" if r.get("interval") else "")
+                if r.get("value") is not None
+                else f"- ({r.get('why') or 'not measured'})"
+            )
+            for r in rungs
+        )
     proj = sp.get("projection") or {}
-    if proj.get("why"):
+    if proj.get("value") is not None:
+        text += f"; {ladder.words(proj)} (tokens at your scale: {proj.get('tokens')})"
+    elif proj.get("why"):
         text += f"; at your scale: {proj['why']}"
     if sp.get("method"):
         text += f" (method: {sp['method']})"
@@ -696,6 +711,11 @@ def write_page(folder: RecommendDir, result: dict[str, Any], ranked: list[Eviden
         )
         + f"<p>{h(reason(result, ranked)).replace('**', '')}</p><h2>Evidence</h2>{table_html(_evidence_rows(ranked))}"
         + (ranking_figure(folder, live, result.get("precision", "fp16")) if live else "")
+        + (
+            f'<h2>Effective speedup against scale</h2><img src="{folder.ladder_figure.name}" alt="the ladder">'
+            if folder.ladder_figure.is_file()
+            else ""
+        )
         + (_list_html(ANSWER_TITLE, [x.replace("**", "") for x in answer]) if answer else "")
         + _checks_html(result["recipe_checks"])
         + _settings_html(result)

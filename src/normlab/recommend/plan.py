@@ -49,6 +49,7 @@ from normlab.errors import ConfigError
 from normlab.layout import as_layout
 from normlab.model.config import ModelConfig
 from normlab.model.params import analytic_params
+from normlab.recommend import ladder
 from normlab.recommend.cost import Calibration, makespan
 from normlab.recommend.shape import PROXY_WIDTH, proxy_shape, screen_shape
 from normlab.screen.wellposed import wellposedness
@@ -143,6 +144,9 @@ class Plan:
     verify: dict[str, Any] | None = None  # the verify stage: k, width, depth, steps, predicted_s (None: none)
     verify_note: str = ""  # why a verify stage asked for is not in the plan (one line), else ""
     screen: bool = True  # False: the quick question, no screen (`normlab.recommend.stage_screen`)
+    # the ladder (normlab.recommend.ladder): the rungs it trains beside the proxy ({width: steps}) and their
+    # predicted seconds; None: one rung (the proxy)
+    ladder: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """plan.json's "plan"."""
@@ -165,6 +169,7 @@ class _State:
     n_seeds: int
     extend: bool
     width: int
+    ladder: bool = False
 
 
 @dataclass(frozen=True)
@@ -297,15 +302,25 @@ class _Planner:
         widths = [w for w in [*(2**k for k in range(6, 17)), user.d_model] if w <= user.d_model] or [user.d_model]
         self.widths = _fitting_widths(user, sorted(set(widths)))
         _check_proxy_memory(user, self.depths[0], r.workers)
-        self._runs: dict[tuple[str, int, int], float] = {}
+        self._runs: dict[tuple[str, int, int, int], float] = {}
 
-    def run_s(self, name: str, d: int, n_steps: int) -> float:
+    def run_s(self, name: str, d: int, n_steps: int, width: int = PROXY_WIDTH) -> float:
         r = self.req
-        if (name, d, n_steps) not in self._runs:
-            self._runs[name, d, n_steps] = r.cal.run_seconds(
-                ModelConfig(**proxy_shape(r.user, d)), name, n_steps, r.optimizer, r.ns_steps
+        if (name, d, n_steps, width) not in self._runs:
+            self._runs[name, d, n_steps, width] = r.cal.run_seconds(
+                ModelConfig(**proxy_shape(r.user, d, width)), name, n_steps, r.optimizer, r.ns_steps
             )
-        return self._runs[name, d, n_steps]
+        return self._runs[name, d, n_steps, width]
+
+    def ladder_s(self, s: _State) -> float:
+        """The ladder's rungs beside the proxy: the two dearest candidates (who the user's placement's rival is
+        is known only after the final round), each its seeds in a sweep of its own at each rung."""
+        total = 0.0
+        for w in ladder.off_proxy():
+            st = ladder.rung_steps(w, s.steps)
+            dear = sorted(self.run_s(n, s.depth, st, w) for n in self.order[: s.n])[-2:]
+            total += sum(self.round_s([t] * self.n_seeds(s)) for t in dear)
+        return total
 
     def screen_s(self, w: int) -> float:
         return self.req.cal.screen_seconds(ModelConfig(**screen_shape(self.req.user, w, 64)))
@@ -331,6 +346,8 @@ class _Planner:
             "final": self.round_s(dear * per),
             "extend": self.round_s(dear * self.n_seeds(s)) if s.extend else 0.0,
         }
+        if s.ladder:
+            out["ladder"] = self.ladder_s(s)
         if self.vstage:
             pricing = VerifyPricing(
                 self.order[: s.n], r.user, r.cal, r.workers, s.depth, s.steps, r.optimizer, r.ns_steps
@@ -422,6 +439,8 @@ class _Planner:
             out.append(replace(s, steps=self.req.steps))
         if s.depth < self.standard:
             out.append(replace(s, depth=self.depths[self.depths.index(s.depth) + 1]))
+        if self.ladder_possible(s):  # the speedup over scale, before the search widens
+            out.append(replace(s, ladder=True))
         if s.n < min(FEW_CANDIDATES, len(self.order)):
             out.append(replace(s, n=s.n + 1))
         if s.finalists and s.finalists < min(3, s.n):
@@ -449,6 +468,19 @@ class _Planner:
             if self.stages(wider)["screen"] <= SCREEN_SHARE * r.budget_s:
                 out.append(wider)
         return out
+
+    def ladder_possible(self, s: _State) -> bool:
+        """The ladder needs the user's placement and a rival in the final round with two seeds each; the quick
+        question is one rung."""
+        r = self.req
+        return (
+            not s.ladder
+            and r.screen
+            and r.current is not None
+            and s.finalists >= 2
+            and self.n_seeds(s) >= 2
+            and s.steps >= r.steps
+        )
 
     def grow(self, state: _State) -> _State:
         """The small budget's steps, each while it fits; once all are taken, the rest, each while it fits."""
@@ -501,7 +533,24 @@ class _Planner:
             verify_note=note,
             screen=r.screen,
         )
+        if state.ladder:
+            plan.ladder = {
+                "widths": list(ladder.WIDTHS),
+                "steps": {str(w): ladder.rung_steps(w, state.steps) for w in ladder.off_proxy()},
+                "predicted_s": predicted["ladder"],
+            }
         plan.cut = _cuts(plan, r.user, bool(r.lrs), bool(r.seeds), r.depth is not None, r.steps)
+        if r.screen and r.current is not None and not state.ladder:  # the budget that would buy the ladder
+            # the grow order takes the ladder before more candidates or finalists: the least state that holds it
+            n = min(state.n, MIN_CANDIDATES)
+            full = replace(state, n=n, finalists=min(2, n), n_seeds=max(2, self.n_seeds(state)), ladder=True)
+            full = replace(full, steps=r.steps, depth=max(state.depth, self.standard))
+            need = (sum(self.stages(full).values()) / FILL + self.reserve) / 60
+            plan.cut.append(
+                f"one rung (the proxy): no speedup over scale (--budget {math.ceil(need):g} buys the ladder at widths "
+                + ", ".join(str(w) for w in ladder.WIDTHS)
+                + ")"
+            )
         if state.finalists and not r.seeds and state.n_seeds < 2:  # the budget that would buy the interval
             two = replace(state, n_seeds=2)
             need = (sum(self.stages(two).values()) / FILL + self.reserve) / 60

@@ -179,10 +179,13 @@ def words(s: dict[str, Any]) -> str:
     return text
 
 
-def _cell_dirs(runs: Any, grid: Path, layout: str, lr: float) -> list[Path]:
+def cell_dirs(runs: Any, grid: Path, layout: str, lr: float) -> list[Path]:
     """The run folders of a finished cell (layout at lr, status ok), in seed order."""
     cell = runs[(runs.layout == layout) & ((runs.lr - lr).abs() <= 1e-9 * lr) & (runs.status == "ok")]
-    return [grid / "runs" / str(r) for r in cell.sort_values("seed").run_id]
+    cell = cell.sort_values("seed")
+    if "run_dir" in cell:  # runs gathered from several sweeps (the ladder's) name their folders
+        return [Path(p) for p in cell.run_dir]
+    return [grid / "runs" / str(r) for r in cell.run_id]
 
 
 def for_pair(
@@ -205,7 +208,7 @@ def for_pair(
         who = base.layout if base.best_lr is None else cand.layout
         return {**out, "value": None, "interval": None, "why": f"{who} finished no run"}
     a, b = _losses(runs, cand.layout, cand.best_lr), _losses(runs, base.layout, base.best_lr)
-    dirs = _cell_dirs(runs, grid, base.layout, base.best_lr)
+    dirs = cell_dirs(runs, grid, base.layout, base.best_lr)
     if not a or not b or not dirs:
         return {**out, "value": None, "interval": None, "why": "no finished run at a best learning rate"}
     d, interval = welch(a, b)
