@@ -202,7 +202,7 @@ def test_the_ladders_projection_is_ols_on_log_log_with_students_prediction_inter
     assert ladder.user_compute(1e9, None)[0] == pytest.approx(6 * 1e9 * 2e10)
 
 
-def test_the_plan_buys_two_seeds_before_the_ladder_and_the_ladder_before_more_candidates():
+def test_the_plan_buys_two_seeds_then_the_widest_ladder_that_fits_and_names_the_budgets_that_would():
     from normlab.model.config import ModelConfig
     from normlab.recommend import plan
     from normlab.recommend.cost import Calibration
@@ -212,12 +212,18 @@ def test_the_plan_buys_two_seeds_before_the_ladder_and_the_ladder_before_more_ca
     names = ["pre", "peri", "post", "qwen3", "olmo2", "deepnorm", "hybrid", "pre-gate"]
     small = plan.make_plan(names, "pre", user, cal, 8 * 60, 2, 150)
     assert small.seeds == [0, 1] and small.ladder is None
-    assert any(c.startswith("one rung (the proxy)") and "buys the ladder at widths 32, 64, 128" in c for c in small.cut)
-    need = int(next(c for c in small.cut if c.startswith("one rung")).split("--budget ")[1].split()[0])
-    bought = plan.make_plan(names, "pre", user, cal, need * 60, 2, 150)
+    said = next(c for c in small.cut if c.startswith("one rung (the proxy)"))
+    # the narrow ladder's budget first, then the wide one's: "--budget N buys the ladder at widths 16, 32, 64,
+    # --budget M at 32, 64, 128"
+    narrow, wide = (int(x.split()[0]) for x in said.split("--budget ")[1:])
+    assert "at widths 16, 32, 64" in said and "at 32, 64, 128" in said and narrow <= wide
+    bought = plan.make_plan(names, "pre", user, cal, wide * 60, 2, 150)
     assert bought.ladder is not None and bought.ladder["steps"] == {"32": 75, "128": 300}
+    assert bought.ladder["widths"] == [32, 64, 128]
     assert bought.predicted["ladder"] == pytest.approx(bought.ladder["predicted_s"])
     assert not any(c.startswith("one rung") for c in bought.cut)
+    cheap = plan.make_plan(names, "pre", user, cal, narrow * 60, 2, 150)
+    assert cheap.ladder is not None and cheap.ladder["widths"] in ([16, 32, 64], [32, 64, 128])
     quick = plan.make_plan(names, "pre", user, cal, 600 * 60, 2, 150, screen=False)
     assert quick.ladder is None  # the quick question is one rung
     assert plan.Plan.from_dict(bought.to_dict()) == bought

@@ -2,8 +2,9 @@
 trend over compute, and its projection to the user's scale (recommendation.json's `effect.speedup.by_scale`
 and `.projection`; ladder.png).
 
-Rungs. Widths `WIDTHS` (4x from the narrowest to the widest): the proxy's own width (its final round's
-cells, reused) and one rung each side, trained under muP with the proxy's width as the base shape
+Rungs. Widths 32, 64, 128 (`LADDERS`: 4x from the narrowest to the widest; where the budget does not hold
+them, 16, 32, 64, whose rungs cost a fraction of a proxy run): the proxy's own width (its final round's
+cells, reused) and the two others, trained under muP with the proxy's width as the base shape
 (`inputs.proxy_settings`), so each candidate's best learning rate at the proxy is the one muP carries to
 every rung (Yang et al. 2022; normlab's record: the optimum moved x1.27-1.50 over 4x width). Tokens grow with
 width (steps x width / the proxy's): the compute of a rung grows as width^3, not as Chinchilla's width^4
@@ -34,7 +35,10 @@ import numpy as np
 
 from normlab.recommend.shape import PROXY_WIDTH
 
-WIDTHS = (32, 64, 128)  # the proxy's width among them
+# the ladders a plan may buy, the widest first (the proxy's width among each): where the one reaching 2x above the
+# proxy does not fit the budget, the one ending at the proxy does (its rungs cost a fraction of a proxy run)
+LADDERS = ((32, 64, 128), (16, 32, 64))
+WIDTHS = LADDERS[0]
 LEVEL = 0.95
 CHINCHILLA = 20.0  # tokens per parameter where the user gave none (Hoffmann et al. 2022)
 
@@ -44,9 +48,9 @@ def rung_steps(width: int, steps: int) -> int:
     return max(8, round(steps * width / PROXY_WIDTH))
 
 
-def off_proxy() -> list[int]:
+def off_proxy(widths: tuple[int, ...] = WIDTHS) -> list[int]:
     """The rungs the ladder trains (the proxy's width is the final round's)."""
-    return [w for w in WIDTHS if w != PROXY_WIDTH]
+    return [w for w in widths if w != PROXY_WIDTH]
 
 
 def fit(rungs: list[dict[str, Any]], x0: float, level: float = LEVEL) -> dict[str, Any]:

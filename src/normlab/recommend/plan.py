@@ -169,7 +169,7 @@ class _State:
     n_seeds: int
     extend: bool
     width: int
-    ladder: bool = False
+    ladder: int = 0  # 0: one rung; k: ladder.LADDERS[k - 1]
 
 
 @dataclass(frozen=True)
@@ -316,7 +316,7 @@ class _Planner:
         """The ladder's rungs beside the proxy: the two dearest candidates (who the user's placement's rival is
         is known only after the final round), each its seeds in a sweep of its own at each rung."""
         total = 0.0
-        for w in ladder.off_proxy():
+        for w in ladder.off_proxy(ladder.LADDERS[s.ladder - 1]):
             st = ladder.rung_steps(w, s.steps)
             dear = sorted(self.run_s(n, s.depth, st, w) for n in self.order[: s.n])[-2:]
             total += sum(self.round_s([t] * self.n_seeds(s)) for t in dear)
@@ -379,6 +379,17 @@ class _Planner:
             for st in short
             for d in sorted((d for d in self.depths if d <= self.standard), reverse=True)
         ]
+        if r.screen and not r.seeds and len(self.order) >= 2:
+            # every answer carries an interval: the final round's two seeds before a deeper proxy (a floor of full
+            # steps and at least SHALLOW_DEPTHS[0] layers, with the final round and two seeds, where one fits)
+            seeded = [
+                replace(f, finalists=2, n_seeds=2)
+                for f in floors
+                if f.steps == r.steps and f.depth >= min(SHALLOW_DEPTHS[0], self.standard)
+            ]
+            state = next((f for f in seeded if self.fits(f)), None)
+            if state is not None:
+                return state
         state = next((f for f in floors if self.fits(f)), None)
         if state is not None:
             return state
@@ -439,8 +450,8 @@ class _Planner:
             out.append(replace(s, steps=self.req.steps))
         if s.depth < self.standard:
             out.append(replace(s, depth=self.depths[self.depths.index(s.depth) + 1]))
-        if self.ladder_possible(s):  # the speedup over scale, before the search widens
-            out.append(replace(s, ladder=True))
+        if self.ladder_possible(s):  # the speedup over scale, before the search widens: the wider ladder first
+            out += [replace(s, ladder=k) for k in range(1, len(ladder.LADDERS) + 1)]
         if s.n < min(FEW_CANDIDATES, len(self.order)):
             out.append(replace(s, n=s.n + 1))
         if s.finalists and s.finalists < min(3, s.n):
@@ -534,21 +545,27 @@ class _Planner:
             screen=r.screen,
         )
         if state.ladder:
+            widths = ladder.LADDERS[state.ladder - 1]
             plan.ladder = {
-                "widths": list(ladder.WIDTHS),
-                "steps": {str(w): ladder.rung_steps(w, state.steps) for w in ladder.off_proxy()},
+                "widths": list(widths),
+                "steps": {str(w): ladder.rung_steps(w, state.steps) for w in ladder.off_proxy(widths)},
                 "predicted_s": predicted["ladder"],
             }
         plan.cut = _cuts(plan, r.user, bool(r.lrs), bool(r.seeds), r.depth is not None, r.steps)
         if r.screen and r.current is not None and not state.ladder:  # the budget that would buy the ladder
             # the grow order takes the ladder before more candidates or finalists: the least state that holds it
             n = min(state.n, MIN_CANDIDATES)
-            full = replace(state, n=n, finalists=min(2, n), n_seeds=max(2, self.n_seeds(state)), ladder=True)
+            full = replace(state, n=n, finalists=min(2, n), n_seeds=max(2, self.n_seeds(state)))
             full = replace(full, steps=r.steps, depth=max(state.depth, self.standard))
-            need = (sum(self.stages(full).values()) / FILL + self.reserve) / 60
+            needs = [
+                math.ceil((sum(self.stages(replace(full, ladder=k)).values()) / FILL + self.reserve) / 60)
+                for k in (len(ladder.LADDERS), 1)
+            ]
             plan.cut.append(
-                f"one rung (the proxy): no speedup over scale (--budget {math.ceil(need):g} buys the ladder at widths "
-                + ", ".join(str(w) for w in ladder.WIDTHS)
+                f"one rung (the proxy): no speedup over scale (--budget {needs[0]:g} buys the ladder at widths "
+                + ", ".join(str(w) for w in ladder.LADDERS[-1])
+                + f", --budget {needs[1]:g} at "
+                + ", ".join(str(w) for w in ladder.LADDERS[0])
                 + ")"
             )
         if state.finalists and not r.seeds and state.n_seeds < 2:  # the budget that would buy the interval

@@ -58,10 +58,10 @@ class LadderStage:
             return {"status": "not run", "why": got}
         base, lead = got
         predicted = float(p.ladder["predicted_s"])
-        widths = [int(w) for w in p.ladder["steps"]]
+        widths = [int(w) for w in p.ladder["steps"]]  # the rungs beside the proxy
         ctx.log(
             f"\nladder {ctx.clock.stamp()}: {base.layout} and {lead.name} at widths "
-            f"{', '.join(str(w) for w in widths)} (muP from the proxy's {ladder.PROXY_WIDTH}; steps "
+            f"{', '.join(str(w) for w in widths)} beside the proxy's {ladder.PROXY_WIDTH} (muP from it; steps "
             f"{', '.join(str(p.ladder['steps'][str(w)]) for w in widths)}), {len(p.seeds)} seeds; "
             f"predicted {minutes(predicted)}"
         )
