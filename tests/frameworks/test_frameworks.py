@@ -149,6 +149,9 @@ OPTIONS = [
     ("peri+qk", "OLMo-core", dict(norm_bias=False)),
     # Gemma 3's options: GeGLU-tanh, a window of 4 keys on alternate layers (12 tokens: it hides keys), local base 100
     ("gemma3", "OLMo-core", dict(mlp="geglu-tanh", sliding_window=4, full_attention_every=2, rope_local_theta=100.0)),
+    # query_pre_attn_scalar = head_dim (16; every Gemma 3): the libraries' own 1/sqrt(head_dim), so not "NOT stated"
+    ("gemma3", "OLMo-core", dict(mlp="geglu-tanh", attn_scale=16.0)),
+    ("pre", "torchtitan", dict(attn_scale=16.0)),
     # heads wider than d_model / n_heads (Qwen 3: 16 x 128 on a width of 1024)
     ("qwen3", "litgpt", dict(d_head=24)),
     ("qwen3", "OLMo-core", dict(d_head=24)),
