@@ -249,6 +249,28 @@ def test_patch_builds_normlabs_function(layout, framework, base):
     check_patch(layout, framework, BASE, base)
 
 
+def test_litgpts_own_entry_points_refuse_a_patched_checkpoint_as_the_patch_says(tmp_path):
+    """What the printed litgpt patch says: litgpt's generate/chat/finetune build GPT(config) and load with
+    litgpt.utils.load_checkpoint (strict), which refuses the patched model's checkpoint by its new key; the patched
+    model (GPT(config), then the patch's line replacing block 0) loads it."""
+    _need("litgpt")
+    import lightning as L
+    from litgpt.utils import load_checkpoint
+
+    code = patched_code("peri", "litgpt", BASE, "pre")
+    assert "litgpt generate, chat and finetune" in " ".join(code.splitlines())
+    space: dict = {}
+    exec(compile(code, "<litgpt patch for peri>", "exec"), space)  # our own generated text
+    path = tmp_path / "lit_model.pth"
+    torch.save(space["model"].state_dict(), path)
+    fabric = L.Fabric(accelerator="cpu", devices=1)
+    with pytest.raises(RuntimeError, match=r"Unexpected key\(s\).*transformer\.h\.0\.embedding_norm\.weight"):
+        load_checkpoint(fabric, space["GPT"](space["config"]), path)
+    patched = space["GPT"](space["config"])
+    patched.transformer.h[0] = space["EmbeddingNormBlock"](space["config"], 0)
+    load_checkpoint(fabric, patched, path)
+
+
 @pytest.mark.parametrize(
     ("layout", "base", "block"),
     [

@@ -711,7 +711,8 @@ def test_litgpts_patch_says_its_entry_points_do_not_open_its_checkpoints():
     unexpected key there, and the printed patch says so."""
     code = settings_for("peri", ModelConfig(), base_layout="pre")["litgpt"]["code"]
     said = " ".join(line.removeprefix("# ") for line in code.splitlines() if line.startswith("# "))
-    assert "litgpt generate, chat, evaluate, finetune" in said
+    assert "litgpt generate, chat and finetune build GPT(config) and load it strictly" in said
+    assert "litgpt evaluate converts it to Hugging Face first" in said
     assert "unexpected key transformer.h.0.embedding_norm.weight" in said and "before model.load_state_dict" in said
     titan = settings_for("peri", ModelConfig(), base_layout="pre")["torchtitan"]["code"]
     assert "litgpt generate" not in titan

@@ -262,10 +262,10 @@ def patch(
     else:
         how = "EmbeddingNormBlock (a Block) replaces block 0; new parameter: transformer.h.0.embedding_norm.weight"
     entry = (
-        " litgpt's own entry points (litgpt generate, chat, evaluate, finetune) build GPT(config) and load its "
-        "checkpoint strictly: a checkpoint of this model does not open there (unexpected key "
-        "transformer.h.0.embedding_norm.weight); load it in your own script, where the line that replaces block 0 "
-        "runs before model.load_state_dict."
+        " litgpt's own entry points do not open a checkpoint of this model: litgpt generate, chat and finetune "
+        "build GPT(config) and load it strictly (unexpected key transformer.h.0.embedding_norm.weight), litgpt "
+        "evaluate converts it to Hugging Face first; load it in your own script, where the line that replaces "
+        "block 0 runs before model.load_state_dict."
         if framework == "litgpt"
         else ""
     )
