@@ -357,6 +357,7 @@ def test_quick_question_your_model_against_it_plus_output_norms(corpus, tmp_path
     assert eff["interval"][0] <= eff["difference"] <= eff["interval"][1]
     assert rec["confidence"]["level"] in ("provisional", "supported") and rec["confidence"]["seeds"] == 2
     assert rec["recipe"]["layout"] == rec["winner"] and rec["recipe"]["lr"] == 0.1
+    assert rec["recipe"]["sp"]["lr"] == pytest.approx(0.1 * 64 / 32) and rec["recipe"]["sp"]["width"] == 32  # nano
     differences = rec["domain"]["differences"]
     assert not any("precision" in d for d in differences)  # bf16 measured (transfer-muon-bf16-*)
     assert rec["domain"]["inside_record"] == (not differences)

@@ -250,7 +250,11 @@ def conclude(ctx: Context, verify: dict[str, Any] | None = None) -> Recommendati
         winner=winner.layout if winner else None,
         ranking=[r.to_dict() for r in ranked],
         recipe_checks=checks,
-        settings=settings_for(winner.layout, ctx.user.config, base_layout=ctx.user.layout) if winner else {},
+        settings=settings_for(
+            winner.layout, ctx.user.config, base_layout=ctx.user.layout, unmodelled=ctx.user.unmodelled
+        )
+        if winner
+        else {},
         limits=explain.limits(ctx.user, ctx.precision, stress, found.screen, ctx.extra, ranked),
         optimizer=p.optimizer,
         verify=verify or {"status": "not asked"},
@@ -269,7 +273,7 @@ def conclude(ctx: Context, verify: dict[str, Any] | None = None) -> Recommendati
         },
         confidence=conf,
         effect=eff,
-        recipe=answer.recipe(winner, optimizer=p.optimizer, record=record),
+        recipe=answer.recipe(winner, optimizer=p.optimizer, record=record, width=ctx.user.config.d_model),
         domain=answer.domain(
             ctx.user, ctx.precision, p.optimizer, p.depth, record, ctx.cfg.tokens, winner.layout if winner else None
         ),
