@@ -128,6 +128,9 @@ def test_the_tax_is_timed_at_the_users_shape_named_and_cached(tmp_path, monkeypa
     other = tax.measure(cfg.with_(d_model=cfg.d_model * 2), "pre", "peri", turns=2)
     assert not other.cached  # another shape is another key
     assert "lower bound for a GPU" in tax.words(t.to_dict())
+    assert tax.is_cached(cfg, "pre", "peri", "eager") and not tax.is_cached(cfg, "pre", "peri", "compiled")
+    longer = tax.measure(cfg, "pre", "qwen3", turns=2, extra_s=60.0, use_cache=False)
+    assert longer.turns == tax.MAX_TURNS  # a tiny block: every extra turn fits in the 60 s
     with pytest.raises(tax.TaxSkipped, match="too large"):
         tax.measure(cfg.with_(d_model=16384, d_ff=65536, n_heads=128), "pre", "peri")
 

@@ -602,6 +602,9 @@ def speedup_item(sp: dict[str, Any]) -> str:
         text += f"; norm tax {tax.words(t)}" + (" (cached)" if t.get("cached") else "")
     elif t.get("why"):
         text += f"; norm tax not measured: {t['why']}"
+    for mode, other in (t.get("by_mode") or {}).items():
+        if mode != t.get("mode"):
+            text += f"; {mode}: " + (tax.words(other) if other.get("value") is not None else other.get("why", "-"))
     rungs = sp.get("by_scale") or []
     if len(rungs) > 1:
         text += "; by scale: " + ", ".join(

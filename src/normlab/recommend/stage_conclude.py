@@ -113,15 +113,38 @@ def _plan_record(ctx: Context, stress: dict[str, Any], final: FinalRecord) -> di
     }
 
 
+TAX_TURNS_S = 40.0  # the eager tax's turns may take this long beyond its first five (a narrower interval)
+COMPILED_MIN_S = 150.0  # the compiled tax is timed only with this much of the budget left (its compilation)
+
+
 def norm_tax(ctx: Context, base: str, cand: str) -> dict[str, Any]:
     """The leader's norm tax against the user's placement at the user's shape (`normlab.recommend.tax`),
-    within what is left of the budget; where it cannot be timed, why."""
+    eager and, where the budget leaves room for its compilation (or a cache holds it), compiled, within what
+    is left of the budget; the compiled figure where measured (what a compiled run pays), else the eager one;
+    where neither can be timed, why."""
     ctx.log(f"{ctx.clock.stamp()} norm tax: {ctx.labels.get(cand) or cand} against {base} at your width")
-    try:
-        t = tax.measure(ctx.user.config, base, cand, deadline=ctx.clock.t0 + ctx.clock.budget_s - TAX_MARGIN_S)
-    except tax.TaxSkipped as e:
-        return {"value": None, "interval": None, "why": str(e)}
-    return t.to_dict()
+    end = ctx.clock.t0 + ctx.clock.budget_s - TAX_MARGIN_S
+    by_mode: dict[str, Any] = {}
+    for mode in ("eager", "compiled"):
+        if (
+            mode == "compiled"
+            and end - time.time() < COMPILED_MIN_S
+            and not tax.is_cached(ctx.user.config, base, cand, mode)
+        ):
+            by_mode[mode] = {
+                "value": None,
+                "why": f"not timed: less than {COMPILED_MIN_S:g} s of the budget left "
+                "for its compilation (benchmarks/norm_tax.py --compile times it)",
+            }
+            continue
+        try:
+            by_mode[mode] = tax.measure(
+                ctx.user.config, base, cand, mode=mode, deadline=end, extra_s=TAX_TURNS_S
+            ).to_dict()
+        except tax.TaxSkipped as e:
+            by_mode[mode] = {"value": None, "interval": None, "why": str(e)}
+    chosen = by_mode["compiled"] if by_mode["compiled"].get("value") is not None else by_mode["eager"]
+    return {**chosen, "by_mode": {m: {k: v for k, v in t.items() if k != "by_mode"} for m, t in by_mode.items()}}
 
 
 def _compute(runs: Any, grid: Any, layout: str, lr: float) -> float | None:

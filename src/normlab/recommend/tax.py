@@ -37,7 +37,8 @@ from normlab.model.config import ModelConfig
 BLOCKS = 2
 CPU_TOKENS = 128
 GPU_TOKENS = 4096
-TURNS = 5
+TURNS = 5  # at least this many turns (where the deadline allows)
+MAX_TURNS = 15  # and more, up to this many, while `extra_s` allows: the interval narrows as 1/sqrt(turns)
 LEVEL = 0.95
 TAX_VERSION = 1
 MEMORY = 6 * 2**30  # the timed blocks' weights, gradients and activations at most about this (float32)
@@ -160,6 +161,31 @@ def _build(layout: str, cfg: ModelConfig, tokens: int, device: str, compiled: bo
     return torch.compile(model) if compiled else model
 
 
+def _device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _key(cfg: ModelConfig, baseline: str, candidate: str, mode: str, dev: str) -> dict[str, Any]:
+    """The cache's key: the device by name, the shape, torch's version, the pair, the mode, the blocks timed."""
+    import torch
+
+    from normlab.train.mfu import device_name
+
+    per_block = block_bytes(cfg)
+    return {
+        "v": TAX_VERSION,
+        "device": device_name(torch.device(dev)),
+        "shape": asdict(TaxShape.of(cfg, dev)),
+        "torch": torch.__version__,
+        "pair": [baseline, candidate],
+        "mode": mode,
+        "blocks": BLOCKS if 2 * BLOCKS * per_block <= MEMORY else 1,  # both models live at once
+        "experts": cfg.n_experts,
+    }
+
+
 def measure(
     cfg: ModelConfig,
     baseline: str,
@@ -167,31 +193,19 @@ def measure(
     *,
     mode: str = "eager",
     turns: int = TURNS,
+    extra_s: float = 0.0,
     device: str | None = None,
     deadline: float | None = None,
     use_cache: bool = True,
 ) -> Tax:
     """The candidate's tax against the baseline at the user's shape (module doc). `deadline` (time.time())
-    stops the turns early (at least 2 are kept, or the tax is refused with why)."""
+    stops the turns early (at least 2 are kept, or the tax is refused with why); past `turns`, more turns (up to
+    `MAX_TURNS`) while the turns have taken less than `extra_s` seconds."""
     import torch
 
-    from normlab.train.mfu import device_name
-
-    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    shape = TaxShape.of(cfg, dev)
-    name = device_name(torch.device(dev))
-    per_block = block_bytes(cfg)
-    blocks = BLOCKS if 2 * BLOCKS * per_block <= MEMORY else 1  # both models live at once
-    key = {
-        "v": TAX_VERSION,
-        "device": name,
-        "shape": asdict(shape),
-        "torch": torch.__version__,
-        "pair": [baseline, candidate],
-        "mode": mode,
-        "blocks": blocks,
-        "experts": cfg.n_experts,
-    }
+    dev = device or _device()
+    key = _key(cfg, baseline, candidate, mode, dev)
+    shape, name, blocks, per_block = TaxShape.of(cfg, dev), key["device"], key["blocks"], block_bytes(cfg)
     path = _cache_path(key)
     if use_cache and (hit := _cached(path, key)) is not None:
         return hit
@@ -213,8 +227,11 @@ def measure(
     for fn in steps.values():
         fn()
     times: dict[str, list[float]] = {baseline: [], candidate: []}
-    for _ in range(turns):
+    began = time.time()
+    for i in range(max(turns, MAX_TURNS if extra_s > 0 else turns)):
         if deadline is not None and len(times[baseline]) >= 2 and time.time() + 0.5 * one > deadline:
+            break
+        if i >= turns and time.time() + 0.5 * one > began + extra_s:
             break
         for n, fn in steps.items():
             wall, cpu = time.perf_counter(), time.process_time()
@@ -266,3 +283,9 @@ def words(tax: dict[str, Any]) -> str:
     if tax.get("bound") == "lower":
         text += ": a lower bound for a GPU"
     return text
+
+
+def is_cached(cfg: ModelConfig, baseline: str, candidate: str, mode: str) -> bool:
+    """Whether the cache holds this tax for the device present (timing it then costs nothing)."""
+    key = _key(cfg, baseline, candidate, mode, _device())
+    return _cached(_cache_path(key), key) is not None
