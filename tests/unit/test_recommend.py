@@ -94,6 +94,43 @@ def test_unknown_model_names_the_valid_forms():
         read_user_model("llama-7b")
 
 
+def test_a_config_with_vocab_size_0_is_refused_in_one_line_without_transformers_warnings(tmp_path, capfd):
+    """Issue 63 item 12: transformers warns on the token ids past a vocabulary of 0 while it builds the config;
+    the refusal is normlab's one line alone."""
+    from normlab.cli import main
+
+    body = {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "num_hidden_layers": 2,
+        "vocab_size": 0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(body))
+    assert main(["recommend", str(tmp_path / "config.json"), "--out", str(tmp_path / "r")]) == 2
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "vocab_size" in err[0] and not (tmp_path / "r").exists()
+
+
+def test_tokens_in_e_notation_are_the_integer_they_name_and_fractions_are_refused():
+    """Issue 63 item 11: `--tokens 2e11`, the help's own example, is an integer; 2.5e0 names none."""
+    from normlab.config.commands import RecommendConfig
+    from normlab.settings import check_leaf, leaves
+
+    leaf = leaves(RecommendConfig)["tokens"]
+    assert check_leaf(leaf, "2e11", from_text=True) == 200_000_000_000
+    assert check_leaf(leaf, "1.5e3", from_text=True) == 1500 and check_leaf(leaf, "12", from_text=True) == 12
+    for bad in ("2.5e0", "1e-3", "nan", "inf", "1e999999999", "two"):
+        with pytest.raises(ConfigError, match="expected an integer"):
+            check_leaf(leaf, bad, from_text=True)
+    with pytest.raises(ConfigError, match="must be > 0"):
+        check_leaf(leaf, "0e5", from_text=True)
+
+
 def test_proxy_keeps_the_users_ratios_and_the_screen_their_shape():
     user = ModelConfig(
         d_model=2048,
