@@ -212,7 +212,9 @@ def test_calibration_is_measured_once_per_machine_and_read_from_the_cache(monkey
     calls, stream_calls = [], []
     monkeypatch.setattr(cost, "measure", lambda threads=1: calls.append(threads) or planted)
     streams = (0.2, {"hc": 0.4, "mhc": 0.6})  # Pre-LN's 6-layer step and each mix's, timed together
-    monkeypatch.setattr(cost, "measure_streams", lambda threads=1: stream_calls.append(threads) or streams)
+    monkeypatch.setattr(
+        cost, "measure_streams", lambda threads=1, mixes=cost.STREAM_MIXES: stream_calls.append(threads) or streams
+    )
     want = cost.with_stream_rates(planted, *streams)
     alone, cached = cost.calibration(1, log=lambda *a: None, streams=False)  # no candidate with streams
     assert alone == planted and not cached and calls == [1] and not stream_calls
@@ -225,7 +227,7 @@ def test_calibration_is_measured_once_per_machine_and_read_from_the_cache(monkey
     cost.stream_cache_file(cost.machine_key(1)).unlink()  # a calibration cached before the stream rates
     said = []
     third, cached = cost.calibration(1, log=said.append)
-    assert third == want and cached and calls == [1] and stream_calls == [1, 1] and "step rates once" in said[0]
+    assert third == want and cached and calls == [1] and stream_calls == [1, 1] and "step rates of hc, mhc" in said[0]
     assert replace(third, c_stream={}) == planted
 
 
@@ -312,6 +314,65 @@ def test_the_plan_from_numbers_a_small_budget_buys_a_smaller_answer():
         True,
     )
     assert big.screen_width == 1024 and big.cut == ["the screen at width 1024 (yours: 2048)"]  # 2048: 8 GiB in float64
+
+
+def test_the_plan_counts_what_the_call_used_before_it():
+    """Issue 63 item 5: the budget's clock runs from the command's start; the plan counts the seconds used before
+    it (imports, measuring this machine) in place of the startup's reserve: a 15-minute budget 5 minutes in is
+    planned as 10 minutes and a startup reserve would be, and its total (what `predicted ... of 15` says) holds
+    the 5 minutes used. Speed 1 here: the reserves are 10 s (startup) and 20 s (report)."""
+    used = 300.0
+    late = plan.make_plan(SIX, "pre", LLAMA_1B, _flat(), 15 * 60, 2, 150, used_s=used)
+    same = plan.make_plan(SIX, "pre", LLAMA_1B, _flat(), 15 * 60 - used + plan.STARTUP_RESERVE_S, 2, 150)
+    stages = ("screen", "stress", "final", "extend")
+    assert [late.predicted[k] for k in stages] == [same.predicted[k] for k in stages]
+    assert (late.screened, late.finalists, late.lrs, late.seeds) == (
+        same.screened,
+        same.finalists,
+        same.lrs,
+        same.seeds,
+    )
+    assert late.predicted["used"] == used and late.predicted["reserves"] == plan.REPORT_RESERVE_S
+    assert late.predicted["total"] == pytest.approx(sum(late.predicted[k] for k in stages) + 20 + used)
+    assert late.predicted["total"] <= 15 * 60
+    fresh = plan.make_plan(SIX, "pre", LLAMA_1B, _flat(), 15 * 60, 2, 150)
+    assert fresh.predicted["used"] == 0 and fresh.predicted["reserves"] == 30  # nothing said: the startup's reserve
+
+
+def test_only_the_stream_mixes_the_plan_runs_are_measured(monkeypatch):
+    """Issue 63 item 5: the hyper-connections' step rates are measured only for a mix among the candidates the
+    plan trains, each at most once (priced until then at the reference VM's ratios): a 3-minute budget trains
+    neither (nothing measured); 10 minutes, pre-hc: hc alone; 15 minutes, pre-mhc too: mhc alone (hc cached)."""
+    from normlab.config.commands import RecommendConfig
+    from normlab.recommend import cost, stages
+    from normlab.recommend.inputs import choose
+
+    planted = replace_key(_flat(), cost.machine_key(1))
+    path = cost.cache_file(cost.machine_key(1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({k: v for k, v in planted.to_dict().items() if k != "c_stream"}))
+    asked: list[tuple[str, ...]] = []
+    monkeypatch.setattr(
+        cost,
+        "measure_streams",
+        lambda threads=1, mixes=(), cap_s=0: asked.append(mixes) or (0.1, dict.fromkeys(mixes, 0.2)),
+    )
+    monkeypatch.setattr(cost, "measure", lambda threads=1: pytest.fail("the cached calibration is measured again"))
+    user = read_user_model("micro")
+    screened = {}
+    for minutes in (3, 10, 15):
+        cfg = RecommendConfig(candidates=("pre", "peri", "post", "pre-hc", "pre-mhc"), budget=minutes, workers=2)
+        p = stages._new_plan(user, cfg, {}, choose(cfg, user), minutes * 60, 2, lambda *a: None)
+        screened[minutes] = p.screened
+    assert screened[3] == ["peri", "post", "pre"] and screened[10] == ["peri", "post", "pre", "pre-hc"]
+    assert "pre-mhc" in screened[15] and asked == [("hc",), ("mhc",)]
+    assert json.loads(cost.stream_cache_file(cost.machine_key(1)).read_text())["ratio"] == {"hc": 2.0, "mhc": 2.0}
+
+
+def replace_key(cal, key):
+    from dataclasses import replace
+
+    return replace(cal, key=key)
 
 
 def test_a_tight_budget_buys_shallower_then_shorter_proxies_and_below_that_is_refused_with_the_least_budget():

@@ -46,6 +46,7 @@ from normlab.errors import ConfigError
 from normlab.experiments.cpus import threads_per_worker, usable_cores
 from normlab.experiments.summary import summarize
 from normlab.io import own_folder
+from normlab.layout import as_layout
 from normlab.recommend import cost, plan
 from normlab.recommend.context import BudgetClock, Context, SweepExecutor, minutes
 from normlab.recommend.inputs import (
@@ -103,7 +104,7 @@ def recommend(
     saved = folder.read(folder.plan_file) if folder.plan_file.is_file() else {}
     the_plan = None
     if not saved.get("plan"):
-        the_plan = _new_plan(user, cfg, extra, choice, clock.budget_s, workers, log)
+        the_plan = _new_plan(user, cfg, extra, choice, clock.budget_s, workers, log, started=clock.t0)
         depth = the_plan.depth
     else:
         depth = saved["plan"]["depth"]
@@ -233,12 +234,17 @@ def _new_plan(
     budget_s: float,
     workers: int,
     log: Callable[[str], Any],
+    started: float | None = None,
 ) -> plan.Plan:
-    """A new folder's plan, priced with this machine's calibration (measured where none is cached)."""
+    """A new folder's plan, priced with this machine's calibration (measured where none is cached), for the
+    budget left at `started` (time.time() of the command's start: what the call used before the plan, the
+    calibration's measuring among it, is counted in the plan; none: nothing used)."""
+    started = time.time() if started is None else started
     candidates, current = choice.names, choice.current
-    cal, cached = cost.calibration(
-        _threads(workers), log=log, streams=has_streams(candidates), remeasure=cfg.recalibrate
-    )
+    cal, cached = cost.calibration(_threads(workers), log=log, streams=False, remeasure=cfg.recalibrate)
+    unmeasured: set[str] = set()
+    if has_streams(candidates):  # priced at the cached stream rates, else the reference VM's: measured below if run
+        cal, unmeasured = cost.stream_rates(cal)
     log(
         f"  this machine: {cal.speed:.2f}x the reference VM's step time "
         + ("(cached calibration)" if cached else f"(calibrated in {cal.seconds:.1f} s)")
@@ -263,11 +269,24 @@ def _new_plan(
         first=tuple(n for n in choice.labels if n not in choice.removals),
         last=choice.removals,
         screen=not cfg.quick,
+        used_s=max(0.0, time.time() - started),
     )
     try:
-        return plan.plan_for(request)
+        the_plan = plan.plan_for(request)
+        # only the stream mixes the plan runs are measured (at most once each), then the plan made again with them
+        while todo := tuple(sorted(unmeasured & _mixes(the_plan.screened))):
+            cal = cost.measure_stream_rates(cal, _threads(workers), todo, log)
+            unmeasured -= set(todo)
+            request = replace(request, cal=cal, used_s=max(0.0, time.time() - started))
+            the_plan = plan.plan_for(request)
+        return the_plan
     except plan.BudgetTooSmall as err:
         raise ConfigError(str(err)) from None
+
+
+def _mixes(names: list[str]) -> set[str]:
+    """The stream mixes of `names`' layouts with several streams."""
+    return {lay.stream_mix for lay in map(as_layout, names) if lay.streams > 1}
 
 
 def _log_plan(ctx: Context) -> None:
@@ -296,6 +315,11 @@ def _log_plan(ctx: Context) -> None:
             else ""
         )
         + f"; predicted {minutes(p.predicted['total'])} of {ctx.clock.budget_s / 60:g}"
+        + (
+            f" ({p.predicted['used'] / 60:.1f} of them used before the plan)"
+            if p.predicted.get("used", 0.0) >= 0.05 * 60
+            else ""
+        )
     )
     for cut in p.cut:
         log(f"  the budget buys: {cut}")
