@@ -223,6 +223,18 @@ def test_no_recommendation_from_nothing(corpus, tmp_path, capsys, monkeypatch):
     assert not (out / "recommendation.md").exists() and not (out / "recommendation.json").exists()
 
 
+def test_a_screen_the_budget_never_started_is_said_as_such(corpus, tmp_path, capsys, monkeypatch):
+    """Issue 63 item 7: no screen started (the budget's time for it was spent before): the refusal says so with
+    the minutes used, never "this machine ran 0x slower than its calibration"."""
+    from normlab.recommend import stage_screen
+
+    monkeypatch.setattr(stage_screen, "screen_candidates", lambda *a, **k: {"width": 64, "results": {}})
+    assert main(_args(corpus, tmp_path / "rec")) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "the budget ran out before the screen started: " in err
+    assert "of 15 min were used before it" in err and "0x" not in err and "slower" not in err
+
+
 def test_two_recommends_on_one_folder_the_second_is_refused_and_the_records_kept(corpus, tmp_path, capsys):
     from normlab.io import own_folder
     from normlab.runs.files import RecommendDir
@@ -252,9 +264,23 @@ def test_sweep_deadline_leaves_unstarted_runs_pending_and_stops_running_ones(cor
     assert {k: v for k, v in counts.items() if v} == {"pending": 2}
     long = SweepConfig(name="long", base={**base, "steps": 100_000}, grid={"seed": [0]})
     t0 = time.time()  # start_by an hour on: the run starts however slow the sweep's own start is
-    run_sweep(long, tmp_path / "long", workers=1, log=QUIET, deadline=Deadline(start_by=t0 + 3600, stop_at=t0 + 3))
+    said: list[str] = []
+    run_sweep(
+        long, tmp_path / "long", workers=1, log=said.append, deadline=Deadline(start_by=t0 + 3600, stop_at=t0 + 3)
+    )
     row = SweepStore(tmp_path / "long" / "sweep.db").rows()[0]  # stopped, not trained to its 100,000th step
     assert row["status"] == "failed" and "time budget" in row["reason"]
+    # issue 63 item 7: every summary says it as the ranking does, "stopped by the budget", never "failed"
+    from normlab.experiments.summary import summarize
+    from normlab.runs.outcome import describe
+
+    assert said[-1] == "sweep long: 1 stopped by the budget" and describe(row).startswith(
+        "stopped by the budget at step"
+    )
+    summarize(tmp_path / "long")
+    md = (tmp_path / "long" / "summary.md").read_text()
+    assert "- runs: 1 (1 stopped by the budget)" in md and "| stopped by the budget |" in md
+    assert "| failed |" not in md.split("## Diverged")[1]
 
 
 @pytest.mark.parametrize("flag", ["lr=0.1", "layout=peri"])

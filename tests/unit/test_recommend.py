@@ -964,3 +964,52 @@ def test_the_proxies_train_with_the_optimizer_asked_at_the_width_asked(optimizer
     cfg = spec.train_config("unused")
     assert cfg.optim.optimizer == optimizer and cfg.model.model_config().d_model == 256
     assert cfg.model.model_config().n_heads == 256 // 16  # heads of 16, as the proxies'
+
+
+def test_what_a_refusal_says_is_what_happened():
+    """Issue 63 item 7: --quick has no screen, so its budget refusal says no "screened" and a stress round the
+    budget stopped says what the stress round took, not "the screen took"; the machine is said slower than its
+    calibration only where a stage took longer than predicted; the confidence's seeds are those that ran."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from normlab.recommend.records import StageRecord
+    from normlab.recommend.stage_conclude import seeds_that_ran
+    from normlab.recommend.stage_rounds import _why_none
+
+    with pytest.raises(plan.BudgetTooSmall) as err:
+        plan.make_plan(["pre", "peri"], "pre", LLAMA_1B, _flat(), 60, 2, 150, screen=False, used_s=12.0)
+    text = str(err.value)
+    assert "screen" not in text.split("(priced with")[0].replace("no screen (--quick)", "")
+    assert "2 candidates trained at 6 layers, 100 steps, each with a second seed" in text
+    assert "0.2 min were used before the plan" in text
+    with pytest.raises(plan.BudgetTooSmall) as err:
+        plan.make_plan(["pre", "peri"], "pre", LLAMA_1B, _flat(), 60, 2, 150)
+    assert "2 candidates screened at your depth 16" in str(err.value)
+
+    stopped = {"status": "failed", "reason": "stopped at the end of the time budget at step 3 of 150; the next ..."}
+    runs = pd.DataFrame([{"layout": "pre", **stopped}, {"layout": "peri", **stopped}])
+    quick = SimpleNamespace(found=SimpleNamespace(alive=["pre", "peri"]), rounds=[StageRecord("stress", 60, 90, 2, 0)])
+    assert _why_none(quick, runs) == (
+        "the budget ran out before any run finished; the stress round 1.5 min, predicted 1.0 min; this machine ran "
+        "slower than its calibration (loaded?)"
+    )
+    fast = SimpleNamespace(
+        found=quick.found, rounds=[StageRecord("screen", 60, 30, 2, 2), StageRecord("stress", 60, 50, 2, 0)]
+    )
+    assert "screen took 0.5 min" in _why_none(fast, runs) and "slower" not in _why_none(fast, runs)
+
+    conf = {"level": "supported", "why": [], "seeds": 2}
+    winner = Evidence(layout="pre", screen="", screen_detail="")
+    grid = pd.DataFrame(
+        [
+            {"layout": "pre", "seed": 0, "status": "ok"},
+            {"layout": "pre", "seed": 1, **stopped},
+            {"layout": "peri", "seed": 1, "status": "ok"},
+        ]
+    )
+    got = seeds_that_ran(conf, grid, winner)
+    assert got["seeds"] == 1 and got["level"] == "provisional" and got["why"][0].startswith("one seed")
+    both = pd.concat([grid, pd.DataFrame([{"layout": "pre", "seed": 1, "status": "diverged"}])])
+    assert seeds_that_ran(conf, both, winner) == conf  # a diverged run ran its seed

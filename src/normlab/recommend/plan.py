@@ -380,11 +380,21 @@ class _Planner:
             more.append("fewer --steps")
         if r.depth and r.depth > min(user.n_layers, SHALLOW_DEPTHS[0]):
             more.append(f"a shallower --depth (at least {min(user.n_layers, SHALLOW_DEPTHS[0])})")
+        if r.screen:
+            what = (
+                f"{least.n} candidates screened at your depth {user.n_layers} and trained once at {least.depth} "
+                f"layers, {least.steps} steps: about {need:.1f} min on this machine, "
+                f"{self.stages(least)['screen'] / 60:.1f} of them the screen"
+            )
+        else:  # --quick: no screen; each candidate trained once, the finalists with a second seed
+            which = "each" if least.finalists >= least.n else f"{least.finalists} of them"
+            what = (
+                f"{least.n} candidates trained at {least.depth} layers, {least.steps} steps, {which} with a second "
+                f"seed, no screen (--quick): about {need:.1f} min on this machine"
+            )
+        used = f"; {r.used_s / 60:.1f} min were used before the plan" if r.used_s >= 3 else ""
         raise BudgetTooSmall(
-            f"--budget {r.budget_s / 60:g} min cannot hold the smallest answer ({least.n} candidates screened at your "
-            f"depth {user.n_layers} and trained once at {least.depth} layers, {least.steps} steps: "
-            f"about {need:.1f} min "
-            f"on this machine, {self.stages(least)['screen'] / 60:.1f} of them the screen); give "
+            f"--budget {r.budget_s / 60:g} min cannot hold the smallest answer ({what}{used}); give "
             + ", or ".join(more)
             + f" ({calibration_used(r.cal)})",
             minutes,

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pandas as pd
+
 from normlab.io import atomic_write_bytes, atomic_write_json
 from normlab.recommend import agreement, answer, derived, explain
 from normlab.recommend.context import Context
@@ -22,6 +24,7 @@ from normlab.recommend.rank import (
 )
 from normlab.recommend.records import FinalRecord, Recommendation
 from normlab.recommend.signals import with_signals
+from normlab.runs.outcome import FINISHED
 
 
 def _unscreened(ctx: Context, name: str) -> Evidence:
@@ -88,6 +91,22 @@ def evidence(ctx: Context) -> list[Evidence]:
     return head + tail + [r for r in ranked if r.status in ("ruled out", "not trained")]
 
 
+def seeds_that_ran(conf: dict[str, Any], runs: pd.DataFrame, winner: Evidence | None) -> dict[str, Any]:
+    """`answer.confidence` with its seeds those the winner's finished runs trained with, where fewer ran than the
+    plan holds (the budget stopped the rest): "2 seed(s)" is never said of one; one seed is a reason it is
+    provisional."""
+    if winner is None or not len(runs) or not isinstance(conf.get("seeds"), int):
+        return conf
+    mine = runs[(runs.layout == winner.layout) & runs.status.isin(FINISHED)]
+    ran = int(mine.seed.nunique())
+    if ran >= conf["seeds"]:
+        return conf
+    why = list(conf.get("why") or [])
+    if ran < 2 and not any(w.startswith("one seed") for w in why):
+        why.append(f"one seed: no seed noise measured ({winner.layout}'s other seeds did not finish)")
+    return {**conf, "seeds": ran, "why": why, "level": "provisional"}
+
+
 def _plan_record(ctx: Context, stress: dict[str, Any], final: FinalRecord) -> dict[str, Any]:
     """recommendation.json's "plan": what the plan was and what the rounds ran."""
     p = ctx.plan
@@ -119,7 +138,7 @@ def conclude(ctx: Context, verify: dict[str, Any] | None = None) -> Recommendati
     record = explain.transfer_record()
     eff = answer.effect(found.runs, ranked, ctx.current, len(found.final.lrs))
     # every call's rounds (a resumed call's own are in ctx.rounds; earlier calls' cuts are in plan.json)
-    conf = answer.confidence(ranked, rounds, p.to_dict(), eff)
+    conf = seeds_that_ran(answer.confidence(ranked, rounds, p.to_dict(), eff), found.runs, winner)
     answers = ctx.saved.setdefault("answers", [])
     changed = answer.changed_from(answers, winner.layout if winner else None)
     entry = {

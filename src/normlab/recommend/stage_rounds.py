@@ -144,11 +144,15 @@ def _why_none(ctx: Context, runs: pd.DataFrame) -> str:
     failed = stress_runs[stress_runs.status == "failed"]
     if len(failed) and failed.reason.iloc[0] and "time budget" not in str(failed.reason.iloc[0]):
         return f"every run failed; the first: {failed.reason.iloc[0]}"
-    screen = ctx.rounds[0]
-    return (
-        f"the budget ran out before any run finished; the screen took {minutes(screen.actual_s)}, predicted "
-        f"{minutes(screen.predicted_s)}: this machine ran slower than its calibration (loaded?)"
+    screen = next((r for r in ctx.rounds if r.stage == "screen"), None)
+    stress = next((r for r in ctx.rounds if r.stage == "stress"), None)
+    took = [f"the screen took {minutes(screen.actual_s)}, predicted {minutes(screen.predicted_s)}" if screen else ""]
+    took.append(
+        f"the stress round {minutes(stress.actual_s)}, predicted {minutes(stress.predicted_s)}" if stress else ""
     )
+    slower = any(r is not None and r.actual_s > r.predicted_s for r in (screen, stress))
+    took.append("this machine ran slower than its calibration (loaded?)" if slower else "")
+    return "the budget ran out before any run finished" + "".join(f"; {t}" for t in took if t)
 
 
 class FinalRound:

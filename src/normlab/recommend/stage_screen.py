@@ -113,12 +113,12 @@ class ScreenStage:
         ctx.record(StageRecord("screen", pred["screen"], time.time() - began, len(p.screened), len(done)))
         log(f"  screen done in {minutes(time.time() - began)} (predicted {minutes(pred['screen'])})")
         ctx.mark()
-        slow = (time.time() - began) / pred["screen"] if pred["screen"] > 0 else 1.0
-        if not done:
+        if not done:  # no screen started: each one that starts is finished (`screen_candidates`)
             raise ConfigError(
-                f"the budget ran out before the screen finished one candidate (this machine ran {slow:.0f}x "
-                "slower than its calibration: loaded?); nothing recommended; run the same command again to "
-                "continue, or give a larger --budget"
+                f"the budget ran out before the screen started: {ctx.clock.used_minutes():.1f} of "
+                f"{ctx.clock.budget_s / 60:g} min were used before it, and the screen and the stress round need "
+                f"about {minutes(pred['screen'] + pred['stress'])} more; nothing recommended; run the same command "
+                "again to continue, or give a larger --budget"
             )
         out_by_screen = {n: why for n in done if (why := ruled_out(screen["results"][n], ctx.precision))}
         for n, why in out_by_screen.items():
