@@ -375,6 +375,12 @@ def test_quick_question_your_model_against_it_plus_output_norms(corpus, tmp_path
     assert "1/3 screen" in out and "none (--quick)" in out
     rec = json.loads((tmp_path / "rec" / "recommendation.json").read_text())
     plus_out = "attn=qkAB,mlp=AB,final"  # the user's QK-norm kept
+    # issue 63 item 9: the progress lines name it yours+out, never by its string form; one lr is not an optimum
+    progress = out.split("# normlab recommend")[0]
+    assert "none (--quick): qwen3, yours+out go straight to training" in progress and plus_out not in progress
+    assert "yours+out_lr0.1_seed0-" in progress and "attn-qkAB" not in progress
+    assert {r["layout"]: r["short"] for r in rec["ranking"]} == {"qwen3": "", plus_out: "yours+out"}
+    assert "lr 0.1 (the only learning rate tried: not an optimum) at the proxy's width" in rec["recipe"]["words"]
     assert [r["layout"] for r in rec["ranking"]] in (["qwen3", plus_out], [plus_out, "qwen3"])
     assert rec["labels"] == {plus_out: "your model (qwen3) + output norms"} and rec["dropped"] == []
     assert not (tmp_path / "rec" / "screen.json").exists()

@@ -1013,3 +1013,63 @@ def test_what_a_refusal_says_is_what_happened():
     assert got["seeds"] == 1 and got["level"] == "provisional" and got["why"][0].startswith("one seed")
     both = pd.concat([grid, pd.DataFrame([{"layout": "pre", "seed": 1, "status": "diverged"}])])
     assert seeds_that_ran(conf, both, winner) == conf  # a diverged run ran its seed
+
+
+def test_quick_suggests_and_defaults_to_the_changes_that_apply(tmp_path, capsys):
+    """Issue 63 item 8: a model with output norms already (Gemma 3) is not offered yours+out: --quick's default is
+    the first change that applies (yours+emb), and a change given that does not apply is refused in one line
+    naming those that do; a placement no change applies to (Peri-LN) is asked for a layout other than its own."""
+    from normlab.cli import main
+    from normlab.config.commands import RecommendConfig
+    from normlab.recommend import derived
+    from normlab.recommend.inputs import choose
+
+    assert derived.applicable("gemma3") == ["yours+emb", "yours-qk"] and derived.applicable("peri") == []
+    assert derived.quick_default("gemma3") == ("yours+emb",) and derived.quick_default("pre") == ("yours+out",)
+    assert derived.quick_default("peri") == () and derived.quick_default("olmo2") == ("yours+emb",)
+    gemma = tmp_path / "gemma.toml"
+    gemma.write_text('size = "nano"\nlayout = "gemma3"\n')
+    user = read_user_model(str(gemma))
+    choice = choose(RecommendConfig(quick=True), user)
+    plus_emb = derived.derive("gemma3", "yours+emb").name
+    assert choice.names == ["gemma3", plus_emb] and choice.short == {plus_emb: "yours+emb"}
+    assert choice.name(plus_emb) == "yours+emb" and choice.name("gemma3") == "gemma3"
+    given = choose(RecommendConfig(quick=True, candidates=("yours+out",)), user)
+    assert given.names == ["gemma3"] and given.inapplicable == ("yours+out",)
+    assert main(["recommend", str(gemma), "--quick", "--candidates", "yours+out", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "yours+out does not apply to your placement gemma3" in err
+    assert "changes that apply to it: yours+emb, yours-qk; or a layout" in err and not (tmp_path / "r").exists()
+    peri = tmp_path / "peri.toml"
+    peri.write_text('size = "nano"\nlayout = "peri"\n')
+    assert main(["recommend", str(peri), "--quick", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no yours+... change applies to peri: a layout, e.g. pre" in err and "yours+out" not in err
+
+
+def test_changes_are_named_not_written_as_layout_strings():
+    """Issue 63 item 9: a change to the user's placement written as a string form is called by its change's name
+    in the ranking, in the sweeps' run lines (the run folders keep their ids) and in the code headers; a
+    learning rate that is the only one tried is said as such in the table and the recipe."""
+    from normlab.recommend import answer, derived
+    from normlab.recommend.context import SweepExecutor
+    from normlab.recommend.stage_conclude import named
+
+    plus_emb = derived.derive("gemma3", "yours+emb").name
+    assert derived.short_names("gemma3", ["gemma3", plus_emb]) == {plus_emb: "yours+emb"}
+    assert derived.short_names("pre", ["pre", "peri-noemb"]) == {}  # a preset keeps its own name
+    w = Evidence(layout=plus_emb, screen="", screen_detail="", label="your model (gemma3) + embedding norm")
+    w.short, w.best_lr, w.loss_by_lr = "yours+emb", 0.1, {"0.1": "4.5"}
+    assert w.name == "yours+emb (your model (gemma3) + embedding norm)" and w.shown == "yours+emb"
+    code = {"OLMo-core": {"code": f'# normlab layout "{plus_emb}"\nx = 1', "expressible": True}}
+    assert named(code, w)["OLMo-core"]["code"].startswith(
+        f'# normlab layout yours+emb (your model (gemma3) + embedding norm): "{plus_emb}"\n'
+    )
+    assert "lr 0.1 (the only learning rate tried: not an optimum) at the proxy's width" in answer.recipe(w)["words"]
+    w.loss_by_lr = {"0.01": "4.6", "0.1": "4.5"}
+    assert "not an optimum" not in answer.recipe(w)["words"]
+    said: list[str] = []
+    executor = SweepExecutor(1, said.append, 0.0, short={plus_emb: "yours+emb"})
+    slug = "attn-qkAB-mlp-AB-emb-final-gain-centered"
+    executor._named(f"[2/2] {slug}_lr0.1_seed0-f3dd0b4c: ok")
+    assert said == ["[2/2] yours+emb_lr0.1_seed0-f3dd0b4c: ok"]

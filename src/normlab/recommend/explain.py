@@ -79,11 +79,11 @@ def small_samples(ranked: list[Evidence]) -> str:
     a, b = f"{w.diverged + w.stalled}/{w.finished}", f"{worst.diverged + worst.stalled}/{worst.finished}"
     if a == b:
         return (
-            f"Failure counts over a few runs are small samples: {w.layout} and {worst.layout} both failed {a} "
+            f"Failure counts over a few runs are small samples: {w.shown} and {worst.shown} both failed {a} "
             "here; they do not separate on failures."
         )
     return (
-        f"Failure counts over a few runs are small samples: {w.layout}'s {a} failed against {worst.layout}'s {b} "
+        f"Failure counts over a few runs are small samples: {w.shown}'s {a} failed against {worst.shown}'s {b} "
         f"here is evidence, not proof"
         + (" (one run each: a single outcome)." if max(w.finished, worst.finished) == 1 else ".")
     )
@@ -184,10 +184,10 @@ def movement(
         for e in live[1:]:
             if not e.tie or e.status != "ranked":
                 break
-            tied.append(e.layout)
+            tied.append(e.shown)
         if tied:
             out.append(
-                f"{live[0].layout} is tied on loss within seed noise with {', '.join(tied)}: your placement's "
+                f"{live[0].shown} is tied on loss within seed noise with {', '.join(tied)}: your placement's "
                 "standing, the screen's verdict or the expected loss over the learning rates broke the tie, and more "
                 "seeds could reorder them."
             )
@@ -215,6 +215,13 @@ def movement(
             )
         )
     return out
+
+
+def _best_lr(r: Evidence) -> str:
+    """The table's best lr: "-" where none, "0.1 (only one tried)" where it is the only one (not an optimum)."""
+    if r.best_lr is None:
+        return "-"
+    return f"{r.best_lr:g}" + (" (only one tried)" if len(r.loss_by_lr) == 1 else "")
 
 
 def _fmt_loss(r: Evidence) -> str:
@@ -265,7 +272,7 @@ def _table(ranked: list[Evidence]) -> str:
         lines.append(
             f"| {rank_cell} | {r.name} | {r.screen} | {r.diverged}/{r.finished} | {r.stalled}/{r.finished} | "
             f"{r.at_risk}/{r.finished} | {logit} | {by_logit} | "
-            f"{act} | {r.first_break or '-'} | {'-' if r.best_lr is None else f'{r.best_lr:g}'} | "
+            f"{act} | {r.first_break or '-'} | {_best_lr(r)} | "
             f"{_fmt_loss(r)} | {sens} | {by_lr} |"
         )
     return "\n".join(lines) + "\n"
@@ -387,7 +394,7 @@ def _why_above(result: dict[str, Any], w: Evidence, r2: Evidence) -> str:
     if r2.failures > w.failures:
         return "on fewer failures"
     if r2.risk_share > w.risk_share:
-        return f"on fewer runs at risk ({r2.layout}: {r2.at_risk}/{r2.finished}, {r2.risk})"
+        return f"on fewer runs at risk ({r2.shown}: {r2.at_risk}/{r2.finished}, {r2.risk})"
     return "on a lower best loss"
 
 
@@ -418,8 +425,8 @@ def _dropped_evidence(w: Evidence, current: Evidence | None) -> str:
     if current is None or current.rank is None:
         return "your placement did not train here, so these runs hold no evidence for removing it"
     said = (
-        f"here {w.layout} failed {w.diverged + w.stalled}/{w.finished} with {w.at_risk} at risk against your "
-        f"{current.layout}'s {current.diverged + current.stalled}/{current.finished} with {current.at_risk}"
+        f"here {w.shown} failed {w.diverged + w.stalled}/{w.finished} with {w.at_risk} at risk against your "
+        f"{current.shown}'s {current.diverged + current.stalled}/{current.finished} with {current.at_risk}"
     )
     if math.isfinite(w.logit_peak) and math.isfinite(current.logit_peak):
         said += f"; largest attention logit {w.logit_peak:,.4g} against {current.logit_peak:,.4g}"

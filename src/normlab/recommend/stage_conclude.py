@@ -60,7 +60,7 @@ def evidence(ctx: Context) -> list[Evidence]:
             s = found.screen["results"][n]
             detail = f"{s['wellposedness']}; forward {s['forward']}; backward {s['backward']}"
             row = Evidence(layout=n, screen=s["verdict"], screen_detail=detail, screen_why=screen_reason(s))
-        row.label = ctx.labels.get(n, "")
+        row.label, row.short = ctx.labels.get(n, ""), ctx.short.get(n, "")
         if n in found.out_by_screen:
             row.status, row.why = "ruled out", f"by the screen: {found.out_by_screen[n]}"
         elif n not in finalists:
@@ -89,6 +89,20 @@ def evidence(ctx: Context) -> list[Evidence]:
     for i, r in enumerate(tail, len(head) + 1):
         r.rank = i
     return head + tail + [r for r in ranked if r.status in ("ruled out", "not trained")]
+
+
+def named(settings: dict[str, dict[str, Any]], winner: Evidence) -> dict[str, dict[str, Any]]:
+    """The code bases' settings with the code headers naming a change to the user's placement by its name and
+    words (`# normlab layout yours+emb (your model (gemma3) + embedding norm): "attn=..."`), not its string
+    form alone."""
+    if not winner.short:
+        return settings
+    old = f'# normlab layout "{winner.layout}"'
+    new = f'# normlab layout {winner.short} ({winner.label}): "{winner.layout}"'
+    return {
+        fw: {k: v.replace(old, new) if isinstance(v, str) else v for k, v in entry.items()}
+        for fw, entry in settings.items()
+    }
 
 
 def seeds_that_ran(conf: dict[str, Any], runs: pd.DataFrame, winner: Evidence | None) -> dict[str, Any]:
@@ -157,7 +171,9 @@ def conclude(ctx: Context, verify: dict[str, Any] | None = None) -> Recommendati
         winner=winner.layout if winner else None,
         ranking=[r.to_dict() for r in ranked],
         recipe_checks=checks,
-        settings=settings_for(winner.layout, ctx.user.config, base_layout=ctx.user.layout) if winner else {},
+        settings=named(settings_for(winner.layout, ctx.user.config, base_layout=ctx.user.layout), winner)
+        if winner
+        else {},
         limits=explain.limits(ctx.user, ctx.precision, stress, found.screen, ctx.extra, ranked),
         optimizer=p.optimizer,
         verify=verify or {"status": "not asked"},

@@ -184,7 +184,7 @@ class FinalRound:
             log(f"\n3/3 final round {ctx.clock.stamp()}: none in this budget; the ranking rests on the stress round")
             return
         log(
-            f"\n3/3 final round {ctx.clock.stamp()}: {', '.join(finalists)} x lr "
+            f"\n3/3 final round {ctx.clock.stamp()}: {ctx.names(finalists)} x lr "
             f"{', '.join(f'{x:g}' for x in p.lrs)} x seed(s) {', '.join(map(str, p.seeds))}; predicted "
             f"{minutes(pred['final'])}"
         )
@@ -211,7 +211,7 @@ class FinalRound:
         if edges and not p.extend:
             log(
                 "  best learning rate at an edge of those tried: "
-                + ", ".join(f"{n} (next: {x:g})" for n, x in edges.items())
+                + ", ".join(f"{ctx.name(n)} (next: {x:g})" for n, x in edges.items())
                 + "; the budget has no room to extend the range"
             )
         if not edges or not p.extend:
@@ -219,7 +219,7 @@ class FinalRound:
         began = time.time()
         log(
             "  best learning rate at an edge of those tried: "
-            + "; ".join(f"{n} -> also {x:g}" for n, x in edges.items())
+            + "; ".join(f"{ctx.name(n)} -> also {x:g}" for n, x in edges.items())
             + f"; predicted {minutes(p.predicted['extend'])}"
         )
         for x in sorted(set(edges.values())):

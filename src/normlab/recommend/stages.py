@@ -47,7 +47,7 @@ from normlab.experiments.cpus import threads_per_worker, usable_cores
 from normlab.experiments.summary import summarize
 from normlab.io import own_folder
 from normlab.layout import as_layout
-from normlab.recommend import cost, plan
+from normlab.recommend import cost, derived, plan
 from normlab.recommend.context import BudgetClock, Context, SweepExecutor, minutes
 from normlab.recommend.inputs import (
     CandidateChoice,
@@ -140,7 +140,7 @@ def recommend(
             the_plan.verify, the_plan.verify_note = added, ""
             the_plan.predicted["total"] += added["predicted_s"] - the_plan.predicted.get("verify", 0.0)
             the_plan.predicted["verify"] = added["predicted_s"]
-        sweeps = SweepExecutor(workers, log, clock.stop_at)
+        sweeps = SweepExecutor(workers, log, clock.stop_at, short=choice.short)
         ctx = Context(
             folder,
             user,
@@ -155,6 +155,7 @@ def recommend(
             the_plan,
             saved,
             labels=choice.labels,
+            short=choice.short,
         )
         return run_stages(ctx).as_result()
     finally:
@@ -171,11 +172,21 @@ def _asked(cfg: RecommendConfig, user: UserModel) -> tuple[CandidateChoice, User
             'give a .toml with layout = "..." or a config.json normlab reads the placement of'
         )
     choice = choose(cfg, user)
-    if cfg.quick and len(choice.names) < 2:
-        raise ConfigError(
-            "--quick compares your model with the --candidates given; give at least one other (e.g. yours+out, "
-            "yours+out+emb, or a layout)"
+    if cfg.quick and len(choice.names) < 2:  # suggested: only the changes that apply to the user's placement
+        apply = derived.applicable(user.layout) if user.layout else []
+        other = "pre" if user.layout != "pre" else "peri"
+        suggest = (
+            f"changes that apply to it: {', '.join(apply)}; or a layout"
+            if apply
+            else f"no yours+... change applies to {user.layout}: a layout, e.g. {other}"
         )
+        given = (
+            f"{', '.join(choice.inapplicable)} {'does' if len(choice.inapplicable) == 1 else 'do'} not apply to your "
+            f"placement {user.layout} (nothing of it to add or take away); "
+            if choice.inapplicable
+            else ""
+        )
+        raise ConfigError(f"--quick compares your model with the --candidates given: {given}give another ({suggest})")
     if choice.unfit:  # default candidates this model cannot take: said wherever the notes are (output, recommendation)
         notes = [
             f"left out of the default candidates: {n} (your model cannot take it: {w})" for n, w in choice.unfit.items()
