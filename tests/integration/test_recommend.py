@@ -251,7 +251,7 @@ def test_two_recommends_on_one_folder_the_second_is_refused_and_the_records_kept
         held.release()
 
 
-def test_sweep_deadline_leaves_unstarted_runs_pending_and_stops_running_ones(corpus, tmp_path):
+def test_sweep_deadline_leaves_unstarted_runs_pending_and_stops_running_ones(corpus, tmp_path, monkeypatch):
     base = dict(data=str(corpus), size="nano", seq_len=32, batch_size=4, eval_every=0, eval_batches=1, probe_every=0)
     late = SweepConfig(name="late", base={**base, "steps": 5}, grid={"seed": [0, 1]})
     counts = run_sweep(
@@ -277,7 +277,19 @@ def test_sweep_deadline_leaves_unstarted_runs_pending_and_stops_running_ones(cor
     assert said[-1] == "sweep long: 1 stopped by the budget" and describe(row).startswith(
         "stopped by the budget at step"
     )
+    from normlab import pages
+
+    drawn: dict[str, list[str]] = {}
+    save = pages.figure_html
+
+    def figure_html(fig, out, key, title):
+        drawn[key] = [title, *(ax.get_title() for ax in fig.axes)]
+        return save(fig, out, key, title)
+
+    monkeypatch.setattr(pages, "figure_html", figure_html)
     summarize(tmp_path / "long")
+    # issue 63 item 10: no cell trained to the end, so no empty "Loss by cell" chart beside the divergences
+    assert drawn["cells"] == ["Divergences by cell (no cell trained to the end)", "Divergences and stalls (k/n)"]
     md = (tmp_path / "long" / "summary.md").read_text()
     assert "- runs: 1 (1 stopped by the budget)" in md and "| stopped by the budget |" in md
     assert "| failed |" not in md.split("## Diverged")[1]

@@ -1073,3 +1073,37 @@ def test_changes_are_named_not_written_as_layout_strings():
     slug = "attn-qkAB-mlp-AB-emb-final-gain-centered"
     executor._named(f"[2/2] {slug}_lr0.1_seed0-f3dd0b4c: ok")
     assert said == ["[2/2] yours+emb_lr0.1_seed0-f3dd0b4c: ok"]
+
+
+def test_the_ranking_figure_draws_what_each_candidates_runs_did(tmp_path, monkeypatch):
+    """Issue 63 item 10: #1 pre with its one run diverged is drawn so, beside "+ output norms" whose run the budget
+    stopped (not ranked, drawn as not finished, never as a failure); row labels wrap, never cut, and stay inside
+    the figure; the activation axis says it is logarithmic."""
+    from normlab.recommend import ranking_figure as rf
+    from normlab.runs.files import RecommendDir
+
+    pre = Evidence(layout="pre", screen="", screen_detail="", runs=1, finished=1, diverged=1, rank=1)
+    pre.max_activation = 7e4
+    out = Evidence(layout="peri-noemb", screen="", screen_detail="", runs=1, unfinished=1, cut=1)
+    out.label = "your model (pre) + output norms, a label long enough to need more than one line of the figure"
+    assert rf.outcome_counts(pre) == {"diverged or stalled": 1, "at risk": 0, "trained": 0, "not finished": 0}
+    assert rf.outcome_counts(out) == {"diverged or stalled": 0, "at risk": 0, "trained": 0, "not finished": 1}
+    figures = []
+    monkeypatch.setattr(rf, "figure_html", lambda fig, *a: figures.append(fig) or "")
+    rf.ranking_figure(RecommendDir(tmp_path), [pre, out], "fp16")
+    fig = figures[0]
+    runs_ax, act_ax = fig.axes
+    labels = [t.get_text() for t in runs_ax.get_yticklabels()]
+    assert labels[0] == "#1 pre" and labels[1].replace("\n", " ") == f"not ranked: {out.name}"
+    assert all(len(line) <= rf.LABEL_WIDTH for line in labels[1].split("\n"))
+    fig.canvas.draw()
+    width = fig.bbox.width
+    for t in runs_ax.get_yticklabels():
+        box = t.get_window_extent()
+        assert box.x0 >= 0 and box.x1 <= width  # inside the figure: not cut
+    assert act_ax.get_xscale() == "log" and "log scale" in act_ax.get_xlabel()
+    texts = [t.get_text() for t in runs_ax.texts]
+    assert texts == ["1 diverged or stalled", "1 not finished"]
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)

@@ -449,13 +449,17 @@ def _report(
         fig.tight_layout()
         sections.append(figure_html(fig, out, "lr_curve", "Final loss vs learning rate (Kim Fig. 3a)"))
     labels = [_group_label(r, [a for a in axes if a != SEED]) for r in c.to_dict("records")]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(12, max(3.0, 0.35 * len(c) + 1.5)))
     y = np.arange(len(c))
-    a.errorbar(c.final_loss_mean, y, xerr=c.final_loss_std.fillna(0), fmt="o", color="tab:blue", capsize=3)
-    a.set_yticks(y, labels, fontsize=8)
-    a.set_xlabel("final training loss, mean ± std over seeds")
-    a.set_title("Loss by cell (diverged runs excluded)")
-    a.set_ylim(len(c) - 0.5, -0.5)
+    losses = pd.to_numeric(c.final_loss_mean, errors="coerce")
+    if losses.notna().any():  # a cell trained to the end: its loss drawn beside the divergences
+        fig, (a, b) = plt.subplots(1, 2, figsize=(12, max(3.0, 0.35 * len(c) + 1.5)))
+        a.errorbar(losses, y, xerr=c.final_loss_std.fillna(0), fmt="o", color="tab:blue", capsize=3)
+        a.set_yticks(y, labels, fontsize=8)
+        a.set_xlabel("final training loss, mean ± std over seeds")
+        a.set_title("Loss by cell (diverged runs excluded)")
+        a.set_ylim(len(c) - 0.5, -0.5)
+    else:  # no cell trained to the end (every run diverged, stalled or was stopped): no empty loss chart
+        fig, b = plt.subplots(1, 1, figsize=(7, max(3.0, 0.35 * len(c) + 1.5)))
     finished = sum(c[s] for s in FINISHED).replace(0, np.nan)
     b.barh(y, c.diverged / finished, color="tab:red", alpha=0.8, label="diverged")
     b.barh(
@@ -468,14 +472,17 @@ def _report(
     )
     for yi, d, st in zip(y, c.divergences, c.stalls):
         b.text(0.01, yi, f"{d} diverged" + ("" if st.startswith("0/") else f", {st} stalled"), va="center", fontsize=8)
-    b.set_yticks(y, [""] * len(y))
+    b.set_yticks(y, [""] * len(y) if losses.notna().any() else labels, fontsize=8)
     b.invert_yaxis()
     b.set_xlim(0, 1)
     b.set_xlabel("fraction of seeds diverged or stalled")
     b.set_title("Divergences and stalls (k/n)")
     b.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
-    sections.append(figure_html(fig, out, "cells", "Loss and divergences by cell"))
+    title = (
+        "Loss and divergences by cell" if losses.notna().any() else "Divergences by cell (no cell trained to the end)"
+    )
+    sections.append(figure_html(fig, out, "cells", title))
     top = _top100_figure(root or out, df, axes)
     if top is not None:
         sections.append(

@@ -648,12 +648,13 @@ def write_page(folder: RecommendDir, result: dict[str, Any], ranked: list[Eviden
     verify stage's verdict, the transfer record, what ran and what the proxy can and cannot tell."""
     h = html.escape
     live = [r for r in ranked if r.rank is not None]
+    drawn = [r for r in ranked if r.rank is not None or r.unfinished]  # beside the ranked: runs the budget stopped
     verified = verify_lines(result.get("verify") or {})
     answer = answer_items(result)
     body = (
         f"<h1>normlab recommend</h1><p>{h(result['model'])}; precision {h(result['precision'])}</p>"
         f"<p>{h(reason(result, ranked)).replace('**', '')}</p><h2>Evidence</h2>{table_html(_evidence_rows(ranked))}"
-        + (ranking_figure(folder, live, result.get("precision", "fp16")) if live else "")
+        + (ranking_figure(folder, drawn, result.get("precision", "fp16")) if live else "")
         + (_list_html(ANSWER_TITLE, [x.replace("**", "") for x in answer]) if answer else "")
         + _checks_html(result["recipe_checks"])
         + _settings_html(result)
