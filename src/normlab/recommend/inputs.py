@@ -59,11 +59,12 @@ def choose(cfg: RecommendConfig, user: UserModel) -> CandidateChoice:
     refused."""
     given = tuple(cfg.candidates) != RECOMMEND_CANDIDATES
     asked = tuple(cfg.candidates)
-    if cfg.quick and not given:  # the quick question's one change: the first that applies to the user's placement
-        asked, given = derived.quick_default(user.layout) if user.layout else (), True
+    quick = cfg.quick and not given  # the quick question's one change: the first that applies to the placement
+    if quick:
+        asked = derived.quick_default(user.layout) if user.layout else ()
     names, labels = derived.resolve(asked, user.layout)
     removals: list[str] = []
-    if not given:
+    if not given and not quick:
         made = derived.defaults(user.layout)
         names = [d.name for d in made if not d.removes] + names + [d.name for d in made if d.removes]
         labels.update({d.name: d.label for d in made})
