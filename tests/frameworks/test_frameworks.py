@@ -149,6 +149,9 @@ OPTIONS = [
     ("peri+qk", "OLMo-core", dict(norm_bias=False)),
     # Gemma 3's options: GeGLU-tanh, a window of 4 keys on alternate layers (12 tokens: it hides keys), local base 100
     ("gemma3", "OLMo-core", dict(mlp="geglu-tanh", sliding_window=4, full_attention_every=2, rope_local_theta=100.0)),
+    # query_pre_attn_scalar = head_dim (16; every Gemma 3): the libraries' own 1/sqrt(head_dim), so not "NOT stated"
+    ("gemma3", "OLMo-core", dict(mlp="geglu-tanh", attn_scale=16.0)),
+    ("pre", "torchtitan", dict(attn_scale=16.0)),
     # heads wider than d_model / n_heads (Qwen 3: 16 x 128 on a width of 1024)
     ("qwen3", "litgpt", dict(d_head=24)),
     ("qwen3", "OLMo-core", dict(d_head=24)),
@@ -244,6 +247,28 @@ def test_a_wrong_default_is_caught(layout, framework, stated, default, options):
 @pytest.mark.parametrize(("layout", "framework", "base"), PATCHED, ids=[f"{f}-{p}-from-{b}" for p, f, b in PATCHED])
 def test_patch_builds_normlabs_function(layout, framework, base):
     check_patch(layout, framework, BASE, base)
+
+
+def test_litgpts_own_entry_points_refuse_a_patched_checkpoint_as_the_patch_says(tmp_path):
+    """What the printed litgpt patch says: litgpt's generate/chat/finetune build GPT(config) and load with
+    litgpt.utils.load_checkpoint (strict), which refuses the patched model's checkpoint by its new key; the patched
+    model (GPT(config), then the patch's line replacing block 0) loads it."""
+    _need("litgpt")
+    import lightning as L
+    from litgpt.utils import load_checkpoint
+
+    code = patched_code("peri", "litgpt", BASE, "pre")
+    assert "litgpt generate, chat and finetune" in " ".join(code.splitlines())
+    space: dict = {}
+    exec(compile(code, "<litgpt patch for peri>", "exec"), space)  # our own generated text
+    path = tmp_path / "lit_model.pth"
+    torch.save(space["model"].state_dict(), path)
+    fabric = L.Fabric(accelerator="cpu", devices=1)
+    with pytest.raises(RuntimeError, match=r"Unexpected key\(s\).*transformer\.h\.0\.embedding_norm\.weight"):
+        load_checkpoint(fabric, space["GPT"](space["config"]), path)
+    patched = space["GPT"](space["config"])
+    patched.transformer.h[0] = space["EmbeddingNormBlock"](space["config"], 0)
+    load_checkpoint(fabric, patched, path)
 
 
 @pytest.mark.parametrize(

@@ -214,6 +214,92 @@ def test_scan_reports_by_depth_and_flags_a_planted_massive_activation(tmp_path, 
     assert "MASSIVE" in capsys.readouterr().out and (tmp_path / "cli" / "table.md").exists()
 
 
+MUP = dict(parametrization="mup", base_d_model=32, d_model=64, n_heads=4)  # the issue's shape: m = 2, d_head 8 -> 16
+COMPLETEP = dict(MUP, parametrization="completep", n_layers=4, base_n_layers=2)  # and the branches x (4/2)^-1
+
+
+def folded_tolerance(logits: torch.Tensor, model) -> float:
+    """How far two float32 computations of one function may differ: each folded weight rounds once (half an ulp,
+    eps/2 relative) and the two classes order their sums differently, an error growing like sqrt(d) per sum over
+    the 2 L sublayers; 8 eps sqrt(d) L of the logits' scale bounds it with room (eps = float32's, 1.2e-7). A
+    missing fold is off by the multiplier itself (x2, x0.71): orders of magnitude past it."""
+    cfg = model.config
+    return 8 * torch.finfo(torch.float32).eps * math.sqrt(cfg.d_model) * cfg.n_layers * float(logits.abs().max())
+
+
+@pytest.mark.parametrize(
+    "layout, arch, opts",
+    [
+        ("pre", "auto", MUP),
+        ("pre", "llama", dict(MUP, tie_embeddings=True)),
+        ("qwen3", "qwen3", MUP),
+        ("qwen3", "auto", COMPLETEP),
+        ("gemma2", "gemma2", dict(MUP, **GEMMA_OPTS)),
+        ("gemma3", "gemma3", dict(COMPLETEP, mlp="geglu-tanh")),
+        ("olmo2", "olmo2", COMPLETEP),
+    ],
+)
+def test_a_mup_model_exports_as_the_stock_class_with_normlabs_logits(layout, arch, opts, tmp_path):
+    """muP's readout 1/m, its 1/d_head attention scale and CompleteP's branch multiplier are folded into the stock
+    class's weights (final-norm gain, q or q-norm gain, output-norm gain or o/down projections): the folder loads
+    through AutoModelForCausalLM, with no code, and computes normlab's logits; the message says what was folded.
+    (Before: LlamaForCausalLM as exact, its logits 2.0x normlab's.)"""
+    from normlab.hf.export import export
+
+    model = normlab.build_model(layout, "nano", seed=0, vocab_size=96, **opts).eval()
+    with torch.no_grad():  # gains away from their init, so a fold into the wrong norm would show
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    path, used, why = export(model, tmp_path / "out", arch)
+    assert used == {"auto": {"pre": "llama"}.get(layout, layout)}.get(arch, arch)
+    assert "multipliers folded into the weights" in why
+    assert not (tmp_path / "out" / "modeling_normlab.py").exists()
+    hf = tf.AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
+    want = ours(model)
+    torch.testing.assert_close(hf_logits(hf), want, rtol=0, atol=folded_tolerance(want, model))
+    assert not torch.allclose(want, ours(normlab.build_model(layout, "nano", seed=0, vocab_size=96, **opts)))
+
+
+def test_a_multiplier_with_no_exact_place_refuses_the_stock_class():
+    """The readout's 1/m rides on the final norm's gain; a model whose final norm has none (edited past its layout:
+    every exportable preset has the gains) is refused by name for the stock class, and auto picks normlab's."""
+    from normlab.hf.export import choose_arch
+    from normlab.model.norms import RMSNorm
+
+    model = normlab.build_model("pre", "nano", seed=0, vocab_size=96, **MUP)
+    model.final_norm = RMSNorm(64, 1e-6, gain="none")
+    for arch in ("llama", "mistral"):
+        with pytest.raises(NativeExportError, match=r"readout's 1/m = 0.5 \(no final-norm gain.*--arch normlab"):
+            to_native(model, arch)
+    assert choose_arch(model)[0] == "normlab"
+    sp = normlab.build_model("pre", "nano", seed=0, vocab_size=96, d_model=64, n_heads=4)  # nothing to fold: as before
+    assert choose_arch(sp) == ("llama", "transformers' own llama class computes layout pre exactly: no custom code")
+
+
+def test_cli_export_of_a_mup_run_computes_its_logits(corpus, tmp_path, capsys):
+    """The issue's command: a muP run (width 64 on base 32) exported by auto, --arch llama and --arch qwen3 (a pre run
+    is not qwen3: refused) computes the run's logits."""
+    from normlab.cli import main
+    from normlab.runs.model import load_run_model
+
+    run = tmp_path / "run"
+    args = ["train", "--data", str(corpus), "--layout", "pre", "--size", "nano", "--model", "d_model=64"]
+    args += ["--model", "n_heads=4", "--set", "model.parametrization=mup", "--set", "model.base_d_model=32"]
+    assert main([*args, "--steps", "3", "--seq-len", "32", "--batch-size", "4", "--out", str(run)]) == 0
+    model = load_run_model(run).model.eval()
+    want = ours(model)
+    for name, arch in (("auto", []), ("llama", ["--arch", "llama"])):
+        capsys.readouterr()
+        assert main(["export", str(run), str(tmp_path / name), *arch]) == 0
+        assert "mup's multipliers folded into the weights" in capsys.readouterr().out
+        hf = tf.AutoModelForCausalLM.from_pretrained(tmp_path / name, local_files_only=True).eval()
+        assert type(hf).__name__ == "LlamaForCausalLM"
+        torch.testing.assert_close(hf_logits(hf), want, rtol=0, atol=folded_tolerance(want, model))
+    assert main(["export", str(run), str(tmp_path / "q"), "--arch", "qwen3"]) == 2
+    assert "does not map exactly onto qwen3" in capsys.readouterr().err
+
+
 def test_cli_export_of_a_trained_run(corpus, tmp_path, capsys):
     from normlab.cli import main
     from normlab.train import TrainConfig, train

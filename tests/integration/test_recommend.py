@@ -103,7 +103,7 @@ def test_recommend_ranks_with_evidence_resumes_and_refuses_changed_inputs(corpus
         and "where the settings overlap" in md
         and "## What the proxy can and cannot tell" in md
     )
-    assert "## What ran, and how far the answer could move" in md and "Recommended (provisional: " in md
+    assert "## What ran, and how far the answer could move" in md and "Ranked first (provisional: " in md
     # the answer sized to its evidence (issue 53): one seed is thin; no placement named, so no effect to measure
     conf = rec["confidence"]
     assert conf["level"] == "provisional" and "one seed: no seed noise measured" in conf["why"]
@@ -401,6 +401,7 @@ def test_quick_question_your_model_against_it_plus_output_norms(corpus, tmp_path
     assert eff["interval"][0] <= eff["difference"] <= eff["interval"][1]
     assert rec["confidence"]["level"] in ("provisional", "supported") and rec["confidence"]["seeds"] == 2
     assert rec["recipe"]["layout"] == rec["winner"] and rec["recipe"]["lr"] == 0.1
+    assert rec["recipe"]["sp"]["lr"] == pytest.approx(0.1 * 64 / 32) and rec["recipe"]["sp"]["width"] == 32  # nano
     differences = rec["domain"]["differences"]
     assert not any("precision" in d for d in differences)  # bf16 measured (transfer-muon-bf16-*)
     assert rec["domain"]["inside_record"] == (not differences)
@@ -409,3 +410,54 @@ def test_quick_question_your_model_against_it_plus_output_norms(corpus, tmp_path
     assert ("Outside what the transfer record measured" in md) == bool(differences) and "FP16 maximum" not in md
     for r in rec["ranking"]:  # the signals that predict trouble, per candidate
         assert r["logit_last"] is not None and r["logit_first"] is not None and r["at_risk"] >= 0
+    # the answer in compute: the speedup of the change against the user's placement, with its interval and the norm
+    # tax timed at the user's shape (nano's width) on this machine, and the gate's verdict leading the markdown
+    sp = eff["speedup"]
+    assert (sp["baseline"], sp["candidate"]) == ("qwen3", plus_out) and sp["seeds"] == [2, 2]
+    assert sp["value"] > 0 and sp["interval"][0] <= sp["value"] <= sp["interval"][1]
+    tax = sp["tax"]
+    assert tax["device_type"] == "cpu" and tax["bound"] == "lower" and tax["shape"]["d_model"] == 32  # nano
+    assert sp["by_scale"][0]["width"] == 64 and sp["projection"]["value"] is None
+    assert rec["verdict"]["decision"] in ("change", "keep")
+    lead = md.split("\n\n")[2]  # after the title and the inputs
+    assert lead.startswith("**Change to" if rec["verdict"]["decision"] == "change" else "**Keep your qwen3**")
+
+
+@pytest.mark.long
+def test_the_ladder_trains_both_at_three_widths_and_projects_the_speedup(corpus, tmp_path, capsys):
+    """A budget that buys the ladder: the user's placement and its rival trained again at widths 32 and 128
+    (muP from the proxy's 64, tokens growing with width), the speedup at each rung, the trend and its projection
+    to the user's scale with an interval, ladder.png, and the gate reading the largest rung."""
+    model = tmp_path / "model.toml"
+    model.write_text('size = "nano"\nlayout = "pre"\n')
+    args = _args(corpus, tmp_path / "rec", "--budget", "60")
+    args[1] = str(model)
+    args[args.index("--seeds") + 1] = "0,1"
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "ladder [" in out and "ladder done" in out
+    rec = json.loads((tmp_path / "rec" / "recommendation.json").read_text())
+    plan_ = rec["plan"]
+    assert rec["rounds"][-1]["stage"] == "ladder" and rec["rounds"][-1]["planned"] == 8
+    sp = rec["effect"]["speedup"]
+    assert [r["width"] for r in sp["by_scale"]] == [32, 64, 128]
+    for r in sp["by_scale"]:
+        assert r["compute"] > 0 and r["seeds"] == [2, 2]
+    # compute grows with width: tokens x2 a rung (8 steps is the floor at 32) and the FLOPs a token with it
+    assert sp["by_scale"][0]["compute"] < sp["by_scale"][1]["compute"] < sp["by_scale"][2]["compute"]
+    proj = sp["projection"]
+    if proj["value"] is not None:  # three finite rungs: an interval (a bound at a rung leaves it out, said)
+        assert proj["interval"][0] <= proj["value"] <= proj["interval"][1] and proj["trend"] in (
+            "grows",
+            "holds",
+            "shrinks",
+        )
+    else:
+        assert proj["left_out"] and "three" in proj["why"]
+    assert (tmp_path / "rec" / "ladder.png").stat().st_size > 0
+    assert (tmp_path / "rec" / "ladder" / f"w128-lr{rec['ranking'][0]['best_lr']:g}").is_dir() or any(
+        (tmp_path / "rec" / "ladder").iterdir()
+    )
+    assert "largest_rung" not in sp or sp["largest_rung"]["width"] == 128
+    assert "by scale: d 32" in (tmp_path / "rec" / "recommendation.md").read_text()
+    assert plan_["depth"] >= 1

@@ -285,6 +285,26 @@ def test_the_verify_stage_trains_in_mup_from_the_proxys_width_and_the_recipe_nam
     assert answer.recipe(w, optimizer="sgd")["parametrization"] == "sp"
 
 
+def test_the_recipe_gives_an_sp_models_learning_rate_for_libraries_without_mup():
+    """None of OLMo-core, torchtitan, litgpt has muP: the recipe gives the SP model's rate at the user's width from
+    muP's Adam rule (hidden matrices and, without the 1/m readout, the head: base x 64 / width; embeddings and
+    gains at base), says so plainly, and that muP itself is normlab's only. Muon's matrices keep the base rate."""
+    w = _row("peri", best_lr=0.01)
+    rec = answer.recipe(w, width=2048)
+    assert rec["sp"]["lr"] == pytest.approx(0.01 * 64 / 2048, rel=1e-12) and rec["sp"]["vector_lr"] == 0.01
+    assert rec["sp"]["libraries"] == ["OLMo-core", "torchtitan", "litgpt"] and rec["sp"]["width"] == 2048
+    said = rec["sp"]["words"]
+    assert said.startswith("For your SP model in ai2-olmo-core 3.0.0, torchtitan 0.3.0, litgpt 0.5.13")
+    assert "muP itself is normlab's only" in said and f"lr {0.01 * 64 / 2048:.3g} at width 2048" in said
+    assert "embeddings and norm gains at 0.01" in said and said in rec["words"]
+    assert "model.parametrization=mup" in rec["words"]  # the normlab recipe is still said first
+    narrow = answer.recipe(w, width=32)["sp"]  # narrower than the proxy: the rate rises by the same rule
+    assert narrow["lr"] == pytest.approx(0.02, rel=1e-12)
+    assert answer.recipe(w, optimizer="muon", width=2048)["sp"]["lr"] == 0.01
+    assert answer.recipe(w)["sp"] is None and "sp" not in answer.recipe(w, optimizer="sgd", width=2048)
+    assert answer.recipe(_row("peri", best_lr=None), width=2048)["sp"] is None
+
+
 def test_a_token_budget_beyond_the_record_and_dyts_regime_are_said():
     from normlab.recommend.explain import transfer_record
 

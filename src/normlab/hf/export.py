@@ -8,7 +8,9 @@ torch and transformers, what `trust_remote_code=True` runs), and the tokenizer w
 stock files (tokenizer.json, tokenizer_config.json naming `PreTrainedTokenizerFast`) that load with
 no custom code. For layouts that a transformers architecture computes exactly, `normlab.hf.save_native`
 writes that class instead, and `export(..., arch="auto")` (what `normlab export` does by default) picks it:
-custom code only where no stock class computes the placement.
+custom code only where no stock class computes the placement. A muP or CompleteP model's multipliers are folded
+into the stock class's weights where that is exact (`normlab.hf.native.parametrization_folds`), else the normlab
+class is written.
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ def choose_arch(model: NormLM, arch: str = "auto") -> tuple[str, str]:
     """The class `export` writes for ``model`` and why, in words: ``arch`` "auto" takes transformers' own class
     where one computes the layout exactly, else the normlab class; "normlab" or an architecture name forces one
     (an architecture that is not exact is refused when it is written)."""
-    from normlab.hf.native import ARCHS, NativeExportError
+    from normlab.hf.native import ARCHS, NativeExportError, folds_in_words
 
     layout = model.layout.label
     if model.layout.streams > 1 and arch != "normlab":
@@ -110,6 +112,8 @@ def choose_arch(model: NormLM, arch: str = "auto") -> tuple[str, str]:
         )
     else:
         why = f"transformers' {arch} class, as asked"
+    if arch != "normlab":
+        why += folds_in_words(model)
     return arch, why
 
 

@@ -20,6 +20,15 @@ Both ways:
 Import only:
 - `gpt2` (GPT2LMHeadModel) -> layout `pre,norm=layer` with learned absolute positions and biases.
 
+A muP or CompleteP model (`normlab.model.parametrization`) computes the stock function with multipliers on it: the
+logits W (h / m), the q.k scale sqrt(d_head,base) / d_head, CompleteP's branch r^-alpha. Each is a constant on a
+linear path, so it is folded into the weights that precede it (`parametrization_folds`): 1/m into the final norm's
+gain (tied embeddings untouched), the attention scale's ratio to the class's own into the q projection (or the
+q-norm's gain where QK-norm would undo a scale on the projection), r^-alpha into the output norm's gain or, without
+one, the o and down projections. The exported class then computes normlab's logits to rounding; what it trains
+further is SP (its multipliers are weights now). A multiplier with no exact place is refused by name, and `export`'s
+"auto" writes the normlab class, which computes the parametrization itself.
+
 Anything else is refused with `NativeExportError` naming the first difference; so is a config that
 asks for something normlab does not compute (scaled RoPE, other activations, biases, a pattern of
 local and global layers other than "every k-th layer global"): a conversion that silently changed the function would
@@ -32,7 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -84,7 +93,118 @@ def _export_arch(model: NormLM, arch: str) -> Arch:
     problems = adapter.model_problems(model.config)
     if problems:
         raise NativeExportError(f"model options do not map onto {arch}: {'; '.join(problems)}")
+    parametrization_folds(model, arch)  # a multiplier with no exact place: refused by name
     return adapter
+
+
+@dataclass(frozen=True)
+class Fold:
+    """One weight that takes a parametrization's multiplier: normlab parameter ``name`` times ``factor``; a
+    centered gain (applied as 1 + w) takes it as 1 + w' = factor (1 + w)."""
+
+    name: str
+    factor: float
+    centered: bool = False
+
+    def apply(self, value: torch.Tensor) -> torch.Tensor:
+        off = 1.0 if self.centered else 0.0
+        return (self.factor * (value.double() + off) - off).to(value.dtype)
+
+
+def _norm_folds(model: NormLM, path: str, factor: float) -> list[Fold] | None:
+    """Folds of ``factor`` into the norm at module ``path``: its gain (and LayerNorm's beta), which multiply its
+    whole output; None where the norm has no per-channel gain to carry it (or is not a plain RMS/LayerNorm)."""
+    from normlab.model.norms import LayerNorm, RMSNorm
+
+    norm = model.get_submodule(path)
+    if type(norm) not in (RMSNorm, LayerNorm) or getattr(norm, "weight", None) is None:
+        return None
+    folds = [Fold(f"{path}.weight", factor, bool(getattr(norm, "offset", 0.0)))]
+    if getattr(norm, "bias", None) is not None:
+        folds.append(Fold(f"{path}.bias", factor))
+    return folds
+
+
+def _linear_folds(model: NormLM, path: str, factor: float) -> list[Fold]:
+    """Folds of ``factor`` into the Linear at ``path`` (its output times factor: weight and bias)."""
+    lin = model.get_submodule(path)
+    return [Fold(f"{path}.{p}", factor) for p in ("weight", "bias") if getattr(lin, p, None) is not None]
+
+
+def parametrization_folds(model: NormLM, arch: str) -> list[Fold]:
+    """The weights that carry ``model``'s parametrization multipliers in ``arch``'s class (module doc), none under SP
+    or at the base shape; a NativeExportError naming the multiplier where one has no exact place.
+
+    - muP's readout, logits = W (h / m): the final norm's gain times 1/m (its output is all the head reads; the
+      head itself is the embedding when tied, which a fold there would change too).
+    - the q.k scale s (muP's sqrt(d_base) / d_head law) where the class computes s_0 = query_pre_attn_scalar^-1/2
+      (Gemma) or d_head^-1/2: q times s / s_0 (RoPE is linear, so before or after it alike): on the q projection,
+      or with QK-norm on the q-norm's gain (the norm would undo a scale on its input).
+    - CompleteP's x + r^-alpha F: the output norm's gain where the block has one, else the o and down projections.
+    """
+    cfg = model.config
+    if cfg.parametrization == "sp":
+        return []
+    folds: list[Fold] = []
+    missing: list[str] = []
+    if cfg.output_multiplier != 1.0:
+        got = _norm_folds(model, "final_norm", cfg.output_multiplier)
+        if got is None:
+            missing.append(f"the readout's 1/m = {cfg.output_multiplier:g} (no final-norm gain to carry it)")
+        folds += got or []
+    base = (cfg.attn_scale if cfg.attn_scale is not None else cfg.head_dim) ** -0.5  # the class's own q.k scale
+    r = cfg.branch_multiplier
+    for i, block in enumerate(model.blocks):
+        attn = cast(Any, block).attn
+        scale = attn.scale if attn.scale is not None else attn.head_dim**-0.5
+        if scale != base:
+            c = scale / base
+            if isinstance(attn.q_norm, torch.nn.Identity):
+                folds += _linear_folds(model, f"blocks.{i}.attn.q_proj", c)
+            else:
+                got = _norm_folds(model, f"blocks.{i}.attn.q_norm", c)
+                if got is None:
+                    missing.append(f"block {i}'s q.k scale x{c:.6g} (its q-norm has no gain to carry it)")
+                folds += got or []
+        if r != 1.0:
+            for sub, proj in (("attn", "attn.o_proj"), ("mlp", "mlp.down_proj")):
+                path = f"blocks.{i}.{sub}_norms.output"
+                if isinstance(model.get_submodule(path), torch.nn.Identity):
+                    folds += _linear_folds(model, f"blocks.{i}.{proj}", r)
+                    continue
+                got = _norm_folds(model, path, r)
+                if got is None:
+                    missing.append(f"block {i}'s {sub} branch x{r:.6g} (its output norm has no gain to carry it)")
+                folds += got or []
+    if missing:
+        raise NativeExportError(
+            f"parametrization={cfg.parametrization}'s multipliers have no exact place in {arch}'s weights: "
+            f"{'; '.join(missing[:3])}; export with --arch normlab, whose class computes them"
+        )
+    return folds
+
+
+def folds_in_words(model: NormLM) -> str:
+    """What a stock export of ``model`` folded into its weights, in words ("" under SP or at the base shape)."""
+    cfg = model.config
+    if cfg.parametrization == "sp":
+        return ""
+    said = []
+    if cfg.output_multiplier != 1.0:
+        said.append(f"the readout's 1/m = {cfg.output_multiplier:g} in the final norm's gain")
+    attn = cast(Any, model.blocks[0]).attn
+    scale = attn.scale if attn.scale is not None else attn.head_dim**-0.5
+    base = (cfg.attn_scale if cfg.attn_scale is not None else cfg.head_dim) ** -0.5
+    if scale != base:
+        said.append(f"the q.k scale's x{scale / base:.4g} in q")
+    if cfg.branch_multiplier != 1.0:
+        said.append(f"the branches' x{cfg.branch_multiplier:.4g} in their last weights")
+    if not said:
+        return ""
+    return (
+        f"; {cfg.parametrization}'s multipliers folded into the weights ({', '.join(said)}): the same logits, and "
+        "what trains further on it is SP"
+    )
 
 
 def residual_refusal(layout: Any, arch: str) -> str | None:
@@ -132,6 +252,9 @@ def to_native(model: NormLM, arch: str) -> Any:
     missing = sorted(set(ours) - set(mapping) - tied - {k for k in ours if not k.endswith("weight")})
     if missing:
         raise NativeExportError(f"parameters with no {arch} counterpart: {missing[:5]}")
+    ours = dict(ours)
+    for fold in parametrization_folds(model, arch):  # muP's and CompleteP's multipliers (module doc)
+        ours[fold.name] = fold.apply(ours[fold.name])
     state = {mapping[k]: adapter.export_weight(mapping[k], v) for k, v in ours.items() if k in mapping}
     result = hf.load_state_dict(state, strict=False)
     unexpected = [k for k in result.missing_keys if not (cfg.tie_embeddings and k == "lm_head.weight")]

@@ -192,11 +192,16 @@ def lr_transfer(record: dict[str, Any], parametrization: str, optimizer: str | N
 
 
 def recipe(
-    winner: Evidence | None, label: str = "", optimizer: str = "adamw", record: dict[str, Any] | None = None
+    winner: Evidence | None,
+    label: str = "",
+    optimizer: str = "adamw",
+    record: dict[str, Any] | None = None,
+    width: int | None = None,
 ) -> dict[str, Any]:
     """recommendation.json's `recipe`: the layout, the proxy's best learning rate, and the parametrization
     that carries it to the user's width (muP from the proxy's width: at its base width muP is SP, so the
-    proxy's learning rate is muP's base learning rate; `normlab.model.parametrization`)."""
+    proxy's learning rate is muP's base learning rate; `normlab.model.parametrization`); with the user's
+    ``width``, `sp`: the rates for an SP model in a library without muP (`sp_rates`)."""
     if winner is None:
         return {}
     if optimizer == "sgd":  # muP's SGD rule is not built: the rate is SP's, measured at the proxy's width only
@@ -224,6 +229,9 @@ def recipe(
     if moved is not None and winner.best_lr is not None:
         sp = lr_transfer(record or {}, "sp", optimizer)
         words += f" ({moved['words']}" + (f"; {sp['words']}" if sp else "") + "; the proxy's grid is 3x apart)"
+    in_sp = sp_rates(winner.best_lr, width, optimizer) if winner.best_lr is not None and width else None
+    if in_sp is not None:
+        words += f". {in_sp['words']}"
     return {
         "layout": winner.layout,
         "label": label or winner.label,
@@ -231,7 +239,47 @@ def recipe(
         "parametrization": "mup",
         "base_d_model": PROXY_WIDTH,
         "lr_transfer": moved,
+        "sp": in_sp,
         "words": words,
+    }
+
+
+def sp_rates(base_lr: float, width: int, optimizer: str = "adamw") -> dict[str, Any]:
+    """The learning rates a standard-parametrization model of width ``width`` takes from muP's transfer of the
+    proxy's ``base_lr`` (muP's base width `PROXY_WIDTH`), for the libraries that have no muP (OLMo-core,
+    torchtitan, litgpt: `normlab.recommend.framework_settings.PINS`).
+
+    muP under Adam (Yang et al. 2022, Tensor Programs V, Table 3; `normlab.model.parametrization`): a hidden matrix
+    trains at base_lr / m, m = width / base width; the embedding, biases and norm gains at base_lr. Without muP's
+    1/m on the logits (SP has none), the head is a hidden matrix in that table's SP-form (Table 8's output weights:
+    lr / fan_in), so it takes base_lr / m as well. Under Muon its matrices' update is width-invariant (its own
+    sqrt(fan_out / fan_in) rule): they keep base_lr; the AdamW half's head takes / m. What SP cannot carry (muP's
+    init scales, its 1/d_head attention scale) is said: the rates are muP's, the transfer guarantee is not."""
+    from normlab.recommend.framework_settings import PINS
+
+    m = width / PROXY_WIDTH
+    hidden = base_lr / m
+    libraries = ", ".join(pin.replace("==", " ") for pin in PINS.values())
+    if optimizer == "muon":
+        matrices, how = base_lr, "Muon's own update is width-invariant: its matrices keep the base rate"
+        rest = f"the AdamW half's head at its rate x {PROXY_WIDTH}/{width}, embeddings and norm gains at its rate"
+    else:
+        matrices, how = (
+            hidden,
+            f"muP's Adam rate for hidden matrices and the head: base {base_lr:g} x {PROXY_WIDTH}/{width}",
+        )
+        rest = (
+            f"embeddings and norm gains at {base_lr:g} where the library takes parameter groups (muP's rate for them)"
+        )
+    return {
+        "width": width,
+        "lr": matrices,
+        "vector_lr": base_lr,
+        "width_mult": m,
+        "libraries": list(PINS),
+        "words": f"For your SP model in {libraries} (none has muP; muP itself is normlab's only): lr {matrices:.3g} at "
+        f"width {width} ({how}); {rest}. SP keeps its own init and 1/sqrt(d_head) attention scale, which muP changes: "
+        "these are muP's rates at your width, not its transfer guarantee",
     }
 
 
@@ -347,4 +395,14 @@ def changed_from(answers: list[dict[str, Any]], winner: str | None) -> dict[str,
     return earlier[-1]
 
 
-__all__ = ["LEVELS", "changed_from", "confidence", "domain", "effect", "expected_best_of", "recipe", "welch"]
+__all__ = [
+    "LEVELS",
+    "changed_from",
+    "confidence",
+    "domain",
+    "effect",
+    "expected_best_of",
+    "recipe",
+    "sp_rates",
+    "welch",
+]

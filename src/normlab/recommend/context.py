@@ -86,7 +86,7 @@ class SweepExecutor:
 @dataclass
 class Findings:
     """What the stages found, in order: the screen's record and what it ruled out, the candidates left,
-    the grid's runs, the stress round's order and the final round's record."""
+    the grid's runs, the stress round's order, the final round's record and the ladder's."""
 
     screen: dict[str, Any] = field(default_factory=dict)
     out_by_screen: dict[str, str] = field(default_factory=dict)
@@ -94,6 +94,7 @@ class Findings:
     runs: pd.DataFrame | None = None
     order: list[str] = field(default_factory=list)
     final: FinalRecord | None = None
+    ladder: dict[str, Any] | None = None  # the ladder stage's record (normlab.recommend.stage_ladder); None: none ran
 
 
 @dataclass

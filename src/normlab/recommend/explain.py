@@ -15,7 +15,7 @@ from normlab.config.commands import RECOMMEND_BASE
 from normlab.experiments.transfer import HEADROOM
 from normlab.pages import table_html
 from normlab.pages import write_page as page
-from normlab.recommend import agreement
+from normlab.recommend import agreement, gate, ladder, speedup, tax
 from normlab.recommend.rank import Evidence
 from normlab.recommend.ranking_figure import ranking_figure
 from normlab.recommend.shape import PROXY_WIDTH, UserModel
@@ -161,6 +161,7 @@ def movement(
             "final": "final round",
             "extend": "edge learning rates",
             "verify": "verify stage",
+            "ladder": "ladder",
         }[r["stage"]]
         if r["finished"] < r["planned"]:
             out.append(
@@ -279,50 +280,73 @@ def _table(ranked: list[Evidence]) -> str:
 
 
 def reason(result: dict[str, Any], ranked: list[Evidence]) -> str:
-    """The winner and why, in one paragraph with its numbers: how sure (`_head`), what it showed
+    """`reasons` in one paragraph (the report page's)."""
+    return " ".join(reasons(result, ranked))
+
+
+def reasons(result: dict[str, Any], ranked: list[Evidence]) -> list[str]:
+    """The ranking's first and why, a sentence or two each with its numbers: how sure (`_head`), what it showed
     (`_winner_parts`), an earlier answer it changes and what it takes away, why it ranks above the next, your
     placement's standing, the effect against it, and where the evidence ends."""
     live = [r for r in ranked if r.rank is not None]
     if not live:
-        return "No candidate trained: nothing to recommend."
+        return ["No candidate trained: nothing to recommend."]
     w = live[0]
     cur = next((r for r in ranked if r.layout == result.get("current")), None)
-    text = _head(result, w, cur) + ": " + "; ".join(_winner_parts(w, result.get("precision", "fp16"))) + "."
-    text += _changed_words(result)
+    out = [_head(result, w, cur) + ": " + "; ".join(_winner_parts(w, result.get("precision", "fp16"))) + "."]
+    if changed := _changed_words(result).strip():
+        out.append(changed)
     if result.get("dropped"):
-        text += f" It takes away your {', '.join(result['dropped'])}: " + _dropped_evidence(w, cur) + "."
+        out.append(f"It takes away your {', '.join(result['dropped'])}: " + _dropped_evidence(w, cur) + ".")
     if w.diverged + w.stalled:
-        text += (
-            " Even the best candidate failed on some runs: the stress is beyond what any of these placements "
+        out.append(
+            "Even the best candidate failed on some runs: the stress is beyond what any of these placements "
             "holds at every learning rate; read the learning rates at which it trained."
         )
     if len(live) > 1:
         r2 = live[1]
-        text += (
-            f" Next: {r2.name} ({r2.diverged + r2.stalled}/{r2.finished} failed, best loss {_fmt_loss(r2)}"
+        out.append(
+            f"Next: {r2.name} ({r2.diverged + r2.stalled}/{r2.finished} failed, best loss {_fmt_loss(r2)}"
             + (f", largest attention logit {_logit(r2)}" if math.isfinite(r2.logit_last) else "")
             + f"); {w.layout} ranks above it {_why_above(result, w, r2)}."
         )
-    text += _current_words(result, w, cur)
+    if current := _current_words(result, w, cur).strip():
+        out.append(current)
     eff = result.get("effect") or {}
-    text += effect_words(eff)
+    if words := effect_words(eff).strip():
+        out.append(words)
     if (
         eff.get("status") == "measured"
         and eff.get("interval")
         and not (result.get("confidence") or {}).get("separable")
     ):
-        text += " The difference from your placement is within seed noise: these runs do not ask you to change."
+        out.append("The difference in loss from your placement is within seed noise.")
     dom = result.get("domain") or {}
     if dom and not dom.get("inside_record"):
-        text += " Outside what the transfer record measured: " + "; ".join(dom.get("differences") or []) + "."
-    return text
+        out.append("Outside what the transfer record measured: " + "; ".join(dom.get("differences") or []) + ".")
+    return out
+
+
+def headline(result: dict[str, Any], ranked: list[Evidence]) -> list[str]:
+    """recommendation.md's opening: one line (the gate's verdict, its size, how sure), then the reasons as a
+    short list."""
+    v = result.get("verdict") or {}
+    sp = (result.get("effect") or {}).get("speedup") or {}
+    lines = []
+    if v:
+        level = (result.get("confidence") or {}).get("level")
+        said = speedup.words(sp) if sp.get("value") is not None and v.get("gate") == "speedup" else ""
+        lines += [gate.headline(v, said, level if v["decision"] != "no answer yet" else None), ""]
+        if v.get("gate") == "stability" or (v["decision"] == "keep" and sp.get("value") is not None):
+            lines += [f"- effective speedup of {sp.get('candidate')}: {speedup.words(sp)}"] if sp else []
+    return lines + [f"- {x}" for x in reasons(result, ranked)]
 
 
 def _head(result: dict[str, Any], w: Evidence, cur: Evidence | None) -> str:
     """ "Recommended (provisional: why; the runs behind each side, the seeds; what the budget cut)" """
     conf = result.get("confidence") or {}
     if not conf:
-        return "Recommended"
+        return "Ranked first"
     behind = f"{w.finished} finished run(s) behind it" + (
         f", {cur.finished} behind your {cur.layout}" if cur is not None and cur is not w and cur.finished else ""
     )
@@ -330,7 +354,7 @@ def _head(result: dict[str, Any], w: Evidence, cur: Evidence | None) -> str:
     bits = [*(conf.get("why") or []), f"{behind}, {conf.get('seeds')} seed(s)"]
     if cuts:
         bits.append("the budget cut: " + ", ".join(cuts))
-    return f"Recommended ({conf['level']}: {'; '.join(bits)})"
+    return f"Ranked first ({conf['level']}: {'; '.join(bits)})"
 
 
 def _winner_parts(w: Evidence, precision: str) -> list[str]:
@@ -402,7 +426,7 @@ def _current_words(result: dict[str, Any], w: Evidence, cur: Evidence | None) ->
     """The user's placement's standing."""
     name = result.get("current")
     if name and name == w.layout:
-        return " That is your current placement: the evidence does not ask you to change it."
+        return " That is your current placement."
     if not name or cur is None or cur.rank is None:
         return ""
     how = f" ({cur.why})" if cur.status == "baseline" else ""
@@ -482,7 +506,7 @@ def markdown(result: dict[str, Any], ranked: list[Evidence]) -> str:
     lines += [f"- note: {n}" for n in result["notes"]]
     lines += [
         "",
-        reason(result, ranked),
+        *headline(result, ranked),
         "",
         "## Evidence (ranked)",
         "",
@@ -555,6 +579,9 @@ def answer_items(result: dict[str, Any]) -> list[str]:
             + f"; finished runs behind each: {runs or 'none'}; seeds: {conf.get('seeds')}"
             + (f"; {conf['not_tried']} candidate(s) not tried" if conf.get("not_tried") else "")
         )
+    sp = eff.get("speedup") or {}
+    if sp:
+        out.append(f"effective speedup of {sp.get('candidate')} against your {sp.get('baseline')}: " + speedup_item(sp))
     if eff.get("status") == "measured":
         out.append("effect:" + effect_words(eff))
     elif eff:
@@ -569,6 +596,39 @@ def answer_items(result: dict[str, Any]) -> list[str]:
             + (f"; {dom['tokens_note']}" if dom.get("tokens_note") else "")
         )
     return out
+
+
+def speedup_item(sp: dict[str, Any]) -> str:
+    """The speedup with its interval, rung, projection and tax, in words."""
+    text = speedup.words(sp)
+    for key in ("why_interval", "why_tax"):
+        if sp.get(key):
+            text += f"; {sp[key]}"
+    t = sp.get("tax") or {}
+    if t.get("value") is not None:
+        text += f"; norm tax {tax.words(t)}" + (" (cached)" if t.get("cached") else "")
+    elif t.get("why"):
+        text += f"; norm tax not measured: {t['why']}"
+    rungs = sp.get("by_scale") or []
+    if len(rungs) > 1:
+        text += "; by scale: " + ", ".join(
+            f"d {r['width']} "
+            + (
+                f"x{r['value']:.2f}"
+                + (f" [{r['interval'][0]:.2f}, {r['interval'][1]:.2f}]" if r.get("interval") else "")
+                if r.get("value") is not None
+                else f"- ({r.get('why') or 'not measured'})"
+            )
+            for r in rungs
+        )
+    proj = sp.get("projection") or {}
+    if proj.get("value") is not None:
+        text += f"; {ladder.words(proj)} (tokens at your scale: {proj.get('tokens')})"
+    elif proj.get("why"):
+        text += f"; at your scale: {proj['why']}"
+    if sp.get("method"):
+        text += f" (method: {sp['method']})"
+    return text
 
 
 def answer_lines(result: dict[str, Any]) -> list[str]:
@@ -653,8 +713,17 @@ def write_page(folder: RecommendDir, result: dict[str, Any], ranked: list[Eviden
     answer = answer_items(result)
     body = (
         f"<h1>normlab recommend</h1><p>{h(result['model'])}; precision {h(result['precision'])}</p>"
-        f"<p>{h(reason(result, ranked)).replace('**', '')}</p><h2>Evidence</h2>{table_html(_evidence_rows(ranked))}"
+        + "".join(
+            f"<p><strong>{h(x.replace('**', ''))}</strong></p>" if i == 0 and result.get("verdict") else ""
+            for i, x in enumerate(headline(result, ranked)[:1])
+        )
+        + f"<p>{h(reason(result, ranked)).replace('**', '')}</p><h2>Evidence</h2>{table_html(_evidence_rows(ranked))}"
         + (ranking_figure(folder, drawn, result.get("precision", "fp16")) if live else "")
+        + (
+            f'<h2>Effective speedup against scale</h2><img src="{folder.ladder_figure.name}" alt="the ladder">'
+            if folder.ladder_figure.is_file()
+            else ""
+        )
         + (_list_html(ANSWER_TITLE, [x.replace("**", "") for x in answer]) if answer else "")
         + _checks_html(result["recipe_checks"])
         + _settings_html(result)

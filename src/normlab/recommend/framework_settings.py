@@ -50,7 +50,9 @@ def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else repr(float(x))
 
 
-def _header(framework: str, layout: str, cfg: ModelConfig, problems: list[str]) -> list[str]:
+def _header(
+    framework: str, layout: str, cfg: ModelConfig, problems: list[str], unmodelled: tuple[str, ...] = ()
+) -> list[str]:
     preset = PRESETS.get(layout)
     lines = [
         f'# normlab layout "{layout}"' + (f": {preset.equation}" if preset else ""),
@@ -59,11 +61,44 @@ def _header(framework: str, layout: str, cfg: ModelConfig, problems: list[str]) 
     ]
     if problems:
         lines.append(f"# NOT stated here ({framework} has no setting for it): {'; '.join(problems)}")
+    if unmodelled:  # the user's config asks for it; normlab does not compute it, so neither does this code
+        lines.append(
+            "# NOT stated here (your config has it; normlab does not compute it, so this code leaves it out: add "
+            f"{framework}'s own setting for it, if it has one): {'; '.join(unmodelled)}"
+        )
     return lines
+
+
+def parametrization_unsaid(cfg: ModelConfig) -> str | None:
+    """What a muP / CompleteP model computes beyond SP, which none of OLMo-core 3.0.0, torchtitan 0.3.0 or litgpt
+    0.5.13 has a setting for (normlab.model.parametrization), in words with its numbers; None under SP."""
+    if cfg.parametrization == "sp":
+        return None
+    parts = []
+    if cfg.output_multiplier != 1.0:
+        parts.append(f"the logits' multiplier 1/m = {cfg.output_multiplier:g}")
+    scale, sp = cfg.attention_scale(cfg.head_dim), (cfg.attn_scale or cfg.head_dim) ** -0.5
+    if scale is not None and scale != sp:
+        parts.append(f"the q.k scale {scale:.6g} (muP's 1/d_head law; SP's {sp:.6g})")
+    if cfg.branch_multiplier != 1.0:
+        parts.append(f"each residual branch x {cfg.branch_multiplier:.6g} (CompleteP's (L/L_base)^-alpha)")
+    parts.append("per-parameter learning rates, init and weight decay")
+    return (
+        f"parametrization={cfg.parametrization} ({', '.join(parts)}: normlab's only; the library trains SP; "
+        "the recipe says the learning rate for an SP model at your width)"
+    )
+
+
+def attn_scale_differs(cfg: ModelConfig) -> bool:
+    """Whether ``attn_scale`` (Gemma's query_pre_attn_scalar) changes the function: its scale attn_scale^-1/2 is the
+    libraries' own 1/sqrt(head_dim) where it equals the head width (every Gemma 3)."""
+    return cfg.attn_scale is not None and float(cfg.attn_scale) != float(cfg.head_dim)
 
 
 def _common_problems(cfg: ModelConfig) -> list[str]:
     problems = []
+    if (mup := parametrization_unsaid(cfg)) is not None:
+        problems.append(mup)
     if cfg.position != "rope":
         problems.append(f"position={cfg.position} (learned absolute positions)")
     if cfg.n_experts:
@@ -160,7 +195,7 @@ def _litgpt(layout: str, opts: dict[str, Any], cfg: ModelConfig) -> str:
     gemma = opts.get("unit_offset", False)
     fields = _litgpt_fields(layout, opts, cfg)
     emb = opts.get("emb", False)  # a patch: litgpt has no embedding norm (framework_patches)
-    lines = _header("litgpt", layout, cfg, _litgpt_problems(cfg))
+    lines = _header("litgpt", layout, cfg, _litgpt_problems(cfg), opts.get("unstated", ()))
     lines += ["from litgpt.config import Config", f"from litgpt.model import {'GPT, Block' if emb else 'GPT'}"]
     lines += LITGPT_EMBEDDING_NORM if emb else [""]
     lines += ["config = Config("]
@@ -239,7 +274,9 @@ def _olmo_problems(cfg: ModelConfig) -> list[str]:
         problems.append(f"mlp={cfg.mlp} (OLMo-core's feed-forward is gated: silu or gelu_tanh)")
     if cfg.qkv_bias and not cfg.linear_bias:
         problems.append("qkv_bias=True (OLMo-core's bias is on every projection or none)")
-    for name in ("attn_scale", "attn_softcap", "logit_softcap"):
+    if attn_scale_differs(cfg):
+        problems.append(f"attn_scale={cfg.attn_scale}")
+    for name in ("attn_softcap", "logit_softcap"):
         if getattr(cfg, name) is not None:
             problems.append(f"{name}={getattr(cfg, name)}")
     return problems
@@ -296,7 +333,7 @@ def _olmo_core(layout: str, opts: dict[str, Any], cfg: ModelConfig) -> str:
     )
     window, every = cfg.sliding_window, cfg.full_attention_every
     local_theta = cfg.rope_local_theta if cfg.rope_local_theta is not None else cfg.rope_theta
-    lines = _header("OLMo-core", layout, cfg, _olmo_problems(cfg))
+    lines = _header("OLMo-core", layout, cfg, _olmo_problems(cfg), opts.get("unstated", ()))
     lines += [
         "from olmo_core.nn.attention import AttentionConfig, GateConfig, GateGranularity"
         + (", SlidingWindowAttentionConfig" if window is not None else ""),
@@ -393,7 +430,9 @@ def _titan_problems(cfg: ModelConfig) -> list[str]:
     for name in ("linear_bias", "qkv_bias"):
         if getattr(cfg, name):
             problems.append(f"{name}=True")
-    for name in ("attn_scale", "attn_softcap", "logit_softcap", "sliding_window", "rope_local_theta"):
+    if attn_scale_differs(cfg):
+        problems.append(f"attn_scale={cfg.attn_scale}")
+    for name in ("attn_softcap", "logit_softcap", "sliding_window", "rope_local_theta"):
         if getattr(cfg, name) is not None:
             problems.append(f"{name}={getattr(cfg, name)}")
     return problems
@@ -406,7 +445,7 @@ def _torchtitan(layout: str, opts: dict[str, Any], cfg: ModelConfig) -> str:
     parts = PeriParts(qk=bool(opts.get("qk")), out=opts.get("out", False), emb=opts.get("emb", False))
     patched = parts.out or parts.emb  # a patch: subclasses of the block and the model (framework_patches)
     config_block, config_model = titan_names(parts) if patched else (block, model)
-    lines = _header("torchtitan", layout, cfg, _titan_problems(cfg))
+    lines = _header("torchtitan", layout, cfg, _titan_problems(cfg), opts.get("unstated", ()))
     lines += [
         *(["from dataclasses import dataclass"] if patched else []),
         "from functools import partial",

@@ -12,7 +12,11 @@ head or over all heads), the embedding scale, the gain offset (1 + w), tied embe
 the key/value heads, RoPE's base. `tests/frameworks` (`make test-frameworks`) executes each snippet that
 `PLACEMENTS` can emit in the real library, copies a normlab model's weights into the model it builds and
 compares logits in float32; a placement is listed here only with such a test, and so is each patch
-(`tests/frameworks/cases.PATCHED`).
+(`tests/frameworks/cases.PATCHED`). What a snippet cannot state is listed in its header ("NOT stated here"):
+model options the library has no setting for, a muP or CompleteP parametrization (its multipliers and
+per-parameter rates; none of the three has muP: the recipe gives an SP model's learning rate instead), what the
+user's config asks for that normlab does not compute either (a scaled RoPE: `settings_for`'s `unmodelled`), and
+Gemma's attn_scale only where it differs from the head width (equal, it is the libraries' own 1/sqrt(head_dim)).
 
 What each computes was read from the installed sources (litgpt 0.5.13 `Config` / `Block`: norm_1, norm_2
 input norms, post_attention_norm / post_mlp_norm output norms, norm_qk with norm_qk_type "default" (per
@@ -30,7 +34,7 @@ goes through normlab's exact adapters (`normlab.hf.archs`). Nothing here imports
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -207,13 +211,14 @@ def _init_note(layout: str, hit: str) -> str:
     return ""
 
 
-def snippet(framework: str, layout: str, config: ModelConfig) -> str | None:
+def snippet(framework: str, layout: str, config: ModelConfig, unmodelled: Sequence[str] = ()) -> str | None:
     """The Python that builds `layout` at `config`'s shape in `framework` (its model in `model`), or None where
-    none of that code base's settings gives the placement."""
+    none of that code base's settings gives the placement. `unmodelled`: what the user's config asks for that
+    normlab does not compute (a scaled RoPE, ...), listed in the header as not stated."""
     fw, hit = FRAMEWORKS[framework], placement(framework, layout)
     if hit is None:
         return None
-    return _init_note(layout, hit) + fw.write(hit, fw.placements[hit], config)
+    return _init_note(layout, hit) + fw.write(hit, {**fw.placements[hit], "unstated": tuple(unmodelled)}, config)
 
 
 def _titan_model(layout: str, base_layout: str | None) -> str:
@@ -226,7 +231,13 @@ def _titan_model(layout: str, base_layout: str | None) -> str:
     return "Qwen3Model" if qk else "Llama3Model"
 
 
-def patch(framework: str, layout: str, config: ModelConfig, base_layout: str | None = None) -> str | None:
+def patch(
+    framework: str,
+    layout: str,
+    config: ModelConfig,
+    base_layout: str | None = None,
+    unmodelled: Sequence[str] = (),
+) -> str | None:
     """The Python that builds `layout` in `framework` with a patch (a subclass beside the library's settings), its
     model in `model`, where none of its settings gives the placement and a patch is written for it; else None.
     `base_layout`, the user's placement, picks torchtitan's base block (the user's model's)."""
@@ -236,7 +247,7 @@ def patch(framework: str, layout: str, config: ModelConfig, base_layout: str | N
     hit = _match(layout, fw.patches)
     if hit is None:
         return None
-    opts = dict(fw.patches[hit])
+    opts = {**fw.patches[hit], "unstated": tuple(unmodelled)}
     if framework == "torchtitan":
         opts["model"] = _titan_model(layout, base_layout)
     parts = peri_parts(hit)
@@ -250,9 +261,17 @@ def patch(framework: str, layout: str, config: ModelConfig, base_layout: str | N
         )
     else:
         how = "EmbeddingNormBlock (a Block) replaces block 0; new parameter: transformer.h.0.embedding_norm.weight"
+    entry = (
+        " litgpt's own entry points do not open a checkpoint of this model: litgpt generate, chat and finetune "
+        "build GPT(config) and load it strictly (unexpected key transformer.h.0.embedding_norm.weight), litgpt "
+        "evaluate converts it to Hugging Face first; load it in your own script, where the line that replaces "
+        "block 0 runs before model.load_state_dict."
+        if framework == "litgpt"
+        else ""
+    )
     note = textwrap.wrap(
         f"a patch: none of {framework}'s settings gives {said}. {how}. Checkpoint converters (to and from "
-        "Hugging Face) do not know the new norms.",
+        f"Hugging Face) do not know the new norms.{entry}",
         width=114,
         initial_indent="# ",
         subsequent_indent="# ",
@@ -260,15 +279,19 @@ def patch(framework: str, layout: str, config: ModelConfig, base_layout: str | N
     return "\n".join(note) + "\n" + _init_note(layout, hit) + fw.write(hit, opts, config)
 
 
-def _entry(layout: str, fw: Framework, config: ModelConfig, base_layout: str | None) -> dict[str, Any]:
+def _entry(
+    layout: str, fw: Framework, config: ModelConfig, base_layout: str | None, unmodelled: Sequence[str]
+) -> dict[str, Any]:
     change = (
         f"{as_change(base_layout, layout)}: "
         if base_layout is not None and _canonical(base_layout) != _canonical(layout)
         else ""
     )
-    code = snippet(fw.name, layout, config)
+    code = snippet(fw.name, layout, config, unmodelled)
     problems = fw.problems(config)
     said = f" (your model's options it cannot state: {'; '.join(problems)})" if problems else ""
+    if unmodelled:
+        said += f" (not stated, as normlab does not compute it: {'; '.join(unmodelled)})"
     if code is not None:
         return {
             "expressible": True,
@@ -278,7 +301,7 @@ def _entry(layout: str, fw: Framework, config: ModelConfig, base_layout: str | N
         }
     why = unsaid(fw.name, layout)
     none = f"none of {fw.name}'s settings gives {layout}" + (f" ({'; '.join(why)})" if why else "")
-    code = patch(fw.name, layout, config, base_layout)
+    code = patch(fw.name, layout, config, base_layout, unmodelled)
     if code is not None:
         return {
             "expressible": False,
@@ -336,11 +359,15 @@ def _transformers(layout: str, config: ModelConfig, base_layout: str | None) -> 
     return {"expressible": True, "patch": False, "code": None, "settings": "; or ".join(lines) + ". " + via_normlab}
 
 
-def settings_for(layout: str, config: ModelConfig, base_layout: str | None = None) -> dict[str, dict[str, Any]]:
+def settings_for(
+    layout: str, config: ModelConfig, base_layout: str | None = None, unmodelled: Sequence[str] = ()
+) -> dict[str, dict[str, Any]]:
     """The winner's settings per code base: {"expressible": bool (by the code base's settings), "patch": bool (a
     tested patch instead), "settings": text, "code": a runnable snippet or patch (OLMo-core, torchtitan, litgpt;
     also inside "settings" as a fenced block) or None}. `base_layout`, the user's current placement (a preset's
-    name or a string form), words the advice as changes to the user's model and picks torchtitan's base block."""
+    name or a string form), words the advice as changes to the user's model and picks torchtitan's base block.
+    `unmodelled`: what the user's config asks for that normlab does not compute (`UserModel.unmodelled`: a scaled
+    RoPE, ...), which each snippet lists as not stated (it builds the function without it)."""
     lay = as_layout(layout)
     string = lay.to_string()
     preset = next((name for name, p in PRESETS.items() if p.layout.to_string() == string), None)
@@ -353,7 +380,7 @@ def settings_for(layout: str, config: ModelConfig, base_layout: str | None = Non
             "settings": f"--layout {preset or repr(string)} (string form {string}); in a TOML: {toml}",
         },
         "transformers": _transformers(layout, config, base_layout),
-        **{name: _entry(layout, fw, config, base_layout) for name, fw in FRAMEWORKS.items()},
+        **{name: _entry(layout, fw, config, base_layout, unmodelled) for name, fw in FRAMEWORKS.items()},
     }
 
 

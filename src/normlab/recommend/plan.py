@@ -11,7 +11,8 @@ A small budget buys a smaller answer, never a refusal while the smallest one fit
                 with two seeds at the stress learning rate, at the deepest proxy where that fits
     then, each step taken while the whole plan still fits FILL of the time left after the reserves:
       1. a final round: the best of the stress round and your current placement at a second learning rate
-      2. a second seed (the effect against your placement has no interval without seed noise)
+      2. a second seed (the effect and the effective speedup against your placement have no interval without
+         seed noise): both before the proxies grow to the standard depth and steps
       3. more candidates, up to FEW_CANDIDATES
       4. a third finalist
       5. one more learning rate beyond the edge, for the finalists whose best is the lowest or highest tried
@@ -52,6 +53,7 @@ from normlab.errors import ConfigError
 from normlab.layout import as_layout
 from normlab.model.config import ModelConfig
 from normlab.model.params import analytic_params
+from normlab.recommend import ladder
 from normlab.recommend.cost import Calibration, makespan
 from normlab.recommend.shape import PROXY_WIDTH, proxy_shape, screen_shape
 from normlab.screen.wellposed import wellposedness
@@ -72,6 +74,7 @@ FILL = 0.85  # the plan fills this share of the time left: room for a machine sl
 ROUND_OVERHEAD_S = 20.0
 STARTUP_RESERVE_S = 10.0  # imports and reading the model, before the plan (x the machine's speed)
 REPORT_RESERVE_S = 20.0  # the summaries, the figures and the report (x the machine's speed)
+
 VERIFY_SHARE = 1 / 3  # the verify stage may take up to this share of the time left after the smallest answer
 VERIFY_MAX_K = 4
 SCREEN_MEMORY = 4 * 2**30  # the screen's float64 model at most this large
@@ -145,6 +148,9 @@ class Plan:
     verify: dict[str, Any] | None = None  # the verify stage: k, width, depth, steps, predicted_s (None: none)
     verify_note: str = ""  # why a verify stage asked for is not in the plan (one line), else ""
     screen: bool = True  # False: the quick question, no screen (`normlab.recommend.stage_screen`)
+    # the ladder (normlab.recommend.ladder): the rungs it trains beside the proxy ({width: steps}) and their
+    # predicted seconds; None: one rung (the proxy)
+    ladder: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """plan.json's "plan"."""
@@ -167,6 +173,7 @@ class _State:
     n_seeds: int
     extend: bool
     width: int
+    ladder: int = 0  # 0: one rung; k: ladder.LADDERS[k - 1]
 
 
 @dataclass(frozen=True)
@@ -304,15 +311,25 @@ class _Planner:
         widths = [w for w in [*(2**k for k in range(6, 17)), user.d_model] if w <= user.d_model] or [user.d_model]
         self.widths = _fitting_widths(user, sorted(set(widths)))
         _check_proxy_memory(user, self.depths[0], r.workers)
-        self._runs: dict[tuple[str, int, int], float] = {}
+        self._runs: dict[tuple[str, int, int, int], float] = {}
 
-    def run_s(self, name: str, d: int, n_steps: int) -> float:
+    def run_s(self, name: str, d: int, n_steps: int, width: int = PROXY_WIDTH) -> float:
         r = self.req
-        if (name, d, n_steps) not in self._runs:
-            self._runs[name, d, n_steps] = r.cal.run_seconds(
-                ModelConfig(**proxy_shape(r.user, d)), name, n_steps, r.optimizer, r.ns_steps
+        if (name, d, n_steps, width) not in self._runs:
+            self._runs[name, d, n_steps, width] = r.cal.run_seconds(
+                ModelConfig(**proxy_shape(r.user, d, width)), name, n_steps, r.optimizer, r.ns_steps
             )
-        return self._runs[name, d, n_steps]
+        return self._runs[name, d, n_steps, width]
+
+    def ladder_s(self, s: _State) -> float:
+        """The ladder's rungs beside the proxy: the two dearest candidates (who the user's placement's rival is
+        is known only after the final round), each its seeds in a sweep of its own at each rung."""
+        total = 0.0
+        for w in ladder.off_proxy(ladder.LADDERS[s.ladder - 1]):
+            st = ladder.rung_steps(w, s.steps)
+            dear = sorted(self.run_s(n, s.depth, st, w) for n in self.order[: s.n])[-2:]
+            total += sum(self.round_s([t] * self.n_seeds(s)) for t in dear)
+        return total
 
     def screen_s(self, w: int) -> float:
         return self.req.cal.screen_seconds(ModelConfig(**screen_shape(self.req.user, w, 64)))
@@ -338,6 +355,8 @@ class _Planner:
             "final": self.round_s(dear * per),
             "extend": self.round_s(dear * self.n_seeds(s)) if s.extend else 0.0,
         }
+        if s.ladder:
+            out["ladder"] = self.ladder_s(s)
         if self.vstage:
             pricing = VerifyPricing(
                 self.order[: s.n], r.user, r.cal, r.workers, s.depth, s.steps, r.optimizer, r.ns_steps
@@ -369,6 +388,17 @@ class _Planner:
             for st in short
             for d in sorted((d for d in self.depths if d <= self.standard), reverse=True)
         ]
+        if r.screen and not r.seeds and len(self.order) >= 2:
+            # every answer carries an interval: the final round's two seeds before a deeper proxy (a floor of full
+            # steps and at least SHALLOW_DEPTHS[0] layers, with the final round and two seeds, where one fits)
+            seeded = [
+                replace(f, finalists=2, n_seeds=2)
+                for f in floors
+                if f.steps == r.steps and f.depth >= min(SHALLOW_DEPTHS[0], self.standard)
+            ]
+            state = next((f for f in seeded if self.fits(f)), None)
+            if state is not None:
+                return state
         state = next((f for f in floors if self.fits(f)), None)
         if state is not None:
             return state
@@ -426,17 +456,21 @@ class _Planner:
         return note
 
     def essential(self, s: _State) -> list[_State]:
-        """The small budget's steps, in order: the standard proxy, a final round, a second seed, up to
+        """The small budget's steps, in order: a final round, a second seed, the standard proxy, up to
         FEW_CANDIDATES candidates, a third finalist."""
         out = []
+        # the final round (your placement and the leader) and their second seed come first: every answer
+        # carries an interval (the effective speedup's needs seed noise), before the proxy grows or the search widens
+        if s.finalists == 0 and s.n >= 2:
+            out.append(replace(s, finalists=2))
+        if s.finalists and not self.req.seeds and s.n_seeds < 2:
+            out.append(replace(s, n_seeds=2))
         if s.steps < self.req.steps:
             out.append(replace(s, steps=self.req.steps))
         if s.depth < self.standard:
             out.append(replace(s, depth=self.depths[self.depths.index(s.depth) + 1]))
-        if s.finalists == 0 and s.n >= 2:
-            out.append(replace(s, finalists=2))
-        if s.finalists and not self.req.seeds and s.n_seeds < 2:  # the effect's interval needs seed noise
-            out.append(replace(s, n_seeds=2))
+        if self.ladder_possible(s):  # the speedup over scale, before the search widens: the wider ladder first
+            out += [replace(s, ladder=k) for k in range(1, len(ladder.LADDERS) + 1)]
         if s.n < min(FEW_CANDIDATES, len(self.order)):
             out.append(replace(s, n=s.n + 1))
         if s.finalists and s.finalists < min(3, s.n):
@@ -464,6 +498,19 @@ class _Planner:
             if self.stages(wider)["screen"] <= SCREEN_SHARE * r.budget_s:
                 out.append(wider)
         return out
+
+    def ladder_possible(self, s: _State) -> bool:
+        """The ladder needs the user's placement and a rival in the final round with two seeds each; the quick
+        question is one rung."""
+        r = self.req
+        return (
+            not s.ladder
+            and r.screen
+            and r.current is not None
+            and s.finalists >= 2
+            and self.n_seeds(s) >= 2
+            and s.steps >= r.steps
+        )
 
     def grow(self, state: _State) -> _State:
         """The small budget's steps, each while it fits; once all are taken, the rest, each while it fits."""
@@ -517,7 +564,39 @@ class _Planner:
             verify_note=note,
             screen=r.screen,
         )
+        if state.ladder:
+            widths = ladder.LADDERS[state.ladder - 1]
+            plan.ladder = {
+                "widths": list(widths),
+                "steps": {str(w): ladder.rung_steps(w, state.steps) for w in ladder.off_proxy(widths)},
+                "predicted_s": predicted["ladder"],
+            }
         plan.cut = _cuts(plan, r.user, bool(r.lrs), bool(r.seeds), r.depth is not None, r.steps)
+        if r.screen and r.current is not None and not state.ladder:  # the budget that would buy the ladder
+            # the grow order takes the ladder before more candidates or finalists: the least state that holds it
+            n = min(state.n, MIN_CANDIDATES)
+            full = replace(state, n=n, finalists=min(2, n), n_seeds=max(2, self.n_seeds(state)))
+            full = replace(full, steps=r.steps, depth=max(state.depth, self.standard))
+            needs = [
+                math.ceil((sum(self.stages(replace(full, ladder=k)).values()) / FILL + self.reserve) / 60)
+                for k in (len(ladder.LADDERS), 1)
+            ]
+            plan.cut.append(
+                f"one rung (the proxy): no speedup over scale (--budget {needs[0]:g} buys the ladder at widths "
+                + ", ".join(str(w) for w in ladder.LADDERS[-1])
+                + f", --budget {needs[1]:g} at "
+                + ", ".join(str(w) for w in ladder.LADDERS[0])
+                + ")"
+            )
+        if state.finalists and not r.seeds and state.n_seeds < 2:  # the budget that would buy the interval
+            two = replace(state, n_seeds=2)
+            need = (sum(self.stages(two).values()) / FILL + self.reserve) / 60
+            plan.cut = [
+                c + f" (--budget {math.ceil(need):g} buys a second seed of each finalist)"
+                if c.startswith("one seed")
+                else c
+                for c in plan.cut
+            ]
         return plan
 
 

@@ -75,6 +75,7 @@ class Recommendation:
     changed_from: dict[str, Any] | None = None
     dropped: list[str] = field(default_factory=list)  # what the winner takes away from the user's placement
     labels: dict[str, str] = field(default_factory=dict)  # candidates made from the user's placement
+    verdict: dict[str, Any] = field(default_factory=dict)  # the gate's decision (normlab.recommend.gate)
 
     def to_dict(self) -> dict[str, Any]:
         """recommendation.json's contents (the text is recommendation.md)."""

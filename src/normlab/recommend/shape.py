@@ -59,6 +59,9 @@ class UserModel:
     layout: str | None = None  # the placement it has now (a preset or string form), where known
     precision: str | None = None  # bf16 / fp16 from config.json's torch_dtype, where given
     notes: tuple[str, ...] = field(default_factory=tuple)  # what was read approximately, or left out
+    # what the config asks for that normlab does not compute (a scaled RoPE, ...): the proxies leave it out, and the
+    # framework snippets list it as not stated (normlab.recommend.frameworks.settings_for's `unmodelled`)
+    unmodelled: tuple[str, ...] = field(default_factory=tuple)
 
     def describe(self) -> str:
         c = self.config
@@ -123,7 +126,8 @@ def _from_config_json(path: Path) -> UserModel:
         notes.append(f"read the language model of {kind} (text_config)")
         data = {**data["text_config"], "torch_dtype": data.get("torch_dtype", data["text_config"].get("torch_dtype"))}
         kind = data.get("model_type", kind)
-    config, layout = _via_adapter(kind, data, notes)
+    unmodelled: list[str] = []
+    config, layout = _via_adapter(kind, data, notes, unmodelled)
     if config is None:
         config = _generic(data, path, notes)
         layout = None
@@ -139,7 +143,12 @@ def _from_config_json(path: Path) -> UserModel:
         )
     dtype = data.get("torch_dtype") or data.get("dtype")
     return UserModel(
-        config, f"{path.name} ({kind})", layout=layout, precision=_DTYPES.get(str(dtype)), notes=tuple(notes)
+        config,
+        f"{path.name} ({kind})",
+        layout=layout,
+        precision=_DTYPES.get(str(dtype)),
+        notes=tuple(notes),
+        unmodelled=tuple(unmodelled),
     )
 
 
@@ -159,9 +168,12 @@ def _quiet_transformers() -> Iterator[None]:
         hf_logging.set_verbosity(level)
 
 
-def _via_adapter(kind: str, data: dict[str, Any], notes: list[str]) -> tuple[ModelConfig | None, str | None]:
+def _via_adapter(
+    kind: str, data: dict[str, Any], notes: list[str], unmodelled: list[str]
+) -> tuple[ModelConfig | None, str | None]:
     """The shape and placement through normlab's adapter for `kind` (transformers builds the config
-    object, so its defaults fill what the file leaves out); (None, None) where that does not apply."""
+    object, so its defaults fill what the file leaves out); (None, None) where that does not apply. What the
+    adapter finds normlab does not compute goes into `unmodelled` (and, in words, `notes`)."""
     from normlab.hf.archs import ARCHITECTURES
 
     if kind not in ARCHITECTURES:
@@ -178,6 +190,7 @@ def _via_adapter(kind: str, data: dict[str, Any], notes: list[str]) -> tuple[Mod
     problems = adapter.config_problems(config)
     if problems:
         notes.append("not modelled by the proxies: " + "; ".join(problems))
+        unmodelled.extend(problems)
     try:
         model = adapter.model_config(config)
     except (ConfigError, ValueError, AttributeError, TypeError) as err:

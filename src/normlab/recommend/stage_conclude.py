@@ -6,12 +6,16 @@ before the verify stage and again with its verdict.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pandas as pd
 
+from normlab.experiments.summary import load_sweep
 from normlab.io import atomic_write_bytes, atomic_write_json
-from normlab.recommend import agreement, answer, derived, explain
+from normlab.layout import as_layout
+from normlab.model.params import analytic_params
+from normlab.recommend import agreement, answer, derived, explain, gate, ladder, speedup, tax
 from normlab.recommend.context import Context
 from normlab.recommend.frameworks import settings_for
 from normlab.recommend.rank import (
@@ -23,8 +27,12 @@ from normlab.recommend.rank import (
     unranked_if_unfinished,
 )
 from normlab.recommend.records import FinalRecord, Recommendation
+from normlab.recommend.shape import PROXY_WIDTH
 from normlab.recommend.signals import with_signals
+from normlab.runs.files import RunDir
 from normlab.runs.outcome import FINISHED
+
+TAX_MARGIN_S = 5.0  # the tax's turns stop this long before the budget's end (the files still to write)
 
 
 def _unscreened(ctx: Context, name: str) -> Evidence:
@@ -136,13 +144,114 @@ def _plan_record(ctx: Context, stress: dict[str, Any], final: FinalRecord) -> di
     }
 
 
+def norm_tax(ctx: Context, base: str, cand: str) -> dict[str, Any]:
+    """The leader's norm tax against the user's placement at the user's shape (`normlab.recommend.tax`),
+    within what is left of the budget; where it cannot be timed, why."""
+    ctx.log(f"{ctx.clock.stamp()} norm tax: {ctx.labels.get(cand) or cand} against {base} at your width")
+    try:
+        t = tax.measure(ctx.user.config, base, cand, deadline=ctx.clock.t0 + ctx.clock.budget_s - TAX_MARGIN_S)
+    except tax.TaxSkipped as e:
+        return {"value": None, "interval": None, "why": str(e)}
+    return t.to_dict()
+
+
+def _compute(runs: Any, grid: Any, layout: str, lr: float) -> float | None:
+    """The FLOPs of the cell's first finished run (summary.json's flops_per_token x tokens)."""
+    dirs = speedup.cell_dirs(runs, grid, layout, lr)
+    s = RunDir(dirs[0]).summary() if dirs else None
+    if not s or not s.get("flops_per_token") or not s.get("tokens"):
+        return None
+    return float(s["flops_per_token"]) * float(s["tokens"])
+
+
+def with_ladder(ctx: Context, sp: dict[str, Any], base: Evidence, lead: Evidence, tx: dict[str, Any]) -> None:
+    """The speedup at each of the ladder's rungs (the proxy's among them), the trend over compute and its
+    projection to the user's scale (`normlab.recommend.ladder`), and ladder.png; into `sp`."""
+    assert ctx.found.runs is not None and ctx.plan.ladder is not None
+    assert base.best_lr is not None and lead.best_lr is not None
+    rungs = []
+    proxy = dict(sp["by_scale"][0], compute=_compute(ctx.found.runs, ctx.folder.grid.path, base.layout, base.best_lr))
+    for w in sorted({PROXY_WIDTH, *(int(x) for x in ctx.plan.ladder["steps"])}):
+        if w == PROXY_WIDTH:
+            rungs.append({**proxy, "bound": sp.get("bound")})
+            continue
+        frames, dirs = [], {}
+        for lr in {base.best_lr, lead.best_lr}:
+            folder = ctx.folder.ladder(w, lr)
+            if folder.store_file.is_file():
+                df, _ = load_sweep(folder.path)
+                frames.append(df)
+                dirs.update({str(r): folder.path / "runs" / str(r) for r in df.run_id})
+        if not frames:
+            rungs.append({"width": w, "value": None, "why": "not trained"})
+            continue
+        runs = pd.concat(frames, ignore_index=True)
+        runs["run_dir"] = [str(dirs[str(r)]) for r in runs.run_id]
+        one = speedup.for_pair(runs, ctx.folder.path, base, lead, tx, w, ctx.plan.depth)
+        compute = _compute(runs, ctx.folder.path, base.layout, base.best_lr)
+        rungs.append(
+            {
+                "width": w,
+                "depth": ctx.plan.depth,
+                "tokens": one.get("by_scale", [{}])[0].get("tokens"),
+                "compute": compute,
+                "value": one.get("value"),
+                "interval": one.get("interval"),
+                "interval_bounded": one.get("interval_bounded"),
+                "bound": one.get("bound"),
+                "seeds": one.get("seeds"),
+                "why": one.get("why"),
+            }
+        )
+    sp["by_scale"] = rungs
+    n = analytic_params(ctx.user.config, as_layout(base.layout).resolve(ctx.user.config.n_layers)).non_embedding
+    scale, how = ladder.user_compute(n, ctx.cfg.tokens)
+    usable = [r for r in rungs if r.get("compute")]
+    sp["projection"] = {**ladder.fit(usable, scale), "tokens": how}
+    measured = [r for r in rungs if r.get("value") is not None and r.get("interval")]
+    if measured:
+        sp["largest_rung"] = {k: measured[-1][k] for k in ("value", "interval", "width")}
+    ladder.figure(ctx.folder.ladder_figure, usable, sp["projection"])
+
+
+def gated_speedup(ctx: Context, ranked: list[Evidence]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """The leader's effective speedup against the user's placement (with its norm tax) and the gate's verdict."""
+    assert ctx.found.runs is not None
+    base = next((r for r in ranked if r.layout == ctx.current), None) if ctx.current else None
+    lead = gate.leader(ranked, ctx.current)
+    sp: dict[str, Any] | None = None
+    if base is not None and lead is not None:
+        t0 = time.time()
+        tx = norm_tax(ctx, base.layout, lead.layout)  # the placement's cost, whatever its runs did
+        if base.best_lr is not None and lead.best_lr is not None:
+            sp = speedup.for_pair(ctx.found.runs, ctx.folder.grid.path, base, lead, tx, PROXY_WIDTH, ctx.plan.depth)
+            if ctx.found.ladder is not None:
+                with_ladder(ctx, sp, base, lead, tx)
+        else:
+            who = base.layout if base.best_lr is None else lead.layout
+            sp = {"baseline": base.layout, "candidate": lead.layout, "value": None, "interval": None, "tax": tx}
+            sp["why"] = f"{who} finished no run: no loss to reach"
+        sp["tax_seconds"] = time.time() - t0
+    gated = sp
+    if sp and sp.get("largest_rung"):  # the gate reads the ladder's largest rung (normlab.recommend.gate)
+        gated = {**sp, **sp["largest_rung"]}
+    return sp, gate.verdict(ranked, ctx.current, gated)
+
+
+def ranked_now(ctx: Context) -> list[Evidence]:
+    """The evidence rows ranked from the grid's runs, their signals read first."""
+    found = ctx.found
+    assert found.runs is not None
+    if "at_risk" not in found.runs:  # the signals that predict trouble, from each finished run's probes
+        found.runs = with_signals(found.runs, ctx.folder.grid, ctx.precision)
+    return evidence(ctx)
+
+
 def conclude(ctx: Context, verify: dict[str, Any] | None = None) -> Recommendation:
     """The recommendation from what the stages found, written to the folder (module doc)."""
     found, p, folder = ctx.found, ctx.plan, ctx.folder
     assert found.final is not None and found.runs is not None
-    if "at_risk" not in found.runs:  # the signals that predict trouble, from each finished run's probes
-        found.runs = with_signals(found.runs, folder.grid, ctx.precision)
-    ranked = evidence(ctx)
+    ranked = ranked_now(ctx)
     ranks = {r.layout: r.rank for r in ranked if r.rank is not None and r.finished}
     checks = agreement.check(ranks, ctx.precision, agreement.cells(found.runs))
     winner = ranked[0] if ranked and ranked[0].rank is not None else None
@@ -151,6 +260,7 @@ def conclude(ctx: Context, verify: dict[str, Any] | None = None) -> Recommendati
     used = ctx.clock.used_minutes()
     record = explain.transfer_record()
     eff = answer.effect(found.runs, ranked, ctx.current, len(found.final.lrs))
+    eff["speedup"], decision = gated_speedup(ctx, ranked)
     # every call's rounds (a resumed call's own are in ctx.rounds; earlier calls' cuts are in plan.json)
     conf = seeds_that_ran(answer.confidence(ranked, rounds, p.to_dict(), eff), found.runs, winner)
     answers = ctx.saved.setdefault("answers", [])
@@ -171,7 +281,10 @@ def conclude(ctx: Context, verify: dict[str, Any] | None = None) -> Recommendati
         winner=winner.layout if winner else None,
         ranking=[r.to_dict() for r in ranked],
         recipe_checks=checks,
-        settings=named(settings_for(winner.layout, ctx.user.config, base_layout=ctx.user.layout), winner)
+        settings=named(
+            settings_for(winner.layout, ctx.user.config, base_layout=ctx.user.layout, unmodelled=ctx.user.unmodelled),
+            winner,
+        )
         if winner
         else {},
         limits=explain.limits(ctx.user, ctx.precision, stress, found.screen, ctx.extra, ranked),
@@ -192,13 +305,14 @@ def conclude(ctx: Context, verify: dict[str, Any] | None = None) -> Recommendati
         },
         confidence=conf,
         effect=eff,
-        recipe=answer.recipe(winner, optimizer=p.optimizer, record=record),
+        recipe=answer.recipe(winner, optimizer=p.optimizer, record=record, width=ctx.user.config.d_model),
         domain=answer.domain(
             ctx.user, ctx.precision, p.optimizer, p.depth, record, ctx.cfg.tokens, winner.layout if winner else None
         ),
         changed_from=changed,
         dropped=derived.dropped(ctx.current, winner.layout) if winner else [],
         labels=dict(ctx.labels),
+        verdict=decision,
     )
     as_dict = result.to_dict()
     result.text = explain.markdown(as_dict, ranked)

@@ -61,7 +61,8 @@ from normlab.recommend.inputs import (
 )
 from normlab.recommend.records import Recommendation, StageRecord
 from normlab.recommend.shape import UserModel
-from normlab.recommend.stage_conclude import Conclude
+from normlab.recommend.stage_conclude import Conclude, ranked_now
+from normlab.recommend.stage_ladder import LadderStage
 from normlab.recommend.stage_rounds import FinalRound, StressRound, refresh_calibration, stress_order
 from normlab.recommend.stage_screen import SCREEN_STRESSES, ScreenStage, screen_candidates
 from normlab.recommend.stage_verify import VerifyStage, verify_added
@@ -349,6 +350,9 @@ def run_stages(ctx: Context) -> Recommendation:
     ctx.mark()
     refresh_calibration(ctx.folder, ctx.user, ctx.found.screen, ctx.workers, ctx.log)
     p = ctx.plan
+    if p.ladder:  # the user's placement and its rival at the ladder's other widths
+        ctx.found.ladder = LadderStage().run(ctx, ranked_now(ctx))
+        ctx.mark()
     verified: dict[str, Any] = (
         {"status": "not asked"}
         if not p.verify and not p.verify_note

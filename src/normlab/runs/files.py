@@ -347,6 +347,14 @@ class RecommendDir:
     def verify(self) -> SweepDir:
         return SweepDir(self.path / RECOMMEND_VERIFY)
 
+    def ladder(self, width: int, lr: float) -> SweepDir:
+        """The ladder's sweep at `width` for the candidates whose best learning rate is `lr`."""
+        return SweepDir(self.path / "ladder" / f"w{width}-lr{lr:g}")
+
+    @property
+    def ladder_figure(self) -> Path:
+        return self.path / "ladder.png"
+
     @property
     def markdown_file(self) -> Path:
         return self.path / f"{RECOMMENDATION}.md"

@@ -1,0 +1,173 @@
+"""The ladder: the effective speedup of the leader against the user's placement at three proxy scales, its
+trend over compute, and its projection to the user's scale (recommendation.json's `effect.speedup.by_scale`
+and `.projection`; ladder.png).
+
+Rungs. Widths 32, 64, 128 (`LADDERS`: 4x from the narrowest to the widest; where the budget does not hold
+them, 16, 32, 64, whose rungs cost a fraction of a proxy run): the proxy's own width (its final round's
+cells, reused) and the two others, trained under muP with the proxy's width as the base shape
+(`inputs.proxy_settings`), so each candidate's best learning rate at the proxy is the one muP carries to
+every rung (Yang et al. 2022; normlab's record: the optimum moved x1.27-1.50 over 4x width). Tokens grow with
+width (steps x width / the proxy's): the compute of a rung grows as width^3, not as Chinchilla's width^4
+(tokens in proportion to parameters would make the widest rung 16x the proxy's tokens, beyond a 20-minute
+budget on two cores; said in the answer). Depth stays the proxy's: the user's depth-to-width ratio cannot be
+followed at widths of tens (a 2048-wide, 16-layer model has a ratio of 1/128).
+
+Trend. Ordinary least squares of y = ln(speedup) on x = ln(compute) over the rungs with a finite speedup
+(a bound is left out and said), and the prediction interval at x0 (Student's t with n - 2 degrees of
+freedom; e.g. Montgomery, Peck and Vining, "Introduction to Linear Regression Analysis", eq. 2.45):
+
+    y0 = a + b x0 +- t(n-2) s sqrt(1 + 1/n + (x0 - xbar)^2 / Sxx),   s^2 = SSE / (n - 2)
+
+The slope's own interval says whether the advantage grows (b > 0), shrinks (b < 0) or holds (the interval
+holds 0) with scale; the compute at which the prediction interval's lower end crosses 1 is found on a grid of
+x. Three rungs leave one degree of freedom (t = 12.7): the projection's interval is wide, and says so.
+Compute: the runs' own FLOPs (summary.json's flops_per_token x tokens); the user's is 6 N D with N the model's
+non-embedding parameters and D the tokens given to recommend (`--tokens`), else 20 N (Hoffmann et al. 2022).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from normlab.recommend.shape import PROXY_WIDTH
+
+# the ladders a plan may buy, the widest first (the proxy's width among each): where the one reaching 2x above the
+# proxy does not fit the budget, the one ending at the proxy does (its rungs cost a fraction of a proxy run)
+LADDERS = ((32, 64, 128), (16, 32, 64))
+WIDTHS = LADDERS[0]
+LEVEL = 0.95
+CHINCHILLA = 20.0  # tokens per parameter where the user gave none (Hoffmann et al. 2022)
+
+
+def rung_steps(width: int, steps: int) -> int:
+    """A rung's steps: the proxy's, in proportion to its width (tokens grow with width)."""
+    return max(8, round(steps * width / PROXY_WIDTH))
+
+
+def off_proxy(widths: tuple[int, ...] = WIDTHS) -> list[int]:
+    """The rungs the ladder trains (the proxy's width is the final round's)."""
+    return [w for w in widths if w != PROXY_WIDTH]
+
+
+def fit(rungs: list[dict[str, Any]], x0: float, level: float = LEVEL) -> dict[str, Any]:
+    """The trend and the projection at compute `x0` (module doc) over `rungs` ({compute, value, bound})."""
+    from scipy import stats
+
+    use = [r for r in rungs if r.get("value") and r["value"] > 0 and not r.get("bound")]
+    left = [r["width"] for r in rungs if r not in use]
+    out: dict[str, Any] = {"scale": x0, "rungs_used": len(use), "left_out": left}
+    if len(use) < 3:
+        return {
+            **out,
+            "value": None,
+            "interval": None,
+            "why": f"{len(use)} rung(s) with a measured speedup: a trend with an interval needs three",
+        }
+    x = np.log([r["compute"] for r in use])
+    y = np.log([r["value"] for r in use])
+    n = len(x)
+    xbar, sxx = x.mean(), float(((x - x.mean()) ** 2).sum())
+    b = float(((x - xbar) * (y - y.mean())).sum() / sxx)
+    a = float(y.mean() - b * xbar)
+    sse = float(((y - (a + b * x)) ** 2).sum())
+    s = math.sqrt(sse / (n - 2))
+    t = float(stats.t.ppf(0.5 + level / 2, n - 2))
+
+    def band(c: float) -> tuple[float, float, float]:
+        lx = math.log(c)
+        half = t * s * math.sqrt(1 + 1 / n + (lx - xbar) ** 2 / sxx)
+        mid = a + b * lx
+        return math.exp(mid), math.exp(mid - half), math.exp(mid + half)
+
+    mid, lo, hi = band(x0)
+    half_b = t * s / math.sqrt(sxx)
+    trend = "grows" if b - half_b > 0 else "shrinks" if b + half_b < 0 else "holds"
+    # from the widest rung up to 10x the user's compute: where the prediction interval's lower end crosses 1
+    grid = np.exp(np.linspace(x.max(), max(math.log(x0), x.max()) + math.log(10), 400))
+    above = [band(float(c))[1] > 1 for c in grid]
+    crosses = next((float(c) for c, up, prev in zip(grid[1:], above[1:], above[:-1]) if up != prev), None)
+    return {
+        **out,
+        "value": mid,
+        "interval": [lo, hi],
+        "slope": b,
+        "slope_interval": [b - half_b, b + half_b],
+        "trend": trend,
+        "lower_bound_above_1": above[0],  # at the widest rung
+        "lower_bound_above_1_at_scale": lo > 1,
+        "crosses_1_at": crosses,
+        "degrees_of_freedom": n - 2,
+        "method": "OLS of ln(speedup) on ln(compute) over the rungs, Student's t prediction interval (ladder.py)",
+    }
+
+
+def user_compute(non_embedding_params: float, tokens: float | None) -> tuple[float, str]:
+    """6 N D at the user's scale, and how D was chosen."""
+    if tokens:
+        return 6.0 * non_embedding_params * tokens, f"{tokens:.3g} tokens (--tokens)"
+    d = CHINCHILLA * non_embedding_params
+    return 6.0 * non_embedding_params * d, f"{d:.3g} tokens (20 per parameter, Hoffmann et al. 2022; --tokens sets it)"
+
+
+def words(proj: dict[str, Any]) -> str:
+    """The projection in a sentence."""
+    if proj.get("value") is None:
+        return proj.get("why", "no projection")
+    lo, hi = proj["interval"]
+    text = (
+        f"projected to your scale ({proj['scale']:.3g} FLOPs): x{proj['value']:.2f} [{lo:.2f}, {hi:.2f}] "
+        f"({proj['degrees_of_freedom']} degree(s) of freedom); the advantage {proj['trend']} with scale "
+        f"(slope {proj['slope']:+.3f} [{proj['slope_interval'][0]:+.3f}, {proj['slope_interval'][1]:+.3f}] in "
+        "ln speedup per ln compute)"
+    )
+    if proj.get("crosses_1_at"):
+        side = "rises above" if not proj["lower_bound_above_1"] else "falls to"
+        text += f"; its lower bound {side} 1 at about {proj['crosses_1_at']:.3g} FLOPs"
+    else:
+        where = "above" if proj["lower_bound_above_1"] else "at or below"
+        text += f"; its lower bound stays {where} 1 from the widest rung to 10x your scale"
+    return text
+
+
+def figure(path: Path, rungs: list[dict[str, Any]], proj: dict[str, Any]) -> None:
+    """ladder.png: each rung's speedup with its interval against compute (log-log), the fit and its
+    prediction band out to the user's scale."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for r in rungs:
+        if r.get("value"):
+            iv = r.get("interval") or [r["value"], r["value"]]
+            ax.errorbar(
+                r["compute"],
+                r["value"],
+                yerr=[[r["value"] - iv[0]], [iv[1] - r["value"]]],
+                fmt="o" if not r.get("bound") else "^",
+                color="C0",
+                capsize=3,
+            )
+            ax.annotate(f"d {r['width']}", (r["compute"], r["value"]), textcoords="offset points", xytext=(5, 5))
+    if proj.get("value") is not None:
+        xs = np.exp(np.linspace(math.log(min(r["compute"] for r in rungs)), math.log(proj["scale"]), 100))
+        ax.plot(xs, np.exp(proj["slope"] * (np.log(xs) - math.log(proj["scale"])) + math.log(proj["value"])), "C1-")
+        lo, hi = proj["interval"]
+        ax.errorbar(
+            proj["scale"], proj["value"], yerr=[[proj["value"] - lo], [hi - proj["value"]]], fmt="s", color="C1"
+        )
+        ax.annotate("your scale", (proj["scale"], proj["value"]), textcoords="offset points", xytext=(-60, 8))
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("compute of the run (FLOPs, log scale)")
+    ax.set_ylabel("effective speedup (log scale)")
+    ax.set_title("Effective speedup against scale: the ladder's rungs and the projection")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,244 @@
+"""Effective speedup: the compute the user's placement needs to reach a candidate's loss, per unit of the
+candidate's compute, after what the candidate costs per step (recommendation.json's `effect.speedup`).
+
+This is the unit marin promotes architecture changes in (marin-community/marin: "effective speedup", issue
+4993: a sandwich norm at 0.83x failed its gate). At the proxy both sides train the same tokens T, so
+
+    speedup = T_base(L_cand) / T  x  t_step(base) / t_step(cand)          (1)
+
+T_base(L) is read off the baseline's own loss-over-tokens curve: the mean of its seeds' training losses
+(each smoothed over `SMOOTH` steps, as the runs' final loss is their last 10 steps' mean), fitted from
+`FIT_FROM` of the run onward by a saturating power law
+
+    L(t) = E + A t^(-alpha),   A > 0, 0 < alpha <= 2, E >= 0                (2)
+
+(Kaplan et al. 2020 eq. 1.4's form in data; scipy.optimize.curve_fit) and inverted:
+T_base(L) = (A / (L - E))^(1/alpha). A candidate better than the baseline needs the fit beyond T: it is
+read up to `EXTRAPOLATE` x T, past that (or below the fit's floor E) the speedup is a bound (">= x2.00").
+The step-time ratio of (1) is the norm tax measured at the user's width (`normlab.recommend.tax`).
+
+Anchoring: the candidate's loss is placed at L_fit(T) + d, d = mean(cand) - mean(base) of the runs' final
+losses, so a candidate equal to the baseline has a token ratio of exactly 1 whatever the fit's residual at T.
+
+Interval: the ends of Welch's 95% interval of d over seeds (`answer.welch`) mapped through the same
+monotone curve, each then divided by the tax interval's matching end (the worse end with the worse end: a
+conservative combination of two independent intervals). One seed on a side measures no seed noise: no
+interval, said so with the budget that would buy it.
+
+Caveat stated with every figure: the curve is one run's, under its cosine schedule; a run stopped earlier and
+annealed would sit lower, so T_base(L) read mid-run is late, in the baseline's favour where the candidate is
+worse (speedup < 1) and against nothing where it is better (the fit's tail is the annealed part).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from normlab.runs.files import RunDir
+
+SMOOTH = 10  # steps in the moving mean of the training loss (the runs' final loss is their last 10 steps' mean)
+FIT_FROM = 0.25  # the fit starts a quarter into the run: past the warm-up (10%) and the first fast drop
+EXTRAPOLATE = 2.0  # the baseline's fitted curve is read at most this far beyond the tokens it trained
+LEVEL = 0.95
+
+
+@dataclass(frozen=True)
+class Curve:
+    """Eq. (2) fitted to a loss-over-tokens curve: its parameters, the tokens trained, its value there."""
+
+    e: float
+    a: float
+    alpha: float
+    tokens: float  # T: the last point fitted
+    at_end: float  # L_fit(T)
+    rmse: float  # the fit's root-mean-square residual over the points fitted
+
+    def loss(self, t: float) -> float:
+        return self.e + self.a * t ** (-self.alpha)
+
+    def tokens_for(self, target: float) -> float:
+        """T(L) (eq. 2 inverted); inf where `target` is at or below the floor E."""
+        if target <= self.e:
+            return math.inf
+        return float((self.a / (target - self.e)) ** (1.0 / self.alpha))
+
+
+def smoothed_curve(rows: list[dict[str, Any]], window: int = SMOOTH) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, loss) of the training rows with a finite loss, the loss as a trailing mean over `window` steps."""
+    pts = [
+        (float(r["tokens"]), float(r["loss"]))
+        for r in rows
+        if "loss" in r and "tokens" in r and isinstance(r["loss"], int | float) and math.isfinite(r["loss"])
+    ]
+    if not pts:
+        return np.zeros(0), np.zeros(0)
+    t, y = (np.array(c) for c in zip(*pts))
+    c = np.cumsum(np.insert(y, 0, 0.0))
+    n = np.minimum(np.arange(1, len(y) + 1), window)
+    return t, (c[1:] - c[np.arange(1, len(y) + 1) - n]) / n
+
+
+def mean_curve(run_dirs: list[Path]) -> tuple[np.ndarray, np.ndarray]:
+    """The seeds' smoothed curves averaged on their common tokens (runs of one cell train the same tokens)."""
+    curves = [smoothed_curve(RunDir(p).metrics()) for p in run_dirs]
+    curves = [c for c in curves if len(c[0])]
+    if not curves:
+        return np.zeros(0), np.zeros(0)
+    n = min(len(c[0]) for c in curves)
+    return curves[0][0][:n], np.mean([c[1][:n] for c in curves], axis=0)
+
+
+def fit_curve(tokens: np.ndarray, loss: np.ndarray, fit_from: float = FIT_FROM) -> Curve | None:
+    """Eq. (2) fitted to the points from `fit_from` of the tokens onward (None where fewer than 5 points or
+    the fit does not converge)."""
+    from scipy.optimize import curve_fit
+
+    keep = tokens >= fit_from * tokens[-1] if len(tokens) else tokens.astype(bool)
+    t, y = tokens[keep], loss[keep]
+    if len(t) < 5 or not np.all(np.isfinite(y)):
+        return None
+    scale = float(t[-1])  # fit in t / T: parameters of order 1
+
+    def f(x: np.ndarray, e: float, a: float, alpha: float) -> np.ndarray:
+        return e + a * x ** (-alpha)
+
+    lo = float(y.min())
+    start = (0.5 * lo, max(float(y[0] - 0.5 * lo), 1e-3), 0.5)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            (e, a, alpha), _ = curve_fit(
+                f, t / scale, y, p0=start, bounds=([0.0, 1e-9, 1e-3], [lo, np.inf, 2.0]), maxfev=20000
+            )
+    except (RuntimeError, ValueError):
+        return None
+    a_abs = float(a) * scale ** float(alpha)  # A in tokens: a (t/T)^-alpha = a T^alpha t^-alpha
+    resid = y - f(t / scale, e, a, alpha)
+    curve = Curve(float(e), a_abs, float(alpha), float(t[-1]), 0.0, float(np.sqrt(np.mean(resid**2))))
+    return Curve(curve.e, curve.a, curve.alpha, curve.tokens, curve.loss(curve.tokens), curve.rmse)
+
+
+def token_ratio(curve: Curve, difference: float, extrapolate: float = EXTRAPOLATE) -> tuple[float, bool]:
+    """T_base(L_fit(T) + d) / T and whether it is a bound (past `extrapolate` x T or below the floor: the
+    bound's value is `extrapolate`)."""
+    t = curve.tokens_for(curve.at_end + difference)
+    r = t / curve.tokens
+    if r > extrapolate:
+        return extrapolate, True
+    return r, False
+
+
+def speedup(
+    curve: Curve,
+    difference: float,
+    interval: list[float] | None,
+    tax: float,
+    tax_interval: list[float] | None,
+    extrapolate: float = EXTRAPOLATE,
+) -> dict[str, Any]:
+    """Eq. (1) and its interval (module doc). `difference`: mean(cand) - mean(base) final loss; `tax`: the
+    candidate's step time over the baseline's, minus 1."""
+    r, bound = token_ratio(curve, difference, extrapolate)
+    value = r / (1.0 + tax)
+    out: dict[str, Any] = {"value": value, "token_ratio": r, "bound": "lower" if bound else None}
+    if interval is None:
+        out["interval"] = None
+        return out
+    t_lo, t_hi = tax_interval if tax_interval is not None else (tax, tax)
+    # a higher loss difference means fewer baseline tokens: the interval's upper end gives the speedup's lower
+    r_lo, b_lo = token_ratio(curve, interval[1], extrapolate)
+    r_hi, b_hi = token_ratio(curve, interval[0], extrapolate)
+    out["interval"] = [r_lo / (1.0 + t_hi), r_hi / (1.0 + t_lo)]
+    out["interval_bounded"] = [b_lo, b_hi]  # an end that reached the extrapolation limit is itself a bound
+    return out
+
+
+def words(s: dict[str, Any]) -> str:
+    """ "x1.12 [1.04, 1.21] of compute at the proxy, after a 3.1% slower step" """
+    if s.get("value") is None:
+        return s.get("why", "no speedup measured")
+    v = s["value"]
+    text = (">= " if s.get("bound") else "") + f"x{v:.2f}"
+    iv = s.get("interval")
+    if iv is not None:
+        text += f" [{iv[0]:.2f}, {iv[1]:.2f}]"
+    else:
+        text += " (no interval: one seed on a side)"
+    text += " of compute at the proxy"
+    tax = s.get("tax") or {}
+    if tax.get("value") is not None:
+        pct = 100 * tax["value"]
+        how = "slower" if pct >= 0 else "faster"
+        text += f", after a {abs(pct):.1f}% {how} step ({tax.get('mode', 'eager')}, {tax.get('device', '?')})"
+    return text
+
+
+def cell_dirs(runs: Any, grid: Path, layout: str, lr: float) -> list[Path]:
+    """The run folders of a finished cell (layout at lr, status ok), in seed order."""
+    cell = runs[(runs.layout == layout) & ((runs.lr - lr).abs() <= 1e-9 * lr) & (runs.status == "ok")]
+    cell = cell.sort_values("seed")
+    if "run_dir" in cell:  # runs gathered from several sweeps (the ladder's) name their folders
+        return [Path(p) for p in cell.run_dir]
+    return [grid / "runs" / str(r) for r in cell.run_id]
+
+
+def for_pair(
+    runs: Any, grid: Path, base: Any, cand: Any, tax: dict[str, Any] | None, width: int, depth: int
+) -> dict[str, Any]:
+    """recommendation.json's `effect.speedup` for `cand` against `base` (two `rank.Evidence` rows, each at its
+    best learning rate) from the proxy grid's runs (`runs`: the grid's runs table), with its rung."""
+    from normlab.recommend.answer import _losses, welch
+
+    out: dict[str, Any] = {"baseline": base.layout, "candidate": cand.layout, "tax": tax, "level": LEVEL}
+    out["method"] = (
+        "eq. (1) of normlab.recommend.speedup: the tokens your placement needs to reach the candidate's final loss "
+        "on its own loss-over-tokens curve (mean over seeds, fitted as E + A t^-alpha from a quarter of the run, "
+        f"read at most {EXTRAPOLATE:g}x beyond the tokens trained, else a bound), over the candidate's tokens, "
+        "divided by 1 + the norm tax; interval: the ends of Welch's 95% interval of the final-loss difference "
+        "over seeds mapped through that curve, each divided by the tax interval's matching end. One run's curve "
+        "under a cosine schedule: read mid-run it is late, so a speedup below 1 is at most that"
+    )
+    if base.best_lr is None or cand.best_lr is None:
+        who = base.layout if base.best_lr is None else cand.layout
+        return {**out, "value": None, "interval": None, "why": f"{who} finished no run"}
+    a, b = _losses(runs, cand.layout, cand.best_lr), _losses(runs, base.layout, base.best_lr)
+    dirs = cell_dirs(runs, grid, base.layout, base.best_lr)
+    if not a or not b or not dirs:
+        return {**out, "value": None, "interval": None, "why": "no finished run at a best learning rate"}
+    d, interval = welch(a, b)
+    tokens, loss = mean_curve(dirs)
+    curve = fit_curve(tokens, loss)
+    if curve is None:
+        return {**out, "value": None, "interval": None, "why": "your placement's loss curve could not be fitted"}
+    t = (tax or {}).get("value")
+    s = speedup(curve, d, interval, t or 0.0, (tax or {}).get("interval"))
+    if t is None:
+        s["why_tax"] = "the norm tax was not measured: the speedup is in tokens alone"
+    seeds = [len(a), len(b)]
+    rung = {
+        "width": width,
+        "depth": depth,
+        "tokens": float(curve.tokens),
+        "value": s["value"],
+        "interval": s.get("interval"),
+        "seeds": seeds,
+    }
+    curve_said = {"e": curve.e, "a": curve.a, "alpha": curve.alpha, "tokens": curve.tokens, "rmse": curve.rmse}
+    out.update(s, difference=d, seeds=seeds, curve=curve_said, by_scale=[rung])
+    out["projection"] = {
+        "scale": None,
+        "value": None,
+        "interval": None,
+        "why": "one rung (the proxy): a trend over scale needs three or more rungs; this answer holds at the proxy",
+    }
+    if interval is None:
+        out["why_interval"] = "one seed on a side: no seed noise measured, so no interval; " + (
+            "a second seed of both sides comes first in a larger --budget (or run the same command again)"
+        )
+    return out

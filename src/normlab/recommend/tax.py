@@ -1,0 +1,268 @@
+"""The norm tax: what a candidate's extra norms (and any other change of the block) cost per step, measured
+at the user's width, heads, FFN and sequence length on the device present, not at the proxy's.
+
+What is timed: forward + backward of `BLOCKS` blocks of the user's shape (one where two would not fit
+`MEMORY`; the embedding and head at a byte vocabulary, so the blocks are nearly all of it; the optimizer's
+update of a norm's weight vector is left out), each step the lesser of its wall and CPU seconds (a load only
+ever lengthens either), the baseline and the candidate in turns (base, cand, base, cand, ...) so that a
+machine's drift lands on both; the tax is the median over turns of t_cand / t_base - 1, and its interval Student's t
+over the turns' log ratios (`LEVEL`). Eager, and under torch.compile where asked (its fusion of the
+norms into the neighbouring element-wise work is what a compiled run pays). A fused kernel library
+(liger-kernel's RMSNorm) is used only where installed with CUDA; the answer says when it was not.
+
+Where it is measured matters: on a GPU the matrix products run far faster than the memory-bound norms, so a
+norm's share of a GPU step is larger than of a CPU step. A tax measured on the CPU for a GPU user is a lower
+bound (`bound`: "lower"), said so in the answer. On the CPU the timed sequence is cut to `CPU_TOKENS` tokens
+(the attention's share grows with the sequence, the norms' does not: at the user's full sequence the norm
+share is smaller still; said so).
+
+Cached per (device, shape, tokens, torch version, pair, mode) in the cache folder, so a second call (or a
+resumed recommendation) reads it instead of timing again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from normlab.errors import DataError
+from normlab.io import atomic_write_json, read_json
+from normlab.model.config import ModelConfig
+
+BLOCKS = 2
+CPU_TOKENS = 128
+GPU_TOKENS = 4096
+TURNS = 5
+LEVEL = 0.95
+TAX_VERSION = 1
+MEMORY = 6 * 2**30  # the timed blocks' weights, gradients and activations at most about this (float32)
+
+
+class TaxSkipped(RuntimeError):
+    """The tax could not be timed here (too large for this machine's memory, or past the deadline); the
+    message says which."""
+
+
+def block_bytes(cfg: ModelConfig) -> int:
+    """About the bytes one block's weights and gradients take in float32 (attention and MLP matrices)."""
+    d, kv = cfg.d_model, cfg.kv_heads * cfg.head_dim
+    attn = 2 * d * cfg.n_heads * cfg.head_dim + 2 * d * kv
+    mlp = (3 if cfg.mlp in ("swiglu", "geglu", "geglu-tanh") else 2) * d * cfg.ffn_dim
+    return 8 * (attn + mlp) * max(1, cfg.n_experts or 1)
+
+
+@dataclass(frozen=True)
+class TaxShape:
+    """The shape the tax is timed at: the user's block, the tokens of one timed step."""
+
+    d_model: int
+    n_heads: int
+    kv_heads: int
+    head_dim: int
+    ffn_dim: int
+    mlp: str
+    tokens: int
+    user_seq_len: int
+
+    @classmethod
+    def of(cls, cfg: ModelConfig, device: str) -> TaxShape:
+        seq = int(cfg.max_seq_len)
+        cap = GPU_TOKENS if device == "cuda" else CPU_TOKENS
+        return cls(cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.head_dim, cfg.ffn_dim, cfg.mlp, min(seq, cap), seq)
+
+    def words(self) -> str:
+        return (
+            f"d {self.d_model}, {self.n_heads}/{self.kv_heads} heads of {self.head_dim}, FFN {self.ffn_dim} "
+            f"({self.mlp}), {self.tokens} tokens a step"
+        )
+
+
+@dataclass(frozen=True)
+class Tax:
+    """One candidate's measured tax against the baseline (t_cand / t_base - 1)."""
+
+    baseline: str
+    candidate: str
+    value: float
+    interval: list[float] | None
+    mode: str  # eager | compiled
+    device: str  # in words (normlab.train.mfu.device_name)
+    device_type: str  # cpu | cuda
+    shape: dict[str, Any]
+    turns: int
+    base_ms: float
+    cand_ms: float
+    torch: str
+    bound: str | None  # "lower" where measured on the CPU (the user trains on GPUs)
+    cached: bool = False
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def ratio_stats(ratios: list[float], level: float = LEVEL) -> tuple[float, list[float] | None]:
+    """The median of t_cand / t_base - 1 over turns and Student's t interval on the log ratios (None under 2)."""
+    from scipy import stats
+
+    med = statistics.median(ratios) - 1.0
+    if len(ratios) < 2:
+        return med, None
+    logs = [math.log(r) for r in ratios]
+    m, s = statistics.fmean(logs), statistics.stdev(logs)
+    half = float(stats.t.ppf(0.5 + level / 2, len(logs) - 1)) * s / math.sqrt(len(logs))
+    return med, [math.exp(m - half) - 1.0, math.exp(m + half) - 1.0]
+
+
+def _cache_path(key: dict[str, Any]):  # noqa: ANN202 - a Path
+    from normlab.data.corpus import cache_dir
+
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir() / "recommend" / f"tax-{digest}.json"
+
+
+def _cached(path, key: dict[str, Any]) -> Tax | None:  # noqa: ANN001 - a Path
+    """The cached tax for `key`, None where absent or unreadable (then it is timed again and rewritten)."""
+    if not path.is_file():
+        return None
+    try:
+        hit = read_json(path)
+        return Tax(**{**hit["tax"], "cached": True}) if hit.get("key") == key else None
+    except (DataError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _step(model, x, compiled):  # noqa: ANN001, ANN202 - (module, tensor, bool) -> () -> None
+    import torch
+
+    def run() -> None:
+        model.zero_grad(set_to_none=True)
+        model(x, targets=x).loss.backward()
+        if x.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    return run
+
+
+def _build(layout: str, cfg: ModelConfig, tokens: int, device: str, compiled: bool, blocks: int):  # noqa: ANN202
+    import torch
+
+    from normlab.model.build import build_model
+
+    model = build_model(layout, cfg.with_(n_layers=blocks, vocab_size=256, max_seq_len=tokens), seed=0).to(device)
+    if device == "cuda":
+        model = model.to(torch.bfloat16)
+    return torch.compile(model) if compiled else model
+
+
+def measure(
+    cfg: ModelConfig,
+    baseline: str,
+    candidate: str,
+    *,
+    mode: str = "eager",
+    turns: int = TURNS,
+    device: str | None = None,
+    deadline: float | None = None,
+    use_cache: bool = True,
+) -> Tax:
+    """The candidate's tax against the baseline at the user's shape (module doc). `deadline` (time.time())
+    stops the turns early (at least 2 are kept, or the tax is refused with why)."""
+    import torch
+
+    from normlab.train.mfu import device_name
+
+    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    shape = TaxShape.of(cfg, dev)
+    name = device_name(torch.device(dev))
+    per_block = block_bytes(cfg)
+    blocks = BLOCKS if 2 * BLOCKS * per_block <= MEMORY else 1  # both models live at once
+    key = {
+        "v": TAX_VERSION,
+        "device": name,
+        "shape": asdict(shape),
+        "torch": torch.__version__,
+        "pair": [baseline, candidate],
+        "mode": mode,
+        "blocks": blocks,
+        "experts": cfg.n_experts,
+    }
+    path = _cache_path(key)
+    if use_cache and (hit := _cached(path, key)) is not None:
+        return hit
+    compiled = mode == "compiled"
+    if 2 * per_block > MEMORY and dev == "cpu":
+        raise TaxSkipped(
+            f"one block of your shape takes about {per_block / 2**30:.1f} GiB with its gradients: too large to time "
+            f"two side by side within {MEMORY / 2**30:.0f} GiB here"
+        )
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (1, shape.tokens), generator=g).to(dev)
+    steps = {n: _step(_build(n, cfg, shape.tokens, dev, compiled, blocks), x, compiled) for n in (baseline, candidate)}
+    warm = time.time()
+    for fn in steps.values():  # warm-up (and compilation) outside the turns
+        fn()
+    one = time.time() - warm
+    if deadline is not None and time.time() + 1.5 * one > deadline:  # a second warm-up and two turns: 4 steps
+        raise TaxSkipped(f"the budget left no time to time it (a step pair took {one:.1f} s)")
+    for fn in steps.values():
+        fn()
+    times: dict[str, list[float]] = {baseline: [], candidate: []}
+    for _ in range(turns):
+        if deadline is not None and len(times[baseline]) >= 2 and time.time() + 0.5 * one > deadline:
+            break
+        for n, fn in steps.items():
+            wall, cpu = time.perf_counter(), time.process_time()
+            fn()
+            # the lesser of wall and CPU seconds (as normlab.recommend.cost's calibration): another process's
+            # load only ever makes either larger, and one torch thread's CPU time does not see it at all
+            times[n].append(min(time.perf_counter() - wall, time.process_time() - cpu))
+    ratios = [c / b for b, c in zip(times[baseline], times[candidate])]
+    value, interval = ratio_stats(ratios)
+    tax = Tax(
+        baseline=baseline,
+        candidate=candidate,
+        value=value,
+        interval=interval,
+        mode=mode,
+        device=name,
+        device_type=dev,
+        shape=asdict(shape),
+        turns=len(ratios),
+        base_ms=1e3 * statistics.median(times[baseline]),
+        cand_ms=1e3 * statistics.median(times[candidate]),
+        torch=torch.__version__,
+        bound="lower" if dev == "cpu" else None,
+        note=_note(dev, shape),
+    )
+    if use_cache:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, {"key": key, "tax": tax.to_dict()})
+    return tax
+
+
+def _note(device: str, shape: TaxShape) -> str:
+    if device != "cpu":
+        return f"measured on your kind of device at {shape.words()}"
+    cut = f" (your sequence {shape.user_seq_len:,} cut to {shape.tokens}: the norms' share is smaller at yours)"
+    return (
+        f"measured on the CPU at {shape.words()}{cut}; on a GPU the matrix products run far faster than the "
+        "memory-bound norms, so this is a lower bound on your GPU's tax (fused kernels: liger-kernel needs CUDA)"
+    )
+
+
+def words(tax: dict[str, Any]) -> str:
+    """ "+3.1% [+2.0%, +4.2%] a step (eager, NVIDIA H200, d 2048, ...)" """
+    iv = tax.get("interval")
+    text = f"{100 * tax['value']:+.1f}%"
+    if iv:
+        text += f" [{100 * iv[0]:+.1f}%, {100 * iv[1]:+.1f}%]"
+    text += f" a step ({tax['mode']}, {tax['device']}, {TaxShape(**tax['shape']).words()})"
+    if tax.get("bound") == "lower":
+        text += ": a lower bound for a GPU"
+    return text

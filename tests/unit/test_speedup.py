@@ -1,0 +1,229 @@
+"""Effective speedup (normlab.recommend.speedup), the norm tax (normlab.recommend.tax) and the gate
+(normlab.recommend.gate), each against formulas written here."""
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from normlab.model.config import get_size
+from normlab.recommend import gate, speedup, tax
+from normlab.recommend.rank import Evidence
+
+EPS64 = np.finfo(np.float64).eps
+
+
+def _curve(e=1.5, a=40.0, alpha=0.5, tokens=1e4):
+    c = speedup.Curve(e, a, alpha, tokens, 0.0, 0.0)
+    return speedup.Curve(e, a, alpha, tokens, c.loss(tokens), 0.0)
+
+
+def test_the_power_law_is_inverted_exactly():
+    c = _curve()
+    for t in (10.0, 1e3, 1e4, 3e5):
+        # T(L(t)) = t: a few roundings in a power and a root
+        assert c.tokens_for(c.loss(t)) == pytest.approx(t, rel=64 * EPS64)
+    assert c.tokens_for(c.e) == math.inf and c.tokens_for(c.e - 1) == math.inf
+
+
+def test_the_fit_recovers_an_exact_power_law():
+    t = np.linspace(1e3, 1e5, 150)
+    e, a, alpha = 1.2, 60.0, 0.45
+    c = speedup.fit_curve(t, e + a * t ** (-alpha))
+    assert c is not None
+    # curve_fit's own stopping tolerances (1e-8 relative in the residual) bound the recovery far below 1e-3
+    assert (c.e, c.a, c.alpha) == pytest.approx((e, a, alpha), rel=1e-3)
+    assert c.tokens == t[-1] and c.at_end == pytest.approx(e + a * t[-1] ** (-alpha), rel=1e-9)
+    assert c.rmse < 1e-6
+    assert speedup.fit_curve(t[:3], t[:3]) is None  # too few points
+
+
+def test_smoothed_curve_is_a_trailing_mean_of_the_finite_losses():
+    rows = [{"step": i, "tokens": 10 * (i + 1), "loss": float(i)} for i in range(6)]
+    rows.insert(2, {"step": 99, "tokens": 1, "loss": float("nan")})
+    rows.append({"step": 6, "val_loss": 3.0})
+    t, y = speedup.smoothed_curve(rows, window=3)
+    assert list(t) == [10, 20, 30, 40, 50, 60]
+    assert list(y) == pytest.approx([0, 0.5, 1, 2, 3, 4])
+
+
+def test_the_speedup_is_the_baselines_tokens_to_the_candidates_loss_over_its_own_after_the_tax():
+    c = _curve()
+    d = c.loss(5e3) - c.at_end  # a worse candidate: the baseline reached its loss at half the tokens
+    s = speedup.speedup(c, d, [d - 0.01, d + 0.01], 0.10, [0.05, 0.15])
+    assert s["token_ratio"] == pytest.approx(0.5, rel=1e-9) and s["value"] == pytest.approx(0.5 / 1.10, rel=1e-9)
+    lo = c.tokens_for(c.at_end + d + 0.01) / 1e4 / 1.15  # the worse loss end with the dearer tax end
+    hi = c.tokens_for(c.at_end + d - 0.01) / 1e4 / 1.05
+    assert s["interval"] == pytest.approx([lo, hi], rel=1e-9) and lo < s["value"] < hi
+    same = speedup.speedup(c, 0.0, None, 0.0, None)
+    assert same["value"] == pytest.approx(1.0, rel=64 * EPS64) and same["interval"] is None
+    better = speedup.speedup(c, c.loss(1.5e4) - c.at_end, None, 0.0, None)  # within the 2x extrapolation
+    assert better["value"] == pytest.approx(1.5, rel=1e-9) and better["bound"] is None
+    far = speedup.speedup(c, c.loss(1e6) - c.at_end, None, 0.02, None)  # past 2x: a lower bound
+    assert far["bound"] == "lower" and far["value"] == pytest.approx(2.0 / 1.02, rel=1e-12)
+    assert speedup.words({**far, "tax": {"value": 0.02, "mode": "eager", "device": "cpu"}}).startswith(">= x1.96")
+
+
+def _write_run(grid, run_id, losses, tokens_per_step=100):
+    d = grid / "runs" / run_id
+    d.mkdir(parents=True)
+    rows = [{"step": i, "loss": x, "tokens": tokens_per_step * (i + 1)} for i, x in enumerate(losses)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_for_pair_reads_the_baselines_curve_and_welchs_interval(tmp_path):
+    steps = np.arange(1, 101) * 100.0
+    law = lambda t, shift: 1.0 + 30.0 * t ** (-0.5) + shift
+    rows = []
+    for seed, (bs, cs) in enumerate(((0.0, -0.02), (0.004, -0.016))):
+        for layout, shift in (("pre", bs), ("peri", cs)):
+            rid = f"{layout}-{seed}"
+            losses = list(law(steps, shift))
+            _write_run(tmp_path, rid, losses)
+            final = sum(losses[-10:]) / 10
+            rows.append(
+                {"run_id": rid, "layout": layout, "lr": 0.01, "seed": seed, "status": "ok", "final_loss": final}
+            )
+    runs = pd.DataFrame(rows)
+    base = Evidence("pre", "stable", "", finished=2, best_lr=0.01)
+    cand = Evidence("peri", "stable", "", finished=2, best_lr=0.01)
+    t = {"value": 0.03, "interval": [0.02, 0.04], "mode": "eager", "device": "cpu"}
+    s = speedup.for_pair(runs, tmp_path, base, cand, t, 64, 8)
+    a = list(runs[runs.layout == "peri"].final_loss)
+    b = list(runs[runs.layout == "pre"].final_loss)
+    d = np.mean(a) - np.mean(b)
+    assert s["difference"] == pytest.approx(d, rel=1e-12) and s["seeds"] == [2, 2]
+    assert s["value"] > 1 and len(s["interval"]) == 2 and s["interval"][0] < s["value"] < s["interval"][1]
+    # by hand: the mean curve's fit, read at the anchored loss, over the tokens, after the tax
+    fit = speedup.fit_curve(*speedup.mean_curve([tmp_path / "runs" / "pre-0", tmp_path / "runs" / "pre-1"]))
+    r = fit.tokens_for(fit.at_end + d) / fit.tokens
+    assert s["value"] == pytest.approx(r / 1.03, rel=1e-9)
+    assert s["by_scale"][0]["width"] == 64 and s["projection"]["value"] is None and s["tax"] is t
+    one = speedup.for_pair(runs[runs.seed == 0], tmp_path, base, cand, t, 64, 8)
+    assert one["interval"] is None and "second seed" in one["why_interval"]
+
+
+def test_the_tax_is_the_median_ratio_with_students_interval_over_the_turns_log_ratios():
+    ratios = [1.02, 1.05, 1.03, 1.08, 1.01]
+    value, iv = tax.ratio_stats(ratios)
+    logs = np.log(ratios)
+    half = stats.t.ppf(0.975, 4) * logs.std(ddof=1) / math.sqrt(5)
+    assert value == pytest.approx(0.03, rel=1e-12)
+    assert iv == pytest.approx([math.exp(logs.mean() - half) - 1, math.exp(logs.mean() + half) - 1], rel=1e-12)
+    assert tax.ratio_stats([1.1]) == (pytest.approx(0.1), None)
+
+
+def test_the_tax_is_timed_at_the_users_shape_named_and_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("NORMLAB_CACHE", str(tmp_path))
+    cfg = get_size("nano").with_(max_seq_len=4096)
+    t = tax.measure(cfg, "pre", "peri", turns=3)
+    assert t.device_type == "cpu" and t.bound == "lower" and "cores" in t.device and t.turns == 3
+    assert t.shape["d_model"] == cfg.d_model and t.shape["tokens"] == tax.CPU_TOKENS and t.shape["user_seq_len"] == 4096
+    assert math.isfinite(t.value) and t.interval[0] <= t.interval[1] and not t.cached
+    again = tax.measure(cfg, "pre", "peri", turns=3)
+    assert again.cached and again.value == t.value  # read back, not timed again
+    other = tax.measure(cfg.with_(d_model=cfg.d_model * 2), "pre", "peri", turns=2)
+    assert not other.cached  # another shape is another key
+    assert "lower bound for a GPU" in tax.words(t.to_dict())
+    with pytest.raises(tax.TaxSkipped, match="too large"):
+        tax.measure(cfg.with_(d_model=16384, d_ff=65536, n_heads=128), "pre", "peri")
+
+
+def _ev(name, finished=2, diverged=0, stalled=0, at_risk=0, best_lr=0.01, runs=2, unfinished=0, rank=1):
+    return Evidence(
+        name,
+        "stable",
+        "",
+        runs=runs,
+        finished=finished,
+        diverged=diverged,
+        stalled=stalled,
+        at_risk=at_risk,
+        best_lr=best_lr,
+        unfinished=unfinished,
+        rank=rank,
+    )
+
+
+def test_the_gate_changes_only_on_a_lower_bound_above_one_or_a_baseline_that_never_trained():
+    pre, peri = _ev("pre", rank=2), _ev("peri")
+    fast = {"value": 1.2, "interval": [1.05, 1.4]}
+    assert gate.verdict([peri, pre], "pre", fast)["decision"] == "change"
+    assert gate.verdict([peri, pre], "pre", fast)["gate"] == "speedup"
+    v = gate.verdict([peri, pre], "pre", {"value": 1.1, "interval": [0.97, 1.25]})
+    assert v["decision"] == "keep" and "does not exceed 1" in v["why"]
+    v = gate.verdict([peri, pre], "pre", {"value": 1.3, "interval": None})
+    assert v["decision"] == "keep" and "no interval" in v["why"] and "second seed" in v["next"]
+    risky = _ev("peri", at_risk=2)
+    v = gate.verdict([risky, pre], "pre", fast)
+    assert v["decision"] == "keep" and "at risk more often" in v["why"]
+    # the user's placement never trained, the change did: a change for stability
+    failed = _ev("pre", diverged=2, best_lr=None, rank=2)
+    v = gate.verdict([peri, failed], "pre", {"value": None})
+    assert (v["decision"], v["gate"]) == ("change", "stability")
+    # a failed baseline beside a candidate the budget stopped: no answer yet, never "keep yours"
+    stopped = _ev("peri", finished=0, best_lr=None, unfinished=2, rank=None)
+    failed_first = _ev("pre", finished=1, diverged=1, runs=1, best_lr=None, rank=1)
+    v = gate.verdict([failed_first, stopped], "pre", None)
+    assert v["decision"] == "no answer yet" and "same command again" in v["next"]
+    assert gate.headline(v, "", None).startswith("**No answer yet**")
+    # no placement named: the ranking's first, ungated
+    assert gate.verdict([peri, pre], None, None)["decision"] == "recommend"
+
+
+def test_the_ladders_projection_is_ols_on_log_log_with_students_prediction_interval():
+    from normlab.recommend import ladder
+
+    compute = [1e12, 8e12, 6.4e13]
+    values = [1.05, 1.10, 1.12]
+    rungs = [{"width": w, "compute": c, "value": v} for w, c, v in zip((32, 64, 128), compute, values)]
+    x0 = 1e21
+    p = ladder.fit(rungs, x0)
+    x, y = np.log(compute), np.log(values)
+    b, a = np.polyfit(x, y, 1)
+    s = math.sqrt(((y - (a + b * x)) ** 2).sum() / 1)
+    sxx = ((x - x.mean()) ** 2).sum()
+    half = stats.t.ppf(0.975, 1) * s * math.sqrt(1 + 1 / 3 + (math.log(x0) - x.mean()) ** 2 / sxx)
+    mid = a + b * math.log(x0)
+    assert p["value"] == pytest.approx(math.exp(mid), rel=1e-9)
+    assert p["interval"] == pytest.approx([math.exp(mid - half), math.exp(mid + half)], rel=1e-9)
+    assert p["slope"] == pytest.approx(b, rel=1e-9) and p["degrees_of_freedom"] == 1
+    # one degree of freedom (t = 12.7): the slope's interval holds 0, so the advantage "holds" as far as 3 rungs tell
+    assert p["trend"] == "holds" and p["slope_interval"][0] < 0 < p["slope_interval"][1]
+    exact = ladder.fit([{**r, "value": 1.1 * (r["compute"] / 1e12) ** 0.05} for r in rungs], x0)
+    assert exact["trend"] == "grows" and exact["interval"][0] == pytest.approx(exact["value"], rel=1e-6)
+    assert exact["crosses_1_at"] is None and exact["lower_bound_above_1"]
+    two = ladder.fit(rungs[:2] + [{**rungs[2], "bound": "lower"}], x0)
+    assert two["value"] is None and two["left_out"] == [128] and "three" in two["why"]
+    assert ladder.rung_steps(128, 150) == 300 and ladder.rung_steps(32, 150) == 75 and ladder.off_proxy() == [32, 128]
+    assert ladder.user_compute(1e9, None)[0] == pytest.approx(6 * 1e9 * 2e10)
+
+
+def test_the_plan_buys_two_seeds_then_the_widest_ladder_that_fits_and_names_the_budgets_that_would():
+    from normlab.model.config import ModelConfig
+    from normlab.recommend import plan
+    from normlab.recommend.cost import Calibration
+
+    cal = Calibration(c0=0.275, c_flop=0.0, c_norm=0.0, s0=5.0, s_layer=0.0, s_flop=0.0, seconds=1.0)
+    user = ModelConfig(d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8, d_ff=8192, vocab_size=128256)
+    names = ["pre", "peri", "post", "qwen3", "olmo2", "deepnorm", "hybrid", "pre-gate"]
+    small = plan.make_plan(names, "pre", user, cal, 8 * 60, 2, 150)
+    assert small.seeds == [0, 1] and small.ladder is None
+    said = next(c for c in small.cut if c.startswith("one rung (the proxy)"))
+    # the narrow ladder's budget first, then the wide one's: "--budget N buys the ladder at widths 16, 32, 64,
+    # --budget M at 32, 64, 128"
+    narrow, wide = (int(x.split()[0]) for x in said.split("--budget ")[1:])
+    assert "at widths 16, 32, 64" in said and "at 32, 64, 128" in said and narrow <= wide
+    bought = plan.make_plan(names, "pre", user, cal, wide * 60, 2, 150)
+    assert bought.ladder is not None and bought.ladder["steps"] == {"32": 75, "128": 300}
+    assert bought.ladder["widths"] == [32, 64, 128]
+    assert bought.predicted["ladder"] == pytest.approx(bought.ladder["predicted_s"])
+    assert not any(c.startswith("one rung") for c in bought.cut)
+    cheap = plan.make_plan(names, "pre", user, cal, narrow * 60, 2, 150)
+    assert cheap.ladder is not None and cheap.ladder["widths"] in ([16, 32, 64], [32, 64, 128])
+    quick = plan.make_plan(names, "pre", user, cal, 600 * 60, 2, 150, screen=False)
+    assert quick.ladder is None  # the quick question is one rung
+    assert plan.Plan.from_dict(bought.to_dict()) == bought
