@@ -406,6 +406,9 @@ def test_quick_question_your_model_against_it_plus_output_norms(corpus, tmp_path
     assert not any("precision" in d for d in differences)  # bf16 measured (transfer-muon-bf16-*)
     assert rec["domain"]["inside_record"] == (not differences)
     md = (tmp_path / "rec" / "recommendation.md").read_text()
+    proxy_line = next(line for line in md.splitlines() if line.startswith("- proxy:"))
+    assert "yours+out" in proxy_line and plus_out not in proxy_line  # issue 63 item 9: by its name
+    assert "effective speedup of " + plus_out not in md
     assert "Against your placement qwen3" in md or rec["winner"] == "qwen3"
     assert ("Outside what the transfer record measured" in md) == bool(differences) and "FP16 maximum" not in md
     for r in rec["ranking"]:  # the signals that predict trouble, per candidate

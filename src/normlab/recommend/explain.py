@@ -338,7 +338,9 @@ def headline(result: dict[str, Any], ranked: list[Evidence]) -> list[str]:
         said = speedup.words(sp) if sp.get("value") is not None and v.get("gate") == "speedup" else ""
         lines += [gate.headline(v, said, level if v["decision"] != "no answer yet" else None), ""]
         if v.get("gate") == "stability" or (v["decision"] == "keep" and sp.get("value") is not None):
-            lines += [f"- effective speedup of {sp.get('candidate')}: {speedup.words(sp)}"] if sp else []
+            lines += (
+                [f"- effective speedup of {_shown(result, sp.get('candidate'))}: {speedup.words(sp)}"] if sp else []
+            )
     return lines + [f"- {x}" for x in reasons(result, ranked)]
 
 
@@ -485,8 +487,16 @@ def _time(result: dict[str, Any]) -> str:
     )
 
 
+def _shown(result: dict[str, Any], layout: Any) -> Any:
+    """A candidate as the output calls it: a change to your placement by its name (the ranking's `short`)."""
+    return next(
+        (r["short"] for r in result.get("ranking") or [] if r.get("layout") == layout and r.get("short")), layout
+    )
+
+
 def markdown(result: dict[str, Any], ranked: list[Evidence]) -> str:
     p = result["plan"]
+    shown = {r.layout: r.shown for r in ranked}  # a change to your placement by its name (`Evidence.shown`)
     lines = [
         "# normlab recommend",
         "",
@@ -495,7 +505,7 @@ def markdown(result: dict[str, Any], ranked: list[Evidence]) -> str:
         f"- time: {_time(result)}",
         f"- optimizer: {result.get('optimizer', 'adamw')}",
         f"- proxy: {p['depth']} layers x d {PROXY_WIDTH}; stress round {len(p['stress']['candidates'])} runs; final "
-        f"round: {', '.join(p['final']['finalists']) or 'none'}"
+        f"round: {', '.join(shown.get(n, n) for n in p['final']['finalists']) or 'none'}"
         + (
             f" x lr {', '.join(f'{x:g}' for x in p['final']['lrs'])} x {len(p['final']['seeds'])} seeds"
             if p["final"]["finalists"]
@@ -581,7 +591,10 @@ def answer_items(result: dict[str, Any]) -> list[str]:
         )
     sp = eff.get("speedup") or {}
     if sp:
-        out.append(f"effective speedup of {sp.get('candidate')} against your {sp.get('baseline')}: " + speedup_item(sp))
+        out.append(
+            f"effective speedup of {_shown(result, sp.get('candidate'))} against your {sp.get('baseline')}: "
+            + speedup_item(sp)
+        )
     if eff.get("status") == "measured":
         out.append("effect:" + effect_words(eff))
     elif eff:
