@@ -164,7 +164,10 @@ def coerce(
             try:
                 value = int(text, 0) if text.lower().startswith(("0x", "0b", "0o")) else int(text)
             except ValueError:
-                raise ConfigError(f"{key}: expected an integer, got {value!r}") from None
+                whole = _integral(text)  # "2e11": an integer written in e-notation
+                if whole is None:
+                    raise ConfigError(f"{key}: expected an integer, got {value!r}") from None
+                value = whole
         elif base is float:
             try:
                 value = float(text)
@@ -193,6 +196,20 @@ def coerce(
         if problem:
             raise ConfigError(f"{key} {problem}, got {value!r}" if "got" not in problem else f"{key} {problem}")
     return value
+
+
+def _integral(text: str) -> int | None:
+    """The integer a number in decimal or e-notation names exactly ("2e11", "1.5e3"), None where it names
+    none (a fraction, not a number, not finite, past 1e100)."""
+    import decimal
+
+    try:
+        number = decimal.Decimal(text)
+    except decimal.InvalidOperation:
+        return None
+    if not number.is_finite() or number.adjusted() > 100 or number != number.to_integral_value():
+        return None  # past 1e100: no count normlab takes, and int() of 1e999999999 would fill the memory
+    return int(number)
 
 
 def check_leaf(leaf: Leaf, value: Any, key: str | None = None, from_text: bool = False) -> Any:

@@ -223,6 +223,18 @@ def test_no_recommendation_from_nothing(corpus, tmp_path, capsys, monkeypatch):
     assert not (out / "recommendation.md").exists() and not (out / "recommendation.json").exists()
 
 
+def test_a_screen_the_budget_never_started_is_said_as_such(corpus, tmp_path, capsys, monkeypatch):
+    """Issue 63 item 7: no screen started (the budget's time for it was spent before): the refusal says so with
+    the minutes used, never "this machine ran 0x slower than its calibration"."""
+    from normlab.recommend import stage_screen
+
+    monkeypatch.setattr(stage_screen, "screen_candidates", lambda *a, **k: {"width": 64, "results": {}})
+    assert main(_args(corpus, tmp_path / "rec")) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "the budget ran out before the screen started: " in err
+    assert "of 15 min were used before it" in err and "0x" not in err and "slower" not in err
+
+
 def test_two_recommends_on_one_folder_the_second_is_refused_and_the_records_kept(corpus, tmp_path, capsys):
     from normlab.io import own_folder
     from normlab.runs.files import RecommendDir
@@ -239,7 +251,7 @@ def test_two_recommends_on_one_folder_the_second_is_refused_and_the_records_kept
         held.release()
 
 
-def test_sweep_deadline_leaves_unstarted_runs_pending_and_stops_running_ones(corpus, tmp_path):
+def test_sweep_deadline_leaves_unstarted_runs_pending_and_stops_running_ones(corpus, tmp_path, monkeypatch):
     base = dict(data=str(corpus), size="nano", seq_len=32, batch_size=4, eval_every=0, eval_batches=1, probe_every=0)
     late = SweepConfig(name="late", base={**base, "steps": 5}, grid={"seed": [0, 1]})
     counts = run_sweep(
@@ -252,9 +264,35 @@ def test_sweep_deadline_leaves_unstarted_runs_pending_and_stops_running_ones(cor
     assert {k: v for k, v in counts.items() if v} == {"pending": 2}
     long = SweepConfig(name="long", base={**base, "steps": 100_000}, grid={"seed": [0]})
     t0 = time.time()  # start_by an hour on: the run starts however slow the sweep's own start is
-    run_sweep(long, tmp_path / "long", workers=1, log=QUIET, deadline=Deadline(start_by=t0 + 3600, stop_at=t0 + 3))
+    said: list[str] = []
+    run_sweep(
+        long, tmp_path / "long", workers=1, log=said.append, deadline=Deadline(start_by=t0 + 3600, stop_at=t0 + 3)
+    )
     row = SweepStore(tmp_path / "long" / "sweep.db").rows()[0]  # stopped, not trained to its 100,000th step
     assert row["status"] == "failed" and "time budget" in row["reason"]
+    # issue 63 item 7: every summary says it as the ranking does, "stopped by the budget", never "failed"
+    from normlab.experiments.summary import summarize
+    from normlab.runs.outcome import describe
+
+    assert said[-1] == "sweep long: 1 stopped by the budget" and describe(row).startswith(
+        "stopped by the budget at step"
+    )
+    from normlab import pages
+
+    drawn: dict[str, list[str]] = {}
+    save = pages.figure_html
+
+    def figure_html(fig, out, key, title):
+        drawn[key] = [title, *(ax.get_title() for ax in fig.axes)]
+        return save(fig, out, key, title)
+
+    monkeypatch.setattr(pages, "figure_html", figure_html)
+    summarize(tmp_path / "long")
+    # issue 63 item 10: no cell trained to the end, so no empty "Loss by cell" chart beside the divergences
+    assert drawn["cells"] == ["Divergences by cell (no cell trained to the end)", "Divergences and stalls (k/n)"]
+    md = (tmp_path / "long" / "summary.md").read_text()
+    assert "- runs: 1 (1 stopped by the budget)" in md and "| stopped by the budget |" in md
+    assert "| failed |" not in md.split("## Diverged")[1]
 
 
 @pytest.mark.parametrize("flag", ["lr=0.1", "layout=peri"])
@@ -349,6 +387,12 @@ def test_quick_question_your_model_against_it_plus_output_norms(corpus, tmp_path
     assert "1/3 screen" in out and "none (--quick)" in out
     rec = json.loads((tmp_path / "rec" / "recommendation.json").read_text())
     plus_out = "attn=qkAB,mlp=AB,final"  # the user's QK-norm kept
+    # issue 63 item 9: the progress lines name it yours+out, never by its string form; one lr is not an optimum
+    progress = out.split("# normlab recommend")[0]
+    assert "none (--quick): qwen3, yours+out go straight to training" in progress and plus_out not in progress
+    assert "yours+out_lr0.1_seed0-" in progress and "attn-qkAB" not in progress
+    assert {r["layout"]: r["short"] for r in rec["ranking"]} == {"qwen3": "", plus_out: "yours+out"}
+    assert "lr 0.1 (the only learning rate tried: not an optimum) at the proxy's width" in rec["recipe"]["words"]
     assert [r["layout"] for r in rec["ranking"]] in (["qwen3", plus_out], [plus_out, "qwen3"])
     assert rec["labels"] == {plus_out: "your model (qwen3) + output norms"} and rec["dropped"] == []
     assert not (tmp_path / "rec" / "screen.json").exists()
@@ -362,6 +406,9 @@ def test_quick_question_your_model_against_it_plus_output_norms(corpus, tmp_path
     assert not any("precision" in d for d in differences)  # bf16 measured (transfer-muon-bf16-*)
     assert rec["domain"]["inside_record"] == (not differences)
     md = (tmp_path / "rec" / "recommendation.md").read_text()
+    proxy_line = next(line for line in md.splitlines() if line.startswith("- proxy:"))
+    assert "yours+out" in proxy_line and plus_out not in proxy_line  # issue 63 item 9: by its name
+    assert "effective speedup of " + plus_out not in md
     assert "Against your placement qwen3" in md or rec["winner"] == "qwen3"
     assert ("Outside what the transfer record measured" in md) == bool(differences) and "FP16 maximum" not in md
     for r in rec["ranking"]:  # the signals that predict trouble, per candidate

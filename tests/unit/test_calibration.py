@@ -127,7 +127,7 @@ def test_a_budget_refusal_names_the_calibration_and_how_to_measure_again(tmp_pat
     assert "--recalibrate" in err_line and f"delete {path}" in err_line and not out.exists()
     # --recalibrate on an idle machine: the faster measurement is kept, and the plan is priced with it
     monkeypatch.setattr(cost, "measure", lambda threads=1: measured(IDLE, at=MEASURED_AT + 3600))
-    monkeypatch.setattr(cost, "measure_streams", lambda threads=1: pytest.fail("no candidate has streams"))
+    monkeypatch.setattr(cost, "measure_streams", lambda *a, **k: pytest.fail("no candidate has streams"))
     assert main([*args[:3], "0.1", *args[4:], "--recalibrate"]) == 2  # 6 s: below even an idle machine's least
     err_line = capsys.readouterr().err.strip()
     fast = cached()
@@ -202,3 +202,129 @@ def test_runs_on_a_busy_machine_never_raise_the_calibration():
     assert cost.lowered(cal, [2.0, 5.0], [3.0], when=1.0) is None  # the rule itself: never a raise
     low, step, screen_scale = cost.lowered(cal, [0.5], [2.0], when=1.0)
     assert (step, screen_scale) == (0.5, 1.0) and low.s0 == cal.s0 and low.c0 == pytest.approx(0.5 * cal.c0)
+
+
+@pytest.mark.parametrize(
+    "edit, why",
+    [
+        ({k: 0.0 for k in ("c0", "c_flop", "c_norm", "s0", "s_layer", "s_flop")}, "its step is 0x"),
+        ({"c_flop": 1e308}, "x the reference VM's"),
+        ({"c0": 1e-12, "c_flop": 1e-20, "c_norm": 0.0}, "x the reference VM's"),  # a step 1e5x faster than any machine
+        ({"s0": 5e3}, "a 1-layer screen takes"),
+        ({"c_norm": math.nan}, "c_norm is nan"),
+        ({"measurements": 0}, "measurements is 0"),
+    ],
+)
+def test_a_cache_file_that_is_not_a_measurement_is_said_and_measured_again(monkeypatch, edit, why):
+    """Issue 63 item 21: a calibration file with every rate 0 (every budget fits), c_flop = 1e308 (none does), a
+    NaN rate (a raw ValueError at the plan) is no measurement of a machine: said in one line, measured again, and
+    the new measurement replaces the file."""
+    path = cost.cache_file(cost.machine_key(1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**measured(IDLE).to_dict(), **edit}))  # NaN written as JSON's NaN
+    assert cost._cached(path) is None
+    fresh = measured(IDLE, at=MEASURED_AT + 60)
+    monkeypatch.setattr(cost, "measure", lambda threads=1: fresh)
+    said: list[str] = []
+    cal, was_cached = cost.calibration(1, log=said.append, streams=False)
+    assert cal == fresh and not was_cached and cached() == fresh
+    assert f"the cached calibration in {path} is not a measurement of a machine (" in said[0] and why in said[0]
+
+
+def test_stream_rates_out_of_range_are_ignored_and_priced_at_the_reference_ratios(monkeypatch):
+    """A stream cache whose rate is NaN, negative or a step 1e6x Pre-LN's is not read: the mix is priced at the
+    reference VM's ratio (`REFERENCE_STREAM_RATIOS`) and counted as not measured; a valid mix beside it is read."""
+    cal = plant(measured(IDLE))
+    spath = cost.stream_cache_file(cost.machine_key(1))
+    for bad in (math.nan, -1.0, 1e6):
+        spath.write_text(json.dumps({"ratio": {"hc": bad, "mhc": 2.0}}))
+        got, missing = cost.stream_rates(cached())
+        assert missing == {"hc"}
+        assert cost.stream_ratios(got) == pytest.approx({"hc": cost.REFERENCE_STREAM_RATIOS["hc"], "mhc": 2.0})
+    spath.write_text(json.dumps({"c_stream": {"hc": math.nan, "mhc": 1e300}}))  # the oldest form: rates alone
+    got, missing = cost.stream_rates(cal)
+    assert missing == {"hc", "mhc"} and cost.stream_ratios(got) == pytest.approx(cost.REFERENCE_STREAM_RATIOS)
+
+
+def test_recommend_on_a_nan_calibration_measures_again_and_refuses_a_small_budget_in_one_line(
+    tmp_path, capsys, monkeypatch
+):
+    """Issue 63 item 21 end to end: a NaN rate in the cache made recommend exit 1 with a raw ValueError; now the
+    file is measured again and the budget refusal is the usual one line, exit 2."""
+    path = cost.cache_file(cost.machine_key(1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**measured(IDLE).to_dict(), "c0": math.nan}))
+    monkeypatch.setattr(cost, "measure", lambda threads=1: measured(IDLE))
+    args = [
+        "recommend",
+        "micro",
+        "--budget",
+        "0.1",
+        "--workers",
+        str(os.cpu_count() or 1),
+        "--out",
+        str(tmp_path / "r"),
+    ]
+    assert main([*args, "--candidates", "pre,peri,post"]) == 2
+    captured = capsys.readouterr()
+    assert len(captured.err.strip().splitlines()) == 1 and "cannot hold the smallest answer" in captured.err
+    assert "is not a measurement of a machine (c0 is nan" in captured.out and cached() == measured(IDLE)
+
+
+def test_two_calls_on_one_machine_keep_each_others_faster_timings():
+    """Issue 63 item 6: a call writes its calibration while another call has written one since it read the cache:
+    the file keeps each timing's faster (refit), never the last writer's alone; written whole (a temporary file
+    renamed over it: nothing else is left in the folder); writing the same calibration again changes nothing.
+    The stream rates likewise keep each mix's faster ratio."""
+    path = cost.cache_file(cost.machine_key(1))
+    mine = measured({**IDLE, "pre2": 0.5 * IDLE["pre2"], "screen3": 3 * IDLE["screen3"]}, at=MEASURED_AT + 10)
+    theirs = plant(measured({**IDLE, "pre6": 0.8 * IDLE["pre6"]}))  # the other call's, written meanwhile
+    out = cost._store(path, mine)
+    want = {**IDLE, "pre2": 0.5 * IDLE["pre2"], "pre6": 0.8 * IDLE["pre6"]}
+    assert cached() == out and out.measured == pytest.approx(want) and out.measured_at == MEASURED_AT + 10
+    refit = cost.fit(*(want[k] for k in cost.TIMINGS))
+    assert (out.c0, out.c_flop, out.s_layer) == pytest.approx((refit.c0, refit.c_flop, refit.s_layer))
+    assert theirs.measured["pre2"] == IDLE["pre2"]
+    assert sorted(p.name for p in path.parent.iterdir()) == sorted([path.name, path.name + ".lock"])
+    before = path.read_bytes()
+    assert cost._store(path, out) == out and path.read_bytes() == before  # idempotent
+    # the stream rates: each mix's faster ratio of the cached and the new
+    spath = cost.stream_cache_file(cost.machine_key(1))
+    spath.write_text(json.dumps({"ratio": {"hc": 2.0}}))
+    measure_streams = cost.measure_streams
+    try:
+        cost.measure_streams = lambda threads=1, mixes=cost.STREAM_MIXES, cap_s=0: (0.1, {"hc": 0.3, "mhc": 0.25})
+        got = cost.measure_stream_rates(out, 1, ("hc", "mhc"), log=QUIET)
+    finally:
+        cost.measure_streams = measure_streams
+    assert json.loads(spath.read_text())["ratio"] == pytest.approx({"hc": 2.0, "mhc": 2.5})
+    assert cost.stream_ratios(got) == pytest.approx({"hc": 2.0, "mhc": 2.5})
+
+
+def test_every_measurement_is_bounded_by_its_time_cap(monkeypatch):
+    """Issue 63 item 5: no repeat starts past a timing's deadline: the fastest so far is kept, the warm-up's
+    where no repeat started (an upper bound: a plan priced larger, never smaller); the six timings share the
+    cap, one deadline after another; the stream mixes measured are those asked for, no others."""
+    clocks = {"wall": 0.0, "cpu": 0.0}
+    monkeypatch.setattr(cost.time, "perf_counter", lambda: clocks["wall"])
+    monkeypatch.setattr(cost.time, "process_time", lambda: clocks["cpu"])
+
+    def taking(seconds: list[float]):  # each call's seconds, the clocks from 0
+        it = iter(seconds)
+        clocks.update(wall=0.0, cpu=0.0)
+
+        def step() -> None:
+            t = next(it)
+            clocks["wall"] += t
+            clocks["cpu"] += t
+
+        return step
+
+    assert cost._fastest(taking([9.0]), 5, deadline=5.0) == 9.0  # the warm-up ran past it: its time, no repeat
+    assert cost._fastest(taking([2.0, 3.0, 1.0]), 5, deadline=4.0) == 3.0  # one repeat started before it
+    assert cost._fastest(taking([2.0, 3.0, 1.0, 1.5, 1.5, 1.5]), 5) == 1.0  # no deadline: all 5 repeats
+    assert cost._shares(10.0, 60.0, 6) == pytest.approx([20.0, 30.0, 40.0, 50.0, 60.0, 70.0])
+    timed: list[str] = []
+    monkeypatch.setattr(cost, "_step_time", lambda layout, n, deadline=math.inf: timed.append(layout) or 0.1)
+    pre6, mixes = cost.measure_streams(1, ("mhc",))
+    assert timed == ["pre", "pre,streams=4,mix=mhc"] and set(mixes) == {"mhc"}

@@ -94,6 +94,43 @@ def test_unknown_model_names_the_valid_forms():
         read_user_model("llama-7b")
 
 
+def test_a_config_with_vocab_size_0_is_refused_in_one_line_without_transformers_warnings(tmp_path, capfd):
+    """Issue 63 item 12: transformers warns on the token ids past a vocabulary of 0 while it builds the config;
+    the refusal is normlab's one line alone."""
+    from normlab.cli import main
+
+    body = {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "num_hidden_layers": 2,
+        "vocab_size": 0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(body))
+    assert main(["recommend", str(tmp_path / "config.json"), "--out", str(tmp_path / "r")]) == 2
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "vocab_size" in err[0] and not (tmp_path / "r").exists()
+
+
+def test_tokens_in_e_notation_are_the_integer_they_name_and_fractions_are_refused():
+    """Issue 63 item 11: `--tokens 2e11`, the help's own example, is an integer; 2.5e0 names none."""
+    from normlab.config.commands import RecommendConfig
+    from normlab.settings import check_leaf, leaves
+
+    leaf = leaves(RecommendConfig)["tokens"]
+    assert check_leaf(leaf, "2e11", from_text=True) == 200_000_000_000
+    assert check_leaf(leaf, "1.5e3", from_text=True) == 1500 and check_leaf(leaf, "12", from_text=True) == 12
+    for bad in ("2.5e0", "1e-3", "nan", "inf", "1e999999999", "two"):
+        with pytest.raises(ConfigError, match="expected an integer"):
+            check_leaf(leaf, bad, from_text=True)
+    with pytest.raises(ConfigError, match="must be > 0"):
+        check_leaf(leaf, "0e5", from_text=True)
+
+
 def test_proxy_keeps_the_users_ratios_and_the_screen_their_shape():
     user = ModelConfig(
         d_model=2048,
@@ -175,7 +212,9 @@ def test_calibration_is_measured_once_per_machine_and_read_from_the_cache(monkey
     calls, stream_calls = [], []
     monkeypatch.setattr(cost, "measure", lambda threads=1: calls.append(threads) or planted)
     streams = (0.2, {"hc": 0.4, "mhc": 0.6})  # Pre-LN's 6-layer step and each mix's, timed together
-    monkeypatch.setattr(cost, "measure_streams", lambda threads=1: stream_calls.append(threads) or streams)
+    monkeypatch.setattr(
+        cost, "measure_streams", lambda threads=1, mixes=cost.STREAM_MIXES: stream_calls.append(threads) or streams
+    )
     want = cost.with_stream_rates(planted, *streams)
     alone, cached = cost.calibration(1, log=lambda *a: None, streams=False)  # no candidate with streams
     assert alone == planted and not cached and calls == [1] and not stream_calls
@@ -188,7 +227,7 @@ def test_calibration_is_measured_once_per_machine_and_read_from_the_cache(monkey
     cost.stream_cache_file(cost.machine_key(1)).unlink()  # a calibration cached before the stream rates
     said = []
     third, cached = cost.calibration(1, log=said.append)
-    assert third == want and cached and calls == [1] and stream_calls == [1, 1] and "step rates once" in said[0]
+    assert third == want and cached and calls == [1] and stream_calls == [1, 1] and "step rates of hc, mhc" in said[0]
     assert replace(third, c_stream={}) == planted
 
 
@@ -278,6 +317,65 @@ def test_the_plan_from_numbers_a_small_budget_buys_a_smaller_answer():
         True,
     )
     assert big.screen_width == 1024 and big.cut == ["the screen at width 1024 (yours: 2048)"]  # 2048: 8 GiB in float64
+
+
+def test_the_plan_counts_what_the_call_used_before_it():
+    """Issue 63 item 5: the budget's clock runs from the command's start; the plan counts the seconds used before
+    it (imports, measuring this machine) in place of the startup's reserve: a 15-minute budget 5 minutes in is
+    planned as 10 minutes and a startup reserve would be, and its total (what `predicted ... of 15` says) holds
+    the 5 minutes used. Speed 1 here: the reserves are 10 s (startup) and 20 s (report)."""
+    used = 300.0
+    late = plan.make_plan(SIX, "pre", LLAMA_1B, _flat(), 15 * 60, 2, 150, used_s=used)
+    same = plan.make_plan(SIX, "pre", LLAMA_1B, _flat(), 15 * 60 - used + plan.STARTUP_RESERVE_S, 2, 150)
+    stages = [k for k in late.predicted if k not in ("reserves", "used", "total")]  # screen, stress, final, ...
+    assert {k: late.predicted[k] for k in stages} == {k: same.predicted[k] for k in stages}
+    assert (late.screened, late.finalists, late.lrs, late.seeds) == (
+        same.screened,
+        same.finalists,
+        same.lrs,
+        same.seeds,
+    )
+    assert late.predicted["used"] == used and late.predicted["reserves"] == plan.REPORT_RESERVE_S
+    assert late.predicted["total"] == pytest.approx(sum(late.predicted[k] for k in stages) + 20 + used)
+    assert late.predicted["total"] <= 15 * 60
+    fresh = plan.make_plan(SIX, "pre", LLAMA_1B, _flat(), 15 * 60, 2, 150)
+    assert fresh.predicted["used"] == 0 and fresh.predicted["reserves"] == 30  # nothing said: the startup's reserve
+
+
+def test_only_the_stream_mixes_the_plan_runs_are_measured(monkeypatch):
+    """Issue 63 item 5: the hyper-connections' step rates are measured only for a mix among the candidates the
+    plan trains, each at most once (priced until then at the reference VM's ratios): a 3-minute budget trains
+    neither (nothing measured); 10 minutes, pre-hc: hc alone; 15 minutes, pre-mhc too: mhc alone (hc cached)."""
+    from normlab.config.commands import RecommendConfig
+    from normlab.recommend import cost, stages
+    from normlab.recommend.inputs import choose
+
+    planted = replace_key(_flat(), cost.machine_key(1))
+    path = cost.cache_file(cost.machine_key(1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({k: v for k, v in planted.to_dict().items() if k != "c_stream"}))
+    asked: list[tuple[str, ...]] = []
+    monkeypatch.setattr(
+        cost,
+        "measure_streams",
+        lambda threads=1, mixes=(), cap_s=0: asked.append(mixes) or (0.1, dict.fromkeys(mixes, 0.2)),
+    )
+    monkeypatch.setattr(cost, "measure", lambda threads=1: pytest.fail("the cached calibration is measured again"))
+    user = read_user_model("micro")
+    screened = {}
+    for minutes in (3, 10, 15):
+        cfg = RecommendConfig(candidates=("pre", "peri", "post", "pre-hc", "pre-mhc"), budget=minutes, workers=2)
+        p = stages._new_plan(user, cfg, {}, choose(cfg, user), minutes * 60, 2, lambda *a: None)
+        screened[minutes] = p.screened
+    assert screened[3] == ["peri", "post", "pre"] and screened[10] == ["peri", "post", "pre", "pre-hc"]
+    assert "pre-mhc" in screened[15] and asked == [("hc",), ("mhc",)]
+    assert json.loads(cost.stream_cache_file(cost.machine_key(1)).read_text())["ratio"] == {"hc": 2.0, "mhc": 2.0}
+
+
+def replace_key(cal, key):
+    from dataclasses import replace
+
+    return replace(cal, key=key)
 
 
 def test_a_tight_budget_buys_shallower_then_shorter_proxies_and_below_that_is_refused_with_the_least_budget():
@@ -960,3 +1058,146 @@ def test_the_proxies_train_with_the_optimizer_asked_at_the_width_asked(optimizer
     cfg = spec.train_config("unused")
     assert cfg.optim.optimizer == optimizer and cfg.model.model_config().d_model == 256
     assert cfg.model.model_config().n_heads == 256 // 16  # heads of 16, as the proxies'
+
+
+def test_what_a_refusal_says_is_what_happened():
+    """Issue 63 item 7: --quick has no screen, so its budget refusal says no "screened" and a stress round the
+    budget stopped says what the stress round took, not "the screen took"; the machine is said slower than its
+    calibration only where a stage took longer than predicted; the confidence's seeds are those that ran."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from normlab.recommend.records import StageRecord
+    from normlab.recommend.stage_conclude import seeds_that_ran
+    from normlab.recommend.stage_rounds import _why_none
+
+    with pytest.raises(plan.BudgetTooSmall) as err:
+        plan.make_plan(["pre", "peri"], "pre", LLAMA_1B, _flat(), 60, 2, 150, screen=False, used_s=12.0)
+    text = str(err.value)
+    assert "screen" not in text.split("(priced with")[0].replace("no screen (--quick)", "")
+    assert "2 candidates trained at 6 layers, 100 steps, each with a second seed" in text
+    assert "0.2 min were used before the plan" in text
+    with pytest.raises(plan.BudgetTooSmall) as err:
+        plan.make_plan(["pre", "peri"], "pre", LLAMA_1B, _flat(), 60, 2, 150)
+    assert "2 candidates screened at your depth 16" in str(err.value)
+
+    stopped = {"status": "failed", "reason": "stopped at the end of the time budget at step 3 of 150; the next ..."}
+    runs = pd.DataFrame([{"layout": "pre", **stopped}, {"layout": "peri", **stopped}])
+    quick = SimpleNamespace(found=SimpleNamespace(alive=["pre", "peri"]), rounds=[StageRecord("stress", 60, 90, 2, 0)])
+    assert _why_none(quick, runs) == (
+        "the budget ran out before any run finished; the stress round 1.5 min, predicted 1.0 min; this machine ran "
+        "slower than its calibration (loaded?)"
+    )
+    fast = SimpleNamespace(
+        found=quick.found, rounds=[StageRecord("screen", 60, 30, 2, 2), StageRecord("stress", 60, 50, 2, 0)]
+    )
+    assert "screen took 0.5 min" in _why_none(fast, runs) and "slower" not in _why_none(fast, runs)
+
+    conf = {"level": "supported", "why": [], "seeds": 2}
+    winner = Evidence(layout="pre", screen="", screen_detail="")
+    grid = pd.DataFrame(
+        [
+            {"layout": "pre", "seed": 0, "status": "ok"},
+            {"layout": "pre", "seed": 1, **stopped},
+            {"layout": "peri", "seed": 1, "status": "ok"},
+        ]
+    )
+    got = seeds_that_ran(conf, grid, winner)
+    assert got["seeds"] == 1 and got["level"] == "provisional" and got["why"][0].startswith("one seed")
+    both = pd.concat([grid, pd.DataFrame([{"layout": "pre", "seed": 1, "status": "diverged"}])])
+    assert seeds_that_ran(conf, both, winner) == conf  # a diverged run ran its seed
+
+
+def test_quick_suggests_and_defaults_to_the_changes_that_apply(tmp_path, capsys):
+    """Issue 63 item 8: a model with output norms already (Gemma 3) is not offered yours+out: --quick's default is
+    the first change that applies (yours+emb), and a change given that does not apply is refused in one line
+    naming those that do; a placement no change applies to (Peri-LN) is asked for a layout other than its own."""
+    from normlab.cli import main
+    from normlab.config.commands import RecommendConfig
+    from normlab.recommend import derived
+    from normlab.recommend.inputs import choose
+
+    assert derived.applicable("gemma3") == ["yours+emb", "yours-qk"] and derived.applicable("peri") == []
+    assert derived.quick_default("gemma3") == ("yours+emb",) and derived.quick_default("pre") == ("yours+out",)
+    assert derived.quick_default("peri") == () and derived.quick_default("olmo2") == ("yours+emb",)
+    gemma = tmp_path / "gemma.toml"
+    gemma.write_text('size = "nano"\nlayout = "gemma3"\n')
+    user = read_user_model(str(gemma))
+    choice = choose(RecommendConfig(quick=True), user)
+    plus_emb = derived.derive("gemma3", "yours+emb").name
+    assert choice.names == ["gemma3", plus_emb] and choice.short == {plus_emb: "yours+emb"}
+    assert choice.name(plus_emb) == "yours+emb" and choice.name("gemma3") == "gemma3"
+    given = choose(RecommendConfig(quick=True, candidates=("yours+out",)), user)
+    assert given.names == ["gemma3"] and given.inapplicable == ("yours+out",)
+    assert main(["recommend", str(gemma), "--quick", "--candidates", "yours+out", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "yours+out does not apply to your placement gemma3" in err
+    assert "changes that apply to it: yours+emb, yours-qk; or a layout" in err and not (tmp_path / "r").exists()
+    peri = tmp_path / "peri.toml"
+    peri.write_text('size = "nano"\nlayout = "peri"\n')
+    assert main(["recommend", str(peri), "--quick", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no yours+... change applies to peri: a layout, e.g. pre" in err and "yours+out" not in err
+
+
+def test_changes_are_named_not_written_as_layout_strings():
+    """Issue 63 item 9: a change to the user's placement written as a string form is called by its change's name
+    in the ranking, in the sweeps' run lines (the run folders keep their ids) and in the code headers; a
+    learning rate that is the only one tried is said as such in the table and the recipe."""
+    from normlab.recommend import answer, derived
+    from normlab.recommend.context import SweepExecutor
+    from normlab.recommend.stage_conclude import named
+
+    plus_emb = derived.derive("gemma3", "yours+emb").name
+    assert derived.short_names("gemma3", ["gemma3", plus_emb]) == {plus_emb: "yours+emb"}
+    assert derived.short_names("pre", ["pre", "peri-noemb"]) == {}  # a preset keeps its own name
+    w = Evidence(layout=plus_emb, screen="", screen_detail="", label="your model (gemma3) + embedding norm")
+    w.short, w.best_lr, w.loss_by_lr = "yours+emb", 0.1, {"0.1": "4.5"}
+    assert w.name == "yours+emb (your model (gemma3) + embedding norm)" and w.shown == "yours+emb"
+    code = {"OLMo-core": {"code": f'# normlab layout "{plus_emb}"\nx = 1', "expressible": True}}
+    assert named(code, w)["OLMo-core"]["code"].startswith(
+        f'# normlab layout yours+emb (your model (gemma3) + embedding norm): "{plus_emb}"\n'
+    )
+    assert "lr 0.1 (the only learning rate tried: not an optimum) at the proxy's width" in answer.recipe(w)["words"]
+    w.loss_by_lr = {"0.01": "4.6", "0.1": "4.5"}
+    assert "not an optimum" not in answer.recipe(w)["words"]
+    said: list[str] = []
+    executor = SweepExecutor(1, said.append, 0.0, short={plus_emb: "yours+emb"})
+    slug = "attn-qkAB-mlp-AB-emb-final-gain-centered"
+    executor._named(f"[2/2] {slug}_lr0.1_seed0-f3dd0b4c: ok")
+    assert said == ["[2/2] yours+emb_lr0.1_seed0-f3dd0b4c: ok"]
+
+
+def test_the_ranking_figure_draws_what_each_candidates_runs_did(tmp_path, monkeypatch):
+    """Issue 63 item 10: #1 pre with its one run diverged is drawn so, beside "+ output norms" whose run the budget
+    stopped (not ranked, drawn as not finished, never as a failure); row labels wrap, never cut, and stay inside
+    the figure; the activation axis says it is logarithmic."""
+    from normlab.recommend import ranking_figure as rf
+    from normlab.runs.files import RecommendDir
+
+    pre = Evidence(layout="pre", screen="", screen_detail="", runs=1, finished=1, diverged=1, rank=1)
+    pre.max_activation = 7e4
+    out = Evidence(layout="peri-noemb", screen="", screen_detail="", runs=1, unfinished=1, cut=1)
+    out.label = "your model (pre) + output norms, a label long enough to need more than one line of the figure"
+    assert rf.outcome_counts(pre) == {"diverged or stalled": 1, "at risk": 0, "trained": 0, "not finished": 0}
+    assert rf.outcome_counts(out) == {"diverged or stalled": 0, "at risk": 0, "trained": 0, "not finished": 1}
+    figures = []
+    monkeypatch.setattr(rf, "figure_html", lambda fig, *a: figures.append(fig) or "")
+    rf.ranking_figure(RecommendDir(tmp_path), [pre, out], "fp16")
+    fig = figures[0]
+    runs_ax, act_ax = fig.axes
+    labels = [t.get_text() for t in runs_ax.get_yticklabels()]
+    assert labels[0] == "#1 pre" and labels[1].replace("\n", " ") == f"not ranked: {out.name}"
+    assert all(len(line) <= rf.LABEL_WIDTH for line in labels[1].split("\n"))
+    fig.canvas.draw()
+    width = fig.bbox.width
+    for t in runs_ax.get_yticklabels():
+        box = t.get_window_extent()
+        assert box.x0 >= 0 and box.x1 <= width  # inside the figure: not cut
+    assert act_ax.get_xscale() == "log" and "log scale" in act_ax.get_xlabel()
+    texts = [t.get_text() for t in runs_ax.texts]
+    assert texts == ["1 diverged or stalled", "1 not finished"]
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)

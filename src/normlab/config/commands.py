@@ -424,7 +424,8 @@ class RecommendConfig:
     quick: bool = setting(
         False,
         "the quick question: your model against only the --candidates given (default: yours+out, your model with "
-        "output norms), no screen, 2 seeds first; with the default budget, 3 minutes",
+        "output norms; where it has them, yours+emb, else yours-qk), no screen, 2 seeds first; with the default "
+        "budget, 3 minutes",
     )
     recalibrate: bool = setting(
         False,
@@ -436,14 +437,11 @@ class RecommendConfig:
         check_fields(self)
 
     def with_quick_defaults(self) -> RecommendConfig:
-        """--quick's defaults where the user left them: 3 minutes, and yours+out (your model with output norms)
-        as the one other candidate; unchanged without --quick."""
+        """--quick's defaults where the user left them: 3 minutes; unchanged without --quick. Its candidate where
+        none is given depends on the user's placement: `normlab.recommend.derived.quick_default`, chosen with
+        the candidates (`normlab.recommend.inputs.choose`)."""
         from dataclasses import replace
 
         if not self.quick:
             return self
-        return replace(
-            self,
-            budget=QUICK_BUDGET if self.budget == RECOMMEND_BUDGET else self.budget,
-            candidates=("yours+out",) if tuple(self.candidates) == RECOMMEND_CANDIDATES else self.candidates,
-        )
+        return replace(self, budget=QUICK_BUDGET if self.budget == RECOMMEND_BUDGET else self.budget)

@@ -19,6 +19,7 @@ from typing import Any
 from tqdm import tqdm
 
 from normlab.runs.files import SweepDir
+from normlab.runs.outcome import STOPPED, shown_status
 
 
 def last_step(metrics: Path) -> int:
@@ -53,7 +54,7 @@ class SweepProgress:
         self.root, self.steps, self.log, self.every, self.clock = root, steps, log, every, clock
         self.done: dict[str, int] = {}
         self.running: dict[str, int] = {}
-        self.counts = {"ok": 0, "stalled": 0, "diverged": 0, "failed": 0}
+        self.counts = {"ok": 0, "stalled": 0, "diverged": 0, "failed": 0, STOPPED: 0}
         self.t0 = self.last_line = clock()
         tty = sys.stderr.isatty() if tty is None else tty
         self.bar = (
@@ -68,7 +69,7 @@ class SweepProgress:
     def finished(self, rid: str, row: dict[str, Any]) -> None:
         self.running.pop(rid, None)
         self.done[rid] = self.steps.get(rid, 0)  # a diverged or failed run is done with its steps
-        status = row.get("status", "failed")
+        status = shown_status(row.get("status", "failed"), row.get("reason"))
         self.counts[status if status in self.counts else "failed"] += 1
         self.refresh()
 

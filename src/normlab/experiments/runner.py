@@ -48,7 +48,7 @@ from normlab.experiments.workers import available as workers_available
 from normlab.io import atomic_write_bytes, own_folder
 from normlab.runs.files import SweepDir
 from normlab.runs.lock import FolderLock
-from normlab.runs.outcome import FINISHED, describe
+from normlab.runs.outcome import BUDGET_STOP, FINISHED, describe, shown_counts
 from normlab.runs.store import SweepStore, open_store
 
 
@@ -183,7 +183,8 @@ def run_sweep(
             else:
                 run_cluster(root, store, todo, kind, sweep.slurm, sweep.name, log)
         counts = store.counts()
-        log("{}: {}".format(_label(sweep), ", ".join(f"{v} {k}" for k, v in counts.items() if v)))
+        shown = shown_counts(store.rows()) if counts.get("failed") else {k: v for k, v in counts.items() if v}
+        log("{}: {}".format(_label(sweep), ", ".join(f"{v} {k}" for k, v in shown.items() if v)))
         return counts
     finally:
         lock.release()
@@ -311,7 +312,7 @@ def _run_local(
                             rid,
                             {
                                 "status": "failed",
-                                "reason": f"stopped at the end of the time budget at step {done} of {steps}; "
+                                "reason": f"{BUDGET_STOP} at step {done} of {steps}; "
                                 "the next run of this sweep continues it",
                             },
                         )

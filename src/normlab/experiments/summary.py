@@ -5,7 +5,8 @@
   over the seeds that did not diverge (Kim Table 1 practice: diverged runs are excluded and counted).
   Stalled runs (finished at the corpus's unigram loss; `normlab.train.divergence`) are counted as "k/n
   stalled" beside the divergences and stay in the loss means: their loss is finite and is the result.
-  Crashed (`failed`) runs are neither results nor divergences: counted apart.
+  Crashed (`failed`) runs are neither results nor divergences: counted apart; so are runs a time budget
+  stopped ("stopped by the budget", `normlab.runs.outcome.shown_status`), which are not failures either.
 - **Learning-rate curves** (when `lr` is an axis): per group (the cell without its lr) the mean final
   loss at each lr, the U-curve of Kim Fig. 3a, 12, 16-18.
 - **Depth use** (runs with probes): the mean angular distance between consecutive layers at the last
@@ -37,7 +38,7 @@ from normlab.experiments.runner import rebuild_store
 from normlab.io import atomic_write_bytes, own_folder, writable
 from normlab.runs.evals import headline_scores
 from normlab.runs.files import STORE, SWEEP_REPORT, SWEEP_SUMMARY, SweepDir
-from normlab.runs.outcome import FINISHED, OUTCOME, TRAINED
+from normlab.runs.outcome import FINISHED, OUTCOME, STOPPED, TRAINED, shown_counts, shown_status
 from normlab.runs.store import open_store
 
 SEED = "seed"
@@ -137,6 +138,9 @@ def cells(df: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
     for key, g in groups:
         key = key if isinstance(key, tuple) else (key,)
         n = {s: int((g.status == s).sum()) for s in (*FINISHED, "failed")}
+        # a run the time budget stopped is not a failure (`shown_status`): counted apart
+        n["stopped"] = sum(shown_status(s, r) == STOPPED for s, r in zip(g.status, g.get("reason", [None] * len(g))))
+        n["failed"] -= n["stopped"]
         finished = sum(n[s] for s in FINISHED)
         trained = g[g.status.isin(TRAINED)]
         fm, fs = _mean_std(trained.final_loss)
@@ -153,7 +157,7 @@ def cells(df: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
                 **dict(zip(keys, key)),
                 "runs": len(g),
                 **n,
-                "pending": int(len(g) - finished - n["failed"]),
+                "pending": int(len(g) - finished - n["failed"] - n["stopped"]),
                 "divergences": f"{n['diverged']}/{finished}",
                 "stalls": f"{n['stalled']}/{finished}",
                 "max_activation": float(peak.max()) if len(peak) else math.nan,
@@ -260,6 +264,8 @@ def cell_table(c: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
     t["divergences"] = c.divergences
     t["stalled"] = c.stalls
     t["failed"] = c.failed
+    if "stopped" in c and c.stopped.any():
+        t[STOPPED] = c.stopped
     if (
         "max_activation" in c and c.max_activation.notna().any()
     ):  # runs with probes: Kim Fig. 11's quantity against the FP16 limit
@@ -312,7 +318,7 @@ def summarize(path: str | Path, out: str | Path | None = None) -> dict[str, Any]
     c = cells(df, axes)
     curves = lr_curves(df, axes)
     sens = lr_sensitivity(curves, axes)
-    counts = df.status.value_counts().to_dict()
+    counts = shown_counts(df.to_dict("records"))  # a run the budget stopped: "stopped by the budget", not failed
     head = [f"# Sweep `{sweep.get('name', root.name)}`", ""]
     for k in ("source", "scale", "claim"):
         if sweep.get(k):
@@ -332,9 +338,10 @@ def summarize(path: str | Path, out: str | Path | None = None) -> dict[str, Any]
             + to_markdown(lr_table(curves, axes))
         )
         md += "\n## LR sensitivity (Wortsman et al. 2024) and best learning rate\n\n" + to_markdown(sens)
-    bad = df[df.status.isin(["diverged", "stalled", "failed"])]
+    bad = df[df.status.isin(["diverged", "stalled", "failed"])].copy()
     if len(bad):
-        md += "\n## Diverged, stalled and failed runs\n\n" + to_markdown(
+        bad["status"] = [shown_status(s, r) for s, r in zip(bad.status, bad.reason)]
+        md += "\n## Diverged, stalled, failed and stopped runs\n\n" + to_markdown(
             bad[["run_id", "status", "step", "reason", "first_break"]]
         )
     atomic_write_bytes(out / SWEEP_SUMMARY, md.encode())
@@ -442,13 +449,17 @@ def _report(
         fig.tight_layout()
         sections.append(figure_html(fig, out, "lr_curve", "Final loss vs learning rate (Kim Fig. 3a)"))
     labels = [_group_label(r, [a for a in axes if a != SEED]) for r in c.to_dict("records")]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(12, max(3.0, 0.35 * len(c) + 1.5)))
     y = np.arange(len(c))
-    a.errorbar(c.final_loss_mean, y, xerr=c.final_loss_std.fillna(0), fmt="o", color="tab:blue", capsize=3)
-    a.set_yticks(y, labels, fontsize=8)
-    a.set_xlabel("final training loss, mean ± std over seeds")
-    a.set_title("Loss by cell (diverged runs excluded)")
-    a.set_ylim(len(c) - 0.5, -0.5)
+    losses = pd.to_numeric(c.final_loss_mean, errors="coerce")
+    if losses.notna().any():  # a cell trained to the end: its loss drawn beside the divergences
+        fig, (a, b) = plt.subplots(1, 2, figsize=(12, max(3.0, 0.35 * len(c) + 1.5)))
+        a.errorbar(losses, y, xerr=c.final_loss_std.fillna(0), fmt="o", color="tab:blue", capsize=3)
+        a.set_yticks(y, labels, fontsize=8)
+        a.set_xlabel("final training loss, mean ± std over seeds")
+        a.set_title("Loss by cell (diverged runs excluded)")
+        a.set_ylim(len(c) - 0.5, -0.5)
+    else:  # no cell trained to the end (every run diverged, stalled or was stopped): no empty loss chart
+        fig, b = plt.subplots(1, 1, figsize=(7, max(3.0, 0.35 * len(c) + 1.5)))
     finished = sum(c[s] for s in FINISHED).replace(0, np.nan)
     b.barh(y, c.diverged / finished, color="tab:red", alpha=0.8, label="diverged")
     b.barh(
@@ -461,14 +472,17 @@ def _report(
     )
     for yi, d, st in zip(y, c.divergences, c.stalls):
         b.text(0.01, yi, f"{d} diverged" + ("" if st.startswith("0/") else f", {st} stalled"), va="center", fontsize=8)
-    b.set_yticks(y, [""] * len(y))
+    b.set_yticks(y, [""] * len(y) if losses.notna().any() else labels, fontsize=8)
     b.invert_yaxis()
     b.set_xlim(0, 1)
     b.set_xlabel("fraction of seeds diverged or stalled")
     b.set_title("Divergences and stalls (k/n)")
     b.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
-    sections.append(figure_html(fig, out, "cells", "Loss and divergences by cell"))
+    title = (
+        "Loss and divergences by cell" if losses.notna().any() else "Divergences by cell (no cell trained to the end)"
+    )
+    sections.append(figure_html(fig, out, "cells", title))
     top = _top100_figure(root or out, df, axes)
     if top is not None:
         sections.append(

@@ -127,9 +127,9 @@ def confidence(
     if len(plan.get("seeds") or []) < 2:
         thin.append("one seed: no seed noise measured")
     if live and live[0].finished < 2:
-        thin.append(f"{live[0].layout} has {live[0].finished} finished run")
+        thin.append(f"{live[0].shown} has {live[0].finished} finished run")
     if len(live) > 1 and live[1].tie:
-        thin.append(f"tied within noise with {live[1].layout}")
+        thin.append(f"tied within noise with {live[1].shown}")
     not_tried = len(plan.get("order", [])) - len(plan.get("screened", []))
     if not_tried:
         thin.append(f"{not_tried} candidate(s) not tried")
@@ -210,13 +210,17 @@ def recipe(
             "label": label or winner.label,
             "lr": winner.best_lr,
             "parametrization": "sp",
-            "words": f"--layout {winner.layout!r}; lr {winner.best_lr} at the proxy's width {PROXY_WIDTH} under SGD in "
+            "words": f"--layout {winner.layout!r}; lr {winner.best_lr}"
+            + (" (the only learning rate tried: not an optimum)" if len(winner.loss_by_lr) == 1 else "")
+            + f" at the proxy's width {PROXY_WIDTH} under SGD in "
             "standard parametrization: it does not carry to your width (the transfer study: the best rate fell 3x "
             "from width 64 to 128 in SP; docs/results.md)",
         }
     moved = lr_transfer(record or {}, "mup", optimizer)
+    # one learning rate tried: the rate the evidence is at, not an optimum (nothing was compared)
+    only = " (the only learning rate tried: not an optimum)" if len(winner.loss_by_lr) == 1 else ""
     words = (
-        f"--layout {winner.layout!r}; lr {winner.best_lr:g} at the proxy's width {PROXY_WIDTH}: train with "
+        f"--layout {winner.layout!r}; lr {winner.best_lr:g}{only} at the proxy's width {PROXY_WIDTH}: train with "
         f"--set model.parametrization=mup --set model.base_d_model={PROXY_WIDTH} so that it is the base learning "
         "rate muP carries to your width (Yang et al. 2022); in standard parametrization it does not carry"
         if winner.best_lr is not None

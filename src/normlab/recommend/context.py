@@ -21,7 +21,7 @@ import pandas as pd
 from normlab.config.commands import RecommendConfig
 from normlab.experiments import runner
 from normlab.experiments.summary import load_sweep
-from normlab.experiments.sweep import SweepConfig
+from normlab.experiments.sweep import SweepConfig, _slug
 from normlab.io import atomic_write_json
 from normlab.recommend.plan import REPORT_RESERVE_S, Plan
 from normlab.recommend.records import FinalRecord, StageRecord
@@ -61,13 +61,21 @@ class SweepExecutor:
     workers: int
     log: Callable[[str], Any]
     stop_at: float
+    short: dict[str, str] = field(default_factory=dict)  # a change's string form -> its name (`Context.short`)
 
     def run(self, sweep: SweepConfig, path: Path, start_by: float) -> pd.DataFrame:
         """Run (or resume) `sweep` in `path`: no run starts after `start_by`, none runs past `stop_at`;
-        returns every run the folder holds (`load_sweep`)."""
+        returns every run the folder holds (`load_sweep`). Its lines name a change to the user's placement as
+        the output does (`yours+emb_lr0.1_seed0-...`); the run folders keep their ids (resumable)."""
         deadline = runner.Deadline(start_by=start_by, stop_at=self.stop_at)
-        runner.run_sweep(sweep, path, workers=self.workers, log=self.log, deadline=deadline)
+        runner.run_sweep(sweep, path, workers=self.workers, log=self._named, deadline=deadline)
         return self.runs(path)
+
+    def _named(self, line: str) -> Any:
+        """`line` with each change's run-id prefix (its string form's slug) replaced by its name."""
+        for layout, name in self.short.items():
+            line = line.replace(f"{_slug(layout)}_", f"{name}_")
+        return self.log(line)
 
     @staticmethod
     def runs(path: Path) -> pd.DataFrame:
@@ -108,6 +116,15 @@ class Context:
     rounds: list[StageRecord] = field(default_factory=list)  # this call's stages (a resumed call counts its own)
     found: Findings = field(default_factory=Findings)
     labels: dict[str, str] = field(default_factory=dict)  # candidates made from the user's placement -> their words
+    short: dict[str, str] = field(default_factory=dict)  # a change's string form -> its name (`yours+emb`)
+
+    def name(self, layout: str) -> str:
+        """What the output calls a candidate: its change's name (`yours+emb`) where it is a change to the user's
+        placement written as a string form, else the layout's own name."""
+        return self.short.get(layout, layout)
+
+    def names(self, layouts: list[str]) -> str:
+        return ", ".join(map(self.name, layouts))
 
     @property
     def log(self) -> Callable[[str], Any]:

@@ -153,6 +153,30 @@ def defaults(current: str | None) -> list[Derived]:
     return [d for d in found if d is not None]
 
 
+QUICK_PREFERENCE = ("yours+out", "yours+emb", "yours-qk")  # --quick's one change: the first that applies
+
+
+def applicable(current: str) -> list[str]:
+    """The changes (`CHANGES`' names) that change the placement `current`: the only ones suggested."""
+    return [c for c in CHANGES if derive(current, c) is not None]
+
+
+def quick_default(current: str) -> tuple[str, ...]:
+    """--quick's candidate when none is given: the first of `QUICK_PREFERENCE` that applies to `current` (output
+    norms; where it has them already, as Gemma 2/3 and OLMo 2 do, an embedding norm; else without QK-norm), none
+    where no change applies."""
+    return next(((c,) for c in QUICK_PREFERENCE if derive(current, c) is not None), ())
+
+
+def short_names(current: str | None, names: list[str]) -> dict[str, str]:
+    """Each of `names` that is a change to `current` written as a string form (no preset's name) -> the change's
+    name (`yours+emb`): what the output calls it in place of its string form."""
+    if current is None:
+        return {}
+    made = {d.name: c for c in CHANGES if (d := derive(current, c)) is not None and d.name not in PRESETS}
+    return {n: made[n] for n in names if n in made}
+
+
 def stabilizers(layout: str) -> list[str]:
     """What in a placement holds training stable, by name (to say what a winner takes away)."""
     lay = as_layout(layout)
@@ -177,4 +201,18 @@ def dropped(current: str | None, winner: str) -> list[str]:
     return [k for k in mine if k not in theirs]
 
 
-__all__ = ["CHANGES", "DEFAULT_CHANGES", "YOURS", "Change", "Derived", "defaults", "derive", "dropped", "resolve"]
+__all__ = [
+    "CHANGES",
+    "DEFAULT_CHANGES",
+    "QUICK_PREFERENCE",
+    "YOURS",
+    "Change",
+    "Derived",
+    "applicable",
+    "defaults",
+    "derive",
+    "dropped",
+    "quick_default",
+    "resolve",
+    "short_names",
+]

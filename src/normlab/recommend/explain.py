@@ -79,11 +79,11 @@ def small_samples(ranked: list[Evidence]) -> str:
     a, b = f"{w.diverged + w.stalled}/{w.finished}", f"{worst.diverged + worst.stalled}/{worst.finished}"
     if a == b:
         return (
-            f"Failure counts over a few runs are small samples: {w.layout} and {worst.layout} both failed {a} "
+            f"Failure counts over a few runs are small samples: {w.shown} and {worst.shown} both failed {a} "
             "here; they do not separate on failures."
         )
     return (
-        f"Failure counts over a few runs are small samples: {w.layout}'s {a} failed against {worst.layout}'s {b} "
+        f"Failure counts over a few runs are small samples: {w.shown}'s {a} failed against {worst.shown}'s {b} "
         f"here is evidence, not proof"
         + (" (one run each: a single outcome)." if max(w.finished, worst.finished) == 1 else ".")
     )
@@ -185,10 +185,10 @@ def movement(
         for e in live[1:]:
             if not e.tie or e.status != "ranked":
                 break
-            tied.append(e.layout)
+            tied.append(e.shown)
         if tied:
             out.append(
-                f"{live[0].layout} is tied on loss within seed noise with {', '.join(tied)}: your placement's "
+                f"{live[0].shown} is tied on loss within seed noise with {', '.join(tied)}: your placement's "
                 "standing, the screen's verdict or the expected loss over the learning rates broke the tie, and more "
                 "seeds could reorder them."
             )
@@ -216,6 +216,13 @@ def movement(
             )
         )
     return out
+
+
+def _best_lr(r: Evidence) -> str:
+    """The table's best lr: "-" where none, "0.1 (only one tried)" where it is the only one (not an optimum)."""
+    if r.best_lr is None:
+        return "-"
+    return f"{r.best_lr:g}" + (" (only one tried)" if len(r.loss_by_lr) == 1 else "")
 
 
 def _fmt_loss(r: Evidence) -> str:
@@ -266,7 +273,7 @@ def _table(ranked: list[Evidence]) -> str:
         lines.append(
             f"| {rank_cell} | {r.name} | {r.screen} | {r.diverged}/{r.finished} | {r.stalled}/{r.finished} | "
             f"{r.at_risk}/{r.finished} | {logit} | {by_logit} | "
-            f"{act} | {r.first_break or '-'} | {'-' if r.best_lr is None else f'{r.best_lr:g}'} | "
+            f"{act} | {r.first_break or '-'} | {_best_lr(r)} | "
             f"{_fmt_loss(r)} | {sens} | {by_lr} |"
         )
     return "\n".join(lines) + "\n"
@@ -331,7 +338,9 @@ def headline(result: dict[str, Any], ranked: list[Evidence]) -> list[str]:
         said = speedup.words(sp) if sp.get("value") is not None and v.get("gate") == "speedup" else ""
         lines += [gate.headline(v, said, level if v["decision"] != "no answer yet" else None), ""]
         if v.get("gate") == "stability" or (v["decision"] == "keep" and sp.get("value") is not None):
-            lines += [f"- effective speedup of {sp.get('candidate')}: {speedup.words(sp)}"] if sp else []
+            lines += (
+                [f"- effective speedup of {_shown(result, sp.get('candidate'))}: {speedup.words(sp)}"] if sp else []
+            )
     return lines + [f"- {x}" for x in reasons(result, ranked)]
 
 
@@ -411,7 +420,7 @@ def _why_above(result: dict[str, Any], w: Evidence, r2: Evidence) -> str:
     if r2.failures > w.failures:
         return "on fewer failures"
     if r2.risk_share > w.risk_share:
-        return f"on fewer runs at risk ({r2.layout}: {r2.at_risk}/{r2.finished}, {r2.risk})"
+        return f"on fewer runs at risk ({r2.shown}: {r2.at_risk}/{r2.finished}, {r2.risk})"
     return "on a lower best loss"
 
 
@@ -442,8 +451,8 @@ def _dropped_evidence(w: Evidence, current: Evidence | None) -> str:
     if current is None or current.rank is None:
         return "your placement did not train here, so these runs hold no evidence for removing it"
     said = (
-        f"here {w.layout} failed {w.diverged + w.stalled}/{w.finished} with {w.at_risk} at risk against your "
-        f"{current.layout}'s {current.diverged + current.stalled}/{current.finished} with {current.at_risk}"
+        f"here {w.shown} failed {w.diverged + w.stalled}/{w.finished} with {w.at_risk} at risk against your "
+        f"{current.shown}'s {current.diverged + current.stalled}/{current.finished} with {current.at_risk}"
     )
     if math.isfinite(w.logit_peak) and math.isfinite(current.logit_peak):
         said += f"; largest attention logit {w.logit_peak:,.4g} against {current.logit_peak:,.4g}"
@@ -478,8 +487,16 @@ def _time(result: dict[str, Any]) -> str:
     )
 
 
+def _shown(result: dict[str, Any], layout: Any) -> Any:
+    """A candidate as the output calls it: a change to your placement by its name (the ranking's `short`)."""
+    return next(
+        (r["short"] for r in result.get("ranking") or [] if r.get("layout") == layout and r.get("short")), layout
+    )
+
+
 def markdown(result: dict[str, Any], ranked: list[Evidence]) -> str:
     p = result["plan"]
+    shown = {r.layout: r.shown for r in ranked}  # a change to your placement by its name (`Evidence.shown`)
     lines = [
         "# normlab recommend",
         "",
@@ -488,7 +505,7 @@ def markdown(result: dict[str, Any], ranked: list[Evidence]) -> str:
         f"- time: {_time(result)}",
         f"- optimizer: {result.get('optimizer', 'adamw')}",
         f"- proxy: {p['depth']} layers x d {PROXY_WIDTH}; stress round {len(p['stress']['candidates'])} runs; final "
-        f"round: {', '.join(p['final']['finalists']) or 'none'}"
+        f"round: {', '.join(shown.get(n, n) for n in p['final']['finalists']) or 'none'}"
         + (
             f" x lr {', '.join(f'{x:g}' for x in p['final']['lrs'])} x {len(p['final']['seeds'])} seeds"
             if p["final"]["finalists"]
@@ -574,7 +591,10 @@ def answer_items(result: dict[str, Any]) -> list[str]:
         )
     sp = eff.get("speedup") or {}
     if sp:
-        out.append(f"effective speedup of {sp.get('candidate')} against your {sp.get('baseline')}: " + speedup_item(sp))
+        out.append(
+            f"effective speedup of {_shown(result, sp.get('candidate'))} against your {sp.get('baseline')}: "
+            + speedup_item(sp)
+        )
     if eff.get("status") == "measured":
         out.append("effect:" + effect_words(eff))
     elif eff:
@@ -704,6 +724,7 @@ def write_page(folder: RecommendDir, result: dict[str, Any], ranked: list[Eviden
     verify stage's verdict, the transfer record, what ran and what the proxy can and cannot tell."""
     h = html.escape
     live = [r for r in ranked if r.rank is not None]
+    drawn = [r for r in ranked if r.rank is not None or r.unfinished]  # beside the ranked: runs the budget stopped
     verified = verify_lines(result.get("verify") or {})
     answer = answer_items(result)
     body = (
@@ -713,7 +734,7 @@ def write_page(folder: RecommendDir, result: dict[str, Any], ranked: list[Eviden
             for i, x in enumerate(headline(result, ranked)[:1])
         )
         + f"<p>{h(reason(result, ranked)).replace('**', '')}</p><h2>Evidence</h2>{table_html(_evidence_rows(ranked))}"
-        + (ranking_figure(folder, live, result.get("precision", "fp16")) if live else "")
+        + (ranking_figure(folder, drawn, result.get("precision", "fp16")) if live else "")
         + (
             f'<h2>Effective speedup against scale</h2><img src="{folder.ladder_figure.name}" alt="the ladder">'
             if folder.ladder_figure.is_file()

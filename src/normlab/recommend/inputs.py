@@ -7,7 +7,7 @@ settings and data checked as one line, and the proxies' sweeps (`proxy_settings`
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from normlab.config.commands import RECOMMEND_BASE, RECOMMEND_CANDIDATES, RecommendConfig
@@ -44,6 +44,12 @@ class CandidateChoice:
     unfit: dict[str, str]
     labels: dict[str, str]
     removals: tuple[str, ...] = ()
+    inapplicable: tuple[str, ...] = ()  # changes given (yours+out, ...) that do not apply to the user's placement
+    short: dict[str, str] = field(default_factory=dict)  # a change's string form -> its name (`yours+emb`)
+
+    def name(self, layout: str) -> str:
+        """What the output calls a candidate: its change's name where it is one written as a string form."""
+        return self.short.get(layout, layout)
 
 
 def choose(cfg: RecommendConfig, user: UserModel) -> CandidateChoice:
@@ -52,18 +58,36 @@ def choose(cfg: RecommendConfig, user: UserModel) -> CandidateChoice:
     placement given twice (by two names, or one name twice), or one given that the model cannot take, is
     refused."""
     given = tuple(cfg.candidates) != RECOMMEND_CANDIDATES
-    names, labels = derived.resolve(cfg.candidates, user.layout)
+    asked = tuple(cfg.candidates)
+    quick = cfg.quick and not given  # the quick question's one change: the first that applies to the placement
+    if quick:
+        asked = derived.quick_default(user.layout) if user.layout else ()
+    names, labels = derived.resolve(asked, user.layout)
     removals: list[str] = []
-    if not given:
+    if not given and not quick:
         made = derived.defaults(user.layout)
         names = [d.name for d in made if not d.removes] + names + [d.name for d in made if d.removes]
         labels.update({d.name: d.label for d in made})
         removals = [d.name for d in made if d.removes]
     else:
-        removals = [n for n, c in zip(names, cfg.candidates) if c in derived.CHANGES and derived.CHANGES[c].removes]
+        removals = [
+            d.name
+            for c in asked
+            if c in derived.CHANGES and derived.CHANGES[c].removes and user.layout
+            if (d := derived.derive(user.layout, c)) is not None
+        ]
+    inapplicable = tuple(k for k, v in labels.items() if not v)  # changes given that change nothing of it
     labels = {k: v for k, v in labels.items() if v}
     names, current, unfit = _choose_names(names, user, given, allow_same=not given)
-    return CandidateChoice(names, current, unfit, labels, tuple(n for n in removals if n in names))
+    return CandidateChoice(
+        names,
+        current,
+        unfit,
+        labels,
+        tuple(n for n in removals if n in names),
+        inapplicable=inapplicable,
+        short=derived.short_names(user.layout, names),
+    )
 
 
 def choose_candidates(cfg: RecommendConfig, user: UserModel) -> tuple[list[str], str | None, dict[str, str]]:

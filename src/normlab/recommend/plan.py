@@ -33,6 +33,10 @@ runs fit VERIFY_SHARE of the time left after the smallest answer, then k grown (
 fits there; the proxy's rounds then grow in what remains. Where not even 2 runs at width 128 fit, the plan
 holds no verify stage and says why in one line (`Plan.verify_note`), with the budget that would buy it.
 
+The budget is the command's, counted from its start: what the call used before the plan (imports, reading
+the model, measuring this machine where its calibration is not cached) is `PlanRequest.used_s`, counted in the
+plan (`predicted["used"]`) in place of the startup's reserve, so the plan's total and the clock agree.
+
 Round times are counted, not measured: each run's predicted seconds dealt to the workers longest first
 (`cost.makespan`); the finalists' runs are priced at the dearest candidates (who they are is known only
 after the stress round).
@@ -197,6 +201,9 @@ class PlanRequest:
     first: tuple[str, ...] = ()  # the changes that add to the user's placement: tried right after it
     last: tuple[str, ...] = ()  # the changes that take away from it: tried last
     screen: bool = True  # False: the quick question (no screen; `stage_screen`)
+    # seconds of the budget the call used before the plan (its imports, reading the model, measuring this
+    # machine): counted in the plan in place of STARTUP_RESERVE_S, so the plan and the budget's clock agree
+    used_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -293,7 +300,9 @@ class _Planner:
         self.req = r = request
         user = r.user
         self.order, _ = cheap_order(r.candidates, r.current, r.first, r.last)
-        self.reserve = (STARTUP_RESERVE_S + REPORT_RESERVE_S) * r.cal.speed
+        # what the call used before the plan where it says (`PlanRequest.used_s`), else the startup's reserve
+        self.used = r.used_s if r.used_s > 0 else 0.0
+        self.reserve = (REPORT_RESERVE_S + (0.0 if self.used else STARTUP_RESERVE_S)) * r.cal.speed + self.used
         self.usable = (r.budget_s - self.reserve) * FILL
         self.vstage: dict[str, Any] | None = None  # the verify stage's k and width, once chosen
         self.standard = r.depth or min(user.n_layers, MIN_DEPTH)
@@ -401,11 +410,21 @@ class _Planner:
             more.append("fewer --steps")
         if r.depth and r.depth > min(user.n_layers, SHALLOW_DEPTHS[0]):
             more.append(f"a shallower --depth (at least {min(user.n_layers, SHALLOW_DEPTHS[0])})")
+        if r.screen:
+            what = (
+                f"{least.n} candidates screened at your depth {user.n_layers} and trained once at {least.depth} "
+                f"layers, {least.steps} steps: about {need:.1f} min on this machine, "
+                f"{self.stages(least)['screen'] / 60:.1f} of them the screen"
+            )
+        else:  # --quick: no screen; each candidate trained once, the finalists with a second seed
+            which = "each" if least.finalists >= least.n else f"{least.finalists} of them"
+            what = (
+                f"{least.n} candidates trained at {least.depth} layers, {least.steps} steps, {which} with a second "
+                f"seed, no screen (--quick): about {need:.1f} min on this machine"
+            )
+        used = f"; {r.used_s / 60:.1f} min were used before the plan" if r.used_s >= 3 else ""
         raise BudgetTooSmall(
-            f"--budget {r.budget_s / 60:g} min cannot hold the smallest answer ({least.n} candidates screened at your "
-            f"depth {user.n_layers} and trained once at {least.depth} layers, {least.steps} steps: "
-            f"about {need:.1f} min "
-            f"on this machine, {self.stages(least)['screen'] / 60:.1f} of them the screen); give "
+            f"--budget {r.budget_s / 60:g} min cannot hold the smallest answer ({what}{used}); give "
             + ", or ".join(more)
             + f" ({calibration_used(r.cal)})",
             minutes,
@@ -512,7 +531,8 @@ class _Planner:
         if not state.finalists:
             chosen_lrs, chosen_seeds = [r.stress_lr], [r.seed0]
         predicted = self.stages(state)
-        predicted["reserves"] = self.reserve
+        predicted["reserves"] = self.reserve - self.used
+        predicted["used"] = self.used  # before the plan (imports, reading the model, measuring this machine)
         predicted["total"] = sum(predicted.values())
         vstage = self.vstage
         if vstage:

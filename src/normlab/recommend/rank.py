@@ -140,6 +140,7 @@ class Evidence:
     act_growth: float = math.nan
     logit_by_lr: dict[str, str] = field(default_factory=dict)
     label: str = ""  # a candidate made from the user's placement: "your model (qwen3) + output norms"
+    short: str = ""  # its change's name where its layout is a string form: "yours+out" (`derived.short_names`)
     cut: int = 0  # runs the budget stopped before their last step (not failures: the next call continues them)
     rank: int | None = None
     tie: bool = False  # within noise of the candidate ranked above
@@ -159,8 +160,14 @@ class Evidence:
 
     @property
     def name(self) -> str:
-        """The layout with its label where it is a change to the user's placement."""
-        return f"{self.layout} ({self.label})" if self.label else self.layout
+        """The layout (its change's name where it has one: `short`) with its label where it is a change to the
+        user's placement."""
+        return f"{self.shown} ({self.label})" if self.label else self.shown
+
+    @property
+    def shown(self) -> str:
+        """What the output calls it: its change's name (`short`) where it has one, else the layout."""
+        return self.short or self.layout
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -12,7 +12,10 @@ transformers `config.json` (or the folder holding it); and the two shapes derive
 
 from __future__ import annotations
 
+import contextlib
 import json
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -149,6 +152,22 @@ def _from_config_json(path: Path) -> UserModel:
     )
 
 
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """transformers' logger at errors only, and Python's warnings caught, while it builds a config: what is
+    wrong with the file is said by normlab's checks, in one line (or as a note)."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
 def _via_adapter(
     kind: str, data: dict[str, Any], notes: list[str], unmodelled: list[str]
 ) -> tuple[ModelConfig | None, str | None]:
@@ -163,7 +182,8 @@ def _via_adapter(
         import transformers
 
         body = {k: v for k, v in data.items() if k != "model_type"}
-        config = transformers.AutoConfig.for_model(kind, **body)
+        with _quiet_transformers():  # its warnings on a bad field (vocab_size 0) precede normlab's one line
+            config = transformers.AutoConfig.for_model(kind, **body)
     except Exception:  # noqa: BLE001 - transformers missing or too old for this type: read the fields instead
         return None, None
     adapter = ARCHITECTURES[kind]

@@ -30,6 +30,7 @@ from normlab.recommend.records import FinalRecord, Recommendation
 from normlab.recommend.shape import PROXY_WIDTH
 from normlab.recommend.signals import with_signals
 from normlab.runs.files import RunDir
+from normlab.runs.outcome import FINISHED
 
 TAX_MARGIN_S = 5.0  # the tax's turns stop this long before the budget's end (the files still to write)
 
@@ -67,7 +68,7 @@ def evidence(ctx: Context) -> list[Evidence]:
             s = found.screen["results"][n]
             detail = f"{s['wellposedness']}; forward {s['forward']}; backward {s['backward']}"
             row = Evidence(layout=n, screen=s["verdict"], screen_detail=detail, screen_why=screen_reason(s))
-        row.label = ctx.labels.get(n, "")
+        row.label, row.short = ctx.labels.get(n, ""), ctx.short.get(n, "")
         if n in found.out_by_screen:
             row.status, row.why = "ruled out", f"by the screen: {found.out_by_screen[n]}"
         elif n not in finalists:
@@ -96,6 +97,36 @@ def evidence(ctx: Context) -> list[Evidence]:
     for i, r in enumerate(tail, len(head) + 1):
         r.rank = i
     return head + tail + [r for r in ranked if r.status in ("ruled out", "not trained")]
+
+
+def named(settings: dict[str, dict[str, Any]], winner: Evidence) -> dict[str, dict[str, Any]]:
+    """The code bases' settings with the code headers naming a change to the user's placement by its name and
+    words (`# normlab layout yours+emb (your model (gemma3) + embedding norm): "attn=..."`), not its string
+    form alone."""
+    if not winner.short:
+        return settings
+    old = f'# normlab layout "{winner.layout}"'
+    new = f'# normlab layout {winner.short} ({winner.label}): "{winner.layout}"'
+    return {
+        fw: {k: v.replace(old, new) if isinstance(v, str) else v for k, v in entry.items()}
+        for fw, entry in settings.items()
+    }
+
+
+def seeds_that_ran(conf: dict[str, Any], runs: pd.DataFrame, winner: Evidence | None) -> dict[str, Any]:
+    """`answer.confidence` with its seeds those the winner's finished runs trained with, where fewer ran than the
+    plan holds (the budget stopped the rest): "2 seed(s)" is never said of one; one seed is a reason it is
+    provisional."""
+    if winner is None or not len(runs) or not isinstance(conf.get("seeds"), int):
+        return conf
+    mine = runs[(runs.layout == winner.layout) & runs.status.isin(FINISHED)]
+    ran = int(mine.seed.nunique())
+    if ran >= conf["seeds"]:
+        return conf
+    why = list(conf.get("why") or [])
+    if ran < 2 and not any(w.startswith("one seed") for w in why):
+        why.append(f"one seed: no seed noise measured ({winner.layout}'s other seeds did not finish)")
+    return {**conf, "seeds": ran, "why": why, "level": "provisional"}
 
 
 def _plan_record(ctx: Context, stress: dict[str, Any], final: FinalRecord) -> dict[str, Any]:
@@ -254,7 +285,7 @@ def conclude(ctx: Context, verify: dict[str, Any] | None = None) -> Recommendati
     eff = answer.effect(found.runs, ranked, ctx.current, len(found.final.lrs))
     eff["speedup"], decision = gated_speedup(ctx, ranked)
     # every call's rounds (a resumed call's own are in ctx.rounds; earlier calls' cuts are in plan.json)
-    conf = answer.confidence(ranked, rounds, p.to_dict(), eff)
+    conf = seeds_that_ran(answer.confidence(ranked, rounds, p.to_dict(), eff), found.runs, winner)
     answers = ctx.saved.setdefault("answers", [])
     changed = answer.changed_from(answers, winner.layout if winner else None)
     entry = {
@@ -273,8 +304,9 @@ def conclude(ctx: Context, verify: dict[str, Any] | None = None) -> Recommendati
         winner=winner.layout if winner else None,
         ranking=[r.to_dict() for r in ranked],
         recipe_checks=checks,
-        settings=settings_for(
-            winner.layout, ctx.user.config, base_layout=ctx.user.layout, unmodelled=ctx.user.unmodelled
+        settings=named(
+            settings_for(winner.layout, ctx.user.config, base_layout=ctx.user.layout, unmodelled=ctx.user.unmodelled),
+            winner,
         )
         if winner
         else {},

@@ -144,11 +144,15 @@ def _why_none(ctx: Context, runs: pd.DataFrame) -> str:
     failed = stress_runs[stress_runs.status == "failed"]
     if len(failed) and failed.reason.iloc[0] and "time budget" not in str(failed.reason.iloc[0]):
         return f"every run failed; the first: {failed.reason.iloc[0]}"
-    screen = ctx.rounds[0]
-    return (
-        f"the budget ran out before any run finished; the screen took {minutes(screen.actual_s)}, predicted "
-        f"{minutes(screen.predicted_s)}: this machine ran slower than its calibration (loaded?)"
+    screen = next((r for r in ctx.rounds if r.stage == "screen"), None)
+    stress = next((r for r in ctx.rounds if r.stage == "stress"), None)
+    took = [f"the screen took {minutes(screen.actual_s)}, predicted {minutes(screen.predicted_s)}" if screen else ""]
+    took.append(
+        f"the stress round {minutes(stress.actual_s)}, predicted {minutes(stress.predicted_s)}" if stress else ""
     )
+    slower = any(r is not None and r.actual_s > r.predicted_s for r in (screen, stress))
+    took.append("this machine ran slower than its calibration (loaded?)" if slower else "")
+    return "the budget ran out before any run finished" + "".join(f"; {t}" for t in took if t)
 
 
 class FinalRound:
@@ -180,7 +184,7 @@ class FinalRound:
             log(f"\n3/3 final round {ctx.clock.stamp()}: none in this budget; the ranking rests on the stress round")
             return
         log(
-            f"\n3/3 final round {ctx.clock.stamp()}: {', '.join(finalists)} x lr "
+            f"\n3/3 final round {ctx.clock.stamp()}: {ctx.names(finalists)} x lr "
             f"{', '.join(f'{x:g}' for x in p.lrs)} x seed(s) {', '.join(map(str, p.seeds))}; predicted "
             f"{minutes(pred['final'])}"
         )
@@ -207,7 +211,7 @@ class FinalRound:
         if edges and not p.extend:
             log(
                 "  best learning rate at an edge of those tried: "
-                + ", ".join(f"{n} (next: {x:g})" for n, x in edges.items())
+                + ", ".join(f"{ctx.name(n)} (next: {x:g})" for n, x in edges.items())
                 + "; the budget has no room to extend the range"
             )
         if not edges or not p.extend:
@@ -215,7 +219,7 @@ class FinalRound:
         began = time.time()
         log(
             "  best learning rate at an edge of those tried: "
-            + "; ".join(f"{n} -> also {x:g}" for n, x in edges.items())
+            + "; ".join(f"{ctx.name(n)} -> also {x:g}" for n, x in edges.items())
             + f"; predicted {minutes(p.predicted['extend'])}"
         )
         for x in sorted(set(edges.values())):

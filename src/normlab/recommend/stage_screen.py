@@ -34,9 +34,11 @@ def screen_candidates(
     predicted_each: float,
     log: Callable[[str], Any],
     stop_by: float = math.inf,
+    name: Callable[[str], str] = str,
 ) -> dict[str, Any]:
     """Screen `names` at the user's depth and `width`; resumable (each result kept as it exists). No
-    screen starts after `stop_by` (time.time()): the screen keeps to its share of the budget."""
+    screen starts after `stop_by` (time.time()): the screen keeps to its share of the budget. `name`: what the
+    lines call a candidate (`Context.name`)."""
     saved = folder.read(folder.screen_file) or {
         "width": width,
         "n_layers": user.config.n_layers,
@@ -52,22 +54,22 @@ def screen_candidates(
     )
     started = time.perf_counter()
     try:
-        for i, name in enumerate(todo, 1):
+        for i, layout in enumerate(todo, 1):
             if time.time() > stop_by:
                 log(
-                    f"  time budget: {len(todo) - i + 1} screen(s) not started ({', '.join(todo[i - 1 :])}); run the "
-                    "same command again to screen them"
+                    f"  time budget: {len(todo) - i + 1} screen(s) not started "
+                    f"({', '.join(map(name, todo[i - 1 :]))}); run the same command again to screen them"
                 )
                 break
-            bar.set_postfix_str(name)
-            result = screen_summary(screen_layout(name, cfg))
-            saved["results"][name] = result
+            bar.set_postfix_str(name(layout))
+            result = screen_summary(screen_layout(layout, cfg))
+            saved["results"][layout] = result
             atomic_write_json(folder.screen_file, saved)  # each result kept the moment it exists
             bar.update(1)
             if bar.disable:  # a log, not a terminal: the bar's ETA as words
                 left = len(todo) - i
                 eta = f"; {left} left, ETA {left * (time.perf_counter() - started) / i / 60:.1f} min" if left else ""
-                log(f"  screen {name}: {result['verdict']} ({result['seconds']:.1f} s{eta})")
+                log(f"  screen {name(layout)}: {result['verdict']} ({result['seconds']:.1f} s{eta})")
     finally:
         bar.close()
         torch.set_num_threads(threads)
@@ -91,7 +93,7 @@ class ScreenStage:
     def run(self, ctx: Context) -> None:
         p, pred, log = ctx.plan, ctx.plan.predicted, ctx.log
         if not p.screen:  # the quick question: the candidates given, trained at once
-            log(f"\n1/3 screen {ctx.clock.stamp()}: none (--quick): {', '.join(p.screened)} go straight to training")
+            log(f"\n1/3 screen {ctx.clock.stamp()}: none (--quick): {ctx.names(p.screened)} go straight to training")
             ctx.found.screen = {"width": 0, "n_layers": ctx.user.config.n_layers, "results": {}, "skipped": True}
             ctx.found.out_by_screen, ctx.found.alive = {}, list(p.screened)
             return
@@ -108,21 +110,22 @@ class ScreenStage:
             pred["screen"] / max(1, len(p.screened)),
             log,
             stop_by=ctx.clock.stop_at - pred["stress"],
+            name=ctx.name,
         )
         done = [n for n in p.screened if n in screen["results"]]
         ctx.record(StageRecord("screen", pred["screen"], time.time() - began, len(p.screened), len(done)))
         log(f"  screen done in {minutes(time.time() - began)} (predicted {minutes(pred['screen'])})")
         ctx.mark()
-        slow = (time.time() - began) / pred["screen"] if pred["screen"] > 0 else 1.0
-        if not done:
+        if not done:  # no screen started: each one that starts is finished (`screen_candidates`)
             raise ConfigError(
-                f"the budget ran out before the screen finished one candidate (this machine ran {slow:.0f}x "
-                "slower than its calibration: loaded?); nothing recommended; run the same command again to "
-                "continue, or give a larger --budget"
+                f"the budget ran out before the screen started: {ctx.clock.used_minutes():.1f} of "
+                f"{ctx.clock.budget_s / 60:g} min were used before it, and the screen and the stress round need "
+                f"about {minutes(pred['screen'] + pred['stress'])} more; nothing recommended; run the same command "
+                "again to continue, or give a larger --budget"
             )
         out_by_screen = {n: why for n in done if (why := ruled_out(screen["results"][n], ctx.precision))}
         for n, why in out_by_screen.items():
-            log(f"  ruled out: {n}: {why}")
+            log(f"  ruled out: {ctx.name(n)}: {why}")
         alive = sorted(
             (n for n in done if n not in out_by_screen),
             key=lambda n: (n != ctx.current, VERDICT_ORDER.get(screen["results"][n]["verdict"], 3)),

@@ -46,7 +46,8 @@ from normlab.errors import ConfigError
 from normlab.experiments.cpus import threads_per_worker, usable_cores
 from normlab.experiments.summary import summarize
 from normlab.io import own_folder
-from normlab.recommend import cost, plan
+from normlab.layout import as_layout
+from normlab.recommend import cost, derived, plan
 from normlab.recommend.context import BudgetClock, Context, SweepExecutor, minutes
 from normlab.recommend.inputs import (
     CandidateChoice,
@@ -104,7 +105,7 @@ def recommend(
     saved = folder.read(folder.plan_file) if folder.plan_file.is_file() else {}
     the_plan = None
     if not saved.get("plan"):
-        the_plan = _new_plan(user, cfg, extra, choice, clock.budget_s, workers, log)
+        the_plan = _new_plan(user, cfg, extra, choice, clock.budget_s, workers, log, started=clock.t0)
         depth = the_plan.depth
     else:
         depth = saved["plan"]["depth"]
@@ -140,7 +141,7 @@ def recommend(
             the_plan.verify, the_plan.verify_note = added, ""
             the_plan.predicted["total"] += added["predicted_s"] - the_plan.predicted.get("verify", 0.0)
             the_plan.predicted["verify"] = added["predicted_s"]
-        sweeps = SweepExecutor(workers, log, clock.stop_at)
+        sweeps = SweepExecutor(workers, log, clock.stop_at, short=choice.short)
         ctx = Context(
             folder,
             user,
@@ -155,6 +156,7 @@ def recommend(
             the_plan,
             saved,
             labels=choice.labels,
+            short=choice.short,
         )
         return run_stages(ctx).as_result()
     finally:
@@ -171,11 +173,21 @@ def _asked(cfg: RecommendConfig, user: UserModel) -> tuple[CandidateChoice, User
             'give a .toml with layout = "..." or a config.json normlab reads the placement of'
         )
     choice = choose(cfg, user)
-    if cfg.quick and len(choice.names) < 2:
-        raise ConfigError(
-            "--quick compares your model with the --candidates given; give at least one other (e.g. yours+out, "
-            "yours+out+emb, or a layout)"
+    if cfg.quick and len(choice.names) < 2:  # suggested: only the changes that apply to the user's placement
+        apply = derived.applicable(user.layout) if user.layout else []
+        other = "pre" if user.layout != "pre" else "peri"
+        suggest = (
+            f"changes that apply to it: {', '.join(apply)}; or a layout"
+            if apply
+            else f"no yours+... change applies to {user.layout}: a layout, e.g. {other}"
         )
+        given = (
+            f"{', '.join(choice.inapplicable)} {'does' if len(choice.inapplicable) == 1 else 'do'} not apply to your "
+            f"placement {user.layout} (nothing of it to add or take away); "
+            if choice.inapplicable
+            else ""
+        )
+        raise ConfigError(f"--quick compares your model with the --candidates given: {given}give another ({suggest})")
     if choice.unfit:  # default candidates this model cannot take: said wherever the notes are (output, recommendation)
         notes = [
             f"left out of the default candidates: {n} (your model cannot take it: {w})" for n, w in choice.unfit.items()
@@ -234,12 +246,17 @@ def _new_plan(
     budget_s: float,
     workers: int,
     log: Callable[[str], Any],
+    started: float | None = None,
 ) -> plan.Plan:
-    """A new folder's plan, priced with this machine's calibration (measured where none is cached)."""
+    """A new folder's plan, priced with this machine's calibration (measured where none is cached), for the
+    budget left at `started` (time.time() of the command's start: what the call used before the plan, the
+    calibration's measuring among it, is counted in the plan; none: nothing used)."""
+    started = time.time() if started is None else started
     candidates, current = choice.names, choice.current
-    cal, cached = cost.calibration(
-        _threads(workers), log=log, streams=has_streams(candidates), remeasure=cfg.recalibrate
-    )
+    cal, cached = cost.calibration(_threads(workers), log=log, streams=False, remeasure=cfg.recalibrate)
+    unmeasured: set[str] = set()
+    if has_streams(candidates):  # priced at the cached stream rates, else the reference VM's: measured below if run
+        cal, unmeasured = cost.stream_rates(cal)
     log(
         f"  this machine: {cal.speed:.2f}x the reference VM's step time "
         + ("(cached calibration)" if cached else f"(calibrated in {cal.seconds:.1f} s)")
@@ -264,11 +281,24 @@ def _new_plan(
         first=tuple(n for n in choice.labels if n not in choice.removals),
         last=choice.removals,
         screen=not cfg.quick,
+        used_s=max(0.0, time.time() - started),
     )
     try:
-        return plan.plan_for(request)
+        the_plan = plan.plan_for(request)
+        # only the stream mixes the plan runs are measured (at most once each), then the plan made again with them
+        while todo := tuple(sorted(unmeasured & _mixes(the_plan.screened))):
+            cal = cost.measure_stream_rates(cal, _threads(workers), todo, log)
+            unmeasured -= set(todo)
+            request = replace(request, cal=cal, used_s=max(0.0, time.time() - started))
+            the_plan = plan.plan_for(request)
+        return the_plan
     except plan.BudgetTooSmall as err:
         raise ConfigError(str(err)) from None
+
+
+def _mixes(names: list[str]) -> set[str]:
+    """The stream mixes of `names`' layouts with several streams."""
+    return {lay.stream_mix for lay in map(as_layout, names) if lay.streams > 1}
 
 
 def _log_plan(ctx: Context) -> None:
@@ -297,6 +327,11 @@ def _log_plan(ctx: Context) -> None:
             else ""
         )
         + f"; predicted {minutes(p.predicted['total'])} of {ctx.clock.budget_s / 60:g}"
+        + (
+            f" ({p.predicted['used'] / 60:.1f} of them used before the plan)"
+            if p.predicted.get("used", 0.0) >= 0.05 * 60
+            else ""
+        )
     )
     for cut in p.cut:
         log(f"  the budget buys: {cut}")
