@@ -187,6 +187,10 @@ def test_trainer_callback_warns_through_a_blow_up_from_its_first_steps(precision
     assert summary["reason"].startswith(f"normlab warning at step {rise}: loss rise")
     assert summary["spikes"] == 1  # the loss-rise step's batch is captured, as a spike's is
     assert (folder / "spikes" / f"step_{rise}.pt").is_file()
+    from normlab.diagnostics.run_report import reading_lines
+
+    said = reading_lines([normlab.load_run(folder)], ["hf"])
+    assert f"hf trained with early warnings: {summary['reason']}." in said
 
 
 def test_trainer_callback_precision_from_its_argument_the_trainers_or_the_model(tmp_path):
