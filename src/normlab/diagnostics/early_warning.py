@@ -369,7 +369,7 @@ def replayed(run: str | Path, precision: str, until: int | None = None) -> Early
     tier = {r["step"]: r for r in folder.layers() if isinstance(r.get("step"), int)}
     warn = EarlyWarnings(precision)
     for m in folder.metrics():
-        step = m.get("step")
+        step: Any = m.get("step")  # checked by feed
         if "loss" not in m or (until is not None and isinstance(step, (int, float)) and step >= until):
             continue
         try:
