@@ -465,3 +465,15 @@ def test_monitor_raises_live_early_warnings_in_another_loop(tmp_path, capsys):
     with pytest.raises(ConfigError, match="precision must be fp16, bf16 or fp32"):
         TrainingMonitor(model, tmp_path / "bad", precision="fp8")
     assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize(
+    "given, precision", [("16-mixed", "fp16"), ("16-true", "fp16"), ("bf16-mixed", "bf16"), ("32-true", "fp32")]
+)
+def test_lightning_callback_takes_the_trainers_precision(given, precision):
+    pytest.importorskip("lightning")
+    from normlab.diagnostics.lightning import NormlabLightningCallback, precision_of
+
+    assert precision_of(SimpleNamespace(precision=given)) == precision
+    with pytest.raises(ConfigError, match=r"precision must be one of fp16, bf16, fp32 or None .* got 'fp8'$"):
+        NormlabLightningCallback("x", precision="fp8")
