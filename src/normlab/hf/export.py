@@ -158,9 +158,10 @@ def from_hf(path: str | Path) -> NormLM:
     # transformers' own load report and progress bar are silenced: a weight file that does not match the config
     # (another model's weights under normlab's config) is refused here in one line instead of loading half-empty
     with reading(path), _quiet_transformers():
-        hf, info = AutoModelForCausalLM.from_pretrained(
+        loaded: Any = AutoModelForCausalLM.from_pretrained(
             path, local_files_only=True, trust_remote_code=False, output_loading_info=True, ignore_mismatched_sizes=True
         )  # mismatched sizes listed (and refused below), not raised with a pointer to the silenced report
+    hf, info = cast(tuple[Any, dict[str, Any]], loaded)
     wrong = {k: sorted(info.get(k) or []) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
     if any(wrong.values()):
         said = "; ".join(
