@@ -488,7 +488,8 @@ def small_sweep(tmp_path_factory):
 
 def test_leadtime_writes_only_a_new_json_file_and_reads_damaged_sweeps(small_sweep, tmp_path, capsys):
     """--json: an existing file, a link (to a file, or dangling) and a file in a missing folder are refused in one
-    line before any work, nothing written or made; a new file is written. A hand-edited metrics.jsonl row is
+    line before any work, nothing written or made; a new file is written, and the same command writes its own
+    file again. A hand-edited metrics.jsonl row is
     skipped and said; a 0-byte sweep.db is rebuilt from the run folders, as summarize does, not read as 0 runs."""
     import shutil
 
@@ -507,7 +508,11 @@ def test_leadtime_writes_only_a_new_json_file_and_reads_damaged_sweeps(small_swe
     assert not (tmp_path / "nodir").exists()
     assert main(["leadtime", str(small_sweep), "--json", str(tmp_path / "new.json")]) == 0
     assert capsys.readouterr().out.startswith("4 runs (0 faulted: none; 4 healthy), 0 events")
-    assert len(json.loads((tmp_path / "new.json").read_text())["runs"]) == 4
+    first = (tmp_path / "new.json").read_text()
+    assert len(json.loads(first)["runs"]) == 4
+    capsys.readouterr()
+    assert main(["leadtime", str(small_sweep), "--json", str(tmp_path / "new.json")]) == 0  # its own file: again
+    assert (tmp_path / "new.json").read_text() == first  # the same command, the same answer
 
     damaged = tmp_path / "damaged"
     shutil.copytree(small_sweep, damaged)

@@ -77,7 +77,7 @@ def leadtime_command(sweeps: list[str], json_out: str | None) -> None:
     if json_out:
         if not json_out.endswith(".json"):
             raise ConfigError(f"--json {json_out}: give a .json file")
-        check_new_file(json_out, "--json")
+        check_new_file(json_out, "--json", update=leadtime.wrote(json_out))  # its own file: the same answer again
     print(leadtime.report(sweeps, json_out), flush=True)
 
 

@@ -194,6 +194,22 @@ def markdown(rows: list[dict[str, Any]], runs: list[RunOutcome]) -> str:
     return "\n".join(lines) + "\n"
 
 
+WRITTEN_BY = "normlab leadtime"  # the --json file's mark: the one existing file leadtime writes over
+
+
+def wrote(path: str | Path) -> bool:
+    """Whether ``path`` is a regular file an earlier `normlab leadtime --json` wrote (its mark), which the same
+    command may write again; any other existing file is refused (`normlab.experiments.commands.check_new_file`)."""
+    p = Path(path)
+    if p.is_symlink() or not p.is_file() or p.stat().st_size > 64 * 2**20:
+        return False
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("written_by") == WRITTEN_BY
+
+
 def report(sweeps: list[str], json_out: str | None = None) -> str:
     """`normlab leadtime`: the table over every run of `sweeps`; `json_out`: also the rows and runs as JSON."""
     runs = [r for s in sweeps for r in outcomes(s)]
@@ -201,7 +217,7 @@ def report(sweeps: list[str], json_out: str | None = None) -> str:
     if json_out:  # a new file in an existing folder (normlab.experiments.commands.check_new_file), whole or not at all
         from normlab.io import atomic_write_bytes
 
-        data = {"sweeps": sweeps, "rows": rows, "runs": [r.__dict__ for r in runs]}
+        data = {"written_by": WRITTEN_BY, "sweeps": sweeps, "rows": rows, "runs": [r.__dict__ for r in runs]}
         atomic_write_bytes(json_out, (json.dumps(data, indent=1) + "\n").encode())
     return markdown(rows, runs)
 
