@@ -131,10 +131,11 @@ def test_metrics_have_the_norm_the_clip_returned(trained):
 def test_probes_have_rows_for_every_block(trained):
     out, _, _, blocks = trained
     probes = rows(out / "probes.jsonl")
-    assert sorted({r["step"] for r in probes}) == [2, 4, 6]  # every 2 steps, and the final weights at close
+    # the first step recorded, every 2 steps, and the final weights at close
+    assert sorted({r["step"] for r in probes}) == [1, 2, 4, 6]
     grads = [r for r in probes if r["metric"] == "grad_norm"]
-    assert {r["step"] for r in grads} == {2, 4}  # no gradients at close
-    for step in (2, 4):
+    assert {r["step"] for r in grads} == {1, 2, 4}  # no gradients at close
+    for step in (1, 2, 4):
         for layer in range(LAYERS):
             mine = {r["site"]: r["value"] for r in grads if r["step"] == step and r["layer"] == layer}
             assert set(mine) == WEIGHTS | {"block"}

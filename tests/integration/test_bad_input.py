@@ -544,3 +544,63 @@ def test_plan_never_builds_what_it_plans(capsys, monkeypatch):
         monkeypatch.setattr(memory, "PROBE_PARAMS", 600_000)  # its two-layer copy (1.6M) is now too large
         assert memory.plan_memory(cfg).activations == direct
         monkeypatch.setattr(memory, "PROBE_PARAMS", 64 * 2**20)
+
+
+# issue 63 items 18-19: settings that would make a command measure something else than it says
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["recommend", "nano", "--set", "run.fault=lr_jump"], "--set run.fault=...: recommend measures runs"),
+        (["recommend", "nano", "--set", "fault_scale=3"], "--set fault_scale=...: recommend"),
+        (["recommend", "nano", "--set", "run.fault_step=3"], "inject a fault on purpose"),
+        (["coordcheck", "pre", "--set", "run.fault=corrupt_batch"], "--set run.fault=...: coordcheck measures runs"),
+        (
+            ["coordcheck", "pre", "--set", "model.d_model=64"],
+            "coordcheck sets each run's width (d_model) from --widths",
+        ),
+        (
+            ["train", "--size", "nano", "--set", "model.parametrization=mup", "--set", "model.base_d_model=4096"],
+            "base_d_model=4096 is wider than the model (d_model=32)",
+        ),
+        (
+            ["train", "--size", "nano", "--set", "model.parametrization=completep", "--set", "model.base_n_layers=64"],
+            "base_n_layers=64 is deeper than the model (n_layers=2)",
+        ),
+        (
+            ["train", "--size", "nano", "--layout", "hybrid", "--set", "model.parametrization=completep"],
+            "does not combine with a normed skip (HybridNorm's",
+        ),
+    ],
+)
+def test_faults_and_parametrizations_out_of_range_are_refused_before_anything_is_written(
+    argv, needle, tmp_path, capsys
+):
+    out = tmp_path / "out"
+    refused([*argv, "--out", out], needle, capsys)
+    assert not out.exists()
+
+
+def test_a_fault_from_a_config_file_is_said_at_the_start_and_in_the_summary(corpus, tmp_path, capsys):
+    """run.fault in a config file (not on the command line) still reaches the terminal's first line, the
+    one-line outcome and summary.json."""
+    import json
+
+    config = tmp_path / "f.toml"
+    config.write_text('[run]\nfault = "corrupt_batch"\nfault_step = 1\nfault_scale = 1.0\n')
+    out = tmp_path / "run"
+    argv = ["train", "--config", config, "--data", corpus, "--size", "nano", "--steps", "2", "--no-progress"]
+    assert main([str(a) for a in [*argv, "--set", "eval_every=0", "--out", out]]) == 0
+    said = capsys.readouterr().out.splitlines()
+    words = "corrupt_batch from step 1: 1 step(s) of batches of one repeated token"
+    assert said[0] == f"normlab train: FAULT INJECTED: {words} (run.fault, injected on purpose)"
+    assert f"FAULT INJECTED: {words}" in said[-1] and said[-1].startswith(f"{out}: ok; ")
+    fault = json.loads((out / "summary.json").read_text())["fault"]
+    assert (fault["fault"], fault["fault_step"], fault["fault_scale"]) == ("corrupt_batch", 1, 1.0)
+    clean = tmp_path / "clean"
+    assert (
+        main(["train", "--data", str(corpus), "--size", "nano", "--steps", "1", "--no-progress", "--out", str(clean)])
+        == 0
+    )
+    assert "FAULT" not in capsys.readouterr().out and json.loads((clean / "summary.json").read_text())["fault"] is None

@@ -150,14 +150,32 @@ def test_tier_overhead_prints_both_figures_and_a_profile():
 
 
 @pytest.mark.long
-def test_gpu_check_plan_orders_its_checks_and_rewrites_its_sections(tmp_path):
+def test_gpu_check_plan_orders_its_checks_and_rewrites_its_sections(tmp_path, monkeypatch):
     """make gpu-check's plan holds every GPU check (tests/gpu, each key layout in bf16 and fp16 at gpu-126m, the
     benchmarks with MFU, FSDP2 on one device, the tier's cost end to end) in order of priority, each within the
-    budget; --out refuses a folder that exists; its dry run on the
-    CPU runs the FSDP2 run (probes on), writes an item past the budget as not run, and replaces the marked
-    section it finds, never touching the repository's docs; a page without the section gets it appended."""
+    budget; --out refuses a folder that exists; its dry run records what each item's process returned (here a
+    scripted process, so that nothing depends on how fast this machine trains: an item that ran and wrote its
+    summary, one that ran past its limit, recorded as timed out with exit 124), writes an item past the budget
+    as not run, and replaces the marked section it finds, never touching the repository's docs; a page without
+    the section gets it appended."""
     sys.path.insert(0, str(BENCH.parent / "scripts"))
     import gpu_check
+
+    started: list[list[str]] = []
+    outcome = {"FSDP2": "ok"}
+
+    def scripted(cmd, *args, timeout=None, **kwargs):
+        if cmd[:2] == ["git", "rev-parse"]:
+            return subprocess.CompletedProcess(cmd, 0, "abc1234\n", "")
+        started.append(list(cmd))
+        if outcome["FSDP2"] == "slow":
+            raise subprocess.TimeoutExpired(cmd, timeout, output=b"step 1/8", stderr=b"")
+        run = Path(cmd[cmd.index("--out") + 1])
+        run.mkdir(parents=True)
+        (run / "summary.json").write_text('{"status": "ok", "final_loss": 5.5, "tok_per_s": 1000.0}')
+        return subprocess.CompletedProcess(cmd, 0, "trained\n", "")
+
+    monkeypatch.setattr(gpu_check.subprocess, "run", scripted)
 
     items = gpu_check.plan(False, tmp_path)
     names = [it.name for it in items]
@@ -181,12 +199,19 @@ def test_gpu_check_plan_orders_its_checks_and_rewrites_its_sections(tmp_path):
     docs.mkdir()
     (docs / "results.md").write_text("# Results\n\n" + gpu_check.BEGIN + "\nan older section\n" + gpu_check.END + "\n")
     (docs / "benchmarks.md").write_text("# Benchmarks\n")
-    assert gpu_check.main(["--dry-run", "--docs-dir", str(docs), "--only", "FSDP2"]) == 0
+    assert gpu_check.main(["--dry-run", "--docs-dir", str(docs), "--only", "FSDP2", "--out", str(tmp_path / "a")]) == 0
+    planned = {it.name: it.cmd for it in gpu_check.plan(True, tmp_path / "a" / "runs")}
+    assert started == [planned["FSDP2 on one device, probes on"]]  # the item's own command, once
     results = (docs / "results.md").read_text()
     assert results.count(gpu_check.BEGIN) == 1 and results.count(gpu_check.END) == 1
     section = results[results.index(gpu_check.BEGIN) :]
     assert "CPU dry run" in section and "| FSDP2 on one device, probes on | ok |" in section
     assert "an older section" not in results
+    outcome["FSDP2"] = "slow"  # the process runs past its limit: a failed item, said so, with exit 124
+    assert gpu_check.main(["--dry-run", "--docs-dir", str(docs), "--only", "FSDP2", "--out", str(tmp_path / "b")]) == 1
+    log = (tmp_path / "b" / "logs" / "FSDP2_on_one_device_probes_on.log").read_text()
+    assert log.startswith("step 1/8") and "timed out after" in log
+    assert "### FSDP2 on one device, probes on: FAILED (exit 124)" in (docs / "results.md").read_text()
     assert (BENCH.parent / "docs" / "results.md").read_text() == before
     assert gpu_check.main(["--dry-run", "--docs-dir", str(docs), "--only", "peers", "--budget-s", "0"]) == 0
     assert "### peers (MFU): not run (the check's time budget was spent)" in (docs / "benchmarks.md").read_text()

@@ -576,9 +576,10 @@ def test_trainer_callback_writes_a_run_the_report_reads(tmp_path):
     )
     tf.Trainer(model=model, args=args, train_dataset=data, callbacks=[NormlabCallback(every=4)]).train()
     run = normlab.load_run(tmp_path / "hf" / "normlab")
-    assert run.metrics.step.tolist() == list(range(9)) and run.metrics.loss.notna().all()
+    # the Trainer's step numbers (1..9); probes at the first step, every 4, and the final weights (step 10)
+    assert run.metrics.step.tolist() == list(range(1, 10)) and run.metrics.loss.notna().all()
     assert run.metrics.loss.iloc[0] == pytest.approx(math.log(96), abs=0.3)  # a random model's loss at init
-    assert sorted(run.probes.step.unique().tolist()) == [0, 4, 8]
+    assert sorted(run.probes.step.unique().tolist()) == [1, 4, 8, 10]
     assert len(run.probe("stream", "var").columns) == SMALL["num_hidden_layers"] + 1
     assert set(run.probe("self_attn.q_proj", "grad_norm").columns) == {0, 1}
     assert not run.probe("mlp_norms.input", "gamma_mean").empty  # Llama's post_attention_layernorm
@@ -978,6 +979,6 @@ def test_monitor_under_fsdp2_equals_one_process_and_the_trainer_callback_reads_s
     n, worst = assert_same_probes(tmp_path / "one", tmp_path / "two")
     assert n > 150 and worst < 1e-5, worst
     run = normlab.load_run(tmp_path / "hf" / "normlab")
-    assert run.metrics.step.tolist() == [0, 1, 2, 3] and run.metrics.grad_norm.gt(0).all()
-    assert sorted(run.probes.step.unique().tolist()) == [0, 2, 4]
+    assert run.metrics.step.tolist() == [1, 2, 3, 4] and run.metrics.grad_norm.gt(0).all()  # the Trainer's
+    assert sorted(run.probes.step.unique().tolist()) == [1, 2, 4]  # the first step's, every 2nd
     assert not run.probe("self_attn.q_proj", "grad_norm").empty and not run.probe("mlp_norms.input", "gamma_mean").empty

@@ -123,7 +123,8 @@ def test_trainer_callback_records_the_norm_the_trainer_clipped_from(tmp_path):
     trainer.train()
     theirs = [r["grad_norm"] for r in trainer.state.log_history if "grad_norm" in r]
     ours = metrics(tmp_path / "hf" / "normlab")
-    assert [r["step"] for r in ours] == [0, 1, 2, 3] and len(theirs) == 4
+    logged = [r["step"] for r in trainer.state.log_history if "grad_norm" in r]
+    assert [r["step"] for r in ours] == logged == [1, 2, 3, 4]  # the Trainer's step numbers
     assert min(theirs) > 30 * CLIP  # the clip bites
     assert at_event == pytest.approx([CLIP] * 4, rel=1e-3)  # what the event itself sees: the clipped gradients
     for mine, logged in zip(ours, theirs):
@@ -131,8 +132,82 @@ def test_trainer_callback_records_the_norm_the_trainer_clipped_from(tmp_path):
     record = json.loads((tmp_path / "hf" / "normlab" / "config.json").read_text())
     assert "before any clipping" in record["grad_norm"]["at"] and "every parameter" in record["grad_norm"]["of"]
     run = normlab.load_run(tmp_path / "hf" / "normlab")
-    blocks = run.probe("block", "grad_norm").loc[0]
+    blocks = run.probe("block", "grad_norm").loc[1]  # the first step's
     assert math.sqrt((blocks**2).sum()) < 0.999 * ours[0]["grad_norm"]  # embeddings and head count too
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_trainer_callback_warns_through_a_blow_up_from_its_first_steps(precision, tmp_path, capsys):
+    """A tiny Llama trained by the Trainer at lr 1.0 blows up in its first steps (the loss from ~ln 96 to past
+    15 at step 2), long before any spike rule has its history. The callback reads the precision from the
+    Trainer's fp16 / bf16 argument (on the CPU no GradScaler is made) and warns from the first steps on the
+    absolute rules: the loss-rise rule at the first step whose loss is more than LOSS_RISE above step 1's,
+    and in fp16 the stream at the first step whose largest |x| is within 8x of 65,504: each at the step the
+    rule gives on the Trainer's own numbers, on stderr, in warnings.jsonl and in summary.json (status
+    warned, not ok). Steps are the Trainer's: row N holds the loss the Trainer logged at global_step N."""
+    from normlab.diagnostics.early_warning import LOSS_RISE
+    from normlab.diagnostics.stats import FP16_MAX, OVERFLOW_HEADROOM
+    from normlab.hf.callback import NormlabCallback
+
+    args = tf.TrainingArguments(
+        output_dir=str(tmp_path / "hf"),
+        max_steps=40,
+        per_device_train_batch_size=4,
+        learning_rate=1.0,
+        lr_scheduler_type="constant",
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        **{precision: True},
+    )
+    data = [{"input_ids": t, "labels": t} for t in tokens(160)]
+    trainer = tf.Trainer(model=llama(), args=args, train_dataset=data, callbacks=[NormlabCallback(every=10)])
+    trainer.train()
+    err = capsys.readouterr().err
+    folder = tmp_path / "hf" / "normlab"
+    theirs = {r["step"]: r["loss"] for r in trainer.state.log_history if "grad_norm" in r}
+    ours = metrics(folder)
+    assert [r["step"] for r in ours] == sorted(theirs) == list(range(1, 41))
+    for row in ours:
+        assert row["loss"] == pytest.approx(theirs[row["step"]], rel=1e-3)  # same step, same loss
+
+    rise = next(s for s in sorted(theirs) if theirs[s] > theirs[1] + LOSS_RISE)  # the rule on their numbers
+    streams = {r["step"]: max(r["stream_max"]) for r in map(json.loads, (folder / "layers.jsonl").open())}
+    expected = {"loss rise": rise}
+    if precision == "fp16":
+        expected["stream growth"] = next(s for s in sorted(streams) if streams[s] * OVERFLOW_HEADROOM >= FP16_MAX)
+    live = [json.loads(line) for line in (folder / "warnings.jsonl").read_text().splitlines()]
+    assert {a["signal"]: a["step"] for a in live} == expected and max(expected.values()) <= 40
+    for a in live:
+        assert f"normlab warning at step {a['step']}: {a['signal']}" in err
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["status"] == "warned" and summary["precision"] == precision
+    assert summary["reason"].startswith(f"normlab warning at step {rise}: loss rise")
+    assert summary["spikes"] == 1  # the loss-rise step's batch is captured, as a spike's is
+    assert (folder / "spikes" / f"step_{rise}.pt").is_file()
+    from normlab.diagnostics.run_report import reading_lines
+
+    said = reading_lines([normlab.load_run(folder)], ["hf"])
+    assert f"hf trained with early warnings: {summary['reason']}." in said
+
+
+def test_trainer_callback_precision_from_its_argument_the_trainers_or_the_model(tmp_path):
+    from normlab.hf.callback import NormlabCallback, precision_of
+
+    model = llama()
+    assert precision_of(SimpleNamespace(fp16=True, bf16=False), model) == "fp16"
+    assert precision_of(SimpleNamespace(fp16=False, bf16=True), model) == "bf16"
+    assert precision_of(SimpleNamespace(), model) == "fp32"
+    assert precision_of(SimpleNamespace(), model.to(torch.bfloat16)) == "bf16"
+    assert precision_of(SimpleNamespace(), model.to(torch.float16)) == "fp16"
+    with pytest.raises(ConfigError, match=r"^NormlabCallback: precision must be one of fp16, bf16, fp32 .*'fp8'$"):
+        NormlabCallback(tmp_path / "x", precision="fp8")
+    callback = NormlabCallback(tmp_path / "given", precision="fp16")
+    callback.on_train_begin(SimpleNamespace(output_dir=str(tmp_path), bf16=True), None, None, model=llama())
+    assert callback.monitor.warnings.precision == "fp16"  # the parameter wins over the Trainer's arguments
+    callback.on_train_end(None, None, None)
 
 
 def drive_callback(callback, folder, scaler=None, clip=CLIP, **given):
@@ -272,7 +347,7 @@ def test_monitor_records_the_norm_before_the_loops_clip_over_every_parameter(tmp
         "1",
         "block",
     ]  # layers.K.1: the Linear
-    blocks = run.probe("block", "grad_norm").loc[0]
+    blocks = run.probe("block", "grad_norm").loc[1]  # the first step's
     assert math.sqrt((blocks**2).sum()) < 0.999 * rows[0]["grad_norm"]
 
 
@@ -390,3 +465,15 @@ def test_monitor_raises_live_early_warnings_in_another_loop(tmp_path, capsys):
     with pytest.raises(ConfigError, match="precision must be fp16, bf16 or fp32"):
         TrainingMonitor(model, tmp_path / "bad", precision="fp8")
     assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize(
+    "given, precision", [("16-mixed", "fp16"), ("16-true", "fp16"), ("bf16-mixed", "bf16"), ("32-true", "fp32")]
+)
+def test_lightning_callback_takes_the_trainers_precision(given, precision):
+    pytest.importorskip("lightning")
+    from normlab.diagnostics.lightning import NormlabLightningCallback, precision_of
+
+    assert precision_of(SimpleNamespace(precision=given)) == precision
+    with pytest.raises(ConfigError, match=r"precision must be one of fp16, bf16, fp32 or None .* got 'fp8'$"):
+        NormlabLightningCallback("x", precision="fp8")

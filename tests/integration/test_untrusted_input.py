@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -461,3 +462,120 @@ def test_a_leftover_auto_map_on_a_shipped_model_type_loads_the_stock_class_and_r
     (folder / "config.json").write_text(json.dumps(config))
     one_line_refusal(["scan", folder, "--out", tmp_path / "scan2"], "which transformers does not ship", capsys)
     assert not marker.exists() and not (tmp_path / "scan2").exists()
+
+
+# the fifth pass (issue 63 item 17): leadtime's and transfer's output files, damaged inputs, doctor's weights
+
+
+@pytest.fixture(scope="module")
+def small_sweep(tmp_path_factory):
+    """A finished sweep of layout x lr x seed (what both leadtime and transfer read), 4 nano runs of 3 steps."""
+    from normlab.experiments.runner import run_sweep
+    from tests.conftest import SENTENCES
+
+    root = tmp_path_factory.mktemp("sweep")
+    corpus = root / "corpus.txt"
+    corpus.write_text("\n".join(SENTENCES[(i * 7) % len(SENTENCES)] for i in range(800)))
+    base = {"data": str(corpus), "size": "nano", "seq_len": 16, "batch_size": 4, "steps": 3, "eval_every": 0}
+    sweep = SweepConfig(
+        name="t",
+        base={**base, "eval_batches": 1, "probe_every": 0, "device": "cpu"},
+        grid={"layout": ["pre", "peri"], "lr": [1e-3, 3e-3], "seed": [0]},
+    )
+    run_sweep(sweep, root / "sw", workers=1, log=lambda *a: None)
+    return root / "sw"
+
+
+def test_leadtime_writes_only_a_new_json_file_and_reads_damaged_sweeps(small_sweep, tmp_path, capsys):
+    """--json: an existing file, a link (to a file, or dangling) and a file in a missing folder are refused in one
+    line before any work, nothing written or made; a new file is written, and the same command writes its own
+    file again. A hand-edited metrics.jsonl row is
+    skipped and said; a 0-byte sweep.db is rebuilt from the run folders, as summarize does, not read as 0 runs."""
+    import shutil
+
+    mine = tmp_path / "mine.json"
+    mine.write_text("my notes\n")
+    (tmp_path / "link.json").symlink_to(mine)
+    (tmp_path / "dangling.json").symlink_to(tmp_path / "gone.json")
+    for name, needle in (
+        ("mine.json", "mine.json exists; name a new file"),
+        ("link.json", "link.json is a symbolic link"),
+        ("dangling.json", "dangling.json is a symbolic link"),
+        ("nodir/x.json", "the folder " + str(tmp_path / "nodir") + " does not exist"),
+    ):
+        one_line_refusal(["leadtime", small_sweep, "--json", tmp_path / name], needle, capsys)
+    assert mine.read_text() == "my notes\n" and not (tmp_path / "gone.json").exists()
+    assert not (tmp_path / "nodir").exists()
+    assert main(["leadtime", str(small_sweep), "--json", str(tmp_path / "new.json")]) == 0
+    assert capsys.readouterr().out.startswith("4 runs (0 faulted: none; 4 healthy), 0 events")
+    first = (tmp_path / "new.json").read_text()
+    assert len(json.loads(first)["runs"]) == 4
+    capsys.readouterr()
+    assert main(["leadtime", str(small_sweep), "--json", str(tmp_path / "new.json")]) == 0  # its own file: again
+    assert (tmp_path / "new.json").read_text() == first  # the same command, the same answer
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(small_sweep, damaged)
+    run = sorted((damaged / "runs").iterdir())[0]
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write('{"step": "x", "loss": "abc"}\n{"step": 1, "loss": [1]}\n')
+    assert main(["leadtime", str(damaged)]) == 0
+    out = capsys.readouterr().out
+    assert f"skipped 2 unreadable row(s) of metrics.jsonl in {run.name} (2)" in out
+
+    (damaged / "sweep.db").write_bytes(b"")
+    assert main(["leadtime", str(damaged)]) == 0
+    assert capsys.readouterr().out.startswith("4 runs (")
+
+
+def test_transfer_record_is_never_written_into_a_folder_it_did_not_make(small_sweep, tmp_path, capsys):
+    record = tmp_path / "missing" / "dir" / "x.json"
+    one_line_refusal(["transfer", small_sweep, small_sweep, "--record", record], "does not exist", capsys)
+    assert not (tmp_path / "missing").exists()
+    (tmp_path / "link.json").symlink_to(tmp_path / "elsewhere.json")
+    one_line_refusal(["transfer", small_sweep, small_sweep, "--record", tmp_path / "link.json"], "link", capsys)
+    assert not (tmp_path / "elsewhere.json").exists()
+
+
+@pytest.mark.skipif(not shutil.which("unshare") or os.geteuid() != 0, reason="needs root to mount read-only")
+def test_transfer_and_leadtime_read_sweeps_on_read_only_storage(small_sweep, tmp_path):
+    import shutil as sh
+
+    sw = tmp_path / "sw"
+    sh.copytree(small_sweep, sw)
+    listing = sorted(str(p.relative_to(sw)) for p in sw.rglob("*"))
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    script = (
+        f"mount --bind {sw} {sw} && mount -o remount,bind,ro {sw} && "
+        f"{sys.executable} -m normlab transfer {sw} {sw}; a=$?; "
+        f"{sys.executable} -m normlab leadtime {sw}; echo codes $a $?"
+    )
+    proc = subprocess.run(
+        ["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, env=env, timeout=PATIENCE_S
+    )
+    assert "codes 0 0" in proc.stdout, proc.stdout + proc.stderr
+    assert "4 runs (" in proc.stdout
+    assert sorted(str(p.relative_to(sw)) for p in sw.rglob("*")) == listing  # nothing written into the sweep
+
+
+def test_doctor_on_a_normlab_config_over_other_weights_is_one_line(llama_folder, tmp_path, capsys):
+    """A folder whose config.json is normlab's class but whose model.safetensors is a Llama's (other names), or a
+    wider normlab model's (other shapes): one line, exit 2, after nothing but the refusal (transformers' load
+    report silenced); the folder's own weights load."""
+    import shutil
+
+    from normlab.hf.export import save_hf
+
+    ours = save_hf(build_model("peri", "nano", seed=0), tmp_path / "ours")
+    wider = save_hf(build_model("peri", "nano", seed=0, d_model=64), tmp_path / "wider")
+    capsys.readouterr()  # the saves' progress bars
+    for name, weights, needle in (
+        ("llama", Path(llama_folder) / "model.safetensors", "unexpected (e.g. model.embed_tokens.weight)"),
+        ("shapes", wider / "model.safetensors", "mismatched (e.g. normlab.blocks.0."),
+    ):
+        mixed = tmp_path / name
+        shutil.copytree(ours, mixed)
+        shutil.copy(weights, mixed / "model.safetensors")
+        one_line_refusal(["doctor", mixed], "its weights are not the model its config.json describes", capsys)
+        assert main(["doctor", str(mixed)]) == 2 and needle in capsys.readouterr().err
+    assert main(["doctor", str(ours)]) == 0

@@ -184,3 +184,72 @@ def test_a_corrupted_batch_reaches_training(tmp_path):
         assert main(args) == 0
         losses[fault] = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert losses["none"][:3] == losses["corrupt_batch"][:3] and losses["none"][3] != losses["corrupt_batch"][3]
+
+
+def test_the_loss_rise_rule_warns_from_the_second_step_and_on_a_non_finite_loss():
+    """The start is the first finite loss (5.0 at step 0); 5.9 and 6.0 are within LOSS_RISE (1 nat) of it, 6.01
+    is past it at step 3, long before any spike rule's 32-step window. It fires once; a NaN loss fires it."""
+    from normlab.diagnostics.early_warning import LOSS_RISE
+
+    warn = _feed("bf16", [({}, {"loss": v}) for v in (5.0, 5.9, 5.0 + LOSS_RISE, 6.01, 30.0)])
+    (alert,) = warn.alerts
+    assert (alert.signal, alert.step, alert.value) == ("loss rise", 3, 6.01)
+    assert "1.01 nats above its start (5 at step 0" in alert.evidence
+    nan = _feed("fp32", [({}, {"loss": v}) for v in (math.nan, 5.0, 4.0)]).alerts
+    assert [(a.signal, a.step) for a in nan] == [("loss rise", 0)]
+    calm = _feed("bf16", [({}, {"loss": 5.0 - 0.05 * t + 0.3 * (t % 2)}) for t in range(60)])
+    assert not calm.alerts
+
+
+@pytest.mark.parametrize(
+    "precision, match",
+    [("fp8", r"precision must be one of fp16, bf16, fp32 .* got 'fp8'$"), (16, r".* got 16$"), (None, r".* got None$")],
+)
+def test_early_warnings_refuse_a_precision_they_have_no_limits_for(precision, match):
+    from normlab.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^EarlyWarnings: " + match):
+        EarlyWarnings(precision)
+
+
+@pytest.mark.parametrize(
+    "step, tier, metrics, match",
+    [
+        (math.nan, {}, {}, r"the step must be a whole number >= 0, got nan$"),
+        (-1, {}, {}, r"the step must be a whole number >= 0, got -1$"),
+        ("3", {}, {}, r"the step must be a whole number >= 0, got '3'$"),
+        (2.5, {}, {}, r"the step must be a whole number >= 0, got 2.5$"),
+        (True, {}, {}, r".* got True$"),
+        (4, {}, {}, r"step 4 does not come after the last step fed \(4\); steps must increase$"),
+        (3, {}, {}, r"step 3 does not come after the last step fed \(4\)"),
+        (5, {}, {"loss": "2.5"}, r"metrics\['loss'\] must be a number or None, got '2.5'$"),
+        (5, {}, {"grad_norm": [1.0]}, r"metrics\['grad_norm'\] must be a number or None"),
+        (5, [1.0], {}, r"tier must be a dict \(its row for the step, or \{\}\), got list$"),
+        (5, {}, None, r"metrics must be a dict"),
+        (5, {"stream_max": 3.0}, {}, r"tier\['stream_max'\] must be a list of numbers \(one per layer\), got 3.0$"),
+        (5, {"stream_max": ["x"]}, {}, r"tier\['stream_max'\] must be a list of numbers"),
+        (5, {"max_logit": [1.0, 2.0]}, {}, r"tier\['max_logit'\] must be a list of lists of numbers"),
+        (5, {"update_ratio": {"0": 1.0}}, {}, r"tier\['update_ratio'\] must be a list of numbers"),
+    ],
+)
+def test_early_warnings_refuse_steps_and_rows_they_cannot_read_in_one_line(step, tier, metrics, match):
+    """As `TrainingMonitor.step` does: a ConfigError of one line, and the detectors as they were (step 4 fed, the
+    next good step 5 still accepted)."""
+    from normlab.errors import ConfigError
+
+    warn = EarlyWarnings("fp16")
+    warn.feed(4, {"stream_max": [1.0]}, {"loss": 2.0, "grad_norm": 1.0})
+    with pytest.raises(ConfigError, match=r"^EarlyWarnings\.feed: " + match) as caught:
+        warn.feed(step, tier, metrics)
+    assert "\n" not in str(caught.value)
+    assert warn.last_step == 4 and warn.rise.start == 2.0 and warn.feed(5, {"stream_max": [2.0]}, {"loss": 2.1}) == []
+
+
+def test_replay_skips_rows_it_cannot_read_and_counts_them(tmp_path):
+    """A hand-edited metrics.jsonl (a string loss, a step going backwards) replays its readable rows."""
+    from normlab.diagnostics.early_warning import replayed
+
+    rows = [{"step": 0, "loss": 5.0}, {"step": 1, "loss": "oops"}, {"step": 2, "loss": 7.0}, {"step": 1, "loss": 9.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    warn = replayed(tmp_path, "bf16")
+    assert warn.skipped_rows == 2 and [(a.signal, a.step) for a in warn.alerts] == [("loss rise", 2)]

@@ -348,11 +348,36 @@ RECOMMEND_DECIDES = {
 }
 
 
+FAULT_SETTINGS = ("fault", "fault_step", "fault_scale")  # run.*: a fault injected on purpose (normlab.train.faults)
+
+
+def check_no_fault(extra: dict[str, Any], command: str) -> None:
+    """Refuse a fault setting (run.fault, run.fault_step, run.fault_scale) in a command that measures healthy
+    runs (recommend's proxies, coordcheck's widths): one line, ConfigError. Unknown keys are left to the typed
+    settings, which refuse them with their own line."""
+    from normlab.config.train import resolve_key
+    from normlab.errors import ConfigError
+
+    for key in extra:
+        try:
+            kind, name = resolve_key(key)
+        except ConfigError:
+            continue
+        if kind == "leaf" and name in FAULT_SETTINGS:
+            raise ConfigError(
+                f"--set {key}=...: {command} measures runs trained as given, and run.fault, run.fault_step and "
+                "run.fault_scale inject a fault on purpose (the early-warning study: normlab train, the warn-* "
+                "recipes); drop it"
+            )
+
+
 def check_recommend_settings(extra: dict[str, Any]) -> None:
-    """Refuse --set keys recommend decides: the proxies' shape, tokenizer, layouts, lrs, seeds, folder."""
+    """Refuse --set keys recommend decides: the proxies' shape, tokenizer, layouts, lrs, seeds, folder; and
+    a fault (`check_no_fault`)."""
     from normlab.errors import ConfigError
     from normlab.model.config import ModelConfig
 
+    check_no_fault(extra, "recommend")
     shape = set(ModelConfig.__dataclass_fields__)
     for key in extra:
         if key in RECOMMEND_DECIDES or key in shape or key.startswith("model."):

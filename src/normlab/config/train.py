@@ -555,6 +555,8 @@ class TrainConfig:
             m.resolved  # noqa: B018 - the layout against the model's depth (cached: a sweep resolves each layout once)
         except LayoutError as err:
             raise ConfigError(f"layout {m.layout_label!r} does not fit {m.config.n_layers} layers: {err}") from None
+        if (why := m.config.parametrization_problem(m.resolved)) is not None:
+            raise ConfigError(why)  # refused with the settings, before a folder is made (NormLM refuses it too)
 
     def for_device(self, device: str, bf16: bool = True) -> TrainConfig:
         """The settings with their device-dependent defaults decided: precision auto (bf16 on CUDA where the

@@ -22,6 +22,11 @@ The signals (`DETECTORS`):
   update-norm spikes come before loss spikes).
 - ``spike score``: OLMo-core's spike score (the share of steps with a loss or gradient-norm spike) past
   `SCORE_ALERT` over the steps seen.
+- ``loss rise``: an absolute rule that needs no history, so it speaks from the second step on: a loss more
+  than `LOSS_RISE` nats above the run's first finite loss (a model e times less likely on its tokens than when
+  the run started: at a random init, worse than uniform guessing), or a non-finite loss. The spike rules
+  above wait for a full window (`SPIKE_WINDOW` steps); a run that blows up in its first steps passes them
+  unseen. Its twin for the stream is the growth detector's headroom check, which also needs no history.
 
 Each detector fires at most once per run (its first warning is what a lead time measures); `replay`
 returns every detector's first alert.
@@ -30,6 +35,8 @@ returns every detector's first alert.
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 import sys
 from collections import deque
 from collections.abc import Callable
@@ -39,6 +46,7 @@ from typing import Any
 
 from normlab.diagnostics.hooks import StepHook
 from normlab.diagnostics.stats import OVERFLOW_HEADROOM, PRECISION_LIMITS, _is_spike, log_growth
+from normlab.errors import ConfigError
 
 WINDOW = 20  # tier rows in a growth fit
 MIN_POINTS = 10  # rows before a growth fit speaks
@@ -50,6 +58,8 @@ HEADROOM = OVERFLOW_HEADROOM  # a value within this factor of the limit warns at
 SPIKE_WINDOW = 32
 SPIKE_SIGMAS = 6.0
 SCORE_ALERT = 0.02  # spike score: 2% of the steps seen
+LOSS_RISE = 1.0  # nats above the first finite loss: the loss-rise rule (module docstring)
+PRECISIONS = ("fp16", "bf16", "fp32")  # the precisions whose limits the detectors know (stats.PRECISION_LIMITS)
 
 
 @dataclass
@@ -171,6 +181,39 @@ class _Spike:
         )
 
 
+@dataclass
+class _Rise:
+    """The loss-rise rule (module docstring): the first finite loss is the start; a later loss more than
+    `LOSS_RISE` above it, or a non-finite one, fires."""
+
+    signal: str = "loss rise"
+    start: float | None = None
+    start_step: int | None = None
+    fired: bool = False
+
+    def feed(self, step: int, metrics: dict[str, Any]) -> Alert | None:
+        v = metrics.get("loss")
+        if self.fired or v is None:
+            return None
+        v = float(v)
+        if math.isfinite(v) and self.start is None:
+            self.start, self.start_step = v, step
+            return None
+        if math.isfinite(v) and v <= self.start + LOSS_RISE:  # type: ignore[operator]  # set above
+            return None
+        self.fired = True
+        if not math.isfinite(v):
+            return Alert(self.signal, step, "loss", v, f"the loss is {v} (non-finite)")
+        return Alert(
+            self.signal,
+            step,
+            "loss",
+            v,
+            f"loss {v:,.4g}, {v - self.start:,.3g} nats above its start ({self.start:,.4g} at step "  # type: ignore[operator]
+            f"{self.start_step}; the rule: more than {LOSS_RISE:g})",
+        )
+
+
 def _metric(key: str) -> Callable[[dict[str, Any], dict[str, Any]], float | None]:
     def read(tier: dict[str, Any], metrics: dict[str, Any]) -> float | None:
         v = metrics.get(key)
@@ -192,17 +235,78 @@ def _max_head(heads: Any) -> float:
     return max(vals) if vals else math.nan
 
 
-DETECTORS = ("stream growth", "logit growth", "grad-norm spike", "loss spike", "update/weight spike", "spike score")
+DETECTORS = (
+    "stream growth",
+    "logit growth",
+    "grad-norm spike",
+    "loss spike",
+    "update/weight spike",
+    "spike score",
+    "loss rise",
+)
+
+
+def _step(step: Any, last: int | None) -> int:
+    """``step`` as the next step to feed, or a ConfigError: a whole number >= 0 after the last one fed."""
+    try:
+        n = operator.index(step) if not isinstance(step, bool) else None
+    except TypeError:
+        n = None
+    if n is None or n < 0:
+        raise ConfigError(f"EarlyWarnings.feed: the step must be a whole number >= 0, got {step!r}")
+    if last is not None and n <= last:
+        raise ConfigError(
+            f"EarlyWarnings.feed: step {n} does not come after the last step fed ({last}); steps must increase"
+        )
+    return n
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def _check_rows(tier: Any, metrics: Any) -> None:
+    """The rows `EarlyWarnings.feed` reads, each refused in one line (ConfigError) where its shape is not the
+    one the detectors read: dicts; the metrics' ``loss`` and ``grad_norm`` numbers or None; the tier's
+    ``stream_max`` and ``update_ratio`` lists of numbers (a layer each) and ``max_logit`` a list of lists of
+    numbers (a block's heads)."""
+    for name, row in (("tier", tier), ("metrics", metrics)):
+        if not isinstance(row, dict):
+            raise ConfigError(
+                f"EarlyWarnings.feed: {name} must be a dict (its row for the step, or {{}}), got {type(row).__name__}"
+            )
+    for key in ("loss", "grad_norm"):
+        v = metrics.get(key)
+        if v is not None and not _number(v):
+            raise ConfigError(f"EarlyWarnings.feed: metrics[{key!r}] must be a number or None, got {v!r}")
+    for key, nested in (("stream_max", False), ("update_ratio", False), ("max_logit", True)):
+        values = tier.get(key)
+        if values is None:
+            continue
+        shape = "a list of lists of numbers (a block's heads)" if nested else "a list of numbers (one per layer)"
+        ok = isinstance(values, list) and all(
+            (isinstance(v, list) and all(_number(h) or h is None for h in v)) if nested else (_number(v) or v is None)
+            for v in values
+        )
+        if not ok:
+            raise ConfigError(f"EarlyWarnings.feed: tier[{key!r}] must be {shape}, got {values!r:.80}")
 
 
 class EarlyWarnings:
     """Every detector of the module doc for one run in `precision`; `feed` each step's tier row (or {} on a
-    step without one) and metrics row; it returns the alerts that fired at that step."""
+    step without one) and metrics row; it returns the alerts that fired at that step. A precision other than
+    `PRECISIONS`, a step that is not a whole number above the last one fed, or a row of another shape is
+    refused in one line (ConfigError) before any detector sees it."""
 
     def __init__(self, precision: str) -> None:
+        if precision not in PRECISIONS:
+            raise ConfigError(
+                f"EarlyWarnings: precision must be one of {', '.join(PRECISIONS)} (the limits the detectors know), "
+                f"got {precision!r}"
+            )
         # fp32 runs' logits are judged at bf16's limit, where attention is computed at scale
-        logit_limit = PRECISION_LIMITS["bf16" if precision not in ("fp16", "bf16") else precision][0]
-        act_limit = PRECISION_LIMITS.get(precision, PRECISION_LIMITS["fp32"])[1]
+        logit_limit = PRECISION_LIMITS["bf16" if precision == "fp32" else precision][0]
+        act_limit = PRECISION_LIMITS[precision][1]
         self.precision = precision
         self.growth = [
             _Growth("stream growth", "stream_max", "stream layer", act_limit, precision),
@@ -214,12 +318,21 @@ class EarlyWarnings:
             _Spike("loss spike", _metric("loss"), "loss"),
             _Spike("update/weight spike", _largest("update_ratio"), "largest update/weight ratio"),
         ]
+        self.rise = _Rise()
         self.steps = self.spiked = 0
         self.score_fired = False
+        self.last_step: int | None = None
+        self.skipped_rows = 0  # rows `replayed` could not feed
         self.alerts: list[Alert] = []
 
     def feed(self, step: int, tier: dict[str, Any], metrics: dict[str, Any]) -> list[Alert]:
+        step = _step(step, self.last_step)
+        _check_rows(tier, metrics)
+        self.last_step = step
         fired = [a for g in self.growth if tier and (a := g.feed(step, tier)) is not None]
+        rise = self.rise.feed(step, metrics)
+        if rise is not None:
+            fired.append(rise)
         spiked = False
         for s in self.spikes:
             alert = s.feed(step, tier, metrics)
@@ -246,15 +359,23 @@ class EarlyWarnings:
 
 def replayed(run: str | Path, precision: str, until: int | None = None) -> EarlyWarnings:
     """The detectors fed a run folder's rows (metrics.jsonl and layers.jsonl, step by step) before step
-    `until` (None: all): a finished run's alerts (`replay`), or a resumed run's detectors as they stood."""
+    `until` (None: all): a finished run's alerts (`replay`), or a resumed run's detectors as they stood. A row
+    the detectors cannot read (a step that is not a whole number above the last, a loss that is not a number, a
+    tier row of another shape: hand-edited, or another program's) is skipped, as a torn line is, and counted in
+    the result's ``skipped_rows``."""
     from normlab.runs.files import RunDir
 
     folder = RunDir(run)
-    tier = {r["step"]: r for r in folder.layers() if "step" in r}
+    tier = {r["step"]: r for r in folder.layers() if isinstance(r.get("step"), int)}
     warn = EarlyWarnings(precision)
     for m in folder.metrics():
-        if "step" in m and "loss" in m and (until is None or m["step"] < until):
-            warn.feed(int(m["step"]), tier.get(m["step"], {}), m)
+        step: Any = m.get("step")  # checked by feed
+        if "loss" not in m or (until is not None and isinstance(step, (int, float)) and step >= until):
+            continue
+        try:
+            warn.feed(step, tier.get(step, {}) if isinstance(step, int) else {}, m)
+        except ConfigError:
+            warn.skipped_rows += 1
     return warn
 
 
@@ -263,7 +384,10 @@ def replay(run: str | Path, precision: str | None = None) -> list[Alert]:
     `precision`)."""
     from normlab.runs.files import RunDir
 
-    precision = precision or str((RunDir(run).summary() or {}).get("activation_dtype") or "fp32")
+    if precision is None:
+        # a summary that names no precision the detectors know is judged as fp32 (no overflow in reach)
+        stored = (RunDir(run).summary() or {}).get("activation_dtype")
+        precision = stored if stored in PRECISIONS else "fp32"
     return replayed(run, precision).alerts
 
 

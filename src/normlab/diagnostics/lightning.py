@@ -17,8 +17,9 @@ norms are those before clipping, over every parameter of the monitored model, as
 ``lightning.pytorch.utilities.grad_norm`` computes them in that hook. The step is recorded at
 ``on_train_batch_end`` of the batch whose optimizer step that was (once per optimizer step, under gradient
 accumulation too), with the training step's loss: the sum of ``outputs["loss"]`` over the accumulated
-batches (Lightning divides each by ``accumulate_grad_batches``: their mean). Lightning is an optional
-dependency: this module imports it.
+batches (Lightning divides each by ``accumulate_grad_batches``: their mean). The early warnings judge the run
+at ``precision=`` if given, else at the Trainer's (``16-mixed``/``16-true``: fp16, ``bf16-*``: bf16, else
+fp32; `precision_of`). Lightning is an optional dependency: this module imports it.
 """
 
 from __future__ import annotations
@@ -29,12 +30,21 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
+from normlab.diagnostics.early_warning import PRECISIONS
 from normlab.diagnostics.training_monitor import SpikeRule, TrainingMonitor
+from normlab.errors import ConfigError
 
 _DEFAULT_SPIKE = SpikeRule()  # frozen: one shared default is safe
 
 # where the gradients are measured (config.json's grad_norm.at)
 BEFORE_CLIP = "Lightning's on_before_optimizer_step: after the backward and AMP unscaling, before clipping"
+
+
+def precision_of(trainer: Any) -> str:
+    """The early warnings' precision for a Lightning Trainer's ``precision`` setting ("16-mixed" -> fp16,
+    "bf16-mixed" -> bf16, "32-true" -> fp32; anything else fp32)."""
+    said = str(getattr(trainer, "precision", "32-true"))
+    return "bf16" if said.startswith("bf16") else "fp16" if said.startswith("16") else "fp32"
 
 
 class NormlabLightningCallback(pl.Callback):
@@ -48,7 +58,14 @@ class NormlabLightningCallback(pl.Callback):
         model_attr: str | None = "model",
         site_names: dict[str, str] | None = None,
         top_k: int = 100,
+        precision: str | None = None,
     ) -> None:
+        if precision is not None and precision not in PRECISIONS:
+            raise ConfigError(
+                f"NormlabLightningCallback: precision must be one of {', '.join(PRECISIONS)} or None (read from "
+                f"the Trainer), got {precision!r}"
+            )
+        self.precision = precision
         self.out, self.every, self.spike, self.top_k = out, every, spike, top_k
         self.model_attr, self.site_names = model_attr, site_names
         self.monitor: TrainingMonitor | None = None
@@ -66,6 +83,7 @@ class NormlabLightningCallback(pl.Callback):
             top_k=self.top_k,
             name=type(model).__name__,
             site_names=self.site_names,
+            precision=self.precision or precision_of(trainer),
         )
         self._stepped, self._loss = False, None
 

@@ -166,6 +166,9 @@ def reading_lines(runs: list[Run], names: list[str]) -> list[str]:
         lines.append(
             f"{n} diverged at step {s.get('diverged_step')} ({s.get('activation_dtype', 'fp32')} activations): {where}."
         )
+    for n, r in zip(names, runs):
+        if r.summary.get("status") == "warned":  # a TrainingMonitor folder whose early warnings fired
+            lines.append(f"{n} trained with early warnings: {r.summary.get('reason') or 'see warnings.jsonl'}.")
     if broke and fine:
         lines.append(f"Trained to the end: {', '.join(fine)}.")
     elif not broke and fine:

@@ -20,15 +20,14 @@ What it records (the names of `normlab.diagnostics.probes`, so the report reads 
   loss its share of the step's mean) and ``grad_norm``, the L2 norm of the gradients of every parameter of
   ``model`` (each shared tensor once, as ``model.parameters()`` lists them: what ``clip_grad_norm_`` over
   them returns), before any clipping (see "Which gradients" below); null when no parameter has one;
-- every ``every`` steps, in ``probes.jsonl``: per block, the gradient norm of each parameter of 2 or more
-  dimensions (its path in the block as the site, ``.weight`` dropped: ``self_attn.q_proj``) and of all the
-  block's parameters (site ``block``), from the same gradients as ``grad_norm``; the stream entering each
-  block and leaving it (mean |h|, variance, RMS, max |h|, median, max/median, angular distance to the next
-  layer), the top-100 activations and the FP16 headroom, from
-  a probe forward on a fixed batch (the first batch seen, or ``probe_batch``); each norm's gain (mean,
-  min, max) under normlab's site name where ``site_names`` gives one (the Trainer callback passes the
-  registered transformers architectures': Llama's ``post_attention_layernorm`` is ``mlp_norms.input``),
-  else its own path.
+- at the first step recorded and every ``every`` steps, in ``probes.jsonl``: per block, the gradient norm of
+  each parameter of 2 or more dimensions (its path in the block as the site, ``.weight`` dropped:
+  ``self_attn.q_proj``) and of all the block's parameters (site ``block``), from the same gradients as
+  ``grad_norm``; the stream entering each block and leaving it (mean |h|, variance, RMS, max |h|, median,
+  max/median, angular distance to the next layer), the top-100 activations and the FP16 headroom, from a probe
+  forward on a fixed batch (the first batch seen, or ``probe_batch``); each norm's gain (mean, min, max) under
+  normlab's site name where ``site_names`` gives one (the Trainer callback passes the registered transformers
+  architectures': Llama's ``post_attention_layernorm`` is ``mlp_norms.input``), else its own path.
 - every step, in ``layers.jsonl``: ``stream_max``, the largest |x| of the stream entering the first block and
   leaving each block over the step's training forwards (`normlab.diagnostics.stream_maxima`), the per-step
   tier's row for a model normlab did not build; it feeds the stream-growth alert (a line on stderr and a row
@@ -36,7 +35,13 @@ What it records (the names of `normlab.diagnostics.probes`, so the report reads 
 - a loss spike (OLMo's rule: more than ``sigmas`` standard deviations above the mean of the last
   ``window`` losses; 6 and 128 by default, `SpikeRule`) triggers a probe pass on the batch that caused
   it (the micro-batch with the largest loss since the last step), saved to ``spikes/step_N.pt`` with its
-  loss, and a row in ``spikes.jsonl``.
+  loss, and a row in ``spikes.jsonl``; so does the first loss more than `LOSS_RISE` (1 nat) above the first
+  step's (the early warnings' loss-rise rule, which needs no history: a run that blows up before the spike
+  rule has ``min_history`` losses), with that bound as its threshold.
+- every alert of the early warnings (`normlab.diagnostics.early_warning`, judged at ``precision``'s limits:
+  fp16's 65,504 for the stream; the loss-rise rule from the second step on) as a line on stderr and a row in
+  ``warnings.jsonl``; summary.json's status is then ``warned`` (``diverged`` where the last loss is
+  non-finite), with the first alert's line as its ``reason``.
 
 - at ``close()``, a last probe pass on the final weights (at the step after the last one recorded, unless
   that step was probed).
@@ -97,7 +102,7 @@ import torch
 from torch import nn
 
 from normlab.diagnostics.attach import StreamProbe
-from normlab.diagnostics.early_warning import EarlyWarnings, print_alert
+from normlab.diagnostics.early_warning import LOSS_RISE, EarlyWarnings, print_alert, replayed
 from normlab.diagnostics.foreign_model import (
     AT_BACKWARD,
     AT_CALL,
@@ -364,9 +369,11 @@ class TrainingMonitor:
                     f"after it ({replaced[0]}..{replaced[-1]}) are replaced by this run's",
                     stacklevel=3,
                 )
-        for path in (self.run.metrics_file, self.run.spikes_file, self.run.layers_file):
+        for path in (self.run.metrics_file, self.run.spikes_file, self.run.layers_file, self.run.warnings_file):
             if path.exists():
                 truncate_jsonl(path, step)
+        if logged:  # the early warnings as they stood at the step it resumes from (each fires once per run)
+            self.warnings = replayed(self.out, self.warnings.precision, until=step)
         for old in self.run.spikes():
             self.spikes.append(old)
         for s in replaced:
@@ -405,6 +412,7 @@ class TrainingMonitor:
         given = loss_value(loss)
         grads = self._grads or GradNorms.measure(self.model.parameters(), 1.0, AT_CALL)
         self._grads = None
+        first = not self._started  # the first step this monitor records is probed: the model as it starts
         if not self._started:
             self._same_model_on_every_rank()
             self.record["grad_norm"] = {
@@ -427,9 +435,17 @@ class TrainingMonitor:
         if self.main:
             assert self.metrics_file is not None  # opened by the first step's `_open`
             self.metrics_file.write(json.dumps(row) + "\n")
+        stream = self.streams.take()
+        tier = {"stream_max": stream} if stream is not None else {}
+        alerts = self.warnings.feed(step, tier, row)
         threshold = self.spike.threshold(self.history) if self.spike else None
         spiked = threshold is not None and loss is not None and math.isfinite(loss) and loss > threshold
-        probed = spiked or step % self.every == 0
+        rise = self.warnings.rise
+        if self.spike and not spiked and any(a.signal == rise.signal and math.isfinite(a.value) for a in alerts):
+            # the loss-rise rule fired before the spike rule's history is long enough: capture the batch too
+            assert rise.start is not None  # the rule fires only once it has a start
+            spiked, threshold = True, rise.start + LOSS_RISE
+        probed = spiked or first or step % self.every == 0
         if probed:
             rows = self._grad_rows(step, squares) + self._probe_rows(step)
             if self.main:
@@ -445,13 +461,11 @@ class TrainingMonitor:
         self.last_grad_norm = total
         self._last_step, self._probed_last = step, probed
         self._losses, self._worst = [], None
-        stream = self.streams.take()
-        tier = {"stream_max": stream} if stream is not None else {}
         if self.main and stream is not None:
             if self.layers_log is None:
                 self.layers_log = self.run.layers_file.open("a", buffering=1)
             self.layers_log.write(json.dumps({"step": step, **tier}) + "\n")
-        for alert in self.warnings.feed(step, tier, row):
+        for alert in alerts:
             if self.main:
                 with self.run.warnings_file.open("a") as f:
                     f.write(json.dumps(alert.to_dict()) + "\n")
@@ -541,8 +555,10 @@ class TrainingMonitor:
 
     def close(self) -> dict[str, Any]:
         """Probe the final weights (at the step after the last one recorded, unless that one was just probed),
-        stop hooking the model, and write summary.json: status ok unless the last known loss is non-finite
-        (a run whose loss the monitor never saw is judged by its gradient norm), the final loss, the spikes.
+        stop hooking the model, and write summary.json: status ``diverged`` where the last known loss is
+        non-finite (a run whose loss the monitor never saw is judged by its gradient norm), else ``warned``
+        where an early warning fired (``reason``: the first one's line; ``warnings``: every one), else ``ok``;
+        the precision the warnings judged by, the final loss, the spikes.
         A second call writes nothing and returns the same summary."""
         if self._closed:
             return dict(self._summary)
@@ -570,15 +586,20 @@ class TrainingMonitor:
         self.writer.close()
         last = self.last_loss if self.last_loss is not None else self.last_grad_norm
         metric_rows = self.run.metrics()
+        alerts = self.warnings.alerts
+        status = "diverged" if last is not None and not math.isfinite(last) else "warned" if alerts else "ok"
         summary = {
-            "status": "ok" if last is None or math.isfinite(last) else "diverged",
+            "status": status,
+            # what made it so: the first early warning's line (every one is in ``warnings``)
+            **({"reason": alerts[0].line()} if alerts else {}),
+            "precision": self.warnings.precision,
             "final_loss": self.last_loss,
             "spikes": len(self.spikes),
             # OLMo-core's spike score over the steps recorded (normlab.diagnostics.stats.spike_score)
             **spike_score([r.get("loss") for r in metric_rows], [r.get("grad_norm") for r in metric_rows]),
             **hooks_summary,
             "source": "normlab.diagnostics.monitor",
-            "warnings": [a.to_dict() for a in self.warnings.alerts],
+            "warnings": [a.to_dict() for a in alerts],
         }
         self.run.write_summary(summary)
         self._summary = summary

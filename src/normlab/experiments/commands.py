@@ -73,10 +73,34 @@ def leadtime_command(sweeps: list[str], json_out: str | None) -> None:
     (normlab.experiments.leadtime); ``json_out``: also as JSON."""
     from normlab.experiments import leadtime
 
-    check_sweep_folders(sweeps, "folders written by normlab sweep (e.g. the warn-* recipes')")
-    if json_out and not json_out.endswith(".json"):
-        raise ConfigError(f"--json {json_out}: give a .json file")
+    check_sweep_folders(sweeps, "folders written by normlab sweep (e.g. the warn-* recipes')", lost_ok=True)
+    if json_out:
+        if not json_out.endswith(".json"):
+            raise ConfigError(f"--json {json_out}: give a .json file")
+        check_new_file(json_out, "--json", update=leadtime.wrote(json_out))  # its own file: the same answer again
     print(leadtime.report(sweeps, json_out), flush=True)
+
+
+def check_new_file(path: str, flag: str, update: bool = False) -> None:
+    """Refuse, in one line before any work, an output file normlab may not write: a symbolic link (its target
+    is someone's), one in a folder that does not exist (no command makes folders for a file) or that is
+    read-only, and an existing file unless ``update`` (a file the command itself reads and rewrites)."""
+    from pathlib import Path
+
+    from normlab.io import writable
+
+    p = Path(path)
+    if p.is_symlink():
+        raise ConfigError(f"{flag} {path} is a symbolic link; name a new file (normlab does not write through links)")
+    if p.exists() and not update:
+        raise ConfigError(f"{flag} {path} exists; name a new file (normlab does not overwrite a file it did not make)")
+    if p.exists() and not p.is_file():
+        raise ConfigError(f"{flag} {path} is not a file; name a new .json file")
+    parent = p.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{flag} {path}: the folder {parent} does not exist; make it first, or name a file in one")
+    if not writable(parent):
+        raise ConfigError(f"{flag} {path}: the folder {parent} is read-only; name a file in a writable folder")
 
 
 def transfer_command(proxy: str, others: list[str], lrs: str, record: str | None) -> None:
@@ -85,8 +109,10 @@ def transfer_command(proxy: str, others: list[str], lrs: str, record: str | None
     from normlab.experiments import transfer
 
     check_sweep_folders([proxy, *others], "folders written by normlab sweep (layout x lr x seed)")
-    if record and not record.endswith(".json"):
-        raise ConfigError(f"--record {record}: give a .json file (a transfer record, new or to update)")
+    if record:
+        if not record.endswith(".json"):
+            raise ConfigError(f"--record {record}: give a .json file (a transfer record, new or to update)")
+        check_new_file(record, "--record", update=True)  # an existing record is updated (transfer.record checks it)
     print(transfer.report(proxy, others, lrs=lrs), flush=True)
     if record:
         print(f"record: {record} ({transfer.record(record, proxy, others, lrs=lrs)['status']})")

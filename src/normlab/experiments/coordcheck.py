@@ -25,8 +25,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from normlab.config.commands import COORDCHECK_BASE, CoordCheckConfig
-from normlab.config.train import TrainConfig
+from normlab.config.commands import COORDCHECK_BASE, CoordCheckConfig, check_no_fault
+from normlab.config.train import TrainConfig, resolve_key
 from normlab.data.dataset import TokenData, batch_at
 from normlab.errors import ConfigError
 from normlab.io import atomic_write_json, own_folder, staged_folder
@@ -305,6 +305,13 @@ def coordcheck_text(check: CoordCheck, out: Path) -> str:
 def coordcheck_command(layout: str, cfg: CoordCheckConfig, settings: dict[str, Any]) -> str:
     """`normlab coordcheck LAYOUT`: the check with the runs' ``settings`` (typed) over COORDCHECK_BASE, written to
     ``cfg.out``; what it prints."""
+    check_no_fault(settings, "coordcheck")
+    for key in settings:
+        if resolve_key(key) == ("model", "d_model"):
+            raise ConfigError(
+                f"--set {key}=...: coordcheck sets each run's width (d_model) from --widths "
+                f"({','.join(map(str, cfg.widths))}); give the widths there"
+            )
     own_folder(cfg.out, "coordcheck", claim=False)  # refused before any training: someone's folder, read-only
     run = TrainConfig().with_({**COORDCHECK_BASE, **settings, "layout": layout}, "coordcheck")
     check = coordcheck(run, list(cfg.widths), cfg.steps, cfg.seeds)

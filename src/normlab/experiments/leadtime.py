@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from normlab.diagnostics.early_warning import DETECTORS, replay
+from normlab.diagnostics.early_warning import DETECTORS, PRECISIONS, EarlyWarnings, replayed
 from normlab.runs.files import SweepDir
 from normlab.runs.store import open_store
 
@@ -44,6 +44,7 @@ class RunOutcome:
     status: str = "ok"
     fault_step: int = 0
     warnings: dict[str, int] = field(default_factory=dict)
+    skipped_rows: int = 0  # rows of its metrics.jsonl the detectors could not read (hand-edited), skipped
 
     @property
     def healthy(self) -> bool:
@@ -53,28 +54,60 @@ class RunOutcome:
 
 def _event(run: SweepDir, rid: str, summary: dict[str, Any], fault_step: int, faulted: bool) -> tuple[int | None, str]:
     """The step of the run's event (module doc) and its kind."""
-    if summary.get("status") == "diverged" and summary.get("diverged_step") is not None:
-        return int(summary["diverged_step"]), "diverged"
+    diverged = summary.get("diverged_step")
+    if summary.get("status") == "diverged" and isinstance(diverged, int) and not isinstance(diverged, bool):
+        return diverged, "diverged"
     if not faulted:
         return None, ""
     initial = summary.get("initial_loss")
     for m in run.run(rid).metrics():
         loss = m.get("loss")
+        step = m.get("step")
         if (
-            m.get("step", -1) >= fault_step
+            isinstance(step, int)
+            and not isinstance(step, bool)
+            and step >= fault_step
             and isinstance(loss, (int, float))
             and isinstance(initial, (int, float))
             and (not math.isfinite(loss) or loss > initial)
         ):
-            return int(m["step"]), "loss past its initial value"
+            return step, "loss past its initial value"
     return None, ""
+
+
+def replayed_run(run: Path) -> EarlyWarnings:
+    """The early warnings over a run folder's files in the precision its summary.json records (fp32 where it
+    names none the detectors know), with the count of rows they could not read."""
+    from normlab.runs.files import RunDir
+
+    stored = (RunDir(run).summary() or {}).get("activation_dtype")
+    return replayed(run, stored if stored in PRECISIONS else "fp32")
+
+
+def _store_rows(folder: SweepDir) -> list[dict[str, Any]]:
+    """The store's rows; a lost store (0 bytes, moved aside) with run folders is rebuilt from them first, as
+    `normlab summarize` does (refused in one line where the folder is read-only)."""
+    from normlab.errors import ConfigError
+    from normlab.experiments.runner import rebuild_store
+    from normlab.io import writable
+
+    rows = open_store(folder, readonly=True).rows() if folder.is_sweep() else []
+    if not rows and folder.run_folders():
+        if not writable(folder.path):
+            raise ConfigError(
+                f"{folder.store_file} holds no runs but {folder.path} holds run folders, and the folder is read-only, "
+                "so the store cannot be rebuilt there; copy the sweep folder somewhere writable"
+            )
+        rebuild_store(folder.path)
+        rows = open_store(folder, readonly=True).rows()
+    return rows
 
 
 def outcomes(sweep: str | Path) -> list[RunOutcome]:
     """Every finished run of a sweep folder as a `RunOutcome`."""
     folder = SweepDir(Path(sweep))
     out = []
-    for row in open_store(folder, readonly=True).rows():
+    for row in _store_rows(folder):
         if row["status"] not in ("ok", "stalled", "diverged"):
             continue
         cfg, rid = row["config"], row["run_id"]
@@ -82,7 +115,8 @@ def outcomes(sweep: str | Path) -> list[RunOutcome]:
         fault = cfg.run.fault
         faulted = fault != "none"
         event, kind = _event(folder, rid, summary, cfg.run.fault_step, faulted)
-        alerts = replay(folder.run(rid).path)
+        warn = replayed_run(folder.run(rid).path)
+        alerts = warn.alerts
         out.append(
             RunOutcome(
                 rid,
@@ -94,6 +128,7 @@ def outcomes(sweep: str | Path) -> list[RunOutcome]:
                 row["status"],
                 cfg.run.fault_step if faulted else 0,
                 {a.signal: a.step for a in alerts},
+                warn.skipped_rows,
             )
         )
     return out
@@ -142,6 +177,14 @@ def markdown(rows: list[dict[str, Any]], runs: list[RunOutcome]) -> str:
         "| layout | signal | detected before the event | lead, steps (median; min-max) | false alarms |",
         "|---|---|---|---|---|",
     ]
+    skipped = [(r.run_id, r.skipped_rows) for r in runs if r.skipped_rows]
+    if skipped:
+        lines[1:1] = [
+            "",
+            f"skipped {sum(n for _, n in skipped)} unreadable row(s) of metrics.jsonl in "
+            + ", ".join(f"{rid} ({n})" for rid, n in skipped)
+            + " (a step that is not a whole number above the last, a loss that is not a number)",
+        ]
     for r in rows:
         lead = "-" if r["lead_median"] is None else f"{r['lead_median']:g} ({r['lead_min']}-{r['lead_max']})"
         lines.append(
@@ -151,14 +194,31 @@ def markdown(rows: list[dict[str, Any]], runs: list[RunOutcome]) -> str:
     return "\n".join(lines) + "\n"
 
 
+WRITTEN_BY = "normlab leadtime"  # the --json file's mark: the one existing file leadtime writes over
+
+
+def wrote(path: str | Path) -> bool:
+    """Whether ``path`` is a regular file an earlier `normlab leadtime --json` wrote (its mark), which the same
+    command may write again; any other existing file is refused (`normlab.experiments.commands.check_new_file`)."""
+    p = Path(path)
+    if p.is_symlink() or not p.is_file() or p.stat().st_size > 64 * 2**20:
+        return False
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("written_by") == WRITTEN_BY
+
+
 def report(sweeps: list[str], json_out: str | None = None) -> str:
     """`normlab leadtime`: the table over every run of `sweeps`; `json_out`: also the rows and runs as JSON."""
     runs = [r for s in sweeps for r in outcomes(s)]
     rows = table(runs)
-    if json_out:
-        Path(json_out).write_text(
-            json.dumps({"sweeps": sweeps, "rows": rows, "runs": [r.__dict__ for r in runs]}, indent=1) + "\n"
-        )
+    if json_out:  # a new file in an existing folder (normlab.experiments.commands.check_new_file), whole or not at all
+        from normlab.io import atomic_write_bytes
+
+        data = {"written_by": WRITTEN_BY, "sweeps": sweeps, "rows": rows, "runs": [r.__dict__ for r in runs]}
+        atomic_write_bytes(json_out, (json.dumps(data, indent=1) + "\n").encode())
     return markdown(rows, runs)
 
 

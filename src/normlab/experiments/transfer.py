@@ -282,7 +282,7 @@ def sweep_scale(path: str | Path) -> dict[str, Any]:
     from normlab.runs.store import open_store
 
     sweep = SweepDir(Path(path))
-    rows = open_store(sweep).rows()
+    rows = open_store(sweep, readonly=True).rows()  # a reader: sweeps on read-only storage compare too
     if not rows:
         return {"runs": 0, "finished": 0, "storage_max": None}
     done = [r for r in rows if r["status"] in FINISHED]

@@ -5,7 +5,15 @@
     # normlab report OUTPUT_DIR/normlab
 
 The monitor hooks the model's forward for the loss and the batch; the callback steps it at
-``on_pre_optimizer_step`` and closes it at the end of training. transformers 5.24's inner loop
+``on_pre_optimizer_step`` and closes it at the end of training. Steps are numbered as the Trainer numbers
+them: the event fires before the update that makes ``state.global_step`` N + 1, and the Trainer logs that
+update's loss and ``grad_norm`` at step N + 1, so the monitor records it as step N + 1 (the first step is 1).
+
+The early warnings (a line on stderr, warnings.jsonl, summary.json's ``warnings`` and status ``warned``:
+`normlab.diagnostics.early_warning`) judge the run at its precision: ``precision=`` if given, else the
+Trainer's ``fp16`` or ``bf16`` argument, else the model's parameter dtype (float16, bfloat16), else fp32.
+An fp16 run's stream warns within 8x of 65,504 from its first step; in any precision a loss more than a nat
+above the first step's warns from the second step on. transformers 5.24's inner loop
 (``Trainer._run_epoch``) clips (``_clip_grad_norm``, when ``max_grad_norm`` > 0) and only then fires
 ``on_pre_optimizer_step``; no event fires between the last micro-batch's backward and the clip. So the
 gradient norms are not read at that event: the monitor measures the gradients at the end of each backward
@@ -36,9 +44,12 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
+from normlab.diagnostics.early_warning import PRECISIONS
 from normlab.diagnostics.training_monitor import SpikeRule, TrainingMonitor
+from normlab.errors import ConfigError
 from normlab.hf.archs import ARCHITECTURES
 from normlab.hf.library import require_transformers
 
@@ -67,6 +78,18 @@ def scales_the_loss(args: Any) -> bool:
     )
 
 
+def precision_of(args: Any, model: nn.Module | None) -> str:
+    """The precision a Trainer run computes in: ``fp16`` or ``bf16`` where its TrainingArguments say so, else
+    the dtype of the model's first floating-point parameter (a model loaded in float16 or bfloat16 trains in
+    it without either flag), else fp32."""
+    if getattr(args, "fp16", False):
+        return "fp16"
+    if getattr(args, "bf16", False):
+        return "bf16"
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None) if model is not None else None
+    return {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(dtype, "fp32")  # type: ignore[arg-type]
+
+
 def _base() -> type:
     return require_transformers().TrainerCallback
 
@@ -81,7 +104,14 @@ class NormlabCallback(_base()):  # type: ignore[misc]
         spike: SpikeRule | None = _DEFAULT_SPIKE,
         top_k: int = 100,
         grad_scaler: Any | None = None,
+        precision: str | None = None,
     ) -> None:
+        if precision is not None and precision not in PRECISIONS:
+            raise ConfigError(
+                f"NormlabCallback: precision must be one of {', '.join(PRECISIONS)} or None (read from the "
+                f"Trainer's arguments), got {precision!r}"
+            )
+        self.precision = precision  # the early warnings' limits; None: `precision_of` the Trainer's run
         self.out, self.every, self.spike, self.top_k = out, every, spike, top_k
         self.grad_scaler = grad_scaler  # fp16: the Trainer's trainer.accelerator.scaler (module docstring)
         self.monitor: TrainingMonitor | None = None
@@ -99,6 +129,7 @@ class NormlabCallback(_base()):  # type: ignore[misc]
             name=getattr(getattr(model, "config", None), "model_type", None),
             site_names=site_names(model) if model is not None else None,
             grad_scaler=self.grad_scaler,
+            precision=self.precision or precision_of(args, model),
         )
         self._after_clip = self.grad_scaler is None and scales_the_loss(args)
         if self._after_clip:
@@ -115,7 +146,7 @@ class NormlabCallback(_base()):  # type: ignore[misc]
             return
         if self._after_clip:
             self.monitor.capture_grads(AFTER_CLIP)
-            self.monitor.step(state.global_step)
+            self.monitor.step(state.global_step + 1)  # the Trainer's number for this update (module docstring)
             return
         measured = self.monitor.pending_grad_norm()
         if measured is not None and math.isfinite(measured):
@@ -133,7 +164,7 @@ class NormlabCallback(_base()):  # type: ignore[misc]
                         "Set callback.grad_scaler = trainer.accelerator.scaler before train() if the loss is scaled",
                         stacklevel=2,
                     )
-        self.monitor.step(state.global_step)
+        self.monitor.step(state.global_step + 1)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         if self.monitor is not None:

@@ -15,9 +15,12 @@ class is written.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
+from normlab.errors import DataError
 from normlab.io import atomic_write_bytes
 from normlab.model.lm import NormLM
 
@@ -155,10 +158,42 @@ def from_hf(path: str | Path) -> NormLM:
     from normlab.hf.folder import check_folder, reading
 
     check_folder(path)
-    # trust_remote_code=False: normlab's registered class loads; code in the folder never runs (nor is asked about)
-    with reading(path):
-        hf = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, trust_remote_code=False)
-        return cast(NormLM, hf.normlab)
+    # trust_remote_code=False: normlab's registered class loads; code in the folder never runs (nor is asked about).
+    # transformers' own load report and progress bar are silenced: a weight file that does not match the config
+    # (another model's weights under normlab's config) is refused here in one line instead of loading half-empty
+    with reading(path), _quiet_transformers():
+        loaded: Any = AutoModelForCausalLM.from_pretrained(
+            path, local_files_only=True, trust_remote_code=False, output_loading_info=True, ignore_mismatched_sizes=True
+        )  # mismatched sizes listed (and refused below), not raised with a pointer to the silenced report
+    hf, info = cast(tuple[Any, dict[str, Any]], loaded)
+    wrong = {k: sorted(info.get(k) or []) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    if any(wrong.values()):
+        said = "; ".join(
+            f"{len(v)} {k.replace('_keys', '')} (e.g. {v[0] if k != 'mismatched_keys' else v[0][0]})"
+            for k, v in wrong.items()
+            if v
+        )
+        raise DataError(
+            f"{path}: its weights are not the model its config.json describes (normlab class, layout "
+            f"{hf.config.layout!r}): {said}; give the folder normlab export wrote, or the weights' own config.json"
+        )
+    return cast(NormLM, hf.normlab)
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """transformers' logging at errors only and its progress bars off, for the duration (restored after)."""
+    from transformers.utils import logging as tf_logging
+
+    level, bars = tf_logging.get_verbosity(), tf_logging.is_progress_bar_enabled()
+    tf_logging.set_verbosity_error()
+    tf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        tf_logging.set_verbosity(level)
+        if bars:
+            tf_logging.enable_progress_bar()
 
 
 def export_run(source: str | Path, out: str | Path, arch: str = "auto") -> tuple[list[str], Path, bool]:

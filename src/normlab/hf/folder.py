@@ -189,6 +189,10 @@ def reading(folder: str | Path, what: str = "a transformers model") -> Iterator[
         ) from None
     except (StrictDataclassError, SafetensorError, ValueError, TypeError, KeyError, OSError) as err:
         raise DataError(f"{folder} does not load as {what}: {type(err).__name__}: {_words(err)}") from None
+    except RuntimeError as err:  # torch's "Error(s) in loading state_dict": weights of other shapes than the config's
+        if not any(w in str(err) for w in ("state_dict", "size mismatch", "ignore_mismatched_sizes")):
+            raise  # anything else (out of memory) is not the folder's content
+        raise DataError(f"{folder} does not load as {what}: {type(err).__name__}: {_words(err)}") from None
 
 
 def _words(err: BaseException) -> str:

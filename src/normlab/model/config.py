@@ -176,6 +176,25 @@ class ModelConfig:
                 "base_n_layers is CompleteP's base depth; muP transfers across width only: use "
                 "parametrization=completep or drop base_n_layers"
             )
+        if self.parametrization != "sp" and self.base_d_model is not None and self.base_d_model > self.d_model:
+            raise ConfigError(
+                f"base_d_model={self.base_d_model} is wider than the model (d_model={self.d_model}): "
+                f"{self.parametrization} carries a learning rate tuned at the base width to wider models (m = "
+                f"d_model / base_d_model >= 1); below it the hidden matrices' learning rate would be multiplied by "
+                f"{self.base_d_model / self.d_model:g}; set base_d_model to at most {self.d_model} (the width the "
+                "learning rate was tuned at)"
+            )
+        if (
+            self.parametrization == "completep"
+            and self.base_n_layers is not None
+            and self.base_n_layers > self.n_layers
+        ):
+            raise ConfigError(
+                f"base_n_layers={self.base_n_layers} is deeper than the model (n_layers={self.n_layers}): CompleteP "
+                "carries a learning rate tuned at the base depth to deeper models (r = n_layers / base_n_layers >= "
+                f"1); below it each residual branch would be multiplied by {self.base_n_layers / self.n_layers:g}^"
+                f"alpha; set base_n_layers to at most {self.n_layers} (the depth the learning rate was tuned at)"
+            )
         if self.parametrization != "sp":
             self.base_config()  # the base shape must be a whole model (refused with the reason otherwise)
 
@@ -307,6 +326,11 @@ class ModelConfig:
         if any(s.after_add for b in resolved.blocks for s in (b.attn, b.mlp)):
             reasons.append(
                 "after-add norms (C: the stream is renormalized every block, which CompleteP does not model)"
+            )
+        if any(s.skip_normed for b in resolved.blocks for s in (b.attn, b.mlp)):
+            reasons.append(
+                "a normed skip (HybridNorm's N(x) + F(N(x)): the stream is renormalized every block, which "
+                "CompleteP does not model)"
             )
         if not reasons:
             return None

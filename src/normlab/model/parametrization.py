@@ -34,8 +34,11 @@ not the size of the update; CompleteP's r^-alpha on N_B's output is what sets th
 learned, can grow it back). Refused, with the reason (`problem`): nGPT (its own scales s_qk, s_uv, s_z and
 eigen learning rates set every width factor; the stream lives on the sphere), and under CompleteP the layouts
 that already scale the residual with depth or renormalize it after the add: DeepNorm/Admin's skip scale alpha,
-LayerNorm Scaling, a residual scale h or a learned one (ReZero, LayerScale), after-add norms (Post-LN, C sites:
-the stream is renormalized every block, which the depth theory does not model), and hyper-connections.
+LayerNorm Scaling, a residual scale h or a learned one (ReZero, LayerScale), after-add norms (Post-LN, C sites)
+and HybridNorm's normed skip N(x) + F(N(x)) (both renormalize the stream every block, which the depth theory does
+not model), and hyper-connections. A base shape wider or deeper than the model (m < 1 or r < 1) is refused too:
+the transfer runs from the base to wider and deeper models, and below the base the factors would raise the
+hidden matrices' learning rate (muP: x 1/m) and the branches (CompleteP: x r^-alpha) above SP's.
 """
 
 from __future__ import annotations

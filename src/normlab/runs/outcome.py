@@ -70,6 +70,9 @@ def describe(result: Mapping[str, Any]) -> str:
         text += f" at step {result.get('diverged_step')} ({reason})"
     elif status == "stalled":
         text += f" ({reason})"
+    fault = result.get("fault")
+    if isinstance(fault, Mapping) and fault.get("text"):
+        text += f"; FAULT INJECTED: {fault['text']}"  # run.fault: this outcome is the fault's, not the setting's
     trained = status in TRAINED  # a diverged run's losses are not results (Kim et al. exclude them)
     if trained and result.get("final_loss") is not None:
         text += f"; final loss {result['final_loss']:.4f}"

@@ -23,6 +23,25 @@ from normlab.diagnostics.hooks import StepHook
 from normlab.errors import ConfigError
 
 
+def injected(cfg: TrainConfig) -> dict[str, object] | None:
+    """The fault this run injects, as summary.json's ``fault`` (its setting, step, scale and what it does in
+    words: said at the run's start and in its one-line outcome); None for ``run.fault = "none"``."""
+    r = cfg.run
+    if r.fault == "none":
+        return None
+    does = {
+        "lr_jump": f"the learning rate x {r.fault_scale:g} from then on",
+        "corrupt_batch": f"{max(1, round(r.fault_scale))} step(s) of batches of one repeated token",
+        "logit_growth": f"W_q and W_k x sqrt({r.fault_scale:g}) after every step",
+    }[r.fault]
+    return {
+        "fault": r.fault,
+        "fault_step": r.fault_step,
+        "fault_scale": r.fault_scale,
+        "text": f"{r.fault} from step {r.fault_step}: {does} (run.fault, injected on purpose)",
+    }
+
+
 def lr_factor(step: int, cfg: TrainConfig) -> float:
     """The factor on the schedule's learning rate at ``step`` (1 without an lr_jump)."""
     r = cfg.run

@@ -14,6 +14,7 @@ from normlab.diagnostics.forensics import site_of
 from normlab.diagnostics.stats import spike_score
 from normlab.diagnostics.tier import tier_summary
 from normlab.runs.files import RunDir
+from normlab.train.faults import injected
 from normlab.train.mfu import device_name
 from normlab.train.run_state import RunState
 
@@ -88,6 +89,7 @@ def write_summary(state: RunState, status: str | None = None, error: str | None 
         "layer_stats": tier_summary(run.layers()),  # the per-step tier's largest values (normlab.diagnostics.tier)
         # OLMo-core's spike score: the share of steps whose loss or gradient norm jumped 6 sigma over the last 128
         **spike_score([r.get("loss") for r in rows], [r.get("grad_norm") for r in rows]),
+        "fault": injected(state.cfg),  # run.fault: a fault injected on purpose (None: none)
     }
     summary.update(state.hooks.summary())  # the step hooks' keys (QK-clip's counts)
     if status is not None:

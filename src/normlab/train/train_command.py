@@ -11,6 +11,7 @@ import sys
 from normlab.config.train import TrainConfig
 from normlab.runs.outcome import describe
 from normlab.runs.start import default_out, recorded_shape
+from normlab.train.faults import injected
 from normlab.train.init_from import folder_settings
 from normlab.train.trainer import TrainingFailed, train
 
@@ -23,6 +24,9 @@ def train_command(cfg: TrainConfig, given: set[str]) -> int:
     if "out" not in given:
         cfg = cfg.with_({"out": default_out(cfg.model.layout_label, cfg.model.size)}, "command line")
         print(f"normlab train: no --out given: the run goes to {cfg.run.out}", flush=True)
+    fault = injected(cfg)
+    if fault is not None:
+        print(f"normlab train: FAULT INJECTED: {fault['text']}", flush=True)
     try:
         summary = train(cfg)
     except TrainingFailed as err:
