@@ -562,7 +562,7 @@ def test_plan_never_builds_what_it_plans(capsys, monkeypatch):
         ),
         (
             ["train", "--size", "nano", "--set", "model.parametrization=mup", "--set", "model.base_d_model=4096"],
-            "base_d_model=4096 is wider than the model (d_model=32)",
+            "base_d_model=4096 is more than 4x wider than the model (d_model=32)",
         ),
         (
             ["train", "--size", "nano", "--set", "model.parametrization=completep", "--set", "model.base_n_layers=64"],

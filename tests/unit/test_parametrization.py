@@ -165,7 +165,7 @@ def test_muon_matrices_follow_muons_own_rule():
         ({"model.parametrization": "mup", "model.d_head": 16, "model.base_d_model": 24}, ConfigError, "not a whole"),
         ({"model.parametrization": "mup", "optimizer": "sgd"}, ConfigError, "SGD"),
         # issue 63 item 19: outside the range the parametrization transfers over (m, r >= 1), and HybridNorm
-        ({"model.parametrization": "mup", "model.base_d_model": 4096}, ConfigError, r"multiplied by 128; set base"),
+        ({"model.parametrization": "mup", "model.base_d_model": 4096}, ConfigError, r"multiplied by 128, far outside"),
         ({"model.parametrization": "completep", "model.base_n_layers": 64}, ConfigError, r"deeper than the model"),
         ({"layout": "hybrid", "model.parametrization": "completep"}, ConfigError, r"normed skip \(HybridNorm"),
         ({"layout": "hybrid*", "model.parametrization": "completep"}, ConfigError, r"normed skip"),
@@ -178,14 +178,17 @@ def test_combinations_that_do_not_fit_are_refused_with_the_reason(settings, erro
 
 
 def test_a_base_shape_equal_to_the_model_is_its_edge_of_validity():
-    """m = r = 1 is accepted (SP exactly); one wider or deeper than the model is refused in one line."""
+    """m = r = 1 is accepted (SP exactly), so is a base up to 4x wider than the model (the ladder's narrow rungs);
+    one wider than that, or deeper than the model, is refused in one line."""
     cfg = _cfg(**{"model.parametrization": "completep"})
     c = cfg.model.config
     ok = _cfg(
         **{"model.parametrization": "completep", "model.base_d_model": c.d_model, "model.base_n_layers": c.n_layers}
     )
     assert ok.model.config.width_mult == 1.0 and ok.model.config.depth_mult == 1.0
-    for key, value in (("model.base_d_model", c.d_model * 2), ("model.base_n_layers", c.n_layers + 1)):
+    quarter = _cfg(**{"model.parametrization": "mup", "model.base_d_model": c.d_model * 4})
+    assert quarter.model.config.width_mult == 0.25
+    for key, value in (("model.base_d_model", c.d_model * 8), ("model.base_n_layers", c.n_layers + 1)):
         with pytest.raises(ConfigError) as caught:
             _cfg(**{"model.parametrization": "completep", key: value})
         assert "\n" not in str(caught.value) and "at most" in str(caught.value)

@@ -56,6 +56,12 @@ def _alpha(v: float) -> str | None:
 PARAMETRIZATION_NAMES: tuple[str, ...] = ("sp", "mup", "completep")  # normlab.model.parametrization
 
 
+# muP's rules hold below the base width too (m < 1: the hidden learning rate times 1/m), and recommend's ladder reads
+# rungs at 1/4 and 1/2 of its base (normlab.recommend.ladder); a base more than this many times wider than the model
+# (a learning rate multiplied beyond it) is refused as a mistake, not a transfer
+MAX_BASE_RATIO = 4
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """A model's shape and numerics: each field a declared setting (normlab.settings), checked when the
@@ -176,13 +182,18 @@ class ModelConfig:
                 "base_n_layers is CompleteP's base depth; muP transfers across width only: use "
                 "parametrization=completep or drop base_n_layers"
             )
-        if self.parametrization != "sp" and self.base_d_model is not None and self.base_d_model > self.d_model:
+        if (
+            self.parametrization != "sp"
+            and self.base_d_model is not None
+            and self.base_d_model > MAX_BASE_RATIO * self.d_model
+        ):
             raise ConfigError(
-                f"base_d_model={self.base_d_model} is wider than the model (d_model={self.d_model}): "
-                f"{self.parametrization} carries a learning rate tuned at the base width to wider models (m = "
-                f"d_model / base_d_model >= 1); below it the hidden matrices' learning rate would be multiplied by "
-                f"{self.base_d_model / self.d_model:g}; set base_d_model to at most {self.d_model} (the width the "
-                "learning rate was tuned at)"
+                f"base_d_model={self.base_d_model} is more than {MAX_BASE_RATIO}x wider than the model (d_model="
+                f"{self.d_model}): {self.parametrization} carries a learning rate tuned at the base width (m = d_model "
+                f"/ base_d_model); at m = {self.d_model / self.base_d_model:g} the hidden matrices' learning rate "
+                f"would be multiplied by {self.base_d_model / self.d_model:g}, far outside what any run measured; set "
+                f"base_d_model to at most {MAX_BASE_RATIO * self.d_model} (usually the width the learning rate was "
+                "tuned at, at most the model's)"
             )
         if (
             self.parametrization == "completep"
