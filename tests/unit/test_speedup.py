@@ -219,7 +219,7 @@ def test_the_plan_buys_two_seeds_then_the_widest_ladder_that_fits_and_names_the_
     # the narrow ladder's budget first, then the wide one's: "--budget N buys the ladder at widths 16, 32, 64,
     # --budget M at 32, 64, 128"
     narrow, wide = (int(x.split()[0]) for x in said.split("--budget ")[1:])
-    assert "at widths 16, 32, 64" in said and "at 32, 64, 128" in said and narrow <= wide
+    assert "ladder at widths 16, 32, 64" in said and "ladder at widths 32, 64, 128" in said and narrow <= wide
     bought = plan.make_plan(names, "pre", user, cal, wide * 60, 2, 150)
     assert bought.ladder is not None and bought.ladder["steps"] == {"32": 75, "128": 300}
     assert bought.ladder["widths"] == [32, 64, 128]
@@ -227,6 +227,9 @@ def test_the_plan_buys_two_seeds_then_the_widest_ladder_that_fits_and_names_the_
     assert not any(c.startswith("one rung") for c in bought.cut)
     cheap = plan.make_plan(names, "pre", user, cal, narrow * 60, 2, 150)
     assert cheap.ladder is not None and cheap.ladder["widths"] in ([16, 32, 64], [32, 64, 128])
+    only = plan.make_plan(names, "pre", user, cal, wide * 60, 2, 150, ladders=(2,))  # --ladder narrow
+    assert only.ladder["widths"] == [16, 32, 64]
+    assert plan.make_plan(names, "pre", user, cal, 600 * 60, 2, 150, ladders=()).ladder is None  # --ladder none
     quick = plan.make_plan(names, "pre", user, cal, 600 * 60, 2, 150, screen=False)
     assert quick.ladder is None  # the quick question is one rung
     assert plan.Plan.from_dict(bought.to_dict()) == bought

@@ -446,6 +446,13 @@ class RecommendConfig:
         check=positive,
         metavar="N",
     )
+    ladder: str = setting(
+        "auto",
+        "the proxy widths the effective speedup is measured at beside the proxy's 64: auto (32 and 128 where the "
+        "budget holds them, else 16 and 32), wide (32, 128), narrow (16, 32: a fraction of a proxy run's cost), "
+        "none (the proxy alone)",
+        choices=("auto", "wide", "narrow", "none"),
+    )
     quick: bool = setting(
         False,
         "the quick question: your model against only the --candidates given (default: yours+out, your model with "

@@ -144,6 +144,8 @@ def recorded_inputs(
         "optimizer": cfg.optimizer,
         "base": base,
         "proxy": RECOMMEND_BASE,
+        # the ladder asked for, where not the default (a folder planned before --ladder existed resumes as auto)
+        **({"ladder": cfg.ladder} if cfg.ladder != "auto" else {}),
     }
 
 

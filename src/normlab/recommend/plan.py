@@ -201,6 +201,7 @@ class PlanRequest:
     first: tuple[str, ...] = ()  # the changes that add to the user's placement: tried right after it
     last: tuple[str, ...] = ()  # the changes that take away from it: tried last
     screen: bool = True  # False: the quick question (no screen; `stage_screen`)
+    ladders: tuple[int, ...] = (1, 2)  # the ladders the plan may buy (ladder.LADDERS, 1-based), widest first
     # seconds of the budget the call used before the plan (its imports, reading the model, measuring this
     # machine): counted in the plan in place of STARTUP_RESERVE_S, so the plan and the budget's clock agree
     used_s: float = 0.0
@@ -470,7 +471,7 @@ class _Planner:
         if s.depth < self.standard:
             out.append(replace(s, depth=self.depths[self.depths.index(s.depth) + 1]))
         if self.ladder_possible(s):  # the speedup over scale, before the search widens: the wider ladder first
-            out += [replace(s, ladder=k) for k in range(1, len(ladder.LADDERS) + 1)]
+            out += [replace(s, ladder=k) for k in self.req.ladders]
         if s.n < min(FEW_CANDIDATES, len(self.order)):
             out.append(replace(s, n=s.n + 1))
         if s.finalists and s.finalists < min(3, s.n):
@@ -572,20 +573,21 @@ class _Planner:
                 "predicted_s": predicted["ladder"],
             }
         plan.cut = _cuts(plan, r.user, bool(r.lrs), bool(r.seeds), r.depth is not None, r.steps)
-        if r.screen and r.current is not None and not state.ladder:  # the budget that would buy the ladder
+        if r.screen and r.current is not None and r.ladders and not state.ladder:  # the budget that would buy it
             # the grow order takes the ladder before more candidates or finalists: the least state that holds it
             n = min(state.n, MIN_CANDIDATES)
             full = replace(state, n=n, finalists=min(2, n), n_seeds=max(2, self.n_seeds(state)))
             full = replace(full, steps=r.steps, depth=max(state.depth, self.standard))
             needs = [
-                math.ceil((sum(self.stages(replace(full, ladder=k)).values()) / FILL + self.reserve) / 60)
-                for k in (len(ladder.LADDERS), 1)
+                (math.ceil((sum(self.stages(replace(full, ladder=k)).values()) / FILL + self.reserve) / 60), k)
+                for k in sorted(r.ladders, reverse=True)  # the cheapest first
             ]
             plan.cut.append(
-                f"one rung (the proxy): no speedup over scale (--budget {needs[0]:g} buys the ladder at widths "
-                + ", ".join(str(w) for w in ladder.LADDERS[-1])
-                + f", --budget {needs[1]:g} at "
-                + ", ".join(str(w) for w in ladder.LADDERS[0])
+                "one rung (the proxy): no speedup over scale ("
+                + ", ".join(
+                    f"--budget {m:g} buys the ladder at widths " + ", ".join(str(w) for w in ladder.LADDERS[k - 1])
+                    for m, k in needs
+                )
                 + ")"
             )
         if state.finalists and not r.seeds and state.n_seeds < 2:  # the budget that would buy the interval

@@ -278,6 +278,7 @@ def _new_plan(
         optimizer=cfg.optimizer,
         ns_steps=int(extra.get("muon_ns_steps", 5)),
         verify=cfg.verify,
+        ladders={"auto": (1, 2), "wide": (1,), "narrow": (2,), "none": ()}[cfg.ladder],
         first=tuple(n for n in choice.labels if n not in choice.removals),
         last=choice.removals,
         screen=not cfg.quick,
@@ -320,6 +321,12 @@ def _log_plan(ctx: Context) -> None:
             else "no final round"
         )
         + ("; an edge learning rate extended where needed" if p.extend else "")
+        + (
+            f"; the ladder at widths {', '.join(str(w) for w in p.ladder['widths'])}, predicted "
+            f"{minutes(p.ladder['predicted_s'])}"
+            if p.ladder
+            else ""
+        )
         + (
             f"; verify: the best {p.verify['k']} again at width {p.verify['width']}, predicted "
             f"{minutes(p.verify['predicted_s'])}"
