@@ -464,3 +464,14 @@ def test_the_ladder_trains_both_at_three_widths_and_projects_the_speedup(corpus,
     assert "largest_rung" not in sp or sp["largest_rung"]["width"] == 128
     assert "by scale: d 32" in (tmp_path / "rec" / "recommendation.md").read_text()
     assert plan_["depth"] >= 1
+    # the projection checked against a rung the ladder did not see: 2x its widest width, 4x that rung's tokens
+    from normlab.recommend import holdout
+
+    held = holdout.holdout(tmp_path / "rec", tmp_path / "held", workers=2, log=QUIET)
+    assert held["heldout"]["width"] == 256 and held["heldout"]["steps"] == 4 * plan_["ladder"]["steps"]["128"]
+    assert held["heldout"]["compute"] > sp["by_scale"][-1]["compute"]
+    assert held["ladder"] == [32, 64, 128] and held["measured"]["seeds"] == [2, 2]
+    if held["measured"]["value"] is not None and held["projected"]["interval"] is not None:
+        lo, hi = held["projected"]["interval"]
+        assert held["inside"] == (lo <= held["measured"]["value"] <= hi)
+    assert "held-out d 256" in holdout.words(held) and (tmp_path / "held" / "holdout.json").is_file()

@@ -188,6 +188,15 @@ def cell_dirs(runs: Any, grid: Path, layout: str, lr: float) -> list[Path]:
     return [grid / "runs" / str(r) for r in cell.run_id]
 
 
+def cell_compute(runs: Any, grid: Path, layout: str, lr: float) -> float | None:
+    """The FLOPs of the cell's first finished run (summary.json's flops_per_token x tokens)."""
+    dirs = cell_dirs(runs, grid, layout, lr)
+    s = RunDir(dirs[0]).summary() if dirs else None
+    if not s or not s.get("flops_per_token") or not s.get("tokens"):
+        return None
+    return float(s["flops_per_token"]) * float(s["tokens"])
+
+
 def for_pair(
     runs: Any, grid: Path, base: Any, cand: Any, tax: dict[str, Any] | None, width: int, depth: int
 ) -> dict[str, Any]:

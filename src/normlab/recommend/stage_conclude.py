@@ -29,7 +29,6 @@ from normlab.recommend.rank import (
 from normlab.recommend.records import FinalRecord, Recommendation
 from normlab.recommend.shape import PROXY_WIDTH
 from normlab.recommend.signals import with_signals
-from normlab.runs.files import RunDir
 from normlab.runs.outcome import FINISHED
 
 TAX_MARGIN_S = 5.0  # the tax's turns stop this long before the budget's end (the files still to write)
@@ -141,6 +140,7 @@ def _plan_record(ctx: Context, stress: dict[str, Any], final: FinalRecord) -> di
         "predicted": p.predicted,
         "screened": p.screened,
         "order": p.order,
+        "ladder": p.ladder,
     }
 
 
@@ -178,22 +178,15 @@ def norm_tax(ctx: Context, base: str, cand: str) -> dict[str, Any]:
     return {**chosen, "by_mode": {m: {k: v for k, v in t.items() if k != "by_mode"} for m, t in by_mode.items()}}
 
 
-def _compute(runs: Any, grid: Any, layout: str, lr: float) -> float | None:
-    """The FLOPs of the cell's first finished run (summary.json's flops_per_token x tokens)."""
-    dirs = speedup.cell_dirs(runs, grid, layout, lr)
-    s = RunDir(dirs[0]).summary() if dirs else None
-    if not s or not s.get("flops_per_token") or not s.get("tokens"):
-        return None
-    return float(s["flops_per_token"]) * float(s["tokens"])
-
-
 def with_ladder(ctx: Context, sp: dict[str, Any], base: Evidence, lead: Evidence, tx: dict[str, Any]) -> None:
     """The speedup at each of the ladder's rungs (the proxy's among them), the trend over compute and its
     projection to the user's scale (`normlab.recommend.ladder`), and ladder.png; into `sp`."""
     assert ctx.found.runs is not None and ctx.plan.ladder is not None
     assert base.best_lr is not None and lead.best_lr is not None
     rungs = []
-    proxy = dict(sp["by_scale"][0], compute=_compute(ctx.found.runs, ctx.folder.grid.path, base.layout, base.best_lr))
+    proxy = dict(
+        sp["by_scale"][0], compute=speedup.cell_compute(ctx.found.runs, ctx.folder.grid.path, base.layout, base.best_lr)
+    )
     for w in sorted({PROXY_WIDTH, *(int(x) for x in ctx.plan.ladder["steps"])}):
         if w == PROXY_WIDTH:
             rungs.append({**proxy, "bound": sp.get("bound")})
@@ -211,7 +204,7 @@ def with_ladder(ctx: Context, sp: dict[str, Any], base: Evidence, lead: Evidence
         runs = pd.concat(frames, ignore_index=True)
         runs["run_dir"] = [str(dirs[str(r)]) for r in runs.run_id]
         one = speedup.for_pair(runs, ctx.folder.path, base, lead, tx, w, ctx.plan.depth)
-        compute = _compute(runs, ctx.folder.path, base.layout, base.best_lr)
+        compute = speedup.cell_compute(runs, ctx.folder.path, base.layout, base.best_lr)
         rungs.append(
             {
                 "width": w,
