@@ -221,6 +221,13 @@ def plan(dry: bool, out: Path) -> list[Item]:
         Item(f"per-step tier by cadence, {mode}", [py, *cadence, "--modes", mode], limit, "benchmarks")
         for mode, limit in (("eager", 120), ("compiled", 240))
     ]
+    # The norm tax at gpu-126m and kim-400m (benchmarks/norm_tax.py: what recommend times, eager and compiled)
+    tax = ["benchmarks/norm_tax.py", *dev]
+    if dry:
+        tax += ["--sizes", "nano", "--pairs", "pre:peri", "--turns", "2", "--modes", "eager"]
+    else:
+        tax += ["--sizes", "gpu-126m,kim-400m", "--pairs", "pre:peri,pre:peri-noemb,qwen3:olmo2", "--seq", "2048"]
+    tax_item = Item("norm tax, eager and compiled", [py, *tax], 200, "benchmarks")
     run = out / "fsdp-1gpu"
     torchrun = [py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "-m"]
     fsdp = train("peri", ["--precision", "fp32"] if dry else ["--precision", "bf16"], run, "--fsdp")
@@ -245,7 +252,7 @@ def plan(dry: bool, out: Path) -> list[Item]:
         )
         for label, tag, args, once in variants
     ]
-    return [*items, peers, fsdp_item, *tiers, *by_cadence, *later]
+    return [*items, peers, fsdp_item, *tiers, *by_cadence, tax_item, *later]
 
 
 def execute(item: Item, limit_s: float, logs: Path) -> None:

@@ -51,6 +51,14 @@ def test_layout_cost_prints_time_and_memory_per_layout():
     assert act["peri"] > act["pre"]
 
 
+def test_norm_tax_prints_each_pair_and_mode_with_its_interval_and_device():
+    text = run("norm_tax.py", "--sizes", "nano", "--pairs", "pre:peri,pre:pre", "--modes", "eager", "--turns", "3")
+    rows = [line.split("|") for line in text.splitlines() if line.startswith("| nano |")]
+    assert [r[2].strip() for r in rows] == ["pre -> peri", "pre -> pre"] and all(r[3].strip() == "eager" for r in rows)
+    assert all(r[8].strip() == "3" and "cores" in r[9] for r in rows)
+    assert all(r[5].strip().startswith("[") for r in rows)  # the interval over the turns
+
+
 @pytest.mark.slow  # compile and bf16 autocast of every layout: tests/integration/test_memory.py and test_train.py
 def test_layout_cost_under_bf16_autocast_and_compile():
     text = run(
@@ -191,6 +199,10 @@ def test_gpu_check_plan_orders_its_checks_and_rewrites_its_sections(tmp_path, mo
     # every run saves once, at the end, but the one that shows the default (stretched) checkpoint interval
     assert "--ckpt-every" not in items[ckpt].cmd
     assert all("--ckpt-every" in it.cmd for it in items if it.run and it is not items[ckpt])
+    tax = items[names.index("norm tax, eager and compiled")].cmd
+    assert "gpu-126m,kim-400m" in tax and names.index("per-step tier by cadence, compiled") < names.index(
+        "norm tax, eager and compiled"
+    )
     assert gpu_check.main(["--dry-run", "--out", str(tmp_path)]) == 2  # a folder it did not make
     fsdp = items[names.index("FSDP2 on one device, probes on")].cmd
     assert "--fsdp" in fsdp and fsdp[fsdp.index("--nproc_per_node") + 1] == "1" and "cuda" in fsdp
