@@ -308,7 +308,7 @@ def reasons(result: dict[str, Any], ranked: list[Evidence]) -> list[str]:
         out.append(
             f"Next: {r2.name} ({r2.diverged + r2.stalled}/{r2.finished} failed, best loss {_fmt_loss(r2)}"
             + (f", largest attention logit {_logit(r2)}" if math.isfinite(r2.logit_last) else "")
-            + f"); {w.layout} ranks above it {_why_above(result, w, r2)}."
+            + f"); {w.shown} ranks above it {_why_above(result, w, r2)}."
         )
     if current := _current_words(result, w, cur).strip():
         out.append(current)
@@ -363,10 +363,10 @@ def _winner_parts(w: Evidence, precision: str) -> list[str]:
     """What the winner's runs showed: failures and loss, runs at risk, logits, activations, the screen."""
     label = f" ({w.label})" if w.label else ""
     parts = [
-        f"**{w.layout}**{label}: {w.diverged + w.stalled}/{w.finished} runs diverged or stalled, best loss "
+        f"**{w.shown}**{label}: {w.diverged + w.stalled}/{w.finished} runs diverged or stalled, best loss "
         f"{_fmt_loss(w)} at lr {w.best_lr:g}"
         if w.best_lr is not None
-        else f"**{w.layout}**{label}"
+        else f"**{w.shown}**{label}"
     ]
     if w.at_risk:
         parts.append(f"{w.at_risk}/{w.finished} runs at risk ({w.risk})")

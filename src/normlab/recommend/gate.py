@@ -43,6 +43,11 @@ def _ok(r: Evidence | None) -> int:
     return 0 if r is None else r.finished - r.diverged - r.stalled
 
 
+def _said(r: Evidence) -> str:
+    """A candidate as the output names it: its change's name (yours+out) and label, else its layout."""
+    return r.shown + (f" ({r.label})" if r.label else "")
+
+
 def verdict(ranked: list[Evidence], current: str | None, speedup: dict[str, Any] | None) -> dict[str, Any]:
     """The gate's decision (module doc)."""
     live = [r for r in ranked if r.rank is not None]
@@ -61,7 +66,7 @@ def verdict(ranked: list[Evidence], current: str | None, speedup: dict[str, Any]
             f"your {base.layout} finished {b_ok} of {base.runs} run(s) ({base.diverged} diverged, {base.stalled} "
             f"stalled, {base.unfinished} stopped)"
         )
-        l_said = f"{lead.name} finished {l_ok} of {lead.runs} ({lead.unfinished} stopped by the budget)"
+        l_said = f"{_said(lead)} finished {l_ok} of {lead.runs} ({lead.unfinished} stopped by the budget)"
         return {
             "decision": "no answer yet",
             "layout": None,
@@ -72,16 +77,18 @@ def verdict(ranked: list[Evidence], current: str | None, speedup: dict[str, Any]
         return {
             "decision": "change",
             "layout": lead.layout,
+            "name": _said(lead),
             "gate": "stability",
             "why": f"your {base.layout} finished no run at any learning rate tried ({base.diverged} diverged, "
-            f"{base.stalled} stalled of {base.finished}); {lead.name} finished {l_ok}",
+            f"{base.stalled} stalled of {base.finished}); {_said(lead)} finished {l_ok}",
         }
     if l_ok == 0:
         return {
             "decision": "keep",
             "layout": base.layout,
             "gate": None,
-            "why": f"{lead.name} finished no run ({lead.diverged} diverged, {lead.stalled} stalled of {lead.finished})",
+            "why": f"{_said(lead)} finished no run ({lead.diverged} diverged, {lead.stalled} stalled of "
+            f"{lead.finished})",
         }
     worse = lead.failures > base.failures or lead.risk_share > base.risk_share
     s = speedup or {}
@@ -101,13 +108,14 @@ def verdict(ranked: list[Evidence], current: str | None, speedup: dict[str, Any]
         return {
             "decision": "change",
             "layout": lead.layout,
+            "name": _said(lead),
             "gate": "speedup",
             "why": f"effective speedup x{s['value']:.2f} [{iv[0]:.2f}, {iv[1]:.2f}]: its lower bound exceeds 1, "
             "and it fails and is at risk no more often than yours",
         }
     if worse:
         why = (
-            f"{lead.name} fails or is at risk more often than yours ({lead.diverged + lead.stalled} failed, "
+            f"{_said(lead)} fails or is at risk more often than yours ({lead.diverged + lead.stalled} failed, "
             f"{lead.at_risk} at risk of {lead.finished}; yours {base.diverged + base.stalled} and {base.at_risk} of "
             f"{base.finished})"
         )
@@ -121,7 +129,7 @@ def headline(v: dict[str, Any], speedup_words: str, confidence: str | None) -> s
     sure = f" ({confidence})" if confidence else ""
     d = v["decision"]
     if d == "change":
-        return f"**Change to {v['layout']}**{sure}: {speedup_words or v['why']}."
+        return f"**Change to {v.get('name') or v['layout']}**{sure}: {speedup_words or v['why']}."
     if d == "keep":
         return f"**Keep your {v['layout']}**{sure}: {v['why']}."
     if d == "recommend":
