@@ -461,7 +461,11 @@ def test_the_ladder_trains_both_at_three_widths_and_projects_the_speedup(corpus,
     assert (tmp_path / "rec" / "ladder" / f"w128-lr{rec['ranking'][0]['best_lr']:g}").is_dir() or any(
         (tmp_path / "rec" / "ladder").iterdir()
     )
-    assert "largest_rung" not in sp or sp["largest_rung"]["width"] == 128
+    widest = sp["largest_rung"]  # the gate reads the widest rung, with the failures counted over every rung
+    assert widest["width"] == 128 and set(widest["ladder_failures"]) == {"pre", "peri"}
+    assert widest["value"] == sp["by_scale"][2]["value"] and widest["interval"] == sp["by_scale"][2]["interval"]
+    for r in sp["by_scale"][::2]:  # the rungs the ladder trained: what each side's runs did
+        assert r["runs"]["pre"]["finished"] + r["runs"]["peri"]["finished"] == 4
     assert "by scale: d 32" in (tmp_path / "rec" / "recommendation.md").read_text()
     assert plan_["depth"] >= 1
     # the projection checked against a rung the ladder did not see: 2x its widest width, 4x that rung's tokens

@@ -6,15 +6,17 @@ sandwich norm at 0.83x failed). normlab's gate, for the best candidate that is n
 
     change          the leader trained and either
                       - speedup: the effective speedup's lower bound (`speedup`, its interval's low end,
-                        after the norm tax) exceeds 1 and the leader fails and is at risk no more often
-                        than the baseline, or
-                      - stability: the baseline finished no run at any learning rate tried while the leader
-                        finished (no finite number of the baseline's tokens reaches the leader's loss)
-    keep            both trained and neither condition holds: the reason (no interval, the lower bound at
-                    or below 1, more failures or runs at risk) is said
-    no answer yet   the baseline or the leader has no finished run and the other cannot stand alone (a
-                    failed baseline beside an untrained leader is not a verdict), with what the same command
-                    would add
+                        after the norm tax, at the ladder's widest rung where one ran) exceeds 1 and the
+                        leader fails and is at risk no more often than the baseline (at the proxy, and on the
+                        ladder's rungs), or
+                      - stability: every run of the baseline finished and failed (diverged or stalled) at
+                        every learning rate tried while the leader trained (no finite number of the
+                        baseline's tokens reaches the leader's loss)
+    keep            both trained and neither condition holds, or the leader failed every run it finished:
+                    the reason (no interval, the lower bound at or below 1, more failures or runs at risk)
+    no answer yet   a side with no finished run (the budget stopped it: a stopped run is never a failure),
+                    a failed baseline whose other runs the budget stopped, or neither trained; with what the
+                    same command would add
     recommend       the user's model names no placement: no baseline to gate against; the ranking's first
 
 The gate reads the rung it has: the proxy (the ladder's largest rung where one ran).
@@ -61,19 +63,20 @@ def verdict(ranked: list[Evidence], current: str | None, speedup: dict[str, Any]
     if lead is None:
         return {"decision": "keep", "layout": base.layout, "gate": None, "why": "no other candidate was left to try"}
     b_ok, l_ok = _ok(base), _ok(lead)
-    if l_ok == 0 and (b_ok == 0 or lead.finished == 0):
-        b_said = (
-            f"your {base.layout} finished {b_ok} of {base.runs} run(s) ({base.diverged} diverged, {base.stalled} "
-            f"stalled, {base.unfinished} stopped)"
-        )
-        l_said = f"{_said(lead)} finished {l_ok} of {lead.runs} ({lead.unfinished} stopped by the budget)"
-        return {
-            "decision": "no answer yet",
-            "layout": None,
-            "why": f"{b_said}; {l_said}: nothing trained to compare against",
-            "next": RESUME,
-        }
-    if b_ok == 0 and l_ok > 0:
+    b_said = (
+        f"your {base.layout} finished {base.finished} of {base.runs} run(s) ({base.diverged} diverged, "
+        f"{base.stalled} stalled, {base.unfinished} stopped by the budget)"
+    )
+    l_said = f"{_said(lead)} finished {lead.finished} of {lead.runs} ({lead.unfinished} stopped by the budget)"
+    if base.finished == 0 or lead.finished == 0:  # a side the budget stopped is no evidence either way
+        return {"decision": "no answer yet", "layout": None, "why": f"{b_said}; {l_said}", "next": RESUME}
+    if b_ok == 0:
+        if base.unfinished:  # its stopped runs may yet train: its failures so far are not a verdict
+            why = f"{b_said}; {l_said}: your placement's runs did not all finish"
+            return {"decision": "no answer yet", "layout": None, "why": why, "next": RESUME}
+        if l_ok == 0:
+            why = f"{b_said}; {l_said}: neither trained at any learning rate tried (lower the --lrs)"
+            return {"decision": "no answer yet", "layout": None, "why": why, "next": RESUME}
         return {
             "decision": "change",
             "layout": lead.layout,
@@ -87,11 +90,16 @@ def verdict(ranked: list[Evidence], current: str | None, speedup: dict[str, Any]
             "decision": "keep",
             "layout": base.layout,
             "gate": None,
-            "why": f"{_said(lead)} finished no run ({lead.diverged} diverged, {lead.stalled} stalled of "
-            f"{lead.finished})",
+            "why": f"{_said(lead)} finished no run that trained ({lead.diverged} diverged, {lead.stalled} stalled "
+            f"of {lead.finished})",
         }
-    worse = lead.failures > base.failures or lead.risk_share > base.risk_share
     s = speedup or {}
+    on_ladder = s.get("ladder_failures") or {}
+    worse = (
+        lead.failures > base.failures
+        or lead.risk_share > base.risk_share
+        or on_ladder.get(lead.layout, 0) > on_ladder.get(base.layout, 0)
+    )
     iv = s.get("interval")
     if s.get("value") is None:
         why = f"no effective speedup measured ({s.get('why', 'no finished runs at the best learning rates')})"
@@ -117,7 +125,14 @@ def verdict(ranked: list[Evidence], current: str | None, speedup: dict[str, Any]
         why = (
             f"{_said(lead)} fails or is at risk more often than yours ({lead.diverged + lead.stalled} failed, "
             f"{lead.at_risk} at risk of {lead.finished}; yours {base.diverged + base.stalled} and {base.at_risk} of "
-            f"{base.finished})"
+            f"{base.finished}"
+            + (
+                f"; on the ladder's rungs {on_ladder.get(lead.layout, 0)} failed against yours "
+                f"{on_ladder.get(base.layout, 0)}"
+                if on_ladder
+                else ""
+            )
+            + ")"
         )
     else:
         why = f"effective speedup x{s['value']:.2f} [{iv[0]:.2f}, {iv[1]:.2f}]: its lower bound does not exceed 1"

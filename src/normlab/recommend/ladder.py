@@ -21,8 +21,10 @@ freedom; e.g. Montgomery, Peck and Vining, "Introduction to Linear Regression An
 The slope's own interval says whether the advantage grows (b > 0), shrinks (b < 0) or holds (the interval
 holds 0) with scale; the compute at which the prediction interval's lower end crosses 1 is found on a grid of
 x. Three rungs leave one degree of freedom (t = 12.7): the projection's interval is wide, and says so.
-Compute: the runs' own FLOPs (summary.json's flops_per_token x tokens); the user's is 6 N D with N the model's
-non-embedding parameters and D the tokens given to recommend (`--tokens`), else 20 N (Hoffmann et al. 2022).
+Compute: the runs' own FLOPs (summary.json's flops_per_token x tokens: 6 x the matrices' weights + the
+attention's 12 L H Q T a token); the user's on the same definition at its shape (sequences up to `USER_SEQ`)
+times D, the tokens given to recommend (`--tokens`), else 20 N (Hoffmann et al. 2022). A rung whose speedup is
+a bound is left out of the fit and named (`left_out`): the fit then rests on fewer rungs.
 """
 
 from __future__ import annotations
@@ -105,12 +107,21 @@ def fit(rungs: list[dict[str, Any]], x0: float, level: float = LEVEL) -> dict[st
     }
 
 
-def user_compute(non_embedding_params: float, tokens: float | None) -> tuple[float, str]:
-    """6 N D at the user's scale, and how D was chosen."""
+USER_SEQ = 4096  # the user's sequence length where the config's is longer (the attention term of the FLOPs)
+
+
+def user_compute(cfg: Any, non_embedding_params: float, tokens: float | None) -> tuple[float, str]:
+    """The user's run's FLOPs on the rungs' own definition (`normlab.train.mfu.flops_per_token`: 6 x the
+    matrices' weights, the head among them, + 12 L H Q T for the attention), times D: `tokens`, else 20 a
+    parameter (Hoffmann et al. 2022); and how D was chosen."""
+    seq = min(int(cfg.max_seq_len), USER_SEQ)
+    per_token = 6.0 * (non_embedding_params + cfg.vocab_size * cfg.d_model)
+    per_token += 12.0 * cfg.n_layers * cfg.n_heads * cfg.head_dim * seq
     if tokens:
-        return 6.0 * non_embedding_params * tokens, f"{tokens:.3g} tokens (--tokens)"
+        return per_token * tokens, f"{tokens:.3g} tokens (--tokens), sequences of {seq}"
     d = CHINCHILLA * non_embedding_params
-    return 6.0 * non_embedding_params * d, f"{d:.3g} tokens (20 per parameter, Hoffmann et al. 2022; --tokens sets it)"
+    how = f"{d:.3g} tokens (20 per parameter, Hoffmann et al. 2022; --tokens sets it), sequences of {seq}"
+    return per_token * d, how
 
 
 def words(proj: dict[str, Any]) -> str:
@@ -148,8 +159,8 @@ def figure(path: Path, rungs: list[dict[str, Any]], proj: dict[str, Any]) -> Non
             ax.errorbar(
                 r["compute"],
                 r["value"],
-                yerr=[[r["value"] - iv[0]], [iv[1] - r["value"]]],
-                fmt="o" if not r.get("bound") else "^",
+                yerr=[[max(0.0, r["value"] - iv[0])], [max(0.0, iv[1] - r["value"])]],
+                fmt={"lower": "^", "upper": "v"}.get(r.get("bound") or "", "o"),
                 color="C0",
                 capsize=3,
             )
@@ -158,9 +169,8 @@ def figure(path: Path, rungs: list[dict[str, Any]], proj: dict[str, Any]) -> Non
         xs = np.exp(np.linspace(math.log(min(r["compute"] for r in rungs)), math.log(proj["scale"]), 100))
         ax.plot(xs, np.exp(proj["slope"] * (np.log(xs) - math.log(proj["scale"])) + math.log(proj["value"])), "C1-")
         lo, hi = proj["interval"]
-        ax.errorbar(
-            proj["scale"], proj["value"], yerr=[[proj["value"] - lo], [hi - proj["value"]]], fmt="s", color="C1"
-        )
+        yerr = [[max(0.0, proj["value"] - lo)], [max(0.0, hi - proj["value"])]]
+        ax.errorbar(proj["scale"], proj["value"], yerr=yerr, fmt="s", color="C1")
         ax.annotate("your scale", (proj["scale"], proj["value"]), textcoords="offset points", xytext=(-60, 8))
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")
     ax.set_xscale("log")

@@ -14,7 +14,9 @@ T_base(L) is read off the baseline's own loss-over-tokens curve: the mean of its
 
 (Kaplan et al. 2020 eq. 1.4's form in data; scipy.optimize.curve_fit) and inverted:
 T_base(L) = (A / (L - E))^(1/alpha). A candidate better than the baseline needs the fit beyond T: it is
-read up to `EXTRAPOLATE` x T, past that (or below the fit's floor E) the speedup is a bound (">= x2.00").
+read up to `EXTRAPOLATE` x T, past that (or below the fit's floor E) the speedup is a lower bound (">= x2.00");
+a candidate worse than the baseline's loss at `FIT_FROM` x T lies before the fitted range: an upper bound
+("<= x0.25").
 The step-time ratio of (1) is the norm tax measured at the user's width (`normlab.recommend.tax`).
 
 Anchoring: the candidate's loss is placed at L_fit(T) + d, d = mean(cand) - mean(base) of the runs' final
@@ -22,12 +24,14 @@ losses, so a candidate equal to the baseline has a token ratio of exactly 1 what
 
 Interval: the ends of Welch's 95% interval of d over seeds (`answer.welch`) mapped through the same
 monotone curve, each then divided by the tax interval's matching end (the worse end with the worse end: a
-conservative combination of two independent intervals). One seed on a side measures no seed noise: no
+conservative combination of two independent intervals); an end that reached a bound is said as one
+(`interval_bounded`). The fit's own uncertainty is not in it. One seed on a side measures no seed noise: no
 interval, said so with the budget that would buy it.
 
-Caveat stated with every figure: the curve is one run's, under its cosine schedule; a run stopped earlier and
-annealed would sit lower, so T_base(L) read mid-run is late, in the baseline's favour where the candidate is
-worse (speedup < 1) and against nothing where it is better (the fit's tail is the annealed part).
+Caveat stated with every figure: the curve is one run's, under its cosine schedule. A loss read mid-run lies
+above what a run annealed at that length reaches, so T_base(L) read mid-run overstates the baseline's tokens:
+a speedup below 1 (read mid-run) is at most that, i.e. the candidate is at least that much slower; a speedup
+above 1 reads the fit beyond T, whose tail follows the run's annealed end.
 """
 
 from __future__ import annotations
@@ -90,8 +94,10 @@ def mean_curve(run_dirs: list[Path]) -> tuple[np.ndarray, np.ndarray]:
     curves = [c for c in curves if len(c[0])]
     if not curves:
         return np.zeros(0), np.zeros(0)
-    n = min(len(c[0]) for c in curves)
-    return curves[0][0][:n], np.mean([c[1][:n] for c in curves], axis=0)
+    # aligned on the tokens every seed reached with a finite loss (a dropped row shifts no seed)
+    common = sorted(set.intersection(*(set(c[0].tolist()) for c in curves)))
+    at = [dict(zip(c[0].tolist(), c[1].tolist())) for c in curves]
+    return np.array(common), np.array([np.mean([a[t] for a in at]) for t in common])
 
 
 def fit_curve(tokens: np.ndarray, loss: np.ndarray, fit_from: float = FIT_FROM) -> Curve | None:
@@ -124,14 +130,16 @@ def fit_curve(tokens: np.ndarray, loss: np.ndarray, fit_from: float = FIT_FROM) 
     return Curve(curve.e, curve.a, curve.alpha, curve.tokens, curve.loss(curve.tokens), curve.rmse)
 
 
-def token_ratio(curve: Curve, difference: float, extrapolate: float = EXTRAPOLATE) -> tuple[float, bool]:
-    """T_base(L_fit(T) + d) / T and whether it is a bound (past `extrapolate` x T or below the floor: the
-    bound's value is `extrapolate`)."""
+def token_ratio(curve: Curve, difference: float, extrapolate: float = EXTRAPOLATE) -> tuple[float, str | None]:
+    """T_base(L_fit(T) + d) / T and which bound it is: "lower" past `extrapolate` x T or below the floor (the
+    value `extrapolate`), "upper" before the fitted range (`FIT_FROM` x T: the value `FIT_FROM`), else None."""
     t = curve.tokens_for(curve.at_end + difference)
     r = t / curve.tokens
     if r > extrapolate:
-        return extrapolate, True
-    return r, False
+        return extrapolate, "lower"
+    if r < FIT_FROM:
+        return FIT_FROM, "upper"
+    return r, None
 
 
 def speedup(
@@ -146,7 +154,7 @@ def speedup(
     candidate's step time over the baseline's, minus 1."""
     r, bound = token_ratio(curve, difference, extrapolate)
     value = r / (1.0 + tax)
-    out: dict[str, Any] = {"value": value, "token_ratio": r, "bound": "lower" if bound else None}
+    out: dict[str, Any] = {"value": value, "token_ratio": r, "bound": bound}
     if interval is None:
         out["interval"] = None
         return out
@@ -155,7 +163,7 @@ def speedup(
     r_lo, b_lo = token_ratio(curve, interval[1], extrapolate)
     r_hi, b_hi = token_ratio(curve, interval[0], extrapolate)
     out["interval"] = [r_lo / (1.0 + t_hi), r_hi / (1.0 + t_lo)]
-    out["interval_bounded"] = [b_lo, b_hi]  # an end that reached the extrapolation limit is itself a bound
+    out["interval_bounded"] = [b_lo, b_hi]  # an end that reached a bound ("lower" / "upper") is itself one
     return out
 
 
@@ -164,10 +172,13 @@ def words(s: dict[str, Any]) -> str:
     if s.get("value") is None:
         return s.get("why", "no speedup measured")
     v = s["value"]
-    text = (">= " if s.get("bound") else "") + f"x{v:.2f}"
+    text = {"lower": ">= ", "upper": "<= "}.get(s.get("bound") or "", "") + f"x{v:.2f}"
     iv = s.get("interval")
     if iv is not None:
-        text += f" [{iv[0]:.2f}, {iv[1]:.2f}]"
+        ends = s.get("interval_bounded") or [None, None]
+        lo = ("<= " if ends[0] == "upper" else "") + f"{iv[0]:.2f}"
+        hi = (">= " if ends[1] == "lower" else "") + f"{iv[1]:.2f}"
+        text += f" [{lo}, {hi}]"
     else:
         text += " (no interval: one seed on a side)"
     text += " of compute at the proxy"

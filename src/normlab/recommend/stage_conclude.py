@@ -31,8 +31,6 @@ from normlab.recommend.shape import PROXY_WIDTH
 from normlab.recommend.signals import with_signals
 from normlab.runs.outcome import FINISHED
 
-TAX_MARGIN_S = 5.0  # the tax's turns stop this long before the budget's end (the files still to write)
-
 
 def _unscreened(ctx: Context, name: str) -> Evidence:
     why = f"not tried in this budget (the cheap screen put it after the {len(ctx.plan.screened)} chosen)"
@@ -154,7 +152,7 @@ def norm_tax(ctx: Context, base: str, cand: str) -> dict[str, Any]:
     is left of the budget; the compiled figure where measured (what a compiled run pays), else the eager one;
     where neither can be timed, why."""
     ctx.log(f"{ctx.clock.stamp()} norm tax: {ctx.labels.get(cand) or cand} against {base} at your width")
-    end = ctx.clock.t0 + ctx.clock.budget_s - TAX_MARGIN_S
+    end = ctx.clock.stop_at  # the report's reserve is left for the files still to write
     by_mode: dict[str, Any] = {}
     for mode in ("eager", "compiled"):
         if (
@@ -203,6 +201,14 @@ def with_ladder(ctx: Context, sp: dict[str, Any], base: Evidence, lead: Evidence
             continue
         runs = pd.concat(frames, ignore_index=True)
         runs["run_dir"] = [str(dirs[str(r)]) for r in runs.run_id]
+        # what each side's runs did at this rung: the gate counts a failure at any rung (normlab.recommend.gate)
+        did = {
+            n: {
+                "failed": int(runs[runs.layout == n].status.isin(("diverged", "stalled")).sum()),
+                "finished": int(runs[runs.layout == n].status.isin(FINISHED).sum()),
+            }
+            for n in (base.layout, lead.layout)
+        }
         one = speedup.for_pair(runs, ctx.folder.path, base, lead, tx, w, ctx.plan.depth)
         compute = speedup.cell_compute(runs, ctx.folder.path, base.layout, base.best_lr)
         rungs.append(
@@ -217,17 +223,29 @@ def with_ladder(ctx: Context, sp: dict[str, Any], base: Evidence, lead: Evidence
                 "bound": one.get("bound"),
                 "seeds": one.get("seeds"),
                 "why": one.get("why"),
+                "runs": did,
             }
         )
     sp["by_scale"] = rungs
     n = analytic_params(ctx.user.config, as_layout(base.layout).resolve(ctx.user.config.n_layers)).non_embedding
-    scale, how = ladder.user_compute(n, ctx.cfg.tokens)
+    scale, how = ladder.user_compute(ctx.user.config, n, ctx.cfg.tokens)
     usable = [r for r in rungs if r.get("compute")]
     sp["projection"] = {**ladder.fit(usable, scale), "tokens": how}
-    measured = [r for r in rungs if r.get("value") is not None and r.get("interval")]
-    if measured:
-        sp["largest_rung"] = {k: measured[-1][k] for k in ("value", "interval", "width")}
-    ladder.figure(ctx.folder.ladder_figure, usable, sp["projection"])
+    # the gate reads the widest rung: its speedup and interval, or why there is none; and a failure at any rung
+    widest = rungs[-1]
+    sp["largest_rung"] = {
+        "width": widest["width"],
+        "value": widest.get("value"),
+        "interval": widest.get("interval"),
+        "why": widest.get("why") or (None if widest.get("interval") else "no interval at the widest rung"),
+        "ladder_failures": {
+            n: sum((r.get("runs") or {}).get(n, {}).get("failed", 0) for r in rungs) for n in (base.layout, lead.layout)
+        },
+    }
+    try:
+        ladder.figure(ctx.folder.ladder_figure, usable, sp["projection"])
+    except (ValueError, RuntimeError) as e:  # a figure never costs the answer
+        ctx.log(f"  ladder.png not drawn: {e}")
 
 
 def gated_speedup(ctx: Context, ranked: list[Evidence]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
@@ -249,8 +267,8 @@ def gated_speedup(ctx: Context, ranked: list[Evidence]) -> tuple[dict[str, Any] 
             sp["why"] = f"{who} finished no run: no loss to reach"
         sp["tax_seconds"] = time.time() - t0
     gated = sp
-    if sp and sp.get("largest_rung"):  # the gate reads the ladder's largest rung (normlab.recommend.gate)
-        gated = {**sp, **sp["largest_rung"]}
+    if sp and sp.get("largest_rung"):  # the gate reads the ladder's widest rung (normlab.recommend.gate)
+        gated = {**sp, **sp["largest_rung"], "bound": None}
     return sp, gate.verdict(ranked, ctx.current, gated)
 
 

@@ -3,12 +3,13 @@ at the user's width, heads, FFN and sequence length on the device present, not a
 
 What is timed: forward + backward of `BLOCKS` blocks of the user's shape (one where two would not fit
 `MEMORY`; the embedding and head at a byte vocabulary, so the blocks are nearly all of it; the optimizer's
-update of a norm's weight vector is left out), each step the lesser of its wall and CPU seconds (a load only
-ever lengthens either), the baseline and the candidate in turns (base, cand, base, cand, ...) so that a
-machine's drift lands on both; the tax is the median over turns of t_cand / t_base - 1, and its interval Student's t
-over the turns' log ratios (`LEVEL`). Eager, and under torch.compile where asked (its fusion of the
-norms into the neighbouring element-wise work is what a compiled run pays). A fused kernel library
-(liger-kernel's RMSNorm) is used only where installed with CUDA; the answer says when it was not.
+update of a norm's weight vector is left out), the baseline and the candidate in turns, the order alternating
+(base then cand, cand then base: ABBA) so that a machine's drift and an order effect land on both; on the CPU
+each step the lesser of its wall and CPU seconds (a load only ever lengthens either), on CUDA its wall time.
+The tax is the geometric mean over turns of t_cand / t_base, minus 1, and its interval Student's t over the
+turns' log ratios (`LEVEL`; the point and the interval from the same mean, so the point lies inside). Eager,
+and under torch.compile (its fusion of the norms into the neighbouring element-wise work is what a compiled
+run pays). Fused kernel libraries (liger-kernel's RMSNorm) are not timed: normlab's norms are its own modules.
 
 Where it is measured matters: on a GPU the matrix products run far faster than the memory-bound norms, so a
 norm's share of a GPU step is larger than of a CPU step. A tax measured on the CPU for a GPU user is a lower
@@ -16,8 +17,9 @@ bound (`bound`: "lower"), said so in the answer. On the CPU the timed sequence i
 (the attention's share grows with the sequence, the norms' does not: at the user's full sequence the norm
 share is smaller still; said so).
 
-Cached per (device, shape, tokens, torch version, pair, mode) in the cache folder, so a second call (or a
-resumed recommendation) reads it instead of timing again.
+Cached per (device, the whole model configuration but depth and vocabulary, tokens, torch version, pair,
+mode) in the cache folder, so a second call (or a resumed recommendation) reads it instead of timing again;
+a measurement the deadline cut short of its turns is not kept.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ TURNS = 5  # at least this many turns (where the deadline allows)
 MAX_TURNS = 15  # and more, up to this many, while `extra_s` allows: the interval narrows as 1/sqrt(turns)
 LEVEL = 0.95
 TAX_VERSION = 1
-MEMORY = 6 * 2**30  # the timed blocks' weights, gradients and activations at most about this (float32)
+MEMORY = 6 * 2**30  # the timed blocks' weights and gradients at most about this (float32; checked on the CPU)
+MIN_LEFT_S = 10.0  # no model is built with less than this left before the deadline
 
 
 class TaxSkipped(RuntimeError):
@@ -108,16 +111,16 @@ class Tax:
 
 
 def ratio_stats(ratios: list[float], level: float = LEVEL) -> tuple[float, list[float] | None]:
-    """The median of t_cand / t_base - 1 over turns and Student's t interval on the log ratios (None under 2)."""
+    """exp(mean log(t_cand / t_base)) - 1 over turns and Student's t interval on the log ratios (None under 2)."""
     from scipy import stats
 
-    med = statistics.median(ratios) - 1.0
-    if len(ratios) < 2:
-        return med, None
     logs = [math.log(r) for r in ratios]
-    m, s = statistics.fmean(logs), statistics.stdev(logs)
+    m = statistics.fmean(logs)
+    if len(ratios) < 2:
+        return math.exp(m) - 1.0, None
+    s = statistics.stdev(logs)
     half = float(stats.t.ppf(0.5 + level / 2, len(logs) - 1)) * s / math.sqrt(len(logs))
-    return med, [math.exp(m - half) - 1.0, math.exp(m + half) - 1.0]
+    return math.exp(m) - 1.0, [math.exp(m - half) - 1.0, math.exp(m + half) - 1.0]
 
 
 def _cache_path(key: dict[str, Any]):  # noqa: ANN202 - a Path
@@ -178,6 +181,7 @@ def _key(cfg: ModelConfig, baseline: str, candidate: str, mode: str, dev: str) -
         "v": TAX_VERSION,
         "device": device_name(torch.device(dev)),
         "shape": asdict(TaxShape.of(cfg, dev)),
+        "model": {k: v for k, v in cfg.to_dict().items() if k not in ("n_layers", "vocab_size")},  # all that builds it
         "torch": torch.__version__,
         "pair": [baseline, candidate],
         "mode": mode,
@@ -215,6 +219,8 @@ def measure(
             f"one block of your shape takes about {per_block / 2**30:.1f} GiB with its gradients: too large to time "
             f"two side by side within {MEMORY / 2**30:.0f} GiB here"
         )
+    if deadline is not None and time.time() + MIN_LEFT_S > deadline:
+        raise TaxSkipped(f"the budget left less than {MIN_LEFT_S:g} s to time it")
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, 256, (1, shape.tokens), generator=g).to(dev)
     steps = {n: _step(_build(n, cfg, shape.tokens, dev, compiled, blocks), x, compiled) for n in (baseline, candidate)}
@@ -222,7 +228,7 @@ def measure(
     for fn in steps.values():  # warm-up (and compilation) outside the turns
         fn()
     one = time.time() - warm
-    if deadline is not None and time.time() + 1.5 * one > deadline:  # a second warm-up and two turns: 4 steps
+    if deadline is not None and time.time() + 3 * one > deadline:  # a second warm-up and two turns: 3 step pairs
         raise TaxSkipped(f"the budget left no time to time it (a step pair took {one:.1f} s)")
     for fn in steps.values():
         fn()
@@ -233,12 +239,13 @@ def measure(
             break
         if i >= turns and time.time() + 0.5 * one > began + extra_s:
             break
-        for n, fn in steps.items():
+        for n in (baseline, candidate) if i % 2 == 0 else (candidate, baseline):  # ABBA: an order effect cancels
             wall, cpu = time.perf_counter(), time.process_time()
-            fn()
-            # the lesser of wall and CPU seconds (as normlab.recommend.cost's calibration): another process's
-            # load only ever makes either larger, and one torch thread's CPU time does not see it at all
-            times[n].append(min(time.perf_counter() - wall, time.process_time() - cpu))
+            steps[n]()
+            # on the CPU the lesser of wall and CPU seconds (as normlab.recommend.cost's calibration): another
+            # process's load only ever makes either larger; on CUDA the wall time (the step ends synchronized)
+            took = time.perf_counter() - wall
+            times[n].append(took if dev == "cuda" else min(took, time.process_time() - cpu))
     ratios = [c / b for b, c in zip(times[baseline], times[candidate])]
     value, interval = ratio_stats(ratios)
     tax = Tax(
@@ -257,7 +264,7 @@ def measure(
         bound="lower" if dev == "cpu" else None,
         note=_note(dev, shape),
     )
-    if use_cache:
+    if use_cache and len(ratios) >= turns:  # a measurement the deadline cut short is not kept
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(path, {"key": key, "tax": tax.to_dict()})
     return tax
