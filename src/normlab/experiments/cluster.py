@@ -70,7 +70,15 @@ from typing import Any
 
 from normlab.errors import ConfigError
 from normlab.experiments import submission
-from normlab.experiments.scheduler import never_starts, signal_delay, time_over_partition
+from normlab.experiments.scheduler import (
+    HELD_LINE,
+    ask_scheduler,
+    never_passes,
+    never_starts,
+    signal_delay,
+    time_limit,
+    time_over_partition,
+)
 from normlab.runs.files import SweepDir
 from normlab.runs.lock import holder_job, job_alive
 from normlab.runs.outcome import FINISHED, describe
@@ -130,7 +138,7 @@ def _executor(root: Path, kind: str, options: dict[str, Any], name: str) -> Any:
             folder=folder, cluster="slurm", slurm_max_num_timeout=int(opts.pop("slurm_max_num_timeout", 3))
         )
         opts.setdefault("name", f"normlab-{name}")
-        opts.setdefault("slurm_signal_delay_s", signal_delay(opts.get("timeout_min")))
+        opts.setdefault("slurm_signal_delay_s", signal_delay(time_limit(opts)))
         ex.update_parameters(**opts)
     else:
         ex = submitit.LocalExecutor(folder=folder)
@@ -139,10 +147,27 @@ def _executor(root: Path, kind: str, options: dict[str, Any], name: str) -> Any:
 
 
 def _one_line(text: Any) -> str:
-    """A scheduler's message as one line: its error lines joined ("sbatch: error: " dropped), else its last line."""
+    """A scheduler's message as one line: its error lines and sbatch's own complaints (`sbatch: unrecognized option
+    '--x'`) joined ("sbatch: error: " dropped; sbatch's "Try sbatch --help" hint left out), else its last line."""
     lines = [x.strip() for x in str(text).splitlines() if x.strip()]
-    errors = [x.split("error:", 1)[1].strip() if "error:" in x else x for x in lines if "error" in x.lower()]
-    return ("; ".join(errors) if errors else (lines or ["no message"])[-1])[:400]
+    said = []
+    for line in lines:
+        if line.startswith("Try ") and "--help" in line:
+            continue
+        if "error:" in line:
+            said.append(line.split("error:", 1)[1].strip())
+        elif "error" in line.lower():
+            said.append(line)
+        elif re.match(r"^s(batch|run|queue|control): ", line):
+            said.append(line.split(": ", 1)[1].strip())
+    return ("; ".join(said) if said else (lines or ["no message"])[-1])[:400]
+
+
+def _passes(why: str) -> bool:
+    """Whether a refusal may pass by waiting (a limit on how many jobs may wait, a busy controller): never one that
+    names a limit on each job (`scheduler.never_passes`), however it words it ("job submit limit, user's size and/or
+    time limits")."""
+    return never_passes(why) is None and any(word.lower() in why.lower() for word in TRANSIENT)
 
 
 def preflight(options: dict[str, Any], name: str) -> None:
@@ -170,9 +195,12 @@ def preflight(options: dict[str, Any], name: str) -> None:
             return
     if out.returncode != 0:
         why = _one_line(out.stderr or out.stdout)
-        if not any(word.lower() in why.lower() for word in TRANSIENT):
+        if not _passes(why):
+            meaning = never_passes(why)
             raise ConfigError(
-                f"the scheduler can never run these jobs: {why} (sbatch --test-only with the [slurm] options); fix "
+                f"the scheduler can never run these jobs: {why}"
+                + (f" ({meaning.split(': ', 1)[1]})" if meaning else "")
+                + " (sbatch --test-only with the [slurm] options); fix "
                 "the [slurm] table (slurm_partition, cpus_per_task, mem_gb, gpus_per_node, ...) and run the same "
                 "command again"
             )
@@ -219,16 +247,41 @@ def live(state: str) -> bool:
 
 
 def foreign(jid: str, queue: dict[str, tuple[str, str, str]] | None, token: str | None) -> str | None:
-    """Why a job the store or a lock file names is not this sweep's: squeue lists it and its comment lacks the
-    sweep's token (`normlab.experiments.submission`); None when it is this sweep's, when squeue does not list it
-    (ended: nothing to act on), or when there is no token to check against (a store of an older normlab)."""
-    if token is None or queue is None or jid not in queue:
+    """Why a job the store or a lock file names is not this sweep's: it is another user's (squeue lists it, but not
+    among this user's jobs, `queue`: its owner is asked, `squeue -j ID -o %u`), or it is this user's and its comment
+    lacks the sweep's token (`normlab.experiments.submission`). None when it is this sweep's, when squeue does not
+    list it at all (ended: nothing to act on), or when squeue cannot answer; the comment goes unchecked when there
+    is no token to check it against (a store of an older normlab), the owner never."""
+    if queue is None:
+        return None
+    if jid not in queue:
+        owner = job_owner(jid)
+        me = current_user()
+        return f"it belongs to user {owner}, not to {me}" if owner and owner != me else None
+    if token is None:
         return None
     comment = queue[jid][2]
     if submission.carries(comment, token):
         return None
     shown = "no comment" if comment in ("", "(null)") else f"its comment is {comment!r}"
     return f"{shown}, without this sweep's {submission.SWEEP_TAG}{token}"
+
+
+def job_owner(jid: str) -> str | None:
+    """The user a live job belongs to (squeue %u); None when squeue lists no such job or cannot answer."""
+    lines = ask_scheduler(["squeue", "-h", "-j", jid, "-o", "%u"])
+    found = [x.strip() for x in lines or [] if x.strip()]
+    return found[0] if found else None
+
+
+def current_user() -> str:
+    """This process's user name, as squeue prints a job's owner."""
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
 
 
 def scancel(job_ids: list[str]) -> None:
@@ -312,8 +365,11 @@ def run_cluster(
                         pickled.unlink(missing_ok=True)  # (a submitted job's moves to its own folder)
                     why = _one_line(getattr(err, "stderr", None) or err)
                     unsure = announced is not None  # sbatch may have timed out on jobs the controller accepted
-                    if not any(word.lower() in why.lower() for word in TRANSIENT):
-                        fatal = f"the scheduler refused the jobs: {why}"
+                    if not _passes(why):
+                        meaning = never_passes(why)
+                        fatal = f"the scheduler refused the jobs: {why}" + (
+                            f" ({meaning.split(': ', 1)[1]})" if meaning else ""
+                        )
                         log(
                             f"{fatal}; {len(queue)} run(s) not submitted"
                             + (f"; watching the {len(jobs)} submitted job(s) to their end" if jobs else "")
@@ -515,12 +571,7 @@ def _ended(
     word = state.split()[0] if state else "UNKNOWN"
     jid = str(job.job_id)
     holder = holder_job(run.lock_file)
-    if (
-        holder
-        and holder != jid
-        and job_alive(holder)
-        and (token is None or not foreign(holder, submission.live_jobs(), token))
-    ):
+    if holder and holder != jid and job_alive(holder) and not foreign(holder, submission.live_jobs(), token):
         return ("adopt", holder)  # a duplicate's twin trains it: its row is that job's to write
     worker = str(row.get("worker") or "")
     by_this_job = worker == jid or (kind != "slurm" and worker.endswith(f":{jid}"))  # submitit-local: host:pid
@@ -529,7 +580,16 @@ def _ended(
     saved = _saved_step(root, rid, row)
     again = f"run the same command again to continue from step {saved}" if saved else "run the same command again"
     stopped = by_this_job and row["status"] == "pending" and (row["reason"] or "").startswith("saved at step")
-    if stopped and any("timed-out too many times" in x for x in _log_lines(job)):  # submitit's words, text log
+    if word == "CANCELLED":  # by hand (scancel) or by an administrator: never undone here, even if it saved first
+        by = state.split(" by ")[-1] if " by " in state else None
+        why = (
+            f"job {jid} was cancelled"
+            + (f" by uid {by}" if by else "")
+            + (f" and saved the run at step {saved}" if stopped else "")
+            + "; the next run of this sweep submits it again"
+            + (f", continuing from step {saved}" if stopped else "")
+        )
+    elif stopped and any("timed-out too many times" in x for x in _log_lines(job)):  # submitit's words, text log
         why = (
             f"job {jid} timed out {timeouts + 1} time{'s' if timeouts else ''} (slurm_max_num_timeout = {timeouts}), "
             f"saved at step {saved}; "
@@ -541,27 +601,21 @@ def _ended(
         return ("again", why)
     elif stopped:
         why = f"job {jid} saved the run at step {saved} and ended {word} without requeueing itself; {again}"
-    elif word == "CANCELLED":
-        by = state.split(" by ")[-1] if " by " in state else None
-        why = (
-            f"job {jid} was cancelled"
-            + (f" by uid {by}" if by else "")
-            + "; the next run of this sweep submits it again"
-        )
     elif word in RESUBMIT and retry:
         why = f"job {jid} ended {word} without requeueing itself; submitted again, from its newest checkpoint"
         store.pending_again(rid, why)
         return ("again", why)
     elif word in RESUBMIT:
         why = f"job {jid} ended {word}; see {job.paths.stderr}; submitted again {timeouts} times already: {again}"
-    elif word == "COMPLETED" and not by_this_job:  # it returned without touching the row: another process held it
+    elif word == "COMPLETED" and not by_this_job and any(HELD_LINE in x for x in _log_lines(job)):
+        # it found the run held by another process and returned without touching the row (its log says so)
         holder_text = worker or "another process"
         why = f"job {jid} ended {word} without training the run (held by {holder_text}, which has ended since)"
         if retry:
             store.pending_again(rid, f"{why}; submitted again")
             return ("again", f"{why}; submitted again")
         why += f"; {again}"
-    else:
+    else:  # it ended without recording an outcome (a crash before the run started): said, not submitted blindly
         error = _last_error(job)
         why = (
             f"job {jid} ended {word}"
