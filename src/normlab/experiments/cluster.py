@@ -147,8 +147,9 @@ def _executor(root: Path, kind: str, options: dict[str, Any], name: str) -> Any:
 
 
 def _one_line(text: Any) -> str:
-    """A scheduler's message as one line: its error lines and sbatch's own complaints (`sbatch: unrecognized option
-    '--x'`) joined ("sbatch: error: " dropped; sbatch's "Try sbatch --help" hint left out), else its last line."""
+    """A scheduler's message as one line: its error and failure lines and sbatch's own complaints (`sbatch:
+    unrecognized option '--x'`) joined ("sbatch: error: " dropped; sbatch's "Try sbatch --help" hint left out),
+    else its last line."""
     lines = [x.strip() for x in str(text).splitlines() if x.strip()]
     said = []
     for line in lines:
@@ -156,7 +157,7 @@ def _one_line(text: Any) -> str:
             continue
         if "error:" in line:
             said.append(line.split("error:", 1)[1].strip())
-        elif "error" in line.lower():
+        elif "error" in line.lower() or "fail" in line.lower():  # --test-only's "allocation failure: ..."
             said.append(line)
         elif re.match(r"^s(batch|run|queue|control): ", line):
             said.append(line.split(": ", 1)[1].strip())
