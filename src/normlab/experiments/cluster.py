@@ -10,14 +10,17 @@
   is refused in one line (exit 2). A job that pends for a reason that can never clear (squeue's
   PartitionTimeLimit, PartitionConfig, ...: `scheduler.NEVER_STARTS`) is cancelled and the coordinator stops the
   same way, instead of waiting forever.
-- **Refusals.** A submission the scheduler refuses for a limit (a QOS's MaxSubmitJobs, an association's
-  limits, a busy controller) is tried again with smaller arrays, then after a growing wait (10 s to 5
+- **Refusals.** A submission the scheduler refuses for a limit on how many jobs may wait (a QOS's or an
+  association's MaxSubmitJobs) or a busy controller is tried again with smaller arrays, then after a growing wait (10 s to 5
   min) while the jobs already submitted run; any other refusal (an unknown partition) is reported in
   one line, sbatch's own words in it (nothing of submitit's dump reaches the terminal), and the coordinator
-  keeps watching what it submitted before it exits. Nothing is orphaned.
+  keeps watching what it submitted before it exits. Nothing is orphaned. A refusal that names a limit on each
+  job (QOSMaxWallDurationPerJobLimit with DenyOnLimit, ...PerJob...: `scheduler.never_passes`) never passes
+  by waiting, whatever else it says ("job submit limit"): preflight refuses it before anything is written.
 - **This sweep's jobs only.** Every job carries the sweep's token in its comment (`normlab-sweep:TOKEN`,
   `normlab.experiments.submission`); a job id the store or a lock file names is watched, adopted or cancelled
-  only when squeue shows the token in its comment (an edited store, an id the scheduler gave to another job since).
+  only when squeue shows the token in its comment (an edited store, an id the scheduler gave to another job since),
+  and never when it is another user's (`foreign`: squeue's owner of the job, not only this user's queue).
 - **Re-attaching.** Each array is announced in the store, sent held and released only once its ids are
   stored (`normlab.experiments.submission`): no job runs unknown to the store. A rerun of the same
   command asks the scheduler (sacct through submitit, squeue when sacct has no record yet) about every
@@ -33,13 +36,14 @@
   then stops after its current step with a checkpoint (`normlab.train.trainer.Stopped`), its row goes
   back to `pending`, and submitit requeues the job (`scontrol requeue`), which continues from that
   checkpoint. After a time limit that is retried `slurm_max_num_timeout` times (submitit's default 3).
-  SIGTERM (scancel, a limit reached without the warning) saves the run the same way, without a requeue;
-  a job that ends TIMEOUT, NODE_FAIL, BOOT_FAIL or PREEMPTED without having requeued itself is submitted
+  SIGTERM (scancel, a limit reached without the warning) saves the run the same way, without a requeue, and a
+  CANCELLED job is never submitted again by this coordinator (cancelled means cancelled); a job that ends TIMEOUT, NODE_FAIL, BOOT_FAIL or PREEMPTED without having requeued itself is submitted
   again by the coordinator (as many times), continuing from the newest save. A run whose time limits are used up
   (submitit then saves it and does not requeue) ends `failed` with one line: "job J timed out N times
   (slurm_max_num_timeout = M), saved at step S; run the same command again to continue from step S".
 - **Outcomes** come from normlab's own files: the store's row (the job writes it), the run's summary.json and
-  lock file, the job's text logs. submitit's result pickle is never opened: unpickling runs code, and a pickle
+  lock file, the job's text logs. A job whose run raised before recording anything exits non-zero (`job.RunJob`):
+  its row says "ended FAILED: ImportError: ...; see LOG", and it is not submitted again. submitit's result pickle is never opened: unpickling runs code, and a pickle
   planted in the sweep folder would run it in the coordinator.
 - **Threads** come from the allocation: SLURM_CPUS_PER_TASK (else the CPUs SLURM gave the node's
   task), into torch.set_num_threads and OMP_NUM_THREADS.
@@ -555,7 +559,9 @@ def _ended(
     lock file decide, else one line says how the job ended. Returns ("adopt", JOB) when another live job of this
     sweep (`token`) holds the run's lock; ("again", why) when the job ended on a time limit or a node's failure
     without requeueing itself (`retry`: resubmitting is allowed): the row is pending again and the run is submitted
-    again, continuing from its newest checkpoint. A job that saved its run and was not requeued because its
+    again, continuing from its newest checkpoint. A CANCELLED job is never submitted again, even if its run saved on
+    SIGTERM; a job that ended without recording anything (a crash before the run started) is failed with its log's
+    last error line, not resubmitted: only one whose log says it found the run held (`HELD_LINE`) is. A job that saved its run and was not requeued because its
     `timeouts` (slurm_max_num_timeout) were used up leaves the row failed with "timed out N times, saved at step S,
     run the same command again".
 
