@@ -11,8 +11,8 @@
   PartitionTimeLimit, PartitionConfig, ...: `scheduler.NEVER_STARTS`) is cancelled and the coordinator stops the
   same way, instead of waiting forever.
 - **Refusals.** A submission the scheduler refuses for a limit on how many jobs may wait (a QOS's or an
-  association's MaxSubmitJobs) or a busy controller is tried again with smaller arrays, then after a growing wait (10 s to 5
-  min) while the jobs already submitted run; any other refusal (an unknown partition) is reported in
+  association's MaxSubmitJobs) or a busy controller is tried again with smaller arrays, then after a growing
+  wait (10 s to 5 min) while the jobs already submitted run; any other refusal (an unknown partition) is reported in
   one line, sbatch's own words in it (nothing of submitit's dump reaches the terminal), and the coordinator
   keeps watching what it submitted before it exits. Nothing is orphaned. A refusal that names a limit on each
   job (QOSMaxWallDurationPerJobLimit with DenyOnLimit, ...PerJob...: `scheduler.never_passes`) never passes
@@ -37,14 +37,15 @@
   back to `pending`, and submitit requeues the job (`scontrol requeue`), which continues from that
   checkpoint. After a time limit that is retried `slurm_max_num_timeout` times (submitit's default 3).
   SIGTERM (scancel, a limit reached without the warning) saves the run the same way, without a requeue, and a
-  CANCELLED job is never submitted again by this coordinator (cancelled means cancelled); a job that ends TIMEOUT, NODE_FAIL, BOOT_FAIL or PREEMPTED without having requeued itself is submitted
+  CANCELLED job is never submitted again by this coordinator (cancelled means cancelled); a job that ends TIMEOUT,
+  NODE_FAIL, BOOT_FAIL or PREEMPTED without having requeued itself is submitted
   again by the coordinator (as many times), continuing from the newest save. A run whose time limits are used up
   (submitit then saves it and does not requeue) ends `failed` with one line: "job J timed out N times
   (slurm_max_num_timeout = M), saved at step S; run the same command again to continue from step S".
 - **Outcomes** come from normlab's own files: the store's row (the job writes it), the run's summary.json and
   lock file, the job's text logs. A job whose run raised before recording anything exits non-zero (`job.RunJob`):
-  its row says "ended FAILED: ImportError: ...; see LOG", and it is not submitted again. submitit's result pickle is never opened: unpickling runs code, and a pickle
-  planted in the sweep folder would run it in the coordinator.
+  its row says "ended FAILED: ImportError: ...; see LOG", and it is not submitted again. submitit's result pickle is
+  never opened: unpickling runs code, and a pickle planted in the sweep folder would run it in the coordinator.
 - **Threads** come from the allocation: SLURM_CPUS_PER_TASK (else the CPUs SLURM gave the node's
   task), into torch.set_num_threads and OMP_NUM_THREADS.
 - **Ctrl-C** asks, on a terminal, whether to cancel the sweep's jobs; elsewhere it leaves them running
@@ -561,9 +562,9 @@ def _ended(
     without requeueing itself (`retry`: resubmitting is allowed): the row is pending again and the run is submitted
     again, continuing from its newest checkpoint. A CANCELLED job is never submitted again, even if its run saved on
     SIGTERM; a job that ended without recording anything (a crash before the run started) is failed with its log's
-    last error line, not resubmitted: only one whose log says it found the run held (`HELD_LINE`) is. A job that saved its run and was not requeued because its
-    `timeouts` (slurm_max_num_timeout) were used up leaves the row failed with "timed out N times, saved at step S,
-    run the same command again".
+    last error line, not resubmitted: only one whose log says it found the run held (`HELD_LINE`) is. A job that saved
+    its run and was not requeued because its `timeouts` (slurm_max_num_timeout) were used up leaves the row failed
+    with "timed out N times, saved at step S, run the same command again".
 
     Only normlab's own files are read (the store, summary.json, the lock file, the job's text logs): submitit's
     result pickle is never opened, since unpickling runs code and one planted in the sweep folder would run here."""
