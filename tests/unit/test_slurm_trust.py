@@ -476,15 +476,15 @@ def test_a_cancelled_job_that_saved_is_not_submitted_again(store_with_jobs, tmp_
     )
 
 
-def test_another_users_job_is_never_this_sweeps(fake_slurm, store_with_jobs, tmp_path):
+def test_another_users_job_is_never_this_sweeps(fake_slurm, store_with_jobs, tmp_path, capsys):
     """squeue --me lists this user's jobs only: a live job the store or a lock names that is not among them is
-    another user's (squeue -j ID -o %u says whose), and is neither watched nor adopted, token or not."""
+    another user's (squeue -j ID -o %u says whose), and is neither watched, adopted nor cancelled, token or not."""
     from normlab.experiments import submission
     from normlab.experiments.cluster import _ended, current_user, foreign
     from normlab.runs.files import SweepDir
     from normlab.runs.lock import holder_job
 
-    store, (a, _, _) = store_with_jobs
+    store, (a, b, _) = store_with_jobs
     (fake_slurm / "queue").write_text(
         f"12|RUNNING|None|normlab-sweep:{TOKEN}|someone-else\n11_0|RUNNING|None|normlab-sweep:{TOKEN}\n"
     )
@@ -495,6 +495,15 @@ def test_another_users_job_is_never_this_sweeps(fake_slurm, store_with_jobs, tmp
         assert foreign("12", queue, token) == f"it belongs to user someone-else, not to {me}"
         assert foreign("11_0", queue, token) is None
     assert foreign("77", queue, TOKEN) is None  # not listed at all: ended, nothing to act on
+    store.set_meta(submission.SWEEP_KEY, TOKEN)
+    assert main(["sweep", "--cancel", str(tmp_path / "sw")]) == 0  # cancels 11_0, never 12
+    said = capsys.readouterr().out
+    assert f"skipped job 12 (run {b}): not a job of this sweep (it belongs to user someone-else" in said, said
+    assert (fake_slurm / "log").read_text().split() == ["scancel", "11_0"]
+    store.set_job([a], ["11_0"])
+    (fake_slurm / "queue").write_text(
+        f"12|RUNNING|None|normlab-sweep:{TOKEN}|someone-else\n11_0|RUNNING|None|normlab-sweep:{TOKEN}\n"
+    )
     # a lock naming the other user's job, alive: not adopted (the row is this coordinator's to write), token or not
     root = tmp_path / "sw"
     store.mark_running(a, "11_0")

@@ -697,7 +697,12 @@ def cancel_sweep(root: str | Path, log=print) -> int:  # noqa: ANN001 - log: pri
     alive: dict[str, Any] = {}
     for row in store.rows():
         jid = row.get("job")
-        if not jid or row["status"] in FINISHED or jid not in queue:
+        if not jid or row["status"] in FINISHED:
+            continue
+        if jid not in queue:  # ended, or another user's (said: it is never cancelled)
+            whose = foreign(jid, queue, token)
+            if whose:
+                log(f"skipped job {jid} (run {row['run_id']}): not a job of this sweep ({whose}); left as it is")
             continue
         other = (
             foreign(jid, queue, token)
