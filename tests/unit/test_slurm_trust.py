@@ -1,7 +1,10 @@
 """SLURM trust without a cluster (issue 51 item 4): the [slurm] table typed and checked before anything is
 written, a plain `fuse` mount taken as shared, sbatch's stderr in one line, a request the scheduler would accept
 and never start refused up front, `sweep --cancel` touching only this sweep's jobs, a used-up timeout budget
-said in one line, and submitit's result pickle never opened. The scheduler's commands are small scripts first
+said in one line, and submitit's result pickle never opened; and (issue 63) a job that crashed before recording
+anything reported with its error and not resubmitted, a hand scancel not undone, another user's job never watched,
+adopted or cancelled, a per-job QOS limit, a `time` in slurm_additional_parameters and sbatch's own complaint
+refused up front, and a full disk refused leaving nothing. The scheduler's commands are small scripts first
 on PATH (`fake_slurm`), so these run where SLURM is not installed; tests/slurm/test_trust4.py plays the same
 cases on a real one."""
 
