@@ -1,7 +1,10 @@
 """SLURM trust without a cluster (issue 51 item 4): the [slurm] table typed and checked before anything is
 written, a plain `fuse` mount taken as shared, sbatch's stderr in one line, a request the scheduler would accept
 and never start refused up front, `sweep --cancel` touching only this sweep's jobs, a used-up timeout budget
-said in one line, and submitit's result pickle never opened. The scheduler's commands are small scripts first
+said in one line, and submitit's result pickle never opened; and (issue 63) a job that crashed before recording
+anything reported with its error and not resubmitted, a hand scancel not undone, another user's job never watched,
+adopted or cancelled, a per-job QOS limit, a `time` in slurm_additional_parameters and sbatch's own complaint
+refused up front, and a full disk refused leaving nothing. The scheduler's commands are small scripts first
 on PATH (`fake_slurm`), so these run where SLURM is not installed; tests/slurm/test_trust4.py plays the same
 cases on a real one."""
 
@@ -24,15 +27,27 @@ submitit = pytest.importorskip("submitit")
 
 TOKEN = "0123456789abcdef"
 
-# The scheduler's commands as shell scripts. squeue prints $FAKE_SQUEUE's lines ("id|state|reason|comment"), or one
-# job's state for -j; scancel logs its ids to $FAKE_LOG and drops them from the queue; sbatch answers --test-only
+# The scheduler's commands as shell scripts. squeue prints $FAKE_SQUEUE's lines ("id|state|reason|comment[|user]": a
+# line naming another user is left out, as --me does), or one job's state for -j (its user for -j ID -o %u);
+# scancel logs its ids to $FAKE_LOG and drops them from the queue; sbatch answers --test-only
 # with $FAKE_TEST_ONLY ("ok" or the error it prints) and a submission with $FAKE_SBATCH (same); scontrol shows
 # $FAKE_PARTITIONS for `show partition -o`.
 FAKES = {
     "squeue": """
-        job=""
-        while [ $# -gt 0 ]; do [ "$1" = -j ] && job="$2"; shift; done
-        if [ -n "$job" ]; then grep "^$job|" "$FAKE_SQUEUE" | cut -d'|' -f2; else cat "$FAKE_SQUEUE"; fi
+        job=""; fmt=""
+        while [ $# -gt 0 ]; do
+            case "$1" in -j) job="$2"; shift ;; -o) fmt="$2"; shift ;; esac
+            shift
+        done
+        me=$(id -un)
+        if [ -n "$job" ]; then
+            line=$(grep "^$job|" "$FAKE_SQUEUE")
+            [ -z "$line" ] && exit 0
+            if [ "$fmt" = "%u" ]; then user=$(echo "$line" | cut -d'|' -f5); echo "${user:-$me}"
+            else echo "$line" | cut -d'|' -f2; fi
+        else
+            awk -F'|' -v me="$me" '$5 == "" || $5 == me {print $1 "|" $2 "|" $3 "|" $4}' "$FAKE_SQUEUE"
+        fi
         """,
     "scancel": """
         for j in "$@"; do
@@ -377,3 +392,253 @@ def test_a_refusal_line_carries_no_raw_dump():
     assert _one_line(text) == "QOSMaxSubmitJobPerUserLimit; Batch job submission failed: Job violates"
     with pytest.raises(ConfigError):
         check_options({"timeout_min": "1"}, "slurm")
+
+
+# --- issue 63: a crash before anything is recorded, a hand scancel, another user's job, refusals, a full disk ------
+
+
+def test_a_job_whose_run_raises_exits_with_that_error(tmp_path, monkeypatch, capsys):
+    """torch failing to import in the run's thread (a memory limit in slurm_setup): the exception is raised again
+    in the job's main thread, so submitit exits non-zero (sacct FAILED) with the traceback in the job's log; a job
+    that found its run held by another process says so in one line of its log and returns."""
+    import signal
+
+    from normlab.experiments import job as job_module
+    from normlab.experiments.scheduler import HELD_LINE
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR2)}
+    try:
+
+        def crash(*args, **kwargs):
+            raise ImportError("libtorch_cpu.so: failed to map segment from shared object")
+
+        monkeypatch.setattr(job_module, "execute_run", crash)
+        with pytest.raises(ImportError, match="failed to map segment"):
+            job_module.RunJob(str(tmp_path), "r0")()
+        held = {"status": "running", "reason": "held by pid 7 on n1 (SLURM job 12)", "holder_job": "12"}
+        monkeypatch.setattr(job_module, "execute_run", lambda *a, **k: held)
+        assert job_module.RunJob(str(tmp_path), "r0")() == held
+        assert f"normlab: r0: {HELD_LINE} (held by pid 7 on n1 (SLURM job 12))" in capsys.readouterr().out
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def test_a_job_that_ended_without_recording_anything_is_reported_not_resubmitted(store_with_jobs, tmp_path):
+    """A job that crashed before it touched its row: FAILED with the error its log ends with, in one line naming the
+    log; one that ended COMPLETED without a word about a holder is no "held by another process" either. Neither is
+    submitted again (the same crash would follow). Only a job whose log says it found the run held is."""
+    from normlab.experiments.cluster import _ended
+    from normlab.experiments.scheduler import HELD_LINE
+    from normlab.runs.files import SweepDir
+
+    store, (a, b, c) = store_with_jobs
+    root = tmp_path / "sw"
+    jobs = {jid: submitit.SlurmJob(SweepDir(root).jobs_dir / "%j", jid) for jid in ("11_0", "12", "13")}
+    jobs["11_0"].paths.stderr.parent.mkdir(parents=True)
+    jobs["11_0"].paths.stderr.write_text(
+        "submitit ERROR (2026-01-01 00:00:00,000) - Submitted job triggered an exception\n"
+        "Traceback (most recent call last):\n  ...\nImportError: libtorch_cpu.so: failed to map segment from shared "
+        "object\n"
+    )
+    assert _ended(root, store, a, jobs["11_0"], "FAILED", "slurm", retry=True) is None
+    assert store.row(a)["status"] == "failed"
+    assert store.row(a)["reason"] == (
+        "job 11_0 ended FAILED: ImportError: libtorch_cpu.so: failed to map segment from shared object; "
+        f"see {jobs['11_0'].paths.stderr}"
+    )
+    assert _ended(root, store, b, jobs["12"], "COMPLETED", "slurm", retry=True) is None
+    assert store.row(b)["status"] == "failed"
+    said = f"job 12 ended COMPLETED without recording an outcome; see {jobs['12'].paths.stderr}"
+    assert store.row(b)["reason"] == said
+    jobs["13"].paths.stdout.parent.mkdir(parents=True)
+    jobs["13"].paths.stdout.write_text(f"normlab: {c}: {HELD_LINE} (held by pid 7 on n1)\n")
+    then = _ended(root, store, c, jobs["13"], "COMPLETED", "slurm", retry=True)
+    assert then is not None and then[0] == "again" and "held by another process, which has ended since" in then[1]
+    assert store.row(c)["status"] == "pending"
+
+
+def test_a_cancelled_job_that_saved_is_not_submitted_again(store_with_jobs, tmp_path):
+    """scancel by hand: the run saves on SIGTERM (its row pending, "saved at step 120"), the job ends CANCELLED.
+    Cancelled means cancelled: the row says so, and where the next run of the sweep continues; nothing is
+    submitted again now (a job that saved and ended FAILED without its requeue still is)."""
+    from normlab.experiments.cluster import _ended
+    from normlab.runs.files import SweepDir
+
+    store, (a, _, _) = store_with_jobs
+    root = tmp_path / "sw"
+    store.mark_running(a, "11_0")
+    store.requeued(a, "saved at step 120 by 11_0, stopped by the scheduler", step=120)
+    job = submitit.SlurmJob(SweepDir(root).jobs_dir / "%j", "11_0")
+    assert _ended(root, store, a, job, "CANCELLED by 0", "slurm", retry=True) is None
+    row = store.row(a)
+    assert row["status"] == "failed"
+    assert row["reason"] == (
+        "job 11_0 was cancelled by uid 0 and saved the run at step 120; the next run of this sweep submits it again, "
+        "continuing from step 120"
+    )
+
+
+def test_another_users_job_is_never_this_sweeps(fake_slurm, store_with_jobs, tmp_path, capsys):
+    """squeue --me lists this user's jobs only: a live job the store or a lock names that is not among them is
+    another user's (squeue -j ID -o %u says whose), and is neither watched, adopted nor cancelled, token or not."""
+    from normlab.experiments import submission
+    from normlab.experiments.cluster import _ended, current_user, foreign
+    from normlab.runs.files import SweepDir
+    from normlab.runs.lock import holder_job
+
+    store, (a, b, _) = store_with_jobs
+    (fake_slurm / "queue").write_text(
+        f"12|RUNNING|None|normlab-sweep:{TOKEN}|someone-else\n11_0|RUNNING|None|normlab-sweep:{TOKEN}\n"
+    )
+    queue = submission.live_jobs()
+    assert set(queue) == {"11_0"}
+    me = current_user()
+    for token in (TOKEN, None):
+        assert foreign("12", queue, token) == f"it belongs to user someone-else, not to {me}"
+        assert foreign("11_0", queue, token) is None
+    assert foreign("77", queue, TOKEN) is None  # not listed at all: ended, nothing to act on
+    store.set_meta(submission.SWEEP_KEY, TOKEN)
+    assert main(["sweep", "--cancel", str(tmp_path / "sw")]) == 0  # cancels 11_0, never 12
+    said = capsys.readouterr().out
+    assert f"skipped job 12 (run {b}): not a job of this sweep (it belongs to user someone-else" in said, said
+    assert (fake_slurm / "log").read_text().split() == ["scancel", "11_0"]
+    store.set_job([a], ["11_0"])
+    (fake_slurm / "queue").write_text(
+        f"12|RUNNING|None|normlab-sweep:{TOKEN}|someone-else\n11_0|RUNNING|None|normlab-sweep:{TOKEN}\n"
+    )
+    # a lock naming the other user's job, alive: not adopted (the row is this coordinator's to write), token or not
+    root = tmp_path / "sw"
+    store.mark_running(a, "11_0")
+    lock_file = SweepDir(root).run(a).lock_file
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    lock_file.write_text('{"host": "n1", "pid": 1, "start": null, "job": "12"}')
+    assert holder_job(lock_file) == "12"
+    job = submitit.SlurmJob(SweepDir(root).jobs_dir / "%j", "11_0")
+    assert _ended(root, store, a, job, "FAILED", "slurm", retry=True, token=None) is None
+    assert store.row(a)["status"] == "failed"
+    (fake_slurm / "queue").write_text(f"12|RUNNING|None|normlab-sweep:{TOKEN}\n")  # the same job, this user's
+    store.mark_running(a, "11_0")
+    assert _ended(root, store, a, job, "FAILED", "slurm", retry=True, token=TOKEN) == ("adopt", "12")
+
+
+QOS_REFUSAL = (
+    "sbatch: error: QOSMaxWallDurationPerJobLimit\\n"
+    "allocation failure: Job violates accounting/QOS policy (job submit limit, user's size and/or time limits)"
+)
+
+
+def test_a_per_job_qos_limit_is_refused_up_front_not_waited_out(fake_slurm, tmp_path, capsys, monkeypatch):
+    """A QOS's MaxWall with DenyOnLimit: sbatch --test-only refuses it with a line that says "limit", as a MaxSubmit
+    refusal does; only the latter passes by waiting. Refused in one line, exit 2, nothing written or submitted."""
+    from normlab.experiments.cluster import _passes
+
+    monkeypatch.setenv("FAKE_TEST_ONLY", QOS_REFUSAL)
+    out = tmp_path / "out"
+    assert main(["sweep", str(sweep_file(tmp_path, {"timeout_min": 5, "slurm_qos": "short"})), "--out", str(out)]) == 2
+    line = one_line(capsys)
+    assert (
+        "the scheduler can never run these jobs: QOSMaxWallDurationPerJobLimit; allocation failure: Job violates "
+        "accounting/QOS policy (job submit limit, user's size and/or time limits) (its time limit is over the QOS's "
+        "MaxWall)" in line
+    ), line
+    assert not out.exists() and "--test-only" in (fake_slurm / "log").read_text()
+    assert (fake_slurm / "log").read_text().count("sbatch") == 1
+    submit_limit = "QOSMaxSubmitJobPerUserLimit; Batch job submission failed: Job violates accounting/QOS policy"
+    assert _passes(submit_limit) and _passes("Socket timed out on send/recv operation")
+    for never in ("AssocMaxCpuPerJobLimit; x limit", "QOSMaxTRESPerJob; limit", QOS_REFUSAL.replace("\\n", "; ")):
+        assert not _passes(never), never
+
+
+def test_a_time_in_additional_parameters_is_checked_against_maxtime(fake_slurm, tmp_path, capsys):
+    """submitit writes slurm_additional_parameters after its own flags, so `time` there is the jobs' limit: checked
+    against the partition's MaxTime like timeout_min (and refused beside it, or when sbatch could not read it)."""
+    (fake_slurm / "partitions").write_text(
+        "PartitionName=debug Default=YES MaxTime=UNLIMITED State=UP\n"
+        "PartitionName=short Default=NO MaxTime=00:05:00 State=UP\n"
+    )
+    out = tmp_path / "out"
+    table = {"slurm_partition": "short", "slurm_additional_parameters": {"time": "00:10:00"}}
+    assert main(["sweep", str(sweep_file(tmp_path, table)), "--out", str(out)]) == 2
+    line = one_line(capsys)
+    assert (
+        "slurm_additional_parameters' time = '00:10:00' (10 min) is over the partition's time limit (short's MaxTime "
+        "is 5 min)" in line
+    ), line
+    assert not out.exists()
+    table = {"slurm_additional_parameters": {"time": 10, "partition": "short"}}  # its partition there too
+    assert main(["sweep", str(sweep_file(tmp_path, table)), "--out", str(out)]) == 2
+    assert "(10 min) is over the partition's time limit (short's MaxTime is 5 min)" in one_line(capsys)
+    for table, said in (
+        ({"timeout_min": 5, "slurm_additional_parameters": {"time": 5}}, "gives both timeout_min and"),
+        ({"slurm_additional_parameters": {"time": "ten minutes"}}, "time must be a duration as sbatch reads it"),
+    ):
+        assert main(["sweep", str(sweep_file(tmp_path, table)), "--out", str(out)]) == 2
+        assert said in one_line(capsys)
+        assert not out.exists()
+    from normlab.experiments.cluster import preflight
+
+    preflight({"slurm_partition": "short", "slurm_additional_parameters": {"time": "4:00"}}, "t")  # 4 min: fits
+
+
+def test_sbatchs_own_complaint_is_kept_in_the_one_line(fake_slurm, tmp_path, capsys, monkeypatch):
+    """sbatch's `unrecognized option` line has no "error:" in it; its "Try sbatch --help" hint is left out."""
+    from normlab.experiments.cluster import _one_line
+
+    said = "sbatch: unrecognized option '--no_such_flag=x'\nTry \"sbatch --help\" for more information"
+    assert _one_line(said) == "unrecognized option '--no_such_flag=x'"
+    monkeypatch.setenv("FAKE_TEST_ONLY", said.replace("\n", "\\n"))
+    table = {"slurm_additional_parameters": {"no_such_flag": "x"}}
+    out = tmp_path / "out"
+    assert main(["sweep", str(sweep_file(tmp_path, table)), "--out", str(out)]) == 2
+    line = one_line(capsys)
+    assert "the scheduler can never run these jobs: unrecognized option '--no_such_flag=x' (sbatch" in line, line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("where", ["marker", "store"])
+def test_a_new_sweep_on_a_full_disk_is_refused_and_leaves_nothing(tmp_path, capsys, monkeypatch, where):
+    """No space left as the folder's marker or the store is written: one line, exit 2, and neither the folder nor
+    the missing folders above it are left behind; a sweep being continued keeps everything it held."""
+    import errno
+    import sqlite3
+
+    import normlab.io
+    from normlab.experiments import runner
+    from normlab.runs.store import SweepStore
+
+    def no_space(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    real_prepare = runner.prepare
+
+    def store_full(sweep, root):
+        real_prepare(sweep, root)  # the store and sweep.toml written, then SQLite finds the disk full
+        with SweepStore(root / "sweep.db")._connect():
+            raise sqlite3.OperationalError("database or disk is full")
+
+    sweep = SweepConfig(name="t", base={"size": "nano", "steps": 2}, grid={"seed": [0]})
+    path = tmp_path / "s.toml"
+    path.write_text(_to_toml(sweep.to_dict()))
+    out = tmp_path / "new" / "sw"
+    with monkeypatch.context() as patch:
+        if where == "marker":
+            patch.setattr(normlab.io, "atomic_write_json", no_space)
+        else:
+            patch.setattr(runner, "prepare", store_full)
+        assert main(["sweep", str(path), "--out", str(out)]) == 2
+        line = one_line(capsys)
+        assert f"cannot set up the sweep in {out}: " in line and "is on a full disk (no space left on device)" in line
+        assert "nothing was left there; free space and run the same command again" in line, line
+        assert not (tmp_path / "new").exists()
+        (tmp_path / "empty").mkdir()  # an empty folder of the user's: emptied again, kept
+        assert main(["sweep", str(path), "--out", str(tmp_path / "empty")]) == 2
+        one_line(capsys)
+        assert list((tmp_path / "empty").iterdir()) == []
+    kept = tmp_path / "kept"
+    runner.prepare(sweep, normlab.io.own_folder(kept, "sweep"))
+    before = sorted(p.name for p in kept.iterdir())
+    monkeypatch.setattr(runner, "prepare", store_full)
+    assert main(["sweep", str(path), "--out", str(kept)]) == 2
+    assert "the sweep's files there are as they were" in one_line(capsys)
+    assert sorted(p.name for p in kept.iterdir() if p.name != ".lock") == before  # .lock: the sweep's flock file

@@ -10,14 +10,17 @@
   is refused in one line (exit 2). A job that pends for a reason that can never clear (squeue's
   PartitionTimeLimit, PartitionConfig, ...: `scheduler.NEVER_STARTS`) is cancelled and the coordinator stops the
   same way, instead of waiting forever.
-- **Refusals.** A submission the scheduler refuses for a limit (a QOS's MaxSubmitJobs, an association's
-  limits, a busy controller) is tried again with smaller arrays, then after a growing wait (10 s to 5
-  min) while the jobs already submitted run; any other refusal (an unknown partition) is reported in
+- **Refusals.** A submission the scheduler refuses for a limit on how many jobs may wait (a QOS's or an
+  association's MaxSubmitJobs) or a busy controller is tried again with smaller arrays, then after a growing
+  wait (10 s to 5 min) while the jobs already submitted run; any other refusal (an unknown partition) is reported in
   one line, sbatch's own words in it (nothing of submitit's dump reaches the terminal), and the coordinator
-  keeps watching what it submitted before it exits. Nothing is orphaned.
+  keeps watching what it submitted before it exits. Nothing is orphaned. A refusal that names a limit on each
+  job (QOSMaxWallDurationPerJobLimit with DenyOnLimit, ...PerJob...: `scheduler.never_passes`) never passes
+  by waiting, whatever else it says ("job submit limit"): preflight refuses it before anything is written.
 - **This sweep's jobs only.** Every job carries the sweep's token in its comment (`normlab-sweep:TOKEN`,
   `normlab.experiments.submission`); a job id the store or a lock file names is watched, adopted or cancelled
-  only when squeue shows the token in its comment (an edited store, an id the scheduler gave to another job since).
+  only when squeue shows the token in its comment (an edited store, an id the scheduler gave to another job since),
+  and never when it is another user's (`foreign`: squeue's owner of the job, not only this user's queue).
 - **Re-attaching.** Each array is announced in the store, sent held and released only once its ids are
   stored (`normlab.experiments.submission`): no job runs unknown to the store. A rerun of the same
   command asks the scheduler (sacct through submitit, squeue when sacct has no record yet) about every
@@ -33,14 +36,16 @@
   then stops after its current step with a checkpoint (`normlab.train.trainer.Stopped`), its row goes
   back to `pending`, and submitit requeues the job (`scontrol requeue`), which continues from that
   checkpoint. After a time limit that is retried `slurm_max_num_timeout` times (submitit's default 3).
-  SIGTERM (scancel, a limit reached without the warning) saves the run the same way, without a requeue;
-  a job that ends TIMEOUT, NODE_FAIL, BOOT_FAIL or PREEMPTED without having requeued itself is submitted
+  SIGTERM (scancel, a limit reached without the warning) saves the run the same way, without a requeue, and a
+  CANCELLED job is never submitted again by this coordinator (cancelled means cancelled); a job that ends TIMEOUT,
+  NODE_FAIL, BOOT_FAIL or PREEMPTED without having requeued itself is submitted
   again by the coordinator (as many times), continuing from the newest save. A run whose time limits are used up
   (submitit then saves it and does not requeue) ends `failed` with one line: "job J timed out N times
   (slurm_max_num_timeout = M), saved at step S; run the same command again to continue from step S".
 - **Outcomes** come from normlab's own files: the store's row (the job writes it), the run's summary.json and
-  lock file, the job's text logs. submitit's result pickle is never opened: unpickling runs code, and a pickle
-  planted in the sweep folder would run it in the coordinator.
+  lock file, the job's text logs. A job whose run raised before recording anything exits non-zero (`job.RunJob`):
+  its row says "ended FAILED: ImportError: ...; see LOG", and it is not submitted again. submitit's result pickle is
+  never opened: unpickling runs code, and a pickle planted in the sweep folder would run it in the coordinator.
 - **Threads** come from the allocation: SLURM_CPUS_PER_TASK (else the CPUs SLURM gave the node's
   task), into torch.set_num_threads and OMP_NUM_THREADS.
 - **Ctrl-C** asks, on a terminal, whether to cancel the sweep's jobs; elsewhere it leaves them running
@@ -70,7 +75,15 @@ from typing import Any
 
 from normlab.errors import ConfigError
 from normlab.experiments import submission
-from normlab.experiments.scheduler import never_starts, signal_delay, time_over_partition
+from normlab.experiments.scheduler import (
+    HELD_LINE,
+    ask_scheduler,
+    never_passes,
+    never_starts,
+    signal_delay,
+    time_limit,
+    time_over_partition,
+)
 from normlab.runs.files import SweepDir
 from normlab.runs.lock import holder_job, job_alive
 from normlab.runs.outcome import FINISHED, describe
@@ -130,7 +143,7 @@ def _executor(root: Path, kind: str, options: dict[str, Any], name: str) -> Any:
             folder=folder, cluster="slurm", slurm_max_num_timeout=int(opts.pop("slurm_max_num_timeout", 3))
         )
         opts.setdefault("name", f"normlab-{name}")
-        opts.setdefault("slurm_signal_delay_s", signal_delay(opts.get("timeout_min")))
+        opts.setdefault("slurm_signal_delay_s", signal_delay(time_limit(opts)))
         ex.update_parameters(**opts)
     else:
         ex = submitit.LocalExecutor(folder=folder)
@@ -139,10 +152,28 @@ def _executor(root: Path, kind: str, options: dict[str, Any], name: str) -> Any:
 
 
 def _one_line(text: Any) -> str:
-    """A scheduler's message as one line: its error lines joined ("sbatch: error: " dropped), else its last line."""
+    """A scheduler's message as one line: its error and failure lines and sbatch's own complaints (`sbatch:
+    unrecognized option '--x'`) joined ("sbatch: error: " dropped; sbatch's "Try sbatch --help" hint left out),
+    else its last line."""
     lines = [x.strip() for x in str(text).splitlines() if x.strip()]
-    errors = [x.split("error:", 1)[1].strip() if "error:" in x else x for x in lines if "error" in x.lower()]
-    return ("; ".join(errors) if errors else (lines or ["no message"])[-1])[:400]
+    said = []
+    for line in lines:
+        if line.startswith("Try ") and "--help" in line:
+            continue
+        if "error:" in line:
+            said.append(line.split("error:", 1)[1].strip())
+        elif "error" in line.lower() or "fail" in line.lower():  # --test-only's "allocation failure: ..."
+            said.append(line)
+        elif re.match(r"^s(batch|run|queue|control): ", line):
+            said.append(line.split(": ", 1)[1].strip())
+    return ("; ".join(said) if said else (lines or ["no message"])[-1])[:400]
+
+
+def _passes(why: str) -> bool:
+    """Whether a refusal may pass by waiting (a limit on how many jobs may wait, a busy controller): never one that
+    names a limit on each job (`scheduler.never_passes`), however it words it ("job submit limit, user's size and/or
+    time limits")."""
+    return never_passes(why) is None and any(word.lower() in why.lower() for word in TRANSIENT)
 
 
 def preflight(options: dict[str, Any], name: str) -> None:
@@ -170,9 +201,12 @@ def preflight(options: dict[str, Any], name: str) -> None:
             return
     if out.returncode != 0:
         why = _one_line(out.stderr or out.stdout)
-        if not any(word.lower() in why.lower() for word in TRANSIENT):
+        if not _passes(why):
+            meaning = never_passes(why)
             raise ConfigError(
-                f"the scheduler can never run these jobs: {why} (sbatch --test-only with the [slurm] options); fix "
+                f"the scheduler can never run these jobs: {why}"
+                + (f" ({meaning.split(': ', 1)[1]})" if meaning else "")
+                + " (sbatch --test-only with the [slurm] options); fix "
                 "the [slurm] table (slurm_partition, cpus_per_task, mem_gb, gpus_per_node, ...) and run the same "
                 "command again"
             )
@@ -219,16 +253,41 @@ def live(state: str) -> bool:
 
 
 def foreign(jid: str, queue: dict[str, tuple[str, str, str]] | None, token: str | None) -> str | None:
-    """Why a job the store or a lock file names is not this sweep's: squeue lists it and its comment lacks the
-    sweep's token (`normlab.experiments.submission`); None when it is this sweep's, when squeue does not list it
-    (ended: nothing to act on), or when there is no token to check against (a store of an older normlab)."""
-    if token is None or queue is None or jid not in queue:
+    """Why a job the store or a lock file names is not this sweep's: it is another user's (squeue lists it, but not
+    among this user's jobs, `queue`: its owner is asked, `squeue -j ID -o %u`), or it is this user's and its comment
+    lacks the sweep's token (`normlab.experiments.submission`). None when it is this sweep's, when squeue does not
+    list it at all (ended: nothing to act on), or when squeue cannot answer; the comment goes unchecked when there
+    is no token to check it against (a store of an older normlab), the owner never."""
+    if queue is None:
+        return None
+    if jid not in queue:
+        owner = job_owner(jid)
+        me = current_user()
+        return f"it belongs to user {owner}, not to {me}" if owner and owner != me else None
+    if token is None:
         return None
     comment = queue[jid][2]
     if submission.carries(comment, token):
         return None
     shown = "no comment" if comment in ("", "(null)") else f"its comment is {comment!r}"
     return f"{shown}, without this sweep's {submission.SWEEP_TAG}{token}"
+
+
+def job_owner(jid: str) -> str | None:
+    """The user a live job belongs to (squeue %u); None when squeue lists no such job or cannot answer."""
+    lines = ask_scheduler(["squeue", "-h", "-j", jid, "-o", "%u"])
+    found = [x.strip() for x in lines or [] if x.strip()]
+    return found[0] if found else None
+
+
+def current_user() -> str:
+    """This process's user name, as squeue prints a job's owner."""
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
 
 
 def scancel(job_ids: list[str]) -> None:
@@ -312,8 +371,11 @@ def run_cluster(
                         pickled.unlink(missing_ok=True)  # (a submitted job's moves to its own folder)
                     why = _one_line(getattr(err, "stderr", None) or err)
                     unsure = announced is not None  # sbatch may have timed out on jobs the controller accepted
-                    if not any(word.lower() in why.lower() for word in TRANSIENT):
-                        fatal = f"the scheduler refused the jobs: {why}"
+                    if not _passes(why):
+                        meaning = never_passes(why)
+                        fatal = f"the scheduler refused the jobs: {why}" + (
+                            f" ({meaning.split(': ', 1)[1]})" if meaning else ""
+                        )
                         log(
                             f"{fatal}; {len(queue)} run(s) not submitted"
                             + (f"; watching the {len(jobs)} submitted job(s) to their end" if jobs else "")
@@ -498,9 +560,11 @@ def _ended(
     lock file decide, else one line says how the job ended. Returns ("adopt", JOB) when another live job of this
     sweep (`token`) holds the run's lock; ("again", why) when the job ended on a time limit or a node's failure
     without requeueing itself (`retry`: resubmitting is allowed): the row is pending again and the run is submitted
-    again, continuing from its newest checkpoint. A job that saved its run and was not requeued because its
-    `timeouts` (slurm_max_num_timeout) were used up leaves the row failed with "timed out N times, saved at step S,
-    run the same command again".
+    again, continuing from its newest checkpoint. A CANCELLED job is never submitted again, even if its run saved on
+    SIGTERM; a job that ended without recording anything (a crash before the run started) is failed with its log's
+    last error line, not resubmitted: only one whose log says it found the run held (`HELD_LINE`) is. A job that saved
+    its run and was not requeued because its `timeouts` (slurm_max_num_timeout) were used up leaves the row failed
+    with "timed out N times, saved at step S, run the same command again".
 
     Only normlab's own files are read (the store, summary.json, the lock file, the job's text logs): submitit's
     result pickle is never opened, since unpickling runs code and one planted in the sweep folder would run here."""
@@ -515,12 +579,7 @@ def _ended(
     word = state.split()[0] if state else "UNKNOWN"
     jid = str(job.job_id)
     holder = holder_job(run.lock_file)
-    if (
-        holder
-        and holder != jid
-        and job_alive(holder)
-        and (token is None or not foreign(holder, submission.live_jobs(), token))
-    ):
+    if holder and holder != jid and job_alive(holder) and not foreign(holder, submission.live_jobs(), token):
         return ("adopt", holder)  # a duplicate's twin trains it: its row is that job's to write
     worker = str(row.get("worker") or "")
     by_this_job = worker == jid or (kind != "slurm" and worker.endswith(f":{jid}"))  # submitit-local: host:pid
@@ -529,7 +588,16 @@ def _ended(
     saved = _saved_step(root, rid, row)
     again = f"run the same command again to continue from step {saved}" if saved else "run the same command again"
     stopped = by_this_job and row["status"] == "pending" and (row["reason"] or "").startswith("saved at step")
-    if stopped and any("timed-out too many times" in x for x in _log_lines(job)):  # submitit's words, text log
+    if word == "CANCELLED":  # by hand (scancel) or by an administrator: never undone here, even if it saved first
+        by = state.split(" by ")[-1] if " by " in state else None
+        why = (
+            f"job {jid} was cancelled"
+            + (f" by uid {by}" if by else "")
+            + (f" and saved the run at step {saved}" if stopped else "")
+            + "; the next run of this sweep submits it again"
+            + (f", continuing from step {saved}" if stopped else "")
+        )
+    elif stopped and any("timed-out too many times" in x for x in _log_lines(job)):  # submitit's words, text log
         why = (
             f"job {jid} timed out {timeouts + 1} time{'s' if timeouts else ''} (slurm_max_num_timeout = {timeouts}), "
             f"saved at step {saved}; "
@@ -541,27 +609,21 @@ def _ended(
         return ("again", why)
     elif stopped:
         why = f"job {jid} saved the run at step {saved} and ended {word} without requeueing itself; {again}"
-    elif word == "CANCELLED":
-        by = state.split(" by ")[-1] if " by " in state else None
-        why = (
-            f"job {jid} was cancelled"
-            + (f" by uid {by}" if by else "")
-            + "; the next run of this sweep submits it again"
-        )
     elif word in RESUBMIT and retry:
         why = f"job {jid} ended {word} without requeueing itself; submitted again, from its newest checkpoint"
         store.pending_again(rid, why)
         return ("again", why)
     elif word in RESUBMIT:
         why = f"job {jid} ended {word}; see {job.paths.stderr}; submitted again {timeouts} times already: {again}"
-    elif word == "COMPLETED" and not by_this_job:  # it returned without touching the row: another process held it
+    elif word == "COMPLETED" and not by_this_job and any(HELD_LINE in x for x in _log_lines(job)):
+        # it found the run held by another process and returned without touching the row (its log says so)
         holder_text = worker or "another process"
         why = f"job {jid} ended {word} without training the run (held by {holder_text}, which has ended since)"
         if retry:
             store.pending_again(rid, f"{why}; submitted again")
             return ("again", f"{why}; submitted again")
         why += f"; {again}"
-    else:
+    else:  # it ended without recording an outcome (a crash before the run started): said, not submitted blindly
         error = _last_error(job)
         why = (
             f"job {jid} ended {word}"
@@ -635,7 +697,12 @@ def cancel_sweep(root: str | Path, log=print) -> int:  # noqa: ANN001 - log: pri
     alive: dict[str, Any] = {}
     for row in store.rows():
         jid = row.get("job")
-        if not jid or row["status"] in FINISHED or jid not in queue:
+        if not jid or row["status"] in FINISHED:
+            continue
+        if jid not in queue:  # ended, or another user's (said: it is never cancelled)
+            whose = foreign(jid, queue, token)
+            if whose:
+                log(f"skipped job {jid} (run {row['run_id']}): not a job of this sweep ({whose}); left as it is")
             continue
         other = (
             foreign(jid, queue, token)

@@ -26,8 +26,11 @@ sweep.toml and the run folders (`rebuild_store`).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
+import sqlite3
 import subprocess
 import sys
 import time
@@ -37,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from normlab.errors import ConfigError
+from normlab.errors import ConfigError, OutputError
 from normlab.experiments.cluster import preflight, run_cluster
 from normlab.experiments.cpus import threads_per_worker, usable_cores
 from normlab.experiments.progress import SweepProgress, last_step
@@ -45,7 +48,7 @@ from normlab.experiments.scheduler import check_options
 from normlab.experiments.sweep import RunSpec, SweepConfig
 from normlab.experiments.workers import ForkedWorker
 from normlab.experiments.workers import available as workers_available
-from normlab.io import atomic_write_bytes, own_folder
+from normlab.io import STORAGE_ERRORS, atomic_write_bytes, own_folder
 from normlab.runs.files import SweepDir
 from normlab.runs.lock import FolderLock
 from normlab.runs.outcome import BUDGET_STOP, FINISHED, describe, shown_counts
@@ -75,6 +78,49 @@ def prepare(sweep: SweepConfig, out: str | Path) -> tuple[SweepStore, list[RunSp
     store.add(specs)
     atomic_write_bytes(folder.sweep_file, _to_toml(sweep.to_dict()).encode())
     return store, specs
+
+
+def _made_by_this_call(out: Path) -> tuple[Path, bool] | None:
+    """What a new sweep's setup creates, and whether it goes whole if the setup fails: the outermost missing folder
+    of `out` (whole), or `out` itself when it is an empty folder (emptied again, kept); None for a folder that
+    holds anything (a sweep to continue: nothing of it is ever removed)."""
+    if out.is_dir():
+        return (out, False) if not any(out.iterdir()) else None
+    if out.exists():
+        return None
+    top = out
+    while not top.parent.exists() and top.parent != top:
+        top = top.parent
+    return top, True
+
+
+def _setup_failed(out: Path, made: tuple[Path, bool] | None, err: OSError | sqlite3.Error) -> OutputError:
+    """The one line for a sweep whose folder or store could not be written (a full disk, a read-only mount, a quota),
+    once what this call made is removed again (`_made_by_this_call`): a new sweep leaves nothing behind, one being
+    continued keeps everything it held."""
+    if made is not None and made[1]:
+        shutil.rmtree(made[0], ignore_errors=True)
+    elif made is not None:  # an empty folder of the user's: emptied again, kept
+        for child in list(out.iterdir()) if out.is_dir() else []:
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child, ignore_errors=True)
+            else:
+                child.unlink(missing_ok=True)
+    where = next((p for p in (out, *out.parents) if p.exists()), out)
+    code = getattr(err, "errno", None)
+    if isinstance(err, sqlite3.Error) and "full" in str(err):
+        code = errno.ENOSPC  # SQLite's SQLITE_FULL: "database or disk is full"
+    if code in STORAGE_ERRORS:
+        why = f"{where} {STORAGE_ERRORS[code]}"
+        fix = "free space and run the same command again"
+        if code == errno.EROFS:
+            fix = "give a folder on writable storage"
+    elif code in (errno.EACCES, errno.EPERM):
+        why, fix = f"{where} is not writable by this user", "give a folder this user may write"
+    else:
+        why, fix = f"writing in {where} failed ({type(err).__name__}: {err})", "run the same command again"
+    left = "nothing was left there" if made is not None else "the sweep's files there are as they were"
+    return OutputError(f"cannot set up the sweep in {out}: {why}; {left}; {fix}")
 
 
 def rebuild_store(root: str | Path, store: SweepStore | None = None) -> int:
@@ -156,16 +202,24 @@ def run_sweep(
     check_options(sweep.slurm, executor or sweep.executor)  # before anything is written
     if (executor or sweep.executor) == "slurm":
         preflight(sweep.slurm, sweep.name)  # a request SLURM would accept and never start: refused, nothing written
-    root = own_folder(out, "sweep")  # never a folder of the user's
-    root.mkdir(parents=True, exist_ok=True)
-    lock = FolderLock(
-        SweepDir(root).lock_file,
-        wait=0,
-        busy=lambda holder: f"another normlab sweep is running in {root} ({holder}); wait for it or stop it first",
-    )
+    made = _made_by_this_call(Path(out))
     try:
-        store, specs = prepare(sweep, root)
-        _reconcile(store, root)
+        root = own_folder(out, "sweep")  # never a folder of the user's
+        root.mkdir(parents=True, exist_ok=True)
+        lock = FolderLock(
+            SweepDir(root).lock_file,
+            wait=0,
+            busy=lambda holder: f"another normlab sweep is running in {root} ({holder}); wait for it or stop it first",
+        )
+    except (OSError, sqlite3.Error) as err:
+        raise _setup_failed(Path(out), made, err) from None
+    try:
+        try:
+            store, specs = prepare(sweep, root)
+            _reconcile(store, root)
+        except (OSError, sqlite3.Error) as err:  # a full disk, a read-only mount: nothing of a new sweep is left
+            lock.release()
+            raise _setup_failed(root, made, err) from None
         ids = {s.run_id for s in specs}
         todo = [r["run_id"] for r in store.rows() if r["run_id"] in ids and r["status"] not in FINISHED]
         done = len(ids) - len(todo)

@@ -45,6 +45,9 @@ TWINS = {
 # sbatch flags that normlab or submitit set for every job (the held submission, its token, the array, the logs, the
 # USR2 warning): slurm_additional_parameters may not set them
 RESERVED_FLAGS = ("array", "comment", "error", "hold", "open-mode", "output", "parsable", "signal", "test-only", "wrap")
+# the line a job prints (its log) when it found its run held by another process and recorded nothing
+# (`normlab.experiments.job`): the coordinator tells such a job from one that ended without a word
+HELD_LINE = "held by another process; this job recorded nothing"
 # the comment words a job of normlab carries (normlab.experiments.submission): a user's comment may not hold them
 TOKEN_WORDS = ("normlab:", "normlab-sweep:")
 
@@ -204,11 +207,27 @@ def check_options(options: dict[str, Any], executor: str) -> None:
             "the [slurm] table: slurm_cpus_per_gpu needs slurm_gpus_per_task (submitit ignores it otherwise); "
             "give slurm_gpus_per_task, or cpus_per_task instead"
         )
+    extra = options.get("slurm_additional_parameters") or {}
+    if "time" in extra:
+        given = next((k for k in ("timeout_min", "slurm_time") if k in options), None)
+        if given:
+            raise ConfigError(
+                f"the [slurm] table gives both {given} and slurm_additional_parameters' time, which set the same "
+                "sbatch flag (--time); keep one"
+            )
+        value = extra["time"]
+        if isinstance(value, bool) or (
+            time_limit(options) is None and str(value).strip().upper() not in ("UNLIMITED", "INFINITE")
+        ):
+            raise ConfigError(
+                f"the [slurm] table: slurm_additional_parameters' time must be a duration as sbatch reads it "
+                f"(minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED), got {value!r}"
+            )
     limit, delay = time_limit(options), options.get("slurm_signal_delay_s")
-    limit_key = "timeout_min" if "timeout_min" in options else "slurm_time"
+    limit_key = time_key(options)
     if isinstance(limit, (int, float)) and isinstance(delay, (int, float)) and delay >= limit * 60:
         raise ConfigError(
-            f"slurm_signal_delay_s = {delay} is not shorter than {limit_key} = {limit} "
+            f"slurm_signal_delay_s = {delay} is not shorter than {limit_key} = {limit:g} "
             f"({limit * 60:g} s): SLURM would send the USR2 that saves and requeues a run the moment "
             "its job starts; give "
             f"slurm_signal_delay_s below {limit * 60:g} (or leave it out: a quarter of the limit, at "
@@ -216,11 +235,26 @@ def check_options(options: dict[str, Any], executor: str) -> None:
         )
 
 
-def time_limit(options: dict[str, Any]) -> int | None:
-    """The jobs' time limit in minutes as the table gives it (timeout_min, or its twin slurm_time); None: the
-    partition's default."""
+def time_limit(options: dict[str, Any]) -> float | None:
+    """The jobs' time limit in minutes as the table gives it: slurm_additional_parameters' `time` (submitit writes
+    it after, so over, its own --time), else timeout_min or its twin slurm_time; None: the partition's default (or
+    a `time` of UNLIMITED)."""
+    extra = options.get("slurm_additional_parameters")
+    if isinstance(extra, dict) and "time" in extra:
+        value = extra["time"]
+        if isinstance(value, bool):
+            return None
+        return float(value) if isinstance(value, (int, float)) else slurm_minutes(str(value))
     value = options.get("timeout_min", options.get("slurm_time"))
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def time_key(options: dict[str, Any]) -> str:
+    """The [slurm] key that sets the jobs' time limit (`time_limit`), as the messages name it."""
+    extra = options.get("slurm_additional_parameters")
+    if isinstance(extra, dict) and "time" in extra:
+        return "slurm_additional_parameters' time"
+    return "timeout_min" if "timeout_min" in options else "slurm_time"
 
 
 def signal_delay(timeout_min: float | None) -> int:
@@ -268,6 +302,21 @@ def never_starts(reason: str) -> str | None:
     """Why a job pending for `reason` (squeue %r) can never start; None when it may (waiting is normal)."""
     word = reason.split(",")[0].strip()
     return NEVER_STARTS.get(word)
+
+
+def never_passes(text: str) -> str | None:
+    """Why a refusal by sbatch (its error lines) can never pass by waiting: it names a limit on each job (a QOS's or
+    an association's MaxWall, MaxTRESPerJob, ... with DenyOnLimit: `sbatch: error: QOSMaxWallDurationPerJobLimit`)
+    or another reason of `NEVER_STARTS`; None when it names none (a MaxSubmitJobs limit, a busy controller: those
+    pass as the sweep's jobs end)."""
+    for word in re.findall(r"[A-Za-z]+", text):
+        if word in NEVER_STARTS:
+            return f"{word}: {NEVER_STARTS[word]}"
+    match = re.search(r"\b(QOS|Assoc)Max\w*PerJob\w*", text)
+    if match:
+        whose = "QOS" if match.group(1) == "QOS" else "association"
+        return f"{match.group(0)}: the job asks for more than the {whose} allows any one job"
+    return None
 
 
 def slurm_minutes(text: str) -> float | None:
@@ -322,16 +371,20 @@ def time_over_partition(options: dict[str, Any]) -> str | None:
     known = partitions()
     if not known:
         return None
-    asked = options.get("slurm_partition")
+    extra = options.get("slurm_additional_parameters")
+    asked = extra["partition"] if isinstance(extra, dict) and "partition" in extra else options.get("slurm_partition")
     names = [x.strip() for x in asked.split(",") if x.strip()] if isinstance(asked, str) else []
     names = names or [n for n, f in known.items() if f.get("Default") == "YES"]
     caps = {n: slurm_minutes(known[n].get("MaxTime", "")) for n in names if n in known}
     if not caps or len(caps) < len(names) or any(cap is None or limit <= cap for cap in caps.values()):
         return None  # an unknown partition is sbatch's to refuse; an unlimited one or one that fits can run it
-    key = "timeout_min" if "timeout_min" in options else "slurm_time"
+    key = time_key(options)
     most = max(c for c in caps.values() if c is not None)
     where = ", ".join(f"{n}'s MaxTime is {c:g} min" for n, c in caps.items())
+    shown = f"{limit:g}"
+    if key.startswith("slurm_additional_parameters"):
+        shown = f"{options['slurm_additional_parameters']['time']!r} ({limit:g} min)"
     return (
-        f"{key} = {limit} is over the partition's time limit ({where}): SLURM would accept the jobs and never start "
+        f"{key} = {shown} is over the partition's time limit ({where}): SLURM would accept the jobs and never start "
         f"them (PartitionTimeLimit); give {key} <= {most:g}, or a partition whose MaxTime allows it"
     )

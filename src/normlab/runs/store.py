@@ -21,6 +21,7 @@ Row life cycle: `pending` (a scheduler's job id in `job` once submitted) -> `run
 
 from __future__ import annotations
 
+import errno
 import json
 import sqlite3
 import time
@@ -122,9 +123,25 @@ class SweepStore:
             with db:  # commit on success, roll back on error
                 yield db
         except sqlite3.DatabaseError as err:
+            if self._disk_full(err):  # the disk, not the file: the command says so in one line (exit 2)
+                raise OSError(errno.ENOSPC, f"{err} (sqlite)", str(self.path)) from None
             raise ConfigError(self._explain(err)) from None
         finally:
             db.close()
+
+    def _disk_full(self, err: sqlite3.DatabaseError) -> bool:
+        """Whether sqlite failed for want of space: SQLITE_FULL ("database or disk is full"), or an I/O error (a
+        journal that could not be created) on a file system with less than `normlab.io.FULL` bytes free."""
+        import shutil
+
+        from normlab.io import FULL
+
+        if "full" in str(err):
+            return True
+        try:
+            return "I/O error" in str(err) and shutil.disk_usage(self.path.parent).free < FULL
+        except OSError:
+            return False
 
     def _explain(self, err: sqlite3.DatabaseError) -> str:
         """One line for what sqlite raised: busy, read-only, or a corrupt file and how to rebuild it."""
