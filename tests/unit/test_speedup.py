@@ -258,3 +258,21 @@ def test_the_plan_buys_two_seeds_then_the_widest_ladder_that_fits_and_names_the_
     quick = plan.make_plan(names, "pre", user, cal, 600 * 60, 2, 150, screen=False)
     assert quick.ladder is None  # the quick question is one rung
     assert plan.Plan.from_dict(bought.to_dict()) == bought
+
+
+def test_the_seed_noise_is_pooled_over_the_grids_finished_cells_when_that_has_more_degrees_of_freedom():
+    rows = []
+    losses = {("pre", 0.01): [2.0, 2.1], ("pre", 0.1): [2.5, 2.3], ("peri", 0.01): [1.9, 1.95], ("peri", 0.1): [2.2]}
+    for (layout, lr), xs in losses.items():
+        rows += [{"layout": layout, "lr": lr, "status": "ok", "final_loss": x} for x in xs]
+    rows.append({"layout": "pre", "lr": 0.3, "status": "diverged", "final_loss": 9.0})  # not a finished cell
+    runs = pd.DataFrame(rows)
+    a, b = losses[("peri", 0.01)], losses[("pre", 0.01)]
+    iv, df = speedup.pooled_interval(runs, a, b)
+    # within-cell sum of squares over the cells with two seeds, (n - 1) each: 3 degrees of freedom
+    ss = sum(((np.array(x) - np.mean(x)) ** 2).sum() for x in losses.values() if len(x) >= 2)
+    half = stats.t.ppf(0.975, 3) * math.sqrt(ss / 3 * (1 / 2 + 1 / 2))
+    d = np.mean(a) - np.mean(b)
+    assert df == 3 and iv == pytest.approx([d - half, d + half], rel=1e-12)
+    assert speedup.welch_df(a, b) < df  # two seeds a side: Welch has at most 2
+    assert speedup.pooled_interval(runs[runs.lr == 0.3], a, b) is None  # no cell with two finished seeds

@@ -7,8 +7,9 @@ sandwich norm at 0.83x failed). normlab's gate, for the best candidate that is n
     change          the leader trained and either
                       - speedup: the effective speedup's lower bound (`speedup`, its interval's low end,
                         after the norm tax, at the ladder's widest rung where one ran) exceeds 1 and the
-                        leader fails and is at risk no more often than the baseline (at the proxy, and on the
-                        ladder's rungs), or
+                        leader is not behind the baseline on the ranking's first criteria (fewer or as many
+                        failures, and among equal failures no more runs at risk, at the proxy; no more
+                        failures on the ladder's rungs), or
                       - stability: every run of the baseline finished and failed (diverged or stalled) at
                         every learning rate tried while the leader trained (no finite number of the
                         baseline's tokens reaches the leader's loss)
@@ -95,9 +96,10 @@ def verdict(ranked: list[Evidence], current: str | None, speedup: dict[str, Any]
         }
     s = speedup or {}
     on_ladder = s.get("ladder_failures") or {}
+    # the ranking's order (normlab.recommend.rank): failures first, then runs at risk among equal failures
     worse = (
         lead.failures > base.failures
-        or lead.risk_share > base.risk_share
+        or (lead.failures == base.failures and lead.risk_share > base.risk_share)
         or on_ladder.get(lead.layout, 0) > on_ladder.get(base.layout, 0)
     )
     iv = s.get("interval")

@@ -22,9 +22,12 @@ The step-time ratio of (1) is the norm tax measured at the user's width (`normla
 Anchoring: the candidate's loss is placed at L_fit(T) + d, d = mean(cand) - mean(base) of the runs' final
 losses, so a candidate equal to the baseline has a token ratio of exactly 1 whatever the fit's residual at T.
 
-Interval: the ends of Welch's 95% interval of d over seeds (`answer.welch`) mapped through the same
+Interval: the ends of the 95% interval of d over seeds mapped through the same
 monotone curve, each then divided by the tax interval's matching end (the worse end with the worse end: a
-conservative combination of two independent intervals); an end that reached a bound is said as one
+conservative combination of two independent intervals); the interval of d is Student's t with the seed noise
+pooled over every finished cell of the grid (`pooled_interval`) where that has more degrees of freedom than
+Welch's on the two cells alone (`answer.welch`; two seeds a side leave it one or two); an end that reached a
+bound is said as one
 (`interval_bounded`). The fit's own uncertainty is not in it. One seed on a side measures no seed noise: no
 interval, said so with the budget that would buy it.
 
@@ -43,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from normlab.runs.files import RunDir
 
@@ -199,6 +203,39 @@ def cell_dirs(runs: Any, grid: Path, layout: str, lr: float) -> list[Path]:
     return [grid / "runs" / str(r) for r in cell.run_id]
 
 
+def welch_df(a: list[float], b: list[float]) -> float:
+    """The Welch-Satterthwaite degrees of freedom of mean(a) - mean(b) (0 under two values a side)."""
+    if len(a) < 2 or len(b) < 2:
+        return 0.0
+    va, vb = float(np.var(a, ddof=1)) / len(a), float(np.var(b, ddof=1)) / len(b)
+    if va + vb == 0:
+        return 0.0
+    return (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+
+
+def pooled_interval(runs: Any, a: list[float], b: list[float], level: float = LEVEL) -> tuple[list[float], int] | None:
+    """mean(a) - mean(b)'s interval with the seed noise pooled over every finished cell (layout x learning rate)
+    of `runs` with two or more seeds: s^2 = sum over cells of sum (x - cell mean)^2 / sum (n - 1), Student's t
+    with sum (n - 1) degrees of freedom (the within-cell mean square of a two-way layout). Two seeds a cell
+    leave Welch one or two degrees of freedom (t = 12.7 to 4.3); the grid's cells share the proxy and the
+    data, so their seed noise is one quantity. None where the pool has no degree of freedom or no spread."""
+    from scipy import stats
+
+    ok = runs[runs.status == "ok"]
+    ss, df = 0.0, 0
+    for _, cell in ok.groupby(["layout", "lr"]):
+        x = np.asarray(pd.to_numeric(cell.final_loss, errors="coerce"), dtype=float)
+        x = x[np.isfinite(x)]
+        if len(x) >= 2:
+            ss += float(((x - x.mean()) ** 2).sum())
+            df += len(x) - 1
+    if df == 0 or ss == 0:
+        return None
+    d = sum(a) / len(a) - sum(b) / len(b)
+    half = float(stats.t.ppf(0.5 + level / 2, df)) * math.sqrt(ss / df * (1 / len(a) + 1 / len(b)))
+    return [d - half, d + half], df
+
+
 def cell_compute(runs: Any, grid: Path, layout: str, lr: float) -> float | None:
     """The FLOPs of the cell's first finished run (summary.json's flops_per_token x tokens)."""
     dirs = cell_dirs(runs, grid, layout, lr)
@@ -220,9 +257,11 @@ def for_pair(
         "eq. (1) of normlab.recommend.speedup: the tokens your placement needs to reach the candidate's final loss "
         "on its own loss-over-tokens curve (mean over seeds, fitted as E + A t^-alpha from a quarter of the run, "
         f"read at most {EXTRAPOLATE:g}x beyond the tokens trained, else a bound), over the candidate's tokens, "
-        "divided by 1 + the norm tax; interval: the ends of Welch's 95% interval of the final-loss difference "
-        "over seeds mapped through that curve, each divided by the tax interval's matching end. One run's curve "
-        "under a cosine schedule: read mid-run it is late, so a speedup below 1 is at most that"
+        "divided by 1 + the norm tax; interval: the ends of the 95% interval of the final-loss difference over "
+        "seeds (the seed noise pooled over the grid's finished cells where that has more degrees of freedom than "
+        "Welch's on the two cells: `noise`) mapped through that curve, each divided by the tax interval's "
+        "matching end. One run's curve under a cosine schedule: read mid-run its loss lies above an annealed "
+        "run's, so a speedup below 1 is at most that"
     )
     if base.best_lr is None or cand.best_lr is None:
         who = base.layout if base.best_lr is None else cand.layout
@@ -232,6 +271,11 @@ def for_pair(
     if not a or not b or not dirs:
         return {**out, "value": None, "interval": None, "why": "no finished run at a best learning rate"}
     d, interval = welch(a, b)
+    pooled = pooled_interval(runs, a, b)
+    if pooled is not None and (interval is None or pooled[1] > welch_df(a, b)):
+        interval, out["noise"] = pooled[0], f"pooled over the finished cells' seeds ({pooled[1]} degrees of freedom)"
+    else:
+        out["noise"] = "Welch's, from the two cells' own seeds" if interval is not None else None
     tokens, loss = mean_curve(dirs)
     curve = fit_curve(tokens, loss)
     if curve is None:
