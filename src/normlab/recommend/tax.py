@@ -223,7 +223,11 @@ def measure(
         raise TaxSkipped(f"the budget left less than {MIN_LEFT_S:g} s to time it")
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, 256, (1, shape.tokens), generator=g).to(dev)
-    steps = {n: _step(_build(n, cfg, shape.tokens, dev, compiled, blocks), x, compiled) for n in (baseline, candidate)}
+    # by role, not by name: a layout timed against itself (a control) is two models too
+    steps = {
+        role: _step(_build(n, cfg, shape.tokens, dev, compiled, blocks), x, compiled)
+        for role, n in (("base", baseline), ("cand", candidate))
+    }
     warm = time.time()
     for fn in steps.values():  # warm-up (and compilation) outside the turns
         fn()
@@ -232,21 +236,21 @@ def measure(
         raise TaxSkipped(f"the budget left no time to time it (a step pair took {one:.1f} s)")
     for fn in steps.values():
         fn()
-    times: dict[str, list[float]] = {baseline: [], candidate: []}
+    times: dict[str, list[float]] = {"base": [], "cand": []}
     began = time.time()
     for i in range(max(turns, MAX_TURNS if extra_s > 0 else turns)):
-        if deadline is not None and len(times[baseline]) >= 2 and time.time() + 0.5 * one > deadline:
+        if deadline is not None and len(times["base"]) >= 2 and time.time() + 0.5 * one > deadline:
             break
         if i >= turns and time.time() + 0.5 * one > began + extra_s:
             break
-        for n in (baseline, candidate) if i % 2 == 0 else (candidate, baseline):  # ABBA: an order effect cancels
+        for n in ("base", "cand") if i % 2 == 0 else ("cand", "base"):  # ABBA: an order effect cancels
             wall, cpu = time.perf_counter(), time.process_time()
             steps[n]()
             # on the CPU the lesser of wall and CPU seconds (as normlab.recommend.cost's calibration): another
             # process's load only ever makes either larger; on CUDA the wall time (the step ends synchronized)
             took = time.perf_counter() - wall
             times[n].append(took if dev == "cuda" else min(took, time.process_time() - cpu))
-    ratios = [c / b for b, c in zip(times[baseline], times[candidate])]
+    ratios = [c / b for b, c in zip(times["base"], times["cand"])]
     value, interval = ratio_stats(ratios)
     tax = Tax(
         baseline=baseline,
@@ -258,8 +262,8 @@ def measure(
         device_type=dev,
         shape=asdict(shape),
         turns=len(ratios),
-        base_ms=1e3 * statistics.median(times[baseline]),
-        cand_ms=1e3 * statistics.median(times[candidate]),
+        base_ms=1e3 * statistics.median(times["base"]),
+        cand_ms=1e3 * statistics.median(times["cand"]),
         torch=torch.__version__,
         bound="lower" if dev == "cpu" else None,
         note=_note(dev, shape),
