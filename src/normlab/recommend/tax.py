@@ -42,7 +42,7 @@ GPU_TOKENS = 4096
 TURNS = 5  # at least this many turns (where the deadline allows)
 MAX_TURNS = 15  # and more, up to this many, while `extra_s` allows: the interval narrows as 1/sqrt(turns)
 LEVEL = 0.95
-TAX_VERSION = 1
+TAX_VERSION = 2  # 2: denormals flushed on the CPU while timing
 MEMORY = 6 * 2**30  # the timed blocks' weights and gradients at most about this (float32; checked on the CPU)
 MIN_LEFT_S = 10.0  # no model is built with less than this left before the deadline
 
@@ -209,11 +209,10 @@ def measure(
 
     dev = device or _device()
     key = _key(cfg, baseline, candidate, mode, dev)
-    shape, name, blocks, per_block = TaxShape.of(cfg, dev), key["device"], key["blocks"], block_bytes(cfg)
+    per_block = block_bytes(cfg)
     path = _cache_path(key)
     if use_cache and (hit := _cached(path, key)) is not None:
         return hit
-    compiled = mode == "compiled"
     if 2 * per_block > MEMORY and dev == "cpu":
         raise TaxSkipped(
             f"one block of your shape takes about {per_block / 2**30:.1f} GiB with its gradients: too large to time "
@@ -221,6 +220,39 @@ def measure(
         )
     if deadline is not None and time.time() + MIN_LEFT_S > deadline:
         raise TaxSkipped(f"the budget left less than {MIN_LEFT_S:g} s to time it")
+    # denormal floats are computed slowly by a CPU and at full speed by a GPU: flushed to zero while timing, so the
+    # CPU times the norms' work, not its handling of the tiny values one layout's activations may hold (restored)
+    flushed = dev == "cpu" and torch.set_flush_denormal(True)
+    try:
+        tax = _timed(cfg, (baseline, candidate), mode, (turns, extra_s), dev, deadline, key["blocks"])
+    finally:
+        if flushed:
+            torch.set_flush_denormal(False)
+    if use_cache and tax.turns >= turns:  # a measurement the deadline cut short is not kept
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, {"key": key, "tax": tax.to_dict()})
+    return tax
+
+
+def _timed(
+    cfg: ModelConfig,
+    pair: tuple[str, str],
+    mode: str,
+    turns_and_extra: tuple[int, float],
+    dev: str,
+    deadline: float | None,
+    blocks: int,
+) -> Tax:
+    """`measure`'s timing of `pair` (baseline, candidate), once the cache has missed: at least `turns`, and more
+    while `extra_s` allows (`turns_and_extra`)."""
+    import torch
+
+    from normlab.train.mfu import device_name
+
+    baseline, candidate = pair
+    turns, extra_s = turns_and_extra
+    shape, name = TaxShape.of(cfg, dev), device_name(torch.device(dev))
+    compiled = mode == "compiled"
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, 256, (1, shape.tokens), generator=g).to(dev)
     # by role, not by name: a layout timed against itself (a control) is two models too
@@ -268,9 +300,6 @@ def measure(
         bound="lower" if dev == "cpu" else None,
         note=_note(dev, shape),
     )
-    if use_cache and len(ratios) >= turns:  # a measurement the deadline cut short is not kept
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(path, {"key": key, "tax": tax.to_dict()})
     return tax
 
 
