@@ -7,10 +7,10 @@ them, 16, 32, 64, whose rungs cost a fraction of a proxy run): the proxy's own w
 cells, reused) and the two others, trained under muP with the proxy's width as the base shape
 (`inputs.proxy_settings`), so each candidate's best learning rate at the proxy is the one muP carries to
 every rung (Yang et al. 2022; normlab's record: the optimum moved x1.27-1.50 over 4x width). Tokens grow with
-width (steps x width / the proxy's): the compute of a rung grows as width^3, not as Chinchilla's width^4
-(tokens in proportion to parameters would make the widest rung 16x the proxy's tokens, beyond a 20-minute
-budget on two cores; said in the answer). Depth stays the proxy's: the user's depth-to-width ratio cannot be
-followed at widths of tens (a 2048-wide, 16-layer model has a ratio of 1/128).
+width (steps x width / the proxy's, at least half the proxy's): the compute of a rung grows as width^3, not
+as Chinchilla's width^4 (tokens in proportion to parameters would make the widest rung 16x the proxy's tokens,
+beyond a 20-minute budget on two cores; said in the answer). Depth stays the proxy's: the user's
+depth-to-width ratio cannot be followed at widths of tens (a 2048-wide, 16-layer model has a ratio of 1/128).
 
 Trend. Ordinary least squares of y = ln(speedup) on x = ln(compute) over the rungs with a finite speedup
 (a bound is left out and said), and the prediction interval at x0 (Student's t with n - 2 degrees of
@@ -46,8 +46,10 @@ CHINCHILLA = 20.0  # tokens per parameter where the user gave none (Hoffmann et 
 
 
 def rung_steps(width: int, steps: int) -> int:
-    """A rung's steps: the proxy's, in proportion to its width (tokens grow with width)."""
-    return max(8, round(steps * width / PROXY_WIDTH))
+    """A rung's steps: the proxy's, in proportion to its width (tokens grow with width), and at least half the
+    proxy's: at 38 steps the narrow ladder's width-16 rung stalled at the unigram loss on both sides of a Llama
+    comparison (docs/results.md, "Speedup projections"), a rung that measures nothing."""
+    return max(8, steps // 2, round(steps * width / PROXY_WIDTH))
 
 
 def off_proxy(widths: tuple[int, ...] = WIDTHS) -> list[int]:
@@ -101,6 +103,7 @@ def fit(rungs: list[dict[str, Any]], x0: float, level: float = LEVEL) -> dict[st
         "trend": trend,
         "lower_bound_above_1": above[0],  # at the widest rung
         "lower_bound_above_1_at_scale": lo > 1,
+        "beyond_widest": x0 / float(np.exp(x.max())),  # how far the projection reaches past the widest rung
         "crosses_1_at": crosses,
         "degrees_of_freedom": n - 2,
         "method": "OLS of ln(speedup) on ln(compute) over the rungs, Student's t prediction interval (ladder.py)",
@@ -131,7 +134,9 @@ def words(proj: dict[str, Any]) -> str:
     lo, hi = proj["interval"]
     text = (
         f"projected to your scale ({proj['scale']:.3g} FLOPs): x{proj['value']:.2f} [{lo:.2f}, {hi:.2f}] "
-        f"({proj['degrees_of_freedom']} degree(s) of freedom); the advantage {proj['trend']} with scale "
+        f"({proj['degrees_of_freedom']} degree(s) of freedom, {proj['beyond_widest']:.2g}x the widest rung's compute: "
+        f"an extrapolation over {math.log10(max(proj['beyond_widest'], 1.0)):.1f} orders of magnitude); the "
+        f"advantage {proj['trend']} with scale "
         f"(slope {proj['slope']:+.3f} [{proj['slope_interval'][0]:+.3f}, {proj['slope_interval'][1]:+.3f}] in "
         "ln speedup per ln compute)"
     )
