@@ -6,6 +6,7 @@ trained it, sacct agrees (COMPLETED), no job is submitted twice, no live run is 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -47,6 +48,17 @@ def write_sweep(tmp_path: Path, corpus: Path, name: str, seeds: int, steps: int,
     path = tmp_path / f"{name}.toml"
     path.write_text(_to_toml(sweep.to_dict()))
     return path, name
+
+
+def nano_step_seconds(corpus: Path, tmp_path: Path) -> float:
+    """Seconds a step of the sweeps' nano run takes here now: 200 steps trained once, as a job would (one thread)."""
+    out = tmp_path / "pace"
+    cmd = [sys.executable, "-m", "normlab", "train", "--size", "nano", "--layout", "pre", "--data", str(corpus)]
+    cmd += ["--seq-len", "32", "--batch-size", "8", "--steps", "200", "--eval-every", "0", "--probe-every", "0"]
+    cmd += ["--no-progress", "--out", str(out)]
+    subprocess.run(cmd, env={**ENV, "OMP_NUM_THREADS": "1"}, check=True, capture_output=True, timeout=600)
+    summary = json.loads((out / "summary.json").read_text())
+    return summary["wall_time_s"] / summary["steps"]
 
 
 def sweep_cmd(path: Path, out: Path) -> list[str]:
@@ -126,10 +138,12 @@ def test_killed_coordinator_rerun_reattaches_to_live_jobs(corpus, tmp_path):
 def test_time_limit_checkpoints_requeues_and_ends_ok(corpus, tmp_path):
     """A run longer than its --time (2 min): SLURM's USR2 30 s before the limit saves it and requeues the job,
     which continues from that save; the row and sacct agree: ok, COMPLETED, one job."""
-    # 5000 nano steps (256 tokens each): 240 s of training at the 5,300 tok/s one nano run gets on this machine under
-    # load, and more than one job's life even at twice that speed: a life of 2 minutes trains at most about 90 s
+    # The steps sized from this machine's own pace (not from a figure measured elsewhere): a life of 2 minutes trains
+    # at most about 90 s, so steps worth 300 s at the measured pace need three lives or more even if the machine
+    # runs 3x faster during the test, and end within the ten requeues allowed if it runs 3x slower
+    steps = max(2000, int(300 / nano_step_seconds(corpus, tmp_path)))
     path, name = write_sweep(
-        tmp_path, corpus, "timelimit", seeds=1, steps=5000, timeout_min=2, slurm_max_num_timeout=10
+        tmp_path, corpus, "timelimit", seeds=1, steps=steps, timeout_min=2, slurm_max_num_timeout=10
     )
     out = tmp_path / "sw"
     done = finish(path, out, timeout=1500)
