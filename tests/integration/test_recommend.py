@@ -50,6 +50,7 @@ def _args(corpus, out, *more):
         "batch_size=4",
         "--workers",
         "2",
+        "--no-tax-compiled",  # its compilation (30-100 s on a CPU) is tests/unit/test_speedup.py's
         "--out",
         str(out),
         *more,

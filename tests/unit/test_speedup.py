@@ -142,6 +142,15 @@ def test_the_tax_is_timed_at_the_users_shape_named_and_cached(tmp_path, monkeypa
         tax.measure(cfg.with_(d_model=16384, d_ff=65536, n_heads=128), "pre", "peri")
 
 
+@pytest.mark.slow  # torch.compile of two blocks (30-100 s on a CPU); the eager test above times the same code path
+def test_the_compiled_tax_is_timed_under_torch_compile_and_cached_apart(tmp_path, monkeypatch):
+    monkeypatch.setenv("NORMLAB_CACHE", str(tmp_path))
+    cfg = get_size("nano")
+    t = tax.measure(cfg, "pre", "peri", mode="compiled", turns=2)
+    assert t.mode == "compiled" and t.turns == 2 and math.isfinite(t.value)
+    assert tax.is_cached(cfg, "pre", "peri", "compiled") and not tax.is_cached(cfg, "pre", "peri", "eager")
+
+
 def _ev(name, finished=2, diverged=0, stalled=0, at_risk=0, best_lr=0.01, runs=2, unfinished=0, rank=1):
     return Evidence(
         name,

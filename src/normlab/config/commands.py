@@ -446,6 +446,11 @@ class RecommendConfig:
         check=positive,
         metavar="N",
     )
+    tax_compiled: bool = setting(
+        True,
+        "also time the norm tax under torch.compile (its compilation takes 30-100 s on a CPU) where at least 150 s "
+        "of the budget are left; --no-tax-compiled times it eager only",
+    )
     ladder: str = setting(
         "auto",
         "the proxy widths the effective speedup is measured at beside the proxy's 64: auto (32 and 128 where the "

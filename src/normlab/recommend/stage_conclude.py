@@ -155,6 +155,9 @@ def norm_tax(ctx: Context, base: str, cand: str) -> dict[str, Any]:
     end = ctx.clock.stop_at  # the report's reserve is left for the files still to write
     by_mode: dict[str, Any] = {}
     for mode in ("eager", "compiled"):
+        if mode == "compiled" and not ctx.cfg.tax_compiled:
+            by_mode[mode] = {"value": None, "why": "not asked (--no-tax-compiled)"}
+            continue
         if (
             mode == "compiled"
             and end - time.time() < COMPILED_MIN_S
