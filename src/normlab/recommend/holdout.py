@@ -91,6 +91,7 @@ def holdout(rec: Path, out: Path, workers: int = 2, log: Callable[[str], Any] = 
         "recommendation": str(rec),
         "baseline": base["layout"],
         "candidate": cand["layout"],
+        "names": [base.get("short") or base["layout"], cand.get("short") or cand["layout"]],
         "precision": result["precision"],
         "optimizer": plan["optimizer"],
         "ladder": [r["width"] for r in rungs],
@@ -122,6 +123,7 @@ def words(rec: dict[str, Any]) -> str:
         got += f" [{m['interval'][0]:.2f}, {m['interval'][1]:.2f}]"
     verdict = {True: "inside", False: "OUTSIDE", None: "not comparable"}[rec["inside"]]
     return (
-        f"{rec['baseline']} -> {rec['candidate']} ({rec['precision']}, {rec['optimizer']}), ladder "
+        f"{' -> '.join(rec.get('names') or [rec['baseline'], rec['candidate']])} ({rec['precision']}, "
+        f"{rec['optimizer']}), ladder "
         f"{'/'.join(str(w) for w in rec['ladder'])} -> held-out d {rec['heldout']['width']}: {proj}; {got}: {verdict}"
     )
