@@ -309,7 +309,7 @@ def _note(device: str, shape: TaxShape) -> str:
     cut = f" (your sequence {shape.user_seq_len:,} cut to {shape.tokens}: the norms' share is smaller at yours)"
     return (
         f"measured on the CPU at {shape.words()}{cut}; on a GPU the matrix products run far faster than the "
-        "memory-bound norms, so this is a lower bound on your GPU's tax (fused kernels: liger-kernel needs CUDA)"
+        "memory-bound norms, so this is a lower bound on your GPU's tax (fused kernels are not timed)"
     )
 
 
