@@ -285,3 +285,23 @@ def test_the_seed_noise_is_pooled_over_the_grids_finished_cells_when_that_has_mo
     assert df == 3 and iv == pytest.approx([d - half, d + half], rel=1e-12)
     assert speedup.welch_df(a, b) < df  # two seeds a side: Welch has at most 2
     assert speedup.pooled_interval(runs[runs.lr == 0.3], a, b) is None  # no cell with two finished seeds
+
+
+def test_every_plan_with_a_final_round_carries_two_seeds_before_a_deeper_proxy():
+    """Steps priced by their FLOPs (so depth costs): over budgets of 2-12 minutes, every plan that holds a final
+    round holds its second seed, and the smallest budgets that buy them take shallower proxies first."""
+    from normlab.recommend import plan
+    from normlab.recommend.cost import REFERENCE_SHAPE, Calibration, step_work
+
+    c_flop = 0.275 / step_work(REFERENCE_SHAPE, "pre")[0]
+    cal = Calibration(c0=0.0, c_flop=c_flop, c_norm=0.0, s0=1.0, s_layer=0.0, s_flop=0.0, seconds=1.0)
+    user = REFERENCE_SHAPE.with_(n_layers=16)
+    plans = []
+    for quarter in range(8, 49):
+        try:
+            plans.append(plan.make_plan(["pre", "peri", "post", "hybrid"], "pre", user, cal, quarter * 15, 2, 150))
+        except plan.BudgetTooSmall:
+            continue
+    with_final = [p for p in plans if p.finalists]
+    assert with_final and all(p.seeds == [0, 1] for p in with_final)
+    assert with_final[0].depth < 12  # the first budget with an interval bought it with a shallower proxy

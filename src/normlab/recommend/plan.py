@@ -391,11 +391,11 @@ class _Planner:
         ]
         if r.screen and not r.seeds and len(self.order) >= 2:
             # every answer carries an interval: the final round's two seeds before a deeper proxy (a floor of full
-            # steps and at least SHALLOW_DEPTHS[0] layers, with the final round and two seeds, where one fits)
+            # steps and at least SHALLOW_DEPTHS[-1] layers, with the final round and two seeds, where one fits)
             seeded = [
                 replace(f, finalists=2, n_seeds=2)
                 for f in floors
-                if f.steps == r.steps and f.depth >= min(SHALLOW_DEPTHS[0], self.standard)
+                if f.steps == r.steps and f.depth >= min(SHALLOW_DEPTHS[-1], self.standard)
             ]
             state = next((f for f in seeded if self.fits(f)), None)
             if state is not None:
