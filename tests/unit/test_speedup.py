@@ -228,7 +228,15 @@ def test_the_ladders_projection_is_ols_on_log_log_with_students_prediction_inter
     exact = ladder.fit([{**r, "value": 1.1 * (r["compute"] / 1e12) ** 0.05} for r in rungs], x0)
     assert exact["trend"] == "grows" and exact["interval"][0] == pytest.approx(exact["value"], rel=1e-6)
     assert exact["crosses_1_at"] is None and exact["lower_bound_above_1"]
-    two = ladder.fit(rungs[:2] + [{**rungs[2], "bound": "lower"}], x0)
+    # a rung past the extrapolation limit enters at its bound, and the projection is said to be of bounds
+    bounded = ladder.fit(rungs[:2] + [{**rungs[2], "bound": "lower"}], x0)
+    assert (
+        bounded["bound"] == "lower" and bounded["bounds_at"] == [128] and bounded["value"] == pytest.approx(p["value"])
+    )
+    assert ladder.words(bounded).startswith("a lower bound")
+    flat = ladder.fit([{**r, "value": 2.0, "bound": "lower"} for r in rungs], x0)  # all at the same bound
+    assert flat["interval"] is None and "no spread" in flat["why"] and ladder.words(flat) == flat["why"]
+    two = ladder.fit([*rungs[:2], {**rungs[2], "value": None}], x0)
     assert two["value"] is None and two["left_out"] == [128] and "three" in two["why"]
     assert ladder.rung_steps(128, 150) == 300 and ladder.rung_steps(32, 150) == 75 and ladder.off_proxy() == [32, 128]
     # the user's FLOPs on the rungs' definition: 6 x (the matrices + the head) + 12 L H Q T a token, x 20 N tokens

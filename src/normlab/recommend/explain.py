@@ -638,7 +638,7 @@ def speedup_item(sp: dict[str, Any]) -> str:
             for r in rungs
         )
     proj = sp.get("projection") or {}
-    if proj.get("value") is not None:
+    if proj.get("interval") is not None:
         text += f"; {ladder.words(proj)} (tokens at your scale: {proj.get('tokens')})"
     elif proj.get("why"):
         text += f"; at your scale: {proj['why']}"

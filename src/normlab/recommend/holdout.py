@@ -115,7 +115,7 @@ def words(rec: dict[str, Any]) -> str:
     m, p = rec["measured"], rec["projected"]
     proj = (
         f"projected x{p['value']:.2f} [{p['interval'][0]:.2f}, {p['interval'][1]:.2f}]"
-        if p.get("value") is not None
+        if p.get("interval") is not None
         else "no projection"
     )
     got = f"measured x{m['value']:.2f}" if m.get("value") is not None else "no measurement"

@@ -21,10 +21,13 @@ freedom; e.g. Montgomery, Peck and Vining, "Introduction to Linear Regression An
 The slope's own interval says whether the advantage grows (b > 0), shrinks (b < 0) or holds (the interval
 holds 0) with scale; the compute at which the prediction interval's lower end crosses 1 is found on a grid of
 x. Three rungs leave one degree of freedom (t = 12.7): the projection's interval is wide, and says so.
+A rung whose speedup is a bound (past the curve's extrapolation limit) enters the fit at its bound and the
+projection is said to be of bounds (`bound`: "lower" where every such rung is a lower bound: the projection is
+then itself at least that).
 Compute: the runs' own FLOPs (summary.json's flops_per_token x tokens: 6 x the matrices' weights + the
 attention's 12 L H Q T a token); the user's on the same definition at its shape (sequences up to `USER_SEQ`)
-times D, the tokens given to recommend (`--tokens`), else 20 N (Hoffmann et al. 2022). A rung whose speedup is
-a bound is left out of the fit and named (`left_out`): the fit then rests on fewer rungs.
+times D, the tokens given to recommend (`--tokens`), else 20 N (Hoffmann et al. 2022). A rung with no speedup
+(a side that did not train) is left out of the fit and named (`left_out`).
 """
 
 from __future__ import annotations
@@ -61,9 +64,13 @@ def fit(rungs: list[dict[str, Any]], x0: float, level: float = LEVEL) -> dict[st
     """The trend and the projection at compute `x0` (module doc) over `rungs` ({compute, value, bound})."""
     from scipy import stats
 
-    use = [r for r in rungs if r.get("value") and r["value"] > 0 and not r.get("bound")]
+    use = [r for r in rungs if r.get("value") and r["value"] > 0]
     left = [r["width"] for r in rungs if r not in use]
     out: dict[str, Any] = {"scale": x0, "rungs_used": len(use), "left_out": left}
+    kinds = {r["bound"] for r in use if r.get("bound")}
+    if kinds:  # a rung past the extrapolation limit enters at its bound: the projection is then of bounds, said so
+        out["bound"] = kinds.pop() if len(kinds) == 1 else "mixed"
+        out["bounds_at"] = [r["width"] for r in use if r.get("bound")]
     if len(use) < 3:
         return {
             **out,
@@ -78,6 +85,9 @@ def fit(rungs: list[dict[str, Any]], x0: float, level: float = LEVEL) -> dict[st
     b = float(((x - xbar) * (y - y.mean())).sum() / sxx)
     a = float(y.mean() - b * xbar)
     sse = float(((y - (a + b * x)) ** 2).sum())
+    if sse == 0.0 and out.get("bound"):  # every rung at the same bound: nothing to fit a spread to
+        why = f"every rung's speedup is at its {out['bound']} bound (x{math.exp(a):.2f}): no spread to fit a trend to"
+        return {**out, "value": float(math.exp(a)), "interval": None, "why": why}
     s = math.sqrt(sse / (n - 2))
     t = float(stats.t.ppf(0.5 + level / 2, n - 2))
 
@@ -129,10 +139,11 @@ def user_compute(cfg: Any, non_embedding_params: float, tokens: float | None) ->
 
 def words(proj: dict[str, Any]) -> str:
     """The projection in a sentence."""
-    if proj.get("value") is None:
+    if proj.get("value") is None or proj.get("interval") is None:
         return proj.get("why", "no projection")
     lo, hi = proj["interval"]
-    text = (
+    of = {"lower": "a lower bound (rungs past the 2x extrapolation limit enter at it): ", "upper": "an upper bound: "}
+    text = of.get(proj.get("bound") or "", "a projection of bounds: " if proj.get("bound") else "") + (
         f"projected to your scale ({proj['scale']:.3g} FLOPs): x{proj['value']:.2f} [{lo:.2f}, {hi:.2f}] "
         f"({proj['degrees_of_freedom']} degree(s) of freedom, {proj['beyond_widest']:.2g}x the widest rung's compute: "
         f"an extrapolation over {math.log10(max(proj['beyond_widest'], 1.0)):.1f} orders of magnitude); the "
@@ -170,7 +181,7 @@ def figure(path: Path, rungs: list[dict[str, Any]], proj: dict[str, Any]) -> Non
                 capsize=3,
             )
             ax.annotate(f"d {r['width']}", (r["compute"], r["value"]), textcoords="offset points", xytext=(5, 5))
-    if proj.get("value") is not None:
+    if proj.get("interval") is not None:
         xs = np.exp(np.linspace(math.log(min(r["compute"] for r in rungs)), math.log(proj["scale"]), 100))
         ax.plot(xs, np.exp(proj["slope"] * (np.log(xs) - math.log(proj["scale"])) + math.log(proj["value"])), "C1-")
         lo, hi = proj["interval"]
