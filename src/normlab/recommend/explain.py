@@ -335,7 +335,9 @@ def headline(result: dict[str, Any], ranked: list[Evidence]) -> list[str]:
     lines = []
     if v:
         level = (result.get("confidence") or {}).get("level")
-        said = speedup.words(sp) if sp.get("value") is not None and v.get("gate") == "speedup" else ""
+        # the gate's own figure: the ladder's widest rung where one ran, else the proxy's
+        gated = {**sp, **sp["largest_rung"]} if (sp.get("largest_rung") or {}).get("interval") else sp
+        said = speedup.words(gated) if gated.get("value") is not None and v.get("gate") == "speedup" else ""
         lines += [gate.headline(v, said, level if v["decision"] != "no answer yet" else None), ""]
         if v.get("gate") == "stability" or (v["decision"] == "keep" and sp.get("value") is not None):
             lines += (

@@ -185,7 +185,7 @@ def words(s: dict[str, Any]) -> str:
         text += f" [{lo}, {hi}]"
     else:
         text += " (no interval: one seed on a side)"
-    text += " of compute at the proxy"
+    text += f" of compute at width {s['width']}, the ladder's widest" if s.get("width") else " of compute at the proxy"
     tax = s.get("tax") or {}
     if tax.get("value") is not None:
         pct = 100 * tax["value"]

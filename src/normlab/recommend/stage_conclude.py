@@ -240,6 +240,8 @@ def with_ladder(ctx: Context, sp: dict[str, Any], base: Evidence, lead: Evidence
         "width": widest["width"],
         "value": widest.get("value"),
         "interval": widest.get("interval"),
+        "bound": widest.get("bound"),
+        "interval_bounded": widest.get("interval_bounded"),
         "why": widest.get("why") or (None if widest.get("interval") else "no interval at the widest rung"),
         "ladder_failures": {
             n: sum((r.get("runs") or {}).get(n, {}).get("failed", 0) for r in rungs) for n in (base.layout, lead.layout)
@@ -271,7 +273,7 @@ def gated_speedup(ctx: Context, ranked: list[Evidence]) -> tuple[dict[str, Any] 
         sp["tax_seconds"] = time.time() - t0
     gated = sp
     if sp and sp.get("largest_rung"):  # the gate reads the ladder's widest rung (normlab.recommend.gate)
-        gated = {**sp, **sp["largest_rung"], "bound": None}
+        gated = {**sp, **sp["largest_rung"]}
     return sp, gate.verdict(ranked, ctx.current, gated)
 
 
