@@ -10,7 +10,7 @@ import pytest
 from scipy import stats
 
 from normlab.model.config import get_size
-from normlab.recommend import gate, speedup, tax
+from normlab.recommend import answer, gate, speedup, tax
 from normlab.recommend.rank import Evidence
 
 EPS64 = np.finfo(np.float64).eps
@@ -291,7 +291,7 @@ def test_the_seed_noise_is_pooled_over_the_grids_finished_cells_when_that_has_mo
     half = stats.t.ppf(0.975, 3) * math.sqrt(ss / 3 * (1 / 2 + 1 / 2))
     d = np.mean(a) - np.mean(b)
     assert df == 3 and iv == pytest.approx([d - half, d + half], rel=1e-12)
-    assert speedup.welch_df(a, b) < df  # two seeds a side: Welch has at most 2
+    assert answer.welch_df(a, b) < df  # two seeds a side: Welch has at most 2
     assert speedup.pooled_interval(runs[runs.lr == 0.3], a, b) is None  # no cell with two finished seeds
 
 

@@ -58,13 +58,23 @@ def welch(a: list[float], b: list[float], level: float = 0.95) -> tuple[float, l
     d = sum(a) / len(a) - sum(b) / len(b)
     if len(a) < 2 or len(b) < 2:
         return d, None
-    va, vb = pd.Series(a).var(ddof=1) / len(a), pd.Series(b).var(ddof=1) / len(b)
-    se = math.sqrt(va + vb)
-    if se == 0:  # identical losses over seeds: no spread measured, so no interval (a zero width would claim one)
+    df = welch_df(a, b)
+    if df == 0:  # identical losses over seeds: no spread measured, so no interval (a zero width would claim one)
         return d, None
-    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    se = math.sqrt(pd.Series(a).var(ddof=1) / len(a) + pd.Series(b).var(ddof=1) / len(b))
     half = float(stats.t.ppf(0.5 + level / 2, df)) * se
     return d, [d - half, d + half]
+
+
+def welch_df(a: list[float], b: list[float]) -> float:
+    """The Welch-Satterthwaite degrees of freedom of mean(a) - mean(b) (0 under two values a side, or where
+    neither side spreads)."""
+    if len(a) < 2 or len(b) < 2:
+        return 0.0
+    va, vb = pd.Series(a).var(ddof=1) / len(a), pd.Series(b).var(ddof=1) / len(b)
+    if va + vb == 0:
+        return 0.0
+    return float((va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1)))
 
 
 def effect(runs: pd.DataFrame, ranked: list[Evidence], current: str | None, n_lrs: int) -> dict[str, Any]:

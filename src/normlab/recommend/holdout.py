@@ -13,11 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 from normlab.errors import ConfigError
 from normlab.experiments.runner import run_sweep
-from normlab.experiments.summary import load_sweep
 from normlab.io import own_folder, read_json
 from normlab.model.config import ModelConfig
 from normlab.recommend import ladder, speedup
@@ -62,7 +59,6 @@ def holdout(rec: Path, out: Path, workers: int = 2, log: Callable[[str], Any] = 
         f"held-out rung: {base['layout']} and {cand['layout']} at width {width} ({WIDTH_MULT}x the ladder's widest), "
         f"{steps} steps ({TOKEN_MULT}x its tokens), seeds {plan['seeds']}"
     )
-    frames, dirs = [], {}
     groups: dict[float, list[str]] = {}
     for r in (base, cand):
         groups.setdefault(float(r["best_lr"]), []).append(r["layout"])
@@ -71,11 +67,9 @@ def holdout(rec: Path, out: Path, workers: int = 2, log: Callable[[str], Any] = 
         run_sweep(
             proxy_sweep(settings, names, [lr], list(plan["seeds"]), name=f"holdout-w{width}"), path, workers, log=log
         )
-        df, _ = load_sweep(path)
-        frames.append(df)
-        dirs.update({str(x): path / "runs" / str(x) for x in df.run_id})
-    runs = pd.concat(frames, ignore_index=True)
-    runs["run_dir"] = [str(dirs[str(x)]) for x in runs.run_id]
+    runs = speedup.gathered([root / f"w{width}-lr{lr:g}" for lr in groups])
+    if runs is None:
+        raise ConfigError(f"no store in {root}: the held-out rung did not run")
     ev = {
         n: Evidence(n, "", "", finished=int((runs.layout == n).sum()), best_lr=float(ranking[n]["best_lr"]))
         for n in (base["layout"], cand["layout"])

@@ -203,14 +203,19 @@ def cell_dirs(runs: Any, grid: Path, layout: str, lr: float) -> list[Path]:
     return [grid / "runs" / str(r) for r in cell.run_id]
 
 
-def welch_df(a: list[float], b: list[float]) -> float:
-    """The Welch-Satterthwaite degrees of freedom of mean(a) - mean(b) (0 under two values a side)."""
-    if len(a) < 2 or len(b) < 2:
-        return 0.0
-    va, vb = float(np.var(a, ddof=1)) / len(a), float(np.var(b, ddof=1)) / len(b)
-    if va + vb == 0:
-        return 0.0
-    return (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+def gathered(folders: list[Path]) -> pd.DataFrame | None:
+    """The runs of several sweep folders (the ladder's at one width, the held-out rung's: one per learning
+    rate) in one table, each naming its own folder (`run_dir`, read by `cell_dirs`); None where none holds a
+    store."""
+    from normlab.experiments.summary import load_sweep
+    from normlab.runs.files import SweepDir
+
+    frames = []
+    for folder in folders:
+        if SweepDir(folder).store_file.is_file():
+            df, _ = load_sweep(folder)
+            frames.append(df.assign(run_dir=[str(folder / "runs" / str(r)) for r in df.run_id]))
+    return pd.concat(frames, ignore_index=True) if frames else None
 
 
 def pooled_interval(runs: Any, a: list[float], b: list[float], level: float = LEVEL) -> tuple[list[float], int] | None:
@@ -250,7 +255,7 @@ def for_pair(
 ) -> dict[str, Any]:
     """recommendation.json's `effect.speedup` for `cand` against `base` (two `rank.Evidence` rows, each at its
     best learning rate) from the proxy grid's runs (`runs`: the grid's runs table), with its rung."""
-    from normlab.recommend.answer import _losses, welch
+    from normlab.recommend.answer import _losses, welch, welch_df
 
     out: dict[str, Any] = {"baseline": base.layout, "candidate": cand.layout, "tax": tax, "level": LEVEL}
     out["method"] = (

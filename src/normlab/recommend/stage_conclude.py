@@ -11,7 +11,6 @@ from typing import Any
 
 import pandas as pd
 
-from normlab.experiments.summary import load_sweep
 from normlab.io import atomic_write_bytes, atomic_write_json
 from normlab.layout import as_layout
 from normlab.model.params import analytic_params
@@ -192,18 +191,10 @@ def with_ladder(ctx: Context, sp: dict[str, Any], base: Evidence, lead: Evidence
         if w == PROXY_WIDTH:
             rungs.append({**proxy, "bound": sp.get("bound")})
             continue
-        frames, dirs = [], {}
-        for lr in {base.best_lr, lead.best_lr}:
-            folder = ctx.folder.ladder(w, lr)
-            if folder.store_file.is_file():
-                df, _ = load_sweep(folder.path)
-                frames.append(df)
-                dirs.update({str(r): folder.path / "runs" / str(r) for r in df.run_id})
-        if not frames:
+        runs = speedup.gathered([ctx.folder.ladder(w, lr).path for lr in sorted({base.best_lr, lead.best_lr})])
+        if runs is None:
             rungs.append({"width": w, "value": None, "why": "not trained"})
             continue
-        runs = pd.concat(frames, ignore_index=True)
-        runs["run_dir"] = [str(dirs[str(r)]) for r in runs.run_id]
         # what each side's runs did at this rung: the gate counts a failure at any rung (normlab.recommend.gate)
         did = {
             n: {
