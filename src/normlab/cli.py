@@ -18,14 +18,20 @@ from typing import Any
 from normlab.config import commands as c
 from normlab.config.overrides import (
     add_run_settings,
-    add_set,
-    add_shortcuts,
     declared,
     model_settings,
     overrides,
     settings_keys,
     train_config,
     typed,
+)
+from normlab.config.subcommands import (
+    Command,
+    add_command,
+    data_extra,
+    export_extra,
+    screen_extra,
+    sweep_extra,
 )
 from normlab.errors import USER_ERRORS, without_unsafe_advice
 from normlab.layout.presets import presets_table
@@ -181,16 +187,62 @@ def _data(args: argparse.Namespace) -> str:
 # --- the parser -------------------------------------------------------------------------------------
 
 
+_COMMANDS = (
+    Command("layouts", _layouts),
+    Command(
+        "show",
+        _show,
+        run=("size",),
+        shortcuts=("layers",),
+        set_help="a model or layout setting as train takes it: model.n_layers=12, model.mlp=relu, layout.h=0.5",
+    ),
+    Command("demo", _demo, c.DemoConfig),
+    Command("train", _train, extra=add_run_settings),
+    Command("plan", _plan, extra=add_run_settings),
+    Command("screen", _screen, c.ScreenConfig, extra=screen_extra),
+    Command("report", _report),
+    Command(
+        "compare",
+        _compare,
+        c.CompareConfig,
+        run=("size", "steps"),
+        preset=c.COMPARE_BASE,
+        set_help="any training setting, e.g. --set lr=1e-3",
+    ),
+    Command("sweep", _sweep, set_help="a base setting (repeatable; model.NAME for model options)", extra=sweep_extra),
+    Command(
+        "coordcheck",
+        _coordcheck,
+        c.CoordCheckConfig,
+        run=("size", "lr", "optimizer"),
+        preset=c.COORDCHECK_BASE,
+        set_help="a run setting, e.g. --set model.parametrization=mup (repeatable)",
+    ),
+    Command("summarize", _summarize),
+    Command("transfer", _transfer),
+    Command("leadtime", _leadtime),
+    Command("recipes", _recipes),
+    Command(
+        "recommend",
+        _recommend,
+        c.RecommendConfig,
+        run=("steps",),
+        preset=c.RECOMMEND_BASE,
+        set_help="a proxy run setting, e.g. --set data=PATH (repeatable)",
+    ),
+    Command("scan", _scan, c.ScanConfig),
+    Command("doctor", _doctor, c.DoctorConfig),
+    Command("convert", _convert, c.ConvertConfig),
+    Command("export", _export, extra=export_extra),
+    Command("eval", _eval, c.EvalConfig),
+    Command("data", _data, c.PrepareConfig, extra=data_extra),
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """Every command: its help (normlab.config.help), its configuration's flags (generated from the
-    declarations, with the command's preset as defaults), the override flags, its positional inputs."""
+    """Every command of `_COMMANDS`, in order, under the global --version and --debug."""
     import normlab
-    from normlab.config.help import HELP, INPUTS
-    from normlab.config.train import LEAVES
-    from normlab.data.corpora import CORPORA
-    from normlab.experiments.sweep import SweepConfig
-    from normlab.hf.archs import EXPORTABLE
-    from normlab.settings import Parser, add_flags, leaves
+    from normlab.settings import Parser
 
     p = Parser(
         prog="normlab", description="Normalization placement in Transformer LMs: build, compare and inspect layouts."
@@ -198,114 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"normlab {normlab.__version__}")
     p.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     sub = p.add_subparsers(dest="command", required=True)
-
-    def command(
-        name: str,
-        func: Any,
-        config: type | None = None,
-        run: tuple[str, ...] = (),
-        preset: dict[str, Any] | None = None,
-        shortcuts: tuple[str, ...] = (),
-        set_help: str | None = None,
-        description: str | None = None,
-    ) -> argparse.ArgumentParser:
-        help_, about = HELP.get(name, (None, None))
-        s = sub.add_parser(name, help=help_, description=description or about)
-        s.set_defaults(func=func)
-        if config is not None:
-            add_flags(s, leaves(config))
-        add_flags(s, {k: LEAVES[k] for k in run}, defaults=preset)
-        add_shortcuts(s, shortcuts)
-        if set_help:
-            add_set(s, set_help)
-        if name not in ("plan", "screen"):
-            inputs(s, name)
-        return s
-
-    def inputs(s: argparse.ArgumentParser, name: str) -> None:
-        for flags, options in INPUTS.get(name, ()):
-            s.add_argument(*flags, **options)
-
-    command("layouts", _layouts)
-    command(
-        "show",
-        _show,
-        run=("size",),
-        shortcuts=("layers",),
-        set_help="a model or layout setting as train takes it: model.n_layers=12, model.mlp=relu, layout.h=0.5",
-    )
-    command("demo", _demo, c.DemoConfig)
-    add_run_settings(command("train", _train))
-    s = command("plan", _plan)
-    add_run_settings(s)
-    inputs(s, "plan")
-    s = command("screen", _screen, c.ScreenConfig)
-    s.add_argument("--stress", dest="stresses", default=argparse.SUPPRESS, metavar="S1,S2,...", help="= --stresses")
-    add_shortcuts(s, ("layers", "width", "heads"))
-    add_set(s, "any model option (repeatable)", metavar="model.NAME=VALUE")
-    inputs(s, "screen")
-    command("report", _report)
-    command(
-        "compare",
-        _compare,
-        c.CompareConfig,
-        run=("size", "steps"),
-        preset=c.COMPARE_BASE,
-        set_help="any training setting, e.g. --set lr=1e-3",
-    )
-    s = command("sweep", _sweep, set_help="a base setting (repeatable; model.NAME for model options)")
-    add_flags(s, leaves(SweepConfig))  # --name, --workers, --executor, ...: over the file's or recipe's
-    command(
-        "coordcheck",
-        _coordcheck,
-        c.CoordCheckConfig,
-        run=("size", "lr", "optimizer"),
-        preset=c.COORDCHECK_BASE,
-        set_help="a run setting, e.g. --set model.parametrization=mup (repeatable)",
-    )
-    command("summarize", _summarize)
-    command("transfer", _transfer)
-    command("leadtime", _leadtime)
-    command("recipes", _recipes)
-    command(
-        "recommend",
-        _recommend,
-        c.RecommendConfig,
-        run=("steps",),
-        preset=c.RECOMMEND_BASE,
-        set_help="a proxy run setting, e.g. --set data=PATH (repeatable)",
-    )
-    command("scan", _scan, c.ScanConfig)
-    command("doctor", _doctor, c.DoctorConfig)
-    command("convert", _convert, c.ConvertConfig)
-    s = command("export", _export)
-    s.add_argument(
-        "--arch",
-        default="auto",
-        choices=["auto", "normlab", *EXPORTABLE],
-        help=f"auto (default: transformers' own class where exact, else normlab), normlab (any layout), or "
-        f"transformers' own class for the layout it computes: "
-        f"{', '.join(f'{a} ({p})' for a, p in EXPORTABLE.items())}",
-    )
-    command("eval", _eval, c.EvalConfig)
-    s = command(
-        "data",
-        _data,
-        c.PrepareConfig,
-        description="fetch [NAME]: download, verify and cache a named corpus ("
-        + "; ".join(f"{x.name}: {x.what}" for x in CORPORA.values())
-        + "; docs/training.md). prepare: tokenize a "
-        "text file, folder, .jsonl or local datasets folder (save_to_disk) into OUT/{train,val}.bin + "
-        "tokenizer.json + meta.json, end-of-text between documents, the last --val-fraction of the documents "
-        "held out; train on it with --data OUT.",
-    )
-    s.add_argument("action", choices=["fetch", "prepare"])
-    s.add_argument(
-        "source",
-        nargs="?",
-        help=f"fetch: a corpus name ({', '.join(CORPORA)}; default shakespeare); "
-        "prepare: text file, folder, .jsonl, datasets folder or a corpus name",
-    )
+    for cmd in _COMMANDS:
+        add_command(sub, cmd)
     return p
 
 
