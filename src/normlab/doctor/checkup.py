@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from normlab.diagnostics.forensics import first_break
+from normlab.diagnostics.probe_store import ProbeRow
 from normlab.diagnostics.probes import Probes
 from normlab.diagnostics.stats import FP16_MAX
 from normlab.model.lm import NormLM
@@ -133,84 +134,67 @@ def _judge(name: str, value: float, warn: bool, fail: bool, threshold: str, wher
     return Finding(name, value, threshold, "fail" if fail else "warn" if warn else "ok", where)
 
 
-def checkup(model: NormLM, x: torch.Tensor, jacobian_iters: int = 10) -> tuple[list[Finding], dict[str, Any]]:
-    """Findings for ``model`` (a NormLM) on tokens ``x`` (B, T); and the raw measurements."""
-    model = model.eval()
-    rows = Probes(model, (x[:, :-1], x[:, 1:])).record(0)
-
-    def get(site: str, metric: str) -> dict[Any, float]:
-        return {r["layer"]: r["value"] for r in rows if r["site"] == site and r["metric"] == metric}
-
-    findings: list[Finding] = []
-    maxima = module_maxima(model, x[:, :-1])
+def _headroom(maxima: dict[str, float]) -> Finding:
     top_path, top = max(maxima.items(), key=lambda kv: kv[1]) if maxima else ("", 0.0)
     headroom = FP16_MAX / top if top > 0 else math.inf
-    findings.append(
-        _judge(
-            "fp16 headroom",
-            headroom,
-            headroom < HEADROOM_WARN,
-            headroom < HEADROOM_FAIL,
-            f"65504 / largest activation {top:.4g}; warn < {HEADROOM_WARN:g}, fail < {HEADROOM_FAIL:g}",
-            top_path,
-        )
+    return _judge(
+        "fp16 headroom",
+        headroom,
+        headroom < HEADROOM_WARN,
+        headroom < HEADROOM_FAIL,
+        f"65504 / largest activation {top:.4g}; warn < {HEADROOM_WARN:g}, fail < {HEADROOM_FAIL:g}",
+        top_path,
     )
-    fp16 = for_run("fp32", "fp16")
-    model.set_storage(fp16)
+
+
+def _first_fp16_break(model: NormLM, x: torch.Tensor) -> tuple[Finding, dict[str, Any] | None]:
+    """The first site whose value would be inf stored in fp16, found with fp16 storage switched on."""
+    model.set_storage(for_run("fp32", "fp16"))
     try:
         brk = first_break(model, [(x[:, :-1], x[:, 1:])])
     finally:
         model.set_storage(NO_STORAGE)
     first = brk.get("forward")
     where = f"block {first.get('layer')}: {first.get('site')}" if first else ""
-    findings.append(
-        _judge(
-            "first fp16 overflow",
-            float(first.get("before") or math.nan) if first else 0.0,
-            False,
-            first is not None,
-            "the first site whose value would be inf stored in fp16 (value: the largest finite one flowing in)",
-            f"{where} ({first['module']})" if first else "none",
-        )
+    finding = _judge(
+        "first fp16 overflow",
+        float(first.get("before") or math.nan) if first else 0.0,
+        False,
+        first is not None,
+        "the first site whose value would be inf stored in fp16 (value: the largest finite one flowing in)",
+        f"{where} ({first['module']})" if first else "none",
     )
-    ratio = get("global", "max_median_ratio").get(None, math.nan)
-    findings.append(
-        _judge(
-            "massive activations",
-            ratio,
-            ratio > MASSIVE_RATIO,
-            False,
-            f"max / median |h| over the block outputs; warn > {MASSIVE_RATIO:g}",
-        )
-    )
+    return finding, first
+
+
+def _gradient(rows: list[ProbeRow]) -> tuple[list[Finding], dict[int, float]]:
+    """The per-layer gradient norms over the projections: vanished (fail) or spread (warn)."""
     per_layer: dict[int, float] = {}
     for r in rows:
         if r["metric"] == "grad_norm" and "_proj" in r["site"] and r["layer"] is not None:
             per_layer[r["layer"]] = per_layer.get(r["layer"], 0.0) + r["value"] ** 2
     norms = {k: math.sqrt(v) for k, v in per_layer.items()}
-    if norms and max(norms.values()) < VANISHED:  # e.g. a saturated final DyT: tanh' = 0 for every entry
-        findings.append(
-            _judge(
-                "gradient reaching the blocks",
-                max(norms.values()),
-                False,
-                True,
-                f"the largest per-layer gradient norm; fail < {VANISHED:g} (nothing trains)",
-            )
-        )
-    elif norms:
-        lo, hi = min(norms, key=lambda k: norms[k]), max(norms, key=lambda k: norms[k])
-        spread = norms[hi] / max(norms[lo], 1e-30)
-        findings.append(
-            _judge(
-                "gradient spread",
-                spread,
-                spread > GRAD_SPREAD,
-                False,
-                f"largest / smallest per-layer gradient norm; warn > {GRAD_SPREAD:g}",
-                f"blocks {hi} (largest) and {lo} (smallest)",
-            )
-        )
+    if not norms:
+        return [], norms
+    if max(norms.values()) < VANISHED:  # e.g. a saturated final DyT: tanh' = 0 for every entry
+        text = f"the largest per-layer gradient norm; fail < {VANISHED:g} (nothing trains)"
+        return [_judge("gradient reaching the blocks", max(norms.values()), False, True, text)], norms
+    lo, hi = min(norms, key=lambda k: norms[k]), max(norms, key=lambda k: norms[k])
+    spread = norms[hi] / max(norms[lo], 1e-30)
+    finding = _judge(
+        "gradient spread",
+        spread,
+        spread > GRAD_SPREAD,
+        False,
+        f"largest / smallest per-layer gradient norm; warn > {GRAD_SPREAD:g}",
+        f"blocks {hi} (largest) and {lo} (smallest)",
+    )
+    return [finding], norms
+
+
+def _logits_and_gains(rows: list[ProbeRow]) -> list[Finding]:
+    """The largest attention logit of any head, and the largest and smallest norm gain."""
+    out: list[Finding] = []
     heads = [
         (r["value"], r["layer"], r["site"])
         for r in rows
@@ -218,57 +202,72 @@ def checkup(model: NormLM, x: torch.Tensor, jacobian_iters: int = 10) -> tuple[l
     ]
     if heads:
         v, layer, site = max(heads)
-        findings.append(
-            _judge(
-                "attention logits",
-                v,
-                v > MAX_LOGIT,
-                False,
-                f"largest q.k/sqrt(d) of any head; warn > {MAX_LOGIT:g}",
-                f"block {layer} {site}",
-            )
-        )
+        text = f"largest q.k/sqrt(d) of any head; warn > {MAX_LOGIT:g}"
+        out.append(_judge("attention logits", v, v > MAX_LOGIT, False, text, f"block {layer} {site}"))
     gains = [
         (r["value"], r["layer"], r["site"], r["metric"]) for r in rows if r["metric"] in ("gamma_max", "gamma_min")
     ]
     if gains:
         big = max(gains, key=lambda g: abs(g[0]))
         small = min(gains, key=lambda g: abs(g[0]))
-        findings.append(
+        big_at, small_at = f"{big[2]} (block {big[1]})", f"{small[2]} (block {small[1]})"
+        out.append(
             _judge(
                 "norm gain, largest |gamma|",
                 abs(big[0]),
                 abs(big[0]) > GAIN_HIGH,
                 False,
                 f"warn > {GAIN_HIGH:g}",
-                f"{big[2]} (block {big[1]})",
+                big_at,
             )
         )
-        findings.append(
+        out.append(
             _judge(
                 "norm gain, smallest |gamma|",
                 abs(small[0]),
                 abs(small[0]) < GAIN_LOW,
                 False,
                 f"warn < {GAIN_LOW:g}",
-                f"{small[2]} (block {small[1]})",
+                small_at,
             )
         )
+    return out
+
+
+def _jacobian(model: NormLM, x: torch.Tensor, iters: int) -> tuple[Finding, list[float]]:
+    """The largest block Jacobian's spectral norm (Kan et al.), in float64."""
     with torch.no_grad():
         x0 = model.embed_tokens(x[:1, :-1]).double()
-    sens = sensitivities(model.double(), x0, jacobian_iters)
+    sens = sensitivities(model.double(), x0, iters)
     model.float()
     worst = max(range(len(sens)), key=sens.__getitem__)
-    findings.append(
+    text = f"max ||dX_(l+1)/dX_l||_2 (Kan et al.); warn > {JACOBIAN:g}"
+    return _judge("block Jacobian", sens[worst], sens[worst] > JACOBIAN, False, text, f"block {worst}"), sens
+
+
+def checkup(model: NormLM, x: torch.Tensor, jacobian_iters: int = 10) -> tuple[list[Finding], dict[str, Any]]:
+    """Findings for ``model`` (a NormLM) on tokens ``x`` (B, T); and the raw measurements."""
+    model = model.eval()
+    rows = Probes(model, (x[:, :-1], x[:, 1:])).record(0)
+    maxima = module_maxima(model, x[:, :-1])
+    overflow, first = _first_fp16_break(model, x)
+    ratio = {r["layer"]: r["value"] for r in rows if r["site"] == "global" and r["metric"] == "max_median_ratio"}
+    massive = ratio.get(None, math.nan)
+    findings = [
+        _headroom(maxima),
+        overflow,
         _judge(
-            "block Jacobian",
-            sens[worst],
-            sens[worst] > JACOBIAN,
+            "massive activations",
+            massive,
+            massive > MASSIVE_RATIO,
             False,
-            f"max ||dX_(l+1)/dX_l||_2 (Kan et al.); warn > {JACOBIAN:g}",
-            f"block {worst}",
-        )
-    )
+            f"max / median |h| over the block outputs; warn > {MASSIVE_RATIO:g}",
+        ),
+    ]
+    gradient, norms = _gradient(rows)
+    findings += gradient + _logits_and_gains(rows)
+    jacobian, sens = _jacobian(model, x, jacobian_iters)
+    findings.append(jacobian)
     raw = {
         "module_max": maxima,
         "first_fp16_break": first,
