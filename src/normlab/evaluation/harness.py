@@ -35,6 +35,7 @@ import re
 import sys
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -329,62 +330,26 @@ def describe_truncation(trunc: dict[str, Any] | None) -> str:
     )
 
 
-def evaluate(
-    source: str | Path,
-    tasks: list[str],
-    limit: float | None = None,
-    batch_size: int | str = 1,
-    device: str = "cpu",
-    num_fewshot: int | None = None,
-    max_length: int | None = None,
-    seed: int = 1234,
-    samples: bool = False,
-    trust_remote_code: bool = False,
-    verbose: bool = False,
-) -> dict[str, Any]:
-    """Evaluate one run, checkpoint or export on ``tasks``; write and return its ``eval.json`` entries
-    (``{"tasks": {task: {...}}, "table": str, "path": Path}``). ``samples``: also write every
-    request and response to ``eval_samples/TASK.jsonl`` (what the model generated, per item).
-    ``trust_remote_code``: run an export's own model code even where normlab did not write it
-    (`remote_code`)."""
-    source = Path(source)
-    kind = kind_of(source)
-    if kind == "sweep":
-        raise EvalError(f"{source} is a sweep: use evaluate_sweep")
-    check_writable(source if source.is_dir() else source.parent, "the eval.json of")  # before minutes of evaluation
-    trusted = False
-    if kind == "export":  # the folder is judged before lm-eval is imported, indexes its tasks or opens it
-        from normlab.hf.folder import check_folder
+@dataclass(frozen=True)
+class EvalOptions:
+    """How `evaluate` scores: lm-eval's limit, batch size, device, few-shot count, the model's context
+    (``max_length``), the seed, whether to keep every item (``samples``), whether an export's own code may run
+    (``trust_remote_code``) and whether lm-eval's own output is shown (``verbose``)."""
 
-        trusted = remote_code(source, trust_remote_code)
-        check_folder(source, trust_remote_code=trusted)  # bounded JSON, readable safetensors headers
-    lm_eval = _lm_eval()
-    from lm_eval.utils import make_table
+    limit: float | None = None
+    batch_size: int | str = 1
+    device: str = "cpu"
+    num_fewshot: int | None = None
+    max_length: int | None = None
+    seed: int = 1234
+    samples: bool = False
+    trust_remote_code: bool = False
+    verbose: bool = False
 
-    unknown = _unknown_ours(tasks) or [t for t in tasks if t not in _manager_for(tasks).all_tasks]
-    if unknown:
-        raise EvalError(
-            f"unknown task(s) {', '.join(unknown)}: give lm-eval task or group names (`lm_eval ls tasks`), "
-            f"or normlab's: {', '.join(GROUPS)}, {', '.join(LOCAL_TASKS)}"
-        )
-    with _lm_eval_output(verbose) as (truncations, captured):
-        lm, facts, out_dir = _model_for(source, kind, device, batch_size, max_length, trusted)
-        res = lm_eval.simple_evaluate(
-            model=lm,
-            tasks=list(tasks),
-            task_manager=_manager_for(tasks),  # built once above (cached)
-            limit=limit,
-            num_fewshot=num_fewshot,
-            log_samples=samples,
-            random_seed=seed,
-            numpy_random_seed=seed,
-            torch_random_seed=seed,
-            fewshot_random_seed=seed,
-        )
-    trunc = truncations.summary()
-    if captured is not None:
-        atomic_write_bytes(RunDir(out_dir).eval_log_file, captured.text().encode())
-    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+def _entries(res: dict[str, Any], limit: float | None, common: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """eval.json's entry per task or group with metrics: its metrics and their standard errors (lm-eval's
+    "metric,filter" keys), items scored, few-shot count, and ``common`` (the limit, versions, truncation, facts)."""
     entries = {}
     for name, values in {**res.get("results", {}), **res.get("groups", {})}.items():
         metrics, stderr = {}, {}
@@ -404,27 +369,84 @@ def evaluate(
             "n": res.get("n-samples", {}).get(name, {}).get("effective"),
             "num_fewshot": res.get("n-shot", {}).get(name),
             "limit": limit,
-            "lm_eval": lm_eval.__version__ if hasattr(lm_eval, "__version__") else None,
-            "evaluated_at": now,
-            "truncation": trunc,
-            **facts,
+            **common,
         }
+    return entries
+
+
+def _checked_source(source: Path, kind: str, trust_remote_code: bool) -> bool:
+    """Refuse a sweep and an unwritable folder before minutes of evaluation; judge an export's folder before
+    lm-eval is imported, indexes its tasks or opens it. Whether its own code may run."""
+    if kind == "sweep":
+        raise EvalError(f"{source} is a sweep: use evaluate_sweep")
+    check_writable(source if source.is_dir() else source.parent, "the eval.json of")
+    if kind != "export":
+        return False
+    from normlab.hf.folder import check_folder
+
+    trusted = remote_code(source, trust_remote_code)
+    check_folder(source, trust_remote_code=trusted)  # bounded JSON, readable safetensors headers
+    return trusted
+
+
+def evaluate(source: str | Path, tasks: list[str], **options: Any) -> dict[str, Any]:
+    """Evaluate one run, checkpoint or export on ``tasks`` with `EvalOptions` ``options``; write and return its
+    ``eval.json`` entries (``{"tasks": {task: {...}}, "table": str, "path": Path}``). ``samples``: also write every
+    request and response to ``eval_samples/TASK.jsonl`` (what the model generated, per item).
+    ``trust_remote_code``: run an export's own model code even where normlab did not write it
+    (`remote_code`)."""
+    o = EvalOptions(**options)
+    source = Path(source)
+    kind = kind_of(source)
+    trusted = _checked_source(source, kind, o.trust_remote_code)
+    lm_eval = _lm_eval()
+    from lm_eval.utils import make_table
+
+    unknown = _unknown_ours(tasks) or [t for t in tasks if t not in _manager_for(tasks).all_tasks]
+    if unknown:
+        raise EvalError(
+            f"unknown task(s) {', '.join(unknown)}: give lm-eval task or group names (`lm_eval ls tasks`), "
+            f"or normlab's: {', '.join(GROUPS)}, {', '.join(LOCAL_TASKS)}"
+        )
+    with _lm_eval_output(o.verbose) as (truncations, captured):
+        lm, facts, out_dir = _model_for(source, kind, o.device, o.batch_size, o.max_length, trusted)
+        res = lm_eval.simple_evaluate(
+            model=lm,
+            tasks=list(tasks),
+            task_manager=_manager_for(tasks),  # built once above (cached)
+            limit=o.limit,
+            num_fewshot=o.num_fewshot,
+            log_samples=o.samples,
+            random_seed=o.seed,
+            numpy_random_seed=o.seed,
+            torch_random_seed=o.seed,
+            fewshot_random_seed=o.seed,
+        )
+    trunc = truncations.summary()
+    target = RunDir(out_dir)
+    if captured is not None:
+        atomic_write_bytes(target.eval_log_file, captured.text().encode())
+    common = {
+        "lm_eval": lm_eval.__version__ if hasattr(lm_eval, "__version__") else None,
+        "evaluated_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "truncation": trunc,
+        **facts,
+    }
+    entries = _entries(res, o.limit, common)
     for task, items in (res.get("samples") or {}).items():
         lines = "".join(json.dumps(item, default=str) + "\n" for item in items)
-        atomic_write_bytes(RunDir(out_dir).eval_samples_file(task), lines.encode())
-    target = RunDir(out_dir)
+        atomic_write_bytes(target.eval_samples_file(task), lines.encode())
     merged = target.evals()
     merged.update(entries)
     target.write_evals(merged)
-    path = target.evals_file
     items = ", ".join(f"{t} {e['n']}" for t, e in entries.items() if isinstance(e.get("n"), int))
-    note = f"items scored: {items}" + (f" (--limit {limit:g})" if limit is not None else "")
+    note = f"items scored: {items}" + (f" (--limit {o.limit:g})" if o.limit is not None else "")
     return {
         "tasks": entries,
         "table": make_table(res)
         + (make_table(res, "groups") if res.get("groups") else "")
         + f"{note}\ntruncation: {describe_truncation(trunc)}\n",
-        "path": path,
+        "path": target.evals_file,
         "truncation": trunc,
     }
 
