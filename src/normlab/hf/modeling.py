@@ -98,25 +98,26 @@ class NormLabForCausalLM(PreTrainedModel, GenerationMixin):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
-        cache: Any = None,
-        use_cache: bool | None = None,
         labels: torch.Tensor | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
         logits_to_keep: int = 0,
-        past_key_values: Any = None,
-        **_: Any,
+        **kwargs: Any,
     ) -> CausalLMOutputWithPast:
         """``attention_mask`` (B, past + T): 1 for tokens, 0 for padding (left or right); positions
-        count real tokens only, as in transformers' Llama. ``cache`` (``past_key_values`` before
-        transformers 5.24): a transformers Cache (one is made when ``use_cache`` and none is given)."""
+        count real tokens only, as in transformers' Llama. The keys transformers finds by this signature
+        (attention_mask, position_ids, logits_to_keep, labels) are named; the rest come as its keywords:
+        ``cache`` (``past_key_values`` before transformers 5.24): a transformers Cache (one is made when
+        ``use_cache`` and none is given); ``use_cache``; ``output_hidden_states``; others are ignored."""
+        cache: Any = kwargs.get("cache")
+        past_key_values = kwargs.get("past_key_values")
         if cache is not None and past_key_values is not None and cache is not past_key_values:
             raise ValueError("give the KV cache as `cache` or as `past_key_values`, not both")
         cache = cache if cache is not None else past_key_values
+        use_cache = kwargs.get("use_cache")
         if use_cache is None:
             use_cache = bool(self.config.use_cache) and not self.training
         if use_cache and cache is None:
             cache = DynamicCache()
+        output_hidden_states = kwargs.get("output_hidden_states")
         b, t = input_ids.shape
         dec = make_decoding(b, t, input_ids.device, attention_mask, cache if use_cache else None, position_ids)
         out = self.normlab(
