@@ -39,7 +39,9 @@ def main() -> None:
         for pair in args.pairs.split(","):
             base, cand = pair.split(":")
             for mode in args.modes.split(","):
-                t = tax.measure(cfg, base, cand, mode=mode, turns=args.turns, device=b.device.type, use_cache=False)
+                t = tax.measure(
+                    cfg, base, cand, tax.TaxTiming(mode=mode, turns=args.turns, device=b.device.type, use_cache=False)
+                )
                 iv = f"[{100 * t.interval[0]:+.1f}%, {100 * t.interval[1]:+.1f}%]" if t.interval else "-"
                 print(
                     f"| {size} | {base} -> {cand} | {mode} | {100 * t.value:+.1f}% | {iv} | {t.base_ms:.1f} | "

@@ -126,17 +126,17 @@ def test_the_tax_is_the_geometric_mean_ratio_with_students_interval_over_the_tur
 def test_the_tax_is_timed_at_the_users_shape_named_and_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("NORMLAB_CACHE", str(tmp_path))
     cfg = get_size("nano").with_(max_seq_len=4096)
-    t = tax.measure(cfg, "pre", "peri", turns=3)
+    t = tax.measure(cfg, "pre", "peri", tax.TaxTiming(turns=3))
     assert t.device_type == "cpu" and t.bound == "lower" and "cores" in t.device and t.turns == 3
     assert t.shape["d_model"] == cfg.d_model and t.shape["tokens"] == tax.CPU_TOKENS and t.shape["user_seq_len"] == 4096
     assert math.isfinite(t.value) and t.interval[0] <= t.interval[1] and not t.cached
-    again = tax.measure(cfg, "pre", "peri", turns=3)
+    again = tax.measure(cfg, "pre", "peri", tax.TaxTiming(turns=3))
     assert again.cached and again.value == t.value  # read back, not timed again
-    other = tax.measure(cfg.with_(d_model=cfg.d_model * 2), "pre", "peri", turns=2)
+    other = tax.measure(cfg.with_(d_model=cfg.d_model * 2), "pre", "peri", tax.TaxTiming(turns=2))
     assert not other.cached  # another shape is another key
     assert "lower bound for a GPU" in tax.words(t.to_dict())
     assert tax.is_cached(cfg, "pre", "peri", "eager") and not tax.is_cached(cfg, "pre", "peri", "compiled")
-    longer = tax.measure(cfg, "pre", "qwen3", turns=2, extra_s=60.0, use_cache=False)
+    longer = tax.measure(cfg, "pre", "qwen3", tax.TaxTiming(turns=2, extra_s=60.0, use_cache=False))
     assert longer.turns == tax.MAX_TURNS  # a tiny block: every extra turn fits in the 60 s
     with pytest.raises(tax.TaxSkipped, match="too large"):
         tax.measure(cfg.with_(d_model=16384, d_ff=65536, n_heads=128), "pre", "peri")
@@ -146,7 +146,7 @@ def test_the_tax_is_timed_at_the_users_shape_named_and_cached(tmp_path, monkeypa
 def test_the_compiled_tax_is_timed_under_torch_compile_and_cached_apart(tmp_path, monkeypatch):
     monkeypatch.setenv("NORMLAB_CACHE", str(tmp_path))
     cfg = get_size("nano")
-    t = tax.measure(cfg, "pre", "peri", mode="compiled", turns=2)
+    t = tax.measure(cfg, "pre", "peri", tax.TaxTiming(mode="compiled", turns=2))
     assert t.mode == "compiled" and t.turns == 2 and math.isfinite(t.value)
     assert tax.is_cached(cfg, "pre", "peri", "compiled") and not tax.is_cached(cfg, "pre", "peri", "eager")
 

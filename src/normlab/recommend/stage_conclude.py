@@ -169,9 +169,8 @@ def norm_tax(ctx: Context, base: str, cand: str) -> dict[str, Any]:
             }
             continue
         try:
-            by_mode[mode] = tax.measure(
-                ctx.user.config, base, cand, mode=mode, deadline=end, extra_s=TAX_TURNS_S
-            ).to_dict()
+            timing = tax.TaxTiming(mode=mode, deadline=end, extra_s=TAX_TURNS_S)
+            by_mode[mode] = tax.measure(ctx.user.config, base, cand, timing).to_dict()
         except tax.TaxSkipped as e:
             by_mode[mode] = {"value": None, "interval": None, "why": str(e)}
     chosen = by_mode["compiled"] if by_mode["compiled"].get("value") is not None else by_mode["eager"]

@@ -190,24 +190,27 @@ def _key(cfg: ModelConfig, baseline: str, candidate: str, mode: str, dev: str) -
     }
 
 
-def measure(
-    cfg: ModelConfig,
-    baseline: str,
-    candidate: str,
-    *,
-    mode: str = "eager",
-    turns: int = TURNS,
-    extra_s: float = 0.0,
-    device: str | None = None,
-    deadline: float | None = None,
-    use_cache: bool = True,
-) -> Tax:
-    """The candidate's tax against the baseline at the user's shape (module doc). `deadline` (time.time())
-    stops the turns early (at least 2 are kept, or the tax is refused with why); past `turns`, more turns (up to
-    `MAX_TURNS`) while the turns have taken less than `extra_s` seconds."""
+@dataclass(frozen=True)
+class TaxTiming:
+    """How `measure` times: eager or compiled ``mode``; at least ``turns`` ABBA turns, and more (up to `MAX_TURNS`)
+    while they have taken less than ``extra_s`` seconds; the ``device`` (None: CUDA where present); a
+    ``deadline`` (time.time()) that stops the turns early (at least 2 are kept, or the tax is refused with why);
+    whether the cache is read and written (``use_cache``)."""
+
+    mode: str = "eager"
+    turns: int = TURNS
+    extra_s: float = 0.0
+    device: str | None = None
+    deadline: float | None = None
+    use_cache: bool = True
+
+
+def measure(cfg: ModelConfig, baseline: str, candidate: str, timing: TaxTiming = TaxTiming()) -> Tax:
+    """The candidate's tax against the baseline at the user's shape (module doc), timed as ``timing`` says."""
     import torch
 
-    dev = device or _device()
+    mode, deadline, use_cache = timing.mode, timing.deadline, timing.use_cache
+    dev = timing.device or _device()
     key = _key(cfg, baseline, candidate, mode, dev)
     per_block = block_bytes(cfg)
     path = _cache_path(key)
@@ -224,11 +227,11 @@ def measure(
     # CPU times the norms' work, not its handling of the tiny values one layout's activations may hold (restored)
     flushed = dev == "cpu" and torch.set_flush_denormal(True)
     try:
-        tax = _timed(cfg, (baseline, candidate), mode, (turns, extra_s), dev, deadline, key["blocks"])
+        tax = _timed(cfg, (baseline, candidate), mode, (timing.turns, timing.extra_s), dev, deadline, key["blocks"])
     finally:
         if flushed:
             torch.set_flush_denormal(False)
-    if use_cache and tax.turns >= turns:  # a measurement the deadline cut short is not kept
+    if use_cache and tax.turns >= timing.turns:  # a measurement the deadline cut short is not kept
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(path, {"key": key, "tax": tax.to_dict()})
     return tax
