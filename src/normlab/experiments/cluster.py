@@ -90,20 +90,10 @@ from normlab.runs.lock import holder_job, job_alive
 from normlab.runs.outcome import FINISHED, describe
 from normlab.runs.store import SweepStore, open_store
 
-LIVE = (
-    "PENDING",
-    "RUNNING",
-    "REQUEUED",
-    "REQUEUE_HOLD",
-    "REQUEUE_FED",
-    "CONFIGURING",
-    "COMPLETING",
-    "SUSPENDED",
-    "RESIZING",
-    "SIGNALING",
-    "STAGE_OUT",
-    "STOPPED",
-    "RESV_DEL_HOLD",
+# squeue's and sacct's words for a job that has not ended
+LIVE = tuple(
+    "PENDING RUNNING REQUEUED REQUEUE_HOLD REQUEUE_FED CONFIGURING COMPLETING SUSPENDED RESIZING SIGNALING "
+    "STAGE_OUT STOPPED RESV_DEL_HOLD".split()
 )
 # sbatch's words for a refusal that passes: a limit on how many jobs may wait, or a controller too busy to answer
 TRANSIENT = (
