@@ -91,10 +91,10 @@ from normlab.runs.outcome import FINISHED, describe
 from normlab.runs.store import SweepStore, open_store
 
 # squeue's and sacct's words for a job that has not ended
-LIVE = tuple(
-    "PENDING RUNNING REQUEUED REQUEUE_HOLD REQUEUE_FED CONFIGURING COMPLETING SUSPENDED RESIZING SIGNALING "
-    "STAGE_OUT STOPPED RESV_DEL_HOLD".split()
-)
+# fmt: off
+LIVE = ("PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "COMPLETING", "SUSPENDED",
+        "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD")
+# fmt: on
 # sbatch's words for a refusal that passes: a limit on how many jobs may wait, or a controller too busy to answer
 TRANSIENT = (
     "MaxSubmit",
