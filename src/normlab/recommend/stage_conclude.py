@@ -278,49 +278,87 @@ def ranked_now(ctx: Context) -> list[Evidence]:
 
 
 def conclude(ctx: Context, verify: dict[str, Any] | None = None) -> Recommendation:
-    """The recommendation from what the stages found, written to the folder (module doc)."""
-    found, p, folder = ctx.found, ctx.plan, ctx.folder
-    assert found.final is not None and found.runs is not None
+    """The recommendation from what the stages found, written to the folder (module doc). One pass, each step
+    reading its own modules once: the ranking and its checks, the gated speedup, the answer's sizing, the
+    winner's settings, then the record and its files."""
+    assert ctx.found.final is not None and ctx.found.runs is not None
+    ranked, winner, checks = _ranking(ctx)
+    speed, decision = gated_speedup(ctx, ranked)
+    record = explain.transfer_record()
+    sized = {**_sized(ctx, ranked, winner, speed, record), "recipe_checks": checks, "verdict": decision}
+    result = _record(ctx, ranked, winner, verify or {"status": "not asked"}, {**sized, "transfer_record": record})
+    return _written(ctx, result, ranked)
+
+
+def _ranking(ctx: Context) -> tuple[list[Evidence], Evidence | None, list[dict[str, Any]]]:
+    """The evidence ranked, its winner (None where nothing ranked), and the recipes' verdicts checked against it."""
+    assert ctx.found.runs is not None
     ranked = ranked_now(ctx)
     ranks = {r.layout: r.rank for r in ranked if r.rank is not None and r.finished}
-    checks = agreement.check(ranks, ctx.precision, agreement.cells(found.runs))
-    winner = ranked[0] if ranked and ranked[0].rank is not None else None
-    stress = {"depth": p.depth, "depth_fixed": ctx.cfg.depth is not None, "candidates": found.order, "lr": p.stress_lr}
-    rounds = [r.to_dict() for r in ctx.rounds]
-    used = ctx.clock.used_minutes()
-    record = explain.transfer_record()
+    checks = agreement.check(ranks, ctx.precision, agreement.cells(ctx.found.runs))
+    return ranked, (ranked[0] if ranked and ranked[0].rank is not None else None), checks
+
+
+def _sized(
+    ctx: Context,
+    ranked: list[Evidence],
+    winner: Evidence | None,
+    speed: dict[str, Any] | None,
+    record: dict[str, Any],
+) -> dict[str, Any]:
+    """The answer sized to its evidence (`normlab.recommend.answer`): the effect (with the gated speedup), the
+    confidence (its seeds those that ran), what changed since the last call (kept in plan.json's "answers"), the
+    recipe and the domain; the fields of the Recommendation they fill."""
+    found, p = ctx.found, ctx.plan
+    assert found.final is not None and found.runs is not None
     eff = answer.effect(found.runs, ranked, ctx.current, len(found.final.lrs))
-    eff["speedup"], decision = gated_speedup(ctx, ranked)
+    eff["speedup"] = speed
+    rounds = [r.to_dict() for r in ctx.rounds]
     # every call's rounds (a resumed call's own are in ctx.rounds; earlier calls' cuts are in plan.json)
     conf = seeds_that_ran(answer.confidence(ranked, rounds, p.to_dict(), eff), found.runs, winner)
     answers = ctx.saved.setdefault("answers", [])
-    changed = answer.changed_from(answers, winner.layout if winner else None)
-    entry = {
-        "call": len(ctx.calls),
-        "winner": winner.layout if winner else None,
-        "confidence": conf["level"],
-        "runs": sum(conf["runs"].values()),
-    }
+    name = winner.layout if winner else None
+    changed = answer.changed_from(answers, name)
+    entry = {"call": len(ctx.calls), "winner": name, "confidence": conf["level"], "runs": sum(conf["runs"].values())}
     if not answers or answers[-1] != entry:
         answers.append(entry)
-    result = Recommendation(
-        model=ctx.user.describe(),
-        notes=list(ctx.user.notes),
+    return {
+        "effect": eff,
+        "confidence": conf,
+        "changed_from": changed,
+        "recipe": answer.recipe(winner, optimizer=p.optimizer, record=record, width=ctx.user.config.d_model),
+        "domain": answer.domain(ctx.user, ctx.precision, p.optimizer, p.depth, record, ctx.cfg.tokens, name),
+    }
+
+
+def _record(
+    ctx: Context, ranked: list[Evidence], winner: Evidence | None, verify: dict[str, Any], sized: dict[str, Any]
+) -> Recommendation:
+    """The Recommendation: the winner's settings in the code bases and what it drops, what the proxy cannot tell,
+    how far the answer could move, the plan, the rounds and the minutes; `sized`: the answer's sizing, the recipes'
+    checks, the gate's verdict and the transfer record."""
+    found, p, folder, user = ctx.found, ctx.plan, ctx.folder, ctx.user
+    assert found.final is not None
+    settings = (
+        named(settings_for(winner.layout, user.config, base_layout=user.layout, unmodelled=user.unmodelled), winner)
+        if winner
+        else {}
+    )
+    dropped = derived.dropped(ctx.current, winner.layout) if winner else []
+    stress = {"depth": p.depth, "depth_fixed": ctx.cfg.depth is not None, "candidates": found.order, "lr": p.stress_lr}
+    rounds = [r.to_dict() for r in ctx.rounds]
+    used = ctx.clock.used_minutes()
+    return Recommendation(
+        model=user.describe(),
+        notes=list(user.notes),
         precision=ctx.precision,
         current=ctx.current,
         winner=winner.layout if winner else None,
         ranking=[r.to_dict() for r in ranked],
-        recipe_checks=checks,
-        settings=named(
-            settings_for(winner.layout, ctx.user.config, base_layout=ctx.user.layout, unmodelled=ctx.user.unmodelled),
-            winner,
-        )
-        if winner
-        else {},
-        limits=explain.limits(ctx.user, ctx.precision, stress, found.screen, ctx.extra, ranked),
+        settings=settings,
+        limits=explain.limits(user, ctx.precision, stress, found.screen, ctx.extra, ranked),
         optimizer=p.optimizer,
-        verify=verify or {"status": "not asked"},
-        transfer_record=record,
+        verify=verify,
         plan=_plan_record(ctx, stress, found.final),
         rounds=rounds,
         movement=explain.movement(ranked, p.to_dict(), found.final.to_dict(), rounds),
@@ -333,22 +371,19 @@ def conclude(ctx: Context, verify: dict[str, Any] | None = None) -> Recommendati
             "plan": folder.plan_file.name,
             "json": folder.json_file.name,
         },
-        confidence=conf,
-        effect=eff,
-        recipe=answer.recipe(winner, optimizer=p.optimizer, record=record, width=ctx.user.config.d_model),
-        domain=answer.domain(
-            ctx.user, ctx.precision, p.optimizer, p.depth, record, ctx.cfg.tokens, winner.layout if winner else None
-        ),
-        changed_from=changed,
-        dropped=derived.dropped(ctx.current, winner.layout) if winner else [],
+        dropped=dropped,
         labels=dict(ctx.labels),
-        verdict=decision,
+        **sized,
     )
+
+
+def _written(ctx: Context, result: Recommendation, ranked: list[Evidence]) -> Recommendation:
+    """recommendation.md, recommendation.json and report.html written; the markdown kept in `result.text`."""
     as_dict = result.to_dict()
     result.text = explain.markdown(as_dict, ranked)
-    atomic_write_bytes(folder.markdown_file, result.text.encode())
-    atomic_write_json(folder.json_file, as_dict)
-    explain.write_page(folder, as_dict, ranked)
+    atomic_write_bytes(ctx.folder.markdown_file, result.text.encode())
+    atomic_write_json(ctx.folder.json_file, as_dict)
+    explain.write_page(ctx.folder, as_dict, ranked)
     return result
 
 
@@ -361,7 +396,10 @@ class Conclude:
         return ctx.plan.predicted["reserves"]
 
     def done(self, ctx: Context) -> bool:
-        return ctx.folder.json_file.is_file()
+        """Written in this call with the verify record as it stands."""
+        return ctx.found.result is not None and ctx.found.concluded is ctx.found.verified
 
-    def run(self, ctx: Context, verify: dict[str, Any] | None = None) -> Recommendation:
-        return conclude(ctx, verify)
+    def run(self, ctx: Context) -> None:
+        ctx.found.result = conclude(ctx, ctx.found.verified)
+        ctx.found.concluded = ctx.found.verified
+        ctx.mark()
