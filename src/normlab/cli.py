@@ -53,9 +53,9 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from normlab.train.train_command import train_command
+    from normlab.train.train_command import train_command, user_hooks
 
-    return train_command(train_config(args), settings_keys(args))
+    return train_command(train_config(args), settings_keys(args), user_hooks(args.hook, args.config))
 
 
 def _plan(args: argparse.Namespace) -> str:
@@ -235,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
         set_help="a model or layout setting as train takes it: model.n_layers=12, model.mlp=relu, layout.h=0.5",
     )
     command("demo", _demo, c.DemoConfig)
-    add_run_settings(command("train", _train))
+    add_run_settings(command("train", _train), hooks=True)
     s = command("plan", _plan)
     add_run_settings(s)
     inputs(s, "plan")
