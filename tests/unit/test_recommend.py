@@ -1068,8 +1068,8 @@ def test_what_a_refusal_says_is_what_happened():
 
     import pandas as pd
 
+    from normlab.recommend.evidence_rows import seeds_that_ran
     from normlab.recommend.records import StageRecord
-    from normlab.recommend.stage_conclude import seeds_that_ran
     from normlab.recommend.stage_rounds import _why_none
 
     with pytest.raises(plan.BudgetTooSmall) as err:

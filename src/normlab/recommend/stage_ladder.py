@@ -13,10 +13,10 @@ import pandas as pd
 
 from normlab.recommend import gate, ladder
 from normlab.recommend.context import Context, minutes, stage_record
+from normlab.recommend.evidence_rows import ranked_now
 from normlab.recommend.inputs import proxy_settings, proxy_sweep
 from normlab.recommend.rank import Evidence
 from normlab.recommend.records import StageRecord
-from normlab.recommend.stage_conclude import ranked_now
 
 
 def pair(ctx: Context, ranked: list[Evidence]) -> tuple[Evidence, Evidence] | str:
