@@ -7,7 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from normlab.experiments.slurm_states import ENDED, TRANSITIONS, JobEnd, Phase, Runs, decide
+from normlab.experiments.cluster import TRANSITIONS, Runs
+from normlab.experiments.slurm_states import ENDED, JobEnd, Phase, decide
 
 
 def _end(lines=(), **kw):
@@ -94,8 +95,9 @@ def test_a_refusal_halves_the_array_then_waits_longer_then_gives_up(monkeypatch,
     monkeypatch.setattr(cluster, "_executor", lambda *a: None)
     monkeypatch.setattr(cluster.time, "time", lambda: 0.0)
     lines: list[str] = []
-    co = cluster.Coordinator(cluster.SweepJobs(tmp_path, None, "slurm"), {}, "t", lines.append)  # type: ignore[arg-type]
-    co.runs, co.chunk = Runs(["a", "b", "c", "d"]), 4
+    sweep = cluster.SweepJobs(tmp_path, None, "slurm")  # type: ignore[arg-type]  # no store: nothing is written
+    co = cluster.Coordinator(sweep, ["a", "b", "c", "d"], {}, "t", lines.append)
+    co.chunk = 4
     co._refused("QOSMaxSubmitJobPerUserLimit")
     co._refused("QOSMaxSubmitJobPerUserLimit")
     assert co.chunk == 1 and not lines

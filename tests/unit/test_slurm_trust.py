@@ -233,7 +233,7 @@ def test_a_time_limit_over_the_partitions_maxtime_is_refused(fake_slurm, tmp_pat
     assert "timeout_min = 10 is over the partition's time limit (short's MaxTime is 5 min)" in line, line
     assert "give timeout_min <= 5" in line and not out.exists()
     # a limit within MaxTime, or a partition list with an unlimited one, passes
-    from normlab.experiments.cluster import preflight
+    from normlab.experiments.slurm_preflight import preflight
 
     preflight({"timeout_min": 5, "slurm_partition": "short"}, "t")
     preflight({"timeout_min": 10, "slurm_partition": "short,debug"}, "t")
@@ -377,16 +377,16 @@ def test_the_coordinator_module_loads_no_pickle():
     """Neither the coordinator nor the submission code calls submitit's result readers or pickle's loaders."""
     import inspect
 
-    from normlab.experiments import cluster, slurm_states, submission
+    from normlab.experiments import cluster, slurm_preflight, slurm_states, submission
 
-    for module in (cluster, slurm_states, submission):
+    for module in (cluster, slurm_preflight, slurm_states, submission):
         text = inspect.getsource(module)
         for call in (".result(", ".results(", "pickle.load", "pickle_load", "cloudpickle.load"):
             assert call not in text, (module.__name__, call)
 
 
 def test_a_refusal_line_carries_no_raw_dump():
-    from normlab.experiments.cluster import _one_line
+    from normlab.experiments.slurm_preflight import _one_line
 
     text = "sbatch: error: QOSMaxSubmitJobPerUserLimit\nsbatch: error: Batch job submission failed: Job violates"
     assert _one_line(text) == "QOSMaxSubmitJobPerUserLimit; Batch job submission failed: Job violates"
@@ -533,7 +533,7 @@ QOS_REFUSAL = (
 def test_a_per_job_qos_limit_is_refused_up_front_not_waited_out(fake_slurm, tmp_path, capsys, monkeypatch):
     """A QOS's MaxWall with DenyOnLimit: sbatch --test-only refuses it with a line that says "limit", as a MaxSubmit
     refusal does; only the latter passes by waiting. Refused in one line, exit 2, nothing written or submitted."""
-    from normlab.experiments.cluster import _passes
+    from normlab.experiments.slurm_preflight import _passes
 
     monkeypatch.setenv("FAKE_TEST_ONLY", QOS_REFUSAL)
     out = tmp_path / "out"
@@ -578,14 +578,14 @@ def test_a_time_in_additional_parameters_is_checked_against_maxtime(fake_slurm, 
         assert main(["sweep", str(sweep_file(tmp_path, table)), "--out", str(out)]) == 2
         assert said in one_line(capsys)
         assert not out.exists()
-    from normlab.experiments.cluster import preflight
+    from normlab.experiments.slurm_preflight import preflight
 
     preflight({"slurm_partition": "short", "slurm_additional_parameters": {"time": "4:00"}}, "t")  # 4 min: fits
 
 
 def test_sbatchs_own_complaint_is_kept_in_the_one_line(fake_slurm, tmp_path, capsys, monkeypatch):
     """sbatch's `unrecognized option` line has no "error:" in it; its "Try sbatch --help" hint is left out."""
-    from normlab.experiments.cluster import _one_line
+    from normlab.experiments.slurm_preflight import _one_line
 
     said = "sbatch: unrecognized option '--no_such_flag=x'\nTry \"sbatch --help\" for more information"
     assert _one_line(said) == "unrecognized option '--no_such_flag=x'"

@@ -62,12 +62,9 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -80,11 +77,10 @@ from normlab.experiments.scheduler import (
     ask_scheduler,
     never_passes,
     never_starts,
-    signal_delay,
-    time_limit,
     time_over_partition,
 )
-from normlab.experiments.slurm_states import JobEnd, Phase, Runs, decide, saved_step
+from normlab.experiments.slurm_preflight import _executor, _one_line, _passes
+from normlab.experiments.slurm_states import ENDED, WAITING, JobEnd, Phase, decide, saved_step
 from normlab.runs.files import SweepDir
 from normlab.runs.lock import holder_job, job_alive
 from normlab.runs.outcome import FINISHED, describe
@@ -95,19 +91,6 @@ from normlab.runs.store import SweepStore, open_store
 LIVE = ("PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "COMPLETING", "SUSPENDED",
         "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD")
 # fmt: on
-# sbatch's words for a refusal that passes: a limit on how many jobs may wait, or a controller too busy to answer
-TRANSIENT = (
-    "MaxSubmit",
-    "limit",
-    "QOSMax",
-    "AssocMax",
-    "temporarily",
-    "try again",
-    "timed out",
-    "Unable to contact",
-    "Socket timed out",
-    "busy",
-)
 POLL_S = float(os.environ.get("NORMLAB_SLURM_POLL_S", "10"))  # seconds between scheduler queries (one sacct call)
 UNKNOWN_GRACE_S = 120.0  # a job neither sacct nor squeue knows for this long has ended
 
@@ -118,88 +101,6 @@ def __getattr__(name: str) -> Any:
 
         return RunJob
     raise AttributeError(name)
-
-
-def _executor(root: Path, kind: str, options: dict[str, Any], name: str) -> Any:
-    import submitit
-
-    folder = SweepDir(root).jobs_dir / "%j"
-    if kind == "slurm":
-        opts = dict(options)
-        ex: submitit.Executor = submitit.AutoExecutor(
-            folder=folder, cluster="slurm", slurm_max_num_timeout=int(opts.pop("slurm_max_num_timeout", 3))
-        )
-        opts.setdefault("name", f"normlab-{name}")
-        opts.setdefault("slurm_signal_delay_s", signal_delay(time_limit(opts)))
-        ex.update_parameters(**opts)
-    else:
-        ex = submitit.LocalExecutor(folder=folder)
-        ex.update_parameters(timeout_min=int(options.get("timeout_min", 60)))
-    return ex
-
-
-def _one_line(text: Any) -> str:
-    """A scheduler's message as one line: its error and failure lines and sbatch's own complaints (`sbatch:
-    unrecognized option '--x'`) joined ("sbatch: error: " dropped; sbatch's "Try sbatch --help" hint left out),
-    else its last line."""
-    lines = [x.strip() for x in str(text).splitlines() if x.strip()]
-    said = []
-    for line in lines:
-        if line.startswith("Try ") and "--help" in line:
-            continue
-        if "error:" in line:
-            said.append(line.split("error:", 1)[1].strip())
-        elif "error" in line.lower() or "fail" in line.lower():  # --test-only's "allocation failure: ..."
-            said.append(line)
-        elif re.match(r"^s(batch|run|queue|control): ", line):
-            said.append(line.split(": ", 1)[1].strip())
-    return ("; ".join(said) if said else (lines or ["no message"])[-1])[:400]
-
-
-def _passes(why: str) -> bool:
-    """Whether a refusal may pass by waiting (a limit on how many jobs may wait, a busy controller): never one that
-    names a limit on each job (`scheduler.never_passes`), however it words it ("job submit limit, user's size and/or
-    time limits")."""
-    return never_passes(why) is None and any(word.lower() in why.lower() for word in TRANSIENT)
-
-
-def preflight(options: dict[str, Any], name: str) -> None:
-    """Ask the scheduler, submitting nothing, whether a job of these [slurm] options could ever start: `sbatch
-    --test-only` with the job script submitit would write (a request none of the partition's nodes can meet: more
-    CPUs, memory or GPUs than a node has, a partition or account that does not exist), then the partitions'
-    MaxTime (a longer time limit SLURM accepts and never starts, when EnforcePartLimits is NO). A ConfigError in one
-    line, sbatch's own words in it, if not. Nothing is written: the script goes to a temporary folder. A scheduler
-    too busy to answer, or none here, is no refusal (the submission then speaks)."""
-    if not shutil.which("sbatch") or not shutil.which("srun"):
-        return
-    with tempfile.TemporaryDirectory(prefix="normlab-test-only-") as tmp:
-        try:
-            with contextlib.redirect_stderr(io.StringIO()):  # submitit's warnings: the line below says it all
-                inner = _executor(Path(tmp), "slurm", options, name)._executor
-                script = Path(tmp) / "job.sh"
-                script.write_text(inner._make_submission_file_text(inner._submitit_command_str, "test-only"))
-        except Exception as err:  # noqa: BLE001 - submitit refused an option check_options let through
-            raise ConfigError(f"submitit refused the [slurm] options: {_one_line(err)}") from None
-        try:
-            out = subprocess.run(
-                ["sbatch", "--test-only", str(script)], capture_output=True, text=True, timeout=60, check=False
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            return
-    if out.returncode != 0:
-        why = _one_line(out.stderr or out.stdout)
-        if not _passes(why):
-            meaning = never_passes(why)
-            raise ConfigError(
-                f"the scheduler can never run these jobs: {why}"
-                + (f" ({meaning.split(': ', 1)[1]})" if meaning else "")
-                + " (sbatch --test-only with the [slurm] options); fix "
-                "the [slurm] table (slurm_partition, cpus_per_task, mem_gb, gpus_per_node, ...) and run the same "
-                "command again"
-            )
-    over = time_over_partition(options)
-    if over:
-        raise ConfigError(over)
 
 
 class Watcher:
@@ -284,6 +185,46 @@ def scancel(job_ids: list[str]) -> None:
             subprocess.run(["scancel", *job_ids], capture_output=True, text=True, timeout=60, check=False)
 
 
+# (phase, event) -> the next phase: the whole graph
+TRANSITIONS: dict[tuple[Phase, str], Phase] = {
+    (Phase.PENDING, "submit"): Phase.SUBMITTED,
+    (Phase.REQUEUED, "submit"): Phase.SUBMITTED,
+    (Phase.PENDING, "watch"): Phase.SUBMITTED,  # a live job found for it (re-attaching): watched, not submitted
+    (Phase.REQUEUED, "watch"): Phase.SUBMITTED,
+    (Phase.SUBMITTED, "start"): Phase.RUNNING,
+    (Phase.SUBMITTED, "never starts"): Phase.PENDING,
+    (Phase.SUBMITTED, "cancelled before"): Phase.PENDING,
+    (Phase.RUNNING, "cancelled before"): Phase.PENDING,
+    (Phase.SUBMITTED, "adopt"): Phase.SUBMITTED,  # another job of the sweep trains it: that one is watched
+    (Phase.RUNNING, "adopt"): Phase.SUBMITTED,
+    **{(p, f"end:{e.value}"): e for p in (Phase.SUBMITTED, Phase.RUNNING) for e in ENDED},
+    **{(p, "end:requeued"): Phase.REQUEUED for p in (Phase.SUBMITTED, Phase.RUNNING)},
+}
+
+
+class Runs:
+    """Each run's phase, moved only along `TRANSITIONS`; `waiting` keeps the order runs are submitted in."""
+
+    def __init__(self, todo: list[str]) -> None:
+        self.phase = dict.fromkeys(todo, Phase.PENDING)
+        self.waiting: list[str] = list(todo)
+
+    def move(self, rid: str, event: str) -> Phase:
+        now = self.phase[rid]
+        nxt = TRANSITIONS.get((now, event))
+        if nxt is None:
+            raise RuntimeError(f"run {rid}: no move {event!r} from {now.value}")
+        self.phase[rid] = nxt
+        if nxt in WAITING and rid not in self.waiting:
+            self.waiting.append(rid)
+        elif nxt not in WAITING and rid in self.waiting:
+            self.waiting.remove(rid)
+        return nxt
+
+    def ended(self) -> int:
+        return sum(p in ENDED for p in self.phase.values())
+
+
 @dataclass(frozen=True)
 class SweepJobs:
     """What reading a job's end needs: the sweep's folder and store, the executor's kind, slurm_max_num_timeout and
@@ -306,9 +247,8 @@ def run_cluster(
     log: Callable[[str], object],
 ) -> None:
     """Run `todo` as scheduler jobs and watch them to the end (see the module docstring)."""
-    Coordinator(SweepJobs(root, store, kind, int(options.get("slurm_max_num_timeout", 3))), options, name, log).run(
-        todo
-    )
+    sweep = SweepJobs(root, store, kind, int(options.get("slurm_max_num_timeout", 3)))
+    Coordinator(sweep, todo, options, name, log).run()
 
 
 class Coordinator:
@@ -316,11 +256,14 @@ class Coordinator:
     are submitted, start and end. Each pass: the jobs of an unfinished submission found, held arrays released, the
     next batch submitted, the scheduler asked once, each ended job read (`_ended`)."""
 
-    def __init__(self, sweep: SweepJobs, options: dict[str, Any], name: str, log: Callable[[str], object]) -> None:
-        self.sweep, self.options, self.log = sweep, options, log
+    def __init__(
+        self, sweep: SweepJobs, todo: list[str], options: dict[str, Any], name: str, log: Callable[[str], object]
+    ) -> None:
+        self.sweep, self.todo, self.options, self.log = sweep, todo, options, log
         self.root, self.store, self.kind = sweep.root, sweep.store, sweep.kind
-        self.ex = _executor(sweep.root, sweep.kind, options, name)
+        self.runs = Runs(todo)  # each run's phase, moved along TRANSITIONS
         self.watch = Watcher(sweep.root, sweep.kind)
+        self.ex = _executor(sweep.root, sweep.kind, options, name)
         self.jobs: dict[str, Any] = {}  # run id -> the submitit job that holds it
         self.cancelled_before: set[str] = set()  # runs whose job was cancelled before this coordinator
         self.to_release: dict[str, list[str]] = {}  # token -> its held jobs that scontrol did not release yet
@@ -329,10 +272,9 @@ class Coordinator:
         self.fatal: str | None = None
         self.unsure = sweep.kind == "slurm"  # an announced submission's jobs may be live: found before submitting
         self.chunk, self.wait, self.next_try, self.refusals = 1, 10.0, 0.0, 0
-        self.runs = Runs([])
 
-    def run(self, todo: list[str]) -> None:
-        self.runs, total = Runs(todo), len(todo)
+    def run(self) -> None:
+        todo, total = self.todo, len(self.todo)
         if self.kind == "slurm":
             self.token, made = submission.sweep_token(self.store)
             # a store just given its token: its jobs, if any, carry none
@@ -483,16 +425,19 @@ class Coordinator:
             return
         retry = self.retries.get(rid, 0) < self.sweep.timeouts
         event, detail = _ended(self.sweep, rid, job, state, retry)
-        self.runs.move(rid, event)
         if event == "adopt":  # this job found the run trained by another job of it: that one is watched
-            self.jobs[rid] = self.watch.job(detail)
             self.store.set_job([rid], [detail], submitted=False)
+            self.jobs[rid] = self.watch.job(detail)
+            self.runs.move(rid, event)
             self.log(f"{rid}: job {job.job_id} found it trained by job {detail}; watching that one")
         elif event == "end:requeued":  # a time limit or a node's failure without a save: submitted again
+            self.runs.move(rid, event)
             self.retries[rid] = self.retries.get(rid, 0) + 1
             self.log(f"{rid}: {detail} ({self.retries[rid]}/{self.sweep.timeouts})")
-        else:
-            self.log(f"[{self.runs.ended()}/{total}] {rid}: {describe(self.store.row(rid))}")
+        else:  # the row's words first (the store), then the run's phase
+            said = describe(self.store.row(rid))
+            self.runs.move(rid, event)
+            self.log(f"[{self.runs.ended()}/{total}] {rid}: {said}")
 
     def _find_unreleased(self, todo: list[str]) -> bool:
         """The live jobs of submissions announced but not released (`normlab.experiments.submission`), found in

@@ -41,10 +41,11 @@ from pathlib import Path
 from typing import Any
 
 from normlab.errors import ConfigError, OutputError
-from normlab.experiments.cluster import preflight, run_cluster
+from normlab.experiments.cluster import run_cluster
 from normlab.experiments.cpus import threads_per_worker, usable_cores
 from normlab.experiments.progress import SweepProgress, last_step
 from normlab.experiments.scheduler import check_options
+from normlab.experiments.slurm_preflight import preflight
 from normlab.experiments.sweep import RunSpec, SweepConfig
 from normlab.experiments.workers import ForkedWorker
 from normlab.experiments.workers import available as workers_available

@@ -8,10 +8,11 @@ A run of the sweep is in one phase at a time:
        |                    +---never starts----+---> pending (cancelled by the coordinator, the sweep stops)
        +-------------- requeued <--- again -----+     (a time limit or a node's failure without a requeue)
 
-`TRANSITIONS` is the whole graph: a move it does not list is a bug and raises. A job that left the scheduler is
-read by `ENDINGS`, an ordered table of (what the files say, the phase it leads to, the row's one-line reason);
-the first row that applies decides. Only normlab's own files are read (the store's row, summary.json, the lock
-file, the job's text logs): submitit's result pickle is never opened, since unpickling runs code.
+`normlab.experiments.cluster.TRANSITIONS` is the whole graph (beside the coordinator that moves runs along it): a
+move it does not list is a bug and raises. A job that left the scheduler is read by `ENDINGS`, an ordered table of
+(what the files say, the phase it leads to, the row's one-line reason); the first row that applies decides. Only
+normlab's own files are read (the store's row, summary.json, the lock file, the job's text logs): submitit's result
+pickle is never opened, since unpickling runs code.
 """
 
 from __future__ import annotations
@@ -50,45 +51,6 @@ class Phase(StrEnum):
 
 ENDED = (Phase.OK, Phase.FAILED, Phase.TIMEOUT, Phase.PREEMPTED, Phase.CANCELLED)
 WAITING = (Phase.PENDING, Phase.REQUEUED)  # the phases whose runs the coordinator submits
-
-# (phase, event) -> the next phase: the whole graph
-TRANSITIONS: dict[tuple[Phase, str], Phase] = {
-    (Phase.PENDING, "submit"): Phase.SUBMITTED,
-    (Phase.REQUEUED, "submit"): Phase.SUBMITTED,
-    (Phase.PENDING, "watch"): Phase.SUBMITTED,  # a live job found for it (re-attaching): watched, not submitted
-    (Phase.REQUEUED, "watch"): Phase.SUBMITTED,
-    (Phase.SUBMITTED, "start"): Phase.RUNNING,
-    (Phase.SUBMITTED, "never starts"): Phase.PENDING,
-    (Phase.SUBMITTED, "cancelled before"): Phase.PENDING,
-    (Phase.RUNNING, "cancelled before"): Phase.PENDING,
-    (Phase.SUBMITTED, "adopt"): Phase.SUBMITTED,  # another job of the sweep trains it: that one is watched
-    (Phase.RUNNING, "adopt"): Phase.SUBMITTED,
-    **{(p, f"end:{e.value}"): e for p in (Phase.SUBMITTED, Phase.RUNNING) for e in ENDED},
-    **{(p, "end:requeued"): Phase.REQUEUED for p in (Phase.SUBMITTED, Phase.RUNNING)},
-}
-
-
-class Runs:
-    """Each run's phase, moved only along `TRANSITIONS`; `waiting` keeps the order runs are submitted in."""
-
-    def __init__(self, todo: list[str]) -> None:
-        self.phase = dict.fromkeys(todo, Phase.PENDING)
-        self.waiting: list[str] = list(todo)
-
-    def move(self, rid: str, event: str) -> Phase:
-        now = self.phase[rid]
-        nxt = TRANSITIONS.get((now, event))
-        if nxt is None:
-            raise RuntimeError(f"run {rid}: no move {event!r} from {now.value}")
-        self.phase[rid] = nxt
-        if nxt in WAITING and rid not in self.waiting:
-            self.waiting.append(rid)
-        elif nxt not in WAITING and rid in self.waiting:
-            self.waiting.remove(rid)
-        return nxt
-
-    def ended(self) -> int:
-        return sum(p in ENDED for p in self.phase.values())
 
 
 @dataclass(frozen=True)
