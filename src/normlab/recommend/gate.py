@@ -94,7 +94,12 @@ def verdict(ranked: list[Evidence], current: str | None, speedup: dict[str, Any]
             "why": f"{_said(lead)} finished no run that trained ({lead.diverged} diverged, {lead.stalled} stalled "
             f"of {lead.finished})",
         }
-    s = speedup or {}
+    return _by_speedup(base, lead, speedup or {})
+
+
+def _by_speedup(base: Evidence, lead: Evidence, s: dict[str, Any]) -> dict[str, Any]:
+    """Both sides trained: the leader replaces yours only where its effective speedup's lower bound exceeds 1 and it
+    fails and is at risk no more often (the ladder's rungs included)."""
     on_ladder = s.get("ladder_failures") or {}
     # the ranking's order (normlab.recommend.rank): failures first, then runs at risk among equal failures
     worse = (
