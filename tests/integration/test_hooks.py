@@ -15,7 +15,7 @@ from normlab.config.train import TrainConfig, migrate
 from normlab.diagnostics.hooks import StepHook
 from normlab.train import train
 from normlab.train.hook_registry import HOOKS, CheckpointHook, FaultHook, LoggerHook, WarningsHook
-from normlab.train.step_hooks import SpikePolicyHook
+from normlab.train.step_hooks import ProbeHook, SpikePolicyHook, TierHook
 from tests.helpers import small
 
 HOOK_VALUES = {
@@ -43,7 +43,7 @@ def test_every_registered_hook_has_its_own_section():
     assert set(HOOKS) == set(HOOK_SECTIONS)
     for name, (settings, _) in HOOKS.items():
         assert HOOK_SECTIONS[name] is settings and isinstance(getattr(TrainConfig(), name), settings)
-    # the run section lost what the hooks own: 37 fields before, 17 now, and every one of them is still stored
+    # the run section lost what the hooks own: 37 fields before, 13 now, and every one of them is still stored
     run = [f.name for f in fields(TrainConfig().run)]
     assert len(run) + len(MOVED) == len(RUN_ORDER) == 37 and not set(run) & set(MOVED)
 
@@ -74,21 +74,21 @@ def test_an_old_config_file_gives_the_same_hook_settings(tmp_path):
 
 
 def test_hooks_are_built_by_name_from_their_sections(corpus, tmp_path):
-    """Defaults: the spike policy, the early warnings, the checkpoint schedule and the loggers; a fault's hook
-    only where the faults section asks for logit_growth; none with settings that leave it off."""
+    """Defaults: the probe pass, the tier, the spike policy, the early warnings, the checkpoint schedule and the
+    loggers; a fault's hook only where the faults section asks for logit_growth; none with settings that leave it
+    off."""
     seen: dict[str, list[type]] = {}
-    kinds = (SpikePolicyHook, WarningsHook, CheckpointHook, LoggerHook, FaultHook)
+    kinds = (ProbeHook, TierHook, SpikePolicyHook, WarningsHook, CheckpointHook, LoggerHook, FaultHook)
 
     class Kinds(StepHook):
         def bind(self, handle):
             seen["kinds"] = [k for k in kinds if handle.find(k) is not None]
 
     train(small(corpus, tmp_path / "a", steps=2), log=lambda *a: None, hooks=[Kinds()])
-    assert {SpikePolicyHook, WarningsHook, CheckpointHook, LoggerHook} <= set(seen["kinds"])
-    assert FaultHook not in seen["kinds"]
+    assert seen["kinds"] == [ProbeHook, TierHook, SpikePolicyHook, WarningsHook, CheckpointHook, LoggerHook]
     cfg = small(corpus, tmp_path / "b", steps=2, early_warnings=False, fault="logit_growth", fault_scale=1.0)
-    train(cfg, log=lambda *a: None, hooks=[Kinds()])
-    assert FaultHook in seen["kinds"] and WarningsHook not in seen["kinds"]
+    train(cfg.with_({"probes.probe_every": 0, "tier.layer_stats": False}), log=lambda *a: None, hooks=[Kinds()])
+    assert seen["kinds"] == [SpikePolicyHook, CheckpointHook, LoggerHook, FaultHook]
 
 
 class StepRecorder(StepHook):

@@ -1,5 +1,6 @@
 """The settings of the training loop's built-in hooks, one section each (`normlab.train.hook_registry` builds each
-hook by name from its section): divergence (with the spike policy), checkpointing, loggers, warnings, faults.
+hook by name from its section): probes, tier, divergence (with the spike policy), checkpointing, loggers,
+warnings, faults.
 
 Each leaf keeps the key, flag and doc it had when `RunSettings` held it (`--on-spike`, `--set on_spike=skip`);
 the stored form (config.json, checkpoints, sweep.db) still holds them in its "run" table, in `RUN_ORDER`, so
@@ -16,6 +17,42 @@ from normlab.settings import nonneg, open_unit, positive, setting
 
 def _spike_window(v: int) -> str | None:
     return None if v >= 20 else f"must be >= 20 (the skip rule needs max(20, window/2) values in its window), got {v}"
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """The probe pass (`normlab.diagnostics.probes`, probes.jsonl)."""
+
+    probe_every: int = setting(
+        100,
+        "probe pass every N steps, at step 0 and at the end (0: off); see docs/diagnostics.md",
+        identity=False,
+        check=nonneg,
+    )
+    probe_batch: int = setting(
+        8, "sequences in the fixed probe batch (the first validation windows)", identity=False, check=positive
+    )
+
+
+@dataclass(frozen=True)
+class TierSettings:
+    """The per-step tier (`normlab.diagnostics.tier`, layers.jsonl) and its per-layer spike rule."""
+
+    layer_stats: bool = setting(
+        True,
+        "the per-step tier: per layer, the stream's largest |x|, gradient norm, update "
+        "RMS and update/weight ratio, the largest attention logit per head (layers.jsonl; "
+        "docs/diagnostics.md)",
+        identity=False,
+    )
+    layer_stats_every: int = setting(
+        1,
+        "the per-step tier's interval: its row every N steps (1: every step); the steps between skip its work, and "
+        "its per-layer spike rule and summary maxima see every Nth step only. On an H100 at gpu-126m, eager, the "
+        "tier added 15-25% to a step (docs/benchmarks.md)",
+        identity=False,
+        check=positive,
+    )
 
 
 @dataclass(frozen=True)
@@ -126,6 +163,8 @@ class FaultSettings:
 
 # section name -> its settings
 HOOK_SECTIONS: dict[str, type] = {
+    "probes": ProbeSettings,
+    "tier": TierSettings,
     "divergence": DivergenceSettings,
     "checkpointing": CheckpointSettings,
     "loggers": LoggerSettings,

@@ -8,8 +8,9 @@ its result; the rest says where and how it runs and reports):
     ├── model: ModelSettings   layout (a Layout), size, options (ModelConfig overrides), init_from
     ├── data:  DataSettings    corpus, tokenizer, task, seq_len, batch_size, grad_accum, ...
     ├── optim: OptimSettings   optimizer (AdamW, SGD, Muon), lr schedule, betas, clipping, QK-clip, z-loss, steps, seed
-    ├── run:   RunSettings     precision, device, probes, the per-step tier, evaluation, output, resume
-    └── divergence, checkpointing, loggers, warnings, faults: the built-in hooks' sections (normlab.config.hooks)
+    ├── run:   RunSettings     precision, device, evaluation, output, resume
+    └── probes, tier, divergence, checkpointing, loggers, warnings, faults: the built-in hooks' sections
+                               (normlab.config.hooks)
 
 Every setting is addressed by one key, the same everywhere (`train --set`, flags, TOML, `sweep
 --grid/--set`, `compare --set`, the screen):
@@ -48,6 +49,8 @@ from normlab.config.hooks import (
     DivergenceSettings,
     FaultSettings,
     LoggerSettings,
+    ProbeSettings,
+    TierSettings,
     WarningSettings,
 )
 from normlab.config.optimizers import OPTIMIZER_NAMES
@@ -285,30 +288,6 @@ class RunSettings:
     loss_scale_init: float = setting(
         65536.0, "fp16: the loss scaler's initial scale (torch's default, 2^16)", check=positive
     )
-    layer_stats: bool = setting(
-        True,
-        "the per-step tier: per layer, the stream's largest |x|, gradient norm, update "
-        "RMS and update/weight ratio, the largest attention logit per head (layers.jsonl; "
-        "docs/diagnostics.md)",
-        identity=False,
-    )
-    layer_stats_every: int = setting(
-        1,
-        "the per-step tier's interval: its row every N steps (1: every step); the steps between skip its work, and "
-        "its per-layer spike rule and summary maxima see every Nth step only. On an H100 at gpu-126m, eager, the "
-        "tier added 15-25% to a step (docs/benchmarks.md)",
-        identity=False,
-        check=positive,
-    )
-    probe_every: int = setting(
-        100,
-        "probe pass every N steps, at step 0 and at the end (0: off); see docs/diagnostics.md",
-        identity=False,
-        check=nonneg,
-    )
-    probe_batch: int = setting(
-        8, "sequences in the fixed probe batch (the first validation windows)", identity=False, check=positive
-    )
     eval_every: int = setting(
         100, "validation every N steps and at the end (0: only at the end)", identity=False, check=nonneg
     )
@@ -418,6 +397,8 @@ class TrainConfig:
     data: DataSettings = field(default_factory=DataSettings)
     optim: OptimSettings = field(default_factory=OptimSettings)
     run: RunSettings = field(default_factory=RunSettings)
+    probes: ProbeSettings = field(default_factory=ProbeSettings)
+    tier: TierSettings = field(default_factory=TierSettings)
     divergence: DivergenceSettings = field(default_factory=DivergenceSettings)
     checkpointing: CheckpointSettings = field(default_factory=CheckpointSettings)
     loggers: LoggerSettings = field(default_factory=LoggerSettings)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from normlab.diagnostics.hooks import StepHook
+from normlab.model.lm import NormLM
 from normlab.runs.files import RunDir
 from normlab.train import distributed
 from normlab.train.loggers import Sinks
@@ -45,13 +46,18 @@ class RunHandle:
         return self._state.cfg
 
     @property
-    def model(self) -> torch.nn.Module:
+    def model(self) -> NormLM:
         """The model, unwrapped from DDP/FSDP."""
         return distributed.unwrap(self._state.model)
 
     @property
     def optimizer(self) -> Any:
         return self._state.opt
+
+    @property
+    def data(self) -> Any:
+        """The run's data (its validation windows: `val_windows`)."""
+        return self._state.data
 
     @property
     def device(self) -> torch.device:

@@ -2,10 +2,11 @@
 hook reaches the run.
 
 `HOOKS` is the registry: name -> (its settings class, its hook class). A run builds, in this order, the hooks
-of ``divergence`` (the spike policy: `normlab.train.step_hooks.SpikePolicyHook`), ``warnings`` (the early
-warnings), ``faults`` (a fault injected on purpose), ``checkpointing`` (the schedule) and ``loggers`` (TensorBoard,
-W&B, the progress bar), each from ``cfg.<name>`` (`normlab.config.hooks`); a hook class's ``build(settings,
-handle)`` returns the hook, or None where its settings leave it off.
+of ``probes`` (the probe pass), ``tier`` (the per-step tier), ``divergence`` (the spike policy:
+`normlab.train.step_hooks.SpikePolicyHook`), ``warnings`` (the early warnings), ``faults`` (a fault injected on
+purpose), ``checkpointing`` (the schedule) and ``loggers`` (TensorBoard, W&B, the progress bar), each from
+``cfg.<name>`` (`normlab.config.hooks`); a hook class's ``build(settings, handle)`` returns the hook, or None where
+its settings leave it off. Their order among themselves is their priority's (`normlab.diagnostics.hooks`).
 
 A hook reaches the run through a `normlab.train.handle.RunHandle`: the step, the model, the optimizer, the run
 folder, the log, the other hooks, and the step's batches and their rerun; no hook is handed a closure over the
@@ -32,6 +33,8 @@ from normlab.config.hooks import (
     DivergenceSettings,
     FaultSettings,
     LoggerSettings,
+    ProbeSettings,
+    TierSettings,
     WarningSettings,
 )
 from normlab.diagnostics.early_warning import Alert, EarlyWarningHook, print_alert, replayed
@@ -42,7 +45,7 @@ from normlab.train import faults
 from normlab.train.ckpt_schedule import CheckpointSchedule
 from normlab.train.handle import RunHandle
 from normlab.train.loggers import Sinks
-from normlab.train.step_hooks import SpikePolicyHook, TierHook
+from normlab.train.step_hooks import ProbeHook, SpikePolicyHook, TierHook
 
 if TYPE_CHECKING:
     pass
@@ -124,6 +127,8 @@ class LoggerHook(StepHook):
 
 # name -> (its settings section's class, its hook class); built in this order (`build_hooks`)
 HOOKS: dict[str, tuple[type, Any]] = {
+    "probes": (ProbeSettings, ProbeHook),
+    "tier": (TierSettings, TierHook),
     "divergence": (DivergenceSettings, SpikePolicyHook),
     "warnings": (WarningSettings, WarningsHook),
     "faults": (FaultSettings, FaultHook),

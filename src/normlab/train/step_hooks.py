@@ -24,7 +24,7 @@ from normlab.train.qk_clip import QKClip
 from normlab.train.spikes import SpikeHandler
 
 if TYPE_CHECKING:
-    from normlab.config.hooks import DivergenceSettings
+    from normlab.config.hooks import DivergenceSettings, ProbeSettings, TierSettings
     from normlab.train.handle import RunHandle
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -40,6 +40,19 @@ class ProbeHook(StepHook):
     def __init__(self, probes: Probes, writer: ProbeWriter | None, every: int) -> None:
         self.probes, self.writer, self.every = probes, writer, every
         self.probing = False
+
+    @classmethod
+    def build(cls, settings: ProbeSettings, handle: RunHandle) -> ProbeHook | None:
+        """The probes section's hook: on the main rank (under FSDP2 on every rank: the probe is sharded), on the
+        first `probe_batch` validation windows; None with probe_every 0."""
+        cfg = handle.cfg
+        if not settings.probe_every or not (handle.is_main or cfg.run.fsdp):
+            return None
+        batch = handle.data.val_windows(1, settings.probe_batch, cfg.data.seq_len)[0]
+        probes = Probes(handle.model, batch, optimizer=handle.optimizer)
+        run = handle.run
+        writer = ProbeWriter(run.probes_file, handle.step) if run is not None else None
+        return cls(probes, writer, settings.probe_every)
 
     def write(self, rows: list[ProbeRow]) -> None:
         if self.writer is not None:
@@ -83,6 +96,16 @@ class TierHook(StepHook):
         self.spikes = TierSpikes()
         self.last: dict[str, Any] = {}
         tier.active = False  # each tier step's reset opens its hooks' window (not an evaluation before it)
+
+    @classmethod
+    def build(cls, settings: TierSettings, handle: RunHandle) -> TierHook | None:
+        """The tier section's hook (None with layer_stats off); its rows to layers.jsonl on the main rank."""
+        if not settings.layer_stats:
+            return None
+        tier = StepTier(handle.model, compiled=bool(handle.cfg.run.compile))  # resolved by the run: a bool
+        run = handle.run
+        log = run.layers_file.open("a", buffering=1) if run is not None else None
+        return cls(tier, log, settings.layer_stats_every)
 
     def on(self, step: int) -> bool:
         """Whether ``step`` is one of the tier's (every ``every``-th)."""

@@ -41,9 +41,6 @@ from normlab.data.sft import SFTData, load_sft_data
 from normlab.diagnostics.forensics import describe as describe_break
 from normlab.diagnostics.forensics import first_break, gradient_break
 from normlab.diagnostics.hooks import StepHook
-from normlab.diagnostics.probe_store import ProbeWriter
-from normlab.diagnostics.probes import Probes
-from normlab.diagnostics.tier import StepTier
 from normlab.errors import CheckpointError, ConfigError
 from normlab.io import truncate_jsonl
 from normlab.model import count_params, storage
@@ -70,7 +67,7 @@ from normlab.train.qk_clip import QKClip
 from normlab.train.resume import load_state, resume_refusal
 from normlab.train.run_state import RunState
 from normlab.train.run_summary import max_activation, speed_summary, write_summary  # noqa: F401 - their old home
-from normlab.train.step_hooks import ProbeHook, QKClipHook, TierHook
+from normlab.train.step_hooks import QKClipHook
 
 
 class TrainingFailed(RuntimeError):
@@ -290,30 +287,14 @@ def _tokenizer_facts(tok: Any) -> dict[str, Any] | None:
 
 
 def open_records(state: RunState, user_hooks: Sequence[StepHook] = ()) -> None:
-    """config.json, the metrics/probe files cut back to the start step (main rank only), and the run's step hooks:
-    the probe pass and the per-step tier (`normlab.train.step_hooks`), then each registered hook built by name
-    from its own section (`normlab.train.hook_registry`: the spike policy, the early warnings, a fault, the
-    checkpoint schedule, the loggers), then the user's hooks, each given the run's handle where it has `bind`."""
-    cfg, run, main = state.cfg, RunDir(state.run), state.info.is_main
-    probes = step_tier = None
-    if cfg.run.probe_every and (main or cfg.run.fsdp):  # FSDP2: every rank runs the sharded probe
-        px, py = state.data.val_windows(1, cfg.run.probe_batch, cfg.data.seq_len)[0]
-        probes = Probes(distributed.unwrap(state.model), (px, py), optimizer=state.opt)
-    if cfg.run.layer_stats:
-        step_tier = StepTier(distributed.unwrap(state.model), compiled=bool(cfg.run.compile))  # resolved: a bool
-    layers_log = probe_log = None
-    if main:
-        _write_run_record(state, run)
-        if cfg.run.layer_stats:
-            layers_log = run.layers_file.open("a", buffering=1)
-        if cfg.run.probe_every:
-            probe_log = ProbeWriter(run.probes_file, state.step)
-    if probes is not None:
-        state.hooks.add(ProbeHook(probes, probe_log, cfg.run.probe_every))
-    if step_tier is not None:
-        state.hooks.add(TierHook(step_tier, layers_log, cfg.run.layer_stats_every))
+    """config.json and the metrics files cut back to the start step (main rank only), then the run's step hooks,
+    each built by name from its own section (`normlab.train.hook_registry`: the probe pass, the per-step tier, the
+    spike policy, the early warnings, a fault, the checkpoint schedule, the loggers), then the user's hooks; each
+    hook with `bind` is given the run's handle."""
+    if state.info.is_main:
+        _write_run_record(state, RunDir(state.run))
     handle = RunHandle(state, StepActions(replay, global_batch, micro_batches))
-    built = build_hooks(cfg, handle)
+    built = build_hooks(state.cfg, handle)
     logger, ckpts = built.get("loggers"), built["checkpointing"]
     state.sinks = logger.sinks if isinstance(logger, LoggerHook) else None
     state.ckpts = ckpts.schedule if isinstance(ckpts, CheckpointHook) else None
@@ -345,7 +326,7 @@ def _write_run_record(state: RunState, run: RunDir) -> None:
         run.write_tokenizer(state.data.tokenizer.to_json())
     truncate_jsonl(run.metrics_file, state.step)  # drop rows past the checkpoint (and torn lines): replayed
     for path in (run.layers_file, run.spikes_file):
-        if path.exists() or (path == run.layers_file and cfg.run.layer_stats):
+        if path.exists() or (path == run.layers_file and cfg.tier.layer_stats):
             truncate_jsonl(path, state.step)
 
 
