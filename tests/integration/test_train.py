@@ -504,8 +504,10 @@ def test_final_checkpoint_without_optimizer_state_and_sweeps_keep_one(corpus, tm
     assert train(cfg)["status"] == "ok"
     runs = SweepConfig(name="s", base={"size": "nano"}, grid={"seed": [0]}).expand()
     assert (runs[0].config.checkpointing.keep_last, runs[0].config.checkpointing.keep_optimizer) == (1, False)
-    kept = SweepConfig(name="s", base={"size": "nano", "keep_optimizer": True}, grid={"seed": [0]}).expand()
-    assert kept[0].config.checkpointing.keep_optimizer is True and kept[0].run_id == runs[0].run_id  # not part of the id
+    kept = SweepConfig(
+        name="s", base={"size": "nano", "keep_optimizer": True}, grid={"seed": [0]}
+    ).expand()  # keep_optimizer: not part of the id
+    assert kept[0].config.checkpointing.keep_optimizer is True and kept[0].run_id == runs[0].run_id
 
 
 def test_device_decides_precision_and_compile_where_left_to_it(corpus, tmp_path):
