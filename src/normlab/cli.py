@@ -32,6 +32,7 @@ from normlab.config.subcommands import (
     export_extra,
     screen_extra,
     sweep_extra,
+    train_extra,
 )
 from normlab.errors import USER_ERRORS, without_unsafe_advice
 from normlab.layout.presets import presets_table
@@ -59,9 +60,9 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from normlab.train.train_command import train_command
+    from normlab.train.train_command import train_command, user_hooks
 
-    return train_command(train_config(args), settings_keys(args))
+    return train_command(train_config(args), settings_keys(args), user_hooks(args.hook, args.config))
 
 
 def _plan(args: argparse.Namespace) -> str:
@@ -197,7 +198,7 @@ _COMMANDS = (
         set_help="a model or layout setting as train takes it: model.n_layers=12, model.mlp=relu, layout.h=0.5",
     ),
     Command("demo", _demo, c.DemoConfig),
-    Command("train", _train, extra=add_run_settings),
+    Command("train", _train, extra=train_extra),
     Command("plan", _plan, extra=add_run_settings),
     Command("screen", _screen, c.ScreenConfig, extra=screen_extra),
     Command("report", _report),

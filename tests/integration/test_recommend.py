@@ -184,10 +184,10 @@ def test_absurd_shapes_and_counts_are_refused_at_once_with_the_budget_that_would
     """At once: refused from counted work, before anything is screened, trained or measured (the calls are
     counted, not timed)."""
     from normlab.experiments import runner
-    from normlab.recommend import cost, stages
+    from normlab.recommend import cost, stage_screen
 
     work: list[str] = []
-    monkeypatch.setattr(stages, "_screen", lambda *a, **k: work.append("screen"))
+    monkeypatch.setattr(stage_screen, "screen_candidates", lambda *a, **k: work.append("screen"))
     monkeypatch.setattr(runner, "run_sweep", lambda *a, **k: work.append("sweep"))
     monkeypatch.setattr(cost, "measure", lambda *a, **k: work.append("calibration"))
     deep, wide = tmp_path / "deep.toml", tmp_path / "wide.toml"

@@ -302,7 +302,7 @@ def test_a_job_ended_by_the_scheduler_is_submitted_again_or_failed_in_one_line(t
     naming who cancelled it."""
     from types import SimpleNamespace
 
-    from normlab.experiments.cluster import _ended
+    from normlab.experiments.cluster import SweepJobs, _ended
     from normlab.experiments.runner import prepare
 
     sweep = SweepConfig(name="t", base={"size": "nano", "steps": 2}, grid={"seed": [0, 1]})
@@ -313,13 +313,18 @@ def test_a_job_ended_by_the_scheduler_is_submitted_again_or_failed_in_one_line(t
     )
     store.set_job([a, b], ["7_0", "7_1"])
     store.mark_running(a, "7_0")
-    then = _ended(tmp_path / "sw", store, a, job, "TIMEOUT", "slurm", retry=True)
+    then = _ended(SweepJobs(tmp_path / "sw", store, "slurm"), a, job, "TIMEOUT", retry=True)
     assert then == (
-        "again",
+        "end:requeued",
         "job 7_0 ended TIMEOUT without requeueing itself; submitted again, from its newest checkpoint",
     )
     assert (store.row(a)["status"], store.row(a)["job"]) == ("pending", None)
-    assert _ended(tmp_path / "sw", store, a, job, "NODE_FAIL", "slurm", retry=False) is None  # no retry left
+    assert (
+        _ended(SweepJobs(tmp_path / "sw", store, "slurm"), a, job, "NODE_FAIL", retry=False)[0] == "end:ended preempted"
+    )  # no retry left
     assert store.row(a)["status"] == "failed" and store.row(a)["reason"].startswith("job 7_0 ended NODE_FAIL; see ")
-    assert _ended(tmp_path / "sw", store, b, job, "CANCELLED by 1000", "slurm", retry=True) is None
+    assert (
+        _ended(SweepJobs(tmp_path / "sw", store, "slurm"), b, job, "CANCELLED by 1000", retry=True)[0]
+        == "end:ended cancelled"
+    )
     assert store.row(b)["reason"] == "job 7_0 was cancelled by uid 1000; the next run of this sweep submits it again"

@@ -503,9 +503,11 @@ def test_final_checkpoint_without_optimizer_state_and_sweeps_keep_one(corpus, tm
     RunDir(cfg.run.out).summary_file.unlink()  # killed between the final checkpoint and the summary
     assert train(cfg)["status"] == "ok"
     runs = SweepConfig(name="s", base={"size": "nano"}, grid={"seed": [0]}).expand()
-    assert (runs[0].config.run.keep_last, runs[0].config.run.keep_optimizer) == (1, False)
-    kept = SweepConfig(name="s", base={"size": "nano", "keep_optimizer": True}, grid={"seed": [0]}).expand()
-    assert kept[0].config.run.keep_optimizer is True and kept[0].run_id == runs[0].run_id  # not part of the id
+    assert (runs[0].config.checkpointing.keep_last, runs[0].config.checkpointing.keep_optimizer) == (1, False)
+    kept = SweepConfig(
+        name="s", base={"size": "nano", "keep_optimizer": True}, grid={"seed": [0]}
+    ).expand()  # keep_optimizer: not part of the id
+    assert kept[0].config.checkpointing.keep_optimizer is True and kept[0].run_id == runs[0].run_id
 
 
 def test_device_decides_precision_and_compile_where_left_to_it(corpus, tmp_path):

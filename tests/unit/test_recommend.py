@@ -457,18 +457,18 @@ def test_default_candidates_the_model_cannot_take_are_left_out_and_given_ones_re
     from dataclasses import replace
 
     from normlab.config.commands import RECOMMEND_CANDIDATES, RecommendConfig
-    from normlab.recommend.stages import _candidates
+    from normlab.recommend.inputs import choose_candidates
 
     (tmp_path / "config.json").write_text(json.dumps(LLAMA))  # 8 query heads, 2 key/value heads
     user = read_user_model(str(tmp_path / "config.json"))
-    names, current, unfit = _candidates(RecommendConfig(), user)
+    names, current, unfit = choose_candidates(RecommendConfig(), user)
     assert current == "pre" and list(unfit) == ["ngpt"] and "n_kv_heads = n_heads" in unfit["ngpt"]
     # the presets, and first the changes to the user's Pre-LN (+ output norms: peri-noemb; + both: peri itself)
     assert names == ["pre", "peri-noemb"] + [n for n in RECOMMEND_CANDIDATES if n not in ("ngpt", "pre")]
     with pytest.raises(ConfigError, match=r"--candidates: ngpt cannot be built for your model \(ngpt is built for"):
-        _candidates(RecommendConfig(candidates=("peri", "ngpt")), user)
+        choose_candidates(RecommendConfig(candidates=("peri", "ngpt")), user)
     mha = replace(user, config=user.config.with_(n_kv_heads=8))
-    assert _candidates(RecommendConfig(candidates=("peri", "ngpt")), mha) == (["pre", "peri", "ngpt"], "pre", {})
+    assert choose_candidates(RecommendConfig(candidates=("peri", "ngpt")), mha) == (["pre", "peri", "ngpt"], "pre", {})
 
 
 # --- the ranking --------------------------------------------------------------------------------------
@@ -832,7 +832,7 @@ def test_the_current_placement_is_a_baseline_only_where_the_stress_round_left_it
 def test_stress_order_reads_the_stress_runs_only_and_ranks_later_divergence_higher():
     import pandas as pd
 
-    from normlab.recommend.stages import _stress_order
+    from normlab.recommend.stage_rounds import stress_order
 
     rows = [
         ("pre", 0.01, 0, "ok", 2.3, 150),
@@ -847,7 +847,7 @@ def test_stress_order_reads_the_stress_runs_only_and_ranks_later_divergence_high
     screen = {n: {"verdict": "stable"} for n in ("pre", "pre-lns", "post", "peri", "hybrid")}
     # ok by loss, then stalled, then diverged by how long they held (pre-lns to step 79, pre to 20), whatever
     # their last finite losses (2.9 against 3.4) and the final round's runs (pre at 0.01: 2.3)
-    assert _stress_order(runs, screen, list(screen), 0.1, 0) == ["peri", "hybrid", "post", "pre-lns", "pre"]
+    assert stress_order(runs, screen, list(screen), 0.1, 0) == ["peri", "hybrid", "post", "pre-lns", "pre"]
 
 
 def test_the_reason_names_what_put_the_winner_first_and_where_the_current_placement_stands():
@@ -1050,11 +1050,11 @@ def test_the_transfer_record_renders_what_is_there_and_says_not_yet_measured_whe
 
 @pytest.mark.parametrize("optimizer", ["adamw", "muon", "sgd"])
 def test_the_proxies_train_with_the_optimizer_asked_at_the_width_asked(optimizer):
+    from normlab.recommend.inputs import proxy_settings, proxy_sweep
     from normlab.recommend.shape import read_user_model
-    from normlab.recommend.stages import _base, _sweep
 
     user = read_user_model("kim-400m")
-    (spec,) = _sweep(_base(user, 2, "fp16", {}, optimizer, width=256), ["pre"], [0.1], [0]).expand()
+    (spec,) = proxy_sweep(proxy_settings(user, 2, "fp16", {}, optimizer, width=256), ["pre"], [0.1], [0]).expand()
     cfg = spec.train_config("unused")
     assert cfg.optim.optimizer == optimizer and cfg.model.model_config().d_model == 256
     assert cfg.model.model_config().n_heads == 256 // 16  # heads of 16, as the proxies'
@@ -1068,8 +1068,8 @@ def test_what_a_refusal_says_is_what_happened():
 
     import pandas as pd
 
+    from normlab.recommend.evidence_rows import seeds_that_ran
     from normlab.recommend.records import StageRecord
-    from normlab.recommend.stage_conclude import seeds_that_ran
     from normlab.recommend.stage_rounds import _why_none
 
     with pytest.raises(plan.BudgetTooSmall) as err:

@@ -233,7 +233,7 @@ def test_a_time_limit_over_the_partitions_maxtime_is_refused(fake_slurm, tmp_pat
     assert "timeout_min = 10 is over the partition's time limit (short's MaxTime is 5 min)" in line, line
     assert "give timeout_min <= 5" in line and not out.exists()
     # a limit within MaxTime, or a partition list with an unlimited one, passes
-    from normlab.experiments.cluster import preflight
+    from normlab.experiments.slurm_preflight import preflight
 
     preflight({"timeout_min": 5, "slurm_partition": "short"}, "t")
     preflight({"timeout_min": 10, "slurm_partition": "short,debug"}, "t")
@@ -321,7 +321,7 @@ class Planted:
 def test_a_planted_result_pickle_is_never_unpickled(store_with_jobs, tmp_path, state):
     """A job that left the queue with its run unfinished: the coordinator reads the store, summary.json, the lock
     and the job's text log, never submitit's result pickle (one planted there would run code as it loads)."""
-    from normlab.experiments.cluster import _ended
+    from normlab.experiments.cluster import SweepJobs, _ended
     from normlab.runs.files import SweepDir
 
     store, (a, _, _) = store_with_jobs
@@ -332,7 +332,7 @@ def test_a_planted_result_pickle_is_never_unpickled(store_with_jobs, tmp_path, s
     marker = tmp_path / "payload-ran"
     job.paths.result_pickle.write_bytes(pickle.dumps(("success", Planted(str(marker)))))
     job.paths.stderr.write_text("Traceback (most recent call last):\n  ...\nValueError: the data ran out\n")
-    assert _ended(root, store, a, job, state, "slurm", retry=True) is None
+    assert _ended(SweepJobs(root, store, "slurm"), a, job, state, retry=True)[0] == "end:ended failed"
     assert not marker.exists()  # the pickle was never loaded
     row = store.row(a)
     assert row["status"] == "failed" and "\n" not in row["reason"]
@@ -343,7 +343,7 @@ def test_a_used_up_timeout_budget_says_where_to_continue(store_with_jobs, tmp_pa
     """submitit saves the run at the last USR2 and does not requeue it ("timed-out too many times"): the row says
     in one line how many times, the step it saved at, and to run the command again (not a pointer to a traceback).
     A job that saved and then was not requeued for another reason is submitted again, from that step."""
-    from normlab.experiments.cluster import _ended
+    from normlab.experiments.cluster import SweepJobs, _ended
     from normlab.runs.files import SweepDir
 
     store, (a, b, _) = store_with_jobs
@@ -358,16 +358,16 @@ def test_a_used_up_timeout_budget_says_where_to_continue(store_with_jobs, tmp_pa
         "submitit INFO - Job not requeued because: timed-out too many times.\n"
         "submitit.core.utils.UncompletedJobError: Job not requeued because: timed-out too many times.\n"
     )
-    assert _ended(root, store, a, job, "FAILED", "slurm", retry=True, timeouts=3) is None
+    assert _ended(SweepJobs(root, store, "slurm", 3), a, job, "FAILED", retry=True)[0] == "end:ended timeout"
     assert store.row(a)["status"] == "failed"
     assert store.row(a)["reason"] == (
         "job 11_0 timed out 4 times (slurm_max_num_timeout = 3), saved at step 120; run the same command again to "
         "continue from step 120 (or raise timeout_min or slurm_max_num_timeout)"
     )
     other = submitit.SlurmJob(SweepDir(root).jobs_dir / "%j", "12")
-    then = _ended(root, store, b, other, "FAILED", "slurm", retry=True, timeouts=3)
+    then = _ended(SweepJobs(root, store, "slurm", 3), b, other, "FAILED", retry=True)
     assert then == (
-        "again",
+        "end:requeued",
         "job 12 saved the run at step 120 and ended FAILED without requeueing itself; submitted again",
     )
     assert (store.row(b)["status"], store.row(b)["job"]) == ("pending", None)
@@ -377,16 +377,16 @@ def test_the_coordinator_module_loads_no_pickle():
     """Neither the coordinator nor the submission code calls submitit's result readers or pickle's loaders."""
     import inspect
 
-    from normlab.experiments import cluster, submission
+    from normlab.experiments import cluster, slurm_preflight, slurm_states, submission
 
-    for module in (cluster, submission):
+    for module in (cluster, slurm_preflight, slurm_states, submission):
         text = inspect.getsource(module)
         for call in (".result(", ".results(", "pickle.load", "pickle_load", "cloudpickle.load"):
             assert call not in text, (module.__name__, call)
 
 
 def test_a_refusal_line_carries_no_raw_dump():
-    from normlab.experiments.cluster import _one_line
+    from normlab.experiments.slurm_preflight import _one_line
 
     text = "sbatch: error: QOSMaxSubmitJobPerUserLimit\nsbatch: error: Batch job submission failed: Job violates"
     assert _one_line(text) == "QOSMaxSubmitJobPerUserLimit; Batch job submission failed: Job violates"
@@ -428,7 +428,7 @@ def test_a_job_that_ended_without_recording_anything_is_reported_not_resubmitted
     """A job that crashed before it touched its row: FAILED with the error its log ends with, in one line naming the
     log; one that ended COMPLETED without a word about a holder is no "held by another process" either. Neither is
     submitted again (the same crash would follow). Only a job whose log says it found the run held is."""
-    from normlab.experiments.cluster import _ended
+    from normlab.experiments.cluster import SweepJobs, _ended
     from normlab.experiments.scheduler import HELD_LINE
     from normlab.runs.files import SweepDir
 
@@ -441,20 +441,22 @@ def test_a_job_that_ended_without_recording_anything_is_reported_not_resubmitted
         "Traceback (most recent call last):\n  ...\nImportError: libtorch_cpu.so: failed to map segment from shared "
         "object\n"
     )
-    assert _ended(root, store, a, jobs["11_0"], "FAILED", "slurm", retry=True) is None
+    assert _ended(SweepJobs(root, store, "slurm"), a, jobs["11_0"], "FAILED", retry=True)[0] == "end:ended failed"
     assert store.row(a)["status"] == "failed"
     assert store.row(a)["reason"] == (
         "job 11_0 ended FAILED: ImportError: libtorch_cpu.so: failed to map segment from shared object; "
         f"see {jobs['11_0'].paths.stderr}"
     )
-    assert _ended(root, store, b, jobs["12"], "COMPLETED", "slurm", retry=True) is None
+    assert _ended(SweepJobs(root, store, "slurm"), b, jobs["12"], "COMPLETED", retry=True)[0] == "end:ended failed"
     assert store.row(b)["status"] == "failed"
     said = f"job 12 ended COMPLETED without recording an outcome; see {jobs['12'].paths.stderr}"
     assert store.row(b)["reason"] == said
     jobs["13"].paths.stdout.parent.mkdir(parents=True)
     jobs["13"].paths.stdout.write_text(f"normlab: {c}: {HELD_LINE} (held by pid 7 on n1)\n")
-    then = _ended(root, store, c, jobs["13"], "COMPLETED", "slurm", retry=True)
-    assert then is not None and then[0] == "again" and "held by another process, which has ended since" in then[1]
+    then = _ended(SweepJobs(root, store, "slurm"), c, jobs["13"], "COMPLETED", retry=True)
+    assert (
+        then is not None and then[0] == "end:requeued" and "held by another process, which has ended since" in then[1]
+    )
     assert store.row(c)["status"] == "pending"
 
 
@@ -462,7 +464,7 @@ def test_a_cancelled_job_that_saved_is_not_submitted_again(store_with_jobs, tmp_
     """scancel by hand: the run saves on SIGTERM (its row pending, "saved at step 120"), the job ends CANCELLED.
     Cancelled means cancelled: the row says so, and where the next run of the sweep continues; nothing is
     submitted again now (a job that saved and ended FAILED without its requeue still is)."""
-    from normlab.experiments.cluster import _ended
+    from normlab.experiments.cluster import SweepJobs, _ended
     from normlab.runs.files import SweepDir
 
     store, (a, _, _) = store_with_jobs
@@ -470,7 +472,7 @@ def test_a_cancelled_job_that_saved_is_not_submitted_again(store_with_jobs, tmp_
     store.mark_running(a, "11_0")
     store.requeued(a, "saved at step 120 by 11_0, stopped by the scheduler", step=120)
     job = submitit.SlurmJob(SweepDir(root).jobs_dir / "%j", "11_0")
-    assert _ended(root, store, a, job, "CANCELLED by 0", "slurm", retry=True) is None
+    assert _ended(SweepJobs(root, store, "slurm"), a, job, "CANCELLED by 0", retry=True)[0] == "end:ended cancelled"
     row = store.row(a)
     assert row["status"] == "failed"
     assert row["reason"] == (
@@ -483,7 +485,7 @@ def test_another_users_job_is_never_this_sweeps(fake_slurm, store_with_jobs, tmp
     """squeue --me lists this user's jobs only: a live job the store or a lock names that is not among them is
     another user's (squeue -j ID -o %u says whose), and is neither watched, adopted nor cancelled, token or not."""
     from normlab.experiments import submission
-    from normlab.experiments.cluster import _ended, current_user, foreign
+    from normlab.experiments.cluster import SweepJobs, _ended, current_user, foreign
     from normlab.runs.files import SweepDir
     from normlab.runs.lock import holder_job
 
@@ -515,11 +517,11 @@ def test_another_users_job_is_never_this_sweeps(fake_slurm, store_with_jobs, tmp
     lock_file.write_text('{"host": "n1", "pid": 1, "start": null, "job": "12"}')
     assert holder_job(lock_file) == "12"
     job = submitit.SlurmJob(SweepDir(root).jobs_dir / "%j", "11_0")
-    assert _ended(root, store, a, job, "FAILED", "slurm", retry=True, token=None) is None
+    assert _ended(SweepJobs(root, store, "slurm", 3, None), a, job, "FAILED", retry=True)[0] == "end:ended failed"
     assert store.row(a)["status"] == "failed"
     (fake_slurm / "queue").write_text(f"12|RUNNING|None|normlab-sweep:{TOKEN}\n")  # the same job, this user's
     store.mark_running(a, "11_0")
-    assert _ended(root, store, a, job, "FAILED", "slurm", retry=True, token=TOKEN) == ("adopt", "12")
+    assert _ended(SweepJobs(root, store, "slurm", 3, TOKEN), a, job, "FAILED", retry=True) == ("adopt", "12")
 
 
 QOS_REFUSAL = (
@@ -531,7 +533,7 @@ QOS_REFUSAL = (
 def test_a_per_job_qos_limit_is_refused_up_front_not_waited_out(fake_slurm, tmp_path, capsys, monkeypatch):
     """A QOS's MaxWall with DenyOnLimit: sbatch --test-only refuses it with a line that says "limit", as a MaxSubmit
     refusal does; only the latter passes by waiting. Refused in one line, exit 2, nothing written or submitted."""
-    from normlab.experiments.cluster import _passes
+    from normlab.experiments.slurm_preflight import _passes
 
     monkeypatch.setenv("FAKE_TEST_ONLY", QOS_REFUSAL)
     out = tmp_path / "out"
@@ -576,14 +578,14 @@ def test_a_time_in_additional_parameters_is_checked_against_maxtime(fake_slurm, 
         assert main(["sweep", str(sweep_file(tmp_path, table)), "--out", str(out)]) == 2
         assert said in one_line(capsys)
         assert not out.exists()
-    from normlab.experiments.cluster import preflight
+    from normlab.experiments.slurm_preflight import preflight
 
     preflight({"slurm_partition": "short", "slurm_additional_parameters": {"time": "4:00"}}, "t")  # 4 min: fits
 
 
 def test_sbatchs_own_complaint_is_kept_in_the_one_line(fake_slurm, tmp_path, capsys, monkeypatch):
     """sbatch's `unrecognized option` line has no "error:" in it; its "Try sbatch --help" hint is left out."""
-    from normlab.experiments.cluster import _one_line
+    from normlab.experiments.slurm_preflight import _one_line
 
     said = "sbatch: unrecognized option '--no_such_flag=x'\nTry \"sbatch --help\" for more information"
     assert _one_line(said) == "unrecognized option '--no_such_flag=x'"

@@ -1,4 +1,4 @@
-"""OLMo-core's spike score (normlab.diagnostics.stats.spike_score), against its rule worked by hand."""
+"""OLMo-core's spike score (normlab.diagnostics.stability.spike_score), against its rule worked by hand."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from normlab.diagnostics.stats import spike_score
+from normlab.diagnostics.stability import spike_score
 
 
 def test_a_jump_past_six_sigma_counts_once_the_window_is_full():

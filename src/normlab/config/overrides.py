@@ -35,8 +35,18 @@ def add_set(parser: argparse.ArgumentParser, help_text: str, metavar: str = "KEY
     parser.add_argument("--set", action="append", metavar=metavar, default=argparse.SUPPRESS, help=help_text)
 
 
-def add_run_settings(parser: argparse.ArgumentParser) -> None:
-    """A run's whole override list (train, plan): --config FILE, --set, --model and one flag per run setting."""
+def add_run_settings(parser: argparse.ArgumentParser, hooks: bool = False) -> None:
+    """A run's whole override list (train, plan): --config FILE, --set, --model and one flag per run setting;
+    with ``hooks`` (train), --hook module:Class, a step hook of the user's (`normlab.train.hook_registry`)."""
+    if hooks:
+        parser.add_argument(
+            "--hook",
+            action="append",
+            default=[],
+            metavar="MODULE:CLASS",
+            help="a step hook you wrote (a normlab.diagnostics.hooks.StepHook subclass in an importable module), "
+            "its settings from the [hook.CLASS] table of --config (repeatable)",
+        )
     parser.add_argument(
         "--config",
         help="a TOML file of settings (key = value; [model] table for model options); flags and --set override it",

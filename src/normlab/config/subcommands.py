@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from normlab.config.overrides import add_set, add_shortcuts
+from normlab.config.overrides import add_run_settings, add_set, add_shortcuts
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,10 @@ class Command:
     shortcuts: tuple[str, ...] = ()
     set_help: str | None = None
     extra: Callable[[argparse.ArgumentParser], None] | None = None
+
+
+def train_extra(s: argparse.ArgumentParser) -> None:
+    add_run_settings(s, hooks=True)  # and --hook module:Class
 
 
 def screen_extra(s: argparse.ArgumentParser) -> None:

@@ -1,6 +1,6 @@
 """The run configuration: one typed declaration behind train, sweep, compare, resume and the screen.
 
-`TrainConfig` is four frozen sections, each leaf a typed field whose metadata holds its doc, its
+`TrainConfig` is frozen sections, each leaf a typed field whose metadata holds its doc, its
 valid values and whether it is part of the run's *identity* (what the run computes or reports as
 its result; the rest says where and how it runs and reports):
 
@@ -8,7 +8,9 @@ its result; the rest says where and how it runs and reports):
     ├── model: ModelSettings   layout (a Layout), size, options (ModelConfig overrides), init_from
     ├── data:  DataSettings    corpus, tokenizer, task, seq_len, batch_size, grad_accum, ...
     ├── optim: OptimSettings   optimizer (AdamW, SGD, Muon), lr schedule, betas, clipping, QK-clip, z-loss, steps, seed
-    └── run:   RunSettings     precision, divergence rules, probes, evaluation, checkpoints, output
+    ├── run:   RunSettings     precision, device, evaluation, output, resume
+    └── probes, tier, divergence, checkpointing, loggers, warnings, faults: the built-in hooks' sections
+                               (normlab.config.hooks)
 
 Every setting is addressed by one key, the same everywhere (`train --set`, flags, TOML, `sweep
 --grid/--set`, `compare --set`, the screen):
@@ -39,6 +41,18 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from normlab.config.hooks import (
+    HOOK_SECTIONS,
+    MOVED,
+    RUN_ORDER,
+    CheckpointSettings,
+    DivergenceSettings,
+    FaultSettings,
+    LoggerSettings,
+    ProbeSettings,
+    TierSettings,
+    WarningSettings,
+)
 from normlab.config.optimizers import OPTIMIZER_NAMES
 from normlab.errors import ConfigError, LayoutError
 from normlab.layout import Layout, parse_layout
@@ -67,10 +81,6 @@ SEED_LIMIT = 2**32  # numpy's generators take seeds below 2^32
 
 def _seed(v: Any) -> str | None:
     return None if 0 <= v < SEED_LIMIT else f"must lie in [0, 2^32) (numpy's generators), got {v}"
-
-
-def _spike_window(v: int) -> str | None:
-    return None if v >= 20 else f"must be >= 20 (the skip rule needs max(20, window/2) values in its window), got {v}"
 
 
 def _wd_exclude(v: str) -> str | None:
@@ -237,6 +247,8 @@ class OptimSettings:
 
 @dataclass(frozen=True)
 class RunSettings:
+    """Where and how a run computes and what it records besides its hooks' own sections (normlab.config.hooks)."""
+
     precision: Literal["auto", "fp32", "bf16", "fp16"] = setting(
         "auto",
         "the dtype the products compute in (autocast; fp16 uses dynamic loss scaling); auto: bf16 on a "
@@ -276,119 +288,24 @@ class RunSettings:
     loss_scale_init: float = setting(
         65536.0, "fp16: the loss scaler's initial scale (torch's default, 2^16)", check=positive
     )
-    max_overflow_streak: int = setting(
-        20,
-        "fp16: diverged after this many consecutive steps whose gradients overflowed (each halves the loss scale)",
-        check=positive,
-    )
-    min_loss_scale: float = setting(
-        1.0,
-        "fp16: diverged once the loss scale falls below this (the gradients overflow FP16 even unscaled)",
-        check=positive,
-    )
-    on_nonfinite: Literal["stop", "skip"] = setting(
-        "stop", "a NaN/Inf loss or gradient: stop (diverged) or skip the step", choices=("stop", "skip")
-    )
-    max_skipped: float = setting(
-        0.1,
-        "with on_nonfinite=skip: diverged once more than this fraction of the steps so far (after 10) were skipped",
-        check=open_unit,
-    )
-    on_spike: Literal["count", "skip"] = setting(
-        "count",
-        "a loss or gradient-norm spike (OLMo-core's skip rule: more than spike_sigmas sample std from the "
-        "mean of the previous spike_window steps): count it, or skip the step (rerun on the pre-step weights, "
-        "attributed, its batch saved; bounded by max_skipped with the non-finite skips)",
-        choices=("count", "skip"),
-    )
-    spike_window: int = setting(
-        128, "steps in the spike rule's window (it applies once max(20, window/2) are known)", check=_spike_window
-    )
-    spike_sigmas: float = setting(6.0, "standard deviations from the window's mean that make a spike", check=positive)
-    layer_stats: bool = setting(
-        True,
-        "the per-step tier: per layer, the stream's largest |x|, gradient norm, update "
-        "RMS and update/weight ratio, the largest attention logit per head (layers.jsonl; "
-        "docs/diagnostics.md)",
-        identity=False,
-    )
-    layer_stats_every: int = setting(
-        1,
-        "the per-step tier's interval: its row every N steps (1: every step); the steps between skip its work, and "
-        "its per-layer spike rule and summary maxima see every Nth step only. On an H100 at gpu-126m, eager, the "
-        "tier added 15-25% to a step (docs/benchmarks.md)",
-        identity=False,
-        check=positive,
-    )
-    early_warnings: bool = setting(
-        True,
-        "alert while training when a signal predicts trouble (stream or attention-logit growth toward the "
-        "precision's limit, gradient-norm, loss and update/weight spikes, the spike score): a line on stderr, "
-        "warnings.jsonl, TensorBoard/W&B events (normlab.diagnostics.early_warning)",
-        identity=False,
-    )
-    fault: Literal["none", "lr_jump", "corrupt_batch", "logit_growth"] = setting(
-        "none",
-        "a fault injected from step fault_step, for the early-warning study (normlab.train.faults): lr_jump (the "
-        "learning rate x fault_scale from then on), corrupt_batch (fault_scale steps of batches of one repeated "
-        "token), logit_growth (W_q and W_k x sqrt(fault_scale) after every step: the logits grow x fault_scale a "
-        "step)",
-        choices=("none", "lr_jump", "corrupt_batch", "logit_growth"),
-    )
-    fault_step: int = setting(0, "the step the fault starts at", check=nonneg)
-    fault_scale: float = setting(10.0, "the fault's size (see fault)", check=positive)
-    diverge_patience: int = setting(
-        50, "diverged if the loss stays above its initial value this many steps (0: off)", check=nonneg
-    )
-    diverge_final_loss: float | None = setting(None, "diverged if the final loss ends above this", check=positive)
-    stall_margin: float = setting(
-        0.05,
-        "stalled if the final loss ends within this fraction of the corpus's unigram "
-        "loss (or above it) and improved by less than a fifth of that over the last "
-        "quarter of the run (0: off); see normlab.train.divergence",
-        identity=False,
-        check=nonneg,
-    )
-    probe_every: int = setting(
-        100,
-        "probe pass every N steps, at step 0 and at the end (0: off); see docs/diagnostics.md",
-        identity=False,
-        check=nonneg,
-    )
-    probe_batch: int = setting(
-        8, "sequences in the fixed probe batch (the first validation windows)", identity=False, check=positive
-    )
     eval_every: int = setting(
         100, "validation every N steps and at the end (0: only at the end)", identity=False, check=nonneg
     )
     eval_batches: int = setting(8, "validation batches (of batch_size windows) per evaluation", check=positive)
     out: str = setting("runs/run", "the run directory", identity=False)
-    ckpt_every: int = setting(
-        0,
-        "checkpoint every N steps (0: every 10% of the run, 10 to 100 steps apart, stretched where a save "
-        "takes a second or more so saving costs at most 5% of the training time); a checkpoint always ends the run",
-        identity=False,
-        check=nonneg,
-    )
-    keep_last: int = setting(2, "checkpoints kept", identity=False, check=positive)
-    keep_optimizer: bool = setting(
-        True,
-        "the run's final checkpoint keeps the optimizer state (to train it further "
-        "with --init-from or a longer schedule); off: the model only, a third of the "
-        "size with AdamW (sweeps default to off)",
-        identity=False,
-    )
     resume: bool = setting(True, "continue from the newest checkpoint in `out` if one exists", identity=False)
-    progress: bool = setting(True, "progress bar", identity=False)
-    tensorboard: bool = setting(False, "needs the tensorboard extra", identity=False)
-    wandb: bool = setting(False, "needs the wandb extra; WANDB_MODE=offline works without a network", identity=False)
 
 
-SECTIONS: dict[str, type] = {"model": ModelSettings, "data": DataSettings, "optim": OptimSettings, "run": RunSettings}
+STORED: dict[str, type] = {"model": ModelSettings, "data": DataSettings, "optim": OptimSettings, "run": RunSettings}
+SECTIONS: dict[str, type] = {**STORED, **HOOK_SECTIONS}  # the hooks' sections: normlab.config.hooks
 
 
 def _leaves() -> dict[str, Leaf]:
-    return {name: leaf for sec, cls in SECTIONS.items() for name, leaf in leaves(cls, sec).items()}
+    """Every leaf by name: the model's, data's and optimizer's, then the run's in the stored form's order (the
+    hooks' sections' leaves among them, where the run section held them), which flags and run ids follow."""
+    every = {name: leaf for sec, cls in SECTIONS.items() for name, leaf in leaves(cls, sec).items()}
+    head = {k: v for k, v in every.items() if v.section in ("model", "data", "optim")}
+    return {**head, **{name: every[name] for name in RUN_ORDER}}
 
 
 LEAVES: dict[str, Leaf] = _leaves()
@@ -429,6 +346,8 @@ def resolve_key(key: str) -> tuple[str, str]:
             return "model", rest
         if head in SECTIONS and rest in LEAVES and LEAVES[rest].section == head and rest != "options":
             return "leaf", rest
+        if head == "run" and rest in MOVED:  # its key before the hooks had their own sections
+            return "leaf", rest
         raise ConfigError(f"unknown setting {key!r}; " + _suggest(key))
     if key in LEAVES and key != "options":
         return "leaf", key
@@ -450,6 +369,8 @@ def flatten_settings(data: Mapping[str, Any], source: str = "settings") -> dict[
         raise ConfigError(f"{source}: expected a table of settings, got {type(data).__name__}")
     out: dict[str, Any] = {}
     for key, value in data.items():
+        if key == "hook":  # a user hook's own settings ([hook.Class]: normlab train --hook), not the run's
+            continue
         if isinstance(value, Mapping):
             if key not in SECTIONS and key != "layout":
                 raise ConfigError(
@@ -470,12 +391,19 @@ def flatten_settings(data: Mapping[str, Any], source: str = "settings") -> dict[
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Every setting of a run, in four typed sections; build it with `TrainConfig.of(...)`."""
+    """Every setting of a run, in typed sections; build it with `TrainConfig.of(...)`."""
 
     model: ModelSettings = field(default_factory=ModelSettings)
     data: DataSettings = field(default_factory=DataSettings)
     optim: OptimSettings = field(default_factory=OptimSettings)
     run: RunSettings = field(default_factory=RunSettings)
+    probes: ProbeSettings = field(default_factory=ProbeSettings)
+    tier: TierSettings = field(default_factory=TierSettings)
+    divergence: DivergenceSettings = field(default_factory=DivergenceSettings)
+    checkpointing: CheckpointSettings = field(default_factory=CheckpointSettings)
+    loggers: LoggerSettings = field(default_factory=LoggerSettings)
+    warnings: WarningSettings = field(default_factory=WarningSettings)
+    faults: FaultSettings = field(default_factory=FaultSettings)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -514,8 +442,12 @@ class TrainConfig:
                     options={k: _model_option(f"model.{k}", k, v) for k, v in options.items()},
                 )
             }
-            for name in ("data", "optim", "run"):
+            for name in ("data", "optim"):
                 sections[name] = build(SECTIONS[name], data[name], name)
+            run = dict(data["run"])  # the hooks' settings are read from the run table, where the stored form keeps them
+            for name, section in HOOK_SECTIONS.items():
+                sections[name] = build(section, {k: run.pop(k) for k in list(run) if MOVED.get(k) == name}, "run")
+            sections["run"] = build(RunSettings, run, "run")
             return cls(**sections)
         except (ConfigError, LayoutError) as err:
             raise ConfigError(f"{prefix}{err}") from None
@@ -618,15 +550,16 @@ class TrainConfig:
         """ckpt_every, or (0) every 10% of the run, at least 10 and at most 100 steps apart: a killed run
         loses a bounded amount of work (and one killed before its first checkpoint restarts cleanly). The base
         interval: with ckpt_every 0, `normlab.train.ckpt_schedule` stretches it where saves are expensive."""
-        return self.run.ckpt_every or min(100, max(10, self.optim.steps // 10))
+        return self.checkpointing.ckpt_every or min(100, max(10, self.optim.steps // 10))
 
     def to_dict(self) -> dict[str, Any]:
         """The stored form (config.json, checkpoints, sweep.db): one JSON object per section, every leaf by
         its name; the model section holds the layout's label, the size preset and the option overrides."""
         out: dict[str, Any] = {"model": self.model.to_dict()}
-        for name in ("data", "optim", "run"):
+        for name in ("data", "optim"):
             section = getattr(self, name)
             out[name] = {k: getattr(section, k) for k in leaves(SECTIONS[name])}
+        out["run"] = {k: getattr(getattr(self, MOVED.get(k, "run")), k) for k in RUN_ORDER}
         return out
 
     def to_flat(self) -> dict[str, Any]:
@@ -674,8 +607,8 @@ class TrainConfig:
 
 
 def is_nested(data: Mapping[str, Any]) -> bool:
-    """The stored form of `TrainConfig.to_dict`: exactly the four sections, each a table."""
-    return set(data) == set(SECTIONS) and all(isinstance(v, Mapping) for v in data.values())
+    """The stored form of `TrainConfig.to_dict`: exactly the four stored sections, each a table."""
+    return set(data) == set(STORED) and all(isinstance(v, Mapping) for v in data.values())
 
 
 def migrate(data: Mapping[str, Any], source: str = "config") -> dict[str, Any]:

@@ -16,7 +16,7 @@ The signals (`DETECTORS`):
   resolves to about a nat (bf16 256, fp16 2,048: `normlab.recommend.signals`; fp32 runs
   are judged at bf16's, where attention is computed at scale).
 - ``grad-norm spike``, ``loss spike``: OLMo-core's spike rule (a value above the mean + 6 std of the
-  previous values of the series, `normlab.diagnostics.stats._is_spike`) over a window of `SPIKE_WINDOW`
+  previous values of the series, `normlab.diagnostics.stability.SpikeScoreRule`) over a window of `SPIKE_WINDOW`
   steps (OLMo-core's 128 is longer than a proxy run's healthy stretch).
 - ``update/weight spike``: the same rule on the largest per-layer update/weight ratio (marin's observation:
   update-norm spikes come before loss spikes).
@@ -45,7 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from normlab.diagnostics.hooks import StepHook
-from normlab.diagnostics.stats import OVERFLOW_HEADROOM, PRECISION_LIMITS, _is_spike, log_growth
+from normlab.diagnostics.stability import SpikeScoreRule
+from normlab.diagnostics.stats import OVERFLOW_HEADROOM, PRECISION_LIMITS, log_growth
 from normlab.errors import ConfigError
 
 WINDOW = 20  # tier rows in a growth fit
@@ -163,7 +164,7 @@ class _Spike:
         self.hit = False
         if v is None or not math.isfinite(v):
             return None
-        self.hit = _is_spike(v, self.history, SPIKE_WINDOW, SPIKE_SIGMAS)
+        self.hit = SpikeScoreRule(SPIKE_WINDOW, SPIKE_SIGMAS).spikes(v, self.history)
         self.history.append(v)
         if len(self.history) > SPIKE_WINDOW:
             self.history.pop(0)

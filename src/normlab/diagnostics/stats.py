@@ -162,54 +162,6 @@ def massive_activations(tensors: list[torch.Tensor], k: int = 100) -> dict[str, 
     }
 
 
-SPIKE_SCORE_WINDOW = 128  # OLMo-core's StabilityMonitorCallback defaults: window_size, threshold_std
-SPIKE_SCORE_SIGMAS = 6.0
-
-
-def _is_spike(value: float, history: list[float], window: int, sigmas: float) -> bool:
-    """OLMo-core's `_is_spike`: ``value`` above mean + sigmas x std (population std) of the last ``window``
-    values, once the window is full; no spike while the window is flat (std below 1e-10)."""
-    if len(history) < window:
-        return False
-    mean = sum(history) / len(history)
-    std = math.sqrt(sum((x - mean) ** 2 for x in history) / len(history))
-    return std >= 1e-10 and value > mean + sigmas * std
-
-
-def spike_score(
-    losses: Sequence[float | None],
-    grad_norms: Sequence[float | None],
-    window: int = SPIKE_SCORE_WINDOW,
-    sigmas: float = SPIKE_SCORE_SIGMAS,
-) -> dict[str, float | int | None]:
-    """OLMo-core's spike score (StabilityMonitorCallback, "spike/SpikeScore (total)"): the share of a run's steps
-    whose training loss or gradient norm exceeds the mean of the previous ``window`` (128) values of the same
-    series by more than ``sigmas`` (6) standard deviations; a series is checked only once its window is full, and
-    the score is defined once ``window`` steps were seen (None before: a run shorter than its window).
-    Non-finite values are not spikes here (the divergence rules count them) and do not enter the windows.
-    ``losses`` and ``grad_norms`` are per step, aligned (a missing value: NaN or None)."""
-    loss_hist: list[float] = []
-    grad_hist: list[float] = []
-    spikes = steps = 0
-    for loss, grad in zip(losses, grad_norms):
-        hit = False
-        for value, hist in ((loss, loss_hist), (grad, grad_hist)):
-            if value is None or not math.isfinite(value):
-                continue
-            hit |= _is_spike(value, hist, window, sigmas)
-            hist.append(value)
-            if len(hist) > window:
-                hist.pop(0)
-        steps += 1
-        spikes += hit
-    return {
-        "spike_score": spikes / steps if steps >= window else None,
-        "spike_steps": spikes,
-        "spike_score_steps": steps,
-        "spike_score_window": window,
-    }
-
-
 def abs_max(x: torch.Tensor) -> torch.Tensor:
     """max |x| in float32, one pass over x (``x.abs().amax()`` writes |x| first): on CUDA the inf-norm (one
     kernel); on the CPU ``aminmax`` and max(max, -min), as the CPU's inf-norm kernel is about 50 times slower

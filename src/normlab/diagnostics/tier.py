@@ -82,8 +82,8 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from normlab.diagnostics.shards import is_sharded, local
+from normlab.diagnostics.stability import SpikeRule
 from normlab.diagnostics.stats import abs_max
-from normlab.diagnostics.training_monitor import SpikeRule
 
 QUERIES = 8  # query positions per sequence whose logits are computed exactly
 SEQUENCES = 8  # sequences per micro-batch whose queries are sampled (module docstring)

@@ -93,11 +93,9 @@ import math
 import warnings
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO, TypedDict, Unpack, cast
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -121,36 +119,13 @@ from normlab.diagnostics.foreign_model import (
 from normlab.diagnostics.hooks import StepHook, StepHooks
 from normlab.diagnostics.probe_store import ProbeRow, ProbeWriter
 from normlab.diagnostics.shards import moments, reshard
-from normlab.diagnostics.stats import spike_score
+from normlab.diagnostics.stability import SpikeRule, spike_score
 from normlab.diagnostics.stream_maxima import StreamMaxima
 from normlab.errors import ConfigError
 from normlab.io import atomic_write_bytes, own_folder, truncate_jsonl
 from normlab.runs.files import RunDir
 
-
-@dataclass(frozen=True)
-class SpikeRule:
-    """A loss spike as OLMo's trainer flags it: loss > mean + ``sigmas`` * std of the previous ``window``
-    losses, once at least ``min_history`` of them are known."""
-
-    sigmas: float = 6.0
-    window: int = 128
-    min_history: int = 16
-
-    def __post_init__(self) -> None:
-        if not (self.sigmas > 0 and self.window >= 2 and 2 <= self.min_history <= self.window):
-            raise ValueError(f"a spike rule needs sigmas > 0 and 2 <= min_history <= window, got {self}")
-
-    def threshold(self, history: deque) -> float | None:
-        """The loss above which the next step is a spike, or None while the history is too short."""
-        if len(history) < self.min_history:
-            return None
-        return float(self.limits(np.fromiter(history, dtype=np.float64, count=len(history))))
-
-    def limits(self, windows: np.ndarray) -> np.ndarray:
-        """mean + sigmas * std over the last axis (population std, as OLMo): one window's threshold, or many
-        windows' at once (a row each)."""
-        return windows.mean(axis=-1) + self.sigmas * windows.std(axis=-1)
+DEFAULT_SPIKE = SpikeRule()  # frozen: one shared default
 
 
 def _check_arguments(model: Any, every: Any, probe_batch: Any, spike: Any, options: Mapping[str, Any]) -> None:
@@ -208,7 +183,7 @@ class TrainingMonitor:
         out: str | Path,
         every: int = 100,
         probe_batch: dict[str, Any] | None = None,
-        spike: SpikeRule | None = SpikeRule(),
+        spike: SpikeRule | None = DEFAULT_SPIKE,
         **options: Unpack[MonitorOptions],
     ) -> None:
         """``options`` (`MonitorOptions`): ``top_k`` (the top-k band, default 100), ``name`` (config.json's
@@ -595,7 +570,7 @@ class TrainingMonitor:
             "precision": self.warnings.precision,
             "final_loss": self.last_loss,
             "spikes": len(self.spikes),
-            # OLMo-core's spike score over the steps recorded (normlab.diagnostics.stats.spike_score)
+            # OLMo-core's spike score over the steps recorded (normlab.diagnostics.stability.spike_score)
             **spike_score([r.get("loss") for r in metric_rows], [r.get("grad_norm") for r in metric_rows]),
             **hooks_summary,
             "source": "normlab.diagnostics.monitor",

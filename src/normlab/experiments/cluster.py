@@ -62,65 +62,35 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from normlab.errors import ConfigError
 from normlab.experiments import submission
 from normlab.experiments.scheduler import (
-    HELD_LINE,
     ask_scheduler,
     never_passes,
     never_starts,
-    signal_delay,
-    time_limit,
     time_over_partition,
 )
+from normlab.experiments.slurm_preflight import _executor, _one_line, _passes
+from normlab.experiments.slurm_states import ENDED, WAITING, JobEnd, Phase, decide, saved_step
 from normlab.runs.files import SweepDir
 from normlab.runs.lock import holder_job, job_alive
 from normlab.runs.outcome import FINISHED, describe
 from normlab.runs.store import SweepStore, open_store
 
-LIVE = (
-    "PENDING",
-    "RUNNING",
-    "REQUEUED",
-    "REQUEUE_HOLD",
-    "REQUEUE_FED",
-    "CONFIGURING",
-    "COMPLETING",
-    "SUSPENDED",
-    "RESIZING",
-    "SIGNALING",
-    "STAGE_OUT",
-    "STOPPED",
-    "RESV_DEL_HOLD",
-)
-# sbatch's words for a refusal that passes: a limit on how many jobs may wait, or a controller too busy to answer
-TRANSIENT = (
-    "MaxSubmit",
-    "limit",
-    "QOSMax",
-    "AssocMax",
-    "temporarily",
-    "try again",
-    "timed out",
-    "Unable to contact",
-    "Socket timed out",
-    "busy",
-)
-# how a job ends that the coordinator submits again itself (the run continues from its newest checkpoint): a time
-# limit that came without the USR2 warning (a limit shortened with scontrol, a signal delay longer than the limit),
-# a node that failed or did not boot, a preemption that cancelled instead of requeueing
-RESUBMIT = ("TIMEOUT", "NODE_FAIL", "BOOT_FAIL", "PREEMPTED")
+# squeue's and sacct's words for a job that has not ended
+# fmt: off
+LIVE = ("PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "COMPLETING", "SUSPENDED",
+        "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD")
+# fmt: on
 POLL_S = float(os.environ.get("NORMLAB_SLURM_POLL_S", "10"))  # seconds between scheduler queries (one sacct call)
 UNKNOWN_GRACE_S = 120.0  # a job neither sacct nor squeue knows for this long has ended
 
@@ -131,88 +101,6 @@ def __getattr__(name: str) -> Any:
 
         return RunJob
     raise AttributeError(name)
-
-
-def _executor(root: Path, kind: str, options: dict[str, Any], name: str) -> Any:
-    import submitit
-
-    folder = SweepDir(root).jobs_dir / "%j"
-    if kind == "slurm":
-        opts = dict(options)
-        ex: submitit.Executor = submitit.AutoExecutor(
-            folder=folder, cluster="slurm", slurm_max_num_timeout=int(opts.pop("slurm_max_num_timeout", 3))
-        )
-        opts.setdefault("name", f"normlab-{name}")
-        opts.setdefault("slurm_signal_delay_s", signal_delay(time_limit(opts)))
-        ex.update_parameters(**opts)
-    else:
-        ex = submitit.LocalExecutor(folder=folder)
-        ex.update_parameters(timeout_min=int(options.get("timeout_min", 60)))
-    return ex
-
-
-def _one_line(text: Any) -> str:
-    """A scheduler's message as one line: its error and failure lines and sbatch's own complaints (`sbatch:
-    unrecognized option '--x'`) joined ("sbatch: error: " dropped; sbatch's "Try sbatch --help" hint left out),
-    else its last line."""
-    lines = [x.strip() for x in str(text).splitlines() if x.strip()]
-    said = []
-    for line in lines:
-        if line.startswith("Try ") and "--help" in line:
-            continue
-        if "error:" in line:
-            said.append(line.split("error:", 1)[1].strip())
-        elif "error" in line.lower() or "fail" in line.lower():  # --test-only's "allocation failure: ..."
-            said.append(line)
-        elif re.match(r"^s(batch|run|queue|control): ", line):
-            said.append(line.split(": ", 1)[1].strip())
-    return ("; ".join(said) if said else (lines or ["no message"])[-1])[:400]
-
-
-def _passes(why: str) -> bool:
-    """Whether a refusal may pass by waiting (a limit on how many jobs may wait, a busy controller): never one that
-    names a limit on each job (`scheduler.never_passes`), however it words it ("job submit limit, user's size and/or
-    time limits")."""
-    return never_passes(why) is None and any(word.lower() in why.lower() for word in TRANSIENT)
-
-
-def preflight(options: dict[str, Any], name: str) -> None:
-    """Ask the scheduler, submitting nothing, whether a job of these [slurm] options could ever start: `sbatch
-    --test-only` with the job script submitit would write (a request none of the partition's nodes can meet: more
-    CPUs, memory or GPUs than a node has, a partition or account that does not exist), then the partitions'
-    MaxTime (a longer time limit SLURM accepts and never starts, when EnforcePartLimits is NO). A ConfigError in one
-    line, sbatch's own words in it, if not. Nothing is written: the script goes to a temporary folder. A scheduler
-    too busy to answer, or none here, is no refusal (the submission then speaks)."""
-    if not shutil.which("sbatch") or not shutil.which("srun"):
-        return
-    with tempfile.TemporaryDirectory(prefix="normlab-test-only-") as tmp:
-        try:
-            with contextlib.redirect_stderr(io.StringIO()):  # submitit's warnings: the line below says it all
-                inner = _executor(Path(tmp), "slurm", options, name)._executor
-                script = Path(tmp) / "job.sh"
-                script.write_text(inner._make_submission_file_text(inner._submitit_command_str, "test-only"))
-        except Exception as err:  # noqa: BLE001 - submitit refused an option check_options let through
-            raise ConfigError(f"submitit refused the [slurm] options: {_one_line(err)}") from None
-        try:
-            out = subprocess.run(
-                ["sbatch", "--test-only", str(script)], capture_output=True, text=True, timeout=60, check=False
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            return
-    if out.returncode != 0:
-        why = _one_line(out.stderr or out.stdout)
-        if not _passes(why):
-            meaning = never_passes(why)
-            raise ConfigError(
-                f"the scheduler can never run these jobs: {why}"
-                + (f" ({meaning.split(': ', 1)[1]})" if meaning else "")
-                + " (sbatch --test-only with the [slurm] options); fix "
-                "the [slurm] table (slurm_partition, cpus_per_task, mem_gb, gpus_per_node, ...) and run the same "
-                "command again"
-            )
-    over = time_over_partition(options)
-    if over:
-        raise ConfigError(over)
 
 
 class Watcher:
@@ -297,6 +185,58 @@ def scancel(job_ids: list[str]) -> None:
             subprocess.run(["scancel", *job_ids], capture_output=True, text=True, timeout=60, check=False)
 
 
+# (phase, event) -> the next phase: the whole graph
+TRANSITIONS: dict[tuple[Phase, str], Phase] = {
+    (Phase.PENDING, "submit"): Phase.SUBMITTED,
+    (Phase.REQUEUED, "submit"): Phase.SUBMITTED,
+    (Phase.PENDING, "watch"): Phase.SUBMITTED,  # a live job found for it (re-attaching): watched, not submitted
+    (Phase.REQUEUED, "watch"): Phase.SUBMITTED,
+    (Phase.SUBMITTED, "start"): Phase.RUNNING,
+    (Phase.SUBMITTED, "never starts"): Phase.PENDING,
+    (Phase.SUBMITTED, "cancelled before"): Phase.PENDING,
+    (Phase.RUNNING, "cancelled before"): Phase.PENDING,
+    (Phase.SUBMITTED, "adopt"): Phase.SUBMITTED,  # another job of the sweep trains it: that one is watched
+    (Phase.RUNNING, "adopt"): Phase.SUBMITTED,
+    **{(p, f"end:{e.value}"): e for p in (Phase.SUBMITTED, Phase.RUNNING) for e in ENDED},
+    **{(p, "end:requeued"): Phase.REQUEUED for p in (Phase.SUBMITTED, Phase.RUNNING)},
+}
+
+
+class Runs:
+    """Each run's phase, moved only along `TRANSITIONS`; `waiting` keeps the order runs are submitted in."""
+
+    def __init__(self, todo: list[str]) -> None:
+        self.phase = dict.fromkeys(todo, Phase.PENDING)
+        self.waiting: list[str] = list(todo)
+
+    def move(self, rid: str, event: str) -> Phase:
+        now = self.phase[rid]
+        nxt = TRANSITIONS.get((now, event))
+        if nxt is None:
+            raise RuntimeError(f"run {rid}: no move {event!r} from {now.value}")
+        self.phase[rid] = nxt
+        if nxt in WAITING and rid not in self.waiting:
+            self.waiting.append(rid)
+        elif nxt not in WAITING and rid in self.waiting:
+            self.waiting.remove(rid)
+        return nxt
+
+    def ended(self) -> int:
+        return sum(p in ENDED for p in self.phase.values())
+
+
+@dataclass(frozen=True)
+class SweepJobs:
+    """What reading a job's end needs: the sweep's folder and store, the executor's kind, slurm_max_num_timeout and
+    the token this sweep's jobs carry (None: unchecked)."""
+
+    root: Path
+    store: SweepStore
+    kind: str
+    timeouts: int = 3
+    token: str | None = None
+
+
 def run_cluster(
     root: Path,
     store: SweepStore,
@@ -307,189 +247,230 @@ def run_cluster(
     log: Callable[[str], object],
 ) -> None:
     """Run `todo` as scheduler jobs and watch them to the end (see the module docstring)."""
-    from normlab.experiments.job import RunJob as job_class
+    sweep = SweepJobs(root, store, kind, int(options.get("slurm_max_num_timeout", 3)))
+    Coordinator(sweep, todo, options, name, log).run()
 
-    ex = _executor(root, kind, options, name)
-    watch = Watcher(root, kind)
-    jobs: dict[str, Any] = {}  # run id -> the submitit job that holds it
-    cancelled_before: set[str] = set()  # runs whose job was cancelled before this coordinator: submitted again
-    token: str | None = None  # the token every job of this sweep carries (submission.py)
-    check: str | None = None  # the token jobs named by the store or a lock must carry to be watched
-    if kind == "slurm":
-        token, made = submission.sweep_token(store)
-        check = None if made else token  # a store just given its token: its jobs, if any, carry none
+
+class Coordinator:
+    """The loop of a SLURM (or submitit-local) sweep: each run's phase moved along `slurm_states.TRANSITIONS` as jobs
+    are submitted, start and end. Each pass: the jobs of an unfinished submission found, held arrays released, the
+    next batch submitted, the scheduler asked once, each ended job read (`_ended`)."""
+
+    def __init__(
+        self, sweep: SweepJobs, todo: list[str], options: dict[str, Any], name: str, log: Callable[[str], object]
+    ) -> None:
+        self.sweep, self.todo, self.options, self.log = sweep, todo, options, log
+        self.root, self.store, self.kind = sweep.root, sweep.store, sweep.kind
+        self.runs = Runs(todo)  # each run's phase, moved along TRANSITIONS
+        self.watch = Watcher(sweep.root, sweep.kind)
+        self.ex = _executor(sweep.root, sweep.kind, options, name)
+        self.jobs: dict[str, Any] = {}  # run id -> the submitit job that holds it
+        self.cancelled_before: set[str] = set()  # runs whose job was cancelled before this coordinator
+        self.to_release: dict[str, list[str]] = {}  # token -> its held jobs that scontrol did not release yet
+        self.retries: dict[str, int] = {}  # run id -> how many times a job of it ended TIMEOUT, ... and was resubmitted
+        self.token: str | None = None  # the token every job of this sweep carries (submission.py)
+        self.fatal: str | None = None
+        self.unsure = sweep.kind == "slurm"  # an announced submission's jobs may be live: found before submitting
+        self.chunk, self.wait, self.next_try, self.refusals = 1, 10.0, 0.0, 0
+
+    def run(self) -> None:
+        todo, total = self.todo, len(self.todo)
+        if self.kind == "slurm":
+            self.token, made = submission.sweep_token(self.store)
+            # a store just given its token: its jobs, if any, carry none
+            self.sweep = replace(self.sweep, token=None if made else self.token)
+            self._reattach(todo)
+        self.chunk = max(1, len(self.runs.waiting))
+        try:
+            while (self.runs.waiting and self.fatal is None) or self.jobs:
+                if self.unsure:  # a submission may have been accepted without its ids reaching the store
+                    self.unsure = not self._find_unreleased(todo)
+                for released in [t for t, ids in self.to_release.items() if submission.release(ids)]:
+                    submission.forget(self.store, [released])
+                    del self.to_release[released]
+                if self.runs.waiting and self.fatal is None and time.time() >= self.next_try and not self.unsure:
+                    self._submit(self.runs.waiting[: self.chunk])
+                self._poll(total)
+                if self.jobs or self.runs.waiting:
+                    time.sleep(POLL_S if self.kind == "slurm" else 0.5)
+        except KeyboardInterrupt:
+            _interrupted(self.root, self.store, self.jobs, self.kind, self.log)
+            raise
+        if self.fatal:
+            raise ConfigError(
+                f"{self.fatal}; {len(self.runs.waiting)} run(s) left pending: fix the [slurm] options and run the "
+                "same command again"
+            )
+
+    def _watch(self, rid: str, job: Any) -> None:
+        self.jobs[rid] = job
+        self.runs.move(rid, "watch")
+
+    def _reattach(self, todo: list[str]) -> None:
+        """A rerun: every unfinished row's job asked about; a live job of this sweep is watched, not submitted again;
+        so is a live job the run's lock names (submitted just before a kill, before its id was stored; or a
+        duplicate's twin: squeue must see it, a name left in the lock file by a job that died is no reason to wait)."""
+        store, check, log = self.store, self.sweep.token, self.log
         rows = {r["run_id"]: r for r in store.rows()}
-        held = {rid: watch.job(rows[rid]["job"]) for rid in todo if rows[rid].get("job")}
+        held = {rid: self.watch.job(rows[rid]["job"]) for rid in todo if rows[rid].get("job")}
         queue_now = submission.live_jobs()  # the jobs' comments: which of them carry this sweep's token
-        for rid, state in watch.states(held).items():
-            other = foreign(str(held[rid].job_id), queue_now, check)
+        for rid, state in self.watch.states(held).items():
+            jid = held[rid].job_id
+            other = foreign(str(jid), queue_now, check)
             if live(state) and other:
-                store.pending_again(rid, f"job {held[rid].job_id} is not a job of this sweep ({other}); not watched")
-                log(f"{rid}: job {held[rid].job_id} named by the store is not this sweep's ({other}); not watched")
+                store.pending_again(rid, f"job {jid} is not a job of this sweep ({other}); not watched")
+                log(f"{rid}: job {jid} named by the store is not this sweep's ({other}); not watched")
             elif live(state):
-                jobs[rid] = held[rid]
-                log(f"{rid}: job {held[rid].job_id} is {state.split()[0].lower()}; watching it (not submitted again)")
+                self._watch(rid, held[rid])
+                log(f"{rid}: job {jid} is {state.split()[0].lower()}; watching it (not submitted again)")
                 if "(ended CANCELLED" in state:  # scancel-ed before this run of the sweep, its run still saving
-                    cancelled_before.add(rid)
-        # a job the row does not name but the run's lock does (submitted just before a kill, before its id was
-        # stored; or a duplicate's twin): watched, not submitted again
-        # (squeue must see it: a name left in the lock file by a job that died is no reason to wait)
-        for rid in [rid for rid in todo if rid not in jobs]:
-            jid = holder_job(SweepDir(root).run(rid).lock_file)
+                    self.cancelled_before.add(rid)
+        for rid in [rid for rid in todo if rid not in self.jobs]:
+            jid = holder_job(SweepDir(self.root).run(rid).lock_file)
             if jid and jid != rows[rid].get("job") and job_alive(jid) and not foreign(jid, queue_now, check):
-                jobs[rid] = watch.job(jid)
+                self._watch(rid, self.watch.job(jid))
                 store.set_job([rid], [jid], submitted=False)
                 log(f"{rid}: job {jid} holds its lock and is alive; watching it (not submitted again)")
-    # jobs sent by a coordinator that died before it stored their ids or released them (submission.py): found first
-    unsure = kind == "slurm"
-    queue = [rid for rid in todo if rid not in jobs]
-    total, finished, chunk, wait, next_try, refusals = len(todo), 0, max(1, len(queue)), 10.0, 0.0, 0
-    to_release: dict[str, list[str]] = {}  # token -> its held jobs that scontrol did not release yet
-    # run id -> how many times a job of it ended TIMEOUT, NODE_FAIL, ... and was resubmitted
-    retries: dict[str, int] = {}
-    max_retries = int(options.get("slurm_max_num_timeout", 3))
-    fatal = None
-    try:
-        while (queue and fatal is None) or jobs:
-            if unsure:  # a submission may have been accepted without its ids reaching the store: its jobs first
-                unsure = not _find_unreleased(root, store, options, watch, jobs, todo, to_release, log)
-                queue = [rid for rid in queue if rid not in jobs]
-            for released in [t for t, ids in to_release.items() if submission.release(ids)]:
-                submission.forget(store, [released])
-                del to_release[released]
-            if queue and fatal is None and time.time() >= next_try and not unsure:
-                batch = queue[:chunk]
-                announced = None
-                if kind == "slurm":
-                    announced = submission.announce(store, batch)
-                    ex.update_parameters(**submission.parameters(options, announced, str(token)))
-                try:  # submitit prints a refusing sbatch's stderr as it raises: here it goes into one line instead
-                    with contextlib.redirect_stderr(io.StringIO()), ex.batch():
-                        submitted = [ex.submit(job_class(str(root), rid)) for rid in batch]
-                except Exception as err:  # noqa: BLE001 - sbatch refused: its message decides what follows
-                    for pickled in SweepDir(root).jobs_dir.glob("*.pkl"):  # submitit's, for the refused array only
-                        pickled.unlink(missing_ok=True)  # (a submitted job's moves to its own folder)
-                    why = _one_line(getattr(err, "stderr", None) or err)
-                    unsure = announced is not None  # sbatch may have timed out on jobs the controller accepted
-                    if not _passes(why):
-                        meaning = never_passes(why)
-                        fatal = f"the scheduler refused the jobs: {why}" + (
-                            f" ({meaning.split(': ', 1)[1]})" if meaning else ""
-                        )
-                        log(
-                            f"{fatal}; {len(queue)} run(s) not submitted"
-                            + (f"; watching the {len(jobs)} submitted job(s) to their end" if jobs else "")
-                        )
-                        continue
-                    if chunk > 1:
-                        chunk = max(1, chunk // 2)
-                        continue
-                    refusals += 1
-                    if not jobs and refusals > 6:
-                        fatal = f"the scheduler refused the jobs 7 times with none of this sweep's running: {why}"
-                        continue
-                    log(
-                        f"submission refused ({why}); {len(queue)} run(s) wait, retrying in {wait:.0f}s"
-                        + (f" while {len(jobs)} job(s) run" if jobs else "")
-                    )
-                    next_try, wait = time.time() + wait, min(wait * 2, 300.0)
-                    continue
-                ids = [str(job.job_id) for job in submitted]
-                if announced is not None:  # stored, then released (submission.py); a failed release is retried
-                    store.set_job(batch, ids)
-                    to_release[announced] = [ids[0].split("_")[0]]
-                    if submission.release(to_release[announced]):
-                        submission.forget(store, [announced])
-                        del to_release[announced]
-                for rid, job in zip(batch, submitted):
-                    jobs[rid] = job
-                    watch.seen.setdefault(str(job.job_id), time.time())
-                queue, wait, refusals = queue[len(batch) :], 10.0, 0
-                log(
-                    f"submitted {len(batch)} run(s) as "
-                    + (f"job array {ids[0].split('_')[0]}" if "_" in ids[0] else f"job(s) {', '.join(ids)}")
-                    + (f" ({len(queue)} to submit)" if queue else "")
-                )
-            states = watch.states(jobs)
-            if kind == "slurm" and any(state.startswith("PENDING") for state in states.values()):
-                stuck, runs = _never_starting(store, jobs, states, options)
-                if stuck:
-                    fatal = f"the scheduler accepted the jobs but can never start them: {stuck}"
-                    queue.extend(runs)
-                    log(f"{fatal}; cancelled them" + (f"; watching the other {len(jobs)} job(s)" if jobs else ""))
-            for rid, state in states.items():
-                if live(state) or rid not in jobs:
-                    continue
-                job = jobs.pop(rid)
-                next_try = 0.0  # a job of this sweep has left the queue: a refused submission may pass now
-                if rid in cancelled_before and store.row(rid)["status"] not in FINISHED:
-                    cancelled_before.discard(rid)  # "the next run of this sweep submits it again": this is that run
-                    store.pending_again(rid, f"job {job.job_id} was cancelled before this run of the sweep")
-                    queue.append(rid)
-                    log(f"{rid}: job {job.job_id} was cancelled before this run of the sweep; submitted again")
-                    continue
-                then = _ended(root, store, rid, job, state, kind, retries.get(rid, 0) < max_retries, max_retries, check)
-                if then and then[0] == "adopt":  # this job found the run trained by another job of it: watch that one
-                    jobs[rid] = watch.job(then[1])
-                    store.set_job([rid], [then[1]], submitted=False)
-                    log(f"{rid}: job {job.job_id} found it trained by job {then[1]}; watching that one")
-                    continue
-                if then and then[0] == "again":  # a time limit or a node's failure without a save: submitted again
-                    retries[rid] = retries.get(rid, 0) + 1
-                    queue.append(rid)
-                    log(f"{rid}: {then[1]} ({retries[rid]}/{max_retries})")
-                    continue
-                finished += 1
-                log(f"[{finished}/{total}] {rid}: {describe(store.row(rid))}")
-            if jobs or queue:
-                time.sleep(POLL_S if kind == "slurm" else 0.5)
-    except KeyboardInterrupt:
-        _interrupted(root, store, jobs, kind, log)
-        raise
-    if fatal:
-        raise ConfigError(
-            f"{fatal}; {len(queue)} run(s) left pending: fix the [slurm] options and run the same command again"
+
+    def _submit(self, batch: list[str]) -> None:
+        """One array of runs submitted (held, stored, released: submission.py), or the refusal handled."""
+        announced = None
+        if self.kind == "slurm":
+            announced = submission.announce(self.store, batch)
+            self.ex.update_parameters(**submission.parameters(self.options, announced, str(self.token)))
+        from normlab.experiments.job import RunJob as job_class
+
+        try:  # submitit prints a refusing sbatch's stderr as it raises: here it goes into one line instead
+            with contextlib.redirect_stderr(io.StringIO()), self.ex.batch():
+                submitted = [self.ex.submit(job_class(str(self.root), rid)) for rid in batch]
+        except Exception as err:  # noqa: BLE001 - sbatch refused: its message decides what follows
+            for pickled in SweepDir(self.root).jobs_dir.glob("*.pkl"):  # submitit's, for the refused array only
+                pickled.unlink(missing_ok=True)  # (a submitted job's moves to its own folder)
+            self.unsure = announced is not None  # sbatch may have timed out on jobs the controller accepted
+            self._refused(_one_line(getattr(err, "stderr", None) or err))
+            return
+        ids = [str(job.job_id) for job in submitted]
+        if announced is not None:  # stored, then released (submission.py); a failed release is retried
+            self.store.set_job(batch, ids)
+            self.to_release[announced] = [ids[0].split("_")[0]]
+            if submission.release(self.to_release[announced]):
+                submission.forget(self.store, [announced])
+                del self.to_release[announced]
+        for rid, job in zip(batch, submitted):
+            self.jobs[rid] = job
+            self.runs.move(rid, "submit")
+            self.watch.seen.setdefault(str(job.job_id), time.time())
+        self.wait, self.refusals = 10.0, 0
+        left = len(self.runs.waiting)
+        self.log(
+            f"submitted {len(batch)} run(s) as "
+            + (f"job array {ids[0].split('_')[0]}" if "_" in ids[0] else f"job(s) {', '.join(ids)}")
+            + (f" ({left} to submit)" if left else "")
         )
 
-
-def _find_unreleased(
-    root: Path,
-    store: SweepStore,
-    options: dict[str, Any],
-    watch: Watcher,
-    jobs: dict[str, Any],
-    todo: list[str],
-    to_release: dict[str, list[str]],
-    log: Callable[[str], object],
-) -> bool:
-    """The live jobs of submissions announced but not released (`normlab.experiments.submission`), found in squeue:
-    each run's job is stored in its row, handed its pickle if it has none, watched and queued for release; a pending
-    one whose run is done or has another live job is cancelled. False when squeue cannot answer (nothing may be
-    submitted until it does: those runs may have jobs)."""
-    found = submission.unreleased(store)
-    if found is None:
-        log("squeue did not answer about the jobs of an unfinished submission; asking again before submitting")
-        return False
-    extra = []
-    for rid, (token, jid, state, reason) in found.items():
-        if rid in todo and (rid not in jobs or str(jobs[rid].job_id) == jid):
-            if rid not in jobs:
-                jobs[rid] = watch.job(jid)
-                submission.hand_over(jobs[rid], root, rid, options)
-                store.set_job([rid], [jid])
-                log(f"{rid}: job {jid} is {state.lower()}, its id not stored yet; watching it (not submitted again)")
-            if reason == "JobHeldUser":
-                to_release.setdefault(token, []).append(jid)
-        elif state == "PENDING":
-            extra.append(jid)
+    def _refused(self, why: str) -> None:
+        """sbatch refused: a refusal that never passes stops submitting; one that passes is tried with half the
+        array, then after a growing wait (10 s to 5 min)."""
+        waiting, jobs = len(self.runs.waiting), len(self.jobs)
+        if not _passes(why):
+            meaning = never_passes(why)
+            self.fatal = f"the scheduler refused the jobs: {why}" + (
+                f" ({meaning.split(': ', 1)[1]})" if meaning else ""
+            )
+            self.log(
+                f"{self.fatal}; {waiting} run(s) not submitted"
+                + (f"; watching the {jobs} submitted job(s) to their end" if jobs else "")
+            )
+        elif self.chunk > 1:
+            self.chunk = max(1, self.chunk // 2)
+        elif not jobs and self.refusals >= 6:
+            self.refusals += 1
+            self.fatal = f"the scheduler refused the jobs 7 times with none of this sweep's running: {why}"
         else:
-            log(f"{rid}: job {jid} is {state.lower()} though the run has a result or another job; left to end")
-    if extra:
-        subprocess.run(["scancel", *extra], capture_output=True, check=False)
-        log(f"cancelled {len(extra)} pending job(s) of runs done or held by another job: {' '.join(extra)}")
-    # announcements with nothing left to release: their jobs are released, ended, or were never accepted
-    submission.forget(store, [t for t in store.get_meta(submission.KEY) or {} if t not in to_release])
-    return True
+            self.refusals += 1
+            self.log(
+                f"submission refused ({why}); {waiting} run(s) wait, retrying in {self.wait:.0f}s"
+                + (f" while {jobs} job(s) run" if jobs else "")
+            )
+            self.next_try, self.wait = time.time() + self.wait, min(self.wait * 2, 300.0)
+
+    def _poll(self, total: int) -> None:
+        """The scheduler asked once: runs whose job started move on, jobs that can never start are cancelled (the
+        sweep stops), and each job that left the queue is read."""
+        states = self.watch.states(self.jobs)
+        for rid, state in states.items():
+            if state.startswith("RUNNING") and self.runs.phase[rid] == Phase.SUBMITTED:
+                self.runs.move(rid, "start")
+        if self.kind == "slurm" and any(state.startswith("PENDING") for state in states.values()):
+            stuck, runs = _never_starting(self.store, self.jobs, states, self.options)
+            if stuck:
+                self.fatal = f"the scheduler accepted the jobs but can never start them: {stuck}"
+                for rid in runs:
+                    self.runs.move(rid, "never starts")
+                self.log(
+                    f"{self.fatal}; cancelled them"
+                    + (f"; watching the other {len(self.jobs)} job(s)" if self.jobs else "")
+                )
+        for rid, state in states.items():
+            if not live(state) and rid in self.jobs:
+                self._job_left(rid, self.jobs.pop(rid), state, total)
+
+    def _job_left(self, rid: str, job: Any, state: str, total: int) -> None:
+        self.next_try = 0.0  # a job of this sweep has left the queue: a refused submission may pass now
+        if rid in self.cancelled_before and self.store.row(rid)["status"] not in FINISHED:
+            self.cancelled_before.discard(rid)  # "the next run of this sweep submits it again": this is that run
+            self.store.pending_again(rid, f"job {job.job_id} was cancelled before this run of the sweep")
+            self.runs.move(rid, "cancelled before")
+            self.log(f"{rid}: job {job.job_id} was cancelled before this run of the sweep; submitted again")
+            return
+        retry = self.retries.get(rid, 0) < self.sweep.timeouts
+        event, detail = _ended(self.sweep, rid, job, state, retry)
+        if event == "adopt":  # this job found the run trained by another job of it: that one is watched
+            self.store.set_job([rid], [detail], submitted=False)
+            self.jobs[rid] = self.watch.job(detail)
+            self.runs.move(rid, event)
+            self.log(f"{rid}: job {job.job_id} found it trained by job {detail}; watching that one")
+        elif event == "end:requeued":  # a time limit or a node's failure without a save: submitted again
+            self.runs.move(rid, event)
+            self.retries[rid] = self.retries.get(rid, 0) + 1
+            self.log(f"{rid}: {detail} ({self.retries[rid]}/{self.sweep.timeouts})")
+        else:  # the row's words first (the store), then the run's phase
+            said = describe(self.store.row(rid))
+            self.runs.move(rid, event)
+            self.log(f"[{self.runs.ended()}/{total}] {rid}: {said}")
+
+    def _find_unreleased(self, todo: list[str]) -> bool:
+        """The live jobs of submissions announced but not released (`normlab.experiments.submission`), found in
+        squeue: each run's job is stored in its row, handed its pickle if it has none, watched and queued for
+        release; a pending one whose run is done or has another live job is cancelled. False when squeue cannot
+        answer (nothing may be submitted until it does: those runs may have jobs)."""
+        store, jobs, log = self.store, self.jobs, self.log
+        found = submission.unreleased(store)
+        if found is None:
+            log("squeue did not answer about the jobs of an unfinished submission; asking again before submitting")
+            return False
+        extra = []
+        for rid, (token, jid, state, reason) in found.items():
+            if rid in todo and (rid not in jobs or str(jobs[rid].job_id) == jid):
+                if rid not in jobs:
+                    self._watch(rid, self.watch.job(jid))
+                    submission.hand_over(jobs[rid], self.root, rid, self.options)
+                    store.set_job([rid], [jid])
+                    log(
+                        f"{rid}: job {jid} is {state.lower()}, its id not stored yet; watching it (not submitted again)"
+                    )
+                if reason == "JobHeldUser":
+                    self.to_release.setdefault(token, []).append(jid)
+            elif state == "PENDING":
+                extra.append(jid)
+            else:
+                log(f"{rid}: job {jid} is {state.lower()} though the run has a result or another job; left to end")
+        if extra:
+            subprocess.run(["scancel", *extra], capture_output=True, check=False)
+            log(f"cancelled {len(extra)} pending job(s) of runs done or held by another job: {' '.join(extra)}")
+        # announcements with nothing left to release: their jobs are released, ended, or were never accepted
+        submission.forget(store, [t for t in store.get_meta(submission.KEY) or {} if t not in self.to_release])
+        return True
 
 
 def _never_starting(
@@ -518,121 +499,52 @@ def _never_starting(
     return f"{ids} pending for {reason}: {detail or why}", list(stuck)
 
 
-def _log_lines(job: Any) -> list[str]:
-    """The lines of a job's logs (submitit's stdout and stderr files, all its lives: opened for append), as text."""
-    lines: list[str] = []
-    for path in dict.fromkeys((job.paths.stderr, job.paths.stdout)):
-        with contextlib.suppress(OSError):
-            lines += Path(path).read_text(errors="replace").splitlines()
-    return lines
-
-
-def _last_error(job: Any) -> str | None:
-    """The last exception line of a job's logs (`ValueError: ...`): what a traceback there ended with."""
-    found = [x.strip() for x in _log_lines(job) if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Exit)\b", x.strip())]
-    return found[-1][:300] if found else None
-
-
-def _saved_step(root: Path, rid: str, row: dict[str, Any]) -> int | None:
-    """The step a run can continue from: the one its last job saved at (its row), else its newest checkpoint's."""
-    if row.get("step") is not None and row["status"] == "pending":
-        return int(row["step"])
-    steps = [
-        int(m.group(1))
-        for p in SweepDir(root).run(rid).checkpoints.glob("step_*")
-        if (m := re.match(r"step_(\d+)", p.name))
-    ]
-    return max(steps) if steps else None
-
-
-def _ended(
-    root: Path,
-    store: SweepStore,
-    rid: str,
-    job: Any,
-    state: str,
-    kind: str,
-    retry: bool,
-    timeouts: int = 3,
-    token: str | None = None,
-) -> tuple[str, str] | None:
-    """A job left the scheduler: its row is final if the job wrote it; else the run's summary.json, its row and its
-    lock file decide, else one line says how the job ended. Returns ("adopt", JOB) when another live job of this
-    sweep (`token`) holds the run's lock; ("again", why) when the job ended on a time limit or a node's failure
-    without requeueing itself (`retry`: resubmitting is allowed): the row is pending again and the run is submitted
-    again, continuing from its newest checkpoint. A CANCELLED job is never submitted again, even if its run saved on
-    SIGTERM; a job that ended without recording anything (a crash before the run started) is failed with its log's
-    last error line, not resubmitted: only one whose log says it found the run held (`HELD_LINE`) is. A job that saved
-    its run and was not requeued because its `timeouts` (slurm_max_num_timeout) were used up leaves the row failed
-    with "timed out N times, saved at step S, run the same command again".
+def _ended(sweep: SweepJobs, rid: str, job: Any, state: str, retry: bool) -> tuple[str, str]:
+    """A job left the scheduler: the run's next move (an event of `slurm_states.TRANSITIONS`) and its detail.
+    ("end:ended ok", "") when the job recorded the run's outcome (its row, else the run's summary.json, which is
+    then recorded); ("adopt", JOB) when another live job of this sweep holds the run's lock; else the first row of
+    `slurm_states.ENDINGS` that applies decides: ("end:requeued", why) with the row pending again, when the job ended
+    on a time limit or a node's failure without requeueing itself and `retry` allows it, or the row failed with one
+    line saying why.
 
     Only normlab's own files are read (the store, summary.json, the lock file, the job's text logs): submitit's
     result pickle is never opened, since unpickling runs code and one planted in the sweep folder would run here."""
+    store, jid = sweep.store, str(job.job_id)
     row = store.row(rid)
     if row["status"] in FINISHED:
-        return None
-    run = SweepDir(root).run(rid)
+        return "end:ended ok", ""
+    run = SweepDir(sweep.root).run(rid)
     summary = run.summary()
     if summary and summary.get("status") in FINISHED and summary.get("steps") == row["config"].optim.steps:
-        store.record(rid, summary, worker=str(job.job_id), unless_finished=True)
-        return None
-    word = state.split()[0] if state else "UNKNOWN"
-    jid = str(job.job_id)
+        store.record(rid, summary, worker=jid, unless_finished=True)
+        return "end:ended ok", ""
     holder = holder_job(run.lock_file)
-    if holder and holder != jid and job_alive(holder) and not foreign(holder, submission.live_jobs(), token):
-        return ("adopt", holder)  # a duplicate's twin trains it: its row is that job's to write
+    if holder and holder != jid and job_alive(holder) and not foreign(holder, submission.live_jobs(), sweep.token):
+        return "adopt", holder  # a duplicate's twin trains it: its row is that job's to write
     worker = str(row.get("worker") or "")
-    by_this_job = worker == jid or (kind != "slurm" and worker.endswith(f":{jid}"))  # submitit-local: host:pid
+    by_this_job = worker == jid or (sweep.kind != "slurm" and worker.endswith(f":{jid}"))  # submitit-local: host:pid
     if row["status"] == "failed" and by_this_job:
-        return None  # the job recorded its run's failure itself: the row's reason says why
-    saved = _saved_step(root, rid, row)
-    again = f"run the same command again to continue from step {saved}" if saved else "run the same command again"
+        return "end:ended ok", ""  # the job recorded its run's failure itself: the row's reason says why
     stopped = by_this_job and row["status"] == "pending" and (row["reason"] or "").startswith("saved at step")
-    if word == "CANCELLED":  # by hand (scancel) or by an administrator: never undone here, even if it saved first
-        by = state.split(" by ")[-1] if " by " in state else None
-        why = (
-            f"job {jid} was cancelled"
-            + (f" by uid {by}" if by else "")
-            + (f" and saved the run at step {saved}" if stopped else "")
-            + "; the next run of this sweep submits it again"
-            + (f", continuing from step {saved}" if stopped else "")
-        )
-    elif stopped and any("timed-out too many times" in x for x in _log_lines(job)):  # submitit's words, text log
-        why = (
-            f"job {jid} timed out {timeouts + 1} time{'s' if timeouts else ''} (slurm_max_num_timeout = {timeouts}), "
-            f"saved at step {saved}; "
-            f"{again} (or raise timeout_min or slurm_max_num_timeout)"
-        )
-    elif stopped and retry:  # saved on USR2, but its requeue failed (scontrol requeue refused, ...): submitted again
-        why = f"job {jid} saved the run at step {saved} and ended {word} without requeueing itself; submitted again"
+    end = JobEnd(
+        jid=jid,
+        word=state.split()[0] if state else "UNKNOWN",
+        state=state,
+        worker=worker,
+        by_this_job=by_this_job,
+        stopped=stopped,
+        saved=saved_step(sweep.root, rid, row),
+        job=job,
+        retry=retry,
+        timeouts=sweep.timeouts,
+    )
+    phase, why = decide(end)
+    if phase == Phase.REQUEUED:
         store.pending_again(rid, why)
-        return ("again", why)
-    elif stopped:
-        why = f"job {jid} saved the run at step {saved} and ended {word} without requeueing itself; {again}"
-    elif word in RESUBMIT and retry:
-        why = f"job {jid} ended {word} without requeueing itself; submitted again, from its newest checkpoint"
-        store.pending_again(rid, why)
-        return ("again", why)
-    elif word in RESUBMIT:
-        why = f"job {jid} ended {word}; see {job.paths.stderr}; submitted again {timeouts} times already: {again}"
-    elif word == "COMPLETED" and not by_this_job and any(HELD_LINE in x for x in _log_lines(job)):
-        # it found the run held by another process and returned without touching the row (its log says so)
-        holder_text = worker or "another process"
-        why = f"job {jid} ended {word} without training the run (held by {holder_text}, which has ended since)"
-        if retry:
-            store.pending_again(rid, f"{why}; submitted again")
-            return ("again", f"{why}; submitted again")
-        why += f"; {again}"
-    else:  # it ended without recording an outcome (a crash before the run started): said, not submitted blindly
-        error = _last_error(job)
-        why = (
-            f"job {jid} ended {word}"
-            + (f": {error}" if error else " without recording an outcome")
-            + f"; see {job.paths.stderr}"
-        )
-    failure = {"status": "failed", "reason": why, **({"failed_step": saved} if stopped else {})}
+        return "end:requeued", why
+    failure = {"status": "failed", "reason": why, **({"failed_step": end.saved} if stopped else {})}
     store.record(rid, failure, worker=jid, unless_finished=True)
-    return None
+    return f"end:{phase.value}", why
 
 
 def _interrupted(root: Path, store: SweepStore, jobs: dict[str, Any], kind: str, log) -> None:  # noqa: ANN001

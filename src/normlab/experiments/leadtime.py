@@ -112,9 +112,9 @@ def outcomes(sweep: str | Path) -> list[RunOutcome]:
             continue
         cfg, rid = row["config"], row["run_id"]
         summary = folder.run(rid).summary() or {}
-        fault = cfg.run.fault
+        fault = cfg.faults.fault
         faulted = fault != "none"
-        event, kind = _event(folder, rid, summary, cfg.run.fault_step, faulted)
+        event, kind = _event(folder, rid, summary, cfg.faults.fault_step, faulted)
         warn = replayed_run(folder.run(rid).path)
         alerts = warn.alerts
         out.append(
@@ -126,7 +126,7 @@ def outcomes(sweep: str | Path) -> list[RunOutcome]:
                 event,
                 kind,
                 row["status"],
-                cfg.run.fault_step if faulted else 0,
+                cfg.faults.fault_step if faulted else 0,
                 {a.signal: a.step for a in alerts},
                 warn.skipped_rows,
             )

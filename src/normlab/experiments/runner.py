@@ -41,10 +41,11 @@ from pathlib import Path
 from typing import Any
 
 from normlab.errors import ConfigError, OutputError
-from normlab.experiments.cluster import preflight, run_cluster
+from normlab.experiments.cluster import run_cluster
 from normlab.experiments.cpus import threads_per_worker, usable_cores
 from normlab.experiments.progress import SweepProgress, last_step
 from normlab.experiments.scheduler import check_options
+from normlab.experiments.slurm_preflight import preflight
 from normlab.experiments.sweep import RunSpec, SweepConfig
 from normlab.experiments.workers import ForkedWorker
 from normlab.experiments.workers import available as workers_available
@@ -350,30 +351,7 @@ def _run_local(
                 )
                 queue.clear()
             if deadline is not None and running and time.time() >= deadline.stop_at:
-                for rid, proc in list(running.items()):
-                    steps, done = store.row(rid)["config"].optim.steps, last_step(SweepDir(root).run(rid).metrics_file)
-                    # metrics.jsonl gets the last step's row only after the closing evaluation: a run whose rows
-                    # reach its second-to-last step is training its last step or evaluating (Deadline)
-                    if done >= steps - 1 and time.time() < deadline.stop_at + CLOSING_GRACE_S and proc.poll() is None:
-                        continue
-                    if proc.poll() is not None:
-                        continue  # ended by itself: recorded below as any run
-                    proc.kill()
-                    proc.wait()
-                    # spawned by this sweep: stopped by the budget whether or not its worker had marked it running
-                    if store.row(rid)["status"] in ("running", "pending"):
-                        store.record(
-                            rid,
-                            {
-                                "status": "failed",
-                                "reason": f"{BUDGET_STOP} at step {done} of {steps}; "
-                                "the next run of this sweep continues it",
-                            },
-                        )
-                    if bar is not None:
-                        bar.finished(rid, store.row(rid))
-                    del running[rid]
-                    log(f"time budget: stopped {rid} at step {done} of {steps}")
+                _stop_at_deadline(root, store, running, deadline, bar, log)
                 if not any(p.poll() is not None for p in running.values()):
                     time.sleep(0.2)
                     continue
@@ -394,19 +372,7 @@ def _run_local(
                     continue
                 del running[rid]
                 finished += 1
-                row = store.row(rid)
-                if row["status"] == "running":  # the process died without recording (signal, OOM kill, os._exit)
-                    code = proc.returncode
-                    why = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-                    store.record(
-                        rid,
-                        {
-                            "status": "failed",
-                            "reason": f"worker process ended by {why} without a "
-                            f"result; see {SweepDir(root).log_file(rid)}",
-                        },
-                    )
-                    row = store.row(rid)
+                row = _reaped(root, store, rid, proc)
                 if bar is not None:
                     bar.finished(rid, row)
                 (bar.write if bar is not None else log)(f"[{finished}/{total}] {rid}: {describe(row)}")
@@ -414,6 +380,59 @@ def _run_local(
         for proc in running.values():
             proc.kill()
             proc.wait()
+
+
+def _stop_at_deadline(
+    root: Path,
+    store: SweepStore,
+    running: dict[str, subprocess.Popen | ForkedWorker],
+    deadline: Deadline,
+    bar: SweepProgress | None,
+    log,  # noqa: ANN001
+) -> None:
+    """The budget's end: each run still going is killed and recorded failed (the next run of the sweep continues
+    it), except one training its last step or evaluating (within `CLOSING_GRACE_S`) or one that ended by itself."""
+    for rid, proc in list(running.items()):
+        steps, done = store.row(rid)["config"].optim.steps, last_step(SweepDir(root).run(rid).metrics_file)
+        # metrics.jsonl gets the last step's row only after the closing evaluation: a run whose rows
+        # reach its second-to-last step is training its last step or evaluating (Deadline)
+        if done >= steps - 1 and time.time() < deadline.stop_at + CLOSING_GRACE_S and proc.poll() is None:
+            continue
+        if proc.poll() is not None:
+            continue  # ended by itself: recorded below as any run
+        proc.kill()
+        proc.wait()
+        # spawned by this sweep: stopped by the budget whether or not its worker had marked it running
+        if store.row(rid)["status"] in ("running", "pending"):
+            store.record(
+                rid,
+                {
+                    "status": "failed",
+                    "reason": f"{BUDGET_STOP} at step {done} of {steps}; the next run of this sweep continues it",
+                },
+            )
+        if bar is not None:
+            bar.finished(rid, store.row(rid))
+        del running[rid]
+        log(f"time budget: stopped {rid} at step {done} of {steps}")
+
+
+def _reaped(root: Path, store: SweepStore, rid: str, proc: subprocess.Popen | ForkedWorker) -> dict[str, Any]:
+    """The row of a worker that ended; one whose process died without recording (a signal, an OOM kill,
+    os._exit) is recorded failed, naming how it ended and its log."""
+    row = store.row(rid)
+    if row["status"] == "running":
+        code = proc.returncode
+        why = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        store.record(
+            rid,
+            {
+                "status": "failed",
+                "reason": f"worker process ended by {why} without a result; see {SweepDir(root).log_file(rid)}",
+            },
+        )
+        row = store.row(rid)
+    return row
 
 
 def _label(sweep: SweepConfig) -> str:

@@ -416,6 +416,27 @@ def _top100_figure(root: Path, df: pd.DataFrame, axes: list[str]):  # noqa: ANN2
     return fig
 
 
+def _lr_curve_figure(curves: pd.DataFrame, keys: list[str]) -> Any:
+    """Final loss against the peak learning rate, a line per cell of the other axes (x: a seed diverged)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for _, g in curves.groupby(keys, sort=False, dropna=False) if keys else [((), curves)]:
+        label = _group_label(g[keys].iloc[0].to_dict(), keys) if keys else "all"
+        g = g.sort_values(LR)  # in learning-rate order: in run order a curve can seem to improve with the rate
+        (line,) = ax.plot(g[LR], g.final_loss_mean, marker="o", label=label)
+        div = g[~g.divergences.str.startswith("0/")]
+        if len(div):  # a diverged seed counts as its initial loss (the capped loss), as in the sensitivity
+            ax.scatter(div[LR], div.capped_loss, marker="x", s=80, color=line.get_color(), zorder=5)
+    ax.set_xscale("log")
+    ax.set_xlabel("peak learning rate")
+    ax.set_ylabel("final training loss (nats/token)")
+    ax.set_title("Loss vs learning rate (x: a seed diverged; at the mean capped loss)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
 def _report(
     out: Path,
     df: pd.DataFrame,
@@ -431,22 +452,8 @@ def _report(
     from normlab.pages import figure_html, table_html, write_page
 
     sections = []
-    keys = [a for a in axes if a not in (SEED, LR)]
     if not curves.empty:
-        fig, ax = plt.subplots(figsize=(7, 4.2))
-        for _, g in curves.groupby(keys, sort=False, dropna=False) if keys else [((), curves)]:
-            label = _group_label(g[keys].iloc[0].to_dict(), keys) if keys else "all"
-            g = g.sort_values(LR)  # in learning-rate order: in run order a curve can seem to improve with the rate
-            (line,) = ax.plot(g[LR], g.final_loss_mean, marker="o", label=label)
-            div = g[~g.divergences.str.startswith("0/")]
-            if len(div):  # a diverged seed counts as its initial loss (the capped loss), as in the sensitivity
-                ax.scatter(div[LR], div.capped_loss, marker="x", s=80, color=line.get_color(), zorder=5)
-        ax.set_xscale("log")
-        ax.set_xlabel("peak learning rate")
-        ax.set_ylabel("final training loss (nats/token)")
-        ax.set_title("Loss vs learning rate (x: a seed diverged; at the mean capped loss)")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
+        fig = _lr_curve_figure(curves, [a for a in axes if a not in (SEED, LR)])
         sections.append(figure_html(fig, out, "lr_curve", "Final loss vs learning rate (Kim Fig. 3a)"))
     labels = [_group_label(r, [a for a in axes if a != SEED]) for r in c.to_dict("records")]
     y = np.arange(len(c))

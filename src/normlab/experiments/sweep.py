@@ -71,9 +71,9 @@ def sweep_run_config(cfg: TrainConfig) -> TrainConfig:
     """A run's config as a sweep stores it: `out` at its default (the sweep puts each run in its folder)
     and no progress bar (the sweep has its own)."""
     default_out = RunSettings.out
-    if cfg.run.out == default_out and not cfg.run.progress:
+    if cfg.run.out == default_out and not cfg.loggers.progress:
         return cfg
-    return replace(cfg, run=replace(cfg.run, out=default_out, progress=False))
+    return replace(cfg, run=replace(cfg.run, out=default_out), loggers=replace(cfg.loggers, progress=False))
 
 
 def _sweep_name(name: str) -> str | None:
@@ -182,9 +182,9 @@ class SweepConfig:
             cfg = spec.config
             n = analytic_params(cfg.model.model_config(vocab_size=cfg.expected_vocab), cfg.model.resolved).total
             whole = 12 * n if cfg.optim.optimizer == "adamw" else 8 * n
-            last = whole if cfg.run.keep_optimizer else 4 * n
-            final += last + (cfg.run.keep_last - 1) * whole
-            flight = max(flight, cfg.run.keep_last * whole)
+            last = whole if cfg.checkpointing.keep_optimizer else 4 * n
+            final += last + (cfg.checkpointing.keep_last - 1) * whole
+            flight = max(flight, cfg.checkpointing.keep_last * whole)
         return final, flight
 
     @classmethod

@@ -2,9 +2,9 @@
 executor for the proxies' sweeps, the plan, plan.json's record of each call, and what the stages found
 so far (`Findings`).
 
-A stage (`Stage`) says what it costs (the plan's predicted seconds), whether a folder already holds it
-(`done`: a resumed call finds it there), and runs; every stage resumes what an earlier call left, so
-running one that is done costs its bookkeeping only.
+A stage (`normlab.recommend.stages.Stage`) says what it costs (the plan's predicted seconds), whether it has
+nothing left to add to this call (`done`), and runs, reading what the stages before it found from `Findings` and
+adding its own.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import pandas as pd
 
@@ -24,7 +24,7 @@ from normlab.experiments.summary import load_sweep
 from normlab.experiments.sweep import SweepConfig, _slug
 from normlab.io import atomic_write_json
 from normlab.recommend.plan import REPORT_RESERVE_S, Plan
-from normlab.recommend.records import FinalRecord, StageRecord
+from normlab.recommend.records import FinalRecord, Recommendation, StageRecord
 from normlab.recommend.shape import UserModel
 from normlab.runs.files import RecommendDir
 
@@ -95,6 +95,10 @@ class Findings:
     order: list[str] = field(default_factory=list)
     final: FinalRecord | None = None
     ladder: dict[str, Any] | None = None  # the ladder stage's record (normlab.recommend.stage_ladder); None: none ran
+    verified: dict[str, Any] = field(default_factory=lambda: {"status": "not asked"})  # the verify stage's record
+    result: Recommendation | None = None  # the conclusion as last written
+    concluded: dict[str, Any] | None = None  # the verify record `result` was concluded with
+    summarized: bool = False  # the grid's summary written and the calibration refreshed from its runs
 
 
 @dataclass
@@ -169,21 +173,3 @@ def stage_record(
     mine = runs[runs.layout.isin(layouts)] if len(runs) else runs
     finished = int(mine.status.isin(("ok", "stalled", "diverged")).sum()) if len(mine) else 0
     return StageRecord(name, predicted, time.time() - started, planned, min(finished, planned))
-
-
-class Stage(Protocol):
-    """A named stage of a recommendation."""
-
-    name: str
-
-    def cost(self, ctx: Context) -> float:
-        """Its predicted seconds (the plan's)."""
-        ...
-
-    def done(self, ctx: Context) -> bool:
-        """Whether the folder already holds it."""
-        ...
-
-    def run(self, ctx: Context) -> None:
-        """Run it (resuming what an earlier call left), its findings kept in `ctx.found`."""
-        ...

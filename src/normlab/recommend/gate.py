@@ -51,8 +51,18 @@ def _said(r: Evidence) -> str:
     return r.shown + (f" ({r.label})" if r.label else "")
 
 
-def _by_stability(base: Evidence, lead: Evidence) -> dict[str, Any] | None:
-    """The verdict where a side has no run that trained (or the budget stopped one), else None."""
+def verdict(ranked: list[Evidence], current: str | None, speedup: dict[str, Any] | None) -> dict[str, Any]:
+    """The gate's decision (module doc)."""
+    live = [r for r in ranked if r.rank is not None]
+    base = next((r for r in ranked if r.layout == current), None) if current else None
+    if base is None:
+        if not live:
+            return {"decision": "no answer yet", "layout": None, "why": "no candidate trained", "next": RESUME}
+        why = "your model names no placement: the ranking's first, with no baseline to gate against"
+        return {"decision": "recommend", "layout": live[0].layout, "gate": None, "why": why}
+    lead = leader(ranked, current)
+    if lead is None:
+        return {"decision": "keep", "layout": base.layout, "gate": None, "why": "no other candidate was left to try"}
     b_ok, l_ok = _ok(base), _ok(lead)
     b_said = (
         f"your {base.layout} finished {base.finished} of {base.runs} run(s) ({base.diverged} diverged, "
@@ -84,26 +94,12 @@ def _by_stability(base: Evidence, lead: Evidence) -> dict[str, Any] | None:
             "why": f"{_said(lead)} finished no run that trained ({lead.diverged} diverged, {lead.stalled} stalled "
             f"of {lead.finished})",
         }
-    return None
-
-
-def _worse_why(base: Evidence, lead: Evidence, on_ladder: dict[str, int]) -> str:
-    """Why the leader is refused for failing or being at risk more often than the user's placement."""
-    ladder = (
-        f"; on the ladder's rungs {on_ladder.get(lead.layout, 0)} failed against yours {on_ladder.get(base.layout, 0)}"
-        if on_ladder
-        else ""
-    )
-    return (
-        f"{_said(lead)} fails or is at risk more often than yours ({lead.diverged + lead.stalled} failed, "
-        f"{lead.at_risk} at risk of {lead.finished}; yours {base.diverged + base.stalled} and {base.at_risk} of "
-        f"{base.finished}{ladder})"
-    )
+    return _by_speedup(base, lead, speedup or {})
 
 
 def _by_speedup(base: Evidence, lead: Evidence, s: dict[str, Any]) -> dict[str, Any]:
-    """The verdict where both sides trained: change only on a speedup whose lower bound exceeds 1, with no more
-    failures or runs at risk (at the proxy and on the ladder's rungs) than the user's placement."""
+    """Both sides trained: the leader replaces yours only where its effective speedup's lower bound exceeds 1 and it
+    fails and is at risk no more often (the ladder's rungs included)."""
     on_ladder = s.get("ladder_failures") or {}
     # the ranking's order (normlab.recommend.rank): failures first, then runs at risk among equal failures
     worse = (
@@ -112,13 +108,17 @@ def _by_speedup(base: Evidence, lead: Evidence, s: dict[str, Any]) -> dict[str, 
         or on_ladder.get(lead.layout, 0) > on_ladder.get(base.layout, 0)
     )
     iv = s.get("interval")
-    keep = {"decision": "keep", "layout": base.layout, "gate": None}
     if s.get("value") is None:
         why = f"no effective speedup measured ({s.get('why', 'no finished runs at the best learning rates')})"
-        return {**keep, "why": why, "next": RESUME}
+        return {"decision": "keep", "layout": base.layout, "gate": None, "why": why, "next": RESUME}
     if iv is None:
-        why = f"x{s['value']:.2f} measured on one seed a side: no interval, so no lower bound to pass the gate"
-        return {**keep, "why": why, "next": "a second seed of both: " + RESUME}
+        return {
+            "decision": "keep",
+            "layout": base.layout,
+            "gate": None,
+            "why": f"x{s['value']:.2f} measured on one seed a side: no interval, so no lower bound to pass the gate",
+            "next": "a second seed of both: " + RESUME,
+        }
     if iv[0] > 1 and not worse:
         return {
             "decision": "change",
@@ -129,26 +129,21 @@ def _by_speedup(base: Evidence, lead: Evidence, s: dict[str, Any]) -> dict[str, 
             "and it fails and is at risk no more often than yours",
         }
     if worse:
-        return {**keep, "why": _worse_why(base, lead, on_ladder)}
-    return {
-        **keep,
-        "why": f"effective speedup x{s['value']:.2f} [{iv[0]:.2f}, {iv[1]:.2f}]: its lower bound does not exceed 1",
-    }
-
-
-def verdict(ranked: list[Evidence], current: str | None, speedup: dict[str, Any] | None) -> dict[str, Any]:
-    """The gate's decision (module doc)."""
-    live = [r for r in ranked if r.rank is not None]
-    base = next((r for r in ranked if r.layout == current), None) if current else None
-    if base is None:
-        if not live:
-            return {"decision": "no answer yet", "layout": None, "why": "no candidate trained", "next": RESUME}
-        why = "your model names no placement: the ranking's first, with no baseline to gate against"
-        return {"decision": "recommend", "layout": live[0].layout, "gate": None, "why": why}
-    lead = leader(ranked, current)
-    if lead is None:
-        return {"decision": "keep", "layout": base.layout, "gate": None, "why": "no other candidate was left to try"}
-    return _by_stability(base, lead) or _by_speedup(base, lead, speedup or {})
+        why = (
+            f"{_said(lead)} fails or is at risk more often than yours ({lead.diverged + lead.stalled} failed, "
+            f"{lead.at_risk} at risk of {lead.finished}; yours {base.diverged + base.stalled} and {base.at_risk} of "
+            f"{base.finished}"
+            + (
+                f"; on the ladder's rungs {on_ladder.get(lead.layout, 0)} failed against yours "
+                f"{on_ladder.get(base.layout, 0)}"
+                if on_ladder
+                else ""
+            )
+            + ")"
+        )
+    else:
+        why = f"effective speedup x{s['value']:.2f} [{iv[0]:.2f}, {iv[1]:.2f}]: its lower bound does not exceed 1"
+    return {"decision": "keep", "layout": base.layout, "gate": None, "why": why}
 
 
 def headline(v: dict[str, Any], speedup_words: str, confidence: str | None) -> str:

@@ -13,6 +13,7 @@ import pandas as pd
 
 from normlab.recommend import gate, ladder
 from normlab.recommend.context import Context, minutes, stage_record
+from normlab.recommend.evidence_rows import ranked_now
 from normlab.recommend.inputs import proxy_settings, proxy_sweep
 from normlab.recommend.rank import Evidence
 from normlab.recommend.records import StageRecord
@@ -48,8 +49,17 @@ class LadderStage:
     def cost(self, ctx: Context) -> float:
         return (ctx.plan.ladder or {}).get("predicted_s", 0.0)
 
-    def run(self, ctx: Context, ranked: list[Evidence]) -> dict[str, Any]:
-        """The ladder's record (recommendation.json's `effect.speedup.ladder`)."""
+    def done(self, ctx: Context) -> bool:
+        """Not in the plan, or run in this call already."""
+        return not ctx.plan.ladder or ctx.found.ladder is not None
+
+    def run(self, ctx: Context) -> None:
+        """The ladder's record (recommendation.json's `effect.speedup.ladder`) into `ctx.found.ladder`, for the
+        pair the ranking so far puts forward."""
+        ctx.found.ladder = self._record(ctx, ranked_now(ctx))
+        ctx.mark()
+
+    def _record(self, ctx: Context, ranked: list[Evidence]) -> dict[str, Any]:
         p = ctx.plan
         assert p.ladder is not None
         got = pair(ctx, ranked)
@@ -63,7 +73,7 @@ class LadderStage:
             f"\nladder {ctx.clock.stamp()}: {base.layout} and {lead.name} at widths "
             f"{', '.join(str(w) for w in widths)} beside the proxy's {ladder.PROXY_WIDTH} (muP from it; steps "
             f"{', '.join(str(p.ladder['steps'][str(w)]) for w in widths)}), {len(p.seeds)} seeds; "
-            f"predicted {minutes(predicted)}"
+            f"predicted {minutes(self.cost(ctx))}"
         )
         began = time.time()
         frames = []

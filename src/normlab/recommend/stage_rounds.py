@@ -102,12 +102,8 @@ class StressRound:
         return ctx.plan.predicted["stress"]
 
     def done(self, ctx: Context) -> bool:
-        runs = ctx.sweeps.runs(ctx.folder.grid.path) if ctx.folder.grid.store_file.is_file() else None
-        if runs is None or not len(runs):
-            return False
-        lr = ctx.plan.stress_lr
-        stress = runs[((runs.lr - lr).abs() <= 1e-9 * lr) & (runs.seed == ctx.plan.seed0)]
-        return set(ctx.found.alive) <= set(stress[stress.status.isin(("ok", "stalled", "diverged"))].layout)
+        """Run in this call already (a resumed call runs it again: the runs the grid holds are not retrained)."""
+        return bool(ctx.found.order)
 
     def run(self, ctx: Context) -> None:
         p, pred, log, found, depth = ctx.plan, ctx.plan.predicted, ctx.log, ctx.found, ctx.user.config.n_layers
@@ -115,7 +111,7 @@ class StressRound:
         log(
             f"\n2/3 stress round {ctx.clock.stamp()}: {len(alive)} runs at lr {lr:g}, seed {seed0}, {p.depth} layers"
             f" ({'your depth' if p.depth == depth else f'yours: {depth}'}), {p.steps} "
-            f"steps, {ctx.precision} storage; predicted {minutes(pred['stress'])}"
+            f"steps, {ctx.precision} storage; predicted {minutes(self.cost(ctx))}"
         )
         began = time.time()
         sweep = proxy_sweep(ctx.base, alive, [lr], [seed0])
@@ -165,16 +161,8 @@ class FinalRound:
         return ctx.plan.predicted["final"] + ctx.plan.predicted["extend"]
 
     def done(self, ctx: Context) -> bool:
-        p = ctx.plan
-        finalists = finalists_from(ctx.found.order, p.finalists, ctx.current) if p.finalists else []
-        if not finalists:
-            return True
-        runs = ctx.sweeps.runs(ctx.folder.grid.path) if ctx.folder.grid.store_file.is_file() else None
-        if runs is None or not len(runs):
-            return False
-        in_grid = runs[runs.layout.isin(finalists) & runs.lr.isin(p.lrs) & runs.seed.isin(p.seeds)]
-        ended = in_grid.status.isin(("ok", "stalled", "diverged")).sum()
-        return int(ended) >= len(finalists) * len(p.lrs) * len(p.seeds)
+        """Run in this call already (a resumed call runs it again: the runs the grid holds are not retrained)."""
+        return ctx.found.final is not None
 
     def run(self, ctx: Context) -> None:
         p, pred, log, found = ctx.plan, ctx.plan.predicted, ctx.log, ctx.found

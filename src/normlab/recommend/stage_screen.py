@@ -85,10 +85,8 @@ class ScreenStage:
         return ctx.plan.predicted["screen"]
 
     def done(self, ctx: Context) -> bool:
-        if not ctx.plan.screen:
-            return True
-        results = ctx.folder.read(ctx.folder.screen_file).get("results", {})
-        return all(n in results for n in ctx.plan.screened)
+        """Run in this call already (a resumed call runs it again: what the folder holds is read, not redone)."""
+        return bool(ctx.found.screen)
 
     def run(self, ctx: Context) -> None:
         p, pred, log = ctx.plan, ctx.plan.predicted, ctx.log
@@ -99,7 +97,7 @@ class ScreenStage:
             return
         log(
             f"\n1/3 screen {ctx.clock.stamp()}: {len(p.screened)} candidates at your depth {ctx.user.config.n_layers}, "
-            f"width {p.screen_width}; predicted {minutes(pred['screen'])}"
+            f"width {p.screen_width}; predicted {minutes(self.cost(ctx))}"
         )
         began = time.time()
         screen = screen_candidates(

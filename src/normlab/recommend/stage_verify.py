@@ -21,7 +21,7 @@ from normlab.layout import as_layout
 from normlab.recommend import cost, plan
 from normlab.recommend.context import Context, minutes, stage_record
 from normlab.recommend.inputs import has_streams, proxy_settings, proxy_sweep
-from normlab.recommend.records import Recommendation
+from normlab.recommend.records import Recommendation, StageRecord
 from normlab.recommend.shape import PROXY_WIDTH, UserModel
 from normlab.runs.files import RecommendDir
 
@@ -70,10 +70,19 @@ class VerifyStage:
         return ctx.plan.verify["predicted_s"] if ctx.plan.verify else 0.0
 
     def done(self, ctx: Context) -> bool:
-        return bool(ctx.folder.read(ctx.folder.json_file).get("verify", {}).get("status") == "done")
+        """Not in the plan, or its record made in this call already."""
+        return not ctx.plan.verify or ctx.found.verified.get("status") != "pending"
 
-    def run(self, ctx: Context, result: Recommendation) -> dict[str, Any]:
-        """The verify record (recommendation.json's "verify"), its round under "round" where it ran."""
+    def run(self, ctx: Context) -> None:
+        """The verify record (recommendation.json's "verify") of the recommendation written, into
+        `ctx.found.verified`; its round recorded where it ran."""
+        assert ctx.found.result is not None
+        verified = self._record(ctx, ctx.found.result)
+        if "round" in verified:
+            ctx.record(StageRecord(**verified["round"]))
+        ctx.found.verified = verified
+
+    def _record(self, ctx: Context, result: Recommendation) -> dict[str, Any]:
         v = ctx.plan.verify
         assert v is not None
         ranked = [r for r in result.ranking if r.get("rank") is not None and not as_layout(r["layout"]).ngpt]
@@ -87,7 +96,7 @@ class VerifyStage:
         ctx.log(
             f"\nverify {ctx.clock.stamp()}: {', '.join(top)} at width {v['width']} ({v['width'] // PROXY_WIDTH}x "
             f"the proxy), {v['depth']} layers, {v['steps']} steps, lr {lr:g} (the winner's best), seed {v['seed']}; "
-            f"predicted {minutes(v['predicted_s'])}"
+            f"predicted {minutes(self.cost(ctx))}"
         )
         began = time.time()
         base = proxy_settings(ctx.user, v["depth"], ctx.precision, ctx.extra, ctx.plan.optimizer, width=v["width"])

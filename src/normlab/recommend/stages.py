@@ -24,10 +24,11 @@ folder whose recommendation is done adds the verify stage alone, within this cal
 the budget that would do where it does not fit). Run the same command again and only what is
 missing runs (a changed input is refused: use a new --out).
 
-The stages are named (`normlab.recommend.context.Stage`: each says what it costs, whether the folder
-holds it, and runs) and share one `Context` (the folder, the budget's clock, the workers, the log, an
+The stages are named (`Stage`: each says what it costs, whether it has nothing left to add, and runs; one
+signature for all) and share one `Context` (the folder, the budget's clock, the workers, the log, an
 executor for the sweeps, the plan, what the stages found): `stage_screen.ScreenStage`,
-`stage_rounds.StressRound` and `FinalRound`, `stage_verify.VerifyStage`, `stage_conclude.Conclude`. The
+`stage_rounds.StressRound` and `FinalRound`, `GridReport`, `stage_ladder.LadderStage`, `stage_conclude.Conclude`,
+`stage_verify.VerifyStage`; `run_stages` runs each that is not done, in order (`STAGES`). The
 records they keep are typed (`plan.Plan`, `records.StageRecord`, `records.FinalRecord`,
 `records.Recommendation`) and become JSON only where the folder is written.
 """
@@ -39,7 +40,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from normlab.config.commands import RECOMMEND_BASE, RecommendConfig, check_recommend_settings
 from normlab.errors import ConfigError
@@ -53,31 +54,69 @@ from normlab.recommend.inputs import (
     CandidateChoice,
     check_run_settings,
     choose,
-    choose_candidates,
     has_streams,
     proxy_settings,
-    proxy_sweep,
     recorded_inputs,
 )
-from normlab.recommend.records import Recommendation, StageRecord
+from normlab.recommend.records import Recommendation
 from normlab.recommend.shape import UserModel
-from normlab.recommend.stage_conclude import Conclude, ranked_now
+from normlab.recommend.stage_conclude import Conclude
 from normlab.recommend.stage_ladder import LadderStage
-from normlab.recommend.stage_rounds import FinalRound, StressRound, refresh_calibration, stress_order
-from normlab.recommend.stage_screen import SCREEN_STRESSES, ScreenStage, screen_candidates
+from normlab.recommend.stage_rounds import FinalRound, StressRound, refresh_calibration
+from normlab.recommend.stage_screen import SCREEN_STRESSES, ScreenStage
 from normlab.recommend.stage_verify import VerifyStage, verify_added
 from normlab.runs.files import RecommendDir
 from normlab.runs.lock import FolderLock
 
-# the names these had when this module held every stage (callers and tests use them)
-_candidates, _base, _sweep, _screen, _stress_order = (
-    choose_candidates,
-    proxy_settings,
-    proxy_sweep,
-    screen_candidates,
-    stress_order,
+
+class Stage(Protocol):
+    """A named stage of a recommendation: one signature for all of them. `run_stages` runs each that is not
+    `done`; a stage reads what the stages before it found from `ctx.found` and adds its own there."""
+
+    name: str
+
+    def cost(self, ctx: Context) -> float:
+        """Its predicted seconds (the plan's): what its first line says it will take."""
+        ...
+
+    def done(self, ctx: Context) -> bool:
+        """Whether it has nothing to add to this call: not in the plan, or run already."""
+        ...
+
+    def run(self, ctx: Context) -> None:
+        """Run it (resuming what an earlier call left in the folder), its findings kept in `ctx.found`."""
+        ...
+
+
+class GridReport:
+    """After the rounds: the grid's summary.md and report.html, and the calibration refreshed from its runs."""
+
+    name = "grid report"
+
+    def cost(self, ctx: Context) -> float:
+        return 0.0  # counted in the plan's reserves
+
+    def done(self, ctx: Context) -> bool:
+        return ctx.found.summarized
+
+    def run(self, ctx: Context) -> None:
+        summarize(ctx.folder.grid.path)
+        ctx.found.summarized = True
+        ctx.mark()
+        refresh_calibration(ctx.folder, ctx.user, ctx.found.screen, ctx.workers, ctx.log)
+
+
+# every stage, in order: the conclusion is written before the verify stage and again with its verdict
+STAGES: tuple[Stage, ...] = (
+    ScreenStage(),
+    StressRound(),
+    FinalRound(),
+    GridReport(),
+    LadderStage(),
+    Conclude(),
+    VerifyStage(),
+    Conclude(),
 )
-TRAINING = (ScreenStage(), StressRound(), FinalRound())  # the stages before the conclusion, in order
 
 
 def recommend(
@@ -117,14 +156,7 @@ def recommend(
     _check_same_inputs(folder, saved, inputs)
     if not saved.get("plan"):
         check_run_settings(base, candidates[0], _stress_lr(cfg), _seed0(cfg), log)
-    added = None
-    if (
-        cfg.verify
-        and saved.get("plan")
-        and not saved["plan"].get("verify")
-        and (not saved["plan"].get("verify_note") or saved["plan"]["budget_s"] != clock.budget_s)
-    ):  # the same call: as before
-        added = verify_added(folder, plan.Plan.from_dict(saved["plan"]), user, cfg, clock.budget_s, workers, log)
+    added = _verify_asked(folder, saved, user, cfg, clock, workers, log)
     root = own_folder(cfg.out, "recommend")  # nothing written before this line: a refusal leaves no trace
     lock = FolderLock(
         folder.lock_file,
@@ -161,6 +193,23 @@ def recommend(
         return run_stages(ctx).as_result()
     finally:
         lock.release()
+
+
+def _verify_asked(
+    folder: RecommendDir,
+    saved: dict[str, Any],
+    user: UserModel,
+    cfg: RecommendConfig,
+    clock: BudgetClock,
+    workers: int,
+    log: Callable[[str], Any],
+) -> dict[str, Any] | None:
+    """--verify on a folder whose plan has no verify stage: the stage added within this call's budget
+    (`stage_verify.verify_added`); None where it is not asked or the plan has it already."""
+    p = saved.get("plan")
+    if cfg.verify and p and not p.get("verify") and (not p.get("verify_note") or p["budget_s"] != clock.budget_s):
+        return verify_added(folder, plan.Plan.from_dict(p), user, cfg, clock.budget_s, workers, log)
+    return None
 
 
 def _asked(cfg: RecommendConfig, user: UserModel) -> tuple[CandidateChoice, UserModel]:
@@ -347,35 +396,25 @@ def _log_plan(ctx: Context) -> None:
 
 
 def run_stages(ctx: Context) -> Recommendation:
-    """The stages in order (module doc), plan.json kept at each; the recommendation written before the
-    verify stage and again with its verdict."""
+    """Every stage in order (`STAGES`), each skipped where it is `done`, plan.json kept at each; the
+    recommendation written before the verify stage and again with its verdict."""
     ctx.start_call()
     _log_plan(ctx)
-    for stage in TRAINING:
-        stage.run(ctx)
-    summarize(ctx.folder.grid.path)
-    ctx.mark()
-    refresh_calibration(ctx.folder, ctx.user, ctx.found.screen, ctx.workers, ctx.log)
     p = ctx.plan
-    if p.ladder:  # the user's placement and its rival at the ladder's other widths
-        ctx.found.ladder = LadderStage().run(ctx, ranked_now(ctx))
-        ctx.mark()
-    verified: dict[str, Any] = (
+    ctx.found.verified = (
         {"status": "not asked"}
         if not p.verify and not p.verify_note
         else {"status": "not bought", "why": p.verify_note}
         if not p.verify
         else {"status": "pending"}
     )
-    result = Conclude().run(ctx, verified)
-    ctx.mark()
+    for stage in STAGES:
+        if not stage.done(ctx):
+            stage.run(ctx)
+    result = ctx.found.result
+    assert result is not None
     if p.verify:
-        verified = VerifyStage().run(ctx, result)
-        if "round" in verified:
-            ctx.record(StageRecord(**verified["round"]))
-        result = Conclude().run(ctx, verified)
-        ctx.mark()
-        ctx.log(f"  {verified.get('words') or verified['why']}")
+        ctx.log(f"  {ctx.found.verified.get('words') or ctx.found.verified['why']}")
     ctx.log("\n" + result.text)
     ctx.log(
         f"done in {ctx.clock.used_minutes():.1f} min (budget {ctx.cfg.budget:g}; predicted "
@@ -385,4 +424,4 @@ def run_stages(ctx: Context) -> Recommendation:
     return result
 
 
-__all__ = ["SCREEN_STRESSES", "TRAINING", "recommend", "run_stages"]
+__all__ = ["SCREEN_STRESSES", "STAGES", "Stage", "recommend", "run_stages"]

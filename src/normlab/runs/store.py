@@ -63,7 +63,7 @@ create table if not exists runs (
     loss_spikes integer, grad_spikes integer, megatron_spikes integer, wall_time_s real, tokens integer,
     max_activation real,           -- the largest finite |activation| the run's probes and forensics saw
     first_break text,              -- a diverged run: where its forward first broke (normlab.diagnostics.forensics)
-    spike_score real,              -- OLMo-core's spike score (normlab.diagnostics.stats.spike_score); none: too short
+    spike_score real,              -- OLMo-core's spike score (diagnostics.stability.spike_score); none: too short
     attempts integer not null default 0,
     worker text,                   -- host:pid or scheduler job id of the attempt that wrote the row
     job text,                      -- the scheduler job that holds the run, stored at submission (SLURM: 123_4)

@@ -45,7 +45,8 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-from normlab.diagnostics.training_monitor import SpikeRule
+from normlab.config.hooks import DivergenceSettings
+from normlab.diagnostics.stability import SkipStepRule, SpikeRule
 
 SPIKE_WINDOW = 128
 SPIKE_SIGMAS = 6.0
@@ -59,7 +60,8 @@ STALL_FLAT = 0.2  # "flat": improved by less than this fraction of the stall mar
 
 @dataclass
 class SpikeDetector:
-    """value > mean + 6 std of the previous 128 values (OLMo-core)."""
+    """The tier's count rule on one series (`normlab.diagnostics.stability.SpikeRule`): value > mean + 6
+    population std of the previous 128 values, from 16 values on."""
 
     history: deque = field(default_factory=lambda: deque(maxlen=SPIKE_WINDOW))
     count: int = 0
@@ -77,8 +79,9 @@ class SpikeDetector:
 
 @dataclass
 class SkipRule:
-    """OLMo-core's skip rule (module docstring): |x - mean| > sigmas * std (sample std) over the previous
-    ``window`` values of the loss, or of the gradient norm, once max(20, window // 2) values are known."""
+    """OLMo-core's skip rule in normlab's form (`normlab.diagnostics.stability.SkipStepRule`): |x - mean| > sigmas *
+    std (sample std) over the previous ``window`` values of the loss, or of the gradient norm, once max(20,
+    window // 2) values are known; this class keeps the two windows."""
 
     window: int = SPIKE_WINDOW
     sigmas: float = SPIKE_SIGMAS
@@ -87,17 +90,20 @@ class SkipRule:
 
     @property
     def min_history(self) -> int:
-        return max(20, self.window // 2)
+        return self.rule.min_history
+
+    @property
+    def rule(self) -> SkipStepRule:
+        """The rule itself (`normlab.diagnostics.stability.SkipStepRule`); this class keeps its two windows."""
+        return SkipStepRule(self.window, self.sigmas)
 
     def z_scores(self, loss: float, grad_norm: float) -> tuple[float | None, float | None]:
         """This step's |z| of the loss and of the gradient norm against the previous values (None while
         fewer than `min_history` values, this one included, are known); then both enter the window."""
         out: list[float | None] = []
+        rule = self.rule
         for values, x in ((self.losses, loss), (self.grad_norms, grad_norm)):
-            z = None
-            if len(values) + 1 >= self.min_history and len(values) >= 2 and math.isfinite(x):
-                mean, std = statistics.fmean(values), statistics.stdev(values)
-                z = abs(x - mean) / std if std > 0 else (0.0 if x == mean else math.inf)
+            z = rule.z(x, values)
             if math.isfinite(x):
                 values.append(x)
                 while len(values) > self.window:
@@ -105,9 +111,20 @@ class SkipRule:
             out.append(z)
         return out[0], out[1]
 
-    def threshold(self, values: deque) -> tuple[float, float]:
-        """(mean, std) of the window as it stands: a value farther than sigmas * std from mean is a spike."""
-        return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+def monitor_for(settings: DivergenceSettings, unigram_loss: float | None) -> DivergenceMonitor:
+    """The monitor of a run's divergence section (`normlab.config.hooks.DivergenceSettings`); ``unigram_loss``:
+    the corpus's unigram entropy where the stalled rule is on, else None."""
+    return DivergenceMonitor(
+        patience=settings.diverge_patience,
+        final_loss=settings.diverge_final_loss,
+        max_skipped=settings.max_skipped,
+        max_overflow_streak=settings.max_overflow_streak,
+        min_loss_scale=settings.min_loss_scale,
+        stall_margin=settings.stall_margin,
+        unigram_loss=unigram_loss,
+        skip_rule=SkipRule(window=settings.spike_window, sigmas=settings.spike_sigmas),
+    )
 
 
 @dataclass

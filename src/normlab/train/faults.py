@@ -26,7 +26,7 @@ from normlab.errors import ConfigError
 def injected(cfg: TrainConfig) -> dict[str, object] | None:
     """The fault this run injects, as summary.json's ``fault`` (its setting, step, scale and what it does in
     words: said at the run's start and in its one-line outcome); None for ``run.fault = "none"``."""
-    r = cfg.run
+    r = cfg.faults
     if r.fault == "none":
         return None
     does = {
@@ -44,13 +44,13 @@ def injected(cfg: TrainConfig) -> dict[str, object] | None:
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:
     """The factor on the schedule's learning rate at ``step`` (1 without an lr_jump)."""
-    r = cfg.run
+    r = cfg.faults
     return r.fault_scale if r.fault == "lr_jump" and step >= r.fault_step else 1.0
 
 
 def corrupt(step: int, cfg: TrainConfig, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The step's batch, or within a corrupt_batch fault's steps every input and target the batch's first token."""
-    r = cfg.run
+    r = cfg.faults
     if r.fault != "corrupt_batch" or not r.fault_step <= step < r.fault_step + max(1, round(r.fault_scale)):
         return x, y
     token = x.reshape(-1)[0]

@@ -56,7 +56,7 @@ class LineProgress:
 class Sinks:
     def __init__(self, cfg, run: RunDir, start: int) -> None:  # noqa: ANN001 - TrainConfig
         self.tb = self.wandb = self.bar = None
-        if cfg.run.tensorboard:
+        if cfg.loggers.tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
@@ -64,7 +64,7 @@ class Sinks:
                     "--tensorboard needs the tensorboard package: pip install 'normlab[tensorboard]'"
                 ) from None
             self.tb = SummaryWriter(log_dir=str(run.tensorboard_dir), purge_step=start)
-        if cfg.run.wandb:
+        if cfg.loggers.wandb:
             try:
                 import wandb
             except ImportError:
@@ -77,7 +77,7 @@ class Sinks:
                 resume="allow",
                 id=Path(cfg.run.out).name,
             )
-        if cfg.run.progress:
+        if cfg.loggers.progress:
             if sys.stderr.isatty():
                 from tqdm import tqdm
 

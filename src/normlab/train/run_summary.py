@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from normlab.diagnostics.forensics import site_of
-from normlab.diagnostics.stats import spike_score
+from normlab.diagnostics.stability import spike_score
 from normlab.diagnostics.tier import tier_summary
 from normlab.runs.files import RunDir
 from normlab.train.faults import injected

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import io
 import json
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -99,10 +98,8 @@ class SpikeHandler:
             before = replay(step - 1, False)
             beyond = []
             for kind, value, window in (("loss", before[0], windows[0]), ("grad_norm", before[1], windows[1])):
-                if kind in spike["kinds"] and len(window) >= 2:
-                    mean = sum(window) / len(window)
-                    std = math.sqrt(sum((v - mean) ** 2 for v in window) / (len(window) - 1))
-                    beyond.append(abs(value - mean) > rule.sigmas * std)
+                if kind in spike["kinds"] and len(window) >= 2:  # the skip rule on the windows the step met
+                    beyond.append(rule.rule.spikes(value, window, min_history=2))
             record["previous_batch"] = {"loss": before[0], "grad_norm": before[1], "spikes": any(beyond)}
             record["verdict"] = "dynamics" if any(beyond) else "data"
             record["why"] = (

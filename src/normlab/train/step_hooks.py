@@ -1,5 +1,6 @@
 """The training loop's optional features as step hooks (`normlab.diagnostics.hooks`): the probe pass
-(probes.jsonl), the per-step tier (layers.jsonl), QK-clip and the spike policy.
+(probes.jsonl), the per-step tier (layers.jsonl), QK-clip and the spike policy (the divergence section's hook,
+built by name: `normlab.train.hook_registry`).
 
 Their priorities put the probe pass first before the update and last after it (its rows read the weights
 before any other hook has touched the step, and its update rows include QK-clip's rescale), the tier next
@@ -11,8 +12,7 @@ forward).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import torch
 
@@ -22,6 +22,10 @@ from normlab.diagnostics.probes import Probes
 from normlab.diagnostics.tier import StepTier, TierSpikes
 from normlab.train.qk_clip import QKClip
 from normlab.train.spikes import SpikeHandler
+
+if TYPE_CHECKING:
+    from normlab.config.hooks import DivergenceSettings, ProbeSettings, TierSettings
+    from normlab.train.handle import RunHandle
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -36,6 +40,19 @@ class ProbeHook(StepHook):
     def __init__(self, probes: Probes, writer: ProbeWriter | None, every: int) -> None:
         self.probes, self.writer, self.every = probes, writer, every
         self.probing = False
+
+    @classmethod
+    def build(cls, settings: ProbeSettings, handle: RunHandle) -> ProbeHook | None:
+        """The probes section's hook: on the main rank (under FSDP2 on every rank: the probe is sharded), on the
+        first `probe_batch` validation windows; None with probe_every 0."""
+        cfg = handle.cfg
+        if not settings.probe_every or not (handle.is_main or cfg.run.fsdp):
+            return None
+        batch = handle.data.val_windows(1, settings.probe_batch, cfg.data.seq_len)[0]
+        probes = Probes(handle.model, batch, optimizer=handle.optimizer)
+        run = handle.run
+        writer = ProbeWriter(run.probes_file, handle.step) if run is not None else None
+        return cls(probes, writer, settings.probe_every)
 
     def write(self, rows: list[ProbeRow]) -> None:
         if self.writer is not None:
@@ -79,6 +96,16 @@ class TierHook(StepHook):
         self.spikes = TierSpikes()
         self.last: dict[str, Any] = {}
         tier.active = False  # each tier step's reset opens its hooks' window (not an evaluation before it)
+
+    @classmethod
+    def build(cls, settings: TierSettings, handle: RunHandle) -> TierHook | None:
+        """The tier section's hook (None with layer_stats off); its rows to layers.jsonl on the main rank."""
+        if not settings.layer_stats:
+            return None
+        tier = StepTier(handle.model, compiled=bool(handle.cfg.run.compile))  # resolved by the run: a bool
+        run = handle.run
+        log = run.layers_file.open("a", buffering=1) if run is not None else None
+        return cls(tier, log, settings.layer_stats_every)
 
     def on(self, step: int) -> bool:
         """Whether ``step`` is one of the tier's (every ``every``-th)."""
@@ -137,46 +164,47 @@ class QKClipHook(StepHook):
         self.clip.load_state_dict(state)
 
 
-class SpikeHook(StepHook):
-    """The spike policy (`normlab.train.spikes`): the step's RNG state kept before its forward; before the
-    update, the tier's per-layer rule and the loss and gradient-norm rule with its rerun (``replay``:
-    (step, same RNG) -> (loss, gradient norm); ``global_batch``: the step's whole batch, saved with a
-    spike); on a spike of either, the full probe pass on the step's first micro-batch (``first_batch``)."""
+class SpikePolicyHook(StepHook):
+    """The spike policy (`normlab.train.spikes`), the divergence section's hook: the step's RNG state kept before its
+    forward; before the update, the tier's per-layer rule and the loss and gradient-norm rule with its rerun (through
+    the run's handle: the step again on the same weights, its whole batch saved with a spike); on a spike of either,
+    the full probe pass on the step's first micro-batch."""
 
-    def __init__(
-        self,
-        handler: SpikeHandler,
-        device: torch.device,
-        replay: Callable[[int, bool], tuple[float, float]],
-        global_batch: Callable[[int], dict[str, torch.Tensor]],
-        first_batch: Callable[[int], Batch],
-        tier: TierHook | None,
-        probes: ProbeHook | None,
-    ) -> None:
-        self.handler, self.device, self.replay, self.global_batch = handler, device, replay, global_batch
-        self.first_batch, self.tier, self.probes = first_batch, tier, probes
+    def __init__(self, handler: SpikeHandler, handle: RunHandle) -> None:
+        self.handler, self.handle = handler, handle
         self.tier_probed: int | None = None  # the last step whose tier spike ran the full probe pass
 
+    @classmethod
+    def build(cls, settings: DivergenceSettings, handle: RunHandle) -> SpikePolicyHook:
+        return cls(SpikeHandler(handle.monitor, settings.on_spike, handle.run), handle)
+
     def pre_step(self, step: int) -> None:
-        self.handler.start(self.device)
+        self.handler.start(self.handle.device)
+
+    def rerun(self, step: int, same_rng: bool) -> tuple[float, float]:
+        """Step ``step`` again on the weights as they are; with ``same_rng``, from the RNG state it started with."""
+        return self.handle.rerun(step, self._restore_rng if same_rng else None)
+
+    def _restore_rng(self) -> None:
+        self.handler.restore_rng(self.handle.device)
 
     def veto(self, step: int, loss: float, grad_norm: float) -> dict[str, Any] | None:
-        fired = self.tier.fired(step) if self.tier is not None else []
-        record = self.handler.check(step, loss, grad_norm, self.replay, self.global_batch)
-        if (record is not None or fired) and self.probes is not None:
-            self._probe(step, record, fired)
+        tier, probes = self.handle.find(TierHook), self.handle.find(ProbeHook)
+        fired = tier.fired(step) if isinstance(tier, TierHook) else []
+        record = self.handler.check(step, loss, grad_norm, self.rerun, self.handle.global_batch)
+        if (record is not None or fired) and isinstance(probes, ProbeHook):
+            self._probe(probes, step, record, fired)
         return record
 
-    def _probe(self, step: int, record: dict[str, Any] | None, fired: list[str]) -> None:
+    def _probe(self, probes: ProbeHook, step: int, record: dict[str, Any] | None, fired: list[str]) -> None:
         """A spike's probe rows: a per-layer tier spike (two series per layer: one fires often early on) runs
         the full pass at most once per probe interval; a loss or gradient-norm spike always does."""
-        assert self.probes is not None
-        every = self.probes.every
+        every = probes.every
         bounded = fired and record is None and self.tier_probed is not None and step - self.tier_probed < every
         rows: list[ProbeRow] = []
         if not bounded:
             self.tier_probed = step if fired else self.tier_probed
-            rows = self.probes.spike_rows(step, self.first_batch(step))
+            rows = probes.spike_rows(step, self.handle.first_micro_batch(step))
         why = (record["kinds"] if record else []) + fired
         marks = [ProbeRow(step=step, layer=None, site="spike", metric=f"fired:{w}", value=1.0) for w in why]
-        self.probes.write(rows + marks)
+        probes.write(rows + marks)

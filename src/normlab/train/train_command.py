@@ -9,16 +9,29 @@ from __future__ import annotations
 import sys
 
 from normlab.config.train import TrainConfig
+from normlab.diagnostics.hooks import StepHook
+from normlab.errors import ConfigError
+from normlab.io import read_toml
 from normlab.runs.outcome import describe
 from normlab.runs.start import default_out, recorded_shape
 from normlab.train.faults import injected
+from normlab.train.hook_registry import user_hook
 from normlab.train.init_from import folder_settings
 from normlab.train.trainer import TrainingFailed, train
 
 
-def train_command(cfg: TrainConfig, given: set[str]) -> int:
-    """Train ``cfg``; ``given``: the names of the settings the user gave (`settings_keys`). Returns the exit
-    status: 0, or 1 when the run failed (its reason on stderr)."""
+def user_hooks(specs: list[str], config: str | None) -> list[StepHook]:
+    """--hook module:Class, each built with its settings from the [hook.Class] table of the --config file
+    (`normlab.train.hook_registry.user_hook`)."""
+    tables = read_toml(config, "config file").get("hook", {}) if config and specs else {}
+    if not isinstance(tables, dict):
+        raise ConfigError(f"{config}: [hook] holds one table per hook class ([hook.CLASS]), got {tables!r}")
+    return [user_hook(spec, tables.get(spec.partition(":")[2])) for spec in specs]
+
+
+def train_command(cfg: TrainConfig, given: set[str], hooks: list[StepHook] | None = None) -> int:
+    """Train ``cfg`` with the user's ``hooks``; ``given``: the names of the settings the user gave
+    (`settings_keys`). Returns the exit status: 0, or 1 when the run failed (its reason on stderr)."""
     if cfg.model.init_from:
         cfg = folder_settings(recorded_shape(cfg, given), given)  # a run's recorded shape, a folder's settings
     if "out" not in given:
@@ -28,7 +41,7 @@ def train_command(cfg: TrainConfig, given: set[str]) -> int:
     if fault is not None:
         print(f"normlab train: FAULT INJECTED: {fault['text']}", flush=True)
     try:
-        summary = train(cfg)
+        summary = train(cfg, hooks=hooks or ())
     except TrainingFailed as err:
         print(f"normlab: {err}", file=sys.stderr)
         return 1

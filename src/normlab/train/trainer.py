@@ -22,12 +22,11 @@ not speed). On CPU a sync costs nothing.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import platform
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -39,12 +38,9 @@ from normlab.config.train import TrainConfig
 from normlab.data import load_data
 from normlab.data.dataset import TokenData
 from normlab.data.sft import SFTData, load_sft_data
-from normlab.diagnostics.early_warning import Alert, EarlyWarningHook, print_alert, replayed
 from normlab.diagnostics.forensics import describe as describe_break
 from normlab.diagnostics.forensics import first_break, gradient_break
-from normlab.diagnostics.probe_store import ProbeWriter
-from normlab.diagnostics.probes import Probes
-from normlab.diagnostics.tier import StepTier
+from normlab.diagnostics.hooks import StepHook
 from normlab.errors import CheckpointError, ConfigError
 from normlab.io import truncate_jsonl
 from normlab.model import count_params, storage
@@ -59,10 +55,11 @@ from normlab.runs.files import RunDir
 from normlab.runs.model import build_run_model
 from normlab.runs.start import RunLock, Start, check_out, plan_start
 from normlab.train import distributed, faults
-from normlab.train.ckpt_schedule import SAVE_SHARE, CheckpointSchedule
-from normlab.train.divergence import DivergenceMonitor, SkipRule
+from normlab.train.ckpt_schedule import SAVE_SHARE
+from normlab.train.divergence import monitor_for
+from normlab.train.handle import RunHandle, StepActions
+from normlab.train.hook_registry import CheckpointHook, LoggerHook, build_hooks
 from normlab.train.init_from import read_init_weights
-from normlab.train.loggers import Sinks
 from normlab.train.memory import check_fits, device_capacity
 from normlab.train.mfu import flops_per_token, optimizer_flops, peak_flops
 from normlab.train.optim import lr_at, make_optimizer, set_lr
@@ -70,8 +67,7 @@ from normlab.train.qk_clip import QKClip
 from normlab.train.resume import load_state, resume_refusal
 from normlab.train.run_state import RunState
 from normlab.train.run_summary import max_activation, speed_summary, write_summary  # noqa: F401 - their old home
-from normlab.train.spikes import SpikeHandler
-from normlab.train.step_hooks import ProbeHook, QKClipHook, SpikeHook, TierHook
+from normlab.train.step_hooks import QKClipHook
 
 
 class TrainingFailed(RuntimeError):
@@ -142,11 +138,14 @@ def train(
     log: Callable[[str], None] = print,
     stop: threading.Event | None = None,
     lock: RunLock | None = None,
+    hooks: Sequence[StepHook] = (),
 ) -> dict[str, Any]:
     """Run training as configured; returns the summary (also written to summary.json). `stop`, once set (from
     another thread), ends the run after its current step with a checkpoint: `Stopped` is raised. `lock`: the
     run's lock, already taken by the caller (a sweep's worker, which takes it before it marks the run running);
-    it stays the caller's to release.
+    it stays the caller's to release. `hooks`: the user's own step hooks (`normlab.diagnostics.hooks.StepHook`
+    instances), run after the built-in ones; one with a ``bind(handle)`` method is given the run's handle
+    (`normlab.train.hook_registry.RunHandle`) before the first step.
 
     The main rank checks `--out`, takes the run's lock and decides where the run starts (`rundir`);
     the other ranks follow its decision and load the same checkpoint.
@@ -183,7 +182,7 @@ def train(
                 finished=finished,
                 checkpoint=load_checkpoint(path, verify=False) if path is not None else None,
             )
-        summary = start.finished if start.finished is not None else _train(cfg, info, start, stop)
+        summary = start.finished if start.finished is not None else _train(cfg, info, start, stop, hooks)
     except BaseException:
         distributed.teardown(info, clean=False)  # a barrier could wait forever on a rank that died
         raise
@@ -260,16 +259,7 @@ def build_state(cfg: TrainConfig, info: distributed.DistInfo, start: Start) -> R
         fwd=cast(nn.Module, torch.compile(wrapped)) if cfg.run.compile else wrapped,
         opt=opt,
         scaler=torch.amp.GradScaler(info.device.type, init_scale=cfg.run.loss_scale_init, enabled=cfg.loss_scaled),
-        monitor=DivergenceMonitor(
-            patience=cfg.run.diverge_patience,
-            final_loss=cfg.run.diverge_final_loss,
-            max_skipped=cfg.run.max_skipped,
-            max_overflow_streak=cfg.run.max_overflow_streak,
-            min_loss_scale=cfg.run.min_loss_scale,
-            stall_margin=cfg.run.stall_margin,
-            unigram_loss=data.unigram_loss() if cfg.run.stall_margin else None,
-            skip_rule=SkipRule(window=cfg.run.spike_window, sigmas=cfg.run.spike_sigmas),
-        ),
+        monitor=monitor_for(cfg.divergence, data.unigram_loss() if cfg.divergence.stall_margin else None),
         params=params,
         val=data.val_windows(cfg.run.eval_batches, cfg.data.batch_size, cfg.data.seq_len),
         trainable=[p for p in wrapped.parameters() if p.requires_grad],
@@ -296,64 +286,23 @@ def _tokenizer_facts(tok: Any) -> dict[str, Any] | None:
     return {"name": tok.name, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id, "eos_token": tok.eos_token}
 
 
-def open_records(state: RunState) -> None:
-    """config.json, the metrics/probe files cut back to the start step, the loggers (main rank only), and the
-    run's step hooks: the probe pass, the per-step tier, the spike policy (`normlab.train.step_hooks`)."""
-    cfg, run, main = state.cfg, RunDir(state.run), state.info.is_main
-    probes = step_tier = None
-    if cfg.run.probe_every and (main or cfg.run.fsdp):  # FSDP2: every rank runs the sharded probe
-        px, py = state.data.val_windows(1, cfg.run.probe_batch, cfg.data.seq_len)[0]
-        probes = Probes(distributed.unwrap(state.model), (px, py), optimizer=state.opt)
-    if cfg.run.layer_stats:
-        step_tier = StepTier(distributed.unwrap(state.model), compiled=bool(cfg.run.compile))  # resolved: a bool
-    handler = SpikeHandler(state.monitor, cfg.run.on_spike, run if main else None)
-    layers_log = probe_log = None
-    if main:
-        _write_run_record(state, run)
-        if cfg.run.layer_stats:
-            layers_log = run.layers_file.open("a", buffering=1)
-        state.sinks = Sinks(cfg, run, state.step)
-        if cfg.run.probe_every:
-            probe_log = ProbeWriter(run.probes_file, state.step)
-    probe_hook = None if probes is None else ProbeHook(probes, probe_log, cfg.run.probe_every)
-    tier_hook = None if step_tier is None else TierHook(step_tier, layers_log, cfg.run.layer_stats_every)
-    spike_hook = SpikeHook(
-        handler,
-        state.info.device,
-        lambda s, same: _replay(state, handler, s, same),
-        lambda s: _global_batch(state, s),
-        lambda s: micro_batches(state, s)[0],
-        tier_hook,
-        probe_hook,
-    )
-    for hook in (probe_hook, tier_hook, spike_hook):
-        if hook is not None:
-            state.hooks.add(hook)
-    if cfg.run.early_warnings and main:
-        state.hooks.add(_early_warnings(state, run, tier_hook))
-    if cfg.run.fault == "logit_growth":
-        state.hooks.add(
-            faults.LogitGrowthHook(distributed.unwrap(state.model), cfg.run.fault_step, cfg.run.fault_scale)
-        )
-
-
-def _early_warnings(state: RunState, run: RunDir, tier_hook: TierHook | None) -> EarlyWarningHook:
-    """The live alerts: each on stderr (above the progress bar), in warnings.jsonl and as a logger event."""
-    path, precision = run.warnings_file, state.cfg.stored_dtype
-    # a resumed run: its alerts before the start kept (later ones cut, as the metrics are), its detectors as
-    # they stood, fed again from its own rows (metrics.jsonl and layers.jsonl are cut back to the start already)
-    truncate_jsonl(path, state.step)
-    before = replayed(run.path, precision, until=state.step) if state.step else None
-
-    def on_alert(alert: Alert) -> None:
-        with path.open("a") as f:
-            f.write(json.dumps(alert.to_dict()) + "\n")
-        if state.sinks is not None:
-            state.sinks.alert(alert.step, alert.signal, alert.line())
-        else:
-            print_alert(alert)
-
-    return EarlyWarningHook(precision, lambda: tier_hook.last if tier_hook else None, on_alert, before)
+def open_records(state: RunState, user_hooks: Sequence[StepHook] = ()) -> None:
+    """config.json and the metrics files cut back to the start step (main rank only), then the run's step hooks,
+    each built by name from its own section (`normlab.train.hook_registry`: the probe pass, the per-step tier, the
+    spike policy, the early warnings, a fault, the checkpoint schedule, the loggers), then the user's hooks; each
+    hook with `bind` is given the run's handle."""
+    if state.info.is_main:
+        _write_run_record(state, RunDir(state.run))
+    handle = RunHandle(state, StepActions(replay, global_batch, micro_batches))
+    built = build_hooks(state.cfg, handle)
+    logger, ckpts = built.get("loggers"), built["checkpointing"]
+    state.sinks = logger.sinks if isinstance(logger, LoggerHook) else None
+    state.ckpts = ckpts.schedule if isinstance(ckpts, CheckpointHook) else None
+    for hook in [*built.values(), *user_hooks]:
+        bind = getattr(hook, "bind", None)
+        if callable(bind):
+            bind(handle)
+        state.hooks.add(hook)
 
 
 def _write_run_record(state: RunState, run: RunDir) -> None:
@@ -377,7 +326,7 @@ def _write_run_record(state: RunState, run: RunDir) -> None:
         run.write_tokenizer(state.data.tokenizer.to_json())
     truncate_jsonl(run.metrics_file, state.step)  # drop rows past the checkpoint (and torn lines): replayed
     for path in (run.layers_file, run.spikes_file):
-        if path.exists() or (path == run.layers_file and cfg.run.layer_stats):
+        if path.exists() or (path == run.layers_file and cfg.tier.layer_stats):
             truncate_jsonl(path, state.step)
 
 
@@ -438,15 +387,16 @@ def _forward_backward(state: RunState, step: int) -> tuple[torch.Tensor, torch.T
     return loss_sum, aux_sum, aux
 
 
-def _replay(state: RunState, spikes: SpikeHandler, step: int, same_rng: bool) -> tuple[float, float]:
+def replay(state: RunState, step: int, restore_rng: Callable[[], None] | None = None) -> tuple[float, float]:
     """Step ``step``'s forward and backward again on the weights as they are (its gradients kept aside and
-    put back): its (loss, gradient norm), reduced over the ranks as the step's own."""
+    put back): its (loss, gradient norm), reduced over the ranks as the step's own; ``restore_rng()`` first,
+    where given (the step's own RNG state: `normlab.train.spikes.SpikeHandler.restore_rng`)."""
     kept = [p.grad for p in state.trainable]
     for p in state.trainable:
         p.grad = None
     try:
-        if same_rng:
-            spikes.restore_rng(state.info.device)
+        if restore_rng is not None:
+            restore_rng()
         loss_sum, aux_sum, _ = _forward_backward(state, step)
         norm = torch.nn.utils.clip_grad_norm_(state.trainable, math.inf)
         if hasattr(norm, "full_tensor"):
@@ -459,7 +409,7 @@ def _replay(state: RunState, spikes: SpikeHandler, step: int, same_rng: bool) ->
             p.grad = g
 
 
-def _global_batch(state: RunState, step: int) -> dict[str, torch.Tensor]:
+def global_batch(state: RunState, step: int) -> dict[str, torch.Tensor]:
     """The whole batch of ``step`` (every rank's share), recomputed from (seed, step)."""
     cfg = state.cfg
     window = getattr(state.data, "train_window", None)
@@ -489,7 +439,7 @@ def train_step(state: RunState) -> dict[str, Any]:
     losses = distributed.mean_across_tensor(torch.stack([loss_sum, aux_sum]), info)  # one collective for both
     loss_val, aux_val, grad_norm = torch.cat([losses, grad_norm_t.float().to(losses.device).reshape(1)]).tolist()
     scaled = scaler.is_enabled()
-    apply = state.monitor.check_finite(step, loss_val, grad_norm, cfg.run.on_nonfinite, scaled=scaled)
+    apply = state.monitor.check_finite(step, loss_val, grad_norm, cfg.divergence.on_nonfinite, scaled=scaled)
     spike = state.hooks.veto(step, loss_val, grad_norm) if apply else None  # the spike policy
     spike_skip = spike is not None and spike["action"] == "skipped"
     apply = apply and not spike_skip
@@ -529,13 +479,16 @@ def train_step(state: RunState) -> dict[str, Any]:
 
 
 def _train(
-    cfg: TrainConfig, info: distributed.DistInfo, start: Start, stop: threading.Event | None = None
+    cfg: TrainConfig,
+    info: distributed.DistInfo,
+    start: Start,
+    stop: threading.Event | None = None,
+    hooks: Sequence[StepHook] = (),
 ) -> dict[str, Any]:
     state = build_state(cfg, info, start)
-    open_records(state)
-    ckpts = state.ckpts = CheckpointSchedule(
-        cfg.checkpoint_every, cfg.run.ckpt_every == 0, cfg.optim.steps, info, state.step
-    )
+    open_records(state, hooks)
+    ckpts = state.ckpts
+    assert ckpts is not None  # the checkpoints section's hook, built on every rank
     try:
         while state.step < cfg.optim.steps and not state.monitor.diverged:
             row = train_step(state)
@@ -599,14 +552,16 @@ def _save(state: RunState) -> None:
     if state.cfg.run.fsdp and state.info.enabled:  # every rank writes its shards; nothing is gathered
         assert isinstance(state.opt, torch.optim.Optimizer)  # FSDP2 refuses Muon (TrainConfig's validation)
         save_sharded_checkpoint(
-            state.run, state.step, state.model, state.opt, extra, state.cfg.run.keep_last, state.info.is_main
+            state.run, state.step, state.model, state.opt, extra, state.cfg.checkpointing.keep_last, state.info.is_main
         )
     elif state.info.is_main:
         final = state.step >= state.cfg.optim.steps
-        optimizer = {} if final and not state.cfg.run.keep_optimizer else {"optimizer": state.opt.state_dict()}
+        optimizer = (
+            {} if final and not state.cfg.checkpointing.keep_optimizer else {"optimizer": state.opt.state_dict()}
+        )
         save_checkpoint(
             state.run,
             state.step,
             {"model": distributed.unwrap(state.model).state_dict(), **optimizer, **extra},
-            state.cfg.run.keep_last,
+            state.cfg.checkpointing.keep_last,
         )

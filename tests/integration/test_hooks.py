@@ -1,0 +1,167 @@
+"""The training loop's hooks: built by name from their own sections, old flat keys migrated, and a user's hook
+taken by the Python API (instances) and by `normlab train --hook module:Class` (settings from [hook.Class])."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from dataclasses import fields
+
+import pytest
+
+from normlab.cli import main
+from normlab.config.hooks import HOOK_SECTIONS, MOVED, RUN_ORDER
+from normlab.config.train import TrainConfig, migrate
+from normlab.diagnostics.hooks import StepHook
+from normlab.train import train
+from normlab.train.hook_registry import HOOKS, CheckpointHook, FaultHook, LoggerHook, WarningsHook
+from normlab.train.step_hooks import ProbeHook, SpikePolicyHook, TierHook
+from tests.helpers import small
+
+HOOK_VALUES = {
+    "on_spike": "skip",
+    "spike_window": 64,
+    "spike_sigmas": 4.0,
+    "max_skipped": 0.2,
+    "ckpt_every": 5,
+    "keep_last": 3,
+    "progress": False,
+    "early_warnings": False,
+    "fault": "lr_jump",
+    "fault_step": 7,
+    "fault_scale": 3.0,
+}
+
+
+def _sections(cfg: TrainConfig) -> dict[str, dict]:
+    return {
+        name: {f.name: getattr(getattr(cfg, name), f.name) for f in fields(cls)} for name, cls in HOOK_SECTIONS.items()
+    }
+
+
+def test_every_registered_hook_has_its_own_section():
+    assert set(HOOKS) == set(HOOK_SECTIONS)
+    for name, (settings, _) in HOOKS.items():
+        assert HOOK_SECTIONS[name] is settings and isinstance(getattr(TrainConfig(), name), settings)
+    # the run section lost what the hooks own: 37 fields before, 13 now, and every one of them is still stored
+    run = [f.name for f in fields(TrainConfig().run)]
+    assert len(run) + len(MOVED) == len(RUN_ORDER) == 37 and not set(run) & set(MOVED)
+
+
+def test_an_old_config_file_gives_the_same_hook_settings(tmp_path):
+    """The flat keys a TOML file held (top level, or in [run]) and the new sections give the same settings; so
+    does a stored config of either form (config.json's nested "run" table, the older flat form)."""
+    old_flat, old_run, new = tmp_path / "flat.toml", tmp_path / "run.toml", tmp_path / "new.toml"
+    text = {k: json.dumps(v) if not isinstance(v, bool) else str(v).lower() for k, v in HOOK_VALUES.items()}
+    old_flat.write_text("".join(f"{k} = {v}\n" for k, v in text.items()))
+    old_run.write_text("[run]\n" + "".join(f"{k} = {v}\n" for k, v in text.items()))
+    new.write_text(
+        "".join(
+            f"[{section}]\n" + "".join(f"{k} = {v}\n" for k, v in text.items() if MOVED[k] == section)
+            for section in HOOK_SECTIONS
+        )
+    )
+    cfgs = [TrainConfig.from_toml(p) for p in (old_flat, old_run, new)]
+    assert _sections(cfgs[0]) == _sections(cfgs[1]) == _sections(cfgs[2])
+    assert cfgs[0].divergence.on_spike == "skip" and cfgs[0].checkpointing.ckpt_every == 5
+    assert cfgs[0].faults.fault_step == 7 and cfgs[0].loggers.progress is False
+    stored = cfgs[0].to_dict()
+    assert list(stored["run"]) == list(RUN_ORDER)  # the stored form as before: the hooks' keys in "run"
+    assert TrainConfig.from_dict(stored) == cfgs[0]
+    flat = {**cfgs[0].to_flat()}
+    assert TrainConfig.from_dict(migrate(flat)) == cfgs[0]
+    assert TrainConfig.of(**{"run.on_spike": "skip"}) == TrainConfig.of(**{"divergence.on_spike": "skip"})
+
+
+def test_hooks_are_built_by_name_from_their_sections(corpus, tmp_path):
+    """Defaults: the probe pass, the tier, the spike policy, the early warnings, the checkpoint schedule and the
+    loggers; a fault's hook only where the faults section asks for logit_growth; none with settings that leave it
+    off."""
+    seen: dict[str, list[type]] = {}
+    kinds = (ProbeHook, TierHook, SpikePolicyHook, WarningsHook, CheckpointHook, LoggerHook, FaultHook)
+
+    class Kinds(StepHook):
+        def bind(self, handle):
+            seen["kinds"] = [k for k in kinds if handle.find(k) is not None]
+
+    train(small(corpus, tmp_path / "a", steps=2), log=lambda *a: None, hooks=[Kinds()])
+    assert seen["kinds"] == [ProbeHook, TierHook, SpikePolicyHook, WarningsHook, CheckpointHook, LoggerHook]
+    cfg = small(corpus, tmp_path / "b", steps=2, early_warnings=False, fault="logit_growth", fault_scale=1.0)
+    train(cfg.with_({"probes.probe_every": 0, "tier.layer_stats": False}), log=lambda *a: None, hooks=[Kinds()])
+    assert seen["kinds"] == [SpikePolicyHook, CheckpointHook, LoggerHook, FaultHook]
+
+
+class StepRecorder(StepHook):
+    """A toy user hook: the steps it saw, applied or not, and the run folder its handle names."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[int, bool]] = []
+        self.folder = None
+
+    def bind(self, handle) -> None:
+        self.folder = handle.run.path
+
+    def post_step(self, step: int, applied: bool) -> None:
+        self.steps.append((step, applied))
+
+
+def test_the_python_api_takes_a_users_hook(corpus, tmp_path):
+    hook = StepRecorder()
+    summary = train(small(corpus, tmp_path / "r", steps=4), log=lambda *a: None, hooks=[hook])
+    assert hook.steps == [(0, True), (1, True), (2, True), (3, True)] and summary["status"] == "ok"
+    assert hook.folder == tmp_path / "r"
+
+
+TOY = """
+from dataclasses import dataclass
+from pathlib import Path
+
+from normlab.diagnostics.hooks import StepHook
+
+
+class Steps(StepHook):
+    @dataclass
+    class Settings:
+        path: str
+        every: int = 1
+
+    def __init__(self, settings):
+        self.settings = settings
+
+    def post_step(self, step, applied):
+        if step % self.settings.every == 0:
+            with Path(self.settings.path).open("a") as f:
+                f.write(f"{step}\\n")
+"""
+
+
+def test_normlab_train_takes_a_users_hook_with_its_settings(corpus, tmp_path, monkeypatch, capsys):
+    """--hook module:Class imports the user's module; the [hook.Class] table of --config gives its settings."""
+    (tmp_path / "toy_hook_module.py").write_text(textwrap.dedent(TOY))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = tmp_path / "seen.txt"
+    config = tmp_path / "run.toml"
+    config.write_text(f'steps = 5\n[hook.Steps]\npath = "{seen}"\nevery = 2\n')
+    args = ["train", "--config", str(config), "--data", str(corpus), "--size", "nano", "--seq-len", "32"]
+    args += ["--batch-size", "4", "--no-progress", "--out", str(tmp_path / "run"), "--hook", "toy_hook_module:Steps"]
+    assert main(args) == 0
+    assert seen.read_text().split() == ["0", "2", "4"]
+    config.write_text(f'steps = 5\n[hook.Steps]\npath = "{seen}"\nevry = 2\n')
+    assert main([*args[:-2], "--out", str(tmp_path / "run2"), "--hook", "toy_hook_module:Steps"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "evry" in err and "valid: path, every" in err
+    assert not (tmp_path / "run2").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize(
+    ("spec", "said"),
+    [
+        ("no_colon", "--hook takes module:Class"),
+        ("no_such_module_here:Hook", "cannot import it"),
+        ("json:JSONDecoder", "not a StepHook subclass"),
+    ],
+)
+def test_a_bad_hook_is_refused_in_one_line(spec, said, capsys):
+    assert main(["train", "--size", "nano", "--steps", "1", "--hook", spec]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and said in err
