@@ -68,6 +68,73 @@ def hc_gain(model: NormLM) -> dict[str, list[float]]:
     return composite_gain(mixes)
 
 
+def _measured(m: NormLM, x0: torch.Tensor, cfg: ScreenConfig, hyper: bool, bounded_premise: bool) -> dict[str, Any]:
+    """One stressed model's row: the profile over depth and its shape, the block Jacobians, the uncertainty
+    amplification, the hyper-connections' composite gain (``hyper``), and Thm 4's bound where it applies."""
+    with torch.no_grad():
+        _, hidden = m.run_blocks(x0, return_hidden_states=True)
+    assert hidden is not None  # asked for
+    prof = profile(hidden)
+    # hyper-connections: the composite mixing's gain over depth (mHC's Amax), from this forward's res matrices
+    gain = hc_gain(m) if hyper else None
+    sens = sensitivities(m, x0, cfg.iters)
+    row: dict[str, Any] = {
+        **prof,
+        # the shape over depth is fit on the block outputs (l = 1..L), as the papers plot them
+        "shape_mean_abs": fit_growth(prof["mean_abs"][1:]),
+        "shape_var": fit_growth(prof["var"][1:]),
+        "sensitivity": sens,
+        "sensitivity_mean": float(np.mean(sens)),
+        "sensitivity_product": float(np.prod(sens)),
+        "uncertainty": amplification(m, x0, cfg.noise, cfg.seed),
+    }
+    if gain is not None:
+        row["hc_gain"] = gain
+    if bounded_premise:
+        bound = output_norm_bound(m, prof["mean_abs"][0])
+        row["thm4_bound"] = bound
+        row["thm4_holds"] = all(v <= b * (1 + 1e-9) + 1e-12 for v, b in zip(prof["mean_abs"], bound))
+    return row
+
+
+def _judged(
+    per_stress: dict[str, Any], a: dict[str, Any], b: dict[str, Any], wp: dict[str, Any], bounded: bool
+) -> dict[str, Any]:
+    """The verdict from the lowest (``a``) and highest (``b``) stress: backward (the Jacobians' growth with s),
+    forward (Thm 4, flat, or growth of the final activation), and overall with the well-posedness."""
+    sens_ratio = _ratio(b["sensitivity_mean"], a["sensitivity_mean"])
+    if sens_ratio > GROWS:
+        backward = f"grows with s (x{sens_ratio:.2f})"
+    elif abs(sens_ratio - 1) <= INVARIANT:
+        backward = "invariant to s"
+    else:
+        backward = f"mild (x{sens_ratio:.2f})"
+    fwd_ratio = _ratio(b["mean_abs"][-1], a["mean_abs"][-1])
+    if bounded and all(r.get("thm4_holds") for r in per_stress.values()):
+        forward = "bounded (Thm 4 holds)"
+    elif all(r["shape_var"]["shape"] == "flat" for r in per_stress.values()):
+        forward = "flat in depth"
+    elif fwd_ratio > GROWS:
+        forward = f"grows with s (x{fwd_ratio:.2f})"
+    else:
+        forward = f"{b['shape_var']['shape']} in depth, ~s-invariant (x{fwd_ratio:.2f})"
+    if wp["worst"] == "bounded" and backward == "invariant to s":
+        overall = "stable"
+    elif wp["worst"] == "unbounded" and sens_ratio > GROWS:
+        overall = "unstable"
+    else:
+        overall = "caution"
+    return {
+        "wellposedness": wp["verdict"],
+        "forward": forward,
+        "forward_final_mean_abs_ratio": fwd_ratio,
+        "backward": backward,
+        "sensitivity_ratio": sens_ratio,
+        "uncertainty_ratio_growth": _ratio(b["uncertainty"]["ratio"], a["uncertainty"]["ratio"]),
+        "overall": overall,
+    }
+
+
 def screen_layout(layout: Layout | str, cfg: ScreenConfig, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     t0 = time.perf_counter()
     lay = as_layout(layout)
@@ -81,65 +148,25 @@ def screen_layout(layout: Layout | str, cfg: ScreenConfig, extra: dict[str, Any]
         x0 = model.embed_tokens(tokens)
     wp = wellposedness(resolved)
     bounded_premise = all_output_normalized(resolved)
-
-    def measure(m: NormLM) -> dict[str, Any]:
-        with torch.no_grad():
-            _, hidden = m.run_blocks(x0, return_hidden_states=True)
-        assert hidden is not None  # asked for
-        prof = profile(hidden)
-        # hyper-connections: the composite mixing's gain over depth (mHC's Amax), from this forward's res matrices
-        gain = hc_gain(m) if lay.streams > 1 else None
-        sens = sensitivities(m, x0, cfg.iters)
-        row: dict[str, Any] = {
-            **prof,
-            # the shape over depth is fit on the block outputs (l = 1..L), as the papers plot them
-            "shape_mean_abs": fit_growth(prof["mean_abs"][1:]),
-            "shape_var": fit_growth(prof["var"][1:]),
-            "sensitivity": sens,
-            "sensitivity_mean": float(np.mean(sens)),
-            "sensitivity_product": float(np.prod(sens)),
-            "uncertainty": amplification(m, x0, cfg.noise, cfg.seed),
-        }
-        if gain is not None:
-            row["hc_gain"] = gain
-        if bounded_premise:
-            bound = output_norm_bound(m, prof["mean_abs"][0])
-            row["thm4_bound"] = bound
-            row["thm4_holds"] = all(v <= b * (1 + 1e-9) + 1e-12 for v, b in zip(prof["mean_abs"], bound))
-        return row
+    hyper = lay.streams > 1
 
     per_stress = {}
     for s in cfg.stresses:
-        per_stress[repr(float(s))] = {"stress": float(s), **measure(stressed(model, s, cfg.mode))}
+        row = _measured(stressed(model, s, cfg.mode), x0, cfg, hyper, bounded_premise)
+        per_stress[repr(float(s))] = {"stress": float(s), **row}
     lo, hi = min(cfg.stresses), max(cfg.stresses)
     a, b = per_stress[repr(float(lo))], per_stress[repr(float(hi))]
     h_small = lay.h * cfg.h_factor
-    h_row = measure(with_h(stressed(model, hi, cfg.mode), h_small))
-
-    sens_ratio = _ratio(b["sensitivity_mean"], a["sensitivity_mean"])
-    if sens_ratio > GROWS:
-        backward = f"grows with s (x{sens_ratio:.2f})"
-    elif abs(sens_ratio - 1) <= INVARIANT:
-        backward = "invariant to s"
-    else:
-        backward = f"mild (x{sens_ratio:.2f})"
-    fwd_ratio = _ratio(b["mean_abs"][-1], a["mean_abs"][-1])
-    if bounded_premise and all(r.get("thm4_holds") for r in per_stress.values()):
-        forward = "bounded (Thm 4 holds)"
-    elif all(r["shape_var"]["shape"] == "flat" for r in per_stress.values()):
-        forward = "flat in depth"
-    elif fwd_ratio > GROWS:
-        forward = f"grows with s (x{fwd_ratio:.2f})"
-    else:
-        forward = f"{b['shape_var']['shape']} in depth, ~s-invariant (x{fwd_ratio:.2f})"
-    amp_ratio = _ratio(b["uncertainty"]["ratio"], a["uncertainty"]["ratio"])
-    if wp["worst"] == "bounded" and backward == "invariant to s":
-        overall = "stable"
-    elif wp["worst"] == "unbounded" and sens_ratio > GROWS:
-        overall = "unstable"
-    else:
-        overall = "caution"
-    last = list(per_stress.values())[-1]  # the gain reported: the last stress measured's
+    h_row = _measured(with_h(stressed(model, hi, cfg.mode), h_small), x0, cfg, hyper, bounded_premise)
+    verdict = _judged(per_stress, a, b, wp, bounded_premise)
+    if hyper:  # the gain reported: the last stress measured's
+        last = list(per_stress.values())[-1]
+        gain = max(max(last["hc_gain"]["forward"]), max(last["hc_gain"]["backward"]))
+        verdict = {
+            **{k: v for k, v in verdict.items() if k != "overall"},
+            "hc_gain": gain,
+            "overall": verdict["overall"],
+        }
     return {
         "layout": lay.label,
         "string": lay.to_string(),
@@ -157,20 +184,7 @@ def screen_layout(layout: Layout | str, cfg: ScreenConfig, extra: dict[str, Any]
             "sensitivity_mean": [b["sensitivity_mean"], h_row["sensitivity_mean"]],
             "uncertainty_ratio": [b["uncertainty"]["ratio"], h_row["uncertainty"]["ratio"]],
         },
-        "verdict": {
-            "wellposedness": wp["verdict"],
-            "forward": forward,
-            "forward_final_mean_abs_ratio": fwd_ratio,
-            "backward": backward,
-            "sensitivity_ratio": sens_ratio,
-            "uncertainty_ratio_growth": amp_ratio,
-            **(
-                {"hc_gain": max(max(last["hc_gain"]["forward"]), max(last["hc_gain"]["backward"]))}
-                if lay.streams > 1
-                else {}
-            ),
-            "overall": overall,
-        },
+        "verdict": verdict,
         "seconds": time.perf_counter() - t0,
     }
 
