@@ -187,9 +187,11 @@ def muon_shapes(cfg: ModelConfig, layout: str) -> list[tuple[int, int]]:
 
 
 def optimizer_work(cfg: ModelConfig, layout: str, optimizer: str = "adamw", ns_steps: int = 5) -> float:
-    """M: the FLOPs an optimizer step adds (module doc): Muon's Newton-Schulz iterations over the matrices
-    it takes; 0 for AdamW and SGD."""
-    if optimizer != "muon":
+    """M: the FLOPs an optimizer step adds (module doc), by its step_flops fact (normlab.config.optimizers):
+    Newton-Schulz iterations over the matrices it takes (Muon); 0 where its step is elementwise (AdamW, SGD)."""
+    from normlab.config.optimizers import OPTIMIZERS
+
+    if OPTIMIZERS[optimizer].step_flops != "newton_schulz":
         return 0.0
     from normlab.train.mfu import newton_schulz_flops
 
