@@ -65,7 +65,7 @@ def open_unit(v: Any) -> str | None:
     return None if 0 < v < 1 else "must lie in (0, 1)"
 
 
-def set_choices(cls: type, name: str, choices: tuple[Any, ...]) -> None:
+def set_choices(cls: Any, name: str, choices: tuple[Any, ...]) -> None:
     """Re-declare the choices of setting ``name`` of ``cls``: for a registry that gained or lost a row at run time
     (normlab.train.optim_registry), so that values and flags are checked against the registry as it is now."""
     f = cls.__dataclass_fields__[name]

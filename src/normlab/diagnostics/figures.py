@@ -28,6 +28,9 @@ from normlab.pages import plt
 
 if TYPE_CHECKING:
     import pandas as pd
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure as MplFigure
+    from matplotlib.lines import Line2D
 
 
 def _trailing_mean(y: np.ndarray, window: int = 10) -> np.ndarray:
@@ -36,10 +39,11 @@ def _trailing_mean(y: np.ndarray, window: int = 10) -> np.ndarray:
     c = np.concatenate([[0.0], np.cumsum(y, dtype=float)])
     i = np.arange(1, len(y) + 1)
     lo = np.maximum(0, i - window)
-    return (c[i] - c[lo]) / (i - lo)
+    out: np.ndarray = (c[i] - c[lo]) / (i - lo)
+    return out
 
 
-def finite_steps(tab) -> list[int]:  # noqa: ANN001 - a step x layer DataFrame
+def finite_steps(tab: pd.DataFrame) -> list[int]:
     """The steps of a step x layer table whose every value is finite (a diverged run's last probes are not)."""
     return [int(st) for st in tab.index if np.all(np.isfinite(tab.loc[st].to_numpy(dtype=float)))]
 
@@ -52,7 +56,7 @@ def _when(step: int, last: int, diverged: int | None) -> str:
     return f"step {step}, the last finite probe; {why}"
 
 
-def _not_drawn(ax, name: str, why: str) -> None:  # noqa: ANN001 - an Axes
+def _not_drawn(ax: Axes, name: str, why: str) -> None:
     """A legend entry for a run with nothing finite to draw, saying so (a legend never lists an invisible line)."""
     ax.plot([], [], ls="none", label=f"{name}: not drawn ({why})")
 
@@ -63,7 +67,7 @@ def _stored_fp16(runs: list[Run]) -> bool:
     return any(run.summary.get("activation_dtype") == "fp16" for run in runs)
 
 
-def _depth_colorbar(fig, ax, n_layers: int, cmap: str = "viridis", top: float = 1.0) -> None:  # noqa: ANN001
+def _depth_colorbar(fig: MplFigure, ax: Axes, n_layers: int, cmap: str = "viridis", top: float = 1.0) -> None:
     """The colour legend of a panel with a line per layer: a colour bar from layer 0 to the deepest."""
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import LinearSegmentedColormap, Normalize
@@ -75,7 +79,7 @@ def _depth_colorbar(fig, ax, n_layers: int, cmap: str = "viridis", top: float = 
     bar.ax.tick_params(labelsize=6)
 
 
-def fig_loss(runs: list[Run], names: list[str]):  # noqa: ANN201
+def fig_loss(runs: list[Run], names: list[str]) -> MplFigure:
     """Every run's loss and gradient norm to its last finite step; a diverged run's end marked with an X."""
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
     for run, name in zip(runs, names):
@@ -128,7 +132,7 @@ def fig_loss(runs: list[Run], names: list[str]):  # noqa: ANN201
     return fig
 
 
-def fig_depth(runs: list[Run], names: list[str], metric: str, label: str):  # noqa: ANN201
+def fig_depth(runs: list[Run], names: list[str], metric: str, label: str) -> MplFigure:
     fig, axes = _grid(len(runs), share=True)
     for ax, run, name in zip(axes, runs, names):
         tab = run.probe("stream", metric)
@@ -172,7 +176,7 @@ def _layer_grad(run: Run) -> pd.DataFrame | None:
     return g.unstack("layer")
 
 
-def _layer_line(ax, x: np.ndarray, y: np.ndarray, label: str, color: object = None):  # noqa: ANN001, ANN202
+def _layer_line(ax: Axes, x: np.ndarray, y: np.ndarray, label: str, color: object = None) -> Line2D:
     """One run's values by block on a log axis; a block whose value is 0 (an fp16 gradient that underflowed)
     is drawn as a triangle at the bottom of the axes and counted in the label, never dropped unseen."""
     zero = y <= 0
@@ -191,7 +195,7 @@ def _layer_line(ax, x: np.ndarray, y: np.ndarray, label: str, color: object = No
     return line
 
 
-def fig_grad_by_layer(runs: list[Run], names: list[str]):  # noqa: ANN201
+def fig_grad_by_layer(runs: list[Run], names: list[str]) -> MplFigure:
     """At the first and the last probe whose every block's gradient was finite: a run that diverged before
     its last probe is drawn at its last finite one, and its legend entry says so."""
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
@@ -230,7 +234,7 @@ def fig_grad_by_layer(runs: list[Run], names: list[str]):  # noqa: ANN201
     return fig
 
 
-def fig_top100(runs: list[Run], names: list[str]):  # noqa: ANN201
+def fig_top100(runs: list[Run], names: list[str]) -> MplFigure:
     fig, ax = plt.subplots(figsize=(8, 3.8))
     for run, name in zip(runs, names):
         lo, hi = run.probe("global", "top100_min"), run.probe("global", "top100_max")
@@ -264,7 +268,7 @@ def fig_top100(runs: list[Run], names: list[str]):  # noqa: ANN201
     return fig
 
 
-def fig_angular(runs: list[Run], names: list[str]):  # noqa: ANN201
+def fig_angular(runs: list[Run], names: list[str]) -> MplFigure:
     """The layer x layer matrix at the last probe where it is finite; for a run that recorded only the
     distance to the next layer (`TrainingMonitor`, `StreamProbe`), that distance by depth."""
     fig, axes = _grid(len(runs), 4.0, 3.6)
@@ -327,7 +331,7 @@ def _gamma_sites(run: Run) -> tuple[str, list[str]]:
     return "", []
 
 
-def fig_gamma(runs: list[Run], names: list[str]):  # noqa: ANN201
+def fig_gamma(runs: list[Run], names: list[str]) -> MplFigure:
     fig, axes = _grid(len(runs), share=True)
     for ax, run, name in zip(axes, runs, names):
         kind, sites = _gamma_sites(run)
@@ -355,7 +359,7 @@ def fig_gamma(runs: list[Run], names: list[str]):  # noqa: ANN201
     return fig
 
 
-def fig_attention(runs: list[Run], names: list[str]):  # noqa: ANN201
+def fig_attention(runs: list[Run], names: list[str]) -> MplFigure:
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
     for run, name in zip(runs, names):
         tab = run.probe("attn", "max_logit")
@@ -386,7 +390,7 @@ def fig_attention(runs: list[Run], names: list[str]):  # noqa: ANN201
     return fig
 
 
-def fig_expert_load(runs: list[Run], names: list[str]):  # noqa: ANN201
+def fig_expert_load(runs: list[Run], names: list[str]) -> MplFigure:
     """MoE routing over training: the busiest expert's load over the uniform share, per layer (1 is balanced)."""
     fig, axes = _grid(len(runs))
     for ax, run, name in zip(axes, runs, names):
@@ -426,7 +430,7 @@ def _has_learned(runs: list[Run]) -> bool:
     return any(_learned_series(run) for run in runs)
 
 
-def fig_learned(runs: list[Run], names: list[str]):  # noqa: ANN201
+def fig_learned(runs: list[Run], names: list[str]) -> MplFigure:
     """The learnable scalars over training, one line per layer: DyT's alpha (Zhu et al.: it tracks 1/std of its
     input), ReZero's / LayerScale's h, Admin's omega, NormFormer's head scales."""
     labels = {m: lab for m, _, lab in LEARNED}
@@ -481,7 +485,7 @@ TIER_PANELS = (
 )
 
 
-def fig_layers_per_step(runs: list[Run], names: list[str]):  # noqa: ANN201
+def fig_layers_per_step(runs: list[Run], names: list[str]) -> MplFigure:
     """The per-step tier (layers.jsonl): each panel one metric, a line per layer (viridis: shallow to deep)."""
     # a metric no run recorded is no panel (e.g. a run without attention logits); a run lacking one says so
     panels = [p for p in TIER_PANELS if any(not run.layer_series(p[0]).empty for run in runs)] or list(TIER_PANELS)
@@ -517,7 +521,7 @@ class Figure:
 
     key: str
     title: str
-    draw: Callable  # (runs, names) -> a matplotlib Figure
+    draw: Callable[[list[Run], list[str]], MplFigure]  # (runs, names) -> a matplotlib Figure
     needs_probes: bool = True  # drawn for the runs that recorded probes; left out when none did
     shown: Callable[[list[Run]], bool] = lambda runs: True  # whether the runs have what it draws
 

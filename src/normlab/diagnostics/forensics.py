@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -83,8 +84,8 @@ class _Recorder:
                 return "MLP hidden"
         return None
 
-    def _hook(self, path: str, site: str):  # noqa: ANN202 - a forward hook
-        def hook(mod: nn.Module, args: tuple, out: Any) -> None:
+    def _hook(self, path: str, site: str) -> Callable[[nn.Module, tuple[Any, ...], Any], None]:
+        def hook(mod: nn.Module, args: tuple[Any, ...], out: Any) -> None:
             x = args[0] if args and isinstance(args[0], torch.Tensor) else None
             parts = path.split(
                 "."

@@ -65,7 +65,7 @@ class Run:
     summary: dict[str, Any]
     metrics: pd.DataFrame
     probes: pd.DataFrame
-    evals: dict[str, dict] = field(default_factory=dict)  # eval.json (normlab eval), {} if not evaluated
+    evals: dict[str, dict[str, Any]] = field(default_factory=dict)  # eval.json (normlab eval), {} if not evaluated
     layers: pd.DataFrame = field(default_factory=_no_tier)
 
     def layer_series(self, metric: str) -> pd.DataFrame:

@@ -189,7 +189,9 @@ class Probes:
         self._prop31_rows(rows, step, seen)
         return rows
 
-    def _taps(self, mods: dict[str, nn.Module], n_layers: int, sharded: bool, captured: dict, io: dict) -> list[Any]:
+    def _taps(
+        self, mods: dict[str, nn.Module], n_layers: int, sharded: bool, captured: dict[str, Any], io: dict[str, Any]
+    ) -> list[Any]:
         """Forward hooks filling ``captured`` (the taps, gates, the dense MLPs' h and a) and, sharded, ``io``
         (each weight matrix's input and output); their handles."""
         handles = []
@@ -377,7 +379,7 @@ class Probes:
                 self._row(rows, step, i, "moe", "router_entropy", moe.entropy.item())
                 self._row(rows, step, i, "moe", "aux_loss", moe.aux.item())
 
-    def _prop31_rows(self, rows: list, step: int, seen: _Seen) -> None:
+    def _prop31_rows(self, rows: list[ProbeRow], step: int, seen: _Seen) -> None:
         """Kim Prop. 3.1 quantities for the last MLP (a dense, two-matrix MLP's quantities; not for MoE)."""
         mods, captured = seen.mods, seen.captured
         last = seen.n_layers - 1

@@ -74,7 +74,7 @@ def _global(run: Run, metric: str) -> dict[int, float]:
     return {int(st): float(v) for st, v in zip(at.step, at.value)} if len(at) else {}
 
 
-def activation_facts(run: Run) -> dict:
+def activation_facts(run: Run) -> dict[str, Any]:
     """The largest activation of a run against the FP16 limit, as the summary table shows it: the run's
     largest |x| (its summary's, or the probes' for a monitor folder), and the headroom 65504 / max |x|;
     a run whose activations overflowed (the forensic re-run found an overflow, or a probe was not finite)
@@ -103,7 +103,7 @@ def activation_facts(run: Run) -> dict:
     return {"max |x| in run": largest, "FP16 headroom": headroom, "max/median": ratio[max(ratio)] if ratio else None}
 
 
-def summary_rows(runs: list[Run], names: list[str]) -> list[dict]:
+def summary_rows(runs: list[Run], names: list[str]) -> list[dict[str, Any]]:
     """One row per run, from its summary (status, steps, losses, spikes, first break) and its probes where the
     summary has no entry (a TrainingMonitor folder); the columns are explained under the table."""
     rows = []
@@ -216,7 +216,7 @@ def reading_lines(runs: list[Run], names: list[str]) -> list[str]:
 PROP31_METRICS = ("tok_h_norm", "tok_grad_max", "tok_grad_mean", "grad_h_slope", "grad_h_corr", "tok_within_bound")
 
 
-def prop31_rows(runs: list[Run], names: list[str]) -> list[dict]:
+def prop31_rows(runs: list[Run], names: list[str]) -> list[dict[str, Any]]:
     """Kim Prop. 3.1 per token (`prop31.per_token`) at each run's first and last probe."""
     rows = []
     for run, name in zip(runs, names):
@@ -231,7 +231,7 @@ def prop31_rows(runs: list[Run], names: list[str]) -> list[dict]:
     return rows
 
 
-def eval_rows(runs: list[Run], names: list[str]) -> list[dict]:
+def eval_rows(runs: list[Run], names: list[str]) -> list[dict[str, Any]]:
     """Every lm-evaluation-harness metric of every run (normlab eval), with its stderr and sample count."""
     rows = []
     for run, name in zip(runs, names):

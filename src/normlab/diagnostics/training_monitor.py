@@ -141,7 +141,7 @@ class SpikeRule:
         if not (self.sigmas > 0 and self.window >= 2 and 2 <= self.min_history <= self.window):
             raise ValueError(f"a spike rule needs sigmas > 0 and 2 <= min_history <= window, got {self}")
 
-    def threshold(self, history: deque) -> float | None:
+    def threshold(self, history: deque[Any]) -> float | None:
         """The loss above which the next step is a spike, or None while the history is too short."""
         if len(history) < self.min_history:
             return None
@@ -150,7 +150,8 @@ class SpikeRule:
     def limits(self, windows: np.ndarray) -> np.ndarray:
         """mean + sigmas * std over the last axis (population std, as OLMo): one window's threshold, or many
         windows' at once (a row each)."""
-        return windows.mean(axis=-1) + self.sigmas * windows.std(axis=-1)
+        out: np.ndarray = windows.mean(axis=-1) + self.sigmas * windows.std(axis=-1)
+        return out
 
 
 def _check_arguments(model: Any, every: Any, probe_batch: Any, spike: Any, options: Mapping[str, Any]) -> None:
@@ -246,7 +247,7 @@ class TrainingMonitor:
         self.sites = dict(site_names or {})
         self.probe_call = Call((), dict(probe_batch)).to() if probe_batch is not None else None
         self._probe_fixed = probe_batch is not None or self.world == 1
-        self.history: deque = deque(maxlen=spike.window if spike else 2)
+        self.history: deque[Any] = deque(maxlen=spike.window if spike else 2)
         self._losses: list[float] = []
         self._worst: tuple[float, Call] | None = None
         self._probing = False
@@ -275,7 +276,7 @@ class TrainingMonitor:
         self._hook = model.register_forward_hook(self._on_forward, with_kwargs=True)
 
     # -- the model's forward: the loss it returned and the call it received --
-    def _on_forward(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+    def _on_forward(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
         if self._probing:
             return
         loss = getattr(output, "loss", None)

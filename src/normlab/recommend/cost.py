@@ -75,7 +75,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeGuard
@@ -367,7 +367,7 @@ def cache_file(key: str) -> Path:
     return cache_dir() / "recommend" / f"calibration-{key}.json"
 
 
-def _fastest(fn, repeats: int, deadline: float = math.inf) -> float:  # noqa: ANN001 - () -> None
+def _fastest(fn: Callable[[], object], repeats: int, deadline: float = math.inf) -> float:
     """The fastest of `repeats` calls after one warm-up call, each the lesser of its CPU and its wall seconds
     (module doc): a load only ever makes either slower. No repeat starts past `deadline` (time.perf_counter):
     then the fastest so far is kept, the warm-up's (an upper bound: it includes the first call's set-up) where
@@ -407,7 +407,7 @@ def _step_time(layout: str, n_layers: int, deadline: float = math.inf) -> float:
 
 
 @contextlib.contextmanager
-def _threads(threads: int):  # noqa: ANN202 - a context manager
+def _threads(threads: int) -> Iterator[None]:
     import torch
 
     saved = torch.get_num_threads()
@@ -520,7 +520,7 @@ def _cached(path: Path) -> Calibration | None:
 
 
 @contextlib.contextmanager
-def _locked(path: Path):  # noqa: ANN202 - a context manager
+def _locked(path: Path) -> Iterator[None]:
     """An exclusive lock on `path`'s lock file (beside it) while a read-merge-write runs: two calls on one
     machine never lose each other's measurement."""
     import fcntl

@@ -68,7 +68,7 @@ class Curve:
     rmse: float  # the fit's root-mean-square residual over the points fitted
 
     def loss(self, t: float) -> float:
-        return self.e + self.a * t ** (-self.alpha)
+        return float(self.e + self.a * t ** (-self.alpha))
 
     def tokens_for(self, target: float) -> float:
         """T(L) (eq. 2 inverted); inf where `target` is at or below the floor E."""
@@ -174,7 +174,7 @@ def speedup(
 def words(s: dict[str, Any]) -> str:
     """ "x1.12 [1.04, 1.21] of compute at the proxy, after a 3.1% slower step" """
     if s.get("value") is None:
-        return s.get("why", "no speedup measured")
+        return str(s.get("why", "no speedup measured"))
     v = s["value"]
     text = {"lower": ">= ", "upper": "<= "}.get(s.get("bound") or "", "") + f"x{v:.2f}"
     iv = s.get("interval")

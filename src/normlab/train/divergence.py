@@ -44,6 +44,7 @@ import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from normlab.diagnostics.training_monitor import SpikeRule
 
@@ -61,7 +62,7 @@ STALL_FLAT = 0.2  # "flat": improved by less than this fraction of the stall mar
 class SpikeDetector:
     """value > mean + 6 std of the previous 128 values (OLMo-core)."""
 
-    history: deque = field(default_factory=lambda: deque(maxlen=SPIKE_WINDOW))
+    history: deque[Any] = field(default_factory=lambda: deque(maxlen=SPIKE_WINDOW))
     count: int = 0
 
     def update(self, value: float) -> bool:
@@ -82,8 +83,8 @@ class SkipRule:
 
     window: int = SPIKE_WINDOW
     sigmas: float = SPIKE_SIGMAS
-    losses: deque = field(default_factory=deque)
-    grad_norms: deque = field(default_factory=deque)
+    losses: deque[Any] = field(default_factory=deque)
+    grad_norms: deque[Any] = field(default_factory=deque)
 
     @property
     def min_history(self) -> int:
@@ -105,7 +106,7 @@ class SkipRule:
             out.append(z)
         return out[0], out[1]
 
-    def threshold(self, values: deque) -> tuple[float, float]:
+    def threshold(self, values: deque[Any]) -> tuple[float, float]:
         """(mean, std) of the window as it stands: a value farther than sigmas * std from mean is a spike."""
         return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
@@ -187,7 +188,7 @@ class DivergenceMonitor:
             )
             self._diverge(seen - 1, f"{skipped} of {seen} steps skipped for {why} (more than {self.max_skipped:.0%})")
 
-    def check_spike(self, step: int, loss: float, grad_norm: float, skip: bool) -> dict | None:
+    def check_spike(self, step: int, loss: float, grad_norm: float, skip: bool) -> dict[str, Any] | None:
         """OLMo's skip rule on a finite step (`SkipRule`): None if neither value spiked, else what spiked
         with its z-scores; with ``skip`` the step is recorded as skipped (and counted against max_skipped)."""
         z_loss, z_grad = self.skip_rule.z_scores(loss, grad_norm)
@@ -246,7 +247,7 @@ class DivergenceMonitor:
                 "frequencies and nothing more"
             )
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         return {
             "status": self.status,
             "reason": self.reason,
@@ -260,7 +261,7 @@ class DivergenceMonitor:
             "unigram_loss": self.unigram_loss,
         }
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {
             "initial_loss": self.initial_loss,
             "above_initial": self.above_initial,
@@ -282,7 +283,7 @@ class DivergenceMonitor:
             "spike_skipped_steps": list(self.spike_skipped_steps),
         }
 
-    def load_state_dict(self, s: dict) -> None:
+    def load_state_dict(self, s: dict[str, Any]) -> None:
         self.initial_loss, self.above_initial = s["initial_loss"], s["above_initial"]
         self.status, self.reason, self.diverged_step = s["status"], s["reason"], s["diverged_step"]
         self.skipped_steps = list(s["skipped_steps"])

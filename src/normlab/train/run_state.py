@@ -33,8 +33,8 @@ class RunState:
     scaler: torch.amp.GradScaler
     monitor: DivergenceMonitor
     params: Any  # count_params of the unwrapped model
-    val: list
-    trainable: list  # the parameters the clip and the optimizer see (frozen gammas excluded)
+    val: list[Any]
+    trainable: list[Any]  # the parameters the clip and the optimizer see (frozen gammas excluded)
     step: int = 0
     tokens: int = 0
     wall_before: float = 0.0  # wall time of earlier sessions of this run (from the checkpoint)

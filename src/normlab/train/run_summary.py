@@ -19,7 +19,7 @@ from normlab.train.mfu import device_name
 from normlab.train.run_state import RunState
 
 
-def speed_summary(rows: list[dict], state: RunState) -> dict[str, Any]:
+def speed_summary(rows: list[dict[str, Any]], state: RunState) -> dict[str, Any]:
     """Median throughput and MFU over the steps after warm-up (the first 10%, at least one step:
     compilation, allocator growth), per run and per device; MFU "unknown" without a known peak."""
     steps = [r for r in rows if isinstance(r.get("tok_per_s"), (int, float))]
@@ -61,7 +61,7 @@ def _memory_summary(state: RunState) -> dict[str, float] | None:
     }
 
 
-def write_summary(state: RunState, status: str | None = None, error: str | None = None) -> dict:
+def write_summary(state: RunState, status: str | None = None, error: str | None = None) -> dict[str, Any]:
     run = RunDir(state.run)
     rows = run.metrics()
     finite = [r["loss"] for r in rows if isinstance(r.get("loss"), (int, float)) and math.isfinite(r["loss"])]

@@ -36,8 +36,7 @@ from torch import nn
 
 from normlab._version import __version__
 from normlab.config.train import TrainConfig
-from normlab.data import load_data
-from normlab.data.dataset import TokenData
+from normlab.data.dataset import TokenData, load_data
 from normlab.data.sft import SFTData, load_sft_data
 from normlab.diagnostics.early_warning import Alert, EarlyWarningHook, print_alert, replayed
 from normlab.diagnostics.forensics import describe as describe_break
@@ -118,7 +117,7 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, batches: list, cfg: TrainConfig, info: distributed.DistInfo) -> float:
+def evaluate(model: nn.Module, batches: list[Any], cfg: TrainConfig, info: distributed.DistInfo) -> float:
     """Mean validation loss over fixed windows (eval_batches x batch_size of them, whatever the
     world size or accumulation); each rank scores its share of every batch in micro-batches."""
     model.eval()
