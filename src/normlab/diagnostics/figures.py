@@ -25,6 +25,7 @@ from normlab.diagnostics.stats import FP16_MAX
 from normlab.pages import legend as _legend
 from normlab.pages import panels as _grid
 from normlab.pages import plt
+from normlab.runs.metrics import Metric, ProbeMetric
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -99,7 +100,7 @@ def fig_loss(runs: list[Run], names: list[str]) -> MplFigure:
         (line,) = a.plot(steps[ok], _trailing_mean(loss[ok]), label=f"{name} train (mean of 10 steps)")
         color = line.get_color()
         a.plot(steps[ok], loss[ok], lw=0.6, alpha=0.35, color=color)  # the raw losses the summary averages
-        if "val_loss" in m:
+        if Metric.VAL_LOSS in m:
             v = m[np.isfinite(m.val_loss.to_numpy(dtype=float))]
             if len(v):
                 a.plot(v.step, v.val_loss, "o--", color=color, ms=4, label=f"{name} val")
@@ -168,7 +169,7 @@ def fig_depth(runs: list[Run], names: list[str], metric: str, label: str) -> Mpl
 def _layer_grad(run: Run) -> pd.DataFrame | None:
     """Each block's gradient norm over its matrices: one row per probe step, one column per block (None: no
     matrix gradient was probed)."""
-    df = run.probes[(run.probes.metric == "grad_norm") & run.probes.site.str.contains("_proj")]
+    df = run.probes[(run.probes.metric == ProbeMetric.GRAD_NORM) & run.probes.site.str.contains("_proj")]
     if df.empty:
         return None
     # a non-finite matrix gradient makes its block's norm non-finite (pandas' sum would skip it: a 0 on a log axis)
@@ -237,7 +238,7 @@ def fig_grad_by_layer(runs: list[Run], names: list[str]) -> MplFigure:
 def fig_top100(runs: list[Run], names: list[str]) -> MplFigure:
     fig, ax = plt.subplots(figsize=(8, 3.8))
     for run, name in zip(runs, names):
-        lo, hi = run.probe("global", "top100_min"), run.probe("global", "top100_max")
+        lo, hi = run.probe("global", ProbeMetric.TOP100_MIN), run.probe("global", ProbeMetric.TOP100_MAX)
         if lo.empty:
             continue
         x, top, low = lo.index.to_numpy(), hi.iloc[:, 0].to_numpy(dtype=float), lo.iloc[:, 0].to_numpy(dtype=float)
@@ -362,7 +363,7 @@ def fig_gamma(runs: list[Run], names: list[str]) -> MplFigure:
 def fig_attention(runs: list[Run], names: list[str]) -> MplFigure:
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
     for run, name in zip(runs, names):
-        tab = run.probe("attn", "max_logit")
+        tab = run.probe("attn", ProbeMetric.MAX_LOGIT)
         if tab.empty:
             continue
         top = tab.max(axis=1).to_numpy(dtype=float)
@@ -478,10 +479,10 @@ def fig_learned(runs: list[Run], names: list[str]) -> MplFigure:
 
 
 TIER_PANELS = (
-    ("stream_max", "stream's largest |x|", "log"),
-    ("grad_norm", "gradient norm", "log"),
-    ("update_ratio", "update / weight norm", "log"),
-    ("max_logit", "largest attention logit (sampled)", "linear"),
+    (ProbeMetric.STREAM_MAX, "stream's largest |x|", "log"),
+    (ProbeMetric.GRAD_NORM, "gradient norm", "log"),
+    (ProbeMetric.UPDATE_RATIO, "update / weight norm", "log"),
+    (ProbeMetric.MAX_LOGIT, "largest attention logit (sampled)", "linear"),
 )
 
 

@@ -20,6 +20,7 @@ from normlab.diagnostics.attach import find_blocks
 from normlab.diagnostics.probe_store import ProbeRow
 from normlab.diagnostics.shards import local, shard_groups
 from normlab.errors import ConfigError
+from normlab.runs.metrics import ProbeMetric
 
 NORM_WORDS = ("norm", "ln_")  # module class or attribute names that mark a norm (RMSNorm, LayerNorm, ln_1)
 
@@ -84,9 +85,9 @@ class AttentionLogits:
     def rows(self, step: int) -> list[ProbeRow]:
         out: list[ProbeRow] = []
         for layer, heads in sorted(self.found.items()):
-            out.append(ProbeRow(step=step, layer=layer, site="attn", metric="max_logit", value=max(heads)))
+            out.append(ProbeRow(step=step, layer=layer, site="attn", metric=ProbeMetric.MAX_LOGIT, value=max(heads)))
             out += [
-                ProbeRow(step=step, layer=layer, site=f"attn.head{h}", metric="max_logit", value=v)
+                ProbeRow(step=step, layer=layer, site=f"attn.head{h}", metric=ProbeMetric.MAX_LOGIT, value=v)
                 for h, v in enumerate(heads)
             ]
         self.found = {}

@@ -29,6 +29,7 @@ from torch import nn
 
 from normlab.model.norms import is_norm
 from normlab.model.storage import NO_STORAGE, Storage
+from normlab.runs.summary import Forensics
 
 _SUBLAYER = {"attn": "attention", "mlp": "MLP"}
 _NORM_SITE = {"input": "input norm (A)", "output": "output norm (B)", "after_add": "after-add norm (C)"}
@@ -204,11 +205,9 @@ def gradient_break(model: nn.Module) -> list[str]:
 
 
 def site_of(forensics: dict[str, Any] | None) -> str | None:
-    """The short form of where the forward first broke, "block 11: MLP residual add" (None: it did not)."""
-    fwd = (forensics or {}).get("forward")
-    if not fwd:
-        return None
-    return fwd["site"] if fwd["layer"] is None else f"block {fwd['layer']}: {fwd['site']}"
+    """The short form of where the forward first broke, "block 11: MLP residual add" (None: it did not):
+    `normlab.runs.summary.Forensics.site` of a `first_break` result."""
+    return Forensics.from_json(forensics).site if forensics else None
 
 
 def tally(sites: list[str | float | None]) -> str:

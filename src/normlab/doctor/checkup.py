@@ -36,6 +36,7 @@ from normlab.model.lm import NormLM
 from normlab.model.storage import NO_STORAGE, for_run
 from normlab.runs.convert import SAMPLE_TEXTS as TEXTS
 from normlab.runs.files import RunDir
+from normlab.runs.metrics import ProbeMetric
 from normlab.runs.model import RunModel, load_run_model, run_tokenizer
 from normlab.screen.backward import sensitivities
 
@@ -185,7 +186,7 @@ def checkup(model: NormLM, x: torch.Tensor, jacobian_iters: int = 10) -> tuple[l
     )
     per_layer: dict[int, float] = {}
     for r in rows:
-        if r["metric"] == "grad_norm" and "_proj" in r["site"] and r["layer"] is not None:
+        if r["metric"] == ProbeMetric.GRAD_NORM and "_proj" in r["site"] and r["layer"] is not None:
             per_layer[r["layer"]] = per_layer.get(r["layer"], 0.0) + r["value"] ** 2
     norms = {k: math.sqrt(v) for k, v in per_layer.items()}
     if norms and max(norms.values()) < VANISHED:  # e.g. a saturated final DyT: tanh' = 0 for every entry
@@ -214,7 +215,7 @@ def checkup(model: NormLM, x: torch.Tensor, jacobian_iters: int = 10) -> tuple[l
     heads = [
         (r["value"], r["layer"], r["site"])
         for r in rows
-        if r["metric"] == "max_logit" and r["site"].startswith("attn.head")
+        if r["metric"] == ProbeMetric.MAX_LOGIT and r["site"].startswith("attn.head")
     ]
     if heads:
         v, layer, site = max(heads)

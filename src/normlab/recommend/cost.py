@@ -86,6 +86,7 @@ from normlab.model.config import ModelConfig
 
 if TYPE_CHECKING:
     from normlab.config.train import TrainConfig
+    from normlab.runs.summary import RunSummary
 
 # 2: timings the lesser of CPU and wall time, the fastest of more repeats, the measurement's date: a calibration
 # cached by an earlier release (CPU time only) is measured again once (a cached one without stream rates gets
@@ -731,16 +732,14 @@ class RunStep:
         return self.seconds / predicted if predicted > 0 else math.inf
 
 
-def run_step(config: TrainConfig, summary: dict[str, Any] | None) -> RunStep | None:
+def run_step(config: TrainConfig, summary: RunSummary | None) -> RunStep | None:
     """A run's `RunStep` from its configuration and summary.json, None unless it finished its steps normally
     (ok or stalled: a diverged run's last steps are not a training step's work) on the CPU (what the calibration
     measures) with a throughput recorded."""
-    if not isinstance(summary, dict) or summary.get("status") not in ("ok", "stalled"):
+    if summary is None or not summary.trained or summary.device != "cpu":
         return None
-    if summary.get("device") != "cpu":
-        return None
-    tok_s = summary.get("tok_per_s")
-    if not _positive(tok_s):
+    tok_s = summary.tok_per_s
+    if tok_s is None or not _positive(tok_s):
         return None
     tokens = config.data.batch_size * config.data.seq_len
     return RunStep(

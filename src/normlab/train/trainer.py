@@ -57,6 +57,7 @@ from normlab.runs.checkpoint import (
 from normlab.runs.files import RunDir
 from normlab.runs.model import build_run_model
 from normlab.runs.start import RunLock, Start, check_out, plan_start
+from normlab.runs.summary import Forensics
 from normlab.train import distributed, faults
 from normlab.train.ckpt_schedule import SAVE_SHARE, CheckpointSchedule
 from normlab.train.divergence import DivergenceMonitor, SkipRule
@@ -397,7 +398,7 @@ def micro_batches(state: RunState, step: int) -> list[tuple[torch.Tensor, torch.
     return [(x[i * micro : (i + 1) * micro], y[i * micro : (i + 1) * micro]) for i in range(cfg.data.grad_accum)]
 
 
-def find_break(state: RunState) -> dict[str, Any]:
+def find_break(state: RunState) -> Forensics:
     """Where the diverged run first broke: its failing step's batch re-run, hooked, through the weights
     in memory (the failing update was never applied), on every rank; the first rank that broke."""
     step = state.monitor.diverged_step
@@ -411,7 +412,7 @@ def find_break(state: RunState) -> dict[str, Any]:
     others = [g for f in ranks for g in f["gradients"] if g not in chosen["gradients"]]
     chosen = {"step": step, **chosen, "rank": rank, "gradients": chosen["gradients"] + list(dict.fromkeys(others))}
     chosen["text"] = describe_break(chosen)
-    return chosen
+    return Forensics.from_json(chosen)
 
 
 def _forward_backward(state: RunState, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
