@@ -25,22 +25,35 @@ from normlab.runs.outcome import FINISHED, TRAINED
 _BOOK = ("keys", "extra")  # the bookkeeping fields: not keys on disk
 
 
-def _accepts(hint: Any, value: Any) -> bool:
-    """Whether a JSON value fits a field's annotation (None, str, int, float, bool, list, dict, a record)."""
+def _options(hint: Any) -> tuple[Any, ...]:
+    """The types an annotation admits: each member of a union (``int | None``: int, NoneType), generics bare."""
     options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
-    for t in options:
-        t = typing.get_origin(t) or t
+    return tuple(typing.get_origin(t) or t for t in options)
+
+
+def _read(hint: Any, value: Any) -> tuple[bool, Any]:
+    """(whether a JSON value fits a field's annotation, the value as the field holds it: a nested record read)."""
+    for t in _options(hint):
         if t is type(None) and value is None:
-            return True
-        if t is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-            return True
-        if t is int and isinstance(value, int) and not isinstance(value, bool):
-            return True
+            return True, None
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if number and (t is float or (t is int and isinstance(value, int))):  # a float field takes an int
+            return True, value
         if t in (str, bool, list, dict) and isinstance(value, t):
-            return True
+            return True, value
         if isinstance(t, type) and issubclass(t, _Record) and isinstance(value, Mapping):
-            return True
-    return False
+            return True, t.from_json(value)
+    return False, None
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    """A record's typed keys and their annotations (the bookkeeping fields left out), read once per class."""
+    if cls not in _HINTS:
+        _HINTS[cls] = {k: v for k, v in typing.get_type_hints(cls).items() if k not in _BOOK}
+    return _HINTS[cls]
 
 
 @dataclass(frozen=True)
@@ -52,17 +65,15 @@ class _Record:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Self:
-        hints = typing.get_type_hints(cls)
+        hints = _hints(cls)
         typed: dict[str, Any] = {}
         extra: dict[str, Any] = {}
         for key, value in data.items():
-            hint = hints.get(key) if key not in _BOOK else None
-            if hint is None or not _accepts(hint, value):
-                extra[key] = value
-            elif isinstance(value, Mapping) and key in _NESTED.get(cls.__name__, {}):
-                typed[key] = _NESTED[cls.__name__][key].from_json(value)
+            fits, held = _read(hints[key], value) if key in hints else (False, None)
+            if fits:
+                typed[key] = held
             else:
-                typed[key] = value
+                extra[key] = value
         return cls(keys=tuple(data), extra=extra, **typed)
 
     def to_json(self) -> dict[str, Any]:
@@ -159,7 +170,3 @@ class RunSummary(_Record):
     def trained(self) -> bool:
         """Finished with a finite final loss (ok or stalled)."""
         return self.status in TRAINED
-
-
-# a record's fields that hold another record: read into it
-_NESTED: dict[str, dict[str, type[_Record]]] = {"RunSummary": {"forensics": Forensics}}
