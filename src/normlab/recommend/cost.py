@@ -80,7 +80,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeGuard
 
-from normlab.layout import as_layout
+from normlab.layout import Layout, as_layout
 from normlab.layout.sites import STREAM_MIXES
 from normlab.model.config import ModelConfig
 
@@ -118,7 +118,7 @@ SCREEN_RANGE_S = (1e-6, 1e3)  # one screen of the calibration's 1-layer shape, i
 STREAM_RATIO_MAX = 1e3  # a mix's step against Pre-LN's
 
 
-def _matrix_weights(cfg: ModelConfig, layout: str) -> int:
+def _matrix_weights(cfg: ModelConfig, layout: str | Layout) -> int:
     """N: the weights in matrix products per token (q, k, v, o, the gate's projection, the MLP or the k
     experts a token uses and the router, the LM head)."""
     d, hd, h, kv = cfg.d_model, cfg.head_dim, cfg.n_heads, cfg.kv_heads
@@ -131,7 +131,7 @@ def _matrix_weights(cfg: ModelConfig, layout: str) -> int:
     return total
 
 
-def _norm_elements(cfg: ModelConfig, layout: str) -> int:
+def _norm_elements(cfg: ModelConfig, layout: str | Layout) -> int:
     """Norm elements per token: every norm site's width, over the layers."""
     lay = as_layout(layout)
     d, hd = cfg.d_model, cfg.head_dim
@@ -147,14 +147,15 @@ def _norm_elements(cfg: ModelConfig, layout: str) -> int:
 
 
 def step_work(
-    cfg: ModelConfig, layout: str, tokens: int = CAL_BATCH * CAL_SEQ, seq: int = CAL_SEQ
+    cfg: ModelConfig, layout: str | Layout, tokens: int = CAL_BATCH * CAL_SEQ, seq: int = CAL_SEQ
 ) -> tuple[float, float]:
     """(F, E) of one training step of `layout` at `cfg` on `tokens` tokens (module doc)."""
+    layout = as_layout(layout)  # parsed once for both counts
     flops = 6 * _matrix_weights(cfg, layout) + 12 * cfg.n_layers * cfg.n_heads * cfg.head_dim * seq
     return float(tokens * flops), float(tokens * _norm_elements(cfg, layout))
 
 
-def stream_work(cfg: ModelConfig, layout: str, tokens: int = CAL_BATCH * CAL_SEQ) -> tuple[str, float]:
+def stream_work(cfg: ModelConfig, layout: str | Layout, tokens: int = CAL_BATCH * CAL_SEQ) -> tuple[str, float]:
     """(mix, S) of one training step (module doc): the stream elements every hyper-connection reads and writes,
     S = tokens x 2 L x n x d; ("", 0) for one stream."""
     lay = as_layout(layout)
@@ -169,7 +170,7 @@ def block_work(cfg: ModelConfig) -> float:
     return float(SCREEN_TOKENS * (2 * per_layer + 4 * cfg.n_heads * cfg.head_dim * SCREEN_SEQ))
 
 
-def muon_shapes(cfg: ModelConfig, layout: str) -> list[tuple[int, int]]:
+def muon_shapes(cfg: ModelConfig, layout: str | Layout) -> list[tuple[int, int]]:
     """The (out, in) shapes of the matrices Muon takes (`normlab.train.optim.muon_matrices`), counted from
     the shape and the layout's data: per block q, k, v, o, the gate's projection where the layout has one,
     and the MLP's matrices, or each expert's (and a shared expert's); routers stay with AdamW."""
@@ -187,7 +188,7 @@ def muon_shapes(cfg: ModelConfig, layout: str) -> list[tuple[int, int]]:
     return out
 
 
-def optimizer_work(cfg: ModelConfig, layout: str, optimizer: str = "adamw", ns_steps: int = 5) -> float:
+def optimizer_work(cfg: ModelConfig, layout: str | Layout, optimizer: str = "adamw", ns_steps: int = 5) -> float:
     """M: the FLOPs an optimizer step adds (module doc), by its step_flops fact (normlab.config.optimizers):
     Newton-Schulz iterations over the matrices it takes (Muon); 0 where its step is elementwise (AdamW, SGD)."""
     from normlab.config.optimizers import OPTIMIZERS
@@ -223,13 +224,14 @@ class Calibration:
     def step_seconds(
         self,
         cfg: ModelConfig,
-        layout: str,
+        layout: str | Layout,
         optimizer: str = "adamw",
         ns_steps: int = 5,
         tokens: int = CAL_BATCH * CAL_SEQ,
         seq: int = CAL_SEQ,
     ) -> float:
         """One training step of `layout` at `cfg` on `tokens` tokens in sequences of `seq` (the proxies' batch)."""
+        layout = as_layout(layout)  # parsed once for the three counts
         f, e = step_work(cfg, layout, tokens, seq)
         mix, s = stream_work(cfg, layout, tokens)
         return (
@@ -245,7 +247,7 @@ class Calibration:
         return self.step_seconds(REFERENCE_SHAPE, "peri") / REFERENCE_STEP_S
 
     def run_seconds(
-        self, cfg: ModelConfig, layout: str, steps: int, optimizer: str = "adamw", ns_steps: int = 5
+        self, cfg: ModelConfig, layout: str | Layout, steps: int, optimizer: str = "adamw", ns_steps: int = 5
     ) -> float:
         return RUN_OVERHEAD_S * self.speed + STEP_FACTOR * steps * self.step_seconds(cfg, layout, optimizer, ns_steps)
 
