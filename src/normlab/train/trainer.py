@@ -55,8 +55,9 @@ from normlab.runs.checkpoint import (
     set_rng_state,
 )
 from normlab.runs.files import RunDir
+from normlab.runs.lock import RunLock
 from normlab.runs.model import build_run_model
-from normlab.runs.start import RunLock, Start, check_out, plan_start
+from normlab.runs.start import Start, check_out, plan_start
 from normlab.runs.summary import Forensics
 from normlab.train import distributed, faults
 from normlab.train.ckpt_schedule import SAVE_SHARE, CheckpointSchedule
