@@ -65,7 +65,7 @@ def _not_drawn(ax: Axes, name: str, why: str) -> None:
 def _stored_fp16(runs: list[Run]) -> bool:
     """Whether any of the runs stored its activations in fp16: the FP16 maximum is drawn only then (a bf16 or
     fp32 run has no overflow in reach, and a line at 65504 would say it has)."""
-    return any(run.summary.get("activation_dtype") == "fp16" for run in runs)
+    return any(run.summary.activation_dtype == "fp16" for run in runs)
 
 
 def _depth_colorbar(fig: MplFigure, ax: Axes, n_layers: int, cmap: str = "viridis", top: float = 1.0) -> None:
@@ -87,14 +87,12 @@ def fig_loss(runs: list[Run], names: list[str]) -> MplFigure:
         m = run.metrics
         steps, loss = m.step.to_numpy(), m.loss.to_numpy(dtype=float)
         ok = np.isfinite(loss)
-        diverged = run.summary.get("status") == "diverged"
+        diverged = run.summary.status == "diverged"
         if not ok.any():
             _not_drawn(
                 a,
                 name,
-                f"no finite loss; diverged at step {run.summary.get('diverged_step')}"
-                if diverged
-                else "no finite loss",
+                f"no finite loss; diverged at step {run.summary.diverged_step}" if diverged else "no finite loss",
             )
             continue
         (line,) = a.plot(steps[ok], _trailing_mean(loss[ok]), label=f"{name} train (mean of 10 steps)")
@@ -108,7 +106,7 @@ def fig_loss(runs: list[Run], names: list[str]) -> MplFigure:
         gok = np.isfinite(g) & (g > 0)
         b.plot(steps[gok], g[gok], lw=0.8, color=color, label=name)
         if diverged:
-            at = run.summary.get("diverged_step")
+            at = run.summary.diverged_step
             a.scatter(
                 [steps[ok][-1]],
                 [loss[ok][-1]],
@@ -120,7 +118,7 @@ def fig_loss(runs: list[Run], names: list[str]) -> MplFigure:
             )
             if gok.any():
                 b.scatter([steps[gok][-1]], [g[gok][-1]], marker="X", s=90, color=color, zorder=5)
-    broke = any(run.summary.get("status") == "diverged" for run in runs)
+    broke = any(run.summary.status == "diverged" for run in runs)
     a.set(
         title="Loss (faint: each step; X: a diverged run's last finite step)" if broke else "Loss (faint: each step)",
         xlabel="step",
@@ -216,7 +214,7 @@ def fig_grad_by_layer(runs: list[Run], names: list[str]) -> MplFigure:
             g.loc[finite[0]].to_numpy(dtype=float),
             name if finite[0] == g.index[0] else f"{name} (step {finite[0]})",
         )
-        when = _when(finite[-1], int(g.index[-1]), run.summary.get("diverged_step"))
+        when = _when(finite[-1], int(g.index[-1]), run.summary.diverged_step)
         if finite[-1] == g.index[-1] and g.index[-1] < run.probes.step.max():  # a monitor's final probe: no gradients
             when += f", the last probe with gradients (step {int(run.probes.step.max())} has none)"
         _layer_line(b, x, g.loc[finite[-1]].to_numpy(dtype=float), f"{name} ({when})", line.get_color())
@@ -248,16 +246,16 @@ def fig_top100(runs: list[Run], names: list[str]) -> MplFigure:
             continue
         (line,) = ax.plot(x[ok], top[ok], label=f"{name} (top-100 band)")
         ax.fill_between(x[ok], low[ok], top[ok], color=line.get_color(), alpha=0.25)
-        brk = run.summary.get("forensics") or {}
-        if (brk.get("forward") or {}).get("kind") == "overflow":  # where the stored activations overflowed
+        brk = run.summary.forensics
+        if brk is not None and brk.overflowed and brk.step is not None:  # where the stored activations overflowed
             ax.scatter(
-                [brk["step"]],
-                [brk.get("limit") or FP16_MAX],
+                [brk.step],
+                [brk.limit or FP16_MAX],
                 marker="X",
                 s=120,
                 color=line.get_color(),
                 zorder=5,
-                label=f"{name} overflowed (step {brk['step']})",
+                label=f"{name} overflowed (step {brk.step})",
             )
     if _stored_fp16(runs):
         ax.axhline(FP16_MAX, ls="--", color="tab:orange", label="FP16 max 65504")
@@ -308,7 +306,7 @@ def fig_angular(runs: list[Run], names: list[str]) -> MplFigure:
         for _, r in last.iterrows():
             mat[int(r.layer), int(r.site.split(":")[1])] = r.value
         im = ax.imshow(mat, vmin=0, vmax=0.5, cmap="magma_r", origin="lower")
-        when = _when(finite[-1], steps[-1], run.summary.get("diverged_step"))
+        when = _when(finite[-1], steps[-1], run.summary.diverged_step)
         ax.set(title=f"{name}: angular distance, last token\n({when})", xlabel="layer", ylabel="layer")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
@@ -373,7 +371,7 @@ def fig_attention(runs: list[Run], names: list[str]) -> MplFigure:
         if not finite:
             _not_drawn(b, name, "no probe with finite logits")
             continue
-        when = _when(finite[-1], int(tab.index[-1]), run.summary.get("diverged_step"))
+        when = _when(finite[-1], int(tab.index[-1]), run.summary.diverged_step)
         b.plot(
             tab.columns.astype(int),
             tab.loc[finite[-1]].to_numpy(dtype=float),

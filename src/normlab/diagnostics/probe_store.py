@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from normlab.io import truncate_jsonl
 from normlab.runs.files import RunDir
+from normlab.runs.summary import RunSummary
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -62,7 +63,7 @@ class ProbeWriter:
 class Run:
     path: Path
     config: dict[str, Any]
-    summary: dict[str, Any]
+    summary: RunSummary  # summary.json (RunSummary() where the run wrote none)
     metrics: pd.DataFrame
     probes: pd.DataFrame
     evals: dict[str, dict[str, Any]] = field(default_factory=dict)  # eval.json (normlab eval), {} if not evaluated
@@ -96,7 +97,7 @@ def load_run(path: str | Path) -> Run:
     return Run(
         path=run.path,
         config=run.record() or {},
-        summary=run.summary() or {},
+        summary=run.read_summary() or RunSummary(),
         metrics=metrics,
         probes=probes,
         evals=run.evals(),

@@ -161,6 +161,10 @@ class RunSummary(_Record):
     forensics: Forensics | None = None
     first_break: str | None = None
 
+    def given(self, key: str) -> bool:
+        """Whether the file has ``key`` (a summary written before a key existed has not)."""
+        return key in self.keys
+
     def finished(self, steps: int | None = None) -> bool:
         """Whether the run ended (ok, stalled or diverged) and, given ``steps``, logged that many (a finished
         summary of another length is another run's)."""
