@@ -126,7 +126,8 @@ quotes: install
 test: install
 	$(PY) -m pytest -n 3 --dist worksteal
 
-# ruff (lint + format check, configured in pyproject.toml) over every Python file; mypy over the package, strict on the typed core.
+# ruff (lint + format check, configured in pyproject.toml) over every Python file; mypy over the package with
+# check_untyped_defs, strict on settings, config/, layout/, recommend/, train/ and diagnostics/ (pyproject.toml).
 $(VENV)/.lint-installed: $(VENV)/.installed
 	$(PY) -m pip install -q $(LINT)
 	touch $@

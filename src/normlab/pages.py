@@ -11,7 +11,7 @@ import base64
 import html
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 
@@ -20,16 +20,22 @@ import matplotlib.pyplot as plt
 
 from normlab.io import atomic_write_bytes
 
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+__all__ = ["figure_html", "fmt", "legend", "panels", "plt", "table_html", "write_page"]  # plt: pyplot on Agg
+
 plt.rcParams.update({"figure.dpi": 110, "font.size": 10, "axes.titlesize": 11, "axes.grid": True, "grid.alpha": 0.3})
 
 
-def legend(ax, **kw: Any) -> None:  # noqa: ANN001 - an Axes
+def legend(ax: Axes, **kw: Any) -> None:
     """A legend where the axes have labelled artists (a run without probes draws none)."""
     if ax.get_legend_handles_labels()[0]:
         ax.legend(**kw)
 
 
-def panels(n: int, width: float = 4.2, height: float = 3.2, share: bool = False):  # noqa: ANN201
+def panels(n: int, width: float = 4.2, height: float = 3.2, share: bool = False) -> tuple[Figure, list[Axes]]:
     """One panel per run; ``share``: the same x and y axes on every panel, so layouts compare at a glance."""
     cols = min(n, 4 if n == 4 else 3)
     rows = math.ceil(n / cols)

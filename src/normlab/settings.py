@@ -65,6 +65,14 @@ def open_unit(v: Any) -> str | None:
     return None if 0 < v < 1 else "must lie in (0, 1)"
 
 
+def set_choices(cls: Any, name: str, choices: tuple[Any, ...]) -> None:
+    """Re-declare the choices of setting ``name`` of ``cls``: for a registry that gained or lost a row at run time
+    (normlab.train.optim_registry), so that values and flags are checked against the registry as it is now."""
+    f = cls.__dataclass_fields__[name]
+    f.metadata = types.MappingProxyType({**f.metadata, "choices": choices})
+    _leaves.cache_clear()
+
+
 @dataclass(frozen=True)
 class Leaf:
     """One addressable setting: its key, section, type and metadata."""

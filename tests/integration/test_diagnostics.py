@@ -400,14 +400,14 @@ def test_the_report_tells_the_truth_of_a_run_that_overflowed(overflowed):
     # the post run: its summary's numbers; the headroom cell names the overflow and the last finite probe's max
     tops = {int(st): v for st, v in zip(*[runs[0].probe("global", "max_abs").reset_index().iloc[:, i] for i in (0, 1)])}
     last = max(st for st, v in tops.items() if math.isfinite(v))
-    assert rows["post"]["status"] == f"diverged at step {post['diverged_step']}"
-    assert rows["post"]["steps"] == post["steps"] and rows["post"]["final loss"] == post["final_loss"]
-    assert rows["post"]["max |x| in run"] == post["max_activation"]
+    assert rows["post"]["status"] == f"diverged at step {post.diverged_step}"
+    assert rows["post"]["steps"] == post.steps and rows["post"]["final loss"] == post.final_loss
+    assert rows["post"]["max |x| in run"] == post.max_activation
     assert rows["post"]["FP16 headroom"] == (
-        f"overflowed (step {post['forensics']['step']}); last finite max {tops[last]:.4g} (step {last})"
+        f"overflowed (step {post.forensics.step}); last finite max {tops[last]:.4g} (step {last})"
     )
     assert rows["peri"]["status"] == "ok" and rows["peri"]["FP16 headroom"] == pytest.approx(
-        FP16_MAX / peri["max_activation"]
+        FP16_MAX / peri.max_activation
     )
     # the loss: each run to its last finite step, the diverged run's end marked at that step
     fig = fig_loss(runs, ["post", "peri"])
@@ -416,24 +416,24 @@ def test_the_report_tells_the_truth_of_a_run_that_overflowed(overflowed):
     finite_steps = runs[0].metrics.step[np.isfinite(runs[0].metrics.loss.to_numpy(dtype=float))].tolist()
     assert (
         list(lines["post train (mean of 10 steps)"].get_xdata()) == finite_steps
-        and finite_steps[-1] <= post["diverged_step"]
+        and finite_steps[-1] <= post.diverged_step
     )
-    assert lines["post train (mean of 10 steps)"].get_ydata()[-1] == pytest.approx(post["final_loss"])
+    assert lines["post train (mean of 10 steps)"].get_ydata()[-1] == pytest.approx(post.final_loss)
     marks = {c.get_label(): c.get_offsets() for c in loss_ax.collections}
-    assert marks[f"post diverged at step {post['diverged_step']}"][0][0] == finite_steps[-1]
+    assert marks[f"post diverged at step {post.diverged_step}"][0][0] == finite_steps[-1]
     raw = next(
         ln for ln in loss_ax.get_lines() if ln.get_label().startswith("_") and list(ln.get_xdata()) == finite_steps
     )
-    assert np.mean(raw.get_ydata()[-10:]) == pytest.approx(post["final_loss"])  # the summary's final loss, drawn
-    assert list(lines["peri train (mean of 10 steps)"].get_xdata()) == list(range(peri["steps"]))
-    assert lines["peri train (mean of 10 steps)"].get_ydata()[-1] == pytest.approx(peri["final_loss"])
+    assert np.mean(raw.get_ydata()[-10:]) == pytest.approx(post.final_loss)  # the summary's final loss, drawn
+    assert list(lines["peri train (mean of 10 steps)"].get_xdata()) == list(range(peri.steps))
+    assert lines["peri train (mean of 10 steps)"].get_ydata()[-1] == pytest.approx(peri.final_loss)
     # the gradient norm by layer at the end: both runs drawn, the diverged one at its last finite probe, said so
     end = fig_grad_by_layer(runs, ["post", "peri"]).axes[1]
     labels = [ln.get_label() for ln in end.get_lines() if not ln.get_label().startswith("_")]
-    assert len(labels) == 2 and labels[1] == f"peri (step {peri['steps']})"
+    assert len(labels) == 2 and labels[1] == f"peri (step {peri.steps})"
     assert (
         labels[0].startswith("post (step ")
-        and f"the last finite probe; diverged at step {post['diverged_step']}" in labels[0]
+        and f"the last finite probe; diverged at step {post.diverged_step}" in labels[0]
     )
     for figure in FIGURES:
         if figure.shown(runs):

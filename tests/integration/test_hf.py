@@ -583,7 +583,7 @@ def test_trainer_callback_writes_a_run_the_report_reads(tmp_path):
     assert len(run.probe("stream", "var").columns) == SMALL["num_hidden_layers"] + 1
     assert set(run.probe("self_attn.q_proj", "grad_norm").columns) == {0, 1}
     assert not run.probe("mlp_norms.input", "gamma_mean").empty  # Llama's post_attention_layernorm
-    assert run.summary["status"] == "ok" and run.summary["spikes"] == 0
+    assert run.summary.status == "ok" and run.summary.extra["spikes"] == 0
     # attention logits per head, recomputed from the attention's inputs: equal to normlab's own probe on the
     # same weights (the model at the end, on the probe batch)
     from normlab.diagnostics.probes import Probes

@@ -15,6 +15,7 @@ from normlab.config.train import TrainConfig
 from normlab.model.config import ModelConfig
 from normlab.recommend import cost, plan
 from normlab.recommend.shape import proxy_shape, read_user_model
+from normlab.runs.summary import RunSummary
 
 QUIET = lambda *a, **k: None
 MEASURED_AT = 1764000000.0  # 2025-11-24 16:00 UTC
@@ -175,7 +176,7 @@ def test_runs_faster_than_predicted_lower_the_cached_rates():
     assert "lowered to 0.55x of that by proxy runs that ran faster (1970-01-01 00:00 UTC)" in got.describe()
     # a run's step from what it recorded: tokens a step over its median tokens a second, on the CPU, finished
     config = TrainConfig.of(size="micro-deep", layout="peri", batch_size=4, seq_len=32, optimizer="muon")
-    step = cost.run_step(config, {"status": "stalled", "device": "cpu", "tok_per_s": 1280.0})
+    step = cost.run_step(config, RunSummary.from_json({"status": "stalled", "device": "cpu", "tok_per_s": 1280.0}))
     assert step == cost.RunStep(config.model.config, "peri", 4 * 32 / 1280.0, 128, 32, "muon", 5)
     for summary in (
         {"status": "diverged", "device": "cpu", "tok_per_s": 1280.0},  # its last steps are not a step's work
@@ -183,7 +184,7 @@ def test_runs_faster_than_predicted_lower_the_cached_rates():
         {"status": "ok", "device": "cpu", "tok_per_s": math.nan},
         None,
     ):
-        assert cost.run_step(config, summary) is None
+        assert cost.run_step(config, None if summary is None else RunSummary.from_json(summary)) is None
 
 
 def test_runs_on_a_busy_machine_never_raise_the_calibration():

@@ -11,6 +11,7 @@ import pandas as pd
 
 from normlab.diagnostics.figures import fig_layers_per_step, fig_top100
 from normlab.diagnostics.probe_store import Run, tier_rows
+from normlab.runs.summary import RunSummary
 
 
 def _run(dtype: str, tier: list[dict]) -> Run:
@@ -21,9 +22,9 @@ def _run(dtype: str, tier: list[dict]) -> Run:
             for m, v in (("top100_min", 1.0), ("top100_max", 10.0))
         ]
     )
+    summary = RunSummary.from_json({"activation_dtype": dtype})
     return Run(
-        path=None, config={}, summary={"activation_dtype": dtype}, metrics=pd.DataFrame(), probes=probes,
-        layers=tier_rows(tier),
+        path=None, config={}, summary=summary, metrics=pd.DataFrame(), probes=probes, layers=tier_rows(tier),
     )  # fmt: skip
 
 

@@ -70,6 +70,22 @@ def test_default_candidates_start_with_the_users_model_and_its_changes_removals_
     assert order[:3] == ["qwen3", plus_out, "attn=qkAB,mlp=AB,emb,final"] and order[-1] == "pre"
 
 
+def test_each_candidate_is_parsed_once_with_its_name_label_and_layout():
+    """The choice carries its candidates as typed objects (name, label, layout), in the order of its names."""
+    from normlab.recommend.inputs import Candidate, has_streams, unbuildable
+
+    choice = choose(RecommendConfig(), _user("qwen3"))
+    assert [c.name for c in choice.candidates] == choice.names
+    plus_out = choice.candidate("attn=qkAB,mlp=AB,final")
+    assert plus_out.label == choice.labels[plus_out.name] and plus_out.label.endswith("+ output norms")
+    assert plus_out.form == as_layout(plus_out.name).to_string() and choice.candidate("qwen3").label == ""
+    assert has_streams(choice.candidates) and "pre-mhc" in choice.names  # the defaults hold a stream layout
+    assert not has_streams([choice.candidate("qwen3")]) and has_streams([Candidate.of("pre-hc")])
+    assert unbuildable(plus_out, _user("qwen3")) is None
+    with pytest.raises(KeyError, match="not a candidate"):
+        choice.candidate("not-a-layout")
+
+
 def test_yours_names_in_candidates_and_their_refusals():
     choice = choose(RecommendConfig(candidates=("yours+out",)), _user("qwen3"))
     assert choice.names == ["qwen3", "attn=qkAB,mlp=AB,final"]

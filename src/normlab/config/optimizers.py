@@ -2,10 +2,13 @@
 normlab.train.optim.OPTIMIZER_BUILDERS, is the other).
 
 A row says which parameters the optimizer takes (all, or the blocks' 2-D hidden matrices with another optimizer on
-the rest), how many float32 numbers of state it keeps per parameter it takes (what `normlab plan` counts,
-normlab.train.memory), what its step costs beyond the elementwise update (normlab.train.mfu), and the settings
-(`OptimSettings` fields) it reads. The settings' choices (``optim.optimizer``, ``normlab recommend --optimizer``)
-are the rows' names. tests/unit/test_registries.py checks the rows against the builders, the settings and the plan.
+the rest), how many float32 numbers of state it keeps per parameter it takes (what `normlab plan` and a sweep's disk
+budget count, normlab.train.memory), what its step costs beyond the elementwise update (normlab.train.mfu,
+normlab.recommend.cost), whether its step runs on FSDP2's shards (the settings' check, normlab.config.train) and the
+settings (`OptimSettings` fields) it reads. The settings' choices (``optim.optimizer``, ``normlab recommend
+--optimizer``) are the rows' names. tests/unit/test_registries.py checks the rows against the builders, the settings
+and the plan; tests/unit/test_registry_consumers.py registers a toy optimizer (normlab.train.optim_registry) and
+checks that every consumer reads its facts.
 
 Sources: AdamW, Loshchilov & Hutter 2019 (two moments per parameter); SGD with momentum (Kim et al. 2025 App. I; one
 buffer per parameter, none without momentum); Muon, Jordan et al. 2024 (torch.optim.Muon: one momentum buffer per
@@ -31,7 +34,8 @@ class OptimizerFacts:
     state_floats: float32 numbers of state per parameter it takes; state_if: the setting whose value 0 means it keeps
     no state (SGD without momentum), None: always; step_flops: what its step adds beyond the elementwise update
     ("newton_schulz": Newton-Schulz iterations on each matrix it takes, normlab.train.mfu.newton_schulz_flops);
-    settings: the `OptimSettings` fields it reads.
+    settings: the `OptimSettings` fields it reads; unsharded: why its step needs each matrix whole, so that
+    FSDP2's shards (each rank a slice of every matrix) cannot run it (None: it updates entry by entry and shards).
     """
 
     name: str
@@ -43,6 +47,7 @@ class OptimizerFacts:
     rest: str | None = None
     state_if: str | None = None
     step_flops: StepFlops = "none"
+    unsharded: str | None = None
 
 
 _ADAMW_SETTINGS = ("beta1", "beta2", "eps")
@@ -83,6 +88,7 @@ OPTIMIZER_FACTS: tuple[OptimizerFacts, ...] = (
         ),
         rest="adamw",
         step_flops="newton_schulz",
+        unsharded="orthogonalizes whole matrices",
     ),
 )
 

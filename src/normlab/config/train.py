@@ -53,7 +53,7 @@ from normlab.config.hooks import (
     TierSettings,
     WarningSettings,
 )
-from normlab.config.optimizers import OPTIMIZER_NAMES
+from normlab.config.optimizers import OPTIMIZER_NAMES, OPTIMIZERS
 from normlab.errors import ConfigError, LayoutError
 from normlab.layout import Layout, parse_layout
 from normlab.layout.sites import ResolvedLayout
@@ -468,10 +468,10 @@ class TrainConfig:
             raise ConfigError(f"min_lr must lie in [0, lr={o.lr}], got {o.min_lr}")
         if d.batch_size % d.grad_accum:
             raise ConfigError(f"batch_size={d.batch_size} must be divisible by grad_accum={d.grad_accum}")
-        if r.fsdp and o.optimizer == "muon":
+        if r.fsdp and (whole := OPTIMIZERS[o.optimizer].unsharded) is not None:
             raise ConfigError(
-                "muon orthogonalizes whole matrices and FSDP2 shards them across ranks; with "
-                "--optimizer muon leave --fsdp off (DDP is fine)"
+                f"{o.optimizer} {whole} and FSDP2 shards them across ranks; with "
+                f"--optimizer {o.optimizer} leave --fsdp off (DDP is fine)"
             )
         if r.fsdp and o.qk_clip is not None:
             raise ConfigError(

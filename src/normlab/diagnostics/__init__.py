@@ -3,7 +3,8 @@
 from normlab.diagnostics.attach import ProbeSession, StreamProbe, find_blocks, probing
 from normlab.diagnostics.probe_store import Run, load_run
 from normlab.diagnostics.probes import Probes
-from normlab.diagnostics.training_monitor import SpikeRule, TrainingMonitor
+from normlab.diagnostics.stability import SpikeRule
+from normlab.diagnostics.training_monitor import TrainingMonitor
 
 __all__ = [
     "ProbeSession",

@@ -93,10 +93,10 @@ class StreamProbe:
         states: list[torch.Tensor] = []
         first_input: list[torch.Tensor] = []
 
-        def out_hook(m, a, o):  # noqa: ANN001, ANN202
+        def out_hook(m: nn.Module, a: tuple[Any, ...], o: Any) -> None:
             states.append(o[0] if isinstance(o, tuple) else o)
 
-        def pre_hook(m, a, kw):  # noqa: ANN001, ANN202
+        def pre_hook(m: nn.Module, a: tuple[Any, ...], kw: dict[str, Any]) -> None:
             if not first_input:
                 x = a[0] if a else next(v for v in kw.values() if isinstance(v, torch.Tensor))
                 first_input.append(x)

@@ -25,9 +25,13 @@ from normlab.diagnostics.stats import FP16_MAX
 from normlab.pages import legend as _legend
 from normlab.pages import panels as _grid
 from normlab.pages import plt
+from normlab.runs.metrics import Metric, ProbeMetric
 
 if TYPE_CHECKING:
     import pandas as pd
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure as MplFigure
+    from matplotlib.lines import Line2D
 
 
 def _trailing_mean(y: np.ndarray, window: int = 10) -> np.ndarray:
@@ -36,10 +40,11 @@ def _trailing_mean(y: np.ndarray, window: int = 10) -> np.ndarray:
     c = np.concatenate([[0.0], np.cumsum(y, dtype=float)])
     i = np.arange(1, len(y) + 1)
     lo = np.maximum(0, i - window)
-    return (c[i] - c[lo]) / (i - lo)
+    out: np.ndarray = (c[i] - c[lo]) / (i - lo)
+    return out
 
 
-def finite_steps(tab) -> list[int]:  # noqa: ANN001 - a step x layer DataFrame
+def finite_steps(tab: pd.DataFrame) -> list[int]:
     """The steps of a step x layer table whose every value is finite (a diverged run's last probes are not)."""
     return [int(st) for st in tab.index if np.all(np.isfinite(tab.loc[st].to_numpy(dtype=float)))]
 
@@ -52,7 +57,7 @@ def _when(step: int, last: int, diverged: int | None) -> str:
     return f"step {step}, the last finite probe; {why}"
 
 
-def _not_drawn(ax, name: str, why: str) -> None:  # noqa: ANN001 - an Axes
+def _not_drawn(ax: Axes, name: str, why: str) -> None:
     """A legend entry for a run with nothing finite to draw, saying so (a legend never lists an invisible line)."""
     ax.plot([], [], ls="none", label=f"{name}: not drawn ({why})")
 
@@ -60,10 +65,10 @@ def _not_drawn(ax, name: str, why: str) -> None:  # noqa: ANN001 - an Axes
 def _stored_fp16(runs: list[Run]) -> bool:
     """Whether any of the runs stored its activations in fp16: the FP16 maximum is drawn only then (a bf16 or
     fp32 run has no overflow in reach, and a line at 65504 would say it has)."""
-    return any(run.summary.get("activation_dtype") == "fp16" for run in runs)
+    return any(run.summary.activation_dtype == "fp16" for run in runs)
 
 
-def _depth_colorbar(fig, ax, n_layers: int, cmap: str = "viridis", top: float = 1.0) -> None:  # noqa: ANN001
+def _depth_colorbar(fig: MplFigure, ax: Axes, n_layers: int, cmap: str = "viridis", top: float = 1.0) -> None:
     """The colour legend of a panel with a line per layer: a colour bar from layer 0 to the deepest."""
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import LinearSegmentedColormap, Normalize
@@ -75,27 +80,25 @@ def _depth_colorbar(fig, ax, n_layers: int, cmap: str = "viridis", top: float = 
     bar.ax.tick_params(labelsize=6)
 
 
-def fig_loss(runs: list[Run], names: list[str]):  # noqa: ANN201
+def fig_loss(runs: list[Run], names: list[str]) -> MplFigure:
     """Every run's loss and gradient norm to its last finite step; a diverged run's end marked with an X."""
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
     for run, name in zip(runs, names):
         m = run.metrics
         steps, loss = m.step.to_numpy(), m.loss.to_numpy(dtype=float)
         ok = np.isfinite(loss)
-        diverged = run.summary.get("status") == "diverged"
+        diverged = run.summary.status == "diverged"
         if not ok.any():
             _not_drawn(
                 a,
                 name,
-                f"no finite loss; diverged at step {run.summary.get('diverged_step')}"
-                if diverged
-                else "no finite loss",
+                f"no finite loss; diverged at step {run.summary.diverged_step}" if diverged else "no finite loss",
             )
             continue
         (line,) = a.plot(steps[ok], _trailing_mean(loss[ok]), label=f"{name} train (mean of 10 steps)")
         color = line.get_color()
         a.plot(steps[ok], loss[ok], lw=0.6, alpha=0.35, color=color)  # the raw losses the summary averages
-        if "val_loss" in m:
+        if Metric.VAL_LOSS in m:
             v = m[np.isfinite(m.val_loss.to_numpy(dtype=float))]
             if len(v):
                 a.plot(v.step, v.val_loss, "o--", color=color, ms=4, label=f"{name} val")
@@ -103,7 +106,7 @@ def fig_loss(runs: list[Run], names: list[str]):  # noqa: ANN201
         gok = np.isfinite(g) & (g > 0)
         b.plot(steps[gok], g[gok], lw=0.8, color=color, label=name)
         if diverged:
-            at = run.summary.get("diverged_step")
+            at = run.summary.diverged_step
             a.scatter(
                 [steps[ok][-1]],
                 [loss[ok][-1]],
@@ -115,7 +118,7 @@ def fig_loss(runs: list[Run], names: list[str]):  # noqa: ANN201
             )
             if gok.any():
                 b.scatter([steps[gok][-1]], [g[gok][-1]], marker="X", s=90, color=color, zorder=5)
-    broke = any(run.summary.get("status") == "diverged" for run in runs)
+    broke = any(run.summary.status == "diverged" for run in runs)
     a.set(
         title="Loss (faint: each step; X: a diverged run's last finite step)" if broke else "Loss (faint: each step)",
         xlabel="step",
@@ -128,7 +131,7 @@ def fig_loss(runs: list[Run], names: list[str]):  # noqa: ANN201
     return fig
 
 
-def fig_depth(runs: list[Run], names: list[str], metric: str, label: str):  # noqa: ANN201
+def fig_depth(runs: list[Run], names: list[str], metric: str, label: str) -> MplFigure:
     fig, axes = _grid(len(runs), share=True)
     for ax, run, name in zip(axes, runs, names):
         tab = run.probe("stream", metric)
@@ -164,7 +167,7 @@ def fig_depth(runs: list[Run], names: list[str], metric: str, label: str):  # no
 def _layer_grad(run: Run) -> pd.DataFrame | None:
     """Each block's gradient norm over its matrices: one row per probe step, one column per block (None: no
     matrix gradient was probed)."""
-    df = run.probes[(run.probes.metric == "grad_norm") & run.probes.site.str.contains("_proj")]
+    df = run.probes[(run.probes.metric == ProbeMetric.GRAD_NORM) & run.probes.site.str.contains("_proj")]
     if df.empty:
         return None
     # a non-finite matrix gradient makes its block's norm non-finite (pandas' sum would skip it: a 0 on a log axis)
@@ -172,7 +175,7 @@ def _layer_grad(run: Run) -> pd.DataFrame | None:
     return g.unstack("layer")
 
 
-def _layer_line(ax, x: np.ndarray, y: np.ndarray, label: str, color: object = None):  # noqa: ANN001, ANN202
+def _layer_line(ax: Axes, x: np.ndarray, y: np.ndarray, label: str, color: object = None) -> Line2D:
     """One run's values by block on a log axis; a block whose value is 0 (an fp16 gradient that underflowed)
     is drawn as a triangle at the bottom of the axes and counted in the label, never dropped unseen."""
     zero = y <= 0
@@ -191,7 +194,7 @@ def _layer_line(ax, x: np.ndarray, y: np.ndarray, label: str, color: object = No
     return line
 
 
-def fig_grad_by_layer(runs: list[Run], names: list[str]):  # noqa: ANN201
+def fig_grad_by_layer(runs: list[Run], names: list[str]) -> MplFigure:
     """At the first and the last probe whose every block's gradient was finite: a run that diverged before
     its last probe is drawn at its last finite one, and its legend entry says so."""
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
@@ -211,7 +214,7 @@ def fig_grad_by_layer(runs: list[Run], names: list[str]):  # noqa: ANN201
             g.loc[finite[0]].to_numpy(dtype=float),
             name if finite[0] == g.index[0] else f"{name} (step {finite[0]})",
         )
-        when = _when(finite[-1], int(g.index[-1]), run.summary.get("diverged_step"))
+        when = _when(finite[-1], int(g.index[-1]), run.summary.diverged_step)
         if finite[-1] == g.index[-1] and g.index[-1] < run.probes.step.max():  # a monitor's final probe: no gradients
             when += f", the last probe with gradients (step {int(run.probes.step.max())} has none)"
         _layer_line(b, x, g.loc[finite[-1]].to_numpy(dtype=float), f"{name} ({when})", line.get_color())
@@ -230,10 +233,10 @@ def fig_grad_by_layer(runs: list[Run], names: list[str]):  # noqa: ANN201
     return fig
 
 
-def fig_top100(runs: list[Run], names: list[str]):  # noqa: ANN201
+def fig_top100(runs: list[Run], names: list[str]) -> MplFigure:
     fig, ax = plt.subplots(figsize=(8, 3.8))
     for run, name in zip(runs, names):
-        lo, hi = run.probe("global", "top100_min"), run.probe("global", "top100_max")
+        lo, hi = run.probe("global", ProbeMetric.TOP100_MIN), run.probe("global", ProbeMetric.TOP100_MAX)
         if lo.empty:
             continue
         x, top, low = lo.index.to_numpy(), hi.iloc[:, 0].to_numpy(dtype=float), lo.iloc[:, 0].to_numpy(dtype=float)
@@ -243,16 +246,16 @@ def fig_top100(runs: list[Run], names: list[str]):  # noqa: ANN201
             continue
         (line,) = ax.plot(x[ok], top[ok], label=f"{name} (top-100 band)")
         ax.fill_between(x[ok], low[ok], top[ok], color=line.get_color(), alpha=0.25)
-        brk = run.summary.get("forensics") or {}
-        if (brk.get("forward") or {}).get("kind") == "overflow":  # where the stored activations overflowed
+        brk = run.summary.forensics
+        if brk is not None and brk.overflowed and brk.step is not None:  # where the stored activations overflowed
             ax.scatter(
-                [brk["step"]],
-                [brk.get("limit") or FP16_MAX],
+                [brk.step],
+                [brk.limit or FP16_MAX],
                 marker="X",
                 s=120,
                 color=line.get_color(),
                 zorder=5,
-                label=f"{name} overflowed (step {brk['step']})",
+                label=f"{name} overflowed (step {brk.step})",
             )
     if _stored_fp16(runs):
         ax.axhline(FP16_MAX, ls="--", color="tab:orange", label="FP16 max 65504")
@@ -264,7 +267,7 @@ def fig_top100(runs: list[Run], names: list[str]):  # noqa: ANN201
     return fig
 
 
-def fig_angular(runs: list[Run], names: list[str]):  # noqa: ANN201
+def fig_angular(runs: list[Run], names: list[str]) -> MplFigure:
     """The layer x layer matrix at the last probe where it is finite; for a run that recorded only the
     distance to the next layer (`TrainingMonitor`, `StreamProbe`), that distance by depth."""
     fig, axes = _grid(len(runs), 4.0, 3.6)
@@ -303,7 +306,7 @@ def fig_angular(runs: list[Run], names: list[str]):  # noqa: ANN201
         for _, r in last.iterrows():
             mat[int(r.layer), int(r.site.split(":")[1])] = r.value
         im = ax.imshow(mat, vmin=0, vmax=0.5, cmap="magma_r", origin="lower")
-        when = _when(finite[-1], steps[-1], run.summary.get("diverged_step"))
+        when = _when(finite[-1], steps[-1], run.summary.diverged_step)
         ax.set(title=f"{name}: angular distance, last token\n({when})", xlabel="layer", ylabel="layer")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
@@ -327,7 +330,7 @@ def _gamma_sites(run: Run) -> tuple[str, list[str]]:
     return "", []
 
 
-def fig_gamma(runs: list[Run], names: list[str]):  # noqa: ANN201
+def fig_gamma(runs: list[Run], names: list[str]) -> MplFigure:
     fig, axes = _grid(len(runs), share=True)
     for ax, run, name in zip(axes, runs, names):
         kind, sites = _gamma_sites(run)
@@ -355,10 +358,10 @@ def fig_gamma(runs: list[Run], names: list[str]):  # noqa: ANN201
     return fig
 
 
-def fig_attention(runs: list[Run], names: list[str]):  # noqa: ANN201
+def fig_attention(runs: list[Run], names: list[str]) -> MplFigure:
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
     for run, name in zip(runs, names):
-        tab = run.probe("attn", "max_logit")
+        tab = run.probe("attn", ProbeMetric.MAX_LOGIT)
         if tab.empty:
             continue
         top = tab.max(axis=1).to_numpy(dtype=float)
@@ -368,7 +371,7 @@ def fig_attention(runs: list[Run], names: list[str]):  # noqa: ANN201
         if not finite:
             _not_drawn(b, name, "no probe with finite logits")
             continue
-        when = _when(finite[-1], int(tab.index[-1]), run.summary.get("diverged_step"))
+        when = _when(finite[-1], int(tab.index[-1]), run.summary.diverged_step)
         b.plot(
             tab.columns.astype(int),
             tab.loc[finite[-1]].to_numpy(dtype=float),
@@ -386,7 +389,7 @@ def fig_attention(runs: list[Run], names: list[str]):  # noqa: ANN201
     return fig
 
 
-def fig_expert_load(runs: list[Run], names: list[str]):  # noqa: ANN201
+def fig_expert_load(runs: list[Run], names: list[str]) -> MplFigure:
     """MoE routing over training: the busiest expert's load over the uniform share, per layer (1 is balanced)."""
     fig, axes = _grid(len(runs))
     for ax, run, name in zip(axes, runs, names):
@@ -426,7 +429,7 @@ def _has_learned(runs: list[Run]) -> bool:
     return any(_learned_series(run) for run in runs)
 
 
-def fig_learned(runs: list[Run], names: list[str]):  # noqa: ANN201
+def fig_learned(runs: list[Run], names: list[str]) -> MplFigure:
     """The learnable scalars over training, one line per layer: DyT's alpha (Zhu et al.: it tracks 1/std of its
     input), ReZero's / LayerScale's h, Admin's omega, NormFormer's head scales."""
     labels = {m: lab for m, _, lab in LEARNED}
@@ -474,14 +477,14 @@ def fig_learned(runs: list[Run], names: list[str]):  # noqa: ANN201
 
 
 TIER_PANELS = (
-    ("stream_max", "stream's largest |x|", "log"),
-    ("grad_norm", "gradient norm", "log"),
-    ("update_ratio", "update / weight norm", "log"),
-    ("max_logit", "largest attention logit (sampled)", "linear"),
+    (ProbeMetric.STREAM_MAX, "stream's largest |x|", "log"),
+    (ProbeMetric.GRAD_NORM, "gradient norm", "log"),
+    (ProbeMetric.UPDATE_RATIO, "update / weight norm", "log"),
+    (ProbeMetric.MAX_LOGIT, "largest attention logit (sampled)", "linear"),
 )
 
 
-def fig_layers_per_step(runs: list[Run], names: list[str]):  # noqa: ANN201
+def fig_layers_per_step(runs: list[Run], names: list[str]) -> MplFigure:
     """The per-step tier (layers.jsonl): each panel one metric, a line per layer (viridis: shallow to deep)."""
     # a metric no run recorded is no panel (e.g. a run without attention logits); a run lacking one says so
     panels = [p for p in TIER_PANELS if any(not run.layer_series(p[0]).empty for run in runs)] or list(TIER_PANELS)
@@ -517,7 +520,7 @@ class Figure:
 
     key: str
     title: str
-    draw: Callable  # (runs, names) -> a matplotlib Figure
+    draw: Callable[[list[Run], list[str]], MplFigure]  # (runs, names) -> a matplotlib Figure
     needs_probes: bool = True  # drawn for the runs that recorded probes; left out when none did
     shown: Callable[[list[Run]], bool] = lambda runs: True  # whether the runs have what it draws
 

@@ -20,6 +20,7 @@ from normlab.diagnostics.attach import find_blocks
 from normlab.diagnostics.probe_store import ProbeRow
 from normlab.diagnostics.shards import local, shard_groups
 from normlab.errors import ConfigError
+from normlab.runs.metrics import ProbeMetric
 
 NORM_WORDS = ("norm", "ln_")  # module class or attribute names that mark a norm (RMSNorm, LayerNorm, ln_1)
 
@@ -48,14 +49,14 @@ class AttentionLogits:
                 self.modules[i] = attn
         self.found: dict[int, list[float]] = {}
 
-    def attach(self) -> list:
+    def attach(self) -> list[Any]:
         return [
             m.register_forward_pre_hook(lambda mod, a, kw, i=i: self._record(i, mod, a, kw), with_kwargs=True)
             for i, m in self.modules.items()
         ]
 
     @torch.no_grad()
-    def _record(self, layer: int, attn: nn.Module, args: tuple, kwargs: dict) -> None:
+    def _record(self, layer: int, attn: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         h = kwargs.get("hidden_states", args[0] if args else None)
         rope = kwargs.get("position_embeddings")
         if h is None or rope is None:
@@ -84,9 +85,9 @@ class AttentionLogits:
     def rows(self, step: int) -> list[ProbeRow]:
         out: list[ProbeRow] = []
         for layer, heads in sorted(self.found.items()):
-            out.append(ProbeRow(step=step, layer=layer, site="attn", metric="max_logit", value=max(heads)))
+            out.append(ProbeRow(step=step, layer=layer, site="attn", metric=ProbeMetric.MAX_LOGIT, value=max(heads)))
             out += [
-                ProbeRow(step=step, layer=layer, site=f"attn.head{h}", metric="max_logit", value=v)
+                ProbeRow(step=step, layer=layer, site=f"attn.head{h}", metric=ProbeMetric.MAX_LOGIT, value=v)
                 for h, v in enumerate(heads)
             ]
         self.found = {}
@@ -126,22 +127,22 @@ class Call:
     """A forward call as the model received it: positional arguments and keywords (tensors detached), so a
     probe replays it as called (``model(x)`` for NormLM or nanoGPT-style loops, ``model(input_ids=...)``)."""
 
-    args: tuple
+    args: tuple[Any, ...]
     kwargs: dict[str, Any]
 
     @classmethod
-    def of(cls, args: tuple, kwargs: dict[str, Any]) -> Call:
+    def of(cls, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
         return cls(
             tuple(_detached(a) for a in args),
             {k: _detached(v) for k, v in kwargs.items() if isinstance(v, REPLAYED) and k not in NOT_REPLAYED},
         )
 
     def to(self, device: torch.device | None = None) -> Call:
-        move = (
-            (lambda v: v.to(device) if isinstance(v, torch.Tensor) else v)
-            if device is not None
-            else (lambda v: v.clone() if isinstance(v, torch.Tensor) else v)
-        )
+        def move(v: Any) -> Any:
+            if not isinstance(v, torch.Tensor):
+                return v
+            return v.to(device) if device is not None else v.clone()
+
         return Call(tuple(move(a) for a in self.args), {k: move(v) for k, v in self.kwargs.items()})
 
     def tensors(self) -> dict[str, torch.Tensor]:
@@ -198,7 +199,9 @@ class GradNorms:
 
     params: list[nn.Parameter]  # those that had a gradient, in model.parameters() order
     groups: list[tuple[list[int], torch.Tensor]]  # indices into params, their local squared norms (float64)
-    shards: list[tuple]  # per param: the process groups over which its gradient is sharded (none: a plain tensor)
+    shards: list[
+        tuple[Any, ...]
+    ]  # per param: the process groups over which its gradient is sharded (none: a plain tensor)
     devices: list[torch.device]
     scale: float
     at: str
@@ -212,7 +215,7 @@ class GradNorms:
             pairs = [(p, p.grad) for p in params if p.grad is not None]
             have = [p for p, _ in pairs]
             grads = [local(g).detach() for _, g in pairs]
-            kinds: dict[tuple, list[int]] = {}
+            kinds: dict[tuple[Any, ...], list[int]] = {}
             for i, g in enumerate(grads):
                 kinds.setdefault((g.device, g.dtype), []).append(i)
             groups = []
@@ -236,7 +239,7 @@ class GradNorms:
         for idx, values in self.groups:
             for i, v in zip(idx, values.tolist()):
                 sq[i] = v
-        by_groups: dict[tuple, list[int]] = {}
+        by_groups: dict[tuple[Any, ...], list[int]] = {}
         for i, groups in enumerate(self.shards):
             if groups:
                 by_groups.setdefault(groups, []).append(i)
@@ -255,7 +258,7 @@ class GradNorms:
         return math.sqrt(sum(squares.values())) if squares else None
 
 
-def _block_names(container: nn.Module | list | tuple) -> list[str]:
+def _block_names(container: nn.Module | list[Any] | tuple[Any, ...]) -> list[str]:
     """A ModuleDict's keys; a ModuleList's, a Sequential's or a list's positions."""
     if isinstance(container, nn.ModuleDict):
         return list(container.keys())

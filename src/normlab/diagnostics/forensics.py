@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -28,6 +29,7 @@ from torch import nn
 
 from normlab.model.norms import is_norm
 from normlab.model.storage import NO_STORAGE, Storage
+from normlab.runs.summary import Forensics
 
 _SUBLAYER = {"attn": "attention", "mlp": "MLP"}
 _NORM_SITE = {"input": "input norm (A)", "output": "output norm (B)", "after_add": "after-add norm (C)"}
@@ -83,8 +85,8 @@ class _Recorder:
                 return "MLP hidden"
         return None
 
-    def _hook(self, path: str, site: str):  # noqa: ANN202 - a forward hook
-        def hook(mod: nn.Module, args: tuple, out: Any) -> None:
+    def _hook(self, path: str, site: str) -> Callable[[nn.Module, tuple[Any, ...], Any], None]:
+        def hook(mod: nn.Module, args: tuple[Any, ...], out: Any) -> None:
             x = args[0] if args and isinstance(args[0], torch.Tensor) else None
             parts = path.split(
                 "."
@@ -203,11 +205,9 @@ def gradient_break(model: nn.Module) -> list[str]:
 
 
 def site_of(forensics: dict[str, Any] | None) -> str | None:
-    """The short form of where the forward first broke, "block 11: MLP residual add" (None: it did not)."""
-    fwd = (forensics or {}).get("forward")
-    if not fwd:
-        return None
-    return fwd["site"] if fwd["layer"] is None else f"block {fwd['layer']}: {fwd['site']}"
+    """The short form of where the forward first broke, "block 11: MLP residual add" (None: it did not):
+    `normlab.runs.summary.Forensics.site` of a `first_break` result."""
+    return Forensics.from_json(forensics).site if forensics else None
 
 
 def tally(sites: list[str | float | None]) -> str:

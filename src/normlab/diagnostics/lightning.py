@@ -31,7 +31,8 @@ import lightning.pytorch as pl
 import torch
 
 from normlab.diagnostics.early_warning import PRECISIONS
-from normlab.diagnostics.training_monitor import SpikeRule, TrainingMonitor
+from normlab.diagnostics.stability import SpikeRule
+from normlab.diagnostics.training_monitor import TrainingMonitor
 from normlab.errors import ConfigError
 
 _DEFAULT_SPIKE = SpikeRule()  # frozen: one shared default is safe

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from normlab.io import truncate_jsonl
 from normlab.runs.files import RunDir
+from normlab.runs.summary import RunSummary
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -62,10 +63,10 @@ class ProbeWriter:
 class Run:
     path: Path
     config: dict[str, Any]
-    summary: dict[str, Any]
+    summary: RunSummary  # summary.json (RunSummary() where the run wrote none)
     metrics: pd.DataFrame
     probes: pd.DataFrame
-    evals: dict[str, dict] = field(default_factory=dict)  # eval.json (normlab eval), {} if not evaluated
+    evals: dict[str, dict[str, Any]] = field(default_factory=dict)  # eval.json (normlab eval), {} if not evaluated
     layers: pd.DataFrame = field(default_factory=_no_tier)
 
     def layer_series(self, metric: str) -> pd.DataFrame:
@@ -96,7 +97,7 @@ def load_run(path: str | Path) -> Run:
     return Run(
         path=run.path,
         config=run.record() or {},
-        summary=run.summary() or {},
+        summary=run.read_summary() or RunSummary(),
         metrics=metrics,
         probes=probes,
         evals=run.evals(),

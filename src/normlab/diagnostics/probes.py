@@ -73,10 +73,11 @@ from normlab.diagnostics.stats import (
     massive_activations,
     sink_mass,
 )
+from normlab.layout.norm_kinds import NORM_FACTS
 from normlab.model.block import SCALE_PARAMS
 from normlab.model.lm import NormLM
 from normlab.model.moe import MoE
-from normlab.model.norms import DyT, gain_of, is_norm
+from normlab.model.norms import gain_of, is_norm, norm_kind_of
 from normlab.model.streams import composite_gain
 
 WEIGHTS = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
@@ -95,6 +96,13 @@ NORM_SITES = (
 )
 
 TAPS = ("resid_mid", "attn_update", "mlp_update", "attn.q", "attn.k", "attn.v")
+
+
+def _pointwise(m: nn.Module) -> bool:
+    """Whether ``m`` is the module of a norm kind whose facts say point-wise (normlab.layout.norm_kinds: DyT, Derf),
+    which measures its own `saturated_share` (normlab.model.norms.DyT.saturated_share)."""
+    kind = norm_kind_of(m)
+    return kind is not None and NORM_FACTS[kind].pointwise
 
 
 @dataclass
@@ -181,7 +189,9 @@ class Probes:
         self._prop31_rows(rows, step, seen)
         return rows
 
-    def _taps(self, mods: dict[str, nn.Module], n_layers: int, sharded: bool, captured: dict, io: dict) -> list[Any]:
+    def _taps(
+        self, mods: dict[str, nn.Module], n_layers: int, sharded: bool, captured: dict[str, Any], io: dict[str, Any]
+    ) -> list[Any]:
         """Forward hooks filling ``captured`` (the taps, gates, the dense MLPs' h and a) and, sharded, ``io``
         (each weight matrix's input and output); their handles."""
         handles = []
@@ -198,8 +208,8 @@ class Probes:
                 handles.append(
                     mods[name].register_forward_hook(lambda m, a, o, name=name: captured.__setitem__(name, o))
                 )
-            for name, m in mods.items():  # DyT/Derf: the share of saturated inputs, a scalar per pass
-                if name.startswith(f"blocks.{i}.") and isinstance(m, DyT):
+            for name, m in mods.items():  # a point-wise kind's (DyT, Derf): the share of saturated inputs, per pass
+                if name.startswith(f"blocks.{i}.") and _pointwise(m):
                     handles.append(
                         m.register_forward_hook(
                             lambda mod, a, o: captured.__setitem__(f"saturated:{id(mod)}", mod.saturated_share(a[0]))
@@ -369,7 +379,7 @@ class Probes:
                 self._row(rows, step, i, "moe", "router_entropy", moe.entropy.item())
                 self._row(rows, step, i, "moe", "aux_loss", moe.aux.item())
 
-    def _prop31_rows(self, rows: list, step: int, seen: _Seen) -> None:
+    def _prop31_rows(self, rows: list[ProbeRow], step: int, seen: _Seen) -> None:
         """Kim Prop. 3.1 quantities for the last MLP (a dense, two-matrix MLP's quantities; not for MoE)."""
         mods, captured = seen.mods, seen.captured
         last = seen.n_layers - 1

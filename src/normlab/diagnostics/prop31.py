@@ -24,6 +24,7 @@ regime the proposition is about: under Pre-LN ||dl_t/dW2|| = ||h_t|| ||p_t - y_t
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -33,7 +34,16 @@ def rms_norm(x: torch.Tensor, gamma: torch.Tensor, eps: float = 0.0) -> torch.Te
     return gamma * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
 
-def last_mlp_gradient(x, w1, b1, w2, b2, gamma, y: int, layout: str) -> dict:  # noqa: ANN001 - tensors
+def last_mlp_gradient(
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    b1: torch.Tensor,
+    w2: torch.Tensor,
+    b2: torch.Tensor,
+    gamma: torch.Tensor,
+    y: int,
+    layout: str,
+) -> dict[str, Any]:
     """For one token x (D,), weights W1 (D, H), W2 (H, D): the gradient dL/dW2 and the quantities
     of the proposition. ``layout`` is "pre", "peri" or "post"."""
     w2 = w2.detach().clone().requires_grad_(True)

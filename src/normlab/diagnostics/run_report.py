@@ -45,7 +45,7 @@ def _layout(run: Run) -> str:
     cfg = run.config.get("config") or {}  # a run's TrainConfig (nested) or a monitor's record (flat)
     return (
         run.config.get("layout")
-        or run.summary.get("layout")
+        or run.summary.layout
         or cfg.get("layout")
         or (cfg.get("model") or {}).get("layout")
         or ""
@@ -54,17 +54,13 @@ def _layout(run: Run) -> str:
 
 def _steps(run: Run) -> int | None:
     """Optimizer steps logged: the summary's count, else (a TrainingMonitor folder) the metrics' rows."""
-    return run.summary.get("steps") if run.summary.get("steps") is not None else (len(run.metrics) or None)
+    return run.summary.steps if run.summary.steps is not None else (len(run.metrics) or None)
 
 
 def _status(run: Run) -> str:
     s = run.summary
-    status = s.get("status") or ("unfinished" if not s else "?")
-    return (
-        f"diverged at step {s['diverged_step']}"
-        if status == "diverged" and s.get("diverged_step") is not None
-        else status
-    )
+    status = s.status or ("unfinished" if not s.keys else "?")
+    return f"diverged at step {s.diverged_step}" if status == "diverged" and s.diverged_step is not None else status
 
 
 def _global(run: Run, metric: str) -> dict[int, float]:
@@ -74,7 +70,7 @@ def _global(run: Run, metric: str) -> dict[int, float]:
     return {int(st): float(v) for st, v in zip(at.step, at.value)} if len(at) else {}
 
 
-def activation_facts(run: Run) -> dict:
+def activation_facts(run: Run) -> dict[str, Any]:
     """The largest activation of a run against the FP16 limit, as the summary table shows it: the run's
     largest |x| (its summary's, or the probes' for a monitor folder), and the headroom 65504 / max |x|;
     a run whose activations overflowed (the forensic re-run found an overflow, or a probe was not finite)
@@ -82,16 +78,16 @@ def activation_facts(run: Run) -> dict:
     s = run.summary
     tops = _global(run, "max_abs")
     finite = {st: v for st, v in tops.items() if math.isfinite(v)}
-    largest = s.get("max_activation")
+    largest = s.max_activation
     if not isinstance(largest, (int, float)) and finite:
         largest = max(finite.values())
-    forward = (s.get("forensics") or {}).get("forward") or {}
+    brk = s.forensics
     broken = [st for st, v in tops.items() if not math.isfinite(v)]
     last = max(finite) if finite else None
     before = f"; last finite max {finite[last]:.4g} (step {last})" if last is not None else ""
     headroom: str | float | None  # where it overflowed, or 65504 / max |x|
-    if forward.get("kind") == "overflow":
-        headroom = f"overflowed (step {s['forensics'].get('step')}){before}"
+    if brk is not None and brk.overflowed:
+        headroom = f"overflowed (step {brk.step}){before}"
     elif broken:
         headroom = f"non-finite (step {min(broken)}){before}"
     elif isinstance(largest, (int, float)) and largest > 0:
@@ -103,25 +99,25 @@ def activation_facts(run: Run) -> dict:
     return {"max |x| in run": largest, "FP16 headroom": headroom, "max/median": ratio[max(ratio)] if ratio else None}
 
 
-def summary_rows(runs: list[Run], names: list[str]) -> list[dict]:
+def summary_rows(runs: list[Run], names: list[str]) -> list[dict[str, Any]]:
     """One row per run, from its summary (status, steps, losses, spikes, first break) and its probes where the
     summary has no entry (a TrainingMonitor folder); the columns are explained under the table."""
     rows = []
     for run, name in zip(runs, names):
-        s = run.summary
+        s, x = run.summary, run.summary.extra
         rows.append(
             {
                 "run": name,
                 "layout": _layout(run),
                 "status": _status(run),
                 "steps": _steps(run),
-                "final loss": s.get("final_loss"),
-                "val loss": s.get("final_val_loss"),
-                "activations": s.get("activation_dtype") or "-",
+                "final loss": s.final_loss,
+                "val loss": s.final_val_loss,
+                "activations": s.activation_dtype or "-",
                 **activation_facts(run),
-                "spikes (loss/grad)": f"{s.get('loss_spikes', s.get('spikes', 0))}/{s.get('grad_spikes', 0)}",
-                "spike score": s.get("spike_score"),
-                "first break": s.get("first_break") or "-",
+                "spikes (loss/grad)": f"{x.get('loss_spikes', x.get('spikes', 0))}/{x.get('grad_spikes', 0)}",
+                "spike score": x.get("spike_score"),  # the monitor's keys: kept as written (RunSummary.extra)
+                "first break": s.first_break or "-",
                 **headline_scores(run.evals),
             }
         )
@@ -158,26 +154,25 @@ def reading_lines(runs: list[Run], names: list[str]) -> list[str]:
     """The report's opening: what the runs show, computed from them (which diverged and where, stream
     growth, largest activation against the FP16 limit, loss)."""
     lines = []
-    broke = [(n, r) for n, r in zip(names, runs) if r.summary.get("status") == "diverged"]
-    fine = [n for n, r in zip(names, runs) if r.summary.get("status") in ("ok", "stalled")]
+    broke = [(n, r) for n, r in zip(names, runs) if r.summary.status == "diverged"]
+    fine = [n for n, r in zip(names, runs) if r.summary.trained]
     for n, r in broke:
         s = r.summary
-        where = (s.get("forensics") or {}).get("text") or s.get("reason") or "reason not recorded"
-        lines.append(
-            f"{n} diverged at step {s.get('diverged_step')} ({s.get('activation_dtype', 'fp32')} activations): {where}."
-        )
+        where = (s.forensics.text if s.forensics else None) or s.reason or "reason not recorded"
+        stored = s.activation_dtype if s.given("activation_dtype") else "fp32"  # written since fp16 storage existed
+        lines.append(f"{n} diverged at step {s.diverged_step} ({stored} activations): {where}.")
     for n, r in zip(names, runs):
-        if r.summary.get("status") == "warned":  # a TrainingMonitor folder whose early warnings fired
-            lines.append(f"{n} trained with early warnings: {r.summary.get('reason') or 'see warnings.jsonl'}.")
+        if r.summary.status == "warned":  # a TrainingMonitor folder whose early warnings fired
+            lines.append(f"{n} trained with early warnings: {r.summary.reason or 'see warnings.jsonl'}.")
     if broke and fine:
         lines.append(f"Trained to the end: {', '.join(fine)}.")
     elif not broke and fine:
         lines.append(f"No run diverged ({', '.join(fine)}).")
-    stalled = [n for n, r in zip(names, runs) if r.summary.get("status") == "stalled"]
+    stalled = [n for n, r in zip(names, runs) if r.summary.status == "stalled"]
     if stalled:
         lines.append(f"Stalled at the corpus's unigram loss (learned token frequencies only): {', '.join(stalled)}.")
     seen = [
-        (n, r.summary.get("max_activation"), ((r.summary.get("forensics") or {}).get("forward") or {}).get("kind"))
+        (n, r.summary.max_activation, ((f.forward or {}).get("kind") if (f := r.summary.forensics) else None))
         for n, r in zip(names, runs)
     ]
     peaks = [(n, v, k) for n, v, k in seen if isinstance(v, (int, float))]
@@ -199,9 +194,7 @@ def reading_lines(runs: list[Run], names: list[str]) -> list[str]:
             f"Hidden-state variance at the last layer, step {step} (the last probe where every run was "
             "finite): " + "; ".join(f"{n} {v:,.4g}" for n, v in sorted(zip(names, values), key=lambda p: -p[1])) + "."
         )
-    finished = [
-        (n, r.summary.get("final_loss")) for n, r in zip(names, runs) if r.summary.get("status") in ("ok", "stalled")
-    ]
+    finished = [(n, r.summary.final_loss) for n, r in zip(names, runs) if r.summary.trained]
     losses = [(n, v) for n, v in finished if isinstance(v, (int, float))]
     if losses:
         best = min(losses, key=lambda p: p[1])
@@ -216,7 +209,7 @@ def reading_lines(runs: list[Run], names: list[str]) -> list[str]:
 PROP31_METRICS = ("tok_h_norm", "tok_grad_max", "tok_grad_mean", "grad_h_slope", "grad_h_corr", "tok_within_bound")
 
 
-def prop31_rows(runs: list[Run], names: list[str]) -> list[dict]:
+def prop31_rows(runs: list[Run], names: list[str]) -> list[dict[str, Any]]:
     """Kim Prop. 3.1 per token (`prop31.per_token`) at each run's first and last probe."""
     rows = []
     for run, name in zip(runs, names):
@@ -231,7 +224,7 @@ def prop31_rows(runs: list[Run], names: list[str]) -> list[dict]:
     return rows
 
 
-def eval_rows(runs: list[Run], names: list[str]) -> list[dict]:
+def eval_rows(runs: list[Run], names: list[str]) -> list[dict[str, Any]]:
     """Every lm-evaluation-harness metric of every run (normlab eval), with its stderr and sample count."""
     rows = []
     for run, name in zip(runs, names):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -63,7 +63,7 @@ def local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if is_sharded(t) else t
 
 
-def shard_groups(t: torch.Tensor) -> tuple:
+def shard_groups(t: torch.Tensor) -> tuple[Any, ...]:
     """The process groups over which ``t``'s local values must be combined (its sharded mesh dims)."""
     if not is_sharded(t):
         return ()
@@ -91,7 +91,7 @@ def moments(tensors: list[torch.Tensor]) -> list[Moments]:
     """Each tensor's `Moments`, over all of it (see the module docstring): one pair of all-reduces per
     group of shard process groups, whatever the number of tensors."""
     stats = [_local_stats(t) for t in tensors]
-    by_groups: dict[tuple, list[int]] = {}
+    by_groups: dict[tuple[Any, ...], list[int]] = {}
     for i, t in enumerate(tensors):
         groups = shard_groups(t)
         if groups:

@@ -150,7 +150,8 @@ class SpikeRule:
     def limits(self, windows: np.ndarray) -> np.ndarray:
         """mean + sigmas * std over the last axis (population std): one window's threshold, or many windows' at
         once (a row each)."""
-        return windows.mean(axis=-1) + self.sigmas * windows.std(axis=-1)
+        out: np.ndarray = windows.mean(axis=-1) + self.sigmas * windows.std(axis=-1)
+        return out
 
     def spikes(self, value: float, history: Sequence[float]) -> bool:
         limit = self.threshold(history)

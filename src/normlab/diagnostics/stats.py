@@ -168,6 +168,7 @@ def abs_max(x: torch.Tensor) -> torch.Tensor:
     (1.7 ms against 0.03 ms for a micro block's 32 x 128 x 64 output, one thread). A NaN propagates in both."""
     x = x.detach()
     if x.device.type == "cuda":
-        return torch.linalg.vector_norm(x, ord=math.inf, dtype=torch.float32)
+        out: torch.Tensor = torch.linalg.vector_norm(x, ord=math.inf, dtype=torch.float32)
+        return out
     lo, hi = torch.aminmax(x)
     return torch.maximum(hi, -lo).float()

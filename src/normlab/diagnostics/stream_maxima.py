@@ -47,7 +47,7 @@ class StreamMaxima:
             for i, block in enumerate(blocks):
                 self._handles.append(block.register_forward_hook(lambda m, a, o, i=i: self._record(i + 1, o)))
 
-    def _entering(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+    def _entering(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         x = args[0] if args else kwargs.get("hidden_states")
         self._record(0, x)
 

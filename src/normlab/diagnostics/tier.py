@@ -374,7 +374,9 @@ def _keep_max(parts: list[torch.Tensor | None], i: int, value: torch.Tensor) -> 
     parts[i] = value if old is None else torch.maximum(old, value)
 
 
-_OWNERS: dict[tuple, torch.Tensor] = {}  # group sizes and device -> the owner index (made once, not each step)
+_OWNERS: dict[
+    tuple[Any, ...], torch.Tensor
+] = {}  # group sizes and device -> the owner index (made once, not each step)
 
 
 def _sumsq_by_group(groups: list[list[torch.Tensor]], device: torch.device) -> torch.Tensor:
@@ -392,7 +394,9 @@ def _sumsq_by_group(groups: list[list[torch.Tensor]], device: torch.device) -> t
     return out
 
 
-_SAMPLES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # (T, queries, device) -> query rows, causal mask
+_SAMPLES: dict[
+    tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]
+] = {}  # (T, queries, device) -> query rows, causal mask
 
 
 def _sample_rows(t: int, queries: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -457,7 +461,8 @@ def layer_logits(
 
 def _max_row_norms(x: torch.Tensor) -> torch.Tensor:
     """max over (S, T) of ||x_t|| per layer and head of x (L, H, S, T, d), float32: (L, H)."""
-    return torch.linalg.vector_norm(x, dim=-1, dtype=torch.float32).amax(dim=(2, 3))
+    out: torch.Tensor = torch.linalg.vector_norm(x, dim=-1, dtype=torch.float32).amax(dim=(2, 3))
+    return out
 
 
 def sampled_logits(
@@ -491,9 +496,11 @@ class LogitSample:
     ) -> None:
         self.fold, self.max_layers, self.queries, self.sequences, self.budget = fold, layers, queries, sequences, budget
         self.layers: list[int] = []  # the buffer's layers, in its order
-        self._key: tuple | None = None  # their shapes, device and scale (last)
+        self._key: tuple[Any, ...] | None = None  # their shapes, device and scale (last)
         self._flat: torch.Tensor | None = None  # the one buffer, as large as the largest group so far
-        self._views: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # key -> its q and k views of the buffer
+        self._views: dict[
+            tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]
+        ] = {}  # key -> its q and k views of the buffer
 
     def add(self, layer: int, q: torch.Tensor, k: torch.Tensor, scale: float) -> None:
         """Layer ``layer``'s q (B, H, T, d) and k (B, H_kv, T, d): sampled, and copied or computed."""
@@ -598,7 +605,8 @@ class TierSpikes:
             return []
         i, w = self._row[name], self.rule.window
         n = int(self._count[i])
-        return self._values[i, (self._next[i] - n + np.arange(n)) % w].tolist()
+        values: list[float] = self._values[i, (self._next[i] - n + np.arange(n)) % w].tolist()
+        return values
 
     def check(self, row: dict[str, Any]) -> list[str]:
         """The series of this row that spiked (e.g. ``grad_norm[3]``); every finite value enters its window."""

@@ -221,7 +221,7 @@ class TrainingMonitor:
         self.sites = dict(site_names or {})
         self.probe_call = Call((), dict(probe_batch)).to() if probe_batch is not None else None
         self._probe_fixed = probe_batch is not None or self.world == 1
-        self.history: deque = deque(maxlen=spike.window if spike else 2)
+        self.history: deque[Any] = deque(maxlen=spike.window if spike else 2)
         self._losses: list[float] = []
         self._worst: tuple[float, Call] | None = None
         self._probing = False
@@ -250,7 +250,7 @@ class TrainingMonitor:
         self._hook = model.register_forward_hook(self._on_forward, with_kwargs=True)
 
     # -- the model's forward: the loss it returned and the call it received --
-    def _on_forward(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+    def _on_forward(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
         if self._probing:
             return
         loss = getattr(output, "loss", None)

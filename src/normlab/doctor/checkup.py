@@ -37,6 +37,7 @@ from normlab.model.lm import NormLM
 from normlab.model.storage import NO_STORAGE, for_run
 from normlab.runs.convert import SAMPLE_TEXTS as TEXTS
 from normlab.runs.files import RunDir
+from normlab.runs.metrics import ProbeMetric
 from normlab.runs.model import RunModel, load_run_model, run_tokenizer
 from normlab.screen.backward import sensitivities
 
@@ -171,7 +172,7 @@ def _gradient(rows: list[ProbeRow]) -> tuple[list[Finding], dict[int, float]]:
     """The per-layer gradient norms over the projections: vanished (fail) or spread (warn)."""
     per_layer: dict[int, float] = {}
     for r in rows:
-        if r["metric"] == "grad_norm" and "_proj" in r["site"] and r["layer"] is not None:
+        if r["metric"] == ProbeMetric.GRAD_NORM and "_proj" in r["site"] and r["layer"] is not None:
             per_layer[r["layer"]] = per_layer.get(r["layer"], 0.0) + r["value"] ** 2
     norms = {k: math.sqrt(v) for k, v in per_layer.items()}
     if not norms:
@@ -198,7 +199,7 @@ def _logits_and_gains(rows: list[ProbeRow]) -> list[Finding]:
     heads = [
         (r["value"], r["layer"], r["site"])
         for r in rows
-        if r["metric"] == "max_logit" and r["site"].startswith("attn.head")
+        if r["metric"] == ProbeMetric.MAX_LOGIT and r["site"].startswith("attn.head")
     ]
     if heads:
         v, layer, site = max(heads)

@@ -239,7 +239,7 @@ def _figure(check: CoordCheck):  # noqa: ANN202 - a matplotlib Figure
             ax.plot([r["width"] for r in pick], [r["delta_rms"] for r in pick], marker="o", label=f"step {step}")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        values = [y for line in ax.get_lines() for y in line.get_ydata() if y > 0]
+        values = [float(y) for line in ax.get_lines() for y in np.asarray(line.get_ydata(), dtype=float) if y > 0]
         if values and max(values) / min(values) < 10:  # at least a decade shown: flat lines look flat
             ax.set_ylim(min(values) / 3, max(values) * 3)
         ax.set_xlabel("width (d_model)")

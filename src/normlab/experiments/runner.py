@@ -154,10 +154,9 @@ def rebuild_store(root: str | Path, store: SweepStore | None = None) -> int:
     store.add(specs)
     steps = {s.run_id: s.config.optim.steps for s in specs}
     for run in runs:
-        summary = run.summary() or {}
-        status = summary.get("status")
-        if status == "failed" or (status in FINISHED and summary.get("steps") == steps.get(run.path.name)):
-            store.record(run.path.name, summary)
+        summary = run.read_summary()
+        if summary is not None and (summary.status == "failed" or summary.finished(steps.get(run.path.name))):
+            store.record(run.path.name, summary.to_json())
     return len(specs)
 
 
@@ -165,9 +164,9 @@ def _reconcile(store: SweepStore, root: Path) -> int:
     """Rows left `running` by a killed sweep: take the result if the run finished, else re-run."""
     taken = 0
     for row in store.rows("running"):
-        summary = SweepDir(root).run(row["run_id"]).summary()
-        if summary and summary.get("status") in FINISHED and summary.get("steps") == row["config"].optim.steps:
-            store.record(row["run_id"], summary)
+        summary = SweepDir(root).run(row["run_id"]).read_summary()
+        if summary is not None and summary.finished(row["config"].optim.steps):
+            store.record(row["run_id"], summary.to_json())
             taken += 1
     return taken
 

@@ -38,8 +38,10 @@ from normlab.experiments.runner import rebuild_store
 from normlab.io import atomic_write_bytes, own_folder, writable
 from normlab.runs.evals import headline_scores
 from normlab.runs.files import STORE, SWEEP_REPORT, SWEEP_SUMMARY, SweepDir
+from normlab.runs.metrics import ProbeMetric
 from normlab.runs.outcome import FINISHED, OUTCOME, STOPPED, TRAINED, shown_counts, shown_status
 from normlab.runs.store import open_store
+from normlab.runs.summary import RunSummary
 
 SEED = "seed"
 LR = "lr"
@@ -376,11 +378,11 @@ def _top100_figure(root: Path, df: pd.DataFrame, axes: list[str]):  # noqa: ANN2
     fp16 = False  # the FP16 maximum is drawn only where a run stored its activations in fp16
     for row in df.to_dict("records"):
         run = SweepDir(root).run(row["run_id"])
-        pts = run.probe_series("global", "top100_max")
-        summary = run.summary() or {}
+        pts = run.probe_series("global", ProbeMetric.TOP100_MAX)
+        summary = run.read_summary() or RunSummary()
         if pts:
-            curves.append((_group_label(row, keys), row.get(SEED), pts, summary.get("forensics")))
-            fp16 = fp16 or summary.get("activation_dtype") == "fp16"
+            curves.append((_group_label(row, keys), row.get(SEED), pts, summary.forensics))
+            fp16 = fp16 or summary.activation_dtype == "fp16"
     if not curves:
         return None
     labels = list(dict.fromkeys(c[0] for c in curves))
@@ -393,12 +395,10 @@ def _top100_figure(root: Path, df: pd.DataFrame, axes: list[str]):  # noqa: ANN2
         for _, seed, pts, forensics in (c for c in curves if c[0] == label):
             steps, values = zip(*pts)
             (line,) = ax.plot(steps, [v if math.isfinite(v) else np.nan for v in values], lw=1, label=f"seed {seed}")
-            fwd = (forensics or {}).get("forward") or {}
-            if fwd.get("kind") == "overflow":
-                assert forensics is not None  # its forward break was read above
+            if forensics is not None and forensics.overflowed:
                 ax.scatter(
-                    [forensics["step"]],
-                    [forensics.get("limit") or FP16_MAX],
+                    [forensics.step],
+                    [forensics.limit or FP16_MAX],
                     marker="X",
                     s=60,
                     color=line.get_color(),

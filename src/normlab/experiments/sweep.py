@@ -174,14 +174,18 @@ class SweepConfig:
 
     def disk_budget(self) -> tuple[int, int]:
         """(bytes its runs' checkpoints hold once all finished, bytes one run holds while in flight), from
-        the analytic parameter counts: float32 weights (4 N) and AdamW's two moments (8 N more)."""
+        the analytic parameter counts: float32 weights (4 N) and the optimizer's state, its registered float32
+        numbers per parameter over all N (normlab.config.optimizers, normlab.train.memory.optimizer_state_bytes:
+        AdamW's two moments 8 N, SGD's momentum 4 N, Muon's 4 N counted over every parameter, not split with the
+        AdamW on the rest as `normlab plan` does)."""
         from normlab.model.params import analytic_params
+        from normlab.train.memory import optimizer_state_bytes
 
         final, flight = 0, 0
         for spec in self.expand():
             cfg = spec.config
             n = analytic_params(cfg.model.model_config(vocab_size=cfg.expected_vocab), cfg.model.resolved).total
-            whole = 12 * n if cfg.optim.optimizer == "adamw" else 8 * n
+            whole = 4 * n + optimizer_state_bytes(cfg, cfg.optim.optimizer, n)
             last = whole if cfg.checkpointing.keep_optimizer else 4 * n
             final += last + (cfg.checkpointing.keep_last - 1) * whole
             flight = max(flight, cfg.checkpointing.keep_last * whole)

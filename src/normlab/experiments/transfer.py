@@ -302,9 +302,9 @@ def run_devices(sweep: Any, rows: list[dict[str, Any]]) -> tuple[list[str], int]
     named, whichever lease ran them, and never a name stretched over runs it does not cover."""
     names, unnamed = set(), 0
     for r in rows:
-        summary = sweep.run(r["run_id"]).summary() or {}
-        if isinstance(summary.get("device_name"), str):
-            names.add(summary["device_name"])
+        summary = sweep.run(r["run_id"]).read_summary()
+        if summary is not None and summary.device_name is not None:
+            names.add(summary.device_name)
         else:
             unnamed += 1
     return sorted(names), unnamed

@@ -48,7 +48,8 @@ import torch
 from torch import nn
 
 from normlab.diagnostics.early_warning import PRECISIONS
-from normlab.diagnostics.training_monitor import SpikeRule, TrainingMonitor
+from normlab.diagnostics.stability import SpikeRule
+from normlab.diagnostics.training_monitor import TrainingMonitor
 from normlab.errors import ConfigError
 from normlab.hf.archs import ARCHITECTURES
 from normlab.hf.library import require_transformers

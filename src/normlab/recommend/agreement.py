@@ -153,7 +153,7 @@ def _ahead(a: dict[str, Any], b: dict[str, Any]) -> bool:
     (equal shares) a lower mean loss of the runs that trained (no loss: behind)."""
     fa, fb = a["failed"] / a["runs"], b["failed"] / b["runs"]
     if fa != fb:
-        return fa < fb
+        return bool(fa < fb)
     la, lb = (x if math.isfinite(x) else math.inf for x in (a["loss"], b["loss"]))
     return la < lb
 

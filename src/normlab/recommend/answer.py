@@ -317,13 +317,15 @@ def measured(record: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _elementwise(layout: str | None) -> bool:
-    """Whether a layout normalizes with an element-wise squash (DyT, Derf) somewhere."""
+    """Whether a layout normalizes with an element-wise squash somewhere: a kind whose facts say point-wise
+    (normlab.layout.norm_kinds: DyT, Derf)."""
     if layout is None:
         return False
     from normlab.layout import as_layout
+    from normlab.layout.norm_kinds import NORM_FACTS
 
     lay = as_layout(layout)
-    return any(lay.norm_at(s).kind in ("dyt", "derf") for s in lay.sites_on())
+    return any(NORM_FACTS[lay.norm_at(s).kind].pointwise for s in lay.sites_on())
 
 
 def domain(

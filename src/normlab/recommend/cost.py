@@ -75,17 +75,18 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeGuard
 
-from normlab.layout import as_layout
+from normlab.layout import Layout, as_layout
 from normlab.layout.sites import STREAM_MIXES
 from normlab.model.config import ModelConfig
 
 if TYPE_CHECKING:
     from normlab.config.train import TrainConfig
+    from normlab.runs.summary import RunSummary
 
 # 2: timings the lesser of CPU and wall time, the fastest of more repeats, the measurement's date: a calibration
 # cached by an earlier release (CPU time only) is measured again once (a cached one without stream rates gets
@@ -117,7 +118,7 @@ SCREEN_RANGE_S = (1e-6, 1e3)  # one screen of the calibration's 1-layer shape, i
 STREAM_RATIO_MAX = 1e3  # a mix's step against Pre-LN's
 
 
-def _matrix_weights(cfg: ModelConfig, layout: str) -> int:
+def _matrix_weights(cfg: ModelConfig, layout: str | Layout) -> int:
     """N: the weights in matrix products per token (q, k, v, o, the gate's projection, the MLP or the k
     experts a token uses and the router, the LM head)."""
     d, hd, h, kv = cfg.d_model, cfg.head_dim, cfg.n_heads, cfg.kv_heads
@@ -130,7 +131,7 @@ def _matrix_weights(cfg: ModelConfig, layout: str) -> int:
     return total
 
 
-def _norm_elements(cfg: ModelConfig, layout: str) -> int:
+def _norm_elements(cfg: ModelConfig, layout: str | Layout) -> int:
     """Norm elements per token: every norm site's width, over the layers."""
     lay = as_layout(layout)
     d, hd = cfg.d_model, cfg.head_dim
@@ -146,14 +147,15 @@ def _norm_elements(cfg: ModelConfig, layout: str) -> int:
 
 
 def step_work(
-    cfg: ModelConfig, layout: str, tokens: int = CAL_BATCH * CAL_SEQ, seq: int = CAL_SEQ
+    cfg: ModelConfig, layout: str | Layout, tokens: int = CAL_BATCH * CAL_SEQ, seq: int = CAL_SEQ
 ) -> tuple[float, float]:
     """(F, E) of one training step of `layout` at `cfg` on `tokens` tokens (module doc)."""
+    layout = as_layout(layout)  # parsed once for both counts
     flops = 6 * _matrix_weights(cfg, layout) + 12 * cfg.n_layers * cfg.n_heads * cfg.head_dim * seq
     return float(tokens * flops), float(tokens * _norm_elements(cfg, layout))
 
 
-def stream_work(cfg: ModelConfig, layout: str, tokens: int = CAL_BATCH * CAL_SEQ) -> tuple[str, float]:
+def stream_work(cfg: ModelConfig, layout: str | Layout, tokens: int = CAL_BATCH * CAL_SEQ) -> tuple[str, float]:
     """(mix, S) of one training step (module doc): the stream elements every hyper-connection reads and writes,
     S = tokens x 2 L x n x d; ("", 0) for one stream."""
     lay = as_layout(layout)
@@ -168,7 +170,7 @@ def block_work(cfg: ModelConfig) -> float:
     return float(SCREEN_TOKENS * (2 * per_layer + 4 * cfg.n_heads * cfg.head_dim * SCREEN_SEQ))
 
 
-def muon_shapes(cfg: ModelConfig, layout: str) -> list[tuple[int, int]]:
+def muon_shapes(cfg: ModelConfig, layout: str | Layout) -> list[tuple[int, int]]:
     """The (out, in) shapes of the matrices Muon takes (`normlab.train.optim.muon_matrices`), counted from
     the shape and the layout's data: per block q, k, v, o, the gate's projection where the layout has one,
     and the MLP's matrices, or each expert's (and a shared expert's); routers stay with AdamW."""
@@ -186,10 +188,12 @@ def muon_shapes(cfg: ModelConfig, layout: str) -> list[tuple[int, int]]:
     return out
 
 
-def optimizer_work(cfg: ModelConfig, layout: str, optimizer: str = "adamw", ns_steps: int = 5) -> float:
-    """M: the FLOPs an optimizer step adds (module doc): Muon's Newton-Schulz iterations over the matrices
-    it takes; 0 for AdamW and SGD."""
-    if optimizer != "muon":
+def optimizer_work(cfg: ModelConfig, layout: str | Layout, optimizer: str = "adamw", ns_steps: int = 5) -> float:
+    """M: the FLOPs an optimizer step adds (module doc), by its step_flops fact (normlab.config.optimizers):
+    Newton-Schulz iterations over the matrices it takes (Muon); 0 where its step is elementwise (AdamW, SGD)."""
+    from normlab.config.optimizers import OPTIMIZERS
+
+    if OPTIMIZERS[optimizer].step_flops != "newton_schulz":
         return 0.0
     from normlab.train.mfu import newton_schulz_flops
 
@@ -220,13 +224,14 @@ class Calibration:
     def step_seconds(
         self,
         cfg: ModelConfig,
-        layout: str,
+        layout: str | Layout,
         optimizer: str = "adamw",
         ns_steps: int = 5,
         tokens: int = CAL_BATCH * CAL_SEQ,
         seq: int = CAL_SEQ,
     ) -> float:
         """One training step of `layout` at `cfg` on `tokens` tokens in sequences of `seq` (the proxies' batch)."""
+        layout = as_layout(layout)  # parsed once for the three counts
         f, e = step_work(cfg, layout, tokens, seq)
         mix, s = stream_work(cfg, layout, tokens)
         return (
@@ -242,7 +247,7 @@ class Calibration:
         return self.step_seconds(REFERENCE_SHAPE, "peri") / REFERENCE_STEP_S
 
     def run_seconds(
-        self, cfg: ModelConfig, layout: str, steps: int, optimizer: str = "adamw", ns_steps: int = 5
+        self, cfg: ModelConfig, layout: str | Layout, steps: int, optimizer: str = "adamw", ns_steps: int = 5
     ) -> float:
         return RUN_OVERHEAD_S * self.speed + STEP_FACTOR * steps * self.step_seconds(cfg, layout, optimizer, ns_steps)
 
@@ -365,7 +370,7 @@ def cache_file(key: str) -> Path:
     return cache_dir() / "recommend" / f"calibration-{key}.json"
 
 
-def _fastest(fn, repeats: int, deadline: float = math.inf) -> float:  # noqa: ANN001 - () -> None
+def _fastest(fn: Callable[[], object], repeats: int, deadline: float = math.inf) -> float:
     """The fastest of `repeats` calls after one warm-up call, each the lesser of its CPU and its wall seconds
     (module doc): a load only ever makes either slower. No repeat starts past `deadline` (time.perf_counter):
     then the fastest so far is kept, the warm-up's (an upper bound: it includes the first call's set-up) where
@@ -405,7 +410,7 @@ def _step_time(layout: str, n_layers: int, deadline: float = math.inf) -> float:
 
 
 @contextlib.contextmanager
-def _threads(threads: int):  # noqa: ANN202 - a context manager
+def _threads(threads: int) -> Iterator[None]:
     import torch
 
     saved = torch.get_num_threads()
@@ -518,7 +523,7 @@ def _cached(path: Path) -> Calibration | None:
 
 
 @contextlib.contextmanager
-def _locked(path: Path):  # noqa: ANN202 - a context manager
+def _locked(path: Path) -> Iterator[None]:
     """An exclusive lock on `path`'s lock file (beside it) while a read-merge-write runs: two calls on one
     machine never lose each other's measurement."""
     import fcntl
@@ -729,16 +734,14 @@ class RunStep:
         return self.seconds / predicted if predicted > 0 else math.inf
 
 
-def run_step(config: TrainConfig, summary: dict[str, Any] | None) -> RunStep | None:
+def run_step(config: TrainConfig, summary: RunSummary | None) -> RunStep | None:
     """A run's `RunStep` from its configuration and summary.json, None unless it finished its steps normally
     (ok or stalled: a diverged run's last steps are not a training step's work) on the CPU (what the calibration
     measures) with a throughput recorded."""
-    if not isinstance(summary, dict) or summary.get("status") not in ("ok", "stalled"):
+    if summary is None or not summary.trained or summary.device != "cpu":
         return None
-    if summary.get("device") != "cpu":
-        return None
-    tok_s = summary.get("tok_per_s")
-    if not _positive(tok_s):
+    tok_s = summary.tok_per_s
+    if tok_s is None or not _positive(tok_s):
         return None
     tokens = config.data.batch_size * config.data.seq_len
     return RunStep(

@@ -106,8 +106,9 @@ def derive(current: str, change: str) -> Derived | None:
     """The candidate `change` (a key of `CHANGES`) makes of the placement `current`, or None where it does
     not apply."""
     c = CHANGES[change]
-    made = c.apply(replace(as_layout(current), name=None))
-    if made is None or made.to_string() == as_layout(current).to_string():
+    lay = as_layout(current)  # parsed once
+    made = c.apply(replace(lay, name=None))
+    if made is None or made.to_string() == lay.to_string():
         return None
     form = made.to_string()
     preset = next((n for n, p in PRESETS.items() if p.layout.to_string() == form), None)

@@ -33,7 +33,10 @@ def limits(
 ) -> list[str]:
     """What the proxy scaled down, and what that can and cannot predict, in plain words."""
     c = user.config
-    setting = lambda key: extra.get(key, RECOMMEND_BASE.get(key))
+
+    def setting(key: str) -> Any:
+        return extra.get(key, RECOMMEND_BASE.get(key))
+
     out = [
         f"Width: the proxies are {PROXY_WIDTH} wide in heads of 16 (yours: {c.d_model}, heads of {c.head_dim}); "
         f"the FFN ratio ({c.ffn_dim / c.d_model:.2f}), query-to-kv ratio, MLP kind and soft-capping are yours. "

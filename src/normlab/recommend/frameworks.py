@@ -172,7 +172,8 @@ def _nearest(layout: str, table: dict[str, Any]) -> str:
     best = min(table, key=lambda name: (len(_sites(name) ^ mine), name))
     extra, missing = sorted(_sites(best) - mine), sorted(mine - _sites(best))
     parts = ([f"has {', '.join(extra)}"] if extra else []) + ([f"lacks {', '.join(missing)}"] if missing else [])
-    other = [k for k in SETTINGS if getattr(as_layout(best), k) != getattr(as_layout(layout), k)]
+    theirs, yours = as_layout(best), as_layout(layout)
+    other = [k for k in SETTINGS if getattr(theirs, k) != getattr(yours, k)]
     if other:
         parts.append(f"differs in {', '.join(other)}")
     return f"{best} ({'; '.join(parts) or 'same norm sites, other settings'})"

@@ -6,30 +6,55 @@ settings and data checked as one line, and the proxies' sweeps (`proxy_settings`
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from normlab.config.commands import RECOMMEND_BASE, RECOMMEND_CANDIDATES, RecommendConfig
 from normlab.errors import ConfigError
 from normlab.experiments.sweep import SweepConfig
-from normlab.layout import as_layout
+from normlab.layout import Layout, as_layout
 from normlab.model.config import SIZES, ModelConfig
 from normlab.recommend import derived
 from normlab.recommend.shape import PROXY_WIDTH, UserModel, proxy_shape
 from normlab.train.trainer import load_run_data
 
 
-def has_streams(names: list[str]) -> bool:
-    """Whether a layout of `names` has several residual streams (the plan then needs the stream rates)."""
-    return any(as_layout(n).streams > 1 for n in names)
+@dataclass(frozen=True)
+class Candidate:
+    """One candidate placement, parsed once: its name as given (a preset, a string form, or a change made from the
+    user's placement, `yours+out`), its label where it is such a change ("your model (qwen3) + output norms",
+    `normlab.recommend.derived`; "" otherwise) and its layout."""
+
+    name: str
+    layout: Layout
+    label: str = ""
+
+    @classmethod
+    def of(cls, name: str, label: str = "") -> Candidate:
+        """The candidate called ``name`` (a typo fails here, with the valid names)."""
+        return cls(name, as_layout(name), label)
+
+    @property
+    def form(self) -> str:
+        """Its placement's string form: two names of one placement have the same."""
+        return self.layout.to_string()
 
 
-def unbuildable(name: str, user: UserModel) -> str | None:
-    """Why `name` cannot be built for the user's model (e.g. nGPT on grouped key/value heads), or None: what the
+def has_streams(layouts: Iterable[str | Layout | Candidate]) -> bool:
+    """Whether one of the layouts has several residual streams (the plan then needs the stream rates)."""
+    return any(_layout(n).streams > 1 for n in layouts)
+
+
+def _layout(c: str | Layout | Candidate) -> Layout:
+    return c.layout if isinstance(c, Candidate) else as_layout(c)
+
+
+def unbuildable(layout: str | Layout | Candidate, user: UserModel) -> str | None:
+    """Why ``layout`` cannot be built for the user's model (e.g. nGPT on grouped key/value heads), or None: what the
     model refuses (`ModelConfig.layout_problem`), at the proxies' shape and the user's depth (the screen's)."""
     shape = ModelConfig(**proxy_shape(user.config, user.config.n_layers))
-    return shape.layout_problem(as_layout(name).resolve(shape.n_layers))
+    return shape.layout_problem(_layout(layout).resolve(shape.n_layers))
 
 
 @dataclass(frozen=True)
@@ -46,6 +71,14 @@ class CandidateChoice:
     removals: tuple[str, ...] = ()
     inapplicable: tuple[str, ...] = ()  # changes given (yours+out, ...) that do not apply to the user's placement
     short: dict[str, str] = field(default_factory=dict)  # a change's string form -> its name (`yours+emb`)
+    candidates: tuple[Candidate, ...] = ()  # ``names``, each parsed once, with its label
+
+    def candidate(self, name: str) -> Candidate:
+        """The candidate of that name (KeyError: not one of ``names``)."""
+        for c in self.candidates:
+            if c.name == name:
+                return c
+        raise KeyError(f"{name!r} is not a candidate")
 
     def name(self, layout: str) -> str:
         """What the output calls a candidate: its change's name where it is one written as a string form."""
@@ -78,7 +111,8 @@ def choose(cfg: RecommendConfig, user: UserModel) -> CandidateChoice:
         ]
     inapplicable = tuple(k for k, v in labels.items() if not v)  # changes given that change nothing of it
     labels = {k: v for k, v in labels.items() if v}
-    names, current, unfit = _choose_names(names, user, given, allow_same=not given)
+    chosen, current, unfit = _choose_names([Candidate.of(n, labels.get(n, "")) for n in names], user, given, not given)
+    names = [c.name for c in chosen]
     return CandidateChoice(
         names,
         current,
@@ -87,6 +121,7 @@ def choose(cfg: RecommendConfig, user: UserModel) -> CandidateChoice:
         tuple(n for n in removals if n in names),
         inapplicable=inapplicable,
         short=derived.short_names(user.layout, names),
+        candidates=tuple(chosen),
     )
 
 
@@ -97,38 +132,39 @@ def choose_candidates(cfg: RecommendConfig, user: UserModel) -> tuple[list[str],
 
 
 def _choose_names(
-    given_names: list[str], user: UserModel, given: bool, allow_same: bool
-) -> tuple[list[str], str | None, dict[str, str]]:
+    given_names: list[Candidate], user: UserModel, given: bool, allow_same: bool
+) -> tuple[list[Candidate], str | None, dict[str, str]]:
     """The candidates (the user's current placement first, under its own name), that placement's name, and
     the default candidates left out because the user's model cannot take them (name -> why); the same
     placement given twice (by two names, or one name twice) is refused, or with `allow_same` (the defaults
     and the changes made from the user's placement) kept once under its first name."""
-    seen: dict[str, str] = {}
-    for name in given_names:
-        form = as_layout(name).to_string()  # a typo fails here, with the valid names
+    seen: dict[str, Candidate] = {}
+    for c in given_names:
+        form, name = c.form, c.name
         if form in seen and allow_same:
             continue
         if form in seen:
             same = (
                 f"{name!r} is given twice"
-                if seen[form] == name
-                else f"{seen[form]!r} and {name!r} are the same placement ({form})"
+                if seen[form].name == name
+                else f"{seen[form].name!r} and {name!r} are the same placement ({form})"
             )
             raise ConfigError(f"--candidates: {same}; give each placement once")
-        seen[form] = name
-    names = list(seen.values())
+        seen[form] = c
     current = None
     if user.layout is not None:
-        want = as_layout(user.layout).to_string()
-        current = seen.get(want, user.layout)
-        names = [current] + [n for n in names if n != current]
-    unfit = {n: why for n in names if (why := unbuildable(n, user))}
+        mine = Candidate.of(user.layout)
+        first = seen.get(mine.form, mine)
+        current = first.name
+        seen = {first.form: first, **{f: c for f, c in seen.items() if c.name != current}}
+    chosen = list(seen.values())
+    unfit = {c.name: why for c in chosen if (why := unbuildable(c, user))}
     if unfit and (given or current in unfit):
         name, why = next((n, w) for n, w in unfit.items() if n == current or given)
         if name == current:
             raise ConfigError(f"your current placement {name} cannot be built at the proxies' shape ({why})")
         raise ConfigError(f"--candidates: {name} cannot be built for your model ({why}); leave it out")
-    return [n for n in names if n not in unfit], current, unfit
+    return [c for c in chosen if c.name not in unfit], current, unfit
 
 
 def recorded_inputs(

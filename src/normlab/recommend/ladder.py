@@ -140,7 +140,7 @@ def user_compute(cfg: Any, non_embedding_params: float, tokens: float | None) ->
 def words(proj: dict[str, Any]) -> str:
     """The projection in a sentence."""
     if proj.get("value") is None or proj.get("interval") is None:
-        return proj.get("why", "no projection")
+        return str(proj.get("why", "no projection"))
     lo, hi = proj["interval"]
     of = {"lower": "a lower bound (rungs past the 2x extrapolation limit enter at it): ", "upper": "an upper bound: "}
     text = of.get(proj.get("bound") or "", "a projection of bounds: " if proj.get("bound") else "") + (

@@ -269,7 +269,10 @@ def rank(rows: list[Evidence], prefer: str | None = None) -> list[Evidence]:
     """The ranked candidates first (rule in the module doc), then those ruled out or not trained; within a tie
     `prefer` (the user's placement) comes first: a change needs evidence beyond noise."""
     ranked = [r for r in rows if r.status == "ranked"]
-    loss = lambda r: r.best_loss if math.isfinite(r.best_loss) else math.inf
+
+    def loss(r: Evidence) -> float:
+        return r.best_loss if math.isfinite(r.best_loss) else math.inf
+
     ranked.sort(key=lambda r: (r.failures, r.risk_share, loss(r)))
     out: list[Evidence] = []
     i = 0

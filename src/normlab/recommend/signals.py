@@ -36,6 +36,7 @@ from normlab.diagnostics.stats import OVERFLOW_HEADROOM as HEADROOM
 from normlab.diagnostics.stats import PRECISION_LIMITS as LIMITS
 from normlab.diagnostics.stats import log_growth
 from normlab.runs.files import RunDir
+from normlab.runs.metrics import ProbeMetric
 from normlab.runs.outcome import FINISHED
 
 
@@ -97,7 +98,7 @@ def run_signals(run: RunDir, precision: str) -> RunSignals:
         site, metric, value = r.get("site"), r.get("metric"), r.get("value")
         if not isinstance(value, (int, float)):
             continue
-        if site == "attn" and metric == "max_logit":
+        if site == "attn" and metric == ProbeMetric.MAX_LOGIT:
             by_step[r["step"]] = max(by_step.get(r["step"], -math.inf), float(value))
         elif site == "global" and metric == "max_abs":
             acts.append((r["step"], float(value)))

@@ -49,6 +49,7 @@ import numpy as np
 import pandas as pd
 
 from normlab.runs.files import RunDir
+from normlab.runs.metrics import Metric
 
 SMOOTH = 10  # steps in the moving mean of the training loss (the runs' final loss is their last 10 steps' mean)
 FIT_FROM = 0.25  # the fit starts a quarter into the run: past the warm-up (10%) and the first fast drop
@@ -68,7 +69,7 @@ class Curve:
     rmse: float  # the fit's root-mean-square residual over the points fitted
 
     def loss(self, t: float) -> float:
-        return self.e + self.a * t ** (-self.alpha)
+        return float(self.e + self.a * t ** (-self.alpha))
 
     def tokens_for(self, target: float) -> float:
         """T(L) (eq. 2 inverted); inf where `target` is at or below the floor E."""
@@ -80,9 +81,12 @@ class Curve:
 def smoothed_curve(rows: list[dict[str, Any]], window: int = SMOOTH) -> tuple[np.ndarray, np.ndarray]:
     """(tokens, loss) of the training rows with a finite loss, the loss as a trailing mean over `window` steps."""
     pts = [
-        (float(r["tokens"]), float(r["loss"]))
+        (float(r[Metric.TOKENS]), float(r[Metric.LOSS]))
         for r in rows
-        if "loss" in r and "tokens" in r and isinstance(r["loss"], int | float) and math.isfinite(r["loss"])
+        if Metric.LOSS in r
+        and Metric.TOKENS in r
+        and isinstance(r[Metric.LOSS], int | float)
+        and math.isfinite(r[Metric.LOSS])
     ]
     if not pts:
         return np.zeros(0), np.zeros(0)
@@ -174,7 +178,7 @@ def speedup(
 def words(s: dict[str, Any]) -> str:
     """ "x1.12 [1.04, 1.21] of compute at the proxy, after a 3.1% slower step" """
     if s.get("value") is None:
-        return s.get("why", "no speedup measured")
+        return str(s.get("why", "no speedup measured"))
     v = s["value"]
     text = {"lower": ">= ", "upper": "<= "}.get(s.get("bound") or "", "") + f"x{v:.2f}"
     iv = s.get("interval")
@@ -244,10 +248,10 @@ def pooled_interval(runs: Any, a: list[float], b: list[float], level: float = LE
 def cell_compute(runs: Any, grid: Path, layout: str, lr: float) -> float | None:
     """The FLOPs of the cell's first finished run (summary.json's flops_per_token x tokens)."""
     dirs = cell_dirs(runs, grid, layout, lr)
-    s = RunDir(dirs[0]).summary() if dirs else None
-    if not s or not s.get("flops_per_token") or not s.get("tokens"):
+    s = RunDir(dirs[0]).read_summary() if dirs else None
+    if s is None or not s.flops_per_token or not s.tokens:
         return None
-    return float(s["flops_per_token"]) * float(s["tokens"])
+    return float(s.flops_per_token) * float(s.tokens)
 
 
 def for_pair(

@@ -11,12 +11,13 @@ from typing import Any
 
 import pandas as pd
 
-from normlab.recommend import gate, ladder
+from normlab.recommend import gate
 from normlab.recommend.context import Context, minutes, stage_record
 from normlab.recommend.evidence_rows import ranked_now
 from normlab.recommend.inputs import proxy_settings, proxy_sweep
 from normlab.recommend.rank import Evidence
 from normlab.recommend.records import StageRecord
+from normlab.recommend.shape import PROXY_WIDTH
 
 
 def pair(ctx: Context, ranked: list[Evidence]) -> tuple[Evidence, Evidence] | str:
@@ -47,7 +48,7 @@ class LadderStage:
     name = "ladder"
 
     def cost(self, ctx: Context) -> float:
-        return (ctx.plan.ladder or {}).get("predicted_s", 0.0)
+        return float((ctx.plan.ladder or {}).get("predicted_s", 0.0))
 
     def done(self, ctx: Context) -> bool:
         """Not in the plan, or run in this call already."""
@@ -71,7 +72,7 @@ class LadderStage:
         widths = [int(w) for w in p.ladder["steps"]]  # the rungs beside the proxy
         ctx.log(
             f"\nladder {ctx.clock.stamp()}: {base.layout} and {lead.name} at widths "
-            f"{', '.join(str(w) for w in widths)} beside the proxy's {ladder.PROXY_WIDTH} (muP from it; steps "
+            f"{', '.join(str(w) for w in widths)} beside the proxy's {PROXY_WIDTH} (muP from it; steps "
             f"{', '.join(str(p.ladder['steps'][str(w)]) for w in widths)}), {len(p.seeds)} seeds; "
             f"predicted {minutes(self.cost(ctx))}"
         )

@@ -81,7 +81,7 @@ def refresh_calibration(
         steps = [
             step
             for row in open_store(folder.grid, readonly=True).rows()
-            if (step := cost.run_step(row["config"], folder.grid.run(row["run_id"]).summary())) is not None
+            if (step := cost.run_step(row["config"], folder.grid.run(row["run_id"]).read_summary())) is not None
         ]
     except (ConfigError, OSError, ValueError):
         steps = []

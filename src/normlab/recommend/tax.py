@@ -29,12 +29,18 @@ import json
 import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 from normlab.errors import DataError
 from normlab.io import atomic_write_json, read_json
 from normlab.model.config import ModelConfig
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 BLOCKS = 2
 CPU_TOKENS = 128
@@ -123,14 +129,14 @@ def ratio_stats(ratios: list[float], level: float = LEVEL) -> tuple[float, list[
     return math.exp(m) - 1.0, [math.exp(m - half) - 1.0, math.exp(m + half) - 1.0]
 
 
-def _cache_path(key: dict[str, Any]):  # noqa: ANN202 - a Path
+def _cache_path(key: dict[str, Any]) -> Path:
     from normlab.data.corpus import cache_dir
 
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return cache_dir() / "recommend" / f"tax-{digest}.json"
 
 
-def _cached(path, key: dict[str, Any]) -> Tax | None:  # noqa: ANN001 - a Path
+def _cached(path: Path, key: dict[str, Any]) -> Tax | None:
     """The cached tax for `key`, None where absent or unreadable (then it is timed again and rewritten)."""
     if not path.is_file():
         return None
@@ -141,7 +147,7 @@ def _cached(path, key: dict[str, Any]) -> Tax | None:  # noqa: ANN001 - a Path
         return None
 
 
-def _step(model, x, compiled):  # noqa: ANN001, ANN202 - (module, tensor, bool) -> () -> None
+def _step(model: nn.Module, x: torch.Tensor, compiled: bool) -> Callable[[], None]:
     import torch
 
     def run() -> None:
@@ -153,7 +159,7 @@ def _step(model, x, compiled):  # noqa: ANN001, ANN202 - (module, tensor, bool) 
     return run
 
 
-def _build(layout: str, cfg: ModelConfig, tokens: int, device: str, compiled: bool, blocks: int):  # noqa: ANN202
+def _build(layout: str, cfg: ModelConfig, tokens: int, device: str, compiled: bool, blocks: int) -> nn.Module:
     import torch
 
     from normlab.model.build import build_model
@@ -161,7 +167,7 @@ def _build(layout: str, cfg: ModelConfig, tokens: int, device: str, compiled: bo
     model = build_model(layout, cfg.with_(n_layers=blocks, vocab_size=256, max_seq_len=tokens), seed=0).to(device)
     if device == "cuda":
         model = model.to(torch.bfloat16)
-    return torch.compile(model) if compiled else model
+    return cast("nn.Module", torch.compile(model)) if compiled else model
 
 
 def _device() -> str:

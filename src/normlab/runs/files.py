@@ -39,10 +39,13 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from normlab.errors import ConfigError, DataError
 from normlab.io import atomic_write_bytes, atomic_write_json, read_jsonl
+
+if TYPE_CHECKING:
+    from normlab.runs.summary import RunSummary
 
 CONFIG = "config.json"
 TOKENIZER = "tokenizer.json"
@@ -191,6 +194,13 @@ class RunDir:
 
     def summary(self) -> dict[str, Any] | None:
         return read_json(self.summary_file)
+
+    def read_summary(self) -> RunSummary | None:
+        """summary.json as a typed record (None: the run has none yet)."""
+        from normlab.runs.summary import RunSummary
+
+        data = self.summary()
+        return RunSummary.from_json(data) if isinstance(data, dict) else None
 
     def metrics(self) -> list[dict[str, Any]]:
         return read_jsonl(self.metrics_file)

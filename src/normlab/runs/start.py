@@ -27,7 +27,6 @@ from normlab.io import check_writable
 from normlab.runs.checkpoint import TEMP_FILE, load_latest_checkpoint
 from normlab.runs.files import LOCK, RunDir
 from normlab.runs.lock import FolderLock, RunLock  # noqa: F401 - the run's guard rails, in one import
-from normlab.runs.outcome import TRAINED
 
 OWN_FILES = (LOCK,)  # what a run writes before its config.json (a run killed that early left only this)
 
@@ -96,10 +95,9 @@ def plan_start(cfg: TrainConfig, warn=print) -> Start:  # noqa: ANN001 - warn: p
         raise ConfigError(
             f"{run} already holds a run and --no-resume was given; choose another --out (nothing there is overwritten)"
         )
-    summary = rd.summary() or {}
-    status = summary.get("status")
-    if status == "diverged" or (status in TRAINED and summary.get("steps") == cfg.optim.steps):
-        return Start(finished=summary, note=f"{run} already finished ({summary['status']}); nothing to do")
+    summary = rd.read_summary()
+    if summary is not None and (summary.status == "diverged" or (summary.trained and summary.steps == cfg.optim.steps)):
+        return Start(finished=summary.to_json(), note=f"{run} already finished ({summary.status}); nothing to do")
     found = load_latest_checkpoint(run, warn=lambda m: warn(f"normlab: warning: {m}"))
     if found is None:
         return Start(note=f"{run}: no checkpoint to resume from; restarting from step 0")

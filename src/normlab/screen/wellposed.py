@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from normlab.layout.norm_kinds import NORM_KIND_FACTS
+from normlab.layout.norm_kinds import NORM_FACTS
 from normlab.layout.sites import (
     ATTN_RES_FULL,
     KEEL,
@@ -51,12 +51,6 @@ class SublayerVerdict:
     why: str
 
 
-# What an output norm (B) of each kind bounds (the update u = h * N_B(.) whatever the module's weights), and what a
-# norm after the add (C) does to the stream: each kind's row of normlab.layout.norm_kinds
-_B_BOUND = {f.name: f.output_bound for f in NORM_KIND_FACTS}
-_C_KEEPS = {f.name: f.after_add for f in NORM_KIND_FACTS}
-
-
 def classify(
     sites: SublayerSites,
     inner: AttentionInnerSites | None,
@@ -72,17 +66,23 @@ def classify(
         if h_learned is None
         else f"h learned ({h_learned}, from {h:g}): the bound moves with h, which training can grow"
     )
+    # what an output norm (B) of each kind bounds (u = h * N_B(.) whatever the module's weights) and what a norm after
+    # the add (C) does to the stream: each kind's row of normlab.layout.norm_kinds, read here (a kind registered since)
     if sites.output:
         kind = out.kind if out is not None else "rms"
         gain = {"none": " (no gain: gamma = 1, beta = 0)", "scalar": " (one scalar gain)"}.get(
             out.gain if out is not None else "gamma", ""
         )
-        return "bounded", f"output norm (B, {kind}{gain}): {_B_BOUND[kind]}, with {step}, whatever the module's weights"
+        return (
+            "bounded",
+            f"output norm (B, {kind}{gain}): {NORM_FACTS[kind].output_bound}, with {step}, "
+            "whatever the module's weights",
+        )
     if sites.after_add:
         kind = after.kind if after is not None else "rms"
         return "tangential", (
-            f"norm after the add (C, {kind}) only: {_C_KEEPS[kind]}, but the update before it is unnormalized, "
-            "so its tangential speed is unbounded (Kan App. J)"
+            f"norm after the add (C, {kind}) only: {NORM_FACTS[kind].after_add}, "
+            "but the update before it is unnormalized, so its tangential speed is unbounded (Kan App. J)"
         )
     notes = []
     if inner is not None and inner.context:

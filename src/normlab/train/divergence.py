@@ -44,6 +44,7 @@ import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from normlab.config.hooks import DivergenceSettings
 from normlab.diagnostics.stability import SkipStepRule, SpikeRule
@@ -63,7 +64,7 @@ class SpikeDetector:
     """The tier's count rule on one series (`normlab.diagnostics.stability.SpikeRule`): value > mean + 6
     population std of the previous 128 values, from 16 values on."""
 
-    history: deque = field(default_factory=lambda: deque(maxlen=SPIKE_WINDOW))
+    history: deque[Any] = field(default_factory=lambda: deque(maxlen=SPIKE_WINDOW))
     count: int = 0
 
     def update(self, value: float) -> bool:
@@ -85,8 +86,8 @@ class SkipRule:
 
     window: int = SPIKE_WINDOW
     sigmas: float = SPIKE_SIGMAS
-    losses: deque = field(default_factory=deque)
-    grad_norms: deque = field(default_factory=deque)
+    losses: deque[Any] = field(default_factory=deque)
+    grad_norms: deque[Any] = field(default_factory=deque)
 
     @property
     def min_history(self) -> int:
@@ -204,7 +205,7 @@ class DivergenceMonitor:
             )
             self._diverge(seen - 1, f"{skipped} of {seen} steps skipped for {why} (more than {self.max_skipped:.0%})")
 
-    def check_spike(self, step: int, loss: float, grad_norm: float, skip: bool) -> dict | None:
+    def check_spike(self, step: int, loss: float, grad_norm: float, skip: bool) -> dict[str, Any] | None:
         """OLMo's skip rule on a finite step (`SkipRule`): None if neither value spiked, else what spiked
         with its z-scores; with ``skip`` the step is recorded as skipped (and counted against max_skipped)."""
         z_loss, z_grad = self.skip_rule.z_scores(loss, grad_norm)
@@ -263,7 +264,7 @@ class DivergenceMonitor:
                 "frequencies and nothing more"
             )
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         return {
             "status": self.status,
             "reason": self.reason,
@@ -277,7 +278,7 @@ class DivergenceMonitor:
             "unigram_loss": self.unigram_loss,
         }
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {
             "initial_loss": self.initial_loss,
             "above_initial": self.above_initial,
@@ -299,7 +300,7 @@ class DivergenceMonitor:
             "spike_skipped_steps": list(self.spike_skipped_steps),
         }
 
-    def load_state_dict(self, s: dict) -> None:
+    def load_state_dict(self, s: dict[str, Any]) -> None:
         self.initial_loss, self.above_initial = s["initial_loss"], s["above_initial"]
         self.status, self.reason, self.diverged_step = s["status"], s["reason"], s["diverged_step"]
         self.skipped_steps = list(s["skipped_steps"])

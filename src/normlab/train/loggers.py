@@ -10,10 +10,13 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from normlab.errors import ConfigError
 from normlab.runs.files import RunDir
+
+if TYPE_CHECKING:
+    from normlab.config.train import TrainConfig
 
 
 class LineProgress:
@@ -54,7 +57,7 @@ class LineProgress:
 
 
 class Sinks:
-    def __init__(self, cfg, run: RunDir, start: int) -> None:  # noqa: ANN001 - TrainConfig
+    def __init__(self, cfg: TrainConfig, run: RunDir, start: int) -> None:
         self.tb = self.wandb = self.bar = None
         if cfg.loggers.tensorboard:
             try:

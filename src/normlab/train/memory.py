@@ -39,7 +39,7 @@ from normlab.config.optimizers import OPTIMIZERS
 from normlab.config.train import TrainConfig
 from normlab.errors import ConfigError
 from normlab.model import storage
-from normlab.model.config import get_size
+from normlab.model.config import ModelConfig, get_size
 
 GIB = 2**30
 OVERHEAD = 1 * GIB
@@ -125,7 +125,7 @@ def _slopes_at(cfg: TrainConfig, recompute: bool, vocab: int, widths: dict[str, 
     return max(0.0, model), max(0.0, block)
 
 
-def narrow_widths(model_cfg, scale: int) -> dict[str, int]:  # noqa: ANN001 - a ModelConfig
+def narrow_widths(model_cfg: ModelConfig, scale: int) -> dict[str, int]:
     """Model options of a copy 1/`scale` as wide: the width, each head's width and the FFN (and the
     experts') divided, the head counts kept; everything a token keeps per block is linear in those."""
     hd = model_cfg.head_dim // scale
@@ -149,7 +149,7 @@ def _slopes(cfg: TrainConfig, recompute: bool, vocab: int) -> tuple[float, float
 
     model_cfg = cfg.model.model_config()
 
-    def params(c) -> int:  # noqa: ANN001 - a ModelConfig
+    def params(c: ModelConfig) -> int:
         c = c.with_(n_layers=2, vocab_size=min(vocab, 512))
         return analytic_params(c, as_layout(cfg.model.layout).resolve(2)).total
 

@@ -34,7 +34,8 @@ window the max is taken over the causal logits, the window's included (an upper 
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -80,6 +81,14 @@ def _scale_norm_output(norm: nn.Module, factors: torch.Tensor, head_dim: int) ->
     return True
 
 
+Hook = Callable[[nn.Module, Any, torch.Tensor], None]
+
+
+def _eager(hook: Hook) -> Hook:
+    """``hook`` run eagerly under a compiled model (a graph break per tap), not traced (torch.compiler.disable)."""
+    return cast(Hook, torch.compiler.disable(hook))
+
+
 class QKClip:
     """The per-head max logits of each step (hooks on the taps) and the rescale after the optimizer step."""
 
@@ -97,16 +106,16 @@ class QKClip:
             self.handles.append(attn.q.register_forward_hook(self._hook_q(i)))
             self.handles.append(attn.k.register_forward_hook(self._hook_k(i)))
 
-    def _hook_q(self, i: int):  # noqa: ANN202
-        @torch.compiler.disable  # a compiled model runs the hooks eagerly (a graph break per tap), not traced
+    def _hook_q(self, i: int) -> Hook:
+        @_eager
         def hook(module: nn.Module, args: Any, out: torch.Tensor) -> None:
             if module.training:
                 self._q[i] = out.detach()
 
         return hook
 
-    def _hook_k(self, i: int):  # noqa: ANN202
-        @torch.compiler.disable
+    def _hook_k(self, i: int) -> Hook:
+        @_eager
         def hook(module: nn.Module, args: Any, out: torch.Tensor) -> None:
             q = self._q.pop(i, None)
             if q is None or not module.training:

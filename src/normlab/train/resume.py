@@ -55,7 +55,7 @@ def resume_refusal(start: Start, cfg: TrainConfig, info: distributed.DistInfo) -
     return None
 
 
-def load_state(model: nn.Module, opt: TrainOptimizer, ckpt: dict, cfg: TrainConfig) -> None:
+def load_state(model: nn.Module, opt: TrainOptimizer, ckpt: dict[str, Any], cfg: TrainConfig) -> None:
     """A checkpoint's model and optimizer state into the run's (`resume_refusal` has passed it)."""
     if "sharded" in ckpt:  # FSDP2's DCP folder: resharded onto this run's world size, whatever it is
         assert isinstance(opt, torch.optim.Optimizer)  # FSDP2 refuses Muon (TrainConfig's validation)

@@ -12,6 +12,7 @@ from torch import nn
 
 from normlab.config.train import TrainConfig
 from normlab.diagnostics.hooks import StepHooks
+from normlab.runs.summary import Forensics
 from normlab.train import distributed
 from normlab.train.ckpt_schedule import CheckpointSchedule
 from normlab.train.divergence import DivergenceMonitor
@@ -33,8 +34,8 @@ class RunState:
     scaler: torch.amp.GradScaler
     monitor: DivergenceMonitor
     params: Any  # count_params of the unwrapped model
-    val: list
-    trainable: list  # the parameters the clip and the optimizer see (frozen gammas excluded)
+    val: list[Any]
+    trainable: list[Any]  # the parameters the clip and the optimizer see (frozen gammas excluded)
     step: int = 0
     tokens: int = 0
     wall_before: float = 0.0  # wall time of earlier sessions of this run (from the checkpoint)
@@ -42,7 +43,7 @@ class RunState:
     final_val: float | None = None
     sinks: Sinks | None = None
     hooks: StepHooks = field(default_factory=StepHooks)  # probes, the tier, QK-clip, spikes (train.step_hooks)
-    forensics: dict[str, Any] | None = None  # where a diverged run first broke (normlab.diagnostics.forensics)
+    forensics: Forensics | None = None  # where a diverged run first broke (normlab.diagnostics.forensics)
     flops_per_token: int = 0  # 6N + 12 L H Q T (normlab.train.mfu)
     memory_plan: Any = None  # normlab.train.memory.MemoryPlan on CUDA (checked against the device before the start)
     peak_flops: float | None = None  # the device's dense peak for the run's precision; None: unknown

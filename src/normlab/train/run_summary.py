@@ -10,16 +10,17 @@ from typing import Any
 
 import torch
 
-from normlab.diagnostics.forensics import site_of
 from normlab.diagnostics.stability import spike_score
 from normlab.diagnostics.tier import tier_summary
 from normlab.runs.files import RunDir
+from normlab.runs.metrics import Metric, ProbeMetric
+from normlab.runs.summary import Forensics
 from normlab.train.faults import injected
 from normlab.train.mfu import device_name
 from normlab.train.run_state import RunState
 
 
-def speed_summary(rows: list[dict], state: RunState) -> dict[str, Any]:
+def speed_summary(rows: list[dict[str, Any]], state: RunState) -> dict[str, Any]:
     """Median throughput and MFU over the steps after warm-up (the first 10%, at least one step:
     compilation, allocator growth), per run and per device; MFU "unknown" without a known peak."""
     steps = [r for r in rows if isinstance(r.get("tok_per_s"), (int, float))]
@@ -39,12 +40,12 @@ def speed_summary(rows: list[dict], state: RunState) -> dict[str, Any]:
     }
 
 
-def max_activation(run: RunDir, forensics: dict[str, Any] | None) -> float | None:
+def max_activation(run: RunDir, forensics: Forensics | None) -> float | None:
     """The largest finite |activation| of the run: the probes' global top-100 maximum over their steps,
     and for a diverged run the largest finite value the forensic re-run saw (Kim Fig. 11's quantity)."""
-    seen: list[float | None] = [v for _, v in run.probe_series("global", "top100_max")]
-    if forensics:
-        seen += [(forensics.get("forward") or {}).get("before"), (forensics.get("largest") or {}).get("value")]
+    seen: list[float | None] = [v for _, v in run.probe_series("global", ProbeMetric.TOP100_MAX)]
+    if forensics is not None:
+        seen += forensics.finite_values()
     finite = [float(v) for v in seen if isinstance(v, (int, float)) and math.isfinite(v)]
     return max(finite) if finite else None
 
@@ -61,10 +62,11 @@ def _memory_summary(state: RunState) -> dict[str, float] | None:
     }
 
 
-def write_summary(state: RunState, status: str | None = None, error: str | None = None) -> dict:
+def write_summary(state: RunState, status: str | None = None, error: str | None = None) -> dict[str, Any]:
     run = RunDir(state.run)
     rows = run.metrics()
-    finite = [r["loss"] for r in rows if isinstance(r.get("loss"), (int, float)) and math.isfinite(r["loss"])]
+    losses = [r.get(Metric.LOSS) for r in rows]
+    finite = [v for v in losses if isinstance(v, (int, float)) and math.isfinite(v)]
     summary = {
         **state.monitor.summary(),
         "layout": state.cfg.model.layout_label,
@@ -81,14 +83,14 @@ def write_summary(state: RunState, status: str | None = None, error: str | None 
         "precision": state.cfg.precision,  # auto decided by the device (config.json holds the resolved settings)
         "compiled": bool(state.cfg.run.compile),
         "max_activation": max_activation(run, state.forensics),
-        "forensics": state.forensics,
-        "first_break": site_of(state.forensics),
+        "forensics": None if state.forensics is None else state.forensics.to_json(),
+        "first_break": None if state.forensics is None else state.forensics.site,
         "spikes": [
             {"step": r["step"], "verdict": r["verdict"], "action": r["action"]} for r in run.spikes() if "verdict" in r
         ],  # normlab.train.spikes: each spike's attribution
         "layer_stats": tier_summary(run.layers()),  # the per-step tier's largest values (normlab.diagnostics.tier)
         # OLMo-core's spike score: the share of steps whose loss or gradient norm jumped 6 sigma over the last 128
-        **spike_score([r.get("loss") for r in rows], [r.get("grad_norm") for r in rows]),
+        **spike_score(losses, [r.get(Metric.GRAD_NORM) for r in rows]),
         "fault": injected(state.cfg),  # run.fault: a fault injected on purpose (None: none)
     }
     summary.update(state.hooks.summary())  # the step hooks' keys (QK-clip's counts)

@@ -35,8 +35,7 @@ from torch import nn
 
 from normlab._version import __version__
 from normlab.config.train import TrainConfig
-from normlab.data import load_data
-from normlab.data.dataset import TokenData
+from normlab.data.dataset import TokenData, load_data
 from normlab.data.sft import SFTData, load_sft_data
 from normlab.diagnostics.forensics import describe as describe_break
 from normlab.diagnostics.forensics import first_break, gradient_break
@@ -52,8 +51,10 @@ from normlab.runs.checkpoint import (
     set_rng_state,
 )
 from normlab.runs.files import RunDir
+from normlab.runs.lock import RunLock
 from normlab.runs.model import build_run_model
-from normlab.runs.start import RunLock, Start, check_out, plan_start
+from normlab.runs.start import Start, check_out, plan_start
+from normlab.runs.summary import Forensics
 from normlab.train import distributed, faults
 from normlab.train.ckpt_schedule import SAVE_SHARE
 from normlab.train.divergence import monitor_for
@@ -114,7 +115,7 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, batches: list, cfg: TrainConfig, info: distributed.DistInfo) -> float:
+def evaluate(model: nn.Module, batches: list[Any], cfg: TrainConfig, info: distributed.DistInfo) -> float:
     """Mean validation loss over fixed windows (eval_batches x batch_size of them, whatever the
     world size or accumulation); each rank scores its share of every batch in micro-batches."""
     model.eval()
@@ -347,7 +348,7 @@ def micro_batches(state: RunState, step: int) -> list[tuple[torch.Tensor, torch.
     return [(x[i * micro : (i + 1) * micro], y[i * micro : (i + 1) * micro]) for i in range(cfg.data.grad_accum)]
 
 
-def find_break(state: RunState) -> dict[str, Any]:
+def find_break(state: RunState) -> Forensics:
     """Where the diverged run first broke: its failing step's batch re-run, hooked, through the weights
     in memory (the failing update was never applied), on every rank; the first rank that broke."""
     step = state.monitor.diverged_step
@@ -361,7 +362,7 @@ def find_break(state: RunState) -> dict[str, Any]:
     others = [g for f in ranks for g in f["gradients"] if g not in chosen["gradients"]]
     chosen = {"step": step, **chosen, "rank": rank, "gradients": chosen["gradients"] + list(dict.fromkeys(others))}
     chosen["text"] = describe_break(chosen)
-    return chosen
+    return Forensics.from_json(chosen)
 
 
 def _forward_backward(state: RunState, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
