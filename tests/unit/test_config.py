@@ -10,7 +10,8 @@ import sqlite3
 
 import pytest
 
-from normlab.config.train import ModelSettings, TrainConfig, migrate, resolve_layout
+from normlab.config.sections import ModelSettings, resolve_layout
+from normlab.config.train import TrainConfig, migrate
 from normlab.errors import ConfigError
 from normlab.layout.sites import Layout
 from normlab.model.config import SIZES, ModelConfig

@@ -175,7 +175,8 @@ def optimizer_problems(facts: tuple[OptimizerFacts, ...], builders: dict) -> lis
     """Where the optimizers' facts and builders disagree: a row without a builder (or one without a row), a setting
     named that `OptimSettings` lacks, and after one step on a small model, the state a parameter holds against the
     facts (per parameter taken: state_floats; the rest: the `rest` row's) and against `normlab plan`'s bytes."""
-    from normlab.config.train import OptimSettings, TrainConfig
+    from normlab.config.sections import OptimSettings
+    from normlab.config.train import TrainConfig
     from normlab.train.memory import plan_memory
     from normlab.train.optim import muon_matrices
 
@@ -212,7 +213,7 @@ def optimizer_problems(facts: tuple[OptimizerFacts, ...], builders: dict) -> lis
 
 def test_every_optimizer_has_a_builder_that_agrees_with_its_facts():
     from normlab.config.commands import RECOMMEND_OPTIMIZERS
-    from normlab.config.train import OptimSettings
+    from normlab.config.sections import OptimSettings
     from normlab.train.optim import OPTIMIZER_BUILDERS
 
     assert optimizer_problems(OPTIMIZER_FACTS, OPTIMIZER_BUILDERS) == []

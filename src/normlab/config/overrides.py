@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from normlab.config.train import LEAVES, ModelSettings, TrainConfig, flatten_settings, resolve_key, typed_settings
+from normlab.config.sections import ModelSettings
+from normlab.config.train import LEAVES, TrainConfig, flatten_settings, resolve_key, typed_settings
 from normlab.errors import ConfigError
 from normlab.io import read_toml
 from normlab.layout import parse_layout

@@ -34,7 +34,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from normlab.config.train import LEAVES, RunSettings, TrainConfig, flatten_settings, resolve_key, typed_settings
+from normlab.config.sections import RunSettings
+from normlab.config.train import LEAVES, TrainConfig, flatten_settings, resolve_key, typed_settings
 from normlab.errors import ConfigError, LayoutError
 from normlab.experiments.scheduler import check_options
 from normlab.io import read_toml

@@ -17,7 +17,8 @@ from torch import nn
 
 from normlab.config import commands, optimizers
 from normlab.config.optimizers import OPTIMIZERS, OptimizerFacts
-from normlab.config.train import LEAVES, OptimSettings, TrainConfig
+from normlab.config.sections import OptimSettings
+from normlab.config.train import LEAVES, TrainConfig
 from normlab.settings import leaves, set_choices
 from normlab.train.optim import OPTIMIZER_BUILDERS, TrainOptimizer
 
