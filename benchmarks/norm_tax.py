@@ -1,5 +1,5 @@
 """The norm tax table: what each placement's norms cost per step against Pre-LN (or another baseline) at a
-model's width, timed as `normlab recommend` times it (normlab.recommend.tax: forward + backward of two blocks
+model's width, timed as `normlab recommend` times it (normlab.recommend.evidence.tax: forward + backward of two blocks
 of the shape, the pair in turns, the median ratio and Student's t interval over the turns), eager and under
 torch.compile, on the device present (CUDA in bf16 up to 4,096 tokens a step, else the CPU at 128).
 
@@ -18,7 +18,7 @@ import argparse
 from bench_device import add_args, setup
 
 from normlab.model.config import get_size
-from normlab.recommend import tax
+from normlab.recommend.evidence import tax
 
 
 def main() -> None:
@@ -31,7 +31,7 @@ def main() -> None:
     add_args(p)
     args = p.parse_args()
     b = setup(args)
-    print(b.header("norm tax (normlab.recommend.tax; CUDA times bf16 weights whatever --precision)"))
+    print(b.header("norm tax (normlab.recommend.evidence.tax; CUDA times bf16 weights whatever --precision)"))
     print("| size | baseline -> candidate | mode | tax | interval | base ms | cand ms | turns | device |")
     print("|---|---|---|---|---|---|---|---|---|")
     for size in args.sizes.split(","):

@@ -1,4 +1,4 @@
-"""Check recommend's speedup projection against a run it did not see (normlab.recommend.holdout).
+"""Check recommend's speedup projection against a run it did not see (normlab.recommend.evidence.holdout).
 
     python scripts/speedup_holdout.py REC_DIR --out DIR [--workers 2] [--record]
 
@@ -6,14 +6,14 @@ REC_DIR: a finished `normlab recommend` folder whose plan held a ladder (--ladde
 The user's placement and its rival are trained at 2x the ladder's widest width and 4x that rung's tokens
 into DIR (a new folder; run again to resume); the measured speedup is compared with the ladder's prediction
 interval at that compute. --record adds the comparison to the transfer record's "speedup_projections"
-(src/normlab/recommend/transfer_record.json), replacing an earlier one of the same recommendation folder name.
+(src/normlab/recommend/evidence/transfer_record.json), replacing an earlier one of the same recommendation folder name.
 """
 
 import argparse
 import json
 from pathlib import Path
 
-from normlab.recommend import holdout
+from normlab.recommend.evidence import holdout
 
 RECORD = Path(__file__).resolve().parents[1] / "src" / "normlab" / "recommend" / "transfer_record.json"
 

@@ -25,7 +25,9 @@ from normlab.config.overrides import (
     train_config,
     typed,
 )
-from normlab.config.subcommands import (
+from normlab.errors import USER_ERRORS, without_unsafe_advice
+from normlab.layout.presets import presets_table
+from normlab.subcommands import (
     Command,
     add_command,
     data_extra,
@@ -34,8 +36,6 @@ from normlab.config.subcommands import (
     sweep_extra,
     train_extra,
 )
-from normlab.errors import USER_ERRORS, without_unsafe_advice
-from normlab.layout.presets import presets_table
 
 # --- the commands: each returns what it prints (exit status 0) or its exit status ----------------------
 

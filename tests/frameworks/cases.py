@@ -1,5 +1,5 @@
 """The (placement, code base) pairs `tests/frameworks` builds in the real library, written out: a pair that
-`normlab.recommend.frameworks` can emit and this list lacks fails `tests/unit/test_recommend.py` (a snippet
+`normlab.recommend.frameworks.snippets` can emit and this list lacks fails `tests/unit/test_recommend.py` (a snippet
 that no test builds is not shipped)."""
 
 TESTED: tuple[tuple[str, str], ...] = (
@@ -34,7 +34,8 @@ TESTED: tuple[tuple[str, str], ...] = (
     ("attn=qkAB,mlp=AB,final", "litgpt"),
 )
 
-# (placement, code base, the user's placement or None): the patches `normlab.recommend.frameworks.patch` writes where
+# (placement, code base, the user's placement or None): the patches
+# `normlab.recommend.frameworks.snippets.patch` writes where
 # the settings do not reach, each run as printed; every (placement, code base) of `PATCHES` is here at least once
 # (tests/unit/test_framework_patches.py). The user's placement picks torchtitan's base block: Llama3's for "pre",
 # Qwen3's for "qwen3"; ("attn=qkAB,mlp=AB,final", "pre") is QK-norm and output norms on Llama3's block.

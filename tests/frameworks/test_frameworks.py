@@ -1,4 +1,4 @@
-"""Every snippet `normlab.recommend.frameworks` emits, executed as printed in the real library (litgpt
+"""Every snippet `normlab.recommend.frameworks.snippets` emits, executed as printed in the real library (litgpt
 0.5.13, ai2-olmo-core 3.0.0, torchtitan 0.3.0: `make test-frameworks`), loaded with a normlab model's
 weights (strict: the same parameters, no more, no fewer) and compared on logits in float32.
 
@@ -17,8 +17,8 @@ import torch
 
 from normlab.model.build import build_model
 from normlab.model.config import ModelConfig
-from normlab.recommend.framework_patches import peri_parts, titan_new_parameters
-from normlab.recommend.frameworks import settings_for
+from normlab.recommend.frameworks.patches import peri_parts, titan_new_parameters
+from normlab.recommend.frameworks.snippets import settings_for
 from tests.frameworks.cases import PATCHED, TESTED
 from tests.frameworks.weights import WEIGHTS
 
@@ -241,7 +241,7 @@ def test_a_wrong_default_is_caught(layout, framework, stated, default, options):
     assert diff > 100 * ATOL
 
 
-# --- patches where a code base's settings do not reach (normlab.recommend.framework_patches) ---------------
+# --- patches where a code base's settings do not reach (normlab.recommend.frameworks.patches) ---------------
 
 
 @pytest.mark.parametrize(("layout", "framework", "base"), PATCHED, ids=[f"{f}-{p}-from-{b}" for p, f, b in PATCHED])

@@ -40,7 +40,7 @@ WEIGHTS = {  # a block's weight matrices, by their path in the block
 
 def llama() -> torch.nn.Module:
     """A tiny torchtitan Llama 3 (GQA, RMSNorm before attention and MLP, RoPE): the config normlab prints for
-    "pre" (normlab.recommend.frameworks), with SDPA as the inner attention (flex has no backward on a CPU)."""
+    "pre" (normlab.recommend.frameworks.snippets), with SDPA as the inner attention (flex has no backward on a CPU)."""
     init = {"weight": lambda w: torch.nn.init.normal_(w, std=0.02), "bias": torch.nn.init.zeros_}
 
     def norm(width: int) -> RMSNorm.Config:

@@ -1,5 +1,5 @@
 """normlab's weights under the names another code base gives them, for the snippets of
-`normlab.recommend.frameworks` (read from each library's modules: litgpt 0.5.13, OLMo-core 3.0.0,
+`normlab.recommend.frameworks.snippets` (read from each library's modules: litgpt 0.5.13, OLMo-core 3.0.0,
 torchtitan 0.3.0). Each map returns the whole state dict, so that `load_state_dict(strict=True)` fails
 on a norm the snippet built that normlab's model lacks, or the reverse."""
 
@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import torch
 
-from normlab.recommend.frameworks import FRAMEWORKS, placement
+from normlab.recommend.frameworks.snippets import FRAMEWORKS, placement
 
 
 def _blocks(sd: dict[str, torch.Tensor]) -> int:
@@ -48,7 +48,7 @@ def litgpt(sd: dict[str, torch.Tensor], layout: str) -> dict[str, torch.Tensor]:
     norms.update({"mlp.gate_proj": "mlp.fc_1", "mlp.up_proj": "mlp.fc_2"} if gated else {"mlp.up_proj": "mlp.fc"})
     out = {
         "transformer.wte.weight": sd["embed.weight"],
-        # the patch's embedding norm: block 0 normalizes its input (normlab.recommend.framework_patches)
+        # the patch's embedding norm: block 0 normalizes its input (normlab.recommend.frameworks.patches)
         **({"transformer.h.0.embedding_norm.weight": sd["embed_norm.weight"]} if "embed_norm.weight" in sd else {}),
         "transformer.ln_f.weight": sd["final_norm.weight"],
         "lm_head.weight": sd["lm_head.weight"],
@@ -105,7 +105,7 @@ def torchtitan(sd: dict[str, torch.Tensor], layout: str) -> dict[str, torch.Tens
     rename = {
         "attn_norms.input": "attention_norm",
         "mlp_norms.input": "ffn_norm",
-        # the patch's output norms (normlab.recommend.framework_patches)
+        # the patch's output norms (normlab.recommend.frameworks.patches)
         "attn_norms.output": "post_attention_norm",
         "mlp_norms.output": "post_ffn_norm",
         "attn.q_proj": "attention.qkv_linear.wq",

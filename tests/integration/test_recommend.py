@@ -18,7 +18,7 @@ QUIET = lambda *a, **k: None
 def planted_calibration():
     """This machine's calibration, planted in the (per-test) cache: a step 2 ms plus 20 ps a FLOP, a
     screen 50 ms a layer. The plans below follow from these numbers, never from the clock."""
-    from normlab.recommend import cost
+    from normlab.recommend.planning import cost
 
     cal = cost.Calibration(c0=0.002, c_flop=2e-11, c_norm=0.0, s0=0.05, s_layer=0.05, s_flop=0.0, seconds=1.0)
     path = cost.cache_file(cost.machine_key(1))
@@ -141,8 +141,8 @@ def test_recommend_ranks_with_evidence_resumes_and_refuses_changed_inputs(corpus
 
 def test_a_second_fresh_call_plans_the_same_grid(corpus, tmp_path, capsys):
     """Planned from counted work and the cached calibration: two folders, the same plan."""
-    from normlab.recommend import cost, plan
-    from normlab.recommend.shape import read_user_model
+    from normlab.recommend.planning import cost, plan
+    from normlab.recommend.planning.shape import read_user_model
 
     cal, _ = cost.calibration(1, log=QUIET)
     user = read_user_model("micro")
@@ -184,7 +184,8 @@ def test_absurd_shapes_and_counts_are_refused_at_once_with_the_budget_that_would
     """At once: refused from counted work, before anything is screened, trained or measured (the calls are
     counted, not timed)."""
     from normlab.experiments import runner
-    from normlab.recommend import cost, stage_screen
+    from normlab.recommend.planning import cost
+    from normlab.recommend.stages import screen as stage_screen
 
     work: list[str] = []
     monkeypatch.setattr(stage_screen, "screen_candidates", lambda *a, **k: work.append("screen"))
@@ -227,7 +228,7 @@ def test_no_recommendation_from_nothing(corpus, tmp_path, capsys, monkeypatch):
 def test_a_screen_the_budget_never_started_is_said_as_such(corpus, tmp_path, capsys, monkeypatch):
     """Issue 63 item 7: no screen started (the budget's time for it was spent before): the refusal says so with
     the minutes used, never "this machine ran 0x slower than its calibration"."""
-    from normlab.recommend import stage_screen
+    from normlab.recommend.stages import screen as stage_screen
 
     monkeypatch.setattr(stage_screen, "screen_candidates", lambda *a, **k: {"width": 64, "results": {}})
     assert main(_args(corpus, tmp_path / "rec")) == 2
@@ -470,7 +471,7 @@ def test_the_ladder_trains_both_at_three_widths_and_projects_the_speedup(corpus,
     assert "by scale: d 32" in (tmp_path / "rec" / "recommendation.md").read_text()
     assert plan_["depth"] >= 1
     # the projection checked against a rung the ladder did not see: 2x its widest width, 4x that rung's tokens
-    from normlab.recommend import holdout
+    from normlab.recommend.evidence import holdout
 
     held = holdout.holdout(tmp_path / "rec", tmp_path / "held", workers=2, log=QUIET)
     assert held["heldout"]["width"] == 256 and held["heldout"]["steps"] == 4 * plan_["ladder"]["steps"]["128"]

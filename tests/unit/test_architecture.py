@@ -22,7 +22,7 @@ LEVELS = [
     {"train"},
     {"experiments", "doctor"},
     {"evaluation", "recommend"},
-    {"cli", "demo", "__main__", "__init__"},
+    {"cli", "subcommands", "demo", "__main__", "__init__"},
 ]
 RANK = {name: i for i, level in enumerate(LEVELS) for name in level}
 # A run directory's and a sweep folder's files: spelled only in normlab/runs/files.py.
@@ -39,7 +39,7 @@ RUN_FILES = (
     "report.html",
 )
 # config.json is also a transformers folder's file: the Hugging Face side may name that one.
-HF_SIDE = ("hf/", "evaluation/harness.py", "recommend/shape.py")
+HF_SIDE = ("hf/", "evaluation/harness.py", "recommend/planning/shape.py")
 
 
 def _unit(path: Path) -> str:

@@ -1,4 +1,4 @@
-"""`normlab recommend`'s calibration (normlab.recommend.cost) keeps the fastest honest measurement of this
+"""`normlab recommend`'s calibration (normlab.recommend.planning.cost) keeps the fastest honest measurement of this
 machine: a measurement taken under a load is replaced by a faster one, finished runs that ran faster lower it
 (never raise it), and a budget refusal names the calibration it was priced with and how to measure again. The
 timers and the measurements are planted: nothing here is timed."""
@@ -13,8 +13,8 @@ import pytest
 from normlab.cli import main
 from normlab.config.train import TrainConfig
 from normlab.model.config import ModelConfig
-from normlab.recommend import cost, plan
-from normlab.recommend.shape import proxy_shape, read_user_model
+from normlab.recommend.planning import cost, plan
+from normlab.recommend.planning.shape import proxy_shape, read_user_model
 from normlab.runs.summary import RunSummary
 
 QUIET = lambda *a, **k: None

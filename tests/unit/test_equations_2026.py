@@ -332,7 +332,7 @@ def test_completep_refuses_attention_residuals_and_mup_builds_them():
 )
 def test_recommend_says_no_code_base_states_them_and_why(name, reason):
     from normlab.model.config import SIZES
-    from normlab.recommend.frameworks import settings_for
+    from normlab.recommend.frameworks.snippets import settings_for
 
     said = settings_for(name, SIZES["nano"])
     assert said["normlab"]["expressible"]

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from normlab.model.config import SIZES
-from normlab.recommend.framework_patches import PERI_FAMILY, as_change, changes, peri_parts
-from normlab.recommend.frameworks import PATCHES, PLACEMENTS, patch, settings_for
+from normlab.recommend.frameworks.patches import PERI_FAMILY, as_change, changes, peri_parts
+from normlab.recommend.frameworks.snippets import PATCHES, PLACEMENTS, patch, settings_for
 from tests.frameworks.cases import PATCHED
 
 CFG = SIZES["micro"]

@@ -11,10 +11,11 @@ from normlab.experiments.runner import prepare
 from normlab.experiments.summary import load_sweep
 from normlab.experiments.sweep import SweepConfig
 from normlab.model.config import SIZES, ModelConfig
-from normlab.recommend import agreement, plan
-from normlab.recommend.frameworks import settings_for
-from normlab.recommend.rank import Evidence, evidence_from_grid, rank, ruled_out
-from normlab.recommend.shape import proxy_shape, read_user_model, screen_shape
+from normlab.recommend.evidence import agreement
+from normlab.recommend.evidence.rank import Evidence, evidence_from_grid, rank, ruled_out
+from normlab.recommend.frameworks.snippets import settings_for
+from normlab.recommend.planning import plan
+from normlab.recommend.planning.shape import proxy_shape, read_user_model, screen_shape
 
 LLAMA = {
     "model_type": "llama",
@@ -162,7 +163,7 @@ def test_counted_work_is_the_palm_count_of_the_built_model_and_the_norm_sites():
     built model); E: Peri-LN's norm elements per token exceed Pre-LN's by its two output norms per layer
     and the embedding norm (d each)."""
     from normlab.model import build_model
-    from normlab.recommend import cost
+    from normlab.recommend.planning import cost
     from normlab.train.mfu import flops_per_token
 
     cfg = ModelConfig(**proxy_shape(ModelConfig(d_model=256, n_layers=4, n_heads=4, n_kv_heads=2, d_ff=688), 4))
@@ -176,7 +177,7 @@ def test_counted_work_is_the_palm_count_of_the_built_model_and_the_norm_sites():
 
 
 def test_calibration_fit_recovers_planted_rates_and_predicts_runs_and_screens():
-    from normlab.recommend import cost
+    from normlab.recommend.planning import cost
 
     c0, c_flop, c_norm, s0, s_layer, s_flop = 0.01, 2e-11, 3e-9, 0.1, 0.3, 4e-9
     ref = cost.REFERENCE_SHAPE
@@ -206,7 +207,7 @@ def test_calibration_is_measured_once_per_machine_and_read_from_the_cache(monkey
     timings they come from); one cached without stream rates keeps its rates and gets those alone."""
     from dataclasses import replace
 
-    from normlab.recommend import cost
+    from normlab.recommend.planning import cost
 
     planted = cost.Calibration(0.01, 1e-11, 0.0, 0.1, 0.2, 0.0, seconds=3.0, key=cost.machine_key(1))
     calls, stream_calls = [], []
@@ -234,7 +235,7 @@ def test_calibration_is_measured_once_per_machine_and_read_from_the_cache(monkey
 def test_hyper_connections_are_priced_per_stream_element_at_their_calibrated_rates():
     """S = tokens x 2 L x n x d; a mix's rate is its 6-layer step's share beyond Pre-LN's, times the calibration's
     own Pre-LN step, over S: a stream rate measured on a loaded machine (both steps 3x slower) is the same."""
-    from normlab.recommend import cost
+    from normlab.recommend.planning import cost
 
     cal = cost.Calibration(0.01, 2e-11, 3e-9, 0.1, 0.2, 0.0, seconds=1.0)
     six = cost.REFERENCE_SHAPE.with_(n_layers=6)
@@ -256,7 +257,7 @@ def test_hyper_connections_are_priced_per_stream_element_at_their_calibrated_rat
 
 
 def test_makespan_deals_the_longest_runs_first():
-    from normlab.recommend.cost import makespan
+    from normlab.recommend.planning.cost import makespan
 
     assert makespan([2, 3, 2, 3, 2], 2) == 7  # 3 | 3, then 2 to each (5 | 5), then the last 2: 7
     assert makespan([5, 1, 1, 1, 1, 1], 2) == 5 and makespan([4], 3) == 4 and makespan([], 2) == 0.0
@@ -264,7 +265,7 @@ def test_makespan_deals_the_longest_runs_first():
 
 def _flat(step_s=0.275, screen_s=5.0):
     """A planted calibration: every training step `step_s`, every screen `screen_s` (speed 1 at 0.275)."""
-    from normlab.recommend.cost import Calibration
+    from normlab.recommend.planning.cost import Calibration
 
     return Calibration(c0=step_s, c_flop=0.0, c_norm=0.0, s0=screen_s, s_layer=0.0, s_flop=0.0, seconds=1.0)
 
@@ -347,8 +348,9 @@ def test_only_the_stream_mixes_the_plan_runs_are_measured(monkeypatch):
     plan trains, each at most once (priced until then at the reference VM's ratios): a 3-minute budget trains
     neither (nothing measured); 10 minutes, pre-hc: hc alone; 15 minutes, pre-mhc too: mhc alone (hc cached)."""
     from normlab.config.commands import RecommendConfig
-    from normlab.recommend import cost, stages
-    from normlab.recommend.inputs import choose
+    from normlab.recommend.planning import cost
+    from normlab.recommend.planning.inputs import choose
+    from normlab.recommend.stages import pipeline as stages
 
     planted = replace_key(_flat(), cost.machine_key(1))
     path = cost.cache_file(cost.machine_key(1))
@@ -381,7 +383,7 @@ def replace_key(cal, key):
 def test_a_tight_budget_buys_shallower_then_shorter_proxies_and_below_that_is_refused_with_the_least_budget():
     """Steps cost c_flop x F only; the smallest answer at depth d and s steps needs (3 s of screens + two
     runs back to back + the round's 20 s) / 0.85 + 30 s of reserves; a budget just above each need buys that floor."""
-    from normlab.recommend.cost import REFERENCE_SHAPE, Calibration, step_work
+    from normlab.recommend.planning.cost import REFERENCE_SHAPE, Calibration, step_work
 
     cal = Calibration(
         c0=0.0,
@@ -457,7 +459,7 @@ def test_default_candidates_the_model_cannot_take_are_left_out_and_given_ones_re
     from dataclasses import replace
 
     from normlab.config.commands import RECOMMEND_CANDIDATES, RecommendConfig
-    from normlab.recommend.inputs import choose_candidates
+    from normlab.recommend.planning.inputs import choose_candidates
 
     (tmp_path / "config.json").write_text(json.dumps(LLAMA))  # 8 query heads, 2 key/value heads
     user = read_user_model(str(tmp_path / "config.json"))
@@ -679,7 +681,7 @@ def test_issue_42s_placements_say_why_no_other_code_base_states_them():
 
 def test_every_snippet_that_can_be_emitted_is_built_by_a_test():
     """A (placement, code base) pair with a snippet is shipped only if tests/frameworks builds it in the library."""
-    from normlab.recommend.frameworks import PLACEMENTS, snippet
+    from normlab.recommend.frameworks.snippets import PLACEMENTS, snippet
     from tests.frameworks.cases import TESTED
 
     emitted = {(layout, fw) for layout, fws in PLACEMENTS.items() for fw in fws}
@@ -760,7 +762,7 @@ def test_snippets_list_the_configs_scaled_rope_as_not_stated():
     import tempfile
     from pathlib import Path
 
-    from normlab.recommend.shape import read_user_model
+    from normlab.recommend.planning.shape import read_user_model
 
     llama3 = dict(
         model_type="llama",
@@ -820,7 +822,7 @@ def test_litgpts_patch_says_its_entry_points_do_not_open_its_checkpoints():
 
 
 def test_the_current_placement_is_a_baseline_only_where_the_stress_round_left_it_out():
-    from normlab.recommend.rank import baseline_of
+    from normlab.recommend.evidence.rank import baseline_of
 
     order = ["peri", "olmo2", "pre-gate", "pre"]
     assert baseline_of("pre", ["peri", "pre"], order) == "pre"  # it displaced olmo2: ranked by its stress run
@@ -832,7 +834,7 @@ def test_the_current_placement_is_a_baseline_only_where_the_stress_round_left_it
 def test_stress_order_reads_the_stress_runs_only_and_ranks_later_divergence_higher():
     import pandas as pd
 
-    from normlab.recommend.stage_rounds import stress_order
+    from normlab.recommend.stages.rounds import stress_order
 
     rows = [
         ("pre", 0.01, 0, "ok", 2.3, 150),
@@ -851,7 +853,7 @@ def test_stress_order_reads_the_stress_runs_only_and_ranks_later_divergence_high
 
 
 def test_the_reason_names_what_put_the_winner_first_and_where_the_current_placement_stands():
-    from normlab.recommend.explain import reason
+    from normlab.recommend.report.explain import reason
 
     peri, gate = _row("peri", "stable", loss=2.400, std=0.03), _row("pre-gate", "unstable", loss=2.410, std=0.014)
     pre = _row("pre", "unstable", loss=2.775, std=0.12)
@@ -878,7 +880,7 @@ def test_the_reason_names_what_put_the_winner_first_and_where_the_current_placem
 
 
 def test_a_verdict_short_of_stable_gives_its_reason():
-    from normlab.recommend.rank import screen_reason
+    from normlab.recommend.evidence.rank import screen_reason
 
     row = {"verdict": "caution", "wellposedness": "well-posed", "backward": "mild (x1.15)"}
     assert screen_reason(row) == (
@@ -888,7 +890,7 @@ def test_a_verdict_short_of_stable_gives_its_reason():
         screen_reason({**row, "wellposedness": "degenerate (tangential)", "backward": "grows with s (x1.40)"})
         == "degenerate (tangential), and its block Jacobians grows with s (x1.40)"
     )
-    from normlab.recommend.explain import reason
+    from normlab.recommend.report.explain import reason
 
     w = _row("peri", "caution", loss=2.4)
     w.screen_why = screen_reason(row)
@@ -896,7 +898,7 @@ def test_a_verdict_short_of_stable_gives_its_reason():
 
 
 def test_the_small_sample_caveat_quotes_the_runs_at_hand():
-    from normlab.recommend.explain import small_samples
+    from normlab.recommend.report.explain import small_samples
 
     ranked = rank(
         [
@@ -914,7 +916,7 @@ def test_the_small_sample_caveat_quotes_the_runs_at_hand():
 
 
 def test_what_ran_and_how_far_the_answer_could_move():
-    from normlab.recommend.explain import movement
+    from normlab.recommend.report.explain import movement
 
     peri, gate = _row("peri", "stable", loss=2.400, std=0.03), _row("pre-gate", "unstable", loss=2.410, std=0.014)
     ranked = rank([peri, gate, _row("pre", diverged=2, loss=2.7)])
@@ -943,8 +945,8 @@ def test_muon_proxies_cost_their_newton_schulz_steps_in_the_plan():
     """A Muon step adds k (4 m^2 n + 2 m^3) FLOPs per m x n block matrix (m <= n), priced at the calibrated
     c_flop: the plan's run seconds grow by exactly steps x c_flop x that sum."""
     from normlab.model.config import ModelConfig
-    from normlab.recommend import cost
-    from normlab.recommend.shape import proxy_shape, read_user_model
+    from normlab.recommend.planning import cost
+    from normlab.recommend.planning.shape import proxy_shape, read_user_model
 
     cal = cost.Calibration(c0=0.002, c_flop=2e-11, c_norm=0.0, s0=0.05, s_layer=0.05, s_flop=0.0, seconds=1.0)
     shape = ModelConfig(**proxy_shape(read_user_model("micro").config, 2))
@@ -969,7 +971,7 @@ def test_the_counted_muon_matrices_are_those_muon_takes(moe):
 
     from normlab.layout import PRESETS
     from normlab.model import build_model
-    from normlab.recommend import cost
+    from normlab.recommend.planning import cost
     from normlab.train.optim import muon_matrices
 
     over = dict(d_model=32, n_heads=2, n_layers=2, max_seq_len=16, vocab_size=64)
@@ -994,8 +996,8 @@ def test_the_counted_muon_matrices_are_those_muon_takes(moe):
 
 
 def test_a_verify_stage_is_counted_before_anything_runs_at_the_widest_width_that_fits():
-    from normlab.recommend import cost, plan
-    from normlab.recommend.shape import read_user_model
+    from normlab.recommend.planning import cost, plan
+    from normlab.recommend.planning.shape import read_user_model
 
     cal = cost.Calibration(c0=0.002, c_flop=2e-11, c_norm=0.0, s0=0.05, s_layer=0.05, s_flop=0.0, seconds=1.0)
     user = read_user_model("kim-400m").config  # d 1024: widths 128 ... 1024
@@ -1016,7 +1018,7 @@ def test_a_verify_stage_is_counted_before_anything_runs_at_the_widest_width_that
 
 
 def test_the_transfer_record_renders_what_is_there_and_says_not_yet_measured_when_empty():
-    from normlab.recommend import explain as report
+    from normlab.recommend.report import explain as report
 
     shipped = report.transfer_record()
     assert shipped["study"].startswith("docs/results.md") and "status" in shipped
@@ -1050,8 +1052,8 @@ def test_the_transfer_record_renders_what_is_there_and_says_not_yet_measured_whe
 
 @pytest.mark.parametrize("optimizer", ["adamw", "muon", "sgd"])
 def test_the_proxies_train_with_the_optimizer_asked_at_the_width_asked(optimizer):
-    from normlab.recommend.inputs import proxy_settings, proxy_sweep
-    from normlab.recommend.shape import read_user_model
+    from normlab.recommend.planning.inputs import proxy_settings, proxy_sweep
+    from normlab.recommend.planning.shape import read_user_model
 
     user = read_user_model("kim-400m")
     (spec,) = proxy_sweep(proxy_settings(user, 2, "fp16", {}, optimizer, width=256), ["pre"], [0.1], [0]).expand()
@@ -1068,9 +1070,9 @@ def test_what_a_refusal_says_is_what_happened():
 
     import pandas as pd
 
-    from normlab.recommend.evidence_rows import seeds_that_ran
-    from normlab.recommend.records import StageRecord
-    from normlab.recommend.stage_rounds import _why_none
+    from normlab.recommend.evidence.rows import seeds_that_ran
+    from normlab.recommend.stages.records import StageRecord
+    from normlab.recommend.stages.rounds import _why_none
 
     with pytest.raises(plan.BudgetTooSmall) as err:
         plan.make_plan(["pre", "peri"], "pre", LLAMA_1B, _flat(), 60, 2, 150, screen=False, used_s=12.0)
@@ -1115,8 +1117,8 @@ def test_quick_suggests_and_defaults_to_the_changes_that_apply(tmp_path, capsys)
     naming those that do; a placement no change applies to (Peri-LN) is asked for a layout other than its own."""
     from normlab.cli import main
     from normlab.config.commands import RecommendConfig
-    from normlab.recommend import derived
-    from normlab.recommend.inputs import choose
+    from normlab.recommend.planning import derived
+    from normlab.recommend.planning.inputs import choose
 
     assert derived.applicable("gemma3") == ["yours+emb", "yours-qk"] and derived.applicable("peri") == []
     assert derived.quick_default("gemma3") == ("yours+emb",) and derived.quick_default("pre") == ("yours+out",)
@@ -1145,9 +1147,10 @@ def test_changes_are_named_not_written_as_layout_strings():
     """Issue 63 item 9: a change to the user's placement written as a string form is called by its change's name
     in the ranking, in the sweeps' run lines (the run folders keep their ids) and in the code headers; a
     learning rate that is the only one tried is said as such in the table and the recipe."""
-    from normlab.recommend import answer, derived
-    from normlab.recommend.context import SweepExecutor
-    from normlab.recommend.stage_conclude import named
+    from normlab.recommend.evidence import answer
+    from normlab.recommend.planning import derived
+    from normlab.recommend.stages.conclude import named
+    from normlab.recommend.stages.context import SweepExecutor
 
     plus_emb = derived.derive("gemma3", "yours+emb").name
     assert derived.short_names("gemma3", ["gemma3", plus_emb]) == {plus_emb: "yours+emb"}
@@ -1173,7 +1176,7 @@ def test_the_ranking_figure_draws_what_each_candidates_runs_did(tmp_path, monkey
     """Issue 63 item 10: #1 pre with its one run diverged is drawn so, beside "+ output norms" whose run the budget
     stopped (not ranked, drawn as not finished, never as a failure); row labels wrap, never cut, and stay inside
     the figure; the activation axis says it is logarithmic."""
-    from normlab.recommend import ranking_figure as rf
+    from normlab.recommend.report import ranking_figure as rf
     from normlab.runs.files import RecommendDir
 
     pre = Evidence(layout="pre", screen="", screen_detail="", runs=1, finished=1, diverged=1, rank=1)

@@ -17,11 +17,12 @@ from normlab.config.commands import RecommendConfig
 from normlab.errors import ConfigError
 from normlab.layout import as_layout
 from normlab.model.config import ModelConfig
-from normlab.recommend import answer, derived, signals
-from normlab.recommend.inputs import choose
-from normlab.recommend.plan import cheap_order
-from normlab.recommend.rank import Evidence, rank, unranked_if_unfinished
-from normlab.recommend.shape import UserModel
+from normlab.recommend.evidence import answer, signals
+from normlab.recommend.evidence.rank import Evidence, rank, unranked_if_unfinished
+from normlab.recommend.planning import derived
+from normlab.recommend.planning.inputs import choose
+from normlab.recommend.planning.plan import cheap_order
+from normlab.recommend.planning.shape import UserModel
 from normlab.runs.files import RunDir
 
 TINY = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=2, d_ff=64, max_seq_len=16)
@@ -72,7 +73,7 @@ def test_default_candidates_start_with_the_users_model_and_its_changes_removals_
 
 def test_each_candidate_is_parsed_once_with_its_name_label_and_layout():
     """The choice carries its candidates as typed objects (name, label, layout), in the order of its names."""
-    from normlab.recommend.inputs import Candidate, has_streams, unbuildable
+    from normlab.recommend.planning.inputs import Candidate, has_streams, unbuildable
 
     choice = choose(RecommendConfig(), _user("qwen3"))
     assert [c.name for c in choice.candidates] == choice.names
@@ -289,7 +290,7 @@ def test_the_deadline_waits_for_a_run_in_its_closing_evaluation_and_stops_one_st
 def test_the_verify_stage_trains_in_mup_from_the_proxys_width_and_the_recipe_names_it():
     """Wider than the proxy the runs are muP with base width 64 (at the base muP is SP: the proxies are
     unchanged), so the proxy's learning rate is the one muP carries; SGD has no muP rule built: SP, said."""
-    from normlab.recommend.inputs import proxy_settings
+    from normlab.recommend.planning.inputs import proxy_settings
 
     user = _user("qwen3")
     assert "model.parametrization" not in proxy_settings(user, 2, "bf16", {}, "adamw")
@@ -322,7 +323,7 @@ def test_the_recipe_gives_an_sp_models_learning_rate_for_libraries_without_mup()
 
 
 def test_a_token_budget_beyond_the_record_and_dyts_regime_are_said():
-    from normlab.recommend.explain import transfer_record
+    from normlab.recommend.report.explain import transfer_record
 
     user = _user("pre")
     dom = answer.domain(user, "fp16", "adamw", 2, transfer_record(), tokens=2 * 10**11, winner="pre-dyt")

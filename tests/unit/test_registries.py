@@ -127,7 +127,7 @@ def test_frameworks_say_something_for_every_kind():
     """A kind no code base computes is named, with its reason, wherever `normlab frameworks` says it cannot
     state the layout; the others are stated or judged by their sites."""
     from normlab.model.config import ModelConfig
-    from normlab.recommend.frameworks import UNSAID, settings_for, unsaid
+    from normlab.recommend.frameworks.snippets import UNSAID, settings_for, unsaid
 
     cfg = ModelConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64, vocab_size=64)
     for f in NORM_KIND_FACTS:

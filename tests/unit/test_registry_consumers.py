@@ -27,9 +27,9 @@ from normlab.model.config import ModelConfig
 from normlab.model.norms import NORM_MODULES, NormModule
 from normlab.model.params import analytic_params
 from normlab.model.registry import register_norm_kind, unregister_norm_kind
-from normlab.recommend import answer
-from normlab.recommend.cost import muon_shapes, optimizer_work
-from normlab.recommend.shape import UserModel
+from normlab.recommend.evidence import answer
+from normlab.recommend.planning.cost import muon_shapes, optimizer_work
+from normlab.recommend.planning.shape import UserModel
 from normlab.screen.wellposed import wellposedness
 from normlab.train.mfu import newton_schulz_flops
 from normlab.train.optim import OPTIMIZER_BUILDERS
@@ -144,7 +144,7 @@ def test_the_probes_measure_a_point_wise_kinds_saturation(toys: None) -> None:
 
 
 def test_recommends_answer_says_a_point_wise_kinds_regime(toys: None) -> None:
-    from normlab.recommend.explain import transfer_record
+    from normlab.recommend.report.explain import transfer_record
 
     user = UserModel(TINY, "test", layout="pre")
     dom = answer.domain(user, "fp16", "adamw", 2, transfer_record(), tokens=2 * 10**11, winner="pre,norm=toysquash")

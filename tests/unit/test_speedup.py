@@ -1,5 +1,5 @@
-"""Effective speedup (normlab.recommend.speedup), the norm tax (normlab.recommend.tax) and the gate
-(normlab.recommend.gate), each against formulas written here."""
+"""Effective speedup (normlab.recommend.evidence.speedup), the norm tax (normlab.recommend.evidence.tax) and the gate
+(normlab.recommend.evidence.gate), each against formulas written here."""
 
 import json
 import math
@@ -10,8 +10,8 @@ import pytest
 from scipy import stats
 
 from normlab.model.config import get_size
-from normlab.recommend import answer, gate, speedup, tax
-from normlab.recommend.rank import Evidence
+from normlab.recommend.evidence import answer, gate, speedup, tax
+from normlab.recommend.evidence.rank import Evidence
 
 EPS64 = np.finfo(np.float64).eps
 
@@ -207,7 +207,7 @@ def test_the_gate_changes_only_on_a_lower_bound_above_one_or_a_baseline_that_nev
 
 
 def test_the_ladders_projection_is_ols_on_log_log_with_students_prediction_interval():
-    from normlab.recommend import ladder
+    from normlab.recommend.evidence import ladder
 
     compute = [1e12, 8e12, 6.4e13]
     values = [1.05, 1.10, 1.12]
@@ -249,8 +249,8 @@ def test_the_ladders_projection_is_ols_on_log_log_with_students_prediction_inter
 
 def test_the_plan_buys_two_seeds_then_the_widest_ladder_that_fits_and_names_the_budgets_that_would():
     from normlab.model.config import ModelConfig
-    from normlab.recommend import plan
-    from normlab.recommend.cost import Calibration
+    from normlab.recommend.planning import plan
+    from normlab.recommend.planning.cost import Calibration
 
     cal = Calibration(c0=0.275, c_flop=0.0, c_norm=0.0, s0=5.0, s_layer=0.0, s_flop=0.0, seconds=1.0)
     user = ModelConfig(d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8, d_ff=8192, vocab_size=128256)
@@ -298,8 +298,8 @@ def test_the_seed_noise_is_pooled_over_the_grids_finished_cells_when_that_has_mo
 def test_every_plan_with_a_final_round_carries_two_seeds_before_a_deeper_proxy():
     """Steps priced by their FLOPs (so depth costs): over budgets of 2-12 minutes, every plan that holds a final
     round holds its second seed, and the smallest budgets that buy them take shallower proxies first."""
-    from normlab.recommend import plan
-    from normlab.recommend.cost import REFERENCE_SHAPE, Calibration, step_work
+    from normlab.recommend.planning import plan
+    from normlab.recommend.planning.cost import REFERENCE_SHAPE, Calibration, step_work
 
     c_flop = 0.275 / step_work(REFERENCE_SHAPE, "pre")[0]
     cal = Calibration(c0=0.0, c_flop=c_flop, c_norm=0.0, s0=1.0, s_layer=0.0, s_flop=0.0, seconds=1.0)

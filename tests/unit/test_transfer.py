@@ -281,7 +281,7 @@ def test_recipes_train_recommends_proxy_and_widen_it_alone(tmp_path, key, config
     and the steps, nothing else; the current placement is among the candidates."""
     from normlab.config.commands import RECOMMEND_BASE, RECOMMEND_CANDIDATES
     from normlab.model.config import ModelConfig
-    from normlab.recommend.shape import proxy_shape, read_user_model
+    from normlab.recommend.planning.shape import proxy_shape, read_user_model
 
     (tmp_path / "config.json").write_text(json.dumps(config))
     user = read_user_model(str(tmp_path / "config.json"))

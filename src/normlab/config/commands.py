@@ -475,8 +475,8 @@ class RecommendConfig:
 
     def with_quick_defaults(self) -> RecommendConfig:
         """--quick's defaults where the user left them: 3 minutes; unchanged without --quick. Its candidate where
-        none is given depends on the user's placement: `normlab.recommend.derived.quick_default`, chosen with
-        the candidates (`normlab.recommend.inputs.choose`)."""
+        none is given depends on the user's placement: `normlab.recommend.planning.derived.quick_default`, chosen with
+        the candidates (`normlab.recommend.planning.inputs.choose`)."""
         from dataclasses import replace
 
         if not self.quick:

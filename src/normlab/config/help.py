@@ -183,7 +183,7 @@ INPUTS: dict[str, list[tuple[tuple[str, ...], dict[str, Any]]]] = {
                 "metavar": "FILE.json",
                 "help": "also write the agreement numbers, the command and "
                 "the study's status into this transfer record (kept entries updated); recommend's "
-                "report renders the package's copy, src/normlab/recommend/transfer_record.json",
+                "report renders the package's copy, src/normlab/recommend/evidence/transfer_record.json",
             },
         ),
     ],

@@ -4,7 +4,8 @@ normlab.train.optim.OPTIMIZER_BUILDERS, is the other).
 A row says which parameters the optimizer takes (all, or the blocks' 2-D hidden matrices with another optimizer on
 the rest), how many float32 numbers of state it keeps per parameter it takes (what `normlab plan` and a sweep's disk
 budget count, normlab.train.memory), what its step costs beyond the elementwise update (normlab.train.mfu,
-normlab.recommend.cost), whether its step runs on FSDP2's shards (the settings' check, normlab.config.train) and the
+normlab.recommend.planning.cost), whether its step runs on FSDP2's shards (the settings' check,
+normlab.config.train) and the
 settings (`OptimSettings` fields) it reads. The settings' choices (``optim.optimizer``, ``normlab recommend
 --optimizer``) are the rows' names. tests/unit/test_registries.py checks the rows against the builders, the settings
 and the plan; tests/unit/test_registry_consumers.py registers a toy optimizer (normlab.train.optim_registry) and

@@ -13,7 +13,7 @@ The signals (`DETECTORS`):
   no failure by itself (massive activations), and its risk is the attention logits'.
 - ``logit growth``: per block, the largest attention logit over heads; the same projection (or the logit
   past the limit itself: 8x below it is where healthy models live) to the logit the precision still
-  resolves to about a nat (bf16 256, fp16 2,048: `normlab.recommend.signals`; fp32 runs
+  resolves to about a nat (bf16 256, fp16 2,048: `normlab.recommend.evidence.signals`; fp32 runs
   are judged at bf16's, where attention is computed at scale).
 - ``grad-norm spike``, ``loss spike``: OLMo-core's spike rule (a value above the mean + 6 std of the
   previous values of the series, `normlab.diagnostics.stability.SpikeScoreRule`) over a window of `SPIKE_WINDOW`

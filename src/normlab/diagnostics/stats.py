@@ -23,7 +23,8 @@ FP16_MAX = 65504.0
 # predictor (normlab.experiments.transfer), recommend's runs at risk and the early warnings share it
 OVERFLOW_HEADROOM = 8.0
 # precision -> (the attention logit its stored q and k resolve to about a nat: 1 / their relative error, a heuristic
-# bound; the largest activation it stores, inf where no overflow is in reach): normlab.recommend.signals explains it
+# bound; the largest activation it stores, inf where no overflow is in reach):
+# normlab.recommend.evidence.signals explains it
 PRECISION_LIMITS: dict[str, tuple[float, float]] = {
     "fp16": (2.0**11, FP16_MAX),
     "bf16": (2.0**8, math.inf),

@@ -1,7 +1,7 @@
 """Does a proxy's ranking transfer? Two sweeps over the same placements (layout x lr x seed), a narrow
 one (the proxy) and a wider or longer one, each ranked by one rule, then compared.
 
-The rule (`rank_sweep`) is the training evidence of `normlab.recommend.rank`: fewer failed runs
+The rule (`rank_sweep`) is the training evidence of `normlab.recommend.evidence.rank`: fewer failed runs
 (diverged + stalled, over the runs finished), then the lower best loss (the mean final loss over seeds
 at the candidate's best learning rate), then the lower expected loss over the learning rates
 (Wortsman et al. 2024's E_lr[min(L, L_0)]). The screen's verdict, recommend's tie-break, is left out:
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from normlab.config.train import TrainConfig
 
 HEADROOM = OVERFLOW_HEADROOM  # a proxy run within this factor of its storage maximum warns of a failure at width
-NOISE_FLOOR = 0.01  # nats: recommend's (normlab.recommend.rank.NOISE_FLOOR); below it two losses are a tie
+NOISE_FLOOR = 0.01  # nats: recommend's (normlab.recommend.evidence.rank.NOISE_FLOOR); below it two losses are a tie
 FAILED = ("diverged", "stalled")
 AXES = ["layout", LR, "seed"]
 
@@ -479,7 +479,8 @@ def record(
 ) -> dict[str, Any]:
     """Write (or update) a transfer record at `path`: per (proxy, other) pair the agreement numbers and the
     command that produced them, and the study's status ("in progress, N of M runs" while runs are pending).
-    `normlab recommend`'s report renders the copy shipped in the package (normlab/recommend/transfer_record.json)."""
+    `normlab recommend`'s report renders the copy shipped in the package
+    (normlab/recommend/evidence/transfer_record.json)."""
     import json
     import shlex
 

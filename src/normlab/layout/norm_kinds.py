@@ -8,7 +8,7 @@ norm (B) and what it does to the stream after the add (C) for the screen's well-
 code bases `normlab frameworks` writes for computes it, why not. Everything that needs one of these reads it
 here: the layout's validation and grammar (normlab.layout.sites, .spec), the analytic parameter count
 (normlab.model.params), the screen (normlab.screen.wellposed), the doctor (normlab.doctor.rescale) and the
-frameworks' translation (normlab.recommend.frameworks). The torch module of each kind is registered by name
+frameworks' translation (normlab.recommend.frameworks.snippets). The torch module of each kind is registered by name
 beside it in normlab.model.norms (`NORM_MODULES`); tests/unit/test_registries.py checks that the two agree.
 
 Sources: rms, Zhang & Sennrich 2019; layer, Ba et al. 2016; dyt, Dynamic Tanh, Zhu et al. 2025; derf, Dynamic

@@ -57,7 +57,8 @@ PARAMETRIZATION_NAMES: tuple[str, ...] = ("sp", "mup", "completep")  # normlab.m
 
 
 # muP's rules hold below the base width too (m < 1: the hidden learning rate times 1/m), and recommend's ladder reads
-# rungs at 1/4 and 1/2 of its base (normlab.recommend.ladder); a base more than this many times wider than the model
+# rungs at 1/4 and 1/2 of its base (normlab.recommend.evidence.ladder); a base more than this many times wider than
+# the model
 # (a learning rate multiplied beyond it) is refused as a mistake, not a transfer
 MAX_BASE_RATIO = 4
 

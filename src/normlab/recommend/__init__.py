@@ -1,16 +1,15 @@
-"""`normlab recommend`: a placement for the user's own model, with the evidence behind it.
+"""`normlab recommend`: a placement for the user's own model, with the evidence behind it, in five rooms.
 
-- `shape`: the user's model (size preset, TOML, transformers config.json) and the shapes derived from it;
-- `plan`: how the time budget is spent (screen width, proxy depth, rounds, learning rates, seeds);
-- `rank`: the evidence table and the ranking rule;
-- `agreement`: the recipes' verdicts a ranking is checked against;
-- `frameworks`: the winner's settings in normlab, transformers, OLMo-core, torchtitan and litgpt;
-- `explain`: the recommendation in words and as a page (reason, evidence table, checks, settings, limits);
-- `records`: the typed records (stage record, final round, recommendation), JSON only at the folder;
-- `inputs`: what is asked, checked before anything runs; the proxies' settings and sweeps;
-- `context`: what the stages share (folder, budget clock, workers, log, sweep executor, plan, findings);
-- `stage_screen`, `stage_rounds`, `stage_verify`, `stage_conclude`: the named stages;
-- `stages`: the command itself (the stages in order), resumable;
+- `planning`: the user's model (`shape`), what is asked (`inputs`), candidates as changes to the user's placement
+  (`derived`), how the time budget is spent (`plan`) and what each stage costs on this machine (`cost`);
+- `stages`: what the stages share (`context`), the typed records (`records`), the named stages (`screen`, `rounds`,
+  `ladder`, `verify`, `conclude` with its `speedup_gate`) and the command itself, resumable (`pipeline`);
+- `evidence`: each candidate's row and the ranking rule (`rows`, `rank`, `signals`), the recipes' verdicts
+  (`agreement`), the answer sized to its evidence (`answer`), the effective speedup (`speedup`), the norm tax
+  (`tax`), the ladder and its held-out check (`ladder`, `holdout`), the gate (`gate`);
+- `report`: the recommendation in words and as a page (`explain`, `ranking_figure`);
+- `frameworks`: the winner's settings in normlab, transformers, OLMo-core, torchtitan and litgpt (`snippets`,
+  `settings`, `patches`);
 - `cli_command`: `normlab recommend` as the CLI calls it.
 """
 
@@ -19,10 +18,10 @@ from normlab._lazy import lazy_exports
 __getattr__ = lazy_exports(
     __name__,
     {
-        "recommend": "normlab.recommend.stages",
-        "read_user_model": "normlab.recommend.shape",
-        "UserModel": "normlab.recommend.shape",
-        "settings_for": "normlab.recommend.frameworks",
+        "recommend": "normlab.recommend.stages.pipeline",
+        "read_user_model": "normlab.recommend.planning.shape",
+        "UserModel": "normlab.recommend.planning.shape",
+        "settings_for": "normlab.recommend.frameworks.snippets",
     },
     globals(),
 )

@@ -15,11 +15,11 @@ from normlab.config.commands import RECOMMEND_BASE
 from normlab.experiments.transfer import HEADROOM
 from normlab.pages import table_html
 from normlab.pages import write_page as page
-from normlab.recommend import agreement, gate, ladder, speedup, tax
-from normlab.recommend.rank import Evidence
-from normlab.recommend.ranking_figure import ranking_figure
-from normlab.recommend.shape import PROXY_WIDTH, UserModel
-from normlab.recommend.signals import precision_words
+from normlab.recommend.evidence import agreement, gate, ladder, speedup, tax
+from normlab.recommend.evidence.rank import Evidence
+from normlab.recommend.evidence.signals import precision_words
+from normlab.recommend.planning.shape import PROXY_WIDTH, UserModel
+from normlab.recommend.report.ranking_figure import ranking_figure
 from normlab.runs.files import RecommendDir
 
 
@@ -95,7 +95,7 @@ def small_samples(ranked: list[Evidence]) -> str:
 def transfer_record() -> dict[str, Any]:
     """The transfer study's record shipped in the package (`normlab transfer ... --record`), {} if unreadable."""
     try:
-        data = json.loads((Path(__file__).parent / "transfer_record.json").read_text())
+        data = json.loads((Path(__file__).parent.parent / "evidence" / "transfer_record.json").read_text())
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}

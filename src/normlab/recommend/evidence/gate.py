@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from normlab.recommend.rank import Evidence
+from normlab.recommend.evidence.rank import Evidence
 
 RESUME = (
     "run the same command again: it resumes this folder and trains what the budget stopped (or give a larger --budget)"
@@ -101,7 +101,7 @@ def _by_speedup(base: Evidence, lead: Evidence, s: dict[str, Any]) -> dict[str, 
     """Both sides trained: the leader replaces yours only where its effective speedup's lower bound exceeds 1 and it
     fails and is at risk no more often (the ladder's rungs included)."""
     on_ladder = s.get("ladder_failures") or {}
-    # the ranking's order (normlab.recommend.rank): failures first, then runs at risk among equal failures
+    # the ranking's order (normlab.recommend.evidence.rank): failures first, then runs at risk among equal failures
     worse = (
         lead.failures > base.failures
         or (lead.failures == base.failures and lead.risk_share > base.risk_share)

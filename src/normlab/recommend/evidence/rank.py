@@ -9,7 +9,7 @@ The rule, in this order (`rank`):
 1. fewer failures: diverged + stalled runs over finished runs (what the user came to avoid);
 2. fewer runs at risk over finished runs: trained to the end, but with the largest attention logit past
    what the user's precision resolves, or (fp16) the largest activation within 8x of the overflow
-   (`normlab.recommend.signals`: what fails next at scale, Dehghani et al. 2023, Wortsman et al. 2023);
+   (`normlab.recommend.evidence.signals`: what fails next at scale, Dehghani et al. 2023, Wortsman et al. 2023);
 3. lower best loss; two losses closer than the larger of their seed std and `NOISE_FLOOR` are a tie,
    and within a tie
 4. the user's own placement comes first (a change needs evidence beyond noise), then the screen's
@@ -126,7 +126,7 @@ class Evidence:
     lr_sensitivity: float = math.nan
     expected_loss: float = math.nan  # Wortsman's E_lr[min(L, L_0)] over the swept lrs = best (capped) + sensitivity
     loss_by_lr: dict[str, str] = field(default_factory=dict)
-    # the signals that predict trouble (normlab.recommend.signals), over the finished runs: how many ended at
+    # the signals that predict trouble (normlab.recommend.evidence.signals), over the finished runs: how many ended at
     # risk and why (the first reason), the largest attention logit at the best learning rate (first and last
     # probe, growth per 100 steps, steps to the precision's limit at that growth), its largest over every
     # run, the largest activation's growth at the best learning rate, and the largest logit per learning rate
@@ -197,7 +197,7 @@ def evidence_from_grid(runs: pd.DataFrame, planned: dict[str, int]) -> dict[str,
             "first_break": tally(list(g[g.status == "diverged"].first_break)),
             "cut": int(g.reason.fillna("").astype(str).str.contains("time budget").sum()) if "reason" in g else 0,
         }
-        if "at_risk" in g:  # the signals (normlab.recommend.signals.with_signals)
+        if "at_risk" in g:  # the signals (normlab.recommend.evidence.signals.with_signals)
             row["at_risk"] = int(g.at_risk.fillna(False).astype(bool).sum())
             row["risk"] = next((str(x) for x in g.risk if x), "")
             peak = pd.to_numeric(finished.logit_last, errors="coerce").dropna()
@@ -254,7 +254,7 @@ def unranked_if_unfinished(row: Evidence) -> Evidence:
 def baseline_of(current: str | None, finalists: list[str], order: list[str]) -> str | None:
     """The user's placement where it is a finalist only as the baseline: the final round takes the best
     len(finalists) of the stress round's `order` with the current placement swapped in for the last of
-    them. Such a finalist is ranked with those it displaced, by its stress run (`normlab.recommend.stage_conclude`)."""
+    them. Such a finalist is ranked with those it displaced, by its stress run (`normlab.recommend.stages.conclude`)."""
     if current is None or current not in finalists or current not in order:
         return None
     return current if order.index(current) >= len(finalists) else None

@@ -1,5 +1,5 @@
 """How `normlab recommend` spends its budget: the whole plan, made once before anything is screened or
-trained, from counted work and this machine's cached calibration (`normlab.recommend.cost`), kept in
+trained, from counted work and this machine's cached calibration (`normlab.recommend.planning.cost`), kept in
 the output folder and reused on a resume. The same inputs on the same machine give the same plan:
 nothing in it reads the clock.
 
@@ -53,9 +53,9 @@ from normlab.errors import ConfigError
 from normlab.layout import as_layout
 from normlab.model.config import ModelConfig
 from normlab.model.params import analytic_params
-from normlab.recommend import ladder
-from normlab.recommend.cost import Calibration, makespan
-from normlab.recommend.shape import PROXY_WIDTH, proxy_shape, screen_shape
+from normlab.recommend.evidence import ladder
+from normlab.recommend.planning.cost import Calibration, makespan
+from normlab.recommend.planning.shape import PROXY_WIDTH, proxy_shape, screen_shape
 from normlab.screen.wellposed import wellposedness
 
 # log-spaced, up to the stress lr (1: the stress lr alone, --quick's smallest answer)
@@ -147,8 +147,8 @@ class Plan:
     optimizer: str = "adamw"  # what the proxies train with
     verify: dict[str, Any] | None = None  # the verify stage: k, width, depth, steps, predicted_s (None: none)
     verify_note: str = ""  # why a verify stage asked for is not in the plan (one line), else ""
-    screen: bool = True  # False: the quick question, no screen (`normlab.recommend.stage_screen`)
-    # the ladder (normlab.recommend.ladder): the rungs it trains beside the proxy ({width: steps}) and their
+    screen: bool = True  # False: the quick question, no screen (`normlab.recommend.stages.screen`)
+    # the ladder (normlab.recommend.evidence.ladder): the rungs it trains beside the proxy ({width: steps}) and their
     # predicted seconds; None: one rung (the proxy)
     ladder: dict[str, Any] | None = None
 

@@ -17,7 +17,7 @@ T_base(L) = (A / (L - E))^(1/alpha). A candidate better than the baseline needs 
 read up to `EXTRAPOLATE` x T, past that (or below the fit's floor E) the speedup is a lower bound (">= x2.00");
 a candidate worse than the baseline's loss at `FIT_FROM` x T lies before the fitted range: an upper bound
 ("<= x0.25").
-The step-time ratio of (1) is the norm tax measured at the user's width (`normlab.recommend.tax`).
+The step-time ratio of (1) is the norm tax measured at the user's width (`normlab.recommend.evidence.tax`).
 
 Anchoring: the candidate's loss is placed at L_fit(T) + d, d = mean(cand) - mean(base) of the runs' final
 losses, so a candidate equal to the baseline has a token ratio of exactly 1 whatever the fit's residual at T.
@@ -259,11 +259,12 @@ def for_pair(
 ) -> dict[str, Any]:
     """recommendation.json's `effect.speedup` for `cand` against `base` (two `rank.Evidence` rows, each at its
     best learning rate) from the proxy grid's runs (`runs`: the grid's runs table), with its rung."""
-    from normlab.recommend.answer import _losses, welch, welch_df
+    from normlab.recommend.evidence.answer import _losses, welch, welch_df
 
     out: dict[str, Any] = {"baseline": base.layout, "candidate": cand.layout, "tax": tax, "level": LEVEL}
     out["method"] = (
-        "eq. (1) of normlab.recommend.speedup: the tokens your placement needs to reach the candidate's final loss "
+        "eq. (1) of normlab.recommend.evidence.speedup: the tokens your placement needs to reach the candidate's "
+        "final loss "
         "on its own loss-over-tokens curve (mean over seeds, fitted as E + A t^-alpha from a quarter of the run, "
         f"read at most {EXTRAPOLATE:g}x beyond the tokens trained, else a bound), over the candidate's tokens, "
         "divided by 1 + the norm tax; interval: the ends of the 95% interval of the final-loss difference over "

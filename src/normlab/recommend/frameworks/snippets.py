@@ -1,7 +1,7 @@
 """The winner's settings as five code bases write them: normlab, transformers, OLMo-core, torchtitan
 and litgpt; where none of a code base's settings gives that placement, a tested patch where one is written
 (`PATCHES`: a Llama or Qwen3 user's model with Peri-LN's output or embedding norms in torchtitan and litgpt,
-`normlab.recommend.framework_patches`), else that plainly, with the change from the user's model (`base_layout`)
+`normlab.recommend.frameworks.patches`), else that plainly, with the change from the user's model (`base_layout`)
 where the code base states the user's model, or the nearest placement it has and the norm sites in which the two
 differ.
 
@@ -42,7 +42,7 @@ from normlab.layout import PRESETS, Layout, as_layout
 from normlab.layout.norm_kinds import NORM_KIND_FACTS, NormKindFacts
 from normlab.layout.sites import NORM_SITES
 from normlab.model.config import ModelConfig
-from normlab.recommend.framework_patches import (
+from normlab.recommend.frameworks.patches import (
     PERI_FAMILY,
     SETTINGS,
     as_change,
@@ -50,7 +50,7 @@ from normlab.recommend.framework_patches import (
     titan_names,
     titan_new_parameters,
 )
-from normlab.recommend.framework_settings import FRAMEWORKS, PINS, Framework
+from normlab.recommend.frameworks.settings import FRAMEWORKS, PINS, Framework
 
 
 def _kinds(lay: Layout) -> set[str]:

@@ -1,5 +1,5 @@
 """The ladder stage: the user's placement and its rival (`gate.leader`) trained again at the ladder's other
-widths (`normlab.recommend.ladder`), each at its best learning rate of the final round carried by muP, with
+widths (`normlab.recommend.evidence.ladder`), each at its best learning rate of the final round carried by muP, with
 the final round's seeds; one sweep per width and learning rate under the recommendation's folder
 (ladder/w128-lr0.01), resumed like every sweep. The speedups per rung, their trend and the projection are
 the conclusion's (`stage_conclude.gated_speedup`)."""
@@ -11,13 +11,13 @@ from typing import Any
 
 import pandas as pd
 
-from normlab.recommend import gate
-from normlab.recommend.context import Context, minutes, stage_record
-from normlab.recommend.evidence_rows import ranked_now
-from normlab.recommend.inputs import proxy_settings, proxy_sweep
-from normlab.recommend.rank import Evidence
-from normlab.recommend.records import StageRecord
-from normlab.recommend.shape import PROXY_WIDTH
+from normlab.recommend.evidence import gate
+from normlab.recommend.evidence.rank import Evidence
+from normlab.recommend.evidence.rows import ranked_now
+from normlab.recommend.planning.inputs import proxy_settings, proxy_sweep
+from normlab.recommend.planning.shape import PROXY_WIDTH
+from normlab.recommend.stages.context import Context, minutes, stage_record
+from normlab.recommend.stages.records import StageRecord
 
 
 def pair(ctx: Context, ranked: list[Evidence]) -> tuple[Evidence, Evidence] | str:

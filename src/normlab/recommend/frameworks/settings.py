@@ -1,7 +1,7 @@
 """Each code base's settings as data and its snippet's writer (OLMo-core 3.0.0, torchtitan 0.3.0, litgpt
 0.5.13: `PINS`): the placements its settings compute (preset -> its own settings), the model options it
 cannot state, and the complete Python that builds the model at the user's shape. What each computes was
-read from the installed sources (`normlab.recommend.frameworks`' docstring); `tests/frameworks` builds every
+read from the installed sources (`normlab.recommend.frameworks.snippets`' docstring); `tests/frameworks` builds every
 snippet in the real library and compares logits. Split from `frameworks` (matching, the patches, the
 settings per code base), which re-exports these names.
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 from normlab.layout import PRESETS
 from normlab.model.config import ModelConfig
-from normlab.recommend.framework_patches import (
+from normlab.recommend.frameworks.patches import (
     LITGPT_EMBEDDING_NORM,
     LITGPT_EMBEDDING_NORM_BUILD,
     PERI_FAMILY,

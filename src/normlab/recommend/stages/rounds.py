@@ -17,13 +17,13 @@ import pandas as pd
 from normlab.errors import ConfigError
 from normlab.experiments.cpus import threads_per_worker
 from normlab.model.config import ModelConfig
-from normlab.recommend import cost
-from normlab.recommend.context import Context, minutes, stage_record
-from normlab.recommend.inputs import proxy_sweep
-from normlab.recommend.plan import finalists_from, next_lr
-from normlab.recommend.rank import VERDICT_ORDER, evidence_from_grid
-from normlab.recommend.records import FinalRecord
-from normlab.recommend.shape import UserModel, screen_shape
+from normlab.recommend.evidence.rank import VERDICT_ORDER, evidence_from_grid
+from normlab.recommend.planning import cost
+from normlab.recommend.planning.inputs import proxy_sweep
+from normlab.recommend.planning.plan import finalists_from, next_lr
+from normlab.recommend.planning.shape import UserModel, screen_shape
+from normlab.recommend.stages.context import Context, minutes, stage_record
+from normlab.recommend.stages.records import FinalRecord
 from normlab.runs.files import RecommendDir
 from normlab.runs.store import open_store
 

@@ -1,6 +1,6 @@
 """The records a recommendation keeps, typed: what a stage predicted and did (`StageRecord`), what the
 final round ran (`FinalRecord`) and the recommendation itself (`Recommendation`). The plan is
-`normlab.recommend.plan.Plan`. Each turns into JSON only where it is written to the folder (plan.json's
+`normlab.recommend.planning.plan.Plan`. Each turns into JSON only where it is written to the folder (plan.json's
 "rounds", recommendation.json), with the same keys and values the folder has always held.
 """
 
@@ -66,7 +66,7 @@ class Recommendation:
     call_minutes: list[float]
     files: dict[str, str]
     text: str = ""
-    # the answer sized to its evidence (normlab.recommend.answer): how sure, how large against the user's
+    # the answer sized to its evidence (normlab.recommend.evidence.answer): how sure, how large against the user's
     # placement, what to train with, where the evidence ends, and an earlier call's different answer
     confidence: dict[str, Any] = field(default_factory=dict)
     effect: dict[str, Any] = field(default_factory=dict)
@@ -75,7 +75,7 @@ class Recommendation:
     changed_from: dict[str, Any] | None = None
     dropped: list[str] = field(default_factory=list)  # what the winner takes away from the user's placement
     labels: dict[str, str] = field(default_factory=dict)  # candidates made from the user's placement
-    verdict: dict[str, Any] = field(default_factory=dict)  # the gate's decision (normlab.recommend.gate)
+    verdict: dict[str, Any] = field(default_factory=dict)  # the gate's decision (normlab.recommend.evidence.gate)
 
     def to_dict(self) -> dict[str, Any]:
         """recommendation.json's contents (the text is recommendation.md)."""

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from normlab.recommend.shape import PROXY_WIDTH
+from normlab.recommend.planning.shape import PROXY_WIDTH
 
 # the ladders a plan may buy, the widest first (the proxy's width among each): where the one reaching 2x above the
 # proxy does not fit the budget, the one ending at the proxy does (its rungs cost a fraction of a proxy run)

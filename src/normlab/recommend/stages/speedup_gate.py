@@ -9,10 +9,10 @@ from typing import Any
 
 from normlab.layout import as_layout
 from normlab.model.params import analytic_params
-from normlab.recommend import gate, ladder, speedup, tax
-from normlab.recommend.context import Context
-from normlab.recommend.rank import Evidence
-from normlab.recommend.shape import PROXY_WIDTH
+from normlab.recommend.evidence import gate, ladder, speedup, tax
+from normlab.recommend.evidence.rank import Evidence
+from normlab.recommend.planning.shape import PROXY_WIDTH
+from normlab.recommend.stages.context import Context
 from normlab.runs.outcome import FINISHED
 
 TAX_TURNS_S = 40.0  # the eager tax's turns may take this long beyond its first five (a narrower interval)
@@ -20,7 +20,7 @@ COMPILED_MIN_S = 150.0  # the compiled tax is timed only with this much of the b
 
 
 def norm_tax(ctx: Context, base: str, cand: str) -> dict[str, Any]:
-    """The leader's norm tax against the user's placement at the user's shape (`normlab.recommend.tax`),
+    """The leader's norm tax against the user's placement at the user's shape (`normlab.recommend.evidence.tax`),
     eager and, where the budget leaves room for its compilation (or a cache holds it), compiled, within what
     is left of the budget; the compiled figure where measured (what a compiled run pays), else the eager one;
     where neither can be timed, why."""
@@ -53,7 +53,7 @@ def norm_tax(ctx: Context, base: str, cand: str) -> dict[str, Any]:
 
 def with_ladder(ctx: Context, sp: dict[str, Any], base: Evidence, lead: Evidence, tx: dict[str, Any]) -> None:
     """The speedup at each of the ladder's rungs (the proxy's among them), the trend over compute and its
-    projection to the user's scale (`normlab.recommend.ladder`), and ladder.png; into `sp`."""
+    projection to the user's scale (`normlab.recommend.evidence.ladder`), and ladder.png; into `sp`."""
     assert ctx.found.runs is not None and ctx.plan.ladder is not None
     assert base.best_lr is not None and lead.best_lr is not None
     rungs = []
@@ -68,7 +68,8 @@ def with_ladder(ctx: Context, sp: dict[str, Any], base: Evidence, lead: Evidence
         if runs is None:
             rungs.append({"width": w, "value": None, "why": "not trained"})
             continue
-        # what each side's runs did at this rung: the gate counts a failure at any rung (normlab.recommend.gate)
+        # what each side's runs did at this rung: the gate counts a failure at any rung
+        # (normlab.recommend.evidence.gate)
         did = {
             n: {
                 "failed": int(runs[runs.layout == n].status.isin(("diverged", "stalled")).sum()),
@@ -136,6 +137,6 @@ def gated_speedup(ctx: Context, ranked: list[Evidence]) -> tuple[dict[str, Any] 
             sp["why"] = f"{who} finished no run: no loss to reach"
         sp["tax_seconds"] = time.time() - t0
     gated = sp
-    if sp and sp.get("largest_rung"):  # the gate reads the ladder's widest rung (normlab.recommend.gate)
+    if sp and sp.get("largest_rung"):  # the gate reads the ladder's widest rung (normlab.recommend.evidence.gate)
         gated = {**sp, **sp["largest_rung"]}
     return sp, gate.verdict(ranked, ctx.current, gated)

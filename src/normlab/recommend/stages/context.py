@@ -2,7 +2,7 @@
 executor for the proxies' sweeps, the plan, plan.json's record of each call, and what the stages found
 so far (`Findings`).
 
-A stage (`normlab.recommend.stages.Stage`) says what it costs (the plan's predicted seconds), whether it has
+A stage (`normlab.recommend.stages.pipeline.Stage`) says what it costs (the plan's predicted seconds), whether it has
 nothing left to add to this call (`done`), and runs, reading what the stages before it found from `Findings` and
 adding its own.
 """
@@ -23,9 +23,9 @@ from normlab.experiments import runner
 from normlab.experiments.summary import load_sweep
 from normlab.experiments.sweep import SweepConfig, _slug
 from normlab.io import atomic_write_json
-from normlab.recommend.plan import REPORT_RESERVE_S, Plan
-from normlab.recommend.records import FinalRecord, Recommendation, StageRecord
-from normlab.recommend.shape import UserModel
+from normlab.recommend.planning.plan import REPORT_RESERVE_S, Plan
+from normlab.recommend.planning.shape import UserModel
+from normlab.recommend.stages.records import FinalRecord, Recommendation, StageRecord
 from normlab.runs.files import RecommendDir
 
 
@@ -94,7 +94,7 @@ class Findings:
     runs: pd.DataFrame | None = None
     order: list[str] = field(default_factory=list)
     final: FinalRecord | None = None
-    ladder: dict[str, Any] | None = None  # the ladder stage's record (normlab.recommend.stage_ladder); None: none ran
+    ladder: dict[str, Any] | None = None  # the ladder stage's record (normlab.recommend.stages.ladder); None: none ran
     verified: dict[str, Any] = field(default_factory=lambda: {"status": "not asked"})  # the verify stage's record
     result: Recommendation | None = None  # the conclusion as last written
     concluded: dict[str, Any] | None = None  # the verify record `result` was concluded with

@@ -17,10 +17,10 @@ from normlab.errors import ConfigError
 from normlab.experiments.runner import run_sweep
 from normlab.io import own_folder, read_json
 from normlab.model.config import ModelConfig
-from normlab.recommend import ladder, speedup
-from normlab.recommend.inputs import proxy_settings, proxy_sweep
-from normlab.recommend.rank import Evidence
-from normlab.recommend.shape import UserModel
+from normlab.recommend.evidence import ladder, speedup
+from normlab.recommend.evidence.rank import Evidence
+from normlab.recommend.planning.inputs import proxy_settings, proxy_sweep
+from normlab.recommend.planning.shape import UserModel
 from normlab.runs.files import RecommendDir
 
 WIDTH_MULT = 2

@@ -16,13 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from normlab.io import atomic_write_bytes, atomic_write_json
-from normlab.recommend import agreement, answer, derived, explain
-from normlab.recommend.context import Context
-from normlab.recommend.evidence_rows import ranking, seeds_that_ran
-from normlab.recommend.frameworks import settings_for
-from normlab.recommend.rank import Evidence
-from normlab.recommend.records import Recommendation, StageRecord
-from normlab.recommend.speedup_gate import gated_speedup
+from normlab.recommend.evidence import agreement, answer
+from normlab.recommend.evidence.rank import Evidence
+from normlab.recommend.evidence.rows import ranking, seeds_that_ran
+from normlab.recommend.frameworks.snippets import settings_for
+from normlab.recommend.planning import derived
+from normlab.recommend.report import explain
+from normlab.recommend.stages.context import Context
+from normlab.recommend.stages.records import Recommendation, StageRecord
+from normlab.recommend.stages.speedup_gate import gated_speedup
 
 
 def named(settings: dict[str, dict[str, Any]], winner: Evidence) -> dict[str, dict[str, Any]]:
@@ -140,7 +142,7 @@ def _sized(
     speed: dict[str, Any] | None,
     record: dict[str, Any],
 ) -> dict[str, Any]:
-    """The answer sized to its evidence (`normlab.recommend.answer`): the effect (with the gated speedup), the
+    """The answer sized to its evidence (`normlab.recommend.evidence.answer`): the effect (with the gated speedup), the
     confidence (its seeds those that ran: `seeds_that_ran`), what changed since the last call (kept in plan.json's
     "answers"), the recipe and the domain; the fields of the Recommendation they fill."""
     found, p = ctx.found, ctx.plan
@@ -162,7 +164,7 @@ def _sized(
 
 
 def _settings(ctx: Context, winner: Evidence) -> dict[str, dict[str, Any]]:
-    """The winner's settings in the code bases (`normlab.recommend.frameworks`)."""
+    """The winner's settings in the code bases (`normlab.recommend.frameworks.snippets`)."""
     user = ctx.user
     return settings_for(winner.layout, user.config, base_layout=user.layout, unmodelled=user.unmodelled)
 

@@ -5,7 +5,7 @@ transformers `config.json` (or the folder holding it); and the two shapes derive
   computes (MLP kind, tied embeddings, soft-capping, biases), plus the placement the model has now
   where its architecture names one (a `model_type` normlab converts exactly: `normlab.hf.archs`).
 - `screen_shape`: the user's depth at the largest width the screen's time allows, head width and the
-  FFN and GQA ratios kept (`normlab.recommend.plan` picks the width).
+  FFN and GQA ratios kept (`normlab.recommend.planning.plan` picks the width).
 - `proxy_shape`: the user's depth where the budget allows, at the proxy width (64): the same ratios,
   the same MLP kind and options, byte-level vocabulary.
 """
@@ -60,7 +60,7 @@ class UserModel:
     precision: str | None = None  # bf16 / fp16 from config.json's torch_dtype, where given
     notes: tuple[str, ...] = field(default_factory=tuple)  # what was read approximately, or left out
     # what the config asks for that normlab does not compute (a scaled RoPE, ...): the proxies leave it out, and the
-    # framework snippets list it as not stated (normlab.recommend.frameworks.settings_for's `unmodelled`)
+    # framework snippets list it as not stated (normlab.recommend.frameworks.snippets.settings_for's `unmodelled`)
     unmodelled: tuple[str, ...] = field(default_factory=tuple)
 
     def describe(self) -> str:

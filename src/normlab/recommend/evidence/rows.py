@@ -7,8 +7,7 @@ from typing import Any
 
 import pandas as pd
 
-from normlab.recommend.context import Context
-from normlab.recommend.rank import (
+from normlab.recommend.evidence.rank import (
     Evidence,
     baseline_of,
     evidence_from_grid,
@@ -16,7 +15,8 @@ from normlab.recommend.rank import (
     screen_reason,
     unranked_if_unfinished,
 )
-from normlab.recommend.signals import with_signals
+from normlab.recommend.evidence.signals import with_signals
+from normlab.recommend.stages.context import Context
 from normlab.runs.outcome import FINISHED
 
 

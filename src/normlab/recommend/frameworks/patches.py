@@ -1,10 +1,10 @@
 """Patches for placements a code base's settings do not reach, and the words for a placement as changes to the
-user's own (`normlab.recommend.frameworks` prints them).
+user's own (`normlab.recommend.frameworks.snippets` prints them).
 
 The placements patched are Peri-LN's parts on a Pre-LN block with or without QK-norm (per head, before RoPE),
 RMSNorm with a gain per channel: output norms after attention and after the MLP, x + N_out(F(N_in(x))) (Kim et
 al. 2025, Peri-LN, eq. 3), and the embedding norm y0 = N(emb) (Sec. 3.3). They are the changes
-`normlab.recommend.derived` makes to a Llama (pre) or Qwen3 (qwen3) user's model: eight layouts in all
+`normlab.recommend.planning.derived` makes to a Llama (pre) or Qwen3 (qwen3) user's model: eight layouts in all
 (`PERI_FAMILY`), Pre-LN and Qwen3 among them.
 
 torchtitan 0.3.0 (read in its sources: `Llama3TransformerBlock` / `Qwen3TransformerBlock` build attention,

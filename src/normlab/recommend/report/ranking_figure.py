@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator
 
 from normlab.pages import figure_html
-from normlab.recommend.rank import Evidence
+from normlab.recommend.evidence.rank import Evidence
 from normlab.runs.files import RecommendDir
 
 LABEL_WIDTH = 34  # characters a row label's line holds (longer labels wrap onto more lines, never cut)
@@ -46,7 +46,7 @@ COLORS = {"diverged or stalled": "tab:red", "at risk": "tab:orange", "trained": 
 
 def ranking_figure(folder: RecommendDir, rows: list[Evidence], precision: str = "fp16") -> str:
     """The ranking's figure (module doc) as a page section; `rows`: the candidates with runs, in rank order."""
-    from normlab.recommend.signals import limits as precision_limits
+    from normlab.recommend.evidence.signals import limits as precision_limits
 
     acts = [r.max_activation if math.isfinite(r.max_activation) else float("nan") for r in rows]
     logits = [r.logit_peak if math.isfinite(r.logit_peak) else float("nan") for r in rows]

@@ -33,8 +33,8 @@ import pandas as pd
 from scipy import stats
 
 from normlab.errors import ConfigError
-from normlab.recommend.rank import Evidence
-from normlab.recommend.shape import PROXY_WIDTH, UserModel
+from normlab.recommend.evidence.rank import Evidence
+from normlab.recommend.planning.shape import PROXY_WIDTH, UserModel
 
 LEVELS = ("provisional", "supported")
 
@@ -104,7 +104,7 @@ def effect(runs: pd.DataFrame, ranked: list[Evidence], current: str | None, n_lr
         "method": "Welch's t over seeds, each at its best learning rate"
         if interval is not None
         else "one seed on a side (or no spread over seeds): no seed noise measured, so no interval; a larger "
-        "--budget buys a second seed next (the plan's growth: normlab.recommend.plan)",
+        "--budget buys a second seed next (the plan's growth: normlab.recommend.planning.plan)",
     }
     k = len(live)
     spread = [pd.Series(x).std(ddof=1) for x in (a, b) if len(x) >= 2]
@@ -257,7 +257,7 @@ def recipe(
 def sp_rates(base_lr: float, width: int, optimizer: str = "adamw") -> dict[str, Any]:
     """The learning rates a standard-parametrization model of width ``width`` takes from muP's transfer of the
     proxy's ``base_lr`` (muP's base width `PROXY_WIDTH`), for the libraries that have no muP (OLMo-core,
-    torchtitan, litgpt: `normlab.recommend.framework_settings.PINS`).
+    torchtitan, litgpt: `normlab.recommend.frameworks.settings.PINS`).
 
     muP under Adam (Yang et al. 2022, Tensor Programs V, Table 3; `normlab.model.parametrization`): a hidden matrix
     trains at base_lr / m, m = width / base width; the embedding, biases and norm gains at base_lr. Without muP's
@@ -265,7 +265,7 @@ def sp_rates(base_lr: float, width: int, optimizer: str = "adamw") -> dict[str, 
     lr / fan_in), so it takes base_lr / m as well. Under Muon its matrices' update is width-invariant (its own
     sqrt(fan_out / fan_in) rule): they keep base_lr; the AdamW half's head takes / m. What SP cannot carry (muP's
     init scales, its 1/d_head attention scale) is said: the rates are muP's, the transfer guarantee is not."""
-    from normlab.recommend.framework_settings import PINS
+    from normlab.recommend.frameworks.settings import PINS
 
     m = width / PROXY_WIDTH
     hidden = base_lr / m

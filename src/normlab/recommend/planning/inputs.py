@@ -15,8 +15,8 @@ from normlab.errors import ConfigError
 from normlab.experiments.sweep import SweepConfig
 from normlab.layout import Layout, as_layout
 from normlab.model.config import SIZES, ModelConfig
-from normlab.recommend import derived
-from normlab.recommend.shape import PROXY_WIDTH, UserModel, proxy_shape
+from normlab.recommend.planning import derived
+from normlab.recommend.planning.shape import PROXY_WIDTH, UserModel, proxy_shape
 from normlab.train.trainer import load_run_data
 
 
@@ -24,7 +24,7 @@ from normlab.train.trainer import load_run_data
 class Candidate:
     """One candidate placement, parsed once: its name as given (a preset, a string form, or a change made from the
     user's placement, `yours+out`), its label where it is such a change ("your model (qwen3) + output norms",
-    `normlab.recommend.derived`; "" otherwise) and its layout."""
+    `normlab.recommend.planning.derived`; "" otherwise) and its layout."""
 
     name: str
     layout: Layout
@@ -61,7 +61,7 @@ def unbuildable(layout: str | Layout | Candidate, user: UserModel) -> str | None
 class CandidateChoice:
     """What recommend compares: the candidates (the user's placement first, then the changes to it, then the
     rest), the user's placement's name, the defaults left out (name -> why), each candidate made from the
-    user's placement -> its label ("your model (qwen3) + output norms", `normlab.recommend.derived`), and
+    user's placement -> its label ("your model (qwen3) + output norms", `normlab.recommend.planning.derived`), and
     which of those take away something the user has (tried last: the plan's cheap order keeps them there)."""
 
     names: list[str]

@@ -16,7 +16,7 @@ The changes, each a name the user can give in --candidates (`CHANGES`):
 A change that does not apply (output norms on a Post-LN block, QK-norm you do not have) is not offered;
 one whose result is a preset already among the candidates is that preset, labelled with the change too.
 Soft-caps and every other model option are the user's in every candidate: they live in the model config,
-which every proxy shares (`normlab.recommend.shape.proxy_shape`).
+which every proxy shares (`normlab.recommend.planning.shape.proxy_shape`).
 """
 
 from __future__ import annotations

@@ -287,7 +287,7 @@ def _timed(
         for n in ("base", "cand") if i % 2 == 0 else ("cand", "base"):  # ABBA: an order effect cancels
             wall, cpu = time.perf_counter(), time.process_time()
             steps[n]()
-            # on the CPU the lesser of wall and CPU seconds (as normlab.recommend.cost's calibration): another
+            # on the CPU the lesser of wall and CPU seconds (as normlab.recommend.planning.cost's calibration): another
             # process's load only ever makes either larger; on CUDA the wall time (the step ends synchronized)
             took = time.perf_counter() - wall
             times[n].append(took if dev == "cuda" else min(took, time.process_time() - cpu))

@@ -18,11 +18,11 @@ from normlab.errors import ConfigError
 from normlab.experiments import transfer
 from normlab.experiments.cpus import threads_per_worker
 from normlab.layout import as_layout
-from normlab.recommend import cost, plan
-from normlab.recommend.context import Context, minutes, stage_record
-from normlab.recommend.inputs import has_streams, proxy_settings, proxy_sweep
-from normlab.recommend.records import Recommendation, StageRecord
-from normlab.recommend.shape import PROXY_WIDTH, UserModel
+from normlab.recommend.planning import cost, plan
+from normlab.recommend.planning.inputs import has_streams, proxy_settings, proxy_sweep
+from normlab.recommend.planning.shape import PROXY_WIDTH, UserModel
+from normlab.recommend.stages.context import Context, minutes, stage_record
+from normlab.recommend.stages.records import Recommendation, StageRecord
 from normlab.runs.files import RecommendDir
 
 

@@ -16,10 +16,10 @@ from tqdm import tqdm
 from normlab.config.commands import ScreenConfig
 from normlab.errors import ConfigError
 from normlab.io import atomic_write_json
-from normlab.recommend.context import Context, minutes
-from normlab.recommend.rank import VERDICT_ORDER, ruled_out, screen_summary
-from normlab.recommend.records import StageRecord
-from normlab.recommend.shape import UserModel, screen_shape
+from normlab.recommend.evidence.rank import VERDICT_ORDER, ruled_out, screen_summary
+from normlab.recommend.planning.shape import UserModel, screen_shape
+from normlab.recommend.stages.context import Context, minutes
+from normlab.recommend.stages.records import StageRecord
 from normlab.runs.files import RecommendDir
 from normlab.screen.screen import screen_layout
 

@@ -7,7 +7,7 @@ that fit a time budget, each resumable.
                   precision stored (fp16: activations past 65504 overflow, as in the papers' Megatron runs)
     final round   the best of the stress round (and the user's current placement) over learning rates x
                   seeds
-    ranking       divergences and stalls, best loss, screen verdict, LR sensitivity (`normlab.recommend.rank`),
+    ranking       divergences and stalls, best loss, screen verdict, LR sensitivity (`normlab.recommend.evidence.rank`),
                   checked against the recipes' verdicts; the winner's settings in five code bases
     verify        (--verify) the ranking's best k trained again at a wider width, at the winner's best
                   learning rate, and ranked by the same rule (`normlab.experiments.transfer`): Kendall's tau
@@ -15,7 +15,7 @@ that fit a time budget, each resumable.
                   written before it starts and again with its verdict
 
 The proxies train with `--optimizer` (adamw, muon, sgd), as the user will; the plan counts Muon's
-Newton-Schulz steps (`normlab.recommend.cost`).
+Newton-Schulz steps (`normlab.recommend.planning.cost`).
 
 The folder (`--out`) holds plan.json (the inputs and both rounds' plans: a resumed recommendation reuses
 them), screen.json, grid/ (one sweep folder for both rounds: its summary.md and report.html), verify/
@@ -48,9 +48,8 @@ from normlab.experiments.cpus import threads_per_worker, usable_cores
 from normlab.experiments.summary import summarize
 from normlab.io import own_folder
 from normlab.layout import as_layout
-from normlab.recommend import cost, derived, plan
-from normlab.recommend.context import BudgetClock, Context, SweepExecutor, minutes
-from normlab.recommend.inputs import (
+from normlab.recommend.planning import cost, derived, plan
+from normlab.recommend.planning.inputs import (
     CandidateChoice,
     check_run_settings,
     choose,
@@ -58,13 +57,14 @@ from normlab.recommend.inputs import (
     proxy_settings,
     recorded_inputs,
 )
-from normlab.recommend.records import Recommendation
-from normlab.recommend.shape import UserModel
-from normlab.recommend.stage_conclude import Conclude
-from normlab.recommend.stage_ladder import LadderStage
-from normlab.recommend.stage_rounds import FinalRound, StressRound, refresh_calibration
-from normlab.recommend.stage_screen import SCREEN_STRESSES, ScreenStage
-from normlab.recommend.stage_verify import VerifyStage, verify_added
+from normlab.recommend.planning.shape import UserModel
+from normlab.recommend.stages.conclude import Conclude
+from normlab.recommend.stages.context import BudgetClock, Context, SweepExecutor, minutes
+from normlab.recommend.stages.ladder import LadderStage
+from normlab.recommend.stages.records import Recommendation
+from normlab.recommend.stages.rounds import FinalRound, StressRound, refresh_calibration
+from normlab.recommend.stages.screen import SCREEN_STRESSES, ScreenStage
+from normlab.recommend.stages.verify import VerifyStage, verify_added
 from normlab.runs.files import RecommendDir
 from normlab.runs.lock import FolderLock
 
