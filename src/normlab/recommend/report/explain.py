@@ -5,7 +5,6 @@ table, the recipe checks, the winner's settings elsewhere, and what the proxy ca
 
 from __future__ import annotations
 
-import html
 import json
 import math
 from pathlib import Path
@@ -13,14 +12,10 @@ from typing import Any
 
 from normlab.config.commands import RECOMMEND_BASE
 from normlab.experiments.transfer import HEADROOM
-from normlab.pages import table_html
-from normlab.pages import write_page as page
 from normlab.recommend.evidence import agreement, gate, ladder, speedup, tax
 from normlab.recommend.evidence.rank import Evidence
 from normlab.recommend.evidence.signals import precision_words
 from normlab.recommend.planning.shape import PROXY_WIDTH, UserModel
-from normlab.recommend.report.ranking_figure import ranking_figure
-from normlab.runs.files import RecommendDir
 
 
 def limits(
@@ -228,18 +223,18 @@ def _best_lr(r: Evidence) -> str:
     return f"{r.best_lr:g}" + (" (only one tried)" if len(r.loss_by_lr) == 1 else "")
 
 
-def _fmt_loss(r: Evidence) -> str:
+def fmt_loss(r: Evidence) -> str:
     if not math.isfinite(r.best_loss):
         return "-"
     return f"{r.best_loss:.4f}" + (f" ± {r.best_loss_std:.4f}" if math.isfinite(r.best_loss_std) else "")
 
 
-def _sensitivity(r: Evidence) -> str:
+def sensitivity_words(r: Evidence) -> str:
     """LR sensitivity, where more than one learning rate was swept."""
     return "-" if not math.isfinite(r.lr_sensitivity) or len(r.loss_by_lr) < 2 else f"{r.lr_sensitivity:.3f}"
 
 
-def _yes_no(x: bool | None) -> str:
+def yes_no(x: bool | None) -> str:
     return "-" if x is None else "yes" if x else "**no**"
 
 
@@ -269,15 +264,15 @@ def _table(ranked: list[Evidence]) -> str:
             f"{r.rank}" + (" (tie)" if r.tie else "") + {"stress round only": "*", "baseline": "†"}.get(r.status, "")
         )
         act = "-" if not math.isfinite(r.max_activation) else f"{r.max_activation:,.4g}"
-        sens = _sensitivity(r)
+        sens = sensitivity_words(r)
         by_lr = "; ".join(f"{lr}: {v}" for lr, v in r.loss_by_lr.items()) or "-"
-        logit = _logit(r) if math.isfinite(r.logit_last) else "-"
+        logit = logit_words(r) if math.isfinite(r.logit_last) else "-"
         by_logit = "; ".join(f"{lr}: {v}" for lr, v in r.logit_by_lr.items()) or "-"
         lines.append(
             f"| {rank_cell} | {r.name} | {r.screen} | {r.diverged}/{r.finished} | {r.stalled}/{r.finished} | "
             f"{r.at_risk}/{r.finished} | {logit} | {by_logit} | "
             f"{act} | {r.first_break or '-'} | {_best_lr(r)} | "
-            f"{_fmt_loss(r)} | {sens} | {by_lr} |"
+            f"{fmt_loss(r)} | {sens} | {by_lr} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -309,8 +304,8 @@ def reasons(result: dict[str, Any], ranked: list[Evidence]) -> list[str]:
     if len(live) > 1:
         r2 = live[1]
         out.append(
-            f"Next: {r2.name} ({r2.diverged + r2.stalled}/{r2.finished} failed, best loss {_fmt_loss(r2)}"
-            + (f", largest attention logit {_logit(r2)}" if math.isfinite(r2.logit_last) else "")
+            f"Next: {r2.name} ({r2.diverged + r2.stalled}/{r2.finished} failed, best loss {fmt_loss(r2)}"
+            + (f", largest attention logit {logit_words(r2)}" if math.isfinite(r2.logit_last) else "")
             + f"); {w.shown} ranks above it {_why_above(result, w, r2)}."
         )
     if current := _current_words(result, w, cur).strip():
@@ -369,14 +364,14 @@ def _winner_parts(w: Evidence, precision: str) -> list[str]:
     label = f" ({w.label})" if w.label else ""
     parts = [
         f"**{w.shown}**{label}: {w.diverged + w.stalled}/{w.finished} runs diverged or stalled, best loss "
-        f"{_fmt_loss(w)} at lr {w.best_lr:g}"
+        f"{fmt_loss(w)} at lr {w.best_lr:g}"
         if w.best_lr is not None
         else f"**{w.shown}**{label}"
     ]
     if w.at_risk:
         parts.append(f"{w.at_risk}/{w.finished} runs at risk ({w.risk})")
     if math.isfinite(w.logit_last):
-        parts.append(f"largest attention logit {_logit(w)}")
+        parts.append(f"largest attention logit {logit_words(w)}")
     if math.isfinite(w.max_activation) and precision == "fp16":
         below = w.max_activation < 65504
         parts.append(
@@ -439,11 +434,11 @@ def _current_words(result: dict[str, Any], w: Evidence, cur: Evidence | None) ->
     how = f" ({cur.why})" if cur.status == "baseline" else ""
     return (
         f" Your current placement {name} ranks #{cur.rank}{how}: {cur.diverged + cur.stalled}/{cur.finished} failed, "
-        f"best loss {_fmt_loss(cur)}" + (f", first overflow at {cur.first_break}" if cur.first_break else "") + "."
+        f"best loss {fmt_loss(cur)}" + (f", first overflow at {cur.first_break}" if cur.first_break else "") + "."
     )
 
 
-def _logit(r: Evidence) -> str:
+def logit_words(r: Evidence) -> str:
     """The winner's largest attention logit at its best learning rate, first probe to last, with its growth."""
     out = f"{r.logit_first:,.3g} -> {r.logit_last:,.4g} (x{r.logit_growth:.2g} / 100 steps"
     if math.isfinite(r.logit_steps_to_limit):
@@ -551,7 +546,7 @@ def markdown(result: dict[str, Any], ranked: list[Evidence]) -> str:
         ]
         lines += [
             f"| {c['recipe']} | {c['claim']}: {c['evidence']} | {c['setting']} | {c['ranks']} | "
-            f"{_yes_no(c['agrees'])} | {c.get('at_setting', '-')} | {_yes_no(c.get('agrees_at_setting'))} |"
+            f"{yes_no(c['agrees'])} | {c.get('at_setting', '-')} | {yes_no(c.get('agrees_at_setting'))} |"
             for c in result["recipe_checks"]
         ]
         lines.append("")
@@ -656,106 +651,3 @@ def answer_lines(result: dict[str, Any]) -> list[str]:
     """recommendation.md's section of `answer_items` (none where there is nothing to say)."""
     items = answer_items(result)
     return [f"## {ANSWER_TITLE}", "", *(f"- {x}" for x in items), ""] if items else []
-
-
-def _evidence_rows(ranked: list[Evidence]) -> list[dict[str, Any]]:
-    return [
-        {
-            "rank": r.rank if r.rank is not None else "-",
-            "layout": r.name,
-            "screen": r.screen,
-            "diverged": f"{r.diverged}/{r.finished}",
-            "stalled": f"{r.stalled}/{r.finished}",
-            "at risk": f"{r.at_risk}/{r.finished}",
-            "attention logit at best lr": _logit(r) if math.isfinite(r.logit_last) else "-",
-            "largest activation": r.max_activation,
-            "best lr": r.best_lr,
-            "best loss": _fmt_loss(r),
-            "LR sensitivity": _sensitivity(r),
-            "status": r.status if r.status == "ranked" else f"{r.status}: {r.why}",
-        }
-        for r in ranked
-    ]
-
-
-def _checks_html(checks: list[dict[str, Any]]) -> str:
-    rows = [
-        {
-            "recipe": c["recipe"],
-            "verdict there": f"{c['claim']}: {c['evidence']}",
-            "its setting": c["setting"],
-            "ranked here": c["ranks"],
-            "ranking agrees": _yes_no(c["agrees"]).strip("*"),
-            "at its setting, here": c.get("at_setting", "-"),
-            "holds": _yes_no(c.get("agrees_at_setting")).strip("*"),
-        }
-        for c in checks
-    ]
-    if not rows:
-        return ""
-    return f"<h2>Against the recipes</h2><p>{html.escape(agreement.summary(checks))}</p>{table_html(rows)}"
-
-
-def _settings_html(result: dict[str, Any]) -> str:
-    if not result["settings"]:
-        return ""
-    h = html.escape
-    return (
-        f"<h2>{h(str(result['winner']))} in your code base</h2>"
-        + table_html(
-            [
-                {
-                    "code base": k,
-                    "expressible": v["expressible"],
-                    "settings": v["settings"].split("```")[0].strip() if v.get("code") else v["settings"],
-                }
-                for k, v in result["settings"].items()
-            ]
-        )
-        + "".join(
-            f"<h3>{h(k)}</h3><pre><code>{h(v['code'])}</code></pre>"
-            for k, v in result["settings"].items()
-            if v.get("code")
-        )
-    )
-
-
-def _list_html(title: str, items: list[str]) -> str:
-    return f"<h2>{title}</h2><ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in items) + "</ul>"
-
-
-def write_page(folder: RecommendDir, result: dict[str, Any], ranked: list[Evidence]) -> None:
-    """report.html: the reason, the evidence table and figure, the recipe checks, the winner's settings, the
-    verify stage's verdict, the transfer record, what ran and what the proxy can and cannot tell."""
-    h = html.escape
-    live = [r for r in ranked if r.rank is not None]
-    drawn = [r for r in ranked if r.rank is not None or r.unfinished]  # beside the ranked: runs the budget stopped
-    verified = verify_lines(result.get("verify") or {})
-    answer = answer_items(result)
-    body = (
-        f"<h1>normlab recommend</h1><p>{h(result['model'])}; precision {h(result['precision'])}</p>"
-        + "".join(
-            f"<p><strong>{h(x.replace('**', ''))}</strong></p>" if i == 0 and result.get("verdict") else ""
-            for i, x in enumerate(headline(result, ranked)[:1])
-        )
-        + f"<p>{h(reason(result, ranked)).replace('**', '')}</p><h2>Evidence</h2>{table_html(_evidence_rows(ranked))}"
-        + (ranking_figure(folder, drawn, result.get("precision", "fp16")) if live else "")
-        + (
-            f'<h2>Effective speedup against scale</h2><img src="{folder.ladder_figure.name}" alt="the ladder">'
-            if folder.ladder_figure.is_file()
-            else ""
-        )
-        + (_list_html(ANSWER_TITLE, [x.replace("**", "") for x in answer]) if answer else "")
-        + _checks_html(result["recipe_checks"])
-        + _settings_html(result)
-        + (_list_html("Did the order hold at a larger width? (--verify)", verified) if verified else "")
-        + _list_html("How often the proxies have been right", record_lines(result.get("transfer_record") or {}))
-        + (
-            _list_html("What ran, and how far the answer could move", result["movement"])
-            if result.get("movement")
-            else ""
-        )
-        + _list_html("What the proxy can and cannot tell", result["limits"])
-        + f"<p>Every run: {h(result['files']['grid'])}</p>"
-    )
-    page(folder.report_file, "normlab recommend", body)

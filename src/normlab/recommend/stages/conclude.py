@@ -21,7 +21,7 @@ from normlab.recommend.evidence.rank import Evidence
 from normlab.recommend.evidence.rows import ranking, seeds_that_ran
 from normlab.recommend.frameworks.snippets import settings_for
 from normlab.recommend.planning import derived
-from normlab.recommend.report import explain
+from normlab.recommend.report import explain, page
 from normlab.recommend.stages.context import Context
 from normlab.recommend.stages.records import Recommendation, StageRecord
 from normlab.recommend.stages.speedup_gate import gated_speedup
@@ -128,7 +128,7 @@ def conclude(ctx: Context, verify: dict[str, Any] | None = None) -> Recommendati
     )
     as_dict = result.to_dict()
     result.text = explain.markdown(as_dict, ranked)
-    explain.write_page(ctx.folder, as_dict, ranked)
+    page.write_page(ctx.folder, as_dict, ranked)
     atomic_write_bytes(facts.markdown_file, result.text.encode())
     atomic_write_json(facts.json_file, as_dict)
     return result
