@@ -89,7 +89,10 @@ def dump(path: str) -> None:
 
 
 RESUMED = ("pre-mhc", "post,alpha=admin,h-channel", "attnres", "pre-lambda", "ngpt")
-_TIMING = ("time", "tok_per_s", "tok_per_s_per_device", "mfu", "seconds", "wall", "device_name", "memory")
+# what differs between two runs of one tree: timings, Python's and numpy's RNG states (seeded by the OS; normlab
+# draws nothing from them), and the folder's own path
+_TIMING = ("time", "tok_per_s", "mfu", "seconds", "wall", "device_name", "memory", "python", "numpy")
+_PATHS = ("out", "command")
 
 
 def resume(folder: str) -> None:
@@ -121,7 +124,7 @@ def resume(folder: str) -> None:
 
 def _scrub(value: Any) -> Any:
     if isinstance(value, dict):
-        return {k: _scrub(v) for k, v in value.items() if not any(t in k for t in _TIMING)}
+        return {k: _scrub(v) for k, v in value.items() if k not in _PATHS and not any(t in str(k) for t in _TIMING)}
     if isinstance(value, list):
         return [_scrub(v) for v in value]
     return value
@@ -139,12 +142,14 @@ def compare_runs(a_dir: str, b_dir: str) -> int:
         if not b.exists():
             found.append(f"{rel}: missing")
         elif rel.suffix == ".pt":
-            _diff(torch.load(a, weights_only=False), torch.load(b, weights_only=False), str(rel), found)
+            loaded = (_scrub(torch.load(p, weights_only=False)) for p in (a, b))
+            _diff(*loaded, str(rel), found)
         elif rel.suffix in (".json", ".jsonl"):
-            rows_a = [_scrub(json.loads(line)) for line in a.read_text().splitlines() if line.strip()]
-            rows_b = [_scrub(json.loads(line)) for line in b.read_text().splitlines() if line.strip()]
             if rel.suffix == ".json":
                 rows_a, rows_b = [_scrub(json.loads(a.read_text()))], [_scrub(json.loads(b.read_text()))]
+            else:
+                rows_a = [_scrub(json.loads(line)) for line in a.read_text().splitlines() if line.strip()]
+                rows_b = [_scrub(json.loads(line)) for line in b.read_text().splitlines() if line.strip()]
             _diff(rows_a, rows_b, str(rel), found)
     for line in found[:50]:
         print(line)
