@@ -23,6 +23,7 @@ normlab.model.residual.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -102,6 +103,10 @@ class Residual:
     h_learned: str | None = None
     # what `ResolvedLayout.table` prints for it at a depth ("" for the plain sum)
     words: ClassVar[str] = ""
+    # a scheme without options of its own is one on/off token of the grammar (`SCHEMES`: ngpt), and ``alone`` says
+    # why it takes no other residual option (the refusal's reason)
+    token: ClassVar[str | None] = None
+    alone: ClassVar[str] = ""
 
     def check(self, layout: Layout) -> None:
         """Refuse what of ``layout`` this scheme gives nothing to act on (one message); nothing by default."""
@@ -224,6 +229,11 @@ class Sphere(Residual):
     s_qk, s_u/s_v, s_z and the weights normalized after every step (normlab.model.sphere). Its step is a: no h."""
 
     words: ClassVar[str] = "nGPT (eigen learning rates, s_qk, s_uv, s_z; weights on the sphere)"
+    token: ClassVar[str | None] = "ngpt"
+    alone: ClassVar[str] = (
+        "ngpt is nGPT's whole block (attn=qkBC,mlp=BC,norm=l2,qk-rope,ngpt; preset ngpt), its eigen learning rate "
+        "its step"
+    )
 
     def __post_init__(self) -> None:
         if self.h != 1.0 or self.h_learned is not None:
@@ -248,7 +258,7 @@ class ResidualOptions:
     streams: int = 1
     mix: str = "hc"
     attn_res: int | str | None = None
-    ngpt: bool = False
+    scheme: str | None = None  # a scheme that is one token (`SCHEMES`: ngpt), or None
 
     @classmethod
     def of(cls, residual: Residual) -> ResidualOptions:
@@ -260,7 +270,7 @@ class ResidualOptions:
             flat.update(streams=residual.n, mix=residual.mix)
         if isinstance(residual, AttnRes):
             flat["attn_res"] = residual.blocks
-        return cls(**flat, ngpt=isinstance(residual, Sphere))
+        return cls(**flat, scheme=residual.token)
 
     def with_(self, **changes: Any) -> ResidualOptions:
         return replace(self, **changes)
@@ -276,26 +286,32 @@ class ResidualOptions:
             if on
         ]
 
+    def _scheme(self) -> Residual:
+        """The one-token scheme, refusing any other residual option."""
+        if self.scheme not in SCHEMES:
+            raise LayoutError(f"unknown residual scheme {self.scheme!r}; valid: {', '.join(SCHEMES)}")
+        variant = SCHEMES[self.scheme]
+        rest = self._skip_options() + [
+            what
+            for what, on in (
+                ("h", self.h != 1.0 or self.h_learned is not None),
+                (f"streams={self.streams}", self.streams != 1),
+                (f"attnres={self.attn_res}", self.attn_res is not None),
+            )
+            if on
+        ]
+        if rest:
+            raise LayoutError(
+                f"{variant.alone or self.scheme + ' is a residual scheme of its own'}: it takes no h, alpha, "
+                f"skip-scalar, gpas, streams or attnres, and this layout has {', '.join(rest)}"
+            )
+        return variant()
+
     def build(self) -> Residual:
         """The variant these options describe; two schemes at once, or an option the chosen scheme lacks, is
         refused with one message naming both."""
-        if self.ngpt:
-            rest = self._skip_options() + [
-                what
-                for what, on in (
-                    ("h", self.h != 1.0 or self.h_learned is not None),
-                    (f"streams={self.streams}", self.streams != 1),
-                    (f"attnres={self.attn_res}", self.attn_res is not None),
-                )
-                if on
-            ]
-            if rest:
-                raise LayoutError(
-                    "ngpt is nGPT's whole block (attn=qkBC,mlp=BC,norm=l2,qk-rope,ngpt; preset ngpt); this layout has "
-                    f"h, alpha, skip-scalar, gpas, streams or attnres (nGPT's eigen learning rate is its step): "
-                    f"{', '.join(rest)}"
-                )
-            return Sphere()
+        if self.scheme is not None:
+            return self._scheme()
         if self.attn_res is not None:
             taken = self._skip_options()
             if self.streams > 1:
@@ -326,3 +342,19 @@ class ResidualOptions:
         return Skip(
             h=self.h, h_learned=self.h_learned, alpha=self.alpha, skip_learned=self.skip_learned, gpas=self.gpas
         )
+
+
+# the schemes that are one on/off token of the grammar, by token (``ngpt``, ``-ngpt``); a new one joins with
+# `register_scheme` and its class in normlab.model.residual with `register` there
+SCHEMES: dict[str, type[Residual]] = {}
+
+
+def register_scheme(variant: type[Residual]) -> type[Residual]:
+    """Make ``variant`` (a Residual with a ``token``, no options) the grammar's token ``variant.token``."""
+    if not variant.token or not re.fullmatch(r"[a-z][a-z0-9-]*", variant.token):
+        raise ValueError(f"a residual scheme's token is lower-case letters, digits and '-', got {variant.token!r}")
+    SCHEMES[variant.token] = variant
+    return variant
+
+
+register_scheme(Sphere)

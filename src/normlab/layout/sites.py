@@ -660,8 +660,8 @@ def format_layout(layout: Layout) -> str:
         tokens.append("skip-scalar")
     if layout.gpas:
         tokens.append("gpas")
-    if layout.ngpt:
-        tokens.append("ngpt")
+    if layout.residual.token:  # a one-token scheme (ngpt)
+        tokens.append(layout.residual.token)
     if layout.attn_res is not None:
         tokens.append(f"attnres={layout.attn_res}")
     if layout.streams != 1:

@@ -64,7 +64,7 @@ from dataclasses import replace
 from typing import Any, cast
 
 from normlab.errors import LayoutError
-from normlab.layout.residual import ALPHA_MODES, ATTN_RES_FULL, STREAM_MIXES, ResidualOptions, Skip
+from normlab.layout.residual import ALPHA_MODES, ATTN_RES_FULL, SCHEMES, STREAM_MIXES, ResidualOptions, Skip
 from normlab.layout.sites import (
     ATTN_SOFTMAX,
     GAINS,
@@ -108,11 +108,13 @@ _RESIDUAL_FLAGS: dict[str, tuple[str, object]] = {
     "-skip-scalar": ("skip_learned", False),
     "gpas": ("gpas", True),
     "-gpas": ("gpas", False),
-    "ngpt": ("ngpt", True),
-    "-ngpt": ("ngpt", False),
     "-attnres": ("attn_res", None),
 }
-_ON_OFF = (*_FLAGS, *_RESIDUAL_FLAGS, "qk")
+
+
+def _on_off() -> tuple[str, ...]:
+    """Every on/off token: the flags, the residual flags, the one-token residual schemes (`SCHEMES`) and qk."""
+    return (*_FLAGS, *_RESIDUAL_FLAGS, *SCHEMES, *(f"-{t}" for t in SCHEMES), "qk")
 TOKEN_HELP = (
     "attn=<qkvc+ABCS or ->, mlp=<ABCSHW or ->, [a:b]attn=..., [a:b]mlp=..., emb, -emb, final, "
     "-final, qk, norm=" + "|".join(NORM_KINDS) + ", inner=head|full, h=<float>, "
@@ -203,6 +205,8 @@ def _residual_token(opts: ResidualOptions, token: str) -> ResidualOptions | None
     if token in _RESIDUAL_FLAGS:
         attr, flag = _RESIDUAL_FLAGS[token]
         return opts.with_(**{attr: flag})
+    if token.lstrip("-") in SCHEMES:  # ngpt, -ngpt: a scheme that is one token
+        return opts.with_(scheme=None if token.startswith("-") else token)
     key, eq, value = token.partition("=")
     if not (eq and value):
         return None
@@ -294,15 +298,15 @@ def option_token(key: str, value: object) -> str:
     if isinstance(value, str) and value.lower() in ("true", "false"):
         value = value.lower() == "true"
     if isinstance(value, bool):
-        if key not in _ON_OFF:
+        if key not in _on_off():
             raise LayoutError(
                 f"layout.{key}: true/false is for the on/off tokens "
-                f"({', '.join(t for t in _ON_OFF if not t.startswith('-'))}); {key} takes a value"
+                f"({', '.join(t for t in _on_off() if not t.startswith('-'))}); {key} takes a value"
             )
         if value:
             return key
         off = "-h-learned" if key.startswith("h-") else f"-{key}"
-        if off not in _ON_OFF:
+        if off not in _on_off():
             raise LayoutError(f"layout.{key}=false: {key} has no negation in the grammar; leave it out instead")
         return off
     text = "none" if value is None else repr(value) if isinstance(value, float) else str(value)
@@ -338,7 +342,7 @@ def parse_layout(text: str) -> Layout:
         layout, tokens = PRESETS[first].layout, tokens[1:]
         if not tokens:
             return layout
-    elif "=" not in first and not first.startswith("[") and first not in _ON_OFF:
+    elif "=" not in first and not first.startswith("[") and first not in _on_off():
         close = difflib.get_close_matches(first, PRESETS, n=3)
         hint = f" Did you mean {', '.join(close)}?" if close else ""
         raise LayoutError(
