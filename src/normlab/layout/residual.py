@@ -25,12 +25,44 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from normlab.errors import LayoutError
 
-if TYPE_CHECKING:
-    from normlab.layout.sites import Layout
+
+class LayoutFacts(Protocol):
+    """What a variant's `check` reads of a layout (normlab.layout.sites.Layout, which imports this module)."""
+
+    @property
+    def block(self) -> Any: ...
+
+    @property
+    def rules(self) -> tuple[Any, ...]: ...
+
+    @property
+    def embed_norm(self) -> bool: ...
+
+    @property
+    def final_norm(self) -> bool: ...
+
+    @property
+    def embed_scale(self) -> bool: ...
+
+    @property
+    def qk_after_rope(self) -> bool: ...
+
+    @property
+    def softmax(self) -> str: ...
+
+    @property
+    def inner_span(self) -> str: ...
+
+    def norm_at(self, site: str) -> Any: ...
+
+    def sites_on(self) -> set[str]: ...
+
+    def to_string(self) -> str: ...
+
 
 H_LEARNED: tuple[str, ...] = ("scalar", "channel")
 # How n > 1 residual streams are connected (normlab.model.streams): hyper-connections (Zhu et al., ICLR 2025) or
@@ -80,7 +112,7 @@ def _check_step(h: float, h_learned: str | None) -> None:
         )
 
 
-def _skip_sites_taken(layout: Layout) -> list[str]:
+def _skip_sites_taken(layout: LayoutFacts) -> list[str]:
     """The sites that act on a skip (C, S, W) some layer of ``layout`` turns on."""
     blocks = [layout.block.attn, layout.block.mlp] + [r.sites for r in layout.rules]
     return [
@@ -108,7 +140,7 @@ class Residual:
     token: ClassVar[str | None] = None
     alone: ClassVar[str] = ""
 
-    def check(self, layout: Layout) -> None:
+    def check(self, layout: LayoutFacts) -> None:
         """Refuse what of ``layout`` this scheme gives nothing to act on (one message); nothing by default."""
 
     def skip_scale(self, n_layers: int) -> float:
@@ -172,7 +204,7 @@ class Streams(Residual):
         if self.mix not in STREAM_MIXES:
             raise LayoutError(f"unknown stream mix {self.mix!r}; valid: {', '.join(STREAM_MIXES)}")
 
-    def check(self, layout: Layout) -> None:
+    def check(self, layout: LayoutFacts) -> None:
         taken = _skip_sites_taken(layout)
         if taken:
             raise LayoutError(
@@ -203,7 +235,7 @@ class AttnRes(Residual):
                 f"or {ATTN_RES_FULL!r} (Full AttnRes), got {self.blocks!r}"
             )
 
-    def check(self, layout: Layout) -> None:
+    def check(self, layout: LayoutFacts) -> None:
         taken = _skip_sites_taken(layout)
         if taken:
             raise LayoutError(
@@ -239,10 +271,33 @@ class Sphere(Residual):
         if self.h != 1.0 or self.h_learned is not None:
             raise LayoutError("nGPT's step is its eigen learning rate a; it takes no h (give neither h= nor h-scalar)")
 
-    def check(self, layout: Layout) -> None:
-        from normlab.layout.sites import check_ngpt_sites
-
-        check_ngpt_sites(layout)
+    def check(self, layout: LayoutFacts) -> None:
+        """nGPT's sites are fixed by its equations: its Norm is x / ||x|| at B (on F's output), C (after the lerp)
+        and on q, k after RoPE, nothing else."""
+        sites = ",".join(layout.to_string().split(",")[:2])  # the canonical form starts attn=...,mlp=...
+        kinds = {layout.norm_at(s).kind for s in layout.sites_on()}
+        wrong = [
+            what
+            for what, bad in (
+                (f"sites {sites} (nGPT's: attn=qkBC,mlp=BC)", sites != "attn=qkBC,mlp=BC" or bool(layout.rules)),
+                (f"norm kinds {', '.join(sorted(kinds))} (nGPT's Norm is l2: x / ||x||)", kinds != {"l2"}),
+                ("q/k norms before RoPE (nGPT normalizes after it: qk-rope)", not layout.qk_after_rope),
+                (
+                    "an embedding or final norm (nGPT's embedding rows are unit vectors; its stream is one)",
+                    layout.embed_norm or layout.final_norm,
+                ),
+                ("a gain on a norm (l2 has none)", any(layout.norm_at(s).gain != "gamma" for s in layout.sites_on())),
+                (f"softmax={layout.softmax} (nGPT's attention is a softmax)", layout.softmax != "softmax"),
+                ("inner=full (nGPT normalizes q and k per head)", layout.inner_span != "head"),
+                ("emb-scale", layout.embed_scale),
+            )
+            if bad
+        ]
+        if wrong:
+            raise LayoutError(
+                "ngpt is nGPT's whole block (attn=qkBC,mlp=BC,norm=l2,qk-rope,ngpt; preset ngpt); this layout has "
+                + "; ".join(wrong)
+            )
 
 
 @dataclass(frozen=True)

@@ -507,39 +507,6 @@ class ResolvedLayout:
         return "\n".join(lines)
 
 
-def _letters(inner: AttentionInnerSites | None, sites: SublayerSites) -> str:
-    return ((format_inner(inner) if inner is not None else "") + format_sites(sites)) or "-"
-
-
-def check_ngpt_sites(layout: Layout) -> None:
-    """nGPT's sites are fixed by its equations (`Sphere`): its Norm is x / ||x|| at B (on F's output), C (after the
-    lerp) and on q, k after RoPE, nothing else."""
-    sites = f"attn={_letters(layout.block.attn_inner, layout.block.attn)},mlp={_letters(None, layout.block.mlp)}"
-    kinds = {layout.norm_at(s).kind for s in layout.sites_on()}
-    wrong = [
-        what
-        for what, bad in (
-            (f"sites {sites} (nGPT's: attn=qkBC,mlp=BC)", sites != "attn=qkBC,mlp=BC" or bool(layout.rules)),
-            (f"norm kinds {', '.join(sorted(kinds))} (nGPT's Norm is l2: x / ||x||)", kinds != {"l2"}),
-            ("q/k norms before RoPE (nGPT normalizes after it: qk-rope)", not layout.qk_after_rope),
-            (
-                "an embedding or final norm (nGPT's embedding rows are unit vectors; its stream is one)",
-                layout.embed_norm or layout.final_norm,
-            ),
-            ("a gain on a norm (l2 has none)", any(layout.norm_at(s).gain != "gamma" for s in layout.sites_on())),
-            (f"softmax={layout.softmax} (nGPT's attention is a softmax)", layout.softmax != "softmax"),
-            ("inner=full (nGPT normalizes q and k per head)", layout.inner_span != "head"),
-            ("emb-scale", layout.embed_scale),
-        )
-        if bad
-    ]
-    if wrong:
-        raise LayoutError(
-            "ngpt is nGPT's whole block (attn=qkBC,mlp=BC,norm=l2,qk-rope,ngpt; preset ngpt); this layout has "
-            + "; ".join(wrong)
-        )
-
-
 def _canonical_site_norms(pairs: tuple[tuple[str, SiteNorm], ...]) -> tuple[tuple[str, SiteNorm], ...]:
     """One entry per site in NORM_SITES order, later entries' fields over earlier ones, empty ones dropped."""
     merged: dict[str, SiteNorm] = {}

@@ -115,6 +115,8 @@ _RESIDUAL_FLAGS: dict[str, tuple[str, object]] = {
 def _on_off() -> tuple[str, ...]:
     """Every on/off token: the flags, the residual flags, the one-token residual schemes (`SCHEMES`) and qk."""
     return (*_FLAGS, *_RESIDUAL_FLAGS, *SCHEMES, *(f"-{t}" for t in SCHEMES), "qk")
+
+
 TOKEN_HELP = (
     "attn=<qkvc+ABCS or ->, mlp=<ABCSHW or ->, [a:b]attn=..., [a:b]mlp=..., emb, -emb, final, "
     "-final, qk, norm=" + "|".join(NORM_KINDS) + ", inner=head|full, h=<float>, "

@@ -1,7 +1,8 @@
-"""One Transformer block, one code path for every layout.
+"""One Transformer block: two `Sublayer`s (attention, then the MLP) and the residual class of the layout's variant.
 
-Each sublayer f (attention, then MLP) runs (Kim et al. 2025 Fig. 2 sites A/B/C; Kan et al. 2025
-Sec. 5 step h; DeepNorm skip scale alpha; Zhuo et al. 2025 eq. 9 skip from the normed input)::
+The residual class (normlab.model.residual, chosen from ``layout.residual`` at build time) writes each sublayer's
+update into the state; with the plain sum (`Skip`) each sublayer f runs (Kim et al. 2025 Fig. 2 sites A/B/C; Kan
+et al. 2025 Sec. 5 step h; DeepNorm skip scale alpha; Zhuo et al. 2025 eq. 9 skip from the normed input)::
 
         x ──┬──> N_A ──> f ──> N_B ──> * h ──┐          (N_* is nn.Identity where a site is off)
             │     │                          v
@@ -10,8 +11,8 @@ Sec. 5 step h; DeepNorm skip scale alpha; Zhuo et al. 2025 eq. 9 skip from the n
 
 so Post-LN is C alone, Pre-LN A alone, Peri-LN A+B, HybridNorm's FFN A with skip_normed, Keel A+C with alpha the
 number of sublayers, SpanNorm's MLP C with skip_block (the skip is the block's input x_in, not the MLP's: x' =
-N_C(x_in + FFN(y))). Options on the same path: a learned skip lambda (x' = lambda x + h F), GPAS after the add
-(x' <- x' - SiLU(a) sg(x')), nGPT's lerp ((1 - a) x + a N_B(F), then N_C), with n > 1 residual streams the
+N_C(x_in + FFN(y))), a learned skip lambda (x' = lambda x + h F) or GPAS after the add (x' <- x' - SiLU(a)
+sg(x')). The other schemes: nGPT's lerp ((1 - a) x + a N_B(F), then N_C), with n > 1 residual streams the
 hyper-connections' mixing in place of the skip (h_0 = pre . H into the branch; H' = res H + post * update;
 normlab.model.streams), and with Attention Residuals a softmax read over the embedding and the blocks' sums in
 place of x and the update added to its block's sum in place of the skip (normlab.model.depth_attention).
@@ -138,6 +139,11 @@ class Block(nn.Module):
     @h.setter
     def h(self, value: float) -> None:
         self.residual.h = float(value)
+
+    @property
+    def branch(self) -> float:
+        """CompleteP's residual branch multiplier (1 under sp and mup): the residual path's."""
+        return self.residual.branch
 
     def parts(self, sub: str) -> dict[str, nn.Parameter | nn.Module | None]:
         """Sublayer ``sub``'s residual parts, read at call time (a sharded run replaces the parameters)."""
