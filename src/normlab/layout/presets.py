@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from normlab.layout.residual import ADMIN, ATTN_RES_FULL, DEEPNORM, KEEL, AttnRes, Skip, Sphere, Streams
+from normlab.layout.residual import ADMIN, ATTN_RES_FULL, DEEPNORM, KEEL, AttnRes, Siamese, Skip, Sphere, Streams
 from normlab.layout.sites import (
     AttentionInnerSites,
     BlockLayout,
@@ -378,6 +378,15 @@ def _build() -> dict[str, Preset]:
             "h_l = sum_{i<l} softmax_i(w_l . RMSNorm(v_i)) v_i, v_0 = emb, v_i = f_i(h_i) the i-th sublayer's "
             "output; f_l = F(N(h_l)); w_l from 0; the output attends over every v_i, then final N",
             "Kimi Team 2026 (Attention Residuals, arXiv 2603.15031), Sec. 3.1 eqs. 1-4 (Full AttnRes) on Pre-LN",
+        ),
+        _preset(
+            "siamese",
+            Layout(block=_block(PRE, PRE), final_norm=True, residual=Siamese()),
+            "X^ = N_X(X); O = F(N(X^ + N_Y(Y))); X' = X^ + O / sqrt(2 (l + 1)); Y' = Y + O (per sublayer, block l); "
+            "X_0 = Y_0 = emb; output N(N(X_L) + N(Y_L))",
+            "SiameseNorm (arXiv 2602.08064, ICML 2026): a Post-Norm-like and a Pre-Norm-like stream through shared "
+            "sublayers; the paper's text was not retrievable here: as the authors' code computes it "
+            "(Qwen-Applications/SiameseNorm, deit-model-siamesenorm.py, the 1/c as in OLMo_model_hybrid_pre.py)",
         ),
         _preset("none", Layout(), "x' = x + F(x)", f"{KAN}, Table 1 'LN off'"),
     ]

@@ -7,6 +7,7 @@ so an option another scheme owns cannot be written (``Streams`` has no skip scal
     Streams(n, mix, h, h_learned)                   n streams, H' = res H + post h F(pre H)   (hyper-connections)
     AttnRes(blocks, h, h_learned)                   h_l = softmax read over depth, update added to its block's sum
     Sphere()                                        nGPT: h <- Norm((1 - a) h + a Norm(F(h)))
+    Siamese()                                       SiameseNorm: X' = N(X) + O / c, Y' = Y + O, O = F(N(N(X) + N(Y)))
 
 The variants' equations and sources are in their docstrings; the modules that compute them are
 normlab.model.residual (one class per variant, `RESIDUALS` there). The string grammar (normlab.layout.spec) reads
@@ -301,6 +302,33 @@ class Sphere(Residual):
 
 
 @dataclass(frozen=True)
+class Siamese(Residual):
+    """SiameseNorm (arXiv 2602.08064, ICML 2026): two streams through shared sublayers, X Post-Norm-like (normalized
+    at every sublayer) and Y Pre-Norm-like (never normalized: the identity path of its gradient). Each sublayer of
+    block l reads u = N_A(N_X(X) + N_Y(Y)), and with O = N_B(F(u)) writes X' = N_X(X) + O / c, Y' = Y + O,
+    c = sqrt(2 (l + 1)); both start as the embedding and the model reads N_final(N_x(X_L) + N_y(Y_L)). The paper's
+    text could not be read here: this follows the authors' code (Qwen-Applications/SiameseNorm,
+    deit-model-siamesenorm.py Block.forward and VisionTransformer.forward_features; the same 1/c in
+    OLMo_model_hybrid_pre.py), as normlab.model.residual.SiamesePath says line by line."""
+
+    words: ClassVar[str] = "SiameseNorm (a Post-Norm-like and a Pre-Norm-like stream sharing each block's weights)"
+    token: ClassVar[str | None] = "siamese"
+    alone: ClassVar[str] = "siamese is SiameseNorm's two streams, its steps fixed by its equations"
+
+    def __post_init__(self) -> None:
+        if self.h != 1.0 or self.h_learned is not None:
+            raise LayoutError("SiameseNorm's steps are 1 (Y) and 1/sqrt(2 (l + 1)) (X); it takes no h")
+
+    def check(self, layout: LayoutFacts) -> None:
+        taken = _skip_sites_taken(layout)
+        if taken:
+            raise LayoutError(
+                "siamese: SiameseNorm's streams are its skips (X normalized by its own norm, Y never), so "
+                f"{', '.join(taken)} has no one skip to act on; use norm sites A, B (and H, q/k/v/c) with siamese"
+            )
+
+
+@dataclass(frozen=True)
 class ResidualOptions:
     """The residual tokens of the string grammar as read, flat and in any order; `build` makes the one variant
     they describe (or refuses them with one message) once the whole string is read."""
@@ -413,3 +441,4 @@ def register_scheme(variant: type[Residual]) -> type[Residual]:
 
 
 register_scheme(Sphere)
+register_scheme(Siamese)

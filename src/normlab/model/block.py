@@ -127,8 +127,8 @@ class Block(nn.Module):
         # 1/sqrt(l), l = the layer's index counted from 1, so deep layers' updates grow no faster than shallow ones
         ln_scale = 1.0 / math.sqrt(index + 1) if layout.ln_scaling else 1.0
         self.sublayers = (
-            Sublayer("attn", self.attn_norms, self.attn, self.attn_update, ln_scale),
-            Sublayer("mlp", self.mlp_norms, self.mlp, self.mlp_update, ln_scale),
+            Sublayer("attn", 2 * index, self.attn_norms, self.attn, self.attn_update, ln_scale),
+            Sublayer("mlp", 2 * index + 1, self.mlp_norms, self.mlp, self.mlp_update, ln_scale),
         )
 
     @property

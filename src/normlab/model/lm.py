@@ -147,8 +147,9 @@ class NormLM(nn.Module):
 
     @property
     def streams(self) -> int:
-        """The residual streams n (hyper-connections, normlab.model.streams); 1 for every other layout."""
-        return self.resolved.layout.streams
+        """The d-wide streams side by side in the state between blocks: n with hyper-connections
+        (normlab.model.streams), 2 with SiameseNorm (X, Y), 1 for every other layout."""
+        return self.residual.streams
 
     @property
     def state_width(self) -> int:

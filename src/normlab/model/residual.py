@@ -10,6 +10,7 @@ enters it and how the last block's state is read out (`expand`, `collapse`, `wid
     StreamsPath   h_0 = pre . H;  H' = res H + post * h N_B(F(N_A(h_0)))                   (layout Streams)
     AttnResPath   h_l = sum_i alpha_i v_i over the depth slots; b_n <- b_n + h N_B(F(N_A(h_l)))   (layout AttnRes)
     SpherePath    h <- N_C((1 - a) h + a N_B(F(h)))                                        (layout Sphere: nGPT)
+    SiamesePath   X' = N_X(X) + O / c, Y' = Y + O, O = N_B(F(N_A(N_X(X) + N_Y(Y))))      (layout Siamese)
 
 Each class's docstring gives its equations and sources. A new residual design is one variant in
 normlab.layout.residual and one class here, added to `RESIDUALS` with `register`.
@@ -17,16 +18,19 @@ normlab.layout.residual and one class here, added to `RESIDUALS` with `register`
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+import math
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import nn
 
-from normlab.layout.residual import ADMIN, AttnRes, Residual, Skip, Sphere, Streams
-from normlab.layout.sites import ResolvedLayout
+from normlab.layout.residual import ADMIN, AttnRes, Residual, Siamese, Skip, Sphere, Streams
+from normlab.layout.sites import NormSpec, ResolvedLayout
 from normlab.model.config import ModelConfig
 from normlab.model.depth_attention import DepthAttention, add_to_slot, block_of, first_state, n_slots, n_sources
+from normlab.model.norms import site_norm
 from normlab.model.sphere import base_scale, eigen
+from normlab.model.storage import Storage
 from normlab.model.streams import connection
 from normlab.model.sublayer import Flow, Sublayer
 
@@ -43,6 +47,8 @@ class ResidualPath:
     variant: ClassVar[type[Residual]] = Residual
     # the learned pieces of each sublayer, in the order the block registers them (checkpoint keys and their order)
     part_names: ClassVar[tuple[str, ...]] = ("h",)
+    # the d-wide streams side by side in the state between blocks, each a stream the probes read on its own
+    streams = 1
 
     def __init__(self, resolved: ResolvedLayout, cfg: ModelConfig) -> None:
         self.layout, self.cfg, self.n_layers = resolved.layout, cfg, resolved.n_layers
@@ -168,6 +174,10 @@ class StreamsPath(ResidualPath):
     variant = Streams
     part_names = ("h", "hc")
 
+    def __init__(self, resolved: ResolvedLayout, cfg: ModelConfig) -> None:
+        super().__init__(resolved, cfg)
+        self.streams = resolved.layout.streams
+
     def parts(self, k: int) -> dict[str, Part]:
         v = self.layout.residual
         assert isinstance(v, Streams)
@@ -232,6 +242,59 @@ class AttnResPath(ResidualPath):
         return model.store(model.final_depth(x))  # type: ignore[operator]
 
 
+class SiamesePath(ResidualPath):
+    """SiameseNorm (layout `Siamese`; arXiv 2602.08064): the state is the two streams side by side, (B, T, 2d), X
+    (Post-Norm-like) then Y (Pre-Norm-like). The authors' code, line by line (deit-model-siamesenorm.py, Block.forward
+    and VisionTransformer.forward_features; c is also OLMo_model_hybrid_pre.py's), for sublayer F of block l::
+
+        x = post_norm(x)                      X^ = N_X(X)                   (the part ``xnorm``)
+        z = input_norm(x + pre_norm(y))       u = N_A(X^ + N_Y(Y))          (``ynorm``; N_A the layout's site A)
+        z = F(z)                              O = N_B(F(u))                 (site B where the layout puts one)
+        x, y = x + z / c, y + z               X' = X^ + O / c,  Y' = Y + O,  c = sqrt(2 (l + 1))
+
+    Both streams start as the embedding (``y = x.clone()``); the model reads N_final(N_x(X_L) + N_y(Y_L))
+    (``final_norm(pre_norm(x) + post_norm(y))``; the parts ``final_xnorm``, ``final_ynorm``). Every norm is the
+    layout's kind and gain. The update tap holds O, what Y adds."""
+
+    variant = Siamese
+    part_names = ("xnorm", "ynorm")
+    streams = 2  # X, Y
+
+    def __init__(self, resolved: ResolvedLayout, cfg: ModelConfig) -> None:
+        super().__init__(resolved, cfg)
+        self.spec = NormSpec(kind=self.layout.norm, gain=self.layout.gain)
+
+    def _norm(self) -> nn.Module:
+        return site_norm(True, self.spec, self.cfg.d_model, self.cfg)
+
+    def parts(self, k: int) -> dict[str, Part]:
+        return {"xnorm": self._norm(), "ynorm": self._norm()}
+
+    def write(self, x: torch.Tensor, sub: Sublayer, own: dict[str, Any], flow: Flow) -> torch.Tensor:
+        store, d = flow.store, self.cfg.d_model
+        xs, ys = x[..., :d], x[..., d:]
+        xs = store(own["xnorm"](xs))
+        _, update = self.update(store(xs + store(own["ynorm"](ys))), sub, own, flow)
+        update = sub.tap(update)
+        c = math.sqrt(2 * (sub.index // 2 + 1))
+        return torch.cat([store(xs + update / c), store(ys + update)], dim=-1)
+
+    def width(self, d: int) -> int:
+        return 2 * d
+
+    def model_parts(self) -> dict[str, nn.Module | None]:
+        return {"final_xnorm": self._norm(), "final_ynorm": self._norm()}
+
+    def expand(self, x: torch.Tensor, model: nn.Module) -> torch.Tensor:
+        return torch.cat([x, x], dim=-1)
+
+    def collapse(self, x: torch.Tensor, model: nn.Module) -> torch.Tensor:
+        d = self.cfg.d_model
+        nx, ny = (cast(nn.Module, getattr(model, name)) for name in ("final_xnorm", "final_ynorm"))
+        store = cast(Storage, model.store)
+        return store(store(nx(x[..., :d])) + store(ny(x[..., d:])))
+
+
 # variant type -> the class that computes it
 RESIDUALS: dict[type[Residual], type[ResidualPath]] = {}
 
@@ -248,7 +311,7 @@ def register(path: type[ResidualPath]) -> type[ResidualPath]:
 # every part name of every registered class: a block sets those of the other schemes to None (so ``block.attn_hc``
 # reads None under a single stream: init, the screen and the probes ask that)
 PART_NAMES: list[str] = []
-for _path in (SkipPath, SpherePath, StreamsPath, AttnResPath):
+for _path in (SkipPath, SpherePath, StreamsPath, AttnResPath, SiamesePath):
     register(_path)
 
 

@@ -61,8 +61,9 @@ class Sublayer:
     the block registers under their own names (``attn_norms`` and ``attn``; ``mlp_norms`` and ``mlp``), so the
     checkpoint keys and the probes' paths are those names; this object computes with them."""
 
-    def __init__(self, name: str, norms: SiteNorms, f: nn.Module, tap: Tap, ln_scale: float = 1.0) -> None:
-        self.name, self.norms, self.f, self.tap, self.ln_scale = name, norms, f, tap, ln_scale
+    def __init__(self, name: str, index: int, norms: SiteNorms, f: nn.Module, tap: Tap, ln_scale: float = 1.0) -> None:
+        """``index``: k over the model's sublayers (2 l for layer l's attention, 2 l + 1 for its MLP)."""
+        self.name, self.index, self.norms, self.f, self.tap, self.ln_scale = name, index, norms, f, tap, ln_scale
 
     def branch(self, x: torch.Tensor, flow: Flow) -> tuple[torch.Tensor, torch.Tensor]:
         """(N_A(x), N_B(F(N_A(x) * ln_scale))): the normed input (a skip may start there) and the update."""
