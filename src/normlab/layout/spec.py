@@ -34,6 +34,8 @@ Tokens:
                      made doubly stochastic by Sinkhorn-Knopp (Xie et al. 2025); needs streams=N > 1
     ngpt             nGPT (Loshchilov et al. 2024) on attn=qkBC,mlp=BC,norm=l2,qk-rope: eigen learning rates,
                      s_qk, s_u/s_v, s_z, weights normalized after each step (preset ngpt); -ngpt undoes it
+    siamese          SiameseNorm (arXiv 2602.08064): a Post-Norm-like and a Pre-Norm-like stream through the same
+                     sublayers (preset siamese); -siamese undoes it
     attnres=N|full   Attention Residuals (Kimi Team 2026): each sublayer reads a softmax attention over the
                      embedding and N blocks' summed outputs (Block AttnRes) or every earlier sublayer's output
                      (full) instead of the unit-weight sum; -attnres undoes it
@@ -121,7 +123,8 @@ TOKEN_HELP = (
     "attn=<qkvc+ABCS or ->, mlp=<ABCSHW or ->, [a:b]attn=..., [a:b]mlp=..., emb, -emb, final, "
     "-final, qk, norm=" + "|".join(NORM_KINDS) + ", inner=head|full, h=<float>, "
     "alpha=<float>|deepnorm|admin|keel, frozen-out, "
-    "emb-scale, h-scalar, h-channel, skip-scalar, gpas, ngpt, streams=<n>, mix=hc|mhc, attnres=<n>|full, lns, "
+    "emb-scale, h-scalar, h-channel, skip-scalar, gpas, " + ", ".join(SCHEMES) + ", streams=<n>, mix=hc|mhc, "
+    "attnres=<n>|full, lns, "
     "qk-rope, "
     "softmax=softmax|sink|off-by-one|softpick, "
     "gain=gamma|none|centered|scalar, norm.SITES=KIND, gain.SITES=G, "
@@ -207,7 +210,7 @@ def _residual_token(opts: ResidualOptions, token: str) -> ResidualOptions | None
     if token in _RESIDUAL_FLAGS:
         attr, flag = _RESIDUAL_FLAGS[token]
         return opts.with_(**{attr: flag})
-    if token.lstrip("-") in SCHEMES:  # ngpt, -ngpt: a scheme that is one token
+    if token.lstrip("-") in SCHEMES:  # ngpt, siamese and their negations: a scheme that is one token
         return opts.with_(scheme=None if token.startswith("-") else token)
     key, eq, value = token.partition("=")
     if not (eq and value):
