@@ -19,7 +19,7 @@ One sublayer therefore computes (Kan et al. 2025, Sec. 5, with DeepNorm's skip s
     x'   = N_C(alpha * skip + h * N_B(f(u)))
 
 How the update enters the stream (the skip and its scales, n streams, Attention Residuals' read over depth, nGPT's
-sphere) is the layout's one `residual` variant (normlab.layout.residual). Model-level norms (embedding norm, final
+sphere, SiameseNorm's two streams) is the layout's one `residual` variant (normlab.layout.residual). Model-level norms (embedding norm, final
 norm) complete a `Layout`. Each site's norm is the layout's kind and gain unless `site_norms` names another
 (`SiteNorm`, `norm_at`).
 Per-layer differences (HybridNorm*'s first block, Mix-LN's Post-LN prefix) are `LayerRule`s,
@@ -285,8 +285,8 @@ class Layout:
     final_norm: bool = False  # y_L = N(x_L) before the LM head
     norm: NormKind = "rms"
     inner_span: InnerSpan = "head"  # q/k/v/context norms per head (Zhuo, Gemma 3) or over all heads (OLMo 2)
-    # the residual path: one variant of normlab.layout.residual (Skip, Streams, AttnRes, Sphere), its options
-    # its own fields; `h`, `alpha`, `streams`, ... below read them
+    # the residual path: one variant of normlab.layout.residual (Skip, Streams, AttnRes, Sphere, Siamese), its
+    # options its own fields; the read-only views `h`, `alpha`, `streams`, ... below read them
     residual: Residual = field(default_factory=Skip)
     ln_scaling: bool = False  # LayerNorm Scaling (Sun et al. 2025): the input norm's output times 1/sqrt(layer)
     gain: str = "gamma"  # the norms' gain: gamma | none | centered (1 + w) | scalar; rms, layer, dyt, derf have one
