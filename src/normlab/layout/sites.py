@@ -19,9 +19,9 @@ One sublayer therefore computes (Kan et al. 2025, Sec. 5, with DeepNorm's skip s
     x'   = N_C(alpha * skip + h * N_B(f(u)))
 
 How the update enters the stream (the skip and its scales, n streams, Attention Residuals' read over depth, nGPT's
-sphere, SiameseNorm's two streams) is the layout's one `residual` variant (normlab.layout.residual). Model-level norms (embedding norm, final
-norm) complete a `Layout`. Each site's norm is the layout's kind and gain unless `site_norms` names another
-(`SiteNorm`, `norm_at`).
+sphere, SiameseNorm's two streams) is the layout's one `residual` variant (normlab.layout.residual). Model-level
+norms (embedding norm, final norm) complete a `Layout`. Each site's norm is the layout's kind and gain unless
+`site_norms` names another (`SiteNorm`, `norm_at`).
 Per-layer differences (HybridNorm*'s first block, Mix-LN's Post-LN prefix) are `LayerRule`s,
 and `resolve(layout, n_layers)` turns everything into one concrete `BlockLayout` per layer.
 """
