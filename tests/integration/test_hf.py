@@ -348,6 +348,7 @@ EXPORTED = [
     ("pre,softmax=sink", False),
     ("pre-mhc", True),
     ("ngpt", False),
+    ("siamese", False),  # two streams: the normlab class only (its native refusal: tests/unit/test_siamese.py)
     ("normformer,attn=qkgsAB,qk-rope,norm.mlp.A=dyt,alpha0.mlp.A=0.3,gain.final=centered", True),
 ]
 

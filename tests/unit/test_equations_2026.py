@@ -58,7 +58,8 @@ def spannorm(b, x, layer, n_layers):  # y = N(x + Attn(x)) (first block: Attn(N(
 
 
 # the presets whose equations this file checks (tests/unit/test_equations.py checks every other)
-EQUATIONS_2026 = {"keel": keel, "spannorm": spannorm, "attnres": None, "attnres-full": None}
+# siamese: two streams in and out of a block, checked by hand in tests/unit/test_siamese.py
+EQUATIONS_2026 = {"keel": keel, "spannorm": spannorm, "attnres": None, "attnres-full": None, "siamese": None}
 
 
 @pytest.mark.parametrize("name", ["keel", "spannorm"])

@@ -17,7 +17,8 @@
 - embed_norm, final_norm (layer: null): gamma_mean, gamma_min, gamma_max
 - (any norm site), DyT (layer: as the site): alpha (DyT's learned scalar, Zhu et al. eq. 1)
 - attn_h, mlp_h (layer: block): h_mean, h_abs_max (a learned residual step: ReZero, LayerScale)
-- stream{k} (n > 1 streams) (layer: 0..L): mean_abs, rms, max_abs of stream k (hyper-connections; `stream` rows are over
+- stream{k} (n > 1 streams) (layer: 0..L): mean_abs, rms, max_abs of stream k (hyper-connections; SiameseNorm: stream0
+  the Post-Norm-like X, stream1 the Pre-Norm-like Y; `stream` rows are over
   all n side by side)
 - attn_hc, mlp_hc (layer: block): res_row_sum_max, res_col_sum_max, res_diag_mean, pre_mean, post_mean (each
   connection's mixing, normlab.model.streams)
@@ -147,10 +148,11 @@ class Probes:
         rows.append(ProbeRow(step=step, layer=layer, site=site, metric=metric, value=float(value)))
 
     def _stream_rows(self, rows: list[ProbeRow], step: int, model: NormLM, hidden: list[torch.Tensor]) -> None:
-        """Hyper-connections (n > 1 streams, normlab.model.streams): each stream's scale by depth, each connection's
-        mixing (the last forward's, per token) and the composite mixing's gain so far (Xie et al. 2025's
-        quantity: 1 when every res is doubly stochastic)."""
-        n = getattr(getattr(model, "layout", None), "streams", 1)
+        """Several streams side by side (hyper-connections' n, SiameseNorm's X and Y: `NormLM.streams`): each stream's
+        scale by depth; with hyper-connections (normlab.model.streams) each connection's mixing (the last forward's,
+        per token) and the composite mixing's gain so far (Xie et al. 2025's quantity: 1 when every res is doubly
+        stochastic)."""
+        n = getattr(model, "streams", 1)
         if n <= 1:
             return
         for layer, h in enumerate(hidden):
@@ -158,6 +160,8 @@ class Probes:
                 st = hidden_stats(part)
                 for key in ("mean_abs", "rms", "max_abs"):
                     self._row(rows, step, layer, f"stream{k}", key, st[key])
+        if model.layout.streams <= 1:  # no hyper-connections (SiameseNorm's streams are not mixed)
+            return
         mixes = []
         for i, block in enumerate(model.blocks):
             for name in ("attn_hc", "mlp_hc"):

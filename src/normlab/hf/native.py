@@ -209,8 +209,8 @@ def folds_in_words(model: NormLM) -> str:
 
 def residual_refusal(layout: Any, arch: str) -> str | None:
     """Why no transformers class computes ``layout``'s residual path, for the 2026 forms (Keel's skip scale, SpanNorm's
-    whole-block skip, Attention Residuals), or None: every class adds each sublayer's output to its input with
-    weight 1."""
+    whole-block skip, Attention Residuals, SiameseNorm's two streams), or None: every class adds each sublayer's output
+    to its input with weight 1."""
     what = [
         text
         for text, on in (
@@ -224,6 +224,10 @@ def residual_refusal(layout: Any, arch: str) -> str | None:
                 any(s.skip_block for s in [layout.block.mlp] + [r.sites for r in layout.rules]),
             ),
             ("Keel's skip scale (alpha = the number of sublayers)", layout.alpha == "keel"),
+            (
+                "SiameseNorm's two streams (a Post-Norm-like and a Pre-Norm-like stream through the same sublayers)",
+                layout.residual.token == "siamese",
+            ),
         )
         if on
     ]

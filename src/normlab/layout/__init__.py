@@ -2,6 +2,7 @@
 
 from normlab.errors import LayoutError
 from normlab.layout.presets import PRESETS, Preset
+from normlab.layout.residual import AttnRes, Residual, Skip, Sphere, Streams, deepnorm_alpha
 from normlab.layout.sites import (
     AttentionInnerSites,
     BlockLayout,
@@ -12,7 +13,6 @@ from normlab.layout.sites import (
     ResolvedLayout,
     SiteNorm,
     SublayerSites,
-    deepnorm_alpha,
     deepnorm_beta,
     format_layout,
     resolve,
@@ -32,6 +32,7 @@ def as_layout(layout: "Layout | str") -> Layout:
 __all__ = [
     "PRESETS",
     "AttentionInnerSites",
+    "AttnRes",
     "BlockLayout",
     "LayerRange",
     "LayerRule",
@@ -39,8 +40,12 @@ __all__ = [
     "LayoutError",
     "NormSpec",
     "Preset",
+    "Residual",
     "ResolvedLayout",
     "SiteNorm",
+    "Skip",
+    "Sphere",
+    "Streams",
     "SublayerSites",
     "as_layout",
     "deepnorm_alpha",

@@ -15,11 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from normlab.layout.residual import ADMIN, ATTN_RES_FULL, DEEPNORM, KEEL, AttnRes, Siamese, Skip, Sphere, Streams
 from normlab.layout.sites import (
-    ADMIN,
-    ATTN_RES_FULL,
-    DEEPNORM,
-    KEEL,
     AttentionInnerSites,
     BlockLayout,
     LayerRange,
@@ -189,7 +186,7 @@ def _build() -> dict[str, Preset]:
         ),
         _preset(
             "deepnorm",
-            Layout(block=_block(POST, POST), alpha=DEEPNORM, init="deepnorm"),
+            Layout(block=_block(POST, POST), residual=Skip(alpha=DEEPNORM), init="deepnorm"),
             "x' = N(alpha x + F(x)), alpha = (2N)^(1/4), init gain beta = (8N)^(-1/4)",
             "Wang et al. 2022 (DeepNet), decoder-only constants",
         ),
@@ -235,19 +232,19 @@ def _build() -> dict[str, Preset]:
         ),
         _preset(
             "rezero",
-            Layout(h=0.0, h_learned="scalar"),
+            Layout(residual=Skip(h=0.0, h_learned="scalar")),
             "x' = x + a F(x), a a learned scalar per sublayer starting at 0, no norms",
             "Bachlechner et al. 2021 (ReZero is All You Need), eq. 5",
         ),
         _preset(
             "pre-layerscale",
-            Layout(block=_block(PRE, PRE), final_norm=True, h=0.1, h_learned="channel"),
+            Layout(block=_block(PRE, PRE), final_norm=True, residual=Skip(h=0.1, h_learned="channel")),
             "x' = x + diag(lambda) F(N(x)), lambda learned per channel starting at 0.1, final N",
             "Touvron et al. 2021 (CaiT), eq. 3, on Pre-LN (epsilon 0.1 for models up to 18 layers)",
         ),
         _preset(
             "pre-gpas",
-            Layout(block=_block(PRE, PRE), final_norm=True, gpas=True),
+            Layout(block=_block(PRE, PRE), final_norm=True, residual=Skip(gpas=True)),
             "y = x + F(N(x)); x' = y - SiLU(a) sg(y), a a learned scalar per sublayer from 0, "
             "sg stop-gradient; final N",
             "Chen et al. 2025 (GPAS, arXiv 2506.22049), Sec. 3 and Fig. 1 on Pre-LN (the authors' GPASBlock, gate "
@@ -255,14 +252,14 @@ def _build() -> dict[str, Preset]:
         ),
         _preset(
             "pre-lambda",
-            Layout(block=_block(PRE, PRE), final_norm=True, h_learned="scalar", skip_learned=True),
+            Layout(block=_block(PRE, PRE), final_norm=True, residual=Skip(h_learned="scalar", skip_learned=True)),
             "x' = lambda_skip x + lambda_branch F(N(x)), both learned scalars per sublayer from 1; final N",
             "modded-nanogpt (Jordan et al. 2024-25) residual lambdas, per sublayer on Pre-LN (its x0 mixing and "
             "U-Net skips not included)",
         ),
         _preset(
             "pre-hc",
-            Layout(block=_block(PRE, PRE), final_norm=True, streams=4),
+            Layout(block=_block(PRE, PRE), final_norm=True, residual=Streams(n=4)),
             "H' = A_r^T H + B^T F(N(A_m^T H)), n = 4 streams; A_m, A_r, B static + s tanh(norm(H) W) dynamic; "
             "H_0 = 4 copies of the embedding; final N of the streams' sum",
             "Zhu et al. 2025 (Hyper-Connections, ICLR 2025), eqs. 5-8 and App. J Alg. 2, on Pre-LN (n = 4, "
@@ -270,7 +267,7 @@ def _build() -> dict[str, Preset]:
         ),
         _preset(
             "pre-mhc",
-            Layout(block=_block(PRE, PRE), final_norm=True, streams=4, stream_mix="mhc"),
+            Layout(block=_block(PRE, PRE), final_norm=True, residual=Streams(n=4, mix="mhc")),
             "x' = H_res x + H_post^T F(N(H_pre x)), n = 4; H_pre = sigmoid(.), H_post = 2 sigmoid(.), "
             "H_res = Sinkhorn-Knopp(exp(.)) doubly stochastic, each from RMSNorm(vec(x)); final N of the streams' sum",
             "Xie et al. 2025 (mHC: Manifold-Constrained Hyper-Connections, DeepSeek, arXiv 2512.24880), eqs. 7-9 "
@@ -284,7 +281,7 @@ def _build() -> dict[str, Preset]:
                 ),
                 norm="l2",
                 qk_after_rope=True,
-                ngpt=True,
+                residual=Sphere(),
             ),
             "h <- Norm(h + a_A (Norm(Attn(h)) - h)); h <- Norm(h + a_M (Norm(MLP(h)) - h)); Norm(x) = x / ‖x‖; "
             "q, k = s_qk Norm(RoPE(.)), softmax scale sqrt(d_k); u, v = s_u, s_v sqrt(d) W h; z = s_z W_out h; "
@@ -300,7 +297,7 @@ def _build() -> dict[str, Preset]:
         ),
         _preset(
             "admin",
-            Layout(block=_block(POST, POST), alpha=ADMIN),
+            Layout(block=_block(POST, POST), residual=Skip(alpha=ADMIN)),
             "x' = N(omega * x + F(x)), omega a learned vector per sublayer, at init sqrt(sum_{j<i} Var f_j)",
             "Liu et al. 2020 (Understanding the Difficulty of Training Transformers), eq. 7 and Sec. 4.3 (Admin)",
         ),
@@ -347,7 +344,7 @@ def _build() -> dict[str, Preset]:
         ),
         _preset(
             "keel",
-            Layout(block=_block(PRE_POST, PRE_POST), alpha=KEEL),
+            Layout(block=_block(PRE_POST, PRE_POST), residual=Skip(alpha=KEEL)),
             "x' = N(alpha x + F(N(x))), alpha = L = 2N (the number of sublayers), every sublayer; no final norm",
             "Chen & Wei 2026 (Post-LayerNorm Is Back: Keel, arXiv 2601.19895): x_(l+1) = LN(alpha x_l + "
             "F_l(LN(x_l))), alpha = L the number of sublayers; Post-LN with a Highway-style scaled skip and a norm "
@@ -368,7 +365,7 @@ def _build() -> dict[str, Preset]:
         ),
         _preset(
             "attnres",
-            Layout(block=_block(PRE, PRE), final_norm=True, attn_res=8),
+            Layout(block=_block(PRE, PRE), final_norm=True, residual=AttnRes(blocks=8)),
             "h_l = sum_i softmax_i(w_l . RMSNorm(v_i)) v_i over v = [emb, b_1 .. b_(n-1)] (+ the partial sum b_n "
             "within block n), b_n the sum of block n's sublayer outputs f_l = F_l(N(h_l)), 8 blocks; w_l from 0; "
             "the output attends over every block, then final N",
@@ -377,10 +374,19 @@ def _build() -> dict[str, Preset]:
         ),
         _preset(
             "attnres-full",
-            Layout(block=_block(PRE, PRE), final_norm=True, attn_res=ATTN_RES_FULL),
+            Layout(block=_block(PRE, PRE), final_norm=True, residual=AttnRes(blocks=ATTN_RES_FULL)),
             "h_l = sum_{i<l} softmax_i(w_l . RMSNorm(v_i)) v_i, v_0 = emb, v_i = f_i(h_i) the i-th sublayer's "
             "output; f_l = F(N(h_l)); w_l from 0; the output attends over every v_i, then final N",
             "Kimi Team 2026 (Attention Residuals, arXiv 2603.15031), Sec. 3.1 eqs. 1-4 (Full AttnRes) on Pre-LN",
+        ),
+        _preset(
+            "siamese",
+            Layout(block=_block(PRE, PRE), final_norm=True, residual=Siamese()),
+            "X^ = N_X(X); O = F(N(X^ + N_Y(Y))); X' = X^ + O / sqrt(2 (l + 1)); Y' = Y + O (per sublayer, block l); "
+            "X_0 = Y_0 = emb; output N(N(X_L) + N(Y_L))",
+            "SiameseNorm (arXiv 2602.08064, ICML 2026): a Post-Norm-like and a Pre-Norm-like stream through shared "
+            "sublayers; the paper's text was not retrievable here: as the authors' code computes it "
+            "(Qwen-Applications/SiameseNorm, deit-model-siamesenorm.py, the 1/c as in OLMo_model_hybrid_pre.py)",
         ),
         _preset("none", Layout(), "x' = x + F(x)", f"{KAN}, Table 1 'LN off'"),
     ]

@@ -18,12 +18,10 @@ One sublayer therefore computes (Kan et al. 2025, Sec. 5, with DeepNorm's skip s
     skip = u if skip_normed else x
     x'   = N_C(alpha * skip + h * N_B(f(u)))
 
-Two options change what carries the stream rather than where a norm sits: ``alpha="keel"`` (Keel's skip scale,
-the number of sublayers 2N) and ``attn_res`` (Attention Residuals: each sublayer reads a softmax attention over the
-embedding and earlier blocks' summed outputs instead of the unit-weight sum; normlab.model.depth_attention).
-
-Model-level norms (embedding norm, final norm) and the scales h and alpha complete a `Layout`. Each
-site's norm is the layout's kind and gain unless `site_norms` names another (`SiteNorm`, `norm_at`).
+How the update enters the stream (the skip and its scales, n streams, Attention Residuals' read over depth, nGPT's
+sphere, SiameseNorm's two streams) is the layout's one `residual` variant (normlab.layout.residual). Model-level
+norms (embedding norm, final norm) complete a `Layout`. Each site's norm is the layout's kind and gain unless
+`site_norms` names another (`SiteNorm`, `norm_at`).
 Per-layer differences (HybridNorm*'s first block, Mix-LN's Post-LN prefix) are `LayerRule`s,
 and `resolve(layout, n_layers)` turns everything into one concrete `BlockLayout` per layer.
 """
@@ -37,6 +35,11 @@ from typing import Any, Literal
 
 from normlab.errors import LayoutError
 from normlab.layout.norm_kinds import NORM_FACTS, NORM_KIND_FACTS
+from normlab.layout.residual import ADMIN, AttnRes, Residual, ResidualOptions, Skip, Sphere, Streams
+from normlab.layout.residual import ATTN_RES_FULL as ATTN_RES_FULL  # read from here by older imports
+from normlab.layout.residual import KEEL as KEEL  # read from here by older imports
+from normlab.layout.residual import STREAM_MIXES as STREAM_MIXES
+from normlab.layout.residual import attn_res_block_size as attn_res_block_size
 
 # A norm kind's name (one of NORM_KINDS); every kind's facts are a row of normlab.layout.norm_kinds
 NormKind = str
@@ -45,7 +48,6 @@ InnerSpan = Literal["head", "full"]
 NORM_KINDS: tuple[str, ...] = tuple(NORM_FACTS)
 # the point-wise kinds with a learned input scale alpha started at alpha0 (DyT, Derf)
 ALPHA_KINDS: tuple[str, ...] = tuple(f.name for f in NORM_KIND_FACTS if f.pointwise)
-H_LEARNED: tuple[str, ...] = ("scalar", "channel")
 # A norm's gain: gamma (per channel, the usual, 1 at init), none (no gain), centered: stored as w from 0
 # and applied as 1 + w, so weight decay pulls the gain toward 1, not 0 (Gemma's RMSNorm; Qwen3-Next), or
 # scalar: one learned number from 1 for all channels (the single-scale RMSNorm of Outlier-Safe
@@ -56,18 +58,6 @@ INNER_SPANS: tuple[str, ...] = ("head", "full")
 # the denominator (GPT-OSS's sinks); a fixed sink logit 0 (Evan Miller's off-by-one softmax_1); softpick
 # (Zuhri et al. 2025, arXiv 2504.20966: ReLU(e^x - 1) / sum |e^x - 1|, weights that need not sum to 1)
 ATTN_SOFTMAX: tuple[str, ...] = ("softmax", "sink", "off-by-one", "softpick")
-# How n > 1 residual streams are connected (normlab.model.streams): hyper-connections (Zhu et al., ICLR 2025) or
-# manifold-constrained ones, the mixing matrix made doubly stochastic by Sinkhorn-Knopp (Xie et al. 2025, mHC)
-STREAM_MIXES: tuple[str, ...] = ("hc", "mhc")
-DEEPNORM = "deepnorm"
-ADMIN = "admin"  # Liu et al. 2020: a learned skip scale per sublayer and channel, set by a profiling pass
-# Keel (Chen & Wei 2026, arXiv 2601.19895): Post-LN's skip scaled by alpha = L, the number of sublayers (2N)
-KEEL = "keel"
-ALPHA_MODES: tuple[str, ...] = (DEEPNORM, ADMIN, KEEL)
-# Attention Residuals over every earlier sublayer (Kimi Team 2026, arXiv 2603.15031, Sec. 3.1: Full AttnRes); an
-# integer N instead is Block AttnRes with N blocks (Sec. 3.2)
-ATTN_RES_FULL = "full"
-
 # Every norm site by name, for per-site kinds and gains (`SiteNorm`): a sublayer's A/B/C (and the MLP's
 # hidden H), the inner q/k/v/c, and the model's embedding and final norms. A, B, C name both sublayers.
 NORM_SITES: tuple[str, ...] = (
@@ -295,30 +285,9 @@ class Layout:
     final_norm: bool = False  # y_L = N(x_L) before the LM head
     norm: NormKind = "rms"
     inner_span: InnerSpan = "head"  # q/k/v/context norms per head (Zhuo, Gemma 3) or over all heads (OLMo 2)
-    h: float = 1.0  # residual branch scale, Kan et al. Sec. 5 (h = 1: standard Transformer); learned: its start
-    # h as a learned parameter per sublayer: "scalar" (ReZero, Bachlechner et al. 2021: starts at 0) or
-    # "channel" (LayerScale, Touvron et al. 2021: one per channel, starts small); None: the fixed number h
-    h_learned: str | None = None
-    # a learned skip scale per sublayer, one scalar from 1: x' = lambda_skip x + h F(.) (modded-nanogpt's residual
-    # lambdas, Jordan et al. 2024-25; with h-scalar from h=1 both scalars of x <- lambda_skip x + lambda_branch F)
-    skip_learned: bool = False
-    # GPAS (Chen et al. 2025, arXiv 2506.22049, Sec. 3): after each sublayer x <- x - SiLU(a) sg(x), a learned per
-    # sublayer from 0 (the authors' GPASBlock: gate_init_value 0): the stream shrinks, its gradient does not
-    gpas: bool = False
-    # the residual stream as n parallel streams (expansion rate n; 1: the one stream of every other layout), mixed
-    # by hyper-connections of the kind stream_mix: x_{l+1} = res x_l + post F(pre x_l) (normlab.model.streams)
-    streams: int = 1
-    stream_mix: str = "hc"
-    # nGPT (Loshchilov et al. 2024, arXiv 2410.01131): the stream and every weight row on the unit sphere. With the
-    # sites attn=qkBC, mlp=BC, norm=l2, qk-rope (each sublayer h <- Norm(h + a (Norm(F(h)) - h)), q and k normalized
-    # after RoPE), it adds the eigen learning rates a (a lerp: skip 1 - a, branch a), s_qk, s_u/s_v, s_z and the
-    # weights' normalization after every optimizer step (normlab.model.sphere)
-    ngpt: bool = False
-    # Attention Residuals (Kimi Team 2026, arXiv 2603.15031): the unit-weight residual sum replaced by a softmax
-    # attention over depth, h_l = sum_i alpha_{i->l} v_i (eqs. 2-4), each sublayer with a learned pseudo-query w_l
-    # (from 0) over RMSNorm'd sources; N (an int): Block AttnRes, the 2L sublayers in N blocks summed within a block
-    # (eqs. 5-6); "full": every sublayer's output its own source (Full AttnRes, N = 2L); None: the plain residual
-    attn_res: int | str | None = None
+    # the residual path: one variant of normlab.layout.residual (Skip, Streams, AttnRes, Sphere, Siamese), its
+    # options its own fields; the read-only views `h`, `alpha`, `streams`, ... below read them
+    residual: Residual = field(default_factory=Skip)
     ln_scaling: bool = False  # LayerNorm Scaling (Sun et al. 2025): the input norm's output times 1/sqrt(layer)
     gain: str = "gamma"  # the norms' gain: gamma | none | centered (1 + w) | scalar; rms, layer, dyt, derf have one
     # per-site kinds, gains and DyT alpha0 where they differ from norm/gain above: (site, SiteNorm) pairs in
@@ -328,10 +297,6 @@ class Layout:
     # norm before RoPE (RoPE rotates pairs of channels, which keeps the head's norm); with one it does not.
     qk_after_rope: bool = False
     softmax: str = "softmax"  # attention's normalization of its logits: one of ATTN_SOFTMAX
-    # skip scale; "deepnorm" = (2N)^(1/4), Wang et al. 2022; "admin": Liu et al. 2020's learned omega per
-    # sublayer and channel, set at init by a profiling pass (normlab.model.admin); "keel": 2N, the number of
-    # sublayers (Chen & Wei 2026's alpha = L)
-    alpha: float | str = 1.0
     freeze_output_gamma: bool = False  # Output-LN (B) gamma fixed at 1, Kim Fig. 8
     embed_scale: bool = False  # multiply embeddings by sqrt(d_model) (Gemma)
     init: str | None = None  # the init scheme the layout prescribes (DeepNorm's beta), else None
@@ -351,32 +316,9 @@ class Layout:
                 f"norm={self.norm} has no per-channel gain to change (ScaleNorm's is one scalar g, "
                 "L2's none); gain= applies to rms, layer, dyt and derf"
             )
-        if not (isinstance(self.streams, int) and not isinstance(self.streams, bool) and 1 <= self.streams <= 16):
+        if not isinstance(self.residual, Residual):
             raise LayoutError(
-                f"streams must be a whole number from 1 to 16 (the expansion rate n), got {self.streams!r}"
-            )
-        if self.stream_mix not in STREAM_MIXES:
-            raise LayoutError(f"unknown stream mix {self.stream_mix!r}; valid: {', '.join(STREAM_MIXES)}")
-        if self.h_learned not in (None, *H_LEARNED):
-            raise LayoutError(f"h_learned must be one of {', '.join(H_LEARNED)} (or None), got {self.h_learned!r}")
-        # h may be 0 only where it is learned (ReZero starts there); `resolve` refuses a fixed 0, which would
-        # remove every update (checked there: the string form sets h before h-scalar)
-        if not (isinstance(self.h, (int, float)) and math.isfinite(self.h) and self.h >= 0):
-            raise LayoutError(f"residual scale h must be a finite number > 0 (>= 0 when learned), got {self.h!r}")
-        if isinstance(self.alpha, str):
-            if self.alpha not in ALPHA_MODES:
-                raise LayoutError(
-                    f"alpha must be a number > 0 or one of {', '.join(map(repr, ALPHA_MODES))}, got {self.alpha!r}"
-                )
-        elif not (math.isfinite(self.alpha) and self.alpha > 0):
-            raise LayoutError(f"skip scale alpha must be a finite number > 0, got {self.alpha!r}")
-        if self.attn_res is not None and not (
-            self.attn_res == ATTN_RES_FULL
-            or (isinstance(self.attn_res, int) and not isinstance(self.attn_res, bool) and 1 <= self.attn_res <= 1024)
-        ):
-            raise LayoutError(
-                f"attn_res must be a whole number of blocks from 1 to 1024 (Block AttnRes; the paper uses about 8) "
-                f"or {ATTN_RES_FULL!r} (Full AttnRes), got {self.attn_res!r}"
+                f"a layout's residual is one of normlab.layout.residual's variants, not {type(self.residual).__name__}"
             )
         # An attention rule without its own inner norms keeps the base block's: store that
         # explicitly, so equal layouts compare equal and the string form round-trips.
@@ -388,6 +330,54 @@ class Layout:
         object.__setattr__(self, "site_norms", _canonical_site_norms(self.site_norms))
         if self.freeze_output_gamma and not self._any_output_site():
             raise LayoutError("freeze_output_gamma freezes the output norm (B), but this layout has no B site")
+
+    # The residual options as read-only views of the variant (normlab.layout.residual): what the string form writes
+    # and consumers read; a layout is changed through its `residual`, one variant, never flag by flag.
+    @property
+    def options(self) -> ResidualOptions:
+        """The residual variant's options, flat (h, alpha, streams, ...; the grammar's tokens)."""
+        return ResidualOptions.of(self.residual)
+
+    @property
+    def h(self) -> float:
+        """The branch step h (Kan et al. Sec. 5; 1: the standard Transformer); learned: its start."""
+        return self.residual.h
+
+    @property
+    def h_learned(self) -> str | None:
+        """h learned per sublayer: "scalar" (ReZero) or "channel" (LayerScale); None: the fixed number."""
+        return self.residual.h_learned
+
+    @property
+    def alpha(self) -> float | str:
+        """The skip scale: a number, "deepnorm", "admin" or "keel" (`Skip`); 1 for the other schemes."""
+        return self.residual.alpha if isinstance(self.residual, Skip) else 1.0
+
+    @property
+    def skip_learned(self) -> bool:
+        return isinstance(self.residual, Skip) and self.residual.skip_learned
+
+    @property
+    def gpas(self) -> bool:
+        return isinstance(self.residual, Skip) and self.residual.gpas
+
+    @property
+    def streams(self) -> int:
+        """The residual streams n (`Streams`); 1 for every other scheme."""
+        return self.residual.n if isinstance(self.residual, Streams) else 1
+
+    @property
+    def stream_mix(self) -> str:
+        return self.residual.mix if isinstance(self.residual, Streams) else "hc"
+
+    @property
+    def ngpt(self) -> bool:
+        return isinstance(self.residual, Sphere)
+
+    @property
+    def attn_res(self) -> int | str | None:
+        """Attention Residuals' blocks N or "full" (`AttnRes`); None for every other scheme."""
+        return self.residual.blocks if isinstance(self.residual, AttnRes) else None
 
     def norm_at(self, site: str) -> NormSpec:
         """The norm site ``site`` (one of NORM_SITES) holds: its kind, gain and DyT alpha0."""
@@ -434,13 +424,9 @@ class Layout:
         return self.with_(block=block, rules=rules)
 
     def check_complete(self) -> None:
-        """Checks of the finished layout that a half-built one (mid-parse) may fail: a fixed h of 0, a
-        per-site gain or alpha0 its site's kind lacks, a per-site setting for a site no layer turns on."""
-        if self.h == 0 and self.h_learned is None:
-            raise LayoutError(
-                "h=0 with a fixed h removes every update; learn it from 0 with h-scalar (ReZero) "
-                "or h-channel, or give h > 0"
-            )
+        """Checks of the finished layout that a half-built one (mid-parse) may fail: a per-site gain or alpha0 its
+        site's kind lacks, a per-site setting for a site no layer turns on, what the residual scheme refuses
+        (`Residual.check`: sites with no skip to act on, nGPT's fixed sites)."""
         for site, _ in self.site_norms:
             spec = self.norm_at(site)
             if spec.gain != "gamma" and spec.kind not in _GAINED:
@@ -452,17 +438,7 @@ class Layout:
                 raise LayoutError(
                     f"site {site}: alpha0 is DyT's or Derf's initial alpha, and this site holds norm={spec.kind}"
                 )
-        if self.streams > 1:
-            self._check_streams()
-        elif self.stream_mix != "hc":
-            raise LayoutError(
-                f"mix={self.stream_mix} connects several residual streams; give streams=N with N > 1 "
-                "(DeepSeek's mHC uses 4)"
-            )
-        if self.ngpt:
-            self._check_ngpt()
-        if self.attn_res is not None:
-            self._check_attn_res()
+        self.residual.check(self)
         if self.qk_after_rope and self.inner_span == "full":
             raise LayoutError("qk-rope normalizes each head's rotated q and k; it needs inner=head, not inner=full")
         off = [site for site, _ in self.site_norms if site not in self.sites_on()]
@@ -470,90 +446,6 @@ class Layout:
             raise LayoutError(
                 f"per-site norm settings for {', '.join(off)}, which no layer of this layout turns "
                 f"on (on: {', '.join(s for s in NORM_SITES if s in self.sites_on()) or 'none'})"
-            )
-
-    def _check_streams(self) -> None:
-        """What a hyper-connection replaces: the skip path (C, S, alpha, Admin, skip lambdas, GPAS) is its mixing."""
-        blocks = [self.block.attn, self.block.mlp] + [r.sites for r in self.rules]
-        taken = [
-            what
-            for what, on in (
-                ("a norm after the add (C)", any(s.after_add for s in blocks)),
-                ("a skip from the normed input (S)", any(s.skip_normed for s in blocks)),
-                ("a skip from the block's input (W)", any(s.skip_block for s in blocks)),
-                ("a skip scale alpha", self.alpha != 1.0),
-                ("skip-scalar", self.skip_learned),
-                ("gpas", self.gpas),
-            )
-            if on
-        ]
-        if taken:
-            raise LayoutError(
-                f"streams={self.streams}: the hyper-connections' mixing replaces the skip path, so "
-                f"{', '.join(taken)} has nothing to act on; use norm sites A, B (and H) with streams"
-            )
-
-    def _check_ngpt(self) -> None:
-        """nGPT's sites are fixed by its equations: its Norm is x / ||x|| at B (on F's output), C (after the lerp)
-        and on q, k after RoPE, nothing else; the skip and the branch are its eigen learning rate's."""
-        want = ("attn=qkBC,mlp=BC", "l2")
-        sites = f"attn={_letters(self.block.attn_inner, self.block.attn)},mlp={_letters(None, self.block.mlp)}"
-        kinds = {self.norm_at(s).kind for s in self.sites_on()}
-        wrong = [
-            what
-            for what, bad in (
-                (f"sites {sites} (nGPT's: attn=qkBC,mlp=BC)", sites != want[0] or bool(self.rules)),
-                (f"norm kinds {', '.join(sorted(kinds))} (nGPT's Norm is l2: x / ||x||)", kinds != {"l2"}),
-                ("q/k norms before RoPE (nGPT normalizes after it: qk-rope)", not self.qk_after_rope),
-                (
-                    "an embedding or final norm (nGPT's embedding rows are unit vectors; its stream is one)",
-                    self.embed_norm or self.final_norm,
-                ),
-                (
-                    "h, alpha, skip-scalar, gpas, streams or attnres (nGPT's eigen learning rate is its step)",
-                    self.h != 1.0
-                    or self.h_learned is not None
-                    or self.alpha != 1.0
-                    or self.skip_learned
-                    or self.gpas
-                    or self.streams > 1
-                    or self.attn_res is not None,
-                ),
-                ("a gain on a norm (l2 has none)", any(self.norm_at(s).gain != "gamma" for s in self.sites_on())),
-                (f"softmax={self.softmax} (nGPT's attention is a softmax)", self.softmax != "softmax"),
-                ("inner=full (nGPT normalizes q and k per head)", self.inner_span != "head"),
-                ("emb-scale", self.embed_scale),
-            )
-            if bad
-        ]
-        if wrong:
-            raise LayoutError(
-                "ngpt is nGPT's whole block (attn=qkBC,mlp=BC,norm=l2,qk-rope,ngpt; preset ngpt); this "
-                "layout has " + "; ".join(wrong)
-            )
-
-    def _check_attn_res(self) -> None:
-        """What Attention Residuals replace: each sublayer's input is a softmax mix of the embedding and the blocks'
-        sums, and its update is added to its block's sum, so no skip exists to normalize, scale or source."""
-        blocks = [self.block.attn, self.block.mlp] + [r.sites for r in self.rules]
-        taken = [
-            what
-            for what, on in (
-                ("a norm after the add (C)", any(s.after_add for s in blocks)),
-                ("a skip from the normed input (S)", any(s.skip_normed for s in blocks)),
-                ("a skip from the block's input (W)", any(s.skip_block for s in blocks)),
-                (f"a skip scale alpha={self.alpha}", self.alpha != 1.0),
-                ("skip-scalar", self.skip_learned),
-                ("gpas", self.gpas),
-                (f"streams={self.streams} (hyper-connections: another replacement of the sum)", self.streams > 1),
-            )
-            if on
-        ]
-        if taken:
-            raise LayoutError(
-                f"attnres={self.attn_res}: Attention Residuals replace the residual sum (each sublayer reads a "
-                "softmax mix of the embedding and the blocks' sums and adds its update to its block's sum), so "
-                f"{'; '.join(taken)} has no skip to act on; use norm sites A, B (and H, q/k/v/c) with attnres"
             )
 
     def resolve(self, n_layers: int) -> ResolvedLayout:
@@ -600,24 +492,8 @@ class ResolvedLayout:
         )
         if lay.qk_after_rope:
             head += ", q/k norms after RoPE"
-        for on, words in (
-            (lay.skip_learned, "skip lambda learned"),
-            (lay.gpas, "GPAS after each sublayer"),
-            (lay.streams > 1, f"{lay.streams} residual streams ({lay.stream_mix})"),
-            (lay.ngpt, "nGPT (eigen learning rates, s_qk, s_uv, s_z; weights on the sphere)"),
-            (
-                self.attn_res_size > 0,
-                "Attention Residuals over depth ("
-                + (
-                    "full: every sublayer's output a source"
-                    if lay.attn_res == ATTN_RES_FULL
-                    else f"{-(-2 * self.n_layers // max(1, self.attn_res_size))} blocks of {self.attn_res_size} "
-                    f"sublayer{'s' if self.attn_res_size > 1 else ''}"
-                )
-                + ")",
-            ),
-        ):
-            head += f", {words}" if on else ""
+        words = lay.residual.describe(self.n_layers)
+        head += f", {words}" if words else ""
         if lay.site_norms:
             head += "\n  per site: " + "; ".join(
                 f"{site} {lay.norm_at(site).kind}/{lay.norm_at(site).gain}"
@@ -629,10 +505,6 @@ class ResolvedLayout:
             inner = format_inner(blk.attn_inner) or "-"
             lines.append(f"  {i:>5}  {inner:<11}  {format_sites(blk.attn) or '-':<5}  {format_sites(blk.mlp) or '-'}")
         return "\n".join(lines)
-
-
-def _letters(inner: AttentionInnerSites | None, sites: SublayerSites) -> str:
-    return ((format_inner(inner) if inner is not None else "") + format_sites(sites)) or "-"
 
 
 def _canonical_site_norms(pairs: tuple[tuple[str, SiteNorm], ...]) -> tuple[tuple[str, SiteNorm], ...]:
@@ -650,30 +522,9 @@ def _canonical_site_norms(pairs: tuple[tuple[str, SiteNorm], ...]) -> tuple[tupl
     return tuple((s, merged[s]) for s in NORM_SITES if s in merged and merged[s] != SiteNorm())
 
 
-def deepnorm_alpha(n_layers: int) -> float:
-    """DeepNorm's skip scale for a decoder-only model of N layers: (2N)^(1/4) (Wang et al. 2022)."""
-    return float((2.0 * n_layers) ** 0.25)
-
-
 def deepnorm_beta(n_layers: int) -> float:
     """DeepNorm's init gain on FFN, V and output projections: (8N)^(-1/4) (Wang et al. 2022)."""
     return float((8.0 * n_layers) ** -0.25)
-
-
-def keel_alpha(n_layers: int) -> float:
-    """Keel's skip scale for N blocks: alpha = L, the number of sublayers the stream passes (2N), Chen & Wei 2026."""
-    return float(2 * n_layers)
-
-
-def attn_res_block_size(attn_res: int | str | None, n_layers: int) -> int:
-    """Sublayers per Block AttnRes block: the 2N sublayers in at most ``attn_res`` blocks of S = ceil(2N / blocks)
-    (the last block holds the remainder: Kimi Team 2026 Sec. 3.2); 1 for "full" (each its own source); 0 off."""
-    if attn_res is None:
-        return 0
-    if attn_res == ATTN_RES_FULL:
-        return 1
-    sublayers = 2 * n_layers
-    return -(-sublayers // min(int(attn_res), sublayers))
 
 
 def resolve(layout: Layout, n_layers: int) -> ResolvedLayout:
@@ -697,16 +548,7 @@ def resolve(layout: Layout, n_layers: int) -> ResolvedLayout:
                 blocks[i] = replace(blk, attn=rule.sites, attn_inner=inner)
             else:
                 blocks[i] = replace(blk, mlp=rule.sites)
-    # Admin's omega is learned and set by profiling at init (normlab.model.admin); the fixed part is 1
-    alpha = (
-        deepnorm_alpha(n_layers)
-        if layout.alpha == DEEPNORM
-        else keel_alpha(n_layers)
-        if layout.alpha == KEEL
-        else 1.0
-        if layout.alpha == ADMIN
-        else float(layout.alpha)
-    )
+    alpha = layout.residual.skip_scale(n_layers)
     size = attn_res_block_size(layout.attn_res, n_layers)
     return ResolvedLayout(layout=layout, blocks=tuple(blocks), alpha=alpha, attn_res_size=size)
 
@@ -785,8 +627,8 @@ def format_layout(layout: Layout) -> str:
         tokens.append("skip-scalar")
     if layout.gpas:
         tokens.append("gpas")
-    if layout.ngpt:
-        tokens.append("ngpt")
+    if layout.residual.token:  # a one-token scheme (ngpt)
+        tokens.append(layout.residual.token)
     if layout.attn_res is not None:
         tokens.append(f"attnres={layout.attn_res}")
     if layout.streams != 1:

@@ -34,6 +34,8 @@ Tokens:
                      made doubly stochastic by Sinkhorn-Knopp (Xie et al. 2025); needs streams=N > 1
     ngpt             nGPT (Loshchilov et al. 2024) on attn=qkBC,mlp=BC,norm=l2,qk-rope: eigen learning rates,
                      s_qk, s_u/s_v, s_z, weights normalized after each step (preset ngpt); -ngpt undoes it
+    siamese          SiameseNorm (arXiv 2602.08064): a Post-Norm-like and a Pre-Norm-like stream through the same
+                     sublayers (preset siamese); -siamese undoes it
     attnres=N|full   Attention Residuals (Kimi Team 2026): each sublayer reads a softmax attention over the
                      embedding and N blocks' summed outputs (Block AttnRes) or every earlier sublayer's output
                      (full) instead of the unit-weight sum; -attnres undoes it
@@ -64,9 +66,8 @@ from dataclasses import replace
 from typing import Any, cast
 
 from normlab.errors import LayoutError
+from normlab.layout.residual import ALPHA_MODES, ATTN_RES_FULL, SCHEMES, STREAM_MIXES, ResidualOptions, Skip
 from normlab.layout.sites import (
-    ALPHA_MODES,
-    ATTN_RES_FULL,
     ATTN_SOFTMAX,
     GAINS,
     INNER_LETTERS,
@@ -77,7 +78,6 @@ from normlab.layout.sites import (
     SITE_FIELDS,
     SITE_GROUPS,
     SITE_LETTERS,
-    STREAM_MIXES,
     AttentionInnerSites,
     InnerSpan,
     LayerRange,
@@ -96,6 +96,13 @@ _FLAGS = {
     "-frozen-out": ("freeze_output_gamma", False),
     "emb-scale": ("embed_scale", True),
     "-emb-scale": ("embed_scale", False),
+    "lns": ("ln_scaling", True),
+    "-lns": ("ln_scaling", False),
+    "qk-rope": ("qk_after_rope", True),
+    "-qk-rope": ("qk_after_rope", False),
+}
+# the on/off tokens of the residual scheme: fields of ResidualOptions (normlab.layout.residual)
+_RESIDUAL_FLAGS: dict[str, tuple[str, object]] = {
     "h-scalar": ("h_learned", "scalar"),
     "h-channel": ("h_learned", "channel"),
     "-h-learned": ("h_learned", None),
@@ -103,19 +110,21 @@ _FLAGS = {
     "-skip-scalar": ("skip_learned", False),
     "gpas": ("gpas", True),
     "-gpas": ("gpas", False),
-    "ngpt": ("ngpt", True),
-    "-ngpt": ("ngpt", False),
-    "lns": ("ln_scaling", True),
-    "-lns": ("ln_scaling", False),
-    "qk-rope": ("qk_after_rope", True),
-    "-qk-rope": ("qk_after_rope", False),
     "-attnres": ("attn_res", None),
 }
+
+
+def _on_off() -> tuple[str, ...]:
+    """Every on/off token: the flags, the residual flags, the one-token residual schemes (`SCHEMES`) and qk."""
+    return (*_FLAGS, *_RESIDUAL_FLAGS, *SCHEMES, *(f"-{t}" for t in SCHEMES), "qk")
+
+
 TOKEN_HELP = (
     "attn=<qkvc+ABCS or ->, mlp=<ABCSHW or ->, [a:b]attn=..., [a:b]mlp=..., emb, -emb, final, "
     "-final, qk, norm=" + "|".join(NORM_KINDS) + ", inner=head|full, h=<float>, "
     "alpha=<float>|deepnorm|admin|keel, frozen-out, "
-    "emb-scale, h-scalar, h-channel, skip-scalar, gpas, ngpt, streams=<n>, mix=hc|mhc, attnres=<n>|full, lns, "
+    "emb-scale, h-scalar, h-channel, skip-scalar, gpas, " + ", ".join(SCHEMES) + ", streams=<n>, mix=hc|mhc, "
+    "attnres=<n>|full, lns, "
     "qk-rope, "
     "softmax=softmax|sink|off-by-one|softpick, "
     "gain=gamma|none|centered|scalar, norm.SITES=KIND, gain.SITES=G, "
@@ -184,6 +193,45 @@ def _parse_float(text: str, token: str) -> float:
         raise LayoutError(f"in {token!r}: {text!r} is not a number") from None
 
 
+def _attn_res_value(value: str, token: str) -> int | str | None:
+    if value == "none":
+        return None
+    if value != ATTN_RES_FULL and not re.fullmatch(r"\d+", value):
+        raise LayoutError(
+            f"in {token!r}: attnres is a whole number of blocks (Block AttnRes; the paper uses about 8) or "
+            f"{ATTN_RES_FULL!r} (every sublayer's output its own source)"
+        )
+    return value if value == ATTN_RES_FULL else int(value)
+
+
+def _residual_token(opts: ResidualOptions, token: str) -> ResidualOptions | None:
+    """``opts`` with one residual token applied (normlab.layout.residual), or None if ``token`` is not one: the
+    residual tokens are gathered in any order and the variant is built once the string is read."""
+    if token in _RESIDUAL_FLAGS:
+        attr, flag = _RESIDUAL_FLAGS[token]
+        return opts.with_(**{attr: flag})
+    if token.lstrip("-") in SCHEMES:  # ngpt, siamese and their negations: a scheme that is one token
+        return opts.with_(scheme=None if token.startswith("-") else token)
+    key, eq, value = token.partition("=")
+    if not (eq and value):
+        return None
+    if key == "streams":
+        if not re.fullmatch(r"\d+", value):
+            raise LayoutError(f"in {token!r}: streams is a whole number (the expansion rate n, e.g. 4)")
+        return opts.with_(streams=int(value))
+    if key == "mix":
+        if value not in STREAM_MIXES:
+            raise LayoutError(f"in {token!r}: mix must be one of {', '.join(STREAM_MIXES)}")
+        return opts.with_(mix=value)
+    if key == "h":
+        return opts.with_(h=_parse_float(value, token))
+    if key == "alpha":
+        return opts.with_(alpha=value if value in ALPHA_MODES else _parse_float(value, token))
+    if key == "attnres":
+        return opts.with_(attn_res=_attn_res_value(value, token))
+    return None
+
+
 def _apply(layout: Layout, token: str) -> Layout:
     m = _RULE.match(token)
     if m:
@@ -196,7 +244,7 @@ def _apply(layout: Layout, token: str) -> Layout:
         return replace(layout, rules=layout.rules + (rule,))
     if token in _FLAGS:
         attr, flag = _FLAGS[token]
-        changes: dict[str, Any] = {attr: flag}  # the field's type is the flag table's (bool, or h_learned's str | None)
+        changes: dict[str, Any] = {attr: flag}  # the field's type is the flag table's (bool)
         return replace(layout, **changes)
     if token == "qk":
         return layout.with_qk_norm()
@@ -236,31 +284,10 @@ def _apply(layout: Layout, token: str) -> Layout:
             if value not in ATTN_SOFTMAX:
                 raise LayoutError(f"in {token!r}: softmax must be one of {', '.join(ATTN_SOFTMAX)}")
             return replace(layout, softmax=value)
-        if key == "streams":
-            if not re.fullmatch(r"\d+", value):
-                raise LayoutError(f"in {token!r}: streams is a whole number (the expansion rate n, e.g. 4)")
-            return replace(layout, streams=int(value))
-        if key == "mix":
-            if value not in STREAM_MIXES:
-                raise LayoutError(f"in {token!r}: mix must be one of {', '.join(STREAM_MIXES)}")
-            return replace(layout, stream_mix=value)
         if key == "inner":
             if value not in INNER_SPANS:
                 raise LayoutError(f"in {token!r}: inner must be one of {', '.join(INNER_SPANS)}")
             return replace(layout, inner_span=cast(InnerSpan, value))
-        if key == "h":
-            return replace(layout, h=_parse_float(value, token))
-        if key == "alpha":
-            return replace(layout, alpha=value if value in ALPHA_MODES else _parse_float(value, token))
-        if key == "attnres":
-            if value == "none":
-                return replace(layout, attn_res=None)
-            if value != ATTN_RES_FULL and not re.fullmatch(r"\d+", value):
-                raise LayoutError(
-                    f"in {token!r}: attnres is a whole number of blocks (Block AttnRes; the paper uses about 8) or "
-                    f"{ATTN_RES_FULL!r} (every sublayer's output its own source)"
-                )
-            return replace(layout, attn_res=value if value == ATTN_RES_FULL else int(value))
         if key == "init":
             return replace(layout, init=None if value == "none" else value)
     raise LayoutError(f"unknown layout token {token!r}; valid tokens: {TOKEN_HELP}")
@@ -276,15 +303,15 @@ def option_token(key: str, value: object) -> str:
     if isinstance(value, str) and value.lower() in ("true", "false"):
         value = value.lower() == "true"
     if isinstance(value, bool):
-        if key not in _FLAGS and key != "qk":
+        if key not in _on_off():
             raise LayoutError(
                 f"layout.{key}: true/false is for the on/off tokens "
-                f"({', '.join(t for t in (*_FLAGS, 'qk') if not t.startswith('-'))}); {key} takes a value"
+                f"({', '.join(t for t in _on_off() if not t.startswith('-'))}); {key} takes a value"
             )
         if value:
             return key
         off = "-h-learned" if key.startswith("h-") else f"-{key}"
-        if off not in _FLAGS:
+        if off not in _on_off():
             raise LayoutError(f"layout.{key}=false: {key} has no negation in the grammar; leave it out instead")
         return off
     text = "none" if value is None else repr(value) if isinstance(value, float) else str(value)
@@ -320,7 +347,7 @@ def parse_layout(text: str) -> Layout:
         layout, tokens = PRESETS[first].layout, tokens[1:]
         if not tokens:
             return layout
-    elif "=" not in first and not first.startswith("[") and first not in _FLAGS and first != "qk":
+    elif "=" not in first and not first.startswith("[") and first not in _on_off():
         close = difflib.get_close_matches(first, PRESETS, n=3)
         hint = f" Did you mean {', '.join(close)}?" if close else ""
         raise LayoutError(
@@ -329,9 +356,15 @@ def parse_layout(text: str) -> Layout:
         )
     else:
         layout = Layout()
+    # the residual tokens are gathered in any order and built into one variant at the end (`_residual_token`)
+    opts, layout = ResidualOptions.of(layout.residual), replace(layout, residual=Skip())
     for token in tokens:
-        layout = _apply(layout, token)
+        changed = _residual_token(opts, token)
+        if changed is not None:
+            opts = changed
+        else:
+            layout = _apply(layout, token)
     # Re-run validation of the finished layout (cross-field checks such as frozen-out needing B).
-    layout = replace(layout, name=None)
+    layout = replace(layout, residual=opts.build(), name=None)
     layout.check_complete()
     return layout

@@ -1,7 +1,8 @@
-"""One Transformer block, one code path for every layout.
+"""One Transformer block: two `Sublayer`s (attention, then the MLP) and the residual class of the layout's variant.
 
-Each sublayer f (attention, then MLP) runs (Kim et al. 2025 Fig. 2 sites A/B/C; Kan et al. 2025
-Sec. 5 step h; DeepNorm skip scale alpha; Zhuo et al. 2025 eq. 9 skip from the normed input)::
+The residual class (normlab.model.residual, chosen from ``layout.residual`` at build time) writes each sublayer's
+update into the state; with the plain sum (`Skip`) each sublayer f runs (Kim et al. 2025 Fig. 2 sites A/B/C; Kan
+et al. 2025 Sec. 5 step h; DeepNorm skip scale alpha; Zhuo et al. 2025 eq. 9 skip from the normed input)::
 
         x ──┬──> N_A ──> f ──> N_B ──> * h ──┐          (N_* is nn.Identity where a site is off)
             │     │                          v
@@ -10,8 +11,8 @@ Sec. 5 step h; DeepNorm skip scale alpha; Zhuo et al. 2025 eq. 9 skip from the n
 
 so Post-LN is C alone, Pre-LN A alone, Peri-LN A+B, HybridNorm's FFN A with skip_normed, Keel A+C with alpha the
 number of sublayers, SpanNorm's MLP C with skip_block (the skip is the block's input x_in, not the MLP's: x' =
-N_C(x_in + FFN(y))). Options on the same path: a learned skip lambda (x' = lambda x + h F), GPAS after the add
-(x' <- x' - SiLU(a) sg(x')), nGPT's lerp ((1 - a) x + a N_B(F), then N_C), with n > 1 residual streams the
+N_C(x_in + FFN(y))), a learned skip lambda (x' = lambda x + h F) or GPAS after the add (x' <- x' - SiLU(a)
+sg(x')). The other schemes: nGPT's lerp ((1 - a) x + a N_B(F), then N_C), with n > 1 residual streams the
 hyper-connections' mixing in place of the skip (h_0 = pre . H into the branch; H' = res H + post * update;
 normlab.model.streams), and with Attention Residuals a softmax read over the embedding and the blocks' sums in
 place of x and the update added to its block's sum in place of the skip (normlab.model.depth_attention).
@@ -28,23 +29,25 @@ Capture points (`Tap`), the same paths under every layout:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import torch
 from torch import nn
 
-from normlab.layout.sites import ADMIN, BlockLayout, Layout, SublayerSites
+from normlab.layout.sites import BlockLayout, Layout
 from normlab.model.admin import AdminProfile
 from normlab.model.attention import Attention
 from normlab.model.config import ModelConfig
 from normlab.model.decoding import Decoding
-from normlab.model.depth_attention import DepthAttention, add_to_slot, block_of, n_sources
+from normlab.model.depth_attention import DepthAttention
 from normlab.model.mlp import MLP
 from normlab.model.moe import MoE
 from normlab.model.norms import Tap, site_norm
-from normlab.model.sphere import base_scale, eigen
+from normlab.model.residual import PART_NAMES, SUBLAYERS, ResidualPath
 from normlab.model.storage import NO_STORAGE, Storage
-from normlab.model.streams import HyperConnection, connection
+from normlab.model.streams import HyperConnection
+from normlab.model.sublayer import Flow, SiteNorms, Sublayer
+
+__all__ = ["SCALE_PARAMS", "Block", "SiteNorms", "scale_params"]
 
 # Learned scales that are not norms: residual steps (ReZero, LayerScale), Admin's omegas, NormFormer's head
 # scales. Like norm gains they are left out of weight decay (which would pull them to 0) and probed.
@@ -74,81 +77,42 @@ def scale_params(model: nn.Module) -> list[nn.Parameter]:
     return [p for p in found if isinstance(p, nn.Parameter)]
 
 
-class SiteNorms(nn.Module):
-    """The three norm sites of one sublayer: ``input`` (A), ``output`` (B), ``after_add`` (C)."""
-
-    def __init__(self, sites: SublayerSites, layout: Layout, cfg: ModelConfig, sublayer: str) -> None:
-        super().__init__()
-        d = cfg.d_model
-        self.input = site_norm(sites.input, layout.norm_at(f"{sublayer}.A"), d, cfg)
-        self.output = site_norm(
-            sites.output, layout.norm_at(f"{sublayer}.B"), d, cfg, frozen_gamma=layout.freeze_output_gamma
-        )
-        self.after_add = site_norm(sites.after_add, layout.norm_at(f"{sublayer}.C"), d, cfg)
-        self.skip_normed = sites.skip_normed
-        self.skip_block = sites.skip_block  # SpanNorm: the skip is the block's input
-
-
 class Block(nn.Module):
+    """Two residual sublayers, attention then the MLP, each a `Sublayer` (its site norms and its function) whose
+    update the model's residual path (normlab.model.residual, chosen from the layout's variant) writes into the
+    state. The residual's learned pieces for each sublayer are registered here as ``attn_<part>`` / ``mlp_<part>``
+    (``attn_h``, ``mlp_omega``, ``attn_hc``, ...; None where the scheme has no such part)."""
+
     store: Storage = NO_STORAGE  # the activation dtype (normlab.model.storage); set by NormLM.set_storage
+    # the residual parts each scheme registers (normlab.model.residual); None where the layout's scheme has none
+    attn_h: nn.Parameter | None
+    mlp_h: nn.Parameter | None
+    attn_omega: nn.Parameter | None
+    mlp_omega: nn.Parameter | None
+    attn_skip: nn.Parameter | None
+    mlp_skip: nn.Parameter | None
+    attn_gpas: nn.Parameter | None
+    mlp_gpas: nn.Parameter | None
+    attn_eigen: nn.Parameter | None
+    mlp_eigen: nn.Parameter | None
+    attn_hc: HyperConnection | None
+    mlp_hc: HyperConnection | None
+    attn_depth: DepthAttention | None
+    mlp_depth: DepthAttention | None
 
     def __init__(
-        self, cfg: ModelConfig, block: BlockLayout, layout: Layout, alpha: float, index: int = 0, attn_res_size: int = 0
+        self, cfg: ModelConfig, block: BlockLayout, layout: Layout, path: ResidualPath, index: int = 0
     ) -> None:
         super().__init__()
-        self.h, self.alpha = float(layout.h), float(alpha)
-        # CompleteP's residual branch multiplier (L / L_base)^-alpha; 1 under sp and mup (normlab.model.parametrization)
-        self.branch = cfg.branch_multiplier
-        # LayerNorm Scaling (Sun et al. 2025, "The Curse of Depth", eq. 6): the input norm's output times
-        # 1/sqrt(l), l = the layer's index counted from 1, so deep layers' updates grow no faster than shallow ones
-        self.ln_scale = 1.0 / math.sqrt(index + 1) if layout.ln_scaling else 1.0
-        # a learned residual step: ReZero (Bachlechner et al. 2021, x + a F(x), a a scalar from 0) or LayerScale
-        # (Touvron et al. 2021, x + diag(lambda) F(x), lambda per channel from a small h); else the number h
-        self.attn_h = self.mlp_h = None
-        if layout.h_learned is not None:
-            shape = (1,) if layout.h_learned == "scalar" else (cfg.d_model,)
-            self.attn_h = nn.Parameter(torch.full(shape, float(layout.h)))
-            self.mlp_h = nn.Parameter(torch.full(shape, float(layout.h)))
-        # Admin (Liu et al. 2020, eq. 7): x_i = LN(x_{i-1} * omega_i + f_i(x_{i-1})), omega_i a learned vector per
-        # sublayer, its start set by the profiling pass of normlab.model.admin (ones until then)
-        self.attn_omega = self.mlp_omega = None
-        if layout.alpha == ADMIN:
-            self.attn_omega = nn.Parameter(torch.ones(cfg.d_model))
-            self.mlp_omega = nn.Parameter(torch.ones(cfg.d_model))
-        self.admin: AdminProfile | None = None  # set only during the profiling pass
-        # modded-nanogpt's residual lambda: a learned scalar on the skip, from 1 (x' = lambda_skip x + h F(.))
-        self.attn_skip = self.mlp_skip = None
-        if layout.skip_learned:
-            self.attn_skip, self.mlp_skip = nn.Parameter(torch.ones(1)), nn.Parameter(torch.ones(1))
-        # GPAS (Chen et al. 2025, arXiv 2506.22049, Sec. 3; the authors' GPASBlock): after the sublayer,
-        # x <- x - SiLU(a) * sg(x), a learned scalar from 0 (the identity at init). The forward scales x by
-        # 1 - SiLU(a); the backward passes dL/dx unchanged (the subtracted copy is detached) and gives a its gradient.
-        self.attn_gpas = self.mlp_gpas = None
-        if layout.gpas:
-            self.attn_gpas, self.mlp_gpas = nn.Parameter(torch.zeros(1)), nn.Parameter(torch.zeros(1))
-        # nGPT's eigen learning rates a_A, a_M per channel (normlab.model.sphere): h <- Norm((1 - a) h + a Norm(F(h)))
-        self.attn_eigen = self.mlp_eigen = None
-        if layout.ngpt:
-            self.attn_eigen = nn.Parameter(torch.full((cfg.d_model,), base_scale(cfg.d_model)))
-            self.mlp_eigen = nn.Parameter(torch.full((cfg.d_model,), base_scale(cfg.d_model)))
-        # hyper-connections (normlab.model.streams): n streams in, n out; sublayer k = 2 l (attention), 2 l + 1 (MLP)
-        self.attn_hc = self.mlp_hc = None
-        if layout.streams > 1:
-            self.attn_hc = connection(layout.stream_mix, layout.streams, cfg.d_model, 2 * index)
-            self.mlp_hc = connection(layout.stream_mix, layout.streams, cfg.d_model, 2 * index + 1)
-        # Attention Residuals (normlab.model.depth_attention): each sublayer's read over the depth sources (eqs. 2-6)
-        self.attn_depth = self.mlp_depth = None
-        if attn_res_size:
-            self.attn_depth, self.mlp_depth = (
-                DepthAttention(
-                    cfg.d_model,
-                    cfg.norm_eps,
-                    n_sources(k, attn_res_size),
-                    block_of(k, attn_res_size)[0],
-                    cfg.norm_compute,
-                )
-                for k in (2 * index, 2 * index + 1)
-            )
+        self.residual = path
+        for name in PART_NAMES:  # the parts of the other schemes read None
+            for sub in SUBLAYERS:
+                setattr(self, f"{sub}_{name}", None)
+        parts = [path.parts(2 * index), path.parts(2 * index + 1)]  # in this order: the connections draw weights
+        for name in path.part_names:
+            for sub, own in zip(SUBLAYERS, parts):
+                setattr(self, f"{sub}_{name}", own[name])
+        self.admin: AdminProfile | None = None  # set only during Admin's profiling pass (normlab.model.admin)
         self.attn_norms = SiteNorms(block.attn, layout, cfg, "attn")
         self.attn = Attention(cfg, block.attn_inner, layout, layer_idx=index)
         self.attn_update, self.resid_mid = Tap(), Tap()
@@ -159,94 +123,34 @@ class Block(nn.Module):
             else MLP(cfg, site_norm(block.mlp.hidden, layout.norm_at("mlp.H"), cfg.ffn_dim, cfg), ngpt=layout.ngpt)
         )
         self.mlp_update, self.resid_post = Tap(), Tap()
+        # LayerNorm Scaling (Sun et al. 2025, "The Curse of Depth", eq. 6): the input norm's output times
+        # 1/sqrt(l), l = the layer's index counted from 1, so deep layers' updates grow no faster than shallow ones
+        ln_scale = 1.0 / math.sqrt(index + 1) if layout.ln_scaling else 1.0
+        self.sublayers = (
+            Sublayer("attn", 2 * index, self.attn_norms, self.attn, self.attn_update, ln_scale),
+            Sublayer("mlp", 2 * index + 1, self.mlp_norms, self.mlp, self.mlp_update, ln_scale),
+        )
 
-    def _sublayer(
-        self,
-        x: torch.Tensor,
-        norms: SiteNorms,
-        f: Callable[[torch.Tensor], torch.Tensor],
-        update_tap: Tap,
-        h: nn.Parameter | None = None,
-        omega: nn.Parameter | None = None,
-        lam: nn.Parameter | None = None,
-        gpas: nn.Parameter | None = None,
-        hc: HyperConnection | None = None,
-        eig: nn.Parameter | None = None,
-        block_in: torch.Tensor | None = None,
-        depth: DepthAttention | None = None,
-    ) -> torch.Tensor:
-        store = self.store  # every tensor a real fp16 run writes to memory is rounded where it is made
-        if hc is not None:  # x holds the n streams side by side; the branch reads h_0 = sum_j pre_j H_j
-            streams = x.unflatten(-1, (hc.n, -1))
-            x, res, post = hc(streams)
-            x = store(x)
-        if depth is not None:  # x holds the depth sources side by side; the branch reads h_l = sum_i alpha_i v_i
-            state, x = x, store(depth(x))
-        u = store(norms.input(x))
-        skip = u if norms.skip_normed else block_in if norms.skip_block else x
-        assert skip is not None  # a layout that skips from the block's input passes it (forward)
-        if self.ln_scale != 1.0:
-            u = store(u * self.ln_scale)
-        update = store(norms.output(store(f(u))))
-        # h and alpha are 1 in most layouts; skipping the multiply then saves two elementwise passes.
-        if h is not None:
-            update = store(h.to(update.dtype) * update)
-        elif self.h != 1.0:
-            update = store(self.h * update)
-        if self.branch != 1.0:
-            update = store(self.branch * update)
-        if hc is not None:  # H'_i = sum_j res_ij H_j + post_i * update (the layout refuses C, S, alpha, lambda, GPAS)
-            return store(hc.depth(streams, res, post, update_tap(update)).flatten(-2))
-        if depth is not None:  # b_n^i = b_n^{i-1} + update (the layout refuses C, S, W, alpha, lambda, GPAS, streams)
-            assert depth.slot is not None
-            return store(add_to_slot(state, update_tap(update), depth.slot))
-        if self.alpha != 1.0:
-            skip = store(self.alpha * skip)
-        if omega is not None:
-            if self.admin is not None:
-                self.admin.set(omega, skip, update)
-            skip = store(omega.to(skip.dtype) * skip)
-        if lam is not None:
-            skip = store(lam.to(skip.dtype) * skip)
-        if eig is not None:  # nGPT's lerp: (1 - a) h + a Norm(F(h)), then N_C = Norm (the layout's C site)
-            a = eigen(eig, eig.shape[0]).to(update.dtype)
-            skip, update = store((1 - a) * skip), store(a * update)
-        out = store(norms.after_add(store(skip + update_tap(update))))
-        if gpas is not None:
-            out = store(out - nn.functional.silu(gpas).to(out.dtype) * out.detach())
-        return out
+    @property
+    def h(self) -> float:
+        """The fixed branch step h of this block's residual path (a learned h is the ``attn_h`` / ``mlp_h`` part)."""
+        return self.residual.h
+
+    @h.setter
+    def h(self, value: float) -> None:
+        self.residual.h = float(value)
+
+    @property
+    def branch(self) -> float:
+        """CompleteP's residual branch multiplier (1 under sp and mup): the residual path's."""
+        return self.residual.branch
+
+    def parts(self, sub: str) -> dict[str, nn.Parameter | nn.Module | None]:
+        """Sublayer ``sub``'s residual parts, read at call time (a sharded run replaces the parameters)."""
+        return {name: getattr(self, f"{sub}_{name}") for name in self.residual.part_names}
 
     def forward(self, x: torch.Tensor, dec: Decoding | None = None) -> torch.Tensor:
-        attn = self.attn if dec is None else (lambda u: self.attn(u, dec))
-        x_in = x  # SpanNorm's MLP takes its skip from here (skip_block)
-        x = self.resid_mid(
-            self._sublayer(
-                x,
-                self.attn_norms,
-                attn,
-                self.attn_update,
-                self.attn_h,
-                self.attn_omega,
-                self.attn_skip,
-                self.attn_gpas,
-                self.attn_hc,
-                self.attn_eigen,
-                depth=self.attn_depth,
-            )
-        )
-        return self.resid_post(
-            self._sublayer(
-                x,
-                self.mlp_norms,
-                self.mlp,
-                self.mlp_update,
-                self.mlp_h,
-                self.mlp_omega,
-                self.mlp_skip,
-                self.mlp_gpas,
-                self.mlp_hc,
-                self.mlp_eigen,
-                block_in=x_in if self.mlp_norms.skip_block else None,
-                depth=self.mlp_depth,
-            )
-        )
+        flow = Flow(store=self.store, block_in=x, decoding=dec, admin=self.admin)
+        attn, mlp = self.sublayers
+        x = self.resid_mid(self.residual.write(x, attn, self.parts("attn"), flow))
+        return self.resid_post(self.residual.write(x, mlp, self.parts("mlp"), flow))

@@ -30,10 +30,11 @@ from normlab.layout.sites import NORM_SITES, ResolvedLayout
 from normlab.model.block import Block
 from normlab.model.config import ModelConfig
 from normlab.model.decoding import Decoding, check_positions
-from normlab.model.depth_attention import DepthAttention, first_state, n_slots
+from normlab.model.depth_attention import DepthAttention
 from normlab.model.loss import lm_loss, logits_of
 from normlab.model.moe import MoE
 from normlab.model.norms import Tap, is_norm, site_norm
+from normlab.model.residual import residual_path
 from normlab.model.sphere import base_scale, project, rescaled
 from normlab.model.storage import NO_STORAGE, Storage
 
@@ -69,16 +70,15 @@ class NormLM(nn.Module):
         self.embed_scale = math.sqrt(cfg.d_model) if layout.embed_scale else 1.0
         self.embed_norm = site_norm(layout.embed_norm, layout.norm_at("emb"), cfg.d_model, cfg)
         self.embed_out = Tap()
+        # the residual path of the layout's variant (normlab.model.residual): how each sublayer's update enters the
+        # state between blocks, and how the embedding enters it and the last state is read out
+        self.residual = residual_path(resolved, cfg)
         self.blocks = nn.ModuleList(
-            Block(cfg, blk, layout, resolved.alpha, i, resolved.attn_res_size) for i, blk in enumerate(resolved.blocks)
+            Block(cfg, blk, layout, residual_path(resolved, cfg), i) for i, blk in enumerate(resolved.blocks)
         )
-        # Attention Residuals: the slots of the state and the final read over all of them ("the final output layer
-        # aggregates all N block representations", Kimi Team 2026 Sec. 3.2), before the final norm
-        size = resolved.attn_res_size
-        self.depth_slots = n_slots(cfg.n_layers, size) if size else 1
-        self.final_depth = (
-            DepthAttention(cfg.d_model, cfg.norm_eps, self.depth_slots, None, cfg.norm_compute) if size else None
-        )
+        self.final_depth: DepthAttention | None = None  # Attention Residuals' final read over depth (its model part)
+        for name, part in self.residual.model_parts().items():
+            setattr(self, name, part)
         self.final_norm = site_norm(layout.final_norm, layout.norm_at("final"), cfg.d_model, cfg)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
@@ -147,27 +147,24 @@ class NormLM(nn.Module):
 
     @property
     def streams(self) -> int:
-        """The residual streams n (hyper-connections, normlab.model.streams); 1 for every other layout."""
-        return self.resolved.layout.streams
+        """The d-wide streams side by side in the state between blocks: n with hyper-connections
+        (normlab.model.streams), 2 with SiameseNorm (X, Y), 1 for every other layout."""
+        return self.residual.streams
 
     @property
     def state_width(self) -> int:
         """The width of the state between blocks: d, or n*d with n streams, or K*d with K depth slots (AttnRes)."""
-        return self.config.d_model * (self.streams if self.streams > 1 else self.depth_slots)
+        return self.residual.width(self.config.d_model)
 
     def expand(self, x: torch.Tensor) -> torch.Tensor:
         """y_0 (B, T, d) as the state entering block 0: n copies side by side, (B, T, n*d), with n streams (Zhu et
         al. 2025); the embedding in slot 0 and zeros after, (B, T, K*d), with Attention Residuals."""
-        if self.streams > 1:
-            return x.repeat(*([1] * (x.dim() - 1)), self.streams)
-        return first_state(x, self.depth_slots) if self.final_depth is not None else x
+        return self.residual.expand(x, self)
 
     def collapse(self, x: torch.Tensor) -> torch.Tensor:
         """The last block's state as one (B, T, d) for the final norm: the n streams summed (Zhu et al. 2025,
         Sec. 3); with Attention Residuals the final read over every slot (Kimi Team 2026, Sec. 3.2)."""
-        if self.streams > 1:
-            return x.unflatten(-1, (self.streams, -1)).sum(-2)
-        return self.store(self.final_depth(x)) if self.final_depth is not None else x
+        return self.residual.collapse(x, self)
 
     def run_blocks(
         self, x: torch.Tensor, return_hidden_states: bool = False, decoding: Decoding | None = None

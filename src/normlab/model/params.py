@@ -86,6 +86,10 @@ def analytic_params(cfg: ModelConfig, resolved: ResolvedLayout) -> ParamCount:
     # (d each); the final read's two more below
     depth_reads = 2 * d if resolved.attn_res_size else 0
     per_block_scales += 2 * depth_reads
+    # SiameseNorm (normlab.model.residual.SiamesePath): per sublayer the norms of its X and Y streams, of the layout's
+    # kind and gain; two more read the streams before the final norm
+    siamese = NORM_FACTS[lay.norm].param_count(d, lay.gain, cfg.norm_bias) if lay.residual.token == "siamese" else 0
+    per_block_scales += 4 * siamese
     blocks = 0
     for blk in resolved.blocks:
         norms = 0
@@ -103,6 +107,7 @@ def analytic_params(cfg: ModelConfig, resolved: ResolvedLayout) -> ParamCount:
     embedding = cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2)
     embedding += cfg.max_seq_len * d if cfg.position == "learned" else 0
     non_embedding = blocks + model_norms + (cfg.vocab_size if lay.ngpt else 0) + depth_reads  # nGPT's s_z
+    non_embedding += 2 * siamese
     total = non_embedding + embedding
     return ParamCount(
         total=total,

@@ -121,6 +121,12 @@ UNSAID: tuple[Unsaid, ...] = (
             "blocks normalizes after the add (where the two would agree)"
         },
     ),
+    Unsaid(
+        "SiameseNorm's two streams",
+        lambda lay: lay.residual.token == "siamese",
+        "its blocks carry one residual stream; none carries a Post-Norm-like stream beside it through the same "
+        "sublayers (SiameseNorm's own code is a patch to OLMo, not a setting of it)",
+    ),
     Unsaid("GPAS", lambda lay: lay.gpas, "no block of it subtracts a stop-gradient share of the stream"),
     Unsaid("learned skip scalars", lambda lay: lay.skip_learned, "its blocks add the stream with weight 1"),
     *(_unsaid_kind(f) for f in NORM_KIND_FACTS if f.unsaid is not None),  # each norm kind's, from its facts
