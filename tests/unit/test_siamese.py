@@ -15,7 +15,7 @@ from normlab.hf.native import residual_refusal
 from normlab.layout import LayoutError, parse_layout
 from normlab.layout.residual import Siamese
 from normlab.model.params import analytic_params, count_params
-from normlab.recommend.frameworks import unsaid
+from normlab.recommend.frameworks.snippets import unsaid
 from normlab.train.optim import param_groups
 from tests.reference import N, mha, swiglu
 from tests.unit.test_equations import randomize_norms
