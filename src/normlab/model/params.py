@@ -57,7 +57,7 @@ def analytic_params(cfg: ModelConfig, resolved: ResolvedLayout) -> ParamCount:
         spec = lay.norm_at(name)
         # each parameter's size by the kind's facts (a centered gain is a weight too, 1 + w; a scalar gain one
         # number; without a per-channel gain torch's LayerNorm has no beta either)
-        return NORM_FACTS[spec.kind].param_count(width, spec.gain, cfg.norm_bias)
+        return NORM_FACTS[spec.kind].param_count(width, spec.gain, cfg.norm_bias, cfg.gated_norm_rank)
 
     b = 1 if cfg.linear_bias else 0
     qkv_b = 1 if (cfg.linear_bias or cfg.qkv_bias) else 0
