@@ -349,6 +349,8 @@ EXPORTED = [
     ("pre-mhc", True),
     ("ngpt", False),
     ("normformer,attn=qkgsAB,qk-rope,norm.mlp.A=dyt,alpha0.mlp.A=0.3,gain.final=centered", True),
+    ("sandwich-gatednorm", False),  # GatedNorm and TaperNorm (issue 67): no stock class computes them
+    ("pre-taper", False),
 ]
 
 

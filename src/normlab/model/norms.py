@@ -399,6 +399,11 @@ class TaperNorm(_Elementwise):
     abstract was not retrievable here: these equations follow its abstract and two third-party readings of it
     (see docs/layouts.md); the schedule's fractions (``START``, ``END``) are normlab's."""
 
+    gate: torch.Tensor  # buffers (register_buffer), saved with the weights
+    coeff: torch.Tensor
+    ema_num: torch.Tensor
+    ema_den: torch.Tensor
+    calibrated: torch.Tensor
     EMA = 0.99
     START, END = 0.25, 0.75  # fractions of the run's steps: the gate warmup's end and the taper's end
 
@@ -421,8 +426,9 @@ class TaperNorm(_Elementwise):
     def _track(self, x: torch.Tensor, r: torch.Tensor) -> None:
         """One EMA step of the calibration's two means (first step: the means themselves)."""
         with torch.no_grad():
-            sq = (x.float() * self.weight.float()).pow(2).sum(-1)
-            num, den = (sq / r.squeeze(-1).float()).mean(), sq.mean()
+            wide = torch.promote_types(x.dtype, torch.float32)
+            sq = (x.to(wide) * self.weight.to(wide)).pow(2).sum(-1)
+            num, den = (sq / r.squeeze(-1).to(wide)).mean(), sq.mean()
             first = self.ema_den == 0
             a = torch.where(first, torch.zeros_like(num), torch.full_like(num, self.EMA))
             self.ema_num.copy_(a * self.ema_num + (1 - a) * num)
@@ -442,7 +448,7 @@ class TaperNorm(_Elementwise):
         g = float(self.gate)
         if g == 0.0:
             return (xd * (self.coeff * self.taper_weight).to(dtype)).to(x.dtype)
-        r = torch.sqrt(xd.float().pow(2).mean(-1, keepdim=True) + self.eps)
+        r = torch.sqrt(xd.to(torch.promote_types(xd.dtype, torch.float32)).pow(2).mean(-1, keepdim=True) + self.eps)
         if self.training and not bool(self.calibrated):
             self._track(xd, r)
         normed = xd * (1.0 / r).to(dtype) * self.weight.to(dtype)

@@ -18,6 +18,8 @@ Where the folding would not be exact it refuses, saying why (`TaperFoldError`):
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import torch
 from torch import nn
 
@@ -29,6 +31,11 @@ _READERS = {"attn": ("q_proj", "k_proj", "v_proj", "gate_proj"), "mlp": ("gate_p
 
 class TaperFoldError(ValueError):
     """A TaperNorm the fold cannot remove exactly (the message says which and why)."""
+
+
+def _block(model: nn.Module, index: str) -> Any:
+    """Block ``index`` of ``model`` (a NormLM's ``blocks``)."""
+    return cast(nn.ModuleList, model.blocks)[int(index)]
 
 
 def _tapers(model: nn.Module) -> list[tuple[str, TaperNorm]]:
@@ -45,7 +52,7 @@ def fold_problems(model: nn.Module) -> list[str]:
         elif not (len(parts) == 4 and parts[0] == "blocks" and parts[3] == "input"):
             out.append(f"{name}: not an input norm (A); what reads it is not only linears reading it alone")
         else:
-            block = getattr(model, "blocks")[int(parts[1])]
+            block = _block(model, parts[1])
             sub = parts[2].removesuffix("_norms")
             if getattr(block, parts[2]).skip_normed:
                 out.append(f"{name}: the skip reads the normed input (S) too")
@@ -64,7 +71,7 @@ def fold_tapered(model: nn.Module) -> int:
     folded = 0
     for name, norm in _tapers(model):
         _, index, site, _ = name.split(".")
-        block = getattr(model, "blocks")[int(index)]
+        block = _block(model, index)
         sub = site.removesuffix("_norms")
         scale = (norm.coeff * norm.taper_weight).detach()
         for reader in _READERS[sub]:
