@@ -199,3 +199,36 @@ def test_the_fold_refuses_where_it_would_not_be_exact_and_changes_nothing():
     assert any(p.startswith("final_norm") for p in problems) and any(p.startswith("embed_norm") for p in problems)
     skip = _tapered("hybrid*,norm=taper")
     assert any("skip reads the normed input" in p for p in fold_problems(skip))
+
+
+def test_the_new_norms_are_default_candidates_after_issue_56s_and_buildable_for_a_grouped_query_model(tmp_path):
+    """Issue 67's norms join recommend's defaults after issue 56's forms and before hyper-connections (a small budget
+    keeps its answer; the cheap screen's order within a family is the order given), and a Llama-shaped model (grouped
+    key/value heads) can take each of them."""
+    import json
+
+    from normlab.config.commands import RECOMMEND_CANDIDATES, RecommendConfig
+    from normlab.recommend import plan
+    from normlab.recommend.shape import read_user_model
+    from normlab.recommend.stages import _candidates
+
+    new = ["pre-gatednorm", "sandwich-gatednorm", "pre-taper"]
+    at = RECOMMEND_CANDIDATES.index("attnres")
+    assert list(RECOMMEND_CANDIDATES[at + 1 : at + 4]) == new
+    order, _ = plan.cheap_order(list(RECOMMEND_CANDIDATES), "pre")
+    assert order[-5:] == [*new, "pre-hc", "pre-mhc"]
+    llama = {
+        "model_type": "llama",
+        "hidden_size": 256,
+        "intermediate_size": 688,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "vocab_size": 32000,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 2048,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(llama))
+    names, _, unfit = _candidates(RecommendConfig(), read_user_model(str(tmp_path / "config.json")))
+    assert all(n in names and n not in unfit for n in new)
