@@ -232,3 +232,19 @@ def test_the_new_norms_are_default_candidates_after_issue_56s_and_buildable_for_
     (tmp_path / "config.json").write_text(json.dumps(llama))
     names, _, unfit = _candidates(RecommendConfig(), read_user_model(str(tmp_path / "config.json")))
     assert all(n in names and n not in unfit for n in new)
+
+
+def test_a_tapering_model_follows_the_blend_at_every_site():
+    """Peri-LN with QK-norm, every norm a TaperNorm mid-taper (g = 0.4, c and gamma~ off their starts): each block
+    equals x + T(F(T(x))) with T the blend written out in tests/reference.py."""
+    from tests.unit.test_equations import assert_blocks_follow, peri_with
+
+    model = normlab.build_model("peri+qk,norm=taper", "nano", seed=0, n_kv_heads=1, d_model=32, n_heads=2).double()
+    g = torch.Generator().manual_seed(2)
+    for m in model.modules():
+        if isinstance(m, TaperNorm):
+            m.gate.fill_(0.4)
+            m.coeff.fill_(0.8)
+            with torch.no_grad():
+                m.taper_weight.copy_(1 + 0.3 * torch.randn(m.taper_weight.shape, generator=g, dtype=torch.float64))
+    assert_blocks_follow(model, peri_with("qk"))

@@ -412,7 +412,7 @@ def test_residual_scale_h():
         torch.testing.assert_close(b(x), expected, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("kind", ["dyt", "derf", "scale", "l2", "seednorm"])
+@pytest.mark.parametrize("kind", ["dyt", "derf", "scale", "l2", "seednorm", "gatednorm", "taper"])
 def test_every_norm_kind_at_every_site_matches_its_formula(kind):
     """A kind applies at every site a layout turns on: Peri-LN with QK-norm in that kind, block and
     model-level norms, each against the kind's formula written out in tests/reference.py."""
@@ -424,6 +424,8 @@ def test_every_norm_kind_at_every_site_matches_its_formula(kind):
         "scale": 1,
         "l2": 0,  # gamma, beta, alpha (Derf: + s) / g / -
         "seednorm": 3 * 32,
+        "gatednorm": 32 + 2 * 32 * 32,  # gamma, W_down, W_up at rank min(128, 32)
+        "taper": 2 * 32,  # gamma, gamma~
     }  # SeeDNorm: gamma, alpha, beta
     assert sum(p.numel() for p in model.blocks[0].attn_norms.input.parameters()) == sizes[kind]
 
