@@ -312,6 +312,11 @@ def qwen3(b, x):  # Qwen3: Pre-LN, N(Q) and N(K) per head before RoPE
     return y + F(b, N(b.mlp_norms.input, y))
 
 
+def sandwich_mlp(b, x):  # marin issue 4993: x + N(F(N(x))) on the MLP only, x + Attn(N(x)) before it
+    y = x + A(b, N(b.attn_norms.input, x))
+    return y + N(b.mlp_norms.output, F(b, N(b.mlp_norms.input, y)))
+
+
 EQUATIONS = {
     "admin": lambda b, x, *_: admin(b, x),
     "normformer": lambda b, x, *_: normformer(b, x),
@@ -351,6 +356,9 @@ EQUATIONS = {
     "ngpt": lambda b, x, *_: ngpt(b, x),
     "pre-hc": lambda b, x, *_: hyper(b, x, "hc"),
     "pre-mhc": lambda b, x, *_: hyper(b, x, "mhc"),
+    "pre-gatednorm": pre,  # marin's grug MoE: Kim eq. 2 with N = GatedNorm (tests/reference.py writes it out)
+    "sandwich-gatednorm": lambda b, x, *_: sandwich_mlp(b, x),  # marin issue 4993
+    "pre-taper": pre,  # Kanavalau et al. 2026: Kim eq. 2 with N = TaperNorm (at its gate; reference.py)
 }
 for _inner in ("qkvc", "qkv", "qkc", "qk", "kv", "kc"):
     EQUATIONS[f"{_inner}-post"] = zhuo("#-post", _inner)
