@@ -81,9 +81,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 from normlab.layout import as_layout
-from normlab.layout.norm_kinds import NORM_FACTS
 from normlab.layout.sites import STREAM_MIXES
 from normlab.model.config import ModelConfig
+from normlab.model.params import gate_matrix_shapes
 
 if TYPE_CHECKING:
     from normlab.config.train import TrainConfig
@@ -185,30 +185,7 @@ def muon_shapes(cfg: ModelConfig, layout: str) -> list[tuple[int, int]]:
             out += [(f, d), (f, d), (d, f)] if cfg.moe_shared_expert else []
         else:
             out += [(cfg.ffn_dim, d)] * (2 if gated else 1) + [(d, cfg.ffn_dim)]
-        out += _gate_matrices(cfg, lay.layout, blk)
-    return out
-
-
-def _gate_matrices(cfg: ModelConfig, lay: Any, blk: Any) -> list[tuple[int, int]]:
-    """A block's norms' own matrices (a kind with a "gate" parameter: GatedNorm's (r, w) and (w, r), r = min(rank,
-    w)) at each norm site the block turns on, w the site's width (normlab.model.norms.GatedNorm)."""
-    d, hd = cfg.d_model, cfg.head_dim
-    full = lay.inner_span == "full"
-    inner = {"q": cfg.n_heads, "k": cfg.kv_heads, "v": cfg.kv_heads, "c": cfg.n_heads}
-    sites = [
-        (f"{sub}.{x}", d)
-        for sub, ss in (("attn", blk.attn), ("mlp", blk.mlp))
-        for x, on in (("A", ss.input), ("B", ss.output), ("C", ss.after_add))
-        if on
-    ]
-    sites += [("mlp.H", cfg.ffn_dim)] if blk.mlp.hidden else []
-    ins = blk.attn_inner
-    sites += [(k, hd * n if full else hd) for k, n in inner.items() if getattr(ins, "context" if k == "c" else k)]
-    out: list[tuple[int, int]] = []
-    for site, w in sites:
-        if any(size == "gate" for _, size in NORM_FACTS[lay.norm_at(site).kind].params):
-            r = min(cfg.gated_norm_rank, w)
-            out += [(r, w), (w, r)]
+        out += gate_matrix_shapes(cfg, lay.layout, blk)  # GatedNorm's (normlab.model.params)
     return out
 
 
