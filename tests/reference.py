@@ -31,6 +31,14 @@ def layer_norm(mod, x: torch.Tensor) -> torch.Tensor:
 
 def N(mod, x: torch.Tensor) -> torch.Tensor:
     """Apply a norm module's weights by hand. Fails loudly if the site holds no norm."""
+    if type(mod).__name__ == "GatedNorm":  # marin's grug MoE: y * sigmoid(SiLU(y W_down) W_up), y = RMSNorm(x)
+        y = rms_norm(mod, x)
+        h = y @ mod.gate_down.T
+        return y * torch.sigmoid((h * torch.sigmoid(h)) @ mod.gate_up.T)
+    if type(mod).__name__ == "TaperNorm":  # Kanavalau et al. 2026: g gamma x / RMS(x) + (1 - g) c gamma~ x
+        g = float(mod.gate)
+        rms = torch.sqrt(x.pow(2).mean(-1, keepdim=True) + mod.eps)
+        return g * mod.weight * x / rms + (1 - g) * mod.coeff * mod.taper_weight * x
     if isinstance(mod, torch.nn.RMSNorm):
         return rms_norm(mod, x)
     if isinstance(mod, torch.nn.LayerNorm):

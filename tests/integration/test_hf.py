@@ -350,6 +350,8 @@ EXPORTED = [
     ("ngpt", False),
     ("siamese", False),  # two streams: the normlab class only (its native refusal: tests/unit/test_siamese.py)
     ("normformer,attn=qkgsAB,qk-rope,norm.mlp.A=dyt,alpha0.mlp.A=0.3,gain.final=centered", True),
+    ("sandwich-gatednorm", False),  # GatedNorm and TaperNorm (issue 67): no stock class computes them
+    ("pre-taper", False),
 ]
 
 

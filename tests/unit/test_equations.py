@@ -312,6 +312,11 @@ def qwen3(b, x):  # Qwen3: Pre-LN, N(Q) and N(K) per head before RoPE
     return y + F(b, N(b.mlp_norms.input, y))
 
 
+def sandwich_mlp(b, x):  # marin issue 4993: x + N(F(N(x))) on the MLP only, x + Attn(N(x)) before it
+    y = x + A(b, N(b.attn_norms.input, x))
+    return y + N(b.mlp_norms.output, F(b, N(b.mlp_norms.input, y)))
+
+
 EQUATIONS = {
     "admin": lambda b, x, *_: admin(b, x),
     "normformer": lambda b, x, *_: normformer(b, x),
@@ -351,6 +356,9 @@ EQUATIONS = {
     "ngpt": lambda b, x, *_: ngpt(b, x),
     "pre-hc": lambda b, x, *_: hyper(b, x, "hc"),
     "pre-mhc": lambda b, x, *_: hyper(b, x, "mhc"),
+    "pre-gatednorm": pre,  # marin's grug MoE: Kim eq. 2 with N = GatedNorm (tests/reference.py writes it out)
+    "sandwich-gatednorm": lambda b, x, *_: sandwich_mlp(b, x),  # marin issue 4993
+    "pre-taper": pre,  # Kanavalau et al. 2026: Kim eq. 2 with N = TaperNorm (at its gate; reference.py)
 }
 for _inner in ("qkvc", "qkv", "qkc", "qk", "kv", "kc"):
     EQUATIONS[f"{_inner}-post"] = zhuo("#-post", _inner)
@@ -412,7 +420,7 @@ def test_residual_scale_h():
         torch.testing.assert_close(b(x), expected, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("kind", ["dyt", "derf", "scale", "l2", "seednorm"])
+@pytest.mark.parametrize("kind", ["dyt", "derf", "scale", "l2", "seednorm", "gatednorm", "taper"])
 def test_every_norm_kind_at_every_site_matches_its_formula(kind):
     """A kind applies at every site a layout turns on: Peri-LN with QK-norm in that kind, block and
     model-level norms, each against the kind's formula written out in tests/reference.py."""
@@ -424,6 +432,8 @@ def test_every_norm_kind_at_every_site_matches_its_formula(kind):
         "scale": 1,
         "l2": 0,  # gamma, beta, alpha (Derf: + s) / g / -
         "seednorm": 3 * 32,
+        "gatednorm": 32 + 2 * 32 * 32,  # gamma, W_down, W_up at rank min(128, 32)
+        "taper": 2 * 32,  # gamma, gamma~
     }  # SeeDNorm: gamma, alpha, beta
     assert sum(p.numel() for p in model.blocks[0].attn_norms.input.parameters()) == sizes[kind]
 

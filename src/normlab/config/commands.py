@@ -301,6 +301,10 @@ RECOMMEND_CANDIDATES = (
     "keel",
     "spannorm",
     "attnres",
+    # issue 67's norms, after issue 56's: GatedNorm as marin ships it and its sandwich form, TaperNorm
+    "pre-gatednorm",
+    "sandwich-gatednorm",
+    "pre-taper",
     "pre-hc",
     "pre-mhc",
 )

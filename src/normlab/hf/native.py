@@ -80,7 +80,7 @@ def _export_arch(model: NormLM, arch: str) -> Arch:
             "with a plain softmax (GPT-OSS's class computes learned sinks, but around its clamped-SwiGLU experts "
             "and biased router, which normlab does not compute); export with --arch normlab, which keeps it"
         )
-    why = residual_refusal(model.layout, arch)
+    why = residual_refusal(model.layout, arch) or norm_refusal(model.layout, arch)
     if why is not None:
         raise NativeExportError(why)
     want = PRESETS[adapter.preset].layout.to_string()
@@ -237,6 +237,29 @@ def residual_refusal(layout: Any, arch: str) -> str | None:
         f"{'; '.join(what)}: no transformers class computes it ({arch}'s blocks add each sublayer's output to its "
         "input with weight 1); export with --arch normlab, whose remote code is normlab's block"
     )
+
+
+# the 2026-H2 norm kinds (issue 67): why no transformers class computes each
+_NORM_REFUSALS = {
+    "gatednorm": (
+        "GatedNorm's low-rank gate y * sigmoid(SiLU(y W_down) W_up) after RMSNorm: {arch}'s norms are RMSNorm with a "
+        "per-channel weight and no gate"
+    ),
+    "taper": (
+        "TaperNorm: while its gate is above 0 it blends RMSNorm with a fixed scaling, which no class computes; at "
+        "gate 0 its input norms fold into the projections (normlab.model.taper_fold), but {arch}'s layers still "
+        "apply their RMSNorm there"
+    ),
+}
+
+
+def norm_refusal(layout: Any, arch: str) -> str | None:
+    """Why no transformers class computes ``layout``'s norm kind (GatedNorm, TaperNorm), or None."""
+    kinds = {layout.norm} | {sn.kind for _, sn in layout.site_norms if sn.kind is not None}
+    what = [_NORM_REFUSALS[k].format(arch=arch) for k in sorted(kinds) if k in _NORM_REFUSALS]
+    if not what:
+        return None
+    return f"{'; '.join(what)}; export with --arch normlab, whose remote code is normlab's norm"
 
 
 def name_map(arch: str, n_layers: int, tied: bool) -> dict[str, str]:

@@ -13,7 +13,9 @@ beside it in normlab.model.norms (`NORM_MODULES`); tests/unit/test_registries.py
 
 Sources: rms, Zhang & Sennrich 2019; layer, Ba et al. 2016; dyt, Dynamic Tanh, Zhu et al. 2025; derf, Dynamic
 erf, Chen et al. 2025 (arXiv 2512.10938); scale, ScaleNorm, Nguyen & Salazar 2019; l2, x / ||x|| with no gain;
-seednorm, an input-dependent gain on x / RMS(x), Cai et al. 2025 (SeeDNorm, arXiv 2510.22777).
+seednorm, an input-dependent gain on x / RMS(x), Cai et al. 2025 (SeeDNorm, arXiv 2510.22777); gatednorm, RMSNorm
+followed by a low-rank sigmoid gate (marin's grug MoE recipe, after Qiu et al. 2026, arXiv 2601.22966); taper,
+RMSNorm tapered into a fixed per-channel scaling (TaperNorm, Kanavalau et al. 2026, arXiv 2602.10408).
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ from typing import Literal
 #   affine_bias  torch LayerNorm's beta: as bias, but only with a per-channel gain (elementwise_affine)
 #   channel      one per channel, always
 #   one          a single learned number
-ParamSize = Literal["gain", "bias", "affine_bias", "channel", "one"]
-PARAM_SIZES: tuple[str, ...] = ("gain", "bias", "affine_bias", "channel", "one")
+#   gate         one of GatedNorm's two low-rank matrices: width * rank, the rank capped at the width
+ParamSize = Literal["gain", "bias", "affine_bias", "channel", "one", "gate"]
+PARAM_SIZES: tuple[str, ...] = ("gain", "bias", "affine_bias", "channel", "one", "gate")
+GATED_NORM_RANK = 128  # marin's grug MoE recipe (experiments/grug/moe/model.py, _GATED_NORM_RANK)
 PER_CHANNEL_GAINS: tuple[str, ...] = ("gamma", "centered")  # the gains with one number per channel
 
 
@@ -62,11 +66,14 @@ class NormKindFacts:
             if size not in PARAM_SIZES:
                 raise ValueError(f"norm kind {self.name}: parameter {attr} has size {size!r}; valid: {PARAM_SIZES}")
 
-    def param_count(self, width: int, gain: str = "gamma", bias: bool = True) -> int:
-        """The numbers this kind's module holds over ``width`` channels with gain ``gain`` (and ``norm_bias``)."""
-        return sum(self.param_sizes(width, gain, bias).values())
+    def param_count(self, width: int, gain: str = "gamma", bias: bool = True, rank: int = GATED_NORM_RANK) -> int:
+        """The numbers this kind's module holds over ``width`` channels with gain ``gain`` (and ``norm_bias``;
+        ``rank``: GatedNorm's gate rank, capped at the width)."""
+        return sum(self.param_sizes(width, gain, bias, rank).values())
 
-    def param_sizes(self, width: int, gain: str = "gamma", bias: bool = True) -> dict[str, int]:
+    def param_sizes(
+        self, width: int, gain: str = "gamma", bias: bool = True, rank: int = GATED_NORM_RANK
+    ) -> dict[str, int]:
         """Each parameter's number of entries (0: the module holds none by that name)."""
         per_channel = gain in PER_CHANNEL_GAINS
         sizes = {
@@ -75,6 +82,7 @@ class NormKindFacts:
             "affine_bias": width if bias and per_channel else 0,
             "channel": width,
             "one": 1,
+            "gate": width * min(rank, width),
         }
         return {attr: sizes[size] for attr, size in self.params}
 
@@ -182,6 +190,43 @@ NORM_KIND_FACTS: tuple[NormKindFacts, ...] = (
         after_add="the stream is projected back onto the sphere, then scaled by an input-dependent gain",
         rescalable=False,
         unsaid=f"{_NORMS}: none has SeeDNorm's input-dependent gain",
+    ),
+)
+
+_GATE_SOURCE = (
+    "marin's grug MoE recipe (marin-community/marin experiments/grug/moe/model.py, class GatedNorm and "
+    "Block.attention_residual / moe_residual), after arXiv 2601.22966"
+)
+NORM_KIND_FACTS += (
+    NormKindFacts(
+        name="gatednorm",
+        title="GatedNorm",
+        source=_GATE_SOURCE,
+        params=(("weight", "gain"), ("gate_down", "gate"), ("gate_up", "gate")),
+        pointwise=False,
+        gained=True,
+        output_bound=(
+            "GatedNorm multiplies RMSNorm's output by a gate in (0, 1) channel by channel: |u_i| <= "
+            "h*max|gamma|*sqrt(d), inside RMSNorm's ellipsoid's box but no longer on it"
+        ),
+        after_add="the stream is projected onto the ellipsoid, then each channel shrunk by a gate in (0, 1)",
+        rescalable=False,  # N(c x) = N(x), but a scale carried by gamma reaches the gate's input and changes it
+        unsaid=f"{_NORMS}: none has GatedNorm's low-rank gate",
+    ),
+    NormKindFacts(
+        name="taper",
+        title="TaperNorm",
+        source="Kanavalau, Amo Alonso & Lall 2026 (TaperNorm, arXiv 2602.10408), RMSNorm form",
+        params=(("weight", "gain"), ("taper_weight", "channel")),
+        pointwise=False,
+        gained=False,
+        output_bound=(
+            "while the gate g > 0, g times RMSNorm's ellipsoid plus (1 - g) c gamma~ x; once g = 0 the map is "
+            "linear, c gamma~ x, and bounds nothing: u grows with the stream"
+        ),
+        after_add="tapered: the stream passes through a fixed per-channel scaling, nothing projects it back",
+        rescalable=False,
+        unsaid=f"{_NORMS}: none tapers a norm into a fixed scaling on a schedule",
     ),
 )
 

@@ -389,8 +389,43 @@ def _build() -> dict[str, Preset]:
             "(Qwen-Applications/SiameseNorm, deit-model-siamesenorm.py, the 1/c as in OLMo_model_hybrid_pre.py)",
         ),
         _preset("none", Layout(), "x' = x + F(x)", f"{KAN}, Table 1 'LN off'"),
+        *_designs_2026h2(),
     ]
     return {p.name: p for p in presets}
+
+
+def _designs_2026h2() -> list[Preset]:
+    """Issue 67's norms: GatedNorm as marin ships it and its sandwich form, and TaperNorm."""
+    gated = Layout(block=_block(PRE, PRE), embed_norm=True, final_norm=True, norm="gatednorm")
+    return [
+        _preset(
+            "pre-gatednorm",
+            gated,
+            "y0 = G(emb); x' = x + F(G(x)); final G; G(x) = y * sigmoid(SiLU(y W_down) W_up), y = RMSNorm(x), rank "
+            "min(128, d)",
+            "marin's grug MoE recipe (experiments/grug/moe/model.py: RMSNorm then GatedNorm at the embedding, before "
+            "attention and the MLP, and before the head; after arXiv 2601.22966)",
+        ),
+        _preset(
+            "sandwich-gatednorm",
+            replace(gated, block=_block(PRE, PERI)),
+            "as pre-gatednorm, and the MLP's output through RMSNorm then the gate before the add: x' = x + G(F(G(x)))",
+            "marin issue 4993 (sandwich GatedNorm on the MLP path; failed marin's gate 1 at 0.83x)",
+        ),
+        _preset(
+            "pre-taper",
+            Layout(
+                block=_block(PRE, PRE),
+                final_norm=True,
+                norm="taper",
+                site_norms=(("final", SiteNorm(kind="rms")),),
+            ),
+            "x' = x + F(T(x)), T(x) = g RMSNorm(x) + (1 - g) c gamma~ x, g from 1 to 0 on the step's schedule; final "
+            "RMSNorm (the scale anchor)",
+            "Kanavalau et al. 2026 (TaperNorm, arXiv 2602.10408), Internal-Taper: every internal norm tapered, the "
+            "final norm kept; the tapered input norms fold into the projections (normlab.model.taper_fold)",
+        ),
+    ]
 
 
 PRESETS: dict[str, Preset] = _build()

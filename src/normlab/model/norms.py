@@ -9,6 +9,10 @@
     L2Norm(x)    = x / sqrt(sum(x^2) + eps), no parameters
     SeeDNorm(x)  = (tanh(x . beta) alpha + gamma) * x / sqrt(mean(x^2) + eps), beta, alpha per channel
                    Cai et al. 2025 (SeeDNorm: Self-Rescaled Dynamic Normalization, arXiv 2510.22777), eq. 3
+    GatedNorm(x) = y * sigmoid(SiLU(y W_down) W_up), y = RMSNorm(x), W_down d x r, W_up r x d (r = min(rank, d))
+                   marin's grug MoE recipe (experiments/grug/moe/model.py: RMSNorm, then GatedNorm.__call__)
+    TaperNorm(x) = g * RMSNorm(x) + (1 - g) * c * gamma~ * x, g a global gate from 1 to 0 on the training step's
+                   schedule, c calibrated at the taper's start (Kanavalau et al. 2026, arXiv 2602.10408)
 
 DyT is not a normalization (no statistic of x): it squashes each entry, so its output is bounded by
 |gamma| + |beta| entry by entry whatever the input's scale, where RMSNorm's output has RMS |gamma|; Derf
@@ -51,6 +55,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from normlab.layout.norm_kinds import GATED_NORM_RANK, NORM_FACTS
 from normlab.layout.sites import NormKind, NormSpec
 from normlab.model.config import NORM_COMPUTE, ModelConfig
 
@@ -322,6 +327,140 @@ class SeeDNorm(_Elementwise):
         return f"gain={self.gain}, compute={self.compute}"
 
 
+class GatedNorm(RMSNorm):
+    """GatedNorm: RMSNorm, then a low-rank sigmoid gate on its output, as marin's grug MoE recipe computes it
+    (marin-community/marin experiments/grug/moe/model.py: ``RMSNorm.__call__`` then ``GatedNorm.__call__``, applied as
+    ``attn_gated_norm(rms_attn(x))`` in ``Block.attention_residual``; after Qiu et al. 2026, arXiv 2601.22966)::
+
+        y = RMSNorm(x) = gamma * x / sqrt(mean(x^2) + eps)
+        GatedNorm(x) = y * sigmoid(SiLU(y W_down) W_up)          W_down: d x r, W_up: r x d
+
+    r = min(``rank``, d) (marin: 128). The gate reads the normed y, so GatedNorm(c x) = GatedNorm(x) as RMSNorm.
+    gate_down and gate_up are stored as nn.Linear weights are, (out, in): y @ gate_down.T @ gate_up.T; both start
+    truncated normal std 0.02 in [-3 std, 3 std] (marin's ``_init_weight`` with initializer_std 0.02), so the gate
+    starts near sigmoid(0) = 1/2. They are matrices: they decay and Muon takes them in the blocks
+    (``DECAYED``, normlab.train.optim), as marin's optimizer routes them with the matrices (marin issue 5750)."""
+
+    DECAYED = ("gate_down", "gate_up")
+    GATE_STD = 0.02
+
+    def __init__(
+        self, dim: int, eps: float, compute: NormCompute = "input", gain: str = "gamma", rank: int = GATED_NORM_RANK
+    ) -> None:
+        self.rank = min(int(rank), dim)
+        super().__init__(dim, eps, compute, gain)
+        self.gate_down = nn.Parameter(torch.empty(self.rank, dim))
+        self.gate_up = nn.Parameter(torch.empty(dim, self.rank))
+        self._reset_gate()
+
+    def _reset_gate(self) -> None:
+        with torch.no_grad():
+            for w in (self.gate_down, self.gate_up):
+                nn.init.trunc_normal_(w, std=self.GATE_STD, a=-3 * self.GATE_STD, b=3 * self.GATE_STD)
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        if hasattr(self, "gate_down"):
+            self._reset_gate()
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        y = super()._norm(x)
+        dtype = torch.float32 if self.compute == "fp32" else x.dtype
+        yd = y.to(dtype)
+        hidden = F.silu(F.linear(yd, self.gate_down.to(dtype)))
+        return (yd * torch.sigmoid(F.linear(hidden, self.gate_up.to(dtype)))).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, rank={self.rank}"
+
+
+def taper_gate(step: int, steps: int, start: float, end: float) -> float:
+    """TaperNorm's global gate at ``step`` of ``steps`` (Kanavalau et al. 2026): 1 until ``start * steps``, then a
+    half cosine to 0 at ``end * steps``, 0 after: g = (1 + cos(pi (t - t0) / (t1 - t0))) / 2."""
+    t0, t1 = start * steps, end * steps
+    if step <= t0:
+        return 1.0
+    if step >= t1:
+        return 0.0
+    return 0.5 * (1.0 + math.cos(math.pi * (step - t0) / (t1 - t0)))
+
+
+class TaperNorm(_Elementwise):
+    """TaperNorm, RMSNorm form (Kanavalau, Amo Alonso & Lall 2026, arXiv 2602.10408)::
+
+        TaperNorm(x; g) = g * gamma * x / r(x) + (1 - g) * c * gamma~ * x,   r(x) = sqrt(mean(x^2) + eps)
+
+    g is one gate for the whole model, set each step by the trainer (`TaperHook`, `taper_gate`): 1 during the gate
+    warmup (exactly RMSNorm), while the module keeps exponential moving averages (decay ``EMA``) of
+    E||gamma x||^2 / r(x) and E||gamma x||^2 over its training inputs; at the taper's start `calibrate` sets
+    c = their ratio, the least-squares fit of c gamma x to gamma x / r(x), and gamma~ = gamma; then g falls by a half
+    cosine to 0, after which the map is the fixed linear c gamma~ x and `normlab.model.taper_fold` folds it into the
+    projections that read it. gamma~ (``taper_weight``) trains from the calibration on. The paper's text beyond its
+    abstract was not retrievable here: these equations follow its abstract and two third-party readings of it
+    (see docs/layouts.md); the schedule's fractions (``START``, ``END``) are normlab's."""
+
+    gate: torch.Tensor  # buffers (register_buffer), saved with the weights
+    coeff: torch.Tensor
+    ema_num: torch.Tensor
+    ema_den: torch.Tensor
+    calibrated: torch.Tensor
+    EMA = 0.99
+    START, END = 0.25, 0.75  # fractions of the run's steps: the gate warmup's end and the taper's end
+
+    def __init__(self, dim: int, eps: float, compute: NormCompute = "input") -> None:
+        super().__init__()
+        self.dim, self.eps, self.compute = dim, eps, compute
+        self.weight = nn.Parameter(torch.ones(dim))  # gamma
+        self.taper_weight = nn.Parameter(torch.ones(dim))  # gamma~
+        for name, value in (("gate", 1.0), ("coeff", 1.0), ("ema_num", 0.0), ("ema_den", 0.0), ("calibrated", 0.0)):
+            self.register_buffer(name, torch.tensor(value))
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            self.weight.fill_(1.0)
+            self.taper_weight.fill_(1.0)
+            for name, value in (("gate", 1.0), ("coeff", 1.0), ("ema_num", 0.0), ("ema_den", 0.0)):
+                getattr(self, name).fill_(value)
+            self.calibrated.fill_(0.0)
+
+    def _track(self, x: torch.Tensor, r: torch.Tensor) -> None:
+        """One EMA step of the calibration's two means (first step: the means themselves)."""
+        with torch.no_grad():
+            wide = torch.promote_types(x.dtype, torch.float32)
+            sq = (x.to(wide) * self.weight.to(wide)).pow(2).sum(-1)
+            num, den = (sq / r.squeeze(-1).to(wide)).mean(), sq.mean()
+            first = self.ema_den == 0
+            a = torch.where(first, torch.zeros_like(num), torch.full_like(num, self.EMA))
+            self.ema_num.copy_(a * self.ema_num + (1 - a) * num)
+            self.ema_den.copy_(a * self.ema_den + (1 - a) * den)
+
+    def calibrate(self) -> None:
+        """c = EMA(||gamma x||^2 / r(x)) / EMA(||gamma x||^2) (1 without statistics), gamma~ = gamma."""
+        with torch.no_grad():
+            ok = self.ema_den > 0
+            self.coeff.copy_(torch.where(ok, self.ema_num / self.ema_den.clamp_min(1e-30), torch.ones_like(self.coeff)))
+            self.taper_weight.copy_(self.weight)
+            self.calibrated.fill_(1.0)
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = self._dtype(x)
+        xd = x.to(dtype)
+        g = float(self.gate)
+        if g == 0.0:
+            return (xd * (self.coeff * self.taper_weight).to(dtype)).to(x.dtype)
+        r = torch.sqrt(xd.to(torch.promote_types(xd.dtype, torch.float32)).pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.training and not bool(self.calibrated):
+            self._track(xd, r)
+        normed = xd * (1.0 / r).to(dtype) * self.weight.to(dtype)
+        if g == 1.0:
+            return normed.to(x.dtype)
+        scaled = xd * (self.coeff * self.taper_weight).to(dtype)
+        return (g * normed + (1.0 - g) * scaled).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"gate={float(self.gate):.4g}, compute={self.compute}"
+
+
 @dataclass(frozen=True)
 class NormModule:
     """The torch module of one norm kind, registered by the kind's name beside its facts
@@ -329,7 +468,7 @@ class NormModule:
     compute, DyT/Derf alpha0 and the site's gain (arguments a kind does not take it ignores)."""
 
     cls: type[nn.Module]
-    build: Callable[[int, float, bool, NormCompute, float, str], nn.Module]
+    build: Callable[..., nn.Module]  # (dim, eps, bias, compute, alpha0, gain[, rank]) -> the module
 
 
 # kind -> its module: one entry per row of NORM_KIND_FACTS (tests/unit/test_registries.py checks they agree)
@@ -343,6 +482,11 @@ NORM_MODULES: dict[str, NormModule] = {
     "scale": NormModule(ScaleNorm, lambda dim, eps, bias, compute, alpha0, gain: ScaleNorm(dim, eps, compute)),
     "l2": NormModule(L2Norm, lambda dim, eps, bias, compute, alpha0, gain: L2Norm(eps, compute)),
     "seednorm": NormModule(SeeDNorm, lambda dim, eps, bias, compute, alpha0, gain: SeeDNorm(dim, eps, compute, gain)),
+    "gatednorm": NormModule(
+        GatedNorm,
+        lambda dim, eps, bias, compute, alpha0, gain, rank=GATED_NORM_RANK: GatedNorm(dim, eps, compute, gain, rank),
+    ),
+    "taper": NormModule(TaperNorm, lambda dim, eps, bias, compute, alpha0, gain: TaperNorm(dim, eps, compute)),
 }
 
 # torch's own RMSNorm and LayerNorm (which normlab's subclass) count as norms too, wherever a model holds one
@@ -367,11 +511,16 @@ def make_norm(
     gain: str = "gamma",
 ) -> nn.Module:
     """A norm over the last dimension; ``frozen_gamma`` fixes gamma at 1 (Kim et al. Fig. 8)."""
-    if compute not in NORM_COMPUTE:
-        raise ValueError(f"unknown norm compute {compute!r}; valid: {', '.join(NORM_COMPUTE)}")
+    return _built(kind, (dim, eps, bias, compute, dyt_alpha, gain), frozen_gamma)
+
+
+def _built(kind: NormKind, args: tuple, frozen_gamma: bool) -> nn.Module:
+    """The kind's module from its builder's arguments (dim, eps, bias, compute, alpha0, gain[, rank])."""
+    if args[3] not in NORM_COMPUTE:
+        raise ValueError(f"unknown norm compute {args[3]!r}; valid: {', '.join(NORM_COMPUTE)}")
     if kind not in NORM_MODULES:
         raise ValueError(f"unknown norm kind {kind!r}; valid: {', '.join(NORM_MODULES)}")
-    norm = NORM_MODULES[kind].build(dim, eps, bias, compute, dyt_alpha, gain)
+    norm = NORM_MODULES[kind].build(*args)
     if frozen_gamma and getattr(norm, "weight", None) is not None:
         norm.weight.requires_grad_(False)
     return norm
@@ -384,21 +533,16 @@ def norm_kind_of(m: nn.Module) -> str | None:
 
 def site_norm(on: bool, spec: NormSpec, dim: int, cfg: ModelConfig, frozen_gamma: bool = False) -> nn.Module:
     """The module at one norm site: ``spec``'s norm over ``dim`` channels with the model's eps, bias and
-    compute (DyT's or Derf's alpha0 the site's own, else the model's ``dyt_alpha``), or `nn.Identity` where it is
-    off."""
+    compute (DyT's or Derf's alpha0 the site's own, else the model's ``dyt_alpha``; a gated kind's rank the model's
+    ``gated_norm_rank``), or `nn.Identity` where it is off."""
     if not on:
         return nn.Identity()
     alpha0 = spec.alpha0 if spec.alpha0 is not None else cfg.dyt_alpha
-    return make_norm(
-        spec.kind,
-        dim,
-        cfg.norm_eps,
-        cfg.norm_bias,
-        frozen_gamma,
-        cast(NormCompute, cfg.norm_compute),  # ModelConfig checks it is one of NORM_COMPUTE
-        alpha0,  # type: ignore[arg-type]
-        spec.gain,
-    )
+    # ModelConfig checks norm_compute is one of NORM_COMPUTE
+    args: tuple = (dim, cfg.norm_eps, cfg.norm_bias, cast(NormCompute, cfg.norm_compute), alpha0, spec.gain)
+    if spec.kind in NORM_FACTS and any(size == "gate" for _, size in NORM_FACTS[spec.kind].params):
+        args += (cfg.gated_norm_rank,)
+    return _built(spec.kind, args, frozen_gamma)
 
 
 class Tap(nn.Identity):

@@ -7,7 +7,7 @@ parameters"); Zhuo's Table 6 sizes count the tied embedding once. `count_params`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from normlab.layout.norm_kinds import NORM_FACTS
 from normlab.layout.sites import ResolvedLayout
@@ -57,7 +57,7 @@ def analytic_params(cfg: ModelConfig, resolved: ResolvedLayout) -> ParamCount:
         spec = lay.norm_at(name)
         # each parameter's size by the kind's facts (a centered gain is a weight too, 1 + w; a scalar gain one
         # number; without a per-channel gain torch's LayerNorm has no beta either)
-        return NORM_FACTS[spec.kind].param_count(width, spec.gain, cfg.norm_bias)
+        return NORM_FACTS[spec.kind].param_count(width, spec.gain, cfg.norm_bias, cfg.gated_norm_rank)
 
     b = 1 if cfg.linear_bias else 0
     qkv_b = 1 if (cfg.linear_bias or cfg.qkv_bias) else 0
@@ -129,3 +129,26 @@ def analytic_matrices(cfg: ModelConfig, resolved: ResolvedLayout) -> int:
         mlp = cfg.n_experts * cfg.expert_weights + (cfg.expert_weights if cfg.moe_shared_expert else 0)
     gates = sum(d * h * hd for blk in resolved.blocks if blk.attn_inner.gate)
     return cfg.n_layers * (attn + mlp) + gates
+
+
+def gate_matrix_shapes(cfg: ModelConfig, lay: Any, blk: Any) -> list[tuple[int, int]]:
+    """A block's norms' own matrices (a kind with a "gate" parameter: GatedNorm's (r, w) and (w, r), r = min(rank,
+    w)) at each norm site the block turns on, w the site's width (normlab.model.norms.GatedNorm)."""
+    d, hd = cfg.d_model, cfg.head_dim
+    full = lay.inner_span == "full"
+    inner = {"q": cfg.n_heads, "k": cfg.kv_heads, "v": cfg.kv_heads, "c": cfg.n_heads}
+    sites = [
+        (f"{sub}.{x}", d)
+        for sub, ss in (("attn", blk.attn), ("mlp", blk.mlp))
+        for x, on in (("A", ss.input), ("B", ss.output), ("C", ss.after_add))
+        if on
+    ]
+    sites += [("mlp.H", cfg.ffn_dim)] if blk.mlp.hidden else []
+    ins = blk.attn_inner
+    sites += [(k, hd * n if full else hd) for k, n in inner.items() if getattr(ins, "context" if k == "c" else k)]
+    out: list[tuple[int, int]] = []
+    for site, w in sites:
+        if any(size == "gate" for _, size in NORM_FACTS[lay.norm_at(site).kind].params):
+            r = min(cfg.gated_norm_rank, w)
+            out += [(r, w), (w, r)]
+    return out

@@ -83,8 +83,10 @@ def param_groups(model: nn.Module, cfg: TrainConfig, muon: set[int] | None = Non
     norm_params: set[int] = set()
     emb_params: set[int] = set()
     for m in model.modules():
-        if is_norm(m):  # every kind: RMS, Layer, DyT (its alpha too), ScaleNorm
-            norm_params.update(id(p) for p in m.parameters(recurse=False))
+        if is_norm(m):  # every kind: RMS, Layer, DyT (its alpha too), ScaleNorm; not a norm's matrices (GatedNorm's
+            # gate: DECAYED, decayed as the matrices, normlab.model.norms.GatedNorm)
+            kept = getattr(m, "DECAYED", ())
+            norm_params.update(id(p) for n, p in m.named_parameters(recurse=False) if n not in kept)
         if isinstance(m, nn.Embedding):
             emb_params.update(id(p) for p in m.parameters(recurse=False))
     # learned residual steps, Admin's omegas and head scales are scales too (normlab.model.block.SCALE_PARAMS)

@@ -69,6 +69,7 @@ from normlab.train.resume import load_state, resume_refusal
 from normlab.train.run_state import RunState
 from normlab.train.run_summary import max_activation, speed_summary, write_summary  # noqa: F401 - their old home
 from normlab.train.step_hooks import QKClipHook
+from normlab.train.taper import TaperHook
 
 
 class TrainingFailed(RuntimeError):
@@ -270,6 +271,8 @@ def build_state(cfg: TrainConfig, info: distributed.DistInfo, start: Start) -> R
     )
     if cfg.optim.qk_clip is not None:
         state.hooks.add(QKClipHook(QKClip(distributed.unwrap(wrapped), cfg.optim.qk_clip)))
+    if (taper := TaperHook.for_model(distributed.unwrap(wrapped), cfg.optim.steps)) is not None:
+        state.hooks.add(taper)  # TaperNorm's gate on the step's schedule (normlab.train.taper)
     if start.checkpoint is not None:
         ckpt = start.checkpoint
         load_state(wrapped, opt, ckpt, cfg)

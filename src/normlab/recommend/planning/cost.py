@@ -83,6 +83,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 from normlab.layout import Layout, as_layout
 from normlab.layout.sites import STREAM_MIXES
 from normlab.model.config import ModelConfig
+from normlab.model.params import gate_matrix_shapes
 
 if TYPE_CHECKING:
     from normlab.config.train import TrainConfig
@@ -177,7 +178,8 @@ def muon_shapes(cfg: ModelConfig, layout: str | Layout) -> list[tuple[int, int]]
     d, hd, h, kv = cfg.d_model, cfg.head_dim, cfg.n_heads, cfg.kv_heads
     gated = cfg.mlp in ("swiglu", "geglu-tanh")
     out: list[tuple[int, int]] = []
-    for blk in as_layout(layout).resolve(cfg.n_layers).blocks:
+    lay = as_layout(layout).resolve(cfg.n_layers)
+    for blk in lay.blocks:
         out += [(h * hd, d), (kv * hd, d), (kv * hd, d), (d, h * hd)] + ([(h * hd, d)] if blk.attn_inner.gate else [])
         if cfg.n_experts:
             f = cfg.expert_ffn_dim
@@ -185,6 +187,7 @@ def muon_shapes(cfg: ModelConfig, layout: str | Layout) -> list[tuple[int, int]]
             out += [(f, d), (f, d), (d, f)] if cfg.moe_shared_expert else []
         else:
             out += [(cfg.ffn_dim, d)] * (2 if gated else 1) + [(d, cfg.ffn_dim)]
+        out += gate_matrix_shapes(cfg, lay.layout, blk)  # GatedNorm's (normlab.model.params)
     return out
 
 
