@@ -1,5 +1,5 @@
 """Effective speedup of candidates against a baseline, from finished sweep folders, by recommend's own formula
-(`normlab.recommend.speedup.for_pair`: the tokens the baseline needs to reach the candidate's final loss on its
+(`normlab.recommend.evidence.speedup.for_pair`: the tokens the baseline needs to reach the candidate's final loss on its
 seeds' mean loss curve, over the candidate's tokens, divided by 1 + the norm tax; marin's unit).
 
     python scripts/sweep_speedup.py SWEEP [SWEEP ...] --base pre@3e-3 \\
@@ -14,7 +14,7 @@ import argparse
 from pathlib import Path
 from types import SimpleNamespace
 
-from normlab.recommend import speedup
+from normlab.recommend.evidence import speedup
 
 
 def _side(text: str) -> tuple[SimpleNamespace, dict | None]:

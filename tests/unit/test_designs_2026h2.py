@@ -16,7 +16,7 @@ from normlab.layout.norm_kinds import NORM_FACTS
 from normlab.model import analytic_params, count_params
 from normlab.model.norms import GatedNorm, TaperNorm, taper_gate
 from normlab.model.taper_fold import TaperFoldError, fold_problems, fold_tapered
-from normlab.recommend.frameworks import unsaid
+from normlab.recommend.frameworks.snippets import unsaid
 from normlab.train.optim import param_groups
 from normlab.train.taper import TaperHook
 
@@ -208,9 +208,9 @@ def test_the_new_norms_are_default_candidates_after_issue_56s_and_buildable_for_
     import json
 
     from normlab.config.commands import RECOMMEND_CANDIDATES, RecommendConfig
-    from normlab.recommend import plan
-    from normlab.recommend.shape import read_user_model
-    from normlab.recommend.stages import _candidates
+    from normlab.recommend.planning import plan
+    from normlab.recommend.planning.shape import read_user_model
+    from normlab.recommend.planning.inputs import choose_candidates
 
     new = ["pre-gatednorm", "sandwich-gatednorm", "pre-taper"]
     at = RECOMMEND_CANDIDATES.index("attnres")
@@ -230,7 +230,7 @@ def test_the_new_norms_are_default_candidates_after_issue_56s_and_buildable_for_
         "max_position_embeddings": 2048,
     }
     (tmp_path / "config.json").write_text(json.dumps(llama))
-    names, _, unfit = _candidates(RecommendConfig(), read_user_model(str(tmp_path / "config.json")))
+    names, _, unfit = choose_candidates(RecommendConfig(), read_user_model(str(tmp_path / "config.json")))
     assert all(n in names and n not in unfit for n in new)
 
 
