@@ -75,6 +75,19 @@ def attention_weights(
     return torch.softmax(x, dim=-1)
 
 
+def attention_class(kind: str) -> type[Attention]:
+    """The Attention subclass of ``kind`` (ModelConfig.attention; mha: Attention itself)."""
+    if kind == "mla":
+        from normlab.model.mla import LatentAttention
+
+        return LatentAttention
+    if kind == "moda":
+        from normlab.model.moda import DepthKVAttention
+
+        return DepthKVAttention
+    return Attention
+
+
 def window_mask(t: int, n: int, window: int, device: torch.device) -> torch.Tensor:
     """(1, 1, t, n) bool: the last ``t`` of ``n`` positions as queries, True where key j is visible to query
     i: i - window < j <= i (causal, the last ``window`` keys, itself included; transformers' sliding window)."""
@@ -84,7 +97,16 @@ def window_mask(t: int, n: int, window: int, device: torch.device) -> torch.Tens
 
 
 class Attention(nn.Module):
+    """Multi-head attention; ``Attention(cfg, ...)`` builds the kind ``cfg.attention`` names: this class (mha),
+    `normlab.model.mla.LatentAttention` (mla) or `normlab.model.moda.DepthKVAttention` (moda), both subclasses that
+    keep the projections' and taps' names and override `_project` (q, k, v) or `_mix` (the softmax over keys)."""
+
     store: Storage = NO_STORAGE  # the activation dtype of q, k, v and the context (normlab.model.storage)
+
+    def __new__(cls, cfg: ModelConfig, *args: object, **kwargs: object) -> Attention:
+        if cls is Attention and cfg.attention != "mha":
+            cls = attention_class(cfg.attention)
+        return super().__new__(cls)
 
     def __init__(self, cfg: ModelConfig, inner: AttentionInnerSites, layout: Layout, layer_idx: int = 0) -> None:
         super().__init__()
@@ -157,8 +179,11 @@ class Attention(nn.Module):
         return attention_weights(scores, mask, self.softmax, self.sinks).to(q.dtype) @ v
 
     def forward(self, x: torch.Tensor, dec: Decoding | None = None) -> torch.Tensor:
-        b, t, _ = x.shape
-        pos = dec.positions if dec is not None else None
+        q, k, v = self._project(x, dec.positions if dec is not None else None)
+        return self._attend(x, q, k, v, dec)
+
+    def _project(self, x: torch.Tensor, pos: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v as (B, heads, T, head_dim), after their norms and RoPE (the taps q, k, v see them)."""
         store = self.store
         if self.qk_after_rope:  # Llama 4: RoPE first, then each head's q and k normalized
             q = store(self.q_norm(self._rotate(self._heads(self.q_proj(x), self.n_heads, _ID), pos)))
@@ -171,6 +196,30 @@ class Attention(nn.Module):
             q = self.q(store(self._rotate(self._heads(self.q_proj(x), self.n_heads, self.q_norm), pos)))
             k = self.k(store(self._rotate(self._heads(self.k_proj(x), self.n_kv_heads, self.k_norm), pos)))
         v = self.v(store(self._heads(self.v_proj(x), self.n_kv_heads, self.v_norm)))
+        return q, k, v
+
+    def _mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """The heads' contexts (B, heads, T, v's head_dim): softmax(q k^T s + mask) v over the keys."""
+        t = q.shape[-2]
+        if self.softcap is None and self.softmax == "softmax":
+            # no mask: causal over the new tokens when nothing is cached, else one query that sees every key
+            causal = mask is None and k.shape[-2] == t
+            gqa = self.n_kv_heads != self.n_heads
+            if gqa and expand_kv_heads(q, mask):
+                rep = self.n_heads // self.n_kv_heads
+                k, v, gqa = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1), False
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale, enable_gqa=gqa
+            )
+        return self._written_out(q, k, v, mask)
+
+    def _attend(
+        self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dec: Decoding | None
+    ) -> torch.Tensor:
+        """The sublayer's output from q, k, v of the new tokens: the cache, the masks, the heads' mix, then the
+        gate, context norm, head scales and W_O."""
+        b, t, _ = x.shape
+        store = self.store
         mask = None
         if dec is not None:
             if dec.cache is not None:
@@ -179,19 +228,7 @@ class Attention(nn.Module):
         if self.window is not None and k.shape[-2] > self.window:  # shorter: the window hides nothing
             band = window_mask(t, k.shape[-2], self.window, q.device)
             mask = band if mask is None else mask & band
-        if self.softcap is None and self.softmax == "softmax":
-            # no mask: causal over the new tokens when nothing is cached, else one query that sees every key
-            causal = mask is None and k.shape[-2] == t
-            gqa = self.n_kv_heads != self.n_heads
-            if gqa and expand_kv_heads(q, mask):
-                rep = self.n_heads // self.n_kv_heads
-                k, v, gqa = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1), False
-            y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale, enable_gqa=gqa
-            )
-        else:
-            y = self._written_out(q, k, v, mask)
-        y = y.transpose(1, 2)  # (B, T, heads, head_dim)
+        y = self._mix(q, k, v, mask).transpose(1, 2)  # (B, T, heads, head_dim)
         if self.gate_proj is not None:
             y = store(y * self.gate(torch.sigmoid(self.gate_proj(x))).view(b, t, self.n_heads, self.head_dim))
         if self.span == "head":

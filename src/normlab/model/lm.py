@@ -72,6 +72,10 @@ class NormLM(nn.Module):
         self.blocks = nn.ModuleList(
             Block(cfg, blk, layout, resolved.alpha, i, resolved.attn_res_size) for i, blk in enumerate(resolved.blocks)
         )
+        if cfg.attention == "moda":  # mixture-of-depths attention: the layers share one store of depth keys/values
+            from normlab.model.moda import link_depth
+
+            link_depth(self.blocks)
         # Attention Residuals: the slots of the state and the final read over all of them ("the final output layer
         # aggregates all N block representations", Kimi Team 2026 Sec. 3.2), before the final norm
         size = resolved.attn_res_size

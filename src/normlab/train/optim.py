@@ -31,6 +31,7 @@ from normlab.config.train import TrainConfig
 from normlab.layout.sites import GAIN_KINDS
 from normlab.model.block import scale_params
 from normlab.model.lm import NormLM
+from normlab.model.mla import projection_lr
 from normlab.model.norms import is_norm
 from normlab.model.parametrization import ParamScale, param_scales
 from normlab.model.streams import HyperConnection
@@ -133,9 +134,30 @@ def param_groups(model: nn.Module, cfg: TrainConfig, muon: set[int] | None = Non
                 {"params": gains[kind], "weight_decay": o.weight_decay * factor, "lr_ratio": lr, "gains": kind}
             )
     inner = _lm(model)  # DDP
+    groups = projection_groups(inner, groups)
     if inner.config.parametrization == "sp":
         return groups
     return scaled_groups(inner, groups, muon, cfg.optim.muon_adjust_lr)
+
+
+def projection_groups(model: nn.Module, groups: list[ParamGroup]) -> list[ParamGroup]:
+    """Each group split by the query and key projections' learning-rate multipliers (model.q_lr_mult, k_lr_mult;
+    normlab.model.mla.projection_lr, after Anson & Aitchison 2025, arXiv 2511.21377): the parts with a multiplier
+    other than 1 get ``lr_ratio`` times it. Unchanged when both multipliers are 1."""
+    mults = projection_lr(model)
+    if not mults:
+        return groups
+    out: list[ParamGroup] = []
+    for g in groups:
+        parts: dict[float, list[nn.Parameter]] = {}
+        for p in g["params"]:
+            parts.setdefault(mults.get(id(p), 1.0), []).append(p)
+        for mult, params in parts.items():
+            part = {**g, "params": params}
+            if mult != 1.0:
+                part["lr_ratio"] = g.get("lr_ratio", 1.0) * mult
+            out.append(part)
+    return out
 
 
 def scaled_groups(
