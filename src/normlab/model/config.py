@@ -146,6 +146,9 @@ class ModelConfig:
         0, "mla: a head's decoupled RoPE width d_h^R (eqs. 14-15); 0: no decoupled RoPE part", check=_nonneg
     )
     v_head_dim: int | None = setting(None, "mla: a head's value width (eq. 11); none: head_dim", check=_pos_int)
+    mla_latent_norm: bool = setting(
+        True, "mla: RMSNorm on the latents c^KV and c^Q (DeepSeek-V2 Sec. 3.1.2); off: eqs. 9-13 as written"
+    )
     q_lr_mult: float = setting(
         1.0, "the query projections' learning rate x this (Anson & Aitchison 2025, arXiv 2511.21377)", check=_pos
     )
@@ -244,15 +247,8 @@ class ModelConfig:
             self.base_config()  # the base shape must be a whole model (refused with the reason otherwise)
 
     def _check_attention(self) -> None:
-        """The MLA shape settings belong to attention=mla; MLA's decoupled RoPE part needs an even width."""
-        mla_set = [
-            f.name
-            for f in fields(self)
-            if f.name in ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "v_head_dim", "qk_rope_head_dim")
-            and getattr(self, f.name) not in (None, 0)
-        ]
-        if self.attention != "mla" and mla_set:
-            raise ConfigError(f"{', '.join(mla_set)} shape multi-head latent attention; set model.attention=mla")
+        """MLA's decoupled RoPE part needs an even width and MLA has a key per head. The MLA shape settings are
+        read by attention=mla only (a grid may cross attention kinds with one MLA shape)."""
         if self.attention == "mla" and self.qk_rope_head_dim % 2:
             raise ConfigError(f"RoPE needs an even qk_rope_head_dim, got {self.qk_rope_head_dim}")
         if self.attention == "mla" and self.n_kv_heads is not None and self.n_kv_heads != self.n_heads:

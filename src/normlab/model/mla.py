@@ -16,8 +16,9 @@ decoupled RoPE part carries the position (Sec. 2.1.3); for token t, head i::
 
 DeepSeek-V2 adds "additional RMSNorm layers after the compressed latent vectors" (Sec. 3.1.2): c^KV and c^Q are
 RMSNormed (a gain each) before their up-projections, as transformers' DeepseekV2Attention (kv_a_layernorm,
-q_a_layernorm). With d_h^R = 0 there is no RoPE part, and with d_c = n_h d_h, W^UK, W^UV invertible, MLA spans the
-same functions as multi-head attention (W^K = W^UK W^DKV, W^V = W^UV W^DKV; tests/unit/test_mla.py).
+q_a_layernorm); ``model.mla_latent_norm=false`` drops them (eqs. 9-13 as written). With d_h^R = 0 there is no
+RoPE part, and without the latent norms and with d_c = n_h d_h, W^DKV = I, MLA is multi-head attention with
+W^K = W^UK, W^V = W^UV (tests/unit/test_mla.py).
 
 QK-norm (the layout's q and k sites, e.g. ``qwen3`` or ``pre+qk``) acts per head on the full q_t,i and k_t,i
 (both parts), before RoPE (after it with ``qk-rope``): the explicit post-projection QK RMSNorm that Han et al. 2026
@@ -70,11 +71,14 @@ class LatentAttention(Attention):
         self.span, self.qk_after_rope = "head", layout.qk_after_rope
         q_in = d if d_cq is None else d_cq
         self.q_down = nn.Linear(d, d_cq, bias=False) if d_cq is not None else None
-        self.q_latent_norm = RMSNorm(d_cq, cfg.norm_eps, cfg.norm_compute) if d_cq is not None else None  # type: ignore[arg-type]
+        latent = cfg.mla_latent_norm
+        self.q_latent_norm = (
+            RMSNorm(d_cq, cfg.norm_eps, cfg.norm_compute) if d_cq is not None and latent else nn.Identity()  # type: ignore[arg-type]
+        )
         self.q_proj = nn.Linear(q_in, h * self.nope, bias=bias or cfg.qkv_bias)
         self.q_rope = nn.Linear(q_in, h * self.rope_dim, bias=False) if self.rope_dim else None
         self.kv_down = nn.Linear(d, d_c, bias=False)
-        self.kv_latent_norm = RMSNorm(d_c, cfg.norm_eps, cfg.norm_compute)  # type: ignore[arg-type]
+        self.kv_latent_norm = RMSNorm(d_c, cfg.norm_eps, cfg.norm_compute) if latent else nn.Identity()  # type: ignore[arg-type]
         self.k_proj = nn.Linear(d_c, h * self.nope, bias=bias or cfg.qkv_bias)
         self.v_proj = nn.Linear(d_c, h * self.v_dim, bias=bias or cfg.qkv_bias)
         self.k_rope = nn.Linear(d, self.rope_dim, bias=False) if self.rope_dim else None
@@ -106,7 +110,7 @@ class LatentAttention(Attention):
     def _project(self, x: torch.Tensor, pos: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         b, t, _ = x.shape
         h, store = self.n_heads, self.store
-        c_q = x if self.q_down is None else store(self.q_latent_norm(self.q_down(x)))  # type: ignore[misc]
+        c_q = x if self.q_down is None else store(self.q_latent_norm(self.q_down(x)))
         c_kv = store(self.kv_latent_norm(self.kv_down(x)))
         q = self.q_proj(c_q).view(b, t, h, self.nope)
         k = self.k_proj(c_kv).view(b, t, h, self.nope)
