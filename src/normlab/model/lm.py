@@ -183,9 +183,11 @@ class NormLM(nn.Module):
             x = self.expand(x)
         hidden = [x] if return_hidden_states else None
         # not while hidden states are returned (the probes take gradients with respect to them), nor
-        # with a KV cache (the recompute would append the keys twice)
+        # with a KV cache (the recompute would append the keys twice), nor with MoDA (its layers share the depth
+        # keys of one forward, normlab.model.moda, which a block's recompute in the backward would not see)
         recompute = (
             self.activation_checkpointing
+            and self.config.attention != "moda"
             and self.training
             and torch.is_grad_enabled()
             and hidden is None

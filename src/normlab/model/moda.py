@@ -80,7 +80,7 @@ def depth_mix(
 ) -> torch.Tensor:
     """One softmax over the visible sequence keys ``k`` (B, Hkv, N, d) and the depth keys at each query's position
     (``depth``: (k_i, v_i) of shape (B, Hkv, T, d)); q (B, H, T, d); ``mask`` bool (visible) or None (causal, the
-    queries the last T of the N keys). Returns (B, H, T, d_v), the logits and weights in float32."""
+    queries the last T of the N keys). Returns (B, H, T, d_v); the softmax in at least float32."""
     h, t, n = q.shape[1], q.shape[-2], k.shape[-2]
     rep = h // k.shape[1]
     s = scale if scale is not None else q.shape[-1] ** -0.5
@@ -89,7 +89,8 @@ def depth_mix(
     seq = (q @ k.repeat_interleave(rep, dim=1).transpose(-2, -1)) * s  # (B, H, T, N)
     dep = (q.unsqueeze(-2) @ kd.transpose(-2, -1)).squeeze(-2) * s  # (B, H, T, L)
     visible = mask if mask is not None else torch.ones(t, n, dtype=torch.bool, device=q.device).tril(n - t)
-    logits = torch.cat([seq.float().masked_fill(~visible, float("-inf")), dep.float()], dim=-1)
+    wide = torch.promote_types(q.dtype, torch.float32)  # at least float32 (bf16/fp16 runs), float64 kept
+    logits = torch.cat([seq.to(wide).masked_fill(~visible, float("-inf")), dep.to(wide)], dim=-1)
     w = torch.softmax(logits, dim=-1).to(q.dtype)
     out = w[..., :n] @ v.repeat_interleave(rep, dim=1)
     return out + (w[..., n:].unsqueeze(-2) @ vd).squeeze(-2)

@@ -1,0 +1,92 @@
+"""Mixture-of-depths attention (normlab.model.moda): one softmax over the causal sequence keys and the earlier layers'
+keys at the query's own position, written out here token by token as the authors' naive reference does; the first
+layer is plain attention; a whole model reads what its earlier layers wrote; no parameters are added."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import normlab
+from normlab.hf.export import exact_native
+from normlab.layout import as_layout
+from normlab.model.attention import Attention
+from normlab.model.build import count_params
+from normlab.model.config import ModelConfig
+from normlab.model.moda import DepthKVAttention, depth_flops
+
+F64 = torch.float64
+TOL = 1e3 * torch.finfo(F64).eps  # float64 sums of a few dozen products and one softmax
+
+
+def _layer(cfg: ModelConfig, layer_idx: int, seed: int = 0) -> Attention:
+    lay = as_layout("pre")
+    torch.manual_seed(seed)
+    attn = Attention(cfg, lay.resolve(cfg.n_layers).blocks[0].attn_inner, lay, layer_idx=layer_idx).to(F64)
+    with torch.no_grad():
+        for p in attn.parameters():
+            p.copy_(torch.randn_like(p) * 0.3)
+    return attn
+
+
+# GQA (4 query heads, 2 key-value heads); learned positions: no RoPE, whose rotation drops out of depth logits anyway
+CFG = dict(d_model=16, n_layers=3, n_heads=4, n_kv_heads=2, position="learned", max_seq_len=16)
+
+
+def test_depth_attention_is_one_softmax_over_sequence_and_depth_keys():
+    """o_t = sum_{j<=t} p_j V_j + sum_{i<l} p'_i V_i,t, (p, p') one softmax of q_t . [K_j ; K_i,t] / sqrt(d), query
+    head h reading key head h // 2; then W_O (Zhu et al. 2026 Sec. 2.2, Fig. 1)."""
+    cfg = ModelConfig(**CFG, attention="moda")
+    a = _layer(cfg, layer_idx=2)
+    assert isinstance(a, DepthKVAttention)
+    b, t, hd = 2, 5, 4
+    depth = [(torch.randn(b, 2, t, hd, dtype=F64), torch.randn(b, 2, t, hd, dtype=F64)) for _ in range(2)]
+    a.depth.entries = list(depth)  # what layers 0 and 1 wrote in this forward
+    x = torch.randn(b, t, 16, dtype=F64)
+    q = (x @ a.q_proj.weight.T).view(b, t, 4, hd)
+    k = (x @ a.k_proj.weight.T).view(b, t, 2, hd)
+    v = (x @ a.v_proj.weight.T).view(b, t, 2, hd)
+    out = torch.zeros(b, t, 4, hd, dtype=F64)
+    for bi in range(b):
+        for h in range(4):
+            g = h // 2
+            for ti in range(t):
+                keys = torch.cat([k[bi, : ti + 1, g], torch.stack([kd[bi, g, ti] for kd, _ in depth])])
+                vals = torch.cat([v[bi, : ti + 1, g], torch.stack([vd[bi, g, ti] for _, vd in depth])])
+                w = torch.softmax(keys @ q[bi, ti, h] / hd**0.5, dim=0)
+                out[bi, ti, h] = w @ vals
+    want = out.reshape(b, t, 16) @ a.o_proj.weight.T
+    torch.testing.assert_close(a(x), want, rtol=TOL, atol=TOL)
+    assert a.depth.entries == []  # the last layer empties the store: nothing held past the forward
+
+
+def test_first_layer_is_plain_attention_and_no_parameters_are_added():
+    mha, moda = _layer(ModelConfig(**CFG), 0), _layer(ModelConfig(**CFG, attention="moda"), 0)
+    x = torch.randn(2, 6, 16, dtype=F64)
+    torch.testing.assert_close(moda(x), mha(x), rtol=TOL, atol=TOL)
+    assert count_params(normlab.build_model("pre", "nano", attention="moda")) == count_params(
+        normlab.build_model("pre", "nano")
+    )
+
+
+def test_a_model_reads_its_earlier_layers_keys():
+    """Same weights, MoDA against MHA: layer 0 agrees, later layers (which see depth keys) do not; and the store
+    the layers share is one object, empty after the forward."""
+    torch.manual_seed(0)
+    moda = normlab.build_model("post", "nano", attention="moda", seed=0).to(F64)
+    mha = normlab.build_model("post", "nano", seed=0).to(F64)
+    mha.load_state_dict(moda.state_dict())
+    tokens = torch.randint(0, 256, (2, 12))
+    assert not torch.allclose(moda(tokens).logits, mha(tokens).logits)
+    stores = {id(blk.attn.depth) for blk in moda.blocks}
+    assert len(stores) == 1 and moda.blocks[0].attn.depth.entries == []
+
+
+def test_depth_flops_and_refusals():
+    cfg = ModelConfig(d_model=64, n_layers=6, n_heads=4, attention="moda")
+    # sum over layers l = 0..5 of l depth logits and l depth values, 2 d FLOPs each, per head and token
+    assert depth_flops(cfg, 64) == sum(4 * layer * 4 * 16 * 64 for layer in range(6)) == 245_760
+    assert depth_flops(ModelConfig(d_model=64, n_layers=6, n_heads=4), 64) == 0
+    with pytest.raises(normlab.errors.LayoutError, match="attention=moda"):
+        normlab.build_model("pre,softmax=sink", "nano", attention="moda")
+    assert exact_native(normlab.build_model("pre", "nano", attention="moda")) == []
