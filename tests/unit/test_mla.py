@@ -147,3 +147,27 @@ def test_mla_qk_config_trains_from_the_cli(corpus, tmp_path):
     assert main(args) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["final_loss"] < 6.0  # finite and below a uniform byte's ln 256 = 5.55 plus slack
+
+
+def test_mla_as_transformers_deepseek_v3_gives_the_same_logits():
+    """transformers' own DeepseekV3ForCausalLM with normlab's weights (every one placed), with and without a query
+    latent, gains perturbed from 1; float32 logits within float32 rounding of the sums (as tests/frameworks)."""
+    pytest.importorskip("transformers")
+    from normlab.hf.deepseek import deepseek_v3_problem, to_deepseek_v3
+
+    tokens = torch.randint(0, 256, (2, 20), generator=torch.Generator().manual_seed(0))
+    for q_rank in (None, 8):
+        model = normlab.build_model(
+            "pre", "nano", attention="mla", kv_lora_rank=12, q_lora_rank=q_rank, qk_rope_head_dim=4,
+            qk_nope_head_dim=6, v_head_dim=5, seed=0,
+        )  # fmt: skip
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "norm" in name:
+                    p.add_(0.1 * torch.randn_like(p))
+        hf = to_deepseek_v3(model)
+        torch.testing.assert_close(hf(tokens).logits, model(tokens).logits, atol=1e-5, rtol=1e-5)
+    qk = normlab.build_model("qwen3", "nano", attention="mla", qk_rope_head_dim=4)
+    assert "layout" in str(deepseek_v3_problem(qk))
+    eps = normlab.build_model("pre", "nano", attention="mla", qk_rope_head_dim=4, norm_eps=1e-5)
+    assert "norm_eps" in str(deepseek_v3_problem(eps))

@@ -69,9 +69,9 @@ def attention_refusal(kind: str, arch: str) -> str:
             "layers' keys and values (mixture-of-depths attention, arXiv 2603.15619); export with --arch normlab"
         )
     return (
-        f"attention=mla has no {arch} counterpart ({arch} projects keys and values per head; transformers' "
-        "DeepseekV2/V3 classes compute MLA but inside their own MoE/MLP, norm and RoPE conventions, which normlab "
-        "does not map); export with --arch normlab"
+        f"attention=mla has no {arch} counterpart ({arch} projects keys and values per head); export with --arch "
+        "normlab, or, for layout pre with a RoPE part, build transformers' DeepseekV3ForCausalLM with "
+        "normlab.hf.deepseek.to_deepseek_v3"
     )
 
 
