@@ -78,8 +78,8 @@ def _per_head(h: int, *parts: torch.Tensor) -> torch.Tensor:
 
 
 def _layer_state(model: NormLM, i: int) -> dict[str, torch.Tensor]:
-    blk, h = model.blocks[i], model.config.n_heads
-    a, pre = blk.attn, f"model.layers.{i}."
+    blk: Any = model.blocks[i]  # its attention is LatentAttention (attention=mla, checked by the caller)
+    h, a, pre = model.config.n_heads, blk.attn, f"model.layers.{i}."
     q_b = _per_head(h, a.q_proj.weight, a.q_rope.weight)
     out = {
         f"{pre}input_layernorm.weight": blk.attn_norms.input.weight,
@@ -108,7 +108,8 @@ def to_deepseek_v3(model: NormLM) -> Any:
         raise NativeExportError(why)
     tf = require_transformers()
     hf = tf.DeepseekV3ForCausalLM(deepseek_v3_config(model)).to(next(model.parameters()).dtype)
-    state = {"model.embed_tokens.weight": model.embed.weight, "model.norm.weight": model.final_norm.weight}
+    lm: Any = model  # final_norm is an RMSNorm under layout pre (checked above)
+    state = {"model.embed_tokens.weight": lm.embed.weight, "model.norm.weight": lm.final_norm.weight}
     if not model.config.tie_embeddings:
         state["lm_head.weight"] = model.lm_head.weight
     for i in range(model.config.n_layers):
