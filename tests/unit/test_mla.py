@@ -171,3 +171,26 @@ def test_mla_as_transformers_deepseek_v3_gives_the_same_logits():
     assert "layout" in str(deepseek_v3_problem(qk))
     eps = normlab.build_model("pre", "nano", attention="mla", qk_rope_head_dim=4, norm_eps=1e-5)
     assert "norm_eps" in str(deepseek_v3_problem(eps))
+
+
+def test_parameter_counts_analytic_equal_measured():
+    """`normlab show`'s analytic count (no model built) equals the built model's, across MLA's options; and one
+    layer by hand: d 32, 2 heads, d_c 12, d_c' 8, d_h 6, d_h^R 4, v 5, QK-norm (qwen3's q, k sites on d_h + d_h^R)."""
+    from normlab.model import analytic_params, count_params
+    from normlab.model.params import analytic_matrices
+    from normlab.train.optim import muon_matrices
+
+    shape = dict(attention="mla", kv_lora_rank=12, qk_rope_head_dim=4, qk_nope_head_dim=6, v_head_dim=5)
+    for layout, extra in (
+        ("pre", {}),
+        ("qwen3", {"q_lora_rank": 8}),
+        ("pre", {"mla_latent_norm": False, "qkv_bias": True}),
+        ("peri", {"linear_bias": True, "q_lora_rank": 8}),
+    ):
+        m = normlab.build_model(layout, "nano", **shape, **extra)
+        assert count_params(m) == analytic_params(m.config, m.resolved), (layout, extra)
+        assert analytic_matrices(m.config, m.resolved) == sum(p.numel() for p in muon_matrices(m))
+    m = normlab.build_model("qwen3", "nano", **shape, q_lora_rank=8)
+    d, h = 32, 2
+    by_hand = d * 8 + 8 + 8 * h * (6 + 4) + d * 12 + 12 + 12 * h * (6 + 5) + d * 4 + h * 5 * d + 2 * (6 + 4)
+    assert sum(p.numel() for p in m.blocks[0].attn.parameters()) == by_hand == 1552

@@ -258,6 +258,18 @@ class ModelConfig:
             )
 
     @property
+    def mla_dims(self) -> tuple[int, int | None, int, int, int]:
+        """attention=mla's (d_c, d_c' or None, d_h, d_h^R, v_head_dim), the defaults filled in (normlab.model.mla)."""
+        hd = self.head_dim
+        return (
+            self.kv_lora_rank or 4 * hd,
+            self.q_lora_rank,
+            self.qk_nope_head_dim or hd,
+            self.qk_rope_head_dim,
+            self.v_head_dim or hd,
+        )
+
+    @property
     def head_dim(self) -> int:
         return self.d_head if self.d_head is not None else self.d_model // self.n_heads
 

@@ -48,14 +48,7 @@ from normlab.model.rope import Rotary
 
 def mla_dims(cfg: ModelConfig) -> tuple[int, int | None, int, int, int]:
     """(d_c, d_c' or None, d_h, d_h^R, v_head_dim) of ``cfg``, the defaults filled in (ModelConfig's settings)."""
-    hd = cfg.head_dim
-    return (
-        cfg.kv_lora_rank or 4 * hd,
-        cfg.q_lora_rank,
-        cfg.qk_nope_head_dim or hd,
-        cfg.qk_rope_head_dim,
-        cfg.v_head_dim or hd,
-    )
+    return cfg.mla_dims
 
 
 class LatentAttention(Attention):
