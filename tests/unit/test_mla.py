@@ -194,3 +194,47 @@ def test_parameter_counts_analytic_equal_measured():
     d, h = 32, 2
     by_hand = d * 8 + 8 + 8 * h * (6 + 4) + d * 12 + 12 + 12 * h * (6 + 5) + d * 4 + h * 5 * d + 2 * (6 + 4)
     assert sum(p.numel() for p in m.blocks[0].attn.parameters()) == by_hand == 1552
+
+
+def _max_logits(model, x) -> torch.Tensor:
+    """(H,) layer 1's largest causal logit per head over the batch, by hand from the tapped q and k."""
+    seen = {}
+    attn = model.blocks[1].attn
+    hooks = [attn.q.register_forward_hook(lambda m, a, o: seen.__setitem__("q", o.detach().double()))]
+    hooks.append(attn.k.register_forward_hook(lambda m, a, o: seen.__setitem__("k", o.detach().double())))
+    model(x)
+    for h in hooks:
+        h.remove()
+    s = seen["q"] @ seen["k"].transpose(-2, -1) / attn.head_dim**0.5
+    t = s.shape[-1]
+    return s.masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), float("-inf")).amax(dim=(0, 2, 3))
+
+
+def test_qk_clip_on_mla_scales_q_and_k_by_root_gamma_and_the_rope_query_by_gamma():
+    """Kimi K2's MuonClip on MLA (arXiv 2507.20534 Sec. 2.1): head h's q^C and k^C rows by sqrt(gamma), its q^R rows
+    by gamma, the shared k^R untouched: the same batch's largest logit of the clipped head becomes tau."""
+    from normlab.train.qk_clip import QKClip
+
+    torch.manual_seed(0)
+    model = normlab.build_model("pre", "nano", n_heads=4, attention="mla", qk_rope_head_dim=4)
+    attn = model.blocks[1].attn
+    nope, r = attn.nope, attn.rope_dim
+    with torch.no_grad():  # head 2 of layer 1 planted far above the others
+        attn.q_proj.weight[2 * nope : 3 * nope] *= 30.0
+        attn.q_rope.weight[2 * r : 3 * r] *= 30.0
+    x = torch.randint(0, 256, (3, 24))
+    s = _max_logits(model, x)
+    tau = float(s[2] / 4)
+    assert s[2] > tau and (s[[0, 1, 3]] < tau).all()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    clip = QKClip(model, tau)
+    model(x)
+    assert clip.apply() == 1
+    gamma = tau / s[2].item()
+    now = dict(model.named_parameters())
+    for name, width, factor in (("q_proj", nope, gamma**0.5), ("k_proj", nope, gamma**0.5), ("q_rope", r, gamma)):
+        key, rows = f"blocks.1.attn.{name}.weight", slice(2 * width, 3 * width)
+        torch.testing.assert_close(now[key].detach()[rows], before[key][rows] * factor, rtol=1e-6, atol=0)
+    changed = sorted(n for n, p in model.named_parameters() if not torch.equal(p, before[n]))
+    assert changed == [f"blocks.1.attn.{n}.weight" for n in ("k_proj", "q_proj", "q_rope")]  # k^R untouched
+    assert _max_logits(model, x)[2].item() == pytest.approx(tau, rel=1e-5)
