@@ -103,3 +103,19 @@ def test_post_moda_trains_from_the_cli(corpus, tmp_path):
     assert main([*args, "--set", "model.attention=moda"]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["final_loss"] < 6.0  # finite, near a uniform byte's ln 256 = 5.55 after 4 steps
+
+
+@pytest.mark.parametrize(("kind", "layout"), [("moda", "post"), ("mla", "qwen3")])
+def test_the_normlab_class_exports_moda_and_mla_and_loads_with_its_own_code(kind, layout, tmp_path):
+    """No native class computes them (refused above); `export` writes the normlab class, whose bundled code (one
+    file, torch and transformers only) computes the same logits."""
+    transformers = pytest.importorskip("transformers")
+    from normlab.hf.export import export
+
+    model = normlab.build_model(layout, "nano", attention=kind, seed=0)
+    out, arch, _ = export(model, tmp_path / kind)
+    assert arch == "normlab"
+    assert "from normlab" not in (out / "modeling_normlab.py").read_text()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)
+    tokens = torch.randint(0, 256, (2, 12))
+    torch.testing.assert_close(hf(tokens).logits, model(tokens).logits, rtol=0, atol=0)
