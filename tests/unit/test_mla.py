@@ -238,3 +238,11 @@ def test_qk_clip_on_mla_scales_q_and_k_by_root_gamma_and_the_rope_query_by_gamma
     changed = sorted(n for n, p in model.named_parameters() if not torch.equal(p, before[n]))
     assert changed == [f"blocks.1.attn.{n}.weight" for n in ("k_proj", "q_proj", "q_rope")]  # k^R untouched
     assert _max_logits(model, x)[2].item() == pytest.approx(tau, rel=1e-5)
+
+
+def test_show_names_the_attention_kind_and_the_projection_rates():
+    from normlab.model.describe import describe
+
+    text = describe("qwen3", "nano", attention="mla", kv_lora_rank=12, qk_rope_head_dim=4, k_lr_mult=0.5)
+    assert "attention: MLA (DeepSeek-V2), latent d_c 12, query latent none, per head d_h 16 + RoPE d_h^R 4" in text
+    assert "x 0.5 on the key ones" in text and "attention:" not in describe("qwen3", "nano")
