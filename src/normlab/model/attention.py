@@ -26,6 +26,12 @@ Softpick follows its authors' stable form (zaydzuhri/softpick-attention): with m
 (here at least 0, so e^(-m) cannot overflow), ReLU(e^(l-m) - e^(-m)) / (sum_visible |e^(l-m) - e^(-m)| + eps),
 eps = 1e-8 as theirs; masked keys count in neither sum.
 Generation and padded batches pass a `Decoding` (positions, mask, KV cache; `normlab.model.decoding`).
+
+``ModelConfig.attention`` picks the kind `Attention(cfg, ...)` builds: this class (mha), DeepSeek-V2's multi-head
+latent attention (mla, `normlab.model.mla`: q, k, v from low-rank latents with a decoupled RoPE part; it overrides
+`_project`) or mixture-of-depths attention (moda, `normlab.model.moda`: the softmax also over the earlier layers'
+keys and values at the query's position; it overrides `_mix`). The rest (cache, masks, gate, context norm, W_O)
+is `_attend`, shared.
 """
 
 from __future__ import annotations
