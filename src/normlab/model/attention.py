@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from normlab.errors import ConfigError
 from normlab.layout.sites import AttentionInnerSites, Layout
 from normlab.model.config import ModelConfig
 from normlab.model.decoding import Decoding
@@ -81,19 +82,6 @@ def attention_weights(
     return torch.softmax(x, dim=-1)
 
 
-def attention_class(kind: str) -> type[Attention]:
-    """The Attention subclass of ``kind`` (ModelConfig.attention; mha: Attention itself)."""
-    if kind == "mla":
-        from normlab.model.mla import LatentAttention
-
-        return LatentAttention
-    if kind == "moda":
-        from normlab.model.moda import DepthKVAttention
-
-        return DepthKVAttention
-    return Attention
-
-
 def window_mask(t: int, n: int, window: int, device: torch.device) -> torch.Tensor:
     """(1, 1, t, n) bool: the last ``t`` of ``n`` positions as queries, True where key j is visible to query
     i: i - window < j <= i (causal, the last ``window`` keys, itself included; transformers' sliding window)."""
@@ -105,13 +93,20 @@ def window_mask(t: int, n: int, window: int, device: torch.device) -> torch.Tens
 class Attention(nn.Module):
     """Multi-head attention; ``Attention(cfg, ...)`` builds the kind ``cfg.attention`` names: this class (mha),
     `normlab.model.mla.LatentAttention` (mla) or `normlab.model.moda.DepthKVAttention` (moda), both subclasses that
-    keep the projections' and taps' names and override `_project` (q, k, v) or `_mix` (the softmax over keys)."""
+    keep the projections' and taps' names and override `_project` (q, k, v) or `_mix` (the softmax over keys); each
+    registers itself in `ATTENTION_CLASSES` when its module is imported."""
 
     store: Storage = NO_STORAGE  # the activation dtype of q, k, v and the context (normlab.model.storage)
 
-    def __new__(cls, cfg: ModelConfig, *args: object, **kwargs: object) -> Attention:
-        if cls is Attention and cfg.attention != "mha":
-            cls = attention_class(cfg.attention)
+    def __new__(cls, cfg: ModelConfig | None = None, *args: object, **kwargs: object) -> Attention:
+        # no cfg: copy.deepcopy and pickle make the instance first and fill its state after
+        if cls is Attention and cfg is not None and cfg.attention != "mha":
+            if cfg.attention not in ATTENTION_CLASSES:
+                raise ConfigError(
+                    f"attention={cfg.attention}: its class registers when normlab.model.{cfg.attention} is imported "
+                    "(normlab.model.lm imports every kind)"
+                )
+            cls = ATTENTION_CLASSES[cfg.attention]
         return super().__new__(cls)
 
     def __init__(self, cfg: ModelConfig, inner: AttentionInnerSites, layout: Layout, layer_idx: int = 0) -> None:
@@ -247,3 +242,7 @@ class Attention(nn.Module):
                 (y.view(b, t, self.n_heads, self.head_dim) * self.head_scale.to(y.dtype)[:, None]).reshape(b, t, -1)
             )
         return self.o_proj(self.context(store(y)))
+
+
+# ModelConfig.attention -> the class `Attention(cfg, ...)` builds; normlab.model.mla and normlab.model.moda add theirs
+ATTENTION_CLASSES: dict[str, type[Attention]] = {"mha": Attention}

@@ -32,10 +32,16 @@ from normlab.model.config import ModelConfig
 from normlab.model.decoding import Decoding, check_positions
 from normlab.model.depth_attention import DepthAttention, first_state, n_slots
 from normlab.model.loss import lm_loss, logits_of
+from normlab.model.mla import LatentAttention
+from normlab.model.moda import DepthKVAttention, link_depth
 from normlab.model.moe import MoE
 from normlab.model.norms import Tap, is_norm, site_norm
 from normlab.model.sphere import base_scale, project, rescaled
 from normlab.model.storage import NO_STORAGE, Storage
+
+# the attention kinds besides multi-head attention (ModelConfig.attention); importing them registers each in
+# normlab.model.attention.ATTENTION_CLASSES, which Attention(cfg, ...) builds from
+ATTENTION_SUBCLASSES = (LatentAttention, DepthKVAttention)
 
 
 @dataclass
@@ -73,8 +79,6 @@ class NormLM(nn.Module):
             Block(cfg, blk, layout, resolved.alpha, i, resolved.attn_res_size) for i, blk in enumerate(resolved.blocks)
         )
         if cfg.attention == "moda":  # mixture-of-depths attention: the layers share one store of depth keys/values
-            from normlab.model.moda import link_depth
-
             link_depth(self.blocks)
         # Attention Residuals: the slots of the state and the final read over all of them ("the final output layer
         # aggregates all N block representations", Kimi Team 2026 Sec. 3.2), before the final norm

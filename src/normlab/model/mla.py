@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from normlab.layout.sites import AttentionInnerSites, Layout
-from normlab.model.attention import Attention
+from normlab.model.attention import ATTENTION_CLASSES, Attention
 from normlab.model.config import ModelConfig
 from normlab.model.norms import RMSNorm, Tap, site_norm
 from normlab.model.rope import Rotary
@@ -141,3 +141,6 @@ def projection_lr(model: nn.Module) -> dict[int, float]:
                 if isinstance(lin, nn.Linear):
                     out.update({id(p): mult for p in lin.parameters()})
     return out
+
+
+ATTENTION_CLASSES.update(mla=LatentAttention)  # Attention(cfg, ...) builds it for attention=mla

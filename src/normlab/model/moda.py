@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from normlab.layout.sites import AttentionInnerSites, Layout
-from normlab.model.attention import Attention
+from normlab.model.attention import ATTENTION_CLASSES, Attention
 from normlab.model.config import ModelConfig
 
 
@@ -111,3 +111,6 @@ def depth_flops(cfg: ModelConfig, seq_len: int) -> int:
     if cfg.attention != "moda":
         return 0
     return 2 * cfg.n_layers * (cfg.n_layers - 1) * cfg.n_heads * cfg.head_dim * seq_len
+
+
+ATTENTION_CLASSES.update(moda=DepthKVAttention)  # Attention(cfg, ...) builds it for attention=moda
