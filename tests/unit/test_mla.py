@@ -129,6 +129,13 @@ def test_query_and_key_projections_get_their_own_learning_rates():
     mha = normlab.build_model("pre", "nano", q_lr_mult=3.0)
     assert _named_groups(mha, TrainConfig.of())[3.0] == {f"blocks.{i}.attn.q_proj.weight" for i in range(n)}
     assert set(_named_groups(normlab.build_model("pre", "nano"), TrainConfig.of())) == {1.0}
+    # under Muon the query/key matrices are Muon's: its groups carry the same multipliers
+    from normlab.train.optim import make_optimizer
+
+    opt = make_optimizer(model, TrainConfig.of(optimizer="muon"))
+    names = {id(p): n for n, p in model.named_parameters()}
+    muon = {g["lr_ratio"]: {names[id(p)] for p in g["params"]} for g in opt.muon.param_groups}
+    assert muon[0.5] == groups[0.5] and muon[2.0] == groups[2.0]
 
 
 def test_mla_refuses_what_it_does_not_build_and_native_export():

@@ -239,9 +239,11 @@ class MuonAdamW:
         # muP / CompleteP: Muon's matrices split by their lr factor (Muon's own rule: normlab.model.parametrization)
         flat_groups: dict[tuple[float, float], list[nn.Parameter]] = {}
         by_id = _scales_by_id(_lm(model), taken, o.muon_adjust_lr)
+        proj = projection_lr(_lm(model))  # model.q_lr_mult, k_lr_mult on Muon's query/key matrices too
         for p in flat:
             s = by_id.get(id(p))
-            flat_groups.setdefault((s.lr, s.weight_decay) if s else (1.0, 1.0), []).append(p)
+            lr_f, wd_f = (s.lr, s.weight_decay) if s else (1.0, 1.0)
+            flat_groups.setdefault((lr_f * proj.get(id(p), 1.0), wd_f), []).append(p)
         flat_groups_list = [
             {"params": ps, "lr_ratio": lr_f, **({"weight_decay": wd * wd_f} if wd_f != 1.0 else {})}
             for (lr_f, wd_f), ps in flat_groups.items()
