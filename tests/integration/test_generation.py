@@ -32,7 +32,7 @@ CASES = [  # layout, size, overrides: RoPE, learned positions, inner norms, GQA,
     ("gemma2", "nano", {"attn_softcap": 20.0}),
     ("qwen3", "nano", {"d_head": 16, "sliding_window": 4, "full_attention_every": 2}),  # windows shorter than the text
     ("qwen3", "nano", {"attention": "mla", "q_lora_rank": 8, "qk_rope_head_dim": 4}),  # MLA with QK-norm
-    ("post", "nano", {"attention": "moda", "n_kv_heads": 1}),  # MoDA: depth keys of the new tokens only
+    ("post", "nano", {"attention": "moda", "n_kv_heads": 1, "moda_ffn_kv": True}),  # MoDA: new tokens' depth keys
     ("pre", "moe-micro", {}),
 ]
 DENSE = CASES[:-1]

@@ -149,6 +149,11 @@ class ModelConfig:
     mla_latent_norm: bool = setting(
         True, "mla: RMSNorm on the latents c^KV and c^Q (DeepSeek-V2 Sec. 3.1.2); off: eqs. 9-13 as written"
     )
+    moda_ffn_kv: bool = setting(
+        False,
+        "moda: each FFN's input also written as depth keys and values through its own W_K^F, W_V^F (Zhu et al. "
+        "2026 Table 3 row 4, the authors' default); off: the attention layers' keys and values only (row 3)",
+    )
     q_lr_mult: float = setting(
         1.0, "the query projections' learning rate x this (Anson & Aitchison 2025, arXiv 2511.21377)", check=_pos
     )

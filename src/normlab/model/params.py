@@ -66,6 +66,7 @@ def analytic_params(cfg: ModelConfig, resolved: ResolvedLayout) -> ParamCount:
     if cfg.attention == "mla":
         attn, (_, _, nope, rope, v_width) = mla_attention_params(cfg), cfg.mla_dims
         qk_width = nope + rope
+    ffn_kv = moda_ffn_kv_params(cfg)
     n_mats = 3 if cfg.mlp in ("swiglu", "geglu-tanh") else 2
     mlp = n_mats * d * ff + b * ((n_mats - 1) * ff + d)
     if cfg.n_experts:  # routed SwiGLU experts, the router, an optional shared expert (normlab.model.moe)
@@ -107,7 +108,7 @@ def analytic_params(cfg: ModelConfig, resolved: ResolvedLayout) -> ParamCount:
     model_norms = (site("emb", d) if lay.embed_norm else 0) + (site("final", d) if lay.final_norm else 0)
     embedding = cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2)
     embedding += cfg.max_seq_len * d if cfg.position == "learned" else 0
-    non_embedding = blocks + model_norms + (cfg.vocab_size if lay.ngpt else 0) + depth_reads  # nGPT's s_z
+    non_embedding = blocks + model_norms + (cfg.vocab_size if lay.ngpt else 0) + depth_reads + ffn_kv  # nGPT's s_z
     total = non_embedding + embedding
     return ParamCount(
         total=total,
@@ -133,6 +134,14 @@ def mla_attention_params(cfg: ModelConfig, matrices_only: bool = False) -> int:
     return mats + latent + qkv_b * h * (2 * nope + v) + (d if cfg.linear_bias else 0)
 
 
+def moda_ffn_kv_params(cfg: ModelConfig) -> int:
+    """MoDA's FFN depth projections W_K^F, W_V^F (d x kv_heads head_dim each) in every layer but the last
+    (normlab.model.moda; ``moda_ffn_kv``); 0 otherwise."""
+    if cfg.attention != "moda" or not cfg.moda_ffn_kv:
+        return 0
+    return (cfg.n_layers - 1) * 2 * cfg.d_model * cfg.kv_heads * cfg.head_dim
+
+
 def analytic_matrices(cfg: ModelConfig, resolved: ResolvedLayout) -> int:
     """The blocks' matrix weights, from the configuration: attention's q/k/v/o (and gate), the MLP's or the
     experts' (and a shared expert's) matrices, routers excluded: what Muon optimizes
@@ -144,4 +153,4 @@ def analytic_matrices(cfg: ModelConfig, resolved: ResolvedLayout) -> int:
     if cfg.n_experts:
         mlp = cfg.n_experts * cfg.expert_weights + (cfg.expert_weights if cfg.moe_shared_expert else 0)
     gates = sum(d * h * hd for blk in resolved.blocks if blk.attn_inner.gate)
-    return cfg.n_layers * (attn + mlp) + gates
+    return cfg.n_layers * (attn + mlp) + gates + moda_ffn_kv_params(cfg)
