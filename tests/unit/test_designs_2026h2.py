@@ -209,8 +209,8 @@ def test_the_new_norms_are_default_candidates_after_issue_56s_and_buildable_for_
 
     from normlab.config.commands import RECOMMEND_CANDIDATES, RecommendConfig
     from normlab.recommend.planning import plan
-    from normlab.recommend.planning.shape import read_user_model
     from normlab.recommend.planning.inputs import choose_candidates
+    from normlab.recommend.planning.shape import read_user_model
 
     new = ["pre-gatednorm", "sandwich-gatednorm", "pre-taper"]
     at = RECOMMEND_CANDIDATES.index("attnres")

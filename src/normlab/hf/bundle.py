@@ -38,6 +38,8 @@ MODULES = (
     "model/rope.py",
     "model/decoding.py",
     "model/attention.py",
+    "model/mla.py",
+    "model/moda.py",
     "model/mlp.py",
     "model/moe.py",
     "model/admin.py",

@@ -61,6 +61,20 @@ class NativeExportError(ConfigError):
     """The model's layout or options do not map exactly onto the requested transformers class."""
 
 
+def attention_refusal(kind: str, arch: str) -> str:
+    """Why attention ``kind`` (mla, moda) has no exact ``arch`` counterpart."""
+    if kind == "moda":
+        return (
+            f"attention=moda has no {arch} counterpart: no transformers class lets a head attend to the earlier "
+            "layers' keys and values (mixture-of-depths attention, arXiv 2603.15619); export with --arch normlab"
+        )
+    return (
+        f"attention=mla has no {arch} counterpart ({arch} projects keys and values per head); export with --arch "
+        "normlab, or, for layout pre with a RoPE part, build transformers' DeepseekV3ForCausalLM with "
+        "normlab.hf.deepseek.to_deepseek_v3"
+    )
+
+
 def _export_arch(model: NormLM, arch: str) -> Arch:
     """The adapter for exporting ``model`` as ``arch``, or a NativeExportError naming the first difference."""
     if arch not in ARCHS:
@@ -74,6 +88,8 @@ def _export_arch(model: NormLM, arch: str) -> Arch:
             "nearest MoE architecture, is not mapped: its routing renormalization and weight layout would need an "
             "exact match); export with --arch normlab, which keeps every layout and the experts"
         )
+    if model.config.attention != "mha":
+        raise NativeExportError(attention_refusal(model.config.attention, arch))
     if model.layout.softmax != "softmax":
         raise NativeExportError(
             f"attention softmax={model.layout.softmax} has no exact {arch} counterpart: {arch} normalizes its logits "

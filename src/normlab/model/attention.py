@@ -26,6 +26,12 @@ Softpick follows its authors' stable form (zaydzuhri/softpick-attention): with m
 (here at least 0, so e^(-m) cannot overflow), ReLU(e^(l-m) - e^(-m)) / (sum_visible |e^(l-m) - e^(-m)| + eps),
 eps = 1e-8 as theirs; masked keys count in neither sum.
 Generation and padded batches pass a `Decoding` (positions, mask, KV cache; `normlab.model.decoding`).
+
+``ModelConfig.attention`` picks the kind `Attention(cfg, ...)` builds: this class (mha), DeepSeek-V2's multi-head
+latent attention (mla, `normlab.model.mla`: q, k, v from low-rank latents with a decoupled RoPE part; it overrides
+`_project`) or mixture-of-depths attention (moda, `normlab.model.moda`: the softmax also over the earlier layers'
+keys and values at the query's position; it overrides `_mix`). The rest (cache, masks, gate, context norm, W_O)
+is `_attend`, shared.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from normlab.errors import ConfigError
 from normlab.layout.sites import AttentionInnerSites, Layout
 from normlab.model.config import ModelConfig
 from normlab.model.decoding import Decoding
@@ -84,7 +91,23 @@ def window_mask(t: int, n: int, window: int, device: torch.device) -> torch.Tens
 
 
 class Attention(nn.Module):
+    """Multi-head attention; ``Attention(cfg, ...)`` builds the kind ``cfg.attention`` names: this class (mha),
+    `normlab.model.mla.LatentAttention` (mla) or `normlab.model.moda.DepthKVAttention` (moda), both subclasses that
+    keep the projections' and taps' names and override `_project` (q, k, v) or `_mix` (the softmax over keys); each
+    registers itself in `ATTENTION_CLASSES` when its module is imported."""
+
     store: Storage = NO_STORAGE  # the activation dtype of q, k, v and the context (normlab.model.storage)
+
+    def __new__(cls, cfg: ModelConfig | None = None, *args: object, **kwargs: object) -> Attention:
+        # no cfg: copy.deepcopy and pickle make the instance first and fill its state after
+        if cls is Attention and cfg is not None and cfg.attention != "mha":
+            if cfg.attention not in ATTENTION_CLASSES:
+                raise ConfigError(
+                    f"attention={cfg.attention}: its class registers when normlab.model.{cfg.attention} is imported "
+                    "(normlab.model.lm imports every kind)"
+                )
+            cls = ATTENTION_CLASSES[cfg.attention]
+        return super().__new__(cls)
 
     def __init__(self, cfg: ModelConfig, inner: AttentionInnerSites, layout: Layout, layer_idx: int = 0) -> None:
         super().__init__()
@@ -157,8 +180,11 @@ class Attention(nn.Module):
         return attention_weights(scores, mask, self.softmax, self.sinks).to(q.dtype) @ v
 
     def forward(self, x: torch.Tensor, dec: Decoding | None = None) -> torch.Tensor:
-        b, t, _ = x.shape
-        pos = dec.positions if dec is not None else None
+        q, k, v = self._project(x, dec.positions if dec is not None else None)
+        return self._attend(x, q, k, v, dec)
+
+    def _project(self, x: torch.Tensor, pos: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v as (B, heads, T, head_dim), after their norms and RoPE (the taps q, k, v see them)."""
         store = self.store
         if self.qk_after_rope:  # Llama 4: RoPE first, then each head's q and k normalized
             q = store(self.q_norm(self._rotate(self._heads(self.q_proj(x), self.n_heads, _ID), pos)))
@@ -171,6 +197,30 @@ class Attention(nn.Module):
             q = self.q(store(self._rotate(self._heads(self.q_proj(x), self.n_heads, self.q_norm), pos)))
             k = self.k(store(self._rotate(self._heads(self.k_proj(x), self.n_kv_heads, self.k_norm), pos)))
         v = self.v(store(self._heads(self.v_proj(x), self.n_kv_heads, self.v_norm)))
+        return q, k, v
+
+    def _mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """The heads' contexts (B, heads, T, v's head_dim): softmax(q k^T s + mask) v over the keys."""
+        t = q.shape[-2]
+        if self.softcap is None and self.softmax == "softmax":
+            # no mask: causal over the new tokens when nothing is cached, else one query that sees every key
+            causal = mask is None and k.shape[-2] == t
+            gqa = self.n_kv_heads != self.n_heads
+            if gqa and expand_kv_heads(q, mask):
+                rep = self.n_heads // self.n_kv_heads
+                k, v, gqa = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1), False
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale, enable_gqa=gqa
+            )
+        return self._written_out(q, k, v, mask)
+
+    def _attend(
+        self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dec: Decoding | None
+    ) -> torch.Tensor:
+        """The sublayer's output from q, k, v of the new tokens: the cache, the masks, the heads' mix, then the
+        gate, context norm, head scales and W_O."""
+        b, t, _ = x.shape
+        store = self.store
         mask = None
         if dec is not None:
             if dec.cache is not None:
@@ -179,19 +229,7 @@ class Attention(nn.Module):
         if self.window is not None and k.shape[-2] > self.window:  # shorter: the window hides nothing
             band = window_mask(t, k.shape[-2], self.window, q.device)
             mask = band if mask is None else mask & band
-        if self.softcap is None and self.softmax == "softmax":
-            # no mask: causal over the new tokens when nothing is cached, else one query that sees every key
-            causal = mask is None and k.shape[-2] == t
-            gqa = self.n_kv_heads != self.n_heads
-            if gqa and expand_kv_heads(q, mask):
-                rep = self.n_heads // self.n_kv_heads
-                k, v, gqa = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1), False
-            y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale, enable_gqa=gqa
-            )
-        else:
-            y = self._written_out(q, k, v, mask)
-        y = y.transpose(1, 2)  # (B, T, heads, head_dim)
+        y = self._mix(q, k, v, mask).transpose(1, 2)  # (B, T, heads, head_dim)
         if self.gate_proj is not None:
             y = store(y * self.gate(torch.sigmoid(self.gate_proj(x))).view(b, t, self.n_heads, self.head_dim))
         if self.span == "head":
@@ -204,3 +242,7 @@ class Attention(nn.Module):
                 (y.view(b, t, self.n_heads, self.head_dim) * self.head_scale.to(y.dtype)[:, None]).reshape(b, t, -1)
             )
         return self.o_proj(self.context(store(y)))
+
+
+# ModelConfig.attention -> the class `Attention(cfg, ...)` builds; normlab.model.mla and normlab.model.moda add theirs
+ATTENTION_CLASSES: dict[str, type[Attention]] = {"mha": Attention}

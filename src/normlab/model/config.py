@@ -24,6 +24,10 @@ MLP_KINDS: tuple[str, ...] = ("swiglu", "geglu-tanh", "gelu", "gelu-tanh", "relu
 POSITIONS: tuple[str, ...] = ("rope", "learned")
 NORM_COMPUTE: tuple[str, ...] = ("input", "fp32")  # see normlab.model.norms
 MOE_DISPATCH: tuple[str, ...] = ("auto", "sorted", "loop")  # see normlab.model.moe
+# the attention kinds (normlab.model.attention.Attention builds the one named): mha (multi-head, grouped-query with
+# n_kv_heads), mla (DeepSeek-V2's multi-head latent attention, normlab.model.mla), moda (mixture-of-depths attention:
+# each query also reads the earlier layers' keys and values at its own position, normlab.model.moda)
+ATTENTION_KINDS: tuple[str, ...] = ("mha", "mla", "moda")
 # Sanity bounds: far above any published model, low enough that a typo fails here, not in an allocation.
 MAX_DIM = {"vocab_size": 2**24, "d_model": 2**17, "n_layers": 10_000, "n_heads": 2**12, "max_seq_len": 2**22}
 
@@ -123,6 +127,43 @@ class ModelConfig:
     linear_bias: bool = setting(False, "biases on the attention and MLP projections (Llama: none)")
     qkv_bias: bool = setting(False, "biases on the query, key and value projections only (Qwen 2)")
     tie_embeddings: bool = setting(False, "one matrix for the embedding and the head (Kim: untied; Zhuo: tied)")
+    attention: str = setting(
+        "mha",
+        "mha (multi-head; grouped-query with n_kv_heads) | mla (DeepSeek-V2's latent attention, normlab.model.mla) | "
+        "moda (mixture-of-depths attention: also the earlier layers' keys and values, normlab.model.moda)",
+        choices=ATTENTION_KINDS,
+    )
+    kv_lora_rank: int | None = setting(
+        None,
+        "mla: the key/value latent's width d_c (DeepSeek-V2 eq. 9); none: 4 head_dim (its 512 = 4 x 128)",
+        check=_pos_int,
+    )
+    q_lora_rank: int | None = setting(
+        None,
+        "mla: the query latent's width d_c' (eq. 12); none: no query compression (DeepSeek-V2-Lite)",
+        check=_pos_int,
+    )
+    qk_nope_head_dim: int | None = setting(
+        None, "mla: a head's compressed query/key width d_h (eqs. 10, 13); none: head_dim", check=_pos_int
+    )
+    qk_rope_head_dim: int = setting(
+        0, "mla: a head's decoupled RoPE width d_h^R (eqs. 14-15); 0: no decoupled RoPE part", check=_nonneg
+    )
+    v_head_dim: int | None = setting(None, "mla: a head's value width (eq. 11); none: head_dim", check=_pos_int)
+    mla_latent_norm: bool = setting(
+        True, "mla: RMSNorm on the latents c^KV and c^Q (DeepSeek-V2 Sec. 3.1.2); off: eqs. 9-13 as written"
+    )
+    moda_ffn_kv: bool = setting(
+        False,
+        "moda: each FFN's input also written as depth keys and values through its own W_K^F, W_V^F (Zhu et al. "
+        "2026 Table 3 row 4, the authors' default); off: the attention layers' keys and values only (row 3)",
+    )
+    q_lr_mult: float = setting(
+        1.0, "the query projections' learning rate x this (Anson & Aitchison 2025, arXiv 2511.21377)", check=_pos
+    )
+    k_lr_mult: float = setting(
+        1.0, "the key-only projections' learning rate x this (arXiv 2511.21377; MLA: W^UK, W^KR)", check=_pos
+    )
     n_experts: int = setting(
         0,
         "mixture of experts (normlab.model.moe; OLMoE / Zhuo Sec. 4.3): routed experts; 0: the dense MLP",
@@ -169,6 +210,7 @@ class ModelConfig:
                 f"RoPE needs an even head dimension, got {self.head_dim} "
                 f"({'d_head' if self.d_head is not None else 'd_model / n_heads'})"
             )
+        self._check_attention()
         if self.full_attention_every and self.sliding_window is None:
             raise ConfigError("full_attention_every picks the layers without a window; set sliding_window too")
         if self.n_experts:
@@ -213,6 +255,29 @@ class ModelConfig:
         if self.parametrization != "sp":
             self.base_config()  # the base shape must be a whole model (refused with the reason otherwise)
 
+    def _check_attention(self) -> None:
+        """MLA's decoupled RoPE part needs an even width and MLA has a key per head. The MLA shape settings are
+        read by attention=mla only (a grid may cross attention kinds with one MLA shape)."""
+        if self.attention == "mla" and self.qk_rope_head_dim % 2:
+            raise ConfigError(f"RoPE needs an even qk_rope_head_dim, got {self.qk_rope_head_dim}")
+        if self.attention == "mla" and self.n_kv_heads is not None and self.n_kv_heads != self.n_heads:
+            raise ConfigError(
+                "attention=mla up-projects a key and a value per head from the latent (DeepSeek-V2 eqs. 10-11): "
+                "n_kv_heads does not apply; drop it"
+            )
+
+    @property
+    def mla_dims(self) -> tuple[int, int | None, int, int, int]:
+        """attention=mla's (d_c, d_c' or None, d_h, d_h^R, v_head_dim), the defaults filled in (normlab.model.mla)."""
+        hd = self.head_dim
+        return (
+            self.kv_lora_rank or 4 * hd,
+            self.q_lora_rank,
+            self.qk_nope_head_dim or hd,
+            self.qk_rope_head_dim,
+            self.v_head_dim or hd,
+        )
+
     @property
     def head_dim(self) -> int:
         return self.d_head if self.d_head is not None else self.d_model // self.n_heads
@@ -230,7 +295,37 @@ class ModelConfig:
                 "ngpt is built for nGPT's model: a dense SwiGLU MLP (s_u, s_v) and one key per query "
                 "head (s_qk scales q and k alike); use mlp=swiglu, n_kv_heads = n_heads, no experts"
             )
-        return None
+        return self.attention_problem(resolved)
+
+    def attention_problem(self, resolved: ResolvedLayout) -> str | None:
+        """Why attention=mla or moda does not combine with this layout, or None: both build attention's q, k, v,
+        context norms per head, and neither builds the output gate, NormFormer's head scales or nGPT's s_qk; MoDA
+        writes its one softmax over sequence and depth keys out, as the plain softmax only (no cap, sink, softpick)."""
+        if self.attention == "mha":
+            return None
+        layout = resolved.layout
+        inner = [b.attn_inner for b in resolved.blocks]
+        extras = [
+            what
+            for what, on in (
+                ("the attention output gate", any(i.gate for i in inner)),
+                ("NormFormer's head scales", any(i.head_scale for i in inner)),
+                ("nGPT", layout.ngpt),
+                (
+                    "inner norms over all heads (span=full)",
+                    layout.inner_span == "full" and any(i.q or i.k or i.v or i.context for i in inner),
+                ),
+            )
+            if on
+        ]
+        if self.attention == "moda" and (layout.softmax != "softmax" or self.attn_softcap is not None):
+            extras.append(f"softmax={layout.softmax} or attn_softcap (MoDA's joint softmax is the plain one)")
+        if not extras:
+            return None
+        return (
+            f"attention={self.attention} is built with per-head q/k/v/context norms and the plain attention "
+            f"output; not with {', '.join(extras)}: use attention=mha for those"
+        )
 
     def rope_theta_of(self, layer: int) -> float:
         """The RoPE base of ``layer``: rope_local_theta on a windowed layer where set, else rope_theta."""

@@ -25,6 +25,18 @@ def model_report(cfg: ModelConfig, layout: Layout, resolved: ResolvedLayout, sch
             f"{'a shared expert, ' if cfg.moe_shared_expert else ''}"
             f"load-balancing {cfg.moe_aux_coef:g}, router z-loss {cfg.moe_z_coef:g}, no token dropping)"
         )
+    if cfg.attention == "mla":
+        d_c, d_cq, nope, rope, v = cfg.mla_dims
+        report += (
+            f"\n  attention: MLA (DeepSeek-V2), latent d_c {d_c}, query latent {d_cq or 'none'}, per head d_h {nope} + "
+            f"RoPE d_h^R {rope}, value {v}, latent norms {'on' if cfg.mla_latent_norm else 'off'}"
+        )
+    elif cfg.attention == "moda":
+        report += "\n  attention: MoDA (each query also reads the earlier layers' keys and values at its position" + (
+            "; each FFN's input too, through W_K^F, W_V^F)" if cfg.moda_ffn_kv else ")"
+        )
+    if cfg.q_lr_mult != 1.0 or cfg.k_lr_mult != 1.0:
+        report += f"\n  learning rate x {cfg.q_lr_mult:g} on the query projections, x {cfg.k_lr_mult:g} on the key ones"
     return report
 
 

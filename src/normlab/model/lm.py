@@ -32,11 +32,17 @@ from normlab.model.config import ModelConfig
 from normlab.model.decoding import Decoding, check_positions
 from normlab.model.depth_attention import DepthAttention
 from normlab.model.loss import lm_loss, logits_of
+from normlab.model.mla import LatentAttention
+from normlab.model.moda import DepthKVAttention, link_depth
 from normlab.model.moe import MoE
 from normlab.model.norms import Tap, is_norm, site_norm
 from normlab.model.residual import residual_path
 from normlab.model.sphere import base_scale, project, rescaled
 from normlab.model.storage import NO_STORAGE, Storage
+
+# the attention kinds besides multi-head attention (ModelConfig.attention); importing them registers each in
+# normlab.model.attention.ATTENTION_CLASSES, which Attention(cfg, ...) builds from
+ATTENTION_SUBCLASSES = (LatentAttention, DepthKVAttention)
 
 
 @dataclass
@@ -76,6 +82,8 @@ class NormLM(nn.Module):
         self.blocks = nn.ModuleList(
             Block(cfg, blk, layout, residual_path(resolved, cfg), i) for i, blk in enumerate(resolved.blocks)
         )
+        if cfg.attention == "moda":  # mixture-of-depths attention: the layers share one store of depth keys/values
+            link_depth(self.blocks)
         self.final_depth: DepthAttention | None = None  # Attention Residuals' final read over depth (its model part)
         for name, part in self.residual.model_parts().items():
             setattr(self, name, part)
@@ -176,9 +184,11 @@ class NormLM(nn.Module):
             x = self.expand(x)
         hidden = [x] if return_hidden_states else None
         # not while hidden states are returned (the probes take gradients with respect to them), nor
-        # with a KV cache (the recompute would append the keys twice)
+        # with a KV cache (the recompute would append the keys twice), nor with MoDA (its layers share the depth
+        # keys of one forward, normlab.model.moda, which a block's recompute in the backward would not see)
         recompute = (
             self.activation_checkpointing
+            and self.config.attention != "moda"
             and self.training
             and torch.is_grad_enabled()
             and hidden is None

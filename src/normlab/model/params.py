@@ -62,6 +62,11 @@ def analytic_params(cfg: ModelConfig, resolved: ResolvedLayout) -> ParamCount:
     b = 1 if cfg.linear_bias else 0
     qkv_b = 1 if (cfg.linear_bias or cfg.qkv_bias) else 0
     attn = d * h * hd + 2 * d * kv * hd + h * hd * d + qkv_b * (h * hd + 2 * kv * hd) + b * d
+    qk_width = v_width = hd  # the widths the per-head q/k and v/context norms act on
+    if cfg.attention == "mla":
+        attn, (_, _, nope, rope, v_width) = mla_attention_params(cfg), cfg.mla_dims
+        qk_width = nope + rope
+    ffn_kv = moda_ffn_kv_params(cfg)
     n_mats = 3 if cfg.mlp in ("swiglu", "geglu-tanh") else 2
     mlp = n_mats * d * ff + b * ((n_mats - 1) * ff + d)
     if cfg.n_experts:  # routed SwiGLU experts, the router, an optional shared expert (normlab.model.moe)
@@ -99,14 +104,15 @@ def analytic_params(cfg: ModelConfig, resolved: ResolvedLayout) -> ParamCount:
         norms += site("mlp.H", ff) if blk.mlp.hidden else 0
         for attr, (heads, name) in inner_dim.items():
             if getattr(blk.attn_inner, attr):
-                norms += site(name, hd if lay.inner_span == "head" else heads * hd)
+                width = qk_width if attr in ("q", "k") else v_width
+                norms += site(name, width if lay.inner_span == "head" else heads * hd)
         extra = (d * h * hd + b * h * hd if blk.attn_inner.gate else 0) + (h if blk.attn_inner.head_scale else 0)
         extra += h if lay.softmax == "sink" else 0  # GPT-OSS's sink logit per query head
         blocks += attn + mlp + norms + extra + per_block_scales
     model_norms = (site("emb", d) if lay.embed_norm else 0) + (site("final", d) if lay.final_norm else 0)
     embedding = cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2)
     embedding += cfg.max_seq_len * d if cfg.position == "learned" else 0
-    non_embedding = blocks + model_norms + (cfg.vocab_size if lay.ngpt else 0) + depth_reads  # nGPT's s_z
+    non_embedding = blocks + model_norms + (cfg.vocab_size if lay.ngpt else 0) + depth_reads + ffn_kv  # nGPT's s_z
     non_embedding += 2 * siamese
     total = non_embedding + embedding
     return ParamCount(
@@ -117,18 +123,42 @@ def analytic_params(cfg: ModelConfig, resolved: ResolvedLayout) -> ParamCount:
     )
 
 
+def mla_attention_params(cfg: ModelConfig, matrices_only: bool = False) -> int:
+    """One MLA layer's attention parameters (normlab.model.mla; DeepSeek-V2 eqs. 9-19): W^DQ (or none), W^UQ, W^QR,
+    W^DKV, W^UK, W^UV, W^KR, W^O, the latents' RMSNorm gains and the projections' biases; the q/k/v/context site
+    norms are counted with the layout's sites. ``matrices_only``: the weight matrices alone."""
+    d, h = cfg.d_model, cfg.n_heads
+    d_c, d_cq, nope, rope, v = cfg.mla_dims
+    q_in = d if d_cq is None else d_cq
+    mats = (d * d_cq if d_cq else 0) + q_in * h * (nope + rope) + d * d_c + d_c * h * (nope + v) + d * rope
+    mats += h * v * d
+    if matrices_only:
+        return mats
+    latent = (d_c + (d_cq or 0)) if cfg.mla_latent_norm else 0
+    qkv_b = 1 if (cfg.linear_bias or cfg.qkv_bias) else 0
+    return mats + latent + qkv_b * h * (2 * nope + v) + (d if cfg.linear_bias else 0)
+
+
+def moda_ffn_kv_params(cfg: ModelConfig) -> int:
+    """MoDA's FFN depth projections W_K^F, W_V^F (d x kv_heads head_dim each) in every layer but the last
+    (normlab.model.moda; ``moda_ffn_kv``); 0 otherwise."""
+    if cfg.attention != "moda" or not cfg.moda_ffn_kv:
+        return 0
+    return (cfg.n_layers - 1) * 2 * cfg.d_model * cfg.kv_heads * cfg.head_dim
+
+
 def analytic_matrices(cfg: ModelConfig, resolved: ResolvedLayout) -> int:
     """The blocks' matrix weights, from the configuration: attention's q/k/v/o (and gate), the MLP's or the
     experts' (and a shared expert's) matrices, routers excluded: what Muon optimizes
     (`normlab.train.optim.muon_matrices` measures the same)."""
     d, hd, h, kv, ff = cfg.d_model, cfg.head_dim, cfg.n_heads, cfg.kv_heads, cfg.ffn_dim
-    attn = 2 * d * h * hd + 2 * d * kv * hd
+    attn = mla_attention_params(cfg, matrices_only=True) if cfg.attention == "mla" else 2 * d * h * hd + 2 * d * kv * hd
     n_mats = 3 if cfg.mlp in ("swiglu", "geglu-tanh") else 2
     mlp = n_mats * d * ff
     if cfg.n_experts:
         mlp = cfg.n_experts * cfg.expert_weights + (cfg.expert_weights if cfg.moe_shared_expert else 0)
     gates = sum(d * h * hd for blk in resolved.blocks if blk.attn_inner.gate)
-    return cfg.n_layers * (attn + mlp) + gates
+    return cfg.n_layers * (attn + mlp) + gates + moda_ffn_kv_params(cfg)
 
 
 def gate_matrix_shapes(cfg: ModelConfig, lay: Any, blk: Any) -> list[tuple[int, int]]:

@@ -256,6 +256,8 @@ def _rms_rewrite_refusal(old: NormLM, new_layout: Any) -> str | None:
         return "tied embeddings: re-centring the embedding would change the head's logits too"
     if old.config.n_experts:
         return "mixture-of-experts layers: each expert's W_down would be re-centred (not built)"
+    if old.config.attention == "mla":
+        return "attention=mla: the input norm feeds the latents' projections (W^DQ, W^DKV, W^KR), not q/k/v (not built)"
     for i, block in enumerate(old.block_list()):
         mlp = block.mlp
         assert isinstance(mlp, MLP)  # dense: mixture-of-experts returned above

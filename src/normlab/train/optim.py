@@ -31,6 +31,7 @@ from normlab.config.train import TrainConfig
 from normlab.layout.sites import GAIN_KINDS
 from normlab.model.block import scale_params
 from normlab.model.lm import NormLM
+from normlab.model.mla import projection_lr
 from normlab.model.norms import is_norm
 from normlab.model.parametrization import ParamScale, param_scales
 from normlab.model.streams import HyperConnection
@@ -135,9 +136,30 @@ def param_groups(model: nn.Module, cfg: TrainConfig, muon: set[int] | None = Non
                 {"params": gains[kind], "weight_decay": o.weight_decay * factor, "lr_ratio": lr, "gains": kind}
             )
     inner = _lm(model)  # DDP
+    groups = projection_groups(inner, groups)
     if inner.config.parametrization == "sp":
         return groups
     return scaled_groups(inner, groups, muon, cfg.optim.muon_adjust_lr)
+
+
+def projection_groups(model: nn.Module, groups: list[ParamGroup]) -> list[ParamGroup]:
+    """Each group split by the query and key projections' learning-rate multipliers (model.q_lr_mult, k_lr_mult;
+    normlab.model.mla.projection_lr, after Anson & Aitchison 2025, arXiv 2511.21377): the parts with a multiplier
+    other than 1 get ``lr_ratio`` times it. Unchanged when both multipliers are 1."""
+    mults = projection_lr(model)
+    if not mults:
+        return groups
+    out: list[ParamGroup] = []
+    for g in groups:
+        parts: dict[float, list[nn.Parameter]] = {}
+        for p in g["params"]:
+            parts.setdefault(mults.get(id(p), 1.0), []).append(p)
+        for mult, params in parts.items():
+            part = {**g, "params": params}
+            if mult != 1.0:
+                part["lr_ratio"] = g.get("lr_ratio", 1.0) * mult
+            out.append(part)
+    return out
 
 
 def scaled_groups(
@@ -219,9 +241,11 @@ class MuonAdamW:
         # muP / CompleteP: Muon's matrices split by their lr factor (Muon's own rule: normlab.model.parametrization)
         flat_groups: dict[tuple[float, float], list[nn.Parameter]] = {}
         by_id = _scales_by_id(_lm(model), taken, o.muon_adjust_lr)
+        proj = projection_lr(_lm(model))  # model.q_lr_mult, k_lr_mult on Muon's query/key matrices too
         for p in flat:
             s = by_id.get(id(p))
-            flat_groups.setdefault((s.lr, s.weight_decay) if s else (1.0, 1.0), []).append(p)
+            lr_f, wd_f = (s.lr, s.weight_decay) if s else (1.0, 1.0)
+            flat_groups.setdefault((lr_f * proj.get(id(p), 1.0), wd_f), []).append(p)
         flat_groups_list = [
             {"params": ps, "lr_ratio": lr_f, **({"weight_decay": wd * wd_f} if wd_f != 1.0 else {})}
             for (lr_f, wd_f), ps in flat_groups.items()

@@ -10,7 +10,10 @@ exceeded tau, the head's queries and keys are scaled so that the same batch's la
 
 Heads at or below tau are untouched (the paper's per-head rule; the logit is bilinear in the two, so the
 product is scaled by exactly gamma_h). The paper's model is MLA, whose rotary key is shared by all heads: it
-scales the head-specific q^R by gamma_h and leaves the shared k^R alone. With grouped-query attention a key
+scales the head-specific q^R by gamma_h and leaves the shared k^R alone; so does normlab with ``attention=mla``
+(q^C, k^C by sqrt(gamma_h) through W^UQ, W^UK; q^R by gamma_h through W^QR; with a q-norm or k-norm, that norm's
+output per head instead, and q^R then takes only the factor the normed side does not: with a k-norm and no q-norm
+q^R is scaled by sqrt(gamma_h), the k-norm's output covering k^R). With grouped-query attention a key
 head is shared by the group's query heads; normlab follows Megatron-LM's `qk_clip` for GQA: each KV group
 takes the largest S_max of its query heads, and that group's query heads and its key head are scaled by
 sqrt(gamma_group) (a head of the group that stayed below tau is scaled too; with n_kv_heads = n_heads this
@@ -164,7 +167,9 @@ class QKClip:
             if not q_ok:
                 k_side = gamma
             if q_ok:
-                self._scale(attn, attn.q_proj, attn.q_norm, q_side)
+                # MLA without a q-norm: q^R takes the factor of the shared k^R as well (k^R is left alone)
+                rope = q_side * (1.0 if is_norm(attn.k_norm) else k_side.repeat_interleave(rep))
+                self._scale(attn, attn.q_proj, attn.q_norm, q_side, rope)
             if k_ok:
                 self._scale(attn, attn.k_proj, attn.k_norm, k_side)
         self.interventions += clipped
@@ -176,11 +181,19 @@ class QKClip:
         return not is_norm(norm) or gain_of(norm) is not None
 
     @staticmethod
-    def _scale(attn: Attention, proj: nn.Linear, norm: nn.Module, factors: torch.Tensor) -> None:
+    def _scale(
+        attn: Attention, proj: nn.Linear, norm: nn.Module, factors: torch.Tensor, rope: torch.Tensor | None = None
+    ) -> None:
+        """Scale one side's logit per head: the norm's output (QK-norm), else the projection's rows of each head;
+        MLA (attention=mla): W^UQ / W^UK's rows of d_h per head, and ``rope`` on W^QR's rows (the query's RoPE part)."""
         if is_norm(norm):
             _scale_norm_output(norm, factors, attn.head_dim)
-        else:
-            _scale_rows(proj, factors, attn.head_dim)
+            return
+        nope = getattr(attn, "nope", None)
+        _scale_rows(proj, factors, attn.head_dim if nope is None else nope)
+        q_rope = getattr(attn, "q_rope", None)
+        if nope is not None and rope is not None and isinstance(q_rope, nn.Linear):
+            _scale_rows(q_rope, rope, attn.head_dim - nope)
 
     def summary(self) -> dict[str, Any]:
         return {
