@@ -106,7 +106,7 @@ def test_tapernorm_blends_rmsnorm_and_its_fixed_scaling_in_float64(g):
     d = 10
     norm = _randomized(TaperNorm(d, 1e-6).double())
     norm.coeff.fill_(0.7)
-    norm.gate.fill_(g)
+    norm.set_gate(g)
     x = torch.randn(2, 7, d, dtype=torch.float64)
     want = g * norm.weight * x / _rms(x, 1e-6) + (1 - g) * 0.7 * norm.taper_weight * x
     torch.testing.assert_close(norm.eval()(x), want, rtol=8 * d * EPS64, atol=8 * d * EPS64)
@@ -166,7 +166,7 @@ def _tapered(layout: str = "pre-taper") -> torch.nn.Module:
     g = torch.Generator().manual_seed(1)
     for m in model.modules():
         if isinstance(m, TaperNorm):
-            m.gate.fill_(0.0)
+            m.set_gate(0.0)
             m.coeff.fill_(0.5 + torch.rand(1, generator=g).item())
             with torch.no_grad():
                 m.taper_weight.copy_(0.5 + torch.rand(m.taper_weight.shape, generator=g))
@@ -189,7 +189,7 @@ def test_a_tapered_model_folds_into_its_projections_with_the_same_logits():
 
 def test_the_fold_refuses_where_it_would_not_be_exact_and_changes_nothing():
     early = _tapered()
-    next(m for m in early.modules() if isinstance(m, TaperNorm)).gate.fill_(0.5)
+    next(m for m in early.modules() if isinstance(m, TaperNorm)).set_gate(0.5)
     with pytest.raises(TaperFoldError, match="gate is 0.5"):
         fold_tapered(early)
     assert sum(isinstance(m, TaperNorm) for m in early.modules()) == 2 * early.config.n_layers
@@ -243,7 +243,7 @@ def test_a_tapering_model_follows_the_blend_at_every_site():
     g = torch.Generator().manual_seed(2)
     for m in model.modules():
         if isinstance(m, TaperNorm):
-            m.gate.fill_(0.4)
+            m.set_gate(0.4)
             m.coeff.fill_(0.8)
             with torch.no_grad():
                 m.taper_weight.copy_(1 + 0.3 * torch.randn(m.taper_weight.shape, generator=g, dtype=torch.float64))

@@ -203,6 +203,9 @@ def test_every_preset_wires_every_parameter_into_the_loss(name):
     """One forward and backward per preset: every parameter (gates, head scales, omegas, steps, every norm
     kind's) gets a finite gradient, so none is built and then left out of the forward."""
     model = normlab.build_model(name, "nano", seed=0, n_layers=2)
+    for m in model.modules():  # a TaperNorm mid-taper: both its branches in the forward (g = 1 or 0 drops one)
+        if hasattr(m, "set_gate"):
+            m.set_gate(0.5)
     tokens = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0))
     model(tokens[:, :-1], targets=tokens[:, 1:]).loss.backward()
     missing = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]

@@ -414,6 +414,19 @@ class TaperNorm(_Elementwise):
         self.taper_weight = nn.Parameter(torch.ones(dim))  # gamma~
         for name, value in (("gate", 1.0), ("coeff", 1.0), ("ema_num", 0.0), ("ema_den", 0.0), ("calibrated", 0.0)):
             self.register_buffer(name, torch.tensor(value))
+        # the gate and the calibration flag as Python values beside their buffers (which the checkpoint keeps): the
+        # forward branches on them without reading a device tensor back (a host sync per norm on a GPU)
+        self.gate_value, self.is_calibrated = 1.0, False
+        self.register_load_state_dict_post_hook(lambda module, _keys: module.mirror())
+
+    def mirror(self) -> None:
+        """The Python values read again from the buffers (after a load)."""
+        self.gate_value, self.is_calibrated = float(self.gate), bool(self.calibrated)
+
+    def set_gate(self, g: float) -> None:
+        """The gate for the coming step (`normlab.train.taper.TaperHook`)."""
+        self.gate.fill_(g)
+        self.gate_value = float(g)
 
     def reset_parameters(self) -> None:
         with torch.no_grad():
@@ -422,6 +435,7 @@ class TaperNorm(_Elementwise):
             for name, value in (("gate", 1.0), ("coeff", 1.0), ("ema_num", 0.0), ("ema_den", 0.0)):
                 getattr(self, name).fill_(value)
             self.calibrated.fill_(0.0)
+        self.gate_value, self.is_calibrated = 1.0, False
 
     def _track(self, x: torch.Tensor, r: torch.Tensor) -> None:
         """One EMA step of the calibration's two means (first step: the means themselves)."""
@@ -441,15 +455,16 @@ class TaperNorm(_Elementwise):
             self.coeff.copy_(torch.where(ok, self.ema_num / self.ema_den.clamp_min(1e-30), torch.ones_like(self.coeff)))
             self.taper_weight.copy_(self.weight)
             self.calibrated.fill_(1.0)
+        self.is_calibrated = True
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         dtype = self._dtype(x)
         xd = x.to(dtype)
-        g = float(self.gate)
+        g = self.gate_value
         if g == 0.0:
             return (xd * (self.coeff * self.taper_weight).to(dtype)).to(x.dtype)
         r = torch.sqrt(xd.to(torch.promote_types(xd.dtype, torch.float32)).pow(2).mean(-1, keepdim=True) + self.eps)
-        if self.training and not bool(self.calibrated):
+        if self.training and not self.is_calibrated:
             self._track(xd, r)
         normed = xd * (1.0 / r).to(dtype) * self.weight.to(dtype)
         if g == 1.0:

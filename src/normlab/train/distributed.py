@@ -17,6 +17,7 @@ from torch import nn
 
 from normlab.errors import ConfigError
 from normlab.model.lm import NormLM
+from normlab.model.norms import TaperNorm
 
 
 @dataclass(frozen=True)
@@ -87,8 +88,11 @@ def wrap(model: NormLM, info: DistInfo, fsdp: bool) -> nn.Module:
             fully_shard(block)
         fully_shard(model)
         return model
+    # a TaperNorm's scaling branch is unused before its taper starts and its normalization after it ends: DDP is
+    # told that some parameters may have no gradient in a step (normlab.model.norms.TaperNorm)
+    scheduled = any(isinstance(m, TaperNorm) for m in model.modules())
     return nn.parallel.DistributedDataParallel(
-        model, device_ids=[info.local_rank] if info.device.type == "cuda" else None
+        model, device_ids=[info.local_rank] if info.device.type == "cuda" else None, find_unused_parameters=scheduled
     )
 
 

@@ -35,6 +35,6 @@ class TaperHook(StepHook):
     def pre_step(self, step: int) -> None:
         g = self.gate(step)
         for norm in self.norms:
-            if g < 1.0 and not bool(norm.calibrated):
+            if g < 1.0 and not norm.is_calibrated:
                 norm.calibrate()
-            norm.gate.fill_(g)
+            norm.set_gate(g)
