@@ -13,7 +13,7 @@ import pytest
 from normlab.cli import main
 from normlab.config.train import TrainConfig
 from normlab.model.config import ModelConfig
-from normlab.recommend.planning import cost, plan
+from normlab.recommend.planning import cost, from_runs, plan
 from normlab.recommend.planning.shape import proxy_shape, read_user_model
 from normlab.runs.summary import RunSummary
 
@@ -139,13 +139,14 @@ def test_a_budget_refusal_names_the_calibration_and_how_to_measure_again(tmp_pat
     assert "cannot hold the smallest answer" in err_line and not out.exists()  # priced with the faster one
 
 
-def _steps(cal: cost.Calibration, ratios: list[float]) -> list[cost.RunStep]:
+def _steps(cal: cost.Calibration, ratios: list[float]) -> list[from_runs.RunStep]:
     """Finished runs of the recommend proxy (12 layers of a 1B Llama's shape, 16 x 128 tokens) whose median
     steps took `ratios` x what `cal` predicts."""
     shape = ModelConfig(**proxy_shape(ModelConfig(d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8), 12))
     layouts = ["pre", "peri", "post", "pre-mhc"]
     return [
-        cost.RunStep(shape, layouts[i % 4], r * cal.step_seconds(shape, layouts[i % 4])) for i, r in enumerate(ratios)
+        from_runs.RunStep(shape, layouts[i % 4], r * cal.step_seconds(shape, layouts[i % 4]))
+        for i, r in enumerate(ratios)
     ]
 
 
@@ -159,7 +160,7 @@ def test_runs_faster_than_predicted_lower_the_cached_rates():
     before, _ = cost.calibration(1, log=QUIET)
     screen = ModelConfig(**{**cost._screen_shape(64, 12).to_dict()})
     said: list[str] = []
-    got = cost.refresh_from_runs(
+    got = from_runs.refresh_from_runs(
         1, _steps(cal, [0.5, 0.7, 0.55]), [(screen, 0.5 * cal.screen_seconds(screen))], log=said.append, when=7.0
     )
     assert got is not None and cached() == got
@@ -176,15 +177,15 @@ def test_runs_faster_than_predicted_lower_the_cached_rates():
     assert "lowered to 0.55x of that by proxy runs that ran faster (1970-01-01 00:00 UTC)" in got.describe()
     # a run's step from what it recorded: tokens a step over its median tokens a second, on the CPU, finished
     config = TrainConfig.of(size="micro-deep", layout="peri", batch_size=4, seq_len=32, optimizer="muon")
-    step = cost.run_step(config, RunSummary.from_json({"status": "stalled", "device": "cpu", "tok_per_s": 1280.0}))
-    assert step == cost.RunStep(config.model.config, "peri", 4 * 32 / 1280.0, 128, 32, "muon", 5)
+    step = from_runs.run_step(config, RunSummary.from_json({"status": "stalled", "device": "cpu", "tok_per_s": 1280.0}))
+    assert step == from_runs.RunStep(config.model.config, "peri", 4 * 32 / 1280.0, 128, 32, "muon", 5)
     for summary in (
         {"status": "diverged", "device": "cpu", "tok_per_s": 1280.0},  # its last steps are not a step's work
         {"status": "ok", "device": "cuda:0", "tok_per_s": 1e6},  # not what a CPU calibration measures
         {"status": "ok", "device": "cpu", "tok_per_s": math.nan},
         None,
     ):
-        assert cost.run_step(config, None if summary is None else RunSummary.from_json(summary)) is None
+        assert from_runs.run_step(config, None if summary is None else RunSummary.from_json(summary)) is None
 
 
 def test_runs_on_a_busy_machine_never_raise_the_calibration():
@@ -197,11 +198,11 @@ def test_runs_on_a_busy_machine_never_raise_the_calibration():
     said: list[str] = []
     for ratios, screen_ratio in (([1.5, 3.0, 0.95], 4.0), ([0.95, 0.92], 0.93), ([0.2, 1.4, 1.6], 1.0), ([], 1.2)):
         screens = [(screen, screen_ratio * cal.screen_seconds(screen))]
-        assert cost.refresh_from_runs(1, _steps(cal, ratios), screens, log=said.append) is None
+        assert from_runs.refresh_from_runs(1, _steps(cal, ratios), screens, log=said.append) is None
         assert path.read_bytes() == before
     assert said == []
-    assert cost.lowered(cal, [2.0, 5.0], [3.0], when=1.0) is None  # the rule itself: never a raise
-    low, step, screen_scale = cost.lowered(cal, [0.5], [2.0], when=1.0)
+    assert from_runs.lowered(cal, [2.0, 5.0], [3.0], when=1.0) is None  # the rule itself: never a raise
+    low, step, screen_scale = from_runs.lowered(cal, [0.5], [2.0], when=1.0)
     assert (step, screen_scale) == (0.5, 1.0) and low.s0 == cal.s0 and low.c0 == pytest.approx(0.5 * cal.c0)
 
 

@@ -14,7 +14,7 @@ from normlab.model.config import SIZES, ModelConfig
 from normlab.recommend.evidence import agreement
 from normlab.recommend.evidence.rank import Evidence, evidence_from_grid, rank, ruled_out
 from normlab.recommend.frameworks.snippets import settings_for
-from normlab.recommend.planning import plan
+from normlab.recommend.planning import plan, work
 from normlab.recommend.planning.shape import proxy_shape, read_user_model, screen_shape
 
 LLAMA = {
@@ -163,16 +163,15 @@ def test_counted_work_is_the_palm_count_of_the_built_model_and_the_norm_sites():
     built model); E: Peri-LN's norm elements per token exceed Pre-LN's by its two output norms per layer
     and the embedding norm (d each)."""
     from normlab.model import build_model
-    from normlab.recommend.planning import cost
     from normlab.train.mfu import flops_per_token
 
     cfg = ModelConfig(**proxy_shape(ModelConfig(d_model=256, n_layers=4, n_heads=4, n_kv_heads=2, d_ff=688), 4))
     for layout in ("pre", "peri", "pre-gate"):
         model = build_model(layout, "micro", seed=0, **cfg.to_dict())
-        f, _ = cost.step_work(cfg, layout, tokens=10, seq=128)
+        f, _ = work.step_work(cfg, layout, tokens=10, seq=128)
         assert f == 10 * flops_per_token(model, 128)
-    _, e_pre = cost.step_work(cfg, "pre", tokens=1)
-    _, e_peri = cost.step_work(cfg, "peri", tokens=1)
+    _, e_pre = work.step_work(cfg, "pre", tokens=1)
+    _, e_peri = work.step_work(cfg, "peri", tokens=1)
     assert e_pre == cfg.d_model * (2 * 4 + 1) and e_peri - e_pre == cfg.d_model * (2 * 4 + 1)
 
 
@@ -183,17 +182,17 @@ def test_calibration_fit_recovers_planted_rates_and_predicts_runs_and_screens():
     ref = cost.REFERENCE_SHAPE
     step = lambda n, lay: (
         c0
-        + c_flop * cost.step_work(ref.with_(n_layers=n), lay)[0]
-        + c_norm * cost.step_work(ref.with_(n_layers=n), lay)[1]
+        + c_flop * work.step_work(ref.with_(n_layers=n), lay)[0]
+        + c_norm * work.step_work(ref.with_(n_layers=n), lay)[1]
     )
-    scr = lambda w, n: s0 + n * (s_layer + s_flop * cost.block_work(cost._screen_shape(w, n)))
+    scr = lambda w, n: s0 + n * (s_layer + s_flop * work.block_work(cost._screen_shape(w, n)))
     cal = cost.fit(step(2, "pre"), step(6, "pre"), step(6, "peri"), scr(64, 1), scr(64, 3), scr(256, 1))
     for got, want in zip(
         (cal.c0, cal.c_flop, cal.c_norm, cal.s0, cal.s_layer, cal.s_flop), (c0, c_flop, c_norm, s0, s_layer, s_flop)
     ):
         assert got == pytest.approx(want, rel=1e-6)
     user = ModelConfig(**proxy_shape(ModelConfig(d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8, d_ff=8192), 12))
-    f, e = cost.step_work(user, "peri")
+    f, e = work.step_work(user, "peri")
     assert cal.run_seconds(user, "peri", 150) == pytest.approx(
         cost.RUN_OVERHEAD_S * cal.speed + cost.STEP_FACTOR * 150 * (c0 + c_flop * f + c_norm * e)
     )
@@ -240,7 +239,7 @@ def test_hyper_connections_are_priced_per_stream_element_at_their_calibrated_rat
     cal = cost.Calibration(0.01, 2e-11, 3e-9, 0.1, 0.2, 0.0, seconds=1.0)
     six = cost.REFERENCE_SHAPE.with_(n_layers=6)
     s6 = 16 * 128 * 2 * 6 * 4 * 64
-    assert cost.stream_work(six, "pre-mhc") == ("mhc", float(s6)) and cost.stream_work(six, "pre") == ("", 0.0)
+    assert work.stream_work(six, "pre-mhc") == ("mhc", float(s6)) and work.stream_work(six, "pre") == ("", 0.0)
     rated = cost.with_stream_rates(cal, 0.3, {"hc": 0.6, "mhc": 0.9})
     pre6 = cal.step_seconds(six, "pre")
     assert rated.c_stream["hc"] == pytest.approx(pre6 * (0.6 / 0.3 - 1) / s6)
@@ -383,7 +382,8 @@ def replace_key(cal, key):
 def test_a_tight_budget_buys_shallower_then_shorter_proxies_and_below_that_is_refused_with_the_least_budget():
     """Steps cost c_flop x F only; the smallest answer at depth d and s steps needs (3 s of screens + two
     runs back to back + the round's 20 s) / 0.85 + 30 s of reserves; a budget just above each need buys that floor."""
-    from normlab.recommend.planning.cost import REFERENCE_SHAPE, Calibration, step_work
+    from normlab.recommend.planning.cost import REFERENCE_SHAPE, Calibration
+    from normlab.recommend.planning.work import step_work
 
     cal = Calibration(
         c0=0.0,
@@ -957,21 +957,20 @@ def test_muon_proxies_cost_their_newton_schulz_steps_in_the_plan():
         return 5 * (4 * m * m * n + 2 * m**3)
 
     per_block = ns(h * hd, d) + 2 * ns(kv * hd, d) + ns(d, h * hd) + 2 * ns(ff, d) + ns(d, ff)  # q, k, v, o; SwiGLU
-    assert cost.optimizer_work(shape, "pre", "muon") == 2 * per_block
-    assert cost.optimizer_work(shape, "pre", "adamw") == cost.optimizer_work(shape, "pre", "sgd") == 0
+    assert work.optimizer_work(shape, "pre", "muon") == 2 * per_block
+    assert work.optimizer_work(shape, "pre", "adamw") == work.optimizer_work(shape, "pre", "sgd") == 0
     extra = cal.run_seconds(shape, "pre", 100, "muon") - cal.run_seconds(shape, "pre", 100, "adamw")
     assert extra == pytest.approx(100 * 2e-11 * 2 * per_block)
 
 
 @pytest.mark.parametrize("moe", [False, True])
 def test_the_counted_muon_matrices_are_those_muon_takes(moe):
-    """cost.muon_shapes (counted, nothing built) against train.optim.muon_matrices on each preset built on the
+    """work.muon_shapes (counted, nothing built) against train.optim.muon_matrices on each preset built on the
     meta device (Admin's profiling pass reads values: built on the CPU, tiny)."""
     import torch
 
     from normlab.layout import PRESETS
     from normlab.model import build_model
-    from normlab.recommend.planning import cost
     from normlab.train.optim import muon_matrices
 
     over = dict(d_model=32, n_heads=2, n_layers=2, max_seq_len=16, vocab_size=64)
@@ -992,7 +991,7 @@ def test_the_counted_muon_matrices_are_those_muon_takes(moe):
             for p in muon_matrices(model)
             for _ in range(p.shape[0] if p.ndim > 2 else 1)
         )
-        assert sorted(cost.muon_shapes(model.config, name)) == got, name
+        assert sorted(work.muon_shapes(model.config, name)) == got, name
 
 
 def test_a_verify_stage_is_counted_before_anything_runs_at_the_widest_width_that_fits():

@@ -28,8 +28,8 @@ from normlab.model.norms import NORM_MODULES, NormModule
 from normlab.model.params import analytic_params
 from normlab.model.registry import register_norm_kind, unregister_norm_kind
 from normlab.recommend.evidence import answer
-from normlab.recommend.planning.cost import muon_shapes, optimizer_work
 from normlab.recommend.planning.shape import UserModel
+from normlab.recommend.planning.work import muon_shapes, optimizer_work
 from normlab.screen.wellposed import wellposedness
 from normlab.train.mfu import newton_schulz_flops
 from normlab.train.optim import OPTIMIZER_BUILDERS

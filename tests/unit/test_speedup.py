@@ -299,7 +299,8 @@ def test_every_plan_with_a_final_round_carries_two_seeds_before_a_deeper_proxy()
     """Steps priced by their FLOPs (so depth costs): over budgets of 2-12 minutes, every plan that holds a final
     round holds its second seed, and the smallest budgets that buy them take shallower proxies first."""
     from normlab.recommend.planning import plan
-    from normlab.recommend.planning.cost import REFERENCE_SHAPE, Calibration, step_work
+    from normlab.recommend.planning.cost import REFERENCE_SHAPE, Calibration
+    from normlab.recommend.planning.work import step_work
 
     c_flop = 0.275 / step_work(REFERENCE_SHAPE, "pre")[0]
     cal = Calibration(c0=0.0, c_flop=c_flop, c_norm=0.0, s0=1.0, s_layer=0.0, s_flop=0.0, seconds=1.0)

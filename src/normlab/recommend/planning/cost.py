@@ -73,7 +73,6 @@ import json
 import math
 import os
 import platform
-import statistics
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
@@ -83,11 +82,18 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 from normlab.layout import Layout, as_layout
 from normlab.layout.sites import STREAM_MIXES
 from normlab.model.config import ModelConfig
-from normlab.model.params import gate_matrix_shapes
+from normlab.recommend.planning.work import (
+    CAL_BATCH,
+    CAL_SEQ,
+    SCREEN_SEQ,
+    block_work,
+    optimizer_work,
+    step_work,
+    stream_work,
+)
 
 if TYPE_CHECKING:
-    from normlab.config.train import TrainConfig
-    from normlab.runs.summary import RunSummary
+    pass
 
 # 2: timings the lesser of CPU and wall time, the fastest of more repeats, the measurement's date: a calibration
 # cached by an earlier release (CPU time only) is measured again once (a cached one without stream rates gets
@@ -99,8 +105,6 @@ STEP_TIMINGS = TIMINGS[:3]
 LOWER_BELOW = 0.9  # runs faster than predicted by more than 10% (their median) lower the cached rates
 RECALIBRATE = "normlab recommend ... --recalibrate"  # how a user measures again (keeps the faster)
 CAL_STREAMS = 4  # the calibration's streams (the pre-hc and pre-mhc presets')
-CAL_BATCH, CAL_SEQ = 16, 128  # the proxy runs' batch (RECOMMEND_BASE)
-SCREEN_TOKENS, SCREEN_SEQ = 128, 64  # the screen's batch 2 x 64
 RUN_OVERHEAD_S = 8.0  # a proxy run's start-up, data, evaluation and checkpoints on the reference VM
 STEP_FACTOR = 1.0  # the reference VM: a 12-layer Peri-LN proxy of 150 steps took 49 s = 8 + 150 x 0.275
 REFERENCE_STEP_S = 0.275  # the reference VM's bare step of the 12-layer Peri-LN proxy of a Llama shape
@@ -117,90 +121,6 @@ REFERENCE_STREAM_RATIOS = {"hc": 2.3, "mhc": 3.4}
 SPEED_RANGE = (1e-3, 1e3)  # this machine's step against the reference VM's
 SCREEN_RANGE_S = (1e-6, 1e3)  # one screen of the calibration's 1-layer shape, in seconds
 STREAM_RATIO_MAX = 1e3  # a mix's step against Pre-LN's
-
-
-def _matrix_weights(cfg: ModelConfig, layout: str | Layout) -> int:
-    """N: the weights in matrix products per token (q, k, v, o, the gate's projection, the MLP or the k
-    experts a token uses and the router, the LM head)."""
-    d, hd, h, kv = cfg.d_model, cfg.head_dim, cfg.n_heads, cfg.kv_heads
-    resolved = as_layout(layout).resolve(cfg.n_layers)
-    n_mats = 3 if cfg.mlp in ("swiglu", "geglu-tanh") else 2
-    mlp = cfg.moe_top_k * cfg.expert_weights + d * cfg.n_experts if cfg.n_experts else n_mats * d * cfg.ffn_dim
-    total = cfg.vocab_size * d
-    for blk in resolved.blocks:
-        total += d * h * hd + 2 * d * kv * hd + h * hd * d + mlp + (d * h * hd if blk.attn_inner.gate else 0)
-    return total
-
-
-def _norm_elements(cfg: ModelConfig, layout: str | Layout) -> int:
-    """Norm elements per token: every norm site's width, over the layers."""
-    lay = as_layout(layout)
-    d, hd = cfg.d_model, cfg.head_dim
-    total = d * (int(lay.embed_norm) + int(lay.final_norm))
-    for blk in lay.resolve(cfg.n_layers).blocks:
-        inner = blk.attn_inner
-        total += d * (blk.attn.n_norms + blk.mlp.n_norms) + cfg.ffn_dim * int(blk.mlp.hidden)
-        total += hd * (
-            cfg.n_heads * (int(inner.q) + int(inner.context) + int(inner.gate))
-            + cfg.kv_heads * (int(inner.k) + int(inner.v))
-        )
-    return total
-
-
-def step_work(
-    cfg: ModelConfig, layout: str | Layout, tokens: int = CAL_BATCH * CAL_SEQ, seq: int = CAL_SEQ
-) -> tuple[float, float]:
-    """(F, E) of one training step of `layout` at `cfg` on `tokens` tokens (module doc)."""
-    layout = as_layout(layout)  # parsed once for both counts
-    flops = 6 * _matrix_weights(cfg, layout) + 12 * cfg.n_layers * cfg.n_heads * cfg.head_dim * seq
-    return float(tokens * flops), float(tokens * _norm_elements(cfg, layout))
-
-
-def stream_work(cfg: ModelConfig, layout: str | Layout, tokens: int = CAL_BATCH * CAL_SEQ) -> tuple[str, float]:
-    """(mix, S) of one training step (module doc): the stream elements every hyper-connection reads and writes,
-    S = tokens x 2 L x n x d; ("", 0) for one stream."""
-    lay = as_layout(layout)
-    if lay.streams <= 1:
-        return "", 0.0
-    return lay.stream_mix, float(tokens * 2 * cfg.n_layers * lay.streams * cfg.d_model)
-
-
-def block_work(cfg: ModelConfig) -> float:
-    """B: one block's forward FLOPs on the screen's tokens."""
-    per_layer = _matrix_weights(cfg.with_(n_layers=1), "pre") - cfg.vocab_size * cfg.d_model
-    return float(SCREEN_TOKENS * (2 * per_layer + 4 * cfg.n_heads * cfg.head_dim * SCREEN_SEQ))
-
-
-def muon_shapes(cfg: ModelConfig, layout: str | Layout) -> list[tuple[int, int]]:
-    """The (out, in) shapes of the matrices Muon takes (`normlab.train.optim.muon_matrices`), counted from
-    the shape and the layout's data: per block q, k, v, o, the gate's projection where the layout has one,
-    and the MLP's matrices, or each expert's (and a shared expert's); routers stay with AdamW."""
-    d, hd, h, kv = cfg.d_model, cfg.head_dim, cfg.n_heads, cfg.kv_heads
-    gated = cfg.mlp in ("swiglu", "geglu-tanh")
-    out: list[tuple[int, int]] = []
-    lay = as_layout(layout).resolve(cfg.n_layers)
-    for blk in lay.blocks:
-        out += [(h * hd, d), (kv * hd, d), (kv * hd, d), (d, h * hd)] + ([(h * hd, d)] if blk.attn_inner.gate else [])
-        if cfg.n_experts:
-            f = cfg.expert_ffn_dim
-            out += cfg.n_experts * [(f, d), (f, d), (d, f)]
-            out += [(f, d), (f, d), (d, f)] if cfg.moe_shared_expert else []
-        else:
-            out += [(cfg.ffn_dim, d)] * (2 if gated else 1) + [(d, cfg.ffn_dim)]
-        out += gate_matrix_shapes(cfg, lay.layout, blk)  # GatedNorm's (normlab.model.params)
-    return out
-
-
-def optimizer_work(cfg: ModelConfig, layout: str | Layout, optimizer: str = "adamw", ns_steps: int = 5) -> float:
-    """M: the FLOPs an optimizer step adds (module doc), by its step_flops fact (normlab.config.optimizers):
-    Newton-Schulz iterations over the matrices it takes (Muon); 0 where its step is elementwise (AdamW, SGD)."""
-    from normlab.config.optimizers import OPTIMIZERS
-
-    if OPTIMIZERS[optimizer].step_flops != "newton_schulz":
-        return 0.0
-    from normlab.train.mfu import newton_schulz_flops
-
-    return float(sum(newton_schulz_flops(s, ns_steps) for s in muon_shapes(cfg, layout)))
 
 
 @dataclass(frozen=True)
@@ -716,117 +636,6 @@ def measure_stream_rates(
 
 def _positive(x: object) -> TypeGuard[float]:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
-
-
-@dataclass(frozen=True)
-class RunStep:
-    """A finished proxy run's median training step (its summary's tokens a second) and what it trained."""
-
-    shape: ModelConfig
-    layout: str
-    seconds: float
-    tokens: int = CAL_BATCH * CAL_SEQ
-    seq: int = CAL_SEQ
-    optimizer: str = "adamw"
-    ns_steps: int = 5
-
-    def ratio(self, cal: Calibration) -> float:
-        """Its seconds over the step `cal` predicts for it (< 1: the machine ran faster than calibrated; inf where
-        `cal` predicts nothing)."""
-        predicted = cal.step_seconds(self.shape, self.layout, self.optimizer, self.ns_steps, self.tokens, self.seq)
-        return self.seconds / predicted if predicted > 0 else math.inf
-
-
-def run_step(config: TrainConfig, summary: RunSummary | None) -> RunStep | None:
-    """A run's `RunStep` from its configuration and summary.json, None unless it finished its steps normally
-    (ok or stalled: a diverged run's last steps are not a training step's work) on the CPU (what the calibration
-    measures) with a throughput recorded."""
-    if summary is None or not summary.trained or summary.device != "cpu":
-        return None
-    tok_s = summary.tok_per_s
-    if tok_s is None or not _positive(tok_s):
-        return None
-    tokens = config.data.batch_size * config.data.seq_len
-    return RunStep(
-        config.model.config,
-        config.model.layout_label,
-        tokens / tok_s,
-        tokens,
-        config.data.seq_len,
-        config.optim.optimizer,
-        config.optim.muon_ns_steps,
-    )
-
-
-def lowered(
-    cal: Calibration, step_ratios: list[float], screen_ratios: list[float], when: float
-) -> tuple[Calibration, float, float] | None:
-    """`cal` lowered by what finished work showed (module doc): the training rates (c0, c_flop, c_norm and the
-    step timings behind them) scaled by the runs' median ratio, the screen's by the screens' median ratio, each
-    only where it is below `LOWER_BELOW`; (the lowered calibration, the step scale, the screen scale), or None
-    where neither is. Never raised: runs slower than predicted (a busy machine) leave it as it is."""
-    step = statistics.median(r for r in step_ratios if _positive(r)) if any(map(_positive, step_ratios)) else 1.0
-    screen = statistics.median(r for r in screen_ratios if _positive(r)) if any(map(_positive, screen_ratios)) else 1.0
-    step = step if step < LOWER_BELOW else 1.0
-    screen = screen if screen < LOWER_BELOW else 1.0
-    if step == 1.0 and screen == 1.0:
-        return None
-    timed = dict(cal.measured or {})
-    for k in timed:
-        timed[k] *= step if k in STEP_TIMINGS else screen
-    out = replace(
-        cal,
-        c0=cal.c0 * step,
-        c_flop=cal.c_flop * step,
-        c_norm=cal.c_norm * step,
-        c_stream={m: r * step for m, r in cal.c_stream.items()},
-        s0=cal.s0 * screen,
-        s_layer=cal.s_layer * screen,
-        s_flop=cal.s_flop * screen,
-        measured=timed or cal.measured,
-        runs_factor=cal.runs_factor * step,
-        runs_at=when if step < 1.0 else cal.runs_at,
-    )
-    return out, step, screen
-
-
-def refresh_from_runs(
-    threads: int,
-    steps: list[RunStep],
-    screens: list[tuple[ModelConfig, float]],
-    log: Callable[[str], Any] = print,
-    when: float | None = None,
-) -> Calibration | None:
-    """Lower this machine's cached calibration where finished work ran faster than it predicts (`lowered`):
-    `steps`, the proxy runs' median steps; `screens`, (shape, seconds) of screens. Returns the calibration
-    written, None where the cache is left as it was (nothing faster, or no cached calibration)."""
-    path = cache_file(machine_key(threads))
-    cal = _cached(path)
-    if cal is None or not (steps or screens):
-        return None
-    got = lowered(
-        cal,
-        [s.ratio(cal) for s in steps],
-        [t / cal.screen_seconds(shape) for shape, t in screens if cal.screen_seconds(shape) > 0],
-        time.time() if when is None else when,
-    )
-    if got is None:
-        return None
-    out, step, screen = got
-    try:
-        out = _store(path, out)
-    except OSError as err:  # a cache that cannot be written: the next plan is priced as this one was
-        log(f"  calibration not refreshed: {path} cannot be written ({err.strerror or err})")
-        return None
-    what = [
-        f"{len(steps)} proxy runs' steps took {step:.2f}x" if step < 1 else "",
-        f"the screens {screen:.2f}x" if screen < 1 else "",
-    ]
-    log(
-        f"  calibration refreshed: {' and '.join(w for w in what if w)} of what it predicted; this machine is now "
-        f"{out.speed:.2f}x the reference VM's step time (was {cal.speed:.2f}x), in {path}"
-    )
-    return out
 
 
 def makespan(seconds: list[float], workers: int) -> float:

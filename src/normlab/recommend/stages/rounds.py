@@ -18,7 +18,7 @@ from normlab.errors import ConfigError
 from normlab.experiments.cpus import threads_per_worker
 from normlab.model.config import ModelConfig
 from normlab.recommend.evidence.rank import VERDICT_ORDER, evidence_from_grid
-from normlab.recommend.planning import cost
+from normlab.recommend.planning import from_runs
 from normlab.recommend.planning.inputs import proxy_sweep
 from normlab.recommend.planning.plan import finalists_from, next_lr
 from normlab.recommend.planning.shape import UserModel, screen_shape
@@ -74,14 +74,14 @@ def refresh_calibration(
     folder: RecommendDir, user: UserModel, screen: dict[str, Any], workers: int, log: Callable[[str], Any]
 ) -> None:
     """The finished proxy runs' steps and the screens against this machine's cached calibration: lowered where
-    they ran faster than it predicts (measured under a load), never raised (`cost.refresh_from_runs`)."""
+    they ran faster than it predicts (measured under a load), never raised (`from_runs.refresh_from_runs`)."""
     if not folder.grid.store_file.is_file():
         return
     try:  # a record that cannot be read only leaves the calibration as it is
         steps = [
             step
             for row in open_store(folder.grid, readonly=True).rows()
-            if (step := cost.run_step(row["config"], folder.grid.run(row["run_id"]).read_summary())) is not None
+            if (step := from_runs.run_step(row["config"], folder.grid.run(row["run_id"]).read_summary())) is not None
         ]
     except (ConfigError, OSError, ValueError):
         steps = []
@@ -90,7 +90,7 @@ def refresh_calibration(
         shape = ModelConfig(**screen_shape(user.config, screen["width"], 64))
         seconds = [r.get("seconds") for r in screen["results"].values() if isinstance(r, dict)]
         screens = [(shape, float(t)) for t in seconds if isinstance(t, (int, float)) and t > 0]
-    cost.refresh_from_runs(threads_per_worker(workers), steps, screens, log=log)
+    from_runs.refresh_from_runs(threads_per_worker(workers), steps, screens, log=log)
 
 
 class StressRound:
