@@ -216,7 +216,7 @@ def test_the_new_norms_are_default_candidates_after_issue_56s_and_buildable_for_
     at = RECOMMEND_CANDIDATES.index("attnres")
     assert list(RECOMMEND_CANDIDATES[at + 1 : at + 4]) == new
     order, _ = plan.cheap_order(list(RECOMMEND_CANDIDATES), "pre")
-    assert order[-5:] == [*new, "pre-hc", "pre-mhc"]
+    assert order[-6:] == [*new, "siamese", "pre-hc", "pre-mhc"]
     llama = {
         "model_type": "llama",
         "hidden_size": 256,

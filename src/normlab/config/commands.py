@@ -305,6 +305,8 @@ RECOMMEND_CANDIDATES = (
     "pre-gatednorm",
     "sandwich-gatednorm",
     "pre-taper",
+    # SiameseNorm (issue 67): below Pre-LN at every rate from 3e-3 up in siamese-verdict, its best under Peri-LN's
+    "siamese",
     "pre-hc",
     "pre-mhc",
 )
