@@ -320,6 +320,14 @@ class RunSettings:
         identity=False,
         check=positive,
     )
+    qk_spectrum_every: int = setting(
+        0,
+        "the QK spectral entropy probe's interval (normlab.diagnostics.qk_spectrum: each head's W_q^T W_k form and its "
+        "step's first-order change, two small factorizations per head, one host read): a row to qk_spectrum.jsonl "
+        "every N steps for the early warnings (0: off)",
+        identity=False,
+        check=nonneg,
+    )
     early_warnings: bool = setting(
         True,
         "alert while training when a signal predicts trouble (stream or attention-logit growth toward the "

@@ -42,8 +42,10 @@ from normlab.data.sft import SFTData, load_sft_data
 from normlab.diagnostics.early_warning import Alert, EarlyWarningHook, print_alert, replayed
 from normlab.diagnostics.forensics import describe as describe_break
 from normlab.diagnostics.forensics import first_break, gradient_break
+from normlab.diagnostics.precursors import QK_SPECTRUM, merge
 from normlab.diagnostics.probe_store import ProbeWriter
 from normlab.diagnostics.probes import Probes
+from normlab.diagnostics.qk_spectrum import QKSpectrum, QKSpectrumHook
 from normlab.diagnostics.tier import StepTier
 from normlab.errors import CheckpointError, ConfigError
 from normlab.io import truncate_jsonl
@@ -329,15 +331,24 @@ def open_records(state: RunState) -> None:
     for hook in (probe_hook, tier_hook, spike_hook):
         if hook is not None:
             state.hooks.add(hook)
+    qk_hook = None
+    if cfg.run.qk_spectrum_every:
+        if main:
+            truncate_jsonl(run.path / QK_SPECTRUM, state.step)  # a resumed run's rows past its start: replayed
+        log = run.path.joinpath(QK_SPECTRUM).open("a", buffering=1) if main else None
+        qk_hook = QKSpectrumHook(QKSpectrum(distributed.unwrap(state.model)), log, cfg.run.qk_spectrum_every)
+        state.hooks.add(qk_hook)
     if cfg.run.early_warnings and main:
-        state.hooks.add(_early_warnings(state, run, tier_hook))
+        state.hooks.add(_early_warnings(state, run, tier_hook, qk_hook))
     if cfg.run.fault == "logit_growth":
         state.hooks.add(
             faults.LogitGrowthHook(distributed.unwrap(state.model), cfg.run.fault_step, cfg.run.fault_scale)
         )
 
 
-def _early_warnings(state: RunState, run: RunDir, tier_hook: TierHook | None) -> EarlyWarningHook:
+def _early_warnings(
+    state: RunState, run: RunDir, tier_hook: TierHook | None, qk_hook: QKSpectrumHook | None = None
+) -> EarlyWarningHook:
     """The live alerts: each on stderr (above the progress bar), in warnings.jsonl and as a logger event."""
     path, precision = run.warnings_file, state.cfg.stored_dtype
     # a resumed run: its alerts before the start kept (later ones cut, as the metrics are), its detectors as
@@ -353,7 +364,13 @@ def _early_warnings(state: RunState, run: RunDir, tier_hook: TierHook | None) ->
         else:
             print_alert(alert)
 
-    return EarlyWarningHook(precision, lambda: tier_hook.last if tier_hook else None, on_alert, before)
+    def row() -> dict[str, Any]:  # the tier's row and the QK-spectrum probe's of the same step
+        last = tier_hook.last if tier_hook else {}
+        qk = qk_hook.last if qk_hook else {}
+        step = last.get("step", qk.get("step")) if last or qk else None
+        return merge(last, qk, step) | {"step": step} if isinstance(step, int) else {}
+
+    return EarlyWarningHook(precision, row, on_alert, before)
 
 
 def _write_run_record(state: RunState, run: RunDir) -> None:

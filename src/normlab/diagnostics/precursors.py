@@ -1,0 +1,160 @@
+"""The newer precursors beside the early warnings' detectors (`normlab.diagnostics.early_warning`, issue 66):
+
+- ``head logit``: a head's own maximum attention logit (the tier's ``max_logit``, per block per head: the
+  quantity kernel-side maxima now expose, cuDNN-frontend PR 1131, Transformer Engine's ``return_max_logit``)
+  at or past ``tau`` on `HEAD_PERSIST` tier rows in a row. Where ``logit growth`` projects the largest
+  logit to the precision's limit, this one is the threshold rule QK-clip acts on (Kimi K2's tau,
+  arXiv 2507.20534, Sec. 2.1: they used 100).
+- ``qk entropy`` and ``qk update entropy``: a layer's QK spectral entropy (`normlab.diagnostics.qk_spectrum`:
+  the normalized entropy (Q3) of each head's bilinear form B_h (Q1), and of the step's first-order term T_h
+  (Q2), the quantity Huang et al. 2026, arXiv 2606.28116, monitor), the mean over the layer's heads, falls
+  ``drop`` or more below the largest value of that layer's previous `ENTROPY_BASELINE` probe rows on
+  `ENTROPY_PERSIST` rows in a row: the form, or the update, collapsing onto fewer directions.
+
+Each fires at most once per run, as the other detectors do; each reads the merged row `EarlyWarnings.feed`
+gets (the tier's row with the QK-spectrum probe's keys of the same step, `merge`) and returns (where,
+value, evidence) for the caller's Alert.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from normlab.errors import ConfigError
+
+HEAD_LOGIT_TAU = 100.0  # the head-logit rule's default tau (Kimi K2's QK-clip tau)
+HEAD_PERSIST = 3  # tier rows in a row at or past tau (one sampled row is not a trend)
+ENTROPY_DROP = 0.1  # the entropy rules' default drop (normalized entropy, in [0, 1])
+ENTROPY_BASELINE = 10  # probe rows whose largest value is the layer's baseline
+ENTROPY_PERSIST = 2  # probe rows in a row past the drop
+QK_SPECTRUM = "qk_spectrum.jsonl"  # the probe's rows in a run folder (normlab.diagnostics.qk_spectrum)
+QK_KEYS = ("qk_entropy", "qk_update_entropy")
+PRECURSORS = ("head logit", "qk entropy", "qk update entropy")
+
+Found = tuple[str, float, str]  # where, value, evidence
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(float(v))
+
+
+@dataclass
+class HeadLogit:
+    """The head-logit rule (module docstring) at ``tau``."""
+
+    tau: float = HEAD_LOGIT_TAU
+    signal: str = "head logit"
+    run: dict[tuple[int, int], int] = field(default_factory=dict)  # rows in a row at or past tau, per head
+    fired: bool = False
+
+    def feed(self, step: int, row: dict[str, Any]) -> Found | None:
+        blocks = row.get("max_logit")
+        if self.fired or not isinstance(blocks, list):
+            return None
+        for b, heads in enumerate(blocks):
+            for h, v in enumerate(heads if isinstance(heads, list) else []):
+                over = _number(v) and float(v) >= self.tau
+                n = self.run.get((b, h), 0) + 1 if over else 0
+                self.run[(b, h)] = n
+                if n >= HEAD_PERSIST:
+                    self.fired = True
+                    return (
+                        f"block {b} head {h}",
+                        float(v),
+                        f"block {b} head {h}: max logit {float(v):,.4g}, at or past {self.tau:g} on {n} tier rows "
+                        "in a row",
+                    )
+        return None
+
+
+@dataclass
+class EntropyDrop:
+    """An entropy rule (module docstring) over one key of the merged row, at ``drop``."""
+
+    signal: str
+    key: str
+    what: str
+    drop: float = ENTROPY_DROP
+    history: dict[int, deque[float]] = field(default_factory=dict)
+    below: dict[int, int] = field(default_factory=dict)
+    fired: bool = False
+
+    def feed(self, step: int, row: dict[str, Any]) -> Found | None:
+        layers = row.get(self.key)
+        if self.fired or not isinstance(layers, list):
+            return None
+        for j, heads in enumerate(layers):
+            vals = [float(v) for v in heads if _number(v)] if isinstance(heads, list) else []
+            if not vals:
+                continue
+            v = sum(vals) / len(vals)
+            hist = self.history.setdefault(j, deque(maxlen=ENTROPY_BASELINE))
+            base = max(hist) if len(hist) == ENTROPY_BASELINE else None
+            hist.append(v)
+            n = self.below.get(j, 0) + 1 if base is not None and base - v >= self.drop else 0
+            self.below[j] = n
+            if n >= ENTROPY_PERSIST and base is not None:
+                self.fired = True
+                return (
+                    f"layer {j}",
+                    v,
+                    f"layer {j}: {self.what} {v:.3f}, {base - v:.3f} below its largest of the previous "
+                    f"{ENTROPY_BASELINE} probes ({base:.3f}; the rule: {self.drop:g} on {n} probes in a row)",
+                )
+        return None
+
+
+def detectors(tau: float = HEAD_LOGIT_TAU, drop: float = ENTROPY_DROP, update_drop: float = ENTROPY_DROP) -> list:
+    """The three precursors at their thresholds, in `PRECURSORS`' order."""
+    return [
+        HeadLogit(tau),
+        EntropyDrop("qk entropy", "qk_entropy", "QK-form spectral entropy", drop),
+        EntropyDrop("qk update entropy", "qk_update_entropy", "QK-update spectral entropy", update_drop),
+    ]
+
+
+def check_row(tier: dict[str, Any]) -> None:
+    """The QK-spectrum keys of a merged row, each a list (per layer) of lists of numbers or None (per head),
+    or a ConfigError in one line."""
+    for key in QK_KEYS:
+        values = tier.get(key)
+        if values is None:
+            continue
+        ok = isinstance(values, list) and all(
+            isinstance(v, list)
+            and all(h is None or (isinstance(h, numbers.Real) and not isinstance(h, bool)) for h in v)
+            for v in values
+        )
+        if not ok:
+            raise ConfigError(
+                f"EarlyWarnings.feed: tier[{key!r}] must be a list of lists of numbers (a layer's heads), "
+                f"got {values!r:.80}"
+            )
+
+
+def merge(tier: dict[str, Any] | None, qk: dict[str, Any] | None, step: int) -> dict[str, Any]:
+    """The row the detectors read at ``step``: the tier's row and the QK-spectrum probe's, each where it is of
+    that step ({} where neither is)."""
+    row: dict[str, Any] = {}
+    for part in (tier, qk):
+        if part and part.get("step") == step:
+            row.update(part)
+    return row
+
+
+def qk_rows(run: str | Path) -> dict[int, dict[str, Any]]:
+    """A run folder's QK-spectrum rows by step ({} without the file; torn lines skipped)."""
+    from normlab.io import read_jsonl
+
+    path = Path(run) / QK_SPECTRUM
+    if not path.is_file():
+        return {}
+    return {r["step"]: r for r in read_jsonl(path) if isinstance(r.get("step"), int)}
+
+
+__all__ = ["PRECURSORS", "EntropyDrop", "HeadLogit", "check_row", "detectors", "merge", "qk_rows"]
