@@ -28,8 +28,13 @@ The signals (`DETECTORS`):
   above wait for a full window (`SPIKE_WINDOW` steps); a run that blows up in its first steps passes them
   unseen. Its twin for the stream is the growth detector's headroom check, which also needs no history.
 
+- ``head logit``, ``qk entropy``, ``qk update entropy``: the newer precursors (`normlab.diagnostics.precursors`:
+  a head's own max logit past a tau; the QK spectral entropy of `normlab.diagnostics.qk_spectrum` dropping).
+
 Each detector fires at most once per run (its first warning is what a lead time measures); `replay`
-returns every detector's first alert.
+returns every detector's first alert. Each turns on one threshold (`normlab.diagnostics.warning_record.
+THRESHOLDS`), which `EarlyWarnings(precision, thresholds)` sets; each alert carries its detector's measured
+record at that threshold and what to do (``advice``).
 """
 
 from __future__ import annotations
