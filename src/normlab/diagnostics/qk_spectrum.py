@@ -94,12 +94,15 @@ def update_entropy(
     return normalized_entropy(bilinear_singular_values(a, b), min(a.shape[-2], a.shape[-1]))
 
 
-def attention_layers(model: nn.Module) -> list[nn.Module]:
+Heads = tuple[nn.Linear, nn.Linear, int, int]  # an attention layer's q_proj, k_proj, n_heads, n_kv_heads
+
+
+def attention_layers(model: nn.Module) -> list[Heads]:
     """The model's attention modules with per-head query and key projections (``q_proj``, ``k_proj``,
     ``n_heads``, ``n_kv_heads``), in the order the model holds them; others (no such projections) are
     left out."""
     return [
-        m
+        (m.q_proj, m.k_proj, m.n_heads, m.n_kv_heads)  # type: ignore[misc]  # checked below
         for m in model.modules()
         if isinstance(getattr(m, "q_proj", None), nn.Linear)
         and isinstance(getattr(m, "k_proj", None), nn.Linear)
@@ -118,17 +121,17 @@ class QKSpectrum:
         self.before: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def keep(self) -> None:
-        self.before = [(a.q_proj.weight.detach().clone(), a.k_proj.weight.detach().clone()) for a in self.layers]
+        self.before = [(q.weight.detach().clone(), k.weight.detach().clone()) for q, k, _, _ in self.layers]
 
     def read(self) -> dict[str, Any]:
         form, update = [], []
         with torch.no_grad():
-            for i, a in enumerate(self.layers):
-                wq, wk = a.q_proj.weight.detach(), a.k_proj.weight.detach()
-                form.append(form_entropy(wq, wk, a.n_heads, a.n_kv_heads))
+            for i, (q, k, heads, kv) in enumerate(self.layers):
+                wq, wk = q.weight.detach(), k.weight.detach()
+                form.append(form_entropy(wq, wk, heads, kv))
                 if self.before is not None:
                     q0, k0 = self.before[i]
-                    update.append(update_entropy(q0, k0, wq - q0, wk - k0, a.n_heads, a.n_kv_heads))
+                    update.append(update_entropy(q0, k0, wq - q0, wk - k0, heads, kv))
         self.before = None
         row: dict[str, Any] = {"qk_entropy": [_rounded(t) for t in form]}  # one host read per tensor, per probe
         if update:

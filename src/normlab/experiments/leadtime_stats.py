@@ -6,8 +6,8 @@ Definitions (``horizon`` H steps, stated with every table; each detector speaks 
 does live, at its first warning step w):
 
 - an *event* is a run's divergence (or, on a faulted run, its loss passing its initial value: the lead-time
-  study's event, `normlab.experiments.leadtime`); its *kind* is the sweep folder's name (one recipe, one
-  failure);
+  study's event, `normlab.experiments.leadtime`); its *kind* is its sweep's name (one recipe, one failure,
+  whichever folders its seeds ran in);
 - **recall**: the events warned of, 0 < event - w <= H, over the events;
 - **precision**: the warnings an event followed within H (w < event <= w + H) over all warnings (a warning on
   a faulted run before its fault counts as one that nothing followed);
@@ -109,11 +109,11 @@ def _fields(runs: list[Replayed], warned_at: list[int | None], horizon: int) -> 
         if w is None:
             continue
         warned += 1
-        hit = r.event is not None and w >= r.fault_step and 0 < r.event - w <= horizon
-        if hit:
+        event = r.event if r.event is not None else -1
+        if event >= 0 and w >= r.fault_step and 0 < event - w <= horizon:
             preceded += 1
-            leads.setdefault(r.seed, []).append(float(r.event - w))  # type: ignore[operator]  # hit: an event
-            shares.append((r.event - w) / max(1, r.event))  # type: ignore[operator]
+            leads.setdefault(r.seed, []).append(float(event - w))
+            shares.append((event - w) / max(1, event))
         else:
             alarms += 1
     pooled = sorted(x for v in leads.values() for x in v)

@@ -45,12 +45,13 @@ def replay_run(rid: str, path: Path, kind: str, seed: int, event: int | None, fa
 
 
 def gather(sweep: str | Path) -> list[Replayed]:
-    """Every finished run of a sweep folder, its kind the folder's name (`normlab.experiments.leadtime`'s
-    events)."""
+    """Every finished run of a sweep folder, its kind the sweep's name (`sweep_name`; the events are
+    `normlab.experiments.leadtime`'s)."""
     from normlab.experiments.leadtime import _event, _store_rows
     from normlab.runs.files import SweepDir
 
     folder = SweepDir(Path(sweep))
+    kind = sweep_name(folder.path)
     out = []
     for row in _store_rows(folder):
         if row["status"] not in ("ok", "stalled", "diverged"):
@@ -59,8 +60,22 @@ def gather(sweep: str | Path) -> list[Replayed]:
         faulted = cfg.run.fault != "none"
         event, _ = _event(folder, rid, folder.run(rid).summary() or {}, cfg.run.fault_step, faulted)
         fault_step = cfg.run.fault_step if faulted else 0
-        out.append(replay_run(rid, folder.run(rid).path, folder.path.name, cfg.optim.seed, event, fault_step))
+        out.append(replay_run(rid, folder.run(rid).path, kind, cfg.optim.seed, event, fault_step))
     return out
+
+
+def sweep_name(folder: Path) -> str:
+    """The sweep's name (its sweep.toml's ``name``: one recipe, one failure kind, whichever folders its seeds
+    ran in), or the folder's name where it names none."""
+    import tomllib
+
+    from normlab.runs.files import SWEEP_FILE
+
+    try:
+        name = tomllib.loads((folder / SWEEP_FILE).read_text()).get("name")
+    except (OSError, ValueError):
+        name = None
+    return name if isinstance(name, str) and name else folder.name
 
 
 def _pct(v: float | None) -> str:
@@ -150,14 +165,15 @@ def figure(runs: list[Replayed], horizon: int, out: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.8))
-    leads, names = [], []
+    leads: list[list[float]] = []
+    names: list[str] = []
     for signal in THRESHOLDS:
         curve = pr_curve(runs, signal, horizon)
         pts = [(m["recall"] or 0.0, m["precision"]) for m in curve if m["precision"] is not None]
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=signal)
-        d = [r.event - r.default[signal] for r in runs if r.event is not None and r.default[signal] is not None]
-        leads.append([x for x in d if 0 < x <= horizon])
+        d = [_lead(r.event, r.default[signal]) for r in runs]
+        leads.append([float(x) for x in d if x is not None and 0 < x <= horizon])
         names.append(signal)
     ax.set(xlabel="recall (events warned)", ylabel=f"precision (event within {horizon} steps)", xlim=(0, 1.02))
     ax.set_ylim(0, 1.02)
@@ -170,6 +186,10 @@ def figure(runs: list[Replayed], horizon: int, out: str) -> None:
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
+
+
+def _lead(event: int | None, warned: int | None) -> int | None:
+    return None if event is None or warned is None else event - warned
 
 
 def write_record(data: dict[str, Any], out: str) -> None:
