@@ -177,9 +177,10 @@ def figure(runs: list[Replayed], horizon: int, out: str) -> None:
         names.append(signal)
     ax.set(xlabel="recall (events warned)", ylabel=f"precision (event within {horizon} steps)", xlim=(0, 1.02))
     ax.set_ylim(0, 1.02)
-    ax.legend(fontsize=7)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
     ax.set_title("precision-recall over each detector's threshold")
-    bx.boxplot([x or [float("nan")] for x in leads], vert=False)
+    bx.boxplot([x or [float("nan")] for x in leads], orientation="horizontal")
     bx.set_yticks(range(1, len(names) + 1), names, fontsize=8)
     bx.set(xlabel="lead, steps before the event (default thresholds)")
     bx.set_title(f"{len(runs)} runs, {sum(r.event is not None for r in runs)} events")
