@@ -1,5 +1,5 @@
 """The newer precursors (issue 66 item 2): the QK spectral entropy against its formula in float64, the
-per-head max-logit and entropy-drop rules on rows worked out by hand, the probe in a run, and an alert that
+per-head max-logit and entropy-fall rules on rows worked out by hand, the probe in a run, and an alert that
 carries its detector's measured record."""
 
 from __future__ import annotations
@@ -107,23 +107,30 @@ def test_the_head_logit_rule_fires_on_the_third_row_in_a_row_at_or_past_tau():
     assert fired[4][0] == "block 0 head 0" and fired[4][1] == 170.0
 
 
-def test_the_entropy_rule_fires_on_a_drop_past_its_baseline_twice_in_a_row():
-    rule = precursors.EntropyDrop("qk entropy", "qk_entropy", "QK-form spectral entropy", drop=0.1)
-    vals = [0.9] * precursors.ENTROPY_BASELINE + [0.85, 0.79, 0.78]  # baseline 0.9: 0.05 (no), 0.11, 0.12
-    fired = [rule.feed(s, {"qk_entropy": [[v, v]]}) for s, v in enumerate(vals)]
-    n = precursors.ENTROPY_BASELINE
-    assert all(f is None for f in fired[: n + 2]) and fired[n + 2] is not None
-    assert fired[n + 2][0] == "layer 0" and fired[n + 2][1] == pytest.approx(0.78)
+W = precursors.ENTROPY_WINDOW
+SWAY = [0.9, 0.8] * (W // 2)  # a full window: mean 0.85, population std 0.05; 6 std below: 0.55
+
+
+def _fall(last: float, sigmas: float = 6.0) -> list:
+    rule = precursors.EntropyFall("qk entropy", "qk_entropy", "QK-form spectral entropy", sigmas)
+    return [rule.feed(s, {"qk_entropy": [[v, v]]}) for s, v in enumerate([*SWAY, last])]
+
+
+def test_the_entropy_rule_fires_more_than_its_sigmas_below_the_windows_mean():
+    fired = _fall(0.54)
+    assert all(f is None for f in fired[:W]) and fired[W][0] == "layer 0" and fired[W][1] == pytest.approx(0.54)
+    assert _fall(0.56)[W] is None  # 5.8 std below: not past 6
+    assert _fall(0.56, sigmas=5.0)[W] is not None  # past 5
+    early = precursors.EntropyFall("qk entropy", "qk_entropy", "QK-form spectral entropy")
+    assert early.feed(0, {"qk_entropy": [[0.9]]}) is None and early.feed(1, {"qk_entropy": [[0.1]]}) is None
 
 
 def test_early_warnings_read_the_merged_row_and_refuse_bad_qk_rows():
-    warn = EarlyWarnings("bf16", {"qk entropy": 0.1})
-    n = precursors.ENTROPY_BASELINE
-    for s in range(n + 2):
-        v = 0.9 if s < n else 0.7
+    warn = EarlyWarnings("bf16", {"qk entropy": 6.0})
+    for s, v in enumerate([*SWAY, 0.5]):
         qk = {"step": s, "qk_entropy": [[v]]}
         warn.feed(s, precursors.merge({"step": s}, qk, s), {"loss": 2.0, "grad_norm": 1.0})
-    assert [(a.signal, a.step) for a in warn.alerts] == [("qk entropy", n + 1)]
+    assert [(a.signal, a.step) for a in warn.alerts] == [("qk entropy", W)]
     with pytest.raises(ConfigError, match="qk_entropy"):
         EarlyWarnings("bf16").feed(0, {"qk_entropy": [0.5]}, {})
     with pytest.raises(ConfigError, match="is no detector"):
@@ -169,10 +176,9 @@ def test_the_packaged_record_reaches_the_live_alert():
 def test_replay_reads_the_qk_spectrum_file(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
-    n = precursors.ENTROPY_BASELINE
     (run / "metrics.jsonl").write_text(
-        "".join(json.dumps({"step": s, "loss": 2.0, "grad_norm": 1.0}) + "\n" for s in range(n + 3))
+        "".join(json.dumps({"step": s, "loss": 2.0, "grad_norm": 1.0}) + "\n" for s in range(W + 1))
     )
-    rows = [{"step": s, "qk_update_entropy": [[0.8 if s < n else 0.5]]} for s in range(n + 3)]
+    rows = [{"step": s, "qk_update_entropy": [[v]]} for s, v in enumerate([*SWAY, 0.5])]
     (run / precursors.QK_SPECTRUM).write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert [(a.signal, a.step) for a in replay(run, "bf16")] == [("qk update entropy", n + 1)]
+    assert [(a.signal, a.step) for a in replay(run, "bf16")] == [("qk update entropy", W)]

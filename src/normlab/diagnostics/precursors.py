@@ -8,8 +8,12 @@
 - ``qk entropy`` and ``qk update entropy``: a layer's QK spectral entropy (`normlab.diagnostics.qk_spectrum`:
   the normalized entropy (Q3) of each head's bilinear form B_h (Q1), and of the step's first-order term T_h
   (Q2), the quantity Huang et al. 2026, arXiv 2606.28116, monitor), the mean over the layer's heads, falls
-  ``drop`` or more below the largest value of that layer's previous `ENTROPY_BASELINE` probe rows on
-  `ENTROPY_PERSIST` rows in a row: the form, or the update, collapsing onto fewer directions.
+  more than ``sigmas`` standard deviations below the mean of that layer's previous `ENTROPY_WINDOW` probe rows
+  (OLMo-core's spike rule, `normlab.diagnostics.stats._is_spike`, on the negated entropy): the form, or the
+  update, collapsing onto fewer directions faster than it has been moving. A fixed drop below a recent maximum
+  fired on every run of the lead-time study within its first ~110 steps, when the entropies fall as training
+  finds structure (0.97 -> 0.6-0.8 at micro); the window, full only after `ENTROPY_WINDOW` probes, and the
+  rule relative to the series' own spread do not.
 
 Each fires at most once per run, as the other detectors do; each reads the merged row `EarlyWarnings.feed`
 gets (the tier's row with the QK-spectrum probe's keys of the same step, `merge`) and returns (where,
@@ -25,13 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from normlab.diagnostics.stats import _is_spike
 from normlab.errors import ConfigError
 
 HEAD_LOGIT_TAU = 100.0  # the head-logit rule's default tau (Kimi K2's QK-clip tau)
 HEAD_PERSIST = 3  # tier rows in a row at or past tau (one sampled row is not a trend)
-ENTROPY_DROP = 0.1  # the entropy rules' default drop (normalized entropy, in [0, 1])
-ENTROPY_BASELINE = 10  # probe rows whose largest value is the layer's baseline
-ENTROPY_PERSIST = 2  # probe rows in a row past the drop
+ENTROPY_SIGMAS = 6.0  # the entropy rules' default: standard deviations below the window's mean
+ENTROPY_WINDOW = 32  # probe rows in the window (OLMo-core's rule waits for a full one)
 QK_SPECTRUM = "qk_spectrum.jsonl"  # the probe's rows in a run folder (normlab.diagnostics.qk_spectrum)
 QK_KEYS = ("qk_entropy", "qk_update_entropy")
 PRECURSORS = ("head logit", "qk entropy", "qk update entropy")
@@ -73,15 +77,14 @@ class HeadLogit:
 
 
 @dataclass
-class EntropyDrop:
-    """An entropy rule (module docstring) over one key of the merged row, at ``drop``."""
+class EntropyFall:
+    """An entropy rule (module docstring) over one key of the merged row, at ``sigmas``."""
 
     signal: str
     key: str
     what: str
-    drop: float = ENTROPY_DROP
+    sigmas: float = ENTROPY_SIGMAS
     history: dict[int, deque[float]] = field(default_factory=dict)
-    below: dict[int, int] = field(default_factory=dict)
     fired: bool = False
 
     def feed(self, step: int, row: dict[str, Any]) -> Found | None:
@@ -93,28 +96,29 @@ class EntropyDrop:
             if not vals:
                 continue
             v = sum(vals) / len(vals)
-            hist = self.history.setdefault(j, deque(maxlen=ENTROPY_BASELINE))
-            base = max(hist) if len(hist) == ENTROPY_BASELINE else None
+            hist = self.history.setdefault(j, deque(maxlen=ENTROPY_WINDOW))
+            fell = _is_spike(-v, [-x for x in hist], ENTROPY_WINDOW, self.sigmas)
+            mean = sum(hist) / len(hist) if hist else v
             hist.append(v)
-            n = self.below.get(j, 0) + 1 if base is not None and base - v >= self.drop else 0
-            self.below[j] = n
-            if n >= ENTROPY_PERSIST and base is not None:
+            if fell:
                 self.fired = True
                 return (
                     f"layer {j}",
                     v,
-                    f"layer {j}: {self.what} {v:.3f}, {base - v:.3f} below its largest of the previous "
-                    f"{ENTROPY_BASELINE} probes ({base:.3f}; the rule: {self.drop:g} on {n} probes in a row)",
+                    f"layer {j}: {self.what} {v:.3f} against a mean of {mean:.3f} over its previous "
+                    f"{ENTROPY_WINDOW} probes (more than {self.sigmas:g} std below it)",
                 )
         return None
 
 
-def detectors(tau: float = HEAD_LOGIT_TAU, drop: float = ENTROPY_DROP, update_drop: float = ENTROPY_DROP) -> list:
+def detectors(
+    tau: float = HEAD_LOGIT_TAU, sigmas: float = ENTROPY_SIGMAS, update_sigmas: float = ENTROPY_SIGMAS
+) -> list:
     """The three precursors at their thresholds, in `PRECURSORS`' order."""
     return [
         HeadLogit(tau),
-        EntropyDrop("qk entropy", "qk_entropy", "QK-form spectral entropy", drop),
-        EntropyDrop("qk update entropy", "qk_update_entropy", "QK-update spectral entropy", update_drop),
+        EntropyFall("qk entropy", "qk_entropy", "QK-form spectral entropy", sigmas),
+        EntropyFall("qk update entropy", "qk_update_entropy", "QK-update spectral entropy", update_sigmas),
     ]
 
 
@@ -157,4 +161,4 @@ def qk_rows(run: str | Path) -> dict[int, dict[str, Any]]:
     return {r["step"]: r for r in read_jsonl(path) if isinstance(r.get("step"), int)}
 
 
-__all__ = ["PRECURSORS", "EntropyDrop", "HeadLogit", "check_row", "detectors", "merge", "qk_rows"]
+__all__ = ["PRECURSORS", "EntropyFall", "HeadLogit", "check_row", "detectors", "merge", "qk_rows"]

@@ -42,7 +42,6 @@ class Threshold:
 
 _HORIZONS = (12.0, 25.0, 50.0, 100.0, 200.0, 400.0, 800.0)
 _SIGMAS = (3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 14.0)
-_DROPS = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3)
 
 THRESHOLDS: dict[str, Threshold] = {
     "stream growth": Threshold("horizon, steps: a projected overflow this close warns", 50.0, _HORIZONS, True),
@@ -55,8 +54,10 @@ THRESHOLDS: dict[str, Threshold] = {
     "head logit": Threshold(
         "a head's max attention logit", precursors.HEAD_LOGIT_TAU, (30.0, 50.0, 100.0, 200.0, 400.0, 800.0), False
     ),
-    "qk entropy": Threshold("drop in normalized entropy", precursors.ENTROPY_DROP, _DROPS, False),
-    "qk update entropy": Threshold("drop in normalized entropy", precursors.ENTROPY_DROP, _DROPS, False),
+    "qk entropy": Threshold("standard deviations below the window's mean", precursors.ENTROPY_SIGMAS, _SIGMAS, False),
+    "qk update entropy": Threshold(
+        "standard deviations below the window's mean", precursors.ENTROPY_SIGMAS, _SIGMAS, False
+    ),
 }
 
 ACTIONS: dict[str, str] = {
