@@ -33,20 +33,25 @@ def _runs():
         _run("c", 1, 1200, 1200, 1000),
         _run("d", 2, 1100, 1100, 1080),
         _run("e", 2, 1500, None, None),
+        _run("f", 2, 800, 800, 800),  # warned at its event's own step: late, neither warning nor false alarm
     ]
 
 
 def test_recall_precision_false_alarms_and_leads_by_hand():
     runs = _runs()
     m = ls.measure(runs, [r.default["loss spike"] for r in runs], H)
-    assert (m["events"], m["warned"]) == (3, 2)  # a and d within 100 steps; c 200 steps ahead: not within H
+    assert (m["events"], m["warned"], m["late"]) == (
+        4,
+        2,
+        1,
+    )  # a and d within 100 steps; c 200 steps ahead: not within H
     assert (m["warnings"], m["preceded"], m["false_alarms"]) == (4, 2, 2)  # b's and c's warnings: nothing followed
-    # healthy steps: b 1,500 + e 1,500 + the steps before event - H: a 900, c 1,100, d 1,000
-    assert m["healthy_steps"] == 1500 + 1500 + 900 + 1100 + 1000
-    assert m["alarms_per_1k"] == pytest.approx(2 * 1000 / 6000)
+    # healthy steps: b 1,500 + e 1,500 + the steps before event - H: a 900, c 1,100, d 1,000, f 700
+    assert m["healthy_steps"] == 1500 + 1500 + 900 + 1100 + 1000 + 700
+    assert m["alarms_per_1k"] == pytest.approx(2 * 1000 / 6700)
     assert (m["lead_median"], m["lead_min"], m["lead_max"]) == (35, 20, 50)
     assert m["lead_share_median"] == pytest.approx((50 / 1000 + 20 / 1100) / 2)
-    assert m["recall"] == pytest.approx(2 / 3) and m["precision"] == pytest.approx(1 / 2)
+    assert m["recall"] == pytest.approx(2 / 4) and m["precision"] == pytest.approx(1 / 2)
 
 
 def test_wilson_matches_its_formula_and_the_poisson_interval_its_chi_square_form():
@@ -86,8 +91,8 @@ def test_the_chosen_threshold_is_the_largest_f1_ties_to_the_stricter():
 def test_the_table_and_the_record_say_the_same_counts():
     runs = _runs()
     text = markdown(runs, H)
-    assert "5 runs over 3 seed(s)" in text and "3 events (2 after step 1,000)" in text
-    assert "| loss spike (6) | k | 2/3 67%" in text
+    assert "6 runs over 3 seed(s)" in text and "4 events (2 after step 1,000)" in text
+    assert "| loss spike (6) | k | 2/4 50%" in text
     rec = record(runs, H, ["/somewhere/k"])
     m = rec["detectors"]["loss spike"]
     assert (m["warnings"], m["preceded"], m["lead_median"], m["horizon"]) == (4, 2, 35, H)

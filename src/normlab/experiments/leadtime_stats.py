@@ -10,7 +10,8 @@ does live, at its first warning step w):
   whichever folders its seeds ran in);
 - **recall**: the events warned of, 0 < event - w <= H, over the events;
 - **precision**: the warnings an event followed within H (w < event <= w + H) over all warnings (a warning on
-  a faulted run before its fault counts as one that nothing followed);
+  a faulted run before its fault counts as one that nothing followed; one at or after the event is late, no
+  warning and no false alarm, counted apart);
 - **false alarms per 1,000 healthy steps**: the warnings nothing followed, per 1,000 steps that were not in
   the H steps before an event (every step of a run without one);
 - **lead**: event - w over the events warned of, in steps and as a share of the steps the run had trained
@@ -102,14 +103,17 @@ def _fields(runs: list[Replayed], warned_at: list[int | None], horizon: int) -> 
     events = [r for r in runs if r.event is not None]
     leads: dict[int, list[float]] = {}
     shares: list[float] = []
-    warned = preceded = alarms = 0
+    warned = preceded = alarms = late = 0
     healthy = 0.0
     for r, w in zip(runs, warned_at):
         healthy += r.steps if r.event is None else max(0, r.event - horizon)
         if w is None:
             continue
-        warned += 1
         event = r.event if r.event is not None else -1
+        if 0 <= event <= w:  # at or after the event: no warning, and no false alarm either (late)
+            late += 1
+            continue
+        warned += 1
         if event >= 0 and w >= r.fault_step and 0 < event - w <= horizon:
             preceded += 1
             leads.setdefault(r.seed, []).append(float(event - w))
@@ -123,6 +127,7 @@ def _fields(runs: list[Replayed], warned_at: list[int | None], horizon: int) -> 
         "warnings": warned,
         "preceded": preceded,
         "false_alarms": alarms,
+        "late": late,
         "healthy_steps": int(healthy),
         "lead_median": statistics.median(pooled) if pooled else None,
         "lead_min": pooled[0] if pooled else None,
