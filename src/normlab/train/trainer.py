@@ -364,11 +364,9 @@ def _early_warnings(
         else:
             print_alert(alert)
 
-    def row() -> dict[str, Any]:  # the tier's row and the QK-spectrum probe's of the same step
-        last = tier_hook.last if tier_hook else {}
-        qk = qk_hook.last if qk_hook else {}
-        step = last.get("step", qk.get("step")) if last or qk else None
-        return merge(last, qk, step) | {"step": step} if isinstance(step, int) else {}
+    def row() -> dict[str, Any]:  # the latest step's rows of the tier and the QK-spectrum probe, merged
+        parts = [p for p in (tier_hook.last if tier_hook else {}, qk_hook.last if qk_hook else {}) if p]
+        return merge(parts[0], parts[-1], max(p["step"] for p in parts)) if parts else {}
 
     return EarlyWarningHook(precision, row, on_alert, before)
 
