@@ -57,7 +57,7 @@ def test_the_study_prints_per_kind_and_writes_its_record_and_figure(probed_sweep
     out = capsys.readouterr().out
     # the kind is the sweep's name, not its folder's
     assert "2 runs over 1 seed(s) in 1 kind(s) (kind-a); 0 events" in out
-    assert "| qk update entropy (6) | kind-a | 0/0 -" in out
+    assert "| qk update entropy (4) | kind-a | 0/0 -" in out
     data = json.loads(record.read_text())
     assert set(data["detectors"]) == set(THRESHOLDS) and data["about"] == "kind-a: 2 runs, 1 seeds"
     assert fig.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

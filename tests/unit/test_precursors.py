@@ -164,12 +164,13 @@ def test_the_packaged_record_reaches_the_live_alert():
     assert quoted, "the package's warning_record.json quotes no detector at its default threshold"
     warn = EarlyWarnings("bf16")
     seen = []
-    for s in range(12):  # a head at 2^s: head logit fires at step 9 (128, 256, 512 past 100)
+    for s in range(14):  # a head at 2^s: logit growth at step 8 (256), head logit at 12 (1024, 2048, 4096 past 800)
         seen += warn.feed(s, {"max_logit": [[2.0**s]]}, {"loss": 2.0, "grad_norm": 1.0})
-    for a in seen:
-        m = dets.get(a.signal)
-        if m and m.get("threshold") == warning_record.THRESHOLDS[a.signal].default and m.get("warnings"):
-            assert f"{m['preceded']} of {m['warnings']} such warnings" in a.line()
+    assert [(a.signal, a.step) for a in seen] == [("logit growth", 8), ("head logit", 12)]
+    for a in seen:  # both measured by the study at their defaults: each alert quotes its own figures
+        m = dets[a.signal]
+        assert m["threshold"] == warning_record.THRESHOLDS[a.signal].default
+        assert f"{a.signal}: {m['preceded']} of {m['warnings']} such warnings preceded a divergence" in a.line()
         assert warning_record.ACTIONS[a.signal] in a.line()
 
 

@@ -4,7 +4,9 @@
   quantity kernel-side maxima now expose, cuDNN-frontend PR 1131, Transformer Engine's ``return_max_logit``)
   at or past ``tau`` on `HEAD_PERSIST` tier rows in a row. Where ``logit growth`` projects the largest
   logit to the precision's limit, this one is the threshold rule QK-clip acts on (Kimi K2's tau,
-  arXiv 2507.20534, Sec. 2.1: they used 100).
+  arXiv 2507.20534, Sec. 2.1: they used 100). Its default is the lead-time study's choice from its
+  precision-recall curve (docs/results.md, "Early warnings at length"): at 100 it fired on every run of the
+  study hundreds of steps before anything failed.
 - ``qk entropy`` and ``qk update entropy``: a layer's QK spectral entropy (`normlab.diagnostics.qk_spectrum`:
   the normalized entropy (Q3) of each head's bilinear form B_h (Q1), and of the step's first-order term T_h
   (Q2), the quantity Huang et al. 2026, arXiv 2606.28116, monitor), the mean over the layer's heads, falls
@@ -32,9 +34,12 @@ from typing import Any
 from normlab.diagnostics.stats import _is_spike
 from normlab.errors import ConfigError
 
-HEAD_LOGIT_TAU = 100.0  # the head-logit rule's default tau (Kimi K2's QK-clip tau)
+HEAD_LOGIT_TAU = 800.0  # the head-logit rule's default tau (the lead-time study's choice; Kimi K2's QK-clip: 100)
 HEAD_PERSIST = 3  # tier rows in a row at or past tau (one sampled row is not a trend)
-ENTROPY_SIGMAS = 6.0  # the entropy rules' default: standard deviations below the window's mean
+# the entropy rules' defaults, standard deviations below the window's mean: the lead-time study's choices from
+# their precision-recall curves (OLMo-core's 6 for spikes warned of few of its events)
+ENTROPY_SIGMAS = 3.0  # the form's
+UPDATE_ENTROPY_SIGMAS = 4.0  # the step's first-order term's
 ENTROPY_WINDOW = 32  # probe rows in the window (OLMo-core's rule waits for a full one)
 QK_SPECTRUM = "qk_spectrum.jsonl"  # the probe's rows in a run folder (normlab.diagnostics.qk_spectrum)
 QK_KEYS = ("qk_entropy", "qk_update_entropy")
@@ -112,7 +117,7 @@ class EntropyFall:
 
 
 def detectors(
-    tau: float = HEAD_LOGIT_TAU, sigmas: float = ENTROPY_SIGMAS, update_sigmas: float = ENTROPY_SIGMAS
+    tau: float = HEAD_LOGIT_TAU, sigmas: float = ENTROPY_SIGMAS, update_sigmas: float = UPDATE_ENTROPY_SIGMAS
 ) -> list:
     """The three precursors at their thresholds, in `PRECURSORS`' order."""
     return [

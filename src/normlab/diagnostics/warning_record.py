@@ -52,11 +52,14 @@ THRESHOLDS: dict[str, Threshold] = {
     "spike score": Threshold("share of the steps seen that spiked", 0.02, (0.005, 0.01, 0.02, 0.05, 0.1), False),
     "loss rise": Threshold("nats above the run's first finite loss", 1.0, (0.25, 0.5, 1.0, 2.0, 3.0), False),
     "head logit": Threshold(
-        "a head's max attention logit", precursors.HEAD_LOGIT_TAU, (30.0, 50.0, 100.0, 200.0, 400.0, 800.0), False
+        "a head's max attention logit",
+        precursors.HEAD_LOGIT_TAU,
+        (30.0, 50.0, 100.0, 200.0, 400.0, 800.0, 1600.0, 3200.0),
+        False,
     ),
     "qk entropy": Threshold("standard deviations below the window's mean", precursors.ENTROPY_SIGMAS, _SIGMAS, False),
     "qk update entropy": Threshold(
-        "standard deviations below the window's mean", precursors.ENTROPY_SIGMAS, _SIGMAS, False
+        "standard deviations below the window's mean", precursors.UPDATE_ENTROPY_SIGMAS, _SIGMAS, False
     ),
 }
 
