@@ -8,8 +8,8 @@ warns more often (``looser``: a longer horizon) or less (a higher bar). `ACTIONS
 warning_record.json (in the package, beside this module) is written by `normlab leadtime SWEEP... --record
 FILE` from the study's runs: per detector, at its default threshold, how many of its warnings an event
 followed within the study's horizon and the median lead. `advice` turns that into the sentence a live alert
-carries: "logit growth: 36 of 45 such warnings preceded a divergence within 500 steps, median 306 steps ahead
-in normlab's study (warn-late-fp16, warn-late-muon: 56 runs, 14 seeds); lower the learning rate, or add QK-norm
+carries: "logit growth: 39 of 48 such warnings preceded a divergence within 500 steps, median 235 steps ahead
+in normlab's study (warn-late-fp16, warn-late-muon: 60 runs, 16 seeds); lower the learning rate, or add QK-norm
 or QK-clip". A detector the
 study measured at another threshold than the one in use, or never measured, says so instead of borrowing
 figures.
