@@ -103,7 +103,7 @@ def _summarize(args: argparse.Namespace) -> str:
 def _leadtime(args: argparse.Namespace) -> int:
     from normlab.experiments.commands import leadtime_command
 
-    leadtime_command(args.sweeps, args.json)
+    leadtime_command(args.sweeps, args.json, args.record, args.figure, args.horizon)
     return 0
 
 

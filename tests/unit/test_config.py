@@ -73,6 +73,7 @@ FLAT = {
     "probe_every": 100,
     "prompt_field": "prompt",
     "qk_clip": None,
+    "qk_spectrum_every": 0,
     "response_field": "response",
     "resume": True,
     "seed": 0,

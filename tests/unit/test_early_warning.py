@@ -77,7 +77,8 @@ def test_the_live_hook_reads_the_tiers_row_after_the_step_and_the_loss_at_the_ve
         hooks.pre_step(step)
         assert hooks.veto(step, 2.0, 1.0) is None  # the hook never vetoes
         hooks.post_step(step, True)
-    assert [a.step for a in seen] == [8]  # 2^8 = 256: bf16's limit
+    # 2^8 = 256: bf16's limit; the head-logit rule (tau 800) would need 2^10, 2^11 and 2^12 (steps 10-12)
+    assert [(a.signal, a.step) for a in seen] == [("logit growth", 8)]
     assert hooks.summary()["warnings"][0]["signal"] == "logit growth"
 
 

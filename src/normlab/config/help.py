@@ -58,7 +58,10 @@ HELP: dict[str, tuple[str, str | None]] = {
         "Replay every run of the sweeps through the early warnings (the live alerts' detectors: stream and "
         "attention-logit growth against the precision, gradient-norm, loss and update/weight spikes, the spike "
         "score) and tabulate per signal and placement the events warned of, the lead in steps and the false "
-        "alarms. Example: normlab leadtime runs/recipes/warn-lr-jump runs/recipes/warn-logit-growth",
+        "alarms; then per detector and failure kind (the sweep folder) recall, precision, false alarms per 1,000 "
+        "healthy steps and lead with 95% intervals, and each detector's precision-recall curve over its threshold "
+        "(the QK spectral entropy and per-head max logit too). Example: normlab leadtime "
+        "runs/recipes/warn-lr-jump runs/recipes/warn-logit-growth",
     ),
     "coordcheck": (
         "the coordinate check: activation sizes after a few steps across widths (muP's flat lines, SP's growth)",
@@ -190,6 +193,24 @@ INPUTS: dict[str, list[tuple[tuple[str, ...], dict[str, Any]]]] = {
     "leadtime": [
         (("sweeps",), {"nargs": "+", "help": "sweep folders (e.g. the warn-* recipes')"}),
         (("--json",), {"metavar": "FILE.json", "help": "also write the table and every run's warnings as JSON"}),
+        (
+            ("--record",),
+            {
+                "metavar": "FILE.json",
+                "help": "also write each detector's measured precision and lead at its default threshold, the "
+                "record live alerts quote (the package's copy: src/normlab/diagnostics/warning_record.json)",
+            },
+        ),
+        (("--figure",), {"metavar": "FILE.png", "help": "also draw the precision-recall curves and lead times"}),
+        (
+            ("--horizon",),
+            {
+                "type": int,
+                "default": 500,
+                "metavar": "STEPS",
+                "help": "a warning counts when an event follows it within this many steps (default 500)",
+            },
+        ),
     ],
     "recipes": [
         (("--names",), {"action": TRUE, "help": "print the names only"}),

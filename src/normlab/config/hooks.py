@@ -146,6 +146,21 @@ class WarningSettings:
 
 
 @dataclass(frozen=True)
+class QKSpectrumSettings:
+    """The QK spectral entropy probe (`normlab.diagnostics.qk_spectrum`, qk_spectrum.jsonl), read by the early
+    warnings."""
+
+    qk_spectrum_every: int = setting(
+        0,
+        "the QK spectral entropy probe's interval (normlab.diagnostics.qk_spectrum: each head's W_q^T W_k form and its "
+        "step's first-order change, two small factorizations per head, one host read): a row to qk_spectrum.jsonl "
+        "every N steps for the early warnings (0: off)",
+        identity=False,
+        check=nonneg,
+    )
+
+
+@dataclass(frozen=True)
 class FaultSettings:
     """A fault injected on purpose, for the early-warning study (`normlab.train.faults`)."""
 
@@ -168,6 +183,7 @@ HOOK_SECTIONS: dict[str, type] = {
     "divergence": DivergenceSettings,
     "checkpointing": CheckpointSettings,
     "loggers": LoggerSettings,
+    "qk_spectrum": QKSpectrumSettings,
     "warnings": WarningSettings,
     "faults": FaultSettings,
 }
@@ -193,6 +209,7 @@ RUN_ORDER: tuple[str, ...] = (
     "spike_sigmas",
     "layer_stats",
     "layer_stats_every",
+    "qk_spectrum_every",
     "early_warnings",
     "fault",
     "fault_step",

@@ -49,6 +49,7 @@ from normlab.config.hooks import (
     FaultSettings,
     LoggerSettings,
     ProbeSettings,
+    QKSpectrumSettings,
     TierSettings,
     WarningSettings,
 )
@@ -178,6 +179,7 @@ class TrainConfig:
     divergence: DivergenceSettings = field(default_factory=DivergenceSettings)
     checkpointing: CheckpointSettings = field(default_factory=CheckpointSettings)
     loggers: LoggerSettings = field(default_factory=LoggerSettings)
+    qk_spectrum: QKSpectrumSettings = field(default_factory=QKSpectrumSettings)
     warnings: WarningSettings = field(default_factory=WarningSettings)
     faults: FaultSettings = field(default_factory=FaultSettings)
 

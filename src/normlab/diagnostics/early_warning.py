@@ -28,8 +28,13 @@ The signals (`DETECTORS`):
   above wait for a full window (`SPIKE_WINDOW` steps); a run that blows up in its first steps passes them
   unseen. Its twin for the stream is the growth detector's headroom check, which also needs no history.
 
+- ``head logit``, ``qk entropy``, ``qk update entropy``: the newer precursors (`normlab.diagnostics.precursors`:
+  a head's own max logit past a tau; the QK spectral entropy of `normlab.diagnostics.qk_spectrum` dropping).
+
 Each detector fires at most once per run (its first warning is what a lead time measures); `replay`
-returns every detector's first alert.
+returns every detector's first alert. Each turns on one threshold (`normlab.diagnostics.warning_record.
+THRESHOLDS`), which `EarlyWarnings(precision, thresholds)` sets; each alert carries its detector's measured
+record at that threshold and what to do (``advice``).
 """
 
 from __future__ import annotations
@@ -44,7 +49,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from normlab.diagnostics import precursors
 from normlab.diagnostics.hooks import StepHook
+from normlab.diagnostics.precursors import PRECURSORS
 from normlab.diagnostics.stability import SpikeScoreRule
 from normlab.diagnostics.stats import OVERFLOW_HEADROOM, PRECISION_LIMITS, log_growth
 from normlab.errors import ConfigError
@@ -72,12 +79,14 @@ class Alert:
     where: str
     value: float
     evidence: str
+    advice: str = ""  # the detector's measured record and what to do (normlab.diagnostics.warning_record)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def line(self) -> str:
-        return f"normlab warning at step {self.step}: {self.signal}: {self.evidence}"
+        said = f"normlab warning at step {self.step}: {self.signal}: {self.evidence}"
+        return f"{said}. {self.advice}" if self.advice else said
 
 
 @dataclass
@@ -91,6 +100,7 @@ class _Growth:
     precision: str
     reduce: Callable[[Any], float] = float
     headroom: float = HEADROOM  # the value within this factor of the limit warns at once
+    horizon: float = HORIZON  # steps: a projected limit this close warns
     history: dict[int, deque[tuple[int, float]]] = field(default_factory=dict)
     near: dict[int, int] = field(default_factory=dict)  # rows in a row projected within the horizon, per layer
     fired: bool = False
@@ -135,7 +145,7 @@ class _Growth:
             self.near[j] = 0
             return None
         to_limit = math.log(self.limit / v) / slope
-        self.near[j] = self.near.get(j, 0) + 1 if to_limit <= HORIZON else 0
+        self.near[j] = self.near.get(j, 0) + 1 if to_limit <= self.horizon else 0
         if self.near[j] < PERSIST:
             return None
         return Alert(
@@ -155,9 +165,11 @@ class _Spike:
     signal: str
     read: Callable[[dict[str, Any], dict[str, Any]], float | None]
     what: str
+    sigmas: float = SPIKE_SIGMAS
     history: list[float] = field(default_factory=list)
     fired: bool = False
-    hit: bool = False  # whether the last value fed was a spike (the spike score counts every one)
+    hit: bool = False  # whether the last value fed was a spike by OLMo-core's rule (the spike score counts
+    # every one, at SPIKE_SIGMAS whatever this detector's own threshold: the score is OLMo-core's)
 
     def feed(self, step: int, tier: dict[str, Any], metrics: dict[str, Any]) -> Alert | None:
         v = self.read(tier, metrics)
@@ -165,10 +177,15 @@ class _Spike:
         if v is None or not math.isfinite(v):
             return None
         self.hit = SpikeScoreRule(SPIKE_WINDOW, SPIKE_SIGMAS).spikes(v, self.history)
+        mine = (
+            self.hit
+            if self.sigmas == SPIKE_SIGMAS
+            else SpikeScoreRule(SPIKE_WINDOW, self.sigmas).spikes(v, self.history)
+        )
         self.history.append(v)
         if len(self.history) > SPIKE_WINDOW:
             self.history.pop(0)
-        if not self.hit or self.fired:
+        if not mine or self.fired:
             return None
         self.fired = True
         mean = sum(self.history[:-1]) / max(1, len(self.history) - 1)
@@ -178,7 +195,7 @@ class _Spike:
             self.what,
             v,
             f"{self.what} {v:,.4g} against a mean of {mean:,.4g} over the previous {SPIKE_WINDOW} steps "
-            f"(more than {SPIKE_SIGMAS:g} std above it)",
+            f"(more than {self.sigmas:g} std above it)",
         )
 
 
@@ -188,6 +205,7 @@ class _Rise:
     `LOSS_RISE` above it, or a non-finite one, fires."""
 
     signal: str = "loss rise"
+    rise: float = LOSS_RISE
     start: float | None = None
     start_step: int | None = None
     fired: bool = False
@@ -200,7 +218,7 @@ class _Rise:
         if math.isfinite(v) and self.start is None:
             self.start, self.start_step = v, step
             return None
-        if math.isfinite(v) and v <= self.start + LOSS_RISE:  # type: ignore[operator]  # set above
+        if math.isfinite(v) and v <= self.start + self.rise:  # type: ignore[operator]  # set above
             return None
         self.fired = True
         if not math.isfinite(v):
@@ -211,7 +229,7 @@ class _Rise:
             "loss",
             v,
             f"loss {v:,.4g}, {v - self.start:,.3g} nats above its start ({self.start:,.4g} at step "  # type: ignore[operator]
-            f"{self.start_step}; the rule: more than {LOSS_RISE:g})",
+            f"{self.start_step}; the rule: more than {self.rise:g})",
         )
 
 
@@ -244,6 +262,7 @@ DETECTORS = (
     "update/weight spike",
     "spike score",
     "loss rise",
+    *PRECURSORS,
 )
 
 
@@ -291,15 +310,22 @@ def _check_rows(tier: Any, metrics: Any) -> None:
         )
         if not ok:
             raise ConfigError(f"EarlyWarnings.feed: tier[{key!r}] must be {shape}, got {values!r:.80}")
+    precursors.check_row(tier)
 
 
 class EarlyWarnings:
-    """Every detector of the module doc for one run in `precision`; `feed` each step's tier row (or {} on a
-    step without one) and metrics row; it returns the alerts that fired at that step. A precision other than
-    `PRECISIONS`, a step that is not a whole number above the last one fed, or a row of another shape is
-    refused in one line (ConfigError) before any detector sees it."""
+    """Every detector of the module doc (and `normlab.diagnostics.precursors`') for one run in `precision`;
+    `feed` each step's tier row (or {} on a step without one; the QK-spectrum probe's keys merged in where it
+    ran) and metrics row; it returns the alerts that fired at that step, each with its detector's measured
+    record and what to do (`normlab.diagnostics.warning_record`). ``thresholds``: a detector's threshold
+    instead of its default (`warning_record.THRESHOLDS`: what each one is), as the lead-time study's
+    precision-recall curves replay them. A precision other than `PRECISIONS`, a threshold for no detector or
+    not a positive number, a step that is not a whole number above the last one fed, or a row of another
+    shape is refused in one line (ConfigError) before any detector sees it."""
 
-    def __init__(self, precision: str) -> None:
+    def __init__(self, precision: str, thresholds: dict[str, float] | None = None) -> None:
+        from normlab.diagnostics.warning_record import advice, thresholds_for
+
         if precision not in PRECISIONS:
             raise ConfigError(
                 f"EarlyWarnings: precision must be one of {', '.join(PRECISIONS)} (the limits the detectors know), "
@@ -308,18 +334,24 @@ class EarlyWarnings:
         # fp32 runs' logits are judged at bf16's limit, where attention is computed at scale
         logit_limit = PRECISION_LIMITS["bf16" if precision == "fp32" else precision][0]
         act_limit = PRECISION_LIMITS[precision][1]
-        self.precision = precision
+        t = thresholds_for(thresholds)
+        self.precision, self.thresholds, self.advice = precision, t, advice
         self.growth = [
-            _Growth("stream growth", "stream_max", "stream layer", act_limit, precision),
+            _Growth("stream growth", "stream_max", "stream layer", act_limit, precision, horizon=t["stream growth"]),
             # a logit warns at the limit itself (8x below it is where healthy models live: Qwen3's ~47 in bf16)
-            _Growth("logit growth", "max_logit", "block", logit_limit, precision, reduce=_max_head, headroom=1.0),
+            _Growth("logit growth", "max_logit", "block", logit_limit, precision, _max_head, 1.0, t["logit growth"]),
         ]
         self.spikes = [
-            _Spike("grad-norm spike", _metric("grad_norm"), "gradient norm"),
-            _Spike("loss spike", _metric("loss"), "loss"),
-            _Spike("update/weight spike", _largest("update_ratio"), "largest update/weight ratio"),
+            _Spike(s, read, what, t[s])
+            for s, read, what in (
+                ("grad-norm spike", _metric("grad_norm"), "gradient norm"),
+                ("loss spike", _metric("loss"), "loss"),
+                ("update/weight spike", _largest("update_ratio"), "largest update/weight ratio"),
+            )
         ]
-        self.rise = _Rise()
+        self.rise = _Rise(rise=t["loss rise"])
+        self.score_alert = t["spike score"]
+        self.precursors = precursors.detectors(t["head logit"], t["qk entropy"], t["qk update entropy"])
         self.steps = self.spiked = 0
         self.score_fired = False
         self.last_step: int | None = None
@@ -340,9 +372,13 @@ class EarlyWarnings:
             if alert is not None:
                 fired.append(alert)
             spiked |= s.hit and s.signal in ("grad-norm spike", "loss spike")
+        for p in self.precursors:
+            found = p.feed(step, tier) if tier else None
+            if found is not None:
+                fired.append(Alert(p.signal, step, *found))
         self.steps += 1
         self.spiked += spiked
-        if not self.score_fired and self.steps >= SPIKE_WINDOW and self.spiked / self.steps > SCORE_ALERT:
+        if not self.score_fired and self.steps >= SPIKE_WINDOW and self.spiked / self.steps > self.score_alert:
             self.score_fired = True
             fired.append(
                 Alert(
@@ -351,25 +387,49 @@ class EarlyWarnings:
                     "run",
                     self.spiked / self.steps,
                     f"{self.spiked} of {self.steps} steps spiked ({self.spiked / self.steps:.1%}; OLMo-core's spike "
-                    f"score past {SCORE_ALERT:.0%})",
+                    f"score past {self.score_alert * 100:g}%)",
                 )
             )
+        for a in fired:
+            a.advice = self.advice(a.signal, self.thresholds[a.signal])
         self.alerts += fired
         return fired
 
 
-def replayed(run: str | Path, precision: str, until: int | None = None) -> EarlyWarnings:
+def replayed(
+    run: str | Path, precision: str, until: int | None = None, thresholds: dict[str, float] | None = None
+) -> EarlyWarnings:
     """The detectors fed a run folder's rows (metrics.jsonl and layers.jsonl, step by step) before step
     `until` (None: all): a finished run's alerts (`replay`), or a resumed run's detectors as they stood. A row
     the detectors cannot read (a step that is not a whole number above the last, a loss that is not a number, a
     tier row of another shape: hand-edited, or another program's) is skipped, as a torn line is, and counted in
-    the result's ``skipped_rows``."""
+    the result's ``skipped_rows``. ``thresholds``: as `EarlyWarnings`'."""
+    return replay_rows(run_rows(run), precision, until, thresholds)
+
+
+def run_rows(run: str | Path) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]]]:
+    """A run folder's metrics rows and, by step, the rows the detectors read beside them (the tier's with the
+    QK-spectrum probe's merged in: `normlab.diagnostics.precursors.merge`)."""
     from normlab.runs.files import RunDir
 
     folder = RunDir(run)
     tier = {r["step"]: r for r in folder.layers() if isinstance(r.get("step"), int)}
-    warn = EarlyWarnings(precision)
-    for m in folder.metrics():
+    qk = precursors.qk_rows(run)
+    rows = {s: precursors.merge(tier.get(s), qk.get(s), s) for s in tier.keys() | qk.keys()}
+    return folder.metrics(), rows
+
+
+def replay_rows(
+    rows: tuple[list[dict[str, Any]], dict[int, dict[str, Any]]],
+    precision: str,
+    until: int | None = None,
+    thresholds: dict[str, float] | None = None,
+) -> EarlyWarnings:
+    """`replayed` over rows `run_rows` read (the lead-time study reads a run once and replays it at each
+    threshold)."""
+    metrics, tier = rows
+    warn = EarlyWarnings(precision, thresholds)
+    for m in metrics:
         step: Any = m.get("step")  # checked by feed
         if "loss" not in m or (until is not None and isinstance(step, (int, float)) and step >= until):
             continue
@@ -410,7 +470,7 @@ class EarlyWarningHook(StepHook):
         warnings: EarlyWarnings | None = None,
     ) -> None:
         self.warnings = warnings or EarlyWarnings(precision)  # a resumed run's: `replayed` up to its start
-        self.tier_row, self.on_alert = tier_row, on_alert
+        self.tier_row, self.on_alert = tier_row, on_alert  # tier_row: the merged row (precursors.merge)
         self.metrics: dict[str, Any] = {}
 
     def pre_step(self, step: int) -> None:
@@ -435,4 +495,14 @@ def print_alert(alert: Alert) -> None:
     print(alert.line(), file=sys.stderr, flush=True)
 
 
-__all__ = ["DETECTORS", "Alert", "EarlyWarningHook", "EarlyWarnings", "print_alert", "replay", "replayed"]
+__all__ = [
+    "DETECTORS",
+    "Alert",
+    "EarlyWarningHook",
+    "EarlyWarnings",
+    "print_alert",
+    "replay",
+    "replay_rows",
+    "replayed",
+    "run_rows",
+]

@@ -150,6 +150,18 @@ def _last_layer_variance(runs: list[Run]) -> tuple[int, list[float]] | None:
     return step, [float(t.loc[step].to_numpy(dtype=float)[-1]) for t in tabs]
 
 
+def warning_lines(runs: list[Run], names: list[str], first: int = 3) -> list[str]:
+    """Each run's first ``first`` early warnings (summary.json's ``warnings``), each with its detector's
+    measured record and what to do where the alert carries them (`normlab.diagnostics.warning_record`)."""
+    lines = []
+    for n, r in zip(names, runs):
+        said = [a for a in r.summary.extra.get("warnings") or [] if isinstance(a, dict) and "signal" in a][:first]
+        for a in said:
+            advice = f" {a['advice']}." if a.get("advice") else ""
+            lines.append(f"{n} warned at step {a.get('step')}: {a['signal']}: {a.get('evidence', '')}.{advice}")
+    return lines
+
+
 def reading_lines(runs: list[Run], names: list[str]) -> list[str]:
     """The report's opening: what the runs show, computed from them (which diverged and where, stream
     growth, largest activation against the FP16 limit, loss)."""
@@ -164,6 +176,7 @@ def reading_lines(runs: list[Run], names: list[str]) -> list[str]:
     for n, r in zip(names, runs):
         if r.summary.status == "warned":  # a TrainingMonitor folder whose early warnings fired
             lines.append(f"{n} trained with early warnings: {r.summary.reason or 'see warnings.jsonl'}.")
+    lines += warning_lines(runs, names)
     if broke and fine:
         lines.append(f"Trained to the end: {', '.join(fine)}.")
     elif not broke and fine:

@@ -68,17 +68,37 @@ def check_sweep_folders(paths: list[str], what: str, lost_ok: bool = False) -> N
             raise ConfigError(f"{path} holds no {STORE}; give {what}")
 
 
-def leadtime_command(sweeps: list[str], json_out: str | None) -> None:
+def leadtime_command(
+    sweeps: list[str],
+    json_out: str | None,
+    record: str | None = None,
+    figure: str | None = None,
+    horizon: int = 500,
+) -> None:
     """`normlab leadtime`: the early warnings' lead times and false alarms over ``sweeps``
-    (normlab.experiments.leadtime); ``json_out``: also as JSON."""
-    from normlab.experiments import leadtime
+    (normlab.experiments.leadtime) and the threshold study (normlab.experiments.leadtime_study); ``json_out``:
+    also as JSON; ``record``: the measured record alerts quote; ``figure``: its PR curves and lead times."""
+    from normlab.experiments import leadtime, leadtime_study
 
     check_sweep_folders(sweeps, "folders written by normlab sweep (e.g. the warn-* recipes')", lost_ok=True)
-    if json_out:
-        if not json_out.endswith(".json"):
-            raise ConfigError(f"--json {json_out}: give a .json file")
-        check_new_file(json_out, "--json", update=leadtime.wrote(json_out))  # its own file: the same answer again
+    if not isinstance(horizon, int) or horizon < 1:
+        raise ConfigError(f"--horizon {horizon}: give a whole number of steps >= 1")
+    for flag, path, suffix, mine in (
+        ("--json", json_out, ".json", leadtime.wrote),
+        ("--record", record, ".json", leadtime_study.wrote_record),
+        ("--figure", figure, ".png", lambda p: False),
+    ):
+        if path:
+            if not path.endswith(suffix):
+                raise ConfigError(f"{flag} {path}: give a {suffix} file")
+            check_new_file(path, flag, update=mine(path))  # its own file: the same answer again
     print(leadtime.report(sweeps, json_out), flush=True)
+    runs = [r for s in sweeps for r in leadtime_study.gather(s)]
+    print(leadtime_study.markdown(runs, horizon), flush=True)
+    if record:
+        leadtime_study.write_record(leadtime_study.record(runs, horizon, sweeps), record)
+    if figure:
+        leadtime_study.figure(runs, horizon, figure)
 
 
 def check_new_file(path: str, flag: str, update: bool = False) -> None:

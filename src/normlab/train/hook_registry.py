@@ -34,11 +34,14 @@ from normlab.config.hooks import (
     FaultSettings,
     LoggerSettings,
     ProbeSettings,
+    QKSpectrumSettings,
     TierSettings,
     WarningSettings,
 )
 from normlab.diagnostics.early_warning import Alert, EarlyWarningHook, print_alert, replayed
 from normlab.diagnostics.hooks import StepHook
+from normlab.diagnostics.precursors import QK_SPECTRUM, merge
+from normlab.diagnostics.qk_spectrum import QKSpectrum, QKSpectrumHook
 from normlab.errors import ConfigError
 from normlab.io import truncate_jsonl
 from normlab.train import faults
@@ -71,8 +74,12 @@ class WarningsHook(EarlyWarningHook):
         return cls(handle, run.warnings_file, before)
 
     def tier_row(self) -> dict[str, Any] | None:
-        tier = self.handle.find(TierHook)
-        return tier.last if isinstance(tier, TierHook) else None
+        """The latest step's rows of the tier and the QK-spectrum probe, merged (`precursors.merge`)."""
+        tier, qk = self.handle.find(TierHook), self.handle.find(QKSpectrumHook)
+        parts = [p.last for p in (tier, qk) if isinstance(p, (TierHook, QKSpectrumHook)) and p.last]
+        if not parts:
+            return None
+        return merge(parts[0], parts[-1], max(p["step"] for p in parts))
 
     def alert(self, alert: Alert) -> None:
         with self.path.open("a") as f:
@@ -82,6 +89,21 @@ class WarningsHook(EarlyWarningHook):
             sinks.alert(alert.step, alert.signal, alert.line())
         else:
             print_alert(alert)
+
+
+class QKSpectrumProbe(QKSpectrumHook):
+    """The QK spectral entropy probe (`normlab.diagnostics.qk_spectrum`) every ``qk_spectrum_every`` steps, its
+    rows in qk_spectrum.jsonl on the main rank (a resumed run's rows past its start cut: they are replayed)."""
+
+    @classmethod
+    def build(cls, settings: QKSpectrumSettings, handle: RunHandle) -> StepHook | None:
+        if not settings.qk_spectrum_every:
+            return None
+        log = None
+        if handle.run is not None:
+            truncate_jsonl(handle.run.path / QK_SPECTRUM, handle.step)
+            log = handle.run.path.joinpath(QK_SPECTRUM).open("a", buffering=1)
+        return cls(QKSpectrum(handle.model), log, settings.qk_spectrum_every)
 
 
 class FaultHook(faults.LogitGrowthHook):
@@ -130,6 +152,7 @@ HOOKS: dict[str, tuple[type, Any]] = {
     "probes": (ProbeSettings, ProbeHook),
     "tier": (TierSettings, TierHook),
     "divergence": (DivergenceSettings, SpikePolicyHook),
+    "qk_spectrum": (QKSpectrumSettings, QKSpectrumProbe),
     "warnings": (WarningSettings, WarningsHook),
     "faults": (FaultSettings, FaultHook),
     "checkpointing": (CheckpointSettings, CheckpointHook),
