@@ -189,54 +189,50 @@ def _data(args: argparse.Namespace) -> str:
 
 
 _COMMANDS = (
-    Command("layouts", _layouts),
+    Command("layouts"),
     Command(
         "show",
-        _show,
         run=("size",),
         shortcuts=("layers",),
         set_help="a model or layout setting as train takes it: model.n_layers=12, model.mlp=relu, layout.h=0.5",
     ),
-    Command("demo", _demo, c.DemoConfig),
-    Command("train", _train, extra=train_extra),
-    Command("plan", _plan, extra=add_run_settings),
-    Command("screen", _screen, c.ScreenConfig, extra=screen_extra),
-    Command("report", _report),
+    Command("demo", c.DemoConfig),
+    Command("train", extra=train_extra),
+    Command("plan", extra=add_run_settings),
+    Command("screen", c.ScreenConfig, extra=screen_extra),
+    Command("report"),
     Command(
         "compare",
-        _compare,
         c.CompareConfig,
         run=("size", "steps"),
         preset=c.COMPARE_BASE,
         set_help="any training setting, e.g. --set lr=1e-3",
     ),
-    Command("sweep", _sweep, set_help="a base setting (repeatable; model.NAME for model options)", extra=sweep_extra),
+    Command("sweep", set_help="a base setting (repeatable; model.NAME for model options)", extra=sweep_extra),
     Command(
         "coordcheck",
-        _coordcheck,
         c.CoordCheckConfig,
         run=("size", "lr", "optimizer"),
         preset=c.COORDCHECK_BASE,
         set_help="a run setting, e.g. --set model.parametrization=mup (repeatable)",
     ),
-    Command("summarize", _summarize),
-    Command("transfer", _transfer),
-    Command("leadtime", _leadtime),
-    Command("recipes", _recipes),
+    Command("summarize"),
+    Command("transfer"),
+    Command("leadtime"),
+    Command("recipes"),
     Command(
         "recommend",
-        _recommend,
         c.RecommendConfig,
         run=("steps",),
         preset=c.RECOMMEND_BASE,
         set_help="a proxy run setting, e.g. --set data=PATH (repeatable)",
     ),
-    Command("scan", _scan, c.ScanConfig),
-    Command("doctor", _doctor, c.DoctorConfig),
-    Command("convert", _convert, c.ConvertConfig),
-    Command("export", _export, extra=export_extra),
-    Command("eval", _eval, c.EvalConfig),
-    Command("data", _data, c.PrepareConfig, extra=data_extra),
+    Command("scan", c.ScanConfig),
+    Command("doctor", c.DoctorConfig),
+    Command("convert", c.ConvertConfig),
+    Command("export", extra=export_extra),
+    Command("eval", c.EvalConfig),
+    Command("data", c.PrepareConfig, extra=data_extra),
 )
 
 
@@ -270,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     held: list[Any] = []
     try:
         with _held_warnings(held):
-            said = args.func(args)
+            # the command's handler, `_<command>`, looked up when called (one replaced on the module is the one run)
+            said = getattr(sys.modules[__name__], f"_{args.command.replace('-', '_')}")(args)
         _show_warnings(held)
         if isinstance(said, str):
             print(said)

@@ -15,11 +15,11 @@ from normlab.config.overrides import add_run_settings, add_set, add_shortcuts
 
 @dataclass(frozen=True)
 class Command:
-    """One subcommand as data: its handler, its configuration (flags generated from the declarations), the run
-    settings it takes with its preset's defaults, its shortcuts, its --set help, and what else it adds."""
+    """One subcommand as data: its name (its handler is normlab.cli's `_<name>`), its configuration (flags
+    generated from the declarations), the run settings it takes with its preset's defaults, its shortcuts, its
+    --set help, and what else it adds."""
 
-    name: str
-    func: Callable[[argparse.Namespace], Any]
+    name: str  # its handler is normlab.cli's `_<name>`
     config: type | None = None
     run: tuple[str, ...] = ()
     preset: dict[str, Any] | None = None
@@ -87,7 +87,6 @@ def add_command(sub: Any, cmd: Command) -> None:
 
     help_, about = HELP.get(cmd.name, (None, None))
     s = sub.add_parser(cmd.name, help=help_, description=about)
-    s.set_defaults(func=cmd.func)
     if cmd.config is not None:
         add_flags(s, leaves(cmd.config))
     add_flags(s, {k: LEAVES[k] for k in cmd.run}, defaults=cmd.preset)

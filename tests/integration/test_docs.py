@@ -76,9 +76,7 @@ def test_counts_in_the_readme_match_the_registries():
         )
     )
     words.update({20 + i: f"twenty-{words[i]}" for i in range(1, 10)})
-    words.update({30: "thirty", **{30 + i: f"thirty-{words[i]}" for i in range(1, 10)}})
-    words.update({40: "forty", **{40 + i: f"forty-{words[i]}" for i in range(1, 10)}})
-    words.update({50: "fifty", **{50 + i: f"fifty-{words[i]}" for i in range(1, 10)}})
-    words.update({60: "sixty", **{60 + i: f"sixty-{words[i]}" for i in range(1, 10)}})
+    for tens, word in ((30, "thirty"), (40, "forty"), (50, "fifty"), (60, "sixty"), (70, "seventy"), (80, "eighty")):
+        words.update({tens: word, **{tens + i: f"{word}-{words[i]}" for i in range(1, 10)}})
     assert f"{words[len(cpu)].capitalize()} recipes restate" in readme
     assert f"{words[len(RECIPES) - len(cpu)]} `gpu-*` recipes" in readme
