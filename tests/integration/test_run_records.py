@@ -7,29 +7,17 @@ import json
 
 import pytest
 
-from normlab.config.train import TrainConfig
 from normlab.runs.files import RunDir
 from normlab.runs.summary import Forensics, RunSummary
 from normlab.train import train
+from tests.helpers import small
 
 
 def _config(corpus, out, **kw):
-    base = dict(
-        data=str(corpus),
-        size="nano",
-        layout="pre",
-        seq_len=32,
-        batch_size=8,
-        steps=4,
-        lr=3e-3,
-        eval_every=0,
-        eval_batches=1,
-        probe_every=2,
-        out=str(out),
-        progress=False,
-        device="cpu",
+    """helpers.small's run as a Pre-LN of 4 steps, probed every 2, no evaluation."""
+    return small(
+        corpus, out, **{"layout": "pre", "steps": 4, "eval_every": 0, "eval_batches": 1, "probe_every": 2, **kw}
     )
-    return TrainConfig.of(**{**base, **kw})
 
 
 def _text(obj: dict) -> str:
