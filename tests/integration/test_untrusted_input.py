@@ -367,10 +367,11 @@ def test_the_unsafe_advice_never_reaches_the_last_line_of_defence(monkeypatch, c
             "file from a trusted source. Unsupported global: GLOBAL posix.system"
         )
 
+    monkeypatch.setattr(cli, "_boom", boom, raising=False)  # the handler of a command "boom" (cli.main: `_<command>`)
     monkeypatch.setattr(
         cli,
         "build_parser",
-        lambda: type("P", (), {"parse_args": lambda self, a: argparse.Namespace(func=boom, debug=False)})(),
+        lambda: type("P", (), {"parse_args": lambda self, a: argparse.Namespace(command="boom", debug=False)})(),
     )
     assert cli.main([]) == 1
     err = capsys.readouterr().err
