@@ -41,7 +41,18 @@ from normlab.subcommands import (
 
 
 def _layouts(args: argparse.Namespace) -> str:
-    return presets_table(args.names, args.markdown)
+    """The presets, then the attention kinds a layout combines with (`model.attention`), unless only names."""
+    from normlab.model.config import ATTENTION_KIND_FACTS
+
+    table = presets_table(args.names, args.markdown)
+    if args.names:
+        return table
+    rows = [(k, *facts) for k, facts in ATTENTION_KIND_FACTS.items()]
+    if args.markdown:
+        kinds = ["| attention | chosen by | equation | source |", "|---|---|---|---|"]
+        return "\n".join([table, "", *kinds, *(f"| `{k}` | `{how}` | {eq} | {src} |" for k, how, eq, src in rows)])
+    kinds = [f"{k:<6}  {how}\n        {eq}\n        {src}" for k, how, eq, src in rows]
+    return table + "\n\nattention kinds (any layout above, with --set model.attention=KIND):\n\n" + "\n".join(kinds)
 
 
 def _show(args: argparse.Namespace) -> str:

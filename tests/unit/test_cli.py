@@ -37,6 +37,21 @@ def test_readme_layout_table_is_current(capsys):
     assert table in page
 
 
+def test_layouts_lists_the_attention_kinds_beside_the_presets(capsys):
+    """Issue 67: MLA and MoDA are attention kinds (model.attention), not layouts; `normlab layouts` lists each after
+    the presets, with how it is chosen, its equation and its source; --names keeps to the presets."""
+    from normlab.model.config import ATTENTION_KIND_FACTS, ATTENTION_KINDS
+
+    assert set(ATTENTION_KIND_FACTS) == set(ATTENTION_KINDS)
+    assert main(["layouts"]) == 0
+    out = capsys.readouterr().out
+    tail = out[out.index("attention kinds") :]
+    for kind, (how, eq, src) in ATTENTION_KIND_FACTS.items():
+        assert f"{kind:<6}  {how}" in tail and eq in tail and src in tail
+    assert main(["layouts", "--names"]) == 0
+    assert "mla" not in capsys.readouterr().out.split()
+
+
 def test_help_layouts_and_show_do_not_import_torch():
     """The quick commands answer without torch (about 1.5 s to import here): import structure, not timing."""
     import subprocess

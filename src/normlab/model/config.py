@@ -28,6 +28,26 @@ MOE_DISPATCH: tuple[str, ...] = ("auto", "sorted", "loop")  # see normlab.model.
 # n_kv_heads), mla (DeepSeek-V2's multi-head latent attention, normlab.model.mla), moda (mixture-of-depths attention:
 # each query also reads the earlier layers' keys and values at its own position, normlab.model.moda)
 ATTENTION_KINDS: tuple[str, ...] = ("mha", "mla", "moda")
+# what `normlab layouts` says of each attention kind beside the presets: how it is chosen, its equation, its source
+ATTENTION_KIND_FACTS: dict[str, tuple[str, str, str]] = {
+    "mha": (
+        "model.attention=mha (the default)",
+        "softmax(q k^T / sqrt(d_h)) v per head, n_kv_heads groups of key/value heads",
+        "Vaswani et al. 2017; Ainslie et al. 2023 (GQA)",
+    ),
+    "mla": (
+        "model.attention=mla, model.kv_lora_rank=R, model.qk_rope_head_dim=D (with qwen3: QK-norm)",
+        "c_KV = RMSNorm(W_DKV h); k^C, v = W_UK c_KV, W_UV c_KV; c_Q = h (or a latent); q = [W_UQ c_Q; "
+        "RoPE(W_QR c_Q)], k = [k^C; RoPE(W_KR h)] (k^R shared by the heads); q, k normed per head at the layout's "
+        "q, k sites",
+        "DeepSeek-AI 2024 (DeepSeek-V2, arXiv 2405.04434), Sec. 2.1 eqs. 9-19; QK-normed MLA: arXiv 2606.16310",
+    ),
+    "moda": (
+        "model.attention=moda (model.moda_ffn_kv: the FFN inputs' projections too)",
+        "one softmax per head over the sequence's keys and the earlier layers' keys at the query's own position",
+        "Zhu et al. 2026 (Mixture-of-Depths Attention, arXiv 2603.15619), the authors' naive reference",
+    ),
+}
 # Sanity bounds: far above any published model, low enough that a typo fails here, not in an allocation.
 MAX_DIM = {"vocab_size": 2**24, "d_model": 2**17, "n_layers": 10_000, "n_heads": 2**12, "max_seq_len": 2**22}
 
