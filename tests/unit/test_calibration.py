@@ -39,7 +39,7 @@ def plant(cal: cost.Calibration) -> cost.Calibration:
 
 
 def cached() -> cost.Calibration:
-    got = cost._cached(cost.cache_file(cost.machine_key(1)))
+    got = cost.cached_calibration(cost.cache_file(cost.machine_key(1)))
     assert got is not None
     return got
 
@@ -224,7 +224,7 @@ def test_a_cache_file_that_is_not_a_measurement_is_said_and_measured_again(monke
     path = cost.cache_file(cost.machine_key(1))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({**measured(IDLE).to_dict(), **edit}))  # NaN written as JSON's NaN
-    assert cost._cached(path) is None
+    assert cost.cached_calibration(path) is None
     fresh = measured(IDLE, at=MEASURED_AT + 60)
     monkeypatch.setattr(cost, "measure", lambda threads=1: fresh)
     said: list[str] = []
@@ -281,7 +281,7 @@ def test_two_calls_on_one_machine_keep_each_others_faster_timings():
     path = cost.cache_file(cost.machine_key(1))
     mine = measured({**IDLE, "pre2": 0.5 * IDLE["pre2"], "screen3": 3 * IDLE["screen3"]}, at=MEASURED_AT + 10)
     theirs = plant(measured({**IDLE, "pre6": 0.8 * IDLE["pre6"]}))  # the other call's, written meanwhile
-    out = cost._store(path, mine)
+    out = cost.store_calibration(path, mine)
     want = {**IDLE, "pre2": 0.5 * IDLE["pre2"], "pre6": 0.8 * IDLE["pre6"]}
     assert cached() == out and out.measured == pytest.approx(want) and out.measured_at == MEASURED_AT + 10
     refit = cost.fit(*(want[k] for k in cost.TIMINGS))
@@ -289,7 +289,7 @@ def test_two_calls_on_one_machine_keep_each_others_faster_timings():
     assert theirs.measured["pre2"] == IDLE["pre2"]
     assert sorted(p.name for p in path.parent.iterdir()) == sorted([path.name, path.name + ".lock"])
     before = path.read_bytes()
-    assert cost._store(path, out) == out and path.read_bytes() == before  # idempotent
+    assert cost.store_calibration(path, out) == out and path.read_bytes() == before  # idempotent
     # the stream rates: each mix's faster ratio of the cached and the new
     spath = cost.stream_cache_file(cost.machine_key(1))
     spath.write_text(json.dumps({"ratio": {"hc": 2.0}}))

@@ -211,24 +211,14 @@ def test_the_new_norms_are_default_candidates_after_issue_56s_and_buildable_for_
     from normlab.recommend.planning import plan
     from normlab.recommend.planning.inputs import choose_candidates
     from normlab.recommend.planning.shape import read_user_model
+    from tests.unit.test_recommend import LLAMA
 
     new = ["pre-gatednorm", "sandwich-gatednorm", "pre-taper"]
     at = RECOMMEND_CANDIDATES.index("attnres")
     assert list(RECOMMEND_CANDIDATES[at + 1 : at + 4]) == new
     order, _ = plan.cheap_order(list(RECOMMEND_CANDIDATES), "pre")
     assert order[-6:] == [*new, "siamese", "pre-hc", "pre-mhc"]
-    llama = {
-        "model_type": "llama",
-        "hidden_size": 256,
-        "intermediate_size": 688,
-        "num_hidden_layers": 12,
-        "num_attention_heads": 8,
-        "num_key_value_heads": 2,
-        "vocab_size": 32000,
-        "hidden_act": "silu",
-        "rms_norm_eps": 1e-5,
-        "max_position_embeddings": 2048,
-    }
+    llama = {k: v for k, v in LLAMA.items() if k not in ("tie_word_embeddings", "torch_dtype")}
     (tmp_path / "config.json").write_text(json.dumps(llama))
     names, _, unfit = choose_candidates(RecommendConfig(), read_user_model(str(tmp_path / "config.json")))
     assert all(n in names and n not in unfit for n in new)

@@ -76,10 +76,10 @@ class WarningsHook(EarlyWarningHook):
     def tier_row(self) -> dict[str, Any] | None:
         """The latest step's rows of the tier and the QK-spectrum probe, merged (`precursors.merge`)."""
         tier, qk = self.handle.find(TierHook), self.handle.find(QKSpectrumHook)
-        parts = [p.last for p in (tier, qk) if isinstance(p, (TierHook, QKSpectrumHook)) and p.last]
-        if not parts:
-            return None
-        return merge(parts[0], parts[-1], max(p["step"] for p in parts))
+        tier_row = tier.last if isinstance(tier, TierHook) else None
+        qk_row = qk.last if isinstance(qk, QKSpectrumHook) else None
+        steps = [row["step"] for row in (tier_row, qk_row) if row]
+        return merge(tier_row, qk_row, max(steps)) if steps else None
 
     def alert(self, alert: Alert) -> None:
         with self.path.open("a") as f:

@@ -439,7 +439,7 @@ def _read(path: Path) -> tuple[Calibration | None, str]:
     return (None, why) if why else (cal, "")
 
 
-def _cached(path: Path) -> Calibration | None:
+def cached_calibration(path: Path) -> Calibration | None:
     """The calibration a cache file holds, None where it is missing, unreadable or not a measurement of a
     machine (`problem`: then it is measured again)."""
     return _read(path)[0]
@@ -460,21 +460,21 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _store(path: Path, cal: Calibration) -> Calibration:
+def store_calibration(path: Path, cal: Calibration) -> Calibration:
     """`cal` written to `path` merged with what the file holds now (`merged`: another call may have written
     it since this one read it), under a lock, atomically (a temporary file renamed over it); returns what
     was written."""
     from normlab.io import atomic_write_json
 
     with _locked(path):
-        disk = _cached(path)
+        disk = cached_calibration(path)
         out = merged(disk, cal) if disk is not None else cal
         atomic_write_json(path, {k: v for k, v in out.to_dict().items() if k != "c_stream"})
     return replace(out, c_stream=cal.c_stream)
 
 
 def merged(disk: Calibration, mine: Calibration) -> Calibration:
-    """Two calibrations of one machine as one (`_store`): timing by timing the faster, refit; where either
+    """Two calibrations of one machine as one (`store_calibration`): timing by timing the faster, refit; where either
     lacks its timings, the one with the faster step. Unlike `faster` (a new measurement beside the cached one),
     merging a calibration with itself or with one it came from changes nothing: the counts are the larger, not
     the sum."""
@@ -527,7 +527,7 @@ def calibration(
     """This machine's calibration from the cache, else measured now (within `CALIBRATION_CAP_S`) and cached;
     (it, whether cached). A cache file that is not a measurement of a machine (`problem`) is said and measured
     again. `remeasure` (--recalibrate): measured now and kept beside the cached one, the faster of the two
-    (`faster`). What is written is merged with what another call may have written meanwhile (`_store`).
+    (`faster`). What is written is merged with what another call may have written meanwhile (`store_calibration`).
     `streams`: the stream mixes whose rates are needed (True: all), read from their cache (`stream_rates`) and
     measured where it lacks them (`measure_stream_rates`); False: none read, none measured."""
     key = machine_key(threads)
@@ -546,7 +546,7 @@ def calibration(
         new = measure(threads)
         cal, cached = (new if cal is None else faster(cal, new)), False
         try:
-            cal = _store(path, cal)
+            cal = store_calibration(path, cal)
         except OSError as err:  # a cache that cannot be written: this call plans with what it measured
             log(f"  calibration not cached: {path} cannot be written ({err.strerror or err})")
     if streams is False:
@@ -569,7 +569,7 @@ def stream_ratios(cal: Calibration) -> dict[str, float]:
 
 
 def _ratio_ok(x: object) -> TypeGuard[float]:
-    return _positive(x) and x <= STREAM_RATIO_MAX
+    return positive_finite(x) and x <= STREAM_RATIO_MAX
 
 
 def _saved_ratios(spath: Path, cal: Calibration) -> dict[str, float]:
@@ -589,7 +589,11 @@ def _saved_ratios(spath: Path, cal: Calibration) -> dict[str, float]:
     for mix in STREAM_MIXES:
         if _ratio_ok(ratio.get(mix)):
             out[mix] = float(ratio[mix])
-        elif _positive(timed.get("pre6")) and _positive(timed.get(mix)) and _ratio_ok(timed[mix] / timed["pre6"]):
+        elif (
+            positive_finite(timed.get("pre6"))
+            and positive_finite(timed.get(mix))
+            and _ratio_ok(timed[mix] / timed["pre6"])
+        ):
             out[mix] = timed[mix] / timed["pre6"]
         elif isinstance(rates.get(mix), (int, float)) and not isinstance(rates.get(mix), bool):
             r = stream_ratios(replace(cal, c_stream={mix: float(rates[mix])})).get(mix)
@@ -619,7 +623,7 @@ def measure_stream_rates(
         f"{CALIBRATION_CAP_S:.0f} s; cached in {spath})"
     )
     t_pre6, t_streams = measure_streams(threads, mixes)
-    new = {m: t / t_pre6 for m, t in t_streams.items() if _positive(t) and _positive(t_pre6)}
+    new = {m: t / t_pre6 for m, t in t_streams.items() if positive_finite(t) and positive_finite(t_pre6)}
     new = {m: r for m, r in new.items() if _ratio_ok(r)}
     try:
         with _locked(spath):
@@ -634,7 +638,7 @@ def measure_stream_rates(
     return with_stream_rates(cal, 1.0, full)
 
 
-def _positive(x: object) -> TypeGuard[float]:
+def positive_finite(x: object) -> TypeGuard[float]:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
 
 

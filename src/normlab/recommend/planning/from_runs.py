@@ -18,11 +18,11 @@ from normlab.recommend.planning.cost import (
     LOWER_BELOW,
     STEP_TIMINGS,
     Calibration,
-    _cached,
-    _positive,
-    _store,
     cache_file,
+    cached_calibration,
     machine_key,
+    positive_finite,
+    store_calibration,
 )
 from normlab.recommend.planning.work import CAL_BATCH, CAL_SEQ
 
@@ -57,7 +57,7 @@ def run_step(config: TrainConfig, summary: RunSummary | None) -> RunStep | None:
     if summary is None or not summary.trained or summary.device != "cpu":
         return None
     tok_s = summary.tok_per_s
-    if tok_s is None or not _positive(tok_s):
+    if tok_s is None or not positive_finite(tok_s):
         return None
     tokens = config.data.batch_size * config.data.seq_len
     return RunStep(
@@ -71,6 +71,12 @@ def run_step(config: TrainConfig, summary: RunSummary | None) -> RunStep | None:
     )
 
 
+def _median_of_positive(ratios: list[float]) -> float:
+    """The median of the finite positive ratios (1 where there is none)."""
+    kept = [r for r in ratios if positive_finite(r)]
+    return statistics.median(kept) if kept else 1.0
+
+
 def lowered(
     cal: Calibration, step_ratios: list[float], screen_ratios: list[float], when: float
 ) -> tuple[Calibration, float, float] | None:
@@ -78,8 +84,7 @@ def lowered(
     step timings behind them) scaled by the runs' median ratio, the screen's by the screens' median ratio, each
     only where it is below `LOWER_BELOW`; (the lowered calibration, the step scale, the screen scale), or None
     where neither is. Never raised: runs slower than predicted (a busy machine) leave it as it is."""
-    step = statistics.median(r for r in step_ratios if _positive(r)) if any(map(_positive, step_ratios)) else 1.0
-    screen = statistics.median(r for r in screen_ratios if _positive(r)) if any(map(_positive, screen_ratios)) else 1.0
+    step, screen = _median_of_positive(step_ratios), _median_of_positive(screen_ratios)
     step = step if step < LOWER_BELOW else 1.0
     screen = screen if screen < LOWER_BELOW else 1.0
     if step == 1.0 and screen == 1.0:
@@ -114,7 +119,7 @@ def refresh_from_runs(
     `steps`, the proxy runs' median steps; `screens`, (shape, seconds) of screens. Returns the calibration
     written, None where the cache is left as it was (nothing faster, or no cached calibration)."""
     path = cache_file(machine_key(threads))
-    cal = _cached(path)
+    cal = cached_calibration(path)
     if cal is None or not (steps or screens):
         return None
     got = lowered(
@@ -127,7 +132,7 @@ def refresh_from_runs(
         return None
     out, step, screen = got
     try:
-        out = _store(path, out)
+        out = store_calibration(path, out)
     except OSError as err:  # a cache that cannot be written: the next plan is priced as this one was
         log(f"  calibration not refreshed: {path} cannot be written ({err.strerror or err})")
         return None
