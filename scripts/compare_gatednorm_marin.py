@@ -3,9 +3,10 @@
     PYTHONPATH=src VENV/bin/python scripts/compare_gatednorm_marin.py CHECKOUT \
         [--layout pre-gatednorm|sandwich-gatednorm] [--layers 2] [--dtype float32|float64 [--norms-float64]]
 
-CHECKOUT is a checkout of marin-community/marin; only ``experiments/grug/moe/model.py`` is read, and it is run from
-there, never copied. It needs JAX, which normlab's own venv does not have, so the script runs in a venv of its own
-(the versions it was run with; haliax 1.4.dev453 is the newest on PyPI):
+CHECKOUT is a checkout of marin-community/marin (written against commit 0080498); only
+``experiments/grug/moe/model.py`` is read, and it is run from there, never copied. It needs JAX, which normlab's own
+venv does not have, so the script runs in a venv of its own (the versions it was run with; haliax 1.4.dev453 is the
+newest on PyPI):
 
     python3.11 -m venv VENV
     VENV/bin/pip install "jax[cpu]==0.10.2" equinox==0.13.8 jaxtyping==0.3.11 einops==0.8.2 haliax==1.4.dev453 \
@@ -35,14 +36,13 @@ lifts that: marin's module is handed a ``jnp`` whose ``float32`` is float64 and 
 input's dtype, so nothing rounds at float32 and the bound takes float64's eps (what is left is float64's rounding).
 
 Stand-ins: the file imports levanter (its grug attention, MoE, loss and sharding modules, the HF converter, the
-tracker, the activation enum) and transformers at its top; levanter on PyPI (1.1, 2023) predates grug, and none of
-these names is used on the path above except four, so the script gives stand-ins for them: ``unshard`` (the
-identity: it gathers a sharded norm weight, and one device holds everything), ``AttentionMask`` and
-``RotaryConfig`` (records of the mask ``block_range`` hands to the attention and of the RoPE setting
-``GrugModelConfig`` holds, both read only by marin's attention, which normlab's causal attention replaces), and
-``resolve_moe_implementation`` (``GrugModelConfig`` validates its MoE setting with it; returns it unchanged). The
-rest (annotations, the MoE kernel, the loss, the HF converter, the FP8 op haliax 1.4.dev453 does not have yet) are
-empty names that the path never calls.
+tracker, the activation enum) and transformers at its top; levanter on PyPI (1.1, 1.2.dev1644) has no grug, so the
+script gives stand-ins for all of those names. Four are on the path above: ``unshard`` (the identity: it gathers a
+sharded norm weight, and one device holds everything), ``AttentionMask`` and ``RotaryConfig`` (records of the mask
+``block_range`` hands to the attention and of the RoPE setting ``GrugModelConfig`` holds, both read only by marin's
+attention, which normlab's causal attention replaces), and ``resolve_moe_implementation`` (``GrugModelConfig``
+validates its MoE setting with it; returns it unchanged). The rest (annotations, the MoE kernel, the loss, the HF
+converter, the FP8 op haliax 1.4.dev453 does not have yet) are empty names that the path never calls.
 """
 
 from __future__ import annotations
