@@ -143,12 +143,14 @@ def load_marin(checkout: Path) -> types.ModuleType:
     stand_ins = _stand_ins()
     saved = {k: sys.modules.get(k) for k in stand_ins}
     sys.modules.update(stand_ins)
+    bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True  # no __pycache__ written into the checkout
     try:
         spec = importlib.util.spec_from_file_location("marin_grug_moe_model", checkout / MODEL)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     finally:
+        sys.dont_write_bytecode = bytecode
         for k, v in saved.items():
             if v is None:
                 sys.modules.pop(k, None)
