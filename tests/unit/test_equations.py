@@ -432,7 +432,7 @@ def test_every_norm_kind_at_every_site_matches_its_formula(kind):
         "scale": 1,
         "l2": 0,  # gamma, beta, alpha (Derf: + s) / g / -
         "seednorm": 3 * 32,
-        "gatednorm": 32 + 2 * 32 * 32,  # gamma, W_down, W_up at rank min(128, 32)
+        "gatednorm": 32 + 2 * 32 * 128,  # gamma, W_down, W_up at marin's rank 128, wider than d = 32
         "taper": 2 * 32,  # gamma, gamma~
     }  # SeeDNorm: gamma, alpha, beta
     assert sum(p.numel() for p in model.blocks[0].attn_norms.input.parameters()) == sizes[kind]

@@ -29,7 +29,7 @@ from typing import Literal
 #   affine_bias  torch LayerNorm's beta: as bias, but only with a per-channel gain (elementwise_affine)
 #   channel      one per channel, always
 #   one          a single learned number
-#   gate         one of GatedNorm's two low-rank matrices: width * rank, the rank capped at the width
+#   gate         one of GatedNorm's two low-rank matrices: width * rank
 ParamSize = Literal["gain", "bias", "affine_bias", "channel", "one", "gate"]
 PARAM_SIZES: tuple[str, ...] = ("gain", "bias", "affine_bias", "channel", "one", "gate")
 GATED_NORM_RANK = 128  # marin's grug MoE recipe (experiments/grug/moe/model.py, _GATED_NORM_RANK)
@@ -68,7 +68,7 @@ class NormKindFacts:
 
     def param_count(self, width: int, gain: str = "gamma", bias: bool = True, rank: int = GATED_NORM_RANK) -> int:
         """The numbers this kind's module holds over ``width`` channels with gain ``gain`` (and ``norm_bias``;
-        ``rank``: GatedNorm's gate rank, capped at the width)."""
+        ``rank``: GatedNorm's gate rank)."""
         return sum(self.param_sizes(width, gain, bias, rank).values())
 
     def param_sizes(
@@ -82,7 +82,7 @@ class NormKindFacts:
             "affine_bias": width if bias and per_channel else 0,
             "channel": width,
             "one": 1,
-            "gate": width * min(rank, width),
+            "gate": width * rank,
         }
         return {attr: sizes[size] for attr, size in self.params}
 

@@ -402,7 +402,7 @@ def _designs_2026h2() -> list[Preset]:
             "pre-gatednorm",
             gated,
             "y0 = G(emb); x' = x + F(G(x)); final G; G(x) = y * sigmoid(SiLU(y W_down) W_up), y = RMSNorm(x), rank "
-            "min(128, d)",
+            "128 (marin's, at every width)",
             "marin's grug MoE recipe (experiments/grug/moe/model.py: RMSNorm then GatedNorm at the embedding, before "
             "attention and the MLP, and before the head; after arXiv 2601.22966)",
         ),

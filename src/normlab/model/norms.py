@@ -9,7 +9,7 @@
     L2Norm(x)    = x / sqrt(sum(x^2) + eps), no parameters
     SeeDNorm(x)  = (tanh(x . beta) alpha + gamma) * x / sqrt(mean(x^2) + eps), beta, alpha per channel
                    Cai et al. 2025 (SeeDNorm: Self-Rescaled Dynamic Normalization, arXiv 2510.22777), eq. 3
-    GatedNorm(x) = y * sigmoid(SiLU(y W_down) W_up), y = RMSNorm(x), W_down d x r, W_up r x d (r = min(rank, d))
+    GatedNorm(x) = y * sigmoid(SiLU(y W_down) W_up), y = RMSNorm(x), W_down d x r, W_up r x d (r = rank, as set)
                    marin's grug MoE recipe (experiments/grug/moe/model.py: RMSNorm, then GatedNorm.__call__)
     TaperNorm(x) = g * RMSNorm(x) + (1 - g) * c * gamma~ * x, g a global gate from 1 to 0 on the training step's
                    schedule, c calibrated at the taper's start (Kanavalau et al. 2026, arXiv 2602.10408)
@@ -335,7 +335,7 @@ class GatedNorm(RMSNorm):
         y = RMSNorm(x) = gamma * x / sqrt(mean(x^2) + eps)
         GatedNorm(x) = y * sigmoid(SiLU(y W_down) W_up)          W_down: d x r, W_up: r x d
 
-    r = min(``rank``, d) (marin: 128). The gate reads the normed y, so GatedNorm(c x) = GatedNorm(x) as RMSNorm.
+    r = ``rank`` (marin: 128, at every width: below d = 128 the gate widens, as marin's code builds it). The gate reads the normed y, so GatedNorm(c x) = GatedNorm(x) as RMSNorm.
     gate_down and gate_up are stored as nn.Linear weights are, (out, in): y @ gate_down.T @ gate_up.T; both start
     truncated normal std 0.02 in [-3 std, 3 std] (marin's ``_init_weight`` with initializer_std 0.02), so the gate
     starts near sigmoid(0) = 1/2. They are matrices: they decay and Muon takes them in the blocks
@@ -347,7 +347,7 @@ class GatedNorm(RMSNorm):
     def __init__(
         self, dim: int, eps: float, compute: NormCompute = "input", gain: str = "gamma", rank: int = GATED_NORM_RANK
     ) -> None:
-        self.rank = min(int(rank), dim)
+        self.rank = int(rank)
         super().__init__(dim, eps, compute, gain)
         self.gate_down = nn.Parameter(torch.empty(self.rank, dim))
         self.gate_up = nn.Parameter(torch.empty(dim, self.rank))

@@ -162,8 +162,8 @@ def analytic_matrices(cfg: ModelConfig, resolved: ResolvedLayout) -> int:
 
 
 def gate_matrix_shapes(cfg: ModelConfig, lay: Any, blk: Any) -> list[tuple[int, int]]:
-    """A block's norms' own matrices (a kind with a "gate" parameter: GatedNorm's (r, w) and (w, r), r = min(rank,
-    w)) at each norm site the block turns on, w the site's width (normlab.model.norms.GatedNorm)."""
+    """A block's norms' own matrices (a kind with a "gate" parameter: GatedNorm's (r, w) and (w, r), r the rank as set,
+    marin's at every width) at each norm site the block turns on, w the site's width (normlab.model.norms.GatedNorm)."""
     d, hd = cfg.d_model, cfg.head_dim
     full = lay.inner_span == "full"
     inner = {"q": cfg.n_heads, "k": cfg.kv_heads, "v": cfg.kv_heads, "c": cfg.n_heads}
@@ -179,6 +179,6 @@ def gate_matrix_shapes(cfg: ModelConfig, lay: Any, blk: Any) -> list[tuple[int, 
     out: list[tuple[int, int]] = []
     for site, w in sites:
         if any(size == "gate" for _, size in NORM_FACTS[lay.norm_at(site).kind].params):
-            r = min(cfg.gated_norm_rank, w)
+            r = cfg.gated_norm_rank
             out += [(r, w), (w, r)]
     return out
