@@ -167,12 +167,13 @@ def recommend(
     )
     try:
         saved = folder.read(folder.plan_file) or {"inputs": inputs}  # read again under the lock
-        the_plan = plan.Plan.from_dict(saved["plan"]) if saved.get("plan") else the_plan
+        the_plan = plan.Plan.from_json(saved["plan"]) if saved.get("plan") else the_plan
         assert the_plan is not None
         if added and not the_plan.verify:
-            the_plan.verify, the_plan.verify_note = added, ""
-            the_plan.predicted["total"] += added["predicted_s"] - the_plan.predicted.get("verify", 0.0)
-            the_plan.predicted["verify"] = added["predicted_s"]
+            was = the_plan.predicted
+            predicted = {**was, "total": was["total"] + added.predicted_s - was.get("verify", 0.0)}
+            predicted["verify"] = added.predicted_s
+            the_plan = replace(the_plan, verify=added, verify_note="", predicted=predicted)
         sweeps = SweepExecutor(workers, log, clock.stop_at, short=choice.short)
         ctx = Context(
             folder,
@@ -203,12 +204,12 @@ def _verify_asked(
     clock: BudgetClock,
     workers: int,
     log: Callable[[str], Any],
-) -> dict[str, Any] | None:
+) -> plan.VerifyStagePlan | None:
     """--verify on a folder whose plan has no verify stage: the stage added within this call's budget
     (`stage_verify.verify_added`); None where it is not asked or the plan has it already."""
     p = saved.get("plan")
     if cfg.verify and p and not p.get("verify") and (not p.get("verify_note") or p["budget_s"] != clock.budget_s):
-        return verify_added(folder, plan.Plan.from_dict(p), user, cfg, clock.budget_s, workers, log)
+        return verify_added(folder, plan.Plan.from_json(p), user, cfg, clock.budget_s, workers, log)
     return None
 
 
@@ -371,14 +372,14 @@ def _log_plan(ctx: Context) -> None:
         )
         + ("; an edge learning rate extended where needed" if p.extend else "")
         + (
-            f"; the ladder at widths {', '.join(str(w) for w in p.ladder['widths'])}, predicted "
-            f"{minutes(p.ladder['predicted_s'])}"
+            f"; the ladder at widths {', '.join(str(w) for w in p.ladder.widths)}, predicted "
+            f"{minutes(p.ladder.predicted_s)}"
             if p.ladder
             else ""
         )
         + (
-            f"; verify: the best {p.verify['k']} again at width {p.verify['width']}, predicted "
-            f"{minutes(p.verify['predicted_s'])}"
+            f"; verify: the best {p.verify.k} again at width {p.verify.width}, predicted "
+            f"{minutes(p.verify.predicted_s)}"
             if p.verify
             else ""
         )
