@@ -171,7 +171,7 @@ def built_once(tmp_path_factory, name: str, build: Callable[[Path], object]):
 
 def a_plan(**fields):
     """A recommend plan (`Plan`) of two candidates at the stress learning rate, `fields` set over it."""
-    from normlab.recommend.planning.plan import Plan
+    from normlab.recommend.planning.plan_record import Plan
 
     base = dict(
         order=["pre", "peri"], screened=["pre", "peri"], screen_width=64, depth=12, steps=150, stress_lr=0.1,

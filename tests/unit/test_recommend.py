@@ -1065,9 +1065,8 @@ def test_what_a_refusal_says_is_what_happened():
 
     import pandas as pd
 
-    from normlab.recommend.evidence.answer import Confidence
     from normlab.recommend.evidence.rows import seeds_that_ran
-    from normlab.recommend.stages.records import StageRecord
+    from normlab.recommend.stages.records import Confidence, StageRecord
     from normlab.recommend.stages.rounds import _why_none
 
     with pytest.raises(plan.BudgetTooSmall) as err:

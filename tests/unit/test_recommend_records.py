@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from normlab.recommend.evidence.answer import Confidence
-from normlab.recommend.planning.plan import LadderPlan, Plan, VerifyStagePlan
+from normlab.recommend.planning.plan_record import LadderPlan, Plan, VerifyStagePlan
 from normlab.recommend.stages.records import (
+    Confidence,
     FinalRecord,
     PlanRecord,
     Recommendation,

@@ -251,6 +251,7 @@ def test_the_plan_buys_two_seeds_then_the_widest_ladder_that_fits_and_names_the_
     from normlab.model.config import ModelConfig
     from normlab.recommend.planning import plan
     from normlab.recommend.planning.cost import Calibration
+    from normlab.recommend.planning.plan_record import Plan
 
     cal = Calibration(c0=0.275, c_flop=0.0, c_norm=0.0, s0=5.0, s_layer=0.0, s_flop=0.0, seconds=1.0)
     user = ModelConfig(d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8, d_ff=8192, vocab_size=128256)
@@ -274,7 +275,7 @@ def test_the_plan_buys_two_seeds_then_the_widest_ladder_that_fits_and_names_the_
     assert plan.make_plan(names, "pre", user, cal, 600 * 60, 2, 150, ladders=()).ladder is None  # --ladder none
     quick = plan.make_plan(names, "pre", user, cal, 600 * 60, 2, 150, screen=False)
     assert quick.ladder is None  # the quick question is one rung
-    assert plan.Plan.from_json(bought.to_json()) == bought
+    assert Plan.from_json(bought.to_json()) == bought
 
 
 def test_the_seed_noise_is_pooled_over_the_grids_finished_cells_when_that_has_more_degrees_of_freedom():

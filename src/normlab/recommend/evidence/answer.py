@@ -26,21 +26,17 @@ and wider rung, or where an older record lacks their shapes, the recipes that ma
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass
 from statistics import NormalDist
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 from scipy import stats
 
 from normlab.errors import ConfigError
 from normlab.recommend.evidence.rank import Evidence
+from normlab.recommend.planning.plan_record import Plan
 from normlab.recommend.planning.shape import PROXY_WIDTH, UserModel
-
-if TYPE_CHECKING:  # the plan and a stage's record, read by attribute (both import this module)
-    from normlab.recommend.planning.plan import Plan
-    from normlab.recommend.stages.records import StageRecord
+from normlab.recommend.stages.records import Confidence, StageRecord
 
 LEVELS = ("provisional", "supported")
 
@@ -127,35 +123,6 @@ def effect(runs: pd.DataFrame, ranked: list[Evidence], current: str | None, n_lr
             f"is not counted); the difference with that taken off: {d + bias:+.3f}",
         }
     return out
-
-
-@dataclass(frozen=True)
-class Confidence:
-    """recommendation.json's `confidence`: its `level` (`LEVELS`) and `why` it is provisional, the finished
-    `runs` behind each ranked candidate, the `seeds` of the plan (or that the winner ran: `rows.seeds_that_ran`),
-    the candidates `not_tried`, and whether the effect's interval excludes zero (`separable`; None: no
-    interval)."""
-
-    level: str
-    why: list[str]
-    runs: dict[str, int]
-    seeds: int
-    not_tried: int
-    separable: bool | None
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, saved: Mapping[str, Any]) -> Confidence:
-        return cls(
-            saved["level"],
-            list(saved["why"]),
-            dict(saved["runs"]),
-            saved["seeds"],
-            saved["not_tried"],
-            saved["separable"],
-        )
 
 
 def confidence(ranked: list[Evidence], rounds: list[StageRecord], plan: Plan, eff: dict[str, Any]) -> Confidence:
@@ -442,7 +409,6 @@ def changed_from(answers: list[dict[str, Any]], winner: str | None) -> dict[str,
 
 __all__ = [
     "LEVELS",
-    "Confidence",
     "changed_from",
     "confidence",
     "domain",

@@ -20,7 +20,7 @@ from normlab.model.config import ModelConfig
 from normlab.recommend.evidence import ladder, speedup
 from normlab.recommend.evidence.rank import Evidence
 from normlab.recommend.planning.inputs import proxy_settings, proxy_sweep
-from normlab.recommend.planning.plan import Plan
+from normlab.recommend.planning.plan_record import Plan
 from normlab.recommend.planning.shape import UserModel
 from normlab.recommend.stages.records import Recommendation
 from normlab.runs.files import RecommendDir

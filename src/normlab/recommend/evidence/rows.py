@@ -7,7 +7,6 @@ from dataclasses import replace
 
 import pandas as pd
 
-from normlab.recommend.evidence.answer import Confidence
 from normlab.recommend.evidence.rank import (
     Evidence,
     baseline_of,
@@ -18,6 +17,7 @@ from normlab.recommend.evidence.rank import (
 )
 from normlab.recommend.evidence.signals import with_signals
 from normlab.recommend.stages.context import Context
+from normlab.recommend.stages.records import Confidence
 from normlab.runs.outcome import FINISHED
 
 

@@ -18,7 +18,7 @@ from normlab.recommend.evidence.signals import precision_words
 from normlab.recommend.planning.shape import PROXY_WIDTH, UserModel
 
 if TYPE_CHECKING:  # the records the words are read from (`normlab.recommend.stages.records`), by attribute
-    from normlab.recommend.planning.plan import Plan
+    from normlab.recommend.planning.plan_record import Plan
     from normlab.recommend.stages.records import FinalRecord, Recommendation, ScreenRecord, StageRecord, StressRecord
 
 

@@ -17,15 +17,21 @@ from typing import Any, NamedTuple
 
 from normlab.io import atomic_write_bytes, atomic_write_json
 from normlab.recommend.evidence import agreement, answer
-from normlab.recommend.evidence.answer import Confidence
 from normlab.recommend.evidence.rank import Evidence
 from normlab.recommend.evidence.rows import ranking, seeds_that_ran
 from normlab.recommend.frameworks.snippets import settings_for
 from normlab.recommend.planning import derived
-from normlab.recommend.planning.plan import Plan
+from normlab.recommend.planning.plan_record import Plan
 from normlab.recommend.report import explain, page
 from normlab.recommend.stages.context import Context
-from normlab.recommend.stages.records import FinalRecord, PlanRecord, Recommendation, StageRecord, StressRecord
+from normlab.recommend.stages.records import (
+    Confidence,
+    FinalRecord,
+    PlanRecord,
+    Recommendation,
+    StageRecord,
+    StressRecord,
+)
 from normlab.recommend.stages.speedup_gate import gated_speedup
 
 

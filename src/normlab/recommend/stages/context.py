@@ -23,7 +23,8 @@ from normlab.experiments import runner
 from normlab.experiments.summary import load_sweep
 from normlab.experiments.sweep import SweepConfig, _slug
 from normlab.io import atomic_write_json
-from normlab.recommend.planning.plan import REPORT_RESERVE_S, Plan
+from normlab.recommend.planning.plan import REPORT_RESERVE_S
+from normlab.recommend.planning.plan_record import Plan
 from normlab.recommend.planning.shape import UserModel
 from normlab.recommend.stages.records import FinalRecord, Recommendation, ScreenRecord, StageRecord
 from normlab.runs.files import RecommendDir

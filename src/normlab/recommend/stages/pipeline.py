@@ -29,7 +29,7 @@ signature for all) and share one `Context` (the folder, the budget's clock, the 
 executor for the sweeps, the plan, what the stages found): `stage_screen.ScreenStage`,
 `stage_rounds.StressRound` and `FinalRound`, `GridReport`, `stage_ladder.LadderStage`, `stage_conclude.Conclude`,
 `stage_verify.VerifyStage`; `run_stages` runs each that is not done, in order (`STAGES`). The
-records they keep are typed (`plan.Plan`, `records.StageRecord`, `records.FinalRecord`,
+records they keep are typed (`plan_record.Plan`, `records.ScreenRecord`, `records.StageRecord`, `records.FinalRecord`,
 `records.Recommendation`) and become JSON only where the folder is written.
 """
 
@@ -57,6 +57,7 @@ from normlab.recommend.planning.inputs import (
     proxy_settings,
     recorded_inputs,
 )
+from normlab.recommend.planning.plan_record import Plan, VerifyStagePlan
 from normlab.recommend.planning.shape import UserModel
 from normlab.recommend.stages.conclude import Conclude
 from normlab.recommend.stages.context import BudgetClock, Context, SweepExecutor, minutes
@@ -167,7 +168,7 @@ def recommend(
     )
     try:
         saved = folder.read(folder.plan_file) or {"inputs": inputs}  # read again under the lock
-        the_plan = plan.Plan.from_json(saved["plan"]) if saved.get("plan") else the_plan
+        the_plan = Plan.from_json(saved["plan"]) if saved.get("plan") else the_plan
         assert the_plan is not None
         if added and not the_plan.verify:
             was = the_plan.predicted
@@ -204,12 +205,12 @@ def _verify_asked(
     clock: BudgetClock,
     workers: int,
     log: Callable[[str], Any],
-) -> plan.VerifyStagePlan | None:
+) -> VerifyStagePlan | None:
     """--verify on a folder whose plan has no verify stage: the stage added within this call's budget
     (`stage_verify.verify_added`); None where it is not asked or the plan has it already."""
     p = saved.get("plan")
     if cfg.verify and p and not p.get("verify") and (not p.get("verify_note") or p["budget_s"] != clock.budget_s):
-        return verify_added(folder, plan.Plan.from_json(p), user, cfg, clock.budget_s, workers, log)
+        return verify_added(folder, Plan.from_json(p), user, cfg, clock.budget_s, workers, log)
     return None
 
 
@@ -297,7 +298,7 @@ def _new_plan(
     workers: int,
     log: Callable[[str], Any],
     started: float | None = None,
-) -> plan.Plan:
+) -> Plan:
     """A new folder's plan, priced with this machine's calibration (measured where none is cached), for the
     budget left at `started` (time.time() of the command's start: what the call used before the plan, the
     calibration's measuring among it, is counted in the plan; none: nothing used)."""

@@ -1,10 +1,11 @@
 """The records a recommendation keeps, typed: the screen's (`ScreenRecord`: screen.json), what a stage
 predicted and did (`StageRecord`), what the final round ran (`FinalRecord`), what the plan was and what its
-rounds ran (`PlanRecord`, with the stress round's `StressRecord`) and the recommendation itself
-(`Recommendation`). The plan is `normlab.recommend.planning.plan.Plan`. Each is a frozen dataclass that turns
-into JSON only where it is written to the folder (`to_json`: plan.json's "rounds", screen.json,
-recommendation.json) and back where a folder is read (`from_json`), with the keys and values the folder has
-always held: `from_json(d).to_json() == d` for a record as written.
+rounds ran (`PlanRecord`, with the stress round's `StressRecord`), how sure the answer is (`Confidence`:
+`normlab.recommend.evidence.answer.confidence`) and the recommendation itself (`Recommendation`). The plan is
+`normlab.recommend.planning.plan_record.Plan`. Each is a frozen dataclass that turns into JSON only where it is
+written to the folder (`to_json`: plan.json's "rounds", screen.json, recommendation.json) and back where a folder
+is read (`from_json`), with the keys and values the folder has always held: `from_json(d).to_json() == d` for a
+record as written.
 
 What stays a JSON mapping inside them, and why: each candidate's screen (`rank.ScreenSummary`, a TypedDict:
 the entry screen.json holds, built and read as one), the ranking's rows (`rank.Evidence.to_dict`: its
@@ -19,9 +20,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from normlab.recommend.evidence.answer import Confidence
 from normlab.recommend.evidence.rank import ScreenSummary
-from normlab.recommend.planning.plan import LadderPlan
+from normlab.recommend.planning.plan_record import LadderPlan
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,7 @@ class StressRecord:
 class PlanRecord:
     """recommendation.json's "plan": what the plan was and what the rounds ran. `screen_width` is the screen's
     (0: none ran); `depth`, `cut`, `predicted`, `screened`, `order` and `ladder` the plan's
-    (`normlab.recommend.planning.plan.Plan`); `stress` and `final` the rounds'."""
+    (`normlab.recommend.planning.plan_record.Plan`); `stress` and `final` the rounds'."""
 
     screen_width: int
     depth: int
@@ -166,6 +166,35 @@ class PlanRecord:
             screened=list(saved["screened"]),
             order=list(saved["order"]),
             ladder=LadderPlan.from_json(saved["ladder"]) if saved.get("ladder") else None,
+        )
+
+
+@dataclass(frozen=True)
+class Confidence:
+    """recommendation.json's `confidence`: its `level` (`answer.LEVELS`) and `why` it is provisional, the
+    finished `runs` behind each ranked candidate, the `seeds` of the plan (or that the winner ran:
+    `normlab.recommend.evidence.rows.seeds_that_ran`), the candidates `not_tried`, and whether the effect's
+    interval excludes zero (`separable`; None: no interval)."""
+
+    level: str
+    why: list[str]
+    runs: dict[str, int]
+    seeds: int
+    not_tried: int
+    separable: bool | None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, saved: Mapping[str, Any]) -> Confidence:
+        return cls(
+            saved["level"],
+            list(saved["why"]),
+            dict(saved["runs"]),
+            saved["seeds"],
+            saved["not_tried"],
+            saved["separable"],
         )
 
 

@@ -20,6 +20,7 @@ from normlab.experiments.cpus import threads_per_worker
 from normlab.layout import as_layout
 from normlab.recommend.planning import cost, plan
 from normlab.recommend.planning.inputs import has_streams, proxy_settings, proxy_sweep
+from normlab.recommend.planning.plan_record import Plan, VerifyStagePlan
 from normlab.recommend.planning.shape import PROXY_WIDTH, UserModel
 from normlab.recommend.stages.context import Context, minutes, stage_record
 from normlab.recommend.stages.records import Recommendation, StageRecord
@@ -28,13 +29,13 @@ from normlab.runs.files import RecommendDir
 
 def verify_added(
     folder: RecommendDir,
-    p: plan.Plan,
+    p: Plan,
     user: UserModel,
     cfg: RecommendConfig,
     budget_s: float,
     workers: int,
     log: Callable[[str], Any],
-) -> plan.VerifyStagePlan | None:
+) -> VerifyStagePlan | None:
     """--verify on a folder planned without it: the verify stage within this call's budget. Where the
     recommendation is done, verifying is all this call asks: refused (exit 2) if the budget cannot buy it;
     else (rounds still to run) said in one line and the recommendation goes on without it."""
