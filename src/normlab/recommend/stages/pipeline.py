@@ -143,21 +143,22 @@ def recommend(
     log(f"\n0/3 plan {clock.stamp()}")
     folder = RecommendDir(Path(cfg.out))
     saved = folder.read(folder.plan_file) if folder.plan_file.is_file() else {}
+    kept = Plan.from_json(saved["plan"]) if saved.get("plan") else None  # the plan a resumed folder holds
     the_plan = None
-    if not saved.get("plan"):
+    if kept is None:
         the_plan = _new_plan(user, cfg, extra, choice, clock.budget_s, workers, log, started=clock.t0)
         depth = the_plan.depth
     else:
-        depth = saved["plan"]["depth"]
+        depth = kept.depth
         if cfg.recalibrate:  # measured as asked; the plan this folder holds stays (the same command resumes it)
             cal, _ = cost.calibration(_threads(workers), log=log, streams=False, remeasure=True)
             log(f"  this machine: {cal.describe()}; {folder.plan_file.name}'s plan is kept, the next plans use it")
     base = proxy_settings(user, depth, precision, extra, cfg.optimizer)
     inputs = recorded_inputs(user, cfg, precision, extra, candidates)
     _check_same_inputs(folder, saved, inputs)
-    if not saved.get("plan"):
+    if kept is None:
         check_run_settings(base, candidates[0], _stress_lr(cfg), _seed0(cfg), log)
-    added = _verify_asked(folder, saved, user, cfg, clock, workers, log)
+    added = _verify_asked(folder, kept, user, cfg, clock, workers, log)
     root = own_folder(cfg.out, "recommend")  # nothing written before this line: a refusal leaves no trace
     lock = FolderLock(
         folder.lock_file,
@@ -199,7 +200,7 @@ def recommend(
 
 def _verify_asked(
     folder: RecommendDir,
-    saved: dict[str, Any],
+    p: Plan | None,
     user: UserModel,
     cfg: RecommendConfig,
     clock: BudgetClock,
@@ -207,10 +208,10 @@ def _verify_asked(
     log: Callable[[str], Any],
 ) -> VerifyStagePlan | None:
     """--verify on a folder whose plan has no verify stage: the stage added within this call's budget
-    (`stage_verify.verify_added`); None where it is not asked or the plan has it already."""
-    p = saved.get("plan")
-    if cfg.verify and p and not p.get("verify") and (not p.get("verify_note") or p["budget_s"] != clock.budget_s):
-        return verify_added(folder, Plan.from_json(p), user, cfg, clock.budget_s, workers, log)
+    (`stage_verify.verify_added`); None where it is not asked, the folder holds no plan yet (`p`), or its plan has
+    the stage already."""
+    if cfg.verify and p and not p.verify and (not p.verify_note or p.budget_s != clock.budget_s):
+        return verify_added(folder, p, user, cfg, clock.budget_s, workers, log)
     return None
 
 

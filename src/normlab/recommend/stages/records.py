@@ -16,6 +16,7 @@ the sub-records other modules own and word (`effect`, `recipe`, `domain`: `evide
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -255,7 +256,7 @@ class Recommendation:
 
     def to_json(self) -> dict[str, Any]:
         """recommendation.json's contents (the text is recommendation.md)."""
-        out = {k: getattr(self, k) for k in _AS_JSON}
+        out = copy.deepcopy({k: getattr(self, k) for k in _AS_JSON})  # the caller's to change, not the record's
         return {
             **out,
             "plan": self.plan.to_json(),
