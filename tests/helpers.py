@@ -167,3 +167,28 @@ def built_once(tmp_path_factory, name: str, build: Callable[[Path], object]):
             folder.mkdir()
             value.write_text(json.dumps(build(folder)))
     return json.loads(value.read_text())
+
+
+def a_plan(**fields):
+    """A recommend plan (`Plan`) of two candidates at the stress learning rate, `fields` set over it."""
+    from normlab.recommend.planning.plan_record import Plan
+
+    base = dict(
+        order=["pre", "peri"], screened=["pre", "peri"], screen_width=64, depth=12, steps=150, stress_lr=0.1,
+        seed0=0, finalists=0, lrs=[0.1], seeds=[0], extend=False, predicted={"total": 60.0}, budget_s=600.0,
+        workers=1,
+    )  # fmt: skip
+    return Plan(**{**base, **fields})
+
+
+def a_recommendation(**fields):
+    """A recommend `Recommendation` with nothing ranked, checked or sized, `fields` set over it."""
+    from normlab.recommend.stages.records import FinalRecord, PlanRecord, Recommendation, StressRecord
+
+    plan = PlanRecord(64, 12, StressRecord(12, False, [], 0.1), FinalRecord([], [0.1], [0]), [], {}, [], [])
+    base = dict(
+        model="a model", notes=[], precision="bf16", current=None, winner=None, ranking=[], recipe_checks=[],
+        settings={}, limits=[], optimizer="adamw", verify={"status": "not asked"}, transfer_record={}, plan=plan,
+        rounds=[], movement=[], minutes=1.0, budget_minutes=3.0, call_minutes=[1.0], files={},
+    )  # fmt: skip
+    return Recommendation(**{**base, **fields})

@@ -229,8 +229,9 @@ def test_a_screen_the_budget_never_started_is_said_as_such(corpus, tmp_path, cap
     """Issue 63 item 7: no screen started (the budget's time for it was spent before): the refusal says so with
     the minutes used, never "this machine ran 0x slower than its calibration"."""
     from normlab.recommend.stages import screen as stage_screen
+    from normlab.recommend.stages.records import ScreenRecord
 
-    monkeypatch.setattr(stage_screen, "screen_candidates", lambda *a, **k: {"width": 64, "results": {}})
+    monkeypatch.setattr(stage_screen, "screen_candidates", lambda *a, **k: ScreenRecord(width=64, n_layers=2))
     assert main(_args(corpus, tmp_path / "rec")) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "the budget ran out before the screen started: " in err

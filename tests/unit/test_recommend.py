@@ -16,6 +16,7 @@ from normlab.recommend.evidence.rank import Evidence, evidence_from_grid, rank, 
 from normlab.recommend.frameworks.snippets import settings_for
 from normlab.recommend.planning import plan, work
 from normlab.recommend.planning.shape import proxy_shape, read_user_model, screen_shape
+from tests.helpers import a_plan, a_recommendation
 
 LLAMA = {
     "model_type": "llama",
@@ -867,7 +868,7 @@ def test_the_reason_names_what_put_the_winner_first_and_where_the_current_placem
     for i, r in enumerate([tail, pre], 3):
         r.rank = i
     ranked = [r for r in ranked if r.status == "ranked"] + [tail, pre]
-    text = reason({"current": "pre"}, ranked)
+    text = reason(a_recommendation(current="pre"), ranked)
     assert text.startswith("Ranked first: **peri**; screen: stable.")
     assert (
         "Next: pre-gate (0/4 failed, best loss 2.4100 ± 0.0140); peri ranks above it in a tie on loss within seed "
@@ -894,7 +895,7 @@ def test_a_verdict_short_of_stable_gives_its_reason():
 
     w = _row("peri", "caution", loss=2.4)
     w.screen_why = screen_reason(row)
-    assert "screen: caution (well-posed, but its block Jacobians" in reason({"current": None}, rank([w]))
+    assert "screen: caution (well-posed, but its block Jacobians" in reason(a_recommendation(current=None), rank([w]))
 
 
 def test_the_small_sample_caveat_quotes_the_runs_at_hand():
@@ -917,20 +918,14 @@ def test_the_small_sample_caveat_quotes_the_runs_at_hand():
 
 def test_what_ran_and_how_far_the_answer_could_move():
     from normlab.recommend.report.explain import movement
+    from normlab.recommend.stages.records import FinalRecord, StageRecord
 
     peri, gate = _row("peri", "stable", loss=2.400, std=0.03), _row("pre-gate", "unstable", loss=2.410, std=0.014)
     ranked = rank([peri, gate, _row("pre", diverged=2, loss=2.7)])
-    p = {
-        "finalists": 3,
-        "seeds": [0],
-        "order": ["pre", "peri", "pre-gate", "post"],
-        "screened": ["pre", "peri", "pre-gate"],
-    }
-    rounds = [
-        {"stage": "stress", "predicted_s": 120, "actual_s": 150, "planned": 3, "finished": 3},
-        {"stage": "final", "predicted_s": 60, "actual_s": 240, "planned": 6, "finished": 4},
-    ]
-    text = movement(ranked, p, {"lrs": [0.01, 0.1], "edges": {"peri": 3e-3}, "extended": {}}, rounds)
+    p = a_plan(finalists=3, seeds=[0], order=["pre", "peri", "pre-gate", "post"], screened=["pre", "peri", "pre-gate"])
+    rounds = [StageRecord("stress", 120, 150, 3, 3), StageRecord("final", 60, 240, 6, 4)]
+    final = FinalRecord(["pre", "peri", "pre-gate"], [0.01, 0.1], [0], edges={"peri": 3e-3})
+    text = movement(ranked, p, final, rounds)
     assert text[0] == "The stress round ran in full: 3 of 3 runs (predicted 2.0 min, took 2.5)."
     assert text[1].startswith("The final round was cut by the budget: 4 of 6 runs finished")
     assert "peri is tied on loss within seed noise with pre-gate" in text[2]
@@ -1002,14 +997,15 @@ def test_a_verify_stage_is_counted_before_anything_runs_at_the_widest_width_that
     user = read_user_model("kim-400m").config  # d 1024: widths 128 ... 1024
     big = plan.make_plan(["pre", "peri", "post", "olmo2"], None, user, cal, 1800, 2, 150, verify=True)
     v = big.verify
-    assert v["k"] >= 2 and v["width"] in (128, 256, 512, 1024) and big.predicted["verify"] == v["predicted_s"]
-    assert v["predicted_s"] == pytest.approx(
-        plan.verify_seconds(big.screened, user, cal, 2, big.depth, big.steps, v["k"], v["width"])
+    assert v is not None and v.seed == big.seed0 and v.depth == big.depth and v.steps == big.steps
+    assert v.k >= 2 and v.width in (128, 256, 512, 1024) and big.predicted["verify"] == v.predicted_s
+    assert v.predicted_s == pytest.approx(
+        plan.verify_seconds(big.screened, user, cal, 2, big.depth, big.steps, v.k, v.width)
     )
     assert big.predicted["total"] <= (1800 - big.predicted["reserves"]) * plan.FILL + big.predicted["reserves"]
-    wider = [w for w in plan.verify_widths(user) if w > v["width"]]  # the next width would not have fit its share
+    wider = [w for w in plan.verify_widths(user) if w > v.width]  # the next width would not have fit its share
     if wider:
-        assert plan.verify_seconds(big.screened, user, cal, 2, big.depth, big.steps, 2, wider[0]) > v["predicted_s"]
+        assert plan.verify_seconds(big.screened, user, cal, 2, big.depth, big.steps, 2, wider[0]) > v.predicted_s
     small = plan.make_plan(["pre", "peri", "post", "olmo2"], None, user, cal, 150, 2, 150, verify=True)
     assert small.verify is None and small.verify_note.startswith("--verify: this budget buys no verify stage")
     assert "recommending without it; --budget" in small.verify_note and "\n" not in small.verify_note
@@ -1070,7 +1066,7 @@ def test_what_a_refusal_says_is_what_happened():
     import pandas as pd
 
     from normlab.recommend.evidence.rows import seeds_that_ran
-    from normlab.recommend.stages.records import StageRecord
+    from normlab.recommend.stages.records import Confidence, StageRecord
     from normlab.recommend.stages.rounds import _why_none
 
     with pytest.raises(plan.BudgetTooSmall) as err:
@@ -1095,7 +1091,7 @@ def test_what_a_refusal_says_is_what_happened():
     )
     assert "screen took 0.5 min" in _why_none(fast, runs) and "slower" not in _why_none(fast, runs)
 
-    conf = {"level": "supported", "why": [], "seeds": 2}
+    conf = Confidence("supported", [], {"pre": 1}, seeds=2, not_tried=0, separable=None)
     winner = Evidence(layout="pre", screen="", screen_detail="")
     grid = pd.DataFrame(
         [
@@ -1105,7 +1101,7 @@ def test_what_a_refusal_says_is_what_happened():
         ]
     )
     got = seeds_that_ran(conf, grid, winner)
-    assert got["seeds"] == 1 and got["level"] == "provisional" and got["why"][0].startswith("one seed")
+    assert got.seeds == 1 and got.level == "provisional" and got.why[0].startswith("one seed")
     both = pd.concat([grid, pd.DataFrame([{"layout": "pre", "seed": 1, "status": "diverged"}])])
     assert seeds_that_ran(conf, both, winner) == conf  # a diverged run ran its seed
 

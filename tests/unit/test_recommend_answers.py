@@ -23,7 +23,9 @@ from normlab.recommend.planning import derived
 from normlab.recommend.planning.inputs import choose
 from normlab.recommend.planning.plan import cheap_order
 from normlab.recommend.planning.shape import UserModel
+from normlab.recommend.stages.records import StageRecord
 from normlab.runs.files import RunDir
+from tests.helpers import a_plan
 
 TINY = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=2, d_ff=64, max_seq_len=16)
 
@@ -199,14 +201,11 @@ def test_effect_against_the_users_placement_with_interval_and_selection():
     assert sel["picked_from"] == 2 and sel["optimism"] == pytest.approx(
         0.02 / math.sqrt(3) * answer.expected_best_of(2)
     )
-    conf = answer.confidence(
-        ranked, [{"stage": "final", "finished": 6, "planned": 6}], {"finalists": 2, "seeds": [0, 1, 2]}, eff
-    )
-    assert conf["level"] == "supported" and conf["separable"] is True
-    cut = answer.confidence(
-        ranked, [{"stage": "final", "finished": 4, "planned": 6}], {"finalists": 2, "seeds": [0, 1, 2]}, eff
-    )
-    assert cut["level"] == "provisional" and "the budget cut the final round: 4 of 6" in cut["why"][0]
+    p = a_plan(finalists=2, seeds=[0, 1, 2], order=["new", "mine"], screened=["new", "mine"])
+    conf = answer.confidence(ranked, [StageRecord("final", 60, 60, 6, 6)], p, eff)
+    assert conf.level == "supported" and conf.separable is True and conf.seeds == 3 and conf.not_tried == 0
+    cut = answer.confidence(ranked, [StageRecord("final", 60, 60, 6, 4)], p, eff)
+    assert cut.level == "provisional" and "the budget cut the final round: 4 of 6" in cut.why[0]
     assert answer.effect(runs, ranked, None, 2)["status"] == "no baseline"
 
 

@@ -251,6 +251,7 @@ def test_the_plan_buys_two_seeds_then_the_widest_ladder_that_fits_and_names_the_
     from normlab.model.config import ModelConfig
     from normlab.recommend.planning import plan
     from normlab.recommend.planning.cost import Calibration
+    from normlab.recommend.planning.plan_record import Plan
 
     cal = Calibration(c0=0.275, c_flop=0.0, c_norm=0.0, s0=5.0, s_layer=0.0, s_flop=0.0, seconds=1.0)
     user = ModelConfig(d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8, d_ff=8192, vocab_size=128256)
@@ -263,18 +264,18 @@ def test_the_plan_buys_two_seeds_then_the_widest_ladder_that_fits_and_names_the_
     narrow, wide = (int(x.split()[0]) for x in said.split("--budget ")[1:])
     assert "ladder at widths 16, 32, 64" in said and "ladder at widths 32, 64, 128" in said and narrow <= wide
     bought = plan.make_plan(names, "pre", user, cal, wide * 60, 2, 150)
-    assert bought.ladder is not None and bought.ladder["steps"] == {"32": 75, "128": 300}
-    assert bought.ladder["widths"] == [32, 64, 128]
-    assert bought.predicted["ladder"] == pytest.approx(bought.ladder["predicted_s"])
+    assert bought.ladder is not None and bought.ladder.steps == {"32": 75, "128": 300}
+    assert bought.ladder.widths == [32, 64, 128]
+    assert bought.predicted["ladder"] == pytest.approx(bought.ladder.predicted_s)
     assert not any(c.startswith("one rung") for c in bought.cut)
     cheap = plan.make_plan(names, "pre", user, cal, narrow * 60, 2, 150)
-    assert cheap.ladder is not None and cheap.ladder["widths"] in ([16, 32, 64], [32, 64, 128])
+    assert cheap.ladder is not None and cheap.ladder.widths in ([16, 32, 64], [32, 64, 128])
     only = plan.make_plan(names, "pre", user, cal, wide * 60, 2, 150, ladders=(2,))  # --ladder narrow
-    assert only.ladder["widths"] == [16, 32, 64]
+    assert only.ladder is not None and only.ladder.widths == [16, 32, 64]
     assert plan.make_plan(names, "pre", user, cal, 600 * 60, 2, 150, ladders=()).ladder is None  # --ladder none
     quick = plan.make_plan(names, "pre", user, cal, 600 * 60, 2, 150, screen=False)
     assert quick.ladder is None  # the quick question is one rung
-    assert plan.Plan.from_dict(bought.to_dict()) == bought
+    assert Plan.from_json(bought.to_json()) == bought
 
 
 def test_the_seed_noise_is_pooled_over_the_grids_finished_cells_when_that_has_more_degrees_of_freedom():

@@ -1,7 +1,8 @@
 """`normlab recommend`: a placement for the user's own model, with the evidence behind it, in five rooms.
 
 - `planning`: the user's model (`shape`), what is asked (`inputs`), candidates as changes to the user's placement
-  (`derived`), how the time budget is spent (`plan`) and what each stage costs on this machine (`cost`);
+  (`derived`), how the time budget is spent (`plan`, its record `plan_record`) and what each stage costs on this
+  machine (`cost`);
 - `stages`: what the stages share (`context`), the typed records (`records`), the named stages (`screen`, `rounds`,
   `ladder`, `verify`, `conclude` with its `speedup_gate`) and the command itself, resumable (`pipeline`);
 - `evidence`: each candidate's row and the ranking rule (`rows`, `rank`, `signals`), the recipes' verdicts

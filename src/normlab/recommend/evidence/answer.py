@@ -34,7 +34,9 @@ from scipy import stats
 
 from normlab.errors import ConfigError
 from normlab.recommend.evidence.rank import Evidence
+from normlab.recommend.planning.plan_record import Plan
 from normlab.recommend.planning.shape import PROXY_WIDTH, UserModel
+from normlab.recommend.stages.records import Confidence, StageRecord
 
 LEVELS = ("provisional", "supported")
 
@@ -123,40 +125,38 @@ def effect(runs: pd.DataFrame, ranked: list[Evidence], current: str | None, n_lr
     return out
 
 
-def confidence(
-    ranked: list[Evidence], rounds: list[dict[str, Any]], plan: dict[str, Any], eff: dict[str, Any]
-) -> dict[str, Any]:
+def confidence(ranked: list[Evidence], rounds: list[StageRecord], plan: Plan, eff: dict[str, Any]) -> Confidence:
     """recommendation.json's `confidence` (module doc)."""
     live = [r for r in ranked if r.rank is not None]
     thin: list[str] = []
-    cut_rounds = [r for r in rounds if r["stage"] != "screen" and r["finished"] < r["planned"]]
+    cut_rounds = [r for r in rounds if r.stage != "screen" and r.finished < r.planned]
     for r in cut_rounds:
-        thin.append(f"the budget cut the {r['stage']} round: {r['finished']} of {r['planned']} runs finished")
-    if not plan.get("finalists"):
+        thin.append(f"the budget cut the {r.stage} round: {r.finished} of {r.planned} runs finished")
+    if not plan.finalists:
         thin.append("no final round: one run per candidate")
-    if len(plan.get("seeds") or []) < 2:
+    if len(plan.seeds) < 2:
         thin.append("one seed: no seed noise measured")
     if live and live[0].finished < 2:
         thin.append(f"{live[0].shown} has {live[0].finished} finished run")
     if len(live) > 1 and live[1].tie:
         thin.append(f"tied within noise with {live[1].shown}")
-    not_tried = len(plan.get("order", [])) - len(plan.get("screened", []))
+    not_tried = len(plan.order) - len(plan.screened)
     if not_tried:
         thin.append(f"{not_tried} candidate(s) not tried")
-    cuts = " ".join(plan.get("cut") or [])
+    cuts = " ".join(plan.cut)
     if "proxies of" in cuts and "steps (asked" in cuts:
         thin.append("proxies shortened")
-    if plan.get("finalists") and plan["finalists"] < len(plan.get("screened") or []):
-        thin.append(f"a final round for {plan['finalists']} of {len(plan['screened'])}")
+    if plan.finalists and plan.finalists < len(plan.screened):
+        thin.append(f"a final round for {plan.finalists} of {len(plan.screened)}")
     interval = eff.get("interval")
-    return {
-        "level": "provisional" if thin else "supported",
-        "why": thin,
-        "runs": {r.layout: r.finished for r in live},
-        "seeds": len(plan.get("seeds") or []),
-        "not_tried": not_tried,
-        "separable": None if interval is None else (interval[1] < 0 or interval[0] > 0),
-    }
+    return Confidence(
+        level="provisional" if thin else "supported",
+        why=thin,
+        runs={r.layout: r.finished for r in live},
+        seeds=len(plan.seeds),
+        not_tried=not_tried,
+        separable=None if interval is None else (interval[1] < 0 or interval[0] > 0),
+    )
 
 
 def lr_transfer(record: dict[str, Any], parametrization: str, optimizer: str | None = None) -> dict[str, Any] | None:

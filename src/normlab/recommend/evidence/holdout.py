@@ -20,44 +20,46 @@ from normlab.model.config import ModelConfig
 from normlab.recommend.evidence import ladder, speedup
 from normlab.recommend.evidence.rank import Evidence
 from normlab.recommend.planning.inputs import proxy_settings, proxy_sweep
+from normlab.recommend.planning.plan_record import Plan
 from normlab.recommend.planning.shape import UserModel
+from normlab.recommend.stages.records import Recommendation
 from normlab.runs.files import RecommendDir
 
 WIDTH_MULT = 2
 TOKEN_MULT = 4
 
 
-def _read(rec: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+def _read(rec: Path) -> tuple[Recommendation, Plan, dict[str, Any]]:
+    """The recommendation in `rec`, its plan and plan.json's inputs."""
     folder = RecommendDir(rec)
     if not folder.json_file.is_file() or not folder.plan_file.is_file():
         raise ConfigError(f"{rec} holds no finished recommendation (recommendation.json and plan.json)")
-    return read_json(folder.json_file), read_json(folder.plan_file)
+    saved = read_json(folder.plan_file)
+    return Recommendation.from_json(read_json(folder.json_file)), Plan.from_json(saved["plan"]), saved["inputs"]
 
 
 def holdout(rec: Path, out: Path, workers: int = 2, log: Callable[[str], Any] = print) -> dict[str, Any]:
     """Train the held-out rung of the recommendation in `rec` into `out` (a new folder; resumed when run again)
     and compare the measured speedup there with the ladder's projection (module doc)."""
-    result, saved = _read(rec)
-    sp = (result.get("effect") or {}).get("speedup") or {}
+    result, plan, inputs = _read(rec)
+    sp = result.effect.get("speedup") or {}
     rungs = [r for r in sp.get("by_scale") or [] if r.get("compute")]
-    plan = saved["plan"]
-    if not plan.get("ladder") or len(rungs) < 3:
+    if not plan.ladder or len(rungs) < 3:
         raise ConfigError(f"{rec}'s recommendation has no ladder of three rungs to project from")
-    ranking = {r["layout"]: r for r in result["ranking"]}
+    ranking = {r["layout"]: r for r in result.ranking}
     base, cand = ranking[sp["baseline"]], ranking[sp["candidate"]]
     widest = max(rungs, key=lambda r: r["width"])
     width = WIDTH_MULT * widest["width"]
-    steps = TOKEN_MULT * (int(plan["ladder"]["steps"].get(str(widest["width"]), plan["steps"])))
-    inputs = saved["inputs"]
+    steps = TOKEN_MULT * (int(plan.ladder.steps.get(str(widest["width"]), plan.steps)))
     user = UserModel(ModelConfig(**inputs["model"]), source=str(rec))
-    at_proxy = proxy_settings(user, plan["depth"], result["precision"], {}, plan["optimizer"])
+    at_proxy = proxy_settings(user, plan.depth, result.precision, {}, plan.optimizer)
     extra = {k: v for k, v in inputs["base"].items() if at_proxy.get(k) != v}  # the user's own --set
-    settings = proxy_settings(user, plan["depth"], result["precision"], extra, plan["optimizer"], width=width)
+    settings = proxy_settings(user, plan.depth, result.precision, extra, plan.optimizer, width=width)
     settings["steps"] = steps
     root = own_folder(out, "sweep")
     log(
         f"held-out rung: {base['layout']} and {cand['layout']} at width {width} ({WIDTH_MULT}x the ladder's widest), "
-        f"{steps} steps ({TOKEN_MULT}x its tokens), seeds {plan['seeds']}"
+        f"{steps} steps ({TOKEN_MULT}x its tokens), seeds {plan.seeds}"
     )
     groups: dict[float, list[str]] = {}
     for r in (base, cand):
@@ -65,7 +67,7 @@ def holdout(rec: Path, out: Path, workers: int = 2, log: Callable[[str], Any] = 
     for lr, names in groups.items():
         path = root / f"w{width}-lr{lr:g}"
         run_sweep(
-            proxy_sweep(settings, names, [lr], list(plan["seeds"]), name=f"holdout-w{width}"), path, workers, log=log
+            proxy_sweep(settings, names, [lr], list(plan.seeds), name=f"holdout-w{width}"), path, workers, log=log
         )
     runs = speedup.gathered([root / f"w{width}-lr{lr:g}" for lr in groups])
     if runs is None:
@@ -74,7 +76,7 @@ def holdout(rec: Path, out: Path, workers: int = 2, log: Callable[[str], Any] = 
         n: Evidence(n, "", "", finished=int((runs.layout == n).sum()), best_lr=float(ranking[n]["best_lr"]))
         for n in (base["layout"], cand["layout"])
     }
-    measured = speedup.for_pair(runs, root, ev[base["layout"]], ev[cand["layout"]], sp.get("tax"), width, plan["depth"])
+    measured = speedup.for_pair(runs, root, ev[base["layout"]], ev[cand["layout"]], sp.get("tax"), width, plan.depth)
     compute = speedup.cell_compute(runs, root, base["layout"], float(base["best_lr"]))
     if compute is None:
         raise ConfigError(f"no finished run of {base['layout']} at the held-out rung: nothing to compare")
@@ -86,8 +88,8 @@ def holdout(rec: Path, out: Path, workers: int = 2, log: Callable[[str], Any] = 
         "baseline": base["layout"],
         "candidate": cand["layout"],
         "names": [base.get("short") or base["layout"], cand.get("short") or cand["layout"]],
-        "precision": result["precision"],
-        "optimizer": plan["optimizer"],
+        "precision": result.precision,
+        "optimizer": plan.optimizer,
         "ladder": [r["width"] for r in rungs],
         "heldout": {
             "width": width,

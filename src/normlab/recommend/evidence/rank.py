@@ -79,18 +79,18 @@ def screen_summary(result: dict[str, Any]) -> ScreenSummary:
     )
 
 
-def ruled_out(screen: dict[str, Any], precision: str) -> str | None:
+def ruled_out(screen: ScreenSummary, precision: str) -> str | None:
     """Why the screen alone rules a candidate out, or None."""
     if not screen["finite"]:
         return "non-finite hidden states or Jacobians at initialization"
     if precision == "fp16" and screen["final_rms"] > FP16_MAX:
         return f"its stream's RMS at initialization ({screen['final_rms']:.3g}) is already past the FP16 maximum"
-    if screen.get("shape_var") == "exponential":
+    if screen["shape_var"] == "exponential":
         return "its hidden-state variance grows exponentially with depth at initialization, before any training"
     return None
 
 
-def screen_reason(screen: dict[str, Any]) -> str:
+def screen_reason(screen: ScreenSummary) -> str:
     """Why the screen's verdict is what it is, from the two findings that decide it
     (`normlab.screen.screen`): stable needs every sublayer bounded and block Jacobians invariant to the
     weight stress s; unstable is ill-posed with Jacobians that grow with s; anything else is caution."""

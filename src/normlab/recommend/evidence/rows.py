@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import replace
 
 import pandas as pd
 
@@ -17,6 +17,7 @@ from normlab.recommend.evidence.rank import (
 )
 from normlab.recommend.evidence.signals import with_signals
 from normlab.recommend.stages.context import Context
+from normlab.recommend.stages.records import Confidence
 from normlab.runs.outcome import FINISHED
 
 
@@ -42,15 +43,16 @@ def evidence(ctx: Context) -> list[Evidence]:
     # among the best; then it is ranked as those it displaced are, by its stress run, its final runs shown
     baseline = baseline_of(ctx.current, final.finalists, order)
     rows = []
-    skipped = bool(found.screen.get("skipped"))  # --quick: no screen
+    assert found.screen is not None
+    skipped, screened = found.screen.skipped, found.screen.results  # skipped: --quick, no screen
     for n in ctx.candidates:
-        if n not in found.screen["results"] and not (skipped and n in order):
+        if n not in screened and not (skipped and n in order):
             rows.append(_unscreened(ctx, n))
             continue
         if skipped:
             row = Evidence(layout=n, screen="not screened", screen_detail="")
         else:
-            s = found.screen["results"][n]
+            s = screened[n]
             detail = f"{s['wellposedness']}; forward {s['forward']}; backward {s['backward']}"
             row = Evidence(layout=n, screen=s["verdict"], screen_detail=detail, screen_why=screen_reason(s))
         row.label, row.short = ctx.labels.get(n, ""), ctx.short.get(n, "")
@@ -84,20 +86,20 @@ def evidence(ctx: Context) -> list[Evidence]:
     return head + tail + [r for r in ranked if r.status in ("ruled out", "not trained")]
 
 
-def seeds_that_ran(conf: dict[str, Any], runs: pd.DataFrame, winner: Evidence | None) -> dict[str, Any]:
+def seeds_that_ran(conf: Confidence, runs: pd.DataFrame, winner: Evidence | None) -> Confidence:
     """`answer.confidence` with its seeds those the winner's finished runs trained with, where fewer ran than the
     plan holds (the budget stopped the rest): "2 seed(s)" is never said of one; one seed is a reason it is
     provisional."""
-    if winner is None or not len(runs) or not isinstance(conf.get("seeds"), int):
+    if winner is None or not len(runs):
         return conf
     mine = runs[(runs.layout == winner.layout) & runs.status.isin(FINISHED)]
     ran = int(mine.seed.nunique())
-    if ran >= conf["seeds"]:
+    if ran >= conf.seeds:
         return conf
-    why = list(conf.get("why") or [])
+    why = list(conf.why)
     if ran < 2 and not any(w.startswith("one seed") for w in why):
         why.append(f"one seed: no seed noise measured ({winner.layout}'s other seeds did not finish)")
-    return {**conf, "seeds": ran, "why": why, "level": "provisional"}
+    return replace(conf, seeds=ran, why=why, level="provisional")
 
 
 def ranked_now(ctx: Context) -> list[Evidence]:

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from normlab.errors import ConfigError
@@ -55,6 +55,7 @@ from normlab.model.config import ModelConfig
 from normlab.model.params import analytic_params
 from normlab.recommend.evidence import ladder
 from normlab.recommend.planning.cost import Calibration, makespan
+from normlab.recommend.planning.plan_record import LadderPlan, Plan, VerifyStagePlan
 from normlab.recommend.planning.shape import PROXY_WIDTH, proxy_shape, screen_shape
 from normlab.screen.wellposed import wellposedness
 
@@ -123,44 +124,6 @@ def next_lr(lr: float, up: bool) -> float | None:
     """The next learning rate of `LADDER` above or below `lr` (None past its end)."""
     ladder = [x for x in LADDER if (x > lr * (1 + 1e-9) if up else x < lr * (1 - 1e-9))]
     return (min(ladder) if up else max(ladder)) if ladder else None
-
-
-@dataclass
-class Plan:
-    """Every number of a recommendation's work, fixed before it starts (plan.json)."""
-
-    order: list[str]  # every candidate, in the cheap screen's order
-    screened: list[str]  # the first len(screened) of `order`: screened, then trained in the stress round
-    screen_width: int
-    depth: int
-    steps: int
-    stress_lr: float
-    seed0: int
-    finalists: int  # how many the final round takes (0: none)
-    lrs: list[float]  # the final round's learning rates (the stress lr among them)
-    seeds: list[int]
-    extend: bool  # one learning rate beyond the edge for finalists whose best is at one
-    predicted: dict[str, float]  # seconds by stage: screen, stress, final, extend, reserves, total
-    budget_s: float
-    workers: int
-    cut: list[str] = field(default_factory=list)  # what the budget left out of the fullest answer, in words
-    optimizer: str = "adamw"  # what the proxies train with
-    verify: dict[str, Any] | None = None  # the verify stage: k, width, depth, steps, predicted_s (None: none)
-    verify_note: str = ""  # why a verify stage asked for is not in the plan (one line), else ""
-    screen: bool = True  # False: the quick question, no screen (`normlab.recommend.stages.screen`)
-    # the ladder (normlab.recommend.evidence.ladder): the rungs it trains beside the proxy ({width: steps}) and their
-    # predicted seconds; None: one rung (the proxy)
-    ladder: dict[str, Any] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """plan.json's "plan"."""
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, saved: dict[str, Any]) -> Plan:
-        """The plan a folder's plan.json holds (its fields; one an older folder lacks takes its default)."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in saved.items() if k in names})
 
 
 @dataclass
@@ -241,10 +204,11 @@ def verify_seconds(
     return VerifyPricing(names, user, cal, workers, depth, steps).seconds(k, width)
 
 
-def verify_plan(pricing: VerifyPricing, room_s: float) -> tuple[dict[str, Any] | None, str, float]:
+def verify_plan(pricing: VerifyPricing, room_s: float, seed: int = 0) -> tuple[VerifyStagePlan | None, str, float]:
     """The verify stage within `room_s` seconds, for the best of `pricing.names` (priced at the dearest of
-    them): the widest width where 2 runs fit, then k grown while it fits there. (stage, "", its seconds), or
-    (None, why not, the seconds 2 runs at the first width would need: inf where none can be bought)."""
+    them), trained with `seed`: the widest width where 2 runs fit, then k grown while it fits there. (stage, "",
+    its seconds), or (None, why not, the seconds 2 runs at the first width would need: inf where none can be
+    bought)."""
     names, user, cost = pricing.names, pricing.user, pricing.seconds
     widths = verify_widths(user)
     if len(names) < 2:
@@ -265,8 +229,7 @@ def verify_plan(pricing: VerifyPricing, room_s: float) -> tuple[dict[str, Any] |
     k = 2
     while k < min(VERIFY_MAX_K, len(names)) and cost(k + 1, w) <= room_s:
         k += 1
-    stage = {"k": k, "width": w, "depth": pricing.depth, "steps": pricing.steps, "predicted_s": cost(k, w)}
-    return stage, "", cost(k, w)
+    return VerifyStagePlan(k, w, pricing.depth, pricing.steps, seed, cost(k, w)), "", cost(k, w)
 
 
 def make_plan(
@@ -305,7 +268,7 @@ class _Planner:
         self.used = r.used_s if r.used_s > 0 else 0.0
         self.reserve = (REPORT_RESERVE_S + (0.0 if self.used else STARTUP_RESERVE_S)) * r.cal.speed + self.used
         self.usable = (r.budget_s - self.reserve) * FILL
-        self.vstage: dict[str, Any] | None = None  # the verify stage's k and width, once chosen
+        self.vstage: tuple[int, int] | None = None  # the verify stage's k and width, once chosen
         self.standard = r.depth or min(user.n_layers, MIN_DEPTH)
         shallow = (d for d in SHALLOW_DEPTHS if d < self.standard)
         self.depths = [r.depth] if r.depth else sorted({*shallow, *depths_for(user.n_layers)})
@@ -362,7 +325,8 @@ class _Planner:
             pricing = VerifyPricing(
                 self.order[: s.n], r.user, r.cal, r.workers, s.depth, s.steps, r.optimizer, r.ns_steps
             )
-            out["verify"] = pricing.seconds(min(self.vstage["k"], s.n), self.vstage["width"])
+            k, width = self.vstage
+            out["verify"] = pricing.seconds(min(k, s.n), width)
         return out
 
     def fits(self, s: _State) -> bool:
@@ -453,7 +417,7 @@ class _Planner:
         elif vstage is None:
             note = why
         if vstage:  # the verify stage's k and width stay; its cost follows the proxy's depth and steps
-            self.vstage = {"k": vstage["k"], "width": vstage["width"]}
+            self.vstage = (vstage.k, vstage.width)
         return note
 
     def essential(self, s: _State) -> list[_State]:
@@ -535,16 +499,15 @@ class _Planner:
         predicted["reserves"] = self.reserve - self.used
         predicted["used"] = self.used  # before the plan (imports, reading the model, measuring this machine)
         predicted["total"] = sum(predicted.values())
-        vstage = self.vstage
-        if vstage:
-            vstage = {
-                **vstage,
-                "k": min(vstage["k"], state.n),
-                "depth": state.depth,
-                "steps": state.steps,
-                "seed": r.seed0,
-                "predicted_s": predicted["verify"],
-            }
+        vstage = None
+        if self.vstage:
+            k, width = self.vstage
+            vstage = VerifyStagePlan(min(k, state.n), width, state.depth, state.steps, r.seed0, predicted["verify"])
+        rungs = None
+        if state.ladder:
+            widths = ladder.LADDERS[state.ladder - 1]
+            steps = {str(w): ladder.rung_steps(w, state.steps) for w in ladder.off_proxy(widths)}
+            rungs = LadderPlan(list(widths), steps, predicted["ladder"])
         plan = Plan(
             order=self.order,
             screened=self.order[: state.n],
@@ -564,15 +527,15 @@ class _Planner:
             verify=vstage,
             verify_note=note,
             screen=r.screen,
+            ladder=rungs,
         )
-        if state.ladder:
-            widths = ladder.LADDERS[state.ladder - 1]
-            plan.ladder = {
-                "widths": list(widths),
-                "steps": {str(w): ladder.rung_steps(w, state.steps) for w in ladder.off_proxy(widths)},
-                "predicted_s": predicted["ladder"],
-            }
-        plan.cut = _cuts(plan, r.user, bool(r.lrs), bool(r.seeds), r.depth is not None, r.steps)
+        cut = _cuts(plan, r.user, bool(r.lrs), bool(r.seeds), r.depth is not None, r.steps)
+        return replace(plan, cut=self.priced_cuts(state, cut))
+
+    def priced_cuts(self, state: _State, cut: list[str]) -> list[str]:
+        """The plan's cuts (`_cuts`) with the budget that would buy the ladder (where it was left out) and a
+        second seed of each finalist (where one seed was bought)."""
+        r = self.req
         if r.screen and r.current is not None and r.ladders and not state.ladder:  # the budget that would buy it
             # the grow order takes the ladder before more candidates or finalists: the least state that holds it
             n = min(state.n, MIN_CANDIDATES)
@@ -582,24 +545,24 @@ class _Planner:
                 (math.ceil((sum(self.stages(replace(full, ladder=k)).values()) / FILL + self.reserve) / 60), k)
                 for k in sorted(r.ladders, reverse=True)  # the cheapest first
             ]
-            plan.cut.append(
+            cut = cut + [
                 "one rung (the proxy): no speedup over scale ("
                 + ", ".join(
                     f"--budget {m:g} buys the ladder at widths " + ", ".join(str(w) for w in ladder.LADDERS[k - 1])
                     for m, k in needs
                 )
                 + ")"
-            )
+            ]
         if state.finalists and not r.seeds and state.n_seeds < 2:  # the budget that would buy the interval
             two = replace(state, n_seeds=2)
             need = (sum(self.stages(two).values()) / FILL + self.reserve) / 60
-            plan.cut = [
+            cut = [
                 c + f" (--budget {math.ceil(need):g} buys a second seed of each finalist)"
                 if c.startswith("one seed")
                 else c
-                for c in plan.cut
+                for c in cut
             ]
-        return plan
+        return cut
 
 
 def _fitting_widths(user: ModelConfig, widths: list[int]) -> list[int]:

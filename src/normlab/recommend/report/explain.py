@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from normlab.config.commands import RECOMMEND_BASE
 from normlab.experiments.transfer import HEADROOM
@@ -17,12 +17,16 @@ from normlab.recommend.evidence.rank import Evidence
 from normlab.recommend.evidence.signals import precision_words
 from normlab.recommend.planning.shape import PROXY_WIDTH, UserModel
 
+if TYPE_CHECKING:  # the records the words are read from (`normlab.recommend.stages.records`), by attribute
+    from normlab.recommend.planning.plan_record import Plan
+    from normlab.recommend.stages.records import FinalRecord, Recommendation, ScreenRecord, StageRecord, StressRecord
+
 
 def limits(
     user: UserModel,
     precision: str,
-    stress: dict[str, Any],
-    screen: dict[str, Any],
+    stress: StressRecord,
+    screen: ScreenRecord,
     extra: dict[str, Any],
     ranked: list[Evidence] | None = None,
 ) -> list[str]:
@@ -37,20 +41,20 @@ def limits(
         f"the FFN ratio ({c.ffn_dim / c.d_model:.2f}), query-to-kv ratio, MLP kind and soft-capping are yours. "
         "Width changes the size of activations and the learning rate that is stable (muP): the proxies rank "
         "placements by how they fail, not at your learning rate; take the best lr as a relative signal only.",
-        f"Depth: {stress['depth']} layers"
+        f"Depth: {stress.depth} layers"
         + (
             " (yours)."
-            if stress["depth"] == c.n_layers
+            if stress.depth == c.n_layers
             else f" (yours: {c.n_layers}; "
-            f"{'set by --depth' if stress.get('depth_fixed') else 'cut to fit the budget'}"
+            f"{'set by --depth' if stress.depth_fixed else 'cut to fit the budget'}"
             "). Pre-LN's growth "
             "compounds with depth, so at your depth its failure comes sooner, "
             "not later."
         ),
         "Screen: none (--quick): the candidates given went straight to training."
-        if screen.get("skipped")
-        else f"Screen: at your depth and width {screen['width']}"
-        + (" (yours)." if screen["width"] >= c.d_model else f" (yours: {c.d_model}; scaled down for time)."),
+        if screen.skipped
+        else f"Screen: at your depth and width {screen.width}"
+        + (" (yours)." if screen.width >= c.d_model else f" (yours: {c.d_model}; scaled down for time)."),
         f"Training: {setting('steps')} steps of {setting('batch_size')} x {setting('seq_len')} byte tokens "
         f"(vocabulary 256; yours {c.vocab_size:,}) on {extra.get('data', 'the default corpus (Shakespeare)')}, "
         "no weight decay, learning rates far above a large model's: stress settings chosen to make the papers' "
@@ -146,13 +150,11 @@ def verify_lines(v: dict[str, Any]) -> list[str]:
     return [f"No verify: {v.get('why')}"]
 
 
-def movement(
-    ranked: list[Evidence], p: dict[str, Any], final: dict[str, Any], rounds: list[dict[str, Any]]
-) -> list[str]:
+def movement(ranked: list[Evidence], p: Plan, final: FinalRecord, rounds: list[StageRecord]) -> list[str]:
     """Which rounds ran, and how far the answer could move where the budget cut or a tie decided."""
     out = []
     for r in rounds:
-        if r["stage"] == "screen":
+        if r.stage == "screen":
             continue
         what = {
             "stress": "stress round",
@@ -160,19 +162,19 @@ def movement(
             "extend": "edge learning rates",
             "verify": "verify stage",
             "ladder": "ladder",
-        }[r["stage"]]
-        if r["finished"] < r["planned"]:
+        }[r.stage]
+        if r.finished < r.planned:
             out.append(
-                f"The {what} was cut by the budget: {r['finished']} of {r['planned']} runs finished (predicted "
-                f"{r['predicted_s'] / 60:.1f} min, took {r['actual_s'] / 60:.1f}: the machine was slower than "
+                f"The {what} was cut by the budget: {r.finished} of {r.planned} runs finished (predicted "
+                f"{r.predicted_s / 60:.1f} min, took {r.actual_s / 60:.1f}: the machine was slower than "
                 "calibrated). Run the same command again to finish it: the ranking may change."
             )
         else:
             out.append(
-                f"The {what} ran in full: {r['finished']} of {r['planned']} runs (predicted "
-                f"{r['predicted_s'] / 60:.1f} min, took {r['actual_s'] / 60:.1f})."
+                f"The {what} ran in full: {r.finished} of {r.planned} runs (predicted "
+                f"{r.predicted_s / 60:.1f} min, took {r.actual_s / 60:.1f})."
             )
-    if not p["finalists"]:
+    if not p.finalists:
         out.append(
             "No final round in this budget: the order rests on one run per candidate at the stress learning "
             "rate; a candidate that fails there may train at a lower rate."
@@ -190,21 +192,21 @@ def movement(
                 "standing, the screen's verdict or the expected loss over the learning rates broke the tie, and more "
                 "seeds could reorder them."
             )
-        if len(p["seeds"]) < 2 and p["finalists"]:
+        if len(p.seeds) < 2 and p.finalists:
             out.append(
                 "One seed: no seed noise was measured, so losses within 0.01 count as tied and larger gaps may "
                 "still be noise."
             )
-    unseen = len(p["order"]) - len(p["screened"])
+    unseen = len(p.order) - len(p.screened)
     if unseen:
         out.append(
-            f"{unseen} candidate(s) not tried ({', '.join(p['order'][len(p['screened']) :])}): any of them could "
+            f"{unseen} candidate(s) not tried ({', '.join(p.order[len(p.screened) :])}): any of them could "
             "rank first; a larger --budget tries them."
         )
-    for n, x in (final.get("edges") or {}).items():
-        lrs = final["lrs"]
+    for n, x in (final.edges or {}).items():
+        lrs = final.lrs
         side = "lowest" if x < min(lrs) else "highest"
-        done = n in (final.get("extended") or {})
+        done = n in final.extended
         out.append(
             f"{n}'s best learning rate was the {side} tried ({min(lrs) if side == 'lowest' else max(lrs):g}): "
             + (
@@ -277,12 +279,12 @@ def _table(ranked: list[Evidence]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def reason(result: dict[str, Any], ranked: list[Evidence]) -> str:
+def reason(result: Recommendation, ranked: list[Evidence]) -> str:
     """`reasons` in one paragraph (the report page's)."""
     return " ".join(reasons(result, ranked))
 
 
-def reasons(result: dict[str, Any], ranked: list[Evidence]) -> list[str]:
+def reasons(result: Recommendation, ranked: list[Evidence]) -> list[str]:
     """The ranking's first and why, a sentence or two each with its numbers: how sure (`_head`), what it showed
     (`_winner_parts`), an earlier answer it changes and what it takes away, why it ranks above the next, your
     placement's standing, the effect against it, and where the evidence ends."""
@@ -290,12 +292,12 @@ def reasons(result: dict[str, Any], ranked: list[Evidence]) -> list[str]:
     if not live:
         return ["No candidate trained: nothing to recommend."]
     w = live[0]
-    cur = next((r for r in ranked if r.layout == result.get("current")), None)
-    out = [_head(result, w, cur) + ": " + "; ".join(_winner_parts(w, result.get("precision", "fp16"))) + "."]
+    cur = next((r for r in ranked if r.layout == result.current), None)
+    out = [_head(result, w, cur) + ": " + "; ".join(_winner_parts(w, result.precision)) + "."]
     if changed := _changed_words(result).strip():
         out.append(changed)
-    if result.get("dropped"):
-        out.append(f"It takes away your {', '.join(result['dropped'])}: " + _dropped_evidence(w, cur) + ".")
+    if result.dropped:
+        out.append(f"It takes away your {', '.join(result.dropped)}: " + _dropped_evidence(w, cur) + ".")
     if w.diverged + w.stalled:
         out.append(
             "Even the best candidate failed on some runs: the stress is beyond what any of these placements "
@@ -310,29 +312,26 @@ def reasons(result: dict[str, Any], ranked: list[Evidence]) -> list[str]:
         )
     if current := _current_words(result, w, cur).strip():
         out.append(current)
-    eff = result.get("effect") or {}
+    eff = result.effect
     if words := effect_words(eff).strip():
         out.append(words)
-    if (
-        eff.get("status") == "measured"
-        and eff.get("interval")
-        and not (result.get("confidence") or {}).get("separable")
-    ):
+    separable = result.confidence is not None and result.confidence.separable
+    if eff.get("status") == "measured" and eff.get("interval") and not separable:
         out.append("The difference in loss from your placement is within seed noise.")
-    dom = result.get("domain") or {}
+    dom = result.domain
     if dom and not dom.get("inside_record"):
         out.append("Outside what the transfer record measured: " + "; ".join(dom.get("differences") or []) + ".")
     return out
 
 
-def headline(result: dict[str, Any], ranked: list[Evidence]) -> list[str]:
+def headline(result: Recommendation, ranked: list[Evidence]) -> list[str]:
     """recommendation.md's opening: one line (the gate's verdict, its size, how sure), then the reasons as a
     short list."""
-    v = result.get("verdict") or {}
-    sp = (result.get("effect") or {}).get("speedup") or {}
+    v = result.verdict
+    sp = result.effect.get("speedup") or {}
     lines = []
     if v:
-        level = (result.get("confidence") or {}).get("level")
+        level = result.confidence.level if result.confidence else None
         # the gate's own figure: the ladder's widest rung where one ran, else the proxy's
         gated = {**sp, **sp["largest_rung"]} if (sp.get("largest_rung") or {}).get("interval") else sp
         said = speedup.words(gated) if gated.get("value") is not None and v.get("gate") == "speedup" else ""
@@ -344,19 +343,19 @@ def headline(result: dict[str, Any], ranked: list[Evidence]) -> list[str]:
     return lines + [f"- {x}" for x in reasons(result, ranked)]
 
 
-def _head(result: dict[str, Any], w: Evidence, cur: Evidence | None) -> str:
+def _head(result: Recommendation, w: Evidence, cur: Evidence | None) -> str:
     """ "Recommended (provisional: why; the runs behind each side, the seeds; what the budget cut)" """
-    conf = result.get("confidence") or {}
-    if not conf:
+    conf = result.confidence
+    if conf is None:
         return "Ranked first"
     behind = f"{w.finished} finished run(s) behind it" + (
         f", {cur.finished} behind your {cur.layout}" if cur is not None and cur is not w and cur.finished else ""
     )
-    cuts = [c.split(" (")[0].split(":")[0] for c in (result.get("plan") or {}).get("cut", [])]
-    bits = [*(conf.get("why") or []), f"{behind}, {conf.get('seeds')} seed(s)"]
+    cuts = [c.split(" (")[0].split(":")[0] for c in result.plan.cut]
+    bits = [*conf.why, f"{behind}, {conf.seeds} seed(s)"]
     if cuts:
         bits.append("the budget cut: " + ", ".join(cuts))
-    return f"Ranked first ({conf['level']}: {'; '.join(bits)})"
+    return f"Ranked first ({conf.level}: {'; '.join(bits)})"
 
 
 def _winner_parts(w: Evidence, precision: str) -> list[str]:
@@ -389,12 +388,12 @@ def _winner_parts(w: Evidence, precision: str) -> list[str]:
     return parts
 
 
-def _changed_words(result: dict[str, Any]) -> str:
+def _changed_words(result: Recommendation) -> str:
     """An earlier call's different answer, with the finished runs behind each."""
-    changed = result.get("changed_from")
+    changed = result.changed_from
     if not changed:
         return ""
-    earlier, now = changed.get("runs"), sum(((result.get("confidence") or {}).get("runs") or {}).values())
+    earlier, now = changed.get("runs"), sum(result.confidence.runs.values()) if result.confidence else 0
     return (
         f" This differs from an earlier call's answer, {changed['winner']} ({changed.get('confidence', '')}"
         + (f", on {earlier} finished runs" if earlier is not None else "")
@@ -402,14 +401,14 @@ def _changed_words(result: dict[str, Any]) -> str:
     )
 
 
-def _why_above(result: dict[str, Any], w: Evidence, r2: Evidence) -> str:
+def _why_above(result: Recommendation, w: Evidence, r2: Evidence) -> str:
     """Why the winner ranks above the next: the criterion that decided (`rank.rank`'s order)."""
     if r2.status in ("stress round only", "baseline"):  # ranked by the stress round, not the rule
         if w.status != "ranked":
             return "on the stress round, where it did better at the stress lr"
         return "on the final round's evidence; the stress round put it ahead"
     if r2.tie:
-        if w.layout == result.get("current"):
+        if w.layout == result.current:
             return "in a tie on loss within seed noise, broken by being your placement (a change needs evidence)"
         if r2.screen != w.screen:
             return "in a tie on loss within seed noise, broken by the screen's verdict"
@@ -424,9 +423,9 @@ def _why_above(result: dict[str, Any], w: Evidence, r2: Evidence) -> str:
     return "on a lower best loss"
 
 
-def _current_words(result: dict[str, Any], w: Evidence, cur: Evidence | None) -> str:
+def _current_words(result: Recommendation, w: Evidence, cur: Evidence | None) -> str:
     """The user's placement's standing."""
-    name = result.get("current")
+    name = result.current
     if name and name == w.layout:
         return " That is your current placement."
     if not name or cur is None or cur.rank is None:
@@ -475,45 +474,43 @@ def effect_words(eff: dict[str, Any]) -> str:
     return text + "."
 
 
-def _time(result: dict[str, Any]) -> str:
+def _time(result: Recommendation) -> str:
     """This call's minutes against the budget; for a resumed recommendation, every call's too."""
-    budget = f"{result['budget_minutes']:g}"
-    calls = result.get("call_minutes") or [result["minutes"]]
+    budget = f"{result.budget_minutes:g}"
+    calls = result.call_minutes or [result.minutes]
     if len(calls) == 1:
-        return f"{result['minutes']:.1f} of {budget} min"
+        return f"{result.minutes:.1f} of {budget} min"
     return (
         f"{sum(calls):.1f} min over {len(calls)} calls ({', '.join(f'{m:.1f}' for m in calls)}; the budget is "
         f"{budget} min a call)"
     )
 
 
-def _shown(result: dict[str, Any], layout: Any) -> Any:
+def _shown(result: Recommendation, layout: Any) -> Any:
     """A candidate as the output calls it: a change to your placement by its name (the ranking's `short`)."""
-    return next(
-        (r["short"] for r in result.get("ranking") or [] if r.get("layout") == layout and r.get("short")), layout
-    )
+    return next((r["short"] for r in result.ranking if r.get("layout") == layout and r.get("short")), layout)
 
 
-def markdown(result: dict[str, Any], ranked: list[Evidence]) -> str:
-    p = result["plan"]
+def markdown(result: Recommendation, ranked: list[Evidence]) -> str:
+    p = result.plan
     shown = {r.layout: r.shown for r in ranked}  # a change to your placement by its name (`Evidence.shown`)
     lines = [
         "# normlab recommend",
         "",
-        f"- model: {result['model']}",
-        f"- precision: {result['precision']}",
+        f"- model: {result.model}",
+        f"- precision: {result.precision}",
         f"- time: {_time(result)}",
-        f"- optimizer: {result.get('optimizer', 'adamw')}",
-        f"- proxy: {p['depth']} layers x d {PROXY_WIDTH}; stress round {len(p['stress']['candidates'])} runs; final "
-        f"round: {', '.join(shown.get(n, n) for n in p['final']['finalists']) or 'none'}"
+        f"- optimizer: {result.optimizer}",
+        f"- proxy: {p.depth} layers x d {PROXY_WIDTH}; stress round {len(p.stress.candidates)} runs; final "
+        f"round: {', '.join(shown.get(n, n) for n in p.final.finalists) or 'none'}"
         + (
-            f" x lr {', '.join(f'{x:g}' for x in p['final']['lrs'])} x {len(p['final']['seeds'])} seeds"
-            if p["final"]["finalists"]
+            f" x lr {', '.join(f'{x:g}' for x in p.final.lrs)} x {len(p.final.seeds)} seeds"
+            if p.final.finalists
             else ""
         ),
     ]
-    lines += [f"- the budget bought: {c}" for c in p.get("cut", [])]
-    lines += [f"- note: {n}" for n in result["notes"]]
+    lines += [f"- the budget bought: {c}" for c in p.cut]
+    lines += [f"- note: {n}" for n in result.notes]
     lines += [
         "",
         *headline(result, ranked),
@@ -523,7 +520,7 @@ def markdown(result: dict[str, Any], ranked: list[Evidence]) -> str:
         "Rank: fewer diverged + stalled runs first; then fewer runs at risk (trained to the end with the largest "
         "attention logit past what your precision resolves, or under fp16 the largest activation within 8x of "
         "the overflow: "
-        + precision_words(result.get("precision", "fp16"))
+        + precision_words(result.precision)
         + "); then lower best loss, losses within seed noise (or 0.01) "
         "tied and ordered with your placement first, then by the screen's verdict, then the expected loss over "
         "the learning rates (best loss + LR sensitivity, Wortsman et al.). * = trained in the stress round only "
@@ -535,11 +532,11 @@ def markdown(result: dict[str, Any], ranked: list[Evidence]) -> str:
         _table(ranked),
     ]
     lines += answer_lines(result)
-    if result["recipe_checks"]:
+    if result.recipe_checks:
         lines += [
             "## Against the recipes' verdicts",
             "",
-            agreement.summary(result["recipe_checks"]),
+            agreement.summary(result.recipe_checks),
             "",
             "| recipe | verdict there | its setting | ranked here | ranking agrees | at its setting, here | holds |",
             "|---|---|---|---|---|---|---|",
@@ -547,28 +544,29 @@ def markdown(result: dict[str, Any], ranked: list[Evidence]) -> str:
         lines += [
             f"| {c['recipe']} | {c['claim']}: {c['evidence']} | {c['setting']} | {c['ranks']} | "
             f"{yes_no(c['agrees'])} | {c.get('at_setting', '-')} | {yes_no(c.get('agrees_at_setting'))} |"
-            for c in result["recipe_checks"]
+            for c in result.recipe_checks
         ]
         lines.append("")
-    if result["settings"]:
-        lines += [f"## {result['winner']} in your code base", ""]
-        lines += [f"- **{k}**: {v['settings']}" for k, v in result["settings"].items()]
+    if result.settings:
+        lines += [f"## {result.winner} in your code base", ""]
+        lines += [f"- **{k}**: {v['settings']}" for k, v in result.settings.items()]
         lines.append("")
-    if verify_lines(result.get("verify") or {}):
+    if verify_lines(result.verify):
         lines += ["## Did the order hold at a larger width? (--verify)", ""]
-        lines += [f"- {x}" for x in verify_lines(result["verify"])] + [""]
+        lines += [f"- {x}" for x in verify_lines(result.verify)] + [""]
     lines += (
         ["## How often the proxies have been right", ""]
-        + [f"- {x}" for x in record_lines(result.get("transfer_record") or {})]
+        + [f"- {x}" for x in record_lines(result.transfer_record)]
         + [""]
     )
-    if result.get("movement"):
-        lines += ["## What ran, and how far the answer could move", ""] + [f"- {x}" for x in result["movement"]] + [""]
-    lines += ["## What the proxy can and cannot tell", ""] + [f"- {x}" for x in result["limits"]]
+    if result.movement:
+        lines += ["## What ran, and how far the answer could move", ""] + [f"- {x}" for x in result.movement] + [""]
+    lines += ["## What the proxy can and cannot tell", ""] + [f"- {x}" for x in result.limits]
+    files = result.files
     lines += [
         "",
-        f"Files: {result['files']['grid']} (every run, the U-curves, the largest activations), "
-        f"{result['files']['screen']}, {result['files']['plan']}, {result['files']['json']}.",
+        f"Files: {files['grid']} (every run, the U-curves, the largest activations), "
+        f"{files['screen']}, {files['plan']}, {files['json']}.",
     ]
     return "\n".join(lines) + "\n"
 
@@ -576,18 +574,18 @@ def markdown(result: dict[str, Any], ranked: list[Evidence]) -> str:
 ANSWER_TITLE = "How sure, how large, and where the evidence ends"
 
 
-def answer_items(result: dict[str, Any]) -> list[str]:
+def answer_items(result: Recommendation) -> list[str]:
     """The answer's confidence, effect, recipe and domain, one item each (the words in **bold** where the
     markdown stresses them)."""
-    conf, eff, rec, dom = (result.get(k) or {} for k in ("confidence", "effect", "recipe", "domain"))
+    conf, eff, rec, dom = result.confidence, result.effect, result.recipe, result.domain
     out = []
     if conf:
-        runs = ", ".join(f"{k} {v}" for k, v in conf.get("runs", {}).items())
+        runs = ", ".join(f"{k} {v}" for k, v in conf.runs.items())
         out.append(
-            f"confidence: **{conf['level']}**"
-            + (f" ({'; '.join(conf['why'])})" if conf.get("why") else "")
-            + f"; finished runs behind each: {runs or 'none'}; seeds: {conf.get('seeds')}"
-            + (f"; {conf['not_tried']} candidate(s) not tried" if conf.get("not_tried") else "")
+            f"confidence: **{conf.level}**"
+            + (f" ({'; '.join(conf.why)})" if conf.why else "")
+            + f"; finished runs behind each: {runs or 'none'}; seeds: {conf.seeds}"
+            + (f"; {conf.not_tried} candidate(s) not tried" if conf.not_tried else "")
         )
     sp = eff.get("speedup") or {}
     if sp:
@@ -647,7 +645,7 @@ def speedup_item(sp: dict[str, Any]) -> str:
     return text
 
 
-def answer_lines(result: dict[str, Any]) -> list[str]:
+def answer_lines(result: Recommendation) -> list[str]:
     """recommendation.md's section of `answer_items` (none where there is nothing to say)."""
     items = answer_items(result)
     return [f"## {ANSWER_TITLE}", "", *(f"- {x}" for x in items), ""] if items else []

@@ -11,9 +11,9 @@ its files.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from normlab.io import atomic_write_bytes, atomic_write_json
 from normlab.recommend.evidence import agreement, answer
@@ -21,9 +21,17 @@ from normlab.recommend.evidence.rank import Evidence
 from normlab.recommend.evidence.rows import ranking, seeds_that_ran
 from normlab.recommend.frameworks.snippets import settings_for
 from normlab.recommend.planning import derived
+from normlab.recommend.planning.plan_record import Plan
 from normlab.recommend.report import explain, page
 from normlab.recommend.stages.context import Context
-from normlab.recommend.stages.records import Recommendation, StageRecord
+from normlab.recommend.stages.records import (
+    Confidence,
+    FinalRecord,
+    PlanRecord,
+    Recommendation,
+    StageRecord,
+    StressRecord,
+)
 from normlab.recommend.stages.speedup_gate import gated_speedup
 
 
@@ -49,33 +57,36 @@ class Facts:
     calls: int
     call_minutes: list[float]
     minutes: float
-    plan: dict[str, Any]  # the plan's own record (`Plan.to_dict`)
-    final: dict[str, Any]  # the final round's record
-    rounds: list[dict[str, Any]]  # this call's stages
-    stress: dict[str, Any]
-    plan_record: dict[str, Any]  # recommendation.json's "plan": what the plan was and what the rounds ran
+    plan: Plan
+    final: FinalRecord  # the final round's record
+    rounds: list[StageRecord]  # this call's stages
+    stress: StressRecord
+    plan_record: PlanRecord  # recommendation.json's "plan": what the plan was and what the rounds ran
     files: dict[str, str]
     markdown_file: Path
     json_file: Path
 
 
+class Sized(NamedTuple):
+    """The answer sized to its evidence (`_sized`): the Recommendation's fields of the same names."""
+
+    effect: dict[str, Any]
+    confidence: Confidence
+    changed_from: dict[str, Any] | None
+    recipe: dict[str, Any]
+    domain: dict[str, Any]
+
+
 def _facts(ctx: Context) -> Facts:
     p, found, folder = ctx.plan, ctx.found, ctx.folder
-    assert found.final is not None
+    assert found.final is not None and found.screen is not None
     calls, minutes, model = ctx.calls, ctx.clock.used_minutes(), ctx.user.describe()
-    plan, final, rounds = p.to_dict(), found.final.to_dict(), list(map(StageRecord.to_dict, ctx.rounds))
-    stress = {"depth": p.depth, "depth_fixed": ctx.cfg.depth is not None, "candidates": found.order, "lr": p.stress_lr}
-    plan_record = {
-        "screen_width": found.screen["width"],
-        "depth": p.depth,
-        "stress": stress,
-        "final": final,
-        "cut": p.cut,
-        "predicted": p.predicted,
-        "screened": p.screened,
-        "order": p.order,
-        "ladder": p.ladder,
-    }
+    final, rounds = found.final, list(ctx.rounds)
+    stress = StressRecord(p.depth, ctx.cfg.depth is not None, list(found.order), p.stress_lr)
+    plan_record = PlanRecord(
+        found.screen.width, p.depth, stress, final, list(p.cut), dict(p.predicted), list(p.screened), list(p.order),
+        p.ladder,
+    )  # fmt: skip
     files = {
         "grid": folder.grid_files(),
         "screen": folder.screen_file.name,
@@ -83,7 +94,7 @@ def _facts(ctx: Context) -> Facts:
         "json": folder.json_file.name,
     }
     return Facts(
-        model, len(calls), [*calls[:-1], minutes], minutes, plan, final, rounds, stress, plan_record, files,
+        model, len(calls), [*calls[:-1], minutes], minutes, p, final, rounds, stress, plan_record, files,
         folder.markdown_file, folder.json_file,
     )  # fmt: skip
 
@@ -91,7 +102,7 @@ def _facts(ctx: Context) -> Facts:
 def conclude(ctx: Context, verify: dict[str, Any] | None = None) -> Recommendation:
     """The recommendation from what the stages found, written to the folder (module doc)."""
     found, p = ctx.found, ctx.plan
-    assert found.final is not None and found.runs is not None
+    assert found.final is not None and found.runs is not None and found.screen is not None
     facts = _facts(ctx)
     ranked, winner, ranks = ranking(ctx)
     checks = agreement.check(ranks, ctx.precision, agreement.cells(found.runs))
@@ -124,13 +135,16 @@ def conclude(ctx: Context, verify: dict[str, Any] | None = None) -> Recommendati
         dropped=derived.dropped(ctx.current, winner.layout) if winner else [],
         labels=dict(ctx.labels),
         verdict=decision,
-        **sized,
+        effect=sized.effect,
+        confidence=sized.confidence,
+        changed_from=sized.changed_from,
+        recipe=sized.recipe,
+        domain=sized.domain,
     )
-    as_dict = result.to_dict()
-    result.text = explain.markdown(as_dict, ranked)
-    page.write_page(ctx.folder, as_dict, ranked)
+    result = replace(result, text=explain.markdown(result, ranked))
+    page.write_page(ctx.folder, result, ranked)
     atomic_write_bytes(facts.markdown_file, result.text.encode())
-    atomic_write_json(facts.json_file, as_dict)
+    atomic_write_json(facts.json_file, result.to_json())
     return result
 
 
@@ -141,7 +155,7 @@ def _sized(
     winner: Evidence | None,
     speed: dict[str, Any] | None,
     record: dict[str, Any],
-) -> dict[str, Any]:
+) -> Sized:
     """The answer sized to its evidence (`normlab.recommend.evidence.answer`): the effect (with the gated speedup), the
     confidence (its seeds those that ran: `seeds_that_ran`), what changed since the last call (kept in plan.json's
     "answers"), the recipe and the domain; the fields of the Recommendation they fill."""
@@ -157,10 +171,10 @@ def _sized(
     recipe = answer.recipe(winner, optimizer=p.optimizer, record=record, width=ctx.user.config.d_model)
     domain = answer.domain(ctx.user, ctx.precision, p.optimizer, p.depth, record, ctx.cfg.tokens, name)
     conf = seeds_that_ran(confidence, found.runs, winner)
-    entry = {"call": facts.calls, "winner": name, "confidence": conf["level"], "runs": sum(conf["runs"].values())}
+    entry = {"call": facts.calls, "winner": name, "confidence": conf.level, "runs": sum(conf.runs.values())}
     if not answers or answers[-1] != entry:
         answers.append(entry)
-    return {"effect": eff, "confidence": conf, "changed_from": changed, "recipe": recipe, "domain": domain}
+    return Sized(eff, conf, changed, recipe, domain)
 
 
 def _settings(ctx: Context, winner: Evidence) -> dict[str, dict[str, Any]]:

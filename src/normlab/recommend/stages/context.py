@@ -23,9 +23,10 @@ from normlab.experiments import runner
 from normlab.experiments.summary import load_sweep
 from normlab.experiments.sweep import SweepConfig, _slug
 from normlab.io import atomic_write_json
-from normlab.recommend.planning.plan import REPORT_RESERVE_S, Plan
+from normlab.recommend.planning.plan import REPORT_RESERVE_S
+from normlab.recommend.planning.plan_record import Plan
 from normlab.recommend.planning.shape import UserModel
-from normlab.recommend.stages.records import FinalRecord, Recommendation, StageRecord
+from normlab.recommend.stages.records import FinalRecord, Recommendation, ScreenRecord, StageRecord
 from normlab.runs.files import RecommendDir
 
 
@@ -88,7 +89,7 @@ class Findings:
     """What the stages found, in order: the screen's record and what it ruled out, the candidates left,
     the grid's runs, the stress round's order, the final round's record and the ladder's."""
 
-    screen: dict[str, Any] = field(default_factory=dict)
+    screen: ScreenRecord | None = None  # None: not screened yet
     out_by_screen: dict[str, str] = field(default_factory=dict)
     alive: list[str] = field(default_factory=list)
     runs: pd.DataFrame | None = None
@@ -146,14 +147,14 @@ class Context:
 
     def start_call(self) -> None:
         """This call's entry in plan.json: its minutes, its stages, the plan it follows."""
-        self.saved["plan"] = self.plan.to_dict()
+        self.saved["plan"] = self.plan.to_json()
         self.calls.append(0.0)
         self.mark()
 
     def mark(self) -> None:
         """plan.json written with this call's minutes and stages so far."""
         self.calls[-1] = self.clock.used_minutes()
-        self.saved["rounds"] = [r.to_dict() for r in self.rounds]
+        self.saved["rounds"] = [r.to_json() for r in self.rounds]
         atomic_write_json(self.folder.plan_file, self.saved)
 
     def record(self, stage: StageRecord) -> StageRecord:

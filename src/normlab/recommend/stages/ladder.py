@@ -17,7 +17,6 @@ from normlab.recommend.evidence.rows import ranked_now
 from normlab.recommend.planning.inputs import proxy_settings, proxy_sweep
 from normlab.recommend.planning.shape import PROXY_WIDTH
 from normlab.recommend.stages.context import Context, minutes, stage_record
-from normlab.recommend.stages.records import StageRecord
 
 
 def pair(ctx: Context, ranked: list[Evidence]) -> tuple[Evidence, Evidence] | str:
@@ -48,7 +47,7 @@ class LadderStage:
     name = "ladder"
 
     def cost(self, ctx: Context) -> float:
-        return float((ctx.plan.ladder or {}).get("predicted_s", 0.0))
+        return float(ctx.plan.ladder.predicted_s) if ctx.plan.ladder else 0.0
 
     def done(self, ctx: Context) -> bool:
         """Not in the plan, or run in this call already."""
@@ -68,12 +67,12 @@ class LadderStage:
             ctx.log(f"\nladder: not run: {got}")
             return {"status": "not run", "why": got}
         base, lead = got
-        predicted = float(p.ladder["predicted_s"])
-        widths = [int(w) for w in p.ladder["steps"]]  # the rungs beside the proxy
+        predicted = float(p.ladder.predicted_s)
+        widths = [int(w) for w in p.ladder.steps]  # the rungs beside the proxy
         ctx.log(
             f"\nladder {ctx.clock.stamp()}: {base.layout} and {lead.name} at widths "
             f"{', '.join(str(w) for w in widths)} beside the proxy's {PROXY_WIDTH} (muP from it; steps "
-            f"{', '.join(str(p.ladder['steps'][str(w)]) for w in widths)}), {len(p.seeds)} seeds; "
+            f"{', '.join(str(p.ladder.steps[str(w)]) for w in widths)}), {len(p.seeds)} seeds; "
             f"predicted {minutes(self.cost(ctx))}"
         )
         began = time.time()
@@ -81,16 +80,16 @@ class LadderStage:
         sweeps = [(w, lr, names) for w in widths for lr, names in by_lr(base, lead).items()]
         for i, (w, lr, names) in enumerate(sweeps):
             settings = proxy_settings(ctx.user, p.depth, ctx.precision, ctx.extra, p.optimizer, width=w)
-            settings["steps"] = int(p.ladder["steps"][str(w)])
+            settings["steps"] = int(p.ladder.steps[str(w)])
             sweep = proxy_sweep(settings, names, [lr], list(p.seeds), name=f"recommend-ladder-w{w}")
             share = predicted * (len(sweeps) - i - 1) / len(sweeps)  # what the sweeps after this one need
             frames.append(ctx.sweeps.run(sweep, ctx.folder.ladder(w, lr).path, start_by=ctx.clock.stop_at - share))
         runs = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
         planned = len(widths) * 2 * len(p.seeds)
         record = stage_record("ladder", predicted, began, runs, [base.layout, lead.layout], planned)
-        ctx.record(StageRecord(**record.to_dict()))
+        ctx.record(record)
         ctx.log(
             f"  ladder done in {minutes(time.time() - began)} (predicted {minutes(predicted)}); "
             f"{record.finished} of {planned} runs finished"
         )
-        return {"status": "done", "round": record.to_dict()}
+        return {"status": "done", "round": record.to_json()}

@@ -29,7 +29,7 @@ signature for all) and share one `Context` (the folder, the budget's clock, the 
 executor for the sweeps, the plan, what the stages found): `stage_screen.ScreenStage`,
 `stage_rounds.StressRound` and `FinalRound`, `GridReport`, `stage_ladder.LadderStage`, `stage_conclude.Conclude`,
 `stage_verify.VerifyStage`; `run_stages` runs each that is not done, in order (`STAGES`). The
-records they keep are typed (`plan.Plan`, `records.StageRecord`, `records.FinalRecord`,
+records they keep are typed (`plan_record.Plan`, `records.ScreenRecord`, `records.StageRecord`, `records.FinalRecord`,
 `records.Recommendation`) and become JSON only where the folder is written.
 """
 
@@ -57,6 +57,7 @@ from normlab.recommend.planning.inputs import (
     proxy_settings,
     recorded_inputs,
 )
+from normlab.recommend.planning.plan_record import Plan, VerifyStagePlan
 from normlab.recommend.planning.shape import UserModel
 from normlab.recommend.stages.conclude import Conclude
 from normlab.recommend.stages.context import BudgetClock, Context, SweepExecutor, minutes
@@ -142,21 +143,22 @@ def recommend(
     log(f"\n0/3 plan {clock.stamp()}")
     folder = RecommendDir(Path(cfg.out))
     saved = folder.read(folder.plan_file) if folder.plan_file.is_file() else {}
+    kept = Plan.from_json(saved["plan"]) if saved.get("plan") else None  # the plan a resumed folder holds
     the_plan = None
-    if not saved.get("plan"):
+    if kept is None:
         the_plan = _new_plan(user, cfg, extra, choice, clock.budget_s, workers, log, started=clock.t0)
         depth = the_plan.depth
     else:
-        depth = saved["plan"]["depth"]
+        depth = kept.depth
         if cfg.recalibrate:  # measured as asked; the plan this folder holds stays (the same command resumes it)
             cal, _ = cost.calibration(_threads(workers), log=log, streams=False, remeasure=True)
             log(f"  this machine: {cal.describe()}; {folder.plan_file.name}'s plan is kept, the next plans use it")
     base = proxy_settings(user, depth, precision, extra, cfg.optimizer)
     inputs = recorded_inputs(user, cfg, precision, extra, candidates)
     _check_same_inputs(folder, saved, inputs)
-    if not saved.get("plan"):
+    if kept is None:
         check_run_settings(base, candidates[0], _stress_lr(cfg), _seed0(cfg), log)
-    added = _verify_asked(folder, saved, user, cfg, clock, workers, log)
+    added = _verify_asked(folder, kept, user, cfg, clock, workers, log)
     root = own_folder(cfg.out, "recommend")  # nothing written before this line: a refusal leaves no trace
     lock = FolderLock(
         folder.lock_file,
@@ -167,12 +169,13 @@ def recommend(
     )
     try:
         saved = folder.read(folder.plan_file) or {"inputs": inputs}  # read again under the lock
-        the_plan = plan.Plan.from_dict(saved["plan"]) if saved.get("plan") else the_plan
+        the_plan = Plan.from_json(saved["plan"]) if saved.get("plan") else the_plan
         assert the_plan is not None
         if added and not the_plan.verify:
-            the_plan.verify, the_plan.verify_note = added, ""
-            the_plan.predicted["total"] += added["predicted_s"] - the_plan.predicted.get("verify", 0.0)
-            the_plan.predicted["verify"] = added["predicted_s"]
+            was = the_plan.predicted
+            predicted = {**was, "total": was["total"] + added.predicted_s - was.get("verify", 0.0)}
+            predicted["verify"] = added.predicted_s
+            the_plan = replace(the_plan, verify=added, verify_note="", predicted=predicted)
         sweeps = SweepExecutor(workers, log, clock.stop_at, short=choice.short)
         ctx = Context(
             folder,
@@ -197,18 +200,18 @@ def recommend(
 
 def _verify_asked(
     folder: RecommendDir,
-    saved: dict[str, Any],
+    p: Plan | None,
     user: UserModel,
     cfg: RecommendConfig,
     clock: BudgetClock,
     workers: int,
     log: Callable[[str], Any],
-) -> dict[str, Any] | None:
+) -> VerifyStagePlan | None:
     """--verify on a folder whose plan has no verify stage: the stage added within this call's budget
-    (`stage_verify.verify_added`); None where it is not asked or the plan has it already."""
-    p = saved.get("plan")
-    if cfg.verify and p and not p.get("verify") and (not p.get("verify_note") or p["budget_s"] != clock.budget_s):
-        return verify_added(folder, plan.Plan.from_dict(p), user, cfg, clock.budget_s, workers, log)
+    (`stage_verify.verify_added`); None where it is not asked, the folder holds no plan yet (`p`), or its plan has
+    the stage already."""
+    if cfg.verify and p and not p.verify and (not p.verify_note or p.budget_s != clock.budget_s):
+        return verify_added(folder, p, user, cfg, clock.budget_s, workers, log)
     return None
 
 
@@ -296,7 +299,7 @@ def _new_plan(
     workers: int,
     log: Callable[[str], Any],
     started: float | None = None,
-) -> plan.Plan:
+) -> Plan:
     """A new folder's plan, priced with this machine's calibration (measured where none is cached), for the
     budget left at `started` (time.time() of the command's start: what the call used before the plan, the
     calibration's measuring among it, is counted in the plan; none: nothing used)."""
@@ -371,14 +374,14 @@ def _log_plan(ctx: Context) -> None:
         )
         + ("; an edge learning rate extended where needed" if p.extend else "")
         + (
-            f"; the ladder at widths {', '.join(str(w) for w in p.ladder['widths'])}, predicted "
-            f"{minutes(p.ladder['predicted_s'])}"
+            f"; the ladder at widths {', '.join(str(w) for w in p.ladder.widths)}, predicted "
+            f"{minutes(p.ladder.predicted_s)}"
             if p.ladder
             else ""
         )
         + (
-            f"; verify: the best {p.verify['k']} again at width {p.verify['width']}, predicted "
-            f"{minutes(p.verify['predicted_s'])}"
+            f"; verify: the best {p.verify.k} again at width {p.verify.width}, predicted "
+            f"{minutes(p.verify.predicted_s)}"
             if p.verify
             else ""
         )

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import pandas as pd
@@ -17,18 +18,20 @@ import pandas as pd
 from normlab.errors import ConfigError
 from normlab.experiments.cpus import threads_per_worker
 from normlab.model.config import ModelConfig
-from normlab.recommend.evidence.rank import VERDICT_ORDER, evidence_from_grid
+from normlab.recommend.evidence.rank import VERDICT_ORDER, ScreenSummary, evidence_from_grid
 from normlab.recommend.planning import from_runs
 from normlab.recommend.planning.inputs import proxy_sweep
 from normlab.recommend.planning.plan import finalists_from, next_lr
 from normlab.recommend.planning.shape import UserModel, screen_shape
 from normlab.recommend.stages.context import Context, minutes, stage_record
-from normlab.recommend.stages.records import FinalRecord
+from normlab.recommend.stages.records import FinalRecord, ScreenRecord
 from normlab.runs.files import RecommendDir
 from normlab.runs.store import open_store
 
 
-def stress_order(runs: pd.DataFrame, screen: dict[str, Any], candidates: list[str], lr: float, seed: int) -> list[str]:
+def stress_order(
+    runs: pd.DataFrame, screen: Mapping[str, ScreenSummary], candidates: list[str], lr: float, seed: int
+) -> list[str]:
     """The stress round's candidates, best first, from their stress runs only (`runs` may hold the final
     round's too): trained to the end before stalled before diverged; then the lower final loss, or for a
     diverged run the later step it diverged at (its last finite loss says nothing); then the screen's verdict."""
@@ -46,7 +49,7 @@ def stress_order(runs: pd.DataFrame, screen: dict[str, Any], candidates: list[st
         return (
             {"ok": 0, "stalled": 1, "diverged": 2}.get(status, 3),
             value,
-            VERDICT_ORDER.get(screen.get(name, {}).get("verdict", ""), 3),
+            VERDICT_ORDER.get(screen[name]["verdict"], 3) if name in screen else 3,
         )
 
     return sorted(candidates, key=key)
@@ -71,7 +74,7 @@ def lr_edges(runs: pd.DataFrame, finalists: list[str], lrs: list[float]) -> dict
 
 
 def refresh_calibration(
-    folder: RecommendDir, user: UserModel, screen: dict[str, Any], workers: int, log: Callable[[str], Any]
+    folder: RecommendDir, user: UserModel, screen: ScreenRecord | None, workers: int, log: Callable[[str], Any]
 ) -> None:
     """The finished proxy runs' steps and the screens against this machine's cached calibration: lowered where
     they ran faster than it predicts (measured under a load), never raised (`from_runs.refresh_from_runs`)."""
@@ -86,9 +89,9 @@ def refresh_calibration(
     except (ConfigError, OSError, ValueError):
         steps = []
     screens = []
-    if screen.get("results"):
-        shape = ModelConfig(**screen_shape(user.config, screen["width"], 64))
-        seconds = [r.get("seconds") for r in screen["results"].values() if isinstance(r, dict)]
+    if screen is not None and screen.results:
+        shape = ModelConfig(**screen_shape(user.config, screen.width, 64))
+        seconds = [r.get("seconds") for r in screen.results.values() if isinstance(r, dict)]
         screens = [(shape, float(t)) for t in seconds if isinstance(t, (int, float)) and t > 0]
     from_runs.refresh_from_runs(threads_per_worker(workers), steps, screens, log=log)
 
@@ -131,7 +134,8 @@ class StressRound:
                 "kept), or give a larger --budget"
             )
         found.runs = runs
-        found.order = stress_order(runs, found.screen["results"], alive, lr, seed0)
+        assert found.screen is not None
+        found.order = stress_order(runs, found.screen.results, alive, lr, seed0)
 
 
 def _why_none(ctx: Context, runs: pd.DataFrame) -> str:
@@ -188,7 +192,8 @@ class FinalRound:
             f"{done.finished} of {done.planned} runs finished"
         )
         found.runs = runs
-        final.edges = lr_edges(in_grid, finalists, p.lrs)
+        found.final = final = replace(final, edges=lr_edges(in_grid, finalists, p.lrs))
+        assert final.edges is not None
         self._extend(ctx, final.edges)
         ctx.mark()
 
@@ -215,7 +220,7 @@ class FinalRound:
             ctx.sweeps.run(sweep, ctx.folder.grid.path, start_by=ctx.clock.stop_at - ctx.one_run_s())
         runs = ctx.found.runs = ctx.sweeps.runs(ctx.folder.grid.path)
         assert ctx.found.final is not None
-        ctx.found.final.extended = edges
+        ctx.found.final = replace(ctx.found.final, extended=edges)
         extended = runs[runs.lr.isin(sorted(set(edges.values())))]
         ctx.record(
             stage_record("extend", p.predicted["extend"], began, extended, list(edges), len(edges) * len(p.seeds))

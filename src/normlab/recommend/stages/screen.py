@@ -19,7 +19,7 @@ from normlab.io import atomic_write_json
 from normlab.recommend.evidence.rank import VERDICT_ORDER, ruled_out, screen_summary
 from normlab.recommend.planning.shape import UserModel, screen_shape
 from normlab.recommend.stages.context import Context, minutes
-from normlab.recommend.stages.records import StageRecord
+from normlab.recommend.stages.records import ScreenRecord, StageRecord
 from normlab.runs.files import RecommendDir
 from normlab.screen.screen import screen_layout
 
@@ -35,18 +35,18 @@ def screen_candidates(
     log: Callable[[str], Any],
     stop_by: float = math.inf,
     name: Callable[[str], str] = str,
-) -> dict[str, Any]:
+) -> ScreenRecord:
     """Screen `names` at the user's depth and `width`; resumable (each result kept as it exists). No
     screen starts after `stop_by` (time.time()): the screen keeps to its share of the budget. `name`: what the
     lines call a candidate (`Context.name`)."""
-    saved = folder.read(folder.screen_file) or {
-        "width": width,
-        "n_layers": user.config.n_layers,
-        "results": {},
-        "predicted_seconds_each": predicted_each,
-    }
+    kept = folder.read(folder.screen_file)
+    saved = (
+        ScreenRecord.from_json(kept)
+        if kept
+        else ScreenRecord(width, user.config.n_layers, predicted_seconds_each=predicted_each)
+    )
     cfg = ScreenConfig(size="nano", model=screen_shape(user.config, width, 64), stresses=SCREEN_STRESSES)
-    todo = [c for c in names if c not in saved["results"]]
+    todo = [c for c in names if c not in saved.results]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as calibrated; more threads on small tensors only spin, worst on a loaded machine
     bar = tqdm(
@@ -63,8 +63,8 @@ def screen_candidates(
                 break
             bar.set_postfix_str(name(layout))
             result = screen_summary(screen_layout(layout, cfg))
-            saved["results"][layout] = result
-            atomic_write_json(folder.screen_file, saved)  # each result kept the moment it exists
+            saved = saved.with_result(layout, result)
+            atomic_write_json(folder.screen_file, saved.to_json())  # each result kept the moment it exists
             bar.update(1)
             if bar.disable:  # a log, not a terminal: the bar's ETA as words
                 left = len(todo) - i
@@ -86,13 +86,13 @@ class ScreenStage:
 
     def done(self, ctx: Context) -> bool:
         """Run in this call already (a resumed call runs it again: what the folder holds is read, not redone)."""
-        return bool(ctx.found.screen)
+        return ctx.found.screen is not None
 
     def run(self, ctx: Context) -> None:
         p, pred, log = ctx.plan, ctx.plan.predicted, ctx.log
         if not p.screen:  # the quick question: the candidates given, trained at once
             log(f"\n1/3 screen {ctx.clock.stamp()}: none (--quick): {ctx.names(p.screened)} go straight to training")
-            ctx.found.screen = {"width": 0, "n_layers": ctx.user.config.n_layers, "results": {}, "skipped": True}
+            ctx.found.screen = ScreenRecord(0, ctx.user.config.n_layers, skipped=True)
             ctx.found.out_by_screen, ctx.found.alive = {}, list(p.screened)
             return
         log(
@@ -110,7 +110,7 @@ class ScreenStage:
             stop_by=ctx.clock.stop_at - pred["stress"],
             name=ctx.name,
         )
-        done = [n for n in p.screened if n in screen["results"]]
+        done = [n for n in p.screened if n in screen.results]
         ctx.record(StageRecord("screen", pred["screen"], time.time() - began, len(p.screened), len(done)))
         log(f"  screen done in {minutes(time.time() - began)} (predicted {minutes(pred['screen'])})")
         ctx.mark()
@@ -121,12 +121,12 @@ class ScreenStage:
                 f"about {minutes(pred['screen'] + pred['stress'])} more; nothing recommended; run the same command "
                 "again to continue, or give a larger --budget"
             )
-        out_by_screen = {n: why for n in done if (why := ruled_out(screen["results"][n], ctx.precision))}
+        out_by_screen = {n: why for n in done if (why := ruled_out(screen.results[n], ctx.precision))}
         for n, why in out_by_screen.items():
             log(f"  ruled out: {ctx.name(n)}: {why}")
         alive = sorted(
             (n for n in done if n not in out_by_screen),
-            key=lambda n: (n != ctx.current, VERDICT_ORDER.get(screen["results"][n]["verdict"], 3)),
+            key=lambda n: (n != ctx.current, VERDICT_ORDER.get(screen.results[n]["verdict"], 3)),
         )
         if not alive:
             raise ConfigError(

@@ -60,7 +60,7 @@ def with_ladder(ctx: Context, sp: dict[str, Any], base: Evidence, lead: Evidence
     proxy = dict(
         sp["by_scale"][0], compute=speedup.cell_compute(ctx.found.runs, ctx.folder.grid.path, base.layout, base.best_lr)
     )
-    for w in sorted({PROXY_WIDTH, *(int(x) for x in ctx.plan.ladder["steps"])}):
+    for w in sorted({PROXY_WIDTH, *(int(x) for x in ctx.plan.ladder.steps)}):
         if w == PROXY_WIDTH:
             rungs.append({**proxy, "bound": sp.get("bound")})
             continue

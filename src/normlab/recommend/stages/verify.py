@@ -20,6 +20,7 @@ from normlab.experiments.cpus import threads_per_worker
 from normlab.layout import as_layout
 from normlab.recommend.planning import cost, plan
 from normlab.recommend.planning.inputs import has_streams, proxy_settings, proxy_sweep
+from normlab.recommend.planning.plan_record import Plan, VerifyStagePlan
 from normlab.recommend.planning.shape import PROXY_WIDTH, UserModel
 from normlab.recommend.stages.context import Context, minutes, stage_record
 from normlab.recommend.stages.records import Recommendation, StageRecord
@@ -28,13 +29,13 @@ from normlab.runs.files import RecommendDir
 
 def verify_added(
     folder: RecommendDir,
-    p: plan.Plan,
+    p: Plan,
     user: UserModel,
     cfg: RecommendConfig,
     budget_s: float,
     workers: int,
     log: Callable[[str], Any],
-) -> dict[str, Any] | None:
+) -> VerifyStagePlan | None:
     """--verify on a folder planned without it: the verify stage within this call's budget. Where the
     recommendation is done, verifying is all this call asks: refused (exit 2) if the budget cannot buy it;
     else (rounds still to run) said in one line and the recommendation goes on without it."""
@@ -44,7 +45,7 @@ def verify_added(
     reserve = (plan.STARTUP_RESERVE_S + plan.REPORT_RESERVE_S) * cal.speed
     room = (budget_s - reserve) * plan.FILL - (0.0 if done else p.predicted["total"])
     pricing = plan.VerifyPricing(names, user.config, cal, workers, p.depth, p.steps, cfg.optimizer)
-    stage, why, need_s = plan.verify_plan(pricing, room)
+    stage, why, need_s = plan.verify_plan(pricing, room, seed=p.seed0)
     if stage is None:
         if math.isfinite(need_s):
             rounds_s = 0.0 if done else p.predicted["total"]
@@ -57,8 +58,8 @@ def verify_added(
             raise ConfigError(why)
         log(f"  {why}; recommending without it")
         return None
-    log(f"  --verify added to this recommendation: the best {stage['k']} at width {stage['width']}")
-    return {**stage, "seed": p.seed0}
+    log(f"  --verify added to this recommendation: the best {stage.k} at width {stage.width}")
+    return stage
 
 
 class VerifyStage:
@@ -67,7 +68,7 @@ class VerifyStage:
     name = "verify"
 
     def cost(self, ctx: Context) -> float:
-        return ctx.plan.verify["predicted_s"] if ctx.plan.verify else 0.0
+        return ctx.plan.verify.predicted_s if ctx.plan.verify else 0.0
 
     def done(self, ctx: Context) -> bool:
         """Not in the plan, or its record made in this call already."""
@@ -79,32 +80,32 @@ class VerifyStage:
         assert ctx.found.result is not None
         verified = self._record(ctx, ctx.found.result)
         if "round" in verified:
-            ctx.record(StageRecord(**verified["round"]))
+            ctx.record(StageRecord.from_json(verified["round"]))
         ctx.found.verified = verified
 
     def _record(self, ctx: Context, result: Recommendation) -> dict[str, Any]:
         v = ctx.plan.verify
         assert v is not None
         ranked = [r for r in result.ranking if r.get("rank") is not None and not as_layout(r["layout"]).ngpt]
-        top = [r["layout"] for r in ranked[: v["k"]]]  # in muP from the proxy's width: nGPT sets its own (left out)
+        top = [r["layout"] for r in ranked[: v.k]]  # in muP from the proxy's width: nGPT sets its own (left out)
         mup = ctx.plan.optimizer != "sgd"  # as proxy_settings trains them
-        record: dict[str, Any] = {**v, "candidates": top, "parametrization": "mup" if mup else "sp"}
+        record: dict[str, Any] = {**v.to_json(), "candidates": top, "parametrization": "mup" if mup else "sp"}
         if len(top) < 2:
             return {**record, "status": "not run", "why": f"{len(top)} candidate(s) ranked: nothing to order"}
-        lr = ranked[0].get("best_lr") or result.plan["stress"]["lr"]
+        lr = ranked[0].get("best_lr") or result.plan.stress.lr
         record["lr"] = lr
         ctx.log(
-            f"\nverify {ctx.clock.stamp()}: {', '.join(top)} at width {v['width']} ({v['width'] // PROXY_WIDTH}x "
-            f"the proxy), {v['depth']} layers, {v['steps']} steps, lr {lr:g} (the winner's best), seed {v['seed']}; "
+            f"\nverify {ctx.clock.stamp()}: {', '.join(top)} at width {v.width} ({v.width // PROXY_WIDTH}x "
+            f"the proxy), {v.depth} layers, {v.steps} steps, lr {lr:g} (the winner's best), seed {v.seed}; "
             f"predicted {minutes(self.cost(ctx))}"
         )
         began = time.time()
-        base = proxy_settings(ctx.user, v["depth"], ctx.precision, ctx.extra, ctx.plan.optimizer, width=v["width"])
-        sweep = proxy_sweep(base, top, [lr], [v["seed"]], name="recommend-verify")
-        wide = ctx.sweeps.run(sweep, ctx.folder.verify.path, start_by=ctx.clock.stop_at - v["predicted_s"] / 2)
-        record["round"] = stage_record("verify", v["predicted_s"], began, wide, top, len(top)).to_dict()
+        base = proxy_settings(ctx.user, v.depth, ctx.precision, ctx.extra, ctx.plan.optimizer, width=v.width)
+        sweep = proxy_sweep(base, top, [lr], [v.seed], name="recommend-verify")
+        wide = ctx.sweeps.run(sweep, ctx.folder.verify.path, start_by=ctx.clock.stop_at - v.predicted_s / 2)
+        record["round"] = stage_record("verify", v.predicted_s, began, wide, top, len(top)).to_json()
         ctx.log(
-            f"  verify done in {minutes(time.time() - began)} (predicted {minutes(v['predicted_s'])}); "
+            f"  verify done in {minutes(time.time() - began)} (predicted {minutes(v.predicted_s)}); "
             f"{record['round']['finished']} of {len(top)} runs finished"
         )
         return compare(record, ctx.found.runs, wide)
