@@ -15,7 +15,7 @@ from normlab.config.train import TrainConfig, migrate
 from normlab.diagnostics.hooks import StepHook
 from normlab.train import train
 from normlab.train.hook_registry import HOOKS, CheckpointHook, FaultHook, LoggerHook, WarningsHook
-from normlab.train.step_hooks import ProbeHook, SpikePolicyHook, TierHook
+from normlab.train.step_hooks import DivergenceHook, ProbeHook, TierHook
 from tests.helpers import small
 
 HOOK_VALUES = {
@@ -79,17 +79,17 @@ def test_hooks_are_built_by_name_from_their_sections(corpus, tmp_path):
     loggers; a fault's hook only where the faults section asks for logit_growth; none with settings that leave it
     off."""
     seen: dict[str, list[type]] = {}
-    kinds = (ProbeHook, TierHook, SpikePolicyHook, WarningsHook, CheckpointHook, LoggerHook, FaultHook)
+    kinds = (ProbeHook, TierHook, DivergenceHook, WarningsHook, CheckpointHook, LoggerHook, FaultHook)
 
     class Kinds(StepHook):
         def bind(self, handle):
             seen["kinds"] = [k for k in kinds if handle.find(k) is not None]
 
     train(small(corpus, tmp_path / "a", steps=2), log=lambda *a: None, hooks=[Kinds()])
-    assert seen["kinds"] == [ProbeHook, TierHook, SpikePolicyHook, WarningsHook, CheckpointHook, LoggerHook]
+    assert seen["kinds"] == [ProbeHook, TierHook, DivergenceHook, WarningsHook, CheckpointHook, LoggerHook]
     cfg = small(corpus, tmp_path / "b", steps=2, early_warnings=False, fault="logit_growth", fault_scale=1.0)
     train(cfg.with_({"probes.probe_every": 0, "tier.layer_stats": False}), log=lambda *a: None, hooks=[Kinds()])
-    assert seen["kinds"] == [SpikePolicyHook, CheckpointHook, LoggerHook, FaultHook]
+    assert seen["kinds"] == [DivergenceHook, CheckpointHook, LoggerHook, FaultHook]
 
 
 class StepRecorder(StepHook):
