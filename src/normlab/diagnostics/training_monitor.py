@@ -461,9 +461,11 @@ class TrainingMonitor:
             for path, p in mine:
                 if p.dim() >= 2:
                     value = math.sqrt(squares[id(p)])
-                    rows.append(ProbeRow(step=step, layer=i, site=grad_site(path), metric="grad_norm", value=value))
+                    rows.append(
+                        ProbeRow(step=step, layer=i, site=grad_site(path), metric=ProbeMetric.GRAD_NORM, value=value)
+                    )
             total = math.sqrt(sum(squares[id(p)] for _, p in mine))
-            rows.append(ProbeRow(step=step, layer=i, site="block", metric="grad_norm", value=total))
+            rows.append(ProbeRow(step=step, layer=i, site="block", metric=ProbeMetric.GRAD_NORM, value=total))
         return rows
 
     def _probe_rows(self, step: int, call: Call | None = None) -> list[ProbeRow]:
@@ -487,7 +489,11 @@ class TrainingMonitor:
         # norm_modules keeps the modules whose weight is a tensor
         for (i, path, _), m in zip(norms_, moments([cast(torch.Tensor, n.weight) for _, _, n in norms_])):
             site = self.sites.get(unwrapped_path(path), unwrapped_path(path))
-            for metric, value in (("gamma_mean", m.mean), ("gamma_min", m.minimum), ("gamma_max", m.maximum)):
+            for metric, value in (
+                (ProbeMetric.GAMMA_MEAN, m.mean),
+                (ProbeMetric.GAMMA_MIN, m.minimum),
+                (ProbeMetric.GAMMA_MAX, m.maximum),
+            ):
                 rows.append({"step": step, "layer": i, "site": site, "metric": metric, "value": float(value)})
         return rows
 

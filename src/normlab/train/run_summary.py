@@ -30,8 +30,8 @@ def speed_summary(rows: list[dict[str, Any]], state: RunState) -> dict[str, Any]
     tok_s = statistics.median(r[Metric.TOK_PER_S] for r in steady)
     per_device = tok_s / state.info.world
     return {
-        "tok_per_s": tok_s,
-        "tok_per_s_per_device": per_device,
+        Metric.TOK_PER_S.value: tok_s,  # the summary's keys: plain strings
+        Metric.TOK_PER_S_PER_DEVICE.value: per_device,
         "devices": state.info.world,
         "device": str(state.info.device),
         "device_name": device_name(state.info.device),
