@@ -15,13 +15,13 @@ and the gradient norm, after the backward: the hooks (the divergence hook, `norm
 must decide before the optimizer step whether it may be applied (non-finite values are skipped or
 stop the run), and the metrics row needs both. The loss of each micro-batch stays on the device until
 then. fp16 reads the loss scale once more after the scaler's update (the divergence hook's collapse rule).
+Evaluation reads one value per evaluation; probes, every `probe_every` steps, read many (they are for insight,
+not speed). On CPU a sync costs nothing.
 
 The loop asks its hooks (`normlab.diagnostics.hooks.StepHooks`), never a particular component, whether a step's
 update is applied (`before_update`), what the row adds (`row_metrics`), whether the run stops (`stop_request`: the
 divergence hook once the run diverged) and whether it saves (`checkpoint_due`: the checkpoint schedule's hook); it
-saves itself when a scheduler's signal (`stop`) arrives. Evaluation
-reads one value per evaluation; probes, every `probe_every` steps, read many (they are for insight,
-not speed). On CPU a sync costs nothing.
+saves on its own only when a scheduler's signal (`stop`) arrives.
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ def train(
     run's lock, already taken by the caller (a sweep's worker, which takes it before it marks the run running);
     it stays the caller's to release. `hooks`: the user's own step hooks (`normlab.diagnostics.hooks.StepHook`
     instances), run after the built-in ones; one with a ``bind(handle)`` method is given the run's handle
-    (`normlab.train.hook_registry.RunHandle`) before the first step.
+    (`normlab.train.handle.RunHandle`) before the first step.
 
     The main rank checks `--out`, takes the run's lock and decides where the run starts (`rundir`);
     the other ranks follow its decision and load the same checkpoint.
