@@ -199,3 +199,46 @@ def test_a_users_hook_decides_updates_checkpoints_and_the_stop_through_the_loops
     assert [p.name for p in list_checkpoints(cfg.run.out)] == ["step_00000003.pt", "step_00000005.pt"]
     first, second = (load_checkpoint(p)["model"] for p in list_checkpoints(cfg.run.out))
     assert any(not torch.equal(first[k], second[k]) for k in first)  # steps 3 and 4 were applied
+
+
+class Counter(StepHook):
+    """A user's stateful hook: the applied steps it saw, kept in each checkpoint under "counter"."""
+
+    state_key = "counter"
+
+    def __init__(self):
+        self.seen, self.loaded = 0, None
+
+    def post_step(self, step, applied):
+        self.seen += int(applied)
+
+    def state_dict(self):
+        return {"seen": self.seen}
+
+    def load_state_dict(self, state):
+        self.loaded, self.seen = dict(state), state["seen"]
+
+
+def test_a_users_stateful_hook_is_saved_and_restored_when_the_run_resumes(corpus, tmp_path):
+    """The scheduler's signal (train(stop=...)) saves a checkpoint at once and raises Stopped; the same command
+    resumes, and a user's hook built anew gets its state back from the checkpoint's entry under its key."""
+    import threading
+
+    from normlab.train.trainer import Stopped
+
+    signal = threading.Event()
+
+    class Signal(StepHook):
+        def post_step(self, step, applied):
+            if step == 2:
+                signal.set()
+
+    cfg = small(corpus, tmp_path / "c", steps=6, ckpt_every=100, eval_every=0, probe_every=0)
+    first = Counter()
+    with pytest.raises(Stopped) as stopped:
+        train(cfg, log=lambda *a: None, stop=signal, hooks=[first, Signal()])
+    assert stopped.value.step == 3 and [p.name for p in list_checkpoints(cfg.run.out)] == ["step_00000003.pt"]
+    assert load_checkpoint(list_checkpoints(cfg.run.out)[0])["counter"] == {"seen": 3}
+    again = Counter()
+    assert train(cfg, log=lambda *a: None, hooks=[again])["status"] == "ok"
+    assert again.loaded == {"seen": 3} and again.seen == 6
