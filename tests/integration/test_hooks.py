@@ -8,15 +8,17 @@ import textwrap
 from dataclasses import fields
 
 import pytest
+import torch
 
 from normlab.cli import main
 from normlab.config.hooks import HOOK_SECTIONS, MOVED, RUN_ORDER
 from normlab.config.train import TrainConfig, migrate
-from normlab.diagnostics.hooks import StepHook
+from normlab.diagnostics.hooks import StepHook, Stop
+from normlab.runs.checkpoint import list_checkpoints, load_checkpoint
 from normlab.train import train
 from normlab.train.hook_registry import HOOKS, CheckpointHook, FaultHook, LoggerHook, WarningsHook
-from normlab.train.step_hooks import ProbeHook, SpikePolicyHook, TierHook
-from tests.helpers import small
+from normlab.train.step_hooks import DivergenceHook, ProbeHook, TierHook
+from tests.helpers import rows, small
 
 HOOK_VALUES = {
     "on_spike": "skip",
@@ -79,17 +81,17 @@ def test_hooks_are_built_by_name_from_their_sections(corpus, tmp_path):
     loggers; a fault's hook only where the faults section asks for logit_growth; none with settings that leave it
     off."""
     seen: dict[str, list[type]] = {}
-    kinds = (ProbeHook, TierHook, SpikePolicyHook, WarningsHook, CheckpointHook, LoggerHook, FaultHook)
+    kinds = (ProbeHook, TierHook, DivergenceHook, WarningsHook, CheckpointHook, LoggerHook, FaultHook)
 
     class Kinds(StepHook):
         def bind(self, handle):
             seen["kinds"] = [k for k in kinds if handle.find(k) is not None]
 
     train(small(corpus, tmp_path / "a", steps=2), log=lambda *a: None, hooks=[Kinds()])
-    assert seen["kinds"] == [ProbeHook, TierHook, SpikePolicyHook, WarningsHook, CheckpointHook, LoggerHook]
+    assert seen["kinds"] == [ProbeHook, TierHook, DivergenceHook, WarningsHook, CheckpointHook, LoggerHook]
     cfg = small(corpus, tmp_path / "b", steps=2, early_warnings=False, fault="logit_growth", fault_scale=1.0)
     train(cfg.with_({"probes.probe_every": 0, "tier.layer_stats": False}), log=lambda *a: None, hooks=[Kinds()])
-    assert seen["kinds"] == [SpikePolicyHook, CheckpointHook, LoggerHook, FaultHook]
+    assert seen["kinds"] == [DivergenceHook, CheckpointHook, LoggerHook, FaultHook]
 
 
 class StepRecorder(StepHook):
@@ -166,3 +168,77 @@ def test_a_bad_hook_is_refused_in_one_line(spec, said, capsys):
     assert main(["train", "--size", "nano", "--steps", "1", "--hook", spec]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and said in err
+
+
+class Steering(StepHook):
+    """A toy user hook through the loop's decision points: refuses step 1's update, asks for a checkpoint after
+    step 2 (off the schedule) and stops the run after step 4 (not as a failure)."""
+
+    def admit(self, step, loss, grad_norm, scaled):
+        return step != 1
+
+    def checkpoint_due(self, step, finishing):
+        return step == 3  # after 3 steps (0, 1, 2)
+
+    def post_step(self, step, applied):
+        self.last = step
+
+    def stop_request(self):
+        return Stop(4, "enough", failed=False) if getattr(self, "last", None) == 4 else None
+
+
+def test_a_users_hook_decides_updates_checkpoints_and_the_stop_through_the_loops_points(corpus, tmp_path):
+    """The loop asks its hooks, not a component: a user's hook's refusal skips the update (the weights stay), its
+    request saves a checkpoint off the schedule, its Stop ends the run after that step with the last checkpoint (a
+    stop that is not a failure: no divergence, nothing located)."""
+    cfg = small(corpus, tmp_path / "s", steps=12, ckpt_every=100, eval_every=0, probe_every=0)
+    summary = train(cfg, log=lambda *a: None, hooks=[Steering()])
+    r = rows(tmp_path / "s")
+    assert [x["step"] for x in r] == [0, 1, 2, 3, 4] and [bool(x.get("skipped")) for x in r] == [0, 1, 0, 0, 0]
+    assert summary["status"] == "ok" and summary["steps"] == 5 and summary["forensics"] is None
+    assert [p.name for p in list_checkpoints(cfg.run.out)] == ["step_00000003.pt", "step_00000005.pt"]
+    first, second = (load_checkpoint(p)["model"] for p in list_checkpoints(cfg.run.out))
+    assert any(not torch.equal(first[k], second[k]) for k in first)  # steps 3 and 4 were applied
+
+
+class Counter(StepHook):
+    """A user's stateful hook: the applied steps it saw, kept in each checkpoint under "counter"."""
+
+    state_key = "counter"
+
+    def __init__(self):
+        self.seen, self.loaded = 0, None
+
+    def post_step(self, step, applied):
+        self.seen += int(applied)
+
+    def state_dict(self):
+        return {"seen": self.seen}
+
+    def load_state_dict(self, state):
+        self.loaded, self.seen = dict(state), state["seen"]
+
+
+def test_a_users_stateful_hook_is_saved_and_restored_when_the_run_resumes(corpus, tmp_path):
+    """The scheduler's signal (train(stop=...)) saves a checkpoint at once and raises Stopped; the same command
+    resumes, and a user's hook built anew gets its state back from the checkpoint's entry under its key."""
+    import threading
+
+    from normlab.train.trainer import Stopped
+
+    signal = threading.Event()
+
+    class Signal(StepHook):
+        def post_step(self, step, applied):
+            if step == 2:
+                signal.set()
+
+    cfg = small(corpus, tmp_path / "c", steps=6, ckpt_every=100, eval_every=0, probe_every=0)
+    first = Counter()
+    with pytest.raises(Stopped) as stopped:
+        train(cfg, log=lambda *a: None, stop=signal, hooks=[first, Signal()])
+    assert stopped.value.step == 3 and [p.name for p in list_checkpoints(cfg.run.out)] == ["step_00000003.pt"]
+    assert load_checkpoint(list_checkpoints(cfg.run.out)[0])["counter"] == {"seen": 3}
+    again = Counter()
+    assert train(cfg, log=lambda *a: None, hooks=[again])["status"] == "ok"
+    assert again.loaded == {"seen": 3} and again.seen == 6

@@ -145,12 +145,14 @@ def test_fp16_trains_through_scaler_overflows(corpus, tmp_path):
 def test_overflowed_step_leaves_the_weights_untouched(corpus, tmp_path):
     from normlab.runs.start import Start
     from normlab.train import distributed
-    from normlab.train.trainer import build_state, train_step
+    from normlab.train.trainer import build_state, open_records, train_step
 
     cfg = small(corpus, tmp_path / "w", precision="fp16", loss_scale_init=2.0**40, probe_every=0)
     state = build_state(cfg, distributed.setup("cpu"), Start())
+    open_records(state)  # the run's hooks: the divergence hook decides whether the step's update is applied
     before = {k: v.clone() for k, v in state.model.state_dict().items()}
     row = train_step(state)
+    state.close()
     assert row.get("overflow") and row["loss_scale"] == 2.0**39 and math.isfinite(row["loss"])
     assert all(torch.equal(before[k], v) for k, v in state.model.state_dict().items())
     assert not state.opt.state  # AdamW never stepped: no moments were made

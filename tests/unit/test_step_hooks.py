@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from normlab.diagnostics.hooks import StepHook, StepHooks
+from normlab.diagnostics.hooks import StepHook, StepHooks, Stop, Update
 from normlab.diagnostics.training_monitor import TrainingMonitor
 from normlab.errors import ConfigError
 
@@ -73,6 +73,74 @@ def test_the_first_record_vetoes_and_later_hooks_are_not_asked():
     assert hooks.veto(7, 2.5, 1.0) is skip
     assert log == [("a", "veto", 7), ("b", "veto", 7)]
     assert StepHooks([Recorder("a", [], 0)]).veto(7, 2.5, 1.0) is None
+
+
+class Decider(StepHook):
+    """Admits or not, asks for a stop or a checkpoint, adds a key to the row; logs each question it is asked."""
+
+    def __init__(self, name, log, admit=True, stop=None, save=False, keys=None):
+        self.name, self.log, self.ok, self.stop, self.save, self.keys = name, log, admit, stop, save, keys or {}
+
+    def admit(self, step, loss, grad_norm, scaled):
+        self.log.append((self.name, "admit", step, scaled))
+        return self.ok
+
+    def veto(self, step, loss, grad_norm):
+        self.log.append((self.name, "veto", step))
+        return None
+
+    def row_metrics(self, step, applied, row):
+        return {k: (v, applied, row["loss"]) for k, v in self.keys.items()}
+
+    def stop_request(self):
+        self.log.append((self.name, "stop_request"))
+        return self.stop
+
+    def checkpoint_due(self, step, finishing):
+        self.log.append((self.name, "checkpoint_due", step, finishing))
+        return self.save
+
+
+def test_before_update_asks_every_hook_to_admit_and_vetoes_only_an_admitted_step():
+    """One refusal keeps the update from being applied, yet every hook is asked (each keeps its own count: the
+    divergence hook's skipped and overflow steps); the veto is asked only of an admitted step."""
+    log = []
+    hooks = StepHooks([Decider("a", log, admit=False), Decider("b", log)])
+    update = hooks.before_update(3, float("nan"), 1.0, True)
+    assert update == Update(admitted=False, record=None) and not update.applied and not update.vetoed
+    assert log == [("a", "admit", 3, True), ("b", "admit", 3, True)]
+    log.clear()
+    skip = {"action": "skipped", "kinds": ["loss"]}
+    update = StepHooks([Decider("a", log), Recorder("spikes", log, record=skip)]).before_update(4, 2.0, 1.0, False)
+    assert update.admitted and update.vetoed and not update.applied and update.record is skip
+    assert log == [("a", "admit", 4, False), ("a", "veto", 4), ("spikes", "veto", 4)]
+    counted = {"action": "applied", "kinds": ["loss"]}  # a spike counted, not skipped: the update is applied
+    assert StepHooks([Recorder("spikes", [], record=counted)]).before_update(5, 2.0, 1.0, False).applied
+
+
+def test_the_hooks_are_asked_to_stop_and_to_save_and_add_to_the_row():
+    """stop_request: the first hook's Stop; checkpoint_due: any hook's request, every hook asked; row_metrics: each
+    hook's keys merged in the hooks' order (a later hook's key wins)."""
+    log = []
+    diverged = Stop(step=7, reason="non-finite loss", failed=True)
+    hooks = StepHooks(
+        [
+            Decider("a", log, keys={"x": 1}),
+            Decider("b", log, stop=diverged, save=True, keys={"x": 2, "y": 3}),
+            Decider("c", log, stop=Stop(8, "later")),
+        ]
+    )
+    assert hooks.stop_request() is diverged
+    assert log == [("a", "stop_request"), ("b", "stop_request")]  # the first Stop decides
+    log.clear()
+    assert hooks.checkpoint_due(8, finishing=False)
+    assert log == [
+        ("a", "checkpoint_due", 8, False),
+        ("b", "checkpoint_due", 8, False),
+        ("c", "checkpoint_due", 8, False),
+    ]
+    assert not StepHooks([Decider("a", [])]).checkpoint_due(8, True) and StepHooks().stop_request() is None
+    assert hooks.row_metrics(7, True, {"loss": 2.5}) == {"x": (2, True, 2.5), "y": (3, True, 2.5)}
 
 
 def test_state_lives_under_each_hooks_key_and_an_older_checkpoint_without_it_still_loads():

@@ -28,6 +28,7 @@ from normlab.diagnostics.probes import Probes
 from normlab.diagnostics.stats import angular_matrix, hidden_stats, massive_activations
 from normlab.errors import ConfigError
 from normlab.model.lm import NormLM
+from normlab.runs.metrics import ProbeMetric
 
 
 class ProbeSession:
@@ -121,7 +122,9 @@ class StreamProbe:
                 rows.append(ProbeRow(step=step, layer=layer, site="stream", metric=k, value=v))
         ang = angular_matrix(hidden)
         for i in range(len(hidden) - 1):
-            rows.append(ProbeRow(step=step, layer=i, site="stream", metric="angular_next", value=ang[i][i + 1]))
+            rows.append(
+                ProbeRow(step=step, layer=i, site="stream", metric=ProbeMetric.ANGULAR_NEXT, value=ang[i][i + 1])
+            )
         for k, v in massive_activations(hidden[1:], self.top_k).items():
             rows.append(ProbeRow(step=step, layer=None, site="global", metric=k, value=v))
         return rows

@@ -55,6 +55,7 @@ from normlab.diagnostics.precursors import PRECURSORS
 from normlab.diagnostics.stability import SpikeScoreRule
 from normlab.diagnostics.stats import OVERFLOW_HEADROOM, PRECISION_LIMITS, log_growth
 from normlab.errors import ConfigError
+from normlab.runs.metrics import Metric, ProbeMetric
 
 WINDOW = 20  # tier rows in a growth fit
 MIN_POINTS = 10  # rows before a growth fit speaks
@@ -211,7 +212,7 @@ class _Rise:
     fired: bool = False
 
     def feed(self, step: int, metrics: dict[str, Any]) -> Alert | None:
-        v = metrics.get("loss")
+        v = metrics.get(Metric.LOSS)
         if self.fired or v is None:
             return None
         v = float(v)
@@ -295,11 +296,15 @@ def _check_rows(tier: Any, metrics: Any) -> None:
             raise ConfigError(
                 f"EarlyWarnings.feed: {name} must be a dict (its row for the step, or {{}}), got {type(row).__name__}"
             )
-    for key in ("loss", "grad_norm"):
-        v = metrics.get(key)
+    for metric in (Metric.LOSS, Metric.GRAD_NORM):
+        v = metrics.get(metric)
         if v is not None and not _number(v):
-            raise ConfigError(f"EarlyWarnings.feed: metrics[{key!r}] must be a number or None, got {v!r}")
-    for key, nested in (("stream_max", False), ("update_ratio", False), ("max_logit", True)):
+            raise ConfigError(f"EarlyWarnings.feed: metrics[{str(metric)!r}] must be a number or None, got {v!r}")
+    for key, nested in (
+        (ProbeMetric.STREAM_MAX, False),
+        (ProbeMetric.UPDATE_RATIO, False),
+        (ProbeMetric.MAX_LOGIT, True),
+    ):
         values = tier.get(key)
         if values is None:
             continue
@@ -309,7 +314,7 @@ def _check_rows(tier: Any, metrics: Any) -> None:
             for v in values
         )
         if not ok:
-            raise ConfigError(f"EarlyWarnings.feed: tier[{key!r}] must be {shape}, got {values!r:.80}")
+            raise ConfigError(f"EarlyWarnings.feed: tier[{str(key)!r}] must be {shape}, got {values!r:.80}")
     precursors.check_row(tier)
 
 
@@ -337,16 +342,32 @@ class EarlyWarnings:
         t = thresholds_for(thresholds)
         self.precision, self.thresholds, self.advice = precision, t, advice
         self.growth = [
-            _Growth("stream growth", "stream_max", "stream layer", act_limit, precision, horizon=t["stream growth"]),
+            _Growth(
+                "stream growth",
+                ProbeMetric.STREAM_MAX,
+                "stream layer",
+                act_limit,
+                precision,
+                horizon=t["stream growth"],
+            ),
             # a logit warns at the limit itself (8x below it is where healthy models live: Qwen3's ~47 in bf16)
-            _Growth("logit growth", "max_logit", "block", logit_limit, precision, _max_head, 1.0, t["logit growth"]),
+            _Growth(
+                "logit growth",
+                ProbeMetric.MAX_LOGIT,
+                "block",
+                logit_limit,
+                precision,
+                _max_head,
+                1.0,
+                t["logit growth"],
+            ),
         ]
         self.spikes = [
             _Spike(s, read, what, t[s])
             for s, read, what in (
-                ("grad-norm spike", _metric("grad_norm"), "gradient norm"),
-                ("loss spike", _metric("loss"), "loss"),
-                ("update/weight spike", _largest("update_ratio"), "largest update/weight ratio"),
+                ("grad-norm spike", _metric(Metric.GRAD_NORM), "gradient norm"),
+                ("loss spike", _metric(Metric.LOSS), Metric.LOSS),
+                ("update/weight spike", _largest(ProbeMetric.UPDATE_RATIO), "largest update/weight ratio"),
             )
         ]
         self.rise = _Rise(rise=t["loss rise"])
@@ -413,7 +434,7 @@ def run_rows(run: str | Path) -> tuple[list[dict[str, Any]], dict[int, dict[str,
     from normlab.runs.files import RunDir
 
     folder = RunDir(run)
-    tier = {r["step"]: r for r in folder.layers() if isinstance(r.get("step"), int)}
+    tier = {r[Metric.STEP]: r for r in folder.layers() if isinstance(r.get(Metric.STEP), int)}
     qk = precursors.qk_rows(run)
     rows = {s: precursors.merge(tier.get(s), qk.get(s), s) for s in tier.keys() | qk.keys()}
     return folder.metrics(), rows
@@ -430,8 +451,8 @@ def replay_rows(
     metrics, tier = rows
     warn = EarlyWarnings(precision, thresholds)
     for m in metrics:
-        step: Any = m.get("step")  # checked by feed
-        if "loss" not in m or (until is not None and isinstance(step, (int, float)) and step >= until):
+        step: Any = m.get(Metric.STEP)  # checked by feed
+        if Metric.LOSS not in m or (until is not None and isinstance(step, (int, float)) and step >= until):
             continue
         try:
             warn.feed(step, tier.get(step, {}) if isinstance(step, int) else {}, m)
@@ -477,12 +498,12 @@ class EarlyWarningHook(StepHook):
         self.metrics = {}
 
     def veto(self, step: int, loss: float, grad_norm: float) -> dict[str, Any] | None:
-        self.metrics = {"loss": loss, "grad_norm": grad_norm}
+        self.metrics = {Metric.LOSS: loss, Metric.GRAD_NORM: grad_norm}
         return None
 
     def post_step(self, step: int, applied: bool) -> None:
         row = self.tier_row() or {}
-        tier = row if row.get("step") == step else {}
+        tier = row if row.get(Metric.STEP) == step else {}
         for alert in self.warnings.feed(step, tier, self.metrics):
             self.on_alert(alert)
 

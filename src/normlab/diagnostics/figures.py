@@ -157,7 +157,7 @@ def fig_depth(runs: list[Run], names: list[str], metric: str, label: str) -> Mpl
                 ax.scatter([layers[ok][-1]], [y[ok][-1]], marker="X", s=60, color=c, zorder=5)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set(title=f"{name}: {label} by depth", xlabel="layer (0 = embedding output)", ylabel=label, yscale="log")
-        if metric == "max_abs" and _stored_fp16([run]):
+        if metric == ProbeMetric.MAX_ABS and _stored_fp16([run]):
             ax.axhline(FP16_MAX, ls="--", color="tab:orange", label="FP16 max 65504")
         _legend(ax, fontsize=8)
     fig.tight_layout()
@@ -272,9 +272,11 @@ def fig_angular(runs: list[Run], names: list[str]) -> MplFigure:
     distance to the next layer (`TrainingMonitor`, `StreamProbe`), that distance by depth."""
     fig, axes = _grid(len(runs), 4.0, 3.6)
     for ax, run, name in zip(axes, runs, names):
-        df = run.probes[run.probes.site.str.startswith("angular:") & (run.probes.metric == "angular_distance")]
+        df = run.probes[
+            run.probes.site.str.startswith("angular:") & (run.probes.metric == ProbeMetric.ANGULAR_DISTANCE)
+        ]
         if df.empty:
-            nxt = run.probe("stream", "angular_next")
+            nxt = run.probe("stream", ProbeMetric.ANGULAR_NEXT)
             finite = finite_steps(nxt) if not nxt.empty else []
             if not finite:
                 ax.set_title(f"{name}: no angular probes")
@@ -318,7 +320,7 @@ def fig_angular(runs: list[Run], names: list[str]) -> MplFigure:
 
 def _gamma_sites(run: Run) -> tuple[str, list[str]]:
     """The output norms (B) if the layout has them, else its after-add (C), else its input (A) norms."""
-    sites = set(run.probes.site[run.probes.metric == "gamma_mean"])
+    sites = set(run.probes.site[run.probes.metric == ProbeMetric.GAMMA_MEAN])
     for kind, pair in (
         ("output", ("attn_norms.output", "mlp_norms.output")),
         ("after-add", ("attn_norms.after_add", "mlp_norms.after_add")),
@@ -335,7 +337,7 @@ def fig_gamma(runs: list[Run], names: list[str]) -> MplFigure:
     for ax, run, name in zip(axes, runs, names):
         kind, sites = _gamma_sites(run)
         for site in sites:
-            tab = run.probe(site, "gamma_mean")
+            tab = run.probe(site, ProbeMetric.GAMMA_MEAN)
             colors = plt.cm.plasma(np.linspace(0, 0.9, tab.shape[1]))
             style = "-" if site.startswith("attn") else "--"
             for c, layer in zip(colors, tab.columns):
@@ -353,7 +355,7 @@ def fig_gamma(runs: list[Run], names: list[str]) -> MplFigure:
         if sites and ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7, ncol=2, title="solid attn, dashed mlp", title_fontsize=7)
         elif sites:  # too many layers to name: the colours' legend as a bar
-            _depth_colorbar(fig, ax, run.probe(sites[0], "gamma_mean").shape[1], "plasma", 0.9)
+            _depth_colorbar(fig, ax, run.probe(sites[0], ProbeMetric.GAMMA_MEAN).shape[1], "plasma", 0.9)
     fig.tight_layout()
     return fig
 
@@ -393,7 +395,7 @@ def fig_expert_load(runs: list[Run], names: list[str]) -> MplFigure:
     """MoE routing over training: the busiest expert's load over the uniform share, per layer (1 is balanced)."""
     fig, axes = _grid(len(runs))
     for ax, run, name in zip(axes, runs, names):
-        tab = run.probe("moe", "load_max_ratio")
+        tab = run.probe("moe", ProbeMetric.LOAD_MAX_RATIO)
         if tab.empty:
             ax.text(0.5, 0.5, "dense model: no experts", ha="center", va="center", transform=ax.transAxes)
         else:
@@ -511,7 +513,7 @@ def _has_layers(runs: list[Run]) -> bool:
 
 
 def _has_experts(runs: list[Run]) -> bool:
-    return any(not run.probe("moe", "load_max_ratio").empty for run in runs)
+    return any(not run.probe("moe", ProbeMetric.LOAD_MAX_RATIO).empty for run in runs)
 
 
 @dataclass(frozen=True)
@@ -532,11 +534,15 @@ FIGURES: tuple[Figure, ...] = (
         "Hidden-state variance by depth (Kim Fig. 1, 6)",
         lambda r, n: fig_depth(r, n, "var", "variance"),
     ),
-    Figure("mean_abs_by_depth", "Mean |h| by depth (Kan Fig. 1)", lambda r, n: fig_depth(r, n, "mean_abs", "mean |h|")),
+    Figure(
+        "mean_abs_by_depth",
+        "Mean |h| by depth (Kan Fig. 1)",
+        lambda r, n: fig_depth(r, n, ProbeMetric.MEAN_ABS, "mean |h|"),
+    ),
     Figure("grad_by_layer", "Gradient norm by layer (Kim Fig. 7, Zhuo Fig. 5)", fig_grad_by_layer),
     Figure("top100_fp16", "Massive activations against the FP16 limit (Kim Fig. 11)", fig_top100),
     Figure(
-        "angular_distance",
+        ProbeMetric.ANGULAR_DISTANCE,
         "Angular distance between layers at the last token (Gromov et al.; Kim Fig. 9, 39)",
         fig_angular,
     ),

@@ -33,6 +33,7 @@ from typing import Any
 
 from normlab.diagnostics.stability import SpikeScoreRule
 from normlab.errors import ConfigError
+from normlab.runs.metrics import Metric, ProbeMetric
 
 HEAD_LOGIT_TAU = 800.0  # the head-logit rule's default tau (the lead-time study's choice; Kimi K2's QK-clip: 100)
 HEAD_PERSIST = 3  # tier rows in a row at or past tau (one sampled row is not a trend)
@@ -62,7 +63,7 @@ class HeadLogit:
     fired: bool = False
 
     def feed(self, step: int, row: dict[str, Any]) -> Found | None:
-        blocks = row.get("max_logit")
+        blocks = row.get(ProbeMetric.MAX_LOGIT)
         if self.fired or not isinstance(blocks, list):
             return None
         for b, heads in enumerate(blocks):
@@ -141,7 +142,7 @@ def check_row(tier: dict[str, Any]) -> None:
         )
         if not ok:
             raise ConfigError(
-                f"EarlyWarnings.feed: tier[{key!r}] must be a list of lists of numbers (a layer's heads), "
+                f"EarlyWarnings.feed: tier[{str(key)!r}] must be a list of lists of numbers (a layer's heads), "
                 f"got {values!r:.80}"
             )
 
@@ -151,7 +152,7 @@ def merge(tier: dict[str, Any] | None, qk: dict[str, Any] | None, step: int) -> 
     that step ({} where neither is)."""
     row: dict[str, Any] = {}
     for part in (tier, qk):
-        if part and part.get("step") == step:
+        if part and part.get(Metric.STEP) == step:
             row.update(part)
     return row
 
@@ -163,7 +164,7 @@ def qk_rows(run: str | Path) -> dict[int, dict[str, Any]]:
     path = Path(run) / QK_SPECTRUM
     if not path.is_file():
         return {}
-    return {r["step"]: r for r in read_jsonl(path) if isinstance(r.get("step"), int)}
+    return {r[Metric.STEP]: r for r in read_jsonl(path) if isinstance(r.get(Metric.STEP), int)}
 
 
 __all__ = ["PRECURSORS", "EntropyFall", "HeadLogit", "check_row", "detectors", "merge", "qk_rows"]

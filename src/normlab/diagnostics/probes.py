@@ -80,6 +80,7 @@ from normlab.model.lm import NormLM
 from normlab.model.moe import MoE
 from normlab.model.norms import gain_of, is_norm, norm_kind_of
 from normlab.model.streams import composite_gain
+from normlab.runs.metrics import ProbeMetric, scale_metric
 
 WEIGHTS = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 NORM_SITES = (
@@ -158,7 +159,7 @@ class Probes:
         for layer, h in enumerate(hidden):
             for k, part in enumerate(h.detach().unflatten(-1, (n, -1)).unbind(-2)):
                 st = hidden_stats(part)
-                for key in ("mean_abs", "rms", "max_abs"):
+                for key in (ProbeMetric.MEAN_ABS, ProbeMetric.RMS, ProbeMetric.MAX_ABS):
                     self._row(rows, step, layer, f"stream{k}", key, st[key])
         if model.layout.streams <= 1:  # no hyper-connections (SiameseNorm's streams are not mixed)
             return
@@ -168,20 +169,20 @@ class Probes:
                 conn = getattr(block, name)
                 res, pre, post = conn.last_res.float(), conn.last_pre.float(), conn.last_post.float()
                 mixes.append(res)
-                self._row(rows, step, i, name, "res_row_sum_max", res.abs().sum(-1).amax().item())
-                self._row(rows, step, i, name, "res_col_sum_max", res.abs().sum(-2).amax().item())
-                self._row(rows, step, i, name, "res_diag_mean", res.diagonal(dim1=-2, dim2=-1).mean().item())
-                self._row(rows, step, i, name, "pre_mean", pre.mean().item())
-                self._row(rows, step, i, name, "post_mean", post.mean().item())
+                self._row(rows, step, i, name, ProbeMetric.RES_ROW_SUM_MAX, res.abs().sum(-1).amax().item())
+                self._row(rows, step, i, name, ProbeMetric.RES_COL_SUM_MAX, res.abs().sum(-2).amax().item())
+                self._row(rows, step, i, name, ProbeMetric.RES_DIAG_MEAN, res.diagonal(dim1=-2, dim2=-1).mean().item())
+                self._row(rows, step, i, name, ProbeMetric.PRE_MEAN, pre.mean().item())
+                self._row(rows, step, i, name, ProbeMetric.POST_MEAN, post.mean().item())
         gain = composite_gain(mixes)
         for i in range(len(model.blocks)):  # after block i: its MLP's connection, the (2 i + 1)-th
-            self._row(rows, step, i, "hc", "composite_gain_forward", gain["forward"][2 * i + 1])
-            self._row(rows, step, i, "hc", "composite_gain_backward", gain["backward"][2 * i + 1])
+            self._row(rows, step, i, "hc", ProbeMetric.COMPOSITE_GAIN_FORWARD, gain["forward"][2 * i + 1])
+            self._row(rows, step, i, "hc", ProbeMetric.COMPOSITE_GAIN_BACKWARD, gain["backward"][2 * i + 1])
 
     def record(self, step: int) -> list[ProbeRow]:
         seen = self._probe_pass()
         rows: list[ProbeRow] = []
-        self._row(rows, step, None, "global", "probe_loss", seen.loss.item())
+        self._row(rows, step, None, "global", ProbeMetric.PROBE_LOSS, seen.loss.item())
         self._stream_section(rows, step, seen)
         for i in range(seen.n_layers):
             self._block_rows(rows, step, seen, i)
@@ -299,17 +300,17 @@ class Probes:
             for k, v in hidden_stats(h).items():
                 self._row(rows, step, layer, "stream", k, v)
             g = seen.hgrads[layer]
-            self._row(rows, step, layer, "stream", "grad_norm", g.norm().item() if g is not None else 0.0)
-            self._row(rows, step, layer, "stream", "kurtosis", kurtosis(h))
+            self._row(rows, step, layer, "stream", ProbeMetric.GRAD_NORM, g.norm().item() if g is not None else 0.0)
+            self._row(rows, step, layer, "stream", ProbeMetric.KURTOSIS, kurtosis(h))
         self._stream_rows(rows, step, self.model, hidden)
         ang = angular_matrix(list(hidden))  # at the last token (Gromov et al.; Kim Fig. 9)
         ang_all = angular_matrix(list(hidden), tokens="all")
         for i in range(len(hidden)):
             if i + 1 < len(hidden):
-                self._row(rows, step, i, "stream", "angular_next", ang[i][i + 1])
+                self._row(rows, step, i, "stream", ProbeMetric.ANGULAR_NEXT, ang[i][i + 1])
             for j in range(len(hidden)):
-                self._row(rows, step, i, f"angular:{j}", "angular_distance", ang[i][j])
-                self._row(rows, step, i, f"angular:{j}", "angular_distance_all", ang_all[i][j])
+                self._row(rows, step, i, f"angular:{j}", ProbeMetric.ANGULAR_DISTANCE, ang[i][j])
+                self._row(rows, step, i, f"angular:{j}", ProbeMetric.ANGULAR_DISTANCE_ALL, ang_all[i][j])
 
         # massive activations over the block outputs (Kim Fig. 11; Sun et al.)
         for k, v in massive_activations(list(hidden[1:]), self.top_k).items():
@@ -320,25 +321,25 @@ class Probes:
         mods, captured = seen.mods, seen.captured
         for site in ("resid_mid", "attn_update", "mlp_update"):
             st = hidden_stats(captured[f"blocks.{i}.{site}"])
-            for k in ("mean_abs", "var", "rms", "max_abs"):
+            for k in (ProbeMetric.MEAN_ABS, ProbeMetric.VAR, ProbeMetric.RMS, ProbeMetric.MAX_ABS):
                 self._row(rows, step, i, site, k, st[k])
         for site in ("attn.q", "attn.k", "attn.v"):
             st = hidden_stats(captured[f"blocks.{i}.{site}"])
-            self._row(rows, step, i, site, "rms", st["rms"])
-            self._row(rows, step, i, site, "max_abs", st["max_abs"])
+            self._row(rows, step, i, site, ProbeMetric.RMS, st[ProbeMetric.RMS])
+            self._row(rows, step, i, site, ProbeMetric.MAX_ABS, st[ProbeMetric.MAX_ABS])
         self._attention_rows(rows, step, seen, i)
         for w in WEIGHTS:
             mod = mods.get(f"blocks.{i}.{w}")
             if mod is None or not mod.weight.requires_grad:
                 continue
-            self._row(rows, step, i, w, "grad_norm", seen.wstats.get(id(mod.weight), (0.0, 0.0))[0])
-            self._row(rows, step, i, w, "weight_norm", seen.weight_norms[id(mod.weight)])
+            self._row(rows, step, i, w, ProbeMetric.GRAD_NORM, seen.wstats.get(id(mod.weight), (0.0, 0.0))[0])
+            self._row(rows, step, i, w, ProbeMetric.WEIGHT_NORM, seen.weight_norms[id(mod.weight)])
         for site in NORM_SITES:
             m = mods.get(f"blocks.{i}.{site}")
             if m is not None and is_norm(m):
                 self._gamma_rows(rows, step, i, site, m)
                 if (share := captured.get(f"saturated:{id(m)}")) is not None:
-                    self._row(rows, step, i, site, "saturated_share", float(share))
+                    self._row(rows, step, i, site, ProbeMetric.SATURATED_SHARE, float(share))
         # learned scales that are not norms (ReZero's a, LayerScale's lambda, Admin's omega, NormFormer's
         # head scales: normlab.model.block.SCALE_PARAMS), each at its path in the block as the site
         scales = [
@@ -348,28 +349,30 @@ class Probes:
         ]
         for (site, _), mom in zip(scales, moments([p.detach() for _, p in scales])):
             prefix = SCALE_PARAMS[site.rpartition(".")[2]]
-            self._row(rows, step, i, site, f"{prefix}_mean", mom.mean)
-            self._row(rows, step, i, site, f"{prefix}_abs_max", mom.max_abs)
+            self._row(rows, step, i, site, scale_metric(prefix, ProbeMetric.SCALE_MEAN), mom.mean)
+            self._row(rows, step, i, site, scale_metric(prefix, ProbeMetric.SCALE_ABS_MAX), mom.max_abs)
 
     def _attention_rows(self, rows: list[ProbeRow], step: int, seen: _Seen, i: int) -> None:
         """Block ``i``'s attention: max logit, entropy and sinks (mean and per head), and a gate's scores."""
         mods, captured = seen.mods, seen.captured
         q, k = captured[f"blocks.{i}.attn.q"], captured[f"blocks.{i}.attn.k"]
         max_logit, entropy = attention_stats(q, k, getattr(mods[f"blocks.{i}.attn"], "scale", None))
-        self._row(rows, step, i, "attn", "max_logit", max(max_logit))
-        self._row(rows, step, i, "attn", "entropy", sum(entropy) / len(entropy))
+        self._row(rows, step, i, "attn", ProbeMetric.MAX_LOGIT, max(max_logit))
+        self._row(rows, step, i, "attn", ProbeMetric.ENTROPY, sum(entropy) / len(entropy))
         sinks = sink_mass(q, k, getattr(mods[f"blocks.{i}.attn"], "scale", None))
-        self._row(rows, step, i, "attn", "sink_rate", sum(m > SINK_THRESHOLD for m in sinks) / len(sinks))
+        self._row(rows, step, i, "attn", ProbeMetric.SINK_RATE, sum(m > SINK_THRESHOLD for m in sinks) / len(sinks))
         for head, (ml, en, sm) in enumerate(zip(max_logit, entropy, sinks)):
-            self._row(rows, step, i, f"attn.head{head}", "max_logit", ml)
-            self._row(rows, step, i, f"attn.head{head}", "entropy", en)
-            self._row(rows, step, i, f"attn.head{head}", "sink_mass", sm)
+            self._row(rows, step, i, f"attn.head{head}", ProbeMetric.MAX_LOGIT, ml)
+            self._row(rows, step, i, f"attn.head{head}", ProbeMetric.ENTROPY, en)
+            self._row(rows, step, i, f"attn.head{head}", ProbeMetric.SINK_MASS, sm)
         gate = captured.get(f"blocks.{i}.attn.gate")
         if gate is not None:  # Qiu et al. 2025 Sec. 4.2: the scores are sparse (mean 0.116 in their model)
             g = gate.detach().float()
-            self._row(rows, step, i, "attn.gate", "gate_mean", g.mean().item())
+            self._row(rows, step, i, "attn.gate", ProbeMetric.GATE_MEAN, g.mean().item())
             for cut in ("0.1", "0.01", "0.001"):  # saturation: gates closed to a tenth, a hundredth, a thousandth
-                self._row(rows, step, i, "attn.gate", f"gate_below_{cut}", (g < float(cut)).float().mean().item())
+                self._row(
+                    rows, step, i, "attn.gate", f"{ProbeMetric.GATE_BELOW}{cut}", (g < float(cut)).float().mean().item()
+                )
 
     def _moe_rows(self, rows: list[ProbeRow], step: int, seen: _Seen) -> None:
         """Routing (MoE layers): the share of assignments per expert, its max over the uniform share, entropy."""
@@ -378,10 +381,10 @@ class Probes:
             if isinstance(moe, MoE) and moe.load is not None:  # a MoE layer after a forward
                 assert moe.entropy is not None and moe.aux is not None  # each forward sets them with `load`
                 for e, share in enumerate(moe.load.tolist()):
-                    self._row(rows, step, i, f"moe.expert{e}", "load", share)
-                self._row(rows, step, i, "moe", "load_max_ratio", moe.load.max().item() * len(moe.load))
-                self._row(rows, step, i, "moe", "router_entropy", moe.entropy.item())
-                self._row(rows, step, i, "moe", "aux_loss", moe.aux.item())
+                    self._row(rows, step, i, f"moe.expert{e}", ProbeMetric.LOAD, share)
+                self._row(rows, step, i, "moe", ProbeMetric.LOAD_MAX_RATIO, moe.load.max().item() * len(moe.load))
+                self._row(rows, step, i, "moe", ProbeMetric.ROUTER_ENTROPY, moe.entropy.item())
+                self._row(rows, step, i, "moe", ProbeMetric.AUX_LOSS, moe.aux.item())
 
     def _prop31_rows(self, rows: list[ProbeRow], step: int, seen: _Seen) -> None:
         """Kim Prop. 3.1 quantities for the last MLP (a dense, two-matrix MLP's quantities; not for MoE)."""
@@ -392,9 +395,9 @@ class Probes:
         h_act, a_out = captured[f"h{last}"].detach(), captured[f"a{last}"].detach()
         h_norm, a_norm = h_act.norm(dim=-1).mean().item(), a_out.norm(dim=-1).mean().item()
         down = mods[f"blocks.{last}.mlp.down_proj"].weight
-        self._row(rows, step, last, "prop31", "grad_max", seen.wstats.get(id(down), (0.0, 0.0))[1])
-        self._row(rows, step, last, "prop31", "h_norm", h_norm)
-        self._row(rows, step, last, "prop31", "a_norm", a_norm)
+        self._row(rows, step, last, "prop31", ProbeMetric.GRAD_MAX, seen.wstats.get(id(down), (0.0, 0.0))[1])
+        self._row(rows, step, last, "prop31", ProbeMetric.H_NORM, h_norm)
+        self._row(rows, step, last, "prop31", ProbeMetric.A_NORM, a_norm)
         out_norm = mods[f"blocks.{last}.mlp_norms.output"]
         # Kim Prop. 3.1's bound is for a normalizing output norm (RMS/Layer), not DyT's squashing or ScaleNorm
         normalizing = isinstance(out_norm, (nn.RMSNorm, nn.LayerNorm))
@@ -403,7 +406,7 @@ class Probes:
         if gamma_max is not None and a_norm > 0:
             d = a_out.shape[-1]
             ratio = (h_act.norm(dim=-1) / a_out.norm(dim=-1).clamp_min(1e-30)).mean().item()
-            self._row(rows, step, last, "prop31", "bound", 4.0 * gamma_max * math.sqrt(d) * ratio)
+            self._row(rows, step, last, "prop31", ProbeMetric.BOUND, 4.0 * gamma_max * math.sqrt(d) * ratio)
         if seen.a_grad is not None:
             for k, v in per_token(h_act, a_out, seen.a_grad, seen.targets != -100, gamma_max).items():
                 self._row(rows, step, last, "prop31", k, v)
@@ -423,23 +426,23 @@ class Probes:
                 continue
             found = norms([m for m, _ in pairs] + [v for _, v in pairs])
             n = len(pairs)
-            self._row(rows, step, i, "adam", "exp_avg_norm", math.sqrt(sum(x * x for x in found[:n])))
-            self._row(rows, step, i, "adam", "exp_avg_sq_norm", math.sqrt(sum(x * x for x in found[n:])))
+            self._row(rows, step, i, "adam", ProbeMetric.EXP_AVG_NORM, math.sqrt(sum(x * x for x in found[:n])))
+            self._row(rows, step, i, "adam", ProbeMetric.EXP_AVG_SQ_NORM, math.sqrt(sum(x * x for x in found[n:])))
         return rows
 
     def _gamma_rows(self, rows: list[ProbeRow], step: int, layer: int | None, site: str, norm: nn.Module) -> None:
         """gamma's mean, min and max (ScaleNorm's g: one value); DyT's alpha too; nothing for a gain-free norm."""
-        if (alpha := getattr(norm, "alpha", None)) is not None:
-            self._row(rows, step, layer, site, "alpha", moments([alpha.detach()])[0].mean)
-        if (shift := getattr(norm, "shift", None)) is not None:  # Derf's s
-            self._row(rows, step, layer, site, "shift", moments([shift.detach()])[0].mean)
+        if (alpha := getattr(norm, ProbeMetric.ALPHA, None)) is not None:
+            self._row(rows, step, layer, site, ProbeMetric.ALPHA, moments([alpha.detach()])[0].mean)
+        if (shift := getattr(norm, ProbeMetric.SHIFT, None)) is not None:  # Derf's s
+            self._row(rows, step, layer, site, ProbeMetric.SHIFT, moments([shift.detach()])[0].mean)
         g = gain_of(norm)  # a centered gain's 1 + w
         if g is None:
             return
         m = moments([g.detach()])[0]
-        self._row(rows, step, layer, site, "gamma_mean", m.mean)
-        self._row(rows, step, layer, site, "gamma_min", m.minimum)
-        self._row(rows, step, layer, site, "gamma_max", m.maximum)
+        self._row(rows, step, layer, site, ProbeMetric.GAMMA_MEAN, m.mean)
+        self._row(rows, step, layer, site, ProbeMetric.GAMMA_MIN, m.minimum)
+        self._row(rows, step, layer, site, ProbeMetric.GAMMA_MAX, m.maximum)
 
     # --- update norms: call `snapshot()` before an optimizer step and `updates(step)` after it ---
     def snapshot(self) -> None:
@@ -463,9 +466,9 @@ class Probes:
         befores = norms([self._snapshot[k] for k in keys])  # reduced over shards as the deltas are
         for key, delta, before in zip(keys, deltas, befores):
             i, w = key.split(":")
-            self._row(rows, step, int(i), w, "update_norm", delta)
+            self._row(rows, step, int(i), w, ProbeMetric.UPDATE_NORM, delta)
             # update_ratio's ||W' - W|| / ||W|| (normlab.diagnostics.stats), from the shard-reduced norms
-            self._row(rows, step, int(i), w, "update_ratio", delta / before if before > 0 else math.inf)
+            self._row(rows, step, int(i), w, ProbeMetric.UPDATE_RATIO, delta / before if before > 0 else math.inf)
         self._snapshot = None
         return rows
 

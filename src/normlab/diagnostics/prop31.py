@@ -29,6 +29,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from normlab.runs.metrics import ProbeMetric
+
 
 def rms_norm(x: torch.Tensor, gamma: torch.Tensor, eps: float = 0.0) -> torch.Tensor:
     return gamma * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
@@ -103,16 +105,16 @@ def per_token(
     g_norm = h_norm * g.norm(dim=-1)
     keep = (h_norm > 0) & (g_norm > 0)
     slope, corr = _slope_corr(h_norm[keep].log(), g_norm[keep].log())
-    out = {
-        "tok_grad_max": entry_max.max().item() if entry_max.numel() else math.nan,
-        "tok_grad_mean": entry_max.mean().item() if entry_max.numel() else math.nan,
-        "tok_h_norm": h_norm.mean().item() if h_norm.numel() else math.nan,
-        "tok_a_norm": a_norm.mean().item() if a_norm.numel() else math.nan,
-        "grad_h_slope": slope,
-        "grad_h_corr": corr,
+    out: dict[str, float] = {
+        ProbeMetric.TOK_GRAD_MAX: entry_max.max().item() if entry_max.numel() else math.nan,
+        ProbeMetric.TOK_GRAD_MEAN: entry_max.mean().item() if entry_max.numel() else math.nan,
+        ProbeMetric.TOK_H_NORM: h_norm.mean().item() if h_norm.numel() else math.nan,
+        ProbeMetric.TOK_A_NORM: a_norm.mean().item() if a_norm.numel() else math.nan,
+        ProbeMetric.GRAD_H_SLOPE: slope,
+        ProbeMetric.GRAD_H_CORR: corr,
     }
     if gamma_max is not None and entry_max.numel():
         tok_bound = 4.0 * gamma_max * math.sqrt(a.shape[-1]) * h_norm / a_norm.clamp_min(1e-30)
-        out["tok_bound"] = tok_bound.mean().item()
-        out["tok_within_bound"] = (entry_max <= tok_bound).double().mean().item()
+        out[ProbeMetric.TOK_BOUND] = tok_bound.mean().item()
+        out[ProbeMetric.TOK_WITHIN_BOUND] = (entry_max <= tok_bound).double().mean().item()
     return out

@@ -45,6 +45,7 @@ import torch
 from torch import nn
 
 from normlab.diagnostics.hooks import StepHook
+from normlab.runs.metrics import Metric
 
 
 def normalized_entropy(sigma: torch.Tensor, rank: int) -> torch.Tensor:
@@ -165,7 +166,7 @@ class QKSpectrumHook(StepHook):
         row = self.spectrum.read()
         if not applied:  # a skipped step changed nothing: no first-order term to speak of
             row.pop("qk_update_entropy", None)
-        self.last = {"step": step, **row}
+        self.last = {Metric.STEP: step, **row}
         if self.log is not None:
             self.log.write(json.dumps(self.last) + "\n")
 

@@ -22,6 +22,7 @@ from normlab.diagnostics.stats import FP16_MAX
 from normlab.io import own_folder
 from normlab.pages import figure_html, table_html, write_page
 from normlab.runs.evals import headline_scores
+from normlab.runs.metrics import ProbeMetric
 
 
 def _names(runs: list[Run]) -> list[str]:
@@ -76,7 +77,7 @@ def activation_facts(run: Run) -> dict[str, Any]:
     a run whose activations overflowed (the forensic re-run found an overflow, or a probe was not finite)
     says so, with the last finite probe's max instead of a headroom."""
     s = run.summary
-    tops = _global(run, "max_abs")
+    tops = _global(run, ProbeMetric.MAX_ABS)
     finite = {st: v for st, v in tops.items() if math.isfinite(v)}
     largest = s.max_activation
     if not isinstance(largest, (int, float)) and finite:
@@ -94,7 +95,7 @@ def activation_facts(run: Run) -> dict[str, Any]:
         headroom = FP16_MAX / largest
     else:
         headroom = None
-    ratio = _global(run, "max_median_ratio")
+    ratio = _global(run, ProbeMetric.MAX_MEDIAN_RATIO)
     ratio = {st: v for st, v in ratio.items() if math.isfinite(v)}
     return {"max |x| in run": largest, "FP16 headroom": headroom, "max/median": ratio[max(ratio)] if ratio else None}
 
@@ -139,7 +140,7 @@ SUMMARY_NOTE = (
 def _last_layer_variance(runs: list[Run]) -> tuple[int, list[float]] | None:
     """The last layer's hidden-state variance of every run at the latest probe step where all runs'
     streams were finite (Kim Figs. 1, 6 compare layouts at one step): (step, variances)."""
-    tabs = [r.probe("stream", "var") for r in runs]
+    tabs = [r.probe("stream", ProbeMetric.VAR) for r in runs]
     if any(t.empty for t in tabs):
         return None
     finite = [{int(st) for st in t.index if np.all(np.isfinite(t.loc[st].to_numpy(dtype=float)))} for t in tabs]
@@ -219,7 +220,14 @@ def reading_lines(runs: list[Run], names: list[str]) -> list[str]:
     return lines
 
 
-PROP31_METRICS = ("tok_h_norm", "tok_grad_max", "tok_grad_mean", "grad_h_slope", "grad_h_corr", "tok_within_bound")
+PROP31_METRICS = (
+    ProbeMetric.TOK_H_NORM,
+    ProbeMetric.TOK_GRAD_MAX,
+    ProbeMetric.TOK_GRAD_MEAN,
+    ProbeMetric.GRAD_H_SLOPE,
+    ProbeMetric.GRAD_H_CORR,
+    ProbeMetric.TOK_WITHIN_BOUND,
+)
 
 
 def prop31_rows(runs: list[Run], names: list[str]) -> list[dict[str, Any]]:
@@ -228,11 +236,13 @@ def prop31_rows(runs: list[Run], names: list[str]) -> list[dict[str, Any]]:
     for run, name in zip(runs, names):
         p = run.probes
         p = p[p.site == "prop31"] if len(p) else p
-        if not len(p) or "grad_h_slope" not in set(p.metric):
+        if not len(p) or ProbeMetric.GRAD_H_SLOPE not in set(p.metric):
             continue
         for step in sorted({int(p.step.min()), int(p.step.max())}):
             at = p[p.step == step]
-            vals = {m: at[at.metric == m].value.iloc[0] if (at.metric == m).any() else None for m in PROP31_METRICS}
+            vals: dict[str, Any] = {
+                m: at[at.metric == m].value.iloc[0] if (at.metric == m).any() else None for m in PROP31_METRICS
+            }
             rows.append({"run": name, "step": step, **vals})
     return rows
 

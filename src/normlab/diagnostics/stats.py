@@ -18,6 +18,8 @@ from collections.abc import Sequence
 
 import torch
 
+from normlab.runs.metrics import ProbeMetric
+
 FP16_MAX = 65504.0
 # a value within this factor of its storage maximum counts as headed for overflow: the transfer study's failure
 # predictor (normlab.experiments.transfer), recommend's runs at risk and the early warnings share it
@@ -49,12 +51,12 @@ def hidden_stats(x: torch.Tensor) -> dict[str, float]:
     med = a.flatten().median().item()
     mx = a.max().item()
     return {
-        "mean_abs": a.mean().item(),
-        "var": x.var().item(),
-        "rms": x.pow(2).mean().sqrt().item(),
-        "max_abs": mx,
-        "median_abs": med,
-        "max_median_ratio": mx / med if med > 0 else math.inf,
+        ProbeMetric.MEAN_ABS: a.mean().item(),
+        ProbeMetric.VAR: x.var().item(),
+        ProbeMetric.RMS: x.pow(2).mean().sqrt().item(),
+        ProbeMetric.MAX_ABS: mx,
+        ProbeMetric.MEDIAN_ABS: med,
+        ProbeMetric.MAX_MEDIAN_RATIO: mx / med if med > 0 else math.inf,
     }
 
 
@@ -153,13 +155,13 @@ def massive_activations(tensors: list[torch.Tensor], k: int = 100) -> dict[str, 
     med = torch.cat([t.detach().float().abs().flatten() for t in tensors]).median().item()
     mx = top[0].item()
     return {
-        "top100_max": mx,
-        "top100_min": top[-1].item(),
-        "top100_mean": top.mean().item(),
-        "max_abs": mx,
-        "median_abs": med,
-        "max_median_ratio": mx / med if med > 0 else math.inf,
-        "fp16_headroom": fp16_headroom(mx),
+        ProbeMetric.TOP100_MAX: mx,
+        ProbeMetric.TOP100_MIN: top[-1].item(),
+        ProbeMetric.TOP100_MEAN: top.mean().item(),
+        ProbeMetric.MAX_ABS: mx,
+        ProbeMetric.MEDIAN_ABS: med,
+        ProbeMetric.MAX_MEDIAN_RATIO: mx / med if med > 0 else math.inf,
+        ProbeMetric.FP16_HEADROOM: fp16_headroom(mx),
     }
 
 

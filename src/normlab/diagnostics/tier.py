@@ -84,6 +84,7 @@ from torch.utils.hooks import RemovableHandle
 from normlab.diagnostics.shards import is_sharded, local
 from normlab.diagnostics.stability import SpikeRule
 from normlab.diagnostics.stats import abs_max
+from normlab.runs.metrics import Metric, ProbeMetric
 
 QUERIES = 8  # query positions per sequence whose logits are computed exactly
 SEQUENCES = 8  # sequences per micro-batch whose queries are sampled (module docstring)
@@ -289,12 +290,16 @@ class StepTier:
         n, h = len(self.blocks), self.width
         s, e = sums.tolist(), extremes.tolist()
         self._weights = s[n:]
-        out: dict[str, Any] = {"grad_norm": [math.sqrt(v) for v in s[:n]]}
+        out: dict[str, Any] = {ProbeMetric.GRAD_NORM: [math.sqrt(v) for v in s[:n]]}
         if self.hooked:
-            out["stream_max"] = e[: n + 1]
+            out[ProbeMetric.STREAM_MAX] = e[: n + 1]
             logit, bound = e[n + 1 : n + 1 + n * h], e[n + 1 + n * h :]
-            out["max_logit"] = [[v for v in logit[i * h : (i + 1) * h][: self.heads[i] or 1]] for i in range(n)]
-            out["max_logit_bound"] = [[v for v in bound[i * h : (i + 1) * h][: self.heads[i] or 1]] for i in range(n)]
+            out[ProbeMetric.MAX_LOGIT] = [
+                [v for v in logit[i * h : (i + 1) * h][: self.heads[i] or 1]] for i in range(n)
+            ]
+            out[ProbeMetric.MAX_LOGIT_BOUND] = [
+                [v for v in bound[i * h : (i + 1) * h][: self.heads[i] or 1]] for i in range(n)
+            ]
         self._pre = out
         return out
 
@@ -314,8 +319,10 @@ class StepTier:
             upd_l = [0.0] * n
         counts = [sum(p.numel() for p in ps) for ps in self.params]
         row = dict(pre)
-        row["update_rms"] = [math.sqrt(u / c) if c else 0.0 for u, c in zip(upd_l, counts)]
-        row["update_ratio"] = [math.sqrt(u) / math.sqrt(w) if w > 0 else 0.0 for u, w in zip(upd_l, self._weights)]
+        row[ProbeMetric.UPDATE_RMS] = [math.sqrt(u / c) if c else 0.0 for u, c in zip(upd_l, counts)]
+        row[ProbeMetric.UPDATE_RATIO] = [
+            math.sqrt(u) / math.sqrt(w) if w > 0 else 0.0 for u, w in zip(upd_l, self._weights)
+        ]
         return row
 
     def remove(self) -> None:
@@ -567,14 +574,14 @@ def tier_summary(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     best: dict[str, dict[str, Any]] = {}
     for r in rows:
         for key, values in r.items():
-            if key == "step" or not isinstance(values, list):
+            if key == Metric.STEP or not isinstance(values, list):
                 continue
             for layer, v in enumerate(values):
                 for head, x in enumerate(v) if isinstance(v, list) else [(None, v)]:
                     if isinstance(x, (int, float)) and math.isfinite(x) and (key not in best or x > best[key]["value"]):
                         best[key] = {
                             "value": x,
-                            "step": r.get("step"),
+                            Metric.STEP: r.get(Metric.STEP),
                             "layer": layer,
                             **({"head": head} if head is not None else {}),
                         }
@@ -612,7 +619,7 @@ class TierSpikes:
         """The series of this row that spiked (e.g. ``grad_norm[3]``); every finite value enters its window."""
         names: list[str] = []
         values: list[float] = []
-        for key in ("grad_norm", "stream_max"):
+        for key in (ProbeMetric.GRAD_NORM, ProbeMetric.STREAM_MAX):
             series = row.get(key) or []
             label = self._labels.get((key, len(series)))
             if label is None:

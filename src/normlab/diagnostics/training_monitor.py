@@ -124,6 +124,7 @@ from normlab.diagnostics.stream_maxima import StreamMaxima
 from normlab.errors import ConfigError
 from normlab.io import atomic_write_bytes, own_folder, truncate_jsonl
 from normlab.runs.files import RunDir
+from normlab.runs.metrics import Metric, ProbeMetric
 
 DEFAULT_SPIKE = SpikeRule()  # frozen: one shared default
 
@@ -328,7 +329,7 @@ class TrainingMonitor:
             if before.get("config", {}).get("source") == self.record["config"]["source"]
             else []
         )
-        logged = [r["step"] for r in self.run.metrics() if isinstance(r.get("step"), int)]
+        logged = [r[Metric.STEP] for r in self.run.metrics() if isinstance(r.get(Metric.STEP), int)]
         replaced = sorted(s for s in logged if s >= step)
         if logged:
             resumes.append(
@@ -353,7 +354,7 @@ class TrainingMonitor:
             self.spikes.append(old)
         for s in replaced:
             self.run.spike_batch_file(s).unlink(missing_ok=True)
-        kept = [r.get("loss") for r in self.run.metrics()]
+        kept = [r.get(Metric.LOSS) for r in self.run.metrics()]
         self.history.extend(v for v in kept if isinstance(v, (int, float)) and math.isfinite(v))
         self.record["resumes"] = resumes
         self.run.write_record(self.record)
@@ -390,7 +391,7 @@ class TrainingMonitor:
         first = not self._started  # the first step this monitor records is probed: the model as it starts
         if not self._started:
             self._same_model_on_every_rank()
-            self.record["grad_norm"] = {
+            self.record[Metric.GRAD_NORM] = {
                 "of": f"every parameter of {type(self.model).__name__} (L2 norm, each tensor once)",
                 "at": grads.at,
             }
@@ -406,12 +407,12 @@ class TrainingMonitor:
             loss = t.item() / self.world
         squares = grads.read()
         total = grads.total()
-        row = {"step": step, "loss": loss, "grad_norm": total}
+        row: dict[str, Any] = {Metric.STEP: step, Metric.LOSS: loss, Metric.GRAD_NORM: total}
         if self.main:
             assert self.metrics_file is not None  # opened by the first step's `_open`
             self.metrics_file.write(json.dumps(row) + "\n")
         stream = self.streams.take()
-        tier = {"stream_max": stream} if stream is not None else {}
+        tier: dict[str, Any] = {ProbeMetric.STREAM_MAX: stream} if stream is not None else {}
         alerts = self.warnings.feed(step, tier, row)
         threshold = self.spike.threshold(self.history) if self.spike else None
         spiked = threshold is not None and loss is not None and math.isfinite(loss) and loss > threshold
@@ -439,7 +440,7 @@ class TrainingMonitor:
         if self.main and stream is not None:
             if self.layers_log is None:
                 self.layers_log = self.run.layers_file.open("a", buffering=1)
-            self.layers_log.write(json.dumps({"step": step, **tier}) + "\n")
+            self.layers_log.write(json.dumps({Metric.STEP: step, **tier}) + "\n")
         for alert in alerts:
             if self.main:
                 with self.run.warnings_file.open("a") as f:
@@ -460,9 +461,11 @@ class TrainingMonitor:
             for path, p in mine:
                 if p.dim() >= 2:
                     value = math.sqrt(squares[id(p)])
-                    rows.append(ProbeRow(step=step, layer=i, site=grad_site(path), metric="grad_norm", value=value))
+                    rows.append(
+                        ProbeRow(step=step, layer=i, site=grad_site(path), metric=ProbeMetric.GRAD_NORM, value=value)
+                    )
             total = math.sqrt(sum(squares[id(p)] for _, p in mine))
-            rows.append(ProbeRow(step=step, layer=i, site="block", metric="grad_norm", value=total))
+            rows.append(ProbeRow(step=step, layer=i, site="block", metric=ProbeMetric.GRAD_NORM, value=total))
         return rows
 
     def _probe_rows(self, step: int, call: Call | None = None) -> list[ProbeRow]:
@@ -486,7 +489,11 @@ class TrainingMonitor:
         # norm_modules keeps the modules whose weight is a tensor
         for (i, path, _), m in zip(norms_, moments([cast(torch.Tensor, n.weight) for _, _, n in norms_])):
             site = self.sites.get(unwrapped_path(path), unwrapped_path(path))
-            for metric, value in (("gamma_mean", m.mean), ("gamma_min", m.minimum), ("gamma_max", m.maximum)):
+            for metric, value in (
+                (ProbeMetric.GAMMA_MEAN, m.mean),
+                (ProbeMetric.GAMMA_MIN, m.minimum),
+                (ProbeMetric.GAMMA_MAX, m.maximum),
+            ):
                 rows.append({"step": step, "layer": i, "site": site, "metric": metric, "value": float(value)})
         return rows
 
@@ -571,7 +578,7 @@ class TrainingMonitor:
             "final_loss": self.last_loss,
             "spikes": len(self.spikes),
             # OLMo-core's spike score over the steps recorded (normlab.diagnostics.stability.spike_score)
-            **spike_score([r.get("loss") for r in metric_rows], [r.get("grad_norm") for r in metric_rows]),
+            **spike_score([r.get(Metric.LOSS) for r in metric_rows], [r.get(Metric.GRAD_NORM) for r in metric_rows]),
             **hooks_summary,
             "source": "normlab.diagnostics.monitor",
             "warnings": [a.to_dict() for a in alerts],

@@ -5,7 +5,8 @@ the gradient norm before clipping, throughput, and the flags of the divergence m
 `ProbeMetric`: the ``metric`` of a probes.jsonl row (normlab.diagnostics.probes, .attach) and of the per-step
 tier's layers.jsonl columns (normlab.diagnostics.tier), where a name is one the readers look up (the report's
 figures, recommend's signals, the doctor's checkup, the early warnings). A name with a parameter (``gate_below_0.1``)
-is its prefix with the parameter appended (`ProbeMetric.GATE_BELOW`). Both are `StrEnum`: each member is its string,
+is its prefix with the parameter appended (`ProbeMetric.GATE_BELOW`); a learned scale's is the scale's prefix with the
+statistic appended (`scale_metric`). Both are `StrEnum`: each member is its string,
 so it is written to JSON and compared with a row's key as the string itself.
 tests/unit/test_metric_names.py checks that every key a short training run writes is here.
 """
@@ -79,6 +80,9 @@ class ProbeMetric(StrEnum):
     ALPHA = "alpha"
     SHIFT = "shift"
     SATURATED_SHARE = "saturated_share"
+    # a learned scale that is not a norm (normlab.model.block.SCALE_PARAMS): its prefix, then the statistic
+    SCALE_MEAN = "_mean"  # h_mean, omega_mean, head_scale_mean, ...
+    SCALE_ABS_MAX = "_abs_max"
     # Kim Prop. 3.1 (the last dense MLP), hyper-connections, mixture of experts, the probe's own loss
     H_NORM = "h_norm"
     A_NORM = "a_norm"
@@ -88,6 +92,8 @@ class ProbeMetric(StrEnum):
     TOK_GRAD_MEAN = "tok_grad_mean"
     GRAD_H_SLOPE = "grad_h_slope"
     GRAD_H_CORR = "grad_h_corr"
+    TOK_BOUND = "tok_bound"  # the per-token bound 4 gamma sqrt(D) ||h_t|| / ||a_t|| (normlab.diagnostics.prop31)
+    TOK_WITHIN_BOUND = "tok_within_bound"  # the share of tokens whose gradient entry is within it
     BOUND = "bound"
     PRE_MEAN = "pre_mean"
     POST_MEAN = "post_mean"
@@ -107,8 +113,20 @@ class ProbeMetric(StrEnum):
     UPDATE_RMS = "update_rms"
 
 
+def scale_metric(prefix: str, statistic: ProbeMetric) -> str:
+    """A learned scale's probe metric: its prefix (``normlab.model.block.SCALE_PARAMS``) and the statistic
+    (`ProbeMetric.SCALE_MEAN`, `ProbeMetric.SCALE_ABS_MAX`): ``h_mean``."""
+    return prefix + statistic
+
+
 def known_probe_metric(name: str) -> bool:
-    """Whether ``name`` is a `ProbeMetric`, or a parametrized one (its prefix and the parameter)."""
+    """Whether ``name`` is a `ProbeMetric`, a parametrized one (its prefix and the parameter), or a learned scale's
+    (a prefix of ``normlab.model.block.SCALE_PARAMS`` and a statistic)."""
     if name in {m.value for m in ProbeMetric}:
         return True
-    return any(m.endswith("_") and name.startswith(m) for m in ProbeMetric)
+    if any(m.endswith("_") and name.startswith(m) for m in ProbeMetric):
+        return True
+    from normlab.model.block import SCALE_PARAMS  # the model's facts, read when asked (no import at load)
+
+    stats = (ProbeMetric.SCALE_MEAN, ProbeMetric.SCALE_ABS_MAX)
+    return any(name == scale_metric(prefix, s) for prefix in set(SCALE_PARAMS.values()) for s in stats)

@@ -48,6 +48,7 @@ from typing import Any
 
 from normlab.config.hooks import DivergenceSettings
 from normlab.diagnostics.stability import SkipStepRule, SpikeRule
+from normlab.runs.metrics import Metric
 
 SPIKE_WINDOW = 128
 SPIKE_SIGMAS = 6.0
@@ -209,7 +210,11 @@ class DivergenceMonitor:
         """OLMo's skip rule on a finite step (`SkipRule`): None if neither value spiked, else what spiked
         with its z-scores; with ``skip`` the step is recorded as skipped (and counted against max_skipped)."""
         z_loss, z_grad = self.skip_rule.z_scores(loss, grad_norm)
-        kinds = [k for k, z in (("loss", z_loss), ("grad_norm", z_grad)) if z is not None and z > self.skip_rule.sigmas]
+        kinds = [
+            k
+            for k, z in ((Metric.LOSS.value, z_loss), (Metric.GRAD_NORM.value, z_grad))
+            if z is not None and z > self.skip_rule.sigmas
+        ]
         if not kinds:
             return None
         if skip:
@@ -233,9 +238,9 @@ class DivergenceMonitor:
             megatron = True
             self.megatron_spikes += 1
         return {
-            "loss_spike": self.loss_spikes.update(loss),
-            "grad_spike": self.grad_spikes.update(grad_norm),
-            "megatron_spike": megatron,
+            Metric.LOSS_SPIKE: self.loss_spikes.update(loss),
+            Metric.GRAD_SPIKE: self.grad_spikes.update(grad_norm),
+            Metric.MEGATRON_SPIKE: megatron,
         }
 
     def finish(self, step: int) -> None:

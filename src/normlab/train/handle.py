@@ -79,7 +79,8 @@ class RunHandle:
 
     @property
     def monitor(self) -> Any:
-        """The divergence monitor (`normlab.train.divergence.DivergenceMonitor`)."""
+        """The divergence monitor (`normlab.train.divergence.DivergenceMonitor`): the run's record of its health,
+        saved under "monitor"; the divergence hook (`normlab.train.step_hooks.DivergenceHook`) makes its decisions."""
         return self._state.monitor
 
     @property

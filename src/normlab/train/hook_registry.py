@@ -2,11 +2,12 @@
 hook reaches the run.
 
 `HOOKS` is the registry: name -> (its settings class, its hook class). A run builds, in this order, the hooks
-of ``probes`` (the probe pass), ``tier`` (the per-step tier), ``divergence`` (the spike policy:
-`normlab.train.step_hooks.SpikePolicyHook`), ``warnings`` (the early warnings), ``faults`` (a fault injected on
-purpose), ``checkpointing`` (the schedule) and ``loggers`` (TensorBoard, W&B, the progress bar), each from
-``cfg.<name>`` (`normlab.config.hooks`); a hook class's ``build(settings, handle)`` returns the hook, or None where
-its settings leave it off. Their order among themselves is their priority's (`normlab.diagnostics.hooks`).
+of ``probes`` (the probe pass), ``tier`` (the per-step tier), ``divergence`` (the divergence monitor's decisions
+and the spike policy: `normlab.train.step_hooks.DivergenceHook`), ``warnings`` (the early warnings), ``faults``
+(a fault injected on purpose), ``checkpointing`` (the schedule) and ``loggers`` (TensorBoard, W&B, the progress
+bar), each from ``cfg.<name>`` (`normlab.config.hooks`); a hook class's ``build(settings, handle)`` returns the
+hook, or None where its settings leave it off. Their order among themselves is their priority's
+(`normlab.diagnostics.hooks`).
 
 A hook reaches the run through a `normlab.train.handle.RunHandle`: the step, the model, the optimizer, the run
 folder, the log, the other hooks, and the step's batches and their rerun; no hook is handed a closure over the
@@ -26,7 +27,7 @@ import json
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from normlab.config.hooks import (
     CheckpointSettings,
@@ -44,14 +45,12 @@ from normlab.diagnostics.precursors import QK_SPECTRUM, merge
 from normlab.diagnostics.qk_spectrum import QKSpectrum, QKSpectrumHook
 from normlab.errors import ConfigError
 from normlab.io import truncate_jsonl
+from normlab.runs.metrics import Metric
 from normlab.train import faults
-from normlab.train.ckpt_schedule import CheckpointSchedule
+from normlab.train.ckpt_schedule import SAVE_SHARE, CheckpointSchedule
 from normlab.train.handle import RunHandle
 from normlab.train.loggers import Sinks
-from normlab.train.step_hooks import ProbeHook, SpikePolicyHook, TierHook
-
-if TYPE_CHECKING:
-    pass
+from normlab.train.step_hooks import DivergenceHook, ProbeHook, TierHook
 
 
 class WarningsHook(EarlyWarningHook):
@@ -78,7 +77,7 @@ class WarningsHook(EarlyWarningHook):
         tier, qk = self.handle.find(TierHook), self.handle.find(QKSpectrumHook)
         tier_row = tier.last if isinstance(tier, TierHook) else None
         qk_row = qk.last if isinstance(qk, QKSpectrumHook) else None
-        steps = [row["step"] for row in (tier_row, qk_row) if row]
+        steps = [row[Metric.STEP] for row in (tier_row, qk_row) if row]
         return merge(tier_row, qk_row, max(steps)) if steps else None
 
     def alert(self, alert: Alert) -> None:
@@ -118,17 +117,39 @@ class FaultHook(faults.LogitGrowthHook):
 
 
 class CheckpointHook(StepHook):
-    """The checkpoint schedule (`normlab.train.ckpt_schedule`): the steps the run saves at, stretched where a
-    save is slow (with ckpt_every 0); the trainer asks `due` after each step and saves (every rank)."""
+    """The checkpoint schedule (`normlab.train.ckpt_schedule`): asks the loop for a save at the schedule's steps and
+    at the run's last one (every rank saves); each save timed on the schedule's clock, the interval stretched where
+    a save is slow (with ckpt_every 0) and the new interval noted in the loggers."""
 
-    def __init__(self, schedule: CheckpointSchedule) -> None:
-        self.schedule = schedule
+    def __init__(self, schedule: CheckpointSchedule, handle: RunHandle | None = None) -> None:
+        self.schedule, self.handle = schedule, handle
+        self._t0: float | None = None
 
     @classmethod
     def build(cls, settings: CheckpointSettings, handle: RunHandle) -> StepHook | None:
         cfg = handle.cfg
         every, adaptive = cfg.checkpoint_every, settings.ckpt_every == 0
-        return cls(CheckpointSchedule(every, adaptive, cfg.optim.steps, handle.info, handle.step))
+        return cls(CheckpointSchedule(every, adaptive, cfg.optim.steps, handle.info, handle.step), handle)
+
+    def checkpoint_due(self, step: int, finishing: bool) -> bool:
+        return self.schedule.due(step) or finishing
+
+    def pre_checkpoint(self, step: int) -> None:
+        self._t0 = self.schedule.now()
+
+    def post_checkpoint(self, step: int) -> None:
+        """The schedule learns what the save cost (`CheckpointSchedule.saved`: collective under torchrun)."""
+        if self._t0 is None:
+            return
+        grew = self.schedule.saved(step, self.schedule.now() - self._t0)
+        self._t0 = None
+        sinks = self.handle.sinks if self.handle is not None else None
+        if grew is not None and sinks is not None:
+            every, save_s = grew
+            sinks.note(
+                f"checkpoints: a save took {save_s:.1f} s; every {every} steps from step {step} on "
+                f"(saving at most {SAVE_SHARE:.0%} of the time; --ckpt-every N fixes it)"
+            )
 
 
 class LoggerHook(StepHook):
@@ -151,7 +172,7 @@ class LoggerHook(StepHook):
 HOOKS: dict[str, tuple[type, Any]] = {
     "probes": (ProbeSettings, ProbeHook),
     "tier": (TierSettings, TierHook),
-    "divergence": (DivergenceSettings, SpikePolicyHook),
+    "divergence": (DivergenceSettings, DivergenceHook),
     "qk_spectrum": (QKSpectrumSettings, QKSpectrumProbe),
     "warnings": (WarningSettings, WarningsHook),
     "faults": (FaultSettings, FaultHook),

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from normlab.errors import ConfigError
 from normlab.runs.files import RunDir
+from normlab.runs.metrics import Metric
 
 if TYPE_CHECKING:
     from normlab.config.train import TrainConfig
@@ -95,20 +96,20 @@ class Sinks:
     def log(self, row: dict[str, Any]) -> None:
         self.file.write(json.dumps(row) + "\n")
         scalars = {
-            k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"
+            k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and k != Metric.STEP
         }
         if self.tb is not None:
             for k, v in scalars.items():
-                self.tb.add_scalar(k, v, row["step"])
+                self.tb.add_scalar(k, v, row[Metric.STEP])
         if self.wandb is not None:
-            self.wandb.log(scalars, step=row["step"])
+            self.wandb.log(scalars, step=row[Metric.STEP])
         if self.bar is not None:
             post = {
-                "loss": f"{row['loss']:.4f}" if math.isfinite(row["loss"]) else str(row["loss"]),
-                "lr": f"{row['lr']:.2e}",
+                Metric.LOSS: f"{row['loss']:.4f}" if math.isfinite(row[Metric.LOSS]) else str(row[Metric.LOSS]),
+                Metric.LR: f"{row['lr']:.2e}",
                 "tok/s": f"{row['tok_per_s']:.0f}",
             }
-            if "val_loss" in row:
+            if Metric.VAL_LOSS in row:
                 post["val"] = f"{row['val_loss']:.4f}"
             self.bar.set_postfix(post, refresh=False)
             self.bar.update(1)

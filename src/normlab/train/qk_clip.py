@@ -46,6 +46,7 @@ from torch import nn
 from normlab.model.attention import Attention
 from normlab.model.lm import NormLM
 from normlab.model.norms import gain_of, is_norm
+from normlab.runs.metrics import ProbeMetric
 
 
 def head_max_logits(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
@@ -200,7 +201,7 @@ class QKClip:
             "tau": self.tau,
             "interventions": self.interventions,
             "steps_clipped": self.steps_clipped,
-            "max_logit": self.largest if math.isfinite(self.largest) else None,
+            ProbeMetric.MAX_LOGIT.value: self.largest if math.isfinite(self.largest) else None,
         }
 
     def state_dict(self) -> dict[str, Any]:

@@ -14,7 +14,6 @@ from normlab.config.train import TrainConfig
 from normlab.diagnostics.hooks import StepHooks
 from normlab.runs.summary import Forensics
 from normlab.train import distributed
-from normlab.train.ckpt_schedule import CheckpointSchedule
 from normlab.train.divergence import DivergenceMonitor
 from normlab.train.loggers import Sinks
 from normlab.train.optim import TrainOptimizer
@@ -32,7 +31,7 @@ class RunState:
     fwd: nn.Module  # what the step calls: the model, compiled or not
     opt: TrainOptimizer
     scaler: torch.amp.GradScaler
-    monitor: DivergenceMonitor
+    monitor: DivergenceMonitor  # its state (the checkpoint's "monitor"); its decisions are the divergence hook's
     params: Any  # count_params of the unwrapped model
     val: list[Any]
     trainable: list[Any]  # the parameters the clip and the optimizer see (frozen gammas excluded)
@@ -42,12 +41,12 @@ class RunState:
     t_start: float = field(default_factory=time.perf_counter)
     final_val: float | None = None
     sinks: Sinks | None = None
-    hooks: StepHooks = field(default_factory=StepHooks)  # probes, the tier, QK-clip, spikes (train.step_hooks)
+    # probes, the tier, QK-clip, divergence and spikes, the checkpoint schedule, the loggers (train.hook_registry)
+    hooks: StepHooks = field(default_factory=StepHooks)
     forensics: Forensics | None = None  # where a diverged run first broke (normlab.diagnostics.forensics)
     flops_per_token: int = 0  # 6N + 12 L H Q T (normlab.train.mfu)
     memory_plan: Any = None  # normlab.train.memory.MemoryPlan on CUDA (checked against the device before the start)
     peak_flops: float | None = None  # the device's dense peak for the run's precision; None: unknown
-    ckpts: CheckpointSchedule | None = None  # the steps it saves at (normlab.train.ckpt_schedule)
 
     @property
     def wall(self) -> float:

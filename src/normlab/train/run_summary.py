@@ -23,15 +23,15 @@ from normlab.train.run_state import RunState
 def speed_summary(rows: list[dict[str, Any]], state: RunState) -> dict[str, Any]:
     """Median throughput and MFU over the steps after warm-up (the first 10%, at least one step:
     compilation, allocator growth), per run and per device; MFU "unknown" without a known peak."""
-    steps = [r for r in rows if isinstance(r.get("tok_per_s"), (int, float))]
+    steps = [r for r in rows if isinstance(r.get(Metric.TOK_PER_S), (int, float))]
     steady = steps[max(1, len(steps) // 10) :] or steps
     if not steady:
         return {}
-    tok_s = statistics.median(r["tok_per_s"] for r in steady)
+    tok_s = statistics.median(r[Metric.TOK_PER_S] for r in steady)
     per_device = tok_s / state.info.world
     return {
-        "tok_per_s": tok_s,
-        "tok_per_s_per_device": per_device,
+        Metric.TOK_PER_S.value: tok_s,  # the summary's keys: plain strings
+        Metric.TOK_PER_S_PER_DEVICE.value: per_device,
         "devices": state.info.world,
         "device": str(state.info.device),
         "device_name": device_name(state.info.device),

@@ -32,6 +32,7 @@ import torch
 
 from normlab.io import atomic_write_bytes
 from normlab.runs.files import RunDir
+from normlab.runs.metrics import Metric
 from normlab.train.divergence import DivergenceMonitor
 
 REPRODUCE_RTOL = 1e-5  # relative difference of loss and gradient norm under which a rerun reproduces the step
@@ -81,12 +82,12 @@ class SpikeHandler:
         record: dict[str, Any] = {
             "step": step,
             "kinds": spike["kinds"],
-            "loss": loss,
-            "grad_norm": grad_norm,
+            Metric.LOSS.value: loss,
+            Metric.GRAD_NORM.value: grad_norm,
             "z_loss": spike["z_loss"],
             "z_grad_norm": spike["z_grad_norm"],
             "action": "skipped" if self.policy == "skip" else "applied",
-            "rerun": {"loss": again[0], "grad_norm": again[1], "reproduced": reproduced},
+            "rerun": {Metric.LOSS.value: again[0], Metric.GRAD_NORM.value: again[1], "reproduced": reproduced},
         }
         if not reproduced:
             record["verdict"] = "hardware"
@@ -97,10 +98,17 @@ class SpikeHandler:
         elif step > 0:
             before = replay(step - 1, False)
             beyond = []
-            for kind, value, window in (("loss", before[0], windows[0]), ("grad_norm", before[1], windows[1])):
+            for kind, value, window in (
+                (Metric.LOSS, before[0], windows[0]),
+                (Metric.GRAD_NORM, before[1], windows[1]),
+            ):
                 if kind in spike["kinds"] and len(window) >= 2:  # the skip rule on the windows the step met
                     beyond.append(rule.rule.spikes(value, window, min_history=2))
-            record["previous_batch"] = {"loss": before[0], "grad_norm": before[1], "spikes": any(beyond)}
+            record["previous_batch"] = {
+                Metric.LOSS.value: before[0],
+                Metric.GRAD_NORM.value: before[1],
+                "spikes": any(beyond),
+            }
             record["verdict"] = "dynamics" if any(beyond) else "data"
             record["why"] = (
                 "the previous step's batch spikes too on these weights: the weights make it"

@@ -1,25 +1,27 @@
 """The training loop's optional features as step hooks (`normlab.diagnostics.hooks`): the probe pass
-(probes.jsonl), the per-step tier (layers.jsonl), QK-clip and the spike policy (the divergence section's hook,
-built by name: `normlab.train.hook_registry`).
+(probes.jsonl), the per-step tier (layers.jsonl), QK-clip and the divergence section's hook (the divergence
+monitor's decisions and the spike policy; built by name: `normlab.train.hook_registry`).
 
 Their priorities put the probe pass first before the update and last after it (its rows read the weights
 before any other hook has touched the step, and its update rows include QK-clip's rescale), the tier next
 (its update RMS includes the rescale too), then QK-clip (its maxima reset after the probe pass's forward, so
-only the step's own micro-batches count), then the spike policy (its RNG state kept last, just before the
+only the step's own micro-batches count), then the divergence hook (its RNG state kept last, just before the
 forward).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import IO, TYPE_CHECKING, Any
 
 import torch
 
-from normlab.diagnostics.hooks import StepHook
+from normlab.diagnostics.hooks import StepHook, Stop
 from normlab.diagnostics.probe_store import ProbeRow, ProbeWriter
 from normlab.diagnostics.probes import Probes
 from normlab.diagnostics.tier import StepTier, TierSpikes
+from normlab.runs.metrics import Metric
 from normlab.train.qk_clip import QKClip
 from normlab.train.spikes import SpikeHandler
 
@@ -127,7 +129,7 @@ class TierHook(StepHook):
         if not self.on(step):
             return
         row = self.tier.after_step(applied)
-        self.last = {"step": step, **row}  # the early warnings read it (normlab.diagnostics.early_warning)
+        self.last = {Metric.STEP: step, **row}  # the early warnings read it (normlab.diagnostics.early_warning)
         if self.log is not None:
             self.log.write(json.dumps(self.last) + "\n")
 
@@ -164,19 +166,45 @@ class QKClipHook(StepHook):
         self.clip.load_state_dict(state)
 
 
-class SpikePolicyHook(StepHook):
-    """The spike policy (`normlab.train.spikes`), the divergence section's hook: the step's RNG state kept before its
-    forward; before the update, the tier's per-layer rule and the loss and gradient-norm rule with its rerun (through
-    the run's handle: the step again on the same weights, its whole batch saved with a spike); on a spike of either,
-    the full probe pass on the step's first micro-batch."""
+class DivergenceHook(StepHook):
+    """The divergence section's hook: the divergence monitor's decisions (`normlab.train.divergence`) and the spike
+    policy (`normlab.train.spikes`). Before the update it admits a step or not (a non-finite loss or gradient norm
+    skipped or stopping the run per ``on_nonfinite``; fp16's overflow), then applies the tier's per-layer rule and
+    the loss and gradient-norm rule with its rerun (through the run's handle: the step again on the same weights,
+    its whole batch saved with a spike), on a spike of either the full probe pass on the step's first micro-batch;
+    after it, the loss scale's collapse rule and the monitor's spike flags in the row; it asks the loop to stop
+    once the run diverged, and judges the finished run (the final-loss and stalled rules). The step's RNG state is
+    kept before its forward. The monitor's state is the run's (`RunState.monitor`, the checkpoint's "monitor")."""
 
-    def __init__(self, handler: SpikeHandler, handle: RunHandle) -> None:
-        self.handler, self.handle = handler, handle
+    def __init__(self, handler: SpikeHandler, handle: RunHandle, on_nonfinite: str = "stop") -> None:
+        self.handler, self.handle, self.on_nonfinite = handler, handle, on_nonfinite
+        self.monitor = handler.monitor
         self.tier_probed: int | None = None  # the last step whose tier spike ran the full probe pass
 
     @classmethod
-    def build(cls, settings: DivergenceSettings, handle: RunHandle) -> SpikePolicyHook:
-        return cls(SpikeHandler(handle.monitor, settings.on_spike, handle.run), handle)
+    def build(cls, settings: DivergenceSettings, handle: RunHandle) -> DivergenceHook:
+        return cls(SpikeHandler(handle.monitor, settings.on_spike, handle.run), handle, settings.on_nonfinite)
+
+    def admit(self, step: int, loss: float, grad_norm: float, scaled: bool) -> bool:
+        return self.monitor.check_finite(step, loss, grad_norm, self.on_nonfinite, scaled=scaled)
+
+    def row_metrics(self, step: int, applied: bool, row: Mapping[str, Any]) -> dict[str, Any]:
+        """fp16's loss scale after the scaler's update checked (the collapse rule); on an applied step, the
+        monitor's spike rules that fired (`DivergenceMonitor.update`) as flags."""
+        if Metric.LOSS_SCALE in row:
+            self.monitor.check_scale(step, row[Metric.LOSS_SCALE])
+        if not applied:
+            return {}
+        return {k: True for k, v in self.monitor.update(step, row[Metric.LOSS], row[Metric.GRAD_NORM]).items() if v}
+
+    def stop_request(self) -> Stop | None:
+        step = self.monitor.diverged_step
+        if not self.monitor.diverged or step is None:
+            return None
+        return Stop(step, self.monitor.reason or "diverged", failed=True)
+
+    def post_train(self, step: int) -> None:
+        self.monitor.finish(step)  # the final-loss and stalled rules, on the run as it ended
 
     def pre_step(self, step: int) -> None:
         self.handler.start(self.handle.device)

@@ -11,12 +11,17 @@ This module builds the run's state (`RunState`) and steps it.
 Host syncs: a GPU step is queued by the CPU ahead of its execution, and every value read back to
 Python (`.item()`, `float(tensor)`) makes the CPU wait for the GPU to drain, so the next step's
 kernels are not queued while the GPU finishes this one. A step here reads back one pair, the loss
-and the gradient norm, after the backward: the divergence monitor must decide before the
-optimizer step whether it may be applied (non-finite values are skipped or stop the run), and the
-metrics row needs both. The loss of each micro-batch stays on the device until then. fp16 reads
-the loss scale once more after the scaler's update (the monitor's collapse rule). Evaluation
-reads one value per evaluation; probes, every `probe_every` steps, read many (they are for insight,
+and the gradient norm, after the backward: the hooks (the divergence hook, `normlab.train.step_hooks`)
+must decide before the optimizer step whether it may be applied (non-finite values are skipped or
+stop the run), and the metrics row needs both. The loss of each micro-batch stays on the device until
+then. fp16 reads the loss scale once more after the scaler's update (the divergence hook's collapse rule).
+Evaluation reads one value per evaluation; probes, every `probe_every` steps, read many (they are for insight,
 not speed). On CPU a sync costs nothing.
+
+The loop asks its hooks (`normlab.diagnostics.hooks.StepHooks`), never a particular component, whether a step's
+update is applied (`before_update`), what the row adds (`row_metrics`), whether the run stops (`stop_request`: the
+divergence hook once the run diverged) and whether it saves (`checkpoint_due`: the checkpoint schedule's hook); it
+saves on its own only when a scheduler's signal (`stop`) arrives.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from normlab.data.dataset import TokenData, load_data
 from normlab.data.sft import SFTData, load_sft_data
 from normlab.diagnostics.forensics import describe as describe_break
 from normlab.diagnostics.forensics import first_break, gradient_break
-from normlab.diagnostics.hooks import StepHook
+from normlab.diagnostics.hooks import StepHook, Stop
 from normlab.errors import CheckpointError, ConfigError
 from normlab.io import truncate_jsonl
 from normlab.model import count_params, storage
@@ -52,14 +57,14 @@ from normlab.runs.checkpoint import (
 )
 from normlab.runs.files import RunDir
 from normlab.runs.lock import RunLock
+from normlab.runs.metrics import Metric
 from normlab.runs.model import build_run_model
 from normlab.runs.start import Start, check_out, plan_start
 from normlab.runs.summary import Forensics
 from normlab.train import distributed, faults
-from normlab.train.ckpt_schedule import SAVE_SHARE
 from normlab.train.divergence import monitor_for
 from normlab.train.handle import RunHandle, StepActions
-from normlab.train.hook_registry import CheckpointHook, LoggerHook, build_hooks
+from normlab.train.hook_registry import LoggerHook, build_hooks
 from normlab.train.init_from import read_init_weights
 from normlab.train.memory import check_fits, device_capacity
 from normlab.train.mfu import flops_per_token, optimizer_flops, peak_flops
@@ -147,7 +152,7 @@ def train(
     run's lock, already taken by the caller (a sweep's worker, which takes it before it marks the run running);
     it stays the caller's to release. `hooks`: the user's own step hooks (`normlab.diagnostics.hooks.StepHook`
     instances), run after the built-in ones; one with a ``bind(handle)`` method is given the run's handle
-    (`normlab.train.hook_registry.RunHandle`) before the first step.
+    (`normlab.train.handle.RunHandle`) before the first step.
 
     The main rank checks `--out`, takes the run's lock and decides where the run starts (`rundir`);
     the other ranks follow its decision and load the same checkpoint.
@@ -218,7 +223,8 @@ def load_run_data(cfg: TrainConfig) -> TokenData | SFTData:
 
 
 def build_state(cfg: TrainConfig, info: distributed.DistInfo, start: Start) -> RunState:
-    """Data, model, optimizer, scaler and monitor, restored from the start's checkpoint if it has one."""
+    """Data, model, optimizer, scaler and divergence monitor, restored from the start's checkpoint if it has one
+    (the hooks' own entries are restored once they are built: `open_records`)."""
     if cfg.data.batch_size % (info.world * cfg.data.grad_accum):
         raise ConfigError(
             f"batch_size={cfg.data.batch_size} must divide into {info.world} ranks x grad_accum={cfg.data.grad_accum}"
@@ -276,7 +282,6 @@ def build_state(cfg: TrainConfig, info: distributed.DistInfo, start: Start) -> R
     if start.checkpoint is not None:
         ckpt = start.checkpoint
         load_state(wrapped, opt, ckpt, cfg)
-        state.hooks.load_state_dict(ckpt)  # each stateful hook's entry (QK-clip's "qk_clip")
         state.scaler.load_state_dict(ckpt["scaler"])
         state.monitor.load_state_dict(ckpt["monitor"])
         set_rng_state(ckpt["rng"])
@@ -290,23 +295,27 @@ def _tokenizer_facts(tok: Any) -> dict[str, Any] | None:
     return {"name": tok.name, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id, "eos_token": tok.eos_token}
 
 
-def open_records(state: RunState, user_hooks: Sequence[StepHook] = ()) -> None:
+def open_records(
+    state: RunState, user_hooks: Sequence[StepHook] = (), checkpoint: dict[str, Any] | None = None
+) -> None:
     """config.json and the metrics files cut back to the start step (main rank only), then the run's step hooks,
     each built by name from its own section (`normlab.train.hook_registry`: the probe pass, the per-step tier, the
-    spike policy, the early warnings, a fault, the checkpoint schedule, the loggers), then the user's hooks; each
-    hook with `bind` is given the run's handle."""
+    divergence monitor's decisions and the spike policy, the early warnings, a fault, the checkpoint schedule, the
+    loggers), then the user's hooks; each hook with `bind` is given the run's handle. A resumed run's
+    ``checkpoint``: each stateful hook's entry restored (QK-clip's "qk_clip")."""
     if state.info.is_main:
         _write_run_record(state, RunDir(state.run))
     handle = RunHandle(state, StepActions(replay, global_batch, micro_batches))
     built = build_hooks(state.cfg, handle)
-    logger, ckpts = built.get("loggers"), built["checkpointing"]
+    logger = built.get("loggers")
     state.sinks = logger.sinks if isinstance(logger, LoggerHook) else None
-    state.ckpts = ckpts.schedule if isinstance(ckpts, CheckpointHook) else None
     for hook in [*built.values(), *user_hooks]:
         bind = getattr(hook, "bind", None)
         if callable(bind):
             bind(handle)
         state.hooks.add(hook)
+    if checkpoint is not None:
+        state.hooks.load_state_dict(checkpoint)
 
 
 def _write_run_record(state: RunState, run: RunDir) -> None:
@@ -351,11 +360,9 @@ def micro_batches(state: RunState, step: int) -> list[tuple[torch.Tensor, torch.
     return [(x[i * micro : (i + 1) * micro], y[i * micro : (i + 1) * micro]) for i in range(cfg.data.grad_accum)]
 
 
-def find_break(state: RunState) -> Forensics:
-    """Where the diverged run first broke: its failing step's batch re-run, hooked, through the weights
+def find_break(state: RunState, step: int) -> Forensics:
+    """Where the diverged run first broke: its failing ``step``'s batch re-run, hooked, through the weights
     in memory (the failing update was never applied), on every rank; the first rank that broke."""
-    step = state.monitor.diverged_step
-    assert step is not None  # called for a diverged run
     model = distributed.unwrap(state.model)  # DDP: each rank alone (no collective in a forward); FSDP2: all together
     found = first_break(model, micro_batches(state, step), autocast=lambda: _autocast(state.cfg, state.info.device))
     found["gradients"] = gradient_break(model)
@@ -439,14 +446,13 @@ def train_step(state: RunState) -> dict[str, Any]:
     grad_norm_t = torch.nn.utils.clip_grad_norm_(state.trainable, max_norm)
     if hasattr(grad_norm_t, "full_tensor"):  # FSDP2: a DTensor; the norm over every rank's shards
         grad_norm_t = grad_norm_t.full_tensor()
-    # The step's one read-back (see the module docstring): the monitor decides before the update.
+    # The step's one read-back (see the module docstring): the hooks decide before the update.
     losses = distributed.mean_across_tensor(torch.stack([loss_sum, aux_sum]), info)  # one collective for both
     loss_val, aux_val, grad_norm = torch.cat([losses, grad_norm_t.float().to(losses.device).reshape(1)]).tolist()
     scaled = scaler.is_enabled()
-    apply = state.monitor.check_finite(step, loss_val, grad_norm, cfg.divergence.on_nonfinite, scaled=scaled)
-    spike = state.hooks.veto(step, loss_val, grad_norm) if apply else None  # the spike policy
-    spike_skip = spike is not None and spike["action"] == "skipped"
-    apply = apply and not spike_skip
+    # the divergence hook admits the step or not (non-finite values, fp16's overflow), then the spike policy's veto
+    update = state.hooks.before_update(step, loss_val, grad_norm, scaled)
+    apply, spike = update.applied, update.record
     if apply:
         opt.step()  # the gradients are unscaled and finite: what scaler.step would do, without its sync
     scaler.update()  # fp16: halves the scale after an overflow, doubles it after 2000 clean steps
@@ -455,30 +461,28 @@ def train_step(state: RunState) -> dict[str, Any]:
     state.tokens += cfg.data.batch_size * cfg.data.seq_len
     tok_per_s = cfg.data.batch_size * cfg.data.seq_len / dt
     row: dict[str, Any] = {
-        "step": step,
-        "loss": loss_val,
-        "lr": lr,
-        "grad_norm": grad_norm,
-        "tokens": state.tokens,
-        "tok_per_s": tok_per_s,
-        "tok_per_s_per_device": tok_per_s / info.world,
-        "time": state.wall,
+        Metric.STEP: step,
+        Metric.LOSS: loss_val,
+        Metric.LR: lr,
+        Metric.GRAD_NORM: grad_norm,
+        Metric.TOKENS: state.tokens,
+        Metric.TOK_PER_S: tok_per_s,
+        Metric.TOK_PER_S_PER_DEVICE: tok_per_s / info.world,
+        Metric.TIME: state.wall,
     }
     if aux is not None:
-        row["moe_aux_loss"] = aux_val  # the routers' load-balancing + z-losses, weighted; not in "loss"
+        row[Metric.MOE_AUX_LOSS] = aux_val  # the routers' load-balancing + z-losses, weighted; not in the loss
     if state.peak_flops:
-        row["mfu"] = tok_per_s / info.world * state.flops_per_token / state.peak_flops
+        row[Metric.MFU] = tok_per_s / info.world * state.flops_per_token / state.peak_flops
     if scaled:
-        row["loss_scale"] = scaler.get_scale()  # fp16's second read-back
-        state.monitor.check_scale(step, row["loss_scale"])
+        row[Metric.LOSS_SCALE] = scaler.get_scale()  # fp16's second read-back
     if spike is not None:
-        row["spike"] = spike["verdict"]  # data | dynamics | hardware (normlab.train.spikes)
-    if spike_skip:
-        row["skipped"] = True
+        row[Metric.SPIKE] = spike["verdict"]  # data | dynamics | hardware (normlab.train.spikes)
+    if update.vetoed:
+        row[Metric.SKIPPED] = True
     elif not apply:
-        row["overflow" if scaled and math.isfinite(loss_val) else "skipped"] = True
-    else:
-        row.update({k: True for k, v in state.monitor.update(step, loss_val, grad_norm).items() if v})
+        row[Metric.OVERFLOW if scaled and math.isfinite(loss_val) else Metric.SKIPPED] = True
+    row.update(state.hooks.row_metrics(step, apply, row))  # the divergence hook: the scale's check, its spike flags
     return row
 
 
@@ -490,33 +494,17 @@ def _train(
     hooks: Sequence[StepHook] = (),
 ) -> dict[str, Any]:
     state = build_state(cfg, info, start)
-    open_records(state, hooks)
-    ckpts = state.ckpts
-    assert ckpts is not None  # the checkpoints section's hook, built on every rank
+    open_records(state, hooks, start.checkpoint)
     try:
-        while state.step < cfg.optim.steps and not state.monitor.diverged:
-            row = train_step(state)
-            last = state.step == cfg.optim.steps - 1 or state.monitor.diverged
-            if (cfg.run.eval_every and (state.step + 1) % cfg.run.eval_every == 0) or last:
-                state.final_val = evaluate(state.fwd, state.val, cfg, info)
-                row["val_loss"] = state.final_val
-                row["val_ppl"] = math.exp(min(state.final_val, 50.0))
-            if state.sinks is not None:
-                state.sinks.log(row)
-            state.step += 1
-            if ckpts.due(state.step) or (last and not state.monitor.diverged):
-                _checkpoint(state)
-            elif stop is not None and stop.is_set() and not last:
-                _checkpoint(state)  # saved now: the scheduler's signal gives seconds, not another interval
-            if stop is not None and stop.is_set() and not last:
-                raise Stopped(state.step)
-        if state.final_val is None and state.step >= cfg.optim.steps and not state.monitor.diverged:
+        halt = _loop(state, stop)
+        failed = halt is not None and halt.failed  # diverged
+        if state.final_val is None and state.step >= cfg.optim.steps and not failed:
             # resumed from the final checkpoint of a run killed before its summary: the last evaluation
             state.final_val = evaluate(state.fwd, state.val, cfg, info)
-        if state.monitor.diverged:
-            state.forensics = find_break(state)
-        state.hooks.post_train(state.step)  # the probes' end state (also of a diverged run, where it stopped)
-        state.monitor.finish(state.step)
+        if halt is not None and halt.failed:
+            state.forensics = find_break(state, halt.step)
+        # the probes' end state (also of a diverged run, where it stopped); the divergence hook's final rules
+        state.hooks.post_train(state.step)
     except Exception as err:  # a crash is recorded, then raised
         state.close()
         if info.is_main:
@@ -527,21 +515,39 @@ def _train(
     return write_summary(state) if info.is_main else {}
 
 
+def _loop(state: RunState, stop: threading.Event | None) -> Stop | None:
+    """Step the run to its last step or until a hook asks it to stop (the divergence hook: diverged), evaluating,
+    logging each row and saving where a hook asks (the checkpoint schedule; the last step unless the run failed)
+    or where the scheduler's ``stop`` signal arrived (then `Stopped` is raised); returns the hooks' stop, or None."""
+    cfg, info = state.cfg, state.info
+    halt = state.hooks.stop_request()  # a checkpoint of a run that had diverged: nothing to step
+    while state.step < cfg.optim.steps and halt is None:
+        row = train_step(state)
+        halt = state.hooks.stop_request()
+        last = state.step == cfg.optim.steps - 1 or halt is not None
+        if (cfg.run.eval_every and (state.step + 1) % cfg.run.eval_every == 0) or last:
+            state.final_val = evaluate(state.fwd, state.val, cfg, info)
+            row[Metric.VAL_LOSS] = state.final_val
+            row[Metric.VAL_PPL] = math.exp(min(state.final_val, 50.0))
+        if state.sinks is not None:
+            state.sinks.log(row)
+        state.step += 1
+        finishing = last and not (halt is not None and halt.failed)  # a diverged run saves no last checkpoint
+        signalled = stop is not None and stop.is_set() and not last
+        # saved on a signal even off the schedule: the scheduler's signal gives seconds, not another interval
+        if state.hooks.checkpoint_due(state.step, finishing) or signalled:
+            _checkpoint(state)
+        if signalled:
+            raise Stopped(state.step)
+    return halt
+
+
 def _checkpoint(state: RunState) -> None:
-    """Save the run's state at ``state.step``; every rank calls it (a sharded save is collective), then the
-    schedule learns what the save cost (`CheckpointSchedule.saved`), timed on the schedule's own clock."""
-    if state.ckpts is None:
-        _save(state)
-        return
-    t0 = state.ckpts.now()
+    """Save the run's state at ``state.step``; every rank calls it (a sharded save is collective), its hooks told
+    before and after (the checkpoint schedule times the save and learns what it cost)."""
+    state.hooks.pre_checkpoint(state.step)
     _save(state)
-    grew = state.ckpts.saved(state.step, state.ckpts.now() - t0)
-    if grew is not None and state.sinks is not None:
-        every, save_s = grew
-        state.sinks.note(
-            f"checkpoints: a save took {save_s:.1f} s; every {every} steps from step {state.step} on "
-            f"(saving at most {SAVE_SHARE:.0%} of the time; --ckpt-every N fixes it)"
-        )
+    state.hooks.post_checkpoint(state.step)
 
 
 def _save(state: RunState) -> None:
