@@ -242,3 +242,23 @@ def test_a_users_stateful_hook_is_saved_and_restored_when_the_run_resumes(corpus
     again = Counter()
     assert train(cfg, log=lambda *a: None, hooks=[again])["status"] == "ok"
     assert again.loaded == {"seen": 3} and again.seen == 6
+
+
+class RowReader(StepHook):
+    """A user's logger: the finished rows the loop hands its hooks (`row_done`)."""
+
+    def __init__(self):
+        self.rows = []
+
+    def row_done(self, row):
+        self.rows.append(dict(row))
+
+
+def test_a_users_hook_gets_each_finished_row_as_the_loggers_write_it(corpus, tmp_path):
+    """The loggers are a hook: the loop hands every hook the step's finished row (the validation loss on an
+    evaluating step included), and what a user's hook receives is row for row what metrics.jsonl holds."""
+    cfg = small(corpus, tmp_path / "r", steps=4, ckpt_every=100, eval_every=2, probe_every=0)
+    reader = RowReader()
+    train(cfg, log=lambda *a: None, hooks=[reader])
+    assert reader.rows == rows(tmp_path / "r")
+    assert [("val_loss" in x) for x in reader.rows] == [False, True, False, True]

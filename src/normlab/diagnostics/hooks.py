@@ -102,6 +102,10 @@ class StepHook:
         """Keys this hook adds to the step's metrics row (``row``: the loop's keys)."""
         return {}
 
+    def row_done(self, row: Mapping[str, Any]) -> None:
+        """The step's finished metrics row (the hooks' keys and, on an evaluating step, the validation loss), on the
+        main rank: the loggers write it here."""
+
     def stop_request(self) -> Stop | None:
         """A `Stop` to end the run after the current step, or None to go on."""
         return None
@@ -184,6 +188,10 @@ class StepHooks:
         for hook in self._hooks:
             out.update(hook.row_metrics(step, applied, row))
         return out
+
+    def row_done(self, row: Mapping[str, Any]) -> None:
+        for hook in self._hooks:
+            hook.row_done(row)
 
     def stop_request(self) -> Stop | None:
         """The first hook's request to stop, or None."""

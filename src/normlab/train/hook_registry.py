@@ -164,6 +164,9 @@ class LoggerHook(StepHook):
             return None
         return cls(Sinks(handle.cfg, handle.run, handle.step))
 
+    def row_done(self, row: Mapping[str, Any]) -> None:
+        self.sinks.log(dict(row))
+
     def close(self) -> None:
         self.sinks.close()
 

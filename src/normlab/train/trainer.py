@@ -529,8 +529,7 @@ def _loop(state: RunState, stop: threading.Event | None) -> Stop | None:
             state.final_val = evaluate(state.fwd, state.val, cfg, info)
             row[Metric.VAL_LOSS] = state.final_val
             row[Metric.VAL_PPL] = math.exp(min(state.final_val, 50.0))
-        if state.sinks is not None:
-            state.sinks.log(row)
+        state.hooks.row_done(row)  # the loggers' hook writes it (main rank)
         state.step += 1
         finishing = last and not (halt is not None and halt.failed)  # a diverged run saves no last checkpoint
         signalled = stop is not None and stop.is_set() and not last
