@@ -18,6 +18,7 @@ from normlab.model.attention import Attention
 from normlab.model.build import count_params
 from normlab.model.config import ModelConfig
 from normlab.model.depth_value import DepthValueAttention, depth_value_flops
+from normlab.model.describe import describe
 
 F64 = torch.float64
 TOL = 1e3 * torch.finfo(F64).eps  # float64 sums of a few dozen products and two softmaxes per layer
@@ -172,6 +173,7 @@ def test_depth_flops_and_refusals():
     with pytest.raises(LayoutError, match="attention=depth_value"):
         normlab.build_model("pre-gate", "nano", attention="depth_value")
     assert exact_native(normlab.build_model("pre", "nano", attention="depth_value")) == []
+    assert "attention: Depth-Attention" in describe("post", "nano", attention="depth_value")  # `normlab show`
 
 
 def test_the_normlab_class_exports_it_and_loads_with_its_own_code(tmp_path):
