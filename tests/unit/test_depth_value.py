@@ -180,8 +180,12 @@ def test_the_normlab_class_exports_it_and_loads_with_its_own_code(tmp_path):
     """No native class computes it; `export` writes the normlab class, whose bundled code computes the same logits."""
     transformers = pytest.importorskip("transformers")
     from normlab.hf.export import export
+    from normlab.hf.native import NativeExportError
 
     model = normlab.build_model("post", "nano", attention="depth_value", seed=0)
+    with pytest.raises(NativeExportError, match="attention=depth_value has no llama counterpart"):
+        export(normlab.build_model("pre", "nano", attention="depth_value"), tmp_path / "llama", arch="llama")
+    assert not (tmp_path / "llama").exists()  # refused before anything is written
     out, arch, _ = export(model, tmp_path / "dv")
     assert arch == "normlab"
     hf = transformers.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)
