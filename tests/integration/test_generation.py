@@ -25,7 +25,8 @@ from normlab.hf import save_hf, to_hf  # noqa: E402
 from normlab.hf.bundle import BundleError, bundle_source  # noqa: E402
 from tests.helpers import built_once  # noqa: E402
 
-CASES = [  # layout, size, overrides: RoPE, learned positions, inner norms, GQA, soft-capping, windows, MLA, MoDA, MoE
+CASES = [  # layout, size, overrides: RoPE, learned positions, inner norms, GQA, soft-capping, windows, MLA, MoDA,
+    # Depth-Attention, MoE
     ("peri", "nano", {}),
     ("hybrid", "nano", {"n_kv_heads": 2}),
     ("pre,norm=layer", "nano", {"position": "learned"}),
@@ -33,6 +34,7 @@ CASES = [  # layout, size, overrides: RoPE, learned positions, inner norms, GQA,
     ("qwen3", "nano", {"d_head": 16, "sliding_window": 4, "full_attention_every": 2}),  # windows shorter than the text
     ("qwen3", "nano", {"attention": "mla", "q_lora_rank": 8, "qk_rope_head_dim": 4}),  # MLA with QK-norm
     ("post", "nano", {"attention": "moda", "n_kv_heads": 1, "moda_ffn_kv": True}),  # MoDA: new tokens' depth keys
+    ("pre", "nano", {"attention": "depth_value", "n_kv_heads": 1}),  # Depth-Attention: mixed values in the cache
     ("pre", "moe-micro", {}),
 ]
 DENSE = CASES[:-1]

@@ -40,6 +40,7 @@ MODULES = (
     "model/attention.py",
     "model/mla.py",
     "model/moda.py",
+    "model/depth_value.py",
     "model/mlp.py",
     "model/moe.py",
     "model/admin.py",

@@ -62,7 +62,12 @@ class NativeExportError(ConfigError):
 
 
 def attention_refusal(kind: str, arch: str) -> str:
-    """Why attention ``kind`` (mla, moda) has no exact ``arch`` counterpart."""
+    """Why attention ``kind`` (mla, moda, depth_value) has no exact ``arch`` counterpart."""
+    if kind == "depth_value":
+        return (
+            f"attention=depth_value has no {arch} counterpart: no transformers class mixes a layer's values with the "
+            "earlier layers' at the same position (Depth-Attention, arXiv 2606.05014); export with --arch normlab"
+        )
     if kind == "moda":
         return (
             f"attention=moda has no {arch} counterpart: no transformers class lets a head attend to the earlier "

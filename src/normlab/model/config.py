@@ -26,8 +26,11 @@ NORM_COMPUTE: tuple[str, ...] = ("input", "fp32")  # see normlab.model.norms
 MOE_DISPATCH: tuple[str, ...] = ("auto", "sorted", "loop")  # see normlab.model.moe
 # the attention kinds (normlab.model.attention.Attention builds the one named): mha (multi-head, grouped-query with
 # n_kv_heads), mla (DeepSeek-V2's multi-head latent attention, normlab.model.mla), moda (mixture-of-depths attention:
-# each query also reads the earlier layers' keys and values at its own position, normlab.model.moda)
-ATTENTION_KINDS: tuple[str, ...] = ("mha", "mla", "moda")
+# each query also reads the earlier layers' keys and values at its own position, normlab.model.moda), depth_value
+# (Depth-Attention: the value first mixed with the earlier layers' values at its position, normlab.model.depth_value)
+ATTENTION_KINDS: tuple[str, ...] = ("mha", "mla", "moda", "depth_value")
+# the kinds whose layers share state within one forward (the earlier layers' depth entries): no block recompute
+CROSS_LAYER_ATTENTION: tuple[str, ...] = ("moda", "depth_value")
 # what `normlab layouts` says of each attention kind beside the presets: how it is chosen, its equation, its source
 ATTENTION_KIND_FACTS: dict[str, tuple[str, str, str]] = {
     "mha": (
@@ -46,6 +49,12 @@ ATTENTION_KIND_FACTS: dict[str, tuple[str, str, str]] = {
         "model.attention=moda (model.moda_ffn_kv: the FFN inputs' projections too)",
         "one softmax per head over the sequence's keys and the earlier layers' keys at the query's own position",
         "Zhu et al. 2026 (Mixture-of-Depths Attention, arXiv 2603.15619), the authors' naive reference",
+    ),
+    "depth_value": (
+        "model.attention=depth_value",
+        "v~_l,t = sum_{j<=l} softmax_j(q_l,t . k_j,t / sqrt(d_h)) v~_j,t (earlier layers' stored mixed values, the "
+        "layer's own v at j = l; GQA: the group's mean query), then softmax(q k^T / sqrt(d_h)) v~ over the sequence",
+        "Zeng et al. 2026 (Depth-Attention, arXiv 2606.05014), from its abstract: the text beyond it could not be read",
     ),
 }
 # Sanity bounds: far above any published model, low enough that a typo fails here, not in an allocation.
@@ -150,7 +159,8 @@ class ModelConfig:
     attention: str = setting(
         "mha",
         "mha (multi-head; grouped-query with n_kv_heads) | mla (DeepSeek-V2's latent attention, normlab.model.mla) | "
-        "moda (mixture-of-depths attention: also the earlier layers' keys and values, normlab.model.moda)",
+        "moda (mixture-of-depths attention: also the earlier layers' keys and values, normlab.model.moda) | "
+        "depth_value (Depth-Attention: the value mixed over the earlier layers' values, normlab.model.depth_value)",
         choices=ATTENTION_KINDS,
     )
     kv_lora_rank: int | None = setting(
@@ -318,8 +328,8 @@ class ModelConfig:
         return self.attention_problem(resolved)
 
     def attention_problem(self, resolved: ResolvedLayout) -> str | None:
-        """Why attention=mla or moda does not combine with this layout, or None: both build attention's q, k, v,
-        context norms per head, and neither builds the output gate, NormFormer's head scales or nGPT's s_qk; MoDA
+        """Why attention=mla, moda or depth_value does not combine with this layout, or None: each builds q, k, v,
+        context norms per head, and none builds the output gate, NormFormer's head scales or nGPT's s_qk; MoDA
         writes its one softmax over sequence and depth keys out, as the plain softmax only (no cap, sink, softpick)."""
         if self.attention == "mha":
             return None

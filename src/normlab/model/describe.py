@@ -35,6 +35,8 @@ def model_report(cfg: ModelConfig, layout: Layout, resolved: ResolvedLayout, sch
         report += "\n  attention: MoDA (each query also reads the earlier layers' keys and values at its position" + (
             "; each FFN's input too, through W_K^F, W_V^F)" if cfg.moda_ffn_kv else ")"
         )
+    elif cfg.attention == "depth_value":
+        report += "\n  attention: Depth-Attention (each value first mixed over the earlier layers' values at its token)"
     if cfg.q_lr_mult != 1.0 or cfg.k_lr_mult != 1.0:
         report += f"\n  learning rate x {cfg.q_lr_mult:g} on the query projections, x {cfg.k_lr_mult:g} on the key ones"
     return report

@@ -28,9 +28,10 @@ from torch.utils.checkpoint import checkpoint
 from normlab.errors import LayoutError
 from normlab.layout.sites import NORM_SITES, ResolvedLayout
 from normlab.model.block import Block
-from normlab.model.config import ModelConfig
+from normlab.model.config import CROSS_LAYER_ATTENTION, ModelConfig
 from normlab.model.decoding import Decoding, check_positions
 from normlab.model.depth_attention import DepthAttention
+from normlab.model.depth_value import DepthValueAttention, link_values
 from normlab.model.loss import lm_loss, logits_of
 from normlab.model.mla import LatentAttention
 from normlab.model.moda import DepthKVAttention, link_depth
@@ -42,7 +43,7 @@ from normlab.model.storage import NO_STORAGE, Storage
 
 # the attention kinds besides multi-head attention (ModelConfig.attention); importing them registers each in
 # normlab.model.attention.ATTENTION_CLASSES, which Attention(cfg, ...) builds from
-ATTENTION_SUBCLASSES = (LatentAttention, DepthKVAttention)
+ATTENTION_SUBCLASSES = (LatentAttention, DepthKVAttention, DepthValueAttention)
 
 
 @dataclass
@@ -84,6 +85,8 @@ class NormLM(nn.Module):
         )
         if cfg.attention == "moda":  # mixture-of-depths attention: the layers share one store of depth keys/values
             link_depth(self.blocks)
+        if cfg.attention == "depth_value":  # Depth-Attention: the layers share one store of keys and mixed values
+            link_values(self.blocks)
         self.final_depth: DepthAttention | None = None  # Attention Residuals' final read over depth (its model part)
         for name, part in self.residual.model_parts().items():
             setattr(self, name, part)
@@ -184,11 +187,12 @@ class NormLM(nn.Module):
             x = self.expand(x)
         hidden = [x] if return_hidden_states else None
         # not while hidden states are returned (the probes take gradients with respect to them), nor
-        # with a KV cache (the recompute would append the keys twice), nor with MoDA (its layers share the depth
-        # keys of one forward, normlab.model.moda, which a block's recompute in the backward would not see)
+        # with a KV cache (the recompute would append the keys twice), nor with MoDA or Depth-Attention (their layers
+        # share the depth entries of one forward, normlab.model.moda / depth_value, which a block's recompute in the
+        # backward would not see)
         recompute = (
             self.activation_checkpointing
-            and self.config.attention != "moda"
+            and self.config.attention not in CROSS_LAYER_ATTENTION
             and self.training
             and torch.is_grad_enabled()
             and hidden is None
