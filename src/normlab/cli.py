@@ -51,7 +51,8 @@ def _layouts(args: argparse.Namespace) -> str:
     if args.markdown:
         kinds = ["| attention | chosen by | equation | source |", "|---|---|---|---|"]
         return "\n".join([table, "", *kinds, *(f"| `{k}` | `{how}` | {eq} | {src} |" for k, how, eq, src in rows)])
-    kinds = [f"{k:<6}  {how}\n        {eq}\n        {src}" for k, how, eq, src in rows]
+    pad = max(len(k) for k, *_ in rows)  # the kinds' names in one column, as wide as the longest
+    kinds = [f"{k:<{pad}}  {how}\n{'':{pad + 2}}{eq}\n{'':{pad + 2}}{src}" for k, how, eq, src in rows]
     return table + "\n\nattention kinds (any layout above, with --set model.attention=KIND):\n\n" + "\n".join(kinds)
 
 

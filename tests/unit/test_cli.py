@@ -46,8 +46,9 @@ def test_layouts_lists_the_attention_kinds_beside_the_presets(capsys):
     assert main(["layouts"]) == 0
     out = capsys.readouterr().out
     tail = out[out.index("attention kinds") :]
-    for kind, (how, eq, src) in ATTENTION_KIND_FACTS.items():
-        assert f"{kind:<6}  {how}" in tail and eq in tail and src in tail
+    pad = max(map(len, ATTENTION_KIND_FACTS))
+    for kind, (how, eq, src) in ATTENTION_KIND_FACTS.items():  # one column of names, the text aligned beside it
+        assert f"\n{kind:<{pad}}  {how}\n{'':{pad + 2}}{eq}\n{'':{pad + 2}}{src}" in tail
     assert main(["layouts", "--names"]) == 0
     assert "mla" not in capsys.readouterr().out.split()
 
