@@ -43,12 +43,22 @@ SWEEP_TAG = "normlab-sweep:"  # the comment's word that names it
 def sweep_token(store: SweepStore) -> tuple[str, bool]:
     """The token every job of this sweep carries in its comment, and whether it was made just now (a store whose
     jobs, if any, were submitted by a normlab that gave them none)."""
-    token = store.get_meta(SWEEP_KEY)
-    if isinstance(token, str) and token:
+    token = token_in({SWEEP_KEY: store.get_meta(SWEEP_KEY)})
+    if token:
         return token, False
-    token = uuid.uuid4().hex[:16]
+    token = new_token()
     store.set_meta(SWEEP_KEY, token)
     return token, True
+
+
+def token_in(meta: dict[str, Any]) -> str | None:
+    """The sweep's token as the store's meta table holds it (`SweepStore.snapshot`); None when it holds none."""
+    token = meta.get(SWEEP_KEY)
+    return token if isinstance(token, str) and token else None
+
+
+def new_token() -> str:
+    return uuid.uuid4().hex[:16]
 
 
 def carries(comment: str, token: str) -> bool:
@@ -91,13 +101,14 @@ def parameters(options: dict[str, Any], token: str, sweep: str) -> dict[str, Any
     return {"slurm_comment": comment, "slurm_additional_parameters": extra}
 
 
-def unreleased(store: SweepStore) -> dict[str, tuple[str, str, str, str]] | None:
-    """run id -> (token, job id, state, reason) of each live job of an announced submission; None when squeue cannot
-    answer (the caller must not submit those runs then). A run named by two announcements gets its newest job."""
-    tokens = store.get_meta(KEY) or {}
+def unreleased(
+    tokens: dict[str, list[str]], queue: dict[str, tuple[str, str, str]] | None
+) -> dict[str, tuple[str, str, str, str]] | None:
+    """run id -> (token, job id, state, reason) of each live job of an announced submission (`tokens`: the store's
+    meta `KEY`; `queue`: `live_jobs()`); None when squeue did not answer (the caller must not submit those runs
+    then). A run named by two announcements gets its newest job."""
     if not tokens:
         return {}
-    queue = live_jobs()
     if queue is None:
         return None
     found: dict[str, tuple[str, str, str, str]] = {}
