@@ -66,6 +66,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -208,6 +209,7 @@ class Coordinator:
                 if self.jobs or self.runs.waiting:
                     time.sleep(POLL_S if self.kind == "slurm" else 0.5)
         except KeyboardInterrupt:
+            self._write()  # what the pass had decided (each write whole): a job's end already read is kept
             _interrupted(self.root, self.store, self.jobs, self.kind, self.log)
             raise
         if self.fatal:
@@ -257,10 +259,10 @@ class Coordinator:
         stored; or a duplicate's twin: squeue must see it, a name left in the lock file by a job that died is no
         reason to wait). The sweep's token is made here when the store has none (its jobs, if any, carry none)."""
         rows, queue, held = seen.view.rows, seen.queue, seen.held
-        self.token = submission.token_in(seen.view.meta)
-        check = self.token
-        if self.token is None:
-            self.token = submission.new_token()
+        stored = seen.view.meta.get(submission.SWEEP_KEY)
+        check = stored if isinstance(stored, str) and stored else None  # (submission.sweep_token, from the snapshot)
+        self.token = check or uuid.uuid4().hex[:16]
+        if check is None:
             self.writes.append(("set_meta", (submission.SWEEP_KEY, self.token)))
         self.sweep = replace(self.sweep, token=check)
         for rid, state in seen.states.items():

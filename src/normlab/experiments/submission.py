@@ -43,22 +43,12 @@ SWEEP_TAG = "normlab-sweep:"  # the comment's word that names it
 def sweep_token(store: SweepStore) -> tuple[str, bool]:
     """The token every job of this sweep carries in its comment, and whether it was made just now (a store whose
     jobs, if any, were submitted by a normlab that gave them none)."""
-    token = token_in({SWEEP_KEY: store.get_meta(SWEEP_KEY)})
-    if token:
+    token = store.get_meta(SWEEP_KEY)
+    if isinstance(token, str) and token:
         return token, False
-    token = new_token()
+    token = uuid.uuid4().hex[:16]
     store.set_meta(SWEEP_KEY, token)
     return token, True
-
-
-def token_in(meta: dict[str, Any]) -> str | None:
-    """The sweep's token as the store's meta table holds it (`SweepStore.snapshot`); None when it holds none."""
-    token = meta.get(SWEEP_KEY)
-    return token if isinstance(token, str) and token else None
-
-
-def new_token() -> str:
-    return uuid.uuid4().hex[:16]
 
 
 def carries(comment: str, token: str) -> bool:
