@@ -174,10 +174,11 @@ def run_cluster(
 class Coordinator:
     """The loop of a SLURM (or submitit-local) sweep: each run's phase moved along `TRANSITIONS` as jobs are
     submitted, start and end. Each pass reads, decides, writes, then submits: the scheduler and the store read once
-    (`slurm_poll.Watcher.poll`: sacct, squeue, a `StoreView`); from that reading alone, the jobs of an unfinished
-    submission found, held arrays released, runs whose job started moved on, jobs that can never start cancelled,
-    each ended job read (`_ended`: the row, the run's files, `slurm_states.ENDINGS`); the rows written back at once
-    (`SweepStore.apply`) and the pass's lines said; then the next batch submitted (`_submit`)."""
+    (`slurm_poll.Watcher.poll`: sacct, squeue, a `StoreView`); from that reading, the jobs of an unfinished
+    submission found, runs whose job started moved on, jobs that can never start cancelled, each ended job read
+    (`_ended`: the row, the run's files, `slurm_states.ENDINGS`); the rows written back at once (`SweepStore.apply`)
+    and the pass's lines said; then held arrays released (their ids now stored) and the next batch submitted
+    (`_submit`)."""
 
     def __init__(
         self, sweep: SweepJobs, todo: list[str], options: dict[str, Any], name: str, log: Callable[[str], object]

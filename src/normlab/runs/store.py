@@ -14,6 +14,9 @@ ends with one line naming the store (no raw sqlite error).
 Readers (`summarize`, `report`) open the store read-only (`readonly=True`): on a read-only mount as
 an immutable file, so a sweep on read-only storage is summarized into another folder.
 
+The SLURM coordinator reads every row and the meta table in one transaction per poll (`snapshot`, a `StoreView`
+with nothing parsed) and writes what it decided back in order (`apply`).
+
 Row life cycle: `pending` (a scheduler's job id in `job` once submitted) -> `running` (attempts + 1)
 -> `ok` | `stalled` | `diverged` | `failed`. Results are never re-run; `failed` and interrupted
 `running` rows are re-run when the sweep is started again; a requeued job's row goes back to `pending`.
