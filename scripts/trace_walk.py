@@ -11,10 +11,12 @@ Definitions (the ones issue 65 judges the SLURM executor's and recommend's concl
 
 - **The frames traced** are every frame of the root function (`MODULE:QUALNAME`, e.g.
   `normlab.experiments.cluster:Coordinator.run`) and, below it, every frame of a normlab function it calls,
-  directly or through other normlab functions (`--scope tree`, the default); with `--scope direct`, the root's own
-  frames only. A call into code outside normlab (the standard library, submitit, torch) is not followed. A
-  comprehension or generator expression is part of the function it is written in (Python 3.11 runs it in a frame of
-  its own; 3.12 inlines comprehensions, PEP 709): its calls are the enclosing function's, and entering it is no move.
+  directly or through other normlab functions (`--scope tree`, the default); with `--scope module`, only the frames
+  of the root's own module below it (the root's module calling out, not what the callees call); with
+  `--scope direct`, the root's own frames only. A call into code outside normlab (the standard library, submitit,
+  torch) is not followed. A comprehension or generator expression runs in a frame of its own on Python 3.11 and is
+  counted as a call into the module it is written in; with `--comprehensions inline` it is part of the function it
+  is written in (as 3.12 inlines comprehensions, PEP 709): its calls are that function's, entering it no move.
 - **The walk** is the sequence of normlab modules (rooms) entered by the calls made from the traced frames while the
   command runs, in the order they are made, starting with the root's own module. With `--distinct`, each call site
   (the caller's code and line, the callee's code) counts once, the first time it runs: the walk of one pass through
@@ -75,11 +77,11 @@ class Walk:
 class Tracer:
     """A `sys.setprofile` function recording the walk of the root's frames (module docstring)."""
 
-    def __init__(self, root: str, scope: str = "tree", distinct: bool = False) -> None:
+    def __init__(self, root: str, scope: str = "tree", distinct: bool = False, inline: bool = False) -> None:
         self.module, _, self.qualname = root.partition(":")
         if not self.qualname:
             raise SystemExit(f"--root {root!r}: give MODULE:QUALNAME, e.g. normlab.experiments.cluster:Coordinator.run")
-        self.scope, self.distinct = scope, distinct
+        self.scope, self.distinct, self.inline = scope, distinct, inline
         self.traced: set[int] = set()  # ids of the live frames whose calls are recorded
         self.sites: set[tuple[Any, int, Any]] = set()
         self.walk = Walk()
@@ -108,10 +110,12 @@ class Tracer:
         module = str(frame.f_globals.get("__name__", ""))
         if module != PACKAGE and not module.startswith(PACKAGE + "."):
             return
-        if frame.f_code.co_name in INLINE:  # part of its caller: traced as the caller is, not a move of the walk
+        if (
+            self.inline and frame.f_code.co_name in INLINE
+        ):  # part of its caller: traced as the caller is, not a move of the walk
             self.traced.add(id(frame))
             return
-        if self.scope == "tree":
+        if self.scope == "tree" or (self.scope == "module" and module == self.module):
             self.traced.add(id(frame))
         if self.distinct:
             site = (caller.f_code, caller.f_lineno, frame.f_code)
@@ -146,12 +150,19 @@ def run_traced(tracer: Callable[[FrameType, str, object], None], command: list[s
 def report(tracer: Tracer, status: int) -> dict[str, Any]:
     found = tracer.walk.counts()
     mode = f"scope {tracer.scope}" + (", distinct call sites" if tracer.distinct else ", every call")
+    mode += ", comprehensions inline" if tracer.inline else ""
     print(f"\nwalk of {tracer.module}:{tracer.qualname} ({mode}; entered {tracer.entered} time(s), exit {status})")
     print(f"  {found['rooms']} rooms, {found['stays']} stays, {found['returns']} returns over {found['calls']} calls")
     print("  rooms in order: " + ", ".join(r.removeprefix(PACKAGE + ".") for r in found["order"]))
     for move, n in list(found["returning_moves"].items())[:8]:
         print(f"  {n:5d}  {move.replace(PACKAGE + '.', '')}")
-    return {"root": f"{tracer.module}:{tracer.qualname}", "scope": tracer.scope, "distinct": tracer.distinct, **found}
+    return {
+        "root": f"{tracer.module}:{tracer.qualname}",
+        "scope": tracer.scope,
+        "distinct": tracer.distinct,
+        "inline": tracer.inline,
+        **found,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,12 +172,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--root", action="append", required=True, help="MODULE:QUALNAME of a function whose walk is traced (repeatable)"
     )
-    parser.add_argument("--scope", choices=("tree", "direct"), default="tree")
+    parser.add_argument("--scope", choices=("tree", "module", "direct"), action="append", help="repeatable; tree")
     parser.add_argument("--distinct", action="store_true", help="each call site once (one pass through the code)")
+    parser.add_argument("--comprehensions", choices=("calls", "inline", "both"), default="calls")
     parser.add_argument("--json", help="write the counts and the whole walk here")
     args = parser.parse_args(argv[:cut])
     both = (True,) if args.distinct else (False, True)
-    tracers = [Tracer(root, args.scope, distinct) for root in args.root for distinct in both]
+    scopes = args.scope or ["tree"]
+    inline = {"calls": (False,), "inline": (True,), "both": (False, True)}[args.comprehensions]
+    tracers = [
+        Tracer(root, scope, distinct, flat)
+        for root in args.root
+        for scope in scopes
+        for flat in inline
+        for distinct in both
+    ]
 
     def profile(frame: FrameType, event: str, arg: object) -> None:
         for t in tracers:
