@@ -377,9 +377,9 @@ def test_the_coordinator_module_loads_no_pickle():
     """Neither the coordinator nor the submission code calls submitit's result readers or pickle's loaders."""
     import inspect
 
-    from normlab.experiments import cluster, slurm_preflight, slurm_states, submission
+    from normlab.experiments import cluster, slurm_poll, slurm_preflight, slurm_states, submission
 
-    for module in (cluster, slurm_preflight, slurm_states, submission):
+    for module in (cluster, slurm_poll, slurm_preflight, slurm_states, submission):
         text = inspect.getsource(module)
         for call in (".result(", ".results(", "pickle.load", "pickle_load", "cloudpickle.load"):
             assert call not in text, (module.__name__, call)
@@ -485,7 +485,8 @@ def test_another_users_job_is_never_this_sweeps(fake_slurm, store_with_jobs, tmp
     """squeue --me lists this user's jobs only: a live job the store or a lock names that is not among them is
     another user's (squeue -j ID -o %u says whose), and is neither watched, adopted nor cancelled, token or not."""
     from normlab.experiments import submission
-    from normlab.experiments.cluster import SweepJobs, _ended, current_user, foreign
+    from normlab.experiments.cluster import SweepJobs, _ended
+    from normlab.experiments.slurm_poll import current_user, foreign
     from normlab.runs.files import SweepDir
     from normlab.runs.lock import holder_job
 

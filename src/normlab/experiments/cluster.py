@@ -66,6 +66,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -74,11 +75,11 @@ from typing import Any
 from normlab.errors import ConfigError
 from normlab.experiments import submission
 from normlab.experiments.scheduler import (
-    ask_scheduler,
     never_passes,
     never_starts,
     time_over_partition,
 )
+from normlab.experiments.slurm_poll import Poll, Watcher, foreign
 from normlab.experiments.slurm_preflight import _executor, _one_line, _passes
 from normlab.experiments.slurm_states import ENDED, WAITING, JobEnd, Phase, decide, saved_step
 from normlab.runs.files import SweepDir
@@ -86,13 +87,7 @@ from normlab.runs.lock import holder_job, job_alive
 from normlab.runs.outcome import FINISHED, describe
 from normlab.runs.store import SweepStore, open_store
 
-# squeue's and sacct's words for a job that has not ended
-# fmt: off
-LIVE = ("PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "COMPLETING", "SUSPENDED",
-        "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD")
-# fmt: on
 POLL_S = float(os.environ.get("NORMLAB_SLURM_POLL_S", "10"))  # seconds between scheduler queries (one sacct call)
-UNKNOWN_GRACE_S = 120.0  # a job neither sacct nor squeue knows for this long has ended
 
 
 def __getattr__(name: str) -> Any:
@@ -101,81 +96,6 @@ def __getattr__(name: str) -> Any:
 
         return RunJob
     raise AttributeError(name)
-
-
-class Watcher:
-    """The states of submitted jobs, one scheduler query per poll (sacct through submitit; squeue for a job sacct
-    does not know yet)."""
-
-    def __init__(self, root: Path, kind: str) -> None:
-        self.kind, self.folder = kind, SweepDir(root).jobs_dir / "%j"
-        self.seen: dict[str, float] = {}  # job id -> when it was first watched
-
-    def job(self, job: str) -> Any:
-        import submitit
-
-        self.seen.setdefault(job, time.time())
-        return submitit.SlurmJob(self.folder, job)
-
-    def states(self, jobs: dict[str, Any]) -> dict[str, str]:
-        """run id -> the job's state word (PENDING, RUNNING, COMPLETED, CANCELLED by 0, ..., or UNKNOWN)."""
-        if not jobs:
-            return {}
-        if self.kind != "slurm":
-            return {rid: ("COMPLETED" if job.done() else "RUNNING") for rid, job in jobs.items()}
-        watcher = next(iter(jobs.values())).watcher
-        watcher.update()
-        found = {rid: watcher.get_state(job.job_id, mode="cache") for rid, job in jobs.items()}
-        for rid, state in found.items():
-            jid = jobs[rid].job_id
-            if state == "UNKNOWN":  # sacct has no record: just submitted, or squeue still holds it
-                if job_alive(jid) or time.time() - self.seen.get(jid, time.time()) < UNKNOWN_GRACE_S:
-                    found[rid] = "PENDING"
-            elif not live(state) and job_alive(jid):  # ended for sacct, its processes not yet gone (KillWait)
-                found[rid] = f"COMPLETING (ended {state})"
-        return found
-
-
-def live(state: str) -> bool:
-    return state.split()[0] in LIVE if state else False
-
-
-def foreign(jid: str, queue: dict[str, tuple[str, str, str]] | None, token: str | None) -> str | None:
-    """Why a job the store or a lock file names is not this sweep's: it is another user's (squeue lists it, but not
-    among this user's jobs, `queue`: its owner is asked, `squeue -j ID -o %u`), or it is this user's and its comment
-    lacks the sweep's token (`normlab.experiments.submission`). None when it is this sweep's, when squeue does not
-    list it at all (ended: nothing to act on), or when squeue cannot answer; the comment goes unchecked when there
-    is no token to check it against (a store of an older normlab), the owner never."""
-    if queue is None:
-        return None
-    if jid not in queue:
-        owner = job_owner(jid)
-        me = current_user()
-        return f"it belongs to user {owner}, not to {me}" if owner and owner != me else None
-    if token is None:
-        return None
-    comment = queue[jid][2]
-    if submission.carries(comment, token):
-        return None
-    shown = "no comment" if comment in ("", "(null)") else f"its comment is {comment!r}"
-    return f"{shown}, without this sweep's {submission.SWEEP_TAG}{token}"
-
-
-def job_owner(jid: str) -> str | None:
-    """The user a live job belongs to (squeue %u); None when squeue lists no such job or cannot answer."""
-    lines = ask_scheduler(["squeue", "-h", "-j", jid, "-o", "%u"])
-    found = [x.strip() for x in lines or [] if x.strip()]
-    return found[0] if found else None
-
-
-def current_user() -> str:
-    """This process's user name, as squeue prints a job's owner."""
-    import pwd
-
-    try:
-        return pwd.getpwuid(os.getuid()).pw_name
-    except KeyError:
-        return str(os.getuid())
 
 
 def scancel(job_ids: list[str]) -> None:
@@ -252,9 +172,13 @@ def run_cluster(
 
 
 class Coordinator:
-    """The loop of a SLURM (or submitit-local) sweep: each run's phase moved along `slurm_states.TRANSITIONS` as jobs
-    are submitted, start and end. Each pass: the jobs of an unfinished submission found, held arrays released, the
-    next batch submitted, the scheduler asked once, each ended job read (`_ended`)."""
+    """The loop of a SLURM (or submitit-local) sweep: each run's phase moved along `TRANSITIONS` as jobs are
+    submitted, start and end. Each pass reads, decides, writes, then submits: the scheduler and the store read once
+    (`slurm_poll.Watcher.poll`: sacct, squeue, a `StoreView`); from that reading, the jobs of an unfinished
+    submission found, runs whose job started moved on, jobs that can never start cancelled, each ended job read
+    (`_ended`: the row, the run's files, `slurm_states.ENDINGS`); the rows written back at once (`SweepStore.apply`)
+    and the pass's lines said; then held arrays released (their ids now stored) and the next batch submitted
+    (`_submit`)."""
 
     def __init__(
         self, sweep: SweepJobs, todo: list[str], options: dict[str, Any], name: str, log: Callable[[str], object]
@@ -272,28 +196,21 @@ class Coordinator:
         self.fatal: str | None = None
         self.unsure = sweep.kind == "slurm"  # an announced submission's jobs may be live: found before submitting
         self.chunk, self.wait, self.next_try, self.refusals = 1, 10.0, 0.0, 0
+        self.writes: list[tuple[str, tuple[Any, ...]]] = []  # this pass's store writes (`SweepStore.apply`)
+        self.lines: list[tuple[str, str | None]] = []  # this pass's lines: (text, run id whose row ends it, if any)
 
     def run(self) -> None:
         todo, total = self.todo, len(self.todo)
-        if self.kind == "slurm":
-            self.token, made = submission.sweep_token(self.store)
-            # a store just given its token: its jobs, if any, carry none
-            self.sweep = replace(self.sweep, token=None if made else self.token)
-            self._reattach(todo)
+        first: list[str] | None = todo if self.kind == "slurm" else None  # a rerun re-attaches on the first pass
         self.chunk = max(1, len(self.runs.waiting))
         try:
             while (self.runs.waiting and self.fatal is None) or self.jobs:
-                if self.unsure:  # a submission may have been accepted without its ids reaching the store
-                    self.unsure = not self._find_unreleased(todo)
-                for released in [t for t, ids in self.to_release.items() if submission.release(ids)]:
-                    submission.forget(self.store, [released])
-                    del self.to_release[released]
-                if self.runs.waiting and self.fatal is None and time.time() >= self.next_try and not self.unsure:
-                    self._submit(self.runs.waiting[: self.chunk])
-                self._poll(total)
+                self._pass(todo, total, self.watch.poll(self.store, self.jobs, first, self.unsure), first)
+                first = None
                 if self.jobs or self.runs.waiting:
                     time.sleep(POLL_S if self.kind == "slurm" else 0.5)
         except KeyboardInterrupt:
+            self._write()  # what the pass had decided (each write whole): a job's end already read is kept
             _interrupted(self.root, self.store, self.jobs, self.kind, self.log)
             raise
         if self.fatal:
@@ -302,38 +219,76 @@ class Coordinator:
                 "same command again"
             )
 
+    def _pass(self, todo: list[str], total: int, seen: Poll, first: list[str] | None) -> None:
+        """One pass over one reading (`seen`): decide, write the rows back at once and say what happened, then submit
+        the next batch. The first pass on SLURM re-attaches (`_reattach`) instead of reading the jobs' ends."""
+        if first is not None:
+            self._reattach(first, seen)
+            self.chunk = max(1, len(self.runs.waiting))
+        if self.unsure:  # a submission may have been accepted without its ids reaching the store
+            self.unsure = not self._find_unreleased(todo, seen)
+        if first is None:
+            self._poll(total, seen)
+        self._write()
+        released = [t for t, ids in self.to_release.items() if submission.release(ids)]  # their ids are stored
+        if released:
+            submission.forget(self.store, released)
+        for token in released:
+            del self.to_release[token]
+        if self.runs.waiting and self.fatal is None and time.time() >= self.next_try and not self.unsure:
+            self._submit(self.runs.waiting[: self.chunk])
+
+    def _write(self) -> None:
+        """The pass's rows written back (`SweepStore.apply`), then its lines said (a run's row read again where its
+        line ends with the row's words)."""
+        writes, lines, self.writes, self.lines = self.writes, self.lines, [], []
+        self.store.apply(writes)
+        view = self.store.snapshot() if any(rid for _, rid in lines) else None
+        for text, rid in lines:
+            self.log(text + (describe(view.rows[rid]) if view and rid else ""))
+
+    def _say(self, text: str, rid: str | None = None) -> None:
+        self.lines.append((text, rid))
+
     def _watch(self, rid: str, job: Any) -> None:
         self.jobs[rid] = job
         self.runs.move(rid, "watch")
 
-    def _reattach(self, todo: list[str]) -> None:
-        """A rerun: every unfinished row's job asked about; a live job of this sweep is watched, not submitted again;
-        so is a live job the run's lock names (submitted just before a kill, before its id was stored; or a
-        duplicate's twin: squeue must see it, a name left in the lock file by a job that died is no reason to wait)."""
-        store, check, log = self.store, self.sweep.token, self.log
-        rows = {r["run_id"]: r for r in store.rows()}
-        held = {rid: self.watch.job(rows[rid]["job"]) for rid in todo if rows[rid].get("job")}
-        queue_now = submission.live_jobs()  # the jobs' comments: which of them carry this sweep's token
-        for rid, state in self.watch.states(held).items():
+    def _reattach(self, todo: list[str], seen: Poll) -> None:
+        """A rerun: every unfinished row's job asked about (`seen`); a live job of this sweep is watched, not
+        submitted again; so is a live job the run's lock names (submitted just before a kill, before its id was
+        stored; or a duplicate's twin: squeue must see it, a name left in the lock file by a job that died is no
+        reason to wait). The sweep's token is made here when the store has none (its jobs, if any, carry none)."""
+        rows, queue, held = seen.view.rows, seen.queue, seen.held
+        stored = seen.view.meta.get(submission.SWEEP_KEY)
+        check = stored if isinstance(stored, str) and stored else None  # (submission.sweep_token, from the snapshot)
+        self.token = check or uuid.uuid4().hex[:16]
+        if check is None:
+            self.writes.append(("set_meta", (submission.SWEEP_KEY, self.token)))
+        self.sweep = replace(self.sweep, token=check)
+        for rid, state in seen.states.items():
             jid = held[rid].job_id
-            other = foreign(str(jid), queue_now, check)
-            if live(state) and other:
-                store.pending_again(rid, f"job {jid} is not a job of this sweep ({other}); not watched")
-                log(f"{rid}: job {jid} named by the store is not this sweep's ({other}); not watched")
-            elif live(state):
+            other = foreign(str(jid), queue, check)
+            if seen.live[rid] and other:
+                self.writes.append(
+                    ("pending_again", (rid, f"job {jid} is not a job of this sweep ({other}); not watched"))
+                )
+                self._say(f"{rid}: job {jid} named by the store is not this sweep's ({other}); not watched")
+            elif seen.live[rid]:
                 self._watch(rid, held[rid])
-                log(f"{rid}: job {jid} is {state.split()[0].lower()}; watching it (not submitted again)")
+                self._say(f"{rid}: job {jid} is {state.split()[0].lower()}; watching it (not submitted again)")
                 if "(ended CANCELLED" in state:  # scancel-ed before this run of the sweep, its run still saving
                     self.cancelled_before.add(rid)
         for rid in [rid for rid in todo if rid not in self.jobs]:
             jid = holder_job(SweepDir(self.root).run(rid).lock_file)
-            if jid and jid != rows[rid].get("job") and job_alive(jid) and not foreign(jid, queue_now, check):
+            if jid and jid != rows[rid].get("job") and job_alive(jid) and not foreign(jid, queue, check):
                 self._watch(rid, self.watch.job(jid))
-                store.set_job([rid], [jid], submitted=False)
-                log(f"{rid}: job {jid} holds its lock and is alive; watching it (not submitted again)")
+                self.writes.append(("set_job", ([rid], [jid], False)))
+                self._say(f"{rid}: job {jid} holds its lock and is alive; watching it (not submitted again)")
 
     def _submit(self, batch: list[str]) -> None:
-        """One array of runs submitted (held, stored, released: submission.py), or the refusal handled."""
+        """One array of runs submitted (announced, sent held, stored, released: submission.py; each written at once,
+        in that order), or the refusal handled."""
         announced = None
         if self.kind == "slurm":
             announced = submission.announce(self.store, batch)
@@ -394,60 +349,59 @@ class Coordinator:
             )
             self.next_try, self.wait = time.time() + self.wait, min(self.wait * 2, 300.0)
 
-    def _poll(self, total: int) -> None:
-        """The scheduler asked once: runs whose job started move on, jobs that can never start are cancelled (the
-        sweep stops), and each job that left the queue is read."""
-        states = self.watch.states(self.jobs)
+    def _poll(self, total: int, seen: Poll) -> None:
+        """Runs whose job started move on, jobs that can never start are cancelled (the sweep stops), and each job
+        that left the queue is read."""
+        states = seen.states
         for rid, state in states.items():
             if state.startswith("RUNNING") and self.runs.phase[rid] == Phase.SUBMITTED:
                 self.runs.move(rid, "start")
         if self.kind == "slurm" and any(state.startswith("PENDING") for state in states.values()):
-            stuck, runs = _never_starting(self.store, self.jobs, states, self.options)
+            stuck, runs = _never_starting(self.jobs, seen, self.options, self.writes)
             if stuck:
                 self.fatal = f"the scheduler accepted the jobs but can never start them: {stuck}"
                 for rid in runs:
                     self.runs.move(rid, "never starts")
-                self.log(
+                self._say(
                     f"{self.fatal}; cancelled them"
                     + (f"; watching the other {len(self.jobs)} job(s)" if self.jobs else "")
                 )
         for rid, state in states.items():
-            if not live(state) and rid in self.jobs:
-                self._job_left(rid, self.jobs.pop(rid), state, total)
+            if not seen.live[rid] and rid in self.jobs:
+                self._job_left(rid, self.jobs.pop(rid), state, total, seen)
 
-    def _job_left(self, rid: str, job: Any, state: str, total: int) -> None:
+    def _job_left(self, rid: str, job: Any, state: str, total: int, seen: Poll) -> None:
         self.next_try = 0.0  # a job of this sweep has left the queue: a refused submission may pass now
-        if rid in self.cancelled_before and self.store.row(rid)["status"] not in FINISHED:
+        if rid in self.cancelled_before and seen.view.rows[rid]["status"] not in FINISHED:
             self.cancelled_before.discard(rid)  # "the next run of this sweep submits it again": this is that run
-            self.store.pending_again(rid, f"job {job.job_id} was cancelled before this run of the sweep")
+            self.writes.append(("pending_again", (rid, f"job {job.job_id} was cancelled before this run of the sweep")))
             self.runs.move(rid, "cancelled before")
-            self.log(f"{rid}: job {job.job_id} was cancelled before this run of the sweep; submitted again")
+            self._say(f"{rid}: job {job.job_id} was cancelled before this run of the sweep; submitted again")
             return
         retry = self.retries.get(rid, 0) < self.sweep.timeouts
-        event, detail = _ended(self.sweep, rid, job, state, retry)
+        event, detail = _ended(self.sweep, rid, job, state, retry, seen, self.writes)
         if event == "adopt":  # this job found the run trained by another job of it: that one is watched
-            self.store.set_job([rid], [detail], submitted=False)
+            self.writes.append(("set_job", ([rid], [detail], False)))
             self.jobs[rid] = self.watch.job(detail)
             self.runs.move(rid, event)
-            self.log(f"{rid}: job {job.job_id} found it trained by job {detail}; watching that one")
+            self._say(f"{rid}: job {job.job_id} found it trained by job {detail}; watching that one")
         elif event == "end:requeued":  # a time limit or a node's failure without a save: submitted again
             self.runs.move(rid, event)
             self.retries[rid] = self.retries.get(rid, 0) + 1
-            self.log(f"{rid}: {detail} ({self.retries[rid]}/{self.sweep.timeouts})")
-        else:  # the row's words first (the store), then the run's phase
-            said = describe(self.store.row(rid))
+            self._say(f"{rid}: {detail} ({self.retries[rid]}/{self.sweep.timeouts})")
+        else:  # the run's phase, then (once the row is written) its words
             self.runs.move(rid, event)
-            self.log(f"[{self.runs.ended()}/{total}] {rid}: {said}")
+            self._say(f"[{self.runs.ended()}/{total}] {rid}: ", rid)
 
-    def _find_unreleased(self, todo: list[str]) -> bool:
+    def _find_unreleased(self, todo: list[str], seen: Poll) -> bool:
         """The live jobs of submissions announced but not released (`normlab.experiments.submission`), found in
         squeue: each run's job is stored in its row, handed its pickle if it has none, watched and queued for
         release; a pending one whose run is done or has another live job is cancelled. False when squeue cannot
         answer (nothing may be submitted until it does: those runs may have jobs)."""
-        store, jobs, log = self.store, self.jobs, self.log
-        found = submission.unreleased(store)
+        jobs, say, meta = self.jobs, self._say, seen.view.meta
+        found = submission.unreleased(meta.get(submission.KEY) or {}, seen.queue)
         if found is None:
-            log("squeue did not answer about the jobs of an unfinished submission; asking again before submitting")
+            say("squeue did not answer about the jobs of an unfinished submission; asking again before submitting")
             return False
         extra = []
         for rid, (token, jid, state, reason) in found.items():
@@ -455,8 +409,8 @@ class Coordinator:
                 if rid not in jobs:
                     self._watch(rid, self.watch.job(jid))
                     submission.hand_over(jobs[rid], self.root, rid, self.options)
-                    store.set_job([rid], [jid])
-                    log(
+                    self.writes.append(("set_job", ([rid], [jid])))
+                    say(
                         f"{rid}: job {jid} is {state.lower()}, its id not stored yet; watching it (not submitted again)"
                     )
                 if reason == "JobHeldUser":
@@ -464,24 +418,25 @@ class Coordinator:
             elif state == "PENDING":
                 extra.append(jid)
             else:
-                log(f"{rid}: job {jid} is {state.lower()} though the run has a result or another job; left to end")
+                say(f"{rid}: job {jid} is {state.lower()} though the run has a result or another job; left to end")
         if extra:
             subprocess.run(["scancel", *extra], capture_output=True, check=False)
-            log(f"cancelled {len(extra)} pending job(s) of runs done or held by another job: {' '.join(extra)}")
+            say(f"cancelled {len(extra)} pending job(s) of runs done or held by another job: {' '.join(extra)}")
         # announcements with nothing left to release: their jobs are released, ended, or were never accepted
-        submission.forget(store, [t for t in store.get_meta(submission.KEY) or {} if t not in self.to_release])
+        left = {t: ids for t, ids in (meta.get(submission.KEY) or {}).items() if t in self.to_release}
+        self.writes.append(("set_meta", (submission.KEY, left)))
         return True
 
 
 def _never_starting(
-    store: SweepStore, jobs: dict[str, Any], states: dict[str, str], options: dict[str, Any]
+    jobs: dict[str, Any], seen: Poll, options: dict[str, Any], writes: list[tuple[str, tuple[Any, ...]]]
 ) -> tuple[str, list[str]]:
     """Pending jobs that squeue says can never start as submitted (`scheduler.NEVER_STARTS`: a time limit over the
-    partition's MaxTime, more CPUs than its nodes have, ...): cancelled, their runs pending again without a job, and
-    dropped from `jobs`. Returns one line naming them and why (empty when none) and their runs."""
-    queue = submission.live_jobs()
+    partition's MaxTime, more CPUs than its nodes have, ...): cancelled, their runs pending again without a job (in
+    `writes`), and dropped from `jobs`. Returns one line naming them and why (empty when none) and their runs."""
+    queue = seen.queue
     stuck: dict[str, tuple[str, str, str]] = {}  # run id -> (job, squeue's reason, what it means)
-    for rid, state in states.items():
+    for rid, state in seen.states.items():
         jid = str(jobs[rid].job_id)
         reason = (queue or {}).get(jid, ("", "", ""))[1]
         why = never_starts(reason) if state.startswith("PENDING") else None
@@ -491,7 +446,7 @@ def _never_starting(
         return "", []
     scancel([jid for jid, _, _ in stuck.values()])
     for rid, (jid, reason, why) in stuck.items():
-        store.pending_again(rid, f"job {jid} could never start ({reason}: {why}); cancelled")
+        writes.append(("pending_again", (rid, f"job {jid} could never start ({reason}: {why}); cancelled")))
         del jobs[rid]
     _, reason, why = next(iter(stuck.values()))
     detail = time_over_partition(options) if reason == "PartitionTimeLimit" else None
@@ -499,7 +454,15 @@ def _never_starting(
     return f"{ids} pending for {reason}: {detail or why}", list(stuck)
 
 
-def _ended(sweep: SweepJobs, rid: str, job: Any, state: str, retry: bool) -> tuple[str, str]:
+def _ended(
+    sweep: SweepJobs,
+    rid: str,
+    job: Any,
+    state: str,
+    retry: bool,
+    seen: Poll | None = None,
+    writes: list[tuple[str, tuple[Any, ...]]] | None = None,
+) -> tuple[str, str]:
     """A job left the scheduler: the run's next move (an event of `slurm_states.TRANSITIONS`) and its detail.
     ("end:ended ok", "") when the job recorded the run's outcome (its row, else the run's summary.json, which is
     then recorded); ("adopt", JOB) when another live job of this sweep holds the run's lock; else the first row of
@@ -508,19 +471,24 @@ def _ended(sweep: SweepJobs, rid: str, job: Any, state: str, retry: bool) -> tup
     line saying why.
 
     Only normlab's own files are read (the store, summary.json, the lock file, the job's text logs): submitit's
-    result pickle is never opened, since unpickling runs code and one planted in the sweep folder would run here."""
+    result pickle is never opened, since unpickling runs code and one planted in the sweep folder would run here.
+    `seen`: this poll's reading (the row from its store snapshot, squeue's jobs; None: both read now); `writes`: the
+    pass's store writes, the row's appended to them (None: written now)."""
+    write = writes.append if writes is not None else lambda w: sweep.store.apply([w])
     store, jid = sweep.store, str(job.job_id)
-    row = store.row(rid)
+    row = seen.view.rows[rid] if seen else store.row(rid)
     if row["status"] in FINISHED:
         return "end:ended ok", ""
     run = SweepDir(sweep.root).run(rid)
     summary = run.summary()
-    if summary and summary.get("status") in FINISHED and summary.get("steps") == row["config"].optim.steps:
-        store.record(rid, summary, worker=jid, unless_finished=True)
+    if summary and summary.get("status") in FINISHED and summary.get("steps") == store.row(rid)["config"].optim.steps:
+        write(("record", (rid, summary, jid, True)))
         return "end:ended ok", ""
     holder = holder_job(run.lock_file)
-    if holder and holder != jid and job_alive(holder) and not foreign(holder, submission.live_jobs(), sweep.token):
-        return "adopt", holder  # a duplicate's twin trains it: its row is that job's to write
+    if holder and holder != jid and job_alive(holder):
+        queue = seen.queue if seen and seen.queue is not None else submission.live_jobs()
+        if not foreign(holder, queue, sweep.token):
+            return "adopt", holder  # a duplicate's twin trains it: its row is that job's to write
     worker = str(row.get("worker") or "")
     by_this_job = worker == jid or (sweep.kind != "slurm" and worker.endswith(f":{jid}"))  # submitit-local: host:pid
     if row["status"] == "failed" and by_this_job:
@@ -540,10 +508,10 @@ def _ended(sweep: SweepJobs, rid: str, job: Any, state: str, retry: bool) -> tup
     )
     phase, why = decide(end)
     if phase == Phase.REQUEUED:
-        store.pending_again(rid, why)
+        write(("pending_again", (rid, why)))
         return "end:requeued", why
     failure = {"status": "failed", "reason": why, **({"failed_step": end.saved} if stopped else {})}
-    store.record(rid, failure, worker=jid, unless_finished=True)
+    write(("record", (rid, failure, jid, True)))
     return f"end:{phase.value}", why
 
 
@@ -627,7 +595,7 @@ def cancel_sweep(root: str | Path, log=print) -> int:  # noqa: ANN001 - log: pri
             alive[row["run_id"]] = watch.job(jid)
     # jobs of a submission whose coordinator died before it stored or released them (submission.py): found by the
     # submission's token, which only this store names
-    for rid, (_, jid, _, _) in (submission.unreleased(store) or {}).items():
+    for rid, (_, jid, _, _) in (submission.unreleased(store.get_meta(submission.KEY) or {}, queue) or {}).items():
         if rid not in alive and store.row(rid)["status"] not in FINISHED:
             alive[rid] = watch.job(jid)
     n = cancel_jobs(folder.path, store, alive, "cancelled by normlab sweep --cancel")

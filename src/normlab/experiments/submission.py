@@ -91,13 +91,14 @@ def parameters(options: dict[str, Any], token: str, sweep: str) -> dict[str, Any
     return {"slurm_comment": comment, "slurm_additional_parameters": extra}
 
 
-def unreleased(store: SweepStore) -> dict[str, tuple[str, str, str, str]] | None:
-    """run id -> (token, job id, state, reason) of each live job of an announced submission; None when squeue cannot
-    answer (the caller must not submit those runs then). A run named by two announcements gets its newest job."""
-    tokens = store.get_meta(KEY) or {}
+def unreleased(
+    tokens: dict[str, list[str]], queue: dict[str, tuple[str, str, str]] | None
+) -> dict[str, tuple[str, str, str, str]] | None:
+    """run id -> (token, job id, state, reason) of each live job of an announced submission (`tokens`: the store's
+    meta `KEY`; `queue`: `live_jobs()`); None when squeue did not answer (the caller must not submit those runs
+    then). A run named by two announcements gets its newest job."""
     if not tokens:
         return {}
-    queue = live_jobs()
     if queue is None:
         return None
     found: dict[str, tuple[str, str, str, str]] = {}

@@ -14,6 +14,9 @@ ends with one line naming the store (no raw sqlite error).
 Readers (`summarize`, `report`) open the store read-only (`readonly=True`): on a read-only mount as
 an immutable file, so a sweep on read-only storage is summarized into another folder.
 
+The SLURM coordinator reads every row and the meta table in one transaction per poll (`snapshot`, a `StoreView`
+with nothing parsed) and writes what it decided back in order (`apply`).
+
 Row life cycle: `pending` (a scheduler's job id in `job` once submitted) -> `running` (attempts + 1)
 -> `ok` | `stalled` | `diverged` | `failed`. Results are never re-run; `failed` and interrupted
 `running` rows are re-run when the sweep is started again; a requeued job's row goes back to `pending`.
@@ -27,6 +30,7 @@ import sqlite3
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote
@@ -71,6 +75,16 @@ create table if not exists runs (
 );
 create table if not exists meta (key text primary key, value text not null);
 """
+
+
+@dataclass(frozen=True)
+class StoreView:
+    """The store as one transaction read it (`SweepStore.snapshot`): run id -> its row's columns as stored (`axes`
+    and `config` left as JSON text, unparsed), in grid order, and the meta table's values. What the SLURM
+    coordinator reads once per poll (`normlab.experiments.cluster`)."""
+
+    rows: dict[str, dict[str, Any]]
+    meta: dict[str, Any]
 
 
 class SweepStore:
@@ -223,6 +237,31 @@ class SweepStore:
             r["config"] = TrainConfig.from_dict(r["config"], f"{self.path}: run {r['run_id']}")
         return rows
 
+    def snapshot(self) -> StoreView:
+        """Every row and the meta table in one transaction, nothing parsed but the meta values (a status outside
+        `STATUSES` is refused as `rows` refuses it)."""
+        if "runs" not in self.tables:
+            return StoreView({}, {})
+        with self._connect() as db:
+            rows = {r["run_id"]: dict(r) for r in db.execute("select * from runs order by idx")}
+            found = db.execute("select key, value from meta") if "meta" in self.tables else []
+            meta = {r["key"]: json.loads(r["value"]) for r in found}
+        for rid, r in rows.items():
+            if r["status"] not in STATUSES:
+                raise ConfigError(
+                    f"{self.path}: run {rid} has an unreadable row (status one of {', '.join(STATUSES)}); the store "
+                    "was edited or is not normlab's"
+                )
+        return StoreView(rows, meta)
+
+    def apply(self, writes: Sequence[tuple[str, tuple[Any, ...]]]) -> None:
+        """The writes a reader of a `snapshot` decided on, in order: each (a method of this store's that writes,
+        its arguments), e.g. ("pending_again", (run_id, reason)); each one transaction, as when called."""
+        for name, args in writes:
+            if name not in WRITES:
+                raise ValueError(f"{name!r} is not a write of the store; give one of {', '.join(WRITES)}")
+            getattr(self, name)(*args)
+
     def row(self, run_id: str) -> dict[str, Any]:
         found = self.rows(run_id=run_id)
         if not found:
@@ -310,6 +349,9 @@ class SweepStore:
             with self._connect() as db:
                 found = dict(db.execute("select status, count(*) from runs group by status").fetchall())
         return {s: found.get(s, 0) for s in STATUSES}
+
+
+WRITES = ("set_meta", "set_job", "pending_again", "record", "requeued", "mark_running")  # what `apply` may call
 
 
 def open_store(folder: SweepDir, readonly: bool = False) -> SweepStore:

@@ -1,0 +1,126 @@
+"""What the SLURM coordinator reads once per poll (`normlab.experiments.cluster`): the states of its jobs (sacct
+through submitit, squeue for a job sacct does not know yet), the user's live jobs (squeue, with their comments) and
+the store (one snapshot), gathered into a `Poll` in that order, so that a job sacct says ended has written its row
+before the store is read. Also who a job belongs to (`foreign`): a job the store or a lock file names is acted on
+only when it is this sweep's."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from normlab.experiments import submission
+from normlab.experiments.scheduler import ask_scheduler
+from normlab.runs.files import SweepDir
+from normlab.runs.lock import job_alive
+from normlab.runs.store import StoreView, SweepStore
+
+# squeue's and sacct's words for a job that has not ended
+# fmt: off
+LIVE = ("PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "COMPLETING", "SUSPENDED",
+        "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD")
+# fmt: on
+UNKNOWN_GRACE_S = 120.0  # a job neither sacct nor squeue knows for this long has ended
+
+
+def live(state: str) -> bool:
+    return state.split()[0] in LIVE if state else False
+
+
+@dataclass(frozen=True)
+class Poll:
+    """One poll's reading: run id -> its job's state word (`Watcher.states`), the user's live jobs (squeue: job id ->
+    (state, pending reason, comment); None when squeue did not answer or was not asked), the store, and the jobs
+    asked about."""
+
+    states: dict[str, str]
+    queue: dict[str, tuple[str, str, str]] | None
+    view: StoreView
+    held: dict[str, Any]  # run id -> the job whose state was asked
+    live: dict[str, bool]  # run id -> whether its job has not ended (`live`)
+
+
+class Watcher:
+    """The states of submitted jobs, one scheduler query per poll (sacct through submitit; squeue for a job sacct
+    does not know yet)."""
+
+    def __init__(self, root: Path, kind: str) -> None:
+        self.kind, self.folder = kind, SweepDir(root).jobs_dir / "%j"
+        self.seen: dict[str, float] = {}  # job id -> when it was first watched
+
+    def job(self, job: str) -> Any:
+        import submitit
+
+        self.seen.setdefault(job, time.time())
+        return submitit.SlurmJob(self.folder, job)
+
+    def poll(self, store: SweepStore, jobs: dict[str, Any], todo: list[str] | None, always: bool) -> Poll:
+        """The jobs' states, then (on SLURM, when a job is watched or `always`) squeue's live jobs, then the store.
+        Given `todo` (a rerun re-attaching), the store first, then the states of the jobs its rows of `todo` name,
+        then squeue."""
+        view = store.snapshot() if todo is not None else None
+        if view is not None:
+            jobs = {rid: self.job(view.rows[rid]["job"]) for rid in todo or [] if view.rows[rid].get("job")}
+        states = self.states(jobs)
+        queue = submission.live_jobs() if self.kind == "slurm" and (jobs or always or todo is not None) else None
+        alive = {rid: live(state) for rid, state in states.items()}
+        return Poll(states, queue, view or store.snapshot(), jobs, alive)
+
+    def states(self, jobs: dict[str, Any]) -> dict[str, str]:
+        """run id -> the job's state word (PENDING, RUNNING, COMPLETED, CANCELLED by 0, ..., or UNKNOWN)."""
+        if not jobs:
+            return {}
+        if self.kind != "slurm":
+            return {rid: ("COMPLETED" if job.done() else "RUNNING") for rid, job in jobs.items()}
+        watcher = next(iter(jobs.values())).watcher
+        watcher.update()
+        found = {rid: watcher.get_state(job.job_id, mode="cache") for rid, job in jobs.items()}
+        for rid, state in found.items():
+            jid = jobs[rid].job_id
+            if state == "UNKNOWN":  # sacct has no record: just submitted, or squeue still holds it
+                if job_alive(jid) or time.time() - self.seen.get(jid, time.time()) < UNKNOWN_GRACE_S:
+                    found[rid] = "PENDING"
+            elif not live(state) and job_alive(jid):  # ended for sacct, its processes not yet gone (KillWait)
+                found[rid] = f"COMPLETING (ended {state})"
+        return found
+
+
+def foreign(jid: str, queue: dict[str, tuple[str, str, str]] | None, token: str | None) -> str | None:
+    """Why a job the store or a lock file names is not this sweep's: it is another user's (squeue lists it, but not
+    among this user's jobs, `queue`: its owner is asked, `squeue -j ID -o %u`), or it is this user's and its comment
+    lacks the sweep's token (`normlab.experiments.submission`). None when it is this sweep's, when squeue does not
+    list it at all (ended: nothing to act on), or when squeue cannot answer; the comment goes unchecked when there
+    is no token to check it against (a store of an older normlab), the owner never."""
+    if queue is None:
+        return None
+    if jid not in queue:
+        owner = job_owner(jid)
+        me = current_user()
+        return f"it belongs to user {owner}, not to {me}" if owner and owner != me else None
+    if token is None:
+        return None
+    comment = queue[jid][2]
+    if submission.carries(comment, token):
+        return None
+    shown = "no comment" if comment in ("", "(null)") else f"its comment is {comment!r}"
+    return f"{shown}, without this sweep's {submission.SWEEP_TAG}{token}"
+
+
+def job_owner(jid: str) -> str | None:
+    """The user a live job belongs to (squeue %u); None when squeue lists no such job or cannot answer."""
+    lines = ask_scheduler(["squeue", "-h", "-j", jid, "-o", "%u"])
+    found = [x.strip() for x in lines or [] if x.strip()]
+    return found[0] if found else None
+
+
+def current_user() -> str:
+    """This process's user name, as squeue prints a job's owner."""
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
