@@ -60,7 +60,6 @@ workers do); the coordinator writes a row when a job ended without one (cancelle
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import signal
 import subprocess
@@ -230,11 +229,7 @@ class Coordinator:
         if first is None:
             self._poll(total, seen)
         self._write()
-        released = [t for t, ids in self.to_release.items() if submission.release(ids)]  # their ids are stored
-        if released:
-            submission.forget(self.store, released)
-        for token in released:
-            del self.to_release[token]
+        self.to_release = submission.release_held(self.store, self.to_release)  # their ids are stored
         if self.runs.waiting and self.fatal is None and time.time() >= self.next_try and not self.unsure:
             self._submit(self.runs.waiting[: self.chunk])
 
@@ -242,8 +237,9 @@ class Coordinator:
         """The pass's rows written back (`SweepStore.apply`), then its lines said (a run's row read again where its
         line ends with the row's words)."""
         writes, lines, self.writes, self.lines = self.writes, self.lines, [], []
+        reread = any(rid for _, rid in lines)
         self.store.apply(writes)
-        view = self.store.snapshot() if any(rid for _, rid in lines) else None
+        view = self.store.snapshot() if reread else None
         for text, rid in lines:
             self.log(text + (describe(view.rows[rid]) if view and rid else ""))
 
@@ -280,37 +276,25 @@ class Coordinator:
                 if "(ended CANCELLED" in state:  # scancel-ed before this run of the sweep, its run still saving
                     self.cancelled_before.add(rid)
         for rid in [rid for rid in todo if rid not in self.jobs]:
-            jid = holder_job(SweepDir(self.root).run(rid).lock_file)
+            jid = seen.holders.get(rid)
             if jid and jid != rows[rid].get("job") and job_alive(jid) and not foreign(jid, queue, check):
                 self._watch(rid, self.watch.job(jid))
                 self.writes.append(("set_job", ([rid], [jid], False)))
                 self._say(f"{rid}: job {jid} holds its lock and is alive; watching it (not submitted again)")
 
     def _submit(self, batch: list[str]) -> None:
-        """One array of runs submitted (announced, sent held, stored, released: submission.py; each written at once,
-        in that order), or the refusal handled."""
-        announced = None
-        if self.kind == "slurm":
-            announced = submission.announce(self.store, batch)
-            self.ex.update_parameters(**submission.parameters(self.options, announced, str(self.token)))
-        from normlab.experiments.job import RunJob as job_class
-
-        try:  # submitit prints a refusing sbatch's stderr as it raises: here it goes into one line instead
-            with contextlib.redirect_stderr(io.StringIO()), self.ex.batch():
-                submitted = [self.ex.submit(job_class(str(self.root), rid)) for rid in batch]
-        except Exception as err:  # noqa: BLE001 - sbatch refused: its message decides what follows
-            for pickled in SweepDir(self.root).jobs_dir.glob("*.pkl"):  # submitit's, for the refused array only
-                pickled.unlink(missing_ok=True)  # (a submitted job's moves to its own folder)
-            self.unsure = announced is not None  # sbatch may have timed out on jobs the controller accepted
-            self._refused(_one_line(getattr(err, "stderr", None) or err))
+        """One array of runs sent (`submission.send`: announced, sent held, stored, released), or the refusal
+        handled."""
+        try:
+            sent = submission.send(
+                self.ex, self.store, self.root, batch, self.options, str(self.token) if self.kind == "slurm" else None
+            )
+        except submission.Refused as refused:
+            self.unsure = refused.maybe_accepted  # sbatch may have timed out on jobs the controller accepted
+            self._refused(_one_line(getattr(refused.error, "stderr", None) or refused.error))
             return
-        ids = [str(job.job_id) for job in submitted]
-        if announced is not None:  # stored, then released (submission.py); a failed release is retried
-            self.store.set_job(batch, ids)
-            self.to_release[announced] = [ids[0].split("_")[0]]
-            if submission.release(self.to_release[announced]):
-                submission.forget(self.store, [announced])
-                del self.to_release[announced]
+        submitted, ids = sent.jobs, sent.ids
+        self.to_release.update(sent.held)
         for rid, job in zip(batch, submitted):
             self.jobs[rid] = job
             self.runs.move(rid, "submit")
@@ -398,8 +382,7 @@ class Coordinator:
         squeue: each run's job is stored in its row, handed its pickle if it has none, watched and queued for
         release; a pending one whose run is done or has another live job is cancelled. False when squeue cannot
         answer (nothing may be submitted until it does: those runs may have jobs)."""
-        jobs, say, meta = self.jobs, self._say, seen.view.meta
-        found = submission.unreleased(meta.get(submission.KEY) or {}, seen.queue)
+        jobs, say, meta, found = self.jobs, self._say, seen.view.meta, seen.unreleased
         if found is None:
             say("squeue did not answer about the jobs of an unfinished submission; asking again before submitting")
             return False

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from normlab.experiments import submission
 from normlab.experiments.scheduler import ask_scheduler
 from normlab.runs.files import SweepDir
-from normlab.runs.lock import job_alive
+from normlab.runs.lock import holder_job, job_alive
 from normlab.runs.store import StoreView, SweepStore
 
 # squeue's and sacct's words for a job that has not ended
@@ -41,6 +41,10 @@ class Poll:
     view: StoreView
     held: dict[str, Any]  # run id -> the job whose state was asked
     live: dict[str, bool]  # run id -> whether its job has not ended (`live`)
+    # run id -> (token, job id, state, reason) of the live jobs of announced submissions (`submission.unreleased`;
+    # None: squeue did not answer), read when asked to (`always`); else empty
+    unreleased: dict[str, tuple[str, str, str, str]] | None = field(default_factory=dict)
+    holders: dict[str, str | None] = field(default_factory=dict)  # a rerun's runs -> the job its lock file names
 
 
 class Watcher:
@@ -48,7 +52,7 @@ class Watcher:
     does not know yet)."""
 
     def __init__(self, root: Path, kind: str) -> None:
-        self.kind, self.folder = kind, SweepDir(root).jobs_dir / "%j"
+        self.kind, self.root, self.folder = kind, SweepDir(root), SweepDir(root).jobs_dir / "%j"
         self.seen: dict[str, float] = {}  # job id -> when it was first watched
 
     def job(self, job: str) -> Any:
@@ -60,14 +64,18 @@ class Watcher:
     def poll(self, store: SweepStore, jobs: dict[str, Any], todo: list[str] | None, always: bool) -> Poll:
         """The jobs' states, then (on SLURM, when a job is watched or `always`) squeue's live jobs, then the store.
         Given `todo` (a rerun re-attaching), the store first, then the states of the jobs its rows of `todo` name,
-        then squeue."""
+        then squeue, then the job each run's lock file names. With `always` (a submission may have been accepted
+        without its ids stored), the live jobs of the store's announced submissions too (`submission.unreleased`)."""
         view = store.snapshot() if todo is not None else None
         if view is not None:
             jobs = {rid: self.job(view.rows[rid]["job"]) for rid in todo or [] if view.rows[rid].get("job")}
         states = self.states(jobs)
         queue = submission.live_jobs() if self.kind == "slurm" and (jobs or always or todo is not None) else None
         alive = {rid: live(state) for rid, state in states.items()}
-        return Poll(states, queue, view or store.snapshot(), jobs, alive)
+        view = view or store.snapshot()
+        found = submission.unreleased(view.meta.get(submission.KEY) or {}, queue) if always else {}
+        holders = {rid: holder_job(self.root.run(rid).lock_file) for rid in todo or []}
+        return Poll(states, queue, view, jobs, alive, found, holders)
 
     def states(self, jobs: dict[str, Any]) -> dict[str, str]:
         """run id -> the job's state word (PENDING, RUNNING, COMPLETED, CANCELLED by 0, ..., or UNKNOWN)."""

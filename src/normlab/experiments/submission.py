@@ -25,13 +25,17 @@ whose run is done or has another live job is cancelled. Only runs with no such j
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from normlab.experiments.scheduler import ask_scheduler
+from normlab.runs.files import SweepDir
 from normlab.runs.store import SweepStore
 
 KEY = "slurm_submissions"  # the store's meta key: token -> run ids, for submissions not yet released
@@ -131,6 +135,61 @@ def release(job_ids: list[str]) -> bool:
     errors = [x for x in out.stderr.splitlines() if x.strip()]
     harmless = ("already finished", "No error", "Invalid job id", "not held")
     return bool(errors) and all(any(h in x for h in harmless) for x in errors)
+
+
+class Refused(Exception):
+    """sbatch refused an array (`send`): ``error`` is what submitit raised, ``maybe_accepted`` whether the array was
+    announced (sbatch may have timed out on jobs the controller accepted: squeue must be asked before submitting)."""
+
+    def __init__(self, error: Exception, maybe_accepted: bool) -> None:
+        super().__init__(str(error))
+        self.error, self.maybe_accepted = error, maybe_accepted
+
+
+@dataclass(frozen=True)
+class Sent:
+    """An array sent (`send`): its jobs in the batch's order, their ids, and the announcement still held when
+    scontrol did not release it yet (token -> the array's id, for `release_held`; empty when released)."""
+
+    jobs: list[Any]
+    ids: list[str]
+    held: dict[str, list[str]]
+
+
+def send(ex: Any, store: SweepStore, root: Path, batch: list[str], options: dict[str, Any], sweep: str | None) -> Sent:
+    """One array of runs through the four steps above, each written at once and in that order, on SLURM (`sweep`:
+    the sweep's token); through submitit alone on submitit-local (`sweep` None: nothing announced or held). A
+    refusal raises `Refused`, submitit's pickles of the refused array removed (a submitted job's move to its own
+    folder). submitit prints a refusing sbatch's stderr as it raises: it is kept off the terminal here and the
+    caller says it in one line."""
+    from normlab.experiments.job import RunJob
+
+    announced = None
+    if sweep is not None:
+        announced = announce(store, batch)
+        ex.update_parameters(**parameters(options, announced, sweep))
+    try:
+        with contextlib.redirect_stderr(io.StringIO()), ex.batch():
+            submitted = [ex.submit(RunJob(str(root), rid)) for rid in batch]
+    except Exception as err:  # sbatch refused: its message decides what follows (`Refused`)
+        for pickled in SweepDir(root).jobs_dir.glob("*.pkl"):
+            pickled.unlink(missing_ok=True)
+        raise Refused(err, announced is not None) from err
+    ids = [str(job.job_id) for job in submitted]
+    held: dict[str, list[str]] = {}
+    if announced is not None:  # stored, then released; a failed release is retried (`release_held`)
+        store.set_job(batch, ids)
+        held = release_held(store, {announced: [ids[0].split("_")[0]]})
+    return Sent(submitted, ids, held)
+
+
+def release_held(store: SweepStore, held: dict[str, list[str]]) -> dict[str, list[str]]:
+    """Release the held jobs of each announcement (token -> job ids, their ids stored), drop the announcements
+    released from the store; returns those scontrol did not release yet."""
+    released = [token for token, ids in held.items() if release(ids)]
+    if released:
+        forget(store, released)
+    return {token: ids for token, ids in held.items() if token not in released}
 
 
 def hand_over(job: Any, sweep_dir: Path, run_id: str, options: dict[str, Any]) -> None:
