@@ -503,6 +503,8 @@ def _train(
             state.final_val = evaluate(state.fwd, state.val, cfg, info)
         if halt is not None and halt.failed:
             state.forensics = find_break(state, halt.step)
+        elif halt is not None and state.sinks is not None:  # a hook ended the run early, not as a failure
+            state.sinks.note(f"stopped after step {halt.step} by a hook: {halt.reason}")
         # the probes' end state (also of a diverged run, where it stopped); the divergence hook's final rules
         state.hooks.post_train(state.step)
     except Exception as err:  # a crash is recorded, then raised
@@ -512,7 +514,7 @@ def _train(
         raise TrainingFailed(f"run {state.run} failed at step {state.step}: {type(err).__name__}: {err}") from err
     finally:
         state.close()  # also on KeyboardInterrupt
-    return write_summary(state) if info.is_main else {}
+    return write_summary(state, halt=halt) if info.is_main else {}
 
 
 def _loop(state: RunState, stop: threading.Event | None) -> Stop | None:
