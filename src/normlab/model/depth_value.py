@@ -28,8 +28,9 @@ Each reading the abstract leaves open, and the choice made:
   q and k (tests/unit/test_depth_value.py checks it), unless two layers use different RoPE bases (rope_local_theta
   on windowed layers), where the cached keys are used as they are.
 
-Cost per layer l and token, beyond MHA: l + 1 depth logits and l + 1 value terms per key-value head,
-2 (2 (l + 1)) H_k d FLOPs (`depth_value_flops`; under 0.01% of a large model's, as the abstract says); no
+Cost per layer l >= 1 and token, beyond MHA (layer 0 mixes nothing): l + 1 depth logits and l + 1 value terms per
+key-value head, 2 (2 (l + 1)) H_k d FLOPs, and (H - H_k) d for the group's mean query (`depth_value_flops`; under
+0.01% of a large model's, as the abstract says); no
 parameters; the cache keeps its size. The keys and mixed values of the new tokens are shared through one
 `DepthValues` per model (`link_values`), emptied by layer 0 on each forward and after the last layer reads it, so
 the layers' mixes are causal along the sequence (each reads position t only) and work with the KV cache, chunked
