@@ -53,7 +53,9 @@ from typing import Any, ClassVar
 @dataclass(frozen=True)
 class Stop:
     """A hook's request to end the run after the current step: at ``step``, for ``reason``; ``failed`` (the run
-    diverged): no last checkpoint is saved and the loop locates where it broke (`normlab.diagnostics.forensics`)."""
+    diverged): no last checkpoint is saved, the loop locates where it broke (`normlab.diagnostics.forensics`) and
+    the summary says diverged at ``step`` for ``reason``; otherwise the last checkpoint is saved and the reason
+    noted in the run's log."""
 
     step: int
     reason: str
