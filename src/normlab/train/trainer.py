@@ -481,7 +481,9 @@ def train_step(state: RunState) -> dict[str, Any]:
     if update.vetoed:
         row[Metric.SKIPPED] = True
     elif not apply:
-        row[Metric.OVERFLOW if scaled and math.isfinite(loss_val) else Metric.SKIPPED] = True
+        # fp16's overflow: a finite loss, non-finite gradients; any other refusal (non-finite values, a hook's) skips
+        overflow = scaled and math.isfinite(loss_val) and not math.isfinite(grad_norm)
+        row[Metric.OVERFLOW if overflow else Metric.SKIPPED] = True
     row.update(state.hooks.row_metrics(step, apply, row))  # the divergence hook: the scale's check, its spike flags
     return row
 
