@@ -15,7 +15,7 @@ from pathlib import Path
 
 from normlab.recommend.evidence import holdout
 
-RECORD = Path(__file__).resolve().parents[1] / "src" / "normlab" / "recommend" / "transfer_record.json"
+RECORD = Path(holdout.__file__).with_name("transfer_record.json")  # the record shipped in the package
 
 
 def main() -> None:

@@ -262,3 +262,32 @@ def test_a_users_hook_gets_each_finished_row_as_the_loggers_write_it(corpus, tmp
     train(cfg, log=lambda *a: None, hooks=[reader])
     assert reader.rows == rows(tmp_path / "r")
     assert [("val_loss" in x) for x in reader.rows] == [False, True, False, True]
+
+
+class Breaker(StepHook):
+    """A user's hook that judges the run failed after step 2 (its own divergence rule)."""
+
+    def post_step(self, step, applied):
+        self.last = step
+
+    def stop_request(self):
+        return Stop(2, "my rule: loss too high", failed=True) if getattr(self, "last", None) == 2 else None
+
+
+def test_a_users_failed_stop_is_the_runs_divergence_in_its_summary(corpus, tmp_path):
+    """A failed Stop from a hook other than the divergence hook ends the run as the monitor's divergence would: no
+    last checkpoint, the break located at its step, and the summary says diverged at that step for its reason."""
+    cfg = small(corpus, tmp_path / "f", steps=8, ckpt_every=100, eval_every=0, probe_every=0)
+    summary = train(cfg, log=lambda *a: None, hooks=[Breaker()])
+    assert [x["step"] for x in rows(tmp_path / "f")] == [0, 1, 2]
+    assert summary["status"] == "diverged" and summary["diverged_step"] == 2
+    assert summary["reason"] == "my rule: loss too high" and summary["forensics"] is not None
+    assert list_checkpoints(cfg.run.out) == []
+    saved = json.loads((tmp_path / "f" / "summary.json").read_text())
+    assert (saved["status"], saved["diverged_step"], saved["reason"]) == ("diverged", 2, "my rule: loss too high")
+
+
+def test_a_users_stop_that_is_no_failure_is_noted_with_its_reason(corpus, tmp_path, capsys):
+    cfg = small(corpus, tmp_path / "n", steps=12, ckpt_every=100, eval_every=0, probe_every=0)
+    assert train(cfg, log=lambda *a: None, hooks=[Steering()])["status"] == "ok"
+    assert "stopped after step 4 by a hook: enough" in capsys.readouterr().err

@@ -190,3 +190,19 @@ def test_overflow_counters_survive_resume():
     old = m.state_dict()
     del old["overflow_steps"], old["overflow_streak"]  # a checkpoint written before these counters
     DivergenceMonitor().load_state_dict(old)
+
+
+def test_a_hooks_refusal_of_a_finite_fp16_step_is_a_skip_not_an_overflow(corpus, tmp_path):
+    """Under fp16's scaler a refused step with a finite loss is an overflow only where its gradient norm is not
+    finite; a user's hook refusing a finite step (StepHook.admit) skips it, and the monitor counts no overflow."""
+    from normlab.diagnostics.hooks import StepHook
+
+    class Refuse(StepHook):
+        def admit(self, step, loss, grad_norm, scaled):
+            return step != 1
+
+    cfg = small(corpus, tmp_path / "r", precision="fp16", steps=3, probe_every=0)
+    s = train(cfg, log=lambda *a: None, hooks=[Refuse()])
+    r = rows(tmp_path / "r")
+    assert math.isfinite(r[1]["loss"]) and math.isfinite(r[1]["grad_norm"])
+    assert r[1].get("skipped") and not r[1].get("overflow") and s["overflow_steps"] == []

@@ -27,6 +27,20 @@ def test_measured_equals_analytic(name, variant):
     assert count_params(model) == analytic_params(model.config, model.resolved)
 
 
+@pytest.mark.parametrize("layout", ["pre-gatednorm", "sandwich-gatednorm", "siamese,norm=gatednorm"])
+@pytest.mark.parametrize("rank", [3, 128])
+def test_measured_equals_analytic_at_every_gate_rank(layout, rank):
+    """GatedNorm's gates counted at the rank the config sets, wherever the kind stands (SiameseNorm's stream norms
+    too), below and above the width."""
+    from normlab.model.params import analytic_matrices
+    from normlab.train.optim import muon_matrices
+
+    model = normlab.build_model(layout, "nano", n_layers=2, gated_norm_rank=rank)
+    assert count_params(model) == analytic_params(model.config, model.resolved)
+    # Muon takes the blocks' gates with their other matrices (the memory plan and the cost count them there)
+    assert analytic_matrices(model.config, model.resolved) == sum(p.numel() for p in muon_matrices(model))
+
+
 def test_sinks_count_one_logit_per_query_head_and_are_not_decayed():
     from normlab.config.train import TrainConfig
     from normlab.train.optim import param_groups

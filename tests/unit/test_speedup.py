@@ -315,3 +315,30 @@ def test_every_plan_with_a_final_round_carries_two_seeds_before_a_deeper_proxy()
     with_final = [p for p in plans if p.finalists]
     assert with_final and all(p.seeds == [0, 1] for p in with_final)
     assert with_final[0].depth < 12  # the first budget with an interval bought it with a shallower proxy
+
+
+def test_holdout_refuses_a_recommendation_lacking_a_key_in_one_line_and_writes_nothing(tmp_path):
+    """A folder whose recommendation.json an older normlab wrote (no "optimizer" key): one line naming the key,
+    before anything is made; the script's transfer record is the one the package ships."""
+    import importlib.util
+    from pathlib import Path
+
+    from normlab.errors import ConfigError
+    from normlab.recommend.evidence import holdout
+
+    golden = json.loads((Path(__file__).parents[1] / "golden" / "recommend_records.json").read_text())
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    older = {k: v for k, v in golden["recommendation_json"].items() if k != "optimizer"}
+    (rec / "recommendation.json").write_text(json.dumps(older))
+    (rec / "plan.json").write_text(json.dumps(golden["plan_json"]))
+    with pytest.raises(ConfigError) as err:
+        holdout.holdout(rec, tmp_path / "held", log=lambda *a: None)
+    assert "'optimizer'" in str(err.value) and "\n" not in str(err.value)
+    assert not (tmp_path / "held").exists()
+    script = Path(__file__).resolve().parents[2] / "scripts" / "speedup_holdout.py"
+    spec = importlib.util.spec_from_file_location("speedup_holdout", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.RECORD.is_file() and "speedup_projections" in json.loads(module.RECORD.read_text())

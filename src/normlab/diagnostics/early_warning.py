@@ -366,7 +366,7 @@ class EarlyWarnings:
             _Spike(s, read, what, t[s])
             for s, read, what in (
                 ("grad-norm spike", _metric(Metric.GRAD_NORM), "gradient norm"),
-                ("loss spike", _metric(Metric.LOSS), Metric.LOSS),
+                ("loss spike", _metric(Metric.LOSS), "loss"),  # the words of its alert
                 ("update/weight spike", _largest(ProbeMetric.UPDATE_RATIO), "largest update/weight ratio"),
             )
         ]

@@ -17,9 +17,12 @@ A loop that drives hooks calls, for each optimizer step ``step``:
 5. ``post_step(step, applied)``: after the optimizer step (``applied``: whether the update was applied);
 6. ``row_metrics(step, applied, row)``: the step's metrics row as the loop wrote it; a hook returns keys to add
    (the divergence hook's spike flags);
-7. ``stop_request()``: before each step and after each row: a `Stop` ends the run after the current step
-   (the divergence hook: the run diverged; ``failed`` then: no last checkpoint, the break located);
-8. ``checkpoint_due(step, finishing)``: after the step's row (``step``: the steps done): True asks the loop
+7. ``stop_request()``: before the first step and after each step's ``row_metrics``: a `Stop` ends the run after
+   the current step (the divergence hook: the run diverged; ``failed`` then: no last checkpoint, the break
+   located, the summary's status "diverged");
+8. ``row_done(row)``: the step's finished row (the hooks' keys added, the validation loss on an evaluating
+   step), on every rank (the loggers' hook, built on the main rank only, writes it);
+9. ``checkpoint_due(step, finishing)``: after ``row_done`` (``step``: the steps done): True asks the loop
    to save a checkpoint now (the checkpoint schedule); ``finishing``: the run completed its last step and no
    hook stopped it as failed. Around every save, ``pre_checkpoint(step)`` and ``post_checkpoint(step)``.
 
@@ -50,7 +53,9 @@ from typing import Any, ClassVar
 @dataclass(frozen=True)
 class Stop:
     """A hook's request to end the run after the current step: at ``step``, for ``reason``; ``failed`` (the run
-    diverged): no last checkpoint is saved and the loop locates where it broke (`normlab.diagnostics.forensics`)."""
+    diverged): no last checkpoint is saved, the loop locates where it broke (`normlab.diagnostics.forensics`) and
+    the summary says diverged at ``step`` for ``reason``; otherwise the last checkpoint is saved and the reason
+    noted in the run's log."""
 
     step: int
     reason: str
@@ -103,8 +108,8 @@ class StepHook:
         return {}
 
     def row_done(self, row: Mapping[str, Any]) -> None:
-        """The step's finished metrics row (the hooks' keys and, on an evaluating step, the validation loss), on the
-        main rank: the loggers write it here."""
+        """The step's finished metrics row (the hooks' keys and, on an evaluating step, the validation loss), on
+        every rank: the loggers' hook (main rank only) writes it here."""
 
     def stop_request(self) -> Stop | None:
         """A `Stop` to end the run after the current step, or None to go on."""

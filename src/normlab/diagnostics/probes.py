@@ -432,9 +432,9 @@ class Probes:
 
     def _gamma_rows(self, rows: list[ProbeRow], step: int, layer: int | None, site: str, norm: nn.Module) -> None:
         """gamma's mean, min and max (ScaleNorm's g: one value); DyT's alpha too; nothing for a gain-free norm."""
-        if (alpha := getattr(norm, ProbeMetric.ALPHA, None)) is not None:
+        if (alpha := getattr(norm, "alpha", None)) is not None:
             self._row(rows, step, layer, site, ProbeMetric.ALPHA, moments([alpha.detach()])[0].mean)
-        if (shift := getattr(norm, ProbeMetric.SHIFT, None)) is not None:  # Derf's s
+        if (shift := getattr(norm, "shift", None)) is not None:  # Derf's s
             self._row(rows, step, layer, site, ProbeMetric.SHIFT, moments([shift.detach()])[0].mean)
         g = gain_of(norm)  # a centered gain's 1 + w
         if g is None:

@@ -28,12 +28,13 @@ Each reading the abstract leaves open, and the choice made:
   q and k (tests/unit/test_depth_value.py checks it), unless two layers use different RoPE bases (rope_local_theta
   on windowed layers), where the cached keys are used as they are.
 
-Cost per layer l and token, beyond MHA: l + 1 depth logits and l + 1 value terms per key-value head,
-2 (2 (l + 1)) H_k d FLOPs (`depth_value_flops`; under 0.01% of a large model's, as the abstract says); no
-parameters; the cache keeps its size. The keys and mixed values of the new tokens are shared through one
-`DepthValues` per model (`link_values`), emptied by layer 0 on each forward and after the last layer reads it, so
-the layers' mixes are causal along the sequence (each reads position t only) and work with the KV cache, chunked
-prefill and left padding. Its sequence attention is the layer's own (any softmax kind the layout names).
+Cost per layer l >= 1 and token, beyond MHA (layer 0 mixes nothing): l + 1 depth logits and l + 1 value terms per
+key-value head, 2 (2 (l + 1)) H_k d FLOPs, and (H - H_k) d for the group's mean query (`depth_value_flops`; under
+0.01% of a large model's, as the abstract says); no parameters; the cache keeps its size. The keys and mixed values
+of the new tokens are shared through one `normlab.model.moda.DepthKV` per model (`link_values`; here (k, v~) per
+earlier layer), emptied by layer 0 on each forward and after the last layer reads it, so the layers' mixes are causal
+along the sequence (each reads position t only) and work with the KV cache, chunked prefill and left padding. Its
+sequence attention is the layer's own (any softmax kind the layout names).
 """
 
 from __future__ import annotations
@@ -44,14 +45,7 @@ from torch import nn
 from normlab.layout.sites import AttentionInnerSites, Layout
 from normlab.model.attention import ATTENTION_CLASSES, Attention
 from normlab.model.config import ModelConfig
-
-
-class DepthValues:
-    """The keys and depth-mixed values one forward has written so far: (k, v~) per earlier layer, each (B,
-    kv_heads, T, head_dim) for the new tokens. Not a module: no parameters, not saved."""
-
-    def __init__(self) -> None:
-        self.entries: list[tuple[torch.Tensor, torch.Tensor]] = []
+from normlab.model.moda import DepthKV, share_depth
 
 
 def depth_value_mix(
@@ -78,7 +72,7 @@ class DepthValueAttention(Attention):
     def __init__(self, cfg: ModelConfig, inner: AttentionInnerSites, layout: Layout, layer_idx: int = 0) -> None:
         super().__init__(cfg, inner, layout, layer_idx)
         self.last_layer = layer_idx == cfg.n_layers - 1
-        self.depth = DepthValues()  # replaced by the model's shared one (link_values)
+        self.depth = DepthKV()  # the keys and mixed values so far; replaced by the model's shared one (link_values)
 
     def _attend(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dec: object) -> torch.Tensor:
         if self.layer_idx == 0:
@@ -95,12 +89,8 @@ class DepthValueAttention(Attention):
 
 
 def link_values(blocks: nn.ModuleList) -> None:
-    """Give every Depth-Attention layer of ``blocks`` one shared `DepthValues` (a no-op for other kinds)."""
-    shared = DepthValues()
-    for blk in blocks:
-        attn = getattr(blk, "attn", None)
-        if isinstance(attn, DepthValueAttention):
-            attn.depth = shared
+    """Give every Depth-Attention layer of ``blocks`` one shared store of (k, v~) (a no-op for other kinds)."""
+    share_depth(blocks, DepthValueAttention)
 
 
 def depth_value_flops(cfg: ModelConfig, seq_len: int) -> int:

@@ -31,7 +31,7 @@ post-norm than pre-norm (Table 6; its Fig. 1 draws x + Attn(x) -> RMSNorm: Post-
 
 from __future__ import annotations
 
-from typing import cast
+from typing import TypeVar, cast
 
 import torch
 from torch import nn
@@ -135,16 +135,25 @@ class FFNDepthWriter:
         self.attn.write_ffn(args[0])
 
 
+_A = TypeVar("_A", bound=Attention)
+
+
+def share_depth(blocks: nn.ModuleList, kind: type[_A]) -> list[tuple[nn.Module, _A]]:
+    """Give every attention of ``kind`` in ``blocks`` one shared `DepthKV` (the layers that read each other's
+    entries within a forward: MoDA, Depth-Attention); returns those (block, attention) pairs."""
+    shared = DepthKV()
+    found = [(blk, attn) for blk in blocks if isinstance(attn := getattr(blk, "attn", None), kind)]
+    for _, attn in found:
+        attn.depth = shared  # type: ignore[assignment]  # each kind declares depth: DepthKV
+    return found
+
+
 def link_depth(blocks: nn.ModuleList) -> None:
     """Give every MoDA attention of ``blocks`` one shared `DepthKV`, and with ``moda_ffn_kv`` hook each block's MLP
     to write its input there (a no-op for other attention kinds)."""
-    shared = DepthKV()
-    for blk in blocks:
-        attn = getattr(blk, "attn", None)
-        if isinstance(attn, DepthKVAttention):
-            attn.depth = shared
-            if attn.ffn_k is not None:
-                cast(nn.Module, blk.mlp).register_forward_pre_hook(FFNDepthWriter(attn))
+    for blk, attn in share_depth(blocks, DepthKVAttention):
+        if attn.ffn_k is not None:
+            cast(nn.Module, blk.mlp).register_forward_pre_hook(FFNDepthWriter(attn))
 
 
 def depth_flops(cfg: ModelConfig, seq_len: int) -> int:

@@ -335,7 +335,8 @@ class GatedNorm(RMSNorm):
         y = RMSNorm(x) = gamma * x / sqrt(mean(x^2) + eps)
         GatedNorm(x) = y * sigmoid(SiLU(y W_down) W_up)          W_down: d x r, W_up: r x d
 
-    r = ``rank`` (marin: 128, at every width: below d = 128 the gate widens, as marin's code builds it). The gate reads the normed y, so GatedNorm(c x) = GatedNorm(x) as RMSNorm.
+    r = ``rank`` (marin: 128, at every width: below d = 128 the gate widens, as marin's code builds it). The gate
+    reads the normed y, so GatedNorm(c x) = GatedNorm(x) as RMSNorm.
     gate_down and gate_up are stored as nn.Linear weights are, (out, in): y @ gate_down.T @ gate_up.T; both start
     truncated normal std 0.02 in [-3 std, 3 std] (marin's ``_init_weight`` with initializer_std 0.02), so the gate
     starts near sigmoid(0) = 1/2. They are matrices: they decay and Muon takes them in the blocks

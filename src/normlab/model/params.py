@@ -93,7 +93,8 @@ def analytic_params(cfg: ModelConfig, resolved: ResolvedLayout) -> ParamCount:
     per_block_scales += 2 * depth_reads
     # SiameseNorm (normlab.model.residual.SiamesePath): per sublayer the norms of its X and Y streams, of the layout's
     # kind and gain; two more read the streams before the final norm
-    siamese = NORM_FACTS[lay.norm].param_count(d, lay.gain, cfg.norm_bias) if lay.residual.token == "siamese" else 0
+    siamese_norm = NORM_FACTS[lay.norm].param_count(d, lay.gain, cfg.norm_bias, cfg.gated_norm_rank)
+    siamese = siamese_norm if lay.residual.token == "siamese" else 0
     per_block_scales += 4 * siamese
     blocks = 0
     for blk in resolved.blocks:
@@ -149,7 +150,8 @@ def moda_ffn_kv_params(cfg: ModelConfig) -> int:
 
 def analytic_matrices(cfg: ModelConfig, resolved: ResolvedLayout) -> int:
     """The blocks' matrix weights, from the configuration: attention's q/k/v/o (and gate), the MLP's or the
-    experts' (and a shared expert's) matrices, routers excluded: what Muon optimizes
+    experts' (and a shared expert's) matrices, the block norms' own (GatedNorm's gates), routers excluded: what Muon
+    optimizes
     (`normlab.train.optim.muon_matrices` measures the same)."""
     d, hd, h, kv, ff = cfg.d_model, cfg.head_dim, cfg.n_heads, cfg.kv_heads, cfg.ffn_dim
     attn = mla_attention_params(cfg, matrices_only=True) if cfg.attention == "mla" else 2 * d * h * hd + 2 * d * kv * hd
@@ -158,7 +160,8 @@ def analytic_matrices(cfg: ModelConfig, resolved: ResolvedLayout) -> int:
     if cfg.n_experts:
         mlp = cfg.n_experts * cfg.expert_weights + (cfg.expert_weights if cfg.moe_shared_expert else 0)
     gates = sum(d * h * hd for blk in resolved.blocks if blk.attn_inner.gate)
-    return cfg.n_layers * (attn + mlp) + gates + moda_ffn_kv_params(cfg)
+    norm_gates = sum(r * w for blk in resolved.blocks for r, w in gate_matrix_shapes(cfg, resolved.layout, blk))
+    return cfg.n_layers * (attn + mlp) + gates + norm_gates + moda_ffn_kv_params(cfg)
 
 
 def gate_matrix_shapes(cfg: ModelConfig, lay: Any, blk: Any) -> list[tuple[int, int]]:
@@ -176,9 +179,12 @@ def gate_matrix_shapes(cfg: ModelConfig, lay: Any, blk: Any) -> list[tuple[int, 
     sites += [("mlp.H", cfg.ffn_dim)] if blk.mlp.hidden else []
     ins = blk.attn_inner
     sites += [(k, hd * n if full else hd) for k, n in inner.items() if getattr(ins, "context" if k == "c" else k)]
+    kinds = [(lay.norm_at(site).kind, w) for site, w in sites]
+    if lay.residual.token == "siamese":  # SiameseNorm's X and Y stream norms of both sublayers (residual.SiamesePath)
+        kinds += [(lay.norm, d)] * 4
     out: list[tuple[int, int]] = []
-    for site, w in sites:
-        if any(size == "gate" for _, size in NORM_FACTS[lay.norm_at(site).kind].params):
+    for kind, w in kinds:
+        if any(size == "gate" for _, size in NORM_FACTS[kind].params):
             r = cfg.gated_norm_rank
             out += [(r, w), (w, r)]
     return out

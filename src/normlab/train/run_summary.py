@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from normlab.diagnostics.hooks import Stop
 from normlab.diagnostics.stability import spike_score
 from normlab.diagnostics.tier import tier_summary
 from normlab.runs.files import RunDir
@@ -62,7 +63,12 @@ def _memory_summary(state: RunState) -> dict[str, float] | None:
     }
 
 
-def write_summary(state: RunState, status: str | None = None, error: str | None = None) -> dict[str, Any]:
+def write_summary(
+    state: RunState, status: str | None = None, error: str | None = None, halt: Stop | None = None
+) -> dict[str, Any]:
+    """summary.json: the divergence monitor's verdict and the run's figures; ``status`` and ``error``: a crash's;
+    ``halt``: the hooks' stop, where one ended the run (a failed one that the monitor did not see, a user's hook's:
+    status "diverged" at its step, for its reason)."""
     run = RunDir(state.run)
     rows = run.metrics()
     losses = [r.get(Metric.LOSS) for r in rows]
@@ -94,6 +100,8 @@ def write_summary(state: RunState, status: str | None = None, error: str | None 
         "fault": injected(state.cfg),  # run.fault: a fault injected on purpose (None: none)
     }
     summary.update(state.hooks.summary())  # the step hooks' keys (QK-clip's counts)
+    if halt is not None and halt.failed and summary["status"] != "diverged":
+        summary.update(status="diverged", reason=halt.reason, diverged_step=halt.step)
     if status is not None:
         summary["status"] = status
     if error is not None:

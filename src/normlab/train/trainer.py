@@ -481,7 +481,9 @@ def train_step(state: RunState) -> dict[str, Any]:
     if update.vetoed:
         row[Metric.SKIPPED] = True
     elif not apply:
-        row[Metric.OVERFLOW if scaled and math.isfinite(loss_val) else Metric.SKIPPED] = True
+        # fp16's overflow: a finite loss, non-finite gradients; any other refusal (non-finite values, a hook's) skips
+        overflow = scaled and math.isfinite(loss_val) and not math.isfinite(grad_norm)
+        row[Metric.OVERFLOW if overflow else Metric.SKIPPED] = True
     row.update(state.hooks.row_metrics(step, apply, row))  # the divergence hook: the scale's check, its spike flags
     return row
 
@@ -503,6 +505,8 @@ def _train(
             state.final_val = evaluate(state.fwd, state.val, cfg, info)
         if halt is not None and halt.failed:
             state.forensics = find_break(state, halt.step)
+        elif halt is not None and state.sinks is not None:  # a hook ended the run early, not as a failure
+            state.sinks.note(f"stopped after step {halt.step} by a hook: {halt.reason}")
         # the probes' end state (also of a diverged run, where it stopped); the divergence hook's final rules
         state.hooks.post_train(state.step)
     except Exception as err:  # a crash is recorded, then raised
@@ -512,7 +516,7 @@ def _train(
         raise TrainingFailed(f"run {state.run} failed at step {state.step}: {type(err).__name__}: {err}") from err
     finally:
         state.close()  # also on KeyboardInterrupt
-    return write_summary(state) if info.is_main else {}
+    return write_summary(state, halt=halt) if info.is_main else {}
 
 
 def _loop(state: RunState, stop: threading.Event | None) -> Stop | None:

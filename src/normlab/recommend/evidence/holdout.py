@@ -30,12 +30,19 @@ TOKEN_MULT = 4
 
 
 def _read(rec: Path) -> tuple[Recommendation, Plan, dict[str, Any]]:
-    """The recommendation in `rec`, its plan and plan.json's inputs."""
+    """The recommendation in `rec`, its plan and plan.json's inputs; one line where a file lacks a key the records
+    need (a folder an older normlab wrote)."""
     folder = RecommendDir(rec)
     if not folder.json_file.is_file() or not folder.plan_file.is_file():
         raise ConfigError(f"{rec} holds no finished recommendation (recommendation.json and plan.json)")
     saved = read_json(folder.plan_file)
-    return Recommendation.from_json(read_json(folder.json_file)), Plan.from_json(saved["plan"]), saved["inputs"]
+    try:
+        return Recommendation.from_json(read_json(folder.json_file)), Plan.from_json(saved["plan"]), saved["inputs"]
+    except KeyError as err:
+        raise ConfigError(
+            f"{rec}'s recommendation.json or plan.json lacks {err.args[0]!r}: give a folder a finished "
+            "`normlab recommend --ladder ...` of this version wrote"
+        ) from None
 
 
 def holdout(rec: Path, out: Path, workers: int = 2, log: Callable[[str], Any] = print) -> dict[str, Any]:

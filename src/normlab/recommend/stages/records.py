@@ -28,8 +28,8 @@ from normlab.recommend.planning.plan_record import LadderPlan
 @dataclass(frozen=True)
 class ScreenRecord:
     """screen.json: the screen's width and depth, each candidate's screen by name (`rank.ScreenSummary`), and
-    the predicted seconds of one; `skipped`: no screen (--quick), kept in memory only (its key is written where
-    True, `predicted_seconds_each` where not None)."""
+    the predicted seconds of one; `skipped`: no screen (--quick; its key is written only where True, as
+    `predicted_seconds_each` only where set)."""
 
     width: int
     n_layers: int
