@@ -308,3 +308,14 @@ def test_ngpt_is_screened_as_output_normalized_on_the_sphere():
     assert abs(r["verdict"]["sensitivity_ratio"] - 1) < 0.05
     for row in r["stresses"].values():
         assert row["rms"][-1] == pytest.approx(32**-0.5, rel=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["moda", "depth_value"])
+def test_cross_layer_attention_is_refused_in_one_line(kind):
+    """MoDA's and Depth-Attention's blocks read the earlier layers' keys and values of the same forward: a block
+    called alone (the Jacobians, the W2 probe) would read another forward's store, so the screen refuses them and
+    names the attention kinds it can screen."""
+    from normlab.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"model.attention={kind} .* model.attention=mha"):
+        screen_layout("pre", ScreenConfig(size="nano", stresses=(1.0,)), {"model": {"attention": kind}})

@@ -23,8 +23,10 @@ import numpy as np
 import torch
 
 from normlab.config.commands import ScreenConfig
+from normlab.errors import ConfigError
 from normlab.layout import Layout, LayoutError, as_layout
 from normlab.model import build_model
+from normlab.model.config import CROSS_LAYER_ATTENTION
 from normlab.model.lm import NormLM
 from normlab.model.streams import composite_gain
 from normlab.screen.backward import sensitivities
@@ -141,6 +143,14 @@ def screen_layout(layout: Layout | str, cfg: ScreenConfig, extra: dict[str, Any]
     extra = extra or {}
     size = extra.get("size", cfg.size)
     model = build_model(lay, size, seed=cfg.seed, **{**cfg.model, **extra.get("model", {})}).double().eval()
+    if model.config.attention in CROSS_LAYER_ATTENTION:
+        # a block's attention reads the earlier layers' keys and values of the same forward (MoDA, Depth-Attention):
+        # called alone, as the Jacobians and the W2 probe call it, it would read a store another forward left
+        raise ConfigError(
+            f"screen: model.attention={model.config.attention} makes each block read the earlier layers' keys and "
+            "values within one forward, so a block is not screened alone; screen the placement with "
+            "model.attention=mha (or mla)"
+        )
     resolved = model.resolved
     g = torch.Generator().manual_seed(cfg.seed)
     tokens = torch.randint(0, model.config.vocab_size, (cfg.batch, cfg.seq_len), generator=g)
