@@ -182,9 +182,12 @@ def test_preemption_signal_checkpoints_requeues_and_ends_ok(corpus, tmp_path):
 
 def test_a_qos_submit_limit_is_waited_out_never_orphaning_jobs(corpus, tmp_path):
     """QOS normlab-limited lets 3 jobs wait or run; 5 runs: the refused part is retried with smaller arrays and a
-    growing wait while the submitted jobs run; all 5 end ok, each in one job."""
+    growing wait while the submitted jobs run; all 5 end ok, each in one job. Each job trains for about 20 s at this
+    machine's measured pace, so the 3 the QOS admits still wait or run when the rest are sent (on a fast machine
+    40 steps ended before the next submission, and nothing was refused)."""
+    steps = max(40, int(20 / nano_step_seconds(corpus, tmp_path)))
     path, name = write_sweep(
-        tmp_path, corpus, "qos", seeds=5, steps=40, slurm_qos="normlab-limited", slurm_array_parallelism=2
+        tmp_path, corpus, "qos", seeds=5, steps=steps, slurm_qos="normlab-limited", slurm_array_parallelism=2
     )
     out = tmp_path / "sw"
     done = finish(path, out, timeout=900)
@@ -195,8 +198,10 @@ def test_a_qos_submit_limit_is_waited_out_never_orphaning_jobs(corpus, tmp_path)
 
 def test_ctrl_c_leaves_the_jobs_and_cancel_is_one_line(corpus, tmp_path):
     """Ctrl-C without a terminal leaves the job running and says how to cancel it; `normlab sweep --cancel DIR`
-    cancels it, the row says so in one line, and the rerun trains the run in a new job."""
-    path, name = write_sweep(tmp_path, corpus, "cancel", seeds=1, steps=1500)
+    cancels it, the row says so in one line, and the rerun trains the run in a new job. The run lasts about two
+    minutes at this machine's measured pace, so the job is still there when Ctrl-C comes."""
+    steps = max(1500, int(120 / nano_step_seconds(corpus, tmp_path)))
+    path, name = write_sweep(tmp_path, corpus, "cancel", seeds=1, steps=steps)
     out = tmp_path / "sw"
     proc = subprocess.Popen(
         sweep_cmd(path, out),
@@ -240,10 +245,12 @@ def test_ctrl_c_leaves_the_jobs_and_cancel_is_one_line(corpus, tmp_path):
 
 
 def test_ctrl_c_on_a_terminal_asks_and_cancels(corpus, tmp_path):
-    """On a terminal, Ctrl-C asks whether to cancel the sweep's jobs; "y" cancels them."""
+    """On a terminal, Ctrl-C asks whether to cancel the sweep's jobs; "y" cancels them (the run sized to last about
+    two minutes at this machine's measured pace, so the job is still there to cancel)."""
     import pty
 
-    path, name = write_sweep(tmp_path, corpus, "ask", seeds=1, steps=1500)
+    steps = max(1500, int(120 / nano_step_seconds(corpus, tmp_path)))
+    path, name = write_sweep(tmp_path, corpus, "ask", seeds=1, steps=steps)
     out = tmp_path / "sw"
     leader, follower = pty.openpty()
     proc = subprocess.Popen(
