@@ -150,9 +150,7 @@ class ModelConfig:
     dyt_alpha: float = setting(
         0.5, "DyT's initial alpha (Zhu et al. 2025: 0.5 by default; LLMs want it tuned)", check=_pos
     )
-    gated_norm_rank: int = setting(
-        128, "GatedNorm's gate rank r (marin: 128, at every width)", check=_pos_int
-    )
+    gated_norm_rank: int = setting(128, "GatedNorm's gate rank r (marin: 128, at every width)", check=_pos_int)
     linear_bias: bool = setting(False, "biases on the attention and MLP projections (Llama: none)")
     qkv_bias: bool = setting(False, "biases on the query, key and value projections only (Qwen 2)")
     tie_embeddings: bool = setting(False, "one matrix for the embedding and the head (Kim: untied; Zhuo: tied)")
