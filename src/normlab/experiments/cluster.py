@@ -229,7 +229,8 @@ class Coordinator:
         if first is None:
             self._poll(total, seen)
         self._write()
-        self.to_release = submission.release_held(self.store, self.to_release)  # their ids are stored
+        if self.to_release:  # their ids are stored
+            self.to_release = submission.release_held(self.store, self.to_release)
         if self.runs.waiting and self.fatal is None and time.time() >= self.next_try and not self.unsure:
             self._submit(self.runs.waiting[: self.chunk])
 

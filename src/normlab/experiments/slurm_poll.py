@@ -69,31 +69,40 @@ class Watcher:
         view = store.snapshot() if todo is not None else None
         if view is not None:
             jobs = {rid: self.job(view.rows[rid]["job"]) for rid in todo or [] if view.rows[rid].get("job")}
-        states = self.states(jobs)
+        states, alive = self.states(jobs)
         queue = submission.live_jobs() if self.kind == "slurm" and (jobs or always or todo is not None) else None
-        alive = {rid: live(state) for rid, state in states.items()}
         view = view or store.snapshot()
-        found = submission.unreleased(view.meta.get(submission.KEY) or {}, queue) if always else {}
-        holders = {rid: holder_job(self.root.run(rid).lock_file) for rid in todo or []}
+        tokens = view.meta.get(submission.KEY) or {}
+        found = submission.unreleased(tokens, queue) if always and tokens else {}
+        holders = {}
+        for rid in todo or []:  # a rerun: the job each run's lock file names
+            holders[rid] = holder_job(self.root.run(rid).lock_file)
         return Poll(states, queue, view, jobs, alive, found, holders)
 
-    def states(self, jobs: dict[str, Any]) -> dict[str, str]:
-        """run id -> the job's state word (PENDING, RUNNING, COMPLETED, CANCELLED by 0, ..., or UNKNOWN)."""
+    def states(self, jobs: dict[str, Any]) -> tuple[dict[str, str], dict[str, bool]]:
+        """run id -> the job's state word (PENDING, RUNNING, COMPLETED, CANCELLED by 0, ..., or UNKNOWN), and run id
+        -> whether that state is live (`live`). On SLURM, one sacct call for all the jobs, then squeue (`job_alive`)
+        about each job sacct does not call live: one sacct has no record of (just submitted, or squeue still holds
+        it) is PENDING while squeue lists it or for UNKNOWN_GRACE_S after it was first watched; one sacct says ended
+        that squeue still lists is COMPLETING (its processes not yet gone: KillWait)."""
         if not jobs:
-            return {}
+            return {}, {}
         if self.kind != "slurm":
-            return {rid: ("COMPLETED" if job.done() else "RUNNING") for rid, job in jobs.items()}
+            found = {rid: ("COMPLETED" if job.done() else "RUNNING") for rid, job in jobs.items()}
+            return found, {rid: live(state) for rid, state in found.items()}
         watcher = next(iter(jobs.values())).watcher
-        watcher.update()
+        watcher.update()  # the one sacct call: each state below is read from its answer
         found = {rid: watcher.get_state(job.job_id, mode="cache") for rid, job in jobs.items()}
-        for rid, state in found.items():
-            jid = jobs[rid].job_id
-            if state == "UNKNOWN":  # sacct has no record: just submitted, or squeue still holds it
-                if job_alive(jid) or time.time() - self.seen.get(jid, time.time()) < UNKNOWN_GRACE_S:
-                    found[rid] = "PENDING"
-            elif not live(state) and job_alive(jid):  # ended for sacct, its processes not yet gone (KillWait)
-                found[rid] = f"COMPLETING (ended {state})"
-        return found
+        alive = {rid: live(state) for rid, state in found.items()}
+        listed = {rid: job_alive(jobs[rid].job_id) for rid in found if not alive[rid]}  # squeue, job by job
+        for rid, queued in listed.items():
+            if found[rid] == "UNKNOWN":  # sacct has no record: just submitted, or squeue still holds it
+                first = self.seen.get(jobs[rid].job_id, time.time())
+                alive[rid] = bool(queued) or time.time() - first < UNKNOWN_GRACE_S
+                found[rid] = "PENDING" if alive[rid] else "UNKNOWN"
+            elif queued:  # ended for sacct, its processes not yet gone (KillWait)
+                found[rid], alive[rid] = f"COMPLETING (ended {found[rid]})", True
+        return found, alive
 
 
 def foreign(jid: str, queue: dict[str, tuple[str, str, str]] | None, token: str | None) -> str | None:

@@ -74,19 +74,6 @@ def live_jobs() -> dict[str, tuple[str, str, str]] | None:
     return found
 
 
-def announce(store: SweepStore, run_ids: list[str]) -> str:
-    """Record a submission about to be sent; returns its token."""
-    token = uuid.uuid4().hex[:12]
-    store.set_meta(KEY, {**(store.get_meta(KEY) or {}), token: list(run_ids)})
-    return token
-
-
-def forget(store: SweepStore, tokens: list[str]) -> None:
-    """Drop announcements: their jobs are stored and released, or sbatch refused them and squeue lists none."""
-    left = {t: ids for t, ids in (store.get_meta(KEY) or {}).items() if t not in tokens}
-    store.set_meta(KEY, left)
-
-
 def parameters(options: dict[str, Any], token: str, sweep: str) -> dict[str, Any]:
     """submitit's parameters for a held submission whose comment names `token` and the sweep's token `sweep` (the
     user's comment kept, first)."""
@@ -164,32 +151,41 @@ def send(ex: Any, store: SweepStore, root: Path, batch: list[str], options: dict
     caller says it in one line."""
     from normlab.experiments.job import RunJob
 
-    announced = None
+    token = None  # the submission's, in its jobs' comment
     if sweep is not None:
-        announced = announce(store, batch)
-        ex.update_parameters(**parameters(options, announced, sweep))
+        token = uuid.uuid4().hex[:12]
+        ex.update_parameters(**parameters(options, token, sweep))
+    runs = [RunJob(str(root), rid) for rid in batch]
+    if token is not None:
+        store.add_meta_entry(KEY, token, batch)  # 1. announced
     try:
-        with contextlib.redirect_stderr(io.StringIO()), ex.batch():
-            submitted = [ex.submit(RunJob(str(root), rid)) for rid in batch]
+        with contextlib.redirect_stderr(io.StringIO()), ex.batch():  # 2. sent (held on SLURM)
+            submitted = [ex.submit(run) for run in runs]
     except Exception as err:  # sbatch refused: its message decides what follows (`Refused`)
         for pickled in SweepDir(root).jobs_dir.glob("*.pkl"):
             pickled.unlink(missing_ok=True)
-        raise Refused(err, announced is not None) from err
+        raise Refused(err, token is not None) from err
     ids = [str(job.job_id) for job in submitted]
     held: dict[str, list[str]] = {}
-    if announced is not None:  # stored, then released; a failed release is retried (`release_held`)
+    if token is not None:  # 3. stored, 4. released; a failed release is retried (`release_held`)
         store.set_job(batch, ids)
-        held = release_held(store, {announced: [ids[0].split("_")[0]]})
+        held = release_held(store, {token: [ids[0].split("_")[0]]})
     return Sent(submitted, ids, held)
 
 
 def release_held(store: SweepStore, held: dict[str, list[str]]) -> dict[str, list[str]]:
     """Release the held jobs of each announcement (token -> job ids, their ids stored), drop the announcements
-    released from the store; returns those scontrol did not release yet."""
-    released = [token for token, ids in held.items() if release(ids)]
+    released from the store (one write); returns those scontrol did not release yet."""
+    released: list[str] = []
+    left: dict[str, list[str]] = {}
+    for token, ids in held.items():
+        if release(ids):
+            released.append(token)
+        else:
+            left[token] = ids
     if released:
-        forget(store, released)
-    return {token: ids for token, ids in held.items() if token not in released}
+        store.drop_meta_entries(KEY, released)
+    return left
 
 
 def hand_over(job: Any, sweep_dir: Path, run_id: str, options: dict[str, Any]) -> None:

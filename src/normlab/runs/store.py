@@ -181,7 +181,11 @@ class SweepStore:
         if "meta" not in self.tables:
             return None
         with self._connect() as db:
-            row = db.execute("select value from meta where key = ?", (key,)).fetchone()
+            return self._meta(db, key)
+
+    @staticmethod
+    def _meta(db: sqlite3.Connection, key: str) -> Any:
+        row = db.execute("select value from meta where key = ?", (key,)).fetchone()
         return None if row is None else json.loads(row["value"])
 
     def set_meta(self, key: str, value: Any) -> None:
@@ -189,6 +193,20 @@ class SweepStore:
             db.execute(
                 "insert or replace into meta values (?, ?)", (key, json.dumps(value))
             )  # key order kept: the grid axes
+
+    def add_meta_entry(self, key: str, name: str, value: Any) -> None:
+        """Set `name` -> `value` in the mapping meta `key` holds (made when absent), read and written in one
+        transaction (e.g. a SLURM submission announced, `normlab.experiments.submission`)."""
+        with self._connect() as db:
+            held = self._meta(db, key) or {}
+            db.execute("insert or replace into meta values (?, ?)", (key, json.dumps({**held, name: value})))
+
+    def drop_meta_entries(self, key: str, names: list[str]) -> None:
+        """Remove `names` from the mapping meta `key` holds (written, empty, when absent), read and written in one
+        transaction (e.g. announcements released or refused)."""
+        with self._connect() as db:
+            left = {name: value for name, value in (self._meta(db, key) or {}).items() if name not in names}
+            db.execute("insert or replace into meta values (?, ?)", (key, json.dumps(left)))
 
     # --- rows ---
     def add(self, specs: Sequence[Spec]) -> int:
