@@ -65,7 +65,8 @@ class Watcher:
         """The jobs' states, then (on SLURM, when a job is watched or `always`) squeue's live jobs, then the store.
         Given `todo` (a rerun re-attaching), the store first, then the states of the jobs its rows of `todo` name,
         then squeue, then the job each run's lock file names. With `always` (a submission may have been accepted
-        without its ids stored), the live jobs of the store's announced submissions too (`submission.unreleased`)."""
+        without its ids stored), the live jobs of the store's announced submissions too (`submission.unreleased`;
+        none asked for when none is announced). Everything is read first, then the reading built in one `Poll`."""
         view = store.snapshot() if todo is not None else None
         if view is not None:
             jobs = {rid: self.job(view.rows[rid]["job"]) for rid in todo or [] if view.rows[rid].get("job")}
