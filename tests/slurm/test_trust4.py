@@ -17,7 +17,7 @@ import tomllib
 
 import pytest
 
-from tests.slurm.test_cluster import ENV, finish, rows, sacct, sweep_cmd, wait_for, write_sweep
+from tests.slurm.test_cluster import ENV, finish, nano_step_seconds, rows, sacct, sweep_cmd, wait_for, write_sweep
 
 pytest.importorskip("submitit")
 
@@ -218,8 +218,11 @@ def test_a_planted_result_pickle_is_never_unpickled(corpus, tmp_path):
 def test_a_used_up_timeout_budget_says_how_many_times_and_where_to_continue(corpus, tmp_path):
     """slurm_max_num_timeout = 0 and a two-minute limit: at the first USR2 submitit saves the run and does not
     requeue it (timed-out too many times); the row says so in one line with the step it saved at and to run the
-    command again, not a pointer to a traceback. The same command then continues from that step."""
-    path, name = write_sweep(tmp_path, corpus, "budget", seeds=1, steps=20000, timeout_min=2, slurm_max_num_timeout=0)
+    command again, not a pointer to a traceback. The same command then continues from that step. The run is sized
+    to need about ten minutes at this machine's measured pace, so neither two-minute job can finish it (on an idle
+    machine 20,000 steps fitted in the second job)."""
+    steps = max(20000, int(600 / nano_step_seconds(corpus, tmp_path)))
+    path, name = write_sweep(tmp_path, corpus, "budget", seeds=1, steps=steps, timeout_min=2, slurm_max_num_timeout=0)
     out = tmp_path / "sw"
     first = finish(path, out, timeout=900)  # exit 1: a run failed (not a bad input: that is 2)
     assert first.returncode == 1 and "Traceback" not in first.stdout + first.stderr, first.stdout + first.stderr
