@@ -197,9 +197,10 @@ def markdown(rows: list[dict[str, Any]], runs: list[RunOutcome]) -> str:
 WRITTEN_BY = "normlab leadtime"  # the --json file's mark: the one existing file leadtime writes over
 
 
-def wrote(path: str | Path) -> bool:
-    """Whether ``path`` is a regular file an earlier `normlab leadtime --json` wrote (its mark), which the same
-    command may write again; any other existing file is refused (`normlab.experiments.commands.check_new_file`)."""
+def wrote(path: str | Path, mark: str = WRITTEN_BY) -> bool:
+    """Whether ``path`` is a regular JSON file carrying ``mark`` as its ``written_by`` (by default an earlier
+    `normlab leadtime --json`'s; `leadtime_study.wrote_record` asks for --record's), which the same command may
+    write again; any other existing file is refused (`normlab.experiments.commands.check_new_file`)."""
     p = Path(path)
     if p.is_symlink() or not p.is_file() or p.stat().st_size > 64 * 2**20:
         return False
@@ -207,7 +208,7 @@ def wrote(path: str | Path) -> bool:
         data = json.loads(p.read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(data, dict) and data.get("written_by") == WRITTEN_BY
+    return isinstance(data, dict) and data.get("written_by") == mark
 
 
 def report(sweeps: list[str], json_out: str | None = None) -> str:

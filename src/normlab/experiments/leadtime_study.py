@@ -13,6 +13,7 @@ from typing import Any
 
 from normlab.diagnostics.early_warning import PRECISIONS, replay_rows, run_rows
 from normlab.diagnostics.warning_record import THRESHOLDS
+from normlab.experiments import leadtime
 from normlab.experiments.leadtime_stats import Replayed, choose, pr_curve, table
 
 WRITTEN_BY = "normlab leadtime --record"
@@ -201,14 +202,7 @@ def write_record(data: dict[str, Any], out: str) -> None:
 
 def wrote_record(path: str | Path) -> bool:
     """Whether ``path`` is a record an earlier ``--record`` wrote (the one existing file it writes over)."""
-    p = Path(path)
-    if p.is_symlink() or not p.is_file():
-        return False
-    try:
-        data = json.loads(p.read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and data.get("written_by") == WRITTEN_BY
+    return leadtime.wrote(path, WRITTEN_BY)
 
 
 __all__ = ["figure", "gather", "markdown", "record", "replay_run", "write_record", "wrote_record"]
