@@ -1,5 +1,5 @@
 """The SLURM coordinator's reading and its submission's store writes, without a scheduler: a job's state as
-`slurm_poll.Watcher.states` reads it from sacct's answer and squeue's, and the announcements
+`slurm_poll.Watcher` reads it from sacct's answer and squeue's, and the announcements
 (`normlab.experiments.submission`) recorded and dropped in the store, each in one transaction."""
 
 from __future__ import annotations
@@ -28,23 +28,17 @@ class Sacct:
 
 
 def _states(monkeypatch, tmp_path, sacct: dict[str, str], listed: set[str], age: dict[str, float]):
-    """Watcher.states over jobs 1.. (run r1 holds job 1, ...) whose sacct words are `sacct`, squeue listing the ids
-    in `listed`, each first watched `age` seconds ago; returns (states, alive, the ids squeue was asked about)."""
-    asked: list[str] = []
-
-    def job_alive(jid: str) -> bool:
-        asked.append(jid)
-        return jid in listed
-
-    monkeypatch.setattr(slurm_poll, "job_alive", job_alive)
+    """A Watcher's reading of jobs 1.. (run r1 holds job 1, ...) whose sacct words are `sacct`, squeue listing the
+    ids in `listed`, each first watched `age` seconds ago; returns (states, alive)."""
     monkeypatch.setattr(slurm_poll.time, "time", lambda: 1000.0)
     watcher = Sacct(sacct)
     watch = Watcher(tmp_path, "slurm")
     watch.seen = {jid: 1000.0 - age.get(jid, 0.0) for jid in sacct}
     jobs = {f"r{jid}": SimpleNamespace(job_id=jid, watcher=watcher) for jid in sacct}
-    states, alive = watch.states(jobs)
+    words = watch.sacct(jobs)
     assert watcher.updates == 1
-    return states, alive, asked
+    assert words == {f"r{jid}": word for jid, word in sacct.items()}
+    return watch.states(jobs, words, {jid: ("RUNNING", "None", "") for jid in listed})
 
 
 @pytest.mark.parametrize(
@@ -64,29 +58,32 @@ def _states(monkeypatch, tmp_path, sacct: dict[str, str], listed: set[str], age:
 def test_a_jobs_state_reads_sacct_then_squeue_for_a_job_sacct_does_not_call_live(
     monkeypatch, tmp_path, word, listed, age, state, alive
 ):
-    states, lives, asked = _states(monkeypatch, tmp_path, {"7": word}, {"7"} if listed else set(), {"7": age})
+    states, lives = _states(monkeypatch, tmp_path, {"7": word}, {"7"} if listed else set(), {"7": age})
     assert states == {"r7": state}
     assert lives == {"r7": alive}
-    assert asked == ([] if word in ("RUNNING", "PENDING") else ["7"])  # squeue only for a word that is not live
 
 
-def test_squeue_is_asked_once_per_job_not_live_in_the_jobs_order(monkeypatch, tmp_path):
-    sacct = {"1": "RUNNING", "2": "COMPLETED", "3": "UNKNOWN", "4": "FAILED", "5": "PENDING"}
-    states, alive, asked = _states(monkeypatch, tmp_path, sacct, {"2"}, {})
-    assert asked == ["2", "3", "4"]
+def test_squeue_decides_only_for_the_jobs_sacct_does_not_call_live(monkeypatch, tmp_path):
+    sacct = {"1": "RUNNING", "2": "COMPLETED", "3": "UNKNOWN", "4": "FAILED", "5": "PENDING", "6": "TIMEOUT"}
+    states, alive = _states(monkeypatch, tmp_path, sacct, {"1", "2", "4"}, {"6": UNKNOWN_GRACE_S * 2})
     assert states == {
         "r1": "RUNNING",
         "r2": "COMPLETING (ended COMPLETED)",
-        "r3": "PENDING",
-        "r4": "FAILED",
-        "r5": "PENDING",
+        "r3": "PENDING",  # no record yet, first watched just now
+        "r4": "COMPLETING (ended FAILED)",
+        "r5": "PENDING",  # sacct's word stands, listed or not
+        "r6": "TIMEOUT",
     }
-    assert alive == {"r1": True, "r2": True, "r3": True, "r4": False, "r5": True}
+    assert alive == {"r1": True, "r2": True, "r3": True, "r4": True, "r5": True, "r6": False}
     assert alive == {rid: slurm_poll.live(s) for rid, s in states.items()}  # the state's own liveness
+    watch = Watcher(tmp_path, "slurm")
+    words = {"r2": "COMPLETED"}
+    assert watch.states({"r2": SimpleNamespace(job_id="2")}, words, None) == ({"r2": "COMPLETED"}, {"r2": False})
 
 
 def test_no_job_asks_nothing(tmp_path):
-    assert Watcher(tmp_path, "slurm").states({}) == ({}, {})
+    assert Watcher(tmp_path, "slurm").sacct({}) == {}
+    assert Watcher(tmp_path, "slurm").states({}, {}, None) == ({}, {})
 
 
 def test_announcements_are_added_and_dropped_keeping_the_others(tmp_path):
@@ -101,11 +98,8 @@ def test_announcements_are_added_and_dropped_keeping_the_others(tmp_path):
     assert store.get_meta(submission.KEY) == {"b": ["r2"]}
 
 
-def test_release_held_drops_only_the_announcements_released(monkeypatch, tmp_path):
-    store = SweepStore(tmp_path / "sweep.db")
-    for token, ids in {"a": ["r0"], "b": ["r1"], "c": ["r2"]}.items():
-        store.add_meta_entry(submission.KEY, token, ids)
+def test_release_held_names_the_announcements_released_and_keeps_the_others(monkeypatch):
     monkeypatch.setattr(submission, "release", lambda ids: ids != ["12"])  # scontrol leaves job 12 held
-    left = submission.release_held(store, {"a": ["11"], "b": ["12"]})
+    released, left = submission.release_held({"a": ["11"], "b": ["12"], "c": ["13"]})
+    assert released == ["a", "c"]
     assert left == {"b": ["12"]}
-    assert store.get_meta(submission.KEY) == {"b": ["r1"], "c": ["r2"]}

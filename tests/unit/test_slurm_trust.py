@@ -460,6 +460,30 @@ def test_a_job_that_ended_without_recording_anything_is_reported_not_resubmitted
     assert store.row(c)["status"] == "pending"
 
 
+def test_a_run_trained_by_a_job_whose_id_was_lost_names_that_job_once_the_new_one_ends(store_with_jobs, tmp_path):
+    """A run submitted again (job 12) while the job whose id the store lost (11_5) still pended: 11_5 started first
+    and trained the run to its end, 12 found nothing to do. When 12 ends the row names 11_5, its worker, as its job;
+    a run its own job trained keeps its job, and nothing but a finished row is rewritten."""
+    from normlab.experiments.cluster import SweepJobs, _ended
+    from normlab.runs.files import SweepDir
+
+    store, (a, b, c) = store_with_jobs
+    root = tmp_path / "sw"
+    store.set_job([a], ["12"])
+    store.mark_running(a, "11_5")
+    store.record(a, {"status": "ok", "final_loss": 1.0}, worker="11_5")
+    store.mark_running(b, "12")
+    store.record(b, {"status": "ok", "final_loss": 1.0}, worker="12")
+    job = submitit.SlurmJob(SweepDir(root).jobs_dir / "%j", "12")
+    assert _ended(SweepJobs(root, store, "slurm"), a, job, "COMPLETED", retry=True) == ("end:ended ok", "")
+    assert _ended(SweepJobs(root, store, "slurm"), b, job, "COMPLETED", retry=True) == ("end:ended ok", "")
+    assert (store.row(a)["job"], store.row(a)["worker"]) == ("11_5", "11_5")
+    assert (store.row(b)["job"], store.row(b)["worker"]) == ("12", "12")
+    store.mark_running(c, "14")  # running, not finished: the write leaves it as it is
+    store.trained_by(c, "14")
+    assert store.row(c)["job"] == "13"
+
+
 def test_a_cancelled_job_that_saved_is_not_submitted_again(store_with_jobs, tmp_path):
     """scancel by hand: the run saves on SIGTERM (its row pending, "saved at step 120"), the job ends CANCELLED.
     Cancelled means cancelled: the row says so, and where the next run of the sweep continues; nothing is
@@ -484,7 +508,7 @@ def test_a_cancelled_job_that_saved_is_not_submitted_again(store_with_jobs, tmp_
 def test_another_users_job_is_never_this_sweeps(fake_slurm, store_with_jobs, tmp_path, capsys):
     """squeue --me lists this user's jobs only: a live job the store or a lock names that is not among them is
     another user's (squeue -j ID -o %u says whose), and is neither watched, adopted nor cancelled, token or not."""
-    from normlab.experiments import submission
+    from normlab.experiments import slurm_poll, submission
     from normlab.experiments.cluster import SweepJobs, _ended
     from normlab.experiments.slurm_poll import current_user, foreign
     from normlab.runs.files import SweepDir
@@ -494,7 +518,7 @@ def test_another_users_job_is_never_this_sweeps(fake_slurm, store_with_jobs, tmp
     (fake_slurm / "queue").write_text(
         f"12|RUNNING|None|normlab-sweep:{TOKEN}|someone-else\n11_0|RUNNING|None|normlab-sweep:{TOKEN}\n"
     )
-    queue = submission.live_jobs()
+    queue = slurm_poll.live_jobs()
     assert set(queue) == {"11_0"}
     me = current_user()
     for token in (TOKEN, None):

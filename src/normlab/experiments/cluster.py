@@ -8,8 +8,8 @@
   could ever start (`preflight`: `sbatch --test-only` with the job script, and the partitions' MaxTime): a request
   it would accept and never start (more CPUs or memory than a node has, a time limit over the partition's MaxTime)
   is refused in one line (exit 2). A job that pends for a reason that can never clear (squeue's
-  PartitionTimeLimit, PartitionConfig, ...: `scheduler.NEVER_STARTS`) is cancelled and the coordinator stops the
-  same way, instead of waiting forever.
+  PartitionTimeLimit, PartitionConfig, ...: `scheduler.NEVER_STARTS`, read with each poll) is cancelled and the
+  coordinator stops the same way, instead of waiting forever.
 - **Refusals.** A submission the scheduler refuses for a limit on how many jobs may wait (a QOS's or an
   association's MaxSubmitJobs) or a busy controller is tried again with smaller arrays, then after a growing
   wait (10 s to 5 min) while the jobs already submitted run; any other refusal (an unknown partition) is reported in
@@ -73,12 +73,8 @@ from typing import Any
 
 from normlab.errors import ConfigError
 from normlab.experiments import submission
-from normlab.experiments.scheduler import (
-    never_passes,
-    never_starts,
-    time_over_partition,
-)
-from normlab.experiments.slurm_poll import Poll, Watcher, foreign
+from normlab.experiments.scheduler import never_passes, time_over_partition
+from normlab.experiments.slurm_poll import Poll, Watcher, foreign, live_jobs
 from normlab.experiments.slurm_preflight import _executor, _one_line, _passes
 from normlab.experiments.slurm_states import ENDED, WAITING, JobEnd, Phase, decide, saved_step
 from normlab.runs.files import SweepDir
@@ -172,12 +168,13 @@ def run_cluster(
 
 class Coordinator:
     """The loop of a SLURM (or submitit-local) sweep: each run's phase moved along `TRANSITIONS` as jobs are
-    submitted, start and end. Each pass reads, decides, writes, then submits: the scheduler and the store read once
-    (`slurm_poll.Watcher.poll`: sacct, squeue, a `StoreView`); from that reading, the jobs of an unfinished
+    submitted, start and end. Each pass reads, decides, submits, writes, then releases: the scheduler and the store
+    read once (`slurm_poll.Watcher.poll`: sacct, squeue, a `StoreView`); from that reading, the jobs of an unfinished
     submission found, runs whose job started moved on, jobs that can never start cancelled, each ended job read
-    (`_ended`: the row, the run's files, `slurm_states.ENDINGS`); the rows written back at once (`SweepStore.apply`)
-    and the pass's lines said; then held arrays released (their ids now stored) and the next batch submitted
-    (`_submit`)."""
+    (`_ended`: the row, the run's files, `slurm_states.ENDINGS`); the next batch announced and sent held
+    (`_submit`, `submission.send`); the rows and the new jobs' ids written back at once (`SweepStore.apply`) and the
+    pass's lines said; then the held arrays released (their ids now stored), their announcements dropped with the
+    next pass's write. The store is written once before sbatch (the announcement) and once after."""
 
     def __init__(
         self, sweep: SweepJobs, todo: list[str], options: dict[str, Any], name: str, log: Callable[[str], object]
@@ -208,6 +205,8 @@ class Coordinator:
                 first = None
                 if self.jobs or self.runs.waiting:
                     time.sleep(POLL_S if self.kind == "slurm" else 0.5)
+            if self.writes:  # the announcements of a release in the last pass, dropped
+                self._write()
         except KeyboardInterrupt:
             self._write()  # what the pass had decided (each write whole): a job's end already read is kept
             _interrupted(self.root, self.store, self.jobs, self.kind, self.log)
@@ -219,8 +218,9 @@ class Coordinator:
             )
 
     def _pass(self, todo: list[str], total: int, seen: Poll, first: list[str] | None) -> None:
-        """One pass over one reading (`seen`): decide, write the rows back at once and say what happened, then submit
-        the next batch. The first pass on SLURM re-attaches (`_reattach`) instead of reading the jobs' ends."""
+        """One pass over one reading (`seen`): decide, send the next batch held, write the rows and its ids back at
+        once and say what happened, then release what is held. The first pass on SLURM re-attaches (`_reattach`)
+        instead of reading the jobs' ends."""
         if first is not None:
             self._reattach(first, seen)
             self.chunk = max(1, len(self.runs.waiting))
@@ -228,11 +228,13 @@ class Coordinator:
             self.unsure = not self._find_unreleased(todo, seen)
         if first is None:
             self._poll(total, seen)
-        self._write()
-        if self.to_release:  # their ids are stored
-            self.to_release = submission.release_held(self.store, self.to_release)
         if self.runs.waiting and self.fatal is None and time.time() >= self.next_try and not self.unsure:
             self._submit(self.runs.waiting[: self.chunk])
+        self._write()
+        if self.to_release:  # their ids are stored: released, their announcements dropped with the next write
+            released, self.to_release = submission.release_held(self.to_release)
+            if released:
+                self.writes.append(("drop_meta_entries", (submission.KEY, released)))
 
     def _write(self) -> None:
         """The pass's rows written back (`SweepStore.apply`), then its lines said (a run's row read again where its
@@ -284,8 +286,8 @@ class Coordinator:
                 self._say(f"{rid}: job {jid} holds its lock and is alive; watching it (not submitted again)")
 
     def _submit(self, batch: list[str]) -> None:
-        """One array of runs sent (`submission.send`: announced, sent held, stored, released), or the refusal
-        handled."""
+        """One array of runs announced and sent held (`submission.send`), its ids and release queued for the pass's
+        write (`_pass`), or the refusal handled."""
         try:
             sent = submission.send(
                 self.ex, self.store, self.root, batch, self.options, str(self.token) if self.kind == "slurm" else None
@@ -295,14 +297,16 @@ class Coordinator:
             self._refused(_one_line(getattr(refused.error, "stderr", None) or refused.error))
             return
         submitted, ids = sent.jobs, sent.ids
-        self.to_release.update(sent.held)
+        if sent.token is not None:  # 3. the ids stored with the pass's write, 4. then released (`_pass`)
+            self.writes.append(("set_job", (batch, ids)))
+            self.to_release[sent.token] = [ids[0].split("_")[0]]
         for rid, job in zip(batch, submitted):
             self.jobs[rid] = job
             self.runs.move(rid, "submit")
             self.watch.seen.setdefault(str(job.job_id), time.time())
         self.wait, self.refusals = 10.0, 0
         left = len(self.runs.waiting)
-        self.log(
+        self._say(
             f"submitted {len(batch)} run(s) as "
             + (f"job array {ids[0].split('_')[0]}" if "_" in ids[0] else f"job(s) {', '.join(ids)}")
             + (f" ({left} to submit)" if left else "")
@@ -317,7 +321,7 @@ class Coordinator:
             self.fatal = f"the scheduler refused the jobs: {why}" + (
                 f" ({meaning.split(': ', 1)[1]})" if meaning else ""
             )
-            self.log(
+            self._say(
                 f"{self.fatal}; {waiting} run(s) not submitted"
                 + (f"; watching the {jobs} submitted job(s) to their end" if jobs else "")
             )
@@ -328,7 +332,7 @@ class Coordinator:
             self.fatal = f"the scheduler refused the jobs 7 times with none of this sweep's running: {why}"
         else:
             self.refusals += 1
-            self.log(
+            self._say(
                 f"submission refused ({why}); {waiting} run(s) wait, retrying in {self.wait:.0f}s"
                 + (f" while {jobs} job(s) run" if jobs else "")
             )
@@ -341,16 +345,14 @@ class Coordinator:
         for rid, state in states.items():
             if state.startswith("RUNNING") and self.runs.phase[rid] == Phase.SUBMITTED:
                 self.runs.move(rid, "start")
-        if self.kind == "slurm" and any(state.startswith("PENDING") for state in states.values()):
+        if seen.stuck:
             stuck, runs = _never_starting(self.jobs, seen, self.options, self.writes)
-            if stuck:
-                self.fatal = f"the scheduler accepted the jobs but can never start them: {stuck}"
-                for rid in runs:
-                    self.runs.move(rid, "never starts")
-                self._say(
-                    f"{self.fatal}; cancelled them"
-                    + (f"; watching the other {len(self.jobs)} job(s)" if self.jobs else "")
-                )
+            self.fatal = f"the scheduler accepted the jobs but can never start them: {stuck}"
+            for rid in runs:
+                self.runs.move(rid, "never starts")
+            self._say(
+                f"{self.fatal}; cancelled them" + (f"; watching the other {len(self.jobs)} job(s)" if self.jobs else "")
+            )
         for rid, state in states.items():
             if not seen.live[rid] and rid in self.jobs:
                 self._job_left(rid, self.jobs.pop(rid), state, total, seen)
@@ -407,25 +409,18 @@ class Coordinator:
             subprocess.run(["scancel", *extra], capture_output=True, check=False)
             say(f"cancelled {len(extra)} pending job(s) of runs done or held by another job: {' '.join(extra)}")
         # announcements with nothing left to release: their jobs are released, ended, or were never accepted
-        left = {t: ids for t, ids in (meta.get(submission.KEY) or {}).items() if t in self.to_release}
-        self.writes.append(("set_meta", (submission.KEY, left)))
+        done = [t for t in meta.get(submission.KEY) or {} if t not in self.to_release]
+        self.writes.append(("drop_meta_entries", (submission.KEY, done)))
         return True
 
 
 def _never_starting(
     jobs: dict[str, Any], seen: Poll, options: dict[str, Any], writes: list[tuple[str, tuple[Any, ...]]]
 ) -> tuple[str, list[str]]:
-    """Pending jobs that squeue says can never start as submitted (`scheduler.NEVER_STARTS`: a time limit over the
-    partition's MaxTime, more CPUs than its nodes have, ...): cancelled, their runs pending again without a job (in
-    `writes`), and dropped from `jobs`. Returns one line naming them and why (empty when none) and their runs."""
-    queue = seen.queue
-    stuck: dict[str, tuple[str, str, str]] = {}  # run id -> (job, squeue's reason, what it means)
-    for rid, state in seen.states.items():
-        jid = str(jobs[rid].job_id)
-        reason = (queue or {}).get(jid, ("", "", ""))[1]
-        why = never_starts(reason) if state.startswith("PENDING") else None
-        if why:
-            stuck[rid] = (jid, reason.split(",")[0].strip(), why)
+    """Pending jobs that squeue says can never start as submitted (`seen.stuck`, `slurm_poll.never_starting`):
+    cancelled, their runs pending again without a job (in `writes`), and dropped from `jobs`. Returns one line naming
+    them and why (empty when none) and their runs."""
+    stuck = seen.stuck
     if not stuck:
         return "", []
     scancel([jid for jid, _, _ in stuck.values()])
@@ -461,7 +456,10 @@ def _ended(
     write = writes.append if writes is not None else lambda w: sweep.store.apply([w])
     store, jid = sweep.store, str(job.job_id)
     row = seen.view.rows[rid] if seen else store.row(rid)
+    worker = str(row.get("worker") or "")
     if row["status"] in FINISHED:
+        if sweep.kind == "slurm" and worker and worker != jid:  # another job of the sweep trained it: the row's job
+            write(("trained_by", (rid, worker)))
         return "end:ended ok", ""
     run = SweepDir(sweep.root).run(rid)
     summary = run.summary()
@@ -470,10 +468,9 @@ def _ended(
         return "end:ended ok", ""
     holder = holder_job(run.lock_file)
     if holder and holder != jid and job_alive(holder):
-        queue = seen.queue if seen and seen.queue is not None else submission.live_jobs()
+        queue = seen.queue if seen and seen.queue is not None else live_jobs()
         if not foreign(holder, queue, sweep.token):
             return "adopt", holder  # a duplicate's twin trains it: its row is that job's to write
-    worker = str(row.get("worker") or "")
     by_this_job = worker == jid or (sweep.kind != "slurm" and worker.endswith(f":{jid}"))  # submitit-local: host:pid
     if row["status"] == "failed" and by_this_job:
         return "end:ended ok", ""  # the job recorded its run's failure itself: the row's reason says why
@@ -550,7 +547,7 @@ def cancel_sweep(root: str | Path, log=print) -> int:  # noqa: ANN001 - log: pri
     if not folder.is_sweep():
         raise ConfigError(f"{root} holds no sweep store; give a folder written by normlab sweep")
     store = open_store(folder)
-    queue = submission.live_jobs()
+    queue = live_jobs()
     if queue is None:
         raise ConfigError(
             f"cannot cancel the jobs of {root}: squeue does not answer here (is this a SLURM login node?)"

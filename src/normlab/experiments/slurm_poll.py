@@ -1,8 +1,8 @@
-"""What the SLURM coordinator reads once per poll (`normlab.experiments.cluster`): the states of its jobs (sacct
-through submitit, squeue for a job sacct does not know yet), the user's live jobs (squeue, with their comments) and
-the store (one snapshot), gathered into a `Poll` in that order, so that a job sacct says ended has written its row
-before the store is read. Also who a job belongs to (`foreign`): a job the store or a lock file names is acted on
-only when it is this sweep's."""
+"""What the SLURM coordinator reads once per poll (`normlab.experiments.cluster`): its jobs' states (one sacct call
+through submitit), the user's live jobs (one squeue call, with their pending reasons and comments: also what says
+whether a job sacct does not call live is still queued) and the store (one snapshot), read in that order, so that a
+job sacct says ended has written its row before the store is read, and gathered into a `Poll`. Also who a job
+belongs to (`foreign`): a job the store or a lock file names is acted on only when it is this sweep's."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from normlab.experiments import submission
-from normlab.experiments.scheduler import ask_scheduler
+from normlab.experiments.scheduler import ask_scheduler, never_starts
 from normlab.runs.files import SweepDir
-from normlab.runs.lock import holder_job, job_alive
+from normlab.runs.lock import holder_job
 from normlab.runs.store import StoreView, SweepStore
 
 # squeue's and sacct's words for a job that has not ended
@@ -45,6 +45,9 @@ class Poll:
     # None: squeue did not answer), read when asked to (`always`); else empty
     unreleased: dict[str, tuple[str, str, str, str]] | None = field(default_factory=dict)
     holders: dict[str, str | None] = field(default_factory=dict)  # a rerun's runs -> the job its lock file names
+    # run id -> (job id, squeue's pending reason, what it means) of each pending job whose reason never clears
+    # (`scheduler.never_starts`)
+    stuck: dict[str, tuple[str, str, str]] = field(default_factory=dict)
 
 
 class Watcher:
@@ -62,48 +65,89 @@ class Watcher:
         return submitit.SlurmJob(self.folder, job)
 
     def poll(self, store: SweepStore, jobs: dict[str, Any], todo: list[str] | None, always: bool) -> Poll:
-        """The jobs' states, then (on SLURM, when a job is watched or `always`) squeue's live jobs, then the store.
-        Given `todo` (a rerun re-attaching), the store first, then the states of the jobs its rows of `todo` name,
-        then squeue, then the job each run's lock file names. With `always` (a submission may have been accepted
-        without its ids stored), the live jobs of the store's announced submissions too (`submission.unreleased`;
-        none asked for when none is announced). Everything is read first, then the reading built in one `Poll`."""
-        view = store.snapshot() if todo is not None else None
-        if view is not None:
-            jobs = {rid: self.job(view.rows[rid]["job"]) for rid in todo or [] if view.rows[rid].get("job")}
-        states, alive = self.states(jobs)
-        queue = submission.live_jobs() if self.kind == "slurm" and (jobs or always or todo is not None) else None
-        view = view or store.snapshot()
+        """The jobs' states from sacct, then (on SLURM, when a job is watched or `always`) squeue's live jobs, then
+        the store. Given `todo` (a rerun re-attaching), the store is read first too, for the jobs its rows of `todo`
+        name, and the job each run's lock file names last. With `always` (a submission may have been accepted without
+        its ids stored), the live jobs of the store's announced submissions too (`submission.unreleased`; none asked
+        for when none is announced). Everything is read first, then the reading built in one `Poll`."""
+        if todo is not None:
+            rows = store.snapshot().rows
+            jobs = {rid: self.job(rows[rid]["job"]) for rid in todo if rows[rid].get("job")}
+        words = self.sacct(jobs)
+        queue = live_jobs() if self.kind == "slurm" and (jobs or always or todo is not None) else None
+        view = store.snapshot()  # after sacct: a job sacct says ended has written its row
         tokens = view.meta.get(submission.KEY) or {}
         found = submission.unreleased(tokens, queue) if always and tokens else {}
         holders = {}
         for rid in todo or []:  # a rerun: the job each run's lock file names
             holders[rid] = holder_job(self.root.run(rid).lock_file)
-        return Poll(states, queue, view, jobs, alive, found, holders)
+        states, alive = self.states(jobs, words, queue)
+        stuck = never_starting(jobs, states, queue)
+        return Poll(states, queue, view, jobs, alive, found, holders, stuck)
 
-    def states(self, jobs: dict[str, Any]) -> tuple[dict[str, str], dict[str, bool]]:
-        """run id -> the job's state word (PENDING, RUNNING, COMPLETED, CANCELLED by 0, ..., or UNKNOWN), and run id
-        -> whether that state is live (`live`). On SLURM, one sacct call for all the jobs, then squeue (`job_alive`)
-        about each job sacct does not call live: one sacct has no record of (just submitted, or squeue still holds
-        it) is PENDING while squeue lists it or for UNKNOWN_GRACE_S after it was first watched; one sacct says ended
-        that squeue still lists is COMPLETING (its processes not yet gone: KillWait)."""
+    def sacct(self, jobs: dict[str, Any]) -> dict[str, str]:
+        """run id -> its job's state word as sacct gives it (one sacct call for all the jobs, through submitit; on
+        submitit-local, whether the job is done)."""
         if not jobs:
-            return {}, {}
+            return {}
         if self.kind != "slurm":
-            found = {rid: ("COMPLETED" if job.done() else "RUNNING") for rid, job in jobs.items()}
-            return found, {rid: live(state) for rid, state in found.items()}
+            return {rid: ("COMPLETED" if job.done() else "RUNNING") for rid, job in jobs.items()}
         watcher = next(iter(jobs.values())).watcher
         watcher.update()  # the one sacct call: each state below is read from its answer
-        found = {rid: watcher.get_state(job.job_id, mode="cache") for rid, job in jobs.items()}
+        return {rid: watcher.get_state(job.job_id, mode="cache") for rid, job in jobs.items()}
+
+    def states(
+        self, jobs: dict[str, Any], words: dict[str, str], queue: dict[str, tuple[str, str, str]] | None
+    ) -> tuple[dict[str, str], dict[str, bool]]:
+        """run id -> the job's state word (PENDING, RUNNING, COMPLETED, CANCELLED by 0, ..., or UNKNOWN), and run id
+        -> whether that state is live (`live`), from sacct's `words` and squeue's live jobs read after them (`queue`,
+        None when squeue did not answer: no job listed). On SLURM, a job sacct does not call live is looked up in
+        squeue's answer: one sacct has no record of (just submitted, or squeue still holds it) is PENDING while
+        squeue lists it or for UNKNOWN_GRACE_S after it was first watched; one sacct says ended that squeue still
+        lists is COMPLETING (its processes not yet gone: KillWait)."""
+        found = dict(words)
         alive = {rid: live(state) for rid, state in found.items()}
-        listed = {rid: job_alive(jobs[rid].job_id) for rid in found if not alive[rid]}  # squeue, job by job
-        for rid, queued in listed.items():
+        if self.kind != "slurm":
+            return found, alive
+        listed = queue or {}
+        for rid in [rid for rid in found if not alive[rid]]:
+            jid, queued = str(jobs[rid].job_id), str(jobs[rid].job_id) in listed
             if found[rid] == "UNKNOWN":  # sacct has no record: just submitted, or squeue still holds it
-                first = self.seen.get(jobs[rid].job_id, time.time())
-                alive[rid] = bool(queued) or time.time() - first < UNKNOWN_GRACE_S
+                alive[rid] = queued or time.time() - self.seen.get(jid, time.time()) < UNKNOWN_GRACE_S
                 found[rid] = "PENDING" if alive[rid] else "UNKNOWN"
             elif queued:  # ended for sacct, its processes not yet gone (KillWait)
                 found[rid], alive[rid] = f"COMPLETING (ended {found[rid]})", True
         return found, alive
+
+
+def never_starting(
+    jobs: dict[str, Any], states: dict[str, str], queue: dict[str, tuple[str, str, str]] | None
+) -> dict[str, tuple[str, str, str]]:
+    """run id -> (job id, reason, what it means) of each pending job whose pending reason in squeue's answer
+    (`queue`) never clears as submitted (`scheduler.NEVER_STARTS`: a time limit over the partition's MaxTime, more
+    CPUs than its nodes have, ...)."""
+    stuck = {}
+    for rid, state in states.items():
+        jid = str(jobs[rid].job_id)
+        reason = (queue or {}).get(jid, ("", "", ""))[1]
+        why = never_starts(reason) if state.startswith("PENDING") else None
+        if why:
+            stuck[rid] = (jid, reason.split(",")[0].strip(), why)
+    return stuck
+
+
+def live_jobs() -> dict[str, tuple[str, str, str]] | None:
+    """This user's pending, running and completing jobs (squeue's default states), array tasks one by one: job id
+    (123_4, or 123) -> (state, pending reason, comment); None when squeue cannot answer."""
+    lines = ask_scheduler(["squeue", "-h", "-r", "--me", "-o", "%i|%T|%r|%k"])
+    if lines is None:
+        return None
+    found = {}
+    for line in lines:
+        parts = line.strip().split("|", 3)
+        if len(parts) == 4:
+            found[parts[0]] = (parts[1], parts[2], parts[3])
+    return found
 
 
 def foreign(jid: str, queue: dict[str, tuple[str, str, str]] | None, token: str | None) -> str | None:

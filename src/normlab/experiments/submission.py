@@ -7,9 +7,15 @@ pickle only after sbatch returns, jobs that start, wait a minute for a pickle th
 each submission goes in four steps:
 
 1. announced in the store (meta `slurm_submissions`: a token -> the run ids in array-task order);
-2. sent held (`sbatch --hold`), the token in the job's comment (`normlab:TOKEN`);
-3. the job ids stored in the rows and the pickles in place (submitit);
-4. released (`scontrol release`), and only then the announcement dropped.
+2. sent held (`sbatch --hold`), the token in the job's comment (`normlab:TOKEN`), the pickles put in place
+   (submitit);
+3. the job ids stored in the rows, with the coordinator's other writes of that pass (its one write,
+   `SweepStore.apply`);
+4. released (`scontrol release`, `release_held`), and only then the announcement dropped (with the coordinator's
+   next write).
+
+`send` does the first two; the coordinator (`normlab.experiments.cluster`) the last two, so that each pass writes the
+store once after sbatch.
 
 Every job also carries the sweep's own token (`normlab-sweep:TOKEN`, made once per sweep store: meta
 `slurm_sweep`): a job id the store names is this sweep's only if squeue shows that word in its comment. `normlab
@@ -34,7 +40,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from normlab.experiments.scheduler import ask_scheduler
 from normlab.runs.files import SweepDir
 from normlab.runs.store import SweepStore
 
@@ -60,20 +65,6 @@ def carries(comment: str, token: str) -> bool:
     return f"{SWEEP_TAG}{token}" in comment.split()
 
 
-def live_jobs() -> dict[str, tuple[str, str, str]] | None:
-    """This user's pending and running jobs, array tasks one by one: job id (123_4, or 123) -> (state, pending
-    reason, comment); None when squeue cannot answer."""
-    lines = ask_scheduler(["squeue", "-h", "-r", "--me", "-o", "%i|%T|%r|%k"])
-    if lines is None:
-        return None
-    found = {}
-    for line in lines:
-        parts = line.strip().split("|", 3)
-        if len(parts) == 4:
-            found[parts[0]] = (parts[1], parts[2], parts[3])
-    return found
-
-
 def parameters(options: dict[str, Any], token: str, sweep: str) -> dict[str, Any]:
     """submitit's parameters for a held submission whose comment names `token` and the sweep's token `sweep` (the
     user's comment kept, first)."""
@@ -86,8 +77,8 @@ def unreleased(
     tokens: dict[str, list[str]], queue: dict[str, tuple[str, str, str]] | None
 ) -> dict[str, tuple[str, str, str, str]] | None:
     """run id -> (token, job id, state, reason) of each live job of an announced submission (`tokens`: the store's
-    meta `KEY`; `queue`: `live_jobs()`); None when squeue did not answer (the caller must not submit those runs
-    then). A run named by two announcements gets its newest job."""
+    meta `KEY`; `queue`: `slurm_poll.live_jobs()`); None when squeue did not answer (the caller must not submit
+    those runs then). A run named by two announcements gets its newest job."""
     if not tokens:
         return {}
     if queue is None:
@@ -135,20 +126,20 @@ class Refused(Exception):
 
 @dataclass(frozen=True)
 class Sent:
-    """An array sent (`send`): its jobs in the batch's order, their ids, and the announcement still held when
-    scontrol did not release it yet (token -> the array's id, for `release_held`; empty when released)."""
+    """An array sent held (`send`): its jobs in the batch's order, their ids, and the token of its announcement
+    (None on submitit-local: nothing announced or held)."""
 
     jobs: list[Any]
     ids: list[str]
-    held: dict[str, list[str]]
+    token: str | None
 
 
 def send(ex: Any, store: SweepStore, root: Path, batch: list[str], options: dict[str, Any], sweep: str | None) -> Sent:
-    """One array of runs through the four steps above, each written at once and in that order, on SLURM (`sweep`:
-    the sweep's token); through submitit alone on submitit-local (`sweep` None: nothing announced or held). A
-    refusal raises `Refused`, submitit's pickles of the refused array removed (a submitted job's move to its own
-    folder). submitit prints a refusing sbatch's stderr as it raises: it is kept off the terminal here and the
-    caller says it in one line."""
+    """One array of runs through the first two steps above, in that order: announced (written at once), then sent
+    held, on SLURM (`sweep`: the sweep's token); through submitit alone on submitit-local (`sweep` None). The caller
+    stores the ids, then releases (`release_held`). A refusal raises `Refused`, submitit's pickles of the refused
+    array removed (a submitted job's move to its own folder). submitit prints a refusing sbatch's stderr as it
+    raises: it is kept off the terminal here and the caller says it in one line."""
     from normlab.experiments.job import RunJob
 
     token = None  # the submission's, in its jobs' comment
@@ -165,17 +156,12 @@ def send(ex: Any, store: SweepStore, root: Path, batch: list[str], options: dict
         for pickled in SweepDir(root).jobs_dir.glob("*.pkl"):
             pickled.unlink(missing_ok=True)
         raise Refused(err, token is not None) from err
-    ids = [str(job.job_id) for job in submitted]
-    held: dict[str, list[str]] = {}
-    if token is not None:  # 3. stored, 4. released; a failed release is retried (`release_held`)
-        store.set_job(batch, ids)
-        held = release_held(store, {token: [ids[0].split("_")[0]]})
-    return Sent(submitted, ids, held)
+    return Sent(submitted, [str(job.job_id) for job in submitted], token)
 
 
-def release_held(store: SweepStore, held: dict[str, list[str]]) -> dict[str, list[str]]:
-    """Release the held jobs of each announcement (token -> job ids, their ids stored), drop the announcements
-    released from the store (one write); returns those scontrol did not release yet."""
+def release_held(held: dict[str, list[str]]) -> tuple[list[str], dict[str, list[str]]]:
+    """Release the held jobs of each announcement (token -> job ids, their ids stored): the tokens released (their
+    announcements to drop from the store) and those scontrol did not release yet (to try again)."""
     released: list[str] = []
     left: dict[str, list[str]] = {}
     for token, ids in held.items():
@@ -183,9 +169,7 @@ def release_held(store: SweepStore, held: dict[str, list[str]]) -> dict[str, lis
             released.append(token)
         else:
             left[token] = ids
-    if released:
-        store.drop_meta_entries(KEY, released)
-    return left
+    return released, left
 
 
 def hand_over(job: Any, sweep_dir: Path, run_id: str, options: dict[str, Any]) -> None:

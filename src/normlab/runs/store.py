@@ -312,6 +312,17 @@ class SweepStore:
                 [{"job": job, "run_id": rid} for rid, job in zip(run_ids, jobs)],
             )
 
+    def trained_by(self, run_id: str, job: str) -> None:
+        """A finished run's row names the job that trained it (its `worker`) as its job, where it named another job
+        of the sweep: one submitted again for the run while a job whose id was lost still pended, which then started
+        first, trained the run to its end and left the new one nothing to do."""
+        guard = ", ".join(repr(s) for s in FINISHED)
+        with self._connect() as db:
+            db.execute(
+                f"update runs set job = :job where run_id = :run_id and worker = :job and status in ({guard})",
+                {"job": job, "run_id": run_id},
+            )
+
     def requeued(self, run_id: str, reason: str, step: int | None = None) -> None:
         """A job that saved its run and went back to the scheduler's queue: pending again, the reason and the step
         it saved at kept (a job that then is not requeued, its time limits used up, says where to continue)."""
@@ -369,7 +380,17 @@ class SweepStore:
         return {s: found.get(s, 0) for s in STATUSES}
 
 
-WRITES = ("set_meta", "set_job", "pending_again", "record", "requeued", "mark_running")  # what `apply` may call
+# what `apply` may call
+WRITES = (
+    "set_meta",
+    "drop_meta_entries",
+    "set_job",
+    "trained_by",
+    "pending_again",
+    "record",
+    "requeued",
+    "mark_running",
+)
 
 
 def open_store(folder: SweepDir, readonly: bool = False) -> SweepStore:
