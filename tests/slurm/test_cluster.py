@@ -345,11 +345,17 @@ def test_jobs_scancelled_by_the_user_are_submitted_again_by_the_rerun(corpus, tm
 
 def test_a_job_whose_id_was_never_stored_is_found_by_the_runs_lock(corpus, tmp_path):
     """Rows whose job ids are lost after their jobs were released (the store edited, or written by a normlab that
-    did not hold its submissions; simulated: the ids erased): the rerun finds the running jobs by their runs' locks
-    and watches them; the pending one it cannot know is submitted again, and whichever of the two jobs starts second
-    finds the run locked or done: no row ever failed, each run ok once with the job that trained it. (A coordinator
-    killed as it submits loses no id: test_a_coordinator_killed_as_it_submits_reattaches_to_the_pending_jobs.)"""
-    path, name = write_sweep(tmp_path, corpus, "lost-id", seeds=3, steps=1500, slurm_array_parallelism=3)
+    did not hold its submissions; simulated: the ids and any announcement erased): the rerun finds the running jobs
+    by their runs' locks and watches them; the pending one it cannot know is submitted again, and whichever of the two
+    jobs starts second finds the run locked or done: no row ever failed, each run ok once with the job that trained
+    it. (A coordinator
+    killed as it submits loses no id: test_a_coordinator_killed_as_it_submits_reattaches_to_the_pending_jobs.)
+
+    Each job trains for about 30 s at this machine's measured pace, so the two running jobs still hold their locks
+    and the third still pends when the rerun reads them (on a fast machine 1,500 steps ended in 13 s, before the
+    rerun's first pass, and the third job was found by its lock instead)."""
+    steps = max(1500, int(30 / nano_step_seconds(corpus, tmp_path)))
+    path, name = write_sweep(tmp_path, corpus, "lost-id", seeds=3, steps=steps, slurm_array_parallelism=3)
     out = tmp_path / "sw"
     proc = subprocess.Popen(
         sweep_cmd(path, out), env=ENV, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -361,6 +367,7 @@ def test_a_job_whose_id_was_never_stored_is_found_by_the_runs_lock(corpus, tmp_p
     before = {r["run_id"]: (r["status"], r["job"]) for r in rows(out)}
     with sqlite3.connect(out / "sweep.db", timeout=30) as con:
         con.execute("update runs set job = null")
+        con.execute("delete from meta where key = 'slurm_submissions'")  # dropped with the pass after the release
     done = finish(path, out)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count("holds its lock and is alive; watching it") >= 2, done.stdout
