@@ -1142,9 +1142,10 @@ def test_changes_are_named_not_written_as_layout_strings():
     """Issue 63 item 9: a change to the user's placement written as a string form is called by its change's name
     in the ranking, in the sweeps' run lines (the run folders keep their ids) and in the code headers; a
     learning rate that is the only one tried is said as such in the table and the recipe."""
+    from normlab.model.config import SIZES
     from normlab.recommend.evidence import answer
+    from normlab.recommend.frameworks.snippets import settings_for
     from normlab.recommend.planning import derived
-    from normlab.recommend.stages.conclude import named
     from normlab.recommend.stages.context import SweepExecutor
 
     plus_emb = derived.derive("gemma3", "yours+emb").name
@@ -1153,10 +1154,13 @@ def test_changes_are_named_not_written_as_layout_strings():
     w = Evidence(layout=plus_emb, screen="", screen_detail="", label="your model (gemma3) + embedding norm")
     w.short, w.best_lr, w.loss_by_lr = "yours+emb", 0.1, {"0.1": "4.5"}
     assert w.name == "yours+emb (your model (gemma3) + embedding norm)" and w.shown == "yours+emb"
-    code = {"OLMo-core": {"code": f'# normlab layout "{plus_emb}"\nx = 1', "expressible": True}}
-    assert named(code, w)["OLMo-core"]["code"].startswith(
-        f'# normlab layout yours+emb (your model (gemma3) + embedding norm): "{plus_emb}"\n'
-    )
+    q_emb, label = derived.derive("qwen3", "yours+emb").name, "your model (qwen3) + embedding norm"
+    plain = settings_for(q_emb, SIZES["micro"], "qwen3")
+    said_named = settings_for(q_emb, SIZES["micro"], "qwen3", named=("yours+emb", label))
+    header = f'# normlab layout yours+emb ({label}): "{q_emb}"'
+    for fw in ("OLMo-core", "torchtitan", "litgpt"):  # the header named, the code as it was
+        assert header in said_named[fw]["code"], fw
+        assert said_named[fw]["code"].replace(header, f'# normlab layout "{q_emb}"') == plain[fw]["code"], fw
     assert "lr 0.1 (the only learning rate tried: not an optimum) at the proxy's width" in answer.recipe(w)["words"]
     w.loss_by_lr = {"0.01": "4.6", "0.1": "4.5"}
     assert "not an optimum" not in answer.recipe(w)["words"]

@@ -367,19 +367,25 @@ def _transformers(layout: str, config: ModelConfig, base_layout: str | None) -> 
 
 
 def settings_for(
-    layout: str, config: ModelConfig, base_layout: str | None = None, unmodelled: Sequence[str] = ()
+    layout: str,
+    config: ModelConfig,
+    base_layout: str | None = None,
+    unmodelled: Sequence[str] = (),
+    named: tuple[str, str] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """The winner's settings per code base: {"expressible": bool (by the code base's settings), "patch": bool (a
     tested patch instead), "settings": text, "code": a runnable snippet or patch (OLMo-core, torchtitan, litgpt;
     also inside "settings" as a fenced block) or None}. `base_layout`, the user's current placement (a preset's
     name or a string form), words the advice as changes to the user's model and picks torchtitan's base block.
     `unmodelled`: what the user's config asks for that normlab does not compute (`UserModel.unmodelled`: a scaled
-    RoPE, ...), which each snippet lists as not stated (it builds the function without it)."""
+    RoPE, ...), which each snippet lists as not stated (it builds the function without it). `named`: the layout's
+    short name and words when it is a change to the user's placement (`yours+emb`, "your model (gemma3) + embedding
+    norm"), which the code headers then name beside its string form (`_with_name`)."""
     lay = as_layout(layout)
     string = lay.to_string()
     preset = next((name for name, p in PRESETS.items() if p.layout.to_string() == string), None)
     toml = f'layout = "{preset or string}"'
-    return {
+    settings = {
         "normlab": {
             "expressible": True,
             "patch": False,
@@ -388,6 +394,17 @@ def settings_for(
         },
         "transformers": _transformers(layout, config, base_layout),
         **{name: _entry(layout, fw, config, base_layout, unmodelled) for name, fw in FRAMEWORKS.items()},
+    }
+    return _with_name(settings, layout, *named) if named else settings
+
+
+def _with_name(settings: dict[str, dict[str, Any]], layout: str, short: str, label: str) -> dict[str, dict[str, Any]]:
+    """The settings with the code headers naming the layout by its short name and words
+    (`# normlab layout yours+emb (your model (gemma3) + embedding norm): "attn=..."`), not its string form alone."""
+    old, new = f'# normlab layout "{layout}"', f'# normlab layout {short} ({label}): "{layout}"'
+    return {
+        fw: {k: v.replace(old, new) if isinstance(v, str) else v for k, v in entry.items()}
+        for fw, entry in settings.items()
     }
 
 

@@ -1,4 +1,5 @@
-"""recommend's report.html: the verdict and reason, the evidence table and the ranking figure, the ladder's figure,
+"""recommend's files (`write_recommendation`: report.html, recommendation.md, recommendation.json); report.html: the
+verdict and reason, the evidence table and the ranking figure, the ladder's figure,
 how sure and how large, the recipe checks, the winner's settings in each code base, the verify stage's verdict, the
 transfer record, what ran and what the proxy can and cannot tell (the words are `normlab.recommend.report.explain`'s).
 """
@@ -9,6 +10,7 @@ import html
 import math
 from typing import TYPE_CHECKING, Any
 
+from normlab.io import atomic_write_bytes, atomic_write_json
 from normlab.pages import table_html
 from normlab.pages import write_page as page
 from normlab.recommend.evidence import agreement
@@ -96,6 +98,14 @@ def _settings_html(result: Recommendation) -> str:
 
 def _list_html(title: str, items: list[str]) -> str:
     return f"<h2>{title}</h2><ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in items) + "</ul>"
+
+
+def write_recommendation(folder: RecommendDir, result: Recommendation, ranked: list[Evidence]) -> None:
+    """The recommendation's three files: report.html (`write_page`), recommendation.md (its text) and
+    recommendation.json (the record), each written whole."""
+    write_page(folder, result, ranked)
+    atomic_write_bytes(folder.markdown_file, result.text.encode())
+    atomic_write_json(folder.json_file, result.to_json())
 
 
 def write_page(folder: RecommendDir, result: Recommendation, ranked: list[Evidence]) -> None:

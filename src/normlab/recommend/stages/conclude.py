@@ -1,8 +1,8 @@
 """The conclusion: the evidence per candidate (`evidence_rows`: screen verdict, runs, ranked by `rank.rank`),
 checked against the recipes' verdicts (`agreement`), the leader's gated speedup (`speedup_gate`), the answer sized
 to its evidence (`answer`), the winner's settings in five code bases (`frameworks`), and the recommendation
-written: recommendation.md, recommendation.json, report.html (`explain`). Written before the verify stage and
-again with its verdict.
+written: recommendation.md, recommendation.json, report.html (the words `explain`'s, the files written by
+`page.write_recommendation`). Written before the verify stage and again with its verdict.
 
 `conclude` is one pass that reads each of those modules in one stretch: what the context holds first (`_facts`),
 then the ranking, the checks, the speedup, the words about the evidence, the sizing, the settings, the record and
@@ -12,10 +12,8 @@ its files.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, NamedTuple
 
-from normlab.io import atomic_write_bytes, atomic_write_json
 from normlab.recommend.evidence import agreement, answer
 from normlab.recommend.evidence.rank import Evidence
 from normlab.recommend.evidence.rows import ranking, seeds_that_ran
@@ -35,20 +33,6 @@ from normlab.recommend.stages.records import (
 from normlab.recommend.stages.speedup_gate import gated_speedup
 
 
-def named(settings: dict[str, dict[str, Any]], winner: Evidence) -> dict[str, dict[str, Any]]:
-    """The code bases' settings with the code headers naming a change to the user's placement by its name and
-    words (`# normlab layout yours+emb (your model (gemma3) + embedding norm): "attn=..."`), not its string
-    form alone."""
-    if not winner.short:
-        return settings
-    old = f'# normlab layout "{winner.layout}"'
-    new = f'# normlab layout {winner.short} ({winner.label}): "{winner.layout}"'
-    return {
-        fw: {k: v.replace(old, new) if isinstance(v, str) else v for k, v in entry.items()}
-        for fw, entry in settings.items()
-    }
-
-
 @dataclass(frozen=True)
 class Facts:
     """What the conclusion reads from the context and the folder, read once at its start."""
@@ -63,8 +47,6 @@ class Facts:
     stress: StressRecord
     plan_record: PlanRecord  # recommendation.json's "plan": what the plan was and what the rounds ran
     files: dict[str, str]
-    markdown_file: Path
-    json_file: Path
 
 
 class Sized(NamedTuple):
@@ -95,7 +77,6 @@ def _facts(ctx: Context) -> Facts:
     }
     return Facts(
         model, len(calls), [*calls[:-1], minutes], minutes, p, final, rounds, stress, plan_record, files,
-        folder.markdown_file, folder.json_file,
     )  # fmt: skip
 
 
@@ -111,7 +92,10 @@ def conclude(ctx: Context, verify: dict[str, Any] | None = None) -> Recommendati
     limits = explain.limits(ctx.user, ctx.precision, facts.stress, found.screen, ctx.extra, ranked)
     movement = explain.movement(ranked, facts.plan, facts.final, facts.rounds)
     sized = _sized(ctx, facts, ranked, winner, speed, record)
-    settings = named(_settings(ctx, winner), winner) if winner else {}
+    named = (winner.short, winner.label) if winner and winner.short else None  # a change to the user's placement
+    settings = (
+        settings_for(winner.layout, ctx.user.config, ctx.user.layout, ctx.user.unmodelled, named) if winner else {}
+    )  # the winner's settings in the code bases, a change named by its short name and words
     result = Recommendation(
         model=facts.model,
         notes=list(ctx.user.notes),
@@ -142,9 +126,7 @@ def conclude(ctx: Context, verify: dict[str, Any] | None = None) -> Recommendati
         domain=sized.domain,
     )
     result = replace(result, text=explain.markdown(result, ranked))
-    page.write_page(ctx.folder, result, ranked)
-    atomic_write_bytes(facts.markdown_file, result.text.encode())
-    atomic_write_json(facts.json_file, result.to_json())
+    page.write_recommendation(ctx.folder, result, ranked)
     return result
 
 
@@ -175,12 +157,6 @@ def _sized(
     if not answers or answers[-1] != entry:
         answers.append(entry)
     return Sized(eff, conf, changed, recipe, domain)
-
-
-def _settings(ctx: Context, winner: Evidence) -> dict[str, dict[str, Any]]:
-    """The winner's settings in the code bases (`normlab.recommend.frameworks.snippets`)."""
-    user = ctx.user
-    return settings_for(winner.layout, user.config, base_layout=user.layout, unmodelled=user.unmodelled)
 
 
 class Conclude:
