@@ -27,16 +27,18 @@ submitit = pytest.importorskip("submitit")
 
 TOKEN = "0123456789abcdef"
 
-# The scheduler's commands as shell scripts. squeue prints $FAKE_SQUEUE's lines ("id|state|reason|comment[|user]": a
-# line naming another user is left out, as --me does), or one job's state for -j (its user for -j ID -o %u);
+# The scheduler's commands as shell scripts. squeue prints $FAKE_SQUEUE's lines
+# ("id|state|reason|comment[|user[|hidden]]": a line naming another user is left out, as --me does; one whose
+# partition is hidden from the user, Hidden=YES, only with -a, as slurmctld does), or one job's state for -j, hidden
+# or not (its user for -j ID -o %u);
 # scancel logs its ids to $FAKE_LOG and drops them from the queue; sbatch answers --test-only
 # with $FAKE_TEST_ONLY ("ok" or the error it prints) and a submission with $FAKE_SBATCH (same); scontrol shows
 # $FAKE_PARTITIONS for `show partition -o`.
 FAKES = {
     "squeue": """
-        job=""; fmt=""
+        job=""; fmt=""; all=""
         while [ $# -gt 0 ]; do
-            case "$1" in -j) job="$2"; shift ;; -o) fmt="$2"; shift ;; esac
+            case "$1" in -j) job="$2"; shift ;; -o) fmt="$2"; shift ;; -a|--all) all=1 ;; esac
             shift
         done
         me=$(id -un)
@@ -46,7 +48,9 @@ FAKES = {
             if [ "$fmt" = "%u" ]; then user=$(echo "$line" | cut -d'|' -f5); echo "${user:-$me}"
             else echo "$line" | cut -d'|' -f2; fi
         else
-            awk -F'|' -v me="$me" '$5 == "" || $5 == me {print $1 "|" $2 "|" $3 "|" $4}' "$FAKE_SQUEUE"
+            awk -F'|' -v me="$me" -v all="$all" '($5 == "" || $5 == me) && ($6 != "hidden" || all != "") {
+                print $1 "|" $2 "|" $3 "|" $4
+            }' "$FAKE_SQUEUE"
         fi
         """,
     "scancel": """
@@ -547,6 +551,34 @@ def test_another_users_job_is_never_this_sweeps(fake_slurm, store_with_jobs, tmp
     (fake_slurm / "queue").write_text(f"12|RUNNING|None|normlab-sweep:{TOKEN}\n")  # the same job, this user's
     store.mark_running(a, "11_0")
     assert _ended(SweepJobs(root, store, "slurm", 3, TOKEN), a, job, "FAILED", retry=True) == ("adopt", "12")
+
+
+def test_a_job_in_a_hidden_partition_is_still_one_of_this_users_live_jobs(fake_slurm, tmp_path):
+    """squeue --me leaves out the jobs in a partition hidden from the user (Hidden=YES) unless asked with -a; squeue
+    -j ID (the per-job liveness check before the one answer) shows them. A job of the sweep there that sacct has no
+    record of past the grace (slurmdbd lagging, a cluster without accounting) is still queued, not ended and
+    submitted again; one sacct says ended is still completing; an unreleased one is found by its token."""
+    import time
+    from types import SimpleNamespace
+
+    from normlab.experiments import slurm_poll, submission
+    from normlab.experiments.slurm_poll import UNKNOWN_GRACE_S, Watcher
+    from normlab.runs.lock import job_alive
+
+    (fake_slurm / "queue").write_text(
+        f"41_0|PENDING|JobHeldUser|normlab:tok normlab-sweep:{TOKEN}||hidden\n"
+        f"41_1|COMPLETING|None|normlab:tok normlab-sweep:{TOKEN}||hidden\n"
+    )
+    assert job_alive("41_0") and job_alive("41_1")  # squeue -j shows them
+    queue = slurm_poll.live_jobs()
+    assert queue is not None and {"41_0", "41_1"} <= set(queue)
+    watch = Watcher(tmp_path, "slurm")
+    watch.seen = {"41_0": time.time() - 10 * UNKNOWN_GRACE_S, "41_1": time.time()}
+    jobs = {"r0": SimpleNamespace(job_id="41_0"), "r1": SimpleNamespace(job_id="41_1")}
+    states, alive = watch.states(jobs, {"r0": "UNKNOWN", "r1": "COMPLETED"}, queue)
+    assert states == {"r0": "PENDING", "r1": "COMPLETING (ended COMPLETED)"}
+    assert alive == {"r0": True, "r1": True}
+    assert submission.unreleased({"tok": ["r0", "r1"]}, queue)["r0"] == ("tok", "41_0", "PENDING", "JobHeldUser")
 
 
 QOS_REFUSAL = (

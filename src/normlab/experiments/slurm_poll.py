@@ -138,8 +138,10 @@ def never_starting(
 
 def live_jobs() -> dict[str, tuple[str, str, str]] | None:
     """This user's pending, running and completing jobs (squeue's default states), array tasks one by one: job id
-    (123_4, or 123) -> (state, pending reason, comment); None when squeue cannot answer."""
-    lines = ask_scheduler(["squeue", "-h", "-r", "--me", "-o", "%i|%T|%r|%k"])
+    (123_4, or 123) -> (state, pending reason, comment); None when squeue cannot answer. In every partition (-a):
+    without it squeue leaves out the jobs in a partition hidden from the user (Hidden=YES), which `squeue -j ID`
+    shows, and such a job would be taken for ended."""
+    lines = ask_scheduler(["squeue", "-h", "-r", "-a", "--me", "-o", "%i|%T|%r|%k"])
     if lines is None:
         return None
     found = {}
