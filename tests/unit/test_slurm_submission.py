@@ -103,3 +103,67 @@ def test_release_held_names_the_announcements_released_and_keeps_the_others(monk
     released, left = submission.release_held({"a": ["11"], "b": ["12"], "c": ["13"]})
     assert released == ["a", "c"]
     assert left == {"b": ["12"]}
+
+
+@pytest.fixture
+def coordinator(tmp_path):
+    """A SLURM coordinator over a three-run sweep's store, built without an executor (only its writing and its
+    Ctrl-C handling are exercised): what it says goes to `said`."""
+    from normlab.experiments import SweepConfig
+    from normlab.experiments.cluster import Coordinator, Runs
+    from normlab.experiments.runner import prepare
+
+    sweep = SweepConfig(name="t", base={"size": "nano", "steps": 2}, grid={"seed": [0, 1, 2]}, executor="slurm")
+    store, specs = prepare(sweep, tmp_path / "sw")
+    coord = Coordinator.__new__(Coordinator)
+    coord.said = []
+    coord.root, coord.store, coord.kind, coord.log = tmp_path / "sw", store, "slurm", coord.said.append
+    coord.todo = [s.run_id for s in specs]
+    coord.runs, coord.jobs, coord.fatal, coord.unsure = Runs(coord.todo), {}, None, False
+    coord.writes, coord.lines, coord.to_release = [], [], {}
+    return coord
+
+
+def test_an_interrupted_write_is_applied_again_and_its_lines_said(coordinator, monkeypatch):
+    """Ctrl-C inside the pass's write (after its first write, before the new ids): nothing it held is lost; the
+    handler's write applies every write (again: the first changes nothing the second time) and says every line."""
+    store, (a, b, _) = coordinator.store, coordinator.todo
+    coordinator.writes = [("pending_again", (a, "saved at step 3")), ("set_job", ([b], ["12"]))]
+    coordinator.lines = [("submitted 1 run(s) as job(s) 12", None)]
+    real, calls = store.set_job, []
+
+    def set_job_interrupted_once(*args):
+        calls.append(args)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        real(*args)
+
+    monkeypatch.setattr(store, "set_job", set_job_interrupted_once)
+    with pytest.raises(KeyboardInterrupt):
+        coordinator._write()
+    assert coordinator.said == [] and store.row(b)["job"] is None
+    coordinator._write()
+    assert coordinator.said == ["submitted 1 run(s) as job(s) 12"]
+    assert store.row(b)["job"] == "12"
+    assert (store.row(a)["status"], store.row(a)["reason"]) == ("pending", "saved at step 3")
+    assert coordinator.writes == [] and coordinator.lines == []
+
+
+def test_ctrl_c_releases_the_held_jobs_whose_ids_it_wrote(coordinator, monkeypatch):
+    """Ctrl-C after an array was sent held, before its release: the handler writes its ids, then releases it, so
+    the jobs it says it leaves running do run (not held until a rerun)."""
+    store, (a, _, _) = coordinator.store, coordinator.todo
+    coordinator.writes = [("set_job", ([a], ["11_0"]))]
+    coordinator.to_release = {"tok": ["11"]}
+    order: list[str] = []
+
+    def poll(*args):
+        raise KeyboardInterrupt
+
+    coordinator.watch = SimpleNamespace(poll=poll)
+    monkeypatch.setattr(
+        submission, "release", lambda ids: order.append(f"release {ids} with job {store.row(a)['job']}")
+    )
+    with pytest.raises(KeyboardInterrupt):
+        coordinator.run()
+    assert order == ["release ['11'] with job 11_0"]

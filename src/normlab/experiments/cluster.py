@@ -209,6 +209,8 @@ class Coordinator:
                 self._write()
         except KeyboardInterrupt:
             self._write()  # what the pass had decided (each write whole): a job's end already read is kept
+            if self.to_release:  # sent held, their ids now stored: released, so that the jobs left to run do run
+                submission.release_held(self.to_release)
             _interrupted(self.root, self.store, self.jobs, self.kind, self.log)
             raise
         if self.fatal:
@@ -238,10 +240,11 @@ class Coordinator:
 
     def _write(self) -> None:
         """The pass's rows written back (`SweepStore.apply`), then its lines said (a run's row read again where its
-        line ends with the row's words)."""
-        writes, lines, self.writes, self.lines = self.writes, self.lines, [], []
-        reread = any(rid for _, rid in lines)
-        self.store.apply(writes)
+        line ends with the row's words). An interrupted write leaves every write and line queued, for the Ctrl-C
+        handler's `_write` (each of the coordinator's writes may be applied twice: the second changes nothing)."""
+        reread = any(rid for _, rid in self.lines)
+        self.store.apply(self.writes)
+        lines, self.writes, self.lines = self.lines, [], []
         view = self.store.snapshot() if reread else None
         for text, rid in lines:
             self.log(text + (describe(view.rows[rid]) if view and rid else ""))
