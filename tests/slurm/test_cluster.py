@@ -387,9 +387,11 @@ def test_a_time_limit_cut_short_saves_at_the_cut_and_the_run_goes_on(corpus, tmp
     USR2 with it; the run saves at that step (not at a periodic checkpoint), the job is requeued and continues
     from that save (its limit given back while it waits: a requeued job keeps the shortened one), and the run
     ends ok once, no row ever failed."""
-    # 12,000 steps: longer than the minute the job must pass on an idle machine (4,000 nano steps took 40 s
-    # there, so the job had ended before it was cut), and within the wait below under a load of ten
-    path, name = write_sweep(tmp_path, corpus, "cut", seeds=1, steps=12000, slurm_max_num_timeout=10)
+    # steps for about four minutes at this machine's measured pace: longer than the minute the job must pass
+    # before it is cut (a fixed 12,000 steps ended in 70 s on an idle machine, before the cut), and the pace
+    # measured here, so a loaded machine does not stretch the run past the waits below
+    steps = max(12000, int(240 / nano_step_seconds(corpus, tmp_path)))
+    path, name = write_sweep(tmp_path, corpus, "cut", seeds=1, steps=steps, slurm_max_num_timeout=10)
     out = tmp_path / "sw"
     proc = subprocess.Popen(sweep_cmd(path, out), env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     watch = Watch(out)
@@ -416,7 +418,7 @@ def test_a_time_limit_cut_short_saves_at_the_cut_and_the_run_goes_on(corpus, tmp
     assert row["attempts"] >= 2
     logs = "".join(p.read_text() for p in (out / "logs" / "jobs").rglob("*_log.*"))
     resumed = [int(step) for step in re.findall(r"resuming from step_(\d+)", logs)]
-    assert resumed and resumed[0] % 3000 != 0, resumed  # saved at the cut; periodic checkpoints are every 3000
+    assert resumed and resumed[0] % (steps // 4) != 0, resumed  # saved at the cut, not at a periodic checkpoint
     assert watch.failed_while_live(name) == []
 
 

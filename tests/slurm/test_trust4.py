@@ -66,6 +66,9 @@ def test_cancel_and_rerun_leave_a_job_without_this_sweeps_token_alone(corpus, tm
         a, b = rows(out)
         with sqlite3.connect(out / "sweep.db", timeout=30) as con:
             con.execute("update runs set job = ? where run_id = ?", (foreign, b["run_id"]))
+            # an edited store names no announcement either (one the kill left, dropped a pass after its release,
+            # would name b's own job by the submission's token, and --cancel would rightly cancel it)
+            con.execute("delete from meta where key = 'slurm_submissions'")
         cancel = subprocess.run(
             [sys.executable, "-m", "normlab", "sweep", "--cancel", str(out)],
             capture_output=True,
