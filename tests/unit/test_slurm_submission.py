@@ -167,3 +167,20 @@ def test_ctrl_c_releases_the_held_jobs_whose_ids_it_wrote(coordinator, monkeypat
     with pytest.raises(KeyboardInterrupt):
         coordinator.run()
     assert order == ["release ['11'] with job 11_0"]
+
+
+def test_a_failure_mid_pass_keeps_what_the_pass_had_decided(coordinator):
+    """An error other than Ctrl-C in a pass (here the next poll's): the pass's writes are applied and its lines
+    said before the error goes on up, unchanged."""
+    store, (a, _, _) = coordinator.store, coordinator.todo
+    coordinator.writes = [("pending_again", (a, "job 11_0 ended TIMEOUT; submitted again"))]
+    coordinator.lines = [("a: job 11_0 ended TIMEOUT; submitted again (1/3)", None)]
+
+    def poll(*args):
+        raise RuntimeError("database is locked")
+
+    coordinator.watch = SimpleNamespace(poll=poll)
+    with pytest.raises(RuntimeError, match="database is locked"):
+        coordinator.run()
+    assert store.row(a)["reason"] == "job 11_0 ended TIMEOUT; submitted again"
+    assert coordinator.said == ["a: job 11_0 ended TIMEOUT; submitted again (1/3)"]

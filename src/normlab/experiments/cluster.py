@@ -213,6 +213,10 @@ class Coordinator:
                 submission.release_held(self.to_release)
             _interrupted(self.root, self.store, self.jobs, self.kind, self.log)
             raise
+        except Exception:  # a failure mid-pass (a store that cannot be written: sqlite's "database is locked")
+            with contextlib.suppress(Exception):  # what the pass had decided, kept if it can be; the failure raised
+                self._write()
+            raise
         if self.fatal:
             raise ConfigError(
                 f"{self.fatal}; {len(self.runs.waiting)} run(s) left pending: fix the [slurm] options and run the "
