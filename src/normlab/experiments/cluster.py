@@ -48,9 +48,10 @@
   never opened: unpickling runs code, and a pickle planted in the sweep folder would run it in the coordinator.
 - **Threads** come from the allocation: SLURM_CPUS_PER_TASK (else the CPUs SLURM gave the node's
   task), into torch.set_num_threads and OMP_NUM_THREADS.
-- **Ctrl-C** asks, on a terminal, whether to cancel the sweep's jobs; elsewhere it leaves them running
-  and says how to cancel them (`normlab sweep --cancel DIR`). A cancelled job's row says so in one line,
-  written once the job has left the queue (its run may still save until the cluster's KillWait ends).
+- **Ctrl-C** writes what the pass had decided and releases an array sent held (its ids now stored), then asks,
+  on a terminal, whether to cancel the sweep's jobs; elsewhere it leaves them running and says how to cancel them
+  (`normlab sweep --cancel DIR`). A cancelled job's row says so in one line, written once the job has left the
+  queue (its run may still save until the cluster's KillWait ends).
 - Job scripts, logs and submitit's pickles go to SWEEP/logs/jobs/.
 
 Only the job that trains a run writes its row while it trains (`running`, then its outcome, as the local
