@@ -425,12 +425,10 @@ class Coordinator:
 def _never_starting(
     jobs: dict[str, Any], seen: Poll, options: dict[str, Any], writes: list[tuple[str, tuple[Any, ...]]]
 ) -> tuple[str, list[str]]:
-    """Pending jobs that squeue says can never start as submitted (`seen.stuck`, `slurm_poll.never_starting`):
-    cancelled, their runs pending again without a job (in `writes`), and dropped from `jobs`. Returns one line naming
-    them and why (empty when none) and their runs."""
+    """Pending jobs that squeue says can never start as submitted (`seen.stuck`, `slurm_poll.never_starting`; the
+    caller asks only when there are some): cancelled, their runs pending again without a job (in `writes`), and
+    dropped from `jobs`. Returns one line naming them and why, and their runs."""
     stuck = seen.stuck
-    if not stuck:
-        return "", []
     scancel([jid for jid, _, _ in stuck.values()])
     for rid, (jid, reason, why) in stuck.items():
         writes.append(("pending_again", (rid, f"job {jid} could never start ({reason}: {why}); cancelled")))

@@ -111,7 +111,8 @@ class Watcher:
             return found, alive
         listed = queue or {}
         for rid in [rid for rid in found if not alive[rid]]:
-            jid, queued = str(jobs[rid].job_id), str(jobs[rid].job_id) in listed
+            jid = str(jobs[rid].job_id)
+            queued = jid in listed
             if found[rid] == "UNKNOWN":  # sacct has no record: just submitted, or squeue still holds it
                 alive[rid] = queued or time.time() - self.seen.get(jid, time.time()) < UNKNOWN_GRACE_S
                 found[rid] = "PENDING" if alive[rid] else "UNKNOWN"

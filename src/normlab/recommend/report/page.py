@@ -1,7 +1,7 @@
 """recommend's files (`write_recommendation`: report.html, recommendation.md, recommendation.json); report.html: the
-verdict and reason, the evidence table and the ranking figure, the ladder's figure,
-how sure and how large, the recipe checks, the winner's settings in each code base, the verify stage's verdict, the
-transfer record, what ran and what the proxy can and cannot tell (the words are `normlab.recommend.report.explain`'s).
+verdict and reason, the evidence table and the ranking figure, the ladder's figure, how sure and how large, the
+recipe checks, the winner's settings in each code base, the verify stage's verdict, the transfer record, what ran
+and what the proxy can and cannot tell (the words are `normlab.recommend.report.explain`'s).
 """
 
 from __future__ import annotations
